@@ -1,0 +1,52 @@
+# tessera: developer and CI entry points. `make help` lists the targets.
+#
+# Every cargo call runs with target/tools/env sourced (written by .ci/setup):
+# it sets LLVM_SYS_221_PREFIX for inkwell/llvm-sys and PTXAS (also on PATH).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ENV_FILE := target/tools/env
+CARGO := source $(ENV_FILE) && cargo
+# Use the lock file as given when there is one; otherwise let cargo create it.
+LOCKED := $(if $(wildcard Cargo.lock),--locked)
+
+# Snapshot tests fail on a mismatch instead of writing .snap.new files.
+export INSTA_UPDATE := no
+export RUST_BACKTRACE ?= 1
+export CARGO_TERM_COLOR ?= auto
+
+.PHONY: help setup test run fmt clippy clean
+
+help:
+	@echo "make run     main job: install what is missing, build, run (see README)"
+	@echo "make test    what CI runs: rustfmt check, clippy -D warnings, all tests"
+	@echo "make setup   install missing tools only (quiet when all are present)"
+	@echo "make fmt     format the workspace"
+	@echo "make clippy  lint the workspace"
+	@echo "make clean   remove target/ (the next setup reinstalls target/tools)"
+
+setup:
+	@bash .ci/setup
+
+test: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets $(LOCKED) -- -D warnings
+	$(CARGO) test --workspace --no-fail-fast $(LOCKED)
+
+# Main job. For now it runs the first tutorial example (vector add) on the CPU
+# interpreter. The runtime issue replaces this recipe with model text
+# generation: fetch SmolLM2-135M-Instruct (GGUF), then `generate` on the GPU
+# when one is present and on the CPU interpreter otherwise.
+run: setup
+	$(CARGO) run --release $(LOCKED) -p tests --example 01_vector_add
+
+fmt: setup
+	$(CARGO) fmt --all
+
+clippy: setup
+	$(CARGO) clippy --workspace --all-targets $(LOCKED) -- -D warnings
+
+clean:
+	cargo clean

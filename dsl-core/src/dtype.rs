@@ -1,0 +1,328 @@
+//! Element types (`DType`) and value types (`Type`): scalar, pointer-to-dtype,
+//! and tiles of either with a static shape.
+//!
+//! Invariants: a rank-0 `Type` is a scalar (or a scalar pointer); tiles have a
+//! non-empty shape whose every dimension is a power of two (the verifier checks
+//! this; non-power-of-two sizes are padded and masked by the front end).
+
+use std::fmt;
+
+/// A scalar element type.
+///
+/// fp8 (e4m3/e5m2) is reserved: it is not a variant yet, so nothing can
+/// silently mis-handle it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// 1-bit boolean (`i1`), the type of masks and comparisons.
+    I1,
+    /// Signed 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 16-bit integer.
+    I16,
+    /// Signed 32-bit integer (the default index type).
+    I32,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Signed 64-bit integer.
+    I64,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+}
+
+impl DType {
+    /// Every dtype, in declaration order.
+    pub const ALL: [DType; 11] = [
+        DType::I1,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ];
+
+    /// Width in bits (1 for `i1`).
+    pub fn bits(self) -> u32 {
+        match self {
+            DType::I1 => 1,
+            DType::I8 | DType::U8 => 8,
+            DType::I16 | DType::F16 | DType::BF16 => 16,
+            DType::I32 | DType::U32 | DType::F32 => 32,
+            DType::I64 | DType::F64 => 64,
+        }
+    }
+
+    /// Size in bytes when stored in memory (`i1` is stored as one byte).
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::I1 => 1,
+            other => (other.bits() / 8) as usize,
+        }
+    }
+
+    /// True for the floating-point types.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// True for the integer types, `i1` included.
+    pub fn is_int(self) -> bool {
+        !self.is_float()
+    }
+
+    /// True for `i1`.
+    pub fn is_bool(self) -> bool {
+        self == DType::I1
+    }
+
+    /// True for signed integers (`i1` counts as unsigned).
+    pub fn is_signed_int(self) -> bool {
+        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    }
+
+    /// True for unsigned integers and `i1`.
+    pub fn is_unsigned_int(self) -> bool {
+        matches!(self, DType::I1 | DType::U8 | DType::U32)
+    }
+
+    /// The IR spelling (`f32`, `bf16`, `i1`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::I1 => "i1",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::I64 => "i64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    /// Parses the IR spelling; `bool` is accepted for `i1`.
+    pub fn from_name(s: &str) -> Option<DType> {
+        Some(match s {
+            "i1" | "bool" => DType::I1,
+            "i8" => DType::I8,
+            "u8" => DType::U8,
+            "i16" => DType::I16,
+            "i32" => DType::I32,
+            "u32" => DType::U32,
+            "i64" => DType::I64,
+            "f16" => DType::F16,
+            "bf16" => DType::BF16,
+            "f32" => DType::F32,
+            "f64" => DType::F64,
+            _ => return None,
+        })
+    }
+
+    /// Wraps an integer to this dtype's range, two's complement (`i1` keeps bit 0).
+    /// Floats are returned unchanged.
+    pub fn wrap_int(self, v: i64) -> i64 {
+        match self {
+            DType::I1 => v & 1,
+            DType::I8 => v as i8 as i64,
+            DType::U8 => v as u8 as i64,
+            DType::I16 => v as i16 as i64,
+            DType::I32 => v as i32 as i64,
+            DType::U32 => v as u32 as i64,
+            _ => v,
+        }
+    }
+
+    /// Rounds a value to this float dtype, to nearest even, as the GPU stores it.
+    /// Integers are returned unchanged.
+    pub fn round_float(self, v: f64) -> f64 {
+        match self {
+            DType::F16 => half::f16::from_f64(v).to_f64(),
+            DType::BF16 => half::bf16::from_f64(v).to_f64(),
+            DType::F32 => v as f32 as f64,
+            _ => v,
+        }
+    }
+
+    /// Smallest and largest value of an integer dtype, as `i64` (`None` for floats).
+    pub fn int_range(self) -> Option<(i64, i64)> {
+        Some(match self {
+            DType::I1 => (0, 1),
+            DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+            DType::U8 => (0, u8::MAX as i64),
+            DType::I16 => (i16::MIN as i64, i16::MAX as i64),
+            DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+            DType::U32 => (0, u32::MAX as i64),
+            DType::I64 => (i64::MIN, i64::MAX),
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What one element of a value is: a number or a pointer to numbers in global memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Elem {
+    /// A number of the given dtype.
+    Scalar(DType),
+    /// A global-memory pointer whose pointee has the given dtype.
+    Ptr(DType),
+}
+
+impl Elem {
+    /// The dtype of a number, or the pointee dtype of a pointer.
+    pub fn dtype(self) -> DType {
+        match self {
+            Elem::Scalar(d) | Elem::Ptr(d) => d,
+        }
+    }
+
+    /// True for pointers.
+    pub fn is_ptr(self) -> bool {
+        matches!(self, Elem::Ptr(_))
+    }
+}
+
+impl fmt::Display for Elem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Elem::Scalar(d) => write!(f, "{d}"),
+            Elem::Ptr(d) => write!(f, "ptr<{d}>"),
+        }
+    }
+}
+
+/// A static tile shape (empty for scalars).
+pub type Shape = smallvec::SmallVec<[usize; 4]>;
+
+/// The type of an SSA value: an element type and a shape (rank 0 = scalar).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Type {
+    /// Element type.
+    pub elem: Elem,
+    /// Tile shape; empty for scalars.
+    pub shape: Shape,
+}
+
+impl Type {
+    /// A scalar number.
+    pub fn scalar(d: DType) -> Type {
+        Type { elem: Elem::Scalar(d), shape: Shape::new() }
+    }
+
+    /// A scalar pointer to `d`.
+    pub fn ptr(d: DType) -> Type {
+        Type { elem: Elem::Ptr(d), shape: Shape::new() }
+    }
+
+    /// A tile of `elem` with `shape`.
+    pub fn tile(elem: Elem, shape: &[usize]) -> Type {
+        Type { elem, shape: Shape::from_slice(shape) }
+    }
+
+    /// The same shape with another element type.
+    pub fn with_elem(&self, elem: Elem) -> Type {
+        Type { elem, shape: self.shape.clone() }
+    }
+
+    /// The same element type with another shape.
+    pub fn with_shape(&self, shape: &[usize]) -> Type {
+        Type { elem: self.elem, shape: Shape::from_slice(shape) }
+    }
+
+    /// True for rank 0.
+    pub fn is_scalar(&self) -> bool {
+        self.shape.is_empty()
+    }
+
+    /// The dtype of the element (the pointee for pointers).
+    pub fn dtype(&self) -> DType {
+        self.elem.dtype()
+    }
+
+    /// True when elements are pointers.
+    pub fn is_ptr(&self) -> bool {
+        self.elem.is_ptr()
+    }
+
+    /// True when elements are floating-point numbers.
+    pub fn is_float(&self) -> bool {
+        matches!(self.elem, Elem::Scalar(d) if d.is_float())
+    }
+
+    /// True when elements are integers (`i1` included), not pointers.
+    pub fn is_int(&self) -> bool {
+        matches!(self.elem, Elem::Scalar(d) if d.is_int())
+    }
+
+    /// True when elements are `i1`.
+    pub fn is_bool(&self) -> bool {
+        self.elem == Elem::Scalar(DType::I1)
+    }
+
+    /// Number of elements (1 for scalars).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Rank (0 for scalars).
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.shape.is_empty() {
+            return write!(f, "{}", self.elem);
+        }
+        f.write_str("tensor<")?;
+        for d in &self.shape {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.elem)
+    }
+}
+
+/// Formats a shape as `[a, b]` for messages.
+pub fn fmt_shape(shape: &[usize]) -> String {
+    let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_name(d.name()), Some(d));
+        }
+    }
+
+    #[test]
+    fn type_display() {
+        assert_eq!(Type::scalar(DType::F32).to_string(), "f32");
+        assert_eq!(Type::ptr(DType::BF16).to_string(), "ptr<bf16>");
+        assert_eq!(Type::tile(Elem::Ptr(DType::F16), &[64, 32]).to_string(), "tensor<64x32xptr<f16>>");
+    }
+}

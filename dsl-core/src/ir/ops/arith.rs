@@ -1,0 +1,264 @@
+//! Elementwise arithmetic and math ops, and pointer offsetting (`addptr`).
+//!
+//! Semantics (the interpreter and codegen both follow them):
+//! - Integer `add`/`sub`/`mul` wrap for unsigned types; for signed types an
+//!   overflow is an error in the interpreter (it is undefined on the GPU).
+//! - Integer `div` truncates toward zero and `rem` takes the dividend's sign
+//!   (Rust/C semantics); division by zero is an error in the interpreter.
+//! - Float `min`/`max` return the non-NaN operand when exactly one is NaN.
+//! - `shl`/`shr` clamp the shift amount to the bit width; `shr` is arithmetic for
+//!   signed and logical for unsigned types.
+//! - `mulhi` is the high half of the full-width integer product (Philox uses it).
+//! - Transcendentals may be approximate on the GPU (`ex2.approx` and friends).
+
+use super::{expect_args, expect_num, same_shapes};
+use crate::dtype::{DType, Elem, Type};
+
+/// Binary elementwise ops; operands 0 and 1 have the same type, and so has the result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// Addition.
+    Add,
+    /// Subtraction.
+    Sub,
+    /// Multiplication.
+    Mul,
+    /// Division (truncating for integers).
+    Div,
+    /// Remainder (sign of the dividend).
+    Rem,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Bitwise/logical and (integers).
+    And,
+    /// Bitwise/logical or (integers).
+    Or,
+    /// Bitwise/logical xor (integers).
+    Xor,
+    /// Shift left (integers).
+    Shl,
+    /// Shift right (integers).
+    Shr,
+    /// High half of the product (integers).
+    MulHi,
+    /// `a ** b` (floats).
+    Pow,
+}
+
+/// Unary elementwise ops; the result has the operand's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// Negation (floats and signed integers).
+    Neg,
+    /// Bitwise not (integers; logical not for `i1`).
+    Not,
+    /// Absolute value.
+    Abs,
+    /// e^x.
+    Exp,
+    /// 2^x.
+    Exp2,
+    /// Natural logarithm.
+    Log,
+    /// Base-2 logarithm.
+    Log2,
+    /// Square root.
+    Sqrt,
+    /// 1/sqrt(x).
+    Rsqrt,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// 1/(1+e^-x).
+    Sigmoid,
+    /// Round toward -inf.
+    Floor,
+    /// Round toward +inf.
+    Ceil,
+    /// Error function.
+    Erf,
+}
+
+/// The arithmetic family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArithOp {
+    /// `a op b`.
+    Binary(BinaryOp),
+    /// `op a`.
+    Unary(UnaryOp),
+    /// `fma a, b, c` = a*b+c with one rounding (floats).
+    Fma,
+    /// `addptr p, off`: operand 0 is a pointer (tile), operand 1 an integer (tile) of
+    /// the same shape; the result points `off` elements of the pointee past `p`.
+    AddPtr,
+}
+
+const BINARY: [(BinaryOp, &str); 14] = [
+    (BinaryOp::Add, "add"),
+    (BinaryOp::Sub, "sub"),
+    (BinaryOp::Mul, "mul"),
+    (BinaryOp::Div, "div"),
+    (BinaryOp::Rem, "rem"),
+    (BinaryOp::Min, "min"),
+    (BinaryOp::Max, "max"),
+    (BinaryOp::And, "and"),
+    (BinaryOp::Or, "or"),
+    (BinaryOp::Xor, "xor"),
+    (BinaryOp::Shl, "shl"),
+    (BinaryOp::Shr, "shr"),
+    (BinaryOp::MulHi, "mulhi"),
+    (BinaryOp::Pow, "pow"),
+];
+
+const UNARY: [(UnaryOp, &str); 16] = [
+    (UnaryOp::Neg, "neg"),
+    (UnaryOp::Not, "not"),
+    (UnaryOp::Abs, "abs"),
+    (UnaryOp::Exp, "exp"),
+    (UnaryOp::Exp2, "exp2"),
+    (UnaryOp::Log, "log"),
+    (UnaryOp::Log2, "log2"),
+    (UnaryOp::Sqrt, "sqrt"),
+    (UnaryOp::Rsqrt, "rsqrt"),
+    (UnaryOp::Sin, "sin"),
+    (UnaryOp::Cos, "cos"),
+    (UnaryOp::Tanh, "tanh"),
+    (UnaryOp::Sigmoid, "sigmoid"),
+    (UnaryOp::Floor, "floor"),
+    (UnaryOp::Ceil, "ceil"),
+    (UnaryOp::Erf, "erf"),
+];
+
+impl BinaryOp {
+    /// The mnemonic.
+    pub fn name(self) -> &'static str {
+        BINARY.iter().find(|(o, _)| *o == self).map(|(_, n)| *n).unwrap_or("?")
+    }
+
+    /// True for ops that accept only integer operands.
+    pub fn int_only(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr | BinaryOp::MulHi
+        )
+    }
+
+    /// True for ops with `op(a, b) == op(b, a)`.
+    pub fn is_commutative(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Add
+                | BinaryOp::Mul
+                | BinaryOp::Min
+                | BinaryOp::Max
+                | BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::MulHi
+        )
+    }
+}
+
+impl UnaryOp {
+    /// The mnemonic.
+    pub fn name(self) -> &'static str {
+        UNARY.iter().find(|(o, _)| *o == self).map(|(_, n)| *n).unwrap_or("?")
+    }
+
+    /// True for ops that accept only floating-point operands.
+    pub fn float_only(self) -> bool {
+        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs)
+    }
+}
+
+impl ArithOp {
+    /// The mnemonic.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ArithOp::Binary(b) => b.name(),
+            ArithOp::Unary(u) => u.name(),
+            ArithOp::Fma => "fma",
+            ArithOp::AddPtr => "addptr",
+        }
+    }
+
+    /// Parses a mnemonic of this family.
+    pub fn parse(name: &str) -> Option<ArithOp> {
+        if let Some((b, _)) = BINARY.iter().find(|(_, n)| *n == name) {
+            return Some(ArithOp::Binary(*b));
+        }
+        if let Some((u, _)) = UNARY.iter().find(|(_, n)| *n == name) {
+            return Some(ArithOp::Unary(*u));
+        }
+        match name {
+            "fma" => Some(ArithOp::Fma),
+            "addptr" => Some(ArithOp::AddPtr),
+            _ => None,
+        }
+    }
+
+    /// Result types.
+    pub fn infer(&self, args: &[Type]) -> Result<Vec<Type>, String> {
+        let name = self.name();
+        match self {
+            ArithOp::Binary(b) => {
+                expect_args(name, args, 2)?;
+                same_shapes(name, args)?;
+                if args[0].elem != args[1].elem {
+                    return Err(format!(
+                        "`{name}` operands must have the same dtype: {} vs {}",
+                        args[0].elem, args[1].elem
+                    ));
+                }
+                if b.int_only() {
+                    expect_num(name, &args[0], "integer operands", DType::is_int)?;
+                } else if *b == BinaryOp::Pow {
+                    expect_num(name, &args[0], "floating-point operands", DType::is_float)?;
+                } else {
+                    expect_num(name, &args[0], "numeric operands", |_| true)?;
+                }
+                Ok(vec![args[0].clone()])
+            }
+            ArithOp::Unary(u) => {
+                expect_args(name, args, 1)?;
+                if u.float_only() {
+                    expect_num(name, &args[0], "a floating-point operand", DType::is_float)?;
+                } else if *u == UnaryOp::Not {
+                    expect_num(name, &args[0], "an integer or boolean operand", DType::is_int)?;
+                } else if *u == UnaryOp::Neg {
+                    expect_num(name, &args[0], "a float or signed integer operand", |d| {
+                        d.is_float() || d.is_signed_int()
+                    })?;
+                } else {
+                    expect_num(name, &args[0], "a numeric operand", |_| true)?;
+                }
+                Ok(vec![args[0].clone()])
+            }
+            ArithOp::Fma => {
+                expect_args(name, args, 3)?;
+                same_shapes(name, args)?;
+                expect_num(name, &args[0], "floating-point operands", DType::is_float)?;
+                if args.iter().any(|a| a.elem != args[0].elem) {
+                    return Err("`fma` operands must have the same dtype".into());
+                }
+                Ok(vec![args[0].clone()])
+            }
+            ArithOp::AddPtr => {
+                expect_args(name, args, 2)?;
+                same_shapes(name, args)?;
+                if !args[0].is_ptr() {
+                    return Err(format!("`addptr` needs a pointer as operand 0, found {}", args[0]));
+                }
+                match args[1].elem {
+                    Elem::Scalar(d) if d.is_int() && d != DType::I1 => Ok(vec![args[0].clone()]),
+                    _ => Err(format!("`addptr` needs an integer offset, found {}", args[1])),
+                }
+            }
+        }
+    }
+}

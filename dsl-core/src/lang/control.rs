@@ -1,0 +1,259 @@
+//! Structured control flow (`for_range`, `if_else`, `while_loop`), device
+//! assert/print and axis-analysis hints.
+
+use super::{Operand, Tensor, literal};
+use crate::builder::{build_region, computation_type, fmt_types, with_ctx};
+use crate::dtype::{DType, Type};
+use crate::ir::ops::{CmpPred, CompareOp, ControlOp, DebugOp, HintOp};
+use crate::ir::{Op, Value};
+use crate::loc::Location;
+
+/// A counted loop `for iv in (lb..ub).step_by(step)` with loop-carried values.
+///
+/// `body` receives the induction variable and the current carried values and
+/// returns the next carried values (same types as `init`). Returns the final
+/// carried values. Bounds may be Rust integers or integer scalars; they are
+/// promoted to one integer type (i32 unless a bound is wider).
+#[track_caller]
+pub fn for_range(
+    lb: impl Into<Operand>,
+    ub: impl Into<Operand>,
+    step: impl Into<Operand>,
+    init: &[Tensor],
+    body: impl FnOnce(Tensor, &[Tensor]) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let loc = Location::caller();
+    let bounds = [lb.into(), ub.into(), step.into()];
+    let (inst, arg_tys, results) = with_ctx(|c| {
+        let mut d = DType::I32;
+        for b in bounds {
+            if let Operand::Tensor(t) = b {
+                c.check(t);
+                let ty = c.func.ty(t.value()).clone();
+                if !ty.is_scalar() || !ty.is_int() || ty.is_bool() {
+                    c.error(&loc, Some("for"), format!("loop bounds must be integer scalars, found {ty}"));
+                } else {
+                    d = computation_type(d, ty.dtype());
+                }
+            }
+        }
+        if let Operand::Int(s) = bounds[2]
+            && s <= 0
+        {
+            c.error(&loc, Some("for"), format!("the step of a `for` loop must be positive, found {s}"));
+        }
+        let mut vals: Vec<Value> = bounds.iter().map(|&b| literal(c, b, d, &loc)).collect();
+        for t in init {
+            c.check(*t);
+            vals.push(t.value());
+        }
+        let init_tys: Vec<Type> = init.iter().map(|t| c.func.ty(t.value()).clone()).collect();
+        let inst = c.func.create_inst(Op::Control(ControlOp::For), &vals, init_tys.clone(), loc.clone());
+        let b = c.cur_block();
+        c.func.append_inst(b, inst);
+        let mut arg_tys = vec![Type::scalar(d)];
+        arg_tys.extend(init_tys);
+        let results: Vec<Tensor> = c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect();
+        (inst, arg_tys, results)
+    });
+    let (region, yielded) =
+        build_region(inst, &arg_tys, &loc, ControlOp::Yield, |args| body(args[0], &args[1..]));
+    with_ctx(|c| {
+        c.func.insts[inst].regions.push(region);
+        if yielded != arg_tys[1..] {
+            c.error(
+                &loc,
+                Some("for"),
+                format!(
+                    "loop-carried values start as {} but the body yields {}",
+                    fmt_types(&arg_tys[1..]),
+                    fmt_types(&yielded)
+                ),
+            );
+        }
+    });
+    results
+}
+
+/// Converts a condition to a scalar `i1` (integers compare `!= 0`).
+fn to_cond(cond: Tensor, loc: &Location, what: &'static str) -> Value {
+    with_ctx(|c| {
+        c.check(cond);
+        let ty = c.func.ty(cond.value()).clone();
+        if !ty.is_scalar() {
+            c.error(loc, Some(what), format!("the condition must be a scalar, found {ty}"));
+            return c.placeholder(&Type::scalar(DType::I1), loc);
+        }
+        if ty.is_bool() {
+            return cond.value();
+        }
+        if ty.is_ptr() {
+            c.error(loc, Some(what), format!("the condition must be a boolean, found {ty}"));
+            return c.placeholder(&Type::scalar(DType::I1), loc);
+        }
+        let zero = literal(c, Operand::Int(0), ty.dtype(), loc);
+        let op = Op::Compare(CompareOp::Cmp(CmpPred::Ne));
+        c.push(op, &[cond.value(), zero], loc, &[Type::scalar(DType::I1)])[0]
+    })
+}
+
+/// A runtime branch. Both closures return the values of the branch (same types
+/// in both); returns them as the results of the `if`.
+#[track_caller]
+pub fn if_else(
+    cond: Tensor,
+    then_: impl FnOnce() -> Vec<Tensor>,
+    else_: impl FnOnce() -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let loc = Location::caller();
+    let cv = to_cond(cond, &loc, "if");
+    let inst = with_ctx(|c| {
+        let inst = c.func.create_inst(Op::Control(ControlOp::If), &[cv], Vec::new(), loc.clone());
+        let b = c.cur_block();
+        c.func.append_inst(b, inst);
+        inst
+    });
+    let (r_then, then_tys) = build_region(inst, &[], &loc, ControlOp::Yield, |_| then_());
+    let (r_else, else_tys) = build_region(inst, &[], &loc, ControlOp::Yield, |_| else_());
+    with_ctx(|c| {
+        c.func.insts[inst].regions.push(r_then);
+        c.func.insts[inst].regions.push(r_else);
+        if then_tys != else_tys {
+            c.error(
+                &loc,
+                Some("if"),
+                format!(
+                    "the branches of an `if` must produce the same types: then gives {}, else gives {}",
+                    fmt_types(&then_tys),
+                    fmt_types(&else_tys)
+                ),
+            );
+        }
+        let vals: Vec<Value> = then_tys.iter().map(|t| c.func.add_inst_result(inst, t.clone())).collect();
+        vals.into_iter().map(|v| c.handle(v)).collect()
+    })
+}
+
+/// A runtime `if` without results.
+#[track_caller]
+pub fn if_then(cond: Tensor, then_: impl FnOnce()) {
+    let loc = Location::caller();
+    let cv = to_cond(cond, &loc, "if");
+    let inst = with_ctx(|c| {
+        let inst = c.func.create_inst(Op::Control(ControlOp::If), &[cv], Vec::new(), loc.clone());
+        let b = c.cur_block();
+        c.func.append_inst(b, inst);
+        inst
+    });
+    let (r_then, _) = build_region(inst, &[], &loc, ControlOp::Yield, |_| {
+        then_();
+        Vec::new()
+    });
+    let (r_else, _) = build_region(inst, &[], &loc, ControlOp::Yield, |_| Vec::new());
+    with_ctx(|c| {
+        c.func.insts[inst].regions.push(r_then);
+        c.func.insts[inst].regions.push(r_else);
+    });
+}
+
+/// `while cond(carried) { carried = body(carried) }`; returns the final values.
+#[track_caller]
+pub fn while_loop(
+    init: &[Tensor],
+    cond: impl FnOnce(&[Tensor]) -> Tensor,
+    body: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let loc = Location::caller();
+    let (inst, tys) = with_ctx(|c| {
+        let vals: Vec<Value> = init
+            .iter()
+            .map(|t| {
+                c.check(*t);
+                t.value()
+            })
+            .collect();
+        let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
+        let inst = c.func.create_inst(Op::Control(ControlOp::While), &vals, tys.clone(), loc.clone());
+        let b = c.cur_block();
+        c.func.append_inst(b, inst);
+        (inst, tys)
+    });
+    let (r_before, _) = build_region(inst, &tys, &loc, ControlOp::Condition, |args| {
+        let cv = to_cond(cond(args), &loc, "while");
+        let cv = with_ctx(|c| c.handle(cv));
+        let mut out = vec![cv];
+        out.extend_from_slice(args);
+        out
+    });
+    let (r_after, yielded) = build_region(inst, &tys, &loc, ControlOp::Yield, body);
+    with_ctx(|c| {
+        c.func.insts[inst].regions.push(r_before);
+        c.func.insts[inst].regions.push(r_after);
+        if yielded != tys {
+            c.error(
+                &loc,
+                Some("while"),
+                format!(
+                    "loop-carried values start as {} but the body yields {}",
+                    fmt_types(&tys),
+                    fmt_types(&yielded)
+                ),
+            );
+        }
+        c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect()
+    })
+}
+
+/// Fails the kernel with `message` where `cond` is false (any element).
+#[track_caller]
+pub fn device_assert(cond: Tensor, message: &str) {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        c.check(cond);
+        c.push(Op::Debug(DebugOp::Assert { message: message.into() }), &[cond.value()], &loc, &[]);
+    });
+}
+
+/// Prints `values` with `prefix` from every program.
+#[track_caller]
+pub fn device_print(prefix: &str, values: &[Tensor]) {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        let vals: Vec<Value> = values
+            .iter()
+            .map(|t| {
+                c.check(*t);
+                t.value()
+            })
+            .collect();
+        c.push(Op::Debug(DebugOp::Print { prefix: prefix.into() }), &vals, &loc, &[]);
+    });
+}
+
+fn hint_at(make: fn(Vec<u32>) -> HintOp, x: Tensor, n: u32, loc: &Location) -> Tensor {
+    with_ctx(|c| {
+        c.check(x);
+        let t = c.func.ty(x.value()).clone();
+        let op = make(vec![n; t.rank().max(1)]);
+        let v = c.push(Op::Hint(op), &[x.value()], loc, &[t])[0];
+        c.handle(v)
+    })
+}
+
+/// Promises every element of `x` is a multiple of `n` (a power of two).
+#[track_caller]
+pub fn multiple_of(x: Tensor, n: u32) -> Tensor {
+    hint_at(HintOp::MultipleOf, x, n, &Location::caller())
+}
+
+/// Promises runs of `n` consecutive elements of `x` are contiguous.
+#[track_caller]
+pub fn max_contiguous(x: Tensor, n: u32) -> Tensor {
+    hint_at(HintOp::MaxContiguous, x, n, &Location::caller())
+}
+
+/// Promises runs of `n` consecutive elements of `x` are equal.
+#[track_caller]
+pub fn max_constancy(x: Tensor, n: u32) -> Tensor {
+    hint_at(HintOp::MaxConstancy, x, n, &Location::caller())
+}

@@ -1,0 +1,176 @@
+//! Loads, stores and atomics. Pointer, mask, `other` and value operands are
+//! broadcast to one shape; values are converted to the pointee dtype.
+
+use super::{Operand, Tensor, broadcast_value, literal};
+use crate::builder::{Ctx, broadcast_shapes, with_ctx};
+use crate::dtype::{DType, Elem, Type};
+use crate::ir::ops::{AtomicKind, CacheModifier, EvictionPolicy, MemScope, MemSem, MemoryOp};
+use crate::ir::{Op, Value};
+use crate::loc::Location;
+
+/// Cache and eviction hints of a load or store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemOpts {
+    /// Cache modifier.
+    pub cache: CacheModifier,
+    /// Eviction policy.
+    pub evict: EvictionPolicy,
+    /// Volatile (loads only).
+    pub volatile: bool,
+}
+
+/// Broadcasts a list of values to their common shape.
+fn common_shape(c: &mut Ctx, vals: &mut [Value], loc: &Location, what: &'static str) {
+    let mut shape: Vec<usize> = Vec::new();
+    for &v in vals.iter() {
+        match broadcast_shapes(&shape, &c.func.ty(v).shape) {
+            Ok(s) => shape = s,
+            Err(msg) => {
+                c.error(loc, Some(what), msg);
+                return;
+            }
+        }
+    }
+    for v in vals.iter_mut() {
+        *v = broadcast_value(c, *v, &shape, loc);
+    }
+}
+
+/// The pointee dtype of a pointer operand, or an error.
+fn pointee(c: &mut Ctx, p: Tensor, loc: &Location, what: &'static str) -> DType {
+    c.check(p);
+    match c.func.ty(p.value()).elem {
+        Elem::Ptr(d) => d,
+        Elem::Scalar(d) => {
+            c.error(loc, Some(what), format!("`{what}` needs a pointer, found {}", c.func.ty(p.value())));
+            d
+        }
+    }
+}
+
+/// Loads from `ptr`; lanes where `mask` is false read nothing and yield `other`
+/// (zero when `other` is `None`).
+#[track_caller]
+pub fn load(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>) -> Tensor {
+    load_with(ptr, mask, other, MemOpts::default())
+}
+
+/// [`load`] with cache/eviction hints.
+#[track_caller]
+pub fn load_with(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>, opts: MemOpts) -> Tensor {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        let d = pointee(c, ptr, &loc, "load");
+        let mut vals = vec![ptr.value()];
+        if let Some(m) = mask {
+            c.check(m);
+            vals.push(m.value());
+        }
+        if let Some(o) = other {
+            if mask.is_none() {
+                c.error(
+                    &loc,
+                    Some("load"),
+                    "`other` needs a `mask`: without one every lane is loaded".into(),
+                );
+            } else {
+                vals.push(literal(c, o, d, &loc));
+            }
+        }
+        common_shape(c, &mut vals, &loc, "load");
+        let op = MemoryOp::Load {
+            has_mask: mask.is_some(),
+            has_other: vals.len() == 3,
+            cache: opts.cache,
+            evict: opts.evict,
+            volatile: opts.volatile,
+        };
+        let fallback = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
+        let v = c.push(Op::Memory(op), &vals, &loc, &[fallback])[0];
+        c.handle(v)
+    })
+}
+
+/// Stores `value` (converted to the pointee dtype) to `ptr` where `mask` is true.
+#[track_caller]
+pub fn store(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>) {
+    store_with(ptr, value, mask, MemOpts::default())
+}
+
+/// [`store`] with cache/eviction hints.
+#[track_caller]
+pub fn store_with(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>, opts: MemOpts) {
+    let loc = Location::caller();
+    let value = value.into();
+    with_ctx(|c| {
+        let d = pointee(c, ptr, &loc, "store");
+        let mut vals = vec![ptr.value(), literal(c, value, d, &loc)];
+        if let Some(m) = mask {
+            c.check(m);
+            vals.push(m.value());
+        }
+        common_shape(c, &mut vals, &loc, "store");
+        let op = MemoryOp::Store { has_mask: mask.is_some(), cache: opts.cache, evict: opts.evict };
+        c.push(Op::Memory(op), &vals, &loc, &[]);
+    })
+}
+
+fn atomic_at(kind: AtomicKind, ptr: Tensor, value: Operand, mask: Option<Tensor>, loc: &Location) -> Tensor {
+    with_ctx(|c| {
+        let d = pointee(c, ptr, loc, kind.name());
+        let mut vals = vec![ptr.value(), literal(c, value, d, loc)];
+        if let Some(m) = mask {
+            c.check(m);
+            vals.push(m.value());
+        }
+        common_shape(c, &mut vals, loc, kind.name());
+        let op =
+            MemoryOp::Atomic { kind, has_mask: mask.is_some(), sem: MemSem::AcqRel, scope: MemScope::Gpu };
+        let fallback = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
+        let v = c.push(Op::Memory(op), &vals, loc, &[fallback])[0];
+        c.handle(v)
+    })
+}
+
+macro_rules! atomic_fns {
+    ($($(#[$m:meta])* $f:ident => $k:ident;)*) => {$(
+        $(#[$m])*
+        #[track_caller]
+        pub fn $f(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>) -> Tensor {
+            atomic_at(AtomicKind::$k, ptr, value.into(), mask, &Location::caller())
+        }
+    )*};
+}
+
+atomic_fns! {
+    /// `*p += v` atomically; returns the old values.
+    atomic_add => Add;
+    /// `*p = max(*p, v)` atomically; returns the old values.
+    atomic_max => Max;
+    /// `*p = min(*p, v)` atomically; returns the old values.
+    atomic_min => Min;
+    /// `*p &= v` atomically; returns the old values.
+    atomic_and => And;
+    /// `*p |= v` atomically; returns the old values.
+    atomic_or => Or;
+    /// `*p ^= v` atomically; returns the old values.
+    atomic_xor => Xor;
+    /// `*p = v` atomically; returns the old values.
+    atomic_xchg => Xchg;
+}
+
+/// Where `*p == cmp`, stores `value`; returns the old values.
+#[track_caller]
+pub fn atomic_cas(ptr: Tensor, cmp: impl Into<Operand>, value: impl Into<Operand>) -> Tensor {
+    let loc = Location::caller();
+    let (cmp, value) = (cmp.into(), value.into());
+    with_ctx(|c| {
+        let d = pointee(c, ptr, &loc, "atomic_cas");
+        let mut vals = vec![ptr.value(), literal(c, cmp, d, &loc), literal(c, value, d, &loc)];
+        common_shape(c, &mut vals, &loc, "atomic_cas");
+        let op = MemoryOp::AtomicCas { sem: MemSem::AcqRel, scope: MemScope::Gpu };
+        let fallback: Type = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
+        let v = c.push(Op::Memory(op), &vals, &loc, &[fallback])[0];
+        c.handle(v)
+    })
+}

@@ -1,0 +1,269 @@
+//! Reductions, scans and `dot`.
+//!
+//! `sum` accumulates f16/bf16 in f32 and small integers (and `i1`) in i32, and
+//! returns that wider type, so summing a bf16 row is accurate.
+
+use super::shape::norm_axis;
+use super::{Tensor, cast_to};
+use crate::builder::{build_region, fmt_types, with_ctx};
+use crate::dtype::{DType, Elem, Type};
+use crate::ir::ops::{ControlOp, DotOp, DotPrecision, ReduceKind, ReduceOp, ScanKind, ScanOp};
+use crate::ir::{Op, Value};
+use crate::loc::Location;
+
+/// The dtype `sum`/`cumsum` accumulate in.
+fn sum_dtype(d: DType) -> DType {
+    match d {
+        DType::F16 | DType::BF16 => DType::F32,
+        DType::I1 | DType::I8 | DType::U8 | DType::I16 => DType::I32,
+        d => d,
+    }
+}
+
+fn reduce_at(kind: ReduceKind, x: Tensor, axis: i32, loc: &Location) -> Tensor {
+    with_ctx(|c| {
+        c.check(x);
+        let t = c.func.ty(x.value()).clone();
+        let mut v = x.value();
+        if kind == ReduceKind::Sum {
+            v = cast_to(c, v, sum_dtype(t.dtype()), loc);
+        }
+        let axis = norm_axis(axis, t.rank());
+        let mut out = t.shape.to_vec();
+        if axis < out.len() {
+            out.remove(axis);
+        }
+        let elem = match kind {
+            ReduceKind::Argmax | ReduceKind::Argmin => Elem::Scalar(DType::I32),
+            _ => *&c.func.ty(v).elem,
+        };
+        let r = c.push(Op::Reduce(ReduceOp { axis, kind }), &[v], loc, &[Type::tile(elem, &out)])[0];
+        c.handle(r)
+    })
+}
+
+/// Sum along `axis` (negative counts from the end).
+#[track_caller]
+pub fn sum(x: Tensor, axis: i32) -> Tensor {
+    reduce_at(ReduceKind::Sum, x, axis, &Location::caller())
+}
+
+/// Maximum along `axis`.
+#[track_caller]
+pub fn max(x: Tensor, axis: i32) -> Tensor {
+    reduce_at(ReduceKind::Max, x, axis, &Location::caller())
+}
+
+/// Minimum along `axis`.
+#[track_caller]
+pub fn min(x: Tensor, axis: i32) -> Tensor {
+    reduce_at(ReduceKind::Min, x, axis, &Location::caller())
+}
+
+/// Index (`i32`) of the maximum along `axis`; ties pick the smallest index.
+#[track_caller]
+pub fn argmax(x: Tensor, axis: i32) -> Tensor {
+    reduce_at(ReduceKind::Argmax, x, axis, &Location::caller())
+}
+
+/// Index (`i32`) of the minimum along `axis`; ties pick the smallest index.
+#[track_caller]
+pub fn argmin(x: Tensor, axis: i32) -> Tensor {
+    reduce_at(ReduceKind::Argmin, x, axis, &Location::caller())
+}
+
+/// Reduces `inputs` (one shape) along `axis` with an associative `combine` that
+/// maps (running values, new values), each one scalar per input, to the combined
+/// scalars. Returns one result per input.
+#[track_caller]
+pub fn reduce(
+    inputs: &[Tensor],
+    axis: i32,
+    combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let loc = Location::caller();
+    let (inst, elems, results) = with_ctx(|c| {
+        let vals: Vec<Value> = inputs
+            .iter()
+            .map(|t| {
+                c.check(*t);
+                t.value()
+            })
+            .collect();
+        let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
+        let rank = tys.first().map_or(0, |t| t.rank());
+        let op = Op::Reduce(ReduceOp { axis: norm_axis(axis, rank), kind: ReduceKind::Custom });
+        let out_tys = match op.infer(&tys) {
+            Ok(t) => t,
+            Err(m) => {
+                c.error(&loc, Some("reduce"), m);
+                tys.iter().map(|t| Type::scalar(t.dtype())).collect()
+            }
+        };
+        let inst = c.func.create_inst(op, &vals, out_tys, loc.clone());
+        let b = c.cur_block();
+        c.func.append_inst(b, inst);
+        let elems: Vec<Type> = tys.iter().map(|t| Type { elem: t.elem, shape: Default::default() }).collect();
+        let results: Vec<Tensor> = c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect();
+        (inst, elems, results)
+    });
+    let n = elems.len();
+    let arg_tys: Vec<Type> = elems.iter().chain(elems.iter()).cloned().collect();
+    let (region, yielded) =
+        build_region(inst, &arg_tys, &loc, ControlOp::Yield, |args| combine(&args[..n], &args[n..]));
+    with_ctx(|c| {
+        c.func.insts[inst].regions.push(region);
+        if yielded != elems {
+            c.error(
+                &loc,
+                Some("reduce"),
+                format!(
+                    "the combine function must return {} but returns {}",
+                    fmt_types(&elems),
+                    fmt_types(&yielded)
+                ),
+            );
+        }
+    });
+    results
+}
+
+fn scan_at(kind: ScanKind, x: Tensor, axis: i32, reverse: bool, loc: &Location) -> Tensor {
+    with_ctx(|c| {
+        c.check(x);
+        let mut v = x.value();
+        if kind == ScanKind::Sum {
+            let d = c.func.ty(v).dtype();
+            v = cast_to(c, v, sum_dtype(d), loc);
+        }
+        let t = c.func.ty(v).clone();
+        let op = ScanOp { axis: norm_axis(axis, t.rank()), kind, reverse };
+        let r = c.push(Op::Scan(op), &[v], loc, &[t])[0];
+        c.handle(r)
+    })
+}
+
+/// Inclusive prefix sum along `axis`.
+#[track_caller]
+pub fn cumsum(x: Tensor, axis: i32) -> Tensor {
+    scan_at(ScanKind::Sum, x, axis, false, &Location::caller())
+}
+
+/// Inclusive running maximum along `axis`.
+#[track_caller]
+pub fn cummax(x: Tensor, axis: i32) -> Tensor {
+    scan_at(ScanKind::Max, x, axis, false, &Location::caller())
+}
+
+/// Inclusive running minimum along `axis`.
+#[track_caller]
+pub fn cummin(x: Tensor, axis: i32) -> Tensor {
+    scan_at(ScanKind::Min, x, axis, false, &Location::caller())
+}
+
+/// Inclusive scan of `inputs` along `axis` with an associative `combine`
+/// (see [`reduce`]); `reverse` scans from the end.
+#[track_caller]
+pub fn scan(
+    inputs: &[Tensor],
+    axis: i32,
+    reverse: bool,
+    combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let loc = Location::caller();
+    let (inst, elems, results) = with_ctx(|c| {
+        let vals: Vec<Value> = inputs
+            .iter()
+            .map(|t| {
+                c.check(*t);
+                t.value()
+            })
+            .collect();
+        let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
+        let rank = tys.first().map_or(0, |t| t.rank());
+        let op = Op::Scan(ScanOp { axis: norm_axis(axis, rank), kind: ScanKind::Custom, reverse });
+        if let Err(m) = op.infer(&tys) {
+            c.error(&loc, Some("scan"), m);
+        }
+        let inst = c.func.create_inst(op, &vals, tys.clone(), loc.clone());
+        let b = c.cur_block();
+        c.func.append_inst(b, inst);
+        let elems: Vec<Type> = tys.iter().map(|t| Type { elem: t.elem, shape: Default::default() }).collect();
+        let results: Vec<Tensor> = c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect();
+        (inst, elems, results)
+    });
+    let n = elems.len();
+    let arg_tys: Vec<Type> = elems.iter().chain(elems.iter()).cloned().collect();
+    let (region, yielded) =
+        build_region(inst, &arg_tys, &loc, ControlOp::Yield, |args| combine(&args[..n], &args[n..]));
+    with_ctx(|c| {
+        c.func.insts[inst].regions.push(region);
+        if yielded != elems {
+            c.error(
+                &loc,
+                Some("scan"),
+                format!(
+                    "the combine function must return {} but returns {}",
+                    fmt_types(&elems),
+                    fmt_types(&yielded)
+                ),
+            );
+        }
+    });
+    results
+}
+
+/// `acc + a @ b` for `a: [M, K]`, `b: [K, N]`; with `acc = None` a zero
+/// accumulator (f32, or i32 for i8 inputs) is used.
+#[track_caller]
+pub fn dot(a: Tensor, b: Tensor, acc: Option<Tensor>) -> Tensor {
+    dot_with(a, b, acc, DotPrecision::Ieee)
+}
+
+/// [`dot`] with an explicit precision for f32 inputs.
+#[track_caller]
+pub fn dot_with(a: Tensor, b: Tensor, acc: Option<Tensor>, precision: DotPrecision) -> Tensor {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        c.check(a);
+        c.check(b);
+        let (ta, tb) = (c.func.ty(a.value()).clone(), c.func.ty(b.value()).clone());
+        let m = ta.shape.first().copied().unwrap_or(1);
+        let n = tb.shape.get(1).copied().unwrap_or(1);
+        let acc_d = if ta.dtype() == DType::I8 { DType::I32 } else { DType::F32 };
+        let acc_v = match acc {
+            Some(t) => {
+                c.check(t);
+                t.value()
+            }
+            None => {
+                let op = Op::Creation(crate::ir::ops::CreationOp::Full {
+                    value: crate::ir::Scalar::zero(acc_d),
+                    shape: [m, n].as_slice().into(),
+                });
+                c.push_typed(op, &[], vec![Type::tile(Elem::Scalar(acc_d), &[m, n])], &loc)[0]
+            }
+        };
+        let fallback = Type::tile(Elem::Scalar(acc_d), &[m, n]);
+        let r = c.push(Op::Dot(DotOp { precision }), &[a.value(), b.value(), acc_v], &loc, &[fallback])[0];
+        c.handle(r)
+    })
+}
+
+impl Tensor {
+    /// See [`sum`].
+    #[track_caller]
+    pub fn sum(self, axis: i32) -> Tensor {
+        sum(self, axis)
+    }
+    /// See [`max`].
+    #[track_caller]
+    pub fn max(self, axis: i32) -> Tensor {
+        max(self, axis)
+    }
+    /// See [`min`].
+    #[track_caller]
+    pub fn min(self, axis: i32) -> Tensor {
+        min(self, axis)
+    }
+}

@@ -1,0 +1,1 @@
+//! Parser of the IR text format (the printer's output).
