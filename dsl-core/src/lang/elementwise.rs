@@ -29,7 +29,8 @@ fn natural_dtype(lit: Operand) -> DType {
 
 /// Promotes numeric operands to one dtype and one shape, materializing literals.
 /// Pointer operands keep their type (only their shape is broadcast). On a shape
-/// mismatch the error is recorded and the operands are returned unbroadcast.
+/// mismatch the error is recorded and every operand is replaced by the first, so
+/// the op still type-checks and the one mistake is reported once.
 pub(crate) fn promote_many(c: &mut Ctx, ops: &[Operand], loc: &Location, what: &'static str) -> Vec<Value> {
     let mut dtype: Option<DType> = None;
     for o in ops {
@@ -70,7 +71,7 @@ pub(crate) fn promote_many(c: &mut Ctx, ops: &[Operand], loc: &Location, what: &
             Ok(s) => shape = s,
             Err(msg) => {
                 c.error(loc, Some(what), msg);
-                return vals;
+                return vec![vals[0]; vals.len()];
             }
         }
     }
@@ -111,6 +112,10 @@ pub(crate) fn binary_at(op: BinaryOp, a: Operand, b: Operand, loc: &Location) ->
                 }
             };
             let (vp, mut voff) = promote_pair(c, p, off, loc, "addptr");
+            if vp == voff {
+                // Promotion failed and was reported; the pointer stands in for the result.
+                return c.handle(vp);
+            }
             if neg {
                 let t = c.func.ty(voff).clone();
                 voff = c.push(Op::Arith(ArithOp::Unary(UnaryOp::Neg)), &[voff], loc, &[t])[0];

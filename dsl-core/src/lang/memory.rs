@@ -36,14 +36,14 @@ fn common_shape(c: &mut Ctx, vals: &mut [Value], loc: &Location, what: &'static 
     }
 }
 
-/// The pointee dtype of a pointer operand, or an error.
-fn pointee(c: &mut Ctx, p: Tensor, loc: &Location, what: &'static str) -> DType {
+/// The pointee dtype of a pointer operand, or `None` after reporting an error.
+fn pointee(c: &mut Ctx, p: Tensor, loc: &Location, what: &'static str) -> Option<DType> {
     c.check(p);
     match c.func.ty(p.value()).elem {
-        Elem::Ptr(d) => d,
-        Elem::Scalar(d) => {
+        Elem::Ptr(d) => Some(d),
+        Elem::Scalar(_) => {
             c.error(loc, Some(what), format!("`{what}` needs a pointer, found {}", c.func.ty(p.value())));
-            d
+            None
         }
     }
 }
@@ -60,7 +60,9 @@ pub fn load(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>) -> Tensor
 pub fn load_with(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>, opts: MemOpts) -> Tensor {
     let loc = Location::caller();
     with_ctx(|c| {
-        let d = pointee(c, ptr, &loc, "load");
+        let Some(d) = pointee(c, ptr, &loc, "load") else {
+            return ptr;
+        };
         let mut vals = vec![ptr.value()];
         if let Some(m) = mask {
             c.check(m);
@@ -103,7 +105,9 @@ pub fn store_with(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>, 
     let loc = Location::caller();
     let value = value.into();
     with_ctx(|c| {
-        let d = pointee(c, ptr, &loc, "store");
+        let Some(d) = pointee(c, ptr, &loc, "store") else {
+            return;
+        };
         let mut vals = vec![ptr.value(), literal(c, value, d, &loc)];
         if let Some(m) = mask {
             c.check(m);
@@ -117,7 +121,9 @@ pub fn store_with(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>, 
 
 fn atomic_at(kind: AtomicKind, ptr: Tensor, value: Operand, mask: Option<Tensor>, loc: &Location) -> Tensor {
     with_ctx(|c| {
-        let d = pointee(c, ptr, loc, kind.name());
+        let Some(d) = pointee(c, ptr, loc, kind.name()) else {
+            return ptr;
+        };
         let mut vals = vec![ptr.value(), literal(c, value, d, loc)];
         if let Some(m) = mask {
             c.check(m);
@@ -165,7 +171,9 @@ pub fn atomic_cas(ptr: Tensor, cmp: impl Into<Operand>, value: impl Into<Operand
     let loc = Location::caller();
     let (cmp, value) = (cmp.into(), value.into());
     with_ctx(|c| {
-        let d = pointee(c, ptr, &loc, "atomic_cas");
+        let Some(d) = pointee(c, ptr, &loc, "atomic_cas") else {
+            return ptr;
+        };
         let mut vals = vec![ptr.value(), literal(c, cmp, d, &loc), literal(c, value, d, &loc)];
         common_shape(c, &mut vals, &loc, "atomic_cas");
         let op = MemoryOp::AtomicCas { sem: MemSem::AcqRel, scope: MemScope::Gpu };
