@@ -150,8 +150,10 @@ impl DType {
     /// Integers are returned unchanged.
     pub fn round_float(self, v: f64) -> f64 {
         match self {
-            DType::F16 => half::f16::from_f64(v).to_f64(),
-            DType::BF16 => half::bf16::from_f64(v).to_f64(),
+            // Narrow to f32 with round-to-odd first: a second rounding from there
+            // to 11 or 8 significand bits then equals one correct rounding.
+            DType::F16 => half::f16::from_f32(f64_to_f32_odd(v)).to_f64(),
+            DType::BF16 => half::bf16::from_f32(f64_to_f32_odd(v)).to_f64(),
             DType::F32 => v as f32 as f64,
             _ => v,
         }
@@ -176,6 +178,26 @@ impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// `x` rounded to f32 with round-to-odd: the nearest f32 toward zero, with its
+/// last significand bit set when the conversion was inexact. Rounding the result
+/// again to fewer than 23 bits gives the correctly rounded value of `x`.
+pub fn f64_to_f32_odd(x: f64) -> f32 {
+    let r = x as f32;
+    if !r.is_finite() && x.is_finite() {
+        // Overflow: truncation gives the largest finite value, which is odd.
+        return f32::MAX.copysign(r);
+    }
+    if r as f64 == x || x.is_nan() || r.is_infinite() {
+        return r;
+    }
+    let mut bits = r.to_bits();
+    if (r as f64).abs() > x.abs() {
+        // `r` was rounded away from zero: step one ulp back toward zero.
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
 }
 
 /// What one element of a value is: a number or a pointer to numbers in global memory.
@@ -280,7 +302,7 @@ impl Type {
 
     /// Number of elements (1 for scalars).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
 
     /// Rank (0 for scalars).
@@ -317,6 +339,15 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_name(d.name()), Some(d));
         }
+    }
+
+    #[test]
+    fn rounding_is_single() {
+        let f16_case = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(DType::F16.round_float(f16_case), 1.0 + 2f64.powi(-10));
+        let bf16_case = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(DType::BF16.round_float(bf16_case), 1.0 + 2f64.powi(-7));
+        assert_eq!(DType::BF16.round_float(1.0 + 2f64.powi(-8)), 1.0);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod error;
 pub mod interp;
 pub mod ir;
 pub mod lang;
+pub mod launch;
 pub mod loc;
 pub mod parse;
 pub mod passes;
@@ -21,5 +22,7 @@ pub mod verify;
 
 pub use dtype::{DType, Elem, Shape, Type};
 pub use error::{Diagnostic, Error, Result};
+/// Re-exported so generated code can name `f16`/`bf16` element types.
+pub use half;
 pub use ir::{Function, Op, Scalar, Value};
 pub use loc::Location;

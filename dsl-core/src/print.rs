@@ -15,7 +15,7 @@
 //! Parameters print by name; other values are numbered `%0, %1, ...` in print
 //! order, so the text does not depend on arena indices (passes that delete ops
 //! do not leave gaps). Attributes print in a fixed order; defaults are omitted.
-//! `display_with_locs` appends `loc("file":line:col)` to every op.
+//! `print_with_locs` appends `loc("file":line:col)` to every op.
 
 use crate::ir::ops::Attr;
 use crate::ir::{Block, Function, Inst, Region, Value};
@@ -143,15 +143,16 @@ impl<'a> Printer<'a> {
             let tys: Vec<String> = data.results.iter().map(|&r| f.ty(r).to_string()).collect();
             let _ = write!(line, " : {}", tys.join(", "));
         }
+        // The location goes on the op's own line, before any regions.
+        if self.locs && !data.loc.is_unknown() {
+            let _ = write!(line, " loc({:?}:{}:{})", data.loc.file, data.loc.line, data.loc.col);
+        }
         for &r in &data.regions {
             line.push_str(" {");
             self.out.push_str(&line);
             self.out.push('\n');
             self.region(r, indent);
             line = format!("{pad}}}");
-        }
-        if self.locs && !data.loc.is_unknown() {
-            let _ = write!(line, " loc({:?}:{}:{})", data.loc.file, data.loc.line, data.loc.col);
         }
         self.out.push_str(&line);
         self.out.push('\n');

@@ -158,7 +158,7 @@ impl Verifier<'_> {
                 self.check_inferred(i, &args, &results);
                 let mut block_tys = vec![args.first().cloned().unwrap_or(Type::scalar(crate::DType::I32))];
                 block_tys.extend(args.iter().skip(3).cloned());
-                self.check_region(i, 0, &block_tys, ControlOp::Yield, &args.get(3..).unwrap_or(&[]).to_vec());
+                self.check_region(i, 0, &block_tys, ControlOp::Yield, args.get(3..).unwrap_or(&[]));
             }
             Op::Reduce(r) if r.kind == ReduceKind::Custom => {
                 self.check_inferred(i, &args, &results);

@@ -4,7 +4,7 @@
 use dsl_core::ir::ops::{ArithOp, BinaryOp, ControlOp, CreationOp};
 use dsl_core::ir::{Function, Op, Scalar};
 use dsl_core::lang::*;
-use dsl_core::{verify, Error, Location, Type};
+use dsl_core::{Error, Location, Type, verify};
 
 /// Builds a kernel with three independent mistakes and checks that all three are
 /// reported, in order, each at the line and column of the offending expression.
@@ -24,7 +24,9 @@ fn build_errors_are_collected_with_locations() {
         lines.push((line!() + 1, 18));
         let _e = exp(arange(0, 16));
     });
-    let Err(Error::Build { kernel, diagnostics }) = err else { panic!("expected a build error, got {err:?}") };
+    let Err(Error::Build { kernel, diagnostics }) = err else {
+        panic!("expected a build error, got {err:?}")
+    };
     assert_eq!(kernel, "bad");
     assert_eq!(diagnostics.len(), 3, "{diagnostics:#?}");
     for (d, (line, col)) in diagnostics.iter().zip(&lines) {
@@ -38,12 +40,34 @@ fn build_errors_are_collected_with_locations() {
 }
 
 #[test]
-fn non_power_of_two_tiles_are_rejected_with_a_hint() {
+fn non_power_of_two_shapes_are_rejected_where_padding_cannot_apply() {
     let err = KernelBuilder::new("np2").build(|| {
-        let _ = arange(0, 100);
+        let x = arange(0, 64);
+        let _ = reshape(x, &[8, 6]);
     });
     let msg = err.unwrap_err().to_string();
-    assert!(msg.contains("powers of two, found 100") && msg.contains("pad to 128"), "{msg}");
+    assert!(msg.contains("powers of two, found 6") && msg.contains("pad to 8"), "{msg}");
+    let err = KernelBuilder::new("np2_reshape").build(|| {
+        let _ = reshape(arange(0, 100), &[128]);
+    });
+    assert!(err.unwrap_err().to_string().contains("cannot reshape a tile padded to a power of two"));
+}
+
+/// `arange(0, 100)` is padded to 128 lanes and every memory access through it is
+/// masked to the first 100, with no mask written by the author.
+#[test]
+fn non_power_of_two_aranges_are_padded_and_masked() {
+    let f = KernelBuilder::new("padded")
+        .build(|| {
+            let x = param_ptr("x", DType::F32);
+            let offs = arange(0, 100);
+            store(x + offs, load(x + offs, None, None) * 2.0, None);
+        })
+        .unwrap();
+    let text = dsl_core::print::print(&f);
+    assert!(text.contains("arange {start = 0, end = 128}"), "{text}");
+    assert!(text.contains("full {value = 100, shape = [128]}"), "{text}");
+    assert_eq!(text.matches("{mask}").count(), 2, "{text}");
 }
 
 #[test]
@@ -53,7 +77,10 @@ fn loop_carried_type_change_is_an_error() {
         for_range(0, 4, 1, &[acc], |_, c| vec![c[0].to(DType::F16)]);
     });
     let msg = err.unwrap_err().to_string();
-    assert!(msg.contains("loop-carried values start as (tensor<16xf32>) but the body yields (tensor<16xf16>)"), "{msg}");
+    assert!(
+        msg.contains("loop-carried values start as (tensor<16xf32>) but the body yields (tensor<16xf16>)"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -90,17 +117,33 @@ fn loc() -> Location {
 fn verifier_collects_all_violations() {
     let mut f = Function::new("malformed", loc());
     let body = f.body_block();
-    let c = f.create_inst(Op::Creation(CreationOp::Const(Scalar::int(DType::I32, 1))), &[], vec![Type::scalar(DType::I32)], loc());
+    let c = f.create_inst(
+        Op::Creation(CreationOp::Const(Scalar::int(DType::I32, 1))),
+        &[],
+        vec![Type::scalar(DType::I32)],
+        loc(),
+    );
     let cv = f.result(c);
     // 1. A use before the definition: the add is placed before the const.
-    let add = f.create_inst(Op::Arith(ArithOp::Binary(BinaryOp::Add)), &[cv, cv], vec![Type::scalar(DType::I32)], loc());
+    let add = f.create_inst(
+        Op::Arith(ArithOp::Binary(BinaryOp::Add)),
+        &[cv, cv],
+        vec![Type::scalar(DType::I32)],
+        loc(),
+    );
     f.append_inst(body, add);
     f.append_inst(body, c);
     // 2. A wrong declared result type.
-    let bad = f.create_inst(Op::Arith(ArithOp::Binary(BinaryOp::Mul)), &[cv, cv], vec![Type::scalar(DType::F32)], loc());
+    let bad = f.create_inst(
+        Op::Arith(ArithOp::Binary(BinaryOp::Mul)),
+        &[cv, cv],
+        vec![Type::scalar(DType::F32)],
+        loc(),
+    );
     f.append_inst(body, bad);
     // 3. A non-power-of-two tile.
-    let full = Op::Creation(CreationOp::Full { value: Scalar::int(DType::I32, 0), shape: [3].as_slice().into() });
+    let full =
+        Op::Creation(CreationOp::Full { value: Scalar::int(DType::I32, 0), shape: [3].as_slice().into() });
     let np2 = f.create_inst(full, &[], vec![Type::tile(dsl_core::Elem::Scalar(DType::I32), &[3])], loc());
     f.append_inst(body, np2);
     // 4. A terminator in the kernel body.
@@ -122,14 +165,24 @@ fn verifier_checks_region_terminators() {
     let mut f = Function::new("loop", loc());
     let body = f.body_block();
     let mk = |f: &mut Function, v: i64, d: DType| {
-        let i = f.create_inst(Op::Creation(CreationOp::Const(Scalar::int(d, v))), &[], vec![Type::scalar(d)], loc());
+        let i = f.create_inst(
+            Op::Creation(CreationOp::Const(Scalar::int(d, v))),
+            &[],
+            vec![Type::scalar(d)],
+            loc(),
+        );
         f.append_inst(body, i);
         f.result(i)
     };
     let lb = mk(&mut f, 0, DType::I32);
     let ub = mk(&mut f, 8, DType::I32);
     let init = mk(&mut f, 0, DType::F32);
-    let for_ = f.create_inst(Op::Control(ControlOp::For), &[lb, ub, ub, init], vec![Type::scalar(DType::F32)], loc());
+    let for_ = f.create_inst(
+        Op::Control(ControlOp::For),
+        &[lb, ub, ub, init],
+        vec![Type::scalar(DType::F32)],
+        loc(),
+    );
     f.append_inst(body, for_);
     let r = f.new_region(Some(for_));
     f.insts[for_].regions.push(r);

@@ -1,8 +1,8 @@
 //! insta snapshots of printed IR for the hand-built reference kernels, raw (as
 //! built) and after canonicalization where that is interesting.
 
-use dsl_core::print::print;
 use dsl_core::DType;
+use dsl_core::print::print;
 use tests::hand;
 
 #[test]

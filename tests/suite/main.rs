@@ -1,4 +1,7 @@
 //! The cross-crate test suite, one binary (linking is slow once codegen links LLVM).
 
-mod ir_snapshots;
 mod diagnostics;
+mod interp_macro;
+mod ir_snapshots;
+mod macro_kernels;
+mod ui;

@@ -13,6 +13,7 @@
 //! Invariants: handles are only valid inside the build that made them (checked);
 //! the context is never borrowed while user code (region closures) runs.
 
+pub(crate) mod padding;
 mod promote;
 
 pub use promote::{Operand, broadcast_shapes, computation_type};
@@ -69,6 +70,8 @@ pub(crate) struct Ctx {
     pub(crate) diags: Vec<Diagnostic>,
     /// Insertion blocks; the last is current.
     pub(crate) insert: Vec<Block>,
+    /// Logical extents of values padded to powers of two (see `padding`).
+    pub(crate) logical: rustc_hash::FxHashMap<Value, padding::Extents>,
 }
 
 thread_local! {
@@ -116,7 +119,11 @@ impl Ctx {
     pub(crate) fn push(&mut self, op: Op, args: &[Value], loc: &Location, fallback: &[Type]) -> Vec<Value> {
         let arg_tys: Vec<Type> = args.iter().map(|&a| self.func.ty(a).clone()).collect();
         match op.infer(&arg_tys) {
-            Ok(tys) => self.push_typed(op, args, tys, loc),
+            Ok(tys) => {
+                let results = self.push_typed(op.clone(), args, tys, loc);
+                self.propagate_logical(&op, args, &results, loc);
+                results
+            }
             Err(msg) => {
                 let name = op.name();
                 self.error(loc, Some(name), msg);
@@ -185,7 +192,15 @@ impl KernelBuilder {
         let id = NEXT_BUILD.fetch_add(1, Ordering::Relaxed);
         let func = Function::new(self.name.clone(), self.loc.clone());
         let entry = func.body_block();
-        CTX.with(|s| s.borrow_mut().push(Ctx { id, func, diags: Vec::new(), insert: vec![entry] }));
+        CTX.with(|s| {
+            s.borrow_mut().push(Ctx {
+                id,
+                func,
+                diags: Vec::new(),
+                insert: vec![entry],
+                logical: Default::default(),
+            })
+        });
         // Pop the context even if the body panics, so later builds on this thread work.
         struct Pop(u32);
         impl Drop for Pop {
@@ -236,8 +251,28 @@ pub fn param_scalar(name: &str, dtype: DType) -> Tensor {
 pub fn param_with_hints(name: &str, ty: Type, hints: ParamHints) -> Tensor {
     let loc = Location::caller();
     with_ctx(|c| {
+        let ident = name.chars().next().is_some_and(|ch| ch.is_alphabetic() || ch == '_')
+            && name.chars().all(|ch| ch.is_alphanumeric() || ch == '_');
+        if !ident {
+            c.error(
+                &loc,
+                None,
+                format!("parameter name `{name}` must be an identifier (letters, digits, `_`)"),
+            );
+        } else if c.func.params.iter().any(|p| p.name == name) {
+            c.error(&loc, None, format!("parameter `{name}` is declared twice"));
+        }
         if !ty.is_scalar() {
             c.error(&loc, None, format!("parameter `{name}` must be a scalar or a pointer, found {ty}"));
+        }
+        if let Some(d) = hints.divisibility
+            && (d == 0 || !d.is_power_of_two())
+        {
+            c.error(
+                &loc,
+                None,
+                format!("the divisibility hint of `{name}` must be a power of two, found {d}"),
+            );
         }
         let v = c.func.add_param(name, ty, hints);
         c.handle(v)
@@ -266,10 +301,28 @@ pub(crate) fn build_region(
     term: ControlOp,
     f: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
 ) -> (crate::ir::Region, Vec<Type>) {
+    build_region_padded(owner, arg_tys, &[], loc, term, f)
+}
+
+/// [`build_region`] whose block arguments carry the logical extents `arg_logical`
+/// (one entry per argument, `None` when unpadded; missing entries are unpadded).
+pub(crate) fn build_region_padded(
+    owner: crate::ir::Inst,
+    arg_tys: &[Type],
+    arg_logical: &[Option<padding::Extents>],
+    loc: &Location,
+    term: ControlOp,
+    f: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
+) -> (crate::ir::Region, Vec<Type>) {
     let (region, args) = with_ctx(|c| {
         let r = c.func.new_region(Some(owner));
         let b = c.func.entry(r);
         let vals: Vec<Value> = arg_tys.iter().map(|t| c.func.add_block_arg(b, t.clone())).collect();
+        for (v, e) in vals.iter().zip(arg_logical) {
+            if let Some(e) = e {
+                c.set_logical(*v, e.clone());
+            }
+        }
         let args: Vec<Tensor> = vals.into_iter().map(|v| c.handle(v)).collect();
         c.insert.push(b);
         (r, args)

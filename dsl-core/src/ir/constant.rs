@@ -25,12 +25,25 @@ impl Scalar {
     }
 
     /// A float constant, rounded to `dtype`; for an integer `dtype` it is truncated
-    /// toward zero (saturating) and wrapped.
+    /// toward zero and saturated to the dtype's range (NaN becomes 0).
     pub fn float(dtype: DType, v: f64) -> Scalar {
         if dtype.is_int() {
-            return Scalar::int(dtype, v as i64);
+            // Cast semantics: truncate toward zero, saturate to the dtype, NaN is 0.
+            let (lo, hi) = dtype.int_range().unwrap_or((i64::MIN, i64::MAX));
+            let t = if v.is_nan() { 0.0 } else { v.trunc() };
+            let i = if t <= lo as f64 {
+                lo
+            } else if t >= hi as f64 {
+                hi
+            } else {
+                t as i64
+            };
+            return Scalar::int(dtype, i);
         }
-        Scalar { dtype, bits: dtype.round_float(v).to_bits() }
+        // NaNs are canonicalized: the IR has one NaN per dtype (sign and payload
+        // are not observable through the language), so constants compare by bits.
+        let v = if v.is_nan() { f64::NAN } else { dtype.round_float(v) };
+        Scalar { dtype, bits: v.to_bits() }
     }
 
     /// A boolean constant (`i1`).

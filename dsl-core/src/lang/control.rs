@@ -2,7 +2,8 @@
 //! assert/print and axis-analysis hints.
 
 use super::{Operand, Tensor, literal};
-use crate::builder::{build_region, computation_type, fmt_types, with_ctx};
+use crate::builder::padding::Extents;
+use crate::builder::{build_region, build_region_padded, computation_type, fmt_types, with_ctx};
 use crate::dtype::{DType, Type};
 use crate::ir::ops::{CmpPred, CompareOp, ControlOp, DebugOp, HintOp};
 use crate::ir::{Op, Value};
@@ -24,7 +25,7 @@ pub fn for_range(
 ) -> Vec<Tensor> {
     let loc = Location::caller();
     let bounds = [lb.into(), ub.into(), step.into()];
-    let (inst, arg_tys, results) = with_ctx(|c| {
+    let (inst, arg_tys, results, logical) = with_ctx(|c| {
         let mut d = DType::I32;
         for b in bounds {
             if let Operand::Tensor(t) = b {
@@ -53,11 +54,21 @@ pub fn for_range(
         c.func.append_inst(b, inst);
         let mut arg_tys = vec![Type::scalar(d)];
         arg_tys.extend(init_tys);
-        let results: Vec<Tensor> = c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect();
-        (inst, arg_tys, results)
+        // Loop-carried values keep the padding of their initial values.
+        let mut logical: Vec<Option<Extents>> = vec![None];
+        logical.extend(init.iter().map(|t| c.logical(t.value()).cloned()));
+        let res = c.func.insts[inst].results.clone();
+        for (r, e) in res.iter().zip(&logical[1..]) {
+            if let Some(e) = e {
+                c.set_logical(*r, e.clone());
+            }
+        }
+        let results: Vec<Tensor> = res.iter().map(|&v| c.handle(v)).collect();
+        (inst, arg_tys, results, logical)
     });
-    let (region, yielded) =
-        build_region(inst, &arg_tys, &loc, ControlOp::Yield, |args| body(args[0], &args[1..]));
+    let (region, yielded) = build_region_padded(inst, &arg_tys, &logical, &loc, ControlOp::Yield, |args| {
+        body(args[0], &args[1..])
+    });
     with_ctx(|c| {
         c.func.insts[inst].regions.push(region);
         if yielded != arg_tys[1..] {
@@ -113,8 +124,15 @@ pub fn if_else(
         c.func.append_inst(b, inst);
         inst
     });
-    let (r_then, then_tys) = build_region(inst, &[], &loc, ControlOp::Yield, |_| then_());
-    let (r_else, else_tys) = build_region(inst, &[], &loc, ControlOp::Yield, |_| else_());
+    let mut yielded: [Vec<Tensor>; 2] = [Vec::new(), Vec::new()];
+    let (r_then, then_tys) = build_region(inst, &[], &loc, ControlOp::Yield, |_| {
+        yielded[0] = then_();
+        yielded[0].clone()
+    });
+    let (r_else, else_tys) = build_region(inst, &[], &loc, ControlOp::Yield, |_| {
+        yielded[1] = else_();
+        yielded[1].clone()
+    });
     with_ctx(|c| {
         c.func.insts[inst].regions.push(r_then);
         c.func.insts[inst].regions.push(r_else);
@@ -130,6 +148,20 @@ pub fn if_else(
             );
         }
         let vals: Vec<Value> = then_tys.iter().map(|t| c.func.add_inst_result(inst, t.clone())).collect();
+        // A result is valid where the values of both branches are.
+        for (i, &r) in vals.iter().enumerate() {
+            let ext = |c: &crate::builder::Ctx, k: usize| -> Option<Extents> {
+                yielded[k].get(i).and_then(|t| c.logical(t.value()).cloned())
+            };
+            let merged = match (ext(c, 0), ext(c, 1)) {
+                (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| *x.min(y)).collect()),
+                (Some(a), None) | (None, Some(a)) => Some(a),
+                (None, None) => None,
+            };
+            if let Some(e) = merged {
+                c.set_logical(r, e);
+            }
+        }
         vals.into_iter().map(|v| c.handle(v)).collect()
     })
 }
@@ -164,7 +196,7 @@ pub fn while_loop(
     body: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
 ) -> Vec<Tensor> {
     let loc = Location::caller();
-    let (inst, tys) = with_ctx(|c| {
+    let (inst, tys, logical) = with_ctx(|c| {
         let vals: Vec<Value> = init
             .iter()
             .map(|t| {
@@ -176,16 +208,23 @@ pub fn while_loop(
         let inst = c.func.create_inst(Op::Control(ControlOp::While), &vals, tys.clone(), loc.clone());
         let b = c.cur_block();
         c.func.append_inst(b, inst);
-        (inst, tys)
+        let logical: Vec<Option<Extents>> = vals.iter().map(|&v| c.logical(v).cloned()).collect();
+        let res = c.func.insts[inst].results.clone();
+        for (r, e) in res.iter().zip(&logical) {
+            if let Some(e) = e {
+                c.set_logical(*r, e.clone());
+            }
+        }
+        (inst, tys, logical)
     });
-    let (r_before, _) = build_region(inst, &tys, &loc, ControlOp::Condition, |args| {
+    let (r_before, _) = build_region_padded(inst, &tys, &logical, &loc, ControlOp::Condition, |args| {
         let cv = to_cond(cond(args), &loc, "while");
         let cv = with_ctx(|c| c.handle(cv));
         let mut out = vec![cv];
         out.extend_from_slice(args);
         out
     });
-    let (r_after, yielded) = build_region(inst, &tys, &loc, ControlOp::Yield, body);
+    let (r_after, yielded) = build_region_padded(inst, &tys, &logical, &loc, ControlOp::Yield, body);
     with_ctx(|c| {
         c.func.insts[inst].regions.push(r_before);
         c.func.insts[inst].regions.push(r_after);

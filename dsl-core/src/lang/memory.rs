@@ -4,7 +4,9 @@
 use super::{Operand, Tensor, broadcast_value, literal};
 use crate::builder::{Ctx, broadcast_shapes, with_ctx};
 use crate::dtype::{DType, Elem, Type};
-use crate::ir::ops::{AtomicKind, CacheModifier, EvictionPolicy, MemScope, MemSem, MemoryOp};
+use crate::ir::ops::{
+    ArithOp, AtomicKind, BinaryOp, CacheModifier, EvictionPolicy, MemScope, MemSem, MemoryOp,
+};
 use crate::ir::{Op, Value};
 use crate::loc::Location;
 
@@ -34,6 +36,26 @@ fn common_shape(c: &mut Ctx, vals: &mut [Value], loc: &Location, what: &'static 
     for v in vals.iter_mut() {
         *v = broadcast_value(c, *v, &shape, loc);
     }
+}
+
+/// The user's mask ANDed with the validity of every padded operand (see
+/// `builder::padding`): padding lanes never touch memory.
+fn effective_mask(c: &mut Ctx, operands: &[Value], user: Option<Value>, loc: &Location) -> Option<Value> {
+    let mut mask = user;
+    for &v in operands {
+        let rank = c.func.ty(v).rank();
+        let dims: Vec<usize> = (0..rank).collect();
+        if let Some(m) = c.validity_mask(v, &dims, loc) {
+            mask = Some(match mask {
+                None => m,
+                Some(prev) => {
+                    let t = c.func.ty(m).clone();
+                    c.push(Op::Arith(ArithOp::Binary(BinaryOp::And)), &[prev, m], loc, &[t])[0]
+                }
+            });
+        }
+    }
+    mask
 }
 
 /// The pointee dtype of a pointer operand, or `None` after reporting an error.
@@ -80,8 +102,16 @@ pub fn load_with(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>, opts
             }
         }
         common_shape(c, &mut vals, &loc, "load");
+        let user_mask = mask.map(|_| vals[1]);
+        let other_v = if vals.len() == 3 { Some(vals[2]) } else { None };
+        let eff = effective_mask(c, &vals, user_mask, &loc);
+        let mut vals = vec![vals[0]];
+        vals.extend(eff);
+        if let (Some(o), Some(_)) = (other_v, eff) {
+            vals.push(o);
+        }
         let op = MemoryOp::Load {
-            has_mask: mask.is_some(),
+            has_mask: eff.is_some(),
             has_other: vals.len() == 3,
             cache: opts.cache,
             evict: opts.evict,
@@ -114,7 +144,11 @@ pub fn store_with(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>, 
             vals.push(m.value());
         }
         common_shape(c, &mut vals, &loc, "store");
-        let op = MemoryOp::Store { has_mask: mask.is_some(), cache: opts.cache, evict: opts.evict };
+        let user_mask = mask.map(|_| vals[2]);
+        let eff = effective_mask(c, &vals, user_mask, &loc);
+        vals.truncate(2);
+        vals.extend(eff);
+        let op = MemoryOp::Store { has_mask: eff.is_some(), cache: opts.cache, evict: opts.evict };
         c.push(Op::Memory(op), &vals, &loc, &[]);
     })
 }
@@ -130,8 +164,12 @@ fn atomic_at(kind: AtomicKind, ptr: Tensor, value: Operand, mask: Option<Tensor>
             vals.push(m.value());
         }
         common_shape(c, &mut vals, loc, kind.name());
+        let user_mask = mask.map(|_| vals[2]);
+        let eff = effective_mask(c, &vals, user_mask, loc);
+        vals.truncate(2);
+        vals.extend(eff);
         let op =
-            MemoryOp::Atomic { kind, has_mask: mask.is_some(), sem: MemSem::AcqRel, scope: MemScope::Gpu };
+            MemoryOp::Atomic { kind, has_mask: eff.is_some(), sem: MemSem::AcqRel, scope: MemScope::Gpu };
         let fallback = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
         let v = c.push(Op::Memory(op), &vals, loc, &[fallback])[0];
         c.handle(v)

@@ -12,6 +12,7 @@ mod elementwise;
 mod memory;
 mod reduce;
 mod shape;
+mod support;
 
 pub use crate::builder::{
     KernelBuilder, Operand, Tensor, param, param_ptr, param_scalar, param_with_hints, report_error,
@@ -22,6 +23,7 @@ pub use elementwise::*;
 pub use memory::*;
 pub use reduce::*;
 pub use shape::*;
+pub use support::{__i32, __tensor, __u8, __u32, __usize, ConstInt, FromTensors, IntoTensors, Ptr, dtypes};
 
 use crate::builder::{Ctx, with_ctx};
 use crate::dtype::{Elem, Type};
@@ -50,15 +52,32 @@ pub fn num_programs(axis: u8) -> Tensor {
     })
 }
 
-/// The `i32` tile `start, start+1, ..., end-1`; `end - start` must be a power of two.
+/// The `i32` tile `start, start+1, ..., end-1`. A length that is not a power of
+/// two is padded to the next one; the padding lanes are masked wherever they
+/// could be observed (see `builder::padding`).
 #[track_caller]
 pub fn arange(start: i32, end: i32) -> Tensor {
     let loc = Location::caller();
     with_ctx(|c| {
-        let n = (i64::from(end) - i64::from(start)).max(1) as usize;
-        let fallback = Type::tile(Elem::Scalar(DType::I32), &[n.next_power_of_two()]);
-        let v = c.push(Op::Creation(CreationOp::Arange { start, end }), &[], &loc, &[fallback])[0];
-        check_shape(c, &loc, "arange", &[n]);
+        let n = i64::from(end) - i64::from(start);
+        if n <= 0 {
+            c.error(&loc, Some("arange"), format!("`arange` needs start < end, found {start}..{end}"));
+            let v = c.placeholder(&Type::tile(Elem::Scalar(DType::I32), &[1]), &loc);
+            return c.handle(v);
+        }
+        let p = (n as u64).next_power_of_two() as i64;
+        let Ok(pend) = i32::try_from(i64::from(start) + p) else {
+            c.error(
+                &loc,
+                Some("arange"),
+                format!("`arange({start}, {end})` padded to {p} lanes overflows i32"),
+            );
+            let v = c.placeholder(&Type::tile(Elem::Scalar(DType::I32), &[p as usize]), &loc);
+            return c.handle(v);
+        };
+        let ty = Type::tile(Elem::Scalar(DType::I32), &[p as usize]);
+        let v = c.push(Op::Creation(CreationOp::Arange { start, end: pend }), &[], &loc, &[ty])[0];
+        c.set_logical(v, [n as usize].into_iter().collect());
         c.handle(v)
     })
 }
@@ -74,37 +93,45 @@ pub fn constant(value: impl Into<Operand>, dtype: DType) -> Tensor {
     })
 }
 
-/// A tile of `shape` filled with `value` converted to `dtype`.
+/// The power-of-two shape a requested shape is padded to.
+fn padded(shape: &[usize]) -> Vec<usize> {
+    shape.iter().map(|d| d.max(&1).next_power_of_two()).collect()
+}
+
+/// A tile of `shape` filled with `value` converted to `dtype`. Dimensions that
+/// are not powers of two are padded (see [`arange`]).
 #[track_caller]
 pub fn full(shape: &[usize], value: impl Into<Operand>, dtype: DType) -> Tensor {
     let loc = Location::caller();
     let value = value.into();
     with_ctx(|c| {
-        check_shape(c, &loc, "full", shape);
+        let phys = padded(shape);
         let v = match value {
             Operand::Tensor(t) => {
                 c.check(t);
                 let v = cast_to(c, t.value(), dtype, &loc);
-                broadcast_value(c, v, shape, &loc)
+                broadcast_value(c, v, &phys, &loc)
             }
             lit => {
                 let s = scalar_of(lit, dtype);
-                let op = Op::Creation(CreationOp::Full { value: s, shape: shape.into() });
-                c.push(op, &[], &loc, &[Type::tile(Elem::Scalar(dtype), shape)])[0]
+                let op = Op::Creation(CreationOp::Full { value: s, shape: phys.as_slice().into() });
+                c.push(op, &[], &loc, &[Type::tile(Elem::Scalar(dtype), &phys)])[0]
             }
         };
+        c.set_logical(v, shape.iter().copied().collect());
         c.handle(v)
     })
 }
 
-/// A tile of zeros.
+/// A tile of zeros; see [`full`].
 #[track_caller]
 pub fn zeros(shape: &[usize], dtype: DType) -> Tensor {
     let loc = Location::caller();
     with_ctx(|c| {
-        check_shape(c, &loc, "zeros", shape);
-        let op = Op::Creation(CreationOp::Full { value: Scalar::zero(dtype), shape: shape.into() });
-        let v = c.push(op, &[], &loc, &[Type::tile(Elem::Scalar(dtype), shape)])[0];
+        let phys = padded(shape);
+        let op = Op::Creation(CreationOp::Full { value: Scalar::zero(dtype), shape: phys.as_slice().into() });
+        let v = c.push(op, &[], &loc, &[Type::tile(Elem::Scalar(dtype), &phys)])[0];
+        c.set_logical(v, shape.iter().copied().collect());
         c.handle(v)
     })
 }

@@ -8,7 +8,7 @@ use super::{Tensor, cast_to};
 use crate::builder::{build_region, fmt_types, with_ctx};
 use crate::dtype::{DType, Elem, Type};
 use crate::ir::ops::{ControlOp, DotOp, DotPrecision, ReduceKind, ReduceOp, ScanKind, ScanOp};
-use crate::ir::{Op, Value};
+use crate::ir::{Op, Scalar, Value};
 use crate::loc::Location;
 
 /// The dtype `sum`/`cumsum` accumulate in.
@@ -17,6 +17,20 @@ fn sum_dtype(d: DType) -> DType {
         DType::F16 | DType::BF16 => DType::F32,
         DType::I1 | DType::I8 | DType::U8 | DType::I16 => DType::I32,
         d => d,
+    }
+}
+
+/// The neutral element of a built-in reduction over `d` (`None` for custom ones).
+fn neutral(kind: ReduceKind, d: DType) -> Option<Scalar> {
+    let (lo, hi) = match d.int_range() {
+        Some((lo, hi)) => (Scalar::int(d, lo), Scalar::int(d, hi)),
+        None => (Scalar::float(d, f64::NEG_INFINITY), Scalar::float(d, f64::INFINITY)),
+    };
+    match kind {
+        ReduceKind::Sum => Some(Scalar::zero(d)),
+        ReduceKind::Max | ReduceKind::Argmax => Some(lo),
+        ReduceKind::Min | ReduceKind::Argmin => Some(hi),
+        ReduceKind::Custom => None,
     }
 }
 
@@ -29,13 +43,20 @@ fn reduce_at(kind: ReduceKind, x: Tensor, axis: i32, loc: &Location) -> Tensor {
             v = cast_to(c, v, sum_dtype(t.dtype()), loc);
         }
         let axis = norm_axis(axis, t.rank());
+        if axis < t.rank() {
+            // Padding lanes along the reduced axis become the neutral element.
+            let d = c.func.ty(v).dtype();
+            if let Some(fill) = neutral(kind, d) {
+                v = c.fill_padding(v, &[axis], fill, loc);
+            }
+        }
         let mut out = t.shape.to_vec();
         if axis < out.len() {
             out.remove(axis);
         }
         let elem = match kind {
             ReduceKind::Argmax | ReduceKind::Argmin => Elem::Scalar(DType::I32),
-            _ => *&c.func.ty(v).elem,
+            _ => c.func.ty(v).elem,
         };
         let r = c.push(Op::Reduce(ReduceOp { axis, kind }), &[v], loc, &[Type::tile(elem, &out)])[0];
         c.handle(r)
@@ -92,7 +113,14 @@ pub fn reduce(
             .collect();
         let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
         let rank = tys.first().map_or(0, |t| t.rank());
-        let op = Op::Reduce(ReduceOp { axis: norm_axis(axis, rank), kind: ReduceKind::Custom });
+        let ax = norm_axis(axis, rank);
+        let padded_axis = vals
+            .iter()
+            .any(|&v| c.logical(v).is_some_and(|e| e.get(ax).is_some_and(|&l| l < c.func.ty(v).shape[ax])));
+        if padded_axis {
+            c.error(&loc, Some("reduce"), "a custom reduction over a padded (non-power-of-two) axis has no neutral element to fill the padding with; reduce a power-of-two tile".into());
+        }
+        let op = Op::Reduce(ReduceOp { axis: ax, kind: ReduceKind::Custom });
         let out_tys = match op.infer(&tys) {
             Ok(t) => t,
             Err(m) => {
@@ -137,7 +165,20 @@ fn scan_at(kind: ScanKind, x: Tensor, axis: i32, reverse: bool, loc: &Location) 
             v = cast_to(c, v, sum_dtype(d), loc);
         }
         let t = c.func.ty(v).clone();
-        let op = ScanOp { axis: norm_axis(axis, t.rank()), kind, reverse };
+        let ax = norm_axis(axis, t.rank());
+        if reverse && ax < t.rank() {
+            // A reverse scan reads the padding lanes first: make them neutral.
+            let rk = match kind {
+                ScanKind::Sum => ReduceKind::Sum,
+                ScanKind::Max => ReduceKind::Max,
+                ScanKind::Min => ReduceKind::Min,
+                ScanKind::Custom => ReduceKind::Custom,
+            };
+            if let Some(fill) = neutral(rk, t.dtype()) {
+                v = c.fill_padding(v, &[ax], fill, loc);
+            }
+        }
+        let op = ScanOp { axis: ax, kind, reverse };
         let r = c.push(Op::Scan(op), &[v], loc, &[t])[0];
         c.handle(r)
     })
@@ -228,6 +269,14 @@ pub fn dot_with(a: Tensor, b: Tensor, acc: Option<Tensor>, precision: DotPrecisi
         c.check(a);
         c.check(b);
         let (ta, tb) = (c.func.ty(a.value()).clone(), c.func.ty(b.value()).clone());
+        // Padding along K must not contribute: zero it in both operands.
+        let (av, bv) = if ta.rank() == 2 && tb.rank() == 2 {
+            let za = Scalar::zero(ta.dtype());
+            let zb = Scalar::zero(tb.dtype());
+            (c.fill_padding(a.value(), &[1], za, &loc), c.fill_padding(b.value(), &[0], zb, &loc))
+        } else {
+            (a.value(), b.value())
+        };
         let m = ta.shape.first().copied().unwrap_or(1);
         let n = tb.shape.get(1).copied().unwrap_or(1);
         let acc_d = if ta.dtype() == DType::I8 { DType::I32 } else { DType::F32 };
@@ -245,7 +294,7 @@ pub fn dot_with(a: Tensor, b: Tensor, acc: Option<Tensor>, precision: DotPrecisi
             }
         };
         let fallback = Type::tile(Elem::Scalar(acc_d), &[m, n]);
-        let r = c.push(Op::Dot(DotOp { precision }), &[a.value(), b.value(), acc_v], &loc, &[fallback])[0];
+        let r = c.push(Op::Dot(DotOp { precision }), &[av, bv, acc_v], &loc, &[fallback])[0];
         c.handle(r)
     })
 }

@@ -1,2 +1,30 @@
 //! Target-independent passes: canonicalization (constant folding, DCE, CSE)
 //! and the axis analysis codegen uses to vectorize and coalesce accesses.
+//!
+//! One file per pass: [`canonicalize`] drives folding and control-flow
+//! simplification to a fixed point together with [`cse`] and [`dce`], which can
+//! also run alone; [`axis`] is an analysis and never changes the IR. `eval`
+//! holds the exact scalar evaluation both share.
+//!
+//! Invariant: every transformation leaves IR that `crate::verify::verify`
+//! accepts and that computes what the input computed (as the interpreter
+//! defines it), except that an instruction whose result is unused and that has
+//! no side effects may disappear with the errors it would have raised.
+
+pub mod axis;
+pub mod canonicalize;
+pub mod cse;
+pub mod dce;
+mod eval;
+
+pub use axis::{AxisAnalysis, AxisInfo, analyze};
+pub use canonicalize::{CanonicalizeStats, canonicalize};
+pub use cse::cse;
+pub use dce::dce;
+
+#[cfg(test)]
+mod axis_tests;
+#[cfg(test)]
+mod canonicalize_tests;
+#[cfg(test)]
+mod test_eval;

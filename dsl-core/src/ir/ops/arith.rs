@@ -5,9 +5,12 @@
 //!   overflow is an error in the interpreter (it is undefined on the GPU).
 //! - Integer `div` truncates toward zero and `rem` takes the dividend's sign
 //!   (Rust/C semantics); division by zero is an error in the interpreter.
-//! - Float `min`/`max` return the non-NaN operand when exactly one is NaN.
-//! - `shl`/`shr` clamp the shift amount to the bit width; `shr` is arithmetic for
-//!   signed and logical for unsigned types.
+//! - `rem` of the most negative value by -1 is 0 (no overflow).
+//! - Float `min`/`max` return the non-NaN operand when exactly one is NaN; which
+//!   zero `min(+0, -0)` returns is unspecified.
+//! - `shl`/`shr` treat the shift amount as unsigned and clamp it to the bit width
+//!   (a negative amount shifts everything out); `shr` is arithmetic for signed and
+//!   logical for unsigned types.
 //! - `mulhi` is the high half of the full-width integer product (Philox uses it).
 //! - Transcendentals may be approximate on the GPU (`ex2.approx` and friends).
 

@@ -3,7 +3,7 @@
 //! Numeric `cast` semantics: float to float and int to float round to nearest
 //! even; float to int truncates toward zero and saturates (NaN becomes 0), as
 //! PTX `cvt.rzi.sat` does; int to int sign- or zero-extends by the source's
-//! signedness, or truncates; to `i1` means `!= 0`.
+//! signedness, or truncates; to `i1` means an unordered `!= 0` (NaN gives true).
 
 use super::expect_args;
 use crate::dtype::{DType, Elem, Type};

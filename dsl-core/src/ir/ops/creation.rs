@@ -69,6 +69,7 @@ impl CreationOp {
         let value = || -> Result<Scalar, String> {
             let dt = results.first().ok_or("missing result type")?.dtype();
             match attr(attrs, "value") {
+                Some(Attr::Const(s)) if dt.is_int() => Ok(Scalar::int(dt, s.as_i64())),
                 Some(Attr::Const(s)) => Ok(Scalar::float(dt, s.as_f64())),
                 Some(Attr::Int(i)) => Ok(Scalar::int(dt, *i)),
                 _ => Err("missing attribute `value`".to_string()),

@@ -9,7 +9,7 @@ use crate::dtype::Type;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum HintOp {
     /// Every element is a multiple of the value (per dimension: the first
-    /// element of each run).
+    /// element of each run); for pointers the value counts bytes of the address.
     MultipleOf(Vec<u32>),
     /// Runs of this many consecutive elements along each dimension are
     /// contiguous (`x, x+1, ...`).

@@ -116,13 +116,17 @@ impl ShapeOp {
             ShapeOp::Reshape { shape } => {
                 expect_args(name, args, 1)?;
                 let a = &args[0];
-                if a.numel() != shape.iter().product::<usize>() {
+                let want = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+                if want.is_none() || a.numel() == usize::MAX {
+                    return Err(format!("`reshape` to {} has too many elements", fmt_shape(shape)));
+                }
+                if Some(a.numel()) != want {
                     return Err(format!(
                         "`reshape` keeps the element count: {} has {} elements but {} has {}",
                         fmt_shape(&a.shape),
                         a.numel(),
                         fmt_shape(shape),
-                        shape.iter().product::<usize>()
+                        want.unwrap_or(0)
                     ));
                 }
                 Ok(vec![a.with_shape(shape)])

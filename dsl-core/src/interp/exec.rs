@@ -1,0 +1,459 @@
+//! The executor: runs one program of a kernel over its blocks and regions.
+//!
+//! The environment is a vector indexed by `Value` holding cheap-to-clone
+//! [`Tile`] handles (shared storage), so reading an operand never copies its
+//! elements; the plan drops each value after its last use. Structured control
+//! flow recurses into region blocks; `yield`/`condition` end a block and hand
+//! their operands back to the owning op.
+//!
+//! Errors: op kernels report plain messages, which [`Exec::fail`] turns into an
+//! [`InterpError`] carrying the op's location, mnemonic and the program id.
+//! Errors raised inside a region already carry the inner op's location and are
+//! passed through unchanged.
+//!
+//! Invariant: the function was verified and planned (`plan.rs`), so operand
+//! counts and types match each op's rule; violations still surface as
+//! internal errors, never as panics.
+
+use super::InterpError;
+use super::memory::{Access, Memory};
+use super::plan::Plan;
+use super::tile::{Class, Data, Tile, class_of, internal, map_data, pid_str};
+use super::{arith, atomic, cast, debug, dot, reduce, shape};
+use crate::dtype::{Elem, Shape};
+use crate::ir::ops::{
+    ArithOp, CastOp, CompareOp, ControlOp, CreationOp, DebugOp, MemoryOp, ProgramOp, ReduceKind, ScanKind,
+    ShapeOp,
+};
+use crate::ir::{Block, EntityRef, Function, Inst, Op, Region, Scalar, Value};
+use smallvec::{SmallVec, smallvec};
+use std::io::Write;
+
+/// The results of one op.
+type Outs = SmallVec<[Tile; 2]>;
+
+/// The state of one running program.
+pub(crate) struct Exec<'a, 'b> {
+    /// The kernel.
+    pub f: &'a Function,
+    /// Its plan.
+    pub plan: &'a Plan,
+    /// Values by index.
+    pub env: Vec<Option<Tile>>,
+    /// Everything else an op may touch (kept apart from `env`, so ops can
+    /// borrow their operands from `env` while they write memory).
+    pub world: World<'a, 'b>,
+}
+
+/// What ops see besides their operands.
+pub(crate) struct World<'a, 'b> {
+    /// Global memory.
+    pub mem: Memory<'b>,
+    /// This program's coordinates.
+    pub pid: [u32; 3],
+    /// The grid.
+    pub grid: [u32; 3],
+    /// Where `print` writes.
+    pub sink: &'a mut dyn Write,
+}
+
+/// A tile filled with `n` copies of a constant.
+pub(crate) fn fill(s: Scalar, shape: &[usize]) -> Tile {
+    let n = shape.iter().product();
+    let elem = Elem::Scalar(s.dtype());
+    let data = match class_of(elem) {
+        Class::Int => Data::Int(vec![s.as_i64(); n]),
+        Class::F32 => Data::F32(vec![s.as_f64() as f32; n]),
+        Class::F64 => Data::F64(vec![s.as_f64(); n]),
+    };
+    Tile::new(elem, Shape::from_slice(shape), data)
+}
+
+/// The value of a scalar integer tile.
+fn scalar_int(t: &Tile) -> Result<i64, String> {
+    t.ints()?.first().copied().ok_or_else(|| internal("empty scalar".into()))
+}
+
+/// Concatenates flat tiles of one element type.
+fn concat(parts: &[Tile]) -> Result<Tile, String> {
+    let first = parts.first().ok_or_else(|| internal("nothing to concatenate".into()))?;
+    let mut data = Data::zeros(first.elem, 0);
+    for p in parts {
+        match (&mut data, &*p.data) {
+            (Data::Int(d), Data::Int(s)) => d.extend_from_slice(s),
+            (Data::F32(d), Data::F32(s)) => d.extend_from_slice(s),
+            (Data::F64(d), Data::F64(s)) => d.extend_from_slice(s),
+            _ => return Err(internal("combine results of different storage".into())),
+        }
+    }
+    let n = data.len();
+    Ok(Tile::new(first.elem, Shape::from_slice(&[n]), data))
+}
+
+impl Exec<'_, '_> {
+    /// An error of instruction `i` in this program.
+    pub(crate) fn fail(&self, i: Inst, message: String) -> InterpError {
+        let d = &self.f.insts[i];
+        InterpError {
+            loc: d.loc.clone(),
+            op: d.op.name(),
+            message: format!("{}: {message}", pid_str(self.world.pid)),
+            program: Some(self.world.pid),
+        }
+    }
+
+    /// The value of `v` (a cheap handle clone), used by instruction `i`.
+    fn get(&self, v: Value, i: Inst) -> Result<Tile, InterpError> {
+        match self.env.get(v.index()) {
+            Some(Some(t)) => Ok(t.clone()),
+            _ => Err(self.fail(i, internal(format!("{v} is used but has no value")))),
+        }
+    }
+
+    /// Binds `v` to `t`.
+    fn set(&mut self, v: Value, t: Tile) {
+        if let Some(slot) = self.env.get_mut(v.index()) {
+            *slot = Some(t);
+        }
+    }
+
+    /// Binds block `b`'s arguments to `vals`.
+    fn bind_args(&mut self, b: Block, vals: Vec<Tile>, i: Inst) -> Result<(), InterpError> {
+        let args = &self.f.blocks[b].args;
+        if args.len() != vals.len() {
+            return Err(
+                self.fail(i, internal(format!("{b} takes {} values, got {}", args.len(), vals.len())))
+            );
+        }
+        for (&a, t) in args.iter().zip(vals) {
+            self.set(a, t);
+        }
+        Ok(())
+    }
+
+    /// Drops the values whose last use is instruction `i`.
+    fn kill(&mut self, i: Inst) {
+        if let Some(ks) = self.plan.kills.get(i.index()) {
+            for &v in ks {
+                if let Some(slot) = self.env.get_mut(v.index()) {
+                    *slot = None;
+                }
+            }
+        }
+    }
+
+    /// Runs block `b`; returns the operands of its terminator (none for the body).
+    pub(crate) fn run_block(&mut self, b: Block) -> Result<Vec<Tile>, InterpError> {
+        let f = self.f;
+        for &i in &f.blocks[b].insts {
+            let d = &f.insts[i];
+            if let Op::Control(ControlOp::Yield | ControlOp::Condition) = d.op {
+                let vals = d.args.iter().map(|&a| self.get(a, i)).collect::<Result<Vec<_>, _>>()?;
+                self.kill(i);
+                return Ok(vals);
+            }
+            let outs = self.inst(i)?;
+            if outs.len() != d.results.len() {
+                return Err(self.fail(i, internal(format!("{} results for {}", outs.len(), d.results.len()))));
+            }
+            for (&r, t) in d.results.iter().zip(outs) {
+                self.set(r, t);
+            }
+            self.kill(i);
+        }
+        Ok(Vec::new())
+    }
+
+    /// Runs the single block of region `r`.
+    fn run_region(&mut self, r: Region, args: Vec<Tile>, i: Inst) -> Result<Vec<Tile>, InterpError> {
+        let b = self.f.entry(r);
+        self.bind_args(b, args, i)?;
+        self.run_block(b)
+    }
+
+    /// Runs one instruction.
+    fn inst(&mut self, i: Inst) -> Result<Outs, InterpError> {
+        let f = self.f;
+        let d = &f.insts[i];
+        let owned = |this: &Self| -> Result<Vec<Tile>, InterpError> {
+            d.args.iter().map(|&a| this.get(a, i)).collect()
+        };
+        match &d.op {
+            // Ops with regions run other instructions, so they take their operands by value.
+            Op::Control(c) => {
+                let args = owned(self)?;
+                self.control(i, *c, args)
+            }
+            Op::Reduce(r) if r.kind == ReduceKind::Custom => {
+                let args = owned(self)?;
+                self.custom(i, r.axis, None, &args)
+            }
+            Op::Scan(s) if s.kind == ScanKind::Custom => {
+                let args = owned(self)?;
+                self.custom(i, s.axis, Some(s.reverse), &args)
+            }
+            _ => {
+                // Everything else borrows its operands in place.
+                let mut refs: SmallVec<[&Tile; 4]> = SmallVec::new();
+                for &a in &d.args {
+                    match self.env.get(a.index()) {
+                        Some(Some(t)) => refs.push(t),
+                        _ => return Err(self.fail(i, internal(format!("{a} is used but has no value")))),
+                    }
+                }
+                let res = self.world.simple(f, i, &refs);
+                drop(refs);
+                res.map_err(|m| self.fail(i, m))
+            }
+        }
+    }
+}
+
+impl World<'_, '_> {
+    /// Runs an instruction without regions.
+    fn simple(&mut self, f: &Function, i: Inst, args: &[&Tile]) -> Result<Outs, String> {
+        let d = &f.insts[i];
+        let arg = |k: usize| args.get(k).copied().ok_or_else(|| internal(format!("missing operand {k}")));
+        let one = |t: Tile| -> Outs { smallvec![t] };
+        Ok(match &d.op {
+            Op::Creation(c) => one(match c {
+                CreationOp::Const(s) => fill(*s, &[]),
+                CreationOp::Full { value, shape } => fill(*value, shape),
+                CreationOp::Splat { shape } => {
+                    let x = arg(0)?;
+                    let n = shape.iter().product();
+                    let data = map_data!(&*x.data, v => vec![v.first().copied().unwrap_or_default(); n]);
+                    Tile::new(x.elem, shape.clone(), data)
+                }
+                CreationOp::Arange { start, end } => {
+                    let v: Vec<i64> = (i64::from(*start)..i64::from(*end)).collect();
+                    let n = v.len();
+                    Tile::new(Elem::Scalar(crate::DType::I32), Shape::from_slice(&[n]), Data::Int(v))
+                }
+            }),
+            Op::Arith(a) => one(match a {
+                ArithOp::Binary(op) => arith::binary(*op, arg(0)?, arg(1)?)?,
+                ArithOp::Unary(op) => arith::unary(*op, arg(0)?)?,
+                ArithOp::Fma => arith::fma(arg(0)?, arg(1)?, arg(2)?)?,
+                ArithOp::AddPtr => arith::addptr(arg(0)?, arg(1)?)?,
+            }),
+            Op::Compare(c) => one(match c {
+                CompareOp::Cmp(p) => arith::cmp(*p, arg(0)?, arg(1)?)?,
+                CompareOp::Select => arith::select(arg(0)?, arg(1)?, arg(2)?)?,
+            }),
+            Op::Cast(c) => one(match c {
+                CastOp::Cast { to } => cast::cast(arg(0)?, *to)?,
+                CastOp::Bitcast { to } => cast::bitcast(arg(0)?, *to)?,
+                CastOp::PtrCast { to } => {
+                    let x = arg(0)?;
+                    x.view(Elem::Ptr(*to), x.shape.clone())
+                }
+            }),
+            Op::Memory(m) => self.memory(m, args)?,
+            Op::Reduce(r) => one(reduce::reduce(arg(0)?, r.axis, r.kind)?),
+            Op::Scan(s) => one(reduce::scan(arg(0)?, s.axis, s.kind, s.reverse)?),
+            Op::Shape(s) => match s {
+                ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. } => {
+                    let to = &f.ty(d.results[0]).shape;
+                    one(shape::reshape(arg(0)?, to)?)
+                }
+                ShapeOp::Broadcast { shape: to } => one(shape::broadcast(arg(0)?, to)?),
+                ShapeOp::Permute { order } => one(shape::permute(arg(0)?, order)?),
+                ShapeOp::Join => one(shape::join(arg(0)?, arg(1)?)?),
+                ShapeOp::Split => {
+                    let (a, b) = shape::split(arg(0)?)?;
+                    smallvec![a, b]
+                }
+            },
+            Op::Dot(o) => one(dot::dot(arg(0)?, arg(1)?, arg(2)?, o.precision)?),
+            Op::Program(p) => {
+                let axis = usize::from(p.axis());
+                let v = match p {
+                    ProgramOp::ProgramId { .. } => self.pid.get(axis),
+                    ProgramOp::NumPrograms { .. } => self.grid.get(axis),
+                };
+                let v = v.ok_or_else(|| internal(format!("grid axis {axis}")))?;
+                one(Tile::int_scalar(Elem::Scalar(crate::DType::I32), i64::from(*v)))
+            }
+            Op::Hint(h) => {
+                let x = arg(0)?;
+                debug::check_hint(h, x)?;
+                one(x.clone())
+            }
+            Op::Debug(DebugOp::Assert { message }) => {
+                debug::check_assert(arg(0)?, message)?;
+                Outs::new()
+            }
+            Op::Debug(DebugOp::Print { prefix }) => {
+                let text = debug::format_print(prefix, self.pid, args);
+                self.sink.write_all(text.as_bytes()).map_err(|e| format!("print failed: {e}"))?;
+                Outs::new()
+            }
+            Op::Control(_) => return Err(internal("control flow in `simple`".into())),
+        })
+    }
+
+    /// Runs a load, store or atomic.
+    fn memory(&mut self, m: &MemoryOp, args: &[&Tile]) -> Result<Outs, String> {
+        let arg = |k: usize| args.get(k).copied().ok_or_else(|| internal(format!("missing operand {k}")));
+        let ptr = arg(0)?;
+        let acc = Access { shape: &ptr.shape, dtype: ptr.dtype() };
+        match *m {
+            MemoryOp::Load { has_mask, has_other, .. } => {
+                let mask = if has_mask { Some(arg(1)?.ints()?) } else { None };
+                let other = if has_other { Some(&*arg(2)?.data) } else { None };
+                let data = self.mem.load(&acc, ptr.ints()?, mask, other)?;
+                Ok(smallvec![Tile::new(Elem::Scalar(ptr.dtype()), ptr.shape.clone(), data)])
+            }
+            MemoryOp::Store { has_mask, .. } => {
+                let mask = if has_mask { Some(arg(2)?.ints()?) } else { None };
+                self.mem.store(&acc, ptr.ints()?, &arg(1)?.data, mask)?;
+                Ok(Outs::new())
+            }
+            MemoryOp::Atomic { kind, has_mask, .. } => {
+                let mask = if has_mask { Some(arg(2)?) } else { None };
+                Ok(smallvec![atomic::rmw(&mut self.mem, kind, ptr, arg(1)?, mask)?])
+            }
+            MemoryOp::AtomicCas { .. } => Ok(smallvec![atomic::cas(&mut self.mem, ptr, arg(1)?, arg(2)?)?]),
+        }
+    }
+}
+
+impl Exec<'_, '_> {
+    /// Runs `for`, `if` or `while` (instruction `i`) on its operands `args`.
+    fn control(&mut self, i: Inst, c: ControlOp, args: Vec<Tile>) -> Result<Outs, InterpError> {
+        let f = self.f;
+        let d = &f.insts[i];
+        macro_rules! ok {
+            ($e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(m) => return Err(self.fail(i, m)),
+                }
+            };
+        }
+        let region =
+            |k: usize| d.regions.get(k).copied().ok_or_else(|| internal(format!("missing region {k}")));
+        match c {
+            ControlOp::For => {
+                let (Some(lb), Some(ub), Some(step)) = (args.first(), args.get(1), args.get(2)) else {
+                    return Err(self.fail(i, internal("`for` without bounds".into())));
+                };
+                let (iv_elem, lb, ub, step) =
+                    (lb.elem, ok!(scalar_int(lb)), ok!(scalar_int(ub)), ok!(scalar_int(step)));
+                if step <= 0 {
+                    return Err(
+                        self.fail(i, format!("the step of a `for` loop must be positive, found {step}"))
+                    );
+                }
+                let hi = iv_elem.dtype().int_range().map_or(i64::MAX, |r| r.1);
+                let body = ok!(region(0));
+                let mut carried: Vec<Tile> = args[3..].to_vec();
+                let mut iv = lb;
+                while iv < ub {
+                    let mut vals = Vec::with_capacity(carried.len() + 1);
+                    vals.push(Tile::int_scalar(iv_elem, iv));
+                    vals.extend(carried);
+                    carried = self.run_region(body, vals, i)?;
+                    // An induction variable that would pass its type's range is past `ub`.
+                    match iv.checked_add(step) {
+                        Some(n) if n <= hi => iv = n,
+                        _ => break,
+                    }
+                }
+                Ok(carried.into())
+            }
+            ControlOp::If => {
+                let Some(cond) = args.first() else {
+                    return Err(self.fail(i, internal("`if` without condition".into())));
+                };
+                let r = ok!(region(if ok!(scalar_int(cond)) != 0 { 0 } else { 1 }));
+                Ok(self.run_region(r, Vec::new(), i)?.into())
+            }
+            ControlOp::While => {
+                let (before, after) = (ok!(region(0)), ok!(region(1)));
+                let mut carried = args;
+                loop {
+                    let mut out = self.run_region(before, carried, i)?.into_iter();
+                    let Some(cond) = out.next() else {
+                        return Err(self.fail(i, internal("`condition` without operands".into())));
+                    };
+                    let forwarded: Vec<Tile> = out.collect();
+                    if ok!(scalar_int(&cond)) == 0 {
+                        return Ok(forwarded.into());
+                    }
+                    carried = self.run_region(after, forwarded, i)?;
+                }
+            }
+            ControlOp::Yield | ControlOp::Condition => {
+                Err(self.fail(i, internal("terminator in the middle of a block".into())))
+            }
+        }
+    }
+
+    /// A custom reduction (`reverse == None`) or scan along `axis`.
+    fn custom(
+        &mut self,
+        i: Inst,
+        axis: usize,
+        reverse: Option<bool>,
+        args: &[Tile],
+    ) -> Result<Outs, InterpError> {
+        let f = self.f;
+        let Some(&r) = f.insts[i].regions.first() else {
+            return Err(self.fail(i, internal("custom combine without a region".into())));
+        };
+        let vector = self.plan.vector_combine.get(i.index()).copied().unwrap_or(false);
+        // Errors inside the region are already located; keep them aside so the
+        // combine callback can report through the kernels' string errors.
+        let mut inner: Option<InterpError> = None;
+        let mut combine = |l: &[Tile], rt: &[Tile]| -> Result<Vec<Tile>, String> {
+            self.combine(r, vector, l, rt, i).map_err(|e| {
+                let m = e.message.clone();
+                inner = Some(e);
+                m
+            })
+        };
+        let res = match reverse {
+            None => reduce::reduce_custom(args, axis, &mut combine),
+            Some(rev) => reduce::scan_custom(args, axis, rev, &mut combine),
+        };
+        match res {
+            Ok(v) => Ok(v.into()),
+            Err(m) => Err(inner.take().unwrap_or_else(|| self.fail(i, m))),
+        }
+    }
+
+    /// Runs the combine region `r` on (running, new) operand slices: once on
+    /// the whole slices when `vector`, else once per lane with scalars.
+    fn combine(
+        &mut self,
+        r: Region,
+        vector: bool,
+        lhs: &[Tile],
+        rhs: &[Tile],
+        i: Inst,
+    ) -> Result<Vec<Tile>, InterpError> {
+        if vector {
+            let args: Vec<Tile> = lhs.iter().chain(rhs).cloned().collect();
+            return self.run_region(r, args, i);
+        }
+        let n = lhs.first().map_or(0, Tile::len);
+        let scalar = |t: &Tile, lane: usize| -> Tile {
+            let data = map_data!(&*t.data, v => vec![v.get(lane).or(v.first()).copied().unwrap_or_default()]);
+            Tile::new(t.elem, Shape::new(), data)
+        };
+        let mut per_result: Vec<Vec<Tile>> = Vec::new();
+        for lane in 0..n {
+            let args: Vec<Tile> = lhs.iter().chain(rhs).map(|t| scalar(t, lane)).collect();
+            let out = self.run_region(r, args, i)?;
+            if per_result.is_empty() {
+                per_result = vec![Vec::with_capacity(n); out.len()];
+            }
+            for (acc, t) in per_result.iter_mut().zip(out) {
+                acc.push(t);
+            }
+        }
+        per_result.iter().map(|parts| concat(parts)).collect::<Result<_, _>>().map_err(|m| self.fail(i, m))
+    }
+}

@@ -1,0 +1,113 @@
+//! What a kernel is to a backend: the [`Kernel`] trait that `#[kernel]`
+//! implements (build a specialization, launch options, declared autotune
+//! configs and key) and the [`Backend`] trait that runs kernels (the CPU
+//! interpreter here; CUDA in the runtime).
+//!
+//! Argument passing is typed at the edge (`Args` structs generated per kernel
+//! with `B::Ptr<'a, f32>` fields) and erased to [`Arg`]s inside the backend,
+//! which validates them against the kernel's parameters before running.
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ir::{Function, Scalar};
+use std::fmt::Debug;
+
+/// Launch options that are not part of the IR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchOptions {
+    /// Warps per program (thread block).
+    pub num_warps: u32,
+    /// Software-pipelining depth of loops feeding `dot`.
+    pub num_stages: u32,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        LaunchOptions { num_warps: 4, num_stages: 2 }
+    }
+}
+
+/// Rust element types a typed pointer argument may point to.
+pub trait PtrElem: 'static {
+    /// The dtype, or `None` for [`AnyDType`] (a dtype chosen by a kernel generic).
+    const DTYPE: Option<DType>;
+}
+
+/// The pointee of a pointer whose dtype is a kernel's dtype generic; checked at launch.
+#[derive(Clone, Copy, Debug)]
+pub struct AnyDType;
+
+impl PtrElem for AnyDType {
+    const DTYPE: Option<DType> = None;
+}
+
+macro_rules! ptr_elem {
+    ($($t:ty => $d:ident),*) => {$(
+        impl PtrElem for $t {
+            const DTYPE: Option<DType> = Some(DType::$d);
+        }
+    )*};
+}
+ptr_elem!(bool => I1, i8 => I8, u8 => U8, i16 => I16, i32 => I32, u32 => U32, i64 => I64,
+    half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64);
+
+/// One erased launch argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<P> {
+    /// A pointer parameter, as the backend represents it.
+    Ptr(P),
+    /// A scalar parameter.
+    Scalar(Scalar),
+}
+
+/// A kernel: what `#[kernel]` generates for each kernel function.
+pub trait Kernel {
+    /// The kernel's name.
+    const NAME: &'static str;
+    /// Constexprs and launch options.
+    type Config: Clone + Debug + PartialEq;
+    /// Typed arguments for backend `B`.
+    type Args<'a, B: Backend + 'a>;
+
+    /// Builds the IR of one specialization.
+    fn build(config: &Self::Config) -> Result<Function>;
+    /// Launch options of a config.
+    fn launch_options(config: &Self::Config) -> LaunchOptions;
+    /// The declared autotune configs, each applied on top of `base` (which fixes
+    /// what the configs leave open, such as dtype generics); empty when the
+    /// kernel declares none.
+    fn autotune_configs(base: &Self::Config) -> Vec<Self::Config>;
+    /// Names of the runtime parameters whose values key autotune results.
+    fn autotune_key() -> &'static [&'static str];
+    /// Erases typed arguments into launch order.
+    fn erase_args<'a, B: Backend + 'a>(args: &Self::Args<'a, B>) -> Vec<Arg<B::Raw<'a>>>;
+    /// A stable text key of a config (for caches).
+    fn config_key(config: &Self::Config) -> String {
+        format!("{config:?}")
+    }
+}
+
+/// Something that runs kernels.
+pub trait Backend {
+    /// A typed pointer argument.
+    type Ptr<'a, T: PtrElem>: Copy
+    where
+        Self: 'a;
+    /// An erased pointer argument.
+    type Raw<'a>: Copy
+    where
+        Self: 'a;
+
+    /// Erases a typed pointer.
+    fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a>;
+
+    /// Runs `K` with `config` over `grid` (programs along x, y, z).
+    fn launch<'a, K: Kernel>(
+        &mut self,
+        grid: [u32; 3],
+        config: &K::Config,
+        args: &K::Args<'a, Self>,
+    ) -> Result<()>
+    where
+        Self: Sized + 'a;
+}

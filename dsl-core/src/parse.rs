@@ -1,1 +1,0 @@
-//! Parser of the IR text format (the printer's output).

@@ -1,0 +1,347 @@
+//! Parsing of the kernel's signature and `#[kernel(...)]` attribute into a
+//! [`KernelSig`]: runtime pointer/scalar parameters, `#[constexpr]` parameters,
+//! dtype generics, and declared autotune configs. Every problem becomes a
+//! spanned `syn::Error`; all are collected.
+
+use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, FnArg, GenericParam, Ident, ItemFn, Pat, Token, Type};
+
+/// The element dtype of a pointer parameter.
+#[derive(Clone, Debug)]
+pub enum DTypeSpec {
+    /// A fixed dtype, named as in the IR (`f32`, `bf16`, ...).
+    Fixed(&'static str),
+    /// A dtype generic of the kernel (`T` in `<T: Float>`).
+    Generic(Ident),
+}
+
+/// What a parameter is.
+#[derive(Clone, Debug)]
+pub enum ParamKind {
+    /// A global pointer, `Ptr<T>`.
+    Ptr(DTypeSpec),
+    /// A runtime scalar of the given IR dtype, with its Rust type.
+    Scalar(&'static str, Type),
+    /// A compile-time value of the given Rust type.
+    Constexpr(Type),
+}
+
+/// One parameter.
+#[derive(Clone, Debug)]
+pub struct Param {
+    /// Its name.
+    pub name: Ident,
+    /// Its kind.
+    pub kind: ParamKind,
+}
+
+/// One declared autotune config: constexpr or launch-option assignments.
+#[derive(Clone, Debug, Default)]
+pub struct TuneConfig {
+    /// `(name, value)` pairs in source order.
+    pub values: Vec<(Ident, Expr)>,
+}
+
+/// `autotune(configs = [...], key = [...])`.
+#[derive(Clone, Debug, Default)]
+pub struct Autotune {
+    /// The configs to time.
+    pub configs: Vec<TuneConfig>,
+    /// Runtime parameters whose values select a cached winner.
+    pub key: Vec<Ident>,
+}
+
+/// Everything the expansion needs about a kernel.
+pub struct KernelSig {
+    /// The function as written.
+    pub item: ItemFn,
+    /// Parameters in order.
+    pub params: Vec<Param>,
+    /// Dtype generics (compile-time `DType` values).
+    pub dtype_generics: Vec<Ident>,
+    /// Declared autotuning.
+    pub autotune: Option<Autotune>,
+}
+
+const SCALARS: [(&str, &str); 5] =
+    [("i32", "i32"), ("i64", "i64"), ("u32", "u32"), ("f32", "f32"), ("bool", "i1")];
+const CONSTEXPR_TYPES: [&str; 7] = ["usize", "i32", "u32", "i64", "u64", "bool", "f32"];
+const DTYPES: [(&str, &str); 12] = [
+    ("bool", "i1"),
+    ("i8", "i8"),
+    ("u8", "u8"),
+    ("i16", "i16"),
+    ("i32", "i32"),
+    ("u32", "u32"),
+    ("i64", "i64"),
+    ("f16", "f16"),
+    ("bf16", "bf16"),
+    ("f32", "f32"),
+    ("f64", "f64"),
+    ("i1", "i1"),
+];
+
+/// Collects errors.
+#[derive(Default)]
+pub struct Errors(Vec<syn::Error>);
+
+impl Errors {
+    /// Records an error spanning `tokens`.
+    pub fn at(&mut self, tokens: impl ToTokens, msg: impl std::fmt::Display) {
+        self.0.push(syn::Error::new_spanned(tokens, msg));
+    }
+
+    /// Records an error at `span`.
+    pub fn at_span(&mut self, span: Span, msg: impl std::fmt::Display) {
+        self.0.push(syn::Error::new(span, msg));
+    }
+
+    /// True when nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// All errors as `compile_error!` invocations.
+    pub fn to_compile_errors(&self) -> TokenStream {
+        self.0.iter().map(|e| e.to_compile_error()).collect()
+    }
+
+    /// Moves the errors of `other` into `self`.
+    pub fn extend(&mut self, other: Errors) {
+        self.0.extend(other.0);
+    }
+}
+
+fn last_ident(ty: &Type) -> Option<(String, &syn::PathSegment)> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last().map(|s| (s.ident.to_string(), s)),
+        _ => None,
+    }
+}
+
+const PARAM_HELP: &str = "kernel parameters are `Ptr<T>` (T a dtype such as f32, bf16, i32, or a dtype generic), \
+runtime scalars (i32, i64, u32, f32, bool), or `#[constexpr]` values (usize, i32, u32, i64, u64, bool, f32)";
+
+/// Parses the function signature and the attribute arguments.
+pub fn parse(attr: TokenStream, item: ItemFn, errors: &mut Errors) -> KernelSig {
+    let mut dtype_generics = Vec::new();
+    for g in &item.sig.generics.params {
+        match g {
+            GenericParam::Type(t) => {
+                for b in &t.bounds {
+                    let ok = matches!(b, syn::TypeParamBound::Trait(tb)
+                        if tb.path.get_ident().is_some_and(|i| i == "Float" || i == "Int" || i == "DType" || i == "Num"));
+                    if !ok {
+                        errors.at(b, "dtype generics take one bound: `Float`, `Int`, `Num` or `DType`");
+                    }
+                }
+                dtype_generics.push(t.ident.clone());
+            }
+            other => errors.at(other, "kernels take only dtype generics such as `<T: Float>`"),
+        }
+    }
+    if let Some(w) = &item.sig.generics.where_clause {
+        errors.at(w, "kernels do not take `where` clauses");
+    }
+    if let syn::ReturnType::Type(_, t) = &item.sig.output {
+        errors.at(t, "kernels return nothing: results are written through `Ptr` parameters with `store`");
+    }
+    if let Some(a) = &item.sig.asyncness {
+        errors.at(a, "kernels cannot be `async`");
+    }
+    if let Some(u) = &item.sig.unsafety {
+        errors.at(u, "kernels cannot be `unsafe`: the language has no unsafe operations");
+    }
+    let mut params = Vec::new();
+    for arg in &item.sig.inputs {
+        let FnArg::Typed(pt) = arg else {
+            errors.at(arg, "kernels are free functions: `self` parameters are not allowed");
+            continue;
+        };
+        let name = match &*pt.pat {
+            Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => pi.ident.clone(),
+            other => {
+                errors.at(other, "kernel parameters must be plain names");
+                continue;
+            }
+        };
+        let constexpr = pt.attrs.iter().any(|a| a.path().is_ident("constexpr"));
+        for a in &pt.attrs {
+            if !a.path().is_ident("constexpr") {
+                errors.at(a, "the only parameter attribute is `#[constexpr]`");
+            }
+        }
+        let ty = &*pt.ty;
+        if constexpr {
+            let ok = last_ident(ty)
+                .is_some_and(|(n, s)| CONSTEXPR_TYPES.contains(&n.as_str()) && s.arguments.is_none());
+            if !ok {
+                errors.at(ty, format!("unsupported constexpr type; {PARAM_HELP}"));
+            }
+            params.push(Param { name, kind: ParamKind::Constexpr(ty.clone()) });
+            continue;
+        }
+        match last_ident(ty) {
+            Some((n, seg)) if n == "Ptr" => {
+                let inner = match &seg.arguments {
+                    syn::PathArguments::AngleBracketed(a) if a.args.len() == 1 => match &a.args[0] {
+                        syn::GenericArgument::Type(t) => Some(t.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                let Some(inner) = inner else {
+                    errors.at(ty, "write pointer parameters as `Ptr<T>` with one dtype, e.g. `Ptr<f32>`");
+                    continue;
+                };
+                match last_ident(&inner) {
+                    Some((d, _)) if dtype_generics.iter().any(|g| g == d.as_str()) => {
+                        let id = dtype_generics.iter().find(|g| *g == d.as_str()).cloned();
+                        params.push(Param { name, kind: ParamKind::Ptr(DTypeSpec::Generic(id.unwrap_or_else(|| Ident::new(&d, inner.span())))) });
+                    }
+                    Some((d, _)) => match DTYPES.iter().find(|(r, _)| *r == d) {
+                        Some((_, ir)) => params.push(Param { name, kind: ParamKind::Ptr(DTypeSpec::Fixed(ir)) }),
+                        None => errors.at(&inner, format!("`{d}` is not a dtype; use one of bool, i8, u8, i16, i32, u32, i64, f16, bf16, f32, f64 or a dtype generic")),
+                    },
+                    None => errors.at(&inner, "the pointee of `Ptr` must be a dtype such as f32 or bf16"),
+                }
+            }
+            Some((n, seg)) if seg.arguments.is_none() && SCALARS.iter().any(|(r, _)| *r == n) => {
+                let ir = SCALARS.iter().find(|(r, _)| *r == n).map(|(_, i)| *i).unwrap_or("i32");
+                params.push(Param { name, kind: ParamKind::Scalar(ir, ty.clone()) });
+            }
+            Some((n, _)) if CONSTEXPR_TYPES.contains(&n.as_str()) => {
+                errors.at(ty, format!("`{n}` is a compile-time type: mark the parameter `#[constexpr]`, or use a runtime scalar (i32, i64, u32, f32, bool)"));
+            }
+            _ => errors.at(ty, format!("unsupported parameter type; {PARAM_HELP}")),
+        }
+    }
+    let autotune = parse_attr(attr, &params, errors);
+    KernelSig { item, params, dtype_generics, autotune }
+}
+
+/// Parses `autotune(configs = [(A = 1, num_warps = 4), ...], key = [n])`.
+fn parse_attr(attr: TokenStream, params: &[Param], errors: &mut Errors) -> Option<Autotune> {
+    if attr.is_empty() {
+        return None;
+    }
+    let metas = match syn::parse::Parser::parse2(Punctuated::<syn::Meta, Token![,]>::parse_terminated, attr) {
+        Ok(m) => m,
+        Err(e) => {
+            errors.0.push(e);
+            return None;
+        }
+    };
+    let mut out = None;
+    for meta in metas {
+        match &meta {
+            syn::Meta::List(l) if l.path.is_ident("autotune") => {
+                let inner = syn::parse::Parser::parse2(
+                    Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated,
+                    l.tokens.clone(),
+                );
+                let inner = match inner {
+                    Ok(i) => i,
+                    Err(e) => {
+                        errors.0.push(e);
+                        continue;
+                    }
+                };
+                let mut at = Autotune::default();
+                for nv in inner {
+                    if nv.path.is_ident("configs") {
+                        let Expr::Array(arr) = &nv.value else {
+                            errors.at(
+                                &nv.value,
+                                "`configs` is a list: `configs = [(BLOCK = 64, num_warps = 4), ...]`",
+                            );
+                            continue;
+                        };
+                        for e in &arr.elems {
+                            at.configs.push(parse_config(e, params, errors));
+                        }
+                    } else if nv.path.is_ident("key") {
+                        let Expr::Array(arr) = &nv.value else {
+                            errors.at(&nv.value, "`key` is a list of runtime parameters: `key = [n_cols]`");
+                            continue;
+                        };
+                        for e in &arr.elems {
+                            match e {
+                                Expr::Path(p) if p.path.get_ident().is_some() => {
+                                    let id = p.path.get_ident().cloned();
+                                    let id = id.unwrap_or_else(|| Ident::new("_", e.span()));
+                                    let ok = params
+                                        .iter()
+                                        .any(|q| q.name == id && matches!(q.kind, ParamKind::Scalar(..)));
+                                    if !ok {
+                                        errors.at(
+                                            e,
+                                            format!("autotune key `{id}` must be a runtime scalar parameter"),
+                                        );
+                                    }
+                                    at.key.push(id);
+                                }
+                                other => errors.at(other, "autotune keys are parameter names"),
+                            }
+                        }
+                    } else {
+                        errors.at(&nv.path, "`autotune` takes `configs = [...]` and `key = [...]`");
+                    }
+                }
+                if at.configs.is_empty() {
+                    errors.at(l, "`autotune` needs at least one config");
+                }
+                out = Some(at);
+            }
+            other => {
+                errors.at(other, "`#[kernel]` takes an optional `autotune(configs = [...], key = [...])`")
+            }
+        }
+    }
+    out
+}
+
+fn parse_config(e: &Expr, params: &[Param], errors: &mut Errors) -> TuneConfig {
+    let items: Vec<&Expr> = match e {
+        Expr::Tuple(t) => t.elems.iter().collect(),
+        Expr::Paren(p) => vec![&*p.expr],
+        other => {
+            errors
+                .at(other, "a config is a parenthesized list of assignments: `(BLOCK = 64, num_warps = 4)`");
+            return TuneConfig::default();
+        }
+    };
+    let mut cfg = TuneConfig::default();
+    for it in items {
+        let Expr::Assign(a) = it else {
+            errors.at(it, "write config entries as `NAME = value`");
+            continue;
+        };
+        let Expr::Path(p) = &*a.left else {
+            errors.at(&a.left, "config entries name a constexpr or `num_warps`/`num_stages`");
+            continue;
+        };
+        let Some(id) = p.path.get_ident().cloned() else {
+            errors.at(&a.left, "config entries name a constexpr or `num_warps`/`num_stages`");
+            continue;
+        };
+        let known = id == "num_warps"
+            || id == "num_stages"
+            || params.iter().any(|q| q.name == id && matches!(q.kind, ParamKind::Constexpr(_)));
+        if !known {
+            errors.at(
+                &id,
+                format!("`{id}` is not a constexpr parameter of this kernel (nor `num_warps`/`num_stages`)"),
+            );
+            continue;
+        }
+        if !matches!(&*a.right, Expr::Lit(_) | Expr::Path(_) | Expr::Unary(_)) {
+            errors.at(&a.right, "config values are literals");
+        }
+        cfg.values.push((id, (*a.right).clone()));
+    }
+    cfg
+}

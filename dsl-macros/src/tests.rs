@@ -1,0 +1,92 @@
+//! Expansion snapshots: what `#[kernel]` and `#[kernel_fn]` turn three
+//! representative kernels into, pretty-printed. A change here is a change in
+//! what every kernel author's code compiles to; review it as such.
+
+use quote::quote;
+
+fn pretty(ts: proc_macro2::TokenStream) -> String {
+    match syn::parse2::<syn::File>(ts.clone()) {
+        Ok(file) => prettyplease::unparse(&file),
+        Err(e) => panic!("expansion does not parse as a file: {e}\n{ts}"),
+    }
+}
+
+#[test]
+fn vector_add_expansion() {
+    let out = crate::expand_kernel(
+        quote!(),
+        quote! {
+            /// Adds two vectors.
+            pub fn vector_add(x_ptr: Ptr<f32>, y_ptr: Ptr<f32>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
+                let pid = program_id(0);
+                let offs = pid * BLOCK + arange(0, BLOCK);
+                let mask = offs < n;
+                let x = load(x_ptr + offs, mask = mask);
+                let y = load(y_ptr + offs, mask = mask);
+                store(out_ptr + offs, x + y, mask = mask);
+            }
+        },
+    );
+    insta::assert_snapshot!(pretty(out));
+}
+
+#[test]
+fn matmul_expansion_with_loop_and_autotune() {
+    let out = crate::expand_kernel(
+        quote!(autotune(
+            configs =
+                [(BM = 32, BN = 32, BK = 16, num_warps = 4), (BM = 64, BN = 64, BK = 32, num_warps = 8)],
+            key = [m, n, k]
+        )),
+        quote! {
+            fn matmul<T: Float>(a_ptr: Ptr<T>, b_ptr: Ptr<T>, c_ptr: Ptr<f32>, m: i32, n: i32, k: i32,
+                                #[constexpr] BM: usize, #[constexpr] BN: usize, #[constexpr] BK: usize) {
+                let rm = program_id(0) * BM + arange(0, BM);
+                let rn = program_id(1) * BN + arange(0, BN);
+                let mut acc = zeros([BM, BN], f32);
+                for k0 in range(0, k, BK) {
+                    let ks = k0 + arange(0, BK);
+                    let a = load(a_ptr + expand_dims(rm, 1) * k + expand_dims(ks, 0),
+                                 mask = expand_dims(rm, 1) < m && expand_dims(ks, 0) < k, other = 0.0);
+                    let b = load(b_ptr + expand_dims(ks, 1) * n + expand_dims(rn, 0),
+                                 mask = expand_dims(ks, 1) < k && expand_dims(rn, 0) < n, other = 0.0);
+                    acc += dot(a, b);
+                }
+                store(c_ptr + expand_dims(rm, 1) * n + expand_dims(rn, 0), acc,
+                      mask = expand_dims(rm, 1) < m && expand_dims(rn, 0) < n);
+            }
+        },
+    );
+    insta::assert_snapshot!(pretty(out));
+}
+
+#[test]
+fn helper_and_runtime_if_while_expansion() {
+    let helper = crate::expand_kernel_fn(
+        quote!(),
+        quote! {
+            fn collatz_step(x: Tensor) -> Tensor {
+                if x % 2 == 0 { x / 2 } else { x * 3 + 1 }
+            }
+        },
+    );
+    let kernel = crate::expand_kernel(
+        quote!(),
+        quote! {
+            fn collatz(x_ptr: Ptr<i32>, out_ptr: Ptr<i32>, #[constexpr] CHECK: bool) {
+                let pid = program_id(0);
+                let mut x = load(x_ptr + pid);
+                let mut steps = 0;
+                while x > 1 {
+                    x = collatz_step(x);
+                    steps += 1;
+                }
+                if CHECK {
+                    device_assert(steps >= 0, "steps are never negative");
+                }
+                store(out_ptr + pid, steps);
+            }
+        },
+    );
+    insta::assert_snapshot!(pretty(quote!(#helper #kernel)));
+}

@@ -1,0 +1,44 @@
+//! `#[kernel]` kernels: their IR equals the hand-built IR of the same kernel
+//! (by printed text), and they run on the interpreter against references.
+
+use dsl_core::DType;
+use dsl_core::print::print;
+use tests::{dsl, hand};
+
+fn same_ir(
+    macro_built: dsl_core::Result<dsl_core::Function>,
+    hand_built: dsl_core::Result<dsl_core::Function>,
+) {
+    let (m, h) = (print(&macro_built.unwrap()), print(&hand_built.unwrap()));
+    assert_eq!(m, h, "macro-built IR differs from the hand-built IR");
+}
+
+#[test]
+fn macro_ir_equals_hand_built_ir() {
+    same_ir(dsl::vector_add::build(&dsl::vector_add::Config::new(1024)), hand::vector_add(1024));
+    same_ir(
+        dsl::softmax::build(&dsl::softmax::Config::new(DType::BF16, 1024)),
+        hand::softmax(1024, DType::BF16),
+    );
+    same_ir(
+        dsl::matmul::build(&dsl::matmul::Config::new(DType::F16, 32, 32, 16)),
+        hand::matmul(32, 32, 16, DType::F16),
+    );
+    same_ir(dsl::argmax_rows::build(&dsl::argmax_rows::Config::new(256)), hand::argmax_rows(256));
+    same_ir(dsl::cumsum_rows::build(&dsl::cumsum_rows::Config::new(256)), hand::cumsum_rows(256));
+    same_ir(dsl::collatz::build(&dsl::collatz::Config::new()), hand::collatz());
+    same_ir(dsl::histogram::build(&dsl::histogram::Config::new(128)), hand::histogram(128));
+    same_ir(dsl::layer_norm::build(&dsl::layer_norm::Config::new(512)), hand::layer_norm(512));
+}
+
+#[test]
+fn autotune_metadata_is_generated() {
+    use dsl_core::launch::Kernel;
+    let base = dsl::softmax::Config::new(DType::F32, 1024);
+    let configs = dsl::softmax::Kernel::autotune_configs(&base);
+    assert_eq!(configs.len(), 2);
+    assert_eq!((configs[0].num_warps, configs[1].num_warps), (4, 8));
+    assert!(configs.iter().all(|c| c.BLOCK == 1024 && c.T == DType::F32));
+    assert_eq!(dsl::softmax::Kernel::autotune_key(), &["n_cols"]);
+    assert!(dsl::vector_add::Kernel::autotune_configs(&dsl::vector_add::Config::new(128)).is_empty());
+}
