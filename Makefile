@@ -17,7 +17,7 @@ export INSTA_UPDATE := no
 export RUST_BACKTRACE ?= 1
 export CARGO_TERM_COLOR ?= auto
 
-.PHONY: help setup test run fmt clippy clean
+.PHONY: help setup test run fmt clippy clean deps-check
 
 help:
 	@echo "make run     main job: install what is missing, build, run (see README)"
@@ -30,7 +30,7 @@ help:
 setup:
 	@bash .ci/setup
 
-test: setup
+test: setup deps-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets $(LOCKED) -- -D warnings
 	$(CARGO) test --workspace --no-fail-fast $(LOCKED)
@@ -50,3 +50,11 @@ clippy: setup
 
 clean:
 	cargo clean
+
+# Architecture invariants on the dependency graph (see ARCHITECTURE.md):
+# dsl-core links neither LLVM nor the CUDA driver; codegen never touches cudarc.
+deps-check: setup
+	@! $(CARGO) tree -q -e normal -p dsl-core $(LOCKED) | grep -E '^.*(inkwell|cudarc|llvm-sys)' \
+		|| { echo "dsl-core must not depend on inkwell/cudarc" >&2; exit 1; }
+	@! $(CARGO) tree -q -e normal -p codegen $(LOCKED) | grep -E '^.*cudarc' \
+		|| { echo "codegen must not depend on cudarc" >&2; exit 1; }

@@ -138,3 +138,11 @@ pub fn layer_norm(
     let b = load(b_ptr + cols, mask = mask);
     store(y_ptr + row * n_cols + cols, xc * rstd * w + b, mask = mask);
 }
+
+/// Deliberately wrong when `A != B`: the shapes depend on constexprs, so the
+/// mismatch is found when the kernel is built, at this line.
+#[kernel]
+pub fn mismatched(x_ptr: Ptr<f32>, #[constexpr] A: usize, #[constexpr] B: usize) {
+    let bad = arange(0, A) + arange(0, B);
+    store(x_ptr + arange(0, A), bad);
+}

@@ -42,3 +42,21 @@ fn autotune_metadata_is_generated() {
     assert_eq!(dsl::softmax::Kernel::autotune_key(), &["n_cols"]);
     assert!(dsl::vector_add::Kernel::autotune_configs(&dsl::vector_add::Config::new(128)).is_empty());
 }
+
+/// A shape error that depends on constexpr values is reported by `build` with the
+/// file, line and column of the offending Rust expression in the kernel.
+#[test]
+fn build_errors_point_at_the_kernel_source() {
+    let err = dsl::mismatched::build(&dsl::mismatched::Config::new(64, 32)).unwrap_err();
+    let dsl_core::Error::Build { kernel, diagnostics } = err else { panic!("expected a build error") };
+    assert_eq!(kernel, "mismatched");
+    let src = include_str!("../src/dsl.rs");
+    let line = src.lines().position(|l| l.contains("let bad = arange(0, A) + arange(0, B);")).unwrap() + 1;
+    let col = src.lines().nth(line - 1).unwrap().find("arange").unwrap() + 1;
+    assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+    let d = &diagnostics[0];
+    assert!(d.loc.file.ends_with("tests/src/dsl.rs"), "{d}");
+    assert_eq!((d.loc.line as usize, d.loc.col as usize), (line, col), "{d}");
+    assert!(d.message.contains("dimension 0 is 64 vs 32"), "{d}");
+    assert!(dsl::mismatched::build(&dsl::mismatched::Config::new(64, 64)).is_ok());
+}
