@@ -54,7 +54,7 @@ clean:
 # Architecture invariants on the dependency graph (see ARCHITECTURE.md):
 # dsl-core links neither LLVM nor the CUDA driver; codegen never touches cudarc.
 deps-check: setup
-	@! $(CARGO) tree -q -e normal -p dsl-core $(LOCKED) | grep -E '^.*(inkwell|cudarc|llvm-sys)' \
+	@! ( $(CARGO) tree -q -e normal -p dsl-core $(LOCKED) | grep -E 'inkwell|cudarc|llvm-sys' ) \
 		|| { echo "dsl-core must not depend on inkwell/cudarc" >&2; exit 1; }
-	@! $(CARGO) tree -q -e normal -p codegen $(LOCKED) | grep -E '^.*cudarc' \
+	@! ( $(CARGO) tree -q -e normal -p codegen $(LOCKED) | grep -E 'cudarc' ) \
 		|| { echo "codegen must not depend on cudarc" >&2; exit 1; }
