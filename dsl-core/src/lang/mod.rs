@@ -10,6 +10,7 @@
 mod control;
 mod elementwise;
 mod memory;
+mod random;
 mod reduce;
 mod shape;
 mod support;
@@ -21,6 +22,7 @@ pub use crate::dtype::DType;
 pub use control::*;
 pub use elementwise::*;
 pub use memory::*;
+pub use random::*;
 pub use reduce::*;
 pub use shape::*;
 pub use support::{__i32, __tensor, __u8, __u32, __usize, ConstInt, FromTensors, IntoTensors, Ptr, dtypes};
