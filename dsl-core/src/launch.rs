@@ -111,3 +111,59 @@ pub trait Backend {
     where
         Self: Sized + 'a;
 }
+
+/// The divisibility the launcher promises when an argument allows it.
+pub const SPECIALIZE_DIVISIBILITY: u32 = 16;
+
+/// Triton-style specialization of a kernel to its arguments: a pointer
+/// parameter whose address is a multiple of 16 bytes, or an integer parameter
+/// whose value is a multiple of 16, gets `divisibility = 16` in its
+/// [`crate::ir::ParamHints`], so codegen can prove 16-byte vector accesses and
+/// uniform masks. `facts[i]` is the address (pointers) or the value (integers) of
+/// argument `i`, `None` for other parameters. Returns the specialized function
+/// and a bit mask of the specialized parameters (part of any compile-cache key;
+/// the printed IR also shows the hints). The interpreter checks these promises
+/// at launch, so a wrong specialization cannot go unnoticed there.
+pub fn specialize(f: &Function, facts: &[Option<u64>]) -> (Function, u64) {
+    let mut g = f.clone();
+    let mut mask = 0u64;
+    for (i, (p, fact)) in g.params.iter_mut().zip(facts).enumerate() {
+        let ty = &f.values[p.value].ty;
+        let eligible = ty.is_ptr() || (ty.is_int() && !ty.is_bool());
+        if let Some(v) = fact
+            && eligible
+            && v % u64::from(SPECIALIZE_DIVISIBILITY) == 0
+            && p.hints.divisibility.is_none()
+        {
+            p.hints.divisibility = Some(SPECIALIZE_DIVISIBILITY);
+            if i < 64 {
+                mask |= 1 << i;
+            }
+        }
+    }
+    (g, mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lang::*;
+
+    #[test]
+    fn specialization_marks_aligned_pointers_and_multiples_of_16() {
+        let f = KernelBuilder::new("k")
+            .build(|| {
+                let x = param_ptr("x", DType::F32);
+                let n = param_scalar("n", DType::I32);
+                let _m = param_scalar("m", DType::I32);
+                let _s = param_scalar("s", DType::F32);
+                store(x + arange(0, 16), 1.0, Some(arange(0, 16).lt(n)));
+            })
+            .unwrap();
+        let (g, mask) = specialize(&f, &[Some(4096), Some(48), Some(50), Some(16)]);
+        assert_eq!(mask, 0b011);
+        let hints: Vec<Option<u32>> = g.params.iter().map(|p| p.hints.divisibility).collect();
+        assert_eq!(hints, vec![Some(16), Some(16), None, None]);
+        assert!(crate::print::print(&g).contains("%x: ptr<f32> {divisibility = 16}"));
+    }
+}
