@@ -1,4 +1,24 @@
-//! The runtime: the only crate that touches the CUDA driver (cudarc), plus model
-//! loading, tokenizer, KV cache, scheduler and the `tessera` CLI.
+//! The runtime: the only crate that touches the CUDA driver (cudarc, loaded
+//! dynamically), plus the `tessera` CLI. Model loading, tokenizer, KV cache and
+//! scheduler come with later issues.
 //!
-//! Empty until the codegen and runtime issues land.
+//! - [`cuda`]: the GPU ([`cuda::Gpu`], device buffers, timing), launch
+//!   validation as pure functions, and the [`cuda::Cuda`] backend that runs
+//!   `#[kernel]`s through `codegen`'s PTX.
+//! - [`registry`]: the kernels the CLI knows by name.
+//! - [`check`]: GPU against CPU-interpreter comparison (`tessera gpu-check`).
+//! - [`mod@bench`]: throughput measurement (`tessera bench`).
+//! - [`cli`]: the command line.
+//!
+//! Invariants: no panic or abort on a machine without a driver or GPU (those
+//! are [`Error::NoDriver`] / [`Error::NoDevice`]); every launch is validated
+//! against the kernel's IR before it reaches the driver.
+
+pub mod bench;
+pub mod check;
+pub mod cli;
+pub mod cuda;
+pub mod error;
+pub mod registry;
+
+pub use error::{Error, Result};

@@ -1,0 +1,122 @@
+//! The PTX cache: compiled kernels in memory and on disk.
+//!
+//! The key hashes the printed IR (after canonicalization), the target, the
+//! warp count and the compiler version (this crate's version and the LLVM
+//! version). Disk entries live in `$TESSERA_CACHE_DIR` or `~/.cache/tessera`
+//! as `<key>.ptx` with a small `<key>.meta` (shared bytes, warps, name).
+//!
+//! Invariant: a disk entry is written to a temporary file and renamed, so a
+//! reader never sees a partial entry; unreadable entries are recompiled.
+
+use crate::{CompileOptions, Compiled, Result, Target, compile};
+use dsl_core::Function;
+use rustc_hash::FxHashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// A memory + disk cache of compiled kernels.
+pub struct PtxCache {
+    dir: Option<PathBuf>,
+    mem: Mutex<FxHashMap<String, Arc<Compiled>>>,
+}
+
+impl Default for PtxCache {
+    fn default() -> Self {
+        PtxCache::new()
+    }
+}
+
+/// A stable 64-bit FNV-1a hasher (std's default hasher is not stable across releases).
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+impl PtxCache {
+    /// A cache in `$TESSERA_CACHE_DIR`, else `~/.cache/tessera` (memory only
+    /// when neither can be determined).
+    pub fn new() -> PtxCache {
+        let dir = std::env::var_os("TESSERA_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("tessera")));
+        PtxCache { dir, mem: Mutex::new(FxHashMap::default()) }
+    }
+
+    /// A cache in `dir` (`None`: memory only).
+    pub fn with_dir(dir: Option<PathBuf>) -> PtxCache {
+        PtxCache { dir, mem: Mutex::new(FxHashMap::default()) }
+    }
+
+    /// The cache key of `f` compiled with `opts`.
+    pub fn key(f: &Function, opts: &CompileOptions) -> String {
+        let mut g = f.clone();
+        dsl_core::passes::canonicalize::canonicalize(&mut g);
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        dsl_core::print::print(&g).hash(&mut h);
+        opts.target.arch().hash(&mut h);
+        opts.num_warps.hash(&mut h);
+        opts.num_stages.hash(&mut h);
+        env!("CARGO_PKG_VERSION").hash(&mut h);
+        crate::target::llvm_version().hash(&mut h);
+        format!("{}-{:016x}", sanitize(&f.name), h.finish())
+    }
+
+    /// The compiled kernel, from memory, disk, or a fresh compile (then stored).
+    pub fn get_or_compile(&self, f: &Function, opts: &CompileOptions) -> Result<Arc<Compiled>> {
+        let key = PtxCache::key(f, opts);
+        if let Some(c) = self.mem.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(c);
+        }
+        if let Some(c) = self.read_disk(&key, opts.target) {
+            let c = Arc::new(c);
+            if let Ok(mut m) = self.mem.lock() {
+                m.insert(key, c.clone());
+            }
+            return Ok(c);
+        }
+        let c = Arc::new(compile(f, opts)?);
+        // A failed disk write only costs a recompile later.
+        let _ = self.write_disk(&key, &c);
+        if let Ok(mut m) = self.mem.lock() {
+            m.insert(key, c.clone());
+        }
+        Ok(c)
+    }
+
+    fn read_disk(&self, key: &str, target: Target) -> Option<Compiled> {
+        let dir = self.dir.as_ref()?;
+        let ptx = std::fs::read_to_string(dir.join(format!("{key}.ptx"))).ok()?;
+        let meta = std::fs::read_to_string(dir.join(format!("{key}.meta"))).ok()?;
+        let mut lines = meta.lines();
+        let name = lines.next()?.to_string();
+        let shared_bytes = lines.next()?.parse().ok()?;
+        let num_warps = lines.next()?.parse().ok()?;
+        Some(Compiled { name, ptx, shared_bytes, num_warps, target })
+    }
+
+    fn write_disk(&self, key: &str, c: &Compiled) -> Result<()> {
+        let Some(dir) = self.dir.as_ref() else { return Ok(()) };
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, &c.ptx)?;
+        std::fs::rename(&tmp, dir.join(format!("{key}.ptx")))?;
+        std::fs::write(&tmp, format!("{}\n{}\n{}\n", c.name, c.shared_bytes, c.num_warps))?;
+        std::fs::rename(&tmp, dir.join(format!("{key}.meta")))?;
+        Ok(())
+    }
+}
+
+/// A file-name-safe version of a kernel name.
+fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
+}

@@ -1,0 +1,150 @@
+//! Structured control flow: `for` becomes a loop whose header has one phi per
+//! register of the induction variable and every carried value; `if` becomes a
+//! branch with phis at the merge; `while` becomes a header running the
+//! "before" region, a conditional exit, and the "after" region as the body.
+//!
+//! Invariant: conditions are scalars, so every thread takes the same path and
+//! barriers inside regions stay uniform. A `for` whose bounds are signed
+//! compares signed, unsigned types compare unsigned.
+
+use super::{Lowerer, Regs};
+use crate::Result;
+use dsl_core::ir::Inst;
+use dsl_core::ir::ops::ControlOp;
+use inkwell::IntPredicate;
+use inkwell::basic_block::BasicBlock;
+use inkwell::values::{BasicValue, BasicValueEnum, PhiValue};
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// One phi per register of `regs`, with `regs` flowing in from `from`.
+    fn phis(&self, regs: &[Regs<'ctx>], from: BasicBlock<'ctx>) -> Result<Vec<Vec<PhiValue<'ctx>>>> {
+        let mut out = Vec::new();
+        for r in regs {
+            let mut ps = Vec::new();
+            for v in r {
+                let p = self.b.build_phi(v.get_type(), "")?;
+                p.add_incoming(&[(v as &dyn BasicValue<'ctx>, from)]);
+                ps.push(p);
+            }
+            out.push(ps);
+        }
+        Ok(out)
+    }
+
+    /// Adds the incoming `regs` from `from` to `phis`.
+    fn add_incoming(phis: &[Vec<PhiValue<'ctx>>], regs: &[Regs<'ctx>], from: BasicBlock<'ctx>) {
+        for (ps, r) in phis.iter().zip(regs) {
+            for (p, v) in ps.iter().zip(r) {
+                p.add_incoming(&[(v as &dyn BasicValue<'ctx>, from)]);
+            }
+        }
+    }
+
+    /// The values of `phis`.
+    fn phi_values(phis: &[Vec<PhiValue<'ctx>>]) -> Vec<Regs<'ctx>> {
+        phis.iter().map(|ps| ps.iter().map(|p| p.as_basic_value()).collect()).collect()
+    }
+
+    pub(super) fn lower_control(&mut self, inst: Inst, op: ControlOp) -> Result<()> {
+        let args = self.args(inst);
+        let results = self.f.insts[inst].results.to_vec();
+        let regions = self.f.insts[inst].regions.to_vec();
+        match op {
+            ControlOp::For => {
+                let signed = self.f.ty(args[0]).dtype().is_signed_int();
+                let lb = self.regs(args[0])?[0];
+                let ub = self.regs(args[1])?[0].into_int_value();
+                let step = self.regs(args[2])?[0].into_int_value();
+                let init: Vec<Regs<'ctx>> = args[3..].iter().map(|&a| self.regs(a)).collect::<Result<_>>()?;
+                let pre = self.cur_block()?;
+                let head = self.ctx.append_basic_block(self.func, "for.head");
+                let body = self.ctx.append_basic_block(self.func, "for.body");
+                let exit = self.ctx.append_basic_block(self.func, "for.exit");
+                self.b.build_unconditional_branch(head)?;
+                self.b.position_at_end(head);
+                let iv = self.b.build_phi(lb.get_type(), "iv")?;
+                iv.add_incoming(&[(&lb as &dyn BasicValue<'ctx>, pre)]);
+                let phis = self.phis(&init, pre)?;
+                let ivv = iv.as_basic_value().into_int_value();
+                let pred = if signed { IntPredicate::SLT } else { IntPredicate::ULT };
+                let c = self.b.build_int_compare(pred, ivv, ub, "")?;
+                self.b.build_conditional_branch(c, body, exit)?;
+                self.b.position_at_end(body);
+                let mut bargs = vec![vec![ivv.into()]];
+                bargs.extend(Self::phi_values(&phis));
+                let yielded = self.lower_region(regions[0], &bargs)?;
+                let next = self.b.build_int_add(ivv, step, "")?;
+                let latch = self.cur_block()?;
+                iv.add_incoming(&[(&next as &dyn BasicValue<'ctx>, latch)]);
+                Self::add_incoming(&phis, &yielded, latch);
+                self.b.build_unconditional_branch(head)?;
+                self.b.position_at_end(exit);
+                for (r, regs) in results.iter().zip(Self::phi_values(&phis)) {
+                    self.set(*r, regs);
+                }
+            }
+            ControlOp::If => {
+                let c = self.regs(args[0])?[0].into_int_value();
+                let then_bb = self.ctx.append_basic_block(self.func, "if.then");
+                let else_bb = self.ctx.append_basic_block(self.func, "if.else");
+                let merge = self.ctx.append_basic_block(self.func, "if.end");
+                self.b.build_conditional_branch(c, then_bb, else_bb)?;
+                self.b.position_at_end(then_bb);
+                let tv = self.lower_region(regions[0], &[])?;
+                let tend = self.cur_block()?;
+                self.b.build_unconditional_branch(merge)?;
+                self.b.position_at_end(else_bb);
+                let ev = self.lower_region(regions[1], &[])?;
+                let eend = self.cur_block()?;
+                self.b.build_unconditional_branch(merge)?;
+                self.b.position_at_end(merge);
+                for (i, r) in results.iter().enumerate() {
+                    let (t, e) = match (tv.get(i), ev.get(i)) {
+                        (Some(t), Some(e)) => (t, e),
+                        _ => return Err(self.bug(inst, "branches yield fewer values than results")),
+                    };
+                    let mut regs: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(t.len());
+                    for (a, b) in t.iter().zip(e) {
+                        let p = self.b.build_phi(a.get_type(), "")?;
+                        p.add_incoming(&[
+                            (a as &dyn BasicValue<'ctx>, tend),
+                            (b as &dyn BasicValue<'ctx>, eend),
+                        ]);
+                        regs.push(p.as_basic_value());
+                    }
+                    self.set(*r, regs);
+                }
+            }
+            ControlOp::While => {
+                let init: Vec<Regs<'ctx>> = args.iter().map(|&a| self.regs(a)).collect::<Result<_>>()?;
+                let pre = self.cur_block()?;
+                let head = self.ctx.append_basic_block(self.func, "while.head");
+                let body = self.ctx.append_basic_block(self.func, "while.body");
+                let exit = self.ctx.append_basic_block(self.func, "while.exit");
+                self.b.build_unconditional_branch(head)?;
+                self.b.position_at_end(head);
+                let phis = self.phis(&init, pre)?;
+                let cond = self.lower_region(regions[0], &Self::phi_values(&phis))?;
+                let Some((c, fwd)) = cond.split_first() else {
+                    return Err(self.bug(inst, "`condition` without operands"));
+                };
+                let c = c[0].into_int_value();
+                let fwd = fwd.to_vec();
+                self.b.build_conditional_branch(c, body, exit)?;
+                self.b.position_at_end(body);
+                let next = self.lower_region(regions[1], &fwd)?;
+                let latch = self.cur_block()?;
+                Self::add_incoming(&phis, &next, latch);
+                self.b.build_unconditional_branch(head)?;
+                self.b.position_at_end(exit);
+                for (r, regs) in results.iter().zip(fwd) {
+                    self.set(*r, regs);
+                }
+            }
+            ControlOp::Yield | ControlOp::Condition => {
+                return Err(self.bug(inst, "terminator outside the end of a region"));
+            }
+        }
+        Ok(())
+    }
+}

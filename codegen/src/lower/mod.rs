@@ -1,0 +1,496 @@
+//! The lowering driver: builds the kernel function, maps every IR value to its
+//! per-thread registers and lowers regions op by op (one file per op family).
+//!
+//! Invariants:
+//! - A value of type `T` lowers to `Layout::new(numel(T), threads).regs()` LLVM
+//!   values (its registers); scalars have one, uniform across the program.
+//! - Register element types: `i1` as `i1`, integers by width, `f16` as `half`,
+//!   `bf16` as `bfloat`, pointers as `ptr addrspace(1)`. In memory `i1` is a byte.
+//! - Every op that moves data between threads uses the one dynamic shared
+//!   memory region, bracketed by barriers; `smem_bytes` is the largest use.
+//! - Barriers are only emitted in uniform control flow: `if`/`while`
+//!   conditions are scalars, which every thread computes identically.
+
+mod arith;
+mod cast;
+mod compare;
+mod control;
+mod creation;
+mod debug;
+mod dot;
+mod memory;
+mod program;
+mod reduce;
+mod shape;
+
+use crate::layout::Layout;
+use crate::{CompileOptions, Error, Result};
+use dsl_core::dtype::{DType, Elem, Type};
+use dsl_core::ir::{Block, Inst, Op, Region};
+use dsl_core::passes::axis::AxisAnalysis;
+use dsl_core::{Function, Value};
+use inkwell::AddressSpace;
+use inkwell::attributes::AttributeLoc;
+use inkwell::basic_block::BasicBlock;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue,
+};
+use rustc_hash::FxHashMap;
+
+/// Registers of one value.
+pub(crate) type Regs<'ctx> = Vec<BasicValueEnum<'ctx>>;
+
+/// The body of [`Lowerer::loop_n`]: (index, carried values) -> next carried values.
+pub(crate) type LoopBody<'b, 'a, 'ctx> =
+    dyn FnMut(&mut Lowerer<'a, 'ctx>, IntValue<'ctx>, &[BasicValueEnum<'ctx>]) -> Result<Regs<'ctx>> + 'b;
+
+/// The LLVM calling convention number of `ptx_kernel`.
+const PTX_KERNEL_CC: u32 = 71;
+
+/// State of one function's lowering.
+pub(crate) struct Lowerer<'a, 'ctx> {
+    pub ctx: &'ctx Context,
+    pub module: &'a Module<'ctx>,
+    pub b: Builder<'ctx>,
+    pub func: FunctionValue<'ctx>,
+    pub f: &'a Function,
+    pub axis: AxisAnalysis,
+    pub vals: FxHashMap<Value, Regs<'ctx>>,
+    pub threads: usize,
+    pub tid: IntValue<'ctx>,
+    smem: Option<PointerValue<'ctx>>,
+    pub smem_bytes: u32,
+    #[allow(dead_code)] // Reserved for target-specific lowering (sm_90a paths).
+    pub opts: CompileOptions,
+}
+
+/// Lowers `f` into `module` as a kernel; returns the dynamic shared memory it needs.
+pub(crate) fn lower_function<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    f: &Function,
+    opts: &CompileOptions,
+) -> Result<u32> {
+    let threads = 32 * opts.num_warps as usize;
+    let mut params: Vec<BasicMetadataTypeEnum<'ctx>> = Vec::new();
+    for p in &f.params {
+        let ty = f.ty(p.value);
+        if !ty.is_scalar() {
+            return Err(Error::Invalid(format!(
+                "kernel parameter `{}` must be a scalar, found {ty}",
+                p.name
+            )));
+        }
+        params.push(param_type(ctx, ty.elem).into());
+    }
+    let fn_ty = ctx.void_type().fn_type(&params, false);
+    let func = module.add_function(&f.name, fn_ty, None);
+    func.set_call_conventions(PTX_KERNEL_CC);
+    let tstr = threads.to_string();
+    func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute("nvvm.maxntid", &tstr));
+    let i32t = ctx.i32_type();
+    for (key, val) in [("kernel", 1u64), ("maxntid", threads as u64)] {
+        let md = ctx.metadata_node(&[
+            func.as_global_value().as_pointer_value().into(),
+            ctx.metadata_string(key).into(),
+            i32t.const_int(val, false).into(),
+        ]);
+        module.add_global_metadata("nvvm.annotations", &md).map_err(|e| Error::Llvm(e.to_string()))?;
+    }
+    for (i, p) in f.params.iter().enumerate() {
+        if let Some(pv) = func.get_nth_param(i as u32) {
+            pv.set_name(&p.name);
+        }
+    }
+    let entry = ctx.append_basic_block(func, "entry");
+    let b = ctx.create_builder();
+    b.position_at_end(entry);
+    let axis = dsl_core::passes::axis::analyze(f);
+    let mut lw = Lowerer {
+        ctx,
+        module,
+        b,
+        func,
+        f,
+        axis,
+        vals: FxHashMap::default(),
+        threads,
+        tid: i32t.const_zero(),
+        smem: None,
+        smem_bytes: 0,
+        opts: *opts,
+    };
+    lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
+    for (i, p) in f.params.iter().enumerate() {
+        let pv =
+            func.get_nth_param(i as u32).ok_or_else(|| Error::Llvm(format!("missing LLVM parameter {i}")))?;
+        let v = if f.ty(p.value).elem == Elem::Scalar(DType::I1) {
+            let z = i32t.const_zero();
+            lw.b.build_int_compare(inkwell::IntPredicate::NE, pv.into_int_value(), z, "")?.into()
+        } else {
+            pv
+        };
+        lw.vals.insert(p.value, vec![v]);
+    }
+    lw.lower_block(f.body_block())?;
+    lw.b.build_return(None)?;
+    Ok(lw.smem_bytes)
+}
+
+/// The LLVM parameter type of a scalar kernel parameter (`i1` travels as `i32`).
+fn param_type(ctx: &Context, e: Elem) -> BasicTypeEnum<'_> {
+    match e {
+        Elem::Scalar(DType::I1) => ctx.i32_type().into(),
+        other => reg_type(ctx, other),
+    }
+}
+
+/// The register type of an element.
+pub(crate) fn reg_type(ctx: &Context, e: Elem) -> BasicTypeEnum<'_> {
+    match e {
+        Elem::Ptr(_) => ctx.ptr_type(AddressSpace::from(1u16)).into(),
+        Elem::Scalar(d) => match d {
+            DType::I1 => ctx.bool_type().into(),
+            DType::I8 | DType::U8 => ctx.i8_type().into(),
+            DType::I16 => ctx.i16_type().into(),
+            DType::I32 | DType::U32 => ctx.i32_type().into(),
+            DType::I64 => ctx.i64_type().into(),
+            DType::F16 => ctx.f16_type().into(),
+            DType::BF16 => ctx.bf16_type().into(),
+            DType::F32 => ctx.f32_type().into(),
+            DType::F64 => ctx.f64_type().into(),
+        },
+    }
+}
+
+/// The in-memory type of an element (`i1` is stored as a byte).
+pub(crate) fn mem_type(ctx: &Context, e: Elem) -> BasicTypeEnum<'_> {
+    match e {
+        Elem::Scalar(DType::I1) => ctx.i8_type().into(),
+        other => reg_type(ctx, other),
+    }
+}
+
+/// Bytes of one element in shared memory.
+pub(crate) fn elem_bytes(e: Elem) -> u32 {
+    match e {
+        Elem::Ptr(_) => 8,
+        Elem::Scalar(d) => d.size_bytes() as u32,
+    }
+}
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// An `Unsupported` error for `inst`.
+    pub fn unsupported(&self, inst: Inst, why: impl Into<String>) -> Error {
+        let d = &self.f.insts[inst];
+        Error::Unsupported { op: d.op.name().to_string(), loc: d.loc.clone(), why: why.into() }
+    }
+
+    /// An internal error: the IR broke an invariant the verifier should have caught.
+    pub fn bug(&self, inst: Inst, why: impl Into<String>) -> Error {
+        let d = &self.f.insts[inst];
+        Error::Invalid(format!("{}: `{}`: {}", d.loc, d.op.name(), why.into()))
+    }
+
+    /// The layout of values of type `t`.
+    pub fn layout(&self, t: &Type) -> Layout {
+        Layout::new(t.numel(), self.threads)
+    }
+
+    /// The layout of value `v`.
+    pub fn layout_of(&self, v: Value) -> Layout {
+        self.layout(self.f.ty(v))
+    }
+
+    /// The registers of `v`.
+    pub fn regs(&self, v: Value) -> Result<Regs<'ctx>> {
+        self.vals
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| Error::Invalid(format!("value {v} used before its definition")))
+    }
+
+    /// Records the registers of `v`.
+    pub fn set(&mut self, v: Value, regs: Regs<'ctx>) {
+        self.vals.insert(v, regs);
+    }
+
+    /// The integer type of `bits` bits (1, 8, 16, 32, 64 or 128; others round up to 128).
+    pub fn int_ty(&self, bits: u32) -> inkwell::types::IntType<'ctx> {
+        match bits {
+            1 => self.ctx.bool_type(),
+            2..=8 => self.ctx.i8_type(),
+            9..=16 => self.ctx.i16_type(),
+            17..=32 => self.ctx.i32_type(),
+            33..=64 => self.ctx.i64_type(),
+            _ => self.ctx.i128_type(),
+        }
+    }
+
+    /// The i32 constant `v`.
+    pub fn i32c(&self, v: i64) -> IntValue<'ctx> {
+        self.ctx.i32_type().const_int(v as u64, true)
+    }
+
+    /// Calls (declaring on first use) the function or intrinsic `name`.
+    pub fn call(
+        &self,
+        name: &str,
+        ret: Option<BasicTypeEnum<'ctx>>,
+        args: &[BasicValueEnum<'ctx>],
+    ) -> Result<Option<BasicValueEnum<'ctx>>> {
+        let fv = match self.module.get_function(name) {
+            Some(fv) => fv,
+            None => {
+                let ps: Vec<BasicMetadataTypeEnum<'ctx>> = args.iter().map(|a| a.get_type().into()).collect();
+                let ty = match ret {
+                    Some(r) => r.fn_type(&ps, false),
+                    None => self.ctx.void_type().fn_type(&ps, false),
+                };
+                self.module.add_function(name, ty, Some(Linkage::External))
+            }
+        };
+        let margs: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|&a| a.into()).collect();
+        let cs = self.b.build_call(fv, &margs, "")?;
+        Ok(match cs.try_as_basic_value() {
+            inkwell::values::ValueKind::Basic(v) => Some(v),
+            inkwell::values::ValueKind::Instruction(_) => None,
+        })
+    }
+
+    /// Calls an intrinsic that returns a value.
+    pub fn call1(
+        &self,
+        name: &str,
+        ret: BasicTypeEnum<'ctx>,
+        args: &[BasicValueEnum<'ctx>],
+    ) -> Result<BasicValueEnum<'ctx>> {
+        self.call(name, Some(ret), args)?.ok_or_else(|| Error::Llvm(format!("`{name}` returned no value")))
+    }
+
+    /// Reads a 32-bit special register through its NVVM intrinsic.
+    pub fn sreg(&self, name: &str) -> Result<IntValue<'ctx>> {
+        Ok(self.call1(name, self.ctx.i32_type().into(), &[])?.into_int_value())
+    }
+
+    /// A CTA-wide barrier (`bar.sync 0`).
+    pub fn barrier(&self) -> Result<()> {
+        self.call("llvm.nvvm.barrier.cta.sync.aligned.all", None, &[self.i32c(0).into()])?;
+        Ok(())
+    }
+
+    /// `(tid mod nchunks) * spt`: the per-thread base of linear indices of `l`.
+    pub fn thread_base(&self, l: &Layout) -> Result<IntValue<'ctx>> {
+        let m = (l.nchunks().min(l.threads) - 1) as i64;
+        let t = if m == 0 { self.i32c(0) } else { self.b.build_and(self.tid, self.i32c(m), "")? };
+        Ok(if l.spt > 1 { self.b.build_int_mul(t, self.i32c(l.spt as i64), "")? } else { t })
+    }
+
+    /// The linear index (i32) of register `slot` of layout `l`, given its thread base.
+    pub fn linear_index(&self, l: &Layout, base: IntValue<'ctx>, slot: usize) -> Result<IntValue<'ctx>> {
+        let off = l.slot_offset(slot) as i64;
+        Ok(if off == 0 { base } else { self.b.build_int_add(base, self.i32c(off), "")? })
+    }
+
+    /// `tid < nchunks` when `l` is replicated (only owners may have side effects).
+    pub fn owner_pred(&self, l: &Layout) -> Result<Option<IntValue<'ctx>>> {
+        if !l.replicated() {
+            return Ok(None);
+        }
+        let n = self.i32c(l.nchunks() as i64);
+        Ok(Some(self.b.build_int_compare(inkwell::IntPredicate::ULT, self.tid, n, "owner")?))
+    }
+
+    /// Declares (once) the dynamic shared memory array and notes a use of `bytes`.
+    pub fn smem(&mut self, bytes: u64) -> Result<PointerValue<'ctx>> {
+        let bytes = u32::try_from(bytes)
+            .map_err(|_| Error::Invalid(format!("shared memory use of {bytes} bytes is too large")))?;
+        self.smem_bytes = self.smem_bytes.max(bytes);
+        if let Some(p) = self.smem {
+            return Ok(p);
+        }
+        let ty = self.ctx.i8_type().array_type(0);
+        let g = self.module.add_global(ty, Some(AddressSpace::from(3u16)), "__tessera_smem");
+        g.set_linkage(Linkage::External);
+        g.set_alignment(16);
+        let p = g.as_pointer_value();
+        self.smem = Some(p);
+        Ok(p)
+    }
+
+    /// The address of element `idx` of type `ty` in a shared memory array at byte `offset`.
+    pub fn smem_elem(
+        &self,
+        base: PointerValue<'ctx>,
+        offset: u64,
+        ty: BasicTypeEnum<'ctx>,
+        idx: IntValue<'ctx>,
+    ) -> Result<PointerValue<'ctx>> {
+        let i8t = self.ctx.i8_type();
+        // SAFETY: the offsets stay inside the dynamic shared memory array, whose
+        // size (`smem_bytes`) covers every use; GEP itself only computes an address.
+        unsafe {
+            let arr = if offset == 0 {
+                base
+            } else {
+                let o = self.ctx.i32_type().const_int(offset, false);
+                self.b.build_in_bounds_gep(i8t, base, &[o], "")?
+            };
+            Ok(self.b.build_in_bounds_gep(ty, arr, &[idx], "")?)
+        }
+    }
+
+    /// Runs `body` only where `cond` holds (no results).
+    pub fn if_then(
+        &mut self,
+        cond: IntValue<'ctx>,
+        body: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        let then_bb = self.ctx.append_basic_block(self.func, "then");
+        let cont = self.ctx.append_basic_block(self.func, "cont");
+        self.b.build_conditional_branch(cond, then_bb, cont)?;
+        self.b.position_at_end(then_bb);
+        body(self)?;
+        self.b.build_unconditional_branch(cont)?;
+        self.b.position_at_end(cont);
+        Ok(())
+    }
+
+    /// `cond ? body() : other` where `body` (e.g. a load) runs only when `cond` holds.
+    pub fn guarded(
+        &mut self,
+        cond: IntValue<'ctx>,
+        body: impl FnOnce(&mut Self) -> Result<Vec<BasicValueEnum<'ctx>>>,
+        other: &[BasicValueEnum<'ctx>],
+    ) -> Result<Vec<BasicValueEnum<'ctx>>> {
+        let start = self.cur_block()?;
+        let then_bb = self.ctx.append_basic_block(self.func, "guard");
+        let cont = self.ctx.append_basic_block(self.func, "join");
+        self.b.build_conditional_branch(cond, then_bb, cont)?;
+        self.b.position_at_end(then_bb);
+        let vals = body(self)?;
+        let then_end = self.cur_block()?;
+        self.b.build_unconditional_branch(cont)?;
+        self.b.position_at_end(cont);
+        let mut out = Vec::with_capacity(vals.len());
+        for (v, o) in vals.iter().zip(other) {
+            let phi = self.b.build_phi(v.get_type(), "")?;
+            phi.add_incoming(&[(v as &dyn BasicValue<'ctx>, then_end), (o as &dyn BasicValue<'ctx>, start)]);
+            out.push(phi.as_basic_value());
+        }
+        Ok(out)
+    }
+
+    /// The block the builder is positioned in.
+    pub fn cur_block(&self) -> Result<BasicBlock<'ctx>> {
+        self.b.get_insert_block().ok_or_else(|| Error::Llvm("builder is not positioned".into()))
+    }
+
+    /// A runtime loop `for i in 0..count` (an i32, possibly zero) carrying
+    /// `init`; `body` maps the index and the current carried values to the
+    /// next ones. Returns the final carried values.
+    pub fn loop_n(
+        &mut self,
+        count: IntValue<'ctx>,
+        init: Vec<BasicValueEnum<'ctx>>,
+        body: &mut LoopBody<'_, 'a, 'ctx>,
+    ) -> Result<Vec<BasicValueEnum<'ctx>>> {
+        let pre = self.cur_block()?;
+        let head = self.ctx.append_basic_block(self.func, "loop");
+        let bb = self.ctx.append_basic_block(self.func, "loop.body");
+        let exit = self.ctx.append_basic_block(self.func, "loop.exit");
+        self.b.build_unconditional_branch(head)?;
+        self.b.position_at_end(head);
+        let i32t = self.ctx.i32_type();
+        let iv = self.b.build_phi(i32t, "k")?;
+        iv.add_incoming(&[(&i32t.const_zero(), pre)]);
+        let mut phis = Vec::new();
+        for v in &init {
+            let p = self.b.build_phi(v.get_type(), "")?;
+            p.add_incoming(&[(v as &dyn BasicValue<'ctx>, pre)]);
+            phis.push(p);
+        }
+        let ivv = iv.as_basic_value().into_int_value();
+        let c = self.b.build_int_compare(inkwell::IntPredicate::SLT, ivv, count, "")?;
+        self.b.build_conditional_branch(c, bb, exit)?;
+        self.b.position_at_end(bb);
+        let cur: Vec<BasicValueEnum<'ctx>> = phis.iter().map(|p| p.as_basic_value()).collect();
+        let next = body(self, ivv, &cur)?;
+        let ivn = self.b.build_int_add(ivv, i32t.const_int(1, false), "")?;
+        let latch = self.cur_block()?;
+        iv.add_incoming(&[(&ivn, latch)]);
+        for (p, v) in phis.iter().zip(&next) {
+            p.add_incoming(&[(v as &dyn BasicValue<'ctx>, latch)]);
+        }
+        self.b.build_unconditional_branch(head)?;
+        self.b.position_at_end(exit);
+        Ok(cur)
+    }
+
+    /// Lowers the instructions of `block`; returns the operands of its terminator.
+    pub fn lower_block(&mut self, block: Block) -> Result<Vec<Value>> {
+        let insts = self.f.blocks[block].insts.clone();
+        for inst in insts {
+            let op = &self.f.insts[inst].op;
+            if op.is_terminator() {
+                return Ok(self.f.insts[inst].args.to_vec());
+            }
+            self.lower_inst(inst)?;
+        }
+        Ok(Vec::new())
+    }
+
+    /// Lowers the single block of region `r`, binding its arguments to `args`.
+    pub fn lower_region(&mut self, r: Region, args: &[Regs<'ctx>]) -> Result<Vec<Regs<'ctx>>> {
+        let block = self.f.entry(r);
+        let bargs = self.f.blocks[block].args.clone();
+        for (v, regs) in bargs.iter().zip(args) {
+            self.set(*v, regs.clone());
+        }
+        let term = self.lower_block(block)?;
+        term.iter().map(|&v| self.regs(v)).collect()
+    }
+
+    /// Lowers one instruction.
+    fn lower_inst(&mut self, inst: Inst) -> Result<()> {
+        match self.f.insts[inst].op.clone() {
+            Op::Creation(o) => self.lower_creation(inst, &o),
+            Op::Arith(o) => self.lower_arith(inst, o),
+            Op::Compare(o) => self.lower_compare(inst, o),
+            Op::Cast(o) => self.lower_cast(inst, o),
+            Op::Memory(o) => self.lower_memory(inst, &o),
+            Op::Reduce(o) => self.lower_reduce(inst, o),
+            Op::Scan(o) => self.lower_scan(inst, o),
+            Op::Shape(o) => self.lower_shape(inst, &o),
+            Op::Dot(o) => self.lower_dot(inst, o),
+            Op::Control(o) => self.lower_control(inst, o),
+            Op::Program(o) => self.lower_program(inst, o),
+            Op::Hint(_) => {
+                // Hints only feed the axis analysis: the result is the operand.
+                let d = &self.f.insts[inst];
+                let regs = self.regs(d.args[0])?;
+                self.set(d.results[0], regs);
+                Ok(())
+            }
+            Op::Debug(o) => self.lower_debug(inst, &o),
+        }
+    }
+
+    /// Operands of `inst`.
+    pub fn args(&self, inst: Inst) -> Vec<Value> {
+        self.f.insts[inst].args.to_vec()
+    }
+
+    /// Result `i` of `inst`.
+    pub fn result(&self, inst: Inst, i: usize) -> Result<Value> {
+        self.f.insts[inst]
+            .results
+            .get(i)
+            .copied()
+            .ok_or_else(|| self.bug(inst, format!("missing result {i}")))
+    }
+}

@@ -1,0 +1,165 @@
+//! Shape ops. `reshape` and `expand_dims` keep the element count, hence the
+//! layout, and move no data. `broadcast`, `permute`, `join` and `split` go
+//! through shared memory with [`Lowerer::exchange`]: the sources are written
+//! at their row-major linear indices and each output register reads the
+//! element its index maps to. Broadcasting a one-element value copies its
+//! register instead.
+//!
+//! Invariant: every exchange is bracketed by barriers (one before the
+//! writes, one between writes and reads), in uniform control flow.
+
+use super::{Lowerer, Regs, elem_bytes, mem_type};
+use crate::Result;
+use crate::layout::{Layout, strides};
+use dsl_core::dtype::{DType, Elem};
+use dsl_core::ir::Inst;
+use dsl_core::ir::ops::ShapeOp;
+use inkwell::values::IntValue;
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// Sends data between layouts through shared memory. `srcs` (layout and
+    /// registers, all of element `e`) are stored one after another; output `o`
+    /// of layout `outs[o]` reads, for each register, the element of the
+    /// concatenated sources that `map(o, linear_index)` names.
+    pub fn exchange(
+        &mut self,
+        e: Elem,
+        srcs: &[(Layout, Regs<'ctx>)],
+        outs: &[Layout],
+        map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
+    ) -> Result<Vec<Regs<'ctx>>> {
+        let total: usize = srcs.iter().map(|(l, _)| l.n).sum();
+        let et = mem_type(self.ctx, e);
+        let smem = self.smem(total as u64 * u64::from(elem_bytes(e)))?;
+        let d = e.dtype();
+        let is_bool = !e.is_ptr() && d == DType::I1;
+        self.barrier()?;
+        let mut start = 0usize;
+        for (l, regs) in srcs {
+            let base = self.thread_base(l)?;
+            for (s, &v) in regs.iter().enumerate() {
+                let idx = self.linear_index(l, base, s)?;
+                let idx = self.b.build_int_add(idx, self.i32c(start as i64), "")?;
+                let addr = self.smem_elem(smem, 0, et, idx)?;
+                let mv = if is_bool {
+                    self.b.build_int_z_extend(v.into_int_value(), self.ctx.i8_type(), "")?.into()
+                } else {
+                    v
+                };
+                self.b.build_store(addr, mv)?;
+            }
+            start += l.n;
+        }
+        self.barrier()?;
+        let mut result = Vec::with_capacity(outs.len());
+        for (o, l) in outs.iter().enumerate() {
+            let base = self.thread_base(l)?;
+            let mut regs = Vec::with_capacity(l.regs());
+            for s in 0..l.regs() {
+                let lin = self.linear_index(l, base, s)?;
+                let src = map(self, o, lin)?;
+                let addr = self.smem_elem(smem, 0, et, src)?;
+                let v = self.b.build_load(et, addr, "")?;
+                let v = if is_bool {
+                    let x = v.into_int_value();
+                    self.b
+                        .build_int_compare(inkwell::IntPredicate::NE, x, x.get_type().const_zero(), "")?
+                        .into()
+                } else {
+                    v
+                };
+                regs.push(v);
+            }
+            result.push(regs);
+        }
+        Ok(result)
+    }
+
+    /// `(lin / stride) % size` for a power-of-two `stride` and `size`.
+    pub fn dim_index(&self, lin: IntValue<'ctx>, stride: usize, size: usize) -> Result<IntValue<'ctx>> {
+        let q = if stride > 1 {
+            self.b.build_right_shift(lin, self.i32c(stride.trailing_zeros() as i64), false, "")?
+        } else {
+            lin
+        };
+        Ok(self.b.build_and(q, self.i32c(size as i64 - 1), "")?)
+    }
+
+    pub(super) fn lower_shape(&mut self, inst: Inst, op: &ShapeOp) -> Result<()> {
+        let args = self.args(inst);
+        let a = args[0];
+        let aty = self.f.ty(a).clone();
+        let regs = self.regs(a)?;
+        let la = self.layout(&aty);
+        let res = self.result(inst, 0)?;
+        let rty = self.f.ty(res).clone();
+        let lr = self.layout(&rty);
+        match op {
+            ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. } => self.set(res, regs),
+            ShapeOp::Broadcast { shape } => {
+                if la == lr {
+                    self.set(res, regs);
+                } else if la.n == 1 {
+                    self.set(res, vec![regs[0]; lr.regs()]);
+                } else {
+                    let (ss, os) = (strides(&aty.shape), strides(shape));
+                    let (ashape, oshape) = (aty.shape.to_vec(), shape.to_vec());
+                    let map = move |lw: &Self, _: usize, lin: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+                        let mut acc = lw.i32c(0);
+                        for d in 0..oshape.len() {
+                            if ashape[d] == 1 {
+                                continue;
+                            }
+                            let i = lw.dim_index(lin, os[d], oshape[d])?;
+                            let t = lw.b.build_int_mul(i, lw.i32c(ss[d] as i64), "")?;
+                            acc = lw.b.build_int_add(acc, t, "")?;
+                        }
+                        Ok(acc)
+                    };
+                    let out = self.exchange(aty.elem, &[(la, regs)], &[lr], &map)?;
+                    self.set(res, out.into_iter().next().unwrap_or_default());
+                }
+            }
+            ShapeOp::Permute { order } => {
+                let (ss, os) = (strides(&aty.shape), strides(&rty.shape));
+                let (order, oshape) = (order.clone(), rty.shape.to_vec());
+                let map = move |lw: &Self, _: usize, lin: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    let mut acc = lw.i32c(0);
+                    for i in 0..oshape.len() {
+                        let j = lw.dim_index(lin, os[i], oshape[i])?;
+                        let t = lw.b.build_int_mul(j, lw.i32c(ss[order[i]] as i64), "")?;
+                        acc = lw.b.build_int_add(acc, t, "")?;
+                    }
+                    Ok(acc)
+                };
+                let out = self.exchange(aty.elem, &[(la, regs)], &[lr], &map)?;
+                self.set(res, out.into_iter().next().unwrap_or_default());
+            }
+            ShapeOp::Join => {
+                let b = self.regs(args[1])?;
+                let n = la.n as i64;
+                let map = move |lw: &Self, _: usize, lin: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    // Output element 2k + w comes from source w, element k.
+                    let k = lw.b.build_right_shift(lin, lw.i32c(1), false, "")?;
+                    let w = lw.b.build_and(lin, lw.i32c(1), "")?;
+                    let off = lw.b.build_int_mul(w, lw.i32c(n), "")?;
+                    Ok(lw.b.build_int_add(k, off, "")?)
+                };
+                let out = self.exchange(aty.elem, &[(la, regs), (la, b)], &[lr], &map)?;
+                self.set(res, out.into_iter().next().unwrap_or_default());
+            }
+            ShapeOp::Split => {
+                let map = |lw: &Self, o: usize, lin: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    let k = lw.b.build_left_shift(lin, lw.i32c(1), "")?;
+                    Ok(lw.b.build_int_add(k, lw.i32c(o as i64), "")?)
+                };
+                let out = self.exchange(aty.elem, &[(la, regs)], &[lr, lr], &map)?;
+                let res1 = self.result(inst, 1)?;
+                let mut it = out.into_iter();
+                self.set(res, it.next().unwrap_or_default());
+                self.set(res1, it.next().unwrap_or_default());
+            }
+        }
+        Ok(())
+    }
+}

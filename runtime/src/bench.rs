@@ -1,0 +1,308 @@
+//! `tessera bench`: kernel throughput on the GPU, named and measured like the
+//! peer baselines of `shared/bench/peers.py`, so ratios can be taken from one
+//! run on one machine.
+//!
+//! Method: random non-zero inputs; `warmup` launches; then `runs` timed
+//! launches, each preceded by a write of a scratch buffer twice the L2 size
+//! (so no run reads inputs left in L2 by the previous one) and timed alone with
+//! CUDA events; the median is reported. Throughput counts bytes read plus
+//! bytes written: `2 * elements * element size / time` (TB/s = 10^12 B/s).
+//!
+//! Names: `softmax/<torch dtype name>/<rows>x<cols>` (`float32`, `bfloat16`, as
+//! peers.py writes them) and `copy/f32/2^29`, the bandwidth ceiling every other
+//! kernel is reported as a fraction of.
+
+use crate::check::{Rng, Sample};
+use crate::cuda::{Cuda, DevBuf};
+use crate::error::{Error, Result};
+use crate::registry::{copy, softmax, softmax_warps};
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use serde_json::json;
+use std::marker::PhantomData;
+
+/// What to measure and how often.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchOptions {
+    /// Untimed launches before measuring.
+    pub warmup: usize,
+    /// Timed launches (the median is reported).
+    pub runs: usize,
+    /// Softmax shapes (rows, cols).
+    pub shapes: Vec<(usize, usize)>,
+    /// Also measure the copy ceiling (`copy/f32/2^29`, 4 GiB of device memory).
+    pub copy: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions { warmup: 5, runs: 25, shapes: vec![(8192, 1024), (4096, 16384)], copy: true }
+    }
+}
+
+/// One measurement, in peers.py's record format plus the median time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    /// The benchmark name (peers.py's scheme).
+    pub name: String,
+    /// The metric, `TB/s`.
+    pub metric: &'static str,
+    /// The value of the metric.
+    pub value: f64,
+    /// Median time of one launch, in milliseconds.
+    pub ms: f64,
+}
+
+/// The torch dtype name peers.py uses in benchmark names.
+pub fn torch_dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float32",
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        other => other.name(),
+    }
+}
+
+/// Parses `RxC[,RxC...]` into shapes.
+pub fn parse_shapes(s: &str) -> Result<Vec<(usize, usize)>> {
+    s.split(',')
+        .map(|part| {
+            let bad = || Error::Usage(format!("bad shape `{part}`: expected ROWSxCOLS, e.g. 8192x1024"));
+            let (r, c) = part.trim().split_once('x').ok_or_else(bad)?;
+            let (r, c) = (r.parse::<usize>().map_err(|_| bad())?, c.parse::<usize>().map_err(|_| bad())?);
+            if r == 0 || c == 0 || r > i32::MAX as usize || c > (1 << 20) {
+                return Err(bad());
+            }
+            Ok((r, c))
+        })
+        .collect()
+}
+
+/// Median of `v` (sorted in place); 0 when empty.
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
+}
+
+/// Times `launch` per the method above and returns the median in milliseconds.
+fn measure(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    mut launch: impl FnMut(&mut Cuda) -> Result<()>,
+) -> Result<f64> {
+    let flush_len = (2 * cuda.gpu().info().l2_bytes as usize).max(1 << 20);
+    let scratch: DevBuf<u8> = cuda.gpu().zeros(flush_len)?;
+    for _ in 0..opts.warmup {
+        launch(cuda)?;
+    }
+    cuda.gpu().synchronize()?;
+    let mut times = Vec::with_capacity(opts.runs);
+    let (start, end) = (cuda.gpu().event()?, cuda.gpu().event()?);
+    for i in 0..opts.runs.max(1) {
+        scratch.fill_bytes(i as u8)?;
+        cuda.gpu().record(&start)?;
+        launch(cuda)?;
+        cuda.gpu().record(&end)?;
+        times.push(f64::from(cuda.gpu().elapsed_ms(&start, &end)?));
+    }
+    cuda.gpu().synchronize()?;
+    Ok(median(&mut times))
+}
+
+fn softmax_record<T: Sample>(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    rows: usize,
+    cols: usize,
+) -> Result<Record> {
+    let n = rows * cols;
+    let x = Rng::new((rows * 31 + cols) as u64).values::<T>(n, 4.0);
+    let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<T>(n)?);
+    drop(x);
+    let block = cols.next_power_of_two();
+    let config = softmax::Config::new(T::DEVICE_DTYPE, block).with_warps(softmax_warps(block));
+    let args = softmax::Args {
+        out_ptr: od.ptr().cast(),
+        in_ptr: xd.ptr().cast(),
+        n_cols: cols as i32,
+        stride: cols as i32,
+        _marker: PhantomData,
+    };
+    let ms = measure(cuda, opts, |c| c.run::<softmax::Kernel>([rows as u32, 1, 1], &config, &args))?;
+    let bytes = 2.0 * n as f64 * T::DEVICE_DTYPE.size_bytes() as f64;
+    Ok(Record {
+        name: format!("softmax/{}/{rows}x{cols}", torch_dtype_name(T::DEVICE_DTYPE)),
+        metric: "TB/s",
+        value: bytes / ms / 1e9,
+        ms,
+    })
+}
+
+fn copy_record(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Record> {
+    let n = 1usize << 29;
+    let x = Rng::new(29).values::<f32>(n, 4.0);
+    let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<f32>(n)?);
+    drop(x);
+    let config = copy::Config::new(DType::F32, 1024);
+    let args =
+        copy::Args { x_ptr: xd.ptr().cast(), out_ptr: od.ptr().cast(), n: n as i32, _marker: PhantomData };
+    let grid = [n.div_ceil(1024) as u32, 1, 1];
+    let ms = measure(cuda, opts, |c| c.run::<copy::Kernel>(grid, &config, &args))?;
+    Ok(Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 2.0 * n as f64 * 4.0 / ms / 1e9, ms })
+}
+
+/// Runs every benchmark of `opts`, printing each record as it is measured.
+pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    if opts.copy {
+        out.push(copy_record(cuda, opts)?);
+        eprintln!("measured {}", out[out.len() - 1].name);
+    }
+    for &(rows, cols) in &opts.shapes {
+        out.push(softmax_record::<f32>(cuda, opts, rows, cols)?);
+        eprintln!("measured {}", out[out.len() - 1].name);
+        out.push(softmax_record::<bf16>(cuda, opts, rows, cols)?);
+        eprintln!("measured {}", out[out.len() - 1].name);
+    }
+    Ok(out)
+}
+
+/// Peer values by name, read from peers.py's JSON output.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Peers {
+    /// The device the peers ran on.
+    pub device: String,
+    /// `(name, peer, metric, value)` records.
+    pub records: Vec<(String, String, String, f64)>,
+}
+
+impl Peers {
+    /// Parses peers.py's output: `{"device": .., "records": [{"name", "peer", "metric", "value"}]}`.
+    pub fn parse(text: &str) -> Result<Peers> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::Usage(format!("peers file is not JSON: {e}")))?;
+        let recs = v
+            .get("records")
+            .and_then(|r| r.as_array())
+            .ok_or_else(|| Error::Usage("peers file has no `records` array".into()))?;
+        let mut out = Peers { device: v["device"].as_str().unwrap_or("?").to_string(), records: Vec::new() };
+        for r in recs {
+            let s = |k: &str| r.get(k).and_then(|x| x.as_str()).map(str::to_string);
+            let (Some(name), Some(peer), Some(metric), Some(value)) =
+                (s("name"), s("peer"), s("metric"), r.get("value").and_then(|x| x.as_f64()))
+            else {
+                return Err(Error::Usage(format!("malformed peer record: {r}")));
+            };
+            out.records.push((name, peer, metric, value));
+        }
+        Ok(out)
+    }
+
+    /// The peers measured on `name` in `metric`.
+    pub fn on<'a>(&'a self, name: &'a str, metric: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+        self.records.iter().filter(move |r| r.0 == name && r.2 == metric).map(|r| (r.1.as_str(), r.3))
+    }
+}
+
+/// Formats the results table: value, time, fraction of the copy ceiling and
+/// the ratio to each peer on the same name.
+pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
+    let ceiling = records.iter().find(|r| r.name == "copy/f32/2^29").map(|r| r.value);
+    let mut s =
+        format!("{:<28} | {:>9} | {:>10} | {:>8} | vs peers\n", "name", "TB/s", "median ms", "of copy");
+    s.push_str(&format!("{}\n", "-".repeat(80)));
+    for r in records {
+        let frac = match ceiling {
+            Some(c) if c > 0.0 => format!("{:.1}%", 100.0 * r.value / c),
+            _ => "-".into(),
+        };
+        let vs: Vec<String> = peers
+            .map(|p| p.on(&r.name, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", r.value / v)).collect())
+            .unwrap_or_default();
+        s.push_str(&format!(
+            "{:<28} | {:>9.3} | {:>10.4} | {:>8} | {}\n",
+            r.name,
+            r.value,
+            r.ms,
+            frac,
+            if vs.is_empty() { "-".to_string() } else { vs.join(", ") }
+        ));
+    }
+    s
+}
+
+/// The records as JSON in peers.py's format (peer `tessera`), plus the median
+/// time and the fraction of the copy ceiling.
+pub fn to_json(device: &str, records: &[Record]) -> serde_json::Value {
+    let ceiling = records.iter().find(|r| r.name == "copy/f32/2^29").map(|r| r.value);
+    let recs: Vec<serde_json::Value> = records
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "peer": "tessera",
+                "metric": r.metric,
+                "value": (r.value * 1e4).round() / 1e4,
+                "ms": r.ms,
+                "fraction_of_copy": ceiling.map(|c| r.value / c),
+            })
+        })
+        .collect();
+    json!({ "device": device, "records": recs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_and_reject_garbage() {
+        assert_eq!(parse_shapes("8192x1024,4096x16384").unwrap(), vec![(8192, 1024), (4096, 16384)]);
+        assert!(parse_shapes("8192").is_err());
+        assert!(parse_shapes("0x5").is_err());
+        assert!(parse_shapes("ax5").is_err());
+    }
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&mut []), 0.0);
+    }
+
+    #[test]
+    fn peers_ratios_and_json() {
+        let p = Peers::parse(
+            r#"{"device": "H100", "records": [
+                {"name": "softmax/float32/8192x1024", "peer": "torch", "metric": "TB/s", "value": 2.0},
+                {"name": "softmax/float32/8192x1024", "peer": "triton", "metric": "TB/s", "value": 2.5},
+                {"name": "copy/f32/2^29", "peer": "torch", "metric": "TB/s", "value": 3.0}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.device, "H100");
+        let recs = vec![
+            Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 3.0, ms: 1.0 },
+            Record { name: "softmax/float32/8192x1024".into(), metric: "TB/s", value: 2.4, ms: 0.03 },
+        ];
+        let t = table(&recs, Some(&p));
+        assert!(t.contains("torch 1.20x"), "{t}");
+        assert!(t.contains("triton 0.96x"), "{t}");
+        assert!(t.contains("80.0%"), "{t}");
+        let j = to_json("H100", &recs);
+        assert_eq!(j["records"][1]["name"], "softmax/float32/8192x1024");
+        assert_eq!(j["records"][1]["peer"], "tessera");
+        assert!(Peers::parse("{}").is_err());
+        assert!(Peers::parse("not json").is_err());
+        assert!(Peers::parse(r#"{"records": [{"name": 1}]}"#).is_err());
+    }
+
+    #[test]
+    fn names_follow_peers_py() {
+        assert_eq!(torch_dtype_name(DType::F32), "float32");
+        assert_eq!(torch_dtype_name(DType::BF16), "bfloat16");
+    }
+}

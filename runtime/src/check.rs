@@ -1,0 +1,331 @@
+//! `tessera gpu-check`: every registered kernel runs on the GPU and on the CPU
+//! interpreter (the semantic oracle) with the same fresh random inputs at
+//! ragged shapes, and the outputs are compared element by element.
+//!
+//! Invariants: inputs are random and non-zero (|x| >= 1/64), so a kernel that
+//! writes nothing or zeros fails; every shape is checked in each storage dtype
+//! the kernel supports (f32 and bf16 here); an element passes when
+//! `|gpu - cpu| <= atol + rtol * |cpu|` with the dtype's tolerance ([`Tol`]).
+
+use crate::cuda::{Cuda, DeviceElem};
+use crate::error::Result;
+use crate::registry::{copy, softmax, softmax_warps, vector_add};
+use dsl_core::DType;
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Cpu;
+use std::marker::PhantomData;
+
+/// A seeded random number generator (SplitMix64): reproducible inputs without
+/// a dependency.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform float in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A value in `[-hi, -1/64] ∪ [1/64, hi]`: random and never (close to) zero.
+    pub fn nonzero(&mut self, hi: f64) -> f64 {
+        let m = 1.0 / 64.0 + self.unit() * (hi - 1.0 / 64.0);
+        if self.next_u64() & 1 == 0 { m } else { -m }
+    }
+
+    /// `n` non-zero values in `T`, magnitudes up to `hi`.
+    pub fn values<T: Sample>(&mut self, n: usize, hi: f64) -> Vec<T> {
+        (0..n).map(|_| T::from_f64(self.nonzero(hi))).collect()
+    }
+}
+
+/// Float element types inputs can be drawn in.
+pub trait Sample: DeviceElem {
+    /// The nearest value of this type.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Sample for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Sample for bf16 {
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+impl Sample for f16 {
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+
+/// Comparison tolerance: `|got - want| <= atol + rtol * |want|`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tol {
+    /// Absolute part.
+    pub atol: f64,
+    /// Relative part.
+    pub rtol: f64,
+}
+
+impl Tol {
+    /// The tolerance of results stored in `dtype` after a few f32 operations
+    /// (GPU math uses approximate `ex2`/`rcp`; bf16/f16 outputs may round to
+    /// the neighbouring value).
+    pub fn for_dtype(dtype: DType) -> Tol {
+        match dtype {
+            DType::BF16 => Tol { atol: 1e-6, rtol: 1.0 / 128.0 },
+            DType::F16 => Tol { atol: 1e-6, rtol: 1.0 / 1024.0 },
+            _ => Tol { atol: 1e-6, rtol: 1e-5 },
+        }
+    }
+}
+
+/// One line of the check table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckRow {
+    /// The kernel.
+    pub kernel: String,
+    /// The problem shape, e.g. `37x1000`.
+    pub shape: String,
+    /// The storage dtype.
+    pub dtype: DType,
+    /// Largest absolute difference.
+    pub max_abs: f64,
+    /// Largest relative difference (over elements whose reference is non-zero).
+    pub max_rel: f64,
+    /// Whether every element is within tolerance.
+    pub pass: bool,
+}
+
+/// Compares `got` (GPU) with `want` (interpreter).
+pub fn compare(kernel: &str, shape: String, dtype: DType, got: &[f64], want: &[f64], tol: Tol) -> CheckRow {
+    let mut row = CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
+    if got.len() != want.len() {
+        row.pass = false;
+        row.max_abs = f64::INFINITY;
+        return row;
+    }
+    for (&g, &w) in got.iter().zip(want) {
+        let d = (g - w).abs();
+        // NaN differences fail (`d <= ..` is false for NaN).
+        let d = if d.is_nan() && !(g.is_nan() && w.is_nan()) {
+            f64::INFINITY
+        } else if d.is_nan() {
+            0.0
+        } else {
+            d
+        };
+        row.max_abs = row.max_abs.max(d);
+        if w != 0.0 {
+            row.max_rel = row.max_rel.max(d / w.abs());
+        }
+        if d > tol.atol + tol.rtol * w.abs() {
+            row.pass = false;
+        }
+    }
+    row
+}
+
+fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+fn vector_add_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Result<CheckRow> {
+    let (x, y) = (rng.values::<T>(n, 8.0), rng.values::<T>(n, 8.0));
+    let config = vector_add::Config::new(T::DEVICE_DTYPE, 1024);
+    let grid = [n.div_ceil(1024) as u32, 1, 1];
+    let (xd, yd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().upload(&y)?, cuda.gpu().zeros::<T>(n)?);
+    let args = vector_add::Args {
+        x_ptr: xd.ptr().cast(),
+        y_ptr: yd.ptr().cast(),
+        out_ptr: od.ptr().cast(),
+        n: n as i32,
+        _marker: PhantomData,
+    };
+    cuda.run::<vector_add::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let mut cpu = Cpu::new();
+    let (xc, yc, oc) = (cpu.upload(&x), cpu.upload(&y), cpu.zeros::<T>(n));
+    let args = vector_add::Args {
+        x_ptr: xc.cast(),
+        y_ptr: yc.cast(),
+        out_ptr: oc.cast(),
+        n: n as i32,
+        _marker: PhantomData,
+    };
+    vector_add::interpret(&mut cpu, grid, &config, &args)?;
+    let want = cpu.read(oc);
+    Ok(compare(
+        "vector_add",
+        n.to_string(),
+        T::DEVICE_DTYPE,
+        &to_f64(&got),
+        &to_f64(&want),
+        Tol::for_dtype(T::DEVICE_DTYPE),
+    ))
+}
+
+/// The `vector_add` check: ragged lengths, f32 and bf16.
+pub fn vector_add(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for n in [1, 1000, 4097, 100_003] {
+        rows.push(vector_add_case::<f32>(cuda, &mut rng, n)?);
+        rows.push(vector_add_case::<bf16>(cuda, &mut rng, n)?);
+    }
+    Ok(rows)
+}
+
+fn copy_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Result<CheckRow> {
+    let x = rng.values::<T>(n, 8.0);
+    let config = copy::Config::new(T::DEVICE_DTYPE, 1024);
+    let grid = [n.div_ceil(1024) as u32, 1, 1];
+    let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<T>(n)?);
+    let args =
+        copy::Args { x_ptr: xd.ptr().cast(), out_ptr: od.ptr().cast(), n: n as i32, _marker: PhantomData };
+    cuda.run::<copy::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let mut cpu = Cpu::new();
+    let (xc, oc) = (cpu.upload(&x), cpu.zeros::<T>(n));
+    let args = copy::Args { x_ptr: xc.cast(), out_ptr: oc.cast(), n: n as i32, _marker: PhantomData };
+    copy::interpret(&mut cpu, grid, &config, &args)?;
+    let want = cpu.read(oc);
+    let exact = Tol { atol: 0.0, rtol: 0.0 };
+    Ok(compare("copy", n.to_string(), T::DEVICE_DTYPE, &to_f64(&got), &to_f64(&want), exact))
+}
+
+/// The `copy` check: ragged lengths, f32 and bf16, bit-exact.
+pub fn copy(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for n in [1, 1000, (1 << 18) + 3] {
+        rows.push(copy_case::<f32>(cuda, &mut rng, n)?);
+        rows.push(copy_case::<bf16>(cuda, &mut rng, n)?);
+    }
+    Ok(rows)
+}
+
+fn softmax_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    exact: bool,
+) -> Result<CheckRow> {
+    let x = rng.values::<T>(rows * cols, 4.0);
+    let block = if exact { cols } else { cols.next_power_of_two() };
+    let config =
+        softmax::Config::new(T::DEVICE_DTYPE, block).with_warps(softmax_warps(block.next_power_of_two()));
+    let grid = [rows as u32, 1, 1];
+    let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<T>(rows * cols)?);
+    let (nc, st) = (cols as i32, cols as i32);
+    let args = softmax::Args {
+        out_ptr: od.ptr().cast(),
+        in_ptr: xd.ptr().cast(),
+        n_cols: nc,
+        stride: st,
+        _marker: PhantomData,
+    };
+    cuda.run::<softmax::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let mut cpu = Cpu::new();
+    let (xc, oc) = (cpu.upload(&x), cpu.zeros::<T>(rows * cols));
+    let args =
+        softmax::Args { out_ptr: oc.cast(), in_ptr: xc.cast(), n_cols: nc, stride: st, _marker: PhantomData };
+    softmax::interpret(&mut cpu, grid, &config, &args)?;
+    let want = cpu.read(oc);
+    let shape = format!("{rows}x{cols}{}", if exact { "" } else { " (padded BLOCK)" });
+    Ok(compare(
+        "softmax",
+        shape,
+        T::DEVICE_DTYPE,
+        &to_f64(&got),
+        &to_f64(&want),
+        Tol::for_dtype(T::DEVICE_DTYPE),
+    ))
+}
+
+/// The `softmax` check: ragged shapes (exact non-power-of-two `BLOCK`s and
+/// padded ones), f32 and bf16.
+pub fn softmax(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (i, (rows, cols)) in [(1, 1), (5, 17), (37, 1000), (64, 1024), (7, 4097)].into_iter().enumerate() {
+        let exact = i % 2 == 0;
+        out.push(softmax_case::<f32>(cuda, &mut rng, rows, cols, exact)?);
+        out.push(softmax_case::<bf16>(cuda, &mut rng, rows, cols, !exact)?);
+    }
+    Ok(out)
+}
+
+/// Formats the check table; the second value is true when every row passed.
+pub fn table(rows: &[CheckRow]) -> (String, bool) {
+    let mut s = format!(
+        "{:<12} | {:<24} | {:<5} | {:>12} | {:>12} | result\n",
+        "kernel", "shape", "dtype", "max abs err", "max rel err"
+    );
+    s.push_str(&format!("{}\n", "-".repeat(86)));
+    for r in rows {
+        s.push_str(&format!(
+            "{:<12} | {:<24} | {:<5} | {:>12.3e} | {:>12.3e} | {}\n",
+            r.kernel,
+            r.shape,
+            r.dtype.name(),
+            r.max_abs,
+            r.max_rel,
+            if r.pass { "PASS" } else { "FAIL" }
+        ));
+    }
+    let ok = rows.iter().all(|r| r.pass);
+    let failed = rows.iter().filter(|r| !r.pass).count();
+    s.push_str(&format!("{} passed, {failed} failed\n", rows.len() - failed));
+    (s, ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_values_are_nonzero_and_reproducible() {
+        let a: Vec<f32> = Rng::new(7).values(1000, 4.0);
+        let b: Vec<f32> = Rng::new(7).values(1000, 4.0);
+        assert_eq!(a, b);
+        assert!(a.iter().all(|v| v.abs() >= 1.0 / 64.0 && v.abs() <= 4.0));
+        assert!(a.iter().any(|&v| v < 0.0) && a.iter().any(|&v| v > 0.0));
+    }
+
+    #[test]
+    fn compare_applies_the_tolerance() {
+        let t = Tol { atol: 1e-6, rtol: 1e-3 };
+        let r = compare("k", "3".into(), DType::F32, &[1.0, 2.0005, 0.0], &[1.0, 2.0, 0.0], t);
+        assert!(r.pass);
+        assert!((r.max_abs - 5e-4).abs() < 1e-9);
+        let r = compare("k", "3".into(), DType::F32, &[1.0, 2.01], &[1.0, 2.0], t);
+        assert!(!r.pass);
+        let r = compare("k", "1".into(), DType::F32, &[f64::NAN], &[1.0], t);
+        assert!(!r.pass);
+        let r = compare("k", "1".into(), DType::F32, &[1.0], &[1.0, 2.0], t);
+        assert!(!r.pass);
+        let (text, ok) = table(&[r]);
+        assert!(!ok && text.contains("FAIL") && text.contains("0 passed, 1 failed"));
+    }
+}

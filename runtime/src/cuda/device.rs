@@ -1,0 +1,509 @@
+//! The GPU: [`Gpu`] (device, primary context and default stream, opened with a
+//! probe that turns a missing driver or GPU into an error instead of a panic),
+//! typed device buffers ([`DevBuf`]) and their pointer views ([`DevPtr`]),
+//! loaded kernels cached by name and PTX hash, CUDA-event timing.
+//!
+//! Invariants:
+//! - every driver call binds the context to the calling thread first (cudarc's
+//!   `bind_to_thread` is a no-op when it is already current);
+//! - everything runs on the legacy default stream, so copies (`cuMemcpy*`,
+//!   synchronous) are ordered after earlier launches without explicit waits;
+//! - a [`DevBuf`] owns its allocation and frees it on drop; [`DevPtr`]s borrow
+//!   the buffer, so no pointer outlives its memory.
+
+use super::validate::{GridLimits, KernelParam, RawDevPtr};
+use crate::error::{Error, Result};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, result};
+use dsl_core::DType;
+use dsl_core::interp::Element;
+use dsl_core::launch::PtrElem;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+/// Dynamic shared memory a kernel may use without opting in (48 KiB).
+const DEFAULT_MAX_DYNAMIC_SHARED: u32 = 48 * 1024;
+
+/// What the runtime knows about the device it opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device ordinal.
+    pub ordinal: usize,
+    /// The device name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Total device memory in bytes.
+    pub total_mem: usize,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// L2 cache size in bytes.
+    pub l2_bytes: u32,
+    /// Maximum grid dimensions.
+    pub grid: GridLimits,
+    /// The most dynamic shared memory a block can opt into.
+    pub max_shared_optin: u32,
+}
+
+/// A kernel loaded into the context, ready to launch.
+#[derive(Clone, Debug)]
+pub struct LoadedKernel {
+    func: CudaFunction,
+    /// The entry name.
+    pub name: String,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+}
+
+/// Checks that the CUDA driver library can be loaded, without letting cudarc
+/// panic when it cannot.
+///
+/// cudarc's dynamic loading panics on its first driver call if no candidate
+/// library (`libcuda.so`, `libcuda.so.1`, ...) loads; `is_culib_present` tries
+/// the same candidates and reports instead.
+pub fn driver_present() -> bool {
+    // SAFETY: loading the driver library runs its initializers, exactly as
+    // cudarc's own lazy loading would; the handle is dropped right away.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Runs a driver call that may panic inside cudarc (a symbol missing from an old
+/// driver library), turning the panic into [`Error::NoDriver`].
+fn guarded<T>(what: &str, f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T> {
+    std::panic::catch_unwind(f).map_err(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "unknown panic".into());
+        Error::NoDriver(format!("{what}: the CUDA driver library is unusable ({msg})"))
+    })
+}
+
+/// An open GPU: device, primary context, default stream and a cache of loaded
+/// kernels.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    kernels: Mutex<HashMap<(String, u64), LoadedKernel>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal`.
+    ///
+    /// Errors: [`Error::NoDriver`] when the driver library is missing or unusable,
+    /// [`Error::NoDevice`] when the driver cannot initialize (no GPU, driver and
+    /// kernel module mismatch) or there is no GPU `ordinal`, [`Error::Driver`]
+    /// when creating the context fails. Never panics for these.
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        if !driver_present() {
+            return Err(Error::NoDriver(
+                "the CUDA driver library (libcuda.so.1) could not be loaded; install the NVIDIA driver \
+                 or add its directory to LD_LIBRARY_PATH (the CPU interpreter needs neither)"
+                    .into(),
+            ));
+        }
+        guarded("cuInit", result::init)?
+            .map_err(|e| Error::NoDevice(format!("the CUDA driver failed to initialize: {e}")))?;
+        let count = guarded("cuDeviceGetCount", result::device::get_count)?
+            .map_err(|e| Error::NoDevice(format!("cannot count CUDA devices: {e}")))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::NoDevice(format!(
+                "GPU {ordinal} was requested, but {count} GPU(s) are visible"
+            )));
+        }
+        let ctx = guarded("cuDevicePrimaryCtxRetain", move || CudaContext::new(ordinal))?
+            .map_err(Error::driver(format!("create a context on GPU {ordinal}")))?;
+        let stream = ctx.default_stream();
+        let info = Self::query(&ctx, ordinal)?;
+        Ok(Gpu { ctx, stream, info, kernels: Mutex::new(HashMap::new()) })
+    }
+
+    fn query(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
+        let attr = |a: CUdevice_attribute| -> Result<u32> {
+            ctx.attribute(a).map(|v| v.max(0) as u32).map_err(Error::driver(format!("query {a:?}")))
+        };
+        Ok(DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(Error::driver("query the device name"))?,
+            compute_capability: ctx
+                .compute_capability()
+                .map_err(Error::driver("query the compute capability"))?,
+            total_mem: ctx.total_mem().map_err(Error::driver("query the device memory"))?,
+            sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            l2_bytes: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+            grid: GridLimits {
+                max: [
+                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+                ],
+            },
+            max_shared_optin: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?,
+        })
+    }
+
+    /// The device's properties.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))
+    }
+
+    /// Waits until all work on the device has finished; reports errors of earlier
+    /// asynchronous work (a faulting kernel shows up here).
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.stream.synchronize().map_err(Error::driver("synchronize the stream"))
+    }
+
+    /// Allocates `len` elements, zero-filled.
+    pub fn zeros<T: DeviceElem>(&self, len: usize) -> Result<DevBuf<T>> {
+        let buf = self.alloc::<T>(len)?;
+        buf.fill_bytes(0)?;
+        Ok(buf)
+    }
+
+    /// Allocates a buffer holding a copy of `data`.
+    pub fn upload<T: DeviceElem>(&self, data: &[T]) -> Result<DevBuf<T>> {
+        let mut buf = self.alloc::<T>(data.len())?;
+        buf.write(data)?;
+        Ok(buf)
+    }
+
+    fn alloc<T: DeviceElem>(&self, len: usize) -> Result<DevBuf<T>> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "a buffer of {len} x {} does not fit the address space",
+                T::DEVICE_DTYPE
+            ))
+        })?;
+        self.bind()?;
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            // SAFETY: the context is current; the returned allocation is owned by
+            // the `DevBuf` and freed exactly once, in its `Drop`.
+            unsafe { result::malloc_sync(bytes) }
+                .map_err(Error::driver(format!("allocate {bytes} bytes on the device")))?
+        };
+        Ok(DevBuf { ptr, len, ctx: self.ctx.clone(), _t: PhantomData })
+    }
+
+    /// A new event for timing (see [`Gpu::time_ms`]).
+    pub fn event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(Error::driver("create a CUDA event"))
+    }
+
+    /// Records `event` on the stream.
+    pub fn record(&self, event: &CudaEvent) -> Result<()> {
+        event.record(&self.stream).map_err(Error::driver("record a CUDA event"))
+    }
+
+    /// Milliseconds between two recorded events (waits for `end`).
+    pub fn elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
+        start.elapsed_ms(end).map_err(Error::driver("read a CUDA event timer"))
+    }
+
+    /// Times the device work `f` enqueues, in milliseconds, with CUDA events
+    /// (waits for the work to finish).
+    pub fn time_ms<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, f32)> {
+        let (start, end) = (self.event()?, self.event()?);
+        self.record(&start)?;
+        let out = f()?;
+        self.record(&end)?;
+        Ok((out, self.elapsed_ms(&start, &end)?))
+    }
+
+    /// Loads the entry `name` of `ptx` (cached by name and PTX hash) and, when
+    /// `shared_bytes` exceeds 48 KiB, opts the function into that much dynamic
+    /// shared memory.
+    pub fn load_kernel(&self, name: &str, ptx: &str, shared_bytes: u32) -> Result<LoadedKernel> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        ptx.hash(&mut h);
+        let key = (name.to_string(), h.finish());
+        let mut cache = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = cache.get(&key) {
+            return Ok(k.clone());
+        }
+        if shared_bytes > self.info.max_shared_optin.max(DEFAULT_MAX_DYNAMIC_SHARED) {
+            return Err(Error::Unsupported(format!(
+                "kernel `{name}` needs {shared_bytes} bytes of shared memory; {} offers at most {}",
+                self.info.name, self.info.max_shared_optin
+            )));
+        }
+        if ptx.contains('\0') {
+            return Err(Error::Unsupported(format!("the PTX of `{name}` contains a NUL byte")));
+        }
+        self.bind()?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(Error::driver(format!("load the PTX module of `{name}`")))?;
+        let func =
+            module.load_function(name).map_err(Error::driver(format!("find entry `{name}` in its PTX")))?;
+        if shared_bytes > DEFAULT_MAX_DYNAMIC_SHARED {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes as i32,
+            )
+            .map_err(Error::driver(format!("allow {shared_bytes} bytes of shared memory for `{name}`")))?;
+        }
+        let k = LoadedKernel { func, name: name.to_string(), shared_bytes };
+        cache.insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// Enqueues `kernel` with already validated, packed `params`: `grid`
+    /// programs of `threads` threads each.
+    ///
+    /// The caller guarantees that `params` match the kernel's parameters (see
+    /// [`super::validate::validate_args`]) and point into live buffers.
+    pub(crate) fn launch_raw(
+        &self,
+        kernel: &LoadedKernel,
+        grid: [u32; 3],
+        threads: u32,
+        params: &[KernelParam],
+    ) -> Result<()> {
+        self.bind()?;
+        let mut slots: Vec<u64> = params.iter().map(|p| p.slot()).collect();
+        let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        // SAFETY: the function comes from a module that `kernel.func` keeps
+        // loaded; `ptrs` holds one pointer per kernel parameter (validated against
+        // the IR the PTX was compiled from), each to an 8-byte slot holding the
+        // parameter's value in its first bytes, alive until this call returns
+        // (the driver copies parameters at launch). Pointer parameters are
+        // addresses of live allocations borrowed by the caller's `DevPtr`s.
+        unsafe {
+            result::launch_kernel(
+                kernel.func.cu_function(),
+                (grid[0], grid[1], grid[2]),
+                (threads, 1, 1),
+                kernel.shared_bytes,
+                self.stream.cu_stream(),
+                &mut ptrs,
+            )
+        }
+        .map_err(Error::driver(format!("launch `{}`", kernel.name)))
+    }
+}
+
+/// Element types a [`DevBuf`] can hold: the numeric dtypes (not `bool`, whose
+/// device bytes could be other than 0 or 1).
+pub trait DeviceElem: Element + PtrElem + Send + Sync {
+    /// The dtype (the same as `Element::DTYPE`, named apart to avoid ambiguity
+    /// with `PtrElem::DTYPE`).
+    const DEVICE_DTYPE: DType = <Self as Element>::DTYPE;
+}
+
+macro_rules! device_elem {
+    ($($t:ty),*) => {$(impl DeviceElem for $t {})*};
+}
+device_elem!(i8, u8, i16, i32, u32, i64, half::f16, half::bf16, f32, f64);
+
+/// A typed device allocation of `len` elements, freed on drop.
+pub struct DevBuf<T: DeviceElem> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+    _t: PhantomData<T>,
+}
+
+impl<T: DeviceElem> std::fmt::Debug for DevBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevBuf({} x {} at {:#x})", self.len, T::DEVICE_DTYPE, self.ptr)
+    }
+}
+
+impl<T: DeviceElem> Drop for DevBuf<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` was allocated by `malloc_sync` in this context and is
+        // freed only here; no `DevPtr` borrows the buffer any more. A failure
+        // (a context poisoned by a faulting kernel) cannot be reported from
+        // `drop` and leaks the allocation.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+impl<T: DeviceElem> DevBuf<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// The device address of the first element (0 when empty).
+    pub fn device_addr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// A typed pointer to the first element, for kernel arguments.
+    pub fn ptr(&self) -> DevPtr<'_, T> {
+        DevPtr {
+            addr: self.ptr,
+            bytes: self.size_bytes() as u64,
+            dtype: Some(T::DEVICE_DTYPE),
+            _t: PhantomData,
+        }
+    }
+
+    /// Overwrites the buffer with `data`, which must have exactly `len` elements.
+    pub fn write(&mut self, data: &[T]) -> Result<()> {
+        if data.len() != self.len {
+            return Err(Error::Usage(format!(
+                "cannot write {} elements into a device buffer of {}",
+                data.len(),
+                self.len
+            )));
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
+        // SAFETY: the destination holds exactly `data.len()` elements of `T`
+        // (checked above); the copy is synchronous, so `data` outlives it.
+        unsafe { result::memcpy_htod_sync(self.ptr, data) }
+            .map_err(Error::driver(format!("copy {} bytes to the device", self.size_bytes())))
+    }
+
+    /// Sets every byte of the buffer to `value`.
+    pub fn fill_bytes(&self, value: u8) -> Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
+        // SAFETY: the range is exactly this buffer's allocation.
+        unsafe { result::memset_d8_sync(self.ptr, value, self.size_bytes()) }
+            .map_err(Error::driver("fill a device buffer"))
+    }
+
+    /// Copies the buffer to the host (after all earlier work on the stream).
+    pub fn download(&self) -> Result<Vec<T>> {
+        if self.len == 0 {
+            return Ok(Vec::new());
+        }
+        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
+        // Through bytes: valid for every element type, whatever the device holds.
+        let mut bytes = vec![0u8; self.size_bytes()];
+        // SAFETY: `bytes` has exactly the buffer's size; the copy is synchronous.
+        unsafe { result::memcpy_dtoh_sync(&mut bytes, self.ptr) }
+            .map_err(Error::driver(format!("copy {} bytes from the device", self.size_bytes())))?;
+        let size = T::DEVICE_DTYPE.size_bytes();
+        Ok(bytes.chunks_exact(size).map(T::read_le).collect())
+    }
+}
+
+/// A typed view of device memory for kernel arguments: an address, the bytes
+/// left in its allocation and the dtype it holds, borrowing the buffer.
+pub struct DevPtr<'a, T> {
+    addr: u64,
+    bytes: u64,
+    dtype: Option<DType>,
+    _t: PhantomData<fn() -> &'a T>,
+}
+
+impl<T> Clone for DevPtr<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for DevPtr<'_, T> {}
+
+impl<T> std::fmt::Debug for DevPtr<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevPtr({:#x}, {} bytes", self.addr, self.bytes)?;
+        match self.dtype {
+            Some(d) => write!(f, ", {d})"),
+            None => write!(f, ")"),
+        }
+    }
+}
+
+impl<'a, T: PtrElem> DevPtr<'a, T> {
+    /// The pointer `n` elements (of the dtype it holds) further, or `None` past
+    /// the end of the allocation.
+    pub fn offset(self, n: usize) -> Option<DevPtr<'a, T>> {
+        let size = self.dtype.map_or(1, |d| d.size_bytes()) as u64;
+        let skip = (n as u64).checked_mul(size)?;
+        let bytes = self.bytes.checked_sub(skip)?;
+        Some(DevPtr { addr: self.addr + skip, bytes, dtype: self.dtype, _t: PhantomData })
+    }
+
+    /// The same address viewed as another element type. Casting to
+    /// [`dsl_core::launch::AnyDType`] (for kernels with dtype generics) keeps the
+    /// dtype the memory holds, so the launcher still checks it.
+    pub fn cast<U: PtrElem>(self) -> DevPtr<'a, U> {
+        DevPtr { addr: self.addr, bytes: self.bytes, dtype: U::DTYPE.or(self.dtype), _t: PhantomData }
+    }
+
+    /// The device address.
+    pub fn addr(self) -> u64 {
+        self.addr
+    }
+
+    /// The erased form the launcher validates.
+    pub fn raw(self) -> RawDevPtr {
+        RawDevPtr { addr: self.addr, bytes: self.bytes, dtype: self.dtype }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_returns_an_error_without_a_driver_or_gpu() {
+        // This machine has no GPU; on one that has, opening GPU 0 must work.
+        match Gpu::new(0) {
+            Err(Error::NoDriver(m)) => assert!(m.contains("libcuda"), "{m}"),
+            Err(Error::NoDevice(m)) => assert!(!m.is_empty()),
+            Err(other) => panic!("unexpected error: {other}"),
+            Ok(gpu) => assert!(gpu.info().sm_count > 0),
+        }
+        // An absurd ordinal is never a panic either.
+        assert!(Gpu::new(1 << 20).is_err());
+    }
+
+    #[test]
+    fn dev_ptr_views_keep_bounds_and_dtype() {
+        let p: DevPtr<'_, f32> = DevPtr { addr: 0x1000, bytes: 64, dtype: Some(DType::F32), _t: PhantomData };
+        let q = p.offset(4).unwrap();
+        assert_eq!((q.addr(), q.raw().bytes), (0x1010, 48));
+        assert!(p.offset(17).is_none());
+        assert_eq!(p.offset(16).unwrap().raw().bytes, 0);
+        let any = p.cast::<dsl_core::launch::AnyDType>();
+        assert_eq!(any.raw().dtype, Some(DType::F32));
+        assert_eq!(p.cast::<u8>().raw().dtype, Some(DType::U8));
+    }
+}

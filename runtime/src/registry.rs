@@ -1,0 +1,146 @@
+//! The kernels the `tessera` binary knows by name: what `kernels list` shows,
+//! `kernels dump` compiles and `gpu-check` verifies. Until the kernel library
+//! lands they are the tutorial kernels, written here with `#[kernel]`.
+//!
+//! Invariant: every entry builds with its default config, and has a GPU check
+//! (see [`crate::check`]) that compares the GPU with the CPU interpreter.
+
+use crate::check::{self, CheckRow};
+use crate::cuda::Cuda;
+use crate::error::Result;
+use dsl_core::launch::LaunchOptions;
+use dsl_core::{DType, Function};
+use dsl_macros::kernel;
+
+/// `out[i] = x[i] + y[i]` for `i < n`, in `T`.
+#[kernel]
+pub fn vector_add<T: Float>(
+    x_ptr: Ptr<T>,
+    y_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    n: i32,
+    #[constexpr] BLOCK: usize,
+) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let x = load(x_ptr + offs, mask = mask);
+    let y = load(y_ptr + offs, mask = mask);
+    store(out_ptr + offs, x + y, mask = mask);
+}
+
+/// `out[i] = x[i]` for `i < n`: the bandwidth ceiling of the bench.
+#[kernel]
+pub fn copy<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<T>, n: i32, #[constexpr] BLOCK: usize) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    store(out_ptr + offs, load(x_ptr + offs, mask = mask), mask = mask);
+}
+
+/// Row softmax, computed in f32 and stored in `T`; one program per row of
+/// `n_cols <= BLOCK` elements.
+#[kernel(autotune(configs = [(num_warps = 4), (num_warps = 8), (num_warps = 16)], key = [n_cols]))]
+pub fn softmax<T: Float>(
+    out_ptr: Ptr<T>,
+    in_ptr: Ptr<T>,
+    n_cols: i32,
+    stride: i32,
+    #[constexpr] BLOCK: usize,
+) {
+    let row = program_id(0);
+    let cols = arange(0, BLOCK);
+    let mask = cols < n_cols;
+    let x = load(in_ptr + row * stride + cols, mask = mask, other = f32::NEG_INFINITY).to(f32);
+    let x = x - max(x, 0);
+    let e = exp(x);
+    let y = e / sum(e, 0);
+    store(out_ptr + row * stride + cols, y, mask = mask);
+}
+
+/// Warps for a softmax row of `block` elements (Triton's tutorial heuristic, as
+/// the peer baseline uses it).
+pub fn softmax_warps(block: usize) -> u32 {
+    if block >= 4096 { 8 } else { 4 }
+}
+
+/// Builds the default specialization of an entry: its IR and launch options.
+pub type BuildFn = fn() -> dsl_core::Result<(Function, LaunchOptions)>;
+
+/// Runs an entry's GPU check (GPU against the CPU interpreter, fresh inputs from `seed`).
+pub type CheckFn = fn(&mut Cuda, u64) -> Result<Vec<CheckRow>>;
+
+/// One registered kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    /// The kernel's name (as `kernels dump` takes it).
+    pub name: &'static str,
+    /// One line on what it computes.
+    pub description: &'static str,
+    /// The default config, in words.
+    pub default_config: &'static str,
+    /// Builds the default specialization.
+    pub build: BuildFn,
+    /// The GPU check.
+    pub check: CheckFn,
+}
+
+fn build_vector_add() -> dsl_core::Result<(Function, LaunchOptions)> {
+    let c = vector_add::Config::new(DType::F32, 1024);
+    Ok((vector_add::build(&c)?, LaunchOptions { num_warps: c.num_warps, num_stages: c.num_stages }))
+}
+
+fn build_copy() -> dsl_core::Result<(Function, LaunchOptions)> {
+    let c = copy::Config::new(DType::F32, 1024);
+    Ok((copy::build(&c)?, LaunchOptions { num_warps: c.num_warps, num_stages: c.num_stages }))
+}
+
+fn build_softmax() -> dsl_core::Result<(Function, LaunchOptions)> {
+    let c = softmax::Config::new(DType::F32, 1024).with_warps(softmax_warps(1024));
+    Ok((softmax::build(&c)?, LaunchOptions { num_warps: c.num_warps, num_stages: c.num_stages }))
+}
+
+/// Every registered kernel, in listing order.
+pub const ENTRIES: &[Entry] = &[
+    Entry {
+        name: "vector_add",
+        description: "out[i] = x[i] + y[i]",
+        default_config: "T = f32, BLOCK = 1024, num_warps = 4",
+        build: build_vector_add,
+        check: check::vector_add,
+    },
+    Entry {
+        name: "copy",
+        description: "out[i] = x[i] (the bandwidth ceiling)",
+        default_config: "T = f32, BLOCK = 1024, num_warps = 4",
+        build: build_copy,
+        check: check::copy,
+    },
+    Entry {
+        name: "softmax",
+        description: "row softmax, f32 math, stored in T",
+        default_config: "T = f32, BLOCK = 1024, num_warps = 4",
+        build: build_softmax,
+        check: check::softmax,
+    },
+];
+
+/// The entry named `name`.
+pub fn find(name: &str) -> Option<&'static Entry> {
+    ENTRIES.iter().find(|e| e.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_builds_and_verifies() {
+        for e in ENTRIES {
+            let (f, opts) = (e.build)().unwrap_or_else(|err| panic!("{}: {err}", e.name));
+            dsl_core::verify::verify(&f).unwrap();
+            assert_eq!(f.name, e.name);
+            assert!(opts.num_warps.is_power_of_two());
+        }
+        assert!(find("softmax").is_some());
+        assert!(find("nope").is_none());
+    }
+}
