@@ -15,8 +15,16 @@
 //! Invariants: `n`, `spt` and `threads` are powers of two; `spt` divides `n`.
 //! A later issue can add Triton's blocked/slice/mma layouts behind this type.
 
-/// The most consecutive elements one thread owns in a chunk (16 bytes of f32).
+/// The default cap on consecutive elements one thread owns in a chunk (16 bytes
+/// of f32). Kernels whose memory accesses use narrower elements get a larger
+/// cap (see [`spt_cap_for`]) so each access can still be 16 bytes wide.
 pub const MAX_SPT: usize = 4;
+
+/// The chunk-size cap of a kernel whose narrowest global-memory element is
+/// `min_bytes` wide: enough elements for one 16-byte access, between 4 and 8.
+pub fn spt_cap_for(min_bytes: usize) -> usize {
+    (16 / min_bytes.max(1)).clamp(MAX_SPT, 8)
+}
 
 /// A flattened blocked layout; see the module documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,9 +40,16 @@ pub struct Layout {
 impl Layout {
     /// The layout of a tile of `n` elements over `threads` threads.
     pub fn new(n: usize, threads: usize) -> Layout {
+        Layout::with_cap(n, threads, MAX_SPT)
+    }
+
+    /// The layout of a tile of `n` elements over `threads` threads, with at most
+    /// `cap` (a power of two) consecutive elements per chunk. All tiles of one
+    /// kernel use the same cap, so the layout is still a function of `n` there.
+    pub fn with_cap(n: usize, threads: usize, cap: usize) -> Layout {
         let n = n.max(1);
         let threads = threads.max(1);
-        let spt = (n / threads).clamp(1, MAX_SPT);
+        let spt = (n / threads).clamp(1, cap.max(1));
         Layout { n, spt, threads }
     }
 

@@ -7,12 +7,13 @@
 //! the kernel supports (f32 and bf16 here); an element passes when
 //! `|gpu - cpu| <= atol + rtol * |cpu|` with the dtype's tolerance ([`Tol`]).
 
-use crate::cuda::{Cuda, DeviceElem};
+use crate::cuda::{Cuda, DevBuf, DeviceElem};
 use crate::error::Result;
 use crate::registry::{copy, softmax, softmax_warps, vector_add};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
-use dsl_core::interp::Cpu;
+use dsl_core::interp::{Cpu, CpuPtr};
+use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
 use std::marker::PhantomData;
 
 /// A seeded random number generator (SplitMix64): reproducible inputs without
@@ -208,8 +209,7 @@ fn copy_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Result<Chec
     let args = copy::Args { x_ptr: xc.cast(), out_ptr: oc.cast(), n: n as i32, _marker: PhantomData };
     copy::interpret(&mut cpu, grid, &config, &args)?;
     let want = cpu.read(oc);
-    let exact = Tol { atol: 0.0, rtol: 0.0 };
-    Ok(compare("copy", n.to_string(), T::DEVICE_DTYPE, &to_f64(&got), &to_f64(&want), exact))
+    Ok(compare("copy", n.to_string(), T::DEVICE_DTYPE, &to_f64(&got), &to_f64(&want), EXACT))
 }
 
 /// The `copy` check: ragged lengths, f32 and bf16, bit-exact.
@@ -274,6 +274,281 @@ pub fn softmax(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         out.push(softmax_case::<bf16>(cuda, &mut rng, rows, cols, !exact)?);
     }
     Ok(out)
+}
+
+/// Exact equality (integer outputs, copies).
+const EXACT: Tol = Tol { atol: 0.0, rtol: 0.0 };
+
+/// f32 results of long sums (dot products, scans, row statistics): the GPU
+/// adds in a different order than the interpreter.
+const F32_SUM: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
+
+/// The same host data on both sides: a GPU buffer and an interpreter buffer.
+fn upload_both<T: DeviceElem>(cuda: &Cuda, cpu: &mut Cpu, x: &[T]) -> Result<(DevBuf<T>, CpuPtr<T>)> {
+    Ok((cuda.gpu().upload(x)?, cpu.upload(x)))
+}
+
+/// `n` zeros on both sides (output buffers).
+fn zeros_both<T: DeviceElem>(cuda: &Cuda, cpu: &mut Cpu, n: usize) -> Result<(DevBuf<T>, CpuPtr<T>)> {
+    Ok((cuda.gpu().zeros::<T>(n)?, cpu.zeros::<T>(n)))
+}
+
+/// Compares GPU output `got` with interpreter output `want`, element by element.
+fn outcome<T: DeviceElem>(
+    kernel: &str,
+    shape: String,
+    dtype: DType,
+    got: &[T],
+    want: &[T],
+    tol: Tol,
+) -> CheckRow {
+    compare(kernel, shape, dtype, &to_f64(got), &to_f64(want), tol)
+}
+
+fn matmul_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    (m, n, k): (usize, usize, usize),
+    (bm, bn, bk, warps): (usize, usize, usize, u32),
+) -> Result<CheckRow> {
+    let (a, b) = (rng.values::<T>(m * k, 1.0), rng.values::<T>(k * n, 1.0));
+    let config = matmul::Config::new(T::DEVICE_DTYPE, bm, bn, bk).with_warps(warps);
+    let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+    let mut cpu = Cpu::new();
+    let ((ad, ac), (bd, bc)) = (upload_both(cuda, &mut cpu, &a)?, upload_both(cuda, &mut cpu, &b)?);
+    let (cd, cc) = zeros_both::<f32>(cuda, &mut cpu, m * n)?;
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let args = matmul::Args {
+        a_ptr: ad.ptr().cast(),
+        b_ptr: bd.ptr().cast(),
+        c_ptr: cd.ptr(),
+        m: mi,
+        n: ni,
+        k: ki,
+        stride_am: ki,
+        stride_bk: ni,
+        stride_cm: ni,
+        _marker: PhantomData,
+    };
+    cuda.run::<matmul::Kernel>(grid, &config, &args)?;
+    let got = cd.download()?;
+    let args = matmul::Args {
+        a_ptr: ac.cast(),
+        b_ptr: bc.cast(),
+        c_ptr: cc,
+        m: mi,
+        n: ni,
+        k: ki,
+        stride_am: ki,
+        stride_bk: ni,
+        stride_cm: ni,
+        _marker: PhantomData,
+    };
+    matmul::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = format!("{m}x{n}x{k} ({bm}x{bn}x{bk}, {warps}w)");
+    Ok(outcome("matmul", shape, T::DEVICE_DTYPE, &got, &cpu.read(cc), F32_SUM))
+}
+
+/// The `matmul` check: ragged `m x n x k`, two tile configs, f32 and bf16
+/// inputs (f32 accumulate and output).
+pub fn matmul(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for shape in [(1, 1, 1), (37, 45, 70), (130, 66, 33), (64, 64, 64)] {
+        for tiles in [(32, 32, 16, 4), (64, 64, 32, 8)] {
+            rows.push(matmul_case::<f32>(cuda, &mut rng, shape, tiles)?);
+            rows.push(matmul_case::<bf16>(cuda, &mut rng, shape, tiles)?);
+        }
+    }
+    Ok(rows)
+}
+
+/// `BLOCK` for a row of `cols`: exactly `cols`, or padded to a power of two.
+fn row_block(cols: usize, exact: bool) -> usize {
+    if exact { cols } else { cols.next_power_of_two() }
+}
+
+/// The shape column of a row kernel's check.
+fn row_shape(rows: usize, cols: usize, exact: bool) -> String {
+    format!("{rows}x{cols}{}", if exact { "" } else { " (padded BLOCK)" })
+}
+
+/// Ragged `(rows, cols)` of the row-kernel checks, each with an exact and a
+/// padded `BLOCK`.
+const ROW_SHAPES: [(usize, usize); 5] = [(1, 1), (5, 17), (37, 1000), (64, 1024), (7, 4097)];
+
+fn argmax_rows_case(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    exact: bool,
+) -> Result<CheckRow> {
+    let x = rng.values::<f32>(rows * cols, 8.0);
+    let config = argmax_rows::Config::new(row_block(cols, exact));
+    let grid = [rows as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((xd, xc), (od, oc)) = (upload_both(cuda, &mut cpu, &x)?, zeros_both::<i32>(cuda, &mut cpu, rows)?);
+    let nc = cols as i32;
+    let args = argmax_rows::Args { x_ptr: xd.ptr(), out_ptr: od.ptr(), n_cols: nc, _marker: PhantomData };
+    cuda.run::<argmax_rows::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let args = argmax_rows::Args { x_ptr: xc, out_ptr: oc, n_cols: nc, _marker: PhantomData };
+    argmax_rows::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = row_shape(rows, cols, exact);
+    Ok(outcome("argmax_rows", shape, DType::F32, &got, &cpu.read(oc), EXACT))
+}
+
+/// The `argmax_rows` check: ragged shapes, exact and padded `BLOCK`s, exact
+/// indices (random inputs make ties improbable).
+pub fn argmax_rows(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (rows, cols) in ROW_SHAPES {
+        for exact in [true, false] {
+            out.push(argmax_rows_case(cuda, &mut rng, rows, cols, exact)?);
+        }
+    }
+    Ok(out)
+}
+
+fn cumsum_rows_case(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    exact: bool,
+) -> Result<CheckRow> {
+    let x = rng.values::<f32>(rows * cols, 1.0);
+    let config = cumsum_rows::Config::new(row_block(cols, exact));
+    let grid = [rows as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((xd, xc), (od, oc)) =
+        (upload_both(cuda, &mut cpu, &x)?, zeros_both::<f32>(cuda, &mut cpu, rows * cols)?);
+    let nc = cols as i32;
+    let args = cumsum_rows::Args { x_ptr: xd.ptr(), out_ptr: od.ptr(), n_cols: nc, _marker: PhantomData };
+    cuda.run::<cumsum_rows::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let args = cumsum_rows::Args { x_ptr: xc, out_ptr: oc, n_cols: nc, _marker: PhantomData };
+    cumsum_rows::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = row_shape(rows, cols, exact);
+    Ok(outcome("cumsum_rows", shape, DType::F32, &got, &cpu.read(oc), F32_SUM))
+}
+
+/// The `cumsum_rows` check: ragged shapes, exact and padded `BLOCK`s, f32.
+pub fn cumsum_rows(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (rows, cols) in ROW_SHAPES {
+        for exact in [true, false] {
+            out.push(cumsum_rows_case(cuda, &mut rng, rows, cols, exact)?);
+        }
+    }
+    Ok(out)
+}
+
+fn layer_norm_case(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    exact: bool,
+) -> Result<CheckRow> {
+    let (x, w, b) =
+        (rng.values::<f32>(rows * cols, 4.0), rng.values::<f32>(cols, 2.0), rng.values::<f32>(cols, 2.0));
+    let config = layer_norm::Config::new(row_block(cols, exact));
+    let grid = [rows as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((xd, xc), (wd, wc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &w)?);
+    let ((bd, bc), (yd, yc)) =
+        (upload_both(cuda, &mut cpu, &b)?, zeros_both::<f32>(cuda, &mut cpu, rows * cols)?);
+    let (nc, eps) = (cols as i32, 1e-5);
+    let args = layer_norm::Args {
+        x_ptr: xd.ptr(),
+        y_ptr: yd.ptr(),
+        w_ptr: wd.ptr(),
+        b_ptr: bd.ptr(),
+        n_cols: nc,
+        eps,
+        _marker: PhantomData,
+    };
+    cuda.run::<layer_norm::Kernel>(grid, &config, &args)?;
+    let got = yd.download()?;
+    let args = layer_norm::Args {
+        x_ptr: xc,
+        y_ptr: yc,
+        w_ptr: wc,
+        b_ptr: bc,
+        n_cols: nc,
+        eps,
+        _marker: PhantomData,
+    };
+    layer_norm::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = row_shape(rows, cols, exact);
+    Ok(outcome("layer_norm", shape, DType::F32, &got, &cpu.read(yc), F32_SUM))
+}
+
+/// The `layer_norm` check: ragged shapes, exact (non-power-of-two) and padded
+/// `BLOCK`s, f32.
+pub fn layer_norm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (rows, cols) in ROW_SHAPES {
+        for exact in [true, false] {
+            out.push(layer_norm_case(cuda, &mut rng, rows, cols, exact)?);
+        }
+    }
+    Ok(out)
+}
+
+fn histogram_case(cuda: &mut Cuda, rng: &mut Rng, n: usize, bins: usize) -> Result<CheckRow> {
+    let data: Vec<i32> = (0..n).map(|_| (rng.next_u64() % bins as u64) as i32).collect();
+    let config = histogram::Config::new(1024);
+    let grid = [n.div_ceil(1024) as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((dd, dc), (hd, hc)) =
+        (upload_both(cuda, &mut cpu, &data)?, zeros_both::<i32>(cuda, &mut cpu, bins)?);
+    let args = histogram::Args { bins_ptr: dd.ptr(), hist_ptr: hd.ptr(), n: n as i32, _marker: PhantomData };
+    cuda.run::<histogram::Kernel>(grid, &config, &args)?;
+    let got = hd.download()?;
+    let args = histogram::Args { bins_ptr: dc, hist_ptr: hc, n: n as i32, _marker: PhantomData };
+    histogram::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = format!("{n} into {bins} bins");
+    Ok(outcome("histogram", shape, DType::I32, &got, &cpu.read(hc), EXACT))
+}
+
+/// The `histogram` check: ragged lengths, exact counts (atomics).
+pub fn histogram(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for (n, bins) in [(1, 1), (1000, 37), (4097, 256), (100_003, 37)] {
+        rows.push(histogram_case(cuda, &mut rng, n, bins)?);
+    }
+    Ok(rows)
+}
+
+fn collatz_case(cuda: &mut Cuda, xs: &[i32]) -> Result<CheckRow> {
+    let n = xs.len();
+    let config = collatz::Config::new();
+    let grid = [n as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((xd, xc), (od, oc)) = (upload_both(cuda, &mut cpu, xs)?, zeros_both::<i32>(cuda, &mut cpu, n)?);
+    let args = collatz::Args { x_ptr: xd.ptr(), out_ptr: od.ptr(), _marker: PhantomData };
+    cuda.run::<collatz::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let args = collatz::Args { x_ptr: xc, out_ptr: oc, _marker: PhantomData };
+    collatz::interpret(&mut cpu, grid, &config, &args)?;
+    Ok(outcome("collatz", n.to_string(), DType::I32, &got, &cpu.read(oc), EXACT))
+}
+
+/// The `collatz` check: step counts of inputs in `1..=1000` (one random, all
+/// of them, and a random ragged batch), exact.
+pub fn collatz(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut draw = |n: usize| -> Vec<i32> { (0..n).map(|_| 1 + (rng.next_u64() % 1000) as i32).collect() };
+    let (one, ragged) = (draw(1), draw(4097));
+    let all: Vec<i32> = (1..=1000).collect();
+    [one, all, ragged].iter().map(|xs| collatz_case(cuda, xs)).collect()
 }
 
 /// Formats the check table; the second value is true when every row passed.

@@ -1,6 +1,8 @@
 //! The kernels the `tessera` binary knows by name: what `kernels list` shows,
 //! `kernels dump` compiles and `gpu-check` verifies. Until the kernel library
-//! lands they are the tutorial kernels, written here with `#[kernel]`.
+//! lands they are the tutorial kernels, written here with `#[kernel]`, and the
+//! example kernels of `kernels::examples` (matmul, argmax, cumsum, layer norm,
+//! histogram, collatz).
 //!
 //! Invariant: every entry builds with its default config, and has a GPU check
 //! (see [`crate::check`]) that compares the GPU with the CPU interpreter.
@@ -8,9 +10,10 @@
 use crate::check::{self, CheckRow};
 use crate::cuda::Cuda;
 use crate::error::Result;
-use dsl_core::launch::LaunchOptions;
+use dsl_core::launch::{Kernel, LaunchOptions};
 use dsl_core::{DType, Function};
 use dsl_macros::kernel;
+use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
 
 /// `out[i] = x[i] + y[i]` for `i < n`, in `T`.
 #[kernel]
@@ -52,7 +55,9 @@ pub fn softmax<T: Float>(
     let x = load(in_ptr + row * stride + cols, mask = mask, other = f32::NEG_INFINITY).to(f32);
     let x = x - max(x, 0);
     let e = exp(x);
-    let y = e / sum(e, 0);
+    // One reciprocal per row, then a multiply per element: a division per
+    // element costs more than the memory traffic of a bf16 row.
+    let y = e * (1.0 / sum(e, 0));
     store(out_ptr + row * stride + cols, y, mask = mask);
 }
 
@@ -83,19 +88,45 @@ pub struct Entry {
     pub check: CheckFn,
 }
 
+/// The specialization `config` of `K`: its IR and launch options.
+fn spec<K: Kernel>(config: K::Config) -> dsl_core::Result<(Function, LaunchOptions)> {
+    Ok((K::build(&config)?, K::launch_options(&config)))
+}
+
 fn build_vector_add() -> dsl_core::Result<(Function, LaunchOptions)> {
-    let c = vector_add::Config::new(DType::F32, 1024);
-    Ok((vector_add::build(&c)?, LaunchOptions { num_warps: c.num_warps, num_stages: c.num_stages }))
+    spec::<vector_add::Kernel>(vector_add::Config::new(DType::F32, 1024))
 }
 
 fn build_copy() -> dsl_core::Result<(Function, LaunchOptions)> {
-    let c = copy::Config::new(DType::F32, 1024);
-    Ok((copy::build(&c)?, LaunchOptions { num_warps: c.num_warps, num_stages: c.num_stages }))
+    spec::<copy::Kernel>(copy::Config::new(DType::F32, 1024))
 }
 
 fn build_softmax() -> dsl_core::Result<(Function, LaunchOptions)> {
-    let c = softmax::Config::new(DType::F32, 1024).with_warps(softmax_warps(1024));
-    Ok((softmax::build(&c)?, LaunchOptions { num_warps: c.num_warps, num_stages: c.num_stages }))
+    spec::<softmax::Kernel>(softmax::Config::new(DType::F32, 1024).with_warps(softmax_warps(1024)))
+}
+
+fn build_matmul() -> dsl_core::Result<(Function, LaunchOptions)> {
+    spec::<matmul::Kernel>(matmul::Config::new(DType::F32, 64, 64, 32).with_warps(8))
+}
+
+fn build_argmax_rows() -> dsl_core::Result<(Function, LaunchOptions)> {
+    spec::<argmax_rows::Kernel>(argmax_rows::Config::new(1024))
+}
+
+fn build_cumsum_rows() -> dsl_core::Result<(Function, LaunchOptions)> {
+    spec::<cumsum_rows::Kernel>(cumsum_rows::Config::new(1024))
+}
+
+fn build_layer_norm() -> dsl_core::Result<(Function, LaunchOptions)> {
+    spec::<layer_norm::Kernel>(layer_norm::Config::new(1024))
+}
+
+fn build_histogram() -> dsl_core::Result<(Function, LaunchOptions)> {
+    spec::<histogram::Kernel>(histogram::Config::new(1024))
+}
+
+fn build_collatz() -> dsl_core::Result<(Function, LaunchOptions)> {
+    spec::<collatz::Kernel>(collatz::Config::new())
 }
 
 /// Every registered kernel, in listing order.
@@ -120,6 +151,48 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = f32, BLOCK = 1024, num_warps = 4",
         build: build_softmax,
         check: check::softmax,
+    },
+    Entry {
+        name: "matmul",
+        description: "C = A @ B (f32 accumulate and output), K loop over BMxBN tiles",
+        default_config: "T = f32, BM = 64, BN = 64, BK = 32, num_warps = 8",
+        build: build_matmul,
+        check: check::matmul,
+    },
+    Entry {
+        name: "argmax_rows",
+        description: "out[row] = argmax(x[row, :]) (i32 index)",
+        default_config: "BLOCK = 1024, num_warps = 4",
+        build: build_argmax_rows,
+        check: check::argmax_rows,
+    },
+    Entry {
+        name: "cumsum_rows",
+        description: "row-wise inclusive prefix sums, f32",
+        default_config: "BLOCK = 1024, num_warps = 4",
+        build: build_cumsum_rows,
+        check: check::cumsum_rows,
+    },
+    Entry {
+        name: "layer_norm",
+        description: "(x - mean) / sqrt(var + eps) * w + b over rows, f32",
+        default_config: "BLOCK = 1024, num_warps = 4",
+        build: build_layer_norm,
+        check: check::layer_norm,
+    },
+    Entry {
+        name: "histogram",
+        description: "hist[bins[i]] += 1 with atomics (i32)",
+        default_config: "BLOCK = 1024, num_warps = 4",
+        build: build_histogram,
+        check: check::histogram,
+    },
+    Entry {
+        name: "collatz",
+        description: "Collatz step counts (runtime while around an if), i32",
+        default_config: "num_warps = 4",
+        build: build_collatz,
+        check: check::collatz,
     },
 ];
 

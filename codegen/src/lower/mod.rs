@@ -2,7 +2,7 @@
 //! per-thread registers and lowers regions op by op (one file per op family).
 //!
 //! Invariants:
-//! - A value of type `T` lowers to `Layout::new(numel(T), threads).regs()` LLVM
+//! - A value of type `T` lowers to `Layout::with_cap(numel(T), threads, spt_cap).regs()` LLVM
 //!   values (its registers); scalars have one, uniform across the program.
 //! - Register element types: `i1` as `i1`, integers by width, `f16` as `half`,
 //!   `bf16` as `bfloat`, pointers as `ptr addrspace(1)`. In memory `i1` is a byte.
@@ -61,6 +61,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub axis: AxisAnalysis,
     pub vals: FxHashMap<Value, Regs<'ctx>>,
     pub threads: usize,
+    /// The kernel-wide cap on elements per chunk (see `layout::spt_cap_for`).
+    pub spt_cap: usize,
     pub tid: IntValue<'ctx>,
     smem: Option<PointerValue<'ctx>>,
     pub smem_bytes: u32,
@@ -110,6 +112,21 @@ pub(crate) fn lower_function<'ctx>(
     let b = ctx.create_builder();
     b.position_at_end(entry);
     let axis = dsl_core::passes::axis::analyze(f);
+    // The narrowest element any load or store moves decides how many elements a
+    // chunk may hold, so that accesses can be 16 bytes wide.
+    let mut min_bytes = 4usize;
+    f.walk(|i| {
+        if let dsl_core::Op::Memory(dsl_core::ir::ops::MemoryOp::Load { .. } | dsl_core::ir::ops::MemoryOp::Store { .. }) =
+            &f.insts[i].op
+            && let Some(&p) = f.insts[i].args.first()
+        {
+            let d = f.ty(p).dtype();
+            if d != dsl_core::DType::I1 {
+                min_bytes = min_bytes.min(d.size_bytes());
+            }
+        }
+    });
+    let spt_cap = crate::layout::spt_cap_for(min_bytes);
     let mut lw = Lowerer {
         ctx,
         module,
@@ -119,6 +136,7 @@ pub(crate) fn lower_function<'ctx>(
         axis,
         vals: FxHashMap::default(),
         threads,
+        spt_cap,
         tid: i32t.const_zero(),
         smem: None,
         smem_bytes: 0,
@@ -198,7 +216,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// The layout of values of type `t`.
     pub fn layout(&self, t: &Type) -> Layout {
-        Layout::new(t.numel(), self.threads)
+        Layout::with_cap(t.numel(), self.threads, self.spt_cap)
     }
 
     /// The layout of value `v`.
