@@ -116,8 +116,9 @@ pub(crate) fn lower_function<'ctx>(
     // chunk may hold, so that accesses can be 16 bytes wide.
     let mut min_bytes = 4usize;
     f.walk(|i| {
-        if let dsl_core::Op::Memory(dsl_core::ir::ops::MemoryOp::Load { .. } | dsl_core::ir::ops::MemoryOp::Store { .. }) =
-            &f.insts[i].op
+        if let dsl_core::Op::Memory(
+            dsl_core::ir::ops::MemoryOp::Load { .. } | dsl_core::ir::ops::MemoryOp::Store { .. },
+        ) = &f.insts[i].op
             && let Some(&p) = f.insts[i].args.first()
         {
             let d = f.ty(p).dtype();
