@@ -11,6 +11,11 @@
 //! Names: `softmax/<torch dtype name>/<rows>x<cols>` (`float32`, `bfloat16`, as
 //! peers.py writes them) and `copy/f32/2^29`, the bandwidth ceiling every other
 //! kernel is reported as a fraction of.
+//!
+//! With `--autotune`, each softmax row is followed by one of the same name
+//! measured with the config [`Cuda::run_tuned`] picks (tuned on first use,
+//! then read from the autotune cache); the table marks it `(tuned)` and the
+//! JSON record carries the config in `tuned`.
 
 use crate::check::{Rng, Sample};
 use crate::cuda::{Cuda, DevBuf};
@@ -32,11 +37,19 @@ pub struct BenchOptions {
     pub shapes: Vec<(usize, usize)>,
     /// Also measure the copy ceiling (`copy/f32/2^29`, 4 GiB of device memory).
     pub copy: bool,
+    /// Also measure softmax with its autotuned config.
+    pub autotune: bool,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { warmup: 5, runs: 25, shapes: vec![(8192, 1024), (4096, 16384)], copy: true }
+        BenchOptions {
+            warmup: 5,
+            runs: 25,
+            shapes: vec![(8192, 1024), (4096, 16384)],
+            copy: true,
+            autotune: false,
+        }
     }
 }
 
@@ -51,6 +64,18 @@ pub struct Record {
     pub value: f64,
     /// Median time of one launch, in milliseconds.
     pub ms: f64,
+    /// The autotuned config in words, for rows measured with one.
+    pub tuned: Option<String>,
+}
+
+impl Record {
+    /// The name as the table shows it (`(tuned)` after autotuned rows).
+    pub fn display_name(&self) -> String {
+        match self.tuned {
+            Some(_) => format!("{} (tuned)", self.name),
+            None => self.name.clone(),
+        }
+    }
 }
 
 /// The torch dtype name peers.py uses in benchmark names.
@@ -88,21 +113,24 @@ pub fn median(v: &mut [f64]) -> f64 {
     if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
 }
 
-/// Times `launch` per the method above and returns the median in milliseconds.
-fn measure(
+/// Times `launch` per the method above (`warmup` untimed launches, then `runs`
+/// timed ones, each after an L2 flush) and returns the median in milliseconds.
+/// Also what [`Cuda::run_tuned`] times candidates with.
+pub fn time_median_ms(
     cuda: &mut Cuda,
-    opts: &BenchOptions,
+    warmup: usize,
+    runs: usize,
     mut launch: impl FnMut(&mut Cuda) -> Result<()>,
 ) -> Result<f64> {
     let flush_len = (2 * cuda.gpu().info().l2_bytes as usize).max(1 << 20);
     let scratch: DevBuf<u8> = cuda.gpu().zeros(flush_len)?;
-    for _ in 0..opts.warmup {
+    for _ in 0..warmup {
         launch(cuda)?;
     }
     cuda.gpu().synchronize()?;
-    let mut times = Vec::with_capacity(opts.runs);
+    let mut times = Vec::with_capacity(runs);
     let (start, end) = (cuda.gpu().event()?, cuda.gpu().event()?);
-    for i in 0..opts.runs.max(1) {
+    for i in 0..runs.max(1) {
         scratch.fill_bytes(i as u8)?;
         cuda.gpu().record(&start)?;
         launch(cuda)?;
@@ -113,18 +141,25 @@ fn measure(
     Ok(median(&mut times))
 }
 
+/// [`time_median_ms`] with the warm-up and runs of `opts`.
+fn measure(cuda: &mut Cuda, opts: &BenchOptions, launch: impl FnMut(&mut Cuda) -> Result<()>) -> Result<f64> {
+    time_median_ms(cuda, opts.warmup, opts.runs, launch)
+}
+
+/// Measures softmax on `rows x cols` in `T`: with the tutorial's warp heuristic,
+/// or with the autotuned config when `tuned`.
 fn softmax_record<T: Sample>(
     cuda: &mut Cuda,
     opts: &BenchOptions,
     rows: usize,
     cols: usize,
+    tuned: bool,
 ) -> Result<Record> {
     let n = rows * cols;
     let x = Rng::new((rows * 31 + cols) as u64).values::<T>(n, 4.0);
     let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<T>(n)?);
     drop(x);
     let block = cols.next_power_of_two();
-    let config = softmax::Config::new(T::DEVICE_DTYPE, block).with_warps(softmax_warps(block));
     let args = softmax::Args {
         out_ptr: od.ptr().cast(),
         in_ptr: xd.ptr().cast(),
@@ -132,13 +167,23 @@ fn softmax_record<T: Sample>(
         stride: cols as i32,
         _marker: PhantomData,
     };
-    let ms = measure(cuda, opts, |c| c.run::<softmax::Kernel>([rows as u32, 1, 1], &config, &args))?;
+    let grid = [rows as u32, 1, 1];
+    let (config, tuned) = if tuned {
+        let base = softmax::Config::new(T::DEVICE_DTYPE, block);
+        let config = cuda.run_tuned::<softmax::Kernel>(|_| grid, &base, &args)?;
+        let words = crate::cuda::autotune::describe_config(&softmax::autotune_configs(&base), &config);
+        (config, Some(words))
+    } else {
+        (softmax::Config::new(T::DEVICE_DTYPE, block).with_warps(softmax_warps(block)), None)
+    };
+    let ms = measure(cuda, opts, |c| c.run::<softmax::Kernel>(grid, &config, &args))?;
     let bytes = 2.0 * n as f64 * T::DEVICE_DTYPE.size_bytes() as f64;
     Ok(Record {
         name: format!("softmax/{}/{rows}x{cols}", torch_dtype_name(T::DEVICE_DTYPE)),
         metric: "TB/s",
         value: bytes / ms / 1e9,
         ms,
+        tuned,
     })
 }
 
@@ -152,7 +197,13 @@ fn copy_record(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Record> {
         copy::Args { x_ptr: xd.ptr().cast(), out_ptr: od.ptr().cast(), n: n as i32, _marker: PhantomData };
     let grid = [n.div_ceil(1024) as u32, 1, 1];
     let ms = measure(cuda, opts, |c| c.run::<copy::Kernel>(grid, &config, &args))?;
-    Ok(Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 2.0 * n as f64 * 4.0 / ms / 1e9, ms })
+    Ok(Record {
+        name: "copy/f32/2^29".into(),
+        metric: "TB/s",
+        value: 2.0 * n as f64 * 4.0 / ms / 1e9,
+        ms,
+        tuned: None,
+    })
 }
 
 /// Runs every benchmark of `opts`, printing each record as it is measured.
@@ -163,10 +214,15 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
         eprintln!("measured {}", out[out.len() - 1].name);
     }
     for &(rows, cols) in &opts.shapes {
-        out.push(softmax_record::<f32>(cuda, opts, rows, cols)?);
-        eprintln!("measured {}", out[out.len() - 1].name);
-        out.push(softmax_record::<bf16>(cuda, opts, rows, cols)?);
-        eprintln!("measured {}", out[out.len() - 1].name);
+        let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
+        for &tuned in tunings {
+            out.push(softmax_record::<f32>(cuda, opts, rows, cols, tuned)?);
+            eprintln!("measured {}", out[out.len() - 1].display_name());
+        }
+        for &tuned in tunings {
+            out.push(softmax_record::<bf16>(cuda, opts, rows, cols, tuned)?);
+            eprintln!("measured {}", out[out.len() - 1].display_name());
+        }
     }
     Ok(out)
 }
@@ -212,9 +268,10 @@ impl Peers {
 /// the ratio to each peer on the same name.
 pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
     let ceiling = records.iter().find(|r| r.name == "copy/f32/2^29").map(|r| r.value);
+    let width = records.iter().map(|r| r.display_name().len()).max().unwrap_or(0).max(28);
     let mut s =
-        format!("{:<28} | {:>9} | {:>10} | {:>8} | vs peers\n", "name", "TB/s", "median ms", "of copy");
-    s.push_str(&format!("{}\n", "-".repeat(80)));
+        format!("{:<width$} | {:>9} | {:>10} | {:>8} | vs peers\n", "name", "TB/s", "median ms", "of copy");
+    s.push_str(&format!("{}\n", "-".repeat(width + 52)));
     for r in records {
         let frac = match ceiling {
             Some(c) if c > 0.0 => format!("{:.1}%", 100.0 * r.value / c),
@@ -224,8 +281,8 @@ pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
             .map(|p| p.on(&r.name, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", r.value / v)).collect())
             .unwrap_or_default();
         s.push_str(&format!(
-            "{:<28} | {:>9.3} | {:>10.4} | {:>8} | {}\n",
-            r.name,
+            "{:<width$} | {:>9.3} | {:>10.4} | {:>8} | {}\n",
+            r.display_name(),
             r.value,
             r.ms,
             frac,
@@ -242,14 +299,18 @@ pub fn to_json(device: &str, records: &[Record]) -> serde_json::Value {
     let recs: Vec<serde_json::Value> = records
         .iter()
         .map(|r| {
-            json!({
+            let mut v = json!({
                 "name": r.name,
                 "peer": "tessera",
                 "metric": r.metric,
                 "value": (r.value * 1e4).round() / 1e4,
                 "ms": r.ms,
                 "fraction_of_copy": ceiling.map(|c| r.value / c),
-            })
+            });
+            if let Some(t) = &r.tuned {
+                v["tuned"] = json!(t);
+            }
+            v
         })
         .collect();
     json!({ "device": device, "records": recs })
@@ -285,8 +346,14 @@ mod tests {
         .unwrap();
         assert_eq!(p.device, "H100");
         let recs = vec![
-            Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 3.0, ms: 1.0 },
-            Record { name: "softmax/float32/8192x1024".into(), metric: "TB/s", value: 2.4, ms: 0.03 },
+            Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 3.0, ms: 1.0, tuned: None },
+            Record {
+                name: "softmax/float32/8192x1024".into(),
+                metric: "TB/s",
+                value: 2.4,
+                ms: 0.03,
+                tuned: None,
+            },
         ];
         let t = table(&recs, Some(&p));
         assert!(t.contains("torch 1.20x"), "{t}");
@@ -295,6 +362,24 @@ mod tests {
         let j = to_json("H100", &recs);
         assert_eq!(j["records"][1]["name"], "softmax/float32/8192x1024");
         assert_eq!(j["records"][1]["peer"], "tessera");
+        assert!(j["records"][1].get("tuned").is_none());
+        // The default table keeps its layout: 28 columns of names, 80 of rule.
+        assert!(t.lines().nth(1).is_some_and(|l| l.len() == 80), "{t}");
+
+        // A tuned row keeps the peers' name (so ratios apply) and says so.
+        let mut tuned = recs.clone();
+        tuned.push(Record {
+            name: "softmax/bfloat16/4096x16384".into(),
+            metric: "TB/s",
+            value: 2.4,
+            ms: 0.05,
+            tuned: Some("num_warps=8".into()),
+        });
+        let t = table(&tuned, Some(&p));
+        assert!(t.contains("softmax/bfloat16/4096x16384 (tuned) |"), "{t}");
+        let j = to_json("H100", &tuned);
+        assert_eq!(j["records"][2]["name"], "softmax/bfloat16/4096x16384");
+        assert_eq!(j["records"][2]["tuned"], "num_warps=8");
         assert!(Peers::parse("{}").is_err());
         assert!(Peers::parse("not json").is_err());
         assert!(Peers::parse(r#"{"records": [{"name": 1}]}"#).is_err());

@@ -125,6 +125,10 @@ pub struct BenchArgs {
     /// Also write the records as JSON (peers.py's format, peer `tessera`).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also measure softmax with its autotuned config (rows marked `(tuned)`;
+    /// results are cached in `$TESSERA_CACHE_DIR` or `~/.cache/tessera`).
+    #[arg(long)]
+    pub autotune: bool,
 }
 
 /// Runs a parsed command line; `Ok(false)` means checks failed.
@@ -242,6 +246,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
         runs: a.runs,
         shapes: bench::parse_shapes(&a.shapes)?,
         copy: !a.no_copy,
+        autotune: a.autotune,
     };
     let mut cuda = Cuda::open(a.device)?;
     let device = cuda.gpu().info().name.clone();
@@ -297,7 +302,12 @@ mod tests {
                 assert_eq!(b.runs, 3);
                 assert_eq!(b.peers, Some(PathBuf::from("p.json")));
                 assert_eq!(b.shapes, "8192x1024,4096x16384");
+                assert!(!b.autotune);
             }
+            other => panic!("{other:?}"),
+        }
+        match Cli::try_parse_from(["tessera", "bench", "--autotune"]).unwrap().command {
+            Command::Bench(b) => assert!(b.autotune),
             other => panic!("{other:?}"),
         }
         let c = Cli::try_parse_from(["tessera", "gpu-check", "--only", "softmax,copy"]).unwrap();

@@ -1,8 +1,8 @@
 //! Test-only kernels written with `#[kernel]`; the shared example kernels live
 //! in `kernels::examples` (re-exported here so tests read `dsl::matmul`).
 
-pub use kernels::examples::*;
 use dsl_macros::kernel;
+pub use kernels::examples::*;
 
 /// Deliberately wrong when `A != B`: the shapes depend on constexprs, so the
 /// mismatch is found when the kernel is built, at this line.

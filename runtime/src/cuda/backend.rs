@@ -9,9 +9,14 @@
 //! parameters and the grid against the device limits (see [`super::validate`])
 //! before it reaches the driver.
 //!
+//! [`Cuda::run_tuned`] autotunes kernels that declare configs and a key (see
+//! [`super::autotune`]): each candidate is timed once per device, kernel, key
+//! values and compiler version, and the winner is kept in memory and on disk.
+//!
 //! Invariant: launches are asynchronous; errors of the kernel itself surface at
 //! the next synchronizing call ([`Gpu::synchronize`], a download).
 
+use super::autotune::{self, CacheEntry, TuneKey, Tuner};
 use super::device::{DevPtr, Gpu, LoadedKernel};
 use super::validate::{OffsetRule, RawDevPtr, validate_args, validate_grid};
 use crate::error::{Error, Result};
@@ -48,6 +53,8 @@ pub struct Cuda {
     built: HashMap<(&'static str, String), Function>,
     /// Compiled specializations per (kernel, config key, specialization mask).
     prepared: HashMap<(&'static str, String, u64), Arc<Prepared>>,
+    /// Autotune results (memory and the on-disk cache).
+    tuner: Tuner,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -87,7 +94,14 @@ impl Cuda {
                 cc.1
             ))
         })?;
-        Ok(Cuda { gpu, target, ptx: PtxCache::new(), built: HashMap::new(), prepared: HashMap::new() })
+        Ok(Cuda {
+            gpu,
+            target,
+            ptx: PtxCache::new(),
+            built: HashMap::new(),
+            prepared: HashMap::new(),
+            tuner: Tuner::default(),
+        })
     }
 
     /// The GPU (for buffers, timing, synchronization).
@@ -100,16 +114,28 @@ impl Cuda {
         self.target
     }
 
-    /// Builds, compiles and loads the specialization of `K` for `config`, with the
-    /// parameters in `spec` promised divisible by 16 (see
-    /// [`dsl_core::launch::specialize`]), or returns it from the cache.
-    pub fn prepare<K: Kernel>(&mut self, config: &K::Config, facts: &[Option<u64>]) -> Result<Arc<Prepared>> {
+    /// Keeps autotune results in `dir` (`None`: in memory only) instead of
+    /// `$TESSERA_CACHE_DIR` or `~/.cache/tessera`; forgets results in memory.
+    pub fn set_autotune_dir(&mut self, dir: Option<std::path::PathBuf>) {
+        self.tuner = Tuner::with_dir(dir);
+    }
+
+    /// The IR of `K` for `config` before specialization (built once per config key).
+    fn built_ir<K: Kernel>(&mut self, config: &K::Config) -> Result<&Function> {
         let ckey = (K::NAME, K::config_key(config));
         if !self.built.contains_key(&ckey) {
             let func = K::build(config)?;
             self.built.insert(ckey.clone(), func);
         }
-        let base = &self.built[&ckey];
+        Ok(&self.built[&ckey])
+    }
+
+    /// Builds, compiles and loads the specialization of `K` for `config`, with the
+    /// parameters in `spec` promised divisible by 16 (see
+    /// [`dsl_core::launch::specialize`]), or returns it from the cache.
+    pub fn prepare<K: Kernel>(&mut self, config: &K::Config, facts: &[Option<u64>]) -> Result<Arc<Prepared>> {
+        let ckey = (K::NAME, K::config_key(config));
+        let base = self.built_ir::<K>(config)?;
         let (mut func, mask) = dsl_core::launch::specialize(base, facts);
         let key = (ckey.0, ckey.1, mask);
         if let Some(p) = self.prepared.get(&key) {
@@ -164,6 +190,125 @@ impl Cuda {
             return Ok(());
         }
         self.gpu.launch_raw(&p.kernel, grid, p.threads, &params)
+    }
+}
+
+impl Cuda {
+    /// Runs `K` with the best of its declared autotune configs for these
+    /// arguments and returns that config. `grid_fn` gives the grid of a config
+    /// (it may depend on block sizes); `base` fixes what the configs leave open.
+    ///
+    /// The key is the device, the kernel, the values of the kernel's
+    /// [`Kernel::autotune_key`] parameters, the compiler version and the config
+    /// key of `base` (see [`TuneKey`]). On a miss (in memory, then in the cache
+    /// file) every candidate of [`Kernel::autotune_configs`] is compiled, run
+    /// [`autotune::WARMUP`] times, then timed [`autotune::RUNS`] times with CUDA
+    /// events after an L2 flush each (as `tessera bench` does); the smallest
+    /// median wins, is stored, and a note goes to stderr. A candidate that
+    /// fails to compile or launch is skipped with a note. Kernels that declare
+    /// no configs run `base`; a single candidate runs without timing.
+    ///
+    /// Candidates run on `args` while they are timed: kernels that update their
+    /// inputs in place see their own output.
+    ///
+    /// Errors: a key name that is not a scalar parameter ([`Error::Launch`]);
+    /// the first candidate's error when every candidate fails; errors of the
+    /// final launch.
+    pub fn run_tuned<'a, K: Kernel>(
+        &mut self,
+        grid_fn: impl Fn(&K::Config) -> [u32; 3],
+        base: &K::Config,
+        args: &K::Args<'a, Self>,
+    ) -> Result<K::Config>
+    where
+        Self: 'a,
+    {
+        let candidates = K::autotune_configs(base);
+        if candidates.len() <= 1 {
+            let config = candidates.into_iter().next().unwrap_or_else(|| base.clone());
+            self.run::<K>(grid_fn(&config), &config, args)?;
+            return Ok(config);
+        }
+        let raw = K::erase_args(args);
+        let params: Vec<String> = self.built_ir::<K>(base)?.params.iter().map(|p| p.name.clone()).collect();
+        let info = self.gpu.info();
+        let key = TuneKey {
+            device: info.name.clone(),
+            compute_capability: info.compute_capability,
+            kernel: K::NAME.to_string(),
+            family: K::config_key(base),
+            key: autotune::key_values(K::NAME, K::autotune_key(), &params, &raw)?,
+            compiler: autotune::compiler_version(),
+        };
+        let cache_key = key.cache_key();
+        let cached = self
+            .tuner
+            .lookup(&cache_key)
+            .and_then(|stored| candidates.iter().find(|c| K::config_key(c) == stored).cloned());
+        let winner = match cached {
+            Some(c) => c,
+            None => {
+                self.tuner.forget(&cache_key);
+                self.tune::<K>(&grid_fn, &candidates, args, &key, &cache_key)?
+            }
+        };
+        self.run::<K>(grid_fn(&winner), &winner, args)?;
+        Ok(winner)
+    }
+
+    /// Times every candidate and stores the winner under `cache_key`.
+    fn tune<'a, K: Kernel>(
+        &mut self,
+        grid_fn: &impl Fn(&K::Config) -> [u32; 3],
+        candidates: &[K::Config],
+        args: &K::Args<'a, Self>,
+        key: &TuneKey,
+        cache_key: &str,
+    ) -> Result<K::Config>
+    where
+        Self: 'a,
+    {
+        let mut medians = Vec::with_capacity(candidates.len());
+        let mut first_err = None;
+        for c in candidates {
+            let grid = grid_fn(c);
+            let timed = crate::bench::time_median_ms(self, autotune::WARMUP, autotune::RUNS, |cuda| {
+                cuda.run::<K>(grid, c, args)
+            });
+            match timed {
+                Ok(ms) => medians.push(Some(ms)),
+                Err(e) => {
+                    eprintln!(
+                        "autotune {}: skipping {}: {e}",
+                        K::NAME,
+                        autotune::describe_config(candidates, c)
+                    );
+                    first_err.get_or_insert(e);
+                    medians.push(None);
+                }
+            }
+        }
+        let Some(w) = autotune::choose_winner(&medians) else {
+            return Err(first_err.unwrap_or_else(|| Error::Launch {
+                kernel: K::NAME.into(),
+                message: "no autotune config could be timed".into(),
+            }));
+        };
+        let ms = medians[w].unwrap_or(f64::NAN);
+        let winner = candidates[w].clone();
+        let failed = medians.iter().filter(|m| m.is_none()).count();
+        eprintln!(
+            "{}",
+            autotune::tune_note(
+                key,
+                &autotune::describe_config(candidates, &winner),
+                ms,
+                candidates.len(),
+                failed
+            )
+        );
+        self.tuner.store(cache_key, CacheEntry { config: K::config_key(&winner), ms });
+        Ok(winner)
     }
 }
 
