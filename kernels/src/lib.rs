@@ -1,8 +1,11 @@
 //! The bundled kernel library. Every kernel is DSL: no `unsafe`, no PTX, no CUDA C.
 //!
-//! Today it holds the example kernels (`examples`); the kernel-library issue
-//! adds FlashAttention, fused softmax, add+RMSNorm, RoPE/KV write, paged decode,
-//! dequant GEMM/GEMV and sampling, one file each.
+//! One file per kernel family, each with a module doc (math, tiling,
+//! shape/layout contract, constexprs); plain f64 references in `reference`.
+//! `examples` holds the tutorial/test kernels.
 #![forbid(unsafe_code)]
 
 pub mod examples;
+pub mod reference;
+pub mod rmsnorm;
+pub mod rope;

@@ -5,3 +5,5 @@ mod interp_macro;
 mod ir_snapshots;
 mod macro_kernels;
 mod ui;
+mod lib_norm;
+mod lib_rope;

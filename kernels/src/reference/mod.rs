@@ -1,0 +1,5 @@
+//! Plain references for the kernel library, in f64 (one module per kernel
+//! family). Tests compare every kernel against these on random inputs.
+
+pub mod norm;
+pub mod rope;

@@ -1,0 +1,1 @@
+//! References for RMSNorm and add+RMSNorm (see `crate::rmsnorm`).

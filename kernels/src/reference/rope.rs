@@ -1,0 +1,1 @@
+//! References for RoPE and the paged KV-cache write (see `crate::rope`).

@@ -1,0 +1,1 @@
+//! Add+RMSNorm and RMSNorm (filled by the kernel-library work).

@@ -1,0 +1,1 @@
+//! RoPE and the paged KV-cache write (filled by the kernel-library work).

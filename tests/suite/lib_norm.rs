@@ -1,0 +1,1 @@
+//! Kernel library: add+RMSNorm and RMSNorm on the interpreter against references.

@@ -1,0 +1,1 @@
+//! Kernel library: RoPE + paged KV write on the interpreter against references.
