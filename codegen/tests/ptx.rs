@@ -257,6 +257,43 @@ fn shapes_and_math() {
     );
 }
 
+/// The kernel library's add+RMSNorm and RMSNorm (`kernels::rmsnorm`): SmolLM2's
+/// hidden size 576 (an exact, padded non-power-of-two `BLOCK`) in bf16 at 4
+/// warps, and 4096 in f32 at 8 warps.
+#[test]
+fn rmsnorm_family() {
+    use ::kernels::rmsnorm::{add_rmsnorm, rmsnorm};
+    let add = |d: DType, block: usize| add_rmsnorm::build(&add_rmsnorm::Config::new(d, block)).unwrap();
+    let plain = |d: DType, block: usize| rmsnorm::build(&rmsnorm::Config::new(d, block)).unwrap();
+    both(
+        "add_rmsnorm",
+        &[("_bf16_b576".into(), add(DType::BF16, 576), 4), ("_f32_b4096".into(), add(DType::F32, 4096), 8)],
+    );
+    both(
+        "rmsnorm",
+        &[
+            ("_bf16_b576".into(), plain(DType::BF16, 576), 4),
+            ("_f32_b4096".into(), plain(DType::F32, 4096), 8),
+        ],
+    );
+}
+
+/// RoPE + paged KV write (`kernels::rope`): SmolLM2's attention shape (9 Q, 3
+/// KV heads, head dim 64) in bf16 at 4 warps, and 4 Q / 2 KV heads of 128 in
+/// f32 at 2 warps.
+#[test]
+fn rope_kv_write() {
+    use ::kernels::rope::rope_kv_write as k;
+    let f = |d: DType, q: usize, kv: usize, hd: usize| k::build(&k::Config::new(d, q, kv, hd)).unwrap();
+    both(
+        "rope_kv_write",
+        &[
+            ("_bf16_9q3kv64".into(), f(DType::BF16, 9, 3, 64), 4),
+            ("_f32_4q2kv128".into(), f(DType::F32, 4, 2, 128), 2),
+        ],
+    );
+}
+
 /// Register and spill numbers of softmax at large blocks (printed for the report; no spills allowed).
 #[test]
 fn softmax_large_blocks_do_not_spill() {

@@ -1,1 +1,138 @@
-//! RoPE and the paged KV-cache write (filled by the kernel-library work).
+//! RoPE + paged KV-cache write: from the fused QKV projection output, rotate
+//! Q and K and write K and V into the paged cache.
+//!
+//! # Math
+//!
+//! The rotation is the one llama.cpp applies to GGUF Llama models
+//! (`LLAMA_ROPE_TYPE_NORM`): each head of Q and K is rotated in **adjacent**
+//! pairs `(x[2i], x[2i+1])`, `i < HEAD_DIM / 2`, by the angle
+//! `a_i = pos * theta^(-2i / HEAD_DIM)`:
+//!
+//! ```text
+//! y[2i]   = x[2i] * cos(a_i) - x[2i+1] * sin(a_i)
+//! y[2i+1] = x[2i] * sin(a_i) + x[2i+1] * cos(a_i)
+//! ```
+//!
+//! (The GGUF converter permutes the rows of the Q/K projection weights so that
+//! this adjacent-pair rotation of the GGUF model equals Hugging Face's
+//! rotate-half rotation of the original checkpoint; a kernel fed GGUF weights
+//! must use the adjacent pairs.) `theta` is the model's `rope.freq_base`
+//! (100000 for SmolLM2), a runtime f32 scalar.
+//!
+//! The angle is computed in f32 exactly in this order (the interpreter and the
+//! GPU both follow it; the f64 reference in [`crate::reference::rope`] uses the
+//! exact angle and bounds the difference, `angle_error_bound`):
+//!
+//! ```text
+//! inv_freq_i = exp2(-((2i / HEAD_DIM) * log2(theta)))
+//! a_i        = f32(pos) * inv_freq_i
+//! k          = floor(a_i / (2 pi) + 1/2)                (range reduction)
+//! r_i        = (a_i - k * C1) - k * C2                  (C1 = 6.28125 exact, C1 + C2 = 2 pi)
+//! ```
+//!
+//! then `cos(r_i)`, `sin(r_i)` and the rotation in f32, rounded to `T` once at
+//! the store. The range reduction matters on the GPU: `sin.approx`/`cos.approx`
+//! are accurate (2^-20.9 absolute) only for small arguments, and positions up to
+//! 8191 give angles up to 8191 rad. `k * C1` is exact (k < 2^13, C1 has 8
+//! significant bits), so `r_i` carries only the error already in `a_i`. That
+//! error is inherent to computing the angle in f32 (as llama.cpp and HF do):
+//! `inv_freq` is rounded (and `ex2.approx` on the GPU is a few ulps), so
+//! `|a_i|` has a relative error of a few `2^-24`, up to ~1e-3 rad at position
+//! 8191 for the low-index pairs; tests bound it per element.
+//!
+//! # Tiling
+//!
+//! One program per token (grid `[tokens, 1, 1]`), all heads of the token at
+//! once as 2-D tiles `[heads, HEAD_DIM / 2]` (Q: `[N_Q, HALF]`, K:
+//! `[N_KV, HALF]`, V: `[N_KV, HEAD_DIM]`; `N_Q`/`N_KV` need not be powers of
+//! two, the front end pads and masks). The angles, `cos` and `sin` depend only
+//! on the token and the pair index, so a per-token program computes them once
+//! as a `[1, HALF]` row and broadcasts them over all `N_Q + N_KV` heads (a
+//! per-(token, head) program would recompute them per head and need a runtime
+//! branch between Q heads, K heads and the V copy). Even and odd elements are
+//! loaded with two strided loads (offsets `2i` and `2i + 1`) rather than a
+//! contiguous load plus `split`, which keeps codegen free of shared-memory
+//! shuffles; the V copy is a plain contiguous load/store in `T`.
+//!
+//! # Layout contract
+//!
+//! - `qkv`: `[tokens, (N_Q + 2 N_KV) * HEAD_DIM]` row-major in `T`, per row
+//!   Q heads, then K heads, then V heads, each `HEAD_DIM` contiguous.
+//! - `positions`, `slot_mapping`: `[tokens]` i32. A slot is
+//!   `block * block_size + offset`; `-1` means "do not write this token to the
+//!   cache" (padding); Q is rotated for every token.
+//! - `q_out`: `[tokens, N_Q * HEAD_DIM]` in `T`, rotated Q.
+//! - `k_cache`, `v_cache`: `[num_blocks, block_size, N_KV, HEAD_DIM]` in `T`.
+//!   Because `(block, offset)` are the outer two dimensions, the element
+//!   `(h, d)` of a slot lives at `slot * N_KV * HEAD_DIM + h * HEAD_DIM + d`:
+//!   the paged block size does not enter the address, so it is not a
+//!   constexpr. K is written rotated, V unrotated (copied bit for bit); cache
+//!   entries of other slots are untouched. Offsets are i32: the cache must have
+//!   fewer than 2^31 elements (the runtime's 32-bit offset rule).
+//! - Slots must be distinct among the tokens of one launch (the interpreter
+//!   reports a write race otherwise).
+//!
+//! # Constexprs
+//!
+//! `N_Q`, `N_KV` (head counts, any positive value), `HEAD_DIM` (a power of
+//! two, e.g. 64 or 128); `HALF = HEAD_DIM / 2` is derived. `T` (f32, bf16 or
+//! f16) is the storage dtype of `qkv`, `q_out` and the caches.
+
+use dsl_macros::kernel;
+
+/// RoPE (adjacent pairs, llama.cpp `NORM`) on Q and K of a fused QKV row, and
+/// the paged KV-cache write of rotated K and unrotated V; one program per token.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_write<T: Float>(
+    qkv_ptr: Ptr<T>,
+    pos_ptr: Ptr<i32>,
+    slot_ptr: Ptr<i32>,
+    q_out_ptr: Ptr<T>,
+    k_cache_ptr: Ptr<T>,
+    v_cache_ptr: Ptr<T>,
+    theta: f32,
+    #[constexpr] N_Q: usize,
+    #[constexpr] N_KV: usize,
+    #[constexpr] HEAD_DIM: usize,
+) {
+    let half = HEAD_DIM / 2;
+    let tok = program_id(0);
+    let row = tok * ((N_Q + 2 * N_KV) * HEAD_DIM);
+    let pos = load(pos_ptr + tok).to(f32);
+    let slot = load(slot_ptr + tok);
+
+    // Angles, range-reduced to [-pi, pi], then cos/sin as [1, HALF] rows.
+    let i = arange(0, half);
+    let expo = (i * 2).to(f32) / HEAD_DIM;
+    let inv_freq = exp2(-(expo * log2(theta)));
+    let angle = pos * inv_freq;
+    let k = floor(angle * 0.159_154_943_091_895_35 + 0.5);
+    let r = angle - k * 6.28125 - k * 0.001_935_307_179_586_476_9;
+    let c = expand_dims(cos(r), 0);
+    let s = expand_dims(sin(r), 0);
+    let even = expand_dims(i * 2, 0);
+
+    // Q: [N_Q, HALF] pairs, rotated, to q_out.
+    let qh = expand_dims(arange(0, N_Q), 1) * HEAD_DIM + even;
+    let q0 = load(qkv_ptr + row + qh).to(f32);
+    let q1 = load(qkv_ptr + row + qh + 1).to(f32);
+    let q_dst = q_out_ptr + tok * (N_Q * HEAD_DIM) + qh;
+    store(q_dst, q0 * c - q1 * s);
+    store(q_dst + 1, q0 * s + q1 * c);
+
+    // K (rotated) and V (copied) to the token's cache slot, unless slot < 0.
+    let valid = slot >= 0;
+    let dst = where_(valid, slot, 0) * (N_KV * HEAD_DIM);
+    let heads = expand_dims(arange(0, N_KV), 1) * HEAD_DIM;
+    let kh = heads + even;
+    let k_src = qkv_ptr + row + N_Q * HEAD_DIM + kh;
+    let k0 = load(k_src, mask = valid, other = 0.0).to(f32);
+    let k1 = load(k_src + 1, mask = valid, other = 0.0).to(f32);
+    let k_dst = k_cache_ptr + dst + kh;
+    store(k_dst, k0 * c - k1 * s, mask = valid);
+    store(k_dst + 1, k0 * s + k1 * c, mask = valid);
+    let vh = heads + expand_dims(arange(0, HEAD_DIM), 0);
+    let v = load(qkv_ptr + row + (N_Q + N_KV) * HEAD_DIM + vh, mask = valid, other = 0.0);
+    store(v_cache_ptr + dst + vh, v, mask = valid);
+}

@@ -12,6 +12,13 @@
 //! peers.py writes them) and `copy/f32/2^29`, the bandwidth ceiling every other
 //! kernel is reported as a fraction of.
 //!
+//! `add_rmsnorm/bf16/<tokens>x<hidden>` (peers.py's names): TB/s with bytes =
+//! `4 * tokens * hidden * 2` (read x and r, write out and h; the weight is not
+//! counted, as peers.py counts it), except a single token (`1x<hidden>`, one
+//! decode step), which is a latency in microseconds (metric `us`). For `us`
+//! rows the ratio to a peer is the speedup `peer time / our time`, so a ratio
+//! above 1 is better for every metric.
+//!
 //! With `--autotune`, each softmax row is followed by one of the same name
 //! measured with the config [`Cuda::run_tuned`] picks (tuned on first use,
 //! then read from the autotune cache); the table marks it `(tuned)` and the
@@ -23,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::registry::{copy, softmax, softmax_warps};
 use dsl_core::DType;
 use dsl_core::half::bf16;
+use kernels::rmsnorm::{add_rmsnorm, block_for, warps_for};
 use serde_json::json;
 use std::marker::PhantomData;
 
@@ -39,6 +47,9 @@ pub struct BenchOptions {
     pub copy: bool,
     /// Also measure softmax with its autotuned config.
     pub autotune: bool,
+    /// Add+RMSNorm shapes (tokens, hidden), bf16; a single token is timed in
+    /// microseconds.
+    pub add_rmsnorm: Vec<(usize, usize)>,
 }
 
 impl Default for BenchOptions {
@@ -49,6 +60,7 @@ impl Default for BenchOptions {
             shapes: vec![(8192, 1024), (4096, 16384)],
             copy: true,
             autotune: false,
+            add_rmsnorm: vec![(8192, 4096), (32768, 576), (1, 576)],
         }
     }
 }
@@ -58,7 +70,7 @@ impl Default for BenchOptions {
 pub struct Record {
     /// The benchmark name (peers.py's scheme).
     pub name: String,
-    /// The metric, `TB/s`.
+    /// The metric, `TB/s` (or `us` for latency rows).
     pub metric: &'static str,
     /// The value of the metric.
     pub value: f64,
@@ -187,6 +199,49 @@ fn softmax_record<T: Sample>(
     })
 }
 
+/// Measures add+RMSNorm on `tokens x hidden` in bf16 (peers.py's
+/// `add_rmsnorm`, eps 1e-5): with Triton's warp heuristic, or with the
+/// autotuned config when `tuned`. A single token is reported in microseconds.
+fn add_rmsnorm_record(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    tokens: usize,
+    hidden: usize,
+    tuned: bool,
+) -> Result<Record> {
+    let n = tokens * hidden;
+    let mut rng = Rng::new((tokens * 37 + hidden) as u64);
+    let (x, r, w) = (rng.values::<bf16>(n, 4.0), rng.values::<bf16>(n, 4.0), rng.values::<bf16>(hidden, 2.0));
+    let (xd, rd, wd) = (cuda.gpu().upload(&x)?, cuda.gpu().upload(&r)?, cuda.gpu().upload(&w)?);
+    drop((x, r));
+    let (od, hd) = (cuda.gpu().zeros::<bf16>(n)?, cuda.gpu().zeros::<bf16>(n)?);
+    let block = block_for(hidden);
+    let args = add_rmsnorm::Args {
+        x_ptr: xd.ptr().cast(),
+        r_ptr: rd.ptr().cast(),
+        w_ptr: wd.ptr().cast(),
+        out_ptr: od.ptr().cast(),
+        h_ptr: hd.ptr().cast(),
+        n_cols: hidden as i32,
+        stride: hidden as i32,
+        eps: 1e-5,
+        _marker: PhantomData,
+    };
+    let grid = [tokens as u32, 1, 1];
+    let (config, tuned) = if tuned {
+        let base = add_rmsnorm::Config::new(DType::BF16, block);
+        let config = cuda.run_tuned::<add_rmsnorm::Kernel>(|_| grid, &base, &args)?;
+        let words = crate::cuda::autotune::describe_config(&add_rmsnorm::autotune_configs(&base), &config);
+        (config, Some(words))
+    } else {
+        (add_rmsnorm::Config::new(DType::BF16, block).with_warps(warps_for(block)), None)
+    };
+    let ms = measure(cuda, opts, |c| c.run::<add_rmsnorm::Kernel>(grid, &config, &args))?;
+    let (metric, value) =
+        if tokens == 1 { ("us", ms * 1e3) } else { ("TB/s", 4.0 * n as f64 * 2.0 / ms / 1e9) };
+    Ok(Record { name: format!("add_rmsnorm/bf16/{tokens}x{hidden}"), metric, value, ms, tuned })
+}
+
 fn copy_record(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Record> {
     let n = 1usize << 29;
     let x = Rng::new(29).values::<f32>(n, 4.0);
@@ -221,6 +276,13 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
         }
         for &tuned in tunings {
             out.push(softmax_record::<bf16>(cuda, opts, rows, cols, tuned)?);
+            eprintln!("measured {}", out[out.len() - 1].display_name());
+        }
+    }
+    for &(tokens, hidden) in &opts.add_rmsnorm {
+        let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
+        for &tuned in tunings {
+            out.push(add_rmsnorm_record(cuda, opts, tokens, hidden, tuned)?);
             eprintln!("measured {}", out[out.len() - 1].display_name());
         }
     }
@@ -274,16 +336,23 @@ pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
     s.push_str(&format!("{}\n", "-".repeat(width + 52)));
     for r in records {
         let frac = match ceiling {
-            Some(c) if c > 0.0 => format!("{:.1}%", 100.0 * r.value / c),
+            Some(c) if c > 0.0 && r.metric == "TB/s" => format!("{:.1}%", 100.0 * r.value / c),
             _ => "-".into(),
         };
+        // Ratios above 1 are better: throughput ours / peer, latency peer / ours.
+        let ratio = |v: f64| if r.metric == "us" { v / r.value } else { r.value / v };
         let vs: Vec<String> = peers
-            .map(|p| p.on(&r.name, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", r.value / v)).collect())
+            .map(|p| p.on(&r.name, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", ratio(v))).collect())
             .unwrap_or_default();
+        let value = if r.metric == "TB/s" {
+            format!("{:.3}", r.value)
+        } else {
+            format!("{:.2} {}", r.value, r.metric)
+        };
         s.push_str(&format!(
-            "{:<width$} | {:>9.3} | {:>10.4} | {:>8} | {}\n",
+            "{:<width$} | {:>9} | {:>10.4} | {:>8} | {}\n",
             r.display_name(),
-            r.value,
+            value,
             r.ms,
             frac,
             if vs.is_empty() { "-".to_string() } else { vs.join(", ") }
@@ -305,7 +374,7 @@ pub fn to_json(device: &str, records: &[Record]) -> serde_json::Value {
                 "metric": r.metric,
                 "value": (r.value * 1e4).round() / 1e4,
                 "ms": r.ms,
-                "fraction_of_copy": ceiling.map(|c| r.value / c),
+                "fraction_of_copy": ceiling.filter(|_| r.metric == "TB/s").map(|c| r.value / c),
             });
             if let Some(t) = &r.tuned {
                 v["tuned"] = json!(t);
@@ -383,6 +452,42 @@ mod tests {
         assert!(Peers::parse("{}").is_err());
         assert!(Peers::parse("not json").is_err());
         assert!(Peers::parse(r#"{"records": [{"name": 1}]}"#).is_err());
+    }
+
+    #[test]
+    fn add_rmsnorm_latency_rows() {
+        let p = Peers::parse(
+            r#"{"device": "H100", "records": [
+                {"name": "add_rmsnorm/bf16/1x576", "peer": "torch_eager", "metric": "us", "value": 30.0},
+                {"name": "add_rmsnorm/bf16/8192x4096", "peer": "torch_compile", "metric": "TB/s", "value": 2.0},
+                {"name": "copy/f32/2^29", "peer": "torch", "metric": "TB/s", "value": 3.0}]}"#,
+        )
+        .unwrap();
+        let recs = vec![
+            Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 3.0, ms: 1.0, tuned: None },
+            Record {
+                name: "add_rmsnorm/bf16/8192x4096".into(),
+                metric: "TB/s",
+                value: 2.5,
+                ms: 0.1,
+                tuned: None,
+            },
+            Record {
+                name: "add_rmsnorm/bf16/1x576".into(),
+                metric: "us",
+                value: 6.0,
+                ms: 0.006,
+                tuned: None,
+            },
+        ];
+        let t = table(&recs, Some(&p));
+        // Throughput: ours / peer; latency: peer / ours (a speedup either way).
+        assert!(t.contains("torch_compile 1.25x"), "{t}");
+        assert!(t.contains("6.00 us") && t.contains("torch_eager 5.00x"), "{t}");
+        let j = to_json("H100", &recs);
+        assert_eq!(j["records"][2]["metric"], "us");
+        assert!(j["records"][2]["fraction_of_copy"].is_null());
+        assert!(BenchOptions::default().add_rmsnorm.contains(&(1, 576)));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, CpuPtr};
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
+use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
 use std::marker::PhantomData;
 
 /// A seeded random number generator (SplitMix64): reproducible inputs without
@@ -497,6 +498,140 @@ pub fn layer_norm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         for exact in [true, false] {
             out.push(layer_norm_case(cuda, &mut rng, rows, cols, exact)?);
         }
+    }
+    Ok(out)
+}
+
+/// Ragged `(rows, cols, num_warps)` of the RMSNorm checks: SmolLM2's hidden
+/// size (one decode row and a batch), tiny and odd rows, and 4097 columns at 8
+/// and 16 warps (the autotune candidates).
+const NORM_SHAPES: [(usize, usize, u32); 6] =
+    [(1, 576, 4), (33, 576, 4), (5, 17, 4), (64, 1024, 8), (7, 4097, 8), (7, 4097, 16)];
+
+/// The `out` tolerance of add+RMSNorm: the normalized value is rounded to `T`
+/// before the weight multiply (as torch does), and where the GPU's f32 `rstd`
+/// (another summation order, approximate `rsqrt`) puts `h * rstd` on the other
+/// side of a bf16 rounding boundary the result differs by up to two units of
+/// its rounding; f32 keeps [`Tol::for_dtype`].
+fn add_rmsnorm_out_tol(dtype: DType) -> Tol {
+    match dtype {
+        DType::BF16 => Tol { atol: 1e-6, rtol: 2.0 / 128.0 },
+        DType::F16 => Tol { atol: 1e-6, rtol: 2.0 / 1024.0 },
+        d => Tol::for_dtype(d),
+    }
+}
+
+fn add_rmsnorm_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    (rows, cols, warps): (usize, usize, u32),
+    exact: bool,
+) -> Result<[CheckRow; 2]> {
+    let n = rows * cols;
+    let (x, r, w) = (rng.values::<T>(n, 4.0), rng.values::<T>(n, 4.0), rng.values::<T>(cols, 2.0));
+    let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, row_block(cols, exact)).with_warps(warps);
+    let grid = [rows as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((xd, xc), (rd, rc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &r)?);
+    let (wd, wc) = upload_both(cuda, &mut cpu, &w)?;
+    let ((od, oc), (hd, hc)) = (zeros_both::<T>(cuda, &mut cpu, n)?, zeros_both::<T>(cuda, &mut cpu, n)?);
+    let (nc, eps) = (cols as i32, 1e-5);
+    let args = add_rmsnorm::Args {
+        x_ptr: xd.ptr().cast(),
+        r_ptr: rd.ptr().cast(),
+        w_ptr: wd.ptr().cast(),
+        out_ptr: od.ptr().cast(),
+        h_ptr: hd.ptr().cast(),
+        n_cols: nc,
+        stride: nc,
+        eps,
+        _marker: PhantomData,
+    };
+    cuda.run::<add_rmsnorm::Kernel>(grid, &config, &args)?;
+    let (got_out, got_h) = (od.download()?, hd.download()?);
+    let args = add_rmsnorm::Args {
+        x_ptr: xc.cast(),
+        r_ptr: rc.cast(),
+        w_ptr: wc.cast(),
+        out_ptr: oc.cast(),
+        h_ptr: hc.cast(),
+        n_cols: nc,
+        stride: nc,
+        eps,
+        _marker: PhantomData,
+    };
+    add_rmsnorm::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = format!("{}, {warps}w", row_shape(rows, cols, exact));
+    let d = T::DEVICE_DTYPE;
+    Ok([
+        // The residual is one rounding of an f32 sum on both sides: bit-exact.
+        outcome("add_rmsnorm", format!("{shape}: h"), d, &got_h, &cpu.read(hc), EXACT),
+        outcome("add_rmsnorm", format!("{shape}: out"), d, &got_out, &cpu.read(oc), add_rmsnorm_out_tol(d)),
+    ])
+}
+
+/// The `add_rmsnorm` check: ragged shapes (exact non-power-of-two and padded
+/// `BLOCK`s), f32 and bf16; `h` bit-exact, `out` within its tolerance.
+pub fn add_rmsnorm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (i, shape) in NORM_SHAPES.into_iter().enumerate() {
+        let exact = i % 2 == 0;
+        out.extend(add_rmsnorm_case::<f32>(cuda, &mut rng, shape, exact)?);
+        out.extend(add_rmsnorm_case::<bf16>(cuda, &mut rng, shape, !exact)?);
+    }
+    Ok(out)
+}
+
+fn rmsnorm_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    (rows, cols, warps): (usize, usize, u32),
+    exact: bool,
+) -> Result<CheckRow> {
+    let n = rows * cols;
+    let (x, w) = (rng.values::<T>(n, 4.0), rng.values::<T>(cols, 2.0));
+    let config = rmsnorm::Config::new(T::DEVICE_DTYPE, row_block(cols, exact)).with_warps(warps);
+    let grid = [rows as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((xd, xc), (wd, wc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &w)?);
+    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, n)?;
+    let (nc, eps) = (cols as i32, 1e-5);
+    let args = rmsnorm::Args {
+        x_ptr: xd.ptr().cast(),
+        w_ptr: wd.ptr().cast(),
+        out_ptr: od.ptr().cast(),
+        n_cols: nc,
+        stride: nc,
+        eps,
+        _marker: PhantomData,
+    };
+    cuda.run::<rmsnorm::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let args = rmsnorm::Args {
+        x_ptr: xc.cast(),
+        w_ptr: wc.cast(),
+        out_ptr: oc.cast(),
+        n_cols: nc,
+        stride: nc,
+        eps,
+        _marker: PhantomData,
+    };
+    rmsnorm::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = format!("{}, {warps}w", row_shape(rows, cols, exact));
+    let d = T::DEVICE_DTYPE;
+    Ok(outcome("rmsnorm", shape, d, &got, &cpu.read(oc), Tol::for_dtype(d)))
+}
+
+/// The `rmsnorm` check: ragged shapes (exact non-power-of-two and padded
+/// `BLOCK`s), f32 and bf16 (one rounding at the end: one unit of it).
+pub fn rmsnorm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (i, shape) in NORM_SHAPES.into_iter().enumerate() {
+        let exact = i % 2 == 0;
+        out.push(rmsnorm_case::<f32>(cuda, &mut rng, shape, exact)?);
+        out.push(rmsnorm_case::<bf16>(cuda, &mut rng, shape, !exact)?);
     }
     Ok(out)
 }

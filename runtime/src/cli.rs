@@ -34,7 +34,7 @@ pub enum Command {
     /// Run every registered kernel on the GPU and on the CPU interpreter and
     /// compare (exits non-zero on any mismatch).
     GpuCheck(GpuCheckArgs),
-    /// Measure kernel throughput on the GPU (softmax and the copy ceiling).
+    /// Measure kernel throughput on the GPU (softmax, add+RMSNorm and the copy ceiling).
     Bench(BenchArgs),
 }
 
@@ -129,6 +129,13 @@ pub struct BenchArgs {
     /// results are cached in `$TESSERA_CACHE_DIR` or `~/.cache/tessera`).
     #[arg(long)]
     pub autotune: bool,
+    /// Add+RMSNorm shapes (bf16), `TOKENSxHIDDEN[,...]`; a single token is
+    /// timed in microseconds.
+    #[arg(long, default_value = "8192x4096,32768x576,1x576")]
+    pub add_rmsnorm_shapes: String,
+    /// Skip the add+RMSNorm rows.
+    #[arg(long)]
+    pub no_add_rmsnorm: bool,
 }
 
 /// Runs a parsed command line; `Ok(false)` means checks failed.
@@ -247,6 +254,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
         shapes: bench::parse_shapes(&a.shapes)?,
         copy: !a.no_copy,
         autotune: a.autotune,
+        add_rmsnorm: if a.no_add_rmsnorm { Vec::new() } else { bench::parse_shapes(&a.add_rmsnorm_shapes)? },
     };
     let mut cuda = Cuda::open(a.device)?;
     let device = cuda.gpu().info().name.clone();

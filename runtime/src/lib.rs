@@ -16,6 +16,7 @@
 
 pub mod bench;
 pub mod check;
+pub mod check_rope;
 pub mod cli;
 pub mod cuda;
 pub mod error;

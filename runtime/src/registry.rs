@@ -14,6 +14,7 @@ use dsl_core::launch::{Kernel, LaunchOptions};
 use dsl_core::{DType, Function};
 use dsl_macros::kernel;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
+use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
 
 /// `out[i] = x[i] + y[i]` for `i < n`, in `T`.
 #[kernel]
@@ -129,6 +130,25 @@ fn build_collatz() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<collatz::Kernel>(collatz::Config::new())
 }
 
+fn build_rope_kv_write() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::rope::rope_kv_write as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 9, 3, 64))
+}
+
+fn build_add_rmsnorm() -> dsl_core::Result<(Function, LaunchOptions)> {
+    let block = kernels::rmsnorm::block_for(4096);
+    spec::<add_rmsnorm::Kernel>(
+        add_rmsnorm::Config::new(DType::BF16, block).with_warps(kernels::rmsnorm::warps_for(block)),
+    )
+}
+
+fn build_rmsnorm() -> dsl_core::Result<(Function, LaunchOptions)> {
+    let block = kernels::rmsnorm::block_for(4096);
+    spec::<rmsnorm::Kernel>(
+        rmsnorm::Config::new(DType::BF16, block).with_warps(kernels::rmsnorm::warps_for(block)),
+    )
+}
+
 /// Every registered kernel, in listing order.
 pub const ENTRIES: &[Entry] = &[
     Entry {
@@ -181,6 +201,20 @@ pub const ENTRIES: &[Entry] = &[
         check: check::layer_norm,
     },
     Entry {
+        name: "add_rmsnorm",
+        description: "h = x + r; out = rmsnorm(h) * w (writes both)",
+        default_config: "T = bf16, BLOCK = 4096, num_warps = 8",
+        build: build_add_rmsnorm,
+        check: check::add_rmsnorm,
+    },
+    Entry {
+        name: "rmsnorm",
+        description: "out = x * rsqrt(mean(x^2) + eps) * w, f32 math",
+        default_config: "T = bf16, BLOCK = 4096, num_warps = 8",
+        build: build_rmsnorm,
+        check: check::rmsnorm,
+    },
+    Entry {
         name: "histogram",
         description: "hist[bins[i]] += 1 with atomics (i32)",
         default_config: "BLOCK = 1024, num_warps = 4",
@@ -193,6 +227,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "num_warps = 4",
         build: build_collatz,
         check: check::collatz,
+    },
+    Entry {
+        name: "rope_kv_write",
+        description: "RoPE (adjacent pairs) on Q/K of fused QKV + paged K/V cache write",
+        default_config: "T = bf16, N_Q = 9, N_KV = 3, HEAD_DIM = 64, num_warps = 4",
+        build: build_rope_kv_write,
+        check: crate::check_rope::rope_kv_write,
     },
 ];
 

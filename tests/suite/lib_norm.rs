@@ -1,1 +1,201 @@
 //! Kernel library: add+RMSNorm and RMSNorm on the interpreter against references.
+//!
+//! Random non-zero inputs, ragged shapes (1..9 tokens; hidden sizes that are
+//! not multiples of 16, SmolLM2's 576, and a row stride wider than the row),
+//! f32 and bf16 storage, `BLOCK` exactly the hidden size (usually not a power
+//! of two) or padded to the next power of two. Tolerances: f32 1e-5 relative;
+//! bf16 one unit of the final rounding (1/128 relative). The residual `h` of
+//! add+RMSNorm is one rounding of an f32 sum, so it must match exactly.
+
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use dsl_core::interp::{Cpu, Element};
+use kernels::reference::norm as r;
+use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
+use proptest::prelude::*;
+use std::marker::PhantomData;
+use tests::reference::{Rng, check_close};
+
+fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+const EPS: f32 = 1e-5;
+
+/// Relative error allowed in the kernel's f32 `rstd` when deciding which way
+/// the intermediate rounding of add+RMSNorm may go.
+const RSTD_DELTA: f64 = 1e-5;
+
+/// Storage types of the tests.
+trait Storage: Element {
+    fn from_f32(v: f32) -> Self;
+}
+
+impl Storage for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl Storage for bf16 {
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+/// `(atol, rtol)` of outputs stored in `dtype`.
+fn tol(dtype: DType) -> (f64, f64) {
+    if dtype == DType::BF16 { (1e-6, 1.0 / 128.0) } else { (1e-6, 1e-5) }
+}
+
+/// Non-zero values with magnitudes in `[1/64, hi)`, as stored in `T`.
+fn values<T: Storage>(rng: &mut Rng, n: usize, hi: f32) -> Vec<T> {
+    (0..n)
+        .map(|_| {
+            let m = rng.uniform(1.0 / 64.0, hi);
+            T::from_f32(if rng.next_u64() & 1 == 0 { m } else { -m })
+        })
+        .collect()
+}
+
+/// A `rows x cols` tensor with row stride `stride` (gaps filled with junk) and
+/// its dense f64 view.
+fn strided<T: Storage>(rng: &mut Rng, rows: usize, cols: usize, stride: usize) -> (Vec<T>, Vec<f64>) {
+    let buf = values::<T>(rng, rows * stride, 4.0);
+    let dense =
+        (0..rows).flat_map(|i| buf[i * stride..i * stride + cols].iter().map(|v| v.to_f64())).collect();
+    (buf, dense)
+}
+
+/// The `rows x cols` values of a strided result, and whether the gaps stayed zero.
+fn dense<T: Element>(buf: &[T], rows: usize, cols: usize, stride: usize) -> (Vec<f64>, bool) {
+    let vals =
+        (0..rows).flat_map(|i| buf[i * stride..i * stride + cols].iter().map(|v| v.to_f64())).collect();
+    let gaps_zero =
+        (0..rows).all(|i| buf[i * stride + cols..(i + 1) * stride].iter().all(|v| v.to_f64() == 0.0));
+    (vals, gaps_zero)
+}
+
+fn add_rmsnorm_case<T: Storage>(
+    seed: u64,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    block: usize,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let (x, x64) = strided::<T>(&mut rng, rows, cols, stride);
+    let (res, r64) = strided::<T>(&mut rng, rows, cols, stride);
+    let w = values::<T>(&mut rng, cols, 2.0);
+    let w64: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
+    let mut cpu = Cpu::new();
+    let (xp, rp, wp) = (cpu.upload(&x), cpu.upload(&res), cpu.upload(&w));
+    let (op, hp) = (cpu.zeros::<T>(rows * stride), cpu.zeros::<T>(rows * stride));
+    let args = add_rmsnorm::Args {
+        x_ptr: xp.cast(),
+        r_ptr: rp.cast(),
+        w_ptr: wp.cast(),
+        out_ptr: op.cast(),
+        h_ptr: hp.cast(),
+        n_cols: cols as i32,
+        stride: stride as i32,
+        eps: EPS,
+        _marker: PhantomData,
+    };
+    let config = add_rmsnorm::Config::new(T::DTYPE, block);
+    add_rmsnorm::interpret(&mut cpu, [rows as u32, 1, 1], &config, &args)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let (want_out, want_h) = r::add_rmsnorm(&x64, &r64, &w64, rows, cols, EPS as f64, T::DTYPE);
+    let (got_h, h_gaps) = dense(&cpu.read(hp), rows, cols, stride);
+    let (got_out, out_gaps) = dense(&cpu.read(op), rows, cols, stride);
+    prop_assert!(h_gaps && out_gaps, "a store wrote past n_cols");
+    prop_assert_eq!(got_h, want_h);
+    let (atol, rtol) = tol(T::DTYPE);
+    if check_close(&got_out, &want_out, atol, rtol).is_err() {
+        // The intermediate `round_T(h * rstd)` may round the other way where
+        // the f32 `rstd` (relative error ~1e-6) straddles a rounding boundary:
+        // accept one unit of the final rounding from either neighbour.
+        let near = |s: f64| r::add_rmsnorm_scaled(&x64, &r64, &w64, rows, cols, EPS as f64, T::DTYPE, s).0;
+        let (lo, hi) = (near(1.0 - RSTD_DELTA), near(1.0 + RSTD_DELTA));
+        for (i, &g) in got_out.iter().enumerate() {
+            let ok = [want_out[i], lo[i], hi[i]].iter().any(|&w| (g - w).abs() <= atol + rtol * w.abs());
+            prop_assert!(ok, "element {i}: got {g}, want {} (neighbours {}, {})", want_out[i], lo[i], hi[i]);
+        }
+    }
+    Ok(())
+}
+
+fn rmsnorm_case<T: Storage>(
+    seed: u64,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    block: usize,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let (x, x64) = strided::<T>(&mut rng, rows, cols, stride);
+    let w = values::<T>(&mut rng, cols, 2.0);
+    let w64: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
+    let mut cpu = Cpu::new();
+    let (xp, wp, op) = (cpu.upload(&x), cpu.upload(&w), cpu.zeros::<T>(rows * stride));
+    let args = rmsnorm::Args {
+        x_ptr: xp.cast(),
+        w_ptr: wp.cast(),
+        out_ptr: op.cast(),
+        n_cols: cols as i32,
+        stride: stride as i32,
+        eps: EPS,
+        _marker: PhantomData,
+    };
+    let config = rmsnorm::Config::new(T::DTYPE, block);
+    rmsnorm::interpret(&mut cpu, [rows as u32, 1, 1], &config, &args)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let want = r::rmsnorm(&x64, &w64, rows, cols, EPS as f64, T::DTYPE);
+    let (got, gaps) = dense(&cpu.read(op), rows, cols, stride);
+    prop_assert!(gaps, "a store wrote past n_cols");
+    let (atol, rtol) = tol(T::DTYPE);
+    check_close(&got, &want, atol, rtol).map_err(TestCaseError::fail)?;
+    Ok(())
+}
+
+/// Hidden sizes: SmolLM2's 576, other non-multiples of 16, and random ones.
+fn hidden() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(576usize), Just(1), Just(17), Just(1000), Just(1031), 1usize..1200]
+}
+
+proptest! {
+    #![proptest_config(cases(16))]
+
+    #[test]
+    fn add_rmsnorm_ragged(rows in 1usize..9, cols in hidden(), gap in 0usize..3, bf in any::<bool>(), exact in any::<bool>(), seed in any::<u64>()) {
+        let block = if exact { cols } else { cols.next_power_of_two() };
+        let stride = cols + 8 * gap;
+        if bf {
+            add_rmsnorm_case::<bf16>(seed, rows, cols, stride, block)?;
+        } else {
+            add_rmsnorm_case::<f32>(seed, rows, cols, stride, block)?;
+        }
+    }
+
+    #[test]
+    fn rmsnorm_ragged(rows in 1usize..9, cols in hidden(), gap in 0usize..3, bf in any::<bool>(), exact in any::<bool>(), seed in any::<u64>()) {
+        let block = if exact { cols } else { cols.next_power_of_two() };
+        let stride = cols + 8 * gap;
+        if bf {
+            rmsnorm_case::<bf16>(seed, rows, cols, stride, block)?;
+        } else {
+            rmsnorm_case::<f32>(seed, rows, cols, stride, block)?;
+        }
+    }
+}
+
+/// The shapes the bench and SmolLM2 use, in both dtypes, with exact `BLOCK`s.
+#[test]
+fn smollm2_and_llama_rows() {
+    for (rows, cols) in [(3, 576), (2, 4096)] {
+        add_rmsnorm_case::<bf16>(11, rows, cols, cols, cols).unwrap();
+        add_rmsnorm_case::<f32>(12, rows, cols, cols, cols).unwrap();
+        rmsnorm_case::<bf16>(13, rows, cols, cols, cols).unwrap();
+        rmsnorm_case::<f32>(14, rows, cols, cols, cols).unwrap();
+    }
+}

@@ -1,1 +1,231 @@
 //! Kernel library: RoPE + paged KV write on the interpreter against references.
+//!
+//! `rope_kv_write` (kernels::rope) on the CPU interpreter against the f64
+//! reference (kernels::reference::rope): random non-zero inputs, ragged token
+//! counts, the SmolLM2 shape (9 Q heads, 3 KV heads, head dim 64, theta 1e5)
+//! and a (4, 2, 128) shape, positions up to 8191, distinct random slots with
+//! some `-1`, block sizes 16 and 32, f32 and bf16. Caches start with random
+//! non-zero contents; slots not written must keep them bit for bit.
+//!
+//! Tolerance per element of a rotated pair `(x0, x1)` with norm `n`:
+//! `n * (1e-5 + angle_error_bound)`, the f32 arithmetic of the kernel plus the
+//! error of its f32 angle (which grows with the position); bf16 adds one unit
+//! of the final rounding, `|want| / 128`. V is a copy: exact.
+
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use dsl_core::interp::Cpu;
+use kernels::reference::rope::{self as r, RopeShape};
+use kernels::rope::rope_kv_write;
+use proptest::prelude::*;
+use std::marker::PhantomData;
+use tests::reference::Rng;
+
+fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+/// `n` values in `[-2, -1/64] ∪ [1/64, 2]`, rounded to `dtype`.
+fn nonzero(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let m = rng.uniform(1.0 / 64.0, 2.0) as f64;
+            dtype.round_float(if rng.below(2) == 0 { m } else { -m })
+        })
+        .collect()
+}
+
+/// Per-element tolerances of rotated heads: `x` holds `heads` heads of `d`
+/// elements per token (token stride `stride`, offset `off` into the row).
+#[allow(clippy::too_many_arguments)]
+fn rotated_tol(
+    x: &[f64],
+    stride: usize,
+    off: usize,
+    heads: usize,
+    d: usize,
+    pos: i32,
+    theta: f64,
+    t: usize,
+    bf: bool,
+    want: &[f64],
+) -> Vec<f64> {
+    let mut tol = Vec::with_capacity(heads * d);
+    for h in 0..heads {
+        for j in 0..d {
+            let i = j / 2;
+            let b = t * stride + off + h * d + 2 * i;
+            let n = x[b].hypot(x[b + 1]);
+            let w = want[h * d + j].abs();
+            tol.push(n * (1e-5 + r::angle_error_bound(pos, i, d, theta)) + if bf { w / 128.0 } else { 0.0 });
+        }
+    }
+    tol
+}
+
+fn check(what: &str, got: &[f64], want: &[f64], tol: &[f64]) -> Result<(), TestCaseError> {
+    for (e, ((g, w), t)) in got.iter().zip(want).zip(tol).enumerate() {
+        let d = (g - w).abs();
+        if d.is_nan() || d > *t {
+            return Err(TestCaseError::fail(format!("{what}[{e}]: got {g}, want {w}, |diff| {d} > {t}")));
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    tokens: usize,
+    shape: RopeShape,
+    theta: f64,
+    block_size: usize,
+    bf: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let dtype = if bf { DType::BF16 } else { DType::F32 };
+    let RopeShape { n_q, n_kv, head_dim: d } = shape;
+    let num_blocks = (2 * tokens).div_ceil(block_size) + 1;
+    let n_slots = num_blocks * block_size;
+    let qkv = nonzero(&mut rng, tokens * shape.row(), dtype);
+    let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
+    // Distinct slots (a partial Fisher-Yates shuffle), about a quarter skipped.
+    let mut all: Vec<i32> = (0..n_slots as i32).collect();
+    for t in 0..tokens {
+        let j = t + rng.below((n_slots - t) as u64) as usize;
+        all.swap(t, j);
+    }
+    let slots: Vec<i32> = (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { all[t] }).collect();
+    let k_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+    let v_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+
+    let (mut k_want, mut v_want) = (k_init.clone(), v_init.clone());
+    let q_want = r::rope_kv_write(&qkv, &positions, &slots, theta, shape, dtype, &mut k_want, &mut v_want);
+
+    let mut cpu = Cpu::new();
+    let config = rope_kv_write::Config::new(dtype, n_q, n_kv, d);
+    let grid = [tokens as u32, 1, 1];
+    let (pp, sp) = (cpu.upload(&positions), cpu.upload(&slots));
+    let (q_got, k_got, v_got): (Vec<f64>, Vec<f64>, Vec<f64>) = if bf {
+        let h = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>();
+        let (xp, qp) = (cpu.upload(&h(&qkv)), cpu.zeros::<bf16>(tokens * n_q * d));
+        let (kp, vp) = (cpu.upload(&h(&k_init)), cpu.upload(&h(&v_init)));
+        let args = rope_kv_write::Args {
+            qkv_ptr: xp.cast(),
+            pos_ptr: pp,
+            slot_ptr: sp,
+            q_out_ptr: qp.cast(),
+            k_cache_ptr: kp.cast(),
+            v_cache_ptr: vp.cast(),
+            theta: theta as f32,
+            _marker: PhantomData,
+        };
+        rope_kv_write::interpret(&mut cpu, grid, &config, &args)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let f = |v: Vec<bf16>| v.iter().map(|x| x.to_f64()).collect();
+        (f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp)))
+    } else {
+        let s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+        let (xp, qp) = (cpu.upload(&s(&qkv)), cpu.zeros::<f32>(tokens * n_q * d));
+        let (kp, vp) = (cpu.upload(&s(&k_init)), cpu.upload(&s(&v_init)));
+        let args = rope_kv_write::Args {
+            qkv_ptr: xp.cast(),
+            pos_ptr: pp,
+            slot_ptr: sp,
+            q_out_ptr: qp.cast(),
+            k_cache_ptr: kp.cast(),
+            v_cache_ptr: vp.cast(),
+            theta: theta as f32,
+            _marker: PhantomData,
+        };
+        rope_kv_write::interpret(&mut cpu, grid, &config, &args)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let f = |v: Vec<f32>| v.iter().map(|&x| x as f64).collect();
+        (f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp)))
+    };
+
+    // Q: every token.
+    for (t, &pos) in positions.iter().enumerate() {
+        let (a, b) = (t * n_q * d, (t + 1) * n_q * d);
+        let tol = rotated_tol(&qkv, shape.row(), 0, n_q, d, pos, theta, t, bf, &q_want[a..b]);
+        check(&format!("q_out token {t}"), &q_got[a..b], &q_want[a..b], &tol)?;
+    }
+    // Caches: written slots within tolerance (V exact), every other slot unchanged.
+    let mut written = vec![None; n_slots];
+    for (t, &s) in slots.iter().enumerate() {
+        if s >= 0 {
+            written[s as usize] = Some(t);
+        }
+    }
+    let sl = shape.slot();
+    for (s, w) in written.iter().enumerate() {
+        let (a, b) = (s * sl, (s + 1) * sl);
+        match *w {
+            Some(t) => {
+                let tol = rotated_tol(
+                    &qkv,
+                    shape.row(),
+                    n_q * d,
+                    n_kv,
+                    d,
+                    positions[t],
+                    theta,
+                    t,
+                    bf,
+                    &k_want[a..b],
+                );
+                check(&format!("k_cache slot {s} (token {t})"), &k_got[a..b], &k_want[a..b], &tol)?;
+                let v_src = &qkv[t * shape.row() + (n_q + n_kv) * d..(t + 1) * shape.row()];
+                prop_assert_eq!(&v_got[a..b], v_src, "v_cache slot {} (token {})", s, t);
+                prop_assert_eq!(&v_want[a..b], v_src);
+            }
+            None => {
+                prop_assert_eq!(&k_got[a..b], &k_init[a..b], "k_cache slot {} must be untouched", s);
+                prop_assert_eq!(&v_got[a..b], &v_init[a..b], "v_cache slot {} must be untouched", s);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(cases(32))]
+
+    #[test]
+    fn rope_kv_write_ragged(
+        tokens in 1usize..13,
+        smol in any::<bool>(),
+        block_size in prop::sample::select(vec![16usize, 32]),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let (shape, theta) = if smol {
+            (RopeShape { n_q: 9, n_kv: 3, head_dim: 64 }, 100_000.0)
+        } else {
+            (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 10_000.0)
+        };
+        run_case(tokens, shape, theta, block_size, bf, seed)?;
+    }
+}
+
+/// The rotation convention: adjacent pairs (llama.cpp `NORM`), checked on a
+/// hand-computed case (position 1, pair 0 rotates by exactly 1 rad).
+#[test]
+fn rope_rotates_adjacent_pairs() {
+    let shape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
+    let qkv = [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
+    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
+    let q = r::rope_kv_write(&qkv, &[1], &[1], 100.0, shape, DType::F64, &mut k, &mut v);
+    let (c0, s0) = (1f64.cos(), 1f64.sin());
+    let (c1, s1) = (0.1f64.cos(), 0.1f64.sin());
+    let want_q = [c0, s0, -s1, c1];
+    for (g, w) in q.iter().zip(want_q) {
+        assert!((g - w).abs() < 1e-12, "{q:?}");
+    }
+    assert_eq!(&k[..4], &[9.0; 4]);
+    let want_k = [-s0, c0, c1, s1];
+    for (g, w) in k[4..].iter().zip(want_k) {
+        assert!((g - w).abs() < 1e-12, "{k:?}");
+    }
+    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
+}

@@ -3,7 +3,7 @@
 mod diagnostics;
 mod interp_macro;
 mod ir_snapshots;
-mod macro_kernels;
-mod ui;
 mod lib_norm;
 mod lib_rope;
+mod macro_kernels;
+mod ui;
