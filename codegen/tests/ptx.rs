@@ -294,6 +294,35 @@ fn rope_kv_write() {
     );
 }
 
+/// The Q8_0 embedding gather (`kernels::embedding`): SmolLM2's hidden 576 in a
+/// padded 1024 tile, bf16 out, 4 warps; and a 256-column tile looping over the
+/// row, f32 out, 2 warps.
+#[test]
+fn embedding_q8_0() {
+    use ::kernels::embedding::embedding_q8_0 as k;
+    let f = |d: DType, block: usize| k::build(&k::Config::new(d, block)).unwrap();
+    both(
+        "embedding_q8_0",
+        &[("_bf16_b1024".into(), f(DType::BF16, 1024), 4), ("_f32_b256".into(), f(DType::F32, 256), 2)],
+    );
+}
+
+/// The online softmax (`kernels::softmax`): f32 in 1024-element chunks without
+/// the mask at 4 warps, and bf16 in 4096-element chunks with the causal mask at
+/// 8 warps.
+#[test]
+fn softmax_online() {
+    use ::kernels::softmax::softmax_online as k;
+    let f = |d: DType, causal: bool, block: usize| k::build(&k::Config::new(d, causal, block)).unwrap();
+    both(
+        "softmax_online",
+        &[
+            ("_f32_b1024".into(), f(DType::F32, false, 1024), 4),
+            ("_bf16_causal_b4096".into(), f(DType::BF16, true, 4096), 8),
+        ],
+    );
+}
+
 /// Register and spill numbers of softmax at large blocks (printed for the report; no spills allowed).
 #[test]
 fn softmax_large_blocks_do_not_spill() {

@@ -5,7 +5,9 @@
 //! `examples` holds the tutorial/test kernels.
 #![forbid(unsafe_code)]
 
+pub mod embedding;
 pub mod examples;
 pub mod reference;
 pub mod rmsnorm;
 pub mod rope;
+pub mod softmax;

@@ -13,6 +13,7 @@ use crate::registry::{copy, softmax, softmax_warps, vector_add};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, CpuPtr};
+use kernels::embedding::embedding_q8_0;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
 use std::marker::PhantomData;
@@ -632,6 +633,144 @@ pub fn rmsnorm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         let exact = i % 2 == 0;
         out.push(rmsnorm_case::<f32>(cuda, &mut rng, shape, exact)?);
         out.push(rmsnorm_case::<bf16>(cuda, &mut rng, shape, !exact)?);
+    }
+    Ok(out)
+}
+
+/// A random Q8_0 table of `vocab` rows of `hidden` values (raw bytes): non-zero
+/// f16 scales up to 0.1 in magnitude (the range of real embeddings), random i8 quants.
+fn q8_0_table(rng: &mut Rng, vocab: usize, hidden: usize) -> Vec<u8> {
+    let blocks = vocab * hidden / 32;
+    let mut t = Vec::with_capacity(blocks * 34);
+    for _ in 0..blocks {
+        t.extend_from_slice(&f16::from_f64(rng.nonzero(0.1)).to_le_bytes());
+        t.extend((0..32).map(|_| rng.next_u64() as u8));
+    }
+    t
+}
+
+fn embedding_q8_0_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    (tokens, hidden, vocab): (usize, usize, usize),
+    invalid: bool,
+) -> Result<CheckRow> {
+    let w = q8_0_table(rng, vocab, hidden);
+    let mut ids: Vec<i32> = (0..tokens).map(|_| (rng.next_u64() % vocab as u64) as i32).collect();
+    if invalid {
+        // Out-of-range ids give zero rows on both sides (the kernel's contract).
+        ids[tokens / 2] = vocab as i32;
+        ids[0] = -1;
+    }
+    let block = kernels::embedding::block_for(hidden);
+    let warps = kernels::embedding::warps_for(block);
+    let config = embedding_q8_0::Config::new(T::DEVICE_DTYPE, block).with_warps(warps);
+    let grid = [tokens as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let ((wd, wc), (id, ic)) = (upload_both(cuda, &mut cpu, &w)?, upload_both(cuda, &mut cpu, &ids)?);
+    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, tokens * hidden)?;
+    let (h, v) = (hidden as i32, vocab as i32);
+    let args = embedding_q8_0::Args {
+        w_ptr: wd.ptr().cast(),
+        ids_ptr: id.ptr(),
+        out_ptr: od.ptr().cast(),
+        hidden: h,
+        vocab: v,
+        _marker: PhantomData,
+    };
+    cuda.run::<embedding_q8_0::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let args = embedding_q8_0::Args {
+        w_ptr: wc.cast(),
+        ids_ptr: ic,
+        out_ptr: oc.cast(),
+        hidden: h,
+        vocab: v,
+        _marker: PhantomData,
+    };
+    embedding_q8_0::interpret(&mut cpu, grid, &config, &args)?;
+    let shape = format!("{tokens}x{hidden} of {vocab}{}", if invalid { " (2 invalid ids)" } else { "" });
+    Ok(outcome("embedding_q8_0", shape, T::DEVICE_DTYPE, &got, &cpu.read(oc), EXACT))
+}
+
+/// The `embedding_q8_0` check: ragged token counts, hidden 576 (SmolLM2, its
+/// full 49152-row vocab once) and 4096 (a looped row), f32 and bf16 outputs,
+/// exact (`d * q` is exact in f32; bf16 is one rounding of it on both sides).
+pub fn embedding_q8_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    let shapes = [(1, 576, 1000), (37, 576, 49152), (5, 4096, 300), (130, 4096, 64)];
+    for (i, shape) in shapes.into_iter().enumerate() {
+        out.push(embedding_q8_0_case::<f32>(cuda, &mut rng, shape, i == 2)?);
+        out.push(embedding_q8_0_case::<bf16>(cuda, &mut rng, shape, i == 3)?);
+    }
+    Ok(out)
+}
+
+/// Online-softmax check shapes: `(rows, cols, BLOCK, warps, scale, causal
+/// offset)`. Rows shorter than, exactly, and raggedly longer than `BLOCK`
+/// (one to four chunks), causal offsets that mask whole rows (-3) and that
+/// align the last query with the last key.
+const SOFTMAX_ONLINE_SHAPES: [(usize, usize, usize, u32, f32, Option<i32>); 7] = [
+    (1, 1, 256, 4, 1.0, None),
+    (5, 17, 256, 4, 0.125, Some(0)),
+    (37, 1000, 256, 4, 1.0, None),
+    (64, 1024, 1024, 4, 0.125, Some(0)),
+    (7, 4097, 1024, 8, 1.0, Some(4090)),
+    (6, 3000, 1024, 8, 2.0, Some(-3)),
+    (16, 8192, 4096, 16, 0.088, Some(8176)),
+];
+
+fn softmax_online_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    (rows, cols, block, warps, scale, causal): (usize, usize, usize, u32, f32, Option<i32>),
+) -> Result<CheckRow> {
+    use kernels::softmax::softmax_online as k;
+    let n = rows * cols;
+    let x = rng.values::<T>(n, 4.0);
+    let config = k::Config::new(T::DEVICE_DTYPE, causal.is_some(), block).with_warps(warps);
+    let grid = [rows as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let (xd, xc) = upload_both(cuda, &mut cpu, &x)?;
+    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, n)?;
+    let (nc, off) = (cols as i32, causal.unwrap_or(0));
+    let args = k::Args {
+        out_ptr: od.ptr().cast(),
+        in_ptr: xd.ptr().cast(),
+        n_cols: nc,
+        stride: nc,
+        scale,
+        causal_offset: off,
+        _marker: PhantomData,
+    };
+    cuda.run::<k::Kernel>(grid, &config, &args)?;
+    let got = od.download()?;
+    let args = k::Args {
+        out_ptr: oc.cast(),
+        in_ptr: xc.cast(),
+        n_cols: nc,
+        stride: nc,
+        scale,
+        causal_offset: off,
+        _marker: PhantomData,
+    };
+    k::interpret(&mut cpu, grid, &config, &args)?;
+    let mask = causal.map_or("no mask".to_string(), |o| format!("causal {o}"));
+    let shape = format!("{rows}x{cols}, BLOCK {block}, {warps}w, scale {scale}, {mask}");
+    let d = T::DEVICE_DTYPE;
+    Ok(outcome("softmax_online", shape, d, &got, &cpu.read(oc), Tol::for_dtype(d)))
+}
+
+/// The `softmax_online` check: rows up to 8192 in 256..4096 chunks (ragged
+/// and exact multiples), scales, causal on and off (incl. fully masked rows),
+/// f32 and bf16.
+pub fn softmax_online(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for shape in SOFTMAX_ONLINE_SHAPES {
+        out.push(softmax_online_case::<f32>(cuda, &mut rng, shape)?);
+        out.push(softmax_online_case::<bf16>(cuda, &mut rng, shape)?);
     }
     Ok(out)
 }

@@ -149,6 +149,18 @@ fn build_rmsnorm() -> dsl_core::Result<(Function, LaunchOptions)> {
     )
 }
 
+fn build_embedding_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::embedding::{block_for, embedding_q8_0 as k, warps_for};
+    let block = block_for(576);
+    spec::<k::Kernel>(k::Config::new(DType::BF16, block).with_warps(warps_for(block)))
+}
+
+fn build_softmax_online() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::softmax::{block_for, softmax_online as k, warps_for};
+    let block = block_for(8192);
+    spec::<k::Kernel>(k::Config::new(DType::BF16, true, block).with_warps(warps_for(block)))
+}
+
 /// Every registered kernel, in listing order.
 pub const ENTRIES: &[Entry] = &[
     Entry {
@@ -213,6 +225,20 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, BLOCK = 4096, num_warps = 8",
         build: build_rmsnorm,
         check: check::rmsnorm,
+    },
+    Entry {
+        name: "embedding_q8_0",
+        description: "out[t, :] = dequant(w_q8_0[ids[t], :]) (token-embedding gather)",
+        default_config: "T = bf16, BLOCK = 1024, num_warps = 4",
+        build: build_embedding_q8_0,
+        check: check::embedding_q8_0,
+    },
+    Entry {
+        name: "softmax_online",
+        description: "row softmax(scale * x) of any length, optional causal mask (online, chunked)",
+        default_config: "T = bf16, CAUSAL = true, BLOCK = 4096, num_warps = 8",
+        build: build_softmax_online,
+        check: check::softmax_online,
     },
     Entry {
         name: "histogram",

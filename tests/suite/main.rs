@@ -3,7 +3,9 @@
 mod diagnostics;
 mod interp_macro;
 mod ir_snapshots;
+mod lib_embedding;
 mod lib_norm;
 mod lib_rope;
+mod lib_softmax;
 mod macro_kernels;
 mod ui;

@@ -1,5 +1,7 @@
 //! Plain references for the kernel library, in f64 (one module per kernel
 //! family). Tests compare every kernel against these on random inputs.
 
+pub mod embedding;
 pub mod norm;
 pub mod rope;
+pub mod softmax;
