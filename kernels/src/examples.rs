@@ -6,9 +6,15 @@
 
 use dsl_macros::{kernel, kernel_fn};
 
-/// `out[i] = x[i] + y[i]` for `i < n`.
+/// `out[i] = x[i] + y[i]` for `i < n`, in `T`.
 #[kernel]
-pub fn vector_add(x_ptr: Ptr<f32>, y_ptr: Ptr<f32>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
+pub fn vector_add<T: Float>(
+    x_ptr: Ptr<T>,
+    y_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    n: i32,
+    #[constexpr] BLOCK: usize,
+) {
     let pid = program_id(0);
     let offs = pid * BLOCK + arange(0, BLOCK);
     let mask = offs < n;

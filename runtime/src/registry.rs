@@ -13,24 +13,9 @@ use crate::error::Result;
 use dsl_core::launch::{Kernel, LaunchOptions};
 use dsl_core::{DType, Function};
 use dsl_macros::kernel;
+pub use kernels::examples::vector_add;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
-
-/// `out[i] = x[i] + y[i]` for `i < n`, in `T`.
-#[kernel]
-pub fn vector_add<T: Float>(
-    x_ptr: Ptr<T>,
-    y_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
-    n: i32,
-    #[constexpr] BLOCK: usize,
-) {
-    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
-    let mask = offs < n;
-    let x = load(x_ptr + offs, mask = mask);
-    let y = load(y_ptr + offs, mask = mask);
-    store(out_ptr + offs, x + y, mask = mask);
-}
 
 /// `out[i] = x[i]` for `i < n`: the bandwidth ceiling of the bench.
 #[kernel]

@@ -23,8 +23,8 @@ proptest! {
         let mut cpu = Cpu::new();
         let (xp, yp, op) = (cpu.upload(&x), cpu.upload(&y), cpu.zeros::<f32>(n));
         let grid = [n.div_ceil(block) as u32, 1, 1];
-        let args = dsl::vector_add::Args { x_ptr: xp, y_ptr: yp, out_ptr: op, n: n as i32, _marker: PhantomData };
-        dsl::vector_add::interpret(&mut cpu, grid, &dsl::vector_add::Config::new(block), &args).unwrap();
+        let args = dsl::vector_add::Args { x_ptr: xp.cast(), y_ptr: yp.cast(), out_ptr: op.cast(), n: n as i32, _marker: PhantomData };
+        dsl::vector_add::interpret(&mut cpu, grid, &dsl::vector_add::Config::new(DType::F32, block), &args).unwrap();
         let got = cpu.read(op);
         for i in 0..n {
             prop_assert_eq!(got[i], x[i] + y[i]);

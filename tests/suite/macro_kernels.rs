@@ -15,7 +15,7 @@ fn same_ir(
 
 #[test]
 fn macro_ir_equals_hand_built_ir() {
-    same_ir(dsl::vector_add::build(&dsl::vector_add::Config::new(1024)), hand::vector_add(1024));
+    same_ir(dsl::vector_add::build(&dsl::vector_add::Config::new(DType::F32, 1024)), hand::vector_add(1024));
     same_ir(
         dsl::softmax::build(&dsl::softmax::Config::new(DType::BF16, 1024)),
         hand::softmax(1024, DType::BF16),
@@ -40,7 +40,9 @@ fn autotune_metadata_is_generated() {
     assert_eq!((configs[0].num_warps, configs[1].num_warps), (4, 8));
     assert!(configs.iter().all(|c| c.BLOCK == 1024 && c.T == DType::F32));
     assert_eq!(dsl::softmax::Kernel::autotune_key(), &["n_cols"]);
-    assert!(dsl::vector_add::Kernel::autotune_configs(&dsl::vector_add::Config::new(128)).is_empty());
+    assert!(
+        dsl::vector_add::Kernel::autotune_configs(&dsl::vector_add::Config::new(DType::F32, 128)).is_empty()
+    );
 }
 
 /// A shape error that depends on constexpr values is reported by `build` with the
