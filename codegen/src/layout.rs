@@ -12,6 +12,12 @@
 //! move no data and elementwise ops never convert layouts. Scalars (rank 0)
 //! have `n == 1`: one register, replicated in every thread (uniform).
 //!
+//! `spt` is the kernel-wide cap for every tile of at least `cap` elements,
+//! even when that leaves threads holding replicas: with one chunk size, the
+//! chunk of linear index `i` of a tile of `n` elements and the chunk of
+//! `i mod m` of a tile of `m | n` elements live in the same thread, so
+//! broadcasting along leading dimensions (`[1, K] -> [N, K]`) moves no data.
+//!
 //! Invariants: `n`, `spt` and `threads` are powers of two; `spt` divides `n`.
 //! A later issue can add Triton's blocked/slice/mma layouts behind this type.
 
@@ -49,7 +55,7 @@ impl Layout {
     pub fn with_cap(n: usize, threads: usize, cap: usize) -> Layout {
         let n = n.max(1);
         let threads = threads.max(1);
-        let spt = (n / threads).clamp(1, cap.max(1));
+        let spt = n.min(cap.max(1));
         Layout { n, spt, threads }
     }
 
@@ -133,14 +139,19 @@ mod tests {
     fn chunks_are_contiguous_and_replicas_match() {
         let l = Layout::new(1024, 128);
         assert_eq!((l.spt, l.regs()), (4, 8));
+        let small = Layout::new(128, 128);
+        assert_eq!((small.spt, small.nchunks(), small.regs()), (4, 32, 4));
+        assert!(small.replicated() && small.is_owner(31) && !small.is_owner(32));
         assert_eq!(l.linear_index(1, 0), 4);
         assert_eq!(l.linear_index(1, 3), 7);
         assert_eq!(l.linear_index(1, 4), 516);
         let r = Layout::new(64, 128);
         assert!(r.replicated());
-        assert_eq!((r.spt, r.regs(), r.nchunks()), (1, 1, 64));
+        assert_eq!((r.spt, r.regs(), r.nchunks()), (4, 4, 16));
         assert_eq!(r.linear_index(70, 0), r.linear_index(6, 0));
         assert!(!r.is_owner(70));
+        let two = Layout::new(2, 128);
+        assert_eq!((two.spt, two.regs(), two.nchunks()), (2, 2, 1));
         let s = Layout::new(1, 256);
         assert_eq!((s.regs(), s.linear_index(200, 0)), (1, 0));
     }

@@ -39,6 +39,36 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         w.clamp(1, l.spt)
     }
 
+    /// How many consecutive registers of a load share one address, mask and
+    /// `other` value (a power of two dividing `spt`; 1 when unknown): the
+    /// axis analysis' aligned runs of equal values along the last dimension,
+    /// which must be at least that long so a chunk stays inside one row.
+    fn equal_run(
+        &self,
+        ptr: dsl_core::Value,
+        mask: Option<dsl_core::Value>,
+        other: Option<dsl_core::Value>,
+        l: &Layout,
+    ) -> usize {
+        let ty = self.f.ty(ptr);
+        let Some(&last) = ty.shape.last() else {
+            return 1;
+        };
+        let dim = ty.rank() - 1;
+        let run = |v: dsl_core::Value| -> usize {
+            let info = self.axis.get(v);
+            if self.f.ty(v).rank() == 0 {
+                return usize::MAX;
+            }
+            info.constancy.get(dim).copied().unwrap_or(1).max(1).min(usize::MAX as u64) as usize
+        };
+        let mut k = run(ptr).min(l.spt).min(last);
+        for v in mask.into_iter().chain(other) {
+            k = k.min(run(v));
+        }
+        if k < 2 { 1 } else { 1 << k.ilog2() }
+    }
+
     /// Converts a loaded memory value to its register form (`i1` from a byte).
     fn mem_to_reg(&self, v: BasicValueEnum<'ctx>, d: DType) -> Result<BasicValueEnum<'ctx>> {
         if d == DType::I1 {
@@ -151,7 +181,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 } else {
                     vec![self.const_scalar(dsl_core::Scalar::zero(d)); p.len()]
                 };
+                // Runs of equal addresses (a gather whose pointer repeats
+                // along the last axis, e.g. a block-table entry per token
+                // broadcast over a page) load once per run.
+                let same = if w == 1 && !volatile {
+                    self.equal_run(ptr, mask, has_other.then(|| args[2]), &l)
+                } else {
+                    1
+                };
                 let mut out = Vec::with_capacity(p.len());
+                if same > 1 {
+                    for s in (0..p.len()).step_by(same) {
+                        let v = match &m {
+                            None => self.load_run(p[s], d, 1, false)?,
+                            Some(m) => {
+                                let pv = p[s];
+                                self.guarded(
+                                    m[s].into_int_value(),
+                                    |lw| lw.load_run(pv, d, 1, false),
+                                    &other[s..s + 1],
+                                )?
+                            }
+                        };
+                        for _ in 0..same {
+                            out.push(v[0]);
+                        }
+                    }
+                    self.set(self.result(inst, 0)?, out);
+                    return Ok(());
+                }
                 for s in (0..p.len()).step_by(w) {
                     let vals = match &m {
                         None => self.load_run(p[s], d, w, volatile)?,

@@ -8,6 +8,13 @@
 //! the warp values in order. Replicas never double count: only the butterfly
 //! steps and warps that span distinct chunks are combined.
 //!
+//! Row-wise fast path (built-in kinds, the reduced axis is the last non-unit
+//! one, other dimensions not all 1, e.g. `[R, C] -> [R]`): each thread folds
+//! the elements of each row it holds, the lanes that share a row combine with
+//! butterfly shuffles within their aligned lane group, and one value per
+//! (row, warp of the row) goes through shared memory to the result layout.
+//! Its cost is independent of the row length beyond the in-thread folds.
+//!
 //! Generic path (other axes, custom combines): the operands go to shared
 //! memory and each thread folds, in index order, the line of every output it
 //! holds (a runtime loop over the axis). Scans use the same scheme: each
@@ -178,23 +185,22 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(if ty.is_float_type() { self.b.build_bit_cast(r, ty, "")? } else { r.into() })
     }
 
-    /// The fast reduction of all registers of a tile to one uniform value.
-    fn reduce_fast(&mut self, c: Comb, d: DType, l: &Layout, x: &Regs<'ctx>) -> Result<Vals<'ctx>> {
-        let base = self.thread_base(l)?;
-        let mut items = Vec::with_capacity(x.len());
-        for (s, &v) in x.iter().enumerate() {
-            let mut comps = vec![self.to_compute(c, v, d)?];
-            if matches!(c, Comb::Arg { .. }) {
-                comps.push(self.linear_index(l, base, s)?.into());
-            }
-            items.push(comps);
-        }
-        let mut acc = self.tree_fold(c, d, items)?;
-        let distinct = l.nchunks().min(l.threads);
-        let lanes = distinct.min(32) as u32;
+    /// Combines `acc` across aligned groups of `lanes` consecutive lanes with
+    /// `shfl.sync.bfly` (the lower lane's value on the left, so every lane of a
+    /// group computes the same tree and ends with the group's total).
+    fn butterfly(&mut self, c: Comb, d: DType, mut acc: Vals<'ctx>, lanes: u32) -> Result<Vals<'ctx>> {
         let mut off = 1u32;
         while off < lanes {
             let other: Vals<'ctx> = acc.iter().map(|&v| self.shfl_xor(v, off)).collect::<Result<_>>()?;
+            if matches!(c, Comb::Sum) || (matches!(c, Comb::Max | Comb::Min) && !d.is_float()) {
+                // Commutative: `a + b` and `b + a` are the same IEEE result,
+                // integer max/min are symmetric, so both lanes of a pair agree
+                // without ordering the operands. (Float max/min keep the
+                // order: the sign of a zero result may depend on it.)
+                acc = self.combine(c, d, &acc, &other)?;
+                off *= 2;
+                continue;
+            }
             let bit = self.b.build_and(self.tid, self.i32c(off as i64), "")?;
             let upper = self.b.build_int_compare(IntPredicate::NE, bit, self.i32c(0), "")?;
             let mut lo = Vec::new();
@@ -206,6 +212,133 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             acc = self.combine(c, d, &lo, &hi)?;
             off *= 2;
         }
+        Ok(acc)
+    }
+
+    /// The row-wise fast path: reduces a tile of `rows` rows of `cext`
+    /// contiguous elements (the reduced axis is the last non-unit one) to the
+    /// `rows` values of layout `lo`.
+    ///
+    /// Each thread folds the elements of one row it holds (a chunk, a segment
+    /// of a chunk when rows are shorter than a chunk, or several chunks when a
+    /// row is longer than one pass of all threads); the lanes that hold the
+    /// same row combine with butterfly shuffles; then the group leaders write
+    /// one value per (row, warp of the row) to shared memory and every thread
+    /// folds, for each result register, the row's per-warp values.
+    fn reduce_rows(
+        &mut self,
+        c: Comb,
+        d: DType,
+        l: &Layout,
+        x: &Regs<'ctx>,
+        cext: usize,
+        lo: &Layout,
+    ) -> Result<Vec<Vals<'ctx>>> {
+        let rows = l.n / cext;
+        let seg = l.spt.min(cext);
+        let pass = l.threads * l.spt;
+        let kmerge = if cext > pass { cext / pass } else { 1 };
+        let base = self.thread_base(l)?;
+        // One partial per (segment group): segments are `seg` consecutive slots.
+        let nseg = x.len() / seg;
+        let mut partials = Vec::with_capacity(nseg / kmerge);
+        let mut first_lin = Vec::with_capacity(nseg / kmerge);
+        for q in 0..nseg / kmerge {
+            let mut segs = Vec::with_capacity(kmerge);
+            for j in q * kmerge..(q + 1) * kmerge {
+                let mut items = Vec::with_capacity(seg);
+                for (s, &xs) in x.iter().enumerate().skip(j * seg).take(seg) {
+                    let mut comps = vec![self.to_compute(c, xs, d)?];
+                    if matches!(c, Comb::Arg { .. }) {
+                        let lin = self.linear_index(l, base, s)?;
+                        comps.push(self.b.build_and(lin, self.i32c(cext as i64 - 1), "")?.into());
+                    }
+                    items.push(comps);
+                }
+                segs.push(self.tree_fold(c, d, items)?);
+            }
+            partials.push(self.tree_fold(c, d, segs)?);
+            first_lin.push(self.linear_index(l, base, q * kmerge * seg)?);
+        }
+        // Lanes holding one row (consecutive, aligned: chunks are assigned to
+        // threads in order and every extent is a power of two).
+        let lpr = if cext >= l.spt { (cext / l.spt).min(l.threads) } else { 1 };
+        let group = lpr.min(32);
+        let wpr = (lpr / 32).max(1);
+        for p in partials.iter_mut() {
+            *p = self.butterfly(c, d, std::mem::take(p), group as u32)?;
+        }
+        let tys: Vec<BasicTypeEnum<'ctx>> = partials[0].iter().map(|v| v.get_type()).collect();
+        let slots = (rows * wpr) as u64;
+        let smem = self.smem(tys.len() as u64 * slots * 8)?;
+        self.barrier()?;
+        let lane_in_group = self.b.build_and(self.tid, self.i32c(group as i64 - 1), "")?;
+        let mut writer = self.b.build_int_compare(IntPredicate::EQ, lane_in_group, self.i32c(0), "")?;
+        if let Some(owner) = self.owner_pred(l)? {
+            writer = self.b.build_and(writer, owner, "")?;
+        }
+        let wi = if wpr > 1 {
+            let w = self.b.build_right_shift(self.tid, self.i32c(5), false, "")?;
+            self.b.build_and(w, self.i32c(wpr as i64 - 1), "")?
+        } else {
+            self.i32c(0)
+        };
+        let shift = self.i32c(cext.trailing_zeros() as i64);
+        let writes: Vec<(IntValue<'ctx>, Vals<'ctx>)> = first_lin
+            .iter()
+            .zip(&partials)
+            .map(|(&lin, p)| {
+                let r = self.b.build_right_shift(lin, shift, false, "")?;
+                let r = self.b.build_int_mul(r, self.i32c(wpr as i64), "")?;
+                Ok((self.b.build_int_add(r, wi, "")?, p.clone()))
+            })
+            .collect::<Result<_>>()?;
+        let tys2 = tys.clone();
+        self.if_then(writer, |lw| {
+            for (slot, vals) in &writes {
+                for (k, (&v, &t)) in vals.iter().zip(&tys2).enumerate() {
+                    let addr = lw.smem_elem(smem, k as u64 * slots * 8, t, *slot)?;
+                    lw.b.build_store(addr, v)?;
+                }
+            }
+            Ok(())
+        })?;
+        self.barrier()?;
+        let obase = self.thread_base(lo)?;
+        let mut out = Vec::with_capacity(lo.regs());
+        for s in 0..lo.regs() {
+            let r = self.linear_index(lo, obase, s)?;
+            let r = self.b.build_int_mul(r, self.i32c(wpr as i64), "")?;
+            let mut items = Vec::with_capacity(wpr);
+            for w in 0..wpr {
+                let idx = self.b.build_int_add(r, self.i32c(w as i64), "")?;
+                let mut comps = Vec::with_capacity(tys.len());
+                for (k, &t) in tys.iter().enumerate() {
+                    let addr = self.smem_elem(smem, k as u64 * slots * 8, t, idx)?;
+                    comps.push(self.b.build_load(t, addr, "")?);
+                }
+                items.push(comps);
+            }
+            let acc = self.tree_fold(c, d, items)?;
+            out.push(self.finish(c, d, acc)?);
+        }
+        Ok(out)
+    }
+
+    /// The fast reduction of all registers of a tile to one uniform value.
+    fn reduce_fast(&mut self, c: Comb, d: DType, l: &Layout, x: &Regs<'ctx>) -> Result<Vals<'ctx>> {
+        let base = self.thread_base(l)?;
+        let mut items = Vec::with_capacity(x.len());
+        for (s, &v) in x.iter().enumerate() {
+            let mut comps = vec![self.to_compute(c, v, d)?];
+            if matches!(c, Comb::Arg { .. }) {
+                comps.push(self.linear_index(l, base, s)?.into());
+            }
+            items.push(comps);
+        }
+        let acc = self.tree_fold(c, d, items)?;
+        let distinct = l.nchunks().min(l.threads);
+        let mut acc = self.butterfly(c, d, acc, distinct.min(32) as u32)?;
         let warps = distinct / 32;
         if warps > 1 {
             let tys: Vec<BasicTypeEnum<'ctx>> = acc.iter().map(|v| v.get_type()).collect();
@@ -333,6 +466,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let n = ty.shape[op.axis];
         let inner: usize = ty.shape[op.axis + 1..].iter().product();
+        if !matches!(c, Comb::Custom(_)) && inner == 1 && n > 1 {
+            let x = self.regs(args[0])?;
+            let lo = self.layout_of(results[0]);
+            let outs = self.reduce_rows(c, d, &l, &x, n, &lo)?;
+            self.set(results[0], outs.into_iter().map(|v| v[0]).collect());
+            return Ok(());
+        }
         let xs: Vec<(Elem, Layout, Regs<'ctx>)> =
             args.iter().map(|&a| Ok((self.f.ty(a).elem, l, self.regs(a)?))).collect::<Result<_>>()?;
         let elems: Vec<Elem> = xs.iter().map(|x| x.0).collect();

@@ -3,7 +3,10 @@
 //! through shared memory with [`Lowerer::exchange`]: the sources are written
 //! at their row-major linear indices and each output register reads the
 //! element its index maps to. Broadcasting a one-element value copies its
-//! register instead.
+//! register instead, and a broadcast along leading dimensions only
+//! (`[1, K] -> [N, K]`) copies registers when input and output chunks have
+//! the same size; a broadcast along trailing dimensions that cover whole
+//! chunks (`[R, 1] -> [R, C]`) reads shared memory once per chunk.
 //!
 //! Invariant: every exchange is bracketed by barriers (one before the
 //! writes, one between writes and reads), in uniform control flow.
@@ -27,6 +30,20 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         srcs: &[(Layout, Regs<'ctx>)],
         outs: &[Layout],
         map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
+    ) -> Result<Vec<Regs<'ctx>>> {
+        self.exchange_chunked(e, srcs, outs, map, false)
+    }
+
+    /// [`Lowerer::exchange`]; with `chunk_uniform`, the caller promises that all
+    /// elements of an output chunk read the same source element, which is then
+    /// loaded once per chunk.
+    pub fn exchange_chunked(
+        &mut self,
+        e: Elem,
+        srcs: &[(Layout, Regs<'ctx>)],
+        outs: &[Layout],
+        map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
+        chunk_uniform: bool,
     ) -> Result<Vec<Regs<'ctx>>> {
         let total: usize = srcs.iter().map(|(l, _)| l.n).sum();
         let et = mem_type(self.ctx, e);
@@ -56,6 +73,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let base = self.thread_base(l)?;
             let mut regs = Vec::with_capacity(l.regs());
             for s in 0..l.regs() {
+                if chunk_uniform && s % l.spt != 0 {
+                    let v = regs[s - s % l.spt];
+                    regs.push(v);
+                    continue;
+                }
                 let lin = self.linear_index(l, base, s)?;
                 let src = map(self, o, lin)?;
                 let addr = self.smem_elem(smem, 0, et, src)?;
@@ -97,11 +119,36 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         match op {
             ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. } => self.set(res, regs),
             ShapeOp::Broadcast { shape } => {
+                let (ashape, oshape) = (&aty.shape, shape);
+                // Leading broadcast (`[1, .., 1, rest] -> [.., rest]`): the
+                // output's linear index modulo the input's size is the input's
+                // index, and with equal chunk sizes every thread already holds
+                // it (see the layout module): register `s` is input register
+                // `s mod regs`.
+                let last_bcast = (0..oshape.len()).rev().find(|&d| ashape[d] == 1 && oshape[d] > 1);
+                let first_kept = (0..oshape.len()).find(|&d| ashape[d] > 1);
+                let leading = match (last_bcast, first_kept) {
+                    (Some(b), Some(k)) => b < k,
+                    _ => true,
+                };
                 if la == lr {
                     self.set(res, regs);
                 } else if la.n == 1 {
                     self.set(res, vec![regs[0]; lr.regs()]);
+                } else if leading && la.spt == lr.spt {
+                    let out = (0..lr.regs()).map(|s| regs[s % regs.len()]).collect();
+                    self.set(res, out);
                 } else {
+                    // Trailing broadcast dims whose extent covers whole chunks
+                    // make every chunk read one source element.
+                    let mut tb = 1usize;
+                    for d in (0..oshape.len()).rev() {
+                        if ashape[d] != 1 {
+                            break;
+                        }
+                        tb *= oshape[d];
+                    }
+                    let chunk_uniform = tb.is_multiple_of(lr.spt);
                     let (ss, os) = (strides(&aty.shape), strides(shape));
                     let (ashape, oshape) = (aty.shape.to_vec(), shape.to_vec());
                     let map = move |lw: &Self, _: usize, lin: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
@@ -116,7 +163,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         }
                         Ok(acc)
                     };
-                    let out = self.exchange(aty.elem, &[(la, regs)], &[lr], &map)?;
+                    let out = self.exchange_chunked(aty.elem, &[(la, regs)], &[lr], &map, chunk_uniform)?;
                     self.set(res, out.into_iter().next().unwrap_or_default());
                 }
             }

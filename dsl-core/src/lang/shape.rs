@@ -29,16 +29,30 @@ pub fn expand_dims(x: Tensor, axis: i32) -> Tensor {
     shape_op(ShapeOp::ExpandDims { axis: norm_axis(axis, rank + 1) }, x, &loc)
 }
 
-/// Broadcasts `x` to `shape` (scalars are splatted, lower ranks padded on the left).
+/// Broadcasts `x` to `shape` (scalars are splatted, lower ranks padded on the
+/// left). Dimensions that are not powers of two are padded and masked (see
+/// [`arange`](super::arange)): `shape` is compared with `x`'s logical extents.
 #[track_caller]
 pub fn broadcast_to(x: Tensor, shape: &[usize]) -> Tensor {
     let loc = Location::caller();
     with_ctx(|c| {
         c.check(x);
-        check_shape(c, &loc, "broadcast", shape);
+        let phys = super::padded(shape);
         let from = c.func.ty(x.value()).shape.clone();
-        match crate::builder::broadcast_shapes(&from, shape) {
-            Ok(s) if s.as_slice() == shape => {}
+        let logical_from: Vec<usize> = c.logical(x.value()).map_or_else(|| from.to_vec(), |e| e.to_vec());
+        let fits = shape.len() >= from.len()
+            && logical_from.iter().rev().zip(shape.iter().rev()).all(|(&a, &b)| a == 1 || a == b);
+        match crate::builder::broadcast_shapes(&from, &phys) {
+            Ok(s) if s.as_slice() == phys.as_slice() && fits => {
+                let v = super::broadcast_value(c, x.value(), &phys, &loc);
+                let mut ext: crate::builder::padding::Extents =
+                    c.logical(v).cloned().unwrap_or_else(|| phys.iter().copied().collect());
+                for (e, &want) in ext.iter_mut().zip(shape) {
+                    *e = (*e).min(want);
+                }
+                c.set_logical(v, ext);
+                return c.handle(v);
+            }
             _ => c.error(
                 &loc,
                 Some("broadcast"),
@@ -49,7 +63,7 @@ pub fn broadcast_to(x: Tensor, shape: &[usize]) -> Tensor {
                 ),
             ),
         }
-        let v = super::broadcast_value(c, x.value(), shape, &loc);
+        let v = super::broadcast_value(c, x.value(), &phys, &loc);
         c.handle(v)
     })
 }
