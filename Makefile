@@ -17,12 +17,13 @@ export INSTA_UPDATE := no
 export RUST_BACKTRACE ?= 1
 export CARGO_TERM_COLOR ?= auto
 
-.PHONY: help setup test run fmt clippy clean deps-check
+.PHONY: help setup model test run fmt clippy clean deps-check
 
 help:
 	@echo "make run     main job: install what is missing, build, run (see README)"
 	@echo "make test    what CI runs: rustfmt check, clippy -D warnings, all tests"
 	@echo "make setup   install missing tools only (quiet when all are present)"
+	@echo "make model   fetch and verify the reference model into models/"
 	@echo "make fmt     format the workspace"
 	@echo "make clippy  lint the workspace"
 	@echo "make clean   remove target/ (the next setup reinstalls target/tools)"
@@ -30,7 +31,12 @@ help:
 setup:
 	@bash .ci/setup
 
-test: setup deps-check
+# The bundled reference model (SmolLM2-135M-Instruct, GGUF Q4_1), fetched and
+# sha256-verified into models/ (quiet when already there).
+model:
+	@bash .ci/fetch-model
+
+test: setup model deps-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets $(LOCKED) -- -D warnings
 	$(CARGO) test --workspace --no-fail-fast $(LOCKED)

@@ -323,6 +323,111 @@ fn softmax_online() {
     );
 }
 
+/// FlashAttention prefill over the paged cache (`kernels::flash_attention`)
+/// at its default tiles (`BLOCK_M` 64, `BLOCK_N` 32; 4 warps at head dim 64,
+/// 8 at 128): SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8
+/// KV heads of 128 full, both bf16, specialized as the runtime launches them
+/// (16-byte aligned pointers, page size 16, a block-table stride that is not
+/// a multiple of 16).
+#[test]
+fn flash_attention() {
+    use ::kernels::flash_attention::{config_for, flash_attention as k};
+    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(16), Some(7)];
+    let f = |hq: usize, hkv: usize, hd: usize, causal: bool| {
+        let t = config_for(hd);
+        let c = k::Config::new(DType::BF16, hq, hkv, hd, t.block_m, t.block_n, causal);
+        (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t.num_warps)
+    };
+    let (causal64, w64) = f(9, 3, 64, true);
+    let (full128, w128) = f(32, 8, 128, false);
+    both(
+        "flash_attention",
+        &[("_bf16_9q3kv64_causal".into(), causal64, w64), ("_bf16_32q8kv128_full".into(), full128, w128)],
+    );
+}
+
+/// Paged decode attention (`kernels::decode_attention`): the Llama-style
+/// 32:8 grouping at head dim 128 (bf16, 16-token chunks, 8 warps, direct),
+/// SmolLM2's 9:3 at head dim 64 (split-KV, 4 warps), and the split reduce.
+#[test]
+fn paged_decode() {
+    use ::kernels::decode_attention::{paged_decode as k, paged_decode_reduce as r};
+    // Specialized as the runtime launches them: every pointer 16-byte aligned.
+    let aligned = |f: dsl_core::Function| {
+        let facts: Vec<Option<u64>> =
+            f.params.iter().map(|p| f.values[p.value].ty.is_ptr().then_some(256)).collect();
+        dsl_core::launch::specialize(&f, &facts).0
+    };
+    let f = |h_kv, group, hd, page, bn, split| {
+        aligned(k::build(&k::Config::new(DType::BF16, h_kv, group, hd, page, bn, split)).unwrap())
+    };
+    both(
+        "paged_decode",
+        &[
+            ("_hkv8_g4_hd128_bn16".into(), f(8, 4, 128, 16, 16, false), 8),
+            ("_hkv3_g3_hd64_split".into(), f(3, 3, 64, 32, 16, true), 4),
+            ("_reduce_g4_hd128".into(), aligned(r::build(&r::Config::new(DType::BF16, 4, 128)).unwrap()), 4),
+        ],
+    );
+}
+
+/// Dequant GEMV/GEMM (`kernels::dequant`), specialized as the runtime launches
+/// them (16-byte aligned pointers; `n` and `k` multiples of 16, `m` not), at
+/// decode and prefill configs of the bench and model shapes: Q4_1 GEMV at
+/// M = 1 (bf16, the default tile of the 14336 x 4096 bench shape), Q4_1 SiLU
+/// GEMV at M = 4 (f32), Q4_0 GEMV at M = 8 (bf16), the Q8_0 LM-head GEMV
+/// (bf16), Q4_1 SiLU GEMM (bf16) and Q8_0 GEMM (f32).
+#[test]
+fn dequant() {
+    use ::kernels::dequant::{gemm, gemv};
+    let spec = |f: Result<Function>, n: u64, k: u64| {
+        let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(n), Some(k)];
+        dsl_core::launch::specialize(&f.unwrap(), &facts).0
+    };
+    let (bf, fp) = (DType::BF16, DType::F32);
+    use gemm::{gemm_q4_1 as m41, gemm_q8_0 as m80};
+    use gemv::{gemv_q4_0 as g40, gemv_q4_1 as g41, gemv_q8_0 as g80};
+    let cases = [
+        ("_gemv_q4_1_bf16_m1", spec(g41::build(&g41::Config::new(bf, false, 1, 16, 512)), 14336, 4096), 4),
+        ("_gemv_q4_1_f32_m4_silu", spec(g41::build(&g41::Config::new(fp, true, 4, 8, 256)), 1536, 576), 4),
+        ("_gemv_q4_0_bf16_m8", spec(g40::build(&g40::Config::new(bf, false, 8, 8, 256)), 4096, 4096), 4),
+        ("_gemv_q8_0_bf16_m1", spec(g80::build(&g80::Config::new(bf, false, 1, 16, 64)), 49152, 576), 1),
+        ("_gemm_q4_1_bf16_silu", spec(m41::build(&m41::Config::new(bf, true, 64, 64, 64)), 1536, 576), 4),
+        ("_gemm_q8_0_f32", spec(m80::build(&m80::Config::new(fp, false, 64, 64, 32)), 49152, 576), 4),
+    ];
+    for (suffix, f, w) in cases {
+        both("dequant", &[(suffix.to_string(), f, w)]);
+    }
+}
+
+/// Every declared autotune config of the dequant kernels compiles for sm_90a
+/// without spills (bf16, SiLU epilogue: the largest variant; the configs set
+/// all tile constexprs, so the base config does not matter).
+#[test]
+fn dequant_autotune_configs_do_not_spill() {
+    use ::kernels::dequant::{gemm, gemv};
+    macro_rules! each {
+        ($k:path, $base:expr) => {{
+            use $k as kk;
+            for c in kk::autotune_configs(&$base) {
+                let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(4096), Some(4096)];
+                let f = dsl_core::launch::specialize(&kk::build(&c).unwrap(), &facts).0;
+                let opts = CompileOptions { target: Target::Sm90a, num_warps: c.num_warps, num_stages: 1 };
+                let r = assemble(&compile(&f, &opts).unwrap().ptx, "sm_90a", kk::NAME);
+                eprintln!("{} {c:?}: {} registers, {} spill bytes", kk::NAME, registers(&r), spill_bytes(&r));
+                assert_eq!(spill_bytes(&r), 0, "{} {c:?}", kk::NAME);
+            }
+        }};
+    }
+    let bf = DType::BF16;
+    each!(gemv::gemv_q4_1, gemv::gemv_q4_1::Config::new(bf, true, 1, 16, 512));
+    each!(gemv::gemv_q4_0, gemv::gemv_q4_0::Config::new(bf, true, 1, 16, 512));
+    each!(gemv::gemv_q8_0, gemv::gemv_q8_0::Config::new(bf, true, 1, 16, 256));
+    each!(gemm::gemm_q4_1, gemm::gemm_q4_1::Config::new(bf, true, 64, 64, 64));
+    each!(gemm::gemm_q4_0, gemm::gemm_q4_0::Config::new(bf, true, 64, 64, 64));
+    each!(gemm::gemm_q8_0, gemm::gemm_q8_0::Config::new(bf, true, 64, 64, 32));
+}
+
 /// Register and spill numbers of softmax at large blocks (printed for the report; no spills allowed).
 #[test]
 fn softmax_large_blocks_do_not_spill() {

@@ -147,3 +147,39 @@ pub fn layer_norm(
     let b = load(b_ptr + cols, mask = mask);
     store(y_ptr + row * n_cols + cols, xc * rstd * w + b, mask = mask);
 }
+
+/// Row statistics of a `[BR, BC]` tile per program (rows `program_id * BR ..`):
+/// `sums[r] = sum(x[r, :] + bias)`, `maxs[r]`, `args[r] = argmax` and
+/// `y[r, c] = x[r, c] + bias[c] - maxs[r]`. It exercises the codegen paths of
+/// row-wise reductions (rows shorter than a chunk, within a warp, across
+/// warps, longer than one pass of all threads) and of leading (`bias`) and
+/// trailing (`maxs`) broadcasts.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn row_stats(
+    x_ptr: Ptr<f32>,
+    bias_ptr: Ptr<f32>,
+    sums_ptr: Ptr<f32>,
+    maxs_ptr: Ptr<f32>,
+    args_ptr: Ptr<i32>,
+    y_ptr: Ptr<f32>,
+    n_rows: i32,
+    n_cols: i32,
+    #[constexpr] BR: usize,
+    #[constexpr] BC: usize,
+) {
+    let rows = program_id(0) * BR + arange(0, BR);
+    let cols = arange(0, BC);
+    let row_ok = rows < n_rows;
+    let col_ok = cols < n_cols;
+    let mask = expand_dims(row_ok, 1) && expand_dims(col_ok, 0);
+    let offs = expand_dims(rows * n_cols, 1) + expand_dims(cols, 0);
+    let bias = load(bias_ptr + cols, mask = col_ok, other = 0.0);
+    let x = load(x_ptr + offs, mask = mask, other = 0.0) + expand_dims(bias, 0);
+    let xm = where_(mask, x, f32::NEG_INFINITY);
+    let mx = max(xm, 1);
+    store(sums_ptr + rows, sum(x, 1), mask = row_ok);
+    store(maxs_ptr + rows, mx, mask = row_ok);
+    store(args_ptr + rows, argmax(xm, 1), mask = row_ok);
+    store(y_ptr + offs, x - expand_dims(mx, 1), mask = mask);
+}

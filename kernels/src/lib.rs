@@ -5,9 +5,13 @@
 //! `examples` holds the tutorial/test kernels.
 #![forbid(unsafe_code)]
 
+pub mod decode_attention;
+pub mod dequant;
 pub mod embedding;
 pub mod examples;
+pub mod flash_attention;
 pub mod reference;
 pub mod rmsnorm;
 pub mod rope;
+pub mod sampling;
 pub mod softmax;

@@ -50,6 +50,16 @@ pub struct BenchOptions {
     /// Add+RMSNorm shapes (tokens, hidden), bf16; a single token is timed in
     /// microseconds.
     pub add_rmsnorm: Vec<(usize, usize)>,
+    /// Families to measure (`copy`, `softmax`, `add_rmsnorm`, `decode`,
+    /// `attention`, `gemm`, `sampling`); all when empty.
+    pub only: Vec<String>,
+}
+
+impl BenchOptions {
+    /// Whether the family `name` is measured.
+    pub fn wants(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == name)
+    }
 }
 
 impl Default for BenchOptions {
@@ -61,6 +71,7 @@ impl Default for BenchOptions {
             copy: true,
             autotune: false,
             add_rmsnorm: vec![(8192, 4096), (32768, 576), (1, 576)],
+            only: Vec::new(),
         }
     }
 }
@@ -264,11 +275,11 @@ fn copy_record(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Record> {
 /// Runs every benchmark of `opts`, printing each record as it is measured.
 pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
-    if opts.copy {
+    if opts.copy && opts.wants("copy") {
         out.push(copy_record(cuda, opts)?);
         eprintln!("measured {}", out[out.len() - 1].name);
     }
-    for &(rows, cols) in &opts.shapes {
+    for &(rows, cols) in opts.shapes.iter().filter(|_| opts.wants("softmax")) {
         let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
         for &tuned in tunings {
             out.push(softmax_record::<f32>(cuda, opts, rows, cols, tuned)?);
@@ -279,12 +290,24 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             eprintln!("measured {}", out[out.len() - 1].display_name());
         }
     }
-    for &(tokens, hidden) in &opts.add_rmsnorm {
+    for &(tokens, hidden) in opts.add_rmsnorm.iter().filter(|_| opts.wants("add_rmsnorm")) {
         let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
         for &tuned in tunings {
             out.push(add_rmsnorm_record(cuda, opts, tokens, hidden, tuned)?);
             eprintln!("measured {}", out[out.len() - 1].display_name());
         }
+    }
+    if opts.wants("decode") {
+        out.extend(crate::bench_decode::records(cuda, opts)?);
+    }
+    if opts.wants("attention") {
+        out.extend(crate::bench_attention::records(cuda, opts)?);
+    }
+    if opts.wants("gemm") {
+        out.extend(crate::bench_dequant::records(cuda, opts)?);
+    }
+    if opts.wants("sampling") {
+        out.extend(crate::check_sampling::bench_records(cuda, opts)?);
     }
     Ok(out)
 }

@@ -279,24 +279,32 @@ pub fn softmax(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 }
 
 /// Exact equality (integer outputs, copies).
-const EXACT: Tol = Tol { atol: 0.0, rtol: 0.0 };
+pub(crate) const EXACT: Tol = Tol { atol: 0.0, rtol: 0.0 };
 
 /// f32 results of long sums (dot products, scans, row statistics): the GPU
 /// adds in a different order than the interpreter.
-const F32_SUM: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
+pub(crate) const F32_SUM: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
 
 /// The same host data on both sides: a GPU buffer and an interpreter buffer.
-fn upload_both<T: DeviceElem>(cuda: &Cuda, cpu: &mut Cpu, x: &[T]) -> Result<(DevBuf<T>, CpuPtr<T>)> {
+pub(crate) fn upload_both<T: DeviceElem>(
+    cuda: &Cuda,
+    cpu: &mut Cpu,
+    x: &[T],
+) -> Result<(DevBuf<T>, CpuPtr<T>)> {
     Ok((cuda.gpu().upload(x)?, cpu.upload(x)))
 }
 
 /// `n` zeros on both sides (output buffers).
-fn zeros_both<T: DeviceElem>(cuda: &Cuda, cpu: &mut Cpu, n: usize) -> Result<(DevBuf<T>, CpuPtr<T>)> {
+pub(crate) fn zeros_both<T: DeviceElem>(
+    cuda: &Cuda,
+    cpu: &mut Cpu,
+    n: usize,
+) -> Result<(DevBuf<T>, CpuPtr<T>)> {
     Ok((cuda.gpu().zeros::<T>(n)?, cpu.zeros::<T>(n)))
 }
 
 /// Compares GPU output `got` with interpreter output `want`, element by element.
-fn outcome<T: DeviceElem>(
+pub(crate) fn outcome<T: DeviceElem>(
     kernel: &str,
     shape: String,
     dtype: DType,

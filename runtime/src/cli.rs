@@ -136,6 +136,10 @@ pub struct BenchArgs {
     /// Skip the add+RMSNorm rows.
     #[arg(long)]
     pub no_add_rmsnorm: bool,
+    /// Measure only these families (comma-separated: copy, softmax,
+    /// add_rmsnorm, decode, attention, gemm, sampling); all when empty.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 /// Runs a parsed command line; `Ok(false)` means checks failed.
@@ -255,6 +259,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
         copy: !a.no_copy,
         autotune: a.autotune,
         add_rmsnorm: if a.no_add_rmsnorm { Vec::new() } else { bench::parse_shapes(&a.add_rmsnorm_shapes)? },
+        only: a.only.clone(),
     };
     let mut cuda = Cuda::open(a.device)?;
     let device = cuda.gpu().info().name.clone();

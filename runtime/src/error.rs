@@ -51,6 +51,19 @@ pub enum Error {
     /// User error: invalid command-line input (unknown kernel, malformed file).
     #[error("{0}")]
     Usage(String),
+    /// User error, unsupported or environment: reading, validating or writing a
+    /// GGUF model file failed (the wrapped error says which).
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+    /// User error or unsupported: the model's tokenizer cannot be built (an
+    /// unsupported tokenizer model or pre-tokenizer, malformed merges), text
+    /// cannot be encoded, or a token id is outside the vocabulary.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// User error: the chat template does not compile or fails to render (the
+    /// message includes minijinja's location and reason).
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
     /// User error or environment: a file could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -9,17 +9,32 @@
 //! - [`check`]: GPU against CPU-interpreter comparison (`tessera gpu-check`).
 //! - [`mod@bench`]: throughput measurement (`tessera bench`).
 //! - [`cli`]: the command line.
+//! - [`gguf`]: GGUF model files (validating mmap reader, writer, Llama
+//!   hyperparameters and tensor names, a tiny random-weight model for tests).
+//! - [`tokenizer`]: byte-level BPE from the GGUF vocabulary (llama.cpp's
+//!   pre-tokenizers) and the streaming UTF-8-safe detokenizer.
+//! - [`chat`]: the model's Jinja chat template (minijinja).
 //!
 //! Invariants: no panic or abort on a machine without a driver or GPU (those
 //! are [`Error::NoDriver`] / [`Error::NoDevice`]); every launch is validated
 //! against the kernel's IR before it reaches the driver.
 
 pub mod bench;
+pub mod bench_attention;
+pub mod bench_decode;
+pub mod bench_dequant;
+pub mod chat;
 pub mod check;
+pub mod check_attention;
+pub mod check_decode;
+pub mod check_dequant;
 pub mod check_rope;
+pub mod check_sampling;
 pub mod cli;
 pub mod cuda;
 pub mod error;
+pub mod gguf;
 pub mod registry;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

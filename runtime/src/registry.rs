@@ -140,10 +140,79 @@ fn build_embedding_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, block).with_warps(warps_for(block)))
 }
 
+fn build_gemv_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemv::gemv_q4_1 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 16, 512).with_warps(4))
+}
+
+fn build_gemv_q4_0() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemv::gemv_q4_0 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 16, 512).with_warps(4))
+}
+
+fn build_gemv_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemv::gemv_q8_0 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 16, 256).with_warps(4))
+}
+
+fn build_gemm_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemm::gemm_q4_1 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64).with_warps(4))
+}
+
+fn build_gemm_q4_0() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemm::gemm_q4_0 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64).with_warps(4))
+}
+
+fn build_gemm_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemm::gemm_q8_0 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 32).with_warps(4))
+}
+
 fn build_softmax_online() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::softmax::{block_for, softmax_online as k, warps_for};
     let block = block_for(8192);
     spec::<k::Kernel>(k::Config::new(DType::BF16, true, block).with_warps(warps_for(block)))
+}
+
+fn build_paged_decode() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::decode_attention::paged_decode as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 8, 4, 128, 16, 16, false).with_warps(8))
+}
+
+fn build_paged_decode_reduce() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::decode_attention::paged_decode_reduce as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 4, 128))
+}
+
+fn build_flash_attention() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::flash_attention::{config_for, flash_attention as k};
+    let t = config_for(64);
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, 9, 3, 64, t.block_m, t.block_n, true).with_warps(t.num_warps),
+    )
+}
+
+fn build_row_stats() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::examples::row_stats as k;
+    spec::<k::Kernel>(k::Config::new(16, 64))
+}
+
+fn build_sample() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::sampling::{block_for, sample as k, warps_for};
+    let block = block_for(49152);
+    spec::<k::Kernel>(k::Config::new(block).with_warps(warps_for(block)))
+}
+
+fn build_penalties() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::sampling::penalties as k;
+    spec::<k::Kernel>(k::Config::new(1024))
+}
+
+fn build_token_counts_add() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::sampling::token_counts_add as k;
+    spec::<k::Kernel>(k::Config::new(128))
 }
 
 /// Every registered kernel, in listing order.
@@ -245,6 +314,97 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, N_Q = 9, N_KV = 3, HEAD_DIM = 64, num_warps = 4",
         build: build_rope_kv_write,
         check: crate::check_rope::rope_kv_write,
+    },
+    Entry {
+        name: "sample",
+        description: "per-row greedy/temperature/min-p/top-k/top-p sampling with a Philox draw, f32 logits",
+        default_config: "BLOCK = 4096, num_warps = 16",
+        build: build_sample,
+        check: crate::check_sampling::sample,
+    },
+    Entry {
+        name: "penalties",
+        description: "vLLM repetition/frequency/presence penalties in place on f32 logits",
+        default_config: "BLOCK = 1024, num_warps = 4",
+        build: build_penalties,
+        check: crate::check_sampling::penalties,
+    },
+    Entry {
+        name: "token_counts_add",
+        description: "counts[slot[j], ids[j]] += 1 (atomics), the penalties' token counts",
+        default_config: "BLOCK = 128, num_warps = 4",
+        build: build_token_counts_add,
+        check: crate::check_sampling::token_counts_add,
+    },
+    Entry {
+        name: "paged_decode",
+        description: "decode attention over the paged KV cache, GQA-grouped, optional split-KV",
+        default_config: "T = bf16, H_KV = 8, GROUP = 4, HEAD_DIM = 128, PAGE = 16, BLOCK_N = 16, SPLIT = false, num_warps = 8",
+        build: build_paged_decode,
+        check: crate::check_decode::paged_decode,
+    },
+    Entry {
+        name: "paged_decode_reduce",
+        description: "merges split-KV partials of paged_decode (checked with paged_decode)",
+        default_config: "T = bf16, GROUP = 4, HEAD_DIM = 128, num_warps = 4",
+        build: build_paged_decode_reduce,
+        check: crate::check_decode::none,
+    },
+    Entry {
+        name: "flash_attention",
+        description: "FlashAttention prefill over the paged KV cache: varlen, GQA, causal or full",
+        default_config: "T = bf16, H_Q = 9, H_KV = 3, HEAD_DIM = 64, BLOCK_M = 64, BLOCK_N = 32, CAUSAL = true, num_warps = 4",
+        build: build_flash_attention,
+        check: crate::check_attention::flash_attention,
+    },
+    Entry {
+        name: "row_stats",
+        description: "row sum/max/argmax and broadcasts of [BR, BC] tiles (codegen coverage)",
+        default_config: "BR = 16, BC = 64, num_warps = 4",
+        build: build_row_stats,
+        check: crate::check_decode::row_stats,
+    },
+    Entry {
+        name: "gemv_q4_1",
+        description: "out = x @ W^T, W repacked Q4_1, M <= 16 (decode); SILU: silu(x@Wg^T) * (x@Wu^T)",
+        default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4",
+        build: build_gemv_q4_1,
+        check: crate::check_dequant::gemv_q4_1,
+    },
+    Entry {
+        name: "gemv_q4_0",
+        description: "out = x @ W^T, W repacked Q4_0, M <= 16 (decode); SILU variant",
+        default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4",
+        build: build_gemv_q4_0,
+        check: crate::check_dequant::gemv_q4_0,
+    },
+    Entry {
+        name: "gemv_q8_0",
+        description: "out = x @ W^T, W repacked Q8_0 (LM head), M <= 16 (decode); SILU variant",
+        default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 256, num_warps = 4",
+        build: build_gemv_q8_0,
+        check: crate::check_dequant::gemv_q8_0,
+    },
+    Entry {
+        name: "gemm_q4_1",
+        description: "out = x @ W^T, W repacked Q4_1, tiled with dot (prefill); SILU variant",
+        default_config: "T = bf16, SILU = false, BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4",
+        build: build_gemm_q4_1,
+        check: crate::check_dequant::gemm_q4_1,
+    },
+    Entry {
+        name: "gemm_q4_0",
+        description: "out = x @ W^T, W repacked Q4_0, tiled with dot (prefill); SILU variant",
+        default_config: "T = bf16, SILU = false, BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4",
+        build: build_gemm_q4_0,
+        check: crate::check_dequant::gemm_q4_0,
+    },
+    Entry {
+        name: "gemm_q8_0",
+        description: "out = x @ W^T, W repacked Q8_0, tiled with dot (prefill); SILU variant",
+        default_config: "T = bf16, SILU = false, BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4",
+        build: build_gemm_q8_0,
+        check: crate::check_dequant::gemm_q8_0,
     },
 ];
 

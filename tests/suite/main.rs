@@ -3,9 +3,13 @@
 mod diagnostics;
 mod interp_macro;
 mod ir_snapshots;
+mod lib_decode;
+mod lib_dequant;
 mod lib_embedding;
+mod lib_flash_attention;
 mod lib_norm;
 mod lib_rope;
+mod lib_sampling;
 mod lib_softmax;
 mod macro_kernels;
 mod ui;

@@ -1,7 +1,10 @@
 //! Plain references for the kernel library, in f64 (one module per kernel
 //! family). Tests compare every kernel against these on random inputs.
 
+pub mod attention;
 pub mod embedding;
 pub mod norm;
+pub mod quant;
 pub mod rope;
+pub mod sampling;
 pub mod softmax;

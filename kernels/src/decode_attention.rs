@@ -1,0 +1,282 @@
+//! Paged decode attention: one query token per sequence against its whole
+//! context in the paged KV cache, all query heads of one KV head in one
+//! program (GQA grouping), optionally split over the context with a second
+//! kernel that merges the splits (split-KV, "flash decoding").
+//!
+//! # Math
+//!
+//! For sequence `b`, KV head `h` and its `GROUP` query heads `g` (query head
+//! `h * GROUP + g`), with `t_j = (q_g . k_j) * scale * log2(e)` over the
+//! context positions `j < ctx_b`:
+//!
+//! ```text
+//! o_g = sum_j exp2(t_j - max_j t_j) v_j  /  sum_j exp2(t_j - max_j t_j)
+//! ```
+//!
+//! Scores and accumulators are f32; K, V, Q and the output are `T`.
+//!
+//! # Tiling
+//!
+//! Grid `[B, H_KV, splits]`. Program `(b, h, s)` covers the positions
+//! `[s * split_len, min(ctx_b, (s + 1) * split_len))` in chunks of `BLOCK_N`
+//! tokens. Q (`[GROUP, HEAD_DIM]`, kept in `T`) is broadcast once to
+//! `[GROUP, BLOCK_N, HEAD_DIM]`; per chunk the K and V tiles
+//! `[BLOCK_N, HEAD_DIM]` are gathered through the block table (one row per
+//! token, contiguous `HEAD_DIM`), the scores `[GROUP, BLOCK_N]` are one
+//! row-wise reduction over `HEAD_DIM`, and V is accumulated *elementwise* into
+//! `acc[GROUP, BLOCK_N, HEAD_DIM]`: every `(g, n)` lane is its own online
+//! softmax stream over the positions `n, n + BLOCK_N, ...` with its own running
+//! max `m[g, n]` and sum `l[g, n]`. No reduction over tokens happens inside
+//! the loop (the broadcasts of `alpha` and `p` along `HEAD_DIM` are the only
+//! data exchange); after the loop the `BLOCK_N` streams are merged exactly:
+//! `M = max_n m[g, n]`, `w = exp2(m - M)`, `l = sum_n w l`, `o = sum_n w acc`.
+//!
+//! With `SPLIT = false` the program writes `o / l` to `out` (grid `[B, H_KV,
+//! 1]`, `split_len >= ctx`). With `SPLIT = true` it writes the unnormalized
+//! `o`, `M` and `l` of its split to the partial buffers and
+//! [`paged_decode_reduce`] merges the `cdiv(ctx_b, split_len)` valid splits
+//! of each query head the same way.
+//!
+//! # Pipelining
+//!
+//! The loop is software-pipelined by hand: while chunk `i` is computed, the
+//! K/V loads of chunk `i + 1` are in flight (issued at the top of the
+//! iteration, consumed one iteration later), chunk `i + 2`'s row offsets are
+//! formed from page numbers loaded one iteration earlier, and the page
+//! numbers of chunk `i + 3` are loaded. Loads past the end are masked off, so
+//! no memory beyond the context (or the block table row) is touched. Without
+//! this, every chunk waits for two dependent global loads (block table, then
+//! K/V) with nothing else to do.
+//!
+//! The running maxima are updated lazily: a chunk rescales `acc` and `l`
+//! only when one of its scores exceeds its stream's max by more than
+//! `RESCALE_LOG2` (`2^8`); other chunks add weights `exp2(t - m) <= 2^8`
+//! against the stale max. The result is the same softmax (the merge uses the
+//! max every stream was scaled with); the saving is the per-chunk
+//! `acc * alpha` and its broadcast once the maxima settle.
+//!
+//! Running maxima start at the lowest finite f32 and masked scores are `-inf`,
+//! so `exp2(m - m_new)` is always defined; a stream that never saw a valid
+//! token gets weight 0 in the merge; a context of length 0 gives zeros.
+//!
+//! # Layout contract
+//!
+//! - `q`: `[B, H_KV * GROUP * HEAD_DIM]` in `T` (RoPE already applied), query
+//!   head `h * GROUP + g` at columns `(h * GROUP + g) * HEAD_DIM ..`.
+//! - `k_cache`, `v_cache`: `[num_blocks, PAGE, H_KV, HEAD_DIM]` in `T` (the
+//!   layout `rope_kv_write` fills); the cache must have fewer than 2^31
+//!   elements (32-bit offsets).
+//! - `block_tables`: `[B, bt_stride]` i32, page `i` of sequence `b` at
+//!   `b * bt_stride + i`; only the first `cdiv(ctx_b, PAGE)` entries are read.
+//! - `seq_lens`: `[B]` i32 context lengths (including the current token,
+//!   whose K/V must already be in the cache).
+//! - `out`: `[B, H_KV * GROUP * HEAD_DIM]` in `T`.
+//! - Partials (split mode): `part_o` `[B, H_KV, max_splits, GROUP, HEAD_DIM]`,
+//!   `part_m` and `part_l` `[B, H_KV, max_splits, GROUP]`, all f32, with
+//!   `max_splits` = the grid's third extent >= `cdiv(max ctx, split_len)`.
+//! - `split_len` is a positive multiple of `BLOCK_N`.
+//!
+//! # Constexprs
+//!
+//! `H_KV` (KV heads), `GROUP` (query heads per KV head, any positive value;
+//! padded to a power of two and masked), `HEAD_DIM` (power of two, 64 or 128),
+//! `PAGE` (tokens per cache block, a power of two: 16, 32 or 64), `BLOCK_N`
+//! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
+
+use dsl_macros::kernel;
+
+/// `log2(e)`: folded into the query scale so the softmax uses `exp2`.
+pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// The lazy-rescaling threshold (log2 domain): weights up to `2^8` are summed
+/// against a stale running max.
+pub const RESCALE_LOG2: f32 = 8.0;
+
+/// Attention of one decode token per sequence over its paged context; see
+/// the module doc.
+#[kernel(autotune(
+    configs = [(BLOCK_N = 16, num_warps = 4), (BLOCK_N = 16, num_warps = 8), (BLOCK_N = 32, num_warps = 8)],
+    key = [split_len]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode<T: Float>(
+    q_ptr: Ptr<T>,
+    k_cache: Ptr<T>,
+    v_cache: Ptr<T>,
+    block_tables: Ptr<i32>,
+    bt_stride: i32,
+    seq_lens: Ptr<i32>,
+    out_ptr: Ptr<T>,
+    part_o: Ptr<f32>,
+    part_m: Ptr<f32>,
+    part_l: Ptr<f32>,
+    scale: f32,
+    split_len: i32,
+    #[constexpr] H_KV: usize,
+    #[constexpr] GROUP: usize,
+    #[constexpr] HEAD_DIM: usize,
+    #[constexpr] PAGE: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] SPLIT: bool,
+) {
+    let b = program_id(0);
+    let h = program_id(1);
+    let split = program_id(2);
+    let ctx = load(seq_lens + b);
+    let start = split * split_len;
+    let end = minimum(ctx, start + split_len);
+
+    let g = arange(0, GROUP);
+    let d = expand_dims(arange(0, HEAD_DIM), 0);
+    let n = arange(0, BLOCK_N);
+    let q_off = expand_dims((b * (H_KV * GROUP) + h * GROUP + g) * HEAD_DIM, 1) + d;
+    // Q stays in T (half the registers of f32); the scale is applied to the
+    // f32 scores.
+    let q3 = broadcast_to(expand_dims(load(q_ptr + q_off), 1), [GROUP, BLOCK_N, HEAD_DIM]);
+    let qk_scale = scale * LOG2E;
+
+    let mut m = full([GROUP, BLOCK_N], f32::MIN, f32);
+    let mut l = zeros([GROUP, BLOCK_N], f32);
+    let mut acc = zeros([GROUP, BLOCK_N, HEAD_DIM], f32);
+    let bt = block_tables + b * bt_stride;
+    // Software pipeline (see "Pipelining" in the module doc): at the top of
+    // the iteration for chunk i, `kn`/`vn` hold chunk i's K/V tiles, `rows`
+    // chunk i + 1's row offsets and `pages` chunk i + 2's page numbers.
+    let pos0 = start + n;
+    let pg0 = load(bt + pos0 / PAGE, mask = pos0 < end, other = 0);
+    let r0 = where_(pos0 < end, ((pg0 * PAGE + pos0 % PAGE) * H_KV + h) * HEAD_DIM, -(HEAD_DIM as i32));
+    let r0 = broadcast_to(expand_dims(r0, 1), [BLOCK_N, HEAD_DIM]);
+    let mut kn = load(k_cache + r0 + d, mask = r0 >= 0, other = 0.0);
+    let mut vn = load(v_cache + r0 + d, mask = r0 >= 0, other = 0.0);
+    let pos1 = start + BLOCK_N + n;
+    let pg1 = load(bt + pos1 / PAGE, mask = pos1 < end, other = 0);
+    let r1 = where_(pos1 < end, ((pg1 * PAGE + pos1 % PAGE) * H_KV + h) * HEAD_DIM, -(HEAD_DIM as i32));
+    let mut rows = broadcast_to(expand_dims(r1, 1), [BLOCK_N, HEAD_DIM]);
+    let pos2 = start + 2 * BLOCK_N + n;
+    let mut pages = load(bt + pos2 / PAGE, mask = pos2 < end, other = 0);
+    for s0 in range(start, end, BLOCK_N) {
+        let k = kn.to(f32);
+        let v = vn.to(f32);
+        // Issue the next chunk's K/V and the page numbers three chunks ahead
+        // before this chunk's math, so their latency overlaps it.
+        kn = load(k_cache + rows + d, mask = rows >= 0, other = 0.0);
+        vn = load(v_cache + rows + d, mask = rows >= 0, other = 0.0);
+        let pos2 = s0 + 2 * BLOCK_N + n;
+        let r2 = where_(pos2 < end, ((pages * PAGE + pos2 % PAGE) * H_KV + h) * HEAD_DIM, -(HEAD_DIM as i32));
+        rows = broadcast_to(expand_dims(r2, 1), [BLOCK_N, HEAD_DIM]);
+        let pos3 = s0 + 3 * BLOCK_N + n;
+        pages = load(bt + pos3 / PAGE, mask = pos3 < end, other = 0);
+
+        let valid = s0 + n < end;
+        let t = sum(q3.to(f32) * expand_dims(k, 0), 2) * qk_scale;
+        let t = where_(expand_dims(valid, 0), t, f32::NEG_INFINITY);
+        // Lazy rescaling: the running maxima move (and `acc`, `l` are
+        // rescaled) only when some score exceeds its stream's max by more
+        // than 2^8; otherwise p <= 2^8 is summed against the stale max,
+        // which is exact math and saves the rescale of `acc` per chunk.
+        let grow = max(max(t - m, 1), 0);
+        if grow > RESCALE_LOG2 {
+            let m_new = maximum(m, t);
+            let alpha = exp2(m - m_new);
+            l = l * alpha;
+            acc = acc * expand_dims(alpha, 2);
+            m = m_new;
+        }
+        let p = exp2(t - m);
+        l = l + p;
+        acc = acc + expand_dims(p, 2) * expand_dims(v, 0);
+    }
+
+    // Merge the BLOCK_N streams of every query head.
+    let m_all = max(m, 1);
+    let w = exp2(m - expand_dims(m_all, 1));
+    let l_all = sum(l * w, 1);
+    let o = sum(acc * expand_dims(w, 2), 1);
+    if SPLIT {
+        let row = ((b * H_KV + h) * num_programs(2) + split) * GROUP + g;
+        store(part_m + row, m_all);
+        store(part_l + row, l_all);
+        store(part_o + expand_dims(row * HEAD_DIM, 1) + d, o);
+    } else {
+        let inv = where_(l_all > 0.0, 1.0 / l_all, 0.0);
+        store(out_ptr + q_off, (o * expand_dims(inv, 1)).to(T));
+    }
+}
+
+/// Merges the split-KV partials of [`paged_decode`] (`SPLIT = true`) into the
+/// output: one program per (sequence, query head), grid `[B, H_KV * GROUP]`;
+/// `max_splits` is the decode launch's third grid extent.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_reduce<T: Float>(
+    part_o: Ptr<f32>,
+    part_m: Ptr<f32>,
+    part_l: Ptr<f32>,
+    seq_lens: Ptr<i32>,
+    out_ptr: Ptr<T>,
+    split_len: i32,
+    max_splits: i32,
+    #[constexpr] GROUP: usize,
+    #[constexpr] HEAD_DIM: usize,
+) {
+    let b = program_id(0);
+    let hq = program_id(1);
+    let h_kv = num_programs(1) / GROUP;
+    let h = hq / GROUP;
+    let g = hq % GROUP;
+    let ctx = load(seq_lens + b);
+    let splits = (ctx + split_len - 1) / split_len;
+    let base = (b * h_kv + h) * max_splits * GROUP + g;
+    let mut m = f32::MIN;
+    for s in range(0, splits) {
+        m = maximum(m, load(part_m + base + s * GROUP));
+    }
+    let d = arange(0, HEAD_DIM);
+    let mut l = 0.0;
+    let mut acc = zeros([HEAD_DIM], f32);
+    for s in range(0, splits) {
+        let row = base + s * GROUP;
+        let w = exp2(load(part_m + row) - m);
+        l = l + w * load(part_l + row);
+        acc = acc + w * load(part_o + row * HEAD_DIM + d);
+    }
+    let inv = where_(l > 0.0, 1.0 / l, 0.0);
+    store(out_ptr + (b * num_programs(1) + hq) * HEAD_DIM + d, (acc * inv).to(T));
+}
+
+/// The split length (a multiple of `block_n`) and split count for a batch of
+/// `batch` sequences of at most `max_ctx` tokens with `h_kv` KV heads on a GPU
+/// with `sms` multiprocessors: no split when `batch * h_kv` programs already
+/// fill the GPU about twice, else enough splits (each at least 256 tokens) to
+/// reach that.
+pub fn split_plan(batch: usize, h_kv: usize, max_ctx: usize, sms: usize, block_n: usize) -> (usize, usize) {
+    let programs = (batch * h_kv).max(1);
+    let target = 2 * sms.max(1);
+    let max_ctx = max_ctx.max(1);
+    if programs >= target {
+        let len = max_ctx.div_ceil(block_n) * block_n;
+        return (len, 1);
+    }
+    let want = target.div_ceil(programs);
+    let len = max_ctx.div_ceil(want).max(256);
+    let len = len.div_ceil(block_n) * block_n;
+    (len, max_ctx.div_ceil(len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_plan;
+
+    #[test]
+    fn split_plan_fills_the_gpu_and_covers_the_context() {
+        // B64 x 8 KV heads = 512 programs: no split needed on 132 SMs.
+        assert_eq!(split_plan(64, 8, 8192, 132, 16), (8192, 1));
+        // One sequence: split into chunks of at least 256 tokens.
+        let (len, n) = split_plan(1, 8, 4096, 132, 16);
+        assert_eq!((len, n), (256, 16));
+        for &(b, h, ctx) in &[(1usize, 3usize, 1usize), (3, 3, 1000), (2, 8, 100_000), (1, 1, 17)] {
+            let (len, n) = split_plan(b, h, ctx, 132, 32);
+            assert!(len % 32 == 0 && len * n >= ctx && len * (n - 1) < ctx, "{b} {h} {ctx}: {len} {n}");
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The prefill path: `y[M, N] = x[M, K] @ W^T` for large `M`, tiled over
+//! `[BLOCK_M, BLOCK_N]` output tiles with a K loop that dequantizes the W tile
+//! to f32 and accumulates with `dot`. See the parent module for the math, the
+//! repacked layout, the tiling and the constexprs.
+
+use super::gemv::{q4_scales, q4_weights, q8_weights, unit_index};
+use dsl_macros::{kernel, kernel_fn};
+
+/// Stores the `[BLOCK_M, BLOCK_N]` accumulator of output tile `(pid_m,
+/// pid_n)`; with `silu`, weight rows come in (gate, up) pairs and the tile
+/// holds `BLOCK_N / 2` output columns of `silu(gate) * up`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_epilogue(
+    acc: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    silu: bool,
+    block_m: usize,
+    block_n: usize,
+) {
+    let pid_m = program_id(0);
+    let pid_n = program_id(1);
+    if silu {
+        let pairs = block_n / 2;
+        // Gate and up of an output column are adjacent along the last axis.
+        let a = reshape(acc, [block_m * pairs, 2]);
+        let is_gate = expand_dims(arange(0, 2) == 0, 0);
+        let gate = sum(where_(is_gate, a, 0.0), 1);
+        let up = sum(where_(is_gate, 0.0, a), 1);
+        let y = gate * sigmoid(gate) * up;
+        let o = arange(0, block_m * pairs);
+        let om = pid_m * block_m + o / pairs;
+        let on = pid_n * pairs + o % pairs;
+        store(out_ptr + om * n + on, y, mask = om < m && on < n);
+    } else {
+        let o = arange(0, block_m * block_n);
+        let om = pid_m * block_m + o / block_n;
+        let on = pid_n * block_n + o % block_n;
+        store(out_ptr + om * n + on, reshape(acc, [block_m * block_n]), mask = om < m && on < n);
+    }
+}
+
+/// `acc + x @ w^T` for a flat `[BLOCK_M, width]` activation tile and a flat
+/// `[BLOCK_N, width]` dequantized weight tile (both f32), through `dot`.
+/// The order of the reduced axis is irrelevant, so it only has to match
+/// between `x` and `w`. (When `dot` lowers to tensor cores, this is where the
+/// operands would be cast to bf16.)
+#[kernel_fn]
+pub fn dot_wt(x: Tensor, w: Tensor, acc: Tensor, block_m: usize, block_n: usize, width: usize) -> Tensor {
+    dot(reshape(x, [block_m, width]), trans(reshape(w, [block_n, width])), acc)
+}
+
+/// The Q4 GEMM shared by [`gemm_q4_0`] and [`gemm_q4_1`] (`has_min`): per K
+/// tile, the W tile `[BLOCK_N, BLOCK_K / 2]` of quant bytes is dequantized
+/// into its low-nibble and high-nibble halves, and the two matching
+/// `[BLOCK_M, BLOCK_K / 2]` activation tiles are multiplied with them.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_q4_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    has_min: bool,
+    silu: bool,
+    block_m: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    let half = block_k / 2;
+    let pid_n = program_id(1);
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, half, 16);
+    let wl = arange(0, block_n * half);
+    let j = wl % 16;
+    let w_idx = unit_index(pid_n * block_n, rows, nb * 2, block_n, half, 8) * 2 + wl % 8 / 4;
+    let sh = j % 4 * 8;
+    let qw = ptrcast(q_ptr, i32);
+    let xl_ = arange(0, block_m * half);
+    let c = xl_ % half;
+    let mrow = minimum(program_id(0) * block_m + xl_ / half, m - 1);
+    let x_off = mrow * k + c / 16 * 32 + c % 16;
+    let mut acc = zeros([block_m, block_n], f32);
+    let k_full = k / block_k * block_k;
+    for k0 in range(0, k_full, block_k) {
+        let wd = load(qw + w_idx + k0 / 8);
+        let (d, off) = q4_scales(s_ptr, s_idx + k0 / 32, has_min);
+        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+        let xl = load(x_ptr + x_off + k0).to(f32);
+        let xh = load(x_ptr + x_off + k0 + 16).to(f32);
+        acc = dot_wt(xl, w_lo, acc, block_m, block_n, half);
+        acc = dot_wt(xh, w_hi, acc, block_m, block_n, half);
+    }
+    for k0 in range(k_full, k, block_k) {
+        let row = minimum(pid_n * block_n + wl / half, rows - 1);
+        let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
+        let wd = load(qw + s * 4 + j / 4);
+        let (d, off) = q4_scales(s_ptr, s, has_min);
+        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+        let xkb = k0 / 32 + c / 16;
+        let valid = xkb < nb;
+        let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
+        let xl = where_(valid, load(xk).to(f32), 0.0);
+        let xh = where_(valid, load(xk + 16).to(f32), 0.0);
+        acc = dot_wt(xl, w_lo, acc, block_m, block_n, half);
+        acc = dot_wt(xh, w_hi, acc, block_m, block_n, half);
+    }
+    gemm_epilogue(acc, out_ptr, m, n, silu, block_m, block_n);
+}
+
+/// The Q8_0 GEMM ([`gemm_q8_0`]): W tile `[BLOCK_N, BLOCK_K]`, one weight
+/// per element, against the `[BLOCK_M, BLOCK_K]` activation tile.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_q8_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    silu: bool,
+    block_m: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    let pid_n = program_id(1);
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, block_k, 32);
+    let wl = arange(0, block_n * block_k);
+    let j = wl % 32;
+    let w_idx = unit_index(pid_n * block_n, rows, nb * 4, block_n, block_k, 8) * 2 + wl % 8 / 4;
+    let sh = j % 4 * 8;
+    let qw = ptrcast(q_ptr, i32);
+    let xl_ = arange(0, block_m * block_k);
+    let c = xl_ % block_k;
+    let mrow = minimum(program_id(0) * block_m + xl_ / block_k, m - 1);
+    let x_off = mrow * k + c;
+    let mut acc = zeros([block_m, block_n], f32);
+    let k_full = k / block_k * block_k;
+    for k0 in range(0, k_full, block_k) {
+        let wd = load(qw + w_idx + k0 / 4);
+        let d = load(s_ptr + s_idx + k0 / 32).to(f32);
+        let w = q8_weights(wd, sh, d);
+        let x = load(x_ptr + x_off + k0).to(f32);
+        acc = dot_wt(x, w, acc, block_m, block_n, block_k);
+    }
+    for k0 in range(k_full, k, block_k) {
+        let row = minimum(pid_n * block_n + wl / block_k, rows - 1);
+        let s = row * nb + minimum(k0 / 32 + wl % block_k / 32, nb - 1);
+        let wd = load(qw + s * 8 + j / 4);
+        let d = load(s_ptr + s).to(f32);
+        let w = q8_weights(wd, sh, d);
+        let xk = k0 + c;
+        let valid = xk < k;
+        let x = where_(valid, load(x_ptr + mrow * k + minimum(xk, k - 1)).to(f32), 0.0);
+        acc = dot_wt(x, w, acc, block_m, block_n, block_k);
+    }
+    gemm_epilogue(acc, out_ptr, m, n, silu, block_m, block_n);
+}
+
+/// Q4_1 GEMM (prefill): `out[M, N] = x[M, K] @ W^T` with `W` repacked Q4_1;
+/// with `SILU`, `silu(x @ Wg^T) * (x @ Wu^T)` from interleaved gate/up rows.
+#[kernel(autotune(
+    configs = [
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 8),
+        (BLOCK_M = 32, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, num_warps = 4),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_q4_1<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] BLOCK_M: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+}
+
+/// Q4_0 GEMM: as [`gemm_q4_1`] with `W` repacked Q4_0.
+#[kernel(autotune(
+    configs = [
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 8),
+        (BLOCK_M = 32, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, num_warps = 4),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_q4_0<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] BLOCK_M: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+}
+
+/// Q8_0 GEMM: as [`gemm_q4_1`] with `W` repacked Q8_0.
+#[kernel(autotune(
+    configs = [
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 8),
+        (BLOCK_M = 32, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_q8_0<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] BLOCK_M: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+}

@@ -1,0 +1,415 @@
+//! The decode path: `y[M, N] = x[M, K] @ W^T` for small `M` (1..16), one
+//! program per `BLOCK_N` weight rows and `M_BLOCK` activation rows, the K
+//! loop accumulating elementwise into an f32 tile that is reduced once at the
+//! end. See the parent module for the math, the repacked layout, the tiling
+//! and the constexprs.
+
+use dsl_macros::{kernel, kernel_fn};
+
+/// The dequantized weights `(w_lo, w_hi)` of the two nibbles of the Q4 byte
+/// of each element, given the 32-bit word `wd` holding it and its bit
+/// offset `sh` there. `d` is the block scale; `off` is `m - 16 d` (Q4_1) or
+/// `-24 d` (Q4_0).
+///
+/// A nibble `q` becomes the float `f = 16 + q` by placing it in the top four
+/// mantissa bits of `16.0` (`0x4180_0000 | q << 19`), so no integer-to-float
+/// conversion is needed; then `w = d * f + off` is one FMA: `d * q + m` for
+/// Q4_1, `d * (q - 8)` (exact) for Q4_0.
+#[kernel_fn]
+pub fn q4_weights(wd: Tensor, sh: Tensor, d: Tensor, off: Tensor) -> (Tensor, Tensor) {
+    let lo = ((wd >> sh & 15) << 19 | 0x4180_0000).bitcast(f32);
+    let hi = ((wd >> (sh + 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
+    (fma(d, lo, off), fma(d, hi, off))
+}
+
+/// The raw scale entries of Q4 blocks at index tile `s` (in blocks) of the
+/// scale plane: Q4_1 planes hold `(d, m)` f16 pairs, read as one 32-bit word;
+/// Q4_0 planes hold `d` alone. Lanes where `ok` is false read nothing.
+#[kernel_fn]
+pub fn q4_scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, has_min: bool) -> Tensor {
+    if has_min {
+        load(ptrcast(s_ptr, i32) + s, mask = ok, other = 0)
+    } else {
+        load(s_ptr + s, mask = ok, other = 0.0)
+    }
+}
+
+/// [`q4_scale_load`] without a mask (the main loop's loads).
+#[kernel_fn]
+pub fn q4_scale_load_all(s_ptr: Tensor, s: Tensor, has_min: bool) -> Tensor {
+    if has_min { load(ptrcast(s_ptr, i32) + s) } else { load(s_ptr + s) }
+}
+
+/// The scale `d` and offset `off` (see [`q4_weights`]) of raw scale entries
+/// from [`q4_scale_load`]: `off = m - 16 d` (Q4_1) or `-24 d` (Q4_0).
+#[kernel_fn]
+pub fn q4_scale_decode(raw: Tensor, has_min: bool) -> (Tensor, Tensor) {
+    if has_min {
+        let d = bitcast(raw.to(i16), f16).to(f32);
+        let m = bitcast((raw >> 16).to(i16), f16).to(f32);
+        (d, fma(d, -16.0, m))
+    } else {
+        let d = raw.to(f32);
+        (d, d * -24.0)
+    }
+}
+
+/// [`q4_scale_load_all`] then [`q4_scale_decode`].
+#[kernel_fn]
+pub fn q4_scales(s_ptr: Tensor, s: Tensor, has_min: bool) -> (Tensor, Tensor) {
+    q4_scale_decode(q4_scale_load_all(s_ptr, s, has_min), has_min)
+}
+
+/// The dequantized Q8_0 weights of the bytes held by a tile of 32-bit words
+/// `wd` (byte at bit offset `sh`) with block scale `d`: the signed byte `q`
+/// is biased to `u = q + 128` (`^ 0x80`), placed in the mantissa of `256.0`
+/// (`f = 256 + u`, exact) and `w = d * f - 384 d = d * q` (exact).
+#[kernel_fn]
+pub fn q8_weights(wd: Tensor, sh: Tensor, d: Tensor) -> Tensor {
+    let u = wd >> sh & 255 ^ 128;
+    let f = (u << 15 | 0x4380_0000).bitcast(f32);
+    fma(d, f, d * -384.0)
+}
+
+/// Repeats a weight tile `w` (`[width]`) for each of the `m_block`
+/// activation rows (`[m_block * width]`): a leading broadcast, which moves no
+/// data (the copies are the same registers).
+#[kernel_fn]
+pub fn repeat_rows(w: Tensor, m_block: usize, width: usize) -> Tensor {
+    if m_block == 1 {
+        w
+    } else {
+        reshape(broadcast_to(expand_dims(w, 0), [m_block, width]), [m_block * width])
+    }
+}
+
+/// The index `idx` of each block of a `[rows_per_tile, blocks]` grid of
+/// blocks, repeated over the block's `width` elements (`[rows_per_tile *
+/// blocks * width]` flat). Computed per block and broadcast along the last
+/// axis, so every register of a thread chunk (which never straddles a block)
+/// holds the same value: loads through it are one load per chunk.
+#[kernel_fn]
+pub fn per_block(idx: Tensor, nblocks: usize, width: usize) -> Tensor {
+    reshape(broadcast_to(expand_dims(idx, 1), [nblocks, width]), [nblocks * width])
+}
+
+/// The index of every `width`-byte unit of a `[block_n, row_bytes]` W tile
+/// whose first row is `row0`, in a plane of `units_per_row` units per row,
+/// repeated over the unit's `width` elements (flat `[block_n * row_bytes]`).
+/// Rows from `rows` on are clamped to `rows - 1`. `width` is a multiple of
+/// the chunk size, so a chunk never straddles two units.
+#[kernel_fn]
+pub fn unit_index(
+    row0: Tensor,
+    rows: Tensor,
+    units_per_row: Tensor,
+    block_n: usize,
+    row_bytes: usize,
+    width: usize,
+) -> Tensor {
+    let per_row = row_bytes / width;
+    let u = arange(0, block_n * per_row);
+    let row = minimum(row0 + u / per_row, rows - 1);
+    per_block(row * units_per_row + u % per_row, block_n * per_row, width)
+}
+
+/// Reduces the flat accumulator `acc` (`[M_BLOCK, BLOCK_N, width]` row-major)
+/// over its last axis and stores row `mi`, column `r` of the tile at
+/// `out[pid1 * M_BLOCK + mi, pid0 * BLOCK_N + r]`. With `silu`, weight rows
+/// come in (gate, up) pairs: output column `pid0 * BLOCK_N / 2 + r / 2` gets
+/// `silu(gate) * up`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_epilogue(
+    acc: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    silu: bool,
+    m_block: usize,
+    block_n: usize,
+    width: usize,
+) {
+    let pid_n = program_id(0);
+    let pid_m = program_id(1);
+    if silu {
+        let pairs = block_n / 2;
+        // Rows 2j (gate) and 2j + 1 (up) are adjacent, so one reshape puts
+        // both in the last axis: the first `width` lanes are the gate's.
+        let a = reshape(acc, [m_block * pairs, 2 * width]);
+        let is_gate = expand_dims(arange(0, 2 * width) < width, 0);
+        let gate = sum(where_(is_gate, a, 0.0), 1);
+        let up = sum(where_(is_gate, 0.0, a), 1);
+        let y = gate * sigmoid(gate) * up;
+        let o = arange(0, m_block * pairs);
+        let om = pid_m * m_block + o / pairs;
+        let on = pid_n * pairs + o % pairs;
+        store(out_ptr + om * n + on, y, mask = om < m && on < n);
+    } else {
+        let y = sum(reshape(acc, [m_block * block_n, width]), 1);
+        let o = arange(0, m_block * block_n);
+        let om = pid_m * m_block + o / block_n;
+        let on = pid_n * block_n + o % block_n;
+        store(out_ptr + om * n + on, y, mask = om < m && on < n);
+    }
+}
+
+/// The Q4 GEMV shared by [`gemv_q4_0`] and [`gemv_q4_1`] (`has_min`).
+///
+/// Tiles (flat, row-major): the W tile `[BLOCK_N, BLOCK_K / 2]` holds one
+/// quant byte per element (two weights: low nibble `k = 32 b + j`, high
+/// nibble `k + 16`, for byte `j` of block `b` of the K tile); the X/acc tile
+/// `[M_BLOCK, BLOCK_N, BLOCK_K / 2]` holds, per element, the two activations
+/// of that byte's weights and their running sum of products.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    has_min: bool,
+    silu: bool,
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    let half = block_k / 2;
+    let wn = block_n * half;
+    let pid_n = program_id(0);
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    // Block index (row * nb + block) of each (row, block) of the W tile, per
+    // element. Out-of-range rows are clamped to the last row (valid
+    // addresses; their results are not stored), so the main loop has no masks.
+    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, half, 16);
+    let wl = arange(0, wn);
+    let j = wl % 16;
+    let w_idx = unit_index(pid_n * block_n, rows, nb * 2, block_n, half, 8) * 2 + wl % 8 / 4;
+    let sh = j % 4 * 8;
+    let qw = ptrcast(q_ptr, i32);
+    // X tile: the activation of byte c's low nibble is at k0 + 32 (c / 16) +
+    // c % 16, the high nibble's 16 further. Rows past m are clamped.
+    let xl_ = arange(0, m_block * wn);
+    let c = xl_ % half;
+    let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
+    let x_off = mrow * k + c / 16 * 32 + c % 16;
+    let mut acc = zeros([m_block * wn], f32);
+    let k_full = k / block_k * block_k;
+    // Software pipelining: the loads of tile i + 1 are issued before tile i
+    // is computed (the last tile reloads itself), so every thread keeps two
+    // tiles of loads in flight. The first tile's loads are masked off when
+    // there is no whole tile.
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
+    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+    let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
+    for k0 in range(0, k_full, block_k) {
+        let nk = minimum(k0 + block_k, k_full - block_k);
+        let wd_next = load(qw + w_idx + nk / 8);
+        let sr_next = q4_scale_load_all(s_ptr, s_idx + nk / 32, has_min);
+        let xa_next = load(x_ptr + x_off + nk);
+        let xb_next = load(x_ptr + x_off + nk + 16);
+        let (d, off) = q4_scale_decode(sr, has_min);
+        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+        acc = fma(repeat_rows(w_lo, m_block, wn), xa.to(f32), acc);
+        acc = fma(repeat_rows(w_hi, m_block, wn), xb.to(f32), acc);
+        wd = wd_next;
+        sr = sr_next;
+        xa = xa_next;
+        xb = xb_next;
+    }
+    // The K tail (at most one iteration): blocks past the row are clamped to
+    // its last block and their activations zeroed.
+    for k0 in range(k_full, k, block_k) {
+        let row = minimum(pid_n * block_n + wl / half, rows - 1);
+        let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
+        let wd = load(qw + s * 4 + j / 4);
+        let (d, off) = q4_scales(s_ptr, s, has_min);
+        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+        let xkb = k0 / 32 + c / 16;
+        let valid = xkb < nb;
+        let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
+        let xl = where_(valid, load(xk).to(f32), 0.0);
+        let xh = where_(valid, load(xk + 16).to(f32), 0.0);
+        acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
+        acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
+    }
+    gemv_epilogue(acc, out_ptr, m, n, silu, m_block, block_n, half);
+}
+
+/// The Q8_0 GEMV ([`gemv_q8_0`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
+/// quant byte (one weight) per element, the X/acc tile `[M_BLOCK, BLOCK_N,
+/// BLOCK_K]` its activation and running sum of products.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q8_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    silu: bool,
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    let wn = block_n * block_k;
+    let pid_n = program_id(0);
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, block_k, 32);
+    let wl = arange(0, wn);
+    let j = wl % 32;
+    let w_idx = unit_index(pid_n * block_n, rows, nb * 4, block_n, block_k, 8) * 2 + wl % 8 / 4;
+    let sh = j % 4 * 8;
+    let qw = ptrcast(q_ptr, i32);
+    let xl_ = arange(0, m_block * wn);
+    let c = xl_ % block_k;
+    let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
+    let x_off = mrow * k + c;
+    let mut acc = zeros([m_block * wn], f32);
+    let k_full = k / block_k * block_k;
+    // Software pipelining as in the Q4 GEMV.
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sr = load(s_ptr + s_idx, mask = have, other = 0.0);
+    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+    for k0 in range(0, k_full, block_k) {
+        let nk = minimum(k0 + block_k, k_full - block_k);
+        let wd_next = load(qw + w_idx + nk / 4);
+        let sr_next = load(s_ptr + s_idx + nk / 32);
+        let xa_next = load(x_ptr + x_off + nk);
+        let w = q8_weights(wd, sh, sr.to(f32));
+        acc = fma(repeat_rows(w, m_block, wn), xa.to(f32), acc);
+        wd = wd_next;
+        sr = sr_next;
+        xa = xa_next;
+    }
+    for k0 in range(k_full, k, block_k) {
+        let row = minimum(pid_n * block_n + wl / block_k, rows - 1);
+        let s = row * nb + minimum(k0 / 32 + wl % block_k / 32, nb - 1);
+        let wd = load(qw + s * 8 + j / 4);
+        let d = load(s_ptr + s).to(f32);
+        let w = q8_weights(wd, sh, d);
+        let xk = k0 + c;
+        let valid = xk < k;
+        let x = where_(valid, load(x_ptr + mrow * k + minimum(xk, k - 1)).to(f32), 0.0);
+        acc = fma(repeat_rows(w, m_block, wn), x, acc);
+    }
+    gemv_epilogue(acc, out_ptr, m, n, silu, m_block, block_n, block_k);
+}
+
+/// Q4_1 GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked Q4_1
+/// (`w = d * q + m`); with `SILU`, `out = silu(x @ Wg^T) * (x @ Wu^T)` from
+/// gate/up rows interleaved into one `[2N, K]` weight. See the module docs.
+#[kernel(autotune(
+    configs = [
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 2),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
+        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 256, num_warps = 2),
+        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 8),
+        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 512, num_warps = 8),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 8),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 128, num_warps = 1),
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 256, num_warps = 1),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_1<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, M_BLOCK, BLOCK_N, BLOCK_K);
+}
+
+/// Q4_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q4_0 (`w = d * (q - 8)`).
+#[kernel(autotune(
+    configs = [
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 2),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
+        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 256, num_warps = 2),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_0<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, M_BLOCK, BLOCK_N, BLOCK_K);
+}
+
+/// Q8_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q8_0 (`w = d * q`), e.g.
+/// the tied embedding used as the LM head.
+#[kernel(autotune(
+    configs = [
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 128, num_warps = 2),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
+        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
+        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 128, num_warps = 4),
+        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 128, num_warps = 4),
+        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 128, num_warps = 2),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q8_0<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, M_BLOCK, BLOCK_N, BLOCK_K);
+}

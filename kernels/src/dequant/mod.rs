@@ -1,0 +1,185 @@
+//! Dequantizing matrix products for GGUF block formats: `y[M, N] = x[M, K] @
+//! W^T` with `W` stored Q4_1, Q4_0 or Q8_0 (repacked, still quantized), for
+//! the projections of a decoder (SmolLM2-135M: Q4_1 projections with K and N
+//! in {576, 1536}, a Q8_0 tied LM head of 49152 x 576).
+//!
+//! # Math
+//!
+//! Blocks of 32 weights along K share an f16 scale `d` (and, for Q4_1, an
+//! f16 min `m`): Q4_0 `w = d * (q - 8)`, Q4_1 `w = d * q + m` (`q` a nibble),
+//! Q8_0 `w = d * q` (`q` a signed byte). The kernels form every weight in f32
+//! without an integer-to-float conversion: the quant goes into the mantissa
+//! of a power of two (`f = 16 + q` for a nibble, `f = 256 + (q + 128)` for a
+//! byte) and one FMA applies the scale: `w = d * f + off` with `off = m - 16
+//! d` (Q4_1, two roundings), `-24 d` (Q4_0, exact) or `-384 d` (Q8_0, exact).
+//! Products with the activations (f32 or bf16, converted exactly to f32) are
+//! accumulated in f32 by FMAs; the result is rounded once to the activation
+//! dtype `T`. The error model and tolerances are in
+//! [`crate::reference::quant`].
+//!
+//! Fused SiLU-mul (`SILU = true`, for the gate/up projections): the weight
+//! is [`repack::interleave_gate_up`]'s `[2N, K]` interleave (row `2j` the
+//! gate's row `j`, row `2j + 1` the up's), and `out[M, N] = silu(g) * u`
+//! with `g`, `u` the two f32 products, `silu(g) = g * sigmoid(g)`.
+//!
+//! # Layout contract
+//!
+//! - `x`: row-major `[M, K]` in `T`, contiguous (row stride `K`).
+//! - `q_ptr`, `s_ptr`: the planes of a [`repack::Repacked`] weight (quants as
+//!   bytes, scales as f16), each 16-byte aligned for full-width loads (the
+//!   runtime's allocations are); quant rows are `K / 2` (Q4) or `K` (Q8_0)
+//!   bytes, so every row is 16-byte aligned too. The kernels read the quant
+//!   plane as 32-bit little-endian words.
+//! - `out`: row-major `[M, N]` in `T`, contiguous (`N` the output columns;
+//!   with `SILU` the weight has `2N` rows).
+//! - `K % 32 == 0` (whole blocks); `M, N >= 1`. Offsets are 32-bit: `M * K`,
+//!   `M * N` and `rows * K` below `2^31` (the repack checks the weight).
+//!
+//! # Tiling
+//!
+//! GEMV (decode, `M` up to 16, [`gemv`]). Program `(i, j)` owns the
+//! `BLOCK_N` weight rows from row `i * BLOCK_N` and the `M_BLOCK`
+//! activation rows from row `j * M_BLOCK`. It walks K in `BLOCK_K` tiles
+//! and keeps an f32 accumulator tile `[M_BLOCK, BLOCK_N, BLOCK_K / 2]` for
+//! Q4 (one element per quant byte: its two weights' products) or
+//! `[M_BLOCK, BLOCK_N, BLOCK_K]` for Q8_0, updated elementwise with FMAs
+//! and reduced along its last axis once, after the loop.
+//!
+//! Each thread holds chunks of `c` consecutive elements (the codegen's
+//! 16 bytes of the narrowest element loaded: `c = 8` with bf16 activations
+//! or an f16 scale plane, `c = 4` for Q4_1 with f32 activations), so a
+//! chunk is `c` quant bytes of one block. Per K tile, each thread loads
+//! its chunks of the W tile as 32-bit words, one scale entry per chunk (the
+//! `(d, m)` word for Q4_1) and the activations of its chunk (for Q4 the `c`
+//! low-nibble activations at `32 b + j` and the `c` high-nibble ones 16
+//! further: contiguous vector loads). The weights are dequantized once and
+//! reused for the `M_BLOCK` rows (a leading broadcast, no data movement).
+//! A thread's chunks are `32 * num_warps * c` elements apart, so when
+//! `BLOCK_K / 2` (Q4) or `BLOCK_K` (Q8_0) divides that, all its chunks sit
+//! at the same K offset in different rows and share one set of activation
+//! loads. The per-chunk indices are computed per block (or per 8 bytes)
+//! and broadcast along it, which makes the index registers of a chunk
+//! identical, so each chunk's scale and word loads are single loads.
+//!
+//! The main loop runs the whole K tiles, software-pipelined: the loads of
+//! tile `t + 1` are issued before tile `t` is computed (the last tile
+//! reloads itself), so two tiles of loads are in flight per thread. It has
+//! no masks: rows past `N` (or `2N`) and `M` are clamped to the last row
+//! (valid addresses; their results are not stored). A last partial K tile
+//! (`K % BLOCK_K != 0`) runs once more with its block indices clamped to
+//! the row's last block and the activations of blocks past K zeroed.
+//!
+//! GEMM (prefill, [`gemm`]). Program `(i, j)` owns the output rows from row
+//! `i * BLOCK_M` and the weight rows from row `j * BLOCK_N`; per K tile it
+//! dequantizes the W tile to f32 exactly as the GEMV does and adds `x_tile @
+//! w_tile^T` with `dot` (for Q4 two dots: the low-nibble and high-nibble
+//! halves of the tile against the matching activation columns; the order of
+//! the reduced axis does not matter). `dot` lowers to FMAs through shared
+//! memory today; a tensor-core lowering replaces it without changing the
+//! kernels ([`gemm::dot_wt`] is where the operands would be cast to bf16).
+//! The K tail, clamping and epilogues are the GEMV's.
+//!
+//! # Constexprs
+//!
+//! - `T: Float`: activation and output dtype (f32 or bf16; f16 works too).
+//! - `SILU`: fused gate/up epilogue (weights interleaved, `BLOCK_N` even).
+//! - GEMV: `M_BLOCK` (activation rows per program, [`m_block_for`]),
+//!   `BLOCK_N` (weight rows per program), `BLOCK_K` (K tile, a power of two
+//!   `>= 32`). The accumulator holds `M_BLOCK * BLOCK_N * BLOCK_K / 2` (Q4)
+//!   or `M_BLOCK * BLOCK_N * BLOCK_K` (Q8_0) f32 values over `32 *
+//!   num_warps` threads; the declared configs keep it at 16 to 64 per thread.
+//! - GEMM: `BLOCK_M`, `BLOCK_N`, `BLOCK_K` (powers of two, `BLOCK_K >= 32`).
+//! - `num_warps`: autotune configs are declared (keyed on `m, n, k`); the
+//!   untuned defaults are [`gemv_tiles`] and [`gemm_tiles`].
+
+pub mod gemm;
+pub mod gemv;
+pub mod repack;
+
+pub use repack::{
+    QuantFormat, RepackError, Repacked, interleave_gate_up, repack, repack_q4_0, repack_q4_1, repack_q8_0,
+};
+
+/// The largest `M` the GEMV path is meant for; larger batches use the GEMM.
+pub const GEMV_MAX_M: usize = 16;
+
+/// Tile sizes and warps of one GEMV launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvTiles {
+    /// Activation rows per program.
+    pub m_block: usize,
+    /// Weight rows per program.
+    pub block_n: usize,
+    /// The K tile.
+    pub block_k: usize,
+    /// Warps per program.
+    pub num_warps: u32,
+}
+
+/// Tile sizes and warps of one GEMM launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmTiles {
+    /// Activation rows per program.
+    pub block_m: usize,
+    /// Weight rows per program.
+    pub block_n: usize,
+    /// The K tile.
+    pub block_k: usize,
+    /// Warps per program.
+    pub num_warps: u32,
+}
+
+/// Activation rows per GEMV program for `m` rows: `m` rounded up to a power
+/// of two, at most 8 (so the f32 accumulators stay in registers; 9..16 rows
+/// take two programs per column tile, the second reading W from L2).
+pub fn m_block_for(m: usize) -> usize {
+    m.max(1).next_power_of_two().min(8)
+}
+
+/// The largest power of two `<= cap` that divides `k` (at least 32 for
+/// `k % 32 == 0`), so K needs no partial tile when possible.
+fn dividing_tile(k: usize, cap: usize) -> usize {
+    let mut t = cap;
+    while t > 32 && !k.is_multiple_of(t) {
+        t /= 2;
+    }
+    t
+}
+
+/// Untuned GEMV tiles for `m` activation rows, a weight of `rows` rows
+/// (`2N` with SILU) and `k` columns: a K tile dividing `k` when possible (at
+/// most 256 quant bytes per row), 16 rows per program for large weights and
+/// 8 otherwise, shrunk so that each thread holds at most `4 / M_BLOCK`
+/// 8-byte chunks of the W tile (the f32 accumulators, `M_BLOCK` per chunk
+/// element, stay within 64 registers), and 1 to 4 warps to cover the tile.
+pub fn gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
+    let q4 = format != QuantFormat::Q8_0;
+    let m_block = m_block_for(m);
+    let chunks = (4 / m_block).max(1);
+    let block_k = dividing_tile(k, if q4 { 512 } else { 256 });
+    let row_bytes = if q4 { block_k / 2 } else { block_k };
+    let block_n = (if rows >= 8192 { 16 } else { 8 }).min((1024 * chunks / row_bytes).max(2));
+    let num_warps = (block_n * row_bytes / (256 * chunks)).clamp(1, 4) as u32;
+    GemvTiles { m_block, block_n, block_k, num_warps }
+}
+
+/// The GEMV grid: `[ceil(rows / BLOCK_N), ceil(m / M_BLOCK), 1]` with
+/// `rows = n` (or `2n` with SILU).
+pub fn gemv_grid(m: usize, n: usize, silu: bool, m_block: usize, block_n: usize) -> [u32; 3] {
+    let rows = if silu { 2 * n } else { n };
+    [rows.div_ceil(block_n) as u32, m.div_ceil(m_block) as u32, 1]
+}
+
+/// Untuned GEMM tiles: 64 x 64 output tiles, K tiles of 64 (Q4) or 32
+/// (Q8_0) weights, 4 warps.
+pub fn gemm_tiles(format: QuantFormat, _m: usize, _rows: usize, _k: usize) -> GemmTiles {
+    let block_k = if format == QuantFormat::Q8_0 { 32 } else { 64 };
+    GemmTiles { block_m: 64, block_n: 64, block_k, num_warps: 4 }
+}
+
+/// The GEMM grid: `[ceil(m / BLOCK_M), ceil(rows / BLOCK_N), 1]` with
+/// `rows = n` (or `2n` with SILU).
+pub fn gemm_grid(m: usize, n: usize, silu: bool, block_m: usize, block_n: usize) -> [u32; 3] {
+    let rows = if silu { 2 * n } else { n };
+    [m.div_ceil(block_m) as u32, rows.div_ceil(block_n) as u32, 1]
+}

@@ -1,0 +1,243 @@
+//! FlashAttention prefill over a paged KV cache: variable-length batches,
+//! grouped-query attention, causal or full, reading K and V through block
+//! tables so that chunked prefill and prefix-cache hits work.
+//!
+//! # Math
+//!
+//! Sequence `b` has a context of `ctx_b = seq_lens[b]` key/value positions and
+//! `q_len_b = cu_seqlens_q[b + 1] - cu_seqlens_q[b]` query tokens, which are the
+//! **last** `q_len_b` positions of the context: query `i` sits at position
+//! `p_i = ctx_b - q_len_b + i` (the first `ctx_b - q_len_b` positions are a
+//! prefix-cache hit or earlier chunks, already in the cache). For query head
+//! `h` (key/value head `h / G`, `G = H_Q / H_KV`) and the keys `j` it attends
+//! (`j <= p_i` when `CAUSAL`, every `j < ctx_b` otherwise):
+//!
+//! ```text
+//! s_j = scale * (q_i . k_j)
+//! o_i = sum_j softmax(s)_j v_j
+//! ```
+//!
+//! The softmax is online (FlashAttention-2): keys are visited in blocks of
+//! `BLOCK_N`, the running row max `m` and row sum `l` live in the log2 domain
+//! (`scale * log2(e)` is folded into one multiply of the scores, then `exp2`):
+//!
+//! ```text
+//! t     = (q . k^T) * (scale * log2 e)          [BLOCK_M, BLOCK_N] f32
+//! m_new = max(m, rowmax(t))
+//! p     = exp2(t - m_new)
+//! alpha = exp2(m - m_new)
+//! l     = l * alpha + rowsum(p)
+//! acc   = acc * alpha + round_T(p) . v          (f32 accumulator)
+//! o     = acc / l                               (rounded to T once)
+//! ```
+//!
+//! `p` is rounded to `T` before the second product (as FlashAttention-2 and
+//! Triton do, so that a tensor-core lowering can take it as an operand); `l`
+//! sums the unrounded `p`. For f32 `T` the rounding is exact.
+//!
+//! Rows that see no key (causal rows at negative positions when a caller
+//! passes `seq_lens[b] < q_len_b`, every row of an empty context under full
+//! attention) are not NaN: `m` starts at the lowest finite f32,
+//! so `exp2(m - m_new)` is never `exp2(-inf + inf)`, masked scores are `-inf`
+//! (`p = 0`), and the final reciprocal is `0` when `l = 0` (output zeros).
+//!
+//! # Tiling
+//!
+//! Grid `[cdiv(max_q_len, BLOCK_M), B * H_Q, 1]`: program `(m, b * H_Q + h)`
+//! handles query rows `m * BLOCK_M ..` of sequence `b`, head `h`; programs
+//! whose first row is past `q_len_b` do nothing (one runtime `if`). The Q
+//! tile `[BLOCK_M, HEAD_DIM]` is loaded once; the key loop is split the
+//! Triton way into
+//!
+//! 1. blocks every row of the tile sees entirely (`[0, lo)`, `lo` = the first
+//!    query's position plus one, rounded down to `BLOCK_N`; for full
+//!    attention `ctx` rounded down): no mask at all, unmasked vector loads;
+//! 2. the remaining blocks up to `hi` (the last query's position plus one,
+//!    capped at `ctx`; `ctx` for full attention): keys `>= hi` are masked at
+//!    the loads, and when `CAUSAL` each row masks the keys after its position.
+//!
+//! Fully masked key blocks above the diagonal are never visited, so causal
+//! work is about half of full. Each key block is `dot(q, trans(k))`, the
+//! online-softmax update, and `dot(p, v)`, so a tensor-core lowering of `dot`
+//! speeds the kernel up unchanged.
+//!
+//! Paging: key position `j` of sequence `b` lives in cache row
+//! `block_tables[b, j / block_size] * block_size + j % block_size`. The
+//! lookup is per key (a `[BLOCK_N]` gather of the block table, cached), so a
+//! key block may cross page boundaries and `block_size` is a runtime value
+//! (any positive size; 16, 32 and 64 are tested) independent of `BLOCK_N`.
+//! K and V share the cache layout, so one offset tile serves both loads; each
+//! row is `HEAD_DIM` contiguous elements (16-byte vector loads).
+//!
+//! # Layout contract
+//!
+//! - `q`: `[total_q, H_Q * HEAD_DIM]` row-major in `T` (rotated Q, as
+//!   `crate::rope::rope_kv_write` writes it); token `cu_seqlens_q[b] + i` is
+//!   query `i` of sequence `b`. `o`: the same shape and dtype.
+//! - `k_cache`, `v_cache`: `[num_blocks, block_size, H_KV, HEAD_DIM]` in `T`
+//!   (the layout `rope_kv_write` writes).
+//! - `block_tables`: `[B, max_blocks_per_seq]` i32, row stride
+//!   `max_blocks_per_seq`; entries for positions `< seq_lens[b]` must be valid
+//!   block indices, the rest are never read.
+//! - `seq_lens`: `[B]` i32, the context length including the new tokens
+//!   (`seq_lens[b] >= q_len_b`; otherwise the first rows sit at negative
+//!   positions, and causal rows there see no key and are written as zeros).
+//!   `cu_seqlens_q`: `[B + 1]` i32, non-decreasing, `cu_seqlens_q[0] = 0`.
+//!   `q_len_b = 0` is allowed (the sequence is skipped).
+//! - The grid's first extent must be at least `cdiv(max_b q_len_b, BLOCK_M)`
+//!   ([`grid`]); its second is exactly `B * H_Q` (at most 65535, the CUDA
+//!   limit of the second grid extent).
+//! - `scale`: the softmax scale, usually `1 / sqrt(HEAD_DIM)`.
+//! - Offsets are 32-bit: `total_q * H_Q * HEAD_DIM < 2^31` and
+//!   `num_blocks * block_size * H_KV * HEAD_DIM < 2^31`.
+//!
+//! # Constexprs
+//!
+//! - `T: Float`: storage dtype of Q, the caches and O (f32, bf16, f16).
+//! - `H_Q`, `H_KV`: head counts, `H_Q` a multiple of `H_KV` (GQA; `H_Q = H_KV`
+//!   is multi-head attention).
+//! - `HEAD_DIM`: a power of two (64 or 128).
+//! - `BLOCK_M`, `BLOCK_N`: the query and key tile heights (powers of two);
+//!   [`config_for`] picks them with the warp count.
+//! - `CAUSAL`: causal or full attention.
+
+use dsl_macros::kernel;
+
+/// FlashAttention prefill (online softmax, f32 accumulation) over a paged KV
+/// cache, varlen batches, GQA, causal or full; see the module doc.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention<T: Float>(
+    q_ptr: Ptr<T>,
+    k_cache_ptr: Ptr<T>,
+    v_cache_ptr: Ptr<T>,
+    o_ptr: Ptr<T>,
+    block_tables_ptr: Ptr<i32>,
+    seq_lens_ptr: Ptr<i32>,
+    cu_seqlens_q_ptr: Ptr<i32>,
+    scale: f32,
+    block_size: i32,
+    max_blocks_per_seq: i32,
+    #[constexpr] H_Q: usize,
+    #[constexpr] H_KV: usize,
+    #[constexpr] HEAD_DIM: usize,
+    #[constexpr] BLOCK_M: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] CAUSAL: bool,
+) {
+    static_assert(H_Q % H_KV == 0, "H_Q must be a multiple of H_KV");
+    let group = H_Q / H_KV;
+    let pid_m = program_id(0);
+    let bh = program_id(1);
+    let b = bh / H_Q;
+    let h = bh % H_Q;
+    let kvh = h / group;
+    let q_start = load(cu_seqlens_q_ptr + b);
+    let q_len = load(cu_seqlens_q_ptr + b + 1) - q_start;
+    let ctx = load(seq_lens_ptr + b);
+    let first = pid_m * BLOCK_M;
+    if first < q_len {
+        let prefix = ctx - q_len;
+        let offs_m = first + arange(0, BLOCK_M);
+        let offs_n = arange(0, BLOCK_N);
+        let offs_d = expand_dims(arange(0, HEAD_DIM), 0);
+        let row_valid = offs_m < q_len;
+        let q_row = expand_dims((q_start + offs_m) * (H_Q * HEAD_DIM), 1) + h * HEAD_DIM + offs_d;
+        let q = load(q_ptr + q_row, mask = expand_dims(row_valid, 1), other = 0.0);
+        // scale * log2(e): the softmax runs on exp2.
+        let qk_scale = scale * 1.442_695_040_888_963_4;
+        let table = block_tables_ptr + b * max_blocks_per_seq;
+        let head = kvh * HEAD_DIM + offs_d;
+
+        // Lowest finite f32, not -inf: exp2(m - m_new) stays defined (1)
+        // while every key seen so far is masked.
+        let mut m_i = full([BLOCK_M], f32::MIN, f32);
+        let mut l_i = zeros([BLOCK_M], f32);
+        let mut acc = zeros([BLOCK_M, HEAD_DIM], f32);
+
+        // Key range: [0, lo) is seen by every row (no mask), [lo, hi) needs masks.
+        let mut lo = (ctx / BLOCK_N) * BLOCK_N;
+        let mut hi = ctx;
+        if CAUSAL {
+            let first_pos = prefix + first;
+            let last_pos = prefix + minimum(q_len, first + BLOCK_M) - 1;
+            lo = maximum(((first_pos + 1) / BLOCK_N) * BLOCK_N, 0);
+            hi = minimum(ctx, last_pos + 1);
+        }
+
+        // 1. Unmasked key blocks.
+        for n0 in range(0, lo, BLOCK_N) {
+            let key = n0 + offs_n;
+            let page = load(table + key / block_size);
+            let slot = page * block_size + key % block_size;
+            let kv = expand_dims(slot * (H_KV * HEAD_DIM), 1) + head;
+            let k = load(k_cache_ptr + kv);
+            let t = dot(q, trans(k)) * qk_scale;
+            let m_new = maximum(m_i, max(t, 1));
+            let p = exp2(t - expand_dims(m_new, 1));
+            let alpha = exp2(m_i - m_new);
+            l_i = l_i * alpha + sum(p, 1);
+            let v = load(v_cache_ptr + kv);
+            acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+            m_i = m_new;
+        }
+
+        // 2. Boundary (and, when causal, diagonal) key blocks, masked.
+        let pos = expand_dims(prefix + offs_m, 1);
+        for n0 in range(lo, hi, BLOCK_N) {
+            let key = n0 + offs_n;
+            let in_ctx = key < hi;
+            let page = load(table + key / block_size, mask = in_ctx, other = 0);
+            let slot = page * block_size + key % block_size;
+            let kv = expand_dims(slot * (H_KV * HEAD_DIM), 1) + head;
+            let kv_mask = expand_dims(in_ctx, 1);
+            let k = load(k_cache_ptr + kv, mask = kv_mask, other = 0.0);
+            let t = dot(q, trans(k)) * qk_scale;
+            let mut seen = expand_dims(in_ctx, 0);
+            if CAUSAL {
+                seen = seen && expand_dims(key, 0) <= pos;
+            }
+            let t = where_(seen, t, f32::NEG_INFINITY);
+            let m_new = maximum(m_i, max(t, 1));
+            let p = exp2(t - expand_dims(m_new, 1));
+            let alpha = exp2(m_i - m_new);
+            l_i = l_i * alpha + sum(p, 1);
+            let v = load(v_cache_ptr + kv, mask = kv_mask, other = 0.0);
+            acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+            m_i = m_new;
+        }
+
+        // One reciprocal per row; a row that saw no key has l = 0 and is written as zeros.
+        let inv = where_(l_i > 0.0, 1.0 / l_i, 0.0);
+        let o = acc * expand_dims(inv, 1);
+        store(o_ptr + q_row, o.to(T), mask = expand_dims(row_valid, 1));
+    }
+}
+
+/// A launch configuration: query tile, key tile and warps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileConfig {
+    /// Query rows per program (`BLOCK_M`).
+    pub block_m: usize,
+    /// Keys per inner iteration (`BLOCK_N`).
+    pub block_n: usize,
+    /// Warps per program.
+    pub num_warps: u32,
+}
+
+/// The default tiles: `BLOCK_M = 64`, `BLOCK_N = 32`, with 4 warps at head
+/// dim 64 and 8 warps above. With the shared-memory FMA lowering of `dot`
+/// these stay free of spills on sm_80 and sm_90a (ptxas: about 225-241
+/// registers at head dim 64, 211-223 at 128; 8 warps at 64 are capped at 128
+/// registers and spill on sm_80, 4 warps at 128 spill); a tensor-core
+/// lowering will want other tiles.
+pub fn config_for(head_dim: usize) -> TileConfig {
+    let num_warps = if head_dim <= 64 { 4 } else { 8 };
+    TileConfig { block_m: 64, block_n: 32, num_warps }
+}
+
+/// The launch grid for a batch whose longest query run is `max_q_len` tokens:
+/// `[cdiv(max_q_len, block_m), batch * h_q, 1]`.
+pub fn grid(max_q_len: usize, batch: usize, h_q: usize, block_m: usize) -> [u32; 3] {
+    [max_q_len.div_ceil(block_m).max(1) as u32, (batch * h_q) as u32, 1]
+}

@@ -1,0 +1,159 @@
+//! Reference for the dequant GEMV/GEMM kernels (`crate::dequant`): parses
+//! the ORIGINAL GGUF block bytes (not the repacked planes, so tests check the
+//! repack as well), dequantizes in f64 and multiplies in f64.
+//!
+//! GGUF semantics (ggml's `dequantize_row_*`), block of 32 values:
+//! - `Q4_0`: f16 `d`, 16 bytes; byte `j` holds `q_j` (low nibble) and
+//!   `q_{j+16}` (high nibble); `x = d * (q - 8)`.
+//! - `Q4_1`: f16 `d`, f16 `m`, 16 bytes as Q4_0; `x = d * q + m`.
+//! - `Q8_0`: f16 `d`, 32 signed bytes; `x = d * q`.
+//!
+//! Error model of the kernels (used by the tests' tolerances, see
+//! [`error_bound`]): with `u = 2^-24`, every weight is formed in f32 exactly
+//! (Q4_0, Q8_0) or within `u * (|w| + |m| + 16 |d|)` (Q4_1: two roundings),
+//! each product is accumulated by an f32 FMA chain of at most `depth`
+//! additions (per-lane K loop, then the reduction of the lanes), so
+//! `|y - y_exact| <= depth * u * S` (first order) with
+//! `S = sum_k (|w_k| + |m_b| + 16 |d_b|) * |x_k|` ([`Gemv::abs`]).
+
+use crate::dequant::repack::{BLOCK_VALUES, QuantFormat};
+use dsl_core::half::f16;
+
+/// `2^-24`, the unit roundoff of f32.
+pub const U32: f64 = 1.0 / 16_777_216.0;
+
+fn f16_at(raw: &[u8], i: usize) -> f64 {
+    f16::from_le_bytes([raw[i], raw[i + 1]]).to_f64()
+}
+
+/// Row `row` of a weight `[n, k]` in `format` (GGUF bytes `raw`), exact.
+/// Also returns, per value, `|m| + 16 |d|` of its block for Q4_1 (zero for
+/// the exact formats), the weight-rounding term of the error model.
+pub fn dequant_row(format: QuantFormat, raw: &[u8], k: usize, row: usize) -> (Vec<f64>, Vec<f64>) {
+    let nb = k / BLOCK_VALUES;
+    let bb = format.block_bytes();
+    let mut w = vec![0.0; k];
+    let mut extra = vec![0.0; k];
+    for b in 0..nb {
+        let blk = &raw[(row * nb + b) * bb..][..bb];
+        let d = f16_at(blk, 0);
+        for j in 0..BLOCK_VALUES {
+            let i = b * BLOCK_VALUES + j;
+            w[i] = match format {
+                QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                    let qs = if format == QuantFormat::Q4_1 { &blk[4..] } else { &blk[2..] };
+                    let byte = qs[j % 16];
+                    let q = if j < 16 { byte & 15 } else { byte >> 4 };
+                    if format == QuantFormat::Q4_1 {
+                        let m = f16_at(blk, 2);
+                        extra[i] = m.abs() + 16.0 * d.abs();
+                        d * f64::from(q) + m
+                    } else {
+                        d * (f64::from(q) - 8.0)
+                    }
+                }
+                QuantFormat::Q8_0 => d * f64::from(blk[2 + j] as i8),
+            };
+        }
+    }
+    (w, extra)
+}
+
+/// The exact product `y[m, n] = x[m, k] @ W^T` and its error scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemv {
+    /// `y`, row-major `[m, n]`, exact (f64 of exactly dequantized weights).
+    pub y: Vec<f64>,
+    /// `S[m, n] = sum_k (|w| + weight-rounding term) * |x|` (see the module doc).
+    pub abs: Vec<f64>,
+}
+
+/// `x[m, k] @ W^T` for a weight `[n, k]` in `format` (GGUF bytes `raw`).
+pub fn gemv(format: QuantFormat, raw: &[u8], n: usize, k: usize, x: &[f64], m: usize) -> Gemv {
+    assert_eq!(k % BLOCK_VALUES, 0);
+    assert_eq!(raw.len(), n * k / BLOCK_VALUES * format.block_bytes());
+    assert_eq!(x.len(), m * k);
+    let mut y = vec![0.0; m * n];
+    let mut abs = vec![0.0; m * n];
+    for r in 0..n {
+        let (w, extra) = dequant_row(format, raw, k, r);
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            let (mut s, mut a) = (0.0, 0.0);
+            for c in 0..k {
+                s += w[c] * xr[c];
+                a += (w[c].abs() + extra[c]) * xr[c].abs();
+            }
+            y[i * n + r] = s;
+            abs[i * n + r] = a;
+        }
+    }
+    Gemv { y, abs }
+}
+
+/// `silu(g) * u = g / (1 + e^-g) * u`.
+pub fn silu_mul(g: f64, u: f64) -> f64 {
+    g / (1.0 + (-g).exp()) * u
+}
+
+/// The first-order bound `depth * 2^-24 * abs` on an f32 result whose
+/// products were summed with at most `depth` roundings each, for the kernels
+/// of `crate::dequant` with K tile `block_k` over `k` columns: each lane
+/// accumulates `2 * ceil(k / block_k)` products (one per K tile for Q8_0),
+/// then at most `block_k` lanes are reduced; 8 more for the weight and final
+/// roundings.
+pub fn error_bound(format: QuantFormat, k: usize, block_k: usize, abs: f64) -> f64 {
+    let per_tile = if format == QuantFormat::Q8_0 { 1 } else { 2 };
+    let depth = per_tile * k.div_ceil(block_k) + block_k + 8;
+    depth as f64 * U32 * abs
+}
+
+/// The bound on `silu(g) * u` computed in f32 from `g` and `u` known within
+/// `eg` and `eu`: propagation (`|silu'| <= 1.1`), the f32 operations and an
+/// approximate `exp` (relative `2^-20`).
+pub fn silu_mul_bound(g: f64, u: f64, eg: f64, eu: f64) -> f64 {
+    let s = g / (1.0 + (-g).exp());
+    1.1 * eg * u.abs() + (s.abs() + 1.1 * eg) * eu + (g * u).abs() * f64::powi(2.0, -20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_gguf_blocks() {
+        // Q4_0: d = 0.5, byte 0 = 0x9F -> q0 = 15, q16 = 9.
+        let mut b = vec![0u8; 18];
+        b[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        b[2] = 0x9F;
+        let (w, extra) = dequant_row(QuantFormat::Q4_0, &b, 32, 0);
+        assert_eq!((w[0], w[16], w[1]), (3.5, 0.5, -4.0));
+        assert!(extra.iter().all(|&e| e == 0.0));
+        // Q4_1: d = 2, m = -1: x = 2q - 1.
+        let mut b = vec![0u8; 20];
+        b[..2].copy_from_slice(&f16::from_f32(2.0).to_le_bytes());
+        b[2..4].copy_from_slice(&f16::from_f32(-1.0).to_le_bytes());
+        b[4 + 3] = 0x21;
+        let (w, extra) = dequant_row(QuantFormat::Q4_1, &b, 32, 0);
+        assert_eq!((w[3], w[19], w[0], extra[0]), (1.0, 3.0, -1.0, 33.0));
+        // Q8_0: d = 0.25, q = [-128, 7].
+        let mut b = vec![0u8; 34];
+        b[..2].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        b[2] = 0x80;
+        b[3] = 7;
+        let (w, _) = dequant_row(QuantFormat::Q8_0, &b, 32, 0);
+        assert_eq!((w[0], w[1]), (-32.0, 1.75));
+    }
+
+    #[test]
+    fn multiplies_rows() {
+        let mut b = vec![0u8; 34];
+        b[..2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+        b[2..34].iter_mut().enumerate().for_each(|(j, q)| *q = j as u8);
+        let x: Vec<f64> = (0..64).map(|i| if i < 32 { 1.0 } else { -2.0 }).collect();
+        let g = gemv(QuantFormat::Q8_0, &b, 1, 32, &x, 2);
+        assert_eq!(g.y, vec![496.0, -992.0]);
+        assert_eq!(g.abs, vec![496.0, 992.0]);
+        assert!((silu_mul(1.0, 2.0) - 2.0 / (1.0 + (-1.0f64).exp())).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,124 @@
+//! `tessera bench` rows of FlashAttention prefill (`kernels::flash_attention`),
+//! named and counted like peers.py's `attention` records so the table shows
+//! the ratio to `sdpa_flash2` / `sdpa_cudnn`.
+//!
+//! Names: `attention/bf16/hd{hd}/{causal|full}/B{B}xH{H}xL{L}` with peers.py's
+//! shapes at `L = 4096`: `B = 4`, `H = 2048 / hd` query heads and as many KV
+//! heads (peers.py runs multi-head SDPA), head dims 64 and 128. Metric
+//! `TFLOP/s` with `flops = 4 B H L^2 hd`, halved for causal (peers.py's count,
+//! whatever work the kernel actually skips).
+//!
+//! Inputs: random non-zero bf16 Q (`[B L, H hd]`, every sequence a fresh
+//! `L`-token prompt, so `cu_seqlens_q = [0, L, 2L, ..]` and `seq_lens = L`),
+//! and K/V in a paged cache of 16-token pages behind a shuffled block table
+//! (peers.py's SDPA reads dense K/V; paging costs the kernel a block-table
+//! gather per key block). Softmax scale `1 / sqrt(hd)`, the default tiles of
+//! `kernels::flash_attention::config_for`.
+//!
+//! Timing: the method of [`crate::bench`] (L2 flushed before each run, median
+//! of CUDA-event times), but bounded: `dot` is lowered to FMA through shared
+//! memory until tensor cores land, so one launch can take a large fraction of
+//! a second. One probe launch is timed first; if it takes over half a second
+//! it is the record, otherwise one warm-up and at most 5 timed runs follow.
+
+use crate::bench::{BenchOptions, Record, time_median_ms};
+use crate::check::Rng;
+use crate::cuda::Cuda;
+use crate::error::Result;
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use kernels::flash_attention::{config_for, flash_attention, grid};
+use std::marker::PhantomData;
+
+/// Sequence length of the benchmarked prompts (peers.py's `--quick` length).
+const L: usize = 4096;
+/// Prompts per batch (`16384 / L`, as peers.py sizes it).
+const B: usize = 4;
+/// Page size of the paged KV cache.
+const PAGE: usize = 16;
+/// A probe launch slower than this many milliseconds is reported on its own.
+const SLOW_MS: f64 = 500.0;
+
+/// Measures one `attention/bf16/hd{hd}/...` record.
+fn attention_record(cuda: &mut Cuda, opts: &BenchOptions, hd: usize, causal: bool) -> Result<Record> {
+    let h = 2048 / hd;
+    let tokens = B * L;
+    let pages_per_seq = L / PAGE;
+    let num_blocks = B * pages_per_seq;
+    let mut rng = Rng::new((hd * 2 + usize::from(causal)) as u64);
+    let q = rng.values::<bf16>(tokens * h * hd, 2.0);
+    let k = rng.values::<bf16>(num_blocks * PAGE * h * hd, 2.0);
+    let v = rng.values::<bf16>(num_blocks * PAGE * h * hd, 2.0);
+    let mut tables: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..tables.len()).rev() {
+        tables.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let seq_lens = vec![L as i32; B];
+    let cu: Vec<i32> = (0..=B).map(|b| (b * L) as i32).collect();
+
+    let gpu = cuda.gpu();
+    let (qd, kd, vd) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?);
+    drop((q, k, v));
+    let od = gpu.zeros::<bf16>(tokens * h * hd)?;
+    let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
+    let t = config_for(hd);
+    let config = flash_attention::Config::new(DType::BF16, h, h, hd, t.block_m, t.block_n, causal)
+        .with_warps(t.num_warps);
+    let args = flash_attention::Args {
+        q_ptr: qd.ptr().cast(),
+        k_cache_ptr: kd.ptr().cast(),
+        v_cache_ptr: vd.ptr().cast(),
+        o_ptr: od.ptr().cast(),
+        block_tables_ptr: bd.ptr(),
+        seq_lens_ptr: sd.ptr(),
+        cu_seqlens_q_ptr: cd.ptr(),
+        scale: 1.0 / (hd as f32).sqrt(),
+        block_size: PAGE as i32,
+        max_blocks_per_seq: pages_per_seq as i32,
+        _marker: PhantomData,
+    };
+    let g = grid(L, B, h, t.block_m);
+    let mut launch = |c: &mut Cuda| c.run::<flash_attention::Kernel>(g, &config, &args);
+    let probe = time_median_ms(cuda, 0, 1, &mut launch)?;
+    let ms = if probe > SLOW_MS {
+        probe
+    } else {
+        time_median_ms(cuda, opts.warmup.min(1), opts.runs.clamp(1, 5), &mut launch)?
+    };
+    let flops = 4.0 * (B * h) as f64 * (L * L) as f64 * hd as f64 * if causal { 0.5 } else { 1.0 };
+    let mask = if causal { "causal" } else { "full" };
+    Ok(Record {
+        name: format!("attention/bf16/hd{hd}/{mask}/B{B}xH{h}xL{L}"),
+        metric: "TFLOP/s",
+        value: flops / ms / 1e9,
+        ms,
+        tuned: None,
+    })
+}
+
+/// The attention records (head dims 64 and 128, causal and full), printing
+/// each as it is measured.
+pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for hd in [64, 128] {
+        for causal in [true, false] {
+            out.push(attention_record(cuda, opts, hd, causal)?);
+            eprintln!("measured {}", out[out.len() - 1].name);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_match_peers_py() {
+        // peers.py: B = max(1, 16384 // L), H = 2048 // hd.
+        assert_eq!(B, (16384 / L).max(1));
+        assert_eq!(L % PAGE, 0);
+        let t = config_for(128);
+        assert_eq!(grid(L, B, 2048 / 128, t.block_m), [(L / t.block_m) as u32, (B * 16) as u32, 1]);
+    }
+}

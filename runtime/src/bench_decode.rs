@@ -1,0 +1,128 @@
+//! Paged decode attention throughput on peers.py's decode shapes
+//! (`decode/bf16/B<b>/L<l>/hq<q>_hkv<k>_hd<d>`, TB/s of K and V bytes read,
+//! `2 * B * L * hkv * hd * 2`), so the ratio to the dense SDPA row of the
+//! same name is the speedup. Our K/V live in a paged cache of 16-token pages
+//! behind a shuffled block table (what the runtime does), every sequence at
+//! the full length `L`; the timed work is the decode kernel plus, when the
+//! split plan splits the context, the reduce kernel.
+
+use crate::bench::{BenchOptions, Record, time_median_ms};
+use crate::check::Rng;
+use crate::cuda::Cuda;
+use crate::error::Result;
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, split_plan};
+use std::marker::PhantomData;
+
+/// peers.py's decode shapes: (batch, context, query heads, KV heads, head dim).
+pub const SHAPES: [(usize, usize, usize, usize, usize); 5] = [
+    (1, 4096, 32, 8, 128),
+    (64, 2048, 32, 8, 128),
+    (64, 8192, 32, 8, 128),
+    (1, 2048, 9, 3, 64),
+    (32, 1024, 9, 3, 64),
+];
+
+/// Tokens per cache page in the bench (vLLM's default).
+const PAGE: usize = 16;
+
+fn decode_record(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    (b, l, hq, hkv, hd): (usize, usize, usize, usize, usize),
+    tuned: bool,
+) -> Result<Record> {
+    let group = hq / hkv;
+    let pages = l.div_ceil(PAGE);
+    let num_blocks = b * pages;
+    let cache = num_blocks * PAGE * hkv * hd;
+    let mut rng = Rng::new((b * 131 + l) as u64);
+    // A random pattern repeated over the cache (generating a GB per tensor on
+    // the host would dominate the bench's time; the kernel cannot tell).
+    let pattern = rng.values::<bf16>(1 << 20, 2.0);
+    let fill: Vec<bf16> = pattern.iter().copied().cycle().take(cache).collect();
+    let (kd, vd) = (cuda.gpu().upload(&fill)?, cuda.gpu().upload(&fill)?);
+    drop(fill);
+    let q = rng.values::<bf16>(b * hq * hd, 2.0);
+    let qd = cuda.gpu().upload(&q)?;
+    let mut table: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..table.len()).rev() {
+        table.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let (td, sd) = (cuda.gpu().upload(&table)?, cuda.gpu().upload(&vec![l as i32; b])?);
+    let sms = cuda.gpu().info().sm_count as usize;
+    let (split_len, splits) = split_plan(b, hkv, l, sms, 32);
+    let split = splits > 1;
+    let parts = b * hkv * splits * group;
+    let od = cuda.gpu().zeros::<bf16>(b * hq * hd)?;
+    let (pod, pmd, pld) = (
+        cuda.gpu().zeros::<f32>(parts * hd)?,
+        cuda.gpu().zeros::<f32>(parts)?,
+        cuda.gpu().zeros::<f32>(parts)?,
+    );
+    let args = paged_decode::Args {
+        q_ptr: qd.ptr().cast(),
+        k_cache: kd.ptr().cast(),
+        v_cache: vd.ptr().cast(),
+        block_tables: td.ptr(),
+        bt_stride: pages as i32,
+        seq_lens: sd.ptr(),
+        out_ptr: od.ptr().cast(),
+        part_o: pod.ptr(),
+        part_m: pmd.ptr(),
+        part_l: pld.ptr(),
+        scale: 1.0 / (hd as f32).sqrt(),
+        split_len: split_len as i32,
+        _marker: PhantomData,
+    };
+    let grid = [b as u32, hkv as u32, splits as u32];
+    let base = paged_decode::Config::new(DType::BF16, hkv, group, hd, PAGE, 16, split);
+    let (config, tuned) = if tuned {
+        let config = cuda.run_tuned::<paged_decode::Kernel>(|_| grid, &base, &args)?;
+        let words = crate::cuda::autotune::describe_config(&paged_decode::autotune_configs(&base), &config);
+        (config, Some(words))
+    } else {
+        (base.with_warps(8), None)
+    };
+    let rconfig = paged_decode_reduce::Config::new(DType::BF16, group, hd);
+    let rargs = paged_decode_reduce::Args {
+        part_o: pod.ptr(),
+        part_m: pmd.ptr(),
+        part_l: pld.ptr(),
+        seq_lens: sd.ptr(),
+        out_ptr: od.ptr().cast(),
+        split_len: split_len as i32,
+        max_splits: splits as i32,
+        _marker: PhantomData,
+    };
+    let rgrid = [b as u32, hq as u32, 1];
+    let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c| {
+        c.run::<paged_decode::Kernel>(grid, &config, &args)?;
+        if split {
+            c.run::<paged_decode_reduce::Kernel>(rgrid, &rconfig, &rargs)?;
+        }
+        Ok(())
+    })?;
+    let bytes = 2.0 * (b * l * hkv * hd) as f64 * 2.0;
+    Ok(Record {
+        name: format!("decode/bf16/B{b}/L{l}/hq{hq}_hkv{hkv}_hd{hd}"),
+        metric: "TB/s",
+        value: bytes / ms / 1e9,
+        ms,
+        tuned,
+    })
+}
+
+/// The decode rows (plus autotuned ones with `--autotune`).
+pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
+    for shape in SHAPES {
+        for &tuned in tunings {
+            out.push(decode_record(cuda, opts, shape, tuned)?);
+            eprintln!("measured {}", out[out.len() - 1].display_name());
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,227 @@
+//! The GPU check of `flash_attention` (FlashAttention prefill over the paged
+//! KV cache, `kernels::flash_attention`): the GPU against the CPU interpreter
+//! with the same random non-zero inputs (|x| in [1/64, 2]), causal and full,
+//! in f32 and bf16 (one case in f16), at SmolLM2's heads (9 Q, 3 KV, head dim
+//! 64) on a ragged varlen batch (a single token after a long prefix, a fresh
+//! prompt, an empty query run, chunked prefills whose contexts end mid-page,
+//! a 1000-token prefix hit), GQA 4 and MHA at head dim 128, pages of 16, 32
+//! and 64 behind shuffled block tables (unused entries `-1`), the default
+//! tiles of `kernels::flash_attention::config_for` plus one small-tile config.
+//! The output starts filled with 100 (unreachable for |v| <= 2), so rows left
+//! unwritten fail.
+//!
+//! Tolerance per element: both the interpreter and the GPU are within
+//! `Attention::error_bound` (kernels::reference::attention) of the exact
+//! result, so `|gpu - cpu|` must be within twice that bound; the GPU is also
+//! checked against the f64 reference within the bound itself. The bound
+//! covers the f32 scores and sums (the GPU reduces rows in another order and
+//! uses `ex2.approx`, relative error about 2^-22, well inside its `4 (keys +
+//! 8) 2^-24` term) and, in bf16/f16, the rounding of `p` and of the output,
+//! which may round to the other neighbour on the two sides.
+
+use crate::check::{CheckRow, Rng, Sample};
+use crate::cuda::{Cuda, DeviceElem};
+use crate::error::Result;
+use dsl_core::DType;
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Cpu;
+use kernels::flash_attention::{self as fa, TileConfig, flash_attention};
+use kernels::reference::attention::{self as r, PagedKv};
+use std::marker::PhantomData;
+
+/// One launch: heads, sequences `(q_len, ctx)`, page size, tiles, mask.
+#[derive(Clone, Debug)]
+struct Case {
+    n_q: usize,
+    n_kv: usize,
+    d: usize,
+    seqs: Vec<(usize, usize)>,
+    block_size: usize,
+    tiles: TileConfig,
+    causal: bool,
+}
+
+/// SmolLM2's ragged varlen batch: a decode-like single token after 96
+/// cached ones, a fresh 37-token prompt, an empty query run, a 130-token
+/// chunk after 170 cached tokens, a fresh 64-token prompt, and 5 tokens after
+/// a 995-token prefix hit.
+fn smollm2_batch() -> Vec<(usize, usize)> {
+    vec![(1, 97), (37, 37), (0, 5), (130, 300), (64, 64), (5, 1000)]
+}
+
+fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// The unit roundoff of the storage dtype (0 for f32, whose rounding of `p` is exact).
+fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => f64::powi(2.0, -8),
+        DType::F16 => f64::powi(2.0, -11),
+        _ => 0.0,
+    }
+}
+
+fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result<CheckRow> {
+    let dtype = T::DEVICE_DTYPE;
+    let (bs, d) = (c.block_size, c.d);
+    let pages: Vec<usize> = c.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(bs)).collect();
+    let max_blocks = pages.iter().copied().max().unwrap_or(0) + 1;
+    let num_blocks = pages.iter().sum::<usize>() + 3;
+    let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..num_blocks).rev() {
+        perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mut tables = vec![-1i32; c.seqs.len() * max_blocks];
+    let mut next = 0;
+    for (b, &n) in pages.iter().enumerate() {
+        for p in 0..n {
+            tables[b * max_blocks + p] = perm[next];
+            next += 1;
+        }
+    }
+    let mut cu = vec![0i32];
+    for &(q_len, _) in &c.seqs {
+        cu.push(cu[cu.len() - 1] + q_len as i32);
+    }
+    let seq_lens: Vec<i32> = c.seqs.iter().map(|&(_, ctx)| ctx as i32).collect();
+    let total_q = cu[c.seqs.len()] as usize;
+    let cache = num_blocks * bs * c.n_kv * d;
+    let q = rng.values::<T>(total_q * c.n_q * d, 2.0);
+    let (k, v) = (rng.values::<T>(cache, 2.0), rng.values::<T>(cache, 2.0));
+    let o_init = vec![T::from_f64(100.0); q.len()];
+    let scale = 1.0 / (d as f32).sqrt();
+    let config =
+        flash_attention::Config::new(dtype, c.n_q, c.n_kv, d, c.tiles.block_m, c.tiles.block_n, c.causal)
+            .with_warps(c.tiles.num_warps);
+    let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let grid = fa::grid(max_q, c.seqs.len(), c.n_q, c.tiles.block_m);
+
+    let gpu = cuda.gpu();
+    let (qd, kd, vd, od) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?, gpu.upload(&o_init)?);
+    let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
+    let args = flash_attention::Args {
+        q_ptr: qd.ptr().cast(),
+        k_cache_ptr: kd.ptr().cast(),
+        v_cache_ptr: vd.ptr().cast(),
+        o_ptr: od.ptr().cast(),
+        block_tables_ptr: bd.ptr(),
+        seq_lens_ptr: sd.ptr(),
+        cu_seqlens_q_ptr: cd.ptr(),
+        scale,
+        block_size: bs as i32,
+        max_blocks_per_seq: max_blocks as i32,
+        _marker: PhantomData,
+    };
+    cuda.run::<flash_attention::Kernel>(grid, &config, &args)?;
+    let got = to_f64(&od.download()?);
+
+    let mut cpu = Cpu::new();
+    let (qc, kc, vc, oc) = (cpu.upload(&q), cpu.upload(&k), cpu.upload(&v), cpu.upload(&o_init));
+    let (bc, sc, cc) = (cpu.upload(&tables), cpu.upload(&seq_lens), cpu.upload(&cu));
+    let args = flash_attention::Args {
+        q_ptr: qc.cast(),
+        k_cache_ptr: kc.cast(),
+        v_cache_ptr: vc.cast(),
+        o_ptr: oc.cast(),
+        block_tables_ptr: bc,
+        seq_lens_ptr: sc,
+        cu_seqlens_q_ptr: cc,
+        scale,
+        block_size: bs as i32,
+        max_blocks_per_seq: max_blocks as i32,
+        _marker: PhantomData,
+    };
+    flash_attention::interpret(&mut cpu, grid, &config, &args)?;
+    let want = to_f64(&cpu.read(oc));
+
+    let (k64, v64) = (to_f64(&k), to_f64(&v));
+    let kv = PagedKv { k: &k64, v: &v64, block_size: bs, n_kv: c.n_kv, head_dim: d };
+    let exact = r::prefill_varlen(
+        &to_f64(&q),
+        &cu,
+        &seq_lens,
+        &tables,
+        max_blocks,
+        c.n_q,
+        &kv,
+        scale as f64,
+        c.causal,
+    );
+
+    let lens: Vec<String> = c.seqs.iter().map(|&(q, ctx)| format!("{q}/{ctx}")).collect();
+    let shape = format!(
+        "{}q{}kv{}d {} bs{bs} {}x{} w{} q/ctx {}",
+        c.n_q,
+        c.n_kv,
+        d,
+        if c.causal { "causal" } else { "full" },
+        c.tiles.block_m,
+        c.tiles.block_n,
+        c.tiles.num_warps,
+        lens.join(",")
+    );
+    let mut row =
+        CheckRow { kernel: "flash_attention".into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
+    let keys = c.seqs.iter().map(|s| s.1).max().unwrap_or(0);
+    for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        let bound = exact.error_bound(e, d, keys, unit_roundoff(dtype));
+        let diff = (g - w).abs();
+        let diff = if diff.is_nan() { f64::INFINITY } else { diff };
+        row.max_abs = row.max_abs.max(diff);
+        if w != 0.0 {
+            row.max_rel = row.max_rel.max(diff / w.abs());
+        }
+        if diff > 2.0 * bound || (g - exact.out[e]).abs().is_nan() || (g - exact.out[e]).abs() > bound {
+            row.pass = false;
+        }
+    }
+    Ok(row)
+}
+
+/// The `flash_attention` check: the SmolLM2 varlen batch (pages of 16), GQA 4
+/// and MHA at head dim 128 (pages of 32 and 64), causal and full, f32 and
+/// bf16 (one f16 case), default tiles and one small-tile config.
+pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    let small = TileConfig { block_m: 16, block_n: 16, num_warps: 4 };
+    for causal in [true, false] {
+        let smol = Case {
+            n_q: 9,
+            n_kv: 3,
+            d: 64,
+            seqs: smollm2_batch(),
+            block_size: 16,
+            tiles: fa::config_for(64),
+            causal,
+        };
+        rows.push(attention_case::<f32>(cuda, &mut rng, &smol)?);
+        rows.push(attention_case::<bf16>(cuda, &mut rng, &smol)?);
+        let smol_small = Case { tiles: small, ..smol.clone() };
+        rows.push(attention_case::<bf16>(cuda, &mut rng, &smol_small)?);
+        let gqa4 = Case {
+            n_q: 8,
+            n_kv: 2,
+            d: 128,
+            seqs: vec![(200, 200), (7, 555), (1, 1)],
+            block_size: 32,
+            tiles: fa::config_for(128),
+            causal,
+        };
+        rows.push(attention_case::<f32>(cuda, &mut rng, &gqa4)?);
+        rows.push(attention_case::<bf16>(cuda, &mut rng, &gqa4)?);
+        let mha = Case {
+            n_q: 4,
+            n_kv: 4,
+            d: 128,
+            seqs: vec![(77, 130), (128, 128), (3, 67)],
+            block_size: 64,
+            tiles: fa::config_for(128),
+            causal,
+        };
+        rows.push(attention_case::<bf16>(cuda, &mut rng, &mha)?);
+        rows.push(attention_case::<f16>(cuda, &mut rng, &mha)?);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,525 @@
+//! The GPU checks of the dequant GEMV/GEMM kernels (`kernels::dequant`),
+//! one registry entry per kernel (`gemv_q4_1`, `gemv_q4_0`, `gemv_q8_0`,
+//! `gemm_q4_1`, `gemm_q4_0`, `gemm_q8_0`), each covering the plain and the
+//! fused SiLU-mul variant (`silu` in the shape column).
+//!
+//! Inputs: random GGUF weights (finite f16 scales of either sign over several
+//! binades, random Q4_1 mins, random quant bytes) repacked as the runtime
+//! does, random non-zero activations, f32 and bf16.
+//!
+//! - Ragged shapes with the untuned tiles (`M` odd and up to 15 for the GEMV,
+//!   `N` and `K` not multiples of the tiles), and every declared autotune
+//!   config on one ragged shape: GPU against the CPU interpreter.
+//! - SmolLM2 shapes (M = 1, K = 576, N = 1536, gate/up fused and not; the
+//!   Q8_0 LM head M = 1, K = 576, N = 49152 on a row subset): GPU against
+//!   the interpreter or the f64 reference.
+//! - The bench shape M = 1, K = 4096, N = 14336 (and M = 16 / 256 for the
+//!   GEMM): GPU against the f64 reference of
+//!   `kernels::reference::quant` on a subset of rows (the interpreter is too
+//!   slow there).
+//!
+//! Tolerance per element (see `kernels::reference::quant`): the f32
+//! accumulation bound `error_bound` (plus the SiLU propagation bound), plus
+//! one rounding to the output dtype; against the interpreter, twice that (both
+//! sides are within it of the exact value).
+
+use crate::check::{CheckRow, Rng, Sample};
+use crate::cuda::{Cuda, DeviceElem};
+use crate::error::{Error, Result};
+use dsl_core::DType;
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Cpu;
+use kernels::dequant::{
+    GemmTiles, GemvTiles, QuantFormat, Repacked, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles,
+    interleave_gate_up, repack,
+};
+use kernels::reference::quant as r;
+use std::marker::PhantomData;
+
+/// Which kernel family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// The decode GEMV.
+    Gemv,
+    /// The prefill GEMM.
+    Gemm,
+}
+
+/// One launch: kernel, tiles `(a, b, c)` = GEMV `(M_BLOCK, BLOCK_N,
+/// BLOCK_K)` or GEMM `(BLOCK_M, BLOCK_N, BLOCK_K)`, and warps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Launch {
+    /// The kernel family.
+    pub path: Path,
+    /// The weight format.
+    pub format: QuantFormat,
+    /// Fused SiLU-mul.
+    pub silu: bool,
+    /// The three tile constexprs.
+    pub tiles: (usize, usize, usize),
+    /// Warps per program.
+    pub warps: u32,
+}
+
+impl Launch {
+    /// The untuned launch for `m x n x k` (`n` output columns).
+    pub(crate) fn default_for(
+        path: Path,
+        format: QuantFormat,
+        silu: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Launch {
+        let rows = if silu { 2 * n } else { n };
+        match path {
+            Path::Gemv => {
+                let GemvTiles { m_block, block_n, block_k, num_warps } = gemv_tiles(format, m, rows, k);
+                Launch { path, format, silu, tiles: (m_block, block_n, block_k), warps: num_warps }
+            }
+            Path::Gemm => {
+                let GemmTiles { block_m, block_n, block_k, num_warps } = gemm_tiles(format, m, rows, k);
+                Launch { path, format, silu, tiles: (block_m, block_n, block_k), warps: num_warps }
+            }
+        }
+    }
+
+    /// The grid for `m x n` outputs.
+    pub(crate) fn grid(&self, m: usize, n: usize) -> [u32; 3] {
+        let (a, b, _) = self.tiles;
+        match self.path {
+            Path::Gemv => gemv_grid(m, n, self.silu, a, b),
+            Path::Gemm => gemm_grid(m, n, self.silu, a, b),
+        }
+    }
+
+    /// The launch in words.
+    fn describe(&self) -> String {
+        let (a, b, c) = self.tiles;
+        let first = if self.path == Path::Gemv { "M_BLOCK" } else { "BLOCK_M" };
+        format!("{first} {a}, BLOCK_N {b}, BLOCK_K {c}, {}w", self.warps)
+    }
+}
+
+/// Expands `$body` with `$kk` bound to the GEMV kernel module of `$format`.
+macro_rules! with_gemv {
+    ($format:expr, $kk:ident => $body:expr) => {
+        match $format {
+            QuantFormat::Q4_0 => {
+                use kernels::dequant::gemv::gemv_q4_0 as $kk;
+                $body
+            }
+            QuantFormat::Q4_1 => {
+                use kernels::dequant::gemv::gemv_q4_1 as $kk;
+                $body
+            }
+            QuantFormat::Q8_0 => {
+                use kernels::dequant::gemv::gemv_q8_0 as $kk;
+                $body
+            }
+        }
+    };
+}
+
+/// Expands `$body` with `$kk` bound to the GEMM kernel module of `$format`.
+macro_rules! with_gemm {
+    ($format:expr, $kk:ident => $body:expr) => {
+        match $format {
+            QuantFormat::Q4_0 => {
+                use kernels::dequant::gemm::gemm_q4_0 as $kk;
+                $body
+            }
+            QuantFormat::Q4_1 => {
+                use kernels::dequant::gemm::gemm_q4_1 as $kk;
+                $body
+            }
+            QuantFormat::Q8_0 => {
+                use kernels::dequant::gemm::gemm_q8_0 as $kk;
+                $body
+            }
+        }
+    };
+}
+
+/// Expands `$body` with `$kk` bound to the kernel module of `$launch`.
+macro_rules! with_kernel {
+    ($launch:expr, $kk:ident => $body:expr) => {
+        match $launch.path {
+            Path::Gemv => with_gemv!($launch.format, $kk => $body),
+            Path::Gemm => with_gemm!($launch.format, $kk => $body),
+        }
+    };
+}
+/// The declared autotune configs of the kernel of `base`, as launches.
+fn tuned_launches(base: Launch) -> Vec<Launch> {
+    let (a, b, c) = base.tiles;
+    let with = |tiles: (usize, usize, usize), warps: u32| Launch { tiles, warps, ..base };
+    match base.path {
+        Path::Gemv => with_gemv!(base.format, kk => {
+            let cfg = kk::Config::new(DType::BF16, base.silu, a, b, c);
+            kk::autotune_configs(&cfg)
+                .into_iter()
+                .map(|t| with((t.M_BLOCK, t.BLOCK_N, t.BLOCK_K), t.num_warps))
+                .collect()
+        }),
+        Path::Gemm => with_gemm!(base.format, kk => {
+            let cfg = kk::Config::new(DType::BF16, base.silu, a, b, c);
+            kk::autotune_configs(&cfg)
+                .into_iter()
+                .map(|t| with((t.BLOCK_M, t.BLOCK_N, t.BLOCK_K), t.num_warps))
+                .collect()
+        }),
+    }
+}
+
+/// Random GGUF bytes of a weight `[n, k]` in `format`.
+pub(crate) fn gguf_weight(rng: &mut Rng, format: QuantFormat, n: usize, k: usize) -> Vec<u8> {
+    let blocks = n * k / 32;
+    let mut out = Vec::with_capacity(blocks * format.block_bytes());
+    let scale = |rng: &mut Rng, lo: i32, span: u64| {
+        let v = (1.0 + rng.unit()) * 2f64.powi(lo + (rng.next_u64() % span) as i32);
+        f16::from_f64(if rng.next_u64() & 1 == 0 { v } else { -v }).to_le_bytes()
+    };
+    for _ in 0..blocks {
+        out.extend_from_slice(&scale(rng, -8, 8));
+        if format == QuantFormat::Q4_1 {
+            out.extend_from_slice(&scale(rng, -6, 7));
+        }
+        let mut q = [0u8; 32];
+        for c in q.chunks_exact_mut(8) {
+            c.copy_from_slice(&rng.next_u64().to_le_bytes());
+        }
+        out.extend_from_slice(&q[..format.quant_bytes()]);
+    }
+    out
+}
+
+/// Repacks `raw`, mapping the error to a usage error.
+fn repacked(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<Repacked> {
+    repack(format, raw, n, k).map_err(|e| Error::Usage(e.to_string()))
+}
+
+/// The rows `rows` of a GGUF weight with `k` columns, as their own weight.
+fn gguf_rows(format: QuantFormat, raw: &[u8], k: usize, rows: &[usize]) -> Vec<u8> {
+    let rb = k / 32 * format.block_bytes();
+    rows.iter().flat_map(|&i| raw[i * rb..(i + 1) * rb].iter().copied()).collect()
+}
+
+/// Runs `launch` on the GPU: `out[m, n]` as f64.
+pub(crate) fn run_gpu<T: DeviceElem>(
+    cuda: &mut Cuda,
+    launch: Launch,
+    x: &[T],
+    w: &Repacked,
+    m: usize,
+    n: usize,
+) -> Result<Vec<f64>> {
+    let gpu = cuda.gpu();
+    let (xd, qd, sd) = (gpu.upload(x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
+    let od = gpu.zeros::<T>(m * n)?;
+    let (a, b, c) = launch.tiles;
+    with_kernel!(launch, kk => {
+        let args = kk::Args {
+            x_ptr: xd.ptr().cast(),
+            q_ptr: qd.ptr().cast(),
+            s_ptr: sd.ptr().cast(),
+            out_ptr: od.ptr().cast(),
+            m: m as i32,
+            n: n as i32,
+            k: w.k as i32,
+            _marker: PhantomData,
+        };
+        let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, a, b, c).with_warps(launch.warps);
+        cuda.run::<kk::Kernel>(launch.grid(m, n), &config, &args)?;
+    });
+    Ok(od.download()?.iter().map(|v| v.to_f64()).collect())
+}
+
+/// Runs `launch` on the CPU interpreter: `out[m, n]` as f64.
+fn run_cpu<T: DeviceElem>(launch: Launch, x: &[T], w: &Repacked, m: usize, n: usize) -> Result<Vec<f64>> {
+    let mut cpu = Cpu::new();
+    let (xc, qc, sc) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales));
+    let oc = cpu.zeros::<T>(m * n);
+    let (a, b, c) = launch.tiles;
+    with_kernel!(launch, kk => {
+        let args = kk::Args {
+            x_ptr: xc.cast(),
+            q_ptr: qc.cast(),
+            s_ptr: sc.cast(),
+            out_ptr: oc.cast(),
+            m: m as i32,
+            n: n as i32,
+            k: w.k as i32,
+            _marker: PhantomData,
+        };
+        let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, a, b, c).with_warps(launch.warps);
+        kk::interpret(&mut cpu, launch.grid(m, n), &config, &args)?;
+    });
+    Ok(cpu.read(oc).iter().map(|v| v.to_f64()).collect())
+}
+
+/// The relative half-ulp bound of the final rounding to `dtype`.
+fn rounding(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1.0 / 256.0,
+        DType::F16 => 1.0 / 2048.0,
+        _ => 1.0 / 16_777_216.0,
+    }
+}
+
+/// Exact outputs and their tolerances (kernel vs exact) for the `cols`
+/// output columns of a case: `want[i * cols.len() + j]` is `out[i, cols[j]]`.
+struct Expected {
+    want: Vec<f64>,
+    tol: Vec<f64>,
+}
+
+/// The expected outputs of `launch` on `x` (as f64, `[m, k]`) for the gate
+/// (or only) weight `g_raw` and the up weight `u_raw` (SiLU), restricted to
+/// output columns `cols`.
+fn expected(
+    launch: Launch,
+    dtype: DType,
+    x: &[f64],
+    (g_raw, u_raw): (&[u8], Option<&[u8]>),
+    m: usize,
+    k: usize,
+    cols: &[usize],
+) -> Expected {
+    let f = launch.format;
+    let bk = launch.tiles.2;
+    let g = r::gemv(f, &gguf_rows(f, g_raw, k, cols), cols.len(), k, x, m);
+    let u = u_raw.map(|u| r::gemv(f, &gguf_rows(f, u, k, cols), cols.len(), k, x, m));
+    let mut e = Expected { want: Vec::with_capacity(g.y.len()), tol: Vec::with_capacity(g.y.len()) };
+    for i in 0..g.y.len() {
+        let eg = r::error_bound(f, k, bk, g.abs[i]);
+        let (want, tol) = match &u {
+            Some(u) => {
+                let eu = r::error_bound(f, k, bk, u.abs[i]);
+                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
+            }
+            None => (g.y[i], eg),
+        };
+        e.want.push(want);
+        e.tol.push(tol + rounding(dtype) * (want.abs() + tol));
+    }
+    e
+}
+
+/// Folds `got` against `want` within `tol` into a check row.
+fn account(kernel: &str, shape: String, dtype: DType, got: &[f64], want: &[f64], tol: &[f64]) -> CheckRow {
+    let mut row = CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
+    if got.len() != want.len() {
+        row.pass = false;
+        row.max_abs = f64::INFINITY;
+        return row;
+    }
+    for ((&g, &w), &t) in got.iter().zip(want).zip(tol) {
+        let d = (g - w).abs();
+        let d = if d.is_nan() { f64::INFINITY } else { d };
+        row.max_abs = row.max_abs.max(d);
+        if w != 0.0 {
+            row.max_rel = row.max_rel.max(d / w.abs());
+        }
+        if d > t {
+            row.pass = false;
+        }
+    }
+    row
+}
+
+/// How a case is judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Oracle {
+    /// Against the interpreter, every output.
+    Interpreter,
+    /// Against the f64 reference, on about `n` evenly spread output columns
+    /// (all rows of `M`).
+    Reference(usize),
+}
+
+/// One check: random weight(s) `[n, k]` and activations `[m, k]` in `T`,
+/// `launch` on the GPU, judged by `oracle`.
+#[allow(clippy::too_many_arguments)]
+fn case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    name: &str,
+    launch: Launch,
+    (m, n, k): (usize, usize, usize),
+    oracle: Oracle,
+    note: &str,
+) -> Result<CheckRow> {
+    let dtype = T::DEVICE_DTYPE;
+    let x = rng.values::<T>(m * k, 2.0);
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let f = launch.format;
+    let g_raw = gguf_weight(rng, f, n, k);
+    let u_raw = if launch.silu { Some(gguf_weight(rng, f, n, k)) } else { None };
+    let w = match &u_raw {
+        Some(u) => interleave_gate_up(&repacked(f, &g_raw, n, k)?, &repacked(f, u, n, k)?)
+            .map_err(|e| Error::Usage(e.to_string()))?,
+        None => repacked(f, &g_raw, n, k)?,
+    };
+    let got = run_gpu::<T>(cuda, launch, &x, &w, m, n)?;
+    let silu = if launch.silu { ", silu" } else { "" };
+    let mut shape = format!("M{m} K{k} N{n}{silu}, {}{note}", launch.describe());
+    let raws = (g_raw.as_slice(), u_raw.as_deref());
+    let row = match oracle {
+        Oracle::Interpreter => {
+            let cols: Vec<usize> = (0..n).collect();
+            let e = expected(launch, dtype, &xf, raws, m, k, &cols);
+            let want = run_cpu::<T>(launch, &x, &w, m, n)?;
+            let tol: Vec<f64> = e.tol.iter().map(|t| 2.0 * t).collect();
+            let mut row = account(name, shape.clone(), dtype, &got, &want, &tol);
+            // Both sides must also be within the bound of the exact value.
+            let exact = account(name, shape, dtype, &want, &e.want, &e.tol);
+            row.pass &= exact.pass;
+            row
+        }
+        Oracle::Reference(count) => {
+            let step = (n / count.max(1)).max(1);
+            let mut cols: Vec<usize> = (0..n).step_by(step).collect();
+            if cols.last() != Some(&(n - 1)) {
+                cols.push(n - 1);
+            }
+            shape.push_str(&format!(", f64 reference on {} columns", cols.len()));
+            let e = expected(launch, dtype, &xf, raws, m, k, &cols);
+            let picked: Vec<f64> =
+                (0..m).flat_map(|i| cols.iter().map(move |&j| (i, j))).map(|(i, j)| got[i * n + j]).collect();
+            account(name, shape, dtype, &picked, &e.want, &e.tol)
+        }
+    };
+    Ok(row)
+}
+
+/// Ragged GEMV shapes `(m, n, k)` checked against the interpreter.
+const GEMV_SHAPES: [(usize, usize, usize); 5] =
+    [(1, 1, 32), (3, 37, 96), (5, 130, 608), (7, 64, 1024), (15, 21, 160)];
+/// Ragged GEMM shapes `(m, n, k)` checked against the interpreter.
+const GEMM_SHAPES: [(usize, usize, usize); 4] =
+    [(17, 33, 96), (64, 64, 576), (100, 75, 160), (130, 200, 608)];
+
+/// The checks of one kernel (`name`): ragged shapes in f32 and bf16 with
+/// and without SiLU, every autotune config, model shapes, bench shapes.
+fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantFormat) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    let shapes: &[(usize, usize, usize)] = if path == Path::Gemv { &GEMV_SHAPES } else { &GEMM_SHAPES };
+    let interp = Oracle::Interpreter;
+    for &(m, n, k) in shapes {
+        for silu in [false, true] {
+            let l = Launch::default_for(path, format, silu, m, n, k);
+            rows.push(case::<f32>(cuda, &mut rng, name, l, (m, n, k), interp, "")?);
+            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, k), interp, "")?);
+        }
+    }
+    // Every declared autotune config on one ragged shape.
+    let (m, n, k) = if path == Path::Gemv { (3, 45, 608) } else { (70, 90, 608) };
+    for silu in [false, true] {
+        for l in tuned_launches(Launch::default_for(path, format, silu, m, n, k)) {
+            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, k), interp, " (autotune config)")?);
+        }
+    }
+    // SmolLM2 shapes: the gate/up projection (fused and not) and, for Q8_0,
+    // the LM head.
+    let smol_m = if path == Path::Gemv { 1 } else { 33 };
+    for silu in [false, true] {
+        let l = Launch::default_for(path, format, silu, smol_m, 1536, 576);
+        rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 1536, 576), interp, " (SmolLM2)")?);
+    }
+    if format == QuantFormat::Q8_0 {
+        let l = Launch::default_for(path, format, false, smol_m, 49152, 576);
+        let oracle = Oracle::Reference(193);
+        rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 49152, 576), oracle, " (LM head)")?);
+    }
+    // The bench shape, against the reference on a column subset.
+    let ms: &[usize] = if path == Path::Gemv { &[1, 16] } else { &[256] };
+    for &m in ms {
+        for silu in [false, true] {
+            let l = Launch::default_for(path, format, silu, m, 14336, 4096);
+            let oracle = Oracle::Reference(if m == 1 { 257 } else { 31 });
+            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, 14336, 4096), oracle, " (bench)")?);
+        }
+    }
+    Ok(rows)
+}
+
+/// The `gemv_q4_1` check (Q4_1 GEMV, plain and SiLU-fused).
+pub fn gemv_q4_1(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(cuda, seed, "gemv_q4_1", Path::Gemv, QuantFormat::Q4_1)
+}
+
+/// The `gemv_q4_0` check (Q4_0 GEMV, plain and SiLU-fused).
+pub fn gemv_q4_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(cuda, seed, "gemv_q4_0", Path::Gemv, QuantFormat::Q4_0)
+}
+
+/// The `gemv_q8_0` check (Q8_0 GEMV, plain and SiLU-fused, and the LM head).
+pub fn gemv_q8_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(cuda, seed, "gemv_q8_0", Path::Gemv, QuantFormat::Q8_0)
+}
+
+/// The `gemm_q4_1` check (Q4_1 GEMM, plain and SiLU-fused).
+pub fn gemm_q4_1(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(cuda, seed, "gemm_q4_1", Path::Gemm, QuantFormat::Q4_1)
+}
+
+/// The `gemm_q4_0` check (Q4_0 GEMM, plain and SiLU-fused).
+pub fn gemm_q4_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(cuda, seed, "gemm_q4_0", Path::Gemm, QuantFormat::Q4_0)
+}
+
+/// The `gemm_q8_0` check (Q8_0 GEMM, plain and SiLU-fused, and the LM head).
+pub fn gemm_q8_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(cuda, seed, "gemm_q8_0", Path::Gemm, QuantFormat::Q8_0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The declared autotune configs are valid SiLU launches (even
+    /// `BLOCK_N`, power-of-two `BLOCK_K >= 32`) whose grid covers the
+    /// output, and the untuned GEMV grid is one program row per column tile.
+    #[test]
+    fn launches_are_consistent() {
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            for path in [Path::Gemv, Path::Gemm] {
+                let base = Launch::default_for(path, format, true, 3, 45, 608);
+                let tuned = tuned_launches(base);
+                assert!(tuned.len() >= 4, "{format:?} {path:?}");
+                for l in tuned {
+                    let (a, bn, bk) = l.tiles;
+                    assert!(bn % 2 == 0 && bk.is_power_of_two() && bk >= 32, "{l:?}");
+                    let g = l.grid(3, 45);
+                    let (rows, ms) = if path == Path::Gemv { (g[0], g[1]) } else { (g[1], g[0]) };
+                    assert!(rows as usize * bn >= 90 && ms as usize * a >= 3, "{l:?}: {g:?}");
+                }
+            }
+        }
+        let g = Launch::default_for(Path::Gemv, QuantFormat::Q4_1, false, 1, 14336, 4096);
+        assert_eq!(g.grid(1, 14336), [14336 / g.tiles.1 as u32, 1, 1]);
+    }
+
+    /// The interpreter path of a case runs without a GPU and matches the
+    /// reference (the same judgement the GPU rows use).
+    #[test]
+    fn interpreter_matches_reference() {
+        let mut rng = Rng::new(1);
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            let (m, n, k) = (3, 10, 96);
+            let l = Launch::default_for(Path::Gemv, format, true, m, n, k);
+            let x = rng.values::<f32>(m * k, 2.0);
+            let xf: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+            let (g, u) = (gguf_weight(&mut rng, format, n, k), gguf_weight(&mut rng, format, n, k));
+            let w =
+                interleave_gate_up(&repack(format, &g, n, k).unwrap(), &repack(format, &u, n, k).unwrap())
+                    .unwrap();
+            let got = run_cpu::<f32>(l, &x, &w, m, n).unwrap();
+            let cols: Vec<usize> = (0..n).collect();
+            let e = expected(l, DType::F32, &xf, (&g, Some(&u)), m, k, &cols);
+            assert!(account("t", String::new(), DType::F32, &got, &e.want, &e.tol).pass, "{format:?}");
+        }
+    }
+}

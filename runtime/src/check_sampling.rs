@@ -1,0 +1,531 @@
+//! The GPU checks of the sampling kernels (`kernels::sampling`): the GPU
+//! against the CPU interpreter with the same random inputs.
+//!
+//! `sample`: SmolLM2's vocabulary (49152, 4096-element chunks, 16 warps, every
+//! pointer and integer specialized), a ragged 32001 (not a multiple of 16, so
+//! unspecialized) and a small ragged 1000 with a wider stride (1024-element
+//! chunks, 4 warps); 5 to 16 rows each with mixed settings (greedy,
+//! temperature, top-k, top-p, min-p and combinations, random seeds and
+//! steps). Logits are LLM-like: a tail of values in `[-2, 2]`, a few dozen to
+//! a few hundred candidates in `[4, 14]`, a few exact repeats and banned
+//! (`-inf`) tokens. Per row:
+//!
+//! - the GPU id is in the GPU's own kept set `{ws >= thresh}`;
+//! - ids, kept sets and thresholds must be **equal** to the interpreter's
+//!   whenever the f64 reference's closest decision (min-p cut, top-k gap,
+//!   top-p mass, inverse-CDF position) is at least `1e-4` relative from its
+//!   boundary. Closer rows can legitimately differ: the GPU's `ex2.approx`
+//!   and its reduction order move `w` and the f32 sums by a few 1e-6; they
+//!   are counted in the shape column (`fragile`) and at least half the rows
+//!   must be exact-checked;
+//! - the workspace within `2e-5` relative (`1e-30` absolute) of the
+//!   interpreter's, logprobs within `1e-4 + 1e-5 |lp|` (`lg2.approx`).
+//!
+//! `max_abs` is the largest logprob difference; `max_rel` the largest
+//! workspace difference.
+//!
+//! `penalties` and `token_counts_add`: bit-exact (IEEE `div.rn`, no
+//! contraction, integer atomics).
+
+use crate::check::{CheckRow, Rng};
+use crate::cuda::Cuda;
+use crate::error::Result;
+use dsl_core::DType;
+use dsl_core::interp::Cpu;
+use kernels::reference::sampling::{self as reference, RowParams};
+use kernels::sampling::{block_for, penalties as pen, sample as smp, token_counts_add as tca, warps_for};
+use std::marker::PhantomData;
+
+/// Relative decision margin above which GPU and interpreter must agree exactly.
+const MARGIN: f64 = 1e-4;
+
+/// LLM-like logits: a flat tail and a few high candidates, some repeats and
+/// banned tokens; `rows` rows at `stride`.
+fn logits(rng: &mut Rng, rows: usize, vocab: usize, stride: usize) -> Vec<f32> {
+    let mut x = vec![0.0f32; rows * stride];
+    for r in 0..rows {
+        let row = &mut x[r * stride..(r + 1) * stride];
+        for v in row.iter_mut() {
+            *v = (rng.unit() * 4.0 - 2.0) as f32;
+        }
+        let candidates = 20 + (rng.next_u64() % 300) as usize;
+        for _ in 0..candidates.min(vocab) {
+            let j = (rng.next_u64() % vocab as u64) as usize;
+            row[j] = (4.0 + rng.unit() * 10.0) as f32;
+        }
+        for _ in 0..vocab / 50 {
+            let (i, j) = ((rng.next_u64() % vocab as u64) as usize, (rng.next_u64() % vocab as u64) as usize);
+            row[i] = row[j];
+        }
+        // Banned tokens; token 0 never is, so no row is all -inf.
+        for _ in 0..vocab / 100 {
+            let j = (rng.next_u64() % vocab as u64) as usize;
+            if j != 0 {
+                row[j] = f32::NEG_INFINITY;
+            }
+        }
+    }
+    x
+}
+
+/// Mixed per-row settings, the filters in the candidates' range.
+fn params(rng: &mut Rng, vocab: usize) -> RowParams {
+    let pick = |rng: &mut Rng, n: u64| rng.next_u64() % n;
+    let temperature = match pick(rng, 5) {
+        0 => 0.0,
+        1 => 1.0,
+        2 => 0.6,
+        _ => (0.3 + rng.unit() * 1.2) as f32,
+    };
+    let top_k = match pick(rng, 4) {
+        0 | 1 => 0,
+        2 => [1, 2, 5, 20, 40][pick(rng, 5) as usize],
+        _ => vocab as i32,
+    };
+    let top_p = match pick(rng, 3) {
+        0 => 1.0,
+        1 => 0.9,
+        _ => (0.2 + rng.unit() * 0.75) as f32,
+    };
+    let min_p = match pick(rng, 3) {
+        0 => 0.0,
+        1 => 0.05,
+        _ => (rng.unit() * 0.3) as f32,
+    };
+    RowParams { temperature, top_k, top_p, min_p, seed: rng.next_u64(), step: rng.next_u64() as i32 }
+}
+
+/// The per-row outputs of one backend.
+struct Outputs {
+    ids: Vec<i32>,
+    logprobs: Vec<f32>,
+    thresh: Vec<f32>,
+    ws: Vec<f32>,
+}
+
+/// Runs `sample` on the interpreter (the check's config for `vocab`).
+fn interpret_case(x: &[f32], ps: &[RowParams], vocab: usize, stride: usize) -> Result<Outputs> {
+    let rows = ps.len();
+    let temp: Vec<f32> = ps.iter().map(|p| p.temperature).collect();
+    let top_k: Vec<i32> = ps.iter().map(|p| p.top_k).collect();
+    let top_p: Vec<f32> = ps.iter().map(|p| p.top_p).collect();
+    let min_p: Vec<f32> = ps.iter().map(|p| p.min_p).collect();
+    let seed: Vec<i64> = ps.iter().map(|p| p.seed as i64).collect();
+    let step: Vec<i32> = ps.iter().map(|p| p.step).collect();
+    let block = block_for(vocab);
+    let config = smp::Config::new(block).with_warps(warps_for(block));
+    let grid = [rows as u32, 1, 1];
+    let mut cpu = Cpu::new();
+    let (xc, wc) = (cpu.upload(x), cpu.zeros::<f32>(rows * stride));
+    let (tc, kc, pc, mc) = (cpu.upload(&temp), cpu.upload(&top_k), cpu.upload(&top_p), cpu.upload(&min_p));
+    let (sc, stc) = (cpu.upload(&seed), cpu.upload(&step));
+    let (ic, lc, hc) = (cpu.zeros::<i32>(rows), cpu.zeros::<f32>(rows), cpu.zeros::<f32>(rows));
+    let args = smp::Args {
+        logits_ptr: xc,
+        ws_ptr: wc,
+        temperature_ptr: tc,
+        top_k_ptr: kc,
+        top_p_ptr: pc,
+        min_p_ptr: mc,
+        seed_ptr: sc,
+        step_ptr: stc,
+        ids_ptr: ic,
+        logprobs_ptr: lc,
+        thresh_ptr: hc,
+        vocab: vocab as i32,
+        stride: stride as i32,
+        _marker: PhantomData,
+    };
+    smp::interpret(&mut cpu, grid, &config, &args)?;
+    Ok(Outputs { ids: cpu.read(ic), logprobs: cpu.read(lc), thresh: cpu.read(hc), ws: cpu.read(wc) })
+}
+
+fn sample_case(cuda: &mut Cuda, rng: &mut Rng, rows: usize, vocab: usize, stride: usize) -> Result<CheckRow> {
+    let x = logits(rng, rows, vocab, stride);
+    let ps: Vec<RowParams> = (0..rows).map(|_| params(rng, vocab)).collect();
+    let temp: Vec<f32> = ps.iter().map(|p| p.temperature).collect();
+    let top_k: Vec<i32> = ps.iter().map(|p| p.top_k).collect();
+    let top_p: Vec<f32> = ps.iter().map(|p| p.top_p).collect();
+    let min_p: Vec<f32> = ps.iter().map(|p| p.min_p).collect();
+    let seed: Vec<i64> = ps.iter().map(|p| p.seed as i64).collect();
+    let step: Vec<i32> = ps.iter().map(|p| p.step).collect();
+    let block = block_for(vocab);
+    let config = smp::Config::new(block).with_warps(warps_for(block));
+    let grid = [rows as u32, 1, 1];
+
+    let gpu = cuda.gpu();
+    let (xd, wd) = (gpu.upload(&x)?, gpu.zeros::<f32>(rows * stride)?);
+    let (td, kd, pd, md) =
+        (gpu.upload(&temp)?, gpu.upload(&top_k)?, gpu.upload(&top_p)?, gpu.upload(&min_p)?);
+    let (sd, std_) = (gpu.upload(&seed)?, gpu.upload(&step)?);
+    let (id, ld, hd) = (gpu.zeros::<i32>(rows)?, gpu.zeros::<f32>(rows)?, gpu.zeros::<f32>(rows)?);
+    let args = smp::Args {
+        logits_ptr: xd.ptr(),
+        ws_ptr: wd.ptr(),
+        temperature_ptr: td.ptr(),
+        top_k_ptr: kd.ptr(),
+        top_p_ptr: pd.ptr(),
+        min_p_ptr: md.ptr(),
+        seed_ptr: sd.ptr(),
+        step_ptr: std_.ptr(),
+        ids_ptr: id.ptr(),
+        logprobs_ptr: ld.ptr(),
+        thresh_ptr: hd.ptr(),
+        vocab: vocab as i32,
+        stride: stride as i32,
+        _marker: PhantomData,
+    };
+    cuda.run::<smp::Kernel>(grid, &config, &args)?;
+    let got =
+        Outputs { ids: id.download()?, logprobs: ld.download()?, thresh: hd.download()?, ws: wd.download()? };
+
+    let want = interpret_case(&x, &ps, vocab, stride)?;
+
+    let mut row = CheckRow {
+        kernel: "sample".into(),
+        shape: String::new(),
+        dtype: DType::F32,
+        max_abs: 0.0,
+        max_rel: 0.0,
+        pass: true,
+    };
+    let mut fragile = 0;
+    for (r, p) in ps.iter().enumerate() {
+        let xr = &x[r * stride..r * stride + vocab];
+        let re = reference::sample(xr, p);
+        let d = (got.logprobs[r] as f64 - want.logprobs[r] as f64).abs();
+        row.max_abs = row.max_abs.max(d);
+        if d.is_nan() || d > 1e-4 + 1e-5 * (want.logprobs[r] as f64).abs() {
+            row.pass = false;
+        }
+        if re.greedy {
+            row.pass &= got.ids[r] == want.ids[r] && got.thresh[r] == f32::INFINITY;
+            continue;
+        }
+        let (gw, cw) = (&got.ws[r * stride..r * stride + vocab], &want.ws[r * stride..r * stride + vocab]);
+        let g_id = got.ids[r];
+        let in_kept = g_id >= 0 && (g_id as usize) < vocab && {
+            let w = gw[g_id as usize];
+            w > 0.0 && w >= got.thresh[r]
+        };
+        row.pass &= in_kept;
+        if re.margin < MARGIN {
+            fragile += 1;
+            continue;
+        }
+        for (&a, &b) in gw.iter().zip(cw) {
+            let d = (a as f64 - b as f64).abs();
+            if b != 0.0 {
+                row.max_rel = row.max_rel.max(d / (b as f64).abs());
+            }
+            if d.is_nan() || d > 1e-30 + 2e-5 * (b as f64).abs() {
+                row.pass = false;
+            }
+        }
+        let kept = |w: &[f32], t: f32| w.iter().map(|&v| v > 0.0 && v >= t).collect::<Vec<bool>>();
+        row.pass &= kept(gw, got.thresh[r]) == kept(cw, want.thresh[r]);
+        row.pass &= g_id == want.ids[r];
+    }
+    row.pass &= fragile * 2 <= rows;
+    row.shape = format!("{rows}x{vocab} (stride {stride}, {fragile} fragile)");
+    Ok(row)
+}
+
+/// The `sample` check: 49152 (SmolLM2), ragged 32001 and 1000.
+pub fn sample(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for (n, vocab, stride) in [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)] {
+        rows.push(sample_case(cuda, &mut rng, n, vocab, stride)?);
+    }
+    Ok(rows)
+}
+
+/// Sparse random counts: mostly 0, some 1..4.
+fn counts(rng: &mut Rng, n: usize) -> Vec<i32> {
+    (0..n)
+        .map(|_| if rng.next_u64().is_multiple_of(4) { 1 + (rng.next_u64() % 4) as i32 } else { 0 })
+        .collect()
+}
+
+fn penalties_case(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    rows: usize,
+    vocab: usize,
+    stride: usize,
+) -> Result<CheckRow> {
+    let n_slots = rows + 3;
+    let x: Vec<f32> = (0..rows * stride).map(|_| rng.nonzero(8.0) as f32).collect();
+    let prompt = counts(rng, n_slots * vocab);
+    let output = counts(rng, n_slots * vocab);
+    let slots: Vec<i32> = (0..rows)
+        .map(|r| if rng.next_u64().is_multiple_of(5) { -1 } else { ((r * 7 + 2) % n_slots) as i32 })
+        .collect();
+    let mut rep = Vec::new();
+    let mut pres = Vec::new();
+    let mut freq = Vec::new();
+    for r in 0..rows {
+        let identity = r % 4 == 3;
+        rep.push(if identity { 1.0 } else { (0.5 + rng.unit() * 1.5) as f32 });
+        pres.push(if identity { 0.0 } else { rng.nonzero(1.0) as f32 });
+        freq.push(if identity { 0.0 } else { rng.nonzero(1.0) as f32 });
+    }
+    let block = 1024;
+    let config = pen::Config::new(block);
+    let grid = [rows as u32, vocab.div_ceil(block) as u32, 1];
+
+    let gpu = cuda.gpu();
+    let (xd, sd, pd, od) = (gpu.upload(&x)?, gpu.upload(&slots)?, gpu.upload(&prompt)?, gpu.upload(&output)?);
+    let (rd, prd, fd) = (gpu.upload(&rep)?, gpu.upload(&pres)?, gpu.upload(&freq)?);
+    let args = pen::Args {
+        logits_ptr: xd.ptr(),
+        slot_ptr: sd.ptr(),
+        prompt_ptr: pd.ptr(),
+        output_ptr: od.ptr(),
+        repetition_ptr: rd.ptr(),
+        presence_ptr: prd.ptr(),
+        frequency_ptr: fd.ptr(),
+        vocab: vocab as i32,
+        stride: stride as i32,
+        _marker: PhantomData,
+    };
+    cuda.run::<pen::Kernel>(grid, &config, &args)?;
+    let got = xd.download()?;
+
+    let mut cpu = Cpu::new();
+    let (xc, sc, pc, oc) = (cpu.upload(&x), cpu.upload(&slots), cpu.upload(&prompt), cpu.upload(&output));
+    let (rc, prc, fc) = (cpu.upload(&rep), cpu.upload(&pres), cpu.upload(&freq));
+    let args = pen::Args {
+        logits_ptr: xc,
+        slot_ptr: sc,
+        prompt_ptr: pc,
+        output_ptr: oc,
+        repetition_ptr: rc,
+        presence_ptr: prc,
+        frequency_ptr: fc,
+        vocab: vocab as i32,
+        stride: stride as i32,
+        _marker: PhantomData,
+    };
+    pen::interpret(&mut cpu, grid, &config, &args)?;
+    let want = cpu.read(xc);
+    let mut row = CheckRow {
+        kernel: "penalties".into(),
+        shape: format!("{rows}x{vocab} (stride {stride})"),
+        dtype: DType::F32,
+        max_abs: 0.0,
+        max_rel: 0.0,
+        pass: true,
+    };
+    for (&a, &b) in got.iter().zip(&want) {
+        let d = (a as f64 - b as f64).abs();
+        row.max_abs = row.max_abs.max(d);
+        row.pass &= a.to_bits() == b.to_bits();
+    }
+    Ok(row)
+}
+
+/// The `penalties` check: 49152 and a ragged vocabulary with a wider stride; bit-exact.
+pub fn penalties(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for (n, vocab, stride) in [(9, 49152, 49152), (5, 1001, 1040)] {
+        rows.push(penalties_case(cuda, &mut rng, n, vocab, stride)?);
+    }
+    Ok(rows)
+}
+
+fn token_counts_case(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    n: usize,
+    vocab: usize,
+    n_slots: usize,
+) -> Result<CheckRow> {
+    let init = counts(rng, n_slots * vocab);
+    let slots: Vec<i32> = (0..n)
+        .map(|_| if rng.next_u64().is_multiple_of(8) { -1 } else { (rng.next_u64() % n_slots as u64) as i32 })
+        .collect();
+    // Ids in [-1, vocab]: both ends invalid; small vocabularies give repeats.
+    let ids: Vec<i32> = (0..n).map(|_| (rng.next_u64() % (vocab as u64 + 2)) as i32 - 1).collect();
+    let block = 128;
+    let config = tca::Config::new(block);
+    let grid = [n.div_ceil(block) as u32, 1, 1];
+
+    let gpu = cuda.gpu();
+    let (cd, sd, id) = (gpu.upload(&init)?, gpu.upload(&slots)?, gpu.upload(&ids)?);
+    let args = tca::Args {
+        counts_ptr: cd.ptr(),
+        slot_ptr: sd.ptr(),
+        ids_ptr: id.ptr(),
+        n: n as i32,
+        vocab: vocab as i32,
+        _marker: PhantomData,
+    };
+    cuda.run::<tca::Kernel>(grid, &config, &args)?;
+    let got = cd.download()?;
+
+    let mut cpu = Cpu::new();
+    let (cc, sc, ic) = (cpu.upload(&init), cpu.upload(&slots), cpu.upload(&ids));
+    let args = tca::Args {
+        counts_ptr: cc,
+        slot_ptr: sc,
+        ids_ptr: ic,
+        n: n as i32,
+        vocab: vocab as i32,
+        _marker: PhantomData,
+    };
+    tca::interpret(&mut cpu, grid, &config, &args)?;
+    let want = cpu.read(cc);
+    let max_abs = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+    Ok(CheckRow {
+        kernel: "token_counts_add".into(),
+        shape: format!("{n} ids, {n_slots}x{vocab}"),
+        dtype: DType::I32,
+        max_abs,
+        max_rel: 0.0,
+        pass: got == want,
+    })
+}
+
+/// The `token_counts_add` check: decode-sized and prompt-sized id lists
+/// (repeats, invalid slots and ids); exact.
+pub fn token_counts_add(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for (n, vocab, n_slots) in [(37, 49152, 64), (5000, 300, 3), (1, 7, 1)] {
+        rows.push(token_counts_case(cuda, &mut rng, n, vocab, n_slots)?);
+    }
+    Ok(rows)
+}
+
+/// Latency benchmarks of the sampling kernels (`tessera bench`, family
+/// `sampling`), in microseconds per launch (L2 flushed before each run, as
+/// every bench): `sample` over LLM-like logits (the check's generator) at
+/// SmolLM2's vocabulary for 1 and 64 rows, all rows with one setting:
+/// `greedy`, `temp` (T = 0.7, no filter), `top_p` (T = 0.7, p = 0.9) and
+/// `k_p_minp` (T = 0.7, k = 50, p = 0.95, min-p 0.05); and `penalties` on
+/// 64 rows (every row active).
+pub fn bench_records(
+    cuda: &mut Cuda,
+    opts: &crate::bench::BenchOptions,
+) -> Result<Vec<crate::bench::Record>> {
+    use crate::bench::{Record, time_median_ms};
+    let vocab = 49152;
+    let block = block_for(vocab);
+    let config = smp::Config::new(block).with_warps(warps_for(block));
+    let mut out = Vec::new();
+    let settings: [(&str, RowParams); 4] = [
+        ("greedy", RowParams::temperature(0.0, 1, 0)),
+        ("temp", RowParams::temperature(0.7, 1, 0)),
+        ("top_p", RowParams { top_p: 0.9, ..RowParams::temperature(0.7, 1, 0) }),
+        ("k_p_minp", RowParams { top_k: 50, top_p: 0.95, min_p: 0.05, ..RowParams::temperature(0.7, 1, 0) }),
+    ];
+    for rows in [1usize, 64] {
+        let mut rng = Rng::new(rows as u64);
+        let x = logits(&mut rng, rows, vocab, vocab);
+        for (name, p) in settings {
+            let ps: Vec<RowParams> =
+                (0..rows).map(|r| RowParams { seed: r as u64 * 7 + 1, step: r as i32, ..p }).collect();
+            let gpu = cuda.gpu();
+            let xd = gpu.upload(&x)?;
+            let wd = gpu.zeros::<f32>(rows * vocab)?;
+            let td = gpu.upload(&ps.iter().map(|p| p.temperature).collect::<Vec<f32>>())?;
+            let kd = gpu.upload(&ps.iter().map(|p| p.top_k).collect::<Vec<i32>>())?;
+            let pd = gpu.upload(&ps.iter().map(|p| p.top_p).collect::<Vec<f32>>())?;
+            let md = gpu.upload(&ps.iter().map(|p| p.min_p).collect::<Vec<f32>>())?;
+            let sd = gpu.upload(&ps.iter().map(|p| p.seed as i64).collect::<Vec<i64>>())?;
+            let std_ = gpu.upload(&ps.iter().map(|p| p.step).collect::<Vec<i32>>())?;
+            let (id, ld, hd) = (gpu.zeros::<i32>(rows)?, gpu.zeros::<f32>(rows)?, gpu.zeros::<f32>(rows)?);
+            let args = smp::Args {
+                logits_ptr: xd.ptr(),
+                ws_ptr: wd.ptr(),
+                temperature_ptr: td.ptr(),
+                top_k_ptr: kd.ptr(),
+                top_p_ptr: pd.ptr(),
+                min_p_ptr: md.ptr(),
+                seed_ptr: sd.ptr(),
+                step_ptr: std_.ptr(),
+                ids_ptr: id.ptr(),
+                logprobs_ptr: ld.ptr(),
+                thresh_ptr: hd.ptr(),
+                vocab: vocab as i32,
+                stride: vocab as i32,
+                _marker: PhantomData,
+            };
+            let grid = [rows as u32, 1, 1];
+            let ms =
+                time_median_ms(cuda, opts.warmup, opts.runs, |c| c.run::<smp::Kernel>(grid, &config, &args))?;
+            out.push(Record {
+                name: format!("sample/f32/{rows}x{vocab}/{name}"),
+                metric: "us",
+                value: ms * 1e3,
+                ms,
+                tuned: None,
+            });
+            eprintln!("measured {}", out[out.len() - 1].name);
+        }
+    }
+    let rows = 64;
+    let mut rng = Rng::new(64);
+    let x: Vec<f32> = (0..rows * vocab).map(|_| rng.nonzero(8.0) as f32).collect();
+    let (prompt, output) = (counts(&mut rng, rows * vocab), counts(&mut rng, rows * vocab));
+    let slots: Vec<i32> = (0..rows as i32).collect();
+    let gpu = cuda.gpu();
+    let (xd, sd, pd, od) = (gpu.upload(&x)?, gpu.upload(&slots)?, gpu.upload(&prompt)?, gpu.upload(&output)?);
+    let (rd, prd, fd) = (gpu.upload(&[1.1f32; 64])?, gpu.upload(&[0.5f32; 64])?, gpu.upload(&[0.25f32; 64])?);
+    let args = pen::Args {
+        logits_ptr: xd.ptr(),
+        slot_ptr: sd.ptr(),
+        prompt_ptr: pd.ptr(),
+        output_ptr: od.ptr(),
+        repetition_ptr: rd.ptr(),
+        presence_ptr: prd.ptr(),
+        frequency_ptr: fd.ptr(),
+        vocab: vocab as i32,
+        stride: vocab as i32,
+        _marker: PhantomData,
+    };
+    let block = 1024;
+    let config = pen::Config::new(block);
+    let grid = [rows as u32, vocab.div_ceil(block) as u32, 1];
+    let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c| c.run::<pen::Kernel>(grid, &config, &args))?;
+    out.push(Record {
+        name: format!("penalties/f32/{rows}x{vocab}"),
+        metric: "us",
+        value: ms * 1e3,
+        ms,
+        tuned: None,
+    });
+    eprintln!("measured {}", out[out.len() - 1].name);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The check's inputs on the interpreter against the f64 reference (no
+    /// GPU): few rows are near a decision boundary, so the GPU check's exact
+    /// comparisons bite, and the exact ones agree with the reference.
+    #[test]
+    fn check_inputs_are_decisive_on_the_interpreter() {
+        let mut rng = Rng::new(0x5eed);
+        for (rows, vocab, stride) in [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)] {
+            let x = logits(&mut rng, rows, vocab, stride);
+            let ps: Vec<RowParams> = (0..rows).map(|_| params(&mut rng, vocab)).collect();
+            let out = interpret_case(&x, &ps, vocab, stride).unwrap();
+            let mut fragile = 0;
+            for (r, p) in ps.iter().enumerate() {
+                let want = reference::sample(&x[r * stride..r * stride + vocab], p);
+                if want.margin < MARGIN {
+                    fragile += 1;
+                    continue;
+                }
+                assert_eq!(out.ids[r] as usize, want.id, "{vocab}: row {r} {p:?}");
+            }
+            assert!(fragile * 4 <= rows, "{vocab}: {fragile} of {rows} rows near a boundary");
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! A tiny random-weight Llama written as GGUF with the layout of the real
+//! SmolLM2 file (same tensor names, order, roles and types, same metadata keys
+//! including the tokenizer and chat template), so that tests can build a model
+//! in milliseconds.
+//!
+//! The vocabulary ([`tiny_vocab`]) is a real byte-level BPE vocabulary: three
+//! control tokens as in SmolLM2 (`<|endoftext|>` 0, `<|im_start|>` 1 = BOS,
+//! `<|im_end|>` 2 = EOS), the 256 byte tokens, and a few merges, padded with
+//! unused tokens up to the configured vocabulary size.
+//!
+//! Invariant: the output is a deterministic function of the [`TinyLlama`]
+//! value (weights come from a seeded SplitMix64), and it always passes
+//! [`LlamaConfig::from_metadata`] and [`LlamaConfig::check_tensors`].
+
+use super::llama::{LlamaConfig, TensorRole};
+use super::types::{GgmlType, Value};
+use super::vocab::{TokenType, Vocab, gpt2_byte_to_char};
+use super::writer::GgufWriter;
+use super::{GgufError, Result};
+
+/// SmolLM2-135M-Instruct's chat template (`tokenizer.chat_template`), verbatim.
+pub const SMOLLM2_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// The merges of the tiny vocabulary, by rank.
+const TINY_MERGES: [&str; 18] = [
+    "Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "r e", "a t", "e n", "o r", "Ġ w", "l l",
+    "Ġ o", "Ġ c", "i s", "e s",
+];
+
+/// The tokens of the unpadded tiny vocabulary and their types.
+fn base_tokens() -> (Vec<String>, Vec<TokenType>) {
+    let mut tokens: Vec<String> =
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].iter().map(|s| s.to_string()).collect();
+    let mut token_types = vec![TokenType::Control; 3];
+    for b in 0..=255u8 {
+        tokens.push(gpt2_byte_to_char(b).to_string());
+        token_types.push(TokenType::Normal);
+    }
+    for m in TINY_MERGES {
+        let merged = m.replace(' ', "");
+        if !tokens.contains(&merged) {
+            tokens.push(merged);
+            token_types.push(TokenType::Normal);
+        }
+    }
+    (tokens, token_types)
+}
+
+/// The tiny byte-level BPE vocabulary, padded with unused tokens to `size`
+/// entries (at least [`tiny_vocab_min_size`]).
+pub fn tiny_vocab(size: usize) -> Result<Vocab> {
+    let (mut tokens, mut token_types) = base_tokens();
+    if size < tokens.len() {
+        return Err(GgufError::InvalidValue {
+            key: super::llama::KEY_VOCAB_SIZE.to_string(),
+            message: format!("{size} is smaller than the {} tokens of the tiny vocabulary.", tokens.len()),
+        });
+    }
+    for i in tokens.len()..size {
+        tokens.push(format!("<unused{i}>"));
+        token_types.push(TokenType::Unused);
+    }
+    Ok(Vocab {
+        model: "gpt2".into(),
+        pre: Some("smollm".into()),
+        tokens,
+        token_types,
+        merges: TINY_MERGES.iter().map(|s| s.to_string()).collect(),
+        bos: Some(1),
+        eos: Some(2),
+        eot: None,
+        unk: Some(0),
+        pad: Some(2),
+        add_bos: false,
+        add_eos: false,
+        add_space_prefix: Some(false),
+        chat_template: Some(SMOLLM2_CHAT_TEMPLATE.into()),
+    })
+}
+
+/// The size of the unpadded tiny vocabulary.
+pub fn tiny_vocab_min_size() -> usize {
+    base_tokens().0.len()
+}
+
+/// A tiny Llama to write: hyperparameters, seed and tensor types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TinyLlama {
+    /// The hyperparameters (validated when written). Matrix widths must be
+    /// multiples of 32 for the quantized types.
+    pub config: LlamaConfig,
+    /// Seed of the weights.
+    pub seed: u64,
+    /// Type of `token_embd.weight` (SmolLM2: `Q8_0`).
+    pub embedding_type: GgmlType,
+    /// Type of the projection matrices (SmolLM2: `Q4_1`).
+    pub matrix_type: GgmlType,
+    /// Whether to write an untied `output.weight` (SmolLM2 ties it: no).
+    pub untied_output: bool,
+}
+
+impl Default for TinyLlama {
+    /// Two layers, hidden 64, FFN 128, 4 query heads and 2 KV heads of
+    /// dimension 16, the tiny vocabulary unpadded, SmolLM2's types.
+    fn default() -> Self {
+        TinyLlama {
+            config: LlamaConfig {
+                n_layers: 2,
+                n_embd: 64,
+                n_ff: 128,
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: 16,
+                rope_dim: 16,
+                rope_freq_base: 100000.0,
+                rms_norm_eps: 1e-5,
+                context_length: 256,
+                vocab_size: tiny_vocab_min_size(),
+            },
+            seed: 0x5EED,
+            embedding_type: GgmlType::Q8_0,
+            matrix_type: GgmlType::Q4_1,
+            untied_output: false,
+        }
+    }
+}
+
+impl TinyLlama {
+    /// The model as a writer (metadata and tensors), ready for `to_bytes`.
+    pub fn writer(&self) -> Result<GgufWriter> {
+        let c = &self.config;
+        c.validate()?;
+        let mut w = GgufWriter::new();
+        w.set(super::llama::KEY_ARCHITECTURE, "llama")?;
+        w.set("general.type", "model")?;
+        w.set("general.name", "Tiny Llama")?;
+        c.write_metadata(&mut w)?;
+        // LLAMA_FTYPE_MOSTLY_Q4_1 when the matrices are Q4_1 (the real file's value).
+        w.set("general.file_type", Value::U32(if self.matrix_type == GgmlType::Q4_1 { 3 } else { 0 }))?;
+        tiny_vocab(c.vocab_size)?.write_metadata(&mut w)?;
+        w.set("general.quantization_version", Value::U32(2))?;
+
+        let mut rng = SplitMix64(self.seed);
+        let specs = c.tensors().into_iter().chain(self.untied_output.then(|| c.output_tensor()));
+        for spec in specs {
+            let n: u64 = spec.dims.iter().product();
+            let fan_in = spec.dims[0] as f32;
+            let (ty, values): (GgmlType, Vec<f32>) = match spec.role {
+                TensorRole::Norm => (GgmlType::F32, (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect()),
+                TensorRole::Embedding => (self.embedding_type, (0..n).map(|_| 0.5 * rng.uniform()).collect()),
+                TensorRole::Matrix => {
+                    (self.matrix_type, (0..n).map(|_| rng.uniform() / fan_in.sqrt()).collect())
+                }
+                TensorRole::Output => {
+                    (self.embedding_type, (0..n).map(|_| rng.uniform() / fan_in.sqrt()).collect())
+                }
+            };
+            w.add_f32_tensor(&spec.name, ty, &spec.dims, &values)?;
+        }
+        Ok(w)
+    }
+
+    /// The model's GGUF bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        Ok(self.writer()?.to_bytes())
+    }
+}
+
+/// SplitMix64, a small seeded generator (enough for test weights).
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[-1, 1)`.
+    fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}

@@ -1,0 +1,332 @@
+//! Kernel library: the dequant GEMV/GEMM kernels (`kernels::dequant`) on the
+//! interpreter against the f64 reference of `kernels::reference::quant`.
+//!
+//! Random GGUF weights (random finite f16 scales of either sign over several
+//! binades, random Q4_1 mins, random quant bytes) are built as the raw GGUF
+//! blocks, repacked with `kernels::dequant::repack`, and the reference reads
+//! the raw bytes, so a wrong repack fails too. Activations are random
+//! non-zero values in f32 or bf16. Shapes are ragged: `N` not a multiple of
+//! `BLOCK_N`, odd `M` in 1..16 for the GEMV (and `M` not a multiple of
+//! `BLOCK_M` for the GEMM), `K` a multiple of 32 but often not of `BLOCK_K`
+//! (so the masked tail tile runs), all three formats, with and without the
+//! fused SiLU-mul epilogue (gate and up weights interleaved by
+//! `interleave_gate_up`). Tolerance: the f32 accumulation bound
+//! `reference::quant::error_bound` (linear in the reduction depth, so a wrong
+//! nibble, scale, min, row or column is far outside it), plus one rounding to
+//! the output dtype, plus the SiLU propagation bound. Shapes are small: the
+//! interpreter is slow.
+
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::{Cpu, Element};
+use kernels::dequant::{
+    GEMV_MAX_M, QuantFormat, gemm, gemm_grid, gemv, gemv_grid, gemv_tiles, interleave_gate_up, repack,
+};
+use kernels::reference::quant as r;
+use proptest::prelude::*;
+use std::marker::PhantomData;
+use tests::reference::Rng;
+
+fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+/// A random finite f16 of either sign with exponent in `[lo, hi)`.
+fn f16_value(rng: &mut Rng, lo: i32, hi: i32) -> f16 {
+    let e = lo + rng.below((hi - lo) as u64) as i32;
+    let mant = 1.0 + rng.uniform(0.0, 1.0);
+    let v = mant * 2f32.powi(e);
+    f16::from_f32(if rng.next_u64() & 1 == 0 { v } else { -v })
+}
+
+/// Random GGUF bytes of a weight `[n, k]` in `format`.
+pub fn gguf_weight(rng: &mut Rng, format: QuantFormat, n: usize, k: usize) -> Vec<u8> {
+    let blocks = n * k / 32;
+    let mut out = Vec::with_capacity(blocks * format.block_bytes());
+    for _ in 0..blocks {
+        out.extend_from_slice(&f16_value(rng, -8, 0).to_le_bytes());
+        if format == QuantFormat::Q4_1 {
+            out.extend_from_slice(&f16_value(rng, -6, 1).to_le_bytes());
+        }
+        out.extend((0..format.quant_bytes()).map(|_| rng.next_u64() as u8));
+    }
+    out
+}
+
+/// Activation storage dtypes.
+pub trait Act: Element {
+    /// Rounds an f32 to the storage type.
+    fn from_f32(v: f32) -> Self;
+    /// Bound on the relative error of the final rounding (half an ulp of the
+    /// value's binade: 2^-8 for bf16; 2^-23, twice that, for f32).
+    const ROUND: f64;
+}
+
+impl Act for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    const ROUND: f64 = 1.0 / 8_388_608.0;
+}
+
+impl Act for bf16 {
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    const ROUND: f64 = 1.0 / 256.0;
+}
+
+/// Non-zero activations with magnitudes in `[1/64, 2)`.
+fn activations<T: Act>(rng: &mut Rng, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|_| {
+            let m = rng.uniform(1.0 / 64.0, 2.0);
+            T::from_f32(if rng.next_u64() & 1 == 0 { m } else { -m })
+        })
+        .collect()
+}
+
+/// Which kernel and tiles: GEMV `(m_block, block_n, block_k)` or GEMM
+/// `(block_m, block_n, block_k)`.
+#[derive(Clone, Copy, Debug)]
+enum Tiles {
+    Gemv(usize, usize, usize),
+    Gemm(usize, usize, usize),
+}
+
+/// Runs one dequant kernel on the interpreter; returns `out` as f64.
+#[allow(clippy::too_many_arguments)]
+fn run<T: Act>(
+    format: QuantFormat,
+    silu: bool,
+    tiles: Tiles,
+    x: &[T],
+    quants: &[u8],
+    scales: &[f16],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Vec<f64>, String> {
+    let mut cpu = Cpu::new();
+    let (xp, qp, sp) = (cpu.upload(x), cpu.upload(quants), cpu.upload(scales));
+    let op = cpu.zeros::<T>(m * n);
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    macro_rules! go {
+        ($k:path, $grid:expr, $a:expr, $b:expr, $c:expr) => {{
+            use $k as kk;
+            let args = kk::Args {
+                x_ptr: xp.cast(),
+                q_ptr: qp.cast(),
+                s_ptr: sp.cast(),
+                out_ptr: op.cast(),
+                m: mi,
+                n: ni,
+                k: ki,
+                _marker: PhantomData,
+            };
+            let config = kk::Config::new(T::DTYPE, silu, $a, $b, $c);
+            kk::interpret(&mut cpu, $grid, &config, &args).map_err(|e| e.to_string())?
+        }};
+    }
+    match (tiles, format) {
+        (Tiles::Gemv(a, b, c), f) => {
+            let grid = gemv_grid(m, n, silu, a, b);
+            match f {
+                QuantFormat::Q4_0 => go!(gemv::gemv_q4_0, grid, a, b, c),
+                QuantFormat::Q4_1 => go!(gemv::gemv_q4_1, grid, a, b, c),
+                QuantFormat::Q8_0 => go!(gemv::gemv_q8_0, grid, a, b, c),
+            }
+        }
+        (Tiles::Gemm(a, b, c), f) => {
+            let grid = gemm_grid(m, n, silu, a, b);
+            match f {
+                QuantFormat::Q4_0 => go!(gemm::gemm_q4_0, grid, a, b, c),
+                QuantFormat::Q4_1 => go!(gemm::gemm_q4_1, grid, a, b, c),
+                QuantFormat::Q8_0 => go!(gemm::gemm_q8_0, grid, a, b, c),
+            }
+        }
+    }
+    Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
+}
+
+/// One random case: builds the weight(s), runs the kernel, checks every
+/// output against the reference within the documented bound.
+fn case<T: Act>(
+    seed: u64,
+    format: QuantFormat,
+    silu: bool,
+    tiles: Tiles,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let x = activations::<T>(&mut rng, m * k);
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let block_k = match tiles {
+        Tiles::Gemv(_, _, bk) | Tiles::Gemm(_, _, bk) => bk,
+    };
+    let g_raw = gguf_weight(&mut rng, format, n, k);
+    let g = r::gemv(format, &g_raw, n, k, &xf, m);
+    let (weight, up) = if silu {
+        let u_raw = gguf_weight(&mut rng, format, n, k);
+        let gr = repack(format, &g_raw, n, k).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let ur = repack(format, &u_raw, n, k).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let w = interleave_gate_up(&gr, &ur).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        (w, Some(r::gemv(format, &u_raw, n, k, &xf, m)))
+    } else {
+        (repack(format, &g_raw, n, k).map_err(|e| TestCaseError::fail(e.to_string()))?, None)
+    };
+    let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, m, n, k)
+        .map_err(TestCaseError::fail)?;
+    for (i, &got_i) in got.iter().enumerate() {
+        let eg = r::error_bound(format, k, block_k, g.abs[i]);
+        let (want, tol) = match &up {
+            Some(u) => {
+                let eu = r::error_bound(format, k, block_k, u.abs[i]);
+                let want = r::silu_mul(g.y[i], u.y[i]);
+                (want, r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
+            }
+            None => (g.y[i], eg),
+        };
+        // The final rounding is of the computed value, itself within `tol`.
+        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
+        prop_assert!(
+            (got_i - want).abs() <= tol,
+            "{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {}, want {want} (tol {tol:e})",
+            i / n,
+            i % n,
+            got_i
+        );
+    }
+    Ok(())
+}
+
+/// GEMV tiles for `format`: `(m_block, block_n, block_k)` from small choices.
+fn gemv_tiles_strategy(format: QuantFormat) -> impl Strategy<Value = (usize, usize, usize)> {
+    let bk = if format == QuantFormat::Q8_0 {
+        prop_oneof![Just(32), Just(64), Just(128)].boxed()
+    } else {
+        prop_oneof![Just(32), Just(64), Just(128), Just(256)].boxed()
+    };
+    (prop_oneof![Just(1), Just(2), Just(4), Just(8)], prop_oneof![Just(2), Just(4), Just(8), Just(16)], bk)
+}
+
+fn format_strategy() -> impl Strategy<Value = QuantFormat> {
+    prop_oneof![Just(QuantFormat::Q4_0), Just(QuantFormat::Q4_1), Just(QuantFormat::Q8_0)]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_case(
+    format: QuantFormat,
+    (mb, bn, bk): (usize, usize, usize),
+    m: usize,
+    n: usize,
+    kb: usize,
+    silu: bool,
+    bf: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let tiles = Tiles::Gemv(mb, bn, bk);
+    if bf {
+        case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)
+    } else {
+        case::<f32>(seed, format, silu, tiles, m, n, 32 * kb)
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// GEMV: all formats, both dtypes, odd M in 1..16, ragged N and K.
+    #[test]
+    fn gemv_random(
+        (format, tiles) in format_strategy().prop_flat_map(|f| (Just(f), gemv_tiles_strategy(f))),
+        m in prop_oneof![Just(1usize), Just(3), Just(5), Just(7), Just(9), Just(15)],
+        n in 1usize..40,
+        kb in 1usize..13,
+        silu in any::<bool>(),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        gemv_case(format, tiles, m, n, kb, silu, bf, seed)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(24))]
+
+    /// GEMM: all formats, both dtypes, ragged M, N and K.
+    #[test]
+    fn gemm_random(
+        format in format_strategy(),
+        (bm, bn) in prop_oneof![Just((16usize, 16usize)), Just((16, 32)), Just((32, 16))],
+        wide_k in any::<bool>(),
+        m in 1usize..40,
+        n in 1usize..40,
+        kb in 1usize..7,
+        silu in any::<bool>(),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let bk = if wide_k { 128 } else { 64 };
+        let tiles = Tiles::Gemm(bm, bn, bk);
+        if bf {
+            case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)?;
+        } else {
+            case::<f32>(seed, format, silu, tiles, m, n, 32 * kb)?;
+        }
+    }
+}
+
+/// The untuned GEMV tiles on a real-model shape: one token through a
+/// SmolLM2 gate/up projection (K = 576, N = 1536, SiLU-mul fused), every
+/// format, bf16, with the tiles the runtime picks by default.
+#[test]
+fn gemv_smollm2_gate_up() {
+    for format in [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0] {
+        let t = gemv_tiles(format, 1, 2 * 1536, 576);
+        assert!(t.m_block == 1 && 576 % t.block_k == 0, "{t:?}");
+        gemv_case(format, (t.m_block, t.block_n, t.block_k), 1, 1536, 18, true, true, 11).unwrap();
+    }
+}
+
+/// Every M of the GEMV path with the default tiles (M_BLOCK 1, 2, 4, 8 and
+/// two programs along M from 9 on), Q4_1 in f32 at a small shape.
+#[test]
+fn gemv_every_m() {
+    for m in 1..=GEMV_MAX_M {
+        let t = gemv_tiles(QuantFormat::Q4_1, m, 24, 96);
+        gemv_case(QuantFormat::Q4_1, (t.m_block, t.block_n, t.block_k), m, 24, 3, false, false, m as u64)
+            .unwrap();
+    }
+}
+
+/// The tolerance is tight enough to catch a single wrong weight: flipping one
+/// nibble of the repacked quants (or swapping Q4_1's `d` and `m`) fails.
+#[test]
+fn corrupted_weights_are_caught() {
+    let (m, n, k) = (3, 5, 96);
+    let mut rng = Rng::new(3);
+    let x = activations::<f32>(&mut rng, m * k);
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
+    let want = r::gemv(QuantFormat::Q4_1, &raw, n, k, &xf, m);
+    let w = repack(QuantFormat::Q4_1, &raw, n, k).unwrap();
+    let tiles = Tiles::Gemv(4, 2, 64);
+    let within = |got: &[f64]| {
+        got.iter().enumerate().all(|(i, g)| {
+            (g - want.y[i]).abs()
+                <= r::error_bound(QuantFormat::Q4_1, k, 64, want.abs[i]) + 1e-6 * want.y[i].abs()
+        })
+    };
+    let ok = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &w.scales, m, n, k).unwrap();
+    assert!(within(&ok));
+    let mut bad = w.quants.clone();
+    bad[3 * 48 + 17] ^= 0x10;
+    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &bad, &w.scales, m, n, k).unwrap();
+    assert!(!within(&got), "a flipped high nibble went unnoticed");
+    let mut swapped = w.scales.clone();
+    swapped.swap(2, 3);
+    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, m, n, k).unwrap();
+    assert!(!within(&got), "swapped d and m went unnoticed");
+}

@@ -1,0 +1,406 @@
+//! Kernel library: FlashAttention prefill over a paged KV cache on the
+//! interpreter against the f64 reference.
+//!
+//! `flash_attention` (kernels::flash_attention) against
+//! `kernels::reference::attention::prefill_varlen`: random non-zero Q, K and V;
+//! odd and even batch sizes; ragged query runs and contexts (not multiples of
+//! any tile or page, contexts ending mid-page), about half of the sequences a
+//! chunked prefill / prefix-cache hit (`q_len < ctx`), some `q_len = 1`, some
+//! `q_len = 0`; GQA ratios 1, 3 (SmolLM2: 9 Q heads, 3 KV heads, head dim 64)
+//! and 4, head dims 64 and 128; causal and full; f32 and bf16 (f16 in the
+//! corners); page sizes 16, 32 and 64 behind a random (shuffled, not
+//! identity) block table whose unused entries are `-1`; caches full of random
+//! values (so a read past the context or through a wrong page changes the
+//! result); small tiles (`BLOCK_M`, `BLOCK_N` of 16 and 32) so that every
+//! program runs several unmasked and masked key blocks, plus the default
+//! tiles. The output starts filled with 100 (a value attention of |v| <= 2
+//! cannot produce), so unwritten rows fail.
+//!
+//! Tolerance per element: `Attention::error_bound` (kernels::reference::
+//! attention) from the reference's error scales `mag = sum_j p_j |v_j|` and
+//! `score_abs = max_j scale sum_d |q_d k_jd|`: the f32 arithmetic of scores,
+//! exponentials and accumulations with margins of 4 to 8, plus, in bf16/f16,
+//! the rounding of `p` to the storage dtype before `p . v` (at most one unit
+//! roundoff times `mag`) and of the output. Including or dropping one key
+//! moves an output by about `p_j |v_j - o|` (a few percent at these
+//! contexts), far above the tolerance; `wrong_mask_is_caught` checks that
+//! such a change does fail the comparison.
+
+use dsl_core::DType;
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::{Cpu, Element};
+use kernels::flash_attention::{self as fa, flash_attention};
+use kernels::reference::attention::{self as r, Attention, PagedKv};
+use proptest::prelude::*;
+use std::marker::PhantomData;
+use tests::reference::Rng;
+
+fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+/// Storage types of the tests.
+trait Storage: Element {
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Storage for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Storage for bf16 {
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+impl Storage for f16 {
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+
+/// One launch: heads, sequences `(q_len, ctx)`, paging, tiles and mask.
+#[derive(Clone, Debug)]
+struct Case {
+    n_q: usize,
+    n_kv: usize,
+    d: usize,
+    /// `(q_len, ctx)` per sequence.
+    seqs: Vec<(usize, usize)>,
+    block_size: usize,
+    block_m: usize,
+    block_n: usize,
+    causal: bool,
+    scale: f32,
+}
+
+/// Inputs of one launch, as f64 values representable in the storage dtype.
+struct Inputs {
+    q: Vec<f64>,
+    k_cache: Vec<f64>,
+    v_cache: Vec<f64>,
+    block_tables: Vec<i32>,
+    max_blocks: usize,
+    seq_lens: Vec<i32>,
+    cu_seqlens_q: Vec<i32>,
+}
+
+/// `n` values in `[-2, -1/64] ∪ [1/64, 2]`, rounded to `dtype`.
+fn nonzero(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let m = rng.uniform(1.0 / 64.0, 2.0) as f64;
+            dtype.round_float(if rng.below(2) == 0 { m } else { -m })
+        })
+        .collect()
+}
+
+/// Random inputs for `case`: pages of all sequences shuffled over a cache
+/// with two spare pages, unused table entries `-1`.
+fn inputs(case: &Case, dtype: DType, seed: u64) -> Inputs {
+    let mut rng = Rng::new(seed);
+    let bs = case.block_size;
+    let pages: Vec<usize> = case.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(bs)).collect();
+    let max_blocks = pages.iter().copied().max().unwrap_or(0) + 1;
+    let num_blocks = pages.iter().sum::<usize>() + 2;
+    let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..num_blocks).rev() {
+        perm.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut block_tables = vec![-1i32; case.seqs.len() * max_blocks];
+    let mut next = 0;
+    for (b, &n) in pages.iter().enumerate() {
+        for p in 0..n {
+            block_tables[b * max_blocks + p] = perm[next];
+            next += 1;
+        }
+    }
+    let mut cu_seqlens_q = vec![0i32];
+    for &(q_len, _) in &case.seqs {
+        cu_seqlens_q.push(cu_seqlens_q[cu_seqlens_q.len() - 1] + q_len as i32);
+    }
+    let total_q = cu_seqlens_q[case.seqs.len()] as usize;
+    let cache = num_blocks * bs * case.n_kv * case.d;
+    Inputs {
+        q: nonzero(&mut rng, total_q * case.n_q * case.d, dtype),
+        k_cache: nonzero(&mut rng, cache, dtype),
+        v_cache: nonzero(&mut rng, cache, dtype),
+        block_tables,
+        max_blocks,
+        seq_lens: case.seqs.iter().map(|&(_, ctx)| ctx as i32).collect(),
+        cu_seqlens_q,
+    }
+}
+
+/// The kernel on the interpreter; returns O as f64.
+fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
+    let cvt = |v: &[f64]| v.iter().map(|&e| T::from_f64(e)).collect::<Vec<T>>();
+    let mut cpu = Cpu::new();
+    let (qp, kp, vp) = (cpu.upload(&cvt(&x.q)), cpu.upload(&cvt(&x.k_cache)), cpu.upload(&cvt(&x.v_cache)));
+    let op = cpu.upload(&vec![T::from_f64(100.0); x.q.len()]);
+    let (bp, sp, cp) = (cpu.upload(&x.block_tables), cpu.upload(&x.seq_lens), cpu.upload(&x.cu_seqlens_q));
+    let args = flash_attention::Args {
+        q_ptr: qp.cast(),
+        k_cache_ptr: kp.cast(),
+        v_cache_ptr: vp.cast(),
+        o_ptr: op.cast(),
+        block_tables_ptr: bp,
+        seq_lens_ptr: sp,
+        cu_seqlens_q_ptr: cp,
+        scale: case.scale,
+        block_size: case.block_size as i32,
+        max_blocks_per_seq: x.max_blocks as i32,
+        _marker: PhantomData,
+    };
+    let config = flash_attention::Config::new(
+        T::DTYPE,
+        case.n_q,
+        case.n_kv,
+        case.d,
+        case.block_m,
+        case.block_n,
+        case.causal,
+    );
+    let max_q = case.seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let grid = fa::grid(max_q, case.seqs.len(), case.n_q, case.block_m);
+    flash_attention::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?;
+    Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
+}
+
+/// The reference for `case` (its mask and scale) on `x`.
+fn reference(case: &Case, x: &Inputs) -> Attention {
+    let kv = PagedKv {
+        k: &x.k_cache,
+        v: &x.v_cache,
+        block_size: case.block_size,
+        n_kv: case.n_kv,
+        head_dim: case.d,
+    };
+    r::prefill_varlen(
+        &x.q,
+        &x.cu_seqlens_q,
+        &x.seq_lens,
+        &x.block_tables,
+        x.max_blocks,
+        case.n_q,
+        &kv,
+        case.scale as f64,
+        case.causal,
+    )
+}
+
+/// The unit roundoff of `dtype` (0 for f32: the kernel's rounding of `p` is exact).
+fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => f64::powi(2.0, -8),
+        DType::F16 => f64::powi(2.0, -11),
+        _ => 0.0,
+    }
+}
+
+/// Compares `got` with `want` per element within `Attention::error_bound`.
+fn compare(case: &Case, dtype: DType, got: &[f64], want: &Attention) -> Result<(), String> {
+    let keys = case.seqs.iter().map(|s| s.1).max().unwrap_or(0);
+    let row = case.n_q * case.d;
+    for (e, &g) in got.iter().enumerate() {
+        let w = want.out[e];
+        let tol = want.error_bound(e, case.d, keys, unit_roundoff(dtype));
+        let diff = (g - w).abs();
+        if diff.is_nan() || diff > tol {
+            let (t, c) = (e / row, e % row);
+            return Err(format!(
+                "o[token {t}, head {}, {}]: got {g}, want {w}, |diff| {diff} > {tol} ({case:?})",
+                c / case.d,
+                c % case.d
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `case` in `T` with inputs from `seed` and compares with the reference.
+fn check<T: Storage>(case: &Case, seed: u64) -> Result<(), String> {
+    let x = inputs(case, T::DTYPE, seed);
+    let got = run_kernel::<T>(case, &x)?;
+    compare(case, T::DTYPE, &got, &reference(case, &x))
+}
+
+/// Head shapes: GQA 3 (SmolLM2), MHA at 128, GQA 4 at 128, GQA 4 at 64.
+const HEADS: [(usize, usize, usize); 4] = [(9, 3, 64), (2, 2, 128), (4, 1, 128), (4, 1, 64)];
+
+/// Tiles `(BLOCK_M, BLOCK_N)`: small ones for many loop iterations, and the default.
+const TILES: [(usize, usize); 4] = [(16, 16), (32, 16), (16, 32), (64, 32)];
+
+/// A sequence: `q_len` in 0..=80 (1 and 0 with extra weight) after a prefix
+/// of 0..=70 tokens half the time.
+fn seq() -> impl Strategy<Value = (usize, usize)> {
+    let q_len = prop_oneof![2 => Just(1usize), 1 => Just(0usize), 7 => 1usize..81];
+    let prefix = prop_oneof![Just(0usize), 1usize..71];
+    (q_len, prefix).prop_map(|(q, p)| (q, q + p))
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    #[test]
+    fn flash_attention_paged_varlen(
+        heads in 0usize..HEADS.len(),
+        seqs in prop::collection::vec(seq(), 1..6),
+        block_size in prop::sample::select(vec![16usize, 32, 64]),
+        tiles in 0usize..TILES.len(),
+        causal in any::<bool>(),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let (n_q, n_kv, d) = HEADS[heads];
+        let (block_m, block_n) = TILES[tiles];
+        let scale = 1.0 / (d as f32).sqrt();
+        let case = Case { n_q, n_kv, d, seqs, block_size, block_m, block_n, causal, scale };
+        let res = if bf { check::<bf16>(&case, seed) } else { check::<f32>(&case, seed) };
+        res.map_err(TestCaseError::fail)?;
+    }
+}
+
+/// Fixed corners: a single query token (decode-like) at the end of a long
+/// context, a context that is exactly one tile and one page, a sequence with
+/// no query tokens between others, scales other than `1/sqrt(d)` (including
+/// a negative one), f16 storage, and a key block that crosses pages
+/// (`BLOCK_N` 32 over pages of 16).
+#[test]
+fn corners() {
+    let base = Case {
+        n_q: 9,
+        n_kv: 3,
+        d: 64,
+        seqs: vec![(1, 97), (16, 16), (0, 5), (33, 33)],
+        block_size: 16,
+        block_m: 16,
+        block_n: 32,
+        causal: true,
+        scale: 0.125,
+    };
+    for causal in [true, false] {
+        let case = Case { causal, ..base.clone() };
+        check::<f32>(&case, 1).unwrap();
+        check::<bf16>(&case, 2).unwrap();
+        check::<f16>(&case, 3).unwrap();
+        let case =
+            Case { causal, scale: -0.3, block_size: 64, seqs: vec![(5, 70), (64, 64)], ..base.clone() };
+        check::<f32>(&case, 4).unwrap();
+        let case = Case { causal, scale: 0.5, n_q: 3, n_kv: 3, d: 128, ..base.clone() };
+        check::<bf16>(&case, 5).unwrap();
+    }
+}
+
+/// Causal tiles whose first query sits just before, on and just after a key
+/// block boundary (`prefix + m * BLOCK_M` = `BLOCK_N - 2 ..= BLOCK_N + 1`
+/// modulo `BLOCK_N`), where the split between unmasked and masked key blocks
+/// is easiest to get off by one.
+#[test]
+fn causal_split_at_block_boundaries() {
+    for (block_m, block_n) in [(16, 16), (16, 32), (32, 16), (64, 32)] {
+        let seqs = (0..6).map(|i| (2 * block_m + 3, 2 * block_m + 3 + block_n - 2 + i)).collect();
+        let case = Case {
+            n_q: 2,
+            n_kv: 1,
+            d: 64,
+            seqs,
+            block_size: 16,
+            block_m,
+            block_n,
+            causal: true,
+            scale: 0.125,
+        };
+        check::<f32>(&case, block_m as u64 * 100 + block_n as u64).unwrap();
+    }
+}
+
+/// Rows that see no key are zeros, not NaN: `seq_lens[b] < q_len_b` puts
+/// the first causal rows at negative positions (and a full-attention
+/// sequence with an empty context sees nothing at all).
+#[test]
+fn rows_without_keys_are_zero() {
+    for (causal, seqs) in [(true, vec![(20, 7), (3, 3)]), (false, vec![(4, 0), (2, 9)])] {
+        let case = Case {
+            n_q: 4,
+            n_kv: 2,
+            d: 64,
+            seqs,
+            block_size: 16,
+            block_m: 16,
+            block_n: 16,
+            causal,
+            scale: 0.125,
+        };
+        let x = inputs(&case, DType::F32, 7);
+        let got = run_kernel::<f32>(&case, &x).unwrap();
+        let want = reference(&case, &x);
+        compare(&case, DType::F32, &got, &want).unwrap();
+        let row = case.n_q * case.d;
+        // Sequence 0's first rows see no key: exactly zero.
+        let empty = if causal { 20 - 7 } else { 4 };
+        assert!(got[..empty * row].iter().all(|&v| v == 0.0), "rows without keys must be 0");
+        assert!(want.out[..empty * row].iter().all(|&v| v == 0.0));
+        assert!(got.iter().all(|v| !v.is_nan()));
+    }
+}
+
+/// The comparison fails when the kernel and the reference disagree on the
+/// mask by a little: causal against full on sequences whose query run is
+/// short against its context (only a few keys differ per row), and the
+/// causal rows of sequence 0 against a reference that gives every row one
+/// key fewer (positions shifted down by one).
+#[test]
+fn wrong_mask_is_caught() {
+    let case = Case {
+        n_q: 2,
+        n_kv: 1,
+        d: 64,
+        seqs: vec![(3, 50), (2, 41)],
+        block_size: 16,
+        block_m: 16,
+        block_n: 16,
+        causal: true,
+        scale: 0.125,
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let x = inputs(&case, dtype, 11);
+        let got =
+            if dtype == DType::BF16 { run_kernel::<bf16>(&case, &x) } else { run_kernel::<f32>(&case, &x) };
+        let got = got.unwrap();
+        compare(&case, dtype, &got, &reference(&case, &x)).unwrap();
+        let full = Case { causal: false, ..case.clone() };
+        assert!(compare(&case, dtype, &got, &reference(&full, &x)).is_err(), "causal vs full must differ");
+        let kv = PagedKv { k: &x.k_cache, v: &x.v_cache, block_size: 16, n_kv: 1, head_dim: 64 };
+        let rows = 3 * case.n_q * case.d;
+        let table = &x.block_tables[..x.max_blocks];
+        let short = r::attend(&x.q[..rows], &[46, 47, 48], case.n_q, 50, table, &kv, 0.125, true);
+        assert!(compare(&case, dtype, &got[..rows], &short).is_err(), "one key fewer must fail");
+        let exact = r::attend(&x.q[..rows], &[47, 48, 49], case.n_q, 50, table, &kv, 0.125, true);
+        compare(&case, dtype, &got[..rows], &exact).unwrap();
+    }
+}
+
+/// The reference on a hand-computed case: one query, two keys on two pages
+/// in swapped order, scores 0 and ln 3 (weights 1/4 and 3/4).
+#[test]
+fn reference_reads_through_the_block_table() {
+    // Cache: 2 pages of 1 slot, 1 KV head of dim 2. Page 1 holds key 0, page 0 key 1.
+    let k = [0.0, 1.0, /* page 1: key 0 */ 0.0, 0.0];
+    let v = [10.0, 20.0, /* page 1: value 0 */ 2.0, 4.0];
+    let kv = PagedKv { k: &k, v: &v, block_size: 1, n_kv: 1, head_dim: 2 };
+    let q = [0.0, 3f64.ln()];
+    let a = r::attend(&q, &[1], 1, 2, &[1, 0], &kv, 1.0, true);
+    let want = [0.25 * 2.0 + 0.75 * 10.0, 0.25 * 4.0 + 0.75 * 20.0];
+    for (g, w) in a.out.iter().zip(want) {
+        assert!((g - w).abs() < 1e-12, "{:?}", a.out);
+    }
+    assert!((a.score_abs[0] - 3f64.ln()).abs() < 1e-12);
+    // Causal at position 0: key 0 only.
+    let a = r::attend(&q, &[0], 1, 2, &[1, 0], &kv, 1.0, true);
+    assert_eq!(a.out, vec![2.0, 4.0]);
+    assert_eq!(a.mag, vec![2.0, 4.0]);
+}
