@@ -64,6 +64,10 @@ pub enum Error {
     /// message includes minijinja's location and reason).
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// User error or bug: KV-cache bookkeeping, scheduling or the memory plan
+    /// failed (the wrapped error says which).
+    #[error(transparent)]
+    Kv(#[from] crate::kv::KvError),
     /// User error or environment: a file could not be read or written.
     #[error("{path}: {source}")]
     Io {

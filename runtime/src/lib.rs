@@ -14,6 +14,10 @@
 //! - [`tokenizer`]: byte-level BPE from the GGUF vocabulary (llama.cpp's
 //!   pre-tokenizers) and the streaming UTF-8-safe detokenizer.
 //! - [`chat`]: the model's Jinja chat template (minijinja).
+//! - [`kv`], [`scheduler`], [`memory_plan`]: the paged KV cache's block
+//!   manager (refcounts, prefix caching, copy-on-write), the continuous-batching
+//!   scheduler (token budget, chunked prefill, preemption by recompute) and the
+//!   start-up memory plan; pure host code.
 //!
 //! Invariants: no panic or abort on a machine without a driver or GPU (those
 //! are [`Error::NoDriver`] / [`Error::NoDevice`]); every launch is validated
@@ -34,7 +38,10 @@ pub mod cli;
 pub mod cuda;
 pub mod error;
 pub mod gguf;
+pub mod kv;
+pub mod memory_plan;
 pub mod registry;
+pub mod scheduler;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
