@@ -154,7 +154,7 @@ pub fn time_median_ms(
     let mut times = Vec::with_capacity(runs);
     let (start, end) = (cuda.gpu().event()?, cuda.gpu().event()?);
     for i in 0..runs.max(1) {
-        scratch.fill_bytes(i as u8)?;
+        scratch.fill_bytes_async(i as u8)?;
         cuda.gpu().record(&start)?;
         launch(cuda)?;
         cuda.gpu().record(&end)?;

@@ -401,7 +401,8 @@ const GEMM_SHAPES: [(usize, usize, usize); 4] =
     [(17, 33, 96), (64, 64, 576), (100, 75, 160), (130, 200, 608)];
 
 /// The checks of one kernel (`name`): ragged shapes in f32 and bf16 with
-/// and without SiLU, every autotune config, model shapes, bench shapes.
+/// and without SiLU, every autotune config (on a ragged shape and, for the
+/// GEMV, at K = 4096), model shapes, bench shapes.
 fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantFormat) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
@@ -419,6 +420,21 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
     for silu in [false, true] {
         for l in tuned_launches(Launch::default_for(path, format, silu, m, n, k)) {
             rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, k), interp, " (autotune config)")?);
+        }
+    }
+    // Every GEMV autotune config at K = 4096, where every K tile size up to
+    // 4096 runs whole tiles through the software-pipelined main loop.
+    if path == Path::Gemv {
+        for l in tuned_launches(Launch::default_for(path, format, false, 2, 40, 4096)) {
+            rows.push(case::<bf16>(
+                cuda,
+                &mut rng,
+                name,
+                l,
+                (2, 40, 4096),
+                interp,
+                " (autotune config, K 4096)",
+            )?);
         }
     }
     // SmolLM2 shapes: the gate/up projection (fused and not) and, for Q8_0,

@@ -325,8 +325,8 @@ pub fn gemv_q8_body(
         (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 8),
         (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 512, num_warps = 8),
         (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 128, num_warps = 1),
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 256, num_warps = 1),
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 2048, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 8),
     ],
     key = [m, n, k]
 ))]

@@ -148,18 +148,29 @@ fn dividing_tile(k: usize, cap: usize) -> usize {
 
 /// Untuned GEMV tiles for `m` activation rows, a weight of `rows` rows
 /// (`2N` with SILU) and `k` columns: a K tile dividing `k` when possible (at
-/// most 256 quant bytes per row), 16 rows per program for large weights and
-/// 8 otherwise, shrunk so that each thread holds at most `4 / M_BLOCK`
-/// 8-byte chunks of the W tile (the f32 accumulators, `M_BLOCK` per chunk
-/// element, stay within 64 registers), and 1 to 4 warps to cover the tile.
+/// most 256 quant bytes per row; 512 for a single-row Q4 GEMV on a weight of
+/// fewer than 8192 rows, where fewer, longer K steps measured faster on the
+/// H200), 16 rows per program for large weights and 8 otherwise, shrunk so
+/// that each thread holds at most `4 / M_BLOCK` 8-byte chunks of the W tile
+/// (the f32 accumulators, `M_BLOCK` per chunk element, stay within 64
+/// registers), and 1 to 4 warps to cover the tile (a single-row Q4 GEMV
+/// takes enough warps for two chunks per thread: more programs' worth of
+/// loads in flight).
 pub fn gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
     let q4 = format != QuantFormat::Q8_0;
     let m_block = m_block_for(m);
     let chunks = (4 / m_block).max(1);
-    let block_k = dividing_tile(k, if q4 { 512 } else { 256 });
+    let single_q4 = q4 && m_block == 1;
+    let cap = match (q4, single_q4 && rows < 8192) {
+        (true, true) => 1024,
+        (true, false) => 512,
+        (false, _) => 256,
+    };
+    let block_k = dividing_tile(k, cap);
     let row_bytes = if q4 { block_k / 2 } else { block_k };
     let block_n = (if rows >= 8192 { 16 } else { 8 }).min((1024 * chunks / row_bytes).max(2));
-    let num_warps = (block_n * row_bytes / (256 * chunks)).clamp(1, 4) as u32;
+    let per_warp = if single_q4 { 512 } else { 256 * chunks };
+    let num_warps = (block_n * row_bytes / per_warp).clamp(1, 4) as u32;
     GemvTiles { m_block, block_n, block_k, num_warps }
 }
 

@@ -407,6 +407,23 @@ impl<T: DeviceElem> DevBuf<T> {
             .map_err(Error::driver("fill a device buffer"))
     }
 
+    /// Sets every byte of the buffer to `value`, ordered on the legacy default
+    /// stream (where every launch runs) and asynchronous to the host: the GPU
+    /// stays busy while the host prepares the next launch. Benchmarks flush L2
+    /// with it so the host's launch preparation is not inside a timed range.
+    pub fn fill_bytes_async(&self, value: u8) -> Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
+        // SAFETY: the range is exactly this buffer's allocation; it outlives
+        // the queued memset because `Drop` frees with `cuMemFree`, which waits
+        // for queued work first. The null stream is the legacy default stream
+        // of this context, the one every launch uses.
+        unsafe { result::memset_d8_async(self.ptr, value, self.size_bytes(), std::ptr::null_mut()) }
+            .map_err(Error::driver("fill a device buffer"))
+    }
+
     /// Copies the buffer to the host (after all earlier work on the stream).
     pub fn download(&self) -> Result<Vec<T>> {
         if self.len == 0 {
