@@ -40,6 +40,7 @@ pub mod error;
 pub mod gguf;
 pub mod kv;
 pub mod memory_plan;
+pub mod model;
 pub mod registry;
 pub mod scheduler;
 pub mod tokenizer;

@@ -1,0 +1,545 @@
+//! One forward step of a Llama over a varlen batch, made only of library
+//! kernels, generic over the [`Device`] (CPU interpreter or GPU) and the
+//! activation dtype `T`:
+//!
+//! ```text
+//! h = embedding_q8_0(tokens)
+//! per layer l:
+//!     x    = l == 0 ? rmsnorm(h) : add_rmsnorm(down_{l-1}, h)     (h updated in place)
+//!     qkv  = x @ Wqkv^T                                            (one fused product)
+//!     q    = rope_kv_write(qkv) ; K, V written to the paged cache of layer l
+//!     a    = flash_attention(q)      if some sequence has > 1 query token
+//!          = paged_decode(q)         otherwise
+//!     x    = add_rmsnorm(a @ Wo^T, h)
+//!     down = silu(x @ Wg^T) * (x @ Wu^T)  @ Wd^T                  (fused SiLU-mul product)
+//! logits = add_rmsnorm(down, h)[rows] @ Wlm^T                      (only the requested rows)
+//! ```
+//!
+//! Products with at most [`GEMV_MAX_M`] rows use the GEMV kernels, larger
+//! ones the GEMM kernels.
+//!
+//! # Inputs ([`Step`])
+//!
+//! Sequence `b` has `q_len_b = query_start[b + 1] - query_start[b]` new
+//! tokens, which are the last `q_len_b` positions of its context of
+//! `context_lens[b]` tokens: token `query_start[b] + i` sits at position
+//! `context_lens[b] - q_len_b + i` (checked). Its K/V go to
+//! `slot_mapping[t]` (`block * block_size + offset`, `-1` for none); earlier
+//! positions must already be in the cache. `block_tables` is `[B,
+//! max_blocks_per_seq]`. Every index is validated on the host before any
+//! launch, so a bad step is an error, never an out-of-bounds access.
+//!
+//! # Invariants
+//!
+//! The KV cache of layer `l` is `[num_blocks, block_size, n_head_kv,
+//! head_dim]` in `T` (the layout `rope_kv_write` writes and both attention
+//! kernels read); scratch buffers grow to the largest step seen and are
+//! reused (the interpreter cannot free buffers).
+
+use super::device::Device;
+use super::weights::{Matrix, Weights};
+use crate::check::Sample;
+use crate::cuda::DeviceElem;
+use crate::error::{Error, Result};
+use dsl_core::half::f16;
+use dsl_core::launch::AnyDType;
+use dsl_core::launch::Kernel;
+use kernels::decode_attention::paged_decode;
+use kernels::dequant::{GEMV_MAX_M, QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles};
+use kernels::embedding::{self, embedding_q8_0};
+use kernels::flash_attention::{self as fa, flash_attention};
+use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
+use kernels::rope::rope_kv_write;
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+/// Tokens per chunk of the decode-attention kernel.
+const DECODE_BLOCK_N: usize = 16;
+
+/// The inputs of one forward step (see the module doc).
+#[derive(Clone, Copy, Debug)]
+pub struct Step<'a> {
+    /// Token ids, `[N]`.
+    pub tokens: &'a [u32],
+    /// Positions, `[N]`.
+    pub positions: &'a [i32],
+    /// Cache slots, `[N]` (`-1`: do not write).
+    pub slot_mapping: &'a [i32],
+    /// Block tables, `[B, max_blocks_per_seq]` row-major.
+    pub block_tables: &'a [i32],
+    /// Row stride of `block_tables`.
+    pub max_blocks_per_seq: usize,
+    /// Context lengths including the new tokens, `[B]`.
+    pub context_lens: &'a [i32],
+    /// Query offsets (`cu_seqlens_q`), `[B + 1]`, from 0 to `N`.
+    pub query_start: &'a [i32],
+    /// The token rows whose logits are returned, in this order.
+    pub logit_rows: &'a [usize],
+}
+
+/// Activation buffers, sized for `tokens` rows and `rows` logit rows.
+struct Scratch<D: Device, T: Sample> {
+    tokens: usize,
+    rows: usize,
+    h: D::Buf<T>,
+    normed: D::Buf<T>,
+    tmp: D::Buf<T>,
+    qkv: D::Buf<T>,
+    q: D::Buf<T>,
+    attn: D::Buf<T>,
+    act: D::Buf<T>,
+    last: D::Buf<T>,
+    logits: D::Buf<T>,
+}
+
+/// A model on a device: weights, the paged KV cache of every layer and the
+/// scratch buffers of the forward pass.
+pub struct Model<D: Device, T: Sample> {
+    /// The weights.
+    pub weights: Weights<D, T>,
+    k_cache: Vec<D::Buf<T>>,
+    v_cache: Vec<D::Buf<T>>,
+    num_blocks: usize,
+    block_size: usize,
+    dummy: D::Buf<f32>,
+    scratch: Option<Scratch<D, T>>,
+    profile: Option<Profile>,
+}
+
+/// Per-kernel launch counts and host wall time, by kernel name.
+pub type Profile = BTreeMap<&'static str, (usize, Duration)>;
+
+/// A device plus the optional profile its launches are recorded in.
+struct Launcher<'d, D: Device> {
+    dev: &'d mut D,
+    profile: &'d mut Option<Profile>,
+}
+
+impl<D: Device> Launcher<'_, D> {
+    /// Launches `K`, adding its wall time to the profile when one is kept.
+    fn run<'a, K: Kernel>(&mut self, grid: [u32; 3], config: &K::Config, args: &K::Args<'a, D>) -> Result<()>
+    where
+        D: 'a,
+    {
+        let start = self.profile.is_some().then(Instant::now);
+        self.dev.run::<K>(grid, config, args)?;
+        if let (Some(p), Some(t0)) = (self.profile.as_mut(), start) {
+            let e = p.entry(K::NAME).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed();
+        }
+        Ok(())
+    }
+}
+
+fn any<'a, D: Device + 'a, T: Sample>(b: &'a D::Buf<T>, off: usize) -> Result<D::Ptr<'a, AnyDType>> {
+    D::ptr_at::<T, AnyDType>(b, off)
+}
+
+fn typed<'a, D: Device + 'a, T: DeviceElem>(b: &'a D::Buf<T>) -> Result<D::Ptr<'a, T>> {
+    D::ptr_at::<T, T>(b, 0)
+}
+
+fn usage(msg: String) -> Error {
+    Error::Usage(msg)
+}
+
+/// `out[m, n] = x[m, k] @ w^T` (or the fused SiLU-mul, `n = w.n / 2`), with
+/// `x` and `out` starting at element offsets `x_off` and `out_off`.
+#[allow(clippy::too_many_arguments)]
+fn matmul<D: Device, T: Sample>(
+    l: &mut Launcher<'_, D>,
+    w: &Matrix<D>,
+    x: &D::Buf<T>,
+    x_off: usize,
+    out: &D::Buf<T>,
+    out_off: usize,
+    m: usize,
+    silu: bool,
+) -> Result<()> {
+    matmul_impl::<D, T>(l, w, x, x_off, out, out_off, m, silu)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_impl<D: Device, T: Sample>(
+    l: &mut Launcher<'_, D>,
+    w: &Matrix<D>,
+    x: &D::Buf<T>,
+    x_off: usize,
+    out: &D::Buf<T>,
+    out_off: usize,
+    m: usize,
+    silu: bool,
+) -> Result<()> {
+    let dtype = T::DEVICE_DTYPE;
+    let n = if silu { w.n / 2 } else { w.n };
+    let (xp, op) = (any::<D, T>(x, x_off)?, any::<D, T>(out, out_off)?);
+    let qp = D::ptr_at::<u8, u8>(&w.quants, 0)?;
+    let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
+    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
+    macro_rules! launch {
+        ($family:ident, $kernel:ident, $tiles:expr, $grid:expr) => {{
+            use kernels::dequant::$family::$kernel as kk;
+            let (a, b, c, warps) = $tiles;
+            let args = kk::Args {
+                x_ptr: xp,
+                q_ptr: qp,
+                s_ptr: sp,
+                out_ptr: op,
+                m: mi,
+                n: ni,
+                k: ki,
+                _marker: PhantomData,
+            };
+            let config = kk::Config::new(dtype, silu, a, b, c).with_warps(warps);
+            l.run::<kk::Kernel>($grid, &config, &args)
+        }};
+    }
+    if m <= GEMV_MAX_M {
+        let t = gemv_tiles(w.format, m, w.n, w.k);
+        let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
+        let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps);
+        match w.format {
+            QuantFormat::Q4_0 => launch!(gemv, gemv_q4_0, tiles, grid),
+            QuantFormat::Q4_1 => launch!(gemv, gemv_q4_1, tiles, grid),
+            QuantFormat::Q8_0 => launch!(gemv, gemv_q8_0, tiles, grid),
+        }
+    } else {
+        let t = gemm_tiles(w.format, m, w.n, w.k);
+        let grid = gemm_grid(m, n, silu, t.block_m, t.block_n);
+        let tiles = (t.block_m, t.block_n, t.block_k, t.num_warps);
+        match w.format {
+            QuantFormat::Q4_0 => launch!(gemm, gemm_q4_0, tiles, grid),
+            QuantFormat::Q4_1 => launch!(gemm, gemm_q4_1, tiles, grid),
+            QuantFormat::Q8_0 => launch!(gemm, gemm_q8_0, tiles, grid),
+        }
+    }
+}
+
+/// `out = add_rmsnorm(x, r)` over `rows` rows (offsets in elements), `h`
+/// (the new residual) written over `r`.
+#[allow(clippy::too_many_arguments)]
+fn add_norm<D: Device, T: Sample>(
+    l: &mut Launcher<'_, D>,
+    x: (&D::Buf<T>, usize),
+    r: (&D::Buf<T>, usize),
+    w: &D::Buf<T>,
+    out: (&D::Buf<T>, usize),
+    rows: usize,
+    n_cols: usize,
+    eps: f32,
+) -> Result<()> {
+    let block = rmsnorm::block_for(n_cols);
+    let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(rmsnorm::warps_for(block));
+    let args = add_rmsnorm::Args {
+        x_ptr: any::<D, T>(x.0, x.1)?,
+        r_ptr: any::<D, T>(r.0, r.1)?,
+        w_ptr: any::<D, T>(w, 0)?,
+        out_ptr: any::<D, T>(out.0, out.1)?,
+        h_ptr: any::<D, T>(r.0, r.1)?,
+        n_cols: n_cols as i32,
+        stride: n_cols as i32,
+        eps,
+        _marker: PhantomData,
+    };
+    l.run::<add_rmsnorm::Kernel>([rows as u32, 1, 1], &config, &args)
+}
+
+impl<D: Device, T: Sample> Model<D, T> {
+    /// A model over `weights` with a zeroed paged KV cache of `num_blocks`
+    /// blocks of `block_size` tokens per layer.
+    ///
+    /// Errors: `block_size` not 16, 32 or 64 (the decode kernel's pages), an
+    /// empty or too large cache (32-bit offsets), or a device error.
+    pub fn new(
+        dev: &mut D,
+        weights: Weights<D, T>,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Model<D, T>> {
+        if ![16, 32, 64].contains(&block_size) {
+            return Err(usage(format!("block size {block_size}: the decode kernel takes 16, 32 or 64")));
+        }
+        let c = &weights.config;
+        let per_layer = num_blocks
+            .checked_mul(block_size * c.n_head_kv * c.head_dim)
+            .filter(|&n| n > 0 && n < 1 << 31)
+            .ok_or_else(|| usage(format!("a KV cache of {num_blocks} blocks does not fit 32-bit offsets")))?;
+        let mut k_cache = Vec::with_capacity(c.n_layers);
+        let mut v_cache = Vec::with_capacity(c.n_layers);
+        for _ in 0..c.n_layers {
+            k_cache.push(dev.zeros::<T>(per_layer)?);
+            v_cache.push(dev.zeros::<T>(per_layer)?);
+        }
+        let dummy = dev.zeros::<f32>(16)?;
+        Ok(Model { weights, k_cache, v_cache, num_blocks, block_size, dummy, scratch: None, profile: None })
+    }
+
+    /// Starts (or, with `false`, stops) recording per-kernel launch counts
+    /// and host wall times. On the interpreter a launch runs to completion,
+    /// so the times are the kernels'; GPU launches are asynchronous, so there
+    /// they are launch overheads only.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Profile::new);
+    }
+
+    /// The profile recorded since profiling was turned on, if it is.
+    pub fn profile(&self) -> Option<&Profile> {
+        self.profile.as_ref()
+    }
+
+    /// The paged cache's block size.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks of the paged cache.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Checks `step` against the model and the cache (see the module doc).
+    fn validate(&self, s: &Step<'_>) -> Result<()> {
+        let c = &self.weights.config;
+        let n = s.tokens.len();
+        if n == 0 {
+            return Err(usage("a step needs at least one token".into()));
+        }
+        if s.positions.len() != n || s.slot_mapping.len() != n {
+            return Err(usage(format!(
+                "{n} tokens but {} positions and {} slots",
+                s.positions.len(),
+                s.slot_mapping.len()
+            )));
+        }
+        if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(usage(format!("token id {t} is outside the vocabulary of {}", c.vocab_size)));
+        }
+        let b = s.context_lens.len();
+        if b == 0 || s.query_start.len() != b + 1 || s.query_start[0] != 0 || s.query_start[b] as usize != n {
+            return Err(usage(format!(
+                "query_start must run from 0 to {n} over {} sequences (got {:?})",
+                b, s.query_start
+            )));
+        }
+        let mbs = s.max_blocks_per_seq;
+        if s.block_tables.len() != b * mbs {
+            return Err(usage(format!(
+                "block tables have {} entries, not {b} x {mbs}",
+                s.block_tables.len()
+            )));
+        }
+        let slots = self.num_blocks * self.block_size;
+        if let Some(&bad) = s.slot_mapping.iter().find(|&&x| x < -1 || x >= slots as i32) {
+            return Err(usage(format!("slot {bad} is outside the cache of {slots} slots")));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(&dup) = s.slot_mapping.iter().find(|&&x| x >= 0 && !seen.insert(x)) {
+            return Err(usage(format!("slot {dup} is written twice in one step")));
+        }
+        for i in 0..b {
+            let (lo, hi) = (s.query_start[i], s.query_start[i + 1]);
+            let ctx = s.context_lens[i];
+            if hi <= lo || ctx < hi - lo {
+                return Err(usage(format!("sequence {i}: {} query tokens, context {ctx}", hi - lo)));
+            }
+            let pages = (ctx as usize).div_ceil(self.block_size);
+            if pages > mbs {
+                return Err(usage(format!(
+                    "sequence {i}: context {ctx} needs {pages} blocks, the table has {mbs}"
+                )));
+            }
+            for &blk in &s.block_tables[i * mbs..i * mbs + pages] {
+                if blk < 0 || blk as usize >= self.num_blocks {
+                    return Err(usage(format!("sequence {i}: block {blk} is outside the cache")));
+                }
+            }
+            for (j, t) in (lo..hi).enumerate() {
+                let want = ctx - (hi - lo) + j as i32;
+                if s.positions[t as usize] != want {
+                    return Err(usage(format!(
+                        "token {t} has position {}, but sequence {i}'s query token {j} sits at {want}",
+                        s.positions[t as usize]
+                    )));
+                }
+            }
+        }
+        if let Some(&r) = s.logit_rows.iter().find(|&&r| r >= n) {
+            return Err(usage(format!("logit row {r} is not a token of this step ({n} tokens)")));
+        }
+        // The final norm updates the residual of each requested row in place.
+        let mut rows = std::collections::HashSet::new();
+        if let Some(&r) = s.logit_rows.iter().find(|&&r| !rows.insert(r)) {
+            return Err(usage(format!("logit row {r} is requested twice")));
+        }
+        Ok(())
+    }
+
+    /// Allocates (or grows) the scratch buffers for `tokens` rows and `rows` logit rows.
+    fn ensure_scratch(&mut self, dev: &mut D, tokens: usize, rows: usize) -> Result<()> {
+        if self.scratch.as_ref().is_some_and(|s| s.tokens >= tokens && s.rows >= rows) {
+            return Ok(());
+        }
+        let (tokens, rows) = match &self.scratch {
+            Some(s) => (s.tokens.max(tokens), s.rows.max(rows)),
+            None => (tokens, rows),
+        };
+        let c = &self.weights.config;
+        let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
+        let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+        self.scratch = Some(Scratch {
+            tokens,
+            rows,
+            h: dev.zeros(tokens * e)?,
+            normed: dev.zeros(tokens * e)?,
+            tmp: dev.zeros(tokens * e)?,
+            qkv: dev.zeros(tokens * qkv)?,
+            q: dev.zeros(tokens * qd)?,
+            attn: dev.zeros(tokens * qd)?,
+            act: dev.zeros(tokens * c.n_ff)?,
+            last: dev.zeros(rows.max(1) * e)?,
+            logits: dev.zeros(rows.max(1) * c.vocab_size)?,
+        });
+        Ok(())
+    }
+
+    /// Runs one step and returns the f32 logits of `step.logit_rows`,
+    /// `[rows, vocab]` row-major, writing the step's K/V into the cache.
+    pub fn forward(&mut self, dev: &mut D, step: &Step<'_>) -> Result<Vec<f32>> {
+        self.validate(step)?;
+        let n = step.tokens.len();
+        let rows = step.logit_rows.len();
+        self.ensure_scratch(dev, n, rows)?;
+        let b = step.context_lens.len();
+        let ids: Vec<i32> = step.tokens.iter().map(|&t| t as i32).collect();
+        let ids = dev.upload(&ids)?;
+        let pos = dev.upload(step.positions)?;
+        let slots = dev.upload(step.slot_mapping)?;
+        let tables = dev.upload(step.block_tables)?;
+        let ctx = dev.upload(step.context_lens)?;
+        let cu = dev.upload(step.query_start)?;
+        let max_q = step.query_start.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+        let max_ctx = step.context_lens.iter().copied().max().unwrap_or(0).max(1) as usize;
+
+        let Model { weights: w, k_cache, v_cache, dummy, scratch, block_size, profile, .. } = self;
+        let ln = &mut Launcher { dev, profile };
+        let s = scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
+        let c = &w.config;
+        let (e, eps, dtype) = (c.n_embd, c.rms_norm_eps, T::DEVICE_DTYPE);
+        let (nq, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
+        let scale = 1.0 / (hd as f32).sqrt();
+
+        let eb = embedding::block_for(e);
+        let config = embedding_q8_0::Config::new(dtype, eb).with_warps(embedding::warps_for(eb));
+        let args = embedding_q8_0::Args {
+            w_ptr: D::ptr_at::<u8, u8>(&w.embedding, 0)?,
+            ids_ptr: typed::<D, i32>(&ids)?,
+            out_ptr: any::<D, T>(&s.h, 0)?,
+            hidden: e as i32,
+            vocab: c.vocab_size as i32,
+            _marker: PhantomData,
+        };
+        ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)?;
+
+        for (l, layer) in w.layers.iter().enumerate() {
+            if l == 0 {
+                let block = rmsnorm::block_for(e);
+                let config = rmsnorm_kernel::Config::new(dtype, block).with_warps(rmsnorm::warps_for(block));
+                let args = rmsnorm_kernel::Args {
+                    x_ptr: any::<D, T>(&s.h, 0)?,
+                    w_ptr: any::<D, T>(&layer.attn_norm, 0)?,
+                    out_ptr: any::<D, T>(&s.normed, 0)?,
+                    n_cols: e as i32,
+                    stride: e as i32,
+                    eps,
+                    _marker: PhantomData,
+                };
+                ln.run::<rmsnorm_kernel::Kernel>([n as u32, 1, 1], &config, &args)?;
+            } else {
+                add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n, e, eps)?;
+            }
+            matmul::<D, T>(ln, &layer.qkv, &s.normed, 0, &s.qkv, 0, n, false)?;
+
+            let config = rope_kv_write::Config::new(dtype, nq, nkv, hd);
+            let args = rope_kv_write::Args {
+                qkv_ptr: any::<D, T>(&s.qkv, 0)?,
+                pos_ptr: typed::<D, i32>(&pos)?,
+                slot_ptr: typed::<D, i32>(&slots)?,
+                q_out_ptr: any::<D, T>(&s.q, 0)?,
+                k_cache_ptr: any::<D, T>(&k_cache[l], 0)?,
+                v_cache_ptr: any::<D, T>(&v_cache[l], 0)?,
+                theta: c.rope_freq_base,
+                _marker: PhantomData,
+            };
+            ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)?;
+
+            if max_q > 1 {
+                let t = fa::config_for(hd);
+                let config = flash_attention::Config::new(dtype, nq, nkv, hd, t.block_m, t.block_n, true)
+                    .with_warps(t.num_warps);
+                let args = flash_attention::Args {
+                    q_ptr: any::<D, T>(&s.q, 0)?,
+                    k_cache_ptr: any::<D, T>(&k_cache[l], 0)?,
+                    v_cache_ptr: any::<D, T>(&v_cache[l], 0)?,
+                    o_ptr: any::<D, T>(&s.attn, 0)?,
+                    block_tables_ptr: typed::<D, i32>(&tables)?,
+                    seq_lens_ptr: typed::<D, i32>(&ctx)?,
+                    cu_seqlens_q_ptr: typed::<D, i32>(&cu)?,
+                    scale,
+                    block_size: *block_size as i32,
+                    max_blocks_per_seq: step.max_blocks_per_seq as i32,
+                    _marker: PhantomData,
+                };
+                let grid = fa::grid(max_q, b, nq, t.block_m);
+                ln.run::<flash_attention::Kernel>(grid, &config, &args)?;
+            } else {
+                let config =
+                    paged_decode::Config::new(dtype, nkv, nq / nkv, hd, *block_size, DECODE_BLOCK_N, false)
+                        .with_warps(4);
+                let split_len = max_ctx.div_ceil(DECODE_BLOCK_N) * DECODE_BLOCK_N;
+                let args = paged_decode::Args {
+                    q_ptr: any::<D, T>(&s.q, 0)?,
+                    k_cache: any::<D, T>(&k_cache[l], 0)?,
+                    v_cache: any::<D, T>(&v_cache[l], 0)?,
+                    block_tables: typed::<D, i32>(&tables)?,
+                    bt_stride: step.max_blocks_per_seq as i32,
+                    seq_lens: typed::<D, i32>(&ctx)?,
+                    out_ptr: any::<D, T>(&s.attn, 0)?,
+                    part_o: typed::<D, f32>(dummy)?,
+                    part_m: typed::<D, f32>(dummy)?,
+                    part_l: typed::<D, f32>(dummy)?,
+                    scale,
+                    split_len: split_len as i32,
+                    _marker: PhantomData,
+                };
+                ln.run::<paged_decode::Kernel>([b as u32, nkv as u32, 1], &config, &args)?;
+            }
+
+            matmul::<D, T>(ln, &layer.o, &s.attn, 0, &s.tmp, 0, n, false)?;
+            add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n, e, eps)?;
+            matmul::<D, T>(ln, &layer.gate_up, &s.normed, 0, &s.act, 0, n, true)?;
+            matmul::<D, T>(ln, &layer.down, &s.act, 0, &s.tmp, 0, n, false)?;
+        }
+
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        // The final norm of the requested rows only, gathered into `last`.
+        for (i, &r) in step.logit_rows.iter().enumerate() {
+            add_norm::<D, T>(
+                ln,
+                (&s.tmp, r * e),
+                (&s.h, r * e),
+                &w.output_norm,
+                (&s.last, i * e),
+                1,
+                e,
+                eps,
+            )?;
+        }
+        matmul::<D, T>(ln, &w.lm_head, &s.last, 0, &s.logits, 0, rows, false)?;
+        let logits = ln.dev.download(&s.logits)?;
+        Ok(logits[..rows * c.vocab_size].iter().map(|v| v.to_f64() as f32).collect())
+    }
+}

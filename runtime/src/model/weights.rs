@@ -1,0 +1,191 @@
+//! The weights of a GGUF Llama on a [`Device`], laid out for the library
+//! kernels: projections repacked (still quantized, [`kernels::dequant::repack()`]),
+//! Q, K and V concatenated into one fused QKV matrix (rows Q, then K, then V:
+//! one product gives the row `kernels::rope::rope_kv_write` reads), gate and
+//! up interleaved for the fused SiLU-mul product, norm weights converted to
+//! the activation dtype `T`, the Q8_0 token embedding kept raw for
+//! `kernels::embedding` and repacked as the LM head when the head is tied.
+//!
+//! Invariants: every matrix is validated by the repack (shape, whole blocks,
+//! 32-bit offsets); the QKV rows are `(n_head + 2 n_head_kv) * head_dim` by
+//! `n_embd`; gate/up has `2 n_ff` rows; no GGUF value reaches an index
+//! without a check (errors, never panics).
+
+use super::device::Device;
+use crate::check::Sample;
+use crate::error::{Error, Result};
+use crate::gguf::llama::layer_tensor;
+use crate::gguf::{GgmlType, Gguf, LlamaConfig};
+use dsl_core::half::f16;
+use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, repack};
+
+/// A repacked quantized matrix `W[n, k]` on a device.
+pub struct Matrix<D: Device> {
+    /// The block format.
+    pub format: QuantFormat,
+    /// Rows (output features).
+    pub n: usize,
+    /// Columns (input features).
+    pub k: usize,
+    /// The quant plane.
+    pub quants: D::Buf<u8>,
+    /// The scale plane.
+    pub scales: D::Buf<f16>,
+}
+
+impl<D: Device> Matrix<D> {
+    /// Uploads a repacked matrix.
+    pub fn upload(dev: &mut D, r: &Repacked) -> Result<Matrix<D>> {
+        Ok(Matrix {
+            format: r.format,
+            n: r.n,
+            k: r.k,
+            quants: dev.upload(&r.quants)?,
+            scales: dev.upload(&r.scales)?,
+        })
+    }
+}
+
+/// The weights of one transformer block.
+pub struct Layer<D: Device, T: Sample> {
+    /// RMSNorm weight before attention, `[n_embd]`.
+    pub attn_norm: D::Buf<T>,
+    /// Fused QKV projection, `[(n_head + 2 n_head_kv) * head_dim, n_embd]`.
+    pub qkv: Matrix<D>,
+    /// Attention output projection, `[n_embd, n_head * head_dim]`.
+    pub o: Matrix<D>,
+    /// RMSNorm weight before the MLP, `[n_embd]`.
+    pub ffn_norm: D::Buf<T>,
+    /// Interleaved gate/up, `[2 n_ff, n_embd]` (row `2j` gate `j`, `2j + 1` up `j`).
+    pub gate_up: Matrix<D>,
+    /// Down projection, `[n_embd, n_ff]`.
+    pub down: Matrix<D>,
+}
+
+/// A Llama's weights on a device, in activation dtype `T`.
+pub struct Weights<D: Device, T: Sample> {
+    /// The hyperparameters.
+    pub config: LlamaConfig,
+    /// The raw Q8_0 token embedding table (`vocab * n_embd / 32 * 34` bytes).
+    pub embedding: D::Buf<u8>,
+    /// The blocks.
+    pub layers: Vec<Layer<D, T>>,
+    /// The final RMSNorm weight, `[n_embd]`.
+    pub output_norm: D::Buf<T>,
+    /// The LM head, `[vocab, n_embd]` (the embedding repacked when tied).
+    pub lm_head: Matrix<D>,
+}
+
+/// The kernels' format of a GGUF type, or an error naming the tensor.
+fn format_of(name: &str, ty: GgmlType) -> Result<QuantFormat> {
+    match ty {
+        GgmlType::Q4_0 => Ok(QuantFormat::Q4_0),
+        GgmlType::Q4_1 => Ok(QuantFormat::Q4_1),
+        GgmlType::Q8_0 => Ok(QuantFormat::Q8_0),
+        other => Err(Error::Unsupported(format!(
+            "{name} is {}; the matrix kernels take Q4_0, Q4_1 or Q8_0",
+            other.name()
+        ))),
+    }
+}
+
+fn repack_error(name: &str, e: kernels::dequant::RepackError) -> Error {
+    Error::Usage(format!("{name}: {e}"))
+}
+
+/// Repacks the GGUF matrix `name`, checking that it is `[n, k]`.
+pub fn repack_tensor(gguf: &Gguf, name: &str, n: usize, k: usize) -> Result<Repacked> {
+    let view = gguf.tensor(name)?;
+    let dims = view.dims();
+    if dims.len() != 2 || dims[0] != k as u64 || dims[1] != n as u64 {
+        return Err(Error::Usage(format!("{name} has shape {dims:?}; expected [{k}, {n}] (ggml order)")));
+    }
+    let format = format_of(name, view.ty())?;
+    repack(format, gguf.tensor_bytes(name)?, n, k).map_err(|e| repack_error(name, e))
+}
+
+/// Concatenates the rows of matrices of one format and width.
+pub fn concat_rows(name: &str, parts: &[Repacked]) -> Result<Repacked> {
+    let first = parts.first().ok_or_else(|| Error::Usage(format!("{name}: nothing to concatenate")))?;
+    let mut out = Repacked { format: first.format, n: 0, k: first.k, quants: Vec::new(), scales: Vec::new() };
+    for p in parts {
+        if p.format != first.format || p.k != first.k {
+            return Err(Error::Unsupported(format!(
+                "{name}: cannot fuse {} with {}",
+                first.describe(),
+                p.describe()
+            )));
+        }
+        out.n += p.n;
+        out.quants.extend_from_slice(&p.quants);
+        out.scales.extend_from_slice(&p.scales);
+    }
+    out.validate().map_err(|e| repack_error(name, e))?;
+    Ok(out)
+}
+
+/// Reads the F32 (or other dequantizable) vector `name` of `len` values, in `T`.
+fn norm_weight<T: Sample>(gguf: &Gguf, name: &str, len: usize) -> Result<Vec<T>> {
+    let view = gguf.tensor(name)?;
+    if view.dims() != [len as u64] {
+        return Err(Error::Usage(format!("{name} has shape {:?}; expected [{len}]", view.dims())));
+    }
+    Ok(view.to_f32().into_iter().map(|v| T::from_f64(v as f64)).collect())
+}
+
+impl<D: Device, T: Sample> Weights<D, T> {
+    /// Loads and repacks a GGUF Llama onto `dev`.
+    ///
+    /// Errors: a missing or mis-shaped tensor, a matrix type the kernels do
+    /// not take, a token embedding other than Q8_0, or a device error.
+    pub fn load(dev: &mut D, gguf: &Gguf) -> Result<Weights<D, T>> {
+        let config = LlamaConfig::from_metadata(gguf.metadata())?;
+        let c = &config;
+        if c.rope_dim != c.head_dim {
+            return Err(Error::Unsupported(format!(
+                "partial RoPE ({} of {} dimensions)",
+                c.rope_dim, c.head_dim
+            )));
+        }
+        let (e, q_rows, kv_rows) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let emb = gguf.tensor("token_embd.weight")?;
+        if emb.ty() != GgmlType::Q8_0 || emb.dims() != [e as u64, c.vocab_size as u64] {
+            return Err(Error::Unsupported(format!(
+                "token_embd.weight is {} {:?}; the embedding kernel takes Q8_0 [{e}, {}]",
+                emb.ty().name(),
+                emb.dims(),
+                c.vocab_size
+            )));
+        }
+        let emb_bytes = gguf.tensor_bytes("token_embd.weight")?;
+        let embedding = dev.upload(emb_bytes)?;
+        let head_name =
+            if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
+        let lm_head = Matrix::upload(dev, &repack_tensor(gguf, head_name, c.vocab_size, e)?)?;
+        let output_norm = dev.upload(&norm_weight::<T>(gguf, "output_norm.weight", e)?)?;
+
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let name = |t: &str| layer_tensor(l, t);
+            let q = repack_tensor(gguf, &name("attn_q"), q_rows, e)?;
+            let k = repack_tensor(gguf, &name("attn_k"), kv_rows, e)?;
+            let v = repack_tensor(gguf, &name("attn_v"), kv_rows, e)?;
+            let qkv = concat_rows(&format!("blk.{l}.qkv"), &[q, k, v])?;
+            let o = repack_tensor(gguf, &name("attn_output"), e, q_rows)?;
+            let gate = repack_tensor(gguf, &name("ffn_gate"), c.n_ff, e)?;
+            let up = repack_tensor(gguf, &name("ffn_up"), c.n_ff, e)?;
+            let gate_up =
+                interleave_gate_up(&gate, &up).map_err(|err| repack_error(&name("ffn_gate"), err))?;
+            let down = repack_tensor(gguf, &name("ffn_down"), e, c.n_ff)?;
+            layers.push(Layer {
+                attn_norm: dev.upload(&norm_weight::<T>(gguf, &name("attn_norm"), e)?)?,
+                qkv: Matrix::upload(dev, &qkv)?,
+                o: Matrix::upload(dev, &o)?,
+                ffn_norm: dev.upload(&norm_weight::<T>(gguf, &name("ffn_norm"), e)?)?,
+                gate_up: Matrix::upload(dev, &gate_up)?,
+                down: Matrix::upload(dev, &down)?,
+            });
+        }
+        Ok(Weights { config, embedding, layers, output_norm, lm_head })
+    }
+}
