@@ -16,20 +16,19 @@
 //! followed by a row measured with the config `Cuda::run_tuned` picks from
 //! the kernel's declared configs.
 //!
-//! Timing ([`time_launch_ms`]): as `bench::time_median_ms` (L2 flushed
+//! Timing (`time_launch_ms`): as `bench::time_median_ms` (L2 flushed
 //! before every run, so the weights come from DRAM; median of CUDA-event
 //! times), but with the host work of a launch kept out of the timed span,
 //! as in peers.py's `do_bench`: the kernel is prepared (built, specialized,
 //! arguments validated) once, and every timed launch is enqueued behind a
 //! short spacer kernel, so the start event fires when the kernel is already
-//! queued. `time_median_ms` records the start event on an idle GPU (its
-//! flush is a synchronous memset) and then runs `Cuda::run`'s host path
-//! (IR specialization, cache lookups, validation, the driver call) before
-//! the kernel is enqueued, so its times include that host latency; the
-//! autotuner times the same way, so its medians and these rows can differ by
-//! it.
+//! queued. `time_median_ms` flushes with an asynchronous memset, which
+//! hides `Cuda::run`'s host path (IR specialization, cache lookups,
+//! validation, the driver call) only while the memset outlasts it; the
+//! autotuner times that way, so its medians and these rows can still differ
+//! by a few microseconds on the smallest shapes.
 
-use crate::bench::{BenchOptions, Record, time_median_ms};
+use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::check_dequant::gguf_weight;
 use crate::cuda::Cuda;
@@ -153,17 +152,6 @@ fn measure(
         };
         let grid = grid_of(&config);
         let ms = time_launch_ms::<gemv_q4_1::Kernel>(cuda, opts, grid, &config, &args)?;
-        if m == 1 {
-            // The old method, for comparison (see the module docs).
-            let legacy = time_median_ms(cuda, opts.warmup, opts.runs, |c| {
-                c.run::<gemv_q4_1::Kernel>(grid, &config, &args)
-            })?;
-            eprintln!(
-                "gemv m={m} k={k} n={n}: {:.2} us, with host launch path {:.2} us",
-                ms * 1e3,
-                legacy * 1e3
-            );
-        }
         Ok((ms, words))
     } else {
         let args = gemm_q4_1::Args {

@@ -277,7 +277,7 @@ pub fn row_stats(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 }
 
 /// No separate check: `paged_decode_reduce` runs inside every split case of
-/// [`paged_decode`].
+/// [`paged_decode()`].
 pub fn none(_: &mut Cuda, _: u64) -> Result<Vec<CheckRow>> {
     Ok(Vec::new())
 }
