@@ -20,7 +20,7 @@ export CARGO_TERM_COLOR ?= auto
 .PHONY: help setup model test run fmt clippy clean deps-check
 
 help:
-	@echo "make run     main job: install what is missing, build, run (see README)"
+	@echo "make run     main job: install what is missing, fetch the model, build, generate text"
 	@echo "make test    what CI runs: rustfmt check, clippy -D warnings, all tests"
 	@echo "make setup   install missing tools only (quiet when all are present)"
 	@echo "make model   fetch and verify the reference model into models/"
@@ -41,12 +41,15 @@ test: setup model deps-check
 	$(CARGO) clippy --workspace --all-targets $(LOCKED) -- -D warnings
 	$(CARGO) test --workspace --no-fail-fast $(LOCKED)
 
-# Main job. For now it runs the first tutorial example (vector add) on the CPU
-# interpreter. The runtime issue replaces this recipe with model text
-# generation: fetch SmolLM2-135M-Instruct (GGUF), then `generate` on the GPU
-# when one is present and on the CPU interpreter otherwise.
-run: setup
-	$(CARGO) run --release $(LOCKED) -p tests --example 01_vector_add
+# Main job: fetch and verify SmolLM2-135M-Instruct (GGUF Q4_1), build the
+# release `tessera` binary and generate text from a chat prompt, on the GPU
+# when one is usable and on the CPU interpreter otherwise (the binary says
+# which). PROMPT and MAX_TOKENS can be overridden: make run PROMPT="..."
+PROMPT ?= What is the capital of France? Answer in one sentence.
+MAX_TOKENS ?= 48
+run: setup model
+	$(CARGO) build --release $(LOCKED) -p runtime --bin tessera
+	target/release/tessera generate --chat --max-tokens $(MAX_TOKENS) --prompt "$(PROMPT)"
 
 fmt: setup
 	$(CARGO) fmt --all

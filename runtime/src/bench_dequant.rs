@@ -46,6 +46,11 @@ use std::marker::PhantomData;
 
 /// peers.py's GEMM shapes `(K, N)`.
 pub const SHAPES: [(usize, usize); 4] = [(4096, 14336), (4096, 4096), (576, 1536), (1536, 576)];
+/// SmolLM2-135M's other projection shapes (QKV `576 -> 960`, gate/up `576
+/// -> 3072`), measured at decode batch sizes without a peer row.
+pub const MODEL_SHAPES: [(usize, usize); 2] = [(576, 960), (576, 3072)];
+/// Decode batch sizes of [`MODEL_SHAPES`].
+pub const MODEL_BATCHES: [usize; 2] = [1, 8];
 /// peers.py's batch sizes `M`.
 pub const BATCHES: [usize; 4] = [1, 16, 64, 256];
 
@@ -184,8 +189,10 @@ fn measure(
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
-    for &(k, n) in &SHAPES {
-        for &m in &BATCHES {
+    let peer_shapes = SHAPES.iter().flat_map(|&s| BATCHES.iter().map(move |&m| (s, m)));
+    let model_shapes = MODEL_SHAPES.iter().flat_map(|&s| MODEL_BATCHES.iter().map(move |&m| (s, m)));
+    for ((k, n), m) in peer_shapes.chain(model_shapes) {
+        {
             for &tuned in tunings {
                 let (ms, words) = measure(cuda, opts, m, k, n, tuned)?;
                 let shape = format!("M{m}xK{k}xN{n}");
@@ -198,7 +205,11 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                     ms,
                     tuned: words.clone(),
                 });
-                eprintln!("measured {}", out[out.len() - 1].display_name());
+                eprintln!(
+                    "measured {} {}",
+                    out[out.len() - 1].display_name(),
+                    words.as_deref().unwrap_or("")
+                );
                 out.push(Record {
                     name: format!("q4_1_weights/bf16/{shape}"),
                     metric: "TB/s",

@@ -5,10 +5,14 @@
 //! [`Error::Usage`]); a missing GPU or driver is a one-line error, not a crash;
 //! the exit status is 0 on success, 1 on errors and failed checks.
 
+use crate::app::{self, DeviceChoice, DtypeChoice, LoadOptions};
 use crate::bench::{self, BenchOptions, Peers};
 use crate::check;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
+use crate::generate::{Chat, Generate};
+use crate::model::sampler::SamplingParams;
+use crate::parity::{Golden, Parity};
 use crate::registry;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -36,6 +40,171 @@ pub enum Command {
     GpuCheck(GpuCheckArgs),
     /// Measure kernel throughput on the GPU (softmax, add+RMSNorm and the copy ceiling).
     Bench(BenchArgs),
+    /// Generate text from prompts (one continuous batch; a single prompt streams).
+    Generate(GenerateArgs),
+    /// Chat interactively with the model's chat template.
+    Chat(ChatArgs),
+    /// Check golden llama.cpp parity (free-running greedy and teacher-forced
+    /// argmax); exits non-zero on a violation.
+    Parity(ParityArgs),
+}
+
+/// Where the model comes from and how the engine is sized.
+#[derive(Debug, Args, Clone)]
+pub struct ModelArgs {
+    /// A Llama-family GGUF file (F32/F16/BF16 norms, Q4_0/Q4_1/Q8_0 matrices).
+    #[arg(long, default_value = crate::app::DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// The device: the GPU when usable (auto), or force one.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Activation and KV-cache dtype.
+    #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
+    pub dtype: DtypeChoice,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Longest sequence, prompt plus output (0: the model's context, at most 2048).
+    #[arg(long, default_value_t = 0)]
+    pub max_model_len: usize,
+    /// Token budget of one step (chunked prefill beyond it).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV block (16, 32 or 64).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Cap the KV cache at this many blocks.
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// Do not reuse KV blocks of shared prompt prefixes.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Do not print the device notice and memory plan.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl ModelArgs {
+    /// The loader options these arguments ask for.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            model: self.model.clone(),
+            device: self.device,
+            dtype: self.dtype,
+            max_num_seqs: self.max_num_seqs,
+            max_model_len: self.max_model_len,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            block_size: self.block_size,
+            max_blocks: self.kv_blocks,
+            prefix_caching: !self.no_prefix_caching,
+            verbose: !self.quiet,
+        }
+    }
+}
+
+/// Sampling settings (vLLM semantics; the defaults are greedy).
+#[derive(Debug, Args, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i32,
+    /// Keep the smallest set of tokens whose mass reaches p (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Repetition penalty over prompt and output (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Presence penalty over the output (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Frequency penalty over the output (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Seed of the sampler (per prompt: seed + index).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    /// The sampler settings.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Arguments of `generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// The model and engine.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sampling.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A prompt (repeat for a batch).
+    #[arg(long, short)]
+    pub prompt: Vec<String>,
+    /// A file of prompts: one per line, or a JSON array of strings (`.json`).
+    #[arg(long)]
+    pub prompts_file: Option<PathBuf>,
+    /// Wrap each prompt as a user turn of the chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// The most new tokens per prompt.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Do not stop at end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object per prompt: {"prompt", "token_ids", "text"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `chat`.
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// The model and engine.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sampling.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// The most new tokens per reply.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+}
+
+/// Arguments of `parity`.
+#[derive(Debug, Args)]
+pub struct ParityArgs {
+    /// The golden file (the format of ../shared/golden/).
+    pub file: PathBuf,
+    /// The model and engine.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Generate each whole continuation free-running (by default only the
+    /// `must_match` tokens the rule needs).
+    #[arg(long)]
+    pub full: bool,
 }
 
 /// `tessera kernels ...`.
@@ -96,7 +265,8 @@ pub struct GpuCheckArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0x7e55e4a)]
     pub seed: u64,
-    /// Check only these kernels (comma-separated names).
+    /// Check only these kernels or check families (comma-separated names; `model`: the tiny
+    /// Llama forward, sampling and CUDA graphs).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -137,9 +307,18 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_add_rmsnorm: bool,
     /// Measure only these families (comma-separated: copy, softmax,
-    /// add_rmsnorm, decode, attention, gemm, sampling); all when empty.
+    /// add_rmsnorm, decode, attention, gemm, sampling, model); all when empty.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// The model of the `model` family.
+    #[arg(long, default_value = crate::app::DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Batch sizes of the `model` family.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+    pub batches: Vec<usize>,
+    /// Activation dtype of the `model` family.
+    #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
+    pub dtype: DtypeChoice,
 }
 
 /// Runs a parsed command line; `Ok(false)` means checks failed.
@@ -155,7 +334,47 @@ pub fn run(cli: Cli) -> Result<bool> {
         Command::Kernels { action: KernelsAction::Dump(a) } => dump(&a).map(|()| true),
         Command::GpuCheck(a) => gpu_check(&a),
         Command::Bench(a) => bench_cmd(&a).map(|()| true),
+        Command::Generate(a) => generate_cmd(a).map(|_| true),
+        Command::Chat(a) => {
+            let task = Chat { system: a.system, params: a.sampling.params(), max_tokens: a.max_tokens };
+            app::run_task(&a.model.load_options(), task).map(|()| true)
+        }
+        Command::Parity(a) => {
+            let golden = Golden::load(&a.file)?;
+            let reports = app::run_task(&a.model.load_options(), Parity { golden, full: a.full })?;
+            Ok(reports.iter().all(|r| r.passed()))
+        }
     }
+}
+
+/// Reads the prompts of `generate`: `--prompt`s, then the file's.
+fn prompts_of(a: &GenerateArgs) -> Result<Vec<String>> {
+    let mut prompts = a.prompt.clone();
+    if let Some(path) = &a.prompts_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+        if path.extension().is_some_and(|e| e == "json") {
+            let list: Vec<String> = serde_json::from_str(&text).map_err(|e| {
+                Error::Usage(format!("{}: expected a JSON array of strings: {e}", path.display()))
+            })?;
+            prompts.extend(list);
+        } else {
+            prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
+        }
+    }
+    Ok(prompts)
+}
+
+fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
+    let task = Generate {
+        prompts: prompts_of(&a)?,
+        chat: a.chat,
+        params: a.sampling.params(),
+        max_tokens: a.max_tokens,
+        ignore_eos: a.ignore_eos,
+        json: a.json,
+    };
+    app::run_task(&a.model.load_options(), task)
 }
 
 fn dump(a: &DumpArgs) -> Result<()> {
@@ -202,7 +421,7 @@ fn dump(a: &DumpArgs) -> Result<()> {
 
 fn gpu_check(a: &GpuCheckArgs) -> Result<bool> {
     for name in &a.only {
-        if registry::find(name).is_none() {
+        if registry::find(name).is_none() && registry::find_family(name).is_none() {
             return Err(Error::Usage(format!("no kernel named `{name}`")));
         }
     }
@@ -229,6 +448,26 @@ fn gpu_check(a: &GpuCheckArgs) -> Result<bool> {
                 eprintln!("error: {}: {err}", e.name);
                 rows.push(check::CheckRow {
                     kernel: e.name.into(),
+                    shape: "(error)".into(),
+                    dtype: dsl_core::DType::F32,
+                    max_abs: f64::INFINITY,
+                    max_rel: f64::INFINITY,
+                    pass: false,
+                });
+            }
+        }
+    }
+    for (j, &(name, _, family_check)) in registry::FAMILIES.iter().enumerate() {
+        if !a.only.is_empty() && !a.only.iter().any(|n| n == name) {
+            continue;
+        }
+        let seed = a.seed.wrapping_add((registry::ENTRIES.len() + j) as u64);
+        match family_check(&mut cuda, seed) {
+            Ok(r) => rows.extend(r),
+            Err(err) => {
+                eprintln!("error: {name}: {err}");
+                rows.push(check::CheckRow {
+                    kernel: name.into(),
                     shape: "(error)".into(),
                     dtype: dsl_core::DType::F32,
                     max_abs: f64::INFINITY,
@@ -274,7 +513,20 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
     {
         println!("# warning: peers were measured on `{}`, not on this device", p.device);
     }
-    let records = bench::run(&mut cuda, &opts)?;
+    let kernels = opts.only.is_empty() || opts.only.iter().any(|o| o != "model");
+    let mut records = if kernels { bench::run(&mut cuda, &opts)? } else { Vec::new() };
+    drop(cuda);
+    if opts.wants("model") {
+        let load = LoadOptions {
+            model: a.model.clone(),
+            device: DeviceChoice::Gpu,
+            dtype: a.dtype,
+            max_num_seqs: a.batches.iter().copied().max().unwrap_or(1).max(1),
+            ..LoadOptions::default()
+        };
+        let task = crate::bench_model::ModelBench { batches: a.batches.clone(), ..Default::default() };
+        records.extend(app::run_task(&load, task)?);
+    }
     print!("{}", bench::table(&records, peers.as_ref()));
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(&bench::to_json(&device, &records))

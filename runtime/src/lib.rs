@@ -23,10 +23,12 @@
 //! are [`Error::NoDriver`] / [`Error::NoDevice`]); every launch is validated
 //! against the kernel's IR before it reaches the driver.
 
+pub mod app;
 pub mod bench;
 pub mod bench_attention;
 pub mod bench_decode;
 pub mod bench_dequant;
+pub mod bench_model;
 pub mod chat;
 pub mod check;
 pub mod check_attention;
@@ -36,11 +38,14 @@ pub mod check_rope;
 pub mod check_sampling;
 pub mod cli;
 pub mod cuda;
+pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod kv;
 pub mod memory_plan;
 pub mod model;
+pub mod parity;
 pub mod registry;
 pub mod scheduler;
 pub mod tokenizer;

@@ -413,6 +413,23 @@ pub fn find(name: &str) -> Option<&'static Entry> {
     ENTRIES.iter().find(|e| e.name == name)
 }
 
+/// A GPU check of a runtime component that is not a single kernel: its
+/// family name (as `gpu-check --only` takes it), one line on what it checks,
+/// and the check.
+pub type Family = (&'static str, &'static str, CheckFn);
+
+/// The check families, run by `gpu-check` after the kernels.
+pub const FAMILIES: &[Family] = &[(
+    "model",
+    "tiny Llama: forward vs interpreter, on-device sampling, CUDA-graph replay vs eager launches",
+    crate::model::check::model_checks,
+)];
+
+/// The check family named `name`.
+pub fn find_family(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.0 == name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,5 +444,6 @@ mod tests {
         }
         assert!(find("softmax").is_some());
         assert!(find("nope").is_none());
+        assert!(find_family("model").is_some() && find_family("softmax").is_none());
     }
 }

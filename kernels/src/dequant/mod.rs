@@ -146,9 +146,15 @@ fn dividing_tile(k: usize, cap: usize) -> usize {
     t
 }
 
+/// The largest power of two `<= n` (`n >= 1`).
+fn prev_power_of_two(n: usize) -> usize {
+    1 << (usize::BITS - 1 - n.max(1).leading_zeros())
+}
+
 /// Untuned GEMV tiles for `m` activation rows, a weight of `rows` rows
-/// (`2N` with SILU) and `k` columns: a K tile dividing `k` when possible (at
-/// most 256 quant bytes per row; 512 for a single-row Q4 GEMV on a weight of
+/// (`2N` with SILU) and `k` columns: a K tile dividing `k` when it is at
+/// least 256 wide, otherwise the largest power of two up to the cap plus a
+/// masked tail step (at most 256 quant bytes per row; 512 for a single-row Q4 GEMV on a weight of
 /// fewer than 8192 rows, where fewer, longer K steps measured faster on the
 /// H200), 16 rows per program for large weights and 8 otherwise, shrunk so
 /// that each thread holds at most `4 / M_BLOCK` 8-byte chunks of the W tile
@@ -166,7 +172,13 @@ pub fn gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvT
         (true, false) => 512,
         (false, _) => 256,
     };
-    let block_k = dividing_tile(k, cap);
+    let block_k = match dividing_tile(k, cap) {
+        // A K with a small power-of-two factor (SmolLM2's 576 = 9 x 64)
+        // would loop over many small tiles, one dependent load round trip
+        // each; one large tile plus the masked tail step is fewer trips.
+        t if t < 256 && k > t => prev_power_of_two(k.min(cap)),
+        t => t,
+    };
     let row_bytes = if q4 { block_k / 2 } else { block_k };
     let block_n = (if rows >= 8192 { 16 } else { 8 }).min((1024 * chunks / row_bytes).max(2));
     let per_warp = if single_q4 { 512 } else { 256 * chunks };

@@ -9,6 +9,17 @@
 //! parameters and the grid against the device limits (see [`super::validate`])
 //! before it reaches the driver.
 //!
+//! The launch path is kept cheap because a decode step launches hundreds of
+//! kernels: the specialization mask is computed from the arguments alone
+//! (bit `i` set when argument `i` is a pointer or integer whose value is a
+//! multiple of 16, exactly the facts [`dsl_core::launch::specialize`] acts
+//! on, so the mask determines the specialization), the config's `Debug` text
+//! is formatted into a reused string (its config key), and the prepared
+//! kernel is found by a hash of (kernel, key, mask) and confirmed by
+//! comparing the key text. Only a miss clones and specializes the IR.
+//! Validation and packing write into stack arrays; the only allocation left
+//! per launch is the argument vector of [`Kernel::erase_args`].
+//!
 //! [`Cuda::run_tuned`] autotunes kernels that declare configs and a key (see
 //! [`super::autotune`]): each candidate is timed once per device, kernel, key
 //! values and compiler version, and the winner is kept in memory and on disk.
@@ -18,16 +29,22 @@
 
 use super::autotune::{self, CacheEntry, TuneKey, Tuner};
 use super::device::{DevPtr, Gpu, LoadedKernel};
-use super::validate::{OffsetRule, RawDevPtr, validate_args, validate_grid};
+use super::validate::{KernelParam, OffsetRule, RawDevPtr, validate_args_into, validate_grid};
 use crate::error::{Error, Result};
 use codegen::{CompileOptions, Compiled, PtxCache, Target};
 use dsl_core::Function;
 use dsl_core::launch::{Backend, Kernel, PtrElem};
 use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 /// The most threads a block may have on every supported GPU.
 const MAX_THREADS: u32 = 1024;
+
+/// The most parameters a kernel may have (the specialization mask is a `u64`
+/// and launches pack parameters into fixed arrays of this length).
+pub const MAX_PARAMS: usize = 64;
 
 /// One specialization, compiled and loaded.
 #[derive(Debug)]
@@ -42,6 +59,13 @@ pub struct Prepared {
     pub kernel: LoadedKernel,
     /// Threads per block (`32 * num_warps`).
     pub threads: u32,
+    /// The kernel's name.
+    pub name: &'static str,
+    /// The config's `Debug` text it was built for (the lookup key; equal to
+    /// [`Kernel::config_key`] unless a kernel overrides that).
+    pub config_key: String,
+    /// The specialization mask of the arguments it serves (see the module doc).
+    pub mask: u64,
 }
 
 /// The CUDA backend: a [`Gpu`] plus the compile and specialization caches.
@@ -51,8 +75,12 @@ pub struct Cuda {
     ptx: PtxCache,
     /// Built IR per (kernel, config key), before specialization.
     built: HashMap<(&'static str, String), Function>,
-    /// Compiled specializations per (kernel, config key, specialization mask).
-    prepared: HashMap<(&'static str, String, u64), Arc<Prepared>>,
+    /// Compiled specializations by the hash of (kernel, config key,
+    /// specialization mask); entries are confirmed against the full key.
+    prepared: HashMap<u64, Vec<Arc<Prepared>>>,
+    /// The config key of the launch being looked up (reused: no allocation
+    /// per launch once it has grown).
+    key_buf: String,
     /// Autotune results (memory and the on-disk cache).
     tuner: Tuner,
 }
@@ -100,6 +128,7 @@ impl Cuda {
             ptx: PtxCache::new(),
             built: HashMap::new(),
             prepared: HashMap::new(),
+            key_buf: String::new(),
             tuner: Tuner::default(),
         })
     }
@@ -133,14 +162,44 @@ impl Cuda {
     /// Builds, compiles and loads the specialization of `K` for `config`, with the
     /// parameters in `spec` promised divisible by 16 (see
     /// [`dsl_core::launch::specialize`]), or returns it from the cache.
+    ///
+    /// `facts[i]` is the address (pointers) or value (integer scalars) of
+    /// argument `i`, `None` for other arguments.
     pub fn prepare<K: Kernel>(&mut self, config: &K::Config, facts: &[Option<u64>]) -> Result<Arc<Prepared>> {
-        let ckey = (K::NAME, K::config_key(config));
-        let base = self.built_ir::<K>(config)?;
-        let (mut func, mask) = dsl_core::launch::specialize(base, facts);
-        let key = (ckey.0, ckey.1, mask);
-        if let Some(p) = self.prepared.get(&key) {
+        let mask = mask_of_facts(K::NAME, facts)?;
+        self.lookup::<K>(config, mask)
+    }
+
+    /// The prepared specialization of `K` for `config` and the arguments'
+    /// specialization `mask`, built on a miss.
+    fn lookup<K: Kernel>(&mut self, config: &K::Config, mask: u64) -> Result<Arc<Prepared>> {
+        self.key_buf.clear();
+        // Writing into a String cannot fail.
+        let _ = write!(self.key_buf, "{config:?}");
+        let hash = prepared_hash(K::NAME, &self.key_buf, mask);
+        if let Some(list) = self.prepared.get(&hash)
+            && let Some(p) =
+                list.iter().find(|p| p.mask == mask && p.name == K::NAME && p.config_key == self.key_buf)
+        {
             return Ok(p.clone());
         }
+        let p = self.build_prepared::<K>(config, mask)?;
+        self.prepared.entry(hash).or_default().push(p.clone());
+        Ok(p)
+    }
+
+    /// The cache miss of [`Cuda::lookup`] (whose `key_buf` holds the config's
+    /// `Debug` text): specializes the built IR for `mask`, canonicalizes,
+    /// verifies, compiles and loads it.
+    fn build_prepared<K: Kernel>(&mut self, config: &K::Config, mask: u64) -> Result<Arc<Prepared>> {
+        let config_key = self.key_buf.clone();
+        let base = self.built_ir::<K>(config)?;
+        // Facts that reproduce exactly the bits of `mask` (16 for a set bit,
+        // 1 for a clear one): `specialize` only asks whether a fact is a
+        // multiple of 16, so the result is the one the real arguments give.
+        let facts: Vec<Option<u64>> =
+            (0..base.params.len()).map(|i| Some(if i < 64 && mask >> i & 1 == 1 { 16 } else { 1 })).collect();
+        let (mut func, _) = dsl_core::launch::specialize(base, &facts);
         dsl_core::passes::canonicalize(&mut func);
         dsl_core::verify::verify(&func)?;
         let opts = K::launch_options(config);
@@ -156,9 +215,7 @@ impl Cuda {
         let compiled = self.ptx.get_or_compile(&func, &copts)?;
         let kernel = self.gpu.load_kernel(&compiled.name, &compiled.ptx, compiled.shared_bytes)?;
         let offsets = OffsetRule::of(&func);
-        let p = Arc::new(Prepared { func, offsets, compiled, kernel, threads });
-        self.prepared.insert(key, p.clone());
-        Ok(p)
+        Ok(Arc::new(Prepared { func, offsets, compiled, kernel, threads, name: K::NAME, config_key, mask }))
     }
 
     /// Launches `K` over `grid` with the runtime's own error type (the
@@ -175,22 +232,68 @@ impl Cuda {
         let raw = K::erase_args(args);
         // Specialize on what the arguments allow (16-byte aligned pointers,
         // integers divisible by 16), as Triton's launcher does.
-        let facts: Vec<Option<u64>> = raw
-            .iter()
-            .map(|a| match a {
-                dsl_core::launch::Arg::Ptr(p) => Some(p.addr),
-                dsl_core::launch::Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
-                dsl_core::launch::Arg::Scalar(_) => None,
-            })
-            .collect();
-        let p = self.prepare::<K>(config, &facts)?;
+        let mask = mask_of_args(K::NAME, &raw)?;
+        let p = self.lookup::<K>(config, mask)?;
         let launch_err = |message: String| Error::Launch { kernel: K::NAME.to_string(), message };
-        let params = validate_args(&p.func, &p.offsets, &raw).map_err(launch_err)?;
+        let mut params = [KernelParam::I32(0); MAX_PARAMS];
+        let n = validate_args_into(&p.func, &p.offsets, &raw, &mut params).map_err(launch_err)?;
         if !validate_grid(grid, self.gpu.info().grid).map_err(launch_err)? {
             return Ok(());
         }
-        self.gpu.launch_raw(&p.kernel, grid, p.threads, &params)
+        self.gpu.launch_raw(&p.kernel, grid, p.threads, &params[..n])
     }
+}
+
+/// The hash key of a prepared specialization.
+fn prepared_hash(name: &str, config_key: &str, mask: u64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    config_key.hash(&mut h);
+    mask.hash(&mut h);
+    h.finish()
+}
+
+/// The error for a kernel with more parameters than the launcher packs.
+fn too_many_params(kernel: &str, n: usize) -> Error {
+    Error::Launch {
+        kernel: kernel.to_string(),
+        message: format!("it has {n} parameters; the launcher supports at most {MAX_PARAMS}"),
+    }
+}
+
+/// The specialization mask of erased arguments: bit `i` when argument `i` is
+/// a pointer whose address, or an integer scalar whose value, is a multiple
+/// of [`dsl_core::launch::SPECIALIZE_DIVISIBILITY`].
+pub fn mask_of_args(kernel: &str, raw: &[dsl_core::launch::Arg<RawDevPtr>]) -> Result<u64> {
+    if raw.len() > MAX_PARAMS {
+        return Err(too_many_params(kernel, raw.len()));
+    }
+    let div = u64::from(dsl_core::launch::SPECIALIZE_DIVISIBILITY);
+    let mut mask = 0u64;
+    for (i, a) in raw.iter().enumerate() {
+        let fact = match a {
+            dsl_core::launch::Arg::Ptr(p) => Some(p.addr),
+            dsl_core::launch::Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
+            dsl_core::launch::Arg::Scalar(_) => None,
+        };
+        if fact.is_some_and(|v| v % div == 0) {
+            mask |= 1 << i;
+        }
+    }
+    Ok(mask)
+}
+
+/// The specialization mask of `facts` (see [`Cuda::prepare`]).
+fn mask_of_facts(kernel: &str, facts: &[Option<u64>]) -> Result<u64> {
+    if facts.len() > MAX_PARAMS {
+        return Err(too_many_params(kernel, facts.len()));
+    }
+    let div = u64::from(dsl_core::launch::SPECIALIZE_DIVISIBILITY);
+    Ok(facts
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.is_some_and(|v| v % div == 0))
+        .fold(0, |m, (i, _)| m | 1 << i))
 }
 
 impl Cuda {
@@ -336,6 +439,49 @@ impl Backend for Cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `out[i] = x[i] * s` for `i < n`, with an `i1` flag (never specialized).
+    #[dsl_macros::kernel]
+    fn scaled(x: Ptr<f32>, out: Ptr<f32>, n: i32, m: i64, s: f32, flag: bool, #[constexpr] BLOCK: usize) {
+        let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+        let mask = offs < n && offs.to(i64) < m && flag;
+        store(out + offs, load(x + offs, mask = mask) * s, mask = mask);
+    }
+
+    #[test]
+    fn the_argument_mask_determines_the_specialization() {
+        use dsl_core::launch::{Arg, specialize};
+        use dsl_core::{DType, Scalar};
+        let base = scaled::build(&scaled::Config::new(128)).unwrap();
+        let ptr = |addr| Arg::Ptr(RawDevPtr { addr, bytes: 4096, dtype: Some(DType::F32) });
+        let cases = [
+            [ptr(0x1000), ptr(0x2004), Arg::Scalar(Scalar::int(DType::I32, 48))],
+            [ptr(0x1008), ptr(0x2000), Arg::Scalar(Scalar::int(DType::I32, -32))],
+            [ptr(0x1004), ptr(0x2008), Arg::Scalar(Scalar::int(DType::I32, 7))],
+        ];
+        for (k, head) in cases.iter().enumerate() {
+            let mut raw = head.to_vec();
+            raw.push(Arg::Scalar(Scalar::int(DType::I64, 16 * k as i64)));
+            raw.push(Arg::Scalar(Scalar::float(DType::F32, 32.0)));
+            raw.push(Arg::Scalar(Scalar::bool(false)));
+            let facts: Vec<Option<u64>> = raw
+                .iter()
+                .map(|a| match a {
+                    Arg::Ptr(p) => Some(p.addr),
+                    Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
+                    Arg::Scalar(_) => None,
+                })
+                .collect();
+            let mask = mask_of_args("scaled", &raw).unwrap();
+            assert_eq!(mask, mask_of_facts("scaled", &facts).unwrap());
+            let synthetic: Vec<Option<u64>> =
+                (0..raw.len()).map(|i| Some(if mask >> i & 1 == 1 { 16 } else { 1 })).collect();
+            let (real, _) = specialize(&base, &facts);
+            let (from_mask, _) = specialize(&base, &synthetic);
+            assert_eq!(dsl_core::print::print(&real), dsl_core::print::print(&from_mask), "case {k}");
+        }
+        assert!(mask_of_facts("k", &[None; MAX_PARAMS + 1]).is_err());
+    }
 
     #[test]
     fn targets_follow_compute_capability() {

@@ -1,20 +1,32 @@
-//! The GPU: [`Gpu`] (device, primary context and default stream, opened with a
-//! probe that turns a missing driver or GPU into an error instead of a panic),
-//! typed device buffers ([`DevBuf`]) and their pointer views ([`DevPtr`]),
-//! loaded kernels cached by name and PTX hash, CUDA-event timing.
+//! The GPU: [`Gpu`] (device, primary context and one stream of its own,
+//! opened with a probe that turns a missing driver or GPU into an error
+//! instead of a panic), typed device buffers ([`DevBuf`]) and their pointer
+//! views ([`DevPtr`]), loaded kernels cached by name and PTX hash, CUDA-event
+//! timing, and CUDA graphs ([`GpuGraph`]: capture of the stream's launches,
+//! replay).
 //!
 //! Invariants:
 //! - every driver call binds the context to the calling thread first (cudarc's
 //!   `bind_to_thread` is a no-op when it is already current);
-//! - everything runs on the legacy default stream, so copies (`cuMemcpy*`,
-//!   synchronous) are ordered after earlier launches without explicit waits;
-//! - a [`DevBuf`] owns its allocation and frees it on drop; [`DevPtr`]s borrow
-//!   the buffer, so no pointer outlives its memory.
+//! - everything (launches, copies, memsets, events, graph replays) runs on the
+//!   [`Gpu`]'s one stream, created by this module (non-blocking: the legacy
+//!   default stream cannot be captured into a graph), so work is ordered by
+//!   issue order without explicit waits; host-to-device copies are
+//!   asynchronous from pageable memory (the driver stages the data before the
+//!   call returns, so the source may be reused at once) and device-to-host
+//!   copies wait for the stream;
+//! - a [`DevBuf`] owns its allocation and frees it on drop, after waiting for
+//!   the stream (queued work may still use it); [`DevPtr`]s borrow the buffer,
+//!   so no pointer outlives its memory;
+//! - during a capture ([`Gpu::begin_capture`] to [`Gpu::end_capture`]) nothing
+//!   may allocate, free, copy or synchronize: only launches are recorded (the
+//!   capture mode is thread-local, so the driver reports such a call as an
+//!   error instead of running it).
 
 use super::validate::{GridLimits, KernelParam, RawDevPtr};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, result};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream, result};
 use dsl_core::DType;
 use dsl_core::interp::Element;
 use dsl_core::launch::PtrElem;
@@ -23,6 +35,9 @@ use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
+
+/// The most parameters [`Gpu::launch_raw`] packs (the launcher's limit).
+const MAX_LAUNCH_PARAMS: usize = super::backend::MAX_PARAMS;
 
 /// Dynamic shared memory a kernel may use without opting in (48 KiB).
 const DEFAULT_MAX_DYNAMIC_SHARED: u32 = 48 * 1024;
@@ -83,8 +98,8 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Res
     })
 }
 
-/// An open GPU: device, primary context, default stream and a cache of loaded
-/// kernels.
+/// An open GPU: device, primary context, the stream all work runs on and a
+/// cache of loaded kernels.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -124,7 +139,7 @@ impl Gpu {
         }
         let ctx = guarded("cuDevicePrimaryCtxRetain", move || CudaContext::new(ordinal))?
             .map_err(Error::driver(format!("create a context on GPU {ordinal}")))?;
-        let stream = ctx.default_stream();
+        let stream = ctx.new_stream().map_err(Error::driver(format!("create a stream on GPU {ordinal}")))?;
         let info = Self::query(&ctx, ordinal)?;
         Ok(Gpu { ctx, stream, info, kernels: Mutex::new(HashMap::new()) })
     }
@@ -201,7 +216,7 @@ impl Gpu {
             unsafe { result::malloc_sync(bytes) }
                 .map_err(Error::driver(format!("allocate {bytes} bytes on the device")))?
         };
-        Ok(DevBuf { ptr, len, ctx: self.ctx.clone(), _t: PhantomData })
+        Ok(DevBuf { ptr, len, stream: self.stream.clone(), _t: PhantomData })
     }
 
     /// A new event for timing (see [`Gpu::time_ms`]).
@@ -282,15 +297,29 @@ impl Gpu {
         threads: u32,
         params: &[KernelParam],
     ) -> Result<()> {
+        let n = params.len();
+        if n > MAX_LAUNCH_PARAMS {
+            return Err(Error::Launch {
+                kernel: kernel.name.clone(),
+                message: format!("{n} parameters; at most {MAX_LAUNCH_PARAMS} are supported"),
+            });
+        }
         self.bind()?;
-        let mut slots: Vec<u64> = params.iter().map(|p| p.slot()).collect();
-        let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let mut slots = [0u64; MAX_LAUNCH_PARAMS];
+        for (slot, p) in slots.iter_mut().zip(params) {
+            *slot = p.slot();
+        }
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_LAUNCH_PARAMS];
+        for (ptr, slot) in ptrs.iter_mut().zip(slots.iter_mut()) {
+            *ptr = slot as *mut u64 as *mut c_void;
+        }
         // SAFETY: the function comes from a module that `kernel.func` keeps
-        // loaded; `ptrs` holds one pointer per kernel parameter (validated against
-        // the IR the PTX was compiled from), each to an 8-byte slot holding the
-        // parameter's value in its first bytes, alive until this call returns
-        // (the driver copies parameters at launch). Pointer parameters are
-        // addresses of live allocations borrowed by the caller's `DevPtr`s.
+        // loaded; `ptrs[..n]` holds one pointer per kernel parameter (validated
+        // against the IR the PTX was compiled from), each to an 8-byte slot
+        // holding the parameter's value in its first bytes, alive until this
+        // call returns (the driver copies parameters at launch, also when the
+        // launch is captured into a graph). Pointer parameters are addresses
+        // of live allocations borrowed by the caller's `DevPtr`s.
         unsafe {
             result::launch_kernel(
                 kernel.func.cu_function(),
@@ -298,12 +327,76 @@ impl Gpu {
                 (threads, 1, 1),
                 kernel.shared_bytes,
                 self.stream.cu_stream(),
-                &mut ptrs,
+                &mut ptrs[..n],
             )
         }
         .map_err(Error::driver(format!("launch `{}`", kernel.name)))
     }
+
+    /// Starts recording the stream's launches into a graph instead of running
+    /// them (thread-local capture mode: a forbidden call from this thread,
+    /// such as an allocation or a synchronization, fails instead of running).
+    /// Every `begin_capture` must be followed by [`Gpu::end_capture`], also
+    /// when something in between fails.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        let stream = self.stream.clone();
+        guarded(
+            "cuStreamBeginCapture",
+            std::panic::AssertUnwindSafe(move || {
+                stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            }),
+        )?
+        .map_err(Error::driver("begin a CUDA graph capture"))
+    }
+
+    /// Ends the capture begun by [`Gpu::begin_capture`] and instantiates the
+    /// recorded graph (uploaded to the device, so its first replay is not
+    /// slower than the others).
+    ///
+    /// Errors: the capture was invalidated (a forbidden call happened during
+    /// it), recorded nothing, or the driver cannot instantiate it.
+    pub fn end_capture(&self) -> Result<GpuGraph> {
+        self.bind()?;
+        let stream = self.stream.clone();
+        let graph = guarded(
+            "cuStreamEndCapture",
+            std::panic::AssertUnwindSafe(move || stream.end_capture(sys::CUgraphInstantiate_flags(0))),
+        )?
+        .map_err(Error::driver("end a CUDA graph capture (it was invalidated or cannot be instantiated)"))?
+        .ok_or_else(|| Error::Usage("the CUDA graph capture recorded no work".into()))?;
+        graph.upload().map_err(Error::driver("upload a CUDA graph"))?;
+        Ok(GpuGraph { graph })
+    }
+
+    /// Replays `graph` on the stream (asynchronously, like a launch).
+    pub fn replay(&self, graph: &GpuGraph) -> Result<()> {
+        self.bind()?;
+        graph.graph.launch().map_err(Error::driver("replay a CUDA graph"))
+    }
 }
+
+/// An instantiated CUDA graph of launches captured on a [`Gpu`]'s stream
+/// (see [`Gpu::begin_capture`]); it replays on that stream and keeps the
+/// stream alive. The launches' pointer arguments are baked in: the buffers
+/// they point to must stay allocated (and at the same addresses) for as
+/// long as the graph is replayed.
+pub struct GpuGraph {
+    graph: CudaGraph,
+}
+
+impl std::fmt::Debug for GpuGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GpuGraph")
+    }
+}
+
+// SAFETY: a graph and its executable are plain driver handles that any
+// thread may use once the context is bound (every use binds it); the driver
+// requires that calls on one graph are not concurrent, which `GpuGraph`
+// guarantees by not being `Sync` (replay takes `&self` of a value that one
+// thread owns at a time).
+unsafe impl Send for GpuGraph {}
 
 /// Element types a [`DevBuf`] can hold: the numeric dtypes (not `bool`, whose
 /// device bytes could be other than 0 or 1).
@@ -322,7 +415,9 @@ device_elem!(i8, u8, i16, i32, u32, i64, half::f16, half::bf16, f32, f64);
 pub struct DevBuf<T: DeviceElem> {
     ptr: sys::CUdeviceptr,
     len: usize,
-    ctx: Arc<CudaContext>,
+    /// The stream all of the buffer's copies and fills run on (the
+    /// [`Gpu`]'s), which also keeps the context alive.
+    stream: Arc<CudaStream>,
     _t: PhantomData<T>,
 }
 
@@ -337,11 +432,14 @@ impl<T: DeviceElem> Drop for DevBuf<T> {
         if self.ptr == 0 {
             return;
         }
-        let _ = self.ctx.bind_to_thread();
+        let _ = self.stream.context().bind_to_thread();
+        // Queued launches may still read or write the buffer.
+        let _ = self.stream.synchronize();
         // SAFETY: `ptr` was allocated by `malloc_sync` in this context and is
-        // freed only here; no `DevPtr` borrows the buffer any more. A failure
-        // (a context poisoned by a faulting kernel) cannot be reported from
-        // `drop` and leaks the allocation.
+        // freed only here; no `DevPtr` borrows the buffer any more and the
+        // stream's work has finished. A failure (a context poisoned by a
+        // faulting kernel) cannot be reported from `drop` and leaks the
+        // allocation.
         let _ = unsafe { result::free_sync(self.ptr) };
     }
 }
@@ -377,6 +475,10 @@ impl<T: DeviceElem> DevBuf<T> {
         }
     }
 
+    fn bind(&self) -> Result<()> {
+        self.stream.context().bind_to_thread().map_err(Error::driver("bind the CUDA context"))
+    }
+
     /// Overwrites the buffer with `data`, which must have exactly `len` elements.
     pub fn write(&mut self, data: &[T]) -> Result<()> {
         if data.len() != self.len {
@@ -386,55 +488,97 @@ impl<T: DeviceElem> DevBuf<T> {
                 self.len
             )));
         }
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
-        // SAFETY: the destination holds exactly `data.len()` elements of `T`
-        // (checked above); the copy is synchronous, so `data` outlives it.
-        unsafe { result::memcpy_htod_sync(self.ptr, data) }
-            .map_err(Error::driver(format!("copy {} bytes to the device", self.size_bytes())))
+        self.write_at(0, data)
     }
 
-    /// Sets every byte of the buffer to `value`.
+    /// Copies `data` into elements `offset..offset + data.len()`, ordered on
+    /// the stream after earlier work and before later launches. Returns once
+    /// the driver has staged `data` (pageable memory), possibly before the
+    /// copy reaches the device, so `data` may be reused at once. Not allowed
+    /// during a graph capture.
+    pub fn write_at(&self, offset: usize, data: &[T]) -> Result<()> {
+        offset.checked_add(data.len()).filter(|&e| e <= self.len).ok_or_else(|| {
+            Error::Usage(format!(
+                "cannot write {} elements at offset {offset} into a device buffer of {}",
+                data.len(),
+                self.len
+            ))
+        })?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let dst = self.ptr + (offset * size_of::<T>()) as u64;
+        // SAFETY: the destination range lies inside this allocation (checked
+        // above) and stays allocated until the copy is done (`Drop` waits for
+        // the stream). `data` is ordinary pageable host memory (this crate
+        // never registers or pins host memory): for such a source the driver
+        // copies it to a staging buffer before `cuMemcpyHtoDAsync` returns,
+        // so it may be dropped or changed afterwards. The stream is this
+        // buffer's (the `Gpu`'s), so the copy is ordered with the launches.
+        unsafe { result::memcpy_htod_async(dst, data, self.stream.cu_stream()) }
+            .map_err(Error::driver(format!("copy {} bytes to the device", size_of_val(data))))
+    }
+
+    /// Sets every byte of the buffer to `value` and waits until it is done.
     pub fn fill_bytes(&self, value: u8) -> Result<()> {
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
-        // SAFETY: the range is exactly this buffer's allocation.
-        unsafe { result::memset_d8_sync(self.ptr, value, self.size_bytes()) }
-            .map_err(Error::driver("fill a device buffer"))
+        self.fill_bytes_async(value)?;
+        self.stream.synchronize().map_err(Error::driver("synchronize the stream"))
     }
 
-    /// Sets every byte of the buffer to `value`, ordered on the legacy default
-    /// stream (where every launch runs) and asynchronous to the host: the GPU
-    /// stays busy while the host prepares the next launch. Benchmarks flush L2
-    /// with it so the host's launch preparation is not inside a timed range.
+    /// Sets every byte of the buffer to `value`, ordered on the stream (where
+    /// every launch runs) and asynchronous to the host: the GPU stays busy
+    /// while the host prepares the next launch. Benchmarks flush L2 with it so
+    /// the host's launch preparation is not inside a timed range.
     pub fn fill_bytes_async(&self, value: u8) -> Result<()> {
-        if self.len == 0 {
+        self.fill_range_async(0, self.len, value)
+    }
+
+    /// Sets every byte of elements `offset..offset + len` to `value`, ordered
+    /// on the stream and asynchronous to the host.
+    pub fn fill_range_async(&self, offset: usize, len: usize, value: u8) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Error::Usage(format!(
+                "cannot fill {len} elements at offset {offset} of a device buffer of {}",
+                self.len
+            )));
+        }
+        if len == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
-        // SAFETY: the range is exactly this buffer's allocation; it outlives
-        // the queued memset because `Drop` frees with `cuMemFree`, which waits
-        // for queued work first. The null stream is the legacy default stream
-        // of this context, the one every launch uses.
-        unsafe { result::memset_d8_async(self.ptr, value, self.size_bytes(), std::ptr::null_mut()) }
+        self.bind()?;
+        let dst = self.ptr + (offset * size_of::<T>()) as u64;
+        // SAFETY: the range lies inside this allocation (checked above); it
+        // outlives the queued memset because `Drop` waits for the stream
+        // before freeing.
+        unsafe { result::memset_d8_async(dst, value, len * size_of::<T>(), self.stream.cu_stream()) }
             .map_err(Error::driver("fill a device buffer"))
     }
 
     /// Copies the buffer to the host (after all earlier work on the stream).
     pub fn download(&self) -> Result<Vec<T>> {
-        if self.len == 0 {
+        self.download_prefix(self.len)
+    }
+
+    /// Copies the first `n` elements to the host (after all earlier work on
+    /// the stream; waits for the copy).
+    pub fn download_prefix(&self, n: usize) -> Result<Vec<T>> {
+        if n > self.len {
+            return Err(Error::Usage(format!("cannot read {n} elements of a device buffer of {}", self.len)));
+        }
+        if n == 0 {
             return Ok(Vec::new());
         }
-        self.ctx.bind_to_thread().map_err(Error::driver("bind the CUDA context"))?;
+        self.bind()?;
         // Through bytes: valid for every element type, whatever the device holds.
-        let mut bytes = vec![0u8; self.size_bytes()];
-        // SAFETY: `bytes` has exactly the buffer's size; the copy is synchronous.
-        unsafe { result::memcpy_dtoh_sync(&mut bytes, self.ptr) }
-            .map_err(Error::driver(format!("copy {} bytes from the device", self.size_bytes())))?;
+        let mut bytes = vec![0u8; n * size_of::<T>()];
+        // SAFETY: `bytes` has exactly the size of the first `n` elements,
+        // which lie inside the allocation; the stream is synchronized below
+        // before `bytes` is read (a copy to pageable memory also returns only
+        // when it is done).
+        unsafe { result::memcpy_dtoh_async(&mut bytes, self.ptr, self.stream.cu_stream()) }
+            .map_err(Error::driver(format!("copy {} bytes from the device", bytes.len())))?;
+        self.stream.synchronize().map_err(Error::driver("synchronize the stream"))?;
         let size = T::DEVICE_DTYPE.size_bytes();
         Ok(bytes.chunks_exact(size).map(T::read_le).collect())
     }

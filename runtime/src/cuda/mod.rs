@@ -1,7 +1,9 @@
 //! The CUDA side of the runtime, the only code in tessera that touches the
-//! driver: [`Gpu`] and device buffers ([`device`]), launch validation as pure
-//! functions ([`validate`]), the [`Cuda`] backend ([`backend`]) and its
-//! autotuning cache ([`autotune`]).
+//! driver: [`Gpu`], device buffers and CUDA graphs ([`device`]; all work on
+//! one stream of the `Gpu`'s own), launch validation as pure functions
+//! ([`validate`]), the [`Cuda`] backend ([`backend`]; a cheap launch path
+//! keyed by kernel, config and specialization mask) and its autotuning cache
+//! ([`autotune`]).
 //!
 //! The driver is loaded dynamically (cudarc's `dynamic-loading`), so binaries
 //! build and run on machines without CUDA: [`Gpu::new`] then returns
@@ -12,6 +14,8 @@ pub mod backend;
 pub mod device;
 pub mod validate;
 
-pub use backend::{Cuda, Prepared, target_for};
-pub use device::{DevBuf, DevPtr, DeviceElem, DeviceInfo, Gpu, LoadedKernel, driver_present};
-pub use validate::{GridLimits, KernelParam, OffsetRule, RawDevPtr, validate_args, validate_grid};
+pub use backend::{Cuda, MAX_PARAMS, Prepared, mask_of_args, target_for};
+pub use device::{DevBuf, DevPtr, DeviceElem, DeviceInfo, Gpu, GpuGraph, LoadedKernel, driver_present};
+pub use validate::{
+    GridLimits, KernelParam, OffsetRule, RawDevPtr, validate_args, validate_args_into, validate_grid,
+};

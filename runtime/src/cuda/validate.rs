@@ -142,6 +142,21 @@ pub fn validate_args(
     rule: &OffsetRule,
     args: &[Arg<RawDevPtr>],
 ) -> Result<Vec<KernelParam>, String> {
+    let mut out = vec![KernelParam::I32(0); args.len()];
+    let n = validate_args_into(f, rule, args, &mut out)?;
+    out.truncate(n);
+    Ok(out)
+}
+
+/// [`validate_args`] without allocating: packs into `out` (which must have
+/// room for one parameter per argument) and returns the count. Messages are
+/// only formatted on failure, so a valid launch allocates nothing.
+pub fn validate_args_into(
+    f: &Function,
+    rule: &OffsetRule,
+    args: &[Arg<RawDevPtr>],
+    out: &mut [KernelParam],
+) -> Result<usize, String> {
     if args.len() != f.params.len() {
         let sig: Vec<String> = f.params.iter().map(|p| format!("{}: {}", p.name, f.ty(p.value))).collect();
         return Err(format!(
@@ -151,29 +166,33 @@ pub fn validate_args(
             args.len()
         ));
     }
-    let mut out = Vec::with_capacity(args.len());
+    if out.len() < args.len() {
+        return Err(format!("it takes {} arguments; the launcher packs at most {}", args.len(), out.len()));
+    }
     for (j, (p, arg)) in f.params.iter().zip(args).enumerate() {
         let ty = f.ty(p.value);
-        let what = format!("argument {j} (`{}`: {ty})", p.name);
+        let what = || format!("argument {j} (`{}`: {ty})", p.name);
         let div = p.hints.divisibility.map(u64::from).filter(|&d| d > 1);
         if !ty.is_scalar() {
-            return Err(format!("{what} is a tile; kernel parameters must be scalars or pointers"));
+            return Err(format!("{} is a tile; kernel parameters must be scalars or pointers", what()));
         }
-        match (ty.elem, arg) {
+        out[j] = match (ty.elem, arg) {
             (Elem::Ptr(pointee), Arg::Ptr(raw)) => {
                 if let Some(d) = raw.dtype
                     && d != pointee
                     && d != DType::U8
                 {
                     return Err(format!(
-                        "{what} points to {pointee}, but a pointer to {d} was passed (pass a {pointee} \
-                         buffer, or a u8 buffer of raw bytes)"
+                        "{} points to {pointee}, but a pointer to {d} was passed (pass a {pointee} \
+                         buffer, or a u8 buffer of raw bytes)",
+                        what()
                     ));
                 }
                 let align = pointee.size_bytes() as u64;
                 if raw.addr % align != 0 {
                     return Err(format!(
-                        "{what} has address {:#x}, which is not aligned to {pointee} ({align} bytes)",
+                        "{} has address {:#x}, which is not aligned to {pointee} ({align} bytes)",
+                        what(),
                         raw.addr
                     ));
                 }
@@ -181,39 +200,44 @@ pub fn validate_args(
                     && raw.addr % d != 0
                 {
                     return Err(format!(
-                        "{what} has address {:#x}, but the kernel was specialized for addresses divisible by {d}",
+                        "{} has address {:#x}, but the kernel was specialized for addresses divisible by {d}",
+                        what(),
                         raw.addr
                     ));
                 }
-                rule.check(raw.bytes).map_err(|m| format!("{what}: {m}"))?;
-                out.push(KernelParam::Ptr(raw.addr));
+                rule.check(raw.bytes).map_err(|m| format!("{}: {m}", what()))?;
+                KernelParam::Ptr(raw.addr)
             }
             (Elem::Scalar(d), Arg::Scalar(s)) => {
                 if s.dtype() != d {
-                    return Err(format!("{what} needs a {d} scalar, but a {} was passed", s.dtype()));
+                    return Err(format!("{} needs a {d} scalar, but a {} was passed", what(), s.dtype()));
                 }
                 if let Some(k) = div
                     && d.is_int()
                     && s.as_i64().rem_euclid(k as i64) != 0
                 {
                     return Err(format!(
-                        "{what} is {}, but the kernel was specialized for values divisible by {k}",
+                        "{} is {}, but the kernel was specialized for values divisible by {k}",
+                        what(),
                         s.as_i64()
                     ));
                 }
-                out.push(pack_scalar(*s).ok_or_else(|| {
-                    format!("{what}: {d} scalar parameters are not part of the kernel ABI (use i32, u32, i64, f32 or i1)")
-                })?);
+                pack_scalar(*s).ok_or_else(|| {
+                    format!(
+                        "{}: {d} scalar parameters are not part of the kernel ABI (use i32, u32, i64, f32 or i1)",
+                        what()
+                    )
+                })?
             }
             (Elem::Ptr(_), Arg::Scalar(_)) => {
-                return Err(format!("{what} is a pointer, but a scalar was passed"));
+                return Err(format!("{} is a pointer, but a scalar was passed", what()));
             }
             (Elem::Scalar(_), Arg::Ptr(_)) => {
-                return Err(format!("{what} is a scalar, but a pointer was passed"));
+                return Err(format!("{} is a scalar, but a pointer was passed", what()));
             }
-        }
+        };
     }
-    Ok(out)
+    Ok(args.len())
 }
 
 /// Packs a scalar per the kernel ABI, or `None` for a dtype outside it.
@@ -379,6 +403,17 @@ mod tests {
         let f = copy_kernel(true);
         assert_eq!(OffsetRule::of(&f).max_elements, None);
         assert!(check(&f, &a).is_ok());
+    }
+
+    #[test]
+    fn packing_into_a_slice_matches_and_checks_room() {
+        let f = copy_kernel(false);
+        let mut out = [KernelParam::I32(0); 4];
+        let n = validate_args_into(&f, &OffsetRule::of(&f), &good_args(), &mut out).unwrap();
+        assert_eq!(&out[..n], check(&f, &good_args()).unwrap().as_slice());
+        let mut small = [KernelParam::I32(0); 2];
+        let e = validate_args_into(&f, &OffsetRule::of(&f), &good_args(), &mut small).unwrap_err();
+        assert!(e.contains("at most 2"), "{e}");
     }
 
     #[test]

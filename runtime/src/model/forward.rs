@@ -15,8 +15,16 @@
 //! logits = add_rmsnorm(down, h)[rows] @ Wlm^T                      (only the requested rows)
 //! ```
 //!
-//! Products with at most [`GEMV_MAX_M`] rows use the GEMV kernels, larger
-//! ones the GEMM kernels.
+//! Products with at most [`MATMUL_GEMV_MAX_M`] rows (decode batches up to
+//! 64) use the GEMV kernels, larger ones the GEMM kernels. Decode attention splits the context over several
+//! programs (split-KV, then a merge kernel) when the batch alone would not
+//! fill the device ([`kernels::decode_attention::split_plan`]).
+//!
+//! The launch sequence itself ([`launch_forward`]) reads every step input
+//! from one device byte arena (see [`super::inputs`]) and writes the logits
+//! to a scratch buffer: [`Model::forward`] stages and downloads around it,
+//! [`Model::forward_sample`] (in [`super::sampler`]) samples on the device
+//! after it, and [`super::graph`] captures the same sequence into CUDA graphs.
 //!
 //! # Inputs ([`Step`])
 //!
@@ -33,18 +41,25 @@
 //!
 //! The KV cache of layer `l` is `[num_blocks, block_size, n_head_kv,
 //! head_dim]` in `T` (the layout `rope_kv_write` writes and both attention
-//! kernels read); scratch buffers grow to the largest step seen and are
-//! reused (the interpreter cannot free buffers).
+//! kernels read); the eager buffers grow to the largest step seen and are
+//! reused (the interpreter cannot free buffers); buffers that a graph's
+//! launches point to ([`Buffers::fixed`]) never move. Everything a launch
+//! sequence bakes in (token count, sequence count, block-table stride, split
+//! plan, logit rows) is in its [`Plan`] and [`Layout`].
 
+use super::buffers::{Buffers, KvCache};
 use super::device::Device;
+use super::graph::{GraphMode, GraphState};
+use super::inputs::{Layout, Stager, StepArrays, stage_step};
 use super::weights::{Matrix, Weights};
 use crate::check::Sample;
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
+use crate::gguf::LlamaConfig;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use dsl_core::launch::Kernel;
-use kernels::decode_attention::paged_decode;
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, split_plan};
 use kernels::dequant::{GEMV_MAX_M, QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles};
 use kernels::embedding::{self, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
@@ -54,8 +69,16 @@ use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
+/// The most rows a product runs through the GEMV kernels. They take any `m`
+/// (the grid covers `m` in blocks of up to 8 rows, and each block rereads
+/// the weights, mostly from L2), and up to 64 rows this beats the GEMM
+/// kernels, whose `dot` still lowers to FMA (measured on an H100: a batch-64
+/// decode step took 22 ms through the GEMM path). The GEMV tuning targets
+/// `GEMV_MAX_M` rows.
+pub const MATMUL_GEMV_MAX_M: usize = 4 * GEMV_MAX_M;
+
 /// Tokens per chunk of the decode-attention kernel.
-const DECODE_BLOCK_N: usize = 16;
+pub(super) const DECODE_BLOCK_N: usize = 16;
 
 /// The inputs of one forward step (see the module doc).
 #[derive(Clone, Copy, Debug)]
@@ -78,47 +101,124 @@ pub struct Step<'a> {
     pub logit_rows: &'a [usize],
 }
 
-/// Activation buffers, sized for `tokens` rows and `rows` logit rows.
-struct Scratch<D: Device, T: Sample> {
-    tokens: usize,
-    rows: usize,
-    h: D::Buf<T>,
-    normed: D::Buf<T>,
-    tmp: D::Buf<T>,
-    qkv: D::Buf<T>,
-    q: D::Buf<T>,
-    attn: D::Buf<T>,
-    act: D::Buf<T>,
-    last: D::Buf<T>,
-    logits: D::Buf<T>,
+/// What a launch sequence bakes in besides buffer addresses: sizes, the
+/// decode split plan and which rows reach the LM head.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Plan {
+    /// Tokens.
+    pub n: usize,
+    /// Sequences.
+    pub b: usize,
+    /// The longest query run (1: the decode kernels).
+    pub max_q: usize,
+    /// Decode split length (tokens per program, a multiple of
+    /// [`DECODE_BLOCK_N`]) and split count (1: no split).
+    pub split_len: usize,
+    pub splits: usize,
+    /// Final-norm runs `(first token row, first logit row, count)`.
+    pub runs: Vec<(usize, usize, usize)>,
+    /// Logit rows.
+    pub rows: usize,
+}
+
+impl Plan {
+    /// The plan of a validated step; decode steps split per
+    /// [`split_plan`] for `sms` (or every `split_override` tokens).
+    pub fn of(step: &Step<'_>, c: &LlamaConfig, sms: usize, split_override: Option<usize>) -> Plan {
+        let max_q = step.query_start.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+        let max_ctx = step.context_lens.iter().copied().max().unwrap_or(0).max(1) as usize;
+        let b = step.context_lens.len();
+        let (split_len, splits) = decode_split(b, c.n_head_kv, max_ctx, sms, split_override);
+        Plan {
+            n: step.tokens.len(),
+            b,
+            max_q,
+            split_len,
+            splits,
+            runs: runs_of(step.logit_rows),
+            rows: step.logit_rows.len(),
+        }
+    }
+
+    /// Split-KV partial rows the plan needs.
+    pub fn parts(&self, c: &LlamaConfig) -> usize {
+        if self.max_q <= 1 && self.splits > 1 { self.b * c.n_head * self.splits } else { 0 }
+    }
+}
+
+/// The decode split `(split_len, splits)` for `b` sequences of at most
+/// `max_ctx` tokens.
+pub(super) fn decode_split(
+    b: usize,
+    h_kv: usize,
+    max_ctx: usize,
+    sms: usize,
+    split_override: Option<usize>,
+) -> (usize, usize) {
+    match split_override {
+        Some(len) => {
+            let len = len.div_ceil(DECODE_BLOCK_N).max(1) * DECODE_BLOCK_N;
+            (len, max_ctx.max(1).div_ceil(len))
+        }
+        None => split_plan(b, h_kv, max_ctx, sms, DECODE_BLOCK_N),
+    }
+}
+
+/// Consecutive runs of `rows` (token row `r + i` to logit row `j + i`).
+pub(super) fn runs_of(rows: &[usize]) -> Vec<(usize, usize, usize)> {
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    for (j, &r) in rows.iter().enumerate() {
+        match runs.last_mut() {
+            Some(last) if last.0 + last.2 == r => last.2 += 1,
+            _ => runs.push((r, j, 1)),
+        }
+    }
+    runs
 }
 
 /// A model on a device: weights, the paged KV cache of every layer and the
-/// scratch buffers of the forward pass.
+/// buffers of the forward pass (eager ones, and those of the decode graphs).
 pub struct Model<D: Device, T: Sample> {
     /// The weights.
     pub weights: Weights<D, T>,
-    k_cache: Vec<D::Buf<T>>,
-    v_cache: Vec<D::Buf<T>>,
-    num_blocks: usize,
-    block_size: usize,
-    dummy: D::Buf<f32>,
-    scratch: Option<Scratch<D, T>>,
-    profile: Option<Profile>,
+    pub(super) kv: KvCache<D, T>,
+    /// Buffers of steps run directly (they grow with the steps).
+    pub(super) eager: Buffers<D, T>,
+    /// Host staging of the step inputs (reused).
+    pub(super) staging: Vec<u8>,
+    /// Penalty token lists on the device (bytes) and their host staging.
+    pub(super) pen_arena: Option<(D::Buf<u8>, usize)>,
+    pub(super) pen_staging: Vec<u8>,
+    /// How decode steps of [`Model::forward_sample`] run.
+    pub(super) graph_mode: GraphMode,
+    /// The decode graphs and their buffers (created on first use).
+    pub(super) graphs: Option<GraphState<D, T>>,
+    /// A fixed decode split length (tests), instead of the split plan.
+    pub(super) split_override: Option<usize>,
+    /// Where the last sampled step's f32 logits are: `(graph buffers, rows)`.
+    pub(super) last_sampled: Option<(bool, usize)>,
+    /// Why graphs were turned off, if a capture failed.
+    pub(super) graph_failure: Option<String>,
+    pub(super) profile: Option<Profile>,
 }
 
 /// Per-kernel launch counts and host wall time, by kernel name.
 pub type Profile = BTreeMap<&'static str, (usize, Duration)>;
 
 /// A device plus the optional profile its launches are recorded in.
-struct Launcher<'d, D: Device> {
-    dev: &'d mut D,
-    profile: &'d mut Option<Profile>,
+pub(super) struct Launcher<'d, D: Device> {
+    pub dev: &'d mut D,
+    pub profile: &'d mut Option<Profile>,
 }
 
 impl<D: Device> Launcher<'_, D> {
     /// Launches `K`, adding its wall time to the profile when one is kept.
-    fn run<'a, K: Kernel>(&mut self, grid: [u32; 3], config: &K::Config, args: &K::Args<'a, D>) -> Result<()>
+    pub fn run<'a, K: Kernel>(
+        &mut self,
+        grid: [u32; 3],
+        config: &K::Config,
+        args: &K::Args<'a, D>,
+    ) -> Result<()>
     where
         D: 'a,
     {
@@ -141,7 +241,12 @@ fn typed<'a, D: Device + 'a, T: DeviceElem>(b: &'a D::Buf<T>) -> Result<D::Ptr<'
     D::ptr_at::<T, T>(b, 0)
 }
 
-fn usage(msg: String) -> Error {
+/// An i32 array at byte offset `off` of a byte arena.
+pub(super) fn arena_i32<'a, D: Device + 'a>(arena: &'a D::Buf<u8>, off: usize) -> Result<D::Ptr<'a, i32>> {
+    D::ptr_at::<u8, i32>(arena, off)
+}
+
+pub(super) fn usage(msg: String) -> Error {
     Error::Usage(msg)
 }
 
@@ -149,20 +254,6 @@ fn usage(msg: String) -> Error {
 /// `x` and `out` starting at element offsets `x_off` and `out_off`.
 #[allow(clippy::too_many_arguments)]
 fn matmul<D: Device, T: Sample>(
-    l: &mut Launcher<'_, D>,
-    w: &Matrix<D>,
-    x: &D::Buf<T>,
-    x_off: usize,
-    out: &D::Buf<T>,
-    out_off: usize,
-    m: usize,
-    silu: bool,
-) -> Result<()> {
-    matmul_impl::<D, T>(l, w, x, x_off, out, out_off, m, silu)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn matmul_impl<D: Device, T: Sample>(
     l: &mut Launcher<'_, D>,
     w: &Matrix<D>,
     x: &D::Buf<T>,
@@ -196,7 +287,7 @@ fn matmul_impl<D: Device, T: Sample>(
             l.run::<kk::Kernel>($grid, &config, &args)
         }};
     }
-    if m <= GEMV_MAX_M {
+    if m <= MATMUL_GEMV_MAX_M {
         let t = gemv_tiles(w.format, m, w.n, w.k);
         let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
         let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps);
@@ -246,6 +337,153 @@ fn add_norm<D: Device, T: Sample>(
     l.run::<add_rmsnorm::Kernel>([rows as u32, 1, 1], &config, &args)
 }
 
+/// Launches one step (see the module doc) on the inputs in `bufs`' arena at
+/// `lay`, leaving the logits of the plan's rows in the scratch logits.
+/// Issues only launches (no allocation, copy or synchronization), so it can
+/// be captured into a graph.
+pub(super) fn launch_forward<D: Device, T: Sample>(
+    ln: &mut Launcher<'_, D>,
+    w: &Weights<D, T>,
+    kv: &KvCache<D, T>,
+    bufs: &Buffers<D, T>,
+    lay: &Layout,
+    plan: &Plan,
+) -> Result<()> {
+    let s = bufs.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
+    let arena = &bufs.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
+    let (n, b) = (plan.n, plan.b);
+    let c = &w.config;
+    let (e, eps, dtype) = (c.n_embd, c.rms_norm_eps, T::DEVICE_DTYPE);
+    let (nq, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
+    let scale = 1.0 / (hd as f32).sqrt();
+
+    let eb = embedding::block_for(e);
+    let config = embedding_q8_0::Config::new(dtype, eb).with_warps(embedding::warps_for(eb));
+    let args = embedding_q8_0::Args {
+        w_ptr: D::ptr_at::<u8, u8>(&w.embedding, 0)?,
+        ids_ptr: arena_i32::<D>(arena, lay.tokens)?,
+        out_ptr: any::<D, T>(&s.h, 0)?,
+        hidden: e as i32,
+        vocab: c.vocab_size as i32,
+        _marker: PhantomData,
+    };
+    ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)?;
+
+    for (l, layer) in w.layers.iter().enumerate() {
+        if l == 0 {
+            let block = rmsnorm::block_for(e);
+            let config = rmsnorm_kernel::Config::new(dtype, block).with_warps(rmsnorm::warps_for(block));
+            let args = rmsnorm_kernel::Args {
+                x_ptr: any::<D, T>(&s.h, 0)?,
+                w_ptr: any::<D, T>(&layer.attn_norm, 0)?,
+                out_ptr: any::<D, T>(&s.normed, 0)?,
+                n_cols: e as i32,
+                stride: e as i32,
+                eps,
+                _marker: PhantomData,
+            };
+            ln.run::<rmsnorm_kernel::Kernel>([n as u32, 1, 1], &config, &args)?;
+        } else {
+            add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n, e, eps)?;
+        }
+        matmul::<D, T>(ln, &layer.qkv, &s.normed, 0, &s.qkv, 0, n, false)?;
+
+        let config = rope_kv_write::Config::new(dtype, nq, nkv, hd);
+        let args = rope_kv_write::Args {
+            qkv_ptr: any::<D, T>(&s.qkv, 0)?,
+            pos_ptr: arena_i32::<D>(arena, lay.positions)?,
+            slot_ptr: arena_i32::<D>(arena, lay.slots)?,
+            q_out_ptr: any::<D, T>(&s.q, 0)?,
+            k_cache_ptr: any::<D, T>(&kv.k[l], 0)?,
+            v_cache_ptr: any::<D, T>(&kv.v[l], 0)?,
+            theta: c.rope_freq_base,
+            _marker: PhantomData,
+        };
+        ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)?;
+
+        if plan.max_q > 1 {
+            let t = fa::config_for(hd);
+            let config = flash_attention::Config::new(dtype, nq, nkv, hd, t.block_m, t.block_n, true)
+                .with_warps(t.num_warps);
+            let args = flash_attention::Args {
+                q_ptr: any::<D, T>(&s.q, 0)?,
+                k_cache_ptr: any::<D, T>(&kv.k[l], 0)?,
+                v_cache_ptr: any::<D, T>(&kv.v[l], 0)?,
+                o_ptr: any::<D, T>(&s.attn, 0)?,
+                block_tables_ptr: arena_i32::<D>(arena, lay.tables)?,
+                seq_lens_ptr: arena_i32::<D>(arena, lay.ctx)?,
+                cu_seqlens_q_ptr: arena_i32::<D>(arena, lay.cu)?,
+                scale,
+                block_size: kv.block_size as i32,
+                max_blocks_per_seq: lay.bt_stride as i32,
+                _marker: PhantomData,
+            };
+            let grid = fa::grid(plan.max_q, b, nq, t.block_m);
+            ln.run::<flash_attention::Kernel>(grid, &config, &args)?;
+        } else {
+            let split = plan.splits > 1;
+            let group = nq / nkv;
+            let config =
+                paged_decode::Config::new(dtype, nkv, group, hd, kv.block_size, DECODE_BLOCK_N, split)
+                    .with_warps(4);
+            let args = paged_decode::Args {
+                q_ptr: any::<D, T>(&s.q, 0)?,
+                k_cache: any::<D, T>(&kv.k[l], 0)?,
+                v_cache: any::<D, T>(&kv.v[l], 0)?,
+                block_tables: arena_i32::<D>(arena, lay.tables)?,
+                bt_stride: lay.bt_stride as i32,
+                seq_lens: arena_i32::<D>(arena, lay.ctx)?,
+                out_ptr: any::<D, T>(&s.attn, 0)?,
+                part_o: typed::<D, f32>(&s.part_o)?,
+                part_m: typed::<D, f32>(&s.part_m)?,
+                part_l: typed::<D, f32>(&s.part_l)?,
+                scale,
+                split_len: plan.split_len as i32,
+                _marker: PhantomData,
+            };
+            ln.run::<paged_decode::Kernel>([b as u32, nkv as u32, plan.splits as u32], &config, &args)?;
+            if split {
+                let config = paged_decode_reduce::Config::new(dtype, group, hd);
+                let args = paged_decode_reduce::Args {
+                    part_o: typed::<D, f32>(&s.part_o)?,
+                    part_m: typed::<D, f32>(&s.part_m)?,
+                    part_l: typed::<D, f32>(&s.part_l)?,
+                    seq_lens: arena_i32::<D>(arena, lay.ctx)?,
+                    out_ptr: any::<D, T>(&s.attn, 0)?,
+                    split_len: plan.split_len as i32,
+                    max_splits: plan.splits as i32,
+                    _marker: PhantomData,
+                };
+                ln.run::<paged_decode_reduce::Kernel>([b as u32, nq as u32, 1], &config, &args)?;
+            }
+        }
+
+        matmul::<D, T>(ln, &layer.o, &s.attn, 0, &s.tmp, 0, n, false)?;
+        add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n, e, eps)?;
+        matmul::<D, T>(ln, &layer.gate_up, &s.normed, 0, &s.act, 0, n, true)?;
+        matmul::<D, T>(ln, &layer.down, &s.act, 0, &s.tmp, 0, n, false)?;
+    }
+
+    if plan.rows == 0 {
+        return Ok(());
+    }
+    // The final norm of the requested rows only, gathered into `last` (one
+    // launch per run of consecutive rows).
+    for &(r, j, count) in &plan.runs {
+        add_norm::<D, T>(
+            ln,
+            (&s.tmp, r * e),
+            (&s.h, r * e),
+            &w.output_norm,
+            (&s.last, j * e),
+            count,
+            e,
+            eps,
+        )?;
+    }
+    matmul::<D, T>(ln, &w.lm_head, &s.last, 0, &s.logits, 0, plan.rows, false)
+}
+
 impl<D: Device, T: Sample> Model<D, T> {
     /// A model over `weights` with a zeroed paged KV cache of `num_blocks`
     /// blocks of `block_size` tokens per layer.
@@ -266,20 +504,32 @@ impl<D: Device, T: Sample> Model<D, T> {
             .checked_mul(block_size * c.n_head_kv * c.head_dim)
             .filter(|&n| n > 0 && n < 1 << 31)
             .ok_or_else(|| usage(format!("a KV cache of {num_blocks} blocks does not fit 32-bit offsets")))?;
-        let mut k_cache = Vec::with_capacity(c.n_layers);
-        let mut v_cache = Vec::with_capacity(c.n_layers);
+        let mut k = Vec::with_capacity(c.n_layers);
+        let mut v = Vec::with_capacity(c.n_layers);
         for _ in 0..c.n_layers {
-            k_cache.push(dev.zeros::<T>(per_layer)?);
-            v_cache.push(dev.zeros::<T>(per_layer)?);
+            k.push(dev.zeros::<T>(per_layer)?);
+            v.push(dev.zeros::<T>(per_layer)?);
         }
-        let dummy = dev.zeros::<f32>(16)?;
-        Ok(Model { weights, k_cache, v_cache, num_blocks, block_size, dummy, scratch: None, profile: None })
+        Ok(Model {
+            weights,
+            kv: KvCache { k, v, num_blocks, block_size },
+            eager: Buffers::new(),
+            staging: Vec::new(),
+            pen_arena: None,
+            pen_staging: Vec::new(),
+            graph_mode: GraphMode::from_env(),
+            graphs: None,
+            split_override: None,
+            last_sampled: None,
+            graph_failure: None,
+            profile: None,
+        })
     }
 
     /// Starts (or, with `false`, stops) recording per-kernel launch counts
     /// and host wall times. On the interpreter a launch runs to completion,
     /// so the times are the kernels'; GPU launches are asynchronous, so there
-    /// they are launch overheads only.
+    /// they are launch overheads only (graph replays record nothing).
     pub fn set_profiling(&mut self, on: bool) {
         self.profile = on.then(Profile::new);
     }
@@ -291,16 +541,27 @@ impl<D: Device, T: Sample> Model<D, T> {
 
     /// The paged cache's block size.
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.kv.block_size
     }
 
     /// Blocks of the paged cache.
     pub fn num_blocks(&self) -> usize {
-        self.num_blocks
+        self.kv.num_blocks
+    }
+
+    /// Uses a fixed decode split length of `len` tokens (rounded up to the
+    /// decode chunk) instead of the split plan; `None` restores the plan. For
+    /// tests of the split-KV path on small contexts. Drops the decode graphs
+    /// and their buffers (sized for the split plan).
+    pub fn set_split_override(&mut self, len: Option<usize>) {
+        if len != self.split_override {
+            self.graphs = None;
+        }
+        self.split_override = len;
     }
 
     /// Checks `step` against the model and the cache (see the module doc).
-    fn validate(&self, s: &Step<'_>) -> Result<()> {
+    pub(super) fn validate(&self, s: &Step<'_>) -> Result<()> {
         let c = &self.weights.config;
         let n = s.tokens.len();
         if n == 0 {
@@ -330,7 +591,7 @@ impl<D: Device, T: Sample> Model<D, T> {
                 s.block_tables.len()
             )));
         }
-        let slots = self.num_blocks * self.block_size;
+        let slots = self.kv.num_blocks * self.kv.block_size;
         if let Some(&bad) = s.slot_mapping.iter().find(|&&x| x < -1 || x >= slots as i32) {
             return Err(usage(format!("slot {bad} is outside the cache of {slots} slots")));
         }
@@ -344,14 +605,14 @@ impl<D: Device, T: Sample> Model<D, T> {
             if hi <= lo || ctx < hi - lo {
                 return Err(usage(format!("sequence {i}: {} query tokens, context {ctx}", hi - lo)));
             }
-            let pages = (ctx as usize).div_ceil(self.block_size);
+            let pages = (ctx as usize).div_ceil(self.kv.block_size);
             if pages > mbs {
                 return Err(usage(format!(
                     "sequence {i}: context {ctx} needs {pages} blocks, the table has {mbs}"
                 )));
             }
             for &blk in &s.block_tables[i * mbs..i * mbs + pages] {
-                if blk < 0 || blk as usize >= self.num_blocks {
+                if blk < 0 || blk as usize >= self.kv.num_blocks {
                     return Err(usage(format!("sequence {i}: block {blk} is outside the cache")));
                 }
             }
@@ -376,170 +637,53 @@ impl<D: Device, T: Sample> Model<D, T> {
         Ok(())
     }
 
-    /// Allocates (or grows) the scratch buffers for `tokens` rows and `rows` logit rows.
-    fn ensure_scratch(&mut self, dev: &mut D, tokens: usize, rows: usize) -> Result<()> {
-        if self.scratch.as_ref().is_some_and(|s| s.tokens >= tokens && s.rows >= rows) {
-            return Ok(());
-        }
-        let (tokens, rows) = match &self.scratch {
-            Some(s) => (s.tokens.max(tokens), s.rows.max(rows)),
-            None => (tokens, rows),
-        };
+    /// Stages a validated step into the eager buffers (sized for it, with
+    /// sampling settings of `rows` rows when given) and returns its layout
+    /// and plan. The sampling settings are staged by the caller through
+    /// `stage_rows`, before the single copy.
+    pub(super) fn stage_eager(
+        &mut self,
+        dev: &mut D,
+        step: &Step<'_>,
+        sample_rows: Option<usize>,
+        stage_rows: impl FnOnce(&mut Stager<'_>, &Layout),
+    ) -> Result<(Layout, Plan)> {
         let c = &self.weights.config;
-        let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
-        let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
-        self.scratch = Some(Scratch {
-            tokens,
-            rows,
-            h: dev.zeros(tokens * e)?,
-            normed: dev.zeros(tokens * e)?,
-            tmp: dev.zeros(tokens * e)?,
-            qkv: dev.zeros(tokens * qkv)?,
-            q: dev.zeros(tokens * qd)?,
-            attn: dev.zeros(tokens * qd)?,
-            act: dev.zeros(tokens * c.n_ff)?,
-            last: dev.zeros(rows.max(1) * e)?,
-            logits: dev.zeros(rows.max(1) * c.vocab_size)?,
-        });
-        Ok(())
+        let plan = Plan::of(step, c, dev.sm_count(), self.split_override);
+        let b = step.context_lens.len();
+        let lay = Layout::new(step.tokens.len(), b, step.max_blocks_per_seq, sample_rows);
+        self.eager.ensure_arena(dev, lay.len)?;
+        self.eager.ensure_scratch(dev, c, plan.n, plan.rows, plan.parts(c))?;
+        let mut st = Stager::new(&mut self.staging, lay.copy_len(b));
+        let arrays = StepArrays {
+            tokens: step.tokens,
+            positions: step.positions,
+            slots: step.slot_mapping,
+            ctx: step.context_lens,
+            cu: step.query_start,
+            tables: step.block_tables,
+            src_stride: step.max_blocks_per_seq,
+        };
+        stage_step(&mut st, &lay, &arrays);
+        stage_rows(&mut st, &lay);
+        let arena =
+            &self.eager.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
+        dev.write(arena, st.bytes())?;
+        Ok((lay, plan))
     }
 
     /// Runs one step and returns the f32 logits of `step.logit_rows`,
     /// `[rows, vocab]` row-major, writing the step's K/V into the cache.
     pub fn forward(&mut self, dev: &mut D, step: &Step<'_>) -> Result<Vec<f32>> {
         self.validate(step)?;
-        let n = step.tokens.len();
-        let rows = step.logit_rows.len();
-        self.ensure_scratch(dev, n, rows)?;
-        let b = step.context_lens.len();
-        let ids: Vec<i32> = step.tokens.iter().map(|&t| t as i32).collect();
-        let ids = dev.upload(&ids)?;
-        let pos = dev.upload(step.positions)?;
-        let slots = dev.upload(step.slot_mapping)?;
-        let tables = dev.upload(step.block_tables)?;
-        let ctx = dev.upload(step.context_lens)?;
-        let cu = dev.upload(step.query_start)?;
-        let max_q = step.query_start.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
-        let max_ctx = step.context_lens.iter().copied().max().unwrap_or(0).max(1) as usize;
-
-        let Model { weights: w, k_cache, v_cache, dummy, scratch, block_size, profile, .. } = self;
-        let ln = &mut Launcher { dev, profile };
-        let s = scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
-        let c = &w.config;
-        let (e, eps, dtype) = (c.n_embd, c.rms_norm_eps, T::DEVICE_DTYPE);
-        let (nq, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
-        let scale = 1.0 / (hd as f32).sqrt();
-
-        let eb = embedding::block_for(e);
-        let config = embedding_q8_0::Config::new(dtype, eb).with_warps(embedding::warps_for(eb));
-        let args = embedding_q8_0::Args {
-            w_ptr: D::ptr_at::<u8, u8>(&w.embedding, 0)?,
-            ids_ptr: typed::<D, i32>(&ids)?,
-            out_ptr: any::<D, T>(&s.h, 0)?,
-            hidden: e as i32,
-            vocab: c.vocab_size as i32,
-            _marker: PhantomData,
-        };
-        ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)?;
-
-        for (l, layer) in w.layers.iter().enumerate() {
-            if l == 0 {
-                let block = rmsnorm::block_for(e);
-                let config = rmsnorm_kernel::Config::new(dtype, block).with_warps(rmsnorm::warps_for(block));
-                let args = rmsnorm_kernel::Args {
-                    x_ptr: any::<D, T>(&s.h, 0)?,
-                    w_ptr: any::<D, T>(&layer.attn_norm, 0)?,
-                    out_ptr: any::<D, T>(&s.normed, 0)?,
-                    n_cols: e as i32,
-                    stride: e as i32,
-                    eps,
-                    _marker: PhantomData,
-                };
-                ln.run::<rmsnorm_kernel::Kernel>([n as u32, 1, 1], &config, &args)?;
-            } else {
-                add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n, e, eps)?;
-            }
-            matmul::<D, T>(ln, &layer.qkv, &s.normed, 0, &s.qkv, 0, n, false)?;
-
-            let config = rope_kv_write::Config::new(dtype, nq, nkv, hd);
-            let args = rope_kv_write::Args {
-                qkv_ptr: any::<D, T>(&s.qkv, 0)?,
-                pos_ptr: typed::<D, i32>(&pos)?,
-                slot_ptr: typed::<D, i32>(&slots)?,
-                q_out_ptr: any::<D, T>(&s.q, 0)?,
-                k_cache_ptr: any::<D, T>(&k_cache[l], 0)?,
-                v_cache_ptr: any::<D, T>(&v_cache[l], 0)?,
-                theta: c.rope_freq_base,
-                _marker: PhantomData,
-            };
-            ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)?;
-
-            if max_q > 1 {
-                let t = fa::config_for(hd);
-                let config = flash_attention::Config::new(dtype, nq, nkv, hd, t.block_m, t.block_n, true)
-                    .with_warps(t.num_warps);
-                let args = flash_attention::Args {
-                    q_ptr: any::<D, T>(&s.q, 0)?,
-                    k_cache_ptr: any::<D, T>(&k_cache[l], 0)?,
-                    v_cache_ptr: any::<D, T>(&v_cache[l], 0)?,
-                    o_ptr: any::<D, T>(&s.attn, 0)?,
-                    block_tables_ptr: typed::<D, i32>(&tables)?,
-                    seq_lens_ptr: typed::<D, i32>(&ctx)?,
-                    cu_seqlens_q_ptr: typed::<D, i32>(&cu)?,
-                    scale,
-                    block_size: *block_size as i32,
-                    max_blocks_per_seq: step.max_blocks_per_seq as i32,
-                    _marker: PhantomData,
-                };
-                let grid = fa::grid(max_q, b, nq, t.block_m);
-                ln.run::<flash_attention::Kernel>(grid, &config, &args)?;
-            } else {
-                let config =
-                    paged_decode::Config::new(dtype, nkv, nq / nkv, hd, *block_size, DECODE_BLOCK_N, false)
-                        .with_warps(4);
-                let split_len = max_ctx.div_ceil(DECODE_BLOCK_N) * DECODE_BLOCK_N;
-                let args = paged_decode::Args {
-                    q_ptr: any::<D, T>(&s.q, 0)?,
-                    k_cache: any::<D, T>(&k_cache[l], 0)?,
-                    v_cache: any::<D, T>(&v_cache[l], 0)?,
-                    block_tables: typed::<D, i32>(&tables)?,
-                    bt_stride: step.max_blocks_per_seq as i32,
-                    seq_lens: typed::<D, i32>(&ctx)?,
-                    out_ptr: any::<D, T>(&s.attn, 0)?,
-                    part_o: typed::<D, f32>(dummy)?,
-                    part_m: typed::<D, f32>(dummy)?,
-                    part_l: typed::<D, f32>(dummy)?,
-                    scale,
-                    split_len: split_len as i32,
-                    _marker: PhantomData,
-                };
-                ln.run::<paged_decode::Kernel>([b as u32, nkv as u32, 1], &config, &args)?;
-            }
-
-            matmul::<D, T>(ln, &layer.o, &s.attn, 0, &s.tmp, 0, n, false)?;
-            add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n, e, eps)?;
-            matmul::<D, T>(ln, &layer.gate_up, &s.normed, 0, &s.act, 0, n, true)?;
-            matmul::<D, T>(ln, &layer.down, &s.act, 0, &s.tmp, 0, n, false)?;
-        }
-
-        if rows == 0 {
+        let (lay, plan) = self.stage_eager(dev, step, None, |_, _| ())?;
+        let Model { weights, kv, eager, profile, .. } = self;
+        launch_forward(&mut Launcher { dev, profile }, weights, kv, eager, &lay, &plan)?;
+        if plan.rows == 0 {
             return Ok(Vec::new());
         }
-        // The final norm of the requested rows only, gathered into `last`.
-        for (i, &r) in step.logit_rows.iter().enumerate() {
-            add_norm::<D, T>(
-                ln,
-                (&s.tmp, r * e),
-                (&s.h, r * e),
-                &w.output_norm,
-                (&s.last, i * e),
-                1,
-                e,
-                eps,
-            )?;
-        }
-        matmul::<D, T>(ln, &w.lm_head, &s.last, 0, &s.logits, 0, rows, false)?;
-        let logits = ln.dev.download(&s.logits)?;
-        Ok(logits[..rows * c.vocab_size].iter().map(|v| v.to_f64() as f32).collect())
+        let s = eager.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
+        let logits = dev.download_prefix(&s.logits, plan.rows * weights.config.vocab_size)?;
+        Ok(logits.iter().map(|v| v.to_f64() as f32).collect())
     }
 }

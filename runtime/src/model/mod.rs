@@ -8,10 +8,18 @@
 //!   QKV, interleaved gate/up, tied Q8_0 head).
 //! - [`forward`]: [`Model`] (weights, paged KV cache, scratch) and
 //!   [`Step`], one varlen batch step: embedding, per layer (add+)RMSNorm, QKV
-//!   product, RoPE + paged KV write, attention (prefill or decode kernel), O
-//!   product, add+RMSNorm, fused gate/up SiLU product, down product; final
-//!   norm and LM head for the requested rows.
-//! - [`check`]: the GPU check of the whole forward on a tiny model.
+//!   product, RoPE + paged KV write, attention (prefill or decode kernel, with
+//!   split-KV), O product, add+RMSNorm, fused gate/up SiLU product, down
+//!   product; final norm and LM head for the requested rows.
+//! - [`buffers`]: the device buffers of a launch sequence and the KV cache.
+//! - [`inputs`]: a step's inputs packed into one device byte arena (one copy
+//!   per step), decode buckets and padding.
+//! - [`sampler`]: [`Model::forward_sample`], sampling on the device inside the
+//!   step ([`SamplingParams`], [`SampleRow`], [`Sampled`]).
+//! - [`graph`]: CUDA graphs of decode steps, one per batch-size bucket (and
+//!   split plan), captured lazily ([`GraphMode`]).
+//! - [`check`]: the GPU checks (`tessera gpu-check --only model`): the whole
+//!   forward, sampling and graph replay on a tiny model.
 //! - [`default_device`]: the GPU when one is usable, otherwise the CPU
 //!   interpreter, with a notice saying which and why.
 //!
@@ -19,16 +27,26 @@
 //! device-specific branches in the forward); every step is validated on the
 //! host before any launch.
 
+pub mod buffers;
 pub mod check;
 pub mod device;
+#[cfg(test)]
+mod emu;
 pub mod forward;
+pub mod graph;
+pub mod inputs;
+pub mod sampler;
 pub mod weights;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_sampling;
 
 pub use device::Device;
 pub use forward::{Model, Profile, Step};
+pub use graph::{GraphKey, GraphMode};
+pub use sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 pub use weights::{Layer, Matrix, Weights};
 
 use crate::cuda::Cuda;

@@ -1,0 +1,266 @@
+//! Start-up shared by the commands that run a model (`generate`, `chat`,
+//! `parity`, the model benchmark): open and validate the GGUF, build the
+//! tokenizer and chat template, pick the device (the GPU when one is usable,
+//! otherwise the CPU interpreter, saying so), compute and print the memory
+//! plan, load the weights and build the [`Engine`].
+//!
+//! The engine's type depends on the device and the activation dtype, so a
+//! command is an [`EngineTask`], a generic function the loader calls with the
+//! concrete engine ([`run_task`]).
+//!
+//! Defaults: f32 activations and KV cache on both devices (the model is
+//! small, so decode is bound by the weights and f32 keeps the logits close
+//! to llama.cpp's); `--dtype bf16` halves activation and KV traffic on the
+//! GPU.
+
+use crate::chat::ChatTemplate;
+use crate::check::Sample;
+use crate::cuda::Cuda;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, LlamaConfig, Vocab};
+use crate::memory_plan::{Bytes, KvShape, MemoryPlan, MemoryPlanInputs};
+use crate::model::{Device, Model, Weights};
+use crate::tokenizer::Tokenizer;
+use dsl_core::half::bf16;
+use dsl_core::interp::Cpu;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The bundled reference model, relative to the workspace root.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Which device to run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceChoice {
+    /// The GPU when one is usable, otherwise the CPU interpreter.
+    Auto,
+    /// The GPU (an error when none is usable).
+    Gpu,
+    /// The CPU interpreter.
+    Cpu,
+}
+
+/// Activation and KV-cache dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeChoice {
+    /// 32-bit floats.
+    F32,
+    /// bfloat16 (GPU only).
+    Bf16,
+}
+
+/// How to load the model and size the engine.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// The GGUF file.
+    pub model: PathBuf,
+    /// The device.
+    pub device: DeviceChoice,
+    /// The activation dtype.
+    pub dtype: DtypeChoice,
+    /// Sequences running at once.
+    pub max_num_seqs: usize,
+    /// Longest sequence (prompt plus output); 0 means the model's context
+    /// length, capped at 2048.
+    pub max_model_len: usize,
+    /// Token budget of one step.
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV block (16, 32 or 64).
+    pub block_size: usize,
+    /// A cap on the KV blocks (default: enough for every sequence at full
+    /// length, within memory).
+    pub max_blocks: Option<usize>,
+    /// Reuse full KV blocks across requests with the same prefix.
+    pub prefix_caching: bool,
+    /// Print the device notice and the memory plan to stderr.
+    pub verbose: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            model: PathBuf::from(DEFAULT_MODEL),
+            device: DeviceChoice::Auto,
+            dtype: DtypeChoice::F32,
+            max_num_seqs: 64,
+            max_model_len: 0,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            max_blocks: None,
+            prefix_caching: true,
+            verbose: true,
+        }
+    }
+}
+
+/// What a task sees besides the engine.
+pub struct Context {
+    /// The model's hyperparameters.
+    pub config: LlamaConfig,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template, when the model has one.
+    pub template: Option<ChatTemplate>,
+    /// The memory plan the engine was sized by.
+    pub plan: MemoryPlan,
+    /// A one-line description of the device.
+    pub device: String,
+    /// Whether the device is a GPU.
+    pub is_gpu: bool,
+}
+
+/// A command that runs on a loaded engine, whatever its device and dtype.
+pub trait EngineTask {
+    /// What the task returns.
+    type Output;
+    /// Runs the task.
+    fn run<D: Device, T: Sample>(
+        self,
+        dev: &mut D,
+        engine: &mut Engine<D, T>,
+        ctx: &Context,
+    ) -> Result<Self::Output>;
+}
+
+/// The model path as given, or, for the default relative path, found from
+/// the current directory or the workspace root of this build.
+pub fn resolve_model(path: &Path) -> PathBuf {
+    if path.is_file() || path.is_absolute() {
+        return path.to_path_buf();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    if root.is_file() { root } else { path.to_path_buf() }
+}
+
+/// Loads the model per `opts` and runs `task` on it.
+pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output> {
+    let path = resolve_model(&opts.model);
+    if !path.is_file() {
+        return Err(Error::Usage(format!(
+            "model file {} not found (fetch the bundled model with `make model`, or pass --model PATH)",
+            path.display()
+        )));
+    }
+    let gguf = Gguf::open(&path)?;
+    let config = LlamaConfig::from_metadata(gguf.metadata())?;
+    let vocab = Vocab::from_metadata(gguf.metadata())?;
+    let tokenizer = Tokenizer::from_vocab(&vocab)?;
+    let template = ChatTemplate::from_vocab(&vocab).ok();
+    let (use_gpu, notice) = match opts.device {
+        DeviceChoice::Cpu => (None, "running on the CPU interpreter (--device cpu; slow)".to_string()),
+        DeviceChoice::Gpu => {
+            let cuda = Cuda::open(0)?;
+            let n = format!("running on {}", Device::describe(&cuda));
+            (Some(cuda), n)
+        }
+        DeviceChoice::Auto => match Cuda::open(0) {
+            Ok(cuda) => {
+                let n = format!("running on {}", Device::describe(&cuda));
+                (Some(cuda), n)
+            }
+            Err(e) => (None, format!("no usable GPU ({e}); running on the CPU interpreter (slow)")),
+        },
+    };
+    if opts.verbose {
+        eprintln!("tessera: {notice}");
+    }
+    let parts = Parts { gguf: &gguf, config, tokenizer, template };
+    // The GPU plans with 90% of its memory; the interpreter with a fixed
+    // host budget (its cache is host memory and every block costs time to
+    // clear).
+    match (use_gpu, opts.dtype) {
+        (Some(mut cuda), dtype) => {
+            let available = (cuda.gpu().info().total_mem as u64) / 10 * 9;
+            match dtype {
+                DtypeChoice::F32 => load::<Cuda, f32, K>(&mut cuda, parts, Some(available), opts, task),
+                DtypeChoice::Bf16 => load::<Cuda, bf16, K>(&mut cuda, parts, Some(available), opts, task),
+            }
+        }
+        (None, DtypeChoice::F32) => load::<Cpu, f32, K>(&mut Cpu::new(), parts, None, opts, task),
+        (None, DtypeChoice::Bf16) => {
+            Err(Error::Usage("--dtype bf16 needs a GPU; the CPU interpreter runs f32".into()))
+        }
+    }
+}
+
+/// Device-side bytes of the weights: every tensor as stored (they stay in
+/// their block formats), plus the tied LM head's second copy.
+fn weight_bytes(gguf: &Gguf, config: &LlamaConfig) -> u64 {
+    let stored: u64 = gguf.tensors().iter().filter_map(|t| t.n_bytes()).sum();
+    let tied = gguf.tensors().iter().all(|t| t.name != "output.weight");
+    let head = (config.vocab_size * config.n_embd / 32 * 34) as u64;
+    stored + if tied { head } else { 0 }
+}
+
+/// Bytes of the forward's scratch buffers at the largest step.
+fn workspace_bytes(c: &LlamaConfig, opts: &LoadOptions, elem: u64) -> u64 {
+    let tokens = opts.max_num_batched_tokens as u64;
+    let per_token = (5 * c.n_embd + c.n_embd + 2 * c.n_embd_kv() + 2 * c.n_ff) as u64;
+    let rows = opts.max_num_seqs as u64;
+    tokens * per_token * elem + rows * c.vocab_size as u64 * 4 * 3
+}
+
+/// What the loader read from the GGUF.
+struct Parts<'g> {
+    gguf: &'g Gguf,
+    config: LlamaConfig,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+}
+
+/// Loads the weights on `dev` in dtype `T`, builds the engine and runs the
+/// task; `gpu_memory` is the GPU's plannable memory (`None` on the CPU).
+fn load<D: Device, T: Sample, K: EngineTask>(
+    dev: &mut D,
+    parts: Parts<'_>,
+    gpu_memory: Option<u64>,
+    opts: &LoadOptions,
+    task: K,
+) -> Result<K::Output> {
+    let Parts { gguf, config, tokenizer, template } = parts;
+    let elem = std::mem::size_of::<T>() as u64;
+    let is_gpu = gpu_memory.is_some();
+    let max_model_len =
+        if opts.max_model_len == 0 { config.context_length.min(2048) } else { opts.max_model_len };
+    let weights = weight_bytes(gguf, &config);
+    let available = gpu_memory.unwrap_or(1 << 30);
+    let per_seq_blocks = max_model_len.div_ceil(opts.block_size);
+    let want_blocks = opts.max_blocks.unwrap_or(per_seq_blocks * opts.max_num_seqs);
+    let inputs = MemoryPlanInputs {
+        kv: KvShape::from_llama(&config, elem as usize),
+        weight_bytes: weights,
+        workspace_bytes: workspace_bytes(&config, opts, elem),
+        available_bytes: available,
+        reserve_bytes: if is_gpu { 1 << 30 } else { 256 << 20 },
+        block_size: opts.block_size,
+        max_num_seqs: opts.max_num_seqs,
+        max_model_len,
+        max_blocks: Some(want_blocks.max(per_seq_blocks)),
+    };
+    let plan = MemoryPlan::new(inputs)?;
+    if opts.verbose {
+        eprintln!("{plan}");
+    }
+    let t0 = Instant::now();
+    let w = Weights::<D, T>::load(dev, gguf)?;
+    let model = Model::new(dev, w, plan.num_blocks, opts.block_size)?;
+    if opts.verbose {
+        eprintln!(
+            "tessera: loaded {} ({} weights) in {:.2} s",
+            gguf_name(gguf),
+            Bytes(weights),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    let sched =
+        plan.scheduler_config(opts.max_num_batched_tokens.max(opts.max_num_seqs), opts.prefix_caching);
+    let mut engine = Engine::new(model, sched)?;
+    let ctx = Context { config, tokenizer, template, plan, device: dev.describe(), is_gpu };
+    task.run(dev, &mut engine, &ctx)
+}
+
+/// The model's name from its metadata, or "the model".
+fn gguf_name(gguf: &Gguf) -> String {
+    gguf.metadata().get_str("general.name").ok().flatten().unwrap_or("the model").to_string()
+}

@@ -1,0 +1,192 @@
+//! The model benchmark (`tessera bench --only model`): SmolLM2-135M served by
+//! the engine at batch sizes 1..64, in the workload of peers.py's HF
+//! transformers row (`generate/smollm2-135m-shape/bs<b>`): `b` prompts of 128
+//! tokens, 256 new tokens each, greedy, no stop tokens.
+//!
+//! Per batch size it reports:
+//! - `generate/smollm2-135m-shape/bs<b>`: `b * 256 / wall time` (tok/s), the
+//!   peer row's own definition (prefill included);
+//! - `model/prefill/bs<b>`: prompt tokens per second of the steps that
+//!   carried prefill tokens;
+//! - `model/decode/bs<b>`: generated tokens per second of the pure decode
+//!   steps;
+//! - `model/ttft_p50/bs<b>` and `model/itl_p50|p99/bs<b>` in milliseconds;
+//! - `model/peak_mem/bs<b>`: the most device memory in use (GiB) seen
+//!   between steps (GPU only).
+//!
+//! Each batch size first runs a short warm-up (kernel compilation, graph
+//! capture), then the timed run. Prompts are distinct pseudo-random ids, so
+//! the prefix cache never hits.
+
+use crate::app::{Context, EngineTask};
+use crate::bench::Record;
+use crate::check::Sample;
+use crate::engine::{Completion, Engine, Request};
+use crate::error::Result;
+use crate::model::Device;
+use crate::model::sampler::SamplingParams;
+use std::time::{Duration, Instant};
+
+/// The benchmark's settings.
+pub struct ModelBench {
+    /// Batch sizes.
+    pub batches: Vec<usize>,
+    /// Prompt tokens per request.
+    pub prompt_len: usize,
+    /// New tokens per request.
+    pub new_tokens: usize,
+}
+
+impl Default for ModelBench {
+    fn default() -> Self {
+        ModelBench { batches: vec![1, 8, 32, 64], prompt_len: 128, new_tokens: 256 }
+    }
+}
+
+/// `b` distinct prompts of `len` pseudo-random ids below `vocab`.
+fn prompts(b: usize, len: usize, vocab: usize, salt: u64) -> Vec<Vec<u32>> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ salt;
+    (0..b)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((x >> 33) % vocab as u64) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The `q`-quantile of `v` (sorted in place), in milliseconds.
+fn quantile_ms(v: &mut [Duration], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort();
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v[i].as_secs_f64() * 1e3
+}
+
+/// Device memory in use (GiB), when a CUDA context is current.
+fn gpu_used_gib() -> Option<f64> {
+    let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+    Some((total - free) as f64 / (1u64 << 30) as f64)
+}
+
+/// What one timed run measured.
+struct Run {
+    wall: f64,
+    prefill_tokens: u64,
+    prefill_secs: f64,
+    decode_tokens: u64,
+    decode_secs: f64,
+    peak_gib: Option<f64>,
+    done: Vec<Completion>,
+}
+
+/// Runs `reqs` to completion step by step, timing prefill and decode steps apart.
+fn timed<D: Device, T: Sample>(
+    dev: &mut D,
+    e: &mut Engine<D, T>,
+    reqs: Vec<Request>,
+    gpu: bool,
+) -> Result<Run> {
+    let ids = reqs.into_iter().map(|r| e.add(r)).collect::<Result<Vec<_>>>()?;
+    let mut run = Run {
+        wall: 0.0,
+        prefill_tokens: 0,
+        prefill_secs: 0.0,
+        decode_tokens: 0,
+        decode_secs: 0.0,
+        peak_gib: None,
+        done: Vec::new(),
+    };
+    let t0 = Instant::now();
+    while e.has_unfinished() {
+        let before = e.stats();
+        let t = Instant::now();
+        e.step(dev)?;
+        let secs = t.elapsed().as_secs_f64();
+        let after = e.stats();
+        let prefill = after.prefill_tokens - before.prefill_tokens;
+        if prefill > 0 {
+            run.prefill_tokens += prefill;
+            run.prefill_secs += secs;
+        } else {
+            run.decode_tokens += after.decode_tokens - before.decode_tokens;
+            run.decode_secs += secs;
+        }
+        if gpu && let Some(g) = gpu_used_gib() {
+            run.peak_gib = Some(run.peak_gib.map_or(g, |p: f64| p.max(g)));
+        }
+    }
+    run.wall = t0.elapsed().as_secs_f64();
+    let mut done = e.take_completions();
+    done.sort_by_key(|c| ids.iter().position(|&i| i == c.seq));
+    run.done = done;
+    Ok(run)
+}
+
+fn record(name: String, metric: &'static str, value: f64, ms: f64) -> Record {
+    eprintln!("measured {name}: {value:.2} {metric}");
+    Record { name, metric, value, ms, tuned: None }
+}
+
+impl EngineTask for ModelBench {
+    type Output = Vec<Record>;
+
+    fn run<D: Device, T: Sample>(
+        self,
+        dev: &mut D,
+        e: &mut Engine<D, T>,
+        ctx: &Context,
+    ) -> Result<Vec<Record>> {
+        let vocab = ctx.config.vocab_size;
+        let greedy = |p: Vec<u32>, n: usize| Request {
+            prompt: p,
+            params: SamplingParams::default(),
+            max_tokens: n,
+            stop_tokens: Vec::new(),
+        };
+        let mut out = Vec::new();
+        for (i, &b) in self.batches.iter().enumerate() {
+            let warm = prompts(b, self.prompt_len, vocab, 1000 + i as u64);
+            timed(dev, e, warm.into_iter().map(|p| greedy(p, 8)).collect(), ctx.is_gpu)?;
+            let reqs =
+                prompts(b, self.prompt_len, vocab, i as u64).into_iter().map(|p| greedy(p, self.new_tokens));
+            let mut r = timed(dev, e, reqs.collect(), ctx.is_gpu)?;
+            let generated: usize = r.done.iter().map(|c| c.tokens.len()).sum();
+            out.push(record(
+                format!("generate/smollm2-135m-shape/bs{b}"),
+                "tok/s",
+                generated as f64 / r.wall,
+                r.wall * 1e3,
+            ));
+            out.push(record(
+                format!("model/prefill/bs{b}"),
+                "tok/s",
+                r.prefill_tokens as f64 / r.prefill_secs.max(1e-12),
+                r.prefill_secs * 1e3,
+            ));
+            out.push(record(
+                format!("model/decode/bs{b}"),
+                "tok/s",
+                r.decode_tokens as f64 / r.decode_secs.max(1e-12),
+                r.decode_secs * 1e3,
+            ));
+            let mut ttft: Vec<Duration> = r.done.iter().map(|c| c.ttft).collect();
+            let mut itl: Vec<Duration> = r.done.iter_mut().flat_map(|c| std::mem::take(&mut c.itl)).collect();
+            let t50 = quantile_ms(&mut ttft, 0.5);
+            out.push(record(format!("model/ttft_p50/bs{b}"), "ms", t50, t50));
+            let i50 = quantile_ms(&mut itl, 0.5);
+            out.push(record(format!("model/itl_p50/bs{b}"), "ms", i50, i50));
+            let i99 = quantile_ms(&mut itl, 0.99);
+            out.push(record(format!("model/itl_p99/bs{b}"), "ms", i99, i99));
+            if let Some(g) = r.peak_gib {
+                out.push(record(format!("model/peak_mem/bs{b}"), "GiB", g, 0.0));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,383 @@
+//! The generation engine: requests in, tokens out. It owns a [`Model`] and a
+//! [`Scheduler`] and runs the step loop of continuous batching:
+//!
+//! ```text
+//! loop {
+//!     plan    = scheduler.schedule()            decodes first, chunked prefill, admission
+//!     sampled = model.forward_sample(plan)      one varlen forward + on-device sampling
+//!     for each sequence that produced logits:
+//!         stop token / max_tokens / max_model_len  -> scheduler.finish(seq)
+//!         otherwise                                -> scheduler.append_token(seq, token)
+//! }
+//! ```
+//!
+//! Every request carries its own [`SamplingParams`] (greedy by default), a
+//! token limit and stop tokens. [`Engine::step`] returns one [`Event`] per
+//! sampled token, so callers stream text as it comes; [`Engine::run`] drives
+//! the loop until every request is done and returns [`Completion`]s with the
+//! generated ids and per-request latencies (time to first token, the gaps
+//! between tokens).
+//!
+//! Invariants: a stop token ends its request and is not part of the output
+//! (as in llama.cpp and vLLM); a request never produces more than
+//! `max_tokens` tokens; preemption is invisible to callers (a preempted
+//! request recomputes its history and continues where it was); the engine
+//! never calls the model with an empty step, and a step in which nothing can
+//! be scheduled while requests remain is an error, not a hang.
+
+use crate::check::Sample;
+use crate::error::{Error, Result};
+use crate::kv::SeqId;
+use crate::model::sampler::{SampleRow, Sampled, SamplingParams};
+use crate::model::{Device, Model, Step};
+use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The prompt's token ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Sampling settings.
+    pub params: SamplingParams,
+    /// The most tokens to generate (at least 1).
+    pub max_tokens: usize,
+    /// Tokens that end the request when sampled (end-of-generation tokens).
+    pub stop_tokens: Vec<u32>,
+}
+
+/// A sampled token, as [`Engine::step`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Event {
+    /// The request (its id from [`Engine::add`]).
+    pub seq: SeqId,
+    /// The token, `None` when a stop token ended the request (stop tokens are
+    /// not output).
+    pub token: Option<u32>,
+    /// The token's log-probability (of the stop token when `token` is `None`).
+    pub logprob: f32,
+    /// Set when this event ends the request.
+    pub finish: Option<FinishReason>,
+}
+
+/// A finished request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    /// The request's id.
+    pub seq: SeqId,
+    /// The prompt's ids.
+    pub prompt: Vec<u32>,
+    /// The generated ids (without a final stop token).
+    pub tokens: Vec<u32>,
+    /// Their log-probabilities.
+    pub logprobs: Vec<f32>,
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Time from [`Engine::add`] to the first sampled token.
+    pub ttft: Duration,
+    /// Gaps between consecutive sampled tokens.
+    pub itl: Vec<Duration>,
+    /// How often the request was preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// Engine-side state of a live request.
+struct Live {
+    req: Request,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    added: Instant,
+    last: Option<Instant>,
+    ttft: Duration,
+    itl: Vec<Duration>,
+}
+
+/// Counters of the engine's work so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Steps run.
+    pub steps: u64,
+    /// Prompt (and recomputed) tokens fed through prefill.
+    pub prefill_tokens: u64,
+    /// Tokens fed as decodes.
+    pub decode_tokens: u64,
+    /// Preemptions by recompute.
+    pub preemptions: u64,
+}
+
+/// The engine (see the module doc).
+pub struct Engine<D: Device, T: Sample> {
+    model: Model<D, T>,
+    scheduler: Scheduler,
+    live: HashMap<SeqId, Live>,
+    done: Vec<Completion>,
+    stats: EngineStats,
+}
+
+impl<D: Device, T: Sample> Engine<D, T> {
+    /// An engine over `model` with the scheduler limits of `config`, whose
+    /// pool must match the model's cache (`num_blocks`, `block_size`).
+    pub fn new(model: Model<D, T>, config: SchedulerConfig) -> Result<Engine<D, T>> {
+        if config.num_blocks != model.num_blocks() || config.block_size != model.block_size() {
+            return Err(Error::Usage(format!(
+                "the scheduler plans {} blocks of {} tokens but the model's cache has {} of {}",
+                config.num_blocks,
+                config.block_size,
+                model.num_blocks(),
+                model.block_size()
+            )));
+        }
+        let scheduler = Scheduler::new(config)?;
+        Ok(Engine { model, scheduler, live: HashMap::new(), done: Vec::new(), stats: EngineStats::default() })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model<D, T> {
+        &self.model
+    }
+
+    /// The model, mutably (profiling, graph switches).
+    pub fn model_mut(&mut self) -> &mut Model<D, T> {
+        &mut self.model
+    }
+
+    /// The scheduler (read-only: queues, KV statistics).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Work counters so far.
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// Whether any request is still running or waiting.
+    pub fn has_unfinished(&self) -> bool {
+        !self.live.is_empty()
+    }
+
+    /// Queues `req`; errors for an empty or too long prompt, `max_tokens ==
+    /// 0`, a token outside the vocabulary or invalid sampling settings.
+    pub fn add(&mut self, req: Request) -> Result<SeqId> {
+        req.params.validate()?;
+        if req.max_tokens == 0 {
+            return Err(Error::Usage("max_tokens must be at least 1".into()));
+        }
+        let vocab = self.model.weights.config.vocab_size;
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Usage(format!("prompt token {t} is outside the vocabulary of {vocab}")));
+        }
+        let seq = self.scheduler.add_request(req.prompt.clone())?;
+        let live = Live {
+            req,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            added: Instant::now(),
+            last: None,
+            ttft: Duration::ZERO,
+            itl: Vec::new(),
+        };
+        self.live.insert(seq, live);
+        Ok(seq)
+    }
+
+    /// Aborts a live request (its completion is reported with
+    /// [`FinishReason::Aborted`]).
+    pub fn abort(&mut self, seq: SeqId) -> Result<()> {
+        if !self.live.contains_key(&seq) {
+            return Err(Error::Usage(format!("request {seq:?} is not live")));
+        }
+        self.finish(seq, FinishReason::Aborted)
+    }
+
+    /// Takes the completions finished so far.
+    pub fn take_completions(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.done)
+    }
+
+    /// Runs one step and returns the tokens it sampled (none when nothing
+    /// is live).
+    pub fn step(&mut self, dev: &mut D) -> Result<Vec<Event>> {
+        if self.live.is_empty() {
+            return Ok(Vec::new());
+        }
+        let plan = self.scheduler.schedule()?;
+        self.stats.preemptions += plan.preempted.len() as u64;
+        if plan.is_empty() {
+            return Err(Error::Usage(format!(
+                "no request could be scheduled ({} live, {} KV blocks free)",
+                self.live.len(),
+                self.scheduler.block_manager().num_available()
+            )));
+        }
+        if !plan.copies.is_empty() {
+            return Err(Error::Unsupported(
+                "copy-on-write block copies (forked sequences) are not run by this engine".into(),
+            ));
+        }
+        let tokens = plan.input_ids();
+        let positions = plan.positions();
+        let slots = plan.slot_mapping();
+        let cu = plan.cu_seqlens_q();
+        let lens = plan.seq_lens();
+        let stride = plan.max_blocks_per_seq().max(1);
+        let tables = plan.block_tables(stride)?;
+        let logits = plan.logits_indices();
+        let rows: Vec<usize> = logits.iter().map(|&(_, r)| r).collect();
+        let mut sample_rows = Vec::with_capacity(logits.len());
+        for &(seq, _) in &logits {
+            let live = self.live.get(&seq).ok_or_else(|| unknown(seq))?;
+            let s = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
+            sample_rows.push(SampleRow {
+                params: &live.req.params,
+                step: live.tokens.len() as u32,
+                tokens: s.tokens(),
+                prompt_len: s.prompt().len(),
+            });
+        }
+        let step = Step {
+            tokens: &tokens,
+            positions: &positions,
+            slot_mapping: &slots,
+            block_tables: &tables,
+            max_blocks_per_seq: stride,
+            context_lens: &lens,
+            query_start: &cu,
+            logit_rows: &rows,
+        };
+        let sampled = self.model.forward_sample(dev, &step, &sample_rows)?;
+        drop(sample_rows);
+        self.stats.steps += 1;
+        self.stats.decode_tokens += plan.num_decodes as u64;
+        self.stats.prefill_tokens += (tokens.len() - plan.num_decodes) as u64;
+        let now = Instant::now();
+        let mut events = Vec::with_capacity(sampled.len());
+        for (&(seq, _), s) in logits.iter().zip(sampled) {
+            events.push(self.accept(seq, s, now)?);
+        }
+        Ok(events)
+    }
+
+    /// Records the token sampled for `seq` and ends the request when a stop
+    /// condition holds.
+    fn accept(&mut self, seq: SeqId, s: Sampled, now: Instant) -> Result<Event> {
+        let max_model_len = self.scheduler.config().max_model_len;
+        let len = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?.len();
+        let live = self.live.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        match live.last {
+            None => live.ttft = now - live.added,
+            Some(t) => live.itl.push(now - t),
+        }
+        live.last = Some(now);
+        let finish = if live.req.stop_tokens.contains(&s.token) {
+            Some(FinishReason::StopToken(s.token))
+        } else {
+            live.tokens.push(s.token);
+            live.logprobs.push(s.logprob);
+            if live.tokens.len() >= live.req.max_tokens {
+                Some(FinishReason::MaxTokens)
+            } else if len + 1 >= max_model_len {
+                Some(FinishReason::MaxModelLen)
+            } else {
+                None
+            }
+        };
+        let token = (!matches!(finish, Some(FinishReason::StopToken(_)))).then_some(s.token);
+        match finish {
+            Some(reason) => self.finish(seq, reason)?,
+            None => self.scheduler.append_token(seq, s.token)?,
+        }
+        Ok(Event { seq, token, logprob: s.logprob, finish })
+    }
+
+    /// Ends `seq` and files its completion.
+    fn finish(&mut self, seq: SeqId, reason: FinishReason) -> Result<()> {
+        let s = self.scheduler.finish(seq, reason)?;
+        let live = self.live.remove(&seq).ok_or_else(|| unknown(seq))?;
+        self.done.push(Completion {
+            seq,
+            prompt: live.req.prompt,
+            tokens: live.tokens,
+            logprobs: live.logprobs,
+            finish: reason,
+            ttft: live.ttft,
+            itl: live.itl,
+            preemptions: s.num_preemptions(),
+        });
+        Ok(())
+    }
+
+    /// The logits (`[rows.len(), vocab]`, f32) at positions `rows` of
+    /// `tokens` fed as one fresh sequence in a single prefill: teacher
+    /// forcing and scoring. The engine must be idle; the pass writes KV
+    /// blocks `0..` directly, so the scheduler is reset afterwards (its
+    /// prefix cache would otherwise point at overwritten blocks).
+    pub fn score(&mut self, dev: &mut D, tokens: &[u32], rows: Range<usize>) -> Result<Vec<f32>> {
+        if !self.live.is_empty() {
+            return Err(Error::Usage("score needs an idle engine (requests are live)".into()));
+        }
+        let n = tokens.len();
+        let bs = self.model.block_size();
+        let blocks = n.div_ceil(bs);
+        if n == 0 || rows.start >= rows.end || rows.end > n {
+            return Err(Error::Usage(format!("score: rows {rows:?} of {n} tokens")));
+        }
+        if blocks > self.model.num_blocks() {
+            return Err(Error::Usage(format!(
+                "score: {n} tokens need {blocks} KV blocks but the cache has {}",
+                self.model.num_blocks()
+            )));
+        }
+        let positions: Vec<i32> = (0..n as i32).collect();
+        let table: Vec<i32> = (0..blocks as i32).collect();
+        let logit_rows: Vec<usize> = rows.collect();
+        let step = Step {
+            tokens,
+            positions: &positions,
+            slot_mapping: &positions,
+            block_tables: &table,
+            max_blocks_per_seq: blocks,
+            context_lens: &[n as i32],
+            query_start: &[0, n as i32],
+            logit_rows: &logit_rows,
+        };
+        let logits = self.model.forward(dev, &step);
+        self.scheduler = Scheduler::new(*self.scheduler.config())?;
+        logits
+    }
+
+    /// Runs `requests` to completion (together with any already live) and
+    /// returns the completions of `requests` in their order. `on_event` sees
+    /// every event as it happens (for streaming).
+    pub fn run(
+        &mut self,
+        dev: &mut D,
+        requests: Vec<Request>,
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<Vec<Completion>> {
+        let ids = requests.into_iter().map(|r| self.add(r)).collect::<Result<Vec<_>>>()?;
+        let mut by_id: HashMap<SeqId, Completion> = HashMap::new();
+        while ids.iter().any(|id| !by_id.contains_key(id)) {
+            for e in self.step(dev)? {
+                on_event(&e);
+            }
+            for c in self.take_completions() {
+                by_id.insert(c.seq, c);
+            }
+            if !self.has_unfinished() && ids.iter().any(|id| !by_id.contains_key(id)) {
+                return Err(Error::Usage("a request ended without a completion".into()));
+            }
+        }
+        Ok(ids.iter().filter_map(|id| by_id.remove(id)).collect())
+    }
+}
+
+/// The error for a sequence the engine does not know (a bug).
+fn unknown(seq: SeqId) -> Error {
+    Error::Usage(format!("internal: sequence {seq:?} has no engine state"))
+}
+
+#[cfg(test)]
+mod tests;

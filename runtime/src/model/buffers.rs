@@ -1,0 +1,219 @@
+//! The device buffers of the forward pass and of on-device sampling:
+//! activations ([`Scratch`]), sampling workspace and outputs
+//! ([`SampleBufs`]), penalty token counts ([`Counts`]) and the step-input
+//! arena, grouped per launch sequence in [`Buffers`]; and the paged KV cache
+//! ([`KvCache`]).
+//!
+//! Invariants: eager buffer sets grow to the largest step seen (the old
+//! buffers are dropped first; on the GPU a drop waits for queued work);
+//! fixed sets ([`Buffers::fixed`], the decode graphs') allocate each buffer
+//! once, at the size first asked for (their final size), and a request
+//! beyond it is an error, never a reallocation, because captured graphs
+//! point into them.
+
+use super::device::Device;
+use crate::check::Sample;
+use crate::error::{Error, Result};
+use crate::gguf::LlamaConfig;
+use dsl_core::DType;
+
+/// Activation buffers, sized for `tokens` rows, `rows` logit rows and `parts`
+/// split-KV partial rows.
+pub(super) struct Scratch<D: Device, T: Sample> {
+    /// Token capacity.
+    pub tokens: usize,
+    /// Logit-row capacity.
+    pub rows: usize,
+    /// Split-KV partial-row capacity (`B * n_head * splits`).
+    pub parts: usize,
+    /// The residual stream, `[tokens, n_embd]`.
+    pub h: D::Buf<T>,
+    /// Normed activations, `[tokens, n_embd]`.
+    pub normed: D::Buf<T>,
+    /// Projection outputs added to the residual, `[tokens, n_embd]`.
+    pub tmp: D::Buf<T>,
+    /// Fused QKV, `[tokens, (n_head + 2 n_head_kv) * head_dim]`.
+    pub qkv: D::Buf<T>,
+    /// Queries after RoPE, `[tokens, n_head * head_dim]`.
+    pub q: D::Buf<T>,
+    /// Attention outputs, `[tokens, n_head * head_dim]`.
+    pub attn: D::Buf<T>,
+    /// SiLU(gate) * up, `[tokens, n_ff]`.
+    pub act: D::Buf<T>,
+    /// Final-normed logit rows, `[rows, n_embd]`.
+    pub last: D::Buf<T>,
+    /// Logits, `[rows, vocab]`.
+    pub logits: D::Buf<T>,
+    /// Split-KV partial outputs, `[parts, head_dim]`.
+    pub part_o: D::Buf<f32>,
+    /// Split-KV partial maxima, `[parts]`.
+    pub part_m: D::Buf<f32>,
+    /// Split-KV partial sums, `[parts]`.
+    pub part_l: D::Buf<f32>,
+}
+
+/// The buffers of on-device sampling, for `rows` rows.
+pub(super) struct SampleBufs<D: Device> {
+    /// Row capacity.
+    pub rows: usize,
+    /// The logits in f32 (absent when `T` is f32: the sampler reads the
+    /// scratch logits directly).
+    pub logits_f32: Option<D::Buf<f32>>,
+    /// The sampler's workspace, `[rows, vocab]`.
+    pub ws: D::Buf<f32>,
+    /// Sampled ids (i32), logprobs (f32) and thresholds (f32), each
+    /// [`out_stride`]`(rows)` entries, back to back.
+    pub out: D::Buf<u8>,
+}
+
+/// Entries per output array of [`SampleBufs::out`] for `rows` rows.
+pub(super) fn out_stride(rows: usize) -> usize {
+    rows.div_ceil(16).max(1) * 16
+}
+
+/// Prompt and output token counts of the rows that use penalties, `[rows, vocab]` i32 each.
+pub(super) struct Counts<D: Device> {
+    /// Row capacity.
+    pub rows: usize,
+    /// Prompt token counts.
+    pub prompt: D::Buf<i32>,
+    /// Output token counts.
+    pub output: D::Buf<i32>,
+}
+
+/// Everything one launch sequence reads and writes besides the weights and
+/// the KV cache.
+pub(super) struct Buffers<D: Device, T: Sample> {
+    /// The step inputs (see [`super::inputs`]) and their capacity in bytes.
+    pub arena: Option<(D::Buf<u8>, usize)>,
+    /// Activations.
+    pub scratch: Option<Scratch<D, T>>,
+    /// Sampling workspace and outputs (allocated on the first sampled step).
+    pub sample: Option<SampleBufs<D>>,
+    /// Penalty counts (allocated on the first step that uses penalties).
+    pub counts: Option<Counts<D>>,
+    /// Graph buffers: allocated once at their final sizes, never grown (a
+    /// graph's launches point into them).
+    pub fixed: bool,
+}
+
+/// The error when a fixed buffer set is too small (a bug in the sizing).
+fn fixed_too_small(what: &str) -> Error {
+    Error::Usage(format!("internal error: the graph's {what} buffers are too small for this step"))
+}
+
+impl<D: Device, T: Sample> Buffers<D, T> {
+    /// An empty, growable set.
+    pub fn new() -> Buffers<D, T> {
+        Buffers { arena: None, scratch: None, sample: None, counts: None, fixed: false }
+    }
+
+    /// The capacity to allocate for `n`: `n` itself for fixed sets, the next
+    /// power of two for growing ones (so a batch that grows one sequence at a
+    /// time reallocates rarely).
+    fn grow(&self, n: usize) -> usize {
+        if self.fixed || n == 0 { n } else { n.next_power_of_two() }
+    }
+
+    /// The arena, holding at least `len` bytes.
+    pub fn ensure_arena(&mut self, dev: &mut D, len: usize) -> Result<()> {
+        if self.arena.as_ref().is_some_and(|a| a.1 >= len) {
+            return Ok(());
+        }
+        if self.fixed && self.arena.is_some() {
+            return Err(fixed_too_small("input"));
+        }
+        let len = len.next_power_of_two().max(4096);
+        self.arena = Some((dev.zeros::<u8>(len)?, len));
+        Ok(())
+    }
+
+    /// Activation buffers for `tokens` tokens, `rows` logit rows and `parts`
+    /// split-KV partial rows (each grows to the largest seen).
+    pub fn ensure_scratch(
+        &mut self,
+        dev: &mut D,
+        c: &LlamaConfig,
+        tokens: usize,
+        rows: usize,
+        parts: usize,
+    ) -> Result<()> {
+        if self.scratch.as_ref().is_some_and(|s| s.tokens >= tokens && s.rows >= rows && s.parts >= parts) {
+            return Ok(());
+        }
+        if self.fixed && self.scratch.is_some() {
+            return Err(fixed_too_small("activation"));
+        }
+        let (tokens, rows, parts) = match &self.scratch {
+            Some(s) => (s.tokens.max(tokens), s.rows.max(rows), s.parts.max(parts)),
+            None => (tokens, rows, parts),
+        };
+        let (tokens, rows, parts) = (self.grow(tokens), self.grow(rows), self.grow(parts));
+        // Drop the old buffers first (their memory may be needed).
+        self.scratch = None;
+        let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
+        let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+        self.scratch = Some(Scratch {
+            tokens,
+            rows,
+            parts,
+            h: dev.zeros(tokens * e)?,
+            normed: dev.zeros(tokens * e)?,
+            tmp: dev.zeros(tokens * e)?,
+            qkv: dev.zeros(tokens * qkv)?,
+            q: dev.zeros(tokens * qd)?,
+            attn: dev.zeros(tokens * qd)?,
+            act: dev.zeros(tokens * c.n_ff)?,
+            last: dev.zeros(rows.max(1) * e)?,
+            logits: dev.zeros(rows.max(1) * c.vocab_size)?,
+            part_o: dev.zeros((parts * c.head_dim).max(16))?,
+            part_m: dev.zeros(parts.max(16))?,
+            part_l: dev.zeros(parts.max(16))?,
+        });
+        Ok(())
+    }
+
+    /// Sampling buffers for `rows` rows of `vocab` logits.
+    pub fn ensure_sample(&mut self, dev: &mut D, vocab: usize, rows: usize) -> Result<()> {
+        if self.sample.as_ref().is_some_and(|s| s.rows >= rows) {
+            return Ok(());
+        }
+        if self.fixed && self.sample.is_some() {
+            return Err(fixed_too_small("sampling"));
+        }
+        let rows = self.grow(self.sample.as_ref().map_or(rows, |s| s.rows.max(rows)).max(1));
+        self.sample = None;
+        let logits_f32 =
+            if T::DEVICE_DTYPE == DType::F32 { None } else { Some(dev.zeros::<f32>(rows * vocab)?) };
+        self.sample = Some(SampleBufs {
+            rows,
+            logits_f32,
+            ws: dev.zeros(rows * vocab)?,
+            out: dev.zeros(3 * 4 * out_stride(rows))?,
+        });
+        Ok(())
+    }
+
+    /// Penalty count buffers for `rows` rows of `vocab` tokens.
+    pub fn ensure_counts(&mut self, dev: &mut D, vocab: usize, rows: usize) -> Result<()> {
+        if self.counts.as_ref().is_some_and(|c| c.rows >= rows) {
+            return Ok(());
+        }
+        if self.fixed && self.counts.is_some() {
+            return Err(fixed_too_small("penalty count"));
+        }
+        let rows = self.grow(self.counts.as_ref().map_or(rows, |c| c.rows.max(rows)).max(1));
+        self.counts = None;
+        self.counts =
+            Some(Counts { rows, prompt: dev.zeros(rows * vocab)?, output: dev.zeros(rows * vocab)? });
+        Ok(())
+    }
+}
+
+/// The paged KV cache of every layer.
+pub(super) struct KvCache<D: Device, T: Sample> {
+    pub k: Vec<D::Buf<T>>,
+    pub v: Vec<D::Buf<T>>,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}

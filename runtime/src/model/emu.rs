@@ -1,0 +1,234 @@
+//! [`Emu`]: the interpreter as a [`Device`] *with graphs*, for testing the
+//! graph logic of the model without a GPU. It owns host buffers like
+//! [`dsl_core::interp::Cpu`]; while a capture is open, launches are recorded
+//! (kernel, grid and erased arguments, exactly what a CUDA graph bakes in)
+//! instead of run, and [`Device::replay`] runs the recording again on the
+//! buffers' current contents.
+//!
+//! It enforces the rules of a CUDA capture strictly: during a capture, a
+//! kernel that was never launched before (it would be compiled and loaded),
+//! an allocation, a copy, a fill or a read is an error. A buffer that is
+//! reallocated after a capture is a new buffer here too, so a graph that
+//! kept pointing to the old one replays on stale data and a comparison with
+//! eager execution fails.
+
+use super::device::{Device, element_range, write_elements};
+use crate::cuda::DeviceElem;
+use crate::error::{Error, Result};
+use dsl_core::interp::{Arg, Buffer, Element, Kernel as Prepared};
+use dsl_core::launch::{self, Backend, Kernel, PtrElem};
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// A typed pointer into an [`Emu`] buffer (buffer index, element offset in
+/// the buffer's own elements).
+pub struct EmuPtr<T> {
+    buffer: usize,
+    offset: usize,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for EmuPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for EmuPtr<T> {}
+
+/// One recorded launch.
+#[derive(Clone)]
+pub struct Recorded {
+    kernel: Arc<Prepared>,
+    grid: [u32; 3],
+    args: Vec<Arg>,
+}
+
+/// The interpreter with graph capture (see the module doc).
+#[derive(Default)]
+pub struct Emu {
+    buffers: Vec<Buffer>,
+    cache: HashMap<(&'static str, String), Arc<Prepared>>,
+    recording: Option<Vec<Recorded>>,
+    /// Launches run (not recorded), for tests that check replays happen.
+    pub launches: usize,
+    /// Graph replays.
+    pub replays: usize,
+    /// Makes every capture fail at its end (as an invalidated CUDA capture does).
+    pub fail_captures: bool,
+}
+
+impl Emu {
+    /// An empty device.
+    pub fn new() -> Emu {
+        Emu::default()
+    }
+
+    fn not_while_capturing(&self, what: &str) -> Result<()> {
+        if self.recording.is_some() {
+            return Err(Error::Usage(format!("{what} during a graph capture")));
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, b: Buffer) -> usize {
+        self.buffers.push(b);
+        self.buffers.len() - 1
+    }
+}
+
+impl Backend for Emu {
+    type Ptr<'a, T: PtrElem> = EmuPtr<T>;
+    type Raw<'a> = (usize, usize);
+
+    fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
+        (p.buffer, p.offset)
+    }
+
+    fn launch<'a, K: Kernel>(
+        &mut self,
+        grid: [u32; 3],
+        config: &K::Config,
+        args: &K::Args<'a, Self>,
+    ) -> dsl_core::Result<()>
+    where
+        Self: 'a,
+    {
+        let key = (K::NAME, K::config_key(config));
+        let kernel = match self.cache.get(&key) {
+            Some(k) => k.clone(),
+            None if self.recording.is_some() => {
+                return Err(dsl_core::Error::Launch {
+                    kernel: K::NAME.into(),
+                    message: "first launch of this config during a graph capture (it would compile)".into(),
+                });
+            }
+            None => {
+                let mut f = K::build(config)?;
+                dsl_core::passes::canonicalize(&mut f);
+                let k = Arc::new(Prepared::new(&f)?);
+                self.cache.insert(key, k.clone());
+                k
+            }
+        };
+        let args: Vec<Arg> = K::erase_args(args)
+            .into_iter()
+            .map(|a| match a {
+                launch::Arg::Ptr((buffer, offset)) => Arg::Ptr { buffer, offset },
+                launch::Arg::Scalar(s) => Arg::Scalar(s),
+            })
+            .collect();
+        if let Some(rec) = self.recording.as_mut() {
+            rec.push(Recorded { kernel, grid, args });
+            return Ok(());
+        }
+        self.launches += 1;
+        kernel.launch(grid, &mut self.buffers, &args).map_err(|e| match e {
+            dsl_core::Error::Launch { message, .. } => {
+                dsl_core::Error::Launch { kernel: K::NAME.into(), message }
+            }
+            other => other,
+        })
+    }
+}
+
+impl Device for Emu {
+    type Buf<T: DeviceElem> = EmuPtr<T>;
+    type Graph = Vec<Recorded>;
+
+    fn describe(&self) -> String {
+        "graph-recording interpreter (tests)".into()
+    }
+
+    fn sm_count(&self) -> usize {
+        1
+    }
+
+    fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<EmuPtr<T>> {
+        self.not_while_capturing("an upload")?;
+        let buffer = self.add(Buffer::from_slice(data));
+        Ok(EmuPtr { buffer, offset: 0, _t: PhantomData })
+    }
+
+    fn zeros<T: DeviceElem>(&mut self, len: usize) -> Result<EmuPtr<T>> {
+        self.not_while_capturing("an allocation")?;
+        let buffer = self.add(Buffer::zeros(<T as Element>::DTYPE, len));
+        Ok(EmuPtr { buffer, offset: 0, _t: PhantomData })
+    }
+
+    fn download<T: DeviceElem>(&self, buf: &EmuPtr<T>) -> Result<Vec<T>> {
+        self.not_while_capturing("a read")?;
+        Ok(self.buffers[buf.buffer].to_vec::<T>())
+    }
+
+    fn download_prefix<T: DeviceElem>(&self, buf: &EmuPtr<T>, n: usize) -> Result<Vec<T>> {
+        self.not_while_capturing("a read")?;
+        let b = &self.buffers[buf.buffer];
+        let range = element_range::<T>(0, n, b.size_bytes())?;
+        let size = <T as Element>::DTYPE.size_bytes();
+        Ok(b.as_bytes()[range].chunks_exact(size).map(T::read_le).collect())
+    }
+
+    fn write<T: DeviceElem>(&mut self, buf: &EmuPtr<T>, data: &[T]) -> Result<()> {
+        self.not_while_capturing("a copy")?;
+        write_elements(self.buffers[buf.buffer].as_bytes_mut(), data)
+    }
+
+    fn fill_zero<T: DeviceElem>(&mut self, buf: &EmuPtr<T>, offset: usize, len: usize) -> Result<()> {
+        self.not_while_capturing("a fill")?;
+        let bytes = self.buffers[buf.buffer].as_bytes_mut();
+        let range = element_range::<T>(offset, len, bytes.len())?;
+        bytes[range].fill(0);
+        Ok(())
+    }
+
+    fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a EmuPtr<T>, offset: usize) -> Result<EmuPtr<U>>
+    where
+        Self: 'a,
+    {
+        Ok(EmuPtr { buffer: buf.buffer, offset: buf.offset + offset, _t: PhantomData })
+    }
+
+    fn run<'a, K: Kernel>(
+        &mut self,
+        grid: [u32; 3],
+        config: &K::Config,
+        args: &K::Args<'a, Self>,
+    ) -> Result<()>
+    where
+        Self: 'a,
+    {
+        Ok(<Emu as Backend>::launch::<K>(self, grid, config, args)?)
+    }
+
+    fn supports_graphs(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&mut self) -> Result<()> {
+        self.not_while_capturing("a nested capture")?;
+        self.recording = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&mut self) -> Result<Vec<Recorded>> {
+        let rec = self.recording.take().ok_or_else(|| Error::Usage("no capture is open".into()))?;
+        if self.fail_captures {
+            return Err(Error::Unsupported("the capture was invalidated (test)".into()));
+        }
+        if rec.is_empty() {
+            return Err(Error::Usage("the capture recorded no work".into()));
+        }
+        Ok(rec)
+    }
+
+    fn replay(&mut self, graph: &Vec<Recorded>) -> Result<()> {
+        self.not_while_capturing("a replay")?;
+        self.replays += 1;
+        for r in graph {
+            r.kernel.launch(r.grid, &mut self.buffers, &r.args)?;
+        }
+        Ok(())
+    }
+}

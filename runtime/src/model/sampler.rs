@@ -1,0 +1,565 @@
+//! On-device sampling inside the step: [`Model::forward_sample`] runs the
+//! forward pass and samples one token per logit row with the library kernels
+//! of [`kernels::sampling`] (read its module doc for the exact math), so only
+//! the sampled ids and their logprobs come back to the host.
+//!
+//! Per step, after the LM head:
+//!
+//! ```text
+//! logits_f32 = logits_to_f32(logits)                 (skipped when T is f32)
+//! penalties(logits_f32, counts)                      (only when a row uses penalties)
+//! ids, logprobs = sample(logits_f32, settings)       (one program per row)
+//! ```
+//!
+//! Settings are vLLM's ([`SamplingParams`]): temperature (greedy below
+//! `1e-5`), top-k, top-p, min-p, repetition/presence/frequency penalties and
+//! a seed; the Philox counter of a row is its request's generation step
+//! ([`SampleRow::step`]), so a seeded request draws the same tokens whatever
+//! batch it is in. Greedy rows return the argmax of the logits that
+//! [`Model::forward`] returns (lowest index on ties).
+//!
+//! Penalties (the simplest correct scheme): for the rows that use them, the
+//! prompt and output token counts are rebuilt on the device every step from
+//! the request's tokens (zeroed count rows, then `token_counts_add` over the
+//! prompt and over the output), so the host keeps no per-request device
+//! state. Rows without penalties pay nothing: no counts, and when no row of
+//! a step uses them the penalties kernel is not launched.
+//!
+//! Invariants: `rows[i]` samples logit row `step.logit_rows[i]`; settings
+//! are validated on the host before any launch (errors, never panics); the
+//! sampled ids and logprobs are read back with one copy, the step's only
+//! synchronization.
+
+use super::buffers::{Buffers, Counts, SampleBufs, out_stride};
+use super::device::Device;
+use super::forward::{Launcher, Model, Step, arena_i32, launch_forward, usage};
+use super::inputs::{ALIGN, Layout, SamplingLayout, Stager, stage_sampling, uses_penalties};
+use crate::check::Sample;
+use crate::error::{Error, Result};
+use dsl_core::launch::AnyDType;
+use dsl_macros::kernel;
+use kernels::sampling::{self, penalties, sample, token_counts_add};
+use std::marker::PhantomData;
+
+/// Per-request sampling settings (vLLM semantics; defaults = greedy, no penalties).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; below `1e-5` (vLLM's epsilon) the row is greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (`0` or `-1`: off; `1`: greedy).
+    pub top_k: i32,
+    /// Keep the smallest most-likely set whose mass reaches `top_p` (`1`: off).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one (`0`: off).
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens seen in the
+    /// prompt or the output (`1`: off).
+    pub repetition_penalty: f32,
+    /// Subtracted from the logits of tokens present in the output (`0`: off).
+    pub presence_penalty: f32,
+    /// Subtracted once per occurrence in the output (`0`: off).
+    pub frequency_penalty: f32,
+    /// The Philox key of the request's draws.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks every setting against vLLM's ranges: temperature finite and
+    /// `>= 0`; `top_k >= -1`; `0 < top_p <= 1`; `0 <= min_p <= 1`;
+    /// repetition penalty finite and `> 0`; presence and frequency penalties
+    /// in `[-2, 2]`. NaN is rejected everywhere.
+    ///
+    /// Errors: [`Error::Usage`] naming the setting and its value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, v: &dyn std::fmt::Display, want: &str| {
+            Err(Error::Usage(format!("sampling setting {what} = {v} is invalid: it must be {want}")))
+        };
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature", &self.temperature, "a finite number >= 0 (0: greedy)");
+        }
+        if self.top_k < -1 {
+            return bad("top_k", &self.top_k, ">= 1, or 0 or -1 to turn it off");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", &self.top_p, "in (0, 1] (1: off)");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", &self.min_p, "in [0, 1] (0: off)");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", &self.repetition_penalty, "a finite number > 0 (1: off)");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", &self.presence_penalty, "in [-2, 2] (0: off)");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", &self.frequency_penalty, "in [-2, 2] (0: off)");
+        }
+        Ok(())
+    }
+
+    /// Whether rows with these settings return the argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature.is_nan() || self.temperature < sampling::MIN_TEMPERATURE || self.top_k == 1
+    }
+}
+
+/// One logit row to sample: its settings, the generation step (number of
+/// tokens this request has generated so far; the Philox counter), and the
+/// request's tokens so far (prompt then output, for penalties).
+#[derive(Clone, Copy, Debug)]
+pub struct SampleRow<'a> {
+    /// The request's settings.
+    pub params: &'a SamplingParams,
+    /// Tokens generated so far (the Philox counter of this draw).
+    pub step: u32,
+    /// Prompt then output tokens (only read when the row uses penalties).
+    pub tokens: &'a [u32],
+    /// How many of `tokens` are the prompt.
+    pub prompt_len: usize,
+}
+
+/// A sampled token and its logprob (raw logits' log-softmax, as the kernel defines).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampled {
+    /// The token id.
+    pub token: u32,
+    /// `log softmax(logits)[token]` of the logits the sampler saw (after
+    /// penalties, before temperature and the filters).
+    pub logprob: f32,
+}
+
+/// `out[i] = f32(x[i])` for `i < n`: the LM head's logits in `T` as the
+/// sampler's f32 input.
+#[kernel]
+pub fn logits_to_f32<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    store(out_ptr + offs, load(x_ptr + offs, mask = mask).to(f32), mask = mask);
+}
+
+/// Elements per program of [`logits_to_f32`].
+const CAST_BLOCK: usize = 1024;
+/// Vocabulary entries per program of the penalties kernel.
+const PENALTY_BLOCK: usize = 1024;
+/// Entries per program of `token_counts_add`.
+const COUNT_BLOCK: usize = 128;
+
+/// Checks `rows` against a step with `logit_rows` rows and a vocabulary of `vocab`.
+pub(super) fn validate_rows(rows: &[SampleRow<'_>], logit_rows: usize, vocab: usize) -> Result<()> {
+    if rows.len() != logit_rows {
+        return Err(usage(format!(
+            "{} sample rows were given for a step with {logit_rows} logit rows",
+            rows.len()
+        )));
+    }
+    for (i, r) in rows.iter().enumerate() {
+        r.params.validate().map_err(|e| usage(format!("sample row {i}: {e}")))?;
+        if r.prompt_len > r.tokens.len() {
+            return Err(usage(format!(
+                "sample row {i}: prompt length {} exceeds its {} tokens",
+                r.prompt_len,
+                r.tokens.len()
+            )));
+        }
+        if uses_penalties(r)
+            && let Some(t) = r.tokens.iter().find(|&&t| t as usize >= vocab)
+        {
+            return Err(usage(format!("sample row {i}: token {t} is outside the vocabulary of {vocab}")));
+        }
+    }
+    Ok(())
+}
+
+/// Launches the sampler over the first `rows` logit rows of `bufs` (cast,
+/// penalties when `penalties_on`, sample), reading settings at `sl` in the
+/// arena. Issues only launches, so it can be captured into a graph.
+pub(super) fn launch_sampling<D: Device, T: Sample>(
+    ln: &mut Launcher<'_, D>,
+    vocab: usize,
+    bufs: &Buffers<D, T>,
+    sl: &SamplingLayout,
+    rows: usize,
+    penalties_on: bool,
+) -> Result<()> {
+    let missing = |what: &str| usage(format!("the {what} buffers were not allocated"));
+    let s = bufs.scratch.as_ref().ok_or_else(|| missing("scratch"))?;
+    let sb = bufs.sample.as_ref().ok_or_else(|| missing("sampling"))?;
+    let arena = &bufs.arena.as_ref().ok_or_else(|| missing("input"))?.0;
+    let counts =
+        if penalties_on { Some(bufs.counts.as_ref().ok_or_else(|| missing("penalty count"))?) } else { None };
+    launch_sampler(ln, vocab, &s.logits, sb, counts, arena, sl, rows)
+}
+
+/// The sampler's launches on explicit buffers: `logits` `[rows, vocab]` in
+/// `T` (cast to f32 into `sb` unless `T` is f32), the penalties kernel when
+/// `counts` is given, then `sample` into `sb`'s outputs.
+#[allow(clippy::too_many_arguments)]
+fn launch_sampler<D: Device, T: Sample>(
+    ln: &mut Launcher<'_, D>,
+    vocab: usize,
+    logits_t: &D::Buf<T>,
+    sb: &SampleBufs<D>,
+    counts: Option<&Counts<D>>,
+    arena: &D::Buf<u8>,
+    sl: &SamplingLayout,
+    rows: usize,
+) -> Result<()> {
+    let n = rows * vocab;
+    let logits = match &sb.logits_f32 {
+        Some(lf) => {
+            let config = logits_to_f32::Config::new(T::DEVICE_DTYPE, CAST_BLOCK);
+            let args = logits_to_f32::Args {
+                x_ptr: D::ptr_at::<T, AnyDType>(logits_t, 0)?,
+                out_ptr: D::ptr_at::<f32, f32>(lf, 0)?,
+                n: n as i32,
+                _marker: PhantomData,
+            };
+            ln.run::<logits_to_f32::Kernel>([n.div_ceil(CAST_BLOCK) as u32, 1, 1], &config, &args)?;
+            D::ptr_at::<f32, f32>(lf, 0)?
+        }
+        None => D::ptr_at::<T, f32>(logits_t, 0)?,
+    };
+    let f32_at = |off: usize| D::ptr_at::<u8, f32>(arena, off);
+    if let Some(c) = counts {
+        let config = penalties::Config::new(PENALTY_BLOCK);
+        let args = penalties::Args {
+            logits_ptr: logits,
+            slot_ptr: arena_i32::<D>(arena, sl.pen_slot)?,
+            prompt_ptr: D::ptr_at::<i32, i32>(&c.prompt, 0)?,
+            output_ptr: D::ptr_at::<i32, i32>(&c.output, 0)?,
+            repetition_ptr: f32_at(sl.repetition)?,
+            presence_ptr: f32_at(sl.presence)?,
+            frequency_ptr: f32_at(sl.frequency)?,
+            vocab: vocab as i32,
+            stride: vocab as i32,
+            _marker: PhantomData,
+        };
+        let grid = [rows as u32, vocab.div_ceil(PENALTY_BLOCK) as u32, 1];
+        ln.run::<penalties::Kernel>(grid, &config, &args)?;
+    }
+    let block = sampling::block_for(vocab);
+    let config = sample::Config::new(block).with_warps(sampling::warps_for(block));
+    let stride = out_stride(rows);
+    let args = sample::Args {
+        logits_ptr: logits,
+        ws_ptr: D::ptr_at::<f32, f32>(&sb.ws, 0)?,
+        temperature_ptr: f32_at(sl.temperature)?,
+        top_k_ptr: arena_i32::<D>(arena, sl.top_k)?,
+        top_p_ptr: f32_at(sl.top_p)?,
+        min_p_ptr: f32_at(sl.min_p)?,
+        seed_ptr: D::ptr_at::<u8, i64>(arena, sl.seed)?,
+        step_ptr: arena_i32::<D>(arena, sl.step)?,
+        ids_ptr: D::ptr_at::<u8, i32>(&sb.out, 0)?,
+        logprobs_ptr: D::ptr_at::<u8, f32>(&sb.out, 4 * stride)?,
+        thresh_ptr: D::ptr_at::<u8, f32>(&sb.out, 8 * stride)?,
+        vocab: vocab as i32,
+        stride: vocab as i32,
+        _marker: PhantomData,
+    };
+    ln.run::<sample::Kernel>([rows as u32, 1, 1], &config, &args)
+}
+
+/// Samples `rows` rows of `logits` (`[rows.len(), vocab]` f32) on `dev` with
+/// the same launches as [`Model::forward_sample`] (penalties included), in
+/// fresh buffers: for checks (the GPU against the interpreter on the same
+/// logits) and for sampling logits computed elsewhere.
+///
+/// Errors: invalid settings or sizes ([`Error::Usage`]), a device error.
+pub fn sample_logits<D: Device>(
+    dev: &mut D,
+    logits: &[f32],
+    vocab: usize,
+    rows: &[SampleRow<'_>],
+) -> Result<Vec<Sampled>> {
+    if vocab == 0 || logits.len() != rows.len() * vocab {
+        return Err(usage(format!(
+            "{} logits are not {} rows of a vocabulary of {vocab}",
+            logits.len(),
+            rows.len()
+        )));
+    }
+    validate_rows(rows, rows.len(), vocab)?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let r = rows.len();
+    let lay = Layout::new(1, 1, 1, Some(r));
+    let sl = lay.sampling.ok_or_else(|| usage("internal error: no sampling layout".into()))?;
+    let mut staging = Vec::new();
+    let mut st = Stager::new(&mut staging, lay.len);
+    let pen = stage_sampling(&mut st, &sl, rows, 0);
+    let arena = dev.zeros::<u8>(lay.len)?;
+    dev.write(&arena, st.bytes())?;
+    let logits_buf = dev.upload(logits)?;
+    let sb = SampleBufs::<D> {
+        rows: r,
+        logits_f32: None,
+        ws: dev.zeros(r * vocab)?,
+        out: dev.zeros(12 * out_stride(r))?,
+    };
+    let counts = if pen > 0 {
+        Some(Counts::<D> { rows: pen, prompt: dev.zeros(pen * vocab)?, output: dev.zeros(pen * vocab)? })
+    } else {
+        None
+    };
+    let mut profile = None;
+    let ln = &mut Launcher { dev, profile: &mut profile };
+    if let Some(c) = &counts {
+        let (mut pen_arena, mut pen_staging) = (None, Vec::new());
+        build_counts(ln, &mut pen_arena, &mut pen_staging, c, rows, vocab)?;
+    }
+    launch_sampler::<D, f32>(ln, vocab, &logits_buf, &sb, counts.as_ref(), &arena, &sl, r)?;
+    read_out(ln.dev, &sb, r)
+}
+
+/// Rebuilds the penalty counts of the rows of `rows` that use penalties
+/// (their count rows are their order among those rows, as
+/// [`stage_sampling`] numbers them): zeroes the rows, then adds the prompt
+/// and output tokens with `token_counts_add`. Runs eagerly (copies and
+/// launches whose sizes vary per step), before the forward pass.
+pub(super) fn build_counts<D: Device>(
+    ln: &mut Launcher<'_, D>,
+    pen_arena: &mut Option<(D::Buf<u8>, usize)>,
+    staging: &mut Vec<u8>,
+    counts: &Counts<D>,
+    rows: &[SampleRow<'_>],
+    vocab: usize,
+) -> Result<()> {
+    let pen: Vec<&SampleRow<'_>> = rows.iter().filter(|r| uses_penalties(r)).collect();
+    if pen.is_empty() {
+        return Ok(());
+    }
+    if pen.len() > counts.rows {
+        return Err(usage(format!(
+            "internal error: {} rows use penalties but the count buffers hold {}",
+            pen.len(),
+            counts.rows
+        )));
+    }
+    let n_prompt: usize = pen.iter().map(|r| r.prompt_len).sum();
+    let n_output: usize = pen.iter().map(|r| r.tokens.len() - r.prompt_len).sum();
+    let arr = |n: usize| (4 * n).div_ceil(ALIGN) * ALIGN;
+    let (ps, pi, os, oi) = (0, arr(n_prompt), 2 * arr(n_prompt), 2 * arr(n_prompt) + arr(n_output));
+    let len = (2 * arr(n_prompt) + 2 * arr(n_output)).max(ALIGN);
+    let mut st = Stager::new(staging, len);
+    let (mut p, mut o) = (0, 0);
+    for (j, r) in pen.iter().enumerate() {
+        for (k, &t) in r.tokens.iter().enumerate() {
+            if k < r.prompt_len {
+                st.i32(ps, p, j as i32);
+                st.i32(pi, p, t as i32);
+                p += 1;
+            } else {
+                st.i32(os, o, j as i32);
+                st.i32(oi, o, t as i32);
+                o += 1;
+            }
+        }
+    }
+    if pen_arena.as_ref().is_none_or(|a| a.1 < len) {
+        *pen_arena = None;
+        let cap = len.next_power_of_two().max(4096);
+        *pen_arena = Some((ln.dev.zeros::<u8>(cap)?, cap));
+    }
+    let arena = &pen_arena.as_ref().ok_or_else(|| usage("the penalty arena was not allocated".into()))?.0;
+    ln.dev.write(arena, st.bytes())?;
+    ln.dev.fill_zero(&counts.prompt, 0, pen.len() * vocab)?;
+    ln.dev.fill_zero(&counts.output, 0, pen.len() * vocab)?;
+    for (buf, slots, ids, n) in [(&counts.prompt, ps, pi, n_prompt), (&counts.output, os, oi, n_output)] {
+        if n == 0 {
+            continue;
+        }
+        let config = token_counts_add::Config::new(COUNT_BLOCK);
+        let args = token_counts_add::Args {
+            counts_ptr: D::ptr_at::<i32, i32>(buf, 0)?,
+            slot_ptr: arena_i32::<D>(arena, slots)?,
+            ids_ptr: arena_i32::<D>(arena, ids)?,
+            n: n as i32,
+            vocab: vocab as i32,
+            _marker: PhantomData,
+        };
+        ln.run::<token_counts_add::Kernel>([n.div_ceil(COUNT_BLOCK) as u32, 1, 1], &config, &args)?;
+    }
+    Ok(())
+}
+
+/// Reads the first `rows` sampled ids and logprobs of `bufs` (one copy; waits
+/// for the step).
+pub(super) fn read_sampled<D: Device, T: Sample>(
+    dev: &D,
+    bufs: &Buffers<D, T>,
+    rows: usize,
+) -> Result<Vec<Sampled>> {
+    let sb = bufs.sample.as_ref().ok_or_else(|| usage("the sampling buffers were not allocated".into()))?;
+    read_out(dev, sb, rows)
+}
+
+/// Reads the first `rows` sampled ids and logprobs of `sb`.
+fn read_out<D: Device>(dev: &D, sb: &SampleBufs<D>, rows: usize) -> Result<Vec<Sampled>> {
+    let stride = out_stride(rows);
+    let bytes = dev.download_prefix(&sb.out, 8 * stride)?;
+    let word = |at: usize| -> [u8; 4] { [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]] };
+    (0..rows)
+        .map(|i| {
+            let id = i32::from_le_bytes(word(4 * i));
+            let logprob = f32::from_le_bytes(word(4 * (stride + i)));
+            let token = u32::try_from(id)
+                .map_err(|_| usage(format!("internal error: the sampler returned token {id} for row {i}")))?;
+            Ok(Sampled { token, logprob })
+        })
+        .collect()
+}
+
+impl<D: Device, T: Sample> Model<D, T> {
+    /// Runs the step and samples one token per `step.logit_rows` entry
+    /// (rows.len() must equal it), on the device; only the ids/logprobs come
+    /// back to the host.
+    ///
+    /// Decode steps (one token per sequence, logit rows `0..B` in order, at
+    /// most 64 sequences) run padded to a batch-size bucket through CUDA
+    /// graphs when the mode allows ([`Model::set_graph_mode`]); other steps run
+    /// their launches directly.
+    ///
+    /// Errors: an invalid step or settings ([`Error::Usage`]), a device error.
+    pub fn forward_sample(
+        &mut self,
+        dev: &mut D,
+        step: &Step<'_>,
+        rows: &[SampleRow<'_>],
+    ) -> Result<Vec<Sampled>> {
+        self.validate(step)?;
+        let vocab = self.weights.config.vocab_size;
+        validate_rows(rows, step.logit_rows.len(), vocab)?;
+        self.last_sampled = None;
+        if rows.is_empty() {
+            self.forward(dev, step)?;
+            return Ok(Vec::new());
+        }
+        if let Some(out) = self.graph_step(dev, step, rows)? {
+            return Ok(out);
+        }
+        let mut pen = 0;
+        let (lay, plan) = self.stage_eager(dev, step, Some(rows.len()), |st, lay| {
+            if let Some(sl) = &lay.sampling {
+                pen = stage_sampling(st, sl, rows, 0);
+            }
+        })?;
+        let sl = lay.sampling.ok_or_else(|| usage("internal error: no sampling layout".into()))?;
+        self.eager.ensure_sample(dev, vocab, rows.len())?;
+        if pen > 0 {
+            self.eager.ensure_counts(dev, vocab, pen)?;
+        }
+        let Model { weights, kv, eager, profile, pen_arena, pen_staging, .. } = self;
+        let ln = &mut Launcher { dev, profile };
+        if let Some(counts) = eager.counts.as_ref().filter(|_| pen > 0) {
+            build_counts(ln, pen_arena, pen_staging, counts, rows, vocab)?;
+        }
+        launch_forward(ln, weights, kv, eager, &lay, &plan)?;
+        launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0)?;
+        let out = read_sampled(ln.dev, eager, rows.len())?;
+        self.last_sampled = Some((false, rows.len()));
+        Ok(out)
+    }
+
+    /// The f32 logits the sampler read in the last [`Model::forward_sample`]
+    /// (`[rows, vocab]`, after penalties), for checks and debugging.
+    ///
+    /// Errors: no step was sampled since the last one without rows.
+    pub fn last_logits(&self, dev: &D) -> Result<Vec<f32>> {
+        let (graph, rows) = self.last_sampled.ok_or_else(|| usage("no step has been sampled yet".into()))?;
+        let bufs = if graph {
+            &self.graphs.as_ref().ok_or_else(|| usage("the graph buffers are gone".into()))?.bufs
+        } else {
+            &self.eager
+        };
+        let n = rows * self.weights.config.vocab_size;
+        let missing = || usage("the sampling buffers were not allocated".into());
+        match bufs.sample.as_ref().ok_or_else(missing)?.logits_f32.as_ref() {
+            Some(lf) => dev.download_prefix(lf, n),
+            None => {
+                let s = bufs.scratch.as_ref().ok_or_else(missing)?;
+                Ok(dev.download_prefix(&s.logits, n)?.iter().map(|v| v.to_f64() as f32).collect())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_greedy_and_valid() {
+        let p = SamplingParams::default();
+        assert!(p.validate().is_ok());
+        assert!(p.is_greedy());
+        assert!(SamplingParams { top_k: 1, temperature: 0.8, ..p.clone() }.is_greedy());
+        assert!(!SamplingParams { temperature: 0.8, ..p.clone() }.is_greedy());
+    }
+
+    #[test]
+    fn invalid_settings_are_usage_errors() {
+        let p = SamplingParams::default();
+        let bad = [
+            SamplingParams { temperature: f32::NAN, ..p.clone() },
+            SamplingParams { temperature: -0.5, ..p.clone() },
+            SamplingParams { temperature: f32::INFINITY, ..p.clone() },
+            SamplingParams { top_k: -2, ..p.clone() },
+            SamplingParams { top_p: 0.0, ..p.clone() },
+            SamplingParams { top_p: 1.5, ..p.clone() },
+            SamplingParams { top_p: f32::NAN, ..p.clone() },
+            SamplingParams { min_p: -0.1, ..p.clone() },
+            SamplingParams { min_p: f32::NAN, ..p.clone() },
+            SamplingParams { repetition_penalty: 0.0, ..p.clone() },
+            SamplingParams { repetition_penalty: f32::NAN, ..p.clone() },
+            SamplingParams { presence_penalty: 2.5, ..p.clone() },
+            SamplingParams { frequency_penalty: -3.0, ..p.clone() },
+        ];
+        for (i, b) in bad.iter().enumerate() {
+            match b.validate() {
+                Err(Error::Usage(m)) => assert!(m.contains("invalid"), "{m}"),
+                other => panic!("case {i}: {other:?}"),
+            }
+        }
+        let ok = SamplingParams {
+            temperature: 0.7,
+            top_k: -1,
+            top_p: 0.9,
+            min_p: 0.05,
+            repetition_penalty: 1.2,
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            seed: u64::MAX,
+        };
+        assert!(ok.validate().is_ok());
+    }
+
+    #[test]
+    fn rows_are_checked_against_the_step() {
+        let p = SamplingParams::default();
+        let pen = SamplingParams { frequency_penalty: 0.5, ..p.clone() };
+        let r = SampleRow { params: &p, step: 0, tokens: &[1, 2], prompt_len: 2 };
+        assert!(validate_rows(&[r], 1, 10).is_ok());
+        assert!(validate_rows(&[r], 2, 10).is_err());
+        assert!(validate_rows(&[SampleRow { prompt_len: 3, ..r }], 1, 10).is_err());
+        // Token ids are only read (and checked) for rows with penalties.
+        assert!(validate_rows(&[SampleRow { tokens: &[1, 99], ..r }], 1, 10).is_ok());
+        assert!(validate_rows(&[SampleRow { params: &pen, tokens: &[1, 99], ..r }], 1, 10).is_err());
+    }
+}

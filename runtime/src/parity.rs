@@ -1,0 +1,292 @@
+//! Golden parity against llama.cpp (`tessera parity FILE`): the file (the
+//! format of `runtime/tests/data/smollm2-135m-q4_1.json`) holds prompts, their
+//! ids, llama.cpp's greedy continuation and, per generated position, the
+//! gap between its top-1 and top-2 logits. Two rules are checked on the
+//! chosen backend:
+//!
+//! 1. **Free-running greedy**: generating greedily from each prompt (all
+//!    prompts as one continuous batch), the first `must_match` tokens equal
+//!    llama.cpp's (`must_match` is the first position whose gap is below
+//!    `tie_gap`, after which either choice is legitimate).
+//! 2. **Teacher-forced argmax**: feeding `prompt_ids + token_ids` in one
+//!    prefill, the argmax at every generated position whose gap is at least
+//!    `tie_gap` equals llama.cpp's token there.
+//!
+//! Also checked: each prompt's text encodes to exactly `prompt_ids`.
+//!
+//! The teacher-forced pass runs the model directly through
+//! [`Engine::score`] (logits of every position), before any request, so it
+//! shares nothing with the free-running pass.
+
+use crate::app::{Context, EngineTask};
+use crate::check::Sample;
+use crate::engine::{Engine, Request};
+use crate::error::{Error, Result};
+use crate::model::Device;
+use crate::model::sampler::SamplingParams;
+use std::path::Path;
+use std::time::Instant;
+
+/// One golden case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The prompt text.
+    pub prompt: String,
+    /// Its ids.
+    pub prompt_ids: Vec<u32>,
+    /// llama.cpp's greedy continuation.
+    pub token_ids: Vec<u32>,
+    /// Top-1 minus top-2 logit per continuation position.
+    pub gaps: Vec<f64>,
+    /// How many leading continuation tokens must match when free-running.
+    pub must_match: usize,
+}
+
+/// A golden file.
+#[derive(Clone, Debug)]
+pub struct Golden {
+    /// Gaps below this are ties.
+    pub tie_gap: f64,
+    /// The cases.
+    pub cases: Vec<Case>,
+}
+
+impl Golden {
+    /// Reads and validates a golden file.
+    pub fn load(path: &Path) -> Result<Golden> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
+        Golden::parse(&text).map_err(|m| Error::Usage(format!("{}: {m}", path.display())))
+    }
+
+    /// Parses the JSON text of a golden file.
+    pub fn parse(text: &str) -> std::result::Result<Golden, String> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let tie_gap = v["tie_gap"].as_f64().ok_or("missing number `tie_gap`")?;
+        let cases = v["cases"].as_array().ok_or("missing array `cases`")?;
+        let ids = |c: &serde_json::Value, k: &str, i: usize| -> std::result::Result<Vec<u32>, String> {
+            c[k].as_array()
+                .ok_or(format!("case {i}: missing array `{k}`"))?
+                .iter()
+                .map(|x| {
+                    x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or(format!("case {i}: bad id in `{k}`"))
+                })
+                .collect()
+        };
+        let mut out = Vec::with_capacity(cases.len());
+        for (i, c) in cases.iter().enumerate() {
+            let gaps: Vec<f64> = c["top2_gaps"]
+                .as_array()
+                .ok_or(format!("case {i}: missing array `top2_gaps`"))?
+                .iter()
+                .map(|x| x.as_f64().ok_or(format!("case {i}: bad gap")))
+                .collect::<std::result::Result<_, _>>()?;
+            let case = Case {
+                prompt: c["prompt"].as_str().ok_or(format!("case {i}: missing string `prompt`"))?.to_string(),
+                prompt_ids: ids(c, "prompt_ids", i)?,
+                token_ids: ids(c, "token_ids", i)?,
+                gaps,
+                must_match: c["must_match"].as_u64().ok_or(format!("case {i}: missing `must_match`"))?
+                    as usize,
+            };
+            if case.prompt_ids.is_empty()
+                || case.token_ids.is_empty()
+                || case.gaps.len() != case.token_ids.len()
+                || case.must_match > case.token_ids.len()
+            {
+                return Err(format!("case {i}: inconsistent lengths"));
+            }
+            out.push(case);
+        }
+        Ok(Golden { tie_gap, cases: out })
+    }
+}
+
+/// The outcome of one case.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CaseReport {
+    /// The prompt text encodes to `prompt_ids`.
+    pub encodes: bool,
+    /// Leading free-running tokens equal to llama.cpp's.
+    pub free_prefix: usize,
+    /// The case's `must_match`.
+    pub must_match: usize,
+    /// Tokens generated free-running.
+    pub free_len: usize,
+    /// Teacher-forced positions with a clear gap whose argmax agrees.
+    pub forced_agree: usize,
+    /// Teacher-forced positions with a clear gap.
+    pub forced_clear: usize,
+    /// Positions (continuation index) of clear disagreements.
+    pub forced_wrong: Vec<usize>,
+}
+
+impl CaseReport {
+    /// Whether both rules (and the encoding) hold.
+    pub fn passed(&self) -> bool {
+        self.encodes && self.free_prefix >= self.must_match && self.forced_wrong.is_empty()
+    }
+}
+
+/// The `parity` command.
+pub struct Parity {
+    /// The golden data.
+    pub golden: Golden,
+    /// Free-running: generate the whole continuation (otherwise only
+    /// `must_match` tokens, which is what the rule needs).
+    pub full: bool,
+}
+
+/// The index of the largest value (the lowest index on ties).
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+impl EngineTask for Parity {
+    type Output = Vec<CaseReport>;
+
+    fn run<D: Device, T: Sample>(
+        self,
+        dev: &mut D,
+        engine: &mut Engine<D, T>,
+        ctx: &Context,
+    ) -> Result<Vec<CaseReport>> {
+        let g = &self.golden;
+        let vocab = ctx.config.vocab_size;
+        let mut reports = Vec::with_capacity(g.cases.len());
+        let t0 = Instant::now();
+        for c in &g.cases {
+            let encodes = ctx.tokenizer.encode_prompt(&c.prompt)? == c.prompt_ids;
+            let mut seq = c.prompt_ids.clone();
+            seq.extend_from_slice(&c.token_ids[..c.token_ids.len() - 1]);
+            let first = c.prompt_ids.len() - 1;
+            let logits = engine.score(dev, &seq, first..seq.len())?;
+            let mut r = CaseReport { encodes, must_match: c.must_match, ..CaseReport::default() };
+            for (i, row) in logits.chunks_exact(vocab).enumerate() {
+                if c.gaps[i] >= g.tie_gap {
+                    r.forced_clear += 1;
+                    if argmax(row) == c.token_ids[i] as usize {
+                        r.forced_agree += 1;
+                    } else {
+                        r.forced_wrong.push(i);
+                    }
+                }
+            }
+            reports.push(r);
+        }
+        let forced_secs = t0.elapsed().as_secs_f64();
+        let requests = g
+            .cases
+            .iter()
+            .map(|c| Request {
+                prompt: c.prompt_ids.clone(),
+                params: SamplingParams::default(),
+                max_tokens: if self.full { c.token_ids.len() } else { c.must_match.max(1) },
+                stop_tokens: Vec::new(),
+            })
+            .collect();
+        let t1 = Instant::now();
+        let done = engine.run(dev, requests, |_| {})?;
+        let free_secs = t1.elapsed().as_secs_f64();
+        for ((c, r), d) in g.cases.iter().zip(&mut reports).zip(&done) {
+            r.free_len = d.tokens.len();
+            r.free_prefix = d.tokens.iter().zip(&c.token_ids).take_while(|(a, b)| a == b).count();
+        }
+        for (i, (c, r)) in g.cases.iter().zip(&reports).enumerate() {
+            println!(
+                "case {i} {:?}: encode {}, free-running {}/{} (must match {}), teacher-forced {}/{} clear \
+                 positions{}: {}",
+                truncate(&c.prompt, 32),
+                if r.encodes { "ok" } else { "DIFFERS" },
+                r.free_prefix,
+                r.free_len,
+                r.must_match,
+                r.forced_agree,
+                r.forced_clear,
+                if r.forced_wrong.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (wrong at {:?})", r.forced_wrong)
+                },
+                if r.passed() { "PASS" } else { "FAIL" }
+            );
+        }
+        let agree: usize = reports.iter().map(|r| r.forced_agree).sum();
+        let clear: usize = reports.iter().map(|r| r.forced_clear).sum();
+        println!(
+            "parity on {}: teacher-forced {agree}/{clear} clear positions agree ({forced_secs:.1} s); free-running \
+             {} case(s) ({free_secs:.1} s)",
+            ctx.device,
+            reports.len()
+        );
+        Ok(reports)
+    }
+}
+
+/// The first `n` characters of `s`, with an ellipsis when cut.
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}...", s.chars().take(n).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::{DeviceChoice, LoadOptions, run_task};
+    use std::path::PathBuf;
+
+    fn golden_path() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json")
+    }
+
+    #[test]
+    fn parses_the_golden_file_and_rejects_broken_ones() {
+        let g = Golden::load(&golden_path()).unwrap();
+        assert_eq!(g.cases.len(), 4);
+        assert!((g.tie_gap - 0.35).abs() < 1e-12);
+        let clear: usize = g.cases.iter().map(|c| c.gaps.iter().filter(|&&x| x >= g.tie_gap).count()).sum();
+        assert_eq!(clear, 217);
+        for c in &g.cases {
+            // must_match is the first position whose gap is below tie_gap.
+            let first = c.gaps.iter().position(|&x| x < g.tie_gap).unwrap_or(c.gaps.len());
+            assert_eq!(c.must_match, first);
+        }
+        assert!(Golden::parse("[]").is_err());
+        assert!(Golden::parse(r#"{"tie_gap": 0.3, "cases": [{"prompt": "a"}]}"#).is_err());
+        let short = r#"{"tie_gap": 0.3, "cases": [{"prompt": "a", "prompt_ids": [1], "token_ids": [2, 3],
+            "top2_gaps": [1.0], "must_match": 1}]}"#;
+        assert!(Golden::parse(short).unwrap_err().contains("inconsistent"));
+    }
+
+    /// Both golden rules on the real model through the CPU interpreter (the
+    /// model is fetched by `make model`, which `make test` runs first).
+    #[test]
+    fn smollm2_meets_both_golden_rules_on_the_cpu_interpreter() {
+        let opts = LoadOptions {
+            model: PathBuf::from(crate::app::DEFAULT_MODEL),
+            device: DeviceChoice::Cpu,
+            max_num_seqs: 4,
+            max_model_len: 256,
+            max_blocks: Some(32),
+            verbose: false,
+            ..LoadOptions::default()
+        };
+        let golden = Golden::load(&golden_path()).unwrap();
+        let reports = run_task(&opts, Parity { golden, full: false }).unwrap();
+        assert_eq!(reports.len(), 4);
+        for (i, r) in reports.iter().enumerate() {
+            assert!(r.passed(), "case {i}: {r:?}");
+            assert_eq!(r.free_len, r.must_match.max(1));
+        }
+        assert_eq!(reports.iter().map(|r| r.forced_clear).sum::<usize>(), 217);
+    }
+}
