@@ -73,6 +73,17 @@ impl PtxCache {
 
     /// The compiled kernel, from memory, disk, or a fresh compile (then stored).
     pub fn get_or_compile(&self, f: &Function, opts: &CompileOptions) -> Result<Arc<Compiled>> {
+        self.get_or_compile_with(f, opts, || {})
+    }
+
+    /// [`PtxCache::get_or_compile`], calling `on_compile` just before a fresh
+    /// compile (a miss in memory and on disk), e.g. to report progress.
+    pub fn get_or_compile_with(
+        &self,
+        f: &Function,
+        opts: &CompileOptions,
+        on_compile: impl FnOnce(),
+    ) -> Result<Arc<Compiled>> {
         let key = PtxCache::key(f, opts);
         if let Some(c) = self.mem.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(c);
@@ -84,6 +95,7 @@ impl PtxCache {
             }
             return Ok(c);
         }
+        on_compile();
         let c = Arc::new(compile(f, opts)?);
         // A failed disk write only costs a recompile later.
         let _ = self.write_disk(&key, &c);

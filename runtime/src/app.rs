@@ -15,15 +15,17 @@
 
 use crate::chat::ChatTemplate;
 use crate::check::Sample;
-use crate::cuda::Cuda;
-use crate::engine::Engine;
+use crate::cuda::{CompileProgress, Cuda};
+use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, LlamaConfig, Vocab};
 use crate::memory_plan::{Bytes, KvShape, MemoryPlan, MemoryPlanInputs};
+use crate::model::sampler::SamplingParams;
 use crate::model::{Device, Model, Weights};
 use crate::tokenizer::Tokenizer;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
+use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -165,12 +167,14 @@ pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output>
     if opts.verbose {
         eprintln!("tessera: {notice}");
     }
-    let parts = Parts { gguf: &gguf, config, tokenizer, template };
+    let parts_progress = CompileProgress::default();
+    let parts = Parts { gguf: &gguf, config, tokenizer, template, compiles: parts_progress.clone() };
     // The GPU plans with 90% of its memory; the interpreter with a fixed
     // host budget (its cache is host memory and every block costs time to
     // clear).
     match (use_gpu, opts.dtype) {
         (Some(mut cuda), dtype) => {
+            cuda.set_compile_progress(parts_progress.clone());
             let available = (cuda.gpu().info().total_mem as u64) / 10 * 9;
             match dtype {
                 DtypeChoice::F32 => load::<Cuda, f32, K>(&mut cuda, parts, Some(available), opts, task),
@@ -198,7 +202,12 @@ fn workspace_bytes(c: &LlamaConfig, opts: &LoadOptions, elem: u64) -> u64 {
     let tokens = opts.max_num_batched_tokens as u64;
     let per_token = (5 * c.n_embd + c.n_embd + 2 * c.n_embd_kv() + 2 * c.n_ff) as u64;
     let rows = opts.max_num_seqs as u64;
-    tokens * per_token * elem + rows * c.vocab_size as u64 * 4 * 3
+    // Per sampled row and vocabulary entry, 4-byte words: the eager set's
+    // logits, sampling workspace and f32 logits (3), the decode graphs' fixed
+    // set of the same (3), and the prompt/output penalty counts (2).
+    let per_row = c.vocab_size as u64 * 4 * 8;
+    // The graphs' fixed activation set holds one token per row.
+    (tokens + rows) * per_token * elem + rows * per_row
 }
 
 /// What the loader read from the GGUF.
@@ -207,6 +216,68 @@ struct Parts<'g> {
     config: LlamaConfig,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    /// The GPU backend's compile reporter (unused on the CPU).
+    compiles: CompileProgress,
+}
+
+/// A progress bar on stderr (drawn only when stderr is a terminal, and only
+/// when `verbose`).
+fn bar(verbose: bool, len: Option<u64>, what: &str) -> ProgressBar {
+    if !verbose {
+        return ProgressBar::hidden();
+    }
+    let (bar, template) = match len {
+        Some(n) => (ProgressBar::new(n), "tessera: {prefix} [{bar:32}] {pos}/{len} {msg}"),
+        None => (ProgressBar::new_spinner(), "tessera: {prefix} {spinner} {pos} {msg}"),
+    };
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(what.to_string());
+    bar
+}
+
+/// Runs one short greedy request through `engine` (prefill, then a decode
+/// step) so the kernels a first request needs are compiled, or read from the
+/// PTX cache, before the task starts; a progress bar counts fresh compiles.
+fn warm_up<D: Device, T: Sample>(
+    dev: &mut D,
+    engine: &mut Engine<D, T>,
+    compiles: &CompileProgress,
+    verbose: bool,
+) -> Result<()> {
+    let spinner = bar(verbose, None, "kernels");
+    spinner.enable_steady_tick(std::time::Duration::from_millis(100));
+    if let Ok(mut slot) = compiles.lock() {
+        *slot = Some(spinner.clone());
+    }
+    let t0 = Instant::now();
+    let req = Request {
+        prompt: (0..4).collect(),
+        params: SamplingParams::default(),
+        max_tokens: 2,
+        stop_tokens: Vec::new(),
+    };
+    let run = engine.add(req).and_then(|_| {
+        while engine.has_unfinished() {
+            engine.step(dev)?;
+        }
+        Ok(())
+    });
+    engine.take_completions();
+    let compiled = spinner.position();
+    spinner.finish_and_clear();
+    if let Ok(mut slot) = compiles.lock() {
+        *slot = None;
+    }
+    run?;
+    if verbose {
+        eprintln!(
+            "tessera: kernels ready in {:.2} s ({compiled} compiled, the rest from the PTX cache)",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 /// Loads the weights on `dev` in dtype `T`, builds the engine and runs the
@@ -218,7 +289,7 @@ fn load<D: Device, T: Sample, K: EngineTask>(
     opts: &LoadOptions,
     task: K,
 ) -> Result<K::Output> {
-    let Parts { gguf, config, tokenizer, template } = parts;
+    let Parts { gguf, config, tokenizer, template, compiles } = parts;
     let elem = std::mem::size_of::<T>() as u64;
     let is_gpu = gpu_memory.is_some();
     let max_model_len =
@@ -243,8 +314,10 @@ fn load<D: Device, T: Sample, K: EngineTask>(
         eprintln!("{plan}");
     }
     let t0 = Instant::now();
-    let w = Weights::<D, T>::load(dev, gguf)?;
-    let model = Model::new(dev, w, plan.num_blocks, opts.block_size)?;
+    let loading = bar(opts.verbose, Some(config.n_layers as u64 + 1), "weights");
+    let w = Weights::<D, T>::load_with_progress(dev, gguf, &mut |done, _| loading.set_position(done as u64));
+    loading.finish_and_clear();
+    let model = Model::new(dev, w?, plan.num_blocks, opts.block_size)?;
     if opts.verbose {
         eprintln!(
             "tessera: loaded {} ({} weights) in {:.2} s",
@@ -256,6 +329,9 @@ fn load<D: Device, T: Sample, K: EngineTask>(
     let sched =
         plan.scheduler_config(opts.max_num_batched_tokens.max(opts.max_num_seqs), opts.prefix_caching);
     let mut engine = Engine::new(model, sched)?;
+    if is_gpu {
+        warm_up(dev, &mut engine, &compiles, opts.verbose)?;
+    }
     let ctx = Context { config, tokenizer, template, plan, device: dev.describe(), is_gpu };
     task.run(dev, &mut engine, &ctx)
 }

@@ -83,7 +83,14 @@ pub struct Cuda {
     key_buf: String,
     /// Autotune results (memory and the on-disk cache).
     tuner: Tuner,
+    /// Where fresh compiles are reported (see [`Cuda::set_compile_progress`]).
+    progress: CompileProgress,
 }
+
+/// A shared, optional progress bar that counts fresh kernel compiles (misses
+/// of the memory and disk PTX caches). The owner may take the bar out (set
+/// `None`) when its phase ends; later compiles are then silent.
+pub type CompileProgress = std::sync::Arc<std::sync::Mutex<Option<indicatif::ProgressBar>>>;
 
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -130,7 +137,14 @@ impl Cuda {
             prepared: HashMap::new(),
             key_buf: String::new(),
             tuner: Tuner::default(),
+            progress: CompileProgress::default(),
         })
+    }
+
+    /// Reports every fresh kernel compile to `progress` from now on (its bar,
+    /// while it holds one, advances by one per compile with the kernel's name).
+    pub fn set_compile_progress(&mut self, progress: CompileProgress) {
+        self.progress = progress;
     }
 
     /// The GPU (for buffers, timing, synchronization).
@@ -212,7 +226,13 @@ impl Cuda {
         };
         let copts =
             CompileOptions { target: self.target, num_warps: opts.num_warps, num_stages: opts.num_stages };
-        let compiled = self.ptx.get_or_compile(&func, &copts)?;
+        let progress = &self.progress;
+        let compiled = self.ptx.get_or_compile_with(&func, &copts, || {
+            if let Some(bar) = progress.lock().ok().as_deref().and_then(Option::as_ref) {
+                bar.set_message(format!("compiling {}", K::NAME));
+                bar.inc(1);
+            }
+        })?;
         let kernel = self.gpu.load_kernel(&compiled.name, &compiled.ptx, compiled.shared_bytes)?;
         let offsets = OffsetRule::of(&func);
         Ok(Arc::new(Prepared { func, offsets, compiled, kernel, threads, name: K::NAME, config_key, mask }))

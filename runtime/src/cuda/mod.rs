@@ -14,7 +14,7 @@ pub mod backend;
 pub mod device;
 pub mod validate;
 
-pub use backend::{Cuda, MAX_PARAMS, Prepared, mask_of_args, target_for};
+pub use backend::{CompileProgress, Cuda, MAX_PARAMS, Prepared, mask_of_args, target_for};
 pub use device::{DevBuf, DevPtr, DeviceElem, DeviceInfo, Gpu, GpuGraph, LoadedKernel, driver_present};
 pub use validate::{
     GridLimits, KernelParam, OffsetRule, RawDevPtr, validate_args, validate_args_into, validate_grid,

@@ -139,6 +139,17 @@ impl<D: Device, T: Sample> Weights<D, T> {
     /// Errors: a missing or mis-shaped tensor, a matrix type the kernels do
     /// not take, a token embedding other than Q8_0, or a device error.
     pub fn load(dev: &mut D, gguf: &Gguf) -> Result<Weights<D, T>> {
+        Weights::load_with_progress(dev, gguf, &mut |_, _| {})
+    }
+
+    /// [`Weights::load`], calling `progress(done, total)` after each of the
+    /// `total` = layers + 1 upload units (the embedding and LM head first,
+    /// then one per layer), so callers can draw a progress bar.
+    pub fn load_with_progress(
+        dev: &mut D,
+        gguf: &Gguf,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Weights<D, T>> {
         let config = LlamaConfig::from_metadata(gguf.metadata())?;
         let c = &config;
         if c.rope_dim != c.head_dim {
@@ -163,6 +174,8 @@ impl<D: Device, T: Sample> Weights<D, T> {
             if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
         let lm_head = Matrix::upload(dev, &repack_tensor(gguf, head_name, c.vocab_size, e)?)?;
         let output_norm = dev.upload(&norm_weight::<T>(gguf, "output_norm.weight", e)?)?;
+        let total = c.n_layers + 1;
+        progress(1, total);
 
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
@@ -185,6 +198,7 @@ impl<D: Device, T: Sample> Weights<D, T> {
                 gate_up: Matrix::upload(dev, &gate_up)?,
                 down: Matrix::upload(dev, &down)?,
             });
+            progress(l + 2, total);
         }
         Ok(Weights { config, embedding, layers, output_norm, lm_head })
     }
