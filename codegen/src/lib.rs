@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod layout;
 mod lower;
+pub mod mma;
 pub mod target;
 
 pub use cache::PtxCache;

@@ -346,6 +346,114 @@ fn flash_attention() {
     );
 }
 
+/// The bf16 tensor-core matmul (`kernels::matmul`) at its large tile
+/// (128 x 128 x 32, 8 warps; with and without the register prefetch) and its
+/// small one (64 x 64 x 32, 4 warps; the 128 x 64 prefetching tile is only
+/// assembled),
+/// specialized as the runtime launches it (aligned pointers, sizes and
+/// strides divisible by 16). The PTX must use `mma.sync` fed by `ldmatrix`.
+#[test]
+fn matmul_bf16() {
+    use ::kernels::matmul::{CONFIGS, half_matmul as k};
+    let facts =
+        [Some(0), Some(0), Some(0), Some(4096), Some(4096), Some(4096), Some(4096), Some(4096), Some(4096)];
+    let f = |i: usize| {
+        let t = CONFIGS[i];
+        (dsl_core::launch::specialize(&k::build(&t.config(DType::BF16)).unwrap(), &facts).0, t.num_warps)
+    };
+    let cfgs: Vec<(String, Function, u32)> =
+        [(0usize, "_128x128x32"), (2, "_64x64x32"), (3, "_128x128x32_prefetch")]
+            .iter()
+            .map(|&(i, s)| {
+                let (func, w) = f(i);
+                (s.to_string(), func, w)
+            })
+            .collect();
+    both("matmul_bf16", &cfgs);
+    for (_, func, w) in &cfgs {
+        let opts = CompileOptions { target: Target::Sm80, num_warps: *w, num_stages: 1 };
+        let ptx = compile(func, &opts).unwrap().ptx;
+        assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "no mma");
+        assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"), "no ldmatrix");
+    }
+    let (func, w) = f(1);
+    for t in [Target::Sm80, Target::Sm90a] {
+        let opts = CompileOptions { target: t, num_warps: w, num_stages: 1 };
+        let report = assemble(&compile(&func, &opts).unwrap().ptx, t.arch(), "matmul_bf16_128x64x32");
+        assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
+    }
+}
+
+/// A `dot` of `[m, kk] x [kk, n]` tiles loaded whole: carried through a
+/// `for` (`acc = dot(a, b, acc)`), then once more outside any loop on a
+/// loaded accumulator, with `b` either loaded as `[kk, n]` or transposed
+/// from a loaded `[n, kk]`.
+fn dot_kernel(m: usize, n: usize, kk: usize, dtype: DType, b_nk: bool) -> Result<Function> {
+    KernelBuilder::new("dot_shapes").build(|| {
+        let a_ptr = param_ptr("a_ptr", dtype);
+        let b_ptr = param_ptr("b_ptr", dtype);
+        let c_ptr = param_ptr("c_ptr", DType::F32);
+        let steps = param_scalar("steps", DType::I32);
+        let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
+        let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
+        let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
+        let acc = zeros(&[m, n], DType::F32);
+        let acc = for_range(0, steps, 1, &[acc], |i, carried| {
+            let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
+            let b = if b_nk {
+                let offs = expand_dims(arange(0, ni), 1) * ki + expand_dims(arange(0, ki), 0);
+                trans(load(b_ptr + offs + i * (ni * ki), None, None))
+            } else {
+                let offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
+                load(b_ptr + offs + i * (ni * ki), None, None)
+            };
+            vec![dot(a, b, Some(carried[0]))]
+        })[0];
+        let a = load(a_ptr + a_offs, None, None);
+        let bt = load(b_ptr + expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0), None, None);
+        let c = load(c_ptr + c_offs, None, None);
+        let out = dot(a, bt, Some(c + acc));
+        store(c_ptr + c_offs, out, None);
+    })
+}
+
+/// The tensor-core lowering over many shapes, warp counts and both input
+/// dtypes: every kernel assembles for both targets without spills, and uses
+/// `mma.sync` exactly when `MmaLayout::choose` accepts the shape.
+#[test]
+fn dot_shapes() {
+    let shapes = [
+        (16, 8, 16, 1),
+        (16, 16, 16, 1),
+        (16, 64, 32, 4),
+        (32, 32, 16, 4),
+        (64, 32, 64, 4),
+        (64, 64, 32, 4),
+        (64, 128, 64, 8),
+        (128, 16, 32, 8),
+        (128, 128, 32, 8),
+        (16, 16, 16, 4),
+        (8, 32, 16, 1),
+        (32, 32, 8, 2),
+    ];
+    for &(m, n, kk, w) in &shapes {
+        for dtype in [DType::BF16, DType::F16] {
+            for b_nk in [false, true] {
+                let f = dot_kernel(m, n, kk, dtype, b_nk).unwrap();
+                let want = codegen::mma::MmaLayout::choose(m, n, kk, w as usize).is_some();
+                for t in [Target::Sm80, Target::Sm90a] {
+                    let opts = CompileOptions { target: t, num_warps: w, num_stages: 1 };
+                    let c = compile(&f, &opts).unwrap_or_else(|e| panic!("{m}x{n}x{kk} w{w}: {e}"));
+                    assert_eq!(c.ptx.contains("mma.sync"), want, "{m}x{n}x{kk} w{w} {dtype}");
+                    let tag = format!("dot_{m}x{n}x{kk}_w{w}_{dtype}_{b_nk}.{}", t.arch());
+                    let report = assemble(&c.ptx, t.arch(), &tag);
+                    assert_eq!(spill_bytes(&report), 0, "{tag}: {}", report.join("\n"));
+                }
+            }
+        }
+    }
+}
+
 /// Paged decode attention (`kernels::decode_attention`): the Llama-style
 /// 32:8 grouping at head dim 128 (bf16, 16-token chunks, 8 warps, direct),
 /// SmolLM2's 9:3 at head dim 64 (split-KV, 4 warps), and the split reduce.
@@ -397,6 +505,37 @@ fn dequant() {
     ];
     for (suffix, f, w) in cases {
         both("dequant", &[(suffix.to_string(), f, w)]);
+    }
+}
+
+/// The fused decode GEMVs (`kernels::dequant::fused`) at the SmolLM2 decode
+/// shapes and the runtime's default tiles: Q4_1 QKV with the RMSNorm prologue
+/// (f32, N = 960), Q4_1 gate/up with the norm prologue and SiLU (bf16), Q4_1
+/// down with the residual epilogue (f32, K = 1536), the Q8_0 LM head with
+/// the final norm (bf16), and the QKV at batch 8 (`M_BLOCK = 8`).
+#[test]
+fn dequant_fused() {
+    use ::kernels::dequant::fused::{gemv_q4_1_fused as f41, gemv_q8_0_fused as f80};
+    let spec = |f: Result<Function>, n: u64, k: u64| {
+        let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(1), Some(n), Some(k), None];
+        dsl_core::launch::specialize(&f.unwrap(), &facts).0
+    };
+    let (bf, fp) = (DType::BF16, DType::F32);
+    let q41 = |t, silu, norm, res, bn, bk, n, k| {
+        spec(f41::build(&f41::Config::new(t, silu, norm, res, 1, bn, bk)), n, k)
+    };
+    let lm = spec(f80::build(&f80::Config::new(bf, false, true, false, 1, 16, 256)), 49152, 576);
+    // Batch 8: M_BLOCK 8, the per-row `rstd` broadcast along the tile.
+    let m8 = spec(f41::build(&f41::Config::new(fp, false, true, false, 8, 4, 512)), 960, 576);
+    let cases = [
+        ("_q4_1_f32_norm_qkv", q41(fp, false, true, false, 8, 512, 960, 576), 4),
+        ("_q4_1_bf16_norm_silu", q41(bf, true, true, false, 8, 512, 1536, 576), 4),
+        ("_q4_1_f32_residual_down", q41(fp, false, false, true, 8, 512, 576, 1536), 4),
+        ("_q8_0_bf16_norm_lm_head", lm, 4),
+        ("_q4_1_f32_norm_qkv_m8", m8, 4),
+    ];
+    for (suffix, f, w) in cases {
+        both("dequant_fused", &[(suffix.to_string(), f, w)]);
     }
 }
 

@@ -10,6 +10,7 @@ pub mod dequant;
 pub mod embedding;
 pub mod examples;
 pub mod flash_attention;
+pub mod matmul;
 pub mod reference;
 pub mod rmsnorm;
 pub mod rope;

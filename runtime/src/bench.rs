@@ -309,6 +309,9 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     if opts.wants("sampling") {
         out.extend(crate::check_sampling::bench_records(cuda, opts)?);
     }
+    if opts.wants("matmul") {
+        out.extend(crate::check_matmul::bench_records(cuda, opts)?);
+    }
     Ok(out)
 }
 

@@ -12,6 +12,14 @@
 //!   `N * K * 5 / 8` bytes; activations and outputs not counted), so the
 //!   table shows it as a fraction of the copy ceiling.
 //!
+//! - `gemv_fused/bf16/<what>/M<m>xK<k>xN<n>`, metric `us`: the fused decode
+//!   GEMVs of `kernels::dequant::fused` at the SmolLM2 shapes with the
+//!   runtime's tiles (M in {1, 8}): `qkv_norm` (Q4_1, RMSNorm prologue, N
+//!   960), `gate_up_norm_silu` (N 1536 outputs of 3072 rows), `o_residual`
+//!   and `down_residual` (residual epilogue), and `lm_head_norm` (Q8_0, N
+//!   49152, final norm). Compare with the plain rows of the same shapes: the
+//!   difference is the fusion's cost, against the 3-4 us launch it removes.
+//!
 //! Untuned rows use `gemv_tiles` / `gemm_tiles`; with `--autotune` each is
 //! followed by a row measured with the config `Cuda::run_tuned` picks from
 //! the kernel's declared configs.
@@ -40,7 +48,9 @@ use dsl_core::launch::Arg;
 use dsl_core::launch::Kernel;
 use kernels::dequant::gemm::gemm_q4_1;
 use kernels::dequant::gemv::gemv_q4_1;
-use kernels::dequant::{GEMV_MAX_M, QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack_q4_1};
+use kernels::dequant::{
+    GEMV_MAX_M, QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1,
+};
 use kernels::examples::vector_add;
 use std::marker::PhantomData;
 
@@ -185,6 +195,85 @@ fn measure(
     }
 }
 
+/// The fused GEMV rows (see the module docs): `(label, format, silu, norm,
+/// residual, k, n)`.
+const FUSED_ROWS: [(&str, QuantFormat, bool, bool, bool, usize, usize); 5] = [
+    ("qkv_norm", QuantFormat::Q4_1, false, true, false, 576, 960),
+    ("gate_up_norm_silu", QuantFormat::Q4_1, true, true, false, 576, 1536),
+    ("o_residual", QuantFormat::Q4_1, false, false, true, 576, 576),
+    ("down_residual", QuantFormat::Q4_1, false, false, true, 1536, 576),
+    ("lm_head_norm", QuantFormat::Q8_0, false, true, false, 576, 49152),
+];
+
+/// Times one fused GEMV row in bf16 (milliseconds).
+#[allow(clippy::too_many_arguments)]
+fn measure_fused(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    format: QuantFormat,
+    (silu, norm, residual): (bool, bool, bool),
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<f64> {
+    let rows = if silu { 2 * n } else { n };
+    let mut rng = Rng::new((m * 7919 + k * 31 + rows) as u64);
+    let raw = gguf_weight(&mut rng, format, rows, k);
+    let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;
+    drop(raw);
+    let x = rng.values::<bf16>(m * k, 2.0);
+    let nw = rng.values::<bf16>(k, 2.0);
+    let gpu = cuda.gpu();
+    let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
+    let (nd, od) = (gpu.upload(&nw)?, gpu.zeros::<bf16>(m * n)?);
+    let t = gemv_tiles(format, m, rows, k);
+    let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
+    macro_rules! go {
+        ($kk:ident) => {{
+            use kernels::dequant::fused::$kk as kk;
+            let args = kk::Args {
+                x_ptr: xd.ptr().cast(),
+                q_ptr: qd.ptr().cast(),
+                s_ptr: sd.ptr().cast(),
+                nw_ptr: nd.ptr().cast(),
+                out_ptr: od.ptr().cast(),
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                eps: 1e-5,
+                _marker: PhantomData,
+            };
+            let config = kk::Config::new(DType::BF16, silu, norm, residual, t.m_block, t.block_n, t.block_k)
+                .with_warps(t.num_warps);
+            time_launch_ms::<kk::Kernel>(cuda, opts, grid, &config, &args)
+        }};
+    }
+    match format {
+        QuantFormat::Q4_0 => go!(gemv_q4_0_fused),
+        QuantFormat::Q4_1 => go!(gemv_q4_1_fused),
+        QuantFormat::Q8_0 => go!(gemv_q8_0_fused),
+    }
+}
+
+/// The fused GEMV records (see the module docs).
+fn fused_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for (label, format, silu, norm, residual, k, n) in FUSED_ROWS {
+        for m in MODEL_BATCHES {
+            let ms = measure_fused(cuda, opts, format, (silu, norm, residual), m, k, n)?;
+            out.push(Record {
+                name: format!("gemv_fused/bf16/{label}/M{m}xK{k}xN{n}"),
+                metric: "us",
+                value: ms * 1e3,
+                ms,
+                tuned: None,
+            });
+            eprintln!("measured {}", out[out.len() - 1].display_name());
+        }
+    }
+    Ok(out)
+}
+
 /// Every dequant record (see the module docs), printing each as measured.
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
@@ -220,5 +309,6 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             }
         }
     }
+    out.extend(fused_records(cuda, opts)?);
     Ok(out)
 }

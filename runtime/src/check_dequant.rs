@@ -491,6 +491,262 @@ pub fn gemm_q8_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     checks(cuda, seed, "gemm_q8_0", Path::Gemm, QuantFormat::Q8_0)
 }
 
+/// Which fusion of `kernels::dequant::fused` a fused check runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fuse {
+    /// The RMSNorm prologue.
+    Norm,
+    /// The residual-add epilogue.
+    Residual,
+}
+
+/// Expands `$body` with `$kk` bound to the fused GEMV kernel of `$format`.
+macro_rules! with_fused {
+    ($format:expr, $kk:ident => $body:expr) => {
+        match $format {
+            QuantFormat::Q4_0 => {
+                use kernels::dequant::fused::gemv_q4_0_fused as $kk;
+                $body
+            }
+            QuantFormat::Q4_1 => {
+                use kernels::dequant::fused::gemv_q4_1_fused as $kk;
+                $body
+            }
+            QuantFormat::Q8_0 => {
+                use kernels::dequant::fused::gemv_q8_0_fused as $kk;
+                $body
+            }
+        }
+    };
+}
+
+/// The epsilon of the fused norm checks (SmolLM2's `rms_norm_eps`).
+const FUSED_EPS: f32 = 1e-5;
+
+/// The inputs of one fused GEMV: activations, norm weights, the initial
+/// `out` (the residual) and the weight.
+pub(crate) struct FusedInputs<'a, T> {
+    /// Activations `[m, k]`.
+    pub x: &'a [T],
+    /// Norm weights `[k]`.
+    pub nw: &'a [T],
+    /// The initial output `[m, n]`.
+    pub out0: &'a [T],
+    /// The repacked weight.
+    pub w: &'a Repacked,
+}
+
+/// Runs a fused GEMV (`launch` is a GEMV launch) on the GPU (`cuda`) or the
+/// interpreter (`None`): `out[m, n]` as f64.
+pub(crate) fn run_fused<T: DeviceElem>(
+    cuda: Option<&mut Cuda>,
+    launch: Launch,
+    fuse: Fuse,
+    inp: &FusedInputs<'_, T>,
+    m: usize,
+    n: usize,
+) -> Result<Vec<f64>> {
+    let (a, b, c) = launch.tiles;
+    let (norm, residual) = (fuse == Fuse::Norm, fuse == Fuse::Residual);
+    let grid = launch.grid(m, n);
+    let k = inp.w.k as i32;
+    macro_rules! args {
+        ($kk:ident, $x:expr, $q:expr, $s:expr, $nw:expr, $o:expr) => {
+            $kk::Args {
+                x_ptr: $x,
+                q_ptr: $q,
+                s_ptr: $s,
+                nw_ptr: $nw,
+                out_ptr: $o,
+                m: m as i32,
+                n: n as i32,
+                k,
+                eps: FUSED_EPS,
+                _marker: PhantomData,
+            }
+        };
+    }
+    match cuda {
+        Some(cuda) => {
+            let gpu = cuda.gpu();
+            let (xd, qd, sd) = (gpu.upload(inp.x)?, gpu.upload(&inp.w.quants)?, gpu.upload(&inp.w.scales)?);
+            let (nd, od) = (gpu.upload(inp.nw)?, gpu.upload(inp.out0)?);
+            with_fused!(launch.format, kk => {
+                let args = args!(kk, xd.ptr().cast(), qd.ptr().cast(), sd.ptr().cast(), nd.ptr().cast(), od.ptr().cast());
+                let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, norm, residual, a, b, c)
+                    .with_warps(launch.warps);
+                cuda.run::<kk::Kernel>(grid, &config, &args)?;
+            });
+            Ok(od.download()?.iter().map(|v| v.to_f64()).collect())
+        }
+        None => {
+            let mut cpu = Cpu::new();
+            let (xc, qc, sc) = (cpu.upload(inp.x), cpu.upload(&inp.w.quants), cpu.upload(&inp.w.scales));
+            let (nc, oc) = (cpu.upload(inp.nw), cpu.upload(inp.out0));
+            with_fused!(launch.format, kk => {
+                let args = args!(kk, xc.cast(), qc.cast(), sc.cast(), nc.cast(), oc.cast());
+                let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, norm, residual, a, b, c)
+                    .with_warps(launch.warps);
+                kk::interpret(&mut cpu, grid, &config, &args)?;
+            });
+            Ok(cpu.read(oc).iter().map(|v| v.to_f64()).collect())
+        }
+    }
+}
+
+/// The expected outputs of a fused GEMV on the columns `cols` (see
+/// `tests/suite/lib_dequant.rs`): the plain GEMV's bound on the normed
+/// activations of `reference::quant::rms_normed`, widened by two units of
+/// their roundings and the f32 `rstd` error; the residual epilogue adds two
+/// roundings.
+#[allow(clippy::too_many_arguments)]
+fn fused_expected(
+    launch: Launch,
+    fuse: Fuse,
+    dtype: DType,
+    (x, nw, out0): (&[f64], &[f64], &[f64]),
+    raws: (&[u8], Option<&[u8]>),
+    (m, n, k): (usize, usize, usize),
+    cols: &[usize],
+) -> Expected {
+    let xn = if fuse == Fuse::Norm {
+        r::rms_normed(x, nw, m, k, f64::from(FUSED_EPS), dtype, 1.0)
+    } else {
+        x.to_vec()
+    };
+    let slack = if fuse == Fuse::Norm { 4.0 * rounding(dtype) + 32.0 * f64::powi(2.0, -24) } else { 0.0 };
+    let f = launch.format;
+    let bk = launch.tiles.2;
+    let g = r::gemv(f, &gguf_rows(f, raws.0, k, cols), cols.len(), k, &xn, m);
+    let u = raws.1.map(|u| r::gemv(f, &gguf_rows(f, u, k, cols), cols.len(), k, &xn, m));
+    let round = rounding(dtype);
+    let mut e = Expected { want: Vec::new(), tol: Vec::new() };
+    for i in 0..g.y.len() {
+        let eg = r::error_bound(f, k, bk, g.abs[i]) + slack * g.abs[i];
+        let (y, tol) = match &u {
+            Some(u) => {
+                let eu = r::error_bound(f, k, bk, u.abs[i]) + slack * u.abs[i];
+                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
+            }
+            None => (g.y[i], eg),
+        };
+        let tol = tol + round * (y.abs() + tol);
+        let (row, col) = (i / cols.len(), cols[i % cols.len()]);
+        let (want, tol) = match fuse {
+            Fuse::Norm => (y, tol),
+            Fuse::Residual => {
+                let want = r::residual_add(y, out0[row * n + col], dtype);
+                (want, tol + round * (want.abs() + 2.0 * tol))
+            }
+        };
+        e.want.push(want);
+        e.tol.push(tol + 1e-30);
+    }
+    e
+}
+
+/// One fused check: random inputs in `T`, the GPU against the interpreter
+/// (within twice the bound, and the interpreter within it of the f64
+/// reference) or, with `Oracle::Reference`, against the reference on a
+/// subset of columns.
+fn fused_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    (format, silu, fuse): (QuantFormat, bool, Fuse),
+    (m, n, k): (usize, usize, usize),
+    oracle: Oracle,
+    note: &str,
+) -> Result<CheckRow> {
+    let dtype = T::DEVICE_DTYPE;
+    let launch = Launch::default_for(Path::Gemv, format, silu, m, n, k);
+    let x = rng.values::<T>(m * k, 2.0);
+    let nw = rng.values::<T>(k, 2.0);
+    let out0 = rng.values::<T>(m * n, 2.0);
+    let g_raw = gguf_weight(rng, format, n, k);
+    let u_raw = if silu { Some(gguf_weight(rng, format, n, k)) } else { None };
+    let w = match &u_raw {
+        Some(u) => interleave_gate_up(&repacked(format, &g_raw, n, k)?, &repacked(format, u, n, k)?)
+            .map_err(|e| Error::Usage(e.to_string()))?,
+        None => repacked(format, &g_raw, n, k)?,
+    };
+    let inp = FusedInputs { x: &x, nw: &nw, out0: &out0, w: &w };
+    let got = run_fused::<T>(Some(cuda), launch, fuse, &inp, m, n)?;
+    let f64s = |v: &[T]| v.iter().map(|e| e.to_f64()).collect::<Vec<f64>>();
+    let (xf, nf, of) = (f64s(&x), f64s(&nw), f64s(&out0));
+    let ins = (xf.as_slice(), nf.as_slice(), of.as_slice());
+    let raws = (g_raw.as_slice(), u_raw.as_deref());
+    let silu_s = if silu { ", silu" } else { "" };
+    let mut shape = format!("{format:?} {fuse:?} M{m} K{k} N{n}{silu_s}, {}{note}", launch.describe());
+    let name = "gemv_fused";
+    match oracle {
+        Oracle::Interpreter => {
+            let cols: Vec<usize> = (0..n).collect();
+            let e = fused_expected(launch, fuse, dtype, ins, raws, (m, n, k), &cols);
+            let want = run_fused::<T>(None, launch, fuse, &inp, m, n)?;
+            let tol: Vec<f64> = e.tol.iter().map(|t| 2.0 * t).collect();
+            let mut row = account(name, shape.clone(), dtype, &got, &want, &tol);
+            row.pass &= account(name, shape, dtype, &want, &e.want, &e.tol).pass;
+            Ok(row)
+        }
+        Oracle::Reference(count) => {
+            let step = (n / count.max(1)).max(1);
+            let mut cols: Vec<usize> = (0..n).step_by(step).collect();
+            if cols.last() != Some(&(n - 1)) {
+                cols.push(n - 1);
+            }
+            shape.push_str(&format!(", f64 reference on {} columns", cols.len()));
+            let e = fused_expected(launch, fuse, dtype, ins, raws, (m, n, k), &cols);
+            let picked: Vec<f64> =
+                (0..m).flat_map(|i| cols.iter().map(move |&j| (i, j))).map(|(i, j)| got[i * n + j]).collect();
+            Ok(account(name, shape, dtype, &picked, &e.want, &e.tol))
+        }
+    }
+}
+
+/// The `gemv_fused` check (`kernels::dequant::fused`): the RMSNorm prologue
+/// (with and without SiLU-mul) and the residual epilogue, every format, on
+/// ragged shapes against the interpreter in f32 and bf16, the SmolLM2 decode
+/// projections (QKV N 960, gate/up, O, down) and the Q8_0 LM head against the
+/// reference.
+pub fn gemv_fused(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    let interp = Oracle::Interpreter;
+    let variants = [(false, Fuse::Norm), (true, Fuse::Norm), (false, Fuse::Residual)];
+    for format in [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0] {
+        for &(m, n, k) in &GEMV_SHAPES {
+            for (silu, fuse) in variants {
+                let v = (format, silu, fuse);
+                rows.push(fused_case::<f32>(cuda, &mut rng, v, (m, n, k), interp, "")?);
+                rows.push(fused_case::<bf16>(cuda, &mut rng, v, (m, n, k), interp, "")?);
+            }
+        }
+    }
+    let smol = [
+        (false, Fuse::Norm, 960, 576, " (SmolLM2 QKV)"),
+        (true, Fuse::Norm, 1536, 576, " (SmolLM2 gate/up)"),
+        (false, Fuse::Residual, 576, 576, " (SmolLM2 O)"),
+        (false, Fuse::Residual, 576, 1536, " (SmolLM2 down)"),
+    ];
+    for (silu, fuse, n, k, note) in smol {
+        for m in [1, 8] {
+            let v = (QuantFormat::Q4_1, silu, fuse);
+            rows.push(fused_case::<f32>(cuda, &mut rng, v, (m, n, k), interp, note)?);
+            rows.push(fused_case::<bf16>(cuda, &mut rng, v, (m, n, k), interp, note)?);
+        }
+    }
+    let lm = (QuantFormat::Q8_0, false, Fuse::Norm);
+    for dt_bf16 in [false, true] {
+        let (shape, oracle, note) = ((1, 49152, 576), Oracle::Reference(193), " (LM head + final norm)");
+        rows.push(if dt_bf16 {
+            fused_case::<bf16>(cuda, &mut rng, lm, shape, oracle, note)?
+        } else {
+            fused_case::<f32>(cuda, &mut rng, lm, shape, oracle, note)?
+        });
+    }
+    Ok(rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -516,6 +772,49 @@ mod tests {
         }
         let g = Launch::default_for(Path::Gemv, QuantFormat::Q4_1, false, 1, 14336, 4096);
         assert_eq!(g.grid(1, 14336), [14336 / g.tiles.1 as u32, 1, 1]);
+    }
+
+    /// The fused check's interpreter path and expectations agree on every
+    /// variant (the judgement the GPU rows use), and a skipped fusion fails it.
+    #[test]
+    fn fused_interpreter_matches_reference() {
+        let mut rng = Rng::new(2);
+        let (m, n, k) = (3, 10, 96);
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            for (silu, fuse) in [(false, Fuse::Norm), (true, Fuse::Norm), (false, Fuse::Residual)] {
+                let l = Launch::default_for(Path::Gemv, format, silu, m, n, k);
+                let (x, nw, out0) =
+                    (rng.values::<f32>(m * k, 2.0), rng.values::<f32>(k, 2.0), rng.values::<f32>(m * n, 2.0));
+                let g = gguf_weight(&mut rng, format, n, k);
+                let u = silu.then(|| gguf_weight(&mut rng, format, n, k));
+                let w = match &u {
+                    Some(u) => interleave_gate_up(
+                        &repack(format, &g, n, k).unwrap(),
+                        &repack(format, u, n, k).unwrap(),
+                    )
+                    .unwrap(),
+                    None => repack(format, &g, n, k).unwrap(),
+                };
+                let inp = FusedInputs { x: &x, nw: &nw, out0: &out0, w: &w };
+                let got = run_fused::<f32>(None, l, fuse, &inp, m, n).unwrap();
+                let f64s = |v: &[f32]| v.iter().map(|&e| f64::from(e)).collect::<Vec<f64>>();
+                let (xf, nf, of) = (f64s(&x), f64s(&nw), f64s(&out0));
+                let cols: Vec<usize> = (0..n).collect();
+                let ins = (xf.as_slice(), nf.as_slice(), of.as_slice());
+                let e = fused_expected(l, fuse, DType::F32, ins, (&g, u.as_deref()), (m, n, k), &cols);
+                assert!(
+                    account("t", String::new(), DType::F32, &got, &e.want, &e.tol).pass,
+                    "{format:?} {fuse:?}"
+                );
+                // The other fusion's expectation must not pass.
+                let other = if fuse == Fuse::Norm { Fuse::Residual } else { Fuse::Norm };
+                let e = fused_expected(l, other, DType::F32, ins, (&g, u.as_deref()), (m, n, k), &cols);
+                assert!(
+                    !account("t", String::new(), DType::F32, &got, &e.want, &e.tol).pass,
+                    "{format:?} {fuse:?}"
+                );
+            }
+        }
     }
 
     /// The interpreter path of a case runs without a GPU and matches the

@@ -47,6 +47,9 @@ pub enum Command {
     /// Check golden llama.cpp parity (free-running greedy and teacher-forced
     /// argmax); exits non-zero on a violation.
     Parity(ParityArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
+    /// /v1/chat/completions, /v1/models, /health, /metrics).
+    Serve(crate::server::ServeArgs),
 }
 
 /// Where the model comes from and how the engine is sized.
@@ -307,7 +310,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_add_rmsnorm: bool,
     /// Measure only these families (comma-separated: copy, softmax,
-    /// add_rmsnorm, decode, attention, gemm, sampling, model); all when empty.
+    /// add_rmsnorm, decode, attention, gemm, sampling, matmul, model); all when empty.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// The model of the `model` family.
@@ -319,6 +322,17 @@ pub struct BenchArgs {
     /// Activation dtype of the `model` family.
     #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
     pub dtype: DtypeChoice,
+    /// `bench serve`: load-test a running server instead of the kernels.
+    #[command(subcommand)]
+    pub mode: Option<BenchMode>,
+}
+
+/// What `bench` measures besides the kernels.
+#[derive(Debug, Subcommand)]
+pub enum BenchMode {
+    /// Replay streaming requests against an OpenAI-compatible server
+    /// (`tessera serve`) and report TTFT, TPOT, ITL and throughput.
+    Serve(crate::bench_serve::BenchServeArgs),
 }
 
 /// Runs a parsed command line; `Ok(false)` means checks failed.
@@ -333,12 +347,16 @@ pub fn run(cli: Cli) -> Result<bool> {
         }
         Command::Kernels { action: KernelsAction::Dump(a) } => dump(&a).map(|()| true),
         Command::GpuCheck(a) => gpu_check(&a),
-        Command::Bench(a) => bench_cmd(&a).map(|()| true),
+        Command::Bench(a) => match &a.mode {
+            Some(BenchMode::Serve(s)) => crate::bench_serve::run(s).map(|_| true),
+            None => bench_cmd(&a).map(|()| true),
+        },
         Command::Generate(a) => generate_cmd(a).map(|_| true),
         Command::Chat(a) => {
             let task = Chat { system: a.system, params: a.sampling.params(), max_tokens: a.max_tokens };
             app::run_task(&a.model.load_options(), task).map(|()| true)
         }
+        Command::Serve(a) => crate::server::serve_cmd(&a).map(|()| true),
         Command::Parity(a) => {
             let golden = Golden::load(&a.file)?;
             let reports = app::run_task(&a.model.load_options(), Parity { golden, full: a.full })?;

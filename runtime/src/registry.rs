@@ -155,6 +155,11 @@ fn build_gemv_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 16, 256).with_warps(4))
 }
 
+fn build_gemv_fused() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::fused::gemv_q4_1_fused as k;
+    spec::<k::Kernel>(k::Config::new(DType::F32, false, true, false, 1, 8, 512).with_warps(4))
+}
+
 fn build_gemm_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemm::gemm_q4_1 as k;
     spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64).with_warps(4))
@@ -192,6 +197,11 @@ fn build_flash_attention() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(
         k::Config::new(DType::BF16, 9, 3, 64, t.block_m, t.block_n, true).with_warps(t.num_warps),
     )
+}
+
+fn build_half_matmul() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::matmul::{CONFIGS, half_matmul as k};
+    spec::<k::Kernel>(CONFIGS[0].config(DType::BF16))
 }
 
 fn build_row_stats() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -351,6 +361,13 @@ pub const ENTRIES: &[Entry] = &[
         check: crate::check_decode::none,
     },
     Entry {
+        name: "half_matmul",
+        description: "C = A @ B in bf16/f16 with f32 accumulation (tensor cores on sm_80+)",
+        default_config: "T = bf16, BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 32, PREFETCH = false, num_warps = 8",
+        build: build_half_matmul,
+        check: crate::check_matmul::check,
+    },
+    Entry {
         name: "flash_attention",
         description: "FlashAttention prefill over the paged KV cache: varlen, GQA, causal or full",
         default_config: "T = bf16, H_Q = 9, H_KV = 3, HEAD_DIM = 64, BLOCK_M = 64, BLOCK_N = 32, CAUSAL = true, num_warps = 4",
@@ -370,6 +387,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4",
         build: build_gemv_q4_1,
         check: crate::check_dequant::gemv_q4_1,
+    },
+    Entry {
+        name: "gemv_fused",
+        description: "GEMV (Q4_1/Q4_0/Q8_0) with an RMSNorm prologue (NORM) or a residual-add epilogue (RESIDUAL)",
+        default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
+        build: build_gemv_fused,
+        check: crate::check_dequant::gemv_fused,
     },
     Entry {
         name: "gemv_q4_0",

@@ -19,7 +19,7 @@
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, Element};
 use kernels::dequant::{
-    GEMV_MAX_M, QuantFormat, gemm, gemm_grid, gemv, gemv_grid, gemv_tiles, interleave_gate_up, repack,
+    GEMV_MAX_M, QuantFormat, fused, gemm, gemm_grid, gemv, gemv_grid, gemv_tiles, interleave_gate_up, repack,
 };
 use kernels::reference::quant as r;
 use proptest::prelude::*;
@@ -330,4 +330,254 @@ fn corrupted_weights_are_caught() {
     swapped.swap(2, 3);
     let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, m, n, k).unwrap();
     assert!(!within(&got), "swapped d and m went unnoticed");
+}
+
+/// Which fusion of `kernels::dequant::fused` a case runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fuse {
+    /// RMSNorm prologue (with or without SiLU-mul).
+    Norm,
+    /// Residual-add epilogue.
+    Residual,
+}
+
+/// Runs a fused GEMV on the interpreter with norm weights `nw` and the
+/// initial `out` (the residual); returns `out` as f64.
+#[allow(clippy::too_many_arguments)]
+fn run_fused<T: Act>(
+    format: QuantFormat,
+    silu: bool,
+    fuse: Fuse,
+    (mb, bn, bk): (usize, usize, usize),
+    x: &[T],
+    nw: &[T],
+    out0: &[T],
+    quants: &[u8],
+    scales: &[f16],
+    (m, n, k): (usize, usize, usize),
+    eps: f32,
+) -> Result<Vec<f64>, String> {
+    let mut cpu = Cpu::new();
+    let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(quants), cpu.upload(scales), cpu.upload(nw));
+    let op = cpu.upload(out0);
+    let grid = gemv_grid(m, n, silu, mb, bn);
+    let (norm, residual) = (fuse == Fuse::Norm, fuse == Fuse::Residual);
+    macro_rules! go {
+        ($k:path) => {{
+            use $k as kk;
+            let args = kk::Args {
+                x_ptr: xp.cast(),
+                q_ptr: qp.cast(),
+                s_ptr: sp.cast(),
+                nw_ptr: np.cast(),
+                out_ptr: op.cast(),
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                eps,
+                _marker: PhantomData,
+            };
+            let config = kk::Config::new(T::DTYPE, silu, norm, residual, mb, bn, bk);
+            kk::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?
+        }};
+    }
+    match format {
+        QuantFormat::Q4_0 => go!(fused::gemv_q4_0_fused),
+        QuantFormat::Q4_1 => go!(fused::gemv_q4_1_fused),
+        QuantFormat::Q8_0 => go!(fused::gemv_q8_0_fused),
+    }
+    Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
+}
+
+/// One random fused case against `reference::quant::{rms_normed,
+/// residual_add}` composed with the plain GEMV reference. With the norm, the
+/// kernel's f32 `rstd` may move an intermediate rounding of a normed
+/// activation by a unit of `T` (see `reference::norm::add_rmsnorm_scaled`):
+/// the tolerance adds two such units of every product and the f32 error of
+/// `rstd` (a common factor), `(4 ROUND + 2^-19) * abs`.
+#[allow(clippy::too_many_arguments)]
+fn fused_case<T: Act>(
+    seed: u64,
+    format: QuantFormat,
+    silu: bool,
+    fuse: Fuse,
+    tiles: (usize, usize, usize),
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), TestCaseError> {
+    let eps = 1e-5f32;
+    let mut rng = Rng::new(seed);
+    let x = activations::<T>(&mut rng, m * k);
+    let nw = activations::<T>(&mut rng, k);
+    let out0 = if fuse == Fuse::Residual {
+        activations::<T>(&mut rng, m * n)
+    } else {
+        vec![T::from_f32(0.0); m * n]
+    };
+    let f64s = |v: &[T]| v.iter().map(|e| e.to_f64()).collect::<Vec<f64>>();
+    let xf = match fuse {
+        Fuse::Norm => r::rms_normed(&f64s(&x), &f64s(&nw), m, k, eps as f64, T::DTYPE, 1.0),
+        Fuse::Residual => f64s(&x),
+    };
+    let fail = |e: kernels::dequant::RepackError| TestCaseError::fail(e.to_string());
+    let g_raw = gguf_weight(&mut rng, format, n, k);
+    let g = r::gemv(format, &g_raw, n, k, &xf, m);
+    let (weight, up) = if silu {
+        let u_raw = gguf_weight(&mut rng, format, n, k);
+        let gr = repack(format, &g_raw, n, k).map_err(fail)?;
+        let ur = repack(format, &u_raw, n, k).map_err(fail)?;
+        (interleave_gate_up(&gr, &ur).map_err(fail)?, Some(r::gemv(format, &u_raw, n, k, &xf, m)))
+    } else {
+        (repack(format, &g_raw, n, k).map_err(fail)?, None)
+    };
+    let got = run_fused::<T>(
+        format,
+        silu,
+        fuse,
+        tiles,
+        &x,
+        &nw,
+        &out0,
+        &weight.quants,
+        &weight.scales,
+        (m, n, k),
+        eps,
+    )
+    .map_err(TestCaseError::fail)?;
+    // Two units of the normed activations' roundings, plus the f32 sum of
+    // squares (at most ~20 roundings deep here) through `rsqrt`.
+    let slack = if fuse == Fuse::Norm { 4.0 * T::ROUND + 32.0 * f64::powi(2.0, -24) } else { 0.0 };
+    for (i, &got_i) in got.iter().enumerate() {
+        let eg = r::error_bound(format, k, tiles.2, g.abs[i]) + slack * g.abs[i];
+        let (y, tol) = match &up {
+            Some(u) => {
+                let eu = r::error_bound(format, k, tiles.2, u.abs[i]) + slack * u.abs[i];
+                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
+            }
+            None => (g.y[i], eg),
+        };
+        let (want, tol) = match fuse {
+            Fuse::Norm => (y, tol + T::ROUND * (y.abs() + tol) + 1e-30),
+            Fuse::Residual => {
+                let want = r::residual_add(y, out0[i].to_f64(), T::DTYPE);
+                let tol = tol + T::ROUND * (y.abs() + tol) + T::ROUND * (want.abs() + 2.0 * tol) + 1e-30;
+                (want, tol)
+            }
+        };
+        prop_assert!(
+            (got_i - want).abs() <= tol,
+            "{format:?} {tiles:?} {fuse:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {}, want {want} (tol {tol:e})",
+            i / n,
+            i % n,
+            got_i
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(cases(40))]
+
+    /// Fused GEMVs: all formats, both dtypes, the norm prologue (with and
+    /// without SiLU-mul) and the residual epilogue, odd M, ragged N and K.
+    #[test]
+    fn fused_gemv_random(
+        (format, tiles) in format_strategy().prop_flat_map(|f| (Just(f), gemv_tiles_strategy(f))),
+        m in prop_oneof![Just(1usize), Just(3), Just(5), Just(9)],
+        n in 1usize..40,
+        kb in 1usize..13,
+        fuse in prop_oneof![Just(Fuse::Norm), Just(Fuse::Residual)],
+        silu in any::<bool>(),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let silu = silu && fuse == Fuse::Norm;
+        if bf {
+            fused_case::<bf16>(seed, format, silu, fuse, tiles, m, n, 32 * kb)?;
+        } else {
+            fused_case::<f32>(seed, format, silu, fuse, tiles, m, n, 32 * kb)?;
+        }
+    }
+}
+
+/// The fused GEMVs at the SmolLM2 decode shapes with the runtime's tiles: the
+/// QKV (N = 960) and gate/up (N = 1536, SiLU) projections with the norm
+/// prologue and O/down (N = 576) with the residual epilogue, K = 576 (or 1536
+/// for down), Q4_1 in f32 and bf16, plus an odd N.
+#[test]
+fn fused_gemv_smollm2_shapes() {
+    let cases = [
+        (960, 576, false, Fuse::Norm),
+        (1536, 576, true, Fuse::Norm),
+        (576, 576, false, Fuse::Residual),
+        (576, 1536, false, Fuse::Residual),
+        (577, 576, false, Fuse::Norm),
+    ];
+    for (i, &(n, k, silu, fuse)) in cases.iter().enumerate() {
+        let rows = if silu { 2 * n } else { n };
+        let t = gemv_tiles(QuantFormat::Q4_1, 1, rows, k);
+        let tiles = (t.m_block, t.block_n, t.block_k);
+        fused_case::<f32>(i as u64, QuantFormat::Q4_1, silu, fuse, tiles, 1, n, k).unwrap();
+        fused_case::<bf16>(i as u64 + 100, QuantFormat::Q4_1, silu, fuse, tiles, 1, n, k).unwrap();
+    }
+    // The tied LM head's format with the final norm, a ragged N.
+    let t = gemv_tiles(QuantFormat::Q8_0, 1, 301, 576);
+    fused_case::<f32>(
+        7,
+        QuantFormat::Q8_0,
+        false,
+        Fuse::Norm,
+        (t.m_block, t.block_n, t.block_k),
+        1,
+        301,
+        576,
+    )
+    .unwrap();
+}
+
+/// The norm and residual tolerances catch a missing or wrong fusion: the
+/// norm prologue without its weights (all ones) and the residual epilogue
+/// without the residual (a zeroed `out`) both fail the check.
+#[test]
+fn fused_gemv_wrong_fusion_is_caught() {
+    let (m, n, k) = (2, 5, 96);
+    let mut rng = Rng::new(5);
+    let x = activations::<f32>(&mut rng, m * k);
+    let nw = activations::<f32>(&mut rng, k);
+    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
+    let w = repack(QuantFormat::Q4_1, &raw, n, k).unwrap();
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let nf: Vec<f64> = nw.iter().map(|v| v.to_f64()).collect();
+    let normed = r::rms_normed(&xf, &nf, m, k, 1e-5, dsl_core::DType::F32, 1.0);
+    let want = r::gemv(QuantFormat::Q4_1, &raw, n, k, &normed, m);
+    let tiles = (2, 4, 64);
+    let within = |got: &[f64], want: &[f64]| {
+        got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-4 * w.abs().max(1.0))
+    };
+    let zeros = vec![0.0f32; m * n];
+    let run = |nw: &[f32], out0: &[f32], fuse| {
+        run_fused::<f32>(
+            QuantFormat::Q4_1,
+            false,
+            fuse,
+            tiles,
+            &x,
+            nw,
+            out0,
+            &w.quants,
+            &w.scales,
+            (m, n, k),
+            1e-5,
+        )
+        .unwrap()
+    };
+    assert!(within(&run(&nw, &zeros, Fuse::Norm), &want.y));
+    assert!(!within(&run(&vec![1.0; k], &zeros, Fuse::Norm), &want.y), "norm weights ignored");
+    let plain = r::gemv(QuantFormat::Q4_1, &raw, n, k, &xf, m);
+    let res: Vec<f32> = activations::<f32>(&mut rng, m * n);
+    let want_res: Vec<f64> =
+        plain.y.iter().zip(&res).map(|(y, r)| r::residual_add(*y, *r as f64, dsl_core::DType::F32)).collect();
+    assert!(within(&run(&nw, &res, Fuse::Residual), &want_res));
+    assert!(!within(&run(&nw, &zeros, Fuse::Residual), &want_res), "residual ignored");
 }

@@ -3,6 +3,11 @@
 //! branch with phis at the merge; `while` becomes a header running the
 //! "before" region, a conditional exit, and the "after" region as the body.
 //!
+//! A `for` also applies the tensor-core plan (`dot/plan.rs`): accumulators it
+//! carries in the `mma` layout are converted on entry and exit, and the A
+//! fragments of loop-invariant `dot` operands are loaded before the loop and
+//! forgotten after it.
+//!
 //! Invariant: conditions are scalars, so every thread takes the same path and
 //! barriers inside regions stay uniform. A `for` whose bounds are signed
 //! compares signed, unsigned types compare unsigned.
@@ -55,7 +60,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let lb = self.regs(args[0])?[0];
                 let ub = self.regs(args[1])?[0].into_int_value();
                 let step = self.regs(args[2])?[0].into_int_value();
-                let init: Vec<Regs<'ctx>> = args[3..].iter().map(|&a| self.regs(a)).collect::<Result<_>>()?;
+                let mut init: Vec<Regs<'ctx>> =
+                    args[3..].iter().map(|&a| self.regs(a)).collect::<Result<_>>()?;
+                // Accumulators carried in the tensor-core layout enter it here.
+                let carried = self.mma.carried.get(&inst).cloned().unwrap_or_default();
+                for &(pos, l) in &carried {
+                    init[pos] = self.convert_to_mma(args[3 + pos], &l)?;
+                }
+                // Loop-invariant `dot` operands become A fragments here.
+                let hoisted = self.mma.hoisted.get(&inst).cloned().unwrap_or_default();
+                for &(v, l) in &hoisted {
+                    self.hoist_a(v, &l)?;
+                }
                 let pre = self.cur_block()?;
                 let head = self.ctx.append_basic_block(self.func, "for.head");
                 let body = self.ctx.append_basic_block(self.func, "for.body");
@@ -79,7 +95,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 Self::add_incoming(&phis, &yielded, latch);
                 self.b.build_unconditional_branch(head)?;
                 self.b.position_at_end(exit);
-                for (r, regs) in results.iter().zip(Self::phi_values(&phis)) {
+                // The fragments dominate only this loop: later `dot`s stage again.
+                for key in &hoisted {
+                    self.afrags.remove(key);
+                }
+                let mut outs = Self::phi_values(&phis);
+                for &(pos, l) in &carried {
+                    outs[pos] = self.convert_from_mma(&outs[pos], &l)?;
+                }
+                for (r, regs) in results.iter().zip(outs) {
                     self.set(*r, regs);
                 }
             }

@@ -4,6 +4,9 @@
 //! Invariants:
 //! - A value of type `T` lowers to `Layout::with_cap(numel(T), threads, spt_cap).regs()` LLVM
 //!   values (its registers); scalars have one, uniform across the program.
+//!   The exception are the values the tensor-core plan holds in a
+//!   `dot`'s accumulator layout (`dot/plan.rs`): the loop-carried accumulator
+//!   of a `for` whose only users are that `dot` and the loop's `yield`.
 //! - Register element types: `i1` as `i1`, integers by width, `f16` as `half`,
 //!   `bf16` as `bfloat`, pointers as `ptr addrspace(1)`. In memory `i1` is a byte.
 //! - Every op that moves data between threads uses the one dynamic shared
@@ -66,6 +69,10 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub tid: IntValue<'ctx>,
     smem: Option<PointerValue<'ctx>>,
     pub smem_bytes: u32,
+    /// Which `dot`s use tensor cores and which values stay in their layout.
+    pub mma: dot::plan::MmaPlan,
+    /// A fragments of hoisted `dot` operands: per 16-wide `k` step, per m tile, 4 registers.
+    pub afrags: FxHashMap<(Value, crate::mma::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
     #[allow(dead_code)] // Reserved for target-specific lowering (sm_90a paths).
     pub opts: CompileOptions,
 }
@@ -141,6 +148,8 @@ pub(crate) fn lower_function<'ctx>(
         tid: i32t.const_zero(),
         smem: None,
         smem_bytes: 0,
+        mma: dot::plan::plan(f, threads / 32),
+        afrags: FxHashMap::default(),
         opts: *opts,
     };
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
@@ -476,6 +485,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Lowers one instruction.
     fn lower_inst(&mut self, inst: Inst) -> Result<()> {
+        if self.mma.skipped.contains(&inst) {
+            // A transpose that its only user (a tensor-core `dot`) reads in place.
+            return Ok(());
+        }
         match self.f.insts[inst].op.clone() {
             Op::Creation(o) => self.lower_creation(inst, &o),
             Op::Arith(o) => self.lower_arith(inst, o),

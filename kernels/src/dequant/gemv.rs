@@ -4,6 +4,7 @@
 //! end. See the parent module for the math, the repacked layout, the tiling
 //! and the constexprs.
 
+use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
 /// The dequantized weights `(w_lo, w_hi)` of the two nibbles of the Q4 byte
@@ -126,6 +127,8 @@ pub fn gemv_epilogue(
     m: Tensor,
     n: Tensor,
     silu: bool,
+    residual: bool,
+    dt: DType,
     m_block: usize,
     block_n: usize,
     width: usize,
@@ -150,8 +153,48 @@ pub fn gemv_epilogue(
         let o = arange(0, m_block * block_n);
         let om = pid_m * m_block + o / block_n;
         let on = pid_n * block_n + o % block_n;
-        store(out_ptr + om * n + on, y, mask = om < m && on < n);
+        let ok = om < m && on < n;
+        if residual {
+            // `out = round_T(round_T(y) + out)`: the unfused path's product
+            // rounded to `T`, then add+RMSNorm's rounded residual add.
+            let r = load(out_ptr + om * n + on, mask = ok, other = 0.0).to(f32);
+            store(out_ptr + om * n + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
+        } else {
+            store(out_ptr + om * n + on, y, mask = ok);
+        }
     }
+}
+
+/// The RMSNorm statistic `rsqrt(mean(x[r]^2) + eps)` of the `m_block`
+/// activation rows `r` of this program (rows past `m` clamped to `m - 1`),
+/// in f32: a scalar when `m_block == 1`, else repeated over each row's
+/// `width` elements of a flat `[m_block * width]` tile. The rows are read in
+/// tiles of `1024 / m_block` columns (at least 64), masked past `k`.
+#[kernel_fn]
+pub fn row_rstd(x_ptr: Tensor, m: Tensor, k: Tensor, eps: Tensor, m_block: usize, width: usize) -> Tensor {
+    let rb = (1024 / m_block).max(64);
+    let i = arange(0, m_block * rb);
+    let row = minimum(program_id(1) * m_block + i / rb, m - 1);
+    let mut ss = zeros([m_block * rb], f32);
+    for k0 in range(0, k, rb) {
+        let kk = k0 + i % rb;
+        let v = load(x_ptr + row * k + kk, mask = kk < k, other = 0.0).to(f32);
+        ss = fma(v, v, ss);
+    }
+    if m_block == 1 {
+        rsqrt(sum(ss, 0) / k + eps)
+    } else {
+        let r = rsqrt(sum(reshape(ss, [m_block, rb]), 1) / k + eps);
+        reshape(broadcast_to(expand_dims(r, 1), [m_block, width]), [m_block * width])
+    }
+}
+
+/// The GEMV operand of activations `xv` (in `T`): `f32(xv)` without `norm`;
+/// with `norm`, add+RMSNorm's rounding sequence `round_T(round_T(xv * rs) *
+/// nw)` in f32 (`rs` from [`row_rstd`], `nv` the norm weights in `T`).
+#[kernel_fn]
+pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -> Tensor {
+    if norm { ((xv.to(f32) * rs).to(dt).to(f32) * nv.to(f32)).to(dt).to(f32) } else { xv.to(f32) }
 }
 
 /// The Q4 GEMV shared by [`gemv_q4_0`] and [`gemv_q4_1`] (`has_min`).
@@ -171,8 +214,13 @@ pub fn gemv_q4_body(
     m: Tensor,
     n: Tensor,
     k: Tensor,
+    nw_ptr: Tensor,
+    eps: Tensor,
     has_min: bool,
     silu: bool,
+    norm: bool,
+    residual: bool,
+    dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
@@ -197,6 +245,9 @@ pub fn gemv_q4_body(
     let c = xl_ % half;
     let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
     let x_off = mrow * k + c / 16 * 32 + c % 16;
+    // The norm weights' offsets: the activations' within the row.
+    let n_off = if norm { c / 16 * 32 + c % 16 } else { c };
+    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
     let mut acc = zeros([m_block * wn], f32);
     let k_full = k / block_k * block_k;
     // Software pipelining: the loads of tile i + 1 are issued before tile i
@@ -216,8 +267,11 @@ pub fn gemv_q4_body(
         let xb_next = load(x_ptr + x_off + nk + 16);
         let (d, off) = q4_scale_decode(sr, has_min);
         let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        acc = fma(repeat_rows(w_lo, m_block, wn), xa.to(f32), acc);
-        acc = fma(repeat_rows(w_hi, m_block, wn), xb.to(f32), acc);
+        // The norm weights are tiny and cached: loaded in the tile's step.
+        let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+        acc = fma(repeat_rows(w_lo, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
+        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
+        acc = fma(repeat_rows(w_hi, m_block, wn), gemv_operand(xb, nb_, rs, norm, dt), acc);
         wd = wd_next;
         sr = sr_next;
         xa = xa_next;
@@ -234,12 +288,17 @@ pub fn gemv_q4_body(
         let xkb = k0 / 32 + c / 16;
         let valid = xkb < nb;
         let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
-        let xl = where_(valid, load(xk).to(f32), 0.0);
-        let xh = where_(valid, load(xk + 16).to(f32), 0.0);
+        let xl_t = load(xk);
+        let ko = if norm { minimum(xkb, nb - 1) * 32 + c % 16 } else { xkb };
+        let nl = if norm { load(nw_ptr + ko) } else { xl_t };
+        let xl = where_(valid, gemv_operand(xl_t, nl, rs, norm, dt), 0.0);
+        let xh_t = load(xk + 16);
+        let nh = if norm { load(nw_ptr + ko + 16) } else { xh_t };
+        let xh = where_(valid, gemv_operand(xh_t, nh, rs, norm, dt), 0.0);
         acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
         acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, m_block, block_n, half);
+    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, half);
 }
 
 /// The Q8_0 GEMV ([`gemv_q8_0`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
@@ -255,7 +314,12 @@ pub fn gemv_q8_body(
     m: Tensor,
     n: Tensor,
     k: Tensor,
+    nw_ptr: Tensor,
+    eps: Tensor,
     silu: bool,
+    norm: bool,
+    residual: bool,
+    dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
@@ -274,6 +338,7 @@ pub fn gemv_q8_body(
     let c = xl_ % block_k;
     let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
     let x_off = mrow * k + c;
+    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
     let mut acc = zeros([m_block * wn], f32);
     let k_full = k / block_k * block_k;
     // Software pipelining as in the Q4 GEMV.
@@ -287,7 +352,8 @@ pub fn gemv_q8_body(
         let sr_next = load(s_ptr + s_idx + nk / 32);
         let xa_next = load(x_ptr + x_off + nk);
         let w = q8_weights(wd, sh, sr.to(f32));
-        acc = fma(repeat_rows(w, m_block, wn), xa.to(f32), acc);
+        let na = if norm { load(nw_ptr + c + k0) } else { xa };
+        acc = fma(repeat_rows(w, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
         wd = wd_next;
         sr = sr_next;
         xa = xa_next;
@@ -300,10 +366,12 @@ pub fn gemv_q8_body(
         let w = q8_weights(wd, sh, d);
         let xk = k0 + c;
         let valid = xk < k;
-        let x = where_(valid, load(x_ptr + mrow * k + minimum(xk, k - 1)).to(f32), 0.0);
+        let xt = load(x_ptr + mrow * k + minimum(xk, k - 1));
+        let nt = if norm { load(nw_ptr + minimum(xk, k - 1)) } else { xt };
+        let x = where_(valid, gemv_operand(xt, nt, rs, norm, dt), 0.0);
         acc = fma(repeat_rows(w, m_block, wn), x, acc);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, m_block, block_n, block_k);
+    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, block_k);
 }
 
 /// Q4_1 GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked Q4_1
@@ -344,7 +412,10 @@ pub fn gemv_q4_1<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, M_BLOCK, BLOCK_N, BLOCK_K);
+    gemv_q4_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, true, SILU, false, false, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
 }
 
 /// Q4_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q4_0 (`w = d * (q - 8)`).
@@ -377,7 +448,10 @@ pub fn gemv_q4_0<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, M_BLOCK, BLOCK_N, BLOCK_K);
+    gemv_q4_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, false, SILU, false, false, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
 }
 
 /// Q8_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q8_0 (`w = d * q`), e.g.
@@ -411,5 +485,7 @@ pub fn gemv_q8_0<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, M_BLOCK, BLOCK_N, BLOCK_K);
+    gemv_q8_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, SILU, false, false, T, M_BLOCK, BLOCK_N, BLOCK_K,
+    );
 }

@@ -22,6 +22,11 @@
 //! gate's row `j`, row `2j + 1` the up's), and `out[M, N] = silu(g) * u`
 //! with `g`, `u` the two f32 products, `silu(g) = g * sigmoid(g)`.
 //!
+//! Fused decode GEMVs ([`fused`]): the same GEMV with an RMSNorm prologue
+//! (each program recomputes its rows' `rstd` and normalizes the activations
+//! as it loads them) or a residual-add epilogue (`out += x @ W^T` in place),
+//! which removes the separate norm kernels from a decode step.
+//!
 //! # Layout contract
 //!
 //! - `x`: row-major `[M, K]` in `T`, contiguous (row stride `K`).
@@ -92,6 +97,7 @@
 //! - `num_warps`: autotune configs are declared (keyed on `m, n, k`); the
 //!   untuned defaults are [`gemv_tiles`] and [`gemm_tiles`].
 
+pub mod fused;
 pub mod gemm;
 pub mod gemv;
 pub mod repack;

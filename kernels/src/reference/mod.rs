@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod embedding;
+pub mod matmul;
 pub mod norm;
 pub mod quant;
 pub mod rope;

@@ -17,6 +17,7 @@
 //! `S = sum_k (|w_k| + |m_b| + 16 |d_b|) * |x_k|` ([`Gemv::abs`]).
 
 use crate::dequant::repack::{BLOCK_VALUES, QuantFormat};
+use dsl_core::DType;
 use dsl_core::half::f16;
 
 /// `2^-24`, the unit roundoff of f32.
@@ -114,6 +115,30 @@ pub fn error_bound(format: QuantFormat, k: usize, block_k: usize, abs: f64) -> f
 pub fn silu_mul_bound(g: f64, u: f64, eg: f64, eu: f64) -> f64 {
     let s = g / (1.0 + (-g).exp());
     1.1 * eg * u.abs() + (s.abs() + 1.1 * eg) * eu + (g * u).abs() * f64::powi(2.0, -20)
+}
+
+/// The activations a fused GEMV with an RMSNorm prologue multiplies
+/// (`crate::dequant::fused`): each row of `x` (`[m, k]`, values in `dtype`)
+/// normed as add+RMSNorm's output, `round_T(round_T(x * rstd * rstd_scale) *
+/// nw)` with `rstd` in f64 (see `crate::reference::norm::add_rmsnorm_scaled`
+/// for why a kernel may differ by a unit of the roundings).
+pub fn rms_normed(
+    x: &[f64],
+    nw: &[f64],
+    m: usize,
+    k: usize,
+    eps: f64,
+    dtype: DType,
+    rstd_scale: f64,
+) -> Vec<f64> {
+    let zeros = vec![0.0; m * k];
+    super::norm::add_rmsnorm_scaled(x, &zeros, nw, m, k, eps, dtype, rstd_scale).0
+}
+
+/// The residual epilogue of a fused GEMV: `round_T(round_T(y) + r)`, the
+/// sum formed in f32 (as add+RMSNorm adds).
+pub fn residual_add(y: f64, r: f64, dtype: DType) -> f64 {
+    dtype.round_float((dtype.round_float(y) + r) as f32 as f64)
 }
 
 #[cfg(test)]

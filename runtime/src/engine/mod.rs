@@ -24,6 +24,11 @@
 //! request recomputes its history and continues where it was); the engine
 //! never calls the model with an empty step, and a step in which nothing can
 //! be scheduled while requests remain is an error, not a hang.
+//!
+//! With speculation on ([`Engine::set_speculation`], see [`crate::spec`]),
+//! decoding sequences get draft tokens before each plan, their entries verify
+//! `1 + k` positions in the same varlen forward, and one step may emit several
+//! tokens per request (still never past a stop token or `max_tokens`).
 
 use crate::check::Sample;
 use crate::error::{Error, Result};
@@ -31,6 +36,7 @@ use crate::kv::SeqId;
 use crate::model::sampler::{SampleRow, Sampled, SamplingParams};
 use crate::model::{Device, Model, Step};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
+use crate::spec::{Drafter, SpecConfig, SpecStats, accept_len, ngram::NgramDrafter};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -114,6 +120,8 @@ pub struct Engine<D: Device, T: Sample> {
     live: HashMap<SeqId, Live>,
     done: Vec<Completion>,
     stats: EngineStats,
+    spec: Option<(SpecConfig, Box<dyn Drafter<D> + Send>)>,
+    spec_stats: SpecStats,
 }
 
 impl<D: Device, T: Sample> Engine<D, T> {
@@ -130,7 +138,15 @@ impl<D: Device, T: Sample> Engine<D, T> {
             )));
         }
         let scheduler = Scheduler::new(config)?;
-        Ok(Engine { model, scheduler, live: HashMap::new(), done: Vec::new(), stats: EngineStats::default() })
+        Ok(Engine {
+            model,
+            scheduler,
+            live: HashMap::new(),
+            done: Vec::new(),
+            stats: EngineStats::default(),
+            spec: None,
+            spec_stats: SpecStats::default(),
+        })
     }
 
     /// The model.
@@ -151,6 +167,37 @@ impl<D: Device, T: Sample> Engine<D, T> {
     /// Work counters so far.
     pub fn stats(&self) -> EngineStats {
         self.stats
+    }
+
+    /// Turns speculative decoding on (`Some`) or off; errors for invalid
+    /// settings.
+    pub fn set_speculation(&mut self, config: Option<SpecConfig>) -> Result<()> {
+        self.spec = match config {
+            None => None,
+            Some(c) if c.method == crate::spec::SpecMethod::Draft => {
+                return Err(Error::Usage("the draft-model drafter is installed with set_drafter".into()));
+            }
+            Some(c) => {
+                c.validate()?;
+                Some((c, Box::new(NgramDrafter { max: c.ngram_max, min: c.ngram_min })))
+            }
+        };
+        Ok(())
+    }
+
+    /// Turns speculative decoding on with `k` drafts per step from `drafter`
+    /// (a draft model, or a test drafter).
+    pub fn set_drafter(&mut self, k: usize, drafter: Box<dyn Drafter<D> + Send>) -> Result<()> {
+        let mut c = SpecConfig::ngram(k);
+        c.validate()?;
+        c.method = crate::spec::SpecMethod::Draft;
+        self.spec = Some((c, drafter));
+        Ok(())
+    }
+
+    /// Speculation counters so far (all zero without speculation).
+    pub fn spec_stats(&self) -> SpecStats {
+        self.spec_stats
     }
 
     /// Whether any request is still running or waiting.
@@ -203,6 +250,7 @@ impl<D: Device, T: Sample> Engine<D, T> {
         if self.live.is_empty() {
             return Ok(Vec::new());
         }
+        self.propose_drafts(dev)?;
         let plan = self.scheduler.schedule()?;
         self.stats.preemptions += plan.preempted.len() as u64;
         if plan.is_empty() {
@@ -225,17 +273,26 @@ impl<D: Device, T: Sample> Engine<D, T> {
         let stride = plan.max_blocks_per_seq().max(1);
         let tables = plan.block_tables(stride)?;
         let logits = plan.logits_indices();
-        let rows: Vec<usize> = logits.iter().map(|&(_, r)| r).collect();
+        // A sequence with `d` drafts samples its last `d + 1` rows, row `j`
+        // with the seed step and history plain decoding would give it.
+        let mut rows = Vec::with_capacity(logits.len());
         let mut sample_rows = Vec::with_capacity(logits.len());
-        for &(seq, _) in &logits {
+        let mut drafts = Vec::with_capacity(logits.len());
+        for &(seq, r) in &logits {
             let live = self.live.get(&seq).ok_or_else(|| unknown(seq))?;
             let s = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
-            sample_rows.push(SampleRow {
-                params: &live.req.params,
-                step: live.tokens.len() as u32,
-                tokens: s.tokens(),
-                prompt_len: s.prompt().len(),
-            });
+            let d = s.num_draft();
+            let base = s.len() - d;
+            for j in 0..=d {
+                rows.push(r - d + j);
+                sample_rows.push(SampleRow {
+                    params: &live.req.params,
+                    step: (live.tokens.len() + j) as u32,
+                    tokens: &s.tokens()[..base + j],
+                    prompt_len: s.prompt().len(),
+                });
+            }
+            drafts.push(d);
         }
         let step = Step {
             tokens: &tokens,
@@ -250,46 +307,113 @@ impl<D: Device, T: Sample> Engine<D, T> {
         let sampled = self.model.forward_sample(dev, &step, &sample_rows)?;
         drop(sample_rows);
         self.stats.steps += 1;
-        self.stats.decode_tokens += plan.num_decodes as u64;
-        self.stats.prefill_tokens += (tokens.len() - plan.num_decodes) as u64;
+        let decode_tokens: usize = plan.seqs[..plan.num_decodes].iter().map(|e| e.tokens.len()).sum();
+        self.stats.decode_tokens += decode_tokens as u64;
+        self.stats.prefill_tokens += (tokens.len() - decode_tokens) as u64;
         let now = Instant::now();
         let mut events = Vec::with_capacity(sampled.len());
-        for (&(seq, _), s) in logits.iter().zip(sampled) {
-            events.push(self.accept(seq, s, now)?);
+        let mut at = 0;
+        for (&(seq, _), &d) in logits.iter().zip(&drafts) {
+            events.extend(self.accept(seq, &sampled[at..at + d + 1], d, now)?);
+            at += d + 1;
         }
         Ok(events)
     }
 
-    /// Records the token sampled for `seq` and ends the request when a stop
-    /// condition holds.
-    fn accept(&mut self, seq: SeqId, s: Sampled, now: Instant) -> Result<Event> {
+    /// Records the tokens sampled for `seq`, whose last `drafts` history
+    /// tokens are drafts verified by `samples` (`drafts + 1` rows): the
+    /// accepted drafts and the correction (or bonus) token are emitted in
+    /// order until a stop condition ends the request, and the sequence is
+    /// rolled back to what was emitted.
+    fn accept(&mut self, seq: SeqId, samples: &[Sampled], drafts: usize, now: Instant) -> Result<Vec<Event>> {
         let max_model_len = self.scheduler.config().max_model_len;
-        let len = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?.len();
-        let live = self.live.get_mut(&seq).ok_or_else(|| unknown(seq))?;
-        match live.last {
-            None => live.ttft = now - live.added,
-            Some(t) => live.itl.push(now - t),
-        }
-        live.last = Some(now);
-        let finish = if live.req.stop_tokens.contains(&s.token) {
-            Some(FinishReason::StopToken(s.token))
-        } else {
-            live.tokens.push(s.token);
-            live.logprobs.push(s.logprob);
-            if live.tokens.len() >= live.req.max_tokens {
-                Some(FinishReason::MaxTokens)
-            } else if len + 1 >= max_model_len {
-                Some(FinishReason::MaxModelLen)
-            } else {
-                None
-            }
+        let (base, proposed) = {
+            let s = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
+            (s.len() - drafts, s.tokens()[s.len() - drafts..].to_vec())
         };
-        let token = (!matches!(finish, Some(FinishReason::StopToken(_)))).then_some(s.token);
-        match finish {
-            Some(reason) => self.finish(seq, reason)?,
-            None => self.scheduler.append_token(seq, s.token)?,
+        let ids: Vec<u32> = samples.iter().map(|s| s.token).collect();
+        let m = accept_len(&proposed, &ids);
+        if drafts > 0 {
+            self.spec_stats.verifications += 1;
+            self.spec_stats.proposed += drafts as u64;
+            self.spec_stats.accepted += m as u64;
         }
-        Ok(Event { seq, token, logprob: s.logprob, finish })
+        let mut events = Vec::with_capacity(m + 1);
+        for (i, s) in samples[..=m].iter().enumerate() {
+            let live = self.live.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+            match live.last {
+                None => live.ttft = now - live.added,
+                Some(t) => live.itl.push(now - t),
+            }
+            live.last = Some(now);
+            let finish = if live.req.stop_tokens.contains(&s.token) {
+                Some(FinishReason::StopToken(s.token))
+            } else {
+                live.tokens.push(s.token);
+                live.logprobs.push(s.logprob);
+                if live.tokens.len() >= live.req.max_tokens {
+                    Some(FinishReason::MaxTokens)
+                } else if base + i + 1 >= max_model_len {
+                    Some(FinishReason::MaxModelLen)
+                } else {
+                    None
+                }
+            };
+            let token = (!matches!(finish, Some(FinishReason::StopToken(_)))).then_some(s.token);
+            events.push(Event { seq, token, logprob: s.logprob, finish });
+            if let Some(reason) = finish {
+                if drafts > 0 {
+                    self.spec_stats.emitted += i as u64 + 1;
+                    self.scheduler.rollback(seq, base + i)?;
+                }
+                self.finish(seq, reason)?;
+                return Ok(events);
+            }
+        }
+        if drafts > 0 {
+            self.spec_stats.emitted += m as u64 + 1;
+            self.scheduler.rollback(seq, base + m)?;
+        }
+        self.scheduler.append_token(seq, samples[m].token)?;
+        Ok(events)
+    }
+
+    /// Proposes drafts for every running sequence that decodes next, capped
+    /// so that the emitted run cannot pass `max_tokens` or `max_model_len`.
+    fn propose_drafts(&mut self, dev: &mut D) -> Result<()> {
+        let Some((cfg, drafter)) = self.spec.as_mut() else { return Ok(()) };
+        let max_model_len = self.scheduler.config().max_model_len;
+        let mut asks: Vec<(SeqId, usize)> = Vec::new();
+        for &id in self.scheduler.running() {
+            let (Some(s), Some(live)) = (self.scheduler.sequence(id), self.live.get(&id)) else { continue };
+            if s.num_computed() + 1 != s.len() || s.num_draft() != 0 {
+                continue;
+            }
+            let remaining = live.req.max_tokens.saturating_sub(live.tokens.len());
+            let k = cfg
+                .num_speculative_tokens
+                .min(remaining.saturating_sub(1))
+                .min(max_model_len.saturating_sub(1 + s.len()));
+            if k > 0 {
+                asks.push((id, k));
+            }
+        }
+        if asks.is_empty() {
+            return Ok(());
+        }
+        let mut requests = Vec::with_capacity(asks.len());
+        for &(id, k) in &asks {
+            requests.push((self.scheduler.sequence(id).ok_or_else(|| unknown(id))?.tokens(), k));
+        }
+        let proposals = drafter.propose(dev, &requests)?;
+        drop(requests);
+        for (&(id, k), mut drafts) in asks.iter().zip(proposals) {
+            drafts.truncate(k);
+            if !drafts.is_empty() {
+                self.scheduler.propose(id, &drafts)?;
+            }
+        }
+        Ok(())
     }
 
     /// Ends `seq` and files its completion.

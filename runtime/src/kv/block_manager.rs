@@ -458,6 +458,29 @@ impl BlockManager {
         Ok(())
     }
 
+    /// Shrinks the table of `seq` to its first `num_slots` slots (rollback of
+    /// rejected speculative tokens): whole blocks past the new end are
+    /// released; a partially used last block is kept and its stale slots are
+    /// overwritten by later writes. Prefix-cache identities of blocks past the
+    /// new end are forgotten (only full computed blocks are ever registered,
+    /// and callers roll back before registering). Errors when `num_slots`
+    /// exceeds the table.
+    pub fn truncate(&mut self, seq: SeqId, num_slots: usize) -> KvResult<()> {
+        let bs = self.block_size;
+        let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        if num_slots > s.num_slots {
+            return Err(bug(seq, format!("truncate to {num_slots} of {} slots", s.num_slots)));
+        }
+        let keep = blocks_for(num_slots, bs);
+        let dropped: Vec<BlockId> = s.blocks.drain(keep..).collect();
+        s.num_slots = num_slots;
+        s.hashed.truncate(num_slots / bs);
+        for &b in dropped.iter().rev() {
+            self.release(b);
+        }
+        Ok(())
+    }
+
     /// Drops the table of `seq` (finished, aborted or preempted). Blocks are
     /// released last first, so a prompt's tail is evicted before its head.
     pub fn free(&mut self, seq: SeqId) -> KvResult<()> {

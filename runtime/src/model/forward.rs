@@ -15,6 +15,20 @@
 //! logits = add_rmsnorm(down, h)[rows] @ Wlm^T                      (only the requested rows)
 //! ```
 //!
+//! Steps of at most [`FUSED_MAX_TOKENS`] tokens (batch-1 decode) run the same
+//! math with the norms and residual adds fused into the GEMVs
+//! ([`kernels::dequant::fused`]), 6 launches per layer instead of 8:
+//!
+//! ```text
+//! per layer l:
+//!     qkv = rmsnorm(h) @ Wqkv^T          (norm in the GEMV prologue)
+//!     rope_kv_write ; attention           (as above)
+//!     h  += a @ Wo^T                      (residual in the GEMV epilogue)
+//!     act = silu(x @ Wg^T) * (x @ Wu^T) with x = rmsnorm(h)
+//!     h  += act @ Wd^T
+//! logits = rmsnorm(h)[rows] @ Wlm^T      (norm in the LM head's prologue)
+//! ```
+//!
 //! Products with at most [`MATMUL_GEMV_MAX_M`] rows (decode batches up to
 //! 64) use the GEMV kernels, larger ones the GEMM kernels. Decode attention splits the context over several
 //! programs (split-KV, then a merge kernel) when the batch alone would not
@@ -76,6 +90,16 @@ use std::time::{Duration, Instant};
 /// decode step took 22 ms through the GEMM path). The GEMV tuning targets
 /// `GEMV_MAX_M` rows.
 pub const MATMUL_GEMV_MAX_M: usize = 4 * GEMV_MAX_M;
+
+/// The most tokens a step may have to take the fused decode path (norms in
+/// the GEMV prologues, residual adds in the epilogues). Measured on an H100
+/// (2026-11-22, bf16, SmolLM2 shapes): at one row the fused GEMVs beat
+/// GEMV + `add_rmsnorm` (batch-1 ITL p50 0.98 -> 0.92 ms), but at 8 rows the
+/// fused kernels are slower than the pair (gate/up with the norm 21.8 us
+/// against 10.9 + 4.2 us: the norm prologue raises register use to ~255), and
+/// batch-64 decode fell from 10.7k to 8.7k tok/s. Larger steps therefore keep
+/// the separate norm kernels.
+pub const FUSED_MAX_TOKENS: usize = 1;
 
 /// Tokens per chunk of the decode-attention kernel.
 pub(super) const DECODE_BLOCK_N: usize = 16;
@@ -308,6 +332,61 @@ fn matmul<D: Device, T: Sample>(
     }
 }
 
+/// A fused decode GEMV (see [`kernels::dequant::fused`]): `out[m, n] =
+/// norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights, eps))`
+/// the RMSNorm prologue, or `out += x @ w^T` in place with `residual`. `x`
+/// and `out` start at element offsets; `m <= MATMUL_GEMV_MAX_M`.
+#[allow(clippy::too_many_arguments)]
+fn gemv_fused<D: Device, T: Sample>(
+    l: &mut Launcher<'_, D>,
+    w: &Matrix<D>,
+    x: (&D::Buf<T>, usize),
+    out: (&D::Buf<T>, usize),
+    m: usize,
+    silu: bool,
+    norm: Option<(&D::Buf<T>, f32)>,
+    residual: bool,
+) -> Result<()> {
+    let dtype = T::DEVICE_DTYPE;
+    let n = if silu { w.n / 2 } else { w.n };
+    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
+    let (np, eps) = match norm {
+        Some((nw, eps)) => (any::<D, T>(nw, 0)?, eps),
+        None => (any::<D, T>(x.0, x.1)?, 0.0),
+    };
+    let qp = D::ptr_at::<u8, u8>(&w.quants, 0)?;
+    let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
+    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
+    let t = gemv_tiles(w.format, m, w.n, w.k);
+    let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
+    macro_rules! launch {
+        ($kernel:ident) => {{
+            use kernels::dequant::fused::$kernel as kk;
+            let args = kk::Args {
+                x_ptr: xp,
+                q_ptr: qp,
+                s_ptr: sp,
+                nw_ptr: np,
+                out_ptr: op,
+                m: mi,
+                n: ni,
+                k: ki,
+                eps,
+                _marker: PhantomData,
+            };
+            let config =
+                kk::Config::new(dtype, silu, norm.is_some(), residual, t.m_block, t.block_n, t.block_k)
+                    .with_warps(t.num_warps);
+            l.run::<kk::Kernel>(grid, &config, &args)
+        }};
+    }
+    match w.format {
+        QuantFormat::Q4_0 => launch!(gemv_q4_0_fused),
+        QuantFormat::Q4_1 => launch!(gemv_q4_1_fused),
+        QuantFormat::Q8_0 => launch!(gemv_q8_0_fused),
+    }
+}
+
 /// `out = add_rmsnorm(x, r)` over `rows` rows (offsets in elements), `h`
 /// (the new residual) written over `r`.
 #[allow(clippy::too_many_arguments)]
@@ -369,8 +448,15 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
     };
     ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)?;
 
+    // Decode-sized steps fuse the norms into the GEMV prologues and the
+    // residual adds into their epilogues; larger ones (the GEMM path) run the
+    // norms as kernels of their own.
+    let fused = n <= FUSED_MAX_TOKENS;
     for (l, layer) in w.layers.iter().enumerate() {
-        if l == 0 {
+        if fused {
+            let norm = Some((&layer.attn_norm, eps));
+            gemv_fused::<D, T>(ln, &layer.qkv, (&s.h, 0), (&s.qkv, 0), n, false, norm, false)?;
+        } else if l == 0 {
             let block = rmsnorm::block_for(e);
             let config = rmsnorm_kernel::Config::new(dtype, block).with_warps(rmsnorm::warps_for(block));
             let args = rmsnorm_kernel::Args {
@@ -386,7 +472,9 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
         } else {
             add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n, e, eps)?;
         }
-        matmul::<D, T>(ln, &layer.qkv, &s.normed, 0, &s.qkv, 0, n, false)?;
+        if !fused {
+            matmul::<D, T>(ln, &layer.qkv, &s.normed, 0, &s.qkv, 0, n, false)?;
+        }
 
         let config = rope_kv_write::Config::new(dtype, nq, nkv, hd);
         let args = rope_kv_write::Args {
@@ -458,14 +546,46 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
             }
         }
 
-        matmul::<D, T>(ln, &layer.o, &s.attn, 0, &s.tmp, 0, n, false)?;
-        add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n, e, eps)?;
-        matmul::<D, T>(ln, &layer.gate_up, &s.normed, 0, &s.act, 0, n, true)?;
-        matmul::<D, T>(ln, &layer.down, &s.act, 0, &s.tmp, 0, n, false)?;
+        if fused {
+            gemv_fused::<D, T>(ln, &layer.o, (&s.attn, 0), (&s.h, 0), n, false, None, true)?;
+            let norm = Some((&layer.ffn_norm, eps));
+            gemv_fused::<D, T>(ln, &layer.gate_up, (&s.h, 0), (&s.act, 0), n, true, norm, false)?;
+            gemv_fused::<D, T>(ln, &layer.down, (&s.act, 0), (&s.h, 0), n, false, None, true)?;
+        } else {
+            matmul::<D, T>(ln, &layer.o, &s.attn, 0, &s.tmp, 0, n, false)?;
+            add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n, e, eps)?;
+            matmul::<D, T>(ln, &layer.gate_up, &s.normed, 0, &s.act, 0, n, true)?;
+            matmul::<D, T>(ln, &layer.down, &s.act, 0, &s.tmp, 0, n, false)?;
+        }
     }
 
     if plan.rows == 0 {
         return Ok(());
+    }
+    if fused {
+        // The residual is complete: one run of rows goes straight into the
+        // LM head with the final norm in its prologue; several runs are
+        // normed into `last` first (so the head reads its weight once).
+        if let [(r, j, count)] = plan.runs[..] {
+            let norm = Some((&w.output_norm, eps));
+            let out = (&s.logits, j * c.vocab_size);
+            return gemv_fused::<D, T>(ln, &w.lm_head, (&s.h, r * e), out, count, false, norm, false);
+        }
+        let block = rmsnorm::block_for(e);
+        let config = rmsnorm_kernel::Config::new(dtype, block).with_warps(rmsnorm::warps_for(block));
+        for &(r, j, count) in &plan.runs {
+            let args = rmsnorm_kernel::Args {
+                x_ptr: any::<D, T>(&s.h, r * e)?,
+                w_ptr: any::<D, T>(&w.output_norm, 0)?,
+                out_ptr: any::<D, T>(&s.last, j * e)?,
+                n_cols: e as i32,
+                stride: e as i32,
+                eps,
+                _marker: PhantomData,
+            };
+            ln.run::<rmsnorm_kernel::Kernel>([count as u32, 1, 1], &config, &args)?;
+        }
+        return matmul::<D, T>(ln, &w.lm_head, &s.last, 0, &s.logits, 0, plan.rows, false);
     }
     // The final norm of the requested rows only, gathered into `last` (one
     // launch per run of consecutive rows).

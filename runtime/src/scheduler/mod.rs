@@ -229,6 +229,47 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Appends speculative `drafts` to running `seq` for verification in the
+    /// next step: the plan then schedules the last sampled token and the
+    /// drafts together as one decode entry of `1 + drafts.len()` tokens (or,
+    /// when the token budget is short or `seq` is preempted, drops the drafts
+    /// and decodes one token). Errors when `seq` is not ready to decode, already
+    /// holds drafts, or would pass `max_model_len`.
+    pub fn propose(&mut self, seq: SeqId, drafts: &[u32]) -> KvResult<()> {
+        let max_model_len = self.config.max_model_len;
+        let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        if s.status != SeqStatus::Running || s.num_computed + 1 != s.tokens.len() || s.num_draft != 0 {
+            return Err(invalid(seq, "drafts were proposed for a sequence that is not ready to decode"));
+        }
+        if s.tokens.len() + drafts.len() > max_model_len {
+            return Err(KvError::TooLong { seq, tokens: s.tokens.len() + drafts.len(), max_model_len });
+        }
+        s.tokens.extend_from_slice(drafts);
+        s.num_draft = drafts.len();
+        Ok(())
+    }
+
+    /// Rolls running `seq` back to its first `len` tokens after a verification
+    /// step (or drops unverified drafts): the history, the computed count and
+    /// the block table shrink to `len` (whole blocks past it are freed), and
+    /// the draft count is cleared. `len` may not cut into the prompt. Call it
+    /// between steps, before the next [`Scheduler::schedule`] or
+    /// [`Scheduler::finish`], so no block holding rejected tokens is ever
+    /// registered in the prefix cache.
+    pub fn rollback(&mut self, seq: SeqId, len: usize) -> KvResult<()> {
+        let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        if len < s.num_prompt_tokens || len > s.tokens.len() {
+            return Err(invalid(seq, format!("rollback to {len} of {} tokens", s.tokens.len())));
+        }
+        s.tokens.truncate(len);
+        s.num_draft = 0;
+        if s.num_computed > len {
+            s.num_computed = len;
+            self.blocks.truncate(seq, len)?;
+        }
+        Ok(())
+    }
+
     /// Ends `seq` (stop condition, length limit or abort) in any state, frees
     /// its blocks (computed full blocks stay in the prefix cache) and returns
     /// its final state. Call it between steps, after the last plan ran.
@@ -292,19 +333,25 @@ impl Scheduler {
         st.plan.finished = std::mem::take(&mut self.finished);
 
         // 1. Decodes, oldest first.
-        let decodes: Vec<SeqId> = self.running.iter().copied().filter(|id| self.left(*id) == 1).collect();
+        let decodes: Vec<SeqId> = self.running.iter().copied().filter(|id| self.is_decode(*id)).collect();
         for id in decodes {
             if st.budget == 0 {
                 break;
             }
             if self.running.contains(&id) {
-                self.schedule_running(id, 1, &mut st)?;
+                let mut n = self.left(id);
+                if n > st.budget {
+                    self.drop_drafts(id)?;
+                    n = 1;
+                }
+                self.schedule_running(id, n, &mut st)?;
             }
         }
         st.plan.num_decodes = st.plan.seqs.len();
 
         // 2. Chunks of running prefills, oldest first.
-        let prefills: Vec<SeqId> = self.running.iter().copied().filter(|id| self.left(*id) > 1).collect();
+        let prefills: Vec<SeqId> =
+            self.running.iter().copied().filter(|id| self.left(*id) > 1 && !self.is_decode(*id)).collect();
         for id in prefills {
             if st.budget == 0 {
                 break;
@@ -336,7 +383,32 @@ impl Scheduler {
                 self.push_entry(id, alloc, &mut st)?;
             }
         }
+        // Drafts of sequences that did not get into this step are dropped.
+        let unscheduled: Vec<SeqId> = self
+            .seqs
+            .values()
+            .filter(|s| s.num_draft > 0 && !st.scheduled.contains(&s.id))
+            .map(|s| s.id)
+            .collect();
+        for id in unscheduled {
+            self.drop_drafts(id)?;
+        }
         Ok(st.plan)
+    }
+
+    /// Whether running `id` decodes this step: one token left, or one plus
+    /// its speculative drafts.
+    fn is_decode(&self, id: SeqId) -> bool {
+        self.seqs.get(&id).is_some_and(|s| s.tokens.len() - s.num_computed == 1 + s.num_draft)
+    }
+
+    /// Removes the unverified drafts of `id` from its history.
+    fn drop_drafts(&mut self, id: SeqId) -> KvResult<()> {
+        let s = self.seqs.get_mut(&id).ok_or(KvError::UnknownSeq(id))?;
+        let n = s.tokens.len() - s.num_draft;
+        s.tokens.truncate(n);
+        s.num_draft = 0;
+        Ok(())
     }
 
     /// Tokens of `id` not yet computed (0 for an unknown id).
@@ -366,6 +438,7 @@ impl Scheduler {
 
     /// Preempts running `id` by recompute.
     fn preempt(&mut self, id: SeqId) -> KvResult<()> {
+        self.drop_drafts(id)?;
         let s = self.seqs.get_mut(&id).ok_or(KvError::UnknownSeq(id))?;
         self.blocks.cache_full_blocks(id, &s.tokens, s.num_computed)?;
         self.blocks.free(id)?;

@@ -2,11 +2,13 @@
 //! scheduler tracks it.
 //!
 //! Invariants: `tokens` starts with the prompt (`num_prompt_tokens` of them)
-//! followed by the generated tokens, and only ever grows; `num_computed <=
+//! followed by the generated tokens, and only grows (except speculative rollback); `num_computed <=
 //! tokens.len()` counts the leading tokens whose KV is in the cache (or is
 //! being written by the current step). Preemption resets `num_computed` to 0
 //! and leaves `tokens` alone, so a resumed sequence recomputes the exact same
-//! history.
+//! history. Speculative draft tokens (`num_draft` of them) are appended to
+//! `tokens` for one step only and dropped or accepted by
+//! [`super::Scheduler::rollback`] before the next plan; preemption drops them.
 
 use crate::kv::SeqId;
 
@@ -49,6 +51,9 @@ pub struct Sequence {
     pub(super) num_computed: usize,
     pub(super) status: SeqStatus,
     pub(super) num_preemptions: u32,
+    /// Speculative draft tokens at the end of `tokens`, proposed for the next
+    /// step's verification (0 outside speculative decoding).
+    pub(super) num_draft: usize,
 }
 
 impl Sequence {
@@ -62,6 +67,7 @@ impl Sequence {
             num_computed: 0,
             status: SeqStatus::Waiting,
             num_preemptions: 0,
+            num_draft: 0,
         }
     }
 
@@ -109,6 +115,13 @@ impl Sequence {
     /// Where the sequence is.
     pub fn status(&self) -> SeqStatus {
         self.status
+    }
+
+    /// Draft tokens at the end of [`Sequence::tokens`] awaiting verification
+    /// (set by [`super::Scheduler::propose`], cleared by
+    /// [`super::Scheduler::rollback`]).
+    pub fn num_draft(&self) -> usize {
+        self.num_draft
     }
 
     /// How often it was preempted.

@@ -4,17 +4,17 @@
 //! exactly widened f16/bf16/f32 products; i8 inputs accumulate in i32).
 //! `tf32` precision is computed as full f32 (at least as accurate).
 //!
-//! This is the baseline the `mma.sync`/`wgmma` lowering (a later issue) must
-//! match; it is not fast.
+//! This is the fallback for shapes and dtypes the `mma.sync` lowering
+//! (`mma.rs`) does not take; it is not fast.
 
-use super::{Lowerer, Regs, elem_bytes, mem_type};
+use super::super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
 use dsl_core::dtype::DType;
 use dsl_core::ir::Inst;
-use dsl_core::ir::ops::DotOp;
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
-    pub(super) fn lower_dot(&mut self, inst: Inst, _op: DotOp) -> Result<()> {
+    /// Lowers `dot` by FMAs from shared memory (every operand blocked).
+    pub(super) fn lower_dot_fma(&mut self, inst: Inst) -> Result<()> {
         let args = self.args(inst);
         let (aty, bty) = (self.f.ty(args[0]).clone(), self.f.ty(args[1]).clone());
         let (m, k) = (aty.shape[0], aty.shape[1]);

@@ -1,0 +1,23 @@
+//! `dot a, b, acc` = `acc + a @ b`: tensor cores (`mma.sync.m16n8k16`, see
+//! `mma.rs`) for f16/bf16 inputs whose shape fits whole instructions on every
+//! warp ([`crate::mma::MmaLayout::choose`]), FMAs from shared memory
+//! (`fma.rs`) otherwise. `plan.rs` decides, once per function, which `dot`s
+//! take tensor cores and which values stay in the accumulator layout.
+
+mod fma;
+mod mma;
+pub(crate) mod plan;
+
+use super::Lowerer;
+use crate::Result;
+use dsl_core::ir::Inst;
+use dsl_core::ir::ops::DotOp;
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    pub(super) fn lower_dot(&mut self, inst: Inst, _op: DotOp) -> Result<()> {
+        match self.mma.dots.get(&inst).copied() {
+            Some(l) => self.lower_dot_mma(inst, l),
+            None => self.lower_dot_fma(inst),
+        }
+    }
+}

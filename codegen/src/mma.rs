@@ -1,0 +1,136 @@
+//! The tensor-core (`mma.sync.m16n8k16`) accumulator layout of a `dot`.
+//!
+//! The `[M, N]` output is cut into `warps_m x warps_n` contiguous warp tiles
+//! of `tile_m x tile_n` elements (warp `w` has `wm = w mod warps_m`,
+//! `wn = w / warps_m`); each warp tile is a grid of `tiles_m x tiles_n`
+//! instruction tiles of 16 x 8. Within one instruction tile, lane `l` with
+//! `g = l / 4` and `t = l mod 4` holds the PTX ISA's C/D fragment: register
+//! `r` is row `g + 8 * (r / 2)`, column `2 * t + r mod 2`. A thread's
+//! registers are ordered `[i][j][r]` (m tile, n tile, fragment register).
+//!
+//! Invariants: every warp owns a distinct warp tile (no replicas), so a
+//! thread holds exactly `M * N / (32 * warps)` accumulator elements; `M` is a
+//! multiple of `16 * warps_m`, `N` of `8 * warps_n`, and the `dot`'s `K` of 16.
+//! This module is pure index arithmetic (no LLVM) so it is unit-tested alone.
+
+/// Elements of padding appended to every row of a tile staged in shared
+/// memory for `ldmatrix` or accumulator exchanges: 16 bytes for 2-byte
+/// inputs, which shifts consecutive rows by four banks so the eight row
+/// addresses of one `ldmatrix` phase hit distinct banks.
+pub const ROW_PAD: usize = 8;
+
+/// The accumulator layout of one tensor-core `dot`; see the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaLayout {
+    /// Rows of the output tile (`M`).
+    pub m: usize,
+    /// Columns of the output tile (`N`).
+    pub n: usize,
+    /// Warps along `M`.
+    pub warps_m: usize,
+    /// Warps along `N`.
+    pub warps_n: usize,
+}
+
+impl MmaLayout {
+    /// The layout for an `[m, k] x [k, n]` product over `warps` warps, or
+    /// `None` when the shape does not fit whole 16 x 8 x 16 instructions with
+    /// every warp owning a distinct tile. Among the valid warp grids it picks
+    /// the one that loads the fewest fragments per `k` step (the most square
+    /// warp tile), preferring more warps along `M` on ties.
+    pub fn choose(m: usize, n: usize, k: usize, warps: usize) -> Option<MmaLayout> {
+        if m == 0 || n == 0 || k == 0 || !k.is_multiple_of(16) || !warps.is_power_of_two() {
+            return None;
+        }
+        let mut best: Option<(usize, MmaLayout)> = None;
+        let mut wm = warps;
+        loop {
+            let wn = warps / wm;
+            if m.is_multiple_of(16 * wm) && n.is_multiple_of(8 * wn) {
+                let l = MmaLayout { m, n, warps_m: wm, warps_n: wn };
+                // Fragment loads per k step: one x4 per m tile, one x4 per two n tiles.
+                let cost = l.tiles_m() * 2 + l.tiles_n();
+                if best.is_none_or(|(c, _)| cost < c) {
+                    best = Some((cost, l));
+                }
+            }
+            if wm == 1 {
+                break;
+            }
+            wm /= 2;
+        }
+        best.map(|(_, l)| l)
+    }
+
+    /// Rows of one warp tile.
+    pub fn tile_m(&self) -> usize {
+        self.m / self.warps_m
+    }
+
+    /// Columns of one warp tile.
+    pub fn tile_n(&self) -> usize {
+        self.n / self.warps_n
+    }
+
+    /// 16-row instruction tiles per warp tile.
+    pub fn tiles_m(&self) -> usize {
+        self.tile_m() / 16
+    }
+
+    /// 8-column instruction tiles per warp tile.
+    pub fn tiles_n(&self) -> usize {
+        self.tile_n() / 8
+    }
+
+    /// Accumulator registers per thread.
+    pub fn regs(&self) -> usize {
+        self.tiles_m() * self.tiles_n() * 4
+    }
+
+    /// The (row, column) of accumulator register `slot` of thread `tid`.
+    pub fn coord(&self, tid: usize, slot: usize) -> (usize, usize) {
+        let (warp, lane) = (tid / 32, tid % 32);
+        let (wm, wn) = (warp % self.warps_m, warp / self.warps_m);
+        let (tile, r) = (slot / 4, slot % 4);
+        let (i, j) = (tile / self.tiles_n(), tile % self.tiles_n());
+        let row = wm * self.tile_m() + i * 16 + lane / 4 + 8 * (r / 2);
+        let col = wn * self.tile_n() + j * 8 + 2 * (lane % 4) + r % 2;
+        (row, col)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chooses_square_warp_tiles() {
+        let l = MmaLayout::choose(128, 128, 32, 8).unwrap();
+        assert_eq!((l.warps_m, l.warps_n, l.tile_m(), l.tile_n()), (4, 2, 32, 64));
+        let fa = MmaLayout::choose(64, 32, 128, 4).unwrap();
+        assert_eq!((fa.warps_m, fa.warps_n), (4, 1));
+        let thin = MmaLayout::choose(16, 64, 16, 4).unwrap();
+        assert_eq!((thin.warps_m, thin.warps_n, thin.tile_n()), (1, 4, 16));
+        assert!(MmaLayout::choose(16, 16, 16, 8).is_none());
+        assert!(MmaLayout::choose(64, 64, 8, 4).is_none());
+        assert!(MmaLayout::choose(8, 64, 16, 1).is_none());
+    }
+
+    #[test]
+    fn covers_every_element_once() {
+        for &(m, n, w) in
+            &[(128usize, 128usize, 8usize), (64, 32, 4), (16, 8, 1), (32, 256, 4), (256, 128, 8)]
+        {
+            let l = MmaLayout::choose(m, n, 16, w).unwrap();
+            let mut seen = vec![0u32; m * n];
+            for t in 0..32 * w {
+                for s in 0..l.regs() {
+                    let (r, c) = l.coord(t, s);
+                    seen[r * n + c] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "{m}x{n} over {w} warps");
+            assert_eq!(l.regs() * 32 * w, m * n);
+        }
+    }
+}

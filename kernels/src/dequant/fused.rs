@@ -1,0 +1,122 @@
+//! GEMVs with the decoder's neighbours fused in: an RMSNorm prologue and a
+//! residual-add epilogue, so a decode layer needs no separate norm kernels:
+//!
+//! ```text
+//! qkv = gemv(NORM: attn_norm, x = h)        o: gemv(RESIDUAL, x = attn, out = h)
+//! act = gemv(NORM: ffn_norm, SILU, x = h)   down: gemv(RESIDUAL, x = act, out = h)
+//! logits = gemv(NORM: output_norm, x = h[rows])
+//! ```
+//!
+//! # Math
+//!
+//! `NORM` (prologue): every program first computes, for each of its
+//! `M_BLOCK` activation rows, `rstd = rsqrt(sum_k x^2 / K + eps)` in f32 (it
+//! rereads the row, K floats from L2, instead of waiting for another
+//! kernel), then uses `x'_k = round_T(round_T(x_k * rstd) * nw_k)` as the
+//! activation: exactly the sequence of `add_rmsnorm`'s normalized output
+//! (see [`crate::rmsnorm`]), so the fused layer computes the unfused one's
+//! values up to the order of the f32 sum of squares.
+//!
+//! `RESIDUAL` (epilogue, not with `SILU`): `out = round_T(round_T(y) +
+//! out)` with `y` the f32 product: the unfused path's rounded projection
+//! output plus `add_rmsnorm`'s rounded residual add, written in place (each
+//! program reads and writes only its own `[M_BLOCK, BLOCK_N]` patch of
+//! `out`, so programs never race).
+//!
+//! Everything else (dequantization, tiling, the K tail, SILU) is the plain
+//! GEMV's ([`super::gemv`], module docs in [`super`]).
+//!
+//! # Contract
+//!
+//! As the plain GEMV, plus: `nw_ptr` holds `K` norm weights in `T` (read
+//! only with `NORM`; pass any valid pointer otherwise); `x` must not alias
+//! `out` (with `RESIDUAL`, `out` is the residual stream and `x` another
+//! buffer); `eps` is read only with `NORM`.
+//!
+//! # Constexprs
+//!
+//! The plain GEMV's (`T`, `SILU`, `M_BLOCK`, `BLOCK_N`, `BLOCK_K`) plus
+//! `NORM` and `RESIDUAL`. The runtime uses [`super::gemv_tiles`].
+
+use super::gemv::{gemv_q4_body, gemv_q8_body};
+use dsl_macros::kernel;
+
+/// Q4_1 GEMV with an optional RMSNorm prologue (`NORM`) and residual-add
+/// epilogue (`RESIDUAL`); see the module doc.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_1_fused<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q4_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, true, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
+}
+
+/// Q4_0 GEMV with the optional fusions of [`gemv_q4_1_fused`].
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_0_fused<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q4_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, false, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
+}
+
+/// Q8_0 GEMV with the optional fusions of [`gemv_q4_1_fused`] (the tied LM
+/// head with the final norm in its prologue).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q8_0_fused<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q8_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
+}

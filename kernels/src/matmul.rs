@@ -1,0 +1,144 @@
+//! Dense half-precision matmul: `C[M, N] = A[M, K] @ B[K, N]` with f16 or
+//! bf16 inputs and output and an f32 accumulator (the tensor-core example).
+//!
+//! # Math
+//!
+//! `C[i, j] = round_T(sum_k A[i, k] * B[k, j])`: the products of two halves
+//! are exact in f32 and the sum accumulates in f32; the result is rounded to
+//! `T` once.
+//!
+//! # Tiling
+//!
+//! Grid `[cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), 1]`: program `(pm, pn)` owns the
+//! output tile `[BLOCK_M, BLOCK_N]` at `(pm * BLOCK_M, pn * BLOCK_N)`. A K
+//! loop in steps of `BLOCK_K` loads the A tile `[BLOCK_M, BLOCK_K]` and the B
+//! tile `[BLOCK_K, BLOCK_N]` (both along their contiguous axis, 16-byte loads
+//! where the strides allow) with masks for the ragged edges (rows `>= M`,
+//! columns `>= N`, `k >= K` read as zero), and accumulates with
+//! `acc = dot(a, b, acc)`; on sm_80+ the codegen keeps this loop-carried
+//! accumulator in the tensor-core layout for the whole loop. With
+//! `PREFETCH`, the tiles of the next step are loaded before each product (a
+//! register prefetch: more registers, load latency overlapped within the
+//! program; the last step loads a fully masked tile, which touches no memory).
+//!
+//! # Layout contract
+//!
+//! Row-major `A` (row stride `stride_am`), `B` (row stride `stride_bk`) and
+//! `C` (row stride `stride_cm`), unit stride along the last axis; offsets
+//! fit in i32. Any `M, N, K >= 0`.
+//!
+//! # Constexprs
+//!
+//! `BLOCK_M`, `BLOCK_N` (powers of two, multiples of 16 per warp row for
+//! tensor cores; see [`config_for`]), `BLOCK_K` (a multiple of 16) and
+//! `PREFETCH` (the register prefetch above).
+
+use dsl_macros::kernel;
+
+/// `C = A @ B` over `[BLOCK_M, BLOCK_N]` output tiles; see the module documentation.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn half_matmul<T: Float>(
+    a_ptr: Ptr<T>,
+    b_ptr: Ptr<T>,
+    c_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    stride_am: i32,
+    stride_bk: i32,
+    stride_cm: i32,
+    #[constexpr] BLOCK_M: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+    #[constexpr] PREFETCH: bool,
+) {
+    let rm = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
+    let rn = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
+    let rk = arange(0, BLOCK_K);
+    let rows = expand_dims(rm, 1);
+    let cols = expand_dims(rn, 0);
+    let row_ok = rows < m;
+    let col_ok = cols < n;
+    // Every broadcast along a trailing axis happens once, here: inside the
+    // loop only register-only (leading-axis) broadcasts and elementwise ops remain.
+    let a_offs = rows * stride_am + expand_dims(rk, 0);
+    let a_rows = broadcast_to(row_ok, [BLOCK_M, BLOCK_K]);
+    let a_k = broadcast_to(expand_dims(rk, 0), [BLOCK_M, BLOCK_K]);
+    let b_offs = expand_dims(rk, 1) * stride_bk + cols;
+    let b_k = broadcast_to(expand_dims(rk, 1), [BLOCK_K, BLOCK_N]);
+    let b_cols = broadcast_to(col_ok, [BLOCK_K, BLOCK_N]);
+    let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
+    if PREFETCH {
+        // Register prefetch: the tiles of step `k0 + BLOCK_K` are loaded
+        // before the product of step `k0`, so their latency overlaps it.
+        let mut a = load(a_ptr + a_offs, mask = a_rows && a_k < k, other = 0.0);
+        let mut b = load(b_ptr + b_offs, mask = b_k < k && b_cols, other = 0.0);
+        for k0 in range(0, k, BLOCK_K) {
+            let k1 = k0 + BLOCK_K;
+            let a_next = load(a_ptr + (a_offs + k1), mask = a_rows && a_k < k - k1, other = 0.0);
+            let b_next = load(b_ptr + (b_offs + k1 * stride_bk), mask = b_k < k - k1 && b_cols, other = 0.0);
+            acc = dot(a, b, acc);
+            a = a_next;
+            b = b_next;
+        }
+    } else {
+        for k0 in range(0, k, BLOCK_K) {
+            let a = load(a_ptr + (a_offs + k0), mask = a_rows && a_k < k - k0, other = 0.0);
+            let b = load(b_ptr + (b_offs + k0 * stride_bk), mask = b_k < k - k0 && b_cols, other = 0.0);
+            acc = dot(a, b, acc);
+        }
+    }
+    store(c_ptr + rows * stride_cm + cols, acc.to(T), mask = row_ok && col_ok);
+}
+
+/// A launch configuration: output tile, K step and warps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileConfig {
+    /// Output rows per program (`BLOCK_M`).
+    pub block_m: usize,
+    /// Output columns per program (`BLOCK_N`).
+    pub block_n: usize,
+    /// K per loop iteration (`BLOCK_K`).
+    pub block_k: usize,
+    /// Warps per program.
+    pub num_warps: u32,
+    /// Whether the K loop prefetches the next tiles into registers (`PREFETCH`).
+    pub prefetch: bool,
+}
+
+/// The configurations the checks and benches exercise: a large tile for big
+/// problems (with and without the prefetch: 123 vs 163 registers on sm_90a,
+/// i.e. two programs per SM or one) and two smaller ones (the smallest also
+/// fits tiny `M`).
+pub const CONFIGS: [TileConfig; 4] = [
+    TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: false },
+    TileConfig { block_m: 128, block_n: 64, block_k: 32, num_warps: 4, prefetch: true },
+    TileConfig { block_m: 64, block_n: 64, block_k: 32, num_warps: 4, prefetch: false },
+    TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: true },
+];
+
+/// The configuration for an `m x n` output: the large tile when both sides
+/// fill it, the smallest otherwise.
+pub fn config_for(m: usize, n: usize) -> TileConfig {
+    if m >= 128 && n >= 128 { CONFIGS[0] } else { CONFIGS[2] }
+}
+
+impl TileConfig {
+    /// The kernel configuration for storage dtype `dtype`.
+    pub fn config(&self, dtype: dsl_core::DType) -> half_matmul::Config {
+        half_matmul::Config::new(dtype, self.block_m, self.block_n, self.block_k, self.prefetch)
+            .with_warps(self.num_warps)
+    }
+
+    /// The tile in words, e.g. `128x128x32, 8 warps, prefetch`.
+    pub fn describe(&self) -> String {
+        let p = if self.prefetch { ", prefetch" } else { "" };
+        format!("{}x{}x{}, {} warps{p}", self.block_m, self.block_n, self.block_k, self.num_warps)
+    }
+}
+
+/// The launch grid `[cdiv(m, block_m), cdiv(n, block_n), 1]`.
+pub fn grid(m: usize, n: usize, cfg: &TileConfig) -> [u32; 3] {
+    [m.div_ceil(cfg.block_m).max(1) as u32, n.div_ceil(cfg.block_n).max(1) as u32, 1]
+}

@@ -1,0 +1,597 @@
+//! Server tests over loopback: a real server (engine thread on the CPU
+//! interpreter with the tiny random Llama, axum on its own thread) and a
+//! reqwest client.
+//!
+//! Covered: every bad-input case gets its status and OpenAI error JSON;
+//! both endpoints answer with usage, logprobs and stop strings; the SSE
+//! wire format; 64 concurrent streams equal the same greedy requests run
+//! without streaming; a full queue answers 429; a client that disconnects
+//! (streaming or not) frees its KV blocks (seen in /metrics); shutdown lets
+//! in-flight requests finish, or aborts them at the deadline; `bench serve`
+//! measures a running server.
+
+use super::api::Limits;
+use super::metrics::sample;
+use super::{ModelInfo, ServeOptions, serve_engine};
+use crate::chat::ChatTemplate;
+use crate::engine::Engine;
+use crate::gguf::tiny::tiny_vocab;
+use crate::model::check::tiny_model;
+use crate::model::{Model, Weights};
+use crate::scheduler::SchedulerConfig;
+use crate::tokenizer::Tokenizer;
+use dsl_core::interp::Cpu;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// The served model's name in these tests.
+const NAME: &str = "tiny";
+/// Context length of the test engine.
+const MAX_MODEL_LEN: usize = 128;
+
+/// A server on 127.0.0.1 with its engine thread.
+struct TestServer {
+    addr: SocketAddr,
+    stop: Arc<Notify>,
+    thread: Option<JoinHandle<crate::Result<()>>>,
+}
+
+impl TestServer {
+    /// Starts a server over the tiny model: `max_num_seqs` running at once,
+    /// 160 KV blocks of 16 tokens.
+    fn start(opts: ServeOptions, max_num_seqs: usize) -> TestServer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(Notify::new());
+        let opts = ServeOptions { handle_signals: false, stop: Some(stop.clone()), ..opts };
+        let thread = std::thread::spawn(move || {
+            let mut cpu = Cpu::new();
+            let gguf = tiny_model()?;
+            let weights = Weights::<Cpu, f32>::load(&mut cpu, &gguf)?;
+            let vocab_size = weights.config.vocab_size;
+            let model = Model::new(&mut cpu, weights, 160, 16)?;
+            let config = SchedulerConfig {
+                max_num_batched_tokens: 512,
+                max_num_seqs,
+                max_model_len: MAX_MODEL_LEN,
+                num_blocks: 160,
+                block_size: 16,
+                enable_prefix_caching: true,
+            };
+            let mut engine = Engine::new(model, config)?;
+            let vocab = tiny_vocab(vocab_size)?;
+            let tokenizer = Tokenizer::from_vocab(&vocab)?;
+            let info = ModelInfo {
+                name: NAME.into(),
+                eog: tokenizer.eog_tokens().to_vec(),
+                tokenizer,
+                template: Some(ChatTemplate::from_vocab(&vocab)?),
+                limits: Limits { max_model_len: MAX_MODEL_LEN, vocab_size },
+            };
+            serve_engine(&mut cpu, &mut engine, info, listener, &opts)
+        });
+        TestServer { addr, stop, thread: Some(thread) }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Triggers shutdown and waits for the server to stop; returns its result.
+    fn shutdown(mut self) -> crate::Result<()> {
+        self.stop.notify_one();
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.stop.notify_one();
+            let _ = t.join();
+        }
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().build().unwrap()
+}
+
+/// POSTs raw `body`; returns the status and the parsed JSON answer.
+async fn post_raw(c: &reqwest::Client, url: &str, body: String) -> (u16, Value) {
+    let r = c.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    post_raw(c, url, body.to_string()).await
+}
+
+/// POSTs a streaming request and returns the `data:` payloads in order
+/// (checking the framing on the way).
+async fn stream(c: &reqwest::Client, url: &str, body: &Value) -> Vec<String> {
+    let r =
+        c.post(url).header("content-type", "application/json").body(body.to_string()).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let text = r.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    events
+        .iter()
+        .map(|e| {
+            e.strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE data event: {e:?}")).to_string()
+        })
+        .collect()
+}
+
+/// The server's metrics text.
+async fn metrics(c: &reqwest::Client, s: &TestServer) -> String {
+    c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap()
+}
+
+/// Polls /metrics until `ok` holds (at most 20 s).
+async fn wait_metrics(c: &reqwest::Client, s: &TestServer, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let t0 = Instant::now();
+    loop {
+        let m = metrics(c, s).await;
+        if ok(&m) {
+            return m;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "timed out waiting for {what}:\n{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn metric(m: &str, name: &str) -> f64 {
+    sample(m, name).unwrap_or_else(|| panic!("no sample {name}"))
+}
+
+/// Asserts an OpenAI error answer.
+fn assert_error(got: &(u16, Value), status: u16, kind: &str, param: Option<&str>, needle: &str) {
+    let (s, v) = got;
+    assert_eq!(*s, status, "{v}");
+    let e = &v["error"];
+    assert_eq!(e["type"], kind, "{v}");
+    assert_eq!(e["param"].as_str(), param, "{v}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_get_their_status_and_an_openai_error() {
+    let s = TestServer::start(ServeOptions::default(), 8);
+    let c = client();
+    let comp = s.url("/v1/completions");
+    let chat = s.url("/v1/chat/completions");
+    let ok = json!({"model": NAME, "prompt": "hi", "max_tokens": 1});
+    let with = |k: &str, v: Value| {
+        let mut b = ok.clone();
+        b[k] = v;
+        b
+    };
+    assert_error(
+        &post_raw(&c, &comp, "{\"model\": ".into()).await,
+        400,
+        "invalid_request_error",
+        None,
+        "not a valid",
+    );
+    assert_error(
+        &post_raw(&c, &comp, "[1, 2]".into()).await,
+        400,
+        "invalid_request_error",
+        None,
+        "not a valid",
+    );
+    let wrong_type = with("temperature", json!("hot"));
+    assert_error(&post(&c, &comp, &wrong_type).await, 400, "invalid_request_error", None, "invalid type");
+    let r = post(&c, &comp, &with("model", json!("gpt-9"))).await;
+    assert_error(&r, 404, "not_found_error", Some("model"), "gpt-9");
+    assert_eq!(r.1["error"]["code"], "model_not_found");
+    assert_error(
+        &post(&c, &comp, &json!({"model": NAME})).await,
+        400,
+        "invalid_request_error",
+        Some("prompt"),
+        "required",
+    );
+    for (k, v) in [
+        ("temperature", json!(2.5)),
+        ("temperature", json!(-1)),
+        ("top_p", json!(0)),
+        ("top_p", json!(1.5)),
+        ("top_k", json!(-2)),
+        ("min_p", json!(1.5)),
+        ("presence_penalty", json!(3)),
+        ("frequency_penalty", json!(-2.5)),
+        ("repetition_penalty", json!(0)),
+        ("n", json!(0)),
+        ("n", json!(17)),
+        ("max_tokens", json!(0)),
+        ("max_tokens", json!(-5)),
+        ("logprobs", json!(21)),
+        ("stop_token_ids", json!([100000])),
+        ("best_of", json!(3)),
+    ] {
+        let got = post(&c, &comp, &with(k, v.clone())).await;
+        assert_error(&got, 400, "invalid_request_error", Some(k), "");
+        assert!(got.1["error"]["message"].as_str().unwrap().contains(k), "{k}={v}: {}", got.1);
+    }
+    assert_error(
+        &post(&c, &comp, &with("stop", json!([""]))).await,
+        400,
+        "invalid_request_error",
+        Some("stop"),
+        "empty",
+    );
+    assert_error(
+        &post(&c, &comp, &with("echo", json!(true))).await,
+        400,
+        "invalid_request_error",
+        Some("echo"),
+        "not supported",
+    );
+    let r = post(&c, &comp, &with("prompt", json!([5, 100000]))).await;
+    assert_error(&r, 400, "invalid_request_error", Some("prompt"), "outside the vocabulary");
+    // Prompts beyond the context, with and without an explicit max_tokens.
+    let long = "a ".repeat(200);
+    let r = post(&c, &comp, &with("prompt", json!(long))).await;
+    assert_error(&r, 400, "invalid_request_error", Some("prompt"), "maximum context length is 128 tokens");
+    assert_eq!(r.1["error"]["code"], "context_length_exceeded");
+    let r = post(&c, &comp, &json!({"model": NAME, "prompt": "hello", "max_tokens": 127})).await;
+    assert_error(&r, 400, "invalid_request_error", Some("prompt"), "maximum context length");
+    let r = post(&c, &comp, &json!({"model": NAME, "prompt": "hello", "max_tokens": 500})).await;
+    assert_error(&r, 400, "invalid_request_error", Some("max_tokens"), "maximum context length");
+    let r = post(&c, &chat, &json!({"model": NAME, "messages": [{"role": "user", "content": long}]})).await;
+    assert_error(&r, 400, "invalid_request_error", Some("messages"), "maximum context length");
+    // Chat-specific cases.
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let r = post(&c, &chat, &json!({"model": NAME, "messages": []})).await;
+    assert_error(&r, 400, "invalid_request_error", Some("messages"), "empty");
+    let r = post(&c, &chat, &json!({"model": NAME})).await;
+    assert_error(&r, 400, "invalid_request_error", Some("messages"), "required");
+    let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
+    let r = post(&c, &chat, &json!({"model": NAME, "messages": image})).await;
+    assert_error(&r, 400, "invalid_request_error", Some("messages"), "image_url");
+    let r = post(&c, &chat, &json!({"model": NAME, "messages": msgs, "top_logprobs": 2})).await;
+    assert_error(&r, 400, "invalid_request_error", Some("top_logprobs"), "logprobs");
+    let r = post(&c, &chat, &json!({"model": NAME, "messages": msgs, "logprobs": true, "top_logprobs": 30}))
+        .await;
+    assert_error(&r, 400, "invalid_request_error", Some("top_logprobs"), "out of range");
+    let r = post(&c, &chat, &json!({"model": "other", "messages": msgs})).await;
+    assert_error(&r, 404, "not_found_error", Some("model"), "other");
+    // Unknown paths.
+    let r = c.get(s.url("/v1/nothing")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert_eq!(v["error"]["type"], "not_found_error");
+    // Nothing reached the engine.
+    let m = metrics(&c, &s).await;
+    assert_eq!(metric(&m, "tessera_prompt_tokens_total"), 0.0);
+    s.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_chat_answer_with_usage_logprobs_and_stops() {
+    let s = TestServer::start(ServeOptions::default(), 8);
+    let c = client();
+    let comp = s.url("/v1/completions");
+    let models: Value =
+        serde_json::from_str(&c.get(s.url("/v1/models")).send().await.unwrap().text().await.unwrap())
+            .unwrap();
+    assert_eq!(models["data"][0]["id"], NAME);
+    assert_eq!(c.get(s.url("/health")).send().await.unwrap().status().as_u16(), 200);
+
+    let base = json!({"model": NAME, "prompt": "the cat sat on", "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let (st, full) = post(&c, &comp, &base).await;
+    assert_eq!(st, 200, "{full}");
+    assert_eq!(full["object"], "text_completion");
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(full["choices"][0]["finish_reason"], "length");
+    let prompt_tokens = full["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 3);
+    assert_eq!(full["usage"]["completion_tokens"], 12);
+    assert_eq!(full["usage"]["total_tokens"], prompt_tokens + 12);
+
+    // Logprobs: the greedy token is the best alternative, with the same logprob.
+    let mut b = base.clone();
+    b["logprobs"] = json!(3);
+    let (_, v) = post(&c, &comp, &b).await;
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(v["choices"][0]["text"], text.as_str());
+    let tokens = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(tokens.len(), 12);
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3);
+        let best = top.values().map(|x| x.as_f64().unwrap()).fold(f64::MIN, f64::max);
+        let chosen = tokens[i].as_f64().unwrap();
+        assert!((best - chosen).abs() < 1e-4, "token {i}: best {best} chosen {chosen}");
+        assert!(chosen <= 0.0);
+    }
+    assert_eq!(lp["text_offset"][0], 0);
+
+    // A stop string from the middle of the greedy text cuts it there.
+    let chars: Vec<char> = text.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let cut = &text[..text.find(&stop).unwrap()];
+    let mut b = base.clone();
+    b["stop"] = json!([stop]);
+    let (_, v) = post(&c, &comp, &b).await;
+    assert_eq!(v["choices"][0]["text"], cut, "stop {stop:?} in {text:?}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["stop_reason"], stop.as_str());
+    b["stream"] = json!(true);
+    let events = stream(&c, &comp, &b).await;
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(streamed, cut);
+    // Both stop-string requests count as stops, not as aborts.
+    let m = wait_metrics(&c, &s, "stops counted", |m| {
+        metric(m, "tessera_request_success_total{finished_reason=\"stop\"}") == 2.0
+    })
+    .await;
+    assert_eq!(metric(&m, "tessera_request_success_total{finished_reason=\"abort\"}"), 0.0);
+
+    // n = 2 with a seed: two choices, reproducible.
+    let sampled = json!({"model": NAME, "prompt": "hello", "max_tokens": 6, "temperature": 1.0, "n": 2, "seed": 7, "ignore_eos": true});
+    let (_, a) = post(&c, &comp, &sampled).await;
+    let (_, b2) = post(&c, &comp, &sampled).await;
+    assert_eq!(a["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(a["choices"][1]["index"], 1);
+    assert_eq!(a["choices"], b2["choices"]);
+    assert_eq!(a["usage"]["completion_tokens"], 12);
+
+    // Chat: the template renders, usage counts the rendered prompt.
+    let chat = json!({"model": NAME, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                      "max_tokens": 5, "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 2});
+    let (st, v) = post(&c, &s.url("/v1/chat/completions"), &chat).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 10);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 5);
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    s.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_sse_chunks_ending_with_done_and_usage() {
+    let s = TestServer::start(ServeOptions::default(), 8);
+    let c = client();
+    let body = json!({"model": NAME, "messages": [{"role": "user", "content": "Tell me"}], "max_tokens": 6,
+                      "temperature": 0, "ignore_eos": true});
+    let chat = s.url("/v1/chat/completions");
+    let (_, whole) = post(&c, &chat, &body).await;
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let events = stream(&c, &chat, &b).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-"));
+    for ch in &chunks {
+        assert_eq!(ch["object"], "chat.completion.chunk");
+        assert_eq!(ch["id"], id);
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"], whole["usage"]);
+    let finishing: Vec<&Value> =
+        chunks.iter().filter(|c| !c["choices"][0]["finish_reason"].is_null()).collect();
+    assert_eq!(finishing.len(), 1);
+    assert_eq!(finishing[0]["choices"][0]["finish_reason"], "length");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect::<Vec<_>>()
+        .concat();
+    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    // Without include_usage there is no usage chunk.
+    b["stream_options"] = json!({"include_usage": false});
+    let events = stream(&c, &chat, &b).await;
+    assert!(events.iter().all(|e| !e.contains("\"usage\"")));
+    s.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_streams_equal_the_non_streamed_greedy_outputs() {
+    let s = Arc::new(TestServer::start(ServeOptions::default(), 64));
+    let c = client();
+    let body = |i: usize, stream: bool| {
+        let words = ["the", "cat", "on", "a", "hat", "is", "in", "or"];
+        let prompt: Vec<&str> = (0..3 + i % 5).map(|j| words[(i * 7 + j * 3) % words.len()]).collect();
+        json!({"model": NAME, "prompt": format!("{i} {}", prompt.join(" ")), "max_tokens": 4 + i % 3,
+               "temperature": 0, "ignore_eos": true, "stream": stream})
+    };
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let (c, s) = (c.clone(), s.clone());
+        tasks.push(tokio::spawn(async move {
+            let (st, v) = post(&c, &s.url("/v1/completions"), &body(i, false)).await;
+            assert_eq!(st, 200, "{v}");
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        }));
+    }
+    let mut want = Vec::new();
+    for t in tasks {
+        want.push(t.await.unwrap());
+    }
+    // The outputs differ between prompts, so a token sent to the wrong
+    // stream would show.
+    let distinct: std::collections::HashSet<&String> = want.iter().collect();
+    assert!(distinct.len() >= 8, "{want:?}");
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let (c, s) = (c.clone(), s.clone());
+        tasks.push(tokio::spawn(async move {
+            let events = stream(&c, &s.url("/v1/completions"), &body(i, true)).await;
+            let mut text = String::new();
+            let mut finish = Vec::new();
+            for e in &events[..events.len() - 1] {
+                let v: Value = serde_json::from_str(e).unwrap();
+                assert_eq!(v["choices"].as_array().unwrap().len(), 1, "{v}");
+                text.push_str(v["choices"][0]["text"].as_str().unwrap());
+                if !v["choices"][0]["finish_reason"].is_null() {
+                    finish.push(v["choices"][0]["finish_reason"].clone());
+                }
+            }
+            assert_eq!(finish, [json!("length")]);
+            text
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap(), want[i], "request {i}");
+    }
+    let m = metrics(&c, &s).await;
+    assert_eq!(metric(&m, "tessera_request_success_total{finished_reason=\"length\"}"), 128.0);
+    assert_eq!(metric(&m, "tessera_time_to_first_token_seconds_count"), 128.0);
+    assert_eq!(metric(&m, "tessera_kv_cache_blocks_used"), 0.0);
+    let gen_tokens: usize = (0..64).map(|i| 4 + i % 3).sum::<usize>() * 2;
+    assert_eq!(metric(&m, "tessera_generation_tokens_total"), gen_tokens as f64);
+    Arc::try_unwrap(s).ok().unwrap().shutdown().unwrap();
+}
+
+/// A request that runs for a long time (ignores EOS, fills the context).
+fn long_request(stream: bool) -> Value {
+    json!({"model": NAME, "prompt": "x", "max_tokens": MAX_MODEL_LEN - 2, "temperature": 0, "ignore_eos": true,
+           "stream": stream})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_and_recovers() {
+    let opts = ServeOptions { max_concurrent: 1, queue_limit: 1, ..ServeOptions::default() };
+    let s = Arc::new(TestServer::start(opts, 4));
+    let c = client();
+    // A occupies the only engine slot.
+    let a = c.post(s.url("/v1/completions")).body(long_request(true).to_string()).send().await.unwrap();
+    assert_eq!(a.status().as_u16(), 200);
+    // B waits in the queue.
+    let b = {
+        let (c, s) = (c.clone(), s.clone());
+        let short = json!({"model": NAME, "prompt": "y", "max_tokens": 2});
+        tokio::spawn(async move { post(&c, &s.url("/v1/completions"), &short).await })
+    };
+    wait_metrics(&c, &s, "B queued", |m| metric(m, "tessera_num_requests_queued") == 1.0).await;
+    // C finds the queue full.
+    let r = post(&c, &s.url("/v1/completions"), &json!({"model": NAME, "prompt": "z"})).await;
+    assert_error(&r, 429, "rate_limit_error", None, "overloaded");
+    let m = metrics(&c, &s).await;
+    assert_eq!(metric(&m, "tessera_requests_rejected_total{reason=\"queue_full\"}"), 1.0);
+    // A goes away; B gets the slot and completes.
+    drop(a);
+    let (st, v) = b.await.unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 2);
+    Arc::try_unwrap(s).ok().unwrap().shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnected_clients_free_their_kv_blocks() {
+    let s = TestServer::start(ServeOptions::default(), 8);
+    let c = client();
+    // Streaming: read the first chunk, then hang up.
+    let mut r = c.post(s.url("/v1/completions")).body(long_request(true).to_string()).send().await.unwrap();
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    let m = metrics(&c, &s).await;
+    assert!(metric(&m, "tessera_kv_cache_blocks_used") >= 1.0, "{m}");
+    assert_eq!(metric(&m, "tessera_num_requests_running"), 1.0);
+    drop(r);
+    let m = wait_metrics(&c, &s, "blocks freed", |m| {
+        metric(m, "tessera_kv_cache_blocks_used") == 0.0 && metric(m, "tessera_num_requests_running") == 0.0
+    })
+    .await;
+    assert_eq!(metric(&m, "tessera_request_success_total{finished_reason=\"abort\"}"), 1.0);
+    assert_eq!(metric(&m, "tessera_kv_cache_usage_ratio"), 0.0);
+    assert!(metric(&m, "tessera_generation_tokens_total") < (MAX_MODEL_LEN - 2) as f64);
+    // Non-streaming: the client gives up (timeout) while the request runs.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    let r = impatient.post(s.url("/v1/completions")).body(long_request(false).to_string()).send().await;
+    assert!(r.is_err());
+    let m = wait_metrics(&c, &s, "blocks freed again", |m| {
+        metric(m, "tessera_request_success_total{finished_reason=\"abort\"}") == 2.0
+            && metric(m, "tessera_kv_cache_blocks_used") == 0.0
+    })
+    .await;
+    assert_eq!(metric(&m, "tessera_num_requests_running"), 0.0);
+    s.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_in_flight_requests_then_aborts_at_the_deadline() {
+    // A long deadline: the in-flight stream runs to its end.
+    let s = TestServer::start(ServeOptions::default(), 8);
+    let c = client();
+    let body = json!({"model": NAME, "prompt": "x", "max_tokens": 24, "temperature": 0, "ignore_eos": true, "stream": true});
+    let mut r = c.post(s.url("/v1/completions")).body(body.to_string()).send().await.unwrap();
+    let mut text = String::from_utf8(r.chunk().await.unwrap().unwrap().to_vec()).unwrap();
+    s.stop.notify_one();
+    while let Some(b) = r.chunk().await.unwrap() {
+        text.push_str(std::str::from_utf8(&b).unwrap());
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+    s.shutdown().unwrap();
+
+    // A short deadline: the stream ends as aborted, and the server still stops cleanly.
+    let opts = ServeOptions { shutdown_timeout: Duration::from_millis(200), ..ServeOptions::default() };
+    let s = TestServer::start(opts, 8);
+    let mut r = c.post(s.url("/v1/completions")).body(long_request(true).to_string()).send().await.unwrap();
+    let mut text = String::from_utf8(r.chunk().await.unwrap().unwrap().to_vec()).unwrap();
+    s.stop.notify_one();
+    while let Some(b) = r.chunk().await.unwrap() {
+        text.push_str(std::str::from_utf8(&b).unwrap());
+    }
+    assert!(text.contains("\"finish_reason\":\"abort\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    // New connections are refused once the server has stopped.
+    s.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_serve_measures_a_running_server() {
+    let s = TestServer::start(ServeOptions::default(), 8);
+    let args = crate::bench_serve::BenchServeArgs {
+        url: s.url(""),
+        model: None,
+        num_prompts: 4,
+        concurrency: vec![1, 4],
+        rate: None,
+        input_len: 6,
+        output_len: 3,
+        min_token_id: 3,
+        max_token_id: 200,
+        seed: 1,
+        timeout: 60.0,
+        json: None,
+    };
+    let reports = crate::bench_serve::bench(&args).await.unwrap();
+    assert_eq!(reports.len(), 2);
+    for r in &reports {
+        assert_eq!((r.requests, r.completed), (4, 4), "{r:?}");
+        assert_eq!((r.prompt_tokens, r.output_tokens), (24, 12), "{r:?}");
+        assert!(r.ttft.p50 > 0.0 && r.tpot.p50 > 0.0 && r.e2e.p50 >= r.ttft.p50, "{r:?}");
+        assert!(r.output_throughput() > 0.0);
+    }
+    assert_eq!(reports[1].concurrency, 4);
+    let m = metrics(&client(), &s).await;
+    assert_eq!(metric(&m, "tessera_request_success_total{finished_reason=\"length\"}"), 8.0);
+    s.shutdown().unwrap();
+}
