@@ -389,7 +389,7 @@ pub const ENTRIES: &[Entry] = &[
         check: crate::check_dequant::gemv_q4_1,
     },
     Entry {
-        name: "gemv_fused",
+        name: "gemv_q4_1_fused",
         description: "GEMV (Q4_1/Q4_0/Q8_0) with an RMSNorm prologue (NORM) or a residual-add epilogue (RESIDUAL)",
         default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
         build: build_gemv_fused,
