@@ -502,8 +502,13 @@ fn dequant() {
         ("_gemv_q8_0_bf16_m1", spec(g80::build(&g80::Config::new(bf, false, 1, 16, 64)), 49152, 576), 1),
         ("_gemm_q4_1_bf16_silu", spec(m41::build(&m41::Config::new(bf, true, 64, 64, 64)), 1536, 576), 4),
         ("_gemm_q8_0_f32", spec(m80::build(&m80::Config::new(fp, false, 64, 64, 32)), 49152, 576), 4),
+        // A batch-16 decode step's QKV projection (the runtime's tiles).
+        ("_gemm_q4_1_bf16_m16", spec(m41::build(&m41::Config::new(bf, false, 16, 32, 64)), 960, 576), 4),
     ];
     for (suffix, f, w) in cases {
+        let gemm = suffix.starts_with("_gemm");
+        let c = compile(&f, &CompileOptions { target: Target::Sm80, num_warps: w, num_stages: 1 }).unwrap();
+        assert_eq!(c.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), gemm, "{suffix}");
         both("dequant", &[(suffix.to_string(), f, w)]);
     }
 }
@@ -555,6 +560,9 @@ fn dequant_autotune_configs_do_not_spill() {
                 let r = assemble(&compile(&f, &opts).unwrap().ptx, "sm_90a", kk::NAME);
                 eprintln!("{} {c:?}: {} registers, {} spill bytes", kk::NAME, registers(&r), spill_bytes(&r));
                 assert_eq!(spill_bytes(&r), 0, "{} {c:?}", kk::NAME);
+                // Every GEMM config runs its dots on tensor cores.
+                let gemm = kk::NAME.starts_with("gemm");
+                assert_eq!(compile(&f, &opts).unwrap().ptx.contains("mma.sync"), gemm, "{} {c:?}", kk::NAME);
             }
         }};
     }

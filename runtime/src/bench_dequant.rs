@@ -5,13 +5,18 @@
 //! {(4096, 14336), (4096, 4096), (576, 1536), (1536, 576)}:
 //! - `gemm/bf16/M<m>xK<k>xN<n>`, metric `us`: our time for `out[M, N] = x[M,
 //!   K] @ W^T` with bf16 activations and output and `W` repacked Q4_1, so the
-//!   ratio to peers.py's cuBLAS row of the same name is the speedup. `M <=
-//!   16` runs the GEMV (decode) kernel, larger `M` the tiled GEMM.
+//!   ratio to peers.py's cuBLAS row of the same name is the speedup. The
+//!   kernel is the one the runtime picks (`kernels::dequant::uses_gemv`):
+//!   the GEMV (decode) kernel for small `M`, the tiled tensor-core GEMM
+//!   above.
 //! - `q4_1_weights/bf16/M<m>xK<k>xN<n>`, metric `TB/s`: the same time as the
 //!   bandwidth of the quantized weight bytes read (quants plus f16 `d`/`m`,
 //!   `N * K * 5 / 8` bytes; activations and outputs not counted), so the
 //!   table shows it as a fraction of the copy ceiling.
 //!
+//! - `path/{gemv,gemm}/bf16/M<m>xK<k>xN<n>`, metric `us`: both kernels on
+//!   SmolLM2's shapes at `M` in {8, 16, 32, 64} (untuned), the measurement
+//!   behind the crossover in `uses_gemv`.
 //! - `gemv_fused/bf16/<what>/M<m>xK<k>xN<n>`, metric `us`: the fused decode
 //!   GEMVs of `kernels::dequant::fused` at the SmolLM2 shapes with the
 //!   runtime's tiles (M in {1, 8}): `qkv_norm` (Q4_1, RMSNorm prologue, N
@@ -49,7 +54,7 @@ use dsl_core::launch::Kernel;
 use kernels::dequant::gemm::gemm_q4_1;
 use kernels::dequant::gemv::gemv_q4_1;
 use kernels::dequant::{
-    GEMV_MAX_M, QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1,
+    QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1, uses_gemv,
 };
 use kernels::examples::vector_add;
 use std::marker::PhantomData;
@@ -61,6 +66,8 @@ pub const SHAPES: [(usize, usize); 4] = [(4096, 14336), (4096, 4096), (576, 1536
 pub const MODEL_SHAPES: [(usize, usize); 2] = [(576, 960), (576, 3072)];
 /// Decode batch sizes of [`MODEL_SHAPES`].
 pub const MODEL_BATCHES: [usize; 2] = [1, 8];
+/// Batch sizes of the `path/` rows (both kernels).
+pub const CROSSOVER_BATCHES: [usize; 4] = [8, 16, 32, 64];
 /// peers.py's batch sizes `M`.
 pub const BATCHES: [usize; 4] = [1, 16, 64, 256];
 
@@ -125,8 +132,10 @@ fn time_launch_ms<'a, K: Kernel>(
     Ok(times[times.len() / 2])
 }
 
-/// Measures the Q4_1 product on `m x k x n` (bf16), untuned or autotuned;
-/// returns the time in milliseconds and the tuned config in words.
+/// Measures the Q4_1 product on `m x k x n` (bf16) with the GEMV (`gemv`)
+/// or the GEMM kernel, untuned or autotuned; returns the time in
+/// milliseconds and the tuned config in words.
+#[allow(clippy::too_many_arguments)]
 fn measure(
     cuda: &mut Cuda,
     opts: &BenchOptions,
@@ -134,6 +143,7 @@ fn measure(
     k: usize,
     n: usize,
     tuned: bool,
+    gemv: bool,
 ) -> Result<(f64, Option<String>)> {
     let mut rng = Rng::new((m * 7919 + k * 31 + n) as u64);
     let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
@@ -144,7 +154,7 @@ fn measure(
     let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
     let od = gpu.zeros::<bf16>(m * n)?;
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-    if m <= GEMV_MAX_M {
+    if gemv {
         let args = gemv_q4_1::Args {
             x_ptr: xd.ptr().cast(),
             q_ptr: qd.ptr().cast(),
@@ -283,7 +293,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     for ((k, n), m) in peer_shapes.chain(model_shapes) {
         {
             for &tuned in tunings {
-                let (ms, words) = measure(cuda, opts, m, k, n, tuned)?;
+                let (ms, words) = measure(cuda, opts, m, k, n, tuned, uses_gemv(m, n))?;
                 let shape = format!("M{m}xK{k}xN{n}");
                 // Quants (K / 2 bytes per row) plus the f16 (d, m) pair per block.
                 let weight_bytes = (n * k / 2 + n * (k / 32) * 4) as f64;
@@ -306,6 +316,22 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                     ms,
                     tuned: words,
                 });
+            }
+        }
+    }
+    for (k, n) in SHAPES.into_iter().skip(2).chain(MODEL_SHAPES) {
+        for m in CROSSOVER_BATCHES {
+            for (label, gemv) in [("gemv", true), ("gemm", false)] {
+                let (ms, _) = measure(cuda, opts, m, k, n, false, gemv)?;
+                let r = Record {
+                    name: format!("path/{label}/bf16/M{m}xK{k}xN{n}"),
+                    metric: "us",
+                    value: ms * 1e3,
+                    ms,
+                    tuned: None,
+                };
+                eprintln!("measured {}", r.display_name());
+                out.push(r);
             }
         }
     }

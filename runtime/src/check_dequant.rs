@@ -19,7 +19,9 @@
 //!   slow there).
 //!
 //! Tolerance per element (see `kernels::reference::quant`): the f32
-//! accumulation bound `error_bound` (plus the SiLU propagation bound), plus
+//! accumulation bound `error_bound` (the GEMM's `gemm_error_bound`, which
+//! adds the f16 rounding of its tensor-core operands; plus the SiLU
+//! propagation bound), plus
 //! one rounding to the output dtype; against the interpreter, twice that (both
 //! sides are within it of the exact value).
 
@@ -291,11 +293,16 @@ fn expected(
     let g = r::gemv(f, &gguf_rows(f, g_raw, k, cols), cols.len(), k, x, m);
     let u = u_raw.map(|u| r::gemv(f, &gguf_rows(f, u, k, cols), cols.len(), k, x, m));
     let mut e = Expected { want: Vec::with_capacity(g.y.len()), tol: Vec::with_capacity(g.y.len()) };
+    // The GEMM rounds its operands to f16 (see `kernels::reference::quant`).
+    let bound = |y: &r::Gemv, i: usize| match launch.path {
+        Path::Gemv => r::error_bound(f, k, bk, y.abs[i]),
+        Path::Gemm => r::gemm_error_bound(f, k, bk, y.abs[i], y.l1[i]),
+    };
     for i in 0..g.y.len() {
-        let eg = r::error_bound(f, k, bk, g.abs[i]);
+        let eg = bound(&g, i);
         let (want, tol) = match &u {
             Some(u) => {
-                let eu = r::error_bound(f, k, bk, u.abs[i]);
+                let eu = bound(u, i);
                 (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
             }
             None => (g.y[i], eg),
@@ -772,6 +779,31 @@ mod tests {
         }
         let g = Launch::default_for(Path::Gemv, QuantFormat::Q4_1, false, 1, 14336, 4096);
         assert_eq!(g.grid(1, 14336), [14336 / g.tiles.1 as u32, 1, 1]);
+    }
+
+    /// Every untuned GEMM tile choice the runtime can make (any batch the
+    /// GEMV does not take, prefill chunks, SmolLM2's and the bench's
+    /// weights) and every declared config fits whole `mma.sync`
+    /// instructions, so the GEMM's dots run on tensor cores.
+    #[test]
+    fn gemm_tiles_fit_tensor_cores() {
+        use codegen::mma::MmaLayout;
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            let width = |bk: usize| if format == QuantFormat::Q8_0 { bk } else { bk / 2 };
+            let fits = |(bm, bn, bk): (usize, usize, usize), warps: u32| {
+                MmaLayout::choose(bm, bn, width(bk), warps as usize).is_some()
+            };
+            for m in (1..=300).chain([512, 2048, 8192]) {
+                for rows in [576, 960, 1152, 3072, 4096, 28672, 49152] {
+                    let t = gemm_tiles(format, m, rows, 576);
+                    let tiles = (t.block_m, t.block_n, t.block_k);
+                    assert!(fits(tiles, t.num_warps), "{format:?} m {m} rows {rows}: {t:?}");
+                }
+            }
+            for l in tuned_launches(Launch::default_for(Path::Gemm, format, false, 70, 90, 608)) {
+                assert!(fits(l.tiles, l.warps), "{l:?}");
+            }
+        }
     }
 
     /// The fused check's interpreter path and expectations agree on every

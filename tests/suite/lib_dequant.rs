@@ -178,11 +178,16 @@ fn case<T: Act>(
     };
     let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, m, n, k)
         .map_err(TestCaseError::fail)?;
+    // The GEMM rounds its operands to f16 (see `reference::quant`).
+    let bound = |y: &r::Gemv, i: usize| match tiles {
+        Tiles::Gemv(..) => r::error_bound(format, k, block_k, y.abs[i]),
+        Tiles::Gemm(..) => r::gemm_error_bound(format, k, block_k, y.abs[i], y.l1[i]),
+    };
     for (i, &got_i) in got.iter().enumerate() {
-        let eg = r::error_bound(format, k, block_k, g.abs[i]);
+        let eg = bound(&g, i);
         let (want, tol) = match &up {
             Some(u) => {
-                let eu = r::error_bound(format, k, block_k, u.abs[i]);
+                let eu = bound(u, i);
                 let want = r::silu_mul(g.y[i], u.y[i]);
                 (want, r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
             }
@@ -330,6 +335,19 @@ fn corrupted_weights_are_caught() {
     swapped.swap(2, 3);
     let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, m, n, k).unwrap();
     assert!(!within(&got), "swapped d and m went unnoticed");
+    // The GEMM's looser (f16-operand) bound still sees a wrong scale.
+    let gemm = Tiles::Gemm(16, 16, 64);
+    let within_gemm = |got: &[f64]| {
+        got.iter().enumerate().all(|(i, g)| {
+            (g - want.y[i]).abs()
+                <= r::gemm_error_bound(QuantFormat::Q4_1, k, 64, want.abs[i], want.l1[i])
+                    + 1e-6 * want.y[i].abs()
+        })
+    };
+    let ok = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &w.scales, m, n, k).unwrap();
+    assert!(within_gemm(&ok));
+    let got = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, m, n, k).unwrap();
+    assert!(!within_gemm(&got), "GEMM: swapped d and m went unnoticed");
 }
 
 /// Which fusion of `kernels::dequant::fused` a case runs.

@@ -1,9 +1,13 @@
-//! The prefill path: `y[M, N] = x[M, K] @ W^T` for large `M`, tiled over
-//! `[BLOCK_M, BLOCK_N]` output tiles with a K loop that dequantizes the W tile
-//! to f32 and accumulates with `dot`. See the parent module for the math, the
-//! repacked layout, the tiling and the constexprs.
+//! The prefill path: `y[M, N] = x[M, K] @ W^T` for `M` above the GEMV's
+//! range, tiled over `[BLOCK_M, BLOCK_N]` output tiles with a K loop that
+//! dequantizes the W tile to f32, rounds it and the activation tile to f16
+//! and accumulates with `dot` in f32 (tensor cores, `mma.sync.m16n8k16`, for
+//! tiles that fit whole instructions). See the parent module for the math,
+//! the repacked layout, the tiling, the constexprs and the error model.
 
-use super::gemv::{q4_scales, q4_weights, q8_weights, unit_index};
+use super::gemv::{
+    q4_scale_decode, q4_scale_load, q4_scale_load_all, q4_scales, q4_weights, q8_weights, unit_index,
+};
 use dsl_macros::{kernel, kernel_fn};
 
 /// Stores the `[BLOCK_M, BLOCK_N]` accumulator of output tile `(pid_m,
@@ -43,13 +47,16 @@ pub fn gemm_epilogue(
 }
 
 /// `acc + x @ w^T` for a flat `[BLOCK_M, width]` activation tile and a flat
-/// `[BLOCK_N, width]` dequantized weight tile (both f32), through `dot`.
-/// The order of the reduced axis is irrelevant, so it only has to match
-/// between `x` and `w`. (When `dot` lowers to tensor cores, this is where the
-/// operands would be cast to bf16.)
+/// `[BLOCK_N, width]` dequantized weight tile (both f32), through `dot` on
+/// f16 operands (tensor-core inputs; f16 rather than bf16 keeps 11
+/// significant bits of every weight and represents bf16 activations exactly
+/// within f16's range). The order of the reduced axis is irrelevant, so it
+/// only has to match between `x` and `w`.
 #[kernel_fn]
 pub fn dot_wt(x: Tensor, w: Tensor, acc: Tensor, block_m: usize, block_n: usize, width: usize) -> Tensor {
-    dot(reshape(x, [block_m, width]), trans(reshape(w, [block_n, width])), acc)
+    let a = reshape(x.to(f16), [block_m, width]);
+    let b = reshape(w.to(f16), [block_n, width]);
+    dot(a, trans(b), acc)
 }
 
 /// The Q4 GEMM shared by [`gemm_q4_0`] and [`gemm_q4_1`] (`has_min`): per K
@@ -88,14 +95,28 @@ pub fn gemm_q4_body(
     let x_off = mrow * k + c / 16 * 32 + c % 16;
     let mut acc = zeros([block_m, block_n], f32);
     let k_full = k / block_k * block_k;
+    // Software pipelining as in the GEMV: the loads of tile i + 1 are issued
+    // before tile i is dequantized and multiplied (the last tile reloads
+    // itself); the first tile's loads are masked off without a whole tile.
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
+    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+    let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
     for k0 in range(0, k_full, block_k) {
-        let wd = load(qw + w_idx + k0 / 8);
-        let (d, off) = q4_scales(s_ptr, s_idx + k0 / 32, has_min);
+        let nk = minimum(k0 + block_k, k_full - block_k);
+        let wd_next = load(qw + w_idx + nk / 8);
+        let sr_next = q4_scale_load_all(s_ptr, s_idx + nk / 32, has_min);
+        let xa_next = load(x_ptr + x_off + nk);
+        let xb_next = load(x_ptr + x_off + nk + 16);
+        let (d, off) = q4_scale_decode(sr, has_min);
         let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        let xl = load(x_ptr + x_off + k0).to(f32);
-        let xh = load(x_ptr + x_off + k0 + 16).to(f32);
-        acc = dot_wt(xl, w_lo, acc, block_m, block_n, half);
-        acc = dot_wt(xh, w_hi, acc, block_m, block_n, half);
+        acc = dot_wt(xa.to(f32), w_lo, acc, block_m, block_n, half);
+        acc = dot_wt(xb.to(f32), w_hi, acc, block_m, block_n, half);
+        wd = wd_next;
+        sr = sr_next;
+        xa = xa_next;
+        xb = xb_next;
     }
     for k0 in range(k_full, k, block_k) {
         let row = minimum(pid_n * block_n + wl / half, rows - 1);
@@ -146,12 +167,21 @@ pub fn gemm_q8_body(
     let x_off = mrow * k + c;
     let mut acc = zeros([block_m, block_n], f32);
     let k_full = k / block_k * block_k;
+    // Software pipelining as in [`gemm_q4_body`].
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sr = load(s_ptr + s_idx, mask = have, other = 0.0);
+    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
     for k0 in range(0, k_full, block_k) {
-        let wd = load(qw + w_idx + k0 / 4);
-        let d = load(s_ptr + s_idx + k0 / 32).to(f32);
-        let w = q8_weights(wd, sh, d);
-        let x = load(x_ptr + x_off + k0).to(f32);
-        acc = dot_wt(x, w, acc, block_m, block_n, block_k);
+        let nk = minimum(k0 + block_k, k_full - block_k);
+        let wd_next = load(qw + w_idx + nk / 4);
+        let sr_next = load(s_ptr + s_idx + nk / 32);
+        let xa_next = load(x_ptr + x_off + nk);
+        let w = q8_weights(wd, sh, sr.to(f32));
+        acc = dot_wt(xa.to(f32), w, acc, block_m, block_n, block_k);
+        wd = wd_next;
+        sr = sr_next;
+        xa = xa_next;
     }
     for k0 in range(k_full, k, block_k) {
         let row = minimum(pid_n * block_n + wl / block_k, rows - 1);
@@ -172,10 +202,11 @@ pub fn gemm_q8_body(
 #[kernel(autotune(
     configs = [
         (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, num_warps = 8),
         (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, num_warps = 2),
     ],
     key = [m, n, k]
 ))]
@@ -200,10 +231,11 @@ pub fn gemm_q4_1<T: Float>(
 #[kernel(autotune(
     configs = [
         (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, num_warps = 8),
         (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, num_warps = 2),
     ],
     key = [m, n, k]
 ))]
@@ -228,10 +260,11 @@ pub fn gemm_q4_0<T: Float>(
 #[kernel(autotune(
     configs = [
         (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 32, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, num_warps = 8),
         (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 64, num_warps = 2),
     ],
     key = [m, n, k]
 ))]

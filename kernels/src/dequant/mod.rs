@@ -74,14 +74,21 @@
 //! (`K % BLOCK_K != 0`) runs once more with its block indices clamped to
 //! the row's last block and the activations of blocks past K zeroed.
 //!
-//! GEMM (prefill, [`gemm`]). Program `(i, j)` owns the output rows from row
-//! `i * BLOCK_M` and the weight rows from row `j * BLOCK_N`; per K tile it
-//! dequantizes the W tile to f32 exactly as the GEMV does and adds `x_tile @
-//! w_tile^T` with `dot` (for Q4 two dots: the low-nibble and high-nibble
-//! halves of the tile against the matching activation columns; the order of
-//! the reduced axis does not matter). `dot` lowers to FMAs through shared
-//! memory today; a tensor-core lowering replaces it without changing the
-//! kernels ([`gemm::dot_wt`] is where the operands would be cast to bf16).
+//! GEMM (prefill and decode batches above [`uses_gemv`]'s range, [`gemm`]).
+//! Program `(i, j)` owns the output rows from row `i * BLOCK_M` and the
+//! weight rows from row `j * BLOCK_N`; per K tile it dequantizes the W tile
+//! to f32 exactly as the GEMV does, rounds it and the activation tile to
+//! f16 and adds `x_tile @ w_tile^T` with `dot` (for Q4 two dots: the
+//! low-nibble and high-nibble halves of the tile against the matching
+//! activation columns; the order of the reduced axis does not matter).
+//! `dot` on f16 operands lowers to tensor cores (`mma.sync.m16n8k16`, f32
+//! accumulators) when `BLOCK_M` is a multiple of 16 per warp row, `BLOCK_N`
+//! of 8 per warp column and the reduced width (`BLOCK_K / 2` for Q4,
+//! `BLOCK_K` for Q8_0) of 16, as every declared config and [`gemm_tiles`]
+//! are; the accumulator stays in the mma layout across the K loop. The f16
+//! operands change the error model (see [`crate::reference::quant`]) and
+//! need activations within f16's range (`|x| < 65504`, true of normed
+//! decoder activations).
 //! The K tail, clamping and epilogues are the GEMV's.
 //!
 //! # Constexprs
@@ -106,7 +113,8 @@ pub use repack::{
     QuantFormat, RepackError, Repacked, interleave_gate_up, repack, repack_q4_0, repack_q4_1, repack_q8_0,
 };
 
-/// The largest `M` the GEMV path is meant for; larger batches use the GEMM.
+/// The largest `M` the GEMV path is tuned for (its tiles hold at most 8
+/// rows per program); [`uses_gemv`] decides which kernel a product runs.
 pub const GEMV_MAX_M: usize = 16;
 
 /// Tile sizes and warps of one GEMV launch.
@@ -199,11 +207,42 @@ pub fn gemv_grid(m: usize, n: usize, silu: bool, m_block: usize, block_n: usize)
     [rows.div_ceil(block_n) as u32, m.div_ceil(m_block) as u32, 1]
 }
 
-/// Untuned GEMM tiles: 64 x 64 output tiles, K tiles of 64 (Q4) or 32
-/// (Q8_0) weights, 4 warps.
-pub fn gemm_tiles(format: QuantFormat, _m: usize, _rows: usize, _k: usize) -> GemmTiles {
-    let block_k = if format == QuantFormat::Q8_0 { 32 } else { 64 };
-    GemmTiles { block_m: 64, block_n: 64, block_k, num_warps: 4 }
+/// Whether a product of `m` activation rows with a weight of `rows` rows
+/// (`2N` with SILU) runs the GEMV (`true`) or the tensor-core GEMM. The
+/// GEMV streams the weights once per 8 rows and multiplies with FMAs: ideal
+/// while memory-bound (up to 4 rows), then FMA-bound, its time growing with
+/// `m * rows * k`; the GEMM's time grows with `k` alone at these sizes (its
+/// K loop's latency), so the crossover is at a fixed `m * rows`, measured
+/// on an H100 (bench rows `path/`, 2026-11-22: 16 x 960 about even, 16 x
+/// 576 and 32 x 576 faster as GEMV, 16 x 1536 and 8 x 3072 faster as GEMM).
+pub fn uses_gemv(m: usize, rows: usize) -> bool {
+    m <= 4 || m * rows <= 16 * 1024
+}
+
+/// Untuned GEMM tiles for `m` activation rows, a weight of `rows` rows
+/// (`2N` with SILU) and `k` columns, the first that fits of: 128 x 128
+/// output tiles with K tiles of 64 (Q4) or 32 (Q8_0) weights over 8 warps
+/// when that makes at least 200 programs; 64 x 128 with K tiles of 128 (Q4)
+/// or 64 (Q8_0) over 8 warps for at least 128 programs; otherwise 32 x 32
+/// (4 warps), or 16 x 32 (2 warps) for at most 16 rows, with the wider K
+/// tiles. Without a cp.async pipeline, programs hide each other's load
+/// latency, so smaller tiles won everywhere but on the largest products
+/// (autotuned bench rows on an H100, 2026-11-22). Every choice fits whole
+/// `mma.sync` instructions.
+pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, _k: usize) -> GemmTiles {
+    let q8 = format == QuantFormat::Q8_0;
+    let (narrow_k, wide_k) = if q8 { (32, 64) } else { (64, 128) };
+    let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
+    let (block_m, block_n, block_k, num_warps) = if programs(128, 128) >= 200 {
+        (128, 128, narrow_k, 8)
+    } else if programs(64, 128) >= 128 {
+        (64, 128, wide_k, 8)
+    } else if m > 16 {
+        (32, 32, wide_k, 4)
+    } else {
+        (16, 32, wide_k, 2)
+    };
+    GemmTiles { block_m, block_n, block_k, num_warps }
 }
 
 /// The GEMM grid: `[ceil(m / BLOCK_M), ceil(rows / BLOCK_N), 1]` with

@@ -15,6 +15,13 @@
 //! additions (per-lane K loop, then the reduction of the lanes), so
 //! `|y - y_exact| <= depth * u * S` (first order) with
 //! `S = sum_k (|w_k| + |m_b| + 16 |d_b|) * |x_k|` ([`Gemv::abs`]).
+//!
+//! The GEMM (`crate::dequant::gemm`) rounds both operands of every product
+//! to f16 before the tensor cores multiply them exactly and accumulate in
+//! f32: each operand gains a relative error of at most `2^-11` in f16's
+//! normal range, or an absolute one of at most `2^-25` below it, which adds
+//! `(2^-10 + 2^-22) * S + 2^-25 * L` with `L = sum_k (|w_k| + |x_k|)`
+//! ([`Gemv::l1`]) to the f32 bound ([`gemm_error_bound`]).
 
 use crate::dequant::repack::{BLOCK_VALUES, QuantFormat};
 use dsl_core::DType;
@@ -67,6 +74,8 @@ pub struct Gemv {
     pub y: Vec<f64>,
     /// `S[m, n] = sum_k (|w| + weight-rounding term) * |x|` (see the module doc).
     pub abs: Vec<f64>,
+    /// `L[m, n] = sum_k (|w| + |x|)` (the f16 underflow term of the GEMM).
+    pub l1: Vec<f64>,
 }
 
 /// `x[m, k] @ W^T` for a weight `[n, k]` in `format` (GGUF bytes `raw`).
@@ -76,8 +85,11 @@ pub fn gemv(format: QuantFormat, raw: &[u8], n: usize, k: usize, x: &[f64], m: u
     assert_eq!(x.len(), m * k);
     let mut y = vec![0.0; m * n];
     let mut abs = vec![0.0; m * n];
+    let mut l1 = vec![0.0; m * n];
+    let x_l1: Vec<f64> = x.chunks(k).map(|r| r.iter().map(|v| v.abs()).sum()).collect();
     for r in 0..n {
         let (w, extra) = dequant_row(format, raw, k, r);
+        let w_l1: f64 = w.iter().map(|v| v.abs()).sum();
         for i in 0..m {
             let xr = &x[i * k..(i + 1) * k];
             let (mut s, mut a) = (0.0, 0.0);
@@ -87,9 +99,10 @@ pub fn gemv(format: QuantFormat, raw: &[u8], n: usize, k: usize, x: &[f64], m: u
             }
             y[i * n + r] = s;
             abs[i * n + r] = a;
+            l1[i * n + r] = w_l1 + x_l1[i];
         }
     }
-    Gemv { y, abs }
+    Gemv { y, abs, l1 }
 }
 
 /// `silu(g) * u = g / (1 + e^-g) * u`.
@@ -107,6 +120,14 @@ pub fn error_bound(format: QuantFormat, k: usize, block_k: usize, abs: f64) -> f
     let per_tile = if format == QuantFormat::Q8_0 { 1 } else { 2 };
     let depth = per_tile * k.div_ceil(block_k) + block_k + 8;
     depth as f64 * U32 * abs
+}
+
+/// The GEMM's bound ([`error_bound`] plus the f16 rounding of both
+/// operands, see the module doc) for the output whose [`Gemv::abs`] is `abs`
+/// and [`Gemv::l1`] is `l1`.
+pub fn gemm_error_bound(format: QuantFormat, k: usize, block_k: usize, abs: f64, l1: f64) -> f64 {
+    const U16: f64 = 1.0 / 2048.0;
+    error_bound(format, k, block_k, abs) + (2.0 * U16 + U16 * U16) * abs + l1 / 33_554_432.0
 }
 
 /// The bound on `silu(g) * u` computed in f32 from `g` and `u` known within

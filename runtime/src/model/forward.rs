@@ -29,8 +29,9 @@
 //! logits = rmsnorm(h)[rows] @ Wlm^T      (norm in the LM head's prologue)
 //! ```
 //!
-//! Products with at most [`MATMUL_GEMV_MAX_M`] rows (decode batches up to
-//! 64) use the GEMV kernels, larger ones the GEMM kernels. Decode attention splits the context over several
+//! Products with few rows ([`kernels::dequant::uses_gemv`]: small decode
+//! batches, by rows times weight rows) use the GEMV kernels, larger ones the
+//! tensor-core GEMM kernels. Decode attention splits the context over several
 //! programs (split-KV, then a merge kernel) when the batch alone would not
 //! fill the device ([`kernels::decode_attention::split_plan`]).
 //!
@@ -74,7 +75,7 @@ use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use dsl_core::launch::Kernel;
 use kernels::decode_attention::{paged_decode, paged_decode_reduce, split_plan};
-use kernels::dequant::{GEMV_MAX_M, QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles};
+use kernels::dequant::{QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, uses_gemv};
 use kernels::embedding::{self, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
@@ -82,14 +83,6 @@ use kernels::rope::rope_kv_write;
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
-
-/// The most rows a product runs through the GEMV kernels. They take any `m`
-/// (the grid covers `m` in blocks of up to 8 rows, and each block rereads
-/// the weights, mostly from L2), and up to 64 rows this beats the GEMM
-/// kernels, whose `dot` still lowers to FMA (measured on an H100: a batch-64
-/// decode step took 22 ms through the GEMM path). The GEMV tuning targets
-/// `GEMV_MAX_M` rows.
-pub const MATMUL_GEMV_MAX_M: usize = 4 * GEMV_MAX_M;
 
 /// The most tokens a step may have to take the fused decode path (norms in
 /// the GEMV prologues, residual adds in the epilogues). Measured on an H100
@@ -311,7 +304,7 @@ fn matmul<D: Device, T: Sample>(
             l.run::<kk::Kernel>($grid, &config, &args)
         }};
     }
-    if m <= MATMUL_GEMV_MAX_M {
+    if uses_gemv(m, w.n) {
         let t = gemv_tiles(w.format, m, w.n, w.k);
         let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
         let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps);
@@ -335,7 +328,7 @@ fn matmul<D: Device, T: Sample>(
 /// A fused decode GEMV (see [`kernels::dequant::fused`]): `out[m, n] =
 /// norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights, eps))`
 /// the RMSNorm prologue, or `out += x @ w^T` in place with `residual`. `x`
-/// and `out` start at element offsets; `m <= MATMUL_GEMV_MAX_M`.
+/// and `out` start at element offsets; `m <= FUSED_MAX_TOKENS`.
 #[allow(clippy::too_many_arguments)]
 fn gemv_fused<D: Device, T: Sample>(
     l: &mut Launcher<'_, D>,

@@ -9,8 +9,10 @@
 //! - A skipped `permute` has exactly one use, the `b` operand of a planned
 //!   `dot`; that `dot` reads the permute's operand instead.
 //! - A held value is either a `for` body argument whose only use is the
-//!   accumulator of a planned `dot` in that body, or that `dot`'s result whose
-//!   only use is the body's `yield` at the same position. Every other value is
+//!   accumulator of a planned `dot` in that body, or the result of a planned
+//!   `dot` of that chain whose only use is the accumulator of the next `dot`
+//!   of the chain or, for the last, the body's `yield` at the same position
+//!   (all `dot`s of a chain share one layout). Every other value is
 //!   in the blocked layout, so only the `for` itself converts (its initial
 //!   value before the loop, its result after it).
 
@@ -93,14 +95,45 @@ pub(crate) fn plan(f: &Function, warps: usize) -> MmaPlan {
         }
         for (pos, &y) in yielded.iter().enumerate() {
             let Some(&ba) = bargs.get(pos + 1) else { continue };
-            let Some(d) = f.def_inst(y) else { continue };
-            let Some(&l) = p.dots.get(&d) else { continue };
-            if f.insts[d].args[2] == ba && once(ba) && once(y) && f.insts[d].parent == Some(body) {
-                p.held.insert(ba, l);
-                p.held.insert(y, l);
+            if let Some((l, chain)) = accumulator_chain(f, &p, body, ba, y, &once) {
+                for v in chain {
+                    p.held.insert(v, l);
+                }
                 p.carried.entry(i).or_default().push((pos, l));
             }
         }
     }
     p
+}
+
+/// The chain of planned `dot`s of `body` that carries the loop value `ba`
+/// to the yielded `y` (`y = dot(.., dot(.., ba))`, e.g. a K tile split into
+/// two products), when every link has the same accumulator layout and every
+/// value of the chain (`ba` included) has exactly one use, the next link;
+/// returns that layout and the chain's values (`ba`, then each result).
+fn accumulator_chain(
+    f: &Function,
+    p: &MmaPlan,
+    body: dsl_core::ir::Block,
+    ba: Value,
+    y: Value,
+    once: &impl Fn(Value) -> bool,
+) -> Option<(MmaLayout, Vec<Value>)> {
+    let mut chain = vec![ba];
+    let mut layout: Option<MmaLayout> = None;
+    let mut v = y;
+    loop {
+        let d = f.def_inst(v)?;
+        let l = *p.dots.get(&d)?;
+        if f.insts[d].parent != Some(body) || !once(v) || layout.is_some_and(|x| x != l) {
+            return None;
+        }
+        layout = Some(l);
+        chain.push(v);
+        let acc = f.insts[d].args[2];
+        if acc == ba {
+            return once(ba).then_some((l, chain));
+        }
+        v = acc;
+    }
 }
