@@ -77,6 +77,8 @@ pub struct LoadOptions {
     pub prefix_caching: bool,
     /// Print the device notice and the memory plan to stderr.
     pub verbose: bool,
+    /// Speculative decoding (off when `None`; see [`crate::spec::cli`]).
+    pub speculation: Option<crate::spec::cli::Speculation>,
 }
 
 impl Default for LoadOptions {
@@ -92,6 +94,7 @@ impl Default for LoadOptions {
             max_blocks: None,
             prefix_caching: true,
             verbose: true,
+            speculation: None,
         }
     }
 }
@@ -177,11 +180,20 @@ pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output>
             cuda.set_compile_progress(parts_progress.clone());
             let available = (cuda.gpu().info().total_mem as u64) / 10 * 9;
             match dtype {
-                DtypeChoice::F32 => load::<Cuda, f32, K>(&mut cuda, parts, Some(available), opts, task),
-                DtypeChoice::Bf16 => load::<Cuda, bf16, K>(&mut cuda, parts, Some(available), opts, task),
+                DtypeChoice::F32 => {
+                    let install = crate::spec::cli::install::<Cuda, f32>;
+                    load::<Cuda, f32, K>(&mut cuda, parts, Some(available), opts, task, install)
+                }
+                DtypeChoice::Bf16 => {
+                    let install = crate::spec::cli::install::<Cuda, bf16>;
+                    load::<Cuda, bf16, K>(&mut cuda, parts, Some(available), opts, task, install)
+                }
             }
         }
-        (None, DtypeChoice::F32) => load::<Cpu, f32, K>(&mut Cpu::new(), parts, None, opts, task),
+        (None, DtypeChoice::F32) => {
+            let install = crate::spec::cli::install::<Cpu, f32>;
+            load::<Cpu, f32, K>(&mut Cpu::new(), parts, None, opts, task, install)
+        }
         (None, DtypeChoice::Bf16) => {
             Err(Error::Usage("--dtype bf16 needs a GPU; the CPU interpreter runs f32".into()))
         }
@@ -280,28 +292,35 @@ fn warm_up<D: Device, T: Sample>(
     Ok(())
 }
 
-/// Loads the weights on `dev` in dtype `T`, builds the engine and runs the
-/// task; `gpu_memory` is the GPU's plannable memory (`None` on the CPU).
-fn load<D: Device, T: Sample, K: EngineTask>(
+/// Builds the speculation an engine gets from [`LoadOptions::speculation`]
+/// (see [`crate::spec::cli::install`]); instantiated per concrete device and
+/// dtype by [`run_task`].
+type Install<D, T> =
+    fn(&mut D, &mut Engine<D, T>, &Gguf, &crate::spec::cli::Speculation, &LoadOptions, bool) -> Result<()>;
+
+/// Plans the memory of `gguf`'s model (`config`) on `dev`, loads its weights
+/// in dtype `T` and builds its engine per `opts`; `gpu_memory` is the GPU's
+/// plannable memory (`None` on the CPU). Prints the plan and the load time
+/// when `opts.verbose`.
+pub fn build_engine<D: Device, T: Sample>(
     dev: &mut D,
-    parts: Parts<'_>,
+    gguf: &Gguf,
+    config: &LlamaConfig,
     gpu_memory: Option<u64>,
     opts: &LoadOptions,
-    task: K,
-) -> Result<K::Output> {
-    let Parts { gguf, config, tokenizer, template, compiles } = parts;
+) -> Result<(Engine<D, T>, MemoryPlan)> {
     let elem = std::mem::size_of::<T>() as u64;
     let is_gpu = gpu_memory.is_some();
     let max_model_len =
         if opts.max_model_len == 0 { config.context_length.min(2048) } else { opts.max_model_len };
-    let weights = weight_bytes(gguf, &config);
+    let weights = weight_bytes(gguf, config);
     let available = gpu_memory.unwrap_or(1 << 30);
     let per_seq_blocks = max_model_len.div_ceil(opts.block_size);
     let want_blocks = opts.max_blocks.unwrap_or(per_seq_blocks * opts.max_num_seqs);
     let inputs = MemoryPlanInputs {
-        kv: KvShape::from_llama(&config, elem as usize),
+        kv: KvShape::from_llama(config, elem as usize),
         weight_bytes: weights,
-        workspace_bytes: workspace_bytes(&config, opts, elem),
+        workspace_bytes: workspace_bytes(config, opts, elem),
         available_bytes: available,
         reserve_bytes: if is_gpu { 1 << 30 } else { 256 << 20 },
         block_size: opts.block_size,
@@ -328,12 +347,35 @@ fn load<D: Device, T: Sample, K: EngineTask>(
     }
     let sched =
         plan.scheduler_config(opts.max_num_batched_tokens.max(opts.max_num_seqs), opts.prefix_caching);
-    let mut engine = Engine::new(model, sched)?;
+    Ok((Engine::new(model, sched)?, plan))
+}
+
+/// Loads the weights on `dev` in dtype `T`, builds the engine (with the
+/// speculation `install` sets up, when asked for) and runs the task;
+/// `gpu_memory` is the GPU's plannable memory (`None` on the CPU).
+fn load<D: Device, T: Sample, K: EngineTask>(
+    dev: &mut D,
+    parts: Parts<'_>,
+    gpu_memory: Option<u64>,
+    opts: &LoadOptions,
+    task: K,
+    install: Install<D, T>,
+) -> Result<K::Output> {
+    let Parts { gguf, config, tokenizer, template, compiles } = parts;
+    let is_gpu = gpu_memory.is_some();
+    let (mut engine, plan) = build_engine::<D, T>(dev, gguf, &config, gpu_memory, opts)?;
     if is_gpu {
         warm_up(dev, &mut engine, &compiles, opts.verbose)?;
     }
+    if let Some(spec) = &opts.speculation {
+        install(dev, &mut engine, gguf, spec, opts, is_gpu)?;
+    }
     let ctx = Context { config, tokenizer, template, plan, device: dev.describe(), is_gpu };
-    task.run(dev, &mut engine, &ctx)
+    let out = task.run(dev, &mut engine, &ctx);
+    if let Some(spec) = opts.speculation.as_ref().filter(|_| opts.verbose && out.is_ok()) {
+        eprintln!("tessera: {}", crate::spec::cli::summary(spec, &engine.spec_stats()));
+    }
+    out
 }
 
 /// The model's name from its metadata, or "the model".

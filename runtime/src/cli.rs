@@ -101,6 +101,7 @@ impl ModelArgs {
             max_blocks: self.kv_blocks,
             prefix_caching: !self.no_prefix_caching,
             verbose: !self.quiet,
+            speculation: None,
         }
     }
 }
@@ -177,6 +178,9 @@ pub struct GenerateArgs {
     /// Print one JSON object per prompt: {"prompt", "token_ids", "text"}.
     #[arg(long)]
     pub json: bool,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub spec: crate::spec::cli::SpecArgs,
 }
 
 /// Arguments of `chat`.
@@ -310,7 +314,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_add_rmsnorm: bool,
     /// Measure only these families (comma-separated: copy, softmax,
-    /// add_rmsnorm, decode, attention, gemm, sampling, matmul, model); all when empty.
+    /// add_rmsnorm, decode, attention, gemm, sampling, matmul, model, spec); all when empty.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// The model of the `model` family.
@@ -392,7 +396,8 @@ fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
         ignore_eos: a.ignore_eos,
         json: a.json,
     };
-    app::run_task(&a.model.load_options(), task)
+    let opts = LoadOptions { speculation: a.spec.speculation()?, ..a.model.load_options() };
+    app::run_task(&opts, task)
 }
 
 fn dump(a: &DumpArgs) -> Result<()> {
@@ -531,7 +536,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
     {
         println!("# warning: peers were measured on `{}`, not on this device", p.device);
     }
-    let kernels = opts.only.is_empty() || opts.only.iter().any(|o| o != "model");
+    let kernels = opts.only.is_empty() || opts.only.iter().any(|o| o != "model" && o != "spec");
     let mut records = if kernels { bench::run(&mut cuda, &opts)? } else { Vec::new() };
     drop(cuda);
     if opts.wants("model") {
@@ -544,6 +549,16 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
         };
         let task = crate::bench_model::ModelBench { batches: a.batches.clone(), ..Default::default() };
         records.extend(app::run_task(&load, task)?);
+    }
+    if opts.wants("spec") {
+        let load = LoadOptions {
+            model: a.model.clone(),
+            device: DeviceChoice::Gpu,
+            dtype: a.dtype,
+            max_num_seqs: 4,
+            ..LoadOptions::default()
+        };
+        records.extend(crate::bench_spec::run(&load, &crate::bench_spec::SpecBenchOptions::default())?);
     }
     print!("{}", bench::table(&records, peers.as_ref()));
     if let Some(path) = &a.json {

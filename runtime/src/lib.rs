@@ -30,6 +30,7 @@ pub mod bench_decode;
 pub mod bench_dequant;
 pub mod bench_model;
 pub mod bench_serve;
+pub mod bench_spec;
 pub mod chat;
 pub mod check;
 pub mod check_attention;

@@ -27,8 +27,9 @@
 //!
 //! With speculation on ([`Engine::set_speculation`], see [`crate::spec`]),
 //! decoding sequences get draft tokens before each plan, their entries verify
-//! `1 + k` positions in the same varlen forward, and one step may emit several
-//! tokens per request (still never past a stop token or `max_tokens`).
+//! `1 + k` positions in the same varlen forward (as `1 + k` decode rows), and
+//! one step may emit several tokens per request (still never past a stop
+//! token or `max_tokens`).
 
 use crate::check::Sample;
 use crate::error::{Error, Result};
@@ -36,7 +37,7 @@ use crate::kv::SeqId;
 use crate::model::sampler::{SampleRow, Sampled, SamplingParams};
 use crate::model::{Device, Model, Step};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
-use crate::spec::{Drafter, SpecConfig, SpecStats, accept_len, ngram::NgramDrafter};
+use crate::spec::{Drafter, SpecConfig, SpecStats, accept_len, ngram::NgramDrafter, split_verify_entries};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -272,6 +273,12 @@ impl<D: Device, T: Sample> Engine<D, T> {
         let lens = plan.seq_lens();
         let stride = plan.max_blocks_per_seq().max(1);
         let tables = plan.block_tables(stride)?;
+        // Verification entries run as single-token decode rows (see
+        // `split_verify_entries`): plain decoding's kernels and graphs.
+        let (cu, lens, tables) = match split_verify_entries(&cu, &lens, &tables, stride, plan.num_decodes) {
+            Some(split) => split,
+            None => (cu, lens, tables),
+        };
         let logits = plan.logits_indices();
         // A sequence with `d` drafts samples its last `d + 1` rows, row `j`
         // with the seed step and history plain decoding would give it.

@@ -345,6 +345,9 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub spec: crate::spec::cli::SpecArgs,
 }
 
 /// Runs `tessera serve`: loads the model, serves until a signal.
@@ -365,5 +368,6 @@ pub fn serve_cmd(a: &ServeArgs) -> Result<()> {
             stop: None,
         },
     };
-    crate::app::run_task(&a.model.load_options(), task)
+    let opts = crate::app::LoadOptions { speculation: a.spec.speculation()?, ..a.model.load_options() };
+    crate::app::run_task(&opts, task)
 }

@@ -21,6 +21,15 @@
 //! Because each row is sampled with the seed step plain decoding would use,
 //! speculation reproduces plain decoding token for token, greedy or seeded.
 //!
+//! Verification rows run as decode rows ([`split_verify_entries`]): the
+//! `k + 1` positions of an entry become `k + 1` single-token entries that
+//! share its block table, row `j` attending to the context up to its own
+//! position (all `k + 1` keys and values are written before attention runs).
+//! A verify step of decoding sequences is then an ordinary decode step of
+//! `sum (k + 1)` rows: the paged decode kernel, the decode CUDA graphs (per
+//! batch bucket, up to 64 rows; more rows run eagerly), and the same
+//! attention numerics as plain decoding.
+//!
 //! Rollback: after verification the sequence is truncated to the accepted
 //! length ([`crate::scheduler::Scheduler::rollback`]): whole KV blocks past it
 //! are freed, a partial block is overwritten later, and no block holding a
@@ -32,9 +41,12 @@
 //! produce, and emission stops at the first stop condition); drafts never
 //! carry a sequence past `max_model_len - 1`.
 
+pub mod cli;
 pub mod draft;
 pub mod ngram;
 
+#[cfg(test)]
+mod real_model;
 #[cfg(test)]
 mod tests;
 
@@ -138,4 +150,45 @@ impl SpecStats {
 /// row than `drafts`; see the module doc for why this is the exact rule).
 pub fn accept_len(drafts: &[u32], samples: &[u32]) -> usize {
     drafts.iter().zip(samples).take_while(|(d, s)| d == s).count()
+}
+
+/// The per-entry arrays of a step (query offsets `cu` `[B + 1]`, context
+/// lengths `lens` `[B]`, block tables `tables` `[B, stride]`) with every
+/// verification entry among the first `decodes` entries (a decoding sequence
+/// with drafts: `L = k + 1 > 1` query tokens) split into `L` single-token
+/// entries that share its block table, entry `j` seeing the context up to
+/// its own token (`len - L + 1 + j`). Attention of a split entry is causal
+/// attention of the verification rows, so a verify step is a decode step
+/// of `sum L` rows: it runs the paged decode kernel and the decode CUDA
+/// graphs of plain decoding. Tokens, positions, slots and logit rows are
+/// per token and do not change. Returns `None` when no entry is split.
+pub fn split_verify_entries(
+    cu: &[i32],
+    lens: &[i32],
+    tables: &[i32],
+    stride: usize,
+    decodes: usize,
+) -> Option<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+    let q = |i: usize| (cu[i + 1] - cu[i]) as usize;
+    if !(0..decodes.min(lens.len())).any(|i| q(i) > 1) {
+        return None;
+    }
+    let mut out_cu = vec![0];
+    let (mut out_lens, mut out_tables) = (Vec::new(), Vec::new());
+    for (i, &len) in lens.iter().enumerate() {
+        let row = &tables[i * stride..(i + 1) * stride];
+        let l = q(i);
+        if i < decodes && l > 1 {
+            for j in 0..l {
+                out_cu.push(cu[i] + j as i32 + 1);
+                out_lens.push(len - l as i32 + 1 + j as i32);
+                out_tables.extend_from_slice(row);
+            }
+        } else {
+            out_cu.push(cu[i + 1]);
+            out_lens.push(len);
+            out_tables.extend_from_slice(row);
+        }
+    }
+    Some((out_cu, out_lens, out_tables))
 }

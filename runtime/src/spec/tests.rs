@@ -406,3 +406,21 @@ fn stop_tokens_and_max_tokens_inside_an_accepted_run() {
         assert_eq!(e.scheduler().kv_stats().used_blocks, 0);
     }
 }
+
+#[test]
+fn verify_entries_split_into_decode_rows_sharing_their_tables() {
+    use crate::spec::split_verify_entries;
+    // Entries: a plain decode (1 token, context 7), a verification of 3
+    // positions (context 12 with the drafts), and a prefill chunk of 4
+    // tokens (context 4); stride 2.
+    let cu = [0, 1, 4, 8];
+    let lens = [7, 12, 4];
+    let tables = [5, 0, 8, 9, 3, 0];
+    let (c, l, t) = split_verify_entries(&cu, &lens, &tables, 2, 2).expect("one entry splits");
+    assert_eq!(c, vec![0, 1, 2, 3, 4, 8]);
+    assert_eq!(l, vec![7, 10, 11, 12, 4]);
+    assert_eq!(t, vec![5, 0, 8, 9, 8, 9, 8, 9, 3, 0]);
+    // A prefill entry is never split, and a step without drafts is unchanged.
+    assert_eq!(split_verify_entries(&cu, &lens, &tables, 2, 1), None);
+    assert_eq!(split_verify_entries(&[0, 1, 2], &[3, 9], &[1, 2], 1, 2), None);
+}

@@ -1,0 +1,80 @@
+//! Speculative decoding on the real model (SmolLM2-135M Q4_1, fetched by
+//! `make model`) through the CPU interpreter and the whole loader path
+//! ([`crate::app::run_task`] with [`crate::app::LoadOptions::speculation`]):
+//! greedy generation of the golden prompts with prompt lookup and with a
+//! draft of the model's first layers equals plain greedy generation token
+//! for token. Generation is kept short so the test stays within CI time.
+
+use super::cli::Speculation;
+use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, run_task};
+use crate::check::Sample;
+use crate::engine::{Engine, Request};
+use crate::error::Result;
+use crate::model::Device;
+use crate::model::sampler::SamplingParams;
+use crate::parity::Golden;
+use crate::spec::SpecStats;
+use std::path::PathBuf;
+
+/// New tokens per golden prompt.
+const NEW_TOKENS: usize = 6;
+
+/// Greedy generation of every prompt in one batch, with the engine's
+/// speculation counters afterwards.
+struct Greedy(Vec<Vec<u32>>);
+
+impl EngineTask for Greedy {
+    type Output = (Vec<Vec<u32>>, SpecStats);
+
+    fn run<D: Device, T: Sample>(
+        self,
+        dev: &mut D,
+        engine: &mut Engine<D, T>,
+        _ctx: &Context,
+    ) -> Result<(Vec<Vec<u32>>, SpecStats)> {
+        let reqs = self
+            .0
+            .into_iter()
+            .map(|prompt| Request {
+                prompt,
+                params: SamplingParams::default(),
+                max_tokens: NEW_TOKENS,
+                stop_tokens: Vec::new(),
+            })
+            .collect();
+        let done = engine.run(dev, reqs, |_| {})?;
+        Ok((done.into_iter().map(|c| c.tokens).collect(), engine.spec_stats()))
+    }
+}
+
+#[test]
+fn smollm2_greedy_with_speculation_equals_plain_greedy_on_the_cpu_interpreter() {
+    let golden =
+        Golden::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json"))
+            .unwrap();
+    let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
+    let opts = LoadOptions {
+        model: PathBuf::from(crate::app::DEFAULT_MODEL),
+        device: DeviceChoice::Cpu,
+        max_num_seqs: 4,
+        max_model_len: 128,
+        max_blocks: Some(32),
+        verbose: false,
+        ..LoadOptions::default()
+    };
+    let t0 = std::time::Instant::now();
+    let (want, _) = run_task(&opts, Greedy(prompts.clone())).unwrap();
+    assert_eq!(want.len(), prompts.len());
+    assert!(want.iter().all(|t| t.len() == NEW_TOKENS));
+    eprintln!("plain: {:.1} s", t0.elapsed().as_secs_f64());
+    for spec in [Speculation::ngram(3), Speculation::draft_layers(2, 3)] {
+        let t = std::time::Instant::now();
+        let o = LoadOptions { speculation: Some(spec.clone()), ..opts.clone() };
+        let (got, stats) = run_task(&o, Greedy(prompts.clone())).unwrap();
+        eprintln!("{}: {:.1} s, {stats:?}", spec.describe(), t.elapsed().as_secs_f64());
+        assert!(stats.proposed > 0, "{}: nothing was proposed", spec.describe());
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w, g, "{}: prompt {i} differs", spec.describe());
+        }
+    }
+}
