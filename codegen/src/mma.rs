@@ -11,6 +11,14 @@
 //! Invariants: every warp owns a distinct warp tile (no replicas), so a
 //! thread holds exactly `M * N / (32 * warps)` accumulator elements; `M` is a
 //! multiple of `16 * warps_m`, `N` of `8 * warps_n`, and the `dot`'s `K` of 16.
+//!
+//! Values other than `dot` results can live in these layouts too (see
+//! `lower/layouts.rs`): an `[M, N]` tile in an [`MmaLayout`] (elementwise
+//! math on scores, `p`, rescaled accumulators), and an `[M]` (or `[M, 1]`)
+//! row vector in the [`RowLayout`] slice of it (row maxima and sums): each
+//! thread holds the rows of its accumulator registers, `g` and `g + 8` of
+//! every 16-row m tile of its warp, replicated over the four lanes of a quad
+//! and over the warps along `N`. [`Lay`] names the layout of one value.
 //! This module is pure index arithmetic (no LLVM) so it is unit-tested alone.
 
 /// Elements of padding appended to every row of a tile staged in shared
@@ -87,6 +95,29 @@ impl MmaLayout {
         self.tiles_m() * self.tiles_n() * 4
     }
 
+    /// The layout whose warp grid has `warps_m` warps along `M`, when the
+    /// shape fits it (see [`MmaLayout::choose`] for the rules).
+    pub fn with_warps_m(m: usize, n: usize, k: usize, warps: usize, warps_m: usize) -> Option<MmaLayout> {
+        if m == 0 || n == 0 || !k.is_multiple_of(16) || k == 0 || !warps.is_power_of_two() {
+            return None;
+        }
+        if warps_m == 0 || !warps.is_multiple_of(warps_m) {
+            return None;
+        }
+        let warps_n = warps / warps_m;
+        (m.is_multiple_of(16 * warps_m) && n.is_multiple_of(8 * warps_n)).then_some(MmaLayout {
+            m,
+            n,
+            warps_m,
+            warps_n,
+        })
+    }
+
+    /// The row slice of this layout (what a reduction along `N` produces).
+    pub fn row(&self) -> RowLayout {
+        RowLayout { m: self.m, warps_m: self.warps_m }
+    }
+
     /// The (row, column) of accumulator register `slot` of thread `tid`.
     pub fn coord(&self, tid: usize, slot: usize) -> (usize, usize) {
         let (warp, lane) = (tid / 32, tid % 32);
@@ -97,6 +128,49 @@ impl MmaLayout {
         let col = wn * self.tile_n() + j * 8 + 2 * (lane % 4) + r % 2;
         (row, col)
     }
+}
+
+/// The row slice of an [`MmaLayout`]: an `[M]` vector where each thread
+/// holds the rows of its accumulator registers (see the module docs). It
+/// depends only on `M` and the warps along `M`, so the row vectors of two
+/// `dot`s with the same `M` split are interchangeable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowLayout {
+    /// Rows (`M`).
+    pub m: usize,
+    /// Warps along `M`.
+    pub warps_m: usize,
+}
+
+impl RowLayout {
+    /// Rows of one warp's tile.
+    pub fn tile_m(&self) -> usize {
+        self.m / self.warps_m
+    }
+
+    /// Registers per thread: rows `g` and `g + 8` of every 16-row m tile.
+    pub fn regs(&self) -> usize {
+        2 * (self.tile_m() / 16)
+    }
+
+    /// The row held in register `slot` by thread `tid` (`warps_m` divides
+    /// the warp count; warp `w` has `wm = w mod warps_m`).
+    pub fn row_of(&self, tid: usize, slot: usize) -> usize {
+        let (warp, lane) = (tid / 32, tid % 32);
+        let wm = warp % self.warps_m;
+        wm * self.tile_m() + (slot / 2) * 16 + lane / 4 + 8 * (slot % 2)
+    }
+}
+
+/// The layout of one tile value during lowering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lay {
+    /// The flattened blocked layout of `crate::layout` (the default).
+    Blocked,
+    /// An `[M, N]` tile in a tensor-core accumulator layout.
+    Mma(MmaLayout),
+    /// An `[M]` or `[M, 1]` row vector in the row slice of such a layout.
+    Row(RowLayout),
 }
 
 #[cfg(test)]
@@ -114,6 +188,28 @@ mod tests {
         assert!(MmaLayout::choose(16, 16, 16, 8).is_none());
         assert!(MmaLayout::choose(64, 64, 8, 4).is_none());
         assert!(MmaLayout::choose(8, 64, 16, 1).is_none());
+    }
+
+    #[test]
+    fn row_slices_match_the_accumulator_rows() {
+        for &(m, n, w, wm) in
+            &[(64usize, 32usize, 4usize, 4usize), (128, 64, 8, 4), (16, 64, 4, 1), (128, 128, 4, 4)]
+        {
+            let l = MmaLayout::with_warps_m(m, n, 16, w, wm).unwrap();
+            let r = l.row();
+            for t in 0..32 * w {
+                for s in 0..l.regs() {
+                    let (row, _) = l.coord(t, s);
+                    // Accumulator register [i][j][q] sits in row slot 2 i + q / 2.
+                    let i = s / 4 / l.tiles_n();
+                    assert_eq!(r.row_of(t, 2 * i + (s % 4) / 2), row, "{m}x{n} w{w} t{t} s{s}");
+                }
+            }
+            assert_eq!(r.regs(), 2 * l.tiles_m());
+        }
+        assert!(MmaLayout::with_warps_m(64, 32, 16, 4, 2).is_some());
+        assert!(MmaLayout::with_warps_m(16, 32, 16, 4, 4).is_none());
+        assert!(MmaLayout::with_warps_m(64, 32, 16, 4, 3).is_none());
     }
 
     #[test]

@@ -105,7 +105,16 @@ use dsl_macros::kernel;
 
 /// FlashAttention prefill (online softmax, f32 accumulation) over a paged KV
 /// cache, varlen batches, GQA, causal or full; see the module doc.
-#[kernel]
+#[kernel(autotune(
+    configs = [
+        (BLOCK_M = 64, BLOCK_N = 32, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4),
+        (BLOCK_M = 128, BLOCK_N = 32, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 32, num_warps = 8),
+    ],
+    key = [max_blocks_per_seq]
+))]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention<T: Float>(
     q_ptr: Ptr<T>,

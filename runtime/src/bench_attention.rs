@@ -40,7 +40,13 @@ const PAGE: usize = 16;
 const SLOW_MS: f64 = 500.0;
 
 /// Measures one `attention/bf16/hd{hd}/...` record.
-fn attention_record(cuda: &mut Cuda, opts: &BenchOptions, hd: usize, causal: bool) -> Result<Record> {
+fn attention_record(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    hd: usize,
+    causal: bool,
+    tuned: bool,
+) -> Result<Record> {
     let h = 2048 / hd;
     let tokens = B * L;
     let pages_per_seq = L / PAGE;
@@ -62,7 +68,7 @@ fn attention_record(cuda: &mut Cuda, opts: &BenchOptions, hd: usize, causal: boo
     let od = gpu.zeros::<bf16>(tokens * h * hd)?;
     let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
     let t = config_for(hd);
-    let config = flash_attention::Config::new(DType::BF16, h, h, hd, t.block_m, t.block_n, causal)
+    let base = flash_attention::Config::new(DType::BF16, h, h, hd, t.block_m, t.block_n, causal)
         .with_warps(t.num_warps);
     let args = flash_attention::Args {
         q_ptr: qd.ptr().cast(),
@@ -77,7 +83,16 @@ fn attention_record(cuda: &mut Cuda, opts: &BenchOptions, hd: usize, causal: boo
         max_blocks_per_seq: pages_per_seq as i32,
         _marker: PhantomData,
     };
-    let g = grid(L, B, h, t.block_m);
+    let grid_of = |c: &flash_attention::Config| grid(L, B, h, c.BLOCK_M);
+    let (config, tuned) = if tuned {
+        let config = cuda.run_tuned::<flash_attention::Kernel>(grid_of, &base, &args)?;
+        let words =
+            crate::cuda::autotune::describe_config(&flash_attention::autotune_configs(&base), &config);
+        (config, Some(words))
+    } else {
+        (base, None)
+    };
+    let g = grid_of(&config);
     let mut launch = |c: &mut Cuda| c.run::<flash_attention::Kernel>(g, &config, &args);
     let probe = time_median_ms(cuda, 0, 1, &mut launch)?;
     let ms = if probe > SLOW_MS {
@@ -92,7 +107,7 @@ fn attention_record(cuda: &mut Cuda, opts: &BenchOptions, hd: usize, causal: boo
         metric: "TFLOP/s",
         value: flops / ms / 1e9,
         ms,
-        tuned: None,
+        tuned,
     })
 }
 
@@ -100,10 +115,13 @@ fn attention_record(cuda: &mut Cuda, opts: &BenchOptions, hd: usize, causal: boo
 /// each as it is measured.
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
+    let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
     for hd in [64, 128] {
         for causal in [true, false] {
-            out.push(attention_record(cuda, opts, hd, causal)?);
-            eprintln!("measured {}", out[out.len() - 1].name);
+            for &tuned in tunings {
+                out.push(attention_record(cuda, opts, hd, causal, tuned)?);
+                eprintln!("measured {}", out[out.len() - 1].display_name());
+            }
         }
     }
     Ok(out)

@@ -222,6 +222,21 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         };
         rows.push(attention_case::<bf16>(cuda, &mut rng, &mha)?);
         rows.push(attention_case::<f16>(cuda, &mut rng, &mha)?);
+        // Every autotune candidate (their warp grids differ: 16 or 32 rows
+        // per warp, `p` from registers or through shared memory).
+        for tiles in TUNE_TILES {
+            rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..smol.clone() })?);
+            rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..gqa4.clone() })?);
+        }
     }
     Ok(rows)
 }
+
+/// The tiles of `flash_attention`'s autotune configs.
+const TUNE_TILES: [TileConfig; 5] = [
+    TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
+    TileConfig { block_m: 64, block_n: 64, num_warps: 4 },
+    TileConfig { block_m: 128, block_n: 32, num_warps: 8 },
+    TileConfig { block_m: 128, block_n: 64, num_warps: 8 },
+    TileConfig { block_m: 64, block_n: 32, num_warps: 8 },
+];

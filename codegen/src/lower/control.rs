@@ -3,17 +3,19 @@
 //! branch with phis at the merge; `while` becomes a header running the
 //! "before" region, a conditional exit, and the "after" region as the body.
 //!
-//! A `for` also applies the tensor-core plan (`dot/plan.rs`): accumulators it
-//! carries in the `mma` layout are converted on entry and exit, and the A
-//! fragments of loop-invariant `dot` operands are loaded before the loop and
-//! forgotten after it.
+//! Carried values keep the layouts `layouts.rs` assigned them (a `for`'s
+//! initial values are converted before the loop, the values a region yields
+//! at its end), and a `for` loads the A fragments of loop-invariant `dot`
+//! operands before the loop (`dot/plan.rs`) and forgets them after it.
 //!
 //! Invariant: conditions are scalars, so every thread takes the same path and
 //! barriers inside regions stay uniform. A `for` whose bounds are signed
 //! compares signed, unsigned types compare unsigned.
 
+use super::layouts::a_from_regs;
 use super::{Lowerer, Regs};
 use crate::Result;
+use crate::mma::Lay;
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::ControlOp;
 use inkwell::IntPredicate;
@@ -60,15 +62,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let lb = self.regs(args[0])?[0];
                 let ub = self.regs(args[1])?[0].into_int_value();
                 let step = self.regs(args[2])?[0].into_int_value();
-                let mut init: Vec<Regs<'ctx>> =
-                    args[3..].iter().map(|&a| self.regs(a)).collect::<Result<_>>()?;
-                // Accumulators carried in the tensor-core layout enter it here.
-                let carried = self.mma.carried.get(&inst).cloned().unwrap_or_default();
-                for &(pos, l) in &carried {
-                    init[pos] = self.convert_to_mma(args[3 + pos], &l)?;
+                // Carried values enter the layouts their body arguments have.
+                let body_args = self.f.blocks[self.f.entry(regions[0])].args.clone();
+                let lays: Vec<Lay> = body_args[1..].iter().map(|&b| self.lays.lay(b)).collect();
+                let mut init: Vec<Regs<'ctx>> = Vec::with_capacity(lays.len());
+                for (&a, &lay) in args[3..].iter().zip(&lays) {
+                    init.push(self.regs_as(a, lay)?);
                 }
-                // Loop-invariant `dot` operands become A fragments here.
-                let hoisted = self.mma.hoisted.get(&inst).cloned().unwrap_or_default();
+                // Loop-invariant `dot` operands become A fragments here
+                // (unless they are in registers already).
+                let hoisted: Vec<_> = self
+                    .mma
+                    .hoisted
+                    .get(&inst)
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(v, l)| !a_from_regs(self.lays.lay(*v), l))
+                    .collect();
                 for &(v, l) in &hoisted {
                     self.hoist_a(v, &l)?;
                 }
@@ -88,7 +99,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.b.position_at_end(body);
                 let mut bargs = vec![vec![ivv.into()]];
                 bargs.extend(Self::phi_values(&phis));
-                let yielded = self.lower_region(regions[0], &bargs)?;
+                let yielded = self.lower_region_as(regions[0], &bargs, &lays)?;
                 let next = self.b.build_int_add(ivv, step, "")?;
                 let latch = self.cur_block()?;
                 iv.add_incoming(&[(&next as &dyn BasicValue<'ctx>, latch)]);
@@ -99,10 +110,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for key in &hoisted {
                     self.afrags.remove(key);
                 }
-                let mut outs = Self::phi_values(&phis);
-                for &(pos, l) in &carried {
-                    outs[pos] = self.convert_from_mma(&outs[pos], &l)?;
-                }
+                let outs = Self::phi_values(&phis);
                 for (r, regs) in results.iter().zip(outs) {
                     self.set(*r, regs);
                 }
@@ -114,11 +122,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let merge = self.ctx.append_basic_block(self.func, "if.end");
                 self.b.build_conditional_branch(c, then_bb, else_bb)?;
                 self.b.position_at_end(then_bb);
-                let tv = self.lower_region(regions[0], &[])?;
+                let want: Vec<Lay> = results.iter().map(|&r| self.lays.lay(r)).collect();
+                let tv = self.lower_region_as(regions[0], &[], &want)?;
                 let tend = self.cur_block()?;
                 self.b.build_unconditional_branch(merge)?;
                 self.b.position_at_end(else_bb);
-                let ev = self.lower_region(regions[1], &[])?;
+                let ev = self.lower_region_as(regions[1], &[], &want)?;
                 let eend = self.cur_block()?;
                 self.b.build_unconditional_branch(merge)?;
                 self.b.position_at_end(merge);

@@ -70,7 +70,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// Converts a loaded memory value to its register form (`i1` from a byte).
-    fn mem_to_reg(&self, v: BasicValueEnum<'ctx>, d: DType) -> Result<BasicValueEnum<'ctx>> {
+    pub(super) fn mem_to_reg(&self, v: BasicValueEnum<'ctx>, d: DType) -> Result<BasicValueEnum<'ctx>> {
         if d == DType::I1 {
             let x = v.into_int_value();
             return Ok(self
@@ -82,7 +82,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// Converts a register to its memory form (`i1` to a byte).
-    fn reg_to_mem(&self, v: BasicValueEnum<'ctx>, d: DType) -> Result<BasicValueEnum<'ctx>> {
+    pub(super) fn reg_to_mem(&self, v: BasicValueEnum<'ctx>, d: DType) -> Result<BasicValueEnum<'ctx>> {
         if d == DType::I1 {
             return Ok(self.b.build_int_z_extend(v.into_int_value(), self.ctx.i8_type(), "")?.into());
         }

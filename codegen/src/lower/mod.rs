@@ -4,9 +4,11 @@
 //! Invariants:
 //! - A value of type `T` lowers to `Layout::with_cap(numel(T), threads, spt_cap).regs()` LLVM
 //!   values (its registers); scalars have one, uniform across the program.
-//!   The exception are the values the tensor-core plan holds in a
-//!   `dot`'s accumulator layout (`dot/plan.rs`): the loop-carried accumulator
-//!   of a `for` whose only users are that `dot` and the loop's `yield`.
+//!   The exception are the values `layouts.rs` assigns a tensor-core layout
+//!   ([`Lay::Mma`], [`Lay::Row`]): their registers follow that layout, and
+//!   those with a user that needs blocked registers also get a blocked copy
+//!   right after their definition. [`Lowerer::regs`] always returns blocked
+//!   registers; layout-aware lowerings use [`Lowerer::regs_as`].
 //! - Register element types: `i1` as `i1`, integers by width, `f16` as `half`,
 //!   `bf16` as `bfloat`, pointers as `ptr addrspace(1)`. In memory `i1` is a byte.
 //! - Every op that moves data between threads uses the one dynamic shared
@@ -18,15 +20,18 @@ mod arith;
 mod cast;
 mod compare;
 mod control;
+mod convert;
 mod creation;
 mod debug;
 mod dot;
+pub(crate) mod layouts;
 mod memory;
 mod program;
 mod reduce;
 mod shape;
 
 use crate::layout::Layout;
+use crate::mma::Lay;
 use crate::{CompileOptions, Error, Result};
 use dsl_core::dtype::{DType, Elem, Type};
 use dsl_core::ir::{Block, Inst, Op, Region};
@@ -69,8 +74,15 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub tid: IntValue<'ctx>,
     smem: Option<PointerValue<'ctx>>,
     pub smem_bytes: u32,
-    /// Which `dot`s use tensor cores and which values stay in their layout.
+    /// Which `dot`s use tensor cores.
     pub mma: dot::plan::MmaPlan,
+    /// Which values live in tensor-core layouts (see `layouts.rs`).
+    pub lays: layouts::Assignment,
+    /// Blocked copies of values held in another layout.
+    blocked: FxHashMap<Value, Regs<'ctx>>,
+    /// Operand registers prepared for the instruction being lowered (in its
+    /// result's layout), returned by [`Lowerer::regs`] before anything else.
+    overrides: FxHashMap<Value, Regs<'ctx>>,
     /// A fragments of hoisted `dot` operands: per 16-wide `k` step, per m tile, 4 registers.
     pub afrags: FxHashMap<(Value, crate::mma::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
     #[allow(dead_code)] // Reserved for target-specific lowering (sm_90a paths).
@@ -149,9 +161,13 @@ pub(crate) fn lower_function<'ctx>(
         smem: None,
         smem_bytes: 0,
         mma: dot::plan::plan(f, threads / 32),
+        lays: layouts::Assignment::default(),
+        blocked: FxHashMap::default(),
+        overrides: FxHashMap::default(),
         afrags: FxHashMap::default(),
         opts: *opts,
     };
+    lw.lays = layouts::assign(f, &lw.mma);
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
     for (i, p) in f.params.iter().enumerate() {
         let pv =
@@ -234,17 +250,78 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.layout(self.f.ty(v))
     }
 
-    /// The registers of `v`.
+    /// The blocked registers of `v` (its own, or the blocked copy of a value
+    /// held in a tensor-core layout).
     pub fn regs(&self, v: Value) -> Result<Regs<'ctx>> {
+        if let Some(r) = self.overrides.get(&v) {
+            return Ok(r.clone());
+        }
+        let lay = self.lays.lay(v);
+        let found = if lay == Lay::Blocked { self.vals.get(&v) } else { self.blocked.get(&v) };
+        found.cloned().ok_or_else(|| {
+            if self.vals.contains_key(&v) {
+                Error::Invalid(format!("value {v} is held in {lay:?} and has no blocked copy"))
+            } else {
+                Error::Invalid(format!("value {v} used before its definition"))
+            }
+        })
+    }
+
+    /// The registers of `v` in its assigned layout.
+    pub fn raw_regs(&self, v: Value) -> Result<Regs<'ctx>> {
         self.vals
             .get(&v)
             .cloned()
             .ok_or_else(|| Error::Invalid(format!("value {v} used before its definition")))
     }
 
-    /// Records the registers of `v`.
+    /// The registers of `v` in layout `lay`: its own when it is held there,
+    /// a splat when it is uniform, otherwise converted from its blocked
+    /// registers through shared memory (barriers: uniform control flow only).
+    pub fn regs_as(&mut self, v: Value, lay: Lay) -> Result<Regs<'ctx>> {
+        let cur = self.lays.lay(v);
+        if cur == lay {
+            return self.raw_regs(v);
+        }
+        let ty = self.f.ty(v).clone();
+        if layouts::is_uniform(self.f, v) {
+            let r = self.raw_regs(v)?[0];
+            return Ok(vec![r; self.count(&ty, lay)]);
+        }
+        let b = self.regs(v)?;
+        match lay {
+            Lay::Blocked => Ok(b),
+            _ => self.convert_from_blocked(&ty, &b, lay),
+        }
+    }
+
+    /// Registers per thread of a value of type `ty` in layout `lay`.
+    pub fn count(&self, ty: &Type, lay: Lay) -> usize {
+        match lay {
+            Lay::Blocked => self.layout(ty).regs(),
+            Lay::Mma(l) => l.regs(),
+            Lay::Row(r) => r.regs(),
+        }
+    }
+
+    /// Records the registers of `v` (in its assigned layout).
     pub fn set(&mut self, v: Value, regs: Regs<'ctx>) {
         self.vals.insert(v, regs);
+    }
+
+    /// Makes the blocked copy of `v` when it is held in a tensor-core
+    /// layout and some user needs blocked registers (call right after `v`
+    /// is defined, in uniform control flow).
+    fn materialize_blocked(&mut self, v: Value) -> Result<()> {
+        let lay = self.lays.lay(v);
+        if lay == Lay::Blocked || !self.lays.needs_blocked.contains(&v) {
+            return Ok(());
+        }
+        let ty = self.f.ty(v).clone();
+        let raw = self.raw_regs(v)?;
+        let b = self.convert_to_blocked(&ty, &raw, lay)?;
+        self.blocked.insert(v, b);
+        Ok(())
     }
 
     /// The integer type of `bits` bits (1, 8, 16, 32, 64 or 128; others round up to 128).
@@ -472,24 +549,67 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(Vec::new())
     }
 
-    /// Lowers the single block of region `r`, binding its arguments to `args`.
+    /// Lowers the single block of region `r`, binding its arguments to `args`
+    /// (registers in the arguments' assigned layouts); returns the yielded
+    /// registers in blocked layout.
     pub fn lower_region(&mut self, r: Region, args: &[Regs<'ctx>]) -> Result<Vec<Regs<'ctx>>> {
+        self.lower_region_as(r, args, &[])
+    }
+
+    /// [`Lowerer::lower_region`] with the yielded values in layouts `want`
+    /// (blocked past its end).
+    pub fn lower_region_as(
+        &mut self,
+        r: Region,
+        args: &[Regs<'ctx>],
+        want: &[Lay],
+    ) -> Result<Vec<Regs<'ctx>>> {
         let block = self.f.entry(r);
         let bargs = self.f.blocks[block].args.clone();
         for (v, regs) in bargs.iter().zip(args) {
             self.set(*v, regs.clone());
+            self.materialize_blocked(*v)?;
         }
         let term = self.lower_block(block)?;
-        term.iter().map(|&v| self.regs(v)).collect()
+        term.iter()
+            .enumerate()
+            .map(|(k, &v)| self.regs_as(v, want.get(k).copied().unwrap_or(Lay::Blocked)))
+            .collect()
     }
 
-    /// Lowers one instruction.
+    /// Lowers one instruction, then makes the blocked copies its results need.
     fn lower_inst(&mut self, inst: Inst) -> Result<()> {
         if self.mma.skipped.contains(&inst) {
             // A transpose that its only user (a tensor-core `dot`) reads in place.
             return Ok(());
         }
-        match self.f.insts[inst].op.clone() {
+        let op = self.f.insts[inst].op.clone();
+        if layouts::is_elementwise(&op)
+            && let Some(&res) = self.f.insts[inst].results.first()
+            && self.lays.lay(res) != Lay::Blocked
+        {
+            // Compute in the result's layout: operands are brought there first.
+            let lay = self.lays.lay(res);
+            for a in self.args(inst) {
+                let r = self.regs_as(a, lay)?;
+                self.overrides.insert(a, r);
+            }
+            let done = self.lower_op(inst, op);
+            self.overrides.clear();
+            done?;
+        } else {
+            self.lower_op(inst, op)?;
+        }
+        let f = self.f;
+        for &r in &f.insts[inst].results {
+            self.materialize_blocked(r)?;
+        }
+        Ok(())
+    }
+
+    /// Dispatches one instruction to its op family's lowering.
+    fn lower_op(&mut self, inst: Inst, op: Op) -> Result<()> {
+        match op {
             Op::Creation(o) => self.lower_creation(inst, &o),
             Op::Arith(o) => self.lower_arith(inst, o),
             Op::Compare(o) => self.lower_compare(inst, o),

@@ -28,6 +28,7 @@
 use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
 use crate::layout::{Layout, strides};
+use crate::mma::{Lay, MmaLayout};
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::ops::{BinaryOp, ReduceKind, ReduceOp, ScanKind, ScanOp};
 use dsl_core::ir::{Inst, Region};
@@ -325,6 +326,68 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(out)
     }
 
+    /// Reduces an `[M, N]` tile held in accumulator layout `l` along `N` to
+    /// its row slice: each thread folds, per row it holds, its registers in
+    /// column order; the four lanes of a quad (the columns `2t, 2t + 1` of
+    /// each 8-column tile) combine with shuffles; with several warps along
+    /// `N`, one value per (warp, row) goes through shared memory and every
+    /// thread folds the warps' values in order.
+    fn reduce_mma_rows(&mut self, c: Comb, d: DType, l: &MmaLayout, x: &Regs<'ctx>) -> Result<Regs<'ctx>> {
+        let (tm, tn) = (l.tiles_m(), l.tiles_n());
+        let mut partials = Vec::with_capacity(2 * tm);
+        for i in 0..tm {
+            for h in 0..2 {
+                let mut items = Vec::with_capacity(2 * tn);
+                for j in 0..tn {
+                    for e in 0..2 {
+                        items.push(vec![self.to_compute(c, x[(i * tn + j) * 4 + 2 * h + e], d)?]);
+                    }
+                }
+                let p = self.tree_fold(c, d, items)?;
+                partials.push(self.butterfly(c, d, p, 4)?);
+            }
+        }
+        if l.warps_n > 1 {
+            let ty = partials[0][0].get_type();
+            let smem = self.smem((l.warps_n * l.m * 8) as u64)?;
+            let r = l.row();
+            self.barrier()?;
+            let (_, wn, lane) = self.warp_coords(l)?;
+            let quad0 = self.b.build_int_compare(
+                IntPredicate::EQ,
+                self.b.build_and(lane, self.i32c(3), "")?,
+                self.i32c(0),
+                "",
+            )?;
+            let mut slots = Vec::with_capacity(partials.len());
+            for q in 0..partials.len() {
+                slots.push(self.row_index(&r, q)?);
+            }
+            let base = self.b.build_int_mul(wn, self.i32c(l.m as i64), "")?;
+            let vals: Vec<BasicValueEnum<'ctx>> = partials.iter().map(|p| p[0]).collect();
+            let slots2 = slots.clone();
+            self.if_then(quad0, |lw| {
+                for (row, &v) in slots2.iter().zip(&vals) {
+                    let idx = lw.b.build_int_add(base, *row, "")?;
+                    let addr = lw.smem_elem(smem, 0, ty, idx)?;
+                    lw.b.build_store(addr, v)?;
+                }
+                Ok(())
+            })?;
+            self.barrier()?;
+            for (q, row) in slots.iter().enumerate() {
+                let mut items = Vec::with_capacity(l.warps_n);
+                for w in 0..l.warps_n {
+                    let idx = self.b.build_int_add(*row, self.i32c((w * l.m) as i64), "")?;
+                    let addr = self.smem_elem(smem, 0, ty, idx)?;
+                    items.push(vec![self.b.build_load(ty, addr, "")?]);
+                }
+                partials[q] = self.tree_fold(c, d, items)?;
+            }
+        }
+        partials.into_iter().map(|p| Ok(self.finish(c, d, p)?[0])).collect()
+    }
+
     /// The fast reduction of all registers of a tile to one uniform value.
     fn reduce_fast(&mut self, c: Comb, d: DType, l: &Layout, x: &Regs<'ctx>) -> Result<Vals<'ctx>> {
         let base = self.thread_base(l)?;
@@ -452,8 +515,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 None => return Err(self.bug(inst, "custom reduce without a region")),
             },
         };
-        let l = self.layout(&ty);
         let results = self.f.insts[inst].results.to_vec();
+        if let (Lay::Mma(ml), Lay::Row(_)) = (self.lays.lay(args[0]), self.lays.lay(results[0])) {
+            let x = self.raw_regs(args[0])?;
+            let out = self.reduce_mma_rows(c, d, &ml, &x)?;
+            self.set(results[0], out);
+            return Ok(());
+        }
+        let l = self.layout(&ty);
         let fast = !matches!(c, Comb::Custom(_))
             && ty.shape.iter().enumerate().all(|(i, &s)| i == op.axis || s == 1);
         if fast {

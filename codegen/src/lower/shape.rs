@@ -14,6 +14,7 @@
 use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
 use crate::layout::{Layout, strides};
+use crate::mma::Lay;
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::ShapeOp;
@@ -110,10 +111,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(super) fn lower_shape(&mut self, inst: Inst, op: &ShapeOp) -> Result<()> {
         let args = self.args(inst);
         let a = args[0];
+        let res = self.result(inst, 0)?;
+        match (self.lays.lay(res), op) {
+            (Lay::Row(r), ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => {
+                // `[M]` <-> `[M, 1]` in the row slice: the same registers.
+                let regs = self.regs_as(a, Lay::Row(r))?;
+                self.set(res, regs);
+                return Ok(());
+            }
+            (Lay::Mma(l), ShapeOp::Broadcast { .. }) => {
+                // `[M, 1]` row vector -> `[M, N]`: accumulator register
+                // `[i][j][q]` is row register `2 i + q / 2`.
+                let row = self.regs_as(a, Lay::Row(l.row()))?;
+                let tn = l.tiles_n();
+                let out = (0..l.regs()).map(|s| row[2 * (s / 4 / tn) + (s % 4) / 2]).collect();
+                self.set(res, out);
+                return Ok(());
+            }
+            _ => {}
+        }
         let aty = self.f.ty(a).clone();
         let regs = self.regs(a)?;
         let la = self.layout(&aty);
-        let res = self.result(inst, 0)?;
         let rty = self.f.ty(res).clone();
         let lr = self.layout(&rty);
         match op {

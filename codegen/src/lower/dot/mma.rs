@@ -1,5 +1,5 @@
 //! `dot` on tensor cores: `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}`
-//! fed by `ldmatrix` from shared memory.
+//! fed by `ldmatrix` from shared memory or straight from registers.
 //!
 //! Staging: `a` (`[M, K]`) is written row-major to shared memory with
 //! [`ROW_PAD`] elements of padding per row; `b` is written either as `[K, N]`
@@ -11,23 +11,32 @@
 //! fragment) and one `x4` per pair of 8-column `n` tiles (two B fragments),
 //! and issues one `mma` per (m tile, n tile).
 //!
-//! The accumulator lives in [`MmaLayout`] registers. A held accumulator
-//! (loop-carried, see `plan.rs`) is used and produced as is; a constant one is
-//! splatted; any other goes through shared memory (`[M, N + ROW_PAD]` f32)
-//! together with `a` and `b`, and a result that is not held goes back to the
-//! blocked layout through the same region.
+//! `a` is not staged when its A fragments are already in registers: loaded
+//! once before a loop for a loop-invariant operand (`hoist_a`), or, when
+//! `a` is held in an accumulator layout whose warps own whole rows with the
+//! same split of `M` (`layouts::a_from_regs`), packed from those registers:
+//! the C fragments of two adjacent 8-column n tiles are exactly the A
+//! fragment of one 16-wide k step (FlashAttention-2's `p` never leaves the
+//! registers).
+//!
+//! The accumulator operand is taken in the [`MmaLayout`] (converted when it
+//! lives elsewhere, splatted when uniform) and the result stays there; where
+//! it is needed blocked, the driver makes the copy (`layouts.rs`).
 //!
 //! Numerics: products of f16/bf16 are exact and accumulate in f32 on the
 //! tensor core (the summation order within an instruction is the hardware's).
 
+use super::super::layouts::a_from_regs;
 use super::super::{Lowerer, Regs};
 use crate::Result;
-use crate::layout::Layout;
-use crate::mma::{MmaLayout, ROW_PAD};
+use crate::mma::{Lay, MmaLayout, ROW_PAD};
 use dsl_core::dtype::DType;
 use dsl_core::ir::{Inst, Value};
-use inkwell::types::{BasicTypeEnum, FloatType};
-use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
+
+/// A fragments: per 16-wide `k` step, per m tile of the warp, 4 registers.
+pub(crate) type AFrags<'ctx> = Vec<Vec<Vec<IntValue<'ctx>>>>;
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Lowers a planned `dot` with the accumulator layout `l`.
@@ -37,58 +46,43 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let aty = self.f.ty(args[0]).clone();
         let (m, k, n) = (l.m, aty.shape[1], l.n);
         let d = aty.dtype();
+        // The accumulator first: its conversion (if any) uses the scratch region.
+        let mut acc = self.regs_as(args[2], Lay::Mma(l))?;
+        let a_lay = self.lays.lay(args[0]);
+        let in_regs = if a_from_regs(a_lay, &l) {
+            let Lay::Mma(al) = a_lay else { return Err(self.bug(inst, "A operand layout")) };
+            let regs = self.raw_regs(args[0])?;
+            Some(self.a_frags_from_regs(&regs, &al, k, d)?)
+        } else {
+            None
+        };
+        let afr = match in_regs {
+            Some(fr) => Some(fr),
+            None => self.afrags.get(&(args[0], l)).cloned(),
+        };
         let b_src = self.mma.b_trans.get(&inst).copied();
-        let hoisted = self.afrags.get(&(args[0], l)).cloned();
-        let a_elems = if hoisted.is_some() { 0 } else { m * (k + ROW_PAD) };
+        let a_elems = if afr.is_some() { 0 } else { m * (k + ROW_PAD) };
         let b_elems = if b_src.is_some() { n * (k + ROW_PAD) } else { k * (n + ROW_PAD) };
         let (a_off, b_off) = (0u64, (a_elems * 2) as u64);
-        let c_off = b_off + (b_elems * 2) as u64;
-        let acc_held = self.mma.held.contains_key(&args[2]);
-        let acc_const = !acc_held && self.f.as_constant(args[2]).is_some();
-        let res_held = self.mma.held.contains_key(&res);
-        let needs_c = !(acc_held || acc_const) || !res_held;
-        let c_bytes = if needs_c { (m * (n + ROW_PAD) * 4) as u64 } else { 0 };
-        let smem = self.smem(c_off + c_bytes)?;
-        let et = self.mem_float(d);
-        let f32t = self.ctx.f32_type();
-        let acc_regs = self.regs(args[2])?;
+        let smem = self.smem(b_off + (b_elems * 2) as u64)?;
 
         self.barrier()?;
-        if hoisted.is_none() {
+        if afr.is_none() {
             let la = self.layout(&aty);
             let ra = self.regs(args[0])?;
-            self.stage_padded(smem, a_off, &la, &ra, k, et)?;
+            self.stage_padded(smem, a_off, &la, &ra, k, d)?;
         }
         let bv = b_src.unwrap_or(args[1]);
         let lb = self.layout_of(bv);
         let rb = self.regs(bv)?;
-        self.stage_padded(smem, b_off, &lb, &rb, if b_src.is_some() { k } else { n }, et)?;
-        let lc = self.layout_of(res);
-        if !(acc_held || acc_const) {
-            self.stage_padded(smem, c_off, &lc, &acc_regs, n, f32t)?;
-        }
+        self.stage_padded(smem, b_off, &lb, &rb, if b_src.is_some() { k } else { n }, d)?;
         self.barrier()?;
-        let mut acc: Regs<'ctx> = if acc_held {
-            acc_regs
-        } else if acc_const {
-            vec![acc_regs[0]; l.regs()]
-        } else {
-            self.mma_read(smem, c_off, &l)?
-        };
-        let afr = match hoisted {
+        let afr = match afr {
             Some(fr) => fr,
             None => self.a_frags(smem, a_off, &l, k)?,
         };
         self.mma_loop(smem, b_off, &afr, &l, k, d, b_src.is_some(), &mut acc)?;
-        if res_held {
-            self.set(res, acc);
-        } else {
-            self.barrier()?;
-            self.mma_write(smem, c_off, &l, &acc)?;
-            self.barrier()?;
-            let out = self.load_padded(smem, c_off, &lc, n, f32t)?;
-            self.set(res, out);
-        }
+        self.set(res, acc);
         Ok(())
     }
 
@@ -100,13 +94,51 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let smem = self.smem((l.m * (k + ROW_PAD) * 2) as u64)?;
         let lv = self.layout(&ty);
         let regs = self.regs(v)?;
-        let et = self.mem_float(ty.dtype());
         self.barrier()?;
-        self.stage_padded(smem, 0, &lv, &regs, k, et)?;
+        self.stage_padded(smem, 0, &lv, &regs, k, ty.dtype())?;
         self.barrier()?;
         let fr = self.a_frags(smem, 0, l, k)?;
         self.afrags.insert((v, *l), fr);
         Ok(())
+    }
+
+    /// The A fragments of an `[M, K]` operand held in accumulator layout `al`
+    /// (16-bit registers; `al.warps_n == 1`): for k step `kk` and m tile `i`,
+    /// the register pairs of n tiles `2 kk` and `2 kk + 1`, packed as
+    /// `{(g, 2t..), (g + 8, 2t..), (g, 8 + 2t..), (g + 8, 8 + 2t..)}`.
+    fn a_frags_from_regs(
+        &mut self,
+        regs: &[BasicValueEnum<'ctx>],
+        al: &MmaLayout,
+        k: usize,
+        d: DType,
+    ) -> Result<AFrags<'ctx>> {
+        let tn = al.tiles_n();
+        let ht = self.mem_ty(d);
+        let vt = super::super::memory::vec_type(ht, 2)?;
+        let i32t = self.ctx.i32_type();
+        let pack = |lw: &Self, x: BasicValueEnum<'ctx>, y: BasicValueEnum<'ctx>| -> Result<IntValue<'ctx>> {
+            let v = vt.get_undef();
+            let v = lw.b.build_insert_element(v, x, lw.i32c(0), "")?;
+            let v = lw.b.build_insert_element(v, y, lw.i32c(1), "")?;
+            Ok(lw.b.build_bit_cast(v, i32t, "")?.into_int_value())
+        };
+        let mut out = Vec::with_capacity(k / 16);
+        for kk in 0..k / 16 {
+            let mut per = Vec::with_capacity(al.tiles_m());
+            for i in 0..al.tiles_m() {
+                let t0 = (i * tn + 2 * kk) * 4;
+                let t1 = (i * tn + 2 * kk + 1) * 4;
+                per.push(vec![
+                    pack(self, regs[t0], regs[t0 + 1])?,
+                    pack(self, regs[t0 + 2], regs[t0 + 3])?,
+                    pack(self, regs[t1], regs[t1 + 1])?,
+                    pack(self, regs[t1 + 2], regs[t1 + 3])?,
+                ]);
+            }
+            out.push(per);
+        }
+        Ok(out)
     }
 
     /// The A fragments of a staged `[M, K + ROW_PAD]` operand at byte `off`:
@@ -118,7 +150,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         off: u64,
         l: &MmaLayout,
         k: usize,
-    ) -> Result<Vec<Vec<Vec<IntValue<'ctx>>>>> {
+    ) -> Result<AFrags<'ctx>> {
         let (wm, _, lane) = self.warp_coords(l)?;
         let r8 = self.b.build_and(lane, self.i32c(7), "")?;
         let bit3 = self.lane_bit8(lane, 3)?;
@@ -138,213 +170,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(out)
     }
 
-    /// Converts `v` (blocked) to the accumulator layout `l` through shared
-    /// memory, or by splatting when `v` is a constant.
-    pub(crate) fn convert_to_mma(&mut self, v: Value, l: &MmaLayout) -> Result<Regs<'ctx>> {
-        let regs = self.regs(v)?;
-        if self.f.as_constant(v).is_some() {
-            return Ok(vec![regs[0]; l.regs()]);
-        }
-        let smem = self.smem((l.m * (l.n + ROW_PAD) * 4) as u64)?;
-        let lv = self.layout_of(v);
-        self.barrier()?;
-        self.stage_padded(smem, 0, &lv, &regs, l.n, self.ctx.f32_type())?;
-        self.barrier()?;
-        self.mma_read(smem, 0, l)
-    }
-
-    /// Converts accumulator registers of layout `l` to the blocked layout `lc`.
-    pub(crate) fn convert_from_mma(
-        &mut self,
-        regs: &[BasicValueEnum<'ctx>],
-        l: &MmaLayout,
-    ) -> Result<Regs<'ctx>> {
-        let smem = self.smem((l.m * (l.n + ROW_PAD) * 4) as u64)?;
-        let lc = Layout::with_cap(l.m * l.n, self.threads, self.spt_cap);
-        self.barrier()?;
-        self.mma_write(smem, 0, l, regs)?;
-        self.barrier()?;
-        self.load_padded(smem, 0, &lc, l.n, self.ctx.f32_type())
-    }
-
-    /// The in-memory float type of a 16-bit input dtype.
-    fn mem_float(&self, d: DType) -> FloatType<'ctx> {
-        if d == DType::BF16 { self.ctx.bf16_type() } else { self.ctx.f16_type() }
-    }
-
-    /// Element `(row, col)` of a `[rows, cols + ROW_PAD]` array of `et` at
-    /// byte `off`, as a pointer, with `idx = row * (cols + ROW_PAD) + col`.
-    fn padded_ptr(
-        &self,
-        smem: PointerValue<'ctx>,
-        off: u64,
-        et: FloatType<'ctx>,
-        idx: IntValue<'ctx>,
-    ) -> Result<PointerValue<'ctx>> {
-        self.smem_elem(smem, off, et.into(), idx)
-    }
-
-    /// The padded index of the first element of the chunk holding `slot`.
-    fn chunk_index(
-        &self,
-        l: &Layout,
-        base: IntValue<'ctx>,
-        slot: usize,
-        cols: usize,
-    ) -> Result<IntValue<'ctx>> {
-        let lin = self.linear_index(l, base, slot)?;
-        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
-        let pad = self.b.build_int_mul(row, self.i32c(ROW_PAD as i64), "")?;
-        Ok(self.b.build_int_add(lin, pad, "")?)
-    }
-
-    /// Pieces of at most 16 bytes that one chunk of `l` is moved in.
-    fn piece(l: &Layout, et: FloatType<'ctx>) -> usize {
-        let bytes = if et.get_bit_width() == 32 { 4 } else { 2 };
-        l.spt.min(16 / bytes)
-    }
-
-    /// Writes blocked registers of a `[rows, cols]` tile into a padded array
-    /// at byte `off` (chunks never cross a row: `spt <= cols`).
-    fn stage_padded(
-        &mut self,
-        smem: PointerValue<'ctx>,
-        off: u64,
-        l: &Layout,
-        regs: &[BasicValueEnum<'ctx>],
-        cols: usize,
-        et: FloatType<'ctx>,
-    ) -> Result<()> {
-        let base = self.thread_base(l)?;
-        let pc = Self::piece(l, et);
-        let vt = et.vec_type(pc as u32);
-        for s0 in (0..regs.len()).step_by(pc) {
-            let idx = self.chunk_index(l, base, s0, cols)?;
-            let mut vec = vt.get_undef();
-            for e in 0..pc {
-                let v = regs[s0 + e].into_float_value();
-                let v = if v.get_type() == et { v } else { self.b.build_float_trunc(v, et, "")? };
-                vec = self.b.build_insert_element(vec, v, self.i32c(e as i64), "")?;
-            }
-            let p = self.padded_ptr(smem, off, et, idx)?;
-            let st = self.b.build_store(p, vec)?;
-            st.set_alignment((pc * (et.get_bit_width() as usize / 8)) as u32)
-                .map_err(|e| crate::Error::Llvm(e.to_string()))?;
-        }
-        Ok(())
-    }
-
-    /// Reads blocked registers of a `[rows, cols]` tile from a padded array.
-    fn load_padded(
-        &mut self,
-        smem: PointerValue<'ctx>,
-        off: u64,
-        l: &Layout,
-        cols: usize,
-        et: FloatType<'ctx>,
-    ) -> Result<Regs<'ctx>> {
-        let base = self.thread_base(l)?;
-        let pc = Self::piece(l, et);
-        let vt = et.vec_type(pc as u32);
-        let mut out = Vec::with_capacity(l.regs());
-        for s0 in (0..l.regs()).step_by(pc) {
-            let idx = self.chunk_index(l, base, s0, cols)?;
-            let p = self.padded_ptr(smem, off, et, idx)?;
-            let v = self.b.build_load(vt, p, "")?;
-            if let Some(i) = v.as_instruction_value() {
-                i.set_alignment((pc * (et.get_bit_width() as usize / 8)) as u32)
-                    .map_err(|e| crate::Error::Llvm(e.to_string()))?;
-            }
-            for e in 0..pc {
-                out.push(self.b.build_extract_element(v.into_vector_value(), self.i32c(e as i64), "")?);
-            }
-        }
-        Ok(out)
-    }
-
-    /// `(warp mod warps_m, warp / warps_m, lane)` of this thread.
-    fn warp_coords(&self, l: &MmaLayout) -> Result<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
-        let warp = self.b.build_right_shift(self.tid, self.i32c(5), false, "warp")?;
-        let lane = self.b.build_and(self.tid, self.i32c(31), "lane")?;
-        let wm = self.b.build_and(warp, self.i32c(l.warps_m as i64 - 1), "")?;
-        let wn = self.b.build_right_shift(warp, self.i32c(l.warps_m.trailing_zeros() as i64), false, "")?;
-        Ok((wm, wn, lane))
-    }
-
-    /// `x * c + y` on i32 values with constant `c`.
-    fn mad(&self, x: IntValue<'ctx>, c: usize, y: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
-        let p = self.b.build_int_mul(x, self.i32c(c as i64), "")?;
-        Ok(self.b.build_int_add(p, y, "")?)
-    }
-
     /// `((lane >> shift) & 1) * 8`.
     fn lane_bit8(&self, lane: IntValue<'ctx>, shift: i64) -> Result<IntValue<'ctx>> {
         let s = self.b.build_right_shift(lane, self.i32c(shift), false, "")?;
         let s = self.b.build_and(s, self.i32c(1), "")?;
         Ok(self.b.build_left_shift(s, self.i32c(3), "")?)
-    }
-
-    /// The padded index of this thread's accumulator register 0 (row `g`,
-    /// column `2t` of its warp tile) in a `[M, N + ROW_PAD]` array.
-    fn mma_base(&self, l: &MmaLayout) -> Result<IntValue<'ctx>> {
-        let (wm, wn, lane) = self.warp_coords(l)?;
-        let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
-        let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(1), "")?;
-        let row = self.mad(wm, l.tile_m(), g)?;
-        let col = self.mad(wn, l.tile_n(), t2)?;
-        self.mad(row, l.n + ROW_PAD, col)
-    }
-
-    /// The constant index offset of accumulator pair `pair` (registers
-    /// `2 * pair`, `2 * pair + 1`) from [`Lowerer::mma_base`].
-    fn mma_pair_offset(l: &MmaLayout, pair: usize) -> usize {
-        let (tile, half) = (pair / 2, pair % 2);
-        let (i, j) = (tile / l.tiles_n(), tile % l.tiles_n());
-        (i * 16 + 8 * half) * (l.n + ROW_PAD) + j * 8
-    }
-
-    /// Reads accumulator registers of layout `l` from a padded f32 array.
-    fn mma_read(&mut self, smem: PointerValue<'ctx>, off: u64, l: &MmaLayout) -> Result<Regs<'ctx>> {
-        let base = self.mma_base(l)?;
-        let f32t = self.ctx.f32_type();
-        let vt = f32t.vec_type(2);
-        let mut out = Vec::with_capacity(l.regs());
-        for pair in 0..l.regs() / 2 {
-            let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
-            let p = self.padded_ptr(smem, off, f32t, idx)?;
-            let v = self.b.build_load(vt, p, "")?;
-            if let Some(i) = v.as_instruction_value() {
-                i.set_alignment(8).map_err(|e| crate::Error::Llvm(e.to_string()))?;
-            }
-            for e in 0..2 {
-                out.push(self.b.build_extract_element(v.into_vector_value(), self.i32c(e), "")?);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Writes accumulator registers of layout `l` into a padded f32 array.
-    fn mma_write(
-        &mut self,
-        smem: PointerValue<'ctx>,
-        off: u64,
-        l: &MmaLayout,
-        regs: &[BasicValueEnum<'ctx>],
-    ) -> Result<()> {
-        let base = self.mma_base(l)?;
-        let f32t = self.ctx.f32_type();
-        let vt = f32t.vec_type(2);
-        for pair in 0..l.regs() / 2 {
-            let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
-            let p = self.padded_ptr(smem, off, f32t, idx)?;
-            let mut v = vt.get_undef();
-            for e in 0..2 {
-                v = self.b.build_insert_element(v, regs[2 * pair + e], self.i32c(e as i64), "")?;
-            }
-            let st = self.b.build_store(p, v)?;
-            st.set_alignment(8).map_err(|e| crate::Error::Llvm(e.to_string()))?;
-        }
-        Ok(())
     }
 
     /// `ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].b16` at padded index `idx`

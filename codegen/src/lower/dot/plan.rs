@@ -1,21 +1,20 @@
 //! The tensor-core plan of a function, computed once before lowering: which
 //! `dot`s use `mma.sync` (and with which [`MmaLayout`]), which `b` operands
 //! are read straight from the `[N, K]` tile they were transposed from, and
-//! which loop-carried accumulators stay in the accumulator layout across the
-//! iterations of a `for`, and which loop-invariant `a` operands are loaded
-//! into A fragments once, before their loop.
+//! which loop-invariant `a` operands are loaded into A fragments once,
+//! before their loop. Where values live between ops is decided afterwards
+//! from these layouts (`lower/layouts.rs`).
 //!
-//! Invariants (what the lowering relies on):
-//! - A skipped `permute` has exactly one use, the `b` operand of a planned
-//!   `dot`; that `dot` reads the permute's operand instead.
-//! - A held value is either a `for` body argument whose only use is the
-//!   accumulator of a planned `dot` in that body, or the result of a planned
-//!   `dot` of that chain whose only use is the accumulator of the next `dot`
-//!   of the chain or, for the last, the body's `yield` at the same position
-//!   (all `dot`s of a chain share one layout). Every other value is
-//!   in the blocked layout, so only the `for` itself converts (its initial
-//!   value before the loop, its result after it).
+//! Chained products (FlashAttention's `dot(f(dot(q, k^T)), v)`): when the
+//! `a` of a `dot` is computed elementwise from another `dot`'s result with
+//! the same `M`, both get the warp grid with every warp along `M` (when the
+//! shapes allow it), so each warp holds whole rows of the first result and
+//! the second product takes its A fragments from those registers.
+//!
+//! Invariant: a skipped `permute` has exactly one use, the `b` operand of a
+//! planned `dot`; that `dot` reads the permute's operand instead.
 
+use super::super::layouts::is_elementwise;
 use crate::mma::MmaLayout;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
@@ -32,10 +31,6 @@ pub(crate) struct MmaPlan {
     pub b_trans: FxHashMap<Inst, Value>,
     /// `permute`s that are not lowered (their only user reads their operand).
     pub skipped: FxHashSet<Inst>,
-    /// Values whose registers are in the accumulator layout.
-    pub held: FxHashMap<Value, MmaLayout>,
-    /// For each `for`: the carried positions kept in the accumulator layout.
-    pub carried: FxHashMap<Inst, Vec<(usize, MmaLayout)>>,
     /// For each `for`: the loop-invariant `a` operands (defined in the block
     /// of the `for`) of planned `dot`s directly in its body, whose A
     /// fragments are loaded once before the loop and kept in registers.
@@ -76,14 +71,12 @@ pub(crate) fn plan(f: &Function, warps: usize) -> MmaPlan {
             p.skipped.insert(d);
         }
     }
+    chain_rows(f, &mut p, warps);
     for &i in &all {
         if !matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
             continue;
         }
         let body = f.entry(f.insts[i].regions[0]);
-        let bargs = &f.blocks[body].args;
-        let Some(&term) = f.blocks[body].insts.last() else { continue };
-        let yielded = &f.insts[term].args;
         for &d in &f.blocks[body].insts {
             let Some(&l) = p.dots.get(&d) else { continue };
             let a = f.insts[d].args[0];
@@ -93,47 +86,53 @@ pub(crate) fn plan(f: &Function, warps: usize) -> MmaPlan {
                 list.push((a, l));
             }
         }
-        for (pos, &y) in yielded.iter().enumerate() {
-            let Some(&ba) = bargs.get(pos + 1) else { continue };
-            if let Some((l, chain)) = accumulator_chain(f, &p, body, ba, y, &once) {
-                for v in chain {
-                    p.held.insert(v, l);
-                }
-                p.carried.entry(i).or_default().push((pos, l));
-            }
-        }
     }
     p
 }
 
-/// The chain of planned `dot`s of `body` that carries the loop value `ba`
-/// to the yielded `y` (`y = dot(.., dot(.., ba))`, e.g. a K tile split into
-/// two products), when every link has the same accumulator layout and every
-/// value of the chain (`ba` included) has exactly one use, the next link;
-/// returns that layout and the chain's values (`ba`, then each result).
-fn accumulator_chain(
-    f: &Function,
-    p: &MmaPlan,
-    body: dsl_core::ir::Block,
-    ba: Value,
-    y: Value,
-    once: &impl Fn(Value) -> bool,
-) -> Option<(MmaLayout, Vec<Value>)> {
-    let mut chain = vec![ba];
-    let mut layout: Option<MmaLayout> = None;
-    let mut v = y;
-    loop {
-        let d = f.def_inst(v)?;
-        let l = *p.dots.get(&d)?;
-        if f.insts[d].parent != Some(body) || !once(v) || layout.is_some_and(|x| x != l) {
-            return None;
+/// Gives chained products (see the module docs) the all-warps-along-`M`
+/// grid: for each planned `dot` whose `a` comes elementwise from another
+/// planned `dot`'s result of the same `M`, both layouts are re-chosen with
+/// `warps_m = warps` when both shapes allow it.
+fn chain_rows(f: &Function, p: &mut MmaPlan, warps: usize) {
+    let dots: Vec<Inst> = p.dots.keys().copied().collect();
+    for d2 in dots {
+        let Some(d1) = source_dot(f, p, f.insts[d2].args[0]) else { continue };
+        let (l1, l2) = (p.dots[&d1], p.dots[&d2]);
+        if l1.m != l2.m {
+            continue;
         }
-        layout = Some(l);
-        chain.push(v);
-        let acc = f.insts[d].args[2];
-        if acc == ba {
-            return once(ba).then_some((l, chain));
+        let k1 = f.ty(f.insts[d1].args[0]).shape[1];
+        let k2 = f.ty(f.insts[d2].args[0]).shape[1];
+        if let (Some(n1), Some(n2)) = (
+            MmaLayout::with_warps_m(l1.m, l1.n, k1, warps, warps),
+            MmaLayout::with_warps_m(l2.m, l2.n, k2, warps, warps),
+        ) {
+            p.dots.insert(d1, n1);
+            p.dots.insert(d2, n2);
         }
-        v = acc;
     }
+}
+
+/// The planned `dot` whose result `v` is computed from through elementwise
+/// ops on tiles of `v`'s shape (searched depth first), if any.
+fn source_dot(f: &Function, p: &MmaPlan, v: Value) -> Option<Inst> {
+    let shape = f.ty(v).shape.to_vec();
+    let mut stack = vec![v];
+    let mut seen = FxHashSet::default();
+    while let Some(cur) = stack.pop() {
+        if !seen.insert(cur) || seen.len() > 256 {
+            continue;
+        }
+        let Some(d) = f.def_inst(cur) else { continue };
+        if p.dots.contains_key(&d) {
+            return Some(d);
+        }
+        if is_elementwise(&f.insts[d].op) {
+            stack.extend(
+                f.insts[d].args.iter().rev().filter(|&&x| f.ty(x).shape.as_slice() == shape.as_slice()),
+            );
+        }
+    }
+    None
 }

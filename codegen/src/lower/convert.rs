@@ -1,0 +1,298 @@
+//! Conversions between the blocked layout and the tensor-core layouts
+//! ([`Lay::Mma`], [`Lay::Row`]) through shared memory, and the padded
+//! staging helpers they share with the tensor-core `dot`.
+//!
+//! An `[M, N]` tile is exchanged as a row-major `[M, N + ROW_PAD]` array of
+//! its memory type (`i1` as a byte): blocked chunks are written and read as
+//! vectors of at most 16 bytes, accumulator registers as pairs (two adjacent
+//! columns). A row vector is exchanged as a plain `[M]` array; every thread
+//! that holds a row writes it (replicas write the same value).
+//!
+//! Invariant: every exchange starts with a barrier (earlier users of the
+//! scratch region may still read it) and has one between writes and reads;
+//! callers lower them in uniform control flow.
+
+use super::{Lowerer, Regs, mem_type};
+use crate::Result;
+use crate::layout::Layout;
+use crate::mma::{Lay, MmaLayout, ROW_PAD, RowLayout};
+use dsl_core::dtype::{DType, Elem, Type};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// The in-memory type of dtype `d` (`i1` is a byte).
+    pub(super) fn mem_ty(&self, d: DType) -> BasicTypeEnum<'ctx> {
+        mem_type(self.ctx, Elem::Scalar(d))
+    }
+
+    /// Converts blocked registers of a value of type `ty` to layout `lay`.
+    pub(super) fn convert_from_blocked(
+        &mut self,
+        ty: &Type,
+        regs: &[BasicValueEnum<'ctx>],
+        lay: Lay,
+    ) -> Result<Regs<'ctx>> {
+        let d = ty.dtype();
+        let bytes = u64::from(super::elem_bytes(ty.elem));
+        let lb = self.layout(ty);
+        match lay {
+            Lay::Blocked => Ok(regs.to_vec()),
+            Lay::Mma(l) => {
+                let smem = self.smem(((l.m * (l.n + ROW_PAD)) as u64) * bytes)?;
+                self.barrier()?;
+                self.stage_padded(smem, 0, &lb, regs, l.n, d)?;
+                self.barrier()?;
+                self.mma_read(smem, 0, &l, d)
+            }
+            Lay::Row(r) => {
+                let et = self.mem_ty(d);
+                let smem = self.smem(r.m as u64 * bytes)?;
+                self.barrier()?;
+                let base = self.thread_base(&lb)?;
+                for (s, &v) in regs.iter().enumerate() {
+                    let idx = self.linear_index(&lb, base, s)?;
+                    let p = self.smem_elem(smem, 0, et, idx)?;
+                    self.b.build_store(p, self.reg_to_mem(v, d)?)?;
+                }
+                self.barrier()?;
+                let mut out = Vec::with_capacity(r.regs());
+                for q in 0..r.regs() {
+                    let row = self.row_index(&r, q)?;
+                    let p = self.smem_elem(smem, 0, et, row)?;
+                    let v = self.b.build_load(et, p, "")?;
+                    out.push(self.mem_to_reg(v, d)?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Converts registers of a value of type `ty` held in `lay` to blocked.
+    pub(super) fn convert_to_blocked(
+        &mut self,
+        ty: &Type,
+        regs: &[BasicValueEnum<'ctx>],
+        lay: Lay,
+    ) -> Result<Regs<'ctx>> {
+        let d = ty.dtype();
+        let bytes = u64::from(super::elem_bytes(ty.elem));
+        let lb = self.layout(ty);
+        match lay {
+            Lay::Blocked => Ok(regs.to_vec()),
+            Lay::Mma(l) => {
+                let smem = self.smem(((l.m * (l.n + ROW_PAD)) as u64) * bytes)?;
+                self.barrier()?;
+                self.mma_write(smem, 0, &l, regs, d)?;
+                self.barrier()?;
+                self.load_padded(smem, 0, &lb, l.n, d)
+            }
+            Lay::Row(r) => {
+                let et = self.mem_ty(d);
+                let smem = self.smem(r.m as u64 * bytes)?;
+                self.barrier()?;
+                for (q, &v) in regs.iter().enumerate() {
+                    let row = self.row_index(&r, q)?;
+                    let p = self.smem_elem(smem, 0, et, row)?;
+                    self.b.build_store(p, self.reg_to_mem(v, d)?)?;
+                }
+                self.barrier()?;
+                let base = self.thread_base(&lb)?;
+                let mut out = Vec::with_capacity(lb.regs());
+                for s in 0..lb.regs() {
+                    let idx = self.linear_index(&lb, base, s)?;
+                    let p = self.smem_elem(smem, 0, et, idx)?;
+                    let v = self.b.build_load(et, p, "")?;
+                    out.push(self.mem_to_reg(v, d)?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The row held in register `q` of row layout `r` by this thread:
+    /// `wm * tile_m + (q / 2) * 16 + 8 * (q mod 2) + lane / 4`.
+    pub(super) fn row_index(&self, r: &RowLayout, q: usize) -> Result<IntValue<'ctx>> {
+        let warp = self.b.build_right_shift(self.tid, self.i32c(5), false, "")?;
+        let wm = self.b.build_and(warp, self.i32c(r.warps_m as i64 - 1), "")?;
+        let lane = self.b.build_and(self.tid, self.i32c(31), "")?;
+        let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
+        let base = self.b.build_int_mul(wm, self.i32c(r.tile_m() as i64), "")?;
+        let base = self.b.build_int_add(base, g, "")?;
+        let c = (q / 2) * 16 + 8 * (q % 2);
+        Ok(self.b.build_int_add(base, self.i32c(c as i64), "")?)
+    }
+
+    /// `(warp mod warps_m, warp / warps_m, lane)` of this thread.
+    pub(super) fn warp_coords(
+        &self,
+        l: &MmaLayout,
+    ) -> Result<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+        let warp = self.b.build_right_shift(self.tid, self.i32c(5), false, "warp")?;
+        let lane = self.b.build_and(self.tid, self.i32c(31), "lane")?;
+        let wm = self.b.build_and(warp, self.i32c(l.warps_m as i64 - 1), "")?;
+        let wn = self.b.build_right_shift(warp, self.i32c(l.warps_m.trailing_zeros() as i64), false, "")?;
+        Ok((wm, wn, lane))
+    }
+
+    /// `x * c + y` on i32 values with constant `c`.
+    pub(super) fn mad(&self, x: IntValue<'ctx>, c: usize, y: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let p = self.b.build_int_mul(x, self.i32c(c as i64), "")?;
+        Ok(self.b.build_int_add(p, y, "")?)
+    }
+
+    /// The padded index of this thread's accumulator register 0 (row `g`,
+    /// column `2t` of its warp tile) in a `[M, N + ROW_PAD]` array.
+    fn mma_base(&self, l: &MmaLayout) -> Result<IntValue<'ctx>> {
+        let (wm, wn, lane) = self.warp_coords(l)?;
+        let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
+        let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(1), "")?;
+        let row = self.mad(wm, l.tile_m(), g)?;
+        let col = self.mad(wn, l.tile_n(), t2)?;
+        self.mad(row, l.n + ROW_PAD, col)
+    }
+
+    /// The constant index offset of accumulator pair `pair` (registers
+    /// `2 * pair`, `2 * pair + 1`) from [`Lowerer::mma_base`].
+    fn mma_pair_offset(l: &MmaLayout, pair: usize) -> usize {
+        let (tile, half) = (pair / 2, pair % 2);
+        let (i, j) = (tile / l.tiles_n(), tile % l.tiles_n());
+        (i * 16 + 8 * half) * (l.n + ROW_PAD) + j * 8
+    }
+
+    /// Reads accumulator registers of layout `l` (dtype `d`) from a padded array.
+    pub(super) fn mma_read(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        l: &MmaLayout,
+        d: DType,
+    ) -> Result<Regs<'ctx>> {
+        let base = self.mma_base(l)?;
+        let et = self.mem_ty(d);
+        let vt = super::memory::vec_type(et, 2)?;
+        let align = 2 * super::elem_bytes(Elem::Scalar(d));
+        let mut out = Vec::with_capacity(l.regs());
+        for pair in 0..l.regs() / 2 {
+            let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
+            let p = self.smem_elem(smem, off, et, idx)?;
+            let v = self.b.build_load(vt, p, "")?;
+            if let Some(i) = v.as_instruction_value() {
+                i.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+            }
+            for e in 0..2 {
+                let x = self.b.build_extract_element(v.into_vector_value(), self.i32c(e), "")?;
+                out.push(self.mem_to_reg(x, d)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes accumulator registers of layout `l` (dtype `d`) into a padded array.
+    pub(super) fn mma_write(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        l: &MmaLayout,
+        regs: &[BasicValueEnum<'ctx>],
+        d: DType,
+    ) -> Result<()> {
+        let base = self.mma_base(l)?;
+        let et = self.mem_ty(d);
+        let vt = super::memory::vec_type(et, 2)?;
+        let align = 2 * super::elem_bytes(Elem::Scalar(d));
+        for pair in 0..l.regs() / 2 {
+            let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
+            let p = self.smem_elem(smem, off, et, idx)?;
+            let mut v = vt.get_undef();
+            for e in 0..2 {
+                let x = self.reg_to_mem(regs[2 * pair + e], d)?;
+                v = self.b.build_insert_element(v, x, self.i32c(e as i64), "")?;
+            }
+            let st = self.b.build_store(p, v)?;
+            st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The padded index of the first element of the chunk holding `slot`.
+    pub(super) fn chunk_index(
+        &self,
+        l: &Layout,
+        base: IntValue<'ctx>,
+        slot: usize,
+        cols: usize,
+    ) -> Result<IntValue<'ctx>> {
+        let lin = self.linear_index(l, base, slot)?;
+        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        let pad = self.b.build_int_mul(row, self.i32c(ROW_PAD as i64), "")?;
+        Ok(self.b.build_int_add(lin, pad, "")?)
+    }
+
+    /// Elements per piece (at most 16 bytes) that one chunk of `l` of dtype
+    /// `d` is moved in.
+    pub(super) fn piece(l: &Layout, d: DType) -> usize {
+        let bytes = super::elem_bytes(Elem::Scalar(d)) as usize;
+        l.spt.min(16 / bytes).max(1)
+    }
+
+    /// Writes blocked registers (dtype `d`) of a `[rows, cols]` tile into a
+    /// padded array at byte `off` (chunks never cross a row: `spt <= cols`).
+    pub(super) fn stage_padded(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        l: &Layout,
+        regs: &[BasicValueEnum<'ctx>],
+        cols: usize,
+        d: DType,
+    ) -> Result<()> {
+        let base = self.thread_base(l)?;
+        let pc = Self::piece(l, d);
+        let et = self.mem_ty(d);
+        let vt = super::memory::vec_type(et, pc as u32)?;
+        let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
+        for s0 in (0..regs.len()).step_by(pc) {
+            let idx = self.chunk_index(l, base, s0, cols)?;
+            let mut vec = vt.get_undef();
+            for e in 0..pc {
+                let v = self.reg_to_mem(regs[s0 + e], d)?;
+                vec = self.b.build_insert_element(vec, v, self.i32c(e as i64), "")?;
+            }
+            let p = self.smem_elem(smem, off, et, idx)?;
+            let st = self.b.build_store(p, vec)?;
+            st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Reads blocked registers (dtype `d`) of a `[rows, cols]` tile from a padded array.
+    pub(super) fn load_padded(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        l: &Layout,
+        cols: usize,
+        d: DType,
+    ) -> Result<Regs<'ctx>> {
+        let base = self.thread_base(l)?;
+        let pc = Self::piece(l, d);
+        let et = self.mem_ty(d);
+        let vt = super::memory::vec_type(et, pc as u32)?;
+        let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
+        let mut out = Vec::with_capacity(l.regs());
+        for s0 in (0..l.regs()).step_by(pc) {
+            let idx = self.chunk_index(l, base, s0, cols)?;
+            let p = self.smem_elem(smem, off, et, idx)?;
+            let v = self.b.build_load(vt, p, "")?;
+            if let Some(i) = v.as_instruction_value() {
+                i.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+            }
+            for e in 0..pc {
+                let x = self.b.build_extract_element(v.into_vector_value(), self.i32c(e as i64), "")?;
+                out.push(self.mem_to_reg(x, d)?);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,329 @@
+//! Layout assignment: which tile values live in a tensor-core layout
+//! ([`Lay::Mma`], [`Lay::Row`]) instead of the flattened blocked layout, and
+//! which of them also need a blocked copy.
+//!
+//! The result of every tensor-core `dot` is in its accumulator layout. From
+//! there layouts spread forward to the ops that can compute in them without
+//! moving data between threads:
+//! - elementwise ops (arithmetic, math, `fma`, comparisons, `select`, casts)
+//!   of an `[M, N]` tile with an operand in an [`MmaLayout`] of that shape
+//!   take it (their other operands are converted, constants splatted);
+//! - a built-in `sum`/`max`/`min` along the last axis of an `[M, N]` tile in
+//!   an [`MmaLayout`] gives its [`crate::mma::RowLayout`] (quad shuffles);
+//!   elementwise ops on row vectors keep it, and so do `expand_dims` and
+//!   `reshape` between `[M]` and `[M, 1]`;
+//! - `broadcast` of an `[M, 1]` row vector to `[M, N]` takes the layout of a
+//!   tensor-core `dot` of that shape with the same split of `M`;
+//! - a `for` carries a value in the layout its body yields (the initial
+//!   value is converted once, before the loop), an `if` yields in the layout
+//!   both branches agree on; `while` loops stay blocked.
+//!
+//! The assignment is iterated to a fixed point (loop-carried values feed
+//! their own bodies) and capped; it is a performance decision only: the
+//! lowering converts any operand whose layout differs from what its user
+//! needs (`Lowerer::regs_as`), so every assignment is correct.
+//!
+//! A value in a tensor-core layout that has any user needing another layout
+//! (a store, a load address, a shape op, ...) gets a blocked copy right
+//! where it is defined ([`Assignment::needs_blocked`]), so the generic
+//! lowering of those users reads plain blocked registers.
+
+use super::dot::plan::MmaPlan;
+use crate::mma::{Lay, MmaLayout};
+use dsl_core::Function;
+use dsl_core::ir::ops::{ArithOp, CastOp, CompareOp, ControlOp, CreationOp, ReduceKind, ShapeOp};
+use dsl_core::ir::{Inst, Op, Value};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+/// The layouts of a function's values; absent values are [`Lay::Blocked`].
+#[derive(Debug, Default)]
+pub(crate) struct Assignment {
+    /// Values not in the blocked layout.
+    pub lays: FxHashMap<Value, Lay>,
+    /// Values in a tensor-core layout that also need a blocked copy.
+    pub needs_blocked: FxHashSet<Value>,
+}
+
+impl Assignment {
+    /// The layout of `v`.
+    pub fn lay(&self, v: Value) -> Lay {
+        self.lays.get(&v).copied().unwrap_or(Lay::Blocked)
+    }
+}
+
+/// True for elementwise ops that may compute in any layout.
+pub(crate) fn is_elementwise(op: &Op) -> bool {
+    match op {
+        Op::Arith(a) => !matches!(a, ArithOp::AddPtr),
+        Op::Compare(CompareOp::Cmp(_) | CompareOp::Select) => true,
+        Op::Cast(c) => !matches!(c, CastOp::PtrCast { .. }),
+        _ => false,
+    }
+}
+
+/// True when `v` is the same in every thread and register (a constant or a
+/// splat of a scalar): it takes any layout for free.
+pub(crate) fn is_uniform(f: &Function, v: Value) -> bool {
+    if f.ty(v).rank() == 0 {
+        return true;
+    }
+    matches!(
+        f.def_inst(v).map(|i| &f.insts[i].op),
+        Some(Op::Creation(CreationOp::Const(_) | CreationOp::Full { .. } | CreationOp::Splat { .. }))
+    )
+}
+
+/// The accumulator layout `l` can take its `a` operand from registers of
+/// layout `a`: every warp holds whole rows of `a` (`warps_n == 1`) and both
+/// split `M` the same way, so the A fragments of a warp's m tiles are its own
+/// accumulator registers (two 8-column n tiles make one 16-wide k step).
+pub(crate) fn a_from_regs(a: Lay, l: &MmaLayout) -> bool {
+    matches!(a, Lay::Mma(al) if al.warps_n == 1 && al.m == l.m && al.warps_m == l.warps_m)
+}
+
+/// Assigns layouts to the values of `f` given its tensor-core plan.
+pub(crate) fn assign(f: &Function, plan: &MmaPlan) -> Assignment {
+    let mut a = Assignment::default();
+    let mut order = Vec::new();
+    f.walk(|i| order.push(i));
+    let dot_layouts: Vec<MmaLayout> = {
+        let mut v: Vec<MmaLayout> = order.iter().filter_map(|i| plan.dots.get(i).copied()).collect();
+        v.dedup();
+        v
+    };
+    for _round in 0..8 {
+        let mut changed = false;
+        for &i in &order {
+            for (r, lay) in infer(f, plan, &a, &dot_layouts, i) {
+                if a.lay(r) != lay {
+                    changed = true;
+                    if lay == Lay::Blocked {
+                        a.lays.remove(&r);
+                    } else {
+                        a.lays.insert(r, lay);
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    // Blocked copies: any use that wants another layout than the value's.
+    for &i in &order {
+        for (k, &v) in f.insts[i].args.iter().enumerate() {
+            let lay = a.lay(v);
+            if lay != Lay::Blocked && wants(f, plan, &a, i, k) != lay {
+                a.needs_blocked.insert(v);
+            }
+        }
+    }
+    a
+}
+
+/// The layout the `k`-th operand of `inst` is consumed in.
+pub(crate) fn wants(f: &Function, plan: &MmaPlan, a: &Assignment, inst: Inst, k: usize) -> Lay {
+    let d = &f.insts[inst];
+    let res = |n: usize| d.results.get(n).map(|&r| a.lay(r)).unwrap_or(Lay::Blocked);
+    match &d.op {
+        op if is_elementwise(op) => res(0),
+        Op::Reduce(_) => match (a.lay(d.args[k]), res(0)) {
+            (Lay::Mma(_), Lay::Row(_)) => a.lay(d.args[k]),
+            _ => Lay::Blocked,
+        },
+        Op::Shape(ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => match res(0) {
+            Lay::Row(r) => Lay::Row(r),
+            _ => Lay::Blocked,
+        },
+        Op::Shape(ShapeOp::Broadcast { .. }) => match (a.lay(d.args[k]), res(0)) {
+            (Lay::Row(r), Lay::Mma(l)) if l.row() == r => Lay::Row(r),
+            _ => Lay::Blocked,
+        },
+        Op::Dot(_) => match plan.dots.get(&inst) {
+            Some(l) if k == 2 => Lay::Mma(*l),
+            Some(l) if k == 0 && a_from_regs(a.lay(d.args[0]), l) => a.lay(d.args[0]),
+            _ => Lay::Blocked,
+        },
+        Op::Control(ControlOp::For) if k >= 3 => {
+            let body = f.entry(d.regions[0]);
+            f.blocks[body].args.get(k - 2).map(|&b| a.lay(b)).unwrap_or(Lay::Blocked)
+        }
+        Op::Control(ControlOp::Yield) => yield_wants(f, a, inst, k),
+        _ => Lay::Blocked,
+    }
+}
+
+/// The layout a region's `yield` passes its `k`-th operand on in: the
+/// carried value's of a `for` body, the result's of an `if` branch.
+fn yield_wants(f: &Function, a: &Assignment, y: Inst, k: usize) -> Lay {
+    let Some(block) = f.insts[y].parent else { return Lay::Blocked };
+    let Some(region) = f.blocks[block].parent else { return Lay::Blocked };
+    let Some(owner) = f.regions[region].parent else { return Lay::Blocked };
+    let od = &f.insts[owner];
+    match od.op {
+        Op::Control(ControlOp::For) => {
+            f.blocks[block].args.get(k + 1).map(|&b| a.lay(b)).unwrap_or(Lay::Blocked)
+        }
+        Op::Control(ControlOp::If) => od.results.get(k).map(|&r| a.lay(r)).unwrap_or(Lay::Blocked),
+        _ => Lay::Blocked,
+    }
+}
+
+/// The layouts the results (and, for a `for`, the body arguments) of
+/// `inst` should have, given the current assignment.
+fn infer(
+    f: &Function,
+    plan: &MmaPlan,
+    a: &Assignment,
+    dot_layouts: &[MmaLayout],
+    inst: Inst,
+) -> Vec<(Value, Lay)> {
+    let d = &f.insts[inst];
+    let one = |lay: Lay| d.results.first().map(|&r| vec![(r, lay)]).unwrap_or_default();
+    let shape = |v: Value| f.ty(v).shape.to_vec();
+    match &d.op {
+        Op::Dot(_) => match plan.dots.get(&inst) {
+            Some(l) => one(Lay::Mma(*l)),
+            None => one(Lay::Blocked),
+        },
+        op if is_elementwise(op) => {
+            let Some(&r) = d.results.first() else { return Vec::new() };
+            let rs = shape(r);
+            if rs.is_empty() {
+                return one(Lay::Blocked);
+            }
+            let tiles: Vec<Lay> = d.args.iter().filter(|&&x| !is_uniform(f, x)).map(|&x| a.lay(x)).collect();
+            let mma = tiles.iter().find_map(|l| match l {
+                Lay::Mma(m) if rs == [m.m, m.n] => Some(Lay::Mma(*m)),
+                _ => None,
+            });
+            let row = tiles.iter().find_map(|l| match l {
+                Lay::Row(rl) if is_row_shape(&rs, rl.m) => Some(Lay::Row(*rl)),
+                _ => None,
+            });
+            one(mma.or(row).unwrap_or(Lay::Blocked))
+        }
+        Op::Reduce(o) => {
+            let x = d.args[0];
+            let ok = d.args.len() == 1
+                && matches!(o.kind, ReduceKind::Sum | ReduceKind::Max | ReduceKind::Min)
+                && o.axis == 1
+                && f.ty(x).rank() == 2;
+            match a.lay(x) {
+                Lay::Mma(l) if ok => one(Lay::Row(l.row())),
+                _ => one(Lay::Blocked),
+            }
+        }
+        Op::Shape(ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => {
+            let rs = shape(d.results[0]);
+            match a.lay(d.args[0]) {
+                Lay::Row(rl) if is_row_shape(&rs, rl.m) => one(Lay::Row(rl)),
+                _ => one(Lay::Blocked),
+            }
+        }
+        Op::Shape(ShapeOp::Broadcast { shape: out }) => match a.lay(d.args[0]) {
+            Lay::Row(rl) if out.len() == 2 && shape(d.args[0]) == [rl.m, 1] => {
+                let l = dot_layouts.iter().find(|l| l.m == out[0] && l.n == out[1] && l.row() == rl);
+                one(l.map_or(Lay::Blocked, |l| Lay::Mma(*l)))
+            }
+            _ => one(Lay::Blocked),
+        },
+        Op::Control(ControlOp::For) => {
+            let body = f.entry(d.regions[0]);
+            let bargs = &f.blocks[body].args;
+            let Some(&term) = f.blocks[body].insts.last() else { return Vec::new() };
+            let yielded = &f.insts[term].args;
+            let mut out = Vec::new();
+            for (k, &y) in yielded.iter().enumerate() {
+                let lay = if f.ty(y).rank() == 0 { Lay::Blocked } else { a.lay(y) };
+                if let Some(&ba) = bargs.get(k + 1) {
+                    out.push((ba, lay));
+                }
+                if let Some(&r) = d.results.get(k) {
+                    out.push((r, lay));
+                }
+            }
+            out
+        }
+        Op::Control(ControlOp::If) => {
+            let ys: Vec<&[Value]> = d
+                .regions
+                .iter()
+                .filter_map(|&r| {
+                    let b = f.entry(r);
+                    f.blocks[b].insts.last().map(|&t| f.insts[t].args.as_slice())
+                })
+                .collect();
+            d.results
+                .iter()
+                .enumerate()
+                .map(|(k, &r)| {
+                    let lays: Vec<Lay> = ys.iter().filter_map(|y| y.get(k)).map(|&v| a.lay(v)).collect();
+                    let same = lays.len() == 2 && lays[0] == lays[1];
+                    (r, if same { lays[0] } else { Lay::Blocked })
+                })
+                .collect()
+        }
+        _ => d.results.iter().map(|&r| (r, Lay::Blocked)).collect(),
+    }
+}
+
+/// True for `[m]` and `[m, 1]`.
+fn is_row_shape(s: &[usize], m: usize) -> bool {
+    match s {
+        [x] => *x == m,
+        [x, 1] => *x == m,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lower::dot::plan::plan;
+    use dsl_core::DType;
+
+    /// The canonicalized FlashAttention kernel (head dim 64, `BLOCK_M` 64,
+    /// `BLOCK_N` 32, causal) and its plan for 4 warps.
+    fn flash(causal: bool) -> (Function, MmaPlan) {
+        use kernels::flash_attention::flash_attention as k;
+        let c = k::Config::new(DType::BF16, 9, 3, 64, 64, 32, causal);
+        let mut f = k::build(&c).unwrap();
+        dsl_core::passes::canonicalize::canonicalize(&mut f);
+        let p = plan(&f, 4);
+        (f, p)
+    }
+
+    #[test]
+    fn flash_attention_softmax_stays_in_the_accumulator_layout() {
+        let (f, p) = flash(true);
+        let a = assign(&f, &p);
+        let mut fors = Vec::new();
+        f.walk(|i| {
+            if matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
+                fors.push(i);
+            }
+        });
+        assert_eq!(fors.len(), 2, "two key loops");
+        for &fi in &fors {
+            let body = f.entry(f.insts[fi].regions[0]);
+            let lays: Vec<Lay> = f.blocks[body].args[1..].iter().map(|&b| a.lay(b)).collect();
+            let rows = lays.iter().filter(|l| matches!(l, Lay::Row(_))).count();
+            let mmas = lays.iter().filter(|l| matches!(l, Lay::Mma(_))).count();
+            assert_eq!((rows, mmas), (2, 1), "carried m, l in rows and acc in the mma layout: {lays:?}");
+            // The second dot of the body takes `p` from registers.
+            let dots: Vec<Inst> =
+                f.blocks[body].insts.iter().copied().filter(|i| p.dots.contains_key(i)).collect();
+            assert_eq!(dots.len(), 2);
+            let l2 = p.dots[&dots[1]];
+            let pa = a.lay(f.insts[dots[1]].args[0]);
+            assert!(a_from_regs(pa, &l2), "p in {pa:?}, dot in {l2:?}");
+            // Nothing of the loop's softmax needs a blocked copy but the causal mask's inputs.
+            for &i in &f.blocks[body].insts {
+                for &r in &f.insts[i].results {
+                    assert!(!a.needs_blocked.contains(&r), "{} needs a blocked copy", f.insts[i].op.name());
+                }
+            }
+        }
+    }
+}
