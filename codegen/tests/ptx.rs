@@ -140,12 +140,16 @@ fn redact(ptx: &str) -> String {
         .join("\n")
 }
 
+/// The pipelining depth kernels are compiled with here: what a kernel
+/// `Config` defaults to (`Config::new`), hence what the runtime launches.
+const STAGES: u32 = 2;
+
 /// Compiles, assembles, checks spills and snapshots one configuration.
 fn check(name: &str, f: &Function, target: Target, num_warps: u32) -> Vec<String> {
     // The shared-memory FMA `dot` baseline is not register-tuned yet: ptxas
     // spills a few bytes of it on sm_90a; the snapshot pins the amount instead.
-    let may_spill = name.starts_with("matmul");
-    let opts = CompileOptions { target, num_warps, num_stages: 1 };
+    let may_spill = name.starts_with("matmul") && !name.starts_with("matmul_bf16");
+    let opts = CompileOptions { target, num_warps, num_stages: STAGES };
     let c = compile(f, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     let tag = format!("{name}.{}.w{num_warps}", target.arch());
     let report = assemble(&c.ptx, target.arch(), &tag);
@@ -324,8 +328,7 @@ fn softmax_online() {
 }
 
 /// FlashAttention prefill over the paged cache (`kernels::flash_attention`)
-/// at its default tiles (`BLOCK_M` 64, `BLOCK_N` 32; 4 warps at head dim 64,
-/// 8 at 128): SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8
+/// at its default bf16 tiles (128 x 32 with 8 warps): SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8
 /// KV heads of 128 full, both bf16, specialized as the runtime launches them
 /// (16-byte aligned pointers, page size 16, a block-table stride that is not
 /// a multiple of 16).
@@ -334,7 +337,7 @@ fn flash_attention() {
     use ::kernels::flash_attention::{config_for, flash_attention as k};
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(16), Some(7)];
     let f = |hq: usize, hkv: usize, hd: usize, causal: bool| {
-        let t = config_for(hd);
+        let t = config_for(hd, DType::BF16);
         let c = k::Config::new(DType::BF16, hq, hkv, hd, t.block_m, t.block_n, causal);
         (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t.num_warps)
     };
@@ -362,7 +365,7 @@ fn matmul_bf16() {
         (dsl_core::launch::specialize(&k::build(&t.config(DType::BF16)).unwrap(), &facts).0, t.num_warps)
     };
     let cfgs: Vec<(String, Function, u32)> =
-        [(0usize, "_128x128x32"), (2, "_64x64x32"), (3, "_128x128x32_prefetch")]
+        [(4usize, "_128x128x32"), (2, "_64x64x32"), (3, "_128x128x32_prefetch"), (0, "_128x256x32")]
             .iter()
             .map(|&(i, s)| {
                 let (func, w) = f(i);
@@ -371,14 +374,34 @@ fn matmul_bf16() {
             .collect();
     both("matmul_bf16", &cfgs);
     for (_, func, w) in &cfgs {
-        let opts = CompileOptions { target: Target::Sm80, num_warps: *w, num_stages: 1 };
+        let opts = CompileOptions { target: Target::Sm80, num_warps: *w, num_stages: STAGES };
         let ptx = compile(func, &opts).unwrap().ptx;
         assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "no mma");
         assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"), "no ldmatrix");
     }
+    // Without the register prefetch, both operand loads of the K loop are
+    // pipelined with 16-byte `cp.async` copies (2 stages here, 3 below).
+    for stages in [2u32, 3] {
+        let (func, w) = f(4);
+        let opts = CompileOptions { target: Target::Sm80, num_warps: w, num_stages: stages };
+        let c = compile(&func, &opts).unwrap();
+        assert!(c.ptx.contains("cp.async.cg.shared.global"), "no cp.async at {stages} stages");
+        let waits: Vec<u32> = c
+            .ptx
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("cp.async.wait_group"))
+            .filter_map(|n| n.trim().trim_end_matches(';').parse().ok())
+            .collect();
+        assert!(waits.contains(&(stages - 2)), "wait counts {waits:?} at {stages} stages");
+        // Rings: A [128, 32 + 8] and B [32, 128 + 8] bf16 per stage.
+        let ring = stages * (128 * 40 + 32 * 136) * 2;
+        assert!(c.shared_bytes >= ring, "{} < {ring}", c.shared_bytes);
+        let report = assemble(&c.ptx, "sm_80", &format!("matmul_bf16_pipelined_{stages}"));
+        assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
+    }
     let (func, w) = f(1);
     for t in [Target::Sm80, Target::Sm90a] {
-        let opts = CompileOptions { target: t, num_warps: w, num_stages: 1 };
+        let opts = CompileOptions { target: t, num_warps: w, num_stages: STAGES };
         let report = assemble(&compile(&func, &opts).unwrap().ptx, t.arch(), "matmul_bf16_128x64x32");
         assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
     }
@@ -442,7 +465,7 @@ fn dot_shapes() {
                 let f = dot_kernel(m, n, kk, dtype, b_nk).unwrap();
                 let want = codegen::mma::MmaLayout::choose(m, n, kk, w as usize).is_some();
                 for t in [Target::Sm80, Target::Sm90a] {
-                    let opts = CompileOptions { target: t, num_warps: w, num_stages: 1 };
+                    let opts = CompileOptions { target: t, num_warps: w, num_stages: STAGES };
                     let c = compile(&f, &opts).unwrap_or_else(|e| panic!("{m}x{n}x{kk} w{w}: {e}"));
                     assert_eq!(c.ptx.contains("mma.sync"), want, "{m}x{n}x{kk} w{w} {dtype}");
                     let tag = format!("dot_{m}x{n}x{kk}_w{w}_{dtype}_{b_nk}.{}", t.arch());
@@ -507,7 +530,8 @@ fn dequant() {
     ];
     for (suffix, f, w) in cases {
         let gemm = suffix.starts_with("_gemm");
-        let c = compile(&f, &CompileOptions { target: Target::Sm80, num_warps: w, num_stages: 1 }).unwrap();
+        let c =
+            compile(&f, &CompileOptions { target: Target::Sm80, num_warps: w, num_stages: STAGES }).unwrap();
         assert_eq!(c.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), gemm, "{suffix}");
         both("dequant", &[(suffix.to_string(), f, w)]);
     }
@@ -556,7 +580,8 @@ fn dequant_autotune_configs_do_not_spill() {
             for c in kk::autotune_configs(&$base) {
                 let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(4096), Some(4096)];
                 let f = dsl_core::launch::specialize(&kk::build(&c).unwrap(), &facts).0;
-                let opts = CompileOptions { target: Target::Sm90a, num_warps: c.num_warps, num_stages: 1 };
+                let opts =
+                    CompileOptions { target: Target::Sm90a, num_warps: c.num_warps, num_stages: STAGES };
                 let r = assemble(&compile(&f, &opts).unwrap().ptx, "sm_90a", kk::NAME);
                 eprintln!("{} {c:?}: {} registers, {} spill bytes", kk::NAME, registers(&r), spill_bytes(&r));
                 assert_eq!(spill_bytes(&r), 0, "{} {c:?}", kk::NAME);
@@ -582,8 +607,8 @@ fn softmax_large_blocks_do_not_spill() {
     {
         for w in [4u32, 8, 16] {
             let f = kernels::softmax(block, dtype).unwrap();
-            let c =
-                compile(&f, &CompileOptions { target: Target::Sm80, num_warps: w, num_stages: 1 }).unwrap();
+            let c = compile(&f, &CompileOptions { target: Target::Sm80, num_warps: w, num_stages: STAGES })
+                .unwrap();
             let r = assemble(&c.ptx, "sm_80", &format!("softmax_{block}_{dtype}_w{w}"));
             eprintln!(
                 "softmax block={block} {dtype} warps={w}: {} registers, {} spill bytes",
@@ -642,3 +667,5 @@ fn cache_round_trip() {
     assert_ne!(codegen::PtxCache::key(&f, &opts), codegen::PtxCache::key(&f, &other));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+

@@ -157,6 +157,12 @@ pub fn flash_attention<T: Float>(
         let qk_scale = scale * 1.442_695_040_888_963_4;
         let table = block_tables_ptr + b * max_blocks_per_seq;
         let head = kvh * HEAD_DIM + offs_d;
+        // Key index of every element of a K/V tile (`[BLOCK_N, HEAD_DIM]`),
+        // broadcast once here: inside the loops the page lookup and the row
+        // offsets are elementwise on the tile (a repeated address is loaded
+        // once per thread chunk), so no per-block exchange between threads.
+        let keys2 = broadcast_to(expand_dims(offs_n, 1), [BLOCK_N, HEAD_DIM]);
+        let head2 = broadcast_to(head, [BLOCK_N, HEAD_DIM]);
 
         // Lowest finite f32, not -inf: exp2(m - m_new) stays defined (1)
         // while every key seen so far is masked.
@@ -176,10 +182,9 @@ pub fn flash_attention<T: Float>(
 
         // 1. Unmasked key blocks.
         for n0 in range(0, lo, BLOCK_N) {
-            let key = n0 + offs_n;
+            let key = n0 + keys2;
             let page = load(table + key / block_size);
-            let slot = page * block_size + key % block_size;
-            let kv = expand_dims(slot * (H_KV * HEAD_DIM), 1) + head;
+            let kv = (page * block_size + key % block_size) * (H_KV * HEAD_DIM) + head2;
             let k = load(k_cache_ptr + kv);
             let t = dot(q, trans(k)) * qk_scale;
             let m_new = maximum(m_i, max(t, 1));
@@ -196,10 +201,10 @@ pub fn flash_attention<T: Float>(
         for n0 in range(lo, hi, BLOCK_N) {
             let key = n0 + offs_n;
             let in_ctx = key < hi;
-            let page = load(table + key / block_size, mask = in_ctx, other = 0);
-            let slot = page * block_size + key % block_size;
-            let kv = expand_dims(slot * (H_KV * HEAD_DIM), 1) + head;
-            let kv_mask = expand_dims(in_ctx, 1);
+            let key2 = n0 + keys2;
+            let kv_mask = key2 < hi;
+            let page = load(table + key2 / block_size, mask = kv_mask, other = 0);
+            let kv = (page * block_size + key2 % block_size) * (H_KV * HEAD_DIM) + head2;
             let k = load(k_cache_ptr + kv, mask = kv_mask, other = 0.0);
             let t = dot(q, trans(k)) * qk_scale;
             let mut seen = expand_dims(in_ctx, 0);
@@ -234,15 +239,23 @@ pub struct TileConfig {
     pub num_warps: u32,
 }
 
-/// The default tiles: `BLOCK_M = 64`, `BLOCK_N = 32`, with 4 warps at head
-/// dim 64 and 8 warps above. With the shared-memory FMA lowering of `dot`
-/// these stay free of spills on sm_80 and sm_90a (ptxas: about 225-241
-/// registers at head dim 64, 211-223 at 128; 8 warps at 64 are capped at 128
-/// registers and spill on sm_80, 4 warps at 128 spill); a tensor-core
-/// lowering will want other tiles.
-pub fn config_for(head_dim: usize) -> TileConfig {
-    let num_warps = if head_dim <= 64 { 4 } else { 8 };
-    TileConfig { block_m: 64, block_n: 32, num_warps }
+/// The default tiles for storage dtype `dtype`. For f16/bf16 (tensor
+/// cores): `BLOCK_M = 128`, `BLOCK_N = 32` with 8 warps, so every warp holds
+/// 16 whole rows of the scores and `p` feeds the second product from
+/// registers; the K and V loads are pipelined with `cp.async`. This is the
+/// largest tile ptxas compiles without spills at both head dims (128 x 64
+/// needs more than 255 registers at head dim 128, and 64 x 64 with 4 warps
+/// spills on sm_90a at head dim 64, where ptxas caps registers for a third
+/// program per SM); the autotuner measured those within about 10% on an H100
+/// (2026-11-24) and may still pick them. For f32 (`dot` by FMAs through
+/// shared memory) `64 x 32` with 4 warps at head dim 64 and 8 above.
+pub fn config_for(head_dim: usize, dtype: dsl_core::DType) -> TileConfig {
+    let half = matches!(dtype, dsl_core::DType::F16 | dsl_core::DType::BF16);
+    match (half, head_dim <= 64) {
+        (true, _) => TileConfig { block_m: 128, block_n: 32, num_warps: 8 },
+        (false, true) => TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
+        (false, false) => TileConfig { block_m: 64, block_n: 32, num_warps: 8 },
+    }
 }
 
 /// The launch grid for a batch whose longest query run is `max_q_len` tokens:

@@ -20,6 +20,9 @@
 //! `PREFETCH`, the tiles of the next step are loaded before each product (a
 //! register prefetch: more registers, load latency overlapped within the
 //! program; the last step loads a fully masked tile, which touches no memory).
+//! Without it, the codegen pipelines the loop `num_stages` deep: the A and B
+//! tiles of the next steps are copied into shared memory with `cp.async`
+//! while the current product runs (the loads feed only the `dot`).
 //!
 //! # Layout contract
 //!
@@ -105,23 +108,40 @@ pub struct TileConfig {
     pub num_warps: u32,
     /// Whether the K loop prefetches the next tiles into registers (`PREFETCH`).
     pub prefetch: bool,
+    /// Software-pipelining depth (`num_stages`): without the register
+    /// prefetch, the codegen copies the A and B tiles of the next
+    /// `stages - 1` K steps into shared memory with `cp.async` while the
+    /// current one is multiplied.
+    pub stages: u32,
 }
 
-/// The configurations the checks and benches exercise: a large tile for big
-/// problems (with and without the prefetch: 123 vs 163 registers on sm_90a,
-/// i.e. two programs per SM or one) and two smaller ones (the smallest also
-/// fits tiny `M`).
-pub const CONFIGS: [TileConfig; 4] = [
-    TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: false },
-    TileConfig { block_m: 128, block_n: 64, block_k: 32, num_warps: 4, prefetch: true },
-    TileConfig { block_m: 64, block_n: 64, block_k: 32, num_warps: 4, prefetch: false },
-    TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: true },
+/// The configurations the checks and benches exercise: the default large
+/// tile (128 x 256, 8 warps, three `cp.async` stages: the fastest on an H100,
+/// 2026-11-24), the register-prefetch variants, the default small tile
+/// (64 x 64, the smallest also fits tiny `M`), and other pipelined tiles
+/// for the benches (128 x 128 at 3 stages, a 64-deep K step, 256 x 128, four
+/// stages).
+pub const CONFIGS: [TileConfig; 8] = [
+    TileConfig { block_m: 128, block_n: 256, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
+    TileConfig { block_m: 128, block_n: 64, block_k: 32, num_warps: 4, prefetch: true, stages: 1 },
+    TileConfig { block_m: 64, block_n: 64, block_k: 32, num_warps: 4, prefetch: false, stages: 3 },
+    TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: true, stages: 1 },
+    TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
+    TileConfig { block_m: 128, block_n: 256, block_k: 64, num_warps: 8, prefetch: false, stages: 3 },
+    TileConfig { block_m: 256, block_n: 128, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
+    TileConfig { block_m: 128, block_n: 256, block_k: 32, num_warps: 8, prefetch: false, stages: 4 },
 ];
 
-/// The configuration for an `m x n` output: the large tile when both sides
-/// fill it, the smallest otherwise.
+/// The configuration for an `m x n` output: the largest tile both sides fill
+/// (128 x 256, then 128 x 128), the smallest otherwise.
 pub fn config_for(m: usize, n: usize) -> TileConfig {
-    if m >= 128 && n >= 128 { CONFIGS[0] } else { CONFIGS[2] }
+    if m >= 128 && n >= 256 {
+        CONFIGS[0]
+    } else if m >= 128 && n >= 128 {
+        CONFIGS[4]
+    } else {
+        CONFIGS[2]
+    }
 }
 
 impl TileConfig {
@@ -129,11 +149,12 @@ impl TileConfig {
     pub fn config(&self, dtype: dsl_core::DType) -> half_matmul::Config {
         half_matmul::Config::new(dtype, self.block_m, self.block_n, self.block_k, self.prefetch)
             .with_warps(self.num_warps)
+            .with_stages(self.stages)
     }
 
-    /// The tile in words, e.g. `128x128x32, 8 warps, prefetch`.
+    /// The tile in words, e.g. `128x128x32, 8 warps, 3 stages` or `.., prefetch`.
     pub fn describe(&self) -> String {
-        let p = if self.prefetch { ", prefetch" } else { "" };
+        let p = if self.prefetch { ", prefetch".to_string() } else { format!(", {} stages", self.stages) };
         format!("{}x{}x{}, {} warps{p}", self.block_m, self.block_n, self.block_k, self.num_warps)
     }
 }

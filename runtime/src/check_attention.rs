@@ -193,10 +193,11 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 64,
             seqs: smollm2_batch(),
             block_size: 16,
-            tiles: fa::config_for(64),
+            tiles: fa::config_for(64, DType::BF16),
             causal,
         };
-        rows.push(attention_case::<f32>(cuda, &mut rng, &smol)?);
+        let smol_f32 = Case { tiles: fa::config_for(64, DType::F32), ..smol.clone() };
+        rows.push(attention_case::<f32>(cuda, &mut rng, &smol_f32)?);
         rows.push(attention_case::<bf16>(cuda, &mut rng, &smol)?);
         let smol_small = Case { tiles: small, ..smol.clone() };
         rows.push(attention_case::<bf16>(cuda, &mut rng, &smol_small)?);
@@ -206,10 +207,11 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 128,
             seqs: vec![(200, 200), (7, 555), (1, 1)],
             block_size: 32,
-            tiles: fa::config_for(128),
+            tiles: fa::config_for(128, DType::BF16),
             causal,
         };
-        rows.push(attention_case::<f32>(cuda, &mut rng, &gqa4)?);
+        let gqa4_f32 = Case { tiles: fa::config_for(128, DType::F32), ..gqa4.clone() };
+        rows.push(attention_case::<f32>(cuda, &mut rng, &gqa4_f32)?);
         rows.push(attention_case::<bf16>(cuda, &mut rng, &gqa4)?);
         let mha = Case {
             n_q: 4,
@@ -217,7 +219,7 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 128,
             seqs: vec![(77, 130), (128, 128), (3, 67)],
             block_size: 64,
-            tiles: fa::config_for(128),
+            tiles: fa::config_for(128, DType::BF16),
             causal,
         };
         rows.push(attention_case::<bf16>(cuda, &mut rng, &mha)?);

@@ -114,7 +114,7 @@ proptest! {
         n in 1usize..150,
         k in prop_oneof![Just(0usize), 1usize..100],
         pad in 0usize..3,
-        which in 0usize..4,
+        which in 0usize..CONFIGS.len(),
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
@@ -124,13 +124,28 @@ proptest! {
     }
 }
 
+/// The configurations that build distinct IR (warps and pipelining stages
+/// change only the GPU code, not what the interpreter runs).
+fn interpreted_configs() -> Vec<TileConfig> {
+    let mut out: Vec<TileConfig> = Vec::new();
+    for c in CONFIGS {
+        let same = |o: &TileConfig| {
+            (o.block_m, o.block_n, o.block_k, o.prefetch) == (c.block_m, c.block_n, c.block_k, c.prefetch)
+        };
+        if !out.iter().any(same) {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Fixed corners: exact tiles, one row, one column, a K of exactly one step.
 #[test]
 fn corners() {
     for (i, &shape) in
         [(128, 128, 64), (1, 130, 32), (130, 1, 17), (64, 64, 32), (3, 5, 7)].iter().enumerate()
     {
-        for cfg in CONFIGS {
+        for cfg in interpreted_configs() {
             case::<bf16>(i as u64, shape, 0, cfg).unwrap();
         }
     }

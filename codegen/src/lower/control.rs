@@ -83,6 +83,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for &(v, l) in &hoisted {
                     self.hoist_a(v, &l)?;
                 }
+                // Pipelined `dot` operands: the prologue copies the first
+                // `S - 1` iterations' tiles (see `pipeline.rs`).
+                let pipe = self.pipe.loops.get(&inst).cloned();
+                let iv_arg = body_args[0];
+                let lbi = lb.into_int_value();
+                if let Some(pl) = &pipe {
+                    for j in 0..pl.stages - 1 {
+                        let jj = step.get_type().const_int(j as u64, false);
+                        let ivj = self.b.build_int_add(lbi, self.b.build_int_mul(step, jj, "")?, "")?;
+                        let valid = self.iv_less(signed, ivj, ub)?;
+                        self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64))?;
+                    }
+                }
                 let pre = self.cur_block()?;
                 let head = self.ctx.append_basic_block(self.func, "for.head");
                 let body = self.ctx.append_basic_block(self.func, "for.body");
@@ -92,11 +105,42 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let iv = self.b.build_phi(lb.get_type(), "iv")?;
                 iv.add_incoming(&[(&lb as &dyn BasicValue<'ctx>, pre)]);
                 let phis = self.phis(&init, pre)?;
+                // The stage this iteration's `dot`s read (pipelined loops).
+                let stage_phi = match &pipe {
+                    Some(_) => {
+                        let p = self.b.build_phi(self.ctx.i32_type(), "stage")?;
+                        p.add_incoming(&[(&self.i32c(0) as &dyn BasicValue<'ctx>, pre)]);
+                        Some(p)
+                    }
+                    None => None,
+                };
                 let ivv = iv.as_basic_value().into_int_value();
-                let pred = if signed { IntPredicate::SLT } else { IntPredicate::ULT };
-                let c = self.b.build_int_compare(pred, ivv, ub, "")?;
+                let c = self.iv_less(signed, ivv, ub)?;
                 self.b.build_conditional_branch(c, body, exit)?;
                 self.b.position_at_end(body);
+                let mut next_stage = None;
+                if let (Some(pl), Some(sp)) = (&pipe, stage_phi) {
+                    let s = pl.stages;
+                    let rs = sp.as_basic_value().into_int_value();
+                    // This iteration's tiles have landed (S - 2 younger groups
+                    // may still fly), and every thread is done with the stage
+                    // read last iteration, which the prefetch below refills.
+                    self.pipe_wait(s - 2)?;
+                    self.barrier()?;
+                    let ahead = step.get_type().const_int((s - 1) as u64, false);
+                    let ivn = self.b.build_int_add(ivv, self.b.build_int_mul(step, ahead, "")?, "")?;
+                    let valid = self.iv_less(signed, ivn, ub)?;
+                    let first = self.b.build_int_compare(IntPredicate::EQ, rs, self.i32c(0), "")?;
+                    let prev = self.b.build_int_sub(rs, self.i32c(1), "")?;
+                    let ws = self.b.build_select(first, self.i32c(s as i64 - 1), prev, "")?.into_int_value();
+                    self.pipe_issue(pl, iv_arg, ivn.into(), valid, ws)?;
+                    for ld in &pl.loads {
+                        self.pipe_stage.insert(ld.load, (rs, ld.ring_off, ld.stage_bytes));
+                    }
+                    let inc = self.b.build_int_add(rs, self.i32c(1), "")?;
+                    let wrap = self.b.build_int_compare(IntPredicate::EQ, inc, self.i32c(s as i64), "")?;
+                    next_stage = Some(self.b.build_select(wrap, self.i32c(0), inc, "")?.into_int_value());
+                }
                 let mut bargs = vec![vec![ivv.into()]];
                 bargs.extend(Self::phi_values(&phis));
                 let yielded = self.lower_region_as(regions[0], &bargs, &lays)?;
@@ -104,8 +148,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let latch = self.cur_block()?;
                 iv.add_incoming(&[(&next as &dyn BasicValue<'ctx>, latch)]);
                 Self::add_incoming(&phis, &yielded, latch);
+                if let (Some(sp), Some(ns)) = (stage_phi, next_stage) {
+                    sp.add_incoming(&[(&ns as &dyn BasicValue<'ctx>, latch)]);
+                }
                 self.b.build_unconditional_branch(head)?;
                 self.b.position_at_end(exit);
+                if let Some(pl) = &pipe {
+                    // Hand the ring region over: no copy in flight, no reader left.
+                    self.pipe_wait(0)?;
+                    self.barrier()?;
+                    for ld in &pl.loads {
+                        self.pipe_stage.remove(&ld.load);
+                    }
+                }
                 // The fragments dominate only this loop: later `dot`s stage again.
                 for key in &hoisted {
                     self.afrags.remove(key);

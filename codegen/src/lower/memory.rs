@@ -176,6 +176,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     Some(m) => Some(self.regs(m)?),
                     None => None,
                 };
+                // The pipeline's prefetch of a possibly missing iteration.
+                let m = match (m, self.extra_pred) {
+                    (Some(m), Some(x)) => Some(
+                        m.iter()
+                            .map(|v| Ok(self.b.build_and(v.into_int_value(), x, "")?.into()))
+                            .collect::<Result<Regs<'ctx>>>()?,
+                    ),
+                    (None, Some(x)) => Some(vec![x.into(); p.len()]),
+                    (m, None) => m,
+                };
                 let other: Regs<'ctx> = if has_other {
                     self.regs(args[2])?
                 } else {

@@ -26,6 +26,7 @@ mod debug;
 mod dot;
 pub(crate) mod layouts;
 mod memory;
+mod pipeline;
 mod program;
 mod reduce;
 mod shape;
@@ -74,6 +75,17 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub tid: IntValue<'ctx>,
     smem: Option<PointerValue<'ctx>>,
     pub smem_bytes: u32,
+    /// Bytes at the bottom of shared memory reserved for `cp.async` rings;
+    /// [`Lowerer::smem`] hands out the region above.
+    smem_floor: u64,
+    /// Which loads are pipelined (`pipeline.rs`).
+    pub pipe: pipeline::Pipeline,
+    /// For each pipelined load of the loop being lowered: the stage its
+    /// `dot` reads this iteration (i32), its ring offset and stage bytes.
+    pub pipe_stage: FxHashMap<Inst, (IntValue<'ctx>, u64, u64)>,
+    /// An extra uniform predicate ANDed into every load's mask (the
+    /// pipeline's prefetch of an iteration that may not exist).
+    pub extra_pred: Option<IntValue<'ctx>>,
     /// Which `dot`s use tensor cores.
     pub mma: dot::plan::MmaPlan,
     /// Which values live in tensor-core layouts (see `layouts.rs`).
@@ -160,6 +172,10 @@ pub(crate) fn lower_function<'ctx>(
         tid: i32t.const_zero(),
         smem: None,
         smem_bytes: 0,
+        smem_floor: 0,
+        pipe: pipeline::Pipeline::default(),
+        pipe_stage: FxHashMap::default(),
+        extra_pred: None,
         mma: dot::plan::plan(f, threads / 32),
         lays: layouts::Assignment::default(),
         blocked: FxHashMap::default(),
@@ -168,6 +184,8 @@ pub(crate) fn lower_function<'ctx>(
         opts: *opts,
     };
     lw.lays = layouts::assign(f, &lw.mma);
+    lw.pipe = pipeline::analyze(f, &lw.mma, &lw.axis, threads, spt_cap, opts.num_stages.max(1) as usize);
+    lw.smem_floor = lw.pipe.ring_bytes;
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
     for (i, p) in f.params.iter().enumerate() {
         let pv =
@@ -410,11 +428,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(Some(self.b.build_int_compare(inkwell::IntPredicate::ULT, self.tid, n, "owner")?))
     }
 
-    /// Declares (once) the dynamic shared memory array and notes a use of `bytes`.
+    /// The scratch region of shared memory (above the pipeline rings) for a
+    /// use of `bytes`, declaring the dynamic shared memory array on first use.
     pub fn smem(&mut self, bytes: u64) -> Result<PointerValue<'ctx>> {
-        let bytes = u32::try_from(bytes)
+        let total = u32::try_from(self.smem_floor + bytes)
             .map_err(|_| Error::Invalid(format!("shared memory use of {bytes} bytes is too large")))?;
-        self.smem_bytes = self.smem_bytes.max(bytes);
+        self.smem_bytes = self.smem_bytes.max(total);
+        let base = self.smem_raw()?;
+        if self.smem_floor == 0 {
+            return Ok(base);
+        }
+        let o = self.ctx.i32_type().const_int(self.smem_floor, false);
+        // SAFETY: the floor lies inside the array, whose size covers every use.
+        Ok(unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), base, &[o], "")? })
+    }
+
+    /// The bottom of the dynamic shared memory array (declared on first use;
+    /// it always covers the pipeline rings).
+    pub fn smem_raw(&mut self) -> Result<PointerValue<'ctx>> {
+        let ring = u32::try_from(self.smem_floor).map_err(|_| {
+            Error::Invalid(format!("pipeline rings of {} bytes are too large", self.smem_floor))
+        })?;
+        self.smem_bytes = self.smem_bytes.max(ring);
         if let Some(p) = self.smem {
             return Ok(p);
         }
@@ -579,8 +614,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Lowers one instruction, then makes the blocked copies its results need.
     fn lower_inst(&mut self, inst: Inst) -> Result<()> {
-        if self.mma.skipped.contains(&inst) {
-            // A transpose that its only user (a tensor-core `dot`) reads in place.
+        if self.mma.skipped.contains(&inst)
+            || self.pipe.loads.contains(&inst)
+            || self.pipe.dead.contains(&inst)
+        {
+            // A transpose that its only user (a tensor-core `dot`) reads in
+            // place, a load the pipeline copies asynchronously, or an address
+            // computation only such loads used.
             return Ok(());
         }
         let op = self.f.insts[inst].op.clone();

@@ -26,8 +26,8 @@
 
 use crate::dtype::{DType, Elem, Type};
 use crate::ir::ops::{
-    ArithOp, BinaryOp, CastOp, CmpPred, CompareOp, ControlOp, CreationOp, HintOp, ReduceKind, ShapeOp,
-    UnaryOp,
+    ArithOp, BinaryOp, CastOp, CmpPred, CompareOp, ControlOp, CreationOp, HintOp, MemoryOp, ReduceKind,
+    ShapeOp, UnaryOp,
 };
 use crate::ir::{EntityRef, Function, Inst, Op, Region, Value};
 use smallvec::{SmallVec, smallvec};
@@ -362,8 +362,21 @@ impl Analyzer<'_> {
                 let ins: Vec<&AxisInfo> = args.iter().map(|&a| self.info(a)).collect();
                 (elementwise(out, &ins), false)
             }
-            // Loads and atomics read memory; scans, dots and custom reductions
-            // mix elements: no facts.
+            // A load reads equal values where its addresses (and masks and
+            // `other`s) are equal: one instruction sees one memory state.
+            // Nothing is known about the values themselves.
+            Op::Memory(MemoryOp::Load { volatile: false, .. }) => {
+                let mut info = AxisInfo::unknown(out.rank());
+                info.constancy = dims(out);
+                for &a in args {
+                    for (c, &k) in info.constancy.iter_mut().zip(&self.info(a).constancy) {
+                        *c = (*c).min(k);
+                    }
+                }
+                (info, false)
+            }
+            // Atomics read memory another lane may change; scans, dots and
+            // custom reductions mix elements: no facts.
             _ => (AxisInfo::unknown(out.rank()), false),
         }
     }

@@ -139,6 +139,29 @@ fn hints_loads_and_shapes() {
 }
 
 #[test]
+fn loads_keep_the_constancy_of_their_addresses() {
+    let (f, v) = build(|| {
+        let p = hinted("p", Type::ptr(DType::I32), 16);
+        // A gather whose address repeats along the last axis (a page table
+        // entry per row, broadcast over the row), then one that does not.
+        let rows = arange(0, 8).expand_dims(1).broadcast_to(&[8, 16]);
+        let cols = arange(0, 16).expand_dims(0).broadcast_to(&[8, 16]);
+        let m = cols.lt(12);
+        let page = load(p + rows, None, None);
+        let each = load(p + cols, None, None);
+        let masked = load(p + rows, Some(m), Some(0.into()));
+        vec![page, each, masked, page * 64 + cols]
+    });
+    let a = analyze(&f);
+    assert_eq!(a.get(v[0]), &info(&[1, 1], &[1, 1], &[1, 16]));
+    assert_eq!(a.get(v[1]), &info(&[1, 1], &[1, 1], &[8, 1]));
+    // The mask is constant over runs of 4 along the last axis only.
+    assert_eq!(a.get(v[2]).constancy.as_slice(), &[1, 4]);
+    // Equal rows of pages plus contiguous columns: contiguous rows.
+    assert_eq!(a.get(v[3]).contiguity.as_slice(), &[1, 16]);
+}
+
+#[test]
 fn loops_reach_a_fixed_point() {
     let (f, v) = build(|| {
         let p = hinted("p", Type::ptr(DType::F32), 16);

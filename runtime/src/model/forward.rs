@@ -483,7 +483,7 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
         ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)?;
 
         if plan.max_q > 1 {
-            let t = fa::config_for(hd);
+            let t = fa::config_for(hd, dtype);
             let config = flash_attention::Config::new(dtype, nq, nkv, hd, t.block_m, t.block_n, true)
                 .with_warps(t.num_warps);
             let args = flash_attention::Args {

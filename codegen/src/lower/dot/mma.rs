@@ -61,27 +61,44 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             None => self.afrags.get(&(args[0], l)).cloned(),
         };
         let b_src = self.mma.b_trans.get(&inst).copied();
-        let a_elems = if afr.is_some() { 0 } else { m * (k + ROW_PAD) };
-        let b_elems = if b_src.is_some() { n * (k + ROW_PAD) } else { k * (n + ROW_PAD) };
+        // Operands the pipeline already copied into shared memory (`pipeline.rs`).
+        let a_ring = if afr.is_none() { self.pipe_operand(inst, 0)? } else { None };
+        let b_ring = self.pipe_operand(inst, 1)?;
+        let stage_a = afr.is_none() && a_ring.is_none();
+        let a_elems = if stage_a { m * (k + ROW_PAD) } else { 0 };
+        let b_elems = match (b_ring, b_src) {
+            (Some(_), _) => 0,
+            (None, Some(_)) => n * (k + ROW_PAD),
+            (None, None) => k * (n + ROW_PAD),
+        };
         let (a_off, b_off) = (0u64, (a_elems * 2) as u64);
         let smem = self.smem(b_off + (b_elems * 2) as u64)?;
 
-        self.barrier()?;
-        if afr.is_none() {
-            let la = self.layout(&aty);
-            let ra = self.regs(args[0])?;
-            self.stage_padded(smem, a_off, &la, &ra, k, d)?;
+        if stage_a || b_ring.is_none() {
+            self.barrier()?;
+            if stage_a {
+                let la = self.layout(&aty);
+                let ra = self.regs(args[0])?;
+                self.stage_padded(smem, a_off, &la, &ra, k, d)?;
+            }
+            if b_ring.is_none() {
+                let bv = b_src.unwrap_or(args[1]);
+                let lb = self.layout_of(bv);
+                let rb = self.regs(bv)?;
+                self.stage_padded(smem, b_off, &lb, &rb, if b_src.is_some() { k } else { n }, d)?;
+            }
+            self.barrier()?;
         }
-        let bv = b_src.unwrap_or(args[1]);
-        let lb = self.layout_of(bv);
-        let rb = self.regs(bv)?;
-        self.stage_padded(smem, b_off, &lb, &rb, if b_src.is_some() { k } else { n }, d)?;
-        self.barrier()?;
-        let afr = match afr {
-            Some(fr) => fr,
-            None => self.a_frags(smem, a_off, &l, k)?,
+        let afr = match (afr, a_ring) {
+            (Some(fr), _) => fr,
+            (None, Some(ring)) => self.a_frags(ring, 0, &l, k)?,
+            (None, None) => self.a_frags(smem, a_off, &l, k)?,
         };
-        self.mma_loop(smem, b_off, &afr, &l, k, d, b_src.is_some(), &mut acc)?;
+        let (b_mem, b_at) = match b_ring {
+            Some(ring) => (ring, 0),
+            None => (smem, b_off),
+        };
+        self.mma_loop(b_mem, b_at, &afr, &l, k, d, b_src.is_some(), &mut acc)?;
         self.set(res, acc);
         Ok(())
     }

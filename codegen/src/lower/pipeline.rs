@@ -1,0 +1,403 @@
+//! Software pipelining of `dot` operands with `cp.async` (`num_stages` deep).
+//!
+//! A `for` whose body loads an operand of a tensor-core `dot` (directly, or
+//! the `[N, K]` tile of a `b = trans(x)` the plan reads in place) gets a ring
+//! of `num_stages` shared-memory buffers per such load, laid out exactly as
+//! the `dot` stages that operand (`[rows, cols + ROW_PAD]`), and the loads
+//! become asynchronous copies (`cp.async`, 16/8/4 bytes per thread chunk,
+//! masked lanes zero-filled with a source size of 0) issued
+//! `num_stages - 1` iterations ahead:
+//!
+//! ```text
+//! prologue:  for j in 0..S-1: copy the tiles of iteration lb + j*step (if < ub); commit
+//! body i:    wait until the group of iteration i landed (wait_group S-2); barrier
+//!            copy the tiles of iteration i + S-1 (if < ub) into the stage read
+//!            in iteration i-1; commit
+//!            ... the body; its dots read stage i mod S instead of staging ...
+//! exit:      wait_group 0; barrier
+//! ```
+//!
+//! The barrier after the wait makes every thread's copies visible and
+//! guarantees that every thread finished reading the stage about to be
+//! overwritten (it was read one iteration earlier). One group is committed
+//! per prologue step and per iteration, even when empty, so the count the
+//! wait names is exact.
+//!
+//! A load qualifies when (see [`analyze`]): its only use is that `dot`
+//! operand, in the same body block; it is not volatile and its `other` is
+//! absent or zero; its chunk accesses are 4, 8 or 16 bytes wide with one
+//! mask value per chunk (the axis analysis); and its address and mask depend
+//! only on the induction variable and values from outside the loop, through
+//! region-free pure ops and loads (loads only when nothing in the body
+//! stores), so they can be evaluated for a later iteration ([`Lowerer`] lowers
+//! that slice again with the induction variable replaced; loads in it are
+//! masked off past the end). Slice ops used by nothing else are not lowered
+//! in the body at all. Loops with nested loops are left alone.
+//!
+//! The rings of all pipelined loops share one region at the bottom of shared
+//! memory (loops run one after another; the exit wait and barrier hand the
+//! region over); every other use of shared memory starts above it.
+
+use super::dot::plan::MmaPlan;
+use super::{Lowerer, Regs};
+use crate::Result;
+use crate::layout::Layout;
+use crate::mma::ROW_PAD;
+use dsl_core::Function;
+use dsl_core::dtype::DType;
+use dsl_core::ir::ops::{ControlOp, MemoryOp};
+use dsl_core::ir::{Block, Inst, Op, Value};
+use dsl_core::passes::axis::AxisAnalysis;
+use inkwell::IntPredicate;
+use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+/// One pipelined load.
+#[derive(Clone, Debug)]
+pub(crate) struct PipeLoad {
+    /// The `load`.
+    pub load: Inst,
+    /// Rows and columns of the loaded tile (its staged `[rows, cols + ROW_PAD]` shape).
+    pub cols: usize,
+    /// Bytes of one stage (16-byte aligned).
+    pub stage_bytes: u64,
+    /// Byte offset of stage 0 in the ring region.
+    pub ring_off: u64,
+    /// Elements per `cp.async`.
+    pub width: usize,
+}
+
+/// The pipelining of one `for`.
+#[derive(Clone, Debug)]
+pub(crate) struct PipeLoop {
+    /// Stages (buffers per load).
+    pub stages: usize,
+    /// Its pipelined loads.
+    pub loads: Vec<PipeLoad>,
+    /// Body instructions the loads' addresses and masks depend on, in order.
+    pub slice: Vec<Inst>,
+}
+
+/// The pipelining decisions of a function.
+#[derive(Debug, Default)]
+pub(crate) struct Pipeline {
+    /// Pipelined loops.
+    pub loops: FxHashMap<Inst, PipeLoop>,
+    /// Bytes of the ring region (the largest loop's rings).
+    pub ring_bytes: u64,
+    /// For a `(dot, operand)` pair (operand 0: `a`, 1: `b`): its load.
+    pub by_dot: FxHashMap<(Inst, usize), Inst>,
+    /// Pipelined loads (not lowered in place).
+    pub loads: FxHashSet<Inst>,
+    /// Body instructions that only feed pipelined loads (not lowered in place).
+    pub dead: FxHashSet<Inst>,
+}
+
+/// Decides which loads of `f` are pipelined `stages` deep.
+pub(crate) fn analyze(
+    f: &Function,
+    plan: &MmaPlan,
+    axis: &AxisAnalysis,
+    threads: usize,
+    spt_cap: usize,
+    stages: usize,
+) -> Pipeline {
+    let mut p = Pipeline::default();
+    if stages < 2 {
+        return p;
+    }
+    let mut users: FxHashMap<Value, Vec<Inst>> = FxHashMap::default();
+    let mut fors = Vec::new();
+    f.walk(|i| {
+        for &a in &f.insts[i].args {
+            users.entry(a).or_default().push(i);
+        }
+        if matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
+            fors.push(i);
+        }
+    });
+    for fi in fors {
+        let body = f.entry(f.insts[fi].regions[0]);
+        if has_nested_loop(f, body) {
+            continue;
+        }
+        let iv = f.blocks[body].args[0];
+        let stores = body_stores(f, body);
+        let mut loads = Vec::new();
+        let mut slice: FxHashSet<Inst> = FxHashSet::default();
+        let mut ring = 0u64;
+        for &i in &f.blocks[body].insts {
+            let Op::Memory(MemoryOp::Load { has_mask, has_other, volatile, .. }) = f.insts[i].op else {
+                continue;
+            };
+            let Some(key) = dot_use(f, plan, &users, body, f.insts[i].results[0]) else { continue };
+            let args = &f.insts[i].args;
+            if volatile || (has_other && !is_zero(f, args[2])) {
+                continue;
+            }
+            let ty = f.ty(f.insts[i].results[0]);
+            if ty.rank() != 2 || !matches!(ty.dtype(), DType::F16 | DType::BF16) {
+                continue;
+            }
+            let l = Layout::with_cap(ty.numel(), threads, spt_cap);
+            let cols = ty.shape[1];
+            let eb = 2usize;
+            let mask = has_mask.then(|| args[1]);
+            let w = (axis.masked_vector_width(args[0], mask, 1, eb as u32) as usize).clamp(1, l.spt);
+            if !matches!(w * eb, 4 | 8 | 16) || l.spt > cols || l.replicated() {
+                continue;
+            }
+            let roots: Vec<Value> = args[..if has_mask { 2 } else { 1 }].to_vec();
+            let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
+            slice.extend(s);
+            let stage_bytes = ((ty.shape[0] * (cols + ROW_PAD) * eb) as u64).div_ceil(16) * 16;
+            loads.push(PipeLoad { load: i, cols, stage_bytes, ring_off: ring, width: w });
+            ring += stage_bytes * stages as u64;
+            p.by_dot.insert(key, i);
+            p.loads.insert(i);
+        }
+        if loads.is_empty() {
+            continue;
+        }
+        p.ring_bytes = p.ring_bytes.max(ring);
+        let ordered: Vec<Inst> = f.blocks[body].insts.iter().copied().filter(|i| slice.contains(i)).collect();
+        // Slice ops whose every user is a pipelined load or such an op.
+        let mut dead: FxHashSet<Inst> = FxHashSet::default();
+        for &i in ordered.iter().rev() {
+            let only = f.insts[i].results.iter().all(|r| {
+                users.get(r).is_none_or(|us| us.iter().all(|u| p.loads.contains(u) || dead.contains(u)))
+            });
+            if only {
+                dead.insert(i);
+            }
+        }
+        p.dead.extend(dead);
+        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered });
+    }
+    p
+}
+
+/// The `(dot, operand)` whose staged operand is `v` (directly, or through a
+/// permute the plan reads in place), when that is `v`'s only use and the
+/// `dot` is planned and in block `body`.
+fn dot_use(
+    f: &Function,
+    plan: &MmaPlan,
+    users: &FxHashMap<Value, Vec<Inst>>,
+    body: Block,
+    v: Value,
+) -> Option<(Inst, usize)> {
+    let us = users.get(&v)?;
+    let [u] = us.as_slice() else { return None };
+    if plan.skipped.contains(u) {
+        // `trans(x)` read in place: the dot whose `b_trans` is `v`.
+        let (&d, _) = plan.b_trans.iter().find(|&(_, &x)| x == v)?;
+        return (f.insts[d].parent == Some(body)).then_some((d, 1));
+    }
+    if !plan.dots.contains_key(u) || f.insts[*u].parent != Some(body) {
+        return None;
+    }
+    let args = &f.insts[*u].args;
+    if args[0] == v && args[1] != v {
+        Some((*u, 0))
+    } else if args[1] == v && args[0] != v && !plan.b_trans.contains_key(u) {
+        Some((*u, 1))
+    } else {
+        None
+    }
+}
+
+/// The body instructions `roots` depend on, when every path leads to the
+/// induction variable `iv`, values from outside the loop, or (when the body
+/// has no stores) loads; `None` when something else is in the way.
+fn backward_slice(
+    f: &Function,
+    body: Block,
+    iv: Value,
+    roots: &[Value],
+    stores: bool,
+) -> Option<FxHashSet<Inst>> {
+    let mut out = FxHashSet::default();
+    let mut stack: Vec<Value> = roots.to_vec();
+    let mut seen = FxHashSet::default();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        let Some(d) = f.def_inst(v) else {
+            // A block argument: the induction variable of this loop, or an
+            // argument of an enclosing block (defined before the loop).
+            let inside = f.blocks[body].args.contains(&v);
+            if inside && v != iv {
+                return None;
+            }
+            continue;
+        };
+        if f.insts[d].parent != Some(body) {
+            continue;
+        }
+        let ok = match &f.insts[d].op {
+            Op::Memory(MemoryOp::Load { volatile, .. }) => !volatile && !stores,
+            Op::Memory(_) | Op::Dot(_) | Op::Control(_) | Op::Debug(_) => false,
+            _ => f.insts[d].regions.is_empty(),
+        };
+        if !ok {
+            return None;
+        }
+        out.insert(d);
+        stack.extend(f.insts[d].args.iter().copied());
+    }
+    Some(out)
+}
+
+/// True when `v` is a constant zero.
+fn is_zero(f: &Function, v: Value) -> bool {
+    f.as_constant(v).is_some_and(|s| s.as_f64() == 0.0)
+}
+
+/// True when block `b` (or a region inside it) contains a `for` or `while`.
+fn has_nested_loop(f: &Function, b: Block) -> bool {
+    f.blocks[b].insts.iter().any(|&i| {
+        matches!(f.insts[i].op, Op::Control(ControlOp::For | ControlOp::While))
+            || f.insts[i].regions.iter().any(|&r| has_nested_loop(f, f.entry(r)))
+    })
+}
+
+/// True when block `b` (or a region inside it) stores or performs atomics.
+fn body_stores(f: &Function, b: Block) -> bool {
+    f.blocks[b].insts.iter().any(|&i| {
+        matches!(
+            f.insts[i].op,
+            Op::Memory(MemoryOp::Store { .. } | MemoryOp::Atomic { .. } | MemoryOp::AtomicCas { .. })
+        ) || f.insts[i].regions.iter().any(|&r| body_stores(f, f.entry(r)))
+    })
+}
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// The ring region's base (the bottom of shared memory).
+    fn ring_base(&mut self) -> Result<PointerValue<'ctx>> {
+        self.smem_raw()
+    }
+
+    /// Issues the copies of every load of loop `pl` for the iteration whose
+    /// induction variable is `iv` into stage `stage` (an i32), all under the
+    /// uniform predicate `valid`; then commits one group.
+    pub(super) fn pipe_issue(
+        &mut self,
+        pl: &PipeLoop,
+        iv_arg: Value,
+        iv: BasicValueEnum<'ctx>,
+        valid: IntValue<'ctx>,
+        stage: IntValue<'ctx>,
+    ) -> Result<()> {
+        // Lower the slice with the induction variable replaced, loads in it
+        // masked off for iterations past the end.
+        let saved: Vec<(Value, Option<Regs<'ctx>>)> = std::iter::once(iv_arg)
+            .chain(pl.slice.iter().flat_map(|&i| self.f.insts[i].results.iter().copied()))
+            .map(|v| (v, self.vals.get(&v).cloned()))
+            .collect();
+        self.vals.insert(iv_arg, vec![iv]);
+        let outer = self.extra_pred.replace(valid);
+        let mut res = Ok(());
+        for &i in &pl.slice {
+            let op = self.f.insts[i].op.clone();
+            res = self.lower_op(i, op);
+            if res.is_err() {
+                break;
+            }
+        }
+        self.extra_pred = outer;
+        let mut addrs = Vec::with_capacity(pl.loads.len());
+        if res.is_ok() {
+            for ld in &pl.loads {
+                let args = self.f.insts[ld.load].args.to_vec();
+                let p = self.regs(args[0])?;
+                let m = if args.len() > 1 { Some(self.regs(args[1])?) } else { None };
+                addrs.push((p, m));
+            }
+        }
+        for (v, old) in saved {
+            match old {
+                Some(r) => self.vals.insert(v, r),
+                None => self.vals.remove(&v),
+            };
+        }
+        res?;
+        let ring = self.ring_base()?;
+        for (ld, (p, m)) in pl.loads.iter().zip(addrs) {
+            let ty = self.f.ty(self.f.insts[ld.load].results[0]).clone();
+            let l = self.layout(&ty);
+            let base = self.thread_base(&l)?;
+            let off = self.b.build_int_mul(stage, self.i32c(ld.stage_bytes as i64), "")?;
+            let off = self.b.build_int_add(off, self.i32c(ld.ring_off as i64), "")?;
+            let i8t = self.ctx.i8_type();
+            // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
+            let stage_ptr = unsafe { self.b.build_in_bounds_gep(i8t, ring, &[off], "")? };
+            let bytes = ld.width * 2;
+            let (name, sized) = match (bytes, m.is_some()) {
+                (16, false) => ("llvm.nvvm.cp.async.cg.shared.global.16", false),
+                (16, true) => ("llvm.nvvm.cp.async.cg.shared.global.16.s", true),
+                (8, false) => ("llvm.nvvm.cp.async.ca.shared.global.8", false),
+                (8, true) => ("llvm.nvvm.cp.async.ca.shared.global.8.s", true),
+                (_, false) => ("llvm.nvvm.cp.async.ca.shared.global.4", false),
+                (_, true) => ("llvm.nvvm.cp.async.ca.shared.global.4.s", true),
+            };
+            let et = self.mem_ty(ty.dtype());
+            let nbytes = self.i32c(bytes as i64);
+            let zero = self.i32c(0);
+            let mut copies = Vec::with_capacity(p.len() / ld.width);
+            for s0 in (0..p.len()).step_by(ld.width) {
+                let idx = self.chunk_index(&l, base, s0, ld.cols)?;
+                let dst = self.smem_elem(stage_ptr, 0, et, idx)?;
+                let size = match &m {
+                    Some(m) => {
+                        Some(self.b.build_select(m[s0].into_int_value(), nbytes, zero, "")?.into_int_value())
+                    }
+                    None => None,
+                };
+                copies.push((dst, p[s0], size));
+            }
+            self.if_then(valid, |lw| {
+                for (dst, src, size) in &copies {
+                    let mut a: Vec<BasicValueEnum<'ctx>> = vec![(*dst).into(), *src];
+                    if sized {
+                        a.push(size.unwrap_or(nbytes).into());
+                    }
+                    lw.call(name, None, &a)?;
+                }
+                Ok(())
+            })?;
+        }
+        self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
+        Ok(())
+    }
+
+    /// `cp.async.wait_group n`.
+    pub(super) fn pipe_wait(&mut self, n: usize) -> Result<()> {
+        self.call("llvm.nvvm.cp.async.wait.group", None, &[self.i32c(n as i64).into()])?;
+        Ok(())
+    }
+
+    /// The shared-memory stage pointer of a pipelined load in the current
+    /// iteration, when `(dot, operand)` reads one.
+    pub(super) fn pipe_operand(&mut self, dot: Inst, operand: usize) -> Result<Option<PointerValue<'ctx>>> {
+        let Some(&ld) = self.pipe.by_dot.get(&(dot, operand)) else { return Ok(None) };
+        let Some(&(stage, ring_off, stage_bytes)) = self.pipe_stage.get(&ld) else { return Ok(None) };
+        let ring = self.ring_base()?;
+        let off = self.b.build_int_mul(stage, self.i32c(stage_bytes as i64), "")?;
+        let off = self.b.build_int_add(off, self.i32c(ring_off as i64), "")?;
+        // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
+        Ok(Some(unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), ring, &[off], "")? }))
+    }
+
+    /// `a < b` for the loop bound comparison (signed or unsigned).
+    pub(super) fn iv_less(
+        &self,
+        signed: bool,
+        a: IntValue<'ctx>,
+        b: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        let pred = if signed { IntPredicate::SLT } else { IntPredicate::ULT };
+        Ok(self.b.build_int_compare(pred, a, b, "")?)
+    }
+}
