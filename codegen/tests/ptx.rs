@@ -364,14 +364,19 @@ fn matmul_bf16() {
         let t = CONFIGS[i];
         (dsl_core::launch::specialize(&k::build(&t.config(DType::BF16)).unwrap(), &facts).0, t.num_warps)
     };
-    let cfgs: Vec<(String, Function, u32)> =
-        [(4usize, "_128x128x32"), (2, "_64x64x32"), (3, "_128x128x32_prefetch"), (0, "_128x256x32")]
-            .iter()
-            .map(|&(i, s)| {
-                let (func, w) = f(i);
-                (s.to_string(), func, w)
-            })
-            .collect();
+    let cfgs: Vec<(String, Function, u32)> = [
+        (4usize, "_128x128x32"),
+        (2, "_64x64x32"),
+        (3, "_128x128x32_prefetch"),
+        (5, "_128x256x32"),
+        (0, "_128x256x64"),
+    ]
+    .iter()
+    .map(|&(i, s)| {
+        let (func, w) = f(i);
+        (s.to_string(), func, w)
+    })
+    .collect();
     both("matmul_bf16", &cfgs);
     for (_, func, w) in &cfgs {
         let opts = CompileOptions { target: Target::Sm80, num_warps: *w, num_stages: STAGES };
@@ -479,10 +484,12 @@ fn dot_shapes() {
 
 /// Paged decode attention (`kernels::decode_attention`): the Llama-style
 /// 32:8 grouping at head dim 128 (bf16, 16-token chunks, 8 warps, direct),
-/// SmolLM2's 9:3 at head dim 64 (split-KV, 4 warps), and the split reduce.
+/// SmolLM2's 9:3 at head dim 64 (split-KV, 4 warps), the split reduce, and
+/// the tensor-core kernel at both groupings (64-key blocks, 4 warps; its
+/// K/V loads pipelined with `cp.async`).
 #[test]
 fn paged_decode() {
-    use ::kernels::decode_attention::{paged_decode as k, paged_decode_reduce as r};
+    use ::kernels::decode_attention::{paged_decode as k, paged_decode_reduce as r, paged_decode_tc as tc};
     // Specialized as the runtime launches them: every pointer 16-byte aligned.
     let aligned = |f: dsl_core::Function| {
         let facts: Vec<Option<u64>> =
@@ -500,6 +507,20 @@ fn paged_decode() {
             ("_reduce_g4_hd128".into(), aligned(r::build(&r::Config::new(DType::BF16, 4, 128)).unwrap()), 4),
         ],
     );
+    let t = |h_kv, group, hd, page, bn, split| {
+        aligned(tc::build(&tc::Config::new(DType::BF16, h_kv, group, hd, page, bn, split)).unwrap())
+    };
+    let cfgs = [
+        ("_tc_hkv8_g4_hd128_bn64".into(), t(8, 4, 128, 16, 64, false), 4),
+        ("_tc_hkv3_g3_hd64_split".into(), t(3, 3, 64, 16, 64, true), 4),
+    ];
+    both("paged_decode", &cfgs);
+    for (_, f, w) in &cfgs {
+        let ptx = compile(f, &CompileOptions { target: Target::Sm90a, num_warps: *w, num_stages: STAGES })
+            .unwrap()
+            .ptx;
+        assert!(ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.cg.shared.global"));
+    }
 }
 
 /// Dequant GEMV/GEMM (`kernels::dequant`), specialized as the runtime launches
@@ -667,5 +688,3 @@ fn cache_round_trip() {
     assert_ne!(codegen::PtxCache::key(&f, &opts), codegen::PtxCache::key(&f, &other));
     let _ = std::fs::remove_dir_all(dir);
 }
-
-

@@ -1,7 +1,9 @@
 //! Paged decode attention: one query token per sequence against its whole
 //! context in the paged KV cache, all query heads of one KV head in one
 //! program (GQA grouping), optionally split over the context with a second
-//! kernel that merges the splits (split-KV, "flash decoding").
+//! kernel that merges the splits (split-KV, "flash decoding"). Two kernels
+//! compute it: [`paged_decode`] (per-lane online-softmax streams, any dtype)
+//! and [`paged_decode_tc`] (tensor cores, bf16/f16).
 //!
 //! # Math
 //!
@@ -58,6 +60,24 @@
 //! Running maxima start at the lowest finite f32 and masked scores are `-inf`,
 //! so `exp2(m - m_new)` is always defined; a stream that never saw a valid
 //! token gets weight 0 in the merge; a context of length 0 gives zeros.
+//!
+//! # Tensor cores ([`paged_decode_tc`], bf16/f16)
+//!
+//! The same function computed as FlashAttention does (see
+//! [`crate::flash_attention`]), with the same arguments and partials: the
+//! `GROUP` query rows are padded with zero rows to `ROWS = max(16, GROUP)` (a
+//! tensor-core tile height), so each block of `BLOCK_N` keys is two `dot`s,
+//! `[ROWS, HEAD_DIM] x [HEAD_DIM, BLOCK_N]` for the scores and `[ROWS,
+//! BLOCK_N] x [BLOCK_N, HEAD_DIM]` for the values (`mma.sync`; the padding
+//! rows cost tensor-core time only, the kernel is bound by reading K and V),
+//! with one running max and sum per query head and `p` rounded to `T` before
+//! the second product. The page lookup and row offsets are computed on the
+//! `[BLOCK_N, HEAD_DIM]` K/V tile itself, so every access is a 16-byte
+//! vector and the loads of whole key blocks are pipelined `num_stages` deep
+//! with `cp.async` by the codegen (their addresses depend only on the loop
+//! index); the last, partial key block runs in a second loop with masks.
+//! Tensor cores need `BLOCK_N` to be a multiple of `8 * num_warps` (other
+//! configs run, with `dot` on FMAs). f32 caches use [`paged_decode`].
 //!
 //! # Layout contract
 //!
@@ -203,7 +223,110 @@ pub fn paged_decode<T: Float>(
     }
 }
 
-/// Merges the split-KV partials of [`paged_decode`] (`SPLIT = true`) into the
+/// [`paged_decode`] on tensor cores (bf16/f16): the query rows padded to a
+/// tile, each key block two `dot`s, K/V loads pipelined with `cp.async`; see
+/// the module doc ("Tensor cores").
+#[kernel(autotune(
+    configs = [
+        (BLOCK_N = 64, num_warps = 4, num_stages = 3),
+        (BLOCK_N = 64, num_warps = 4, num_stages = 2),
+        (BLOCK_N = 32, num_warps = 4, num_stages = 4),
+        (BLOCK_N = 128, num_warps = 4, num_stages = 2),
+        (BLOCK_N = 64, num_warps = 2, num_stages = 3),
+        (BLOCK_N = 128, num_warps = 8, num_stages = 3),
+    ],
+    key = [split_len]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_tc<T: Float>(
+    q_ptr: Ptr<T>,
+    k_cache: Ptr<T>,
+    v_cache: Ptr<T>,
+    block_tables: Ptr<i32>,
+    bt_stride: i32,
+    seq_lens: Ptr<i32>,
+    out_ptr: Ptr<T>,
+    part_o: Ptr<f32>,
+    part_m: Ptr<f32>,
+    part_l: Ptr<f32>,
+    scale: f32,
+    split_len: i32,
+    #[constexpr] H_KV: usize,
+    #[constexpr] GROUP: usize,
+    #[constexpr] HEAD_DIM: usize,
+    #[constexpr] PAGE: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] SPLIT: bool,
+) {
+    let b = program_id(0);
+    let h = program_id(1);
+    let split = program_id(2);
+    let ctx = load(seq_lens + b);
+    let start = split * split_len;
+    let end = minimum(ctx, start + split_len);
+    // Whole key blocks first (no masks), then at most one partial block.
+    let full_end = start + maximum(end - start, 0) / BLOCK_N * BLOCK_N;
+
+    let rows = if GROUP <= 16 { 16 } else { GROUP };
+    let g = arange(0, rows);
+    let d = arange(0, HEAD_DIM);
+    let real = g < GROUP;
+    let q_off = expand_dims((b * (H_KV * GROUP) + h * GROUP + g) * HEAD_DIM, 1) + expand_dims(d, 0);
+    let q = load(q_ptr + q_off, mask = expand_dims(real, 1), other = 0.0);
+    let qk_scale = scale * LOG2E;
+
+    let bt = block_tables + b * bt_stride;
+    // Key index and cache column of every element of a K/V tile.
+    let keys = broadcast_to(expand_dims(arange(0, BLOCK_N), 1), [BLOCK_N, HEAD_DIM]);
+    let col = broadcast_to(expand_dims(h * HEAD_DIM + d, 0), [BLOCK_N, HEAD_DIM]);
+
+    let mut m = full([rows], f32::MIN, f32);
+    let mut l = zeros([rows], f32);
+    let mut acc = zeros([rows, HEAD_DIM], f32);
+    for s0 in range(start, full_end, BLOCK_N) {
+        let key = s0 + keys;
+        let page = load(bt + key / PAGE);
+        let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
+        let k = load(k_cache + kv);
+        let t = dot(q, trans(k)) * qk_scale;
+        let m_new = maximum(m, max(t, 1));
+        let p = exp2(t - expand_dims(m_new, 1));
+        let alpha = exp2(m - m_new);
+        l = l * alpha + sum(p, 1);
+        let v = load(v_cache + kv);
+        acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+        m = m_new;
+    }
+    for s0 in range(full_end, end, BLOCK_N) {
+        let key = s0 + keys;
+        let ok = key < end;
+        let page = load(bt + key / PAGE, mask = ok, other = 0);
+        let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
+        let k = load(k_cache + kv, mask = ok, other = 0.0);
+        let seen = expand_dims(s0 + arange(0, BLOCK_N) < end, 0);
+        let t = where_(seen, dot(q, trans(k)) * qk_scale, f32::NEG_INFINITY);
+        let m_new = maximum(m, max(t, 1));
+        let p = exp2(t - expand_dims(m_new, 1));
+        let alpha = exp2(m - m_new);
+        l = l * alpha + sum(p, 1);
+        let v = load(v_cache + kv, mask = ok, other = 0.0);
+        acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+        m = m_new;
+    }
+
+    if SPLIT {
+        let row = ((b * H_KV + h) * num_programs(2) + split) * GROUP + g;
+        store(part_m + row, m, mask = real);
+        store(part_l + row, l, mask = real);
+        store(part_o + expand_dims(row * HEAD_DIM, 1) + expand_dims(d, 0), acc, mask = expand_dims(real, 1));
+    } else {
+        let inv = where_(l > 0.0, 1.0 / l, 0.0);
+        store(out_ptr + q_off, (acc * expand_dims(inv, 1)).to(T), mask = expand_dims(real, 1));
+    }
+}
+
+/// Merges the split-KV partials of [`paged_decode`] or [`paged_decode_tc`]
+/// (`SPLIT = true`) into the
 /// output: one program per (sequence, query head), grid `[B, H_KV * GROUP]`;
 /// `max_splits` is the decode launch's third grid extent.
 #[kernel]
@@ -246,12 +369,14 @@ pub fn paged_decode_reduce<T: Float>(
 
 /// The split length (a multiple of `block_n`) and split count for a batch of
 /// `batch` sequences of at most `max_ctx` tokens with `h_kv` KV heads on a GPU
-/// with `sms` multiprocessors: no split when `batch * h_kv` programs already
-/// fill the GPU about twice, else enough splits (each at least 256 tokens) to
-/// reach that.
+/// with `sms` multiprocessors: enough splits (each at least 256 tokens) for
+/// about four programs per multiprocessor, none when `batch * h_kv` programs
+/// already reach that. A grid of only one or two programs per
+/// multiprocessor leaves a partial last wave (512 programs of the B64 bench
+/// shape run two per multiprocessor on 132: 1.94 waves; split in two, 3.9).
 pub fn split_plan(batch: usize, h_kv: usize, max_ctx: usize, sms: usize, block_n: usize) -> (usize, usize) {
     let programs = (batch * h_kv).max(1);
-    let target = 2 * sms.max(1);
+    let target = 4 * sms.max(1);
     let max_ctx = max_ctx.max(1);
     if programs >= target {
         let len = max_ctx.div_ceil(block_n) * block_n;
@@ -269,8 +394,10 @@ mod tests {
 
     #[test]
     fn split_plan_fills_the_gpu_and_covers_the_context() {
-        // B64 x 8 KV heads = 512 programs: no split needed on 132 SMs.
-        assert_eq!(split_plan(64, 8, 8192, 132, 16), (8192, 1));
+        // B64 x 8 KV heads = 512 programs: split in two for 1024 on 132 SMs.
+        assert_eq!(split_plan(64, 8, 8192, 132, 16), (4096, 2));
+        // 1024 programs already: no split.
+        assert_eq!(split_plan(128, 8, 8192, 132, 16), (8192, 1));
         // One sequence: split into chunks of at least 256 tokens.
         let (len, n) = split_plan(1, 8, 4096, 132, 16);
         assert_eq!((len, n), (256, 16));

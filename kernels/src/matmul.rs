@@ -116,18 +116,18 @@ pub struct TileConfig {
 }
 
 /// The configurations the checks and benches exercise: the default large
-/// tile (128 x 256, 8 warps, three `cp.async` stages: the fastest on an H100,
-/// 2026-11-24), the register-prefetch variants, the default small tile
+/// tile (128 x 256 x 64, 8 warps, three `cp.async` stages: the fastest on an
+/// H100, 2026-11-24), the register-prefetch variants, the default small tile
 /// (64 x 64, the smallest also fits tiny `M`), and other pipelined tiles
-/// for the benches (128 x 128 at 3 stages, a 64-deep K step, 256 x 128, four
+/// for the benches (128 x 128 at 3 stages, 32-deep K steps, 256 x 128, four
 /// stages).
 pub const CONFIGS: [TileConfig; 8] = [
-    TileConfig { block_m: 128, block_n: 256, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
+    TileConfig { block_m: 128, block_n: 256, block_k: 64, num_warps: 8, prefetch: false, stages: 3 },
     TileConfig { block_m: 128, block_n: 64, block_k: 32, num_warps: 4, prefetch: true, stages: 1 },
     TileConfig { block_m: 64, block_n: 64, block_k: 32, num_warps: 4, prefetch: false, stages: 3 },
     TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: true, stages: 1 },
     TileConfig { block_m: 128, block_n: 128, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
-    TileConfig { block_m: 128, block_n: 256, block_k: 64, num_warps: 8, prefetch: false, stages: 3 },
+    TileConfig { block_m: 128, block_n: 256, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
     TileConfig { block_m: 256, block_n: 128, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
     TileConfig { block_m: 128, block_n: 256, block_k: 32, num_warps: 8, prefetch: false, stages: 4 },
 ];

@@ -4,7 +4,10 @@
 //! same name is the speedup. Our K/V live in a paged cache of 16-token pages
 //! behind a shuffled block table (what the runtime does), every sequence at
 //! the full length `L`; the timed work is the decode kernel plus, when the
-//! split plan splits the context, the reduce kernel.
+//! split plan splits the context, the reduce kernel. The rows named like
+//! peers.py's run the tensor-core kernel (`paged_decode_tc`); rows marked
+//! `[streams]` run the per-lane-stream kernel (`paged_decode`, what f32
+//! caches use) on the same bf16 inputs, for comparison.
 
 use crate::bench::{BenchOptions, Record, time_median_ms};
 use crate::check::Rng;
@@ -12,7 +15,7 @@ use crate::cuda::Cuda;
 use crate::error::Result;
 use dsl_core::DType;
 use dsl_core::half::bf16;
-use kernels::decode_attention::{paged_decode, paged_decode_reduce, split_plan};
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan};
 use std::marker::PhantomData;
 
 /// peers.py's decode shapes: (batch, context, query heads, KV heads, head dim).
@@ -31,6 +34,7 @@ fn decode_record(
     cuda: &mut Cuda,
     opts: &BenchOptions,
     (b, l, hq, hkv, hd): (usize, usize, usize, usize, usize),
+    tc: bool,
     tuned: bool,
 ) -> Result<Record> {
     let group = hq / hkv;
@@ -61,29 +65,45 @@ fn decode_record(
         cuda.gpu().zeros::<f32>(parts)?,
         cuda.gpu().zeros::<f32>(parts)?,
     );
-    let args = paged_decode::Args {
-        q_ptr: qd.ptr().cast(),
-        k_cache: kd.ptr().cast(),
-        v_cache: vd.ptr().cast(),
-        block_tables: td.ptr(),
-        bt_stride: pages as i32,
-        seq_lens: sd.ptr(),
-        out_ptr: od.ptr().cast(),
-        part_o: pod.ptr(),
-        part_m: pmd.ptr(),
-        part_l: pld.ptr(),
-        scale: 1.0 / (hd as f32).sqrt(),
-        split_len: split_len as i32,
-        _marker: PhantomData,
-    };
+    macro_rules! args {
+        ($k:ident) => {
+            $k::Args {
+                q_ptr: qd.ptr().cast(),
+                k_cache: kd.ptr().cast(),
+                v_cache: vd.ptr().cast(),
+                block_tables: td.ptr(),
+                bt_stride: pages as i32,
+                seq_lens: sd.ptr(),
+                out_ptr: od.ptr().cast(),
+                part_o: pod.ptr(),
+                part_m: pmd.ptr(),
+                part_l: pld.ptr(),
+                scale: 1.0 / (hd as f32).sqrt(),
+                split_len: split_len as i32,
+                _marker: PhantomData,
+            }
+        };
+    }
     let grid = [b as u32, hkv as u32, splits as u32];
-    let base = paged_decode::Config::new(DType::BF16, hkv, group, hd, PAGE, 16, split);
-    let (config, tuned) = if tuned {
-        let config = cuda.run_tuned::<paged_decode::Kernel>(|_| grid, &base, &args)?;
-        let words = crate::cuda::autotune::describe_config(&paged_decode::autotune_configs(&base), &config);
-        (config, Some(words))
-    } else {
-        (base.with_warps(8), None)
+    let (tc_args, st_args) = (args!(paged_decode_tc), args!(paged_decode));
+    let tc_base = paged_decode_tc::Config::new(DType::BF16, hkv, group, hd, PAGE, 64, split)
+        .with_warps(4)
+        .with_stages(3);
+    let st_base = paged_decode::Config::new(DType::BF16, hkv, group, hd, PAGE, 16, split);
+    let (tc_config, st_config, tuned) = match (tc, tuned) {
+        (true, true) => {
+            let config = cuda.run_tuned::<paged_decode_tc::Kernel>(|_| grid, &tc_base, &tc_args)?;
+            let words =
+                crate::cuda::autotune::describe_config(&paged_decode_tc::autotune_configs(&tc_base), &config);
+            (config, st_base, Some(words))
+        }
+        (false, true) => {
+            let config = cuda.run_tuned::<paged_decode::Kernel>(|_| grid, &st_base, &st_args)?;
+            let words =
+                crate::cuda::autotune::describe_config(&paged_decode::autotune_configs(&st_base), &config);
+            (tc_base, config, Some(words))
+        }
+        (_, false) => (tc_base, st_base.with_warps(8), None),
     };
     let rconfig = paged_decode_reduce::Config::new(DType::BF16, group, hd);
     let rargs = paged_decode_reduce::Args {
@@ -98,7 +118,11 @@ fn decode_record(
     };
     let rgrid = [b as u32, hq as u32, 1];
     let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c| {
-        c.run::<paged_decode::Kernel>(grid, &config, &args)?;
+        if tc {
+            c.run::<paged_decode_tc::Kernel>(grid, &tc_config, &tc_args)?;
+        } else {
+            c.run::<paged_decode::Kernel>(grid, &st_config, &st_args)?;
+        }
         if split {
             c.run::<paged_decode_reduce::Kernel>(rgrid, &rconfig, &rargs)?;
         }
@@ -106,7 +130,7 @@ fn decode_record(
     })?;
     let bytes = 2.0 * (b * l * hkv * hd) as f64 * 2.0;
     Ok(Record {
-        name: format!("decode/bf16/B{b}/L{l}/hq{hq}_hkv{hkv}_hd{hd}"),
+        name: format!("decode/bf16/B{b}/L{l}/hq{hq}_hkv{hkv}_hd{hd}{}", if tc { "" } else { " [streams]" }),
         metric: "TB/s",
         value: bytes / ms / 1e9,
         ms,
@@ -120,9 +144,11 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
     for shape in SHAPES {
         for &tuned in tunings {
-            out.push(decode_record(cuda, opts, shape, tuned)?);
+            out.push(decode_record(cuda, opts, shape, true, tuned)?);
             eprintln!("measured {}", out[out.len() - 1].display_name());
         }
+        out.push(decode_record(cuda, opts, shape, false, opts.autotune)?);
+        eprintln!("measured {}", out[out.len() - 1].display_name());
     }
     Ok(out)
 }

@@ -147,8 +147,19 @@ pub fn compare(kernel: &str, shape: String, dtype: DType, got: &[f64], want: &[f
     row
 }
 
-fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
+/// Widens device elements to f64.
+pub fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// The unit roundoff of a storage dtype (0 for f32, for the roundings the
+/// attention error model charges to the storage type: exact in f32).
+pub fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => f64::powi(2.0, -8),
+        DType::F16 => f64::powi(2.0, -11),
+        _ => 0.0,
+    }
 }
 
 fn vector_add_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Result<CheckRow> {

@@ -19,8 +19,8 @@
 //! 8) 2^-24` term) and, in bf16/f16, the rounding of `p` and of the output,
 //! which may round to the other neighbour on the two sides.
 
-use crate::check::{CheckRow, Rng, Sample};
-use crate::cuda::{Cuda, DeviceElem};
+use crate::check::{CheckRow, Rng, Sample, to_f64, unit_roundoff};
+use crate::cuda::Cuda;
 use crate::error::Result;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
@@ -47,19 +47,6 @@ struct Case {
 /// a 995-token prefix hit.
 fn smollm2_batch() -> Vec<(usize, usize)> {
     vec![(1, 97), (37, 37), (0, 5), (130, 300), (64, 64), (5, 1000)]
-}
-
-fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
-    v.iter().map(|x| x.to_f64()).collect()
-}
-
-/// The unit roundoff of the storage dtype (0 for f32, whose rounding of `p` is exact).
-fn unit_roundoff(dtype: DType) -> f64 {
-    match dtype {
-        DType::BF16 => f64::powi(2.0, -8),
-        DType::F16 => f64::powi(2.0, -11),
-        _ => 0.0,
-    }
 }
 
 fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result<CheckRow> {

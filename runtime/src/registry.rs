@@ -186,6 +186,11 @@ fn build_paged_decode() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, 8, 4, 128, 16, 16, false).with_warps(8))
 }
 
+fn build_paged_decode_tc() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::decode_attention::paged_decode_tc as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 8, 4, 128, 16, 64, false).with_warps(4).with_stages(3))
+}
+
 fn build_paged_decode_reduce() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::decode_attention::paged_decode_reduce as k;
     spec::<k::Kernel>(k::Config::new(DType::BF16, 4, 128))
@@ -352,6 +357,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, H_KV = 8, GROUP = 4, HEAD_DIM = 128, PAGE = 16, BLOCK_N = 16, SPLIT = false, num_warps = 8",
         build: build_paged_decode,
         check: crate::check_decode::paged_decode,
+    },
+    Entry {
+        name: "paged_decode_tc",
+        description: "paged decode attention on tensor cores (bf16/f16), K/V pipelined with cp.async",
+        default_config: "T = bf16, H_KV = 8, GROUP = 4, HEAD_DIM = 128, PAGE = 16, BLOCK_N = 64, SPLIT = false, num_warps = 4, num_stages = 3",
+        build: build_paged_decode_tc,
+        check: crate::check_decode::paged_decode_tc,
     },
     Entry {
         name: "paged_decode_reduce",

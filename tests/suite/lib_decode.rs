@@ -6,17 +6,21 @@
 //! mid-page, some 0-length), odd batch sizes, GQA groups 1, 3 (SmolLM2's 9:3,
 //! padded to 4 in the kernel) and 4, head dims 64 and 128, pages of 16, 32
 //! and 64 tokens through shuffled block tables, chunks of 16 and 32 tokens,
-//! direct and split-KV (with the reduce kernel), f32 and bf16.
+//! direct and split-KV (with the reduce kernel), f32 and bf16; both kernels:
+//! the per-lane-stream `paged_decode` and the tensor-core `paged_decode_tc`
+//! (chunks of 16, 32 and 64 tokens).
 //!
 //! Tolerance per element: the output is a convex combination of the `v_j`,
 //! so score errors `e` move it by at most about `2 e * mag` (`mag =
 //! sum_j p_j |v_j|`); f32 scores of `hd` products have `e <= hd * 2^-23 *
 //! score_abs` (a factor 8 margin is used); f32 accumulation adds `2^-20 *
-//! mag`; bf16 output adds one unit of the final rounding (`|want| / 128`).
+//! mag`; bf16 output adds one unit of the final rounding (`|want| / 128`),
+//! and the tensor-core kernel's rounding of the weights `p` to bf16 before
+//! `p . v` moves the combination by at most `2^-8 mag`.
 
 use dsl_core::DType;
 use dsl_core::interp::{Buffer, Cpu};
-use kernels::decode_attention::{paged_decode, paged_decode_reduce};
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc};
 use kernels::reference::attention::{PagedKv, attend};
 use proptest::prelude::*;
 use std::marker::PhantomData;
@@ -48,6 +52,8 @@ struct Case {
     /// `Some(split_len / block_n)` for split-KV.
     split_chunks: Option<usize>,
     bf: bool,
+    /// The tensor-core kernel (`paged_decode_tc`) instead of `paged_decode`.
+    tc: bool,
     seed: u64,
 }
 
@@ -106,25 +112,34 @@ fn run_case(c: Case) -> Result<(), TestCaseError> {
     let pm = cpu.zeros::<f32>(parts);
     let pl = cpu.zeros::<f32>(parts);
     let split = c.split_chunks.is_some();
-    let config = paged_decode::Config::new(dtype, c.h_kv, c.group, d, c.page, c.block_n, split);
-    let args = paged_decode::Args {
-        q_ptr: qp,
-        k_cache: kp,
-        v_cache: vp,
-        block_tables: bt,
-        bt_stride: max_pages as i32,
-        seq_lens: sl,
-        out_ptr: op,
-        part_o: po,
-        part_m: pm,
-        part_l: pl,
-        scale: scale as f32,
-        split_len: split_len as i32,
-        _marker: PhantomData,
-    };
+    macro_rules! args {
+        ($k:ident) => {
+            $k::Args {
+                q_ptr: qp,
+                k_cache: kp,
+                v_cache: vp,
+                block_tables: bt,
+                bt_stride: max_pages as i32,
+                seq_lens: sl,
+                out_ptr: op,
+                part_o: po,
+                part_m: pm,
+                part_l: pl,
+                scale: scale as f32,
+                split_len: split_len as i32,
+                _marker: PhantomData,
+            }
+        };
+    }
     let grid = [c.batch as u32, c.h_kv as u32, splits as u32];
-    paged_decode::interpret(&mut cpu, grid, &config, &args)
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let done = if c.tc {
+        let config = paged_decode_tc::Config::new(dtype, c.h_kv, c.group, d, c.page, c.block_n, split);
+        paged_decode_tc::interpret(&mut cpu, grid, &config, &args!(paged_decode_tc))
+    } else {
+        let config = paged_decode::Config::new(dtype, c.h_kv, c.group, d, c.page, c.block_n, split);
+        paged_decode::interpret(&mut cpu, grid, &config, &args!(paged_decode))
+    };
+    done.map_err(|e| TestCaseError::fail(e.to_string()))?;
     if split {
         let config = paged_decode_reduce::Config::new(dtype, c.group, d);
         let args = paged_decode_reduce::Args {
@@ -147,6 +162,9 @@ fn run_case(c: Case) -> Result<(), TestCaseError> {
         let mut tol = mag[e] * (2.0 * score_err + f64::powi(2.0, -20)) + 1e-30;
         if c.bf {
             tol += w.abs() / 128.0;
+            if c.tc {
+                tol += mag[e] / 256.0;
+            }
         }
         let diff = (g - w).abs();
         if diff.is_nan() || diff > tol {
@@ -170,13 +188,14 @@ proptest! {
         group in prop::sample::select(vec![1usize, 3, 4]),
         wide in any::<bool>(),
         page in prop::sample::select(vec![16usize, 32, 64]),
-        block_n in prop::sample::select(vec![16usize, 32]),
+        block_n in prop::sample::select(vec![16usize, 32, 64]),
         split_chunks in prop::option::of(1usize..5),
         bf in any::<bool>(),
+        tc in any::<bool>(),
         seed in any::<u64>(),
     ) {
         let head_dim = if wide { 128 } else { 64 };
-        run_case(Case { batch, h_kv, group, head_dim, page, block_n, split_chunks, bf, seed })?;
+        run_case(Case { batch, h_kv, group, head_dim, page, block_n, split_chunks, bf, tc, seed })?;
     }
 }
 
@@ -193,7 +212,9 @@ fn paged_decode_smollm2_split() {
         block_n: 16,
         split_chunks: Some(4),
         bf: true,
+        tc: false,
         seed: 7,
     };
     run_case(c).unwrap();
+    run_case(Case { tc: true, block_n: 64, split_chunks: Some(1), ..c }).unwrap();
 }

@@ -141,7 +141,9 @@ pub(crate) fn wants(f: &Function, plan: &MmaPlan, a: &Assignment, inst: Inst, k:
         },
         Op::Dot(_) => match plan.dots.get(&inst) {
             Some(l) if k == 2 => Lay::Mma(*l),
-            Some(l) if k == 0 && a_from_regs(a.lay(d.args[0]), l) => a.lay(d.args[0]),
+            // `a` in an accumulator layout: fragments from its registers, or
+            // staged from them (see `dot/mma.rs`).
+            Some(_) if k == 0 && matches!(a.lay(d.args[0]), Lay::Mma(_)) => a.lay(d.args[0]),
             _ => Lay::Blocked,
         },
         Op::Control(ControlOp::For) if k >= 3 => {

@@ -74,7 +74,7 @@ use crate::gguf::LlamaConfig;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use dsl_core::launch::Kernel;
-use kernels::decode_attention::{paged_decode, paged_decode_reduce, split_plan};
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan};
 use kernels::dequant::{QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, uses_gemv};
 use kernels::embedding::{self, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
@@ -94,8 +94,12 @@ use std::time::{Duration, Instant};
 /// the separate norm kernels.
 pub const FUSED_MAX_TOKENS: usize = 1;
 
-/// Tokens per chunk of the decode-attention kernel.
+/// Tokens per chunk of the decode-attention kernel (f32 caches), and the
+/// granularity of decode split lengths.
 pub(super) const DECODE_BLOCK_N: usize = 16;
+
+/// Keys per block of the tensor-core decode kernel (bf16/f16 caches).
+pub(super) const TC_BLOCK_N: usize = 64;
 
 /// The inputs of one forward step (see the module doc).
 #[derive(Clone, Copy, Debug)]
@@ -504,25 +508,41 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
         } else {
             let split = plan.splits > 1;
             let group = nq / nkv;
-            let config =
-                paged_decode::Config::new(dtype, nkv, group, hd, kv.block_size, DECODE_BLOCK_N, split)
-                    .with_warps(4);
-            let args = paged_decode::Args {
-                q_ptr: any::<D, T>(&s.q, 0)?,
-                k_cache: any::<D, T>(&kv.k[l], 0)?,
-                v_cache: any::<D, T>(&kv.v[l], 0)?,
-                block_tables: arena_i32::<D>(arena, lay.tables)?,
-                bt_stride: lay.bt_stride as i32,
-                seq_lens: arena_i32::<D>(arena, lay.ctx)?,
-                out_ptr: any::<D, T>(&s.attn, 0)?,
-                part_o: typed::<D, f32>(&s.part_o)?,
-                part_m: typed::<D, f32>(&s.part_m)?,
-                part_l: typed::<D, f32>(&s.part_l)?,
-                scale,
-                split_len: plan.split_len as i32,
-                _marker: PhantomData,
-            };
-            ln.run::<paged_decode::Kernel>([b as u32, nkv as u32, plan.splits as u32], &config, &args)?;
+            // The same arguments for both decode kernels.
+            macro_rules! decode_args {
+                ($k:ident) => {
+                    $k::Args {
+                        q_ptr: any::<D, T>(&s.q, 0)?,
+                        k_cache: any::<D, T>(&kv.k[l], 0)?,
+                        v_cache: any::<D, T>(&kv.v[l], 0)?,
+                        block_tables: arena_i32::<D>(arena, lay.tables)?,
+                        bt_stride: lay.bt_stride as i32,
+                        seq_lens: arena_i32::<D>(arena, lay.ctx)?,
+                        out_ptr: any::<D, T>(&s.attn, 0)?,
+                        part_o: typed::<D, f32>(&s.part_o)?,
+                        part_m: typed::<D, f32>(&s.part_m)?,
+                        part_l: typed::<D, f32>(&s.part_l)?,
+                        scale,
+                        split_len: plan.split_len as i32,
+                        _marker: PhantomData,
+                    }
+                };
+            }
+            let grid = [b as u32, nkv as u32, plan.splits as u32];
+            if matches!(dtype, dsl_core::DType::BF16 | dsl_core::DType::F16) {
+                // Tensor cores for half caches (any split length: the kernel
+                // masks its last partial key block).
+                let config =
+                    paged_decode_tc::Config::new(dtype, nkv, group, hd, kv.block_size, TC_BLOCK_N, split)
+                        .with_warps(4)
+                        .with_stages(3);
+                ln.run::<paged_decode_tc::Kernel>(grid, &config, &decode_args!(paged_decode_tc))?;
+            } else {
+                let config =
+                    paged_decode::Config::new(dtype, nkv, group, hd, kv.block_size, DECODE_BLOCK_N, split)
+                        .with_warps(4);
+                ln.run::<paged_decode::Kernel>(grid, &config, &decode_args!(paged_decode))?;
+            }
             if split {
                 let config = paged_decode_reduce::Config::new(dtype, group, hd);
                 let args = paged_decode_reduce::Args {

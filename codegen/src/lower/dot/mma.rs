@@ -11,7 +11,8 @@
 //! fragment) and one `x4` per pair of 8-column `n` tiles (two B fragments),
 //! and issues one `mma` per (m tile, n tile).
 //!
-//! `a` is not staged when its A fragments are already in registers: loaded
+//! An `a` held in an accumulator layout is staged from those registers.
+//! `a` is not staged at all when its A fragments are already in registers: loaded
 //! once before a loop for a loop-invariant operand (`hoist_a`), or, when
 //! `a` is held in an accumulator layout whose warps own whole rows with the
 //! same split of `M` (`layouts::a_from_regs`), packed from those registers:
@@ -77,9 +78,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if stage_a || b_ring.is_none() {
             self.barrier()?;
             if stage_a {
-                let la = self.layout(&aty);
-                let ra = self.regs(args[0])?;
-                self.stage_padded(smem, a_off, &la, &ra, k, d)?;
+                if let Lay::Mma(al) = a_lay {
+                    // Straight from the accumulator registers it was computed in.
+                    let ra = self.raw_regs(args[0])?;
+                    self.mma_write(smem, a_off, &al, &ra, d)?;
+                } else {
+                    let la = self.layout(&aty);
+                    let ra = self.regs(args[0])?;
+                    self.stage_padded(smem, a_off, &la, &ra, k, d)?;
+                }
             }
             if b_ring.is_none() {
                 let bv = b_src.unwrap_or(args[1]);
@@ -109,10 +116,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let ty = self.f.ty(v).clone();
         let k = ty.shape[1];
         let smem = self.smem((l.m * (k + ROW_PAD) * 2) as u64)?;
-        let lv = self.layout(&ty);
-        let regs = self.regs(v)?;
         self.barrier()?;
-        self.stage_padded(smem, 0, &lv, &regs, k, ty.dtype())?;
+        if let Lay::Mma(al) = self.lays.lay(v) {
+            let regs = self.raw_regs(v)?;
+            self.mma_write(smem, 0, &al, &regs, ty.dtype())?;
+        } else {
+            let lv = self.layout(&ty);
+            let regs = self.regs(v)?;
+            self.stage_padded(smem, 0, &lv, &regs, k, ty.dtype())?;
+        }
         self.barrier()?;
         let fr = self.a_frags(smem, 0, l, k)?;
         self.afrags.insert((v, *l), fr);
