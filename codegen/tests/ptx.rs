@@ -328,7 +328,8 @@ fn softmax_online() {
 }
 
 /// FlashAttention prefill over the paged cache (`kernels::flash_attention`)
-/// at its default bf16 tiles (128 x 32 with 8 warps): SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8
+/// at its default bf16 tiles (64 x 32 with 4 warps at head dim 64, 128 x 32
+/// with 8 at 128): SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8
 /// KV heads of 128 full, both bf16, specialized as the runtime launches them
 /// (16-byte aligned pointers, page size 16, a block-table stride that is not
 /// a multiple of 16).
@@ -520,6 +521,46 @@ fn paged_decode() {
             .unwrap()
             .ptx;
         assert!(ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.cg.shared.global"));
+    }
+}
+
+/// The 8-bit-activation path (`kernels::dequant::q8`): the quantize kernel
+/// and the Q4_1 / Q8_0 dp4a GEMVs at their first autotune configs (bf16),
+/// specialized as the runtime launches them; the PTX must use `dp4a` and
+/// 16-byte loads of the weight words.
+#[test]
+fn dequant_q8() {
+    use ::kernels::dequant::q8::{gemv_q4_1_q8 as g41, gemv_q8_0_q8 as g80, quantize_q8 as q};
+    let spec =
+        |f: Result<Function>, facts: &[Option<u64>]| dsl_core::launch::specialize(&f.unwrap(), facts).0;
+    let gemv_facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(1), Some(16), Some(16)];
+    let cfgs = [
+        (
+            "_quantize_bf16_b1024".to_string(),
+            spec(q::build(&q::Config::new(DType::BF16, 1024)), &[Some(0), Some(0), Some(0), Some(16)]),
+            4,
+        ),
+        (
+            "_gemv_q4_1_bf16_m1".to_string(),
+            spec(g41::build(&g41::Config::new(DType::BF16, false, 1, 8, 2048)), &gemv_facts),
+            4,
+        ),
+        (
+            "_gemv_q8_0_bf16_m1".to_string(),
+            spec(g80::build(&g80::Config::new(DType::BF16, false, 1, 4, 1024)), &gemv_facts),
+            2,
+        ),
+    ];
+    both("dequant_q8", &cfgs);
+    for (name, f, w) in &cfgs[1..] {
+        let ptx = compile(f, &CompileOptions { target: Target::Sm90a, num_warps: *w, num_stages: STAGES })
+            .unwrap()
+            .ptx;
+        assert!(ptx.contains("dp4a."), "{name}: no dp4a");
+        assert!(
+            ptx.contains("ld.global.v4.b32") || ptx.contains("ld.global.v4.u32"),
+            "{name}: no 16-byte loads"
+        );
     }
 }
 

@@ -244,6 +244,7 @@ fn constants_and_math() -> Function {
             let bits = (i << 2) >> 1;
             let bits = (bits & 3) | ((bits ^ 5) % 7);
             let bits = umulhi(bits, bits) + not(bits);
+            let bits = dp4a(bits, bitcast(bits, DType::U32), dp4a(bits, 0x0101_0101, 7));
             let c = i.le(bits) & i.ge(bits) | i.ne_(bits) ^ i.eq_(bits);
             let sel = where_(c, t, x);
             store(p + i, sel + num_programs(2).to(DType::F32), Some(c));

@@ -112,6 +112,7 @@ pub const PRELUDE: &[Entry] = &[
     e!("pow" => "pow", [("a", Pass, Yes), ("b", Pass, Yes)]),
     e!("umulhi" => "umulhi", [("a", Pass, Yes), ("b", Pass, Yes)]),
     e!("fma" => "fma", [("a", Pass, Yes), ("b", Pass, Yes), ("c", Pass, Yes)]),
+    e!("dp4a" => "dp4a", [("a", Pass, Yes), ("b", Pass, Yes), ("c", Pass, Yes)]),
     e!("where_" => "where_", [("cond", Tensor, Yes), ("a", Pass, Yes), ("b", Pass, Yes)]),
     e!("select" => "where_", [("cond", Tensor, Yes), ("a", Pass, Yes), ("b", Pass, Yes)]),
     e!("cast" => "cast", [X, ("dtype", Pass, Yes)]),

@@ -320,7 +320,7 @@ impl Checker<'_> {
                 Abs::Tile(s) if s.len() == 2 => Abs::Tile(vec![s[1], s[0]]),
                 _ => Abs::Unknown,
             },
-            "minimum" | "maximum" | "where_" | "select" | "fma" | "pow" => {
+            "minimum" | "maximum" | "where_" | "select" | "fma" | "dp4a" | "pow" => {
                 let vals: Vec<(Abs, proc_macro2::Span)> =
                     pos.iter().map(|a| (self.expr(a), a.span())).collect();
                 let mut acc = Abs::Scalar;

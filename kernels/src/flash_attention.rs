@@ -240,19 +240,23 @@ pub struct TileConfig {
 }
 
 /// The default tiles for storage dtype `dtype`. For f16/bf16 (tensor
-/// cores): `BLOCK_M = 128`, `BLOCK_N = 32` with 8 warps, so every warp holds
-/// 16 whole rows of the scores and `p` feeds the second product from
-/// registers; the K and V loads are pipelined with `cp.async`. This is the
-/// largest tile ptxas compiles without spills at both head dims (128 x 64
-/// needs more than 255 registers at head dim 128, and 64 x 64 with 4 warps
-/// spills on sm_90a at head dim 64, where ptxas caps registers for a third
-/// program per SM); the autotuner measured those within about 10% on an H100
-/// (2026-11-24) and may still pick them. For f32 (`dot` by FMAs through
-/// shared memory) `64 x 32` with 4 warps at head dim 64 and 8 above.
+/// cores): `BLOCK_N = 32` with `BLOCK_M = 64` and 4 warps at head dim 64,
+/// `BLOCK_M = 128` and 8 warps above, so every warp holds 16 whole rows of
+/// the scores and `p` feeds the second product from registers; the K and V
+/// loads are pipelined with `cp.async` (and the page numbers one iteration
+/// ahead of them). These are the largest tiles ptxas compiles without
+/// spills on sm_80 and sm_90a: 128 x 64 needs more than 255 registers at
+/// head dim 128, and at head dim 64 ptxas caps 8-warp programs at 128
+/// registers (two per SM) and spills 128 x 32 on sm_80, and 3-program caps
+/// spill 64 x 64 on sm_90a. The autotuner measured the others within about
+/// 10% on an H100 (2026-11-24) and may still pick them. For f32 (`dot` by
+/// FMAs through shared memory) `64 x 32` with 4 warps at head dim 64 and 8
+/// above.
 pub fn config_for(head_dim: usize, dtype: dsl_core::DType) -> TileConfig {
     let half = matches!(dtype, dsl_core::DType::F16 | dsl_core::DType::BF16);
     match (half, head_dim <= 64) {
-        (true, _) => TileConfig { block_m: 128, block_n: 32, num_warps: 8 },
+        (true, true) => TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
+        (true, false) => TileConfig { block_m: 128, block_n: 32, num_warps: 8 },
         (false, true) => TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
         (false, false) => TileConfig { block_m: 64, block_n: 32, num_warps: 8 },
     }

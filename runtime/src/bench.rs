@@ -306,6 +306,9 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     if opts.wants("gemm") {
         out.extend(crate::bench_dequant::records(cuda, opts)?);
     }
+    if opts.wants("gemv_q8") {
+        out.extend(crate::bench_q8::records(cuda, opts)?);
+    }
     if opts.wants("sampling") {
         out.extend(crate::check_sampling::bench_records(cuda, opts)?);
     }
@@ -367,8 +370,11 @@ pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
         };
         // Ratios above 1 are better: throughput ours / peer, latency peer / ours.
         let ratio = |v: f64| if r.metric == "us" { v / r.value } else { r.value / v };
+        // A bracketed suffix names a variant of the same work (a config, a
+        // kernel): it is compared with the peers' row of the base name.
+        let base = r.name.split(" [").next().unwrap_or(&r.name);
         let vs: Vec<String> = peers
-            .map(|p| p.on(&r.name, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", ratio(v))).collect())
+            .map(|p| p.on(base, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", ratio(v))).collect())
             .unwrap_or_default();
         let value = if r.metric == "TB/s" {
             format!("{:.3}", r.value)

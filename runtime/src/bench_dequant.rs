@@ -76,16 +76,21 @@ pub const BATCHES: [usize; 4] = [1, 16, 64, 256];
 /// needs to record an event and enqueue the timed launch).
 const SPACER_LEN: usize = 4 << 20;
 
-/// Median CUDA-event time in milliseconds of launching `K` over `grid`
-/// (see the module docs): `opts.warmup` untimed launches, then `opts.runs`
-/// timed ones, each after an L2 flush and behind the spacer kernel.
-fn time_launch_ms<'a, K: Kernel>(
+/// A kernel launch prepared for [`time_prepared_ms`]: built, specialized and
+/// with its arguments validated and packed.
+pub(crate) struct Timed {
+    p: std::sync::Arc<crate::cuda::backend::Prepared>,
+    grid: [u32; 3],
+    params: Vec<crate::cuda::KernelParam>,
+}
+
+/// Prepares `K` on `config` and `args` over `grid` for [`time_prepared_ms`].
+pub(crate) fn prepared<'a, K: Kernel>(
     cuda: &mut Cuda,
-    opts: &BenchOptions,
     grid: [u32; 3],
     config: &K::Config,
     args: &K::Args<'a, Cuda>,
-) -> Result<f64> {
+) -> Result<Timed> {
     let raw = K::erase_args(args);
     let facts: Vec<Option<u64>> = raw
         .iter()
@@ -98,6 +103,14 @@ fn time_launch_ms<'a, K: Kernel>(
     let p = cuda.prepare::<K>(config, &facts)?;
     let params = validate_args(&p.func, &p.offsets, &raw)
         .map_err(|message| Error::Launch { kernel: K::NAME.to_string(), message })?;
+    Ok(Timed { p, grid, params })
+}
+
+/// Median CUDA-event time in milliseconds of the prepared `launches`, in
+/// order, between one pair of events (see the module docs): `opts.warmup`
+/// untimed rounds, then `opts.runs` timed ones, each after an L2 flush and
+/// behind the spacer kernel.
+pub(crate) fn time_prepared_ms(cuda: &mut Cuda, opts: &BenchOptions, launches: &[Timed]) -> Result<f64> {
     let gpu = cuda.gpu();
     let flush_len = (2 * gpu.info().l2_bytes as usize).max(1 << 20);
     let scratch = gpu.zeros::<u8>(flush_len)?;
@@ -112,8 +125,14 @@ fn time_launch_ms<'a, K: Kernel>(
     };
     let spacer_config = vector_add::Config::new(DType::F32, 1024);
     let spacer_grid = [SPACER_LEN.div_ceil(1024) as u32, 1, 1];
+    let round = |cuda: &mut Cuda| -> Result<()> {
+        for l in launches {
+            cuda.gpu().launch_raw(&l.p.kernel, l.grid, l.p.threads, &l.params)?;
+        }
+        Ok(())
+    };
     for _ in 0..opts.warmup {
-        cuda.gpu().launch_raw(&p.kernel, grid, p.threads, &params)?;
+        round(cuda)?;
     }
     cuda.gpu().synchronize()?;
     let (start, end) = (cuda.gpu().event()?, cuda.gpu().event()?);
@@ -121,15 +140,28 @@ fn time_launch_ms<'a, K: Kernel>(
     for i in 0..opts.runs.max(1) {
         scratch.fill_bytes(i as u8)?;
         cuda.run::<vector_add::Kernel>(spacer_grid, &spacer_config, &spacer_args)?;
+        cuda.gpu().record(&start)?;
+        round(cuda)?;
         let gpu = cuda.gpu();
-        gpu.record(&start)?;
-        gpu.launch_raw(&p.kernel, grid, p.threads, &params)?;
         gpu.record(&end)?;
         times.push(f64::from(gpu.elapsed_ms(&start, &end)?));
     }
     cuda.gpu().synchronize()?;
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// Median CUDA-event time in milliseconds of launching `K` over `grid`
+/// ([`time_prepared_ms`] of one launch).
+pub(crate) fn time_launch_ms<'a, K: Kernel>(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    grid: [u32; 3],
+    config: &K::Config,
+    args: &K::Args<'a, Cuda>,
+) -> Result<f64> {
+    let t = prepared::<K>(cuda, grid, config, args)?;
+    time_prepared_ms(cuda, opts, &[t])
 }
 
 /// Measures the Q4_1 product on `m x k x n` (bf16) with the GEMV (`gemv`)

@@ -191,6 +191,16 @@ fn build_paged_decode_tc() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, 8, 4, 128, 16, 64, false).with_warps(4).with_stages(3))
 }
 
+fn build_quantize_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::q8::quantize_q8 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 1024))
+}
+
+fn build_gemv_q4_1_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::q8::gemv_q4_1_q8 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 8, 2048).with_warps(4))
+}
+
 fn build_paged_decode_reduce() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::decode_attention::paged_decode_reduce as k;
     spec::<k::Kernel>(k::Config::new(DType::BF16, 4, 128))
@@ -364,6 +374,20 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, H_KV = 8, GROUP = 4, HEAD_DIM = 128, PAGE = 16, BLOCK_N = 64, SPLIT = false, num_warps = 4, num_stages = 3",
         build: build_paged_decode_tc,
         check: crate::check_decode::paged_decode_tc,
+    },
+    Entry {
+        name: "quantize_q8",
+        description: "activations to 8 bits per block of 32 (llama.cpp's q8_1 rule), for the dp4a GEMVs",
+        default_config: "T = bf16, BLOCK = 1024, num_warps = 4",
+        build: build_quantize_q8,
+        check: crate::check_q8::quantize,
+    },
+    Entry {
+        name: "gemv_q4_1_q8",
+        description: "out = xq @ W^T on 8-bit activations with dp4a, W repacked Q4_1 (also Q4_0/Q8_0 variants)",
+        default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 4",
+        build: build_gemv_q4_1_q8,
+        check: crate::check_q8::gemv,
     },
     Entry {
         name: "paged_decode_reduce",

@@ -76,7 +76,7 @@ impl Act for bf16 {
 }
 
 /// Non-zero activations with magnitudes in `[1/64, 2)`.
-fn activations<T: Act>(rng: &mut Rng, n: usize) -> Vec<T> {
+pub fn activations<T: Act>(rng: &mut Rng, n: usize) -> Vec<T> {
     (0..n)
         .map(|_| {
             let m = rng.uniform(1.0 / 64.0, 2.0);

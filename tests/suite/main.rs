@@ -9,6 +9,7 @@ mod lib_embedding;
 mod lib_flash_attention;
 mod lib_matmul;
 mod lib_norm;
+mod lib_q8;
 mod lib_rope;
 mod lib_sampling;
 mod lib_softmax;

@@ -15,6 +15,7 @@
 //! - Shift amounts are unsigned and clamped to the bit width (`shl`/logical
 //!   `shr` give 0, arithmetic `shr` gives the sign fill).
 //! - `mulhi` uses `mulhi` for 32/64-bit integers and a widened product otherwise.
+//! - `dp4a` is `llvm.nvvm.idp4a.{s,u}.{s,u}` (PTX `dp4a`), one per register.
 
 use super::{Lowerer, Regs, mem_type};
 use crate::Result;
@@ -305,6 +306,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         UnaryOp::Abs => x.into(),
                         _ => return Err(self.bug(inst, format!("`{}` on integers", u.name()))),
                     }
+                }
+                ArithOp::Dp4a => {
+                    // Byte signedness from the operands' dtypes (see `ArithOp::Dp4a`).
+                    let sign =
+                        |v: dsl_core::Value| if self.f.ty(v).dtype() == DType::U32 { "u" } else { "s" };
+                    let name = format!("llvm.nvvm.idp4a.{}.{}", sign(args[0]), sign(args[1]));
+                    let i32t = self.ctx.i32_type();
+                    self.call1(&name, i32t.into(), &[ops[0][i], ops[1][i], ops[2][i]])?
                 }
                 ArithOp::Fma => {
                     if !d.is_float() {

@@ -20,7 +20,7 @@ use dsl_core::ir::Inst;
 use dsl_core::ir::ops::ControlOp;
 use inkwell::IntPredicate;
 use inkwell::basic_block::BasicBlock;
-use inkwell::values::{BasicValue, BasicValueEnum, PhiValue};
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PhiValue};
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// One phi per register of `regs`, with `regs` flowing in from `from`.
@@ -88,13 +88,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let pipe = self.pipe.loops.get(&inst).cloned();
                 let iv_arg = body_args[0];
                 let lbi = lb.into_int_value();
+                let mut fed0: Vec<Regs<'ctx>> = Vec::new();
                 if let Some(pl) = &pipe {
-                    for j in 0..pl.stages - 1 {
+                    let at = |lw: &Self, j: usize| -> Result<IntValue<'ctx>> {
                         let jj = step.get_type().const_int(j as u64, false);
-                        let ivj = self.b.build_int_add(lbi, self.b.build_int_mul(step, jj, "")?, "")?;
+                        Ok(lw.b.build_int_add(lbi, lw.b.build_int_mul(step, jj, "")?, "")?)
+                    };
+                    for j in 0..pl.stages - 1 {
+                        let ivj = at(self, j)?;
                         let valid = self.iv_less(signed, ivj, ub)?;
-                        self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64))?;
+                        self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None)?;
                     }
+                    // The slice's loads of the first iteration the loop copies for.
+                    let ivf = at(self, pl.stages - 1)?;
+                    let valid = self.iv_less(signed, ivf, ub)?;
+                    fed0 = self.pipe_feed(pl, iv_arg, ivf.into(), valid)?;
                 }
                 let pre = self.cur_block()?;
                 let head = self.ctx.append_basic_block(self.func, "for.head");
@@ -105,6 +113,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let iv = self.b.build_phi(lb.get_type(), "iv")?;
                 iv.add_incoming(&[(&lb as &dyn BasicValue<'ctx>, pre)]);
                 let phis = self.phis(&init, pre)?;
+                let fed_phis = self.phis(&fed0, pre)?;
                 // The stage this iteration's `dot`s read (pipelined loops).
                 let stage_phi = match &pipe {
                     Some(_) => {
@@ -119,6 +128,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.b.build_conditional_branch(c, body, exit)?;
                 self.b.position_at_end(body);
                 let mut next_stage = None;
+                let mut fed_next: Vec<Regs<'ctx>> = Vec::new();
                 if let (Some(pl), Some(sp)) = (&pipe, stage_phi) {
                     let s = pl.stages;
                     let rs = sp.as_basic_value().into_int_value();
@@ -133,7 +143,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let first = self.b.build_int_compare(IntPredicate::EQ, rs, self.i32c(0), "")?;
                     let prev = self.b.build_int_sub(rs, self.i32c(1), "")?;
                     let ws = self.b.build_select(first, self.i32c(s as i64 - 1), prev, "")?.into_int_value();
-                    self.pipe_issue(pl, iv_arg, ivn.into(), valid, ws)?;
+                    let fed = Self::phi_values(&fed_phis);
+                    self.pipe_issue(pl, iv_arg, ivn.into(), valid, ws, Some(&fed))?;
+                    // The slice's loads one iteration further ahead.
+                    let ivf = self.b.build_int_add(ivn, step, "")?;
+                    let vf = self.iv_less(signed, ivf, ub)?;
+                    fed_next = self.pipe_feed(pl, iv_arg, ivf.into(), vf)?;
                     for ld in &pl.loads {
                         self.pipe_stage.insert(ld.load, (rs, ld.ring_off, ld.stage_bytes));
                     }
@@ -148,6 +163,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let latch = self.cur_block()?;
                 iv.add_incoming(&[(&next as &dyn BasicValue<'ctx>, latch)]);
                 Self::add_incoming(&phis, &yielded, latch);
+                Self::add_incoming(&fed_phis, &fed_next, latch);
                 if let (Some(sp), Some(ns)) = (stage_phi, next_stage) {
                     sp.add_incoming(&[(&ns as &dyn BasicValue<'ctx>, latch)]);
                 }

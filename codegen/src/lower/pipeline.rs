@@ -34,6 +34,12 @@
 //! masked off past the end). Slice ops used by nothing else are not lowered
 //! in the body at all. Loops with nested loops are left alone.
 //!
+//! Loads inside the slice (a block table's page numbers) are themselves
+//! issued one iteration earlier than the copies that need them and carried
+//! in registers: iteration `i` copies iteration `i + S - 1`'s tiles with page
+//! numbers loaded during iteration `i - 1`, then loads iteration `i + S`'s,
+//! so no warp waits on memory to form an address.
+//!
 //! The rings of all pipelined loops share one region at the bottom of shared
 //! memory (loops run one after another; the exit wait and barrier hand the
 //! region over); every other use of shared memory starts above it.
@@ -76,6 +82,13 @@ pub(crate) struct PipeLoop {
     pub loads: Vec<PipeLoad>,
     /// Body instructions the loads' addresses and masks depend on, in order.
     pub slice: Vec<Inst>,
+    /// The loads inside `slice` (a block table's page numbers, say): they
+    /// are issued one iteration before the slice needs them and carried, so
+    /// computing the copies' addresses never waits on memory.
+    pub feed: Vec<Inst>,
+    /// The instructions of `slice` that `feed`'s loads depend on (themselves
+    /// included), in order.
+    pub feed_slice: Vec<Inst>,
 }
 
 /// The pipelining decisions of a function.
@@ -172,7 +185,16 @@ pub(crate) fn analyze(
             }
         }
         p.dead.extend(dead);
-        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered });
+        let feed: Vec<Inst> = ordered
+            .iter()
+            .copied()
+            .filter(|&i| matches!(f.insts[i].op, Op::Memory(MemoryOp::Load { .. })))
+            .collect();
+        let feed_roots: Vec<Value> = feed.iter().flat_map(|&i| f.insts[i].args.iter().copied()).collect();
+        let mut feed_set = backward_slice(f, body, iv, &feed_roots, stores).unwrap_or_default();
+        feed_set.extend(feed.iter().copied());
+        let feed_slice = ordered.iter().copied().filter(|i| feed_set.contains(i)).collect();
+        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered, feed, feed_slice });
     }
     p
 }
@@ -282,24 +304,33 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Issues the copies of every load of loop `pl` for the iteration whose
     /// induction variable is `iv` into stage `stage` (an i32), all under the
     /// uniform predicate `valid`; then commits one group.
-    pub(super) fn pipe_issue(
+    /// Lowers the slice instructions `insts` with the induction variable
+    /// `iv_arg` bound to `iv`, every load in them masked by `valid`, and the
+    /// results of the loads in `fed` (with their registers) taken as given
+    /// instead of loaded; then runs `read` on the slice's values and restores
+    /// the body's bindings.
+    fn with_slice<R>(
         &mut self,
-        pl: &PipeLoop,
-        iv_arg: Value,
-        iv: BasicValueEnum<'ctx>,
+        insts: &[Inst],
+        (iv_arg, iv): (Value, BasicValueEnum<'ctx>),
         valid: IntValue<'ctx>,
-        stage: IntValue<'ctx>,
-    ) -> Result<()> {
-        // Lower the slice with the induction variable replaced, loads in it
-        // masked off for iterations past the end.
+        fed: &[(Inst, Regs<'ctx>)],
+        read: impl FnOnce(&mut Self) -> Result<R>,
+    ) -> Result<R> {
         let saved: Vec<(Value, Option<Regs<'ctx>>)> = std::iter::once(iv_arg)
-            .chain(pl.slice.iter().flat_map(|&i| self.f.insts[i].results.iter().copied()))
+            .chain(insts.iter().flat_map(|&i| self.f.insts[i].results.iter().copied()))
             .map(|v| (v, self.vals.get(&v).cloned()))
             .collect();
         self.vals.insert(iv_arg, vec![iv]);
+        for (i, regs) in fed {
+            self.vals.insert(self.f.insts[*i].results[0], regs.clone());
+        }
         let outer = self.extra_pred.replace(valid);
         let mut res = Ok(());
-        for &i in &pl.slice {
+        for &i in insts {
+            if fed.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
             let op = self.f.insts[i].op.clone();
             res = self.lower_op(i, op);
             if res.is_err() {
@@ -307,22 +338,63 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
         }
         self.extra_pred = outer;
-        let mut addrs = Vec::with_capacity(pl.loads.len());
-        if res.is_ok() {
-            for ld in &pl.loads {
-                let args = self.f.insts[ld.load].args.to_vec();
-                let p = self.regs(args[0])?;
-                let m = if args.len() > 1 { Some(self.regs(args[1])?) } else { None };
-                addrs.push((p, m));
-            }
-        }
+        let out = match res {
+            Ok(()) => read(self),
+            Err(e) => Err(e),
+        };
         for (v, old) in saved {
             match old {
                 Some(r) => self.vals.insert(v, r),
                 None => self.vals.remove(&v),
             };
         }
-        res?;
+        out
+    }
+
+    /// The registers of the slice's loads (`feed`) for the iteration whose
+    /// induction variable is `iv`, masked off unless `valid`.
+    pub(super) fn pipe_feed(
+        &mut self,
+        pl: &PipeLoop,
+        iv_arg: Value,
+        iv: BasicValueEnum<'ctx>,
+        valid: IntValue<'ctx>,
+    ) -> Result<Vec<Regs<'ctx>>> {
+        let feed = pl.feed.clone();
+        self.with_slice(&pl.feed_slice, (iv_arg, iv), valid, &[], |lw| {
+            feed.iter().map(|&i| lw.raw_regs(lw.f.insts[i].results[0])).collect()
+        })
+    }
+
+    /// Issues the copies of every load of loop `pl` for the iteration whose
+    /// induction variable is `iv` into stage `stage` (an i32), all under the
+    /// uniform predicate `valid`; then commits one group. `fed` holds the
+    /// slice's load results for that iteration when they were loaded ahead
+    /// ([`Lowerer::pipe_feed`]); otherwise they are loaded here.
+    pub(super) fn pipe_issue(
+        &mut self,
+        pl: &PipeLoop,
+        iv_arg: Value,
+        iv: BasicValueEnum<'ctx>,
+        valid: IntValue<'ctx>,
+        stage: IntValue<'ctx>,
+        fed: Option<&[Regs<'ctx>]>,
+    ) -> Result<()> {
+        let fed: Vec<(Inst, Regs<'ctx>)> = match fed {
+            Some(r) => pl.feed.iter().copied().zip(r.iter().cloned()).collect(),
+            None => Vec::new(),
+        };
+        let loads = pl.loads.clone();
+        let addrs = self.with_slice(&pl.slice, (iv_arg, iv), valid, &fed, |lw| {
+            let mut addrs = Vec::with_capacity(loads.len());
+            for ld in &loads {
+                let args = lw.f.insts[ld.load].args.to_vec();
+                let p = lw.regs(args[0])?;
+                let m = if args.len() > 1 { Some(lw.regs(args[1])?) } else { None };
+                addrs.push((p, m));
+            }
+            Ok(addrs)
+        })?;
         let ring = self.ring_base()?;
         for (ld, (p, m)) in pl.loads.iter().zip(addrs) {
             let ty = self.f.ty(self.f.insts[ld.load].results[0]).clone();

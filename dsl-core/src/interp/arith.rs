@@ -327,6 +327,34 @@ pub(crate) fn fma(a: &Tile, b: &Tile, c: &Tile) -> Result<Tile, String> {
     Ok(Tile::new(a.elem, shape, data))
 }
 
+/// `c + sum_{i<4} byte_i(a) * byte_i(b)` elementwise; bytes of `i32`
+/// operands are signed, of `u32` operands unsigned; the sum wraps to `c`'s
+/// dtype (see `ArithOp::Dp4a`).
+pub(crate) fn dp4a(a: &Tile, b: &Tile, c: &Tile) -> Result<Tile, String> {
+    let (shape, n) = out_shape(&[a, b, c])?;
+    let (sa, sb) = (a.dtype() == DType::I32, b.dtype() == DType::I32);
+    let d = c.dtype();
+    let byte = |w: i64, i: u32, signed: bool| -> i64 {
+        let v = (w as u32 >> (8 * i)) & 0xff;
+        if signed { i64::from(v as u8 as i8) } else { i64::from(v) }
+    };
+    let data = match (&*a.data, &*b.data, &*c.data) {
+        (Data::Int(x), Data::Int(y), Data::Int(z)) => {
+            let (x, y, z) = (expand(x, n), expand(y, n), expand(z, n));
+            let mut out: Vec<i64> = x
+                .iter()
+                .zip(y.iter())
+                .zip(z.iter())
+                .map(|((&p, &q), &r)| r + (0..4).map(|i| byte(p, i, sa) * byte(q, i, sb)).sum::<i64>())
+                .collect();
+            wrap_all(d, &mut out);
+            Data::Int(out)
+        }
+        _ => return Err(internal(format!("`dp4a` on {}", a.dtype()))),
+    };
+    Ok(Tile::new(c.elem, shape, data))
+}
+
 /// `p + off * sizeof(pointee)`; refuses offsets that leave the buffer's address
 /// region (more than 2^43 bytes), which no real offset does.
 pub(crate) fn addptr(p: &Tile, off: &Tile) -> Result<Tile, String> {

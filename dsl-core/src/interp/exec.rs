@@ -235,6 +235,7 @@ impl World<'_, '_> {
                 ArithOp::Binary(op) => arith::binary(*op, arg(0)?, arg(1)?)?,
                 ArithOp::Unary(op) => arith::unary(*op, arg(0)?)?,
                 ArithOp::Fma => arith::fma(arg(0)?, arg(1)?, arg(2)?)?,
+                ArithOp::Dp4a => arith::dp4a(arg(0)?, arg(1)?, arg(2)?)?,
                 ArithOp::AddPtr => arith::addptr(arg(0)?, arg(1)?)?,
             }),
             Op::Compare(c) => one(match c {

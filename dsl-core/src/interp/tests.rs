@@ -555,6 +555,56 @@ fn integer_semantics() {
 }
 
 #[test]
+fn dp4a_multiplies_packed_bytes_by_their_dtypes_signedness() {
+    // Words of bytes [1, -2, 3, -128] and [-1, 5, 0x7f, -1]: as i32 the bytes
+    // are signed, as u32 unsigned (0xfe = 254, 0x80 = 128, 0xff = 255).
+    let wa = i32::from_le_bytes([1, 0xfe, 3, 0x80]);
+    let wb = i32::from_le_bytes([0xff, 5, 0x7f, 0xff]);
+    let f = KernelBuilder::new("dp4a")
+        .build(|| {
+            let out = param_ptr("out", DType::I32);
+            let uout = param_ptr("uout", DType::U32);
+            let a = full(&[2], wa as i64, DType::I32);
+            let b = full(&[2], wb as i64, DType::I32);
+            let (ua, ub) = (bitcast(a, DType::U32), bitcast(b, DType::U32));
+            store(out + arange(0, 2), dp4a(a, b, 10), None);
+            store(out + 2 + arange(0, 2), dp4a(ua, b, 0), None);
+            store(out + 4 + arange(0, 2), dp4a(a, ub, zeros(&[2], DType::I32)), None);
+            store(uout + arange(0, 2), dp4a(ua, ub, 7u32), None);
+            // The accumulator wraps like an integer addition.
+            store(
+                out + 6,
+                dp4a(constant(0x7f7f_7f7f, DType::I32), constant(0x7f7f_7f7f, DType::I32), i32::MAX),
+                None,
+            );
+        })
+        .unwrap();
+    let mut bufs = [Buffer::zeros(DType::I32, 7), Buffer::zeros(DType::U32, 2)];
+    launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1)]).unwrap();
+    let dot = |x: [i64; 4], y: [i64; 4]| x.iter().zip(&y).map(|(p, q)| p * q).sum::<i64>();
+    let (sa, ua) = ([1, -2, 3, -128], [1, 254, 3, 128]);
+    let (sb, ub) = ([-1, 5, 127, -1], [255, 5, 127, 255]);
+    let i = bufs[0].to_vec::<i32>();
+    assert_eq!(i[0] as i64, 10 + dot(sa, sb));
+    assert_eq!(i[2] as i64, dot(ua, sb));
+    assert_eq!(i[4] as i64, dot(sa, ub));
+    assert_eq!(i[6], i32::MAX.wrapping_add(4 * 127 * 127));
+    assert_eq!(bufs[1].to_vec::<u32>()[1] as i64, 7 + dot(ua, ub));
+}
+
+#[test]
+fn dp4a_rejects_operands_that_are_not_words() {
+    let e = KernelBuilder::new("bad")
+        .build(|| {
+            let out = param_ptr("out", DType::I32);
+            let a = full(&[2], 1, DType::I8);
+            store(out + arange(0, 2), dp4a(a, a, 0), None);
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("dp4a"), "{e}");
+}
+
+#[test]
 fn packed_bytes_through_ptrcast_and_aliasing() {
     // A u8 buffer holding [f16; 4] after 2 bytes of header, read through ptrcast;
     // `out` aliases `src` at an element offset.

@@ -285,6 +285,53 @@ pub fn where_(cond: Tensor, a: impl Into<Operand>, b: impl Into<Operand>) -> Ten
     })
 }
 
+/// `c + sum_{i<4} byte_i(a) * byte_i(b)`: four products of packed bytes
+/// (signed in `i32` operands, unsigned in `u32` ones) added to the 32-bit
+/// accumulator `c` (`u32` when both operands are unsigned, else `i32`);
+/// CUDA's `__dp4a`. Operands of other integer dtypes are not converted: the
+/// bytes must already be packed into 32-bit words.
+#[track_caller]
+pub fn dp4a(a: impl Into<Operand>, b: impl Into<Operand>, acc: impl Into<Operand>) -> Tensor {
+    let loc = Location::caller();
+    let ops = [a.into(), b.into(), acc.into()];
+    with_ctx(|c| {
+        // Operands keep their dtypes (no promotion: the bytes' signedness is
+        // the dtype); literals are i32 words, the accumulator's u32 when both
+        // words are unsigned.
+        let word = |o: &Operand, c: &Ctx| match o {
+            Operand::Tensor(t) => c.func.ty(t.value()).dtype(),
+            _ => DType::I32,
+        };
+        let unsigned = word(&ops[0], c) == DType::U32 && word(&ops[1], c) == DType::U32;
+        let acc_dtype = if unsigned { DType::U32 } else { DType::I32 };
+        let vals: Vec<Value> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, o)| match o {
+                Operand::Tensor(t) => {
+                    c.check(*t);
+                    t.value()
+                }
+                lit => super::literal(c, *lit, if i == 2 { acc_dtype } else { DType::I32 }, &loc),
+            })
+            .collect();
+        let mut shape: Vec<usize> = Vec::new();
+        for &v in &vals {
+            match broadcast_shapes(&shape, &c.func.ty(v).shape) {
+                Ok(s) => shape = s,
+                Err(msg) => {
+                    c.error(&loc, Some("dp4a"), msg);
+                    return c.handle(vals[0]);
+                }
+            }
+        }
+        let v: Vec<Value> = vals.into_iter().map(|v| super::broadcast_value(c, v, &shape, &loc)).collect();
+        let fallback = c.func.ty(v[2]).clone();
+        let r = c.push(Op::Arith(ArithOp::Dp4a), &v, &loc, &[fallback])[0];
+        c.handle(r)
+    })
+}
+
 /// `a * b + c` with a single rounding (floats).
 #[track_caller]
 pub fn fma(a: impl Into<Operand>, b: impl Into<Operand>, acc: impl Into<Operand>) -> Tensor {

@@ -107,6 +107,7 @@
 pub mod fused;
 pub mod gemm;
 pub mod gemv;
+pub mod q8;
 pub mod repack;
 
 pub use repack::{

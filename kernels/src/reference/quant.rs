@@ -162,6 +162,62 @@ pub fn residual_add(y: f64, r: f64, dtype: DType) -> f64 {
     dtype.round_float((dtype.round_float(y) + r) as f32 as f64)
 }
 
+/// 8-bit activations (`crate::dequant::q8`): llama.cpp's `q8_1` rule per
+/// block of 32 values of a row, in f32 exactly as the kernel computes it:
+/// `amax = max |x|`, `d = amax / 127`, `id = 1 / d` (0 when `d` is 0),
+/// `q = round(x * id)` rounding half away from zero. Returns the quants
+/// (row-major like `x`) and one `d` per block.
+pub fn quantize_q8(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>) {
+    assert_eq!(k % BLOCK_VALUES, 0);
+    assert_eq!(x.len() % k, 0);
+    let mut q = Vec::with_capacity(x.len());
+    let mut d = Vec::with_capacity(x.len() / BLOCK_VALUES);
+    for blk in x.chunks(BLOCK_VALUES) {
+        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let db = amax / 127.0;
+        let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+        for &v in blk {
+            let s = v * id;
+            let r = if s < 0.0 { -(-s + 0.5).floor() } else { (s + 0.5).floor() };
+            q.push(r as i8);
+        }
+        d.push(db);
+    }
+    (q, d)
+}
+
+/// The activations the 8-bit kernels multiply: `d_b * q` per value (exact in f64).
+pub fn dequantize_q8(q: &[i8], d: &[f32]) -> Vec<f64> {
+    q.iter().enumerate().map(|(i, &v)| f64::from(d[i / BLOCK_VALUES]) * f64::from(v)).collect()
+}
+
+/// The bound on the f32 result of an 8-bit-activation GEMV
+/// (`crate::dequant::q8`) against the exact product with the quantized
+/// activations ([`gemv`] of [`dequantize_q8`]) whose [`Gemv::abs`] is `abs`:
+/// the byte products and their per-word sums are exact integers, so only the
+/// per-word scaling (`(d_w d_x) * dot + (m_w d_x) * sum`: up to 6 roundings),
+/// the lane's f32 accumulation over `ceil(k / block_k)` K tiles and the
+/// reduction of `block_k / 8` (Q4) or `block_k / 4` (Q8_0) word lanes round.
+pub fn error_bound_q8(format: QuantFormat, k: usize, block_k: usize, abs: f64) -> f64 {
+    let lanes = if format == QuantFormat::Q8_0 { block_k / 4 } else { block_k / 8 };
+    let depth = 6 + 2 * k.div_ceil(block_k) + lanes + 8;
+    depth as f64 * U32 * abs
+}
+
+/// A bound on how far quantizing the activations to 8 bits moves the exact
+/// product `y = x @ w`: each value moves by at most half a quantization step
+/// `d_b / 2` of its block (plus f32 noise), so `|y_q - y| <= sum_k |w_k|
+/// (d_b(k) / 2 + 2^-22 |x_k|)`; `w` is one dequantized weight row.
+pub fn q8_activation_bound(w: &[f64], x: &[f64], d: &[f32]) -> f64 {
+    w.iter()
+        .zip(x)
+        .enumerate()
+        .map(|(i, (wk, xk))| {
+            wk.abs() * (f64::from(d[i / BLOCK_VALUES]) / 2.0 + xk.abs() * f64::powi(2.0, -22))
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

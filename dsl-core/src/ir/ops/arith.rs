@@ -96,6 +96,12 @@ pub enum ArithOp {
     Unary(UnaryOp),
     /// `fma a, b, c` = a*b+c with one rounding (floats).
     Fma,
+    /// `dp4a a, b, c` = `c + sum_{i<4} byte_i(a) * byte_i(b)`: `a` and `b` are
+    /// 32-bit integer tiles read as four bytes each, signed for `i32` and
+    /// unsigned for `u32` operands; `c` and the result are `u32` when both
+    /// are unsigned and `i32` otherwise (CUDA's `__dp4a`, wrapping on
+    /// overflow like integer addition).
+    Dp4a,
     /// `addptr p, off`: operand 0 is a pointer (tile), operand 1 an integer (tile) of
     /// the same shape; the result points `off` elements of the pointee past `p`.
     AddPtr,
@@ -186,6 +192,7 @@ impl ArithOp {
             ArithOp::Binary(b) => b.name(),
             ArithOp::Unary(u) => u.name(),
             ArithOp::Fma => "fma",
+            ArithOp::Dp4a => "dp4a",
             ArithOp::AddPtr => "addptr",
         }
     }
@@ -200,6 +207,7 @@ impl ArithOp {
         }
         match name {
             "fma" => Some(ArithOp::Fma),
+            "dp4a" => Some(ArithOp::Dp4a),
             "addptr" => Some(ArithOp::AddPtr),
             _ => None,
         }
@@ -250,6 +258,23 @@ impl ArithOp {
                     return Err("`fma` operands must have the same dtype".into());
                 }
                 Ok(vec![args[0].clone()])
+            }
+            ArithOp::Dp4a => {
+                expect_args(name, args, 3)?;
+                same_shapes(name, args)?;
+                let word = |t: &Type| matches!(t.elem, Elem::Scalar(DType::I32 | DType::U32));
+                if !word(&args[0]) || !word(&args[1]) {
+                    return Err(format!(
+                        "`dp4a` needs i32 or u32 operands (four packed bytes each), found {} and {}",
+                        args[0], args[1]
+                    ));
+                }
+                let unsigned = args[0].dtype() == DType::U32 && args[1].dtype() == DType::U32;
+                let acc = if unsigned { DType::U32 } else { DType::I32 };
+                if args[2].elem != Elem::Scalar(acc) {
+                    return Err(format!("`dp4a` of these operands accumulates in {acc}, found {}", args[2]));
+                }
+                Ok(vec![args[2].clone()])
             }
             ArithOp::AddPtr => {
                 expect_args(name, args, 2)?;

@@ -1,0 +1,363 @@
+//! Decode GEMVs on 8-bit activations: `y[M, N] = x[M, K] @ W^T` with the
+//! activations first quantized per block of 32 ([`quantize_q8`], llama.cpp's
+//! `q8_1` rule) and every product of a weight word with an activation word
+//! formed by `dp4a` (four byte products and their sum in one instruction),
+//! the way llama.cpp's MMVQ kernels multiply quantized matrices.
+//!
+//! # Math
+//!
+//! Activation block `b` of row `i`: `x ~ d_x q_x` with `d_x = max|x| / 127`
+//! and `q_x = round(x / d_x)` (half away from zero; see
+//! [`crate::reference::quant::quantize_q8`]). Weights as in the parent
+//! module: Q4_1 `w = d q + m`, Q4_0 `w = d (q - 8)`, Q8_0 `w = d q`. For a
+//! 32-bit word of quants (Q4: eight nibbles, the low ones the block's values
+//! `4c..4c+3`, the high ones 16 further; Q8_0: four signed bytes):
+//!
+//! ```text
+//! Q4:   dot = dp4a(word & 0x0F0F0F0F, x_lo, dp4a((word >> 4) & 0x0F0F0F0F, x_hi, 0))
+//!       sum = dp4a(0x01010101, x_lo, dp4a(0x01010101, x_hi, 0))
+//!       acc += (d d_x) dot + (m d_x) sum          (Q4_0: m = -8 d)
+//! Q8_0: acc += (d d_x) dp4a(word, x_word, 0)
+//! ```
+//!
+//! The integer parts are exact; the f32 scaling and accumulation round (error
+//! model: [`crate::reference::quant::error_bound_q8`]). Against the product
+//! with unquantized activations the result moves by at most half a
+//! quantization step per value ([`crate::reference::quant::q8_activation_bound`]).
+//!
+//! # Layout contract
+//!
+//! - `x`: row-major `[M, K]` in `T`; `xq`: `[M, K]` i8 (the quants, the
+//!   address 4-byte aligned), `xd`: `[M, K / 32]` f32 (the block scales),
+//!   both written by [`quantize_q8`].
+//! - `q_ptr`, `s_ptr`: a [`super::repack::Repacked`] weight (quant plane read
+//!   as 32-bit words, scale plane as in the parent module).
+//! - `K % 32 == 0`; `M, N >= 1`; 32-bit offsets as in the parent module.
+//!
+//! # Tiling
+//!
+//! The GEMV of the parent module with one element per quant *word* instead
+//! of per byte: program `(i, j)` owns `BLOCK_N` weight rows and `M_BLOCK`
+//! activation rows; the W tile is `[BLOCK_N, BLOCK_K / 8]` words (Q4) or
+//! `[BLOCK_N, BLOCK_K / 4]` (Q8_0), so a thread chunk of 8 words is 32
+//! contiguous bytes (two 16-byte loads) and needs two 16-byte activation
+//! loads, shared by the thread's chunks of other rows; the f32 accumulator
+//! holds one value per word (not per weight). Whole K tiles run in a
+//! software-pipelined loop without masks (rows past `N` clamped), a last
+//! partial tile with masks. The epilogue (and the SiLU pairing of gate/up
+//! rows) is the parent module's.
+
+use super::gemv::{gemv_epilogue, q4_scale_decode, q4_scale_load, q4_scale_load_all, repeat_rows};
+use dsl_core::DType;
+use dsl_macros::{kernel, kernel_fn};
+
+/// Quantizes `x[M, K]` (`T`) to 8 bits per block of 32 values of a row:
+/// `xq[M, K]` i8 and `xd[M, K / 32]` f32 (see the module doc). Grid
+/// `[cdiv(K, BLOCK), M, 1]`; `BLOCK` a multiple of 32.
+#[kernel]
+pub fn quantize_q8<T: Float>(
+    x_ptr: Ptr<T>,
+    xq_ptr: Ptr<i8>,
+    xd_ptr: Ptr<f32>,
+    k: i32,
+    #[constexpr] BLOCK: usize,
+) {
+    static_assert(BLOCK % 32 == 0, "BLOCK must be a multiple of 32");
+    let row = program_id(1);
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let ok = offs < k;
+    let x = reshape(load(x_ptr + row * k + offs, mask = ok, other = 0.0).to(f32), [BLOCK / 32, 32]);
+    let amax = max(abs(x), 1);
+    let d = amax / 127.0;
+    let id = where_(d != 0.0, 1.0 / d, 0.0);
+    let s = x * expand_dims(id, 1);
+    // Half away from zero (C's roundf), exact for |s| <= 127.
+    let q = where_(s < 0.0, -floor(0.5 - s), floor(s + 0.5));
+    store(xq_ptr + row * k + offs, reshape(q, [BLOCK]).to(i8), mask = ok);
+    let b = program_id(0) * (BLOCK / 32) + arange(0, BLOCK / 32);
+    store(xd_ptr + row * (k / 32) + b, d, mask = b < k / 32);
+}
+
+/// `(d, m)` of Q4 scale entries `raw` for the 8-bit path: Q4_1 `w = d q + m`,
+/// Q4_0 `w = d (q - 8)`, so `m = -8 d`.
+#[kernel_fn]
+pub fn q4_dm(raw: Tensor, has_min: bool) -> (Tensor, Tensor) {
+    let (d, off) = q4_scale_decode(raw, has_min);
+    // `off` is `m - 16 d` (Q4_1) or `-24 d` (Q4_0): add 16 d back.
+    (d, fma(d, 16.0, off))
+}
+
+/// The Q4 body shared by [`gemv_q4_1_q8`] and [`gemv_q4_0_q8`] (`has_min`);
+/// tiles and loop as in the module doc.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_q8_body(
+    xq_ptr: Tensor,
+    xd_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    has_min: bool,
+    silu: bool,
+    dt: DType,
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    // Whole Q4 blocks (the layout contract): rows of quant words start
+    // 16-byte aligned, so each thread chunk loads as 16-byte vectors.
+    let k = multiple_of(k, 32);
+    let kw = block_k / 8;
+    let wn = block_n * kw;
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    // W tile `[BLOCK_N, kw]` words: row `r`, word column `c` (word `c % 4` of
+    // the tile's block `c / 4`); rows past the weight are clamped.
+    let wl = arange(0, wn);
+    let c = wl % kw;
+    let row = minimum(program_id(0) * block_n + wl / kw, rows - 1);
+    let w_idx = row * (k / 8) + c;
+    let s_idx = row * nb + c / 4;
+    let qw = ptrcast(q_ptr, u32);
+    // Activation tiles `[M_BLOCK, BLOCK_N, kw]`: the low-nibble word of word
+    // column `c` is word `8 (c / 4) + c % 4` of the row's K tile, the high 4
+    // further; one scale per block. Rows past `M` are clamped.
+    let al = arange(0, m_block * wn);
+    let ac = al % kw;
+    let mrow = minimum(program_id(1) * m_block + al / wn, m - 1);
+    let x_idx = mrow * (k / 4) + ac / 4 * 8 + ac % 4;
+    let xd_idx = mrow * nb + ac / 4;
+    let xw = ptrcast(xq_ptr, i32);
+    let mut acc = zeros([m_block * wn], f32);
+    let k_full = k / block_k * block_k;
+    // Software pipelining: tile i + 1's loads are issued before tile i is
+    // computed (the last tile reloads itself).
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
+    let mut xlo = load(xw + x_idx, mask = have, other = 0);
+    let mut xhi = load(xw + x_idx + 4, mask = have, other = 0);
+    let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
+    for k0 in range(0, k_full, block_k) {
+        let nk = minimum(k0 + block_k, k_full - block_k);
+        let wd_next = load(qw + w_idx + nk / 8);
+        let sr_next = q4_scale_load_all(s_ptr, s_idx + nk / 32, has_min);
+        let xlo_next = load(xw + x_idx + nk / 4);
+        let xhi_next = load(xw + x_idx + nk / 4 + 4);
+        let xd_next = load(xd_ptr + xd_idx + nk / 32);
+        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, has_min, m_block, wn);
+        wd = wd_next;
+        sr = sr_next;
+        xlo = xlo_next;
+        xhi = xhi_next;
+        xd = xd_next;
+    }
+    // The last partial K tile (at most one): word columns past K masked off.
+    for k0 in range(k_full, k, block_k) {
+        let wok = c < (k - k0) / 8;
+        let aok = ac < (k - k0) / 8;
+        let wd = load(qw + w_idx + k0 / 8, mask = wok, other = 0);
+        let sr = q4_scale_load(s_ptr, s_idx + k0 / 32, wok, has_min);
+        let xlo = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
+        let xhi = load(xw + x_idx + k0 / 4 + 4, mask = aok, other = 0);
+        let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
+        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, has_min, m_block, wn);
+    }
+    gemv_epilogue(acc, out_ptr, m, n, silu, false, dt, m_block, block_n, kw);
+}
+
+/// One K tile of the Q4 8-bit GEMV: the integer dot products and block sums
+/// of every word, scaled and added to `acc` (see the module doc).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn q4_q8_step(
+    wd: Tensor,
+    sr: Tensor,
+    xlo: Tensor,
+    xhi: Tensor,
+    xd: Tensor,
+    acc: Tensor,
+    has_min: bool,
+    m_block: usize,
+    wn: usize,
+) -> Tensor {
+    let lo = repeat_rows(wd & 0x0F0F_0F0F, m_block, wn);
+    let hi = repeat_rows((wd >> 4) & 0x0F0F_0F0F, m_block, wn);
+    let dot = dp4a(lo, xlo, dp4a(hi, xhi, 0));
+    let sum = dp4a(0x0101_0101, xlo, dp4a(0x0101_0101, xhi, 0));
+    let (d, mm) = q4_dm(sr, has_min);
+    let dd = repeat_rows(d, m_block, wn) * xd;
+    let md = repeat_rows(mm, m_block, wn) * xd;
+    fma(dd, dot.to(f32), fma(md, sum.to(f32), acc))
+}
+
+/// The Q8_0 body of [`gemv_q8_0_q8`]: W tile `[BLOCK_N, BLOCK_K / 4]` words
+/// of four signed weights, each against the matching activation word.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q8_q8_body(
+    xq_ptr: Tensor,
+    xd_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    silu: bool,
+    dt: DType,
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    let k = multiple_of(k, 32);
+    let kw = block_k / 4;
+    let wn = block_n * kw;
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let wl = arange(0, wn);
+    let c = wl % kw;
+    let row = minimum(program_id(0) * block_n + wl / kw, rows - 1);
+    let w_idx = row * (k / 4) + c;
+    let s_idx = row * nb + c / 8;
+    let qw = ptrcast(q_ptr, i32);
+    let al = arange(0, m_block * wn);
+    let ac = al % kw;
+    let mrow = minimum(program_id(1) * m_block + al / wn, m - 1);
+    let x_idx = mrow * (k / 4) + ac;
+    let xd_idx = mrow * nb + ac / 8;
+    let xw = ptrcast(xq_ptr, i32);
+    let mut acc = zeros([m_block * wn], f32);
+    let k_full = k / block_k * block_k;
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sd = load(s_ptr + s_idx, mask = have, other = 0.0);
+    let mut xa = load(xw + x_idx, mask = have, other = 0);
+    let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
+    for k0 in range(0, k_full, block_k) {
+        let nk = minimum(k0 + block_k, k_full - block_k);
+        let wd_next = load(qw + w_idx + nk / 4);
+        let sd_next = load(s_ptr + s_idx + nk / 32);
+        let xa_next = load(xw + x_idx + nk / 4);
+        let xd_next = load(xd_ptr + xd_idx + nk / 32);
+        let dot = dp4a(repeat_rows(wd, m_block, wn), xa, 0);
+        let dd = repeat_rows(sd.to(f32), m_block, wn) * xd;
+        acc = fma(dd, dot.to(f32), acc);
+        wd = wd_next;
+        sd = sd_next;
+        xa = xa_next;
+        xd = xd_next;
+    }
+    for k0 in range(k_full, k, block_k) {
+        let wok = c < (k - k0) / 4;
+        let aok = ac < (k - k0) / 4;
+        let wd = load(qw + w_idx + k0 / 4, mask = wok, other = 0);
+        let sd = load(s_ptr + s_idx + k0 / 32, mask = wok, other = 0.0);
+        let xa = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
+        let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
+        let dot = dp4a(repeat_rows(wd, m_block, wn), xa, 0);
+        let dd = repeat_rows(sd.to(f32), m_block, wn) * xd;
+        acc = fma(dd, dot.to(f32), acc);
+    }
+    gemv_epilogue(acc, out_ptr, m, n, silu, false, dt, m_block, block_n, kw);
+}
+
+/// Q4_1 GEMV on 8-bit activations: `out = xq @ W^T` with `W` repacked Q4_1;
+/// with `SILU`, the gate/up epilogue of the parent module. See the module doc.
+#[kernel(autotune(
+    configs = [
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 2048, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = 4096, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 2),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 8),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 1024, num_warps = 8),
+        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_1_q8<T: Float>(
+    xq_ptr: Ptr<i8>,
+    xd_ptr: Ptr<f32>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q4_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
+}
+
+/// Q4_0 GEMV on 8-bit activations (`w = d (q - 8)`); see [`gemv_q4_1_q8`].
+#[kernel(autotune(
+    configs = [
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 2048, num_warps = 8),
+        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q4_0_q8<T: Float>(
+    xq_ptr: Ptr<i8>,
+    xd_ptr: Ptr<f32>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q4_q8_body(
+        xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K,
+    );
+}
+
+/// Q8_0 GEMV on 8-bit activations (`w = d q`, e.g. the tied LM head).
+#[kernel(autotune(
+    configs = [
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 2),
+        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = 1024, num_warps = 2),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
+        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q8_0_q8<T: Float>(
+    xq_ptr: Ptr<i8>,
+    xd_ptr: Ptr<f32>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemv_q8_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
+}

@@ -1,0 +1,151 @@
+//! `tessera bench --only gemv_q8`: the 8-bit-activation GEMVs
+//! (`kernels::dequant::q8`) on peers.py's decode GEMM shapes.
+//!
+//! Rows (metric `us`, bf16 activations in and out), per shape `M x K x N`:
+//! - `gemm/bf16/M<m>xK<k>xN<n> [q8: quantize + dp4a GEMV]`: the whole path
+//!   from bf16 activations, `quantize_q8` then the GEMV (both launches between
+//!   one pair of events), compared with peers.py's cuBLAS row of the base
+//!   name (which reads the bf16 activations directly);
+//! - `... [q8: dp4a GEMV alone]`: the GEMV on already quantized activations
+//!   (what a decoder pays when the previous kernel writes them);
+//! - `q4_1_weights/bf16/M<m>xK<k>xN<n> [q8]`, metric `TB/s`: the GEMV alone as
+//!   the bandwidth of the quantized weight bytes (`N * K * 5 / 8`).
+//!
+//! Shapes: Q4_1 at M 1 and 16 with (K, N) in peers.py's set, and the Q8_0
+//! LM head of SmolLM2 (M 1, K 576, N 49152; no peer row). Untuned rows use
+//! the kernels' first declared config; with `--autotune` each is followed by
+//! the tuner's pick. Timing as `bench_dequant` (L2 flushed, spacer kernel,
+//! host work outside the events).
+
+use crate::bench::{BenchOptions, Record};
+use crate::bench_dequant::{prepared, time_prepared_ms};
+use crate::check::Rng;
+use crate::check_dequant::gguf_weight;
+use crate::check_q8::quantize_block;
+use crate::cuda::Cuda;
+use crate::error::{Error, Result};
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use kernels::dequant::q8::{gemv_q4_1_q8, gemv_q8_0_q8, quantize_q8};
+use kernels::dequant::{QuantFormat, gemv_grid, repack};
+use std::marker::PhantomData;
+
+/// `(format, m, k, n)` of the rows.
+const SHAPES: [(QuantFormat, usize, usize, usize); 7] = [
+    (QuantFormat::Q4_1, 1, 4096, 14336),
+    (QuantFormat::Q4_1, 1, 4096, 4096),
+    (QuantFormat::Q4_1, 1, 576, 1536),
+    (QuantFormat::Q4_1, 1, 1536, 576),
+    (QuantFormat::Q4_1, 16, 4096, 14336),
+    (QuantFormat::Q4_1, 16, 1536, 576),
+    (QuantFormat::Q8_0, 1, 576, 49152),
+];
+
+/// The rows of one shape (untuned, or tuned with `tuned`).
+fn shape_records(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    (format, m, k, n): (QuantFormat, usize, usize, usize),
+    tuned: bool,
+) -> Result<Vec<Record>> {
+    let mut rng = Rng::new((m * 7919 + k * 31 + n) as u64);
+    let raw = gguf_weight(&mut rng, format, n, k);
+    let w = repack(format, &raw, n, k).map_err(|e| Error::Usage(e.to_string()))?;
+    drop(raw);
+    let x = rng.values::<bf16>(m * k, 2.0);
+    let gpu = cuda.gpu();
+    let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
+    let (xqd, xsd) = (gpu.zeros::<i8>(m * k)?, gpu.zeros::<f32>(m * k / 32)?);
+    let od = gpu.zeros::<bf16>(m * n)?;
+    let block = quantize_block(k);
+    let qconfig = quantize_q8::Config::new(DType::BF16, block);
+    let qargs = quantize_q8::Args {
+        x_ptr: xd.ptr().cast(),
+        xq_ptr: xqd.ptr(),
+        xd_ptr: xsd.ptr(),
+        k: k as i32,
+        _marker: PhantomData,
+    };
+    let qgrid = [k.div_ceil(block) as u32, m as u32, 1];
+    // Real quantized activations for the tuner and the GEMV-alone rows.
+    cuda.run::<quantize_q8::Kernel>(qgrid, &qconfig, &qargs)?;
+    let quant = prepared::<quantize_q8::Kernel>(cuda, qgrid, &qconfig, &qargs)?;
+    macro_rules! gemv {
+        ($k:ident) => {{
+            let args = $k::Args {
+                xq_ptr: xqd.ptr(),
+                xd_ptr: xsd.ptr(),
+                q_ptr: qd.ptr().cast(),
+                s_ptr: sd.ptr().cast(),
+                out_ptr: od.ptr().cast(),
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                _marker: PhantomData,
+            };
+            let first = $k::autotune_configs(&$k::Config::new(DType::BF16, false, 1, 8, 2048))
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Usage("no autotune configs".into()))?;
+            let grid_of = |c: &$k::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
+            let (config, words) = if tuned {
+                let c = cuda.run_tuned::<$k::Kernel>(grid_of, &first, &args)?;
+                let words = crate::cuda::autotune::describe_config(&$k::autotune_configs(&first), &c);
+                (c, Some(words))
+            } else {
+                (first, None)
+            };
+            (prepared::<$k::Kernel>(cuda, grid_of(&config), &config, &args)?, words)
+        }};
+    }
+    let (g, words) = match format {
+        QuantFormat::Q8_0 => gemv!(gemv_q8_0_q8),
+        _ => gemv!(gemv_q4_1_q8),
+    };
+    let alone = time_prepared_ms(cuda, opts, std::slice::from_ref(&g))?;
+    let both = time_prepared_ms(cuda, opts, &[quant, g])?;
+    let shape = format!("M{m}xK{k}xN{n}");
+    let base = if format == QuantFormat::Q8_0 {
+        format!("lm_head/bf16/{shape}")
+    } else {
+        format!("gemm/bf16/{shape}")
+    };
+    let bytes = (n * k) as f64 * format.block_bytes() as f64 / 32.0;
+    let wname = if format == QuantFormat::Q8_0 { "q8_0_weights" } else { "q4_1_weights" };
+    Ok(vec![
+        Record {
+            name: format!("{base} [q8: quantize + dp4a GEMV]"),
+            metric: "us",
+            value: both * 1e3,
+            ms: both,
+            tuned: words.clone(),
+        },
+        Record {
+            name: format!("{base} [q8: dp4a GEMV alone]"),
+            metric: "us",
+            value: alone * 1e3,
+            ms: alone,
+            tuned: words.clone(),
+        },
+        Record {
+            name: format!("{wname}/bf16/{shape} [q8]"),
+            metric: "TB/s",
+            value: bytes / alone / 1e9,
+            ms: alone,
+            tuned: words,
+        },
+    ])
+}
+
+/// The `gemv_q8` records, printing each shape as it is measured.
+pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
+    for shape in SHAPES {
+        for &tuned in tunings {
+            out.extend(shape_records(cuda, opts, shape, tuned)?);
+            eprintln!("measured {}", out[out.len() - 3].display_name());
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,255 @@
+//! GPU checks of the 8-bit-activation GEMVs (`kernels::dequant::q8`): the
+//! `quantize_q8` kernel and `gemv_q4_1_q8`, `gemv_q4_0_q8`, `gemv_q8_0_q8`
+//! (plain and SiLU-mul), on random GGUF weights and random non-zero bf16/f32
+//! activations.
+//!
+//! - `quantize_q8` on ragged rows: GPU quants and block scales equal to the
+//!   interpreter's and to `reference::quant::quantize_q8` bit for bit (the
+//!   kernel's f32 divisions are IEEE on both).
+//! - GEMVs on ragged shapes (`M` odd, `N` and `K` not multiples of the tiles,
+//!   0 to 2 whole K tiles plus a partial one), every declared autotune config
+//!   of `gemv_q4_1_q8` and the default of the others, and the bench shape
+//!   M = 1, K = 4096, N = 14336 (Q4_1) and the LM-head shape M = 1, K = 576,
+//!   N = 49152 (Q8_0): GPU against the f64 product with the quantized
+//!   activations within `reference::quant::error_bound_q8` plus one rounding
+//!   to the output dtype (plus the SiLU propagation bound), and against the
+//!   interpreter within twice that (on the small shapes).
+
+use crate::check::{CheckRow, Rng, Sample, to_f64, upload_both, zeros_both};
+use crate::check_dequant::gguf_weight;
+use crate::cuda::Cuda;
+use crate::error::{Error, Result};
+use dsl_core::half::bf16;
+use dsl_core::interp::Cpu;
+use kernels::dequant::q8::{gemv_q4_0_q8, gemv_q4_1_q8, gemv_q8_0_q8, quantize_q8};
+use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
+use kernels::reference::quant as r;
+use std::marker::PhantomData;
+
+/// The quantize kernel's block for rows of `k` values.
+pub fn quantize_block(k: usize) -> usize {
+    k.next_power_of_two().clamp(64, 1024)
+}
+
+/// The quantize check on one ragged shape.
+fn quantize_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
+    let x = rng.values::<T>(m * k, 2.0);
+    let mut cpu = Cpu::new();
+    let (xd, xc) = upload_both(cuda, &mut cpu, &x)?;
+    let (qd, qc) = zeros_both::<i8>(cuda, &mut cpu, m * k)?;
+    let (dd, dc) = zeros_both::<f32>(cuda, &mut cpu, m * k / 32)?;
+    let block = quantize_block(k);
+    let config = quantize_q8::Config::new(T::DEVICE_DTYPE, block);
+    let grid = [k.div_ceil(block) as u32, m as u32, 1];
+    let ki = k as i32;
+    let a = quantize_q8::Args {
+        x_ptr: xd.ptr().cast(),
+        xq_ptr: qd.ptr(),
+        xd_ptr: dd.ptr(),
+        k: ki,
+        _marker: PhantomData,
+    };
+    cuda.run::<quantize_q8::Kernel>(grid, &config, &a)?;
+    let a = quantize_q8::Args { x_ptr: xc.cast(), xq_ptr: qc, xd_ptr: dc, k: ki, _marker: PhantomData };
+    quantize_q8::interpret(&mut cpu, grid, &config, &a)?;
+    let (gq, gd) = (qd.download()?, dd.download()?);
+    let (cq, cdv) = (cpu.read(qc), cpu.read(dc));
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
+    let (wq, wd) = r::quantize_q8(&xf, k);
+    let (mut max_abs, mut pass) = (0.0f64, gq == cq && gq == wq);
+    for ((g, c), w) in gd.iter().zip(&cdv).zip(&wd) {
+        max_abs = max_abs.max(f64::from((g - w).abs()));
+        pass &= g.to_bits() == w.to_bits() && c.to_bits() == w.to_bits();
+    }
+    let q_off = gq.iter().zip(&wq).filter(|(a, b)| a != b).count();
+    max_abs = max_abs.max(q_off as f64);
+    Ok(CheckRow {
+        kernel: "quantize_q8".into(),
+        shape: format!("{m}x{k} block {block}"),
+        dtype: T::DEVICE_DTYPE,
+        max_abs,
+        max_rel: 0.0,
+        pass,
+    })
+}
+
+/// One 8-bit GEMV problem: `tiles = (m_block, block_n, block_k, warps)`;
+/// with `interp`, also against the interpreter; `rows` limits the reference
+/// to a subset of output columns on large shapes.
+#[allow(clippy::too_many_arguments)]
+fn gemv_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    format: QuantFormat,
+    silu: bool,
+    (m, n, k): (usize, usize, usize),
+    tiles: (usize, usize, usize, u32),
+    interp: bool,
+) -> Result<CheckRow> {
+    let (m_block, block_n, block_k, warps) = tiles;
+    let x = rng.values::<T>(m * k, 2.0);
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
+    let (xq, xdv) = r::quantize_q8(&xf, k);
+    let xhat = r::dequantize_q8(&xq, &xdv);
+    let usage = |e: kernels::dequant::RepackError| Error::Usage(e.to_string());
+    let g_raw = gguf_weight(rng, format, n, k);
+    let (weight, u_raw) = if silu {
+        let u_raw = gguf_weight(rng, format, n, k);
+        let w = interleave_gate_up(
+            &repack(format, &g_raw, n, k).map_err(usage)?,
+            &repack(format, &u_raw, n, k).map_err(usage)?,
+        )
+        .map_err(usage)?;
+        (w, Some(u_raw))
+    } else {
+        (repack(format, &g_raw, n, k).map_err(usage)?, None)
+    };
+    let mut cpu = Cpu::new();
+    let ((xqd, xqc), (xdd, xdc)) = (upload_both(cuda, &mut cpu, &xq)?, upload_both(cuda, &mut cpu, &xdv)?);
+    let ((qd, qc), (sd, sc)) =
+        (upload_both(cuda, &mut cpu, &weight.quants)?, upload_both(cuda, &mut cpu, &weight.scales)?);
+    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, m * n)?;
+    let grid = gemv_grid(m, n, silu, m_block, block_n);
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    macro_rules! go {
+        ($k:ident) => {{
+            let config = $k::Config::new(T::DEVICE_DTYPE, silu, m_block, block_n, block_k).with_warps(warps);
+            let a = $k::Args {
+                xq_ptr: xqd.ptr(),
+                xd_ptr: xdd.ptr(),
+                q_ptr: qd.ptr(),
+                s_ptr: sd.ptr(),
+                out_ptr: od.ptr().cast(),
+                m: mi,
+                n: ni,
+                k: ki,
+                _marker: PhantomData,
+            };
+            cuda.run::<$k::Kernel>(grid, &config, &a)?;
+            if interp {
+                let a = $k::Args {
+                    xq_ptr: xqc,
+                    xd_ptr: xdc,
+                    q_ptr: qc,
+                    s_ptr: sc,
+                    out_ptr: oc.cast(),
+                    m: mi,
+                    n: ni,
+                    k: ki,
+                    _marker: PhantomData,
+                };
+                $k::interpret(&mut cpu, grid, &config, &a)?;
+            }
+        }};
+    }
+    match format {
+        QuantFormat::Q4_1 => go!(gemv_q4_1_q8),
+        QuantFormat::Q4_0 => go!(gemv_q4_0_q8),
+        QuantFormat::Q8_0 => go!(gemv_q8_0_q8),
+    }
+    let got = to_f64(&od.download()?);
+    let cpu_out = if interp { Some(to_f64(&cpu.read(oc))) } else { None };
+    // The reference on at most 64 output columns (spread over the row).
+    let cols: Vec<usize> = if n <= 64 { (0..n).collect() } else { (0..64).map(|i| i * n / 64).collect() };
+    let sub = |raw: &[u8]| -> Vec<u8> {
+        let rb = k / 32 * format.block_bytes();
+        cols.iter().flat_map(|&c| raw[c * rb..(c + 1) * rb].iter().copied()).collect()
+    };
+    let g = r::gemv(format, &sub(&g_raw), cols.len(), k, &xhat, m);
+    let u = u_raw.map(|u| r::gemv(format, &sub(&u), cols.len(), k, &xhat, m));
+    let round = crate::check::unit_roundoff(T::DEVICE_DTYPE).max(f64::powi(2.0, -23));
+    let mut row = CheckRow {
+        kernel: format!("gemv_{}_q8", format.name().to_lowercase()),
+        shape: format!(
+            "{m}x{k}x{n} {}tiles {m_block}/{block_n}/{block_k} w{warps}",
+            if silu { "silu " } else { "" }
+        ),
+        dtype: T::DEVICE_DTYPE,
+        max_abs: 0.0,
+        max_rel: 0.0,
+        pass: true,
+    };
+    for i in 0..m {
+        for (j, &c) in cols.iter().enumerate() {
+            let e = i * cols.len() + j;
+            let eg = r::error_bound_q8(format, k, block_k, g.abs[e]);
+            let (want, tol) = match &u {
+                Some(u) => {
+                    let eu = r::error_bound_q8(format, k, block_k, u.abs[e]);
+                    (r::silu_mul(g.y[e], u.y[e]), r::silu_mul_bound(g.y[e], u.y[e], eg, eu))
+                }
+                None => (g.y[e], eg),
+            };
+            let tol = tol + round * (want.abs() + tol) + 1e-30;
+            let v = got[i * n + c];
+            let diff = if (v - want).abs().is_nan() { f64::INFINITY } else { (v - want).abs() };
+            row.max_abs = row.max_abs.max(diff);
+            if want != 0.0 {
+                row.max_rel = row.max_rel.max(diff / want.abs());
+            }
+            let vs_cpu = cpu_out.as_ref().map_or(0.0, |o| (v - o[i * n + c]).abs());
+            if diff > tol || vs_cpu.is_nan() || vs_cpu > 2.0 * tol {
+                row.pass = false;
+            }
+        }
+    }
+    Ok(row)
+}
+
+/// Registry check `quantize_q8`.
+pub fn quantize(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for &(m, k) in &[(1usize, 576usize), (3, 4096), (5, 1536), (2, 96), (1, 32)] {
+        rows.push(quantize_case::<f32>(cuda, &mut rng, m, k)?);
+        rows.push(quantize_case::<bf16>(cuda, &mut rng, m, k)?);
+    }
+    Ok(rows)
+}
+
+/// The autotune tiles of `gemv_q4_1_q8` with their warps.
+const Q4_TILES: [(usize, usize, usize, u32); 11] = [
+    (1, 8, 2048, 4),
+    (1, 8, 1024, 4),
+    (1, 4, 2048, 4),
+    (1, 2, 4096, 4),
+    (1, 4, 1024, 2),
+    (1, 16, 512, 4),
+    (1, 16, 1024, 8),
+    (1, 16, 1024, 4),
+    (1, 32, 1024, 8),
+    (2, 8, 1024, 4),
+    (4, 8, 512, 4),
+];
+
+/// Registry check `gemv_q4_1_q8` (also runs the Q4_0 and Q8_0 variants).
+pub fn gemv(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for t in Q4_TILES {
+        // 0, 1 and 2 whole K tiles plus a partial one.
+        for whole in 0..3 {
+            let k = whole * t.2 + 160;
+            rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q4_1, false, (3, 37, k), t, true)?);
+        }
+        rows.push(gemv_case::<f32>(cuda, &mut rng, QuantFormat::Q4_1, true, (5, 21, t.2 + 96), t, true)?);
+    }
+    let q40 = (1, 16, 1024, 4);
+    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q4_0, false, (7, 45, 1024 + 224), q40, true)?);
+    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q4_0, true, (2, 19, 576), q40, true)?);
+    let q80 = (1, 4, 1024, 2);
+    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q8_0, false, (3, 53, 512 + 64), q80, true)?);
+    rows.push(gemv_case::<f32>(cuda, &mut rng, QuantFormat::Q8_0, false, (1, 29, 1536), q80, true)?);
+    // The bench and LM-head shapes against the reference alone.
+    rows.push(gemv_case::<bf16>(
+        cuda,
+        &mut rng,
+        QuantFormat::Q4_1,
+        false,
+        (1, 14336, 4096),
+        Q4_TILES[0],
+        false,
+    )?);
+    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q8_0, false, (1, 49152, 576), q80, false)?);
+    Ok(rows)
+}

@@ -1,0 +1,256 @@
+//! Kernel library: the 8-bit-activation GEMVs (`kernels::dequant::q8`) on the
+//! interpreter.
+//!
+//! - `quantize_q8` must reproduce `reference::quant::quantize_q8` bit for bit
+//!   (quants and block scales) on random non-zero f32/bf16 rows of ragged
+//!   lengths (K a multiple of 32, not of the kernel's block), and on a row
+//!   with an all-zero block (scale 0, quants 0).
+//! - `gemv_q4_1_q8`, `gemv_q4_0_q8`, `gemv_q8_0_q8` (with and without the
+//!   SiLU-mul epilogue) on random GGUF weights (built as raw GGUF blocks and
+//!   repacked, like `lib_dequant`) against the f64 product with the
+//!   *quantized* activations, within `reference::quant::error_bound_q8` plus
+//!   the output rounding; ragged `M` (1..9) and `N`, `K` from 0 to 2 whole K
+//!   tiles plus a partial one (both loops), every autotune config of the
+//!   Q4_1 kernel and the first of the others.
+//! - The quantized result is also within `q8_activation_bound` of the
+//!   product with the unquantized activations.
+
+use super::lib_dequant::{Act, activations, gguf_weight};
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Cpu;
+use kernels::dequant::q8::{gemv_q4_0_q8, gemv_q4_1_q8, gemv_q8_0_q8, quantize_q8};
+use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
+use kernels::reference::quant as r;
+use proptest::prelude::*;
+use std::marker::PhantomData;
+use tests::reference::Rng;
+
+fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+/// Quantizes `x[m, k]` with the kernel; returns the quants and block scales.
+fn quantize<T: Act>(x: &[T], m: usize, k: usize, block: usize) -> Result<(Vec<i8>, Vec<f32>), String> {
+    let mut cpu = Cpu::new();
+    let xp = cpu.upload(x);
+    let (qp, dp) = (cpu.zeros::<i8>(m * k), cpu.zeros::<f32>(m * k / 32));
+    let args =
+        quantize_q8::Args { x_ptr: xp.cast(), xq_ptr: qp, xd_ptr: dp, k: k as i32, _marker: PhantomData };
+    let grid = [k.div_ceil(block) as u32, m as u32, 1];
+    quantize_q8::interpret(&mut cpu, grid, &quantize_q8::Config::new(T::DTYPE, block), &args)
+        .map_err(|e| e.to_string())?;
+    Ok((cpu.read(qp), cpu.read(dp)))
+}
+
+fn quantize_case<T: Act>(
+    seed: u64,
+    m: usize,
+    k: usize,
+    block: usize,
+    zero_block: bool,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let mut x = activations::<T>(&mut rng, m * k);
+    if zero_block {
+        x[..32].iter_mut().for_each(|v| *v = T::from_f32(0.0));
+    }
+    let (q, d) = quantize(&x, m, k, block).map_err(TestCaseError::fail)?;
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
+    let (wq, wd) = r::quantize_q8(&xf, k);
+    prop_assert_eq!(&d, &wd, "block scales, m={} k={} block={}", m, k, block);
+    prop_assert_eq!(&q, &wq, "quants, m={} k={} block={}", m, k, block);
+    Ok(())
+}
+
+/// Which 8-bit GEMV.
+#[derive(Clone, Copy, Debug)]
+struct Tiles {
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv<T: Act>(
+    format: QuantFormat,
+    silu: bool,
+    t: Tiles,
+    xq: &[i8],
+    xd: &[f32],
+    quants: &[u8],
+    scales: &[f16],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Vec<f64>, String> {
+    let mut cpu = Cpu::new();
+    let (xqp, xdp, qp, sp) = (cpu.upload(xq), cpu.upload(xd), cpu.upload(quants), cpu.upload(scales));
+    let op = cpu.zeros::<T>(m * n);
+    let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
+    macro_rules! go {
+        ($k:ident) => {{
+            let args = $k::Args {
+                xq_ptr: xqp,
+                xd_ptr: xdp,
+                q_ptr: qp,
+                s_ptr: sp,
+                out_ptr: op.cast(),
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                _marker: PhantomData,
+            };
+            let config = $k::Config::new(T::DTYPE, silu, t.m_block, t.block_n, t.block_k);
+            $k::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?
+        }};
+    }
+    match format {
+        QuantFormat::Q4_1 => go!(gemv_q4_1_q8),
+        QuantFormat::Q4_0 => go!(gemv_q4_0_q8),
+        QuantFormat::Q8_0 => go!(gemv_q8_0_q8),
+    }
+    Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_case<T: Act>(
+    seed: u64,
+    format: QuantFormat,
+    silu: bool,
+    t: Tiles,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let x = activations::<T>(&mut rng, m * k);
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
+    let (xq, xd) = r::quantize_q8(&xf, k);
+    let xhat = r::dequantize_q8(&xq, &xd);
+    let fail = |e: String| TestCaseError::fail(e);
+    let g_raw = gguf_weight(&mut rng, format, n, k);
+    let g = r::gemv(format, &g_raw, n, k, &xhat, m);
+    let (weight, up) = if silu {
+        let u_raw = gguf_weight(&mut rng, format, n, k);
+        let gr = repack(format, &g_raw, n, k).map_err(|e| fail(e.to_string()))?;
+        let ur = repack(format, &u_raw, n, k).map_err(|e| fail(e.to_string()))?;
+        let w = interleave_gate_up(&gr, &ur).map_err(|e| fail(e.to_string()))?;
+        (w, Some(r::gemv(format, &u_raw, n, k, &xhat, m)))
+    } else {
+        (repack(format, &g_raw, n, k).map_err(|e| fail(e.to_string()))?, None)
+    };
+    let got = gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, m, n, k).map_err(fail)?;
+    for (i, &got_i) in got.iter().enumerate() {
+        let eg = r::error_bound_q8(format, k, t.block_k, g.abs[i]);
+        let (want, tol) = match &up {
+            Some(u) => {
+                let eu = r::error_bound_q8(format, k, t.block_k, u.abs[i]);
+                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
+            }
+            None => (g.y[i], eg),
+        };
+        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
+        prop_assert!(
+            (got_i - want).abs() <= tol,
+            "{format:?} {t:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {got_i}, want {want} (tol {tol:e})",
+            i / n,
+            i % n
+        );
+    }
+    // Against the unquantized activations: within half a step per value.
+    if !silu {
+        let exact = r::gemv(format, &g_raw, n, k, &xf.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), m);
+        for (i, &got_i) in got.iter().enumerate() {
+            let (row, col) = (i / n, i % n);
+            let (w, _) = r::dequant_row(format, &g_raw, k, col);
+            let xrow: Vec<f64> = xf[row * k..(row + 1) * k].iter().map(|&v| f64::from(v)).collect();
+            let bound = r::q8_activation_bound(&w, &xrow, &xd[row * k / 32..(row + 1) * k / 32])
+                + 2.0 * r::error_bound_q8(format, k, t.block_k, g.abs[i])
+                + T::ROUND * got_i.abs();
+            prop_assert!((got_i - exact.y[i]).abs() <= bound, "activation quantization bound at {i}");
+        }
+    }
+    Ok(())
+}
+
+/// The Q4_1 kernel's autotune tiles (`M_BLOCK`, `BLOCK_N`, `BLOCK_K`).
+const Q4_TILES: [(usize, usize, usize); 11] = [
+    (1, 8, 2048),
+    (1, 8, 1024),
+    (1, 4, 2048),
+    (1, 2, 4096),
+    (1, 4, 1024),
+    (1, 16, 512),
+    (1, 16, 1024),
+    (1, 16, 1024),
+    (1, 32, 1024),
+    (2, 8, 1024),
+    (4, 8, 512),
+];
+
+proptest! {
+    #![proptest_config(cases(16))]
+
+    #[test]
+    fn quantize_matches_the_reference_bit_for_bit(
+        m in 1usize..4,
+        kb in 1usize..40,
+        block in prop::sample::select(vec![64usize, 256, 1024]),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let k = 32 * kb;
+        if bf { quantize_case::<bf16>(seed, m, k, block, false)? } else { quantize_case::<f32>(seed, m, k, block, false)? }
+    }
+
+    #[test]
+    fn gemv_q8_ragged(
+        m in 1usize..9,
+        n in 1usize..40,
+        whole in 0usize..3,
+        part in 0usize..16,
+        fmt in 0usize..3,
+        silu in any::<bool>(),
+        tiles in 0usize..Q4_TILES.len(),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let format = [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0][fmt];
+        let (m_block, block_n, block_k) = match format {
+            QuantFormat::Q4_1 => Q4_TILES[tiles],
+            QuantFormat::Q4_0 => (1, 16, 1024),
+            QuantFormat::Q8_0 => (1, 16, 512),
+        };
+        // Keep the interpreter's work small: at most 8 rows per program.
+        let t = Tiles { m_block: m_block.min(m), block_n, block_k };
+        let t = Tiles { m_block: if t.m_block.is_power_of_two() { t.m_block } else { 1 }, ..t };
+        // 0 to 2 whole K tiles (the pipelined loop) and a partial one (the
+        // masked tail), K a multiple of 32.
+        let k = (whole * t.block_k + 32 * part * t.block_k / 512).max(32);
+        if bf { gemv_case::<bf16>(seed, format, silu, t, m, n, k)? } else { gemv_case::<f32>(seed, format, silu, t, m, n, k)? }
+    }
+}
+
+#[test]
+fn quantize_zero_block_has_zero_scale() {
+    quantize_case::<f32>(3, 2, 96, 64, true).unwrap();
+    quantize_case::<bf16>(4, 1, 64, 64, true).unwrap();
+}
+
+/// A wrong weight is caught: one flipped nibble moves an output by `d d_x q`
+/// beyond the bound.
+#[test]
+fn bound_catches_one_wrong_nibble() {
+    let (n, k, m) = (3, 64, 1);
+    let mut rng = Rng::new(11);
+    let x = activations::<f32>(&mut rng, m * k);
+    let (xq, xd) = r::quantize_q8(&x, k);
+    let xhat = r::dequantize_q8(&xq, &xd);
+    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
+    let mut bad = raw.clone();
+    bad[4] ^= 0x08; // row 0, block 0, byte 0: value 0 off by 8 d.
+    let (good, wrong) =
+        (r::gemv(QuantFormat::Q4_1, &raw, n, k, &xhat, m), r::gemv(QuantFormat::Q4_1, &bad, n, k, &xhat, m));
+    let tol = r::error_bound_q8(QuantFormat::Q4_1, k, 1024, good.abs[0]);
+    assert!((good.y[0] - wrong.y[0]).abs() > 4.0 * tol, "{} vs tol {tol}", (good.y[0] - wrong.y[0]).abs());
+}
