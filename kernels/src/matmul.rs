@@ -120,8 +120,8 @@ pub struct TileConfig {
 /// H100, 2026-11-24), the register-prefetch variants, the default small tile
 /// (64 x 64, the smallest also fits tiny `M`), and other pipelined tiles
 /// for the benches (128 x 128 at 3 stages, 32-deep K steps, 256 x 128, four
-/// stages).
-pub const CONFIGS: [TileConfig; 8] = [
+/// stages, 64-deep K steps at four stages and on 256 x 128).
+pub const CONFIGS: [TileConfig; 10] = [
     TileConfig { block_m: 128, block_n: 256, block_k: 64, num_warps: 8, prefetch: false, stages: 3 },
     TileConfig { block_m: 128, block_n: 64, block_k: 32, num_warps: 4, prefetch: true, stages: 1 },
     TileConfig { block_m: 64, block_n: 64, block_k: 32, num_warps: 4, prefetch: false, stages: 3 },
@@ -130,6 +130,8 @@ pub const CONFIGS: [TileConfig; 8] = [
     TileConfig { block_m: 128, block_n: 256, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
     TileConfig { block_m: 256, block_n: 128, block_k: 32, num_warps: 8, prefetch: false, stages: 3 },
     TileConfig { block_m: 128, block_n: 256, block_k: 32, num_warps: 8, prefetch: false, stages: 4 },
+    TileConfig { block_m: 128, block_n: 256, block_k: 64, num_warps: 8, prefetch: false, stages: 4 },
+    TileConfig { block_m: 256, block_n: 128, block_k: 64, num_warps: 8, prefetch: false, stages: 3 },
 ];
 
 /// The configuration for an `m x n` output: the largest tile both sides fill

@@ -222,10 +222,12 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 }
 
 /// The tiles of `flash_attention`'s autotune configs.
-const TUNE_TILES: [TileConfig; 5] = [
+const TUNE_TILES: [TileConfig; 7] = [
     TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
     TileConfig { block_m: 64, block_n: 64, num_warps: 4 },
     TileConfig { block_m: 128, block_n: 32, num_warps: 8 },
     TileConfig { block_m: 128, block_n: 64, num_warps: 8 },
     TileConfig { block_m: 64, block_n: 32, num_warps: 8 },
+    TileConfig { block_m: 128, block_n: 32, num_warps: 4 },
+    TileConfig { block_m: 128, block_n: 64, num_warps: 4 },
 ];

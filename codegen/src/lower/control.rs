@@ -90,6 +90,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let lbi = lb.into_int_value();
                 let mut fed0: Vec<Regs<'ctx>> = Vec::new();
                 if let Some(pl) = &pipe {
+                    // The rings overlap the scratch region used outside
+                    // pipelined loops: every thread must be done reading it
+                    // before the first copies land.
+                    self.barrier()?;
+                    self.in_pipeline += 1;
                     let at = |lw: &Self, j: usize| -> Result<IntValue<'ctx>> {
                         let jj = step.get_type().const_int(j as u64, false);
                         Ok(lw.b.build_int_add(lbi, lw.b.build_int_mul(step, jj, "")?, "")?)
@@ -173,6 +178,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     // Hand the ring region over: no copy in flight, no reader left.
                     self.pipe_wait(0)?;
                     self.barrier()?;
+                    self.in_pipeline -= 1;
                     for ld in &pl.loads {
                         self.pipe_stage.remove(&ld.load);
                     }

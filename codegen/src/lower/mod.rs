@@ -76,8 +76,11 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     smem: Option<PointerValue<'ctx>>,
     pub smem_bytes: u32,
     /// Bytes at the bottom of shared memory reserved for `cp.async` rings;
-    /// [`Lowerer::smem`] hands out the region above.
+    /// while a pipelined loop runs ([`Lowerer::in_pipeline`]) [`Lowerer::smem`]
+    /// hands out the region above them, elsewhere the rings' bytes too.
     smem_floor: u64,
+    /// Pipelined loops being lowered (from their prologue to their exit).
+    pub in_pipeline: usize,
     /// Which loads are pipelined (`pipeline.rs`).
     pub pipe: pipeline::Pipeline,
     /// For each pipelined load of the loop being lowered: the stage its
@@ -173,6 +176,7 @@ pub(crate) fn lower_function<'ctx>(
         smem: None,
         smem_bytes: 0,
         smem_floor: 0,
+        in_pipeline: 0,
         pipe: pipeline::Pipeline::default(),
         pipe_stage: FxHashMap::default(),
         extra_pred: None,
@@ -428,17 +432,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(Some(self.b.build_int_compare(inkwell::IntPredicate::ULT, self.tid, n, "owner")?))
     }
 
-    /// The scratch region of shared memory (above the pipeline rings) for a
-    /// use of `bytes`, declaring the dynamic shared memory array on first use.
+    /// The scratch region of shared memory for a use of `bytes` (above the
+    /// pipeline rings while a pipelined loop runs, from the bottom elsewhere),
+    /// declaring the dynamic shared memory array on first use.
     pub fn smem(&mut self, bytes: u64) -> Result<PointerValue<'ctx>> {
-        let total = u32::try_from(self.smem_floor + bytes)
+        let floor = if self.in_pipeline > 0 { self.smem_floor } else { 0 };
+        let total = u32::try_from(floor + bytes)
             .map_err(|_| Error::Invalid(format!("shared memory use of {bytes} bytes is too large")))?;
         self.smem_bytes = self.smem_bytes.max(total);
         let base = self.smem_raw()?;
-        if self.smem_floor == 0 {
+        if floor == 0 {
             return Ok(base);
         }
-        let o = self.ctx.i32_type().const_int(self.smem_floor, false);
+        let o = self.ctx.i32_type().const_int(floor, false);
         // SAFETY: the floor lies inside the array, whose size covers every use.
         Ok(unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), base, &[o], "")? })
     }

@@ -42,7 +42,9 @@
 //!
 //! The rings of all pipelined loops share one region at the bottom of shared
 //! memory (loops run one after another; the exit wait and barrier hand the
-//! region over); every other use of shared memory starts above it.
+//! region over). Inside a pipelined loop every other use of shared memory
+//! starts above it; outside, other uses start at the bottom too, so a
+//! barrier before each prologue makes sure nobody still reads them there.
 
 use super::dot::plan::MmaPlan;
 use super::{Lowerer, Regs};
