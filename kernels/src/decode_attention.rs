@@ -103,6 +103,7 @@
 //! `PAGE` (tokens per cache block, a power of two: 16, 32 or 64), `BLOCK_N`
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
+use crate::flash_attention::online_softmax_step;
 use dsl_macros::kernel;
 
 /// `log2(e)`: folded into the query scale so the softmax uses `exp2`.
@@ -289,13 +290,11 @@ pub fn paged_decode_tc<T: Float>(
         let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
         let k = load(k_cache + kv);
         let t = dot(q, trans(k)) * qk_scale;
-        let m_new = maximum(m, max(t, 1));
-        let p = exp2(t - expand_dims(m_new, 1));
-        let alpha = exp2(m - m_new);
-        l = l * alpha + sum(p, 1);
         let v = load(v_cache + kv);
-        acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+        let (m_new, l_new, acc_new) = online_softmax_step(t, v, m, l, acc, T);
         m = m_new;
+        l = l_new;
+        acc = acc_new;
     }
     for s0 in range(full_end, end, BLOCK_N) {
         let key = s0 + keys;
@@ -305,13 +304,11 @@ pub fn paged_decode_tc<T: Float>(
         let k = load(k_cache + kv, mask = ok, other = 0.0);
         let seen = expand_dims(s0 + arange(0, BLOCK_N) < end, 0);
         let t = where_(seen, dot(q, trans(k)) * qk_scale, f32::NEG_INFINITY);
-        let m_new = maximum(m, max(t, 1));
-        let p = exp2(t - expand_dims(m_new, 1));
-        let alpha = exp2(m - m_new);
-        l = l * alpha + sum(p, 1);
         let v = load(v_cache + kv, mask = ok, other = 0.0);
-        acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+        let (m_new, l_new, acc_new) = online_softmax_step(t, v, m, l, acc, T);
         m = m_new;
+        l = l_new;
+        acc = acc_new;
     }
 
     if SPLIT {

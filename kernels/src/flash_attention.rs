@@ -101,7 +101,28 @@
 //!   [`config_for`] picks them with the warp count.
 //! - `CAUSAL`: causal or full attention.
 
-use dsl_macros::kernel;
+use dsl_macros::{kernel, kernel_fn};
+
+/// One key block of the online softmax (FlashAttention-2), shared by the
+/// prefill and the tensor-core decode kernels: with the block's log2-domain
+/// scores `t` (`[M, N]`, masked keys `-inf`), its values `v` (`[N, D]`) and
+/// the running max `m`, sum `l` (`[M]`) and accumulator `acc` (`[M, D]`),
+/// returns the updated `(m, l, acc)`; `p` is rounded to `dt` before `p . v`.
+#[kernel_fn]
+pub fn online_softmax_step(
+    t: Tensor,
+    v: Tensor,
+    m: Tensor,
+    l: Tensor,
+    acc: Tensor,
+    dt: dsl_core::DType,
+) -> (Tensor, Tensor, Tensor) {
+    let m_new = maximum(m, max(t, 1));
+    let p = exp2(t - expand_dims(m_new, 1));
+    let alpha = exp2(m - m_new);
+    let l_new = l * alpha + sum(p, 1);
+    (m_new, l_new, dot(p.to(dt), v, acc * expand_dims(alpha, 1)))
+}
 
 /// FlashAttention prefill (online softmax, f32 accumulation) over a paged KV
 /// cache, varlen batches, GQA, causal or full; see the module doc.
@@ -189,13 +210,11 @@ pub fn flash_attention<T: Float>(
             let kv = (page * block_size + key % block_size) * (H_KV * HEAD_DIM) + head2;
             let k = load(k_cache_ptr + kv);
             let t = dot(q, trans(k)) * qk_scale;
-            let m_new = maximum(m_i, max(t, 1));
-            let p = exp2(t - expand_dims(m_new, 1));
-            let alpha = exp2(m_i - m_new);
-            l_i = l_i * alpha + sum(p, 1);
             let v = load(v_cache_ptr + kv);
-            acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+            let (m_new, l_new, acc_new) = online_softmax_step(t, v, m_i, l_i, acc, T);
             m_i = m_new;
+            l_i = l_new;
+            acc = acc_new;
         }
 
         // 2. Boundary (and, when causal, diagonal) key blocks, masked.
@@ -214,13 +233,11 @@ pub fn flash_attention<T: Float>(
                 seen = seen && expand_dims(key, 0) <= pos;
             }
             let t = where_(seen, t, f32::NEG_INFINITY);
-            let m_new = maximum(m_i, max(t, 1));
-            let p = exp2(t - expand_dims(m_new, 1));
-            let alpha = exp2(m_i - m_new);
-            l_i = l_i * alpha + sum(p, 1);
             let v = load(v_cache_ptr + kv, mask = kv_mask, other = 0.0);
-            acc = dot(p.to(T), v, acc * expand_dims(alpha, 1));
+            let (m_new, l_new, acc_new) = online_softmax_step(t, v, m_i, l_i, acc, T);
             m_i = m_new;
+            l_i = l_new;
+            acc = acc_new;
         }
 
         // One reciprocal per row; a row that saw no key has l = 0 and is written as zeros.

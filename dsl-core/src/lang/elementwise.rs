@@ -65,6 +65,12 @@ pub(crate) fn promote_many(c: &mut Ctx, ops: &[Operand], loc: &Location, what: &
             lit => literal(c, *lit, dtype, loc),
         })
         .collect();
+    broadcast_all(c, vals, loc, what)
+}
+
+/// Broadcasts `vals` to their common shape; on a mismatch the error is
+/// recorded and every value is replaced by the first (see [`promote_many`]).
+pub(crate) fn broadcast_all(c: &mut Ctx, vals: Vec<Value>, loc: &Location, what: &'static str) -> Vec<Value> {
     let mut shape: Vec<usize> = Vec::new();
     for &v in &vals {
         match broadcast_shapes(&shape, &c.func.ty(v).shape) {
@@ -315,17 +321,7 @@ pub fn dp4a(a: impl Into<Operand>, b: impl Into<Operand>, acc: impl Into<Operand
                 lit => super::literal(c, *lit, if i == 2 { acc_dtype } else { DType::I32 }, &loc),
             })
             .collect();
-        let mut shape: Vec<usize> = Vec::new();
-        for &v in &vals {
-            match broadcast_shapes(&shape, &c.func.ty(v).shape) {
-                Ok(s) => shape = s,
-                Err(msg) => {
-                    c.error(&loc, Some("dp4a"), msg);
-                    return c.handle(vals[0]);
-                }
-            }
-        }
-        let v: Vec<Value> = vals.into_iter().map(|v| super::broadcast_value(c, v, &shape, &loc)).collect();
+        let v = broadcast_all(c, vals, &loc, "dp4a");
         let fallback = c.func.ty(v[2]).clone();
         let r = c.push(Op::Arith(ArithOp::Dp4a), &v, &loc, &[fallback])[0];
         c.handle(r)
