@@ -24,6 +24,7 @@ use crate::error::Result;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
+use dsl_core::launch::{AnyDType, Backend};
 use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc};
 use kernels::examples::row_stats;
 use kernels::reference::attention::{self as r, PagedKv};
@@ -84,107 +85,174 @@ fn inputs<T: Sample>(rng: &mut Rng, c: &Case) -> Inputs<T> {
     Inputs { ctx, tables, max_pages, q, k, v, split_len, splits }
 }
 
-fn decode_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: Case) -> Result<CheckRow> {
+/// Which decode kernel a case runs.
+#[derive(Clone, Copy, Debug)]
+enum Variant {
+    /// `paged_decode` (FMAs).
+    Plain,
+    /// `paged_decode_tc` with this many pipeline stages.
+    Tc { stages: u32 },
+}
+
+/// The buffers of one decode problem on one backend.
+struct Side<'a, B: Backend + 'a> {
+    q: B::Ptr<'a, AnyDType>,
+    k: B::Ptr<'a, AnyDType>,
+    v: B::Ptr<'a, AnyDType>,
+    tables: B::Ptr<'a, i32>,
+    ctx: B::Ptr<'a, i32>,
+    out: B::Ptr<'a, AnyDType>,
+    part_o: B::Ptr<'a, f32>,
+    part_m: B::Ptr<'a, f32>,
+    part_l: B::Ptr<'a, f32>,
+}
+
+/// Runs the decode kernel `v` of case `c` on backend `be`, then the split
+/// reduce when `c` splits the context.
+fn launch<'a, B: Backend + 'a>(
+    be: &mut B,
+    s: &Side<'a, B>,
+    c: &Case,
+    v: Variant,
+    dtype: DType,
+    inp: (usize, usize, usize),
+) -> dsl_core::Result<()> {
+    let (max_pages, split_len, splits) = inp;
     let d = c.head_dim;
-    let n_q = c.h_kv * c.group;
-    let Inputs { ctx, tables, max_pages, q, k, v, split_len, splits } = inputs::<T>(rng, &c);
-    let parts = c.batch * c.h_kv * splits * c.group;
+    let split = c.split_len.is_some();
+    let grid = [c.batch as u32, c.h_kv as u32, splits as u32];
+    // The same arguments for both decode kernels.
+    macro_rules! args {
+        ($k:ident) => {
+            $k::Args {
+                q_ptr: s.q,
+                k_cache: s.k,
+                v_cache: s.v,
+                block_tables: s.tables,
+                bt_stride: max_pages as i32,
+                seq_lens: s.ctx,
+                out_ptr: s.out,
+                part_o: s.part_o,
+                part_m: s.part_m,
+                part_l: s.part_l,
+                scale: 1.0 / (d as f32).sqrt(),
+                split_len: split_len as i32,
+                _marker: PhantomData,
+            }
+        };
+    }
+    match v {
+        Variant::Plain => {
+            let config = paged_decode::Config::new(dtype, c.h_kv, c.group, d, c.page, c.block_n, split)
+                .with_warps(c.warps);
+            be.launch::<paged_decode::Kernel>(grid, &config, &args!(paged_decode))?;
+        }
+        Variant::Tc { stages } => {
+            let config = paged_decode_tc::Config::new(dtype, c.h_kv, c.group, d, c.page, c.block_n, split)
+                .with_warps(c.warps)
+                .with_stages(stages);
+            be.launch::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc))?;
+        }
+    }
+    if split {
+        let config = paged_decode_reduce::Config::new(dtype, c.group, d);
+        let args = paged_decode_reduce::Args {
+            part_o: s.part_o,
+            part_m: s.part_m,
+            part_l: s.part_l,
+            seq_lens: s.ctx,
+            out_ptr: s.out,
+            split_len: split_len as i32,
+            max_splits: splits as i32,
+            _marker: PhantomData,
+        };
+        be.launch::<paged_decode_reduce::Kernel>(
+            [c.batch as u32, (c.h_kv * c.group) as u32, 1],
+            &config,
+            &args,
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs case `c` with kernel `v` on the GPU and in the interpreter, on the
+/// same fresh [`inputs`]: returns them with both outputs.
+fn run_case<T: Sample>(
+    cuda: &mut Cuda,
+    rng: &mut Rng,
+    c: &Case,
+    v: Variant,
+) -> Result<(Inputs<T>, Vec<T>, Vec<T>)> {
+    let inp = inputs::<T>(rng, c);
+    let parts = c.batch * c.h_kv * inp.splits * c.group;
     let mut cpu = Cpu::new();
     let ((qd, qc), (kd, kc), (vd, vc)) = (
-        upload_both(cuda, &mut cpu, &q)?,
-        upload_both(cuda, &mut cpu, &k)?,
-        upload_both(cuda, &mut cpu, &v)?,
+        upload_both(cuda, &mut cpu, &inp.q)?,
+        upload_both(cuda, &mut cpu, &inp.k)?,
+        upload_both(cuda, &mut cpu, &inp.v)?,
     );
-    let ((bd, bc), (sd, sc)) = (upload_both(cuda, &mut cpu, &tables)?, upload_both(cuda, &mut cpu, &ctx)?);
-    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, c.batch * n_q * d)?;
-    let (pod, poc) = zeros_both::<f32>(cuda, &mut cpu, parts * d)?;
+    let ((bd, bc), (sd, sc)) =
+        (upload_both(cuda, &mut cpu, &inp.tables)?, upload_both(cuda, &mut cpu, &inp.ctx)?);
+    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, c.batch * c.h_kv * c.group * c.head_dim)?;
+    let (pod, poc) = zeros_both::<f32>(cuda, &mut cpu, parts * c.head_dim)?;
     let (pmd, pmc) = zeros_both::<f32>(cuda, &mut cpu, parts)?;
     let (pld, plc) = zeros_both::<f32>(cuda, &mut cpu, parts)?;
-    let split = c.split_len.is_some();
-    let config = paged_decode::Config::new(T::DEVICE_DTYPE, c.h_kv, c.group, d, c.page, c.block_n, split)
-        .with_warps(c.warps);
-    let scale = 1.0 / (d as f32).sqrt();
-    let grid = [c.batch as u32, c.h_kv as u32, splits as u32];
-    let (bt_stride, sl) = (max_pages as i32, split_len as i32);
-    let args = paged_decode::Args {
-        q_ptr: qd.ptr().cast(),
-        k_cache: kd.ptr().cast(),
-        v_cache: vd.ptr().cast(),
-        block_tables: bd.ptr(),
-        bt_stride,
-        seq_lens: sd.ptr(),
-        out_ptr: od.ptr().cast(),
+    let shape = (inp.max_pages, inp.split_len, inp.splits);
+    let dev = Side::<Cuda> {
+        q: qd.ptr().cast(),
+        k: kd.ptr().cast(),
+        v: vd.ptr().cast(),
+        tables: bd.ptr(),
+        ctx: sd.ptr(),
+        out: od.ptr().cast(),
         part_o: pod.ptr(),
         part_m: pmd.ptr(),
         part_l: pld.ptr(),
-        scale,
-        split_len: sl,
-        _marker: PhantomData,
     };
-    cuda.run::<paged_decode::Kernel>(grid, &config, &args)?;
-    let args = paged_decode::Args {
-        q_ptr: qc.cast(),
-        k_cache: kc.cast(),
-        v_cache: vc.cast(),
-        block_tables: bc,
-        bt_stride,
-        seq_lens: sc,
-        out_ptr: oc.cast(),
+    launch(cuda, &dev, c, v, T::DEVICE_DTYPE, shape)?;
+    let host = Side::<Cpu> {
+        q: qc.cast(),
+        k: kc.cast(),
+        v: vc.cast(),
+        tables: bc,
+        ctx: sc,
+        out: oc.cast(),
         part_o: poc,
         part_m: pmc,
         part_l: plc,
-        scale,
-        split_len: sl,
-        _marker: PhantomData,
     };
-    paged_decode::interpret(&mut cpu, grid, &config, &args)?;
-    if split {
-        let rconfig = paged_decode_reduce::Config::new(T::DEVICE_DTYPE, c.group, d);
-        let rgrid = [c.batch as u32, n_q as u32, 1];
-        let ms = splits as i32;
-        let args = paged_decode_reduce::Args {
-            part_o: pod.ptr(),
-            part_m: pmd.ptr(),
-            part_l: pld.ptr(),
-            seq_lens: sd.ptr(),
-            out_ptr: od.ptr().cast(),
-            split_len: sl,
-            max_splits: ms,
-            _marker: PhantomData,
-        };
-        cuda.run::<paged_decode_reduce::Kernel>(rgrid, &rconfig, &args)?;
-        let args = paged_decode_reduce::Args {
-            part_o: poc,
-            part_m: pmc,
-            part_l: plc,
-            seq_lens: sc,
-            out_ptr: oc.cast(),
-            split_len: sl,
-            max_splits: ms,
-            _marker: PhantomData,
-        };
-        paged_decode_reduce::interpret(&mut cpu, rgrid, &rconfig, &args)?;
-    }
+    launch(&mut cpu, &host, c, v, T::DEVICE_DTYPE, shape)?;
+    let (got, interp) = (od.download()?, cpu.read(oc));
+    Ok((inp, got, interp))
+}
+
+/// `B../L../hq.._hkv.._hd../page../bn../w..`, the shape part both checks share.
+fn shape_of(c: &Case) -> String {
+    format!(
+        "B{}/L{}/hq{}_hkv{}_hd{}/page{}/bn{}/w{}",
+        c.batch,
+        c.max_ctx,
+        c.h_kv * c.group,
+        c.h_kv,
+        c.head_dim,
+        c.page,
+        c.block_n,
+        c.warps
+    )
+}
+
+fn decode_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: Case) -> Result<CheckRow> {
+    let (_, got, interp) = run_case::<T>(cuda, rng, &c, Variant::Plain)?;
     let tol = match T::DEVICE_DTYPE {
         DType::F32 => Tol { atol: 1e-4, rtol: 1e-3 },
         _ => Tol { atol: 1e-3, rtol: 1.0 / 64.0 },
     };
-    let shape = format!(
-        "B{}/L{}/hq{}_hkv{}_hd{}/page{}/bn{}/w{}/{}",
-        c.batch,
-        c.max_ctx,
-        n_q,
-        c.h_kv,
-        d,
-        c.page,
-        c.block_n,
-        c.warps,
-        match c.split_len {
-            Some(l) => format!("split{l}"),
-            None => "direct".into(),
-        }
-    );
-    Ok(outcome("paged_decode", shape, T::DEVICE_DTYPE, &od.download()?, &cpu.read(oc), tol))
+    let split = match c.split_len {
+        Some(l) => format!("split{l}"),
+        None => "direct".into(),
+    };
+    let shape = format!("{}/{split}", shape_of(&c));
+    Ok(outcome("paged_decode", shape, T::DEVICE_DTYPE, &got, &interp, tol))
 }
 
 /// The `paged_decode` check (see the module doc).
@@ -236,106 +304,24 @@ pub fn paged_decode(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 fn decode_tc_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: Case, stages: u32) -> Result<CheckRow> {
     let d = c.head_dim;
     let n_q = c.h_kv * c.group;
-    let Inputs { ctx, tables, max_pages, q, k, v, split_len, splits } = inputs::<T>(rng, &c);
-    let parts = c.batch * c.h_kv * splits * c.group;
-    let mut cpu = Cpu::new();
-    let ((qd, qc), (kd, kc), (vd, vc)) = (
-        upload_both(cuda, &mut cpu, &q)?,
-        upload_both(cuda, &mut cpu, &k)?,
-        upload_both(cuda, &mut cpu, &v)?,
-    );
-    let ((bd, bc), (sd, sc)) = (upload_both(cuda, &mut cpu, &tables)?, upload_both(cuda, &mut cpu, &ctx)?);
-    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, c.batch * n_q * d)?;
-    let (pod, poc) = zeros_both::<f32>(cuda, &mut cpu, parts * d)?;
-    let (pmd, pmc) = zeros_both::<f32>(cuda, &mut cpu, parts)?;
-    let (pld, plc) = zeros_both::<f32>(cuda, &mut cpu, parts)?;
-    let split = c.split_len.is_some();
-    let config = paged_decode_tc::Config::new(T::DEVICE_DTYPE, c.h_kv, c.group, d, c.page, c.block_n, split)
-        .with_warps(c.warps)
-        .with_stages(stages);
-    let scale = 1.0 / (d as f32).sqrt();
-    let grid = [c.batch as u32, c.h_kv as u32, splits as u32];
-    let (bt_stride, sl, ms) = (max_pages as i32, split_len as i32, splits as i32);
-    macro_rules! args {
-        ($q:expr, $k:expr, $v:expr, $bt:expr, $s:expr, $o:expr, $po:expr, $pm:expr, $pl:expr) => {
-            paged_decode_tc::Args {
-                q_ptr: $q,
-                k_cache: $k,
-                v_cache: $v,
-                block_tables: $bt,
-                bt_stride,
-                seq_lens: $s,
-                out_ptr: $o,
-                part_o: $po,
-                part_m: $pm,
-                part_l: $pl,
-                scale,
-                split_len: sl,
-                _marker: PhantomData,
-            }
-        };
-    }
-    let a = args!(
-        qd.ptr().cast(),
-        kd.ptr().cast(),
-        vd.ptr().cast(),
-        bd.ptr(),
-        sd.ptr(),
-        od.ptr().cast(),
-        pod.ptr(),
-        pmd.ptr(),
-        pld.ptr()
-    );
-    cuda.run::<paged_decode_tc::Kernel>(grid, &config, &a)?;
-    let a = args!(qc.cast(), kc.cast(), vc.cast(), bc, sc, oc.cast(), poc, pmc, plc);
-    paged_decode_tc::interpret(&mut cpu, grid, &config, &a)?;
-    if split {
-        let rconfig = paged_decode_reduce::Config::new(T::DEVICE_DTYPE, c.group, d);
-        let rgrid = [c.batch as u32, n_q as u32, 1];
-        macro_rules! rargs {
-            ($po:expr, $pm:expr, $pl:expr, $s:expr, $o:expr) => {
-                paged_decode_reduce::Args {
-                    part_o: $po,
-                    part_m: $pm,
-                    part_l: $pl,
-                    seq_lens: $s,
-                    out_ptr: $o,
-                    split_len: sl,
-                    max_splits: ms,
-                    _marker: PhantomData,
-                }
-            };
-        }
-        let a = rargs!(pod.ptr(), pmd.ptr(), pld.ptr(), sd.ptr(), od.ptr().cast());
-        cuda.run::<paged_decode_reduce::Kernel>(rgrid, &rconfig, &a)?;
-        let a = rargs!(poc, pmc, plc, sc, oc.cast());
-        paged_decode_reduce::interpret(&mut cpu, rgrid, &rconfig, &a)?;
-    }
-    let got = to_f64(&od.download()?);
-    let interp = to_f64(&cpu.read(oc));
+    let (inp, got, interp) = run_case::<T>(cuda, rng, &c, Variant::Tc { stages })?;
+    let Inputs { ctx, tables, max_pages, q, k, v, split_len, splits } = inp;
+    let (got, interp) = (to_f64(&got), to_f64(&interp));
     // The f64 reference: each sequence's query (its last position) against its whole context.
     let (k64, v64) = (to_f64(&k), to_f64(&v));
     let kv = PagedKv { k: &k64, v: &v64, block_size: c.page, n_kv: c.h_kv, head_dim: d };
     let q64 = to_f64(&q);
     let ut = unit_roundoff(T::DEVICE_DTYPE);
-    let dtype = T::DEVICE_DTYPE;
+    let split = if c.split_len.is_some() { format!("split{split_len}") } else { "direct".into() };
     let mut row = CheckRow {
         kernel: "paged_decode_tc".into(),
-        shape: format!(
-            "B{}/L{}/hq{n_q}_hkv{}_hd{d}/page{}/bn{}/w{}/s{stages}/{}",
-            c.batch,
-            c.max_ctx,
-            c.h_kv,
-            c.page,
-            c.block_n,
-            c.warps,
-            if split { format!("split{split_len}") } else { "direct".into() }
-        ),
-        dtype,
+        shape: format!("{}/s{stages}/{split}", shape_of(&c)),
+        dtype: T::DEVICE_DTYPE,
         max_abs: 0.0,
         max_rel: 0.0,
         pass: true,
     };
+    let scale = 1.0 / (d as f32).sqrt();
     let per = n_q * d;
     for b in 0..c.batch {
         let n = ctx[b].max(0) as usize;

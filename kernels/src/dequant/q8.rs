@@ -112,22 +112,15 @@ pub fn gemv_q4_q8_body(
     let k = multiple_of(k, 32);
     let kw = block_k / 8;
     let wn = block_n * kw;
-    let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    // W tile `[BLOCK_N, kw]` words: row `r`, word column `c` (word `c % 4` of
-    // the tile's block `c / 4`); rows past the weight are clamped.
-    let wl = arange(0, wn);
-    let c = wl % kw;
-    let row = minimum(program_id(0) * block_n + wl / kw, rows - 1);
+    // W tile: word column `c` is word `c % 4` of the tile's block `c / 4`.
+    let (c, row, ac, mrow) = q8_gemv_tiles(n, m, silu, m_block, block_n, kw);
     let w_idx = row * (k / 8) + c;
     let s_idx = row * nb + c / 4;
     let qw = ptrcast(q_ptr, u32);
-    // Activation tiles `[M_BLOCK, BLOCK_N, kw]`: the low-nibble word of word
-    // column `c` is word `8 (c / 4) + c % 4` of the row's K tile, the high 4
-    // further; one scale per block. Rows past `M` are clamped.
-    let al = arange(0, m_block * wn);
-    let ac = al % kw;
-    let mrow = minimum(program_id(1) * m_block + al / wn, m - 1);
+    // Activations: the low-nibble word of word column `c` is word
+    // `8 (c / 4) + c % 4` of the row's K tile, the high 4 further; one scale
+    // per block.
     let x_idx = mrow * (k / 4) + ac / 4 * 8 + ac % 4;
     let xd_idx = mrow * nb + ac / 4;
     let xw = ptrcast(xq_ptr, i32);
@@ -167,6 +160,31 @@ pub fn gemv_q4_q8_body(
         acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, has_min, m_block, wn);
     }
     gemv_epilogue(acc, out_ptr, m, n, silu, false, dt, m_block, block_n, kw);
+}
+
+/// The tile coordinates of both 8-bit GEMV bodies, `kw` quant words per
+/// weight row of a K tile: for each element of the W tile `[BLOCK_N, kw]`,
+/// its word column and weight row (`2N` rows with `silu`, clamped); for each
+/// element of the activation tile `[M_BLOCK, BLOCK_N, kw]`, its word column
+/// and activation row (clamped to `m`).
+#[kernel_fn]
+pub fn q8_gemv_tiles(
+    n: Tensor,
+    m: Tensor,
+    silu: bool,
+    m_block: usize,
+    block_n: usize,
+    kw: usize,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    let wn = block_n * kw;
+    let rows = if silu { n * 2 } else { n };
+    let wl = arange(0, wn);
+    let c = wl % kw;
+    let row = minimum(program_id(0) * block_n + wl / kw, rows - 1);
+    let al = arange(0, m_block * wn);
+    let ac = al % kw;
+    let mrow = minimum(program_id(1) * m_block + al / wn, m - 1);
+    (c, row, ac, mrow)
 }
 
 /// One K tile of the Q4 8-bit GEMV: the integer dot products and block sums
@@ -216,17 +234,11 @@ pub fn gemv_q8_q8_body(
     let k = multiple_of(k, 32);
     let kw = block_k / 4;
     let wn = block_n * kw;
-    let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let wl = arange(0, wn);
-    let c = wl % kw;
-    let row = minimum(program_id(0) * block_n + wl / kw, rows - 1);
+    let (c, row, ac, mrow) = q8_gemv_tiles(n, m, silu, m_block, block_n, kw);
     let w_idx = row * (k / 4) + c;
     let s_idx = row * nb + c / 8;
     let qw = ptrcast(q_ptr, i32);
-    let al = arange(0, m_block * wn);
-    let ac = al % kw;
-    let mrow = minimum(program_id(1) * m_block + al / wn, m - 1);
     let x_idx = mrow * (k / 4) + ac;
     let xd_idx = mrow * nb + ac / 8;
     let xw = ptrcast(xq_ptr, i32);
