@@ -34,7 +34,8 @@ pub struct CompileOptions {
     pub target: Target,
     /// Warps per program (block = 32 * num_warps threads); a power of two, 1..=32.
     pub num_warps: u32,
-    /// Software pipelining depth (reserved; the current lowering ignores it).
+    /// Software pipelining depth of loops that feed tensor-core `dot`
+    /// operands (`cp.async` stages, see the pipeline pass); 1 disables it.
     pub num_stages: u32,
 }
 

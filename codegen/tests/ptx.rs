@@ -391,7 +391,7 @@ fn matmul_bf16() {
         let (func, w) = f(4);
         let opts = CompileOptions { target: Target::Sm80, num_warps: w, num_stages: stages };
         let c = compile(&func, &opts).unwrap();
-        assert!(c.ptx.contains("cp.async.cg.shared.global"), "no cp.async at {stages} stages");
+        assert!(c.ptx.contains("cp.async.cg.shared.global.L2::128B"), "no cp.async at {stages} stages");
         let waits: Vec<u32> = c
             .ptx
             .lines()
@@ -520,17 +520,23 @@ fn paged_decode() {
         let ptx = compile(f, &CompileOptions { target: Target::Sm90a, num_warps: *w, num_stages: STAGES })
             .unwrap()
             .ptx;
-        assert!(ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.cg.shared.global"));
+        // K/V are copied with `cp.async.ca` (the loads ask for `.ca`).
+        assert!(
+            ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.ca.shared.global.L2::128B")
+        );
     }
 }
 
-/// The 8-bit-activation path (`kernels::dequant::q8`): the quantize kernel
-/// and the Q4_1 / Q8_0 dp4a GEMVs at their first autotune configs (bf16),
-/// specialized as the runtime launches them; the PTX must use `dp4a` and
-/// 16-byte loads of the weight words.
+/// The 8-bit-activation path (`kernels::dequant::q8`): the quantize kernel,
+/// RMSNorm fused with it (K 4096, 8 warps), and the Q4_1 / Q8_0 dp4a GEMVs
+/// at their first autotune configs (bf16), specialized as the runtime
+/// launches them; the GEMV PTX must use `dp4a` and 16-byte loads of the
+/// weight words (evict-first) and activations.
 #[test]
 fn dequant_q8() {
-    use ::kernels::dequant::q8::{gemv_q4_1_q8 as g41, gemv_q8_0_q8 as g80, quantize_q8 as q};
+    use ::kernels::dequant::q8::{
+        gemv_q4_1_q8 as g41, gemv_q8_0_q8 as g80, quantize_q8 as q, rmsnorm_q8 as nq,
+    };
     let spec =
         |f: Result<Function>, facts: &[Option<u64>]| dsl_core::launch::specialize(&f.unwrap(), facts).0;
     let gemv_facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(1), Some(16), Some(16)];
@@ -539,6 +545,14 @@ fn dequant_q8() {
             "_quantize_bf16_b1024".to_string(),
             spec(q::build(&q::Config::new(DType::BF16, 1024)), &[Some(0), Some(0), Some(0), Some(16)]),
             4,
+        ),
+        (
+            "_rmsnorm_bf16_b4096".to_string(),
+            spec(
+                nq::build(&nq::Config::new(DType::BF16, 4096)),
+                &[Some(0), Some(0), Some(0), Some(0), Some(4096), Some(4096), None],
+            ),
+            8,
         ),
         (
             "_gemv_q4_1_bf16_m1".to_string(),
@@ -552,14 +566,20 @@ fn dequant_q8() {
         ),
     ];
     both("dequant_q8", &cfgs);
-    for (name, f, w) in &cfgs[1..] {
+    for (name, f, w) in &cfgs[2..] {
         let ptx = compile(f, &CompileOptions { target: Target::Sm90a, num_warps: *w, num_stages: STAGES })
             .unwrap()
             .ptx;
         assert!(ptx.contains("dp4a."), "{name}: no dp4a");
+        // Weight words stream through L1 marked evict-first (16-byte loads),
+        // so the reused activations stay cached.
+        assert!(
+            ptx.contains("ld.global.L1::evict_first.v4.b32"),
+            "{name}: no evict-first 16-byte weight loads"
+        );
         assert!(
             ptx.contains("ld.global.v4.b32") || ptx.contains("ld.global.v4.u32"),
-            "{name}: no 16-byte loads"
+            "{name}: no 16-byte activation loads"
         );
     }
 }

@@ -826,6 +826,32 @@ impl Lower {
                 }
                 t
             }
+            (Conv::Cache | Conv::Evict, Some((_, s))) => {
+                let (what, names): (&str, &[(&str, &str)]) = if conv == Conv::Cache {
+                    ("cache_modifier", &[(".ca", "Ca"), (".cg", "Cg"), (".cs", "Cs")])
+                } else {
+                    (
+                        "eviction_policy",
+                        &[("evict_first", "First"), ("evict_last", "Last"), ("evict_normal", "Normal")],
+                    )
+                };
+                let lit = match arg {
+                    Some(Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(l), .. })) => Some(l.value()),
+                    _ => None,
+                };
+                let ty = Ident::new(if conv == Conv::Cache { "CacheModifier" } else { "EvictionPolicy" }, s);
+                match names.iter().find(|(n, _)| Some(*n) == lit.as_deref()) {
+                    Some((_, v)) => {
+                        let v = Ident::new(v, s);
+                        quote_spanned!(s=> ::dsl_core::ir::ops::#ty::#v)
+                    }
+                    None => {
+                        let allowed: Vec<String> = names.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+                        self.errors.at_span(s, format!("`{what}` must be one of {}", allowed.join(", ")));
+                        quote!(::core::default::Default::default())
+                    }
+                }
+            }
             (Conv::Rest, _) => {
                 let vals: Vec<TokenStream> = rest
                     .iter()

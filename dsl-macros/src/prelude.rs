@@ -24,6 +24,12 @@ pub enum Conv {
     OptOperand,
     /// A string literal.
     Str,
+    /// A load's `cache_modifier`: the string literal `".ca"`, `".cg"` or
+    /// `".cs"` (Triton's spelling), as a `CacheModifier`.
+    Cache,
+    /// A load's `eviction_policy`: `"evict_first"`, `"evict_last"` or
+    /// `"evict_normal"`, as an `EvictionPolicy`.
+    Evict,
     /// All remaining arguments, as a tensor slice.
     Rest,
 }
@@ -67,7 +73,13 @@ pub const PRELUDE: &[Entry] = &[
     e!("arange" => "arange", [("start", I32, Yes), ("end", I32, Yes)]),
     e!("zeros" => "zeros", [("shape", Shape, Yes), ("dtype", Pass, Yes)]),
     e!("full" => "full", [("shape", Shape, Yes), ("value", Pass, Yes), ("dtype", Pass, Yes)]),
-    e!("load" => "load", [("ptr", Tensor, Yes), ("mask", OptTensor, Default("")), ("other", OptOperand, Default(""))]),
+    e!("load" => "load_hinted", [
+        ("ptr", Tensor, Yes),
+        ("mask", OptTensor, Default("")),
+        ("other", OptOperand, Default("")),
+        ("cache_modifier", Cache, Default("")),
+        ("eviction_policy", Evict, Default(""))
+    ]),
     e!("store" => "store", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
     e!("atomic_add" => "atomic_add", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
     e!("atomic_max" => "atomic_max", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),

@@ -11,6 +11,10 @@
 //! - `q4_1_weights/bf16/M<m>xK<k>xN<n> [q8]`, metric `TB/s`: the GEMV alone as
 //!   the bandwidth of the quantized weight bytes (`N * K * 5 / 8`).
 //!
+//! - `rmsnorm/bf16/M1xK<k> [plain | fused q8 | plain + quantize_q8]`
+//!   (K 576 and 4096): `rmsnorm` alone, `rmsnorm_q8` (the norm fused with
+//!   the quantization), and `rmsnorm` then `quantize_q8`.
+//!
 //! Shapes: Q4_1 at M 1 and 16 with (K, N) in peers.py's set, and the Q8_0
 //! LM head of SmolLM2 (M 1, K 576, N 49152; no peer row). Untuned rows use
 //! the kernels' first declared config; with `--autotune` each is followed by
@@ -137,9 +141,76 @@ fn shape_records(
     ])
 }
 
+/// The producers of 8-bit activations for one bf16 row of `k` values
+/// (`rmsnorm/bf16/M1xK<k>` rows, metric `us`): `[plain]` the `rmsnorm`
+/// kernel writing bf16, `[fused q8]` `rmsnorm_q8` writing the quants and
+/// scales instead, `[plain + quantize_q8]` the two unfused launches. The
+/// difference between the first two is what the fusion costs a decoder that
+/// feeds the dp4a GEMVs; the third is what it saves.
+fn norm_records(cuda: &mut Cuda, opts: &BenchOptions, k: usize) -> Result<Vec<Record>> {
+    use kernels::dequant::q8::rmsnorm_q8;
+    use kernels::rmsnorm::{block_for, rmsnorm, warps_for};
+    let mut rng = Rng::new(k as u64 * 17 + 5);
+    let x = rng.values::<bf16>(k, 2.0);
+    let w = rng.values::<bf16>(k, 1.5);
+    let gpu = cuda.gpu();
+    let (xd, wd, yd) = (gpu.upload(&x)?, gpu.upload(&w)?, gpu.zeros::<bf16>(k)?);
+    let (xqd, xsd) = (gpu.zeros::<i8>(k)?, gpu.zeros::<f32>(k / 32)?);
+    let (block, warps) = (block_for(k), warps_for(block_for(k)));
+    let (ki, eps) = (k as i32, 1e-5f32);
+    let nconfig = rmsnorm::Config::new(DType::BF16, block).with_warps(warps);
+    let nargs = rmsnorm::Args {
+        x_ptr: xd.ptr().cast(),
+        w_ptr: wd.ptr().cast(),
+        out_ptr: yd.ptr().cast(),
+        n_cols: ki,
+        stride: ki,
+        eps,
+        _marker: PhantomData,
+    };
+    let fconfig = rmsnorm_q8::Config::new(DType::BF16, block).with_warps(warps);
+    let fargs = rmsnorm_q8::Args {
+        x_ptr: xd.ptr().cast(),
+        w_ptr: wd.ptr().cast(),
+        xq_ptr: xqd.ptr(),
+        xd_ptr: xsd.ptr(),
+        n_cols: ki,
+        stride: ki,
+        eps,
+        _marker: PhantomData,
+    };
+    let qblock = quantize_block(k);
+    let qconfig = quantize_q8::Config::new(DType::BF16, qblock);
+    let qargs = quantize_q8::Args {
+        x_ptr: yd.ptr().cast(),
+        xq_ptr: xqd.ptr(),
+        xd_ptr: xsd.ptr(),
+        k: ki,
+        _marker: PhantomData,
+    };
+    let plain = prepared::<rmsnorm::Kernel>(cuda, [1, 1, 1], &nconfig, &nargs)?;
+    let fused = prepared::<rmsnorm_q8::Kernel>(cuda, [1, 1, 1], &fconfig, &fargs)?;
+    let quant = prepared::<quantize_q8::Kernel>(cuda, [k.div_ceil(qblock) as u32, 1, 1], &qconfig, &qargs)?;
+    let t_plain = time_prepared_ms(cuda, opts, std::slice::from_ref(&plain))?;
+    let t_fused = time_prepared_ms(cuda, opts, std::slice::from_ref(&fused))?;
+    let t_both = time_prepared_ms(cuda, opts, &[plain, quant])?;
+    let rec = |what: &str, ms: f64| Record {
+        name: format!("rmsnorm/bf16/M1xK{k} [{what}]"),
+        metric: "us",
+        value: ms * 1e3,
+        ms,
+        tuned: None,
+    };
+    Ok(vec![rec("plain", t_plain), rec("fused q8", t_fused), rec("plain + quantize_q8", t_both)])
+}
+
 /// The `gemv_q8` records, printing each shape as it is measured.
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
+    for k in [576, 4096] {
+        out.extend(norm_records(cuda, opts, k)?);
+        eprintln!("measured rmsnorm/bf16/M1xK{k}");
+    }
     let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
     for shape in SHAPES {
         for &tuned in tunings {

@@ -73,6 +73,120 @@ fn quantize_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: usize) 
     })
 }
 
+/// The fused RMSNorm + quantize check on one ragged shape (rows `stride`
+/// apart): the interpreter's quants and scales equal, bit for bit, the
+/// interpreter's `rmsnorm` of each row quantized by
+/// `reference::quant::quantize_q8` (the rule the `quantize_q8` kernel meets
+/// bit for bit); the GPU's are within one quant and 1e-5 relative of them
+/// (its `rsqrt` is approximate); the GPU's dequantized row is within half a
+/// quantization step of the f64 RMSNorm (plus one rounding to `T`).
+fn rmsnorm_quant_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
+    use kernels::dequant::q8::rmsnorm_q8;
+    use kernels::rmsnorm::{block_for, rmsnorm, warps_for};
+    let stride = k + 32;
+    let x = rng.values::<T>(m * stride, 2.0);
+    let w = rng.values::<T>(k, 1.5);
+    let eps = 1e-5f32;
+    let mut cpu = Cpu::new();
+    let ((xd, xc), (wd, wc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &w)?);
+    let (qd, qc) = zeros_both::<i8>(cuda, &mut cpu, m * k)?;
+    let (dd, dc) = zeros_both::<f32>(cuda, &mut cpu, m * k / 32)?;
+    let block = block_for(k).max(32);
+    let config = rmsnorm_q8::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
+    let grid = [m as u32, 1, 1];
+    let (ki, si) = (k as i32, stride as i32);
+    let a = rmsnorm_q8::Args {
+        x_ptr: xd.ptr().cast(),
+        w_ptr: wd.ptr().cast(),
+        xq_ptr: qd.ptr(),
+        xd_ptr: dd.ptr(),
+        n_cols: ki,
+        stride: si,
+        eps,
+        _marker: PhantomData,
+    };
+    cuda.run::<rmsnorm_q8::Kernel>(grid, &config, &a)?;
+    let a = rmsnorm_q8::Args {
+        x_ptr: xc.cast(),
+        w_ptr: wc.cast(),
+        xq_ptr: qc,
+        xd_ptr: dc,
+        n_cols: ki,
+        stride: si,
+        eps,
+        _marker: PhantomData,
+    };
+    rmsnorm_q8::interpret(&mut cpu, grid, &config, &a)?;
+    // The unfused pair on the interpreter: `rmsnorm` of each row, then the
+    // quantization rule (`reference::quant::quantize_q8`, which the
+    // `quantize_q8` kernel matches bit for bit).
+    let nconfig = rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
+    let mut y = Vec::with_capacity(m * k);
+    for row in 0..m {
+        let xr = cpu.upload(&x[row * stride..row * stride + k]);
+        let yr = cpu.zeros::<T>(k);
+        let na = rmsnorm::Args {
+            x_ptr: xr.cast(),
+            w_ptr: wc.cast(),
+            out_ptr: yr.cast(),
+            n_cols: ki,
+            stride: ki,
+            eps,
+            _marker: PhantomData,
+        };
+        rmsnorm::interpret(&mut cpu, [1, 1, 1], &nconfig, &na)?;
+        y.extend(cpu.read(yr));
+    }
+    let yf: Vec<f32> = y.iter().map(|v| v.to_f64() as f32).collect();
+    let (wq, wdv) = r::quantize_q8(&yf, k);
+    let (gq, gd) = (qd.download()?, dd.download()?);
+    let (cq, cdv) = (cpu.read(qc), cpu.read(dc));
+    // The interpreter's fused kernel is the unfused pair bit for bit. The
+    // GPU's `rsqrt` is not correctly rounded, so its normalized row may sit
+    // an ulp away: a quant may move by one at a rounding tie and a scale by
+    // a few ulps; the bound below holds either way.
+    let mut pass = cq == wq && cdv.iter().zip(&wdv).all(|(c, e)| c.to_bits() == e.to_bits());
+    pass &= gq.iter().zip(&cq).all(|(g, c)| (i32::from(*g) - i32::from(*c)).abs() <= 1);
+    for (g, c) in gd.iter().zip(&cdv) {
+        pass &= f64::from((g - c).abs()) <= f64::from(c.abs()) * 1e-5;
+    }
+    // Against f64 RMSNorm: |q d - y| <= d / 2 + one rounding of y to `T`.
+    let unit = crate::check::unit_roundoff(T::DEVICE_DTYPE);
+    let mut max_abs = 0.0f64;
+    for row in 0..m {
+        let xs: Vec<f64> = x[row * stride..row * stride + k].iter().map(|v| v.to_f64()).collect();
+        let ms = xs.iter().map(|v| v * v).sum::<f64>() / k as f64;
+        let rstd = 1.0 / (ms + f64::from(eps)).sqrt();
+        for c in 0..k {
+            let want = xs[c] * rstd * w[c].to_f64();
+            let d = f64::from(gd[row * (k / 32) + c / 32]);
+            let got = f64::from(gq[row * k + c]) * d;
+            let err = (got - want).abs();
+            max_abs = max_abs.max(err);
+            pass &= err <= d / 2.0 + want.abs() * unit * 2.0 + d * 1e-3 + 1e-6;
+        }
+    }
+    Ok(CheckRow {
+        kernel: "rmsnorm_q8".into(),
+        shape: format!("{m}x{k} stride {stride} block {block}"),
+        dtype: T::DEVICE_DTYPE,
+        max_abs,
+        max_rel: 0.0,
+        pass,
+    })
+}
+
+/// Registry check `rmsnorm_q8`.
+pub fn rmsnorm_quant(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for &(m, k) in &[(1usize, 576usize), (3, 4096), (5, 1536), (2, 96), (1, 32)] {
+        rows.push(rmsnorm_quant_case::<f32>(cuda, &mut rng, m, k)?);
+        rows.push(rmsnorm_quant_case::<bf16>(cuda, &mut rng, m, k)?);
+    }
+    Ok(rows)
+}
+
 /// One 8-bit GEMV problem: `tiles = (m_block, block_n, block_k, warps)`;
 /// with `interp`, also against the interpreter; `rows` limits the reference
 /// to a subset of output columns on large shapes.
@@ -207,26 +321,23 @@ pub fn quantize(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     Ok(rows)
 }
 
-/// The autotune tiles of `gemv_q4_1_q8` with their warps.
-const Q4_TILES: [(usize, usize, usize, u32); 11] = [
-    (1, 8, 2048, 4),
-    (1, 8, 1024, 4),
-    (1, 4, 2048, 4),
-    (1, 2, 4096, 4),
-    (1, 4, 1024, 2),
-    (1, 16, 512, 4),
-    (1, 16, 1024, 8),
-    (1, 16, 1024, 4),
-    (1, 32, 1024, 8),
-    (2, 8, 1024, 4),
-    (4, 8, 512, 4),
-];
+/// The autotune tiles of `gemv_q4_1_q8` as `(M_BLOCK, BLOCK_N, BLOCK_K,
+/// num_warps)`, read from the kernel's declared configs (so a new config is
+/// checked without editing this file).
+fn q4_tiles() -> Vec<(usize, usize, usize, u32)> {
+    let base = gemv_q4_1_q8::Config::new(dsl_core::DType::BF16, false, 1, 8, 2048);
+    gemv_q4_1_q8::autotune_configs(&base)
+        .iter()
+        .map(|c| (c.M_BLOCK, c.BLOCK_N, c.BLOCK_K, c.num_warps))
+        .collect()
+}
 
 /// Registry check `gemv_q4_1_q8` (also runs the Q4_0 and Q8_0 variants).
 pub fn gemv(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
-    for t in Q4_TILES {
+    let tiles = q4_tiles();
+    for &t in &tiles {
         // 0, 1 and 2 whole K tiles plus a partial one.
         for whole in 0..3 {
             let k = whole * t.2 + 160;
@@ -247,7 +358,7 @@ pub fn gemv(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         QuantFormat::Q4_1,
         false,
         (1, 14336, 4096),
-        Q4_TILES[0],
+        tiles[0],
         false,
     )?);
     rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q8_0, false, (1, 49152, 576), q80, false)?);

@@ -196,6 +196,12 @@ fn build_quantize_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, 1024))
 }
 
+fn build_rmsnorm_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::q8::rmsnorm_q8 as k;
+    let block = kernels::rmsnorm::block_for(4096);
+    spec::<k::Kernel>(k::Config::new(DType::BF16, block).with_warps(kernels::rmsnorm::warps_for(block)))
+}
+
 fn build_gemv_q4_1_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::q8::gemv_q4_1_q8 as k;
     spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 8, 2048).with_warps(4))
@@ -381,6 +387,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, BLOCK = 1024, num_warps = 4",
         build: build_quantize_q8,
         check: crate::check_q8::quantize,
+    },
+    Entry {
+        name: "rmsnorm_q8",
+        description: "RMSNorm fused with the 8-bit quantization of its output (the dp4a GEMVs' input)",
+        default_config: "T = bf16, BLOCK = 4096, num_warps = 8",
+        build: build_rmsnorm_q8,
+        check: crate::check_q8::rmsnorm_quant,
     },
     Entry {
         name: "gemv_q4_1_q8",

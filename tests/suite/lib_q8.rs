@@ -14,6 +14,9 @@
 //!   Q4_1 kernel and the first of the others.
 //! - The quantized result is also within `q8_activation_bound` of the
 //!   product with the unquantized activations.
+//! - `rmsnorm_q8` (RMSNorm fused with the quantization) equals `rmsnorm`
+//!   then the quantization rule bit for bit, on ragged rows with a row
+//!   stride, and stays within half a step of the f64 RMSNorm.
 
 use super::lib_dequant::{Act, activations, gguf_weight};
 use dsl_core::half::{bf16, f16};
@@ -173,20 +176,73 @@ fn gemv_case<T: Act>(
     Ok(())
 }
 
-/// The Q4_1 kernel's autotune tiles (`M_BLOCK`, `BLOCK_N`, `BLOCK_K`).
-const Q4_TILES: [(usize, usize, usize); 11] = [
-    (1, 8, 2048),
-    (1, 8, 1024),
-    (1, 4, 2048),
-    (1, 2, 4096),
-    (1, 4, 1024),
-    (1, 16, 512),
-    (1, 16, 1024),
-    (1, 16, 1024),
-    (1, 32, 1024),
-    (2, 8, 1024),
-    (4, 8, 512),
-];
+/// The Q4_1 kernel's autotune tiles (`M_BLOCK`, `BLOCK_N`, `BLOCK_K`), read
+/// from its declared configs.
+fn q4_tiles() -> Vec<(usize, usize, usize)> {
+    let base = gemv_q4_1_q8::Config::new(dsl_core::DType::F32, false, 1, 8, 2048);
+    gemv_q4_1_q8::autotune_configs(&base).iter().map(|c| (c.M_BLOCK, c.BLOCK_N, c.BLOCK_K)).collect()
+}
+
+/// `rmsnorm_q8` on `x[m, stride]` (rows of `k` values) on the interpreter
+/// against the interpreter's `rmsnorm` of each row quantized by the
+/// reference rule, bit for bit; and the dequantized row within half a step
+/// plus one `T` rounding of the f64 RMSNorm.
+fn rmsnorm_q8_case<T: Act>(seed: u64, m: usize, k: usize, pad: usize) -> Result<(), TestCaseError> {
+    use kernels::dequant::q8::rmsnorm_q8;
+    use kernels::rmsnorm::{block_for, rmsnorm};
+    let mut rng = Rng::new(seed);
+    let stride = k + pad;
+    let x = activations::<T>(&mut rng, m * stride);
+    let w = activations::<T>(&mut rng, k);
+    let eps = 1e-5f32;
+    let block = block_for(k).max(32);
+    let mut cpu = Cpu::new();
+    let (xp, wp) = (cpu.upload(&x), cpu.upload(&w));
+    let (qp, dp) = (cpu.zeros::<i8>(m * k), cpu.zeros::<f32>(m * k / 32));
+    let args = rmsnorm_q8::Args {
+        x_ptr: xp.cast(),
+        w_ptr: wp.cast(),
+        xq_ptr: qp,
+        xd_ptr: dp,
+        n_cols: k as i32,
+        stride: stride as i32,
+        eps,
+        _marker: PhantomData,
+    };
+    rmsnorm_q8::interpret(&mut cpu, [m as u32, 1, 1], &rmsnorm_q8::Config::new(T::DTYPE, block), &args)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let (q, d) = (cpu.read(qp), cpu.read(dp));
+    let yp = cpu.zeros::<T>(m * stride);
+    let nargs = rmsnorm::Args {
+        x_ptr: xp.cast(),
+        w_ptr: wp.cast(),
+        out_ptr: yp.cast(),
+        n_cols: k as i32,
+        stride: stride as i32,
+        eps,
+        _marker: PhantomData,
+    };
+    rmsnorm::interpret(&mut cpu, [m as u32, 1, 1], &rmsnorm::Config::new(T::DTYPE, block), &nargs)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let y = cpu.read(yp);
+    let yf: Vec<f32> =
+        (0..m).flat_map(|r| y[r * stride..r * stride + k].iter().map(|v| v.to_f64() as f32)).collect();
+    let (wq, wd) = r::quantize_q8(&yf, k);
+    prop_assert_eq!(&d, &wd, "block scales, m={} k={}", m, k);
+    prop_assert_eq!(&q, &wq, "quants, m={} k={}", m, k);
+    let wf: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
+    for row in 0..m {
+        let xs: Vec<f64> = x[row * stride..row * stride + k].iter().map(|v| v.to_f64()).collect();
+        let exact = kernels::reference::norm::rmsnorm(&xs, &wf, 1, k, f64::from(eps), dsl_core::DType::F64);
+        for c in 0..k {
+            let step = f64::from(d[row * (k / 32) + c / 32]);
+            let got = f64::from(q[row * k + c]) * step;
+            let bound = step / 2.0 + exact[c].abs() * 2.0 * T::ROUND + 1e-6;
+            prop_assert!((got - exact[c]).abs() <= bound, "row {} col {}: {} vs {}", row, c, got, exact[c]);
+        }
+    }
+    Ok(())
+}
 
 proptest! {
     #![proptest_config(cases(16))]
@@ -204,6 +260,18 @@ proptest! {
     }
 
     #[test]
+    fn rmsnorm_q8_equals_rmsnorm_then_quantize(
+        m in 1usize..4,
+        kb in 1usize..40,
+        pad in prop::sample::select(vec![0usize, 8, 64]),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let k = 32 * kb;
+        if bf { rmsnorm_q8_case::<bf16>(seed, m, k, pad)? } else { rmsnorm_q8_case::<f32>(seed, m, k, pad)? }
+    }
+
+    #[test]
     fn gemv_q8_ragged(
         m in 1usize..9,
         n in 1usize..40,
@@ -211,13 +279,13 @@ proptest! {
         part in 0usize..16,
         fmt in 0usize..3,
         silu in any::<bool>(),
-        tiles in 0usize..Q4_TILES.len(),
+        tiles in 0usize..12,
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
         let format = [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0][fmt];
         let (m_block, block_n, block_k) = match format {
-            QuantFormat::Q4_1 => Q4_TILES[tiles],
+            QuantFormat::Q4_1 => { let all = q4_tiles(); all[tiles % all.len()] }
             QuantFormat::Q4_0 => (1, 16, 1024),
             QuantFormat::Q8_0 => (1, 16, 512),
         };

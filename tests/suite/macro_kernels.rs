@@ -62,3 +62,41 @@ fn build_errors_point_at_the_kernel_source() {
     assert!(d.message.contains("dimension 0 is 64 vs 32"), "{d}");
     assert!(dsl::mismatched::build(&dsl::mismatched::Config::new(64, 64)).is_ok());
 }
+
+/// Load hints (`eviction_policy`, `cache_modifier`) reach the IR as the load's
+/// `evict`/`cache` attributes, survive the text round trip, and do not change
+/// what the load reads (interpreter, ragged tail masked); a load with both is
+/// a build error that names the problem.
+#[test]
+fn load_hints_reach_the_ir_and_keep_values() {
+    use dsl_core::interp::Cpu;
+    use std::marker::PhantomData;
+    let f = dsl::hinted_copy::build(&dsl::hinted_copy::Config::new(256)).unwrap();
+    let text = print(&f);
+    assert!(text.contains("evict = first") || text.contains("evict=first"), "{text}");
+    assert!(text.contains("cache = cg") || text.contains("cache=cg"), "{text}");
+    let parsed = dsl_core::parse::parse(&text).unwrap();
+    assert_eq!(print(&parsed), text);
+
+    let n = 300;
+    let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() + 1.5).collect();
+    let y: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() - 0.25).collect();
+    let mut cpu = Cpu::new();
+    let (xp, yp, op) = (cpu.upload(&x), cpu.upload(&y), cpu.zeros::<f32>(n));
+    let args = dsl::hinted_copy::Args {
+        x_ptr: xp.cast(),
+        y_ptr: yp.cast(),
+        out_ptr: op.cast(),
+        n: n as i32,
+        _marker: PhantomData,
+    };
+    dsl::hinted_copy::interpret(&mut cpu, [2, 1, 1], &dsl::hinted_copy::Config::new(256), &args).unwrap();
+    let got = cpu.read(op);
+    for i in 0..n {
+        assert_eq!(got[i], x[i] + y[i], "element {i}");
+    }
+
+    let err = dsl::both_hints::build(&dsl::both_hints::Config::new(64)).unwrap_err();
+    let dsl_core::Error::Build { diagnostics, .. } = err else { panic!("expected a build error") };
+    assert!(diagnostics.iter().any(|d| d.message.contains("not both")), "{diagnostics:?}");
+}

@@ -21,7 +21,7 @@ use crate::layout::Layout;
 use crate::{Error, Result};
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
-use dsl_core::ir::ops::{AtomicKind, MemScope, MemSem, MemoryOp};
+use dsl_core::ir::ops::{AtomicKind, CacheModifier, EvictionPolicy, MemScope, MemSem, MemoryOp};
 use inkwell::llvm_sys::LLVMAtomicOrdering;
 use inkwell::llvm_sys::LLVMAtomicRMWBinOp;
 use inkwell::types::BasicTypeEnum;
@@ -89,17 +89,32 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(v)
     }
 
-    /// Loads `w` consecutive elements starting at pointer `p` (one vector when `w > 1`).
+    /// Loads `w` consecutive elements starting at pointer `p` (one vector when
+    /// `w > 1`), with the PTX qualifiers of `hints` when there are any.
     fn load_run(
         &self,
         p: BasicValueEnum<'ctx>,
         d: DType,
         w: usize,
         volatile: bool,
+        hints: Option<&str>,
     ) -> Result<Vec<BasicValueEnum<'ctx>>> {
         let et = mem_type(self.ctx, Elem::Scalar(d));
         let eb = elem_bytes(Elem::Scalar(d));
         let ptr = p.into_pointer_value();
+        if let Some(q) = hints {
+            let v = self.hinted_load(ptr, et, w, eb as usize * w, q)?;
+            if w == 1 {
+                return Ok(vec![self.mem_to_reg(v, d)?]);
+            }
+            let vv = v.into_vector_value();
+            let i32t = self.ctx.i32_type();
+            return (0..w)
+                .map(|k| {
+                    self.mem_to_reg(self.b.build_extract_element(vv, i32t.const_int(k as u64, false), "")?, d)
+                })
+                .collect();
+        }
         if w == 1 {
             let v = self.b.build_load(et, ptr, "")?;
             if let Some(i) = v.as_instruction_value() {
@@ -126,6 +141,64 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.mem_to_reg(e, d)
             })
             .collect()
+    }
+
+    /// A global load of `bytes` (1, 2, 4, 8 or 16) at `ptr` as inline PTX with
+    /// the qualifiers `q` (cache operator or L1 eviction priority, see
+    /// [`load_qualifiers`]), returned as `et` (`w == 1`) or `<w x et>`. The
+    /// asm clobbers memory, so LLVM keeps it in program order with other
+    /// memory operations and barriers (ptxas still schedules it).
+    fn hinted_load(
+        &self,
+        ptr: inkwell::values::PointerValue<'ctx>,
+        et: BasicTypeEnum<'ctx>,
+        w: usize,
+        bytes: usize,
+        q: &str,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        let (i16t, i32t) = (self.ctx.i16_type(), self.ctx.i32_type());
+        let a = self.b.build_ptr_to_int(ptr, self.ctx.i64_type(), "")?;
+        let words = bytes / 4;
+        let raw: BasicValueEnum<'ctx> = if words >= 1 {
+            let outs: Vec<String> = (0..words).map(|k| format!("${k}")).collect();
+            let (vec, dst) = if words == 1 {
+                (String::new(), outs[0].clone())
+            } else {
+                (format!(".v{words}"), format!("{{{}}}", outs.join(", ")))
+            };
+            let text = format!("ld.global{q}{vec}.b32 {dst}, [${words}];");
+            let cons = format!("{}l,~{{memory}}", "=r,".repeat(words));
+            let ret: BasicTypeEnum<'ctx> = if words == 1 {
+                i32t.into()
+            } else {
+                self.ctx.struct_type(&vec![i32t.into(); words], false).into()
+            };
+            let r = self.asm(&text, &cons, Some(ret), &[a.into()])?;
+            let r = r.ok_or_else(|| Error::Llvm("a load returned nothing".into()))?;
+            if words == 1 {
+                r
+            } else {
+                let r = r.into_struct_value();
+                let mut v = i32t.vec_type(words as u32).get_undef();
+                for k in 0..words {
+                    let e = self.b.build_extract_value(r, k as u32, "")?;
+                    v = self.b.build_insert_element(v, e, i32t.const_int(k as u64, false), "")?;
+                }
+                v.into()
+            }
+        } else {
+            let ty = if bytes == 2 { "b16" } else { "u8" };
+            let text = format!("ld.global{q}.{ty} $0, [$1];");
+            let r = self.asm(&text, "=h,l,~{memory}", Some(i16t.into()), &[a.into()])?;
+            let r = r.ok_or_else(|| Error::Llvm("a load returned nothing".into()))?;
+            if bytes == 1 {
+                self.b.build_int_truncate(r.into_int_value(), self.ctx.i8_type(), "")?.into()
+            } else {
+                r
+            }
+        };
+        let want: BasicTypeEnum<'ctx> = if w == 1 { et } else { vec_type(et, w as u32)?.into() };
+        Ok(self.b.build_bit_cast(raw, want, "")?)
     }
 
     /// Stores `vals` to consecutive elements starting at pointer `p`.
@@ -169,7 +242,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let l = self.layout(&pty);
         let p = self.regs(ptr)?;
         match *op {
-            MemoryOp::Load { has_mask, has_other, volatile, .. } => {
+            MemoryOp::Load { has_mask, has_other, volatile, cache, evict } => {
+                let hints = load_qualifiers(cache, evict);
                 let mask = if has_mask { Some(args[1]) } else { None };
                 let w = self.access_width(ptr, mask, &l);
                 let m = match mask {
@@ -203,12 +277,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 if same > 1 {
                     for s in (0..p.len()).step_by(same) {
                         let v = match &m {
-                            None => self.load_run(p[s], d, 1, false)?,
+                            None => self.load_run(p[s], d, 1, false, hints)?,
                             Some(m) => {
                                 let pv = p[s];
                                 self.guarded(
                                     m[s].into_int_value(),
-                                    |lw| lw.load_run(pv, d, 1, false),
+                                    |lw| lw.load_run(pv, d, 1, false, hints),
                                     &other[s..s + 1],
                                 )?
                             }
@@ -222,12 +296,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
                 for s in (0..p.len()).step_by(w) {
                     let vals = match &m {
-                        None => self.load_run(p[s], d, w, volatile)?,
+                        None => self.load_run(p[s], d, w, volatile, hints)?,
                         Some(m) => {
                             let pv = p[s];
                             self.guarded(
                                 m[s].into_int_value(),
-                                |lw| lw.load_run(pv, d, w, volatile),
+                                |lw| lw.load_run(pv, d, w, volatile, hints),
                                 &other[s..s + w],
                             )?
                         }
@@ -477,4 +551,19 @@ pub(crate) fn vec_type(et: BasicTypeEnum<'_>, n: u32) -> Result<inkwell::types::
         BasicTypeEnum::PointerType(t) => t.vec_type(n),
         other => return Err(Error::Llvm(format!("no vector of {}", other.print_to_string()))),
     })
+}
+
+/// The PTX qualifiers of a load's hints (`None` without any): the cache
+/// operator (`.ca`, `.cg`, `.cs`) or the L1 eviction priority
+/// (`.L1::evict_first`, `.L1::evict_last`; PTX has no load with both, the
+/// builder rejects that).
+fn load_qualifiers(cache: CacheModifier, evict: EvictionPolicy) -> Option<&'static str> {
+    match (cache, evict) {
+        (CacheModifier::Ca, _) => Some(".ca"),
+        (CacheModifier::Cg, _) => Some(".cg"),
+        (CacheModifier::Cs, _) => Some(".cs"),
+        (_, EvictionPolicy::First) => Some(".L1::evict_first"),
+        (_, EvictionPolicy::Last) => Some(".L1::evict_last"),
+        _ => None,
+    }
 }

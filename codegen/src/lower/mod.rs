@@ -399,6 +399,40 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.call(name, Some(ret), args)?.ok_or_else(|| Error::Llvm(format!("`{name}` returned no value")))
     }
 
+    /// Emits one PTX instruction as inline assembly (for forms LLVM's NVPTX
+    /// intrinsics lack, such as cache and prefetch hints): `asm` with its
+    /// operands `$0..`, `constraints` in LLVM's syntax, returning `ret`
+    /// (a struct for several outputs) or nothing. Always has side effects
+    /// when it returns nothing, so it is never removed.
+    pub fn asm(
+        &self,
+        asm: &str,
+        constraints: &str,
+        ret: Option<BasicTypeEnum<'ctx>>,
+        args: &[BasicValueEnum<'ctx>],
+    ) -> Result<Option<BasicValueEnum<'ctx>>> {
+        let ps: Vec<BasicMetadataTypeEnum<'ctx>> = args.iter().map(|a| a.get_type().into()).collect();
+        let ty = match ret {
+            Some(r) => r.fn_type(&ps, false),
+            None => self.ctx.void_type().fn_type(&ps, false),
+        };
+        let f = self.ctx.create_inline_asm(
+            ty,
+            asm.to_string(),
+            constraints.to_string(),
+            ret.is_none(),
+            false,
+            None,
+            false,
+        );
+        let margs: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|&a| a.into()).collect();
+        let cs = self.b.build_indirect_call(ty, f, &margs, "")?;
+        Ok(match cs.try_as_basic_value() {
+            inkwell::values::ValueKind::Basic(v) => Some(v),
+            inkwell::values::ValueKind::Instruction(_) => None,
+        })
+    }
+
     /// Reads a 32-bit special register through its NVVM intrinsic.
     pub fn sreg(&self, name: &str) -> Result<IntValue<'ctx>> {
         Ok(self.call1(name, self.ctx.i32_type().into(), &[])?.into_int_value())

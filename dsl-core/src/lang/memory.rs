@@ -77,6 +77,35 @@ pub fn load(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>) -> Tensor
     load_with(ptr, mask, other, MemOpts::default())
 }
 
+/// [`load`] with Triton's `cache_modifier` and `eviction_policy` hints (what
+/// `load(p, mask = m, eviction_policy = "evict_first")` in a kernel calls).
+/// The hints change how the load goes through the caches, never its value;
+/// PTX has no load with both, so giving both is an error.
+#[track_caller]
+pub fn load_hinted(
+    ptr: Tensor,
+    mask: Option<Tensor>,
+    other: Option<Operand>,
+    cache: CacheModifier,
+    evict: EvictionPolicy,
+) -> Tensor {
+    if !matches!(cache, CacheModifier::None | CacheModifier::Ca | CacheModifier::Cg | CacheModifier::Cs) {
+        let loc = Location::caller();
+        with_ctx(|c| c.error(&loc, Some("load"), "a load's cache modifier is `.ca`, `.cg` or `.cs`".into()));
+    } else if cache != CacheModifier::None && evict != EvictionPolicy::Normal {
+        let loc = Location::caller();
+        with_ctx(|c| {
+            c.error(
+                &loc,
+                Some("load"),
+                "a load takes a `cache_modifier` or an `eviction_policy`, not both (PTX has no such load)"
+                    .into(),
+            )
+        });
+    }
+    load_with(ptr, mask, other, MemOpts { cache, evict, volatile: false })
+}
+
 /// [`load`] with cache/eviction hints.
 #[track_caller]
 pub fn load_with(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>, opts: MemOpts) -> Tensor {

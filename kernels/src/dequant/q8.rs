@@ -47,7 +47,7 @@
 //! partial tile with masks. The epilogue (and the SiLU pairing of gate/up
 //! rows) is the parent module's.
 
-use super::gemv::{gemv_epilogue, q4_scale_decode, q4_scale_load, q4_scale_load_all, repeat_rows};
+use super::gemv::{gemv_epilogue, q4_scale_decode, repeat_rows};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -66,16 +66,72 @@ pub fn quantize_q8<T: Float>(
     let row = program_id(1);
     let offs = program_id(0) * BLOCK + arange(0, BLOCK);
     let ok = offs < k;
-    let x = reshape(load(x_ptr + row * k + offs, mask = ok, other = 0.0).to(f32), [BLOCK / 32, 32]);
+    let x = load(x_ptr + row * k + offs, mask = ok, other = 0.0).to(f32);
+    let (q, d) = q8_blocks(x, BLOCK);
+    store(xq_ptr + row * k + offs, q, mask = ok);
+    let b = program_id(0) * (BLOCK / 32) + arange(0, BLOCK / 32);
+    store(xd_ptr + row * (k / 32) + b, d, mask = b < k / 32);
+}
+
+/// The 8-bit quantization of `x` (`[block]` f32, `block` a multiple of 32)
+/// per run of 32 values: the quants (`[block]` i8) and the block scales
+/// (`[block / 32]` f32), by the rule in the module doc.
+#[kernel_fn]
+pub fn q8_blocks(x: Tensor, block: usize) -> (Tensor, Tensor) {
+    let x = reshape(x, [block / 32, 32]);
     let amax = max(abs(x), 1);
     let d = amax / 127.0;
     let id = where_(d != 0.0, 1.0 / d, 0.0);
     let s = x * expand_dims(id, 1);
     // Half away from zero (C's roundf), exact for |s| <= 127.
     let q = where_(s < 0.0, -floor(0.5 - s), floor(s + 0.5));
-    store(xq_ptr + row * k + offs, reshape(q, [BLOCK]).to(i8), mask = ok);
-    let b = program_id(0) * (BLOCK / 32) + arange(0, BLOCK / 32);
-    store(xd_ptr + row * (k / 32) + b, d, mask = b < k / 32);
+    (reshape(q, [block]).to(i8), d)
+}
+
+/// RMSNorm fused with the 8-bit quantization of its output, the producer of
+/// a decoder's GEMV inputs: the normalized row `y = round_T(x * rstd * w)`
+/// exactly as [`crate::rmsnorm::rmsnorm`] computes it (f32, one rounding to
+/// `T`), then quantized as [`quantize_q8`] does, so the result equals the two
+/// kernels run one after the other, with one launch and without writing `y`.
+/// One program per row (grid `[rows, 1, 1]`); `BLOCK >= n_cols` a power of
+/// two and `n_cols % 32 == 0`. `xq` is `[rows, n_cols]` and `xd` `[rows,
+/// n_cols / 32]`, contiguous; `x` rows are `stride` apart.
+#[kernel(autotune(configs = [(num_warps = 4), (num_warps = 8), (num_warps = 16)], key = [n_cols]))]
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_q8<T: Float>(
+    x_ptr: Ptr<T>,
+    w_ptr: Ptr<T>,
+    xq_ptr: Ptr<i8>,
+    xd_ptr: Ptr<f32>,
+    n_cols: i32,
+    stride: i32,
+    eps: f32,
+    #[constexpr] BLOCK: usize,
+) {
+    static_assert(BLOCK % 32 == 0, "BLOCK must be a multiple of 32");
+    let row = program_id(0);
+    let cols = arange(0, BLOCK);
+    let mask = cols < n_cols;
+    let x = load(x_ptr + row * stride + cols, mask = mask, other = 0.0).to(f32);
+    let rstd = rsqrt(sum(x * x, 0) / n_cols + eps);
+    let w = load(w_ptr + cols, mask = mask, other = 0.0).to(f32);
+    let y = (x * rstd * w).to(T).to(f32);
+    let (q, d) = q8_blocks(y, BLOCK);
+    store(xq_ptr + row * n_cols + cols, q, mask = mask);
+    let b = arange(0, BLOCK / 32);
+    store(xd_ptr + row * (n_cols / 32) + b, d, mask = b < n_cols / 32);
+}
+
+/// The Q4 scale entries `s` (f16 `d` and `m` as one 32-bit word for Q4_1,
+/// f16 `d` for Q4_0), masked by `ok`, streamed evict-first like the quant
+/// words: each is read once, and L1 keeps the activations instead.
+#[kernel_fn]
+pub fn q4_scale_stream(s_ptr: Tensor, s: Tensor, ok: Tensor, has_min: bool) -> Tensor {
+    if has_min {
+        load(ptrcast(s_ptr, i32) + s, mask = ok, other = 0, eviction_policy = "evict_first")
+    } else {
+        load(s_ptr + s, mask = ok, other = 0.0, eviction_policy = "evict_first")
+    }
 }
 
 /// `(d, m)` of Q4 scale entries `raw` for the 8-bit path: Q4_1 `w = d q + m`,
@@ -127,20 +183,22 @@ pub fn gemv_q4_q8_body(
     let mut acc = zeros([m_block * wn], f32);
     let k_full = k / block_k * block_k;
     // Software pipelining: tile i + 1's loads are issued before tile i is
-    // computed (the last tile reloads itself).
+    // computed.
     let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
+    let mut wd = load(qw + w_idx, mask = have, other = 0, eviction_policy = "evict_first");
+    let mut sr = q4_scale_stream(s_ptr, s_idx, have, has_min);
     let mut xlo = load(xw + x_idx, mask = have, other = 0);
     let mut xhi = load(xw + x_idx + 4, mask = have, other = 0);
     let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
     for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
-        let wd_next = load(qw + w_idx + nk / 8);
-        let sr_next = q4_scale_load_all(s_ptr, s_idx + nk / 32, has_min);
-        let xlo_next = load(xw + x_idx + nk / 4);
-        let xhi_next = load(xw + x_idx + nk / 4 + 4);
-        let xd_next = load(xd_ptr + xd_idx + nk / 32);
+        // The last whole tile prefetches nothing (a uniform mask).
+        let nk = k0 + block_k;
+        let more = nk < k_full;
+        let wd_next = load(qw + w_idx + nk / 8, mask = more, other = 0, eviction_policy = "evict_first");
+        let sr_next = q4_scale_stream(s_ptr, s_idx + nk / 32, more, has_min);
+        let xlo_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
+        let xhi_next = load(xw + x_idx + nk / 4 + 4, mask = more, other = 0);
+        let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
         acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, has_min, m_block, wn);
         wd = wd_next;
         sr = sr_next;
@@ -152,8 +210,8 @@ pub fn gemv_q4_q8_body(
     for k0 in range(k_full, k, block_k) {
         let wok = c < (k - k0) / 8;
         let aok = ac < (k - k0) / 8;
-        let wd = load(qw + w_idx + k0 / 8, mask = wok, other = 0);
-        let sr = q4_scale_load(s_ptr, s_idx + k0 / 32, wok, has_min);
+        let wd = load(qw + w_idx + k0 / 8, mask = wok, other = 0, eviction_policy = "evict_first");
+        let sr = q4_scale_stream(s_ptr, s_idx + k0 / 32, wok, has_min);
         let xlo = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
         let xhi = load(xw + x_idx + k0 / 4 + 4, mask = aok, other = 0);
         let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
@@ -245,16 +303,18 @@ pub fn gemv_q8_q8_body(
     let mut acc = zeros([m_block * wn], f32);
     let k_full = k / block_k * block_k;
     let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sd = load(s_ptr + s_idx, mask = have, other = 0.0);
+    let mut wd = load(qw + w_idx, mask = have, other = 0, eviction_policy = "evict_first");
+    let mut sd = load(s_ptr + s_idx, mask = have, other = 0.0, eviction_policy = "evict_first");
     let mut xa = load(xw + x_idx, mask = have, other = 0);
     let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
     for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
-        let wd_next = load(qw + w_idx + nk / 4);
-        let sd_next = load(s_ptr + s_idx + nk / 32);
-        let xa_next = load(xw + x_idx + nk / 4);
-        let xd_next = load(xd_ptr + xd_idx + nk / 32);
+        let nk = k0 + block_k;
+        let more = nk < k_full;
+        let wd_next = load(qw + w_idx + nk / 4, mask = more, other = 0, eviction_policy = "evict_first");
+        let sd_next =
+            load(s_ptr + s_idx + nk / 32, mask = more, other = 0.0, eviction_policy = "evict_first");
+        let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
+        let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
         let dot = dp4a(repeat_rows(wd, m_block, wn), xa, 0);
         let dd = repeat_rows(sd.to(f32), m_block, wn) * xd;
         acc = fma(dd, dot.to(f32), acc);
@@ -266,8 +326,8 @@ pub fn gemv_q8_q8_body(
     for k0 in range(k_full, k, block_k) {
         let wok = c < (k - k0) / 4;
         let aok = ac < (k - k0) / 4;
-        let wd = load(qw + w_idx + k0 / 4, mask = wok, other = 0);
-        let sd = load(s_ptr + s_idx + k0 / 32, mask = wok, other = 0.0);
+        let wd = load(qw + w_idx + k0 / 4, mask = wok, other = 0, eviction_policy = "evict_first");
+        let sd = load(s_ptr + s_idx + k0 / 32, mask = wok, other = 0.0, eviction_policy = "evict_first");
         let xa = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
         let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
         let dot = dp4a(repeat_rows(wd, m_block, wn), xa, 0);
@@ -290,6 +350,7 @@ pub fn gemv_q8_q8_body(
         (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 8),
         (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
         (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 1024, num_warps = 8),
+        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 2),
         (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
         (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
     ],
