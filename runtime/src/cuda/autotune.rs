@@ -16,6 +16,9 @@
 //! file that cannot be read or parsed is never fatal: the tuner warns once on
 //! stderr and tunes again (overwriting it with a good file).
 //!
+//! With `TESSERA_TUNE_VERBOSE=1` every candidate's median is printed on
+//! stderr as it is timed (as Triton's `TRITON_PRINT_AUTOTUNING`).
+//!
 //! [`Kernel::config_key`]: dsl_core::launch::Kernel::config_key
 
 use crate::error::{Error, Result};
@@ -34,6 +37,12 @@ pub const RUNS: usize = 10;
 pub const CACHE_FILE: &str = "autotune.json";
 /// The version of the cache file format.
 pub const FORMAT_VERSION: u64 = 1;
+
+/// True when `TESSERA_TUNE_VERBOSE` is set to anything but `0` or empty:
+/// print every candidate's time.
+pub fn verbose() -> bool {
+    std::env::var_os("TESSERA_TUNE_VERBOSE").is_some_and(|v| !v.is_empty() && v != "0")
+}
 
 /// Everything an autotune result depends on.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -399,7 +399,16 @@ impl Cuda {
                 cuda.run::<K>(grid, c, args)
             });
             match timed {
-                Ok(ms) => medians.push(Some(ms)),
+                Ok(ms) => {
+                    if autotune::verbose() {
+                        eprintln!(
+                            "autotune {}: {} {ms:.4} ms",
+                            K::NAME,
+                            autotune::describe_config(candidates, c)
+                        );
+                    }
+                    medians.push(Some(ms))
+                }
                 Err(e) => {
                     eprintln!(
                         "autotune {}: skipping {}: {e}",
