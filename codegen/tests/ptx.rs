@@ -399,8 +399,9 @@ fn matmul_bf16() {
             .filter_map(|n| n.trim().trim_end_matches(';').parse().ok())
             .collect();
         assert!(waits.contains(&(stages - 2)), "wait counts {waits:?} at {stages} stages");
-        // Rings: A [128, 32 + 8] and B [32, 128 + 8] bf16 per stage.
-        let ring = stages * (128 * 40 + 32 * 136) * 2;
+        // Rings: A [128, 32 + 8] (64-byte rows, padded) and B [32, 128]
+        // (256-byte rows, XOR-swizzled, no padding) bf16 per stage.
+        let ring = stages * (128 * 40 + 32 * 128) * 2;
         assert!(c.shared_bytes >= ring, "{} < {ring}", c.shared_bytes);
         let report = assemble(&c.ptx, "sm_80", &format!("matmul_bf16_pipelined_{stages}"));
         assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
@@ -520,9 +521,8 @@ fn paged_decode() {
         let ptx = compile(f, &CompileOptions { target: Target::Sm90a, num_warps: *w, num_stages: STAGES })
             .unwrap()
             .ptx;
-        // K/V are copied with `cp.async.ca` (the loads ask for `.ca`).
         assert!(
-            ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.ca.shared.global.L2::128B")
+            ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.cg.shared.global.L2::128B")
         );
     }
 }

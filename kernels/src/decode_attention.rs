@@ -75,10 +75,9 @@
 //! `[BLOCK_N, HEAD_DIM]` K/V tile itself, so every access is a 16-byte
 //! vector and the loads of whole key blocks are pipelined `num_stages` deep
 //! with `cp.async` by the codegen (their addresses depend only on the loop
-//! index), allocating in L1 (`cache_modifier = ".ca"`: on H100 the B64/L8192
-//! shape ran 2.3% faster with the one-program-per-SM 128-key config than
-//! with L2-only copies); the last, partial key block runs in a second loop
-//! with masks.
+//! index; the stages are XOR-swizzled, which also made L2-only copies
+//! faster than `cache_modifier = ".ca"` ones on H100); the last, partial key
+//! block runs in a second loop with masks.
 //! Tensor cores need `BLOCK_N` to be a multiple of `8 * num_warps` (other
 //! configs run, with `dot` on FMAs). f32 caches use [`paged_decode`].
 //!
@@ -294,9 +293,9 @@ pub fn paged_decode_tc<T: Float>(
         let key = s0 + keys;
         let page = load(bt + key / PAGE);
         let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
-        let k = load(k_cache + kv, cache_modifier = ".ca");
+        let k = load(k_cache + kv);
         let t = dot(q, trans(k)) * qk_scale;
-        let v = load(v_cache + kv, cache_modifier = ".ca");
+        let v = load(v_cache + kv);
         let (m_new, l_new, acc_new) = online_softmax_step(t, v, m, l, acc, T);
         m = m_new;
         l = l_new;

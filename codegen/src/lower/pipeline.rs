@@ -2,8 +2,9 @@
 //!
 //! A `for` whose body loads an operand of a tensor-core `dot` (directly, or
 //! the `[N, K]` tile of a `b = trans(x)` the plan reads in place) gets a ring
-//! of `num_stages` shared-memory buffers per such load, laid out exactly as
-//! the `dot` stages that operand (`[rows, cols + ROW_PAD]`), and the loads
+//! of `num_stages` shared-memory buffers per such load (`[rows, cols]` rows
+//! of 128 bytes or more XOR-swizzled, see [`swizzled`]; narrower rows padded
+//! to `[rows, cols + ROW_PAD]` as the `dot` stages them), and the loads
 //! become asynchronous copies (`cp.async`, 16/8/4 bytes per thread chunk,
 //! masked lanes zero-filled with a source size of 0) issued
 //! `num_stages - 1` iterations ahead:
@@ -65,7 +66,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 pub(crate) struct PipeLoad {
     /// The `load`.
     pub load: Inst,
-    /// Rows and columns of the loaded tile (its staged `[rows, cols + ROW_PAD]` shape).
+    /// Columns of the loaded tile (its stage is `[rows, cols]` swizzled or
+    /// `[rows, cols + ROW_PAD]` padded, see [`swizzled`]).
     pub cols: usize,
     /// Bytes of one stage (16-byte aligned).
     pub stage_bytes: u64,
@@ -165,7 +167,7 @@ pub(crate) fn analyze(
             let roots: Vec<Value> = args[..if has_mask { 2 } else { 1 }].to_vec();
             let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
             slice.extend(s);
-            let stage_bytes = ((ty.shape[0] * (cols + ROW_PAD) * eb) as u64).div_ceil(16) * 16;
+            let stage_bytes = ((ty.shape[0] * staged_cols(cols) * eb) as u64).div_ceil(16) * 16;
             loads.push(PipeLoad { load: i, cols, stage_bytes, ring_off: ring, width: w });
             ring += stage_bytes * stages as u64;
             p.by_dot.insert(key, i);
@@ -418,7 +420,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let zero = self.i32c(0);
             let mut copies = Vec::with_capacity(p.len() / ld.width);
             for s0 in (0..p.len()).step_by(ld.width) {
-                let idx = self.chunk_index(&l, base, s0, ld.cols)?;
+                let idx = if swizzled(ld.cols) {
+                    self.swizzled_index(&l, base, s0, ld.cols)?
+                } else {
+                    self.chunk_index(&l, base, s0, ld.cols)?
+                };
                 let dst = self.smem_elem(stage_ptr, 0, et, idx)?;
                 let size = match &m {
                     Some(m) => {
@@ -494,15 +500,38 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// The shared-memory stage pointer of a pipelined load in the current
-    /// iteration, when `(dot, operand)` reads one.
-    pub(super) fn pipe_operand(&mut self, dot: Inst, operand: usize) -> Result<Option<PointerValue<'ctx>>> {
+    /// iteration, when `(dot, operand)` reads one,
+    /// and whether that stage is XOR-swizzled ([`swizzled`]) rather than padded.
+    pub(super) fn pipe_operand(
+        &mut self,
+        dot: Inst,
+        operand: usize,
+    ) -> Result<Option<(PointerValue<'ctx>, bool)>> {
         let Some(&ld) = self.pipe.by_dot.get(&(dot, operand)) else { return Ok(None) };
         let Some(&(stage, ring_off, stage_bytes)) = self.pipe_stage.get(&ld) else { return Ok(None) };
+        let cols = self.f.ty(self.f.insts[ld].results[0]).shape[1];
         let ring = self.ring_base()?;
         let off = self.b.build_int_mul(stage, self.i32c(stage_bytes as i64), "")?;
         let off = self.b.build_int_add(off, self.i32c(ring_off as i64), "")?;
         // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
-        Ok(Some(unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), ring, &[off], "")? }))
+        let p = unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), ring, &[off], "")? };
+        Ok(Some((p, swizzled(cols))))
+    }
+
+    /// The swizzled index of the first element of the chunk holding `slot`
+    /// of a `[rows, cols]` tile in layout `l` (see [`swizzled`]).
+    fn swizzled_index(
+        &self,
+        l: &Layout,
+        base: IntValue<'ctx>,
+        slot: usize,
+        cols: usize,
+    ) -> Result<IntValue<'ctx>> {
+        let lin = self.linear_index(l, base, slot)?;
+        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        let phase = self.b.build_and(row, self.i32c(7), "")?;
+        let phase = self.b.build_left_shift(phase, self.i32c(3), "")?;
+        Ok(self.b.build_xor(lin, phase, "")?)
     }
 
     /// `a < b` for the loop bound comparison (signed or unsigned).
@@ -515,4 +544,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let pred = if signed { IntPredicate::SLT } else { IntPredicate::ULT };
         Ok(self.b.build_int_compare(pred, a, b, "")?)
     }
+}
+
+/// True when a ring stage of rows of `cols` 16-bit elements is XOR-swizzled
+/// instead of padded: rows of at least 128 bytes (8 chunks of 16 bytes), the
+/// chunk `c` of row `r` stored at chunk `c ^ (r mod 8)` of the same row. An
+/// `ldmatrix` phase (8 rows, one chunk each) and every 128-byte group of a
+/// `cp.async` then hit distinct banks, with no padding: each 8-lane group of
+/// a copy writes one aligned 128-byte line (with the 16-byte row padding the
+/// groups straddled lines, and H100 replayed the copies and fetched their
+/// sectors from L2 twice).
+pub(crate) fn swizzled(cols: usize) -> bool {
+    cols >= 64 && cols.is_power_of_two()
+}
+
+/// Elements per staged row of a ring stage of `cols` columns.
+fn staged_cols(cols: usize) -> usize {
+    if swizzled(cols) { cols } else { cols + ROW_PAD }
 }

@@ -6,7 +6,10 @@
 //! (read with `ldmatrix.trans`) or, when the plan found `b = permute(x)`, as
 //! `x`'s `[N, K]` (read with plain `ldmatrix`, and the permute is never
 //! lowered). The 16-byte padding shifts consecutive rows by four banks, so
-//! each 8-address `ldmatrix` phase is conflict-free. Each warp then loads, for
+//! each 8-address `ldmatrix` phase is conflict-free. Operands the pipeline
+//! copied into its ring stages are read in place; stages with rows of 128
+//! bytes or more are XOR-swizzled instead of padded (`pipeline::swizzled`),
+//! and the `ldmatrix` addresses XOR their column chunk with the row's phase. Each warp then loads, for
 //! every 16-wide `k` step, one `ldmatrix.x4` per 16-row `m` tile (the A
 //! fragment) and one `x4` per pair of 8-column `n` tiles (two B fragments),
 //! and issues one `mma` per (m tile, n tile).
@@ -65,6 +68,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // Operands the pipeline already copied into shared memory (`pipeline.rs`).
         let a_ring = if afr.is_none() { self.pipe_operand(inst, 0)? } else { None };
         let b_ring = self.pipe_operand(inst, 1)?;
+        let a_sw = a_ring.is_some_and(|r| r.1);
+        let b_sw = b_ring.is_some_and(|r| r.1);
+        let (a_ring, b_ring) = (a_ring.map(|r| r.0), b_ring.map(|r| r.0));
         let stage_a = afr.is_none() && a_ring.is_none();
         let a_elems = if stage_a { m * (k + ROW_PAD) } else { 0 };
         let b_elems = match (b_ring, b_src) {
@@ -98,14 +104,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let afr = match (afr, a_ring) {
             (Some(fr), _) => fr,
-            (None, Some(ring)) => self.a_frags(ring, 0, &l, k)?,
-            (None, None) => self.a_frags(smem, a_off, &l, k)?,
+            (None, Some(ring)) => self.a_frags(ring, 0, &l, k, a_sw)?,
+            (None, None) => self.a_frags(smem, a_off, &l, k, false)?,
         };
         let (b_mem, b_at) = match b_ring {
             Some(ring) => (ring, 0),
             None => (smem, b_off),
         };
-        self.mma_loop(b_mem, b_at, &afr, &l, k, d, b_src.is_some(), &mut acc)?;
+        self.mma_loop(b_mem, b_at, &afr, &l, k, d, b_src.is_some(), b_sw, &mut acc)?;
         self.set(res, acc);
         Ok(())
     }
@@ -126,7 +132,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.stage_padded(smem, 0, &lv, &regs, k, ty.dtype())?;
         }
         self.barrier()?;
-        let fr = self.a_frags(smem, 0, l, k)?;
+        let fr = self.a_frags(smem, 0, l, k, false)?;
         self.afrags.insert((v, *l), fr);
         Ok(())
     }
@@ -170,28 +176,51 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(out)
     }
 
-    /// The A fragments of a staged `[M, K + ROW_PAD]` operand at byte `off`:
-    /// per 16-wide `k` step, per m tile of this warp, the 4 registers of one
-    /// `ldmatrix.x4` (rows `r8 + bit3`, columns `bit4`: matrices in a0..a3 order).
+    /// The A fragments of a staged `[M, K]` operand at byte `off` (rows
+    /// padded to `K + ROW_PAD`, or XOR-swizzled with `sw`, see
+    /// `pipeline::swizzled`): per 16-wide `k` step, per m tile of this warp,
+    /// the 4 registers of one `ldmatrix.x4` (rows `r8 + bit3`, columns
+    /// `bit4`: matrices in a0..a3 order).
     fn a_frags(
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,
         l: &MmaLayout,
         k: usize,
+        sw: bool,
     ) -> Result<AFrags<'ctx>> {
         let (wm, _, lane) = self.warp_coords(l)?;
         let r8 = self.b.build_and(lane, self.i32c(7), "")?;
         let bit3 = self.lane_bit8(lane, 3)?;
         let bit4 = self.lane_bit8(lane, 4)?;
         let a_row = self.b.build_int_add(self.mad(wm, l.tile_m(), r8)?, bit3, "")?;
-        let a_base = self.mad(a_row, k + ROW_PAD, bit4)?;
+        let stride = if sw { k } else { k + ROW_PAD };
+        // Swizzled: the row's phase is `r8` (tile rows are multiples of 8),
+        // and column chunk `2 kk + bit4 / 8` sits at `(2 kk) ^ t` with
+        // `t = bit4 / 8 ^ r8` (the XOR touches the low three chunk bits only).
+        let (a_base, t8) = if sw {
+            let t8 = self.b.build_xor(bit4, self.b.build_left_shift(r8, self.i32c(3), "")?, "")?;
+            (self.b.build_int_mul(a_row, self.i32c(stride as i64), "")?, Some(t8))
+        } else {
+            (self.mad(a_row, stride, bit4)?, None)
+        };
         let mut out = Vec::with_capacity(k / 16);
         for kk in 0..k / 16 {
+            let col = match t8 {
+                Some(t8) => Some(self.b.build_xor(t8, self.i32c((kk * 16) as i64), "")?),
+                None => None,
+            };
             let mut per = Vec::with_capacity(l.tiles_m());
             for i in 0..l.tiles_m() {
-                let c = (i * 16) * (k + ROW_PAD) + kk * 16;
-                let idx = self.b.build_int_add(a_base, self.i32c(c as i64), "")?;
+                let idx = match col {
+                    Some(col) => {
+                        let r = self.b.build_int_add(a_base, self.i32c(((i * 16) * stride) as i64), "")?;
+                        self.b.build_int_add(r, col, "")?
+                    }
+                    None => {
+                        self.b.build_int_add(a_base, self.i32c(((i * 16) * stride + kk * 16) as i64), "")?
+                    }
+                };
                 per.push(self.ldmatrix(smem, off, idx, 4, false)?);
             }
             out.push(per);
@@ -267,12 +296,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         k: usize,
         d: DType,
         b_nk: bool,
+        sw: bool,
         acc: &mut Regs<'ctx>,
     ) -> Result<()> {
         let (_, wn, lane) = self.warp_coords(l)?;
         let r8 = self.b.build_and(lane, self.i32c(7), "")?;
         let bit3 = self.lane_bit8(lane, 3)?;
         let bit4 = self.lane_bit8(lane, 4)?;
+        if sw {
+            return self.mma_loop_swizzled(smem, b_off, afrags, l, k, d, b_nk, acc, (wn, r8, bit3, bit4));
+        }
         // B as [N, K]: rows wn * tile_n + r8 + bit4 (n), columns bit3 (k).
         // B as [K, N]: rows r8 + bit3 (k), columns wn * tile_n + bit4 (n).
         let b_base = if b_nk {
@@ -307,6 +340,71 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     (kk * 16) * (l.n + ROW_PAD) + j0 * 8
                 };
                 let idx = self.b.build_int_add(b_base, self.i32c(c as i64), "")?;
+                let count = if j0 + 1 < tn { 4 } else { 2 };
+                let r = self.ldmatrix(smem, b_off, idx, count, !b_nk)?;
+                for (h, bfr) in r.chunks(2).enumerate() {
+                    for (i, a) in afr.iter().enumerate() {
+                        let s = (i * tn + j0 + h) * 4;
+                        let out = self.mma16816(d, a, bfr, &acc[s..s + 4])?;
+                        acc[s..s + 4].copy_from_slice(&out);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::mma_loop`] over an XOR-swizzled `b` stage (`pipeline::swizzled`:
+    /// rows of `K` (`b_nk`) or `N` elements, chunk `c` of row `r` at
+    /// `c ^ (r mod 8)`). Every `ldmatrix` row address has phase `r8` (the
+    /// lane's row within its 8x8 matrix), so the column chunk of each load is
+    /// XORed with `r8`.
+    #[allow(clippy::too_many_arguments)]
+    fn mma_loop_swizzled(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        b_off: u64,
+        afrags: &[Vec<Vec<IntValue<'ctx>>>],
+        l: &MmaLayout,
+        k: usize,
+        d: DType,
+        b_nk: bool,
+        acc: &mut Regs<'ctx>,
+        (wn, r8, bit3, bit4): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    ) -> Result<()> {
+        let (tm, tn) = (l.tiles_m(), l.tiles_n());
+        let r8x8 = self.b.build_left_shift(r8, self.i32c(3), "")?;
+        // B as [N, K]: row n = wn * tile_n + r8 + bit4 (x2: without bit4),
+        // column chunk 2 kk + bit3 / 8, so the column is (16 kk) ^ (bit3 ^ 8 r8).
+        // B as [K, N]: row k = 16 kk + r8 + bit3, column chunk
+        // wn * tile_n / 8 + j0 + bit4 / 8 (x2: without bit4), XORed with r8.
+        let bit4_n = if tn == 1 { self.i32c(0) } else { bit4 };
+        let (row_base, t8) = if b_nk {
+            let nrow = self.b.build_int_add(self.mad(wn, l.tile_n(), r8)?, bit4_n, "")?;
+            let t8 = self.b.build_xor(bit3, r8x8, "")?;
+            (self.b.build_int_mul(nrow, self.i32c(k as i64), "")?, t8)
+        } else {
+            let krow = self.b.build_int_add(r8, bit3, "")?;
+            let ncol = self.b.build_int_add(
+                self.b.build_int_mul(wn, self.i32c(l.tile_n() as i64), "")?,
+                bit4_n,
+                "",
+            )?;
+            (self.b.build_int_mul(krow, self.i32c(l.n as i64), "")?, ncol)
+        };
+        for (kk, afr) in afrags.iter().enumerate().take(k / 16) {
+            debug_assert_eq!(afr.len(), tm);
+            for j0 in (0..tn).step_by(2) {
+                let idx = if b_nk {
+                    let col = self.b.build_xor(t8, self.i32c((kk * 16) as i64), "")?;
+                    let r = self.b.build_int_add(row_base, self.i32c(((j0 * 8) * k) as i64), "")?;
+                    self.b.build_int_add(r, col, "")?
+                } else {
+                    let col = self.b.build_int_add(t8, self.i32c((j0 * 8) as i64), "")?;
+                    let col = self.b.build_xor(col, r8x8, "")?;
+                    let r = self.b.build_int_add(row_base, self.i32c(((kk * 16) * l.n) as i64), "")?;
+                    self.b.build_int_add(r, col, "")?
+                };
                 let count = if j0 + 1 < tn { 4 } else { 2 };
                 let r = self.ldmatrix(smem, b_off, idx, count, !b_nk)?;
                 for (h, bfr) in r.chunks(2).enumerate() {
