@@ -215,16 +215,26 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(())
     }
 
-    /// The padded index of the first element of the chunk holding `slot`.
+    /// The staged index of the first element of the chunk holding `slot` of
+    /// a `[rows, cols]` tile: rows padded by [`ROW_PAD`], or with `swizzle`
+    /// (16-bit elements, `cols >= 64`) chunk `c` of row `r` at `c ^ (r mod 8)`
+    /// (`pipeline::swizzled`; the XOR touches the chunk bits of the column
+    /// only).
     pub(super) fn chunk_index(
         &self,
         l: &Layout,
         base: IntValue<'ctx>,
         slot: usize,
         cols: usize,
+        swizzle: bool,
     ) -> Result<IntValue<'ctx>> {
         let lin = self.linear_index(l, base, slot)?;
         let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        if swizzle {
+            let phase = self.b.build_and(row, self.i32c(7), "")?;
+            let phase = self.b.build_left_shift(phase, self.i32c(3), "")?;
+            return Ok(self.b.build_xor(lin, phase, "")?);
+        }
         let pad = self.b.build_int_mul(row, self.i32c(ROW_PAD as i64), "")?;
         Ok(self.b.build_int_add(lin, pad, "")?)
     }
@@ -253,7 +263,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let vt = super::memory::vec_type(et, pc as u32)?;
         let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
         for s0 in (0..regs.len()).step_by(pc) {
-            let idx = self.chunk_index(l, base, s0, cols)?;
+            let idx = self.chunk_index(l, base, s0, cols, false)?;
             let mut vec = vt.get_undef();
             for e in 0..pc {
                 let v = self.reg_to_mem(regs[s0 + e], d)?;
@@ -282,7 +292,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
         let mut out = Vec::with_capacity(l.regs());
         for s0 in (0..l.regs()).step_by(pc) {
-            let idx = self.chunk_index(l, base, s0, cols)?;
+            let idx = self.chunk_index(l, base, s0, cols, false)?;
             let p = self.smem_elem(smem, off, et, idx)?;
             let v = self.b.build_load(vt, p, "")?;
             if let Some(i) = v.as_instruction_value() {

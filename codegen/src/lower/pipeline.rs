@@ -420,11 +420,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let zero = self.i32c(0);
             let mut copies = Vec::with_capacity(p.len() / ld.width);
             for s0 in (0..p.len()).step_by(ld.width) {
-                let idx = if swizzled(ld.cols) {
-                    self.swizzled_index(&l, base, s0, ld.cols)?
-                } else {
-                    self.chunk_index(&l, base, s0, ld.cols)?
-                };
+                let idx = self.chunk_index(&l, base, s0, ld.cols, swizzled(ld.cols))?;
                 let dst = self.smem_elem(stage_ptr, 0, et, idx)?;
                 let size = match &m {
                     Some(m) => {
@@ -516,22 +512,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
         let p = unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), ring, &[off], "")? };
         Ok(Some((p, swizzled(cols))))
-    }
-
-    /// The swizzled index of the first element of the chunk holding `slot`
-    /// of a `[rows, cols]` tile in layout `l` (see [`swizzled`]).
-    fn swizzled_index(
-        &self,
-        l: &Layout,
-        base: IntValue<'ctx>,
-        slot: usize,
-        cols: usize,
-    ) -> Result<IntValue<'ctx>> {
-        let lin = self.linear_index(l, base, slot)?;
-        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
-        let phase = self.b.build_and(row, self.i32c(7), "")?;
-        let phase = self.b.build_left_shift(phase, self.i32c(3), "")?;
-        Ok(self.b.build_xor(lin, phase, "")?)
     }
 
     /// `a < b` for the loop bound comparison (signed or unsigned).

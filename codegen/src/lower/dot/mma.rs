@@ -303,43 +303,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let r8 = self.b.build_and(lane, self.i32c(7), "")?;
         let bit3 = self.lane_bit8(lane, 3)?;
         let bit4 = self.lane_bit8(lane, 4)?;
-        if sw {
-            return self.mma_loop_swizzled(smem, b_off, afrags, l, k, d, b_nk, acc, (wn, r8, bit3, bit4));
-        }
-        // B as [N, K]: rows wn * tile_n + r8 + bit4 (n), columns bit3 (k).
-        // B as [K, N]: rows r8 + bit3 (k), columns wn * tile_n + bit4 (n).
-        let b_base = if b_nk {
-            let nrow = self.b.build_int_add(self.mad(wn, l.tile_n(), r8)?, bit4, "")?;
-            self.mad(nrow, k + ROW_PAD, bit3)?
-        } else {
-            let krow = self.b.build_int_add(r8, bit3, "")?;
-            let ncol = self.b.build_int_add(
-                self.b.build_int_mul(wn, self.i32c(l.tile_n() as i64), "")?,
-                bit4,
-                "",
-            )?;
-            self.mad(krow, l.n + ROW_PAD, ncol)?
-        };
         let (tm, tn) = (l.tiles_m(), l.tiles_n());
-        // A lone n tile (`tile_n == 8`) loads with `x2`, which reads the
-        // addresses of lanes 0-15 only; the others still get in-bounds ones.
-        let b_base = if tn == 1 {
-            let hi =
-                self.b.build_int_mul(bit4, self.i32c(if b_nk { (k + ROW_PAD) as i64 } else { 1 }), "")?;
-            self.b.build_int_sub(b_base, hi, "")?
-        } else {
-            b_base
-        };
+        let addr = self.b_addr(l, k, b_nk, sw, (wn, r8, bit3, bit4))?;
         for (kk, afr) in afrags.iter().enumerate().take(k / 16) {
             debug_assert_eq!(afr.len(), tm);
             // One pair of n tiles at a time: its B fragments, then its mmas.
             for j0 in (0..tn).step_by(2) {
-                let c = if b_nk {
-                    (j0 * 8) * (k + ROW_PAD) + kk * 16
-                } else {
-                    (kk * 16) * (l.n + ROW_PAD) + j0 * 8
-                };
-                let idx = self.b.build_int_add(b_base, self.i32c(c as i64), "")?;
+                let idx = self.b_index(&addr, l, k, b_nk, kk, j0)?;
                 let count = if j0 + 1 < tn { 4 } else { 2 };
                 let r = self.ldmatrix(smem, b_off, idx, count, !b_nk)?;
                 for (h, bfr) in r.chunks(2).enumerate() {
@@ -354,68 +324,105 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(())
     }
 
-    /// [`Self::mma_loop`] over an XOR-swizzled `b` stage (`pipeline::swizzled`:
-    /// rows of `K` (`b_nk`) or `N` elements, chunk `c` of row `r` at
-    /// `c ^ (r mod 8)`). Every `ldmatrix` row address has phase `r8` (the
-    /// lane's row within its 8x8 matrix), so the column chunk of each load is
+    /// The lane's part of the B fragment addresses of [`Self::mma_loop`].
+    /// B as `[N, K]`: rows `wn * tile_n + r8 + bit4` (n), columns `bit3`
+    /// (k); B as `[K, N]`: rows `r8 + bit3` (k), columns `wn * tile_n + bit4`
+    /// (n). A lone n tile (`tile_n == 8`) loads with `x2`, which reads the
+    /// addresses of lanes 0-15 only; the others still get in-bounds ones
+    /// (without `bit4`). With `sw` the stage is XOR-swizzled
+    /// (`pipeline::swizzled`: chunk `c` of row `r` at `c ^ (r mod 8)`); every
+    /// `ldmatrix` row address has phase `r8`, so each load's column chunk is
     /// XORed with `r8`.
-    #[allow(clippy::too_many_arguments)]
-    fn mma_loop_swizzled(
-        &mut self,
-        smem: PointerValue<'ctx>,
-        b_off: u64,
-        afrags: &[Vec<Vec<IntValue<'ctx>>>],
+    fn b_addr(
+        &self,
         l: &MmaLayout,
         k: usize,
-        d: DType,
         b_nk: bool,
-        acc: &mut Regs<'ctx>,
+        sw: bool,
         (wn, r8, bit3, bit4): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
-    ) -> Result<()> {
-        let (tm, tn) = (l.tiles_m(), l.tiles_n());
-        let r8x8 = self.b.build_left_shift(r8, self.i32c(3), "")?;
-        // B as [N, K]: row n = wn * tile_n + r8 + bit4 (x2: without bit4),
-        // column chunk 2 kk + bit3 / 8, so the column is (16 kk) ^ (bit3 ^ 8 r8).
-        // B as [K, N]: row k = 16 kk + r8 + bit3, column chunk
-        // wn * tile_n / 8 + j0 + bit4 / 8 (x2: without bit4), XORed with r8.
-        let bit4_n = if tn == 1 { self.i32c(0) } else { bit4 };
-        let (row_base, t8) = if b_nk {
-            let nrow = self.b.build_int_add(self.mad(wn, l.tile_n(), r8)?, bit4_n, "")?;
-            let t8 = self.b.build_xor(bit3, r8x8, "")?;
-            (self.b.build_int_mul(nrow, self.i32c(k as i64), "")?, t8)
+    ) -> Result<BAddr<'ctx>> {
+        let tn = l.tiles_n();
+        if sw {
+            let r8x8 = self.b.build_left_shift(r8, self.i32c(3), "")?;
+            // [N, K]: column chunk 2 kk + bit3 / 8, so the column is
+            // (16 kk) ^ (bit3 ^ 8 r8). [K, N]: column chunk
+            // wn * tile_n / 8 + j0 + bit4 / 8, XORed with r8.
+            let bit4_n = if tn == 1 { self.i32c(0) } else { bit4 };
+            let (row, t8) = if b_nk {
+                let nrow = self.b.build_int_add(self.mad(wn, l.tile_n(), r8)?, bit4_n, "")?;
+                let t8 = self.b.build_xor(bit3, r8x8, "")?;
+                (self.b.build_int_mul(nrow, self.i32c(k as i64), "")?, t8)
+            } else {
+                let krow = self.b.build_int_add(r8, bit3, "")?;
+                let ncol = self.b.build_int_add(
+                    self.b.build_int_mul(wn, self.i32c(l.tile_n() as i64), "")?,
+                    bit4_n,
+                    "",
+                )?;
+                (self.b.build_int_mul(krow, self.i32c(l.n as i64), "")?, ncol)
+            };
+            return Ok(BAddr::Swizzled { row, t8, r8x8 });
+        }
+        let b_base = if b_nk {
+            let nrow = self.b.build_int_add(self.mad(wn, l.tile_n(), r8)?, bit4, "")?;
+            self.mad(nrow, k + ROW_PAD, bit3)?
         } else {
             let krow = self.b.build_int_add(r8, bit3, "")?;
             let ncol = self.b.build_int_add(
                 self.b.build_int_mul(wn, self.i32c(l.tile_n() as i64), "")?,
-                bit4_n,
+                bit4,
                 "",
             )?;
-            (self.b.build_int_mul(krow, self.i32c(l.n as i64), "")?, ncol)
+            self.mad(krow, l.n + ROW_PAD, ncol)?
         };
-        for (kk, afr) in afrags.iter().enumerate().take(k / 16) {
-            debug_assert_eq!(afr.len(), tm);
-            for j0 in (0..tn).step_by(2) {
-                let idx = if b_nk {
-                    let col = self.b.build_xor(t8, self.i32c((kk * 16) as i64), "")?;
-                    let r = self.b.build_int_add(row_base, self.i32c(((j0 * 8) * k) as i64), "")?;
-                    self.b.build_int_add(r, col, "")?
-                } else {
-                    let col = self.b.build_int_add(t8, self.i32c((j0 * 8) as i64), "")?;
-                    let col = self.b.build_xor(col, r8x8, "")?;
-                    let r = self.b.build_int_add(row_base, self.i32c(((kk * 16) * l.n) as i64), "")?;
-                    self.b.build_int_add(r, col, "")?
-                };
-                let count = if j0 + 1 < tn { 4 } else { 2 };
-                let r = self.ldmatrix(smem, b_off, idx, count, !b_nk)?;
-                for (h, bfr) in r.chunks(2).enumerate() {
-                    for (i, a) in afr.iter().enumerate() {
-                        let s = (i * tn + j0 + h) * 4;
-                        let out = self.mma16816(d, a, bfr, &acc[s..s + 4])?;
-                        acc[s..s + 4].copy_from_slice(&out);
-                    }
-                }
-            }
-        }
-        Ok(())
+        Ok(BAddr::Padded(if tn == 1 {
+            let hi =
+                self.b.build_int_mul(bit4, self.i32c(if b_nk { (k + ROW_PAD) as i64 } else { 1 }), "")?;
+            self.b.build_int_sub(b_base, hi, "")?
+        } else {
+            b_base
+        }))
     }
+
+    /// The element index of the B fragment load of k step `kk` and n-tile
+    /// pair `j0` (see [`Self::b_addr`]).
+    fn b_index(
+        &self,
+        a: &BAddr<'ctx>,
+        l: &MmaLayout,
+        k: usize,
+        b_nk: bool,
+        kk: usize,
+        j0: usize,
+    ) -> Result<IntValue<'ctx>> {
+        Ok(match *a {
+            BAddr::Padded(base) => {
+                let c = if b_nk {
+                    (j0 * 8) * (k + ROW_PAD) + kk * 16
+                } else {
+                    (kk * 16) * (l.n + ROW_PAD) + j0 * 8
+                };
+                self.b.build_int_add(base, self.i32c(c as i64), "")?
+            }
+            BAddr::Swizzled { row, t8, .. } if b_nk => {
+                let col = self.b.build_xor(t8, self.i32c((kk * 16) as i64), "")?;
+                let r = self.b.build_int_add(row, self.i32c(((j0 * 8) * k) as i64), "")?;
+                self.b.build_int_add(r, col, "")?
+            }
+            BAddr::Swizzled { row, t8, r8x8 } => {
+                let col = self.b.build_int_add(t8, self.i32c((j0 * 8) as i64), "")?;
+                let col = self.b.build_xor(col, r8x8, "")?;
+                let r = self.b.build_int_add(row, self.i32c(((kk * 16) * l.n) as i64), "")?;
+                self.b.build_int_add(r, col, "")?
+            }
+        })
+    }
+}
+
+/// How [`Lowerer::mma_loop`] addresses the staged `b` (from [`Lowerer::b_addr`]).
+enum BAddr<'ctx> {
+    /// Padded rows: the lane's base index; each load adds a constant.
+    Padded(IntValue<'ctx>),
+    /// XOR-swizzled rows: the lane's row base, its column term and `8 r8`.
+    Swizzled { row: IntValue<'ctx>, t8: IntValue<'ctx>, r8x8: IntValue<'ctx> },
 }
