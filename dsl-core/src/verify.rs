@@ -6,11 +6,12 @@
 //! satisfy the op's inference rule; tile dimensions are powers of two; regions
 //! have one block and the right terminator with the right types; terminators
 //! appear only at the end of op regions; instructions and values are not
-//! shared between blocks.
+//! shared between blocks; `gdc_wait` appears at most once, in the body block,
+//! after no store, atomic or volatile load (see [`crate::ir::ops::program`]).
 
 use crate::dtype::Type;
 use crate::error::{Diagnostic, Error, Result};
-use crate::ir::ops::{ControlOp, ReduceKind, ScanKind};
+use crate::ir::ops::{ControlOp, ProgramOp, ReduceKind, ScanKind};
 use crate::ir::{Block, Function, Inst, Op, Region, Value};
 use rustc_hash::FxHashSet;
 
@@ -26,6 +27,7 @@ pub fn verify_collect(f: &Function) -> Vec<Diagnostic> {
         Verifier { f, diags: Vec::new(), defined: FxHashSet::default(), seen_insts: FxHashSet::default() };
     v.check_params();
     v.region(f.body, None);
+    v.check_grid_wait();
     v.diags
 }
 
@@ -56,6 +58,26 @@ impl Verifier<'_> {
             let t = self.f.ty(p.value);
             if !t.is_scalar() {
                 self.err(None, format!("parameter `{}` must be a scalar or pointer, found {t}", p.name));
+            }
+        }
+    }
+
+    /// The `gdc_wait` rule: every thread runs the one wait (so it sits in the
+    /// body block, outside control flow), and nothing is written before it
+    /// (a write could race with the still-running previous kernel).
+    fn check_grid_wait(&mut self) {
+        let f = self.f;
+        let mut waits = Vec::new();
+        collect_waits(f, f.body_block(), &mut waits);
+        let top = &f.blocks[f.body_block()].insts;
+        for (n, &w) in waits.iter().enumerate() {
+            if n > 0 {
+                self.err(Some(w), "`gdc_wait` may appear only once in a kernel".into());
+            } else if !top.contains(&w) {
+                self.err(Some(w), "`gdc_wait` must be at the top level of the kernel body, outside `if` and loops, so every thread runs it".into());
+            } else if let Some(&st) = top.iter().take_while(|&&i| i != w).find(|&&i| writes(f, i)) {
+                let what = f.insts[st].op.name();
+                self.err(Some(w), format!("`gdc_wait` must come before every store, atomic and volatile load, but `{what}` at {} precedes it", f.insts[st].loc));
             }
         }
     }
@@ -236,6 +258,30 @@ impl Verifier<'_> {
         let block: Vec<Type> = elems.iter().chain(elems.iter()).cloned().collect();
         self.check_region(i, 0, &block, ControlOp::Yield, &elems);
     }
+}
+
+/// The `gdc_wait` ops in block `b` and its regions, in program order.
+fn collect_waits(f: &Function, b: Block, out: &mut Vec<Inst>) {
+    for &i in &f.blocks[b].insts {
+        if f.insts[i].op == Op::Program(ProgramOp::GdcWait) {
+            out.push(i);
+        }
+        for &r in &f.insts[i].regions {
+            for &rb in &f.regions[r].blocks {
+                collect_waits(f, rb, out);
+            }
+        }
+    }
+}
+
+/// True when instruction `i` (or an op in its regions) stores, performs an
+/// atomic or loads volatile (reads that synchronize with other kernels).
+fn writes(f: &Function, i: Inst) -> bool {
+    matches!(f.insts[i].op, Op::Memory(ref m) if m.has_side_effects())
+        || f.insts[i]
+            .regions
+            .iter()
+            .any(|&r| f.regions[r].blocks.iter().any(|&b| f.blocks[b].insts.iter().any(|&j| writes(f, j))))
 }
 
 fn fmt(tys: &[Type]) -> String {

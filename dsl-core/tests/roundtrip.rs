@@ -182,6 +182,8 @@ fn hints_debug_casts() -> Function {
             let y = param_ptr("y", DType::U8);
             let offs = max_contiguous(multiple_of(program_id(0) * 64 + arange(0, 64), 64), 64);
             let base = max_constancy(multiple_of(n, 16), 1);
+            gdc_wait();
+            gdc_launch_dependents();
             let v = load_with(
                 x + offs,
                 Some(offs.lt(base)),

@@ -142,6 +142,10 @@ pub fn paged_decode<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] SPLIT: bool,
 ) {
+    // Programmatic dependent launch (sm_90): every input may come from the
+    // previous kernel, so wait first; then let the next kernel start early.
+    gdc_wait();
+    gdc_launch_dependents();
     let b = program_id(0);
     let h = program_id(1);
     let split = program_id(2);
@@ -264,6 +268,8 @@ pub fn paged_decode_tc<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] SPLIT: bool,
 ) {
+    gdc_wait();
+    gdc_launch_dependents();
     let b = program_id(0);
     let h = program_id(1);
     let split = program_id(2);
@@ -344,6 +350,8 @@ pub fn paged_decode_reduce<T: Float>(
     #[constexpr] GROUP: usize,
     #[constexpr] HEAD_DIM: usize,
 ) {
+    gdc_wait();
+    gdc_launch_dependents();
     let b = program_id(0);
     let hq = program_id(1);
     let h_kv = num_programs(1) / GROUP;

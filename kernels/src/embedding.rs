@@ -66,6 +66,10 @@ pub fn embedding_q8_0<T: Float>(
     vocab: i32,
     #[constexpr] BLOCK: usize,
 ) {
+    // Programmatic dependent launch (sm_90): every input may come from the
+    // previous kernel, so wait first; then let the next kernel start early.
+    gdc_wait();
+    gdc_launch_dependents();
     let t = program_id(0);
     let id = load(ids_ptr + t);
     let valid = id >= 0 && id < vocab;

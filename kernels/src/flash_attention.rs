@@ -158,6 +158,10 @@ pub fn flash_attention<T: Float>(
     #[constexpr] CAUSAL: bool,
 ) {
     static_assert(H_Q % H_KV == 0, "H_Q must be a multiple of H_KV");
+    // Programmatic dependent launch (sm_90): every input may come from the
+    // previous kernel, so wait first; then let the next kernel start early.
+    gdc_wait();
+    gdc_launch_dependents();
     let group = H_Q / H_KV;
     let pid_m = program_id(0);
     let bh = program_id(1);

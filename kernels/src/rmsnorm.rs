@@ -84,6 +84,10 @@ pub fn add_rmsnorm<T: Float>(
     eps: f32,
     #[constexpr] BLOCK: usize,
 ) {
+    // Programmatic dependent launch (sm_90): every input may come from the
+    // previous kernel, so wait first; then let the next kernel start early.
+    gdc_wait();
+    gdc_launch_dependents();
     let row = program_id(0);
     let cols = arange(0, BLOCK);
     let mask = cols < n_cols;
@@ -113,6 +117,8 @@ pub fn rmsnorm<T: Float>(
     eps: f32,
     #[constexpr] BLOCK: usize,
 ) {
+    gdc_wait();
+    gdc_launch_dependents();
     let row = program_id(0);
     let cols = arange(0, BLOCK);
     let mask = cols < n_cols;

@@ -96,6 +96,10 @@ pub fn rope_kv_write<T: Float>(
     #[constexpr] N_KV: usize,
     #[constexpr] HEAD_DIM: usize,
 ) {
+    // Programmatic dependent launch (sm_90): every input may come from the
+    // previous kernel, so wait first; then let the next kernel start early.
+    gdc_wait();
+    gdc_launch_dependents();
     let half = HEAD_DIM / 2;
     let tok = program_id(0);
     let row = tok * ((N_Q + 2 * N_KV) * HEAD_DIM);

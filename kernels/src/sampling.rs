@@ -216,6 +216,10 @@ pub fn sample(
     stride: i32,
     #[constexpr] BLOCK: usize,
 ) {
+    // Programmatic dependent launch (sm_90): every input may come from the
+    // previous kernel, so wait first; then let the next kernel start early.
+    gdc_wait();
+    gdc_launch_dependents();
     let row = program_id(0);
     let cols = arange(0, BLOCK);
     let x_row = logits_ptr + row * stride;
@@ -335,6 +339,8 @@ pub fn penalties(
     stride: i32,
     #[constexpr] BLOCK: usize,
 ) {
+    gdc_wait();
+    gdc_launch_dependents();
     let row = program_id(0);
     let slot = load(slot_ptr + row);
     let rep = load(repetition_ptr + row);
@@ -367,6 +373,8 @@ pub fn token_counts_add(
     vocab: i32,
     #[constexpr] BLOCK: usize,
 ) {
+    gdc_wait();
+    gdc_launch_dependents();
     let j = program_id(0) * BLOCK + arange(0, BLOCK);
     let in_range = j < n;
     let slot = load(slot_ptr + j, mask = in_range, other = -1);

@@ -84,6 +84,15 @@ pub(crate) struct Timed {
     params: Vec<crate::cuda::KernelParam>,
 }
 
+impl Timed {
+    /// Enqueues the launch, overlapping the previous kernel when `overlap`
+    /// (whatever the kernel declares: only the PDL check's negative control
+    /// overrides it).
+    pub(crate) fn launch_with(&self, cuda: &Cuda, overlap: bool) -> Result<()> {
+        cuda.gpu().launch_raw(&self.p.kernel, self.grid, self.p.threads, &self.params, overlap)
+    }
+}
+
 /// Prepares `K` on `config` and `args` over `grid` for [`time_prepared_ms`].
 pub(crate) fn prepared<'a, K: Kernel>(
     cuda: &mut Cuda,
@@ -127,7 +136,7 @@ pub(crate) fn time_prepared_ms(cuda: &mut Cuda, opts: &BenchOptions, launches: &
     let spacer_grid = [SPACER_LEN.div_ceil(1024) as u32, 1, 1];
     let round = |cuda: &mut Cuda| -> Result<()> {
         for l in launches {
-            cuda.gpu().launch_raw(&l.p.kernel, l.grid, l.p.threads, &l.params)?;
+            l.launch_with(cuda, l.p.overlap)?;
         }
         Ok(())
     };

@@ -38,6 +38,7 @@ pub mod check_attention;
 pub mod check_decode;
 pub mod check_dequant;
 pub mod check_matmul;
+pub mod check_pdl;
 pub mod check_q8;
 pub mod check_rope;
 pub mod check_sampling;

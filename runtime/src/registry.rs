@@ -492,11 +492,18 @@ pub fn find(name: &str) -> Option<&'static Entry> {
 pub type Family = (&'static str, &'static str, CheckFn);
 
 /// The check families, run by `gpu-check` after the kernels.
-pub const FAMILIES: &[Family] = &[(
-    "model",
-    "tiny Llama: forward vs interpreter, on-device sampling, CUDA-graph replay vs eager launches",
-    crate::model::check::model_checks,
-)];
+pub const FAMILIES: &[Family] = &[
+    (
+        "model",
+        "tiny Llama: forward vs interpreter, on-device sampling, CUDA-graph replay vs eager launches",
+        crate::model::check::model_checks,
+    ),
+    (
+        "pdl",
+        "programmatic dependent launch: overlapped launch chains exact (eager and graph), no-wait control races",
+        crate::check_pdl::pdl_checks,
+    ),
+];
 
 /// The check family named `name`.
 pub fn find_family(name: &str) -> Option<&'static Family> {

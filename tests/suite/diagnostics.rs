@@ -39,6 +39,69 @@ fn build_errors_are_collected_with_locations() {
     assert_eq!(diagnostics[2].op, Some("exp"));
 }
 
+/// `gdc_wait` must run in every thread before any write: once, at the top
+/// level, after no store. Loads may precede it; such a kernel is marked as
+/// one that may overlap its predecessor.
+#[test]
+fn gdc_wait_placement_is_checked() {
+    let build = |name: &str, body: fn(Tensor)| {
+        KernelBuilder::new(name).build(|| {
+            let x = param_ptr("x", DType::F32);
+            body(x)
+        })
+    };
+    let ok = build("ok", |x| {
+        let v = load(x + arange(0, 32), None, None);
+        gdc_wait();
+        gdc_launch_dependents();
+        store(x + arange(0, 32), v + 1.0f32, None);
+    })
+    .unwrap();
+    assert!(ok.waits_on_grid());
+    let plain = build("plain", |x| store(x + arange(0, 32), 1.0f32, None)).unwrap();
+    assert!(!plain.waits_on_grid());
+
+    type Case = (&'static str, fn(Tensor), &'static str);
+    let cases: [Case; 4] = [
+        (
+            "after_store",
+            |x| {
+                store(x + arange(0, 32), 1.0f32, None);
+                gdc_wait();
+            },
+            "`gdc_wait` must come before every store, atomic and volatile load, but `store` at",
+        ),
+        (
+            "after_atomic_in_if",
+            |x| {
+                if_then(program_id(0).gt(0), || {
+                    let _ = atomic_add(x + arange(0, 32), 1.0f32, None);
+                });
+                gdc_wait();
+            },
+            "but `if` at",
+        ),
+        (
+            "in_if",
+            |_| if_then(program_id(0).gt(0), || gdc_wait()),
+            "must be at the top level of the kernel body",
+        ),
+        (
+            "twice",
+            |_| {
+                gdc_wait();
+                gdc_wait();
+            },
+            "`gdc_wait` may appear only once",
+        ),
+    ];
+    for (name, body, want) in cases {
+        let msg = build(name, body).unwrap_err().to_string();
+        assert!(msg.contains(want), "{name}: {msg}");
+        assert!(msg.contains("diagnostics.rs"), "{name}: the error names the source: {msg}");
+    }
+}
+
 #[test]
 fn non_power_of_two_shapes_are_rejected_where_padding_cannot_apply() {
     let err = KernelBuilder::new("np2").build(|| {

@@ -100,7 +100,7 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     overrides: FxHashMap<Value, Regs<'ctx>>,
     /// A fragments of hoisted `dot` operands: per 16-wide `k` step, per m tile, 4 registers.
     pub afrags: FxHashMap<(Value, crate::mma::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
-    #[allow(dead_code)] // Reserved for target-specific lowering (sm_90a paths).
+    /// The compile options (the target selects sm_90-only instructions).
     pub opts: CompileOptions,
 }
 

@@ -1,8 +1,15 @@
 //! Grid queries: `program_id` reads `%ctaid.{x,y,z}`, `num_programs` reads
 //! `%nctaid.{x,y,z}`; both are uniform `i32` scalars.
+//!
+//! Grid dependency control (sm_90+): `gdc_wait` is `griddepcontrol.wait` and
+//! `gdc_launch_dependents` is `griddepcontrol.launch_dependents`, each an
+//! inline-assembly statement with a memory clobber so LLVM moves no memory
+//! access across it. Before sm_90 there is no programmatic dependent launch
+//! (the runtime never overlaps launches there), so both lower to nothing.
 
 use super::Lowerer;
 use crate::Result;
+use crate::target::Target;
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::ProgramOp;
 
@@ -11,6 +18,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let (reg, axis) = match op {
             ProgramOp::ProgramId { axis } => ("ctaid", axis),
             ProgramOp::NumPrograms { axis } => ("nctaid", axis),
+            ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents => {
+                if self.opts.target != Target::Sm80 {
+                    let asm = if op == ProgramOp::GdcWait {
+                        "griddepcontrol.wait;"
+                    } else {
+                        "griddepcontrol.launch_dependents;"
+                    };
+                    self.asm(asm, "~{memory}", None, &[])?;
+                }
+                return Ok(());
+            }
         };
         let dim = match axis {
             0 => "x",

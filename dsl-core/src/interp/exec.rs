@@ -267,11 +267,14 @@ impl World<'_, '_> {
                 }
             },
             Op::Dot(o) => one(dot::dot(arg(0)?, arg(1)?, arg(2)?, o.precision)?),
+            // Programs run one after another and launches in order: nothing
+            // overlaps, so the dependency-control ops have nothing to do.
+            Op::Program(ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents) => smallvec![],
             Op::Program(p) => {
-                let axis = usize::from(p.axis());
+                let axis = usize::from(p.axis().unwrap_or(0));
                 let v = match p {
-                    ProgramOp::ProgramId { .. } => self.pid.get(axis),
                     ProgramOp::NumPrograms { .. } => self.grid.get(axis),
+                    _ => self.pid.get(axis),
                 };
                 let v = v.ok_or_else(|| internal(format!("grid axis {axis}")))?;
                 one(Tile::int_scalar(Elem::Scalar(crate::DType::I32), i64::from(*v)))

@@ -152,6 +152,17 @@ impl Function {
         self.entry(self.body)
     }
 
+    /// True when the kernel calls `gdc_wait` (at its top level, where the
+    /// verifier keeps it): a launch may then overlap the previous kernel of
+    /// the stream (programmatic dependent launch, see
+    /// [`ops::program`](crate::ir::ops::program)).
+    pub fn waits_on_grid(&self) -> bool {
+        self.blocks[self.body_block()]
+            .insts
+            .iter()
+            .any(|&i| self.insts[i].op == Op::Program(ops::ProgramOp::GdcWait))
+    }
+
     /// Appends an argument of type `ty` to block `b`.
     pub fn add_block_arg(&mut self, b: Block, ty: Type) -> Value {
         let idx = self.blocks[b].args.len() as u32;

@@ -5,7 +5,7 @@ use super::{Operand, Tensor, literal};
 use crate::builder::padding::Extents;
 use crate::builder::{build_region, build_region_padded, computation_type, fmt_types, with_ctx};
 use crate::dtype::{DType, Type};
-use crate::ir::ops::{CmpPred, CompareOp, ControlOp, DebugOp, HintOp};
+use crate::ir::ops::{CmpPred, CompareOp, ControlOp, DebugOp, HintOp, ProgramOp};
 use crate::ir::{Op, Value};
 use crate::loc::Location;
 
@@ -241,6 +241,34 @@ pub fn while_loop(
         }
         c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect()
     })
+}
+
+/// Waits until the kernels this launch depends on have completed and their
+/// writes are visible (Hopper's programmatic dependent launch; Triton's
+/// `gdc_wait`). Call it once, at the top level of the kernel, before any
+/// store or atomic and before any load of memory an earlier kernel of the
+/// stream writes; loads before it (weights, for example) overlap the previous
+/// kernel's tail. A no-op on the interpreter and before sm_90. A kernel that
+/// calls it may be launched overlapping its predecessor (see
+/// [`crate::ir::ops::program`]).
+#[track_caller]
+pub fn gdc_wait() {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        c.push(Op::Program(ProgramOp::GdcWait), &[], &loc, &[]);
+    });
+}
+
+/// Lets the next kernel of the stream be scheduled before this one ends
+/// (once every program has called this or exited): its programs run up to
+/// their [`gdc_wait`] while this kernel finishes. A hint with no effect on
+/// results; a no-op on the interpreter and before sm_90.
+#[track_caller]
+pub fn gdc_launch_dependents() {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        c.push(Op::Program(ProgramOp::GdcLaunchDependents), &[], &loc, &[]);
+    });
 }
 
 /// Fails the kernel with `message` where `cond` is false (any element).

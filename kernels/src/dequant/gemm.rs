@@ -79,6 +79,8 @@ pub fn gemm_q4_body(
     block_n: usize,
     block_k: usize,
 ) {
+    gdc_wait();
+    gdc_launch_dependents();
     let half = block_k / 2;
     let pid_n = program_id(1);
     let rows = if silu { n * 2 } else { n };
@@ -152,6 +154,8 @@ pub fn gemm_q8_body(
     block_n: usize,
     block_k: usize,
 ) {
+    gdc_wait();
+    gdc_launch_dependents();
     let pid_n = program_id(1);
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;

@@ -247,16 +247,20 @@ pub fn gemv_q4_body(
     let x_off = mrow * k + c / 16 * 32 + c % 16;
     // The norm weights' offsets: the activations' within the row.
     let n_off = if norm { c / 16 * 32 + c % 16 } else { c };
-    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
-    let mut acc = zeros([m_block * wn], f32);
     let k_full = k / block_k * block_k;
     // Software pipelining: the loads of tile i + 1 are issued before tile i
     // is computed (the last tile reloads itself), so every thread keeps two
     // tiles of loads in flight. The first tile's loads are masked off when
-    // there is no whole tile.
+    // there is no whole tile. The first weight tile is read before
+    // `gdc_wait`: weights are never written by an earlier kernel, so their
+    // latency overlaps the previous kernel's tail.
     let have = k_full > 0;
     let mut wd = load(qw + w_idx, mask = have, other = 0);
     let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
+    gdc_wait();
+    gdc_launch_dependents();
+    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
+    let mut acc = zeros([m_block * wn], f32);
     let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
     let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
     for k0 in range(0, k_full, block_k) {
@@ -338,13 +342,15 @@ pub fn gemv_q8_body(
     let c = xl_ % block_k;
     let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
     let x_off = mrow * k + c;
-    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
-    let mut acc = zeros([m_block * wn], f32);
     let k_full = k / block_k * block_k;
-    // Software pipelining as in the Q4 GEMV.
+    // Software pipelining and the early weight loads as in the Q4 GEMV.
     let have = k_full > 0;
     let mut wd = load(qw + w_idx, mask = have, other = 0);
     let mut sr = load(s_ptr + s_idx, mask = have, other = 0.0);
+    gdc_wait();
+    gdc_launch_dependents();
+    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
+    let mut acc = zeros([m_block * wn], f32);
     let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
     for k0 in range(0, k_full, block_k) {
         let nk = minimum(k0 + block_k, k_full - block_k);

@@ -74,6 +74,11 @@
 //! (`K % BLOCK_K != 0`) runs once more with its block indices clamped to
 //! the row's last block and the activations of blocks past K zeroed.
 //!
+//! The first weight tile is loaded before `gdc_wait` (programmatic dependent
+//! launch, see `dsl_core::ir::ops::program`): no kernel writes the weights,
+//! so on sm_90a their latency overlaps the previous kernel's tail; the
+//! activations, the norm's statistic and the output come after the wait.
+//!
 //! GEMM (prefill and decode batches above [`uses_gemv`]'s range, [`gemm`]).
 //! Program `(i, j)` owns the output rows from row `i * BLOCK_M` and the
 //! weight rows from row `j * BLOCK_N`; per K tile it dequantizes the W tile

@@ -66,6 +66,10 @@ pub struct Prepared {
     pub config_key: String,
     /// The specialization mask of the arguments it serves (see the module doc).
     pub mask: u64,
+    /// The kernel calls `gdc_wait` and was compiled for sm_90a, so it may be
+    /// launched overlapping the previous kernel (programmatic dependent
+    /// launch).
+    pub overlap: bool,
 }
 
 /// The CUDA backend: a [`Gpu`] plus the compile and specialization caches.
@@ -85,6 +89,15 @@ pub struct Cuda {
     tuner: Tuner,
     /// Where fresh compiles are reported (see [`Cuda::set_compile_progress`]).
     progress: CompileProgress,
+    /// Launch kernels that call `gdc_wait` with programmatic dependent launch
+    /// (sm_90a; `TESSERA_PDL=0` turns it off, see [`pdl_enabled`]).
+    overlap: bool,
+}
+
+/// Whether programmatic dependent launch is wanted: on unless the environment
+/// sets `TESSERA_PDL=0` (for A/B measurements and as an escape hatch).
+pub fn pdl_enabled() -> bool {
+    std::env::var("TESSERA_PDL").map(|v| v.trim() != "0").unwrap_or(true)
 }
 
 /// A shared, optional progress bar that counts fresh kernel compiles (misses
@@ -138,6 +151,7 @@ impl Cuda {
             key_buf: String::new(),
             tuner: Tuner::default(),
             progress: CompileProgress::default(),
+            overlap: target == Target::Sm90a && pdl_enabled(),
         })
     }
 
@@ -155,6 +169,12 @@ impl Cuda {
     /// The compile target of this device.
     pub fn target(&self) -> Target {
         self.target
+    }
+
+    /// Whether kernels that call `gdc_wait` are launched overlapping their
+    /// predecessor (sm_90a unless `TESSERA_PDL=0`).
+    pub fn overlaps_launches(&self) -> bool {
+        self.overlap
     }
 
     /// Keeps autotune results in `dir` (`None`: in memory only) instead of
@@ -235,7 +255,18 @@ impl Cuda {
         })?;
         let kernel = self.gpu.load_kernel(&compiled.name, &compiled.ptx, compiled.shared_bytes)?;
         let offsets = OffsetRule::of(&func);
-        Ok(Arc::new(Prepared { func, offsets, compiled, kernel, threads, name: K::NAME, config_key, mask }))
+        let overlap = self.overlap && func.waits_on_grid();
+        Ok(Arc::new(Prepared {
+            func,
+            offsets,
+            compiled,
+            kernel,
+            threads,
+            name: K::NAME,
+            config_key,
+            mask,
+            overlap,
+        }))
     }
 
     /// Launches `K` over `grid` with the runtime's own error type (the
@@ -260,7 +291,7 @@ impl Cuda {
         if !validate_grid(grid, self.gpu.info().grid).map_err(launch_err)? {
             return Ok(());
         }
-        self.gpu.launch_raw(&p.kernel, grid, p.threads, &params[..n])
+        self.gpu.launch_raw(&p.kernel, grid, p.threads, &params[..n], p.overlap)
     }
 }
 

@@ -288,6 +288,13 @@ impl Gpu {
     /// Enqueues `kernel` with already validated, packed `params`: `grid`
     /// programs of `threads` threads each.
     ///
+    /// With `overlap`, the launch allows programmatic stream serialization
+    /// (Hopper's programmatic dependent launch): its programs may start before
+    /// the previous kernel of the stream ends. Only kernels that call
+    /// `gdc_wait` before touching memory an earlier kernel writes may be
+    /// launched so (see [`dsl_core::ir::Function::waits_on_grid`]). Captured
+    /// into a graph, the launch becomes a programmatic dependency edge.
+    ///
     /// The caller guarantees that `params` match the kernel's parameters (see
     /// [`super::validate::validate_args`]) and point into live buffers.
     pub(crate) fn launch_raw(
@@ -296,6 +303,7 @@ impl Gpu {
         grid: [u32; 3],
         threads: u32,
         params: &[KernelParam],
+        overlap: bool,
     ) -> Result<()> {
         let n = params.len();
         if n > MAX_LAUNCH_PARAMS {
@@ -312,6 +320,9 @@ impl Gpu {
         let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_LAUNCH_PARAMS];
         for (ptr, slot) in ptrs.iter_mut().zip(slots.iter_mut()) {
             *ptr = slot as *mut u64 as *mut c_void;
+        }
+        if overlap {
+            return self.launch_overlapping(kernel, grid, threads, &mut ptrs[..n]);
         }
         // SAFETY: the function comes from a module that `kernel.func` keeps
         // loaded; `ptrs[..n]` holds one pointer per kernel parameter (validated
@@ -331,6 +342,42 @@ impl Gpu {
             )
         }
         .map_err(Error::driver(format!("launch `{}`", kernel.name)))
+    }
+
+    /// [`Gpu::launch_raw`] with programmatic stream serialization allowed
+    /// (`cuLaunchKernelEx` with one launch attribute).
+    fn launch_overlapping(
+        &self,
+        kernel: &LoadedKernel,
+        grid: [u32; 3],
+        threads: u32,
+        ptrs: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY: an all-zero launch attribute is a valid (ignored) value of
+        // this plain C struct; the fields set below select the attribute.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: kernel.shared_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as in `launch_raw` for the function and `ptrs`; `config`
+        // and the attribute it points to live until the call returns (the
+        // driver copies both).
+        unsafe {
+            sys::cuLaunchKernelEx(&config, kernel.func.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut())
+                .result()
+        }
+        .map_err(Error::driver(format!("launch `{}` (programmatic dependent launch)", kernel.name)))
     }
 
     /// Starts recording the stream's launches into a graph instead of running

@@ -148,6 +148,10 @@ pub struct Sampled {
 /// sampler's f32 input.
 #[kernel]
 pub fn logits_to_f32<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
+    // Programmatic dependent launch (sm_90): every input may come from the
+    // previous kernel, so wait first; then let the next kernel start early.
+    gdc_wait();
+    gdc_launch_dependents();
     let offs = program_id(0) * BLOCK + arange(0, BLOCK);
     let mask = offs < n;
     store(out_ptr + offs, load(x_ptr + offs, mask = mask).to(f32), mask = mask);

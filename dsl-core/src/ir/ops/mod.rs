@@ -246,11 +246,13 @@ impl Op {
         }
     }
 
-    /// True when the op writes memory, asserts or prints: such ops are never
+    /// True when the op writes memory, asserts, prints or orders the kernel
+    /// against its stream neighbours (`gdc_wait`): such ops are never
     /// removed or merged, and neither is control flow that contains them.
     pub fn has_side_effects(&self) -> bool {
         match self {
             Op::Memory(o) => o.has_side_effects(),
+            Op::Program(o) => o.has_side_effects(),
             Op::Debug(_) => true,
             _ => false,
         }
@@ -260,6 +262,7 @@ impl Op {
     /// so CSE may merge them (no memory reads, no side effects, no regions).
     pub fn is_pure(&self) -> bool {
         !matches!(self, Op::Memory(_) | Op::Debug(_) | Op::Control(_))
+            && !self.has_side_effects()
             && !matches!(self, Op::Reduce(r) if r.kind == ReduceKind::Custom)
             && !matches!(self, Op::Scan(s) if s.kind == ScanKind::Custom)
     }

@@ -1,4 +1,22 @@
-//! Grid queries: `program_id` and `num_programs` along axis 0, 1 or 2 (`i32`).
+//! Grid queries and grid dependency control.
+//!
+//! `program_id` and `num_programs` along axis 0, 1 or 2 (`i32`).
+//!
+//! `gdc_wait` and `gdc_launch_dependents` (no operands, no results) are
+//! Hopper's programmatic dependent launch, under Triton's names
+//! (`tl.extra.cuda.gdc_wait`): a kernel launched with programmatic stream
+//! serialization may start while the kernel before it in the stream is still
+//! running, and `gdc_wait` blocks until that kernel has completed and its
+//! memory writes are visible. `gdc_launch_dependents` lets the next kernel in
+//! the stream start early (once every program has called it or exited).
+//! Both are no-ops on the interpreter and on targets before sm_90, where no
+//! launch overlaps.
+//!
+//! Invariant (checked by the verifier): `gdc_wait` appears at most once, in
+//! the kernel's top-level block, with no store, atomic or volatile load
+//! before it, so every write of the kernel happens after the previous kernel
+//! has finished. Plain loads before it are the author's promise that they
+//! read memory no earlier kernel of the stream writes (weights, for example).
 
 use super::{Attr, Attrs, attr_int, expect_args};
 use crate::dtype::{DType, Type};
@@ -16,6 +34,12 @@ pub enum ProgramOp {
         /// 0, 1 or 2.
         axis: u8,
     },
+    /// `gdc_wait`: waits for the kernels this launch depends on to complete
+    /// and their writes to become visible (`griddepcontrol.wait`).
+    GdcWait,
+    /// `gdc_launch_dependents`: allows the next kernel of the stream to be
+    /// scheduled (`griddepcontrol.launch_dependents`).
+    GdcLaunchDependents,
 }
 
 impl ProgramOp {
@@ -24,19 +48,28 @@ impl ProgramOp {
         match self {
             ProgramOp::ProgramId { .. } => "program_id",
             ProgramOp::NumPrograms { .. } => "num_programs",
+            ProgramOp::GdcWait => "gdc_wait",
+            ProgramOp::GdcLaunchDependents => "gdc_launch_dependents",
         }
     }
 
-    /// The axis.
-    pub fn axis(&self) -> u8 {
+    /// The axis of a grid query (`None` for the dependency-control ops).
+    pub fn axis(&self) -> Option<u8> {
         match *self {
-            ProgramOp::ProgramId { axis } | ProgramOp::NumPrograms { axis } => axis,
+            ProgramOp::ProgramId { axis } | ProgramOp::NumPrograms { axis } => Some(axis),
+            ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents => None,
         }
+    }
+
+    /// True for the grid dependency-control ops, which order the kernel
+    /// against its neighbours in the stream and so are never removed or moved.
+    pub fn has_side_effects(&self) -> bool {
+        self.axis().is_none()
     }
 
     /// Attributes for printing.
     pub fn attrs(&self) -> Attrs {
-        vec![("axis", Attr::Int(self.axis() as i64))]
+        self.axis().map(|a| vec![("axis", Attr::Int(a as i64))]).unwrap_or_default()
     }
 
     /// Parses from mnemonic and attributes.
@@ -48,6 +81,8 @@ impl ProgramOp {
         Ok(Some(match name {
             "program_id" => ProgramOp::ProgramId { axis: axis()? },
             "num_programs" => ProgramOp::NumPrograms { axis: axis()? },
+            "gdc_wait" => ProgramOp::GdcWait,
+            "gdc_launch_dependents" => ProgramOp::GdcLaunchDependents,
             _ => return Ok(None),
         }))
     }
@@ -55,9 +90,10 @@ impl ProgramOp {
     /// Result types.
     pub fn infer(&self, args: &[Type]) -> Result<Vec<Type>, String> {
         expect_args(self.name(), args, 0)?;
-        if self.axis() > 2 {
-            return Err(format!("`{}` axis must be 0, 1 or 2, found {}", self.name(), self.axis()));
+        match self.axis() {
+            None => Ok(Vec::new()),
+            Some(axis) if axis > 2 => Err(format!("`{}` axis must be 0, 1 or 2, found {axis}", self.name())),
+            Some(_) => Ok(vec![Type::scalar(DType::I32)]),
         }
-        Ok(vec![Type::scalar(DType::I32)])
     }
 }
