@@ -61,8 +61,8 @@ pub struct ModelArgs {
     /// The device: the GPU when usable (auto), or force one.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
-    /// Activation and KV-cache dtype.
-    #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
+    /// Activation and KV-cache dtype (auto: bf16 on the GPU, f32 on the CPU).
+    #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
@@ -323,8 +323,8 @@ pub struct BenchArgs {
     /// Batch sizes of the `model` family.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
     pub batches: Vec<usize>,
-    /// Activation dtype of the `model` family.
-    #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
+    /// Activation dtype of the `model` family (auto: bf16).
+    #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
     /// `bench serve`: load-test a running server instead of the kernels.
     #[command(subcommand)]
