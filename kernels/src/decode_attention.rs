@@ -244,6 +244,9 @@ pub fn paged_decode<T: Float>(
         (BLOCK_N = 128, num_warps = 8, num_stages = 2),
         (BLOCK_N = 64, num_warps = 4, num_stages = 4),
         (BLOCK_N = 128, num_warps = 4, num_stages = 3),
+        (BLOCK_N = 32, num_warps = 4, num_stages = 3),
+        (BLOCK_N = 32, num_warps = 4, num_stages = 2),
+        (BLOCK_N = 32, num_warps = 2, num_stages = 4),
     ],
     key = [split_len]
 ))]
