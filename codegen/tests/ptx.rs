@@ -336,10 +336,10 @@ fn softmax_online() {
 #[test]
 fn flash_attention() {
     use ::kernels::flash_attention::{config_for, flash_attention as k};
-    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(16), Some(7)];
+    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
     let f = |hq: usize, hkv: usize, hd: usize, causal: bool| {
         let t = config_for(hd, DType::BF16);
-        let c = k::Config::new(DType::BF16, hq, hkv, hd, t.block_m, t.block_n, causal);
+        let c = k::Config::new(DType::BF16, hq, hkv, hd, 16, t.block_m, t.block_n, causal);
         (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t.num_warps)
     };
     let (causal64, w64) = f(9, 3, 64, true);

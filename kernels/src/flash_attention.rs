@@ -62,10 +62,15 @@
 //! speeds the kernel up unchanged.
 //!
 //! Paging: key position `j` of sequence `b` lives in cache row
-//! `block_tables[b, j / block_size] * block_size + j % block_size`. The
-//! lookup is per key (a `[BLOCK_N]` gather of the block table, cached), so a
-//! key block may cross page boundaries and `block_size` is a runtime value
-//! (any positive size; 16, 32 and 64 are tested) independent of `BLOCK_N`.
+//! `block_tables[b, j / PAGE] * PAGE + j % PAGE`. The lookup is per key (a
+//! `[BLOCK_N]` gather of the block table, cached), so a key block may cross
+//! page boundaries and `PAGE` is independent of `BLOCK_N`. `PAGE` is a
+//! constexpr power of two, so in the unmasked loop the page and the offset
+//! are a shift and a mask (with a runtime page size they were two integer
+//! divisions per key and iteration, about 80 of the hot loop's 520
+//! instructions per warp at head dim 128); the boundary loop divides by the
+//! constant (a few instructions more; a shift there too made ptxas spill the
+//! head-dim-64 tile on sm_90a).
 //! K and V share the cache layout, so one offset tile serves both loads; each
 //! row is `HEAD_DIM` contiguous elements (16-byte vector loads).
 //!
@@ -74,7 +79,7 @@
 //! - `q`: `[total_q, H_Q * HEAD_DIM]` row-major in `T` (rotated Q, as
 //!   `crate::rope::rope_kv_write` writes it); token `cu_seqlens_q[b] + i` is
 //!   query `i` of sequence `b`. `o`: the same shape and dtype.
-//! - `k_cache`, `v_cache`: `[num_blocks, block_size, H_KV, HEAD_DIM]` in `T`
+//! - `k_cache`, `v_cache`: `[num_blocks, PAGE, H_KV, HEAD_DIM]` in `T`
 //!   (the layout `rope_kv_write` writes).
 //! - `block_tables`: `[B, max_blocks_per_seq]` i32, row stride
 //!   `max_blocks_per_seq`; entries for positions `< seq_lens[b]` must be valid
@@ -89,7 +94,7 @@
 //!   limit of the second grid extent).
 //! - `scale`: the softmax scale, usually `1 / sqrt(HEAD_DIM)`.
 //! - Offsets are 32-bit: `total_q * H_Q * HEAD_DIM < 2^31` and
-//!   `num_blocks * block_size * H_KV * HEAD_DIM < 2^31`.
+//!   `num_blocks * PAGE * H_KV * HEAD_DIM < 2^31`.
 //!
 //! # Constexprs
 //!
@@ -97,6 +102,8 @@
 //! - `H_Q`, `H_KV`: head counts, `H_Q` a multiple of `H_KV` (GQA; `H_Q = H_KV`
 //!   is multi-head attention).
 //! - `HEAD_DIM`: a power of two (64 or 128).
+//! - `PAGE`: tokens per KV-cache block, a power of two (the runtime's 16, 32
+//!   or 64).
 //! - `BLOCK_M`, `BLOCK_N`: the query and key tile heights (powers of two);
 //!   [`config_for`] picks them with the warp count.
 //! - `CAUSAL`: causal or full attention.
@@ -148,16 +155,17 @@ pub fn flash_attention<T: Float>(
     seq_lens_ptr: Ptr<i32>,
     cu_seqlens_q_ptr: Ptr<i32>,
     scale: f32,
-    block_size: i32,
     max_blocks_per_seq: i32,
     #[constexpr] H_Q: usize,
     #[constexpr] H_KV: usize,
     #[constexpr] HEAD_DIM: usize,
+    #[constexpr] PAGE: usize,
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] CAUSAL: bool,
 ) {
     static_assert(H_Q % H_KV == 0, "H_Q must be a multiple of H_KV");
+    static_assert(PAGE.is_power_of_two(), "PAGE must be a power of two");
     // Programmatic dependent launch (sm_90): every input may come from the
     // previous kernel, so wait first; then let the next kernel start early.
     gdc_wait();
@@ -190,6 +198,9 @@ pub fn flash_attention<T: Float>(
         // once per thread chunk), so no per-block exchange between threads.
         let keys2 = broadcast_to(expand_dims(offs_n, 1), [BLOCK_N, HEAD_DIM]);
         let head2 = broadcast_to(head, [BLOCK_N, HEAD_DIM]);
+        // Keys are never negative: page and offset by shift and mask.
+        let page_shift = PAGE.trailing_zeros() as i32;
+        let page_mask = PAGE as i32 - 1;
 
         // Lowest finite f32, not -inf: exp2(m - m_new) stays defined (1)
         // while every key seen so far is masked.
@@ -210,8 +221,8 @@ pub fn flash_attention<T: Float>(
         // 1. Unmasked key blocks.
         for n0 in range(0, lo, BLOCK_N) {
             let key = n0 + keys2;
-            let page = load(table + key / block_size);
-            let kv = (page * block_size + key % block_size) * (H_KV * HEAD_DIM) + head2;
+            let page = load(table + (key >> page_shift));
+            let kv = ((page << page_shift) + (key & page_mask)) * (H_KV * HEAD_DIM) + head2;
             let k = load(k_cache_ptr + kv);
             let t = dot(q, trans(k)) * qk_scale;
             let v = load(v_cache_ptr + kv);
@@ -228,8 +239,8 @@ pub fn flash_attention<T: Float>(
             let in_ctx = key < hi;
             let key2 = n0 + keys2;
             let kv_mask = key2 < hi;
-            let page = load(table + key2 / block_size, mask = kv_mask, other = 0);
-            let kv = (page * block_size + key2 % block_size) * (H_KV * HEAD_DIM) + head2;
+            let page = load(table + key2 / PAGE, mask = kv_mask, other = 0);
+            let kv = (page * PAGE + key2 % PAGE) * (H_KV * HEAD_DIM) + head2;
             let k = load(k_cache_ptr + kv, mask = kv_mask, other = 0.0);
             let t = dot(q, trans(k)) * qk_scale;
             let mut seen = expand_dims(in_ctx, 0);

@@ -65,7 +65,7 @@ fn attention_record(
     let od = gpu.zeros::<bf16>(tokens * h * hd)?;
     let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
     let t = config_for(hd, DType::BF16);
-    let base = flash_attention::Config::new(DType::BF16, h, h, hd, t.block_m, t.block_n, causal)
+    let base = flash_attention::Config::new(DType::BF16, h, h, hd, PAGE, t.block_m, t.block_n, causal)
         .with_warps(t.num_warps);
     let args = flash_attention::Args {
         q_ptr: qd.ptr().cast(),
@@ -76,7 +76,6 @@ fn attention_record(
         seq_lens_ptr: sd.ptr(),
         cu_seqlens_q_ptr: cd.ptr(),
         scale: 1.0 / (hd as f32).sqrt(),
-        block_size: PAGE as i32,
         max_blocks_per_seq: pages_per_seq as i32,
         _marker: PhantomData,
     };

@@ -79,7 +79,7 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
     let o_init = vec![T::from_f64(100.0); q.len()];
     let scale = 1.0 / (d as f32).sqrt();
     let config =
-        flash_attention::Config::new(dtype, c.n_q, c.n_kv, d, c.tiles.block_m, c.tiles.block_n, c.causal)
+        flash_attention::Config::new(dtype, c.n_q, c.n_kv, d, bs, c.tiles.block_m, c.tiles.block_n, c.causal)
             .with_warps(c.tiles.num_warps);
     let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
     let grid = fa::grid(max_q, c.seqs.len(), c.n_q, c.tiles.block_m);
@@ -96,7 +96,6 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
         seq_lens_ptr: sd.ptr(),
         cu_seqlens_q_ptr: cd.ptr(),
         scale,
-        block_size: bs as i32,
         max_blocks_per_seq: max_blocks as i32,
         _marker: PhantomData,
     };
@@ -115,7 +114,6 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
         seq_lens_ptr: sc,
         cu_seqlens_q_ptr: cc,
         scale,
-        block_size: bs as i32,
         max_blocks_per_seq: max_blocks as i32,
         _marker: PhantomData,
     };

@@ -216,7 +216,7 @@ fn build_flash_attention() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::flash_attention::{config_for, flash_attention as k};
     let t = config_for(64, DType::BF16);
     spec::<k::Kernel>(
-        k::Config::new(DType::BF16, 9, 3, 64, t.block_m, t.block_n, true).with_warps(t.num_warps),
+        k::Config::new(DType::BF16, 9, 3, 64, 16, t.block_m, t.block_n, true).with_warps(t.num_warps),
     )
 }
 

@@ -151,7 +151,6 @@ fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
         seq_lens_ptr: sp,
         cu_seqlens_q_ptr: cp,
         scale: case.scale,
-        block_size: case.block_size as i32,
         max_blocks_per_seq: x.max_blocks as i32,
         _marker: PhantomData,
     };
@@ -160,6 +159,7 @@ fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
         case.n_q,
         case.n_kv,
         case.d,
+        case.block_size,
         case.block_m,
         case.block_n,
         case.causal,

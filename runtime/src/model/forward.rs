@@ -488,8 +488,9 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
 
         if plan.max_q > 1 {
             let t = fa::config_for(hd, dtype);
-            let config = flash_attention::Config::new(dtype, nq, nkv, hd, t.block_m, t.block_n, true)
-                .with_warps(t.num_warps);
+            let config =
+                flash_attention::Config::new(dtype, nq, nkv, hd, kv.block_size, t.block_m, t.block_n, true)
+                    .with_warps(t.num_warps);
             let args = flash_attention::Args {
                 q_ptr: any::<D, T>(&s.q, 0)?,
                 k_cache_ptr: any::<D, T>(&kv.k[l], 0)?,
@@ -499,7 +500,6 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
                 seq_lens_ptr: arena_i32::<D>(arena, lay.ctx)?,
                 cu_seqlens_q_ptr: arena_i32::<D>(arena, lay.cu)?,
                 scale,
-                block_size: kv.block_size as i32,
                 max_blocks_per_seq: lay.bt_stride as i32,
                 _marker: PhantomData,
             };
