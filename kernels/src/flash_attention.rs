@@ -142,6 +142,7 @@ pub fn online_softmax_step(
         (BLOCK_M = 64, BLOCK_N = 32, num_warps = 8),
         (BLOCK_M = 128, BLOCK_N = 32, num_warps = 4),
         (BLOCK_M = 128, BLOCK_N = 64, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 128, num_warps = 4),
     ],
     key = [max_blocks_per_seq]
 ))]

@@ -211,7 +211,7 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         rows.push(attention_case::<f16>(cuda, &mut rng, &mha)?);
         // Every autotune candidate (their warp grids differ: 16 or 32 rows
         // per warp, `p` from registers or through shared memory).
-        for tiles in TUNE_TILES {
+        for tiles in tune_tiles() {
             rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..smol.clone() })?);
             rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..gqa4.clone() })?);
         }
@@ -219,13 +219,12 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     Ok(rows)
 }
 
-/// The tiles of `flash_attention`'s autotune configs.
-const TUNE_TILES: [TileConfig; 7] = [
-    TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
-    TileConfig { block_m: 64, block_n: 64, num_warps: 4 },
-    TileConfig { block_m: 128, block_n: 32, num_warps: 8 },
-    TileConfig { block_m: 128, block_n: 64, num_warps: 8 },
-    TileConfig { block_m: 64, block_n: 32, num_warps: 8 },
-    TileConfig { block_m: 128, block_n: 32, num_warps: 4 },
-    TileConfig { block_m: 128, block_n: 64, num_warps: 4 },
-];
+/// The tiles of `flash_attention`'s declared autotune configs (read from the
+/// kernel, so a new config is always checked).
+fn tune_tiles() -> Vec<TileConfig> {
+    let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false);
+    flash_attention::autotune_configs(&base)
+        .iter()
+        .map(|c| TileConfig { block_m: c.BLOCK_M, block_n: c.BLOCK_N, num_warps: c.num_warps })
+        .collect()
+}
