@@ -56,6 +56,18 @@ pub enum DtypeChoice {
     Bf16,
 }
 
+impl DtypeChoice {
+    /// The dtype this choice runs on a GPU (`gpu`) or the interpreter:
+    /// `Auto` resolved, the others as given.
+    pub fn resolve(self, gpu: bool) -> DtypeChoice {
+        match self {
+            DtypeChoice::Auto if gpu => DtypeChoice::Bf16,
+            DtypeChoice::Auto => DtypeChoice::F32,
+            d => d,
+        }
+    }
+}
+
 /// How to load the model and size the engine.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -171,19 +183,17 @@ pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output>
             Err(e) => (None, format!("no usable GPU ({e}); running on the CPU interpreter (slow)")),
         },
     };
-    let dtype_name = match (use_gpu.is_some(), opts.dtype) {
-        (true, DtypeChoice::F32) | (false, _) => "f32",
-        (true, _) => "bf16",
-    };
+    let dtype = opts.dtype.resolve(use_gpu.is_some());
     if opts.verbose {
-        eprintln!("tessera: {notice}, {dtype_name} activations");
+        let name = if dtype == DtypeChoice::Bf16 { "bf16" } else { "f32" };
+        eprintln!("tessera: {notice}, {name} activations");
     }
     let parts_progress = CompileProgress::default();
     let parts = Parts { gguf: &gguf, config, tokenizer, template, compiles: parts_progress.clone() };
     // The GPU plans with 90% of its memory; the interpreter with a fixed
     // host budget (its cache is host memory and every block costs time to
     // clear).
-    match (use_gpu, opts.dtype) {
+    match (use_gpu, dtype) {
         (Some(mut cuda), dtype) => {
             cuda.set_compile_progress(parts_progress.clone());
             let available = (cuda.gpu().info().total_mem as u64) / 10 * 9;
@@ -389,4 +399,24 @@ fn load<D: Device, T: Sample, K: EngineTask>(
 /// The model's name from its metadata, or "the model".
 fn gguf_name(gguf: &Gguf) -> String {
     gguf.metadata().get_str("general.name").ok().flatten().unwrap_or("the model").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DtypeChoice::{self, Auto, Bf16, F32};
+
+    #[test]
+    fn auto_is_bf16_on_the_gpu_and_f32_on_the_interpreter() {
+        let cases: [(DtypeChoice, bool, DtypeChoice); 6] = [
+            (Auto, true, Bf16),
+            (Auto, false, F32),
+            (F32, true, F32),
+            (F32, false, F32),
+            (Bf16, true, Bf16),
+            (Bf16, false, Bf16),
+        ];
+        for (choice, gpu, want) in cases {
+            assert_eq!(choice.resolve(gpu), want, "{choice:?} on gpu={gpu}");
+        }
+    }
 }

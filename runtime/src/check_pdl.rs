@@ -119,6 +119,9 @@ pub fn pdl_checks(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     let init: Vec<f32> = rng.values::<f32>(N, 8.0);
     let want: Vec<f32> = init.iter().map(|&v| (0..LAUNCHES).fold(v, |a, _| a + 1.0)).collect();
     let overlap = cuda.overlaps_launches();
+    // compute-sanitizer and ncu (which inject through this variable)
+    // serialize launches, so the control cannot race under them.
+    let serialized = std::env::var_os("CUDA_INJECTION64_PATH").is_some();
     let mut rows = Vec::new();
     for (name, mode) in
         [("pdl_chain", Mode::Eager), ("pdl_chain", Mode::Graph), ("pdl_no_wait_control", Mode::NoWait)]
@@ -135,9 +138,6 @@ pub fn pdl_checks(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             "{LAUNCHES} launches x {N} f32, {how}, launches {}overlap: {bad} wrong elements",
             if overlap { "" } else { "do not " }
         );
-        // compute-sanitizer and ncu (which inject through this variable)
-        // serialize launches, so the control cannot race under them.
-        let serialized = std::env::var_os("CUDA_INJECTION64_PATH").is_some();
         let pass = match mode {
             Mode::NoWait if overlap => bad > 0 || serialized,
             _ => bad == 0,
