@@ -95,7 +95,14 @@ fn assemble(ptx: &str, arch: &str, tag: &str) -> Vec<String> {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "ptxas failed for {tag}:\n{text}\n--- PTX ---\n{ptx}");
     text.lines()
-        .filter(|l| l.contains("Used") || l.contains("spill") || l.contains("bytes stack frame"))
+        .filter(|l| {
+            l.contains("Used")
+                || l.contains("spill")
+                || l.contains("bytes stack frame")
+                || l.contains("arning")
+                || l.contains("Performance Loss")
+                || l.contains("injected")
+        })
         .map(|l| l.trim().trim_start_matches("ptxas info    : ").to_string())
         .collect()
 }
@@ -406,6 +413,25 @@ fn matmul_bf16() {
         let report = assemble(&c.ptx, "sm_80", &format!("matmul_bf16_pipelined_{stages}"));
         assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
     }
+    // sm_90a: the default tile's K loop runs on `wgmma` (4 k steps of the
+    // 64-deep tile per warpgroup), reading the rings in place; from 4 stages
+    // on each group runs on into the next iteration (`wait_group 1`) and the
+    // loop waits for the last one at its exit. ptxas must not serialize them.
+    for stages in [2u32, 3, 4] {
+        let (func, w) = f(0);
+        let opts = CompileOptions { target: Target::Sm90a, num_warps: w, num_stages: stages };
+        let c = compile(&func, &opts).unwrap();
+        assert_eq!(c.ptx.matches("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16").count(), 4);
+        assert!(!c.ptx.contains("ldmatrix"), "no ldmatrix on the wgmma path");
+        assert_eq!(c.ptx.contains("wgmma.wait_group.sync.aligned 1;"), stages >= 4, "{stages} stages");
+        assert!(c.ptx.contains("wgmma.wait_group.sync.aligned 0;"));
+        assert!(c.ptx.contains("fence.proxy.async.shared::cta;"));
+        assert!(c.ptx.contains(".extern .shared .align 1024"));
+        let report = assemble(&c.ptx, "sm_90a", &format!("matmul_bf16_wgmma_{stages}"));
+        assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
+        assert!(report.iter().all(|l| !l.contains("Performance Loss")), "{}", report.join("\n"));
+        assert!(report.iter().all(|l| !l.contains("injected")), "{}", report.join("\n"));
+    }
     let (func, w) = f(1);
     for t in [Target::Sm80, Target::Sm90a] {
         let opts = CompileOptions { target: t, num_warps: w, num_stages: STAGES };
@@ -420,8 +446,10 @@ fn matmul_bf16() {
 /// from a loaded `[n, kk]`.
 fn dot_kernel(m: usize, n: usize, kk: usize, dtype: DType, b_nk: bool) -> Result<Function> {
     KernelBuilder::new("dot_shapes").build(|| {
-        let a_ptr = param_ptr("a_ptr", dtype);
-        let b_ptr = param_ptr("b_ptr", dtype);
+        // 16-byte aligned operands, so the loop's loads are pipelined.
+        let hint = ParamHints { divisibility: Some(16) };
+        let a_ptr = param_with_hints("a_ptr", Type::ptr(dtype), hint.clone());
+        let b_ptr = param_with_hints("b_ptr", Type::ptr(dtype), hint);
         let c_ptr = param_ptr("c_ptr", DType::F32);
         let steps = param_scalar("steps", DType::I32);
         let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
@@ -465,6 +493,10 @@ fn dot_shapes() {
         (16, 16, 16, 4),
         (8, 32, 16, 1),
         (32, 32, 8, 2),
+        (64, 64, 64, 4),
+        (64, 128, 64, 4),
+        (128, 128, 64, 8),
+        (128, 32, 64, 8),
     ];
     for &(m, n, kk, w) in &shapes {
         for dtype in [DType::BF16, DType::F16] {
@@ -475,6 +507,17 @@ fn dot_shapes() {
                     let opts = CompileOptions { target: t, num_warps: w, num_stages: STAGES };
                     let c = compile(&f, &opts).unwrap_or_else(|e| panic!("{m}x{n}x{kk} w{w}: {e}"));
                     assert_eq!(c.ptx.contains("mma.sync"), want, "{m}x{n}x{kk} w{w} {dtype}");
+                    // sm_90a runs the pipelined loop's product on `wgmma`
+                    // when one m64nNk16 per warpgroup covers it and the
+                    // operand rows fill 128-byte swizzle atoms.
+                    let rows128 = |c: usize| c >= 64 && c.is_power_of_two();
+                    let wg = t == Target::Sm90a
+                        && w % 4 == 0
+                        && m == 16 * w as usize
+                        && n <= 256
+                        && rows128(kk)
+                        && (b_nk || rows128(n));
+                    assert_eq!(c.ptx.contains("wgmma.mma_async"), wg, "{m}x{n}x{kk} w{w} {dtype} {b_nk}");
                     let tag = format!("dot_{m}x{n}x{kk}_w{w}_{dtype}_{b_nk}.{}", t.arch());
                     let report = assemble(&c.ptx, t.arch(), &tag);
                     assert_eq!(spill_bytes(&report), 0, "{tag}: {}", report.join("\n"));

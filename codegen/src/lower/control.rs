@@ -69,6 +69,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for (&a, &lay) in args[3..].iter().zip(&lays) {
                     init.push(self.regs_as(a, lay)?);
                 }
+                // A loop with deferred `wgmma` groups runs only when it has
+                // an iteration: on a path that skips it, ptxas would see the
+                // initial accumulators' moves inside the exit's `wgmma`
+                // pipeline stage and serialize every `wgmma` (C7515).
+                let guard = match self.pipe.loops.get(&inst) {
+                    Some(pl) if pl.deferred => {
+                        let lbi = lb.into_int_value();
+                        let runs = self.iv_less(signed, lbi, ub)?;
+                        let from = self.cur_block()?;
+                        let run = self.ctx.append_basic_block(self.func, "for.runs");
+                        let join = self.ctx.append_basic_block(self.func, "for.join");
+                        self.b.build_conditional_branch(runs, run, join)?;
+                        self.b.position_at_end(run);
+                        Some((from, join, init.clone()))
+                    }
+                    _ => None,
+                };
                 // Loop-invariant `dot` operands become A fragments here
                 // (unless they are in registers already).
                 let hoisted: Vec<_> = self
@@ -99,13 +116,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         let jj = step.get_type().const_int(j as u64, false);
                         Ok(lw.b.build_int_add(lbi, lw.b.build_int_mul(step, jj, "")?, "")?)
                     };
-                    for j in 0..pl.stages - 1 {
+                    for j in 0..pl.ahead {
                         let ivj = at(self, j)?;
                         let valid = self.iv_less(signed, ivj, ub)?;
                         self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None)?;
                     }
                     // The slice's loads of the first iteration the loop copies for.
-                    let ivf = at(self, pl.stages - 1)?;
+                    let ivf = at(self, pl.ahead)?;
                     let valid = self.iv_less(signed, ivf, ub)?;
                     fed0 = self.pipe_feed(pl, iv_arg, ivf.into(), valid)?;
                 }
@@ -135,19 +152,32 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let mut next_stage = None;
                 let mut fed_next: Vec<Regs<'ctx>> = Vec::new();
                 if let (Some(pl), Some(sp)) = (&pipe, stage_phi) {
-                    let s = pl.stages;
+                    let (s, ah) = (pl.stages, pl.ahead);
                     let rs = sp.as_basic_value().into_int_value();
                     // This iteration's tiles have landed (S - 2 younger groups
                     // may still fly), and every thread is done with the stage
                     // read last iteration, which the prefetch below refills.
-                    self.pipe_wait(s - 2)?;
+                    self.pipe_wait(ah - 1)?;
+                    if pl.wgmma {
+                        // `wgmma` reads the stage through the async proxy:
+                        // order this thread's landed copies before it.
+                        self.fence_proxy_async()?;
+                    }
                     self.barrier()?;
-                    let ahead = step.get_type().const_int((s - 1) as u64, false);
+                    let ahead = step.get_type().const_int(ah as u64, false);
                     let ivn = self.b.build_int_add(ivv, self.b.build_int_mul(step, ahead, "")?, "")?;
                     let valid = self.iv_less(signed, ivn, ub)?;
-                    let first = self.b.build_int_compare(IntPredicate::EQ, rs, self.i32c(0), "")?;
-                    let prev = self.b.build_int_sub(rs, self.i32c(1), "")?;
-                    let ws = self.b.build_select(first, self.i32c(s as i64 - 1), prev, "")?.into_int_value();
+                    // The stage `ahead` iterations on: `(rs + ahead) mod S`.
+                    let ws = if ah == s - 1 {
+                        let first = self.b.build_int_compare(IntPredicate::EQ, rs, self.i32c(0), "")?;
+                        let prev = self.b.build_int_sub(rs, self.i32c(1), "")?;
+                        self.b.build_select(first, self.i32c(s as i64 - 1), prev, "")?.into_int_value()
+                    } else {
+                        let t = self.b.build_int_add(rs, self.i32c(ah as i64), "")?;
+                        let wrap = self.b.build_int_compare(IntPredicate::SGE, t, self.i32c(s as i64), "")?;
+                        let back = self.b.build_int_sub(t, self.i32c(s as i64), "")?;
+                        self.b.build_select(wrap, back, t, "")?.into_int_value()
+                    };
                     let fed = Self::phi_values(&fed_phis);
                     self.pipe_issue(pl, iv_arg, ivn.into(), valid, ws, Some(&fed))?;
                     // The slice's loads one iteration further ahead.
@@ -174,6 +204,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
                 self.b.build_unconditional_branch(head)?;
                 self.b.position_at_end(exit);
+                let mut outs = Self::phi_values(&phis);
+                // Deferred `wgmma` groups (`pipeline.rs`) finish before their
+                // accumulators are read and before the ring is handed over.
+                let body_block = self.f.entry(regions[0]);
+                if let Some(&y) = self.f.blocks[body_block].insts.last() {
+                    let deferred: Vec<usize> = (self.f.insts[y].args.iter().enumerate())
+                        .filter(|(_, v)| {
+                            self.f.def_inst(**v).is_some_and(|d| self.pipe.deferred.contains(&d))
+                        })
+                        .map(|(i, _)| i)
+                        .collect();
+                    for i in deferred {
+                        outs[i] = self.wgmma_tied("wgmma.wait_group.sync.aligned 0;", &outs[i])?;
+                    }
+                }
                 if let Some(pl) = &pipe {
                     // Hand the ring region over: no copy in flight, no reader left.
                     self.pipe_wait(0)?;
@@ -187,7 +232,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for key in &hoisted {
                     self.afrags.remove(key);
                 }
-                let outs = Self::phi_values(&phis);
+                if let Some((from, join, init)) = guard {
+                    let end = self.cur_block()?;
+                    self.b.build_unconditional_branch(join)?;
+                    self.b.position_at_end(join);
+                    let ps = self.phis(&outs, end)?;
+                    Self::add_incoming(&ps, &init, from);
+                    outs = Self::phi_values(&ps);
+                }
                 for (r, regs) in results.iter().zip(outs) {
                     self.set(*r, regs);
                 }

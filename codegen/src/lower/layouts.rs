@@ -292,7 +292,7 @@ mod tests {
         let c = k::Config::new(DType::BF16, 9, 3, 64, 16, 64, 32, causal);
         let mut f = k::build(&c).unwrap();
         dsl_core::passes::canonicalize::canonicalize(&mut f);
-        let p = plan(&f, 4);
+        let p = plan(&f, 4, crate::Target::Sm90a, 2);
         (f, p)
     }
 

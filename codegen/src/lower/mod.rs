@@ -180,15 +180,17 @@ pub(crate) fn lower_function<'ctx>(
         pipe: pipeline::Pipeline::default(),
         pipe_stage: FxHashMap::default(),
         extra_pred: None,
-        mma: dot::plan::plan(f, threads / 32),
+        mma: dot::plan::plan(f, threads / 32, opts.target, opts.num_stages.max(1) as usize),
         lays: layouts::Assignment::default(),
         blocked: FxHashMap::default(),
         overrides: FxHashMap::default(),
         afrags: FxHashMap::default(),
         opts: *opts,
     };
-    lw.lays = layouts::assign(f, &lw.mma);
     lw.pipe = pipeline::analyze(f, &lw.mma, &lw.axis, threads, spt_cap, opts.num_stages.max(1) as usize);
+    // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
+    lw.mma.settle_wgmma(&lw.pipe.wgmma, threads / 32);
+    lw.lays = layouts::assign(f, &lw.mma);
     lw.smem_floor = lw.pipe.ring_bytes;
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
     for (i, p) in f.params.iter().enumerate() {
@@ -496,7 +498,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let ty = self.ctx.i8_type().array_type(0);
         let g = self.module.add_global(ty, Some(AddressSpace::from(3u16)), "__tessera_smem");
         g.set_linkage(Linkage::External);
-        g.set_alignment(16);
+        // `wgmma` operands are 1024-byte swizzle atoms (`pipeline.rs`).
+        g.set_alignment(if self.pipe.wgmma.is_empty() { 16 } else { 1024 });
         let p = g.as_pointer_value();
         self.smem = Some(p);
         Ok(p)

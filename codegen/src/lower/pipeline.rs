@@ -35,6 +35,17 @@
 //! masked off past the end). Slice ops used by nothing else are not lowered
 //! in the body at all. Loops with nested loops are left alone.
 //!
+//! `wgmma` (sm_90a, `dot/wgmma.rs`): when a planned `wgmma` candidate has
+//! both operands pipelined here, their stages hold 128-byte swizzle atoms
+//! ([`atom_index`], 1024-byte aligned) that the tensor cores read in place,
+//! each thread fences its landed copies for the async proxy before the
+//! barrier, and from four stages on the loop defers its groups: each
+//! iteration leaves its `wgmma` group running (`wait_group 1`) and copies
+//! `S - 2` iterations ahead (into the stage the finished group read, not the
+//! running one); the exit waits for the last group before the accumulators
+//! are read or the ring is handed over, and such a loop is entered only when
+//! it has an iteration (see `control.rs`).
+//!
 //! Loads inside the slice (a block table's page numbers) are themselves
 //! issued one iteration earlier than the copies that need them and carried
 //! in registers: iteration `i` copies iteration `i + S - 1`'s tiles with page
@@ -75,6 +86,11 @@ pub(crate) struct PipeLoad {
     pub ring_off: u64,
     /// Elements per `cp.async`.
     pub width: usize,
+    /// Rows of the loaded tile.
+    pub rows: usize,
+    /// Whether the stage holds 128-byte swizzle atoms for `wgmma`
+    /// ([`atom_index`]) instead of swizzled or padded rows.
+    pub atoms: bool,
 }
 
 /// The pipelining of one `for`.
@@ -93,6 +109,16 @@ pub(crate) struct PipeLoop {
     /// The instructions of `slice` that `feed`'s loads depend on (themselves
     /// included), in order.
     pub feed_slice: Vec<Inst>,
+    /// Whether a `dot` of the body runs on `wgmma` (its operands are read
+    /// by the async proxy: the copies are fenced before the barrier).
+    pub wgmma: bool,
+    /// Iterations whose copies are in flight ahead of the one computing:
+    /// `stages - 1`, or `stages - 2` when the body's `wgmma`s are deferred
+    /// (one group left running across the iteration boundary still reads
+    /// the stage of the previous iteration, so the prefetch skips it).
+    pub ahead: usize,
+    /// Whether the body's `wgmma` groups are deferred ([`Pipeline::deferred`]).
+    pub deferred: bool,
 }
 
 /// The pipelining decisions of a function.
@@ -108,6 +134,13 @@ pub(crate) struct Pipeline {
     pub loads: FxHashSet<Inst>,
     /// Body instructions that only feed pipelined loads (not lowered in place).
     pub dead: FxHashSet<Inst>,
+    /// `dot`s lowered to `wgmma`: planned candidates whose operands are both pipelined.
+    pub wgmma: FxHashSet<Inst>,
+    /// Of those, the ones whose group is left running into the next
+    /// iteration (`wait_group 1`): the loop-carried accumulators of loops
+    /// of at least four stages, used by nothing but the `yield`; their
+    /// loop waits for them (`wait_group 0`) at its exit.
+    pub deferred: FxHashSet<Inst>,
 }
 
 /// Decides which loads of `f` are pipelined `stages` deep.
@@ -142,7 +175,6 @@ pub(crate) fn analyze(
         let stores = body_stores(f, body);
         let mut loads = Vec::new();
         let mut slice: FxHashSet<Inst> = FxHashSet::default();
-        let mut ring = 0u64;
         for &i in &f.blocks[body].insts {
             let Op::Memory(MemoryOp::Load { has_mask, has_other, volatile, .. }) = f.insts[i].op else {
                 continue;
@@ -168,13 +200,58 @@ pub(crate) fn analyze(
             let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
             slice.extend(s);
             let stage_bytes = ((ty.shape[0] * staged_cols(cols) * eb) as u64).div_ceil(16) * 16;
-            loads.push(PipeLoad { load: i, cols, stage_bytes, ring_off: ring, width: w });
-            ring += stage_bytes * stages as u64;
+            let rows = ty.shape[0];
+            loads.push(PipeLoad { load: i, cols, stage_bytes, ring_off: 0, width: w, rows, atoms: false });
             p.by_dot.insert(key, i);
             p.loads.insert(i);
         }
         if loads.is_empty() {
             continue;
+        }
+        // `wgmma` candidates of this body whose operands are both pipelined
+        // in swizzle atoms (1024-byte aligned, whole 8-row groups).
+        let mut wgmma = false;
+        // Deferring costs one stage of prefetch distance: worth it from
+        // four stages on (two tiles still in flight; at three stages the
+        // matmul lost 12% with one).
+        let mut defer = stages >= 4;
+        let mut ours = Vec::new();
+        for &d in &plan.wgmma {
+            if f.insts[d].parent != Some(body) {
+                continue;
+            }
+            let idx = |o: usize| {
+                let ld = p.by_dot.get(&(d, o))?;
+                loads.iter().position(|x| x.load == *ld && swizzled(x.cols) && x.rows.is_multiple_of(8))
+            };
+            if let (Some(a), Some(b)) = (idx(0), idx(1)) {
+                loads[a].atoms = true;
+                loads[b].atoms = true;
+                p.wgmma.insert(d);
+                wgmma = true;
+                ours.push(d);
+                let r = f.insts[d].results[0];
+                let only_yield = users.get(&r).is_some_and(|us| {
+                    us.iter().all(|&u| {
+                        matches!(f.insts[u].op, Op::Control(ControlOp::Yield))
+                            && f.insts[u].parent == Some(body)
+                    })
+                });
+                defer &= only_yield;
+            }
+        }
+        defer &= wgmma;
+        if defer {
+            p.deferred.extend(ours);
+        }
+        let ahead = if defer { stages - 2 } else { stages - 1 };
+        let mut ring = 0u64;
+        for ld in &mut loads {
+            if ld.atoms {
+                ring = ring.next_multiple_of(1024);
+            }
+            ld.ring_off = ring;
+            ring += ld.stage_bytes * stages as u64;
         }
         p.ring_bytes = p.ring_bytes.max(ring);
         let ordered: Vec<Inst> = f.blocks[body].insts.iter().copied().filter(|i| slice.contains(i)).collect();
@@ -198,7 +275,10 @@ pub(crate) fn analyze(
         let mut feed_set = backward_slice(f, body, iv, &feed_roots, stores).unwrap_or_default();
         feed_set.extend(feed.iter().copied());
         let feed_slice = ordered.iter().copied().filter(|i| feed_set.contains(i)).collect();
-        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered, feed, feed_slice });
+        p.loops.insert(
+            fi,
+            PipeLoop { stages, loads, slice: ordered, feed, feed_slice, wgmma, ahead, deferred: defer },
+        );
     }
     p
 }
@@ -420,7 +500,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let zero = self.i32c(0);
             let mut copies = Vec::with_capacity(p.len() / ld.width);
             for s0 in (0..p.len()).step_by(ld.width) {
-                let idx = self.chunk_index(&l, base, s0, ld.cols, swizzled(ld.cols))?;
+                let idx = if ld.atoms {
+                    self.atom_index(&l, base, s0, ld.rows, ld.cols)?
+                } else {
+                    self.chunk_index(&l, base, s0, ld.cols, swizzled(ld.cols))?
+                };
                 let dst = self.smem_elem(stage_ptr, 0, et, idx)?;
                 let size = match &m {
                     Some(m) => {
@@ -489,6 +573,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(())
     }
 
+    /// The element index in a stage of 128-byte swizzle atoms of the chunk
+    /// of register `slot` of `l` (a `[rows, cols]` tile; see [`atom_index`]).
+    fn atom_index(
+        &self,
+        l: &Layout,
+        base: IntValue<'ctx>,
+        slot: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<IntValue<'ctx>> {
+        let lin = self.linear_index(l, base, slot)?;
+        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        let col = self.b.build_and(lin, self.i32c(cols as i64 - 1), "")?;
+        // ((col / 64) * rows + row) * 64 + ((col mod 64) ^ 8 (row mod 8))
+        let atom = self.b.build_right_shift(col, self.i32c(6), false, "")?;
+        let r = self.b.build_int_add(self.b.build_int_mul(atom, self.i32c(rows as i64), "")?, row, "")?;
+        let r = self.b.build_left_shift(r, self.i32c(6), "")?;
+        let phase = self.b.build_left_shift(self.b.build_and(row, self.i32c(7), "")?, self.i32c(3), "")?;
+        let within = self.b.build_xor(self.b.build_and(col, self.i32c(63), "")?, phase, "")?;
+        Ok(self.b.build_or(r, within, "")?)
+    }
+
+    /// `fence.proxy.async.shared::cta`: this thread's shared-memory writes
+    /// (its landed copies) become visible to the async proxy (`wgmma`).
+    pub(super) fn fence_proxy_async(&mut self) -> Result<()> {
+        self.asm("fence.proxy.async.shared::cta;", "~{memory}", None, &[])?;
+        Ok(())
+    }
+
     /// `cp.async.wait_group n`.
     pub(super) fn pipe_wait(&mut self, n: usize) -> Result<()> {
         self.call("llvm.nvvm.cp.async.wait.group", None, &[self.i32c(n as i64).into()])?;
@@ -538,7 +651,48 @@ pub(crate) fn swizzled(cols: usize) -> bool {
     cols >= 64 && cols.is_power_of_two()
 }
 
+/// The element index of `(row, col)` in a stage of 128-byte swizzle atoms
+/// (the `wgmma` operand layout, `Swizzle<3,4,3>` in CUTLASS's terms): the
+/// `[rows, cols]` tile (`cols` a power of two >= 64) is cut along its columns
+/// into `cols / 64` column blocks of `[rows, 64]`, stored one after another;
+/// within a block each row is 128 bytes and its 16-byte chunk `c` sits at
+/// chunk `c ^ (row mod 8)`. Every 8 rows of a block form one 1024-byte atom,
+/// so with 1024-byte aligned stages the swizzle is the hardware's (address
+/// bits 4-6 XOR bits 7-9). With `cols == 64` this is the layout of
+/// [`swizzled`].
+#[cfg(test)]
+pub(crate) fn atom_index(row: usize, col: usize, rows: usize) -> usize {
+    ((col / 64) * rows + row) * 64 + ((col % 64) ^ (8 * (row % 8)))
+}
+
 /// Elements per staged row of a ring stage of `cols` columns.
 fn staged_cols(cols: usize) -> usize {
     if swizzled(cols) { cols } else { cols + ROW_PAD }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swizzle_atoms_are_a_permutation_within_row_blocks() {
+        for &(rows, cols) in &[(64usize, 64usize), (128, 64), (64, 256), (8, 128)] {
+            let mut seen = vec![false; rows * cols];
+            for r in 0..rows {
+                for c in 0..cols {
+                    let i = atom_index(r, c, rows);
+                    assert!(!seen[i], "{rows}x{cols}: ({r}, {c}) collides");
+                    seen[i] = true;
+                    // 16-byte chunks stay whole and inside their 1024-byte atom,
+                    // and the chunk's phase is the hardware's: bits 4-6 ^= bits 7-9.
+                    let bytes = 2 * i;
+                    assert_eq!(bytes / 1024, ((c / 64) * rows + r) / 8);
+                    assert_eq!((bytes >> 4) & 7, ((c % 64) / 8) ^ ((bytes >> 7) & 7));
+                    if cols == 64 {
+                        assert_eq!(i, r * 64 + (c ^ (8 * (r % 8))), "the swizzled layout");
+                    }
+                }
+            }
+        }
+    }
 }

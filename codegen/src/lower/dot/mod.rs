@@ -1,12 +1,14 @@
 //! `dot a, b, acc` = `acc + a @ b`: tensor cores (`mma.sync.m16n8k16`, see
 //! `mma.rs`) for f16/bf16 inputs whose shape fits whole instructions on every
-//! warp ([`crate::mma::MmaLayout::choose`]), FMAs from shared memory
-//! (`fma.rs`) otherwise. `plan.rs` decides, once per function, which `dot`s
+//! warp ([`crate::mma::MmaLayout::choose`]), warpgroup-wide `wgmma` on sm_90a
+//! when both operands are pipelined into swizzle atoms (`wgmma.rs`), FMAs
+//! from shared memory (`fma.rs`) otherwise. `plan.rs` decides, once per function, which `dot`s
 //! take tensor cores and which values stay in the accumulator layout.
 
 mod fma;
 mod mma;
 pub(crate) mod plan;
+mod wgmma;
 
 use super::Lowerer;
 use crate::Result;
@@ -16,6 +18,7 @@ use dsl_core::ir::ops::DotOp;
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(super) fn lower_dot(&mut self, inst: Inst, _op: DotOp) -> Result<()> {
         match self.mma.dots.get(&inst).copied() {
+            Some(l) if self.pipe.wgmma.contains(&inst) => self.lower_dot_wgmma(inst, l),
             Some(l) => self.lower_dot_mma(inst, l),
             None => self.lower_dot_fma(inst),
         }

@@ -11,14 +11,24 @@
 //! shapes allow it), so each warp holds whole rows of the first result and
 //! the second product takes its A fragments from those registers.
 //!
+//! On sm_90a, a planned `dot` whose `a` and `b` (or the `[N, K]` tile of a
+//! transposed `b`) are both loaded in the body of the `for` that holds it is
+//! a `wgmma` candidate when its shape fits one warpgroup-wide instruction per
+//! warpgroup (`M = 64` per warpgroup, `N <= 256`, 128-byte swizzled operand
+//! rows, see [`wgmma_shape`]): its accumulator gets the warp grid with every
+//! warp along `M` (16 rows each, the `wgmma` D fragment), and the pipeline
+//! decides whether it really runs on `wgmma` (`pipeline.rs`: both operands
+//! must be pipelined).
+//!
 //! Invariant: a skipped `permute` has exactly one use, the `b` operand of a
 //! planned `dot`; that `dot` reads the permute's operand instead.
 
 use super::super::layouts::is_elementwise;
+use crate::Target;
 use crate::mma::MmaLayout;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
-use dsl_core::ir::ops::{ControlOp, ShapeOp};
+use dsl_core::ir::ops::{ControlOp, MemoryOp, ShapeOp};
 use dsl_core::ir::{Inst, Op, Value};
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -35,10 +45,31 @@ pub(crate) struct MmaPlan {
     /// of the `for`) of planned `dot`s directly in its body, whose A
     /// fragments are loaded once before the loop and kept in registers.
     pub hoisted: FxHashMap<Inst, Vec<(Value, MmaLayout)>>,
+    /// `wgmma` candidates (sm_90a, see the module documentation).
+    pub wgmma: FxHashSet<Inst>,
+    /// The `K` of each candidate.
+    k_of: FxHashMap<Inst, usize>,
 }
 
-/// Builds the plan of `f` for `warps` warps per program.
-pub(crate) fn plan(f: &Function, warps: usize) -> MmaPlan {
+/// True when an `[m, k] x [k, n]` product over `warps` warps fits the
+/// `wgmma` lowering: one `m64nNk16` instruction per warpgroup and k step
+/// (`m = 16 * warps`, whole warpgroups), `n` a multiple of 8 up to 256
+/// (a multiple of 64 when `b` is staged `[K, N]`, N-major), and operand
+/// rows along `K` (and along `N` for an N-major `b`) of at least 128
+/// bytes, a power of two (the 128-byte swizzle atoms of `pipeline.rs`).
+pub(crate) fn wgmma_shape(m: usize, n: usize, k: usize, warps: usize, b_nk: bool) -> bool {
+    let rows128 = |c: usize| c >= 64 && c.is_power_of_two();
+    warps.is_multiple_of(4)
+        && m == 16 * warps
+        && n.is_multiple_of(8)
+        && n <= 256
+        && rows128(k)
+        && (b_nk || rows128(n))
+}
+
+/// Builds the plan of `f` for `warps` warps per program on `target`, whose
+/// loops are pipelined `stages` deep.
+pub(crate) fn plan(f: &Function, warps: usize, target: Target, stages: usize) -> MmaPlan {
     let mut uses: FxHashMap<Value, usize> = FxHashMap::default();
     let mut all = Vec::new();
     f.walk(|i| {
@@ -72,6 +103,9 @@ pub(crate) fn plan(f: &Function, warps: usize) -> MmaPlan {
         }
     }
     chain_rows(f, &mut p, warps);
+    if target == Target::Sm90a && stages >= 2 {
+        wgmma_candidates(f, &mut p, warps);
+    }
     for &i in &all {
         if !matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
             continue;
@@ -88,6 +122,55 @@ pub(crate) fn plan(f: &Function, warps: usize) -> MmaPlan {
         }
     }
     p
+}
+
+impl MmaPlan {
+    /// Keeps the `wgmma` candidates in `confirmed` (the pipeline feeds both
+    /// their operands); the others go back to [`MmaLayout::choose`]'s grid.
+    pub(crate) fn settle_wgmma(&mut self, confirmed: &FxHashSet<Inst>, warps: usize) {
+        let dropped: Vec<Inst> = self.wgmma.difference(confirmed).copied().collect();
+        for d in dropped {
+            self.wgmma.remove(&d);
+            let l = self.dots[&d];
+            let k = self.k_of[&d];
+            if let Some(c) = MmaLayout::choose(l.m, l.n, k, warps) {
+                self.dots.insert(d, c);
+            }
+        }
+    }
+}
+
+/// Marks the `wgmma` candidates (see the module documentation) and gives
+/// them the all-warps-along-`M` grid.
+fn wgmma_candidates(f: &Function, p: &mut MmaPlan, warps: usize) {
+    let dots: Vec<Inst> = p.dots.keys().copied().collect();
+    for d in dots {
+        let Some(body) = f.insts[d].parent else { continue };
+        let owner = f.blocks[body].parent.and_then(|r| f.regions[r].parent);
+        let in_loop = owner.is_some_and(|o| matches!(f.insts[o].op, Op::Control(ControlOp::For)));
+        let loaded_here = |v: Value| {
+            f.def_inst(v).is_some_and(|i| {
+                f.insts[i].parent == Some(body) && matches!(f.insts[i].op, Op::Memory(MemoryOp::Load { .. }))
+            })
+        };
+        let args = &f.insts[d].args;
+        let b_nk = p.b_trans.get(&d).copied();
+        let b = b_nk.unwrap_or(args[1]);
+        let (aty, bty) = (f.ty(args[0]), f.ty(args[1]));
+        let (m, k, n) = (aty.shape[0], aty.shape[1], bty.shape[1]);
+        if !in_loop
+            || !loaded_here(args[0])
+            || !loaded_here(b)
+            || !wgmma_shape(m, n, k, warps, b_nk.is_some())
+        {
+            continue;
+        }
+        if let Some(l) = MmaLayout::with_warps_m(m, n, k, warps, warps) {
+            p.dots.insert(d, l);
+            p.wgmma.insert(d);
+            p.k_of.insert(d, k);
+        }
+    }
 }
 
 /// Gives chained products (see the module docs) the all-warps-along-`M`
