@@ -74,7 +74,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 // initial accumulators' moves inside the exit's `wgmma`
                 // pipeline stage and serialize every `wgmma` (C7515).
                 let guard = match self.pipe.loops.get(&inst) {
-                    Some(pl) if pl.deferred => {
+                    Some(pl) if pl.deferred() => {
                         let lbi = lb.into_int_value();
                         let runs = self.iv_less(signed, lbi, ub)?;
                         let from = self.cur_block()?;

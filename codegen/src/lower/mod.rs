@@ -189,7 +189,7 @@ pub(crate) fn lower_function<'ctx>(
     };
     lw.pipe = pipeline::analyze(f, &lw.mma, &lw.axis, threads, spt_cap, opts.num_stages.max(1) as usize);
     // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
-    lw.mma.settle_wgmma(&lw.pipe.wgmma, threads / 32);
+    lw.mma.settle_wgmma(f, &lw.pipe.wgmma, threads / 32);
     lw.lays = layouts::assign(f, &lw.mma);
     lw.smem_floor = lw.pipe.ring_bytes;
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
@@ -413,6 +413,20 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         ret: Option<BasicTypeEnum<'ctx>>,
         args: &[BasicValueEnum<'ctx>],
     ) -> Result<Option<BasicValueEnum<'ctx>>> {
+        self.asm_with(asm, constraints, ret, args, ret.is_none())
+    }
+
+    /// [`Lowerer::asm`] with side effects chosen by `side_effects` (a
+    /// statement with results and side effects is never removed or
+    /// reordered with other such statements: `wgmma`'s tied fences).
+    pub fn asm_with(
+        &self,
+        asm: &str,
+        constraints: &str,
+        ret: Option<BasicTypeEnum<'ctx>>,
+        args: &[BasicValueEnum<'ctx>],
+        side_effects: bool,
+    ) -> Result<Option<BasicValueEnum<'ctx>>> {
         let ps: Vec<BasicMetadataTypeEnum<'ctx>> = args.iter().map(|a| a.get_type().into()).collect();
         let ty = match ret {
             Some(r) => r.fn_type(&ps, false),
@@ -422,7 +436,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ty,
             asm.to_string(),
             constraints.to_string(),
-            ret.is_none(),
+            side_effects,
             false,
             None,
             false,

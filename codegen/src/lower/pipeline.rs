@@ -117,8 +117,13 @@ pub(crate) struct PipeLoop {
     /// (one group left running across the iteration boundary still reads
     /// the stage of the previous iteration, so the prefetch skips it).
     pub ahead: usize,
+}
+
+impl PipeLoop {
     /// Whether the body's `wgmma` groups are deferred ([`Pipeline::deferred`]).
-    pub deferred: bool,
+    pub fn deferred(&self) -> bool {
+        self.ahead + 2 == self.stages
+    }
 }
 
 /// The pipelining decisions of a function.
@@ -275,10 +280,7 @@ pub(crate) fn analyze(
         let mut feed_set = backward_slice(f, body, iv, &feed_roots, stores).unwrap_or_default();
         feed_set.extend(feed.iter().copied());
         let feed_slice = ordered.iter().copied().filter(|i| feed_set.contains(i)).collect();
-        p.loops.insert(
-            fi,
-            PipeLoop { stages, loads, slice: ordered, feed, feed_slice, wgmma, ahead, deferred: defer },
-        );
+        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered, feed, feed_slice, wgmma, ahead });
     }
     p
 }

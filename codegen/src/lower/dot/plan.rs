@@ -47,8 +47,6 @@ pub(crate) struct MmaPlan {
     pub hoisted: FxHashMap<Inst, Vec<(Value, MmaLayout)>>,
     /// `wgmma` candidates (sm_90a, see the module documentation).
     pub wgmma: FxHashSet<Inst>,
-    /// The `K` of each candidate.
-    k_of: FxHashMap<Inst, usize>,
 }
 
 /// True when an `[m, k] x [k, n]` product over `warps` warps fits the
@@ -127,12 +125,12 @@ pub(crate) fn plan(f: &Function, warps: usize, target: Target, stages: usize) ->
 impl MmaPlan {
     /// Keeps the `wgmma` candidates in `confirmed` (the pipeline feeds both
     /// their operands); the others go back to [`MmaLayout::choose`]'s grid.
-    pub(crate) fn settle_wgmma(&mut self, confirmed: &FxHashSet<Inst>, warps: usize) {
+    pub(crate) fn settle_wgmma(&mut self, f: &Function, confirmed: &FxHashSet<Inst>, warps: usize) {
         let dropped: Vec<Inst> = self.wgmma.difference(confirmed).copied().collect();
         for d in dropped {
             self.wgmma.remove(&d);
             let l = self.dots[&d];
-            let k = self.k_of[&d];
+            let k = f.ty(f.insts[d].args[0]).shape[1];
             if let Some(c) = MmaLayout::choose(l.m, l.n, k, warps) {
                 self.dots.insert(d, c);
             }
@@ -168,7 +166,6 @@ fn wgmma_candidates(f: &Function, p: &mut MmaPlan, warps: usize) {
         if let Some(l) = MmaLayout::with_warps_m(m, n, k, warps, warps) {
             p.dots.insert(d, l);
             p.wgmma.insert(d);
-            p.k_of.insert(d, k);
         }
     }
 }

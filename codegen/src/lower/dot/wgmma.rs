@@ -45,7 +45,7 @@ use crate::Result;
 use crate::mma::{Lay, MmaLayout};
 use dsl_core::dtype::DType;
 use dsl_core::ir::Inst;
-use inkwell::types::{BasicType, BasicTypeEnum};
+use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 
 /// The swizzle-mode field of a matrix descriptor: 128-byte swizzling.
@@ -191,19 +191,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         ret: BasicTypeEnum<'ctx>,
         ops: &[BasicValueEnum<'ctx>],
     ) -> Result<BasicValueEnum<'ctx>> {
-        use inkwell::types::BasicMetadataTypeEnum;
-        use inkwell::values::BasicMetadataValueEnum;
-        let ps: Vec<BasicMetadataTypeEnum<'ctx>> = ops.iter().map(|a| a.get_type().into()).collect();
-        let ty = ret.fn_type(&ps, false);
-        let f = self.ctx.create_inline_asm(ty, text.to_string(), cons.to_string(), true, false, None, false);
-        let margs: Vec<BasicMetadataValueEnum<'ctx>> = ops.iter().map(|&a| a.into()).collect();
-        let cs = self.b.build_indirect_call(ty, f, &margs, "")?;
-        match cs.try_as_basic_value() {
-            inkwell::values::ValueKind::Basic(v) => Ok(v),
-            inkwell::values::ValueKind::Instruction(_) => {
-                Err(crate::Error::Llvm("inline assembly returned no value".into()))
-            }
-        }
+        self.asm_with(text, cons, Some(ret), ops, true)?
+            .ok_or_else(|| crate::Error::Llvm("inline assembly returned no value".into()))
     }
 
     /// The `r` fields of the struct `v`.
