@@ -335,26 +335,39 @@ fn softmax_online() {
 }
 
 /// FlashAttention prefill over the paged cache (`kernels::flash_attention`)
-/// at its default bf16 tiles (64 x 32 with 4 warps at head dim 64, 128 x 32
-/// with 8 at 128): SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8
-/// KV heads of 128 full, both bf16, specialized as the runtime launches them
-/// (16-byte aligned pointers, page size 16, a block-table stride that is not
-/// a multiple of 16).
+/// at its default bf16 tiles for `mma.sync` (64 x 32 with 4 warps at head dim
+/// 64, 128 x 32 with 8 at 128; for both targets, on sm_90a these run on
+/// register-A `wgmma` too) and for `wgmma` (64 x 64 with 4 warps, sm_90a):
+/// SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8 KV heads of
+/// 128 full, both bf16, specialized as the runtime launches them (16-byte
+/// aligned pointers, page size 16, a block-table stride that is not a
+/// multiple of 16).
 #[test]
 fn flash_attention() {
     use ::kernels::flash_attention::{config_for, flash_attention as k};
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
-    let f = |hq: usize, hkv: usize, hd: usize, causal: bool| {
-        let t = config_for(hd, DType::BF16);
-        let c = k::Config::new(DType::BF16, hq, hkv, hd, 16, t.block_m, t.block_n, causal);
+    let f = |hq: usize, hkv: usize, hd: usize, causal: bool, wgmma: bool| {
+        let t = config_for(hd, DType::BF16, wgmma);
+        assert_eq!(t.num_stages, STAGES);
+        let c = t.config(DType::BF16, hq, hkv, hd, 16, causal);
         (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t.num_warps)
     };
-    let (causal64, w64) = f(9, 3, 64, true);
-    let (full128, w128) = f(32, 8, 128, false);
+    let (causal64, w64) = f(9, 3, 64, true, false);
+    let (full128, w128) = f(32, 8, 128, false, false);
     both(
         "flash_attention",
         &[("_bf16_9q3kv64_causal".into(), causal64, w64), ("_bf16_32q8kv128_full".into(), full128, w128)],
     );
+    for (name, (f, w)) in [
+        ("flash_attention_wgmma_bf16_9q3kv64_causal", f(9, 3, 64, true, true)),
+        ("flash_attention_wgmma_bf16_32q8kv128_full", f(32, 8, 128, false, true)),
+    ] {
+        let report = check(name, &f, Target::Sm90a, w);
+        assert!(
+            !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
+            "{name}: {report:?}"
+        );
+    }
 }
 
 /// The bf16 tensor-core matmul (`kernels::matmul`) at its large tile
@@ -509,15 +522,20 @@ fn dot_shapes() {
                     assert_eq!(c.ptx.contains("mma.sync"), want, "{m}x{n}x{kk} w{w} {dtype}");
                     // sm_90a runs the pipelined loop's product on `wgmma`
                     // when one m64nNk16 per warpgroup covers it and the
-                    // operand rows fill 128-byte swizzle atoms.
+                    // staged `b` rows fill 128-byte swizzle atoms; `a` comes
+                    // from shared memory when its rows do too, otherwise
+                    // from A fragments in registers.
                     let rows128 = |c: usize| c >= 64 && c.is_power_of_two();
                     let wg = t == Target::Sm90a
                         && w % 4 == 0
                         && m == 16 * w as usize
                         && n <= 256
-                        && rows128(kk)
-                        && (b_nk || rows128(n));
-                    assert_eq!(c.ptx.contains("wgmma.mma_async"), wg, "{m}x{n}x{kk} w{w} {dtype} {b_nk}");
+                        && kk % 16 == 0
+                        && rows128(if b_nk { kk } else { n });
+                    let what = format!("{m}x{n}x{kk} w{w} {dtype} {b_nk}");
+                    assert_eq!(c.ptx.contains("wgmma.mma_async"), wg, "{what}");
+                    let a_regs = c.ptx.lines().any(|l| l.contains("wgmma.mma_async") && l.contains("}, {%r"));
+                    assert_eq!(a_regs, wg && !rows128(kk), "{what}");
                     let tag = format!("dot_{m}x{n}x{kk}_w{w}_{dtype}_{b_nk}.{}", t.arch());
                     let report = assemble(&c.ptx, t.arch(), &tag);
                     assert_eq!(spill_bytes(&report), 0, "{tag}: {}", report.join("\n"));
@@ -723,6 +741,39 @@ fn dequant_autotune_configs_do_not_spill() {
     each!(gemm::gemm_q4_1, gemm::gemm_q4_1::Config::new(bf, true, 64, 64, 64));
     each!(gemm::gemm_q4_0, gemm::gemm_q4_0::Config::new(bf, true, 64, 64, 64));
     each!(gemm::gemm_q8_0, gemm::gemm_q8_0::Config::new(bf, true, 64, 64, 32));
+}
+
+/// Every declared autotune config of FlashAttention assembles at head dims
+/// 64 and 128 (bf16, causal) for both targets (registers and spills are
+/// printed: the autotuner measures the spilling ones too), and its products
+/// run on `wgmma` on sm_90a exactly when the query tile is 16 rows per warp
+/// in whole warpgroups (register-A `wgmma`: `q`'s A fragments are hoisted,
+/// `p`'s packed from the scores), on `mma.sync` otherwise.
+#[test]
+fn flash_attention_autotune_configs() {
+    use ::kernels::flash_attention::flash_attention as k;
+    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
+    for hd in [64usize, 128] {
+        let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true);
+        for c in k::autotune_configs(&base) {
+            let f = dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0;
+            for t in [Target::Sm80, Target::Sm90a] {
+                let opts = CompileOptions { target: t, num_warps: c.num_warps, num_stages: STAGES };
+                let ptx = compile(&f, &opts).unwrap().ptx;
+                let r = assemble(&ptx, t.arch(), k::NAME);
+                eprintln!(
+                    "{} hd{hd} {c:?} {}: {} registers, {} spill bytes",
+                    k::NAME,
+                    t.arch(),
+                    registers(&r),
+                    spill_bytes(&r)
+                );
+                let wg = t == Target::Sm90a && c.num_warps % 4 == 0 && c.BLOCK_M == 16 * c.num_warps as usize;
+                assert_eq!(ptx.contains("wgmma.mma_async"), wg, "hd{hd} {c:?} {}", t.arch());
+                assert!(ptx.contains("mma.sync") != wg, "hd{hd} {c:?} {}", t.arch());
+            }
+        }
+    }
 }
 
 /// Register and spill numbers of softmax at large blocks (printed for the report; no spills allowed).

@@ -143,6 +143,8 @@ pub fn online_softmax_step(
         (BLOCK_M = 128, BLOCK_N = 32, num_warps = 4),
         (BLOCK_M = 128, BLOCK_N = 64, num_warps = 4),
         (BLOCK_M = 64, BLOCK_N = 128, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4, num_stages = 3),
+        (BLOCK_M = 128, BLOCK_N = 128, num_warps = 8),
     ],
     key = [max_blocks_per_seq]
 ))]
@@ -263,7 +265,7 @@ pub fn flash_attention<T: Float>(
     }
 }
 
-/// A launch configuration: query tile, key tile and warps.
+/// A launch configuration: query tile, key tile, warps and pipeline depth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileConfig {
     /// Query rows per program (`BLOCK_M`).
@@ -272,28 +274,60 @@ pub struct TileConfig {
     pub block_n: usize,
     /// Warps per program.
     pub num_warps: u32,
+    /// K/V tiles in flight (`num_stages` of the `cp.async` pipeline).
+    pub num_stages: u32,
 }
 
-/// The default tiles for storage dtype `dtype`. For f16/bf16 (tensor
-/// cores): `BLOCK_N = 32` with `BLOCK_M = 64` and 4 warps at head dim 64,
-/// `BLOCK_M = 128` and 8 warps above, so every warp holds 16 whole rows of
-/// the scores and `p` feeds the second product from registers; the K and V
-/// loads are pipelined with `cp.async` (and the page numbers one iteration
-/// ahead of them). These are the largest tiles ptxas compiles without
-/// spills on sm_80 and sm_90a: 128 x 64 needs more than 255 registers at
-/// head dim 128, and at head dim 64 ptxas caps 8-warp programs at 128
-/// registers (two per SM) and spills 128 x 32 on sm_80, and 3-program caps
-/// spill 64 x 64 on sm_90a. The autotuner measured the others within about
-/// 10% on an H100 (2026-11-24) and may still pick them. For f32 (`dot` by
-/// FMAs through shared memory) `64 x 32` with 4 warps at head dim 64 and 8
-/// above.
-pub fn config_for(head_dim: usize, dtype: dsl_core::DType) -> TileConfig {
+impl TileConfig {
+    /// Query tile, key tile and warps, with the kernel's default two stages.
+    pub const fn new(block_m: usize, block_n: usize, num_warps: u32) -> TileConfig {
+        TileConfig { block_m, block_n, num_warps, num_stages: 2 }
+    }
+
+    /// The kernel configuration with these tiles for the other constexprs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn config(
+        &self,
+        dtype: dsl_core::DType,
+        h_q: usize,
+        h_kv: usize,
+        head_dim: usize,
+        page: usize,
+        causal: bool,
+    ) -> flash_attention::Config {
+        flash_attention::Config::new(dtype, h_q, h_kv, head_dim, page, self.block_m, self.block_n, causal)
+            .with_warps(self.num_warps)
+            .with_stages(self.num_stages)
+    }
+}
+
+/// The default tiles for storage dtype `dtype`, on Hopper's `wgmma` when
+/// `wgmma`. For f16/bf16 (tensor cores): every warp holds 16 whole rows of
+/// the scores, so `p` feeds the second product from registers, and the K
+/// and V loads are pipelined with `cp.async` (and the page numbers one
+/// iteration ahead of them).
+///
+/// - `mma.sync`: `BLOCK_N = 32` with `BLOCK_M = 64` and 4 warps at head dim
+///   64, `BLOCK_M = 128` and 8 warps above. These are the largest tiles
+///   ptxas compiles without spills on sm_80: 128 x 64 needs more than 255
+///   registers at head dim 128, and at head dim 64 ptxas caps 8-warp
+///   programs at 128 registers (two per SM) and spills 128 x 32.
+/// - `wgmma` (sm_90a): 64 x 64 with 4 warps (one warpgroup, `m64n64k16`
+///   for the scores) at both head dims: the B operands are read from shared
+///   memory by the tensor cores, so the wider key tile costs no fragment
+///   registers. The autotuner picked it for all four hd64/hd128
+///   causal/full benchmarks on an H100 (2026-11-24).
+///
+/// For f32 (`dot` by FMAs through shared memory) `64 x 32` with 4 warps at
+/// head dim 64 and 8 above.
+pub fn config_for(head_dim: usize, dtype: dsl_core::DType, wgmma: bool) -> TileConfig {
     let half = matches!(dtype, dsl_core::DType::F16 | dsl_core::DType::BF16);
-    match (half, head_dim <= 64) {
-        (true, true) => TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
-        (true, false) => TileConfig { block_m: 128, block_n: 32, num_warps: 8 },
-        (false, true) => TileConfig { block_m: 64, block_n: 32, num_warps: 4 },
-        (false, false) => TileConfig { block_m: 64, block_n: 32, num_warps: 8 },
+    match (half, wgmma, head_dim <= 64) {
+        (true, true, _) => TileConfig::new(64, 64, 4),
+        (true, false, true) => TileConfig::new(64, 32, 4),
+        (true, false, false) => TileConfig::new(128, 32, 8),
+        (false, _, true) => TileConfig::new(64, 32, 4),
+        (false, _, false) => TileConfig::new(64, 32, 8),
     }
 }
 

@@ -59,14 +59,13 @@ fn attention_record(
     let seq_lens = vec![L as i32; B];
     let cu: Vec<i32> = (0..=B).map(|b| (b * L) as i32).collect();
 
+    let wgmma = cuda.target() == codegen::Target::Sm90a;
     let gpu = cuda.gpu();
     let (qd, kd, vd) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?);
     drop((q, k, v));
     let od = gpu.zeros::<bf16>(tokens * h * hd)?;
     let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
-    let t = config_for(hd, DType::BF16);
-    let base = flash_attention::Config::new(DType::BF16, h, h, hd, PAGE, t.block_m, t.block_n, causal)
-        .with_warps(t.num_warps);
+    let base = config_for(hd, DType::BF16, wgmma).config(DType::BF16, h, h, hd, PAGE, causal);
     let args = flash_attention::Args {
         q_ptr: qd.ptr().cast(),
         k_cache_ptr: kd.ptr().cast(),
@@ -127,7 +126,7 @@ mod tests {
         // peers.py: B = max(1, 16384 // L), H = 2048 // hd.
         assert_eq!(B, (16384 / L).max(1));
         assert_eq!(L % PAGE, 0);
-        let t = config_for(128, DType::BF16);
+        let t = config_for(128, DType::BF16, false);
         assert_eq!(grid(L, B, 2048 / 128, t.block_m), [(L / t.block_m) as u32, (B * 16) as u32, 1]);
     }
 }

@@ -6,7 +6,8 @@
 //! prompt, an empty query run, chunked prefills whose contexts end mid-page,
 //! a 1000-token prefix hit), GQA 4 and MHA at head dim 128, pages of 16, 32
 //! and 64 behind shuffled block tables (unused entries `-1`), the default
-//! tiles of `kernels::flash_attention::config_for` plus one small-tile config.
+//! tiles of `kernels::flash_attention::config_for` for the GPU, one small-tile
+//! config and every autotune candidate.
 //! The output starts filled with 100 (unreachable for |v| <= 2), so rows left
 //! unwritten fail.
 //!
@@ -78,9 +79,7 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
     let (k, v) = (rng.values::<T>(cache, 2.0), rng.values::<T>(cache, 2.0));
     let o_init = vec![T::from_f64(100.0); q.len()];
     let scale = 1.0 / (d as f32).sqrt();
-    let config =
-        flash_attention::Config::new(dtype, c.n_q, c.n_kv, d, bs, c.tiles.block_m, c.tiles.block_n, c.causal)
-            .with_warps(c.tiles.num_warps);
+    let config = c.tiles.config(dtype, c.n_q, c.n_kv, d, bs, c.causal);
     let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
     let grid = fa::grid(max_q, c.seqs.len(), c.n_q, c.tiles.block_m);
 
@@ -136,7 +135,7 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
 
     let lens: Vec<String> = c.seqs.iter().map(|&(q, ctx)| format!("{q}/{ctx}")).collect();
     let shape = format!(
-        "{}q{}kv{}d {} bs{bs} {}x{} w{} q/ctx {}",
+        "{}q{}kv{}d {} bs{bs} {}x{} w{} s{} q/ctx {}",
         c.n_q,
         c.n_kv,
         d,
@@ -144,6 +143,7 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
         c.tiles.block_m,
         c.tiles.block_n,
         c.tiles.num_warps,
+        c.tiles.num_stages,
         lens.join(",")
     );
     let mut row =
@@ -170,7 +170,8 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
 pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
-    let small = TileConfig { block_m: 16, block_n: 16, num_warps: 4 };
+    let small = TileConfig::new(16, 16, 4);
+    let wgmma = cuda.target() == codegen::Target::Sm90a;
     for causal in [true, false] {
         let smol = Case {
             n_q: 9,
@@ -178,10 +179,10 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 64,
             seqs: smollm2_batch(),
             block_size: 16,
-            tiles: fa::config_for(64, DType::BF16),
+            tiles: fa::config_for(64, DType::BF16, wgmma),
             causal,
         };
-        let smol_f32 = Case { tiles: fa::config_for(64, DType::F32), ..smol.clone() };
+        let smol_f32 = Case { tiles: fa::config_for(64, DType::F32, wgmma), ..smol.clone() };
         rows.push(attention_case::<f32>(cuda, &mut rng, &smol_f32)?);
         rows.push(attention_case::<bf16>(cuda, &mut rng, &smol)?);
         let smol_small = Case { tiles: small, ..smol.clone() };
@@ -192,10 +193,10 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 128,
             seqs: vec![(200, 200), (7, 555), (1, 1)],
             block_size: 32,
-            tiles: fa::config_for(128, DType::BF16),
+            tiles: fa::config_for(128, DType::BF16, wgmma),
             causal,
         };
-        let gqa4_f32 = Case { tiles: fa::config_for(128, DType::F32), ..gqa4.clone() };
+        let gqa4_f32 = Case { tiles: fa::config_for(128, DType::F32, wgmma), ..gqa4.clone() };
         rows.push(attention_case::<f32>(cuda, &mut rng, &gqa4_f32)?);
         rows.push(attention_case::<bf16>(cuda, &mut rng, &gqa4)?);
         let mha = Case {
@@ -204,7 +205,7 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 128,
             seqs: vec![(77, 130), (128, 128), (3, 67)],
             block_size: 64,
-            tiles: fa::config_for(128, DType::BF16),
+            tiles: fa::config_for(128, DType::BF16, wgmma),
             causal,
         };
         rows.push(attention_case::<bf16>(cuda, &mut rng, &mha)?);
@@ -225,6 +226,11 @@ fn tune_tiles() -> Vec<TileConfig> {
     let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false);
     flash_attention::autotune_configs(&base)
         .iter()
-        .map(|c| TileConfig { block_m: c.BLOCK_M, block_n: c.BLOCK_N, num_warps: c.num_warps })
+        .map(|c| TileConfig {
+            block_m: c.BLOCK_M,
+            block_n: c.BLOCK_N,
+            num_warps: c.num_warps,
+            num_stages: c.num_stages,
+        })
         .collect()
 }

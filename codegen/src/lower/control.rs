@@ -216,7 +216,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         .map(|(i, _)| i)
                         .collect();
                     for i in deferred {
-                        outs[i] = self.wgmma_tied("wgmma.wait_group.sync.aligned 0;", &outs[i])?;
+                        outs[i] = self.wgmma_tied("wgmma.wait_group.sync.aligned 0;", &outs[i], &[])?.0;
                     }
                 }
                 if let Some(pl) = &pipe {

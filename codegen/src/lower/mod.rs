@@ -189,7 +189,7 @@ pub(crate) fn lower_function<'ctx>(
     };
     lw.pipe = pipeline::analyze(f, &lw.mma, &lw.axis, threads, spt_cap, opts.num_stages.max(1) as usize);
     // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
-    lw.mma.settle_wgmma(f, &lw.pipe.wgmma, threads / 32);
+    lw.mma.settle_wgmma(f, &lw.pipe.wgmma);
     lw.lays = layouts::assign(f, &lw.mma);
     lw.smem_floor = lw.pipe.ring_bytes;
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;

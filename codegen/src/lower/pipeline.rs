@@ -36,7 +36,8 @@
 //! in the body at all. Loops with nested loops are left alone.
 //!
 //! `wgmma` (sm_90a, `dot/wgmma.rs`): when a planned `wgmma` candidate has
-//! both operands pipelined here, their stages hold 128-byte swizzle atoms
+//! its `b` pipelined here (and its `a`, unless `a` is read from registers),
+//! their stages hold 128-byte swizzle atoms
 //! ([`atom_index`], 1024-byte aligned) that the tensor cores read in place,
 //! each thread fences its landed copies for the async proxy before the
 //! barrier, and from four stages on the loop defers its groups: each
@@ -139,8 +140,11 @@ pub(crate) struct Pipeline {
     pub loads: FxHashSet<Inst>,
     /// Body instructions that only feed pipelined loads (not lowered in place).
     pub dead: FxHashSet<Inst>,
-    /// `dot`s lowered to `wgmma`: planned candidates whose operands are both pipelined.
+    /// `dot`s lowered to `wgmma`: planned candidates whose `b` is pipelined.
     pub wgmma: FxHashSet<Inst>,
+    /// Of those, the ones whose `a` comes from A fragments in registers
+    /// (it is not a load pipelined in swizzle atoms).
+    pub wgmma_rs: FxHashSet<Inst>,
     /// Of those, the ones whose group is left running into the next
     /// iteration (`wait_group 1`): the loop-carried accumulators of loops
     /// of at least four stages, used by nothing but the `yield`; their
@@ -213,15 +217,18 @@ pub(crate) fn analyze(
         if loads.is_empty() {
             continue;
         }
-        // `wgmma` candidates of this body whose operands are both pipelined
-        // in swizzle atoms (1024-byte aligned, whole 8-row groups).
+        // `wgmma` candidates of this body whose `b` is pipelined in swizzle
+        // atoms (1024-byte aligned, whole 8-row groups); `a` too when it is
+        // pipelined with 128-byte rows, otherwise it comes from registers.
         let mut wgmma = false;
         // Deferring costs one stage of prefetch distance: worth it from
         // four stages on (two tiles still in flight; at three stages the
         // matmul lost 12% with one).
         let mut defer = stages >= 4;
         let mut ours = Vec::new();
-        for &d in &plan.wgmma {
+        let mut cands: Vec<Inst> = plan.wgmma.keys().copied().collect();
+        cands.sort();
+        for d in cands {
             if f.insts[d].parent != Some(body) {
                 continue;
             }
@@ -229,21 +236,27 @@ pub(crate) fn analyze(
                 let ld = p.by_dot.get(&(d, o))?;
                 loads.iter().position(|x| x.load == *ld && swizzled(x.cols) && x.rows.is_multiple_of(8))
             };
-            if let (Some(a), Some(b)) = (idx(0), idx(1)) {
-                loads[a].atoms = true;
-                loads[b].atoms = true;
-                p.wgmma.insert(d);
-                wgmma = true;
-                ours.push(d);
-                let r = f.insts[d].results[0];
-                let only_yield = users.get(&r).is_some_and(|us| {
-                    us.iter().all(|&u| {
-                        matches!(f.insts[u].op, Op::Control(ControlOp::Yield))
-                            && f.insts[u].parent == Some(body)
-                    })
-                });
-                defer &= only_yield;
+            let (a, Some(b)) = (idx(0), idx(1)) else { continue };
+            loads[b].atoms = true;
+            // A register-A group is never deferred: its A fragments would
+            // have to stay untouched into the next iteration.
+            match a {
+                Some(a) => loads[a].atoms = true,
+                None => {
+                    p.wgmma_rs.insert(d);
+                    defer = false;
+                }
             }
+            p.wgmma.insert(d);
+            wgmma = true;
+            ours.push(d);
+            let r = f.insts[d].results[0];
+            let only_yield = users.get(&r).is_some_and(|us| {
+                us.iter().all(|&u| {
+                    matches!(f.insts[u].op, Op::Control(ControlOp::Yield)) && f.insts[u].parent == Some(body)
+                })
+            });
+            defer &= only_yield;
         }
         defer &= wgmma;
         if defer {

@@ -35,6 +35,10 @@ pub trait Device: Backend + Sized {
     /// 1 on the interpreter.
     fn sm_count(&self) -> usize;
 
+    /// Whether tensor-core products run on Hopper's `wgmma` (sm_90a), which
+    /// prefers other tiles (`kernels::flash_attention::config_for`).
+    fn wgmma(&self) -> bool;
+
     /// A new buffer holding a copy of `data`.
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<Self::Buf<T>>;
 
@@ -146,6 +150,10 @@ impl Device for Cpu {
         1
     }
 
+    fn wgmma(&self) -> bool {
+        false
+    }
+
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<CpuPtr<T>> {
         Ok(Cpu::upload(self, data))
     }
@@ -222,6 +230,10 @@ impl Device for Cuda {
 
     fn sm_count(&self) -> usize {
         self.gpu().info().sm_count as usize
+    }
+
+    fn wgmma(&self) -> bool {
+        self.target() == codegen::Target::Sm90a
     }
 
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<DevBuf<T>> {

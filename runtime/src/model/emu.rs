@@ -145,6 +145,10 @@ impl Device for Emu {
         1
     }
 
+    fn wgmma(&self) -> bool {
+        false
+    }
+
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<EmuPtr<T>> {
         self.not_while_capturing("an upload")?;
         let buffer = self.add(Buffer::from_slice(data));

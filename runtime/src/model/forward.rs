@@ -487,10 +487,8 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
         ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)?;
 
         if plan.max_q > 1 {
-            let t = fa::config_for(hd, dtype);
-            let config =
-                flash_attention::Config::new(dtype, nq, nkv, hd, kv.block_size, t.block_m, t.block_n, true)
-                    .with_warps(t.num_warps);
+            let t = fa::config_for(hd, dtype, ln.dev.wgmma());
+            let config = t.config(dtype, nq, nkv, hd, kv.block_size, true);
             let args = flash_attention::Args {
                 q_ptr: any::<D, T>(&s.q, 0)?,
                 k_cache_ptr: any::<D, T>(&kv.k[l], 0)?,

@@ -52,18 +52,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let d = aty.dtype();
         // The accumulator first: its conversion (if any) uses the scratch region.
         let mut acc = self.regs_as(args[2], Lay::Mma(l))?;
-        let a_lay = self.lays.lay(args[0]);
-        let in_regs = if a_from_regs(a_lay, &l) {
-            let Lay::Mma(al) = a_lay else { return Err(self.bug(inst, "A operand layout")) };
-            let regs = self.raw_regs(args[0])?;
-            Some(self.a_frags_from_regs(&regs, &al, k, d)?)
-        } else {
-            None
-        };
-        let afr = match in_regs {
-            Some(fr) => Some(fr),
-            None => self.afrags.get(&(args[0], l)).cloned(),
-        };
+        let afr = self.a_frags_ready(inst, &l, k, d)?;
         let b_src = self.mma.b_trans.get(&inst).copied();
         // Operands the pipeline already copied into shared memory (`pipeline.rs`).
         let a_ring = if afr.is_none() { self.pipe_operand(inst, 0)? } else { None };
@@ -84,15 +73,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if stage_a || b_ring.is_none() {
             self.barrier()?;
             if stage_a {
-                if let Lay::Mma(al) = a_lay {
-                    // Straight from the accumulator registers it was computed in.
-                    let ra = self.raw_regs(args[0])?;
-                    self.mma_write(smem, a_off, &al, &ra, d)?;
-                } else {
-                    let la = self.layout(&aty);
-                    let ra = self.regs(args[0])?;
-                    self.stage_padded(smem, a_off, &la, &ra, k, d)?;
-                }
+                self.stage_a(smem, a_off, args[0])?;
             }
             if b_ring.is_none() {
                 let bv = b_src.unwrap_or(args[1]);
@@ -119,22 +100,50 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Loads the A fragments of the loop-invariant operand `v` for `dot`s of
     /// layout `l` (staged through shared memory once) and records them.
     pub(crate) fn hoist_a(&mut self, v: Value, l: &MmaLayout) -> Result<()> {
-        let ty = self.f.ty(v).clone();
-        let k = ty.shape[1];
+        let k = self.f.ty(v).shape[1];
         let smem = self.smem((l.m * (k + ROW_PAD) * 2) as u64)?;
         self.barrier()?;
-        if let Lay::Mma(al) = self.lays.lay(v) {
-            let regs = self.raw_regs(v)?;
-            self.mma_write(smem, 0, &al, &regs, ty.dtype())?;
-        } else {
-            let lv = self.layout(&ty);
-            let regs = self.regs(v)?;
-            self.stage_padded(smem, 0, &lv, &regs, k, ty.dtype())?;
-        }
+        self.stage_a(smem, 0, v)?;
         self.barrier()?;
         let fr = self.a_frags(smem, 0, l, k, false)?;
         self.afrags.insert((v, *l), fr);
         Ok(())
+    }
+
+    /// The A fragments of the `a` of `dot` `inst` (layout `l`, `k` columns
+    /// of `d`) when they are in registers already: packed from the
+    /// accumulator registers `a` was computed in (`layouts::a_from_regs`),
+    /// or hoisted before the loop ([`Self::hoist_a`]).
+    pub(super) fn a_frags_ready(
+        &mut self,
+        inst: Inst,
+        l: &MmaLayout,
+        k: usize,
+        d: DType,
+    ) -> Result<Option<AFrags<'ctx>>> {
+        let a = self.f.insts[inst].args[0];
+        let a_lay = self.lays.lay(a);
+        if a_from_regs(a_lay, l) {
+            let Lay::Mma(al) = a_lay else { return Err(self.bug(inst, "A operand layout")) };
+            let regs = self.raw_regs(a)?;
+            return Ok(Some(self.a_frags_from_regs(&regs, &al, k, d)?));
+        }
+        Ok(self.afrags.get(&(a, *l)).cloned())
+    }
+
+    /// Writes the `[M, K]` operand `v` row-major with padded rows at byte
+    /// `off` of `smem` (the caller fences with barriers): straight from the
+    /// accumulator registers it was computed in, or from its own layout.
+    pub(super) fn stage_a(&mut self, smem: PointerValue<'ctx>, off: u64, v: Value) -> Result<()> {
+        let ty = self.f.ty(v).clone();
+        if let Lay::Mma(al) = self.lays.lay(v) {
+            let regs = self.raw_regs(v)?;
+            self.mma_write(smem, off, &al, &regs, ty.dtype())
+        } else {
+            let lv = self.layout(&ty);
+            let regs = self.regs(v)?;
+            self.stage_padded(smem, off, &lv, &regs, ty.shape[1], ty.dtype())
+        }
     }
 
     /// The A fragments of an `[M, K]` operand held in accumulator layout `al`
@@ -181,7 +190,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// `pipeline::swizzled`): per 16-wide `k` step, per m tile of this warp,
     /// the 4 registers of one `ldmatrix.x4` (rows `r8 + bit3`, columns
     /// `bit4`: matrices in a0..a3 order).
-    fn a_frags(
+    pub(super) fn a_frags(
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,

@@ -11,14 +11,16 @@
 //! shapes allow it), so each warp holds whole rows of the first result and
 //! the second product takes its A fragments from those registers.
 //!
-//! On sm_90a, a planned `dot` whose `a` and `b` (or the `[N, K]` tile of a
-//! transposed `b`) are both loaded in the body of the `for` that holds it is
-//! a `wgmma` candidate when its shape fits one warpgroup-wide instruction per
-//! warpgroup (`M = 64` per warpgroup, `N <= 256`, 128-byte swizzled operand
+//! On sm_90a, a planned `dot` in the body of a `for` whose `b` (or the
+//! `[N, K]` tile of a transposed `b`) is loaded in that body is a `wgmma`
+//! candidate when its shape fits one warpgroup-wide instruction per
+//! warpgroup (`M = 64` per warpgroup, `N <= 256`, 128-byte swizzled `b`
 //! rows, see [`wgmma_shape`]): its accumulator gets the warp grid with every
-//! warp along `M` (16 rows each, the `wgmma` D fragment), and the pipeline
-//! decides whether it really runs on `wgmma` (`pipeline.rs`: both operands
-//! must be pipelined).
+//! warp along `M` (16 rows each, the `wgmma` D fragment, which is also the
+//! grid of chained products), and the pipeline decides whether it really
+//! runs on `wgmma` (`pipeline.rs`: `b` must be pipelined) and whether `a` is
+//! read from shared memory too (a pipelined load with 128-byte rows) or from
+//! A fragments in registers (FlashAttention's hoisted `q` and its `p`).
 //!
 //! Invariant: a skipped `permute` has exactly one use, the `b` operand of a
 //! planned `dot`; that `dot` reads the permute's operand instead.
@@ -45,24 +47,31 @@ pub(crate) struct MmaPlan {
     /// of the `for`) of planned `dot`s directly in its body, whose A
     /// fragments are loaded once before the loop and kept in registers.
     pub hoisted: FxHashMap<Inst, Vec<(Value, MmaLayout)>>,
-    /// `wgmma` candidates (sm_90a, see the module documentation).
-    pub wgmma: FxHashSet<Inst>,
+    /// `wgmma` candidates (sm_90a, see the module documentation) and the
+    /// layouts they had before (which they get back when the pipeline
+    /// cannot feed them).
+    pub wgmma: FxHashMap<Inst, MmaLayout>,
 }
 
 /// True when an `[m, k] x [k, n]` product over `warps` warps fits the
 /// `wgmma` lowering: one `m64nNk16` instruction per warpgroup and k step
-/// (`m = 16 * warps`, whole warpgroups), `n` a multiple of 8 up to 256
-/// (a multiple of 64 when `b` is staged `[K, N]`, N-major), and operand
-/// rows along `K` (and along `N` for an N-major `b`) of at least 128
-/// bytes, a power of two (the 128-byte swizzle atoms of `pipeline.rs`).
+/// (`m = 16 * warps`, whole warpgroups), `n` a multiple of 8 up to 256, and
+/// the rows of the staged `b` (along `K` for an `[N, K]` tile, `b_nk`; along
+/// `N` for `[K, N]`) of at least 128 bytes, a power of two (the 128-byte
+/// swizzle atoms of `pipeline.rs`). `a` is read from shared memory when it
+/// is pipelined with such rows too, otherwise from A fragments in registers.
 pub(crate) fn wgmma_shape(m: usize, n: usize, k: usize, warps: usize, b_nk: bool) -> bool {
-    let rows128 = |c: usize| c >= 64 && c.is_power_of_two();
     warps.is_multiple_of(4)
         && m == 16 * warps
         && n.is_multiple_of(8)
         && n <= 256
-        && rows128(k)
-        && (b_nk || rows128(n))
+        && k.is_multiple_of(16)
+        && rows128(if b_nk { k } else { n })
+}
+
+/// Rows of `c` 16-bit elements fill 128-byte swizzle atoms.
+fn rows128(c: usize) -> bool {
+    c >= 64 && c.is_power_of_two()
 }
 
 /// Builds the plan of `f` for `warps` warps per program on `target`, whose
@@ -104,35 +113,45 @@ pub(crate) fn plan(f: &Function, warps: usize, target: Target, stages: usize) ->
     if target == Target::Sm90a && stages >= 2 {
         wgmma_candidates(f, &mut p, warps);
     }
-    for &i in &all {
-        if !matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
-            continue;
-        }
-        let body = f.entry(f.insts[i].regions[0]);
-        for &d in &f.blocks[body].insts {
-            let Some(&l) = p.dots.get(&d) else { continue };
-            let a = f.insts[d].args[0];
-            let outer = f.def_inst(a).is_some_and(|ad| f.insts[ad].parent == f.insts[i].parent);
-            let list = p.hoisted.entry(i).or_default();
-            if outer && !list.contains(&(a, l)) {
-                list.push((a, l));
-            }
-        }
-    }
+    p.hoist(f);
     p
 }
 
 impl MmaPlan {
-    /// Keeps the `wgmma` candidates in `confirmed` (the pipeline feeds both
-    /// their operands); the others go back to [`MmaLayout::choose`]'s grid.
-    pub(crate) fn settle_wgmma(&mut self, f: &Function, confirmed: &FxHashSet<Inst>, warps: usize) {
-        let dropped: Vec<Inst> = self.wgmma.difference(confirmed).copied().collect();
-        for d in dropped {
+    /// Keeps the `wgmma` candidates in `confirmed` (the pipeline feeds
+    /// their `b`); the others get their earlier layouts back.
+    pub(crate) fn settle_wgmma(&mut self, f: &Function, confirmed: &FxHashSet<Inst>) {
+        let dropped: Vec<(Inst, MmaLayout)> =
+            self.wgmma.iter().filter(|(d, _)| !confirmed.contains(d)).map(|(&d, &l)| (d, l)).collect();
+        if dropped.is_empty() {
+            return;
+        }
+        for (d, before) in dropped {
             self.wgmma.remove(&d);
-            let l = self.dots[&d];
-            let k = f.ty(f.insts[d].args[0]).shape[1];
-            if let Some(c) = MmaLayout::choose(l.m, l.n, k, warps) {
-                self.dots.insert(d, c);
+            self.dots.insert(d, before);
+        }
+        self.hoist(f);
+    }
+
+    /// Fills [`Self::hoisted`] from the planned `dot`s and their layouts.
+    fn hoist(&mut self, f: &Function) {
+        self.hoisted.clear();
+        let mut fors = Vec::new();
+        f.walk(|i| {
+            if matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
+                fors.push(i);
+            }
+        });
+        for i in fors {
+            let body = f.entry(f.insts[i].regions[0]);
+            for &d in &f.blocks[body].insts {
+                let Some(&l) = self.dots.get(&d) else { continue };
+                let a = f.insts[d].args[0];
+                let outer = f.def_inst(a).is_some_and(|ad| f.insts[ad].parent == f.insts[i].parent);
+                let list = self.hoisted.entry(i).or_default();
+                if outer && !list.contains(&(a, l)) {
+                    list.push((a, l));
+                }
             }
         }
     }
@@ -156,16 +175,12 @@ fn wgmma_candidates(f: &Function, p: &mut MmaPlan, warps: usize) {
         let b = b_nk.unwrap_or(args[1]);
         let (aty, bty) = (f.ty(args[0]), f.ty(args[1]));
         let (m, k, n) = (aty.shape[0], aty.shape[1], bty.shape[1]);
-        if !in_loop
-            || !loaded_here(args[0])
-            || !loaded_here(b)
-            || !wgmma_shape(m, n, k, warps, b_nk.is_some())
-        {
+        if !in_loop || !loaded_here(b) || !wgmma_shape(m, n, k, warps, b_nk.is_some()) {
             continue;
         }
         if let Some(l) = MmaLayout::with_warps_m(m, n, k, warps, warps) {
-            p.dots.insert(d, l);
-            p.wgmma.insert(d);
+            let before = p.dots.insert(d, l).unwrap_or(l);
+            p.wgmma.insert(d, before);
         }
     }
 }

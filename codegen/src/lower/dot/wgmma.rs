@@ -41,8 +41,9 @@
 //! core's order).
 
 use super::super::Lowerer;
+use super::mma::AFrags;
 use crate::Result;
-use crate::mma::{Lay, MmaLayout};
+use crate::mma::{Lay, MmaLayout, ROW_PAD};
 use dsl_core::dtype::DType;
 use dsl_core::ir::Inst;
 use inkwell::types::BasicTypeEnum;
@@ -61,23 +62,36 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let res = self.result(inst, 0)?;
         let aty = self.f.ty(args[0]).clone();
         let (m, k, n) = (l.m, aty.shape[1], l.n);
-        if l.warps_m * 16 != m || l.warps_n != 1 || n > 256 || !k.is_multiple_of(64) {
+        let rs = self.pipe.wgmma_rs.contains(&inst);
+        if l.warps_m * 16 != m || l.warps_n != 1 || n > 256 || !k.is_multiple_of(if rs { 16 } else { 64 }) {
             return Err(self.bug(inst, "wgmma layout"));
         }
         let d = aty.dtype();
         let b_nk = self.mma.b_trans.contains_key(&inst);
-        let acc = self.regs_as(args[2], Lay::Mma(l))?;
-        let (Some((a_ring, _)), Some((b_ring, _))) =
-            (self.pipe_operand(inst, 0)?, self.pipe_operand(inst, 1)?)
-        else {
-            return Err(self.bug(inst, "wgmma operands are not pipelined"));
+        // A zero accumulator is never read: the first k step scales it by 0.
+        let zero_acc = self.f.as_constant(args[2]).is_some_and(|s| s.as_f64() == 0.0);
+        let acc = if zero_acc {
+            vec![self.ctx.f32_type().get_undef().into(); l.regs()]
+        } else {
+            self.regs_as(args[2], Lay::Mma(l))?
         };
-        // This warpgroup's 64 rows of `a`.
-        let wg = self.b.build_right_shift(self.tid, self.i32c(7), false, "")?;
-        let a_rows = self.b.build_int_mul(wg, self.i32c(64 * 128), "")?;
-        let a_addr = self.shared_addr(a_ring)?;
-        let a_addr = self.b.build_int_add(a_addr, a_rows, "")?;
-        let a_desc = self.matrix_desc(a_addr, 16, ATOM_BYTES)?;
+        // `a`: A fragments in registers (this warp's 16 rows), or this
+        // warpgroup's 64 rows of its pipelined stage.
+        let hoisted = rs && self.afrags.contains_key(&(args[0], l));
+        let a = if rs {
+            AOperand::Regs(self.a_frags_rs(inst, &l, k, d)?)
+        } else {
+            let Some((a_ring, _)) = self.pipe_operand(inst, 0)? else {
+                return Err(self.bug(inst, "wgmma a is not pipelined"));
+            };
+            let wg = self.b.build_right_shift(self.tid, self.i32c(7), false, "")?;
+            let a_rows = self.b.build_int_mul(wg, self.i32c(64 * 128), "")?;
+            let a_addr = self.b.build_int_add(self.shared_addr(a_ring)?, a_rows, "")?;
+            AOperand::Desc(self.matrix_desc(a_addr, 16, ATOM_BYTES)?)
+        };
+        let Some((b_ring, _)) = self.pipe_operand(inst, 1)? else {
+            return Err(self.bug(inst, "wgmma b is not pipelined"));
+        };
         let b_addr = self.shared_addr(b_ring)?;
         let b_desc = if b_nk {
             self.matrix_desc(b_addr, 16, ATOM_BYTES)?
@@ -86,19 +100,50 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         };
         // Byte offset of k step `kk` in a K-major operand of `rows` rows.
         let k_major = |kk: usize, rows: usize| ((kk / 4) * rows * 128 + (kk % 4) * 32) as u64;
-        let mut acc = self.wgmma_fence(&acc)?;
+        // Fragments computed here are tied through the fence (so they are
+        // written before it) and the wait (so they live until the tensor
+        // cores have read them); hoisted ones are loop-invariant.
+        let a_regs: Vec<IntValue<'ctx>> = match &a {
+            AOperand::Regs(fr) => fr.iter().flatten().flatten().copied().collect(),
+            AOperand::Desc(_) => Vec::new(),
+        };
+        let fresh = if hoisted { Vec::new() } else { a_regs.clone() };
+        let (mut acc, fresh) = self.wgmma_tied("wgmma.fence.sync.aligned;", &acc, &fresh)?;
+        let a_regs = if hoisted { a_regs } else { fresh };
         for kk in 0..k / 16 {
-            let ad = self.desc_add(a_desc, k_major(kk, m))?;
             let bd = self.desc_add(b_desc, if b_nk { k_major(kk, n) } else { (kk * 16 * 128) as u64 })?;
-            acc = self.wgmma(d, n, ad, bd, !b_nk, &acc)?;
+            let a_k = match a {
+                AOperand::Desc(ad) => AStep::Desc(self.desc_add(ad, k_major(kk, m))?),
+                AOperand::Regs(_) => AStep::Regs(&a_regs[4 * kk..4 * kk + 4]),
+            };
+            let accumulate = !(zero_acc && kk == 0);
+            acc = self.wgmma(d, n, a_k, bd, !b_nk, accumulate, &acc)?;
         }
         self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
         // A deferred group keeps running into the next iteration; the one
         // before it must be done (its stage is refilled next, `pipeline.rs`).
         let pending = if self.pipe.deferred.contains(&inst) { 1 } else { 0 };
-        let acc = self.wgmma_tied(&format!("wgmma.wait_group.sync.aligned {pending};"), &acc)?;
+        let wait = format!("wgmma.wait_group.sync.aligned {pending};");
+        let (acc, _) = self.wgmma_tied(&wait, &acc, if hoisted { &[] } else { &a_regs })?;
         self.set(res, acc);
         Ok(())
+    }
+
+    /// The A fragments of a register-A `wgmma` (`m64nNk16` takes the
+    /// `mma.sync` A fragment of each warp's 16 rows): already in registers,
+    /// or `ldmatrix`ed from `a`'s pipelined stage, or staged once here.
+    fn a_frags_rs(&mut self, inst: Inst, l: &MmaLayout, k: usize, d: DType) -> Result<AFrags<'ctx>> {
+        if let Some(fr) = self.a_frags_ready(inst, l, k, d)? {
+            return Ok(fr);
+        }
+        if let Some((ring, sw)) = self.pipe_operand(inst, 0)? {
+            return self.a_frags(ring, 0, l, k, sw);
+        }
+        let smem = self.smem((l.m * (k + ROW_PAD) * 2) as u64)?;
+        self.barrier()?;
+        self.stage_a(smem, 0, self.f.insts[inst].args[0])?;
+        self.barrier()?;
+        self.a_frags(smem, 0, l, k, false)
     }
 
     /// The 32-bit shared-window address of `p`.
@@ -127,52 +172,75 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(self.b.build_int_add(desc, self.ctx.i64_type().const_int(bytes >> 4, false), "")?)
     }
 
-    /// `wgmma.fence.sync.aligned` with the accumulator registers tied through it.
-    fn wgmma_fence(&self, acc: &[BasicValueEnum<'ctx>]) -> Result<Vec<BasicValueEnum<'ctx>>> {
-        self.wgmma_tied("wgmma.fence.sync.aligned;", acc)
-    }
-
     /// The inline-assembly statement `text` (with side effects and a memory
-    /// clobber) taking the f32 registers `acc` as tied in/out operands.
+    /// clobber) taking the f32 registers `acc` and the 32-bit registers
+    /// `ints` as tied in/out operands: LLVM can move no read or write of
+    /// them across it.
     pub(crate) fn wgmma_tied(
         &self,
         text: &str,
         acc: &[BasicValueEnum<'ctx>],
-    ) -> Result<Vec<BasicValueEnum<'ctx>>> {
-        let r = acc.len();
-        let cons = tied_constraints(r, "");
-        let st = self.acc_struct(r);
-        let v = self.asm_value(text, &cons, st, acc)?;
-        self.unpack(v, r)
+        ints: &[IntValue<'ctx>],
+    ) -> Result<(Vec<BasicValueEnum<'ctx>>, Vec<IntValue<'ctx>>)> {
+        let (r, q) = (acc.len(), ints.len());
+        let outs: Vec<&str> = std::iter::repeat_n("=f", r).chain(std::iter::repeat_n("=r", q)).collect();
+        let ins: Vec<String> = (0..r + q).map(|i| i.to_string()).collect();
+        let cons = format!("{},{},~{{memory}}", outs.join(","), ins.join(","));
+        let f32t: BasicTypeEnum<'ctx> = self.ctx.f32_type().into();
+        let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
+        let mut fields = vec![f32t; r];
+        fields.extend(std::iter::repeat_n(i32t, q));
+        let st = self.ctx.struct_type(&fields, false).into();
+        let mut ops: Vec<BasicValueEnum<'ctx>> = acc.to_vec();
+        ops.extend(ints.iter().map(|&x| BasicValueEnum::from(x)));
+        let v = self.asm_value(text, &cons, st, &ops)?;
+        let all = self.unpack(v, r + q)?;
+        let ints = all[r..].iter().map(|x| x.into_int_value()).collect();
+        Ok((all[..r].to_vec(), ints))
     }
 
-    /// One `wgmma.mma_async.sync.aligned.m64n{n}k16.f32` on descriptors
-    /// `a` and `b` (`trans_b`: `b` is N-major), accumulating into `acc`.
+    /// One `wgmma.mma_async.sync.aligned.m64n{n}k16.f32` with `a` from a
+    /// descriptor or four A-fragment registers and `b` from a descriptor
+    /// (`trans_b`: `b` is N-major), adding to `acc` (or, without
+    /// `accumulate`, ignoring it).
+    #[allow(clippy::too_many_arguments)]
     fn wgmma(
         &self,
         d: DType,
         n: usize,
-        a: IntValue<'ctx>,
+        a: AStep<'_, 'ctx>,
         b: IntValue<'ctx>,
         trans_b: bool,
+        accumulate: bool,
         acc: &[BasicValueEnum<'ctx>],
     ) -> Result<Vec<BasicValueEnum<'ctx>>> {
         let r = acc.len();
         debug_assert_eq!(r, n / 2);
         let ab = if d == DType::BF16 { "bf16" } else { "f16" };
         let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
+        let mut ops: Vec<BasicValueEnum<'ctx>> = acc.to_vec();
+        // Operand numbers: the `r` outputs, then the inputs (the `r` tied
+        // accumulators first), so input `j` of `ops` is operand `r + j`.
+        let a0 = 2 * r;
+        let (a_text, a_cons, trans_a) = match a {
+            AStep::Desc(ad) => {
+                ops.push(ad.into());
+                (format!("${a0}"), ",l", ", 0")
+            }
+            AStep::Regs(fr) => {
+                ops.extend(fr.iter().map(|&x| BasicValueEnum::from(x)));
+                (format!("{{${}, ${}, ${}, ${}}}", a0, a0 + 1, a0 + 2, a0 + 3), ",r,r,r,r", "")
+            }
+        };
+        let (db, s) = (r + ops.len(), r + ops.len() + 1);
+        ops.extend::<[BasicValueEnum<'ctx>; 2]>([b.into(), self.i32c(i64::from(accumulate)).into()]);
         let text = format!(
             "{{\n.reg .pred p;\nsetp.ne.b32 p, ${s}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} \
-             {{{}}}, ${da}, ${db}, p, 1, 1, 0, {tb};\n}}",
+             {{{}}}, {a_text}, ${db}, p, 1, 1{trans_a}, {tb};\n}}",
             regs.join(", "),
-            da = 2 * r,
-            db = 2 * r + 1,
-            s = 2 * r + 2,
             tb = u8::from(trans_b),
         );
-        let cons = tied_constraints(r, ",l,l,r");
-        let mut ops: Vec<BasicValueEnum<'ctx>> = acc.to_vec();
-        ops.extend::<[BasicValueEnum<'ctx>; 3]>([a.into(), b.into(), self.i32c(1).into()]);
+        let cons = tied_constraints(r, &format!("{a_cons},l,r"));
         let v = self.asm_value(&text, &cons, self.acc_struct(r), &ops)?;
         self.unpack(v, r)
     }
@@ -200,6 +268,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let s = v.into_struct_value();
         (0..r).map(|i| Ok(self.b.build_extract_value(s, i as u32, "")?)).collect()
     }
+}
+
+/// The `a` operand of a `wgmma` `dot`.
+enum AOperand<'ctx> {
+    /// A matrix descriptor of the warpgroup's rows of a pipelined stage.
+    Desc(IntValue<'ctx>),
+    /// A fragments: per k step, per m tile (one), four registers.
+    Regs(AFrags<'ctx>),
+}
+
+/// The `a` of one k step.
+#[derive(Clone, Copy)]
+enum AStep<'r, 'ctx> {
+    /// Its descriptor.
+    Desc(IntValue<'ctx>),
+    /// Its four A-fragment registers.
+    Regs(&'r [IntValue<'ctx>]),
 }
 
 /// `=f` x `r`, the `r` inputs tied to them, then `extra`, and a memory clobber.
