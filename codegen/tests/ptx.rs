@@ -488,6 +488,99 @@ fn dot_kernel(m: usize, n: usize, kk: usize, dtype: DType, b_nk: bool) -> Result
     })
 }
 
+/// Register-A `wgmma` with an `a` computed in the loop (neither a pipelined
+/// load nor an accumulator): it is staged through shared memory and read
+/// with `ldmatrix` every iteration, while `b` is read by descriptor from its
+/// ring (sm_90a, 64x64x64 with 4 warps: one warpgroup).
+#[test]
+fn wgmma_computed_a() {
+    let (m, n, kk) = (64usize, 64usize, 64usize);
+    let f = KernelBuilder::new("wgmma_computed_a")
+        .build(|| {
+            let hint = ParamHints { divisibility: Some(16) };
+            let a_ptr = param_with_hints("a_ptr", Type::ptr(DType::BF16), hint.clone());
+            let b_ptr = param_with_hints("b_ptr", Type::ptr(DType::BF16), hint);
+            let c_ptr = param_ptr("c_ptr", DType::F32);
+            let steps = param_scalar("steps", DType::I32);
+            let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
+            let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
+            let b_offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
+            let acc = for_range(0, steps, 1, &[zeros(&[m, n], DType::F32)], |i, carried| {
+                let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
+                let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
+                vec![dot(a + a, b, Some(carried[0]))]
+            })[0];
+            let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
+            store(c_ptr + c_offs, acc, None);
+        })
+        .unwrap();
+    let opts = CompileOptions { target: Target::Sm90a, num_warps: 4, num_stages: STAGES };
+    let ptx = compile(&f, &opts).unwrap().ptx;
+    let wg: Vec<&str> = ptx.lines().filter(|l| l.contains("wgmma.mma_async")).collect();
+    assert_eq!(wg.len(), kk / 16, "{ptx}");
+    assert!(wg.iter().all(|l| l.contains("}, {%r")), "register A: {wg:?}");
+    assert!(ptx.contains("ldmatrix"), "a is read back with ldmatrix");
+    let report = assemble(&ptx, "sm_90a", "wgmma_computed_a");
+    assert_eq!(spill_bytes(&report), 0, "{report:?}");
+    assert!(!report.iter().any(|l| l.contains("Performance") || l.contains("inject")), "{report:?}");
+}
+
+/// `wgmma` results are waited for at their first use: of two products in a
+/// loop body, the first is used only after the second is issued, so the
+/// body commits both groups, waits with one still running (`wait_group 1`)
+/// before reading the first, and for the second (`wait_group 0`) before the
+/// `yield` (sm_90a, 64x64x64 with 4 warps).
+#[test]
+fn wgmma_waits_at_first_use() {
+    let (m, n, kk) = (64usize, 64usize, 64usize);
+    let f = KernelBuilder::new("wgmma_waits")
+        .build(|| {
+            let hint = ParamHints { divisibility: Some(16) };
+            let ptr = |name: &str| param_with_hints(name, Type::ptr(DType::BF16), hint.clone());
+            let (a_ptr, b_ptr, d_ptr) = (ptr("a_ptr"), ptr("b_ptr"), ptr("d_ptr"));
+            let c_ptr = param_ptr("c_ptr", DType::F32);
+            let steps = param_scalar("steps", DType::I32);
+            let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
+            let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
+            let b_offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
+            let init = [zeros(&[m, n], DType::F32), zeros(&[m, n], DType::F32)];
+            let out = for_range(0, steps, 1, &init, |i, carried| {
+                let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
+                let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
+                let s = dot(a, b, None);
+                let a2 = load(d_ptr + a_offs + i * (mi * ki), None, None);
+                let b2 = load(b_ptr + b_offs + (i + 1) * (ni * ki), None, None);
+                let o = dot(a2, b2, Some(carried[1]));
+                vec![carried[0] + s * 0.5, o]
+            });
+            let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
+            store(c_ptr + c_offs, out[0] + out[1], None);
+        })
+        .unwrap();
+    let opts = CompileOptions { target: Target::Sm90a, num_warps: 4, num_stages: STAGES };
+    let ptx = compile(&f, &opts).unwrap().ptx;
+    let sync: Vec<&str> = ptx
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            (l.starts_with("wgmma.commit") || l.starts_with("wgmma.wait")).then_some(l)
+        })
+        .collect();
+    assert_eq!(
+        sync,
+        [
+            "wgmma.commit_group.sync.aligned;",
+            "wgmma.commit_group.sync.aligned;",
+            "wgmma.wait_group.sync.aligned 1;",
+            "wgmma.wait_group.sync.aligned 0;"
+        ],
+        "{ptx}"
+    );
+    let report = assemble(&ptx, "sm_90a", "wgmma_waits");
+    assert_eq!(spill_bytes(&report), 0, "{report:?}");
+    assert!(!report.iter().any(|l| l.contains("Performance") || l.contains("inject")), "{report:?}");
+}
+
 /// The tensor-core lowering over many shapes, warp counts and both input
 /// dtypes: every kernel assembles for both targets without spills, and uses
 /// `mma.sync` exactly when `MmaLayout::choose` accepts the shape.

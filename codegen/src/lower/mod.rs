@@ -100,6 +100,10 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     overrides: FxHashMap<Value, Regs<'ctx>>,
     /// A fragments of hoisted `dot` operands: per 16-wide `k` step, per m tile, 4 registers.
     pub afrags: FxHashMap<(Value, crate::mma::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
+    /// `wgmma` groups committed in the current block and not waited for
+    /// yet, oldest first (`dot/wgmma.rs`: the wait comes before the first
+    /// use of the result).
+    pub wgmma_pending: Vec<dot::PendingWgmma<'ctx>>,
     /// The compile options (the target selects sm_90-only instructions).
     pub opts: CompileOptions,
 }
@@ -185,6 +189,7 @@ pub(crate) fn lower_function<'ctx>(
         blocked: FxHashMap::default(),
         overrides: FxHashMap::default(),
         afrags: FxHashMap::default(),
+        wgmma_pending: Vec::new(),
         opts: *opts,
     };
     lw.pipe = pipeline::analyze(f, &lw.mma, &lw.axis, threads, spt_cap, opts.num_stages.max(1) as usize);
@@ -336,7 +341,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Makes the blocked copy of `v` when it is held in a tensor-core
     /// layout and some user needs blocked registers (call right after `v`
     /// is defined, in uniform control flow).
-    fn materialize_blocked(&mut self, v: Value) -> Result<()> {
+    pub(crate) fn materialize_blocked(&mut self, v: Value) -> Result<()> {
         let lay = self.lays.lay(v);
         if lay == Lay::Blocked || !self.lays.needs_blocked.contains(&v) {
             return Ok(());
@@ -630,15 +635,22 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Lowers the instructions of `block`; returns the operands of its terminator.
     pub fn lower_block(&mut self, block: Block) -> Result<Vec<Value>> {
+        // `wgmma` groups never stay pending across a block boundary.
+        let outer = std::mem::take(&mut self.wgmma_pending);
         let insts = self.f.blocks[block].insts.clone();
+        let mut term = None;
         for inst in insts {
+            self.wgmma_wait_for(inst)?;
             let op = &self.f.insts[inst].op;
             if op.is_terminator() {
-                return Ok(self.f.insts[inst].args.to_vec());
+                term = Some(self.f.insts[inst].args.to_vec());
+                break;
             }
             self.lower_inst(inst)?;
         }
-        Ok(Vec::new())
+        self.wgmma_wait_all()?;
+        self.wgmma_pending = outer;
+        Ok(term.unwrap_or_default())
     }
 
     /// Lowers the single block of region `r`, binding its arguments to `args`
@@ -699,7 +711,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let f = self.f;
         for &r in &f.insts[inst].results {
-            self.materialize_blocked(r)?;
+            // A pending `wgmma` result is copied once it has been waited for.
+            if !self.wgmma_pending.iter().any(|p| p.value == r) {
+                self.materialize_blocked(r)?;
+            }
         }
         Ok(())
     }

@@ -10,6 +10,8 @@ mod mma;
 pub(crate) mod plan;
 mod wgmma;
 
+pub(crate) use wgmma::PendingWgmma;
+
 use super::Lowerer;
 use crate::Result;
 use dsl_core::ir::Inst;

@@ -28,14 +28,21 @@
 //!
 //! Synchronisation per `dot`: `wgmma.fence` (the accumulator registers
 //! were last written by ordinary instructions), the k steps, one
-//! `commit_group`, and `wait_group 0` before the result is used, or
-//! `wait_group 1` for a deferred loop-carried accumulator (`pipeline.rs`):
+//! `commit_group`, and a wait before the result is first used: the block
+//! lowering (`Lowerer::lower_block`) keeps the committed groups pending and,
+//! before the first instruction that reads one of their results (or any
+//! instruction with regions), waits with `wait_group n`, `n` the number of
+//! newer groups that may keep running (so what lies between, another
+//! product's issue or unrelated math, overlaps the tensor cores); nothing
+//! stays pending past the end of the block. A deferred loop-carried
+//! accumulator (`pipeline.rs`) instead waits with `wait_group 1` at once:
 //! its group runs on while the next iteration waits for its copies, and the
-//! loop waits for the last one at its exit. The fence
-//! and the wait take the accumulator registers as tied operands, so LLVM
-//! cannot move a read or write of them across either. The copies that filled
-//! the stage are ordered before the async-proxy reads by a
-//! `fence.proxy.async` ahead of the loop's barrier (`control.rs`).
+//! loop waits for the last one at its exit. The fence and the wait take the
+//! accumulator registers (and A fragments computed for the product) as
+//! tied operands, so LLVM cannot move a read or write of them across
+//! either. The copies that filled the stage are ordered before the
+//! async-proxy reads by a `fence.proxy.async` ahead of the loop's barrier
+//! (`control.rs`).
 //!
 //! Numerics: as `mma.sync` (exact products, f32 accumulation in the tensor
 //! core's order).
@@ -45,7 +52,7 @@ use super::mma::AFrags;
 use crate::Result;
 use crate::mma::{Lay, MmaLayout, ROW_PAD};
 use dsl_core::dtype::DType;
-use dsl_core::ir::Inst;
+use dsl_core::ir::{Inst, Value};
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 
@@ -120,12 +127,66 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             acc = self.wgmma(d, n, a_k, bd, !b_nk, accumulate, &acc)?;
         }
         self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
-        // A deferred group keeps running into the next iteration; the one
-        // before it must be done (its stage is refilled next, `pipeline.rs`).
-        let pending = if self.pipe.deferred.contains(&inst) { 1 } else { 0 };
-        let wait = format!("wgmma.wait_group.sync.aligned {pending};");
-        let (acc, _) = self.wgmma_tied(&wait, &acc, if hoisted { &[] } else { &a_regs })?;
-        self.set(res, acc);
+        if self.pipe.deferred.contains(&inst) {
+            // A deferred group keeps running into the next iteration; the one
+            // before it must be done (its stage is refilled next, `pipeline.rs`).
+            let (acc, _) = self.wgmma_tied("wgmma.wait_group.sync.aligned 1;", &acc, &[])?;
+            self.set(res, acc);
+        } else {
+            // Waited for before the first use of the result (or the end of
+            // the block): what runs in between overlaps the tensor cores.
+            self.set(res, acc);
+            let a_regs = if hoisted { Vec::new() } else { a_regs };
+            self.wgmma_pending.push(PendingWgmma { value: res, a_regs });
+        }
+        Ok(())
+    }
+
+    /// Before instruction `inst` of the block being lowered: when it uses
+    /// the result of a pending `wgmma` group (or has regions, which could
+    /// use anything), waits until that group and all older ones are done
+    /// (`wait_group` with the number of newer pending groups), ties their
+    /// accumulators and A fragments through the wait and makes the blocked
+    /// copies their results need.
+    pub(crate) fn wgmma_wait_for(&mut self, inst: Inst) -> Result<()> {
+        if self.wgmma_pending.is_empty() {
+            return Ok(());
+        }
+        let f = self.f;
+        let nested = !f.insts[inst].regions.is_empty();
+        let Some(idx) = self.wgmma_pending.iter().rposition(|p| nested || uses(f, inst, p.value)) else {
+            return Ok(());
+        };
+        self.wgmma_wait_upto(idx)
+    }
+
+    /// Waits for every pending `wgmma` group (at the end of a block).
+    pub(crate) fn wgmma_wait_all(&mut self) -> Result<()> {
+        match self.wgmma_pending.len() {
+            0 => Ok(()),
+            n => self.wgmma_wait_upto(n - 1),
+        }
+    }
+
+    /// Waits for pending groups `0..=idx` (`wait_group` leaves the newer
+    /// ones running) and rebinds their results to the tied registers.
+    fn wgmma_wait_upto(&mut self, idx: usize) -> Result<()> {
+        let newer = self.wgmma_pending.len() - idx - 1;
+        let done: Vec<PendingWgmma<'ctx>> = self.wgmma_pending.drain(..=idx).collect();
+        let mut acc = Vec::new();
+        let mut ints = Vec::new();
+        for p in &done {
+            acc.extend(self.raw_regs(p.value)?);
+            ints.extend(p.a_regs.iter().copied());
+        }
+        let (acc, _) = self.wgmma_tied(&format!("wgmma.wait_group.sync.aligned {newer};"), &acc, &ints)?;
+        let mut at = 0;
+        for p in &done {
+            let r = self.raw_regs(p.value)?.len();
+            self.set(p.value, acc[at..at + r].to_vec());
+            at += r;
+            self.materialize_blocked(p.value)?;
+        }
         Ok(())
     }
 
@@ -268,6 +329,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let s = v.into_struct_value();
         (0..r).map(|i| Ok(self.b.build_extract_value(s, i as u32, "")?)).collect()
     }
+}
+
+/// A committed `wgmma` group whose result is not waited for yet.
+pub(crate) struct PendingWgmma<'ctx> {
+    /// The `dot`'s result (bound to the registers the tensor cores write).
+    pub value: Value,
+    /// A fragments computed for it, kept alive up to the wait.
+    pub a_regs: Vec<IntValue<'ctx>>,
+}
+
+/// True when instruction `i` (or one in its regions) reads `v`.
+fn uses(f: &dsl_core::Function, i: Inst, v: Value) -> bool {
+    f.insts[i].args.contains(&v)
+        || f.insts[i]
+            .regions
+            .iter()
+            .any(|&r| f.regions[r].blocks.iter().any(|&b| f.blocks[b].insts.iter().any(|&j| uses(f, j, v))))
 }
 
 /// The `a` operand of a `wgmma` `dot`.
