@@ -59,7 +59,7 @@ fn attention_record(
     let seq_lens = vec![L as i32; B];
     let cu: Vec<i32> = (0..=B).map(|b| (b * L) as i32).collect();
 
-    let wgmma = cuda.target() == codegen::Target::Sm90a;
+    let wgmma = cuda.wgmma();
     let gpu = cuda.gpu();
     let (qd, kd, vd) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?);
     drop((q, k, v));

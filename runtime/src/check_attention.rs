@@ -171,7 +171,7 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     let small = TileConfig::new(16, 16, 4);
-    let wgmma = cuda.target() == codegen::Target::Sm90a;
+    let wgmma = cuda.wgmma();
     for causal in [true, false] {
         let smol = Case {
             n_q: 9,

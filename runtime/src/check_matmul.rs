@@ -139,8 +139,8 @@ fn record(
         c.run::<half_matmul::Kernel>(g, &config, &args)
     })?;
     let base = format!("matmul/bf16/{m}x{n}x{k}");
-    let hopper = cuda.target() == codegen::Target::Sm90a;
-    let name = if cfg == config_for(m, n, hopper) { base } else { format!("{base} [{}]", cfg.describe()) };
+    let name =
+        if cfg == config_for(m, n, cuda.wgmma()) { base } else { format!("{base} [{}]", cfg.describe()) };
     Ok(Record { name, metric: "TFLOP/s", value: 2.0 * (m * n) as f64 * k as f64 / ms / 1e9, ms, tuned: None })
 }
 
@@ -149,7 +149,7 @@ fn record(
 pub fn bench_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     for shape in [(8192, 8192, 8192), (256, 14336, 4096)] {
-        let default = config_for(shape.0, shape.1, cuda.target() == codegen::Target::Sm90a);
+        let default = config_for(shape.0, shape.1, cuda.wgmma());
         let others = CONFIGS.into_iter().filter(|c| *c != default);
         for cfg in std::iter::once(default).chain(others) {
             out.push(record(cuda, opts, shape, cfg)?);

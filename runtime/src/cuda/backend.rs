@@ -171,6 +171,13 @@ impl Cuda {
         self.target
     }
 
+    /// Whether tensor-core products run on Hopper's `wgmma` (sm_90a), which
+    /// prefers other tiles (`kernels::matmul::config_for`,
+    /// `kernels::flash_attention::config_for`).
+    pub fn wgmma(&self) -> bool {
+        self.target == Target::Sm90a
+    }
+
     /// Whether kernels that call `gdc_wait` are launched overlapping their
     /// predecessor (sm_90a unless `TESSERA_PDL=0`).
     pub fn overlaps_launches(&self) -> bool {

@@ -233,7 +233,7 @@ impl Device for Cuda {
     }
 
     fn wgmma(&self) -> bool {
-        self.target() == codegen::Target::Sm90a
+        Cuda::wgmma(self)
     }
 
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<DevBuf<T>> {

@@ -154,7 +154,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let f = self.f;
         let nested = !f.insts[inst].regions.is_empty();
-        let Some(idx) = self.wgmma_pending.iter().rposition(|p| nested || uses(f, inst, p.value)) else {
+        let reads = |v: Value| f.insts[inst].args.contains(&v);
+        let Some(idx) = self.wgmma_pending.iter().rposition(|p| nested || reads(p.value)) else {
             return Ok(());
         };
         self.wgmma_wait_upto(idx)
@@ -174,15 +175,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let newer = self.wgmma_pending.len() - idx - 1;
         let done: Vec<PendingWgmma<'ctx>> = self.wgmma_pending.drain(..=idx).collect();
         let mut acc = Vec::new();
+        let mut lens = Vec::with_capacity(done.len());
         let mut ints = Vec::new();
         for p in &done {
-            acc.extend(self.raw_regs(p.value)?);
+            let regs = self.raw_regs(p.value)?;
+            lens.push(regs.len());
+            acc.extend(regs);
             ints.extend(p.a_regs.iter().copied());
         }
         let (acc, _) = self.wgmma_tied(&format!("wgmma.wait_group.sync.aligned {newer};"), &acc, &ints)?;
         let mut at = 0;
-        for p in &done {
-            let r = self.raw_regs(p.value)?.len();
+        for (p, r) in done.iter().zip(lens) {
             self.set(p.value, acc[at..at + r].to_vec());
             at += r;
             self.materialize_blocked(p.value)?;
@@ -337,15 +340,6 @@ pub(crate) struct PendingWgmma<'ctx> {
     pub value: Value,
     /// A fragments computed for it, kept alive up to the wait.
     pub a_regs: Vec<IntValue<'ctx>>,
-}
-
-/// True when instruction `i` (or one in its regions) reads `v`.
-fn uses(f: &dsl_core::Function, i: Inst, v: Value) -> bool {
-    f.insts[i].args.contains(&v)
-        || f.insts[i]
-            .regions
-            .iter()
-            .any(|&r| f.regions[r].blocks.iter().any(|&b| f.blocks[b].insts.iter().any(|&j| uses(f, j, v))))
 }
 
 /// The `a` operand of a `wgmma` `dot`.
