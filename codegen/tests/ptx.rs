@@ -759,10 +759,18 @@ fn dequant() {
         ("_gemv_q4_1_f32_m4_silu", spec(g41::build(&g41::Config::new(fp, true, 4, 8, 256)), 1536, 576), 4),
         ("_gemv_q4_0_bf16_m8", spec(g40::build(&g40::Config::new(bf, false, 8, 8, 256)), 4096, 4096), 4),
         ("_gemv_q8_0_bf16_m1", spec(g80::build(&g80::Config::new(bf, false, 1, 16, 64)), 49152, 576), 1),
-        ("_gemm_q4_1_bf16_silu", spec(m41::build(&m41::Config::new(bf, true, 64, 64, 64)), 1536, 576), 4),
-        ("_gemm_q8_0_f32", spec(m80::build(&m80::Config::new(fp, false, 64, 64, 32)), 49152, 576), 4),
+        (
+            "_gemm_q4_1_bf16_silu",
+            spec(m41::build(&m41::Config::new(bf, true, 64, 64, 64, false)), 1536, 576),
+            4,
+        ),
+        ("_gemm_q8_0_f32", spec(m80::build(&m80::Config::new(fp, false, 64, 64, 32, false)), 49152, 576), 4),
         // A batch-16 decode step's QKV projection (the runtime's tiles).
-        ("_gemm_q4_1_bf16_m16", spec(m41::build(&m41::Config::new(bf, false, 16, 32, 64)), 960, 576), 4),
+        (
+            "_gemm_q4_1_bf16_m16",
+            spec(m41::build(&m41::Config::new(bf, false, 16, 32, 64, false)), 960, 576),
+            4,
+        ),
     ];
     for (suffix, f, w) in cases {
         let gemm = suffix.starts_with("_gemm");
@@ -805,7 +813,7 @@ fn dequant_fused() {
 }
 
 /// Every declared autotune config of the dequant kernels compiles for sm_90a
-/// without spills (bf16, SiLU epilogue: the largest variant; the configs set
+/// at its own pipelining depth without spills (bf16, SiLU epilogue: the largest variant; the configs set
 /// all tile constexprs, so the base config does not matter).
 #[test]
 fn dequant_autotune_configs_do_not_spill() {
@@ -816,14 +824,21 @@ fn dequant_autotune_configs_do_not_spill() {
             for c in kk::autotune_configs(&$base) {
                 let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(4096), Some(4096)];
                 let f = dsl_core::launch::specialize(&kk::build(&c).unwrap(), &facts).0;
-                let opts =
-                    CompileOptions { target: Target::Sm90a, num_warps: c.num_warps, num_stages: STAGES };
-                let r = assemble(&compile(&f, &opts).unwrap().ptx, "sm_90a", kk::NAME);
+                let opts = CompileOptions {
+                    target: Target::Sm90a,
+                    num_warps: c.num_warps,
+                    num_stages: c.num_stages,
+                };
+                let ptx = compile(&f, &opts).unwrap().ptx;
+                let r = assemble(&ptx, "sm_90a", kk::NAME);
                 eprintln!("{} {c:?}: {} registers, {} spill bytes", kk::NAME, registers(&r), spill_bytes(&r));
                 assert_eq!(spill_bytes(&r), 0, "{} {c:?}", kk::NAME);
-                // Every GEMM config runs its dots on tensor cores.
+                // Every GEMM config runs its dots on tensor cores: the
+                // swapped ones on `wgmma`, the others on `mma.sync`.
                 let gemm = kk::NAME.starts_with("gemm");
-                assert_eq!(compile(&f, &opts).unwrap().ptx.contains("mma.sync"), gemm, "{} {c:?}", kk::NAME);
+                let swapped = format!("{c:?}").contains("SWAP: true");
+                assert_eq!(ptx.contains("mma.sync"), gemm && !swapped, "{} {c:?}", kk::NAME);
+                assert_eq!(ptx.contains("wgmma.mma_async"), swapped, "{} {c:?}", kk::NAME);
             }
         }};
     }
@@ -831,9 +846,9 @@ fn dequant_autotune_configs_do_not_spill() {
     each!(gemv::gemv_q4_1, gemv::gemv_q4_1::Config::new(bf, true, 1, 16, 512));
     each!(gemv::gemv_q4_0, gemv::gemv_q4_0::Config::new(bf, true, 1, 16, 512));
     each!(gemv::gemv_q8_0, gemv::gemv_q8_0::Config::new(bf, true, 1, 16, 256));
-    each!(gemm::gemm_q4_1, gemm::gemm_q4_1::Config::new(bf, true, 64, 64, 64));
-    each!(gemm::gemm_q4_0, gemm::gemm_q4_0::Config::new(bf, true, 64, 64, 64));
-    each!(gemm::gemm_q8_0, gemm::gemm_q8_0::Config::new(bf, true, 64, 64, 32));
+    each!(gemm::gemm_q4_1, gemm::gemm_q4_1::Config::new(bf, true, 64, 64, 64, false));
+    each!(gemm::gemm_q4_0, gemm::gemm_q4_0::Config::new(bf, true, 64, 64, 64, false));
+    each!(gemm::gemm_q8_0, gemm::gemm_q8_0::Config::new(bf, true, 64, 64, 32, false));
 }
 
 /// Every declared autotune config of FlashAttention assembles at head dims
@@ -935,4 +950,65 @@ fn cache_round_trip() {
     let other = CompileOptions { num_warps: 8, ..opts };
     assert_ne!(codegen::PtxCache::key(&f, &opts), codegen::PtxCache::key(&f, &other));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The swapped dequant GEMM (`kernels::dequant::gemm::gemm_swap`) on
+/// sm_90a: the dequantized weight tile is the register-A operand of
+/// `wgmma` (staged once through shared memory into A fragments) and the
+/// pipelined activation tile its `b`, at the runtime's tile for the bench
+/// shape (256 x 128 x 64, 8 warps, 3 stages: not deferred) and at a
+/// 4-stage tile, where the group is deferred: it is left running across
+/// the iteration and waited for (`wait_group 0`) only right before the
+/// next iteration's A fragments are loaded, after its dequantization.
+/// Both assemble without spills; sm_80 gets `mma.sync`.
+#[test]
+fn dequant_gemm_swapped() {
+    use ::kernels::dequant::gemm::gemm_q4_1 as m41;
+    let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(14336), Some(4096)];
+    for (bm, bn, bk, warps, stages) in [(256, 128, 64, 8u32, 3u32), (128, 64, 64, 4, 4)] {
+        let f = m41::build(&m41::Config::new(DType::BF16, false, bm, bn, bk, true)).unwrap();
+        let f = dsl_core::launch::specialize(&f, &facts).0;
+        let tag = format!("gemm_q4_1 swapped {bm}x{bn}x{bk} w{warps} s{stages}");
+        let opts = CompileOptions { target: Target::Sm90a, num_warps: warps, num_stages: stages };
+        let ptx = compile(&f, &opts).unwrap().ptx;
+        let report = assemble(&ptx, "sm_90a", &tag);
+        assert_eq!(spill_bytes(&report), 0, "{tag} spills:\n{}", report.join("\n"));
+        println!("{tag}: {} registers", registers(&report));
+        let form = format!("wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16");
+        // Main loop and K tail: 4 k steps each.
+        assert_eq!(ptx.matches(&form).count(), 2 * bk / 16, "{tag}");
+        assert!(!ptx.contains("mma.sync"), "{tag}");
+        let waits: Vec<&str> =
+            ptx.lines().filter(|l| l.contains("wgmma.wait_group")).map(str::trim).collect();
+        assert!(waits.iter().all(|w| w.ends_with(" 0;")), "{tag}: {waits:?}");
+        // The first A-fragment load of the main loop, and what precedes it.
+        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        let fence = lines.iter().position(|l| l.starts_with("wgmma.fence")).expect("fence");
+        let last_ld = lines[..fence].iter().rposition(|l| l.starts_with("ldmatrix")).expect("ldmatrix");
+        let mut first_ld = last_ld;
+        while lines[first_ld - 1].starts_with("ldmatrix") {
+            first_ld -= 1;
+        }
+        assert_eq!(last_ld + 1 - first_ld, bk / 16, "{tag}: one ldmatrix.x4 per k step");
+        let before = lines[..first_ld].iter().rev().find(|l| !l.starts_with("//") && !l.is_empty()).unwrap();
+        if stages >= 4 {
+            assert!(
+                before.starts_with("wgmma.wait_group"),
+                "{tag}: deferred group waited before its fragments: {before}"
+            );
+            let commit = lines.iter().position(|l| l.starts_with("wgmma.commit_group")).unwrap();
+            let next = lines[commit + 1..]
+                .iter()
+                .find(|l| l.starts_with("wgmma.") || l.starts_with("bar.sync"))
+                .unwrap();
+            assert!(!next.starts_with("wgmma.wait"), "{tag}: deferred group waited at once");
+        } else {
+            assert!(before.starts_with("bar.sync"), "{tag}: {before}");
+        }
+        let c80 = compile(&f, &CompileOptions { target: Target::Sm80, num_warps: warps, num_stages: stages })
+            .unwrap();
+        assert!(c80.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "{tag} sm_80");
+        let report = assemble(&c80.ptx, "sm_80", &tag);
+        println!("{tag} sm_80: {} registers, {} spill bytes", registers(&report), spill_bytes(&report));
+    }
 }

@@ -230,8 +230,9 @@ fn measure(
             k: ki,
             _marker: PhantomData,
         };
-        let t = gemm_tiles(QuantFormat::Q4_1, m, n, k);
-        let base = gemm_q4_1::Config::new(DType::BF16, false, t.block_m, t.block_n, t.block_k);
+        let t = gemm_tiles(QuantFormat::Q4_1, m, n, k, cuda.wgmma());
+        let base = gemm_q4_1::Config::new(DType::BF16, false, t.block_m, t.block_n, t.block_k, t.swap)
+            .with_stages(t.num_stages);
         let grid_of = |c: &gemm_q4_1::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
         let (config, words) = if tuned {
             let c = cuda.run_tuned::<gemm_q4_1::Kernel>(grid_of, &base, &args)?;

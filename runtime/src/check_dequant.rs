@@ -32,8 +32,8 @@ use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::dequant::{
-    GemmTiles, GemvTiles, QuantFormat, Repacked, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles,
-    interleave_gate_up, repack,
+    GemvTiles, QuantFormat, Repacked, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, interleave_gate_up,
+    repack,
 };
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
@@ -61,6 +61,10 @@ pub(crate) struct Launch {
     pub tiles: (usize, usize, usize),
     /// Warps per program.
     pub warps: u32,
+    /// The GEMM's swapped product (`SWAP`).
+    pub swap: bool,
+    /// Software-pipelining depth.
+    pub stages: u32,
 }
 
 impl Launch {
@@ -72,16 +76,19 @@ impl Launch {
         m: usize,
         n: usize,
         k: usize,
+        swap_ok: bool,
     ) -> Launch {
         let rows = if silu { 2 * n } else { n };
         match path {
             Path::Gemv => {
                 let GemvTiles { m_block, block_n, block_k, num_warps } = gemv_tiles(format, m, rows, k);
-                Launch { path, format, silu, tiles: (m_block, block_n, block_k), warps: num_warps }
+                let tiles = (m_block, block_n, block_k);
+                Launch { path, format, silu, tiles, warps: num_warps, swap: false, stages: 2 }
             }
             Path::Gemm => {
-                let GemmTiles { block_m, block_n, block_k, num_warps } = gemm_tiles(format, m, rows, k);
-                Launch { path, format, silu, tiles: (block_m, block_n, block_k), warps: num_warps }
+                let t = gemm_tiles(format, m, rows, k, swap_ok);
+                let tiles = (t.block_m, t.block_n, t.block_k);
+                Launch { path, format, silu, tiles, warps: t.num_warps, swap: t.swap, stages: t.num_stages }
             }
         }
     }
@@ -99,7 +106,8 @@ impl Launch {
     fn describe(&self) -> String {
         let (a, b, c) = self.tiles;
         let first = if self.path == Path::Gemv { "M_BLOCK" } else { "BLOCK_M" };
-        format!("{first} {a}, BLOCK_N {b}, BLOCK_K {c}, {}w", self.warps)
+        let swap = if self.swap { ", swapped" } else { "" };
+        format!("{first} {a}, BLOCK_N {b}, BLOCK_K {c}, {}w, {} stages{swap}", self.warps, self.stages)
     }
 }
 
@@ -143,32 +151,50 @@ macro_rules! with_gemm {
     };
 }
 
-/// Expands `$body` with `$kk` bound to the kernel module of `$launch`.
+/// Expands `$body` with `$kk` bound to the kernel module of `$launch` and
+/// `$cfg` to its configuration for activation dtype `$dt`.
 macro_rules! with_kernel {
-    ($launch:expr, $kk:ident => $body:expr) => {
+    ($launch:expr, $dt:expr, $kk:ident, $cfg:ident => $body:expr) => {{
+        let (a, b, c) = $launch.tiles;
         match $launch.path {
-            Path::Gemv => with_gemv!($launch.format, $kk => $body),
-            Path::Gemm => with_gemm!($launch.format, $kk => $body),
+            Path::Gemv => with_gemv!($launch.format, $kk => {
+                let $cfg = $kk::Config::new($dt, $launch.silu, a, b, c)
+                    .with_warps($launch.warps)
+                    .with_stages($launch.stages);
+                $body
+            }),
+            Path::Gemm => with_gemm!($launch.format, $kk => {
+                let $cfg = $kk::Config::new($dt, $launch.silu, a, b, c, $launch.swap)
+                    .with_warps($launch.warps)
+                    .with_stages($launch.stages);
+                $body
+            }),
         }
-    };
+    }};
 }
 /// The declared autotune configs of the kernel of `base`, as launches.
 fn tuned_launches(base: Launch) -> Vec<Launch> {
     let (a, b, c) = base.tiles;
-    let with = |tiles: (usize, usize, usize), warps: u32| Launch { tiles, warps, ..base };
+    let with = |tiles: (usize, usize, usize), warps: u32, swap: bool, stages: u32| Launch {
+        tiles,
+        warps,
+        swap,
+        stages,
+        ..base
+    };
     match base.path {
         Path::Gemv => with_gemv!(base.format, kk => {
             let cfg = kk::Config::new(DType::BF16, base.silu, a, b, c);
             kk::autotune_configs(&cfg)
                 .into_iter()
-                .map(|t| with((t.M_BLOCK, t.BLOCK_N, t.BLOCK_K), t.num_warps))
+                .map(|t| with((t.M_BLOCK, t.BLOCK_N, t.BLOCK_K), t.num_warps, false, t.num_stages))
                 .collect()
         }),
         Path::Gemm => with_gemm!(base.format, kk => {
-            let cfg = kk::Config::new(DType::BF16, base.silu, a, b, c);
+            let cfg = kk::Config::new(DType::BF16, base.silu, a, b, c, false);
             kk::autotune_configs(&cfg)
                 .into_iter()
-                .map(|t| with((t.BLOCK_M, t.BLOCK_N, t.BLOCK_K), t.num_warps))
+                .map(|t| with((t.BLOCK_M, t.BLOCK_N, t.BLOCK_K), t.num_warps, t.SWAP, t.num_stages))
                 .collect()
         }),
     }
@@ -219,8 +245,7 @@ pub(crate) fn run_gpu<T: DeviceElem>(
     let gpu = cuda.gpu();
     let (xd, qd, sd) = (gpu.upload(x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
     let od = gpu.zeros::<T>(m * n)?;
-    let (a, b, c) = launch.tiles;
-    with_kernel!(launch, kk => {
+    with_kernel!(launch, T::DEVICE_DTYPE, kk, config => {
         let args = kk::Args {
             x_ptr: xd.ptr().cast(),
             q_ptr: qd.ptr().cast(),
@@ -231,7 +256,6 @@ pub(crate) fn run_gpu<T: DeviceElem>(
             k: w.k as i32,
             _marker: PhantomData,
         };
-        let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, a, b, c).with_warps(launch.warps);
         cuda.run::<kk::Kernel>(launch.grid(m, n), &config, &args)?;
     });
     Ok(od.download()?.iter().map(|v| v.to_f64()).collect())
@@ -242,8 +266,7 @@ fn run_cpu<T: DeviceElem>(launch: Launch, x: &[T], w: &Repacked, m: usize, n: us
     let mut cpu = Cpu::new();
     let (xc, qc, sc) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales));
     let oc = cpu.zeros::<T>(m * n);
-    let (a, b, c) = launch.tiles;
-    with_kernel!(launch, kk => {
+    with_kernel!(launch, T::DEVICE_DTYPE, kk, config => {
         let args = kk::Args {
             x_ptr: xc.cast(),
             q_ptr: qc.cast(),
@@ -254,7 +277,6 @@ fn run_cpu<T: DeviceElem>(launch: Launch, x: &[T], w: &Repacked, m: usize, n: us
             k: w.k as i32,
             _marker: PhantomData,
         };
-        let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, a, b, c).with_warps(launch.warps);
         kk::interpret(&mut cpu, launch.grid(m, n), &config, &args)?;
     });
     Ok(cpu.read(oc).iter().map(|v| v.to_f64()).collect())
@@ -296,6 +318,7 @@ fn expected(
     // The GEMM rounds its operands to f16 (see `kernels::reference::quant`).
     let bound = |y: &r::Gemv, i: usize| match launch.path {
         Path::Gemv => r::error_bound(f, k, bk, y.abs[i]),
+        Path::Gemm if launch.swap => r::gemm_swap_error_bound(f, k, y.abs[i], y.l1[i], dtype),
         Path::Gemm => r::gemm_error_bound(f, k, bk, y.abs[i], y.l1[i]),
     };
     for i in 0..g.y.len() {
@@ -417,7 +440,7 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
     let interp = Oracle::Interpreter;
     for &(m, n, k) in shapes {
         for silu in [false, true] {
-            let l = Launch::default_for(path, format, silu, m, n, k);
+            let l = Launch::default_for(path, format, silu, m, n, k, false);
             rows.push(case::<f32>(cuda, &mut rng, name, l, (m, n, k), interp, "")?);
             rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, k), interp, "")?);
         }
@@ -425,14 +448,14 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
     // Every declared autotune config on one ragged shape.
     let (m, n, k) = if path == Path::Gemv { (3, 45, 608) } else { (70, 90, 608) };
     for silu in [false, true] {
-        for l in tuned_launches(Launch::default_for(path, format, silu, m, n, k)) {
+        for l in tuned_launches(Launch::default_for(path, format, silu, m, n, k, false)) {
             rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, k), interp, " (autotune config)")?);
         }
     }
     // Every GEMV autotune config at K = 4096, where every K tile size up to
     // 4096 runs whole tiles through the software-pipelined main loop.
     if path == Path::Gemv {
-        for l in tuned_launches(Launch::default_for(path, format, false, 2, 40, 4096)) {
+        for l in tuned_launches(Launch::default_for(path, format, false, 2, 40, 4096, false)) {
             rows.push(case::<bf16>(
                 cuda,
                 &mut rng,
@@ -448,11 +471,11 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
     // the LM head.
     let smol_m = if path == Path::Gemv { 1 } else { 33 };
     for silu in [false, true] {
-        let l = Launch::default_for(path, format, silu, smol_m, 1536, 576);
+        let l = Launch::default_for(path, format, silu, smol_m, 1536, 576, false);
         rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 1536, 576), interp, " (SmolLM2)")?);
     }
     if format == QuantFormat::Q8_0 {
-        let l = Launch::default_for(path, format, false, smol_m, 49152, 576);
+        let l = Launch::default_for(path, format, false, smol_m, 49152, 576, false);
         let oracle = Oracle::Reference(193);
         rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 49152, 576), oracle, " (LM head)")?);
     }
@@ -460,7 +483,8 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
     let ms: &[usize] = if path == Path::Gemv { &[1, 16] } else { &[256] };
     for &m in ms {
         for silu in [false, true] {
-            let l = Launch::default_for(path, format, silu, m, 14336, 4096);
+            // The runtime's tiles for bf16 on this device (swapped on sm_90a).
+            let l = Launch::default_for(path, format, silu, m, 14336, 4096, cuda.wgmma());
             let oracle = Oracle::Reference(if m == 1 { 257 } else { 31 });
             rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, 14336, 4096), oracle, " (bench)")?);
         }
@@ -665,7 +689,7 @@ fn fused_case<T: Sample>(
     note: &str,
 ) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
-    let launch = Launch::default_for(Path::Gemv, format, silu, m, n, k);
+    let launch = Launch::default_for(Path::Gemv, format, silu, m, n, k, false);
     let x = rng.values::<T>(m * k, 2.0);
     let nw = rng.values::<T>(k, 2.0);
     let out0 = rng.values::<T>(m * n, 2.0);
@@ -765,7 +789,7 @@ mod tests {
     fn launches_are_consistent() {
         for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
             for path in [Path::Gemv, Path::Gemm] {
-                let base = Launch::default_for(path, format, true, 3, 45, 608);
+                let base = Launch::default_for(path, format, true, 3, 45, 608, false);
                 let tuned = tuned_launches(base);
                 assert!(tuned.len() >= 4, "{format:?} {path:?}");
                 for l in tuned {
@@ -777,7 +801,7 @@ mod tests {
                 }
             }
         }
-        let g = Launch::default_for(Path::Gemv, QuantFormat::Q4_1, false, 1, 14336, 4096);
+        let g = Launch::default_for(Path::Gemv, QuantFormat::Q4_1, false, 1, 14336, 4096, false);
         assert_eq!(g.grid(1, 14336), [14336 / g.tiles.1 as u32, 1, 1]);
     }
 
@@ -794,14 +818,28 @@ mod tests {
                 MmaLayout::choose(bm, bn, width(bk), warps as usize).is_some()
             };
             for m in (1..=300).chain([512, 2048, 8192]) {
-                for rows in [576, 960, 1152, 3072, 4096, 28672, 49152] {
-                    let t = gemm_tiles(format, m, rows, 576);
-                    let tiles = (t.block_m, t.block_n, t.block_k);
-                    assert!(fits(tiles, t.num_warps), "{format:?} m {m} rows {rows}: {t:?}");
+                for rows in [576, 960, 1152, 3072, 4096, 14336, 28672, 49152] {
+                    for swap_ok in [false, true] {
+                        let t = gemm_tiles(format, m, rows, 576, swap_ok);
+                        // The swapped product is `[BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M]`.
+                        let tiles = if t.swap {
+                            (t.block_n, t.block_m, t.block_k)
+                        } else {
+                            (t.block_m, t.block_n, t.block_k)
+                        };
+                        assert!(fits(tiles, t.num_warps), "{format:?} m {m} rows {rows}: {t:?}");
+                        assert!(!t.swap || (swap_ok && format != QuantFormat::Q8_0), "{t:?}");
+                    }
                 }
             }
-            for l in tuned_launches(Launch::default_for(Path::Gemm, format, false, 70, 90, 608)) {
-                assert!(fits(l.tiles, l.warps), "{l:?}");
+            // The bench shape swaps on sm_90a (Q4), SmolLM2's K never does.
+            let q4 = format != QuantFormat::Q8_0;
+            assert_eq!(gemm_tiles(format, 256, 14336, 4096, true).swap, q4);
+            assert!(!gemm_tiles(format, 256, 14336, 4096, false).swap);
+            assert!(!gemm_tiles(format, 8192, 3072, 576, true).swap);
+            for l in tuned_launches(Launch::default_for(Path::Gemm, format, false, 70, 90, 608, false)) {
+                let (a, b, c) = l.tiles;
+                assert!(fits(if l.swap { (b, a, c) } else { l.tiles }, l.warps), "{l:?}");
             }
         }
     }
@@ -814,7 +852,7 @@ mod tests {
         let (m, n, k) = (3, 10, 96);
         for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
             for (silu, fuse) in [(false, Fuse::Norm), (true, Fuse::Norm), (false, Fuse::Residual)] {
-                let l = Launch::default_for(Path::Gemv, format, silu, m, n, k);
+                let l = Launch::default_for(Path::Gemv, format, silu, m, n, k, false);
                 let (x, nw, out0) =
                     (rng.values::<f32>(m * k, 2.0), rng.values::<f32>(k, 2.0), rng.values::<f32>(m * n, 2.0));
                 let g = gguf_weight(&mut rng, format, n, k);
@@ -856,7 +894,7 @@ mod tests {
         let mut rng = Rng::new(1);
         for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
             let (m, n, k) = (3, 10, 96);
-            let l = Launch::default_for(Path::Gemv, format, true, m, n, k);
+            let l = Launch::default_for(Path::Gemv, format, true, m, n, k, false);
             let x = rng.values::<f32>(m * k, 2.0);
             let xf: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
             let (g, u) = (gguf_weight(&mut rng, format, n, k), gguf_weight(&mut rng, format, n, k));

@@ -162,17 +162,17 @@ fn build_gemv_fused() -> dsl_core::Result<(Function, LaunchOptions)> {
 
 fn build_gemm_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemm::gemm_q4_1 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64).with_warps(4))
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64, false).with_warps(4))
 }
 
 fn build_gemm_q4_0() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemm::gemm_q4_0 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64).with_warps(4))
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64, false).with_warps(4))
 }
 
 fn build_gemm_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemm::gemm_q8_0 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 32).with_warps(4))
+    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 32, false).with_warps(4))
 }
 
 fn build_softmax_online() -> dsl_core::Result<(Function, LaunchOptions)> {

@@ -16,6 +16,7 @@
 //! the output dtype, plus the SiLU propagation bound. Shapes are small: the
 //! interpreter is slow.
 
+use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, Element};
 use kernels::dequant::{
@@ -91,6 +92,8 @@ pub fn activations<T: Act>(rng: &mut Rng, n: usize) -> Vec<T> {
 enum Tiles {
     Gemv(usize, usize, usize),
     Gemm(usize, usize, usize),
+    /// The GEMM with its product swapped (`SWAP`).
+    Swap(usize, usize, usize),
 }
 
 /// Runs one dequant kernel on the interpreter; returns `out` as f64.
@@ -111,7 +114,7 @@ fn run<T: Act>(
     let op = cpu.zeros::<T>(m * n);
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     macro_rules! go {
-        ($k:path, $grid:expr, $a:expr, $b:expr, $c:expr) => {{
+        ($k:path, $grid:expr, $a:expr, $b:expr, $c:expr $(, $swap:expr)?) => {{
             use $k as kk;
             let args = kk::Args {
                 x_ptr: xp.cast(),
@@ -123,7 +126,7 @@ fn run<T: Act>(
                 k: ki,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(T::DTYPE, silu, $a, $b, $c);
+            let config = kk::Config::new(T::DTYPE, silu, $a, $b, $c $(, $swap)?);
             kk::interpret(&mut cpu, $grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }
@@ -136,12 +139,13 @@ fn run<T: Act>(
                 QuantFormat::Q8_0 => go!(gemv::gemv_q8_0, grid, a, b, c),
             }
         }
-        (Tiles::Gemm(a, b, c), f) => {
+        (Tiles::Gemm(a, b, c) | Tiles::Swap(a, b, c), f) => {
             let grid = gemm_grid(m, n, silu, a, b);
+            let swap = matches!(tiles, Tiles::Swap(..));
             match f {
-                QuantFormat::Q4_0 => go!(gemm::gemm_q4_0, grid, a, b, c),
-                QuantFormat::Q4_1 => go!(gemm::gemm_q4_1, grid, a, b, c),
-                QuantFormat::Q8_0 => go!(gemm::gemm_q8_0, grid, a, b, c),
+                QuantFormat::Q4_0 => go!(gemm::gemm_q4_0, grid, a, b, c, swap),
+                QuantFormat::Q4_1 => go!(gemm::gemm_q4_1, grid, a, b, c, swap),
+                QuantFormat::Q8_0 => go!(gemm::gemm_q8_0, grid, a, b, c, swap),
             }
         }
     }
@@ -163,7 +167,7 @@ fn case<T: Act>(
     let x = activations::<T>(&mut rng, m * k);
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let block_k = match tiles {
-        Tiles::Gemv(_, _, bk) | Tiles::Gemm(_, _, bk) => bk,
+        Tiles::Gemv(_, _, bk) | Tiles::Gemm(_, _, bk) | Tiles::Swap(_, _, bk) => bk,
     };
     let g_raw = gguf_weight(&mut rng, format, n, k);
     let g = r::gemv(format, &g_raw, n, k, &xf, m);
@@ -182,6 +186,7 @@ fn case<T: Act>(
     let bound = |y: &r::Gemv, i: usize| match tiles {
         Tiles::Gemv(..) => r::error_bound(format, k, block_k, y.abs[i]),
         Tiles::Gemm(..) => r::gemm_error_bound(format, k, block_k, y.abs[i], y.l1[i]),
+        Tiles::Swap(..) => r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], T::DTYPE),
     };
     for (i, &got_i) in got.iter().enumerate() {
         let eg = bound(&g, i);
@@ -283,6 +288,33 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(cases(16))]
+
+    /// The swapped GEMM (`SWAP`: weights as the product's `a`, activations
+    /// as its `b`): all formats, both dtypes, ragged M, N and K.
+    #[test]
+    fn gemm_swapped_random(
+        format in format_strategy(),
+        (bm, bn) in prop_oneof![Just((16usize, 16usize)), Just((32, 16)), Just((16, 32))],
+        wide_k in any::<bool>(),
+        m in 1usize..40,
+        n in 1usize..40,
+        kb in 1usize..7,
+        silu in any::<bool>(),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let bk = if wide_k { 128 } else { 64 };
+        let tiles = Tiles::Swap(bm, bn, bk);
+        if bf {
+            case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)?;
+        } else {
+            case::<f32>(seed, format, silu, tiles, m, n, 32 * kb)?;
+        }
+    }
+}
+
 /// The untuned GEMV tiles on a real-model shape: one token through a
 /// SmolLM2 gate/up projection (K = 576, N = 1536, SiLU-mul fused), every
 /// format, bf16, with the tiles the runtime picks by default (a K tile of at
@@ -348,6 +380,22 @@ fn corrupted_weights_are_caught() {
     assert!(within_gemm(&ok));
     let got = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, m, n, k).unwrap();
     assert!(!within_gemm(&got), "GEMM: swapped d and m went unnoticed");
+    // So does the swapped GEMM's (bf16 weights).
+    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let xbf: Vec<f64> = xb.iter().map(|v| v.to_f64()).collect();
+    let want_b = r::gemv(QuantFormat::Q4_1, &raw, n, k, &xbf, m);
+    let swap = Tiles::Swap(16, 16, 64);
+    let within_swap = |got: &[f64]| {
+        got.iter().enumerate().all(|(i, g)| {
+            (g - want_b.y[i]).abs()
+                <= r::gemm_swap_error_bound(QuantFormat::Q4_1, k, want_b.abs[i], want_b.l1[i], DType::BF16)
+                    + (want_b.y[i].abs() + 1e-30) / 256.0
+        })
+    };
+    let ok = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &w.scales, m, n, k).unwrap();
+    assert!(within_swap(&ok));
+    let got = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &swapped, m, n, k).unwrap();
+    assert!(!within_swap(&got), "swapped GEMM: swapped d and m went unnoticed");
 }
 
 /// Which fusion of `kernels::dequant::fused` a case runs.

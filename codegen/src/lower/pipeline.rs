@@ -45,7 +45,12 @@
 //! `S - 2` iterations ahead (into the stage the finished group read, not the
 //! running one); the exit waits for the last group before the accumulators
 //! are read or the ring is handed over, and such a loop is entered only when
-//! it has an iteration (see `control.rs`).
+//! it has an iteration (see `control.rs`). A deferred register-A group whose
+//! A fragments are formed in the body (loaded from the ring or staged) is
+//! not waited for in its own iteration at all: the next iteration waits for
+//! it (`wait_group 0`) right before loading its own fragments into the same
+//! registers, so the math that forms them (a dequantization, say) overlaps
+//! the running group (`dot/wgmma.rs`).
 //!
 //! Loads inside the slice (a block table's page numbers) are themselves
 //! issued one iteration earlier than the copies that need them and carried
@@ -238,13 +243,12 @@ pub(crate) fn analyze(
             };
             let (a, Some(b)) = (idx(0), idx(1)) else { continue };
             loads[b].atoms = true;
-            // A register-A group is never deferred: its A fragments would
-            // have to stay untouched into the next iteration.
+            // A deferred register-A group's A fragments stay untouched into
+            // the next iteration (`control.rs` carries them to its wait).
             match a {
                 Some(a) => loads[a].atoms = true,
                 None => {
                     p.wgmma_rs.insert(d);
-                    defer = false;
                 }
             }
             p.wgmma.insert(d);

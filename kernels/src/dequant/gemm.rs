@@ -8,6 +8,7 @@
 use super::gemv::{
     q4_scale_decode, q4_scale_load, q4_scale_load_all, q4_scales, q4_weights, q8_weights, unit_index,
 };
+use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
 /// Stores the `[BLOCK_M, BLOCK_N]` accumulator of output tile `(pid_m,
@@ -137,6 +138,133 @@ pub fn gemm_q4_body(
     gemm_epilogue(acc, out_ptr, m, n, silu, block_m, block_n);
 }
 
+/// The dequantized Q4 weights of the nibbles at bit offsets `sh` of the
+/// words `wd`, with scale `d` and offset `off` (see [`q4_weights`]).
+#[kernel_fn]
+pub fn q4_nibbles(wd: Tensor, sh: Tensor, d: Tensor, off: Tensor) -> Tensor {
+    fma(d, ((wd >> sh & 15) << 19 | 0x4180_0000).bitcast(f32), off)
+}
+
+/// `acc + w @ x^T` for the dequantized `[BLOCK_N, BLOCK_K]` weight tile `w`
+/// (f32) and the `[BLOCK_M, BLOCK_K]` activation tile `x` as loaded (`dt`):
+/// on 16-bit activations the weights are rounded to `dt` and `x` is the
+/// `b` operand as it is (so the codegen can pipeline its load into
+/// shared memory and, on sm_90a, read it with `wgmma`); f32 activations are
+/// rounded to f16 with the weights.
+#[kernel_fn]
+pub fn dot_swapped(w: Tensor, x: Tensor, acc: Tensor, dt: DType) -> Tensor {
+    if dt == DType::F32 { dot(w.to(f16), trans(x.to(f16)), acc) } else { dot(w.to(dt), trans(x), acc) }
+}
+
+/// The swapped GEMM ([`gemm_q4_1`] and the others with `SWAP`): the
+/// program computes `acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T` (weight
+/// rows as the product's M, activation rows as its N), so the dequantized
+/// weights are the `a` operand, which tensor cores take from registers
+/// (`wgmma`'s register-A form on sm_90a), and the activations are the `b`
+/// operand, which the codegen pipelines into shared memory with
+/// `cp.async`. The W tile is formed in K order: viewed as `[BLOCK_N,
+/// BLOCK_K / 16, 4, 4]`, element `(r, h, j, e)` is column `16 h + 4 j + e`
+/// of the tile, byte `e` of the row's 32-bit word `wpb * (h / 2) + j` (Q4:
+/// `wpb = 4` words per block, the nibble `h % 2` of the byte, as byte `b`
+/// of a block holds columns `b` and `b + 16`) or `wpb * (h / 2) + 4 (h % 2)
+/// + j` (Q8_0: `wpb = 8`, one byte per column). The word and scale indices
+/// are broadcast along `e` (the scales along `j` and `e` too), so each
+/// thread chunk loads each word and scale once.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_swap(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    q8: bool,
+    has_min: bool,
+    silu: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    gdc_wait();
+    gdc_launch_dependents();
+    let hq = block_k / 16;
+    let wpb = if q8 { 8 } else { 4 };
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let wrow = minimum(program_id(1) * block_n + arange(0, block_n), rows - 1);
+    let h = arange(0, hq);
+    let j4 = expand_dims(expand_dims(arange(0, 4), 0), 0);
+    let nib = if q8 { h * 0 } else { h % 2 * 4 };
+    let sh3 = expand_dims(expand_dims(nib, 1), 2) + j4 * 8;
+    let sh = reshape(broadcast_to(expand_dims(sh3, 0), [block_n, hq, 4, 4]), [block_n, block_k]);
+    let half_words = if q8 { h % 2 * 4 } else { h * 0 };
+    let row_words = expand_dims(expand_dims(wrow * (nb * wpb), 1), 2);
+    let row_blocks = expand_dims(wrow * nb, 1);
+    // The word and scale indices of the tile whose blocks start at `hb`.
+    let word3 = row_words + expand_dims(expand_dims(h / 2 * wpb + half_words, 0), 2) + j4;
+    let w_idx = reshape(broadcast_to(expand_dims(word3, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
+    let s2 = row_blocks + expand_dims(h / 2, 0);
+    let s_idx = reshape(broadcast_to(expand_dims(s2, 2), [block_n, hq, 16]), [block_n, block_k]);
+    let rm = minimum(program_id(0) * block_m + arange(0, block_m), m - 1);
+    let xk = expand_dims(arange(0, block_k), 0);
+    let x_offs = expand_dims(rm * k, 1) + xk;
+    let qw = ptrcast(q_ptr, i32);
+    let mut acc = zeros([block_n, block_m], f32);
+    let k_full = k / block_k * block_k;
+    // The weight words and scales of tile i + 1 are loaded (into registers)
+    // before tile i is dequantized, as in [`gemm_q4_body`]; the activations
+    // are pipelined by the codegen.
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sr = swap_scale_load(s_ptr, s_idx, have, q8, has_min);
+    for k0 in range(0, k_full, block_k) {
+        let nk = minimum(k0 + block_k, k_full - block_k);
+        let wd_next = load(qw + (w_idx + nk / 32 * wpb));
+        let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, have, q8, has_min);
+        let x = load(x_ptr + (x_offs + k0));
+        acc = dot_swapped(swap_weights(wd, sh, sr, q8, has_min), x, acc, dt);
+        wd = wd_next;
+        sr = sr_next;
+    }
+    for k0 in range(k_full, k, block_k) {
+        // The last partial tile: blocks past K are clamped to the row's last
+        // block, and their activations read as zero.
+        let hb = minimum(k0 / 32 + h / 2, nb - 1);
+        let tw = row_words + expand_dims(expand_dims(hb * wpb + half_words, 0), 2) + j4;
+        let tw_idx = reshape(broadcast_to(expand_dims(tw, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
+        let ts2 = row_blocks + expand_dims(hb, 0);
+        let ts = reshape(broadcast_to(expand_dims(ts2, 2), [block_n, hq, 16]), [block_n, block_k]);
+        let sr = swap_scale_load(s_ptr, ts, k0 < k, q8, has_min);
+        let w = swap_weights(load(qw + tw_idx), sh, sr, q8, has_min);
+        let x = load(x_ptr + (x_offs + k0), mask = xk < k - k0, other = 0.0);
+        acc = dot_swapped(w, x, acc, dt);
+    }
+    gemm_epilogue(trans(acc), out_ptr, m, n, silu, block_m, block_n);
+}
+
+/// The raw scale entries at `s` for [`gemm_swap`] (see [`q4_scale_load`];
+/// Q8_0 planes hold `d`); lanes where `ok` is false read nothing.
+#[kernel_fn]
+pub fn swap_scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, q8: bool, has_min: bool) -> Tensor {
+    if q8 { load(s_ptr + s, mask = ok, other = 0.0) } else { q4_scale_load(s_ptr, s, ok, has_min) }
+}
+
+/// The f32 weights of [`gemm_swap`]'s tile: the byte (Q8_0) or nibble (Q4)
+/// at bit offset `sh` of the words `wd`, scaled with the raw scale entries
+/// `sr` of [`swap_scale_load`].
+#[kernel_fn]
+pub fn swap_weights(wd: Tensor, sh: Tensor, sr: Tensor, q8: bool, has_min: bool) -> Tensor {
+    if q8 {
+        q8_weights(wd, sh, sr.to(f32))
+    } else {
+        let (d, off) = q4_scale_decode(sr, has_min);
+        q4_nibbles(wd, sh, d, off)
+    }
+}
+
 /// The Q8_0 GEMM ([`gemm_q8_0`]): W tile `[BLOCK_N, BLOCK_K]`, one weight
 /// per element, against the `[BLOCK_M, BLOCK_K]` activation tile.
 #[kernel_fn]
@@ -205,12 +333,16 @@ pub fn gemm_q8_body(
 /// with `SILU`, `silu(x @ Wg^T) * (x @ Wu^T)` from interleaved gate/up rows.
 #[kernel(autotune(
     configs = [
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, num_warps = 8),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, num_warps = 4),
-        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, num_warps = 2),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = false, num_warps = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = false, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, SWAP = false, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, SWAP = false, num_warps = 8),
+        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 2),
+        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 3),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
     ],
     key = [m, n, k]
 ))]
@@ -227,19 +359,28 @@ pub fn gemm_q4_1<T: Float>(
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
+    #[constexpr] SWAP: bool,
 ) {
-    gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+    if SWAP {
+        gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, true, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
+    } else {
+        gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+    }
 }
 
 /// Q4_0 GEMM: as [`gemm_q4_1`] with `W` repacked Q4_0.
 #[kernel(autotune(
     configs = [
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, num_warps = 8),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, num_warps = 4),
-        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, num_warps = 2),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = false, num_warps = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = false, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, SWAP = false, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, SWAP = false, num_warps = 8),
+        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 2),
+        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 3),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
     ],
     key = [m, n, k]
 ))]
@@ -256,19 +397,28 @@ pub fn gemm_q4_0<T: Float>(
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
+    #[constexpr] SWAP: bool,
 ) {
-    gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+    if SWAP {
+        gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, false, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
+    } else {
+        gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+    }
 }
 
 /// Q8_0 GEMM: as [`gemm_q4_1`] with `W` repacked Q8_0.
 #[kernel(autotune(
     configs = [
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 32, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 64, num_warps = 4),
-        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 64, num_warps = 2),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, SWAP = false, num_warps = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 32, SWAP = false, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 64, SWAP = false, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = false, num_warps = 8),
+        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 64, SWAP = false, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 64, SWAP = false, num_warps = 2),
+        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 3),
+        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
+        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
     ],
     key = [m, n, k]
 ))]
@@ -285,6 +435,11 @@ pub fn gemm_q8_0<T: Float>(
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
+    #[constexpr] SWAP: bool,
 ) {
-    gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+    if SWAP {
+        gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, false, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
+    } else {
+        gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+    }
 }

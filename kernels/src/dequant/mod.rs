@@ -96,6 +96,22 @@
 //! decoder activations).
 //! The K tail, clamping and epilogues are the GEMV's.
 //!
+//! Swapped GEMM (`SWAP`, [`gemm::gemm_swap`], the runtime's choice for
+//! large products with 16-bit activations on sm_90a, see [`gemm_tiles`]).
+//! The program computes `out_tile^T = W_tile @ x_tile^T` as one `dot`
+//! per K tile: the W tile `[BLOCK_N, BLOCK_K]` dequantized in K order and
+//! rounded to the activation dtype is the `a` operand, which `wgmma` takes
+//! from registers (the codegen stages it once through shared memory into A
+//! fragments), and the activation tile `[BLOCK_M, BLOCK_K]`, loaded as it
+//! is, is the `b` operand, which the codegen pipelines with `cp.async` into
+//! swizzle atoms that `wgmma` reads in place. The weight words and scales
+//! are prefetched one tile ahead in registers. `BLOCK_N` is 64 rows per
+//! warpgroup and `BLOCK_M` at most 256 (one `m64nNk16` per warpgroup and k
+//! step). With bf16 activations the weights are rounded to bf16 (8
+//! significant bits against f16's 11; the activations are exact), which is
+//! what a bf16 GEMM on dequantized weights computes; f32 activations fall
+//! back to f16 operands (`mma.sync`).
+//!
 //! # Constexprs
 //!
 //! - `T: Float`: activation and output dtype (f32 or bf16; f16 works too).
@@ -105,7 +121,9 @@
 //!   `>= 32`). The accumulator holds `M_BLOCK * BLOCK_N * BLOCK_K / 2` (Q4)
 //!   or `M_BLOCK * BLOCK_N * BLOCK_K` (Q8_0) f32 values over `32 *
 //!   num_warps` threads; the declared configs keep it at 16 to 64 per thread.
-//! - GEMM: `BLOCK_M`, `BLOCK_N`, `BLOCK_K` (powers of two, `BLOCK_K >= 32`).
+//! - GEMM: `BLOCK_M`, `BLOCK_N`, `BLOCK_K` (powers of two, `BLOCK_K >= 32`;
+//!   with `SWAP`, `BLOCK_K >= 64` and `BLOCK_N` a multiple of 16 per warp)
+//!   and `SWAP` (the swapped product above).
 //! - `num_warps`: autotune configs are declared (keyed on `m, n, k`); the
 //!   untuned defaults are [`gemv_tiles`] and [`gemm_tiles`].
 
@@ -147,6 +165,10 @@ pub struct GemmTiles {
     pub block_k: usize,
     /// Warps per program.
     pub num_warps: u32,
+    /// The swapped product (`SWAP`, see [`gemm::gemm_swap`]).
+    pub swap: bool,
+    /// Software-pipelining depth (`num_stages`).
+    pub num_stages: u32,
 }
 
 /// Activation rows per GEMV program for `m` rows: `m` rounded up to a power
@@ -235,10 +257,29 @@ pub fn uses_gemv(m: usize, rows: usize) -> bool {
 /// latency, so smaller tiles won everywhere but on the largest products
 /// (autotuned bench rows on an H100, 2026-11-22). Every choice fits whole
 /// `mma.sync` instructions.
-pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, _k: usize) -> GemmTiles {
+///
+/// With `swap_ok` (16-bit activations on a `wgmma` device, sm_90a), a Q4
+/// weight with K of at least 2048, at least 256 activation rows and 100
+/// programs of 256 x 128 takes the swapped product ([`gemm::gemm_swap`]) on that tile, K tiles of
+/// 64, 8 warps and 3 stages: 0.103 ms against 0.180 for the best unswapped
+/// tile at M 256, K 4096, N 14336 (bf16, H100, 2026-11-24). Below that
+/// size the two are even (M 64 and M 256 x N 4096) or the unswapped tiles
+/// win (K 576, 9 K tiles: 0.029 against 0.011 ms at M 256 x N 1536), so
+/// they stay.
+pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok: bool) -> GemmTiles {
     let q8 = format == QuantFormat::Q8_0;
     let (narrow_k, wide_k) = if q8 { (32, 64) } else { (64, 128) };
     let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
+    if swap_ok && !q8 && k >= 2048 && m >= 256 && programs(256, 128) >= 100 {
+        return GemmTiles {
+            block_m: 256,
+            block_n: 128,
+            block_k: 64,
+            num_warps: 8,
+            swap: true,
+            num_stages: 3,
+        };
+    }
     let (block_m, block_n, block_k, num_warps) = if programs(128, 128) >= 200 {
         (128, 128, narrow_k, 8)
     } else if programs(64, 128) >= 128 {
@@ -248,7 +289,7 @@ pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, _k: usize) -> Gemm
     } else {
         (16, 32, wide_k, 2)
     };
-    GemmTiles { block_m, block_n, block_k, num_warps }
+    GemmTiles { block_m, block_n, block_k, num_warps, swap: false, num_stages: 2 }
 }
 
 /// The GEMM grid: `[ceil(m / BLOCK_M), ceil(rows / BLOCK_N), 1]` with

@@ -130,6 +130,22 @@ pub fn gemm_error_bound(format: QuantFormat, k: usize, block_k: usize, abs: f64,
     error_bound(format, k, block_k, abs) + (2.0 * U16 + U16 * U16) * abs + l1 / 33_554_432.0
 }
 
+/// The swapped GEMM's bound (`SWAP`, see `crate::dequant::gemm::gemm_swap`)
+/// for activations in `dtype`. The tensor cores add one 16-wide k step at
+/// a time to the f32 accumulator (at most `k / 16` roundings per output:
+/// [`error_bound`] with 16-column tiles). The operands are rounded to
+/// `dtype` when it is 16-bit: bf16 activations are exact and each weight
+/// gains a relative error of at most `2^-9` (bf16 has f32's exponent range,
+/// so there is no underflow term); f16 as in [`gemm_error_bound`]; f32
+/// activations are rounded to f16 with the weights, as in
+/// [`gemm_error_bound`].
+pub fn gemm_swap_error_bound(format: QuantFormat, k: usize, abs: f64, l1: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => error_bound(format, k, 16, abs) + abs / 512.0,
+        _ => gemm_error_bound(format, k, 16, abs, l1),
+    }
+}
+
 /// The bound on `silu(g) * u` computed in f32 from `g` and `u` known within
 /// `eg` and `eu`: propagation (`|silu'| <= 1.1`), the f32 operations and an
 /// approximate `exp` (relative `2^-20`).

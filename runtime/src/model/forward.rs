@@ -291,9 +291,9 @@ fn matmul<D: Device, T: Sample>(
     let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
     let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
     macro_rules! launch {
-        ($family:ident, $kernel:ident, $tiles:expr, $grid:expr) => {{
+        ($family:ident, $kernel:ident, $tiles:expr, $grid:expr $(, $extra:expr)*) => {{
             use kernels::dequant::$family::$kernel as kk;
-            let (a, b, c, warps) = $tiles;
+            let (a, b, c, warps, stages) = $tiles;
             let args = kk::Args {
                 x_ptr: xp,
                 q_ptr: qp,
@@ -304,27 +304,29 @@ fn matmul<D: Device, T: Sample>(
                 k: ki,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(dtype, silu, a, b, c).with_warps(warps);
+            let config = kk::Config::new(dtype, silu, a, b, c $(, $extra)*).with_warps(warps).with_stages(stages);
             l.run::<kk::Kernel>($grid, &config, &args)
         }};
     }
     if uses_gemv(m, w.n) {
         let t = gemv_tiles(w.format, m, w.n, w.k);
         let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
-        let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps);
+        let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps, 2);
         match w.format {
             QuantFormat::Q4_0 => launch!(gemv, gemv_q4_0, tiles, grid),
             QuantFormat::Q4_1 => launch!(gemv, gemv_q4_1, tiles, grid),
             QuantFormat::Q8_0 => launch!(gemv, gemv_q8_0, tiles, grid),
         }
     } else {
-        let t = gemm_tiles(w.format, m, w.n, w.k);
+        // The swapped product needs 16-bit activations and `wgmma`.
+        let swap_ok = dtype != dsl_core::DType::F32 && l.dev.wgmma();
+        let t = gemm_tiles(w.format, m, w.n, w.k, swap_ok);
         let grid = gemm_grid(m, n, silu, t.block_m, t.block_n);
-        let tiles = (t.block_m, t.block_n, t.block_k, t.num_warps);
+        let tiles = (t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages);
         match w.format {
-            QuantFormat::Q4_0 => launch!(gemm, gemm_q4_0, tiles, grid),
-            QuantFormat::Q4_1 => launch!(gemm, gemm_q4_1, tiles, grid),
-            QuantFormat::Q8_0 => launch!(gemm, gemm_q8_0, tiles, grid),
+            QuantFormat::Q4_0 => launch!(gemm, gemm_q4_0, tiles, grid, t.swap),
+            QuantFormat::Q4_1 => launch!(gemm, gemm_q4_1, tiles, grid, t.swap),
+            QuantFormat::Q8_0 => launch!(gemm, gemm_q8_0, tiles, grid, t.swap),
         }
     }
 }

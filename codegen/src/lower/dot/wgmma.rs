@@ -37,7 +37,10 @@
 //! stays pending past the end of the block. A deferred loop-carried
 //! accumulator (`pipeline.rs`) instead waits with `wait_group 1` at once:
 //! its group runs on while the next iteration waits for its copies, and the
-//! loop waits for the last one at its exit. The fence and the wait take the
+//! loop waits for the last one at its exit; a deferred group whose A
+//! fragments are formed in the body is not waited for in its iteration: the
+//! next one waits (`wait_group 0`) just before it loads its own fragments
+//! into the same registers. The fence and the wait take the
 //! accumulator registers (and A fragments computed for the product) as
 //! tied operands, so LLVM cannot move a read or write of them across
 //! either. The copies that filled the stage are ordered before the
@@ -48,6 +51,7 @@
 //! core's order).
 
 use super::super::Lowerer;
+use super::super::layouts::a_from_regs;
 use super::mma::AFrags;
 use crate::Result;
 use crate::mma::{Lay, MmaLayout, ROW_PAD};
@@ -85,8 +89,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // `a`: A fragments in registers (this warp's 16 rows), or this
         // warpgroup's 64 rows of its pipelined stage.
         let hoisted = rs && self.afrags.contains_key(&(args[0], l));
+        // A deferred group whose A fragments are formed here: the previous
+        // iteration's group still reads its own fragments, whose registers
+        // these reuse, so it is waited for just before they are loaded (what
+        // precedes, the math forming `a` and its staging, overlaps it).
+        let late_wait = rs && !hoisted && self.pipe.deferred.contains(&inst);
+        let mut acc = acc;
         let a = if rs {
-            AOperand::Regs(self.a_frags_rs(inst, &l, k, d)?)
+            let wait = if late_wait { Some(&mut acc) } else { None };
+            AOperand::Regs(self.a_frags_rs(inst, &l, k, d, wait)?)
         } else {
             let Some((a_ring, _)) = self.pipe_operand(inst, 0)? else {
                 return Err(self.bug(inst, "wgmma a is not pipelined"));
@@ -130,7 +141,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if self.pipe.deferred.contains(&inst) {
             // A deferred group keeps running into the next iteration; the one
             // before it must be done (its stage is refilled next, `pipeline.rs`).
-            let (acc, _) = self.wgmma_tied("wgmma.wait_group.sync.aligned 1;", &acc, &[])?;
+            // Register A fragments formed here were loaded after the
+            // previous group was waited for (above), so this group is left
+            // running with no wait: the next iteration waits for it before
+            // it loads its own fragments.
+            let acc = if late_wait {
+                acc
+            } else {
+                self.wgmma_tied("wgmma.wait_group.sync.aligned 1;", &acc, &[])?.0
+            };
             self.set(res, acc);
         } else {
             // Waited for before the first use of the result (or the end of
@@ -196,17 +215,40 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The A fragments of a register-A `wgmma` (`m64nNk16` takes the
     /// `mma.sync` A fragment of each warp's 16 rows): already in registers,
     /// or `ldmatrix`ed from `a`'s pipelined stage, or staged once here.
-    fn a_frags_rs(&mut self, inst: Inst, l: &MmaLayout, k: usize, d: DType) -> Result<AFrags<'ctx>> {
-        if let Some(fr) = self.a_frags_ready(inst, l, k, d)? {
+    /// With `wait`, every pending group is waited for (`wait_group 0`, the
+    /// accumulator `wait` tied through it) right before the fragments are
+    /// loaded.
+    fn a_frags_rs(
+        &mut self,
+        inst: Inst,
+        l: &MmaLayout,
+        k: usize,
+        d: DType,
+        wait: Option<&mut Vec<BasicValueEnum<'ctx>>>,
+    ) -> Result<AFrags<'ctx>> {
+        let wait_all = |lw: &Self, acc: Option<&mut Vec<BasicValueEnum<'ctx>>>| -> Result<()> {
+            if let Some(acc) = acc {
+                *acc = lw.wgmma_tied("wgmma.wait_group.sync.aligned 0;", acc, &[])?.0;
+            }
+            Ok(())
+        };
+        let a = self.f.insts[inst].args[0];
+        if a_from_regs(self.lays.lay(a), l) || self.afrags.contains_key(&(a, *l)) {
+            wait_all(self, wait)?;
+            let Some(fr) = self.a_frags_ready(inst, l, k, d)? else {
+                return Err(self.bug(inst, "A fragments not ready"));
+            };
             return Ok(fr);
         }
         if let Some((ring, sw)) = self.pipe_operand(inst, 0)? {
+            wait_all(self, wait)?;
             return self.a_frags(ring, 0, l, k, sw);
         }
         let smem = self.smem((l.m * (k + ROW_PAD) * 2) as u64)?;
         self.barrier()?;
         self.stage_a(smem, 0, self.f.insts[inst].args[0])?;
         self.barrier()?;
+        wait_all(self, wait)?;
         self.a_frags(smem, 0, l, k, false)
     }
 
