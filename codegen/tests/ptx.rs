@@ -412,12 +412,7 @@ fn matmul_bf16() {
         let opts = CompileOptions { target: Target::Sm80, num_warps: w, num_stages: stages };
         let c = compile(&func, &opts).unwrap();
         assert!(c.ptx.contains("cp.async.cg.shared.global.L2::128B"), "no cp.async at {stages} stages");
-        let waits: Vec<u32> = c
-            .ptx
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("cp.async.wait_group"))
-            .filter_map(|n| n.trim().trim_end_matches(';').parse().ok())
-            .collect();
+        let waits = cp_async_waits(&c.ptx);
         assert!(waits.contains(&(stages - 2)), "wait counts {waits:?} at {stages} stages");
         // Rings: A [128, 32 + 8] (64-byte rows, padded) and B [32, 128]
         // (256-byte rows, XOR-swizzled, no padding) bf16 per stage.
@@ -445,12 +440,29 @@ fn matmul_bf16() {
         assert!(report.iter().all(|l| !l.contains("Performance Loss")), "{}", report.join("\n"));
         assert!(report.iter().all(|l| !l.contains("injected")), "{}", report.join("\n"));
     }
+    // The K=32 tile on sm_90a: `a`'s 64-byte rows fill no swizzle atom, so
+    // its A fragments are `ldmatrix`'d from the ring. They are loaded, not
+    // computed by the body, so at three stages the group is not deferred
+    // and the copies stay two tiles ahead (`cp.async.wait_group 1`).
+    let (func, w) = f(4);
+    let c = compile(&func, &CompileOptions { target: Target::Sm90a, num_warps: w, num_stages: 3 }).unwrap();
+    assert!(c.ptx.contains("wgmma.mma_async") && c.ptx.contains("ldmatrix"), "register-A wgmma");
+    assert!(!c.ptx.contains("wgmma.wait_group.sync.aligned 1;"), "K=32 tile deferred at 3 stages");
+    assert!(cp_async_waits(&c.ptx).contains(&1), "K=32 tile: prefetch distance");
     let (func, w) = f(1);
     for t in [Target::Sm80, Target::Sm90a] {
         let opts = CompileOptions { target: t, num_warps: w, num_stages: STAGES };
         let report = assemble(&compile(&func, &opts).unwrap().ptx, t.arch(), "matmul_bf16_128x64x32");
         assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
     }
+}
+
+/// The counts of the `cp.async.wait_group` instructions of `ptx`.
+fn cp_async_waits(ptx: &str) -> Vec<u32> {
+    ptx.lines()
+        .filter_map(|l| l.trim().strip_prefix("cp.async.wait_group"))
+        .filter_map(|n| n.trim().trim_end_matches(';').parse().ok())
+        .collect()
 }
 
 /// A `dot` of `[m, kk] x [kk, n]` tiles loaded whole: carried through a
@@ -1013,6 +1025,9 @@ fn dequant_gemm_swapped() {
         }
         assert_eq!(last_ld + 1 - first_ld, bk / 16, "{tag}: one ldmatrix.x4 per k step");
         let before = lines[..first_ld].iter().rev().find(|l| !l.starts_with("//") && !l.is_empty()).unwrap();
+        // Deferred groups cost one tile of prefetch distance.
+        let ahead = if stages >= 3 { stages - 2 } else { stages - 1 };
+        assert!(cp_async_waits(&ptx).contains(&(ahead - 1)), "{tag}: prefetch distance");
         if stages >= 3 {
             assert!(
                 before.starts_with("wgmma.wait_group"),
