@@ -138,13 +138,6 @@ pub fn gemm_q4_body(
     gemm_epilogue(acc, out_ptr, m, n, silu, block_m, block_n);
 }
 
-/// The dequantized Q4 weights of the nibbles at bit offsets `sh` of the
-/// words `wd`, with scale `d` and offset `off` (see [`q4_weights`]).
-#[kernel_fn]
-pub fn q4_nibbles(wd: Tensor, sh: Tensor, d: Tensor, off: Tensor) -> Tensor {
-    fma(d, ((wd >> sh & 15) << 19 | 0x4180_0000).bitcast(f32), off)
-}
-
 /// `acc + w @ x^T` for the dequantized `[BLOCK_N, BLOCK_K]` weight tile `w`
 /// (f32) and the `[BLOCK_M, BLOCK_K]` activation tile `x` as loaded (`dt`):
 /// on 16-bit activations the weights are rounded to `dt` and `x` is the
@@ -197,9 +190,15 @@ pub fn gemm_swap(
     let wrow = minimum(program_id(1) * block_n + arange(0, block_n), rows - 1);
     let h = arange(0, hq);
     let j4 = expand_dims(expand_dims(arange(0, 4), 0), 0);
-    let nib = if q8 { h * 0 } else { h % 2 * 4 };
-    let sh3 = expand_dims(expand_dims(nib, 1), 2) + j4 * 8;
-    let sh = reshape(broadcast_to(expand_dims(sh3, 0), [block_n, hq, 4, 4]), [block_n, block_k]);
+    // The bit offset of element `(r, h, j, e)` in its word (column `c = 16 h
+    // + 4 j + e` of the tile), split into the nibble's `nib` (Q4: `4 (h %
+    // 2)`, which varies between threads) and the byte's `e8 = 8 e` (which
+    // varies only between a thread's registers, so it folds into constant
+    // shifts; see [`swap_weights`]). Both come from one `[1, BLOCK_K]`
+    // `arange` broadcast along the leading axis, which moves no data.
+    let c = expand_dims(arange(0, block_k), 0);
+    let nib = broadcast_to(if q8 { c * 0 } else { c / 16 % 2 * 4 }, [block_n, block_k]);
+    let e8 = broadcast_to(c % 4 * 8, [block_n, block_k]);
     let half_words = if q8 { h % 2 * 4 } else { h * 0 };
     let row_words = expand_dims(expand_dims(wrow * (nb * wpb), 1), 2);
     let row_blocks = expand_dims(wrow * nb, 1);
@@ -225,7 +224,7 @@ pub fn gemm_swap(
         let wd_next = load(qw + (w_idx + nk / 32 * wpb));
         let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, have, q8, has_min);
         let x = load(x_ptr + (x_offs + k0));
-        acc = dot_swapped(swap_weights(wd, sh, sr, q8, has_min), x, acc, dt);
+        acc = dot_swapped(swap_weights(wd, nib, e8, sr, q8, has_min), x, acc, dt);
         wd = wd_next;
         sr = sr_next;
     }
@@ -238,7 +237,7 @@ pub fn gemm_swap(
         let ts2 = row_blocks + expand_dims(hb, 0);
         let ts = reshape(broadcast_to(expand_dims(ts2, 2), [block_n, hq, 16]), [block_n, block_k]);
         let sr = swap_scale_load(s_ptr, ts, k0 < k, q8, has_min);
-        let w = swap_weights(load(qw + tw_idx), sh, sr, q8, has_min);
+        let w = swap_weights(load(qw + tw_idx), nib, e8, sr, q8, has_min);
         let x = load(x_ptr + (x_offs + k0), mask = xk < k - k0, other = 0.0);
         acc = dot_swapped(w, x, acc, dt);
     }
@@ -253,15 +252,24 @@ pub fn swap_scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, q8: bool, has_min: 
 }
 
 /// The f32 weights of [`gemm_swap`]'s tile: the byte (Q8_0) or nibble (Q4)
-/// at bit offset `sh` of the words `wd`, scaled with the raw scale entries
-/// `sr` of [`swap_scale_load`].
+/// at bit offset `nib + e8` of the words `wd` (`nib` is 0 for Q8_0), scaled
+/// with the raw scale entries `sr` of [`swap_scale_load`]. For Q4 each word
+/// is shifted by `nib` once; then `e8`, a constant of each register, moves
+/// the nibble to bits 16-19 (no shift at all for `e8 = 16`), where it is
+/// the top of the mantissa of `128.0` (`0x4300_0000`): `f = 128 + q`, and
+/// `w = d f + (off - 112 d)`, with `off` of [`q4_scale_decode`] (`m - 16 d`
+/// or `-24 d`). Q4_0 stays exact (`d (q - 8)`); for Q4_1 the offset
+/// `m - 128 d` is rounded once more, by at most `2^-24 (|m| + 128 |d|)`.
 #[kernel_fn]
-pub fn swap_weights(wd: Tensor, sh: Tensor, sr: Tensor, q8: bool, has_min: bool) -> Tensor {
+pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, q8: bool, has_min: bool) -> Tensor {
     if q8 {
-        q8_weights(wd, sh, sr.to(f32))
+        q8_weights(wd, e8, sr.to(f32))
     } else {
         let (d, off) = q4_scale_decode(sr, has_min);
-        q4_nibbles(wd, sh, d, off)
+        let wn = wd >> nib;
+        let t = where_(e8 <= 16, wn << maximum(16 - e8, 0), wn >> maximum(e8 - 16, 0));
+        let f = (t & 0xF_0000 | 0x4300_0000).bitcast(f32);
+        fma(d, f, fma(d, -112.0, off))
     }
 }
 

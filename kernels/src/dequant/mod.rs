@@ -12,6 +12,8 @@
 //! of a power of two (`f = 16 + q` for a nibble, `f = 256 + (q + 128)` for a
 //! byte) and one FMA applies the scale: `w = d * f + off` with `off = m - 16
 //! d` (Q4_1, two roundings), `-24 d` (Q4_0, exact) or `-384 d` (Q8_0, exact).
+//! The swapped GEMM places nibbles at `f = 128 + q` instead, with `off - 112
+//! d` (see [`gemm::swap_weights`]).
 //! Products with the activations (f32 or bf16, converted exactly to f32) are
 //! accumulated in f32 by FMAs; the result is rounded once to the activation
 //! dtype `T`. The error model and tolerances are in
@@ -105,7 +107,10 @@
 //! fragments), and the activation tile `[BLOCK_M, BLOCK_K]`, loaded as it
 //! is, is the `b` operand, which the codegen pipelines with `cp.async` into
 //! swizzle atoms that `wgmma` reads in place. The weight words and scales
-//! are prefetched one tile ahead in registers. `BLOCK_N` is 64 rows per
+//! are prefetched one tile ahead in registers. A thread's nibbles of one
+//! word differ in their byte, a constant of each register, and in the
+//! nibble half, which varies between threads: each word is shifted once by
+//! the latter, and constant shifts do the rest. `BLOCK_N` is 64 rows per
 //! warpgroup and `BLOCK_M` at most 256 (one `m64nNk16` per warpgroup and k
 //! step). With bf16 activations the weights are rounded to bf16 (8
 //! significant bits against f16's 11; the activations are exact), which is

@@ -138,7 +138,10 @@ pub fn gemm_error_bound(format: QuantFormat, k: usize, block_k: usize, abs: f64,
 /// gains a relative error of at most `2^-9` (bf16 has f32's exponent range,
 /// so there is no underflow term); f16 as in [`gemm_error_bound`]; f32
 /// activations are rounded to f16 with the weights, as in
-/// [`gemm_error_bound`].
+/// [`gemm_error_bound`]. Its Q4_1 weights take one more rounding, of the
+/// offset `m - 128 d` (see `crate::dequant::gemm::swap_weights`): they are
+/// within `u (|w| + 2 |m| + 144 |d|)`, which the depth covers (at least 28
+/// roundings of `|w| + |m| + 16 |d|`).
 pub fn gemm_swap_error_bound(format: QuantFormat, k: usize, abs: f64, l1: f64, dtype: DType) -> f64 {
     match dtype {
         DType::BF16 => error_bound(format, k, 16, abs) + abs / 512.0,
