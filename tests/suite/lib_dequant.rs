@@ -236,7 +236,21 @@ fn gemv_case(
     bf: bool,
     seed: u64,
 ) -> Result<(), TestCaseError> {
-    let tiles = Tiles::Gemv(mb, bn, bk);
+    case_dt(bf, seed, format, silu, Tiles::Gemv(mb, bn, bk), m, n, kb)
+}
+
+/// [`case`] with bf16 (`bf`) or f32 activations and K of `kb` blocks.
+#[allow(clippy::too_many_arguments)]
+fn case_dt(
+    bf: bool,
+    seed: u64,
+    format: QuantFormat,
+    silu: bool,
+    tiles: Tiles,
+    m: usize,
+    n: usize,
+    kb: usize,
+) -> Result<(), TestCaseError> {
     if bf {
         case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)
     } else {
@@ -278,13 +292,8 @@ proptest! {
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let bk = if wide_k { 128 } else { 64 };
-        let tiles = Tiles::Gemm(bm, bn, bk);
-        if bf {
-            case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)?;
-        } else {
-            case::<f32>(seed, format, silu, tiles, m, n, 32 * kb)?;
-        }
+        let tiles = Tiles::Gemm(bm, bn, if wide_k { 128 } else { 64 });
+        case_dt(bf, seed, format, silu, tiles, m, n, kb)?;
     }
 }
 
@@ -305,13 +314,8 @@ proptest! {
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let bk = if wide_k { 128 } else { 64 };
-        let tiles = Tiles::Swap(bm, bn, bk);
-        if bf {
-            case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)?;
-        } else {
-            case::<f32>(seed, format, silu, tiles, m, n, 32 * kb)?;
-        }
+        let tiles = Tiles::Swap(bm, bn, if wide_k { 128 } else { 64 });
+        case_dt(bf, seed, format, silu, tiles, m, n, kb)?;
     }
 }
 
