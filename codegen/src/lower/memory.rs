@@ -202,7 +202,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// Stores `vals` to consecutive elements starting at pointer `p`.
-    fn store_run(&self, p: BasicValueEnum<'ctx>, d: DType, vals: &[BasicValueEnum<'ctx>]) -> Result<()> {
+    pub(super) fn store_run(
+        &self,
+        p: BasicValueEnum<'ctx>,
+        d: DType,
+        vals: &[BasicValueEnum<'ctx>],
+    ) -> Result<()> {
         let et = mem_type(self.ctx, Elem::Scalar(d));
         let eb = elem_bytes(Elem::Scalar(d));
         let ptr = p.into_pointer_value();

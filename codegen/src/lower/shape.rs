@@ -6,7 +6,9 @@
 //! register instead, and a broadcast along leading dimensions only
 //! (`[1, K] -> [N, K]`) copies registers when input and output chunks have
 //! the same size; a broadcast along trailing dimensions that cover whole
-//! chunks (`[R, 1] -> [R, C]`) reads shared memory once per chunk.
+//! chunks (`[R, 1] -> [R, C]`) reads shared memory once per chunk. A
+//! `permute` stores its array swizzled ([`Lowerer::swizzled_index`]), so
+//! that its strided reads spread over the banks.
 //!
 //! Invariant: every exchange is bracketed by barriers (one before the
 //! writes, one between writes and reads), in uniform control flow.
@@ -32,12 +34,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         outs: &[Layout],
         map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
     ) -> Result<Vec<Regs<'ctx>>> {
-        self.exchange_chunked(e, srcs, outs, map, false)
+        self.exchange_chunked(e, srcs, outs, map, false, false)
     }
 
     /// [`Lowerer::exchange`]; with `chunk_uniform`, the caller promises that all
     /// elements of an output chunk read the same source element, which is then
-    /// loaded once per chunk.
+    /// loaded once per chunk; with `swizzle`, the array is stored swizzled
+    /// ([`Lowerer::swizzled_index`]), for reads that stride across it.
     pub fn exchange_chunked(
         &mut self,
         e: Elem,
@@ -45,20 +48,40 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         outs: &[Layout],
         map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
         chunk_uniform: bool,
+        swizzle: bool,
     ) -> Result<Vec<Regs<'ctx>>> {
         let total: usize = srcs.iter().map(|(l, _)| l.n).sum();
         let et = mem_type(self.ctx, e);
-        let smem = self.smem(total as u64 * u64::from(elem_bytes(e)))?;
+        let eb = elem_bytes(e);
+        let bytes = total as u64 * u64::from(eb);
+        let smem = self.smem(if swizzle { bytes.next_multiple_of(128) } else { bytes })?;
+        let at = |lw: &Self, idx: IntValue<'ctx>| if swizzle { lw.swizzled_index(idx, eb) } else { Ok(idx) };
         let d = e.dtype();
         let is_bool = !e.is_ptr() && d == DType::I1;
         self.barrier()?;
         let mut start = 0usize;
         for (l, regs) in srcs {
             let base = self.thread_base(l)?;
+            if let (true, Elem::Scalar(sd)) = (swizzle, e)
+                && sd != DType::I1
+            {
+                // A swizzled array keeps each 16-byte chunk whole: the
+                // chunk's elements are stored as one vector (LLVM would not
+                // see that the XORed addresses are consecutive).
+                let vec = l.spt.min(16 / eb as usize).max(1);
+                for s in (0..regs.len()).step_by(vec) {
+                    let idx = self.linear_index(l, base, s)?;
+                    let idx = self.b.build_int_add(idx, self.i32c(start as i64), "")?;
+                    let addr = self.smem_elem(smem, 0, et, at(self, idx)?)?;
+                    self.store_run(addr.into(), sd, &regs[s..s + vec])?;
+                }
+                start += l.n;
+                continue;
+            }
             for (s, &v) in regs.iter().enumerate() {
                 let idx = self.linear_index(l, base, s)?;
                 let idx = self.b.build_int_add(idx, self.i32c(start as i64), "")?;
-                let addr = self.smem_elem(smem, 0, et, idx)?;
+                let addr = self.smem_elem(smem, 0, et, at(self, idx)?)?;
                 let mv = if is_bool {
                     self.b.build_int_z_extend(v.into_int_value(), self.ctx.i8_type(), "")?.into()
                 } else {
@@ -81,7 +104,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
                 let lin = self.linear_index(l, base, s)?;
                 let src = map(self, o, lin)?;
-                let addr = self.smem_elem(smem, 0, et, src)?;
+                let addr = self.smem_elem(smem, 0, et, at(self, src)?)?;
                 let v = self.b.build_load(et, addr, "")?;
                 let v = if is_bool {
                     let x = v.into_int_value();
@@ -96,6 +119,33 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             result.push(regs);
         }
         Ok(result)
+    }
+
+    /// Element `idx` (of `eb` bytes, a power of two up to 16) of a
+    /// swizzled exchange array: its 16-byte chunk is XORed, within its
+    /// 128-byte line, with the line index's bits 0-2, 3-5 and 6-8 folded
+    /// together. That is a bijection on every whole line that keeps each
+    /// chunk whole (vector accesses stay vector, a line's accesses stay
+    /// conflict-free) and spreads reads that stride by lines over the
+    /// banks: a transpose reading 16 rows of 1 KB, 8 rows apart, hits 8
+    /// chunks (2-way conflicts) instead of one (16-way). `swizzled` is
+    /// the same map on integers, for the tests.
+    pub fn swizzled_index(&self, idx: IntValue<'ctx>, eb: u32) -> Result<IntValue<'ctx>> {
+        let per_line = 128 / eb.clamp(1, 16);
+        let per_chunk = 16 / eb.clamp(1, 16);
+        // The chunk's first element, swizzled, plus the offset in the chunk:
+        // consecutive elements of a chunk stay visibly consecutive, so LLVM
+        // still vectorizes their accesses.
+        let within = self.b.build_and(idx, self.i32c(per_chunk as i64 - 1), "")?;
+        let first = self.b.build_and(idx, self.i32c(!(per_chunk as i64 - 1)), "")?;
+        let line = self.b.build_right_shift(first, self.i32c(per_line.trailing_zeros() as i64), false, "")?;
+        let l3 = self.b.build_right_shift(line, self.i32c(3), false, "")?;
+        let l6 = self.b.build_right_shift(line, self.i32c(6), false, "")?;
+        let h = self.b.build_xor(self.b.build_xor(line, l3, "")?, l6, "")?;
+        let h = self.b.build_and(h, self.i32c(7), "")?;
+        let x = self.b.build_left_shift(h, self.i32c(per_chunk.trailing_zeros() as i64), "")?;
+        let first = self.b.build_xor(first, x, "")?;
+        Ok(self.b.build_int_add(first, within, "")?)
     }
 
     /// `(lin / stride) % size` for a power-of-two `stride` and `size`.
@@ -182,7 +232,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         }
                         Ok(acc)
                     };
-                    let out = self.exchange_chunked(aty.elem, &[(la, regs)], &[lr], &map, chunk_uniform)?;
+                    let out =
+                        self.exchange_chunked(aty.elem, &[(la, regs)], &[lr], &map, chunk_uniform, false)?;
                     self.set(res, out.into_iter().next().unwrap_or_default());
                 }
             }
@@ -198,7 +249,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                     Ok(acc)
                 };
-                let out = self.exchange(aty.elem, &[(la, regs)], &[lr], &map)?;
+                // Reads stride across the array (a transpose reads columns).
+                let out = self.exchange_chunked(aty.elem, &[(la, regs)], &[lr], &map, false, true)?;
                 self.set(res, out.into_iter().next().unwrap_or_default());
             }
             ShapeOp::Join => {
@@ -227,5 +279,63 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
         }
         Ok(())
+    }
+}
+
+/// What [`Lowerer::swizzled_index`] computes, for the tests.
+#[cfg(test)]
+pub(crate) fn swizzled(idx: usize, eb: usize) -> usize {
+    let (per_line, per_chunk) = (128 / eb, 16 / eb);
+    let line = idx / per_line;
+    let h = (line ^ (line >> 3) ^ (line >> 6)) & 7;
+    ((idx & !(per_chunk - 1)) ^ (h * per_chunk)) + idx % per_chunk
+}
+
+#[cfg(test)]
+mod tests {
+    use super::swizzled;
+
+    #[test]
+    fn swizzle_permutes_each_line_and_keeps_chunks_whole() {
+        for eb in [1usize, 2, 4, 8] {
+            let per_line = 128 / eb;
+            for line in 0..600 {
+                let mut seen = vec![false; per_line];
+                for k in 0..per_line {
+                    let i = line * per_line + k;
+                    let j = swizzled(i, eb);
+                    assert_eq!(j / per_line, line, "eb {eb}: {i} leaves its line");
+                    assert!(!seen[j % per_line], "eb {eb}: {i} collides");
+                    seen[j % per_line] = true;
+                    // Consecutive elements of a 16-byte chunk stay consecutive.
+                    assert_eq!(j % (16 / eb), i % (16 / eb));
+                }
+            }
+        }
+    }
+
+    /// The transpose of the swapped dequant GEMM's epilogue: a `[128, 256]`
+    /// f32 tile read as `[256, 128]`, 8 consecutive output elements per
+    /// thread. Each warp-wide read hits every bank at most twice (16 times
+    /// unswizzled).
+    #[test]
+    fn transposed_reads_spread_over_the_banks() {
+        for sw in [false, true] {
+            let mut worst = 0;
+            for s in 0..64 {
+                for warp in 0..8 {
+                    let mut per_bank = [0usize; 32];
+                    for lane in 0..32 {
+                        let t = warp * 32 + lane;
+                        let lin = 8 * t + 2048 * (s / 8) + s % 8;
+                        let (i, j) = (lin / 128, lin % 128);
+                        let idx = j * 256 + i;
+                        per_bank[if sw { swizzled(idx, 4) } else { idx } % 32] += 1;
+                    }
+                    worst = worst.max(*per_bank.iter().max().unwrap());
+                }
+            }
+            assert_eq!(worst, if sw { 2 } else { 16 });
+        }
     }
 }
