@@ -113,7 +113,10 @@ impl PtxCache {
         let name = lines.next()?.to_string();
         let shared_bytes = lines.next()?.parse().ok()?;
         let num_warps = lines.next()?.parse().ok()?;
-        Some(Compiled { name, ptx, shared_bytes, num_warps, target })
+        // Then one line per hidden tensor-map parameter; a line that does
+        // not parse makes the entry a miss (recompiled), never a wrong launch.
+        let tensor_maps = lines.map(crate::tma::TensorMapSpec::parse).collect::<Option<Vec<_>>>()?;
+        Some(Compiled { name, ptx, shared_bytes, num_warps, target, tensor_maps })
     }
 
     fn write_disk(&self, key: &str, c: &Compiled) -> Result<()> {
@@ -122,7 +125,12 @@ impl PtxCache {
         let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, &c.ptx)?;
         std::fs::rename(&tmp, dir.join(format!("{key}.ptx")))?;
-        std::fs::write(&tmp, format!("{}\n{}\n{}\n", c.name, c.shared_bytes, c.num_warps))?;
+        let mut meta = format!("{}\n{}\n{}\n", c.name, c.shared_bytes, c.num_warps);
+        for m in &c.tensor_maps {
+            meta.push_str(&m.to_line());
+            meta.push('\n');
+        }
+        std::fs::write(&tmp, meta)?;
         std::fs::rename(&tmp, dir.join(format!("{key}.meta")))?;
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! NVPTX code generation for the tile IR: a verified `dsl_core::Function` is
-//! canonicalized, analyzed (axis analysis), lowered to LLVM IR with inkwell,
-//! optimized at `-O3` and emitted as PTX by LLVM's NVPTX backend.
+//! canonicalized, its `load_block`s expanded into masked loads
+//! (`dsl_core::passes::block_load`), analyzed (axis analysis), lowered to
+//! LLVM IR with inkwell, optimized at `-O3` and emitted as PTX by LLVM's
+//! NVPTX backend.
 //!
 //! Invariants: this crate depends on neither cudarc nor NVRTC; PTX comes only
 //! from LLVM (no hand-written PTX, no inline assembly). Every compile creates
@@ -18,6 +20,7 @@ pub mod layout;
 mod lower;
 pub mod mma;
 pub mod target;
+pub mod tma;
 
 pub use cache::PtxCache;
 pub use target::Target;
@@ -58,6 +61,9 @@ pub struct Compiled {
     pub num_warps: u32,
     /// The architecture the PTX is for.
     pub target: Target,
+    /// Hidden tensor-map parameters the launch appends after the kernel's
+    /// own, in order (see [`tma`]).
+    pub tensor_maps: Vec<tma::TensorMapSpec>,
 }
 
 /// Every stage of one compile, as text.
@@ -139,12 +145,15 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
             eprintln!("// ---- DSL_DUMP ir: {} ----\n{}", f.name, dumps.ir);
         }
     }
+    // `load_block`s become ordinary masked loads; the lowering copies the
+    // ones it can with TMA instead (see `tma`).
+    let block_loads = dsl_core::passes::block_load::expand(&mut f);
     let tm = target::target_machine(opts.target)?;
     let ctx = Context::create();
     let module = ctx.create_module(&f.name);
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
-    let shared_bytes = lower::lower_function(&ctx, &module, &f, opts)?;
+    let lowered = lower::lower_function(&ctx, &module, &f, &block_loads, opts)?;
     if want || env_llvm {
         dumps.llvm = format!("; ---- before optimization ----\n{}", module.print_to_string().to_string());
     }
@@ -168,7 +177,13 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
     if want {
         dumps.ptx = ptx.clone();
     }
-    let compiled =
-        Compiled { name: f.name.clone(), ptx, shared_bytes, num_warps: opts.num_warps, target: opts.target };
+    let compiled = Compiled {
+        name: f.name.clone(),
+        ptx,
+        shared_bytes: lowered.smem_bytes,
+        num_warps: opts.num_warps,
+        target: opts.target,
+        tensor_maps: lowered.tensor_maps,
+    };
     Ok((compiled, dumps))
 }

@@ -433,7 +433,17 @@ fn matmul_bf16() {
         assert!(!c.ptx.contains("ldmatrix"), "no ldmatrix on the wgmma path");
         assert_eq!(c.ptx.contains("wgmma.wait_group.sync.aligned 1;"), stages >= 4, "{stages} stages");
         assert!(c.ptx.contains("wgmma.wait_group.sync.aligned 0;"));
-        assert!(c.ptx.contains("fence.proxy.async.shared::cta;"));
+        // Both tiles are TMA boxes of one thread (A: one [128, 64] box, B:
+        // four [64, 64] column blocks) completing on the stage's mbarrier,
+        // passed as two hidden tensor-map parameters; no `cp.async` left.
+        let boxes =
+            c.ptx.matches("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes");
+        let ahead = if stages >= 4 { stages - 2 } else { stages - 1 } as usize;
+        assert_eq!(boxes.count(), 5 * (ahead + 1), "{stages} stages: prologue and loop");
+        assert!(c.ptx.contains("mbarrier.try_wait.parity.shared::cta.b64"));
+        assert!(!c.ptx.contains("cp.async.cg") && !c.ptx.contains("cp.async.wait_group"));
+        assert_eq!(c.tensor_maps.len(), 2);
+        assert_eq!(c.ptx.matches(".param .align 64 .b8").count(), 2);
         assert!(c.ptx.contains(".extern .shared .align 1024"));
         let report = assemble(&c.ptx, "sm_90a", &format!("matmul_bf16_wgmma_{stages}"));
         assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
@@ -1065,9 +1075,19 @@ fn dequant_gemm_swapped() {
         }
         assert_eq!(last_ld + 1 - first_ld, bk / 16, "{tag}: one ldmatrix.x4 per k step");
         let before = lines[..first_ld].iter().rev().find(|l| !l.starts_with("//") && !l.is_empty()).unwrap();
-        // Deferred groups cost one tile of prefetch distance.
-        let ahead = if stages >= 3 { stages - 2 } else { stages - 1 };
-        assert!(cp_async_waits(&ptx).contains(&(ahead - 1)), "{tag}: prefetch distance");
+        // The activation tile is one TMA box per stage, issued by one
+        // thread (no `cp.async`); deferred groups cost one tile of prefetch
+        // distance: the main loop's prologue issues `ahead` boxes before
+        // its first wait.
+        let ahead = if stages >= 3 { stages - 2 } else { stages - 1 } as usize;
+        let first_wait =
+            lines.iter().position(|l| l.contains("mbarrier.try_wait.parity")).expect("mbarrier wait");
+        assert_eq!(
+            lines[..first_wait].iter().filter(|l| l.starts_with("cp.async.bulk.tensor.2d")).count(),
+            ahead,
+            "{tag}: prefetch distance"
+        );
+        assert!(!ptx.contains("cp.async.wait_group") && !ptx.contains("cp.async.cg"), "{tag}: cp.async left");
         if stages >= 3 {
             assert!(
                 before.starts_with("wgmma.wait_group"),

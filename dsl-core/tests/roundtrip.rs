@@ -1,5 +1,6 @@
 //! Round-trip tests of the IR text format: `print(parse(print(f))) == print(f)`
-//! with and without locations for kernels covering every op family, precise
+//! with and without locations for kernels covering every op family (and
+//! `load_block` with its attributes), precise
 //! positions of parse errors, and a no-panic check on truncated and mutated text.
 
 use dsl_core::ir::ParamHints;
@@ -255,6 +256,37 @@ fn constants_and_math() -> Function {
         .unwrap()
 }
 
+fn block_loads() -> Function {
+    KernelBuilder::new("block_loads")
+        .build(|| {
+            let x = param_with_hints("x", Type::ptr(DType::BF16), ParamHints { divisibility: Some(16) });
+            let out = param_ptr("out", DType::F32);
+            let rows = param_scalar("rows", DType::I32);
+            let cols = param_scalar("cols", DType::I32);
+            let acc = zeros(&[32, 64], DType::F32);
+            let r = for_range(0, cols, 64, &[acc], |k, c| {
+                let t = load_block(x, rows, cols, cols, program_id(0) * 32, k, [32, 64]);
+                vec![c[0] + t.to(DType::F32)]
+            });
+            let hinted =
+                load_block_hinted(x, 7, 9, 16, -2, -3, [1, 64], CacheModifier::Ca, EvictionPolicy::Normal);
+            let last = load_block_hinted(
+                x,
+                rows,
+                cols,
+                cols,
+                0,
+                0,
+                [1, 64],
+                CacheModifier::None,
+                EvictionPolicy::Last,
+            );
+            let offs = arange(0, 32).expand_dims(1) * 64 + arange(0, 64).expand_dims(0);
+            store(out + offs, r[0] + hinted.to(DType::F32) + last.to(DType::F32), None);
+        })
+        .unwrap()
+}
+
 fn all_kernels() -> Vec<(&'static str, Function)> {
     vec![
         ("vector_add", vector_add()),
@@ -266,6 +298,7 @@ fn all_kernels() -> Vec<(&'static str, Function)> {
         ("shapes", shapes()),
         ("hints_debug_casts", hints_debug_casts()),
         ("constants_and_math", constants_and_math()),
+        ("block_loads", block_loads()),
     ]
 }
 
@@ -487,6 +520,41 @@ fn error_wrong_attributes() {
     expect_error(&text, 2, "\\q", "unknown escape `\\q`");
     let text = format!("{HEADER}  print %n {{prefix = \"open}}\n}}\n");
     expect_error(&text, 2, "\"open", "unterminated string");
+}
+
+#[test]
+fn error_malformed_load_block() {
+    let ok = format!(
+        "{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n"
+    );
+    assert!(parse(&ok).is_ok());
+    let text =
+        format!("{HEADER}  %0 = load_block %x, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n");
+    expect_error(&text, 2, "load_block", "`load_block` takes 6 operand(s), found 5");
+    let text = format!(
+        "{HEADER}  %0 = load_block %n, %n, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n"
+    );
+    expect_error(
+        &text,
+        2,
+        "load_block",
+        "needs a scalar pointer (the matrix base) as operand 0 (`ptr`), found i32",
+    );
+    let text = format!(
+        "{HEADER}  %0 = const {{value = 1.0}} : f32\n  \
+         %1 = load_block %x, %n, %n, %0, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n"
+    );
+    expect_error(&text, 3, "load_block", "operand 3 (`row_stride`) must be an i32 scalar, found f32");
+    let text = format!(
+        "{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4, bc = 6}} : tensor<4x6xf32>\n}}\n"
+    );
+    expect_error(&text, 2, "load_block", "block dimensions must be powers of two, found [4, 6]");
+    let text = format!(
+        "{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<8x4xf32>\n}}\n"
+    );
+    expect_error(&text, 2, "load_block", "do not match the inferred (tensor<4x8xf32>)");
+    let text = format!("{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4}} : tensor<4x8xf32>\n}}\n");
+    expect_error(&text, 2, "load_block", "missing attribute `bc`");
 }
 
 #[test]

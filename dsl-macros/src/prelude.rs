@@ -80,6 +80,17 @@ pub const PRELUDE: &[Entry] = &[
         ("cache_modifier", Cache, Default("")),
         ("eviction_policy", Evict, Default(""))
     ]),
+    e!("load_block" => "load_block_hinted", [
+        ("ptr", Tensor, Yes),
+        ("rows", Pass, Yes),
+        ("cols", Pass, Yes),
+        ("row_stride", Pass, Yes),
+        ("row0", Pass, Yes),
+        ("col0", Pass, Yes),
+        ("block", Shape, Yes),
+        ("cache_modifier", Cache, Default("")),
+        ("eviction_policy", Evict, Default(""))
+    ]),
     e!("store" => "store", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
     e!("atomic_add" => "atomic_add", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
     e!("atomic_max" => "atomic_max", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),

@@ -289,6 +289,19 @@ impl Checker<'_> {
                 }
                 if let Abs::Int(_) = v { Abs::Scalar } else { v }
             }
+            "load_block" => {
+                // The block (the last positional argument) is the tile shape;
+                // the other arguments are scalars.
+                for a in pos.iter().take(pos.len().saturating_sub(1)) {
+                    self.expr(a);
+                }
+                let Some(Expr::Array(arr)) = pos.last().filter(|_| pos.len() == 7) else {
+                    return Abs::Unknown;
+                };
+                let dims: Option<Vec<usize>> =
+                    arr.elems.iter().map(|d| self.int(d).and_then(|v| usize::try_from(v).ok())).collect();
+                dims.filter(|d| d.len() == 2).map(Abs::Tile).unwrap_or(Abs::Unknown)
+            }
             "expand_dims" if pos.len() == 2 => match (self.expr(pos[0]), self.int(pos[1])) {
                 (Abs::Tile(mut s), Some(ax)) if ax >= 0 && (ax as usize) <= s.len() => {
                     s.insert(ax as usize, 1);

@@ -12,9 +12,10 @@
 //! Grid `[cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), 1]`: program `(pm, pn)` owns the
 //! output tile `[BLOCK_M, BLOCK_N]` at `(pm * BLOCK_M, pn * BLOCK_N)`. A K
 //! loop in steps of `BLOCK_K` loads the A tile `[BLOCK_M, BLOCK_K]` and the B
-//! tile `[BLOCK_K, BLOCK_N]` (both along their contiguous axis, 16-byte loads
-//! where the strides allow) with masks for the ragged edges (rows `>= M`,
-//! columns `>= N`, `k >= K` read as zero), and accumulates with
+//! tile `[BLOCK_K, BLOCK_N]` as boxes of the row-major matrices
+//! (`load_block`: along their contiguous axis, 16-byte loads where the
+//! strides allow; rows `>= M`, columns `>= N`, `k >= K` read as zero), and
+//! accumulates with
 //! `acc = dot(a, b, acc)`; on sm_80+ the codegen keeps this loop-carried
 //! accumulator in the tensor-core layout for the whole loop. With
 //! `PREFETCH`, the tiles of the next step are loaded before each product (a
@@ -22,7 +23,8 @@
 //! program; the last step loads a fully masked tile, which touches no memory).
 //! Without it, the codegen pipelines the loop `num_stages` deep: the A and B
 //! tiles of the next steps are copied into shared memory with `cp.async`
-//! while the current product runs (the loads feed only the `dot`).
+//! (on sm_90a with `wgmma`: TMA boxes) while the current product runs (the
+//! loads feed only the `dot`).
 //!
 //! # Layout contract
 //!
@@ -56,42 +58,35 @@ pub fn half_matmul<T: Float>(
     #[constexpr] BLOCK_K: usize,
     #[constexpr] PREFETCH: bool,
 ) {
-    let rm = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
-    let rn = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
-    let rk = arange(0, BLOCK_K);
-    let rows = expand_dims(rm, 1);
-    let cols = expand_dims(rn, 0);
-    let row_ok = rows < m;
-    let col_ok = cols < n;
-    // Every broadcast along a trailing axis happens once, here: inside the
-    // loop only register-only (leading-axis) broadcasts and elementwise ops remain.
-    let a_offs = rows * stride_am + expand_dims(rk, 0);
-    let a_rows = broadcast_to(row_ok, [BLOCK_M, BLOCK_K]);
-    let a_k = broadcast_to(expand_dims(rk, 0), [BLOCK_M, BLOCK_K]);
-    let b_offs = expand_dims(rk, 1) * stride_bk + cols;
-    let b_k = broadcast_to(expand_dims(rk, 1), [BLOCK_K, BLOCK_N]);
-    let b_cols = broadcast_to(col_ok, [BLOCK_K, BLOCK_N]);
+    let m0 = program_id(0) * BLOCK_M;
+    let n0 = program_id(1) * BLOCK_N;
     let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
+    // The tiles are boxes of the row-major A and B (`load_block`: zeros past
+    // the edges); on sm_90a the pipelined ones are TMA copies.
     if PREFETCH {
         // Register prefetch: the tiles of step `k0 + BLOCK_K` are loaded
         // before the product of step `k0`, so their latency overlaps it.
-        let mut a = load(a_ptr + a_offs, mask = a_rows && a_k < k, other = 0.0);
-        let mut b = load(b_ptr + b_offs, mask = b_k < k && b_cols, other = 0.0);
+        let mut a = load_block(a_ptr, m, k, stride_am, m0, 0, [BLOCK_M, BLOCK_K]);
+        let mut b = load_block(b_ptr, k, n, stride_bk, 0, n0, [BLOCK_K, BLOCK_N]);
         for k0 in range(0, k, BLOCK_K) {
             let k1 = k0 + BLOCK_K;
-            let a_next = load(a_ptr + (a_offs + k1), mask = a_rows && a_k < k - k1, other = 0.0);
-            let b_next = load(b_ptr + (b_offs + k1 * stride_bk), mask = b_k < k - k1 && b_cols, other = 0.0);
+            let a_next = load_block(a_ptr, m, k, stride_am, m0, k1, [BLOCK_M, BLOCK_K]);
+            let b_next = load_block(b_ptr, k, n, stride_bk, k1, n0, [BLOCK_K, BLOCK_N]);
             acc = dot(a, b, acc);
             a = a_next;
             b = b_next;
         }
     } else {
         for k0 in range(0, k, BLOCK_K) {
-            let a = load(a_ptr + (a_offs + k0), mask = a_rows && a_k < k - k0, other = 0.0);
-            let b = load(b_ptr + (b_offs + k0 * stride_bk), mask = b_k < k - k0 && b_cols, other = 0.0);
+            let a = load_block(a_ptr, m, k, stride_am, m0, k0, [BLOCK_M, BLOCK_K]);
+            let b = load_block(b_ptr, k, n, stride_bk, k0, n0, [BLOCK_K, BLOCK_N]);
             acc = dot(a, b, acc);
         }
     }
+    let rows = expand_dims(m0 + arange(0, BLOCK_M), 1);
+    let cols = expand_dims(n0 + arange(0, BLOCK_N), 0);
+    let row_ok = rows < m;
+    let col_ok = cols < n;
     store(c_ptr + rows * stride_cm + cols, acc.to(T), mask = row_ok && col_ok);
 }
 

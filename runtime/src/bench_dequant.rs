@@ -89,7 +89,9 @@ impl Timed {
     /// (whatever the kernel declares: only the PDL check's negative control
     /// overrides it).
     pub(crate) fn launch_with(&self, cuda: &Cuda, overlap: bool) -> Result<()> {
-        cuda.gpu().launch_raw(&self.p.kernel, self.grid, self.p.threads, &self.params, overlap)
+        let mut maps = [crate::cuda::tma::blank(); crate::cuda::tma::MAX_MAPS];
+        let nm = self.p.encode_maps(&self.params, &mut maps)?;
+        cuda.gpu().launch_raw(&self.p.kernel, self.grid, self.p.threads, &self.params, &maps[..nm], overlap)
     }
 }
 

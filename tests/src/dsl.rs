@@ -31,3 +31,40 @@ pub fn mismatched(x_ptr: Ptr<f32>, #[constexpr] A: usize, #[constexpr] B: usize)
     let bad = arange(0, A) + arange(0, B);
     store(x_ptr + arange(0, A), bad);
 }
+
+/// A tiled copy through `load_block` (Triton's tensor-descriptor load):
+/// program `(pid_m, pid_n)` copies the `[BM, BN]` box at
+/// `(row0 + pid_m BM, col0 + pid_n BN)` of the `m x n` matrix `x` (rows
+/// `stride_x` apart) to the same place of the dense `out` (rows `out_stride`
+/// apart); elements outside the matrix are zero.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn block_copy<T: Num>(
+    x_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    stride_x: i32,
+    row0: i32,
+    col0: i32,
+    out_stride: i32,
+    #[constexpr] BM: usize,
+    #[constexpr] BN: usize,
+) {
+    let pid_m = program_id(0);
+    let pid_n = program_id(1);
+    let box_row = row0 + pid_m * BM;
+    let tile = load_block(
+        x_ptr,
+        m,
+        n,
+        stride_x,
+        box_row,
+        col0 + pid_n * BN,
+        [BM, BN],
+        eviction_policy = "evict_first",
+    );
+    let rows = expand_dims(pid_m * BM + arange(0, BM), 1);
+    let cols = expand_dims(pid_n * BN + arange(0, BN), 0);
+    store(out_ptr + rows * out_stride + cols, tile);
+}

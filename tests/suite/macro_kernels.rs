@@ -100,3 +100,98 @@ fn load_hints_reach_the_ir_and_keep_values() {
     let dsl_core::Error::Build { diagnostics, .. } = err else { panic!("expected a build error") };
     assert!(diagnostics.iter().any(|d| d.message.contains("not both")), "{diagnostics:?}");
 }
+
+/// `load_block` through `#[kernel]`: the constexpr block shape and the
+/// eviction hint reach the op, and the interpreter copies exactly the
+/// elements inside the matrix (zeros elsewhere) for ragged matrices, padded
+/// rows and negative box origins, in f32, bf16 and i32.
+#[test]
+fn load_block_copies_boxes_with_zero_fill() {
+    use dsl_core::half::bf16;
+    use dsl_core::interp::Cpu;
+    use std::marker::PhantomData;
+    use tests::reference::Rng;
+
+    let f = dsl::block_copy::build(&dsl::block_copy::Config::new(DType::BF16, 16, 32)).unwrap();
+    let text = print(&f);
+    assert!(text.contains("load_block") && text.contains("{br = 16, bc = 32, evict = first}"), "{text}");
+
+    // (m, n, stride_x, row0, col0, BM, BN)
+    let cases: [(usize, usize, usize, i64, i64, usize, usize); 5] = [
+        (37, 29, 29, 0, 0, 16, 8),
+        (20, 13, 17, -5, -3, 8, 16),
+        (5, 70, 80, 3, -40, 4, 32),
+        (9, 9, 9, 50, 0, 8, 8),
+        (1, 1, 1, -1, -1, 2, 2),
+    ];
+    for (seed, &(m, n, stride, row0, col0, bm, bn)) in cases.iter().enumerate() {
+        let mut rng = Rng::new(seed as u64);
+        let len = (m - 1) * stride + n;
+        let x: Vec<f64> = rng
+            .vec(len, -100.0, 100.0)
+            .iter()
+            .map(|&v| if v == 0.0 { 0.5 } else { v.round() as f64 })
+            .collect();
+        let grid = [3u32, 2, 1];
+        let (h, w) = (3 * bm, 2 * bn);
+        let mut want = vec![0.0; h * w];
+        for r in 0..h {
+            for c in 0..w {
+                let (i, j) = (row0 + r as i64, col0 + c as i64);
+                if (0..m as i64).contains(&i) && (0..n as i64).contains(&j) {
+                    want[r * w + c] = x[i as usize * stride + j as usize];
+                }
+            }
+        }
+        for dtype in [DType::F32, DType::BF16, DType::I32] {
+            let mut cpu = Cpu::new();
+            let cfg = dsl::block_copy::Config::new(dtype, bm, bn);
+            let args = |xp, op| dsl::block_copy::Args {
+                x_ptr: xp,
+                out_ptr: op,
+                m: m as i32,
+                n: n as i32,
+                stride_x: stride as i32,
+                row0: row0 as i32,
+                col0: col0 as i32,
+                out_stride: w as i32,
+                _marker: PhantomData,
+            };
+            let got: Vec<f64> = match dtype {
+                DType::F32 => {
+                    let xs: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                    let (xp, op) = (cpu.upload(&xs), cpu.upload(&vec![-1.0f32; h * w]));
+                    dsl::block_copy::interpret(&mut cpu, grid, &cfg, &args(xp.cast(), op.cast())).unwrap();
+                    cpu.read(op).iter().map(|&v| v as f64).collect()
+                }
+                DType::BF16 => {
+                    let xs: Vec<bf16> = x.iter().map(|&v| bf16::from_f64(v)).collect();
+                    let (xp, op) = (cpu.upload(&xs), cpu.upload(&vec![bf16::from_f32(-1.0); h * w]));
+                    dsl::block_copy::interpret(&mut cpu, grid, &cfg, &args(xp.cast(), op.cast())).unwrap();
+                    cpu.read(op).iter().map(|v| v.to_f64()).collect()
+                }
+                _ => {
+                    let xs: Vec<i32> = x.iter().map(|&v| v as i32).collect();
+                    let (xp, op) = (cpu.upload(&xs), cpu.upload(&vec![-1i32; h * w]));
+                    dsl::block_copy::interpret(&mut cpu, grid, &cfg, &args(xp.cast(), op.cast())).unwrap();
+                    cpu.read(op).iter().map(|&v| v as f64).collect()
+                }
+            };
+            // Integers in [-100, 100] are exact in every dtype here.
+            assert_eq!(got, want, "{dtype} case {seed}");
+        }
+    }
+
+    // A block that is not a power of two is a build error at the call.
+    let err = dsl::block_copy::build(&dsl::block_copy::Config::new(DType::F32, 16, 24)).unwrap_err();
+    let dsl_core::Error::Build { diagnostics, .. } = err else { panic!("expected a build error") };
+    let src = include_str!("../src/dsl.rs");
+    let line = src.lines().position(|l| l.contains("let tile = load_block(")).unwrap() + 1;
+    assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+    assert_eq!(diagnostics[0].loc.line as usize, line, "{}", diagnostics[0]);
+    assert!(
+        diagnostics[0].message.contains("two powers of two `[BR, BC]`, found [16, 24]"),
+        "{}",
+        diagnostics[0]
+    );
+}

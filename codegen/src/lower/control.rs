@@ -112,6 +112,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     // before the first copies land.
                     self.barrier()?;
                     self.in_pipeline += 1;
+                    if pl.bars.is_some() {
+                        // The TMA loads' stage mbarriers (`tma.rs`).
+                        self.mbar_init(pl)?;
+                        self.barrier()?;
+                    }
                     let at = |lw: &Self, j: usize| -> Result<IntValue<'ctx>> {
                         let jj = step.get_type().const_int(j as u64, false);
                         Ok(lw.b.build_int_add(lbi, lw.b.build_int_mul(step, jj, "")?, "")?)
@@ -145,11 +150,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                     None => None,
                 };
+                // The parity of the phase its TMA boxes complete (`tma.rs`).
+                let parity_phi = match &pipe {
+                    Some(pl) if pl.bars.is_some() => {
+                        let p = self.b.build_phi(self.ctx.i32_type(), "parity")?;
+                        p.add_incoming(&[(&self.i32c(0) as &dyn BasicValue<'ctx>, pre)]);
+                        Some(p)
+                    }
+                    _ => None,
+                };
                 let ivv = iv.as_basic_value().into_int_value();
                 let c = self.iv_less(signed, ivv, ub)?;
                 self.b.build_conditional_branch(c, body, exit)?;
                 self.b.position_at_end(body);
                 let mut next_stage = None;
+                let mut next_parity = None;
                 let mut fed_next: Vec<Regs<'ctx>> = Vec::new();
                 if let (Some(pl), Some(sp)) = (&pipe, stage_phi) {
                     let (s, ah) = (pl.stages, pl.ahead);
@@ -157,11 +172,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     // This iteration's tiles have landed (S - 2 younger groups
                     // may still fly), and every thread is done with the stage
                     // read last iteration, which the prefetch below refills.
-                    self.pipe_wait(ah - 1)?;
-                    if pl.wgmma {
-                        // `wgmma` reads the stage through the async proxy:
-                        // order this thread's landed copies before it.
-                        self.fence_proxy_async()?;
+                    if let Some(pp) = parity_phi {
+                        self.mbar_wait(pl, rs, pp.as_basic_value().into_int_value())?;
+                    }
+                    if pl.cp_async() {
+                        self.pipe_wait(ah - 1)?;
+                        if pl.wgmma {
+                            // `wgmma` reads the stage through the async proxy:
+                            // order this thread's landed copies before it.
+                            self.fence_proxy_async()?;
+                        }
                     }
                     self.barrier()?;
                     let ahead = step.get_type().const_int(ah as u64, false);
@@ -190,6 +210,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let inc = self.b.build_int_add(rs, self.i32c(1), "")?;
                     let wrap = self.b.build_int_compare(IntPredicate::EQ, inc, self.i32c(s as i64), "")?;
                     next_stage = Some(self.b.build_select(wrap, self.i32c(0), inc, "")?.into_int_value());
+                    if let Some(pp) = parity_phi {
+                        let p = pp.as_basic_value().into_int_value();
+                        let flipped = self.b.build_xor(p, self.i32c(1), "")?;
+                        next_parity = Some(self.b.build_select(wrap, flipped, p, "")?.into_int_value());
+                    }
                 }
                 let mut bargs = vec![vec![ivv.into()]];
                 bargs.extend(Self::phi_values(&phis));
@@ -201,6 +226,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 Self::add_incoming(&fed_phis, &fed_next, latch);
                 if let (Some(sp), Some(ns)) = (stage_phi, next_stage) {
                     sp.add_incoming(&[(&ns as &dyn BasicValue<'ctx>, latch)]);
+                }
+                if let (Some(pp), Some(np)) = (parity_phi, next_parity) {
+                    pp.add_incoming(&[(&np as &dyn BasicValue<'ctx>, latch)]);
                 }
                 self.b.build_unconditional_branch(head)?;
                 self.b.position_at_end(exit);
@@ -220,9 +248,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                 }
                 if let Some(pl) = &pipe {
-                    // Hand the ring region over: no copy in flight, no reader left.
-                    self.pipe_wait(0)?;
+                    // Hand the ring region over: no copy in flight, no reader
+                    // left (every TMA box issued was waited for in its iteration).
+                    if pl.cp_async() {
+                        self.pipe_wait(0)?;
+                    }
                     self.barrier()?;
+                    if pl.bars.is_some() {
+                        self.mbar_inval(pl)?;
+                    }
                     self.in_pipeline -= 1;
                     for ld in &pl.loads {
                         self.pipe_stage.remove(&ld.load);

@@ -356,6 +356,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let out = self.owners_to_replicas(&l, Elem::Scalar(d), out)?;
                 self.set(self.result(inst, 0)?, out);
             }
+            // `compile` expands every `load_block` into a masked `load` first
+            // (`dsl_core::passes::block_load`), so none reaches lowering.
+            MemoryOp::LoadBlock { .. } => {
+                return Err(Error::Llvm("load_block must be expanded before lowering".into()));
+            }
             MemoryOp::AtomicCas { sem, scope } => {
                 let (cmp, new) = (self.regs(args[1])?, self.regs(args[2])?);
                 let owner = self.owner_pred(&l)?;

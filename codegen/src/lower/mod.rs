@@ -30,6 +30,7 @@ mod pipeline;
 mod program;
 mod reduce;
 mod shape;
+mod tma;
 
 use crate::layout::Layout;
 use crate::mma::Lay;
@@ -106,16 +107,52 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub wgmma_pending: Vec<dot::PendingWgmma<'ctx>>,
     /// The compile options (the target selects sm_90-only instructions).
     pub opts: CompileOptions,
+    /// The generic addresses (i64) of the hidden tensor-map parameters
+    /// (`Pipeline::tensor_maps`).
+    pub tmaps: Vec<IntValue<'ctx>>,
 }
 
-/// Lowers `f` into `module` as a kernel; returns the dynamic shared memory it needs.
+/// What lowering a kernel decided that its launch needs.
+pub(crate) struct Lowered {
+    /// Dynamic shared memory in bytes.
+    pub smem_bytes: u32,
+    /// The hidden tensor-map parameters after the author's, in order.
+    pub tensor_maps: Vec<crate::tma::TensorMapSpec>,
+}
+
+/// Lowers `f` into `module` as a kernel (its `load_block`s expanded into the
+/// loads of `blocks`, see `dsl_core::passes::block_load`); returns what its
+/// launch needs.
 pub(crate) fn lower_function<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     f: &Function,
+    blocks: &FxHashMap<Inst, dsl_core::passes::block_load::BlockLoad>,
     opts: &CompileOptions,
-) -> Result<u32> {
+) -> Result<Lowered> {
     let threads = 32 * opts.num_warps as usize;
+    let axis = dsl_core::passes::axis::analyze(f);
+    // The narrowest element any load or store moves decides how many elements a
+    // chunk may hold, so that accesses can be 16 bytes wide.
+    let mut min_bytes = 4usize;
+    f.walk(|i| {
+        if let dsl_core::Op::Memory(
+            dsl_core::ir::ops::MemoryOp::Load { .. } | dsl_core::ir::ops::MemoryOp::Store { .. },
+        ) = &f.insts[i].op
+            && let Some(&p) = f.insts[i].args.first()
+        {
+            let d = f.ty(p).dtype();
+            if d != dsl_core::DType::I1 {
+                min_bytes = min_bytes.min(d.size_bytes());
+            }
+        }
+    });
+    let spt_cap = crate::layout::spt_cap_for(min_bytes);
+    let stages = opts.num_stages.max(1) as usize;
+    let mut mma = dot::plan::plan(f, threads / 32, opts.target, stages);
+    let pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages);
+    // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
+    mma.settle_wgmma(f, &pipe.wgmma);
     let mut params: Vec<BasicMetadataTypeEnum<'ctx>> = Vec::new();
     for p in &f.params {
         let ty = f.ty(p.value);
@@ -126,6 +163,11 @@ pub(crate) fn lower_function<'ctx>(
             )));
         }
         params.push(param_type(ctx, ty.elem).into());
+    }
+    // Hidden tensor-map parameters: 128-byte grid constants (`crate::tma`).
+    let ntm = pipe.tensor_maps.len();
+    for _ in 0..ntm {
+        params.push(ctx.ptr_type(AddressSpace::default()).into());
     }
     let fn_ty = ctx.void_type().fn_type(&params, false);
     let func = module.add_function(&f.name, fn_ty, None);
@@ -146,26 +188,20 @@ pub(crate) fn lower_function<'ctx>(
             pv.set_name(&p.name);
         }
     }
+    let map_ty = ctx.i8_type().array_type(128);
+    let kind = inkwell::attributes::Attribute::get_named_enum_kind_id;
+    for j in 0..ntm {
+        let at = AttributeLoc::Param((f.params.len() + j) as u32);
+        func.add_attribute(
+            at,
+            ctx.create_type_attribute(kind("byval"), inkwell::types::AnyType::as_any_type_enum(&map_ty)),
+        );
+        func.add_attribute(at, ctx.create_enum_attribute(kind("align"), 64));
+        func.add_attribute(at, ctx.create_string_attribute("nvvm.grid_constant", ""));
+    }
     let entry = ctx.append_basic_block(func, "entry");
     let b = ctx.create_builder();
     b.position_at_end(entry);
-    let axis = dsl_core::passes::axis::analyze(f);
-    // The narrowest element any load or store moves decides how many elements a
-    // chunk may hold, so that accesses can be 16 bytes wide.
-    let mut min_bytes = 4usize;
-    f.walk(|i| {
-        if let dsl_core::Op::Memory(
-            dsl_core::ir::ops::MemoryOp::Load { .. } | dsl_core::ir::ops::MemoryOp::Store { .. },
-        ) = &f.insts[i].op
-            && let Some(&p) = f.insts[i].args.first()
-        {
-            let d = f.ty(p).dtype();
-            if d != dsl_core::DType::I1 {
-                min_bytes = min_bytes.min(d.size_bytes());
-            }
-        }
-    });
-    let spt_cap = crate::layout::spt_cap_for(min_bytes);
     let mut lw = Lowerer {
         ctx,
         module,
@@ -181,20 +217,18 @@ pub(crate) fn lower_function<'ctx>(
         smem_bytes: 0,
         smem_floor: 0,
         in_pipeline: 0,
-        pipe: pipeline::Pipeline::default(),
+        pipe,
         pipe_stage: FxHashMap::default(),
         extra_pred: None,
-        mma: dot::plan::plan(f, threads / 32, opts.target, opts.num_stages.max(1) as usize),
+        mma,
         lays: layouts::Assignment::default(),
         blocked: FxHashMap::default(),
         overrides: FxHashMap::default(),
         afrags: FxHashMap::default(),
         wgmma_pending: Vec::new(),
         opts: *opts,
+        tmaps: Vec::new(),
     };
-    lw.pipe = pipeline::analyze(f, &lw.mma, &lw.axis, threads, spt_cap, opts.num_stages.max(1) as usize);
-    // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
-    lw.mma.settle_wgmma(f, &lw.pipe.wgmma);
     lw.lays = layouts::assign(f, &lw.mma);
     lw.smem_floor = lw.pipe.ring_bytes;
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
@@ -209,9 +243,19 @@ pub(crate) fn lower_function<'ctx>(
         };
         lw.vals.insert(p.value, vec![v]);
     }
+    for j in 0..ntm {
+        let i = f.params.len() + j;
+        let pv =
+            func.get_nth_param(i as u32).ok_or_else(|| Error::Llvm(format!("missing LLVM parameter {i}")))?;
+        pv.set_name(&format!("tensor_map_{j}"));
+        // The generic address of the grid constant (`cvta.param`).
+        let a = lw.b.build_ptr_to_int(pv.into_pointer_value(), ctx.i64_type(), "")?;
+        lw.tmaps.push(a);
+    }
     lw.lower_block(f.body_block())?;
     lw.b.build_return(None)?;
-    Ok(lw.smem_bytes)
+    let tensor_maps = lw.pipe.tensor_maps.clone();
+    Ok(Lowered { smem_bytes: lw.smem_bytes, tensor_maps })
 }
 
 /// The LLVM parameter type of a scalar kernel parameter (`i1` travels as `i32`).

@@ -70,11 +70,13 @@ use super::{Lowerer, Regs};
 use crate::Result;
 use crate::layout::Layout;
 use crate::mma::ROW_PAD;
+use crate::tma::TensorMapSpec;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
 use dsl_core::ir::ops::{CacheModifier, ControlOp, MemoryOp};
 use dsl_core::ir::{Block, Inst, Op, Value};
 use dsl_core::passes::axis::AxisAnalysis;
+use dsl_core::passes::block_load::BlockLoad;
 use inkwell::IntPredicate;
 use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -98,6 +100,21 @@ pub(crate) struct PipeLoad {
     /// Whether the stage holds 128-byte swizzle atoms for `wgmma`
     /// ([`atom_index`]) instead of swizzled or padded rows.
     pub atoms: bool,
+    /// Copied by the Tensor Memory Accelerator instead of `cp.async`.
+    pub tma: Option<TmaLoad>,
+}
+
+/// A pipelined `load_block` copied by the Tensor Memory Accelerator
+/// (`crate::tma`): one thread issues its boxes, which complete on the
+/// stage's mbarrier.
+#[derive(Clone, Debug)]
+pub(crate) struct TmaLoad {
+    /// Index of its tensor map among the kernel's hidden parameters.
+    pub map: usize,
+    /// Its first row (an i32 scalar of the body or from outside the loop).
+    pub row0: Value,
+    /// Its first column.
+    pub col0: Value,
 }
 
 /// The pipelining of one `for`.
@@ -124,12 +141,21 @@ pub(crate) struct PipeLoop {
     /// (one group left running across the iteration boundary still reads
     /// the stage of the previous iteration, so the prefetch skips it).
     pub ahead: usize,
+    /// With TMA loads: the byte offset in the ring region of the stages'
+    /// mbarriers (8 bytes each, one per stage).
+    pub bars: Option<u64>,
 }
 
 impl PipeLoop {
     /// Whether the body's `wgmma` groups are deferred ([`Pipeline::deferred`]).
     pub fn deferred(&self) -> bool {
         self.ahead + 2 == self.stages
+    }
+
+    /// Whether some load is copied by `cp.async` (not TMA): the loop then
+    /// commits and waits for `cp.async` groups.
+    pub fn cp_async(&self) -> bool {
+        self.loads.iter().any(|l| l.tma.is_none())
     }
 }
 
@@ -157,6 +183,8 @@ pub(crate) struct Pipeline {
     /// operand), used by nothing but the `yield`; their
     /// loop waits for them (`wait_group 0`) at its exit.
     pub deferred: FxHashSet<Inst>,
+    /// The kernel's hidden tensor-map parameters, in order (`crate::tma`).
+    pub tensor_maps: Vec<TensorMapSpec>,
 }
 
 /// Decides which loads of `f` are pipelined `stages` deep.
@@ -164,6 +192,7 @@ pub(crate) fn analyze(
     f: &Function,
     plan: &MmaPlan,
     axis: &AxisAnalysis,
+    blocks: &FxHashMap<Inst, BlockLoad>,
     threads: usize,
     spt_cap: usize,
     stages: usize,
@@ -217,7 +246,16 @@ pub(crate) fn analyze(
             slice.extend(s);
             let stage_bytes = ((ty.shape[0] * staged_cols(cols) * eb) as u64).div_ceil(16) * 16;
             let rows = ty.shape[0];
-            loads.push(PipeLoad { load: i, cols, stage_bytes, ring_off: 0, width: w, rows, atoms: false });
+            loads.push(PipeLoad {
+                load: i,
+                cols,
+                stage_bytes,
+                ring_off: 0,
+                width: w,
+                rows,
+                atoms: false,
+                tma: None,
+            });
             p.by_dot.insert(key, i);
             p.loads.insert(i);
         }
@@ -283,6 +321,22 @@ pub(crate) fn analyze(
             p.deferred.extend(ours);
         }
         let ahead = if defer { stages - 2 } else { stages - 1 };
+        // `load_block`s in swizzle atoms whose matrix the host can describe
+        // are copied by TMA boxes (`crate::tma`), which write exactly the
+        // atoms' layout.
+        for ld in loads.iter_mut().filter(|l| l.atoms) {
+            let Some(bl) = blocks.get(&ld.load) else { continue };
+            let dtype = f.ty(f.insts[ld.load].results[0]).dtype();
+            let Some(spec) = crate::tma::spec_for(f, bl, dtype) else { continue };
+            let map = match p.tensor_maps.iter().position(|s| *s == spec) {
+                Some(m) => m,
+                None => {
+                    p.tensor_maps.push(spec);
+                    p.tensor_maps.len() - 1
+                }
+            };
+            ld.tma = Some(TmaLoad { map, row0: bl.row0, col0: bl.col0 });
+        }
         let mut ring = 0u64;
         for ld in &mut loads {
             if ld.atoms {
@@ -291,6 +345,13 @@ pub(crate) fn analyze(
             ld.ring_off = ring;
             ring += ld.stage_bytes * stages as u64;
         }
+        // The mbarriers follow the rings; what follows them (the scratch
+        // region of the loop body) starts 128-byte aligned again.
+        let bars = loads.iter().any(|l| l.tma.is_some()).then(|| {
+            let at = ring.next_multiple_of(8);
+            ring = (at + 8 * stages as u64).next_multiple_of(128);
+            at
+        });
         p.ring_bytes = p.ring_bytes.max(ring);
         let ordered: Vec<Inst> = f.blocks[body].insts.iter().copied().filter(|i| slice.contains(i)).collect();
         // Slice ops whose every user is a pipelined load or such an op.
@@ -313,7 +374,7 @@ pub(crate) fn analyze(
         let mut feed_set = backward_slice(f, body, iv, &feed_roots, stores).unwrap_or_default();
         feed_set.extend(feed.iter().copied());
         let feed_slice = ordered.iter().copied().filter(|i| feed_set.contains(i)).collect();
-        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered, feed, feed_slice, wgmma, ahead });
+        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered, feed, feed_slice, wgmma, ahead, bars });
     }
     p
 }
@@ -501,18 +562,31 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             None => Vec::new(),
         };
         let loads = pl.loads.clone();
-        let addrs = self.with_slice(&pl.slice, (iv_arg, iv), valid, &fed, |lw| {
+        let (addrs, coords) = self.with_slice(&pl.slice, (iv_arg, iv), valid, &fed, |lw| {
             let mut addrs = Vec::with_capacity(loads.len());
+            let mut coords = Vec::new();
             for ld in &loads {
+                if let Some(t) = &ld.tma {
+                    let r = lw.regs(t.row0)?[0].into_int_value();
+                    let c = lw.regs(t.col0)?[0].into_int_value();
+                    coords.push((r, c));
+                    continue;
+                }
                 let args = lw.f.insts[ld.load].args.to_vec();
                 let p = lw.regs(args[0])?;
                 let m = if args.len() > 1 { Some(lw.regs(args[1])?) } else { None };
                 addrs.push((p, m));
             }
-            Ok(addrs)
+            Ok((addrs, coords))
         })?;
+        if !coords.is_empty() {
+            self.tma_issue(pl, stage, valid, &coords)?;
+        }
+        if !pl.cp_async() {
+            return Ok(());
+        }
         let ring = self.ring_base()?;
-        for (ld, (p, m)) in pl.loads.iter().zip(addrs) {
+        for (ld, (p, m)) in pl.loads.iter().filter(|l| l.tma.is_none()).zip(addrs) {
             let ty = self.f.ty(self.f.insts[ld.load].results[0]).clone();
             let l = self.layout(&ty);
             let base = self.thread_base(&l)?;

@@ -16,7 +16,7 @@
 //! internal errors, never as panics.
 
 use super::InterpError;
-use super::memory::{Access, Memory};
+use super::memory::{Access, BlockBox, Memory};
 use super::plan::Plan;
 use super::tile::{Class, Data, Tile, class_of, internal, map_data, pid_str};
 use super::{arith, atomic, cast, debug, dot, reduce, shape};
@@ -303,6 +303,17 @@ impl World<'_, '_> {
         let ptr = arg(0)?;
         let acc = Access { shape: &ptr.shape, dtype: ptr.dtype() };
         match *m {
+            MemoryOp::LoadBlock { rows: br, cols: bc, .. } => {
+                let mut s = [0i64; 6];
+                for (k, v) in s.iter_mut().enumerate() {
+                    *v = scalar_int(arg(k)?)?;
+                }
+                let [ptr, rows, cols, row_stride, row0, col0] = s;
+                let b = BlockBox { ptr, rows, cols, row_stride, row0, col0 };
+                let block = [br as usize, bc as usize];
+                let data = self.mem.load_block(acc.dtype, &b, block)?;
+                Ok(smallvec![Tile::new(Elem::Scalar(acc.dtype), Shape::from_slice(&block), data)])
+            }
             MemoryOp::Load { has_mask, has_other, .. } => {
                 let mask = if has_mask { Some(arg(1)?.ints()?) } else { None };
                 let other = if has_other { Some(&*arg(2)?.data) } else { None };

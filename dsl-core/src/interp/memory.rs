@@ -15,6 +15,13 @@
 //! different value is a write-write race; storing the same value is benign.
 //! Atomics never race and clear the shadow of the bytes they update.
 //!
+//! Block loads (`load_block`) are executed directly from their definition:
+//! the elements inside the matrix get their addresses (with the region check
+//! of `addptr`) and go through the masked load path, so they are bounds- and
+//! alignment-checked like any load; the others read nothing and are zero.
+//! This is deliberately independent of the op's expansion into a masked
+//! `load` (`crate::passes::block_load`), so each checks the other.
+//!
 //! Invariants: masked-off lanes never touch memory or the shadow; every access
 //! is bounds- and alignment-checked before any byte is read or written.
 
@@ -50,6 +57,22 @@ pub(crate) fn byte_offset(addr: i64) -> i64 {
 fn decode(addr: i64) -> (i64, i64) {
     let region = region_of(addr);
     (region - 1, addr.wrapping_sub(region.wrapping_shl(REGION_BITS)))
+}
+
+/// The scalar operands of one `load_block` (see `crate::ir::ops::memory`).
+pub(crate) struct BlockBox {
+    /// The matrix base address.
+    pub ptr: i64,
+    /// Rows of the matrix.
+    pub rows: i64,
+    /// Columns of the matrix.
+    pub cols: i64,
+    /// Elements between the starts of consecutive rows.
+    pub row_stride: i64,
+    /// The box's first row (may be negative).
+    pub row0: i64,
+    /// The box's first column (may be negative).
+    pub col0: i64,
 }
 
 /// The memory of one launch.
@@ -180,6 +203,46 @@ impl<'b> Memory<'b> {
                 lanes!(Int, 0, 8, |b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
             }
         })
+    }
+
+    /// Loads the `block` box of `b` of `dtype` elements: elements inside the
+    /// matrix are read (bounds- and alignment-checked like [`Memory::load`]),
+    /// the others are zero. An element offset that leaves the buffer's address
+    /// region is refused as `addptr` refuses it.
+    pub(crate) fn load_block(&self, dtype: DType, b: &BlockBox, block: [usize; 2]) -> Result<Data, String> {
+        let [br, bc] = block;
+        let size = dtype.size_bytes() as i64;
+        let mut ptrs = vec![0i64; br * bc];
+        let mut mask = vec![0i64; br * bc];
+        for i in 0..br {
+            let r = b.row0 + i as i64;
+            if r < 0 || r >= b.rows {
+                continue;
+            }
+            for j in 0..bc {
+                let c = b.col0 + j as i64;
+                if c < 0 || c >= b.cols {
+                    continue;
+                }
+                let lane = i * bc + j;
+                // |r * row_stride + c| < 2^62 + 2^31 for i32 operands: no overflow.
+                let off = r * b.row_stride + c;
+                let addr = off
+                    .checked_mul(size)
+                    .and_then(|bytes| b.ptr.checked_add(bytes))
+                    .filter(|&a| region_of(a) == region_of(b.ptr));
+                let Some(addr) = addr else {
+                    return Err(format!(
+                        "pointer offset {off} (x {size} bytes) at {} (row {r}, column {c} of the matrix) \
+                         moves the pointer out of its buffer's address range; no buffer is that large",
+                        lane_str(&block, lane)
+                    ));
+                };
+                ptrs[lane] = addr;
+                mask[lane] = 1;
+            }
+        }
+        self.load(&Access { shape: &block, dtype }, &ptrs, Some(&mask), None)
     }
 
     /// Reads `read(bytes)` for every active lane; inactive lanes take `other`

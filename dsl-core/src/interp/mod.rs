@@ -28,7 +28,7 @@
 //! - `arith.rs`, `cast.rs`, `shape.rs`, `dot.rs`, `reduce.rs`: op kernels that
 //!   process a whole tile per call in tight typed loops;
 //! - `memory.rs`, `atomic.rs`: pointers, bounds/alignment checks, loads,
-//!   stores, atomics and write-race detection;
+//!   block loads, stores, atomics and write-race detection;
 //! - `debug.rs`: checked hints, `assert`, `print`.
 //!
 //! Invariants: the interpreter never panics on kernel input (IR is verified
@@ -53,6 +53,8 @@ mod tile;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_block;
 #[cfg(test)]
 mod tests_errors;
 

@@ -1,9 +1,12 @@
-//! Loads, stores and atomics. Pointer, mask, `other` and value operands are
-//! broadcast to one shape; values are converted to the pointee dtype.
+//! Loads, stores, block loads and atomics. Pointer, mask, `other` and value
+//! operands are broadcast to one shape; values are converted to the pointee
+//! dtype. [`load_block`] takes a scalar pointer and `i32` scalars (the
+//! matrix extents, row stride and box origin) instead of a tile of pointers.
 
 use super::{Operand, Tensor, broadcast_value, literal};
 use crate::builder::{Ctx, broadcast_shapes, with_ctx};
 use crate::dtype::{DType, Elem, Type};
+use crate::ir::ops::memory::LOAD_BLOCK_OPERANDS;
 use crate::ir::ops::{
     ArithOp, AtomicKind, BinaryOp, CacheModifier, EvictionPolicy, MemScope, MemSem, MemoryOp,
 };
@@ -89,21 +92,25 @@ pub fn load_hinted(
     cache: CacheModifier,
     evict: EvictionPolicy,
 ) -> Tensor {
+    check_load_hints(cache, evict, &Location::caller(), "load");
+    load_with(ptr, mask, other, MemOpts { cache, evict, volatile: false })
+}
+
+/// Reports load hints PTX cannot express: a store-only cache modifier, or
+/// both a cache modifier and an eviction policy.
+fn check_load_hints(cache: CacheModifier, evict: EvictionPolicy, loc: &Location, what: &'static str) {
     if !matches!(cache, CacheModifier::None | CacheModifier::Ca | CacheModifier::Cg | CacheModifier::Cs) {
-        let loc = Location::caller();
-        with_ctx(|c| c.error(&loc, Some("load"), "a load's cache modifier is `.ca`, `.cg` or `.cs`".into()));
+        with_ctx(|c| c.error(loc, Some(what), "a load's cache modifier is `.ca`, `.cg` or `.cs`".into()));
     } else if cache != CacheModifier::None && evict != EvictionPolicy::Normal {
-        let loc = Location::caller();
         with_ctx(|c| {
             c.error(
-                &loc,
-                Some("load"),
+                loc,
+                Some(what),
                 "a load takes a `cache_modifier` or an `eviction_policy`, not both (PTX has no such load)"
                     .into(),
             )
         });
     }
-    load_with(ptr, mask, other, MemOpts { cache, evict, volatile: false })
 }
 
 /// [`load`] with cache/eviction hints.
@@ -150,6 +157,136 @@ pub fn load_with(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>, opts
         let v = c.push(Op::Memory(op), &vals, &loc, &[fallback])[0];
         c.handle(v)
     })
+}
+
+/// Loads the `block = [BR, BC]` tile at `(row0, col0)` of the row-major
+/// matrix `rows x cols` at the scalar pointer `ptr`, whose rows start
+/// `row_stride` elements apart (Triton's tensor-descriptor load):
+/// `out[i][j] = ptr[(row0 + i) * row_stride + col0 + j]` where
+/// `0 <= row0 + i < rows` and `0 <= col0 + j < cols`, and zero elsewhere
+/// (nothing is read there; `row0`/`col0` may be negative).
+///
+/// `rows`, `cols`, `row_stride`, `row0` and `col0` are `i32` scalars: kernel
+/// parameters, computed values or integer literals (`i8`/`u8`/`i16` scalars
+/// are widened; other dtypes are errors, convert them with `.to(i32)`).
+/// `BR` and `BC` are powers of two. On sm_90a the codegen may copy it with
+/// the Tensor Memory Accelerator; elsewhere it becomes a masked [`load`].
+#[track_caller]
+pub fn load_block(
+    ptr: Tensor,
+    rows: impl Into<Operand>,
+    cols: impl Into<Operand>,
+    row_stride: impl Into<Operand>,
+    row0: impl Into<Operand>,
+    col0: impl Into<Operand>,
+    block: impl AsRef<[usize]>,
+) -> Tensor {
+    let scalars = [rows.into(), cols.into(), row_stride.into(), row0.into(), col0.into()];
+    load_block_at(ptr, scalars, block.as_ref(), MemOpts::default(), &Location::caller())
+}
+
+/// [`load_block`] with the hints of [`load_hinted`] (what
+/// `load_block(..., eviction_policy = "evict_first")` in a kernel calls).
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub fn load_block_hinted(
+    ptr: Tensor,
+    rows: impl Into<Operand>,
+    cols: impl Into<Operand>,
+    row_stride: impl Into<Operand>,
+    row0: impl Into<Operand>,
+    col0: impl Into<Operand>,
+    block: impl AsRef<[usize]>,
+    cache: CacheModifier,
+    evict: EvictionPolicy,
+) -> Tensor {
+    let loc = Location::caller();
+    check_load_hints(cache, evict, &loc, "load_block");
+    let scalars = [rows.into(), cols.into(), row_stride.into(), row0.into(), col0.into()];
+    load_block_at(ptr, scalars, block.as_ref(), MemOpts { cache, evict, volatile: false }, &loc)
+}
+
+/// Builds a `load_block`; errors are reported at `loc`.
+fn load_block_at(
+    ptr: Tensor,
+    scalars: [Operand; 5],
+    block: &[usize],
+    opts: MemOpts,
+    loc: &Location,
+) -> Tensor {
+    with_ctx(|c| {
+        let what = "load_block";
+        let d = pointee(c, ptr, loc, what);
+        let pty = c.func.ty(ptr.value()).clone();
+        if d.is_some() && !pty.is_scalar() {
+            c.error(
+                loc,
+                Some(what),
+                format!(
+                    "`load_block` takes the matrix base as a scalar pointer, found {pty}; \
+                     for a tile of pointers use `load`"
+                ),
+            );
+        }
+        let [br, bc] = match *block {
+            [br, bc] if br.is_power_of_two() && bc.is_power_of_two() && u32::try_from(br.max(bc)).is_ok() => {
+                [br, bc]
+            }
+            _ => {
+                c.error(
+                    loc,
+                    Some(what),
+                    format!(
+                        "`load_block` takes a block of two powers of two `[BR, BC]`, found {}",
+                        crate::dtype::fmt_shape(block)
+                    ),
+                );
+                [1, 1]
+            }
+        };
+        let mut vals = vec![ptr.value()];
+        for (k, s) in scalars.into_iter().enumerate() {
+            vals.push(index_scalar(c, s, LOAD_BLOCK_OPERANDS[k + 1], loc));
+        }
+        let elem = Elem::Scalar(d.unwrap_or(DType::F32));
+        let fallback = Type::tile(elem, &[br, bc]);
+        if d.is_none() || !pty.is_scalar() {
+            let v = c.placeholder(&fallback, loc);
+            return c.handle(v);
+        }
+        let op =
+            MemoryOp::LoadBlock { rows: br as u32, cols: bc as u32, cache: opts.cache, evict: opts.evict };
+        let v = c.push(Op::Memory(op), &vals, loc, &[fallback])[0];
+        c.handle(v)
+    })
+}
+
+/// An `i32` scalar operand of `load_block` named `what`: literals become
+/// constants, narrower integer scalars are widened; anything else is reported
+/// and replaced by a zero.
+fn index_scalar(c: &mut Ctx, s: Operand, what: &str, loc: &Location) -> Value {
+    let found = match s {
+        Operand::Tensor(t) => {
+            c.check(t);
+            let ty = c.func.ty(t.value()).clone();
+            match ty.elem {
+                _ if !ty.is_scalar() => format!("the tile {ty}"),
+                Elem::Scalar(DType::I32) => return t.value(),
+                Elem::Scalar(DType::I8 | DType::U8 | DType::I16) => {
+                    return super::cast_to(c, t.value(), DType::I32, loc);
+                }
+                Elem::Scalar(d) if d.is_int() && d != DType::I1 => {
+                    format!("{ty} (convert it with `.to(i32)` where the values fit)")
+                }
+                _ => ty.to_string(),
+            }
+        }
+        Operand::Int(_) => return literal(c, s, DType::I32, loc),
+        Operand::Float(f) => format!("the float literal {f}"),
+        Operand::Bool(b) => format!("the bool literal {b}"),
+    };
+    c.error(loc, Some("load_block"), format!("`load_block` takes `{what}` as an i32 scalar, found {found}"));
+    c.constant(crate::ir::Scalar::zero(DType::I32), loc)
 }
 
 /// Stores `value` (converted to the pointee dtype) to `ptr` where `mask` is true.
@@ -248,4 +385,99 @@ pub fn atomic_cas(ptr: Tensor, cmp: impl Into<Operand>, value: impl Into<Operand
         let v = c.push(Op::Memory(op), &vals, &loc, &[fallback])[0];
         c.handle(v)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ir::Op;
+    use crate::ir::ops::{CacheModifier, EvictionPolicy, MemoryOp};
+    use crate::lang::*;
+    use crate::{Error, Function};
+
+    /// The diagnostics of a build that must fail, as `(line, message)`.
+    fn diagnostics(body: impl FnOnce()) -> Vec<(u32, String)> {
+        match KernelBuilder::new("k").build(body) {
+            Err(Error::Build { diagnostics, .. }) => {
+                diagnostics.into_iter().map(|d| (d.loc.line, d.message)).collect()
+            }
+            other => panic!("expected build errors, got {other:?}"),
+        }
+    }
+
+    /// The `load_block` ops of `f` and the dtypes of their operands.
+    fn load_blocks(f: &Function) -> Vec<(MemoryOp, Vec<DType>)> {
+        let mut out = Vec::new();
+        f.walk(|i| {
+            if let Op::Memory(m @ MemoryOp::LoadBlock { .. }) = &f.insts[i].op {
+                out.push((m.clone(), f.insts[i].args.iter().map(|&a| f.ty(a).dtype()).collect()));
+            }
+        });
+        out
+    }
+
+    #[test]
+    fn load_block_takes_literals_params_and_narrow_integers() {
+        let f = KernelBuilder::new("k")
+            .build(|| {
+                let x = param_ptr("x", DType::F16);
+                let rows = param_scalar("rows", DType::I32);
+                let col0 = param_scalar("col0", DType::I16);
+                let t = load_block(x, rows, 100, 128, program_id(0) * 16, col0, [16, 32]);
+                assert_eq!((t.shape(), t.dtype()), (vec![16, 32], DType::F16));
+                let hint = CacheModifier::Cg;
+                let u = load_block_hinted(x, rows, 100, 128, -3, 0, [1, 64], hint, EvictionPolicy::Normal);
+                assert_eq!(u.shape(), vec![1, 64]);
+                store(x + arange(0, 32), sum(t, 0), None);
+                store(x + arange(0, 64), sum(u, 0), None);
+            })
+            .unwrap();
+        let ops = load_blocks(&f);
+        assert_eq!(ops.len(), 2);
+        let i32s = [DType::I32; 5];
+        for (k, (op, dts)) in ops.iter().enumerate() {
+            assert_eq!(dts[0], DType::F16);
+            assert_eq!(dts[1..], i32s, "operands of load_block {k}");
+            let MemoryOp::LoadBlock { rows, cols, cache, .. } = *op else { unreachable!() };
+            let want = if k == 0 { (16, 32, CacheModifier::None) } else { (1, 64, CacheModifier::Cg) };
+            assert_eq!((rows, cols, cache), want);
+        }
+    }
+
+    #[test]
+    fn load_block_reports_bad_operands_at_the_call() {
+        let line = std::cell::Cell::new(0);
+        let d = diagnostics(|| {
+            let x = param_ptr("x", DType::F32);
+            let n = param_scalar("n", DType::I64);
+            let i = param_scalar("i", DType::I32);
+            line.set(line!() + 1);
+            load_block(i, 4, 4, 4, 0, 0, [4, 4]);
+            load_block(x + arange(0, 4), 4, 4, 4, 0, 0, [4, 4]);
+            load_block(x, 4, 4, 4, 0, 0, [4, 3]);
+            load_block(x, 4, 4, 4, 0, 0, [4]);
+            load_block(x, n, 4, 4, 0, 0, [4, 4]);
+            load_block(x, 4, 2.5, arange(0, 4), true, 1i64 << 40, [4, 4]);
+            load_block_hinted(x, 4, 4, 4, 0, 0, [4, 4], CacheModifier::Cg, EvictionPolicy::First);
+            load_block_hinted(x, 4, 4, 4, 0, 0, [4, 4], CacheModifier::Wb, EvictionPolicy::Normal);
+        });
+        let l = line.get();
+        let want: Vec<(u32, &str)> = vec![
+            (l, "`load_block` needs a pointer, found i32"),
+            (l + 1, "`load_block` takes the matrix base as a scalar pointer, found tensor<4xptr<f32>>"),
+            (l + 2, "`load_block` takes a block of two powers of two `[BR, BC]`, found [4, 3]"),
+            (l + 3, "`load_block` takes a block of two powers of two `[BR, BC]`, found [4]"),
+            (l + 4, "`load_block` takes `rows` as an i32 scalar, found i64 (convert it with `.to(i32)`"),
+            (l + 5, "`load_block` takes `cols` as an i32 scalar, found the float literal 2.5"),
+            (l + 5, "`load_block` takes `row_stride` as an i32 scalar, found the tile tensor<4xi32>"),
+            (l + 5, "`load_block` takes `row0` as an i32 scalar, found the bool literal true"),
+            (l + 5, "integer literal 1099511627776 does not fit in i32"),
+            (l + 6, "not both"),
+            (l + 7, "a load's cache modifier is `.ca`, `.cg` or `.cs`"),
+        ];
+        assert_eq!(d.len(), want.len(), "{d:#?}");
+        for ((dl, dm), (wl, wm)) in d.iter().zip(&want) {
+            assert_eq!(*dl, *wl, "{dm}");
+            assert!(dm.contains(wm), "`{dm}` lacks `{wm}`");
+        }
+    }
 }

@@ -375,6 +375,9 @@ impl Analyzer<'_> {
                 }
                 (info, false)
             }
+            // A block load's elements come from distinct addresses: it is data,
+            // with no facts (the codegen analyzes its expansion instead).
+            Op::Memory(MemoryOp::LoadBlock { .. }) => (AxisInfo::unknown(out.rank()), false),
             // Atomics read memory another lane may change; scans, dots and
             // custom reductions mix elements: no facts.
             _ => (AxisInfo::unknown(out.rank()), false),

@@ -1,17 +1,22 @@
-//! Target-independent passes: canonicalization (constant folding, DCE, CSE)
-//! and the axis analysis codegen uses to vectorize and coalesce accesses.
+//! Target-independent passes: canonicalization (constant folding, DCE, CSE),
+//! the `load_block` expansion, and the axis analysis codegen uses to
+//! vectorize and coalesce accesses.
 //!
 //! One file per pass: [`canonicalize`] drives folding and control-flow
 //! simplification to a fixed point together with [`cse`] and [`dce`], which can
-//! also run alone; [`axis`] is an analysis and never changes the IR. `eval`
-//! holds the exact scalar evaluation both share.
+//! also run alone; [`axis`] is an analysis and never changes the IR;
+//! [`block_load`] expands `load_block` into a masked `load` (the codegen runs
+//! it; the interpreter executes `load_block` itself). `eval` holds the exact
+//! scalar evaluation both share.
 //!
 //! Invariant: every transformation leaves IR that `crate::verify::verify`
 //! accepts and that computes what the input computed (as the interpreter
 //! defines it), except that an instruction whose result is unused and that has
-//! no side effects may disappear with the errors it would have raised.
+//! no side effects may disappear with the errors it would have raised, and
+//! that the `load_block` expansion computes offsets in `i32` (see there).
 
 pub mod axis;
+pub mod block_load;
 pub mod canonicalize;
 pub mod cse;
 pub mod dce;
@@ -24,6 +29,8 @@ pub use dce::dce;
 
 #[cfg(test)]
 mod axis_tests;
+#[cfg(test)]
+mod block_load_tests;
 #[cfg(test)]
 mod canonicalize_tests;
 #[cfg(test)]

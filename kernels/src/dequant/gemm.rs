@@ -207,9 +207,9 @@ pub fn gemm_swap(
     let w_idx = reshape(broadcast_to(expand_dims(word3, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
     let s2 = row_blocks + expand_dims(h / 2, 0);
     let s_idx = reshape(broadcast_to(expand_dims(s2, 2), [block_n, hq, 16]), [block_n, block_k]);
-    let rm = minimum(program_id(0) * block_m + arange(0, block_m), m - 1);
-    let xk = expand_dims(arange(0, block_k), 0);
-    let x_offs = expand_dims(rm * k, 1) + xk;
+    // The activation tiles are boxes of the row-major `[M, K]` x (rows past
+    // `M` and columns past `K` read as zero); on sm_90a TMA copies them.
+    let m0 = program_id(0) * block_m;
     let qw = ptrcast(q_ptr, i32);
     let mut acc = zeros([block_n, block_m], f32);
     let k_full = k / block_k * block_k;
@@ -223,7 +223,7 @@ pub fn gemm_swap(
         let nk = minimum(k0 + block_k, k_full - block_k);
         let wd_next = load(qw + (w_idx + nk / 32 * wpb));
         let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, have, q8, has_min);
-        let x = load(x_ptr + (x_offs + k0));
+        let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
         acc = dot_swapped(swap_weights(wd, nib, e8, sr, q8, has_min), x, acc, dt);
         wd = wd_next;
         sr = sr_next;
@@ -238,7 +238,7 @@ pub fn gemm_swap(
         let ts = reshape(broadcast_to(expand_dims(ts2, 2), [block_n, hq, 16]), [block_n, block_k]);
         let sr = swap_scale_load(s_ptr, ts, k0 < k, q8, has_min);
         let w = swap_weights(load(qw + tw_idx), nib, e8, sr, q8, has_min);
-        let x = load(x_ptr + (x_offs + k0), mask = xk < k - k0, other = 0.0);
+        let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
         acc = dot_swapped(w, x, acc, dt);
     }
     gemm_epilogue(trans(acc), out_ptr, m, n, silu, block_m, block_n);

@@ -28,7 +28,8 @@
 //! the next synchronizing call ([`Gpu::synchronize`], a download).
 
 use super::autotune::{self, CacheEntry, TuneKey, Tuner};
-use super::device::{DevPtr, Gpu, LoadedKernel};
+use super::device::{DevBuf, DevPtr, Gpu, LoadedKernel};
+use super::tma::{MAX_MAPS, TensorMap};
 use super::validate::{KernelParam, OffsetRule, RawDevPtr, validate_args_into, validate_grid};
 use crate::error::{Error, Result};
 use codegen::{CompileOptions, Compiled, PtxCache, Target};
@@ -70,6 +71,23 @@ pub struct Prepared {
     /// launched overlapping the previous kernel (programmatic dependent
     /// launch).
     pub overlap: bool,
+    /// For kernels with hidden tensor maps: 256 zeroed bytes that the map of
+    /// an empty matrix points at (see [`super::tma`]).
+    pub zeros: Option<DevBuf<u8>>,
+}
+
+impl Prepared {
+    /// Encodes the hidden tensor maps of a launch with the packed `params`
+    /// into `out`; returns how many.
+    pub fn encode_maps(&self, params: &[KernelParam], out: &mut [TensorMap; MAX_MAPS]) -> Result<usize> {
+        let specs = &self.compiled.tensor_maps;
+        if specs.is_empty() {
+            return Ok(0);
+        }
+        let zeros = self.zeros.as_ref().map_or(0, |z| z.device_addr());
+        super::tma::encode_all(specs, params, zeros, out)
+            .map_err(|message| Error::Launch { kernel: self.name.to_string(), message })
+    }
 }
 
 /// The CUDA backend: a [`Gpu`] plus the compile and specialization caches.
@@ -263,6 +281,7 @@ impl Cuda {
         let kernel = self.gpu.load_kernel(&compiled.name, &compiled.ptx, compiled.shared_bytes)?;
         let offsets = OffsetRule::of(&func);
         let overlap = self.overlap && func.waits_on_grid();
+        let zeros = if compiled.tensor_maps.is_empty() { None } else { Some(self.gpu.upload(&[0u8; 256])?) };
         Ok(Arc::new(Prepared {
             func,
             offsets,
@@ -273,6 +292,7 @@ impl Cuda {
             config_key,
             mask,
             overlap,
+            zeros,
         }))
     }
 
@@ -298,7 +318,9 @@ impl Cuda {
         if !validate_grid(grid, self.gpu.info().grid).map_err(launch_err)? {
             return Ok(());
         }
-        self.gpu.launch_raw(&p.kernel, grid, p.threads, &params[..n], p.overlap)
+        let mut maps = [super::tma::blank(); MAX_MAPS];
+        let nm = p.encode_maps(&params[..n], &mut maps)?;
+        self.gpu.launch_raw(&p.kernel, grid, p.threads, &params[..n], &maps[..nm], p.overlap)
     }
 }
 

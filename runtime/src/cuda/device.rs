@@ -303,9 +303,10 @@ impl Gpu {
         grid: [u32; 3],
         threads: u32,
         params: &[KernelParam],
+        maps: &[super::tma::TensorMap],
         overlap: bool,
     ) -> Result<()> {
-        let n = params.len();
+        let n = params.len() + maps.len();
         if n > MAX_LAUNCH_PARAMS {
             return Err(Error::Launch {
                 kernel: kernel.name.clone(),
@@ -321,6 +322,11 @@ impl Gpu {
         for (ptr, slot) in ptrs.iter_mut().zip(slots.iter_mut()) {
             *ptr = slot as *mut u64 as *mut c_void;
         }
+        // The hidden tensor maps follow the kernel's parameters, each passed
+        // by pointer to its 128 bytes.
+        for (ptr, m) in ptrs[params.len()..].iter_mut().zip(maps) {
+            *ptr = m as *const super::tma::TensorMap as *mut c_void;
+        }
         if overlap {
             return self.launch_overlapping(kernel, grid, threads, &mut ptrs[..n]);
         }
@@ -329,8 +335,10 @@ impl Gpu {
         // against the IR the PTX was compiled from), each to an 8-byte slot
         // holding the parameter's value in its first bytes, alive until this
         // call returns (the driver copies parameters at launch, also when the
-        // launch is captured into a graph). Pointer parameters are addresses
-        // of live allocations borrowed by the caller's `DevPtr`s.
+        // launch is captured into a graph), then one pointer per hidden
+        // tensor map to its 128 bytes in `maps`, also alive until the call
+        // returns. Pointer parameters are addresses of live allocations
+        // borrowed by the caller's `DevPtr`s.
         unsafe {
             result::launch_kernel(
                 kernel.func.cu_function(),

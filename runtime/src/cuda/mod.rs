@@ -12,6 +12,7 @@
 pub mod autotune;
 pub mod backend;
 pub mod device;
+pub mod tma;
 pub mod validate;
 
 pub use backend::{CompileProgress, Cuda, MAX_PARAMS, Prepared, mask_of_args, target_for};

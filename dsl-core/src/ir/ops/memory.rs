@@ -1,10 +1,20 @@
-//! Memory ops: masked loads and stores, atomics.
+//! Memory ops: masked loads and stores, 2-D block loads, atomics.
 //!
 //! Semantics: a masked-off lane neither reads nor writes memory; a masked-off
 //! load lane yields `other` (or zero when there is no `other`). Atomics return
 //! the value in memory before the update.
+//!
+//! `load_block` (Triton's tensor-descriptor load) reads a `[BR, BC]` box of
+//! the row-major matrix `rows x cols` with leading stride `row_stride` (inner
+//! stride 1) at `(row0, col0)`: element `[i, j]` is
+//! `ptr[(row0 + i) * row_stride + col0 + j]` where `0 <= row0 + i < rows` and
+//! `0 <= col0 + j < cols`, and zero elsewhere (nothing is read there;
+//! negative offsets are allowed). It is what a Hopper TMA copy does; the
+//! codegen either lowers it that way or first expands it into an ordinary
+//! masked `load` (`crate::passes::block_load`). Like a non-volatile `load`,
+//! it has no side effects.
 
-use super::{Attr, Attrs, attr_flag, attr_word, expect_args, same_shapes};
+use super::{Attr, Attrs, attr_flag, attr_int, attr_word, expect_args, same_shapes};
 use crate::dtype::{DType, Elem, Type};
 
 /// Cache modifier of a load or store (PTX `.ca`, `.cg`, `.cs`, `.wb`, ...).
@@ -97,6 +107,21 @@ pub enum MemoryOp {
         evict: EvictionPolicy,
         /// Volatile load (never cached or merged).
         volatile: bool,
+    },
+    /// `load_block ptr, rows, cols, row_stride, row0, col0 {br, bc}`: the
+    /// `[br, bc]` tile of the pointee dtype at `(row0, col0)` of the
+    /// row-major matrix `rows x cols` with leading stride `row_stride`
+    /// (zero outside the matrix; see the module documentation). `ptr` is a
+    /// scalar pointer, the other operands are `i32` scalars.
+    LoadBlock {
+        /// Rows of the block (`br`, a power of two): the result's dimension 0.
+        rows: u32,
+        /// Columns of the block (`bc`, a power of two): the result's dimension 1.
+        cols: u32,
+        /// Cache modifier.
+        cache: CacheModifier,
+        /// Eviction policy.
+        evict: EvictionPolicy,
     },
     /// `store ptr, value [, mask]`: no results.
     Store {
@@ -211,15 +236,16 @@ impl MemoryOp {
     pub fn name(&self) -> &'static str {
         match self {
             MemoryOp::Load { .. } => "load",
+            MemoryOp::LoadBlock { .. } => "load_block",
             MemoryOp::Store { .. } => "store",
             MemoryOp::Atomic { kind, .. } => kind.name(),
             MemoryOp::AtomicCas { .. } => "atomic_cas",
         }
     }
 
-    /// True for ops that write memory.
+    /// True for ops that write memory (or read it volatile).
     pub fn has_side_effects(&self) -> bool {
-        !matches!(self, MemoryOp::Load { volatile: false, .. })
+        !matches!(self, MemoryOp::Load { volatile: false, .. } | MemoryOp::LoadBlock { .. })
     }
 
     /// Attributes for printing (defaults are omitted).
@@ -245,6 +271,11 @@ impl MemoryOp {
                 if volatile {
                     a.push(("volatile", Attr::Flag));
                 }
+            }
+            MemoryOp::LoadBlock { rows, cols, cache, evict } => {
+                a.push(("br", Attr::Int(i64::from(rows))));
+                a.push(("bc", Attr::Int(i64::from(cols))));
+                hints(&mut a, cache, evict);
             }
             MemoryOp::Store { has_mask, cache, evict } => {
                 if has_mask {
@@ -282,6 +313,14 @@ impl MemoryOp {
                 evict,
                 volatile: attr_flag(attrs, "volatile"),
             },
+            "load_block" => {
+                let dim = |key: &str| -> Result<u32, String> {
+                    let v = attr_int(attrs, key)?;
+                    u32::try_from(v)
+                        .map_err(|_| format!("block dimension `{key}` must be in 0..2^32, found {v}"))
+                };
+                MemoryOp::LoadBlock { rows: dim("br")?, cols: dim("bc")?, cache, evict }
+            }
             "store" => MemoryOp::Store { has_mask, cache, evict },
             "atomic_cas" => MemoryOp::AtomicCas { sem, scope },
             _ => match ATOMICS.iter().find(|(_, n)| *n == name) {
@@ -294,6 +333,9 @@ impl MemoryOp {
     /// Result types.
     pub fn infer(&self, args: &[Type]) -> Result<Vec<Type>, String> {
         let name = self.name();
+        if let MemoryOp::LoadBlock { rows, cols, .. } = *self {
+            return infer_load_block(rows, cols, args);
+        }
         let ptr = args.first().ok_or(format!("`{name}` needs a pointer operand"))?;
         let pointee = match ptr.elem {
             Elem::Ptr(d) => d,
@@ -327,6 +369,8 @@ impl MemoryOp {
                 }
                 Ok(vec![value_ty])
             }
+            // Checked above, before operand 0 must be a pointer of any shape.
+            MemoryOp::LoadBlock { rows, cols, .. } => infer_load_block(rows, cols, args),
             MemoryOp::Store { has_mask, .. } => {
                 expect_args(name, args, 2 + has_mask as usize)?;
                 same_shapes(name, args)?;
@@ -378,5 +422,103 @@ impl MemoryOp {
                 Ok(vec![value_ty])
             }
         }
+    }
+}
+
+/// The names of `load_block`'s operands, in order.
+pub const LOAD_BLOCK_OPERANDS: [&str; 6] = ["ptr", "rows", "cols", "row_stride", "row0", "col0"];
+
+/// Result type of `load_block` with a `[br, bc]` block: operand 0 a scalar
+/// pointer, operands 1 to 5 `i32` scalars, both block dimensions powers of two.
+fn infer_load_block(br: u32, bc: u32, args: &[Type]) -> Result<Vec<Type>, String> {
+    expect_args("load_block", args, LOAD_BLOCK_OPERANDS.len())?;
+    let ptr = &args[0];
+    let pointee = match ptr.elem {
+        Elem::Ptr(d) if ptr.is_scalar() => d,
+        _ => {
+            return Err(format!(
+                "`load_block` needs a scalar pointer (the matrix base) as operand 0 (`ptr`), found {ptr}"
+            ));
+        }
+    };
+    for (k, t) in args.iter().enumerate().skip(1) {
+        if !t.is_scalar() || t.elem != Elem::Scalar(DType::I32) {
+            return Err(format!(
+                "`load_block` operand {k} (`{}`) must be an i32 scalar, found {t}",
+                LOAD_BLOCK_OPERANDS[k]
+            ));
+        }
+    }
+    if !br.is_power_of_two() || !bc.is_power_of_two() {
+        return Err(format!("`load_block` block dimensions must be powers of two, found [{br}, {bc}]"));
+    }
+    Ok(vec![Type::tile(Elem::Scalar(pointee), &[br as usize, bc as usize])])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lb(br: u32, bc: u32) -> MemoryOp {
+        MemoryOp::LoadBlock { rows: br, cols: bc, cache: CacheModifier::None, evict: EvictionPolicy::Normal }
+    }
+
+    fn args(ptr: Type) -> Vec<Type> {
+        let mut a = vec![ptr];
+        a.extend(std::iter::repeat_n(Type::scalar(DType::I32), 5));
+        a
+    }
+
+    #[test]
+    fn load_block_infers_the_block_of_the_pointee() {
+        let t = lb(64, 32).infer(&args(Type::ptr(DType::BF16))).unwrap();
+        assert_eq!(t, vec![Type::tile(Elem::Scalar(DType::BF16), &[64, 32])]);
+        assert!(!lb(64, 32).has_side_effects());
+        assert_eq!(lb(1, 1).infer(&args(Type::ptr(DType::I32))).unwrap()[0].shape.as_slice(), &[1, 1]);
+    }
+
+    #[test]
+    fn load_block_rejects_malformed_operands() {
+        let err = |op: MemoryOp, a: &[Type]| op.infer(a).unwrap_err();
+        let ptr = Type::ptr(DType::F32);
+        assert_eq!(err(lb(8, 8), &args(ptr.clone())[..5]), "`load_block` takes 6 operand(s), found 5");
+        let e = err(lb(8, 8), &args(Type::scalar(DType::I32)));
+        assert!(
+            e.contains("needs a scalar pointer (the matrix base) as operand 0 (`ptr`), found i32"),
+            "{e}"
+        );
+        let e = err(lb(8, 8), &args(Type::tile(Elem::Ptr(DType::F32), &[8])));
+        assert!(e.contains("needs a scalar pointer"), "{e}");
+        for (k, name) in LOAD_BLOCK_OPERANDS.iter().enumerate().skip(1) {
+            for bad in [Type::scalar(DType::I64), Type::tile(Elem::Scalar(DType::I32), &[2]), ptr.clone()] {
+                let mut a = args(ptr.clone());
+                a[k] = bad.clone();
+                let e = err(lb(8, 8), &a);
+                assert_eq!(
+                    e,
+                    format!("`load_block` operand {k} (`{name}`) must be an i32 scalar, found {bad}")
+                );
+            }
+        }
+        let e = err(lb(8, 12), &args(ptr.clone()));
+        assert_eq!(e, "`load_block` block dimensions must be powers of two, found [8, 12]");
+        assert!(err(lb(0, 8), &args(ptr)).contains("powers of two"));
+    }
+
+    #[test]
+    fn load_block_attributes_round_trip() {
+        let op = MemoryOp::LoadBlock {
+            rows: 16,
+            cols: 64,
+            cache: CacheModifier::Cg,
+            evict: EvictionPolicy::Normal,
+        };
+        let attrs: Vec<(String, Attr)> = op.attrs().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert_eq!(attrs.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["br", "bc", "cache"],);
+        assert_eq!(MemoryOp::parse("load_block", &attrs), Ok(Some(op)));
+        let missing = vec![("br".to_string(), Attr::Int(4))];
+        assert_eq!(MemoryOp::parse("load_block", &missing), Err("missing attribute `bc`".to_string()));
+        let negative = vec![("br".to_string(), Attr::Int(-4)), ("bc".to_string(), Attr::Int(4))];
+        assert!(MemoryOp::parse("load_block", &negative).unwrap_err().contains("found -4"));
     }
 }

@@ -1,0 +1,165 @@
+//! Tensor Memory Accelerator copies of pipelined `load_block`s (sm_90a; see
+//! `crate::tma` for the tensor maps and `pipeline.rs` for the schedule).
+//!
+//! Each stage of a loop with TMA loads has an mbarrier (8 bytes in the ring
+//! region, `PipeLoop::bars`). Thread 0 initializes them (arrival count 1)
+//! before the prologue; copying iteration `t` into stage `s = t mod S`, it
+//! arrives on stage `s`'s barrier announcing the bytes of every box of that
+//! stage (`expect_tx`) and issues the boxes, which complete the transaction
+//! on that barrier as they land. Iteration `t` waits, in every thread, for
+//! phase `(t / S) mod 2` of its stage's barrier (the loop carries that
+//! parity, flipping it when the stage wraps). The loop's barrier after the
+//! wait still guarantees that nobody reads a stage the next boxes overwrite.
+//! At the exit, after the loop's last barrier, thread 0 invalidates the
+//! mbarriers and one more barrier hands their bytes back to other uses.
+
+use super::Lowerer;
+use super::pipeline::PipeLoop;
+use crate::Result;
+use crate::tma::{BOX_COLS, MAX_BOX_ROWS};
+use inkwell::IntPredicate;
+use inkwell::values::{BasicValueEnum, IntValue};
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// The shared-memory address (32 bits) of the mbarrier of stage `stage` of `pl`.
+    fn mbar_addr(&mut self, pl: &PipeLoop, stage: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let bars = pl.bars.expect("a loop with TMA loads has stage mbarriers");
+        let ring = self.smem_raw()?;
+        let base = self.b.build_ptr_to_int(ring, self.ctx.i32_type(), "")?;
+        let off = self.b.build_int_add(
+            self.b.build_int_mul(stage, self.i32c(8), "")?,
+            self.i32c(bars as i64),
+            "",
+        )?;
+        Ok(self.b.build_int_add(base, off, "")?)
+    }
+
+    /// The addresses of every stage's mbarrier of `pl`.
+    fn mbar_addrs(&mut self, pl: &PipeLoop) -> Result<Vec<IntValue<'ctx>>> {
+        (0..pl.stages).map(|s| self.mbar_addr(pl, self.i32c(s as i64))).collect()
+    }
+
+    /// `tid == 0`, the thread that drives the mbarriers and issues the boxes.
+    fn tma_leader(&self) -> Result<IntValue<'ctx>> {
+        Ok(self.b.build_int_compare(IntPredicate::EQ, self.tid, self.i32c(0), "")?)
+    }
+
+    /// Initializes the stage mbarriers of `pl` (thread 0; every thread must
+    /// pass a barrier before using them).
+    pub(super) fn mbar_init(&mut self, pl: &PipeLoop) -> Result<()> {
+        let addrs = self.mbar_addrs(pl)?;
+        let leader = self.tma_leader()?;
+        self.if_then(leader, |lw| {
+            for a in &addrs {
+                lw.asm("mbarrier.init.shared::cta.b64 [$0], 1;", "r,~{memory}", None, &[(*a).into()])?;
+            }
+            // The initialization becomes visible to the async proxy (the
+            // copies' complete-tx) before any box is issued.
+            lw.asm("fence.mbarrier_init.release.cluster;", "~{memory}", None, &[])?;
+            Ok(())
+        })
+    }
+
+    /// Invalidates the stage mbarriers of `pl` (thread 0, after every thread's
+    /// last wait), then a barrier: their bytes may be reused.
+    pub(super) fn mbar_inval(&mut self, pl: &PipeLoop) -> Result<()> {
+        let addrs = self.mbar_addrs(pl)?;
+        let leader = self.tma_leader()?;
+        self.if_then(leader, |lw| {
+            for a in &addrs {
+                lw.asm("mbarrier.inval.shared::cta.b64 [$0];", "r,~{memory}", None, &[(*a).into()])?;
+            }
+            Ok(())
+        })?;
+        self.barrier()
+    }
+
+    /// Waits (every thread) until phase `parity` (an i32, 0 or 1) of stage
+    /// `stage`'s mbarrier completed: its boxes landed.
+    pub(super) fn mbar_wait(
+        &mut self,
+        pl: &PipeLoop,
+        stage: IntValue<'ctx>,
+        parity: IntValue<'ctx>,
+    ) -> Result<()> {
+        let addr = self.mbar_addr(pl, stage)?;
+        let head = self.ctx.append_basic_block(self.func, "mbar.wait");
+        let done = self.ctx.append_basic_block(self.func, "mbar.done");
+        self.b.build_unconditional_branch(head)?;
+        self.b.position_at_end(head);
+        // `try_wait` suspends the thread for a while before it reports
+        // failure, so this loop does not spin hot.
+        let ok = self
+            .asm(
+                "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
+                "=r,r,r,~{memory}",
+                Some(self.ctx.i32_type().into()),
+                &[addr.into(), parity.into()],
+            )?
+            .expect("the wait returns a value")
+            .into_int_value();
+        let landed = self.b.build_int_compare(IntPredicate::NE, ok, self.i32c(0), "")?;
+        self.b.build_conditional_branch(landed, done, head)?;
+        self.b.position_at_end(done);
+        Ok(())
+    }
+
+    /// Issues the boxes of the TMA loads of `pl` into stage `stage` for the
+    /// iteration whose tiles start at `coords` (per TMA load, in the order of
+    /// `pl.loads`: its first row and column), when `valid`; thread 0 only.
+    pub(super) fn tma_issue(
+        &mut self,
+        pl: &PipeLoop,
+        stage: IntValue<'ctx>,
+        valid: IntValue<'ctx>,
+        coords: &[(IntValue<'ctx>, IntValue<'ctx>)],
+    ) -> Result<()> {
+        let bar = self.mbar_addr(pl, stage)?;
+        let ring = self.smem_raw()?;
+        let ring = self.b.build_ptr_to_int(ring, self.ctx.i32_type(), "")?;
+        let mut boxes: Vec<[BasicValueEnum<'ctx>; 5]> = Vec::new();
+        let mut bytes = 0u64;
+        for (ld, &(row0, col0)) in pl.loads.iter().filter(|l| l.tma.is_some()).zip(coords) {
+            let t = ld.tma.as_ref().expect("filtered");
+            let map = self.tmaps[t.map];
+            let spec = self.pipe.tensor_maps[t.map];
+            let stage_off = self.b.build_int_mul(stage, self.i32c(ld.stage_bytes as i64), "")?;
+            let stage_at = self.b.build_int_add(ring, stage_off, "")?;
+            let stage_at = self.b.build_int_add(stage_at, self.i32c(ld.ring_off as i64), "")?;
+            let box_rows = (spec.box_rows as usize).min(MAX_BOX_ROWS as usize);
+            let eb = spec.dtype.size_bytes();
+            // Column block `cb` of the atoms holds columns `64 cb ..`, its
+            // rows one after another (`pipeline::atom_index`).
+            for cb in 0..ld.cols / BOX_COLS as usize {
+                for rb in 0..ld.rows.div_ceil(box_rows) {
+                    let off = (cb * ld.rows + rb * box_rows) * BOX_COLS as usize * eb;
+                    let dst = self.b.build_int_add(stage_at, self.i32c(off as i64), "")?;
+                    let c = self.b.build_int_add(col0, self.i32c((cb * BOX_COLS as usize) as i64), "")?;
+                    let r = self.b.build_int_add(row0, self.i32c((rb * box_rows) as i64), "")?;
+                    boxes.push([dst.into(), map.into(), c.into(), r.into(), bar.into()]);
+                    bytes += spec.box_bytes() as u64;
+                }
+            }
+        }
+        let leader = self.tma_leader()?;
+        let go = self.b.build_and(valid, leader, "")?;
+        self.if_then(go, |lw| {
+            lw.asm(
+                "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+                "r,r,~{memory}",
+                None,
+                &[bar.into(), lw.i32c(bytes as i64).into()],
+            )?;
+            for a in &boxes {
+                lw.asm(
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+                     [$0], [$1, {$2, $3}], [$4];",
+                    "r,l,r,r,r,~{memory}",
+                    None,
+                    a,
+                )?;
+            }
+            Ok(())
+        })
+    }
+}
