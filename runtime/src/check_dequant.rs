@@ -480,7 +480,7 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
         rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 49152, 576), oracle, " (LM head)")?);
     }
     // The bench shape, against the reference on a column subset.
-    let ms: &[usize] = if path == Path::Gemv { &[1, 16] } else { &[256] };
+    let ms: &[usize] = if path == Path::Gemv { &[1, 16] } else { &[64, 256] };
     for &m in ms {
         for silu in [false, true] {
             // The runtime's tiles for bf16 on this device (swapped on sm_90a).
@@ -819,8 +819,8 @@ mod tests {
             };
             for m in (1..=300).chain([512, 2048, 8192]) {
                 for rows in [576, 960, 1152, 3072, 4096, 14336, 28672, 49152] {
-                    for swap_ok in [false, true] {
-                        let t = gemm_tiles(format, m, rows, 576, swap_ok);
+                    for (swap_ok, k) in [(false, 576), (true, 576), (true, 4096)] {
+                        let t = gemm_tiles(format, m, rows, k, swap_ok);
                         // The swapped product is `[BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M]`.
                         let tiles = if t.swap {
                             (t.block_n, t.block_m, t.block_k)
@@ -837,6 +837,13 @@ mod tests {
             assert_eq!(gemm_tiles(format, 256, 14336, 4096, true).swap, q4);
             assert!(!gemm_tiles(format, 256, 14336, 4096, false).swap);
             assert!(!gemm_tiles(format, 8192, 3072, 576, true).swap);
+            // Smaller products with enough 64 x 64 programs swap on that tile.
+            let t = gemm_tiles(format, 64, 14336, 4096, true);
+            assert_eq!(t.swap, q4);
+            if q4 {
+                assert_eq!((t.block_m, t.block_n, t.num_stages), (64, 64, 4));
+            }
+            assert!(!gemm_tiles(format, 64, 4096, 4096, true).swap);
             for l in tuned_launches(Launch::default_for(Path::Gemm, format, false, 70, 90, 608, false)) {
                 let (a, b, c) = l.tiles;
                 assert!(fits(if l.swap { (b, a, c) } else { l.tiles }, l.warps), "{l:?}");

@@ -267,10 +267,14 @@ pub fn uses_gemv(m: usize, rows: usize) -> bool {
 /// weight with K of at least 2048, at least 256 activation rows and 100
 /// programs of 256 x 128 takes the swapped product ([`gemm::gemm_swap`]) on that tile, K tiles of
 /// 64, 8 warps and 3 stages: 0.103 ms against 0.180 for the best unswapped
-/// tile at M 256, K 4096, N 14336 (bf16, H100, 2026-11-24). Below that
-/// size the two are even (M 64 and M 256 x N 4096) or the unswapped tiles
-/// win (K 576, 9 K tiles: 0.029 against 0.011 ms at M 256 x N 1536), so
-/// they stay.
+/// tile at M 256, K 4096, N 14336 (bf16, H100, 2026-11-24). Since the
+/// activation tile is a TMA copy, smaller products with at least 64 rows
+/// and 132 programs of 64 x 64 (one per H100 SM) take the swapped 64 x 64
+/// tile (K tiles of 64, 4 warps, 4 stages): M 64 x N 14336 56.5 against
+/// 94.3 us, M 256 x N 4096 50.9 against 58.8 us (autotuned, H100,
+/// 2026-11-24). With fewer programs (M 64 x N 4096) the two are even, and
+/// for short K the unswapped tiles win (K 576, 9 K tiles: 0.029 against
+/// 0.011 ms at M 256 x N 1536), so they stay.
 pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok: bool) -> GemmTiles {
     let q8 = format == QuantFormat::Q8_0;
     let (narrow_k, wide_k) = if q8 { (32, 64) } else { (64, 128) };
@@ -284,6 +288,9 @@ pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok:
             swap: true,
             num_stages: 3,
         };
+    }
+    if swap_ok && !q8 && k >= 2048 && m >= 64 && programs(64, 64) >= 132 {
+        return GemmTiles { block_m: 64, block_n: 64, block_k: 64, num_warps: 4, swap: true, num_stages: 4 };
     }
     let (block_m, block_n, block_k, num_warps) = if programs(128, 128) >= 200 {
         (128, 128, narrow_k, 8)
