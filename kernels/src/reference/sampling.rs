@@ -85,6 +85,14 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
+/// The log-probability of token `id` under the softmax of the raw logits
+/// `x` (what `sample` reports for the token it draws): `logprob` with `m =
+/// max(x)`. For checking a kernel's logprob against the token the kernel
+/// drew, which near a decision boundary may differ from the reference's.
+pub fn logprob_of(x: &[f32], id: usize) -> f64 {
+    logprob(x, x[argmax(x)], id)
+}
+
 /// `x_id - m - ln(sum exp(x - m))` with `x - m` rounded to f32 as in the kernel.
 fn logprob(x: &[f32], m: f32, id: usize) -> f64 {
     let l: f64 = x.iter().map(|&v| ((v - m) as f64).exp()).sum();
