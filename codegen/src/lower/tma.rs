@@ -16,7 +16,7 @@
 use super::Lowerer;
 use super::pipeline::PipeLoop;
 use crate::Result;
-use crate::tma::{BOX_COLS, MAX_BOX_ROWS};
+use crate::tma::BOX_COLS;
 use inkwell::IntPredicate;
 use inkwell::values::{BasicValueEnum, IntValue};
 
@@ -44,33 +44,38 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(self.b.build_int_compare(IntPredicate::EQ, self.tid, self.i32c(0), "")?)
     }
 
-    /// Initializes the stage mbarriers of `pl` (thread 0; every thread must
-    /// pass a barrier before using them).
-    pub(super) fn mbar_init(&mut self, pl: &PipeLoop) -> Result<()> {
+    /// Thread 0 applies `op` (PTX with the mbarrier's address as `$0`) to
+    /// every stage mbarrier of `pl`, then the operand-free `tail` if any.
+    fn mbar_each(&mut self, pl: &PipeLoop, op: &str, tail: Option<&str>) -> Result<()> {
         let addrs = self.mbar_addrs(pl)?;
         let leader = self.tma_leader()?;
         self.if_then(leader, |lw| {
             for a in &addrs {
-                lw.asm("mbarrier.init.shared::cta.b64 [$0], 1;", "r,~{memory}", None, &[(*a).into()])?;
+                lw.asm(op, "r,~{memory}", None, &[(*a).into()])?;
             }
-            // The initialization becomes visible to the async proxy (the
-            // copies' complete-tx) before any box is issued.
-            lw.asm("fence.mbarrier_init.release.cluster;", "~{memory}", None, &[])?;
+            if let Some(t) = tail {
+                lw.asm(t, "~{memory}", None, &[])?;
+            }
             Ok(())
         })
+    }
+
+    /// Initializes the stage mbarriers of `pl` (thread 0; every thread must
+    /// pass a barrier before using them). The fence makes the initialization
+    /// visible to the async proxy (the copies' complete-tx) before any box
+    /// is issued.
+    pub(super) fn mbar_init(&mut self, pl: &PipeLoop) -> Result<()> {
+        self.mbar_each(
+            pl,
+            "mbarrier.init.shared::cta.b64 [$0], 1;",
+            Some("fence.mbarrier_init.release.cluster;"),
+        )
     }
 
     /// Invalidates the stage mbarriers of `pl` (thread 0, after every thread's
     /// last wait), then a barrier: their bytes may be reused.
     pub(super) fn mbar_inval(&mut self, pl: &PipeLoop) -> Result<()> {
-        let addrs = self.mbar_addrs(pl)?;
-        let leader = self.tma_leader()?;
-        self.if_then(leader, |lw| {
-            for a in &addrs {
-                lw.asm("mbarrier.inval.shared::cta.b64 [$0];", "r,~{memory}", None, &[(*a).into()])?;
-            }
-            Ok(())
-        })?;
+        self.mbar_each(pl, "mbarrier.inval.shared::cta.b64 [$0];", None)?;
         self.barrier()
     }
 
@@ -126,7 +131,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let stage_off = self.b.build_int_mul(stage, self.i32c(ld.stage_bytes as i64), "")?;
             let stage_at = self.b.build_int_add(ring, stage_off, "")?;
             let stage_at = self.b.build_int_add(stage_at, self.i32c(ld.ring_off as i64), "")?;
-            let box_rows = (spec.box_rows as usize).min(MAX_BOX_ROWS as usize);
+            let box_rows = spec.box_rows as usize;
             let eb = spec.dtype.size_bytes();
             // Column block `cb` of the atoms holds columns `64 cb ..`, its
             // rows one after another (`pipeline::atom_index`).
