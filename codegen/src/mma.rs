@@ -18,7 +18,9 @@
 //! row vector in the [`RowLayout`] slice of it (row maxima and sums): each
 //! thread holds the rows of its accumulator registers, `g` and `g + 8` of
 //! every 16-row m tile of its warp, replicated over the four lanes of a quad
-//! and over the warps along `N`. [`Lay`] names the layout of one value.
+//! and over the warps along `N`. The transpose of such a tile (`trans` of an
+//! accumulator, the swapped GEMM's epilogue) keeps its registers
+//! ([`Lay::MmaT`]). [`Lay`] names the layout of one value.
 //! This module is pure index arithmetic (no LLVM) so it is unit-tested alone.
 
 /// Elements of padding appended to every row of a tile staged in shared
@@ -118,6 +120,14 @@ impl MmaLayout {
         RowLayout { m: self.m, warps_m: self.warps_m }
     }
 
+    /// The (row, column) offset of register `slot` from register 0 of the
+    /// same thread (the same for every thread).
+    pub fn slot_delta(&self, slot: usize) -> (usize, usize) {
+        let (tile, r) = (slot / 4, slot % 4);
+        let (i, j) = (tile / self.tiles_n(), tile % self.tiles_n());
+        (i * 16 + 8 * (r / 2), j * 8 + r % 2)
+    }
+
     /// The (row, column) of accumulator register `slot` of thread `tid`.
     pub fn coord(&self, tid: usize, slot: usize) -> (usize, usize) {
         let (warp, lane) = (tid / 32, tid % 32);
@@ -171,11 +181,31 @@ pub enum Lay {
     Mma(MmaLayout),
     /// An `[M]` or `[M, 1]` row vector in the row slice of such a layout.
     Row(RowLayout),
+    /// The transpose `[N, M]` of an `[M, N]` tile in accumulator layout
+    /// `l` (`trans` of an accumulator): the same registers, register `k`
+    /// holding element `(c, r)` where `l`'s register `k` holds `(r, c)`.
+    MmaT(MmaLayout),
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_deltas_are_offsets_from_register_zero() {
+        for l in [
+            MmaLayout { m: 128, n: 256, warps_m: 8, warps_n: 1 },
+            MmaLayout { m: 64, n: 32, warps_m: 2, warps_n: 2 },
+        ] {
+            for tid in [0, 5, 37, 100, 127] {
+                let (r0, c0) = l.coord(tid, 0);
+                for slot in 0..l.regs() {
+                    let (dr, dc) = l.slot_delta(slot);
+                    assert_eq!(l.coord(tid, slot), (r0 + dr, c0 + dc), "{l:?} tid {tid} slot {slot}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn chooses_square_warp_tiles() {

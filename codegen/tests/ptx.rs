@@ -1058,6 +1058,9 @@ fn dequant_gemm_swapped() {
             reg_shifts <= 2 * words,
             "{tag}: {reg_shifts} shifts by a register, {words} words per thread"
         );
+        // Deferred register-A groups (3+ stages) ask ptxas for registers
+        // over a third program per SM.
+        assert_eq!(ptx.contains(".minnctapersm 1"), stages >= 3, "{tag}");
         let form = format!("wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16");
         // Main loop and K tail: 4 k steps each.
         assert_eq!(ptx.matches(&form).count(), 2 * bk / 16, "{tag}");
@@ -1105,5 +1108,64 @@ fn dequant_gemm_swapped() {
         assert!(c80.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "{tag} sm_80");
         let report = assemble(&c80.ptx, "sm_80", &tag);
         println!("{tag} sm_80: {} registers, {} spill bytes", registers(&report), spill_bytes(&report));
+    }
+}
+
+/// The stream-K swapped GEMM (`kernels::dequant::gemm::gemm_stream_k`) on
+/// sm_90a, every autotune config: both pieces' K loops run `wgmma` with
+/// the activation tiles copied by TMA (two pipelined loops, each with its
+/// own prologue, so twice the main loop's `wgmma`s and no `cp.async`), the
+/// partial-sum handshake is a release exchange after a barrier and a
+/// spinning acquire one per finishing piece, partial sums are read with
+/// `ld.global.cg`, and it assembles within the swapped GEMM's spill cap and
+/// without ptxas serializing the `wgmma`s (its precondition assert traps,
+/// no call).
+#[test]
+fn dequant_gemm_stream_k() {
+    use ::kernels::dequant::gemm::gemm_stream_k as sk;
+    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(256), Some(14336), Some(4096)];
+    let base = sk::Config::new(DType::BF16, false, false, true, 256, 128, 64);
+    for c in sk::autotune_configs(&base) {
+        let f = dsl_core::launch::specialize(&sk::build(&c).unwrap(), &facts).0;
+        let tag = format!("gemm_stream_k {c:?}");
+        let opts = CompileOptions { target: Target::Sm90a, num_warps: c.num_warps, num_stages: c.num_stages };
+        let ptx = compile(&f, &opts).unwrap().ptx;
+        let report = assemble(&ptx, "sm_90a", &tag);
+        println!("{tag}: {} registers, {} spill bytes", registers(&report), spill_bytes(&report));
+        // The kernel's `device_assert` traps instead of calling
+        // `__assertfail`: a call would serialize every `wgmma` (C7510).
+        assert!(!report.iter().any(|l| l.contains("Performance Loss")), "{tag}:\n{}", report.join("\n"));
+        assert!(ptx.contains("trap;") && !ptx.contains("__assertfail"), "{tag}");
+        // The body dequantizes the A operand under a deferred group.
+        assert!(ptx.contains(".minnctapersm 1"), "{tag}");
+        assert!(
+            spill_bytes(&report) <= swapped_spill_cap(c.BLOCK_M, c.num_stages),
+            "{tag}:\n{}",
+            report.join("\n")
+        );
+        let form = format!("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16", c.BLOCK_M);
+        assert_eq!(ptx.matches(&form).count(), 2 * c.BLOCK_K / 16, "{tag}");
+        assert!(ptx.contains("cp.async.bulk.tensor.2d"), "{tag}");
+        assert!(!ptx.contains("cp.async.cg") && !ptx.contains("mma.sync"), "{tag}");
+        assert!(ptx.contains("ld.global.cg"), "{tag}");
+        // One publishing exchange (of 1) and a spinning one (of 0) per
+        // finishing piece; LLVM brackets each relaxed `atom` with
+        // `fence.acq_rel.gpu`. The publishing one comes after a barrier that
+        // follows the partial sum's stores.
+        let lines: Vec<&str> =
+            ptx.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("//")).collect();
+        let exch: Vec<usize> =
+            (0..lines.len()).filter(|&i| lines[i].starts_with("atom.global.exch.b32")).collect();
+        assert_eq!(exch.len(), 3, "{tag}: publish + two spins");
+        for &i in &exch {
+            assert!(lines[i - 1] == "fence.acq_rel.gpu;" && lines[i + 1] == "fence.acq_rel.gpu;", "{tag}");
+        }
+        let publish: Vec<usize> = exch.iter().copied().filter(|&i| lines[i].ends_with(", 1;")).collect();
+        assert_eq!(publish.len(), 1, "{tag}");
+        let prev = lines[..publish[0]]
+            .iter()
+            .rev()
+            .find(|p| p.starts_with("bar.sync") || p.starts_with("st.global"));
+        assert!(prev.is_some_and(|p| p.starts_with("bar.sync")), "{tag}: no barrier before the publish");
     }
 }

@@ -17,6 +17,11 @@
 //! - `path/{gemv,gemm}/bf16/M<m>xK<k>xN<n>`, metric `us`: both kernels on
 //!   SmolLM2's shapes at `M` in {8, 16, 32, 64} (untuned), the measurement
 //!   behind the crossover in `uses_gemv`.
+//! - `grid/{tiled,stream_k}/bf16/M<m>xK<k>xN<n>`, metric `us`: the GEMM
+//!   at K 4096, M in {64, 256}, on `gemm_tiles`' tiled grid and as the
+//!   stream-K kernel (256 x 128 x 64 swapped tile, one program per SM;
+//!   `stream_k_per_tile`: one program per output tile, no partial sums),
+//!   untuned: the measurement behind `kernels::dequant::stream_k`.
 //! - `gemv_fused/bf16/<what>/M<m>xK<k>xN<n>`, metric `us`: the fused decode
 //!   GEMVs of `kernels::dequant::fused` at the SmolLM2 shapes with the
 //!   runtime's tiles (M in {1, 8}): `qkv_norm` (Q4_1, RMSNorm prologue, N
@@ -45,16 +50,18 @@ use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::check_dequant::gguf_weight;
 use crate::cuda::Cuda;
+use crate::cuda::device::DevBuf;
 use crate::cuda::validate::validate_args;
 use crate::error::{Error, Result};
 use dsl_core::DType;
-use dsl_core::half::bf16;
+use dsl_core::half::{bf16, f16};
 use dsl_core::launch::Arg;
 use dsl_core::launch::Kernel;
-use kernels::dequant::gemm::gemm_q4_1;
+use kernels::dequant::gemm::{gemm_q4_1, gemm_stream_k};
 use kernels::dequant::gemv::gemv_q4_1;
 use kernels::dequant::{
-    QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1, uses_gemv,
+    GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1,
+    stream_k, uses_gemv,
 };
 use kernels::examples::vector_add;
 use std::marker::PhantomData;
@@ -175,6 +182,20 @@ pub(crate) fn time_launch_ms<'a, K: Kernel>(
     time_prepared_ms(cuda, opts, &[t])
 }
 
+/// Whether a GEMM measurement runs the stream-K kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StreamK {
+    /// When the runtime would (`kernels::dequant::stream_k`).
+    Runtime,
+    /// Never: the tiled grid of `gemm_tiles`.
+    Never,
+    /// Always, on the 256 x 128 x 64 swapped tile and one program per SM.
+    Always,
+    /// Stream-K's code on as many programs as output tiles (each program
+    /// one whole tile, no partial sums): its cost against the tiled grid.
+    OnePerTile,
+}
+
 /// Measures the Q4_1 product on `m x k x n` (bf16) with the GEMV (`gemv`)
 /// or the GEMM kernel, untuned or autotuned; returns the time in
 /// milliseconds and the tuned config in words.
@@ -187,6 +208,7 @@ fn measure(
     n: usize,
     tuned: bool,
     gemv: bool,
+    sk_mode: StreamK,
 ) -> Result<(f64, Option<String>)> {
     let mut rng = Rng::new((m * 7919 + k * 31 + n) as u64);
     let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
@@ -233,6 +255,19 @@ fn measure(
             _marker: PhantomData,
         };
         let t = gemm_tiles(QuantFormat::Q4_1, m, n, k, cuda.wgmma());
+        let sms = cuda.gpu().info().sm_count as usize;
+        let sk = match sk_mode {
+            StreamK::Runtime => stream_k(QuantFormat::Q4_1, m, n, k, cuda.wgmma(), sms),
+            StreamK::Never => None,
+            StreamK::Always | StreamK::OnePerTile => {
+                let t = SWAPPED_WIDE;
+                let tiles = m.div_ceil(t.block_m) * n.div_ceil(t.block_n);
+                Some((t, if sk_mode == StreamK::Always { sms.max(tiles) } else { tiles } as u32))
+            }
+        };
+        if let Some((t, g)) = sk {
+            return measure_stream_k(cuda, opts, (&xd, &qd, &sd, &od), (m, k, n), t, g, tuned);
+        }
         let base = gemm_q4_1::Config::new(DType::BF16, false, t.block_m, t.block_n, t.block_k, t.swap)
             .with_stages(t.num_stages);
         let grid_of = |c: &gemm_q4_1::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
@@ -247,6 +282,50 @@ fn measure(
         let ms = time_launch_ms::<gemm_q4_1::Kernel>(cuda, opts, grid, &config, &args)?;
         Ok((ms, words))
     }
+}
+
+/// Times the stream-K GEMM ([`gemm_stream_k`], Q4_1, bf16) on `g`
+/// programs with the tiles `t` (autotuned over its declared configs with
+/// `tuned`) on uploaded buffers `(x, quants, scales, out)`.
+#[allow(clippy::too_many_arguments)]
+fn measure_stream_k(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    (xd, qd, sd, od): (&DevBuf<bf16>, &DevBuf<u8>, &DevBuf<f16>, &DevBuf<bf16>),
+    (m, k, n): (usize, usize, usize),
+    t: GemmTiles,
+    g: u32,
+    tuned: bool,
+) -> Result<(f64, Option<String>)> {
+    let gpu = cuda.gpu();
+    // Room for the largest declared tile.
+    let ws = gpu.zeros::<f32>(g as usize * 256 * 128)?;
+    let flags = gpu.zeros::<i32>(g as usize)?;
+    let args = gemm_stream_k::Args {
+        x_ptr: xd.ptr().cast(),
+        q_ptr: qd.ptr().cast(),
+        s_ptr: sd.ptr().cast(),
+        out_ptr: od.ptr().cast(),
+        ws_ptr: ws.ptr().cast(),
+        flag_ptr: flags.ptr().cast(),
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        _marker: PhantomData,
+    };
+    let base = gemm_stream_k::Config::new(DType::BF16, false, false, true, t.block_m, t.block_n, t.block_k)
+        .with_warps(t.num_warps)
+        .with_stages(t.num_stages);
+    let grid = [g, 1, 1];
+    let (config, words) = if tuned {
+        let c = cuda.run_tuned::<gemm_stream_k::Kernel>(|_| grid, &base, &args)?;
+        let words = crate::cuda::autotune::describe_config(&gemm_stream_k::autotune_configs(&base), &c);
+        (c, Some(format!("stream-K on {g} programs, {words}")))
+    } else {
+        (base, Some(format!("stream-K on {g} programs")))
+    };
+    let ms = time_launch_ms::<gemm_stream_k::Kernel>(cuda, opts, grid, &config, &args)?;
+    Ok((ms, words))
 }
 
 /// The fused GEMV rows (see the module docs): `(label, format, silu, norm,
@@ -337,7 +416,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     for ((k, n), m) in peer_shapes.chain(model_shapes) {
         {
             for &tuned in tunings {
-                let (ms, words) = measure(cuda, opts, m, k, n, tuned, uses_gemv(m, n))?;
+                let (ms, words) = measure(cuda, opts, m, k, n, tuned, uses_gemv(m, n), StreamK::Runtime)?;
                 let shape = format!("M{m}xK{k}xN{n}");
                 // Quants (K / 2 bytes per row) plus the f16 (d, m) pair per block.
                 let weight_bytes = (n * k / 2 + n * (k / 32) * 4) as f64;
@@ -366,9 +445,31 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     for (k, n) in SHAPES.into_iter().skip(2).chain(MODEL_SHAPES) {
         for m in CROSSOVER_BATCHES {
             for (label, gemv) in [("gemv", true), ("gemm", false)] {
-                let (ms, _) = measure(cuda, opts, m, k, n, false, gemv)?;
+                let (ms, _) = measure(cuda, opts, m, k, n, false, gemv, StreamK::Never)?;
                 let r = Record {
                     name: format!("path/{label}/bf16/M{m}xK{k}xN{n}"),
+                    metric: "us",
+                    value: ms * 1e3,
+                    ms,
+                    tuned: None,
+                };
+                eprintln!("measured {}", r.display_name());
+                out.push(r);
+            }
+        }
+    }
+    // Stream-K against the tiled grid on the large products (untuned).
+    for (k, n) in SHAPES.into_iter().take(2) {
+        for m in [64, 256] {
+            let variants = [
+                ("tiled", StreamK::Never),
+                ("stream_k", StreamK::Always),
+                ("stream_k_per_tile", StreamK::OnePerTile),
+            ];
+            for (label, sk) in variants {
+                let (ms, _) = measure(cuda, opts, m, k, n, false, false, sk)?;
+                let r = Record {
+                    name: format!("grid/{label}/bf16/M{m}xK{k}xN{n}"),
                     metric: "us",
                     value: ms * 1e3,
                     ms,

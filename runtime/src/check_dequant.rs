@@ -31,9 +31,10 @@ use crate::error::{Error, Result};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
+use kernels::dequant::gemm::gemm_stream_k;
 use kernels::dequant::{
     GemvTiles, QuantFormat, Repacked, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, interleave_gate_up,
-    repack,
+    repack, stream_k,
 };
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
@@ -65,6 +66,8 @@ pub(crate) struct Launch {
     pub swap: bool,
     /// Software-pipelining depth.
     pub stages: u32,
+    /// The stream-K GEMM (`gemm_stream_k`, swapped) on this many programs.
+    pub stream_k: Option<u32>,
 }
 
 impl Launch {
@@ -83,19 +86,43 @@ impl Launch {
             Path::Gemv => {
                 let GemvTiles { m_block, block_n, block_k, num_warps } = gemv_tiles(format, m, rows, k);
                 let tiles = (m_block, block_n, block_k);
-                Launch { path, format, silu, tiles, warps: num_warps, swap: false, stages: 2 }
+                Launch { path, format, silu, tiles, warps: num_warps, swap: false, stages: 2, stream_k: None }
             }
             Path::Gemm => {
                 let t = gemm_tiles(format, m, rows, k, swap_ok);
                 let tiles = (t.block_m, t.block_n, t.block_k);
-                Launch { path, format, silu, tiles, warps: t.num_warps, swap: t.swap, stages: t.num_stages }
+                let (warps, swap, stages) = (t.num_warps, t.swap, t.num_stages);
+                Launch { path, format, silu, tiles, warps, swap, stages, stream_k: None }
             }
         }
+    }
+
+    /// The runtime's launch: [`Launch::default_for`], or stream-K where
+    /// `kernels::dequant::stream_k` takes it on a device with `sms` SMs.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn runtime_for(
+        path: Path,
+        format: QuantFormat,
+        silu: bool,
+        (m, n, k): (usize, usize, usize),
+        swap_ok: bool,
+        sms: usize,
+    ) -> Launch {
+        let mut l = Launch::default_for(path, format, silu, m, n, k, swap_ok);
+        let rows = if silu { 2 * n } else { n };
+        if let (Path::Gemm, Some((t, g))) = (path, stream_k(format, m, rows, k, swap_ok, sms)) {
+            l.tiles = (t.block_m, t.block_n, t.block_k);
+            (l.warps, l.swap, l.stages, l.stream_k) = (t.num_warps, true, t.num_stages, Some(g));
+        }
+        l
     }
 
     /// The grid for `m x n` outputs.
     pub(crate) fn grid(&self, m: usize, n: usize) -> [u32; 3] {
         let (a, b, _) = self.tiles;
+        if let Some(g) = self.stream_k {
+            return [g, 1, 1];
+        }
         match self.path {
             Path::Gemv => gemv_grid(m, n, self.silu, a, b),
             Path::Gemm => gemm_grid(m, n, self.silu, a, b),
@@ -107,7 +134,8 @@ impl Launch {
         let (a, b, c) = self.tiles;
         let first = if self.path == Path::Gemv { "M_BLOCK" } else { "BLOCK_M" };
         let swap = if self.swap { ", swapped" } else { "" };
-        format!("{first} {a}, BLOCK_N {b}, BLOCK_K {c}, {}w, {} stages{swap}", self.warps, self.stages)
+        let sk = self.stream_k.map(|g| format!(", stream-K on {g} programs")).unwrap_or_default();
+        format!("{first} {a}, BLOCK_N {b}, BLOCK_K {c}, {}w, {} stages{swap}{sk}", self.warps, self.stages)
     }
 }
 
@@ -233,6 +261,47 @@ fn gguf_rows(format: QuantFormat, raw: &[u8], k: usize, rows: &[usize]) -> Vec<u
     rows.iter().flat_map(|&i| raw[i * rb..(i + 1) * rb].iter().copied()).collect()
 }
 
+/// The arguments and config of a stream-K `launch` on the pointers `(x,
+/// quants, scales, out, workspace, flags)` (GPU or interpreter).
+macro_rules! stream_k_launch {
+    ($launch:expr, $t:ty, ($x:expr, $q:expr, $s:expr, $o:expr, $ws:expr, $fl:expr), $m:expr, $n:expr, $k:expr) => {{
+        let (a, b, c) = $launch.tiles;
+        let f = $launch.format;
+        let args = gemm_stream_k::Args {
+            x_ptr: $x.cast(),
+            q_ptr: $q.cast(),
+            s_ptr: $s.cast(),
+            out_ptr: $o.cast(),
+            ws_ptr: $ws.cast(),
+            flag_ptr: $fl.cast(),
+            m: $m as i32,
+            n: $n as i32,
+            k: $k as i32,
+            _marker: PhantomData,
+        };
+        let config = gemm_stream_k::Config::new(
+            <$t>::DEVICE_DTYPE,
+            $launch.silu,
+            f == QuantFormat::Q8_0,
+            f == QuantFormat::Q4_1,
+            a,
+            b,
+            c,
+        )
+        .with_warps($launch.warps)
+        .with_stages($launch.stages);
+        (args, config)
+    }};
+}
+
+/// Fails unless the stream-K flags are all zero again after a launch.
+fn flags_zero(flags: &[i32]) -> Result<()> {
+    match flags.iter().position(|&v| v != 0) {
+        None => Ok(()),
+        Some(i) => Err(Error::Usage(format!("stream-K flag {i} left at {} after the launch", flags[i]))),
+    }
+}
+
 /// Runs `launch` on the GPU: `out[m, n]` as f64.
 pub(crate) fn run_gpu<T: DeviceElem>(
     cuda: &mut Cuda,
@@ -245,6 +314,22 @@ pub(crate) fn run_gpu<T: DeviceElem>(
     let gpu = cuda.gpu();
     let (xd, qd, sd) = (gpu.upload(x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
     let od = gpu.zeros::<T>(m * n)?;
+    if let Some(g) = launch.stream_k {
+        let (a, b, _) = launch.tiles;
+        let ws = gpu.upload(&vec![f32::NAN; g as usize * a * b])?;
+        let flags = gpu.zeros::<i32>(g as usize)?;
+        let (args, config) = stream_k_launch!(
+            launch,
+            T,
+            (xd.ptr(), qd.ptr(), sd.ptr(), od.ptr(), ws.ptr(), flags.ptr()),
+            m,
+            n,
+            w.k
+        );
+        cuda.run::<gemm_stream_k::Kernel>(launch.grid(m, n), &config, &args)?;
+        flags_zero(&flags.download()?)?;
+        return Ok(od.download()?.iter().map(|v| v.to_f64()).collect());
+    }
     with_kernel!(launch, T::DEVICE_DTYPE, kk, config => {
         let args = kk::Args {
             x_ptr: xd.ptr().cast(),
@@ -266,6 +351,15 @@ fn run_cpu<T: DeviceElem>(launch: Launch, x: &[T], w: &Repacked, m: usize, n: us
     let mut cpu = Cpu::new();
     let (xc, qc, sc) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales));
     let oc = cpu.zeros::<T>(m * n);
+    if let Some(g) = launch.stream_k {
+        let (a, b, _) = launch.tiles;
+        let ws = cpu.upload(&vec![f32::NAN; g as usize * a * b]);
+        let flags = cpu.zeros::<i32>(g as usize);
+        let (args, config) = stream_k_launch!(launch, T, (xc, qc, sc, oc, ws, flags), m, n, w.k);
+        gemm_stream_k::interpret(&mut cpu, launch.grid(m, n), &config, &args)?;
+        flags_zero(&cpu.read(flags))?;
+        return Ok(cpu.read(oc).iter().map(|v| v.to_f64()).collect());
+    }
     with_kernel!(launch, T::DEVICE_DTYPE, kk, config => {
         let args = kk::Args {
             x_ptr: xc.cast(),
@@ -479,14 +573,55 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
         let oracle = Oracle::Reference(193);
         rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 49152, 576), oracle, " (LM head)")?);
     }
-    // The bench shape, against the reference on a column subset.
-    let ms: &[usize] = if path == Path::Gemv { &[1, 16] } else { &[64, 256] };
-    for &m in ms {
+    // The bench shapes, against the reference on a column subset.
+    let mns: &[(usize, usize)] = if path == Path::Gemv {
+        &[(1, 14336), (16, 14336)]
+    } else {
+        &[(64, 14336), (256, 14336), (256, 4096)]
+    };
+    for &(m, n) in mns {
         for silu in [false, true] {
-            // The runtime's tiles for bf16 on this device (swapped on sm_90a).
-            let l = Launch::default_for(path, format, silu, m, 14336, 4096, cuda.wgmma());
+            // The runtime's launch for bf16 on this device (swapped on
+            // sm_90a, stream-K where it leaves SMs idle).
+            let sms = cuda.gpu().info().sm_count as usize;
+            let l = Launch::runtime_for(path, format, silu, (m, n, 4096), cuda.wgmma(), sms);
             let oracle = Oracle::Reference(if m == 1 { 257 } else { 31 });
-            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, 14336, 4096), oracle, " (bench)")?);
+            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, 4096), oracle, " (bench)")?);
+        }
+    }
+    if path == Path::Gemm {
+        rows.extend(stream_k_checks(cuda, &mut rng, name, format)?);
+    }
+    Ok(rows)
+}
+
+/// The stream-K GEMM against the interpreter: every declared config on one
+/// output tile (every piece a partial sum of the same tile) and on six
+/// tiles, on grids from one program per tile to more programs than K
+/// iterations (some ranges empty), bf16, with and without SiLU.
+fn stream_k_checks(cuda: &mut Cuda, rng: &mut Rng, name: &str, format: QuantFormat) -> Result<Vec<CheckRow>> {
+    let mut rows = Vec::new();
+    let base = gemm_stream_k::Config::new(DType::BF16, false, false, false, 256, 128, 64);
+    for c in gemm_stream_k::autotune_configs(&base) {
+        for (m, n, k) in [(70usize, 90usize, 640usize), (300, 150, 1024)] {
+            for silu in [false, true] {
+                let wrows = if silu { 2 * n } else { n };
+                let tiles = m.div_ceil(c.BLOCK_M) * wrows.div_ceil(c.BLOCK_N);
+                let iterations = tiles * k / c.BLOCK_K;
+                for g in [tiles, tiles + 1, 2 * tiles + 1, iterations + 2] {
+                    let l = Launch {
+                        path: Path::Gemm,
+                        format,
+                        silu,
+                        tiles: (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K),
+                        warps: c.num_warps,
+                        swap: true,
+                        stages: c.num_stages,
+                        stream_k: Some(g as u32),
+                    };
+                    rows.push(case::<bf16>(cuda, rng, name, l, (m, n, k), Oracle::Interpreter, "")?);
+                }
+            }
         }
     }
     Ok(rows)
@@ -781,6 +916,54 @@ pub fn gemv_fused(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The GPU check's stream-K path on the interpreter: the launch the
+    /// runtime picks at M 256 x N 4096 is stream-K on an H100's 132 SMs
+    /// (and not at N 14336, without `wgmma`, at 64 rows, short K or with
+    /// more than half the SMs busy), and the
+    /// check's stream-K runner (workspace of NaNs, flags zero after) agrees
+    /// with the exact product on a ragged six-tile case.
+    #[test]
+    fn stream_k_launches() {
+        let q41 = QuantFormat::Q4_1;
+        let sk = Launch::runtime_for(Path::Gemm, q41, false, (256, 4096, 4096), true, 132);
+        assert_eq!((sk.stream_k, sk.tiles, sk.swap), (Some(132), (256, 128, 64), true));
+        assert_eq!(sk.grid(256, 4096), [132, 1, 1]);
+        // SiLU doubles the weight rows: 64 tiles still leave half of 132 SMs idle.
+        let silu = Launch::runtime_for(Path::Gemm, q41, true, (256, 4096, 4096), true, 132);
+        assert_eq!(silu.stream_k, Some(132));
+        for (m, n, k, swap_ok, sms, why) in [
+            (256, 14336, 4096, true, 132, "112 tiles: the tiled grid wins"),
+            (256, 4096, 4096, false, 132, "no wgmma"),
+            (64, 4096, 4096, true, 132, "64 rows in a 256-row tile"),
+            (256, 4096, 1024, true, 132, "short K"),
+            (256, 4096, 4096, true, 63, "more than half the SMs busy"),
+        ] {
+            let l = Launch::runtime_for(Path::Gemm, q41, false, (m, n, k), swap_ok, sms);
+            assert_eq!(l.stream_k, None, "{why}");
+        }
+        assert!(stream_k(QuantFormat::Q8_0, 256, 4096, 4096, true, 132).is_none(), "Q8_0 is never swapped");
+        let mut rng = Rng::new(5);
+        let (m, n, k) = (300, 150, 1024);
+        let x = rng.values::<bf16>(m * k, 2.0);
+        let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
+        let w = repacked(QuantFormat::Q4_1, &raw, n, k).unwrap();
+        let l = Launch {
+            path: Path::Gemm,
+            format: QuantFormat::Q4_1,
+            silu: false,
+            tiles: (256, 128, 64),
+            warps: 8,
+            swap: true,
+            stages: 3,
+            stream_k: Some(9),
+        };
+        let got = run_cpu::<bf16>(l, &x, &w, m, n).unwrap();
+        let cols: Vec<usize> = (0..n).collect();
+        let e = expected(l, DType::BF16, &xf, (&raw, None), m, k, &cols);
+        assert!(account("sk", String::new(), DType::BF16, &got, &e.want, &e.tol).pass);
+    }
 
     /// The declared autotune configs are valid SiLU launches (even
     /// `BLOCK_N`, power-of-two `BLOCK_K >= 32`) whose grid covers the

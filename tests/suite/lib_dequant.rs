@@ -94,6 +94,8 @@ enum Tiles {
     Gemm(usize, usize, usize),
     /// The GEMM with its product swapped (`SWAP`).
     Swap(usize, usize, usize),
+    /// The stream-K swapped GEMM (`gemm_stream_k`) on a grid of `g` programs.
+    StreamK(usize, usize, usize, usize),
 }
 
 /// Runs one dequant kernel on the interpreter; returns `out` as f64.
@@ -139,6 +141,31 @@ fn run<T: Act>(
                 QuantFormat::Q8_0 => go!(gemv::gemv_q8_0, grid, a, b, c),
             }
         }
+        (Tiles::StreamK(a, b, c, g), f) => {
+            use gemm::gemm_stream_k as kk;
+            // NaN garbage in the workspace: every slot read must be written first.
+            let ws = cpu.upload(&vec![f32::NAN; g * a * b]);
+            let flags = cpu.zeros::<i32>(g);
+            let args = kk::Args {
+                x_ptr: xp.cast(),
+                q_ptr: qp.cast(),
+                s_ptr: sp.cast(),
+                out_ptr: op.cast(),
+                ws_ptr: ws.cast(),
+                flag_ptr: flags.cast(),
+                m: mi,
+                n: ni,
+                k: ki,
+                _marker: PhantomData,
+            };
+            let (q8, has_min) = (f == QuantFormat::Q8_0, f == QuantFormat::Q4_1);
+            let config = kk::Config::new(T::DTYPE, silu, q8, has_min, a, b, c);
+            kk::interpret(&mut cpu, [g as u32, 1, 1], &config, &args).map_err(|e| e.to_string())?;
+            let left = cpu.read(flags);
+            if left.iter().any(|&v| v != 0) {
+                return Err(format!("flags not reset after the launch: {left:?}"));
+            }
+        }
         (Tiles::Gemm(a, b, c) | Tiles::Swap(a, b, c), f) => {
             let grid = gemm_grid(m, n, silu, a, b);
             let swap = matches!(tiles, Tiles::Swap(..));
@@ -167,7 +194,10 @@ fn case<T: Act>(
     let x = activations::<T>(&mut rng, m * k);
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let block_k = match tiles {
-        Tiles::Gemv(_, _, bk) | Tiles::Gemm(_, _, bk) | Tiles::Swap(_, _, bk) => bk,
+        Tiles::Gemv(_, _, bk)
+        | Tiles::Gemm(_, _, bk)
+        | Tiles::Swap(_, _, bk)
+        | Tiles::StreamK(_, _, bk, _) => bk,
     };
     let g_raw = gguf_weight(&mut rng, format, n, k);
     let g = r::gemv(format, &g_raw, n, k, &xf, m);
@@ -186,7 +216,9 @@ fn case<T: Act>(
     let bound = |y: &r::Gemv, i: usize| match tiles {
         Tiles::Gemv(..) => r::error_bound(format, k, block_k, y.abs[i]),
         Tiles::Gemm(..) => r::gemm_error_bound(format, k, block_k, y.abs[i], y.l1[i]),
-        Tiles::Swap(..) => r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], T::DTYPE),
+        Tiles::Swap(..) | Tiles::StreamK(..) => {
+            r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], T::DTYPE)
+        }
     };
     for (i, &got_i) in got.iter().enumerate() {
         let eg = bound(&g, i);
@@ -316,6 +348,47 @@ proptest! {
     ) {
         let tiles = Tiles::Swap(bm, bn, if wide_k { 128 } else { 64 });
         case_dt(bf, seed, format, silu, tiles, m, n, kb)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(48))]
+
+    /// The stream-K swapped GEMM: all formats, both dtypes, ragged M and N,
+    /// K a multiple of `BLOCK_K`, and grids from one program per tile up to
+    /// more programs than iterations (some ranges empty), so pieces start
+    /// and end anywhere in a tile and one tile may gather several partial
+    /// sums. The flags must be zero again after the launch.
+    #[test]
+    fn gemm_stream_k_random(
+        format in format_strategy(),
+        (bm, bn) in prop_oneof![Just((16usize, 16usize)), Just((32, 16)), Just((16, 32))],
+        wide_k in any::<bool>(),
+        m in 1usize..40,
+        n in 1usize..40,
+        kt in 1usize..5,
+        silu in any::<bool>(),
+        bf in any::<bool>(),
+        extra in 0usize..64,
+        seed in any::<u64>(),
+    ) {
+        let bk = if wide_k { 128 } else { 64 };
+        let rows = if silu { 2 * n } else { n };
+        let tiles = m.div_ceil(bm) * rows.div_ceil(bn);
+        let g = tiles + extra % (tiles * kt + 3);
+        case_dt(bf, seed, format, silu, Tiles::StreamK(bm, bn, bk, g), m, n, kt * bk / 32)?;
+    }
+}
+
+/// The stream-K GEMM refuses a grid with fewer programs than output tiles
+/// and a K that is not a multiple of `BLOCK_K` (it would skip iterations).
+#[test]
+fn gemm_stream_k_rejects_what_it_cannot_cover() {
+    let too_few = case::<bf16>(3, QuantFormat::Q4_1, false, Tiles::StreamK(16, 16, 64, 3), 20, 40, 128);
+    let ragged_k = case::<bf16>(3, QuantFormat::Q4_1, false, Tiles::StreamK(16, 16, 64, 9), 20, 40, 96);
+    for r in [too_few, ragged_k] {
+        let e = r.expect_err("must be refused").to_string();
+        assert!(e.contains("gemm_stream_k needs K % BLOCK_K == 0"), "{e}");
     }
 }
 

@@ -5,7 +5,9 @@
 //! An `[M, N]` tile is exchanged as a row-major `[M, N + ROW_PAD]` array of
 //! its memory type (`i1` as a byte): blocked chunks are written and read as
 //! vectors of at most 16 bytes, accumulator registers as pairs (two adjacent
-//! columns). A row vector is exchanged as a plain `[M]` array; every thread
+//! columns). A transposed accumulator ([`Lay::MmaT`], `[N, M]`) is exchanged
+//! as `[N, M + 16 bytes]`, its registers one by one (a pair of adjacent
+//! columns of the accumulator is two rows here). A row vector is exchanged as a plain `[M]` array; every thread
 //! that holds a row writes it (replicas write the same value).
 //!
 //! Invariant: every exchange starts with a barrier (earlier users of the
@@ -44,6 +46,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.stage_padded(smem, 0, &lb, regs, l.n, d)?;
                 self.barrier()?;
                 self.mma_read(smem, 0, &l, d)
+            }
+            Lay::MmaT(l) => {
+                let pad = (16 / bytes) as usize;
+                let smem = self.smem(((l.n * (l.m + pad)) as u64) * bytes)?;
+                self.barrier()?;
+                self.stage_padded_at(smem, 0, &lb, regs, l.m, pad, d)?;
+                self.barrier()?;
+                self.mma_t_access(smem, &l, pad, d, None)
             }
             Lay::Row(r) => {
                 let et = self.mem_ty(d);
@@ -86,6 +96,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.mma_write(smem, 0, &l, regs, d)?;
                 self.barrier()?;
                 self.load_padded(smem, 0, &lb, l.n, d)
+            }
+            Lay::MmaT(l) => {
+                let pad = (16 / bytes) as usize;
+                let smem = self.smem(((l.n * (l.m + pad)) as u64) * bytes)?;
+                self.barrier()?;
+                self.mma_t_access(smem, &l, pad, d, Some(regs))?;
+                self.barrier()?;
+                self.load_padded_at(smem, 0, &lb, l.m, pad, d)
             }
             Lay::Row(r) => {
                 let et = self.mem_ty(d);
@@ -155,9 +173,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The constant index offset of accumulator pair `pair` (registers
     /// `2 * pair`, `2 * pair + 1`) from [`Lowerer::mma_base`].
     fn mma_pair_offset(l: &MmaLayout, pair: usize) -> usize {
-        let (tile, half) = (pair / 2, pair % 2);
-        let (i, j) = (tile / l.tiles_n(), tile % l.tiles_n());
-        (i * 16 + 8 * half) * (l.n + ROW_PAD) + j * 8
+        let (dr, dc) = l.slot_delta(2 * pair);
+        dr * (l.n + ROW_PAD) + dc
     }
 
     /// Reads accumulator registers of layout `l` (dtype `d`) from a padded array.
@@ -215,6 +232,47 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(())
     }
 
+    /// Writes (`regs` given) or reads the registers of the transposed
+    /// accumulator layout [`Lay::MmaT`] of `l` (dtype `d`) to or from a
+    /// row-major `[l.n, l.m + pad]` array: register `(r, c)` of `l` is
+    /// element `(c, r)`, one scalar access each. With `pad` 16 bytes and
+    /// `l.m` a multiple of 32 words, the 32 lanes of one access hit 32
+    /// distinct banks (rows `g`, columns `2 t`: bank `g + 8 t` for 4-byte
+    /// elements).
+    fn mma_t_access(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        l: &MmaLayout,
+        pad: usize,
+        d: DType,
+        regs: Option<&[BasicValueEnum<'ctx>]>,
+    ) -> Result<Regs<'ctx>> {
+        let (wm, wn, lane) = self.warp_coords(l)?;
+        let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
+        let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(1), "")?;
+        let row = self.mad(wm, l.tile_m(), g)?;
+        let col = self.mad(wn, l.tile_n(), t2)?;
+        let stride = l.m + pad;
+        let base = self.mad(col, stride, row)?;
+        let et = self.mem_ty(d);
+        let mut out = Vec::with_capacity(l.regs());
+        for slot in 0..l.regs() {
+            let (dr, dc) = l.slot_delta(slot);
+            let idx = self.b.build_int_add(base, self.i32c((dc * stride + dr) as i64), "")?;
+            let p = self.smem_elem(smem, 0, et, idx)?;
+            match regs {
+                Some(regs) => {
+                    self.b.build_store(p, self.reg_to_mem(regs[slot], d)?)?;
+                }
+                None => {
+                    let v = self.b.build_load(et, p, "")?;
+                    out.push(self.mem_to_reg(v, d)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The staged index of the first element of the chunk holding `slot` of
     /// a `[rows, cols]` tile: rows padded by [`ROW_PAD`], or with `swizzle`
     /// (16-bit elements, `cols >= 64`) chunk `c` of row `r` at `c ^ (r mod 8)`
@@ -228,14 +286,29 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         cols: usize,
         swizzle: bool,
     ) -> Result<IntValue<'ctx>> {
-        let lin = self.linear_index(l, base, slot)?;
-        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
         if swizzle {
+            let lin = self.linear_index(l, base, slot)?;
+            let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
             let phase = self.b.build_and(row, self.i32c(7), "")?;
             let phase = self.b.build_left_shift(phase, self.i32c(3), "")?;
             return Ok(self.b.build_xor(lin, phase, "")?);
         }
-        let pad = self.b.build_int_mul(row, self.i32c(ROW_PAD as i64), "")?;
+        self.padded_index(l, base, slot, cols, ROW_PAD)
+    }
+
+    /// The index of the first element of the chunk holding `slot` of a
+    /// `[rows, cols]` tile whose rows are padded by `pad` elements.
+    fn padded_index(
+        &self,
+        l: &Layout,
+        base: IntValue<'ctx>,
+        slot: usize,
+        cols: usize,
+        pad: usize,
+    ) -> Result<IntValue<'ctx>> {
+        let lin = self.linear_index(l, base, slot)?;
+        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        let pad = self.b.build_int_mul(row, self.i32c(pad as i64), "")?;
         Ok(self.b.build_int_add(lin, pad, "")?)
     }
 
@@ -257,13 +330,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         cols: usize,
         d: DType,
     ) -> Result<()> {
+        self.stage_padded_at(smem, off, l, regs, cols, ROW_PAD, d)
+    }
+
+    /// [`Lowerer::stage_padded`] with rows padded by `pad` elements.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_padded_at(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        l: &Layout,
+        regs: &[BasicValueEnum<'ctx>],
+        cols: usize,
+        pad: usize,
+        d: DType,
+    ) -> Result<()> {
         let base = self.thread_base(l)?;
         let pc = Self::piece(l, d);
         let et = self.mem_ty(d);
         let vt = super::memory::vec_type(et, pc as u32)?;
         let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
         for s0 in (0..regs.len()).step_by(pc) {
-            let idx = self.chunk_index(l, base, s0, cols, false)?;
+            let idx = self.padded_index(l, base, s0, cols, pad)?;
             let mut vec = vt.get_undef();
             for e in 0..pc {
                 let v = self.reg_to_mem(regs[s0 + e], d)?;
@@ -285,6 +373,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         cols: usize,
         d: DType,
     ) -> Result<Regs<'ctx>> {
+        self.load_padded_at(smem, off, l, cols, ROW_PAD, d)
+    }
+
+    /// [`Lowerer::load_padded`] with rows padded by `pad` elements.
+    fn load_padded_at(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        l: &Layout,
+        cols: usize,
+        pad: usize,
+        d: DType,
+    ) -> Result<Regs<'ctx>> {
         let base = self.thread_base(l)?;
         let pc = Self::piece(l, d);
         let et = self.mem_ty(d);
@@ -292,7 +393,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
         let mut out = Vec::with_capacity(l.regs());
         for s0 in (0..l.regs()).step_by(pc) {
-            let idx = self.chunk_index(l, base, s0, cols, false)?;
+            let idx = self.padded_index(l, base, s0, cols, pad)?;
             let p = self.smem_elem(smem, off, et, idx)?;
             let v = self.b.build_load(vt, p, "")?;
             if let Some(i) = v.as_instruction_value() {

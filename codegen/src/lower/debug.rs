@@ -2,7 +2,10 @@
 //!
 //! `assert` calls the CUDA runtime's `__assertfail(msg, file, line, func,
 //! charsize)` (resolved by the driver's PTX linker) for every register whose
-//! condition is false; the kernel then traps with the message. `print` is not
+//! condition is false; the kernel then traps with the message. In a kernel
+//! with `wgmma` it executes `trap` instead: a call anywhere in the kernel
+//! makes ptxas serialize every `wgmma` (warning C7510), so there the
+//! message is only the interpreter's. `print` is not
 //! supported yet (it needs `vprintf` argument buffers).
 
 use super::Lowerer;
@@ -32,6 +35,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
             DebugOp::Assert { message } => {
                 let cond = self.regs(self.args(inst)[0])?;
+                if !self.pipe.wgmma.is_empty() {
+                    // A call anywhere in the kernel makes ptxas serialize
+                    // every `wgmma` (C7510), so these asserts trap without
+                    // their message (the interpreter reports it).
+                    for c in cond {
+                        let bad = self.b.build_not(c.into_int_value(), "")?;
+                        self.if_then(bad, |lw| {
+                            lw.call("llvm.trap", None, &[])?;
+                            Ok(())
+                        })?;
+                    }
+                    return Ok(());
+                }
                 let loc = self.f.insts[inst].loc.clone();
                 let msg = self.cstring(message)?;
                 let file = self.cstring(&loc.file)?;

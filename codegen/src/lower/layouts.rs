@@ -14,6 +14,10 @@
 //!   `reshape` between `[M]` and `[M, 1]`;
 //! - `broadcast` of an `[M, 1]` row vector to `[M, N]` takes the layout of a
 //!   tensor-core `dot` of that shape with the same split of `M`;
+//! - `trans` of an `[M, N]` tile in an [`MmaLayout`] of at least
+//!   [`LARGE_ACC`] registers per thread keeps its registers ([`Lay::MmaT`]);
+//!   its users take it through a blocked copy, which costs one exchange
+//!   instead of two (accumulator to blocked, then a permute);
 //! - a `for` carries a value in the layout its body yields (the initial
 //!   value is converted once, before the loop), an `if` yields in the layout
 //!   both branches agree on; `while` loops stay blocked.
@@ -50,6 +54,15 @@ impl Assignment {
         self.lays.get(&v).copied().unwrap_or(Lay::Blocked)
     }
 }
+
+/// Accumulator registers per thread from which `trans` keeps the
+/// accumulator's registers ([`Lay::MmaT`]) instead of converting to blocked
+/// and permuting: the swapped dequant GEMM's 256 x 128 tile (128 registers)
+/// stores its epilogue with one exchange instead of two (81.0 -> 78.5 us at
+/// M256 K4096 N14336, H100). Below it the permute is cheap and the other
+/// path changed ptxas's register choices for the worse (the swapped 64 x
+/// 64 tile, 32 registers: 56.5 -> 61.1 us at M64 N14336, same machine).
+pub(crate) const LARGE_ACC: usize = 64;
 
 /// True for elementwise ops that may compute in any layout.
 pub(crate) fn is_elementwise(op: &Op) -> bool {
@@ -137,6 +150,10 @@ pub(crate) fn wants(f: &Function, plan: &MmaPlan, a: &Assignment, inst: Inst, k:
         },
         Op::Shape(ShapeOp::Broadcast { .. }) => match (a.lay(d.args[k]), res(0)) {
             (Lay::Row(r), Lay::Mma(l)) if l.row() == r => Lay::Row(r),
+            _ => Lay::Blocked,
+        },
+        Op::Shape(ShapeOp::Permute { .. }) => match res(0) {
+            Lay::MmaT(l) => Lay::Mma(l),
             _ => Lay::Blocked,
         },
         Op::Dot(_) => match plan.dots.get(&inst) {
@@ -228,6 +245,10 @@ fn infer(
                 let l = dot_layouts.iter().find(|l| l.m == out[0] && l.n == out[1] && l.row() == rl);
                 one(l.map_or(Lay::Blocked, |l| Lay::Mma(*l)))
             }
+            _ => one(Lay::Blocked),
+        },
+        Op::Shape(ShapeOp::Permute { order }) => match a.lay(d.args[0]) {
+            Lay::Mma(l) if order.as_slice() == [1, 0] && l.regs() >= LARGE_ACC => one(Lay::MmaT(l)),
             _ => one(Lay::Blocked),
         },
         Op::Control(ControlOp::For) => {

@@ -11,10 +11,20 @@
 //! every scalar), only owner threads store or perform atomics; atomic results
 //! are sent from owners to replicas through shared memory.
 //!
-//! Cache modifiers and eviction policies are accepted and ignored for now
-//! (default `ld.global`/`st.global` caching); `volatile` loads are volatile.
+//! A load with a cache modifier or eviction policy is inline PTX with those
+//! qualifiers (see `load_qualifiers`); `volatile` loads are volatile.
 //! Atomics are `atomicrmw`/`cmpxchg` with the op's ordering and scope (`gpu`
 //! -> `syncscope("device")`, `cta` -> `"block"`, `sys` -> system).
+//!
+//! Program order: a program is one logical thread, so an atomic orders the
+//! program's accesses, not only those of the threads that perform it. One
+//! with release semantics is preceded by a CTA barrier (the other threads'
+//! earlier stores happen before it, and the release makes them visible with
+//! it: CUTLASS's semaphore pattern); one with acquire semantics is followed
+//! by one (the broadcast of a replicated result already has it), so the
+//! program's later loads see what it acquired. This is what a cross-program
+//! handshake needs (store a tile, `atomic_xchg` a flag; spin on the flag,
+//! load the tile: `dequant::gemm`'s stream-K fix-up).
 
 use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::layout::Layout;
@@ -338,6 +348,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let vals = self.regs(args[1])?;
                 let m = if has_mask { Some(self.regs(args[2])?) } else { None };
                 let owner = self.owner_pred(&l)?;
+                self.order_before_atomic(sem)?;
                 let zero = self.const_scalar(dsl_core::Scalar::zero(d));
                 let mut out = Vec::with_capacity(p.len());
                 for s in 0..p.len() {
@@ -354,6 +365,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     out.push(r);
                 }
                 let out = self.owners_to_replicas(&l, Elem::Scalar(d), out)?;
+                self.order_after_atomic(sem, &l)?;
                 self.set(self.result(inst, 0)?, out);
             }
             // `compile` expands every `load_block` into a masked `load` first
@@ -364,6 +376,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             MemoryOp::AtomicCas { sem, scope } => {
                 let (cmp, new) = (self.regs(args[1])?, self.regs(args[2])?);
                 let owner = self.owner_pred(&l)?;
+                self.order_before_atomic(sem)?;
                 let zero = self.const_scalar(dsl_core::Scalar::zero(d));
                 let mut out = Vec::with_capacity(p.len());
                 for s in 0..p.len() {
@@ -378,8 +391,27 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     out.push(r);
                 }
                 let out = self.owners_to_replicas(&l, Elem::Scalar(d), out)?;
+                self.order_after_atomic(sem, &l)?;
                 self.set(self.result(inst, 0)?, out);
             }
+        }
+        Ok(())
+    }
+
+    /// The CTA barrier before an atomic with release semantics (see the
+    /// module doc: the program's earlier accesses, by any thread, come first).
+    fn order_before_atomic(&self, sem: MemSem) -> Result<()> {
+        if matches!(sem, MemSem::Release | MemSem::AcqRel) {
+            self.barrier()?;
+        }
+        Ok(())
+    }
+
+    /// The CTA barrier after an atomic with acquire semantics, unless the
+    /// broadcast of its replicated result (`owners_to_replicas`) had one.
+    fn order_after_atomic(&self, sem: MemSem, l: &Layout) -> Result<()> {
+        if matches!(sem, MemSem::Acquire | MemSem::AcqRel) && !l.replicated() {
+            self.barrier()?;
         }
         Ok(())
     }

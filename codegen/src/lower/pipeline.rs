@@ -185,6 +185,13 @@ pub(crate) struct Pipeline {
     pub deferred: FxHashSet<Inst>,
     /// The kernel's hidden tensor-map parameters, in order (`crate::tma`).
     pub tensor_maps: Vec<TensorMapSpec>,
+    /// Some loop defers `wgmma` groups whose A fragments its body computes
+    /// (the swapped dequant GEMM: the next tile's dequantization overlaps
+    /// the running group) into an accumulator of at least
+    /// `layouts::LARGE_ACC` registers per thread, so its schedule wants
+    /// registers more than another program per SM (`.minnctapersm 1`, see
+    /// `lower::lower_function`).
+    pub body_forms_a: bool,
 }
 
 /// Decides which loads of `f` are pipelined `stages` deep.
@@ -318,6 +325,9 @@ pub(crate) fn analyze(
         // (the swapped dequant GEMM at 3 stages: 102.3 -> 98.1 us on H100).
         let defer = wgmma && only_yield && (stages >= 4 || (stages == 3 && formed_a));
         if defer {
+            let large =
+                ours.iter().any(|d| plan.dots.get(d).is_some_and(|l| l.regs() >= super::layouts::LARGE_ACC));
+            p.body_forms_a |= formed_a && large;
             p.deferred.extend(ours);
         }
         let ahead = if defer { stages - 2 } else { stages - 1 };

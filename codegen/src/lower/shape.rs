@@ -169,6 +169,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.set(res, regs);
                 return Ok(());
             }
+            (Lay::MmaT(l), ShapeOp::Permute { .. }) => {
+                // The transpose of an accumulator: the same registers.
+                let regs = self.regs_as(a, Lay::Mma(l))?;
+                self.set(res, regs);
+                return Ok(());
+            }
             (Lay::Mma(l), ShapeOp::Broadcast { .. }) => {
                 // `[M, 1]` row vector -> `[M, N]`: accumulator register
                 // `[i][j][q]` is row register `2 i + q / 2`.

@@ -12,8 +12,9 @@ use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
 /// Stores the `[BLOCK_M, BLOCK_N]` accumulator of output tile `(pid_m,
-/// pid_n)`; with `silu`, weight rows come in (gate, up) pairs and the tile
-/// holds `BLOCK_N / 2` output columns of `silu(gate) * up`.
+/// pid_n)` (activation rows from `pid_m * BLOCK_M`, weight rows from `pid_n
+/// * BLOCK_N`); with `silu`, weight rows come in (gate, up) pairs and the
+/// tile holds `BLOCK_N / 2` output columns of `silu(gate) * up`.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_epilogue(
@@ -22,11 +23,11 @@ pub fn gemm_epilogue(
     m: Tensor,
     n: Tensor,
     silu: bool,
+    pid_m: Tensor,
+    pid_n: Tensor,
     block_m: usize,
     block_n: usize,
 ) {
-    let pid_m = program_id(0);
-    let pid_n = program_id(1);
     if silu {
         let pairs = block_n / 2;
         // Gate and up of an output column are adjacent along the last axis.
@@ -135,7 +136,7 @@ pub fn gemm_q4_body(
         acc = dot_wt(xl, w_lo, acc, block_m, block_n, half);
         acc = dot_wt(xh, w_hi, acc, block_m, block_n, half);
     }
-    gemm_epilogue(acc, out_ptr, m, n, silu, block_m, block_n);
+    gemm_epilogue(acc, out_ptr, m, n, silu, program_id(0), program_id(1), block_m, block_n);
 }
 
 /// `acc + w @ x^T` for the dequantized `[BLOCK_N, BLOCK_K]` weight tile `w`
@@ -151,18 +152,8 @@ pub fn dot_swapped(w: Tensor, x: Tensor, acc: Tensor, dt: DType) -> Tensor {
 
 /// The swapped GEMM ([`gemm_q4_1`] and the others with `SWAP`): the
 /// program computes `acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T` (weight
-/// rows as the product's M, activation rows as its N), so the dequantized
-/// weights are the `a` operand, which tensor cores take from registers
-/// (`wgmma`'s register-A form on sm_90a), and the activations are the `b`
-/// operand, which the codegen pipelines into shared memory with
-/// `cp.async`. The W tile is formed in K order: viewed as `[BLOCK_N,
-/// BLOCK_K / 16, 4, 4]`, element `(r, h, j, e)` is column `16 h + 4 j + e`
-/// of the tile, byte `e` of the row's 32-bit word `wpb * (h / 2) + j` (Q4:
-/// `wpb = 4` words per block, the nibble `h % 2` of the byte, as byte `b`
-/// of a block holds columns `b` and `b + 16`) or `wpb * (h / 2) + 4 (h % 2)
-/// + j` (Q8_0: `wpb = 8`, one byte per column). The word and scale indices
-/// are broadcast along `e` (the scales along `j` and `e` too), so each
-/// thread chunk loads each word and scale once.
+/// rows as the product's M, activation rows as its N) with [`swap_acc`] and
+/// stores its transpose.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_swap(
@@ -183,11 +174,72 @@ pub fn gemm_swap(
 ) {
     gdc_wait();
     gdc_launch_dependents();
+    let rows = if silu { n * 2 } else { n };
+    let (pid_m, pid_n) = (program_id(0), program_id(1));
+    let k_full = k / block_k * block_k;
+    let acc = swap_acc(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        m,
+        k,
+        rows,
+        pid_m * block_m,
+        pid_n * block_n,
+        full([], 0, i32),
+        k_full,
+        true,
+        q8,
+        has_min,
+        dt,
+        block_m,
+        block_n,
+        block_k,
+    );
+    gemm_epilogue(trans(acc), out_ptr, m, n, silu, pid_m, pid_n, block_m, block_n);
+}
+
+/// `W_tile @ x_tile^T` over the K range `[k_lo, k_hi)` (whole tiles) for the
+/// `BLOCK_N` weight rows from `w0` and the `BLOCK_M` activation rows from
+/// `m0`, as `[BLOCK_N, BLOCK_M]` f32; with `tail`, plus the partial K tile
+/// from `k_hi` (`k_hi = K / BLOCK_K * BLOCK_K`). The dequantized weights are
+/// the `a` operand, which tensor cores take from registers (`wgmma`'s
+/// register-A form on sm_90a), and the activations are the `b` operand,
+/// which the codegen pipelines into shared memory (TMA on sm_90a). The W
+/// tile is formed in K order: viewed as `[BLOCK_N, BLOCK_K / 16, 4, 4]`,
+/// element `(r, h, j, e)` is column `16 h + 4 j + e` of the tile, byte `e`
+/// of the row's 32-bit word `wpb * (h / 2) + j` (Q4: `wpb = 4` words per
+/// block, the nibble `h % 2` of the byte, as byte `b` of a block holds
+/// columns `b` and `b + 16`) or `wpb * (h / 2) + 4 (h % 2) + j` (Q8_0: `wpb
+/// = 8`, one byte per column). The word and scale indices are broadcast
+/// along `e` (the scales along `j` and `e` too), so each thread chunk loads
+/// each word and scale once. Weight rows past `rows` are clamped to the
+/// last one (their results are not stored).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn swap_acc(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    m: Tensor,
+    k: Tensor,
+    rows: Tensor,
+    m0: Tensor,
+    w0: Tensor,
+    k_lo: Tensor,
+    k_hi: Tensor,
+    tail: bool,
+    q8: bool,
+    has_min: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+    block_k: usize,
+) -> Tensor {
     let hq = block_k / 16;
     let wpb = if q8 { 8 } else { 4 };
-    let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let wrow = minimum(program_id(1) * block_n + arange(0, block_n), rows - 1);
+    let wrow = minimum(w0 + arange(0, block_n), rows - 1);
     let h = arange(0, hq);
     let j4 = expand_dims(expand_dims(arange(0, 4), 0), 0);
     // The bit offset of element `(r, h, j, e)` in its word (column `c = 16 h
@@ -209,18 +261,16 @@ pub fn gemm_swap(
     let s_idx = reshape(broadcast_to(expand_dims(s2, 2), [block_n, hq, 16]), [block_n, block_k]);
     // The activation tiles are boxes of the row-major `[M, K]` x (rows past
     // `M` and columns past `K` read as zero); on sm_90a TMA copies them.
-    let m0 = program_id(0) * block_m;
     let qw = ptrcast(q_ptr, i32);
     let mut acc = zeros([block_n, block_m], f32);
-    let k_full = k / block_k * block_k;
     // The weight words and scales of tile i + 1 are loaded (into registers)
     // before tile i is dequantized, as in [`gemm_q4_body`]; the activations
     // are pipelined by the codegen.
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = swap_scale_load(s_ptr, s_idx, have, q8, has_min);
-    for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
+    let have = k_hi > k_lo;
+    let mut wd = load(qw + (w_idx + k_lo / 32 * wpb), mask = have, other = 0);
+    let mut sr = swap_scale_load(s_ptr, s_idx + k_lo / 32, have, q8, has_min);
+    for k0 in range(k_lo, k_hi, block_k) {
+        let nk = minimum(k0 + block_k, k_hi - block_k);
         let wd_next = load(qw + (w_idx + nk / 32 * wpb));
         let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, have, q8, has_min);
         let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
@@ -228,20 +278,253 @@ pub fn gemm_swap(
         wd = wd_next;
         sr = sr_next;
     }
-    for k0 in range(k_full, k, block_k) {
-        // The last partial tile: blocks past K are clamped to the row's last
-        // block, and their activations read as zero.
-        let hb = minimum(k0 / 32 + h / 2, nb - 1);
-        let tw = row_words + expand_dims(expand_dims(hb * wpb + half_words, 0), 2) + j4;
-        let tw_idx = reshape(broadcast_to(expand_dims(tw, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
-        let ts2 = row_blocks + expand_dims(hb, 0);
-        let ts = reshape(broadcast_to(expand_dims(ts2, 2), [block_n, hq, 16]), [block_n, block_k]);
-        let sr = swap_scale_load(s_ptr, ts, k0 < k, q8, has_min);
-        let w = swap_weights(load(qw + tw_idx), nib, e8, sr, q8, has_min);
-        let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
-        acc = dot_swapped(w, x, acc, dt);
+    if tail {
+        for k0 in range(k_hi, k, block_k) {
+            // The last partial tile: blocks past K are clamped to the row's
+            // last block, and their activations read as zero.
+            let hb = minimum(k0 / 32 + h / 2, nb - 1);
+            let tw = row_words + expand_dims(expand_dims(hb * wpb + half_words, 0), 2) + j4;
+            let tw_idx = reshape(broadcast_to(expand_dims(tw, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
+            let ts2 = row_blocks + expand_dims(hb, 0);
+            let ts = reshape(broadcast_to(expand_dims(ts2, 2), [block_n, hq, 16]), [block_n, block_k]);
+            let sr = swap_scale_load(s_ptr, ts, k0 < k, q8, has_min);
+            let w = swap_weights(load(qw + tw_idx), nib, e8, sr, q8, has_min);
+            let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
+            acc = dot_swapped(w, x, acc, dt);
+        }
     }
-    gemm_epilogue(trans(acc), out_ptr, m, n, silu, block_m, block_n);
+    acc
+}
+
+/// The stream-K form of [`gemm_swap`] ([`gemm_stream_k`]): the `tiles`
+/// output tiles times `ipt = K / BLOCK_K` K tiles make `tiles * ipt`
+/// iterations (tile-major, K inner), split evenly over the `G` programs:
+/// `q = G - 1 - program_id(0)` runs iterations `[q T / G, (q + 1) T / G)`.
+/// With `tiles <= G` (the runtime's rule) that range is at most `ipt` long,
+/// so it covers the end of one tile (piece A) and perhaps the start of the
+/// next (piece B). A piece that does not start its tile (K offset > 0) is a
+/// partial sum: it goes to the program's slot of the f32 workspace `ws`
+/// (`[G, BLOCK_M * BLOCK_N]`) and `flags[q]` is set (`atomic_xchg`, release
+/// after a CTA barrier). The piece that starts a tile finishes it: it takes
+/// each later program whose range starts inside the tile, spins until its
+/// flag is set, resets it (so the flags are zero again after every launch)
+/// and adds its slot, then stores the tile. Waits go from a program to
+/// programs with lower `program_id`, whose first piece never waits, so the
+/// handshake cannot deadlock (the interpreter, running programs in order,
+/// never spins). Tiles are numbered `pid_n * tiles_m + pid_m`, so
+/// neighbouring programs share weight rows. `K % BLOCK_K == 0` and `tiles
+/// <= G` are asserted; `tiles * ipt * G < 2^31` is the caller's (the
+/// runtime's) to ensure.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_swap_sk(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    ws_ptr: Tensor,
+    flag_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    q8: bool,
+    has_min: bool,
+    silu: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    gdc_wait();
+    gdc_launch_dependents();
+    let rows = if silu { n * 2 } else { n };
+    let tiles_m = cdiv(m, block_m);
+    let ipt = k / block_k;
+    let total = tiles_m * cdiv(rows, block_n) * ipt;
+    let g = num_programs(0);
+    device_assert(
+        k % block_k == 0 && total / ipt <= g,
+        "gemm_stream_k needs K % BLOCK_K == 0 and at least one program per output tile",
+    );
+    let q = g - 1 - program_id(0);
+    let start = q * total / g;
+    let end = (q + 1) * total / g;
+    // Piece A: the rest of tile `ta` from K tile `a0`.
+    let ta = start / ipt;
+    let a0 = start % ipt;
+    let a1 = minimum(ipt, a0 + (end - start));
+    let acc = swap_acc(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        m,
+        k,
+        rows,
+        ta % tiles_m * block_m,
+        ta / tiles_m * block_n,
+        a0 * block_k,
+        a1 * block_k,
+        false,
+        q8,
+        has_min,
+        dt,
+        block_m,
+        block_n,
+        block_k,
+    );
+    let tile_len = block_m * block_n;
+    let slot = arange(0, tile_len);
+    if a0 > 0 {
+        store(ws_ptr + q * tile_len + slot, reshape(trans(acc), [tile_len]));
+        atomic_xchg(flag_ptr + q, 1);
+    } else {
+        if end > start {
+            sk_finish(
+                trans(acc),
+                out_ptr,
+                ws_ptr,
+                flag_ptr,
+                m,
+                n,
+                silu,
+                ta,
+                tiles_m,
+                ipt,
+                total,
+                q,
+                block_m,
+                block_n,
+            );
+        }
+    }
+    // Piece B: the start of tile `ta + 1`, up to K tile `b1` (none when 0).
+    let b1 = maximum(end - (ta + 1) * ipt, 0);
+    let tb = ta + 1;
+    let acc_b = swap_acc(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        m,
+        k,
+        rows,
+        tb % tiles_m * block_m,
+        tb / tiles_m * block_n,
+        full([], 0, i32),
+        b1 * block_k,
+        false,
+        q8,
+        has_min,
+        dt,
+        block_m,
+        block_n,
+        block_k,
+    );
+    if b1 > 0 {
+        sk_finish(
+            trans(acc_b),
+            out_ptr,
+            ws_ptr,
+            flag_ptr,
+            m,
+            n,
+            silu,
+            tb,
+            tiles_m,
+            ipt,
+            total,
+            q,
+            block_m,
+            block_n,
+        );
+    }
+}
+
+/// Finishes output tile `t` of [`gemm_swap_sk`] from its first piece `acc`
+/// (`[BLOCK_M, BLOCK_N]`, computed by program `q`): adds the partial sums of
+/// the later programs whose ranges start inside the tile, then stores it.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn sk_finish(
+    acc: Tensor,
+    out_ptr: Tensor,
+    ws_ptr: Tensor,
+    flag_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    silu: bool,
+    t: Tensor,
+    tiles_m: Tensor,
+    ipt: Tensor,
+    total: Tensor,
+    q: Tensor,
+    block_m: usize,
+    block_n: usize,
+) {
+    let g = num_programs(0);
+    let tile_len = block_m * block_n;
+    let slot = arange(0, tile_len);
+    let tile_end = (t + 1) * ipt;
+    let mut sum = reshape(acc, [tile_len]);
+    let mut p = q + 1;
+    while p < g && p * total / g < tile_end {
+        let mut set = 0;
+        while set == 0 {
+            set = atomic_xchg(flag_ptr + p, 0);
+        }
+        // `.cg`: the partial was written by another SM in this launch.
+        sum = sum + load(ws_ptr + p * tile_len + slot, cache_modifier = ".cg");
+        p = p + 1;
+    }
+    gemm_epilogue(
+        reshape(sum, [block_m, block_n]),
+        out_ptr,
+        m,
+        n,
+        silu,
+        t % tiles_m,
+        t / tiles_m,
+        block_m,
+        block_n,
+    );
+}
+
+/// Stream-K swapped GEMM: [`gemm_q4_1`] / [`gemm_q4_0`] / [`gemm_q8_0`]
+/// with `SWAP` (`Q8`, `HAS_MIN` pick the format: Q8_0, Q4_1, else Q4_0),
+/// its `tiles * K / BLOCK_K` iterations split evenly over the grid
+/// `[G, 1, 1]` (see [`gemm_swap_sk`]). For products with fewer output tiles
+/// than the GPU has SMs, where the tiled grid leaves SMs idle: the runtime
+/// launches one program per SM. `ws` holds `G * BLOCK_M * BLOCK_N` f32
+/// (partial sums; any contents) and `flags` `G` i32 that must be zero
+/// before the first launch (every launch leaves them zero).
+#[kernel(autotune(
+    configs = [
+        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8, num_stages = 3),
+        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8, num_stages = 4),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_stream_k<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<T>,
+    ws_ptr: Ptr<f32>,
+    flag_ptr: Ptr<i32>,
+    m: i32,
+    n: i32,
+    k: i32,
+    #[constexpr] SILU: bool,
+    #[constexpr] Q8: bool,
+    #[constexpr] HAS_MIN: bool,
+    #[constexpr] BLOCK_M: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    gemm_swap_sk(
+        x_ptr, q_ptr, s_ptr, out_ptr, ws_ptr, flag_ptr, m, n, k, Q8, HAS_MIN, SILU, T, BLOCK_M, BLOCK_N,
+        BLOCK_K,
+    );
 }
 
 /// The raw scale entries at `s` for [`gemm_swap`] (see [`q4_scale_load`];
@@ -334,7 +617,7 @@ pub fn gemm_q8_body(
         let x = where_(valid, load(x_ptr + mrow * k + minimum(xk, k - 1)).to(f32), 0.0);
         acc = dot_wt(x, w, acc, block_m, block_n, block_k);
     }
-    gemm_epilogue(acc, out_ptr, m, n, silu, block_m, block_n);
+    gemm_epilogue(acc, out_ptr, m, n, silu, program_id(0), program_id(1), block_m, block_n);
 }
 
 /// Q4_1 GEMM (prefill): `out[M, N] = x[M, K] @ W^T` with `W` repacked Q4_1;

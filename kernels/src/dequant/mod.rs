@@ -252,6 +252,12 @@ pub fn uses_gemv(m: usize, rows: usize) -> bool {
     m <= 4 || m * rows <= 16 * 1024
 }
 
+/// The swapped 256 x 128 x 64 tile (8 warps, 3 stages) of the large
+/// bf16 products on sm_90a: [`gemm_tiles`]' choice for wide grids and the
+/// stream-K kernel's tile ([`stream_k`]).
+pub const SWAPPED_WIDE: GemmTiles =
+    GemmTiles { block_m: 256, block_n: 128, block_k: 64, num_warps: 8, swap: true, num_stages: 3 };
+
 /// Untuned GEMM tiles for `m` activation rows, a weight of `rows` rows
 /// (`2N` with SILU) and `k` columns, the first that fits of: 128 x 128
 /// output tiles with K tiles of 64 (Q4) or 32 (Q8_0) weights over 8 warps
@@ -280,14 +286,7 @@ pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok:
     let (narrow_k, wide_k) = if q8 { (32, 64) } else { (64, 128) };
     let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
     if swap_ok && !q8 && k >= 2048 && m >= 256 && programs(256, 128) >= 100 {
-        return GemmTiles {
-            block_m: 256,
-            block_n: 128,
-            block_k: 64,
-            num_warps: 8,
-            swap: true,
-            num_stages: 3,
-        };
+        return SWAPPED_WIDE;
     }
     if swap_ok && !q8 && k >= 2048 && m >= 64 && programs(64, 64) >= 132 {
         return GemmTiles { block_m: 64, block_n: 64, block_k: 64, num_warps: 4, swap: true, num_stages: 4 };
@@ -302,6 +301,35 @@ pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok:
         (16, 32, wide_k, 2)
     };
     GemmTiles { block_m, block_n, block_k, num_warps, swap: false, num_stages: 2 }
+}
+
+/// The stream-K launch ([`gemm::gemm_stream_k`]) for `m` activation rows,
+/// a weight of `rows` rows and `k` columns on a device with `sms` SMs: its
+/// tiles (the swapped 256 x 128 x 64 tile, 8 warps, 3 stages) and grid
+/// (one program per SM), or `None` when [`gemm_tiles`]' tiled grid is the
+/// better launch. Stream-K pays where the 256 x 128 tiles would leave at
+/// least half the SMs idle: at M 256 x N 4096 (32 tiles on 132 SMs) 49.9
+/// us against 55.4 for the swapped 64 x 64 tiled grid. It loses at 112
+/// tiles (M 256 x N 14336: 86.9 against 78.5 us tiled), because handing a
+/// 128 KB partial sum over costs about 13 us per program (the 32 stores
+/// per thread stall on the store queue), more than the 15% of idle SMs it
+/// recovers (H100, 2026-11-24). Q4 weights with 16-bit activations on a
+/// `wgmma` device (`swap_ok`), K of at least 2048 in whole K tiles, and
+/// more than 128 activation rows (the tile is 256 rows).
+pub fn stream_k(
+    format: QuantFormat,
+    m: usize,
+    rows: usize,
+    k: usize,
+    swap_ok: bool,
+    sms: usize,
+) -> Option<(GemmTiles, u32)> {
+    let t = SWAPPED_WIDE;
+    let tiles = m.div_ceil(t.block_m) * rows.div_ceil(t.block_n);
+    let iterations = tiles * (k / t.block_k);
+    let fits = iterations.checked_mul(sms).is_some_and(|v| v < 1 << 31);
+    let shape = k >= 2048 && k.is_multiple_of(t.block_k) && m > 128 && 2 * tiles <= sms;
+    (swap_ok && format != QuantFormat::Q8_0 && shape && fits).then_some((t, sms as u32))
 }
 
 /// The GEMM grid: `[ceil(m / BLOCK_M), ceil(rows / BLOCK_N), 1]` with
