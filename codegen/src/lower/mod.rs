@@ -29,6 +29,7 @@ mod memory;
 mod pipeline;
 mod program;
 mod reduce;
+mod remat;
 mod shape;
 mod tma;
 
@@ -375,6 +376,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if layouts::is_uniform(self.f, v) {
             let r = self.raw_regs(v)?[0];
             return Ok(vec![r; self.count(&ty, lay)]);
+        }
+        // A tile computed from coordinates alone is evaluated in place of
+        // an exchange (`remat.rs`).
+        if let Lay::Mma(l) = lay
+            && ty.shape.as_slice() == [l.m, l.n]
+            && remat::computable(self.f, v)
+        {
+            return self.remat_mma(v, &l);
         }
         let b = self.regs(v)?;
         match lay {

@@ -191,6 +191,20 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let la = self.layout(&aty);
         let rty = self.f.ty(res).clone();
         let lr = self.layout(&rty);
+        // A result computed from coordinates alone is evaluated where the
+        // op would exchange its operand (`remat.rs`).
+        let exchanges = match op {
+            ShapeOp::Broadcast { .. } => {
+                la != lr && la.n != 1 && !leading_broadcast(&aty.shape, &rty.shape, la, lr)
+            }
+            ShapeOp::Permute { .. } => true,
+            _ => false,
+        };
+        if exchanges && super::remat::computable(self.f, res) {
+            let out = self.remat_blocked(res)?;
+            self.set(res, out);
+            return Ok(());
+        }
         match op {
             ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. } => self.set(res, regs),
             ShapeOp::Broadcast { shape } => {
@@ -200,17 +214,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 // index, and with equal chunk sizes every thread already holds
                 // it (see the layout module): register `s` is input register
                 // `s mod regs`.
-                let last_bcast = (0..oshape.len()).rev().find(|&d| ashape[d] == 1 && oshape[d] > 1);
-                let first_kept = (0..oshape.len()).find(|&d| ashape[d] > 1);
-                let leading = match (last_bcast, first_kept) {
-                    (Some(b), Some(k)) => b < k,
-                    _ => true,
-                };
                 if la == lr {
                     self.set(res, regs);
                 } else if la.n == 1 {
                     self.set(res, vec![regs[0]; lr.regs()]);
-                } else if leading && la.spt == lr.spt {
+                } else if leading_broadcast(ashape, oshape, la, lr) {
                     let out = (0..lr.regs()).map(|s| regs[s % regs.len()]).collect();
                     self.set(res, out);
                 } else {
@@ -286,6 +294,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         Ok(())
     }
+}
+
+/// A leading broadcast (`[1, .., 1, rest] -> [.., rest]`) between layouts
+/// of one chunk size: register `s` is input register `s mod regs`, no data
+/// moves (see [`Lowerer::lower_shape`]).
+fn leading_broadcast(ashape: &[usize], oshape: &[usize], la: Layout, lr: Layout) -> bool {
+    let last_bcast = (0..oshape.len()).rev().find(|&d| ashape[d] == 1 && oshape[d] > 1);
+    let first_kept = (0..oshape.len()).find(|&d| ashape[d] > 1);
+    let leading = match (last_bcast, first_kept) {
+        (Some(b), Some(k)) => b < k,
+        _ => true,
+    };
+    leading && la.spt == lr.spt
 }
 
 /// What [`Lowerer::swizzled_index`] computes, for the tests.
