@@ -510,41 +510,85 @@ fn dot_kernel(m: usize, n: usize, kk: usize, dtype: DType, b_nk: bool) -> Result
     })
 }
 
-/// Register-A `wgmma` with an `a` computed in the loop (neither a pipelined
-/// load nor an accumulator): it is staged through shared memory and read
-/// with `ldmatrix` every iteration, while `b` is read by descriptor from its
-/// ring (sm_90a, 64x64x64 with 4 warps: one warpgroup).
+/// `wgmma` with an `a` computed in the loop (neither a pipelined load nor
+/// an accumulator), sm_90a, 64x64x64 with 4 warps (one warpgroup), while
+/// `b` is read by descriptor from its ring:
+/// - computed from loads (`a + a`): written into a ring stage of swizzle
+///   atoms (16-byte shared stores), fenced for the async proxy, one
+///   barrier, and read by descriptor too: no `ldmatrix`, no A registers;
+///   its rows of 128 bytes are what the atoms need, so a 32-wide `a` is
+///   staged and `ldmatrix`ed into register A instead;
+/// - computed from an earlier product of the body (attention's
+///   probabilities): register A, taken from the accumulator's registers.
 #[test]
 fn wgmma_computed_a() {
-    let (m, n, kk) = (64usize, 64usize, 64usize);
-    let f = KernelBuilder::new("wgmma_computed_a")
-        .build(|| {
-            let hint = ParamHints { divisibility: Some(16) };
-            let a_ptr = param_with_hints("a_ptr", Type::ptr(DType::BF16), hint.clone());
-            let b_ptr = param_with_hints("b_ptr", Type::ptr(DType::BF16), hint);
-            let c_ptr = param_ptr("c_ptr", DType::F32);
-            let steps = param_scalar("steps", DType::I32);
-            let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
-            let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
-            let b_offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
-            let acc = for_range(0, steps, 1, &[zeros(&[m, n], DType::F32)], |i, carried| {
-                let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
-                let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
-                vec![dot(a + a, b, Some(carried[0]))]
-            })[0];
-            let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
-            store(c_ptr + c_offs, acc, None);
-        })
-        .unwrap();
+    let build = |m: usize, n: usize, kk: usize, from_dot: bool| {
+        KernelBuilder::new("wgmma_computed_a")
+            .build(|| {
+                let hint = ParamHints { divisibility: Some(16) };
+                let a_ptr = param_with_hints("a_ptr", Type::ptr(DType::BF16), hint.clone());
+                let b_ptr = param_with_hints("b_ptr", Type::ptr(DType::BF16), hint);
+                let c_ptr = param_ptr("c_ptr", DType::F32);
+                let steps = param_scalar("steps", DType::I32);
+                let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
+                let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
+                let b_offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
+                let acc = for_range(0, steps, 1, &[zeros(&[m, n], DType::F32)], |i, carried| {
+                    let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
+                    let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
+                    let a = if from_dot {
+                        // `[M, K] = a @ b'` with `b'` the `[K, K]` head of `b`'s rows.
+                        let sq = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ki), 0);
+                        let b2 = load(b_ptr + sq + i * (ni * ki), None, None);
+                        dot(a, b2, None).to(DType::BF16)
+                    } else {
+                        a + a
+                    };
+                    vec![dot(a, b, Some(carried[0]))]
+                })[0];
+                let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
+                store(c_ptr + c_offs, acc, None);
+            })
+            .unwrap()
+    };
     let opts = CompileOptions { target: Target::Sm90a, num_warps: 4, num_stages: STAGES };
-    let ptx = compile(&f, &opts).unwrap().ptx;
-    let wg: Vec<&str> = ptx.lines().filter(|l| l.contains("wgmma.mma_async")).collect();
-    assert_eq!(wg.len(), kk / 16, "{ptx}");
-    assert!(wg.iter().all(|l| l.contains("}, {%r")), "register A: {wg:?}");
-    assert!(ptx.contains("ldmatrix"), "a is read back with ldmatrix");
-    let report = assemble(&ptx, "sm_90a", "wgmma_computed_a");
-    assert_eq!(spill_bytes(&report), 0, "{report:?}");
-    assert!(!report.iter().any(|l| l.contains("Performance") || l.contains("inject")), "{report:?}");
+    for (kk, from_dot) in [(64usize, false), (32, false), (64, true)] {
+        let tag = format!("k {kk}, a from a dot: {from_dot}");
+        let ptx = compile(&build(64, 64, kk, from_dot), &opts).unwrap().ptx;
+        let wg: Vec<&str> = ptx.lines().filter(|l| l.contains("wgmma.mma_async")).collect();
+        let regs = wg.iter().filter(|l| l.contains("}, {%r")).count();
+        let lines: Vec<&str> =
+            ptx.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("//")).collect();
+        let staged = lines
+            .windows(2)
+            .any(|w| w[0] == "fence.proxy.async.shared::cta;" && w[1].starts_with("bar.sync"));
+        if from_dot {
+            // The first product reads both operands from their rings; the
+            // second takes its A fragments from the first's accumulator
+            // right after waiting for it (no staging, no barrier).
+            assert_eq!((wg.len(), regs), (2 * kk / 16, kk / 16), "{tag}: {wg:?}");
+            assert!(!ptx.contains("ldmatrix"), "{tag}");
+            let fences: Vec<usize> =
+                (0..lines.len()).filter(|&i| lines[i].starts_with("wgmma.fence")).collect();
+            let before = lines[..fences[1]]
+                .iter()
+                .rev()
+                .find(|l| l.starts_with("wgmma.") || l.starts_with("bar.sync"));
+            assert_eq!(before, Some(&"wgmma.wait_group.sync.aligned 0;"), "{tag}");
+        } else if kk == 64 {
+            assert_eq!((wg.len(), regs), (kk / 16, 0), "{tag}: descriptors only: {wg:?}");
+            assert!(staged && ptx.contains("st.shared.v4.b32") && !ptx.contains("ldmatrix"), "{tag}");
+        } else {
+            assert_eq!((wg.len(), regs), (kk / 16, kk / 16), "{tag}: register A: {wg:?}");
+            assert!(ptx.contains("ldmatrix"), "{tag}: a is read back with ldmatrix");
+        }
+        let report = assemble(&ptx, "sm_90a", "wgmma_computed_a");
+        assert_eq!(spill_bytes(&report), 0, "{tag}: {report:?}");
+        assert!(
+            !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
+            "{tag}: {report:?}"
+        );
+    }
 }
 
 /// `wgmma` results are waited for at their first use: of two products in a
@@ -857,16 +901,12 @@ fn next_on_path<'a>(lines: &[&'a str], from: usize, hit: impl Fn(&str) -> bool) 
 }
 
 /// Spill bytes allowed on sm_90a for a swapped dequant GEMM tile of
-/// `block_m` activation rows at `stages`: none, except for the runtime's
-/// 256-row tile at three stages. Its group is deferred there (the
-/// dequantization of the next tile overlaps it: 102.3 -> 98.1 us at M256
-/// K4096 N14336 on H100), and at 255 registers ptxas spills a few values
-/// that only the K tail reads: in the SASS profiled under ncu, the stores
-/// run once per warp before the main loop and the loads never at K = 4096.
-/// Today that is 24 bytes (Q4_1) to 32 (Q8_0 with SiLU); growth past the
-/// cap means something else spills.
-fn swapped_spill_cap(block_m: usize, stages: u32) -> u64 {
-    if block_m == 256 && stages == 3 { 48 } else { 0 }
+/// `block_m` activation rows at `stages`: none. (With register-A `wgmma`
+/// the 256-row tile at three stages spilled up to 32 bytes at 255
+/// registers; staging the dequantized tile in shared memory for the tensor
+/// cores freed its A fragments.)
+fn swapped_spill_cap(_block_m: usize, _stages: u32) -> u64 {
+    0
 }
 
 /// Every declared autotune config of the dequant kernels compiles for sm_90a
@@ -1013,23 +1053,26 @@ fn cache_round_trip() {
 }
 
 /// The swapped dequant GEMM (`kernels::dequant::gemm::gemm_swap`) on
-/// sm_90a: the dequantized weight tile is the register-A operand of
-/// `wgmma` (staged once through shared memory into A fragments) and the
-/// pipelined activation tile its `b`, at the runtime's tile for the bench
-/// shape (256 x 128 x 64, 8 warps, 3 stages) and a 4-stage tile, where
-/// the group is deferred (the body forms the A fragments, so three stages
-/// are enough): it is left running across the iteration and waited for
-/// (`wait_group 0`) only right before the next iteration's A fragments are
-/// loaded, after its dequantization; and at 2 stages, where it is not.
-/// They assemble without spills (but for [`swapped_spill_cap`]), shift
-/// each weight word by a register amount only once (the other nibble shifts
-/// are immediates), and sm_80 gets `mma.sync`.
+/// sm_90a: the dequantized weight tile is the `a` operand of `wgmma`, which
+/// the body writes into a ring stage of swizzle atoms (fenced for the async
+/// proxy, then one barrier) and the tensor cores read in place (no
+/// `ldmatrix`, no A-fragment registers), and the activation tile its `b`,
+/// copied by TMA. At the runtime's tile for the bench shape (256 x 128 x 64,
+/// 8 warps, 4 stages) and at 3 stages, and at a 4-stage 128 x 64 tile, the
+/// group is deferred: it keeps running across the iteration boundary and
+/// the `wait_group 1` right after it is issued waits for the previous one,
+/// so the next tile's dequantization overlaps it; at 2 stages it is waited
+/// for at the end of its iteration. The words are prefetched two tiles
+/// ahead after the product, so the main loop's body is emitted twice per
+/// trip. They assemble without spills (but for [`swapped_spill_cap`]), shift
+/// each weight word by a register amount only once per copy of the body
+/// (the other nibble shifts are immediates), and sm_80 gets `mma.sync`.
 #[test]
 fn dequant_gemm_swapped() {
     use ::kernels::dequant::gemm::gemm_q4_1 as m41;
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(14336), Some(4096)];
-    for (bm, bn, bk, warps, stages) in [(256, 128, 64, 8u32, 3u32), (128, 64, 64, 4, 4), (128, 64, 64, 4, 2)]
-    {
+    let tiles = [(256, 128, 64, 8u32, 4u32), (256, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 64, 64, 4, 2)];
+    for (bm, bn, bk, warps, stages) in tiles {
         let f = m41::build(&m41::Config::new(DType::BF16, false, bm, bn, bk, true)).unwrap();
         let f = dsl_core::launch::specialize(&f, &facts).0;
         let tag = format!("gemm_q4_1 swapped {bm}x{bn}x{bk} w{warps} s{stages}");
@@ -1043,7 +1086,9 @@ fn dequant_gemm_swapped() {
         );
         println!("{tag}: {} registers", registers(&report));
         // The nibble shifts are immediates but for one shift per word by its
-        // thread's nibble offset, in the main loop and the K tail.
+        // thread's nibble offset, in each of the main loop's two copies (its
+        // words are prefetched after the staged product, so the body is
+        // unrolled, `pipeline::PipeLoop::unroll`) and the K tail.
         let reg_shifts = ptx
             .lines()
             .filter(|l| {
@@ -1055,29 +1100,30 @@ fn dequant_gemm_swapped() {
             .count();
         let words = bn * bk / 4 / (32 * warps as usize);
         assert!(
-            reg_shifts <= 2 * words,
+            reg_shifts <= 3 * words,
             "{tag}: {reg_shifts} shifts by a register, {words} words per thread"
         );
-        // Deferred register-A groups (3+ stages) ask ptxas for registers
-        // over a third program per SM.
+        // Deferred groups whose body forms `a` (3+ stages) ask ptxas for
+        // registers over a third program per SM.
         assert_eq!(ptx.contains(".minnctapersm 1"), stages >= 3, "{tag}");
         let form = format!("wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16");
-        // Main loop and K tail: 4 k steps each.
-        assert_eq!(ptx.matches(&form).count(), 2 * bk / 16, "{tag}");
-        assert!(!ptx.contains("mma.sync"), "{tag}");
-        let waits: Vec<&str> =
-            ptx.lines().filter(|l| l.contains("wgmma.wait_group")).map(str::trim).collect();
-        assert!(waits.iter().all(|w| w.ends_with(" 0;")), "{tag}: {waits:?}");
-        // The first A-fragment load of the main loop, and what precedes it.
-        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        // The main loop's two copies and the K tail: 4 k steps each.
+        assert_eq!(ptx.matches(&form).count(), 3 * bk / 16, "{tag}");
+        assert!(!ptx.contains("mma.sync") && !ptx.contains("ldmatrix"), "{tag}");
+        // The main loop stages the dequantized tile: shared stores, the
+        // async-proxy fence, one barrier, then the `wgmma`s.
+        let lines: Vec<&str> =
+            ptx.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("//")).collect();
         let fence = lines.iter().position(|l| l.starts_with("wgmma.fence")).expect("fence");
-        let last_ld = lines[..fence].iter().rposition(|l| l.starts_with("ldmatrix")).expect("ldmatrix");
-        let mut first_ld = last_ld;
-        while lines[first_ld - 1].starts_with("ldmatrix") {
-            first_ld -= 1;
-        }
-        assert_eq!(last_ld + 1 - first_ld, bk / 16, "{tag}: one ldmatrix.x4 per k step");
-        let before = lines[..first_ld].iter().rev().find(|l| !l.starts_with("//") && !l.is_empty()).unwrap();
+        let bar = lines[..fence].iter().rposition(|l| l.starts_with("bar.sync")).expect("barrier");
+        let between = &lines[bar + 1..fence];
+        assert!(!between.iter().any(|l| l.starts_with("ld.") || l.starts_with("st.")), "{tag}: {between:?}");
+        assert_eq!(lines[bar - 1], "fence.proxy.async.shared::cta;", "{tag}");
+        let top =
+            lines[..bar].iter().rposition(|l| l.starts_with("bar.sync")).expect("the iteration's barrier");
+        let stores = lines[top..bar].iter().filter(|l| l.starts_with("st.shared.v4.b32")).count();
+        let regs_per_thread = bn * bk / (32 * warps as usize);
+        assert_eq!(stores * 8, regs_per_thread, "{tag}: 16-byte stores of the dequantized tile");
         // The activation tile is one TMA box per stage, issued by one
         // thread (no `cp.async`); deferred groups cost one tile of prefetch
         // distance: the main loop's prologue issues `ahead` boxes before
@@ -1091,17 +1137,12 @@ fn dequant_gemm_swapped() {
             "{tag}: prefetch distance"
         );
         assert!(!ptx.contains("cp.async.wait_group") && !ptx.contains("cp.async.cg"), "{tag}: cp.async left");
+        let commit = lines.iter().position(|l| l.starts_with("wgmma.commit_group")).unwrap();
+        let next = next_on_path(&lines, commit + 1, |l| l.starts_with("wgmma.") || l.starts_with("bar.sync"));
         if stages >= 3 {
-            assert!(
-                before.starts_with("wgmma.wait_group"),
-                "{tag}: deferred group waited before its fragments: {before}"
-            );
-            let commit = lines.iter().position(|l| l.starts_with("wgmma.commit_group")).unwrap();
-            let next =
-                next_on_path(&lines, commit + 1, |l| l.starts_with("wgmma.") || l.starts_with("bar.sync"));
-            assert!(!next.starts_with("wgmma.wait"), "{tag}: deferred group waited at once: {next}");
+            assert_eq!(next, "wgmma.wait_group.sync.aligned 1;", "{tag}: the deferred group's wait");
         } else {
-            assert!(before.starts_with("bar.sync"), "{tag}: {before}");
+            assert_eq!(next, "wgmma.wait_group.sync.aligned 0;", "{tag}: the group waited in its iteration");
         }
         let c80 = compile(&f, &CompileOptions { target: Target::Sm80, num_warps: warps, num_stages: stages })
             .unwrap();

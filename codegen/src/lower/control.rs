@@ -13,14 +13,40 @@
 //! compares signed, unsigned types compare unsigned.
 
 use super::layouts::a_from_regs;
+use super::pipeline::PipeLoop;
 use super::{Lowerer, Regs};
 use crate::Result;
 use crate::mma::Lay;
-use dsl_core::ir::Inst;
 use dsl_core::ir::ops::ControlOp;
+use dsl_core::ir::{Inst, Region, Value};
 use inkwell::IntPredicate;
 use inkwell::basic_block::BasicBlock;
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PhiValue};
+
+/// What one iteration of a `for` starts from and hands to the next.
+#[derive(Clone)]
+struct ForIter<'ctx> {
+    /// The induction variable.
+    iv: IntValue<'ctx>,
+    /// The carried values.
+    carried: Vec<Regs<'ctx>>,
+    /// The pipeline's slice loads for the copies this iteration issues.
+    fed: Vec<Regs<'ctx>>,
+    /// The ring stage its `dot`s read (pipelined loops).
+    stage: Option<IntValue<'ctx>>,
+    /// The parity of its stage's TMA phase (TMA loads).
+    parity: Option<IntValue<'ctx>>,
+}
+
+/// The parts of a `for` every iteration needs.
+struct ForShape<'p, 'ctx> {
+    pipe: Option<&'p PipeLoop>,
+    iv_arg: Value,
+    step: IntValue<'ctx>,
+    ub: IntValue<'ctx>,
+    signed: bool,
+    body: Region,
+}
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// One phi per register of `regs`, with `regs` flowing in from `from`.
@@ -50,6 +76,77 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The values of `phis`.
     fn phi_values(phis: &[Vec<PhiValue<'ctx>>]) -> Vec<Regs<'ctx>> {
         phis.iter().map(|ps| ps.iter().map(|p| p.as_basic_value()).collect()).collect()
+    }
+
+    /// Emits one iteration of a `for` at the current position: for a
+    /// pipelined loop, the wait for its stage, the barrier, the prefetch of
+    /// the iteration `ahead` on and the next slice loads (`pipeline.rs`);
+    /// then the body. Returns what the next iteration starts from.
+    fn for_iteration(
+        &mut self,
+        sh: &ForShape<'_, 'ctx>,
+        lays: &[Lay],
+        it: ForIter<'ctx>,
+    ) -> Result<ForIter<'ctx>> {
+        let (ivv, step, ub, signed) = (it.iv, sh.step, sh.ub, sh.signed);
+        let mut next_stage = None;
+        let mut next_parity = None;
+        let mut fed_next: Vec<Regs<'ctx>> = Vec::new();
+        if let (Some(pl), Some(rs)) = (sh.pipe, it.stage) {
+            let (s, ah) = (pl.stages, pl.ahead);
+            // This iteration's tiles have landed (S - 2 younger groups
+            // may still fly), and every thread is done with the stage
+            // read last iteration, which the prefetch below refills.
+            if let Some(p) = it.parity {
+                self.mbar_wait(pl, rs, p)?;
+            }
+            if pl.cp_async() {
+                self.pipe_wait(ah - 1)?;
+                if pl.wgmma {
+                    // `wgmma` reads the stage through the async proxy:
+                    // order this thread's landed copies before it.
+                    self.fence_proxy_async()?;
+                }
+            }
+            self.barrier()?;
+            let ahead = step.get_type().const_int(ah as u64, false);
+            let ivn = self.b.build_int_add(ivv, self.b.build_int_mul(step, ahead, "")?, "")?;
+            let valid = self.iv_less(signed, ivn, ub)?;
+            // The stage `ahead` iterations on: `(rs + ahead) mod S`.
+            let ws = if ah == s - 1 {
+                let first = self.b.build_int_compare(IntPredicate::EQ, rs, self.i32c(0), "")?;
+                let prev = self.b.build_int_sub(rs, self.i32c(1), "")?;
+                self.b.build_select(first, self.i32c(s as i64 - 1), prev, "")?.into_int_value()
+            } else {
+                let t = self.b.build_int_add(rs, self.i32c(ah as i64), "")?;
+                let wrap = self.b.build_int_compare(IntPredicate::SGE, t, self.i32c(s as i64), "")?;
+                let back = self.b.build_int_sub(t, self.i32c(s as i64), "")?;
+                self.b.build_select(wrap, back, t, "")?.into_int_value()
+            };
+            self.pipe_issue(pl, sh.iv_arg, ivn.into(), valid, ws, Some(&it.fed))?;
+            // The slice's loads one iteration further ahead.
+            let ivf = self.b.build_int_add(ivn, step, "")?;
+            let vf = self.iv_less(signed, ivf, ub)?;
+            fed_next = self.pipe_feed(pl, sh.iv_arg, ivf.into(), vf)?;
+            for ld in &pl.loads {
+                self.pipe_stage.insert(ld.load, (rs, ld.ring_off, ld.stage_bytes));
+            }
+            for a in &pl.a_stages {
+                self.pipe_stage.insert(a.dot, (rs, a.ring_off, a.stage_bytes));
+            }
+            let inc = self.b.build_int_add(rs, self.i32c(1), "")?;
+            let wrap = self.b.build_int_compare(IntPredicate::EQ, inc, self.i32c(s as i64), "")?;
+            next_stage = Some(self.b.build_select(wrap, self.i32c(0), inc, "")?.into_int_value());
+            if let Some(p) = it.parity {
+                let flipped = self.b.build_xor(p, self.i32c(1), "")?;
+                next_parity = Some(self.b.build_select(wrap, flipped, p, "")?.into_int_value());
+            }
+        }
+        let mut bargs = vec![vec![ivv.into()]];
+        bargs.extend(it.carried);
+        let carried = self.lower_region_as(sh.body, &bargs, lays)?;
+        let iv = self.b.build_int_add(ivv, step, "")?;
+        Ok(ForIter { iv, carried, fed: fed_next, stage: next_stage, parity: next_parity })
     }
 
     pub(super) fn lower_control(&mut self, inst: Inst, op: ControlOp) -> Result<()> {
@@ -163,76 +260,47 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let c = self.iv_less(signed, ivv, ub)?;
                 self.b.build_conditional_branch(c, body, exit)?;
                 self.b.position_at_end(body);
-                let mut next_stage = None;
-                let mut next_parity = None;
-                let mut fed_next: Vec<Regs<'ctx>> = Vec::new();
-                if let (Some(pl), Some(sp)) = (&pipe, stage_phi) {
-                    let (s, ah) = (pl.stages, pl.ahead);
-                    let rs = sp.as_basic_value().into_int_value();
-                    // This iteration's tiles have landed (S - 2 younger groups
-                    // may still fly), and every thread is done with the stage
-                    // read last iteration, which the prefetch below refills.
-                    if let Some(pp) = parity_phi {
-                        self.mbar_wait(pl, rs, pp.as_basic_value().into_int_value())?;
-                    }
-                    if pl.cp_async() {
-                        self.pipe_wait(ah - 1)?;
-                        if pl.wgmma {
-                            // `wgmma` reads the stage through the async proxy:
-                            // order this thread's landed copies before it.
-                            self.fence_proxy_async()?;
-                        }
-                    }
-                    self.barrier()?;
-                    let ahead = step.get_type().const_int(ah as u64, false);
-                    let ivn = self.b.build_int_add(ivv, self.b.build_int_mul(step, ahead, "")?, "")?;
-                    let valid = self.iv_less(signed, ivn, ub)?;
-                    // The stage `ahead` iterations on: `(rs + ahead) mod S`.
-                    let ws = if ah == s - 1 {
-                        let first = self.b.build_int_compare(IntPredicate::EQ, rs, self.i32c(0), "")?;
-                        let prev = self.b.build_int_sub(rs, self.i32c(1), "")?;
-                        self.b.build_select(first, self.i32c(s as i64 - 1), prev, "")?.into_int_value()
-                    } else {
-                        let t = self.b.build_int_add(rs, self.i32c(ah as i64), "")?;
-                        let wrap = self.b.build_int_compare(IntPredicate::SGE, t, self.i32c(s as i64), "")?;
-                        let back = self.b.build_int_sub(t, self.i32c(s as i64), "")?;
-                        self.b.build_select(wrap, back, t, "")?.into_int_value()
-                    };
-                    let fed = Self::phi_values(&fed_phis);
-                    self.pipe_issue(pl, iv_arg, ivn.into(), valid, ws, Some(&fed))?;
-                    // The slice's loads one iteration further ahead.
-                    let ivf = self.b.build_int_add(ivn, step, "")?;
-                    let vf = self.iv_less(signed, ivf, ub)?;
-                    fed_next = self.pipe_feed(pl, iv_arg, ivf.into(), vf)?;
-                    for ld in &pl.loads {
-                        self.pipe_stage.insert(ld.load, (rs, ld.ring_off, ld.stage_bytes));
-                    }
-                    let inc = self.b.build_int_add(rs, self.i32c(1), "")?;
-                    let wrap = self.b.build_int_compare(IntPredicate::EQ, inc, self.i32c(s as i64), "")?;
-                    next_stage = Some(self.b.build_select(wrap, self.i32c(0), inc, "")?.into_int_value());
-                    if let Some(pp) = parity_phi {
-                        let p = pp.as_basic_value().into_int_value();
-                        let flipped = self.b.build_xor(p, self.i32c(1), "")?;
-                        next_parity = Some(self.b.build_select(wrap, flipped, p, "")?.into_int_value());
-                    }
+                let first = ForIter {
+                    iv: iv.as_basic_value().into_int_value(),
+                    carried: Self::phi_values(&phis),
+                    fed: Self::phi_values(&fed_phis),
+                    stage: stage_phi.map(|p| p.as_basic_value().into_int_value()),
+                    parity: parity_phi.map(|p| p.as_basic_value().into_int_value()),
+                };
+                let shape = ForShape { pipe: pipe.as_ref(), iv_arg, step, ub, signed, body: regions[0] };
+                let mut it = self.for_iteration(&shape, &lays, first)?;
+                // An unrolled loop runs its body twice per trip, leaving
+                // between the copies when the second has no iteration.
+                let mut mid = None;
+                if pipe.as_ref().is_some_and(|pl| pl.unroll) {
+                    let more = self.iv_less(signed, it.iv, ub)?;
+                    let second = self.ctx.append_basic_block(self.func, "for.body2");
+                    mid = Some((self.cur_block()?, it.carried.clone()));
+                    self.b.build_conditional_branch(more, second, exit)?;
+                    self.b.position_at_end(second);
+                    it = self.for_iteration(&shape, &lays, it)?;
                 }
-                let mut bargs = vec![vec![ivv.into()]];
-                bargs.extend(Self::phi_values(&phis));
-                let yielded = self.lower_region_as(regions[0], &bargs, &lays)?;
-                let next = self.b.build_int_add(ivv, step, "")?;
                 let latch = self.cur_block()?;
-                iv.add_incoming(&[(&next as &dyn BasicValue<'ctx>, latch)]);
-                Self::add_incoming(&phis, &yielded, latch);
-                Self::add_incoming(&fed_phis, &fed_next, latch);
-                if let (Some(sp), Some(ns)) = (stage_phi, next_stage) {
+                iv.add_incoming(&[(&it.iv as &dyn BasicValue<'ctx>, latch)]);
+                Self::add_incoming(&phis, &it.carried, latch);
+                Self::add_incoming(&fed_phis, &it.fed, latch);
+                if let (Some(sp), Some(ns)) = (stage_phi, it.stage) {
                     sp.add_incoming(&[(&ns as &dyn BasicValue<'ctx>, latch)]);
                 }
-                if let (Some(pp), Some(np)) = (parity_phi, next_parity) {
+                if let (Some(pp), Some(np)) = (parity_phi, it.parity) {
                     pp.add_incoming(&[(&np as &dyn BasicValue<'ctx>, latch)]);
                 }
                 self.b.build_unconditional_branch(head)?;
                 self.b.position_at_end(exit);
-                let mut outs = Self::phi_values(&phis);
+                let mut outs = match mid {
+                    // The exit is reached from the head and between the copies.
+                    Some((from, carried)) => {
+                        let ps = self.phis(&Self::phi_values(&phis), head)?;
+                        Self::add_incoming(&ps, &carried, from);
+                        Self::phi_values(&ps)
+                    }
+                    None => Self::phi_values(&phis),
+                };
                 // Deferred `wgmma` groups (`pipeline.rs`) finish before their
                 // accumulators are read and before the ring is handed over.
                 let body_block = self.f.entry(regions[0]);
@@ -260,6 +328,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     self.in_pipeline -= 1;
                     for ld in &pl.loads {
                         self.pipe_stage.remove(&ld.load);
+                    }
+                    for a in &pl.a_stages {
+                        self.pipe_stage.remove(&a.dot);
                     }
                 }
                 // The fragments dominate only this loop: later `dot`s stage again.

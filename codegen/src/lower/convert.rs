@@ -364,6 +364,37 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(())
     }
 
+    /// Writes blocked registers (dtype `d`, 16-bit) of a `[rows, cols]` tile
+    /// into 128-byte swizzle atoms at `smem` (`pipeline::atom_index`, `cols`
+    /// a power of two of at least 64): the `wgmma` operand layout.
+    pub(super) fn stage_atoms(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        l: &Layout,
+        regs: &[BasicValueEnum<'ctx>],
+        rows: usize,
+        cols: usize,
+        d: DType,
+    ) -> Result<()> {
+        let base = self.thread_base(l)?;
+        let pc = Self::piece(l, d);
+        let et = self.mem_ty(d);
+        let vt = super::memory::vec_type(et, pc as u32)?;
+        let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
+        for s0 in (0..regs.len()).step_by(pc) {
+            let idx = self.atom_index(l, base, s0, rows, cols)?;
+            let mut vec = vt.get_undef();
+            for e in 0..pc {
+                let v = self.reg_to_mem(regs[s0 + e], d)?;
+                vec = self.b.build_insert_element(vec, v, self.i32c(e as i64), "")?;
+            }
+            let p = self.smem_elem(smem, 0, et, idx)?;
+            let st = self.b.build_store(p, vec)?;
+            st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Reads blocked registers (dtype `d`) of a `[rows, cols]` tile from a padded array.
     pub(super) fn load_padded(
         &mut self,

@@ -85,7 +85,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub in_pipeline: usize,
     /// Which loads are pipelined (`pipeline.rs`).
     pub pipe: pipeline::Pipeline,
-    /// For each pipelined load of the loop being lowered: the stage its
+    /// For each pipelined load of the loop being lowered (and each `dot`
+    /// whose computed `a` it stages, `PipeLoop::a_stages`): the stage its
     /// `dot` reads this iteration (i32), its ring offset and stage bytes.
     pub pipe_stage: FxHashMap<Inst, (IntValue<'ctx>, u64, u64)>,
     /// An extra uniform predicate ANDed into every load's mask (the

@@ -46,12 +46,18 @@
 //! `S - 2` iterations ahead (into the stage the finished group read, not the
 //! running one); the exit waits for the last group before the accumulators
 //! are read or the ring is handed over, and such a loop is entered only when
-//! it has an iteration (see `control.rs`). A deferred register-A group whose
-//! A fragments are formed in the body (loaded from the ring or staged) is
-//! not waited for in its own iteration at all: the next iteration waits for
-//! it (`wait_group 0`) right before loading its own fragments into the same
-//! registers, so the math that forms them (a dequantization, say) overlaps
-//! the running group (`dot/wgmma.rs`).
+//! it has an iteration (see `control.rs`). An `a` the body computes from
+//! loads (a dequantization, say; not from an earlier product, whose
+//! accumulator registers are A fragments already) with rows of 128 bytes
+//! gets a ring of its own ([`PipeLoop::a_stages`]): the iteration writes it
+//! into the stage of the loads' current index and the tensor cores read it
+//! in place (`dot/wgmma.rs`), so the math forming the next tile overlaps
+//! the running group. The stage is free: its last reader is the group of
+//! `S` iterations back, waited for before the barrier that opened the
+//! previous iteration. A deferred register-A group whose A fragments are
+//! formed in the body (loaded from the ring or staged) is not waited for in
+//! its own iteration at all: the next iteration waits for it (`wait_group
+//! 0`) right before loading its own fragments into the same registers.
 //!
 //! Loads inside the slice (a block table's page numbers) are themselves
 //! issued one iteration earlier than the copies that need them and carried
@@ -144,6 +150,34 @@ pub(crate) struct PipeLoop {
     /// With TMA loads: the byte offset in the ring region of the stages'
     /// mbarriers (8 bytes each, one per stage).
     pub bars: Option<u64>,
+    /// The rings of the `a` operands the body computes and stages in swizzle
+    /// atoms for `wgmma` ([`Pipeline::wgmma_staged`]): one stage per ring
+    /// stage, written in the iteration that reads the loads' stage of the
+    /// same index.
+    pub a_stages: Vec<AStage>,
+    /// Whether the loop's body is emitted twice per trip (`control.rs`):
+    /// it stages a computed `a` and carries into later iterations the
+    /// results of loads it issues after that product (a prefetch in
+    /// registers that the product's proxy fence does not wait for). With
+    /// one copy of the body, ptxas moves the prefetched registers into the
+    /// carried ones at the back edge, and the moves wait for the loads to
+    /// land; with two, each load writes the register its consumer reads.
+    /// (Measured on the swapped dequant GEMM with words two tiles ahead:
+    /// M 64 x N 14336 58.8 -> 54.1 us, M 256 x N 14336 74.3 -> 73.6, H100;
+    /// unrolling its stream-K form, whose loads precede the product, lost
+    /// 48.3 -> 51.2 us at M 256 x N 4096.)
+    pub unroll: bool,
+}
+
+/// The staging ring of a computed `wgmma` `a` operand ([`PipeLoop::a_stages`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AStage {
+    /// The `dot`.
+    pub dot: Inst,
+    /// Byte offset of stage 0 in the ring region (1024-byte aligned).
+    pub ring_off: u64,
+    /// Bytes of one stage (a multiple of 1024).
+    pub stage_bytes: u64,
 }
 
 impl PipeLoop {
@@ -177,6 +211,12 @@ pub(crate) struct Pipeline {
     /// Of those, the ones whose `a` comes from A fragments in registers
     /// (it is not a load pipelined in swizzle atoms).
     pub wgmma_rs: FxHashSet<Inst>,
+    /// Of those, the ones whose `a` the body computes from loads (a
+    /// dequantized weight tile, not the probabilities of an earlier `dot`,
+    /// which are already in A-fragment registers) with rows of 64 columns
+    /// or more: it is written into a ring stage of swizzle atoms
+    /// ([`PipeLoop::a_stages`]) and read by the tensor cores in place.
+    pub wgmma_staged: FxHashSet<Inst>,
     /// Of those, the ones whose group is left running into the next
     /// iteration (`wait_group 1`): the loop-carried accumulators of loops
     /// of at least four stages (three when the body computes every A
@@ -299,12 +339,18 @@ pub(crate) fn analyze(
                     formed_a = false;
                 }
                 None => {
-                    p.wgmma_rs.insert(d);
                     // Computed by the body, not a pipelined load whose
                     // fragments come from the ring (the K=32 matmul tiles).
-                    let def = f.def_inst(f.insts[d].args[0]);
-                    let computed = def.is_some_and(|i| f.insts[i].parent == Some(body));
-                    formed_a &= computed && !p.by_dot.contains_key(&(d, 0));
+                    let av = f.insts[d].args[0];
+                    let def = f.def_inst(av);
+                    let computed = def.is_some_and(|i| f.insts[i].parent == Some(body))
+                        && !p.by_dot.contains_key(&(d, 0));
+                    formed_a &= computed;
+                    if computed && swizzled(f.ty(av).shape[1]) && !from_dot(f, body, av) {
+                        p.wgmma_staged.insert(d);
+                    } else {
+                        p.wgmma_rs.insert(d);
+                    }
                 }
             }
             p.wgmma.insert(d);
@@ -328,7 +374,7 @@ pub(crate) fn analyze(
             let large =
                 ours.iter().any(|d| plan.dots.get(d).is_some_and(|l| l.regs() >= super::layouts::LARGE_ACC));
             p.body_forms_a |= formed_a && large;
-            p.deferred.extend(ours);
+            p.deferred.extend(ours.iter().copied());
         }
         let ahead = if defer { stages - 2 } else { stages - 1 };
         // `load_block`s in swizzle atoms whose matrix the host can describe
@@ -354,6 +400,15 @@ pub(crate) fn analyze(
             }
             ld.ring_off = ring;
             ring += ld.stage_bytes * stages as u64;
+        }
+        // Computed `a` operands staged for `wgmma` (`dot/wgmma.rs`).
+        let mut a_stages = Vec::new();
+        for &d in ours.iter().filter(|d| p.wgmma_staged.contains(d)) {
+            let ty = f.ty(f.insts[d].args[0]);
+            let stage_bytes = (ty.numel() * 2) as u64;
+            ring = ring.next_multiple_of(1024);
+            a_stages.push(AStage { dot: d, ring_off: ring, stage_bytes });
+            ring += stage_bytes * stages as u64;
         }
         // The mbarriers follow the rings; what follows them (the scratch
         // region of the loop body) starts 128-byte aligned again.
@@ -384,7 +439,21 @@ pub(crate) fn analyze(
         let mut feed_set = backward_slice(f, body, iv, &feed_roots, stores).unwrap_or_default();
         feed_set.extend(feed.iter().copied());
         let feed_slice = ordered.iter().copied().filter(|i| feed_set.contains(i)).collect();
-        p.loops.insert(fi, PipeLoop { stages, loads, slice: ordered, feed, feed_slice, wgmma, ahead, bars });
+        let staged: Vec<Inst> = a_stages.iter().map(|a| a.dot).collect();
+        let unroll = yields_loads_after(f, body, &staged);
+        let pl = PipeLoop {
+            stages,
+            loads,
+            slice: ordered,
+            feed,
+            feed_slice,
+            wgmma,
+            ahead,
+            bars,
+            a_stages,
+            unroll,
+        };
+        p.loops.insert(fi, pl);
     }
     p
 }
@@ -460,6 +529,43 @@ fn backward_slice(
         stack.extend(f.insts[d].args.iter().copied());
     }
     Some(out)
+}
+
+/// True when `v` depends, inside block `body`, on the result of a `dot`
+/// (attention probabilities, say): such a tile is computed in the
+/// accumulator's layout, from which the A fragments are taken in registers.
+fn from_dot(f: &Function, body: Block, v: Value) -> bool {
+    let mut stack = vec![v];
+    let mut seen = FxHashSet::default();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        let Some(d) = f.def_inst(v) else { continue };
+        if f.insts[d].parent != Some(body) {
+            continue;
+        }
+        if matches!(f.insts[d].op, Op::Dot(_)) {
+            return true;
+        }
+        stack.extend(f.insts[d].args.iter().copied());
+    }
+    false
+}
+
+/// True when block `body` yields the result of one of its own loads issued
+/// after one of the `dots` (a prefetch for a later iteration that the
+/// staged product's proxy fence does not wait for).
+fn yields_loads_after(f: &Function, body: Block, dots: &[Inst]) -> bool {
+    let insts = &f.blocks[body].insts;
+    let Some(first) = insts.iter().position(|i| dots.contains(i)) else { return false };
+    let Some(&y) = insts.last() else { return false };
+    f.insts[y].args.iter().any(|&v| {
+        f.def_inst(v).is_some_and(|d| {
+            matches!(f.insts[d].op, Op::Memory(MemoryOp::Load { .. }))
+                && insts.iter().position(|&i| i == d).is_some_and(|at| at > first)
+        })
+    })
 }
 
 /// True when `v` is a constant zero.
@@ -694,7 +800,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// The element index in a stage of 128-byte swizzle atoms of the chunk
     /// of register `slot` of `l` (a `[rows, cols]` tile; see [`atom_index`]).
-    fn atom_index(
+    pub(super) fn atom_index(
         &self,
         l: &Layout,
         base: IntValue<'ctx>,
@@ -736,14 +842,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         operand: usize,
     ) -> Result<Option<(PointerValue<'ctx>, bool)>> {
         let Some(&ld) = self.pipe.by_dot.get(&(dot, operand)) else { return Ok(None) };
-        let Some(&(stage, ring_off, stage_bytes)) = self.pipe_stage.get(&ld) else { return Ok(None) };
         let cols = self.f.ty(self.f.insts[ld].results[0]).shape[1];
+        Ok(self.stage_ptr(ld)?.map(|p| (p, swizzled(cols))))
+    }
+
+    /// The shared-memory stage of the current iteration that `dot` writes
+    /// its computed `a` operand into ([`PipeLoop::a_stages`]), if any.
+    pub(super) fn pipe_a_stage(&mut self, dot: Inst) -> Result<Option<PointerValue<'ctx>>> {
+        self.stage_ptr(dot)
+    }
+
+    /// The current iteration's stage of the ring keyed `key` in `pipe_stage`.
+    fn stage_ptr(&mut self, key: Inst) -> Result<Option<PointerValue<'ctx>>> {
+        let Some(&(stage, ring_off, stage_bytes)) = self.pipe_stage.get(&key) else { return Ok(None) };
         let ring = self.ring_base()?;
         let off = self.b.build_int_mul(stage, self.i32c(stage_bytes as i64), "")?;
         let off = self.b.build_int_add(off, self.i32c(ring_off as i64), "")?;
         // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
-        let p = unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), ring, &[off], "")? };
-        Ok(Some((p, swizzled(cols))))
+        Ok(Some(unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), ring, &[off], "")? }))
     }
 
     /// `a < b` for the loop bound comparison (signed or unsigned).

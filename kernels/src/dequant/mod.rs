@@ -252,11 +252,14 @@ pub fn uses_gemv(m: usize, rows: usize) -> bool {
     m <= 4 || m * rows <= 16 * 1024
 }
 
-/// The swapped 256 x 128 x 64 tile (8 warps, 3 stages) of the large
+/// The swapped 256 x 128 x 64 tile (8 warps, 4 stages) of the large
 /// bf16 products on sm_90a: [`gemm_tiles`]' choice for wide grids and the
-/// stream-K kernel's tile ([`stream_k`]).
+/// stream-K kernel's tile ([`stream_k`]). Its deferred `wgmma` group leaves
+/// the activation copies `stages - 2` tiles ahead; the fourth stage (192
+/// KB of rings with the staged weight tiles) took M 256 x K 4096 x N 14336
+/// from 76.4 to 73.5 us (H100, 2026-11-24, same call).
 pub const SWAPPED_WIDE: GemmTiles =
-    GemmTiles { block_m: 256, block_n: 128, block_k: 64, num_warps: 8, swap: true, num_stages: 3 };
+    GemmTiles { block_m: 256, block_n: 128, block_k: 64, num_warps: 8, swap: true, num_stages: 4 };
 
 /// Untuned GEMM tiles for `m` activation rows, a weight of `rows` rows
 /// (`2N` with SILU) and `k` columns, the first that fits of: 128 x 128
@@ -272,7 +275,7 @@ pub const SWAPPED_WIDE: GemmTiles =
 /// With `swap_ok` (16-bit activations on a `wgmma` device, sm_90a), a Q4
 /// weight with K of at least 2048, at least 256 activation rows and 100
 /// programs of 256 x 128 takes the swapped product ([`gemm::gemm_swap`]) on that tile, K tiles of
-/// 64, 8 warps and 3 stages: 0.103 ms against 0.180 for the best unswapped
+/// 64, 8 warps (see [`SWAPPED_WIDE`]): 0.103 ms against 0.180 for the best unswapped
 /// tile at M 256, K 4096, N 14336 (bf16, H100, 2026-11-24). Since the
 /// activation tile is a TMA copy, smaller products with at least 64 rows
 /// and 132 programs of 64 x 64 (one per H100 SM) take the swapped 64 x 64
@@ -305,7 +308,7 @@ pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok:
 
 /// The stream-K launch ([`gemm::gemm_stream_k`]) for `m` activation rows,
 /// a weight of `rows` rows and `k` columns on a device with `sms` SMs: its
-/// tiles (the swapped 256 x 128 x 64 tile, 8 warps, 3 stages) and grid
+/// tiles ([`SWAPPED_WIDE`]) and grid
 /// (one program per SM), or `None` when [`gemm_tiles`]' tiled grid is the
 /// better launch. Stream-K pays where the 256 x 128 tiles would leave at
 /// least half the SMs idle: at M 256 x N 4096 (32 tiles on 132 SMs) 49.9
