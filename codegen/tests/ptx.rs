@@ -519,10 +519,18 @@ fn dot_kernel(m: usize, n: usize, kk: usize, dtype: DType, b_nk: bool) -> Result
 ///   its rows of 128 bytes are what the atoms need, so a 32-wide `a` is
 ///   staged and `ldmatrix`ed into register A instead;
 /// - computed from an earlier product of the body (attention's
-///   probabilities): register A, taken from the accumulator's registers.
+///   probabilities), or from one the previous iteration computed and the
+///   loop carries (scores issued a block ahead): register A, taken from the
+///   accumulator's registers.
 #[test]
 fn wgmma_computed_a() {
-    let build = |m: usize, n: usize, kk: usize, from_dot: bool| {
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum From {
+        Loads,
+        Dot,
+        Carried,
+    }
+    let build = |m: usize, n: usize, kk: usize, from: From| {
         KernelBuilder::new("wgmma_computed_a")
             .build(|| {
                 let hint = ParamHints { divisibility: Some(16) };
@@ -533,18 +541,19 @@ fn wgmma_computed_a() {
                 let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
                 let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
                 let b_offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
-                let acc = for_range(0, steps, 1, &[zeros(&[m, n], DType::F32)], |i, carried| {
+                let init = [zeros(&[m, n], DType::F32), zeros(&[m, kk], DType::F32)];
+                let acc = for_range(0, steps, 1, &init, |i, carried| {
                     let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
                     let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
-                    let a = if from_dot {
-                        // `[M, K] = a @ b'` with `b'` the `[K, K]` head of `b`'s rows.
-                        let sq = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ki), 0);
-                        let b2 = load(b_ptr + sq + i * (ni * ki), None, None);
-                        dot(a, b2, None).to(DType::BF16)
-                    } else {
-                        a + a
+                    // `[M, K] = a @ b'` with `b'` the `[K, K]` head of `b`'s rows.
+                    let sq = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ki), 0);
+                    let b2 = load(b_ptr + sq + i * (ni * ki), None, None);
+                    let (a, s) = match from {
+                        From::Loads => (a + a, carried[1]),
+                        From::Dot => (dot(a, b2, None).to(DType::BF16), carried[1]),
+                        From::Carried => (carried[1].to(DType::BF16), dot(a, b2, None)),
                     };
-                    vec![dot(a, b, Some(carried[0]))]
+                    vec![dot(a, b, Some(carried[0])), s]
                 })[0];
                 let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
                 store(c_ptr + c_offs, acc, None);
@@ -552,9 +561,12 @@ fn wgmma_computed_a() {
             .unwrap()
     };
     let opts = CompileOptions { target: Target::Sm90a, num_warps: 4, num_stages: STAGES };
-    for (kk, from_dot) in [(64usize, false), (32, false), (64, true)] {
-        let tag = format!("k {kk}, a from a dot: {from_dot}");
-        let ptx = compile(&build(64, 64, kk, from_dot), &opts).unwrap().ptx;
+    // The same loads and rings: no staging ring for a carried product.
+    let shared = |from| compile(&build(64, 64, 64, from), &opts).unwrap().shared_bytes;
+    assert_eq!(shared(From::Carried), shared(From::Dot));
+    for (kk, from) in [(64usize, From::Loads), (32, From::Loads), (64, From::Dot), (64, From::Carried)] {
+        let tag = format!("k {kk}, a from {from:?}");
+        let ptx = compile(&build(64, 64, kk, from), &opts).unwrap().ptx;
         let wg: Vec<&str> = ptx.lines().filter(|l| l.contains("wgmma.mma_async")).collect();
         let regs = wg.iter().filter(|l| l.contains("}, {%r")).count();
         let lines: Vec<&str> =
@@ -562,19 +574,22 @@ fn wgmma_computed_a() {
         let staged = lines
             .windows(2)
             .any(|w| w[0] == "fence.proxy.async.shared::cta;" && w[1].starts_with("bar.sync"));
-        if from_dot {
-            // The first product reads both operands from their rings; the
-            // second takes its A fragments from the first's accumulator
-            // right after waiting for it (no staging, no barrier).
+        if from != From::Loads {
+            // The scores' product reads both operands from their rings;
+            // the other takes its A fragments from the scores' accumulator.
             assert_eq!((wg.len(), regs), (2 * kk / 16, kk / 16), "{tag}: {wg:?}");
             assert!(!ptx.contains("ldmatrix"), "{tag}");
-            let fences: Vec<usize> =
-                (0..lines.len()).filter(|&i| lines[i].starts_with("wgmma.fence")).collect();
-            let before = lines[..fences[1]]
-                .iter()
-                .rev()
-                .find(|l| l.starts_with("wgmma.") || l.starts_with("bar.sync"));
-            assert_eq!(before, Some(&"wgmma.wait_group.sync.aligned 0;"), "{tag}");
+            if from == From::Dot {
+                // Right after the wait for this iteration's scores, not a
+                // staging barrier.
+                let fences: Vec<usize> =
+                    (0..lines.len()).filter(|&i| lines[i].starts_with("wgmma.fence")).collect();
+                let before = lines[..fences[1]]
+                    .iter()
+                    .rev()
+                    .find(|l| l.starts_with("wgmma.wait") || l.starts_with("bar.sync"));
+                assert_eq!(before, Some(&"wgmma.wait_group.sync.aligned 0;"), "{tag}");
+            }
         } else if kk == 64 {
             assert_eq!((wg.len(), regs), (kk / 16, 0), "{tag}: descriptors only: {wg:?}");
             assert!(staged && ptx.contains("st.shared.v4.b32") && !ptx.contains("ldmatrix"), "{tag}");

@@ -532,16 +532,30 @@ fn backward_slice(
 }
 
 /// True when `v` depends, inside block `body`, on the result of a `dot`
-/// (attention probabilities, say): such a tile is computed in the
-/// accumulator's layout, from which the A fragments are taken in registers.
+/// (attention probabilities, say), also through a carried value that the
+/// body yields from one (scores computed an iteration ahead): such a tile is
+/// computed in the accumulator's layout, from which the A fragments are
+/// taken in registers.
 fn from_dot(f: &Function, body: Block, v: Value) -> bool {
     let mut stack = vec![v];
     let mut seen = FxHashSet::default();
+    let args = &f.blocks[body].args;
+    let yielded = f.blocks[body].insts.last().map(|&y| &f.insts[y].args);
     while let Some(v) = stack.pop() {
         if !seen.insert(v) {
             continue;
         }
-        let Some(d) = f.def_inst(v) else { continue };
+        let Some(d) = f.def_inst(v) else {
+            // A carried value (argument `j` of the body, after the
+            // induction variable): what the body yields in its place.
+            if let (Some(j), Some(ys)) = (args.iter().position(|&a| a == v), yielded)
+                && j > 0
+                && let Some(&y) = ys.get(j - 1)
+            {
+                stack.push(y);
+            }
+            continue;
+        };
         if f.insts[d].parent != Some(body) {
             continue;
         }

@@ -89,7 +89,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let res = self.result(inst, 0)?;
         let aty = self.f.ty(args[0]).clone();
         let (m, k, n) = (l.m, aty.shape[1], l.n);
-        let rs = self.pipe.wgmma_rs.contains(&inst);
+        // A staged `a` is written from blocked registers; should the layout
+        // assignment have put it in an accumulator layout after all, its
+        // registers are the A fragments instead (and the ring goes unused).
+        let staged = self.pipe.wgmma_staged.contains(&inst) && self.lays.lay(args[0]) == Lay::Blocked;
+        let rs = self.pipe.wgmma_rs.contains(&inst) || (self.pipe.wgmma_staged.contains(&inst) && !staged);
         if l.warps_m * 16 != m || l.warps_n != 1 || n > 256 || !k.is_multiple_of(if rs { 16 } else { 64 }) {
             return Err(self.bug(inst, "wgmma layout"));
         }
@@ -115,7 +119,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let wait = if late_wait { Some(&mut acc) } else { None };
             AOperand::Regs(self.a_frags_rs(inst, &l, k, d, wait)?)
         } else {
-            let a_ring = if self.pipe.wgmma_staged.contains(&inst) {
+            let a_ring = if staged {
                 let Some(stage) = self.pipe_a_stage(inst)? else {
                     return Err(self.bug(inst, "wgmma a has no staging ring"));
                 };
