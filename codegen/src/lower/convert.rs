@@ -162,12 +162,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The padded index of this thread's accumulator register 0 (row `g`,
     /// column `2t` of its warp tile) in a `[M, N + ROW_PAD]` array.
     fn mma_base(&self, l: &MmaLayout) -> Result<IntValue<'ctx>> {
+        let (row, col) = self.mma_origin(l)?;
+        self.mad(row, l.n + ROW_PAD, col)
+    }
+
+    /// The row and column of this thread's accumulator register 0 in
+    /// layout `l` (its warp's tile origin plus `g = lane / 4` rows and
+    /// `2 (lane mod 4)` columns); register `s` is [`MmaLayout::slot_delta`]
+    /// away.
+    pub(super) fn mma_origin(&self, l: &MmaLayout) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
         let (wm, wn, lane) = self.warp_coords(l)?;
         let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
         let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(1), "")?;
-        let row = self.mad(wm, l.tile_m(), g)?;
-        let col = self.mad(wn, l.tile_n(), t2)?;
-        self.mad(row, l.n + ROW_PAD, col)
+        Ok((self.mad(wm, l.tile_m(), g)?, self.mad(wn, l.tile_n(), t2)?))
     }
 
     /// The constant index offset of accumulator pair `pair` (registers
@@ -345,23 +352,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         pad: usize,
         d: DType,
     ) -> Result<()> {
-        let base = self.thread_base(l)?;
-        let pc = Self::piece(l, d);
-        let et = self.mem_ty(d);
-        let vt = super::memory::vec_type(et, pc as u32)?;
-        let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
-        for s0 in (0..regs.len()).step_by(pc) {
-            let idx = self.padded_index(l, base, s0, cols, pad)?;
-            let mut vec = vt.get_undef();
-            for e in 0..pc {
-                let v = self.reg_to_mem(regs[s0 + e], d)?;
-                vec = self.b.build_insert_element(vec, v, self.i32c(e as i64), "")?;
-            }
-            let p = self.smem_elem(smem, off, et, idx)?;
-            let st = self.b.build_store(p, vec)?;
-            st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
-        }
-        Ok(())
+        self.stage_pieces(smem, off, l, regs, d, |lw, base, s0| lw.padded_index(l, base, s0, cols, pad))
     }
 
     /// Writes blocked registers (dtype `d`, 16-bit) of a `[rows, cols]` tile
@@ -376,19 +367,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         cols: usize,
         d: DType,
     ) -> Result<()> {
+        self.stage_pieces(smem, 0, l, regs, d, |lw, base, s0| lw.atom_index(l, base, s0, rows, cols))
+    }
+
+    /// Writes blocked registers (dtype `d`) of layout `l` to shared memory
+    /// at byte `off` of `smem`, one vector store per thread chunk piece
+    /// ([`Lowerer::piece`]) at the element index `index(self, thread base,
+    /// first register)`.
+    fn stage_pieces(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        l: &Layout,
+        regs: &[BasicValueEnum<'ctx>],
+        d: DType,
+        index: impl Fn(&Self, IntValue<'ctx>, usize) -> Result<IntValue<'ctx>>,
+    ) -> Result<()> {
         let base = self.thread_base(l)?;
         let pc = Self::piece(l, d);
         let et = self.mem_ty(d);
         let vt = super::memory::vec_type(et, pc as u32)?;
         let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
         for s0 in (0..regs.len()).step_by(pc) {
-            let idx = self.atom_index(l, base, s0, rows, cols)?;
+            let idx = index(self, base, s0)?;
             let mut vec = vt.get_undef();
             for e in 0..pc {
                 let v = self.reg_to_mem(regs[s0 + e], d)?;
                 vec = self.b.build_insert_element(vec, v, self.i32c(e as i64), "")?;
             }
-            let p = self.smem_elem(smem, 0, et, idx)?;
+            let p = self.smem_elem(smem, off, et, idx)?;
             let st = self.b.build_store(p, vec)?;
             st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
         }

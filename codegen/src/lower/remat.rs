@@ -76,39 +76,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The registers of the `[l.m, l.n]` tile `v` ([`computable`]) in
     /// accumulator layout `l`, evaluated at each register's coordinates.
     pub(crate) fn remat_mma(&mut self, v: Value, l: &MmaLayout) -> Result<Regs<'ctx>> {
-        let (wm, wn, lane) = self.warp_coords(l)?;
-        let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
-        let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(1), "")?;
-        let row0 = self.mad(wm, l.tile_m(), g)?;
-        let col0 = self.mad(wn, l.tile_n(), t2)?;
-        // The caller's operand overrides (an elementwise op converting its
-        // operands) are set aside: the evaluation uses its own.
-        let saved = std::mem::take(&mut self.overrides);
-        let mut memo = Memo::default();
-        let mut out = Vec::with_capacity(l.regs());
-        let mut result = Ok(());
-        for s in 0..l.regs() {
-            let (dr, dc) = l.slot_delta(s);
-            let at = |lw: &Self, base: IntValue<'ctx>, d: usize| -> Result<IntValue<'ctx>> {
-                Ok(if d == 0 { base } else { lw.b.build_int_add(base, lw.i32c(d as i64), "")? })
-            };
-            let idx = match (at(self, row0, dr), at(self, col0, dc)) {
-                (Ok(r), Ok(c)) => vec![r, c],
-                (Err(e), _) | (_, Err(e)) => {
-                    result = Err(e);
-                    break;
-                }
-            };
-            match self.remat_at(v, &idx, &mut memo) {
-                Ok(x) => out.push(x),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
-        self.overrides = saved;
-        result.map(|()| out)
+        let (row0, col0) = self.mma_origin(l)?;
+        self.with_own_overrides(|lw| {
+            let mut memo = Memo::default();
+            (0..l.regs())
+                .map(|s| {
+                    let (dr, dc) = l.slot_delta(s);
+                    let idx = vec![lw.plus(row0, dr)?, lw.plus(col0, dc)?];
+                    lw.remat_at(v, &idx, &mut memo)
+                })
+                .collect()
+        })
     }
 
     /// The blocked registers of `v` ([`computable`]), evaluated at each
@@ -119,21 +97,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let l = self.layout_of(v);
         let strides = crate::layout::strides(&shape);
         let base = self.thread_base(&l)?;
+        self.with_own_overrides(|lw| {
+            let mut memo = Memo::default();
+            (0..l.regs())
+                .map(|s| {
+                    let lin = lw.linear_index(&l, base, s)?;
+                    let idx = shape
+                        .iter()
+                        .zip(&strides)
+                        .map(|(&n, &st)| lw.dim_index(lin, st, n))
+                        .collect::<Result<Vec<_>>>()?;
+                    lw.remat_at(v, &idx, &mut memo)
+                })
+                .collect()
+        })
+    }
+
+    /// Runs `eval` with no operand overrides (the caller's, set by an
+    /// elementwise op converting its operands, are set aside: an
+    /// evaluation uses its own) and restores them, also when it fails.
+    fn with_own_overrides<R>(&mut self, eval: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
         let saved = std::mem::take(&mut self.overrides);
-        let mut memo = Memo::default();
-        let result = (0..l.regs())
-            .map(|s| {
-                let lin = self.linear_index(&l, base, s)?;
-                let idx = shape
-                    .iter()
-                    .zip(&strides)
-                    .map(|(&n, &st)| self.dim_index(lin, st, n))
-                    .collect::<Result<Vec<_>>>()?;
-                self.remat_at(v, &idx, &mut memo)
-            })
-            .collect();
+        let out = eval(self);
         self.overrides = saved;
-        result
+        out
+    }
+
+    /// `base + d` (no instruction for `d = 0`).
+    fn plus(&self, base: IntValue<'ctx>, d: usize) -> Result<IntValue<'ctx>> {
+        Ok(if d == 0 { base } else { self.b.build_int_add(base, self.i32c(d as i64), "")? })
     }
 
     /// `v` at coordinates `idx` (i32, one per dimension of `v`).
@@ -229,5 +221,57 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         };
         memo.insert(key, r);
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsl_core::DType;
+    use dsl_core::ir::Inst;
+    use dsl_core::ir::ops::MemoryOp;
+    use dsl_core::lang::*;
+
+    /// The `store`s of `f`, in order.
+    fn stores(f: &Function) -> Vec<Inst> {
+        let mut out = Vec::new();
+        f.walk(|i| {
+            if matches!(f.insts[i].op, Op::Memory(MemoryOp::Store { .. })) {
+                out.push(i);
+            }
+        });
+        out
+    }
+
+    #[test]
+    fn computable_tiles_reach_only_coordinates_and_scalars() {
+        let f = KernelBuilder::new("remat")
+            .build(|| {
+                let p = param_ptr("p", DType::I32);
+                let n = param_scalar("n", DType::I32);
+                // Index math from aranges, a scalar and shape ops: computable.
+                let idx = expand_dims(arange(0, 16), 1) * n + expand_dims(arange(0, 16), 0);
+                let t = permute(broadcast_to(expand_dims(arange(0, 16), 0), &[16, 16]), &[1, 0]);
+                store(p + idx, t + idx, None);
+                // Anything reached through a load is not.
+                let ld = load(p + idx, None, None);
+                store(p + idx, ld + idx, None);
+                // Nor a tree of more than MAX_NODES ops.
+                let mut deep = idx;
+                for _ in 0..MAX_NODES {
+                    deep = deep + 1;
+                }
+                store(p + idx, deep, None);
+            })
+            .unwrap();
+        let st = stores(&f);
+        assert_eq!(st.len(), 3);
+        let sv = |i: usize| (f.insts[st[i]].args[0], f.insts[st[i]].args[1]);
+        assert!(computable(&f, sv(0).0) && computable(&f, sv(0).1), "pointer and value of index math");
+        assert!(computable(&f, sv(1).0) && !computable(&f, sv(1).1), "a loaded tile");
+        assert!(!computable(&f, sv(2).1), "over the node budget");
+        // Scalars are operands, not tiles.
+        let scalar = f.params[1].value;
+        assert!(!computable(&f, scalar));
     }
 }

@@ -187,7 +187,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             _ => {}
         }
         let aty = self.f.ty(a).clone();
-        let regs = self.regs(a)?;
         let la = self.layout(&aty);
         let rty = self.f.ty(res).clone();
         let lr = self.layout(&rty);
@@ -205,6 +204,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.set(res, out);
             return Ok(());
         }
+        let regs = self.regs(a)?;
         match op {
             ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. } => self.set(res, regs),
             ShapeOp::Broadcast { shape } => {
