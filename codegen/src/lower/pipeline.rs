@@ -860,14 +860,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(self.stage_ptr(ld)?.map(|p| (p, swizzled(cols))))
     }
 
-    /// The shared-memory stage of the current iteration that `dot` writes
-    /// its computed `a` operand into ([`PipeLoop::a_stages`]), if any.
-    pub(super) fn pipe_a_stage(&mut self, dot: Inst) -> Result<Option<PointerValue<'ctx>>> {
-        self.stage_ptr(dot)
-    }
-
-    /// The current iteration's stage of the ring keyed `key` in `pipe_stage`.
-    fn stage_ptr(&mut self, key: Inst) -> Result<Option<PointerValue<'ctx>>> {
+    /// The current iteration's stage of the ring keyed `key` in `pipe_stage`:
+    /// a pipelined load's, or the one a staged `dot` writes its computed
+    /// `a` operand into ([`PipeLoop::a_stages`]).
+    pub(super) fn stage_ptr(&mut self, key: Inst) -> Result<Option<PointerValue<'ctx>>> {
         let Some(&(stage, ring_off, stage_bytes)) = self.pipe_stage.get(&key) else { return Ok(None) };
         let ring = self.ring_base()?;
         let off = self.b.build_int_mul(stage, self.i32c(stage_bytes as i64), "")?;

@@ -120,7 +120,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             AOperand::Regs(self.a_frags_rs(inst, &l, k, d, wait)?)
         } else {
             let a_ring = if staged {
-                let Some(stage) = self.pipe_a_stage(inst)? else {
+                let Some(stage) = self.stage_ptr(inst)? else {
                     return Err(self.bug(inst, "wgmma a has no staging ring"));
                 };
                 self.stage_a_atoms(stage, args[0])?;
