@@ -1,8 +1,9 @@
 //! The PTX cache: compiled kernels in memory and on disk.
 //!
 //! The key hashes the printed IR (after canonicalization), the target, the
-//! warp count and the compiler version (this crate's version and the LLVM
-//! version). Disk entries live in `$TESSERA_CACHE_DIR` or `~/.cache/tessera`
+//! warp count and stage count, and the compiler: this crate's version, a
+//! hash of its and `dsl-core`'s sources (`build.rs`; a lowering change that
+//! leaves the IR as it was gets fresh PTX) and the LLVM version. Disk entries live in `$TESSERA_CACHE_DIR` or `~/.cache/tessera`
 //! as `<key>.ptx` with a small `<key>.meta` (shared bytes, warps, name).
 //!
 //! Invariant: a disk entry is written to a temporary file and renamed, so a
@@ -67,6 +68,7 @@ impl PtxCache {
         opts.num_warps.hash(&mut h);
         opts.num_stages.hash(&mut h);
         env!("CARGO_PKG_VERSION").hash(&mut h);
+        env!("TESSERA_COMPILER_HASH").hash(&mut h);
         crate::target::llvm_version().hash(&mut h);
         format!("{}-{:016x}", sanitize(&f.name), h.finish())
     }
