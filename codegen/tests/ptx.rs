@@ -337,7 +337,8 @@ fn softmax_online() {
 /// FlashAttention prefill over the paged cache (`kernels::flash_attention`)
 /// at its default bf16 tiles for `mma.sync` (64 x 32 with 4 warps at head dim
 /// 64, 128 x 32 with 8 at 128; for both targets, on sm_90a these run on
-/// register-A `wgmma` too) and for `wgmma` (64 x 64 with 4 warps, sm_90a):
+/// `wgmma` too) and for `wgmma` (64 x 64 with 4 warps, sm_90a; `q` resident
+/// in shared memory at head dim 64, register A at 128):
 /// SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8 KV heads of
 /// 128 full, both bf16, specialized as the runtime launches them (16-byte
 /// aligned pointers, page size 16, a block-table stride that is not a
@@ -358,15 +359,27 @@ fn flash_attention() {
         "flash_attention",
         &[("_bf16_9q3kv64_causal".into(), causal64, w64), ("_bf16_32q8kv128_full".into(), full128, w128)],
     );
-    for (name, (f, w)) in [
-        ("flash_attention_wgmma_bf16_9q3kv64_causal", f(9, 3, 64, true, true)),
-        ("flash_attention_wgmma_bf16_32q8kv128_full", f(32, 8, 128, false, true)),
+    for (name, (f, w), resident) in [
+        ("flash_attention_wgmma_bf16_9q3kv64_causal", f(9, 3, 64, true, true), true),
+        ("flash_attention_wgmma_bf16_32q8kv128_full", f(32, 8, 128, false, true), false),
     ] {
         let report = check(name, &f, Target::Sm90a, w);
         assert!(
             !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
             "{name}: {report:?}"
         );
+        // The scores' `wgmma` reads `q` from shared memory by descriptor at
+        // head dim 64 (`q` resides there, SS mode) and from A-fragment
+        // registers at 128; `p . v` (`v` N-major: `imm-trans-b` 1, the last
+        // operand of the register-A form) always takes `p` from registers.
+        let ptx = compile(&f, &CompileOptions { target: Target::Sm90a, num_warps: w, num_stages: STAGES })
+            .unwrap()
+            .ptx;
+        let products: Vec<&str> = ptx.lines().filter(|l| l.contains("wgmma.mma_async")).collect();
+        let desc_a = |l: &&str| l.split("}, ").nth(1).is_some_and(|a| a.starts_with("%rd"));
+        assert_eq!(products.iter().any(desc_a), resident, "{name}: {products:?}");
+        let pv: Vec<&&str> = products.iter().filter(|l| l.trim_end().ends_with("p, 1, 1, 1;")).collect();
+        assert!(!pv.is_empty() && !pv.iter().any(|l| desc_a(l)), "{name}: p . v takes register A");
     }
 }
 

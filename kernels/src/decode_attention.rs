@@ -288,7 +288,10 @@ pub fn paged_decode_tc<T: Float>(
     let real = g < GROUP;
     let q_off = expand_dims((b * (H_KV * GROUP) + h * GROUP + g) * HEAD_DIM, 1) + expand_dims(d, 0);
     let q = load(q_ptr + q_off, mask = expand_dims(real, 1), other = 0.0);
-    let qk_scale = scale * LOG2E;
+    // A non-negative scale for `online_softmax_step`: a negative one negates
+    // `q` instead (exact), once.
+    let q = where_(scale < 0.0, -q, q);
+    let qk_scale = abs(scale) * LOG2E;
 
     let bt = block_tables + b * bt_stride;
     // Key index and cache column of every element of a K/V tile.
@@ -303,9 +306,9 @@ pub fn paged_decode_tc<T: Float>(
         let page = load(bt + key / PAGE);
         let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
         let k = load(k_cache + kv);
-        let t = dot(q, trans(k)) * qk_scale;
+        let s = dot(q, trans(k));
         let v = load(v_cache + kv);
-        let (m_new, l_new, acc_new) = online_softmax_step(t, v, m, l, acc, T);
+        let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, T);
         m = m_new;
         l = l_new;
         acc = acc_new;
@@ -319,7 +322,7 @@ pub fn paged_decode_tc<T: Float>(
         let seen = expand_dims(s0 + arange(0, BLOCK_N) < end, 0);
         let t = where_(seen, dot(q, trans(k)) * qk_scale, f32::NEG_INFINITY);
         let v = load(v_cache + kv, mask = ok, other = 0.0);
-        let (m_new, l_new, acc_new) = online_softmax_step(t, v, m, l, acc, T);
+        let (m_new, l_new, acc_new) = online_softmax_step(t, constant(1.0, f32), v, m, l, acc, T);
         m = m_new;
         l = l_new;
         acc = acc_new;

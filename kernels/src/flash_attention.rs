@@ -19,12 +19,15 @@
 //!
 //! The softmax is online (FlashAttention-2): keys are visited in blocks of
 //! `BLOCK_N`, the running row max `m` and row sum `l` live in the log2 domain
-//! (`scale * log2(e)` is folded into one multiply of the scores, then `exp2`):
+//! (`c = |scale| * log2(e)`, then `exp2`; a negative `scale` negates `q`
+//! once, which is exact). Since `c >= 0`, the row max of the scaled scores
+//! is the scaled row max of the raw ones, so in unmasked key blocks each
+//! score's exponent is one `fma` (masked blocks scale first, then mask):
 //!
 //! ```text
-//! t     = (q . k^T) * (scale * log2 e)          [BLOCK_M, BLOCK_N] f32
-//! m_new = max(m, rowmax(t))
-//! p     = exp2(t - m_new)
+//! s     = q . k^T                               [BLOCK_M, BLOCK_N] f32
+//! m_new = max(m, c * rowmax(s))
+//! p     = exp2(fma(s, c, -m_new))
 //! alpha = exp2(m - m_new)
 //! l     = l * alpha + rowsum(p)
 //! acc   = acc * alpha + round_T(p) . v          (f32 accumulator)
@@ -92,7 +95,7 @@
 //! - The grid's first extent must be at least `cdiv(max_b q_len_b, BLOCK_M)`
 //!   ([`grid`]); its second is exactly `B * H_Q` (at most 65535, the CUDA
 //!   limit of the second grid extent).
-//! - `scale`: the softmax scale, usually `1 / sqrt(HEAD_DIM)`.
+//! - `scale`: the softmax scale, usually `1 / sqrt(HEAD_DIM)` (any finite value).
 //! - Offsets are 32-bit: `total_q * H_Q * HEAD_DIM < 2^31` and
 //!   `num_blocks * PAGE * H_KV * HEAD_DIM < 2^31`.
 //!
@@ -111,21 +114,29 @@
 use dsl_macros::{kernel, kernel_fn};
 
 /// One key block of the online softmax (FlashAttention-2), shared by the
-/// prefill and the tensor-core decode kernels: with the block's log2-domain
-/// scores `t` (`[M, N]`, masked keys `-inf`), its values `v` (`[N, D]`) and
-/// the running max `m`, sum `l` (`[M]`) and accumulator `acc` (`[M, D]`),
-/// returns the updated `(m, l, acc)`; `p` is rounded to `dt` before `p . v`.
+/// prefill and the tensor-core decode kernels: with the block's scores `s`
+/// (`[M, N]`) and the scale `c >= 0` that takes them to the log2 domain, its
+/// values `v` (`[N, D]`) and the running max `m` (log2 domain), sum `l`
+/// (`[M]`) and accumulator `acc` (`[M, D]`), returns the updated
+/// `(m, l, acc)`; `p` is rounded to `dt` before `p . v`.
+///
+/// A non-negative scale commutes with the row max, so unmasked scores are
+/// never scaled on their own: the max is taken on `s` and scaled per row,
+/// and each score's exponent is one `fma` (`s * c - m`), as
+/// FlashAttention-2 does. Masked blocks pass scores already scaled, with
+/// `-inf` at masked keys, and `c = 1` (`-inf * c` would be NaN for `c = 0`).
 #[kernel_fn]
 pub fn online_softmax_step(
-    t: Tensor,
+    s: Tensor,
+    qk_scale: Tensor,
     v: Tensor,
     m: Tensor,
     l: Tensor,
     acc: Tensor,
     dt: dsl_core::DType,
 ) -> (Tensor, Tensor, Tensor) {
-    let m_new = maximum(m, max(t, 1));
-    let p = exp2(t - expand_dims(m_new, 1));
+    let m_new = maximum(m, max(s, 1) * qk_scale);
+    let p = exp2(fma(s, qk_scale, -expand_dims(m_new, 1)));
     let alpha = exp2(m - m_new);
     let l_new = l * alpha + sum(p, 1);
     (m_new, l_new, dot(p.to(dt), v, acc * expand_dims(alpha, 1)))
@@ -192,8 +203,11 @@ pub fn flash_attention<T: Float>(
         let row_valid = offs_m < q_len;
         let q_row = expand_dims((q_start + offs_m) * (H_Q * HEAD_DIM), 1) + h * HEAD_DIM + offs_d;
         let q = load(q_ptr + q_row, mask = expand_dims(row_valid, 1), other = 0.0);
-        // scale * log2(e): the softmax runs on exp2.
-        let qk_scale = scale * 1.442_695_040_888_963_4;
+        // |scale| * log2(e): the softmax runs on exp2 with a non-negative
+        // scale (`online_softmax_step`); a negative one negates `q` instead
+        // (exact), once.
+        let q = where_(scale < 0.0, -q, q);
+        let qk_scale = abs(scale) * 1.442_695_040_888_963_4;
         let table = block_tables_ptr + b * max_blocks_per_seq;
         let head = kvh * HEAD_DIM + offs_d;
         // Key index of every element of a K/V tile (`[BLOCK_N, HEAD_DIM]`),
@@ -228,9 +242,9 @@ pub fn flash_attention<T: Float>(
             let page = load(table + (key >> page_shift));
             let kv = ((page << page_shift) + (key & page_mask)) * (H_KV * HEAD_DIM) + head2;
             let k = load(k_cache_ptr + kv);
-            let t = dot(q, trans(k)) * qk_scale;
+            let s = dot(q, trans(k));
             let v = load(v_cache_ptr + kv);
-            let (m_new, l_new, acc_new) = online_softmax_step(t, v, m_i, l_i, acc, T);
+            let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
             m_i = m_new;
             l_i = l_new;
             acc = acc_new;
@@ -246,14 +260,14 @@ pub fn flash_attention<T: Float>(
             let page = load(table + key2 / PAGE, mask = kv_mask, other = 0);
             let kv = (page * PAGE + key2 % PAGE) * (H_KV * HEAD_DIM) + head2;
             let k = load(k_cache_ptr + kv, mask = kv_mask, other = 0.0);
-            let t = dot(q, trans(k)) * qk_scale;
+            let s = dot(q, trans(k));
             let mut seen = expand_dims(in_ctx, 0);
             if CAUSAL {
                 seen = seen && expand_dims(key, 0) <= pos;
             }
-            let t = where_(seen, t, f32::NEG_INFINITY);
+            let t = where_(seen, s * qk_scale, f32::NEG_INFINITY);
             let v = load(v_cache_ptr + kv, mask = kv_mask, other = 0.0);
-            let (m_new, l_new, acc_new) = online_softmax_step(t, v, m_i, l_i, acc, T);
+            let (m_new, l_new, acc_new) = online_softmax_step(t, constant(1.0, f32), v, m_i, l_i, acc, T);
             m_i = m_new;
             l_i = l_new;
             acc = acc_new;

@@ -184,7 +184,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     _ => None,
                 };
                 // Loop-invariant `dot` operands become A fragments here
-                // (unless they are in registers already).
+                // (unless they are in registers already or reside in shared
+                // memory, `Pipeline::resident`).
                 let hoisted: Vec<_> = self
                     .mma
                     .hoisted
@@ -192,7 +193,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     .cloned()
                     .unwrap_or_default()
                     .into_iter()
-                    .filter(|(v, l)| !a_from_regs(self.lays.lay(*v), l))
+                    .filter(|(v, l)| {
+                        !a_from_regs(self.lays.lay(*v), l) && !self.pipe.resident.contains_key(v)
+                    })
                     .collect();
                 for &(v, l) in &hoisted {
                     self.hoist_a(v, &l)?;

@@ -77,9 +77,11 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub tid: IntValue<'ctx>,
     smem: Option<PointerValue<'ctx>>,
     pub smem_bytes: u32,
-    /// Bytes at the bottom of shared memory reserved for `cp.async` rings;
-    /// while a pipelined loop runs ([`Lowerer::in_pipeline`]) [`Lowerer::smem`]
-    /// hands out the region above them, elsewhere the rings' bytes too.
+    /// Bytes at the bottom of shared memory reserved for the resident
+    /// `wgmma` operands (`Pipeline::resident`, always) and the `cp.async`
+    /// rings above them; while a pipelined loop runs
+    /// ([`Lowerer::in_pipeline`]) [`Lowerer::smem`] hands out the region
+    /// above both, elsewhere the rings' bytes too.
     smem_floor: u64,
     /// Pipelined loops being lowered (from their prologue to their exit).
     pub in_pipeline: usize,
@@ -247,7 +249,7 @@ pub(crate) fn lower_function<'ctx>(
         tmaps: Vec::new(),
     };
     lw.lays = layouts::assign(f, &lw.mma);
-    lw.smem_floor = lw.pipe.ring_bytes;
+    lw.smem_floor = lw.pipe.resident_bytes + lw.pipe.ring_bytes;
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
     for (i, p) in f.params.iter().enumerate() {
         let pv =
@@ -560,21 +562,27 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// pipeline rings while a pipelined loop runs, from the bottom elsewhere),
     /// declaring the dynamic shared memory array on first use.
     pub fn smem(&mut self, bytes: u64) -> Result<PointerValue<'ctx>> {
-        let floor = if self.in_pipeline > 0 { self.smem_floor } else { 0 };
+        let floor = if self.in_pipeline > 0 { self.smem_floor } else { self.pipe.resident_bytes };
         let total = u32::try_from(floor + bytes)
             .map_err(|_| Error::Invalid(format!("shared memory use of {bytes} bytes is too large")))?;
         self.smem_bytes = self.smem_bytes.max(total);
+        self.smem_at(floor)
+    }
+
+    /// Byte `off` of the dynamic shared memory array.
+    pub fn smem_at(&mut self, off: u64) -> Result<PointerValue<'ctx>> {
         let base = self.smem_raw()?;
-        if floor == 0 {
+        if off == 0 {
             return Ok(base);
         }
-        let o = self.ctx.i32_type().const_int(floor, false);
-        // SAFETY: the floor lies inside the array, whose size covers every use.
+        let o = self.ctx.i32_type().const_int(off, false);
+        // SAFETY: `off` lies inside the array, whose size covers the resident
+        // operands and the rings (`smem_raw`) and every scratch use (`smem`).
         Ok(unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), base, &[o], "")? })
     }
 
     /// The bottom of the dynamic shared memory array (declared on first use;
-    /// it always covers the pipeline rings).
+    /// it always covers the resident operands and the pipeline rings).
     pub fn smem_raw(&mut self) -> Result<PointerValue<'ctx>> {
         let ring = u32::try_from(self.smem_floor).map_err(|_| {
             Error::Invalid(format!("pipeline rings of {} bytes are too large", self.smem_floor))
@@ -716,6 +724,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 break;
             }
             self.lower_inst(inst)?;
+            // A `wgmma` operand that resides in shared memory is
+            // written there once, right after its definition.
+            if let Some(&r) = self.f.insts[inst].results.first()
+                && self.pipe.resident.contains_key(&r)
+            {
+                self.make_resident(r)?;
+            }
         }
         self.wgmma_wait_all()?;
         self.wgmma_pending = outer;

@@ -217,6 +217,22 @@ pub(crate) struct Pipeline {
     /// or more: it is written into a ring stage of swizzle atoms
     /// ([`PipeLoop::a_stages`]) and read by the tensor cores in place.
     pub wgmma_staged: FxHashSet<Inst>,
+    /// Of those, the ones whose `a` is resident ([`Pipeline::resident`]).
+    pub wgmma_resident: FxHashSet<Inst>,
+    /// Loop-invariant `wgmma` `a` operands kept in shared memory for the
+    /// whole kernel, with their byte offsets in the resident region at the
+    /// bottom of shared memory (below the rings): a tile of 16-bit
+    /// elements computed before the loops (not from a product) with
+    /// 128-byte rows (`K = 64`, see [`may_reside`]), `M` rows as the
+    /// products', used by nothing but `wgmma` products in loops
+    /// (FlashAttention's `q` at head dim 64). It is written in swizzle atoms
+    /// right after its definition (`Lowerer::lower_block`) and every product
+    /// reads it by descriptor (SS mode), so neither its registers nor its A
+    /// fragments stay live across the loops (the tile itself was kept for
+    /// the second loop's fragments).
+    pub resident: FxHashMap<Value, u64>,
+    /// Bytes of the resident region (a multiple of 1024).
+    pub resident_bytes: u64,
     /// Of those, the ones whose group is left running into the next
     /// iteration (`wait_group 1`): the loop-carried accumulators of loops
     /// of at least four stages (three when the body computes every A
@@ -258,6 +274,9 @@ pub(crate) fn analyze(
             fors.push(i);
         }
     });
+    // Loop-invariant `a` operands of `wgmma` candidates that may reside in
+    // shared memory, with the products reading them.
+    let mut invariant: FxHashMap<Value, Vec<Inst>> = FxHashMap::default();
     for fi in fors {
         let body = f.entry(f.insts[fi].regions[0]);
         if has_nested_loop(f, body) {
@@ -348,6 +367,8 @@ pub(crate) fn analyze(
                     formed_a &= computed;
                     if computed && swizzled(f.ty(av).shape[1]) && !from_dot(f, body, av) {
                         p.wgmma_staged.insert(d);
+                    } else if may_reside(f, plan, body, d) {
+                        invariant.entry(av).or_default().push(d);
                     } else {
                         p.wgmma_rs.insert(d);
                     }
@@ -455,7 +476,64 @@ pub(crate) fn analyze(
         };
         p.loops.insert(fi, pl);
     }
+    // An operand resides when every one of its uses is such a product;
+    // otherwise its products take it as register A fragments.
+    let mut vals: Vec<(Value, Vec<Inst>)> = invariant.into_iter().collect();
+    vals.sort_by_key(|(v, _)| *v);
+    for (v, ds) in vals {
+        if users.get(&v).is_some_and(|us| us.iter().all(|u| ds.contains(u))) {
+            p.resident.insert(v, p.resident_bytes);
+            p.resident_bytes += (f.ty(v).numel() * 2) as u64;
+            p.wgmma_resident.extend(ds);
+        } else {
+            p.wgmma_rs.extend(ds);
+        }
+    }
     p
+}
+
+/// Whether `v` is computed from the result of a `dot` (anywhere in `f`): an
+/// accumulator-layout value, whose registers are A fragments already.
+fn derives_from_dot(f: &Function, v: Value) -> bool {
+    let mut stack = vec![v];
+    let mut seen = FxHashSet::default();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        let Some(d) = f.def_inst(v) else { continue };
+        if matches!(f.insts[d].op, Op::Dot(_)) {
+            return true;
+        }
+        stack.extend(f.insts[d].args.iter().copied());
+    }
+    false
+}
+
+/// Whether the `a` of the `wgmma` candidate `d` (in loop body `body`) may
+/// reside in shared memory ([`Pipeline::resident`]): a tile computed outside
+/// the loop, not from a product, of 16-bit elements, with rows of exactly 128 bytes (`K = 64`,
+/// one column block of swizzle atoms) and the product's `M` rows, a
+/// multiple of 64 (one warpgroup's rows each).
+///
+/// Wider operands keep register A: each `k` step of an SS-mode `wgmma`
+/// reads its `a` from shared memory again, which at FlashAttention's
+/// head dim 128 (`m64n64k16` scores) cost more than the 70 registers it
+/// saved (254 -> 184, still two programs per SM): 438 -> 405 TFLOP/s at
+/// L 4096, full (H100, same call). At head dim 64 the saved registers
+/// (168 -> 127) let a fourth program onto each SM: 348 -> 377 TFLOP/s
+/// causal, 388 -> 402 full.
+fn may_reside(f: &Function, plan: &MmaPlan, body: Block, d: Inst) -> bool {
+    let av = f.insts[d].args[0];
+    let Some(def) = f.def_inst(av) else { return false };
+    let ty = f.ty(av);
+    f.insts[def].parent != Some(body)
+        && !derives_from_dot(f, av)
+        && ty.rank() == 2
+        && matches!(ty.dtype(), DType::F16 | DType::BF16)
+        && ty.shape[1] == 64
+        && ty.shape[0].is_multiple_of(64)
+        && plan.dots.get(&d).is_some_and(|l| l.m == ty.shape[0])
 }
 
 /// The `(dot, operand)` whose staged operand is `v` (directly, or through a
@@ -606,9 +684,34 @@ fn body_stores(f: &Function, b: Block) -> bool {
 }
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
-    /// The ring region's base (the bottom of shared memory).
-    fn ring_base(&mut self) -> Result<PointerValue<'ctx>> {
-        self.smem_raw()
+    /// The ring region's base: the bottom of shared memory, above the
+    /// resident operands ([`Pipeline::resident`]).
+    pub(super) fn ring_base(&mut self) -> Result<PointerValue<'ctx>> {
+        self.smem_at(self.pipe.resident_bytes)
+    }
+
+    /// The resident copy of the loop-invariant `wgmma` operand `v`
+    /// ([`Pipeline::resident`]), if it has one.
+    pub(super) fn resident_ptr(&mut self, v: Value) -> Result<Option<PointerValue<'ctx>>> {
+        match self.pipe.resident.get(&v) {
+            Some(&off) => Ok(Some(self.smem_at(off)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the resident operand `v` ([`Pipeline::resident`]) into its
+    /// place in swizzle atoms and makes it visible to the tensor cores: a
+    /// barrier first (products of an earlier pass may still read the
+    /// place), the stores, a fence for the async proxy, a barrier.
+    pub(super) fn make_resident(&mut self, v: Value) -> Result<()> {
+        let Some(at) = self.resident_ptr(v)? else { return Ok(()) };
+        let ty = self.f.ty(v).clone();
+        let lv = self.layout(&ty);
+        let regs = self.regs(v)?;
+        self.barrier()?;
+        self.stage_atoms(at, &lv, &regs, ty.shape[0], ty.shape[1], ty.dtype())?;
+        self.fence_proxy_async()?;
+        self.barrier()
     }
 
     /// Lowers the slice instructions `insts` with the induction variable

@@ -24,7 +24,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The shared-memory address (32 bits) of the mbarrier of stage `stage` of `pl`.
     fn mbar_addr(&mut self, pl: &PipeLoop, stage: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
         let bars = pl.bars.expect("a loop with TMA loads has stage mbarriers");
-        let ring = self.smem_raw()?;
+        let ring = self.ring_base()?;
         let base = self.b.build_ptr_to_int(ring, self.ctx.i32_type(), "")?;
         let off = self.b.build_int_add(
             self.b.build_int_mul(stage, self.i32c(8), "")?,
@@ -120,7 +120,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         coords: &[(IntValue<'ctx>, IntValue<'ctx>)],
     ) -> Result<()> {
         let bar = self.mbar_addr(pl, stage)?;
-        let ring = self.smem_raw()?;
+        let ring = self.ring_base()?;
         let ring = self.b.build_ptr_to_int(ring, self.ctx.i32_type(), "")?;
         let mut boxes: Vec<[BasicValueEnum<'ctx>; 5]> = Vec::new();
         let mut bytes = 0u64;

@@ -119,7 +119,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let wait = if late_wait { Some(&mut acc) } else { None };
             AOperand::Regs(self.a_frags_rs(inst, &l, k, d, wait)?)
         } else {
-            let a_ring = if staged {
+            let resident =
+                if self.pipe.wgmma_resident.contains(&inst) { self.resident_ptr(args[0])? } else { None };
+            let a_ring = if let Some(at) = resident {
+                at
+            } else if staged {
                 let Some(stage) = self.stage_ptr(inst)? else {
                     return Err(self.bug(inst, "wgmma a has no staging ring"));
                 };

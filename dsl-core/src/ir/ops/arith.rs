@@ -12,7 +12,8 @@
 //!   (a negative amount shifts everything out); `shr` is arithmetic for signed and
 //!   logical for unsigned types.
 //! - `mulhi` is the high half of the full-width integer product (Philox uses it).
-//! - Transcendentals may be approximate on the GPU (`ex2.approx` and friends).
+//! - Transcendentals may be approximate on the GPU (`ex2.approx` and friends);
+//!   `exp`/`exp2` results below 2^-126 (f32 subnormals) may be 0 there.
 
 use super::{expect_args, expect_num, same_shapes};
 use crate::dtype::{DType, Elem, Type};
