@@ -6,20 +6,10 @@
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 
-/// FNV-1a, 64 bits (stable across Rust releases, unlike std's hasher).
-struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
+// The hasher the PTX cache key uses too.
+#[path = "src/fnv.rs"]
+mod fnv;
+use fnv::Fnv;
 
 /// Every `.rs` file under `dir`, recursively.
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
@@ -43,7 +33,7 @@ fn main() -> std::io::Result<()> {
         sources(d, &mut files)?;
     }
     files.sort();
-    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    let mut h = Fnv::new();
     for f in &files {
         h.write(f.strip_prefix(&root).unwrap_or(f).to_string_lossy().as_bytes());
         h.write(&std::fs::read(f)?);

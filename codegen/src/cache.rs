@@ -9,6 +9,7 @@
 //! Invariant: a disk entry is written to a temporary file and renamed, so a
 //! reader never sees a partial entry; unreadable entries are recompiled.
 
+use crate::fnv::Fnv;
 use crate::{CompileOptions, Compiled, Result, Target, compile};
 use dsl_core::Function;
 use rustc_hash::FxHashMap;
@@ -25,21 +26,6 @@ pub struct PtxCache {
 impl Default for PtxCache {
     fn default() -> Self {
         PtxCache::new()
-    }
-}
-
-/// A stable 64-bit FNV-1a hasher (std's default hasher is not stable across releases).
-struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
     }
 }
 
@@ -62,7 +48,7 @@ impl PtxCache {
     pub fn key(f: &Function, opts: &CompileOptions) -> String {
         let mut g = f.clone();
         dsl_core::passes::canonicalize::canonicalize(&mut g);
-        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        let mut h = Fnv::new();
         dsl_core::print::print(&g).hash(&mut h);
         opts.target.arch().hash(&mut h);
         opts.num_warps.hash(&mut h);

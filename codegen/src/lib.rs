@@ -16,6 +16,7 @@
 //! grid = programs; `shared_bytes` of dynamic shared memory.
 
 pub mod cache;
+mod fnv;
 pub mod layout;
 mod lower;
 pub mod mma;
