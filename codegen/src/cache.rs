@@ -53,6 +53,7 @@ impl PtxCache {
         opts.target.arch().hash(&mut h);
         opts.num_warps.hash(&mut h);
         opts.num_stages.hash(&mut h);
+        opts.min_programs_per_sm.hash(&mut h);
         env!("CARGO_PKG_VERSION").hash(&mut h);
         env!("TESSERA_COMPILER_HASH").hash(&mut h);
         crate::target::llvm_version().hash(&mut h);

@@ -41,11 +41,27 @@ pub struct CompileOptions {
     /// Software pipelining depth of loops that feed tensor-core `dot`
     /// operands (`cp.async` stages, see the pipeline pass); 1 disables it.
     pub num_stages: u32,
+    /// Occupancy hint: `.minnctapersm` (ptxas keeps registers low enough
+    /// for this many programs per SM); 0 emits none and leaves ptxas its
+    /// own choice.
+    pub min_programs_per_sm: u32,
+}
+
+impl CompileOptions {
+    /// The options of a launch (`dsl_core::launch::LaunchOptions`) for `target`.
+    pub fn for_launch(target: Target, launch: &dsl_core::launch::LaunchOptions) -> CompileOptions {
+        CompileOptions {
+            target,
+            num_warps: launch.num_warps,
+            num_stages: launch.num_stages,
+            min_programs_per_sm: launch.min_programs_per_sm,
+        }
+    }
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { target: Target::Sm80, num_warps: 4, num_stages: 1 }
+        CompileOptions { target: Target::Sm80, num_warps: 4, num_stages: 1, min_programs_per_sm: 0 }
     }
 }
 

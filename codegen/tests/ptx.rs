@@ -147,21 +147,32 @@ fn redact(ptx: &str) -> String {
         .join("\n")
 }
 
+/// Compile options without an occupancy hint.
+fn options(target: Target, num_warps: u32, num_stages: u32) -> CompileOptions {
+    CompileOptions { target, num_warps, num_stages, min_programs_per_sm: 0 }
+}
+
 /// The pipelining depth kernels are compiled with here: what a kernel
 /// `Config` defaults to (`Config::new`), hence what the runtime launches.
 const STAGES: u32 = 2;
 
 /// Compiles, assembles, checks spills and snapshots one configuration.
 fn check(name: &str, f: &Function, target: Target, num_warps: u32) -> Vec<String> {
+    check_with(name, f, &options(target, num_warps, STAGES), 0)
+}
+
+/// [`check`] with these options, allowing up to `spill_ok` bytes of spill
+/// stores (pinned by the snapshot).
+fn check_with(name: &str, f: &Function, opts: &CompileOptions, spill_ok: u64) -> Vec<String> {
+    let (target, num_warps) = (opts.target, opts.num_warps);
     // The shared-memory FMA `dot` baseline is not register-tuned yet: ptxas
     // spills a few bytes of it on sm_90a; the snapshot pins the amount instead.
     let may_spill = name.starts_with("matmul") && !name.starts_with("matmul_bf16");
-    let opts = CompileOptions { target, num_warps, num_stages: STAGES };
-    let c = compile(f, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c = compile(f, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     let tag = format!("{name}.{}.w{num_warps}", target.arch());
     let report = assemble(&c.ptx, target.arch(), &tag);
     if !may_spill {
-        assert_eq!(spill_bytes(&report), 0, "{tag} spills:\n{}", report.join("\n"));
+        assert!(spill_bytes(&report) <= spill_ok, "{tag} spills:\n{}", report.join("\n"));
     }
     let snap = format!(
         "// shared_bytes: {}\n// num_warps: {}\n// ptxas:\n{}\n{}",
@@ -337,8 +348,9 @@ fn softmax_online() {
 /// FlashAttention prefill over the paged cache (`kernels::flash_attention`)
 /// at its default bf16 tiles for `mma.sync` (64 x 32 with 4 warps at head dim
 /// 64, 128 x 32 with 8 at 128; for both targets, on sm_90a these run on
-/// `wgmma` too) and for `wgmma` (64 x 64 with 4 warps, sm_90a; `q` resident
-/// in shared memory at head dim 64, register A at 128):
+/// `wgmma` too) and for `wgmma` (sm_90a, 4 warps: 64 x 128 at head dim 64
+/// with registers for three programs per SM and `q` resident in shared
+/// memory, 64 x 64 at 128 with `q` in A-fragment registers):
 /// SmolLM2's heads (9 Q, 3 KV, head dim 64) causal, and 32 Q / 8 KV heads of
 /// 128 full, both bf16, specialized as the runtime launches them (16-byte
 /// aligned pointers, page size 16, a block-table stride that is not a
@@ -351,30 +363,45 @@ fn flash_attention() {
         let t = config_for(hd, DType::BF16, wgmma);
         assert_eq!(t.num_stages, STAGES);
         let c = t.config(DType::BF16, hq, hkv, hd, 16, causal);
-        (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t.num_warps)
+        (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t)
     };
-    let (causal64, w64) = f(9, 3, 64, true, false);
-    let (full128, w128) = f(32, 8, 128, false, false);
+    let (causal64, t64) = f(9, 3, 64, true, false);
+    let (full128, t128) = f(32, 8, 128, false, false);
+    assert_eq!((t64.min_programs_per_sm, t128.min_programs_per_sm), (0, 0));
     both(
         "flash_attention",
-        &[("_bf16_9q3kv64_causal".into(), causal64, w64), ("_bf16_32q8kv128_full".into(), full128, w128)],
+        &[
+            ("_bf16_9q3kv64_causal".into(), causal64, t64.num_warps),
+            ("_bf16_32q8kv128_full".into(), full128, t128.num_warps),
+        ],
     );
-    for (name, (f, w), resident) in [
+    for (name, (f, t), resident) in [
         ("flash_attention_wgmma_bf16_9q3kv64_causal", f(9, 3, 64, true, true), true),
         ("flash_attention_wgmma_bf16_32q8kv128_full", f(32, 8, 128, false, true), false),
     ] {
-        let report = check(name, &f, Target::Sm90a, w);
+        let opts = CompileOptions {
+            target: Target::Sm90a,
+            num_warps: t.num_warps,
+            num_stages: t.num_stages,
+            min_programs_per_sm: t.min_programs_per_sm,
+        };
+        // Registers for three programs per SM cost ptxas a few bytes of
+        // spill outside the loops at head dim 64 (pinned by the snapshot).
+        let report = check_with(name, &f, &opts, if t.min_programs_per_sm > 0 { 8 } else { 0 });
         assert!(
             !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
             "{name}: {report:?}"
         );
+        // The occupancy hint holds: 64K registers over the programs' threads.
+        if t.min_programs_per_sm > 0 {
+            let per_sm = t.min_programs_per_sm as u64 * 32 * t.num_warps as u64;
+            assert!(registers(&report) * per_sm <= 65536, "{name}: {report:?}");
+        }
         // The scores' `wgmma` reads `q` from shared memory by descriptor at
         // head dim 64 (`q` resides there, SS mode) and from A-fragment
         // registers at 128; `p . v` (`v` N-major: `imm-trans-b` 1, the last
         // operand of the register-A form) always takes `p` from registers.
-        let ptx = compile(&f, &CompileOptions { target: Target::Sm90a, num_warps: w, num_stages: STAGES })
-            .unwrap()
-            .ptx;
+        let ptx = compile(&f, &opts).unwrap().ptx;
         let products: Vec<&str> = ptx.lines().filter(|l| l.contains("wgmma.mma_async")).collect();
         let desc_a = |l: &&str| l.split("}, ").nth(1).is_some_and(|a| a.starts_with("%rd"));
         assert_eq!(products.iter().any(desc_a), resident, "{name}: {products:?}");
@@ -413,7 +440,7 @@ fn matmul_bf16() {
     .collect();
     both("matmul_bf16", &cfgs);
     for (_, func, w) in &cfgs {
-        let opts = CompileOptions { target: Target::Sm80, num_warps: *w, num_stages: STAGES };
+        let opts = options(Target::Sm80, *w, STAGES);
         let ptx = compile(func, &opts).unwrap().ptx;
         assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "no mma");
         assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"), "no ldmatrix");
@@ -422,7 +449,7 @@ fn matmul_bf16() {
     // pipelined with 16-byte `cp.async` copies (2 stages here, 3 below).
     for stages in [2u32, 3] {
         let (func, w) = f(4);
-        let opts = CompileOptions { target: Target::Sm80, num_warps: w, num_stages: stages };
+        let opts = options(Target::Sm80, w, stages);
         let c = compile(&func, &opts).unwrap();
         assert!(c.ptx.contains("cp.async.cg.shared.global.L2::128B"), "no cp.async at {stages} stages");
         let waits = cp_async_waits(&c.ptx);
@@ -440,7 +467,7 @@ fn matmul_bf16() {
     // loop waits for the last one at its exit. ptxas must not serialize them.
     for stages in [2u32, 3, 4] {
         let (func, w) = f(0);
-        let opts = CompileOptions { target: Target::Sm90a, num_warps: w, num_stages: stages };
+        let opts = options(Target::Sm90a, w, stages);
         let c = compile(&func, &opts).unwrap();
         assert_eq!(c.ptx.matches("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16").count(), 4);
         assert!(!c.ptx.contains("ldmatrix"), "no ldmatrix on the wgmma path");
@@ -468,13 +495,13 @@ fn matmul_bf16() {
     // computed by the body, so at three stages the group is not deferred
     // and the copies stay two tiles ahead (`cp.async.wait_group 1`).
     let (func, w) = f(4);
-    let c = compile(&func, &CompileOptions { target: Target::Sm90a, num_warps: w, num_stages: 3 }).unwrap();
+    let c = compile(&func, &options(Target::Sm90a, w, 3)).unwrap();
     assert!(c.ptx.contains("wgmma.mma_async") && c.ptx.contains("ldmatrix"), "register-A wgmma");
     assert!(!c.ptx.contains("wgmma.wait_group.sync.aligned 1;"), "K=32 tile deferred at 3 stages");
     assert!(cp_async_waits(&c.ptx).contains(&1), "K=32 tile: prefetch distance");
     let (func, w) = f(1);
     for t in [Target::Sm80, Target::Sm90a] {
-        let opts = CompileOptions { target: t, num_warps: w, num_stages: STAGES };
+        let opts = options(t, w, STAGES);
         let report = assemble(&compile(&func, &opts).unwrap().ptx, t.arch(), "matmul_bf16_128x64x32");
         assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
     }
@@ -573,7 +600,7 @@ fn wgmma_computed_a() {
             })
             .unwrap()
     };
-    let opts = CompileOptions { target: Target::Sm90a, num_warps: 4, num_stages: STAGES };
+    let opts = options(Target::Sm90a, 4, STAGES);
     // The same loads and rings: no staging ring for a carried product.
     let shared = |from| compile(&build(64, 64, 64, from), &opts).unwrap().shared_bytes;
     assert_eq!(shared(From::Carried), shared(From::Dot));
@@ -651,7 +678,7 @@ fn wgmma_waits_at_first_use() {
             store(c_ptr + c_offs, out[0] + out[1], None);
         })
         .unwrap();
-    let opts = CompileOptions { target: Target::Sm90a, num_warps: 4, num_stages: STAGES };
+    let opts = options(Target::Sm90a, 4, STAGES);
     let ptx = compile(&f, &opts).unwrap().ptx;
     let sync: Vec<&str> = ptx
         .lines()
@@ -704,7 +731,7 @@ fn dot_shapes() {
                 let f = dot_kernel(m, n, kk, dtype, b_nk).unwrap();
                 let want = codegen::mma::MmaLayout::choose(m, n, kk, w as usize).is_some();
                 for t in [Target::Sm80, Target::Sm90a] {
-                    let opts = CompileOptions { target: t, num_warps: w, num_stages: STAGES };
+                    let opts = options(t, w, STAGES);
                     let c = compile(&f, &opts).unwrap_or_else(|e| panic!("{m}x{n}x{kk} w{w}: {e}"));
                     assert_eq!(c.ptx.contains("mma.sync"), want, "{m}x{n}x{kk} w{w} {dtype}");
                     // sm_90a runs the pipelined loop's product on `wgmma`
@@ -766,9 +793,7 @@ fn paged_decode() {
     ];
     both("paged_decode", &cfgs);
     for (_, f, w) in &cfgs {
-        let ptx = compile(f, &CompileOptions { target: Target::Sm90a, num_warps: *w, num_stages: STAGES })
-            .unwrap()
-            .ptx;
+        let ptx = compile(f, &options(Target::Sm90a, *w, STAGES)).unwrap().ptx;
         assert!(
             ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.cg.shared.global.L2::128B")
         );
@@ -815,9 +840,7 @@ fn dequant_q8() {
     ];
     both("dequant_q8", &cfgs);
     for (name, f, w) in &cfgs[2..] {
-        let ptx = compile(f, &CompileOptions { target: Target::Sm90a, num_warps: *w, num_stages: STAGES })
-            .unwrap()
-            .ptx;
+        let ptx = compile(f, &options(Target::Sm90a, *w, STAGES)).unwrap().ptx;
         assert!(ptx.contains("dp4a."), "{name}: no dp4a");
         // Weight words stream through L1 marked evict-first (16-byte loads),
         // so the reused activations stay cached.
@@ -868,8 +891,7 @@ fn dequant() {
     ];
     for (suffix, f, w) in cases {
         let gemm = suffix.starts_with("_gemm");
-        let c =
-            compile(&f, &CompileOptions { target: Target::Sm80, num_warps: w, num_stages: STAGES }).unwrap();
+        let c = compile(&f, &options(Target::Sm80, w, STAGES)).unwrap();
         assert_eq!(c.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), gemm, "{suffix}");
         both("dequant", &[(suffix.to_string(), f, w)]);
     }
@@ -954,6 +976,7 @@ fn dequant_autotune_configs_do_not_spill() {
                     target: Target::Sm90a,
                     num_warps: c.num_warps,
                     num_stages: c.num_stages,
+                    min_programs_per_sm: c.min_programs_per_sm,
                 };
                 let ptx = compile(&f, &opts).unwrap().ptx;
                 let r = assemble(&ptx, "sm_90a", kk::NAME);
@@ -994,7 +1017,7 @@ fn flash_attention_autotune_configs() {
         for c in k::autotune_configs(&base) {
             let f = dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0;
             for t in [Target::Sm80, Target::Sm90a] {
-                let opts = CompileOptions { target: t, num_warps: c.num_warps, num_stages: STAGES };
+                let opts = options(t, c.num_warps, STAGES);
                 let ptx = compile(&f, &opts).unwrap().ptx;
                 let r = assemble(&ptx, t.arch(), k::NAME);
                 eprintln!(
@@ -1019,8 +1042,7 @@ fn softmax_large_blocks_do_not_spill() {
     {
         for w in [4u32, 8, 16] {
             let f = kernels::softmax(block, dtype).unwrap();
-            let c = compile(&f, &CompileOptions { target: Target::Sm80, num_warps: w, num_stages: STAGES })
-                .unwrap();
+            let c = compile(&f, &options(Target::Sm80, w, STAGES)).unwrap();
             let r = assemble(&c.ptx, "sm_80", &format!("softmax_{block}_{dtype}_w{w}"));
             eprintln!(
                 "softmax block={block} {dtype} warps={w}: {} registers, {} spill bytes",
@@ -1077,7 +1099,20 @@ fn cache_round_trip() {
     assert_eq!(*a, *b);
     let other = CompileOptions { num_warps: 8, ..opts };
     assert_ne!(codegen::PtxCache::key(&f, &opts), codegen::PtxCache::key(&f, &other));
+    let hinted = CompileOptions { min_programs_per_sm: 2, ..opts };
+    assert_ne!(codegen::PtxCache::key(&f, &opts), codegen::PtxCache::key(&f, &hinted));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The occupancy hint becomes `.minnctapersm` (and nothing without one).
+#[test]
+fn occupancy_hint() {
+    let f = kernels::vector_add(512).unwrap();
+    let plain = compile(&f, &CompileOptions::default()).unwrap().ptx;
+    assert!(!plain.contains(".minnctapersm"), "{plain}");
+    let hinted =
+        compile(&f, &CompileOptions { min_programs_per_sm: 3, ..CompileOptions::default() }).unwrap().ptx;
+    assert!(hinted.lines().any(|l| l.trim() == ".minnctapersm 3"), "{hinted}");
 }
 
 /// The swapped dequant GEMM (`kernels::dequant::gemm::gemm_swap`) on
@@ -1104,7 +1139,7 @@ fn dequant_gemm_swapped() {
         let f = m41::build(&m41::Config::new(DType::BF16, false, bm, bn, bk, true)).unwrap();
         let f = dsl_core::launch::specialize(&f, &facts).0;
         let tag = format!("gemm_q4_1 swapped {bm}x{bn}x{bk} w{warps} s{stages}");
-        let opts = CompileOptions { target: Target::Sm90a, num_warps: warps, num_stages: stages };
+        let opts = options(Target::Sm90a, warps, stages);
         let ptx = compile(&f, &opts).unwrap().ptx;
         let report = assemble(&ptx, "sm_90a", &tag);
         assert!(
@@ -1172,8 +1207,7 @@ fn dequant_gemm_swapped() {
         } else {
             assert_eq!(next, "wgmma.wait_group.sync.aligned 0;", "{tag}: the group waited in its iteration");
         }
-        let c80 = compile(&f, &CompileOptions { target: Target::Sm80, num_warps: warps, num_stages: stages })
-            .unwrap();
+        let c80 = compile(&f, &options(Target::Sm80, warps, stages)).unwrap();
         assert!(c80.ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "{tag} sm_80");
         let report = assemble(&c80.ptx, "sm_80", &tag);
         println!("{tag} sm_80: {} registers, {} spill bytes", registers(&report), spill_bytes(&report));
@@ -1197,7 +1231,7 @@ fn dequant_gemm_stream_k() {
     for c in sk::autotune_configs(&base) {
         let f = dsl_core::launch::specialize(&sk::build(&c).unwrap(), &facts).0;
         let tag = format!("gemm_stream_k {c:?}");
-        let opts = CompileOptions { target: Target::Sm90a, num_warps: c.num_warps, num_stages: c.num_stages };
+        let opts = options(Target::Sm90a, c.num_warps, c.num_stages);
         let ptx = compile(&f, &opts).unwrap().ptx;
         let report = assemble(&ptx, "sm_90a", &tag);
         println!("{tag}: {} registers, {} spill bytes", registers(&report), spill_bytes(&report));

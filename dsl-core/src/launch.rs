@@ -19,11 +19,15 @@ pub struct LaunchOptions {
     pub num_warps: u32,
     /// Software-pipelining depth of loops feeding `dot`.
     pub num_stages: u32,
+    /// Occupancy hint: the compiler keeps registers low enough for this
+    /// many programs per SM (`.minnctapersm`, CUDA's `__launch_bounds__`
+    /// minimum blocks); 0 leaves the choice to the compiler.
+    pub min_programs_per_sm: u32,
 }
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        LaunchOptions { num_warps: 4, num_stages: 2 }
+        LaunchOptions { num_warps: 4, num_stages: 2, min_programs_per_sm: 0 }
     }
 }
 

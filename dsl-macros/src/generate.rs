@@ -157,7 +157,7 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
     let loc = quote_spanned!(name.span()=> ::dsl_core::Location::new(file!(), line!(), column!()));
     let build_body = if body_ok {
         quote! {
-            let Config { #(#cfg_names,)* num_warps: _, num_stages: _ } = config.clone();
+            let Config { #(#cfg_names,)* num_warps: _, num_stages: _, min_programs_per_sm: _ } = config.clone();
             ::dsl_core::lang::KernelBuilder::with_location(#name_str, #loc).build(|| {
                 #[allow(unused_imports)]
                 use ::dsl_core::lang::*;
@@ -195,12 +195,16 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
                 pub num_warps: u32,
                 /// Software-pipelining depth.
                 pub num_stages: u32,
+                /// Occupancy hint: programs per SM the compiler must leave
+                /// registers for (0: its own choice).
+                pub min_programs_per_sm: u32,
             }
 
             impl Config {
-                /// A config with these compile-time values, 4 warps and 2 stages.
+                /// A config with these compile-time values, 4 warps, 2 stages
+                /// and no occupancy hint.
                 pub fn new(#(#cfg_params),*) -> Config {
-                    Config { #(#cfg_names,)* num_warps: 4, num_stages: 2 }
+                    Config { #(#cfg_names,)* num_warps: 4, num_stages: 2, min_programs_per_sm: 0 }
                 }
                 /// The same config with `n` warps per program.
                 pub fn with_warps(mut self, n: u32) -> Config {
@@ -210,6 +214,12 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
                 /// The same config with `n` pipeline stages.
                 pub fn with_stages(mut self, n: u32) -> Config {
                     self.num_stages = n;
+                    self
+                }
+                /// The same config with registers left for `n` programs per
+                /// SM (0: the compiler's choice).
+                pub fn with_min_programs(mut self, n: u32) -> Config {
+                    self.min_programs_per_sm = n;
                     self
                 }
             }
@@ -248,7 +258,11 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
                     build(config)
                 }
                 fn launch_options(config: &Config) -> ::dsl_core::launch::LaunchOptions {
-                    ::dsl_core::launch::LaunchOptions { num_warps: config.num_warps, num_stages: config.num_stages }
+                    ::dsl_core::launch::LaunchOptions {
+                        num_warps: config.num_warps,
+                        num_stages: config.num_stages,
+                        min_programs_per_sm: config.min_programs_per_sm,
+                    }
                 }
                 fn autotune_configs(base: &Config) -> ::std::vec::Vec<Config> {
                     autotune_configs(base)

@@ -321,20 +321,27 @@ fn parse_config(e: &Expr, params: &[Param], errors: &mut Errors) -> TuneConfig {
             continue;
         };
         let Expr::Path(p) = &*a.left else {
-            errors.at(&a.left, "config entries name a constexpr or `num_warps`/`num_stages`");
+            errors.at(
+                &a.left,
+                "config entries name a constexpr, `num_warps`, `num_stages` or `min_programs_per_sm`",
+            );
             continue;
         };
         let Some(id) = p.path.get_ident().cloned() else {
-            errors.at(&a.left, "config entries name a constexpr or `num_warps`/`num_stages`");
+            errors.at(
+                &a.left,
+                "config entries name a constexpr, `num_warps`, `num_stages` or `min_programs_per_sm`",
+            );
             continue;
         };
         let known = id == "num_warps"
             || id == "num_stages"
+            || id == "min_programs_per_sm"
             || params.iter().any(|q| q.name == id && matches!(q.kind, ParamKind::Constexpr(_)));
         if !known {
             errors.at(
                 &id,
-                format!("`{id}` is not a constexpr parameter of this kernel (nor `num_warps`/`num_stages`)"),
+                format!("`{id}` is not a constexpr parameter of this kernel (nor `num_warps`, `num_stages` or `min_programs_per_sm`)"),
             );
             continue;
         }

@@ -147,16 +147,18 @@ pub fn online_softmax_step(
 // Autotune candidates: 16 or 32 query rows per warp. 128-row tiles on 4
 // warps were dropped (2026-11-24): they spill on sm_90a (up to 56 KB at head
 // dim 128) and were 1.6-3x slower than the best tile in every H100 run.
+// Every candidate names its occupancy hint (a base config's would carry over).
 #[kernel(autotune(
     configs = [
-        (BLOCK_M = 64, BLOCK_N = 32, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4),
-        (BLOCK_M = 128, BLOCK_N = 32, num_warps = 8),
-        (BLOCK_M = 128, BLOCK_N = 64, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 32, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 128, num_warps = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4, num_stages = 3),
-        (BLOCK_M = 128, BLOCK_N = 128, num_warps = 8),
+        (BLOCK_M = 64, BLOCK_N = 32, num_warps = 4, min_programs_per_sm = 0),
+        (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4, min_programs_per_sm = 0),
+        (BLOCK_M = 128, BLOCK_N = 32, num_warps = 8, min_programs_per_sm = 0),
+        (BLOCK_M = 128, BLOCK_N = 64, num_warps = 8, min_programs_per_sm = 0),
+        (BLOCK_M = 64, BLOCK_N = 32, num_warps = 8, min_programs_per_sm = 0),
+        (BLOCK_M = 64, BLOCK_N = 128, num_warps = 4, min_programs_per_sm = 0),
+        (BLOCK_M = 64, BLOCK_N = 128, num_warps = 4, min_programs_per_sm = 3),
+        (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4, num_stages = 3, min_programs_per_sm = 0),
+        (BLOCK_M = 128, BLOCK_N = 128, num_warps = 8, min_programs_per_sm = 0),
     ],
     key = [max_blocks_per_seq]
 ))]
@@ -291,12 +293,16 @@ pub struct TileConfig {
     pub num_warps: u32,
     /// K/V tiles in flight (`num_stages` of the `cp.async` pipeline).
     pub num_stages: u32,
+    /// Occupancy hint: programs per SM that ptxas must leave registers for
+    /// (`min_programs_per_sm`; 0: ptxas's choice).
+    pub min_programs_per_sm: u32,
 }
 
 impl TileConfig {
-    /// Query tile, key tile and warps, with the kernel's default two stages.
+    /// Query tile, key tile and warps, with the kernel's default two stages
+    /// and no occupancy hint.
     pub const fn new(block_m: usize, block_n: usize, num_warps: u32) -> TileConfig {
-        TileConfig { block_m, block_n, num_warps, num_stages: 2 }
+        TileConfig { block_m, block_n, num_warps, num_stages: 2, min_programs_per_sm: 0 }
     }
 
     /// The kernel configuration with these tiles for the other constexprs.
@@ -313,6 +319,7 @@ impl TileConfig {
         flash_attention::Config::new(dtype, h_q, h_kv, head_dim, page, self.block_m, self.block_n, causal)
             .with_warps(self.num_warps)
             .with_stages(self.num_stages)
+            .with_min_programs(self.min_programs_per_sm)
     }
 }
 
@@ -327,18 +334,24 @@ impl TileConfig {
 ///   ptxas compiles without spills on sm_80: 128 x 64 needs more than 255
 ///   registers at head dim 128, and at head dim 64 ptxas caps 8-warp
 ///   programs at 128 registers (two per SM) and spills 128 x 32.
-/// - `wgmma` (sm_90a): 64 x 64 with 4 warps (one warpgroup, `m64n64k16`
-///   for the scores) at both head dims: the B operands are read from shared
-///   memory by the tensor cores, so the wider key tile costs no fragment
-///   registers. The autotuner picked it for all four hd64/hd128
-///   causal/full benchmarks on an H100 (2026-11-24).
+/// - `wgmma` (sm_90a): one warpgroup of 4 warps, 64 query rows; the B
+///   operands are read from shared memory by the tensor cores, so a wider
+///   key tile costs no fragment registers. Head dim 64: 128 keys with
+///   registers for three programs per SM (`min_programs_per_sm = 3`: 168
+///   registers; ptxas alone takes 178 and fits two, and the 64-key tile
+///   at 127 fits four): per key half the loop overhead (the rescale of
+///   `acc`, barriers, descriptors), 374-379 -> 389-394 TFLOP/s causal and
+///   402-406 -> 435-439 full at L 4096 (H100, same call, 2026-11-25).
+///   Head dim 128: 64 keys (`m64n64k16` scores; 128 keys need more than
+///   255 registers).
 ///
 /// For f32 (`dot` by FMAs through shared memory) `64 x 32` with 4 warps at
 /// head dim 64 and 8 above.
 pub fn config_for(head_dim: usize, dtype: dsl_core::DType, wgmma: bool) -> TileConfig {
     let half = matches!(dtype, dsl_core::DType::F16 | dsl_core::DType::BF16);
     match (half, wgmma, head_dim <= 64) {
-        (true, true, _) => TileConfig::new(64, 64, 4),
+        (true, true, true) => TileConfig { min_programs_per_sm: 3, ..TileConfig::new(64, 128, 4) },
+        (true, true, false) => TileConfig::new(64, 64, 4),
         (true, false, true) => TileConfig::new(64, 32, 4),
         (true, false, false) => TileConfig::new(128, 32, 8),
         (false, _, true) => TileConfig::new(64, 32, 4),

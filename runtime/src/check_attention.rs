@@ -135,7 +135,7 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
 
     let lens: Vec<String> = c.seqs.iter().map(|&(q, ctx)| format!("{q}/{ctx}")).collect();
     let shape = format!(
-        "{}q{}kv{}d {} bs{bs} {}x{} w{} s{} q/ctx {}",
+        "{}q{}kv{}d {} bs{bs} {}x{} w{} s{}{} q/ctx {}",
         c.n_q,
         c.n_kv,
         d,
@@ -144,6 +144,10 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
         c.tiles.block_n,
         c.tiles.num_warps,
         c.tiles.num_stages,
+        match c.tiles.min_programs_per_sm {
+            0 => String::new(),
+            n => format!(" {n}/SM"),
+        },
         lens.join(",")
     );
     let mut row =
@@ -231,6 +235,7 @@ fn tune_tiles() -> Vec<TileConfig> {
             block_n: c.BLOCK_N,
             num_warps: c.num_warps,
             num_stages: c.num_stages,
+            min_programs_per_sm: c.min_programs_per_sm,
         })
         .collect()
 }

@@ -418,11 +418,7 @@ fn dump(a: &DumpArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let copts = codegen::CompileOptions {
-        target: a.target.into(),
-        num_warps: opts.num_warps,
-        num_stages: opts.num_stages,
-    };
+    let copts = codegen::CompileOptions::for_launch(a.target.into(), &opts);
     let (compiled, dumps) = codegen::compile_with_dumps(&func, &copts)?;
     if all || a.ir {
         println!("// ---- {} ({}): tile IR ----\n{}", entry.name, entry.default_config, dumps.ir);

@@ -178,19 +178,27 @@ pub(crate) fn lower_function<'ctx>(
     func.set_call_conventions(PTX_KERNEL_CC);
     let tstr = threads.to_string();
     func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute("nvvm.maxntid", &tstr));
-    // A loop that dequantizes `wgmma`'s A operand into a large accumulator
-    // while the previous group runs (`Pipeline::body_forms_a`) is built for
-    // one program per SM: `.minnctapersm 1`, as CUTLASS's Hopper kernels
+    // `.minnctapersm`: the config's occupancy hint
+    // (`CompileOptions::min_programs_per_sm`) when it gives one. Without
+    // it, a loop that dequantizes `wgmma`'s A operand into a large
+    // accumulator while the previous group runs (`Pipeline::body_forms_a`)
+    // is built for one program per SM, as CUTLASS's Hopper kernels
     // declare, so ptxas schedules for registers rather than for more
     // programs (the stream-K GEMM with one program per tile at M256
     // N14336: 84.7 us without, 78.0 with, on two H100s). Other kernels keep
-    // ptxas's choice:
-    // FlashAttention at head dim 64 relies on its third program per SM
-    // (168 registers; 196 with the directive), and so, measured, does the
-    // swapped 64 x 64 dequant tile (61.1 us with it, 56.5 without).
-    let min_ctas = pipe.body_forms_a.then_some(1u64);
-    if min_ctas.is_some() {
-        func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute("nvvm.minctasm", "1"));
+    // ptxas's choice: the swapped 64 x 64 dequant tile relies on its extra
+    // programs per SM (61.1 us with the directive, 56.5 without). The hint
+    // goes the other way too: FlashAttention's 64 x 128 tile at head dim
+    // 64 asks for three programs (ptxas alone picks 178 registers, two).
+    let min_ctas = match opts.min_programs_per_sm {
+        0 => pipe.body_forms_a.then_some(1u64),
+        n => Some(u64::from(n)),
+    };
+    if let Some(n) = min_ctas {
+        func.add_attribute(
+            AttributeLoc::Function,
+            ctx.create_string_attribute("nvvm.minctasm", &n.to_string()),
+        );
     }
     let i32t = ctx.i32_type();
     let annotations = [("kernel", Some(1u64)), ("maxntid", Some(threads as u64)), ("minctasm", min_ctas)];

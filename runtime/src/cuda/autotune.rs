@@ -6,8 +6,10 @@
 //! A result is keyed by device name, compute capability, kernel name, the
 //! config key of the base config (the "family": what the candidates leave
 //! open, such as dtype generics and block sizes), the values of the kernel's
-//! key parameters, and the compiler version (runtime version plus LLVM
-//! version). The value stored is the winner's [`Kernel::config_key`] and its
+//! key parameters, the compiler version (runtime version plus LLVM
+//! version) and the PTX cache key of the base config's function (its IR,
+//! the compiler's sources, LLVM and the target: a changed kernel or lowering
+//! is tuned again). The value stored is the winner's [`Kernel::config_key`] and its
 //! median time.
 //!
 //! The cache lives in `$TESSERA_CACHE_DIR/autotune.json`, else in
@@ -59,6 +61,13 @@ pub struct TuneKey {
     pub key: Vec<(String, String)>,
     /// The compiler version (see [`compiler_version`]).
     pub compiler: String,
+    /// The PTX cache key of the base config's function
+    /// ([`codegen::PtxCache::key`]), which hashes its IR, the compiler's own
+    /// sources, LLVM's version and the target: a choice tuned before the
+    /// kernel or the lowering changed is tuned again instead of reused
+    /// (a change that only alters candidates' IR, not the base's, is not
+    /// seen).
+    pub code: String,
 }
 
 impl TuneKey {
@@ -72,7 +81,8 @@ impl TuneKey {
             self.kernel,
             self.family,
             key,
-            self.compiler
+            self.compiler,
+            self.code
         ])
         .to_string()
     }
@@ -393,6 +403,7 @@ mod tests {
             family: "Config { T: F32, BLOCK: 16384, num_warps: 4, num_stages: 2 }".into(),
             key: vec![("n_cols".into(), "16384".into())],
             compiler: "tessera 0.1.0 llvm 22.1.0".into(),
+            code: "softmax-0123456789abcdef".into(),
         }
     }
 
@@ -400,9 +411,16 @@ mod tests {
     fn cache_key_includes_every_component() {
         let k = key();
         let base = k.cache_key();
-        for part in
-            ["NVIDIA H100 80GB HBM3", "sm_90", "softmax", "BLOCK: 16384", "n_cols", "16384", "llvm 22.1.0"]
-        {
+        for part in [
+            "NVIDIA H100 80GB HBM3",
+            "sm_90",
+            "softmax",
+            "BLOCK: 16384",
+            "n_cols",
+            "16384",
+            "llvm 22.1.0",
+            "0123456789abcdef",
+        ] {
             assert!(base.contains(part), "{part} missing from {base}");
         }
         let variants: Vec<TuneKey> = vec![
@@ -417,6 +435,7 @@ mod tests {
             TuneKey { key: vec![("stride".into(), "16384".into())], ..k.clone() },
             TuneKey { key: vec![], ..k.clone() },
             TuneKey { compiler: "tessera 0.2.0 llvm 22.1.0".into(), ..k.clone() },
+            TuneKey { code: "softmax-0123456789abcdee".into(), ..k.clone() },
         ];
         let mut seen = std::collections::HashSet::new();
         seen.insert(base.clone());

@@ -97,6 +97,9 @@ pub struct Cuda {
     ptx: PtxCache,
     /// Built IR per (kernel, config key), before specialization.
     built: HashMap<(&'static str, String), Function>,
+    /// The PTX cache key of each built base config of an autotuned launch
+    /// (per kernel and config key, as [`Cuda::built`]): [`TuneKey::code`].
+    tune_codes: HashMap<(&'static str, String), String>,
     /// Compiled specializations by the hash of (kernel, config key,
     /// specialization mask); entries are confirmed against the full key.
     prepared: HashMap<u64, Vec<Arc<Prepared>>>,
@@ -165,6 +168,7 @@ impl Cuda {
             target,
             ptx: PtxCache::new(),
             built: HashMap::new(),
+            tune_codes: HashMap::new(),
             prepared: HashMap::new(),
             key_buf: String::new(),
             tuner: Tuner::default(),
@@ -269,8 +273,7 @@ impl Cuda {
                 message: format!("num_warps = {} is outside 1..=32", opts.num_warps),
             });
         };
-        let copts =
-            CompileOptions { target: self.target, num_warps: opts.num_warps, num_stages: opts.num_stages };
+        let copts = CompileOptions::for_launch(self.target, &opts);
         let progress = &self.progress;
         let compiled = self.ptx.get_or_compile_with(&func, &copts, || {
             if let Some(bar) = progress.lock().ok().as_deref().and_then(Option::as_ref) {
@@ -413,15 +416,24 @@ impl Cuda {
             return Ok(config);
         }
         let raw = K::erase_args(args);
+        let family = K::config_key(base);
+        let code_key = (K::NAME, family.clone());
+        if !self.tune_codes.contains_key(&code_key) {
+            let opts = K::launch_options(base);
+            let copts = CompileOptions::for_launch(self.target, &opts);
+            let code = PtxCache::key(self.built_ir::<K>(base)?, &copts);
+            self.tune_codes.insert(code_key.clone(), code);
+        }
         let params: Vec<String> = self.built_ir::<K>(base)?.params.iter().map(|p| p.name.clone()).collect();
         let info = self.gpu.info();
         let key = TuneKey {
             device: info.name.clone(),
             compute_capability: info.compute_capability,
             kernel: K::NAME.to_string(),
-            family: K::config_key(base),
+            family,
             key: autotune::key_values(K::NAME, K::autotune_key(), &params, &raw)?,
             compiler: autotune::compiler_version(),
+            code: self.tune_codes[&code_key].clone(),
         };
         let cache_key = key.cache_key();
         let cached = self
