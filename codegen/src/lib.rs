@@ -151,6 +151,14 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
             opts.num_warps
         )));
     }
+    // What one SM can hold at once on sm_80 and sm_90: 2048 threads, 32 programs.
+    let threads = opts.min_programs_per_sm * 32 * opts.num_warps;
+    if opts.min_programs_per_sm > 32 || threads > 2048 {
+        return Err(Error::Invalid(format!(
+            "min_programs_per_sm = {} with {} warps asks for {threads} threads per SM; an SM holds at most 2048 threads in 32 programs",
+            opts.min_programs_per_sm, opts.num_warps
+        )));
+    }
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);

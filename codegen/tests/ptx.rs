@@ -1104,7 +1104,8 @@ fn cache_round_trip() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The occupancy hint becomes `.minnctapersm` (and nothing without one).
+/// The occupancy hint becomes `.minnctapersm` (and nothing without one);
+/// one that no SM can hold is an error.
 #[test]
 fn occupancy_hint() {
     let f = kernels::vector_add(512).unwrap();
@@ -1113,6 +1114,14 @@ fn occupancy_hint() {
     let hinted =
         compile(&f, &CompileOptions { min_programs_per_sm: 3, ..CompileOptions::default() }).unwrap().ptx;
     assert!(hinted.lines().any(|l| l.trim() == ".minnctapersm 3"), "{hinted}");
+    // 16 programs of 4 warps fill an SM's 2048 threads; 17 cannot fit.
+    let full = CompileOptions { min_programs_per_sm: 16, ..CompileOptions::default() };
+    assert!(compile(&f, &full).unwrap().ptx.contains(".minnctapersm 16"));
+    let e = compile(&f, &CompileOptions { min_programs_per_sm: 17, ..full }).unwrap_err();
+    assert!(
+        matches!(e, codegen::Error::Invalid(_)) && e.to_string().contains("min_programs_per_sm = 17"),
+        "{e}"
+    );
 }
 
 /// The swapped dequant GEMM (`kernels::dequant::gemm::gemm_swap`) on
