@@ -151,8 +151,9 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
             opts.num_warps
         )));
     }
-    // What one SM can hold at once on sm_80 and sm_90: 2048 threads, 32 programs.
-    let threads = opts.min_programs_per_sm * 32 * opts.num_warps;
+    // What one SM can hold at once on sm_80 and sm_90: 2048 threads, 32
+    // programs (u64: an absurd hint must not overflow the product).
+    let threads = u64::from(opts.min_programs_per_sm) * 32 * u64::from(opts.num_warps);
     if opts.min_programs_per_sm > 32 || threads > 2048 {
         return Err(Error::Invalid(format!(
             "min_programs_per_sm = {} with {} warps asks for {threads} threads per SM; an SM holds at most 2048 threads in 32 programs",

@@ -1122,6 +1122,8 @@ fn occupancy_hint() {
         matches!(e, codegen::Error::Invalid(_)) && e.to_string().contains("min_programs_per_sm = 17"),
         "{e}"
     );
+    let huge = CompileOptions { min_programs_per_sm: u32::MAX, num_warps: 32, ..full };
+    assert!(matches!(compile(&f, &huge), Err(codegen::Error::Invalid(_))));
 }
 
 /// The swapped dequant GEMM (`kernels::dequant::gemm::gemm_swap`) on

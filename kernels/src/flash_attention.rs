@@ -338,7 +338,7 @@ impl TileConfig {
 ///   operands are read from shared memory by the tensor cores, so a wider
 ///   key tile costs no fragment registers. Head dim 64: 128 keys with
 ///   registers for three programs per SM (`min_programs_per_sm = 3`: 168
-///   registers; ptxas alone takes 178 and fits two, and the 64-key tile
+///   registers; ptxas alone takes 173-178 and fits two, and the 64-key tile
 ///   at 127 fits four): per key half the loop overhead (the rescale of
 ///   `acc`, barriers, descriptors), 374-379 -> 389-394 TFLOP/s causal and
 ///   402-406 -> 435-439 full at L 4096 (H100, same call, 2026-11-25).

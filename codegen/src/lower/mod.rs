@@ -189,7 +189,7 @@ pub(crate) fn lower_function<'ctx>(
     // ptxas's choice: the swapped 64 x 64 dequant tile relies on its extra
     // programs per SM (61.1 us with the directive, 56.5 without). The hint
     // goes the other way too: FlashAttention's 64 x 128 tile at head dim
-    // 64 asks for three programs (ptxas alone picks 178 registers, two).
+    // 64 asks for three programs (ptxas alone picks 173-178 registers, two).
     let min_ctas = match opts.min_programs_per_sm {
         0 => pipe.body_forms_a.then_some(1u64),
         n => Some(u64::from(n)),
