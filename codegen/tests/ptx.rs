@@ -360,7 +360,7 @@ fn flash_attention() {
     use ::kernels::flash_attention::{config_for, flash_attention as k};
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
     let f = |hq: usize, hkv: usize, hd: usize, causal: bool, wgmma: bool| {
-        let t = config_for(hd, DType::BF16, wgmma);
+        let t = config_for(hd, DType::BF16, wgmma, 16);
         assert_eq!(t.num_stages, STAGES);
         let c = t.config(DType::BF16, hq, hkv, hd, 16, causal);
         (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t)
@@ -407,6 +407,58 @@ fn flash_attention() {
         assert_eq!(products.iter().any(desc_a), resident, "{name}: {products:?}");
         let pv: Vec<&&str> = products.iter().filter(|l| l.trim_end().ends_with("p, 1, 1, 1;")).collect();
         assert!(!pv.is_empty() && !pv.iter().any(|l| desc_a(l)), "{name}: p . v takes register A");
+    }
+}
+
+/// FlashAttention over pages that hold whole key blocks (`PAGE % BLOCK_N ==
+/// 0`, the default tiles for 128-token pages): on sm_90a its unmasked key
+/// blocks are TMA boxes of the cache (one page lookup per block), and that
+/// loop hands its stages back through release mbarriers (every thread
+/// arrives when its products are done; thread 0 waits before refilling), so
+/// no CTA barrier is left in it: from a release arrival the path reaches the
+/// next iteration's waits before any `bar.sync`.
+#[test]
+fn flash_attention_paged_tma() {
+    use ::kernels::flash_attention::{config_for, flash_attention as k};
+    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
+    for (name, hq, hkv, hd, causal) in [
+        ("flash_attention_tma_bf16_32q8kv128_causal_page128", 32, 8, 128, true),
+        ("flash_attention_tma_bf16_9q3kv64_full_page128", 9, 3, 64, false),
+    ] {
+        let t = config_for(hd, DType::BF16, true, 128);
+        let c = t.config(DType::BF16, hq, hkv, hd, 128, causal);
+        let f = dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0;
+        let opts = CompileOptions {
+            target: Target::Sm90a,
+            num_warps: t.num_warps,
+            num_stages: t.num_stages,
+            min_programs_per_sm: t.min_programs_per_sm,
+        };
+        let report = check_with(name, &f, &opts, 0);
+        assert!(
+            !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
+            "{name}: {report:?}"
+        );
+        let ptx = compile(&f, &opts).unwrap().ptx;
+        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        // K and V: `hd / 64` boxes each, in the prologue and in the loop.
+        let boxes = lines.iter().filter(|l| l.starts_with("cp.async.bulk.tensor")).count();
+        assert_eq!(boxes, 2 * 2 * hd / 64, "{name}");
+        // Per stage a landing mbarrier (one arrival) and a release one (every thread's).
+        let inits: Vec<&&str> = lines.iter().filter(|l| l.starts_with("mbarrier.init")).collect();
+        let with = |n: u32| inits.iter().filter(|l| l.ends_with(&format!("], {n};"))).count();
+        assert_eq!((with(1), with(32 * t.num_warps)), (2, 2), "{name}: {inits:?}");
+        // After its release arrival an iteration reaches the next one's
+        // landing wait, and from there its products, with no CTA barrier.
+        let released =
+            lines.iter().position(|l| l.starts_with("mbarrier.arrive.shared::cta.b64")).expect("release");
+        let hit = |l: &str| l.starts_with("bar.sync") || l.contains("try_wait");
+        let next = along_path(&lines, released + 1, hit);
+        assert!(next.contains("try_wait"), "{name}: a CTA barrier before the landing wait: {next}");
+        let wait = lines.iter().position(|l| *l == next).expect("the wait");
+        let next =
+            along_path(&lines, wait + 1, |l| l.starts_with("bar.sync") || l.starts_with("wgmma.fence"));
+        assert!(next.starts_with("wgmma.fence"), "{name}: a CTA barrier after the landing wait: {next}");
     }
 }
 
@@ -932,14 +984,27 @@ fn dequant_fused() {
 /// `hit`, following the first branch met (the loop's latch, wherever the
 /// block layout puts the loop's head) to its label.
 fn next_on_path<'a>(lines: &[&'a str], from: usize, hit: impl Fn(&str) -> bool) -> &'a str {
+    walk_path(lines, from, hit, false)
+}
+
+/// [`next_on_path`] that also follows every unconditional branch
+/// (`bra.uni`) after the first branch met, falling through conditional ones.
+fn along_path<'a>(lines: &[&'a str], from: usize, hit: impl Fn(&str) -> bool) -> &'a str {
+    walk_path(lines, from, hit, true)
+}
+
+/// The walk of [`next_on_path`] (`uni` false) and [`along_path`] (`uni`
+/// true); at most 100 000 lines, so a cycle of unconditional branches ends.
+fn walk_path<'a>(lines: &[&'a str], from: usize, hit: impl Fn(&str) -> bool, uni: bool) -> &'a str {
     let mut i = from;
     let mut jumped = false;
-    while i < lines.len() {
-        let l = lines[i];
+    for _ in 0..100_000 {
+        let Some(&l) = lines.get(i) else { break };
         if hit(l) {
             return l;
         }
-        if !jumped && let Some(label) = l.split("bra").nth(1).filter(|_| l.contains("bra")) {
+        let follow = l.contains("bra") && (!jumped || (uni && l.starts_with("bra.uni")));
+        if let Some(label) = l.split("bra").nth(1).filter(|_| follow) {
             let label = label.trim_start_matches(".uni").trim().trim_end_matches(';');
             i = lines.iter().position(|x| *x == format!("{label}:")).expect("branch label");
             jumped = true;

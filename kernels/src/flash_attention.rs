@@ -46,8 +46,12 @@
 //!
 //! # Tiling
 //!
-//! Grid `[cdiv(max_q_len, BLOCK_M), B * H_Q, 1]`: program `(m, b * H_Q + h)`
-//! handles query rows `m * BLOCK_M ..` of sequence `b`, head `h`; programs
+//! Grid `[cdiv(max_q_len, BLOCK_M), B * H_Q, 1]`: program `(x, b * H_Q + h)`
+//! handles query rows `m * BLOCK_M ..` of sequence `b`, head `h`, with
+//! `m = x` for full attention and `m = num_programs(0) - 1 - x` when
+//! `CAUSAL` (the GPU starts programs in order, so the heaviest query blocks
+//! go first and the light ones fill the last wave: H100, L 4096, head dim
+//! 128, 128 x 128 tiles, 508-509 -> 512 TFLOP/s, 2026-11-27); programs
 //! whose first row is past `q_len_b` do nothing (one runtime `if`). The Q
 //! tile `[BLOCK_M, HEAD_DIM]` is loaded once; the key loop is split the
 //! Triton way into
@@ -76,6 +80,19 @@
 //! head-dim-64 tile on sm_90a).
 //! K and V share the cache layout, so one offset tile serves both loads; each
 //! row is `HEAD_DIM` contiguous elements (16-byte vector loads).
+//!
+//! When a page holds whole key blocks (`PAGE % BLOCK_N == 0`, a constexpr
+//! choice) an unmasked key block is one box of the cache, seen as a matrix
+//! of `H_KV * HEAD_DIM` columns: a `load_block` at row `block_tables[b, n0 /
+//! PAGE] * PAGE + n0 % PAGE` (one page lookup per block). On sm_90a the
+//! codegen copies such boxes with TMA (as FlashAttention-3 does for pages
+//! that are a multiple of its key tile), which frees the per-thread address
+//! math and registers of the gather, and the loop needs no CTA barrier
+//! (H100, L 4096, `wgmma`, same call, 2026-11-27: head dim 128 over pages
+//! of 16 at 64 x 64 tiles 396-399 / 441-443 TFLOP/s causal / full, over
+//! pages of 128 at 128 x 128 tiles of 8 warps 508-512 / 587-591). The
+//! matrix's row count is a bound, `i32::MAX / (H_KV * HEAD_DIM)` (the
+//! layout contract's 32-bit offsets), never reached by a box.
 //!
 //! # Layout contract
 //!
@@ -188,7 +205,12 @@ pub fn flash_attention<T: Float>(
     gdc_wait();
     gdc_launch_dependents();
     let group = H_Q / H_KV;
-    let pid_m = program_id(0);
+    // Causal programs are visited heaviest first (the last query block
+    // sees the most keys), so the light ones fill the last wave.
+    let mut pid_m = program_id(0);
+    if CAUSAL {
+        pid_m = num_programs(0) - 1 - pid_m;
+    }
     let bh = program_id(1);
     let b = bh / H_Q;
     let h = bh % H_Q;
@@ -238,18 +260,37 @@ pub fn flash_attention<T: Float>(
             hi = minimum(ctx, last_pos + 1);
         }
 
-        // 1. Unmasked key blocks.
-        for n0 in range(0, lo, BLOCK_N) {
-            let key = n0 + keys2;
-            let page = load(table + (key >> page_shift));
-            let kv = ((page << page_shift) + (key & page_mask)) * (H_KV * HEAD_DIM) + head2;
-            let k = load(k_cache_ptr + kv);
-            let s = dot(q, trans(k));
-            let v = load(v_cache_ptr + kv);
-            let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
-            m_i = m_new;
-            l_i = l_new;
-            acc = acc_new;
+        // 1. Unmasked key blocks. When a page holds whole key blocks, each
+        // block is one box of the cache (one page lookup per block): a
+        // `load_block`, which the codegen copies with TMA on sm_90a.
+        if PAGE % BLOCK_N == 0 {
+            let kv_cols = (H_KV * HEAD_DIM) as i32;
+            let kv_rows = i32::MAX / kv_cols;
+            let col0 = kvh * HEAD_DIM;
+            for n0 in range(0, lo, BLOCK_N) {
+                let page = load(table + (n0 >> page_shift));
+                let row0 = (page << page_shift) + (n0 & page_mask);
+                let k = load_block(k_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM]);
+                let s = dot(q, trans(k));
+                let v = load_block(v_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM]);
+                let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
+                m_i = m_new;
+                l_i = l_new;
+                acc = acc_new;
+            }
+        } else {
+            for n0 in range(0, lo, BLOCK_N) {
+                let key = n0 + keys2;
+                let page = load(table + (key >> page_shift));
+                let kv = ((page << page_shift) + (key & page_mask)) * (H_KV * HEAD_DIM) + head2;
+                let k = load(k_cache_ptr + kv);
+                let s = dot(q, trans(k));
+                let v = load(v_cache_ptr + kv);
+                let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
+                m_i = m_new;
+                l_i = l_new;
+                acc = acc_new;
+            }
         }
 
         // 2. Boundary (and, when causal, diagonal) key blocks, masked.
@@ -324,7 +365,7 @@ impl TileConfig {
 }
 
 /// The default tiles for storage dtype `dtype`, on Hopper's `wgmma` when
-/// `wgmma`. For f16/bf16 (tensor cores): every warp holds 16 whole rows of
+/// `wgmma`, over pages of `page` tokens. For f16/bf16 (tensor cores): every warp holds 16 whole rows of
 /// the scores, so `p` feeds the second product from registers, and the K
 /// and V loads are pipelined with `cp.async` (and the page numbers one
 /// iteration ahead of them).
@@ -344,13 +385,27 @@ impl TileConfig {
 ///   402-406 -> 435-439 full at L 4096 (H100, same call, 2026-11-25).
 ///   Head dim 128: 64 keys (`m64n64k16` scores; 128 keys need more than
 ///   255 registers).
+/// - `wgmma` over pages that hold whole key blocks (the unmasked blocks are
+///   TMA boxes, see the module doc): head dim 128 over pages of 128 takes
+///   128 x 128 tiles of 8 warps (255 registers, no spill without the
+///   gather's addresses; one program per SM, its two warpgroups drifting
+///   apart without a CTA barrier): 508-512 / 587-591 TFLOP/s causal / full
+///   at L 4096 against 396-399 / 441-443 for 64 x 64 over pages of 16
+///   (H100, same call, 2026-11-27). Head dim 64 keeps 64 x 128 at three
+///   programs per SM over pages of 128 (399-402 / 466-468 against 393-396 /
+///   438 over pages of 16). Over pages of 64 head dim 64 takes 64 x 64
+///   and head dim 128 keeps 64 x 64 (the sweep that chose them, 2026-11-25,
+///   is not in BENCHMARKS.md: its session ended before it was recorded).
 ///
 /// For f32 (`dot` by FMAs through shared memory) `64 x 32` with 4 warps at
 /// head dim 64 and 8 above.
-pub fn config_for(head_dim: usize, dtype: dsl_core::DType, wgmma: bool) -> TileConfig {
+pub fn config_for(head_dim: usize, dtype: dsl_core::DType, wgmma: bool, page: usize) -> TileConfig {
     let half = matches!(dtype, dsl_core::DType::F16 | dsl_core::DType::BF16);
+    let boxes = |block_n: usize| page.is_multiple_of(block_n);
     match (half, wgmma, head_dim <= 64) {
+        (true, true, true) if !boxes(128) && boxes(64) => TileConfig::new(64, 64, 4),
         (true, true, true) => TileConfig { min_programs_per_sm: 3, ..TileConfig::new(64, 128, 4) },
+        (true, true, false) if boxes(128) => TileConfig::new(128, 128, 8),
         (true, true, false) => TileConfig::new(64, 64, 4),
         (true, false, true) => TileConfig::new(64, 32, 4),
         (true, false, false) => TileConfig::new(128, 32, 8),

@@ -10,10 +10,15 @@
 //!
 //! Inputs: random non-zero bf16 Q (`[B L, H hd]`, every sequence a fresh
 //! `L`-token prompt, so `cu_seqlens_q = [0, L, 2L, ..]` and `seq_lens = L`),
-//! and K/V in a paged cache of 16-token pages behind a shuffled block table
-//! (peers.py's SDPA reads dense K/V; paging costs the kernel a block-table
-//! gather per key block). Softmax scale `1 / sqrt(hd)`, the default tiles of
-//! `kernels::flash_attention::config_for`.
+//! and K/V in a paged cache behind a shuffled block table (peers.py's SDPA
+//! reads dense K/V; paging costs the kernel a block-table lookup per key
+//! block). The records named like peers.py's use pages of 128 tokens, which
+//! hold whole key blocks, so the kernel reads each block as one box of the
+//! cache (TMA on sm_90a, as FlashAttention-3 does for pages that are a
+//! multiple of its key tile); the same shapes over 16-token pages (a
+//! per-key gather by `cp.async`) follow with a `/page16` suffix. Softmax
+//! scale `1 / sqrt(hd)`, the default tiles of
+//! `kernels::flash_attention::config_for` for the page size.
 //!
 //! Timing: the method of [`crate::bench`] (L2 flushed before each run, median
 //! of CUDA-event times) with at most 2 warm-up launches (at least one: the
@@ -33,8 +38,12 @@ use std::marker::PhantomData;
 const L: usize = 4096;
 /// Prompts per batch (`16384 / L`, as peers.py sizes it).
 const B: usize = 4;
-/// Page size of the paged KV cache.
-const PAGE: usize = 16;
+/// Page sizes of the paged KV cache: 128 tokens (the records named like
+/// peers.py's; a page holds whole key blocks of every tile, so on sm_90a
+/// the kernel copies them as TMA boxes), then 16 (vLLM's default and the
+/// runtime's; key blocks gathered by `cp.async`), named with a `/page16`
+/// suffix.
+const PAGES: [usize; 2] = [128, 16];
 
 /// Measures one `attention/bf16/hd{hd}/...` record.
 fn attention_record(
@@ -42,16 +51,17 @@ fn attention_record(
     opts: &BenchOptions,
     hd: usize,
     causal: bool,
+    page: usize,
     tuned: bool,
 ) -> Result<Record> {
     let h = 2048 / hd;
     let tokens = B * L;
-    let pages_per_seq = L / PAGE;
+    let pages_per_seq = L / page;
     let num_blocks = B * pages_per_seq;
     let mut rng = Rng::new((hd * 2 + usize::from(causal)) as u64);
     let q = rng.values::<bf16>(tokens * h * hd, 2.0);
-    let k = rng.values::<bf16>(num_blocks * PAGE * h * hd, 2.0);
-    let v = rng.values::<bf16>(num_blocks * PAGE * h * hd, 2.0);
+    let k = rng.values::<bf16>(num_blocks * page * h * hd, 2.0);
+    let v = rng.values::<bf16>(num_blocks * page * h * hd, 2.0);
     let mut tables: Vec<i32> = (0..num_blocks as i32).collect();
     for i in (1..tables.len()).rev() {
         tables.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
@@ -65,7 +75,7 @@ fn attention_record(
     drop((q, k, v));
     let od = gpu.zeros::<bf16>(tokens * h * hd)?;
     let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
-    let base = config_for(hd, DType::BF16, wgmma).config(DType::BF16, h, h, hd, PAGE, causal);
+    let base = config_for(hd, DType::BF16, wgmma, page).config(DType::BF16, h, h, hd, page, causal);
     let args = flash_attention::Args {
         q_ptr: qd.ptr().cast(),
         k_cache_ptr: kd.ptr().cast(),
@@ -92,8 +102,9 @@ fn attention_record(
     let ms = time_median_ms(cuda, opts.warmup.clamp(1, 2), opts.runs.clamp(1, 10), launch)?;
     let flops = 4.0 * (B * h) as f64 * (L * L) as f64 * hd as f64 * if causal { 0.5 } else { 1.0 };
     let mask = if causal { "causal" } else { "full" };
+    let suffix = if page == PAGES[0] { String::new() } else { format!("/page{page}") };
     Ok(Record {
-        name: format!("attention/bf16/hd{hd}/{mask}/B{B}xH{h}xL{L}"),
+        name: format!("attention/bf16/hd{hd}/{mask}/B{B}xH{h}xL{L}{suffix}"),
         metric: "TFLOP/s",
         value: flops / ms / 1e9,
         ms,
@@ -106,11 +117,13 @@ fn attention_record(
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
-    for hd in [64, 128] {
-        for causal in [true, false] {
-            for &tuned in tunings {
-                out.push(attention_record(cuda, opts, hd, causal, tuned)?);
-                eprintln!("measured {}", out[out.len() - 1].display_name());
+    for page in PAGES {
+        for hd in [64, 128] {
+            for causal in [true, false] {
+                for &tuned in tunings {
+                    out.push(attention_record(cuda, opts, hd, causal, page, tuned)?);
+                    eprintln!("measured {}", out[out.len() - 1].display_name());
+                }
             }
         }
     }
@@ -125,8 +138,8 @@ mod tests {
     fn shapes_match_peers_py() {
         // peers.py: B = max(1, 16384 // L), H = 2048 // hd.
         assert_eq!(B, (16384 / L).max(1));
-        assert_eq!(L % PAGE, 0);
-        let t = config_for(128, DType::BF16, false);
+        assert!(PAGES.iter().all(|p| L.is_multiple_of(*p)));
+        let t = config_for(128, DType::BF16, false, 16);
         assert_eq!(grid(L, B, 2048 / 128, t.block_m), [(L / t.block_m) as u32, (B * 16) as u32, 1]);
     }
 }

@@ -169,8 +169,10 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
 }
 
 /// The `flash_attention` check: the SmolLM2 varlen batch (pages of 16), GQA 4
-/// and MHA at head dim 128 (pages of 32 and 64), causal and full, f32 and
-/// bf16 (one f16 case), default tiles and one small-tile config.
+/// and MHA at head dim 128 (pages of 32 and 64), long contexts over pages of
+/// 128 at head dims 128 and 64 (whole key blocks per page: `load_block`
+/// boxes, TMA on sm_90a), causal and full, f32 and bf16 (one f16 case),
+/// default tiles, one small-tile config and every autotune candidate.
 pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
@@ -183,10 +185,10 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 64,
             seqs: smollm2_batch(),
             block_size: 16,
-            tiles: fa::config_for(64, DType::BF16, wgmma),
+            tiles: fa::config_for(64, DType::BF16, wgmma, 16),
             causal,
         };
-        let smol_f32 = Case { tiles: fa::config_for(64, DType::F32, wgmma), ..smol.clone() };
+        let smol_f32 = Case { tiles: fa::config_for(64, DType::F32, wgmma, 16), ..smol.clone() };
         rows.push(attention_case::<f32>(cuda, &mut rng, &smol_f32)?);
         rows.push(attention_case::<bf16>(cuda, &mut rng, &smol)?);
         let smol_small = Case { tiles: small, ..smol.clone() };
@@ -197,10 +199,10 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 128,
             seqs: vec![(200, 200), (7, 555), (1, 1)],
             block_size: 32,
-            tiles: fa::config_for(128, DType::BF16, wgmma),
+            tiles: fa::config_for(128, DType::BF16, wgmma, 32),
             causal,
         };
-        let gqa4_f32 = Case { tiles: fa::config_for(128, DType::F32, wgmma), ..gqa4.clone() };
+        let gqa4_f32 = Case { tiles: fa::config_for(128, DType::F32, wgmma, 32), ..gqa4.clone() };
         rows.push(attention_case::<f32>(cuda, &mut rng, &gqa4_f32)?);
         rows.push(attention_case::<bf16>(cuda, &mut rng, &gqa4)?);
         let mha = Case {
@@ -209,16 +211,32 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             d: 128,
             seqs: vec![(77, 130), (128, 128), (3, 67)],
             block_size: 64,
-            tiles: fa::config_for(128, DType::BF16, wgmma),
+            tiles: fa::config_for(128, DType::BF16, wgmma, 64),
             causal,
         };
         rows.push(attention_case::<bf16>(cuda, &mut rng, &mha)?);
         rows.push(attention_case::<f16>(cuda, &mut rng, &mha)?);
+        // Pages of 128 tokens hold whole key blocks of every tile: the
+        // unmasked key blocks are boxes of the cache (TMA on sm_90a, with
+        // the warpgroups of 8-warp tiles taking turns at the products).
+        let long128 = Case {
+            n_q: 4,
+            n_kv: 2,
+            d: 128,
+            seqs: vec![(300, 700), (129, 129), (1, 260), (0, 3)],
+            block_size: 128,
+            tiles: fa::config_for(128, DType::BF16, wgmma, 128),
+            causal,
+        };
+        let long64 = Case { d: 64, tiles: fa::config_for(64, DType::BF16, wgmma, 128), ..long128.clone() };
+        rows.push(attention_case::<bf16>(cuda, &mut rng, &long128)?);
+        rows.push(attention_case::<bf16>(cuda, &mut rng, &long64)?);
         // Every autotune candidate (their warp grids differ: 16 or 32 rows
         // per warp, `p` from registers or through shared memory).
         for tiles in tune_tiles() {
             rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..smol.clone() })?);
             rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..gqa4.clone() })?);
+            rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..long128.clone() })?);
         }
     }
     Ok(rows)

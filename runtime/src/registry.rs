@@ -214,7 +214,7 @@ fn build_paged_decode_reduce() -> dsl_core::Result<(Function, LaunchOptions)> {
 
 fn build_flash_attention() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::flash_attention::{config_for, flash_attention as k};
-    spec::<k::Kernel>(config_for(64, DType::BF16, false).config(DType::BF16, 9, 3, 64, 16, true))
+    spec::<k::Kernel>(config_for(64, DType::BF16, false, 16).config(DType::BF16, 9, 3, 64, 16, true))
 }
 
 fn build_half_matmul() -> dsl_core::Result<(Function, LaunchOptions)> {

@@ -108,7 +108,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     self.fence_proxy_async()?;
                 }
             }
-            self.barrier()?;
+            // The stage the prefetch refills was read last iteration: with
+            // release mbarriers only the TMA leader waits for its readers
+            // (below); otherwise every thread meets here.
+            let release = if pl.released {
+                debug_assert_eq!(ah, s - 1, "released stages are never deferred");
+                // Refilling it starts phase `t / S` of the stage (t = i + S - 1)
+                // and needs phase `t / S - 1` of its release barrier done: the
+                // parity of this iteration's phase, flipped when `rs == 0`
+                // (a fresh barrier's phase "-1", parity 1, counts as done).
+                let p = it.parity.expect("released stages have landing mbarriers");
+                let first = self.b.build_int_compare(IntPredicate::EQ, rs, self.i32c(0), "")?;
+                let flip = self.b.build_int_z_extend(first, self.ctx.i32_type(), "")?;
+                Some(self.b.build_xor(p, flip, "")?)
+            } else {
+                self.barrier()?;
+                None
+            };
             let ahead = step.get_type().const_int(ah as u64, false);
             let ivn = self.b.build_int_add(ivv, self.b.build_int_mul(step, ahead, "")?, "")?;
             let valid = self.iv_less(signed, ivn, ub)?;
@@ -123,7 +139,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let back = self.b.build_int_sub(t, self.i32c(s as i64), "")?;
                 self.b.build_select(wrap, back, t, "")?.into_int_value()
             };
-            self.pipe_issue(pl, sh.iv_arg, ivn.into(), valid, ws, Some(&it.fed))?;
+            self.pipe_issue(pl, sh.iv_arg, ivn.into(), valid, ws, Some(&it.fed), release)?;
             // The slice's loads one iteration further ahead.
             let ivf = self.b.build_int_add(ivn, step, "")?;
             let vf = self.iv_less(signed, ivf, ub)?;
@@ -145,6 +161,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let mut bargs = vec![vec![ivv.into()]];
         bargs.extend(it.carried);
         let carried = self.lower_region_as(sh.body, &bargs, lays)?;
+        if let (Some(pl), Some(rs)) = (sh.pipe, it.stage)
+            && pl.released
+        {
+            // Every group reading the stage was waited for in the body.
+            self.mbar_release(pl, rs)?;
+        }
         let iv = self.b.build_int_add(ivv, step, "")?;
         Ok(ForIter { iv, carried, fed: fed_next, stage: next_stage, parity: next_parity })
     }
@@ -224,7 +246,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     for j in 0..pl.ahead {
                         let ivj = at(self, j)?;
                         let valid = self.iv_less(signed, ivj, ub)?;
-                        self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None)?;
+                        self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None, None)?;
                     }
                     // The slice's loads of the first iteration the loop copies for.
                     let ivf = at(self, pl.ahead)?;

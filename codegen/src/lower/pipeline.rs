@@ -59,6 +59,11 @@
 //! its own iteration at all: the next iteration waits for it (`wait_group
 //! 0`) right before loading its own fragments into the same registers.
 //!
+//! Boxes of a `load_block` (TMA, sm_90a, `tma.rs`) land on a stage
+//! mbarrier instead of a `cp.async` group; a loop of boxes only hands its
+//! stages back through release mbarriers instead of the CTA barrier
+//! ([`PipeLoop::released`]).
+//!
 //! Loads inside the slice (a block table's page numbers) are themselves
 //! issued one iteration earlier than the copies that need them and carried
 //! in registers: iteration `i` copies iteration `i + S - 1`'s tiles with page
@@ -150,6 +155,14 @@ pub(crate) struct PipeLoop {
     /// With TMA loads: the byte offset in the ring region of the stages'
     /// mbarriers (8 bytes each, one per stage).
     pub bars: Option<u64>,
+    /// Whether the stages are handed back by mbarriers instead of the
+    /// per-iteration CTA barrier (`tma.rs`): every load is a TMA box, no
+    /// `wgmma` group is deferred and the body stages no `a`. Each thread
+    /// arrives on its stage's release mbarrier (`stages` more after the
+    /// landing ones) when its iteration is done with the stage, and thread
+    /// 0 waits for all of them before it refills the stage, so warpgroups
+    /// drift apart instead of meeting every iteration.
+    pub released: bool,
     /// The rings of the `a` operands the body computes and stages in swizzle
     /// atoms for `wgmma` ([`Pipeline::wgmma_staged`]): one stage per ring
     /// stage, written in the iteration that reads the loads' stage of the
@@ -433,9 +446,11 @@ pub(crate) fn analyze(
         }
         // The mbarriers follow the rings; what follows them (the scratch
         // region of the loop body) starts 128-byte aligned again.
+        let released = !defer && a_stages.is_empty() && loads.iter().all(|l| l.tma.is_some());
         let bars = loads.iter().any(|l| l.tma.is_some()).then(|| {
             let at = ring.next_multiple_of(8);
-            ring = (at + 8 * stages as u64).next_multiple_of(128);
+            let n = if released { 2 * stages } else { stages };
+            ring = (at + 8 * n as u64).next_multiple_of(128);
             at
         });
         p.ring_bytes = p.ring_bytes.max(ring);
@@ -471,6 +486,7 @@ pub(crate) fn analyze(
             wgmma,
             ahead,
             bars,
+            released,
             a_stages,
             unroll,
         };
@@ -780,7 +796,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// induction variable is `iv` into stage `stage` (an i32), all under the
     /// uniform predicate `valid`; then commits one group. `fed` holds the
     /// slice's load results for that iteration when they were loaded ahead
-    /// ([`Lowerer::pipe_feed`]); otherwise they are loaded here.
+    /// ([`Lowerer::pipe_feed`]); otherwise they are loaded here. With
+    /// `release` (loops whose stages are handed back by mbarriers, see
+    /// [`PipeLoop::released`]) the TMA leader first waits for that phase
+    /// parity of the stage's release mbarrier.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn pipe_issue(
         &mut self,
         pl: &PipeLoop,
@@ -789,6 +809,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         valid: IntValue<'ctx>,
         stage: IntValue<'ctx>,
         fed: Option<&[Regs<'ctx>]>,
+        release: Option<IntValue<'ctx>>,
     ) -> Result<()> {
         let fed: Vec<(Inst, Regs<'ctx>)> = match fed {
             Some(r) => pl.feed.iter().copied().zip(r.iter().cloned()).collect(),
@@ -813,7 +834,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             Ok((addrs, coords))
         })?;
         if !coords.is_empty() {
-            self.tma_issue(pl, stage, valid, &coords)?;
+            self.tma_issue(pl, stage, valid, &coords, release)?;
         }
         if !pl.cp_async() {
             return Ok(());

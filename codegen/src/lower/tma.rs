@@ -8,8 +8,21 @@
 //! stage (`expect_tx`) and issues the boxes, which complete the transaction
 //! on that barrier as they land. Iteration `t` waits, in every thread, for
 //! phase `(t / S) mod 2` of its stage's barrier (the loop carries that
-//! parity, flipping it when the stage wraps). The loop's barrier after the
-//! wait still guarantees that nobody reads a stage the next boxes overwrite.
+//! parity, flipping it when the stage wraps).
+//!
+//! Nobody may still read a stage the next boxes overwrite. When every load
+//! of the loop is a box, no `wgmma` group is deferred and the body stages
+//! no `a` (`PipeLoop::released`), each stage also has a release mbarrier
+//! (arrival count: every thread): a thread arrives on it at the end of its
+//! iteration, when every product that read the stage was waited for, and
+//! thread 0 waits for the matching phase before it refills the stage (the
+//! phase before the first one counts as complete: a fresh barrier's parity
+//! 1). No CTA barrier is left in the loop, so warpgroups drift apart: one
+//! warpgroup's softmax overlaps the other's products (FlashAttention at head
+//! dim 128, 128 x 128 tiles of 8 warps over 128-token pages: 512 / 588
+//! TFLOP/s causal / full at L 4096, H100, 2026-11-27; see BENCHMARKS.md).
+//! Other loops keep the CTA barrier after the wait.
+//!
 //! At the exit, after the loop's last barrier, thread 0 invalidates the
 //! mbarriers and one more barrier hands their bytes back to other uses.
 
@@ -34,9 +47,25 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(self.b.build_int_add(base, off, "")?)
     }
 
-    /// The addresses of every stage's mbarrier of `pl`.
+    /// The shared-memory address of the release mbarrier of stage `stage` of
+    /// `pl` ([`PipeLoop::released`]): the `stages` barriers after the landing ones.
+    fn release_addr(&mut self, pl: &PipeLoop, stage: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let s = self.b.build_int_add(stage, self.i32c(pl.stages as i64), "")?;
+        self.mbar_addr(pl, s)
+    }
+
+    /// The addresses of every stage's landing mbarrier of `pl`.
     fn mbar_addrs(&mut self, pl: &PipeLoop) -> Result<Vec<IntValue<'ctx>>> {
         (0..pl.stages).map(|s| self.mbar_addr(pl, self.i32c(s as i64))).collect()
+    }
+
+    /// The addresses of every stage's release mbarrier of `pl` (none unless
+    /// [`PipeLoop::released`]).
+    fn release_addrs(&mut self, pl: &PipeLoop) -> Result<Vec<IntValue<'ctx>>> {
+        if !pl.released {
+            return Ok(Vec::new());
+        }
+        (0..pl.stages).map(|s| self.release_addr(pl, self.i32c(s as i64))).collect()
     }
 
     /// `tid == 0`, the thread that drives the mbarriers and issues the boxes.
@@ -44,14 +73,20 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(self.b.build_int_compare(IntPredicate::EQ, self.tid, self.i32c(0), "")?)
     }
 
-    /// Thread 0 applies `op` (PTX with the mbarrier's address as `$0`) to
-    /// every stage mbarrier of `pl`, then the operand-free `tail` if any.
+    /// Thread 0 applies `op` (PTX with an mbarrier's address as `$0` and
+    /// `{count}` standing for its arrival count) to every stage mbarrier of
+    /// `pl` (landing: one arrival, the leader's; release: every thread's),
+    /// then the operand-free `tail` if any.
     fn mbar_each(&mut self, pl: &PipeLoop, op: &str, tail: Option<&str>) -> Result<()> {
-        let addrs = self.mbar_addrs(pl)?;
+        let mut addrs: Vec<(IntValue<'ctx>, usize)> =
+            self.mbar_addrs(pl)?.into_iter().map(|a| (a, 1)).collect();
+        let threads = self.threads;
+        addrs.extend(self.release_addrs(pl)?.into_iter().map(|a| (a, threads)));
         let leader = self.tma_leader()?;
         self.if_then(leader, |lw| {
-            for a in &addrs {
-                lw.asm(op, "r,~{memory}", None, &[(*a).into()])?;
+            for &(a, count) in &addrs {
+                let text = op.replace("{count}", &count.to_string());
+                lw.asm(&text, "r,~{memory}", None, &[a.into()])?;
             }
             if let Some(t) = tail {
                 lw.asm(t, "~{memory}", None, &[])?;
@@ -67,7 +102,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(super) fn mbar_init(&mut self, pl: &PipeLoop) -> Result<()> {
         self.mbar_each(
             pl,
-            "mbarrier.init.shared::cta.b64 [$0], 1;",
+            "mbarrier.init.shared::cta.b64 [$0], {count};",
             Some("fence.mbarrier_init.release.cluster;"),
         )
     }
@@ -79,6 +114,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.barrier()
     }
 
+    /// Every thread hands stage `stage` of `pl` back (its iteration's reads
+    /// of it are complete: every `wgmma` reading it was waited for): one
+    /// arrival on the stage's release mbarrier ([`PipeLoop::released`]).
+    pub(super) fn mbar_release(&mut self, pl: &PipeLoop, stage: IntValue<'ctx>) -> Result<()> {
+        let addr = self.release_addr(pl, stage)?;
+        self.asm("mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", None, &[addr.into()])?;
+        Ok(())
+    }
+
     /// Waits (every thread) until phase `parity` (an i32, 0 or 1) of stage
     /// `stage`'s mbarrier completed: its boxes landed.
     pub(super) fn mbar_wait(
@@ -88,6 +132,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         parity: IntValue<'ctx>,
     ) -> Result<()> {
         let addr = self.mbar_addr(pl, stage)?;
+        self.mbar_wait_at(addr, parity)
+    }
+
+    /// Waits until phase `parity` of the mbarrier at `addr` completed.
+    fn mbar_wait_at(&mut self, addr: IntValue<'ctx>, parity: IntValue<'ctx>) -> Result<()> {
         let head = self.ctx.append_basic_block(self.func, "mbar.wait");
         let done = self.ctx.append_basic_block(self.func, "mbar.done");
         self.b.build_unconditional_branch(head)?;
@@ -118,6 +167,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         stage: IntValue<'ctx>,
         valid: IntValue<'ctx>,
         coords: &[(IntValue<'ctx>, IntValue<'ctx>)],
+        release: Option<IntValue<'ctx>>,
     ) -> Result<()> {
         let bar = self.mbar_addr(pl, stage)?;
         let ring = self.ring_base()?;
@@ -146,9 +196,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
             }
         }
+        let freed = match release {
+            Some(parity) => Some((self.release_addr(pl, stage)?, parity)),
+            None => None,
+        };
         let leader = self.tma_leader()?;
         let go = self.b.build_and(valid, leader, "")?;
         self.if_then(go, |lw| {
+            // Every thread is done with the stage's previous tiles.
+            if let Some((addr, parity)) = freed {
+                lw.mbar_wait_at(addr, parity)?;
+            }
             lw.asm(
                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
                 "r,r,~{memory}",

@@ -489,7 +489,7 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
         ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)?;
 
         if plan.max_q > 1 {
-            let t = fa::config_for(hd, dtype, ln.dev.wgmma());
+            let t = fa::config_for(hd, dtype, ln.dev.wgmma(), kv.block_size);
             let config = t.config(dtype, nq, nkv, hd, kv.block_size, true);
             let args = flash_attention::Args {
                 q_ptr: any::<D, T>(&s.q, 0)?,
