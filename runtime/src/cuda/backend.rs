@@ -144,25 +144,60 @@ pub fn target_for(cc: (i32, i32)) -> Option<Target> {
     }
 }
 
+/// The compile target for a device of compute capability `cc` when the
+/// environment asks for `want` (`TESSERA_TARGET`, see [`target_request`]):
+/// `sm_80` on any GPU of capability 8.0 or newer (Hopper runs `mma.sync`
+/// PTX too, so the Ampere path can be measured there), `sm_90a` only on
+/// Hopper; without a request, [`target_for`].
+///
+/// Errors: a text naming the request and the capability when it cannot be met.
+pub fn resolve_target(cc: (i32, i32), want: Option<Target>) -> std::result::Result<Target, String> {
+    let native = target_for(cc).ok_or_else(|| {
+        format!("compute capability {}.{}; tessera needs 8.0 (Ampere) or newer", cc.0, cc.1)
+    })?;
+    match want {
+        None | Some(Target::Sm80) => Ok(want.unwrap_or(native)),
+        Some(Target::Sm90a) if native == Target::Sm90a => Ok(Target::Sm90a),
+        Some(t) => Err(format!(
+            "TESSERA_TARGET={} needs a Hopper GPU (compute capability 9.0), not {}.{}",
+            t.arch(),
+            cc.0,
+            cc.1
+        )),
+    }
+}
+
+/// The target `TESSERA_TARGET` asks for: `sm_80` or `sm_90a`; unset or
+/// empty: none (the device's own, [`target_for`]).
+///
+/// Errors: [`Error::Usage`] for any other value.
+pub fn target_request(value: Option<&str>) -> Result<Option<Target>> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some("sm_80") => Ok(Some(Target::Sm80)),
+        Some("sm_90a") => Ok(Some(Target::Sm90a)),
+        Some(other) => Err(Error::Usage(format!("TESSERA_TARGET={other}: expected sm_80 or sm_90a"))),
+    }
+}
+
 impl Cuda {
     /// Opens GPU `ordinal` (see [`Gpu::new`] for the errors).
     pub fn open(ordinal: usize) -> Result<Cuda> {
         Cuda::new(Gpu::new(ordinal)?)
     }
 
-    /// Wraps an open GPU.
+    /// Wraps an open GPU, compiling for its target ([`target_for`]) or the
+    /// one `TESSERA_TARGET` names ([`resolve_target`]: `sm_80` measures the
+    /// `mma.sync` path on Hopper).
     ///
-    /// Errors: [`Error::Unsupported`] for GPUs below compute capability 8.0.
+    /// Errors: [`Error::Unsupported`] for GPUs below compute capability 8.0
+    /// and for `TESSERA_TARGET=sm_90a` off Hopper; [`Error::Usage`] for an
+    /// unknown `TESSERA_TARGET`.
     pub fn new(gpu: Gpu) -> Result<Cuda> {
         let cc = gpu.info().compute_capability;
-        let target = target_for(cc).ok_or_else(|| {
-            Error::Unsupported(format!(
-                "{} has compute capability {}.{}; tessera needs 8.0 (Ampere) or newer",
-                gpu.info().name,
-                cc.0,
-                cc.1
-            ))
-        })?;
+        let want = target_request(std::env::var("TESSERA_TARGET").ok().as_deref())?;
+        let target =
+            resolve_target(cc, want).map_err(|e| Error::Unsupported(format!("{}: {e}", gpu.info().name)))?;
         Ok(Cuda {
             gpu,
             target,
@@ -582,6 +617,24 @@ mod tests {
             assert_eq!(dsl_core::print::print(&real), dsl_core::print::print(&from_mask), "case {k}");
         }
         assert!(mask_of_facts("k", &[None; MAX_PARAMS + 1]).is_err());
+    }
+
+    #[test]
+    fn a_requested_target_is_met_or_refused() {
+        assert_eq!(target_request(None).unwrap(), None);
+        assert_eq!(target_request(Some(" ")).unwrap(), None);
+        assert_eq!(target_request(Some("sm_80")).unwrap(), Some(Target::Sm80));
+        assert_eq!(target_request(Some("sm_90a")).unwrap(), Some(Target::Sm90a));
+        let e = target_request(Some("sm_90")).unwrap_err().to_string();
+        assert!(e.contains("TESSERA_TARGET=sm_90") && e.contains("sm_80 or sm_90a"), "{e}");
+        assert_eq!(resolve_target((9, 0), None), Ok(Target::Sm90a));
+        assert_eq!(resolve_target((9, 0), Some(Target::Sm80)), Ok(Target::Sm80));
+        assert_eq!(resolve_target((8, 0), Some(Target::Sm80)), Ok(Target::Sm80));
+        assert_eq!(resolve_target((9, 0), Some(Target::Sm90a)), Ok(Target::Sm90a));
+        let e = resolve_target((8, 6), Some(Target::Sm90a)).unwrap_err();
+        assert!(e.contains("needs a Hopper GPU") && e.contains("8.6"), "{e}");
+        let e = resolve_target((7, 5), Some(Target::Sm80)).unwrap_err();
+        assert!(e.contains("7.5") && e.contains("8.0 (Ampere)"), "{e}");
     }
 
     #[test]
