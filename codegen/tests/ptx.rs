@@ -368,13 +368,14 @@ fn flash_attention() {
     let (causal64, t64) = f(9, 3, 64, true, false);
     let (full128, t128) = f(32, 8, 128, false, false);
     assert_eq!((t64.min_programs_per_sm, t128.min_programs_per_sm), (0, 0));
-    both(
-        "flash_attention",
-        &[
-            ("_bf16_9q3kv64_causal".into(), causal64, t64.num_warps),
-            ("_bf16_32q8kv128_full".into(), full128, t128.num_warps),
-        ],
-    );
+    // The `mma.sync` defaults, on the target that runs them (sm_90a takes
+    // the `wgmma` tiles below). At head dim 128 ptxas spills a few values
+    // that live across both loops (the output's row offsets and masks; the
+    // loops themselves have no local loads or stores in the session's SASS,
+    // 2026-11-27), pinned by the snapshot.
+    check("flash_attention_bf16_9q3kv64_causal", &causal64, Target::Sm80, t64.num_warps);
+    let opts = options(Target::Sm80, t128.num_warps, STAGES);
+    check_with("flash_attention_bf16_32q8kv128_full", &full128, &opts, 112);
     for (name, (f, t), resident) in [
         ("flash_attention_wgmma_bf16_9q3kv64_causal", f(9, 3, 64, true, true), true),
         ("flash_attention_wgmma_bf16_32q8kv128_full", f(32, 8, 128, false, true), false),
@@ -1078,7 +1079,7 @@ fn flash_attention_autotune_configs() {
     use ::kernels::flash_attention::flash_attention as k;
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
     for hd in [64usize, 128] {
-        let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true);
+        let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true, false);
         for c in k::autotune_configs(&base) {
             let f = dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0;
             for t in [Target::Sm80, Target::Sm90a] {

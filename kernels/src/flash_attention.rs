@@ -82,9 +82,12 @@
 //! row is `HEAD_DIM` contiguous elements (16-byte vector loads).
 //!
 //! When a page holds whole key blocks (`PAGE % BLOCK_N == 0`, a constexpr
-//! choice) an unmasked key block is one box of the cache, seen as a matrix
-//! of `H_KV * HEAD_DIM` columns: a `load_block` at row `block_tables[b, n0 /
-//! PAGE] * PAGE + n0 % PAGE` (one page lookup per block). On sm_90a the
+//! choice) an unmasked key block is `BLOCK_N` consecutive rows of one page,
+//! at row `block_tables[b, n0 / PAGE] * PAGE + n0 % PAGE` (one page lookup
+//! per block). Without `BOXES` it is read by plain loads at offsets fixed
+//! for the whole loop (no per-key lookup). With `BOXES` it is one box of
+//! the cache, seen as a matrix of `H_KV * HEAD_DIM` columns: a
+//! `load_block`. On sm_90a the
 //! codegen copies such boxes with TMA (as FlashAttention-3 does for pages
 //! that are a multiple of its key tile), which frees the per-thread address
 //! math and registers of the gather, and the loop needs no CTA barrier
@@ -127,6 +130,10 @@
 //! - `BLOCK_M`, `BLOCK_N`: the query and key tile heights (powers of two);
 //!   [`config_for`] picks them with the warp count.
 //! - `CAUSAL`: causal or full attention.
+//! - `BOXES`: unmasked key blocks inside one page as `load_block` boxes
+//!   (TMA on sm_90a; [`config_for`] sets it with `wgmma`). On `cp.async`
+//!   targets the boxes' bounds masks cost registers that the plain loads
+//!   do not.
 
 use dsl_macros::{kernel, kernel_fn};
 
@@ -161,10 +168,11 @@ pub fn online_softmax_step(
 
 /// FlashAttention prefill (online softmax, f32 accumulation) over a paged KV
 /// cache, varlen batches, GQA, causal or full; see the module doc.
-// Autotune candidates: 16 or 32 query rows per warp. 128-row tiles on 4
-// warps were dropped (2026-11-24): they spill on sm_90a (up to 56 KB at head
-// dim 128) and were 1.6-3x slower than the best tile in every H100 run.
-// Every candidate names its occupancy hint (a base config's would carry over).
+// Autotune candidates: 16 or 32 query rows per warp. 128-row tiles of 4
+// warps run `mma.sync` on every target (`wgmma` needs 16 rows per warp):
+// the `mma.sync` defaults, and on sm_90a 1.6-3x slower than the best tile
+// in every H100 run (2026-11-24). Every candidate names its occupancy hint
+// (a base config's would carry over).
 #[kernel(autotune(
     configs = [
         (BLOCK_M = 64, BLOCK_N = 32, num_warps = 4, min_programs_per_sm = 0),
@@ -176,6 +184,8 @@ pub fn online_softmax_step(
         (BLOCK_M = 64, BLOCK_N = 128, num_warps = 4, min_programs_per_sm = 3),
         (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4, num_stages = 3, min_programs_per_sm = 0),
         (BLOCK_M = 128, BLOCK_N = 128, num_warps = 8, min_programs_per_sm = 0),
+        (BLOCK_M = 128, BLOCK_N = 32, num_warps = 4, min_programs_per_sm = 0),
+        (BLOCK_M = 128, BLOCK_N = 64, num_warps = 4, min_programs_per_sm = 0),
     ],
     key = [max_blocks_per_seq]
 ))]
@@ -197,6 +207,7 @@ pub fn flash_attention<T: Float>(
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] CAUSAL: bool,
+    #[constexpr] BOXES: bool,
 ) {
     static_assert(H_Q % H_KV == 0, "H_Q must be a multiple of H_KV");
     static_assert(PAGE.is_power_of_two(), "PAGE must be a power of two");
@@ -261,9 +272,12 @@ pub fn flash_attention<T: Float>(
         }
 
         // 1. Unmasked key blocks. When a page holds whole key blocks, each
-        // block is one box of the cache (one page lookup per block): a
-        // `load_block`, which the codegen copies with TMA on sm_90a.
-        if PAGE % BLOCK_N == 0 {
+        // block is `BLOCK_N` consecutive rows of one page (one page lookup
+        // per block): with `BOXES` a `load_block` box of the cache, which
+        // the codegen copies with TMA on sm_90a; otherwise plain loads at
+        // the block's row plus offsets fixed for the whole loop (no per-key
+        // lookup, no masks).
+        if PAGE % BLOCK_N == 0 && BOXES {
             let kv_cols = (H_KV * HEAD_DIM) as i32;
             let kv_rows = i32::MAX / kv_cols;
             let col0 = kvh * HEAD_DIM;
@@ -273,6 +287,19 @@ pub fn flash_attention<T: Float>(
                 let k = load_block(k_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM]);
                 let s = dot(q, trans(k));
                 let v = load_block(v_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM]);
+                let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
+                m_i = m_new;
+                l_i = l_new;
+                acc = acc_new;
+            }
+        } else if PAGE % BLOCK_N == 0 {
+            let offs = keys2 * (H_KV * HEAD_DIM) + head2;
+            for n0 in range(0, lo, BLOCK_N) {
+                let page = load(table + (n0 >> page_shift));
+                let row0 = ((page << page_shift) + (n0 & page_mask)) * (H_KV * HEAD_DIM);
+                let k = load(k_cache_ptr + row0 + offs);
+                let s = dot(q, trans(k));
+                let v = load(v_cache_ptr + row0 + offs);
                 let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
                 m_i = m_new;
                 l_i = l_new;
@@ -319,6 +346,12 @@ pub fn flash_attention<T: Float>(
         // One reciprocal per row; a row that saw no key has l = 0 and is written as zeros.
         let inv = where_(l_i > 0.0, 1.0 / l_i, 0.0);
         let o = acc * expand_dims(inv, 1);
+        // `q_row` and `row_valid` stay live across both loops (on sm_80 at
+        // head dim 128 ptxas spills a few of them there, outside the loops).
+        // Addressing the output afresh from the tile's first row frees them
+        // but cost the 128 x 128 `wgmma` tile at head dim 128 on sm_90a
+        // 511 -> 488 TFLOP/s causal and 587 -> 574 full (H100, same call,
+        // two alternations, 2026-11-27).
         store(o_ptr + q_row, o.to(T), mask = expand_dims(row_valid, 1));
     }
 }
@@ -337,13 +370,17 @@ pub struct TileConfig {
     /// Occupancy hint: programs per SM that ptxas must leave registers for
     /// (`min_programs_per_sm`; 0: ptxas's choice).
     pub min_programs_per_sm: u32,
+    /// Whether unmasked key blocks that fill part of one page are
+    /// `load_block` boxes (`BOXES`: TMA copies on sm_90a) rather than plain
+    /// loads at fixed offsets from the block's row.
+    pub boxes: bool,
 }
 
 impl TileConfig {
     /// Query tile, key tile and warps, with the kernel's default two stages
     /// and no occupancy hint.
     pub const fn new(block_m: usize, block_n: usize, num_warps: u32) -> TileConfig {
-        TileConfig { block_m, block_n, num_warps, num_stages: 2, min_programs_per_sm: 0 }
+        TileConfig { block_m, block_n, num_warps, num_stages: 2, min_programs_per_sm: 0, boxes: false }
     }
 
     /// The kernel configuration with these tiles for the other constexprs.
@@ -357,10 +394,20 @@ impl TileConfig {
         page: usize,
         causal: bool,
     ) -> flash_attention::Config {
-        flash_attention::Config::new(dtype, h_q, h_kv, head_dim, page, self.block_m, self.block_n, causal)
-            .with_warps(self.num_warps)
-            .with_stages(self.num_stages)
-            .with_min_programs(self.min_programs_per_sm)
+        flash_attention::Config::new(
+            dtype,
+            h_q,
+            h_kv,
+            head_dim,
+            page,
+            self.block_m,
+            self.block_n,
+            causal,
+            self.boxes,
+        )
+        .with_warps(self.num_warps)
+        .with_stages(self.num_stages)
+        .with_min_programs(self.min_programs_per_sm)
     }
 }
 
@@ -370,11 +417,23 @@ impl TileConfig {
 /// and V loads are pipelined with `cp.async` (and the page numbers one
 /// iteration ahead of them).
 ///
-/// - `mma.sync`: `BLOCK_N = 32` with `BLOCK_M = 64` and 4 warps at head dim
-///   64, `BLOCK_M = 128` and 8 warps above. These are the largest tiles
-///   ptxas compiles without spills on sm_80: 128 x 64 needs more than 255
-///   registers at head dim 128, and at head dim 64 ptxas caps 8-warp
-///   programs at 128 registers (two per SM) and spills 128 x 32.
+/// - `mma.sync`: 128-row tiles of 4 warps, as FlashAttention-2 takes on
+///   Hopper, with 64 keys at head dim 64 and 32 at 128 (the largest tiles
+///   whose loops ptxas compiles without spills; at head dim 128 it spills
+///   a few bytes outside them). Each warp owns 32 rows of the scores,
+///   so every B fragment of `k` and `v` feeds two `mma`s (16-row warps read
+///   as much shared memory per `mma` as the tensor cores can use). `q` then
+///   resides in shared memory and is reloaded per key block (the codegen's
+///   `dot::resident`): its fragments and tile would not fit in registers
+///   beside 64 accumulator and 64 score registers (head dim 64) or 128 and 64
+///   (head dim 128). H100, `TESSERA_TARGET=sm_80`, L 4096, pages of 128
+///   (2026-11-27, same call): head dim 64 294 / 323 TFLOP/s causal /
+///   full (64 x 32 tiles: 240 / 254 in the session's first call); head dim
+///   128 over pages of 128, 128 x 32: 0.914 / 1.592 ms, 128 x 64 (which
+///   spills the row sums in its loop): 0.947 / 1.623; over pages of 16
+///   0.940 / 1.652 and 0.913 / 1.590. Shared memory: 51 KB at head dim 64,
+///   70 KB at 128 (an sm_86 block holds 99 KB; 128 x 128 of 8 warps needs
+///   166 KB, an A100's whole block).
 /// - `wgmma` (sm_90a): one warpgroup of 4 warps, 64 query rows; the B
 ///   operands are read from shared memory by the tensor cores, so a wider
 ///   key tile costs no fragment registers. Head dim 64: 128 keys with
@@ -402,16 +461,17 @@ impl TileConfig {
 pub fn config_for(head_dim: usize, dtype: dsl_core::DType, wgmma: bool, page: usize) -> TileConfig {
     let half = matches!(dtype, dsl_core::DType::F16 | dsl_core::DType::BF16);
     let boxes = |block_n: usize| page.is_multiple_of(block_n);
-    match (half, wgmma, head_dim <= 64) {
+    let t = match (half, wgmma, head_dim <= 64) {
         (true, true, true) if !boxes(128) && boxes(64) => TileConfig::new(64, 64, 4),
         (true, true, true) => TileConfig { min_programs_per_sm: 3, ..TileConfig::new(64, 128, 4) },
         (true, true, false) if boxes(128) => TileConfig::new(128, 128, 8),
         (true, true, false) => TileConfig::new(64, 64, 4),
-        (true, false, true) => TileConfig::new(64, 32, 4),
-        (true, false, false) => TileConfig::new(128, 32, 8),
+        (true, false, true) => TileConfig::new(128, 64, 4),
+        (true, false, false) => TileConfig::new(128, 32, 4),
         (false, _, true) => TileConfig::new(64, 32, 4),
         (false, _, false) => TileConfig::new(64, 32, 8),
-    }
+    };
+    TileConfig { boxes: half && wgmma, ..t }
 }
 
 /// The launch grid for a batch whose longest query run is `max_q_len` tokens:

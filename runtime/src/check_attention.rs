@@ -233,7 +233,7 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         rows.push(attention_case::<bf16>(cuda, &mut rng, &long64)?);
         // Every autotune candidate (their warp grids differ: 16 or 32 rows
         // per warp, `p` from registers or through shared memory).
-        for tiles in tune_tiles() {
+        for tiles in tune_tiles(wgmma) {
             rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..smol.clone() })?);
             rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..gqa4.clone() })?);
             rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..long128.clone() })?);
@@ -243,9 +243,10 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 }
 
 /// The tiles of `flash_attention`'s declared autotune configs (read from the
-/// kernel, so a new config is always checked).
-fn tune_tiles() -> Vec<TileConfig> {
-    let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false);
+/// kernel, so a new config is always checked), boxes where `wgmma` copies
+/// them with TMA (as `config_for` decides).
+fn tune_tiles(wgmma: bool) -> Vec<TileConfig> {
+    let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false, wgmma);
     flash_attention::autotune_configs(&base)
         .iter()
         .map(|c| TileConfig {
@@ -254,6 +255,7 @@ fn tune_tiles() -> Vec<TileConfig> {
             num_warps: c.num_warps,
             num_stages: c.num_stages,
             min_programs_per_sm: c.min_programs_per_sm,
+            boxes: c.BOXES,
         })
         .collect()
 }

@@ -75,6 +75,8 @@ struct Case {
     block_n: usize,
     causal: bool,
     scale: f32,
+    /// `BOXES`: `load_block` boxes for key blocks inside one page.
+    boxes: bool,
 }
 
 /// Inputs of one launch, as f64 values representable in the storage dtype.
@@ -163,6 +165,7 @@ fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
         case.block_m,
         case.block_n,
         case.causal,
+        case.boxes,
     );
     let max_q = case.seqs.iter().map(|s| s.0).max().unwrap_or(0);
     let grid = fa::grid(max_q, case.seqs.len(), case.n_q, case.block_m);
@@ -252,13 +255,14 @@ proptest! {
         block_size in prop::sample::select(vec![16usize, 32, 64]),
         tiles in 0usize..TILES.len(),
         causal in any::<bool>(),
+        boxes in any::<bool>(),
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
         let (n_q, n_kv, d) = HEADS[heads];
         let (block_m, block_n) = TILES[tiles];
         let scale = 1.0 / (d as f32).sqrt();
-        let case = Case { n_q, n_kv, d, seqs, block_size, block_m, block_n, causal, scale };
+        let case = Case { n_q, n_kv, d, seqs, block_size, block_m, block_n, causal, scale, boxes };
         let res = if bf { check::<bf16>(&case, seed) } else { check::<f32>(&case, seed) };
         res.map_err(TestCaseError::fail)?;
     }
@@ -281,6 +285,7 @@ fn corners() {
         block_n: 32,
         causal: true,
         scale: 0.125,
+        boxes: false,
     };
     for causal in [true, false] {
         let case = Case { causal, ..base.clone() };
@@ -290,6 +295,8 @@ fn corners() {
         let case =
             Case { causal, scale: -0.3, block_size: 64, seqs: vec![(5, 70), (64, 64)], ..base.clone() };
         check::<f32>(&case, 4).unwrap();
+        // The same pages of whole key blocks as `load_block` boxes.
+        check::<bf16>(&Case { boxes: true, ..case }, 6).unwrap();
         let case = Case { causal, scale: 0.5, n_q: 3, n_kv: 3, d: 128, ..base.clone() };
         check::<bf16>(&case, 5).unwrap();
     }
@@ -313,6 +320,7 @@ fn causal_split_at_block_boundaries() {
             block_n,
             causal: true,
             scale: 0.125,
+            boxes: false,
         };
         check::<f32>(&case, block_m as u64 * 100 + block_n as u64).unwrap();
     }
@@ -334,6 +342,7 @@ fn rows_without_keys_are_zero() {
             block_n: 16,
             causal,
             scale: 0.125,
+            boxes: false,
         };
         let x = inputs(&case, DType::F32, 7);
         let got = run_kernel::<f32>(&case, &x).unwrap();
@@ -365,6 +374,7 @@ fn wrong_mask_is_caught() {
         block_n: 16,
         causal: true,
         scale: 0.125,
+        boxes: false,
     };
     for dtype in [DType::F32, DType::BF16] {
         let x = inputs(&case, dtype, 11);

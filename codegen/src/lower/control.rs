@@ -216,7 +216,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     .unwrap_or_default()
                     .into_iter()
                     .filter(|(v, l)| {
-                        !a_from_regs(self.lays.lay(*v), l) && !self.pipe.resident.contains_key(v)
+                        !a_from_regs(self.lays.lay(*v), l)
+                            && !self.pipe.resident.contains_key(v)
+                            && !self.pipe.mma_resident.contains_key(v)
                     })
                     .collect();
                 for &(v, l) in &hoisted {

@@ -293,6 +293,20 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         cols: usize,
         swizzle: bool,
     ) -> Result<IntValue<'ctx>> {
+        // A later round of chunks (`threads * spt` elements on) whose rows
+        // have the first round's phases (whole groups of 8 rows when
+        // swizzled, whole rows when padded) sits at a constant distance
+        // from the first round's chunk: added last, so that LLVM keeps one
+        // loop-invariant index per thread and folds the rest into the
+        // address (`[reg + imm]`) instead of holding an index per chunk.
+        let (round, r) = (l.threads * l.spt, slot / l.spt);
+        let period = if swizzle { 8 * cols } else { cols };
+        if r > 0 && round.is_multiple_of(period) {
+            let first = self.chunk_index(l, base, slot % l.spt, cols, swizzle)?;
+            let rows = r * round / cols;
+            let k = r * round + if swizzle { 0 } else { rows * ROW_PAD };
+            return Ok(self.b.build_int_nsw_add(first, self.i32c(k as i64), "")?);
+        }
         if swizzle {
             let lin = self.linear_index(l, base, slot)?;
             let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;

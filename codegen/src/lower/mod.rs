@@ -154,9 +154,10 @@ pub(crate) fn lower_function<'ctx>(
     let spt_cap = crate::layout::spt_cap_for(min_bytes);
     let stages = opts.num_stages.max(1) as usize;
     let mut mma = dot::plan::plan(f, threads / 32, opts.target, stages);
-    let pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages);
+    let mut pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages);
     // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
     mma.settle_wgmma(f, &pipe.wgmma);
+    dot::resident::plan(f, &mma, &mut pipe, threads);
     let mut params: Vec<BasicMetadataTypeEnum<'ctx>> = Vec::new();
     for p in &f.params {
         let ty = f.ty(p.value);
@@ -602,8 +603,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let ty = self.ctx.i8_type().array_type(0);
         let g = self.module.add_global(ty, Some(AddressSpace::from(3u16)), "__tessera_smem");
         g.set_linkage(Linkage::External);
-        // `wgmma` operands are 1024-byte swizzle atoms (`pipeline.rs`).
-        g.set_alignment(if self.pipe.wgmma.is_empty() { 16 } else { 1024 });
+        // `wgmma` operands are 1024-byte swizzle atoms, and swizzled rings
+        // may start 1024-byte aligned (`pipeline.rs`).
+        let swizzled =
+            self.pipe.loops.values().any(|pl| {
+                pl.loads.iter().any(|l| l.ring_off.is_multiple_of(1024) && pipeline::swizzled(l.cols))
+            });
+        g.set_alignment(if self.pipe.wgmma.is_empty() && !swizzled { 16 } else { 1024 });
         let p = g.as_pointer_value();
         self.smem = Some(p);
         Ok(p)
@@ -735,7 +741,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             // A `wgmma` operand that resides in shared memory is
             // written there once, right after its definition.
             if let Some(&r) = self.f.insts[inst].results.first()
-                && self.pipe.resident.contains_key(&r)
+                && (self.pipe.resident.contains_key(&r) || self.pipe.mma_resident.contains_key(&r))
             {
                 self.make_resident(r)?;
             }

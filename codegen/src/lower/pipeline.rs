@@ -244,6 +244,10 @@ pub(crate) struct Pipeline {
     /// fragments stay live across the loops (the tile itself was kept for
     /// the second loop's fragments).
     pub resident: FxHashMap<Value, u64>,
+    /// Loop-invariant `mma.sync` `a` operands kept in shared memory
+    /// (padded rows), with their byte offsets in the same region
+    /// (`dot::resident`).
+    pub mma_resident: FxHashMap<Value, u64>,
     /// Bytes of the resident region (a multiple of 1024).
     pub resident_bytes: u64,
     /// Of those, the ones whose group is left running into the next
@@ -429,7 +433,10 @@ pub(crate) fn analyze(
         }
         let mut ring = 0u64;
         for ld in &mut loads {
-            if ld.atoms {
+            // Swizzle atoms, and swizzled rows in whole 1024-byte stages (so
+            // that `ldmatrix` addresses are one XOR from the stage's, see
+            // `dot/mma.rs`), start 1024-byte aligned.
+            if ld.atoms || (swizzled(ld.cols) && ld.stage_bytes.is_multiple_of(1024)) {
                 ring = ring.next_multiple_of(1024);
             }
             ld.ring_off = ring;
@@ -510,7 +517,7 @@ pub(crate) fn analyze(
 
 /// Whether `v` is computed from the result of a `dot` (anywhere in `f`): an
 /// accumulator-layout value, whose registers are A fragments already.
-fn derives_from_dot(f: &Function, v: Value) -> bool {
+pub(crate) fn derives_from_dot(f: &Function, v: Value) -> bool {
     let mut stack = vec![v];
     let mut seen = FxHashSet::default();
     while let Some(v) = stack.pop() {
@@ -720,6 +727,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// barrier first (products of an earlier pass may still read the
     /// place), the stores, a fence for the async proxy, a barrier.
     pub(super) fn make_resident(&mut self, v: Value) -> Result<()> {
+        if let Some(&off) = self.pipe.mma_resident.get(&v) {
+            // Padded rows for `ldmatrix` (`dot::resident`).
+            let base = self.smem_at(0)?;
+            self.barrier()?;
+            self.stage_a(base, off, v)?;
+            return self.barrier();
+        }
         let Some(at) = self.resident_ptr(v)? else { return Ok(()) };
         let ty = self.f.ty(v).clone();
         let lv = self.layout(&ty);
@@ -978,10 +992,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         dot: Inst,
         operand: usize,
-    ) -> Result<Option<(PointerValue<'ctx>, bool)>> {
+    ) -> Result<Option<(PointerValue<'ctx>, Rows)>> {
         let Some(&ld) = self.pipe.by_dot.get(&(dot, operand)) else { return Ok(None) };
         let cols = self.f.ty(self.f.insts[ld].results[0]).shape[1];
-        Ok(self.stage_ptr(ld)?.map(|p| (p, swizzled(cols))))
+        let aligned = self
+            .pipe_stage
+            .get(&ld)
+            .is_some_and(|&(_, off, bytes)| off.is_multiple_of(1024) && bytes.is_multiple_of(1024));
+        let rows = match (swizzled(cols), aligned) {
+            (false, _) => Rows::Padded,
+            (true, false) => Rows::Swizzled,
+            (true, true) => Rows::SwizzledAligned,
+        };
+        Ok(self.stage_ptr(ld)?.map(|p| (p, rows)))
     }
 
     /// The current iteration's stage of the ring keyed `key` in `pipe_stage`:
@@ -1005,6 +1028,27 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> Result<IntValue<'ctx>> {
         let pred = if signed { IntPredicate::SLT } else { IntPredicate::ULT };
         Ok(self.b.build_int_compare(pred, a, b, "")?)
+    }
+}
+
+/// How the rows of a staged `mma.sync` operand are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// Rows padded by `ROW_PAD` elements.
+    Padded,
+    /// XOR-swizzled rows ([`swizzled`]).
+    Swizzled,
+    /// XOR-swizzled rows in a 1024-byte aligned stage of whole 1024-byte
+    /// blocks: every row starts at a multiple of its own size (a power of
+    /// two of at most 1024 bytes), so the swizzle of an address is an XOR of
+    /// its low bits (`dot/mma.rs`).
+    SwizzledAligned,
+}
+
+impl Rows {
+    /// Whether the rows are XOR-swizzled.
+    pub(crate) fn swizzled(self) -> bool {
+        self != Rows::Padded
     }
 }
 

@@ -31,6 +31,7 @@
 //! tensor core (the summation order within an instruction is the hardware's).
 
 use super::super::layouts::a_from_regs;
+use super::super::pipeline::Rows;
 use super::super::{Lowerer, Regs};
 use crate::Result;
 use crate::mma::{Lay, MmaLayout, ROW_PAD};
@@ -52,13 +53,20 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let d = aty.dtype();
         // The accumulator first: its conversion (if any) uses the scratch region.
         let mut acc = self.regs_as(args[2], Lay::Mma(l))?;
-        let afr = self.a_frags_ready(inst, &l, k, d)?;
+        let mut afr = self.a_frags_ready(inst, &l, k, d)?;
+        if afr.is_none()
+            && let Some(&off) = self.pipe.mma_resident.get(&args[0])
+        {
+            // A resident `a` (`dot::resident`): its fragments are reloaded here.
+            let base = self.smem_at(0)?;
+            afr = Some(self.a_frags(base, off, &l, k, Rows::Padded)?);
+        }
         let b_src = self.mma.b_trans.get(&inst).copied();
         // Operands the pipeline already copied into shared memory (`pipeline.rs`).
         let a_ring = if afr.is_none() { self.pipe_operand(inst, 0)? } else { None };
         let b_ring = self.pipe_operand(inst, 1)?;
-        let a_sw = a_ring.is_some_and(|r| r.1);
-        let b_sw = b_ring.is_some_and(|r| r.1);
+        let a_sw = a_ring.map_or(Rows::Padded, |r| r.1);
+        let b_sw = b_ring.map_or(Rows::Padded, |r| r.1);
         let (a_ring, b_ring) = (a_ring.map(|r| r.0), b_ring.map(|r| r.0));
         let stage_a = afr.is_none() && a_ring.is_none();
         let a_elems = if stage_a { m * (k + ROW_PAD) } else { 0 };
@@ -86,7 +94,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let afr = match (afr, a_ring) {
             (Some(fr), _) => fr,
             (None, Some(ring)) => self.a_frags(ring, 0, &l, k, a_sw)?,
-            (None, None) => self.a_frags(smem, a_off, &l, k, false)?,
+            (None, None) => self.a_frags(smem, a_off, &l, k, Rows::Padded)?,
         };
         let (b_mem, b_at) = match b_ring {
             Some(ring) => (ring, 0),
@@ -105,7 +113,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.barrier()?;
         self.stage_a(smem, 0, v)?;
         self.barrier()?;
-        let fr = self.a_frags(smem, 0, l, k, false)?;
+        let fr = self.a_frags(smem, 0, l, k, Rows::Padded)?;
         self.afrags.insert((v, *l), fr);
         Ok(())
     }
@@ -134,7 +142,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Writes the `[M, K]` operand `v` row-major with padded rows at byte
     /// `off` of `smem` (the caller fences with barriers): straight from the
     /// accumulator registers it was computed in, or from its own layout.
-    pub(super) fn stage_a(&mut self, smem: PointerValue<'ctx>, off: u64, v: Value) -> Result<()> {
+    pub(crate) fn stage_a(&mut self, smem: PointerValue<'ctx>, off: u64, v: Value) -> Result<()> {
         let ty = self.f.ty(v).clone();
         if let Lay::Mma(al) = self.lays.lay(v) {
             let regs = self.raw_regs(v)?;
@@ -186,7 +194,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// The A fragments of a staged `[M, K]` operand at byte `off` (rows
-    /// padded to `K + ROW_PAD`, or XOR-swizzled with `sw`, see
+    /// padded to `K + ROW_PAD`, or XOR-swizzled, see
     /// `pipeline::swizzled`): per 16-wide `k` step, per m tile of this warp,
     /// the 4 registers of one `ldmatrix.x4` (rows `r8 + bit3`, columns
     /// `bit4`: matrices in a0..a3 order).
@@ -196,13 +204,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         off: u64,
         l: &MmaLayout,
         k: usize,
-        sw: bool,
+        rows: Rows,
     ) -> Result<AFrags<'ctx>> {
         let (wm, _, lane) = self.warp_coords(l)?;
         let r8 = self.b.build_and(lane, self.i32c(7), "")?;
         let bit3 = self.lane_bit8(lane, 3)?;
         let bit4 = self.lane_bit8(lane, 4)?;
         let a_row = self.b.build_int_add(self.mad(wm, l.tile_m(), r8)?, bit3, "")?;
+        let sw = rows.swizzled();
         let stride = if sw { k } else { k + ROW_PAD };
         // Swizzled: the row's phase is `r8` (tile rows are multiples of 8),
         // and column chunk `2 kk + bit4 / 8` sits at `(2 kk) ^ t` with
@@ -213,14 +222,27 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         } else {
             (self.mad(a_row, stride, bit4)?, None)
         };
+        // In an aligned stage the lane's address for k step `kk` is one XOR
+        // of its address for `kk = 0` (`xor_base`).
+        let xb = match (rows, t8) {
+            (Rows::SwizzledAligned, Some(t8)) if 2 * k <= 1024 => {
+                Some(self.xor_base(smem, off, self.b.build_int_add(a_base, t8, "")?)?)
+            }
+            _ => None,
+        };
         let mut out = Vec::with_capacity(k / 16);
         for kk in 0..k / 16 {
             let col = match t8 {
-                Some(t8) => Some(self.b.build_xor(t8, self.i32c((kk * 16) as i64), "")?),
-                None => None,
+                Some(t8) if xb.is_none() => Some(self.b.build_xor(t8, self.i32c((kk * 16) as i64), "")?),
+                _ => None,
             };
             let mut per = Vec::with_capacity(l.tiles_m());
             for i in 0..l.tiles_m() {
+                if let Some(xb) = xb {
+                    let p = self.xor_addr(xb, (kk * 32) as i64, ((i * 16) * stride * 2) as i64)?;
+                    per.push(self.ldmatrix_at(p, 4, false)?);
+                    continue;
+                }
                 let idx = match col {
                     Some(col) => {
                         let r = self.b.build_int_add(a_base, self.i32c(((i * 16) * stride) as i64), "")?;
@@ -235,6 +257,31 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             out.push(per);
         }
         Ok(out)
+    }
+
+    /// The byte address (as an integer) of 16-bit element `idx` of the
+    /// aligned stage at byte `off` of `smem` (see [`Rows::SwizzledAligned`]).
+    /// Computed from the stage's address, which changes with the iteration,
+    /// so LLVM does not hoist the per-load XORs of [`Self::xor_addr`] out of
+    /// the loop into a register each.
+    fn xor_base(&self, smem: PointerValue<'ctx>, off: u64, idx: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let p = self.b.build_ptr_to_int(smem, i64t, "")?;
+        let p = self.b.build_int_add(p, i64t.const_int(off, false), "")?;
+        let e = self.b.build_int_z_extend(self.b.build_left_shift(idx, self.i32c(1), "")?, i64t, "")?;
+        Ok(self.b.build_int_add(p, e, "")?)
+    }
+
+    /// `(base ^ x) + add` as a shared-memory pointer: the address of a load
+    /// whose swizzled column differs from `base`'s by the XOR `x` and whose
+    /// row by the byte offset `add` (whole rows, so it commutes with the
+    /// XOR of the low bits).
+    fn xor_addr(&self, base: IntValue<'ctx>, x: i64, add: i64) -> Result<PointerValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let v = if x == 0 { base } else { self.b.build_xor(base, i64t.const_int(x as u64, false), "")? };
+        let v = if add == 0 { v } else { self.b.build_int_add(v, i64t.const_int(add as u64, false), "")? };
+        let pt = self.ctx.ptr_type(inkwell::AddressSpace::from(3u16));
+        Ok(self.b.build_int_to_ptr(v, pt, "")?)
     }
 
     /// `((lane >> shift) & 1) * 8`.
@@ -255,6 +302,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         trans: bool,
     ) -> Result<Vec<IntValue<'ctx>>> {
         let p = self.smem_elem(smem, off, self.ctx.i16_type().into(), idx)?;
+        self.ldmatrix_at(p, count, trans)
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].b16` at shared address `p`.
+    fn ldmatrix_at(&self, p: PointerValue<'ctx>, count: u32, trans: bool) -> Result<Vec<IntValue<'ctx>>> {
         let i32t = self.ctx.i32_type();
         let fields: Vec<BasicTypeEnum<'ctx>> = (0..count).map(|_| i32t.into()).collect();
         let st = self.ctx.struct_type(&fields, false);
@@ -305,7 +357,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         k: usize,
         d: DType,
         b_nk: bool,
-        sw: bool,
+        rows: Rows,
         acc: &mut Regs<'ctx>,
     ) -> Result<()> {
         let (_, wn, lane) = self.warp_coords(l)?;
@@ -313,14 +365,39 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let bit3 = self.lane_bit8(lane, 3)?;
         let bit4 = self.lane_bit8(lane, 4)?;
         let (tm, tn) = (l.tiles_m(), l.tiles_n());
-        let addr = self.b_addr(l, k, b_nk, sw, (wn, r8, bit3, bit4))?;
+        let addr = self.b_addr(l, k, b_nk, rows.swizzled(), (wn, r8, bit3, bit4))?;
+        // In an aligned stage every B load is one XOR and one constant away
+        // from the lane's first (see `xor_addr`). `[N, K]`: the column
+        // (16 kk) ^ t8 is the XOR, the n-tile pair the rows added; `[K, N]`:
+        // the column chunk (ncol / 8 + j0) ^ r8 = (ncol / 8 ^ r8) ^ j0 (`j0`
+        // is even and below the warp tile's chunks, so its bits are disjoint
+        // from `ncol / 8`'s), the k step the rows added.
+        let xb = match (&addr, rows) {
+            (BAddr::Swizzled { row, t8, r8x8 }, Rows::SwizzledAligned)
+                if 2 * if b_nk { k } else { l.n } <= 1024 =>
+            {
+                let col = if b_nk { *t8 } else { self.b.build_xor(*t8, *r8x8, "")? };
+                Some(self.xor_base(smem, b_off, self.b.build_int_add(*row, col, "")?)?)
+            }
+            _ => None,
+        };
         for (kk, afr) in afrags.iter().enumerate().take(k / 16) {
             debug_assert_eq!(afr.len(), tm);
             // One pair of n tiles at a time: its B fragments, then its mmas.
             for j0 in (0..tn).step_by(2) {
-                let idx = self.b_index(&addr, l, k, b_nk, kk, j0)?;
                 let count = if j0 + 1 < tn { 4 } else { 2 };
-                let r = self.ldmatrix(smem, b_off, idx, count, !b_nk)?;
+                let r = match xb {
+                    Some(xb) => {
+                        let (x, add) =
+                            if b_nk { (kk * 32, (j0 * 8) * k * 2) } else { (j0 * 16, (kk * 16) * l.n * 2) };
+                        let p = self.xor_addr(xb, x as i64, add as i64)?;
+                        self.ldmatrix_at(p, count, !b_nk)?
+                    }
+                    None => {
+                        let idx = self.b_index(&addr, l, k, b_nk, kk, j0)?;
+                        self.ldmatrix(smem, b_off, idx, count, !b_nk)?
+                    }
+                };
                 for (h, bfr) in r.chunks(2).enumerate() {
                     for (i, a) in afr.iter().enumerate() {
                         let s = (i * tn + j0 + h) * 4;

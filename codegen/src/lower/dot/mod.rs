@@ -8,6 +8,7 @@
 mod fma;
 mod mma;
 pub(crate) mod plan;
+pub(crate) mod resident;
 mod wgmma;
 
 pub(crate) use wgmma::PendingWgmma;

@@ -68,6 +68,7 @@
 
 use super::super::Lowerer;
 use super::super::layouts::a_from_regs;
+use super::super::pipeline::Rows;
 use super::mma::AFrags;
 use crate::Result;
 use crate::mma::{Lay, MmaLayout, ROW_PAD};
@@ -273,16 +274,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             };
             return Ok(fr);
         }
-        if let Some((ring, sw)) = self.pipe_operand(inst, 0)? {
+        if let Some((ring, rows)) = self.pipe_operand(inst, 0)? {
             wait_all(self, wait)?;
-            return self.a_frags(ring, 0, l, k, sw);
+            return self.a_frags(ring, 0, l, k, rows);
         }
         let smem = self.smem((l.m * (k + ROW_PAD) * 2) as u64)?;
         self.barrier()?;
         self.stage_a(smem, 0, self.f.insts[inst].args[0])?;
         self.barrier()?;
         wait_all(self, wait)?;
-        self.a_frags(smem, 0, l, k, false)
+        self.a_frags(smem, 0, l, k, Rows::Padded)
     }
 
     /// Writes the computed `a` operand `v` into this iteration's stage of
