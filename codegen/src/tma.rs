@@ -2,7 +2,7 @@
 //! codegen copies with the Tensor Memory Accelerator (sm_90a).
 //!
 //! A pipelined `load_block` feeding `wgmma` in swizzle atoms
-//! (`lower/pipeline.rs`) is copied by `cp.async.bulk.tensor` boxes issued by
+//! (`lower/pipeline/`) is copied by `cp.async.bulk.tensor` boxes issued by
 //! one thread, instead of by every thread's `cp.async`. The box reads a
 //! tensor map: a 128-byte descriptor of the row-major matrix (base address,
 //! extents, row stride, box size, swizzle) that only the host can encode

@@ -80,7 +80,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Emits one iteration of a `for` at the current position: for a
     /// pipelined loop, the wait for its stage, the barrier, the prefetch of
-    /// the iteration `ahead` on and the next slice loads (`pipeline.rs`);
+    /// the iteration `ahead` on and the next slice loads (`pipeline/`);
     /// then the body. Returns what the next iteration starts from.
     fn for_iteration(
         &mut self,
@@ -225,7 +225,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     self.hoist_a(v, &l)?;
                 }
                 // Pipelined `dot` operands: the prologue copies the first
-                // `S - 1` iterations' tiles (see `pipeline.rs`).
+                // `S - 1` iterations' tiles (see `pipeline/`).
                 let pipe = self.pipe.loops.get(&inst).cloned();
                 let iv_arg = body_args[0];
                 let lbi = lb.into_int_value();
@@ -328,7 +328,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                     None => Self::phi_values(&phis),
                 };
-                // Deferred `wgmma` groups (`pipeline.rs`) finish before their
+                // Deferred `wgmma` groups (`pipeline/`) finish before their
                 // accumulators are read and before the ring is handed over.
                 let body_block = self.f.entry(regions[0]);
                 if let Some(&y) = self.f.blocks[body_block].insts.last() {

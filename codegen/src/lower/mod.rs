@@ -85,7 +85,7 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     smem_floor: u64,
     /// Pipelined loops being lowered (from their prologue to their exit).
     pub in_pipeline: usize,
-    /// Which loads are pipelined (`pipeline.rs`).
+    /// Which loads are pipelined (`pipeline/`).
     pub pipe: pipeline::Pipeline,
     /// For each pipelined load of the loop being lowered (and each `dot`
     /// whose computed `a` it stages, `PipeLoop::a_stages`): the stage its
@@ -604,7 +604,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let g = self.module.add_global(ty, Some(AddressSpace::from(3u16)), "__tessera_smem");
         g.set_linkage(Linkage::External);
         // `wgmma` operands are 1024-byte swizzle atoms, and swizzled rings
-        // may start 1024-byte aligned (`pipeline.rs`).
+        // may start 1024-byte aligned (`pipeline/`).
         let swizzled =
             self.pipe.loops.values().any(|pl| {
                 pl.loads.iter().any(|l| l.ring_off.is_multiple_of(1024) && pipeline::swizzled(l.cols))

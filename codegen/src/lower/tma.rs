@@ -1,5 +1,5 @@
 //! Tensor Memory Accelerator copies of pipelined `load_block`s (sm_90a; see
-//! `crate::tma` for the tensor maps and `pipeline.rs` for the schedule).
+//! `crate::tma` for the tensor maps and `pipeline/` for the schedule).
 //!
 //! Each stage of a loop with TMA loads has an mbarrier (8 bytes in the ring
 //! region, `PipeLoop::bars`). Thread 0 initializes them (arrival count 1)

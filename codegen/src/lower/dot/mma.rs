@@ -62,7 +62,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             afr = Some(self.a_frags(base, off, &l, k, Rows::Padded)?);
         }
         let b_src = self.mma.b_trans.get(&inst).copied();
-        // Operands the pipeline already copied into shared memory (`pipeline.rs`).
+        // Operands the pipeline already copied into shared memory (`pipeline/`).
         let a_ring = if afr.is_none() { self.pipe_operand(inst, 0)? } else { None };
         let b_ring = self.pipe_operand(inst, 1)?;
         let a_sw = a_ring.map_or(Rows::Padded, |r| r.1);

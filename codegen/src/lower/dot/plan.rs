@@ -18,7 +18,7 @@
 //! rows, see [`wgmma_shape`]): its accumulator gets the warp grid with every
 //! warp along `M` (16 rows each, the `wgmma` D fragment, which is also the
 //! grid of chained products), and the pipeline decides whether it really
-//! runs on `wgmma` (`pipeline.rs`: `b` must be pipelined) and whether `a` is
+//! runs on `wgmma` (`pipeline/`: `b` must be pipelined) and whether `a` is
 //! read from shared memory too (a pipelined load with 128-byte rows) or from
 //! A fragments in registers (FlashAttention's hoisted `q` and its `p`).
 //!
@@ -58,7 +58,7 @@ pub(crate) struct MmaPlan {
 /// (`m = 16 * warps`, whole warpgroups), `n` a multiple of 8 up to 256, and
 /// the rows of the staged `b` (along `K` for an `[N, K]` tile, `b_nk`; along
 /// `N` for `[K, N]`) of at least 128 bytes, a power of two (the 128-byte
-/// swizzle atoms of `pipeline.rs`). `a` is read from shared memory when it
+/// swizzle atoms of `pipeline/`). `a` is read from shared memory when it
 /// is pipelined with such rows too, otherwise from A fragments in registers.
 pub(crate) fn wgmma_shape(m: usize, n: usize, k: usize, warps: usize, b_nk: bool) -> bool {
     warps.is_multiple_of(4)

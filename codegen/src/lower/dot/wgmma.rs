@@ -1,6 +1,6 @@
 //! `dot` on Hopper's warpgroup tensor cores: `wgmma.mma_async` (sm_90a).
 //!
-//! Used for the `dot`s the pipeline confirmed (`pipeline.rs`): both operands
+//! Used for the `dot`s the pipeline confirmed (`pipeline/`): both operands
 //! are `cp.async`-pipelined into ring stages of 128-byte swizzle atoms
 //! (`pipeline::atom_index`), which is the canonical `wgmma` shared-memory
 //! layout with 128-byte swizzling, so the tensor cores read them in place
@@ -51,7 +51,7 @@
 //! newer groups that may keep running (so what lies between, another
 //! product's issue or unrelated math, overlaps the tensor cores); nothing
 //! stays pending past the end of the block. A deferred loop-carried
-//! accumulator (`pipeline.rs`) instead waits with `wait_group 1` at once:
+//! accumulator (`pipeline/`) instead waits with `wait_group 1` at once:
 //! its group runs on while the next iteration waits for its copies, and the
 //! loop waits for the last one at its exit; a deferred group whose A
 //! fragments are formed in the body is not waited for in its iteration: the
@@ -174,7 +174,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
         if self.pipe.deferred.contains(&inst) {
             // A deferred group keeps running into the next iteration; the one
-            // before it must be done (its stage is refilled next, `pipeline.rs`).
+            // before it must be done (its stage is refilled next, `pipeline/`).
             // Register A fragments formed here were loaded after the
             // previous group was waited for (above), so this group is left
             // running with no wait: the next iteration waits for it before

@@ -1,0 +1,331 @@
+//! The pipeline's code generation (the decisions are the parent module's):
+//! the resident operands' writes, the ring stages, the copies a prologue
+//! or an iteration issues (`cp.async`; TMA boxes through `lower/tma.rs`),
+//! the waits, and the stage pointers the `dot` lowerings read.
+
+use super::*;
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// The ring region's base: the bottom of shared memory, above the
+    /// resident operands ([`Pipeline::resident`]).
+    pub(in crate::lower) fn ring_base(&mut self) -> Result<PointerValue<'ctx>> {
+        self.smem_at(self.pipe.resident_bytes)
+    }
+
+    /// The resident copy of the loop-invariant `wgmma` operand `v`
+    /// ([`Pipeline::resident`]), if it has one.
+    pub(in crate::lower) fn resident_ptr(&mut self, v: Value) -> Result<Option<PointerValue<'ctx>>> {
+        match self.pipe.resident.get(&v) {
+            Some(&off) => Ok(Some(self.smem_at(off)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the resident operand `v` ([`Pipeline::resident`]) into its
+    /// place in swizzle atoms and makes it visible to the tensor cores: a
+    /// barrier first (products of an earlier pass may still read the
+    /// place), the stores, a fence for the async proxy, a barrier.
+    pub(in crate::lower) fn make_resident(&mut self, v: Value) -> Result<()> {
+        if let Some(&off) = self.pipe.mma_resident.get(&v) {
+            // Padded rows for `ldmatrix` (`dot::resident`).
+            let base = self.smem_at(0)?;
+            self.barrier()?;
+            self.stage_a(base, off, v)?;
+            return self.barrier();
+        }
+        let Some(at) = self.resident_ptr(v)? else { return Ok(()) };
+        let ty = self.f.ty(v).clone();
+        let lv = self.layout(&ty);
+        let regs = self.regs(v)?;
+        self.barrier()?;
+        self.stage_atoms(at, &lv, &regs, ty.shape[0], ty.shape[1], ty.dtype())?;
+        self.fence_proxy_async()?;
+        self.barrier()
+    }
+
+    /// Lowers the slice instructions `insts` with the induction variable
+    /// `iv_arg` bound to `iv`, every load in them masked by `valid`, and the
+    /// results of the loads in `fed` (with their registers) taken as given
+    /// instead of loaded; then runs `read` on the slice's values and restores
+    /// the body's bindings.
+    fn with_slice<R>(
+        &mut self,
+        insts: &[Inst],
+        (iv_arg, iv): (Value, BasicValueEnum<'ctx>),
+        valid: IntValue<'ctx>,
+        fed: &[(Inst, Regs<'ctx>)],
+        read: impl FnOnce(&mut Self) -> Result<R>,
+    ) -> Result<R> {
+        let saved: Vec<(Value, Option<Regs<'ctx>>)> = std::iter::once(iv_arg)
+            .chain(insts.iter().flat_map(|&i| self.f.insts[i].results.iter().copied()))
+            .map(|v| (v, self.vals.get(&v).cloned()))
+            .collect();
+        self.vals.insert(iv_arg, vec![iv]);
+        for (i, regs) in fed {
+            self.vals.insert(self.f.insts[*i].results[0], regs.clone());
+        }
+        let outer = self.extra_pred.replace(valid);
+        let mut res = Ok(());
+        for &i in insts {
+            if fed.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            let op = self.f.insts[i].op.clone();
+            res = self.lower_op(i, op);
+            if res.is_err() {
+                break;
+            }
+        }
+        self.extra_pred = outer;
+        let out = match res {
+            Ok(()) => read(self),
+            Err(e) => Err(e),
+        };
+        for (v, old) in saved {
+            match old {
+                Some(r) => self.vals.insert(v, r),
+                None => self.vals.remove(&v),
+            };
+        }
+        out
+    }
+
+    /// The registers of the slice's loads (`feed`) for the iteration whose
+    /// induction variable is `iv`, masked off unless `valid`.
+    pub(in crate::lower) fn pipe_feed(
+        &mut self,
+        pl: &PipeLoop,
+        iv_arg: Value,
+        iv: BasicValueEnum<'ctx>,
+        valid: IntValue<'ctx>,
+    ) -> Result<Vec<Regs<'ctx>>> {
+        let feed = pl.feed.clone();
+        self.with_slice(&pl.feed_slice, (iv_arg, iv), valid, &[], |lw| {
+            feed.iter().map(|&i| lw.raw_regs(lw.f.insts[i].results[0])).collect()
+        })
+    }
+
+    /// Issues the copies of every load of loop `pl` for the iteration whose
+    /// induction variable is `iv` into stage `stage` (an i32), all under the
+    /// uniform predicate `valid`; then commits one group. `fed` holds the
+    /// slice's load results for that iteration when they were loaded ahead
+    /// ([`Lowerer::pipe_feed`]); otherwise they are loaded here. With
+    /// `release` (loops whose stages are handed back by mbarriers, see
+    /// [`PipeLoop::released`]) the TMA leader first waits for that phase
+    /// parity of the stage's release mbarrier.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::lower) fn pipe_issue(
+        &mut self,
+        pl: &PipeLoop,
+        iv_arg: Value,
+        iv: BasicValueEnum<'ctx>,
+        valid: IntValue<'ctx>,
+        stage: IntValue<'ctx>,
+        fed: Option<&[Regs<'ctx>]>,
+        release: Option<IntValue<'ctx>>,
+    ) -> Result<()> {
+        let fed: Vec<(Inst, Regs<'ctx>)> = match fed {
+            Some(r) => pl.feed.iter().copied().zip(r.iter().cloned()).collect(),
+            None => Vec::new(),
+        };
+        let loads = pl.loads.clone();
+        let (addrs, coords) = self.with_slice(&pl.slice, (iv_arg, iv), valid, &fed, |lw| {
+            let mut addrs = Vec::with_capacity(loads.len());
+            let mut coords = Vec::new();
+            for ld in &loads {
+                if let Some(t) = &ld.tma {
+                    let r = lw.regs(t.row0)?[0].into_int_value();
+                    let c = lw.regs(t.col0)?[0].into_int_value();
+                    coords.push((r, c));
+                    continue;
+                }
+                let args = lw.f.insts[ld.load].args.to_vec();
+                let p = lw.regs(args[0])?;
+                let m = if args.len() > 1 { Some(lw.regs(args[1])?) } else { None };
+                addrs.push((p, m));
+            }
+            Ok((addrs, coords))
+        })?;
+        if !coords.is_empty() {
+            self.tma_issue(pl, stage, valid, &coords, release)?;
+        }
+        if !pl.cp_async() {
+            return Ok(());
+        }
+        let ring = self.ring_base()?;
+        for (ld, (p, m)) in pl.loads.iter().filter(|l| l.tma.is_none()).zip(addrs) {
+            let ty = self.f.ty(self.f.insts[ld.load].results[0]).clone();
+            let l = self.layout(&ty);
+            let base = self.thread_base(&l)?;
+            let off = self.b.build_int_mul(stage, self.i32c(ld.stage_bytes as i64), "")?;
+            let off = self.b.build_int_add(off, self.i32c(ld.ring_off as i64), "")?;
+            let i8t = self.ctx.i8_type();
+            // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
+            let stage_ptr = unsafe { self.b.build_in_bounds_gep(i8t, ring, &[off], "")? };
+            let bytes = ld.width * 2;
+            // 16-byte copies are inline PTX ([`Self::cp_async_16`]); narrower
+            // ones (which must go through L1, `.ca`) use LLVM's intrinsics.
+            let (name, sized) = match (bytes, m.is_some()) {
+                (8, false) => ("llvm.nvvm.cp.async.ca.shared.global.8", false),
+                (8, true) => ("llvm.nvvm.cp.async.ca.shared.global.8.s", true),
+                (_, false) => ("llvm.nvvm.cp.async.ca.shared.global.4", false),
+                (_, true) => ("llvm.nvvm.cp.async.ca.shared.global.4.s", true),
+            };
+            let et = self.mem_ty(ty.dtype());
+            let nbytes = self.i32c(bytes as i64);
+            let zero = self.i32c(0);
+            let mut copies = Vec::with_capacity(p.len() / ld.width);
+            for s0 in (0..p.len()).step_by(ld.width) {
+                let idx = if ld.atoms {
+                    self.atom_index(&l, base, s0, ld.rows, ld.cols)?
+                } else {
+                    self.chunk_index(&l, base, s0, ld.cols, swizzled(ld.cols))?
+                };
+                let dst = self.smem_elem(stage_ptr, 0, et, idx)?;
+                let size = match &m {
+                    Some(m) => {
+                        Some(self.b.build_select(m[s0].into_int_value(), nbytes, zero, "")?.into_int_value())
+                    }
+                    None => None,
+                };
+                copies.push((dst, p[s0], size));
+            }
+            // The load's `cache_modifier = ".ca"` keeps 16-byte copies in L1
+            // too (`cp.async.ca`); otherwise they bypass it (`.cg`).
+            let l1 = matches!(
+                self.f.insts[ld.load].op,
+                Op::Memory(MemoryOp::Load { cache: CacheModifier::Ca, .. })
+            );
+            self.if_then(valid, |lw| {
+                for (dst, src, size) in &copies {
+                    if bytes == 16 {
+                        lw.cp_async_16(*dst, *src, *size, l1)?;
+                        continue;
+                    }
+                    let mut a: Vec<BasicValueEnum<'ctx>> = vec![(*dst).into(), *src];
+                    if sized {
+                        a.push(size.unwrap_or(nbytes).into());
+                    }
+                    lw.call(name, None, &a)?;
+                }
+                Ok(())
+            })?;
+        }
+        self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
+        Ok(())
+    }
+
+    /// One 16-byte `cp.async` from global `src` to shared `dst` (through L2
+    /// only, `.cg`, or also allocating in L1 with `l1`, `.ca`), zero-filling
+    /// past the source size `size` when there is one, with CUTLASS's
+    /// `.L2::128B` prefetch-size hint: a miss fetches the whole 128-byte line
+    /// from DRAM at once (decode attention measured 1.5-2% faster on H100;
+    /// matmul and FlashAttention unchanged). LLVM's intrinsic has no hint, so
+    /// this is inline PTX.
+    fn cp_async_16(
+        &mut self,
+        dst: PointerValue<'ctx>,
+        src: BasicValueEnum<'ctx>,
+        size: Option<IntValue<'ctx>>,
+        l1: bool,
+    ) -> Result<()> {
+        let d = self.b.build_ptr_to_int(dst, self.ctx.i32_type(), "")?;
+        let s = self.b.build_ptr_to_int(src.into_pointer_value(), self.ctx.i64_type(), "")?;
+        let mode = if l1 { "ca" } else { "cg" };
+        match size {
+            Some(z) => self.asm(
+                &format!("cp.async.{mode}.shared.global.L2::128B [$0], [$1], 16, $2;"),
+                "r,l,r,~{memory}",
+                None,
+                &[d.into(), s.into(), z.into()],
+            )?,
+            None => self.asm(
+                &format!("cp.async.{mode}.shared.global.L2::128B [$0], [$1], 16;"),
+                "r,l,~{memory}",
+                None,
+                &[d.into(), s.into()],
+            )?,
+        };
+        Ok(())
+    }
+
+    /// The element index in a stage of 128-byte swizzle atoms of the chunk
+    /// of register `slot` of `l` (a `[rows, cols]` tile; see [`atom_index`]).
+    pub(in crate::lower) fn atom_index(
+        &self,
+        l: &Layout,
+        base: IntValue<'ctx>,
+        slot: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<IntValue<'ctx>> {
+        let lin = self.linear_index(l, base, slot)?;
+        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        let col = self.b.build_and(lin, self.i32c(cols as i64 - 1), "")?;
+        // ((col / 64) * rows + row) * 64 + ((col mod 64) ^ 8 (row mod 8))
+        let atom = self.b.build_right_shift(col, self.i32c(6), false, "")?;
+        let r = self.b.build_int_add(self.b.build_int_mul(atom, self.i32c(rows as i64), "")?, row, "")?;
+        let r = self.b.build_left_shift(r, self.i32c(6), "")?;
+        let phase = self.b.build_left_shift(self.b.build_and(row, self.i32c(7), "")?, self.i32c(3), "")?;
+        let within = self.b.build_xor(self.b.build_and(col, self.i32c(63), "")?, phase, "")?;
+        Ok(self.b.build_or(r, within, "")?)
+    }
+
+    /// `fence.proxy.async.shared::cta`: this thread's shared-memory writes
+    /// (its landed copies) become visible to the async proxy (`wgmma`).
+    pub(in crate::lower) fn fence_proxy_async(&mut self) -> Result<()> {
+        self.asm("fence.proxy.async.shared::cta;", "~{memory}", None, &[])?;
+        Ok(())
+    }
+
+    /// `cp.async.wait_group n`.
+    pub(in crate::lower) fn pipe_wait(&mut self, n: usize) -> Result<()> {
+        self.call("llvm.nvvm.cp.async.wait.group", None, &[self.i32c(n as i64).into()])?;
+        Ok(())
+    }
+
+    /// The shared-memory stage pointer of a pipelined load in the current
+    /// iteration, when `(dot, operand)` reads one,
+    /// and whether that stage is XOR-swizzled ([`swizzled`]) rather than padded.
+    pub(in crate::lower) fn pipe_operand(
+        &mut self,
+        dot: Inst,
+        operand: usize,
+    ) -> Result<Option<(PointerValue<'ctx>, Rows)>> {
+        let Some(&ld) = self.pipe.by_dot.get(&(dot, operand)) else { return Ok(None) };
+        let cols = self.f.ty(self.f.insts[ld].results[0]).shape[1];
+        let aligned = self
+            .pipe_stage
+            .get(&ld)
+            .is_some_and(|&(_, off, bytes)| off.is_multiple_of(1024) && bytes.is_multiple_of(1024));
+        let rows = match (swizzled(cols), aligned) {
+            (false, _) => Rows::Padded,
+            (true, false) => Rows::Swizzled,
+            (true, true) => Rows::SwizzledAligned,
+        };
+        Ok(self.stage_ptr(ld)?.map(|p| (p, rows)))
+    }
+
+    /// The current iteration's stage of the ring keyed `key` in `pipe_stage`:
+    /// a pipelined load's, or the one a staged `dot` writes its computed
+    /// `a` operand into ([`PipeLoop::a_stages`]).
+    pub(in crate::lower) fn stage_ptr(&mut self, key: Inst) -> Result<Option<PointerValue<'ctx>>> {
+        let Some(&(stage, ring_off, stage_bytes)) = self.pipe_stage.get(&key) else { return Ok(None) };
+        let ring = self.ring_base()?;
+        let off = self.b.build_int_mul(stage, self.i32c(stage_bytes as i64), "")?;
+        let off = self.b.build_int_add(off, self.i32c(ring_off as i64), "")?;
+        // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
+        Ok(Some(unsafe { self.b.build_in_bounds_gep(self.ctx.i8_type(), ring, &[off], "")? }))
+    }
+
+    /// `a < b` for the loop bound comparison (signed or unsigned).
+    pub(in crate::lower) fn iv_less(
+        &self,
+        signed: bool,
+        a: IntValue<'ctx>,
+        b: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        let pred = if signed { IntPredicate::SLT } else { IntPredicate::ULT };
+        Ok(self.b.build_int_compare(pred, a, b, "")?)
+    }
+}
