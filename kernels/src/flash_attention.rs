@@ -277,29 +277,25 @@ pub fn flash_attention<T: Float>(
         // the codegen copies with TMA on sm_90a; otherwise plain loads at
         // the block's row plus offsets fixed for the whole loop (no per-key
         // lookup, no masks).
-        if PAGE % BLOCK_N == 0 && BOXES {
+        if PAGE % BLOCK_N == 0 {
             let kv_cols = (H_KV * HEAD_DIM) as i32;
             let kv_rows = i32::MAX / kv_cols;
             let col0 = kvh * HEAD_DIM;
-            for n0 in range(0, lo, BLOCK_N) {
-                let page = load(table + (n0 >> page_shift));
-                let row0 = (page << page_shift) + (n0 & page_mask);
-                let k = load_block(k_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM]);
-                let s = dot(q, trans(k));
-                let v = load_block(v_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM]);
-                let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
-                m_i = m_new;
-                l_i = l_new;
-                acc = acc_new;
-            }
-        } else if PAGE % BLOCK_N == 0 {
             let offs = keys2 * (H_KV * HEAD_DIM) + head2;
             for n0 in range(0, lo, BLOCK_N) {
                 let page = load(table + (n0 >> page_shift));
-                let row0 = ((page << page_shift) + (n0 & page_mask)) * (H_KV * HEAD_DIM);
-                let k = load(k_cache_ptr + row0 + offs);
+                let row0 = (page << page_shift) + (n0 & page_mask);
+                let k = if BOXES {
+                    load_block(k_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM])
+                } else {
+                    load(k_cache_ptr + row0 * kv_cols + offs)
+                };
                 let s = dot(q, trans(k));
-                let v = load(v_cache_ptr + row0 + offs);
+                let v = if BOXES {
+                    load_block(v_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM])
+                } else {
+                    load(v_cache_ptr + row0 * kv_cols + offs)
+                };
                 let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
                 m_i = m_new;
                 l_i = l_new;
