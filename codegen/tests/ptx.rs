@@ -469,6 +469,29 @@ fn flash_attention_paged_tma() {
 /// assembled),
 /// specialized as the runtime launches it (aligned pointers, sizes and
 /// strides divisible by 16). The PTX must use `mma.sync` fed by `ldmatrix`.
+/// The K loop of an `mma.sync` GEMM is one basic block: after the barrier
+/// its `mma`s, then the copies of a later iteration (zero-filled past the
+/// end instead of branched around) and their commit, then the back edge
+/// (`pipeline::PendingIssue`).
+fn copies_follow_mmas(ptx: &str) {
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let first_mma = lines.iter().position(|l| l.starts_with("mma.sync")).expect("no mma");
+    let last_mma = lines.iter().rposition(|l| l.starts_with("mma.sync")).unwrap();
+    let head = lines[..first_mma].iter().rposition(|l| l.starts_with("$L__")).expect("no loop label");
+    let commit =
+        first_mma + lines[first_mma..].iter().position(|l| l.starts_with("cp.async.commit_group")).unwrap();
+    let body = &lines[head..=commit];
+    assert!(!body[1..].iter().any(|l| l.starts_with("$L__") || l.contains("bra")), "branch in the loop body");
+    let copies: Vec<usize> = (head..commit).filter(|&i| lines[i].starts_with("cp.async.cg")).collect();
+    assert!(!copies.is_empty() && copies[0] > last_mma, "copies {copies:?} before the last mma {last_mma}");
+    assert!(
+        lines[commit + 1..]
+            .iter()
+            .take(8)
+            .any(|l| l.contains("bra") && l.contains(lines[head].trim_end_matches(':')))
+    );
+}
+
 #[test]
 fn matmul_bf16() {
     use ::kernels::matmul::{CONFIGS, half_matmul as k};
@@ -513,6 +536,7 @@ fn matmul_bf16() {
         assert!(c.shared_bytes >= ring, "{} < {ring}", c.shared_bytes);
         let report = assemble(&c.ptx, "sm_80", &format!("matmul_bf16_pipelined_{stages}"));
         assert_eq!(spill_bytes(&report), 0, "{}", report.join("\n"));
+        copies_follow_mmas(&c.ptx);
     }
     // sm_90a: the default tile's K loop runs on `wgmma` (4 k steps of the
     // 64-deep tile per warpgroup), reading the rings in place; from 4 stages

@@ -13,7 +13,7 @@
 //! compares signed, unsigned types compare unsigned.
 
 use super::layouts::a_from_regs;
-use super::pipeline::PipeLoop;
+use super::pipeline::{PendingIssue, PipeLoop};
 use super::{Lowerer, Regs};
 use crate::Result;
 use crate::mma::Lay;
@@ -139,7 +139,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let back = self.b.build_int_sub(t, self.i32c(s as i64), "")?;
                 self.b.build_select(wrap, back, t, "")?.into_int_value()
             };
-            self.pipe_issue(pl, sh.iv_arg, ivn.into(), valid, ws, Some(&it.fed), release)?;
+            // An `mma.sync` loop of one `dot` (a GEMM's) leaves the copies
+            // to follow its `mma`s (`pipeline::PendingIssue`).
+            let body = self.f.entry(sh.body);
+            let mut dots = self.f.blocks[body].insts.iter().filter(|i| self.mma.dots.contains_key(i));
+            let only_dot = match (dots.next(), dots.next()) {
+                (Some(&d), None) => Some(d),
+                _ => None,
+            };
+            let defer = !pl.wgmma && release.is_none() && pl.loads.iter().all(|l| l.tma.is_none());
+            if let (true, Some(after)) = (defer, only_dot) {
+                self.pipe_pending = Some(PendingIssue {
+                    pl: pl.clone(),
+                    after,
+                    iv_arg: sh.iv_arg,
+                    iv: ivn.into(),
+                    valid,
+                    stage: ws,
+                    fed: it.fed.clone(),
+                });
+            } else {
+                self.pipe_issue(pl, sh.iv_arg, ivn.into(), valid, ws, Some(&it.fed), release, false)?;
+            }
             // The slice's loads one iteration further ahead.
             let ivf = self.b.build_int_add(ivn, step, "")?;
             let vf = self.iv_less(signed, ivf, ub)?;
@@ -161,6 +182,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let mut bargs = vec![vec![ivv.into()]];
         bargs.extend(it.carried);
         let carried = self.lower_region_as(sh.body, &bargs, lays)?;
+        // No `dot` took the deferred copies (it sat in a nested region).
+        self.pipe_flush()?;
         if let (Some(pl), Some(rs)) = (sh.pipe, it.stage)
             && pl.released
         {
@@ -248,7 +271,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     for j in 0..pl.ahead {
                         let ivj = at(self, j)?;
                         let valid = self.iv_less(signed, ivj, ub)?;
-                        self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None, None)?;
+                        self.pipe_issue(
+                            pl,
+                            iv_arg,
+                            ivj.into(),
+                            valid,
+                            self.i32c(j as i64),
+                            None,
+                            None,
+                            false,
+                        )?;
                     }
                     // The slice's loads of the first iteration the loop copies for.
                     let ivf = at(self, pl.ahead)?;

@@ -91,6 +91,9 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     /// whose computed `a` it stages, `PipeLoop::a_stages`): the stage its
     /// `dot` reads this iteration (i32), its ring offset and stage bytes.
     pub pipe_stage: FxHashMap<Inst, (IntValue<'ctx>, u64, u64)>,
+    /// The copies of a later iteration that a pipelined loop's iteration
+    /// leaves to follow its only tensor-core `dot` (`pipeline::PendingIssue`).
+    pub pipe_pending: Option<pipeline::PendingIssue<'ctx>>,
     /// An extra uniform predicate ANDed into every load's mask (the
     /// pipeline's prefetch of an iteration that may not exist).
     pub extra_pred: Option<IntValue<'ctx>>,
@@ -247,6 +250,7 @@ pub(crate) fn lower_function<'ctx>(
         in_pipeline: 0,
         pipe,
         pipe_stage: FxHashMap::default(),
+        pipe_pending: None,
         extra_pred: None,
         mma,
         lays: layouts::Assignment::default(),

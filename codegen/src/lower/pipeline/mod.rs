@@ -18,6 +18,10 @@
 //! exit:      wait_group 0; barrier
 //! ```
 //!
+//! An `mma.sync` loop whose body has one tensor-core `dot` (a GEMM's) issues
+//! the copies after that `dot`'s `mma`s instead, branch-free
+//! ([`PendingIssue`]).
+//!
 //! The barrier after the wait makes every thread's copies visible and
 //! guarantees that every thread finished reading the stage about to be
 //! overwritten (it was read one iteration earlier). One group is committed
@@ -93,6 +97,8 @@ use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 mod emit;
+
+pub(crate) use emit::PendingIssue;
 
 /// One pipelined load.
 #[derive(Clone, Debug)]
