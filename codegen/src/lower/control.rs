@@ -139,19 +139,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let back = self.b.build_int_sub(t, self.i32c(s as i64), "")?;
                 self.b.build_select(wrap, back, t, "")?.into_int_value()
             };
-            // An `mma.sync` loop of one `dot` (a GEMM's) leaves the copies
-            // to follow its `mma`s (`pipeline::PendingIssue`).
-            let body = self.f.entry(sh.body);
-            let mut dots = self.f.blocks[body].insts.iter().filter(|i| self.mma.dots.contains_key(i));
-            let only_dot = match (dots.next(), dots.next()) {
-                (Some(&d), None) => Some(d),
-                _ => None,
-            };
-            let defer = !pl.wgmma && release.is_none() && pl.loads.iter().all(|l| l.tma.is_none());
-            if let (true, Some(after)) = (defer, only_dot) {
+            // An `mma.sync` GEMM's loop leaves the copies to follow its
+            // `dot`'s `mma`s (`pipeline::PendingIssue`).
+            if pl.issue_after.is_some() {
                 self.pipe_pending = Some(PendingIssue {
                     pl: pl.clone(),
-                    after,
                     iv_arg: sh.iv_arg,
                     iv: ivn.into(),
                     valid,
@@ -182,7 +174,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let mut bargs = vec![vec![ivv.into()]];
         bargs.extend(it.carried);
         let carried = self.lower_region_as(sh.body, &bargs, lays)?;
-        // No `dot` took the deferred copies (it sat in a nested region).
+        // The `dot` normally issued the deferred copies; this is a no-op then.
         self.pipe_flush()?;
         if let (Some(pl), Some(rs)) = (sh.pipe, it.stage)
             && pl.released

@@ -103,7 +103,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.mma_loop(b_mem, b_at, &afr, &l, k, d, b_src.is_some(), b_sw, &mut acc)?;
         // The copies of a later iteration that the loop deferred to this
         // `dot` (`pipeline::PendingIssue`) follow its `mma`s.
-        if self.pipe_pending.as_ref().is_some_and(|p| p.after == inst) {
+        if self.pipe_pending.as_ref().is_some_and(|p| p.pl.issue_after == Some(inst)) {
             self.pipe_flush()?;
         }
         self.set(res, acc);

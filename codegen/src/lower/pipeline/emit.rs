@@ -20,10 +20,8 @@ use super::*;
 /// `dot`s are left alone: their loops spill more when the copies'
 /// addresses stay live across a product.
 pub(crate) struct PendingIssue<'ctx> {
+    /// The loop; the copies follow the `mma`s of its `issue_after`.
     pub pl: PipeLoop,
-    /// The `dot` after whose `mma`s the copies go: the body's only
-    /// tensor-core `dot` (directly in its block).
-    pub after: Inst,
     pub iv_arg: Value,
     pub iv: BasicValueEnum<'ctx>,
     pub valid: IntValue<'ctx>,
@@ -227,7 +225,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.f.insts[ld.load].op,
                 Op::Memory(MemoryOp::Load { cache: CacheModifier::Ca, .. })
             );
-            let sized = sized || fold;
             let emit = |lw: &mut Self| {
                 for (dst, src, size) in &copies {
                     if bytes == 16 {

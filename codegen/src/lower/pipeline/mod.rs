@@ -13,14 +13,11 @@
 //! prologue:  for j in 0..S-1: copy the tiles of iteration lb + j*step (if < ub); commit
 //! body i:    wait until the group of iteration i landed (wait_group S-2); barrier
 //!            copy the tiles of iteration i + S-1 (if < ub) into the stage read
-//!            in iteration i-1; commit
+//!            in iteration i-1; commit (an `mma.sync` GEMM: after its `dot`'s
+//!            `mma`s instead, branch-free, see `PendingIssue`)
 //!            ... the body; its dots read stage i mod S instead of staging ...
 //! exit:      wait_group 0; barrier
 //! ```
-//!
-//! An `mma.sync` loop whose body has one tensor-core `dot` (a GEMM's) issues
-//! the copies after that `dot`'s `mma`s instead, branch-free
-//! ([`PendingIssue`]).
 //!
 //! The barrier after the wait makes every thread's copies visible and
 //! guarantees that every thread finished reading the stage about to be
@@ -188,6 +185,10 @@ pub(crate) struct PipeLoop {
     /// unrolling its stream-K form, whose loads precede the product, lost
     /// 48.3 -> 51.2 us at M 256 x N 4096.)
     pub unroll: bool,
+    /// The body's only tensor-core `dot` when the loop is an `mma.sync` GEMM's
+    /// (no `wgmma`, every load a `cp.async` copy): each iteration issues its
+    /// copies right after that `dot`'s `mma`s ([`PendingIssue`]).
+    pub issue_after: Option<Inst>,
 }
 
 /// The staging ring of a computed `wgmma` `a` operand ([`PipeLoop::a_stages`]).
@@ -492,6 +493,9 @@ pub(crate) fn analyze(
         let feed_slice = ordered.iter().copied().filter(|i| feed_set.contains(i)).collect();
         let staged: Vec<Inst> = a_stages.iter().map(|a| a.dot).collect();
         let unroll = yields_loads_after(f, body, &staged);
+        let mut dots = plan.dots.keys().copied().filter(|&d| f.insts[d].parent == Some(body));
+        let only = dots.next().filter(|_| dots.next().is_none());
+        let issue_after = only.filter(|_| !wgmma && loads.iter().all(|l| l.tma.is_none()));
         let pl = PipeLoop {
             stages,
             loads,
@@ -504,6 +508,7 @@ pub(crate) fn analyze(
             released,
             a_stages,
             unroll,
+            issue_after,
         };
         p.loops.insert(fi, pl);
     }
