@@ -492,6 +492,58 @@ fn copies_follow_mmas(ptx: &str) {
     );
 }
 
+/// A loop that carries `l = l * alpha + sum(s, 1)` over the rows of a
+/// `[128, n]` product (4 warps, all along `M`), optionally also adding `l`
+/// once more (a second use of `l` in the body).
+fn row_sum_kernel(n: usize, reuse: bool) -> Result<Function> {
+    KernelBuilder::new("row_sums").build(|| {
+        let hint = ParamHints { divisibility: Some(16) };
+        let a_ptr = param_with_hints("a_ptr", Type::ptr(DType::BF16), hint.clone());
+        let b_ptr = param_with_hints("b_ptr", Type::ptr(DType::BF16), hint.clone());
+        let alpha_ptr = param_with_hints("alpha_ptr", Type::ptr(DType::F32), hint);
+        let o_ptr = param_ptr("o_ptr", DType::F32);
+        let steps = param_scalar("steps", DType::I32);
+        let ni = n as i32;
+        let rows = arange(0, 128);
+        let a = load(a_ptr + expand_dims(rows, 1) * 32 + expand_dims(arange(0, 32), 0), None, None);
+        let b_offs = expand_dims(arange(0, 32), 1) * ni + expand_dims(arange(0, ni), 0);
+        let l = zeros(&[128], DType::F32);
+        let l = for_range(0, steps, 1, &[l], |i, carried| {
+            let b = load(b_ptr + b_offs + i * (32 * ni), None, None);
+            let s = dot(a, b, None);
+            let alpha = load(alpha_ptr + rows + i * 128, None, None);
+            let next = carried[0] * alpha + sum(s, 1);
+            vec![if reuse { next + carried[0] } else { next }]
+        })[0];
+        store(o_ptr + rows, l, None);
+    })
+}
+
+/// Row sums a loop carries stay per-lane partial sums (`lower/partial.rs`):
+/// with 64 columns per warp the loop body has no shuffle, and the two
+/// butterfly steps per row register run once after the loop; a second
+/// use of `l` in the body, or a 32-column warp tile, keeps the full
+/// reduction (its shuffles) in every iteration.
+#[test]
+fn row_sums_stay_partial() {
+    let shuffles = |n: usize, reuse: bool| {
+        let f = row_sum_kernel(n, reuse).unwrap();
+        let ptx = compile(&f, &options(Target::Sm80, 4, STAGES)).unwrap().ptx;
+        assert!(ptx.contains("mma.sync"), "n {n}: no mma");
+        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        let first_mma = lines.iter().position(|l| l.starts_with("mma.sync")).unwrap();
+        let head = lines[..first_mma].iter().rposition(|l| l.starts_with("$L__")).expect("no loop label");
+        let label = lines[head].trim_end_matches(':');
+        let back = head + lines[head..].iter().position(|l| l.contains("bra") && l.contains(label)).unwrap();
+        let count = |ls: &[&str]| ls.iter().filter(|l| l.starts_with("shfl.sync.bfly")).count();
+        (count(&lines[head..=back]), count(&lines[back..]))
+    };
+    // 32 rows per warp: two m tiles, 4 row registers, 2 shuffles each.
+    assert_eq!(shuffles(64, false), (0, 8));
+    assert_eq!(shuffles(64, true).0, 8);
+    assert_eq!(shuffles(32, false).0, 8);
+}
+
 #[test]
 fn matmul_bf16() {
     use ::kernels::matmul::{CONFIGS, half_matmul as k};

@@ -220,6 +220,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                     _ => None,
                 };
+                // Carried row sums enter as per-lane partials (`partial.rs`).
+                let partial = self.partials.carried.get(&inst).cloned().unwrap_or_default();
+                for &k in &partial {
+                    init[k] = self.quad_partials(&init[k])?;
+                }
                 // Loop-invariant `dot` operands become A fragments here
                 // (unless they are in registers already or reside in shared
                 // memory, `Pipeline::resident`).
@@ -352,6 +357,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                     None => Self::phi_values(&phis),
                 };
+                for &k in &partial {
+                    outs[k] = self.quad_sum(&outs[k])?;
+                }
                 // Deferred `wgmma` groups (`pipeline/`) finish before their
                 // accumulators are read and before the ring is handed over.
                 let body_block = self.f.entry(regions[0]);

@@ -141,7 +141,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// `shfl.sync.bfly` of any register type (split into 32-bit pieces).
-    fn shfl_xor(&self, v: BasicValueEnum<'ctx>, off: u32) -> Result<BasicValueEnum<'ctx>> {
+    pub(super) fn shfl_xor(&self, v: BasicValueEnum<'ctx>, off: u32) -> Result<BasicValueEnum<'ctx>> {
         let i32t = self.ctx.i32_type();
         let shfl = |x: BasicValueEnum<'ctx>, f32: bool| -> Result<BasicValueEnum<'ctx>> {
             let (name, ty): (&str, BasicTypeEnum<'ctx>) = if f32 {
@@ -331,8 +331,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// column order; the four lanes of a quad (the columns `2t, 2t + 1` of
     /// each 8-column tile) combine with shuffles; with several warps along
     /// `N`, one value per (warp, row) goes through shared memory and every
-    /// thread folds the warps' values in order.
-    fn reduce_mma_rows(&mut self, c: Comb, d: DType, l: &MmaLayout, x: &Regs<'ctx>) -> Result<Regs<'ctx>> {
+    /// thread folds the warps' values in order. A `partial` sum (one warp
+    /// along `N`, `partial.rs`) stops after each lane's fold.
+    fn reduce_mma_rows(
+        &mut self,
+        c: Comb,
+        d: DType,
+        l: &MmaLayout,
+        x: &Regs<'ctx>,
+        partial: bool,
+    ) -> Result<Regs<'ctx>> {
         let (tm, tn) = (l.tiles_m(), l.tiles_n());
         let mut partials = Vec::with_capacity(2 * tm);
         for i in 0..tm {
@@ -344,7 +352,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                 }
                 let p = self.tree_fold(c, d, items)?;
-                partials.push(self.butterfly(c, d, p, 4)?);
+                partials.push(if partial { p } else { self.butterfly(c, d, p, 4)? });
             }
         }
         if l.warps_n > 1 {
@@ -518,7 +526,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let results = self.f.insts[inst].results.to_vec();
         if let (Lay::Mma(ml), Lay::Row(_)) = (self.lays.lay(args[0]), self.lays.lay(results[0])) {
             let x = self.raw_regs(args[0])?;
-            let out = self.reduce_mma_rows(c, d, &ml, &x)?;
+            let partial = self.partials.sums.contains(&inst);
+            let out = self.reduce_mma_rows(c, d, &ml, &x, partial)?;
             self.set(results[0], out);
             return Ok(());
         }

@@ -255,6 +255,18 @@ impl Function {
         go(self, self.body, &mut f);
     }
 
+    /// The users of every value: the reachable instructions that take it as
+    /// an operand, in [`Function::walk`] order, once per operand slot.
+    pub fn users(&self) -> rustc_hash::FxHashMap<Value, Vec<Inst>> {
+        let mut users: rustc_hash::FxHashMap<Value, Vec<Inst>> = rustc_hash::FxHashMap::default();
+        self.walk(|i| {
+            for &a in &self.insts[i].args {
+                users.entry(a).or_default().push(i);
+            }
+        });
+        users
+    }
+
     /// Replaces every use of `from` with `to` in all reachable instructions.
     pub fn replace_all_uses(&mut self, from: Value, to: Value) {
         let mut all = Vec::new();

@@ -26,7 +26,6 @@ use crate::mma::ROW_PAD;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
 use dsl_core::ir::{Inst, Op, Value};
-use rustc_hash::FxHashMap;
 
 /// Estimated registers per thread of a loop above which its hoisted `a`
 /// operands reside in shared memory (see the module documentation). On
@@ -39,12 +38,7 @@ pub(crate) const RESIDENT_REGS: usize = 160;
 /// Adds to `pipe` the loop-invariant A operands of `mma.sync` products that
 /// reside in shared memory (see the module documentation).
 pub(crate) fn plan(f: &Function, mma: &MmaPlan, pipe: &mut Pipeline, threads: usize) {
-    let mut users: FxHashMap<Value, Vec<Inst>> = FxHashMap::default();
-    f.walk(|i| {
-        for &a in &f.insts[i].args {
-            users.entry(a).or_default().push(i);
-        }
-    });
+    let users = f.users();
     let mut loops: Vec<(&Inst, &Vec<_>)> = mma.hoisted.iter().collect();
     loops.sort_by_key(|(i, _)| **i);
     for (&fi, hoisted) in loops {

@@ -290,12 +290,9 @@ pub(crate) fn analyze(
     if stages < 2 {
         return p;
     }
-    let mut users: FxHashMap<Value, Vec<Inst>> = FxHashMap::default();
+    let users = f.users();
     let mut fors = Vec::new();
     f.walk(|i| {
-        for &a in &f.insts[i].args {
-            users.entry(a).or_default().push(i);
-        }
         if matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
             fors.push(i);
         }
