@@ -19,7 +19,7 @@
 //!   first lane, zero in the other three ([`Lowerer::quad_partials`]);
 //! - `s` stops after each lane's fold (`reduce.rs`, no shuffles);
 //! - the loop's result adds the quad's partials with the same two
-//!   shuffles, once ([`Lowerer::quad_sum`]).
+//!   shuffles, once (`Lowerer::quad_sum`, the full reduction's butterfly).
 //!
 //! Invariant: a partial value is never read outside that chain (the use
 //! conditions above), so no other lowering sees one. The sum is
@@ -61,18 +61,15 @@ pub(crate) struct Partials {
 /// Finds the carried row sums of `f` that stay partial.
 pub(crate) fn plan(f: &Function, lays: &Assignment) -> Partials {
     let users = f.users();
-    let mut fors = Vec::new();
-    f.walk(|i| {
-        if matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
-            fors.push(i);
-        }
-    });
     let mut out = Partials::default();
-    for fi in fors {
+    f.walk(|fi| {
+        if !matches!(f.insts[fi].op, Op::Control(ControlOp::For)) {
+            return;
+        }
         let body = f.entry(f.insts[fi].regions[0]);
-        let Some(&y) = f.blocks[body].insts.last() else { continue };
+        let Some(&y) = f.blocks[body].insts.last() else { return };
         if !matches!(f.insts[y].op, Op::Control(ControlOp::Yield)) {
-            continue;
+            return;
         }
         for (k, &arg) in f.blocks[body].args.iter().skip(1).enumerate() {
             let Some(&next) = f.insts[y].args.get(k) else { continue };
@@ -81,7 +78,7 @@ pub(crate) fn plan(f: &Function, lays: &Assignment) -> Partials {
                 out.carried.entry(fi).or_default().push(k);
             }
         }
-    }
+    });
     out
 }
 
@@ -144,20 +141,5 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let first = self.b.build_int_compare(IntPredicate::EQ, q, self.i32c(0), "")?;
         let zero = self.ctx.f32_type().const_zero();
         regs.iter().map(|&v| Ok(self.b.build_select(first, v, zero.into(), "")?)).collect()
-    }
-
-    /// Partials added over the four lanes of each quad (the butterfly of a
-    /// full row sum).
-    pub(super) fn quad_sum(&self, regs: &[BasicValueEnum<'ctx>]) -> Result<Vec<BasicValueEnum<'ctx>>> {
-        let mut out = Vec::with_capacity(regs.len());
-        for &v in regs {
-            let mut acc = v.into_float_value();
-            for off in [1, 2] {
-                let other = self.shfl_xor(acc.into(), off)?.into_float_value();
-                acc = self.b.build_float_add(acc, other, "")?;
-            }
-            out.push(acc.into());
-        }
-        Ok(out)
     }
 }

@@ -141,7 +141,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// `shfl.sync.bfly` of any register type (split into 32-bit pieces).
-    pub(super) fn shfl_xor(&self, v: BasicValueEnum<'ctx>, off: u32) -> Result<BasicValueEnum<'ctx>> {
+    fn shfl_xor(&self, v: BasicValueEnum<'ctx>, off: u32) -> Result<BasicValueEnum<'ctx>> {
         let i32t = self.ctx.i32_type();
         let shfl = |x: BasicValueEnum<'ctx>, f32: bool| -> Result<BasicValueEnum<'ctx>> {
             let (name, ty): (&str, BasicTypeEnum<'ctx>) = if f32 {
@@ -214,6 +214,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             off *= 2;
         }
         Ok(acc)
+    }
+
+    /// `f32` row partials (`partial.rs`) added over the four lanes of each
+    /// quad: the butterfly that ends a full row sum of an accumulator tile.
+    pub(super) fn quad_sum(&mut self, regs: &[BasicValueEnum<'ctx>]) -> Result<Regs<'ctx>> {
+        regs.iter().map(|&v| Ok(self.butterfly(Comb::Sum, DType::F32, vec![v], 4)?[0])).collect()
     }
 
     /// The row-wise fast path: reduces a tile of `rows` rows of `cext`
