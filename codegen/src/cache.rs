@@ -33,10 +33,7 @@ impl PtxCache {
     /// A cache in `$TESSERA_CACHE_DIR`, else `~/.cache/tessera` (memory only
     /// when neither can be determined).
     pub fn new() -> PtxCache {
-        let dir = std::env::var_os("TESSERA_CACHE_DIR")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("tessera")));
-        PtxCache { dir, mem: Mutex::new(FxHashMap::default()) }
+        PtxCache { dir: default_dir(), mem: Mutex::new(FxHashMap::default()) }
     }
 
     /// A cache in `dir` (`None`: memory only).
@@ -110,22 +107,35 @@ impl PtxCache {
 
     fn write_disk(&self, key: &str, c: &Compiled) -> Result<()> {
         let Some(dir) = self.dir.as_ref() else { return Ok(()) };
-        std::fs::create_dir_all(dir)?;
-        let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, &c.ptx)?;
-        std::fs::rename(&tmp, dir.join(format!("{key}.ptx")))?;
+        write_entry(dir, &format!("{key}.ptx"), c.ptx.as_bytes())?;
         let mut meta = format!("{}\n{}\n{}\n", c.name, c.shared_bytes, c.num_warps);
         for m in &c.tensor_maps {
             meta.push_str(&m.to_line());
             meta.push('\n');
         }
-        std::fs::write(&tmp, meta)?;
-        std::fs::rename(&tmp, dir.join(format!("{key}.meta")))?;
-        Ok(())
+        write_entry(dir, &format!("{key}.meta"), meta.as_bytes())
     }
 }
 
+/// The default cache directory: `$TESSERA_CACHE_DIR`, else
+/// `~/.cache/tessera` (`None`: memory only).
+pub(crate) fn default_dir() -> Option<PathBuf> {
+    std::env::var_os("TESSERA_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("tessera")))
+}
+
+/// Writes `bytes` as the cache file `name` in `dir`: to a temporary file
+/// first, then renamed, so a reader never sees a partial entry.
+pub(crate) fn write_entry(dir: &std::path::Path, name: &str, bytes: &[u8]) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    Ok(())
+}
+
 /// A file-name-safe version of a kernel name.
-fn sanitize(s: &str) -> String {
+pub(crate) fn sanitize(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
 }

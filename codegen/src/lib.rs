@@ -17,6 +17,7 @@
 
 pub mod cache;
 mod fnv;
+pub mod host;
 pub mod layout;
 mod lower;
 pub mod mma;
@@ -98,8 +99,10 @@ pub struct Dumps {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Unsupported: the op (or one of its operand types) has no lowering yet.
-    #[error("{loc}: `{op}` is not supported by the GPU code generator: {why}")]
+    #[error("{loc}: `{op}` is not supported by the {target} code generator: {why}")]
     Unsupported {
+        /// Which code generator (`GPU` or `host`).
+        target: &'static str,
         /// The op mnemonic.
         op: String,
         /// The op's source location.
@@ -107,14 +110,27 @@ pub enum Error {
         /// What exactly is missing.
         why: String,
     },
+    /// User error: a compiled host kernel stopped at a runtime check (a
+    /// failed `device_assert`, a `for` step that is not positive).
+    #[error("{loc}: in `{op}`: program ({}, {}, {}): {message}", program[0], program[1], program[2])]
+    Kernel {
+        /// The op mnemonic.
+        op: String,
+        /// The op's source location.
+        loc: Location,
+        /// What went wrong.
+        message: String,
+        /// The first failing program's coordinates.
+        program: [u32; 3],
+    },
     /// User error: the function does not verify, or the options are invalid.
     #[error("invalid input: {0}")]
     Invalid(String),
     /// Bug: LLVM rejected what this crate built (or could not emit it).
     #[error("LLVM error (a code generator bug): {0}")]
     Llvm(String),
-    /// The PTX cache could not read or write its directory.
-    #[error("PTX cache I/O error: {0}")]
+    /// The compile cache could not read or write its directory.
+    #[error("compile cache I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
 

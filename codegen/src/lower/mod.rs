@@ -162,7 +162,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// An `Unsupported` error for `inst`.
     pub fn unsupported(&self, inst: Inst, why: impl Into<String>) -> Error {
         let d = &self.f.insts[inst];
-        Error::Unsupported { op: d.op.name().to_string(), loc: d.loc.clone(), why: why.into() }
+        Error::Unsupported { target: "GPU", op: d.op.name().to_string(), loc: d.loc.clone(), why: why.into() }
     }
 
     /// An internal error: the IR broke an invariant the verifier should have caught.

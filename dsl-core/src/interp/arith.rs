@@ -435,8 +435,9 @@ pub(crate) fn select(c: &Tile, a: &Tile, b: &Tile) -> Result<Tile, String> {
 
 /// The error function, to about 1e-15 relative error: a Taylor series with
 /// positive terms (no cancellation) below |x| = 3, the continued fraction of
-/// erfc above.
-pub(crate) fn erf(x: f64) -> f64 {
+/// erfc above. Public so that compiled host code calls this very function
+/// and computes the interpreter's values.
+pub fn erf(x: f64) -> f64 {
     if x.is_nan() {
         return x;
     }

@@ -58,6 +58,7 @@ mod tests_block;
 #[cfg(test)]
 mod tests_errors;
 
+pub use arith::erf;
 pub use buffer::{Arg, Buffer, Element};
 pub use launch::{Interpreter, Kernel};
 
