@@ -89,12 +89,13 @@ pub fn compile_with_dumps(
     compile_inner(f, target, symbol, true)
 }
 
-/// Which stages `DSL_DUMP` (comma-separated `ir`, `plan`, `llvm`, `asm`)
-/// asks for.
-fn dump_request() -> [bool; 4] {
+/// Which stages `DSL_DUMP` (comma-separated `ir`, `plan`, `llvm`, `asm`,
+/// `obj`) asks for; `obj` writes each object to the temporary directory
+/// and prints where its entry was linked (for profilers).
+fn dump_request() -> [bool; 5] {
     let v = std::env::var("DSL_DUMP").unwrap_or_default();
     let has = |k: &str| v.split(',').any(|s| s.trim() == k || s.trim() == "all");
-    [has("ir"), has("plan"), has("llvm"), has("asm")]
+    [has("ir"), has("plan"), has("llvm"), has("asm"), has("obj")]
 }
 
 fn compile_inner(
@@ -106,7 +107,7 @@ fn compile_inner(
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
-    let [env_ir, env_plan, env_llvm, env_asm] = dump_request();
+    let [env_ir, env_plan, env_llvm, env_asm, env_obj] = dump_request();
     let mut dumps = HostDumps::default();
     if want || env_ir {
         dumps.ir = dsl_core::print::print(&f);
@@ -154,6 +155,12 @@ fn compile_inner(
     let obj = tm
         .write_to_memory_buffer(&module, FileType::Object)
         .map_err(|e| Error::Llvm(format!("host object: {}", e.to_string())))?;
+    if env_obj {
+        let path = std::env::temp_dir().join(format!("{symbol}.o"));
+        if std::fs::write(&path, obj.as_slice()).is_ok() {
+            eprintln!("// ---- DSL_DUMP obj: {} -> {} ----", f.name, path.display());
+        }
+    }
     let object = HostObject {
         name: f.name.clone(),
         symbol: symbol.to_string(),

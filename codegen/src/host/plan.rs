@@ -14,7 +14,9 @@
 //!
 //! A tile computed by a pure op (or a load) is inline unless:
 //! - a user sits in another block (inside a loop or branch body): the tile
-//!   is computed once, before, instead of once per iteration;
+//!   is computed once, before, instead of once per iteration (constants,
+//!   splats and ranges excepted: they cost nothing where they are used, and
+//!   constants fold into their users);
 //! - it is a load and a store, an atomic or control flow containing one lies
 //!   between the load and a root it flows into (evaluated there, the load
 //!   could read memory written after it), or a volatile load;
@@ -165,9 +167,20 @@ fn plan_block(
             }
             let mut flow = Flow { cost: if expensive(&d.op) { EXPENSIVE } else { 1 }, ..Flow::default() };
             let mut array = matches!(d.op, Op::Memory(MemoryOp::Load { volatile: true, .. }));
+            // Constants, splats and ranges cost nothing to recompute, and
+            // recomputed constants fold: they are inline in nested blocks too.
+            let free = match d.op {
+                Op::Creation(_) => true,
+                // A pointer splat plus offsets: gathers take the scalar base
+                // and the offsets apart (see `lower/memory.rs`).
+                Op::Arith(ArithOp::AddPtr) => {
+                    f.def_inst(d.args[0]).is_some_and(|p| matches!(f.insts[p].op, Op::Creation(_)))
+                }
+                _ => false,
+            };
             for &u in users.get(&v).map(Vec::as_slice).unwrap_or(&[]) {
                 if f.insts[u].parent != Some(b) {
-                    array = true;
+                    array |= !free;
                     continue;
                 }
                 let ud = &f.insts[u];

@@ -11,9 +11,11 @@
 //! A `yield` computes every yielded tile into its slot. A yielded
 //! expression may read carried slots (a `for` body reads its own block
 //! arguments); it is written in place when it reads its own slot only at
-//! the element it writes and no other yielded expression reads that slot;
-//! otherwise it goes through a temporary array first, so every yielded
-//! value is computed from the iteration's values.
+//! the element it writes, after every other yielded expression that reads
+//! that slot (a software-pipelined loop's accumulator before the next
+//! iteration's loads); otherwise (or on a cycle of such reads) it goes
+//! through a temporary array first, so every yielded value is computed from
+//! the iteration's values.
 //!
 //! `for` runs while `iv < ub` (signed or unsigned by the induction
 //! variable's dtype) and stops when `iv + step` overflows, as the
@@ -107,32 +109,49 @@ impl<'ctx> Lower<'ctx, '_> {
             reads.push(r);
         }
         let mut scalars = Vec::new();
+        // Tiles written in place must come after every other yielded value
+        // that reads their slot; those that read their own slot elsewhere
+        // than at the element they write, or that sit on a cycle of such
+        // reads, go through temporaries (computed first, copied last).
+        let mut pending = Vec::new();
         let mut temps = Vec::new();
-        let mut in_place = Vec::new();
         for (k, (&y, s)) in ys.iter().zip(slots).enumerate() {
             match *s {
                 Slot::Scalar(p, _) => scalars.push((p, self.scalar(y)?)),
-                Slot::Tile(p, elem, n) => {
-                    if carried.get(&y) == Some(&k) {
-                        continue;
-                    }
-                    let own_ok = reads[k].iter().all(|&(j, same)| j != k || same);
-                    let others =
-                        reads.iter().enumerate().any(|(j, r)| j != k && r.iter().any(|&(s, _)| s == k));
-                    if own_ok && !others {
-                        in_place.push((y, p, elem, n));
+                Slot::Tile(..) if carried.get(&y) == Some(&k) => {}
+                Slot::Tile(..) => {
+                    if reads[k].iter().all(|&(j, same)| j != k || same) {
+                        pending.push(k);
                     } else {
-                        let t = self.alloc_array(elem, n)?;
-                        self.write_value(y, t, elem, n)?;
-                        temps.push((t, p, elem, n));
+                        temps.push(k);
                     }
                 }
             }
         }
-        for (y, p, elem, n) in in_place {
-            self.write_value(y, p, elem, n)?;
+        let mut order = Vec::new();
+        while !pending.is_empty() {
+            let ready = pending
+                .iter()
+                .position(|&k| !pending.iter().any(|&j| j != k && reads[j].iter().any(|&(s, _)| s == k)));
+            match ready {
+                Some(at) => order.push(pending.remove(at)),
+                None => temps.push(pending.remove(0)),
+            }
         }
-        for (t, p, elem, n) in temps {
+        let mut copies = Vec::new();
+        for &k in &temps {
+            if let Slot::Tile(p, elem, n) = slots[k] {
+                let t = self.alloc_array(elem, n)?;
+                self.write_value(ys[k], t, elem, n)?;
+                copies.push((t, p, elem, n));
+            }
+        }
+        for &k in &order {
+            if let Slot::Tile(p, elem, n) = slots[k] {
+                self.write_value(ys[k], p, elem, n)?;
+            }
+        }
+        for (t, p, elem, n) in copies {
             let size = u64::from(super::types::elem_size(elem)) * n as u64;
             let bytes = self.ctx.i64_type().const_int(size, false);
             self.b

@@ -76,6 +76,12 @@ enum Source<'ctx> {
     At(Idx<'ctx>),
     /// At one index for every lane (evaluate one lane, then splat).
     Uniform(IntValue<'ctx>),
+    /// At the `lanes / times` indices from `base`, each repeated `times`
+    /// times (a broadcast along trailing dimensions shorter than a strip).
+    Repeat { base: IntValue<'ctx>, times: u32 },
+    /// At the `period` indices from `base`, the strip repeating them (a
+    /// broadcast along leading dimensions of a source shorter than a strip).
+    Tile { base: IntValue<'ctx>, period: u32 },
 }
 
 impl<'ctx> Lower<'ctx, '_> {
@@ -96,11 +102,108 @@ impl<'ctx> Lower<'ctx, '_> {
                         return Err(Error::Llvm(format!("host lowering: block argument {v} is inline")));
                     }
                 };
-                self.eval_inst(i, k, idx)?
+                match self.uniform_base(v, idx) {
+                    // Equal over the strip: computed once, as a scalar.
+                    Some(base) => {
+                        let one = self.eval_inst(i, k, &Idx::affine(base, 1))?;
+                        self.splat(one, idx.lanes)?
+                    }
+                    None => self.eval_inst(i, k, idx)?,
+                }
             }
         };
         self.memo.insert(key, out);
         Ok(out)
+    }
+
+    /// The strip's first index when the axis analysis proves every element
+    /// of `v` in strip `idx` equal (runs of equal values along the last
+    /// dimension at least a strip long, the strip within one row).
+    pub(super) fn uniform_base(&self, v: Value, idx: &Idx<'ctx>) -> Option<IntValue<'ctx>> {
+        let IdxKind::Affine(base) = idx.kind else { return None };
+        let shape = &self.f.ty(v).shape;
+        let last = *shape.last()? as u64;
+        let lanes = u64::from(idx.lanes);
+        let k = self.axis.get(v).constancy.get(shape.len() - 1).copied().unwrap_or(1);
+        (lanes > 1 && lanes <= last && k >= lanes).then_some(base)
+    }
+
+    /// The run length `c` (`1 < c < lanes`) of equal addresses (and mask
+    /// values) along the last dimension of pointer tile `ptr` over strip
+    /// `idx`, when the axis analysis proves one.
+    fn repeats(&self, ptr: Value, mask: Option<Value>, idx: &Idx<'ctx>) -> Option<u32> {
+        let IdxKind::Affine(_) = idx.kind else { return None };
+        let shape = &self.f.ty(ptr).shape;
+        let last = *shape.last()? as u64;
+        let lanes = u64::from(idx.lanes);
+        let dim = shape.len() - 1;
+        let k = |v: Value| self.axis.get(v).constancy.get(dim).copied().unwrap_or(1);
+        let c = k(ptr).min(mask.map_or(u64::MAX, k));
+        (lanes <= last && c > 1 && c < lanes).then(|| 1u32 << c.ilog2())
+    }
+
+    /// For a pointer tile `p + off...` whose base `p` is equal over strip
+    /// `idx`: the base and the offsets (`addptr` operands, one pointee).
+    fn splits(&self, ptr: Value, idx: &Idx<'ctx>) -> Option<(Value, Vec<Value>)> {
+        let mut offs = Vec::new();
+        let mut p = ptr;
+        loop {
+            if !matches!(self.get(p), Ok(Repr::Inline)) {
+                break;
+            }
+            let i = self.f.def_inst(p)?;
+            let d = &self.f.insts[i];
+            match d.op {
+                Op::Arith(dsl_core::ir::ops::ArithOp::AddPtr) => {
+                    offs.push(d.args[1]);
+                    p = d.args[0];
+                }
+                _ => break,
+            }
+        }
+        let uniform = match self.get(p) {
+            Ok(Repr::Scalar(_)) => true,
+            Ok(Repr::Inline) => {
+                self.uniform_base(p, idx).is_some()
+                    || self
+                        .f
+                        .def_inst(p)
+                        .is_some_and(|i| matches!(self.f.insts[i].op, Op::Creation(CreationOp::Splat { .. })))
+            }
+            _ => false,
+        };
+        (uniform && !offs.is_empty() && self.f.ty(p).rank() > 0).then_some((p, offs))
+    }
+
+    /// The addresses of a gather from a strip-uniform base plus offsets,
+    /// as a vector of pointers formed by one GEP (so the CPU's gather takes
+    /// the base and 32-bit indices), or `None` when `ptr` is not of that
+    /// form.
+    /// `b0` is the strip's first index (where the base is evaluated).
+    pub(super) fn split_gather(
+        &mut self,
+        ptr: Value,
+        idx: &Idx<'ctx>,
+        b0: IntValue<'ctx>,
+    ) -> Result<Option<BasicValueEnum<'ctx>>> {
+        let Some((p, offs)) = self.splits(ptr, &Idx::affine(b0, idx.lanes.max(2))) else { return Ok(None) };
+        let base = self.eval(p, &Idx::affine(b0, 1))?;
+        let base = self.lane(base, 0)?.into_int_value();
+        let all_i32 = offs.iter().all(|&o| self.f.ty(o).dtype() == dsl_core::DType::I32);
+        let mut sum: Option<BasicValueEnum<'ctx>> = None;
+        for &o in &offs {
+            let v = self.eval(o, idx)?;
+            let v = if all_i32 { v } else { self.widen_i64(self.f.ty(o).elem, v)? };
+            sum = Some(match sum {
+                None => v,
+                Some(s) => self.bin(Add, s, v)?,
+            });
+        }
+        let Some(sum) = sum else { return Ok(None) };
+        let pointee = self.f.ty(ptr).dtype();
+        let elem_ty = self.int_type(8 * pointee.size_bytes() as u32);
+        let base_ptr = self.addr_ptr(base)?;
+        Ok(Some(self.vector_gep(elem_ty.into(), base_ptr, sum.into_vector_value())?))
     }
 
     /// Elements `idx` of the array `arr` of `elem`.
@@ -156,12 +259,50 @@ impl<'ctx> Lower<'ctx, '_> {
             Op::Memory(MemoryOp::Load { has_mask, has_other, volatile, .. }) => {
                 let (has_mask, has_other, volatile) = (*has_mask, *has_other, *volatile);
                 let ptr_v = d.args[0];
-                let ptr = self.eval(ptr_v, idx)?;
+                let mask_v = has_mask.then(|| d.args[1]);
+                let access = if volatile { Access::Gather } else { self.access(ptr_v, mask_v, &rty, idx) };
+                if access == Access::Gather
+                    && !volatile
+                    && let Some(c) = self.repeats(ptr_v, mask_v, idx)
+                {
+                    // Runs of `c` equal addresses (and masks): gather one
+                    // lane per run, then repeat each `c` times.
+                    let sub = idx.lanes / c;
+                    let IdxKind::Affine(base) = idx.kind else {
+                        return Err(self.unsupported(i, "strided gather"));
+                    };
+                    let step = self.splat(self.c32(i64::from(c)).into(), sub)?;
+                    let at = self.bin(Mul, self.iota(sub).into(), step)?;
+                    let at = self.bin(Add, self.splat(base.into(), sub)?, at)?.into_vector_value();
+                    let sidx = Idx { lanes: sub, kind: IdxKind::General(at) };
+                    let mask = if has_mask { Some(self.eval(d.args[1], &sidx)?) } else { None };
+                    let other = if has_other { Some(self.eval(d.args[2], &sidx)?) } else { None };
+                    let ptrs = match self.split_gather(ptr_v, &sidx, base)? {
+                        Some(p) => p,
+                        None => self.eval(ptr_v, &sidx)?,
+                    };
+                    let v = self.load_lanes(i, rty.elem, sub, ptrs, mask, other, Access::Gather, false)?;
+                    let m: Vec<u32> = (0..idx.lanes).map(|l| l / c).collect();
+                    let v = v.into_vector_value();
+                    return Ok(self.b.build_shuffle_vector(v, v, self.const_i32s(&m), "")?.into());
+                }
+                // Contiguous and uniform accesses need lane 0's address only;
+                // gathers may take a scalar base and offsets apart.
+                let ptr = match (access, idx.kind) {
+                    (Access::Contiguous | Access::Uniform, IdxKind::Affine(base)) => {
+                        self.eval(ptr_v, &Idx::affine(base, 1))?
+                    }
+                    (Access::Gather, IdxKind::Affine(base)) if !volatile => {
+                        match self.split_gather(ptr_v, idx, base)? {
+                            Some(p) => p,
+                            None => self.eval(ptr_v, idx)?,
+                        }
+                    }
+                    _ => self.eval(ptr_v, idx)?,
+                };
                 let mask = if has_mask { Some(self.eval(d.args[1], idx)?) } else { None };
                 let other = if has_other { Some(self.eval(d.args[2], idx)?) } else { None };
-                let mask_v = has_mask.then(|| d.args[1]);
-                let access = self.access(ptr_v, mask_v, &rty, idx);
-                self.load_lanes(i, rty.elem, ptr, mask, other, access, volatile)
+                self.load_lanes(i, rty.elem, idx.lanes, ptr, mask, other, access, volatile)
             }
             Op::Arith(_) | Op::Compare(_) | Op::Cast(_) | Op::Hint(_) => {
                 let mut args = Vec::with_capacity(d.args.len());
@@ -238,6 +379,16 @@ impl<'ctx> Lower<'ctx, '_> {
                 let one = self.eval(v, &Idx::affine(at, 1))?;
                 self.splat(one, lanes)
             }
+            Source::Repeat { base, times } => {
+                let part = self.eval(v, &Idx::affine(base, lanes / times))?.into_vector_value();
+                let mask: Vec<u32> = (0..lanes).map(|l| l / times).collect();
+                Ok(self.b.build_shuffle_vector(part, part, self.const_i32s(&mask), "")?.into())
+            }
+            Source::Tile { base, period } => {
+                let part = self.eval(v, &Idx::affine(base, period))?.into_vector_value();
+                let mask: Vec<u32> = (0..lanes).map(|l| l % period).collect();
+                Ok(self.b.build_shuffle_vector(part, part, self.const_i32s(&mask), "")?.into())
+            }
         }
     }
 
@@ -281,6 +432,32 @@ impl<'ctx> Lower<'ctx, '_> {
                 return Ok(Source::At(Idx::affine(src, idx.lanes)));
             }
             return Ok(Source::Uniform(src));
+        }
+        if let IdxKind::Affine(base) = idx.kind {
+            let n = to.len();
+            // Broadcast along trailing dimensions only: the source index is
+            // the result index divided by their extent.
+            let k = (0..n).rev().take_while(|&d| from[d] == 1).count();
+            if from[..n - k] == to[..n - k] {
+                let r = to[n - k..].iter().product::<usize>() as u32;
+                let src =
+                    self.b.build_right_shift(base, self.c32(i64::from(r.trailing_zeros())), false, "")?;
+                if r >= idx.lanes {
+                    return Ok(Source::Uniform(src));
+                }
+                return Ok(Source::Repeat { base: src, times: r });
+            }
+            // Broadcast along leading dimensions only: the source index is
+            // the result index modulo the source's size.
+            let j = (0..n).take_while(|&d| from[d] == 1).count();
+            if from[j..] == to[j..] {
+                let t = from.iter().product::<usize>() as u32;
+                let src = self.b.build_and(base, self.c32(i64::from(t) - 1), "")?;
+                if t >= idx.lanes {
+                    return Ok(Source::At(Idx::affine(src, idx.lanes)));
+                }
+                return Ok(Source::Tile { base: src, period: t });
+            }
         }
         let x = self.idx_vector(idx)?;
         let src = self.broadcast_index(x.into(), to, from)?.into_vector_value();

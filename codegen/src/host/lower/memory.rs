@@ -87,6 +87,7 @@ impl<'ctx> Lower<'ctx, '_> {
         &mut self,
         i: Inst,
         elem: Elem,
+        lanes: u32,
         ptrs: BasicValueEnum<'ctx>,
         mask: Option<BasicValueEnum<'ctx>>,
         other: Option<BasicValueEnum<'ctx>>,
@@ -94,7 +95,6 @@ impl<'ctx> Lower<'ctx, '_> {
         volatile: bool,
     ) -> Result<BasicValueEnum<'ctx>> {
         let Elem::Scalar(d) = elem else { return Err(self.unsupported(i, "a load of pointers")) };
-        let lanes = self.lanes_of(ptrs).unwrap_or(1);
         let mt = self.mem_global(d);
         let vt = self.vec_of(mt, lanes);
         if volatile {
@@ -237,14 +237,13 @@ impl<'ctx> Lower<'ctx, '_> {
                 Some(m) => Some(self.splat(self.scalar(m)?, 1)?),
                 None => None,
             };
-            return self.store_lanes(dt, ptrs, val, mask, Access::Contiguous);
+            return self.store_lanes(dt, 1, ptrs, val, mask, Access::Contiguous);
         }
         let n = pty.numel();
         let lanes = self.lanes.min(n as u32).max(1);
         self.emit_loop(self.c32(0), self.c32(n as i64), i64::from(lanes), true, |l, base| {
             l.memo.clear();
             let idx = Idx::affine(base, lanes);
-            let ptrs = l.eval(ptr_v, &idx)?;
             let val = l.eval(val_v, &idx)?;
             let mask = match mask_v {
                 Some(m) => Some(l.eval(m, &idx)?),
@@ -254,7 +253,12 @@ impl<'ctx> Lower<'ctx, '_> {
             if access == Access::Uniform {
                 access = Access::Gather;
             }
-            l.store_lanes(dt, ptrs, val, mask, access)
+            // A contiguous store needs lane 0's address only.
+            let ptrs = match access {
+                Access::Contiguous => l.eval(ptr_v, &Idx::affine(base, 1))?,
+                _ => l.eval(ptr_v, &idx)?,
+            };
+            l.store_lanes(dt, lanes, ptrs, val, mask, access)
         })?;
         self.memo.clear();
         Ok(())
@@ -264,12 +268,12 @@ impl<'ctx> Lower<'ctx, '_> {
     fn store_lanes(
         &mut self,
         d: DType,
+        lanes: u32,
         ptrs: BasicValueEnum<'ctx>,
         val: BasicValueEnum<'ctx>,
         mask: Option<BasicValueEnum<'ctx>>,
         access: Access,
     ) -> Result<()> {
-        let lanes = self.lanes_of(ptrs).unwrap_or(1);
         let m = self.reg_to_global(d, val)?;
         match access {
             Access::Contiguous => {

@@ -316,7 +316,10 @@ impl<'ctx> Lower<'ctx, '_> {
         let f = self.f;
         let d = &f.insts[i];
         let outs = match &d.op {
-            Op::Creation(dsl_core::ir::ops::CreationOp::Const(s)) => {
+            Op::Creation(
+                dsl_core::ir::ops::CreationOp::Const(s)
+                | dsl_core::ir::ops::CreationOp::Full { value: s, .. },
+            ) => {
                 vec![self.constant(*s, None)?]
             }
             Op::Memory(MemoryOp::Load { has_mask, has_other, volatile, .. }) => {
@@ -326,7 +329,7 @@ impl<'ctx> Lower<'ctx, '_> {
                 let mask = if *has_mask { Some(self.splat(args[1], 1)?) } else { None };
                 let other = if *has_other { Some(self.splat(args[2], 1)?) } else { None };
                 let elem = Elem::Scalar(f.ty(d.args[0]).dtype());
-                let v = self.load_lanes(i, elem, ptr, mask, other, memory::Access::Gather, *volatile)?;
+                let v = self.load_lanes(i, elem, 1, ptr, mask, other, memory::Access::Gather, *volatile)?;
                 vec![self.lane(v, 0)?]
             }
             _ => {

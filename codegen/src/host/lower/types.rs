@@ -162,6 +162,37 @@ impl<'ctx> Lower<'ctx, '_> {
         Ok(unsafe { self.b.build_gep(elem_ty, base, &[idx], "")? })
     }
 
+    /// The vector of pointers `base + idx[l] * sizeof(elem_ty)` (one GEP
+    /// with a vector index, which the CPU's gathers take as base and
+    /// indices).
+    pub(super) fn vector_gep(
+        &self,
+        elem_ty: BasicTypeEnum<'ctx>,
+        base: PointerValue<'ctx>,
+        idx: VectorValue<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        use inkwell::llvm_sys::core::LLVMBuildGEP2;
+        use inkwell::types::AsTypeRef;
+        use inkwell::values::AsValueRef;
+        let mut indices = [idx.as_value_ref()];
+        let name = c"";
+        // SAFETY: the builder is positioned (the lowering only emits into a
+        // block); the operands are live values of this context; a GEP with
+        // a scalar base and a vector index is valid IR and yields a vector
+        // of pointers, which `BasicValueEnum::new` wraps.
+        unsafe {
+            let v = LLVMBuildGEP2(
+                self.b.as_mut_ptr(),
+                elem_ty.as_type_ref(),
+                base.as_value_ref(),
+                indices.as_mut_ptr(),
+                1,
+                name.as_ptr(),
+            );
+            Ok(BasicValueEnum::new(v))
+        }
+    }
+
     /// A fresh stack array of `n` elements of `elem` (64-byte aligned),
     /// allocated in the entry block.
     pub(super) fn alloc_array(&mut self, elem: Elem, n: usize) -> Result<PointerValue<'ctx>> {
