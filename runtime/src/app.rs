@@ -1,17 +1,18 @@
 //! Start-up shared by the commands that run a model (`generate`, `chat`,
 //! `parity`, the model benchmark): open and validate the GGUF, build the
 //! tokenizer and chat template, pick the device (the GPU when one is usable,
-//! otherwise the CPU interpreter, saying so), compute and print the memory
-//! plan, load the weights and build the [`Engine`].
+//! otherwise the native CPU backend, saying so; the interpreter on request),
+//! compute and print the memory plan, load the weights and build the
+//! [`Engine`].
 //!
 //! The engine's type depends on the device and the activation dtype, so a
 //! command is an [`EngineTask`], a generic function the loader calls with the
 //! concrete engine ([`run_task`]).
 //!
-//! Defaults: f32 activations and KV cache on both devices (the model is
+//! Defaults: f32 activations and KV cache on every device (the model is
 //! small, so decode is bound by the weights and f32 keeps the logits close
 //! to llama.cpp's); `--dtype bf16` halves activation and KV traffic on the
-//! GPU.
+//! GPU (and runs on the native CPU backend too).
 
 use crate::chat::ChatTemplate;
 use crate::check::Sample;
@@ -23,6 +24,7 @@ use crate::memory_plan::{Bytes, KvShape, MemoryPlan, MemoryPlanInputs};
 use crate::model::sampler::SamplingParams;
 use crate::model::{Device, Model, Weights};
 use crate::tokenizer::Tokenizer;
+use codegen::host::Host;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -35,29 +37,32 @@ pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Which device to run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceChoice {
-    /// The GPU when one is usable, otherwise the CPU interpreter.
+    /// The GPU when one is usable, otherwise the native CPU backend.
     Auto,
     /// The GPU (an error when none is usable).
     Gpu,
-    /// The CPU interpreter.
+    /// The native CPU backend: the kernels compiled by LLVM for this CPU.
     Cpu,
+    /// The CPU interpreter (the semantic oracle: checks bounds and races;
+    /// orders of magnitude slower).
+    Interp,
 }
 
 /// Activation and KV-cache dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DtypeChoice {
-    /// bf16 on the GPU, f32 on the CPU interpreter. Both meet the golden
+    /// bf16 on the GPU, f32 on the CPU backends. Both meet the golden
     /// parity rules on SmolLM2; bf16 halves the activation and KV traffic
     /// (batch-1 decode on an H100: 1602 against 1254 tok/s, 2026-11-24).
     Auto,
     /// 32-bit floats.
     F32,
-    /// bfloat16 (GPU only).
+    /// bfloat16 (the GPU or the native CPU backend).
     Bf16,
 }
 
 impl DtypeChoice {
-    /// The dtype this choice runs on a GPU (`gpu`) or the interpreter:
+    /// The dtype this choice runs on a GPU (`gpu`) or a CPU backend:
     /// `Auto` resolved, the others as given.
     pub fn resolve(self, gpu: bool) -> DtypeChoice {
         match self {
@@ -168,33 +173,43 @@ pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output>
     let vocab = Vocab::from_metadata(gguf.metadata())?;
     let tokenizer = Tokenizer::from_vocab(&vocab)?;
     let template = ChatTemplate::from_vocab(&vocab).ok();
-    let (use_gpu, notice) = match opts.device {
-        DeviceChoice::Cpu => (None, "running on the CPU interpreter (--device cpu; slow)".to_string()),
+    let (device, notice) = match opts.device {
+        DeviceChoice::Interp => {
+            (Picked::Interp, "running on the CPU interpreter (--device interp; slow)".to_string())
+        }
+        DeviceChoice::Cpu => {
+            let host = Host::new();
+            let n = format!("running on the {} (--device cpu)", host.describe());
+            (Picked::Host(host), n)
+        }
         DeviceChoice::Gpu => {
             let cuda = Cuda::open(0)?;
             let n = format!("running on {}", Device::describe(&cuda));
-            (Some(cuda), n)
+            (Picked::Cuda(Box::new(cuda)), n)
         }
         DeviceChoice::Auto => match Cuda::open(0) {
             Ok(cuda) => {
                 let n = format!("running on {}", Device::describe(&cuda));
-                (Some(cuda), n)
+                (Picked::Cuda(Box::new(cuda)), n)
             }
-            Err(e) => (None, format!("no usable GPU ({e}); running on the CPU interpreter (slow)")),
+            Err(e) => {
+                let host = Host::new();
+                let n = format!("no usable GPU ({e}); running on the {}", host.describe());
+                (Picked::Host(host), n)
+            }
         },
     };
-    let dtype = opts.dtype.resolve(use_gpu.is_some());
+    let dtype = opts.dtype.resolve(matches!(device, Picked::Cuda(_)));
     if opts.verbose {
         let name = if dtype == DtypeChoice::Bf16 { "bf16" } else { "f32" };
         eprintln!("tessera: {notice}, {name} activations");
     }
     let parts_progress = CompileProgress::default();
     let parts = Parts { gguf: &gguf, config, tokenizer, template, compiles: parts_progress.clone() };
-    // The GPU plans with 90% of its memory; the interpreter with a fixed
-    // host budget (its cache is host memory and every block costs time to
-    // clear).
-    match (use_gpu, dtype) {
-        (Some(mut cuda), dtype) => {
+    // The GPU plans with 90% of its memory; the CPU backends with a fixed
+    // host budget (every cache block costs time to clear).
+    match (device, dtype) {
+        (Picked::Cuda(mut cuda), dtype) => {
             cuda.set_compile_progress(parts_progress.clone());
             let available = (cuda.gpu().info().total_mem as u64) / 10 * 9;
             match dtype {
@@ -208,14 +223,40 @@ pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output>
                 }
             }
         }
-        (None, DtypeChoice::Auto | DtypeChoice::F32) => {
+        (Picked::Host(mut host), dtype) => {
+            let progress = parts_progress.clone();
+            host.set_compile_hook(Some(Box::new(move |name: &str| {
+                if let Some(bar) = progress.lock().ok().as_deref().and_then(Option::as_ref) {
+                    bar.set_message(format!("compiling {name}"));
+                    bar.inc(1);
+                }
+            })));
+            match dtype {
+                DtypeChoice::Bf16 => {
+                    let install = crate::spec::cli::install::<Host, bf16>;
+                    load::<Host, bf16, K>(&mut host, parts, None, opts, task, install)
+                }
+                DtypeChoice::Auto | DtypeChoice::F32 => {
+                    let install = crate::spec::cli::install::<Host, f32>;
+                    load::<Host, f32, K>(&mut host, parts, None, opts, task, install)
+                }
+            }
+        }
+        (Picked::Interp, DtypeChoice::Auto | DtypeChoice::F32) => {
             let install = crate::spec::cli::install::<Cpu, f32>;
             load::<Cpu, f32, K>(&mut Cpu::new(), parts, None, opts, task, install)
         }
-        (None, DtypeChoice::Bf16) => {
-            Err(Error::Usage("--dtype bf16 needs a GPU; the CPU interpreter runs f32".into()))
-        }
+        (Picked::Interp, DtypeChoice::Bf16) => Err(Error::Usage(
+            "--dtype bf16 needs the GPU or the native CPU backend; the interpreter runs f32".into(),
+        )),
     }
+}
+
+/// The device [`run_task`] chose.
+enum Picked {
+    Cuda(Box<Cuda>),
+    Host(Host),
+    Interp,
 }
 
 /// Device-side bytes of the weights: every tensor as stored (they stay in
@@ -269,7 +310,8 @@ fn bar(verbose: bool, len: Option<u64>, what: &str) -> ProgressBar {
 
 /// Runs one short greedy request through `engine` (prefill, then a decode
 /// step) so the kernels a first request needs are compiled, or read from the
-/// PTX cache, before the task starts; a progress bar counts fresh compiles.
+/// compile cache, before the task starts; a progress bar counts fresh
+/// compiles.
 fn warm_up<D: Device, T: Sample>(
     dev: &mut D,
     engine: &mut Engine<D, T>,
@@ -303,7 +345,7 @@ fn warm_up<D: Device, T: Sample>(
     run?;
     if verbose {
         eprintln!(
-            "tessera: kernels ready in {:.2} s ({compiled} compiled, the rest from the PTX cache)",
+            "tessera: kernels ready in {:.2} s ({compiled} compiled, the rest from the compile cache)",
             t0.elapsed().as_secs_f64()
         );
     }
@@ -382,7 +424,9 @@ fn load<D: Device, T: Sample, K: EngineTask>(
     let Parts { gguf, config, tokenizer, template, compiles } = parts;
     let is_gpu = gpu_memory.is_some();
     let (mut engine, plan) = build_engine::<D, T>(dev, gguf, &config, gpu_memory, opts)?;
-    if is_gpu {
+    // Compiled backends compile (or load from the cache) before the task;
+    // the interpreter has nothing to compile.
+    if dev.compiles() {
         warm_up(dev, &mut engine, &compiles, opts.verbose)?;
     }
     if let Some(spec) = &opts.speculation {

@@ -1,8 +1,9 @@
 //! [`Device`]: what the forward pass needs from a backend (buffers, pointers
 //! into them, stream-ordered copies, kernel launches and, where the backend
 //! has them, graphs of launches), implemented for the CPU interpreter
-//! ([`dsl_core::interp::Cpu`]) and the GPU ([`crate::cuda::Cuda`]), so that
-//! one generic forward runs on both.
+//! ([`dsl_core::interp::Cpu`]), the native CPU backend
+//! ([`codegen::host::Host`]) and the GPU ([`crate::cuda::Cuda`]), so that
+//! one generic forward runs on all three.
 //!
 //! Invariants: a buffer handle is only meaningful on the device that created
 //! it and always names a whole buffer (as [`Device::upload`] and
@@ -16,6 +17,7 @@
 
 use crate::cuda::{Cuda, DevBuf, DeviceElem, GpuGraph};
 use crate::error::{Error, Result};
+use codegen::host::{Host, HostPtr};
 use dsl_core::interp::{Buffer, Cpu, CpuPtr, Element};
 use dsl_core::launch::{Backend, Kernel, PtrElem};
 
@@ -38,6 +40,11 @@ pub trait Device: Backend + Sized {
     /// Whether tensor-core products run on Hopper's `wgmma` (sm_90a), which
     /// prefers other tiles (`kernels::flash_attention::config_for`).
     fn wgmma(&self) -> bool;
+
+    /// Whether launches run compiled code (GPU, native CPU), so a warm-up
+    /// compiles the kernels before the first request; false for the
+    /// interpreter.
+    fn compiles(&self) -> bool;
 
     /// A new buffer holding a copy of `data`.
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<Self::Buf<T>>;
@@ -97,9 +104,9 @@ pub trait Device: Backend + Sized {
     fn replay(&mut self, graph: &Self::Graph) -> Result<()>;
 }
 
-/// The interpreter cannot capture graphs.
+/// The CPU backends cannot capture graphs.
 fn no_graphs() -> Error {
-    Error::Unsupported("the CPU interpreter cannot capture graphs".into())
+    Error::Unsupported("the CPU backends cannot capture graphs".into())
 }
 
 /// Writes `data` as little-endian bytes over the start of `bytes`, or says
@@ -151,6 +158,10 @@ impl Device for Cpu {
     }
 
     fn wgmma(&self) -> bool {
+        false
+    }
+
+    fn compiles(&self) -> bool {
         false
     }
 
@@ -220,6 +231,96 @@ impl Device for Cpu {
     }
 }
 
+impl Device for Host {
+    type Buf<T: DeviceElem> = HostPtr<T>;
+    type Graph = std::convert::Infallible;
+
+    fn describe(&self) -> String {
+        Host::describe(self)
+    }
+
+    /// 1, whatever the core count: the split plan of decode attention
+    /// (a launch configuration) then never depends on the machine, so the
+    /// native backend computes the same logits on every host, and the
+    /// interpreter's (whose launches are the same).
+    fn sm_count(&self) -> usize {
+        1
+    }
+
+    fn wgmma(&self) -> bool {
+        false
+    }
+
+    fn compiles(&self) -> bool {
+        true
+    }
+
+    fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<HostPtr<T>> {
+        Ok(Host::upload(self, data))
+    }
+
+    fn zeros<T: DeviceElem>(&mut self, len: usize) -> Result<HostPtr<T>> {
+        Ok(Host::zeros(self, len))
+    }
+
+    fn download<T: DeviceElem>(&self, buf: &HostPtr<T>) -> Result<Vec<T>> {
+        Ok(self.read(*buf))
+    }
+
+    fn download_prefix<T: DeviceElem>(&self, buf: &HostPtr<T>, n: usize) -> Result<Vec<T>> {
+        let bytes = self.bytes(*buf);
+        let range = element_range::<T>(0, n, bytes.len())?;
+        let size = <T as Element>::DTYPE.size_bytes();
+        Ok(bytes[range].chunks_exact(size).map(T::read_le).collect())
+    }
+
+    fn write<T: DeviceElem>(&mut self, buf: &HostPtr<T>, data: &[T]) -> Result<()> {
+        write_elements(self.bytes_mut(*buf), data)
+    }
+
+    fn fill_zero<T: DeviceElem>(&mut self, buf: &HostPtr<T>, offset: usize, len: usize) -> Result<()> {
+        let bytes = self.bytes_mut(*buf);
+        let range = element_range::<T>(offset, len, bytes.len())?;
+        bytes[range].fill(0);
+        Ok(())
+    }
+
+    fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a HostPtr<T>, offset: usize) -> Result<HostPtr<U>>
+    where
+        Self: 'a,
+    {
+        Ok(buf.offset(offset).cast())
+    }
+
+    fn run<'a, K: Kernel>(
+        &mut self,
+        grid: [u32; 3],
+        config: &K::Config,
+        args: &K::Args<'a, Self>,
+    ) -> Result<()>
+    where
+        Self: 'a,
+    {
+        Ok(<Host as Backend>::launch::<K>(self, grid, config, args)?)
+    }
+
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+
+    fn begin_capture(&mut self) -> Result<()> {
+        Err(no_graphs())
+    }
+
+    fn end_capture(&mut self) -> Result<Self::Graph> {
+        Err(no_graphs())
+    }
+
+    fn replay(&mut self, graph: &Self::Graph) -> Result<()> {
+        match *graph {}
+    }
+}
+
 impl Device for Cuda {
     type Buf<T: DeviceElem> = DevBuf<T>;
     type Graph = GpuGraph;
@@ -234,6 +335,10 @@ impl Device for Cuda {
 
     fn wgmma(&self) -> bool {
         Cuda::wgmma(self)
+    }
+
+    fn compiles(&self) -> bool {
+        true
     }
 
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<DevBuf<T>> {
@@ -305,6 +410,21 @@ impl Device for Cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn native_backend_writes_fills_and_reads_prefixes() {
+        let mut host = Host::new();
+        let b = Device::zeros::<i32>(&mut host, 6).unwrap();
+        Device::write(&mut host, &b, &[1, 2, 3, 4]).unwrap();
+        Device::fill_zero(&mut host, &b, 1, 2).unwrap();
+        assert_eq!(Device::download(&host, &b).unwrap(), vec![1, 0, 0, 4, 0, 0]);
+        assert_eq!(Device::download_prefix(&host, &b, 4).unwrap(), vec![1, 0, 0, 4]);
+        assert!(Device::write(&mut host, &b, &[0; 7]).is_err());
+        assert!(Device::fill_zero(&mut host, &b, 5, 2).is_err());
+        assert!(Device::download_prefix(&host, &b, 7).is_err());
+        assert!(Device::begin_capture(&mut host).is_err());
+        assert_eq!(host.sm_count(), 1);
+    }
 
     #[test]
     fn interpreter_writes_fills_and_reads_prefixes() {

@@ -2,7 +2,8 @@
 //! interpreter behind one trait.
 //!
 //! - [`device`]: [`Device`], the backend abstraction (buffers, pointers,
-//!   launches) implemented for [`dsl_core::interp::Cpu`] and
+//!   launches) implemented for [`dsl_core::interp::Cpu`] (the
+//!   interpreter), [`codegen::host::Host`] (native CPU code) and
 //!   [`crate::cuda::Cuda`].
 //! - [`weights`]: [`Weights`], a GGUF Llama repacked for the kernels (fused
 //!   QKV, interleaved gate/up, tied Q8_0 head).
@@ -20,8 +21,8 @@
 //!   split plan), captured lazily ([`GraphMode`]).
 //! - [`check`]: the GPU checks (`tessera gpu-check --only model`): the whole
 //!   forward, sampling and graph replay on a tiny model.
-//! - [`default_device`]: the GPU when one is usable, otherwise the CPU
-//!   interpreter, with a notice saying which and why.
+//! - [`default_device`]: the GPU when one is usable, otherwise the native
+//!   CPU backend, with a notice saying which and why.
 //!
 //! Invariants: the same generic code runs on both devices (no
 //! device-specific branches in the forward); every step is validated on the
@@ -50,19 +51,18 @@ pub use sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 pub use weights::{Layer, Matrix, Weights};
 
 use crate::cuda::Cuda;
-use dsl_core::interp::Cpu;
+use codegen::host::Host;
 
 /// The device the runtime picked.
 pub enum AnyDevice {
     /// The first GPU.
     Cuda(Box<Cuda>),
-    /// The CPU interpreter (no usable GPU).
-    Cpu(Box<Cpu>),
+    /// The native CPU backend (no usable GPU).
+    Host(Box<Host>),
 }
 
-/// The first GPU when one is usable, otherwise the CPU interpreter; the
-/// string says which was chosen and, for the CPU, why (to be shown to the
-/// user: the interpreter is orders of magnitude slower).
+/// The first GPU when one is usable, otherwise the native CPU backend; the
+/// string says which was chosen and, for the CPU, why.
 pub fn default_device() -> (AnyDevice, String) {
     match Cuda::open(0) {
         Ok(cuda) => {
@@ -70,8 +70,9 @@ pub fn default_device() -> (AnyDevice, String) {
             (AnyDevice::Cuda(Box::new(cuda)), notice)
         }
         Err(e) => {
-            let notice = format!("no usable GPU ({e}); running on the CPU interpreter (slow)");
-            (AnyDevice::Cpu(Box::new(Cpu::new())), notice)
+            let host = Host::new();
+            let notice = format!("no usable GPU ({e}); running on the {}", host.describe());
+            (AnyDevice::Host(Box::new(host)), notice)
         }
     }
 }

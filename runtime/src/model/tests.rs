@@ -13,7 +13,7 @@
 //!   predict llama.cpp's first token.
 
 use super::check::{compare_logits, run_scenario, scenario_tokens, tiny_model};
-use super::{Model, Step, Weights};
+use super::{Device, Model, Step, Weights};
 use crate::gguf::llama::{LlamaConfig, layer_tensor};
 use crate::gguf::{GgmlType, Gguf};
 use dsl_core::DType;
@@ -238,12 +238,12 @@ fn golden_case0() -> Golden {
     }
 }
 
-fn smollm2_model(cpu: &mut Cpu, num_blocks: usize) -> Model<Cpu, f32> {
+fn smollm2_model<D: Device>(cpu: &mut D, num_blocks: usize) -> Model<D, f32> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(path.is_file(), "{} is missing: run `.ci/fetch-model` from the workspace root", path.display());
     let g = Gguf::open(&path).unwrap();
     let t0 = Instant::now();
-    let weights = Weights::<Cpu, f32>::load(cpu, &g).unwrap();
+    let weights = Weights::<D, f32>::load(cpu, &g).unwrap();
     let model = Model::new(cpu, weights, num_blocks, 16).unwrap();
     eprintln!("SmolLM2 load + repack: {:?}", t0.elapsed());
     model
@@ -305,15 +305,28 @@ fn smollm2_prefill_predicts_golden_first_token() {
 #[test]
 #[ignore]
 fn smollm2_decode_timings() {
+    decode_timings(&mut Cpu::new());
+}
+
+/// [`smollm2_decode_timings`] on the native CPU backend (per-kernel host
+/// times: a launch runs to completion).
+#[test]
+#[ignore]
+fn smollm2_host_decode_timings() {
+    decode_timings(&mut codegen::host::Host::new());
+}
+
+/// Prefill, then three decode steps of the golden case, with the per-kernel
+/// profile of the prefill and of the first decode step.
+fn decode_timings<D: Device>(cpu: &mut D) {
     let gold = golden_case0();
-    let mut cpu = Cpu::new();
-    let mut model = smollm2_model(&mut cpu, 1);
+    let mut model = smollm2_model(cpu, 1);
     let n = gold.prompt.len();
     let positions: Vec<i32> = (0..n as i32).collect();
     let t0 = Instant::now();
     let (ctx, cu) = ([n as i32], [0, n as i32]);
     model.set_profiling(true);
-    model.forward(&mut cpu, &single_seq_step(&gold.prompt, &positions, &[0], &ctx, &cu, &[])).unwrap();
+    model.forward(cpu, &single_seq_step(&gold.prompt, &positions, &[0], &ctx, &cu, &[])).unwrap();
     eprintln!("prefill of {n} tokens without the LM head: {:?}", t0.elapsed());
     eprintln!("{:#?}", model.profile().unwrap());
     model.set_profiling(true);
@@ -323,11 +336,10 @@ fn smollm2_decode_timings() {
         // Without the LM head first (the layers alone), then with it (the
         // same slot is rewritten with the same K/V).
         let t0 = Instant::now();
-        model.forward(&mut cpu, &single_seq_step(&tok, &[p], &[0], &[p + 1], &[0, 1], &[])).unwrap();
+        model.forward(cpu, &single_seq_step(&tok, &[p], &[0], &[p + 1], &[0, 1], &[])).unwrap();
         let layers = t0.elapsed();
         let t0 = Instant::now();
-        let logits =
-            model.forward(&mut cpu, &single_seq_step(&tok, &[p], &[0], &[p + 1], &[0, 1], &[0])).unwrap();
+        let logits = model.forward(cpu, &single_seq_step(&tok, &[p], &[0], &[p + 1], &[0, 1], &[0])).unwrap();
         eprintln!("decode at position {p}: layers {layers:?}, layers + LM head {:?}", t0.elapsed());
         if i == 0 {
             eprintln!("{:#?}", model.profile().unwrap());
