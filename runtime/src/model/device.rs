@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use codegen::host::{Host, HostPtr};
 use dsl_core::interp::{Buffer, Cpu, CpuPtr, Element};
 use dsl_core::launch::{Backend, Kernel, PtrElem};
+use kernels::dequant::{GemvTiles, QuantFormat};
 
 /// A backend the model runs on: owns or hands out buffers, forms typed kernel
 /// pointers into them and launches `#[kernel]`s.
@@ -40,6 +41,13 @@ pub trait Device: Backend + Sized {
     /// Whether tensor-core products run on Hopper's `wgmma` (sm_90a), which
     /// prefers other tiles (`kernels::flash_attention::config_for`).
     fn wgmma(&self) -> bool;
+
+    /// The GEMV tiles of `m` activation rows times a weight of `rows` rows
+    /// and `k` columns in `format`: [`kernels::dequant::gemv_tiles`]
+    /// (tuned for GPUs) unless the device prefers others.
+    fn gemv_tiles(&self, format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
+        kernels::dequant::gemv_tiles(format, m, rows, k)
+    }
 
     /// Whether launches run compiled code (GPU, native CPU), so a warm-up
     /// compiles the kernels before the first request; false for the
@@ -253,6 +261,19 @@ impl Device for Host {
 
     fn compiles(&self) -> bool {
         true
+    }
+
+    /// A program walks K in tiles of 64 weights (32 where K is no multiple
+    /// of 64: every SmolLM2 K divides evenly, so no masked tail step) over a
+    /// `[M_BLOCK, BLOCK_N, BLOCK_K / 2]` accumulator of 1024 elements (Q8_0:
+    /// `BLOCK_K` wide): the GPU tiles' 512-wide K steps and 8 rows leave a
+    /// host program one step plus a tail, its index set-up unamortized.
+    fn gemv_tiles(&self, format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
+        let m_block = kernels::dequant::m_block_for(m);
+        let block_k = if k.is_multiple_of(64) { 64 } else { 32 };
+        let width = if format == QuantFormat::Q8_0 { block_k } else { block_k / 2 };
+        let block_n = (1024 / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
+        GemvTiles { m_block, block_n, block_k, num_warps: 4 }
     }
 
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<HostPtr<T>> {

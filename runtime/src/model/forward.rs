@@ -75,7 +75,7 @@ use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use dsl_core::launch::Kernel;
 use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan};
-use kernels::dequant::{QuantFormat, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, uses_gemv};
+use kernels::dequant::{QuantFormat, gemm_grid, gemm_tiles, gemv_grid, uses_gemv};
 use kernels::embedding::{self, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
@@ -309,7 +309,7 @@ fn matmul<D: Device, T: Sample>(
         }};
     }
     if uses_gemv(m, w.n) {
-        let t = gemv_tiles(w.format, m, w.n, w.k);
+        let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
         let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
         let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps, 2);
         match w.format {
@@ -356,7 +356,7 @@ fn gemv_fused<D: Device, T: Sample>(
     let qp = D::ptr_at::<u8, u8>(&w.quants, 0)?;
     let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
     let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
-    let t = gemv_tiles(w.format, m, w.n, w.k);
+    let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
     macro_rules! launch {
         ($kernel:ident) => {{
