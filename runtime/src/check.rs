@@ -1,22 +1,43 @@
-//! `tessera gpu-check`: every registered kernel runs on the GPU and on the CPU
+//! `tessera gpu-check` and `tessera host-check`: every registered kernel runs
+//! on a device (the GPU, or the native CPU backend) and on the CPU
 //! interpreter (the semantic oracle) with the same fresh random inputs at
-//! ragged shapes, and the outputs are compared element by element.
+//! ragged shapes, and the outputs are compared element by element. Each
+//! check is one function generic over the [`Device`]; `gpu-check`
+//! instantiates it for [`crate::cuda::Cuda`], `host-check`
+//! ([`crate::host_check`]) for [`codegen::host::Host`].
 //!
 //! Invariants: inputs are random and non-zero (|x| >= 1/64), so a kernel that
 //! writes nothing or zeros fails; every shape is checked in each storage dtype
 //! the kernel supports (f32 and bf16 here); an element passes when
 //! `|gpu - cpu| <= atol + rtol * |cpu|` with the dtype's tolerance ([`Tol`]).
 
-use crate::cuda::{Cuda, DevBuf, DeviceElem};
+use crate::cuda::DeviceElem;
 use crate::error::Result;
+use crate::model::Device;
 use crate::registry::{copy, softmax, softmax_warps, vector_add};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, CpuPtr};
+use dsl_core::launch::PtrElem;
 use kernels::embedding::embedding_q8_0;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
 use std::marker::PhantomData;
+
+/// A pointer to the start of a device buffer, for the kernel arguments of
+/// the checks (any device: the GPU for `gpu-check`, the native CPU backend
+/// for `host-check`).
+pub(crate) trait DevicePtr: Device {
+    /// `buf` as a kernel pointer argument of pointee `U`.
+    fn ptr<'a, T: DeviceElem, U: PtrElem>(&self, buf: &'a Self::Buf<T>) -> Result<Self::Ptr<'a, U>>
+    where
+        Self: 'a,
+    {
+        Self::ptr_at(buf, 0)
+    }
+}
+
+impl<D: Device> DevicePtr for D {}
 
 /// A seeded random number generator (SplitMix64): reproducible inputs without
 /// a dependency.
@@ -162,20 +183,20 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
     }
 }
 
-fn vector_add_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Result<CheckRow> {
+fn vector_add_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<CheckRow> {
     let (x, y) = (rng.values::<T>(n, 8.0), rng.values::<T>(n, 8.0));
     let config = vector_add::Config::new(T::DEVICE_DTYPE, 1024);
     let grid = [n.div_ceil(1024) as u32, 1, 1];
-    let (xd, yd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().upload(&y)?, cuda.gpu().zeros::<T>(n)?);
+    let (xd, yd, od) = (dev.upload(&x)?, dev.upload(&y)?, dev.zeros::<T>(n)?);
     let args = vector_add::Args {
-        x_ptr: xd.ptr().cast(),
-        y_ptr: yd.ptr().cast(),
-        out_ptr: od.ptr().cast(),
+        x_ptr: dev.ptr(&xd)?,
+        y_ptr: dev.ptr(&yd)?,
+        out_ptr: dev.ptr(&od)?,
         n: n as i32,
         _marker: PhantomData,
     };
-    cuda.run::<vector_add::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    dev.run::<vector_add::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let mut cpu = Cpu::new();
     let (xc, yc, oc) = (cpu.upload(&x), cpu.upload(&y), cpu.zeros::<T>(n));
     let args = vector_add::Args {
@@ -198,25 +219,24 @@ fn vector_add_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Resul
 }
 
 /// The `vector_add` check: ragged lengths, f32 and bf16.
-pub fn vector_add(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn vector_add<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for n in [1, 1000, 4097, 100_003] {
-        rows.push(vector_add_case::<f32>(cuda, &mut rng, n)?);
-        rows.push(vector_add_case::<bf16>(cuda, &mut rng, n)?);
+        rows.push(vector_add_case::<f32, _>(dev, &mut rng, n)?);
+        rows.push(vector_add_case::<bf16, _>(dev, &mut rng, n)?);
     }
     Ok(rows)
 }
 
-fn copy_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Result<CheckRow> {
+fn copy_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<CheckRow> {
     let x = rng.values::<T>(n, 8.0);
     let config = copy::Config::new(T::DEVICE_DTYPE, 1024);
     let grid = [n.div_ceil(1024) as u32, 1, 1];
-    let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<T>(n)?);
-    let args =
-        copy::Args { x_ptr: xd.ptr().cast(), out_ptr: od.ptr().cast(), n: n as i32, _marker: PhantomData };
-    cuda.run::<copy::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    let (xd, od) = (dev.upload(&x)?, dev.zeros::<T>(n)?);
+    let args = copy::Args { x_ptr: dev.ptr(&xd)?, out_ptr: dev.ptr(&od)?, n: n as i32, _marker: PhantomData };
+    dev.run::<copy::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let mut cpu = Cpu::new();
     let (xc, oc) = (cpu.upload(&x), cpu.zeros::<T>(n));
     let args = copy::Args { x_ptr: xc.cast(), out_ptr: oc.cast(), n: n as i32, _marker: PhantomData };
@@ -226,18 +246,18 @@ fn copy_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, n: usize) -> Result<Chec
 }
 
 /// The `copy` check: ragged lengths, f32 and bf16, bit-exact.
-pub fn copy(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn copy<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for n in [1, 1000, (1 << 18) + 3] {
-        rows.push(copy_case::<f32>(cuda, &mut rng, n)?);
-        rows.push(copy_case::<bf16>(cuda, &mut rng, n)?);
+        rows.push(copy_case::<f32, _>(dev, &mut rng, n)?);
+        rows.push(copy_case::<bf16, _>(dev, &mut rng, n)?);
     }
     Ok(rows)
 }
 
-fn softmax_case<T: Sample>(
-    cuda: &mut Cuda,
+fn softmax_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     rows: usize,
     cols: usize,
@@ -248,17 +268,17 @@ fn softmax_case<T: Sample>(
     let config =
         softmax::Config::new(T::DEVICE_DTYPE, block).with_warps(softmax_warps(block.next_power_of_two()));
     let grid = [rows as u32, 1, 1];
-    let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<T>(rows * cols)?);
+    let (xd, od) = (dev.upload(&x)?, dev.zeros::<T>(rows * cols)?);
     let (nc, st) = (cols as i32, cols as i32);
     let args = softmax::Args {
-        out_ptr: od.ptr().cast(),
-        in_ptr: xd.ptr().cast(),
+        out_ptr: dev.ptr(&od)?,
+        in_ptr: dev.ptr(&xd)?,
         n_cols: nc,
         stride: st,
         _marker: PhantomData,
     };
-    cuda.run::<softmax::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    dev.run::<softmax::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let mut cpu = Cpu::new();
     let (xc, oc) = (cpu.upload(&x), cpu.zeros::<T>(rows * cols));
     let args =
@@ -278,13 +298,13 @@ fn softmax_case<T: Sample>(
 
 /// The `softmax` check: ragged shapes (exact non-power-of-two `BLOCK`s and
 /// padded ones), f32 and bf16.
-pub fn softmax(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn softmax<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for (i, (rows, cols)) in [(1, 1), (5, 17), (37, 1000), (64, 1024), (7, 4097)].into_iter().enumerate() {
         let exact = i % 2 == 0;
-        out.push(softmax_case::<f32>(cuda, &mut rng, rows, cols, exact)?);
-        out.push(softmax_case::<bf16>(cuda, &mut rng, rows, cols, !exact)?);
+        out.push(softmax_case::<f32, _>(dev, &mut rng, rows, cols, exact)?);
+        out.push(softmax_case::<bf16, _>(dev, &mut rng, rows, cols, !exact)?);
     }
     Ok(out)
 }
@@ -297,21 +317,21 @@ pub(crate) const EXACT: Tol = Tol { atol: 0.0, rtol: 0.0 };
 pub(crate) const F32_SUM: Tol = Tol { atol: 1e-4, rtol: 1e-4 };
 
 /// The same host data on both sides: a GPU buffer and an interpreter buffer.
-pub(crate) fn upload_both<T: DeviceElem>(
-    cuda: &Cuda,
+pub(crate) fn upload_both<T: DeviceElem, D: Device>(
+    dev: &mut D,
     cpu: &mut Cpu,
     x: &[T],
-) -> Result<(DevBuf<T>, CpuPtr<T>)> {
-    Ok((cuda.gpu().upload(x)?, cpu.upload(x)))
+) -> Result<(D::Buf<T>, CpuPtr<T>)> {
+    Ok((dev.upload(x)?, cpu.upload(x)))
 }
 
 /// `n` zeros on both sides (output buffers).
-pub(crate) fn zeros_both<T: DeviceElem>(
-    cuda: &Cuda,
+pub(crate) fn zeros_both<T: DeviceElem, D: Device>(
+    dev: &mut D,
     cpu: &mut Cpu,
     n: usize,
-) -> Result<(DevBuf<T>, CpuPtr<T>)> {
-    Ok((cuda.gpu().zeros::<T>(n)?, cpu.zeros::<T>(n)))
+) -> Result<(D::Buf<T>, CpuPtr<T>)> {
+    Ok((dev.zeros::<T>(n)?, cpu.zeros::<T>(n)))
 }
 
 /// Compares GPU output `got` with interpreter output `want`, element by element.
@@ -326,8 +346,8 @@ pub(crate) fn outcome<T: DeviceElem>(
     compare(kernel, shape, dtype, &to_f64(got), &to_f64(want), tol)
 }
 
-fn matmul_case<T: Sample>(
-    cuda: &mut Cuda,
+fn matmul_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     (m, n, k): (usize, usize, usize),
     (bm, bn, bk, warps): (usize, usize, usize, u32),
@@ -336,13 +356,13 @@ fn matmul_case<T: Sample>(
     let config = matmul::Config::new(T::DEVICE_DTYPE, bm, bn, bk).with_warps(warps);
     let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
     let mut cpu = Cpu::new();
-    let ((ad, ac), (bd, bc)) = (upload_both(cuda, &mut cpu, &a)?, upload_both(cuda, &mut cpu, &b)?);
-    let (cd, cc) = zeros_both::<f32>(cuda, &mut cpu, m * n)?;
+    let ((ad, ac), (bd, bc)) = (upload_both(dev, &mut cpu, &a)?, upload_both(dev, &mut cpu, &b)?);
+    let (cd, cc) = zeros_both::<f32, _>(dev, &mut cpu, m * n)?;
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     let args = matmul::Args {
-        a_ptr: ad.ptr().cast(),
-        b_ptr: bd.ptr().cast(),
-        c_ptr: cd.ptr(),
+        a_ptr: dev.ptr(&ad)?,
+        b_ptr: dev.ptr(&bd)?,
+        c_ptr: dev.ptr(&cd)?,
         m: mi,
         n: ni,
         k: ki,
@@ -351,8 +371,8 @@ fn matmul_case<T: Sample>(
         stride_cm: ni,
         _marker: PhantomData,
     };
-    cuda.run::<matmul::Kernel>(grid, &config, &args)?;
-    let got = cd.download()?;
+    dev.run::<matmul::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&cd)?;
     let args = matmul::Args {
         a_ptr: ac.cast(),
         b_ptr: bc.cast(),
@@ -372,13 +392,13 @@ fn matmul_case<T: Sample>(
 
 /// The `matmul` check: ragged `m x n x k`, two tile configs, f32 and bf16
 /// inputs (f32 accumulate and output).
-pub fn matmul(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn matmul<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for shape in [(1, 1, 1), (37, 45, 70), (130, 66, 33), (64, 64, 64)] {
         for tiles in [(32, 32, 16, 4), (64, 64, 32, 8)] {
-            rows.push(matmul_case::<f32>(cuda, &mut rng, shape, tiles)?);
-            rows.push(matmul_case::<bf16>(cuda, &mut rng, shape, tiles)?);
+            rows.push(matmul_case::<f32, _>(dev, &mut rng, shape, tiles)?);
+            rows.push(matmul_case::<bf16, _>(dev, &mut rng, shape, tiles)?);
         }
     }
     Ok(rows)
@@ -398,8 +418,8 @@ fn row_shape(rows: usize, cols: usize, exact: bool) -> String {
 /// padded `BLOCK`.
 const ROW_SHAPES: [(usize, usize); 5] = [(1, 1), (5, 17), (37, 1000), (64, 1024), (7, 4097)];
 
-fn argmax_rows_case(
-    cuda: &mut Cuda,
+fn argmax_rows_case<D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     rows: usize,
     cols: usize,
@@ -409,11 +429,12 @@ fn argmax_rows_case(
     let config = argmax_rows::Config::new(row_block(cols, exact));
     let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
-    let ((xd, xc), (od, oc)) = (upload_both(cuda, &mut cpu, &x)?, zeros_both::<i32>(cuda, &mut cpu, rows)?);
+    let ((xd, xc), (od, oc)) = (upload_both(dev, &mut cpu, &x)?, zeros_both::<i32, _>(dev, &mut cpu, rows)?);
     let nc = cols as i32;
-    let args = argmax_rows::Args { x_ptr: xd.ptr(), out_ptr: od.ptr(), n_cols: nc, _marker: PhantomData };
-    cuda.run::<argmax_rows::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    let args =
+        argmax_rows::Args { x_ptr: dev.ptr(&xd)?, out_ptr: dev.ptr(&od)?, n_cols: nc, _marker: PhantomData };
+    dev.run::<argmax_rows::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let args = argmax_rows::Args { x_ptr: xc, out_ptr: oc, n_cols: nc, _marker: PhantomData };
     argmax_rows::interpret(&mut cpu, grid, &config, &args)?;
     let shape = row_shape(rows, cols, exact);
@@ -422,19 +443,19 @@ fn argmax_rows_case(
 
 /// The `argmax_rows` check: ragged shapes, exact and padded `BLOCK`s, exact
 /// indices (random inputs make ties improbable).
-pub fn argmax_rows(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn argmax_rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for (rows, cols) in ROW_SHAPES {
         for exact in [true, false] {
-            out.push(argmax_rows_case(cuda, &mut rng, rows, cols, exact)?);
+            out.push(argmax_rows_case(dev, &mut rng, rows, cols, exact)?);
         }
     }
     Ok(out)
 }
 
-fn cumsum_rows_case(
-    cuda: &mut Cuda,
+fn cumsum_rows_case<D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     rows: usize,
     cols: usize,
@@ -445,11 +466,12 @@ fn cumsum_rows_case(
     let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
     let ((xd, xc), (od, oc)) =
-        (upload_both(cuda, &mut cpu, &x)?, zeros_both::<f32>(cuda, &mut cpu, rows * cols)?);
+        (upload_both(dev, &mut cpu, &x)?, zeros_both::<f32, _>(dev, &mut cpu, rows * cols)?);
     let nc = cols as i32;
-    let args = cumsum_rows::Args { x_ptr: xd.ptr(), out_ptr: od.ptr(), n_cols: nc, _marker: PhantomData };
-    cuda.run::<cumsum_rows::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    let args =
+        cumsum_rows::Args { x_ptr: dev.ptr(&xd)?, out_ptr: dev.ptr(&od)?, n_cols: nc, _marker: PhantomData };
+    dev.run::<cumsum_rows::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let args = cumsum_rows::Args { x_ptr: xc, out_ptr: oc, n_cols: nc, _marker: PhantomData };
     cumsum_rows::interpret(&mut cpu, grid, &config, &args)?;
     let shape = row_shape(rows, cols, exact);
@@ -457,19 +479,19 @@ fn cumsum_rows_case(
 }
 
 /// The `cumsum_rows` check: ragged shapes, exact and padded `BLOCK`s, f32.
-pub fn cumsum_rows(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn cumsum_rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for (rows, cols) in ROW_SHAPES {
         for exact in [true, false] {
-            out.push(cumsum_rows_case(cuda, &mut rng, rows, cols, exact)?);
+            out.push(cumsum_rows_case(dev, &mut rng, rows, cols, exact)?);
         }
     }
     Ok(out)
 }
 
-fn layer_norm_case(
-    cuda: &mut Cuda,
+fn layer_norm_case<D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     rows: usize,
     cols: usize,
@@ -480,21 +502,21 @@ fn layer_norm_case(
     let config = layer_norm::Config::new(row_block(cols, exact));
     let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
-    let ((xd, xc), (wd, wc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &w)?);
+    let ((xd, xc), (wd, wc)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &w)?);
     let ((bd, bc), (yd, yc)) =
-        (upload_both(cuda, &mut cpu, &b)?, zeros_both::<f32>(cuda, &mut cpu, rows * cols)?);
+        (upload_both(dev, &mut cpu, &b)?, zeros_both::<f32, _>(dev, &mut cpu, rows * cols)?);
     let (nc, eps) = (cols as i32, 1e-5);
     let args = layer_norm::Args {
-        x_ptr: xd.ptr(),
-        y_ptr: yd.ptr(),
-        w_ptr: wd.ptr(),
-        b_ptr: bd.ptr(),
+        x_ptr: dev.ptr(&xd)?,
+        y_ptr: dev.ptr(&yd)?,
+        w_ptr: dev.ptr(&wd)?,
+        b_ptr: dev.ptr(&bd)?,
         n_cols: nc,
         eps,
         _marker: PhantomData,
     };
-    cuda.run::<layer_norm::Kernel>(grid, &config, &args)?;
-    let got = yd.download()?;
+    dev.run::<layer_norm::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&yd)?;
     let args = layer_norm::Args {
         x_ptr: xc,
         y_ptr: yc,
@@ -511,12 +533,12 @@ fn layer_norm_case(
 
 /// The `layer_norm` check: ragged shapes, exact (non-power-of-two) and padded
 /// `BLOCK`s, f32.
-pub fn layer_norm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn layer_norm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for (rows, cols) in ROW_SHAPES {
         for exact in [true, false] {
-            out.push(layer_norm_case(cuda, &mut rng, rows, cols, exact)?);
+            out.push(layer_norm_case(dev, &mut rng, rows, cols, exact)?);
         }
     }
     Ok(out)
@@ -541,8 +563,8 @@ fn add_rmsnorm_out_tol(dtype: DType) -> Tol {
     }
 }
 
-fn add_rmsnorm_case<T: Sample>(
-    cuda: &mut Cuda,
+fn add_rmsnorm_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     (rows, cols, warps): (usize, usize, u32),
     exact: bool,
@@ -552,23 +574,23 @@ fn add_rmsnorm_case<T: Sample>(
     let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, row_block(cols, exact)).with_warps(warps);
     let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
-    let ((xd, xc), (rd, rc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &r)?);
-    let (wd, wc) = upload_both(cuda, &mut cpu, &w)?;
-    let ((od, oc), (hd, hc)) = (zeros_both::<T>(cuda, &mut cpu, n)?, zeros_both::<T>(cuda, &mut cpu, n)?);
+    let ((xd, xc), (rd, rc)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &r)?);
+    let (wd, wc) = upload_both(dev, &mut cpu, &w)?;
+    let ((od, oc), (hd, hc)) = (zeros_both::<T, _>(dev, &mut cpu, n)?, zeros_both::<T, _>(dev, &mut cpu, n)?);
     let (nc, eps) = (cols as i32, 1e-5);
     let args = add_rmsnorm::Args {
-        x_ptr: xd.ptr().cast(),
-        r_ptr: rd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
-        out_ptr: od.ptr().cast(),
-        h_ptr: hd.ptr().cast(),
+        x_ptr: dev.ptr(&xd)?,
+        r_ptr: dev.ptr(&rd)?,
+        w_ptr: dev.ptr(&wd)?,
+        out_ptr: dev.ptr(&od)?,
+        h_ptr: dev.ptr(&hd)?,
         n_cols: nc,
         stride: nc,
         eps,
         _marker: PhantomData,
     };
-    cuda.run::<add_rmsnorm::Kernel>(grid, &config, &args)?;
-    let (got_out, got_h) = (od.download()?, hd.download()?);
+    dev.run::<add_rmsnorm::Kernel>(grid, &config, &args)?;
+    let (got_out, got_h) = (dev.download(&od)?, dev.download(&hd)?);
     let args = add_rmsnorm::Args {
         x_ptr: xc.cast(),
         r_ptr: rc.cast(),
@@ -592,19 +614,19 @@ fn add_rmsnorm_case<T: Sample>(
 
 /// The `add_rmsnorm` check: ragged shapes (exact non-power-of-two and padded
 /// `BLOCK`s), f32 and bf16; `h` bit-exact, `out` within its tolerance.
-pub fn add_rmsnorm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn add_rmsnorm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for (i, shape) in NORM_SHAPES.into_iter().enumerate() {
         let exact = i % 2 == 0;
-        out.extend(add_rmsnorm_case::<f32>(cuda, &mut rng, shape, exact)?);
-        out.extend(add_rmsnorm_case::<bf16>(cuda, &mut rng, shape, !exact)?);
+        out.extend(add_rmsnorm_case::<f32, _>(dev, &mut rng, shape, exact)?);
+        out.extend(add_rmsnorm_case::<bf16, _>(dev, &mut rng, shape, !exact)?);
     }
     Ok(out)
 }
 
-fn rmsnorm_case<T: Sample>(
-    cuda: &mut Cuda,
+fn rmsnorm_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     (rows, cols, warps): (usize, usize, u32),
     exact: bool,
@@ -614,20 +636,20 @@ fn rmsnorm_case<T: Sample>(
     let config = rmsnorm::Config::new(T::DEVICE_DTYPE, row_block(cols, exact)).with_warps(warps);
     let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
-    let ((xd, xc), (wd, wc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &w)?);
-    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, n)?;
+    let ((xd, xc), (wd, wc)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &w)?);
+    let (od, oc) = zeros_both::<T, _>(dev, &mut cpu, n)?;
     let (nc, eps) = (cols as i32, 1e-5);
     let args = rmsnorm::Args {
-        x_ptr: xd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
-        out_ptr: od.ptr().cast(),
+        x_ptr: dev.ptr(&xd)?,
+        w_ptr: dev.ptr(&wd)?,
+        out_ptr: dev.ptr(&od)?,
         n_cols: nc,
         stride: nc,
         eps,
         _marker: PhantomData,
     };
-    cuda.run::<rmsnorm::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    dev.run::<rmsnorm::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let args = rmsnorm::Args {
         x_ptr: xc.cast(),
         w_ptr: wc.cast(),
@@ -645,13 +667,13 @@ fn rmsnorm_case<T: Sample>(
 
 /// The `rmsnorm` check: ragged shapes (exact non-power-of-two and padded
 /// `BLOCK`s), f32 and bf16 (one rounding at the end: one unit of it).
-pub fn rmsnorm(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn rmsnorm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for (i, shape) in NORM_SHAPES.into_iter().enumerate() {
         let exact = i % 2 == 0;
-        out.push(rmsnorm_case::<f32>(cuda, &mut rng, shape, exact)?);
-        out.push(rmsnorm_case::<bf16>(cuda, &mut rng, shape, !exact)?);
+        out.push(rmsnorm_case::<f32, _>(dev, &mut rng, shape, exact)?);
+        out.push(rmsnorm_case::<bf16, _>(dev, &mut rng, shape, !exact)?);
     }
     Ok(out)
 }
@@ -668,8 +690,8 @@ fn q8_0_table(rng: &mut Rng, vocab: usize, hidden: usize) -> Vec<u8> {
     t
 }
 
-fn embedding_q8_0_case<T: Sample>(
-    cuda: &mut Cuda,
+fn embedding_q8_0_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     (tokens, hidden, vocab): (usize, usize, usize),
     invalid: bool,
@@ -686,19 +708,19 @@ fn embedding_q8_0_case<T: Sample>(
     let config = embedding_q8_0::Config::new(T::DEVICE_DTYPE, block).with_warps(warps);
     let grid = [tokens as u32, 1, 1];
     let mut cpu = Cpu::new();
-    let ((wd, wc), (id, ic)) = (upload_both(cuda, &mut cpu, &w)?, upload_both(cuda, &mut cpu, &ids)?);
-    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, tokens * hidden)?;
+    let ((wd, wc), (id, ic)) = (upload_both(dev, &mut cpu, &w)?, upload_both(dev, &mut cpu, &ids)?);
+    let (od, oc) = zeros_both::<T, _>(dev, &mut cpu, tokens * hidden)?;
     let (h, v) = (hidden as i32, vocab as i32);
     let args = embedding_q8_0::Args {
-        w_ptr: wd.ptr().cast(),
-        ids_ptr: id.ptr(),
-        out_ptr: od.ptr().cast(),
+        w_ptr: dev.ptr(&wd)?,
+        ids_ptr: dev.ptr(&id)?,
+        out_ptr: dev.ptr(&od)?,
         hidden: h,
         vocab: v,
         _marker: PhantomData,
     };
-    cuda.run::<embedding_q8_0::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    dev.run::<embedding_q8_0::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let args = embedding_q8_0::Args {
         w_ptr: wc.cast(),
         ids_ptr: ic,
@@ -715,13 +737,13 @@ fn embedding_q8_0_case<T: Sample>(
 /// The `embedding_q8_0` check: ragged token counts, hidden 576 (SmolLM2, its
 /// full 49152-row vocab once) and 4096 (a looped row), f32 and bf16 outputs,
 /// exact (`d * q` is exact in f32; bf16 is one rounding of it on both sides).
-pub fn embedding_q8_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn embedding_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     let shapes = [(1, 576, 1000), (37, 576, 49152), (5, 4096, 300), (130, 4096, 64)];
     for (i, shape) in shapes.into_iter().enumerate() {
-        out.push(embedding_q8_0_case::<f32>(cuda, &mut rng, shape, i == 2)?);
-        out.push(embedding_q8_0_case::<bf16>(cuda, &mut rng, shape, i == 3)?);
+        out.push(embedding_q8_0_case::<f32, _>(dev, &mut rng, shape, i == 2)?);
+        out.push(embedding_q8_0_case::<bf16, _>(dev, &mut rng, shape, i == 3)?);
     }
     Ok(out)
 }
@@ -740,8 +762,8 @@ const SOFTMAX_ONLINE_SHAPES: [(usize, usize, usize, u32, f32, Option<i32>); 7] =
     (16, 8192, 4096, 16, 0.088, Some(8176)),
 ];
 
-fn softmax_online_case<T: Sample>(
-    cuda: &mut Cuda,
+fn softmax_online_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     (rows, cols, block, warps, scale, causal): (usize, usize, usize, u32, f32, Option<i32>),
 ) -> Result<CheckRow> {
@@ -751,20 +773,20 @@ fn softmax_online_case<T: Sample>(
     let config = k::Config::new(T::DEVICE_DTYPE, causal.is_some(), block).with_warps(warps);
     let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
-    let (xd, xc) = upload_both(cuda, &mut cpu, &x)?;
-    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, n)?;
+    let (xd, xc) = upload_both(dev, &mut cpu, &x)?;
+    let (od, oc) = zeros_both::<T, _>(dev, &mut cpu, n)?;
     let (nc, off) = (cols as i32, causal.unwrap_or(0));
     let args = k::Args {
-        out_ptr: od.ptr().cast(),
-        in_ptr: xd.ptr().cast(),
+        out_ptr: dev.ptr(&od)?,
+        in_ptr: dev.ptr(&xd)?,
         n_cols: nc,
         stride: nc,
         scale,
         causal_offset: off,
         _marker: PhantomData,
     };
-    cuda.run::<k::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    dev.run::<k::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let args = k::Args {
         out_ptr: oc.cast(),
         in_ptr: xc.cast(),
@@ -784,26 +806,31 @@ fn softmax_online_case<T: Sample>(
 /// The `softmax_online` check: rows up to 8192 in 256..4096 chunks (ragged
 /// and exact multiples), scales, causal on and off (incl. fully masked rows),
 /// f32 and bf16.
-pub fn softmax_online(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn softmax_online<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for shape in SOFTMAX_ONLINE_SHAPES {
-        out.push(softmax_online_case::<f32>(cuda, &mut rng, shape)?);
-        out.push(softmax_online_case::<bf16>(cuda, &mut rng, shape)?);
+        out.push(softmax_online_case::<f32, _>(dev, &mut rng, shape)?);
+        out.push(softmax_online_case::<bf16, _>(dev, &mut rng, shape)?);
     }
     Ok(out)
 }
 
-fn histogram_case(cuda: &mut Cuda, rng: &mut Rng, n: usize, bins: usize) -> Result<CheckRow> {
+fn histogram_case<D: Device>(dev: &mut D, rng: &mut Rng, n: usize, bins: usize) -> Result<CheckRow> {
     let data: Vec<i32> = (0..n).map(|_| (rng.next_u64() % bins as u64) as i32).collect();
     let config = histogram::Config::new(1024);
     let grid = [n.div_ceil(1024) as u32, 1, 1];
     let mut cpu = Cpu::new();
     let ((dd, dc), (hd, hc)) =
-        (upload_both(cuda, &mut cpu, &data)?, zeros_both::<i32>(cuda, &mut cpu, bins)?);
-    let args = histogram::Args { bins_ptr: dd.ptr(), hist_ptr: hd.ptr(), n: n as i32, _marker: PhantomData };
-    cuda.run::<histogram::Kernel>(grid, &config, &args)?;
-    let got = hd.download()?;
+        (upload_both(dev, &mut cpu, &data)?, zeros_both::<i32, _>(dev, &mut cpu, bins)?);
+    let args = histogram::Args {
+        bins_ptr: dev.ptr(&dd)?,
+        hist_ptr: dev.ptr(&hd)?,
+        n: n as i32,
+        _marker: PhantomData,
+    };
+    dev.run::<histogram::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&hd)?;
     let args = histogram::Args { bins_ptr: dc, hist_ptr: hc, n: n as i32, _marker: PhantomData };
     histogram::interpret(&mut cpu, grid, &config, &args)?;
     let shape = format!("{n} into {bins} bins");
@@ -811,24 +838,24 @@ fn histogram_case(cuda: &mut Cuda, rng: &mut Rng, n: usize, bins: usize) -> Resu
 }
 
 /// The `histogram` check: ragged lengths, exact counts (atomics).
-pub fn histogram(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn histogram<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for (n, bins) in [(1, 1), (1000, 37), (4097, 256), (100_003, 37)] {
-        rows.push(histogram_case(cuda, &mut rng, n, bins)?);
+        rows.push(histogram_case(dev, &mut rng, n, bins)?);
     }
     Ok(rows)
 }
 
-fn collatz_case(cuda: &mut Cuda, xs: &[i32]) -> Result<CheckRow> {
+fn collatz_case<D: Device>(dev: &mut D, xs: &[i32]) -> Result<CheckRow> {
     let n = xs.len();
     let config = collatz::Config::new();
     let grid = [n as u32, 1, 1];
     let mut cpu = Cpu::new();
-    let ((xd, xc), (od, oc)) = (upload_both(cuda, &mut cpu, xs)?, zeros_both::<i32>(cuda, &mut cpu, n)?);
-    let args = collatz::Args { x_ptr: xd.ptr(), out_ptr: od.ptr(), _marker: PhantomData };
-    cuda.run::<collatz::Kernel>(grid, &config, &args)?;
-    let got = od.download()?;
+    let ((xd, xc), (od, oc)) = (upload_both(dev, &mut cpu, xs)?, zeros_both::<i32, _>(dev, &mut cpu, n)?);
+    let args = collatz::Args { x_ptr: dev.ptr(&xd)?, out_ptr: dev.ptr(&od)?, _marker: PhantomData };
+    dev.run::<collatz::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&od)?;
     let args = collatz::Args { x_ptr: xc, out_ptr: oc, _marker: PhantomData };
     collatz::interpret(&mut cpu, grid, &config, &args)?;
     Ok(outcome("collatz", n.to_string(), DType::I32, &got, &cpu.read(oc), EXACT))
@@ -836,12 +863,25 @@ fn collatz_case(cuda: &mut Cuda, xs: &[i32]) -> Result<CheckRow> {
 
 /// The `collatz` check: step counts of inputs in `1..=1000` (one random, all
 /// of them, and a random ragged batch), exact.
-pub fn collatz(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn collatz<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut draw = |n: usize| -> Vec<i32> { (0..n).map(|_| 1 + (rng.next_u64() % 1000) as i32).collect() };
     let (one, ragged) = (draw(1), draw(4097));
     let all: Vec<i32> = (1..=1000).collect();
-    [one, all, ragged].iter().map(|xs| collatz_case(cuda, xs)).collect()
+    [one, all, ragged].iter().map(|xs| collatz_case(dev, xs)).collect()
+}
+
+/// The failing row of a check that could not run (a compile or launch
+/// error, reported separately).
+pub fn error_row(kernel: &str) -> CheckRow {
+    CheckRow {
+        kernel: kernel.into(),
+        shape: "(error)".into(),
+        dtype: DType::F32,
+        max_abs: f64::INFINITY,
+        max_rel: f64::INFINITY,
+        pass: false,
+    }
 }
 
 /// Formats the check table; the second value is true when every row passed.

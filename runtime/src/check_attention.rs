@@ -20,9 +20,10 @@
 //! 8) 2^-24` term) and, in bf16/f16, the rounding of `p` and of the output,
 //! which may round to the other neighbour on the two sides.
 
+use crate::check::DevicePtr;
 use crate::check::{CheckRow, Rng, Sample, to_f64, unit_roundoff};
-use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -50,7 +51,7 @@ fn smollm2_batch() -> Vec<(usize, usize)> {
     vec![(1, 97), (37, 37), (0, 5), (130, 300), (64, 64), (5, 1000)]
 }
 
-fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result<CheckRow> {
+fn attention_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, c: &Case) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
     let (bs, d) = (c.block_size, c.d);
     let pages: Vec<usize> = c.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(bs)).collect();
@@ -82,24 +83,22 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
     let config = c.tiles.config(dtype, c.n_q, c.n_kv, d, bs, c.causal);
     let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
     let grid = fa::grid(max_q, c.seqs.len(), c.n_q, c.tiles.block_m);
-
-    let gpu = cuda.gpu();
-    let (qd, kd, vd, od) = (gpu.upload(&q)?, gpu.upload(&k)?, gpu.upload(&v)?, gpu.upload(&o_init)?);
-    let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
+    let (qd, kd, vd, od) = (dev.upload(&q)?, dev.upload(&k)?, dev.upload(&v)?, dev.upload(&o_init)?);
+    let (bd, sd, cd) = (dev.upload(&tables)?, dev.upload(&seq_lens)?, dev.upload(&cu)?);
     let args = flash_attention::Args {
-        q_ptr: qd.ptr().cast(),
-        k_cache_ptr: kd.ptr().cast(),
-        v_cache_ptr: vd.ptr().cast(),
-        o_ptr: od.ptr().cast(),
-        block_tables_ptr: bd.ptr(),
-        seq_lens_ptr: sd.ptr(),
-        cu_seqlens_q_ptr: cd.ptr(),
+        q_ptr: dev.ptr(&qd)?,
+        k_cache_ptr: dev.ptr(&kd)?,
+        v_cache_ptr: dev.ptr(&vd)?,
+        o_ptr: dev.ptr(&od)?,
+        block_tables_ptr: dev.ptr(&bd)?,
+        seq_lens_ptr: dev.ptr(&sd)?,
+        cu_seqlens_q_ptr: dev.ptr(&cd)?,
         scale,
         max_blocks_per_seq: max_blocks as i32,
         _marker: PhantomData,
     };
-    cuda.run::<flash_attention::Kernel>(grid, &config, &args)?;
-    let got = to_f64(&od.download()?);
+    dev.run::<flash_attention::Kernel>(grid, &config, &args)?;
+    let got = to_f64(&dev.download(&od)?);
 
     let mut cpu = Cpu::new();
     let (qc, kc, vc, oc) = (cpu.upload(&q), cpu.upload(&k), cpu.upload(&v), cpu.upload(&o_init));
@@ -173,11 +172,11 @@ fn attention_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: &Case) -> Result
 /// 128 at head dims 128 and 64 (whole key blocks per page: `load_block`
 /// boxes, TMA on sm_90a), causal and full, f32 and bf16 (one f16 case),
 /// default tiles, one small-tile config and every autotune candidate.
-pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn flash_attention<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     let small = TileConfig::new(16, 16, 4);
-    let wgmma = cuda.wgmma();
+    let wgmma = dev.wgmma();
     for causal in [true, false] {
         let smol = Case {
             n_q: 9,
@@ -189,10 +188,10 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             causal,
         };
         let smol_f32 = Case { tiles: fa::config_for(64, DType::F32, wgmma, 16), ..smol.clone() };
-        rows.push(attention_case::<f32>(cuda, &mut rng, &smol_f32)?);
-        rows.push(attention_case::<bf16>(cuda, &mut rng, &smol)?);
+        rows.push(attention_case::<f32, _>(dev, &mut rng, &smol_f32)?);
+        rows.push(attention_case::<bf16, _>(dev, &mut rng, &smol)?);
         let smol_small = Case { tiles: small, ..smol.clone() };
-        rows.push(attention_case::<bf16>(cuda, &mut rng, &smol_small)?);
+        rows.push(attention_case::<bf16, _>(dev, &mut rng, &smol_small)?);
         let gqa4 = Case {
             n_q: 8,
             n_kv: 2,
@@ -203,8 +202,8 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             causal,
         };
         let gqa4_f32 = Case { tiles: fa::config_for(128, DType::F32, wgmma, 32), ..gqa4.clone() };
-        rows.push(attention_case::<f32>(cuda, &mut rng, &gqa4_f32)?);
-        rows.push(attention_case::<bf16>(cuda, &mut rng, &gqa4)?);
+        rows.push(attention_case::<f32, _>(dev, &mut rng, &gqa4_f32)?);
+        rows.push(attention_case::<bf16, _>(dev, &mut rng, &gqa4)?);
         let mha = Case {
             n_q: 4,
             n_kv: 4,
@@ -214,8 +213,8 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             tiles: fa::config_for(128, DType::BF16, wgmma, 64),
             causal,
         };
-        rows.push(attention_case::<bf16>(cuda, &mut rng, &mha)?);
-        rows.push(attention_case::<f16>(cuda, &mut rng, &mha)?);
+        rows.push(attention_case::<bf16, _>(dev, &mut rng, &mha)?);
+        rows.push(attention_case::<f16, _>(dev, &mut rng, &mha)?);
         // Pages of 128 tokens hold whole key blocks of every tile: the
         // unmasked key blocks are boxes of the cache (TMA on sm_90a, with
         // the warpgroups of 8-warp tiles taking turns at the products).
@@ -229,14 +228,14 @@ pub fn flash_attention(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
             causal,
         };
         let long64 = Case { d: 64, tiles: fa::config_for(64, DType::BF16, wgmma, 128), ..long128.clone() };
-        rows.push(attention_case::<bf16>(cuda, &mut rng, &long128)?);
-        rows.push(attention_case::<bf16>(cuda, &mut rng, &long64)?);
+        rows.push(attention_case::<bf16, _>(dev, &mut rng, &long128)?);
+        rows.push(attention_case::<bf16, _>(dev, &mut rng, &long64)?);
         // Every autotune candidate (their warp grids differ: 16 or 32 rows
         // per warp, `p` from registers or through shared memory).
         for tiles in tune_tiles(wgmma) {
-            rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..smol.clone() })?);
-            rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..gqa4.clone() })?);
-            rows.push(attention_case::<bf16>(cuda, &mut rng, &Case { tiles, ..long128.clone() })?);
+            rows.push(attention_case::<bf16, _>(dev, &mut rng, &Case { tiles, ..smol.clone() })?);
+            rows.push(attention_case::<bf16, _>(dev, &mut rng, &Case { tiles, ..gqa4.clone() })?);
+            rows.push(attention_case::<bf16, _>(dev, &mut rng, &Case { tiles, ..long128.clone() })?);
         }
     }
     Ok(rows)

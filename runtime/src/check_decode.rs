@@ -16,11 +16,12 @@
 //! longer than one pass of all threads); max, argmax and the broadcasts are
 //! exact, sums within `F32_SUM`.
 
+use crate::check::DevicePtr;
 use crate::check::{
     CheckRow, EXACT, F32_SUM, Rng, Sample, Tol, outcome, to_f64, unit_roundoff, upload_both, zeros_both,
 };
-use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -175,10 +176,10 @@ fn launch<'a, B: Backend + 'a>(
     Ok(())
 }
 
-/// Runs case `c` with kernel `v` on the GPU and in the interpreter, on the
+/// Runs case `c` with kernel `v` on the device and in the interpreter, on the
 /// same fresh [`inputs`]: returns them with both outputs.
-fn run_case<T: Sample>(
-    cuda: &mut Cuda,
+fn run_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     c: &Case,
     v: Variant,
@@ -187,29 +188,29 @@ fn run_case<T: Sample>(
     let parts = c.batch * c.h_kv * inp.splits * c.group;
     let mut cpu = Cpu::new();
     let ((qd, qc), (kd, kc), (vd, vc)) = (
-        upload_both(cuda, &mut cpu, &inp.q)?,
-        upload_both(cuda, &mut cpu, &inp.k)?,
-        upload_both(cuda, &mut cpu, &inp.v)?,
+        upload_both(dev, &mut cpu, &inp.q)?,
+        upload_both(dev, &mut cpu, &inp.k)?,
+        upload_both(dev, &mut cpu, &inp.v)?,
     );
     let ((bd, bc), (sd, sc)) =
-        (upload_both(cuda, &mut cpu, &inp.tables)?, upload_both(cuda, &mut cpu, &inp.ctx)?);
-    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, c.batch * c.h_kv * c.group * c.head_dim)?;
-    let (pod, poc) = zeros_both::<f32>(cuda, &mut cpu, parts * c.head_dim)?;
-    let (pmd, pmc) = zeros_both::<f32>(cuda, &mut cpu, parts)?;
-    let (pld, plc) = zeros_both::<f32>(cuda, &mut cpu, parts)?;
+        (upload_both(dev, &mut cpu, &inp.tables)?, upload_both(dev, &mut cpu, &inp.ctx)?);
+    let (od, oc) = zeros_both::<T, _>(dev, &mut cpu, c.batch * c.h_kv * c.group * c.head_dim)?;
+    let (pod, poc) = zeros_both::<f32, _>(dev, &mut cpu, parts * c.head_dim)?;
+    let (pmd, pmc) = zeros_both::<f32, _>(dev, &mut cpu, parts)?;
+    let (pld, plc) = zeros_both::<f32, _>(dev, &mut cpu, parts)?;
     let shape = (inp.max_pages, inp.split_len, inp.splits);
-    let dev = Side::<Cuda> {
-        q: qd.ptr().cast(),
-        k: kd.ptr().cast(),
-        v: vd.ptr().cast(),
-        tables: bd.ptr(),
-        ctx: sd.ptr(),
-        out: od.ptr().cast(),
-        part_o: pod.ptr(),
-        part_m: pmd.ptr(),
-        part_l: pld.ptr(),
+    let side = Side::<D> {
+        q: dev.ptr(&qd)?,
+        k: dev.ptr(&kd)?,
+        v: dev.ptr(&vd)?,
+        tables: dev.ptr(&bd)?,
+        ctx: dev.ptr(&sd)?,
+        out: dev.ptr(&od)?,
+        part_o: dev.ptr(&pod)?,
+        part_m: dev.ptr(&pmd)?,
+        part_l: dev.ptr(&pld)?,
     };
-    launch(cuda, &dev, c, v, T::DEVICE_DTYPE, shape)?;
+    launch(dev, &side, c, v, T::DEVICE_DTYPE, shape)?;
     let host = Side::<Cpu> {
         q: qc.cast(),
         k: kc.cast(),
@@ -222,7 +223,7 @@ fn run_case<T: Sample>(
         part_l: plc,
     };
     launch(&mut cpu, &host, c, v, T::DEVICE_DTYPE, shape)?;
-    let (got, interp) = (od.download()?, cpu.read(oc));
+    let (got, interp) = (dev.download(&od)?, cpu.read(oc));
     Ok((inp, got, interp))
 }
 
@@ -241,8 +242,8 @@ fn shape_of(c: &Case) -> String {
     )
 }
 
-fn decode_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: Case) -> Result<CheckRow> {
-    let (_, got, interp) = run_case::<T>(cuda, rng, &c, Variant::Plain)?;
+fn decode_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, c: Case) -> Result<CheckRow> {
+    let (_, got, interp) = run_case::<T, _>(dev, rng, &c, Variant::Plain)?;
     let tol = match T::DEVICE_DTYPE {
         DType::F32 => Tol { atol: 1e-4, rtol: 1e-3 },
         _ => Tol { atol: 1e-3, rtol: 1.0 / 64.0 },
@@ -256,7 +257,7 @@ fn decode_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: Case) -> Result<Che
 }
 
 /// The `paged_decode` check (see the module doc).
-pub fn paged_decode(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn paged_decode<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let smol = |batch, max_ctx, page, block_n, warps, split_len| Case {
         batch,
@@ -290,8 +291,8 @@ pub fn paged_decode(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     ];
     let mut out = Vec::new();
     for c in cases {
-        out.push(decode_case::<f32>(cuda, &mut rng, c)?);
-        out.push(decode_case::<bf16>(cuda, &mut rng, c)?);
+        out.push(decode_case::<f32, _>(dev, &mut rng, c)?);
+        out.push(decode_case::<bf16, _>(dev, &mut rng, c)?);
     }
     Ok(out)
 }
@@ -301,10 +302,15 @@ pub fn paged_decode(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 /// against the f64 reference with FlashAttention's error model
 /// ([`r::Attention::error_bound`], `p` rounded to `T`; the keys term widened
 /// for the split merge) and against the interpreter within twice that bound.
-fn decode_tc_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: Case, stages: u32) -> Result<CheckRow> {
+fn decode_tc_case<T: Sample, D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    c: Case,
+    stages: u32,
+) -> Result<CheckRow> {
     let d = c.head_dim;
     let n_q = c.h_kv * c.group;
-    let (inp, got, interp) = run_case::<T>(cuda, rng, &c, Variant::Tc { stages })?;
+    let (inp, got, interp) = run_case::<T, _>(dev, rng, &c, Variant::Tc { stages })?;
     let Inputs { ctx, tables, max_pages, q, k, v, split_len, splits } = inp;
     let (got, interp) = (to_f64(&got), to_f64(&interp));
     // The f64 reference: each sequence's query (its last position) against its whole context.
@@ -358,7 +364,7 @@ fn decode_tc_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, c: Case, stages: u3
 /// and SmolLM2's 9:3 at 64, pages of 16/32/64, every autotune config of the
 /// kernel (tensor cores), one config below the tensor-core shape rule (`dot`
 /// on FMAs), direct and split-KV, bf16 and one f16 case.
-pub fn paged_decode_tc(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn paged_decode_tc<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let case = |batch, max_ctx, h_kv, group, head_dim, page, block_n, warps, split_len| Case {
         batch,
@@ -374,18 +380,18 @@ pub fn paged_decode_tc(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     let mut out = Vec::new();
     // The autotune configs `(BLOCK_N, warps, stages)`.
     for (bn, w, st) in [(64, 4, 3), (64, 4, 2), (32, 4, 4), (128, 4, 2), (64, 2, 3), (128, 8, 3)] {
-        out.push(decode_tc_case::<bf16>(cuda, &mut rng, case(3, 1000, 8, 4, 128, 16, bn, w, None), st)?);
-        out.push(decode_tc_case::<bf16>(cuda, &mut rng, case(5, 333, 3, 3, 64, 32, bn, w, Some(128)), st)?);
+        out.push(decode_tc_case::<bf16, _>(dev, &mut rng, case(3, 1000, 8, 4, 128, 16, bn, w, None), st)?);
+        out.push(decode_tc_case::<bf16, _>(dev, &mut rng, case(5, 333, 3, 3, 64, 32, bn, w, Some(128)), st)?);
     }
-    out.push(decode_tc_case::<bf16>(cuda, &mut rng, case(2, 3001, 8, 4, 128, 64, 64, 4, Some(512)), 3)?);
-    out.push(decode_tc_case::<f16>(cuda, &mut rng, case(3, 777, 8, 4, 128, 32, 64, 4, Some(256)), 3)?);
-    out.push(decode_tc_case::<bf16>(cuda, &mut rng, case(4, 61, 3, 3, 64, 16, 16, 4, None), 2)?);
-    out.push(decode_tc_case::<bf16>(cuda, &mut rng, case(1, 17, 3, 3, 64, 16, 64, 4, None), 3)?);
+    out.push(decode_tc_case::<bf16, _>(dev, &mut rng, case(2, 3001, 8, 4, 128, 64, 64, 4, Some(512)), 3)?);
+    out.push(decode_tc_case::<f16, _>(dev, &mut rng, case(3, 777, 8, 4, 128, 32, 64, 4, Some(256)), 3)?);
+    out.push(decode_tc_case::<bf16, _>(dev, &mut rng, case(4, 61, 3, 3, 64, 16, 16, 4, None), 2)?);
+    out.push(decode_tc_case::<bf16, _>(dev, &mut rng, case(1, 17, 3, 3, 64, 16, 64, 4, None), 3)?);
     Ok(out)
 }
 
-fn row_stats_case(
-    cuda: &mut Cuda,
+fn row_stats_case<D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     rows: usize,
     cols: usize,
@@ -396,26 +402,26 @@ fn row_stats_case(
     let x = rng.values::<f32>(rows * cols, 4.0);
     let bias = rng.values::<f32>(cols, 1.0);
     let mut cpu = Cpu::new();
-    let ((xd, xc), (bd, bcpu)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &bias)?);
-    let (sd, sc) = zeros_both::<f32>(cuda, &mut cpu, rows)?;
-    let (md, mc) = zeros_both::<f32>(cuda, &mut cpu, rows)?;
-    let (ad, ac) = zeros_both::<i32>(cuda, &mut cpu, rows)?;
-    let (yd, yc) = zeros_both::<f32>(cuda, &mut cpu, rows * cols)?;
+    let ((xd, xc), (bd, bcpu)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &bias)?);
+    let (sd, sc) = zeros_both::<f32, _>(dev, &mut cpu, rows)?;
+    let (md, mc) = zeros_both::<f32, _>(dev, &mut cpu, rows)?;
+    let (ad, ac) = zeros_both::<i32, _>(dev, &mut cpu, rows)?;
+    let (yd, yc) = zeros_both::<f32, _>(dev, &mut cpu, rows * cols)?;
     let config = row_stats::Config::new(br, bc).with_warps(warps);
     let grid = [rows.div_ceil(br) as u32, 1, 1];
     let (nr, nc) = (rows as i32, cols as i32);
     let args = row_stats::Args {
-        x_ptr: xd.ptr(),
-        bias_ptr: bd.ptr(),
-        sums_ptr: sd.ptr(),
-        maxs_ptr: md.ptr(),
-        args_ptr: ad.ptr(),
-        y_ptr: yd.ptr(),
+        x_ptr: dev.ptr(&xd)?,
+        bias_ptr: dev.ptr(&bd)?,
+        sums_ptr: dev.ptr(&sd)?,
+        maxs_ptr: dev.ptr(&md)?,
+        args_ptr: dev.ptr(&ad)?,
+        y_ptr: dev.ptr(&yd)?,
         n_rows: nr,
         n_cols: nc,
         _marker: PhantomData,
     };
-    cuda.run::<row_stats::Kernel>(grid, &config, &args)?;
+    dev.run::<row_stats::Kernel>(grid, &config, &args)?;
     let args = row_stats::Args {
         x_ptr: xc,
         bias_ptr: bcpu,
@@ -430,15 +436,15 @@ fn row_stats_case(
     row_stats::interpret(&mut cpu, grid, &config, &args)?;
     let shape = format!("{rows}x{cols}/{br}x{bc}/w{warps}");
     Ok(vec![
-        outcome("row_stats.sum", shape.clone(), DType::F32, &sd.download()?, &cpu.read(sc), F32_SUM),
-        outcome("row_stats.max", shape.clone(), DType::F32, &md.download()?, &cpu.read(mc), EXACT),
-        outcome("row_stats.argmax", shape.clone(), DType::I32, &ad.download()?, &cpu.read(ac), EXACT),
-        outcome("row_stats.y", shape, DType::F32, &yd.download()?, &cpu.read(yc), EXACT),
+        outcome("row_stats.sum", shape.clone(), DType::F32, &dev.download(&sd)?, &cpu.read(sc), F32_SUM),
+        outcome("row_stats.max", shape.clone(), DType::F32, &dev.download(&md)?, &cpu.read(mc), EXACT),
+        outcome("row_stats.argmax", shape.clone(), DType::I32, &dev.download(&ad)?, &cpu.read(ac), EXACT),
+        outcome("row_stats.y", shape, DType::F32, &dev.download(&yd)?, &cpu.read(yc), EXACT),
     ])
 }
 
 /// The `row_stats` check (see the module doc).
-pub fn row_stats(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn row_stats<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     // (rows, cols, BR, BC, warps): rows of 2 (shorter than a 4-element chunk),
@@ -451,13 +457,13 @@ pub fn row_stats(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         (5, 4096, 4, 4096, 4),
         (3, 33, 4, 64, 1),
     ] {
-        out.extend(row_stats_case(cuda, &mut rng, rows, cols, br, bc, warps)?);
+        out.extend(row_stats_case(dev, &mut rng, rows, cols, br, bc, warps)?);
     }
     Ok(out)
 }
 
 /// No separate check: `paged_decode_reduce` runs inside every split case of
 /// [`paged_decode()`].
-pub fn none(_: &mut Cuda, _: u64) -> Result<Vec<CheckRow>> {
+pub fn none<D: Device>(_: &mut D, _: u64) -> Result<Vec<CheckRow>> {
     Ok(Vec::new())
 }

@@ -25,9 +25,11 @@
 //! one rounding to the output dtype; against the interpreter, twice that (both
 //! sides are within it of the exact value).
 
+use crate::check::DevicePtr;
 use crate::check::{CheckRow, Rng, Sample};
-use crate::cuda::{Cuda, DeviceElem};
+use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -268,12 +270,12 @@ macro_rules! stream_k_launch {
         let (a, b, c) = $launch.tiles;
         let f = $launch.format;
         let args = gemm_stream_k::Args {
-            x_ptr: $x.cast(),
-            q_ptr: $q.cast(),
-            s_ptr: $s.cast(),
-            out_ptr: $o.cast(),
-            ws_ptr: $ws.cast(),
-            flag_ptr: $fl.cast(),
+            x_ptr: $x,
+            q_ptr: $q,
+            s_ptr: $s,
+            out_ptr: $o,
+            ws_ptr: $ws,
+            flag_ptr: $fl,
             m: $m as i32,
             n: $n as i32,
             k: $k as i32,
@@ -302,48 +304,47 @@ fn flags_zero(flags: &[i32]) -> Result<()> {
     }
 }
 
-/// Runs `launch` on the GPU: `out[m, n]` as f64.
-pub(crate) fn run_gpu<T: DeviceElem>(
-    cuda: &mut Cuda,
+/// Runs `launch` on the device (the GPU or the native CPU backend): `out[m, n]` as f64.
+pub(crate) fn run_gpu<T: DeviceElem, D: Device>(
+    dev: &mut D,
     launch: Launch,
     x: &[T],
     w: &Repacked,
     m: usize,
     n: usize,
 ) -> Result<Vec<f64>> {
-    let gpu = cuda.gpu();
-    let (xd, qd, sd) = (gpu.upload(x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
-    let od = gpu.zeros::<T>(m * n)?;
+    let (xd, qd, sd) = (dev.upload(x)?, dev.upload(&w.quants)?, dev.upload(&w.scales)?);
+    let od = dev.zeros::<T>(m * n)?;
     if let Some(g) = launch.stream_k {
         let (a, b, _) = launch.tiles;
-        let ws = gpu.upload(&vec![f32::NAN; g as usize * a * b])?;
-        let flags = gpu.zeros::<i32>(g as usize)?;
+        let ws = dev.upload(&vec![f32::NAN; g as usize * a * b])?;
+        let flags = dev.zeros::<i32>(g as usize)?;
         let (args, config) = stream_k_launch!(
             launch,
             T,
-            (xd.ptr(), qd.ptr(), sd.ptr(), od.ptr(), ws.ptr(), flags.ptr()),
+            (dev.ptr(&xd)?, dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&od)?, dev.ptr(&ws)?, dev.ptr(&flags)?),
             m,
             n,
             w.k
         );
-        cuda.run::<gemm_stream_k::Kernel>(launch.grid(m, n), &config, &args)?;
-        flags_zero(&flags.download()?)?;
-        return Ok(od.download()?.iter().map(|v| v.to_f64()).collect());
+        dev.run::<gemm_stream_k::Kernel>(launch.grid(m, n), &config, &args)?;
+        flags_zero(&dev.download(&flags)?)?;
+        return Ok(dev.download(&od)?.iter().map(|v| v.to_f64()).collect());
     }
     with_kernel!(launch, T::DEVICE_DTYPE, kk, config => {
         let args = kk::Args {
-            x_ptr: xd.ptr().cast(),
-            q_ptr: qd.ptr().cast(),
-            s_ptr: sd.ptr().cast(),
-            out_ptr: od.ptr().cast(),
+            x_ptr: dev.ptr(&xd)?,
+            q_ptr: dev.ptr(&qd)?,
+            s_ptr: dev.ptr(&sd)?,
+            out_ptr: dev.ptr(&od)?,
             m: m as i32,
             n: n as i32,
             k: w.k as i32,
             _marker: PhantomData,
         };
-        cuda.run::<kk::Kernel>(launch.grid(m, n), &config, &args)?;
+        dev.run::<kk::Kernel>(launch.grid(m, n), &config, &args)?;
     });
-    Ok(od.download()?.iter().map(|v| v.to_f64()).collect())
+    Ok(dev.download(&od)?.iter().map(|v| v.to_f64()).collect())
 }
 
 /// Runs `launch` on the CPU interpreter: `out[m, n]` as f64.
@@ -355,7 +356,14 @@ fn run_cpu<T: DeviceElem>(launch: Launch, x: &[T], w: &Repacked, m: usize, n: us
         let (a, b, _) = launch.tiles;
         let ws = cpu.upload(&vec![f32::NAN; g as usize * a * b]);
         let flags = cpu.zeros::<i32>(g as usize);
-        let (args, config) = stream_k_launch!(launch, T, (xc, qc, sc, oc, ws, flags), m, n, w.k);
+        let (args, config) = stream_k_launch!(
+            launch,
+            T,
+            (xc.cast(), qc.cast(), sc.cast(), oc.cast(), ws.cast(), flags.cast()),
+            m,
+            n,
+            w.k
+        );
         gemm_stream_k::interpret(&mut cpu, launch.grid(m, n), &config, &args)?;
         flags_zero(&cpu.read(flags))?;
         return Ok(cpu.read(oc).iter().map(|v| v.to_f64()).collect());
@@ -463,10 +471,10 @@ enum Oracle {
 }
 
 /// One check: random weight(s) `[n, k]` and activations `[m, k]` in `T`,
-/// `launch` on the GPU, judged by `oracle`.
+/// `launch` on the device, judged by `oracle`.
 #[allow(clippy::too_many_arguments)]
-fn case<T: Sample>(
-    cuda: &mut Cuda,
+fn case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     name: &str,
     launch: Launch,
@@ -485,7 +493,7 @@ fn case<T: Sample>(
             .map_err(|e| Error::Usage(e.to_string()))?,
         None => repacked(f, &g_raw, n, k)?,
     };
-    let got = run_gpu::<T>(cuda, launch, &x, &w, m, n)?;
+    let got = run_gpu::<T, _>(dev, launch, &x, &w, m, n)?;
     let silu = if launch.silu { ", silu" } else { "" };
     let mut shape = format!("M{m} K{k} N{n}{silu}, {}{note}", launch.describe());
     let raws = (g_raw.as_slice(), u_raw.as_deref());
@@ -527,7 +535,13 @@ const GEMM_SHAPES: [(usize, usize, usize); 4] =
 /// The checks of one kernel (`name`): ragged shapes in f32 and bf16 with
 /// and without SiLU, every autotune config (on a ragged shape and, for the
 /// GEMV, at K = 4096), model shapes, bench shapes.
-fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantFormat) -> Result<Vec<CheckRow>> {
+fn checks<D: Device>(
+    dev: &mut D,
+    seed: u64,
+    name: &str,
+    path: Path,
+    format: QuantFormat,
+) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     let shapes: &[(usize, usize, usize)] = if path == Path::Gemv { &GEMV_SHAPES } else { &GEMM_SHAPES };
@@ -535,23 +549,23 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
     for &(m, n, k) in shapes {
         for silu in [false, true] {
             let l = Launch::default_for(path, format, silu, m, n, k, false);
-            rows.push(case::<f32>(cuda, &mut rng, name, l, (m, n, k), interp, "")?);
-            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, k), interp, "")?);
+            rows.push(case::<f32, _>(dev, &mut rng, name, l, (m, n, k), interp, "")?);
+            rows.push(case::<bf16, _>(dev, &mut rng, name, l, (m, n, k), interp, "")?);
         }
     }
     // Every declared autotune config on one ragged shape.
     let (m, n, k) = if path == Path::Gemv { (3, 45, 608) } else { (70, 90, 608) };
     for silu in [false, true] {
         for l in tuned_launches(Launch::default_for(path, format, silu, m, n, k, false)) {
-            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, k), interp, " (autotune config)")?);
+            rows.push(case::<bf16, _>(dev, &mut rng, name, l, (m, n, k), interp, " (autotune config)")?);
         }
     }
     // Every GEMV autotune config at K = 4096, where every K tile size up to
     // 4096 runs whole tiles through the software-pipelined main loop.
     if path == Path::Gemv {
         for l in tuned_launches(Launch::default_for(path, format, false, 2, 40, 4096, false)) {
-            rows.push(case::<bf16>(
-                cuda,
+            rows.push(case::<bf16, _>(
+                dev,
                 &mut rng,
                 name,
                 l,
@@ -566,12 +580,12 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
     let smol_m = if path == Path::Gemv { 1 } else { 33 };
     for silu in [false, true] {
         let l = Launch::default_for(path, format, silu, smol_m, 1536, 576, false);
-        rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 1536, 576), interp, " (SmolLM2)")?);
+        rows.push(case::<bf16, _>(dev, &mut rng, name, l, (smol_m, 1536, 576), interp, " (SmolLM2)")?);
     }
     if format == QuantFormat::Q8_0 {
         let l = Launch::default_for(path, format, false, smol_m, 49152, 576, false);
         let oracle = Oracle::Reference(193);
-        rows.push(case::<bf16>(cuda, &mut rng, name, l, (smol_m, 49152, 576), oracle, " (LM head)")?);
+        rows.push(case::<bf16, _>(dev, &mut rng, name, l, (smol_m, 49152, 576), oracle, " (LM head)")?);
     }
     // The bench shapes, against the reference on a column subset.
     let mns: &[(usize, usize)] = if path == Path::Gemv {
@@ -583,14 +597,14 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
         for silu in [false, true] {
             // The runtime's launch for bf16 on this device (swapped on
             // sm_90a, stream-K where it leaves SMs idle).
-            let sms = cuda.gpu().info().sm_count as usize;
-            let l = Launch::runtime_for(path, format, silu, (m, n, 4096), cuda.wgmma(), sms);
+            let sms = dev.sm_count();
+            let l = Launch::runtime_for(path, format, silu, (m, n, 4096), dev.wgmma(), sms);
             let oracle = Oracle::Reference(if m == 1 { 257 } else { 31 });
-            rows.push(case::<bf16>(cuda, &mut rng, name, l, (m, n, 4096), oracle, " (bench)")?);
+            rows.push(case::<bf16, _>(dev, &mut rng, name, l, (m, n, 4096), oracle, " (bench)")?);
         }
     }
     if path == Path::Gemm {
-        rows.extend(stream_k_checks(cuda, &mut rng, name, format)?);
+        rows.extend(stream_k_checks(dev, &mut rng, name, format)?);
     }
     Ok(rows)
 }
@@ -599,7 +613,12 @@ fn checks(cuda: &mut Cuda, seed: u64, name: &str, path: Path, format: QuantForma
 /// output tile (every piece a partial sum of the same tile) and on six
 /// tiles, on grids from one program per tile to more programs than K
 /// iterations (some ranges empty), bf16, with and without SiLU.
-fn stream_k_checks(cuda: &mut Cuda, rng: &mut Rng, name: &str, format: QuantFormat) -> Result<Vec<CheckRow>> {
+fn stream_k_checks<D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    name: &str,
+    format: QuantFormat,
+) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
     let base = gemm_stream_k::Config::new(DType::BF16, false, false, false, 256, 128, 64);
     for c in gemm_stream_k::autotune_configs(&base) {
@@ -619,7 +638,7 @@ fn stream_k_checks(cuda: &mut Cuda, rng: &mut Rng, name: &str, format: QuantForm
                         stages: c.num_stages,
                         stream_k: Some(g as u32),
                     };
-                    rows.push(case::<bf16>(cuda, rng, name, l, (m, n, k), Oracle::Interpreter, "")?);
+                    rows.push(case::<bf16, _>(dev, rng, name, l, (m, n, k), Oracle::Interpreter, "")?);
                 }
             }
         }
@@ -628,33 +647,33 @@ fn stream_k_checks(cuda: &mut Cuda, rng: &mut Rng, name: &str, format: QuantForm
 }
 
 /// The `gemv_q4_1` check (Q4_1 GEMV, plain and SiLU-fused).
-pub fn gemv_q4_1(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(cuda, seed, "gemv_q4_1", Path::Gemv, QuantFormat::Q4_1)
+pub fn gemv_q4_1<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(dev, seed, "gemv_q4_1", Path::Gemv, QuantFormat::Q4_1)
 }
 
 /// The `gemv_q4_0` check (Q4_0 GEMV, plain and SiLU-fused).
-pub fn gemv_q4_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(cuda, seed, "gemv_q4_0", Path::Gemv, QuantFormat::Q4_0)
+pub fn gemv_q4_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(dev, seed, "gemv_q4_0", Path::Gemv, QuantFormat::Q4_0)
 }
 
 /// The `gemv_q8_0` check (Q8_0 GEMV, plain and SiLU-fused, and the LM head).
-pub fn gemv_q8_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(cuda, seed, "gemv_q8_0", Path::Gemv, QuantFormat::Q8_0)
+pub fn gemv_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(dev, seed, "gemv_q8_0", Path::Gemv, QuantFormat::Q8_0)
 }
 
 /// The `gemm_q4_1` check (Q4_1 GEMM, plain and SiLU-fused).
-pub fn gemm_q4_1(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(cuda, seed, "gemm_q4_1", Path::Gemm, QuantFormat::Q4_1)
+pub fn gemm_q4_1<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(dev, seed, "gemm_q4_1", Path::Gemm, QuantFormat::Q4_1)
 }
 
 /// The `gemm_q4_0` check (Q4_0 GEMM, plain and SiLU-fused).
-pub fn gemm_q4_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(cuda, seed, "gemm_q4_0", Path::Gemm, QuantFormat::Q4_0)
+pub fn gemm_q4_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(dev, seed, "gemm_q4_0", Path::Gemm, QuantFormat::Q4_0)
 }
 
 /// The `gemm_q8_0` check (Q8_0 GEMM, plain and SiLU-fused, and the LM head).
-pub fn gemm_q8_0(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(cuda, seed, "gemm_q8_0", Path::Gemm, QuantFormat::Q8_0)
+pub fn gemm_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    checks(dev, seed, "gemm_q8_0", Path::Gemm, QuantFormat::Q8_0)
 }
 
 /// Which fusion of `kernels::dequant::fused` a fused check runs.
@@ -702,10 +721,10 @@ pub(crate) struct FusedInputs<'a, T> {
     pub w: &'a Repacked,
 }
 
-/// Runs a fused GEMV (`launch` is a GEMV launch) on the GPU (`cuda`) or the
-/// interpreter (`None`): `out[m, n]` as f64.
-pub(crate) fn run_fused<T: DeviceElem>(
-    cuda: Option<&mut Cuda>,
+/// Runs a fused GEMV (`launch` is a GEMV launch) on the device (`dev`) or
+/// the interpreter (`None`): `out[m, n]` as f64.
+pub(crate) fn run_fused<T: DeviceElem, D: Device>(
+    dev: Option<&mut D>,
     launch: Launch,
     fuse: Fuse,
     inp: &FusedInputs<'_, T>,
@@ -732,18 +751,17 @@ pub(crate) fn run_fused<T: DeviceElem>(
             }
         };
     }
-    match cuda {
-        Some(cuda) => {
-            let gpu = cuda.gpu();
-            let (xd, qd, sd) = (gpu.upload(inp.x)?, gpu.upload(&inp.w.quants)?, gpu.upload(&inp.w.scales)?);
-            let (nd, od) = (gpu.upload(inp.nw)?, gpu.upload(inp.out0)?);
+    match dev {
+        Some(dev) => {
+            let (xd, qd, sd) = (dev.upload(inp.x)?, dev.upload(&inp.w.quants)?, dev.upload(&inp.w.scales)?);
+            let (nd, od) = (dev.upload(inp.nw)?, dev.upload(inp.out0)?);
             with_fused!(launch.format, kk => {
-                let args = args!(kk, xd.ptr().cast(), qd.ptr().cast(), sd.ptr().cast(), nd.ptr().cast(), od.ptr().cast());
+                let args = args!(kk, dev.ptr(&xd)?, dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&nd)?, dev.ptr(&od)?);
                 let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, norm, residual, a, b, c)
                     .with_warps(launch.warps);
-                cuda.run::<kk::Kernel>(grid, &config, &args)?;
+                dev.run::<kk::Kernel>(grid, &config, &args)?;
             });
-            Ok(od.download()?.iter().map(|v| v.to_f64()).collect())
+            Ok(dev.download(&od)?.iter().map(|v| v.to_f64()).collect())
         }
         None => {
             let mut cpu = Cpu::new();
@@ -815,8 +833,8 @@ fn fused_expected(
 /// (within twice the bound, and the interpreter within it of the f64
 /// reference) or, with `Oracle::Reference`, against the reference on a
 /// subset of columns.
-fn fused_case<T: Sample>(
-    cuda: &mut Cuda,
+fn fused_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     (format, silu, fuse): (QuantFormat, bool, Fuse),
     (m, n, k): (usize, usize, usize),
@@ -836,7 +854,7 @@ fn fused_case<T: Sample>(
         None => repacked(format, &g_raw, n, k)?,
     };
     let inp = FusedInputs { x: &x, nw: &nw, out0: &out0, w: &w };
-    let got = run_fused::<T>(Some(cuda), launch, fuse, &inp, m, n)?;
+    let got = run_fused::<T, _>(Some(dev), launch, fuse, &inp, m, n)?;
     let f64s = |v: &[T]| v.iter().map(|e| e.to_f64()).collect::<Vec<f64>>();
     let (xf, nf, of) = (f64s(&x), f64s(&nw), f64s(&out0));
     let ins = (xf.as_slice(), nf.as_slice(), of.as_slice());
@@ -848,7 +866,7 @@ fn fused_case<T: Sample>(
         Oracle::Interpreter => {
             let cols: Vec<usize> = (0..n).collect();
             let e = fused_expected(launch, fuse, dtype, ins, raws, (m, n, k), &cols);
-            let want = run_fused::<T>(None, launch, fuse, &inp, m, n)?;
+            let want = run_fused::<T, D>(None, launch, fuse, &inp, m, n)?;
             let tol: Vec<f64> = e.tol.iter().map(|t| 2.0 * t).collect();
             let mut row = account(name, shape.clone(), dtype, &got, &want, &tol);
             row.pass &= account(name, shape, dtype, &want, &e.want, &e.tol).pass;
@@ -874,7 +892,7 @@ fn fused_case<T: Sample>(
 /// ragged shapes against the interpreter in f32 and bf16, the SmolLM2 decode
 /// projections (QKV N 960, gate/up, O, down) and the Q8_0 LM head against the
 /// reference.
-pub fn gemv_fused(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn gemv_fused<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     let interp = Oracle::Interpreter;
@@ -883,8 +901,8 @@ pub fn gemv_fused(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         for &(m, n, k) in &GEMV_SHAPES {
             for (silu, fuse) in variants {
                 let v = (format, silu, fuse);
-                rows.push(fused_case::<f32>(cuda, &mut rng, v, (m, n, k), interp, "")?);
-                rows.push(fused_case::<bf16>(cuda, &mut rng, v, (m, n, k), interp, "")?);
+                rows.push(fused_case::<f32, _>(dev, &mut rng, v, (m, n, k), interp, "")?);
+                rows.push(fused_case::<bf16, _>(dev, &mut rng, v, (m, n, k), interp, "")?);
             }
         }
     }
@@ -897,17 +915,17 @@ pub fn gemv_fused(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
     for (silu, fuse, n, k, note) in smol {
         for m in [1, 8] {
             let v = (QuantFormat::Q4_1, silu, fuse);
-            rows.push(fused_case::<f32>(cuda, &mut rng, v, (m, n, k), interp, note)?);
-            rows.push(fused_case::<bf16>(cuda, &mut rng, v, (m, n, k), interp, note)?);
+            rows.push(fused_case::<f32, _>(dev, &mut rng, v, (m, n, k), interp, note)?);
+            rows.push(fused_case::<bf16, _>(dev, &mut rng, v, (m, n, k), interp, note)?);
         }
     }
     let lm = (QuantFormat::Q8_0, false, Fuse::Norm);
     for dt_bf16 in [false, true] {
         let (shape, oracle, note) = ((1, 49152, 576), Oracle::Reference(193), " (LM head + final norm)");
         rows.push(if dt_bf16 {
-            fused_case::<bf16>(cuda, &mut rng, lm, shape, oracle, note)?
+            fused_case::<bf16, _>(dev, &mut rng, lm, shape, oracle, note)?
         } else {
-            fused_case::<f32>(cuda, &mut rng, lm, shape, oracle, note)?
+            fused_case::<f32, _>(dev, &mut rng, lm, shape, oracle, note)?
         });
     }
     Ok(rows)
@@ -1056,7 +1074,7 @@ mod tests {
                     None => repack(format, &g, n, k).unwrap(),
                 };
                 let inp = FusedInputs { x: &x, nw: &nw, out0: &out0, w: &w };
-                let got = run_fused::<f32>(None, l, fuse, &inp, m, n).unwrap();
+                let got = run_fused::<f32, Cpu>(None, l, fuse, &inp, m, n).unwrap();
                 let f64s = |v: &[f32]| v.iter().map(|&e| f64::from(e)).collect::<Vec<f64>>();
                 let (xf, nf, of) = (f64s(&x), f64s(&nw), f64s(&out0));
                 let cols: Vec<usize> = (0..n).collect();

@@ -17,30 +17,31 @@
 //! Metric `TFLOP/s` with `flops = 2 M N K`; timing as in [`crate::bench`].
 
 use crate::bench::{BenchOptions, Record, time_median_ms};
+use crate::check::DevicePtr;
 use crate::check::{CheckRow, Rng, Sample};
 use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use kernels::matmul::{CONFIGS, TileConfig, config_for, grid, half_matmul};
 use kernels::reference::matmul as r;
 use std::marker::PhantomData;
 
-/// Runs `matmul` on the GPU for `m x n x k` with `cfg`; returns the output as f64.
-fn run_gpu<T: Sample>(
-    cuda: &mut Cuda,
+/// Runs `matmul` on the device for `m x n x k` with `cfg`; returns the output as f64.
+fn run_gpu<T: Sample, D: Device>(
+    dev: &mut D,
     a: &[T],
     b: &[T],
     (m, n, k): (usize, usize, usize),
     cfg: TileConfig,
 ) -> Result<Vec<f64>> {
-    let gpu = cuda.gpu();
-    let (ad, bd) = (gpu.upload(a)?, gpu.upload(b)?);
-    let cd = gpu.zeros::<T>((m * n).max(1))?;
+    let (ad, bd) = (dev.upload(a)?, dev.upload(b)?);
+    let cd = dev.zeros::<T>((m * n).max(1))?;
     let args = half_matmul::Args {
-        a_ptr: ad.ptr().cast(),
-        b_ptr: bd.ptr().cast(),
-        c_ptr: cd.ptr().cast(),
+        a_ptr: dev.ptr(&ad)?,
+        b_ptr: dev.ptr(&bd)?,
+        c_ptr: dev.ptr(&cd)?,
         m: m as i32,
         n: n as i32,
         k: k as i32,
@@ -50,19 +51,19 @@ fn run_gpu<T: Sample>(
         _marker: PhantomData,
     };
     let config = cfg.config(T::DEVICE_DTYPE);
-    cuda.run::<half_matmul::Kernel>(grid(m, n, &cfg), &config, &args)?;
-    Ok(cd.download()?.iter().map(|v| v.to_f64()).collect())
+    dev.run::<half_matmul::Kernel>(grid(m, n, &cfg), &config, &args)?;
+    Ok(dev.download(&cd)?.iter().map(|v| v.to_f64()).collect())
 }
 
 /// One check row: `m x n x k` in `T` on `cfg`.
-fn case<T: Sample>(
-    cuda: &mut Cuda,
+fn case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     (m, n, k): (usize, usize, usize),
     cfg: TileConfig,
 ) -> Result<CheckRow> {
     let (a, b) = (rng.values::<T>(m * k, 1.0), rng.values::<T>(k * n, 1.0));
-    let got = run_gpu(cuda, &a, &b, (m, n, k), cfg)?;
+    let got = run_gpu(dev, &a, &b, (m, n, k), cfg)?;
     let a64: Vec<f64> = a.iter().map(|v| v.to_f64()).collect();
     let b64: Vec<f64> = b.iter().map(|v| v.to_f64()).collect();
     let want = r::matmul(&a64, &b64, m, n, k);
@@ -92,7 +93,7 @@ fn case<T: Sample>(
 }
 
 /// The `half_matmul` check: ragged shapes on every configuration, bf16 and f16.
-pub fn check(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn check<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for shape in
@@ -112,9 +113,9 @@ pub fn check(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         ]
     {
         for cfg in CONFIGS {
-            rows.push(case::<bf16>(cuda, &mut rng, shape, cfg)?);
+            rows.push(case::<bf16, _>(dev, &mut rng, shape, cfg)?);
         }
-        rows.push(case::<f16>(cuda, &mut rng, shape, CONFIGS[0])?);
+        rows.push(case::<f16, _>(dev, &mut rng, shape, CONFIGS[0])?);
     }
     Ok(rows)
 }

@@ -15,10 +15,11 @@
 //!   to the output dtype (plus the SiLU propagation bound), and against the
 //!   interpreter within twice that (on the small shapes).
 
+use crate::check::DevicePtr;
 use crate::check::{CheckRow, Rng, Sample, to_f64, upload_both, zeros_both};
 use crate::check_dequant::gguf_weight;
-use crate::cuda::Cuda;
 use crate::error::{Error, Result};
+use crate::model::Device;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::dequant::q8::{gemv_q4_0_q8, gemv_q4_1_q8, gemv_q8_0_q8, quantize_q8};
@@ -32,27 +33,27 @@ pub fn quantize_block(k: usize) -> usize {
 }
 
 /// The quantize check on one ragged shape.
-fn quantize_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
+fn quantize_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
     let x = rng.values::<T>(m * k, 2.0);
     let mut cpu = Cpu::new();
-    let (xd, xc) = upload_both(cuda, &mut cpu, &x)?;
-    let (qd, qc) = zeros_both::<i8>(cuda, &mut cpu, m * k)?;
-    let (dd, dc) = zeros_both::<f32>(cuda, &mut cpu, m * k / 32)?;
+    let (xd, xc) = upload_both(dev, &mut cpu, &x)?;
+    let (qd, qc) = zeros_both::<i8, _>(dev, &mut cpu, m * k)?;
+    let (dd, dc) = zeros_both::<f32, _>(dev, &mut cpu, m * k / 32)?;
     let block = quantize_block(k);
     let config = quantize_q8::Config::new(T::DEVICE_DTYPE, block);
     let grid = [k.div_ceil(block) as u32, m as u32, 1];
     let ki = k as i32;
     let a = quantize_q8::Args {
-        x_ptr: xd.ptr().cast(),
-        xq_ptr: qd.ptr(),
-        xd_ptr: dd.ptr(),
+        x_ptr: dev.ptr(&xd)?,
+        xq_ptr: dev.ptr(&qd)?,
+        xd_ptr: dev.ptr(&dd)?,
         k: ki,
         _marker: PhantomData,
     };
-    cuda.run::<quantize_q8::Kernel>(grid, &config, &a)?;
+    dev.run::<quantize_q8::Kernel>(grid, &config, &a)?;
     let a = quantize_q8::Args { x_ptr: xc.cast(), xq_ptr: qc, xd_ptr: dc, k: ki, _marker: PhantomData };
     quantize_q8::interpret(&mut cpu, grid, &config, &a)?;
-    let (gq, gd) = (qd.download()?, dd.download()?);
+    let (gq, gd) = (dev.download(&qd)?, dev.download(&dd)?);
     let (cq, cdv) = (cpu.read(qc), cpu.read(dc));
     let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
     let (wq, wd) = r::quantize_q8(&xf, k);
@@ -80,7 +81,12 @@ fn quantize_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: usize) 
 /// bit for bit); the GPU's are within one quant and 1e-5 relative of them
 /// (its `rsqrt` is approximate); the GPU's dequantized row is within half a
 /// quantization step of the f64 RMSNorm (plus one rounding to `T`).
-fn rmsnorm_quant_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
+fn rmsnorm_quant_case<T: Sample, D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    m: usize,
+    k: usize,
+) -> Result<CheckRow> {
     use kernels::dequant::q8::rmsnorm_q8;
     use kernels::rmsnorm::{block_for, rmsnorm, warps_for};
     let stride = k + 32;
@@ -88,24 +94,24 @@ fn rmsnorm_quant_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: us
     let w = rng.values::<T>(k, 1.5);
     let eps = 1e-5f32;
     let mut cpu = Cpu::new();
-    let ((xd, xc), (wd, wc)) = (upload_both(cuda, &mut cpu, &x)?, upload_both(cuda, &mut cpu, &w)?);
-    let (qd, qc) = zeros_both::<i8>(cuda, &mut cpu, m * k)?;
-    let (dd, dc) = zeros_both::<f32>(cuda, &mut cpu, m * k / 32)?;
+    let ((xd, xc), (wd, wc)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &w)?);
+    let (qd, qc) = zeros_both::<i8, _>(dev, &mut cpu, m * k)?;
+    let (dd, dc) = zeros_both::<f32, _>(dev, &mut cpu, m * k / 32)?;
     let block = block_for(k).max(32);
     let config = rmsnorm_q8::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
     let grid = [m as u32, 1, 1];
     let (ki, si) = (k as i32, stride as i32);
     let a = rmsnorm_q8::Args {
-        x_ptr: xd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
-        xq_ptr: qd.ptr(),
-        xd_ptr: dd.ptr(),
+        x_ptr: dev.ptr(&xd)?,
+        w_ptr: dev.ptr(&wd)?,
+        xq_ptr: dev.ptr(&qd)?,
+        xd_ptr: dev.ptr(&dd)?,
         n_cols: ki,
         stride: si,
         eps,
         _marker: PhantomData,
     };
-    cuda.run::<rmsnorm_q8::Kernel>(grid, &config, &a)?;
+    dev.run::<rmsnorm_q8::Kernel>(grid, &config, &a)?;
     let a = rmsnorm_q8::Args {
         x_ptr: xc.cast(),
         w_ptr: wc.cast(),
@@ -137,7 +143,7 @@ fn rmsnorm_quant_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: us
     let y: Vec<T> = (0..m).flat_map(|r| ys[r * stride..r * stride + k].iter().copied()).collect();
     let yf: Vec<f32> = y.iter().map(|v| v.to_f64() as f32).collect();
     let (wq, wdv) = r::quantize_q8(&yf, k);
-    let (gq, gd) = (qd.download()?, dd.download()?);
+    let (gq, gd) = (dev.download(&qd)?, dev.download(&dd)?);
     let (cq, cdv) = (cpu.read(qc), cpu.read(dc));
     // The interpreter's fused kernel is the unfused pair bit for bit. The
     // GPU's `rsqrt` is not correctly rounded, so its normalized row may sit
@@ -175,12 +181,12 @@ fn rmsnorm_quant_case<T: Sample>(cuda: &mut Cuda, rng: &mut Rng, m: usize, k: us
 }
 
 /// Registry check `rmsnorm_q8`.
-pub fn rmsnorm_quant(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn rmsnorm_quant<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for &(m, k) in &[(1usize, 576usize), (3, 4096), (5, 1536), (2, 96), (1, 32)] {
-        rows.push(rmsnorm_quant_case::<f32>(cuda, &mut rng, m, k)?);
-        rows.push(rmsnorm_quant_case::<bf16>(cuda, &mut rng, m, k)?);
+        rows.push(rmsnorm_quant_case::<f32, _>(dev, &mut rng, m, k)?);
+        rows.push(rmsnorm_quant_case::<bf16, _>(dev, &mut rng, m, k)?);
     }
     Ok(rows)
 }
@@ -189,8 +195,8 @@ pub fn rmsnorm_quant(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 /// with `interp`, also against the interpreter; `rows` limits the reference
 /// to a subset of output columns on large shapes.
 #[allow(clippy::too_many_arguments)]
-fn gemv_case<T: Sample>(
-    cuda: &mut Cuda,
+fn gemv_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     format: QuantFormat,
     silu: bool,
@@ -217,27 +223,27 @@ fn gemv_case<T: Sample>(
         (repack(format, &g_raw, n, k).map_err(usage)?, None)
     };
     let mut cpu = Cpu::new();
-    let ((xqd, xqc), (xdd, xdc)) = (upload_both(cuda, &mut cpu, &xq)?, upload_both(cuda, &mut cpu, &xdv)?);
+    let ((xqd, xqc), (xdd, xdc)) = (upload_both(dev, &mut cpu, &xq)?, upload_both(dev, &mut cpu, &xdv)?);
     let ((qd, qc), (sd, sc)) =
-        (upload_both(cuda, &mut cpu, &weight.quants)?, upload_both(cuda, &mut cpu, &weight.scales)?);
-    let (od, oc) = zeros_both::<T>(cuda, &mut cpu, m * n)?;
+        (upload_both(dev, &mut cpu, &weight.quants)?, upload_both(dev, &mut cpu, &weight.scales)?);
+    let (od, oc) = zeros_both::<T, _>(dev, &mut cpu, m * n)?;
     let grid = gemv_grid(m, n, silu, m_block, block_n);
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     macro_rules! go {
         ($k:ident) => {{
             let config = $k::Config::new(T::DEVICE_DTYPE, silu, m_block, block_n, block_k).with_warps(warps);
             let a = $k::Args {
-                xq_ptr: xqd.ptr(),
-                xd_ptr: xdd.ptr(),
-                q_ptr: qd.ptr(),
-                s_ptr: sd.ptr(),
-                out_ptr: od.ptr().cast(),
+                xq_ptr: dev.ptr(&xqd)?,
+                xd_ptr: dev.ptr(&xdd)?,
+                q_ptr: dev.ptr(&qd)?,
+                s_ptr: dev.ptr(&sd)?,
+                out_ptr: dev.ptr(&od)?,
                 m: mi,
                 n: ni,
                 k: ki,
                 _marker: PhantomData,
             };
-            cuda.run::<$k::Kernel>(grid, &config, &a)?;
+            dev.run::<$k::Kernel>(grid, &config, &a)?;
             if interp {
                 let a = $k::Args {
                     xq_ptr: xqc,
@@ -259,7 +265,7 @@ fn gemv_case<T: Sample>(
         QuantFormat::Q4_0 => go!(gemv_q4_0_q8),
         QuantFormat::Q8_0 => go!(gemv_q8_0_q8),
     }
-    let got = to_f64(&od.download()?);
+    let got = to_f64(&dev.download(&od)?);
     let cpu_out = if interp { Some(to_f64(&cpu.read(oc))) } else { None };
     // The reference on at most 64 output columns (spread over the row).
     let cols: Vec<usize> = if n <= 64 { (0..n).collect() } else { (0..64).map(|i| i * n / 64).collect() };
@@ -309,12 +315,12 @@ fn gemv_case<T: Sample>(
 }
 
 /// Registry check `quantize_q8`.
-pub fn quantize(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn quantize<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for &(m, k) in &[(1usize, 576usize), (3, 4096), (5, 1536), (2, 96), (1, 32)] {
-        rows.push(quantize_case::<f32>(cuda, &mut rng, m, k)?);
-        rows.push(quantize_case::<bf16>(cuda, &mut rng, m, k)?);
+        rows.push(quantize_case::<f32, _>(dev, &mut rng, m, k)?);
+        rows.push(quantize_case::<bf16, _>(dev, &mut rng, m, k)?);
     }
     Ok(rows)
 }
@@ -331,7 +337,7 @@ fn q4_tiles() -> Vec<(usize, usize, usize, u32)> {
 }
 
 /// Registry check `gemv_q4_1_q8` (also runs the Q4_0 and Q8_0 variants).
-pub fn gemv(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn gemv<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     let tiles = q4_tiles();
@@ -339,19 +345,19 @@ pub fn gemv(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         // 0, 1 and 2 whole K tiles plus a partial one.
         for whole in 0..3 {
             let k = whole * t.2 + 160;
-            rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q4_1, false, (3, 37, k), t, true)?);
+            rows.push(gemv_case::<bf16, _>(dev, &mut rng, QuantFormat::Q4_1, false, (3, 37, k), t, true)?);
         }
-        rows.push(gemv_case::<f32>(cuda, &mut rng, QuantFormat::Q4_1, true, (5, 21, t.2 + 96), t, true)?);
+        rows.push(gemv_case::<f32, _>(dev, &mut rng, QuantFormat::Q4_1, true, (5, 21, t.2 + 96), t, true)?);
     }
     let q40 = (1, 16, 1024, 4);
-    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q4_0, false, (7, 45, 1024 + 224), q40, true)?);
-    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q4_0, true, (2, 19, 576), q40, true)?);
+    rows.push(gemv_case::<bf16, _>(dev, &mut rng, QuantFormat::Q4_0, false, (7, 45, 1024 + 224), q40, true)?);
+    rows.push(gemv_case::<bf16, _>(dev, &mut rng, QuantFormat::Q4_0, true, (2, 19, 576), q40, true)?);
     let q80 = (1, 4, 1024, 2);
-    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q8_0, false, (3, 53, 512 + 64), q80, true)?);
-    rows.push(gemv_case::<f32>(cuda, &mut rng, QuantFormat::Q8_0, false, (1, 29, 1536), q80, true)?);
+    rows.push(gemv_case::<bf16, _>(dev, &mut rng, QuantFormat::Q8_0, false, (3, 53, 512 + 64), q80, true)?);
+    rows.push(gemv_case::<f32, _>(dev, &mut rng, QuantFormat::Q8_0, false, (1, 29, 1536), q80, true)?);
     // The bench and LM-head shapes against the reference alone.
-    rows.push(gemv_case::<bf16>(
-        cuda,
+    rows.push(gemv_case::<bf16, _>(
+        dev,
         &mut rng,
         QuantFormat::Q4_1,
         false,
@@ -359,6 +365,6 @@ pub fn gemv(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
         tiles[0],
         false,
     )?);
-    rows.push(gemv_case::<bf16>(cuda, &mut rng, QuantFormat::Q8_0, false, (1, 49152, 576), q80, false)?);
+    rows.push(gemv_case::<bf16, _>(dev, &mut rng, QuantFormat::Q8_0, false, (1, 49152, 576), q80, false)?);
     Ok(rows)
 }

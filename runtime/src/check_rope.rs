@@ -20,9 +20,11 @@
 //! exact one by up to ~1e-3 rad there); the kernel's rounding and pairing
 //! errors are O(n) and still fail.
 
+use crate::check::DevicePtr;
 use crate::check::{CheckRow, Rng, Sample};
-use crate::cuda::{Cuda, DeviceElem};
+use crate::cuda::DeviceElem;
 use crate::error::Result;
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -78,8 +80,8 @@ fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
 
-fn rope_case<T: Sample>(
-    cuda: &mut Cuda,
+fn rope_case<T: Sample, D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     s: Shape,
     tokens: usize,
@@ -99,22 +101,21 @@ fn rope_case<T: Sample>(
     let v_init = rng.values::<T>(n_slots * s.slot(), 2.0);
     let config = rope_kv_write::Config::new(dtype, s.n_q, s.n_kv, s.d);
     let grid = [tokens as u32, 1, 1];
-
-    let gpu = cuda.gpu();
-    let (xd, pd, sd) = (gpu.upload(&qkv)?, gpu.upload(&positions)?, gpu.upload(&slots)?);
-    let (qd, kd, vd) = (gpu.zeros::<T>(tokens * s.n_q * s.d)?, gpu.upload(&k_init)?, gpu.upload(&v_init)?);
+    let (xd, pd, sd) = (dev.upload(&qkv)?, dev.upload(&positions)?, dev.upload(&slots)?);
+    let (qd, kd, vd) = (dev.zeros::<T>(tokens * s.n_q * s.d)?, dev.upload(&k_init)?, dev.upload(&v_init)?);
     let args = rope_kv_write::Args {
-        qkv_ptr: xd.ptr().cast(),
-        pos_ptr: pd.ptr(),
-        slot_ptr: sd.ptr(),
-        q_out_ptr: qd.ptr().cast(),
-        k_cache_ptr: kd.ptr().cast(),
-        v_cache_ptr: vd.ptr().cast(),
+        qkv_ptr: dev.ptr(&xd)?,
+        pos_ptr: dev.ptr(&pd)?,
+        slot_ptr: dev.ptr(&sd)?,
+        q_out_ptr: dev.ptr(&qd)?,
+        k_cache_ptr: dev.ptr(&kd)?,
+        v_cache_ptr: dev.ptr(&vd)?,
         theta: s.theta,
         _marker: PhantomData,
     };
-    cuda.run::<rope_kv_write::Kernel>(grid, &config, &args)?;
-    let (q_got, k_got, v_got) = (to_f64(&qd.download()?), to_f64(&kd.download()?), to_f64(&vd.download()?));
+    dev.run::<rope_kv_write::Kernel>(grid, &config, &args)?;
+    let (q_got, k_got, v_got) =
+        (to_f64(&dev.download(&qd)?), to_f64(&dev.download(&kd)?), to_f64(&dev.download(&vd)?));
 
     let mut cpu = Cpu::new();
     let (xc, pc, sc) = (cpu.upload(&qkv), cpu.upload(&positions), cpu.upload(&slots));
@@ -166,14 +167,14 @@ fn rope_case<T: Sample>(
 
 /// The `rope_kv_write` check: ragged token counts at the SmolLM2 shape (and
 /// one wider-head shape), block sizes 16 and 32, f32 and bf16.
-pub fn rope_kv_write(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn rope_kv_write<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for (s, tokens, block_size) in
         [(SMOLLM2, 1, 16), (SMOLLM2, 7, 32), (SMOLLM2, 333, 16), (SMOLLM2, 2048, 32), (WIDE, 45, 16)]
     {
-        rows.push(rope_case::<f32>(cuda, &mut rng, s, tokens, block_size)?);
-        rows.push(rope_case::<bf16>(cuda, &mut rng, s, tokens, block_size)?);
+        rows.push(rope_case::<f32, _>(dev, &mut rng, s, tokens, block_size)?);
+        rows.push(rope_case::<bf16, _>(dev, &mut rng, s, tokens, block_size)?);
     }
     Ok(rows)
 }

@@ -27,9 +27,11 @@
 //! `penalties` and `token_counts_add`: bit-exact (IEEE `div.rn`, no
 //! contraction, integer atomics).
 
+use crate::check::DevicePtr;
 use crate::check::{CheckRow, Rng};
 use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::interp::Cpu;
 use kernels::reference::sampling::{self as reference, RowParams};
@@ -140,7 +142,13 @@ fn interpret_case(x: &[f32], ps: &[RowParams], vocab: usize, stride: usize) -> R
     Ok(Outputs { ids: cpu.read(ic), logprobs: cpu.read(lc), thresh: cpu.read(hc), ws: cpu.read(wc) })
 }
 
-fn sample_case(cuda: &mut Cuda, rng: &mut Rng, rows: usize, vocab: usize, stride: usize) -> Result<CheckRow> {
+fn sample_case<D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    rows: usize,
+    vocab: usize,
+    stride: usize,
+) -> Result<CheckRow> {
     let x = logits(rng, rows, vocab, stride);
     let ps: Vec<RowParams> = (0..rows).map(|_| params(rng, vocab)).collect();
     let temp: Vec<f32> = ps.iter().map(|p| p.temperature).collect();
@@ -152,32 +160,34 @@ fn sample_case(cuda: &mut Cuda, rng: &mut Rng, rows: usize, vocab: usize, stride
     let block = block_for(vocab);
     let config = smp::Config::new(block).with_warps(warps_for(block));
     let grid = [rows as u32, 1, 1];
-
-    let gpu = cuda.gpu();
-    let (xd, wd) = (gpu.upload(&x)?, gpu.zeros::<f32>(rows * stride)?);
+    let (xd, wd) = (dev.upload(&x)?, dev.zeros::<f32>(rows * stride)?);
     let (td, kd, pd, md) =
-        (gpu.upload(&temp)?, gpu.upload(&top_k)?, gpu.upload(&top_p)?, gpu.upload(&min_p)?);
-    let (sd, std_) = (gpu.upload(&seed)?, gpu.upload(&step)?);
-    let (id, ld, hd) = (gpu.zeros::<i32>(rows)?, gpu.zeros::<f32>(rows)?, gpu.zeros::<f32>(rows)?);
+        (dev.upload(&temp)?, dev.upload(&top_k)?, dev.upload(&top_p)?, dev.upload(&min_p)?);
+    let (sd, std_) = (dev.upload(&seed)?, dev.upload(&step)?);
+    let (id, ld, hd) = (dev.zeros::<i32>(rows)?, dev.zeros::<f32>(rows)?, dev.zeros::<f32>(rows)?);
     let args = smp::Args {
-        logits_ptr: xd.ptr(),
-        ws_ptr: wd.ptr(),
-        temperature_ptr: td.ptr(),
-        top_k_ptr: kd.ptr(),
-        top_p_ptr: pd.ptr(),
-        min_p_ptr: md.ptr(),
-        seed_ptr: sd.ptr(),
-        step_ptr: std_.ptr(),
-        ids_ptr: id.ptr(),
-        logprobs_ptr: ld.ptr(),
-        thresh_ptr: hd.ptr(),
+        logits_ptr: dev.ptr(&xd)?,
+        ws_ptr: dev.ptr(&wd)?,
+        temperature_ptr: dev.ptr(&td)?,
+        top_k_ptr: dev.ptr(&kd)?,
+        top_p_ptr: dev.ptr(&pd)?,
+        min_p_ptr: dev.ptr(&md)?,
+        seed_ptr: dev.ptr(&sd)?,
+        step_ptr: dev.ptr(&std_)?,
+        ids_ptr: dev.ptr(&id)?,
+        logprobs_ptr: dev.ptr(&ld)?,
+        thresh_ptr: dev.ptr(&hd)?,
         vocab: vocab as i32,
         stride: stride as i32,
         _marker: PhantomData,
     };
-    cuda.run::<smp::Kernel>(grid, &config, &args)?;
-    let got =
-        Outputs { ids: id.download()?, logprobs: ld.download()?, thresh: hd.download()?, ws: wd.download()? };
+    dev.run::<smp::Kernel>(grid, &config, &args)?;
+    let got = Outputs {
+        ids: dev.download(&id)?,
+        logprobs: dev.download(&ld)?,
+        thresh: dev.download(&hd)?,
+        ws: dev.download(&wd)?,
+    };
 
     let want = interpret_case(&x, &ps, vocab, stride)?;
 
@@ -232,11 +242,11 @@ fn sample_case(cuda: &mut Cuda, rng: &mut Rng, rows: usize, vocab: usize, stride
 }
 
 /// The `sample` check: 49152 (SmolLM2), ragged 32001 and 1000.
-pub fn sample(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn sample<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for (n, vocab, stride) in [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)] {
-        rows.push(sample_case(cuda, &mut rng, n, vocab, stride)?);
+        rows.push(sample_case(dev, &mut rng, n, vocab, stride)?);
     }
     Ok(rows)
 }
@@ -248,8 +258,8 @@ fn counts(rng: &mut Rng, n: usize) -> Vec<i32> {
         .collect()
 }
 
-fn penalties_case(
-    cuda: &mut Cuda,
+fn penalties_case<D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     rows: usize,
     vocab: usize,
@@ -274,24 +284,22 @@ fn penalties_case(
     let block = 1024;
     let config = pen::Config::new(block);
     let grid = [rows as u32, vocab.div_ceil(block) as u32, 1];
-
-    let gpu = cuda.gpu();
-    let (xd, sd, pd, od) = (gpu.upload(&x)?, gpu.upload(&slots)?, gpu.upload(&prompt)?, gpu.upload(&output)?);
-    let (rd, prd, fd) = (gpu.upload(&rep)?, gpu.upload(&pres)?, gpu.upload(&freq)?);
+    let (xd, sd, pd, od) = (dev.upload(&x)?, dev.upload(&slots)?, dev.upload(&prompt)?, dev.upload(&output)?);
+    let (rd, prd, fd) = (dev.upload(&rep)?, dev.upload(&pres)?, dev.upload(&freq)?);
     let args = pen::Args {
-        logits_ptr: xd.ptr(),
-        slot_ptr: sd.ptr(),
-        prompt_ptr: pd.ptr(),
-        output_ptr: od.ptr(),
-        repetition_ptr: rd.ptr(),
-        presence_ptr: prd.ptr(),
-        frequency_ptr: fd.ptr(),
+        logits_ptr: dev.ptr(&xd)?,
+        slot_ptr: dev.ptr(&sd)?,
+        prompt_ptr: dev.ptr(&pd)?,
+        output_ptr: dev.ptr(&od)?,
+        repetition_ptr: dev.ptr(&rd)?,
+        presence_ptr: dev.ptr(&prd)?,
+        frequency_ptr: dev.ptr(&fd)?,
         vocab: vocab as i32,
         stride: stride as i32,
         _marker: PhantomData,
     };
-    cuda.run::<pen::Kernel>(grid, &config, &args)?;
-    let got = xd.download()?;
+    dev.run::<pen::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&xd)?;
 
     let mut cpu = Cpu::new();
     let (xc, sc, pc, oc) = (cpu.upload(&x), cpu.upload(&slots), cpu.upload(&prompt), cpu.upload(&output));
@@ -327,17 +335,17 @@ fn penalties_case(
 }
 
 /// The `penalties` check: 49152 and a ragged vocabulary with a wider stride; bit-exact.
-pub fn penalties(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn penalties<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for (n, vocab, stride) in [(9, 49152, 49152), (5, 1001, 1040)] {
-        rows.push(penalties_case(cuda, &mut rng, n, vocab, stride)?);
+        rows.push(penalties_case(dev, &mut rng, n, vocab, stride)?);
     }
     Ok(rows)
 }
 
-fn token_counts_case(
-    cuda: &mut Cuda,
+fn token_counts_case<D: Device>(
+    dev: &mut D,
     rng: &mut Rng,
     n: usize,
     vocab: usize,
@@ -352,19 +360,17 @@ fn token_counts_case(
     let block = 128;
     let config = tca::Config::new(block);
     let grid = [n.div_ceil(block) as u32, 1, 1];
-
-    let gpu = cuda.gpu();
-    let (cd, sd, id) = (gpu.upload(&init)?, gpu.upload(&slots)?, gpu.upload(&ids)?);
+    let (cd, sd, id) = (dev.upload(&init)?, dev.upload(&slots)?, dev.upload(&ids)?);
     let args = tca::Args {
-        counts_ptr: cd.ptr(),
-        slot_ptr: sd.ptr(),
-        ids_ptr: id.ptr(),
+        counts_ptr: dev.ptr(&cd)?,
+        slot_ptr: dev.ptr(&sd)?,
+        ids_ptr: dev.ptr(&id)?,
         n: n as i32,
         vocab: vocab as i32,
         _marker: PhantomData,
     };
-    cuda.run::<tca::Kernel>(grid, &config, &args)?;
-    let got = cd.download()?;
+    dev.run::<tca::Kernel>(grid, &config, &args)?;
+    let got = dev.download(&cd)?;
 
     let mut cpu = Cpu::new();
     let (cc, sc, ic) = (cpu.upload(&init), cpu.upload(&slots), cpu.upload(&ids));
@@ -391,11 +397,11 @@ fn token_counts_case(
 
 /// The `token_counts_add` check: decode-sized and prompt-sized id lists
 /// (repeats, invalid slots and ids); exact.
-pub fn token_counts_add(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
+pub fn token_counts_add<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
     for (n, vocab, n_slots) in [(37, 49152, 64), (5000, 300, 3), (1, 7, 1)] {
-        rows.push(token_counts_case(cuda, &mut rng, n, vocab, n_slots)?);
+        rows.push(token_counts_case(dev, &mut rng, n, vocab, n_slots)?);
     }
     Ok(rows)
 }

@@ -38,6 +38,9 @@ pub enum Command {
     /// Run every registered kernel on the GPU and on the CPU interpreter and
     /// compare (exits non-zero on any mismatch).
     GpuCheck(GpuCheckArgs),
+    /// Run every registered kernel on the native CPU backend and on the CPU
+    /// interpreter and compare (exits non-zero on any mismatch).
+    HostCheck(HostCheckArgs),
     /// Measure kernel throughput on the GPU (softmax, add+RMSNorm and the copy ceiling).
     Bench(BenchArgs),
     /// Generate text from prompts (one continuous batch; a single prompt streams).
@@ -278,6 +281,17 @@ pub struct GpuCheckArgs {
     pub only: Vec<String>,
 }
 
+/// Arguments of `host-check`.
+#[derive(Debug, Args)]
+pub struct HostCheckArgs {
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0x7e55e4a)]
+    pub seed: u64,
+    /// Check only these kernels (comma-separated names).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
 /// Arguments of `bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -351,6 +365,14 @@ pub fn run(cli: Cli) -> Result<bool> {
         }
         Command::Kernels { action: KernelsAction::Dump(a) } => dump(&a).map(|()| true),
         Command::GpuCheck(a) => gpu_check(&a),
+        Command::HostCheck(a) => {
+            let mut host = codegen::host::Host::new();
+            println!("# {}, seed {:#x}", host.describe(), a.seed);
+            let rows = crate::host_check::run(&mut host, &a.only, a.seed, |_, _| {})?;
+            let (text, ok) = check::table(&rows);
+            print!("{text}");
+            Ok(ok)
+        }
         Command::Bench(a) => match &a.mode {
             Some(BenchMode::Serve(s)) => crate::bench_serve::run(s).map(|_| true),
             None => bench_cmd(&a).map(|()| true),
@@ -459,20 +481,13 @@ fn gpu_check(a: &GpuCheckArgs) -> Result<bool> {
         if !a.only.is_empty() && !a.only.iter().any(|n| n == e.name) {
             continue;
         }
-        match (e.check)(&mut cuda, a.seed.wrapping_add(i as u64)) {
+        match (e.check.gpu)(&mut cuda, a.seed.wrapping_add(i as u64)) {
             Ok(r) => rows.extend(r),
             Err(err) => {
                 // A kernel that fails to compile or launch fails the check but
                 // does not hide the others.
                 eprintln!("error: {}: {err}", e.name);
-                rows.push(check::CheckRow {
-                    kernel: e.name.into(),
-                    shape: "(error)".into(),
-                    dtype: dsl_core::DType::F32,
-                    max_abs: f64::INFINITY,
-                    max_rel: f64::INFINITY,
-                    pass: false,
-                });
+                rows.push(check::error_row(e.name));
             }
         }
     }
@@ -485,14 +500,7 @@ fn gpu_check(a: &GpuCheckArgs) -> Result<bool> {
             Ok(r) => rows.extend(r),
             Err(err) => {
                 eprintln!("error: {name}: {err}");
-                rows.push(check::CheckRow {
-                    kernel: name.into(),
-                    shape: "(error)".into(),
-                    dtype: dsl_core::DType::F32,
-                    max_abs: f64::INFINITY,
-                    max_rel: f64::INFINITY,
-                    pass: false,
-                });
+                rows.push(check::error_row(name));
             }
         }
     }

@@ -6,7 +6,9 @@
 //!   validation as pure functions, and the [`cuda::Cuda`] backend that runs
 //!   `#[kernel]`s through `codegen`'s PTX.
 //! - [`registry`]: the kernels the CLI knows by name.
-//! - [`check`]: GPU against CPU-interpreter comparison (`tessera gpu-check`).
+//! - [`check`]: device against CPU-interpreter comparison (`tessera
+//!   gpu-check`; [`host_check`]: `tessera host-check` on the native CPU
+//!   backend).
 //! - [`mod@bench`]: throughput measurement (`tessera bench`).
 //! - [`cli`]: the command line.
 //! - [`gguf`]: GGUF model files (validating mmap reader, writer, Llama
@@ -48,6 +50,7 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod host_check;
 pub mod kv;
 pub mod memory_plan;
 pub mod model;

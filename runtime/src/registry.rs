@@ -4,12 +4,15 @@
 //! example kernels of `kernels::examples` (matmul, argmax, cumsum, layer norm,
 //! histogram, collatz).
 //!
-//! Invariant: every entry builds with its default config, and has a GPU check
-//! (see [`crate::check`]) that compares the GPU with the CPU interpreter.
+//! Invariant: every entry builds with its default config, and has a check
+//! (see [`crate::check`]) that compares a device with the CPU interpreter:
+//! one generic function, run on the GPU by `gpu-check` and on the native CPU
+//! backend by `host-check`.
 
 use crate::check::{self, CheckRow};
 use crate::cuda::Cuda;
 use crate::error::Result;
+use codegen::host::Host;
 use dsl_core::launch::{Kernel, LaunchOptions};
 use dsl_core::{DType, Function};
 use dsl_macros::kernel;
@@ -59,6 +62,26 @@ pub type BuildFn = fn() -> dsl_core::Result<(Function, LaunchOptions)>;
 /// Runs an entry's GPU check (GPU against the CPU interpreter, fresh inputs from `seed`).
 pub type CheckFn = fn(&mut Cuda, u64) -> Result<Vec<CheckRow>>;
 
+/// Runs an entry's check on the native CPU backend (against the interpreter).
+pub type HostCheckFn = fn(&mut Host, u64) -> Result<Vec<CheckRow>>;
+
+/// An entry's check on both devices: one generic function instantiated for
+/// the GPU and for the native CPU backend.
+#[derive(Clone, Copy, Debug)]
+pub struct Checks {
+    /// The GPU instance (`gpu-check`).
+    pub gpu: CheckFn,
+    /// The native CPU instance (`host-check`).
+    pub host: HostCheckFn,
+}
+
+/// [`Checks`] of the generic check function `$f`.
+macro_rules! checks {
+    ($f:path) => {
+        Checks { gpu: $f, host: $f }
+    };
+}
+
 /// One registered kernel.
 #[derive(Clone, Copy, Debug)]
 pub struct Entry {
@@ -70,8 +93,8 @@ pub struct Entry {
     pub default_config: &'static str,
     /// Builds the default specialization.
     pub build: BuildFn,
-    /// The GPU check.
-    pub check: CheckFn,
+    /// The check, on the GPU and on the native CPU backend.
+    pub check: Checks,
 }
 
 /// The specialization `config` of `K`: its IR and launch options.
@@ -250,231 +273,231 @@ pub const ENTRIES: &[Entry] = &[
         description: "out[i] = x[i] + y[i]",
         default_config: "T = f32, BLOCK = 1024, num_warps = 4",
         build: build_vector_add,
-        check: check::vector_add,
+        check: checks!(check::vector_add),
     },
     Entry {
         name: "copy",
         description: "out[i] = x[i] (the bandwidth ceiling)",
         default_config: "T = f32, BLOCK = 1024, num_warps = 4",
         build: build_copy,
-        check: check::copy,
+        check: checks!(check::copy),
     },
     Entry {
         name: "softmax",
         description: "row softmax, f32 math, stored in T",
         default_config: "T = f32, BLOCK = 1024, num_warps = 4",
         build: build_softmax,
-        check: check::softmax,
+        check: checks!(check::softmax),
     },
     Entry {
         name: "matmul",
         description: "C = A @ B (f32 accumulate and output), K loop over BMxBN tiles",
         default_config: "T = f32, BM = 64, BN = 64, BK = 32, num_warps = 8",
         build: build_matmul,
-        check: check::matmul,
+        check: checks!(check::matmul),
     },
     Entry {
         name: "argmax_rows",
         description: "out[row] = argmax(x[row, :]) (i32 index)",
         default_config: "BLOCK = 1024, num_warps = 4",
         build: build_argmax_rows,
-        check: check::argmax_rows,
+        check: checks!(check::argmax_rows),
     },
     Entry {
         name: "cumsum_rows",
         description: "row-wise inclusive prefix sums, f32",
         default_config: "BLOCK = 1024, num_warps = 4",
         build: build_cumsum_rows,
-        check: check::cumsum_rows,
+        check: checks!(check::cumsum_rows),
     },
     Entry {
         name: "layer_norm",
         description: "(x - mean) / sqrt(var + eps) * w + b over rows, f32",
         default_config: "BLOCK = 1024, num_warps = 4",
         build: build_layer_norm,
-        check: check::layer_norm,
+        check: checks!(check::layer_norm),
     },
     Entry {
         name: "add_rmsnorm",
         description: "h = x + r; out = rmsnorm(h) * w (writes both)",
         default_config: "T = bf16, BLOCK = 4096, num_warps = 8",
         build: build_add_rmsnorm,
-        check: check::add_rmsnorm,
+        check: checks!(check::add_rmsnorm),
     },
     Entry {
         name: "rmsnorm",
         description: "out = x * rsqrt(mean(x^2) + eps) * w, f32 math",
         default_config: "T = bf16, BLOCK = 4096, num_warps = 8",
         build: build_rmsnorm,
-        check: check::rmsnorm,
+        check: checks!(check::rmsnorm),
     },
     Entry {
         name: "embedding_q8_0",
         description: "out[t, :] = dequant(w_q8_0[ids[t], :]) (token-embedding gather)",
         default_config: "T = bf16, BLOCK = 1024, num_warps = 4",
         build: build_embedding_q8_0,
-        check: check::embedding_q8_0,
+        check: checks!(check::embedding_q8_0),
     },
     Entry {
         name: "softmax_online",
         description: "row softmax(scale * x) of any length, optional causal mask (online, chunked)",
         default_config: "T = bf16, CAUSAL = true, BLOCK = 4096, num_warps = 8",
         build: build_softmax_online,
-        check: check::softmax_online,
+        check: checks!(check::softmax_online),
     },
     Entry {
         name: "histogram",
         description: "hist[bins[i]] += 1 with atomics (i32)",
         default_config: "BLOCK = 1024, num_warps = 4",
         build: build_histogram,
-        check: check::histogram,
+        check: checks!(check::histogram),
     },
     Entry {
         name: "collatz",
         description: "Collatz step counts (runtime while around an if), i32",
         default_config: "num_warps = 4",
         build: build_collatz,
-        check: check::collatz,
+        check: checks!(check::collatz),
     },
     Entry {
         name: "rope_kv_write",
         description: "RoPE (adjacent pairs) on Q/K of fused QKV + paged K/V cache write",
         default_config: "T = bf16, N_Q = 9, N_KV = 3, HEAD_DIM = 64, num_warps = 4",
         build: build_rope_kv_write,
-        check: crate::check_rope::rope_kv_write,
+        check: checks!(crate::check_rope::rope_kv_write),
     },
     Entry {
         name: "sample",
         description: "per-row greedy/temperature/min-p/top-k/top-p sampling with a Philox draw, f32 logits",
         default_config: "BLOCK = 4096, num_warps = 16",
         build: build_sample,
-        check: crate::check_sampling::sample,
+        check: checks!(crate::check_sampling::sample),
     },
     Entry {
         name: "penalties",
         description: "vLLM repetition/frequency/presence penalties in place on f32 logits",
         default_config: "BLOCK = 1024, num_warps = 4",
         build: build_penalties,
-        check: crate::check_sampling::penalties,
+        check: checks!(crate::check_sampling::penalties),
     },
     Entry {
         name: "token_counts_add",
         description: "counts[slot[j], ids[j]] += 1 (atomics), the penalties' token counts",
         default_config: "BLOCK = 128, num_warps = 4",
         build: build_token_counts_add,
-        check: crate::check_sampling::token_counts_add,
+        check: checks!(crate::check_sampling::token_counts_add),
     },
     Entry {
         name: "paged_decode",
         description: "decode attention over the paged KV cache, GQA-grouped, optional split-KV",
         default_config: "T = bf16, H_KV = 8, GROUP = 4, HEAD_DIM = 128, PAGE = 16, BLOCK_N = 16, SPLIT = false, num_warps = 8",
         build: build_paged_decode,
-        check: crate::check_decode::paged_decode,
+        check: checks!(crate::check_decode::paged_decode),
     },
     Entry {
         name: "paged_decode_tc",
         description: "paged decode attention on tensor cores (bf16/f16), K/V pipelined with cp.async",
         default_config: "T = bf16, H_KV = 8, GROUP = 4, HEAD_DIM = 128, PAGE = 16, BLOCK_N = 64, SPLIT = false, num_warps = 4, num_stages = 3",
         build: build_paged_decode_tc,
-        check: crate::check_decode::paged_decode_tc,
+        check: checks!(crate::check_decode::paged_decode_tc),
     },
     Entry {
         name: "quantize_q8",
         description: "activations to 8 bits per block of 32 (llama.cpp's q8_1 rule), for the dp4a GEMVs",
         default_config: "T = bf16, BLOCK = 1024, num_warps = 4",
         build: build_quantize_q8,
-        check: crate::check_q8::quantize,
+        check: checks!(crate::check_q8::quantize),
     },
     Entry {
         name: "rmsnorm_q8",
         description: "RMSNorm fused with the 8-bit quantization of its output (the dp4a GEMVs' input)",
         default_config: "T = bf16, BLOCK = 4096, num_warps = 8",
         build: build_rmsnorm_q8,
-        check: crate::check_q8::rmsnorm_quant,
+        check: checks!(crate::check_q8::rmsnorm_quant),
     },
     Entry {
         name: "gemv_q4_1_q8",
         description: "out = xq @ W^T on 8-bit activations with dp4a, W repacked Q4_1 (also Q4_0/Q8_0 variants)",
         default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 4",
         build: build_gemv_q4_1_q8,
-        check: crate::check_q8::gemv,
+        check: checks!(crate::check_q8::gemv),
     },
     Entry {
         name: "paged_decode_reduce",
         description: "merges split-KV partials of paged_decode (checked with paged_decode)",
         default_config: "T = bf16, GROUP = 4, HEAD_DIM = 128, num_warps = 4",
         build: build_paged_decode_reduce,
-        check: crate::check_decode::none,
+        check: checks!(crate::check_decode::none),
     },
     Entry {
         name: "half_matmul",
         description: "C = A @ B in bf16/f16 with f32 accumulation (tensor cores on sm_80+)",
         default_config: "T = bf16, BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 32, PREFETCH = false, num_warps = 8",
         build: build_half_matmul,
-        check: crate::check_matmul::check,
+        check: checks!(crate::check_matmul::check),
     },
     Entry {
         name: "flash_attention",
         description: "FlashAttention prefill over the paged KV cache: varlen, GQA, causal or full",
         default_config: "T = bf16, H_Q = 9, H_KV = 3, HEAD_DIM = 64, BLOCK_M = 64, BLOCK_N = 32, CAUSAL = true, num_warps = 4",
         build: build_flash_attention,
-        check: crate::check_attention::flash_attention,
+        check: checks!(crate::check_attention::flash_attention),
     },
     Entry {
         name: "row_stats",
         description: "row sum/max/argmax and broadcasts of [BR, BC] tiles (codegen coverage)",
         default_config: "BR = 16, BC = 64, num_warps = 4",
         build: build_row_stats,
-        check: crate::check_decode::row_stats,
+        check: checks!(crate::check_decode::row_stats),
     },
     Entry {
         name: "gemv_q4_1",
         description: "out = x @ W^T, W repacked Q4_1, M <= 16 (decode); SILU: silu(x@Wg^T) * (x@Wu^T)",
         default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4",
         build: build_gemv_q4_1,
-        check: crate::check_dequant::gemv_q4_1,
+        check: checks!(crate::check_dequant::gemv_q4_1),
     },
     Entry {
         name: "gemv_q4_1_fused",
         description: "GEMV (Q4_1/Q4_0/Q8_0) with an RMSNorm prologue (NORM) or a residual-add epilogue (RESIDUAL)",
         default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
         build: build_gemv_fused,
-        check: crate::check_dequant::gemv_fused,
+        check: checks!(crate::check_dequant::gemv_fused),
     },
     Entry {
         name: "gemv_q4_0",
         description: "out = x @ W^T, W repacked Q4_0, M <= 16 (decode); SILU variant",
         default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4",
         build: build_gemv_q4_0,
-        check: crate::check_dequant::gemv_q4_0,
+        check: checks!(crate::check_dequant::gemv_q4_0),
     },
     Entry {
         name: "gemv_q8_0",
         description: "out = x @ W^T, W repacked Q8_0 (LM head), M <= 16 (decode); SILU variant",
         default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 256, num_warps = 4",
         build: build_gemv_q8_0,
-        check: crate::check_dequant::gemv_q8_0,
+        check: checks!(crate::check_dequant::gemv_q8_0),
     },
     Entry {
         name: "gemm_q4_1",
         description: "out = x @ W^T, W repacked Q4_1, tiled with dot (prefill); SILU variant",
         default_config: "T = bf16, SILU = false, BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4",
         build: build_gemm_q4_1,
-        check: crate::check_dequant::gemm_q4_1,
+        check: checks!(crate::check_dequant::gemm_q4_1),
     },
     Entry {
         name: "gemm_q4_0",
         description: "out = x @ W^T, W repacked Q4_0, tiled with dot (prefill); SILU variant",
         default_config: "T = bf16, SILU = false, BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, num_warps = 4",
         build: build_gemm_q4_0,
-        check: crate::check_dequant::gemm_q4_0,
+        check: checks!(crate::check_dequant::gemm_q4_0),
     },
     Entry {
         name: "gemm_q8_0",
         description: "out = x @ W^T, W repacked Q8_0, tiled with dot (prefill); SILU variant",
         default_config: "T = bf16, SILU = false, BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, num_warps = 4",
         build: build_gemm_q8_0,
-        check: crate::check_dequant::gemm_q8_0,
+        check: checks!(crate::check_dequant::gemm_q8_0),
     },
 ];
 
