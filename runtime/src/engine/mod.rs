@@ -511,4 +511,6 @@ fn unknown(seq: SeqId) -> Error {
 }
 
 #[cfg(test)]
+mod real_model;
+#[cfg(test)]
 mod tests;

@@ -40,6 +40,8 @@ pub mod text;
 pub mod worker;
 
 #[cfg(test)]
+mod real_model;
+#[cfg(test)]
 mod tests;
 
 use crate::app::{Context, EngineTask, resolve_model};

@@ -1,0 +1,69 @@
+//! Batch invariance on the real model (SmolLM2-135M Q4_1, fetched by `make
+//! model`) on the native CPU backend: greedy generation of each golden
+//! prompt alone equals its generation in one continuous batch with the
+//! others, token for token.
+
+use super::{Engine, Request};
+use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, run_task};
+use crate::check::Sample;
+use crate::error::Result;
+use crate::model::Device;
+use crate::model::sampler::SamplingParams;
+use crate::parity::Golden;
+use std::path::PathBuf;
+
+/// New tokens per prompt.
+const NEW_TOKENS: usize = 16;
+
+/// Greedy generation of each prompt alone, then of all of them at once.
+struct AloneAndBatched(Vec<Vec<u32>>);
+
+impl EngineTask for AloneAndBatched {
+    type Output = (Vec<Vec<u32>>, Vec<Vec<u32>>);
+
+    fn run<D: Device, T: Sample>(
+        self,
+        dev: &mut D,
+        engine: &mut Engine<D, T>,
+        _ctx: &Context,
+    ) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+        let request = |prompt: &Vec<u32>| Request {
+            prompt: prompt.clone(),
+            params: SamplingParams::default(),
+            max_tokens: NEW_TOKENS,
+            stop_tokens: Vec::new(),
+        };
+        let mut alone = Vec::new();
+        for p in &self.0 {
+            let done = engine.run(dev, vec![request(p)], |_| {})?;
+            alone.extend(done.into_iter().map(|c| c.tokens));
+        }
+        let batched = engine.run(dev, self.0.iter().map(request).collect(), |_| {})?;
+        Ok((alone, batched.into_iter().map(|c| c.tokens).collect()))
+    }
+}
+
+#[test]
+fn smollm2_greedy_alone_equals_greedy_in_a_batch_on_the_native_backend() {
+    let golden =
+        Golden::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json"))
+            .unwrap();
+    let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
+    let opts = LoadOptions {
+        model: PathBuf::from(crate::app::DEFAULT_MODEL),
+        device: DeviceChoice::Cpu,
+        max_num_seqs: 4,
+        max_model_len: 128,
+        max_blocks: Some(32),
+        // A prompt alone must not reuse the cached blocks of its earlier run.
+        prefix_caching: false,
+        verbose: false,
+        ..LoadOptions::default()
+    };
+    let (alone, batched) = run_task(&opts, AloneAndBatched(prompts)).unwrap();
+    assert_eq!(alone.len(), golden.cases.len());
+    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+        assert_eq!(a.len(), NEW_TOKENS);
+        assert_eq!(a, b, "prompt {i}");
+    }
+}
