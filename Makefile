@@ -21,7 +21,8 @@ export CARGO_TERM_COLOR ?= auto
 
 help:
 	@echo "make run     main job: install what is missing, fetch the model, build, generate text"
-	@echo "make test    what CI runs: rustfmt check, clippy -D warnings, all tests"
+	@echo "             (on the GPU, else natively on the CPU)"
+	@echo "make test    what CI runs: rustfmt check, clippy -D warnings, all tests (host-check included)"
 	@echo "make setup   install missing tools only (quiet when all are present)"
 	@echo "make model   fetch and verify the reference model into models/"
 	@echo "make fmt     format the workspace"
@@ -43,8 +44,10 @@ test: setup model deps-check
 
 # Main job: fetch and verify SmolLM2-135M-Instruct (GGUF Q4_1), build the
 # release `tessera` binary and generate text from a chat prompt, on the GPU
-# when one is usable and on the CPU interpreter otherwise (the binary says
-# which). PROMPT and MAX_TOKENS can be overridden: make run PROMPT="..."
+# when one is usable and with the native CPU backend otherwise (the kernels
+# compiled by LLVM for this CPU; the binary says which, and `--device interp`
+# runs the interpreter). PROMPT and MAX_TOKENS can be overridden:
+# make run PROMPT="..."
 PROMPT ?= What is the capital of France? Answer in one sentence.
 MAX_TOKENS ?= 48
 run: setup model
