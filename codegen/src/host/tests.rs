@@ -285,7 +285,14 @@ fn matmul(bm: usize, bn: usize, bk: usize, dtype: DType, tf32: bool) -> Result<F
             let a_mask = expand_dims(rm.lt(m), 1) & expand_dims(ka.lt(k), 0);
             let b_mask = expand_dims(ka.lt(k), 1) & expand_dims(rn.lt(n), 0);
             let a = load(a_ptr + expand_dims(rm * k, 1) + expand_dims(ka, 0), Some(a_mask), None);
-            let b = load(b_ptr + expand_dims(ka * n, 1) + expand_dims(rn, 0), Some(b_mask), None);
+            // `b` as `trans` of its transpose (`[BN, BK]`, the dequant GEMM's
+            // shape) every other K step.
+            let b = if bn == bk {
+                let bt_mask = expand_dims(rn.lt(n), 1) & expand_dims(ka.lt(k), 0);
+                trans(load(b_ptr + expand_dims(rn, 1) + expand_dims(ka * n, 0), Some(bt_mask), None))
+            } else {
+                load(b_ptr + expand_dims(ka * n, 1) + expand_dims(rn, 0), Some(b_mask), None)
+            };
             let p = if tf32 { DotPrecision::Tf32 } else { DotPrecision::Ieee };
             vec![dot_with(a, b, Some(carried[0]), p)]
         });
@@ -304,9 +311,12 @@ fn host_matmul() {
         (DType::F16, false),
         (DType::I8, false),
     ] {
-        for ((m, n, k), (bm, bn, bk)) in
-            [((37, 45, 70), (32, 32, 16)), ((5, 3, 2), (16, 16, 16)), ((64, 64, 64), (64, 64, 32))]
-        {
+        for ((m, n, k), (bm, bn, bk)) in [
+            ((37, 45, 70), (32, 32, 16)),
+            ((5, 3, 2), (16, 16, 16)),
+            ((64, 64, 64), (64, 64, 32)),
+            ((33, 40, 50), (16, 32, 32)),
+        ] {
             let f = matmul(bm, bn, bk, dtype, tf32).unwrap();
             let scale = if dtype == DType::I8 { 100.0 } else { 1.0 };
             let round = |v: Vec<f64>| -> Vec<f64> {

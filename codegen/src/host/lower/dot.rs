@@ -112,17 +112,53 @@ impl<'ctx> Lower<'ctx, '_> {
         tf32: bool,
     ) -> Result<PointerValue<'ctx>> {
         let arr = self.alloc_array(wide_elem, n)?;
-        let lanes = self.lanes.min(n as u32).max(1);
         let int = wide_elem == Elem::Scalar(DType::I32);
+        // `trans(x)` (a dequantized weight tile, say): `x` is computed in its
+        // own order, where its loads are contiguous, and written transposed.
+        let (src, rows, cols) = match self.transposed(v) {
+            Some((x, r, c)) => (x, r, c),
+            None => (v, 0, 0),
+        };
+        let lanes = self.lanes.min(n as u32).max(1).min(if rows > 0 { cols as u32 } else { u32::MAX });
         self.emit_loop(self.c32(0), self.c32(n as i64), i64::from(lanes), true, |l, base| {
             l.memo.clear();
-            let x = l.eval(v, &Idx::affine(base, lanes))?;
+            let x = l.eval(src, &Idx::affine(base, lanes))?;
             let x = if tf32 { l.round_tf32(x)? } else { x };
             let w = if int { l.cast_to(SExt, x, wide)? } else { l.cast_to(FPExt, x, wide)? };
-            l.store_strip(wide_elem, arr, base, w)
+            if rows == 0 {
+                return l.store_strip(wide_elem, arr, base, w);
+            }
+            // Element (r, c) of `x` is element (c, r) of `v`.
+            let r = l.b.build_right_shift(base, l.c32(cols.trailing_zeros() as i64), false, "")?;
+            let c0 = l.b.build_and(base, l.c32(cols as i64 - 1), "")?;
+            for k in 0..lanes {
+                let c = l.b.build_int_add(c0, l.c32(i64::from(k)), "")?;
+                let at = l.b.build_int_add(l.b.build_int_mul(c, l.c32(rows as i64), "")?, r, "")?;
+                let e = l.lane(w, k)?;
+                l.store_strip(wide_elem, arr, at, l.splat(e, 1)?)?;
+            }
+            Ok(())
         })?;
         self.memo.clear();
         Ok(arr)
+    }
+
+    /// When `v` is an inline `permute [1, 0]` of a 2-D tile `x`: `x` and its
+    /// shape `(rows, cols)`.
+    fn transposed(&self, v: dsl_core::ir::Value) -> Option<(dsl_core::ir::Value, usize, usize)> {
+        if !matches!(self.get(v), Ok(super::Repr::Inline)) {
+            return None;
+        }
+        let i = self.f.def_inst(v)?;
+        let d = &self.f.insts[i];
+        match &d.op {
+            Op::Shape(dsl_core::ir::ops::ShapeOp::Permute { order }) if order.as_slice() == [1, 0] => {
+                let x = d.args[0];
+                let s = &self.f.ty(x).shape;
+                Some((x, s[0], s[1]))
+            }
+            _ => None,
+        }
     }
 
     /// `x` (f32) rounded to tf32: 10 significand bits, ties away from zero
