@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use codegen::host::{Host, HostPtr};
 use dsl_core::interp::{Buffer, Cpu, CpuPtr, Element};
 use dsl_core::launch::{Backend, Kernel, PtrElem};
-use kernels::dequant::{GemvTiles, QuantFormat};
+use kernels::dequant::{GemmTiles, GemvTiles, QuantFormat};
 
 /// A backend the model runs on: owns or hands out buffers, forms typed kernel
 /// pointers into them and launches `#[kernel]`s.
@@ -47,6 +47,12 @@ pub trait Device: Backend + Sized {
     /// (tuned for GPUs) unless the device prefers others.
     fn gemv_tiles(&self, format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
         kernels::dequant::gemv_tiles(format, m, rows, k)
+    }
+
+    /// The GEMM tiles of the same product (prefill and larger batches):
+    /// [`kernels::dequant::gemm_tiles`] unless the device prefers others.
+    fn gemm_tiles(&self, format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok: bool) -> GemmTiles {
+        kernels::dequant::gemm_tiles(format, m, rows, k, swap_ok)
     }
 
     /// Whether launches run compiled code (GPU, native CPU), so a warm-up
@@ -274,6 +280,18 @@ impl Device for Host {
         let width = if format == QuantFormat::Q8_0 { block_k } else { block_k / 2 };
         let block_n = (1024 / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
         GemvTiles { m_block, block_n, block_k, num_warps: 4 }
+    }
+
+    /// Output tiles of up to 128 activation rows by 64 weight rows, K steps
+    /// of 64 weights (Q8_0: 32), four pipeline-free warps: a host program
+    /// dequantizes its weight tile once per K step for every activation row
+    /// of its tile, so tall tiles amortize it (the GPU's 32 x 32 tiles spend
+    /// as much time dequantizing and transposing as multiplying).
+    fn gemm_tiles(&self, format: QuantFormat, m: usize, rows: usize, k: usize, _swap_ok: bool) -> GemmTiles {
+        let _ = (rows, k);
+        let block_m = m.next_power_of_two().clamp(16, 128);
+        let block_k = if format == QuantFormat::Q8_0 { 32 } else { 64 };
+        GemmTiles { block_m, block_n: 64, block_k, num_warps: 4, swap: false, num_stages: 1 }
     }
 
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<HostPtr<T>> {

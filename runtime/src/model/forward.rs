@@ -75,7 +75,7 @@ use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use dsl_core::launch::Kernel;
 use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan};
-use kernels::dequant::{QuantFormat, gemm_grid, gemm_tiles, gemv_grid, uses_gemv};
+use kernels::dequant::{QuantFormat, gemm_grid, gemv_grid, uses_gemv};
 use kernels::embedding::{self, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
@@ -320,7 +320,7 @@ fn matmul<D: Device, T: Sample>(
     } else {
         // The swapped product needs 16-bit activations and `wgmma`.
         let swap_ok = dtype != dsl_core::DType::F32 && l.dev.wgmma();
-        let t = gemm_tiles(w.format, m, w.n, w.k, swap_ok);
+        let t = l.dev.gemm_tiles(w.format, m, w.n, w.k, swap_ok);
         let grid = gemm_grid(m, n, silu, t.block_m, t.block_n);
         let tiles = (t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages);
         match w.format {
