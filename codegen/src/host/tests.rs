@@ -622,3 +622,51 @@ fn host_assert_fails_with_its_location() {
     assert!(e.contains("device assertion failed: x must stay below 5"), "{e}");
     assert!(e.contains("program (0, 0, 0)") && e.contains("tests.rs"), "{e}");
 }
+
+/// `exp`, `exp2` and `sigmoid` of one block of f32 values per program.
+fn exponentials(block: usize) -> Result<Function> {
+    KernelBuilder::new("exponentials").build(|| {
+        let x_ptr = param_ptr("x_ptr", DType::F32);
+        let out_ptr = param_ptr("out_ptr", DType::F32);
+        let n = param_scalar("n", DType::I32);
+        let offs = program_id(0) * block as i32 + arange(0, block as i32);
+        let x = load(x_ptr + offs, None, None);
+        store(out_ptr + offs, exp(x), None);
+        store(out_ptr + n + offs, exp2(x), None);
+        store(out_ptr + n * 2 + offs, sigmoid(x), None);
+    })
+}
+
+/// The vector exponentials (`lower/math.rs`) round to the interpreter's
+/// f32 on a quarter million arguments across the whole f32 range of
+/// `exp`'s and `exp2`'s results, and on the special values.
+#[test]
+fn host_exponentials_match_the_library() {
+    let (block, programs) = (1024, 256);
+    let n = block * programs;
+    let mut rng = Rng(9);
+    let mut x = rng.floats(n, 160.0);
+    for (k, v) in x.iter_mut().enumerate().take(n / 2) {
+        // Half of them small, where softmax and SiLU live.
+        *v /= [16.0, 256.0, 4096.0, 1e6][k % 4];
+    }
+    let special = [
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        88.72,
+        88.73,
+        -87.33,
+        -103.9,
+        -104.0,
+        128.0,
+        -149.0,
+        -150.0,
+    ];
+    x[..special.len()].copy_from_slice(&special);
+    let f = exponentials(block).unwrap();
+    let bufs = [Buffer::from_f64(DType::F32, &x), Buffer::from_f64(DType::F32, &vec![0.0; 3 * n])];
+    same(&f, [programs as u32, 1, 1], &bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32)]);
+}

@@ -219,6 +219,9 @@ impl<'ctx> Lower<'ctx, '_> {
         let f64t: BasicTypeEnum<'ctx> = self.ctx.f64_type().into();
         let x = if d == DType::F64 { a } else { self.cast_to(FPExt, a, f64t)? };
         let y = match op {
+            // f32/f16/bf16 results: the vector exponentials (see `math.rs`).
+            UnaryOp::Exp if d != DType::F64 => self.exp_f64(x, false)?,
+            UnaryOp::Exp2 if d != DType::F64 => self.exp_f64(x, true)?,
             UnaryOp::Exp => self.libm("llvm.exp", x)?,
             UnaryOp::Exp2 => self.libm("llvm.exp2", x)?,
             UnaryOp::Log => self.libm("llvm.log", x)?,
@@ -233,7 +236,7 @@ impl<'ctx> Lower<'ctx, '_> {
             UnaryOp::Tanh => self.libm("llvm.tanh", x)?,
             UnaryOp::Sigmoid => {
                 let neg = self.fneg(x)?;
-                let e = self.libm("llvm.exp", neg)?;
+                let e = if d == DType::F64 { self.libm("llvm.exp", neg)? } else { self.exp_f64(neg, false)? };
                 let den = self.bin(FAdd, self.float_like(e, 1.0)?, e)?;
                 self.bin(FDiv, self.float_like(den, 1.0)?, den)?
             }
@@ -244,7 +247,7 @@ impl<'ctx> Lower<'ctx, '_> {
     }
 
     /// `-a` for floats (the sign bit flipped, NaNs included).
-    fn fneg(&self, a: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>> {
+    pub(super) fn fneg(&self, a: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>> {
         Ok(match a {
             BasicValueEnum::FloatValue(x) => self.b.build_float_neg(x, "")?.into(),
             BasicValueEnum::VectorValue(x) => self.b.build_float_neg(x, "")?.into(),

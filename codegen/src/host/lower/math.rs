@@ -12,7 +12,13 @@
 //! - Transcendentals are computed in f64 by LLVM's intrinsics, which call
 //!   the C math library of the process (the interpreter's `f64::exp` and
 //!   friends call the same functions), then narrowed once; `erf` calls the
-//!   interpreter's own function.
+//!   interpreter's own function. `exp` and `exp2` with f32, f16 or bf16
+//!   results (softmax, attention, SiLU) are computed here instead, on whole
+//!   vectors: Cody-Waite reduction to `|r| <= ln2 / 2` and a degree-13
+//!   polynomial with FMAs, within about an ulp of f64 of the exact value;
+//!   rounded to f32 that is the interpreter's value unless the exact value
+//!   lies within that distance of an f32 rounding boundary (about one
+//!   element in 2^28). f64 results keep the library call.
 
 use super::Lower;
 use crate::Result;
@@ -227,6 +233,48 @@ impl<'ctx> Lower<'ctx, '_> {
         let max = self.call1("llvm.copysign", &[max, r])?;
         let v = self.select(keep, r, odd)?;
         self.select(overflow, max, v)
+    }
+
+    /// `e^x` (`two`: `2^x`) of f64 values `x` (scalar or vector), for results
+    /// narrowed to f32 or a half: arguments beyond the f32 range are clamped
+    /// (the narrowed result is 0 or infinity either way); NaN stays NaN.
+    pub(super) fn exp_f64(&self, x: BasicValueEnum<'ctx>, two: bool) -> Result<BasicValueEnum<'ctx>> {
+        let c = |v: f64| self.float_like(x, v);
+        let limit = if two { 160.0 } else { 111.0 };
+        let hi = self.fcmp(FloatPredicate::OGT, x, c(limit)?)?;
+        let lo = self.fcmp(FloatPredicate::OLT, x, c(-limit)?)?;
+        let xc = self.select(hi, c(limit)?, x)?;
+        let xc = self.select(lo, c(-limit)?, xc)?;
+        let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
+        // x = n + r (2^x) or n ln2 + r (e^x), n an integer, |r| <= ln2 / 2.
+        let (n, r) = if two {
+            let n = self.call1("llvm.roundeven", &[xc])?;
+            (n, self.bin(FSub, xc, n)?)
+        } else {
+            let n = self.call1("llvm.roundeven", &[self.bin(FMul, xc, c(std::f64::consts::LOG2_E)?)?])?;
+            // ln 2 in two parts: n * LN2_HI is exact for |n| < 2^11.
+            let nn = self.fneg(n)?;
+            let r = self.call1("llvm.fma", &[nn, c(f64::from_bits(0x3fe6_2e42_fee0_0000))?, xc])?;
+            (n, self.call1("llvm.fma", &[nn, c(f64::from_bits(0x3dea_39ef_3579_3c76))?, r])?)
+        };
+        // e^r = sum r^k / k! (2^r: (r ln2)^k / k!), Horner's scheme from degree 13.
+        let coef = |k: i32| {
+            let f: f64 = (1..=k).map(f64::from).product();
+            let l = if two { std::f64::consts::LN_2.powi(k) } else { 1.0 };
+            l / f
+        };
+        let mut p = c(coef(13))?;
+        for k in (0..13).rev() {
+            p = self.call1("llvm.fma", &[p, r, c(coef(k))?])?;
+        }
+        // Times 2^n, from the exponent bits (|n| <= 230: a normal f64).
+        let n = self.select(nan, c(0.0)?, n)?;
+        let i64t: BasicTypeEnum<'ctx> = self.ctx.i64_type().into();
+        let ni = self.cast_to(FPToSI, n, i64t)?;
+        let e = self.bin(Shl, self.bin(Add, ni, self.int_like(ni, 1023)?)?, self.int_like(ni, 52)?)?;
+        let scale = self.cast_to(BitCast, e, self.ctx.f64_type().into())?;
+        let y = self.bin(FMul, p, scale)?;
+        self.select(nan, x, y)
     }
 
     /// `fcmp` on scalars or vectors alike.
