@@ -340,6 +340,12 @@ pub struct BenchArgs {
     /// Activation dtype of the `model` family (auto: bf16).
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
+    /// Measure the native CPU backend instead of the GPU: the host copy rate,
+    /// copy, softmax, add+RMSNorm and Q4_1 GEMV rows in GB/s, and SmolLM2
+    /// prefill (512 tokens) and decode (128 tokens) (`--only model` for
+    /// those alone).
+    #[arg(long)]
+    pub host: bool,
     /// `bench serve`: load-test a running server instead of the kernels.
     #[command(subcommand)]
     pub mode: Option<BenchMode>,
@@ -527,6 +533,19 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
         add_rmsnorm: if a.no_add_rmsnorm { Vec::new() } else { bench::parse_shapes(&a.add_rmsnorm_shapes)? },
         only: a.only.clone(),
     };
+    if a.host {
+        let target = codegen::host::HostTarget::native();
+        println!(
+            "# native CPU backend, {} on {} threads, median of {} runs after {} warm-up",
+            target.describe(),
+            codegen::host::launch::threads(),
+            opts.runs,
+            opts.warmup
+        );
+        let records = crate::bench_host::run(&opts, &a.model)?;
+        print!("{}", crate::bench_host::table(&records));
+        return Ok(());
+    }
     let mut cuda = Cuda::open(a.device)?;
     let device = cuda.gpu().info().name.clone();
     println!(

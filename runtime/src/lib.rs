@@ -30,6 +30,7 @@ pub mod bench;
 pub mod bench_attention;
 pub mod bench_decode;
 pub mod bench_dequant;
+pub mod bench_host;
 pub mod bench_model;
 pub mod bench_q8;
 pub mod bench_serve;

@@ -1,0 +1,203 @@
+//! `tessera bench --host`: the native CPU backend's benchmark rows.
+//!
+//! - `host/memcpy/<bytes>`: the machine's copy rate, every core copying its
+//!   share of a buffer far larger than the caches (`copy_from_slice`, the C
+//!   library's `memcpy`): the ceiling the kernel rows are compared with.
+//! - `host/copy`, `host/softmax`, `host/add_rmsnorm`, `host/gemv_q4_1`: the
+//!   library kernels (f32) at representative shapes, in GB/s of the bytes
+//!   they must read and write (a GEMV: the quantized weights, scales and
+//!   activations), with their fraction of the copy rate.
+//! - `model/...` (unless `--only` leaves `model` out): SmolLM2-135M through the engine on
+//!   the native backend, `model/prefill/pp<n>` (one prompt of `n` tokens)
+//!   and `model/decode/tg<n>` (`n` new tokens at batch 1 after it), the
+//!   shape of llama.cpp's `llama-bench -p 512 -n 128`.
+//!
+//! Each row is the median of `runs` timed repetitions after `warmup`
+//! untimed ones (the first compiles the kernel or reads it from the cache).
+
+use crate::bench::{BenchOptions, Record};
+use crate::check::Rng;
+use crate::error::Result;
+use crate::model::Device;
+use crate::registry::{copy, softmax};
+use codegen::host::Host;
+use dsl_core::DType;
+use dsl_core::launch::Backend;
+use kernels::dequant::{QuantFormat, gemv_grid, repack};
+use kernels::rmsnorm::{self, add_rmsnorm};
+use std::marker::PhantomData;
+use std::time::Instant;
+
+/// The median wall time of `f` in milliseconds.
+fn median_ms(opts: &BenchOptions, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..opts.warmup.max(1) {
+        f()?;
+    }
+    let mut t = Vec::with_capacity(opts.runs.max(1));
+    for _ in 0..opts.runs.max(1) {
+        let t0 = Instant::now();
+        f()?;
+        t.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+/// A GB/s row: `bytes` moved in `ms`.
+fn gbs(name: String, bytes: f64, ms: f64) -> Record {
+    let value = bytes / ms / 1e6;
+    eprintln!("measured {name}: {value:.2} GB/s ({ms:.3} ms)");
+    Record { name, metric: "GB/s", value, ms, tuned: None }
+}
+
+/// The machine's copy rate: every core copies its share of 256 MiB.
+fn memcpy_row(opts: &BenchOptions) -> Result<Record> {
+    let n = 256usize << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let threads = codegen::host::launch::threads().max(1);
+    let chunk = n.div_ceil(threads);
+    let ms = median_ms(opts, || {
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        });
+        Ok(())
+    })?;
+    Ok(gbs(format!("host/memcpy/{}MiB", n >> 20), 2.0 * n as f64, ms))
+}
+
+/// The kernel rows.
+fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    let mut rng = Rng::new(7);
+    // copy: 64 Mi f32 read and written.
+    let n = 1usize << 26;
+    let (x, o) = (host.upload(&rng.values::<f32>(n, 1.0)), host.zeros::<f32>(n));
+    let args = copy::Args { x_ptr: x.cast(), out_ptr: o.cast(), n: n as i32, _marker: PhantomData };
+    let config = copy::Config::new(DType::F32, 1024);
+    let grid = [n.div_ceil(1024) as u32, 1, 1];
+    let ms = median_ms(opts, || Ok(host.launch::<copy::Kernel>(grid, &config, &args)?))?;
+    out.push(gbs("host/copy/f32/2^26".into(), 8.0 * n as f64, ms));
+    // softmax over rows (the shapes of `--shapes`).
+    for &(rows, cols) in &opts.shapes {
+        let (x, o) = (host.upload(&rng.values::<f32>(rows * cols, 4.0)), host.zeros::<f32>(rows * cols));
+        let block = cols.next_power_of_two();
+        let config = softmax::Config::new(DType::F32, block);
+        let args = softmax::Args {
+            out_ptr: o.cast(),
+            in_ptr: x.cast(),
+            n_cols: cols as i32,
+            stride: cols as i32,
+            _marker: PhantomData,
+        };
+        let ms =
+            median_ms(opts, || Ok(host.launch::<softmax::Kernel>([rows as u32, 1, 1], &config, &args)?))?;
+        out.push(gbs(format!("host/softmax/f32/{rows}x{cols}"), 8.0 * (rows * cols) as f64, ms));
+    }
+    // add+RMSNorm: x and r read, out and h written, the weights once.
+    for &(tokens, hidden) in &opts.add_rmsnorm {
+        let len = tokens * hidden;
+        let (x, r) = (host.upload(&rng.values::<f32>(len, 2.0)), host.upload(&rng.values::<f32>(len, 2.0)));
+        let w = host.upload(&rng.values::<f32>(hidden, 1.0));
+        let (o, h) = (host.zeros::<f32>(len), host.zeros::<f32>(len));
+        let block = rmsnorm::block_for(hidden);
+        let config = add_rmsnorm::Config::new(DType::F32, block);
+        let args = add_rmsnorm::Args {
+            x_ptr: x.cast(),
+            r_ptr: r.cast(),
+            w_ptr: w.cast(),
+            out_ptr: o.cast(),
+            h_ptr: h.cast(),
+            n_cols: hidden as i32,
+            stride: hidden as i32,
+            eps: 1e-5,
+            _marker: PhantomData,
+        };
+        let grid = [tokens as u32, 1, 1];
+        let ms = median_ms(opts, || Ok(host.launch::<add_rmsnorm::Kernel>(grid, &config, &args)?))?;
+        let bytes = 4.0 * (4 * len + hidden) as f64;
+        out.push(gbs(format!("host/add_rmsnorm/f32/{tokens}x{hidden}"), bytes, ms));
+    }
+    // Q4_1 GEMV at batch 1: SmolLM2's gate/up and down, and a 7B-sized one.
+    for (n, k) in [(3072usize, 576usize), (576, 1536), (14336, 4096)] {
+        let raw = crate::check_dequant::gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
+        let w = repack(QuantFormat::Q4_1, &raw, n, k).map_err(|e| crate::Error::Usage(e.to_string()))?;
+        let (xq, q, s) =
+            (host.upload(&rng.values::<f32>(k, 1.0)), host.upload(&w.quants), host.upload(&w.scales));
+        let o = host.zeros::<f32>(n);
+        let t = Device::gemv_tiles(host, QuantFormat::Q4_1, 1, n, k);
+        use kernels::dequant::gemv::gemv_q4_1 as kk;
+        let config =
+            kk::Config::new(DType::F32, false, t.m_block, t.block_n, t.block_k).with_warps(t.num_warps);
+        let args = kk::Args {
+            x_ptr: xq.cast(),
+            q_ptr: q,
+            s_ptr: s,
+            out_ptr: o.cast(),
+            m: 1,
+            n: n as i32,
+            k: k as i32,
+            _marker: PhantomData,
+        };
+        let grid = gemv_grid(1, n, false, t.m_block, t.block_n);
+        let ms = median_ms(opts, || Ok(host.launch::<kk::Kernel>(grid, &config, &args)?))?;
+        let bytes = (w.quants.len() + 2 * w.scales.len() + 4 * (k + n)) as f64;
+        out.push(gbs(format!("host/gemv_q4_1/f32/1x{k}x{n}"), bytes, ms));
+    }
+    Ok(out)
+}
+
+/// Runs the host rows `opts` asks for (kernels unless only `model`; the
+/// model unless only kernel families): the records, memcpy first.
+pub fn run(opts: &BenchOptions, model: &std::path::Path) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    let kernels = opts.only.is_empty() || opts.only.iter().any(|o| o != "model");
+    if kernels {
+        out.push(memcpy_row(opts)?);
+        let mut host = Host::new();
+        out.extend(kernel_rows(&mut host, opts)?);
+    }
+    if opts.wants("model") {
+        let load = crate::app::LoadOptions {
+            model: model.to_path_buf(),
+            device: crate::app::DeviceChoice::Cpu,
+            max_num_seqs: 1,
+            max_model_len: 1024,
+            ..crate::app::LoadOptions::default()
+        };
+        let task = crate::bench_model::ModelBench { batches: vec![1], prompt_len: 512, new_tokens: 128 };
+        for r in crate::app::run_task(&load, task)? {
+            let name = match r.name.as_str() {
+                "model/prefill/bs1" => "model/prefill/pp512".to_string(),
+                "model/decode/bs1" => "model/decode/tg128".to_string(),
+                other => other.to_string(),
+            };
+            out.push(Record { name, ..r });
+        }
+    }
+    Ok(out)
+}
+
+/// The host table: name, value and unit, median ms, fraction of memcpy.
+pub fn table(records: &[Record]) -> String {
+    let ceiling = records.iter().find(|r| r.name.starts_with("host/memcpy/")).map(|r| r.value);
+    let width = records.iter().map(|r| r.name.len()).max().unwrap_or(0).max(28);
+    let mut s = format!(
+        "{:<width$} | {:>10} | {:>6} | {:>10} | {:>9}\n",
+        "name", "value", "unit", "median ms", "of memcpy"
+    );
+    s.push_str(&format!("{}\n", "-".repeat(width + 48)));
+    for r in records {
+        let frac = match ceiling {
+            Some(c) if c > 0.0 && r.metric == "GB/s" => format!("{:.1}%", 100.0 * r.value / c),
+            _ => "-".into(),
+        };
+        s.push_str(&format!(
+            "{:<width$} | {:>10.2} | {:>6} | {:>10.3} | {:>9}\n",
+            r.name, r.value, r.metric, r.ms, frac
+        ));
+    }
+    s
+}
