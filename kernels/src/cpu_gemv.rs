@@ -1,0 +1,315 @@
+//! Decode GEMVs shaped for CPUs: the fused GEMVs of [`crate::dequant::fused`]
+//! (the same arguments, constexprs, grid and epilogues: RMSNorm prologue,
+//! SiLU-mul, residual add) with a K loop that a CPU runs well.
+//!
+//! # Why a second kernel
+//!
+//! The GPU GEMVs spread a tile over 32-lane warps: they read the quant plane
+//! as 32-bit words (one per four bytes, shifted apart per lane), compute
+//! block and word indices per element, and software-pipeline the K loop
+//! (tile `t + 1`'s loads in flight while tile `t` is computed). Compiled
+//! for a CPU, each of those becomes work per element: index arithmetic,
+//! gathers of words, and the pipelined tiles stored to and reloaded from
+//! the stack every step. These kernels instead load each row's quant bytes
+//! as one contiguous run per block, take a block's scale once per run, and
+//! carry nothing across K steps but the accumulator.
+//!
+//! # Math
+//!
+//! The module docs of [`crate::dequant`]: weights formed in f32 by placing
+//! the quant in a mantissa (`f = 16 + q` for a nibble, `256 + (q + 128)`
+//! for a byte) and one FMA with the block scale (`w = d * f + off`),
+//! activations (normalized with `NORM` exactly as the fused GEMV does)
+//! multiplied and accumulated elementwise in f32 by FMAs into an f32 tile
+//! `[M_BLOCK, BLOCK_N, W]` (`W = BLOCK_K / 2` quant bytes for Q4, each
+//! element the running sum of its byte's two products, low nibble first;
+//! `W = BLOCK_K` for Q8_0), in increasing K order, then summed along `W`
+//! once (the epilogue of [`crate::dequant::gemv`]). Every result is a fixed
+//! function of the inputs and the tile shape; with the same `BLOCK_K` it
+//! does not depend on `M_BLOCK`, `BLOCK_N` or the batch.
+//!
+//! # Layout contract
+//!
+//! [`crate::dequant`]'s (repacked planes, `K % 32 == 0`, 32-bit offsets):
+//! row `r`'s quants are the `K / 2` (Q4) or `K` (Q8_0) bytes from `r * K /
+//! 2` (`r * K`), block `b`'s 16 (32) of them from `b * 16` (`b * 32`); for
+//! Q4, byte `j` of a block holds weight `32 b + j` in its low nibble and
+//! `32 b + j + 16` in its high one. Scales: entry `r * K / 32 + b` (Q4_1: a
+//! `(d, m)` pair of f16, read as one 32-bit word).
+//!
+//! # Tiling
+//!
+//! Program `(i, j)` owns weight rows `i * BLOCK_N ..` and activation rows
+//! `j * M_BLOCK ..` ([`crate::dequant::gemv_grid`]). Per K tile it loads
+//! the W tile `[BLOCK_N, W]` of bytes (each row's run contiguous), the
+//! scales (one per 16 or 32 bytes, equal along the run) and the activation
+//! tile `[M_BLOCK, W]` (the two runs of 16 per block for Q4), which is
+//! broadcast over the `BLOCK_N` rows. Rows past the weight's or `M` are
+//! clamped to the last one (their results are not stored). Whole tiles run
+//! unmasked; a last partial tile (`K % BLOCK_K != 0`) runs once with the
+//! blocks past K masked off (they add nothing).
+//!
+//! # Constexprs
+//!
+//! `T` (activation dtype), `SILU`, `NORM`, `RESIDUAL`, `M_BLOCK` (activation
+//! rows per program), `BLOCK_N` (weight rows per program, even with
+//! `SILU`), `BLOCK_K` (a power of two `>= 32`), as the fused GEMV.
+
+use crate::dequant::gemv::{
+    gemv_epilogue, gemv_operand, q4_scale_decode, q4_scale_load, q4_scales, repeat_rows, row_rstd,
+};
+use crate::dequant::{GemvTiles, QuantFormat, m_block_for};
+use dsl_core::DType;
+use dsl_macros::{kernel, kernel_fn};
+
+/// The tiles of these kernels for `m` activation rows times a weight of
+/// `rows` rows and `k` columns: K tiles of one block (32 weights, so K
+/// never has a partial tile and every W tile row is one block's contiguous
+/// run with one scale), and as many weight rows as keep the accumulator at
+/// 1024 f32 (4 KiB, in L1 beside the tiles), at most the weight's rows.
+pub fn cpu_gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
+    let _ = k;
+    let m_block = m_block_for(m);
+    let width = if format == QuantFormat::Q8_0 { 32 } else { 16 };
+    let block_n = (1024 / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
+    GemvTiles { m_block, block_n, block_k: 32, num_warps: 4 }
+}
+
+/// The dequantized weights `(w_lo, w_hi)` of the nibbles of quant bytes `q`
+/// (as `i32`) with block scale `d` and offset `off` ([`q4_scale_decode`]):
+/// `w = d * (16 + nibble) + off`, as [`crate::dequant::gemv::q4_weights`].
+#[kernel_fn]
+pub fn nibble_weights(q: Tensor, d: Tensor, off: Tensor) -> (Tensor, Tensor) {
+    let lo = ((q & 15) << 19 | 0x4180_0000).bitcast(f32);
+    let hi = ((q >> 4 & 15) << 19 | 0x4180_0000).bitcast(f32);
+    (fma(d, lo, off), fma(d, hi, off))
+}
+
+/// The dequantized Q8_0 weights of quant bytes `q` (as `i32`, the signed
+/// byte's bits) with block scale `d`: `w = d * (256 + (q ^ 128)) - 384 d`,
+/// as [`crate::dequant::gemv::q8_weights`].
+#[kernel_fn]
+pub fn byte_weights(q: Tensor, d: Tensor) -> Tensor {
+    let f = ((q ^ 128) << 15 | 0x4380_0000).bitcast(f32);
+    fma(d, f, d * -384.0)
+}
+
+/// The activation tile `[M_BLOCK, W]` (flat) repeated over the `BLOCK_N`
+/// weight rows: flat `[M_BLOCK, BLOCK_N, W]`, a broadcast (no data moves).
+#[kernel_fn]
+pub fn over_rows(x: Tensor, m_block: usize, block_n: usize, width: usize) -> Tensor {
+    let x3 = expand_dims(reshape(x, [m_block, width]), 1);
+    reshape(broadcast_to(x3, [m_block, block_n, width]), [m_block * block_n * width])
+}
+
+/// The Q4 body shared by [`cpu_gemv_q4_1`] and [`cpu_gemv_q4_0`] (`has_min`).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_gemv_q4_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    nw_ptr: Tensor,
+    eps: Tensor,
+    has_min: bool,
+    silu: bool,
+    norm: bool,
+    residual: bool,
+    dt: DType,
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    let w = block_k / 2;
+    let wn = block_n * w;
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    // W tile [BLOCK_N, W]: byte c of row r's K tile.
+    let wl = arange(0, wn);
+    let c = wl % w;
+    let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
+    let q_off = row * (k / 2) + c;
+    let s_off = row * nb + c / 16;
+    // Activation tile [M_BLOCK, W]: byte c's low-nibble activation is at
+    // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
+    let xl = arange(0, m_block * w);
+    let xc = xl % w;
+    let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
+    let n_off = xc / 16 * 32 + xc % 16;
+    let x_off = mrow * k + n_off;
+    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, w) } else { eps };
+    let k_full = k / block_k * block_k;
+    let mut acc = zeros([m_block * wn], f32);
+    for k0 in range(0, k_full, block_k) {
+        let q = load(q_ptr + q_off + k0 / 2).to(i32);
+        let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, has_min);
+        let (w_lo, w_hi) = nibble_weights(q, d, off);
+        let xa = load(x_ptr + x_off + k0);
+        let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
+        acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+        let xb = load(x_ptr + x_off + k0 + 16);
+        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
+        let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
+        acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+    }
+    // The partial K tile: blocks past K read nothing and add nothing.
+    for k0 in range(k_full, k, block_k) {
+        let ok = k0 / 32 + c / 16 < nb;
+        let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
+        let (d, off) = q4_scale_decode(q4_scale_load(s_ptr, s_off + k0 / 32, ok, has_min), has_min);
+        let (w_lo, w_hi) = nibble_weights(q, d, off);
+        let okx = k0 / 32 + xc / 16 < nb;
+        let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+        let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
+        acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+        let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
+        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
+        let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
+        acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+    }
+    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, w);
+}
+
+/// The Q8_0 body ([`cpu_gemv_q8_0`]).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_gemv_q8_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    nw_ptr: Tensor,
+    eps: Tensor,
+    silu: bool,
+    norm: bool,
+    residual: bool,
+    dt: DType,
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    let wn = block_n * block_k;
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let wl = arange(0, wn);
+    let c = wl % block_k;
+    let row = minimum(program_id(0) * block_n + wl / block_k, rows - 1);
+    let q_off = row * k + c;
+    let s_off = row * nb + c / 32;
+    let xl = arange(0, m_block * block_k);
+    let xc = xl % block_k;
+    let mrow = minimum(program_id(1) * m_block + xl / block_k, m - 1);
+    let x_off = mrow * k + xc;
+    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, block_k) } else { eps };
+    let k_full = k / block_k * block_k;
+    let mut acc = zeros([m_block * wn], f32);
+    for k0 in range(0, k_full, block_k) {
+        let q = load(q_ptr + q_off + k0).to(i32);
+        let d = load(s_ptr + s_off + k0 / 32).to(f32);
+        let wt = byte_weights(q, d);
+        let xa = load(x_ptr + x_off + k0);
+        let na = if norm { load(nw_ptr + xc + k0) } else { xa };
+        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, block_k);
+        acc = fma(repeat_rows(wt, m_block, wn), xa, acc);
+    }
+    for k0 in range(k_full, k, block_k) {
+        let ok = k0 + c < k;
+        let q = load(q_ptr + q_off + k0, mask = ok, other = 0).to(i32);
+        let d = load(s_ptr + s_off + k0 / 32, mask = ok, other = 0.0).to(f32);
+        let wt = byte_weights(q, d);
+        let okx = k0 + xc < k;
+        let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+        let na = if norm { load(nw_ptr + xc + k0, mask = okx, other = 0.0) } else { xa };
+        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, block_k);
+        acc = fma(repeat_rows(wt, m_block, wn), xa, acc);
+    }
+    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, block_k);
+}
+
+/// Q4_1 GEMV for CPUs with the fused GEMV's RMSNorm prologue (`NORM`),
+/// SiLU-mul (`SILU`) and residual add (`RESIDUAL`); see the module doc.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_gemv_q4_1<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    cpu_gemv_q4_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, true, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
+}
+
+/// Q4_0 GEMV for CPUs with the fusions of [`cpu_gemv_q4_1`].
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_gemv_q4_0<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    cpu_gemv_q4_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, false, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
+}
+
+/// Q8_0 GEMV for CPUs with the fusions of [`cpu_gemv_q4_1`] (the LM head).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_gemv_q8_0<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    m: i32,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] M_BLOCK: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] BLOCK_K: usize,
+) {
+    cpu_gemv_q8_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
+        BLOCK_K,
+    );
+}
