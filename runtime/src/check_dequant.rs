@@ -253,7 +253,7 @@ pub(crate) fn gguf_weight(rng: &mut Rng, format: QuantFormat, n: usize, k: usize
 }
 
 /// Repacks `raw`, mapping the error to a usage error.
-fn repacked(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<Repacked> {
+pub(crate) fn repacked(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<Repacked> {
     repack(format, raw, n, k).map_err(|e| Error::Usage(e.to_string()))
 }
 
@@ -395,9 +395,11 @@ fn rounding(dtype: DType) -> f64 {
 
 /// Exact outputs and their tolerances (kernel vs exact) for the `cols`
 /// output columns of a case: `want[i * cols.len() + j]` is `out[i, cols[j]]`.
-struct Expected {
-    want: Vec<f64>,
-    tol: Vec<f64>,
+pub(crate) struct Expected {
+    /// The exact outputs.
+    pub want: Vec<f64>,
+    /// Their tolerances.
+    pub tol: Vec<f64>,
 }
 
 /// The expected outputs of `launch` on `x` (as f64, `[m, k]`) for the gate
@@ -439,7 +441,14 @@ fn expected(
 }
 
 /// Folds `got` against `want` within `tol` into a check row.
-fn account(kernel: &str, shape: String, dtype: DType, got: &[f64], want: &[f64], tol: &[f64]) -> CheckRow {
+pub(crate) fn account(
+    kernel: &str,
+    shape: String,
+    dtype: DType,
+    got: &[f64],
+    want: &[f64],
+    tol: &[f64],
+) -> CheckRow {
     let mut row = CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
     if got.len() != want.len() {
         row.pass = false;
@@ -526,7 +535,7 @@ fn case<T: Sample, D: Device>(
 }
 
 /// Ragged GEMV shapes `(m, n, k)` checked against the interpreter.
-const GEMV_SHAPES: [(usize, usize, usize); 5] =
+pub(crate) const GEMV_SHAPES: [(usize, usize, usize); 5] =
     [(1, 1, 32), (3, 37, 96), (5, 130, 608), (7, 64, 1024), (15, 21, 160)];
 /// Ragged GEMM shapes `(m, n, k)` checked against the interpreter.
 const GEMM_SHAPES: [(usize, usize, usize); 4] =
@@ -706,7 +715,7 @@ macro_rules! with_fused {
 }
 
 /// The epsilon of the fused norm checks (SmolLM2's `rms_norm_eps`).
-const FUSED_EPS: f32 = 1e-5;
+pub(crate) const FUSED_EPS: f32 = 1e-5;
 
 /// The inputs of one fused GEMV: activations, norm weights, the initial
 /// `out` (the residual) and the weight.
@@ -784,7 +793,7 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
 /// their roundings and the f32 `rstd` error; the residual epilogue adds two
 /// roundings.
 #[allow(clippy::too_many_arguments)]
-fn fused_expected(
+pub(crate) fn fused_expected(
     launch: Launch,
     fuse: Fuse,
     dtype: DType,

@@ -38,6 +38,7 @@ pub mod bench_spec;
 pub mod chat;
 pub mod check;
 pub mod check_attention;
+pub mod check_cpu_gemv;
 pub mod check_decode;
 pub mod check_dequant;
 pub mod check_matmul;

@@ -183,6 +183,11 @@ fn build_gemv_fused() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::F32, false, true, false, 1, 8, 512).with_warps(4))
 }
 
+fn build_cpu_gemv() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::cpu_gemv::cpu_gemv_q4_1 as k;
+    spec::<k::Kernel>(k::Config::new(DType::F32, false, true, false, 1, 64, 32))
+}
+
 fn build_gemm_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemm::gemm_q4_1 as k;
     spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64, false).with_warps(4))
@@ -463,6 +468,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
         build: build_gemv_fused,
         check: checks!(crate::check_dequant::gemv_fused),
+    },
+    Entry {
+        name: "cpu_gemv_q4_1",
+        description: "the fused GEMVs (Q4_1/Q4_0/Q8_0, NORM, SILU, RESIDUAL) shaped for CPUs: the native backend's decode",
+        default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 64, BLOCK_K = 32",
+        build: build_cpu_gemv,
+        check: checks!(crate::check_cpu_gemv::cpu_gemv),
     },
     Entry {
         name: "gemv_q4_0",

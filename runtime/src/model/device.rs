@@ -55,6 +55,13 @@ pub trait Device: Backend + Sized {
         kernels::dequant::gemm_tiles(format, m, rows, k, swap_ok)
     }
 
+    /// Whether the fused decode GEMVs run [`kernels::cpu_gemv`]'s kernels
+    /// (shaped for CPUs, with this device's [`Device::gemv_tiles`]) instead
+    /// of [`kernels::dequant::fused`]'s.
+    fn cpu_gemv(&self) -> bool {
+        false
+    }
+
     /// Whether launches run compiled code (GPU, native CPU), so a warm-up
     /// compiles the kernels before the first request; false for the
     /// interpreter.
@@ -269,17 +276,17 @@ impl Device for Host {
         true
     }
 
-    /// A program walks K in tiles of 64 weights (32 where K is no multiple
-    /// of 64: every SmolLM2 K divides evenly, so no masked tail step) over a
-    /// `[M_BLOCK, BLOCK_N, BLOCK_K / 2]` accumulator of 1024 elements (Q8_0:
-    /// `BLOCK_K` wide): the GPU tiles' 512-wide K steps and 8 rows leave a
-    /// host program one step plus a tail, its index set-up unamortized.
+    /// The CPU GEMVs' tiles ([`kernels::cpu_gemv::cpu_gemv_tiles`]), which
+    /// the unfused GEMVs take too.
     fn gemv_tiles(&self, format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
-        let m_block = kernels::dequant::m_block_for(m);
-        let block_k = if k.is_multiple_of(64) { 64 } else { 32 };
-        let width = if format == QuantFormat::Q8_0 { block_k } else { block_k / 2 };
-        let block_n = (1024 / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
-        GemvTiles { m_block, block_n, block_k, num_warps: 4 }
+        kernels::cpu_gemv::cpu_gemv_tiles(format, m, rows, k)
+    }
+
+    /// Decode GEMVs run [`kernels::cpu_gemv`]: the fused GEMVs' loads of
+    /// 32-bit words, per-element indices and software pipelining cost a
+    /// CPU several times the arithmetic.
+    fn cpu_gemv(&self) -> bool {
+        true
     }
 
     /// Output tiles of up to 128 activation rows by 64 weight rows, K steps

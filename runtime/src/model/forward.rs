@@ -331,7 +331,8 @@ fn matmul<D: Device, T: Sample>(
     }
 }
 
-/// A fused decode GEMV (see [`kernels::dequant::fused`]): `out[m, n] =
+/// A fused decode GEMV (see [`kernels::dequant::fused`], or
+/// [`kernels::cpu_gemv`] where [`Device::cpu_gemv`]): `out[m, n] =
 /// norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights, eps))`
 /// the RMSNorm prologue, or `out += x @ w^T` in place with `residual`. `x`
 /// and `out` start at element offsets; `m <= FUSED_MAX_TOKENS`.
@@ -359,8 +360,8 @@ fn gemv_fused<D: Device, T: Sample>(
     let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
     macro_rules! launch {
-        ($kernel:ident) => {{
-            use kernels::dequant::fused::$kernel as kk;
+        ($($kernel:ident)::+) => {{
+            use kernels::$($kernel)::+ as kk;
             let args = kk::Args {
                 x_ptr: xp,
                 q_ptr: qp,
@@ -379,10 +380,13 @@ fn gemv_fused<D: Device, T: Sample>(
             l.run::<kk::Kernel>(grid, &config, &args)
         }};
     }
-    match w.format {
-        QuantFormat::Q4_0 => launch!(gemv_q4_0_fused),
-        QuantFormat::Q4_1 => launch!(gemv_q4_1_fused),
-        QuantFormat::Q8_0 => launch!(gemv_q8_0_fused),
+    match (w.format, l.dev.cpu_gemv()) {
+        (QuantFormat::Q4_0, false) => launch!(dequant::fused::gemv_q4_0_fused),
+        (QuantFormat::Q4_1, false) => launch!(dequant::fused::gemv_q4_1_fused),
+        (QuantFormat::Q8_0, false) => launch!(dequant::fused::gemv_q8_0_fused),
+        (QuantFormat::Q4_0, true) => launch!(cpu_gemv::cpu_gemv_q4_0),
+        (QuantFormat::Q4_1, true) => launch!(cpu_gemv::cpu_gemv_q4_1),
+        (QuantFormat::Q8_0, true) => launch!(cpu_gemv::cpu_gemv_q8_0),
     }
 }
 
