@@ -13,7 +13,10 @@
 //!
 //! The row statistic is computed once per row and applied with multiplies: no
 //! division per element (a division per element costs more than the memory
-//! traffic of a bf16 row).
+//! traffic of a bf16 row). The sum of squares is [`sum_squares`]: exact up
+//! to far below f32's precision and independent of the order and tile of
+//! the reduction, so every kernel that normalizes a row (these and the
+//! fused prologue of `dequant::linear`) gets the same `rstd` bits.
 //!
 //! # Rounding (exact sequence; `round_T` rounds to the storage dtype `T`,
 //! nearest-even; all arithmetic is f32)
@@ -29,7 +32,9 @@
 //! out   = round_T(f32(nrm) * f32(w))           torch's `T * T` (f32 multiply, one rounding)
 //! ```
 //!
-//! [`rmsnorm`] follows llama.cpp / the model code: everything in f32 and one
+//! [`rmsnorm`] follows llama.cpp / the model code (with `ROUND_NORMED`,
+//! add+RMSNorm's sequence above instead: the batch-invariant model's first
+//! norm, which must equal the fused prologue): everything in f32 and one
 //! rounding at the end:
 //!
 //! ```text
@@ -66,7 +71,60 @@
 //! - `num_warps`: Triton's heuristic is 4 for rows up to 1024 columns and 8 at
 //!   4096 ([`warps_for`]); autotune configs 4/8/16 keyed on `n_cols` are declared.
 
-use dsl_macros::kernel;
+use dsl_macros::{kernel, kernel_fn};
+
+/// The most elements [`sum_squares`] takes.
+pub const SUM_SQUARES_MAX: usize = 1 << 16;
+
+/// The fixed-point shift of [`sum_squares`]: `2^16` terms of at most
+/// `2^(24 + 22)` sum below `2^62`.
+const SUM_SQUARES_SHIFT: i32 = 22;
+
+/// `sum(x * x)` over the 1-D f32 tile `x` of `n` elements (padding lanes
+/// zero), computed so that the result depends only on the multiset of
+/// squares and never on the order or thread layout of the reduction: every
+/// square `t = x * x` (f32, exact for bf16/f16 inputs) is turned into a
+/// fixed-point integer relative to the largest square's exponent `E`
+/// (`mant * 2^(e - E + S)` truncated, `S = 22`, so up to `2^16` terms of at
+/// most `2^(24 + S)` fit an i64), the integers are summed exactly and the
+/// sum is converted back once (`* 2^(E - 150 - S)`). Each term loses at
+/// most `2^-45` of the largest one, far below f32's precision. A row
+/// holding an infinity or NaN gives NaN.
+///
+/// Every RMSNorm statistic of the model goes through this function, so a
+/// norm fused into a GEMM prologue and the norm kernels agree bit for bit
+/// whatever their tiles and warps (the batch-invariance guarantee).
+#[kernel_fn]
+pub fn sum_squares(x: Tensor, n: usize) -> Tensor {
+    static_assert(n <= SUM_SQUARES_MAX, "sum_squares takes at most 65536 elements");
+    // Fixed (not derived from `n`), so every tile width truncates alike.
+    let s = SUM_SQUARES_SHIFT;
+    let t = x * x;
+    let bits = t.bitcast(i32);
+    let e = bits >> 23;
+    let frac = bits & 0x7F_FFFF;
+    let mant = where_(e > 0, frac | 0x80_0000, frac);
+    let e1 = maximum(e, 1);
+    let top = max(e1, 0);
+    let shift = minimum(top - e1, 63);
+    let u = (mant.to(i64) << s) >> shift.to(i64);
+    let total = sum(u, 0).to(f32);
+    // 2^(top - 150 - s) as two powers of two, each within f32's normal range.
+    let p = top - 150 - s;
+    let h1 = p / 2;
+    let h2 = p - h1;
+    let pow1 = ((h1 + 127) << 23).bitcast(f32);
+    let pow2 = ((h2 + 127) << 23).bitcast(f32);
+    where_(top >= 255, f32::NAN, total * pow1 * pow2)
+}
+
+/// `rsqrt(sum(x^2) / n_cols + eps)` of the 1-D f32 row tile `x` (`block`
+/// lanes, padding zero) with [`sum_squares`]: the RMSNorm statistic every
+/// norm of the model uses.
+#[kernel_fn]
+pub fn rms_rstd(x: Tensor, n_cols: Tensor, eps: Tensor, block: usize) -> Tensor {
+    rsqrt(sum_squares(x, block) / n_cols + eps)
+}
 
 /// Fused residual add + RMSNorm: `h = x + r` (stored to `h_ptr`, rounded to
 /// `T`), `out = round_T(round_T(h * rstd) * w)` with `rstd` from the stored
@@ -99,15 +157,17 @@ pub fn add_rmsnorm<T: Float>(
     let h = (x + r).to(T);
     store(h_ptr + offs, h, mask = mask);
     let hf = h.to(f32);
-    let rstd = rsqrt(sum(hf * hf, 0) / n_cols + eps);
+    let rstd = rms_rstd(hf, n_cols, eps, BLOCK);
     let normed = (hf * rstd).to(T).to(f32);
     let w = load(w_ptr + cols, mask = mask, other = 0.0).to(f32);
     store(out_ptr + offs, (normed * w).to(T), mask = mask);
 }
 
 /// RMSNorm: `out = round_T(x * rsqrt(mean(x^2) + eps) * w)`, all in f32 (the
-/// llama.cpp form); see the module doc.
+/// llama.cpp form), or with `ROUND_NORMED` add+RMSNorm's sequence
+/// `round_T(round_T(x * rstd) * w)`; see the module doc.
 #[kernel(autotune(configs = [(num_warps = 4), (num_warps = 8), (num_warps = 16)], key = [n_cols]))]
+#[allow(clippy::too_many_arguments)]
 pub fn rmsnorm<T: Float>(
     x_ptr: Ptr<T>,
     w_ptr: Ptr<T>,
@@ -116,6 +176,7 @@ pub fn rmsnorm<T: Float>(
     stride: i32,
     eps: f32,
     #[constexpr] BLOCK: usize,
+    #[constexpr] ROUND_NORMED: bool,
 ) {
     gdc_wait();
     gdc_launch_dependents();
@@ -124,9 +185,13 @@ pub fn rmsnorm<T: Float>(
     let mask = cols < n_cols;
     let offs = row * stride + cols;
     let x = load(x_ptr + offs, mask = mask, other = 0.0).to(f32);
-    let rstd = rsqrt(sum(x * x, 0) / n_cols + eps);
+    let rstd = rms_rstd(x, n_cols, eps, BLOCK);
     let w = load(w_ptr + cols, mask = mask, other = 0.0).to(f32);
-    store(out_ptr + offs, (x * rstd * w).to(T), mask = mask);
+    if ROUND_NORMED {
+        store(out_ptr + offs, ((x * rstd).to(T).to(f32) * w).to(T), mask = mask);
+    } else {
+        store(out_ptr + offs, (x * rstd * w).to(T), mask = mask);
+    }
 }
 
 /// Warps for a row tile of `block` elements, as Triton's heuristic picks them:

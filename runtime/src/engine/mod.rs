@@ -510,5 +510,8 @@ fn unknown(seq: SeqId) -> Error {
     Error::Usage(format!("internal: sequence {seq:?} has no engine state"))
 }
 
+pub mod invariance;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_invariance;

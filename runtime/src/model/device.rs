@@ -39,6 +39,12 @@ pub trait Device: Backend + Sized {
     /// prefers other tiles (`kernels::flash_attention::config_for`).
     fn wgmma(&self) -> bool;
 
+    /// Whether `dot` runs on tensor cores (a GPU), whose products the
+    /// batch-invariant linear layer feeds f16 operands and any tiles
+    /// (`kernels::dequant::linear_tiles`); the interpreter keeps f32
+    /// operands and a fixed K tile.
+    fn tensor_cores(&self) -> bool;
+
     /// A new buffer holding a copy of `data`.
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<Self::Buf<T>>;
 
@@ -154,6 +160,10 @@ impl Device for Cpu {
         false
     }
 
+    fn tensor_cores(&self) -> bool {
+        false
+    }
+
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<CpuPtr<T>> {
         Ok(Cpu::upload(self, data))
     }
@@ -234,6 +244,10 @@ impl Device for Cuda {
 
     fn wgmma(&self) -> bool {
         Cuda::wgmma(self)
+    }
+
+    fn tensor_cores(&self) -> bool {
+        true
     }
 
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<DevBuf<T>> {

@@ -35,6 +35,7 @@ mod emu;
 pub mod forward;
 pub mod graph;
 pub mod inputs;
+pub mod layers;
 pub mod sampler;
 pub mod weights;
 

@@ -33,6 +33,7 @@
 //! second signal aborts at once.
 
 pub mod api;
+pub mod copies;
 pub mod handlers;
 pub mod metrics;
 pub mod sse;
