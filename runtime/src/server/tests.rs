@@ -628,3 +628,18 @@ fn a_request_alone_and_its_64_concurrent_copies_get_identical_answers() {
         assert_eq!((&a.0, &a.1), (text, lps), "copy {i}");
     }
 }
+
+/// Accepted connections have TCP_NODELAY set, so each streamed token
+/// leaves as soon as it is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_connections_do_not_wait_for_acks() {
+    use axum::serve::Listener;
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let mut listener = super::nodelay_listener(std_listener).unwrap();
+    let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (stream, _) = listener.accept().await;
+    assert!(stream.nodelay().unwrap());
+    drop(client);
+}
