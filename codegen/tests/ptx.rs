@@ -286,7 +286,7 @@ fn shapes_and_math() {
 fn rmsnorm_family() {
     use ::kernels::rmsnorm::{add_rmsnorm, rmsnorm};
     let add = |d: DType, block: usize| add_rmsnorm::build(&add_rmsnorm::Config::new(d, block)).unwrap();
-    let plain = |d: DType, block: usize| rmsnorm::build(&rmsnorm::Config::new(d, block)).unwrap();
+    let plain = |d: DType, block: usize| rmsnorm::build(&rmsnorm::Config::new(d, block, false)).unwrap();
     both(
         "add_rmsnorm",
         &[("_bf16_b576".into(), add(DType::BF16, 576), 4), ("_f32_b4096".into(), add(DType::F32, 4096), 8)],
@@ -914,7 +914,9 @@ fn paged_decode() {
         ],
     );
     let t = |h_kv, group, hd, page, bn, split| {
-        aligned(tc::build(&tc::Config::new(DType::BF16, h_kv, group, hd, page, bn, split)).unwrap())
+        aligned(
+            tc::build(&tc::Config::new(DType::BF16, h_kv, group, hd, page, bn, split, 16, false)).unwrap(),
+        )
     };
     let cfgs = [
         ("_tc_hkv8_g4_hd128_bn64".into(), t(8, 4, 128, 16, 64, false), 4),
@@ -1155,7 +1157,7 @@ fn flash_attention_autotune_configs() {
     use ::kernels::flash_attention::flash_attention as k;
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
     for hd in [64usize, 128] {
-        let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true, false);
+        let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true, false, false);
         for c in k::autotune_configs(&base) {
             let f = dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0;
             for t in [Target::Sm80, Target::Sm90a] {
@@ -1423,5 +1425,87 @@ fn dequant_gemm_stream_k() {
             .rev()
             .find(|p| p.starts_with("bar.sync") || p.starts_with("st.global"));
         assert!(prev.is_some_and(|p| p.starts_with("bar.sync")), "{tag}: no barrier before the publish");
+    }
+}
+
+/// The batch-invariant kernels (`kernels::dequant::linear`, FlashAttention
+/// and the decode kernel with `INVARIANT`) at the runtime's tiles for
+/// SmolLM2: every row of one product runs the same tensor-core instruction
+/// whatever the batch, so each target runs one family. `linear` is
+/// `mma.sync` with f16 operands at every batch size on both targets; on
+/// sm_90a the decode kernel's 64-row tile takes `wgmma`, as the prefill
+/// kernel does, and on sm_80 both run `mma.sync`. The row sum of the
+/// invariant softmax is one `fma` per block, which the partial-row-sum
+/// rewrite leaves alone, so both attention kernels reduce it with the same
+/// shuffles in their loops.
+#[test]
+fn batch_invariant_kernels_share_instructions() {
+    use ::kernels::decode_attention::paged_decode_tc as dk;
+    use ::kernels::dequant::linear::linear as lk;
+    use ::kernels::dequant::{QuantFormat, linear_tiles};
+    use ::kernels::flash_attention::{config_for, flash_attention as fk};
+    let aligned = |f: dsl_core::Function| {
+        let facts: Vec<Option<u64>> =
+            f.params.iter().map(|p| f.values[p.value].ty.is_ptr().then_some(256)).collect();
+        dsl_core::launch::specialize(&f, &facts).0
+    };
+    for (format, rows, k) in
+        [(QuantFormat::Q4_1, 960, 576), (QuantFormat::Q4_1, 576, 1536), (QuantFormat::Q8_0, 49152, 576)]
+    {
+        for m in [1, 7, 64, 512] {
+            let t = linear_tiles(format, m, rows, k, true);
+            let c = lk::Config::new(
+                DType::BF16,
+                format == QuantFormat::Q8_0,
+                format == QuantFormat::Q4_1,
+                false,
+                m == 1,
+                false,
+                t.split,
+                true,
+                t.block_m,
+                t.block_n,
+                if m == 1 { k.next_power_of_two() } else { 1 },
+            );
+            let f = aligned(lk::build(&c).unwrap());
+            for target in [Target::Sm80, Target::Sm90a] {
+                let ptx = compile(&f, &options(target, t.num_warps, STAGES)).unwrap().ptx;
+                assert!(
+                    ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+                        && !ptx.contains("wgmma"),
+                    "linear {format:?} m={m} {target:?}"
+                );
+            }
+        }
+    }
+    for wgmma in [false, true] {
+        let target = if wgmma { Target::Sm90a } else { Target::Sm80 };
+        let t = config_for(64, DType::BF16, wgmma, 16);
+        let fc = ::kernels::flash_attention::TileConfig { invariant: true, ..t }.config(
+            DType::BF16,
+            9,
+            3,
+            64,
+            16,
+            true,
+        );
+        let fa = compile(
+            &aligned(fk::build(&fc).unwrap()),
+            &CompileOptions {
+                target,
+                num_warps: t.num_warps,
+                num_stages: t.num_stages,
+                min_programs_per_sm: t.min_programs_per_sm,
+            },
+        )
+        .unwrap()
+        .ptx;
+        let (rows, warps) = if wgmma { (64, 4) } else { (16, 1) };
+        let dc = dk::Config::new(DType::BF16, 3, 3, 64, 16, t.block_n, false, rows, true);
+        let dec = compile(&aligned(dk::build(&dc).unwrap()), &options(target, warps, 3)).unwrap().ptx;
+        for (name, ptx) in [("flash_attention", &fa), ("paged_decode_tc", &dec)] {
+            let (w, m) = (ptx.contains("wgmma.mma_async"), ptx.contains("mma.sync.aligned"));
+            assert!(w == wgmma && m != wgmma, "{name} on {target:?}: wgmma {w}, mma.sync {m}");
+        }
     }
 }

@@ -19,14 +19,17 @@
 //! The module docs of [`crate::dequant`]: weights formed in f32 by placing
 //! the quant in a mantissa (`f = 16 + q` for a nibble, `256 + (q + 128)`
 //! for a byte) and one FMA with the block scale (`w = d * f + off`),
-//! activations (normalized with `NORM` exactly as the fused GEMV does)
+//! activations (with `NORM`, one row normalized with the norm kernels'
+//! exact statistic and add+RMSNorm's rounding, as the fused GEMV rounds)
 //! multiplied and accumulated elementwise in f32 by FMAs into an f32 tile
 //! `[M_BLOCK, BLOCK_N, W]` (`W = BLOCK_K / 2` quant bytes for Q4, each
 //! element the running sum of its byte's two products, low nibble first;
 //! `W = BLOCK_K` for Q8_0), in increasing K order, then summed along `W`
 //! once (the epilogue of [`crate::dequant::gemv`]). Every result is a fixed
 //! function of the inputs and the tile shape; with the same `BLOCK_K` it
-//! does not depend on `M_BLOCK`, `BLOCK_N` or the batch.
+//! does not depend on `M_BLOCK`, `BLOCK_N` or the batch, and the `NORM` and
+//! `RESIDUAL` fusions give the bits of a separate norm or add kernel: the
+//! native CPU's batch-invariant product is this kernel at every batch size.
 //!
 //! # Layout contract
 //!
@@ -56,9 +59,10 @@
 //! `SILU`), `BLOCK_K` (a power of two `>= 32`), as the fused GEMV.
 
 use crate::dequant::gemv::{
-    gemv_epilogue, gemv_operand, q4_scale_decode, q4_scale_load, q4_scales, repeat_rows, row_rstd,
+    gemv_epilogue, gemv_operand, q4_scale_decode, q4_scale_load, q4_scales, repeat_rows,
 };
 use crate::dequant::{GemvTiles, QuantFormat, m_block_for};
+use crate::rmsnorm::rms_rstd_tiled;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -102,6 +106,19 @@ pub fn over_rows(x: Tensor, m_block: usize, block_n: usize, width: usize) -> Ten
     reshape(broadcast_to(x3, [m_block, block_n, width]), [m_block * block_n * width])
 }
 
+/// The RMSNorm statistic of the `NORM` prologue (`eps`, unused, without
+/// it): [`rms_rstd_tiled`] of the one activation row, the statistic of the
+/// norm kernels, so a fused norm and a separate one agree bit for bit.
+#[kernel_fn]
+pub fn norm_rstd(x_ptr: Tensor, k: Tensor, eps: Tensor, norm: bool, m_block: usize) -> Tensor {
+    if norm {
+        static_assert(m_block == 1, "the RMSNorm prologue takes one activation row");
+        rms_rstd_tiled(x_ptr, k, eps, 256)
+    } else {
+        eps
+    }
+}
+
 /// The Q4 body shared by [`cpu_gemv_q4_1`] and [`cpu_gemv_q4_0`] (`has_min`).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
@@ -141,7 +158,7 @@ pub fn cpu_gemv_q4_body(
     let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
     let n_off = xc / 16 * 32 + xc % 16;
     let x_off = mrow * k + n_off;
-    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, w) } else { eps };
+    let rs = norm_rstd(x_ptr, k, eps, norm, m_block);
     let k_full = k / block_k * block_k;
     let mut acc = zeros([m_block * wn], f32);
     for k0 in range(0, k_full, block_k) {
@@ -209,7 +226,7 @@ pub fn cpu_gemv_q8_body(
     let xc = xl % block_k;
     let mrow = minimum(program_id(1) * m_block + xl / block_k, m - 1);
     let x_off = mrow * k + xc;
-    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, block_k) } else { eps };
+    let rs = norm_rstd(x_ptr, k, eps, norm, m_block);
     let k_full = k / block_k * block_k;
     let mut acc = zeros([m_block * wn], f32);
     for k0 in range(0, k_full, block_k) {

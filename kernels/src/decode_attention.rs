@@ -105,7 +105,7 @@
 //! `PAGE` (tokens per cache block, a power of two: 16, 32 or 64), `BLOCK_N`
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
-use crate::flash_attention::online_softmax_step;
+use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
 use dsl_macros::kernel;
 
 /// `log2(e)`: folded into the query scale so the softmax uses `exp2`.
@@ -270,7 +270,10 @@ pub fn paged_decode_tc<T: Float>(
     #[constexpr] PAGE: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] SPLIT: bool,
+    #[constexpr] ROWS: usize,
+    #[constexpr] INVARIANT: bool,
 ) {
+    static_assert(ROWS >= GROUP, "ROWS must hold the query heads of a KV head");
     gdc_wait();
     gdc_launch_dependents();
     let b = program_id(0);
@@ -282,7 +285,7 @@ pub fn paged_decode_tc<T: Float>(
     // Whole key blocks first (no masks), then at most one partial block.
     let full_end = start + maximum(end - start, 0) / BLOCK_N * BLOCK_N;
 
-    let rows = if GROUP <= 16 { 16 } else { GROUP };
+    let rows = ROWS;
     let g = arange(0, rows);
     let d = arange(0, HEAD_DIM);
     let real = g < GROUP;
@@ -308,7 +311,7 @@ pub fn paged_decode_tc<T: Float>(
         let k = load(k_cache + kv);
         let s = dot(q, trans(k));
         let v = load(v_cache + kv);
-        let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, T);
+        let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, T, INVARIANT);
         m = m_new;
         l = l_new;
         acc = acc_new;
@@ -320,9 +323,10 @@ pub fn paged_decode_tc<T: Float>(
         let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
         let k = load(k_cache + kv, mask = ok, other = 0.0);
         let seen = expand_dims(s0 + arange(0, BLOCK_N) < end, 0);
-        let t = where_(seen, dot(q, trans(k)) * qk_scale, f32::NEG_INFINITY);
+        let s = dot(q, trans(k));
         let v = load(v_cache + kv, mask = ok, other = 0.0);
-        let (m_new, l_new, acc_new) = online_softmax_step(t, constant(1.0, f32), v, m, l, acc, T);
+        let (m_new, l_new, acc_new) =
+            online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, T, INVARIANT);
         m = m_new;
         l = l_new;
         acc = acc_new;
@@ -381,6 +385,13 @@ pub fn paged_decode_reduce<T: Float>(
     }
     let inv = where_(l > 0.0, 1.0 / l, 0.0);
     store(out_ptr + (b * num_programs(1) + hq) * HEAD_DIM + d, (acc * inv).to(T));
+}
+
+/// The tile height of [`paged_decode_tc`] outside the batch-invariant
+/// mode: the query heads of a KV head padded to 16 rows (one `mma.sync`
+/// tile).
+pub fn default_rows(group: usize) -> usize {
+    group.max(16)
 }
 
 /// The split length (a multiple of `block_n`) and split count for a batch of

@@ -144,12 +144,19 @@ use dsl_macros::{kernel, kernel_fn};
 /// (`[M]`) and accumulator `acc` (`[M, D]`), returns the updated
 /// `(m, l, acc)`; `p` is rounded to `dt` before `p . v`.
 ///
-/// A non-negative scale commutes with the row max, so unmasked scores are
-/// never scaled on their own: the max is taken on `s` and scaled per row,
-/// and each score's exponent is one `fma` (`s * c - m`), as
-/// FlashAttention-2 does. Masked blocks pass scores already scaled, with
-/// `-inf` at masked keys, and `c = 1` (`-inf * c` would be NaN for `c = 0`).
+/// A non-negative scale commutes with the row max, so scores are never
+/// scaled on their own: the max is taken on `s` and scaled per row, and each
+/// score's exponent is one `fma` (`s * c - m`), as FlashAttention-2 does.
+///
+/// With `exact`, the row sum is updated by one `fma` per row and block,
+/// `l = fma(l, alpha, sum(p))`, which the codegen never reassociates: the
+/// bits of `l` then depend only on the row's keys, not on how a kernel
+/// splits its key loop (the batch-invariant mode). Otherwise `l * alpha +
+/// sum(p)`, whose sum the codegen may keep per lane across a loop
+/// (`codegen`'s partial row sums: faster, but the rounding follows the
+/// loop's extent).
 #[kernel_fn]
+#[allow(clippy::too_many_arguments)]
 pub fn online_softmax_step(
     s: Tensor,
     qk_scale: Tensor,
@@ -158,11 +165,64 @@ pub fn online_softmax_step(
     l: Tensor,
     acc: Tensor,
     dt: dsl_core::DType,
+    exact: bool,
 ) -> (Tensor, Tensor, Tensor) {
     let m_new = maximum(m, max(s, 1) * qk_scale);
     let p = exp2(fma(s, qk_scale, -expand_dims(m_new, 1)));
+    softmax_update(p, m, m_new, l, v, acc, dt, exact)
+}
+
+/// [`online_softmax_step`] on a block where only the keys with `seen` true
+/// (`[M, N]`, broadcastable) count.
+///
+/// With `exact` (the batch-invariant mode) the row max is taken over the
+/// seen scores (the lowest finite f32 elsewhere) and the unseen weights are
+/// zero: where `seen` is true everywhere this computes exactly what
+/// [`online_softmax_step`] does, bit for bit, so a row's result does not
+/// depend on whether a kernel visits a block with or without masks.
+/// Otherwise the scores are scaled first and the unseen ones set to `-inf`
+/// (`-inf * c` would be NaN for `c = 0`), then the step runs with `c = 1`:
+/// fewer registers live in the masked loop, but the exponent's rounding
+/// differs from the unmasked step's.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn online_softmax_step_masked(
+    s: Tensor,
+    seen: Tensor,
+    qk_scale: Tensor,
+    v: Tensor,
+    m: Tensor,
+    l: Tensor,
+    acc: Tensor,
+    dt: dsl_core::DType,
+    exact: bool,
+) -> (Tensor, Tensor, Tensor) {
+    if exact {
+        let m_new = maximum(m, max(where_(seen, s, f32::MIN), 1) * qk_scale);
+        let p = where_(seen, exp2(fma(s, qk_scale, -expand_dims(m_new, 1))), 0.0);
+        softmax_update(p, m, m_new, l, v, acc, dt, exact)
+    } else {
+        let t = where_(seen, s * qk_scale, f32::NEG_INFINITY);
+        online_softmax_step(t, constant(1.0, f32), v, m, l, acc, dt, exact)
+    }
+}
+
+/// The running sum and accumulator after a block of weights `p` whose max
+/// moved from `m` to `m_new` (see [`online_softmax_step`]).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_update(
+    p: Tensor,
+    m: Tensor,
+    m_new: Tensor,
+    l: Tensor,
+    v: Tensor,
+    acc: Tensor,
+    dt: dsl_core::DType,
+    exact: bool,
+) -> (Tensor, Tensor, Tensor) {
     let alpha = exp2(m - m_new);
-    let l_new = l * alpha + sum(p, 1);
+    let l_new = if exact { fma(l, alpha, sum(p, 1)) } else { l * alpha + sum(p, 1) };
     (m_new, l_new, dot(p.to(dt), v, acc * expand_dims(alpha, 1)))
 }
 
@@ -208,6 +268,7 @@ pub fn flash_attention<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] CAUSAL: bool,
     #[constexpr] BOXES: bool,
+    #[constexpr] INVARIANT: bool,
 ) {
     static_assert(H_Q % H_KV == 0, "H_Q must be a multiple of H_KV");
     static_assert(PAGE.is_power_of_two(), "PAGE must be a power of two");
@@ -296,7 +357,8 @@ pub fn flash_attention<T: Float>(
                 } else {
                     load(v_cache_ptr + row0 * kv_cols + offs)
                 };
-                let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
+                let (m_new, l_new, acc_new) =
+                    online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T, INVARIANT);
                 m_i = m_new;
                 l_i = l_new;
                 acc = acc_new;
@@ -309,7 +371,8 @@ pub fn flash_attention<T: Float>(
                 let k = load(k_cache_ptr + kv);
                 let s = dot(q, trans(k));
                 let v = load(v_cache_ptr + kv);
-                let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T);
+                let (m_new, l_new, acc_new) =
+                    online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T, INVARIANT);
                 m_i = m_new;
                 l_i = l_new;
                 acc = acc_new;
@@ -331,9 +394,9 @@ pub fn flash_attention<T: Float>(
             if CAUSAL {
                 seen = seen && expand_dims(key, 0) <= pos;
             }
-            let t = where_(seen, s * qk_scale, f32::NEG_INFINITY);
             let v = load(v_cache_ptr + kv, mask = kv_mask, other = 0.0);
-            let (m_new, l_new, acc_new) = online_softmax_step(t, constant(1.0, f32), v, m_i, l_i, acc, T);
+            let (m_new, l_new, acc_new) =
+                online_softmax_step_masked(s, seen, qk_scale, v, m_i, l_i, acc, T, INVARIANT);
             m_i = m_new;
             l_i = l_new;
             acc = acc_new;
@@ -370,13 +433,24 @@ pub struct TileConfig {
     /// `load_block` boxes (`BOXES`: TMA copies on sm_90a) rather than plain
     /// loads at fixed offsets from the block's row.
     pub boxes: bool,
+    /// The batch-invariant softmax (`INVARIANT`: the row sum by one `fma`
+    /// per block, see [`online_softmax_step`]).
+    pub invariant: bool,
 }
 
 impl TileConfig {
     /// Query tile, key tile and warps, with the kernel's default two stages
     /// and no occupancy hint.
     pub const fn new(block_m: usize, block_n: usize, num_warps: u32) -> TileConfig {
-        TileConfig { block_m, block_n, num_warps, num_stages: 2, min_programs_per_sm: 0, boxes: false }
+        TileConfig {
+            block_m,
+            block_n,
+            num_warps,
+            num_stages: 2,
+            min_programs_per_sm: 0,
+            boxes: false,
+            invariant: false,
+        }
     }
 
     /// The kernel configuration with these tiles for the other constexprs.
@@ -400,6 +474,7 @@ impl TileConfig {
             self.block_n,
             causal,
             self.boxes,
+            self.invariant,
         )
         .with_warps(self.num_warps)
         .with_stages(self.num_stages)

@@ -13,7 +13,10 @@
 //!
 //! The row statistic is computed once per row and applied with multiplies: no
 //! division per element (a division per element costs more than the memory
-//! traffic of a bf16 row).
+//! traffic of a bf16 row). The sum of squares is [`sum_squares`]: exact up
+//! to far below f32's precision and independent of the order and tile of
+//! the reduction, so every kernel that normalizes a row (these and the
+//! fused prologue of `dequant::linear`) gets the same `rstd` bits.
 //!
 //! # Rounding (exact sequence; `round_T` rounds to the storage dtype `T`,
 //! nearest-even; all arithmetic is f32)
@@ -29,7 +32,9 @@
 //! out   = round_T(f32(nrm) * f32(w))           torch's `T * T` (f32 multiply, one rounding)
 //! ```
 //!
-//! [`rmsnorm`] follows llama.cpp / the model code: everything in f32 and one
+//! [`rmsnorm`] follows llama.cpp / the model code (with `ROUND_NORMED`,
+//! add+RMSNorm's sequence above instead: the batch-invariant model's first
+//! norm, which must equal the fused prologue): everything in f32 and one
 //! rounding at the end:
 //!
 //! ```text
@@ -66,7 +71,103 @@
 //! - `num_warps`: Triton's heuristic is 4 for rows up to 1024 columns and 8 at
 //!   4096 ([`warps_for`]); autotune configs 4/8/16 keyed on `n_cols` are declared.
 
-use dsl_macros::kernel;
+use dsl_macros::{kernel, kernel_fn};
+
+/// The most elements [`sum_squares`] takes.
+pub const SUM_SQUARES_MAX: usize = 1 << 16;
+
+/// The fixed-point shift of [`sum_squares`]: `2^16` terms of at most
+/// `2^(24 + 22)` sum below `2^62`.
+const SUM_SQUARES_SHIFT: i32 = 22;
+
+/// `sum(x * x)` over the 1-D f32 tile `x` of `n` elements (padding lanes
+/// zero), computed so that the result depends only on the multiset of
+/// squares and never on the order or thread layout of the reduction: every
+/// square `t = x * x` (f32, exact for bf16/f16 inputs) is turned into a
+/// fixed-point integer relative to the largest square's exponent `E`
+/// (`mant * 2^(e - E + S)` truncated, `S = 22`, so up to `2^16` terms of at
+/// most `2^(24 + S)` fit an i64), the integers are summed exactly and the
+/// sum is converted back once (`* 2^(E - 150 - S)`). Each term loses at
+/// most `2^-45` of the largest one, far below f32's precision. A row
+/// holding an infinity or NaN gives NaN.
+///
+/// Every RMSNorm statistic of the model goes through this function, so a
+/// norm fused into a GEMM prologue and the norm kernels agree bit for bit
+/// whatever their tiles and warps (the batch-invariance guarantee).
+#[kernel_fn]
+pub fn sum_squares(x: Tensor, n: usize) -> Tensor {
+    static_assert(n <= SUM_SQUARES_MAX, "sum_squares takes at most 65536 elements");
+    let t = x * x;
+    let top = max(square_exponent(t), 0);
+    fixed_to_f32(sum(square_fixed(t, top), 0), top)
+}
+
+/// The exponent fields of the squares `t` (sign cleared, so a NaN of either
+/// sign reads as 255), at least 1: subnormals share the smallest normal's
+/// scale. [`sum_squares`]' `E` is their maximum.
+#[kernel_fn]
+fn square_exponent(t: Tensor) -> Tensor {
+    maximum((t.bitcast(i32) & 0x7FFF_FFFF) >> 23, 1)
+}
+
+/// The squares `t` as [`sum_squares`]' fixed-point integers (i64) relative to
+/// the exponent `top` (at least every [`square_exponent`]).
+#[kernel_fn]
+fn square_fixed(t: Tensor, top: Tensor) -> Tensor {
+    // Fixed (not derived from the tile), so every tile width truncates alike.
+    let s = SUM_SQUARES_SHIFT;
+    let bits = t.bitcast(i32) & 0x7FFF_FFFF;
+    let e = bits >> 23;
+    let frac = bits & 0x7F_FFFF;
+    let mant = where_(e > 0, frac | 0x80_0000, frac);
+    let shift = minimum(top - maximum(e, 1), 63);
+    (mant.to(i64) << s) >> shift.to(i64)
+}
+
+/// The f32 value of a sum `total` (i64) of [`square_fixed`] integers
+/// relative to `top`; NaN when `top` is 255 (an infinity or NaN was squared).
+#[kernel_fn]
+fn fixed_to_f32(total: Tensor, top: Tensor) -> Tensor {
+    // 2^(top - 150 - S) as two powers of two, each within f32's normal range.
+    let p = top - 150 - SUM_SQUARES_SHIFT;
+    let h1 = p / 2;
+    let h2 = p - h1;
+    let pow1 = ((h1 + 127) << 23).bitcast(f32);
+    let pow2 = ((h2 + 127) << 23).bitcast(f32);
+    where_(top >= 255, f32::NAN, total.to(f32) * pow1 * pow2)
+}
+
+/// [`rms_rstd`] of the `n_cols` elements (in `T`) at `x_ptr`, read in
+/// tiles of `tile` columns: the statistic of a row too long for one tile,
+/// bit for bit [`rms_rstd`]'s over the whole row (the largest exponent is
+/// found first, then the fixed-point terms are integers, summed exactly in
+/// any grouping). `n_cols <= SUM_SQUARES_MAX`.
+#[kernel_fn]
+pub fn rms_rstd_tiled(x_ptr: Tensor, n_cols: Tensor, eps: Tensor, tile: usize) -> Tensor {
+    let cols = arange(0, tile);
+    let mut e = full([tile], 1, i32);
+    for k0 in range(0, n_cols, tile) {
+        let kk = k0 + cols;
+        let v = load(x_ptr + kk, mask = kk < n_cols, other = 0.0).to(f32);
+        e = maximum(e, square_exponent(v * v));
+    }
+    let top = max(e, 0);
+    let mut acc = zeros([tile], i64);
+    for k0 in range(0, n_cols, tile) {
+        let kk = k0 + cols;
+        let v = load(x_ptr + kk, mask = kk < n_cols, other = 0.0).to(f32);
+        acc = acc + square_fixed(v * v, top);
+    }
+    rsqrt(fixed_to_f32(sum(acc, 0), top) / n_cols + eps)
+}
+
+/// `rsqrt(sum(x^2) / n_cols + eps)` of the 1-D f32 row tile `x` (`block`
+/// lanes, padding zero) with [`sum_squares`]: the RMSNorm statistic every
+/// norm of the model uses.
+#[kernel_fn]
+pub fn rms_rstd(x: Tensor, n_cols: Tensor, eps: Tensor, block: usize) -> Tensor {
+    rsqrt(sum_squares(x, block) / n_cols + eps)
+}
 
 /// Fused residual add + RMSNorm: `h = x + r` (stored to `h_ptr`, rounded to
 /// `T`), `out = round_T(round_T(h * rstd) * w)` with `rstd` from the stored
@@ -99,15 +200,17 @@ pub fn add_rmsnorm<T: Float>(
     let h = (x + r).to(T);
     store(h_ptr + offs, h, mask = mask);
     let hf = h.to(f32);
-    let rstd = rsqrt(sum(hf * hf, 0) / n_cols + eps);
+    let rstd = rms_rstd(hf, n_cols, eps, BLOCK);
     let normed = (hf * rstd).to(T).to(f32);
     let w = load(w_ptr + cols, mask = mask, other = 0.0).to(f32);
     store(out_ptr + offs, (normed * w).to(T), mask = mask);
 }
 
 /// RMSNorm: `out = round_T(x * rsqrt(mean(x^2) + eps) * w)`, all in f32 (the
-/// llama.cpp form); see the module doc.
+/// llama.cpp form), or with `ROUND_NORMED` add+RMSNorm's sequence
+/// `round_T(round_T(x * rstd) * w)`; see the module doc.
 #[kernel(autotune(configs = [(num_warps = 4), (num_warps = 8), (num_warps = 16)], key = [n_cols]))]
+#[allow(clippy::too_many_arguments)]
 pub fn rmsnorm<T: Float>(
     x_ptr: Ptr<T>,
     w_ptr: Ptr<T>,
@@ -116,6 +219,7 @@ pub fn rmsnorm<T: Float>(
     stride: i32,
     eps: f32,
     #[constexpr] BLOCK: usize,
+    #[constexpr] ROUND_NORMED: bool,
 ) {
     gdc_wait();
     gdc_launch_dependents();
@@ -124,9 +228,13 @@ pub fn rmsnorm<T: Float>(
     let mask = cols < n_cols;
     let offs = row * stride + cols;
     let x = load(x_ptr + offs, mask = mask, other = 0.0).to(f32);
-    let rstd = rsqrt(sum(x * x, 0) / n_cols + eps);
+    let rstd = rms_rstd(x, n_cols, eps, BLOCK);
     let w = load(w_ptr + cols, mask = mask, other = 0.0).to(f32);
-    store(out_ptr + offs, (x * rstd * w).to(T), mask = mask);
+    if ROUND_NORMED {
+        store(out_ptr + offs, ((x * rstd).to(T).to(f32) * w).to(T), mask = mask);
+    } else {
+        store(out_ptr + offs, (x * rstd * w).to(T), mask = mask);
+    }
 }
 
 /// Warps for a row tile of `block` elements, as Triton's heuristic picks them:

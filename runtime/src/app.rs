@@ -100,6 +100,10 @@ pub struct LoadOptions {
     pub verbose: bool,
     /// Speculative decoding (off when `None`; see [`crate::spec::cli`]).
     pub speculation: Option<crate::spec::cli::Speculation>,
+    /// The batch-invariant arrangement of every step (the default; see
+    /// [`crate::model::layers`]): a request's tokens and logprobs do not
+    /// depend on what else runs with it.
+    pub batch_invariance: bool,
 }
 
 impl Default for LoadOptions {
@@ -116,6 +120,7 @@ impl Default for LoadOptions {
             prefix_caching: true,
             verbose: true,
             speculation: None,
+            batch_invariance: true,
         }
     }
 }
@@ -396,7 +401,8 @@ pub fn build_engine<D: Device, T: Sample>(
     let loading = bar(opts.verbose, Some(config.n_layers as u64 + 1), "weights");
     let w = Weights::<D, T>::load_with_progress(dev, gguf, &mut |done, _| loading.set_position(done as u64));
     loading.finish_and_clear();
-    let model = Model::new(dev, w?, plan.num_blocks, opts.block_size)?;
+    let mut model = Model::new(dev, w?, plan.num_blocks, opts.block_size)?;
+    model.set_batch_invariance(opts.batch_invariance);
     if opts.verbose {
         eprintln!(
             "tessera: loaded {} ({} weights) in {:.2} s",

@@ -306,6 +306,9 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     if opts.wants("gemm") {
         out.extend(crate::bench_dequant::records(cuda, opts)?);
     }
+    if opts.wants("linear") {
+        out.extend(crate::bench_linear::records(cuda, opts)?);
+    }
     if opts.wants("gemv_q8") {
         out.extend(crate::bench_q8::records(cuda, opts)?);
     }

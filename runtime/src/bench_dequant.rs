@@ -389,7 +389,7 @@ fn measure_fused(
 }
 
 /// The fused GEMV records (see the module docs).
-fn fused_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+pub(crate) fn fused_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     for (label, format, silu, norm, residual, k, n) in FUSED_ROWS {
         for m in MODEL_BATCHES {

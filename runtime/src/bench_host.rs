@@ -150,8 +150,10 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
 }
 
 /// Runs the host rows `opts` asks for (kernels unless only `model`; the
-/// model unless only kernel families): the records, memcpy first.
-pub fn run(opts: &BenchOptions, model: &std::path::Path) -> Result<Vec<Record>> {
+/// model unless only kernel families): the records, memcpy first. The model
+/// rows run batch-invariant unless `batch_invariance` is false (rows named
+/// `... [no-batch-invariance]`).
+pub fn run(opts: &BenchOptions, model: &std::path::Path, batch_invariance: bool) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     let kernels = opts.only.is_empty() || opts.only.iter().any(|o| o != "model");
     if kernels {
@@ -165,15 +167,18 @@ pub fn run(opts: &BenchOptions, model: &std::path::Path) -> Result<Vec<Record>> 
             device: crate::app::DeviceChoice::Cpu,
             max_num_seqs: 1,
             max_model_len: 1024,
+            batch_invariance,
             ..crate::app::LoadOptions::default()
         };
-        let task = crate::bench_model::ModelBench { batches: vec![1], prompt_len: 512, new_tokens: 128 };
+        let variant = (!batch_invariance).then(|| "no-batch-invariance".to_string());
+        let task =
+            crate::bench_model::ModelBench { batches: vec![1], prompt_len: 512, new_tokens: 128, variant };
         for r in crate::app::run_task(&load, task)? {
-            let name = match r.name.as_str() {
-                "model/prefill/bs1" => "model/prefill/pp512".to_string(),
-                "model/decode/bs1" => "model/decode/tg128".to_string(),
-                other => other.to_string(),
-            };
+            let name = r.name.replacen("model/prefill/bs1", "model/prefill/pp512", 1).replacen(
+                "model/decode/bs1",
+                "model/decode/tg128",
+                1,
+            );
             out.push(Record { name, ..r });
         }
     }

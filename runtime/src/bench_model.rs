@@ -36,11 +36,14 @@ pub struct ModelBench {
     pub prompt_len: usize,
     /// New tokens per request.
     pub new_tokens: usize,
+    /// A variant appended to every row name as ` [variant]` (compared with
+    /// the peers' row of the base name).
+    pub variant: Option<String>,
 }
 
 impl Default for ModelBench {
     fn default() -> Self {
-        ModelBench { batches: vec![1, 8, 32, 64], prompt_len: 128, new_tokens: 256 }
+        ModelBench { batches: vec![1, 8, 32, 64], prompt_len: 128, new_tokens: 256, variant: None }
     }
 }
 
@@ -134,6 +137,14 @@ fn record(name: String, metric: &'static str, value: f64, ms: f64) -> Record {
     Record { name, metric, value, ms, tuned: None }
 }
 
+/// `name`, with ` [variant]` appended when there is one.
+fn named(name: String, variant: &Option<String>) -> String {
+    match variant {
+        Some(v) => format!("{name} [{v}]"),
+        None => name,
+    }
+}
+
 impl EngineTask for ModelBench {
     type Output = Vec<Record>;
 
@@ -163,19 +174,19 @@ impl EngineTask for ModelBench {
             let mut r = timed(dev, e, reqs.collect(), ctx.is_gpu)?;
             let generated: usize = r.done.iter().map(|c| c.tokens.len()).sum();
             out.push(record(
-                format!("generate/smollm2-135m-shape/bs{b}"),
+                named(format!("generate/smollm2-135m-shape/bs{b}"), &self.variant),
                 "tok/s",
                 generated as f64 / r.wall,
                 r.wall * 1e3,
             ));
             out.push(record(
-                format!("model/prefill/bs{b}"),
+                named(format!("model/prefill/bs{b}"), &self.variant),
                 "tok/s",
                 r.prefill_tokens as f64 / r.prefill_secs.max(1e-12),
                 r.prefill_secs * 1e3,
             ));
             out.push(record(
-                format!("model/decode/bs{b}"),
+                named(format!("model/decode/bs{b}"), &self.variant),
                 "tok/s",
                 r.decode_tokens as f64 / r.decode_secs.max(1e-12),
                 r.decode_secs * 1e3,
@@ -183,13 +194,13 @@ impl EngineTask for ModelBench {
             let mut ttft: Vec<Duration> = r.done.iter().map(|c| c.ttft).collect();
             let mut itl: Vec<Duration> = r.done.iter_mut().flat_map(|c| std::mem::take(&mut c.itl)).collect();
             let t50 = quantile_ms(&mut ttft, 0.5);
-            out.push(record(format!("model/ttft_p50/bs{b}"), "ms", t50, t50));
+            out.push(record(named(format!("model/ttft_p50/bs{b}"), &self.variant), "ms", t50, t50));
             let i50 = quantile_ms(&mut itl, 0.5);
-            out.push(record(format!("model/itl_p50/bs{b}"), "ms", i50, i50));
+            out.push(record(named(format!("model/itl_p50/bs{b}"), &self.variant), "ms", i50, i50));
             let i99 = quantile_ms(&mut itl, 0.99);
-            out.push(record(format!("model/itl_p99/bs{b}"), "ms", i99, i99));
+            out.push(record(named(format!("model/itl_p99/bs{b}"), &self.variant), "ms", i99, i99));
             if let Some(g) = r.peak_gib {
-                out.push(record(format!("model/peak_mem/bs{b}"), "GiB", g, 0.0));
+                out.push(record(named(format!("model/peak_mem/bs{b}"), &self.variant), "GiB", g, 0.0));
             }
         }
         Ok(out)

@@ -158,7 +158,7 @@ fn norm_records(cuda: &mut Cuda, opts: &BenchOptions, k: usize) -> Result<Vec<Re
     let (xqd, xsd) = (gpu.zeros::<i8>(k)?, gpu.zeros::<f32>(k / 32)?);
     let (block, warps) = (block_for(k), warps_for(block_for(k)));
     let (ki, eps) = (k as i32, 1e-5f32);
-    let nconfig = rmsnorm::Config::new(DType::BF16, block).with_warps(warps);
+    let nconfig = rmsnorm::Config::new(DType::BF16, block, false).with_warps(warps);
     let nargs = rmsnorm::Args {
         x_ptr: xd.ptr().cast(),
         w_ptr: wd.ptr().cast(),

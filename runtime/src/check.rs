@@ -633,7 +633,7 @@ fn rmsnorm_case<T: Sample, D: Device>(
 ) -> Result<CheckRow> {
     let n = rows * cols;
     let (x, w) = (rng.values::<T>(n, 4.0), rng.values::<T>(cols, 2.0));
-    let config = rmsnorm::Config::new(T::DEVICE_DTYPE, row_block(cols, exact)).with_warps(warps);
+    let config = rmsnorm::Config::new(T::DEVICE_DTYPE, row_block(cols, exact), false).with_warps(warps);
     let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
     let ((xd, xc), (wd, wc)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &w)?);

@@ -245,7 +245,7 @@ pub fn flash_attention<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow
 /// kernel, so a new config is always checked), boxes where `wgmma` copies
 /// them with TMA (as `config_for` decides).
 fn tune_tiles(wgmma: bool) -> Vec<TileConfig> {
-    let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false, wgmma);
+    let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false, wgmma, false);
     flash_attention::autotune_configs(&base)
         .iter()
         .map(|c| TileConfig {
@@ -255,6 +255,7 @@ fn tune_tiles(wgmma: bool) -> Vec<TileConfig> {
             num_stages: c.num_stages,
             min_programs_per_sm: c.min_programs_per_sm,
             boxes: c.BOXES,
+            invariant: c.INVARIANT,
         })
         .collect()
 }

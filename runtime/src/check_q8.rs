@@ -127,7 +127,7 @@ fn rmsnorm_quant_case<T: Sample, D: Device>(
     // quantization rule (`reference::quant::quantize_q8`, which the
     // `quantize_q8` kernel matches bit for bit).
     // One launch over the same strided rows (the input already on the CPU).
-    let nconfig = rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
+    let nconfig = rmsnorm::Config::new(T::DEVICE_DTYPE, block, false).with_warps(warps_for(block));
     let yc = cpu.zeros::<T>(m * stride);
     let na = rmsnorm::Args {
         x_ptr: xc.cast(),

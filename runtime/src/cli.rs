@@ -53,6 +53,28 @@ pub enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
     /// /v1/chat/completions, /v1/models, /health, /metrics).
     Serve(crate::server::ServeArgs),
+    /// Write a random-weight Llama GGUF of a known shape (Q4_1 projections,
+    /// tied Q8_0 head): for benchmarks and tests at real model sizes.
+    Synth(SynthArgs),
+}
+
+/// Arguments of `tessera synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// The shape: smollm2-135m, llama-1b or llama-8b.
+    #[arg(long)]
+    pub shape: String,
+    /// The GGUF file to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seed of the weights.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Copy the vocabulary (tokenizer and chat template) of this GGUF, which
+    /// must have the shape's 49152 tokens (SmolLM2's); default: a small
+    /// byte-level vocabulary padded to that size.
+    #[arg(long)]
+    pub vocab_from: Option<PathBuf>,
 }
 
 /// Where the model comes from and how the engine is sized.
@@ -88,6 +110,11 @@ pub struct ModelArgs {
     /// Do not print the device notice and memory plan.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Run each step's fastest kernels instead of the batch-invariant ones:
+    /// a request's tokens and logprobs may then change with the batch it
+    /// runs in (see README, "Batch invariance").
+    #[arg(long)]
+    pub no_batch_invariance: bool,
 }
 
 impl ModelArgs {
@@ -105,6 +132,7 @@ impl ModelArgs {
             prefix_caching: !self.no_prefix_caching,
             verbose: !self.quiet,
             speculation: None,
+            batch_invariance: !self.no_batch_invariance,
         }
     }
 }
@@ -328,7 +356,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_add_rmsnorm: bool,
     /// Measure only these families (comma-separated: copy, softmax,
-    /// add_rmsnorm, decode, attention, gemm, gemv_q8, sampling, matmul, model, spec); all when empty.
+    /// add_rmsnorm, decode, attention, gemm, linear, gemv_q8, sampling, matmul, model, spec); all when empty.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// The model of the `model` family.
@@ -346,6 +374,10 @@ pub struct BenchArgs {
     /// those alone).
     #[arg(long)]
     pub host: bool,
+    /// The `model` and `spec` families on the fast, batch-dependent kernels
+    /// (rows named `... [no-batch-invariance]`).
+    #[arg(long)]
+    pub no_batch_invariance: bool,
     /// `bench serve`: load-test a running server instead of the kernels.
     #[command(subcommand)]
     pub mode: Option<BenchMode>,
@@ -389,6 +421,7 @@ pub fn run(cli: Cli) -> Result<bool> {
             app::run_task(&a.model.load_options(), task).map(|()| true)
         }
         Command::Serve(a) => crate::server::serve_cmd(&a).map(|()| true),
+        Command::Synth(a) => synth(&a).map(|()| true),
         Command::Parity(a) => {
             let golden = Golden::load(&a.file)?;
             let reports = app::run_task(&a.model.load_options(), Parity { golden, full: a.full })?;
@@ -426,6 +459,24 @@ fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
     };
     let opts = LoadOptions { speculation: a.spec.speculation()?, ..a.model.load_options() };
     app::run_task(&opts, task)
+}
+
+/// `tessera synth`: writes the random-weight model `a` asks for.
+fn synth(a: &SynthArgs) -> Result<()> {
+    use crate::gguf::tiny::{SYNTH_SHAPES, TinyLlama, synth_shape};
+    let config = synth_shape(&a.shape).ok_or_else(|| {
+        Error::Usage(format!("unknown --shape {:?}: expected one of {}", a.shape, SYNTH_SHAPES.join(", ")))
+    })?;
+    let vocab = match &a.vocab_from {
+        Some(p) => Some(crate::gguf::Vocab::from_metadata(crate::gguf::Gguf::open(p)?.metadata())?),
+        None => None,
+    };
+    let t = TinyLlama { config, seed: a.seed, embedding_scale: 0.05, vocab, ..TinyLlama::default() };
+    let bytes = t.to_bytes()?;
+    std::fs::write(&a.out, &bytes)
+        .map_err(|source| Error::Io { path: a.out.display().to_string(), source })?;
+    eprintln!("tessera: wrote {} ({} bytes, shape {})", a.out.display(), bytes.len(), a.shape);
+    Ok(())
 }
 
 fn dump(a: &DumpArgs) -> Result<()> {
@@ -542,7 +593,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             opts.runs,
             opts.warmup
         );
-        let records = crate::bench_host::run(&opts, &a.model)?;
+        let records = crate::bench_host::run(&opts, &a.model, !a.no_batch_invariance)?;
         print!("{}", crate::bench_host::table(&records));
         return Ok(());
     }
@@ -568,9 +619,12 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             device: DeviceChoice::Gpu,
             dtype: a.dtype,
             max_num_seqs: a.batches.iter().copied().max().unwrap_or(1).max(1),
+            batch_invariance: !a.no_batch_invariance,
             ..LoadOptions::default()
         };
-        let task = crate::bench_model::ModelBench { batches: a.batches.clone(), ..Default::default() };
+        let variant = a.no_batch_invariance.then(|| "no-batch-invariance".to_string());
+        let task =
+            crate::bench_model::ModelBench { batches: a.batches.clone(), variant, ..Default::default() };
         records.extend(app::run_task(&load, task)?);
     }
     if opts.wants("spec") {
@@ -579,6 +633,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             device: DeviceChoice::Gpu,
             dtype: a.dtype,
             max_num_seqs: 4,
+            batch_invariance: !a.no_batch_invariance,
             ..LoadOptions::default()
         };
         records.extend(crate::bench_spec::run(&load, &crate::bench_spec::SpecBenchOptions::default())?);

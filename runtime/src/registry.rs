@@ -153,7 +153,7 @@ fn build_add_rmsnorm() -> dsl_core::Result<(Function, LaunchOptions)> {
 fn build_rmsnorm() -> dsl_core::Result<(Function, LaunchOptions)> {
     let block = kernels::rmsnorm::block_for(4096);
     spec::<rmsnorm::Kernel>(
-        rmsnorm::Config::new(DType::BF16, block).with_warps(kernels::rmsnorm::warps_for(block)),
+        rmsnorm::Config::new(DType::BF16, block, false).with_warps(kernels::rmsnorm::warps_for(block)),
     )
 }
 
@@ -216,7 +216,9 @@ fn build_paged_decode() -> dsl_core::Result<(Function, LaunchOptions)> {
 
 fn build_paged_decode_tc() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::decode_attention::paged_decode_tc as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, 8, 4, 128, 16, 64, false).with_warps(4).with_stages(3))
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, 8, 4, 128, 16, 64, false, 16, false).with_warps(4).with_stages(3),
+    )
 }
 
 fn build_quantize_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -534,6 +536,12 @@ pub const FAMILIES: &[Family] = &[
         "pdl",
         "programmatic dependent launch: overlapped launch chains exact (eager and graph), no-wait control races",
         crate::check_pdl::pdl_checks,
+    ),
+    (
+        "invariance",
+        "batch invariance, bit for bit: linear rows at every batch size and its fusions, decode vs prefill \
+         attention rows, the engine matrix and 64 server copies on the real model",
+        crate::check_invariance::invariance_checks,
     ),
 ];
 

@@ -147,7 +147,7 @@ fn rmsnorm_case<T: Storage>(
         eps: EPS,
         _marker: PhantomData,
     };
-    let config = rmsnorm::Config::new(T::DTYPE, block);
+    let config = rmsnorm::Config::new(T::DTYPE, block, false);
     rmsnorm::interpret(&mut cpu, [rows as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let want = r::rmsnorm(&x64, &w64, rows, cols, EPS as f64, T::DTYPE);

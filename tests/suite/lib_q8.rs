@@ -222,7 +222,7 @@ fn rmsnorm_q8_case<T: Act>(seed: u64, m: usize, k: usize, pad: usize) -> Result<
         eps,
         _marker: PhantomData,
     };
-    rmsnorm::interpret(&mut cpu, [m as u32, 1, 1], &rmsnorm::Config::new(T::DTYPE, block), &nargs)
+    rmsnorm::interpret(&mut cpu, [m as u32, 1, 1], &rmsnorm::Config::new(T::DTYPE, block, false), &nargs)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let y = cpu.read(yp);
     let yf: Vec<f32> =

@@ -7,6 +7,7 @@ mod lib_decode;
 mod lib_dequant;
 mod lib_embedding;
 mod lib_flash_attention;
+mod lib_linear;
 mod lib_matmul;
 mod lib_norm;
 mod lib_q8;

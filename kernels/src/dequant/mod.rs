@@ -24,6 +24,13 @@
 //! gate's row `j`, row `2j + 1` the up's), and `out[M, N] = silu(g) * u`
 //! with `g`, `u` the two f32 products, `silu(g) = g * sigmoid(g)`.
 //!
+//! The batch-invariant product ([`linear`], the runtime's default for
+//! every batch size) computes each output row the same way whatever the
+//! batch: one `dot` per 128-column K tile on f16 operands, the tiles' f32
+//! products added in K order (see its module doc). The kernels below are
+//! the fast path's (`--no-batch-invariance`), whose rounding follows the
+//! batch size.
+//!
 //! Fused decode GEMVs ([`fused`]): the same GEMV with an RMSNorm prologue
 //! (each program recomputes its rows' `rstd` and normalizes the activations
 //! as it loads them) or a residual-add epilogue (`out += x @ W^T` in place),
@@ -135,6 +142,7 @@
 pub mod fused;
 pub mod gemm;
 pub mod gemv;
+pub mod linear;
 pub mod q8;
 pub mod repack;
 
@@ -340,4 +348,80 @@ pub fn stream_k(
 pub fn gemm_grid(m: usize, n: usize, silu: bool, block_m: usize, block_n: usize) -> [u32; 3] {
     let rows = if silu { 2 * n } else { n };
     [m.div_ceil(block_m) as u32, rows.div_ceil(block_n) as u32, 1]
+}
+
+/// The largest batch the batch-invariant product runs split, one K tile
+/// per program ([`LinearTiles::split`]).
+pub const LINEAR_SPLIT_MAX_M: usize = 16;
+
+/// Tiles of one batch-invariant product ([`linear::linear`]); its K tile
+/// is always [`linear::LINEAR_BLOCK_K`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearTiles {
+    /// Activation rows per program.
+    pub block_m: usize,
+    /// Weight rows per program.
+    pub block_n: usize,
+    /// Warps per program.
+    pub num_warps: u32,
+    /// One K tile per program, the tiles' products summed by the last one
+    /// (`SPLIT`): many short programs instead of a few long loops.
+    pub split: bool,
+}
+
+/// Tiles of the batch-invariant product for `m` activation rows, a weight
+/// of `rows` rows (`2N` with SILU) and `k` columns, on tensor cores
+/// (`tensor_cores`: the GPU) or on the interpreter. Every tile and both
+/// forms compute the same bits (see [`linear`]), so the choice follows
+/// speed alone. On tensor cores, up to [`LINEAR_SPLIT_MAX_M`] rows run
+/// split on 16-row tiles of 4 warps (32 weight rows; 64 for Q8_0, the
+/// head), the decode batches; larger batches loop over K on 32 x 32 tiles
+/// (64 x 64 for Q8_0), or on 64 x 128 and 128 x 128 tiles of 8 warps when
+/// those give at least 128 or 200 programs (prefill). The interpreter
+/// loops over K with 64 weight rows and up to 64 activation rows per
+/// program (its cost is the dequantization per row tile).
+pub fn linear_tiles(
+    format: QuantFormat,
+    m: usize,
+    rows: usize,
+    _k: usize,
+    tensor_cores: bool,
+) -> LinearTiles {
+    if !tensor_cores {
+        let block_m = m.max(1).next_power_of_two().min(64);
+        return LinearTiles { block_m, block_n: 64, num_warps: 4, split: false };
+    }
+    let q8 = format == QuantFormat::Q8_0;
+    if m <= LINEAR_SPLIT_MAX_M {
+        return LinearTiles { block_m: 16, block_n: if q8 { 64 } else { 32 }, num_warps: 4, split: true };
+    }
+    let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
+    let (block_m, block_n, num_warps) = if programs(128, 128) >= 200 {
+        (128, 128, 8)
+    } else if programs(64, 128) >= 128 {
+        (64, 128, 8)
+    } else if q8 {
+        (64, 64, 4)
+    } else {
+        (32, 32, 4)
+    };
+    LinearTiles { block_m, block_n, num_warps, split: false }
+}
+
+/// The grid of a batch-invariant product: `[ceil(m / BLOCK_M), ceil(rows /
+/// BLOCK_N), K tiles or 1]` with `rows = n` (or `2n` with SILU).
+pub fn linear_grid(m: usize, n: usize, k: usize, silu: bool, t: &LinearTiles) -> [u32; 3] {
+    let [a, b, _] = gemm_grid(m, n, silu, t.block_m, t.block_n);
+    let z = if t.split { k.div_ceil(linear::LINEAR_BLOCK_K) } else { 1 };
+    [a, b, z as u32]
+}
+
+/// The f32 workspace entries and i32 counters a split product of `m` rows
+/// on `grid` needs ([`linear::split_finish`]; none unsplit).
+pub fn linear_workspace(grid: [u32; 3], t: &LinearTiles) -> (usize, usize) {
+    if !t.split {
+        return (0, 0);
+    }
+    let tiles = grid[0] as usize * grid[1] as usize;
+    (tiles * grid[2] as usize * t.block_m * t.block_n, tiles)
 }

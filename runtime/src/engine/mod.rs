@@ -510,7 +510,10 @@ fn unknown(seq: SeqId) -> Error {
     Error::Usage(format!("internal: sequence {seq:?} has no engine state"))
 }
 
+pub mod invariance;
 #[cfg(test)]
 mod real_model;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_invariance;

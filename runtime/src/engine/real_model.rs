@@ -1,7 +1,9 @@
 //! Batch invariance on the real model (SmolLM2-135M Q4_1, fetched by `make
 //! model`) on the native CPU backend: greedy generation of each golden
 //! prompt alone equals its generation in one continuous batch with the
-//! others, token for token.
+//! others, token for token, and the whole invariance matrix
+//! ([`super::invariance`]) holds for the golden prompts in f32, the CPU's
+//! default dtype.
 
 use super::{Engine, Request};
 use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, run_task};
@@ -65,5 +67,22 @@ fn smollm2_greedy_alone_equals_greedy_in_a_batch_on_the_native_backend() {
     for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
         assert_eq!(a.len(), NEW_TOKENS);
         assert_eq!(a, b, "prompt {i}");
+    }
+}
+
+#[test]
+fn smollm2_keeps_the_batch_invariance_guarantee_on_the_native_backend() {
+    use super::invariance::{Matrix, Setup, run_matrix};
+    use codegen::host::Host;
+    let path = crate::app::resolve_model(std::path::Path::new(crate::app::DEFAULT_MODEL));
+    let gguf = crate::gguf::Gguf::open(path).unwrap();
+    let targets = crate::check_invariance::golden_targets(6).unwrap();
+    assert!(targets.len() >= 4, "{}", targets.len());
+    let mut host = Host::new();
+    let results =
+        run_matrix::<Host, f32>(&mut host, &gguf, &targets, Setup::roomy(128), &Matrix::default()).unwrap();
+    assert!(results.len() >= 17, "{results:?}");
+    for r in &results {
+        assert!(r.pass(), "{r:?}");
     }
 }

@@ -97,6 +97,14 @@ pub struct TinyLlama {
     pub matrix_type: GgmlType,
     /// Whether to write an untied `output.weight` (SmolLM2 ties it: no).
     pub untied_output: bool,
+    /// Half-width of the uniform token embeddings. With the tied head the
+    /// logits scale with its square: 0.5 makes the current token's own logit
+    /// dominate (near-deterministic outputs), a few hundredths give spread
+    /// distributions whose logprobs show every rounding difference.
+    pub embedding_scale: f32,
+    /// The vocabulary to write (`None`: [`tiny_vocab`] of the configured
+    /// size); its size must be the configured one.
+    pub vocab: Option<Vocab>,
 }
 
 impl Default for TinyLlama {
@@ -121,6 +129,8 @@ impl Default for TinyLlama {
             embedding_type: GgmlType::Q8_0,
             matrix_type: GgmlType::Q4_1,
             untied_output: false,
+            embedding_scale: 0.5,
+            vocab: None,
         }
     }
 }
@@ -137,7 +147,16 @@ impl TinyLlama {
         c.write_metadata(&mut w)?;
         // LLAMA_FTYPE_MOSTLY_Q4_1 when the matrices are Q4_1 (the real file's value).
         w.set("general.file_type", Value::U32(if self.matrix_type == GgmlType::Q4_1 { 3 } else { 0 }))?;
-        tiny_vocab(c.vocab_size)?.write_metadata(&mut w)?;
+        match &self.vocab {
+            Some(v) if v.tokens.len() != c.vocab_size => {
+                return Err(GgufError::InvalidValue {
+                    key: super::llama::KEY_VOCAB_SIZE.to_string(),
+                    message: format!("the vocabulary has {} tokens, not {}", v.tokens.len(), c.vocab_size),
+                });
+            }
+            Some(v) => v.write_metadata(&mut w)?,
+            None => tiny_vocab(c.vocab_size)?.write_metadata(&mut w)?,
+        }
         w.set("general.quantization_version", Value::U32(2))?;
 
         let mut rng = SplitMix64(self.seed);
@@ -147,7 +166,9 @@ impl TinyLlama {
             let fan_in = spec.dims[0] as f32;
             let (ty, values): (GgmlType, Vec<f32>) = match spec.role {
                 TensorRole::Norm => (GgmlType::F32, (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect()),
-                TensorRole::Embedding => (self.embedding_type, (0..n).map(|_| 0.5 * rng.uniform()).collect()),
+                TensorRole::Embedding => {
+                    (self.embedding_type, (0..n).map(|_| self.embedding_scale * rng.uniform()).collect())
+                }
                 TensorRole::Matrix => {
                     (self.matrix_type, (0..n).map(|_| rng.uniform() / fan_in.sqrt()).collect())
                 }
@@ -183,3 +204,31 @@ impl SplitMix64 {
         ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
+
+/// The Llama shapes `tessera synth` writes: SmolLM2-135M's, Llama-3.2-1B's
+/// and Llama-3-8B's layer shapes (layers, hidden, FFN, heads, head dim) with
+/// SmolLM2's vocabulary size, Q4_1 projections and a tied Q8_0 head.
+pub fn synth_shape(name: &str) -> Option<LlamaConfig> {
+    let (n_layers, n_embd, n_ff, n_head, n_head_kv, head_dim) = match name {
+        "smollm2-135m" => (30, 576, 1536, 9, 3, 64),
+        "llama-1b" => (16, 2048, 8192, 32, 8, 64),
+        "llama-8b" => (32, 4096, 14336, 32, 8, 128),
+        _ => return None,
+    };
+    Some(LlamaConfig {
+        n_layers,
+        n_embd,
+        n_ff,
+        n_head,
+        n_head_kv,
+        head_dim,
+        rope_dim: head_dim,
+        rope_freq_base: 100000.0,
+        rms_norm_eps: 1e-5,
+        context_length: 8192,
+        vocab_size: 49152,
+    })
+}
+
+/// The shape names [`synth_shape`] knows.
+pub const SYNTH_SHAPES: [&str; 3] = ["smollm2-135m", "llama-1b", "llama-8b"];

@@ -50,6 +50,15 @@ pub(super) struct Scratch<D: Device, T: Sample> {
     pub part_m: D::Buf<f32>,
     /// Split-KV partial sums, `[parts]`.
     pub part_l: D::Buf<f32>,
+    /// The split batch-invariant products' K-tile products (see
+    /// `kernels::dequant::linear::split_finish`), enough for any product of
+    /// the model.
+    pub lin_ws: D::Buf<f32>,
+    /// Their per-output-tile counters (zero between launches).
+    pub lin_cnt: D::Buf<i32>,
+    /// Entries of `lin_ws` and `lin_cnt`.
+    pub lin_ws_len: usize,
+    pub lin_cnt_len: usize,
 }
 
 /// The buffers of on-device sampling, for `rows` rows.
@@ -151,6 +160,7 @@ impl<D: Device, T: Sample> Buffers<D, T> {
         let (tokens, rows, parts) = (self.grow(tokens), self.grow(rows), self.grow(parts));
         // Drop the old buffers first (their memory may be needed).
         self.scratch = None;
+        let (lin_ws, lin_cnt) = super::layers::linear_workspace_for(c, dev.tensor_cores());
         let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
         let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
         self.scratch = Some(Scratch {
@@ -169,6 +179,10 @@ impl<D: Device, T: Sample> Buffers<D, T> {
             part_o: dev.zeros((parts * c.head_dim).max(16))?,
             part_m: dev.zeros(parts.max(16))?,
             part_l: dev.zeros(parts.max(16))?,
+            lin_ws: dev.zeros(lin_ws.max(16))?,
+            lin_cnt: dev.zeros(lin_cnt.max(16))?,
+            lin_ws_len: lin_ws.max(16),
+            lin_cnt_len: lin_cnt.max(16),
         });
         Ok(())
     }

@@ -67,6 +67,15 @@ pub fn tiny_model() -> Result<Gguf> {
     Ok(Gguf::from_bytes(t.to_bytes()?)?)
 }
 
+/// [`tiny_model`] with small token embeddings: its outputs are spread over
+/// the vocabulary (the default's are near-certain, logprobs 0), so every
+/// rounding difference shows in the logprobs (the batch-invariance tests).
+pub fn tiny_flat_model() -> Result<Gguf> {
+    let config = LlamaConfig::from_metadata(tiny_model()?.metadata())?;
+    let t = TinyLlama { config, embedding_scale: 0.03, ..TinyLlama::default() };
+    Ok(Gguf::from_bytes(t.to_bytes()?)?)
+}
+
 /// The two test sequences' tokens (20 and 5) for a vocabulary of `v`.
 pub fn scenario_tokens(v: u32) -> (Vec<u32>, Vec<u32>) {
     ((0..20u32).map(|i| (i * 37 + 5) % v).collect(), (0..5u32).map(|i| (i * 11 + 3) % v).collect())
@@ -193,8 +202,9 @@ pub struct SampledStep {
     pub logits: Vec<f32>,
 }
 
-/// A scenario's shape: sequences, prompt lengths, decode batch sizes, and
-/// the decode split override (see [`Model::set_split_override`]).
+/// A scenario's shape: sequences, prompt lengths, decode batch sizes, the
+/// decode split override (see [`Model::set_split_override`]) and the
+/// arrangement ([`Model::set_batch_invariance`]).
 #[derive(Clone, Debug)]
 pub struct Scenario {
     /// Sequences.
@@ -203,8 +213,11 @@ pub struct Scenario {
     pub prompt: usize,
     /// Per decode step, how many sequences (the first ones) take part.
     pub batches: Vec<usize>,
-    /// Fixed decode split length, or `None` for the split plan.
+    /// Fixed decode split length, or `None` for the split plan (split-KV
+    /// exists only outside the batch-invariant arrangement).
     pub split: Option<usize>,
+    /// The batch-invariant arrangement.
+    pub invariant: bool,
 }
 
 /// The teacher-forced token of sequence `i` at position `pos`.
@@ -233,6 +246,7 @@ pub fn decode_scenario<D: Device, T: Sample>(
     let mut model = Model::new(dev, weights, sc.seqs * SEQ_PAGES, 16)?;
     model.set_graph_mode(mode);
     model.set_split_override(sc.split);
+    model.set_batch_invariance(sc.invariant);
     let n = sc.seqs;
     let table = |i: usize| -> Vec<i32> { (0..SEQ_PAGES).map(|p| (p * n + i) as i32).collect() };
     let slot = |i: usize, pos: usize| table(i)[pos / 16] * 16 + (pos % 16) as i32;
@@ -350,9 +364,16 @@ fn top2_gap(row: &[f32]) -> f32 {
 
 /// The decode scenario of the GPU checks: 6 sequences with prompts of 10 to
 /// 20 tokens (contexts cross 16 and 32: new split classes), buckets 1, 4,
-/// 2, 8 and replays of each.
+/// 2, 8 and replays of each; batch-invariant unless `split` forces the
+/// split-KV path.
 pub fn check_scenario(split: Option<usize>) -> Scenario {
-    Scenario { seqs: 6, prompt: 10, batches: vec![1, 3, 3, 2, 5, 1, 6, 2, 4, 3, 6, 6], split }
+    Scenario {
+        seqs: 6,
+        prompt: 10,
+        batches: vec![1, 3, 3, 2, 5, 1, 6, 2, 4, 3, 6, 6],
+        split,
+        invariant: split.is_none(),
+    }
 }
 
 /// Bit-level comparison of two runs of a scenario: (mismatching ids or

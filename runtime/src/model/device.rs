@@ -67,6 +67,12 @@ pub trait Device: Backend + Sized {
     /// interpreter.
     fn compiles(&self) -> bool;
 
+    /// Whether `dot` runs on tensor cores (a GPU), whose products the
+    /// batch-invariant linear layer feeds f16 operands and any tiles
+    /// (`kernels::dequant::linear_tiles`); the interpreter keeps f32
+    /// operands and a fixed K tile.
+    fn tensor_cores(&self) -> bool;
+
     /// A new buffer holding a copy of `data`.
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<Self::Buf<T>>;
 
@@ -186,6 +192,10 @@ impl Device for Cpu {
         false
     }
 
+    fn tensor_cores(&self) -> bool {
+        false
+    }
+
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<CpuPtr<T>> {
         Ok(Cpu::upload(self, data))
     }
@@ -274,6 +284,10 @@ impl Device for Host {
 
     fn compiles(&self) -> bool {
         true
+    }
+
+    fn tensor_cores(&self) -> bool {
+        false
     }
 
     /// The CPU GEMVs' tiles ([`kernels::cpu_gemv::cpu_gemv_tiles`]), which
@@ -384,6 +398,10 @@ impl Device for Cuda {
     }
 
     fn compiles(&self) -> bool {
+        true
+    }
+
+    fn tensor_cores(&self) -> bool {
         true
     }
 

@@ -153,6 +153,10 @@ impl Device for Emu {
         false
     }
 
+    fn tensor_cores(&self) -> bool {
+        false
+    }
+
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<EmuPtr<T>> {
         self.not_while_capturing("an upload")?;
         let buffer = self.add(Buffer::from_slice(data));

@@ -66,22 +66,14 @@ use super::buffers::{Buffers, KvCache};
 use super::device::Device;
 use super::graph::{GraphMode, GraphState};
 use super::inputs::{Layout, Stager, StepArrays, stage_step};
-use super::weights::{Matrix, Weights};
+use super::layers::launch_forward;
+use super::weights::Weights;
 use crate::check::Sample;
-use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
 use crate::gguf::LlamaConfig;
-use dsl_core::half::f16;
-use dsl_core::launch::AnyDType;
 use dsl_core::launch::Kernel;
-use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan};
-use kernels::dequant::{QuantFormat, gemm_grid, gemv_grid, uses_gemv};
-use kernels::embedding::{self, embedding_q8_0};
-use kernels::flash_attention::{self as fa, flash_attention};
-use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
-use kernels::rope::rope_kv_write;
+use kernels::decode_attention::split_plan;
 use std::collections::BTreeMap;
-use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 /// The most tokens a step may have to take the fused decode path (norms in
@@ -140,16 +132,25 @@ pub(super) struct Plan {
     pub runs: Vec<(usize, usize, usize)>,
     /// Logit rows.
     pub rows: usize,
+    /// The batch-invariant arrangement (see [`super::layers`]).
+    pub invariant: bool,
 }
 
 impl Plan {
     /// The plan of a validated step; decode steps split per
-    /// [`split_plan`] for `sms` (or every `split_override` tokens).
-    pub fn of(step: &Step<'_>, c: &LlamaConfig, sms: usize, split_override: Option<usize>) -> Plan {
+    /// [`split_plan`] for `sms` (or every `split_override` tokens) unless
+    /// `invariant`.
+    pub fn of(
+        step: &Step<'_>,
+        c: &LlamaConfig,
+        sms: usize,
+        split_override: Option<usize>,
+        invariant: bool,
+    ) -> Plan {
         let max_q = step.query_start.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
         let max_ctx = step.context_lens.iter().copied().max().unwrap_or(0).max(1) as usize;
         let b = step.context_lens.len();
-        let (split_len, splits) = decode_split(b, c.n_head_kv, max_ctx, sms, split_override);
+        let (split_len, splits) = decode_split(b, c.n_head_kv, max_ctx, sms, split_override, invariant);
         Plan {
             n: step.tokens.len(),
             b,
@@ -158,6 +159,7 @@ impl Plan {
             splits,
             runs: runs_of(step.logit_rows),
             rows: step.logit_rows.len(),
+            invariant,
         }
     }
 
@@ -168,14 +170,20 @@ impl Plan {
 }
 
 /// The decode split `(split_len, splits)` for `b` sequences of at most
-/// `max_ctx` tokens.
+/// `max_ctx` tokens: never split when `invariant` (a split changes how a
+/// row's keys are summed, and the prefill kernel does not split).
 pub(super) fn decode_split(
     b: usize,
     h_kv: usize,
     max_ctx: usize,
     sms: usize,
     split_override: Option<usize>,
+    invariant: bool,
 ) -> (usize, usize) {
+    if invariant {
+        // One split longer than any context: the bound only caps the keys.
+        return (1 << 30, 1);
+    }
     match split_override {
         Some(len) => {
             let len = len.div_ceil(DECODE_BLOCK_N).max(1) * DECODE_BLOCK_N;
@@ -221,6 +229,8 @@ pub struct Model<D: Device, T: Sample> {
     /// Why graphs were turned off, if a capture failed.
     pub(super) graph_failure: Option<String>,
     pub(super) profile: Option<Profile>,
+    /// Whether steps run the batch-invariant arrangement (the default).
+    pub(super) invariant: bool,
 }
 
 /// Per-kernel launch counts and host wall time, by kernel name.
@@ -254,371 +264,8 @@ impl<D: Device> Launcher<'_, D> {
     }
 }
 
-fn any<'a, D: Device + 'a, T: Sample>(b: &'a D::Buf<T>, off: usize) -> Result<D::Ptr<'a, AnyDType>> {
-    D::ptr_at::<T, AnyDType>(b, off)
-}
-
-fn typed<'a, D: Device + 'a, T: DeviceElem>(b: &'a D::Buf<T>) -> Result<D::Ptr<'a, T>> {
-    D::ptr_at::<T, T>(b, 0)
-}
-
-/// An i32 array at byte offset `off` of a byte arena.
-pub(super) fn arena_i32<'a, D: Device + 'a>(arena: &'a D::Buf<u8>, off: usize) -> Result<D::Ptr<'a, i32>> {
-    D::ptr_at::<u8, i32>(arena, off)
-}
-
 pub(super) fn usage(msg: String) -> Error {
     Error::Usage(msg)
-}
-
-/// `out[m, n] = x[m, k] @ w^T` (or the fused SiLU-mul, `n = w.n / 2`), with
-/// `x` and `out` starting at element offsets `x_off` and `out_off`.
-#[allow(clippy::too_many_arguments)]
-fn matmul<D: Device, T: Sample>(
-    l: &mut Launcher<'_, D>,
-    w: &Matrix<D>,
-    x: &D::Buf<T>,
-    x_off: usize,
-    out: &D::Buf<T>,
-    out_off: usize,
-    m: usize,
-    silu: bool,
-) -> Result<()> {
-    let dtype = T::DEVICE_DTYPE;
-    let n = if silu { w.n / 2 } else { w.n };
-    let (xp, op) = (any::<D, T>(x, x_off)?, any::<D, T>(out, out_off)?);
-    let qp = D::ptr_at::<u8, u8>(&w.quants, 0)?;
-    let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
-    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
-    macro_rules! launch {
-        ($family:ident, $kernel:ident, $tiles:expr, $grid:expr $(, $extra:expr)*) => {{
-            use kernels::dequant::$family::$kernel as kk;
-            let (a, b, c, warps, stages) = $tiles;
-            let args = kk::Args {
-                x_ptr: xp,
-                q_ptr: qp,
-                s_ptr: sp,
-                out_ptr: op,
-                m: mi,
-                n: ni,
-                k: ki,
-                _marker: PhantomData,
-            };
-            let config = kk::Config::new(dtype, silu, a, b, c $(, $extra)*).with_warps(warps).with_stages(stages);
-            l.run::<kk::Kernel>($grid, &config, &args)
-        }};
-    }
-    if uses_gemv(m, w.n) {
-        let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
-        let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
-        let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps, 2);
-        match w.format {
-            QuantFormat::Q4_0 => launch!(gemv, gemv_q4_0, tiles, grid),
-            QuantFormat::Q4_1 => launch!(gemv, gemv_q4_1, tiles, grid),
-            QuantFormat::Q8_0 => launch!(gemv, gemv_q8_0, tiles, grid),
-        }
-    } else {
-        // The swapped product needs 16-bit activations and `wgmma`.
-        let swap_ok = dtype != dsl_core::DType::F32 && l.dev.wgmma();
-        let t = l.dev.gemm_tiles(w.format, m, w.n, w.k, swap_ok);
-        let grid = gemm_grid(m, n, silu, t.block_m, t.block_n);
-        let tiles = (t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages);
-        match w.format {
-            QuantFormat::Q4_0 => launch!(gemm, gemm_q4_0, tiles, grid, t.swap),
-            QuantFormat::Q4_1 => launch!(gemm, gemm_q4_1, tiles, grid, t.swap),
-            QuantFormat::Q8_0 => launch!(gemm, gemm_q8_0, tiles, grid, t.swap),
-        }
-    }
-}
-
-/// A fused decode GEMV (see [`kernels::dequant::fused`], or
-/// [`kernels::cpu_gemv`] where [`Device::cpu_gemv`]): `out[m, n] =
-/// norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights, eps))`
-/// the RMSNorm prologue, or `out += x @ w^T` in place with `residual`. `x`
-/// and `out` start at element offsets; `m <= FUSED_MAX_TOKENS`.
-#[allow(clippy::too_many_arguments)]
-fn gemv_fused<D: Device, T: Sample>(
-    l: &mut Launcher<'_, D>,
-    w: &Matrix<D>,
-    x: (&D::Buf<T>, usize),
-    out: (&D::Buf<T>, usize),
-    m: usize,
-    silu: bool,
-    norm: Option<(&D::Buf<T>, f32)>,
-    residual: bool,
-) -> Result<()> {
-    let dtype = T::DEVICE_DTYPE;
-    let n = if silu { w.n / 2 } else { w.n };
-    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
-    let (np, eps) = match norm {
-        Some((nw, eps)) => (any::<D, T>(nw, 0)?, eps),
-        None => (any::<D, T>(x.0, x.1)?, 0.0),
-    };
-    let qp = D::ptr_at::<u8, u8>(&w.quants, 0)?;
-    let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
-    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
-    let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
-    let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
-    macro_rules! launch {
-        ($($kernel:ident)::+) => {{
-            use kernels::$($kernel)::+ as kk;
-            let args = kk::Args {
-                x_ptr: xp,
-                q_ptr: qp,
-                s_ptr: sp,
-                nw_ptr: np,
-                out_ptr: op,
-                m: mi,
-                n: ni,
-                k: ki,
-                eps,
-                _marker: PhantomData,
-            };
-            let config =
-                kk::Config::new(dtype, silu, norm.is_some(), residual, t.m_block, t.block_n, t.block_k)
-                    .with_warps(t.num_warps);
-            l.run::<kk::Kernel>(grid, &config, &args)
-        }};
-    }
-    match (w.format, l.dev.cpu_gemv()) {
-        (QuantFormat::Q4_0, false) => launch!(dequant::fused::gemv_q4_0_fused),
-        (QuantFormat::Q4_1, false) => launch!(dequant::fused::gemv_q4_1_fused),
-        (QuantFormat::Q8_0, false) => launch!(dequant::fused::gemv_q8_0_fused),
-        (QuantFormat::Q4_0, true) => launch!(cpu_gemv::cpu_gemv_q4_0),
-        (QuantFormat::Q4_1, true) => launch!(cpu_gemv::cpu_gemv_q4_1),
-        (QuantFormat::Q8_0, true) => launch!(cpu_gemv::cpu_gemv_q8_0),
-    }
-}
-
-/// `out = add_rmsnorm(x, r)` over `rows` rows (offsets in elements), `h`
-/// (the new residual) written over `r`.
-#[allow(clippy::too_many_arguments)]
-fn add_norm<D: Device, T: Sample>(
-    l: &mut Launcher<'_, D>,
-    x: (&D::Buf<T>, usize),
-    r: (&D::Buf<T>, usize),
-    w: &D::Buf<T>,
-    out: (&D::Buf<T>, usize),
-    rows: usize,
-    n_cols: usize,
-    eps: f32,
-) -> Result<()> {
-    let block = rmsnorm::block_for(n_cols);
-    let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(rmsnorm::warps_for(block));
-    let args = add_rmsnorm::Args {
-        x_ptr: any::<D, T>(x.0, x.1)?,
-        r_ptr: any::<D, T>(r.0, r.1)?,
-        w_ptr: any::<D, T>(w, 0)?,
-        out_ptr: any::<D, T>(out.0, out.1)?,
-        h_ptr: any::<D, T>(r.0, r.1)?,
-        n_cols: n_cols as i32,
-        stride: n_cols as i32,
-        eps,
-        _marker: PhantomData,
-    };
-    l.run::<add_rmsnorm::Kernel>([rows as u32, 1, 1], &config, &args)
-}
-
-/// Launches one step (see the module doc) on the inputs in `bufs`' arena at
-/// `lay`, leaving the logits of the plan's rows in the scratch logits.
-/// Issues only launches (no allocation, copy or synchronization), so it can
-/// be captured into a graph.
-pub(super) fn launch_forward<D: Device, T: Sample>(
-    ln: &mut Launcher<'_, D>,
-    w: &Weights<D, T>,
-    kv: &KvCache<D, T>,
-    bufs: &Buffers<D, T>,
-    lay: &Layout,
-    plan: &Plan,
-) -> Result<()> {
-    let s = bufs.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
-    let arena = &bufs.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
-    let (n, b) = (plan.n, plan.b);
-    let c = &w.config;
-    let (e, eps, dtype) = (c.n_embd, c.rms_norm_eps, T::DEVICE_DTYPE);
-    let (nq, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
-    let scale = 1.0 / (hd as f32).sqrt();
-
-    let eb = embedding::block_for(e);
-    let config = embedding_q8_0::Config::new(dtype, eb).with_warps(embedding::warps_for(eb));
-    let args = embedding_q8_0::Args {
-        w_ptr: D::ptr_at::<u8, u8>(&w.embedding, 0)?,
-        ids_ptr: arena_i32::<D>(arena, lay.tokens)?,
-        out_ptr: any::<D, T>(&s.h, 0)?,
-        hidden: e as i32,
-        vocab: c.vocab_size as i32,
-        _marker: PhantomData,
-    };
-    ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)?;
-
-    // Decode-sized steps fuse the norms into the GEMV prologues and the
-    // residual adds into their epilogues; larger ones (the GEMM path) run the
-    // norms as kernels of their own.
-    let fused = n <= FUSED_MAX_TOKENS;
-    for (l, layer) in w.layers.iter().enumerate() {
-        if fused {
-            let norm = Some((&layer.attn_norm, eps));
-            gemv_fused::<D, T>(ln, &layer.qkv, (&s.h, 0), (&s.qkv, 0), n, false, norm, false)?;
-        } else if l == 0 {
-            let block = rmsnorm::block_for(e);
-            let config = rmsnorm_kernel::Config::new(dtype, block).with_warps(rmsnorm::warps_for(block));
-            let args = rmsnorm_kernel::Args {
-                x_ptr: any::<D, T>(&s.h, 0)?,
-                w_ptr: any::<D, T>(&layer.attn_norm, 0)?,
-                out_ptr: any::<D, T>(&s.normed, 0)?,
-                n_cols: e as i32,
-                stride: e as i32,
-                eps,
-                _marker: PhantomData,
-            };
-            ln.run::<rmsnorm_kernel::Kernel>([n as u32, 1, 1], &config, &args)?;
-        } else {
-            add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n, e, eps)?;
-        }
-        if !fused {
-            matmul::<D, T>(ln, &layer.qkv, &s.normed, 0, &s.qkv, 0, n, false)?;
-        }
-
-        let config = rope_kv_write::Config::new(dtype, nq, nkv, hd);
-        let args = rope_kv_write::Args {
-            qkv_ptr: any::<D, T>(&s.qkv, 0)?,
-            pos_ptr: arena_i32::<D>(arena, lay.positions)?,
-            slot_ptr: arena_i32::<D>(arena, lay.slots)?,
-            q_out_ptr: any::<D, T>(&s.q, 0)?,
-            k_cache_ptr: any::<D, T>(&kv.k[l], 0)?,
-            v_cache_ptr: any::<D, T>(&kv.v[l], 0)?,
-            theta: c.rope_freq_base,
-            _marker: PhantomData,
-        };
-        ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)?;
-
-        if plan.max_q > 1 {
-            let t = fa::config_for(hd, dtype, ln.dev.wgmma(), kv.block_size);
-            let config = t.config(dtype, nq, nkv, hd, kv.block_size, true);
-            let args = flash_attention::Args {
-                q_ptr: any::<D, T>(&s.q, 0)?,
-                k_cache_ptr: any::<D, T>(&kv.k[l], 0)?,
-                v_cache_ptr: any::<D, T>(&kv.v[l], 0)?,
-                o_ptr: any::<D, T>(&s.attn, 0)?,
-                block_tables_ptr: arena_i32::<D>(arena, lay.tables)?,
-                seq_lens_ptr: arena_i32::<D>(arena, lay.ctx)?,
-                cu_seqlens_q_ptr: arena_i32::<D>(arena, lay.cu)?,
-                scale,
-                max_blocks_per_seq: lay.bt_stride as i32,
-                _marker: PhantomData,
-            };
-            let grid = fa::grid(plan.max_q, b, nq, t.block_m);
-            ln.run::<flash_attention::Kernel>(grid, &config, &args)?;
-        } else {
-            let split = plan.splits > 1;
-            let group = nq / nkv;
-            // The same arguments for both decode kernels.
-            macro_rules! decode_args {
-                ($k:ident) => {
-                    $k::Args {
-                        q_ptr: any::<D, T>(&s.q, 0)?,
-                        k_cache: any::<D, T>(&kv.k[l], 0)?,
-                        v_cache: any::<D, T>(&kv.v[l], 0)?,
-                        block_tables: arena_i32::<D>(arena, lay.tables)?,
-                        bt_stride: lay.bt_stride as i32,
-                        seq_lens: arena_i32::<D>(arena, lay.ctx)?,
-                        out_ptr: any::<D, T>(&s.attn, 0)?,
-                        part_o: typed::<D, f32>(&s.part_o)?,
-                        part_m: typed::<D, f32>(&s.part_m)?,
-                        part_l: typed::<D, f32>(&s.part_l)?,
-                        scale,
-                        split_len: plan.split_len as i32,
-                        _marker: PhantomData,
-                    }
-                };
-            }
-            let grid = [b as u32, nkv as u32, plan.splits as u32];
-            if matches!(dtype, dsl_core::DType::BF16 | dsl_core::DType::F16) {
-                // Tensor cores for half caches (any split length: the kernel
-                // masks its last partial key block).
-                let config =
-                    paged_decode_tc::Config::new(dtype, nkv, group, hd, kv.block_size, TC_BLOCK_N, split)
-                        .with_warps(4)
-                        .with_stages(3);
-                ln.run::<paged_decode_tc::Kernel>(grid, &config, &decode_args!(paged_decode_tc))?;
-            } else {
-                let config =
-                    paged_decode::Config::new(dtype, nkv, group, hd, kv.block_size, DECODE_BLOCK_N, split)
-                        .with_warps(4);
-                ln.run::<paged_decode::Kernel>(grid, &config, &decode_args!(paged_decode))?;
-            }
-            if split {
-                let config = paged_decode_reduce::Config::new(dtype, group, hd);
-                let args = paged_decode_reduce::Args {
-                    part_o: typed::<D, f32>(&s.part_o)?,
-                    part_m: typed::<D, f32>(&s.part_m)?,
-                    part_l: typed::<D, f32>(&s.part_l)?,
-                    seq_lens: arena_i32::<D>(arena, lay.ctx)?,
-                    out_ptr: any::<D, T>(&s.attn, 0)?,
-                    split_len: plan.split_len as i32,
-                    max_splits: plan.splits as i32,
-                    _marker: PhantomData,
-                };
-                ln.run::<paged_decode_reduce::Kernel>([b as u32, nq as u32, 1], &config, &args)?;
-            }
-        }
-
-        if fused {
-            gemv_fused::<D, T>(ln, &layer.o, (&s.attn, 0), (&s.h, 0), n, false, None, true)?;
-            let norm = Some((&layer.ffn_norm, eps));
-            gemv_fused::<D, T>(ln, &layer.gate_up, (&s.h, 0), (&s.act, 0), n, true, norm, false)?;
-            gemv_fused::<D, T>(ln, &layer.down, (&s.act, 0), (&s.h, 0), n, false, None, true)?;
-        } else {
-            matmul::<D, T>(ln, &layer.o, &s.attn, 0, &s.tmp, 0, n, false)?;
-            add_norm::<D, T>(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n, e, eps)?;
-            matmul::<D, T>(ln, &layer.gate_up, &s.normed, 0, &s.act, 0, n, true)?;
-            matmul::<D, T>(ln, &layer.down, &s.act, 0, &s.tmp, 0, n, false)?;
-        }
-    }
-
-    if plan.rows == 0 {
-        return Ok(());
-    }
-    if fused {
-        // The residual is complete: one run of rows goes straight into the
-        // LM head with the final norm in its prologue; several runs are
-        // normed into `last` first (so the head reads its weight once).
-        if let [(r, j, count)] = plan.runs[..] {
-            let norm = Some((&w.output_norm, eps));
-            let out = (&s.logits, j * c.vocab_size);
-            return gemv_fused::<D, T>(ln, &w.lm_head, (&s.h, r * e), out, count, false, norm, false);
-        }
-        let block = rmsnorm::block_for(e);
-        let config = rmsnorm_kernel::Config::new(dtype, block).with_warps(rmsnorm::warps_for(block));
-        for &(r, j, count) in &plan.runs {
-            let args = rmsnorm_kernel::Args {
-                x_ptr: any::<D, T>(&s.h, r * e)?,
-                w_ptr: any::<D, T>(&w.output_norm, 0)?,
-                out_ptr: any::<D, T>(&s.last, j * e)?,
-                n_cols: e as i32,
-                stride: e as i32,
-                eps,
-                _marker: PhantomData,
-            };
-            ln.run::<rmsnorm_kernel::Kernel>([count as u32, 1, 1], &config, &args)?;
-        }
-        return matmul::<D, T>(ln, &w.lm_head, &s.last, 0, &s.logits, 0, plan.rows, false);
-    }
-    // The final norm of the requested rows only, gathered into `last` (one
-    // launch per run of consecutive rows).
-    for &(r, j, count) in &plan.runs {
-        add_norm::<D, T>(
-            ln,
-            (&s.tmp, r * e),
-            (&s.h, r * e),
-            &w.output_norm,
-            (&s.last, j * e),
-            count,
-            e,
-            eps,
-        )?;
-    }
-    matmul::<D, T>(ln, &w.lm_head, &s.last, 0, &s.logits, 0, plan.rows, false)
 }
 
 impl<D: Device, T: Sample> Model<D, T> {
@@ -660,6 +307,7 @@ impl<D: Device, T: Sample> Model<D, T> {
             last_sampled: None,
             graph_failure: None,
             profile: None,
+            invariant: true,
         })
     }
 
@@ -684,6 +332,21 @@ impl<D: Device, T: Sample> Model<D, T> {
     /// Blocks of the paged cache.
     pub fn num_blocks(&self) -> usize {
         self.kv.num_blocks
+    }
+
+    /// Turns the batch-invariant arrangement on (the default) or off (the
+    /// fast path of `--no-batch-invariance`, see [`super::layers`]). Drops
+    /// the decode graphs (captured for the other arrangement).
+    pub fn set_batch_invariance(&mut self, on: bool) {
+        if on != self.invariant {
+            self.graphs = None;
+        }
+        self.invariant = on;
+    }
+
+    /// Whether steps run the batch-invariant arrangement.
+    pub fn batch_invariance(&self) -> bool {
+        self.invariant
     }
 
     /// Uses a fixed decode split length of `len` tokens (rounded up to the
@@ -786,7 +449,7 @@ impl<D: Device, T: Sample> Model<D, T> {
         stage_rows: impl FnOnce(&mut Stager<'_>, &Layout),
     ) -> Result<(Layout, Plan)> {
         let c = &self.weights.config;
-        let plan = Plan::of(step, c, dev.sm_count(), self.split_override);
+        let plan = Plan::of(step, c, dev.sm_count(), self.split_override, self.invariant);
         let b = step.context_lens.len();
         let lay = Layout::new(step.tokens.len(), b, step.max_blocks_per_seq, sample_rows);
         self.eager.ensure_arena(dev, lay.len)?;

@@ -36,10 +36,11 @@
 
 use super::buffers::Buffers;
 use super::device::Device;
-use super::forward::{DECODE_BLOCK_N, Launcher, Model, Plan, Step, decode_split, launch_forward, usage};
+use super::forward::{DECODE_BLOCK_N, Launcher, Model, Plan, Step, decode_split, usage};
 use super::inputs::{
     BUCKETS, Layout, PaddedDecode, Stager, StepArrays, bucket_for, stage_sampling, stage_step, uses_penalties,
 };
+use super::layers::launch_forward;
 use super::sampler::{SampleRow, Sampled, build_counts, launch_sampling, read_sampled};
 use crate::check::Sample;
 use crate::error::Result;
@@ -174,7 +175,8 @@ impl<D: Device, T: Sample> Model<D, T> {
             for &bucket in &BUCKETS {
                 let mut class = DECODE_BLOCK_N;
                 while class <= top {
-                    let (_, splits) = decode_split(bucket, c.n_head_kv, class, sms, self.split_override);
+                    let (_, splits) =
+                        decode_split(bucket, c.n_head_kv, class, sms, self.split_override, self.invariant);
                     if splits > 1 {
                         parts = parts.max(bucket * c.n_head * splits);
                     }
@@ -218,8 +220,14 @@ impl<D: Device, T: Sample> Model<D, T> {
         if max_ctx > graph_pages(c.context_length, self.kv.num_blocks, block_size) * block_size {
             return Ok(None);
         }
-        let (split_len, splits) =
-            decode_split(bucket, nkv, ctx_class(max_ctx), dev.sm_count(), self.split_override);
+        let (split_len, splits) = decode_split(
+            bucket,
+            nkv,
+            ctx_class(max_ctx),
+            dev.sm_count(),
+            self.split_override,
+            self.invariant,
+        );
         let penalties = rows.iter().any(uses_penalties);
         let key = GraphKey { bucket, split_len, splits, penalties };
         let parts = if splits > 1 { bucket * c.n_head * splits } else { 0 };
@@ -231,6 +239,7 @@ impl<D: Device, T: Sample> Model<D, T> {
             splits,
             runs: vec![(0, 0, bucket)],
             rows: bucket,
+            invariant: self.invariant,
         };
 
         // Stage the padded step and its settings, one copy.
@@ -277,7 +286,7 @@ impl<D: Device, T: Sample> Model<D, T> {
             if capture {
                 // Read this step's results before capturing (a capture runs
                 // nothing; the read is the step's synchronization anyway).
-                let out = read_sampled(ln.dev, &gs.bufs, b)?;
+                let out = read_sampled(ln.dev, &gs.bufs, bucket, b)?;
                 let captured = ln.dev.begin_capture().and_then(|()| {
                     let recorded = launch_forward(ln, weights, kv, &gs.bufs, &lay, &plan)
                         .and_then(|()| launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties));
@@ -301,7 +310,7 @@ impl<D: Device, T: Sample> Model<D, T> {
                 return Ok(Some(out));
             }
         }
-        let out = read_sampled(ln.dev, &gs.bufs, b)?;
+        let out = read_sampled(ln.dev, &gs.bufs, bucket, b)?;
         self.last_sampled = Some((true, b));
         Ok(Some(out))
     }

@@ -36,6 +36,7 @@ mod emu;
 pub mod forward;
 pub mod graph;
 pub mod inputs;
+pub mod layers;
 pub mod sampler;
 pub mod weights;
 

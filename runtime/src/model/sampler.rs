@@ -32,8 +32,9 @@
 
 use super::buffers::{Buffers, Counts, SampleBufs, out_stride};
 use super::device::Device;
-use super::forward::{Launcher, Model, Step, arena_i32, launch_forward, usage};
+use super::forward::{Launcher, Model, Step, usage};
 use super::inputs::{ALIGN, Layout, SamplingLayout, Stager, stage_sampling, uses_penalties};
+use super::layers::{arena_i32, launch_forward};
 use crate::check::Sample;
 use crate::error::{Error, Result};
 use dsl_core::launch::AnyDType;
@@ -329,7 +330,7 @@ pub fn sample_logits<D: Device>(
         build_counts(ln, &mut pen_arena, &mut pen_staging, c, rows, vocab)?;
     }
     launch_sampler::<D, f32>(ln, vocab, &logits_buf, &sb, counts.as_ref(), &arena, &sl, r)?;
-    read_out(ln.dev, &sb, r)
+    read_out(ln.dev, &sb, r, r)
 }
 
 /// Rebuilds the penalty counts of the rows of `rows` that use penalties
@@ -408,15 +409,22 @@ pub(super) fn build_counts<D: Device>(
 pub(super) fn read_sampled<D: Device, T: Sample>(
     dev: &D,
     bufs: &Buffers<D, T>,
+    launched: usize,
     rows: usize,
 ) -> Result<Vec<Sampled>> {
     let sb = bufs.sample.as_ref().ok_or_else(|| usage("the sampling buffers were not allocated".into()))?;
-    read_out(dev, sb, rows)
+    read_out(dev, sb, launched, rows)
 }
 
-/// Reads the first `rows` sampled ids and logprobs of `sb`.
-fn read_out<D: Device>(dev: &D, sb: &SampleBufs<D>, rows: usize) -> Result<Vec<Sampled>> {
-    let stride = out_stride(rows);
+/// Reads the first `rows` sampled ids and logprobs of `sb`, written by a
+/// sampler launch over `launched >= rows` rows (whose output arrays are
+/// [`out_stride`]`(launched)` entries apart: a padded decode step's bucket,
+/// not its real rows).
+fn read_out<D: Device>(dev: &D, sb: &SampleBufs<D>, launched: usize, rows: usize) -> Result<Vec<Sampled>> {
+    if rows > launched {
+        return Err(usage(format!("internal error: reading {rows} sampled rows of {launched}")));
+    }
+    let stride = out_stride(launched);
     let bytes = dev.download_prefix(&sb.out, 8 * stride)?;
     let word = |at: usize| -> [u8; 4] { [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]] };
     (0..rows)
@@ -476,7 +484,7 @@ impl<D: Device, T: Sample> Model<D, T> {
         }
         launch_forward(ln, weights, kv, eager, &lay, &plan)?;
         launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0)?;
-        let out = read_sampled(ln.dev, eager, rows.len())?;
+        let out = read_sampled(ln.dev, eager, rows.len(), rows.len())?;
         self.last_sampled = Some((false, rows.len()));
         Ok(out)
     }

@@ -317,7 +317,7 @@ fn split_kv_decode_matches_the_unsplit_kernel() {
     let mut cpu = Cpu::new();
     let params = vec![SamplingParams::default()];
     // Contexts of 21 to 37 tokens: 2 or 3 splits of 16 tokens.
-    let sc = |split| Scenario { seqs: 2, prompt: 20, batches: vec![2, 2, 1, 2], split };
+    let sc = |split| Scenario { seqs: 2, prompt: 20, batches: vec![2, 2, 1, 2], split, invariant: false };
     let (plain, _) = decode_scenario::<Cpu, f32>(&mut cpu, &g, GraphMode::Off, &sc(None), &params).unwrap();
     let (split, _) =
         decode_scenario::<Cpu, f32>(&mut cpu, &g, GraphMode::Off, &sc(Some(16)), &params).unwrap();
@@ -332,9 +332,16 @@ fn split_kv_decode_matches_the_unsplit_kernel() {
 }
 
 /// The scenario of the graph tests: 5 sequences, buckets 1, 4, 2, 8 and
-/// replays of each, contexts crossing 16 and 32 (new split classes).
+/// replays of each, contexts crossing 16 and 32 (new split classes);
+/// batch-invariant unless `split` forces the split-KV path.
 fn graph_scenario(split: Option<usize>) -> Scenario {
-    Scenario { seqs: 5, prompt: 10, batches: vec![1, 3, 3, 2, 5, 1, 4, 2, 5, 3, 3, 3], split }
+    Scenario {
+        seqs: 5,
+        prompt: 10,
+        batches: vec![1, 3, 3, 2, 5, 1, 4, 2, 5, 3, 3, 3],
+        split,
+        invariant: split.is_none(),
+    }
 }
 
 fn graph_vs_padded<T: Sample>(split: Option<usize>) -> (Vec<SampledStep>, Vec<SampledStep>) {

@@ -33,6 +33,7 @@
 //! second signal aborts at once.
 
 pub mod api;
+pub mod copies;
 pub mod handlers;
 pub mod metrics;
 pub mod sse;
@@ -54,6 +55,7 @@ use crate::tokenizer::Tokenizer;
 use api::Limits;
 use axum::Router;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use metrics::Metrics;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -220,7 +222,7 @@ fn http_main(
         .build()
         .map_err(|e| io_err("the tokio runtime", e))?;
     let served = rt.block_on(async {
-        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let listener = nodelay_listener(listener)?;
         let signal = shutdown_signal(state.clone(), opts, stop);
         axum::serve(listener, router(state)).with_graceful_shutdown(signal).await
     });
@@ -228,6 +230,25 @@ fn http_main(
     // Every connection is closed, so no request is left: stop the engine loop.
     let _ = commands.send(Command::Shutdown);
     served.map_err(|e| io_err("serving HTTP", e))
+}
+
+/// The tokio listener over `listener` whose accepted connections have
+/// TCP_NODELAY set: a streamed token is one small write, which Nagle's
+/// algorithm would otherwise hold back until the client acknowledges the
+/// previous one, so tokens would leave in bursts.
+fn nodelay_listener(listener: TcpListener) -> std::io::Result<NodelayListener> {
+    Ok(tokio::net::TcpListener::from_std(listener)?.tap_io(set_nodelay as fn(&mut tokio::net::TcpStream)))
+}
+
+/// The listener of [`nodelay_listener`].
+type NodelayListener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
+
+/// Sets TCP_NODELAY on an accepted connection (a failure is only reported:
+/// the connection still works, with Nagle's delays).
+fn set_nodelay(stream: &mut tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        eprintln!("warning: cannot set TCP_NODELAY on a connection: {e}");
+    }
 }
 
 /// Waits for a signal or `stop`, then starts draining; after the timeout

@@ -595,3 +595,51 @@ async fn bench_serve_measures_a_running_server() {
     assert_eq!(metric(&m, "tessera_request_success_total{finished_reason=\"length\"}"), 8.0);
     s.shutdown().unwrap();
 }
+
+/// The server side of batch invariance: a seeded sampled request served
+/// alone and as 64 concurrent copies (which share the engine's steps in
+/// every combination) gets 65 identical answers, logprobs included, on the
+/// tiny model whose distributions are spread.
+#[test]
+fn a_request_alone_and_its_64_concurrent_copies_get_identical_answers() {
+    use crate::engine::invariance::{Setup, engine};
+    use crate::model::check::tiny_flat_model;
+    let mut cpu = Cpu::new();
+    let gguf = tiny_flat_model().unwrap();
+    let mut e = engine::<Cpu, f32>(&mut cpu, &gguf, Setup::roomy(MAX_MODEL_LEN)).unwrap();
+    let vocab_size = e.model().weights.config.vocab_size;
+    let vocab = tiny_vocab(vocab_size).unwrap();
+    let tokenizer = Tokenizer::from_vocab(&vocab).unwrap();
+    let info = ModelInfo {
+        name: NAME.into(),
+        eog: tokenizer.eog_tokens().to_vec(),
+        tokenizer,
+        template: None,
+        limits: Limits { max_model_len: MAX_MODEL_LEN, vocab_size },
+    };
+    let body = json!({"model": NAME, "prompt": "the cat on a hat is in the hat", "max_tokens": 10,
+                      "temperature": 0.9, "seed": 5, "logprobs": 1, "ignore_eos": true});
+    let answers = super::copies::serve_copies(&mut cpu, &mut e, info, body, 64).unwrap();
+    assert_eq!(answers.len(), 65);
+    let (text, lps) = &answers[0];
+    assert_eq!(lps.len(), 10, "{answers:?}");
+    assert!(lps.iter().all(|l| l.parse::<f64>().unwrap() < -0.01), "{lps:?}");
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!((&a.0, &a.1), (text, lps), "copy {i}");
+    }
+}
+
+/// Accepted connections have TCP_NODELAY set, so each streamed token
+/// leaves as soon as it is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_connections_do_not_wait_for_acks() {
+    use axum::serve::Listener;
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let mut listener = super::nodelay_listener(std_listener).unwrap();
+    let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (stream, _) = listener.accept().await;
+    assert!(stream.nodelay().unwrap());
+    drop(client);
+}

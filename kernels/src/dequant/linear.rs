@@ -1,0 +1,408 @@
+//! The batch-invariant linear layer: `y[M, N] = x[M, K] @ W^T` for every `M`
+//! (batch-1 and batched decode, prefill, speculative verification), one
+//! kernel whose arithmetic for a row of `y` never depends on `M`, on the
+//! other rows of the step or on the launch's tiles.
+//!
+//! # Math
+//!
+//! The K axis is cut into tiles of [`LINEAR_BLOCK_K`] = 128 columns, the
+//! same on every device and for every batch size. Per tile, the weight tile
+//! `[BLOCK_N, 128]` is dequantized in K order (column `c` of the tile is
+//! `k0 + c`) exactly as the swapped GEMM forms it
+//! ([`super::gemm::swap_weights`]), rounded to the operand dtype (f16 with
+//! `F16`, the tensor-core inputs; f32 otherwise) together with the
+//! activations, and multiplied by one `dot` from a zero accumulator; the
+//! tile products are added to the f32 result in K order:
+//!
+//! ```text
+//! y = ((0 + dot(x[:, 0:128], w[:, 0:128])) + dot(x[:, 128:256], ..)) + ...
+//! ```
+//!
+//! On tensor cores a tile's `dot` is a chain of `mma` instructions over its
+//! eight 16-column steps, and an output element's value depends only on its
+//! row of `x`, its row of `w` and the chain, not on the other elements of
+//! the tile: `BLOCK_M`, `BLOCK_N` and the warps only decide which thread
+//! computes which element (the interpreter sums a tile's products in f64
+//! and rounds once, per element too). A last partial tile reads its missing
+//! activations as zero. So a row's result is the same in every launch, at
+//! every batch size.
+//!
+//! Two forms compute that sum. Unsplit, each program loops over the tiles
+//! and adds their products as it goes. Split (`SPLIT`, the decode batches:
+//! many short programs instead of a few long loops), the grid's third axis
+//! gives each program one K tile: it stores its tile's product in the
+//! workspace and increments its output tile's counter, and the program that
+//! completes the count adds the products in K order, from zero, as the
+//! loop does (see [`split_finish`]).
+//!
+//! Fusions, each computing bit for bit what the separate kernels compute:
+//!
+//! - `NORM` (RMSNorm prologue, single-row steps only: `m == 1`): the
+//!   statistic of the row through [`crate::rmsnorm::rms_rstd`] (exact and
+//!   order-independent, as in the norm kernels), then add+RMSNorm's
+//!   rounding sequence `round_T(round_T(x * rstd) * nw)` on every
+//!   activation before the operand rounding.
+//! - `RESIDUAL` (epilogue, not with `SILU`): `out = round_T(round_T(y) +
+//!   out)` in place: the product rounded to `T`, then add+RMSNorm's
+//!   rounded residual add.
+//! - `SILU` (gate/up interleaved as in [`super::repack::interleave_gate_up`]):
+//!   `silu(gate) * up` ([`super::gemm::gemm_epilogue`]).
+//!
+//! # Tiling
+//!
+//! Program `(i, j, z)` owns the output rows from `i * BLOCK_M` and the
+//! weight rows from `j * BLOCK_N` (and, split, K tile `z`; grid
+//! [`super::linear_grid`]). Activation rows past `M` and weight rows past
+//! `N` (or `2N`) are clamped to the last row (valid addresses; their results
+//! are not stored), so whole K tiles need no masks. Unsplit, the weight
+//! words and scales of the next K tile, and its activations, are loaded into
+//! registers before the current tile is multiplied. The program's first K
+//! tile and the last partial one are loaded before `gdc_wait` (weights are
+//! never written by a kernel, so their latency overlaps the previous
+//! kernel's tail).
+//!
+//! # Contract
+//!
+//! As the other dequant kernels ([`super`]): `x` `[M, K]` and `out` `[M, N]`
+//! row-major in `T`; the repacked planes; `K % 32 == 0`. With `NORM`, `m`
+//! must be 1, `nw_ptr` holds the `K` norm weights in `T` and `NORM_BLOCK`
+//! is `K` rounded up to a power of two; with `RESIDUAL`, `out` holds the
+//! residual stream (not aliasing `x`). With `SPLIT`, `ws` holds at least
+//! [`super::linear_workspace`]'s entries and `cnt` its counters, all zero
+//! before the first launch (every launch leaves them zero); without it
+//! they are not read.
+
+use super::gemm::{gemm_epilogue, swap_scale_load, swap_weights};
+use crate::rmsnorm::rms_rstd;
+use dsl_core::DType;
+use dsl_macros::{kernel, kernel_fn};
+
+/// The 32-bit word and scale-entry indices of a `[block_n, block_k]` weight
+/// tile formed in K order (see [`super::gemm::swap_acc`]): element `(r, c)`
+/// with `c = 16 h + 4 j + e` is byte `e` of word `wpb * hb[h] + 4 (h % 2) + j`
+/// (Q8_0, `wpb = 8`) or `wpb * hb[h] + j` (Q4, `wpb = 4`, the nibble `h % 2`)
+/// of row `wrow[r]`, whose block `hb[h]` has scale entry `wrow[r] * nb +
+/// hb[h]`. `hb` (`[block_k / 16]`) is the block of each 16-column group.
+/// The indices are broadcast along `e` (and the scales along `j`), so each
+/// thread chunk loads each word and scale once.
+#[kernel_fn]
+pub fn tile_index(
+    wrow: Tensor,
+    nb: Tensor,
+    hb: Tensor,
+    q8: bool,
+    block_n: usize,
+    block_k: usize,
+) -> (Tensor, Tensor) {
+    let hq = block_k / 16;
+    let wpb = if q8 { 8 } else { 4 };
+    let h = arange(0, hq);
+    let j4 = expand_dims(expand_dims(arange(0, 4), 0), 0);
+    let half_words = if q8 { h % 2 * 4 } else { h * 0 };
+    let row_words = expand_dims(expand_dims(wrow * (nb * wpb), 1), 2);
+    let word3 = row_words + expand_dims(expand_dims(hb * wpb + half_words, 0), 2) + j4;
+    let w_idx = reshape(broadcast_to(expand_dims(word3, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
+    let s2 = expand_dims(wrow * nb, 1) + expand_dims(hb, 0);
+    let s_idx = reshape(broadcast_to(expand_dims(s2, 2), [block_n, hq, 16]), [block_n, block_k]);
+    (w_idx, s_idx)
+}
+
+/// The `dot` operand of an activation tile `x` (in `T`): with `norm`,
+/// add+RMSNorm's sequence `round_T(round_T(x * rs) * nw)` (f32 math, `nw`
+/// the norm weights in `T`); then rounded to f16 (`f16`, tensor cores) or
+/// widened to f32.
+#[kernel_fn]
+pub fn linear_operand(x: Tensor, nw: Tensor, rs: Tensor, norm: bool, f16_ops: bool, dt: DType) -> Tensor {
+    let v = if norm { ((x.to(f32) * rs).to(dt).to(f32) * nw.to(f32)).to(dt) } else { x };
+    if f16_ops { v.to(f16) } else { v.to(f32) }
+}
+
+/// Stores the `[block_m, block_n]` accumulator of output tile `(pid_m,
+/// pid_n)`: [`gemm_epilogue`], or with `residual` the in-place residual add
+/// `out = round_T(round_T(y) + out)`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_epilogue(
+    acc: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    silu: bool,
+    residual: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+) {
+    let (pid_m, pid_n) = (program_id(0), program_id(1));
+    if residual {
+        let o = arange(0, block_m * block_n);
+        let om = pid_m * block_m + o / block_n;
+        let on = pid_n * block_n + o % block_n;
+        let ok = om < m && on < n;
+        let y = reshape(acc, [block_m * block_n]);
+        let r = load(out_ptr + om * n + on, mask = ok, other = 0.0).to(f32);
+        store(out_ptr + om * n + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
+    } else {
+        gemm_epilogue(acc, out_ptr, m, n, silu, pid_m, pid_n, block_m, block_n);
+    }
+}
+
+/// The K tile of every batch-invariant product, on every device: a row's
+/// result is the sum, in K order, of one `dot` per 128 columns (see the
+/// module doc), so this width is part of the arithmetic.
+pub const LINEAR_BLOCK_K: usize = 128;
+
+/// The weight words and scale entries of the K tile from column `k0` of a
+/// `[block_n, LINEAR_BLOCK_K]` weight tile (blocks past the row clamped to
+/// its last block).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn tile_load(
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    wrow: Tensor,
+    nb: Tensor,
+    k0: Tensor,
+    q8: bool,
+    has_min: bool,
+    block_n: usize,
+) -> (Tensor, Tensor) {
+    let h = arange(0, (LINEAR_BLOCK_K / 16) as i32);
+    let (w_idx, s_idx) = tile_index(wrow, nb, minimum(k0 / 32 + h / 2, nb - 1), q8, block_n, LINEAR_BLOCK_K);
+    (load(ptrcast(q_ptr, i32) + w_idx), swap_scale_load(s_ptr, s_idx, full([], 1, i1), q8, has_min))
+}
+
+/// One K tile's product `x[:, k0 ..] @ w[.., k0 ..]^T` from a zero
+/// accumulator, `[block_m, block_n]` f32: the weight words `wd` and scales
+/// `sr` of [`tile_load`], the activation tile `xa` (`[block_m,
+/// LINEAR_BLOCK_K]`, columns past K masked to zero here) and, with `norm`,
+/// the norm weights at the tile's columns.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn tile_product(
+    wd: Tensor,
+    sr: Tensor,
+    xa: Tensor,
+    nw_ptr: Tensor,
+    rs: Tensor,
+    k: Tensor,
+    k0: Tensor,
+    q8: bool,
+    has_min: bool,
+    norm: bool,
+    f16_ops: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+) -> Tensor {
+    let c = expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0);
+    let nib = broadcast_to(if q8 { c * 0 } else { c / 16 % 2 * 4 }, [block_n, LINEAR_BLOCK_K]);
+    let e8 = broadcast_to(c % 4 * 8, [block_n, LINEAR_BLOCK_K]);
+    let w = swap_weights(wd, nib, e8, sr, q8, has_min);
+    let col = k0 + c;
+    let nw = if norm { load(nw_ptr + minimum(col, k - 1)) } else { xa };
+    let xv = where_(col < k, linear_operand(xa, nw, rs, norm, f16_ops, dt), 0.0);
+    let wv = if f16_ops { w.to(f16) } else { w };
+    dot(xv, trans(wv), zeros([block_m, block_n], f32))
+}
+
+/// The body of [`linear`] (see the module doc).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    nw_ptr: Tensor,
+    out_ptr: Tensor,
+    ws_ptr: Tensor,
+    cnt_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    eps: Tensor,
+    q8: bool,
+    has_min: bool,
+    silu: bool,
+    norm: bool,
+    residual: bool,
+    split_k: bool,
+    f16_ops: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+    norm_block: usize,
+) {
+    let bk = LINEAR_BLOCK_K as i32;
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let m0 = program_id(0) * block_m;
+    let wrow = minimum(program_id(1) * block_n + arange(0, block_n), rows - 1);
+    let k_full = k / bk * bk;
+    // The first K tile of this program (its own with `split_k`, else tile
+    // 0) and the last, partial one: both loaded before `gdc_wait` (weights
+    // are never written by a kernel), blocks past the row clamped.
+    let first = if split_k { program_id(2) * bk } else { full([], 0, i32) };
+    let (mut wd, mut sr) = tile_load(q_ptr, s_ptr, wrow, nb, first, q8, has_min, block_n);
+    let (wd_tail, sr_tail) = tile_load(q_ptr, s_ptr, wrow, nb, k_full, q8, has_min, block_n);
+    // Activations, the norm's statistic and the residual may come from the
+    // previous kernel.
+    gdc_wait();
+    gdc_launch_dependents();
+    let xrow = expand_dims(minimum(m0 + arange(0, block_m), m - 1) * k, 1);
+    let kc = expand_dims(arange(0, bk), 0);
+    let rs = if norm {
+        let cols = arange(0, norm_block);
+        let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
+        rms_rstd(row, k, eps, norm_block)
+    } else {
+        eps
+    };
+    if split_k {
+        let xa = load(x_ptr + xrow + minimum(first + kc, k - 1));
+        let part =
+            tile_product(wd, sr, xa, nw_ptr, rs, k, first, q8, has_min, norm, f16_ops, dt, block_m, block_n);
+        split_finish(part, out_ptr, ws_ptr, cnt_ptr, m, n, silu, residual, dt, block_m, block_n);
+    } else {
+        // Whole K tiles: unmasked loads at offsets that move by a constant,
+        // the next tile's issued before this one's product.
+        let (w_idx, s_idx) = tile_index(wrow, nb, arange(0, bk / 16) / 2, q8, block_n, LINEAR_BLOCK_K);
+        let wpb = if q8 { 8 } else { 4 };
+        let qw = ptrcast(q_ptr, i32);
+        let last = maximum(k_full - bk, 0);
+        let mut xa = load(x_ptr + xrow + kc, mask = k_full > 0, other = 0.0);
+        let mut acc = zeros([block_m, block_n], f32);
+        for k0 in range(0, k_full, bk) {
+            let nk = minimum(k0 + bk, last);
+            let wd_next = load(qw + (w_idx + nk / 32 * wpb));
+            let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, full([], 1, i1), q8, has_min);
+            let xa_next = load(x_ptr + xrow + kc + nk);
+            let part =
+                tile_product(wd, sr, xa, nw_ptr, rs, k, k0, q8, has_min, norm, f16_ops, dt, block_m, block_n);
+            acc = acc + part;
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+        }
+        // The last partial tile (at most one): activations past K read as zero.
+        for k0 in range(k_full, k, bk) {
+            let xt = load(x_ptr + xrow + minimum(k0 + kc, k - 1));
+            let part = tile_product(
+                wd_tail, sr_tail, xt, nw_ptr, rs, k, k0, q8, has_min, norm, f16_ops, dt, block_m, block_n,
+            );
+            acc = acc + part;
+        }
+        linear_epilogue(acc, out_ptr, m, n, silu, residual, dt, block_m, block_n);
+    }
+}
+
+/// The split form's end (see the module doc): this program's K tile
+/// product `part` goes to its slot of the workspace (the valid rows only),
+/// then the output tile's counter is incremented; the program that brings
+/// it to the number of K tiles sums every tile's product in K order,
+/// exactly as the loop of the unsplit form does, resets the counter and
+/// runs the epilogue.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn split_finish(
+    part: Tensor,
+    out_ptr: Tensor,
+    ws_ptr: Tensor,
+    cnt_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    silu: bool,
+    residual: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+) {
+    let tiles_k = num_programs(2);
+    let tile = program_id(0) * num_programs(1) + program_id(1);
+    let len = (block_m * block_n) as i32;
+    let (bm, bn) = (block_m as i32, block_n as i32);
+    let r = arange(0, len);
+    let valid = program_id(0) * bm + r / bn < m;
+    let slot = (tile * tiles_k + program_id(2)) * len + r;
+    store(ws_ptr + slot, reshape(part, [block_m * block_n]), mask = valid);
+    let done = atomic_add(cnt_ptr + tile, 1);
+    if done == tiles_k - 1 {
+        let mut acc = zeros([block_m * block_n], f32);
+        for z in range(0, tiles_k) {
+            // `.cg`: the products were written by other SMs in this launch.
+            let p = load(
+                ws_ptr + (tile * tiles_k + z) * len + r,
+                mask = valid,
+                other = 0.0,
+                cache_modifier = ".cg",
+            );
+            acc = acc + p;
+        }
+        store(cnt_ptr + tile, 0);
+        linear_epilogue(
+            reshape(acc, [block_m, block_n]),
+            out_ptr,
+            m,
+            n,
+            silu,
+            residual,
+            dt,
+            block_m,
+            block_n,
+        );
+    }
+}
+
+/// The batch-invariant linear layer (see the module doc): `out = x @ W^T`
+/// with `W` repacked Q4_1 (`HAS_MIN`), Q4_0 or Q8_0 (`Q8`); with `SILU` the
+/// fused gate/up product, with `NORM` the RMSNorm prologue (`m == 1`), with
+/// `RESIDUAL` the in-place residual add. `F16` rounds both operands to f16
+/// (tensor cores); otherwise they stay f32. With `SPLIT` the grid's third
+/// axis runs one K tile per program (`cdiv(K, LINEAR_BLOCK_K)` programs per
+/// output tile) and the products meet through `ws` and `cnt` (see
+/// [`split_finish`]); otherwise each program loops over K.
+#[kernel(autotune(
+    configs = [
+        (BLOCK_M = 16, BLOCK_N = 32, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 64, num_warps = 4),
+        (BLOCK_M = 16, BLOCK_N = 16, num_warps = 2),
+        (BLOCK_M = 16, BLOCK_N = 64, num_warps = 8),
+        (BLOCK_M = 32, BLOCK_N = 32, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 64, num_warps = 4),
+        (BLOCK_M = 32, BLOCK_N = 64, num_warps = 4),
+        (BLOCK_M = 64, BLOCK_N = 128, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 64, num_warps = 8),
+        (BLOCK_M = 128, BLOCK_N = 128, num_warps = 8),
+    ],
+    key = [m, n, k]
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn linear<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    ws_ptr: Ptr<f32>,
+    cnt_ptr: Ptr<i32>,
+    m: i32,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] Q8: bool,
+    #[constexpr] HAS_MIN: bool,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] SPLIT: bool,
+    #[constexpr] F16: bool,
+    #[constexpr] BLOCK_M: usize,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] NORM_BLOCK: usize,
+) {
+    static_assert(!(SILU && RESIDUAL), "SILU and RESIDUAL do not combine");
+    linear_body(
+        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, k, eps, Q8, HAS_MIN, SILU, NORM,
+        RESIDUAL, SPLIT, F16, T, BLOCK_M, BLOCK_N, NORM_BLOCK,
+    );
+}

@@ -1,0 +1,126 @@
+//! `tessera bench --only linear`: the batch-invariant product
+//! (`kernels::dequant::linear`) at SmolLM2's projections, bf16, with the
+//! fusions the decode step uses: at `M = 1` the RMSNorm prologue (QKV,
+//! gate/up with SiLU, the Q8_0 head) or the residual epilogue (O, down); at
+//! `M = 64` the plain products of a batched step.
+//!
+//! Rows (metric `us`, timing as the dequant rows: L2 flushed before every
+//! run, median of CUDA-event times, host work outside the timed span):
+//! - `linear/bf16/<what>/M<m>`: the runtime's tiles (`linear_tiles`);
+//! - `linear/bf16/<what>/M<m> [BMxBNxBK/Ww]`: every candidate tile of the
+//!   sweep (every tile computes the same bits, so the fastest can be the
+//!   runtime's choice). Compare with `gemv_fused/bf16/...` (the fast path's
+//!   fused GEMVs at `M = 1`) and `gemm/...` rows.
+
+use crate::bench::{BenchOptions, Record};
+use crate::bench_dequant::time_launch_ms;
+use crate::check::Rng;
+use crate::check_dequant::gguf_weight;
+use crate::cuda::Cuda;
+use crate::error::{Error, Result};
+use crate::model::layers::linear_config;
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use kernels::dequant::linear::linear;
+use kernels::dequant::{LinearTiles, QuantFormat, linear_grid, repack};
+use std::marker::PhantomData;
+
+/// The projections: `(label, format, silu, norm at M = 1, residual at M = 1,
+/// k, weight rows)`.
+const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 5] = [
+    ("qkv_norm", QuantFormat::Q4_1, false, true, false, 576, 960),
+    ("o_residual", QuantFormat::Q4_1, false, false, true, 576, 576),
+    ("gate_up_norm_silu", QuantFormat::Q4_1, true, true, false, 576, 3072),
+    ("down_residual", QuantFormat::Q4_1, false, false, true, 1536, 576),
+    ("lm_head_norm", QuantFormat::Q8_0, false, true, false, 576, 49152),
+];
+
+/// Candidate tiles `(BLOCK_M, BLOCK_N, warps, split)` per batch size
+/// (every warp owns 16 rows and at least 8 columns of a tile).
+fn candidates(m: usize) -> Vec<(usize, usize, u32, bool)> {
+    if m == 1 {
+        vec![
+            (16, 16, 2, true),
+            (16, 32, 2, true),
+            (16, 32, 4, true),
+            (16, 64, 4, true),
+            (16, 64, 8, true),
+            (16, 128, 8, true),
+            (16, 32, 4, false),
+            (16, 64, 8, false),
+        ]
+    } else {
+        vec![
+            (32, 32, 4, false),
+            (64, 64, 4, false),
+            (32, 64, 4, false),
+            (64, 128, 8, false),
+            (16, 32, 4, true),
+            (32, 32, 4, true),
+            (64, 64, 4, true),
+        ]
+    }
+}
+
+/// Every row of the family (see the module doc).
+pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+    // The fast path's fused GEMVs at the same shapes, for comparison.
+    let mut out = crate::bench_dequant::fused_records(cuda, opts)?;
+    for (label, format, silu, norm1, residual1, k, rows) in SHAPES {
+        let mut rng = Rng::new((k * 31 + rows) as u64);
+        let raw = gguf_weight(&mut rng, format, rows, k);
+        let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;
+        drop(raw);
+        let n = if silu { rows / 2 } else { rows };
+        for m in [1usize, 64] {
+            let (norm, residual) = if m == 1 { (norm1, residual1) } else { (false, false) };
+            let x = rng.values::<bf16>(m * k, 2.0);
+            let nw = rng.values::<bf16>(k, 2.0);
+            let r = rng.values::<bf16>(m * n, 2.0);
+            let gpu = cuda.gpu();
+            // Room for any candidate's split products (16-row tiles of 16 columns).
+            let (wsd, cntd) = (
+                gpu.zeros::<f32>(m.next_multiple_of(64) * rows.next_multiple_of(128) * k.div_ceil(128))?,
+                gpu.zeros::<i32>(rows)?,
+            );
+            let (xd, qd, sd, nd, od) = (
+                gpu.upload(&x)?,
+                gpu.upload(&w.quants)?,
+                gpu.upload(&w.scales)?,
+                gpu.upload(&nw)?,
+                gpu.upload(&r)?,
+            );
+            let args = linear::Args {
+                x_ptr: xd.ptr().cast(),
+                q_ptr: qd.ptr().cast(),
+                s_ptr: sd.ptr().cast(),
+                nw_ptr: nd.ptr().cast(),
+                out_ptr: od.ptr().cast(),
+                ws_ptr: wsd.ptr().cast(),
+                cnt_ptr: cntd.ptr().cast(),
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                eps: 1e-5,
+                _marker: PhantomData,
+            };
+            let (base, grid, _) = linear_config(DType::BF16, format, m, rows, k, silu, norm, residual, true);
+            let name = format!("linear/bf16/{label}/M{m}");
+            let ms = time_launch_ms::<linear::Kernel>(cuda, opts, grid, &base, &args)?;
+            eprintln!("measured {name}: {:.2} us", ms * 1e3);
+            out.push(Record { name: name.clone(), metric: "us", value: ms * 1e3, ms, tuned: None });
+            for (bm, bn, warps, split) in candidates(m) {
+                let mut c = base.clone();
+                (c.BLOCK_M, c.BLOCK_N, c.SPLIT) = (bm, bn, split);
+                let c = c.with_warps(warps);
+                let t = LinearTiles { block_m: bm, block_n: bn, num_warps: warps, split };
+                let g = linear_grid(m, n, k, silu, &t);
+                let ms = time_launch_ms::<linear::Kernel>(cuda, opts, g, &c, &args)?;
+                let variant = format!("{name} [{bm}x{bn}/{warps}w{}]", if split { " split" } else { "" });
+                eprintln!("measured {variant}: {:.2} us", ms * 1e3);
+                out.push(Record { name: variant, metric: "us", value: ms * 1e3, ms, tuned: None });
+            }
+        }
+    }
+    Ok(out)
+}
