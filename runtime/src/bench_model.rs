@@ -48,7 +48,7 @@ impl Default for ModelBench {
 }
 
 /// `b` distinct prompts of `len` pseudo-random ids below `vocab`.
-fn prompts(b: usize, len: usize, vocab: usize, salt: u64) -> Vec<Vec<u32>> {
+pub(crate) fn prompts(b: usize, len: usize, vocab: usize, salt: u64) -> Vec<Vec<u32>> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ salt;
     (0..b)
         .map(|_| {

@@ -56,6 +56,33 @@ pub enum Command {
     /// Write a random-weight Llama GGUF of a known shape (Q4_1 projections,
     /// tied Q8_0 head): for benchmarks and tests at real model sizes.
     Synth(SynthArgs),
+    /// Where a step's time goes: decode steps and a prefill, kernel by
+    /// kernel (launches, device time, bytes, GB/s, TFLOP/s, % of the measured
+    /// ceilings, class), the step total and the gaps.
+    Profile(ProfileArgs),
+}
+
+/// Arguments of `tessera profile`.
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// The model and engine.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Decode batch sizes (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    pub batches: Vec<usize>,
+    /// Cached tokens per sequence during the decode steps.
+    #[arg(long, default_value_t = 128)]
+    pub context: usize,
+    /// Prompt tokens of the profiled prefill (0: none).
+    #[arg(long, default_value_t = 512)]
+    pub prefill: usize,
+    /// Decode steps measured per batch size.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `tessera synth`.
@@ -320,6 +347,39 @@ pub struct HostCheckArgs {
     pub only: Vec<String>,
 }
 
+/// `tessera profile`: sizes the engine for the task and prints the report.
+fn profile_cmd(a: &ProfileArgs) -> Result<()> {
+    let task = crate::profile::ProfileTask {
+        batches: a.batches.clone(),
+        context: a.context,
+        prefill: a.prefill,
+        steps: a.steps,
+    };
+    if let Some(&b) = a.batches.iter().find(|&&b| b == 0 || b > a.model.max_num_seqs) {
+        return Err(Error::Usage(format!(
+            "batch size {b} is outside 1..=--max-num-seqs ({})",
+            a.model.max_num_seqs
+        )));
+    }
+    let mut load = a.model.load_options();
+    if load.max_model_len == 0 {
+        load.max_model_len = task.max_len().next_multiple_of(16);
+    } else if load.max_model_len < task.max_len() {
+        return Err(Error::Usage(format!(
+            "--max-model-len {} is below the {} tokens the profile needs",
+            load.max_model_len,
+            task.max_len()
+        )));
+    }
+    let report = app::run_task(&load, task)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| Error::Usage(e.to_string()))?);
+    } else {
+        print!("{}", crate::profile::table(&report));
+    }
+    Ok(())
+}
+
 /// Arguments of `bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -422,6 +482,7 @@ pub fn run(cli: Cli) -> Result<bool> {
         }
         Command::Serve(a) => crate::server::serve_cmd(&a).map(|()| true),
         Command::Synth(a) => synth(&a).map(|()| true),
+        Command::Profile(a) => profile_cmd(&a).map(|()| true),
         Command::Parity(a) => {
             let golden = Golden::load(&a.file)?;
             let reports = app::run_task(&a.model.load_options(), Parity { golden, full: a.full })?;

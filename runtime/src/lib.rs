@@ -59,6 +59,7 @@ pub mod kv;
 pub mod memory_plan;
 pub mod model;
 pub mod parity;
+pub mod profile;
 pub mod registry;
 pub mod scheduler;
 pub mod server;

@@ -18,9 +18,11 @@
 use crate::cuda::{Cuda, DevBuf, DeviceElem, GpuGraph};
 use crate::error::{Error, Result};
 use codegen::host::{Host, HostPtr};
+use cudarc::driver::CudaEvent;
 use dsl_core::interp::{Buffer, Cpu, CpuPtr, Element};
 use dsl_core::launch::{Backend, Kernel, PtrElem};
 use kernels::dequant::{GemmTiles, GemvTiles, QuantFormat};
+use std::time::Instant;
 
 /// A backend the model runs on: owns or hands out buffers, forms typed kernel
 /// pointers into them and launches `#[kernel]`s.
@@ -29,6 +31,8 @@ pub trait Device: Backend + Sized {
     type Buf<T: DeviceElem>;
     /// A captured sequence of launches that can be replayed (a CUDA graph).
     type Graph;
+    /// A point in the device's order of work ([`Device::mark`]), for timing.
+    type Mark;
 
     /// A one-line description of the device (for logs and the CLI).
     fn describe(&self) -> String;
@@ -129,6 +133,24 @@ pub trait Device: Backend + Sized {
     /// Replays `graph`: its launches run again, with the arguments they were
     /// recorded with, on the buffers' current contents.
     fn replay(&mut self, graph: &Self::Graph) -> Result<()>;
+
+    /// A mark after the work enqueued so far: a recorded CUDA event on the
+    /// GPU, the current instant on the CPU backends (whose launches finish
+    /// before they return).
+    fn mark(&mut self) -> Result<Self::Mark>;
+
+    /// Milliseconds from `start` to `end`, waiting for `end`'s work.
+    fn mark_ms(&self, start: &Self::Mark, end: &Self::Mark) -> Result<f64>;
+}
+
+/// [`Device::mark`] on the CPU backends.
+pub(crate) fn instant() -> Result<Instant> {
+    Ok(Instant::now())
+}
+
+/// [`Device::mark_ms`] on the CPU backends.
+pub(crate) fn instant_ms(start: &Instant, end: &Instant) -> Result<f64> {
+    Ok(end.saturating_duration_since(*start).as_secs_f64() * 1e3)
 }
 
 /// The CPU backends cannot capture graphs.
@@ -175,6 +197,7 @@ pub(crate) fn element_range<T: DeviceElem>(
 impl Device for Cpu {
     type Buf<T: DeviceElem> = CpuPtr<T>;
     type Graph = std::convert::Infallible;
+    type Mark = Instant;
 
     fn describe(&self) -> String {
         "CPU interpreter".to_string()
@@ -260,11 +283,20 @@ impl Device for Cpu {
     fn replay(&mut self, graph: &Self::Graph) -> Result<()> {
         match *graph {}
     }
+
+    fn mark(&mut self) -> Result<Instant> {
+        instant()
+    }
+
+    fn mark_ms(&self, start: &Instant, end: &Instant) -> Result<f64> {
+        instant_ms(start, end)
+    }
 }
 
 impl Device for Host {
     type Buf<T: DeviceElem> = HostPtr<T>;
     type Graph = std::convert::Infallible;
+    type Mark = Instant;
 
     fn describe(&self) -> String {
         Host::describe(self)
@@ -379,11 +411,20 @@ impl Device for Host {
     fn replay(&mut self, graph: &Self::Graph) -> Result<()> {
         match *graph {}
     }
+
+    fn mark(&mut self) -> Result<Instant> {
+        instant()
+    }
+
+    fn mark_ms(&self, start: &Instant, end: &Instant) -> Result<f64> {
+        instant_ms(start, end)
+    }
 }
 
 impl Device for Cuda {
     type Buf<T: DeviceElem> = DevBuf<T>;
     type Graph = GpuGraph;
+    type Mark = CudaEvent;
 
     fn describe(&self) -> String {
         format!("GPU {} ({:?})", self.gpu().info().name, self.target())
@@ -468,6 +509,16 @@ impl Device for Cuda {
 
     fn replay(&mut self, graph: &GpuGraph) -> Result<()> {
         self.gpu().replay(graph)
+    }
+
+    fn mark(&mut self) -> Result<CudaEvent> {
+        let event = self.gpu().event()?;
+        self.gpu().record(&event)?;
+        Ok(event)
+    }
+
+    fn mark_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64> {
+        Ok(f64::from(self.gpu().elapsed_ms(start, end)?))
     }
 }
 

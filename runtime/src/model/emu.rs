@@ -12,7 +12,7 @@
 //! kept pointing to the old one replays on stale data and a comparison with
 //! eager execution fails.
 
-use super::device::{Device, element_range, write_elements};
+use super::device::{Device, element_range, instant, instant_ms, write_elements};
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
 use dsl_core::interp::{Arg, Buffer, Element, Kernel as Prepared};
@@ -136,6 +136,7 @@ impl Backend for Emu {
 impl Device for Emu {
     type Buf<T: DeviceElem> = EmuPtr<T>;
     type Graph = Vec<Recorded>;
+    type Mark = std::time::Instant;
 
     fn describe(&self) -> String {
         "graph-recording interpreter (tests)".into()
@@ -242,5 +243,13 @@ impl Device for Emu {
             r.kernel.launch(r.grid, &mut self.buffers, &r.args)?;
         }
         Ok(())
+    }
+
+    fn mark(&mut self) -> Result<std::time::Instant> {
+        instant()
+    }
+
+    fn mark_ms(&self, start: &std::time::Instant, end: &std::time::Instant) -> Result<f64> {
+        instant_ms(start, end)
     }
 }

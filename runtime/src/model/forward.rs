@@ -74,7 +74,6 @@ use crate::gguf::LlamaConfig;
 use dsl_core::launch::Kernel;
 use kernels::decode_attention::split_plan;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 /// The most tokens a step may have to take the fused decode path (norms in
 /// the GEMV prologues, residual adds in the epilogues). Measured on an H100
@@ -134,6 +133,12 @@ pub(super) struct Plan {
     pub rows: usize,
     /// The batch-invariant arrangement (see [`super::layers`]).
     pub invariant: bool,
+    /// Cached tokens of all sequences after the step (the profile's
+    /// attention bytes).
+    pub ctx_tokens: usize,
+    /// Keys each query row attends to, summed over the rows (the profile's
+    /// attention FLOPs).
+    pub attended: usize,
 }
 
 impl Plan {
@@ -160,6 +165,8 @@ impl Plan {
             runs: runs_of(step.logit_rows),
             rows: step.logit_rows.len(),
             invariant,
+            ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
+            attended: attended(step.query_start, step.context_lens),
         }
     }
 
@@ -167,6 +174,20 @@ impl Plan {
     pub fn parts(&self, c: &LlamaConfig) -> usize {
         if self.max_q <= 1 && self.splits > 1 { self.b * c.n_head * self.splits } else { 0 }
     }
+}
+
+/// Keys attended to, summed over the query rows: a sequence of `ctx` cached
+/// tokens whose last `q` are this step's queries attends causally, row `i`
+/// of them to `ctx - q + 1 + i` keys.
+fn attended(query_start: &[i32], context_lens: &[i32]) -> usize {
+    query_start
+        .windows(2)
+        .zip(context_lens)
+        .map(|(w, &ctx)| {
+            let (q, ctx) = ((w[1] - w[0]).max(0) as usize, ctx.max(0) as usize);
+            (q * ctx).saturating_sub(q * q.saturating_sub(1) / 2)
+        })
+        .sum()
 }
 
 /// The decode split `(split_len, splits)` for `b` sequences of at most
@@ -228,22 +249,78 @@ pub struct Model<D: Device, T: Sample> {
     pub(super) last_sampled: Option<(bool, usize)>,
     /// Why graphs were turned off, if a capture failed.
     pub(super) graph_failure: Option<String>,
-    pub(super) profile: Option<Profile>,
+    /// The launches being recorded, while profiling.
+    pub(super) profile: Option<Recording<D>>,
     /// Whether steps run the batch-invariant arrangement (the default).
     pub(super) invariant: bool,
 }
 
-/// Per-kernel launch counts and host wall time, by kernel name.
-pub type Profile = BTreeMap<&'static str, (usize, Duration)>;
+/// What a launch reads and writes in device memory and computes, as the code
+/// that launches it counts them (weights, activations, cache; not the
+/// cache lines it re-reads): the profile's bytes and FLOPs.
+#[derive(Clone, Debug, Default)]
+pub struct Cost {
+    /// The launch's role and shape (for example `linear 960x576`).
+    pub what: String,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Floating-point operations (a multiply-add is two).
+    pub flops: u64,
+}
 
-/// A device plus the optional profile its launches are recorded in.
+/// One launch recorded while profiling, with its marks.
+struct Timed<M> {
+    kernel: &'static str,
+    cost: Cost,
+    start: M,
+    end: M,
+}
+
+/// The launches recorded while profiling ([`Model::set_profiling`]).
+pub struct Recording<D: Device> {
+    launches: Vec<Timed<D::Mark>>,
+    next: Option<Cost>,
+}
+
+/// One launch of a profile: its kernel, cost and device time.
+#[derive(Clone, Debug)]
+pub struct LaunchTime {
+    /// The kernel's name.
+    pub kernel: &'static str,
+    /// What the launch moved and computed.
+    pub cost: Cost,
+    /// Device milliseconds from before the launch to after it.
+    pub ms: f64,
+}
+
+/// Launch counts and total milliseconds by kernel name.
+pub fn by_kernel(launches: &[LaunchTime]) -> BTreeMap<&'static str, (usize, f64)> {
+    let mut out = BTreeMap::<&'static str, (usize, f64)>::new();
+    for l in launches {
+        let e = out.entry(l.kernel).or_default();
+        e.0 += 1;
+        e.1 += l.ms;
+    }
+    out
+}
+
+/// A device plus the optional recording its launches are timed in.
 pub(super) struct Launcher<'d, D: Device> {
     pub dev: &'d mut D,
-    pub profile: &'d mut Option<Profile>,
+    pub profile: &'d mut Option<Recording<D>>,
 }
 
 impl<D: Device> Launcher<'_, D> {
-    /// Launches `K`, adding its wall time to the profile when one is kept.
+    /// Notes the cost of the next launch (`what` is built only while
+    /// profiling).
+    pub fn cost(&mut self, what: impl FnOnce() -> String, bytes: usize, flops: usize) {
+        if let Some(p) = self.profile.as_mut() {
+            p.next = Some(Cost { what: what(), bytes: bytes as u64, flops: flops as u64 });
+        }
+    }
+
+    /// Launches `K`; while profiling, between two device marks, with the
+    /// cost noted last.
     pub fn run<'a, K: Kernel>(
         &mut self,
         grid: [u32; 3],
@@ -253,13 +330,15 @@ impl<D: Device> Launcher<'_, D> {
     where
         D: 'a,
     {
-        let start = self.profile.is_some().then(Instant::now);
-        self.dev.run::<K>(grid, config, args)?;
-        if let (Some(p), Some(t0)) = (self.profile.as_mut(), start) {
-            let e = p.entry(K::NAME).or_default();
-            e.0 += 1;
-            e.1 += t0.elapsed();
-        }
+        let Launcher { dev, profile } = self;
+        let Some(p) = profile.as_mut() else {
+            return dev.run::<K>(grid, config, args);
+        };
+        let cost = p.next.take().unwrap_or_else(|| Cost { what: K::NAME.to_string(), ..Cost::default() });
+        let start = dev.mark()?;
+        dev.run::<K>(grid, config, args)?;
+        let end = dev.mark()?;
+        p.launches.push(Timed { kernel: K::NAME, cost, start, end });
         Ok(())
     }
 }
@@ -311,17 +390,23 @@ impl<D: Device, T: Sample> Model<D, T> {
         })
     }
 
-    /// Starts (or, with `false`, stops) recording per-kernel launch counts
-    /// and host wall times. On the interpreter a launch runs to completion,
-    /// so the times are the kernels'; GPU launches are asynchronous, so there
-    /// they are launch overheads only (graph replays record nothing).
+    /// Starts (or, with `false`, stops) recording every launch between two
+    /// device marks ([`Device::mark`]) with its cost. While recording, decode
+    /// steps run their launches directly (graphs are neither captured nor
+    /// replayed), so each kernel is timed on its own.
     pub fn set_profiling(&mut self, on: bool) {
-        self.profile = on.then(Profile::new);
+        self.profile = on.then(|| Recording { launches: Vec::new(), next: None });
     }
 
-    /// The profile recorded since profiling was turned on, if it is.
-    pub fn profile(&self) -> Option<&Profile> {
-        self.profile.as_ref()
+    /// The launches recorded since the last call (or since profiling was
+    /// turned on) with their device times; empty when not profiling. Waits
+    /// for the recorded work to finish.
+    pub fn take_profile(&mut self, dev: &D) -> Result<Vec<LaunchTime>> {
+        let Some(p) = self.profile.as_mut() else { return Ok(Vec::new()) };
+        std::mem::take(&mut p.launches)
+            .into_iter()
+            .map(|t| Ok(LaunchTime { ms: dev.mark_ms(&t.start, &t.end)?, kernel: t.kernel, cost: t.cost }))
+            .collect()
     }
 
     /// The paged cache's block size.

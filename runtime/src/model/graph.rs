@@ -205,6 +205,8 @@ impl<D: Device, T: Sample> Model<D, T> {
         let capture = match self.graph_mode {
             GraphMode::Off => return Ok(None),
             GraphMode::Padded => false,
+            // A profile times each launch: no capture, no replay.
+            GraphMode::Graphs if self.profile.is_some() => false,
             GraphMode::Graphs if dev.supports_graphs() => true,
             GraphMode::Graphs => return Ok(None),
         };
@@ -240,6 +242,8 @@ impl<D: Device, T: Sample> Model<D, T> {
             runs: vec![(0, 0, bucket)],
             rows: bucket,
             invariant: self.invariant,
+            ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
+            attended: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
         };
 
         // Stage the padded step and its settings, one copy.
@@ -278,7 +282,7 @@ impl<D: Device, T: Sample> Model<D, T> {
         if let Some(counts) = gs.bufs.counts.as_ref().filter(|_| penalties) {
             build_counts(ln, pen_arena, pen_staging, counts, rows, vocab)?;
         }
-        if let Some(g) = gs.graphs.get(&key) {
+        if let Some(g) = gs.graphs.get(&key).filter(|_| ln.profile.is_none()) {
             ln.dev.replay(g)?;
         } else {
             launch_forward(ln, weights, kv, &gs.bufs, &lay, &plan)?;

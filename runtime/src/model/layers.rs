@@ -121,7 +121,10 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             vocab: c.vocab_size as i32,
             _marker: PhantomData,
         };
-        ln.run::<embedding_q8_0::Kernel>([self.plan.n as u32, 1, 1], &config, &args)
+        let n = self.plan.n;
+        let es = dtype.size_bytes();
+        ln.cost(|| format!("embedding {n} rows"), n * (c.n_embd / 32 * 34 + c.n_embd * es + 4), 0);
+        ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)
     }
 
     /// `qkv = norm(h) @ Wqkv^T`: the attention norm is layer 0's RMSNorm of
@@ -132,6 +135,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         if self.fused() {
             return self.project(
                 ln,
+                "qkv",
                 &layer.qkv,
                 (&s.h, 0),
                 (&s.qkv, 0),
@@ -145,7 +149,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         } else {
             self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n)?;
         }
-        self.project(ln, &layer.qkv, (&s.normed, 0), (&s.qkv, 0), n, false, Fuse::None)
+        self.project(ln, "qkv", &layer.qkv, (&s.normed, 0), (&s.qkv, 0), n, false, Fuse::None)
     }
 
     /// RoPE on Q and K, K and V written to layer `l`'s paged cache.
@@ -162,7 +166,11 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             theta: c.rope_freq_base,
             _marker: PhantomData,
         };
-        ln.run::<rope_kv_write::Kernel>([self.plan.n as u32, 1, 1], &config, &args)
+        let (n, es) = (self.plan.n, T::DEVICE_DTYPE.size_bytes());
+        // Reads Q, K, V; writes Q and the cache's K and V.
+        let bytes = 2 * n * (c.n_head + 2 * c.n_head_kv) * c.head_dim * es;
+        ln.cost(|| format!("rope + KV write {n} rows"), bytes, 0);
+        ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)
     }
 
     /// The prefill kernel's tiles for this model, device and dtype.
@@ -184,6 +192,12 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         let (nq, nkv, hd) = (c.n_head, c.n_head_kv, c.head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
         let (arena, lay) = (self.arena, self.lay);
+        let es = dtype.size_bytes();
+        // Every cached key and value of each sequence read once per KV head,
+        // Q read and O written; QK^T and PV over each query row's keys.
+        let bytes = plan.ctx_tokens * nkv * hd * 2 * es + 2 * plan.n * nq * hd * es;
+        let kind = if plan.max_q > 1 { "prefill" } else { "decode" };
+        ln.cost(|| format!("attention {kind} b{}", plan.b), bytes, 4 * plan.attended * nq * hd);
         if plan.max_q > 1 {
             let t = self.prefill_tiles(ln);
             let config = t.config(dtype, nq, nkv, hd, self.kv.block_size, true);
@@ -265,6 +279,12 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
                 max_splits: plan.splits as i32,
                 _marker: PhantomData,
             };
+            let parts = plan.b * nq * plan.splits;
+            ln.cost(
+                || format!("attention merge b{} splits{}", plan.b, plan.splits),
+                parts * (hd + 2) * 4 + plan.b * nq * hd * es,
+                0,
+            );
             ln.run::<paged_decode_reduce::Kernel>([plan.b as u32, nq as u32, 1], &config, &args)?;
         }
         Ok(())
@@ -275,9 +295,9 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
     fn attn_out(&self, ln: &mut Launcher<'_, D>, layer: &Layer<D, T>) -> Result<()> {
         let (s, n) = (self.s, self.plan.n);
         if self.fused() {
-            return self.project(ln, &layer.o, (&s.attn, 0), (&s.h, 0), n, false, Fuse::Residual);
+            return self.project(ln, "o", &layer.o, (&s.attn, 0), (&s.h, 0), n, false, Fuse::Residual);
         }
-        self.project(ln, &layer.o, (&s.attn, 0), (&s.tmp, 0), n, false, Fuse::None)
+        self.project(ln, "o", &layer.o, (&s.attn, 0), (&s.tmp, 0), n, false, Fuse::None)
     }
 
     /// `down(silu(gate(x)) * up(x))` with `x` the MLP norm of the residual:
@@ -289,6 +309,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         if self.fused() {
             self.project(
                 ln,
+                "gate_up",
                 &layer.gate_up,
                 (&s.h, 0),
                 (&s.act, 0),
@@ -296,11 +317,11 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
                 true,
                 Fuse::Norm(&layer.ffn_norm, eps),
             )?;
-            return self.project(ln, &layer.down, (&s.act, 0), (&s.h, 0), n, false, Fuse::Residual);
+            return self.project(ln, "down", &layer.down, (&s.act, 0), (&s.h, 0), n, false, Fuse::Residual);
         }
         self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n)?;
-        self.project(ln, &layer.gate_up, (&s.normed, 0), (&s.act, 0), n, true, Fuse::None)?;
-        self.project(ln, &layer.down, (&s.act, 0), (&s.tmp, 0), n, false, Fuse::None)
+        self.project(ln, "gate_up", &layer.gate_up, (&s.normed, 0), (&s.act, 0), n, true, Fuse::None)?;
+        self.project(ln, "down", &layer.down, (&s.act, 0), (&s.tmp, 0), n, false, Fuse::None)
     }
 
     /// The final norm of the requested rows and the LM head.
@@ -317,7 +338,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             if let [(r, j, count)] = plan.runs[..] {
                 let out = (&s.logits, j * c.vocab_size);
                 let fuse = Fuse::Norm(&self.w.output_norm, eps);
-                return self.project(ln, &self.w.lm_head, (&s.h, r * e), out, count, false, fuse);
+                return self.project(ln, "lm_head", &self.w.lm_head, (&s.h, r * e), out, count, false, fuse);
             }
             for &(r, j, count) in &plan.runs {
                 self.rmsnorm(ln, (&s.h, r * e), &self.w.output_norm, (&s.last, j * e), count)?;
@@ -336,7 +357,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
                 )?;
             }
         }
-        self.project(ln, &self.w.lm_head, (&s.last, 0), (&s.logits, 0), rows, false, Fuse::None)
+        self.project(ln, "lm_head", &self.w.lm_head, (&s.last, 0), (&s.logits, 0), rows, false, Fuse::None)
     }
 
     /// `out = x @ w^T` over `m` rows (or the fused SiLU-mul with `silu`), with
@@ -345,6 +366,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
     fn project(
         &self,
         ln: &mut Launcher<'_, D>,
+        role: &'static str,
         w: &Matrix<D>,
         x: (&D::Buf<T>, usize),
         out: (&D::Buf<T>, usize),
@@ -352,6 +374,14 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         silu: bool,
         fuse: Fuse<'_, D, T>,
     ) -> Result<()> {
+        let es = T::DEVICE_DTYPE.size_bytes();
+        let n_out = if silu { w.n / 2 } else { w.n };
+        let rw = if matches!(fuse, Fuse::Residual) { 2 } else { 1 };
+        ln.cost(
+            || format!("{role} {}x{} {} m{m}", w.n, w.k, w.format.name()),
+            w.n * w.k / 32 * w.format.block_bytes() + m * w.k * es + rw * m * n_out * es,
+            2 * m * w.n * w.k,
+        );
         if self.plan.invariant {
             return linear_launch::<D, T>(ln, self.s, w, x, out, m, silu, fuse);
         }
@@ -385,6 +415,8 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             eps: c.rms_norm_eps,
             _marker: PhantomData,
         };
+        let es = T::DEVICE_DTYPE.size_bytes();
+        ln.cost(|| format!("rmsnorm {rows} rows"), (2 * rows + 1) * c.n_embd * es, 0);
         ln.run::<rmsnorm_kernel::Kernel>([rows as u32, 1, 1], &config, &args)
     }
 
@@ -413,6 +445,9 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             eps: c.rms_norm_eps,
             _marker: PhantomData,
         };
+        let es = T::DEVICE_DTYPE.size_bytes();
+        // Reads x and r, writes h and the normed rows.
+        ln.cost(|| format!("add + rmsnorm {rows} rows"), (4 * rows + 1) * c.n_embd * es, 0);
         ln.run::<add_rmsnorm::Kernel>([rows as u32, 1, 1], &config, &args)
     }
 }

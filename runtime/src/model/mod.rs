@@ -46,7 +46,7 @@ mod tests;
 mod tests_sampling;
 
 pub use device::Device;
-pub use forward::{Model, Profile, Step};
+pub use forward::{Cost, LaunchTime, Model, Step, by_kernel};
 pub use graph::{GraphKey, GraphMode};
 pub use sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 pub use weights::{Layer, Matrix, Weights};

@@ -235,6 +235,7 @@ fn launch_sampler<D: Device, T: Sample>(
                 n: n as i32,
                 _marker: PhantomData,
             };
+            ln.cost(|| format!("logits to f32 {rows} rows"), n * (T::DEVICE_DTYPE.size_bytes() + 4), 0);
             ln.run::<logits_to_f32::Kernel>([n.div_ceil(CAST_BLOCK) as u32, 1, 1], &config, &args)?;
             D::ptr_at::<f32, f32>(lf, 0)?
         }
@@ -256,6 +257,8 @@ fn launch_sampler<D: Device, T: Sample>(
             _marker: PhantomData,
         };
         let grid = [rows as u32, vocab.div_ceil(PENALTY_BLOCK) as u32, 1];
+        // The logits read and written, two count rows read.
+        ln.cost(|| format!("penalties {rows} rows"), 4 * rows * vocab * 4, 0);
         ln.run::<penalties::Kernel>(grid, &config, &args)?;
     }
     let block = sampling::block_for(vocab);
@@ -277,6 +280,8 @@ fn launch_sampler<D: Device, T: Sample>(
         stride: vocab as i32,
         _marker: PhantomData,
     };
+    // The logits read, the filtered row written to the workspace.
+    ln.cost(|| format!("sample {rows} rows"), 2 * n * 4, 0);
     ln.run::<sample::Kernel>([rows as u32, 1, 1], &config, &args)
 }
 
@@ -399,6 +404,7 @@ pub(super) fn build_counts<D: Device>(
             vocab: vocab as i32,
             _marker: PhantomData,
         };
+        ln.cost(|| format!("token counts {n} ids"), 16 * n, 0);
         ln.run::<token_counts_add::Kernel>([n.div_ceil(COUNT_BLOCK) as u32, 1, 1], &config, &args)?;
     }
     Ok(())

@@ -328,7 +328,7 @@ fn decode_timings<D: Device>(cpu: &mut D) {
     model.set_profiling(true);
     model.forward(cpu, &single_seq_step(&gold.prompt, &positions, &[0], &ctx, &cu, &[])).unwrap();
     eprintln!("prefill of {n} tokens without the LM head: {:?}", t0.elapsed());
-    eprintln!("{:#?}", model.profile().unwrap());
+    eprintln!("{:#?}", crate::model::by_kernel(&model.take_profile(cpu).unwrap()));
     for i in 0..3 {
         model.set_profiling(i == 2);
         let p = (n + i) as i32;
@@ -341,8 +341,9 @@ fn decode_timings<D: Device>(cpu: &mut D) {
         let t0 = Instant::now();
         let logits = model.forward(cpu, &single_seq_step(&tok, &[p], &[0], &[p + 1], &[0, 1], &[0])).unwrap();
         eprintln!("decode at position {p}: layers {layers:?}, layers + LM head {:?}", t0.elapsed());
-        if let Some(p) = model.profile() {
-            eprintln!("{p:#?}");
+        let p = model.take_profile(cpu).unwrap();
+        if !p.is_empty() {
+            eprintln!("{:#?}", crate::model::by_kernel(&p));
         }
         if gold.gaps[i + 1] >= gold.tie_gap {
             assert_eq!(argmax(&logits), gold.tokens[i + 1], "position {p}");
