@@ -19,7 +19,7 @@
 //! The module docs of [`crate::dequant`]: weights formed in f32 by placing
 //! the quant in a mantissa (`f = 16 + q` for a nibble, `256 + (q + 128)`
 //! for a byte) and one FMA with the block scale (`w = d * f + off`),
-//! activations (with `NORM`, one row normalized with the norm kernels'
+//! activations (with `NORM`, normalized with the norm kernels'
 //! exact statistic and add+RMSNorm's rounding, as the fused GEMV rounds)
 //! multiplied and accumulated elementwise in f32 by FMAs into an f32 tile
 //! `[M_BLOCK, BLOCK_N, W]` (`W = BLOCK_K / 2` quant bytes for Q4, each
@@ -62,7 +62,7 @@ use crate::dequant::gemv::{
     gemv_epilogue, gemv_operand, q4_scale_decode, q4_scale_load, q4_scales, repeat_rows,
 };
 use crate::dequant::{GemvTiles, QuantFormat, m_block_for};
-use crate::rmsnorm::rms_rstd_tiled;
+use crate::rmsnorm::{rms_rstd_rows, rms_rstd_tiled};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -107,15 +107,28 @@ pub fn over_rows(x: Tensor, m_block: usize, block_n: usize, width: usize) -> Ten
 }
 
 /// The RMSNorm statistic of the `NORM` prologue (`eps`, unused, without
-/// it): [`rms_rstd_tiled`] of the one activation row, the statistic of the
-/// norm kernels, so a fused norm and a separate one agree bit for bit.
+/// it): the norm kernels' exact statistic ([`rms_rstd_tiled`]) of this
+/// program's activation rows (rows past `m` clamped), so a fused norm and a
+/// separate one agree bit for bit; a scalar for one row, else repeated over
+/// each row's `width` elements of a flat `[m_block * width]` tile.
 #[kernel_fn]
-pub fn norm_rstd(x_ptr: Tensor, k: Tensor, eps: Tensor, norm: bool, m_block: usize) -> Tensor {
-    if norm {
-        static_assert(m_block == 1, "the RMSNorm prologue takes one activation row");
-        rms_rstd_tiled(x_ptr, k, eps, 256)
-    } else {
+pub fn norm_rstd(
+    x_ptr: Tensor,
+    m: Tensor,
+    k: Tensor,
+    eps: Tensor,
+    norm: bool,
+    m_block: usize,
+    width: usize,
+) -> Tensor {
+    if !norm {
         eps
+    } else if m_block == 1 {
+        rms_rstd_tiled(x_ptr + minimum(program_id(1), m - 1) * k, k, eps, 256)
+    } else {
+        let rows = minimum(program_id(1) * m_block + arange(0, m_block), m - 1);
+        let r = rms_rstd_rows(x_ptr, rows * k, k, eps, m_block, 256);
+        reshape(broadcast_to(expand_dims(r, 1), [m_block, width]), [m_block * width])
     }
 }
 
@@ -158,7 +171,7 @@ pub fn cpu_gemv_q4_body(
     let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
     let n_off = xc / 16 * 32 + xc % 16;
     let x_off = mrow * k + n_off;
-    let rs = norm_rstd(x_ptr, k, eps, norm, m_block);
+    let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
     let k_full = k / block_k * block_k;
     let mut acc = zeros([m_block * wn], f32);
     for k0 in range(0, k_full, block_k) {
@@ -226,7 +239,7 @@ pub fn cpu_gemv_q8_body(
     let xc = xl % block_k;
     let mrow = minimum(program_id(1) * m_block + xl / block_k, m - 1);
     let x_off = mrow * k + xc;
-    let rs = norm_rstd(x_ptr, k, eps, norm, m_block);
+    let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, block_k);
     let k_full = k / block_k * block_k;
     let mut acc = zeros([m_block * wn], f32);
     for k0 in range(0, k_full, block_k) {

@@ -137,6 +137,37 @@ fn fixed_to_f32(total: Tensor, top: Tensor) -> Tensor {
     where_(top >= 255, f32::NAN, total.to(f32) * pow1 * pow2)
 }
 
+/// [`rms_rstd_tiled`] of `rows` rows at once: `x_ptr + row_off[i]` holds
+/// row `i`'s `n_cols` elements (in `T`); the `[rows]` statistics, each with
+/// the bits [`rms_rstd`] gives its row.
+#[kernel_fn]
+pub fn rms_rstd_rows(
+    x_ptr: Tensor,
+    row_off: Tensor,
+    n_cols: Tensor,
+    eps: Tensor,
+    rows: usize,
+    tile: usize,
+) -> Tensor {
+    let cols = arange(0, tile);
+    let at = expand_dims(row_off, 1) + expand_dims(cols, 0);
+    let mut e = full([rows, tile], 1, i32);
+    for k0 in range(0, n_cols, tile) {
+        let ok = broadcast_to(expand_dims(k0 + cols < n_cols, 0), [rows, tile]);
+        let v = load(x_ptr + at + k0, mask = ok, other = 0.0).to(f32);
+        e = maximum(e, square_exponent(v * v));
+    }
+    let top = max(e, 1);
+    let top2 = expand_dims(top, 1);
+    let mut acc = zeros([rows, tile], i64);
+    for k0 in range(0, n_cols, tile) {
+        let ok = broadcast_to(expand_dims(k0 + cols < n_cols, 0), [rows, tile]);
+        let v = load(x_ptr + at + k0, mask = ok, other = 0.0).to(f32);
+        acc = acc + square_fixed(v * v, top2);
+    }
+    rsqrt(fixed_to_f32(sum(acc, 1), top) / n_cols + eps)
+}
+
 /// [`rms_rstd`] of the `n_cols` elements (in `T`) at `x_ptr`, read in
 /// tiles of `tile` columns: the statistic of a row too long for one tile,
 /// bit for bit [`rms_rstd`]'s over the whole row (the largest exponent is
@@ -251,4 +282,71 @@ pub fn warps_for(block: usize) -> u32 {
 /// an exact non-power-of-two `BLOCK` is padded to the same tile).
 pub fn block_for(n_cols: usize) -> usize {
     n_cols.next_power_of_two()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rms_rstd, rms_rstd_rows, rms_rstd_tiled};
+    use dsl_core::DType;
+    use dsl_core::interp::Cpu;
+    use dsl_macros::kernel;
+    use std::marker::PhantomData;
+
+    /// Row 0's statistic three ways: one tile of the whole row, tiles of 64
+    /// columns, and the two-row form over row 0 twice.
+    #[kernel]
+    fn rstd_three_ways<T: Float>(
+        x_ptr: Ptr<T>,
+        out_ptr: Ptr<f32>,
+        n: i32,
+        eps: f32,
+        #[constexpr] BLOCK: usize,
+    ) {
+        let cols = arange(0, BLOCK);
+        let row = load(x_ptr + cols, mask = cols < n, other = 0.0).to(f32);
+        store(out_ptr, rms_rstd(row, n, eps, BLOCK));
+        store(out_ptr + 1, rms_rstd_tiled(x_ptr, n, eps, 64));
+        store(out_ptr + 2 + arange(0, 2), rms_rstd_rows(x_ptr, full([2], 0, i32), n, eps, 2, 32));
+    }
+
+    /// The tiled and row-batched statistics (the CPU GEMV's fused norm) have
+    /// the whole-row tile's bits, on rows longer and shorter than the tiles,
+    /// with spread exponents, a NaN and an infinity.
+    #[test]
+    fn tiled_statistics_equal_the_whole_row() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for n in [1usize, 31, 64, 100, 576, 1536] {
+            let mut row: Vec<f32> = (0..n)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let m = 1.0 + (x >> 40) as f32 / (1u64 << 24) as f32;
+                    let v = m * 2f32.powi((x % 41) as i32 - 20);
+                    if i % 3 == 0 { -v } else { v }
+                })
+                .collect();
+            for bad in [None, Some(f32::NAN), Some(-f32::NAN), Some(f32::INFINITY)] {
+                if let Some(b) = bad {
+                    row[n / 2] = b;
+                }
+                let mut cpu = Cpu::new();
+                let (xp, op) = (cpu.upload(&row), cpu.zeros::<f32>(4));
+                let args = rstd_three_ways::Args {
+                    x_ptr: xp.cast(),
+                    out_ptr: op,
+                    n: n as i32,
+                    eps: 1e-5,
+                    _marker: PhantomData,
+                };
+                let config = rstd_three_ways::Config::new(DType::F32, n.next_power_of_two());
+                rstd_three_ways::interpret(&mut cpu, [1, 1, 1], &config, &args).unwrap();
+                let got: Vec<f32> = cpu.read(op);
+                assert_eq!(got[0].is_nan(), bad.is_some(), "n={n} {bad:?}: {got:?}");
+                for g in &got[1..] {
+                    assert_eq!(g.to_bits(), got[0].to_bits(), "n={n} {bad:?}: {got:?}");
+                }
+            }
+        }
+    }
 }
