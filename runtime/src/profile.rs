@@ -16,8 +16,11 @@
 //!   the bytes and the MBU (bytes per step / step total / copy ceiling).
 //!
 //! The kernel times come from steps that run every launch directly (no
-//! graph replay, no overlap with the next kernel), so their sum can exceed
-//! what the same kernels take inside a graph; the step total is the real one.
+//! graph replay, no overlap with the next kernel), queued behind a few
+//! milliseconds of copies on a GPU so that the marks time the kernels and
+//! not the host's launch latency. Their sum can still exceed the step total
+//! (the gap is then negative): inside a graph consecutive kernels overlap
+//! their prologues and epilogues (programmatic dependent launch).
 //!
 //! Ceilings are measured in the same run: the copy ceiling is the `copy`
 //! kernel over two buffers far larger than the caches; the matmul ceiling
@@ -147,9 +150,10 @@ impl EngineTask for ProfileTask {
         if self.steps == 0 {
             return Err(Error::Usage("--steps must be at least 1".into()));
         }
-        let copy_gbs = copy_ceiling(dev)?;
+        let bufs = CopyBufs::new(dev)?;
+        let copy_gbs = bufs.ceiling(dev)?;
         let matmul_tflops = if dev.tensor_cores() { Some(matmul_ceiling(dev)?) } else { None };
-        let ceilings = Ceilings { copy_gbs, matmul_tflops };
+        let ceilings = Ceilings { copy_gbs, matmul_tflops, bufs };
         let vocab = ctx.config.vocab_size;
         let mut sections = Vec::new();
         for (i, &b) in self.batches.iter().enumerate() {
@@ -169,10 +173,11 @@ impl EngineTask for ProfileTask {
     }
 }
 
-/// The measured ceilings.
-struct Ceilings {
+/// The measured ceilings, and the copy buffers.
+struct Ceilings<D: Device> {
     copy_gbs: f64,
     matmul_tflops: Option<f64>,
+    bufs: CopyBufs<D>,
 }
 
 impl ProfileTask {
@@ -183,7 +188,7 @@ impl ProfileTask {
         &self,
         dev: &mut D,
         e: &mut Engine<D, T>,
-        c: &Ceilings,
+        c: &Ceilings<D>,
         b: usize,
         vocab: usize,
         salt: u64,
@@ -196,10 +201,18 @@ impl ProfileTask {
         // Prefill (possibly in chunks), then the warm-up decode steps.
         let mut decoded = 0;
         while decoded < WARMUP {
+            if !e.has_unfinished() {
+                return Err(Error::Usage(format!(
+                    "the {b} sequences never decoded together (too few KV blocks or --max-num-seqs?)"
+                )));
+            }
             let before = e.stats();
             e.step(dev)?;
             let after = e.stats();
-            if after.prefill_tokens == before.prefill_tokens && after.decode_tokens > before.decode_tokens {
+            // Only steps where every sequence decodes count.
+            if after.prefill_tokens == before.prefill_tokens
+                && after.decode_tokens - before.decode_tokens == b as u64
+            {
                 decoded += 1;
             }
         }
@@ -210,7 +223,12 @@ impl ProfileTask {
             walls.push(t.elapsed().as_secs_f64() * 1e3);
         }
         e.model_mut().set_profiling(true);
-        let profiled = (0..self.steps).map(|_| e.step(dev).map(drop)).collect::<Result<Vec<()>>>();
+        let profiled = (0..self.steps)
+            .map(|_| {
+                c.bufs.stall(dev)?;
+                e.step(dev).map(drop)
+            })
+            .collect::<Result<Vec<()>>>();
         let launches = e.model_mut().take_profile(dev);
         e.model_mut().set_profiling(false);
         profiled?;
@@ -229,12 +247,15 @@ impl ProfileTask {
         &self,
         dev: &mut D,
         e: &mut Engine<D, T>,
-        c: &Ceilings,
+        c: &Ceilings<D>,
         vocab: usize,
     ) -> Result<Section> {
         let prompts = crate::bench_model::prompts(3, self.prefill, vocab, 0x9f11);
         let mut run = |p: Vec<u32>, profile: bool| -> Result<(f64, Vec<LaunchTime>)> {
             e.add(greedy(p, 1))?;
+            if profile {
+                c.bufs.stall(dev)?;
+            }
             e.model_mut().set_profiling(profile);
             let t = Instant::now();
             let mut steps = 0;
@@ -282,13 +303,13 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// A section from `steps` steps' `launches`.
-fn section(
+fn section<D: Device>(
     name: String,
     tokens: usize,
     steps: usize,
     step_ms: f64,
     launches: &[LaunchTime],
-    c: &Ceilings,
+    c: &Ceilings<D>,
 ) -> Section {
     let mut groups = BTreeMap::<(&str, &str), (usize, f64, u64, u64)>::new();
     for l in launches {
@@ -370,23 +391,52 @@ fn best_ms<D: Device>(dev: &mut D, mut f: impl FnMut(&mut D) -> Result<()>) -> R
     Ok(best)
 }
 
-/// The copy ceiling in GB/s: f32 `copy` over buffers of 1 GiB on a GPU,
-/// 128 MiB on a CPU (far larger than the caches either way).
-fn copy_ceiling<D: Device>(dev: &mut D) -> Result<f64> {
-    let n: usize = if dev.tensor_cores() { 1 << 28 } else { 1 << 25 };
-    let x = Rng::new(5).values::<f32>(n, 1.0);
-    let (xd, od) = (dev.upload(&x)?, dev.zeros::<f32>(n)?);
-    drop(x);
-    let config = copy::Config::new(DType::F32, 1024);
-    let args = copy::Args {
-        x_ptr: D::ptr_at::<f32, dsl_core::launch::AnyDType>(&xd, 0)?,
-        out_ptr: D::ptr_at::<f32, dsl_core::launch::AnyDType>(&od, 0)?,
-        n: n as i32,
-        _marker: PhantomData,
-    };
-    let grid = [n.div_ceil(1024) as u32, 1, 1];
-    let ms = best_ms(dev, |d| d.run::<copy::Kernel>(grid, &config, &args))?;
-    Ok(8.0 * n as f64 / ms / 1e6)
+/// Two f32 buffers of 1 GiB on a GPU, 128 MiB on a CPU (far larger than
+/// the caches either way) and the `copy` between them: the copy ceiling,
+/// and on a GPU the stall before each profiled step.
+struct CopyBufs<D: Device> {
+    x: D::Buf<f32>,
+    out: D::Buf<f32>,
+    n: usize,
+}
+
+impl<D: Device> CopyBufs<D> {
+    fn new(dev: &mut D) -> Result<Self> {
+        let n: usize = if dev.tensor_cores() { 1 << 28 } else { 1 << 25 };
+        let x = Rng::new(5).values::<f32>(n, 1.0);
+        Ok(CopyBufs { x: dev.upload(&x)?, out: dev.zeros::<f32>(n)?, n })
+    }
+
+    /// Enqueues one copy.
+    fn copy(&self, dev: &mut D) -> Result<()> {
+        let config = copy::Config::new(DType::F32, 1024);
+        let args = copy::Args {
+            x_ptr: D::ptr_at::<f32, dsl_core::launch::AnyDType>(&self.x, 0)?,
+            out_ptr: D::ptr_at::<f32, dsl_core::launch::AnyDType>(&self.out, 0)?,
+            n: self.n as i32,
+            _marker: PhantomData,
+        };
+        dev.run::<copy::Kernel>([self.n.div_ceil(1024) as u32, 1, 1], &config, &args)
+    }
+
+    /// The copy ceiling in GB/s.
+    fn ceiling(&self, dev: &mut D) -> Result<f64> {
+        let ms = best_ms(dev, |d| self.copy(d))?;
+        Ok(8.0 * self.n as f64 / ms / 1e6)
+    }
+
+    /// On a GPU, keeps it busy for a few milliseconds (copies), so the
+    /// next step's launches are all queued before the first one starts and
+    /// each launch's marks time the kernel alone, not the host's launch
+    /// latency. Nothing on the CPU backends, whose launches are synchronous.
+    fn stall(&self, dev: &mut D) -> Result<()> {
+        if dev.tensor_cores() {
+            for _ in 0..8 {
+                self.copy(dev)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The matmul ceiling in TFLOP/s: the library's bf16 matmul at 4096^3 with
@@ -483,7 +533,9 @@ mod tests {
 
     #[test]
     fn sections_group_launches_per_step_and_classify_them() {
-        let c = Ceilings { copy_gbs: 1000.0, matmul_tflops: Some(100.0) };
+        let mut cpu = dsl_core::interp::Cpu::new();
+        let bufs = CopyBufs::<dsl_core::interp::Cpu> { x: cpu.zeros(1), out: cpu.zeros(1), n: 1 };
+        let c = Ceilings { copy_gbs: 1000.0, matmul_tflops: Some(100.0), bufs };
         // Two steps: per step one 0.1 ms linear moving 80 MB (800 GB/s),
         // one 1 ms matmul of 80 TFLOP (80 TFLOP/s), one slow small norm,
         // one launch without a cost.
