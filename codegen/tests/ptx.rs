@@ -61,6 +61,56 @@ mod kernels {
             store(x_ptr + 1 + program_id(0), old, None);
         })
     }
+
+    /// The synchronisation between programs: a persistent loop over tasks
+    /// that waits for each task's flag, prefetches the next task's weights
+    /// (a contiguous aligned tile: the bulk prefetch on sm_90a) and a masked
+    /// gather, reads flags with acquire (scalar) and relaxed (tile) loads,
+    /// and publishes with release and relaxed stores and ordered atomics.
+    pub fn sync_ops() -> Result<Function> {
+        use dsl_core::ir::ops::{CmpPred, MemScope, MemSem};
+        KernelBuilder::new("sync_ops").build(|| {
+            let aligned = ParamHints { divisibility: Some(16) };
+            let flags = param_with_hints("flags", Type::ptr(DType::I32), aligned.clone());
+            let w = param_with_hints("w", Type::ptr(DType::F16), aligned);
+            let out = param_ptr("out", DType::F32);
+            let n = param_scalar("n", DType::I32);
+            let (none, normal) =
+                (dsl_core::ir::ops::CacheModifier::None, dsl_core::ir::ops::EvictionPolicy::Normal);
+            for_range(program_id(0), n, num_programs(0), &[], |t, _| {
+                wait_until(flags + t, CmpPred::Ge, 1);
+                let offs = arange(0, 256);
+                prefetch_l2(w + (t + 1) * 256 + offs, None);
+                prefetch_l2(w + offs * 64, Some(offs.lt(n)));
+                let x = load(w + t * 256 + offs, None, None).to(DType::F32);
+                let c = load_opts(
+                    flags + n + offs,
+                    None,
+                    None,
+                    none,
+                    normal,
+                    Some(MemSem::Relaxed),
+                    MemScope::Gpu,
+                );
+                let s = load_opts(flags + t, None, None, none, normal, Some(MemSem::Acquire), MemScope::Gpu);
+                store(out + t * 256 + offs, x + c.to(DType::F32) + s.to(DType::F32), None);
+                store_opts(flags + t + 1, 1, None, Some(MemSem::Release), MemScope::Gpu);
+                store_opts(flags + n * 2 + offs, c, None, Some(MemSem::Relaxed), MemScope::Sys);
+                atomic_add_opts(flags + n * 3, 1, None, Some(MemSem::Release), MemScope::Gpu);
+                atomic_add_opts(flags + n * 3 + 1, 1, None, Some(MemSem::Relaxed), MemScope::Cta);
+                vec![]
+            });
+        })
+    }
+
+    /// A kernel that only waits for a flag: nothing but the spin loop's
+    /// side effects keeps it alive through O3.
+    pub fn spin_only() -> Result<Function> {
+        KernelBuilder::new("spin_only").build(|| {
+            let flag = param_ptr("flag", DType::U32);
+            wait_until(flag + program_id(0), dsl_core::ir::ops::CmpPred::Eq, 7u32);
+        })
+    }
 }
 
 /// The ptxas binary: `$PTXAS`, else `ptxas` on `PATH`; panics with a clear message otherwise.
@@ -269,6 +319,71 @@ fn control_flow_and_atomics() {
         "ints",
         &[("_b256".into(), kernels::ints(256).unwrap(), 4), ("_b64".into(), kernels::ints(64).unwrap(), 4)],
     );
+}
+
+/// The lines of `ptx` from the label of the loop around line `at` (a label
+/// `L` before it with a branch back to `L` after it) to that branch.
+fn enclosing_loop<'a, 'b>(lines: &'b [&'a str], at: usize) -> Option<&'b [&'a str]> {
+    (0..at).rev().find_map(|k| {
+        let label = lines[k].strip_suffix(':')?;
+        let back = (at..lines.len())
+            .find(|&j| lines[j].contains("bra") && lines[j].trim_end_matches(';').ends_with(label))?;
+        Some(&lines[k..=back])
+    })
+}
+
+#[test]
+fn synchronisation() {
+    let f = kernels::sync_ops().unwrap();
+    for t in [Target::Sm80, Target::Sm90a] {
+        check("sync_ops", &f, t, 4);
+        let ptx = compile(&f, &options(t, 4, STAGES)).unwrap().ptx;
+        for want in [
+            "ld.acquire.gpu.global.b32",
+            "ld.relaxed.gpu.global.b32",
+            "st.release.gpu.global.b32",
+            "st.relaxed.sys.global.b32",
+            "nanosleep.u32",
+            "prefetch.global.L2 [",
+            "fence.acq_rel.gpu",
+        ] {
+            assert!(ptx.contains(want), "{t:?}: `{want}` missing");
+        }
+        let bulk = ptx.contains("cp.async.bulk.prefetch.L2.global");
+        assert_eq!(bulk, t == Target::Sm90a, "{t:?}: bulk prefetch only on sm_90a");
+        // A CTA barrier comes between the program's stores and its release.
+        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        let rel = lines.iter().position(|l| l.starts_with("st.release.gpu")).unwrap();
+        let before = &lines[..rel];
+        let bar = before.iter().rposition(|l| l.starts_with("bar.sync")).unwrap();
+        assert!(
+            before[..bar].iter().any(|l| l.starts_with("st.global")),
+            "{t:?}: no store before the barrier"
+        );
+    }
+}
+
+#[test]
+fn a_spin_wait_survives_optimisation() {
+    let f = kernels::spin_only().unwrap();
+    for t in [Target::Sm80, Target::Sm90a] {
+        let ptx = compile(&f, &options(t, 4, STAGES)).unwrap().ptx;
+        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        // LLVM may peel the first read out of the loop; some read must be
+        // inside a loop that also sleeps.
+        let loads: Vec<usize> =
+            (0..lines.len()).filter(|&k| lines[k].starts_with("ld.acquire.gpu.global.b32")).collect();
+        let spins = loads.iter().any(|&k| {
+            enclosing_loop(&lines, k).is_some_and(|body| body.iter().any(|l| l.starts_with("nanosleep.u32")))
+        });
+        assert!(spins, "{t:?}: no loop that reads and sleeps around the wait:\n{ptx}");
+        let ld = loads[0];
+        // One thread spins; then the whole program passes a barrier.
+        let after = lines[ld..].iter().position(|l| l.starts_with("bar.sync")).map(|k| k + ld);
+        assert!(after.is_some(), "{t:?}: no barrier after the wait:\n{ptx}");
+        assert!(ptx.contains("%tid.x"), "{t:?}: no elected thread");
+        check("spin_only", &f, t, 4);
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@
 
 use crate::dtype::Type;
 use crate::error::{Diagnostic, Error, Result};
-use crate::ir::ops::{ControlOp, ProgramOp, ReduceKind, ScanKind};
+use crate::ir::ops::{ControlOp, MemoryOp, ProgramOp, ReduceKind, ScanKind};
 use crate::ir::{Block, Function, Inst, Op, Region, Value};
 use rustc_hash::FxHashSet;
 
@@ -257,6 +257,21 @@ impl Verifier<'_> {
             args.iter().map(|t| Type { elem: t.elem, shape: Default::default() }).collect();
         let block: Vec<Type> = elems.iter().chain(elems.iter()).cloned().collect();
         self.check_region(i, 0, &block, ControlOp::Yield, &elems);
+        // A combine runs per pair of elements, in no particular thread: it
+        // cannot stop the program.
+        let f = self.f;
+        if let Some(&r) = f.insts[i].regions.first() {
+            let mut waits = Vec::new();
+            for &b in &f.regions[r].blocks {
+                collect_sync_waits(f, b, &mut waits);
+            }
+            for w in waits {
+                self.err(
+                    Some(w),
+                    "`wait_until` cannot be inside a reduction's or scan's combine function".into(),
+                );
+            }
+        }
     }
 }
 
@@ -274,10 +289,26 @@ fn collect_waits(f: &Function, b: Block, out: &mut Vec<Inst>) {
     }
 }
 
+/// The `wait_until` ops in block `b` and its regions.
+fn collect_sync_waits(f: &Function, b: Block, out: &mut Vec<Inst>) {
+    for &i in &f.blocks[b].insts {
+        if matches!(f.insts[i].op, Op::Memory(MemoryOp::WaitUntil { .. })) {
+            out.push(i);
+        }
+        for &r in &f.insts[i].regions {
+            for &rb in &f.regions[r].blocks {
+                collect_sync_waits(f, rb, out);
+            }
+        }
+    }
+}
+
 /// True when instruction `i` (or an op in its regions) stores, performs an
-/// atomic or loads volatile (reads that synchronize with other kernels).
+/// atomic, loads volatile or ordered, or waits (reads that synchronize with
+/// other kernels). A prefetch reads nothing the kernel sees, so weights may
+/// be prefetched while the previous kernel still runs.
 fn writes(f: &Function, i: Inst) -> bool {
-    matches!(f.insts[i].op, Op::Memory(ref m) if m.has_side_effects())
+    matches!(f.insts[i].op, Op::Memory(ref m) if m.has_side_effects() && !matches!(m, MemoryOp::PrefetchL2 { .. }))
         || f.insts[i]
             .regions
             .iter()

@@ -4,7 +4,7 @@
 //! positions of parse errors, and a no-panic check on truncated and mutated text.
 
 use dsl_core::ir::ParamHints;
-use dsl_core::ir::ops::{CacheModifier, DotPrecision, EvictionPolicy};
+use dsl_core::ir::ops::{CacheModifier, CmpPred, DotPrecision, EvictionPolicy, MemScope, MemSem};
 use dsl_core::lang::*;
 use dsl_core::parse::parse;
 use dsl_core::print::{print, print_with_locs};
@@ -157,6 +157,57 @@ fn atomics() -> Function {
         .unwrap()
 }
 
+/// The synchronisation between programs: ordered loads and stores, atomics
+/// with explicit orderings, waits inside a persistent loop, prefetches.
+fn sync_ops() -> Function {
+    KernelBuilder::new("sync_ops")
+        .build(|| {
+            let flags = param_ptr("flags", DType::I32);
+            let counts = param_ptr("counts", DType::U32);
+            let w = param_ptr("w", DType::F16);
+            let n = param_scalar("n", DType::I32);
+            let gpu = MemScope::Gpu;
+            for_range(program_id(0), n, num_programs(0), &[], |t, _| {
+                wait_until(flags + t, CmpPred::Ge, 1);
+                wait_until_opts(counts + t, CmpPred::Ne, 0, Some(MemSem::Relaxed), MemScope::Sys);
+                let offs = t * 64 + arange(0, 64);
+                prefetch_l2(w + offs + 64, Some(offs.lt(n)));
+                prefetch_l2(w + offs, None);
+                let f = load_opts(
+                    flags + t,
+                    None,
+                    None,
+                    CacheModifier::None,
+                    EvictionPolicy::Normal,
+                    Some(MemSem::Acquire),
+                    gpu,
+                );
+                let c = load_opts(
+                    counts + arange(0, 4),
+                    None,
+                    None,
+                    CacheModifier::None,
+                    EvictionPolicy::Normal,
+                    Some(MemSem::Relaxed),
+                    MemScope::Cta,
+                );
+                store_opts(flags + t + 1, f, None, Some(MemSem::Release), gpu);
+                store_opts(
+                    counts + arange(0, 4),
+                    c,
+                    Some(arange(0, 4).lt(n)),
+                    Some(MemSem::Relaxed),
+                    MemScope::Sys,
+                );
+                atomic_add_opts(flags + n, 1, None, Some(MemSem::Release), gpu);
+                atomic_xchg_opts(counts + t, 0u32, None, Some(MemSem::Relaxed), MemScope::Cta);
+                atomic_cas_opts(flags, 0, 1, Some(MemSem::Acquire), MemScope::Sys);
+                vec![]
+            });
+        })
+        .unwrap()
+}
+
 fn shapes() -> Function {
     KernelBuilder::new("shapes")
         .build(|| {
@@ -189,7 +240,12 @@ fn hints_debug_casts() -> Function {
                 x + offs,
                 Some(offs.lt(base)),
                 Some(0.1f32.into()),
-                MemOpts { cache: CacheModifier::Cg, evict: EvictionPolicy::First, volatile: true },
+                MemOpts {
+                    cache: CacheModifier::Cg,
+                    evict: EvictionPolicy::First,
+                    volatile: true,
+                    order: None,
+                },
             );
             device_assert(v.ge(0.0f32), "v must be \"non-negative\"\n\t(ünïcødé \\ check) \u{7f}");
             device_print("v = ", &[v, offs]);
@@ -204,7 +260,12 @@ fn hints_debug_casts() -> Function {
                 y + offs,
                 w,
                 Some(flag),
-                MemOpts { cache: CacheModifier::Cs, evict: EvictionPolicy::Last, volatile: false },
+                MemOpts {
+                    cache: CacheModifier::Cs,
+                    evict: EvictionPolicy::Last,
+                    volatile: false,
+                    order: None,
+                },
             );
             store(x + offs, back.to(DType::F32), None);
         })
@@ -295,6 +356,7 @@ fn all_kernels() -> Vec<(&'static str, Function)> {
         ("control_flow", control_flow()),
         ("reductions", reductions()),
         ("atomics", atomics()),
+        ("sync_ops", sync_ops()),
         ("shapes", shapes()),
         ("hints_debug_casts", hints_debug_casts()),
         ("constants_and_math", constants_and_math()),

@@ -826,24 +826,46 @@ impl Lower {
                 }
                 t
             }
-            (Conv::Cache | Conv::Evict, Some((_, s))) => {
-                let (what, names): (&str, &[(&str, &str)]) = if conv == Conv::Cache {
-                    ("cache_modifier", &[(".ca", "Ca"), (".cg", "Cg"), (".cs", "Cs")])
-                } else {
-                    (
+            (Conv::Cache | Conv::Evict | Conv::Sem | Conv::Scope | Conv::Cmp, Some((_, s))) => {
+                let (what, ty, names): (&str, &str, &[(&str, &str)]) = match conv {
+                    Conv::Cache => {
+                        ("cache_modifier", "CacheModifier", &[(".ca", "Ca"), (".cg", "Cg"), (".cs", "Cs")])
+                    }
+                    Conv::Evict => (
                         "eviction_policy",
+                        "EvictionPolicy",
                         &[("evict_first", "First"), ("evict_last", "Last"), ("evict_normal", "Normal")],
-                    )
+                    ),
+                    Conv::Sem => (
+                        "sem",
+                        "MemSem",
+                        &[
+                            ("relaxed", "Relaxed"),
+                            ("acquire", "Acquire"),
+                            ("release", "Release"),
+                            ("acq_rel", "AcqRel"),
+                        ],
+                    ),
+                    Conv::Scope => ("scope", "MemScope", &[("gpu", "Gpu"), ("cta", "Cta"), ("sys", "Sys")]),
+                    _ => (
+                        "cmp",
+                        "CmpPred",
+                        &[("eq", "Eq"), ("ne", "Ne"), ("lt", "Lt"), ("le", "Le"), ("gt", "Gt"), ("ge", "Ge")],
+                    ),
                 };
                 let lit = match arg {
                     Some(Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(l), .. })) => Some(l.value()),
                     _ => None,
                 };
-                let ty = Ident::new(if conv == Conv::Cache { "CacheModifier" } else { "EvictionPolicy" }, s);
+                let ty = Ident::new(ty, s);
                 match names.iter().find(|(n, _)| Some(*n) == lit.as_deref()) {
                     Some((_, v)) => {
                         let v = Ident::new(v, s);
-                        quote_spanned!(s=> ::dsl_core::ir::ops::#ty::#v)
+                        if conv == Conv::Sem {
+                            quote_spanned!(s=> ::core::option::Option::Some(::dsl_core::ir::ops::#ty::#v))
+                        } else {
+                            quote_spanned!(s=> ::dsl_core::ir::ops::#ty::#v)
+                        }
                     }
                     None => {
                         let allowed: Vec<String> = names.iter().map(|(n, _)| format!("\"{n}\"")).collect();

@@ -30,6 +30,14 @@ pub enum Conv {
     /// A load's `eviction_policy`: `"evict_first"`, `"evict_last"` or
     /// `"evict_normal"`, as an `EvictionPolicy`.
     Evict,
+    /// A memory ordering's `sem`: `"relaxed"`, `"acquire"`, `"release"` or
+    /// `"acq_rel"`, as `Some(MemSem)` (`None` when absent: a plain load or
+    /// store, an `acq_rel` atomic, an acquiring wait).
+    Sem,
+    /// A memory ordering's `scope`: `"gpu"`, `"cta"` or `"sys"`, as a `MemScope`.
+    Scope,
+    /// A comparison: `"eq"`, `"ne"`, `"lt"`, `"le"`, `"gt"` or `"ge"`, as a `CmpPred`.
+    Cmp,
     /// All remaining arguments, as a tensor slice.
     Rest,
 }
@@ -58,6 +66,9 @@ use Conv::*;
 use Req::*;
 
 const X: (&str, Conv, Req) = ("x", Tensor, Yes);
+const SEM: (&str, Conv, Req) = ("sem", Sem, Default(""));
+const SCOPE: (&str, Conv, Req) = ("scope", Scope, Default(""));
+const MASK: (&str, Conv, Req) = ("mask", OptTensor, Default(""));
 const AXIS0: (&str, Conv, Req) = ("axis", I32, Default("0"));
 
 macro_rules! e {
@@ -73,12 +84,14 @@ pub const PRELUDE: &[Entry] = &[
     e!("arange" => "arange", [("start", I32, Yes), ("end", I32, Yes)]),
     e!("zeros" => "zeros", [("shape", Shape, Yes), ("dtype", Pass, Yes)]),
     e!("full" => "full", [("shape", Shape, Yes), ("value", Pass, Yes), ("dtype", Pass, Yes)]),
-    e!("load" => "load_hinted", [
+    e!("load" => "load_opts", [
         ("ptr", Tensor, Yes),
-        ("mask", OptTensor, Default("")),
+        MASK,
         ("other", OptOperand, Default("")),
         ("cache_modifier", Cache, Default("")),
-        ("eviction_policy", Evict, Default(""))
+        ("eviction_policy", Evict, Default("")),
+        SEM,
+        SCOPE
     ]),
     e!("load_block" => "load_block_hinted", [
         ("ptr", Tensor, Yes),
@@ -91,15 +104,17 @@ pub const PRELUDE: &[Entry] = &[
         ("cache_modifier", Cache, Default("")),
         ("eviction_policy", Evict, Default(""))
     ]),
-    e!("store" => "store", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_add" => "atomic_add", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_max" => "atomic_max", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_min" => "atomic_min", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_and" => "atomic_and", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_or" => "atomic_or", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_xor" => "atomic_xor", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_xchg" => "atomic_xchg", [("ptr", Tensor, Yes), ("value", Pass, Yes), ("mask", OptTensor, Default(""))]),
-    e!("atomic_cas" => "atomic_cas", [("ptr", Tensor, Yes), ("cmp", Pass, Yes), ("value", Pass, Yes)]),
+    e!("store" => "store_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_add" => "atomic_add_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_max" => "atomic_max_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_min" => "atomic_min_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_and" => "atomic_and_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_or" => "atomic_or_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_xor" => "atomic_xor_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_xchg" => "atomic_xchg_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
+    e!("atomic_cas" => "atomic_cas_opts", [("ptr", Tensor, Yes), ("cmp", Pass, Yes), ("value", Pass, Yes), SEM, SCOPE]),
+    e!("wait_until" => "wait_until_opts", [("ptr", Tensor, Yes), ("cmp", Cmp, Yes), ("value", Pass, Yes), SEM, SCOPE]),
+    e!("prefetch_l2" => "prefetch_l2", [("ptr", Tensor, Yes), MASK]),
     e!("dot" => "dot", [("a", Tensor, Yes), ("b", Tensor, Yes), ("acc", OptTensor, Default(""))]),
     e!("sum" => "sum", [X, AXIS0]),
     e!("max" => "max", [X, AXIS0]),

@@ -1,4 +1,4 @@
-//! Expansion snapshots: what `#[kernel]` and `#[kernel_fn]` turn three
+//! Expansion snapshots: what `#[kernel]` and `#[kernel_fn]` turn four
 //! representative kernels into, pretty-printed. A change here is a change in
 //! what every kernel author's code compiles to; review it as such.
 
@@ -89,4 +89,28 @@ fn helper_and_runtime_if_while_expansion() {
         },
     );
     insta::assert_snapshot!(pretty(quote!(#helper #kernel)));
+}
+
+#[test]
+fn persistent_task_loop_expansion_with_orderings() {
+    let out = crate::expand_kernel(
+        quote!(),
+        quote! {
+            /// Runs tasks `pid, pid + G, ...`; each waits for its dependencies.
+            pub fn tasks(out_ptr: Ptr<f32>, w_ptr: Ptr<f16>, done_ptr: Ptr<i32>, need_ptr: Ptr<i32>, n: i32,
+                         #[constexpr] BLOCK: usize) {
+                for t in range(program_id(0), n, num_programs(0)) {
+                    let offs = arange(0, BLOCK);
+                    prefetch_l2(w_ptr + (t + 1) * BLOCK + offs, mask = t + 1 < n);
+                    wait_until(done_ptr + t, "ge", load(need_ptr + t), scope = "gpu");
+                    let flag = load(done_ptr + n + t, sem = "relaxed");
+                    let x = load(w_ptr + t * BLOCK + offs).to(f32);
+                    store(out_ptr + t * BLOCK + offs, x + flag);
+                    store(done_ptr + n + t, 1, sem = "release", scope = "sys");
+                    atomic_add(done_ptr + t + 1, 1, sem = "release");
+                }
+            }
+        },
+    );
+    insta::assert_snapshot!(pretty(out));
 }

@@ -670,3 +670,71 @@ fn host_exponentials_match_the_library() {
     let bufs = [Buffer::from_f64(DType::F32, &x), Buffer::from_f64(DType::F32, &vec![0.0; 3 * n])];
     same(&f, [programs as u32, 1, 1], &bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32)]);
 }
+
+/// `out = x + 1` with an L2 prefetch of the next block (a hint the native
+/// backend drops): the same results as the interpreter.
+fn prefetching_add(block: usize) -> Result<Function> {
+    KernelBuilder::new("prefetching_add").build(|| {
+        let x_ptr = param_ptr("x_ptr", DType::F32);
+        let out_ptr = param_ptr("out_ptr", DType::F32);
+        let n = param_scalar("n", DType::I32);
+        let offs = program_id(0) * block as i32 + arange(0, block as i32);
+        let next = offs + block as i32;
+        prefetch_l2(x_ptr + next, Some(next.lt(n)));
+        let x = load(x_ptr + offs, Some(offs.lt(n)), None);
+        store(out_ptr + offs, x + 1.0f32, Some(offs.lt(n)));
+    })
+}
+
+#[test]
+fn host_prefetch_is_a_hint() {
+    let mut rng = Rng(9);
+    for (n, block) in [(1000, 128), (64, 64)] {
+        let f = prefetching_add(block).unwrap();
+        let bufs = [Buffer::from_f64(DType::F32, &rng.floats(n, 4.0)), Buffer::zeros(DType::F32, n)];
+        same(&f, [n.div_ceil(block) as u32, 1, 1], &bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32)]);
+    }
+}
+
+/// Programs that hand data over (a wait, an acquire load, a release store)
+/// are an `Unsupported` error naming the op on the native backend, which
+/// runs programs to completion in any order; the interpreter runs them.
+#[test]
+fn host_rejects_waits_and_ordered_accesses() {
+    use dsl_core::ir::ops::{CacheModifier, CmpPred, EvictionPolicy, MemScope, MemSem};
+    let wait = KernelBuilder::new("waits")
+        .build(|| {
+            let flag = param_ptr("flag", DType::I32);
+            wait_until(flag, CmpPred::Ge, 1);
+        })
+        .unwrap();
+    let acquire = KernelBuilder::new("acquires")
+        .build(|| {
+            let flag = param_ptr("flag", DType::I32);
+            let v = load_opts(
+                flag,
+                None,
+                None,
+                CacheModifier::None,
+                EvictionPolicy::Normal,
+                Some(MemSem::Acquire),
+                MemScope::Gpu,
+            );
+            store(flag + 1, v, None);
+        })
+        .unwrap();
+    let release = KernelBuilder::new("releases")
+        .build(|| {
+            let flag = param_ptr("flag", DType::I32);
+            store_opts(flag, 1, None, Some(MemSem::Release), MemScope::Gpu);
+        })
+        .unwrap();
+    for (f, op) in [(&wait, "wait_until"), (&acquire, "load"), (&release, "store")] {
+        let mut bufs = [Buffer::from_f64(DType::I32, &[1.0, 0.0])];
+        let e = run_function(cache(), f, [1, 1, 1], &mut bufs, &[Arg::ptr(0)]).unwrap_err().to_string();
+        assert!(e.contains(op) && e.contains("interpreter runs them"), "{}: {e}", f.name);
+        // The interpreter runs each.
+        let mut bufs = [Buffer::from_f64(DType::I32, &[1.0, 0.0])];
+        launch(f, [1, 1, 1], &mut bufs, &[Arg::ptr(0)]).unwrap();
+    }
+}

@@ -16,6 +16,9 @@
 //! Atomics are `atomicrmw`/`cmpxchg` with the op's ordering and scope (`gpu`
 //! -> `syncscope("device")`, `cta` -> `"block"`, `sys` -> system).
 //!
+//! Ordered loads and stores, `wait_until` and `prefetch_l2` are lowered by
+//! `sync.rs`.
+//!
 //! Program order: a program is one logical thread, so an atomic orders the
 //! program's accesses, not only those of the threads that perform it. One
 //! with release semantics is preceded by a CTA barrier (the other threads'
@@ -39,7 +42,12 @@ use inkwell::values::{AsValueRef, BasicValue, BasicValueEnum, IntValue};
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The vector width for accessing `ptr` (with `mask`) under layout `l`.
-    fn access_width(&self, ptr: dsl_core::Value, mask: Option<dsl_core::Value>, l: &Layout) -> usize {
+    pub(super) fn access_width(
+        &self,
+        ptr: dsl_core::Value,
+        mask: Option<dsl_core::Value>,
+        l: &Layout,
+    ) -> usize {
         let ty = self.f.ty(ptr);
         if ty.rank() == 0 {
             return 1;
@@ -255,9 +263,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let pty = self.f.ty(ptr).clone();
         let d = pty.dtype();
         let l = self.layout(&pty);
+        // The synchronisation ops are lowered by `sync.rs`.
+        match *op {
+            MemoryOp::Load { order: Some(o), has_mask, has_other, .. } => {
+                return self.lower_ordered_load(inst, o, has_mask, has_other);
+            }
+            MemoryOp::Store { order: Some(o), has_mask, .. } => {
+                return self.lower_ordered_store(inst, o, has_mask);
+            }
+            MemoryOp::WaitUntil { cmp, sem, scope } => {
+                return self.lower_wait(inst, cmp, dsl_core::ir::ops::MemOrder { sem, scope });
+            }
+            MemoryOp::PrefetchL2 { has_mask } => return self.lower_prefetch(inst, has_mask),
+            _ => {}
+        }
         let p = self.regs(ptr)?;
         match *op {
-            MemoryOp::Load { has_mask, has_other, volatile, cache, evict } => {
+            MemoryOp::Load { has_mask, has_other, volatile, cache, evict, order: None } => {
                 let hints = load_qualifiers(cache, evict);
                 let mask = if has_mask { Some(args[1]) } else { None };
                 let w = self.access_width(ptr, mask, &l);
@@ -325,7 +347,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
                 self.set(self.result(inst, 0)?, out);
             }
-            MemoryOp::Store { has_mask, .. } => {
+            MemoryOp::Store { has_mask, order: None, .. } => {
                 let mask = if has_mask { Some(args[2]) } else { None };
                 let w = self.access_width(ptr, mask, &l);
                 let vals = self.regs(args[1])?;
@@ -372,6 +394,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             // (`dsl_core::passes::block_load`), so none reaches lowering.
             MemoryOp::LoadBlock { .. } => {
                 return Err(Error::Llvm("load_block must be expanded before lowering".into()));
+            }
+            MemoryOp::Load { order: Some(_), .. }
+            | MemoryOp::Store { order: Some(_), .. }
+            | MemoryOp::WaitUntil { .. }
+            | MemoryOp::PrefetchL2 { .. } => {
+                return Err(self.bug(inst, "a synchronisation op reached `lower_memory`"));
             }
             MemoryOp::AtomicCas { sem, scope } => {
                 let (cmp, new) = (self.regs(args[1])?, self.regs(args[2])?);

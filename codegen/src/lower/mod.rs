@@ -33,6 +33,7 @@ mod program;
 mod reduce;
 mod remat;
 mod shape;
+mod sync;
 mod tma;
 
 pub(crate) use entry::lower_function;

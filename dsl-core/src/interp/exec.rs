@@ -3,8 +3,14 @@
 //! The environment is a vector indexed by `Value` holding cheap-to-clone
 //! [`Tile`] handles (shared storage), so reading an operand never copies its
 //! elements; the plan drops each value after its last use. Structured control
-//! flow recurses into region blocks; `yield`/`condition` end a block and hand
-//! their operands back to the owning op.
+//! flow keeps an explicit stack of [`Frame`]s (the block being run, the
+//! position in it, and what the owning `for`/`if`/`while` does when it
+//! ends); `yield`/`condition` end a block and hand their operands back to
+//! the owning op. Because the whole position of a program is that stack and
+//! its environment, a program can stop at a `wait_until` that does not hold
+//! ([`Run::Blocked`]) and resume later exactly there: `launch.rs` interleaves
+//! the programs of a kernel that waits. Custom combine regions run to their
+//! end on a stack of their own (the verifier keeps waits out of them).
 //!
 //! Errors: op kernels report plain messages, which [`Exec::fail`] turns into an
 //! [`InterpError`] carrying the op's location, mnemonic and the program id.
@@ -22,8 +28,8 @@ use super::tile::{Class, Data, Tile, class_of, internal, map_data, pid_str};
 use super::{arith, atomic, cast, debug, dot, reduce, shape};
 use crate::dtype::{Elem, Shape};
 use crate::ir::ops::{
-    ArithOp, CastOp, CompareOp, ControlOp, CreationOp, DebugOp, MemoryOp, ProgramOp, ReduceKind, ScanKind,
-    ShapeOp,
+    ArithOp, CastOp, CmpPred, CompareOp, ControlOp, CreationOp, DebugOp, MemOrder, MemoryOp, ProgramOp,
+    ReduceKind, ScanKind, ShapeOp,
 };
 use crate::ir::{Block, EntityRef, Function, Inst, Op, Region, Scalar, Value};
 use smallvec::{SmallVec, smallvec};
@@ -31,6 +37,75 @@ use std::io::Write;
 
 /// The results of one op.
 type Outs = SmallVec<[Tile; 2]>;
+
+/// What the owner of a running block does when the block ends.
+#[derive(Clone, Debug)]
+enum Then {
+    /// The outermost block of the run: its terminator's operands are the result.
+    Return,
+    /// A `for` body at induction value `iv`; the loop runs while `iv < ub`,
+    /// stepping by `step` (stopping before passing `hi`, the dtype's maximum).
+    For {
+        /// The loop.
+        inst: Inst,
+        /// The induction variable's type.
+        elem: Elem,
+        /// This iteration's induction value.
+        iv: i64,
+        /// The exclusive upper bound.
+        ub: i64,
+        /// The positive step.
+        step: i64,
+        /// The largest value of the induction variable's dtype.
+        hi: i64,
+    },
+    /// A branch of an `if`.
+    If(Inst),
+    /// The condition region of a `while`.
+    Before(Inst),
+    /// The body region of a `while`.
+    After(Inst),
+}
+
+/// A block being run: where in it the program is, and what its owner does next.
+#[derive(Clone, Debug)]
+pub(crate) struct Frame {
+    block: Block,
+    pos: usize,
+    then: Then,
+}
+
+/// The position of a program: the blocks it is inside, innermost last.
+pub(crate) type Stack = SmallVec<[Frame; 4]>;
+
+/// The position of a program about to run block `b` from its start.
+pub(crate) fn start(b: Block) -> Stack {
+    smallvec![Frame { block: b, pos: 0, then: Then::Return }]
+}
+
+/// A `wait_until` that does not hold: what it reads and what it waits for.
+#[derive(Clone, Debug)]
+pub(crate) struct Blocked {
+    /// The wait.
+    pub inst: Inst,
+    /// The address it reads.
+    pub addr: i64,
+    /// The comparison.
+    pub cmp: CmpPred,
+    /// The value it compares with.
+    pub want: i64,
+    /// The value it read.
+    pub seen: i64,
+}
+
+/// How a run of a program's stack ended.
+pub(crate) enum Run {
+    /// The outermost block ended: its terminator's operands (none for the body).
+    Done(Vec<Tile>),
+    /// The program stopped at a `wait_until` that does not hold; running the
+    /// same stack again re-checks it.
+    Blocked(Blocked),
+}
 
 /// The state of one running program.
 pub(crate) struct Exec<'a, 'b> {
@@ -142,26 +217,17 @@ impl Exec<'_, '_> {
         }
     }
 
-    /// Runs block `b`; returns the operands of its terminator (none for the body).
+    /// Runs block `b` to its end; returns the operands of its terminator
+    /// (none for the body). A `wait_until` that does not hold is an error
+    /// here: kernels that wait run through [`Exec::run`].
     pub(crate) fn run_block(&mut self, b: Block) -> Result<Vec<Tile>, InterpError> {
-        let f = self.f;
-        for &i in &f.blocks[b].insts {
-            let d = &f.insts[i];
-            if let Op::Control(ControlOp::Yield | ControlOp::Condition) = d.op {
-                let vals = d.args.iter().map(|&a| self.get(a, i)).collect::<Result<Vec<_>, _>>()?;
-                self.kill(i);
-                return Ok(vals);
+        let mut stack = start(b);
+        match self.run(&mut stack)? {
+            Run::Done(vals) => Ok(vals),
+            Run::Blocked(w) => {
+                Err(self.fail(w.inst, internal("`wait_until` blocked in a run that cannot wait".into())))
             }
-            let outs = self.inst(i)?;
-            if outs.len() != d.results.len() {
-                return Err(self.fail(i, internal(format!("{} results for {}", outs.len(), d.results.len()))));
-            }
-            for (&r, t) in d.results.iter().zip(outs) {
-                self.set(r, t);
-            }
-            self.kill(i);
         }
-        Ok(Vec::new())
     }
 
     /// Runs the single block of region `r`.
@@ -169,6 +235,233 @@ impl Exec<'_, '_> {
         let b = self.f.entry(r);
         self.bind_args(b, args, i)?;
         self.run_block(b)
+    }
+
+    /// Runs the program from the position `stack` until its outermost block
+    /// ends or a `wait_until` does not hold (then `stack` stays at the wait).
+    pub(crate) fn run(&mut self, stack: &mut Stack) -> Result<Run, InterpError> {
+        let f = self.f;
+        loop {
+            let Some(top) = stack.last_mut() else {
+                return Err(InterpError {
+                    loc: f.loc.clone(),
+                    op: "kernel",
+                    message: internal("an empty stack was run".into()),
+                    program: Some(self.world.pid),
+                });
+            };
+            let Some(&i) = f.blocks[top.block].insts.get(top.pos) else {
+                // Only the body ends without a terminator (the verifier checks it).
+                stack.pop();
+                if stack.is_empty() {
+                    return Ok(Run::Done(Vec::new()));
+                }
+                let owner = self.owner(stack);
+                return Err(self.fail(owner, internal("a region block without a terminator".into())));
+            };
+            let d = &f.insts[i];
+            match &d.op {
+                Op::Control(ControlOp::Yield | ControlOp::Condition) => {
+                    let vals = d.args.iter().map(|&a| self.get(a, i)).collect::<Result<Vec<_>, _>>()?;
+                    self.kill(i);
+                    let Some(frame) = stack.pop() else { continue };
+                    if let Some(vals) = self.block_ended(frame, vals, stack)? {
+                        return Ok(Run::Done(vals));
+                    }
+                }
+                Op::Control(c) => {
+                    let args = d.args.iter().map(|&a| self.get(a, i)).collect::<Result<Vec<_>, _>>()?;
+                    self.enter(i, *c, args, stack)?;
+                }
+                Op::Memory(MemoryOp::WaitUntil { cmp, sem, scope }) => {
+                    let order = MemOrder { sem: *sem, scope: *scope };
+                    if let Some(w) = self.wait(i, *cmp, order)? {
+                        return Ok(Run::Blocked(w));
+                    }
+                    self.kill(i);
+                    top.pos += 1;
+                }
+                _ => {
+                    let outs = self.inst(i)?;
+                    if outs.len() != d.results.len() {
+                        return Err(
+                            self.fail(i, internal(format!("{} results for {}", outs.len(), d.results.len())))
+                        );
+                    }
+                    for (&r, t) in d.results.iter().zip(outs) {
+                        self.set(r, t);
+                    }
+                    self.kill(i);
+                    if let Some(top) = stack.last_mut() {
+                        top.pos += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The instruction owning the innermost frame of `stack` (for messages).
+    fn owner(&self, stack: &Stack) -> Inst {
+        let f = self.f;
+        stack
+            .last()
+            .and_then(|fr| f.blocks[fr.block].insts.get(fr.pos).copied())
+            .unwrap_or_else(|| Inst::new(0))
+    }
+
+    /// Binds the results of the control op `i` (whose frame has ended) and
+    /// moves its block past it.
+    fn complete(&mut self, i: Inst, vals: Vec<Tile>, stack: &mut Stack) -> Result<(), InterpError> {
+        let results = &self.f.insts[i].results;
+        if vals.len() != results.len() {
+            return Err(self.fail(i, internal(format!("{} results for {}", vals.len(), results.len()))));
+        }
+        for (&r, t) in results.iter().zip(vals) {
+            self.set(r, t);
+        }
+        self.kill(i);
+        if let Some(top) = stack.last_mut() {
+            top.pos += 1;
+        }
+        Ok(())
+    }
+
+    /// Pushes the frame of region `k` of `i`, its block bound to `args`.
+    fn push(
+        &mut self,
+        i: Inst,
+        k: usize,
+        args: Vec<Tile>,
+        then: Then,
+        stack: &mut Stack,
+    ) -> Result<(), InterpError> {
+        let Some(&r) = self.f.insts[i].regions.get(k) else {
+            return Err(self.fail(i, internal(format!("missing region {k}"))));
+        };
+        let b = self.f.entry(r);
+        self.bind_args(b, args, i)?;
+        stack.push(Frame { block: b, pos: 0, then });
+        Ok(())
+    }
+
+    /// Starts `for`, `if` or `while` (instruction `i`) on its operands `args`.
+    fn enter(
+        &mut self,
+        i: Inst,
+        c: ControlOp,
+        args: Vec<Tile>,
+        stack: &mut Stack,
+    ) -> Result<(), InterpError> {
+        macro_rules! ok {
+            ($e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(m) => return Err(self.fail(i, m)),
+                }
+            };
+        }
+        match c {
+            ControlOp::For => {
+                let (Some(lb), Some(ub), Some(step)) = (args.first(), args.get(1), args.get(2)) else {
+                    return Err(self.fail(i, internal("`for` without bounds".into())));
+                };
+                let (elem, lb, ub, step) =
+                    (lb.elem, ok!(scalar_int(lb)), ok!(scalar_int(ub)), ok!(scalar_int(step)));
+                if step <= 0 {
+                    return Err(
+                        self.fail(i, format!("the step of a `for` loop must be positive, found {step}"))
+                    );
+                }
+                let hi = elem.dtype().int_range().map_or(i64::MAX, |r| r.1);
+                let carried: Vec<Tile> = args[3..].to_vec();
+                if lb >= ub {
+                    return self.complete(i, carried, stack);
+                }
+                let mut vals = Vec::with_capacity(carried.len() + 1);
+                vals.push(Tile::int_scalar(elem, lb));
+                vals.extend(carried);
+                self.push(i, 0, vals, Then::For { inst: i, elem, iv: lb, ub, step, hi }, stack)
+            }
+            ControlOp::If => {
+                let Some(cond) = args.first() else {
+                    return Err(self.fail(i, internal("`if` without condition".into())));
+                };
+                let k = if ok!(scalar_int(cond)) != 0 { 0 } else { 1 };
+                self.push(i, k, Vec::new(), Then::If(i), stack)
+            }
+            ControlOp::While => self.push(i, 0, args, Then::Before(i), stack),
+            ControlOp::Yield | ControlOp::Condition => {
+                Err(self.fail(i, internal("terminator in the middle of a block".into())))
+            }
+        }
+    }
+
+    /// Continues after `frame`'s block ended with the terminator operands
+    /// `vals`: the next iteration, the owner's results, or (for the
+    /// outermost block) the run's result.
+    fn block_ended(
+        &mut self,
+        frame: Frame,
+        vals: Vec<Tile>,
+        stack: &mut Stack,
+    ) -> Result<Option<Vec<Tile>>, InterpError> {
+        match frame.then {
+            Then::Return => return Ok(Some(vals)),
+            Then::For { inst, elem, iv, ub, step, hi } => {
+                // An induction variable that would pass its type's range is past `ub`.
+                match iv.checked_add(step) {
+                    Some(n) if n <= hi && n < ub => {
+                        let mut next = Vec::with_capacity(vals.len() + 1);
+                        next.push(Tile::int_scalar(elem, n));
+                        next.extend(vals);
+                        self.bind_args(frame.block, next, inst)?;
+                        stack.push(Frame {
+                            block: frame.block,
+                            pos: 0,
+                            then: Then::For { inst, elem, iv: n, ub, step, hi },
+                        });
+                    }
+                    _ => self.complete(inst, vals, stack)?,
+                }
+            }
+            Then::If(inst) => self.complete(inst, vals, stack)?,
+            Then::Before(inst) => {
+                let mut out = vals.into_iter();
+                let Some(cond) = out.next() else {
+                    return Err(self.fail(inst, internal("`condition` without operands".into())));
+                };
+                let forwarded: Vec<Tile> = out.collect();
+                match scalar_int(&cond) {
+                    Ok(0) => self.complete(inst, forwarded, stack)?,
+                    Ok(_) => self.push(inst, 1, forwarded, Then::After(inst), stack)?,
+                    Err(m) => return Err(self.fail(inst, m)),
+                }
+            }
+            Then::After(inst) => self.push(inst, 0, vals, Then::Before(inst), stack)?,
+        }
+        Ok(None)
+    }
+
+    /// Checks `wait_until` instruction `i`: `None` when it holds (after its
+    /// acquire), else what it read.
+    fn wait(&mut self, i: Inst, cmp: CmpPred, order: MemOrder) -> Result<Option<Blocked>, InterpError> {
+        let d = &self.f.insts[i];
+        let (ptr, want) = (self.get(d.args[0], i)?, self.get(d.args[1], i)?);
+        let addr =
+            ptr.ints().and_then(|p| p.first().copied().ok_or_else(|| internal("empty pointer".into())));
+        let addr = addr.map_err(|m| self.fail(i, m))?;
+        let want = scalar_int(&want).map_err(|m| self.fail(i, m))?;
+        let acc = Access { shape: &[], dtype: ptr.dtype() };
+        let seen = self.world.mem.load(&acc, &[addr], None, None).map_err(|m| self.fail(i, m))?;
+        let seen = match seen {
+            Data::Int(v) => v.first().copied().unwrap_or(0),
+            _ => return Err(self.fail(i, internal("`wait_until` on a float".into()))),
+        };
+        if !cmp.holds(Some(seen.cmp(&want))) {
+            return Ok(Some(Blocked { inst: i, addr, cmp, want, seen }));
+        }
+        self.world.mem.acquire(order, &[addr], None);
+        Ok(None)
     }
 
     /// Runs one instruction.
@@ -179,11 +472,11 @@ impl Exec<'_, '_> {
             d.args.iter().map(|&a| this.get(a, i)).collect()
         };
         match &d.op {
-            // Ops with regions run other instructions, so they take their operands by value.
-            Op::Control(c) => {
-                let args = owned(self)?;
-                self.control(i, *c, args)
+            // Control flow and waits are run by `run`, which keeps the stack.
+            Op::Control(_) | Op::Memory(MemoryOp::WaitUntil { .. }) => {
+                Err(self.fail(i, internal("control flow or a wait outside `run`".into())))
             }
+            // Ops with regions run other instructions, so they take their operands by value.
             Op::Reduce(r) if r.kind == ReduceKind::Custom => {
                 let args = owned(self)?;
                 self.custom(i, r.axis, None, &args)
@@ -314,98 +607,62 @@ impl World<'_, '_> {
                 let data = self.mem.load_block(acc.dtype, &b, block)?;
                 Ok(smallvec![Tile::new(Elem::Scalar(acc.dtype), Shape::from_slice(&block), data)])
             }
-            MemoryOp::Load { has_mask, has_other, .. } => {
+            MemoryOp::Load { has_mask, has_other, order, .. } => {
                 let mask = if has_mask { Some(arg(1)?.ints()?) } else { None };
                 let other = if has_other { Some(&*arg(2)?.data) } else { None };
-                let data = self.mem.load(&acc, ptr.ints()?, mask, other)?;
+                let ptrs = ptr.ints()?;
+                let data = self.mem.load(&acc, ptrs, mask, other)?;
+                match order {
+                    None => self.mem.check_reads(&acc, ptrs, mask)?,
+                    Some(o) => self.mem.acquire(o, ptrs, mask),
+                }
                 Ok(smallvec![Tile::new(Elem::Scalar(ptr.dtype()), ptr.shape.clone(), data)])
             }
-            MemoryOp::Store { has_mask, .. } => {
+            MemoryOp::Store { has_mask, order, .. } => {
                 let mask = if has_mask { Some(arg(2)?.ints()?) } else { None };
-                self.mem.store(&acc, ptr.ints()?, &arg(1)?.data, mask)?;
+                let ptrs = ptr.ints()?;
+                self.mem.store(&acc, ptrs, &arg(1)?.data, mask, order.is_some())?;
+                if let Some(o) = order {
+                    self.mem.release(o, ptrs, mask, false);
+                }
                 Ok(Outs::new())
             }
-            MemoryOp::Atomic { kind, has_mask, .. } => {
+            MemoryOp::Atomic { kind, has_mask, sem, scope } => {
                 let mask = if has_mask { Some(arg(2)?) } else { None };
-                Ok(smallvec![atomic::rmw(&mut self.mem, kind, ptr, arg(1)?, mask)?])
+                let old = atomic::rmw(&mut self.mem, kind, ptr, arg(1)?, mask)?;
+                self.sync_atomic(MemOrder { sem, scope }, ptr, mask)?;
+                Ok(smallvec![old])
             }
-            MemoryOp::AtomicCas { .. } => Ok(smallvec![atomic::cas(&mut self.mem, ptr, arg(1)?, arg(2)?)?]),
+            MemoryOp::AtomicCas { sem, scope } => {
+                let old = atomic::cas(&mut self.mem, ptr, arg(1)?, arg(2)?)?;
+                self.sync_atomic(MemOrder { sem, scope }, ptr, None)?;
+                Ok(smallvec![old])
+            }
+            // A prefetch changes no value; its addresses are checked like a
+            // load's (an out-of-bounds prefetch is a bug in the kernel even
+            // though the GPU ignores it).
+            MemoryOp::PrefetchL2 { has_mask } => {
+                let mask = if has_mask { Some(arg(1)?.ints()?) } else { None };
+                self.mem.load(&acc, ptr.ints()?, mask, None)?;
+                Ok(Outs::new())
+            }
+            MemoryOp::WaitUntil { .. } => Err(internal("`wait_until` outside `run`".into())),
         }
+    }
+
+    /// The release, then acquire, side of an atomic on `ptr` (see `model.rs`).
+    fn sync_atomic(&mut self, o: MemOrder, ptr: &Tile, mask: Option<&Tile>) -> Result<(), String> {
+        if !self.mem.checks_order() {
+            return Ok(());
+        }
+        let mask = mask.map(|m| m.ints()).transpose()?;
+        self.mem.release(o, ptr.ints()?, mask, true);
+        self.mem.acquire(o, ptr.ints()?, mask);
+        Ok(())
     }
 }
 
 impl Exec<'_, '_> {
-    /// Runs `for`, `if` or `while` (instruction `i`) on its operands `args`.
-    fn control(&mut self, i: Inst, c: ControlOp, args: Vec<Tile>) -> Result<Outs, InterpError> {
-        let f = self.f;
-        let d = &f.insts[i];
-        macro_rules! ok {
-            ($e:expr) => {
-                match $e {
-                    Ok(v) => v,
-                    Err(m) => return Err(self.fail(i, m)),
-                }
-            };
-        }
-        let region =
-            |k: usize| d.regions.get(k).copied().ok_or_else(|| internal(format!("missing region {k}")));
-        match c {
-            ControlOp::For => {
-                let (Some(lb), Some(ub), Some(step)) = (args.first(), args.get(1), args.get(2)) else {
-                    return Err(self.fail(i, internal("`for` without bounds".into())));
-                };
-                let (iv_elem, lb, ub, step) =
-                    (lb.elem, ok!(scalar_int(lb)), ok!(scalar_int(ub)), ok!(scalar_int(step)));
-                if step <= 0 {
-                    return Err(
-                        self.fail(i, format!("the step of a `for` loop must be positive, found {step}"))
-                    );
-                }
-                let hi = iv_elem.dtype().int_range().map_or(i64::MAX, |r| r.1);
-                let body = ok!(region(0));
-                let mut carried: Vec<Tile> = args[3..].to_vec();
-                let mut iv = lb;
-                while iv < ub {
-                    let mut vals = Vec::with_capacity(carried.len() + 1);
-                    vals.push(Tile::int_scalar(iv_elem, iv));
-                    vals.extend(carried);
-                    carried = self.run_region(body, vals, i)?;
-                    // An induction variable that would pass its type's range is past `ub`.
-                    match iv.checked_add(step) {
-                        Some(n) if n <= hi => iv = n,
-                        _ => break,
-                    }
-                }
-                Ok(carried.into())
-            }
-            ControlOp::If => {
-                let Some(cond) = args.first() else {
-                    return Err(self.fail(i, internal("`if` without condition".into())));
-                };
-                let r = ok!(region(if ok!(scalar_int(cond)) != 0 { 0 } else { 1 }));
-                Ok(self.run_region(r, Vec::new(), i)?.into())
-            }
-            ControlOp::While => {
-                let (before, after) = (ok!(region(0)), ok!(region(1)));
-                let mut carried = args;
-                loop {
-                    let mut out = self.run_region(before, carried, i)?.into_iter();
-                    let Some(cond) = out.next() else {
-                        return Err(self.fail(i, internal("`condition` without operands".into())));
-                    };
-                    let forwarded: Vec<Tile> = out.collect();
-                    if ok!(scalar_int(&cond)) == 0 {
-                        return Ok(forwarded.into());
-                    }
-                    carried = self.run_region(after, forwarded, i)?;
-                }
-            }
-            ControlOp::Yield | ControlOp::Condition => {
-                Err(self.fail(i, internal("terminator in the middle of a block".into())))
-            }
-        }
-    }
-
     /// A custom reduction (`reverse == None`) or scan along `axis`.
     fn custom(
         &mut self,

@@ -15,12 +15,26 @@
 //!
 //! Programs run one at a time in row-major grid order (axis 2 fastest), so a
 //! run is deterministic; races between programs are detected (see `memory.rs`).
+//!
+//! Kernels that call `wait_until` run their programs interleaved instead,
+//! still one at a time and deterministically (cooperative scheduling): a
+//! program runs until it ends or reaches a wait that does not hold, and then
+//! keeps its position (its frame stack and environment, `exec.rs`). The
+//! scheduler then resumes, in round-robin order after the program that
+//! stopped, the first waiting program whose memory may have changed since it
+//! last checked (a store or atomic happened since), or else starts the next
+//! program of the grid. When no program can run and every program has
+//! started, every live program waits on a value nothing will change: that
+//! deadlock is an error naming each wait (program, location, address,
+//! comparison, the value it reads). Kernels without waits take the plain
+//! loop above, which keeps no state per program.
 
+use super::InterpError;
 use super::buffer::{Arg, Buffer};
-use super::exec::{Exec, World, fill};
-use super::memory::{MAX_BUFFERS, Memory, base_addr};
+use super::exec::{Blocked, Exec, Stack, World, fill, start};
+use super::memory::{MAX_BUFFERS, Memory, base_addr, coords};
 use super::plan::{Plan, plan};
-use super::tile::Tile;
+use super::tile::{Tile, pid_str};
 use crate::dtype::{DType, Elem};
 use crate::error::{Error, Result};
 use crate::ir::{EntityRef, Function};
@@ -31,6 +45,10 @@ use std::io::Write;
 pub struct Kernel {
     func: Function,
     plan: Plan,
+    /// The kernel calls `wait_until`: its programs run interleaved.
+    waits: bool,
+    /// The kernel synchronises programs: the happens-before check runs.
+    synchronizes: bool,
 }
 
 impl Kernel {
@@ -41,7 +59,12 @@ impl Kernel {
     pub fn new(f: &Function) -> Result<Kernel> {
         crate::verify::verify(f)?;
         let plan = plan(f).map_err(Error::Unsupported)?;
-        Ok(Kernel { func: f.clone(), plan })
+        Ok(Kernel {
+            func: f.clone(),
+            plan,
+            waits: f.waits_on_programs(),
+            synchronizes: f.synchronizes_programs(),
+        })
     }
 
     /// The kernel's IR.
@@ -121,9 +144,14 @@ impl<'w> Interpreter<'w> {
         if total == 0 {
             return Ok(());
         }
-        let mem = Memory::new(buffers, names, self.races && total > 1, grid);
+        let mem = Memory::new(buffers, names, self.races && total > 1, grid, kernel.synchronizes);
         let world = World { mem, pid: [0; 3], grid, sink: &mut *self.sink };
         let mut exec = Exec { f, plan: &kernel.plan, env: vec![None; f.values.len()], world };
+        if kernel.waits {
+            let res = interleaved(&mut exec, &params, total as u32);
+            let _ = exec.world.sink.flush();
+            return res.map_err(Error::from);
+        }
         let body = f.body_block();
         let mut linear = 0u32;
         for x in 0..grid[0] {
@@ -144,6 +172,106 @@ impl<'w> Interpreter<'w> {
         }
         let _ = exec.world.sink.flush();
         Ok(())
+    }
+}
+
+/// A started program of an interleaved run.
+struct Program {
+    /// Linear id (row-major over the grid).
+    linear: u32,
+    /// Its values.
+    env: Vec<Option<Tile>>,
+    /// Its position.
+    stack: Stack,
+    /// The wait it stopped at, and the memory version it read it at.
+    blocked: Option<(Blocked, u64)>,
+}
+
+/// Runs the `total` programs of a kernel that waits, interleaved (see the
+/// module documentation).
+fn interleaved(exec: &mut Exec<'_, '_>, params: &[Tile], total: u32) -> std::result::Result<(), InterpError> {
+    let f = exec.f;
+    let grid = exec.world.grid;
+    let mut live: Vec<Program> = Vec::new();
+    let mut next_new = 0u32;
+    // The index in `live` after which the round-robin search starts.
+    let mut cursor = 0usize;
+    loop {
+        let version = exec.world.mem.version;
+        let n = live.len();
+        let ready = (0..n)
+            .map(|k| (cursor + k) % n)
+            .find(|&k| live[k].blocked.as_ref().is_none_or(|b| b.1 != version));
+        let k = match ready {
+            Some(k) => k,
+            None if next_new < total => {
+                let mut env = vec![None; f.values.len()];
+                for (p, t) in f.params.iter().zip(params) {
+                    if let Some(slot) = env.get_mut(p.value.index()) {
+                        *slot = Some(t.clone());
+                    }
+                }
+                live.push(Program { linear: next_new, env, stack: start(f.body_block()), blocked: None });
+                next_new += 1;
+                live.len() - 1
+            }
+            None if live.is_empty() => return Ok(()),
+            None => return Err(deadlock(exec, &live, grid)),
+        };
+        let prog = &mut live[k];
+        exec.world.pid = coords(grid, prog.linear);
+        exec.world.mem.set_program(prog.linear);
+        std::mem::swap(&mut exec.env, &mut prog.env);
+        let run = exec.run(&mut prog.stack);
+        std::mem::swap(&mut exec.env, &mut prog.env);
+        match run? {
+            super::exec::Run::Done(_) => {
+                live.remove(k);
+                cursor = if live.is_empty() { 0 } else { k % live.len() };
+            }
+            super::exec::Run::Blocked(w) => {
+                prog.blocked = Some((w, exec.world.mem.version));
+                cursor = (k + 1) % live.len();
+            }
+        }
+    }
+}
+
+/// The error of an interleaved run in which every live program waits on a
+/// value no other program will change.
+fn deadlock(exec: &Exec<'_, '_>, live: &[Program], grid: [u32; 3]) -> InterpError {
+    let f = exec.f;
+    let mut lines = Vec::new();
+    for p in live {
+        let Some((w, _)) = &p.blocked else { continue };
+        let d = &f.insts[w.inst];
+        let dtype = f.ty(d.args[0]).dtype();
+        lines.push(format!(
+            "{} waits at {} until the {dtype} at {} {} {} (it holds {})",
+            pid_str(coords(grid, p.linear)),
+            d.loc,
+            exec.world.mem.describe(w.addr),
+            w.cmp.name(),
+            w.want,
+            w.seen
+        ));
+    }
+    let first = live.iter().find_map(|p| p.blocked.as_ref().map(|(w, _)| (p.linear, w.inst)));
+    let (loc, pid) = match first {
+        Some((linear, i)) => (f.insts[i].loc.clone(), Some(coords(grid, linear))),
+        None => (f.loc.clone(), None),
+    };
+    InterpError {
+        loc,
+        op: "wait_until",
+        message: format!(
+            "deadlock: every live program waits and no store or atomic of another program can \
+             release any of them ({} program(s) waiting, {} finished):\n  {}",
+            lines.len(),
+            (grid.iter().map(|&g| u64::from(g)).product::<u64>() as usize).saturating_sub(live.len()),
+            lines.join("\n  ")
+        ),
+        program: pid,
     }
 }
 

@@ -15,6 +15,15 @@
 //! different value is a write-write race; storing the same value is benign.
 //! Atomics never race and clear the shadow of the bytes they update.
 //!
+//! Synchronising kernels (`wait_until`, ordered loads and stores) also get
+//! the happens-before check of `model.rs` on top: the shadow then names the
+//! writer of each byte for it, plain reads are checked against it, and a
+//! store over another program's write is a race only when the two are not
+//! ordered. Strong accesses (ordered loads and stores, atomics) never race
+//! and clear the shadow of what they write. `version` counts the stores and
+//! atomics of the launch, so a waiting program is only re-checked after
+//! memory changed.
+//!
 //! Block loads (`load_block`) are executed directly from their definition:
 //! the elements inside the matrix get their addresses (with the region check
 //! of `addptr`) and go through the masked load path, so they are bounds- and
@@ -26,8 +35,10 @@
 //! is bounds- and alignment-checked before any byte is read or written.
 
 use super::buffer::Buffer;
+use super::model::{Missing, Model};
 use super::tile::{Data, lane_str, pid_str};
 use crate::dtype::DType;
+use crate::ir::ops::MemOrder;
 use half::{bf16, f16};
 
 /// Bits of the per-buffer address region.
@@ -87,6 +98,10 @@ pub(crate) struct Memory<'b> {
     /// The running program (linear id + 1) and its grid coordinates.
     current: u32,
     grid: [u32; 3],
+    /// The happens-before check (synchronising kernels with race detection).
+    model: Option<Model>,
+    /// The number of stores and atomics so far.
+    pub(crate) version: u64,
 }
 
 /// What one memory op is doing, for messages.
@@ -98,10 +113,32 @@ pub(crate) struct Access<'a> {
 }
 
 impl<'b> Memory<'b> {
-    /// Memory over `bufs`, with `names[i]` naming the parameters bound to buffer `i`.
-    pub(crate) fn new(bufs: &'b mut [Buffer], names: Vec<String>, track_races: bool, grid: [u32; 3]) -> Self {
+    /// Memory over `bufs`, with `names[i]` naming the parameters bound to
+    /// buffer `i`; `model` turns on the happens-before check (with races).
+    pub(crate) fn new(
+        bufs: &'b mut [Buffer],
+        names: Vec<String>,
+        track_races: bool,
+        grid: [u32; 3],
+        model: bool,
+    ) -> Self {
         let n = bufs.len();
-        Memory { bufs, names, shadow: vec![Vec::new(); n], track_races, current: 1, grid }
+        let model = (track_races && model).then(|| Model::new(n));
+        Memory { bufs, names, shadow: vec![Vec::new(); n], track_races, current: 1, grid, model, version: 0 }
+    }
+
+    /// An address as "byte offset N of buffer `name`", for messages.
+    pub(crate) fn describe(&self, addr: i64) -> String {
+        let (b, off) = decode(addr);
+        match usize::try_from(b) {
+            Ok(b) if b < self.bufs.len() => format!("byte offset {off} of buffer {}", self.name(b)),
+            _ => format!("address 0x{addr:x}"),
+        }
+    }
+
+    /// True when the happens-before check runs.
+    pub(crate) fn checks_order(&self) -> bool {
+        self.model.is_some()
     }
 
     /// Sets the running program (linear id, row-major over the grid).
@@ -306,20 +343,23 @@ impl<'b> Memory<'b> {
         (o + count * size <= self.bufs[b].size_bytes()).then_some((b, o))
     }
 
-    /// Stores `vals` (storage of `acc.dtype`) to `ptrs` where `mask` is set.
+    /// Stores `vals` (storage of `acc.dtype`) to `ptrs` where `mask` is set;
+    /// a `strong` (ordered) store never races and clears the shadow.
     pub(crate) fn store(
         &mut self,
         acc: &Access<'_>,
         ptrs: &[i64],
         vals: &Data,
         mask: Option<&[i64]>,
+        strong: bool,
     ) -> Result<(), String> {
+        self.version += 1;
         macro_rules! lanes {
             ($variant:ident, $size:expr, |$x:ident| $bytes:expr) => {{
                 let Data::$variant(v) = vals else {
                     return Err(super::tile::internal("stored value has the wrong storage".into()));
                 };
-                self.write_lanes(acc, ptrs, mask, $size, |lane| {
+                self.write_lanes(acc, ptrs, mask, $size, strong, |lane| {
                     let $x = v.get(lane).or(v.first()).copied().unwrap_or_default();
                     let mut out = [0u8; 8];
                     let b = $bytes;
@@ -348,6 +388,7 @@ impl<'b> Memory<'b> {
         ptrs: &[i64],
         mask: Option<&[i64]>,
         size: usize,
+        strong: bool,
         bytes_of: impl Fn(usize) -> [u8; 8],
     ) -> Result<(), String> {
         let on = |lane: usize| mask.is_none_or(|m| m.get(lane).or(m.first()).is_some_and(|&x| x != 0));
@@ -362,13 +403,13 @@ impl<'b> Memory<'b> {
             match self.run_bytes(ptrs[lane], size, end - lane) {
                 Some((b, o)) => {
                     for (j, l) in (lane..end).enumerate() {
-                        self.put(b, o + j * size, &bytes_of(l)[..size], acc, l)?;
+                        self.put(b, o + j * size, &bytes_of(l)[..size], acc, l, strong)?;
                     }
                 }
                 None => {
                     for (l, &addr) in ptrs.iter().enumerate().take(end).skip(lane) {
                         let (b, o) = self.locate(addr, size, acc, l, "write")?;
-                        self.put(b, o, &bytes_of(l)[..size], acc, l)?;
+                        self.put(b, o, &bytes_of(l)[..size], acc, l, strong)?;
                     }
                 }
             }
@@ -378,13 +419,114 @@ impl<'b> Memory<'b> {
     }
 
     /// Writes `new` at byte `off` of buffer `b` (already bounds-checked), after
-    /// the race check.
-    fn put(&mut self, b: usize, off: usize, new: &[u8], acc: &Access<'_>, lane: usize) -> Result<(), String> {
-        if self.track_races {
+    /// the race check (a `strong` write clears the shadow instead).
+    fn put(
+        &mut self,
+        b: usize,
+        off: usize,
+        new: &[u8],
+        acc: &Access<'_>,
+        lane: usize,
+        strong: bool,
+    ) -> Result<(), String> {
+        if strong {
+            if let Some(s) = self.shadow[b].get_mut(off..off + new.len()) {
+                s.fill(0);
+            }
+        } else if self.track_races {
             self.check_race(b, off, new, acc, lane)?;
+            let len = self.bufs[b].size_bytes();
+            if let Some(m) = &mut self.model {
+                m.write(self.current - 1, b, len, off, new.len(), base_addr(b) + off as i64);
+            }
         }
         self.bufs[b].as_bytes_mut()[off..off + new.len()].copy_from_slice(new);
         Ok(())
+    }
+
+    /// The happens-before check of a plain load of `ptrs` (which succeeded,
+    /// so every active lane is in bounds): every byte another program wrote
+    /// must be ordered before this read (see `model.rs`).
+    pub(crate) fn check_reads(
+        &self,
+        acc: &Access<'_>,
+        ptrs: &[i64],
+        mask: Option<&[i64]>,
+    ) -> Result<(), String> {
+        let Some(m) = &self.model else { return Ok(()) };
+        let me = self.current;
+        let size = acc.dtype.size_bytes();
+        for (lane, &addr) in ptrs.iter().enumerate() {
+            let on = mask.is_none_or(|m| m.get(lane).or(m.first()).is_some_and(|&x| x != 0));
+            if !on {
+                continue;
+            }
+            let (b, off) = decode(addr);
+            let (Ok(b), Ok(off)) = (usize::try_from(b), usize::try_from(off)) else { continue };
+            let Some(shadow) = self.shadow.get(b).and_then(|s| s.get(off..off + size)) else { continue };
+            for (k, &w) in shadow.iter().enumerate() {
+                if w == 0 || w == me || m.ordered(me - 1, w - 1, b, off + k) {
+                    continue;
+                }
+                let (reader, writer) = (pid_str(self.coords(me - 1)), pid_str(self.coords(w - 1)));
+                let at = format!(
+                    "byte offset {} of buffer {} ({})",
+                    off + k,
+                    self.name(b),
+                    lane_str(acc.shape, lane)
+                );
+                return Err(match m.missing(w - 1, b, off + k) {
+                    Missing::Release => format!(
+                        "missing release: {reader} reads {at}, which {writer} stored and has not released \
+                         since, so nothing orders that store before this read; {writer} must publish it \
+                         with a release after the store (a store or atomic with `sem = release`) that \
+                         {reader} acquires (`wait_until`, or a load with `sem = acquire`)"
+                    ),
+                    Missing::Acquire => format!(
+                        "missing acquire: {reader} reads {at}, which {writer} stored and then released, \
+                         but {reader} has not acquired that release, so nothing orders the store before \
+                         this read; wait for the flag with `wait_until` (acquire) or load it with \
+                         `sem = acquire` before reading"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The active lanes' addresses.
+    fn active(ptrs: &[i64], mask: Option<&[i64]>) -> Vec<i64> {
+        ptrs.iter()
+            .enumerate()
+            .filter(|&(lane, _)| mask.is_none_or(|m| m.get(lane).or(m.first()).is_some_and(|&x| x != 0)))
+            .map(|(_, &a)| a)
+            .collect()
+    }
+
+    /// The acquire side of a strong access of `ptrs` with ordering `o` by
+    /// the running program (see `model.rs`).
+    pub(crate) fn acquire(&mut self, o: MemOrder, ptrs: &[i64], mask: Option<&[i64]>) {
+        if self.model.is_none() {
+            return;
+        }
+        let addrs = Self::active(ptrs, mask);
+        let me = self.current - 1;
+        if let Some(m) = &mut self.model {
+            m.acquire(me, o, &addrs);
+        }
+    }
+
+    /// The release side of a strong store (`rmw` false) or atomic of `ptrs`
+    /// with ordering `o` by the running program (see `model.rs`).
+    pub(crate) fn release(&mut self, o: MemOrder, ptrs: &[i64], mask: Option<&[i64]>, rmw: bool) {
+        if self.model.is_none() {
+            return;
+        }
+        let addrs = Self::active(ptrs, mask);
+        let me = self.current - 1;
+        if let Some(m) = &mut self.model {
+            m.release(me, o, &addrs, rmw);
+        }
     }
 
     /// Checks and updates the race shadow for a store of `new` at `off` of buffer `b`.
@@ -402,7 +544,11 @@ impl<'b> Memory<'b> {
         }
         let old = &self.bufs[b].as_bytes()[off..off + new.len()];
         let shadow = &self.shadow[b][off..off + new.len()];
-        if let Some(i) = (0..new.len()).find(|&i| shadow[i] != 0 && shadow[i] != me && old[i] != new[i]) {
+        let model = self.model.as_ref();
+        let unordered = |i: usize| !model.is_some_and(|m| m.ordered(me - 1, shadow[i] - 1, b, off + i));
+        if let Some(i) =
+            (0..new.len()).find(|&i| shadow[i] != 0 && shadow[i] != me && old[i] != new[i] && unordered(i))
+        {
             let other = self.coords(shadow[i] - 1);
             let d = acc.dtype;
             return Err(format!(
@@ -433,6 +579,7 @@ impl<'b> Memory<'b> {
         mask: Option<&[i64]>,
         mut update: impl FnMut(usize, &[u8]) -> Result<Option<[u8; 8]>, String>,
     ) -> Result<Vec<Option<[u8; 8]>>, String> {
+        self.version += 1;
         let size = acc.dtype.size_bytes();
         let mut olds = Vec::with_capacity(ptrs.len());
         for (lane, &addr) in ptrs.iter().enumerate() {

@@ -20,22 +20,27 @@
 //! Design (one file per concern):
 //! - `buffer.rs`: host [`Buffer`]s (dtype + little-endian bytes) and [`Arg`]s;
 //! - `launch.rs`: [`Kernel`] (verified and analyzed once), [`Interpreter`]
-//!   options, argument validation, the grid loop;
+//!   options, argument validation, the grid loop, and the cooperative
+//!   scheduler of kernels that `wait_until` (deadlocks are errors);
 //! - `plan.rs`: liveness (values are dropped after their last use) and which
 //!   custom combine regions can run vectorized;
-//! - `exec.rs`: the executor (environment indexed by value, control flow);
+//! - `exec.rs`: the executor (environment indexed by value, control flow as
+//!   an explicit frame stack, so a waiting program can stop and resume);
 //! - `tile.rs`: runtime tiles (shared, typed storage) and float rounding;
 //! - `arith.rs`, `cast.rs`, `shape.rs`, `dot.rs`, `reduce.rs`: op kernels that
 //!   process a whole tile per call in tight typed loops;
 //! - `memory.rs`, `atomic.rs`: pointers, bounds/alignment checks, loads,
 //!   block loads, stores, atomics and write-race detection;
+//! - `model.rs`: the happens-before check of kernels that synchronise
+//!   programs (missing releases and acquires);
 //! - `debug.rs`: checked hints, `assert`, `print`.
 //!
 //! Invariants: the interpreter never panics on kernel input (IR is verified
 //! first; every runtime problem is an [`InterpError`] naming the op, its source
 //! location and the program); floats are rounded to their dtype after every op
-//! (f16/bf16 to nearest even, as the GPU stores them); programs run
-//! sequentially, so results are deterministic.
+//! (f16/bf16 to nearest even, as the GPU stores them); programs run one at a
+//! time (one after another, or interleaved at waits in a fixed order), so
+//! results are deterministic.
 
 mod arith;
 mod atomic;
@@ -46,6 +51,7 @@ mod dot;
 mod exec;
 mod launch;
 mod memory;
+mod model;
 mod plan;
 mod reduce;
 mod shape;
@@ -57,6 +63,8 @@ mod tests;
 mod tests_block;
 #[cfg(test)]
 mod tests_errors;
+#[cfg(test)]
+mod tests_sync;
 
 pub use arith::erf;
 pub use buffer::{Arg, Buffer, Element};

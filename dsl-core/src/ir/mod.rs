@@ -163,6 +163,35 @@ impl Function {
             .any(|&i| self.insts[i].op == Op::Program(ops::ProgramOp::GdcWait))
     }
 
+    /// True when the kernel calls `wait_until`: its programs wait for each
+    /// other, so on the GPU every program of a launch must be resident at
+    /// once (the grid at most the programs that fit the device), or a wait
+    /// may never end. The interpreter runs such kernels' programs
+    /// interleaved (see [`crate::interp`]).
+    pub fn waits_on_programs(&self) -> bool {
+        let mut any = false;
+        self.walk(|i| any |= matches!(self.insts[i].op, Op::Memory(ops::MemoryOp::WaitUntil { .. })));
+        any
+    }
+
+    /// True when the kernel synchronises its programs through `wait_until`
+    /// or ordered loads and stores (the interpreter then checks that every
+    /// plain read of another program's write is ordered after it).
+    pub fn synchronizes_programs(&self) -> bool {
+        let mut any = false;
+        self.walk(|i| {
+            any |= matches!(
+                self.insts[i].op,
+                Op::Memory(
+                    ops::MemoryOp::WaitUntil { .. }
+                        | ops::MemoryOp::Load { order: Some(_), .. }
+                        | ops::MemoryOp::Store { order: Some(_), .. }
+                )
+            )
+        });
+        any
+    }
+
     /// Appends an argument of type `ty` to block `b`.
     pub fn add_block_arg(&mut self, b: Block, ty: Type) -> Value {
         let idx = self.blocks[b].args.len() as u32;

@@ -1,14 +1,23 @@
-//! Loads, stores, block loads and atomics. Pointer, mask, `other` and value
-//! operands are broadcast to one shape; values are converted to the pointee
-//! dtype. [`load_block`] takes a scalar pointer and `i32` scalars (the
-//! matrix extents, row stride and box origin) instead of a tile of pointers.
+//! Loads, stores, block loads, atomics and the synchronisation between
+//! programs. Pointer, mask, `other` and value operands are broadcast to one
+//! shape; values are converted to the pointee dtype. [`load_block`] takes a
+//! scalar pointer and `i32` scalars (the matrix extents, row stride and box
+//! origin) instead of a tile of pointers.
+//!
+//! Orderings: the `_opts` forms (what a kernel's `load(p, sem = "acquire",
+//! scope = "gpu")`, `store(p, v, sem = "release")`, `atomic_add(p, v, sem =
+//! "release")` call) take the semantics (`None`: a plain load or store, an
+//! `acq_rel` atomic) and the scope (`gpu` by default); the rules are in
+//! [`crate::ir::ops::memory`]. [`wait_until`] spins until a flag or counter
+//! satisfies a comparison and [`prefetch_l2`] brings future tiles into L2.
 
 use super::{Operand, Tensor, broadcast_value, literal};
 use crate::builder::{Ctx, broadcast_shapes, with_ctx};
 use crate::dtype::{DType, Elem, Type};
 use crate::ir::ops::memory::LOAD_BLOCK_OPERANDS;
 use crate::ir::ops::{
-    ArithOp, AtomicKind, BinaryOp, CacheModifier, EvictionPolicy, MemScope, MemSem, MemoryOp,
+    ArithOp, AtomicKind, BinaryOp, CacheModifier, CmpPred, EvictionPolicy, MemOrder, MemScope, MemSem,
+    MemoryOp,
 };
 use crate::ir::{Op, Value};
 use crate::loc::Location;
@@ -22,6 +31,24 @@ pub struct MemOpts {
     pub evict: EvictionPolicy,
     /// Volatile (loads only).
     pub volatile: bool,
+    /// A strong access of this ordering (`None`: a plain, weak one).
+    pub order: Option<MemOrder>,
+}
+
+/// The ordering named by a kernel's `sem`/`scope` arguments of a load or
+/// store: none without `sem`; a `scope` alone is reported, since it only
+/// means something for an ordered access.
+fn order_of(sem: Option<MemSem>, scope: MemScope, loc: &Location, what: &'static str) -> Option<MemOrder> {
+    if sem.is_none() && scope != MemScope::Gpu {
+        with_ctx(|c| {
+            c.error(
+                loc,
+                Some(what),
+                format!("`{what}` with a `scope` needs a `sem` (`relaxed`, `acquire` or `release`)"),
+            )
+        });
+    }
+    sem.map(|sem| MemOrder { sem, scope })
 }
 
 /// Broadcasts a list of values to their common shape.
@@ -93,7 +120,27 @@ pub fn load_hinted(
     evict: EvictionPolicy,
 ) -> Tensor {
     check_load_hints(cache, evict, &Location::caller(), "load");
-    load_with(ptr, mask, other, MemOpts { cache, evict, volatile: false })
+    load_with(ptr, mask, other, MemOpts { cache, evict, volatile: false, order: None })
+}
+
+/// [`load_hinted`] with an ordering (what `load(...)` in a kernel calls):
+/// `sem` `relaxed` or `acquire` makes it a strong load at `scope` (see the
+/// module documentation); `None` a plain one.
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub fn load_opts(
+    ptr: Tensor,
+    mask: Option<Tensor>,
+    other: Option<Operand>,
+    cache: CacheModifier,
+    evict: EvictionPolicy,
+    sem: Option<MemSem>,
+    scope: MemScope,
+) -> Tensor {
+    let loc = Location::caller();
+    check_load_hints(cache, evict, &loc, "load");
+    let order = order_of(sem, scope, &loc, "load");
+    load_at(ptr, mask, other, MemOpts { cache, evict, volatile: false, order }, &loc)
 }
 
 /// Reports load hints PTX cannot express: a store-only cache modifier, or
@@ -113,10 +160,21 @@ fn check_load_hints(cache: CacheModifier, evict: EvictionPolicy, loc: &Location,
     }
 }
 
-/// [`load`] with cache/eviction hints.
+/// [`load`] with cache/eviction hints and ordering.
 #[track_caller]
 pub fn load_with(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>, opts: MemOpts) -> Tensor {
-    let loc = Location::caller();
+    load_at(ptr, mask, other, opts, &Location::caller())
+}
+
+/// Builds a `load`; errors are reported at `loc`.
+fn load_at(
+    ptr: Tensor,
+    mask: Option<Tensor>,
+    other: Option<Operand>,
+    opts: MemOpts,
+    loc: &Location,
+) -> Tensor {
+    let loc = loc.clone();
     with_ctx(|c| {
         let Some(d) = pointee(c, ptr, &loc, "load") else {
             return ptr;
@@ -152,6 +210,7 @@ pub fn load_with(ptr: Tensor, mask: Option<Tensor>, other: Option<Operand>, opts
             cache: opts.cache,
             evict: opts.evict,
             volatile: opts.volatile,
+            order: opts.order,
         };
         let fallback = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
         let v = c.push(Op::Memory(op), &vals, &loc, &[fallback])[0];
@@ -203,7 +262,7 @@ pub fn load_block_hinted(
     let loc = Location::caller();
     check_load_hints(cache, evict, &loc, "load_block");
     let scalars = [rows.into(), cols.into(), row_stride.into(), row0.into(), col0.into()];
-    load_block_at(ptr, scalars, block.as_ref(), MemOpts { cache, evict, volatile: false }, &loc)
+    load_block_at(ptr, scalars, block.as_ref(), MemOpts { cache, evict, volatile: false, order: None }, &loc)
 }
 
 /// Builds a `load_block`; errors are reported at `loc`.
@@ -295,11 +354,31 @@ pub fn store(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>) {
     store_with(ptr, value, mask, MemOpts::default())
 }
 
-/// [`store`] with cache/eviction hints.
+/// [`store`] with an ordering (what `store(...)` in a kernel calls): `sem`
+/// `relaxed` or `release` makes it a strong store at `scope` (see the module
+/// documentation); `None` a plain one.
+#[track_caller]
+pub fn store_opts(
+    ptr: Tensor,
+    value: impl Into<Operand>,
+    mask: Option<Tensor>,
+    sem: Option<MemSem>,
+    scope: MemScope,
+) {
+    let loc = Location::caller();
+    let order = order_of(sem, scope, &loc, "store");
+    store_at(ptr, value.into(), mask, MemOpts { order, ..MemOpts::default() }, &loc)
+}
+
+/// [`store`] with cache/eviction hints and ordering.
 #[track_caller]
 pub fn store_with(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>, opts: MemOpts) {
-    let loc = Location::caller();
-    let value = value.into();
+    store_at(ptr, value.into(), mask, opts, &Location::caller())
+}
+
+/// Builds a `store`; errors are reported at `loc`.
+fn store_at(ptr: Tensor, value: Operand, mask: Option<Tensor>, opts: MemOpts, loc: &Location) {
+    let loc = loc.clone();
     with_ctx(|c| {
         let Some(d) = pointee(c, ptr, &loc, "store") else {
             return;
@@ -314,12 +393,24 @@ pub fn store_with(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>, 
         let eff = effective_mask(c, &vals, user_mask, &loc);
         vals.truncate(2);
         vals.extend(eff);
-        let op = MemoryOp::Store { has_mask: eff.is_some(), cache: opts.cache, evict: opts.evict };
+        let op = MemoryOp::Store {
+            has_mask: eff.is_some(),
+            cache: opts.cache,
+            evict: opts.evict,
+            order: opts.order,
+        };
         c.push(Op::Memory(op), &vals, &loc, &[]);
     })
 }
 
-fn atomic_at(kind: AtomicKind, ptr: Tensor, value: Operand, mask: Option<Tensor>, loc: &Location) -> Tensor {
+fn atomic_at(
+    kind: AtomicKind,
+    ptr: Tensor,
+    value: Operand,
+    mask: Option<Tensor>,
+    order: MemOrder,
+    loc: &Location,
+) -> Tensor {
     with_ctx(|c| {
         let Some(d) = pointee(c, ptr, loc, kind.name()) else {
             return ptr;
@@ -334,56 +425,154 @@ fn atomic_at(kind: AtomicKind, ptr: Tensor, value: Operand, mask: Option<Tensor>
         let eff = effective_mask(c, &vals, user_mask, loc);
         vals.truncate(2);
         vals.extend(eff);
-        let op =
-            MemoryOp::Atomic { kind, has_mask: eff.is_some(), sem: MemSem::AcqRel, scope: MemScope::Gpu };
+        let op = MemoryOp::Atomic { kind, has_mask: eff.is_some(), sem: order.sem, scope: order.scope };
         let fallback = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
         let v = c.push(Op::Memory(op), &vals, loc, &[fallback])[0];
         c.handle(v)
     })
 }
 
+/// The ordering of an atomic: `acq_rel` at GPU scope unless the kernel names one.
+fn atomic_order(sem: Option<MemSem>, scope: MemScope) -> MemOrder {
+    MemOrder { sem: sem.unwrap_or(MemSem::AcqRel), scope }
+}
+
 macro_rules! atomic_fns {
-    ($($(#[$m:meta])* $f:ident => $k:ident;)*) => {$(
+    ($($(#[$m:meta])* $f:ident, $g:ident => $k:ident;)*) => {$(
         $(#[$m])*
         #[track_caller]
         pub fn $f(ptr: Tensor, value: impl Into<Operand>, mask: Option<Tensor>) -> Tensor {
-            atomic_at(AtomicKind::$k, ptr, value.into(), mask, &Location::caller())
+            atomic_at(AtomicKind::$k, ptr, value.into(), mask, atomic_order(None, MemScope::Gpu), &Location::caller())
+        }
+
+        #[doc = concat!("[`", stringify!($f), "`] with an ordering (what a kernel's `", stringify!($f),
+            "(p, v, sem = \"release\", scope = \"gpu\")` calls; `None` is `acq_rel`).")]
+        #[track_caller]
+        pub fn $g(
+            ptr: Tensor,
+            value: impl Into<Operand>,
+            mask: Option<Tensor>,
+            sem: Option<MemSem>,
+            scope: MemScope,
+        ) -> Tensor {
+            atomic_at(AtomicKind::$k, ptr, value.into(), mask, atomic_order(sem, scope), &Location::caller())
         }
     )*};
 }
 
 atomic_fns! {
     /// `*p += v` atomically; returns the old values.
-    atomic_add => Add;
+    atomic_add, atomic_add_opts => Add;
     /// `*p = max(*p, v)` atomically; returns the old values.
-    atomic_max => Max;
+    atomic_max, atomic_max_opts => Max;
     /// `*p = min(*p, v)` atomically; returns the old values.
-    atomic_min => Min;
+    atomic_min, atomic_min_opts => Min;
     /// `*p &= v` atomically; returns the old values.
-    atomic_and => And;
+    atomic_and, atomic_and_opts => And;
     /// `*p |= v` atomically; returns the old values.
-    atomic_or => Or;
+    atomic_or, atomic_or_opts => Or;
     /// `*p ^= v` atomically; returns the old values.
-    atomic_xor => Xor;
+    atomic_xor, atomic_xor_opts => Xor;
     /// `*p = v` atomically; returns the old values.
-    atomic_xchg => Xchg;
+    atomic_xchg, atomic_xchg_opts => Xchg;
 }
 
 /// Where `*p == cmp`, stores `value`; returns the old values.
 #[track_caller]
 pub fn atomic_cas(ptr: Tensor, cmp: impl Into<Operand>, value: impl Into<Operand>) -> Tensor {
-    let loc = Location::caller();
-    let (cmp, value) = (cmp.into(), value.into());
+    cas_at(ptr, cmp.into(), value.into(), atomic_order(None, MemScope::Gpu), &Location::caller())
+}
+
+/// [`atomic_cas`] with an ordering (`None` is `acq_rel`).
+#[track_caller]
+pub fn atomic_cas_opts(
+    ptr: Tensor,
+    cmp: impl Into<Operand>,
+    value: impl Into<Operand>,
+    sem: Option<MemSem>,
+    scope: MemScope,
+) -> Tensor {
+    cas_at(ptr, cmp.into(), value.into(), atomic_order(sem, scope), &Location::caller())
+}
+
+/// Builds an `atomic_cas`; errors are reported at `loc`.
+fn cas_at(ptr: Tensor, cmp: Operand, value: Operand, order: MemOrder, loc: &Location) -> Tensor {
+    let loc = loc.clone();
     with_ctx(|c| {
         let Some(d) = pointee(c, ptr, &loc, "atomic_cas") else {
             return ptr;
         };
         let mut vals = vec![ptr.value(), literal(c, cmp, d, &loc), literal(c, value, d, &loc)];
         common_shape(c, &mut vals, &loc, "atomic_cas");
-        let op = MemoryOp::AtomicCas { sem: MemSem::AcqRel, scope: MemScope::Gpu };
+        let op = MemoryOp::AtomicCas { sem: order.sem, scope: order.scope };
         let fallback: Type = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
         let v = c.push(Op::Memory(op), &vals, &loc, &[fallback])[0];
         c.handle(v)
+    })
+}
+
+/// Blocks the program until `*ptr cmp value` holds, with acquire semantics
+/// at GPU scope: the spin-wait of a persistent kernel on a flag or counter
+/// another program releases (`ptr` a scalar pointer to `i32`, `u32` or
+/// `i64`). Every thread of the program continues together once it holds,
+/// and sees what the releasing program wrote before its release.
+///
+/// On the GPU every program that may be waited on must be resident at once,
+/// or the wait never ends; the interpreter runs the programs interleaved and
+/// reports a deadlock (every live program waiting) as an error.
+#[track_caller]
+pub fn wait_until(ptr: Tensor, cmp: CmpPred, value: impl Into<Operand>) {
+    wait_at(ptr, cmp, value.into(), None, MemScope::Gpu, &Location::caller())
+}
+
+/// [`wait_until`] with an ordering (what a kernel's `wait_until(p, "ge", n,
+/// sem = "relaxed", scope = "sys")` calls): `sem` `acquire` (`None`) or
+/// `relaxed`, scope `gpu` or `sys`.
+#[track_caller]
+pub fn wait_until_opts(
+    ptr: Tensor,
+    cmp: CmpPred,
+    value: impl Into<Operand>,
+    sem: Option<MemSem>,
+    scope: MemScope,
+) {
+    wait_at(ptr, cmp, value.into(), sem, scope, &Location::caller())
+}
+
+/// Builds a `wait_until`; errors are reported at `loc`.
+fn wait_at(ptr: Tensor, cmp: CmpPred, value: Operand, sem: Option<MemSem>, scope: MemScope, loc: &Location) {
+    with_ctx(|c| {
+        let Some(d) = pointee(c, ptr, loc, "wait_until") else {
+            return;
+        };
+        let vals = [ptr.value(), literal(c, value, d, loc)];
+        let op = MemoryOp::WaitUntil { cmp, sem: sem.unwrap_or(MemSem::Acquire), scope };
+        c.push(Op::Memory(op), &vals, loc, &[]);
+    })
+}
+
+/// Asks for the lines holding the elements at `ptr` (where `mask` is true)
+/// to be brought into L2, so a later load of them (the next task's weights
+/// in a persistent kernel) does not wait for DRAM. It changes no value; the
+/// interpreter checks the addresses like a load's.
+#[track_caller]
+pub fn prefetch_l2(ptr: Tensor, mask: Option<Tensor>) {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        if pointee(c, ptr, &loc, "prefetch_l2").is_none() {
+            return;
+        }
+        let mut vals = vec![ptr.value()];
+        if let Some(m) = mask {
+            c.check(m);
+            vals.push(m.value());
+        }
+        common_shape(c, &mut vals, &loc, "prefetch_l2");
+        let user_mask = mask.map(|_| vals[1]);
+        let eff = effective_mask(c, &vals, user_mask, &loc);
+        vals.truncate(1);
+        vals.extend(eff);
+        c.push(Op::Memory(MemoryOp::PrefetchL2 { has_mask: eff.is_some() }), &vals, &loc, &[]);
     })
 }
 

@@ -365,7 +365,7 @@ impl Analyzer<'_> {
             // A load reads equal values where its addresses (and masks and
             // `other`s) are equal: one instruction sees one memory state.
             // Nothing is known about the values themselves.
-            Op::Memory(MemoryOp::Load { volatile: false, .. }) => {
+            Op::Memory(MemoryOp::Load { volatile: false, order: None, .. }) => {
                 let mut info = AxisInfo::unknown(out.rank());
                 info.constancy = dims(out);
                 for &a in args {

@@ -132,6 +132,7 @@ fn block(f: &mut Function, b: Block, out: &mut FxHashMap<Inst, BlockLoad>, top: 
                 cache,
                 evict,
                 volatile: false,
+                order: None,
             });
             f.insts[i].args = [ptrs, mask].into_iter().collect();
             out.insert(i, bl);

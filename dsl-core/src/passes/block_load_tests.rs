@@ -99,6 +99,7 @@ fn expansion_keeps_the_instruction_and_its_result() {
             cache: CacheModifier::None,
             evict: EvictionPolicy::First,
             volatile: false,
+            order: None,
         })
     );
     assert_eq!(count(&f, "load_block"), 0);

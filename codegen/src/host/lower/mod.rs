@@ -269,6 +269,21 @@ impl<'ctx> Lower<'ctx, '_> {
             Op::Control(ControlOp::If) => return self.lower_if(i),
             Op::Control(ControlOp::While) => return self.lower_while(i),
             Op::Control(_) => return Err(self.unsupported(i, "a terminator in the middle of a block")),
+            // The pool runs programs to completion in any order, so a program
+            // waiting on another could wait forever; ordered loads and stores
+            // exist for such hand-overs.
+            Op::Memory(MemoryOp::WaitUntil { .. }) => {
+                return Err(
+                    self.unsupported(i, "programs that wait on each other (the interpreter runs them)")
+                );
+            }
+            Op::Memory(MemoryOp::Load { order: Some(_), .. } | MemoryOp::Store { order: Some(_), .. }) => {
+                return Err(
+                    self.unsupported(i, "acquire/release loads and stores (the interpreter runs them)")
+                );
+            }
+            // A cache hint with no effect on results.
+            Op::Memory(MemoryOp::PrefetchL2 { .. }) => return Ok(()),
             _ => {}
         }
         if !d.results.is_empty() && d.results.iter().all(|&r| self.plan.storage(r) == Storage::Inline) {

@@ -302,7 +302,10 @@ pub(crate) fn analyze(
     let mut invariant: FxHashMap<Value, Vec<Inst>> = FxHashMap::default();
     for fi in fors {
         let body = f.entry(f.insts[fi].regions[0]);
-        if has_nested_loop(f, body) {
+        // A loop that waits for or acquires from other programs reads what
+        // they release: prefetching a later iteration's loads would read
+        // before the wait (a persistent kernel's task loop).
+        if has_nested_loop(f, body) || synchronizes(f, body) {
             continue;
         }
         let iv = f.blocks[body].args[0];
@@ -310,12 +313,14 @@ pub(crate) fn analyze(
         let mut loads = Vec::new();
         let mut slice: FxHashSet<Inst> = FxHashSet::default();
         for &i in &f.blocks[body].insts {
-            let Op::Memory(MemoryOp::Load { has_mask, has_other, volatile, .. }) = f.insts[i].op else {
+            let Op::Memory(MemoryOp::Load { has_mask, has_other, volatile: false, order: None, .. }) =
+                f.insts[i].op
+            else {
                 continue;
             };
             let Some(key) = dot_use(f, plan, &users, body, f.insts[i].results[0]) else { continue };
             let args = &f.insts[i].args;
-            if volatile || (has_other && !is_zero(f, args[2])) {
+            if has_other && !is_zero(f, args[2]) {
                 continue;
             }
             let ty = f.ty(f.insts[i].results[0]);
@@ -629,7 +634,7 @@ fn backward_slice(
             continue;
         }
         let ok = match &f.insts[d].op {
-            Op::Memory(MemoryOp::Load { volatile, .. }) => !volatile && !stores,
+            Op::Memory(MemoryOp::Load { volatile, order, .. }) => !volatile && order.is_none() && !stores,
             Op::Memory(_) | Op::Dot(_) | Op::Control(_) | Op::Debug(_) => false,
             _ => f.insts[d].regions.is_empty(),
         };
@@ -706,12 +711,26 @@ fn has_nested_loop(f: &Function, b: Block) -> bool {
     })
 }
 
+/// True when block `b` (or a region inside it) synchronises with other
+/// programs (`MemoryOp::synchronizes`: waits, acquires, releases).
+fn synchronizes(f: &Function, b: Block) -> bool {
+    f.blocks[b].insts.iter().any(|&i| {
+        matches!(&f.insts[i].op, Op::Memory(m) if m.synchronizes())
+            || f.insts[i].regions.iter().any(|&r| synchronizes(f, f.entry(r)))
+    })
+}
+
 /// True when block `b` (or a region inside it) stores or performs atomics.
 fn body_stores(f: &Function, b: Block) -> bool {
     f.blocks[b].insts.iter().any(|&i| {
         matches!(
             f.insts[i].op,
-            Op::Memory(MemoryOp::Store { .. } | MemoryOp::Atomic { .. } | MemoryOp::AtomicCas { .. })
+            Op::Memory(
+                MemoryOp::Store { .. }
+                    | MemoryOp::Atomic { .. }
+                    | MemoryOp::AtomicCas { .. }
+                    | MemoryOp::WaitUntil { .. }
+            )
         ) || f.insts[i].regions.iter().any(|&r| body_stores(f, f.entry(r)))
     })
 }

@@ -1,8 +1,32 @@
-//! Memory ops: masked loads and stores, 2-D block loads, atomics.
+//! Memory ops: masked loads and stores, 2-D block loads, atomics, and the
+//! synchronisation between programs (ordered loads and stores, `wait_until`,
+//! `prefetch_l2`).
 //!
 //! Semantics: a masked-off lane neither reads nor writes memory; a masked-off
 //! load lane yields `other` (or zero when there is no `other`). Atomics return
 //! the value in memory before the update.
+//!
+//! Ordering (PTX's memory model, one program acting as one thread): a plain
+//! `load`/`store` is weak; one with a [`MemOrder`] is a strong access of that
+//! semantics and scope (`ld.acquire.gpu`, `st.release.gpu`, ...), as every
+//! atomic is. A release (store or atomic) makes every earlier access of the
+//! program visible to a program whose acquire (load, atomic or `wait_until`)
+//! reads the released value or a later value of the same atomic chain; a
+//! relaxed access orders nothing. Loads take `relaxed` or `acquire`, stores
+//! `relaxed` or `release`; ordered loads and stores move 32- or 64-bit
+//! elements and take no cache hints. Two programs synchronise only through
+//! `gpu` or `sys` scope (`cta` orders accesses within one program only).
+//!
+//! `wait_until ptr, value {cmp, sem, scope}` blocks the program until
+//! `*ptr cmp value` holds for a value it reads (`ptr` a scalar pointer to
+//! `i32`, `u32` or `i64`; `sem` `acquire` or `relaxed`, scope `gpu` or
+//! `sys`): the spin-wait of a persistent kernel, which lowers to a loop the
+//! compiler cannot remove. It is a side effect and returns nothing.
+//!
+//! `prefetch_l2 ptr [, mask]` asks for the lines of the pointed-to elements
+//! to be brought into L2 (`prefetch.global.L2`). It changes no value; the
+//! interpreter still checks its addresses like a load's, since a prefetch
+//! of memory the kernel does not own is a bug even though the GPU ignores it.
 //!
 //! `load_block` (Triton's tensor-descriptor load) reads a `[BR, BC]` box of
 //! the row-major matrix `rows x cols` with leading stride `row_stride` (inner
@@ -14,7 +38,7 @@
 //! masked `load` (`crate::passes::block_load`). Like a non-volatile `load`,
 //! it has no side effects.
 
-use super::{Attr, Attrs, attr_flag, attr_int, attr_word, expect_args, same_shapes};
+use super::{Attr, Attrs, CmpPred, attr_flag, attr_int, attr_word, expect_args, same_shapes};
 use crate::dtype::{DType, Elem, Type};
 
 /// Cache modifier of a load or store (PTX `.ca`, `.cg`, `.cs`, `.wb`, ...).
@@ -92,6 +116,22 @@ pub enum MemScope {
     Sys,
 }
 
+/// The ordering of a strong load or store: its semantics and scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemOrder {
+    /// `relaxed` or `acquire` on loads, `relaxed` or `release` on stores.
+    pub sem: MemSem,
+    /// Who the ordering is with.
+    pub scope: MemScope,
+}
+
+impl MemOrder {
+    /// An ordering of semantics `sem` at GPU scope.
+    pub fn gpu(sem: MemSem) -> MemOrder {
+        MemOrder { sem, scope: MemScope::Gpu }
+    }
+}
+
 /// The memory family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryOp {
@@ -107,6 +147,8 @@ pub enum MemoryOp {
         evict: EvictionPolicy,
         /// Volatile load (never cached or merged).
         volatile: bool,
+        /// A strong load of this ordering (`None`: a weak, plain load).
+        order: Option<MemOrder>,
     },
     /// `load_block ptr, rows, cols, row_stride, row0, col0 {br, bc}`: the
     /// `[br, bc]` tile of the pointee dtype at `(row0, col0)` of the
@@ -131,6 +173,8 @@ pub enum MemoryOp {
         cache: CacheModifier,
         /// Eviction policy.
         evict: EvictionPolicy,
+        /// A strong store of this ordering (`None`: a weak, plain store).
+        order: Option<MemOrder>,
     },
     /// `atomic_<kind> ptr, value [, mask]`: returns the old values.
     Atomic {
@@ -149,6 +193,22 @@ pub enum MemoryOp {
         sem: MemSem,
         /// Scope.
         scope: MemScope,
+    },
+    /// `wait_until ptr, value`: blocks until `*ptr cmp value` (see the
+    /// module documentation); no results.
+    WaitUntil {
+        /// The comparison of the value read (left) with `value` (right).
+        cmp: CmpPred,
+        /// `acquire` (the default) or `relaxed`.
+        sem: MemSem,
+        /// `gpu` or `sys`.
+        scope: MemScope,
+    },
+    /// `prefetch_l2 ptr [, mask]`: prefetches the lines of the addresses into
+    /// L2; no results.
+    PrefetchL2 {
+        /// Operand 1 is an `i1` mask.
+        has_mask: bool,
     },
 }
 
@@ -240,12 +300,28 @@ impl MemoryOp {
             MemoryOp::Store { .. } => "store",
             MemoryOp::Atomic { kind, .. } => kind.name(),
             MemoryOp::AtomicCas { .. } => "atomic_cas",
+            MemoryOp::WaitUntil { .. } => "wait_until",
+            MemoryOp::PrefetchL2 { .. } => "prefetch_l2",
         }
     }
 
-    /// True for ops that write memory (or read it volatile).
+    /// True for ops that write memory, read it volatile or ordered (a read
+    /// that synchronises is never removed, merged or moved), wait or prefetch.
     pub fn has_side_effects(&self) -> bool {
-        !matches!(self, MemoryOp::Load { volatile: false, .. } | MemoryOp::LoadBlock { .. })
+        !matches!(self, MemoryOp::Load { volatile: false, order: None, .. } | MemoryOp::LoadBlock { .. })
+    }
+
+    /// True for ops that synchronise with other programs: ordered loads and
+    /// stores, atomics with acquire or release semantics, and waits.
+    pub fn synchronizes(&self) -> bool {
+        match *self {
+            MemoryOp::Load { order, .. } | MemoryOp::Store { order, .. } => {
+                order.is_some_and(|o| o.sem != MemSem::Relaxed)
+            }
+            MemoryOp::Atomic { sem, .. } | MemoryOp::AtomicCas { sem, .. } => sem != MemSem::Relaxed,
+            MemoryOp::WaitUntil { .. } => true,
+            MemoryOp::LoadBlock { .. } | MemoryOp::PrefetchL2 { .. } => false,
+        }
     }
 
     /// Attributes for printing (defaults are omitted).
@@ -259,8 +335,12 @@ impl MemoryOp {
                 a.push(("evict", Attr::Word(evict_name(e).into())));
             }
         };
+        let ordered = |a: &mut Attrs, sem: MemSem, scope: MemScope| {
+            a.push(("sem", Attr::Word(sem_name(sem).into())));
+            a.push(("scope", Attr::Word(scope_name(scope).into())));
+        };
         match *self {
-            MemoryOp::Load { has_mask, has_other, cache, evict, volatile } => {
+            MemoryOp::Load { has_mask, has_other, cache, evict, volatile, order } => {
                 if has_mask {
                     a.push(("mask", Attr::Flag));
                 }
@@ -271,28 +351,39 @@ impl MemoryOp {
                 if volatile {
                     a.push(("volatile", Attr::Flag));
                 }
+                if let Some(o) = order {
+                    ordered(&mut a, o.sem, o.scope);
+                }
             }
             MemoryOp::LoadBlock { rows, cols, cache, evict } => {
                 a.push(("br", Attr::Int(i64::from(rows))));
                 a.push(("bc", Attr::Int(i64::from(cols))));
                 hints(&mut a, cache, evict);
             }
-            MemoryOp::Store { has_mask, cache, evict } => {
+            MemoryOp::Store { has_mask, cache, evict, order } => {
                 if has_mask {
                     a.push(("mask", Attr::Flag));
                 }
                 hints(&mut a, cache, evict);
+                if let Some(o) = order {
+                    ordered(&mut a, o.sem, o.scope);
+                }
             }
             MemoryOp::Atomic { has_mask, sem, scope, .. } => {
                 if has_mask {
                     a.push(("mask", Attr::Flag));
                 }
-                a.push(("sem", Attr::Word(sem_name(sem).into())));
-                a.push(("scope", Attr::Word(scope_name(scope).into())));
+                ordered(&mut a, sem, scope);
             }
-            MemoryOp::AtomicCas { sem, scope } => {
-                a.push(("sem", Attr::Word(sem_name(sem).into())));
-                a.push(("scope", Attr::Word(scope_name(scope).into())));
+            MemoryOp::AtomicCas { sem, scope } => ordered(&mut a, sem, scope),
+            MemoryOp::WaitUntil { cmp, sem, scope } => {
+                a.push(("cmp", Attr::Word(cmp.name().into())));
+                ordered(&mut a, sem, scope);
+            }
+            MemoryOp::PrefetchL2 { has_mask } => {
+                if has_mask {
+                    a.push(("mask", Attr::Flag));
+                }
             }
         }
         a
@@ -305,6 +396,8 @@ impl MemoryOp {
         let sem = parse_word(attrs, "sem", &SEMS, sem_name, MemSem::AcqRel)?;
         let scope = parse_word(attrs, "scope", &SCOPES, scope_name, MemScope::Gpu)?;
         let has_mask = attr_flag(attrs, "mask");
+        // A load or store is ordered when it names its semantics.
+        let order = super::attr(attrs, "sem").is_some().then_some(MemOrder { sem, scope });
         Ok(Some(match name {
             "load" => MemoryOp::Load {
                 has_mask,
@@ -312,6 +405,7 @@ impl MemoryOp {
                 cache,
                 evict,
                 volatile: attr_flag(attrs, "volatile"),
+                order,
             },
             "load_block" => {
                 let dim = |key: &str| -> Result<u32, String> {
@@ -321,8 +415,14 @@ impl MemoryOp {
                 };
                 MemoryOp::LoadBlock { rows: dim("br")?, cols: dim("bc")?, cache, evict }
             }
-            "store" => MemoryOp::Store { has_mask, cache, evict },
+            "store" => MemoryOp::Store { has_mask, cache, evict, order },
             "atomic_cas" => MemoryOp::AtomicCas { sem, scope },
+            "wait_until" => {
+                let w = attr_word(attrs, "cmp")?;
+                let cmp = CmpPred::from_name(w).ok_or(format!("unknown comparison `{w}`"))?;
+                MemoryOp::WaitUntil { cmp, sem: order.map_or(MemSem::Acquire, |o| o.sem), scope }
+            }
+            "prefetch_l2" => MemoryOp::PrefetchL2 { has_mask },
             _ => match ATOMICS.iter().find(|(_, n)| *n == name) {
                 Some((kind, _)) => MemoryOp::Atomic { kind: *kind, has_mask, sem, scope },
                 None => return Ok(None),
@@ -355,9 +455,17 @@ impl MemoryOp {
             Ok(())
         };
         match *self {
-            MemoryOp::Load { has_mask, has_other, .. } => {
+            MemoryOp::Load { has_mask, has_other, cache, evict, volatile, order } => {
                 if has_other && !has_mask {
                     return Err("`load` with `other` needs a mask".into());
+                }
+                if let Some(o) = order {
+                    check_order(name, pointee, o, MemSem::Acquire, cache, evict)?;
+                    if volatile {
+                        return Err(
+                            "an ordered `load` is already never merged or removed: drop `volatile`".into()
+                        );
+                    }
                 }
                 expect_args(name, args, 1 + has_mask as usize + has_other as usize)?;
                 same_shapes(name, args)?;
@@ -371,7 +479,10 @@ impl MemoryOp {
             }
             // Checked above, before operand 0 must be a pointer of any shape.
             MemoryOp::LoadBlock { rows, cols, .. } => infer_load_block(rows, cols, args),
-            MemoryOp::Store { has_mask, .. } => {
+            MemoryOp::Store { has_mask, cache, evict, order } => {
+                if let Some(o) = order {
+                    check_order(name, pointee, o, MemSem::Release, cache, evict)?;
+                }
                 expect_args(name, args, 2 + has_mask as usize)?;
                 same_shapes(name, args)?;
                 check_value(&args[1], "value")?;
@@ -421,8 +532,72 @@ impl MemoryOp {
                 }
                 Ok(vec![value_ty])
             }
+            MemoryOp::WaitUntil { sem, scope, .. } => {
+                expect_args(name, args, 2)?;
+                if !ptr.is_scalar() || !matches!(pointee, DType::I32 | DType::U32 | DType::I64) {
+                    return Err(format!(
+                        "`wait_until` waits on a scalar pointer to i32, u32 or i64 (a flag or counter), found {ptr}"
+                    ));
+                }
+                if !args[1].is_scalar() {
+                    return Err(format!("`wait_until` compares with a scalar, found {}", args[1]));
+                }
+                check_value(&args[1], "value")?;
+                if !matches!(sem, MemSem::Acquire | MemSem::Relaxed) {
+                    return Err(format!(
+                        "`wait_until` is a read: its semantics are `acquire` or `relaxed`, not `{}`",
+                        sem_name(sem)
+                    ));
+                }
+                if scope == MemScope::Cta {
+                    return Err(
+                        "`wait_until` waits for another program: its scope is `gpu` or `sys`, not `cta` \
+                                (a CTA-scoped read does not synchronise with other programs)"
+                            .into(),
+                    );
+                }
+                Ok(Vec::new())
+            }
+            MemoryOp::PrefetchL2 { has_mask } => {
+                expect_args(name, args, 1 + has_mask as usize)?;
+                same_shapes(name, args)?;
+                if has_mask {
+                    check_mask(&args[1])?;
+                }
+                Ok(Vec::new())
+            }
         }
     }
+}
+
+/// Checks the ordering of a strong load (`allowed` = acquire) or store
+/// (`allowed` = release): relaxed or `allowed` semantics, a 32- or 64-bit
+/// element, no cache hints.
+fn check_order(
+    name: &str,
+    pointee: DType,
+    o: MemOrder,
+    allowed: MemSem,
+    cache: CacheModifier,
+    evict: EvictionPolicy,
+) -> Result<(), String> {
+    if o.sem != MemSem::Relaxed && o.sem != allowed {
+        let what = if allowed == MemSem::Acquire { "a read" } else { "a write" };
+        return Err(format!(
+            "`{name}` is {what}: its semantics are `relaxed` or `{}`, not `{}` (only atomics are both)",
+            sem_name(allowed),
+            sem_name(o.sem)
+        ));
+    }
+    if pointee.bits() < 32 {
+        return Err(format!(
+            "an ordered `{name}` moves 32- or 64-bit elements (flags and counters), found {pointee}"
+        ));
+    }
+    if cache != CacheModifier::None || evict != EvictionPolicy::Normal {
+        return Err(format!("an ordered `{name}` takes no cache modifier or eviction policy"));
+    }
+    Ok(())
 }
 
 /// The names of `load_block`'s operands, in order.
