@@ -183,3 +183,41 @@ pub fn row_stats(
     store(args_ptr + rows, argmax(xm, 1), mask = row_ok);
     store(y_ptr + offs, x - expand_dims(mx, 1), mask = mask);
 }
+
+/// A hand-over chain between programs: the program of rank `r` (ranks run
+/// backwards over the grid with `rev != 0`, so most programs wait first)
+/// waits until `flags[r] >= 1`, reads row `r` of `vals` (`BLOCK` wide),
+/// writes row `r + 1` as `row r + r + 1` and release-stores `flags[r + 1]`.
+/// `flags[0] = 1` and row 0 come from the host. Every program of the grid
+/// must be resident at once on a GPU.
+#[kernel]
+pub fn handoff_chain(vals: Ptr<i32>, flags: Ptr<i32>, rev: i32, #[constexpr] BLOCK: usize) {
+    let pid = program_id(0);
+    let r = where_(rev != 0, num_programs(0) - 1 - pid, pid);
+    let offs = arange(0, BLOCK);
+    wait_until(flags + r, "ge", 1);
+    let prev = load(vals + r * BLOCK + offs);
+    store(vals + (r + 1) * BLOCK + offs, prev + r + 1);
+    store(flags + r + 1, 1, sem = "release");
+}
+
+/// A task list run by a persistent grid, the pattern of a persistent decode
+/// step: program `p` runs tasks `p, p + G, ...`; task `t` waits until
+/// `done[t]` counts its finished dependencies (tasks `t - 1` and `t - 2`),
+/// writes row `t + 2` of `vals` as `(row t + 1 + row t) % 65521 + t`,
+/// prefetches the row it will need after the next into L2, and releases
+/// its dependents with `atomic_add`. Rows 0 and 1 come from the host;
+/// `done` has `n + 2` zeroed counters.
+#[kernel]
+pub fn task_chain(vals: Ptr<i32>, done: Ptr<i32>, n: i32, #[constexpr] BLOCK: usize) {
+    let offs = arange(0, BLOCK);
+    for t in range(program_id(0), n, num_programs(0)) {
+        prefetch_l2(vals + (t + 2) * BLOCK + offs, mask = offs < BLOCK);
+        wait_until(done + t, "ge", minimum(t, 2));
+        let a = load(vals + (t + 1) * BLOCK + offs);
+        let b = load(vals + t * BLOCK + offs);
+        store(vals + (t + 2) * BLOCK + offs, (a + b) % 65521 + t);
+        atomic_add(done + t + 1, 1, sem = "release");
+        atomic_add(done + t + 2, 1, sem = "release");
+    }
+}

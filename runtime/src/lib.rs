@@ -48,6 +48,7 @@ pub mod check_pdl;
 pub mod check_q8;
 pub mod check_rope;
 pub mod check_sampling;
+pub mod check_sync;
 pub mod cli;
 pub mod cuda;
 pub mod engine;

@@ -102,6 +102,16 @@ fn spec<K: Kernel>(config: K::Config) -> dsl_core::Result<(Function, LaunchOptio
     Ok((K::build(&config)?, K::launch_options(&config)))
 }
 
+fn build_handoff_chain() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::examples::handoff_chain as k;
+    spec::<k::Kernel>(k::Config::new(64))
+}
+
+fn build_task_chain() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::examples::task_chain as k;
+    spec::<k::Kernel>(k::Config::new(64))
+}
+
 fn build_vector_add() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<vector_add::Kernel>(vector_add::Config::new(DType::F32, 1024))
 }
@@ -281,6 +291,20 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = f32, BLOCK = 1024, num_warps = 4",
         build: build_vector_add,
         check: checks!(check::vector_add),
+    },
+    Entry {
+        name: "handoff_chain",
+        description: "programs hand rows on through wait_until and release stores",
+        default_config: "BLOCK = 64, num_warps = 4",
+        build: build_handoff_chain,
+        check: checks!(crate::check_sync::handoffs),
+    },
+    Entry {
+        name: "task_chain",
+        description: "a persistent grid over a task list with release counters",
+        default_config: "BLOCK = 64, num_warps = 4",
+        build: build_task_chain,
+        check: checks!(crate::check_sync::task_lists),
     },
     Entry {
         name: "copy",

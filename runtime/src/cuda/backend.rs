@@ -71,6 +71,9 @@ pub struct Prepared {
     /// launched overlapping the previous kernel (programmatic dependent
     /// launch).
     pub overlap: bool,
+    /// The kernel waits on other programs (`wait_until`): every program of a
+    /// launch must be resident at once, or a wait may never end.
+    pub waits: bool,
     /// For kernels with hidden tensor maps: 256 zeroed bytes that the map of
     /// an empty matrix points at (see [`super::tma`]).
     pub zeros: Option<DevBuf<u8>>,
@@ -319,6 +322,7 @@ impl Cuda {
         let kernel = self.gpu.load_kernel(&compiled.name, &compiled.ptx, compiled.shared_bytes)?;
         let offsets = OffsetRule::of(&func);
         let overlap = self.overlap && func.waits_on_grid();
+        let waits = func.waits_on_programs();
         let zeros = if compiled.tensor_maps.is_empty() { None } else { Some(self.gpu.upload(&[0u8; 256])?) };
         Ok(Arc::new(Prepared {
             func,
@@ -330,6 +334,7 @@ impl Cuda {
             config_key,
             mask,
             overlap,
+            waits,
             zeros,
         }))
     }
@@ -355,6 +360,16 @@ impl Cuda {
         let n = validate_args_into(&p.func, &p.offsets, &raw, &mut params).map_err(launch_err)?;
         if !validate_grid(grid, self.gpu.info().grid).map_err(launch_err)? {
             return Ok(());
+        }
+        let programs = grid.iter().map(|&g| u64::from(g)).product::<u64>();
+        let sms = u64::from(self.gpu.info().sm_count);
+        if p.waits && programs > sms {
+            // One program per multiprocessor is resident whatever the
+            // kernel's resources; more is not guaranteed.
+            return Err(launch_err(format!(
+                "its programs wait on each other, so all must be resident at once: \
+                 a grid of {programs} programs exceeds the {sms} multiprocessors"
+            )));
         }
         let mut maps = [super::tma::blank(); MAX_MAPS];
         let nm = p.encode_maps(&params[..n], &mut maps)?;

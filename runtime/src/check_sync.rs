@@ -1,0 +1,148 @@
+//! The synchronisation checks (`gpu-check --only handoff_chain,task_chain`):
+//! programs that hand
+//! data to each other through `wait_until`, acquire/release stores and
+//! release atomics (`kernels::examples::{handoff_chain, task_chain}`), on
+//! the device against the interpreter (which interleaves the programs and
+//! checks every hand-over) and against the values computed here.
+//!
+//! - `handoff_chain`: 1, 17 and up to 64 programs (at most the device's
+//!   multiprocessors: all resident), ranks forwards and backwards over the
+//!   grid, rows of 64 `i32`.
+//! - `task_chain`: persistent grids of 1, 7 and up to 32 programs over 200
+//!   and 1000 tasks whose dependencies cross programs.
+//!
+//! The native CPU backend runs programs to completion in any order, so it
+//! rejects waiting kernels: there a row passes when the launch fails with
+//! an `Unsupported` error and the interpreter still runs the kernel.
+
+use crate::check::{CheckRow, DevicePtr, Rng};
+use crate::error::Result;
+use crate::model::Device;
+use dsl_core::DType;
+use dsl_core::interp::Cpu;
+use kernels::examples::{handoff_chain, task_chain};
+use std::marker::PhantomData;
+
+/// Row width of both kernels.
+const BLOCK: usize = 64;
+
+/// A row comparing `got` (or the launch error) with `want` and the interpreter's `interp`.
+fn row(
+    kernel: &str,
+    shape: String,
+    got: Result<Vec<i32>>,
+    want: &[i32],
+    interp: &[i32],
+    gpu: bool,
+) -> CheckRow {
+    let (pass, shape) = match got {
+        Ok(g) => {
+            let bad = g.iter().zip(want).filter(|(a, b)| a != b).count() + g.len().abs_diff(want.len());
+            (bad == 0 && interp == want, format!("{shape}: {bad} of {} differ", want.len()))
+        }
+        Err(e) => {
+            let s = e.to_string();
+            let rejected = !gpu && s.contains("interpreter runs them");
+            (
+                rejected && interp == want,
+                format!("{shape}: launch refused ({})", s.lines().next().unwrap_or("")),
+            )
+        }
+    };
+    CheckRow { kernel: kernel.into(), shape, dtype: DType::I32, max_abs: 0.0, max_rel: 0.0, pass }
+}
+
+/// `handoff_chain` over `g` programs: rows `0..=g` after the launch.
+fn handoff<D: Device>(dev: &mut D, rng: &mut Rng, g: usize, rev: bool) -> Result<CheckRow> {
+    let mut vals = vec![0i32; (g + 1) * BLOCK];
+    for v in &mut vals[..BLOCK] {
+        *v = (rng.next_u64() % 1000) as i32;
+    }
+    let mut flags = vec![0i32; g + 1];
+    flags[0] = 1;
+    let mut want = vals.clone();
+    for r in 0..g {
+        for j in 0..BLOCK {
+            want[(r + 1) * BLOCK + j] = want[r * BLOCK + j] + r as i32 + 1;
+        }
+    }
+    let config = handoff_chain::Config::new(BLOCK);
+    let grid = [g as u32, 1, 1];
+    let got = (|| {
+        let (vd, fd) = (dev.upload(&vals)?, dev.upload(&flags)?);
+        let args = handoff_chain::Args {
+            vals: dev.ptr(&vd)?,
+            flags: dev.ptr(&fd)?,
+            rev: i32::from(rev),
+            _marker: PhantomData,
+        };
+        dev.run::<handoff_chain::Kernel>(grid, &config, &args)?;
+        dev.download(&vd)
+    })();
+    let mut cpu = Cpu::new();
+    let (vc, fc) = (cpu.upload(&vals), cpu.upload(&flags));
+    let args =
+        handoff_chain::Args { vals: vc.cast(), flags: fc.cast(), rev: i32::from(rev), _marker: PhantomData };
+    handoff_chain::interpret(&mut cpu, grid, &config, &args)?;
+    let interp: Vec<i32> = cpu.read(vc);
+    let order = if rev { "ranks backwards" } else { "ranks forwards" };
+    Ok(row("handoff_chain", format!("{g} programs, {order}"), got, &want, &interp, dev.tensor_cores()))
+}
+
+/// `task_chain` with `g` programs over `n` tasks: rows `0..n + 2`.
+fn tasks<D: Device>(dev: &mut D, rng: &mut Rng, g: usize, n: usize) -> Result<CheckRow> {
+    let mut vals = vec![0i32; (n + 2) * BLOCK];
+    for v in &mut vals[..2 * BLOCK] {
+        *v = (rng.next_u64() % 65521) as i32;
+    }
+    let done = vec![0i32; n + 2];
+    let mut want = vals.clone();
+    for t in 0..n {
+        for j in 0..BLOCK {
+            let (a, b) = (want[(t + 1) * BLOCK + j], want[t * BLOCK + j]);
+            want[(t + 2) * BLOCK + j] = (a + b) % 65521 + t as i32;
+        }
+    }
+    let config = task_chain::Config::new(BLOCK);
+    let grid = [g as u32, 1, 1];
+    let got = (|| {
+        let (vd, dd) = (dev.upload(&vals)?, dev.upload(&done)?);
+        let args =
+            task_chain::Args { vals: dev.ptr(&vd)?, done: dev.ptr(&dd)?, n: n as i32, _marker: PhantomData };
+        dev.run::<task_chain::Kernel>(grid, &config, &args)?;
+        dev.download(&vd)
+    })();
+    let mut cpu = Cpu::new();
+    let (vc, dc) = (cpu.upload(&vals), cpu.upload(&done));
+    let args = task_chain::Args { vals: vc.cast(), done: dc.cast(), n: n as i32, _marker: PhantomData };
+    task_chain::interpret(&mut cpu, grid, &config, &args)?;
+    let interp: Vec<i32> = cpu.read(vc);
+    Ok(row("task_chain", format!("{g} programs, {n} tasks"), got, &want, &interp, dev.tensor_cores()))
+}
+
+/// The most programs a waiting grid may have on `dev` (all resident).
+fn cap<D: Device>(dev: &D) -> usize {
+    if dev.tensor_cores() { dev.sm_count().max(1) } else { usize::MAX }
+}
+
+/// The `handoff_chain` rows (see the module doc).
+pub fn handoffs<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for g in [1, 17, 64] {
+        for rev in [false, true] {
+            rows.push(handoff(dev, &mut rng, g.min(cap(dev)), rev)?);
+        }
+    }
+    Ok(rows)
+}
+
+/// The `task_chain` rows (see the module doc).
+pub fn task_lists<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    for (g, n) in [(1, 200), (7, 200), (32, 1000)] {
+        rows.push(tasks(dev, &mut rng, g.min(cap(dev)), n)?);
+    }
+    Ok(rows)
+}
