@@ -164,8 +164,50 @@ pub fn resolve_model(path: &Path) -> PathBuf {
     if root.is_file() { root } else { path.to_path_buf() }
 }
 
+/// The most sequences at once the loader accepts.
+pub const MAX_NUM_SEQS: usize = 1 << 16;
+/// The longest sequence the loader accepts (tokens).
+pub const MAX_MODEL_LEN: usize = 1 << 24;
+/// The largest step token budget the loader accepts.
+pub const MAX_BATCHED_TOKENS: usize = 1 << 20;
+/// The most KV blocks the loader accepts.
+pub const MAX_KV_BLOCKS: usize = 1 << 26;
+
+impl LoadOptions {
+    /// Checks the sizes before anything is computed from them: a usage error
+    /// naming the flag for a block size other than 16, 32 or 64, no
+    /// sequences, no KV blocks, or a size beyond the loader's limits (whose
+    /// products could otherwise overflow).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::Usage(msg));
+        if ![16, 32, 64].contains(&self.block_size) {
+            return bad(format!("--block-size must be 16, 32 or 64, not {}", self.block_size));
+        }
+        if !(1..=MAX_NUM_SEQS).contains(&self.max_num_seqs) {
+            return bad(format!("--max-num-seqs must be 1..={MAX_NUM_SEQS}, not {}", self.max_num_seqs));
+        }
+        if self.max_model_len > MAX_MODEL_LEN {
+            return bad(format!(
+                "--max-model-len must be at most {MAX_MODEL_LEN} (0: the model's context), not {}",
+                self.max_model_len
+            ));
+        }
+        if self.max_num_batched_tokens > MAX_BATCHED_TOKENS {
+            return bad(format!(
+                "--max-num-batched-tokens must be at most {MAX_BATCHED_TOKENS}, not {}",
+                self.max_num_batched_tokens
+            ));
+        }
+        if let Some(b) = self.max_blocks.filter(|b| !(1..=MAX_KV_BLOCKS).contains(b)) {
+            return bad(format!("--kv-blocks must be 1..={MAX_KV_BLOCKS}, not {b}"));
+        }
+        Ok(())
+    }
+}
+
 /// Loads the model per `opts` and runs `task` on it.
 pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output> {
+    opts.validate()?;
     let path = resolve_model(&opts.model);
     if !path.is_file() {
         return Err(Error::Usage(format!(
@@ -374,6 +416,7 @@ pub fn build_engine<D: Device, T: Sample>(
     gpu_memory: Option<u64>,
     opts: &LoadOptions,
 ) -> Result<(Engine<D, T>, MemoryPlan)> {
+    opts.validate()?;
     let elem = std::mem::size_of::<T>() as u64;
     let is_gpu = gpu_memory.is_some();
     let max_model_len =

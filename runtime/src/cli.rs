@@ -355,6 +355,13 @@ fn profile_cmd(a: &ProfileArgs) -> Result<()> {
         prefill: a.prefill,
         steps: a.steps,
     };
+    if a.context > app::MAX_MODEL_LEN || a.prefill > app::MAX_MODEL_LEN || a.steps > 1 << 20 {
+        return Err(Error::Usage(format!(
+            "--context and --prefill must be at most {} and --steps at most {}",
+            app::MAX_MODEL_LEN,
+            1 << 20
+        )));
+    }
     if let Some(&b) = a.batches.iter().find(|&&b| b == 0 || b > a.model.max_num_seqs) {
         return Err(Error::Usage(format!(
             "batch size {b} is outside 1..=--max-num-seqs ({})",
@@ -717,6 +724,45 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// A block size the cache cannot page by, and sizes whose products would
+    /// overflow, end a command with a usage error naming the flag (before the
+    /// model is read), never a panic or a wrapped number.
+    #[test]
+    fn bad_engine_sizes_are_usage_errors() {
+        let cases: [(&[&str], &str); 6] = [
+            (&["--block-size", "0"], "--block-size"),
+            (&["--block-size", "48"], "--block-size"),
+            (&["--max-num-seqs", "0"], "--max-num-seqs"),
+            (&["--max-num-seqs", "18446744073709551615"], "--max-num-seqs"),
+            (&["--max-model-len", "18446744073709551615"], "--max-model-len"),
+            (&["--kv-blocks", "0"], "--kv-blocks"),
+        ];
+        for (flags, name) in cases {
+            for cmd in ["generate", "profile"] {
+                let mut argv = vec!["tessera", cmd, "--model", "/nonexistent.gguf"];
+                if cmd == "generate" {
+                    argv.extend(["--prompt", "hi"]);
+                }
+                argv.extend(flags);
+                let cli = Cli::try_parse_from(&argv).unwrap();
+                match run(cli) {
+                    Err(Error::Usage(m)) => assert!(m.contains(name), "{argv:?}: {m}"),
+                    other => panic!("{argv:?}: {other:?}"),
+                }
+            }
+        }
+        let sizes = |f: &[&str]| {
+            let mut argv = vec!["tessera", "generate", "--prompt", "hi"];
+            argv.extend(f);
+            match Cli::try_parse_from(&argv).unwrap().command {
+                Command::Generate(a) => a.model.load_options().validate(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(sizes(&["--block-size", "64", "--max-num-seqs", "256", "--max-model-len", "8192"]).is_ok());
+        assert!(sizes(&["--max-num-batched-tokens", "99999999999"]).is_err());
     }
 
     #[test]
