@@ -341,9 +341,9 @@ fn decode_timings<D: Device>(cpu: &mut D) {
         let t0 = Instant::now();
         let logits = model.forward(cpu, &single_seq_step(&tok, &[p], &[0], &[p + 1], &[0, 1], &[0])).unwrap();
         eprintln!("decode at position {p}: layers {layers:?}, layers + LM head {:?}", t0.elapsed());
-        let p = model.take_profile(cpu).unwrap();
-        if !p.is_empty() {
-            eprintln!("{:#?}", crate::model::by_kernel(&p));
+        let launches = model.take_profile(cpu).unwrap();
+        if !launches.is_empty() {
+            eprintln!("{:#?}", crate::model::by_kernel(&launches));
         }
         if gold.gaps[i + 1] >= gold.tie_gap {
             assert_eq!(argmax(&logits), gold.tokens[i + 1], "position {p}");
