@@ -29,6 +29,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
                 return Ok(());
             }
+            ProgramOp::GlobalTimer => {
+                // A volatile read (side effects): never merged with another.
+                let i64t = self.ctx.i64_type();
+                let v =
+                    self.asm_with("mov.u64 $0, %globaltimer;", "=l,~{memory}", Some(i64t.into()), &[], true)?;
+                let v = v.ok_or_else(|| self.bug(inst, "globaltimer gave no value"))?;
+                let res = self.result(inst, 0)?;
+                self.set(res, vec![v]);
+                return Ok(());
+            }
         };
         let dim = match axis {
             0 => "x",

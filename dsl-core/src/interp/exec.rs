@@ -563,6 +563,11 @@ impl World<'_, '_> {
             // Programs run one after another and launches in order: nothing
             // overlaps, so the dependency-control ops have nothing to do.
             Op::Program(ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents) => smallvec![],
+            Op::Program(ProgramOp::GlobalTimer) => {
+                static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+                let ns = EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos();
+                one(Tile::int_scalar(Elem::Scalar(crate::DType::I64), i64::try_from(ns).unwrap_or(i64::MAX)))
+            }
             Op::Program(p) => {
                 let axis = usize::from(p.axis().unwrap_or(0));
                 let v = match p {

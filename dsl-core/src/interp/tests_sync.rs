@@ -394,3 +394,29 @@ fn kernels_report_whether_they_wait_and_synchronise() {
         .unwrap();
     assert!(!f.waits_on_programs() && !f.synchronizes_programs());
 }
+
+/// `globaltimer` reads a clock that never runs backwards: each program
+/// stores two readings around a loop, and the second is not before the
+/// first; the op prints and parses back.
+#[test]
+fn globaltimer_reads_a_monotonic_clock() {
+    let f = KernelBuilder::new("clock")
+        .build(|| {
+            let out = param_ptr("out", DType::I64);
+            let pid = program_id(0);
+            store(out + pid * 2, globaltimer(), None);
+            let spin = for_range(0, 1000, 1, &[full(&[], 0, DType::I32)], |i, acc| vec![acc[0] + i]);
+            store(out + pid * 2 + 1, globaltimer() + (spin[0] - spin[0]).to(DType::I64), None);
+        })
+        .unwrap();
+    let text = crate::print::print(&f);
+    assert!(text.contains("globaltimer"), "{text}");
+    let back = crate::parse::parse(&text).unwrap();
+    assert_eq!(crate::print::print(&back), text);
+    let mut bufs = [Buffer::zeros(DType::I64, 6)];
+    launch(&f, [3, 1, 1], &mut bufs, &[Arg::ptr(0)]).unwrap();
+    let t = bufs[0].to_vec::<i64>();
+    for p in 0..3 {
+        assert!(t[2 * p] > 0 && t[2 * p + 1] >= t[2 * p], "{t:?}");
+    }
+}

@@ -271,6 +271,19 @@ pub fn gdc_launch_dependents() {
     });
 }
 
+/// A nanosecond clock shared by every program of the launch, an `i64`
+/// scalar (`%globaltimer` on the GPU; on the interpreter, nanoseconds since
+/// the interpreter's first read): for timing the phases of a persistent
+/// kernel. Every call reads the clock anew.
+#[track_caller]
+pub fn globaltimer() -> Tensor {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        let v = c.push(Op::Program(ProgramOp::GlobalTimer), &[], &loc, &[Type::scalar(DType::I64)])[0];
+        c.handle(v)
+    })
+}
+
 /// Fails the kernel with `message` where `cond` is false (any element).
 #[track_caller]
 pub fn device_assert(cond: Tensor, message: &str) {

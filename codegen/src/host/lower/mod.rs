@@ -320,6 +320,11 @@ impl<'ctx> Lower<'ctx, '_> {
             ProgramOp::ProgramId { axis } => self.pid[usize::from(axis.min(2))],
             ProgramOp::NumPrograms { axis } => self.grid[usize::from(axis.min(2))],
             ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents => return Ok(()),
+            ProgramOp::GlobalTimer => {
+                return Err(
+                    self.unsupported(i, "globaltimer (the GPU and the interpreter time persistent kernels)")
+                );
+            }
         };
         let v = self.f.insts[i].results[0];
         self.set(v, Repr::Scalar(r.into()));

@@ -40,6 +40,10 @@ pub enum ProgramOp {
     /// `gdc_launch_dependents`: allows the next kernel of the stream to be
     /// scheduled (`griddepcontrol.launch_dependents`).
     GdcLaunchDependents,
+    /// `globaltimer`: a nanosecond clock shared by every program of the
+    /// launch (`%globaltimer`), an `i64` scalar; for timing the phases of a
+    /// persistent kernel. Never moved or merged with another read.
+    GlobalTimer,
 }
 
 impl ProgramOp {
@@ -50,6 +54,7 @@ impl ProgramOp {
             ProgramOp::NumPrograms { .. } => "num_programs",
             ProgramOp::GdcWait => "gdc_wait",
             ProgramOp::GdcLaunchDependents => "gdc_launch_dependents",
+            ProgramOp::GlobalTimer => "globaltimer",
         }
     }
 
@@ -57,12 +62,13 @@ impl ProgramOp {
     pub fn axis(&self) -> Option<u8> {
         match *self {
             ProgramOp::ProgramId { axis } | ProgramOp::NumPrograms { axis } => Some(axis),
-            ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents => None,
+            ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents | ProgramOp::GlobalTimer => None,
         }
     }
 
     /// True for the grid dependency-control ops, which order the kernel
-    /// against its neighbours in the stream and so are never removed or moved.
+    /// against its neighbours in the stream, and the clock: never removed or
+    /// moved.
     pub fn has_side_effects(&self) -> bool {
         self.axis().is_none()
     }
@@ -83,6 +89,7 @@ impl ProgramOp {
             "num_programs" => ProgramOp::NumPrograms { axis: axis()? },
             "gdc_wait" => ProgramOp::GdcWait,
             "gdc_launch_dependents" => ProgramOp::GdcLaunchDependents,
+            "globaltimer" => ProgramOp::GlobalTimer,
             _ => return Ok(None),
         }))
     }
@@ -91,6 +98,7 @@ impl ProgramOp {
     pub fn infer(&self, args: &[Type]) -> Result<Vec<Type>, String> {
         expect_args(self.name(), args, 0)?;
         match self.axis() {
+            None if *self == ProgramOp::GlobalTimer => Ok(vec![Type::scalar(DType::I64)]),
             None => Ok(Vec::new()),
             Some(axis) if axis > 2 => Err(format!("`{}` axis must be 0, 1 or 2, found {axis}", self.name())),
             Some(_) => Ok(vec![Type::scalar(DType::I32)]),
