@@ -106,7 +106,8 @@
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
 use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
-use dsl_macros::kernel;
+use dsl_core::DType;
+use dsl_macros::{kernel, kernel_fn};
 
 /// `log2(e)`: folded into the query scale so the softmax uses `exp2`.
 pub const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -276,20 +277,76 @@ pub fn paged_decode_tc<T: Float>(
     static_assert(ROWS >= GROUP, "ROWS must hold the query heads of a KV head");
     gdc_wait();
     gdc_launch_dependents();
-    let b = program_id(0);
-    let h = program_id(1);
-    let split = program_id(2);
+    decode_tc_body(
+        q_ptr,
+        k_cache,
+        v_cache,
+        block_tables,
+        bt_stride,
+        seq_lens,
+        out_ptr,
+        part_o,
+        part_m,
+        part_l,
+        scale,
+        split_len,
+        program_id(0),
+        program_id(1),
+        program_id(2),
+        num_programs(2),
+        T,
+        H_KV,
+        GROUP,
+        HEAD_DIM,
+        PAGE,
+        BLOCK_N,
+        SPLIT,
+        ROWS,
+        INVARIANT,
+    );
+}
+
+/// The body of [`paged_decode_tc`] for sequence `b`, KV head `h` and split
+/// `split_id` of `n_splits` (see the module doc).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn decode_tc_body(
+    q_ptr: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    bt_stride: Tensor,
+    seq_lens: Tensor,
+    out_ptr: Tensor,
+    part_o: Tensor,
+    part_m: Tensor,
+    part_l: Tensor,
+    scale: Tensor,
+    split_len: Tensor,
+    b: Tensor,
+    h: Tensor,
+    split_id: Tensor,
+    n_splits: Tensor,
+    dt: DType,
+    h_kv: usize,
+    group: usize,
+    head_dim: usize,
+    page_size: usize,
+    block_n: usize,
+    split_mode: bool,
+    rows: usize,
+    invariant: bool,
+) {
     let ctx = load(seq_lens + b);
-    let start = split * split_len;
+    let start = split_id * split_len;
     let end = minimum(ctx, start + split_len);
     // Whole key blocks first (no masks), then at most one partial block.
-    let full_end = start + maximum(end - start, 0) / BLOCK_N * BLOCK_N;
+    let full_end = start + maximum(end - start, 0) / block_n * block_n;
 
-    let rows = ROWS;
     let g = arange(0, rows);
-    let d = arange(0, HEAD_DIM);
-    let real = g < GROUP;
-    let q_off = expand_dims((b * (H_KV * GROUP) + h * GROUP + g) * HEAD_DIM, 1) + expand_dims(d, 0);
+    let d = arange(0, head_dim);
+    let real = g < group;
+    let q_off = expand_dims((b * (h_kv * group) + h * group + g) * head_dim, 1) + expand_dims(d, 0);
     let q = load(q_ptr + q_off, mask = expand_dims(real, 1), other = 0.0);
     // A non-negative scale for `online_softmax_step`: a negative one negates
     // `q` instead (exact), once.
@@ -298,48 +355,48 @@ pub fn paged_decode_tc<T: Float>(
 
     let bt = block_tables + b * bt_stride;
     // Key index and cache column of every element of a K/V tile.
-    let keys = broadcast_to(expand_dims(arange(0, BLOCK_N), 1), [BLOCK_N, HEAD_DIM]);
-    let col = broadcast_to(expand_dims(h * HEAD_DIM + d, 0), [BLOCK_N, HEAD_DIM]);
+    let keys = broadcast_to(expand_dims(arange(0, block_n), 1), [block_n, head_dim]);
+    let col = broadcast_to(expand_dims(h * head_dim + d, 0), [block_n, head_dim]);
 
     let mut m = full([rows], f32::MIN, f32);
     let mut l = zeros([rows], f32);
-    let mut acc = zeros([rows, HEAD_DIM], f32);
-    for s0 in range(start, full_end, BLOCK_N) {
+    let mut acc = zeros([rows, head_dim], f32);
+    for s0 in range(start, full_end, block_n) {
         let key = s0 + keys;
-        let page = load(bt + key / PAGE);
-        let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
+        let page = load(bt + key / page_size);
+        let kv = (page * page_size + key % page_size) * (h_kv * head_dim) + col;
         let k = load(k_cache + kv);
         let s = dot(q, trans(k));
         let v = load(v_cache + kv);
-        let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, T, INVARIANT);
+        let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, dt, invariant);
         m = m_new;
         l = l_new;
         acc = acc_new;
     }
-    for s0 in range(full_end, end, BLOCK_N) {
+    for s0 in range(full_end, end, block_n) {
         let key = s0 + keys;
         let ok = key < end;
-        let page = load(bt + key / PAGE, mask = ok, other = 0);
-        let kv = (page * PAGE + key % PAGE) * (H_KV * HEAD_DIM) + col;
+        let page = load(bt + key / page_size, mask = ok, other = 0);
+        let kv = (page * page_size + key % page_size) * (h_kv * head_dim) + col;
         let k = load(k_cache + kv, mask = ok, other = 0.0);
-        let seen = expand_dims(s0 + arange(0, BLOCK_N) < end, 0);
+        let seen = expand_dims(s0 + arange(0, block_n) < end, 0);
         let s = dot(q, trans(k));
         let v = load(v_cache + kv, mask = ok, other = 0.0);
         let (m_new, l_new, acc_new) =
-            online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, T, INVARIANT);
+            online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, dt, invariant);
         m = m_new;
         l = l_new;
         acc = acc_new;
     }
 
-    if SPLIT {
-        let row = ((b * H_KV + h) * num_programs(2) + split) * GROUP + g;
+    if split_mode {
+        let row = ((b * h_kv + h) * n_splits + split_id) * group + g;
         store(part_m + row, m, mask = real);
         store(part_l + row, l, mask = real);
-        store(part_o + expand_dims(row * HEAD_DIM, 1) + expand_dims(d, 0), acc, mask = expand_dims(real, 1));
+        store(part_o + expand_dims(row * head_dim, 1) + expand_dims(d, 0), acc, mask = expand_dims(real, 1));
     } else {
         let inv = where_(l > 0.0, 1.0 / l, 0.0);
-        store(out_ptr + q_off, (acc * expand_dims(inv, 1)).to(T), mask = expand_dims(real, 1));
+        store(out_ptr + q_off, (acc * expand_dims(inv, 1)).to(dt), mask = expand_dims(real, 1));
     }
 }
 

@@ -48,7 +48,8 @@
 //! - `hidden: i32`, `vocab: i32`: the table's shape.
 //! - `#[constexpr] BLOCK`: the column tile, a power of two ([`block_for`]).
 
-use dsl_macros::kernel;
+use dsl_core::DType;
+use dsl_macros::{kernel, kernel_fn};
 
 /// Bytes of one Q8_0 block: fp16 scale + 32 int8.
 pub const Q8_0_BLOCK_BYTES: usize = 34;
@@ -70,20 +71,35 @@ pub fn embedding_q8_0<T: Float>(
     // previous kernel, so wait first; then let the next kernel start early.
     gdc_wait();
     gdc_launch_dependents();
-    let t = program_id(0);
+    embedding_row(w_ptr, ids_ptr, out_ptr, hidden, vocab, program_id(0), T, BLOCK);
+}
+
+/// The body of [`embedding_q8_0`] for token `t` (see the module doc).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn embedding_row(
+    w_ptr: Tensor,
+    ids_ptr: Tensor,
+    out_ptr: Tensor,
+    hidden: Tensor,
+    vocab: Tensor,
+    t: Tensor,
+    dt: DType,
+    block: usize,
+) {
     let id = load(ids_ptr + t);
     let valid = id >= 0 && id < vocab;
     // Clamped so that even the (masked-off) addresses stay inside the table.
     let row = where_(valid, id, 0);
     let row_base = row * ((hidden / 32) * 34);
-    for c0 in range(0, hidden, BLOCK) {
-        let cols = c0 + arange(0, BLOCK);
+    for c0 in range(0, hidden, block) {
+        let cols = c0 + arange(0, block);
         let in_row = cols < hidden;
         let mask = in_row && valid;
         let blk = row_base + (cols / 32) * 34;
         let d = load(ptrcast(w_ptr + blk, f16), mask = mask, other = 0.0).to(f32);
         let q = load(ptrcast(w_ptr + (blk + 2 + cols % 32), i8), mask = mask, other = 0).to(f32);
-        store(out_ptr + t * hidden + cols, (d * q).to(T), mask = in_row);
+        store(out_ptr + t * hidden + cols, (d * q).to(dt), mask = in_row);
     }
 }
 

@@ -78,7 +78,7 @@
 //! two, e.g. 64 or 128); `HALF = HEAD_DIM / 2` is derived. `T` (f32, bf16 or
 //! f16) is the storage dtype of `qkv`, `q_out` and the caches.
 
-use dsl_macros::kernel;
+use dsl_macros::{kernel, kernel_fn};
 
 /// RoPE (adjacent pairs, llama.cpp `NORM`) on Q and K of a fused QKV row, and
 /// the paged KV-cache write of rotated K and unrotated V; one program per token.
@@ -100,15 +100,45 @@ pub fn rope_kv_write<T: Float>(
     // previous kernel, so wait first; then let the next kernel start early.
     gdc_wait();
     gdc_launch_dependents();
-    let half = HEAD_DIM / 2;
-    let tok = program_id(0);
-    let row = tok * ((N_Q + 2 * N_KV) * HEAD_DIM);
+    rope_row(
+        qkv_ptr,
+        pos_ptr,
+        slot_ptr,
+        q_out_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        theta,
+        program_id(0),
+        N_Q,
+        N_KV,
+        HEAD_DIM,
+    );
+}
+
+/// The body of [`rope_kv_write`] for token `tok` (see the module doc).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_row(
+    qkv_ptr: Tensor,
+    pos_ptr: Tensor,
+    slot_ptr: Tensor,
+    q_out_ptr: Tensor,
+    k_cache_ptr: Tensor,
+    v_cache_ptr: Tensor,
+    theta: Tensor,
+    tok: Tensor,
+    n_q: usize,
+    n_kv: usize,
+    head_dim: usize,
+) {
+    let half = head_dim / 2;
+    let row = tok * ((n_q + 2 * n_kv) * head_dim);
     let pos = load(pos_ptr + tok).to(f32);
     let slot = load(slot_ptr + tok);
 
     // Angles, range-reduced to [-pi, pi], then cos/sin as [1, HALF] rows.
     let i = arange(0, half);
-    let expo = (i * 2).to(f32) / HEAD_DIM;
+    let expo = (i * 2).to(f32) / head_dim;
     let inv_freq = exp2(-(expo * log2(theta)));
     let angle = pos * inv_freq;
     let k = floor(angle * 0.159_154_943_091_895_35 + 0.5);
@@ -117,26 +147,26 @@ pub fn rope_kv_write<T: Float>(
     let s = expand_dims(sin(r), 0);
     let even = expand_dims(i * 2, 0);
 
-    // Q: [N_Q, HALF] pairs, rotated, to q_out.
-    let qh = expand_dims(arange(0, N_Q), 1) * HEAD_DIM + even;
+    // Q: [n_q, HALF] pairs, rotated, to q_out.
+    let qh = expand_dims(arange(0, n_q), 1) * head_dim + even;
     let q0 = load(qkv_ptr + row + qh).to(f32);
     let q1 = load(qkv_ptr + row + qh + 1).to(f32);
-    let q_dst = q_out_ptr + tok * (N_Q * HEAD_DIM) + qh;
+    let q_dst = q_out_ptr + tok * (n_q * head_dim) + qh;
     store(q_dst, q0 * c - q1 * s);
     store(q_dst + 1, q0 * s + q1 * c);
 
     // K (rotated) and V (copied) to the token's cache slot, unless slot < 0.
     let valid = slot >= 0;
-    let dst = where_(valid, slot, 0) * (N_KV * HEAD_DIM);
-    let heads = expand_dims(arange(0, N_KV), 1) * HEAD_DIM;
+    let dst = where_(valid, slot, 0) * (n_kv * head_dim);
+    let heads = expand_dims(arange(0, n_kv), 1) * head_dim;
     let kh = heads + even;
-    let k_src = qkv_ptr + row + N_Q * HEAD_DIM + kh;
+    let k_src = qkv_ptr + row + n_q * head_dim + kh;
     let k0 = load(k_src, mask = valid, other = 0.0).to(f32);
     let k1 = load(k_src + 1, mask = valid, other = 0.0).to(f32);
     let k_dst = k_cache_ptr + dst + kh;
     store(k_dst, k0 * c - k1 * s, mask = valid);
     store(k_dst + 1, k0 * s + k1 * c, mask = valid);
-    let vh = heads + expand_dims(arange(0, HEAD_DIM), 0);
-    let v = load(qkv_ptr + row + (N_Q + N_KV) * HEAD_DIM + vh, mask = valid, other = 0.0);
+    let vh = heads + expand_dims(arange(0, head_dim), 0);
+    let v = load(qkv_ptr + row + (n_q + n_kv) * head_dim + vh, mask = valid, other = 0.0);
     store(v_cache_ptr + dst + vh, v, mask = valid);
 }

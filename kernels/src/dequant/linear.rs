@@ -127,13 +127,14 @@ pub fn linear_epilogue(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    pid_m: Tensor,
+    pid_n: Tensor,
     silu: bool,
     residual: bool,
     dt: DType,
     block_m: usize,
     block_n: usize,
 ) {
-    let (pid_m, pid_n) = (program_id(0), program_id(1));
     if residual {
         let o = arange(0, block_m * block_n);
         let om = pid_m * block_m + o / block_n;
@@ -206,7 +207,8 @@ pub fn tile_product(
     dot(xv, trans(wv), zeros([block_m, block_n], f32))
 }
 
-/// The body of [`linear`] (see the module doc).
+/// The body of [`linear`] (see the module doc): program `(i, j, z)` is
+/// output tile `(i, j)` (and K tile `z` when split).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn linear_body(
@@ -233,24 +235,21 @@ pub fn linear_body(
     block_n: usize,
     norm_block: usize,
 ) {
-    let bk = LINEAR_BLOCK_K as i32;
+    let (pid_m, pid_n, pid_k) = (program_id(0), program_id(1), program_id(2));
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let m0 = program_id(0) * block_m;
-    let wrow = minimum(program_id(1) * block_n + arange(0, block_n), rows - 1);
-    let k_full = k / bk * bk;
+    let wrow = minimum(pid_n * block_n + arange(0, block_n), rows - 1);
+    let bk = LINEAR_BLOCK_K as i32;
     // The first K tile of this program (its own with `split_k`, else tile
     // 0) and the last, partial one: both loaded before `gdc_wait` (weights
     // are never written by a kernel), blocks past the row clamped.
-    let first = if split_k { program_id(2) * bk } else { full([], 0, i32) };
-    let (mut wd, mut sr) = tile_load(q_ptr, s_ptr, wrow, nb, first, q8, has_min, block_n);
-    let (wd_tail, sr_tail) = tile_load(q_ptr, s_ptr, wrow, nb, k_full, q8, has_min, block_n);
+    let first = if split_k { pid_k * bk } else { full([], 0, i32) };
+    let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, first, q8, has_min, block_n);
+    let (wd_tail, sr_tail) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, q8, has_min, block_n);
     // Activations, the norm's statistic and the residual may come from the
     // previous kernel.
     gdc_wait();
     gdc_launch_dependents();
-    let xrow = expand_dims(minimum(m0 + arange(0, block_m), m - 1) * k, 1);
-    let kc = expand_dims(arange(0, bk), 0);
     let rs = if norm {
         let cols = arange(0, norm_block);
         let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
@@ -258,11 +257,100 @@ pub fn linear_body(
     } else {
         eps
     };
+    linear_tile(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        nw_ptr,
+        out_ptr,
+        ws_ptr,
+        cnt_ptr,
+        m,
+        n,
+        k,
+        rs,
+        wd,
+        sr,
+        wd_tail,
+        sr_tail,
+        pid_m,
+        pid_n,
+        pid_k,
+        num_programs(1),
+        num_programs(2),
+        q8,
+        has_min,
+        silu,
+        norm,
+        residual,
+        split_k,
+        f16_ops,
+        dt,
+        block_m,
+        block_n,
+    );
+}
+
+/// Output tile `(pid_m, pid_n)` of `x @ W^T` (of `tiles_n` tiles along N):
+/// unsplit, every K tile's product in K order then the epilogue; with
+/// `split_k`, K tile `pid_k`'s product handed to [`split_finish`] (of
+/// `tiles_k`). `wd`/`sr` are the words and scales of the first K tile this
+/// call multiplies, `wd_tail`/`sr_tail` those of the last partial one
+/// ([`tile_load`]); `rs` the norm statistic (a scalar, or `[block_m, 1]`
+/// per row). Returns whether this call stored the output tile (always
+/// unsplit; the finishing program split).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_tile(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    nw_ptr: Tensor,
+    out_ptr: Tensor,
+    ws_ptr: Tensor,
+    cnt_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    rs: Tensor,
+    wd0: Tensor,
+    sr0: Tensor,
+    wd_tail: Tensor,
+    sr_tail: Tensor,
+    pid_m: Tensor,
+    pid_n: Tensor,
+    pid_k: Tensor,
+    tiles_n: Tensor,
+    tiles_k: Tensor,
+    q8: bool,
+    has_min: bool,
+    silu: bool,
+    norm: bool,
+    residual: bool,
+    split_k: bool,
+    f16_ops: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+) -> Tensor {
+    let bk = LINEAR_BLOCK_K as i32;
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
+    let m0 = pid_m * block_m;
+    let wrow = minimum(pid_n * block_n + arange(0, block_n), rows - 1);
+    let k_full = k / bk * bk;
+    let xrow = expand_dims(minimum(m0 + arange(0, block_m), m - 1) * k, 1);
+    let kc = expand_dims(arange(0, bk), 0);
     if split_k {
+        let first = pid_k * bk;
         let xa = load(x_ptr + xrow + minimum(first + kc, k - 1));
-        let part =
-            tile_product(wd, sr, xa, nw_ptr, rs, k, first, q8, has_min, norm, f16_ops, dt, block_m, block_n);
-        split_finish(part, out_ptr, ws_ptr, cnt_ptr, m, n, silu, residual, dt, block_m, block_n);
+        let part = tile_product(
+            wd0, sr0, xa, nw_ptr, rs, k, first, q8, has_min, norm, f16_ops, dt, block_m, block_n,
+        );
+        split_finish(
+            part, out_ptr, ws_ptr, cnt_ptr, m, n, pid_m, pid_n, pid_k, tiles_n, tiles_k, silu, residual, dt,
+            block_m, block_n,
+        )
     } else {
         // Whole K tiles: unmasked loads at offsets that move by a constant,
         // the next tile's issued before this one's product.
@@ -270,6 +358,8 @@ pub fn linear_body(
         let wpb = if q8 { 8 } else { 4 };
         let qw = ptrcast(q_ptr, i32);
         let last = maximum(k_full - bk, 0);
+        let mut wd = wd0;
+        let mut sr = sr0;
         let mut xa = load(x_ptr + xrow + kc, mask = k_full > 0, other = 0.0);
         let mut acc = zeros([block_m, block_n], f32);
         for k0 in range(0, k_full, bk) {
@@ -292,7 +382,8 @@ pub fn linear_body(
             );
             acc = acc + part;
         }
-        linear_epilogue(acc, out_ptr, m, n, silu, residual, dt, block_m, block_n);
+        linear_epilogue(acc, out_ptr, m, n, pid_m, pid_n, silu, residual, dt, block_m, block_n);
+        full([], 1, i1)
     }
 }
 
@@ -301,7 +392,9 @@ pub fn linear_body(
 /// then the output tile's counter is incremented; the program that brings
 /// it to the number of K tiles sums every tile's product in K order,
 /// exactly as the loop of the unsplit form does, resets the counter and
-/// runs the epilogue.
+/// runs the epilogue. Output tile `(pid_m, pid_n)` of `tiles_n` along N,
+/// K tile `pid_k` of `tiles_k`. Returns whether this program finished the
+/// tile.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn split_finish(
@@ -311,22 +404,27 @@ pub fn split_finish(
     cnt_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    pid_m: Tensor,
+    pid_n: Tensor,
+    pid_k: Tensor,
+    tiles_n: Tensor,
+    tiles_k: Tensor,
     silu: bool,
     residual: bool,
     dt: DType,
     block_m: usize,
     block_n: usize,
-) {
-    let tiles_k = num_programs(2);
-    let tile = program_id(0) * num_programs(1) + program_id(1);
+) -> Tensor {
+    let tile = pid_m * tiles_n + pid_n;
     let len = (block_m * block_n) as i32;
     let (bm, bn) = (block_m as i32, block_n as i32);
     let r = arange(0, len);
-    let valid = program_id(0) * bm + r / bn < m;
-    let slot = (tile * tiles_k + program_id(2)) * len + r;
+    let valid = pid_m * bm + r / bn < m;
+    let slot = (tile * tiles_k + pid_k) * len + r;
     store(ws_ptr + slot, reshape(part, [block_m * block_n]), mask = valid);
     let done = atomic_add(cnt_ptr + tile, 1);
-    if done == tiles_k - 1 {
+    let finished = done == tiles_k - 1;
+    if finished {
         let mut acc = zeros([block_m * block_n], f32);
         for z in range(0, tiles_k) {
             // `.cg`: the products were written by other SMs in this launch.
@@ -344,6 +442,8 @@ pub fn split_finish(
             out_ptr,
             m,
             n,
+            pid_m,
+            pid_n,
             silu,
             residual,
             dt,
@@ -351,6 +451,7 @@ pub fn split_finish(
             block_n,
         );
     }
+    finished
 }
 
 /// The batch-invariant linear layer (see the module doc): `out = x @ W^T`
