@@ -7,6 +7,7 @@
 
 pub mod cpu_gemv;
 pub mod decode_attention;
+pub mod decode_step;
 pub mod dequant;
 pub mod embedding;
 pub mod examples;

@@ -21,6 +21,7 @@ use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, LlamaConfig, Vocab};
 use crate::memory_plan::{Bytes, KvShape, MemoryPlan, MemoryPlanInputs};
+use crate::model::mega::DecodePath;
 use crate::model::sampler::SamplingParams;
 use crate::model::{Device, Model, Weights};
 use crate::tokenizer::Tokenizer;
@@ -104,6 +105,8 @@ pub struct LoadOptions {
     /// [`crate::model::layers`]): a request's tokens and logprobs do not
     /// depend on what else runs with it.
     pub batch_invariance: bool,
+    /// Which decode steps run as one persistent kernel.
+    pub decode_path: DecodePath,
 }
 
 impl Default for LoadOptions {
@@ -121,6 +124,7 @@ impl Default for LoadOptions {
             verbose: true,
             speculation: None,
             batch_invariance: true,
+            decode_path: DecodePath::default(),
         }
     }
 }
@@ -446,6 +450,7 @@ pub fn build_engine<D: Device, T: Sample>(
     loading.finish_and_clear();
     let mut model = Model::new(dev, w?, plan.num_blocks, opts.block_size)?;
     model.set_batch_invariance(opts.batch_invariance);
+    model.set_decode_path(opts.decode_path)?;
     if opts.verbose {
         eprintln!(
             "tessera: loaded {} ({} weights) in {:.2} s",

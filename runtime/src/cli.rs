@@ -11,6 +11,7 @@ use crate::check;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
 use crate::generate::{Chat, Generate};
+use crate::model::mega::DecodePath;
 use crate::model::sampler::SamplingParams;
 use crate::parity::{Golden, Parity};
 use crate::registry;
@@ -142,6 +143,11 @@ pub struct ModelArgs {
     /// runs in (see README, "Batch invariance").
     #[arg(long)]
     pub no_batch_invariance: bool,
+    /// Which decode steps run as one persistent kernel: `mega` (every
+    /// decode step of at most 16 sequences), `graphs` (none: one kernel per
+    /// operation, in CUDA graphs) or `auto` (where it is measured to win).
+    #[arg(long, default_value = "auto")]
+    pub decode_path: DecodePath,
 }
 
 impl ModelArgs {
@@ -160,6 +166,7 @@ impl ModelArgs {
             verbose: !self.quiet,
             speculation: None,
             batch_invariance: !self.no_batch_invariance,
+            decode_path: self.decode_path,
         }
     }
 }
@@ -445,6 +452,9 @@ pub struct BenchArgs {
     /// (rows named `... [no-batch-invariance]`).
     #[arg(long)]
     pub no_batch_invariance: bool,
+    /// The `model` family's decode path (see `generate --help`).
+    #[arg(long, default_value = "auto")]
+    pub decode_path: DecodePath,
     /// `bench serve`: load-test a running server instead of the kernels.
     #[command(subcommand)]
     pub mode: Option<BenchMode>,
@@ -688,9 +698,17 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             dtype: a.dtype,
             max_num_seqs: a.batches.iter().copied().max().unwrap_or(1).max(1),
             batch_invariance: !a.no_batch_invariance,
+            decode_path: a.decode_path,
             ..LoadOptions::default()
         };
-        let variant = a.no_batch_invariance.then(|| "no-batch-invariance".to_string());
+        let mut tags = Vec::new();
+        if a.no_batch_invariance {
+            tags.push("no-batch-invariance".to_string());
+        }
+        if a.decode_path != DecodePath::Auto {
+            tags.push(format!("decode-path {}", a.decode_path.name()));
+        }
+        let variant = (!tags.is_empty()).then(|| tags.join(", "));
         let task =
             crate::bench_model::ModelBench { batches: a.batches.clone(), variant, ..Default::default() };
         records.extend(app::run_task(&load, task)?);

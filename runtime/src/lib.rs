@@ -44,6 +44,7 @@ pub mod check_decode;
 pub mod check_dequant;
 pub mod check_invariance;
 pub mod check_matmul;
+pub mod check_mega;
 pub mod check_pdl;
 pub mod check_q8;
 pub mod check_rope;

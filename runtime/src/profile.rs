@@ -35,6 +35,7 @@ use crate::app::{Context, EngineTask};
 use crate::check::{Rng, Sample};
 use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
+use crate::model::mega::{LAYER_STAGES, StageTimes};
 use crate::model::sampler::SamplingParams;
 use crate::model::{Device, LaunchTime};
 use crate::registry::copy;
@@ -121,6 +122,9 @@ pub struct Section {
     pub mbu: Option<f64>,
     /// The kernels, longest first.
     pub rows: Vec<Row>,
+    /// Where a persistent step's time went (decode steps of the persistent
+    /// path): per stage, the median over the profiled steps.
+    pub stages: Option<StageTimes>,
 }
 
 /// The whole report.
@@ -230,6 +234,7 @@ impl ProfileTask {
             })
             .collect::<Result<Vec<()>>>();
         let launches = e.model_mut().take_profile(dev);
+        let stages = median_stages(e.model_mut().take_mega_stages());
         e.model_mut().set_profiling(false);
         profiled?;
         let launches = launches?;
@@ -238,7 +243,8 @@ impl ProfileTask {
         }
         e.take_completions();
         let name = format!("decode bs{b} ctx{}", self.context);
-        Ok(section(name, b, self.steps, median(&mut walls), &launches, c))
+        let step_ms = median(&mut walls);
+        Ok(Section { stages, ..section(name, b, self.steps, step_ms, &launches, c) })
     }
 
     /// One prompt of `prefill` tokens: its step timed as the engine runs it,
@@ -360,7 +366,29 @@ fn section<D: Device>(
         bytes,
         mbu,
         rows,
+        stages: None,
     }
+}
+
+/// The median, field by field, of the stage times of several steps.
+fn median_stages(mut v: Vec<StageTimes>) -> Option<StageTimes> {
+    let first = v.first()?.clone();
+    let med = |f: &dyn Fn(&StageTimes) -> f64| {
+        let mut xs: Vec<f64> = v.iter().map(f).collect();
+        median(&mut xs)
+    };
+    let mut t = StageTimes {
+        programs: first.programs,
+        embedding: med(&|s| s.embedding),
+        lm_head: med(&|s| s.lm_head),
+        total: med(&|s| s.total),
+        ..StageTimes::default()
+    };
+    for j in 0..t.layer.len() {
+        t.layer[j] = med(&|s| s.layer[j]);
+    }
+    v.clear();
+    Some(t)
 }
 
 /// The class of a kernel (see the module doc).
@@ -503,6 +531,20 @@ pub fn table(r: &Report) -> String {
             "class"
         ));
         s.push_str(&format!("{}\n", "-".repeat(w + 92)));
+        if let Some(t) = &sec.stages {
+            s.push_str(&format!(
+                "persistent step on {} programs: {:.1} us from the first start to the last exit\n",
+                t.programs, t.total
+            ));
+            let mut line = |what: &str, us: f64| {
+                s.push_str(&format!("  {what:<22} {us:>9.1} us {:>5.1}%\n", 100.0 * us / t.total.max(1e-9)))
+            };
+            line("embedding", t.embedding);
+            for (name, us) in LAYER_STAGES.iter().zip(t.layer) {
+                line(name, us);
+            }
+            line("lm head", t.lm_head);
+        }
         for x in &sec.rows {
             let of = if x.class == "compute" { x.of_matmul } else { x.of_copy };
             s.push_str(&format!(

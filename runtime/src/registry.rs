@@ -567,6 +567,12 @@ pub const FAMILIES: &[Family] = &[
          attention rows, the engine matrix and 64 server copies on the real model",
         crate::check_invariance::invariance_checks,
     ),
+    (
+        "megakernel",
+        "the persistent decode step vs the multi-kernel batch-invariant step, bit for bit: tiny model f32/bf16 \
+         and a SmolLM2-shaped model, eager and in CUDA graphs",
+        crate::check_mega::mega_checks,
+    ),
 ];
 
 /// The check family named `name`.

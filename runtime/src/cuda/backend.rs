@@ -74,6 +74,9 @@ pub struct Prepared {
     /// The kernel waits on other programs (`wait_until`): every program of a
     /// launch must be resident at once, or a wait may never end.
     pub waits: bool,
+    /// Programs one multiprocessor holds at once (queried for kernels that
+    /// wait; 1 otherwise).
+    pub resident: u32,
     /// For kernels with hidden tensor maps: 256 zeroed bytes that the map of
     /// an empty matrix points at (see [`super::tma`]).
     pub zeros: Option<DevBuf<u8>>,
@@ -323,6 +326,7 @@ impl Cuda {
         let offsets = OffsetRule::of(&func);
         let overlap = self.overlap && func.waits_on_grid();
         let waits = func.waits_on_programs();
+        let resident = if waits { kernel.resident_per_sm(threads)?.max(1) } else { 1 };
         let zeros = if compiled.tensor_maps.is_empty() { None } else { Some(self.gpu.upload(&[0u8; 256])?) };
         Ok(Arc::new(Prepared {
             func,
@@ -335,8 +339,22 @@ impl Cuda {
             mask,
             overlap,
             waits,
+            resident,
             zeros,
         }))
+    }
+
+    /// How many programs of `K` with `config` and `args` the GPU holds at
+    /// once (the largest grid whose programs may wait on each other).
+    pub fn resident<'a, K: Kernel>(&mut self, config: &K::Config, args: &K::Args<'a, Self>) -> Result<usize>
+    where
+        Self: 'a,
+    {
+        let raw = K::erase_args(args);
+        let mask = mask_of_args(K::NAME, &raw)?;
+        let p = self.lookup::<K>(config, mask)?;
+        let per_sm = if p.waits { p.resident } else { p.kernel.resident_per_sm(p.threads)?.max(1) };
+        Ok(self.gpu.info().sm_count as usize * per_sm as usize)
     }
 
     /// Launches `K` over `grid` with the runtime's own error type (the
@@ -363,12 +381,15 @@ impl Cuda {
         }
         let programs = grid.iter().map(|&g| u64::from(g)).product::<u64>();
         let sms = u64::from(self.gpu.info().sm_count);
-        if p.waits && programs > sms {
-            // One program per multiprocessor is resident whatever the
-            // kernel's resources; more is not guaranteed.
+        let resident = sms * u64::from(p.resident);
+        if p.waits && programs > resident {
+            // Programs that wait on each other must all be resident at once:
+            // as many per multiprocessor as the occupancy calculator allows.
             return Err(launch_err(format!(
                 "its programs wait on each other, so all must be resident at once: \
-                 a grid of {programs} programs exceeds the {sms} multiprocessors"
+                 a grid of {programs} programs exceeds the {resident} the {sms} multiprocessors hold \
+                 ({} each)",
+                p.resident
             )));
         }
         let mut maps = [super::tma::blank(); MAX_MAPS];

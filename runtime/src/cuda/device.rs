@@ -73,6 +73,17 @@ pub struct LoadedKernel {
     pub shared_bytes: u32,
 }
 
+impl LoadedKernel {
+    /// How many blocks of `threads` threads (with its dynamic shared
+    /// memory) one multiprocessor holds at once, by the driver's occupancy
+    /// calculator.
+    pub fn resident_per_sm(&self, threads: u32) -> Result<u32> {
+        self.func
+            .occupancy_max_active_blocks_per_multiprocessor(threads, self.shared_bytes as usize, None)
+            .map_err(Error::driver(format!("query the occupancy of `{}`", self.name)))
+    }
+}
+
 /// Checks that the CUDA driver library can be loaded, without letting cudarc
 /// panic when it cannot.
 ///

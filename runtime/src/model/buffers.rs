@@ -59,6 +59,13 @@ pub(super) struct Scratch<D: Device, T: Sample> {
     /// Entries of `lin_ws` and `lin_cnt`.
     pub lin_ws_len: usize,
     pub lin_cnt_len: usize,
+    /// The persistent step's stage counters (zero between launches).
+    pub mega_stage: D::Buf<i32>,
+    pub mega_stage_len: usize,
+    /// The persistent step's clock readings when profiled: one row of
+    /// `mega_stage_len` entries per program, for up to `mega_trace_rows`.
+    pub mega_trace: D::Buf<i64>,
+    pub mega_trace_rows: usize,
 }
 
 /// The buffers of on-device sampling, for `rows` rows.
@@ -161,6 +168,9 @@ impl<D: Device, T: Sample> Buffers<D, T> {
         // Drop the old buffers first (their memory may be needed).
         self.scratch = None;
         let (lin_ws, lin_cnt) = super::layers::linear_workspace_for(c, dev.tensor_cores());
+        let (mega_ws, mega_cnt) = super::layers::mega_workspace_for(c);
+        let (lin_ws, lin_cnt) = (lin_ws.max(mega_ws), lin_cnt.max(mega_cnt));
+        let stages = kernels::decode_step::stage_counters(c.n_layers);
         let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
         let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
         self.scratch = Some(Scratch {
@@ -183,6 +193,10 @@ impl<D: Device, T: Sample> Buffers<D, T> {
             lin_cnt: dev.zeros(lin_cnt.max(16))?,
             lin_ws_len: lin_ws.max(16),
             lin_cnt_len: lin_cnt.max(16),
+            mega_stage: dev.zeros(stages)?,
+            mega_stage_len: stages,
+            mega_trace: dev.zeros(stages * super::mega::MAX_PROGRAMS)?,
+            mega_trace_rows: super::mega::MAX_PROGRAMS,
         });
         Ok(())
     }
@@ -224,10 +238,12 @@ impl<D: Device, T: Sample> Buffers<D, T> {
     }
 }
 
-/// The paged KV cache of every layer.
+/// The paged KV cache of every layer: layer `l`'s keys (values) are the
+/// `layer_len` elements from `l * layer_len` of `k` (`v`).
 pub(super) struct KvCache<D: Device, T: Sample> {
-    pub k: Vec<D::Buf<T>>,
-    pub v: Vec<D::Buf<T>>,
+    pub k: D::Buf<T>,
+    pub v: D::Buf<T>,
+    pub layer_len: usize,
     pub num_blocks: usize,
     pub block_size: usize,
 }

@@ -34,6 +34,7 @@
 //! [`model_checks`] runs all three.
 
 use super::graph::GraphMode;
+use super::mega::DecodePath;
 use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 use super::{Device, Model, Step, Weights};
 use crate::check::{CheckRow, Sample, Tol, compare};
@@ -218,6 +219,8 @@ pub struct Scenario {
     pub split: Option<usize>,
     /// The batch-invariant arrangement.
     pub invariant: bool,
+    /// Which decode steps run as one persistent kernel.
+    pub decode_path: DecodePath,
 }
 
 /// The teacher-forced token of sequence `i` at position `pos`.
@@ -225,7 +228,8 @@ fn forced(i: usize, pos: usize, vocab: usize) -> u32 {
     ((i * 131 + pos * 17 + 7) % vocab) as u32
 }
 
-/// Blocks per sequence in [`decode_scenario`] (64 tokens each).
+/// Blocks per sequence in [`decode_scenario`] (16 tokens each), at least:
+/// longer scenarios take as many as their longest sequence needs.
 const SEQ_PAGES: usize = 4;
 
 /// Runs `sc` on `dev` in dtype `T` with graph mode `mode`: one varlen prefill
@@ -243,12 +247,14 @@ pub fn decode_scenario<D: Device, T: Sample>(
 ) -> Result<(Vec<SampledStep>, Model<D, T>)> {
     let weights = Weights::<D, T>::load(dev, gguf)?;
     let vocab = weights.config.vocab_size;
-    let mut model = Model::new(dev, weights, sc.seqs * SEQ_PAGES, 16)?;
+    let pages = (sc.prompt + 2 * sc.seqs + sc.batches.len()).div_ceil(16).max(SEQ_PAGES);
+    let mut model = Model::new(dev, weights, sc.seqs * pages, 16)?;
     model.set_graph_mode(mode);
     model.set_split_override(sc.split);
     model.set_batch_invariance(sc.invariant);
+    model.set_decode_path(sc.decode_path)?;
     let n = sc.seqs;
-    let table = |i: usize| -> Vec<i32> { (0..SEQ_PAGES).map(|p| (p * n + i) as i32).collect() };
+    let table = |i: usize| -> Vec<i32> { (0..pages).map(|p| (p * n + i) as i32).collect() };
     let slot = |i: usize, pos: usize| table(i)[pos / 16] * 16 + (pos % 16) as i32;
     let mut hist: Vec<Vec<u32>> =
         (0..n).map(|i| (0..sc.prompt + 2 * i).map(|p| forced(i, p, vocab)).collect()).collect();
@@ -300,7 +306,7 @@ pub fn decode_scenario<D: Device, T: Sample>(
         positions: &positions,
         slot_mapping: &slots,
         block_tables: &tables,
-        max_blocks_per_seq: SEQ_PAGES,
+        max_blocks_per_seq: pages,
         context_lens: &ctx,
         query_start: &cu,
         logit_rows: &last,
@@ -326,8 +332,8 @@ pub fn decode_scenario<D: Device, T: Sample>(
             tokens: &tokens,
             positions: &positions,
             slot_mapping: &slots,
-            block_tables: &tables[..k * SEQ_PAGES],
-            max_blocks_per_seq: SEQ_PAGES,
+            block_tables: &tables[..k * pages],
+            max_blocks_per_seq: pages,
             context_lens: &ctx,
             query_start: &cu,
             logit_rows: &rows_idx,
@@ -373,6 +379,7 @@ pub fn check_scenario(split: Option<usize>) -> Scenario {
         batches: vec![1, 3, 3, 2, 5, 1, 6, 2, 4, 3, 6, 6],
         split,
         invariant: split.is_none(),
+        decode_path: DecodePath::Graphs,
     }
 }
 

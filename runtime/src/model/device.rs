@@ -71,6 +71,15 @@ pub trait Device: Backend + Sized {
     /// interpreter.
     fn compiles(&self) -> bool;
 
+    /// Whether it runs persistent kernels whose programs wait for each other
+    /// (`kernels::decode_step`) with the batch-invariant arithmetic: the
+    /// interpreter and Hopper GPUs (whose invariant decode attention runs the
+    /// persistent kernel's four warps); not the native CPU backend, which
+    /// does not run waits.
+    fn persistent(&self) -> bool {
+        false
+    }
+
     /// Whether `dot` runs on tensor cores (a GPU), whose products the
     /// batch-invariant linear layer feeds f16 operands and any tiles
     /// (`kernels::dequant::linear_tiles`); the interpreter keeps f32
@@ -108,6 +117,16 @@ pub trait Device: Backend + Sized {
     ) -> Result<Self::Ptr<'a, U>>
     where
         Self: 'a;
+
+    /// How many programs of `K` run at once (the largest grid whose
+    /// programs may wait on each other): the occupancy on a GPU, the
+    /// multiprocessor count where there is no such query.
+    fn resident<'a, K: Kernel>(&mut self, _config: &K::Config, _args: &K::Args<'a, Self>) -> Result<usize>
+    where
+        Self: 'a,
+    {
+        Ok(self.sm_count())
+    }
 
     /// Launches `K` with `config` over `grid`.
     fn run<'a, K: Kernel>(
@@ -209,6 +228,10 @@ impl Device for Cpu {
 
     fn wgmma(&self) -> bool {
         false
+    }
+
+    fn persistent(&self) -> bool {
+        true
     }
 
     fn compiles(&self) -> bool {
@@ -434,6 +457,10 @@ impl Device for Cuda {
         self.gpu().info().sm_count as usize
     }
 
+    fn persistent(&self) -> bool {
+        self.wgmma()
+    }
+
     fn wgmma(&self) -> bool {
         Cuda::wgmma(self)
     }
@@ -493,6 +520,13 @@ impl Device for Cuda {
         Self: 'a,
     {
         Cuda::run::<K>(self, grid, config, args)
+    }
+
+    fn resident<'a, K: Kernel>(&mut self, config: &K::Config, args: &K::Args<'a, Self>) -> Result<usize>
+    where
+        Self: 'a,
+    {
+        Cuda::resident::<K>(self, config, args)
     }
 
     fn supports_graphs(&self) -> bool {

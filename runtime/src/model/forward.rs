@@ -67,6 +67,7 @@ use super::device::Device;
 use super::graph::{GraphMode, GraphState};
 use super::inputs::{Layout, Stager, StepArrays, stage_step};
 use super::layers::launch_forward;
+use super::mega::DecodePath;
 use super::weights::Weights;
 use crate::check::Sample;
 use crate::error::{Error, Result};
@@ -133,6 +134,8 @@ pub(super) struct Plan {
     pub rows: usize,
     /// The batch-invariant arrangement (see [`super::layers`]).
     pub invariant: bool,
+    /// The step runs as one persistent kernel ([`super::mega`]).
+    pub mega: bool,
     /// Cached tokens of all sequences after the step (the profile's
     /// attention bytes).
     pub ctx_tokens: usize,
@@ -151,6 +154,7 @@ impl Plan {
         sms: usize,
         split_override: Option<usize>,
         invariant: bool,
+        mega_rows: usize,
     ) -> Plan {
         let max_q = step.query_start.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
         let max_ctx = step.context_lens.iter().copied().max().unwrap_or(0).max(1) as usize;
@@ -165,6 +169,11 @@ impl Plan {
             runs: runs_of(step.logit_rows),
             rows: step.logit_rows.len(),
             invariant,
+            mega: invariant
+                && max_q == 1
+                && step.tokens.len() <= mega_rows
+                && step.logit_rows.iter().enumerate().all(|(i, &r)| r == i)
+                && step.logit_rows.len() == step.tokens.len(),
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: attended(step.query_start, step.context_lens),
         }
@@ -253,6 +262,14 @@ pub struct Model<D: Device, T: Sample> {
     pub(super) profile: Option<Recording<D>>,
     /// Whether steps run the batch-invariant arrangement (the default).
     pub(super) invariant: bool,
+    /// Which decode steps run as one persistent kernel.
+    pub(super) decode_path: DecodePath,
+    /// Why the persistent step cannot run here (`None`: it can).
+    pub(super) mega_unsupported: Option<String>,
+    /// Whether `auto` runs the persistent step (compiled devices).
+    pub(super) mega_auto: bool,
+    /// Steps launched as the persistent kernel (eager and captured).
+    pub(super) mega_steps: usize,
 }
 
 /// What a launch reads and writes in device memory and computes, as the code
@@ -280,6 +297,8 @@ struct Timed<M> {
 pub struct Recording<D: Device> {
     launches: Vec<Timed<D::Mark>>,
     next: Option<Cost>,
+    /// Per persistent step, its stage times ([`super::mega::StageTimes`]).
+    pub(super) stages: Vec<super::mega::StageTimes>,
 }
 
 /// One launch of a profile: its kernel, cost and device time.
@@ -367,15 +386,14 @@ impl<D: Device, T: Sample> Model<D, T> {
             .checked_mul(block_size * c.n_head_kv * c.head_dim)
             .filter(|&n| n > 0 && n < 1 << 31)
             .ok_or_else(|| usage(format!("a KV cache of {num_blocks} blocks does not fit 32-bit offsets")))?;
-        let mut k = Vec::with_capacity(c.n_layers);
-        let mut v = Vec::with_capacity(c.n_layers);
-        for _ in 0..c.n_layers {
-            k.push(dev.zeros::<T>(per_layer)?);
-            v.push(dev.zeros::<T>(per_layer)?);
-        }
+        let total = per_layer
+            .checked_mul(c.n_layers)
+            .ok_or_else(|| usage(format!("a KV cache of {num_blocks} blocks per layer is too large")))?;
+        let k = dev.zeros::<T>(total)?;
+        let v = dev.zeros::<T>(total)?;
         Ok(Model {
             weights,
-            kv: KvCache { k, v, num_blocks, block_size },
+            kv: KvCache { k, v, layer_len: per_layer, num_blocks, block_size },
             eager: Buffers::new(),
             staging: Vec::new(),
             pen_arena: None,
@@ -387,7 +405,12 @@ impl<D: Device, T: Sample> Model<D, T> {
             graph_failure: None,
             profile: None,
             invariant: true,
-        })
+            decode_path: DecodePath::default(),
+            mega_unsupported: None,
+            mega_auto: false,
+            mega_steps: 0,
+        }
+        .with_mega_check(&*dev))
     }
 
     /// Starts (or, with `false`, stops) recording every launch between two
@@ -395,7 +418,13 @@ impl<D: Device, T: Sample> Model<D, T> {
     /// steps run their launches directly (graphs are neither captured nor
     /// replayed), so each kernel is timed on its own.
     pub fn set_profiling(&mut self, on: bool) {
-        self.profile = on.then(|| Recording { launches: Vec::new(), next: None });
+        self.profile = on.then(|| Recording { launches: Vec::new(), next: None, stages: Vec::new() });
+    }
+
+    /// The stage times of the persistent steps recorded since the last call
+    /// (or since profiling was turned on); empty when not profiling.
+    pub fn take_mega_stages(&mut self) -> Vec<super::mega::StageTimes> {
+        self.profile.as_mut().map(|p| std::mem::take(&mut p.stages)).unwrap_or_default()
     }
 
     /// The launches recorded since the last call (or since profiling was
@@ -432,6 +461,52 @@ impl<D: Device, T: Sample> Model<D, T> {
     /// Whether steps run the batch-invariant arrangement.
     pub fn batch_invariance(&self) -> bool {
         self.invariant
+    }
+
+    /// Records whether the persistent step can run on `dev`.
+    fn with_mega_check(mut self, dev: &D) -> Model<D, T> {
+        self.mega_unsupported = super::mega::unsupported(dev, &self.weights, &self.kv);
+        // `auto` takes the persistent step where it runs compiled; the
+        // interpreter keeps the multi-kernel sequence unless asked.
+        self.mega_auto = dev.compiles();
+        self
+    }
+
+    /// Chooses which decode steps run as one persistent kernel (see
+    /// [`super::mega`]). `Mega` where the persistent step cannot run here is
+    /// an error naming why; drops the decode graphs (captured for the other
+    /// path).
+    pub fn set_decode_path(&mut self, path: DecodePath) -> Result<()> {
+        if path == DecodePath::Mega
+            && let Some(why) = &self.mega_unsupported
+        {
+            return Err(Error::Unsupported(format!("--decode-path mega: {why}")));
+        }
+        if path != self.decode_path {
+            self.graphs = None;
+        }
+        self.decode_path = path;
+        Ok(())
+    }
+
+    /// The decode path in use.
+    pub fn decode_path(&self) -> DecodePath {
+        self.decode_path
+    }
+
+    /// How many steps ran as the persistent kernel (a captured graph counts
+    /// each replay).
+    pub fn mega_steps(&self) -> usize {
+        self.mega_steps
+    }
+
+    /// The most rows of a decode step that runs persistently (0: none).
+    pub(super) fn mega_rows(&self) -> usize {
+        match self.decode_path {
+            _ if self.mega_unsupported.is_some() => 0,
+            DecodePath::Auto if !self.mega_auto => 0,
+            path => path.max_rows(),
+        }
     }
 
     /// Uses a fixed decode split length of `len` tokens (rounded up to the
@@ -534,7 +609,8 @@ impl<D: Device, T: Sample> Model<D, T> {
         stage_rows: impl FnOnce(&mut Stager<'_>, &Layout),
     ) -> Result<(Layout, Plan)> {
         let c = &self.weights.config;
-        let plan = Plan::of(step, c, dev.sm_count(), self.split_override, self.invariant);
+        let plan = Plan::of(step, c, dev.sm_count(), self.split_override, self.invariant, self.mega_rows());
+        self.mega_steps += usize::from(plan.mega);
         let b = step.context_lens.len();
         let lay = Layout::new(step.tokens.len(), b, step.max_blocks_per_seq, sample_rows);
         self.eager.ensure_arena(dev, lay.len)?;

@@ -242,9 +242,11 @@ impl<D: Device, T: Sample> Model<D, T> {
             runs: vec![(0, 0, bucket)],
             rows: bucket,
             invariant: self.invariant,
+            mega: self.invariant && bucket <= self.mega_rows(),
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
         };
+        self.mega_steps += usize::from(plan.mega);
 
         // Stage the padded step and its settings, one copy.
         let padded =

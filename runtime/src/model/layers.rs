@@ -25,7 +25,7 @@ use super::buffers::{Buffers, KvCache, Scratch};
 use super::device::Device;
 use super::forward::{DECODE_BLOCK_N, FUSED_MAX_TOKENS, Launcher, Plan, TC_BLOCK_N, usage};
 use super::inputs::Layout;
-use super::weights::{Layer, Matrix, Weights};
+use super::weights::{Kind, MatRef, Weights};
 use crate::check::Sample;
 use crate::cuda::DeviceElem;
 use crate::error::Result;
@@ -58,13 +58,16 @@ pub(super) fn arena_i32<'a, D: Device + 'a>(arena: &'a D::Buf<u8>, off: usize) -
     D::ptr_at::<u8, i32>(arena, off)
 }
 
+/// A buffer and an element offset into it.
+type At<'a, B> = (&'a B, usize);
+
 /// What a projection fuses: `Norm` is the RMSNorm prologue with its weight
 /// and epsilon (single-token steps only), `Residual` the in-place residual
 /// add of the epilogue.
 #[derive(Clone, Copy)]
 enum Fuse<'a, D: Device, T: Sample> {
     None,
-    Norm(&'a D::Buf<T>, f32),
+    Norm(At<'a, D::Buf<T>>, f32),
     Residual,
 }
 
@@ -90,14 +93,17 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
 ) -> Result<()> {
     let s = bufs.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
     let arena = &bufs.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
+    if plan.mega {
+        return super::mega::launch(ln, w, kv, bufs, lay, plan);
+    }
     let f = Fwd { w, kv, s, arena, lay, plan };
     f.embedding(ln)?;
-    for (l, layer) in w.layers.iter().enumerate() {
-        f.qkv(ln, l, layer)?;
+    for l in 0..w.layers.len() {
+        f.qkv(ln, l)?;
         f.rope(ln, l)?;
         f.attention(ln, l)?;
-        f.attn_out(ln, layer)?;
-        f.mlp(ln, layer)?;
+        f.attn_out(ln, l)?;
+        f.mlp(ln, l)?;
     }
     f.lm_head(ln)
 }
@@ -130,26 +136,18 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
     /// `qkv = norm(h) @ Wqkv^T`: the attention norm is layer 0's RMSNorm of
     /// the embedding, or add+RMSNorm of the previous layer's down product
     /// into the residual (fused into the product on single-token steps).
-    fn qkv(&self, ln: &mut Launcher<'_, D>, l: usize, layer: &Layer<D, T>) -> Result<()> {
+    fn qkv(&self, ln: &mut Launcher<'_, D>, l: usize) -> Result<()> {
         let (s, n, eps) = (self.s, self.plan.n, self.w.config.rms_norm_eps);
+        let (w, norm) = (self.w.mat(l, Kind::Qkv), self.w.attn_norm(l));
         if self.fused() {
-            return self.project(
-                ln,
-                "qkv",
-                &layer.qkv,
-                (&s.h, 0),
-                (&s.qkv, 0),
-                n,
-                false,
-                Fuse::Norm(&layer.attn_norm, eps),
-            );
+            return self.project(ln, "qkv", w, (&s.h, 0), (&s.qkv, 0), n, false, Fuse::Norm(norm, eps));
         }
         if l == 0 {
-            self.rmsnorm(ln, (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n)?;
+            self.rmsnorm(ln, (&s.h, 0), norm, (&s.normed, 0), n)?;
         } else {
-            self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), &layer.attn_norm, (&s.normed, 0), n)?;
+            self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
         }
-        self.project(ln, "qkv", &layer.qkv, (&s.normed, 0), (&s.qkv, 0), n, false, Fuse::None)
+        self.project(ln, "qkv", w, (&s.normed, 0), (&s.qkv, 0), n, false, Fuse::None)
     }
 
     /// RoPE on Q and K, K and V written to layer `l`'s paged cache.
@@ -161,8 +159,8 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             pos_ptr: arena_i32::<D>(self.arena, self.lay.positions)?,
             slot_ptr: arena_i32::<D>(self.arena, self.lay.slots)?,
             q_out_ptr: any::<D, T>(&self.s.q, 0)?,
-            k_cache_ptr: any::<D, T>(&self.kv.k[l], 0)?,
-            v_cache_ptr: any::<D, T>(&self.kv.v[l], 0)?,
+            k_cache_ptr: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
+            v_cache_ptr: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
             theta: c.rope_freq_base,
             _marker: PhantomData,
         };
@@ -203,8 +201,8 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             let config = t.config(dtype, nq, nkv, hd, self.kv.block_size, true);
             let args = flash_attention::Args {
                 q_ptr: any::<D, T>(&s.q, 0)?,
-                k_cache_ptr: any::<D, T>(&self.kv.k[l], 0)?,
-                v_cache_ptr: any::<D, T>(&self.kv.v[l], 0)?,
+                k_cache_ptr: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
+                v_cache_ptr: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
                 o_ptr: any::<D, T>(&s.attn, 0)?,
                 block_tables_ptr: arena_i32::<D>(arena, lay.tables)?,
                 seq_lens_ptr: arena_i32::<D>(arena, lay.ctx)?,
@@ -223,8 +221,8 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             ($k:ident) => {
                 $k::Args {
                     q_ptr: any::<D, T>(&s.q, 0)?,
-                    k_cache: any::<D, T>(&self.kv.k[l], 0)?,
-                    v_cache: any::<D, T>(&self.kv.v[l], 0)?,
+                    k_cache: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
+                    v_cache: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
                     block_tables: arena_i32::<D>(arena, lay.tables)?,
                     bt_stride: lay.bt_stride as i32,
                     seq_lens: arena_i32::<D>(arena, lay.ctx)?,
@@ -292,36 +290,28 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
 
     /// The O projection and its residual add (in place into `h` on
     /// single-token steps; otherwise into `tmp`, added by the MLP's norm).
-    fn attn_out(&self, ln: &mut Launcher<'_, D>, layer: &Layer<D, T>) -> Result<()> {
-        let (s, n) = (self.s, self.plan.n);
+    fn attn_out(&self, ln: &mut Launcher<'_, D>, l: usize) -> Result<()> {
+        let (s, n, w) = (self.s, self.plan.n, self.w.mat(l, Kind::O));
         if self.fused() {
-            return self.project(ln, "o", &layer.o, (&s.attn, 0), (&s.h, 0), n, false, Fuse::Residual);
+            return self.project(ln, "o", w, (&s.attn, 0), (&s.h, 0), n, false, Fuse::Residual);
         }
-        self.project(ln, "o", &layer.o, (&s.attn, 0), (&s.tmp, 0), n, false, Fuse::None)
+        self.project(ln, "o", w, (&s.attn, 0), (&s.tmp, 0), n, false, Fuse::None)
     }
 
     /// `down(silu(gate(x)) * up(x))` with `x` the MLP norm of the residual:
     /// on single-token steps the norm is the gate/up product's prologue and
     /// the down product adds into `h`; otherwise add+RMSNorm first, and the
     /// down product goes to `tmp` (added by the next norm).
-    fn mlp(&self, ln: &mut Launcher<'_, D>, layer: &Layer<D, T>) -> Result<()> {
+    fn mlp(&self, ln: &mut Launcher<'_, D>, l: usize) -> Result<()> {
         let (s, n, eps) = (self.s, self.plan.n, self.w.config.rms_norm_eps);
+        let (gu, down, norm) = (self.w.mat(l, Kind::GateUp), self.w.mat(l, Kind::Down), self.w.ffn_norm(l));
         if self.fused() {
-            self.project(
-                ln,
-                "gate_up",
-                &layer.gate_up,
-                (&s.h, 0),
-                (&s.act, 0),
-                n,
-                true,
-                Fuse::Norm(&layer.ffn_norm, eps),
-            )?;
-            return self.project(ln, "down", &layer.down, (&s.act, 0), (&s.h, 0), n, false, Fuse::Residual);
+            self.project(ln, "gate_up", gu, (&s.h, 0), (&s.act, 0), n, true, Fuse::Norm(norm, eps))?;
+            return self.project(ln, "down", down, (&s.act, 0), (&s.h, 0), n, false, Fuse::Residual);
         }
-        self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), &layer.ffn_norm, (&s.normed, 0), n)?;
-        self.project(ln, "gate_up", &layer.gate_up, (&s.normed, 0), (&s.act, 0), n, true, Fuse::None)?;
-        self.project(ln, "down", &layer.down, (&s.act, 0), (&s.tmp, 0), n, false, Fuse::None)
+        self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
+        self.project(ln, "gate_up", gu, (&s.normed, 0), (&s.act, 0), n, true, Fuse::None)?;
+        self.project(ln, "down", down, (&s.act, 0), (&s.tmp, 0), n, false, Fuse::None)
     }
 
     /// The final norm of the requested rows and the LM head.
@@ -337,11 +327,20 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             // are normed into `last` first (so the head reads its weight once).
             if let [(r, j, count)] = plan.runs[..] {
                 let out = (&s.logits, j * c.vocab_size);
-                let fuse = Fuse::Norm(&self.w.output_norm, eps);
-                return self.project(ln, "lm_head", &self.w.lm_head, (&s.h, r * e), out, count, false, fuse);
+                let fuse = Fuse::Norm((&self.w.output_norm, 0), eps);
+                return self.project(
+                    ln,
+                    "lm_head",
+                    self.w.lm_head.view(),
+                    (&s.h, r * e),
+                    out,
+                    count,
+                    false,
+                    fuse,
+                );
             }
             for &(r, j, count) in &plan.runs {
-                self.rmsnorm(ln, (&s.h, r * e), &self.w.output_norm, (&s.last, j * e), count)?;
+                self.rmsnorm(ln, (&s.h, r * e), (&self.w.output_norm, 0), (&s.last, j * e), count)?;
             }
         } else {
             // The final norm of the requested rows only, gathered into `last`
@@ -351,13 +350,22 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
                     ln,
                     (&s.tmp, r * e),
                     (&s.h, r * e),
-                    &self.w.output_norm,
+                    (&self.w.output_norm, 0),
                     (&s.last, j * e),
                     count,
                 )?;
             }
         }
-        self.project(ln, "lm_head", &self.w.lm_head, (&s.last, 0), (&s.logits, 0), rows, false, Fuse::None)
+        self.project(
+            ln,
+            "lm_head",
+            self.w.lm_head.view(),
+            (&s.last, 0),
+            (&s.logits, 0),
+            rows,
+            false,
+            Fuse::None,
+        )
     }
 
     /// `out = x @ w^T` over `m` rows (or the fused SiLU-mul with `silu`), with
@@ -367,7 +375,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         &self,
         ln: &mut Launcher<'_, D>,
         role: &'static str,
-        w: &Matrix<D>,
+        w: MatRef<'_, D>,
         x: (&D::Buf<T>, usize),
         out: (&D::Buf<T>, usize),
         m: usize,
@@ -398,7 +406,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         &self,
         ln: &mut Launcher<'_, D>,
         x: (&D::Buf<T>, usize),
-        w: &D::Buf<T>,
+        w: (&D::Buf<T>, usize),
         out: (&D::Buf<T>, usize),
         rows: usize,
     ) -> Result<()> {
@@ -408,7 +416,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
             .with_warps(rmsnorm::warps_for(block));
         let args = rmsnorm_kernel::Args {
             x_ptr: any::<D, T>(x.0, x.1)?,
-            w_ptr: any::<D, T>(w, 0)?,
+            w_ptr: any::<D, T>(w.0, w.1)?,
             out_ptr: any::<D, T>(out.0, out.1)?,
             n_cols: c.n_embd as i32,
             stride: c.n_embd as i32,
@@ -427,7 +435,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         ln: &mut Launcher<'_, D>,
         x: (&D::Buf<T>, usize),
         r: (&D::Buf<T>, usize),
-        w: &D::Buf<T>,
+        w: (&D::Buf<T>, usize),
         out: (&D::Buf<T>, usize),
         rows: usize,
     ) -> Result<()> {
@@ -437,7 +445,7 @@ impl<D: Device, T: Sample> Fwd<'_, D, T> {
         let args = add_rmsnorm::Args {
             x_ptr: any::<D, T>(x.0, x.1)?,
             r_ptr: any::<D, T>(r.0, r.1)?,
-            w_ptr: any::<D, T>(w, 0)?,
+            w_ptr: any::<D, T>(w.0, w.1)?,
             out_ptr: any::<D, T>(out.0, out.1)?,
             h_ptr: any::<D, T>(r.0, r.1)?,
             n_cols: c.n_embd as i32,
@@ -478,6 +486,23 @@ pub(crate) fn invariant_decode(
     head_dim: usize,
     page: usize,
 ) -> paged_decode_tc::Config {
+    let (block_n, rows, warps) = invariant_decode_shape(dtype, wgmma, group, head_dim, page);
+    paged_decode_tc::Config::new(dtype, h_kv, group, head_dim, page, block_n, false, rows, true)
+        .with_warps(warps)
+        .with_stages(INVARIANT_DECODE_STAGES)
+}
+
+/// The pipeline depth of the batch-invariant decode kernel.
+pub(crate) const INVARIANT_DECODE_STAGES: u32 = 3;
+
+/// [`invariant_decode`]'s key block, tile height and warps.
+pub(crate) fn invariant_decode_shape(
+    dtype: DType,
+    wgmma: bool,
+    group: usize,
+    head_dim: usize,
+    page: usize,
+) -> (usize, usize, u32) {
     let t = prefill_tiles(head_dim, dtype, wgmma, page, true);
     let half = matches!(dtype, DType::BF16 | DType::F16);
     let (rows, warps) = match (half, wgmma) {
@@ -485,9 +510,7 @@ pub(crate) fn invariant_decode(
         (true, false) => (16, 1),
         (false, _) => (default_rows(group), 4),
     };
-    paged_decode_tc::Config::new(dtype, h_kv, group, head_dim, page, t.block_n, false, rows.max(group), true)
-        .with_warps(warps)
-        .with_stages(3)
+    (t.block_n, rows.max(group), warps)
 }
 
 /// The configuration and grid of the batch-invariant product ([`linear`])
@@ -549,13 +572,27 @@ pub(crate) fn linear_workspace_for(c: &LlamaConfig, tensor_cores: bool) -> (usiz
     need
 }
 
+/// The workspace entries and tile counters the persistent step's split
+/// products need for a model of shape `c`.
+pub(crate) fn mega_workspace_for(c: &LlamaConfig) -> (usize, usize) {
+    let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+    let shapes =
+        [(qkv, c.n_embd), (c.n_embd, c.n_head * c.head_dim), (2 * c.n_ff, c.n_embd), (c.n_embd, c.n_ff)];
+    let mut need = (0, 0);
+    for (rows, k) in shapes {
+        let (ws, cnt) = kernels::decode_step::workspace(rows, k);
+        need = (need.0.max(ws), need.1.max(cnt));
+    }
+    need
+}
+
 /// The batch-invariant product with its fusions: [`linear`], or on devices
 /// with [`Device::cpu_gemv`] the CPU GEMV at every batch size.
 #[allow(clippy::too_many_arguments)]
 fn linear_launch<D: Device, T: Sample>(
     l: &mut Launcher<'_, D>,
     scratch: &Scratch<D, T>,
-    w: &Matrix<D>,
+    w: MatRef<'_, D>,
     x: (&D::Buf<T>, usize),
     out: (&D::Buf<T>, usize),
     m: usize,
@@ -575,7 +612,7 @@ fn linear_launch<D: Device, T: Sample>(
     }
     let n = if silu { w.n / 2 } else { w.n };
     let (np, eps, norm) = match fuse {
-        Fuse::Norm(nw, eps) if m == 1 => (any::<D, T>(nw, 0)?, eps, true),
+        Fuse::Norm(nw, eps) if m == 1 => (any::<D, T>(nw.0, nw.1)?, eps, true),
         Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
         _ => (any::<D, T>(x.0, x.1)?, 0.0, false),
     };
@@ -591,8 +628,8 @@ fn linear_launch<D: Device, T: Sample>(
     }
     let args = linear::Args {
         x_ptr: any::<D, T>(x.0, x.1)?,
-        q_ptr: D::ptr_at::<u8, u8>(&w.quants, 0)?,
-        s_ptr: D::ptr_at::<f16, f16>(&w.scales, 0)?,
+        q_ptr: D::ptr_at::<u8, u8>(w.quants, w.q_off)?,
+        s_ptr: D::ptr_at::<f16, f16>(w.scales, w.s_off)?,
         nw_ptr: np,
         out_ptr: any::<D, T>(out.0, out.1)?,
         ws_ptr: typed::<D, f32>(&s.lin_ws)?,
@@ -610,7 +647,7 @@ fn linear_launch<D: Device, T: Sample>(
 /// fast path: the GEMV for small products, the tensor-core GEMM above.
 fn matmul<D: Device, T: Sample>(
     l: &mut Launcher<'_, D>,
-    w: &Matrix<D>,
+    w: MatRef<'_, D>,
     x: (&D::Buf<T>, usize),
     out: (&D::Buf<T>, usize),
     m: usize,
@@ -619,8 +656,8 @@ fn matmul<D: Device, T: Sample>(
     let dtype = T::DEVICE_DTYPE;
     let n = if silu { w.n / 2 } else { w.n };
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
-    let qp = D::ptr_at::<u8, u8>(&w.quants, 0)?;
-    let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
+    let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
+    let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
     let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
     macro_rules! launch {
         ($family:ident, $kernel:ident, $tiles:expr, $grid:expr $(, $extra:expr)*) => {{
@@ -671,23 +708,23 @@ fn matmul<D: Device, T: Sample>(
 #[allow(clippy::too_many_arguments)]
 fn gemv_fused<D: Device, T: Sample>(
     l: &mut Launcher<'_, D>,
-    w: &Matrix<D>,
+    w: MatRef<'_, D>,
     x: (&D::Buf<T>, usize),
     out: (&D::Buf<T>, usize),
     m: usize,
     silu: bool,
-    norm: Option<(&D::Buf<T>, f32)>,
+    norm: Option<(At<'_, D::Buf<T>>, f32)>,
     residual: bool,
 ) -> Result<()> {
     let dtype = T::DEVICE_DTYPE;
     let n = if silu { w.n / 2 } else { w.n };
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
     let (np, eps) = match norm {
-        Some((nw, eps)) => (any::<D, T>(nw, 0)?, eps),
+        Some((nw, eps)) => (any::<D, T>(nw.0, nw.1)?, eps),
         None => (any::<D, T>(x.0, x.1)?, 0.0),
     };
-    let qp = D::ptr_at::<u8, u8>(&w.quants, 0)?;
-    let sp = D::ptr_at::<f16, f16>(&w.scales, 0)?;
+    let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
+    let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
     let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
     let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);

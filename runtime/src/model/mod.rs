@@ -37,6 +37,7 @@ pub mod forward;
 pub mod graph;
 pub mod inputs;
 pub mod layers;
+pub mod mega;
 pub mod sampler;
 pub mod weights;
 

@@ -19,10 +19,11 @@
 
 use super::check::{
     SampledStep, Scenario, argmax, compare_exact, compare_greedy, decode_scenario, scenario_params,
-    tiny_model,
+    tiny_flat_model, tiny_model,
 };
 use super::emu::Emu;
 use super::graph::GraphMode;
+use super::mega::DecodePath;
 use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 use super::{Device, Model, Step, Weights};
 use crate::check::Sample;
@@ -317,7 +318,14 @@ fn split_kv_decode_matches_the_unsplit_kernel() {
     let mut cpu = Cpu::new();
     let params = vec![SamplingParams::default()];
     // Contexts of 21 to 37 tokens: 2 or 3 splits of 16 tokens.
-    let sc = |split| Scenario { seqs: 2, prompt: 20, batches: vec![2, 2, 1, 2], split, invariant: false };
+    let sc = |split| Scenario {
+        seqs: 2,
+        prompt: 20,
+        batches: vec![2, 2, 1, 2],
+        split,
+        invariant: false,
+        decode_path: DecodePath::Graphs,
+    };
     let (plain, _) = decode_scenario::<Cpu, f32>(&mut cpu, &g, GraphMode::Off, &sc(None), &params).unwrap();
     let (split, _) =
         decode_scenario::<Cpu, f32>(&mut cpu, &g, GraphMode::Off, &sc(Some(16)), &params).unwrap();
@@ -341,6 +349,7 @@ fn graph_scenario(split: Option<usize>) -> Scenario {
         batches: vec![1, 3, 3, 2, 5, 1, 4, 2, 5, 3, 3, 3],
         split,
         invariant: split.is_none(),
+        decode_path: DecodePath::Graphs,
     }
 }
 
@@ -461,4 +470,55 @@ fn interpreter_sampling_at_smollm2_vocab() {
         }
         assert!((out[0].logprob as f64 - logprob(&logits, out[0].token as usize)).abs() < 1e-4);
     }
+}
+
+/// The persistent decode step against the multi-kernel batch-invariant
+/// step on the interpreter: the same scenario (decode batches of 1 to 3
+/// rows, greedy and seeded sampling with penalties), identical token ids,
+/// logprob bits and logit bits, in f32 and bf16; and the persistent kernel
+/// really ran for every decode step.
+fn mega_matches_multi_kernel<T: Sample>() {
+    let g = tiny_flat_model().unwrap();
+    let mut cpu = Cpu::new();
+    let params = scenario_params();
+    let sc = |decode_path| Scenario {
+        seqs: 3,
+        prompt: 14,
+        batches: vec![3, 1, 2, 3, 1],
+        split: None,
+        invariant: true,
+        decode_path,
+    };
+    let (multi, m0) =
+        decode_scenario::<Cpu, T>(&mut cpu, &g, GraphMode::Off, &sc(DecodePath::Graphs), &params).unwrap();
+    let (mega, m1) =
+        decode_scenario::<Cpu, T>(&mut cpu, &g, GraphMode::Off, &sc(DecodePath::Mega), &params).unwrap();
+    assert_eq!((m0.mega_steps(), m1.mega_steps()), (0, 5));
+    let (ids, logits, max_abs) = compare_exact(&multi, &mega);
+    assert_eq!((ids, logits), (0, 0), "persistent vs multi-kernel decode: max |logit difference| {max_abs}");
+}
+
+#[test]
+fn mega_decode_matches_multi_kernel_f32() {
+    mega_matches_multi_kernel::<f32>();
+}
+
+#[test]
+fn mega_decode_matches_multi_kernel_bf16() {
+    mega_matches_multi_kernel::<dsl_core::half::bf16>();
+}
+
+/// The native CPU backend does not run the persistent step: asking for it
+/// is an error that says why, and `auto` keeps every step on the
+/// multi-kernel path.
+#[test]
+fn mega_is_refused_where_it_cannot_run() {
+    let g = tiny_model().unwrap();
+    let mut host = codegen::host::Host::new();
+    let weights = Weights::<codegen::host::Host, f32>::load(&mut host, &g).unwrap();
+    let mut model = Model::new(&mut host, weights, 4, 16).unwrap();
+    let err = model.set_decode_path(DecodePath::Mega).unwrap_err().to_string();
+    assert!(err.contains("--decode-path mega") && err.contains("persistent"), "{err}");
+    assert_eq!(model.decode_path(), DecodePath::Auto);
+    assert_eq!(model.mega_rows(), 0);
 }

@@ -46,20 +46,90 @@ impl<D: Device> Matrix<D> {
     }
 }
 
-/// The weights of one transformer block.
-pub struct Layer<D: Device, T: Sample> {
-    /// RMSNorm weight before attention, `[n_embd]`.
-    pub attn_norm: D::Buf<T>,
+/// A view of a repacked matrix `W[n, k]` inside device planes: its quants
+/// from byte `q_off` of `quants`, its scales from entry `s_off` of `scales`.
+pub struct MatRef<'a, D: Device> {
+    /// The block format.
+    pub format: QuantFormat,
+    /// Rows (output features).
+    pub n: usize,
+    /// Columns (input features).
+    pub k: usize,
+    /// The quant plane holding it.
+    pub quants: &'a D::Buf<u8>,
+    /// Its first byte there.
+    pub q_off: usize,
+    /// The scale plane holding it.
+    pub scales: &'a D::Buf<f16>,
+    /// Its first scale entry there.
+    pub s_off: usize,
+}
+
+impl<D: Device> Clone for MatRef<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Device> Copy for MatRef<'_, D> {}
+
+impl<D: Device> Matrix<D> {
+    /// The whole matrix as a view.
+    pub fn view(&self) -> MatRef<'_, D> {
+        MatRef {
+            format: self.format,
+            n: self.n,
+            k: self.k,
+            quants: &self.quants,
+            q_off: 0,
+            scales: &self.scales,
+            s_off: 0,
+        }
+    }
+}
+
+/// Where one layer's matrix of a [`Kind`] lies in that kind's stacked planes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// The block format.
+    pub format: QuantFormat,
+    /// Rows.
+    pub n: usize,
+    /// Columns.
+    pub k: usize,
+    /// First byte of its quants.
+    pub q_off: usize,
+    /// First entry of its scales.
+    pub s_off: usize,
+}
+
+/// The projection kinds of a block, each stored for all layers in one pair
+/// of planes (layer after layer), so a persistent kernel reaches layer `l`'s
+/// matrix at a fixed stride from layer 0's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Fused QKV.
+    Qkv = 0,
+    /// Attention output.
+    O = 1,
+    /// Interleaved gate/up.
+    GateUp = 2,
+    /// Down.
+    Down = 3,
+}
+
+/// The weights of one transformer block: where its matrices lie in the
+/// stacked planes ([`Weights::mat`]); its norm weights are at `l * n_embd`
+/// of [`Weights::attn_norm`] and [`Weights::ffn_norm`].
+pub struct Layer {
     /// Fused QKV projection, `[(n_head + 2 n_head_kv) * head_dim, n_embd]`.
-    pub qkv: Matrix<D>,
+    pub qkv: Slot,
     /// Attention output projection, `[n_embd, n_head * head_dim]`.
-    pub o: Matrix<D>,
-    /// RMSNorm weight before the MLP, `[n_embd]`.
-    pub ffn_norm: D::Buf<T>,
+    pub o: Slot,
     /// Interleaved gate/up, `[2 n_ff, n_embd]` (row `2j` gate `j`, `2j + 1` up `j`).
-    pub gate_up: Matrix<D>,
+    pub gate_up: Slot,
     /// Down projection, `[n_embd, n_ff]`.
-    pub down: Matrix<D>,
+    pub down: Slot,
 }
 
 /// A Llama's weights on a device, in activation dtype `T`.
@@ -69,11 +139,71 @@ pub struct Weights<D: Device, T: Sample> {
     /// The raw Q8_0 token embedding table (`vocab * n_embd / 32 * 34` bytes).
     pub embedding: D::Buf<u8>,
     /// The blocks.
-    pub layers: Vec<Layer<D, T>>,
+    pub layers: Vec<Layer>,
+    /// Every layer's matrices of each [`Kind`] (indexed by it): quants, scales.
+    pub planes: Vec<(D::Buf<u8>, D::Buf<f16>)>,
+    /// The RMSNorm weights before attention, `[n_layers, n_embd]`.
+    pub attn_norm: D::Buf<T>,
+    /// The RMSNorm weights before the MLP, `[n_layers, n_embd]`.
+    pub ffn_norm: D::Buf<T>,
     /// The final RMSNorm weight, `[n_embd]`.
     pub output_norm: D::Buf<T>,
     /// The LM head, `[vocab, n_embd]` (the embedding repacked when tied).
     pub lm_head: Matrix<D>,
+}
+
+impl<D: Device, T: Sample> Weights<D, T> {
+    /// Layer `l`'s matrix of `kind`.
+    pub fn mat(&self, l: usize, kind: Kind) -> MatRef<'_, D> {
+        let layer = &self.layers[l];
+        let slot = match kind {
+            Kind::Qkv => layer.qkv,
+            Kind::O => layer.o,
+            Kind::GateUp => layer.gate_up,
+            Kind::Down => layer.down,
+        };
+        let (quants, scales) = &self.planes[kind as usize];
+        MatRef {
+            format: slot.format,
+            n: slot.n,
+            k: slot.k,
+            quants,
+            q_off: slot.q_off,
+            scales,
+            s_off: slot.s_off,
+        }
+    }
+
+    /// Layer `l`'s attention norm weights: buffer and element offset.
+    pub fn attn_norm(&self, l: usize) -> (&D::Buf<T>, usize) {
+        (&self.attn_norm, l * self.config.n_embd)
+    }
+
+    /// Layer `l`'s MLP norm weights: buffer and element offset.
+    pub fn ffn_norm(&self, l: usize) -> (&D::Buf<T>, usize) {
+        (&self.ffn_norm, l * self.config.n_embd)
+    }
+
+    /// The per-layer strides of `kind`'s planes `(quant bytes, scale
+    /// entries)` and its format, when every layer's matrix of that kind has
+    /// the same format and shape (they lie at a fixed stride); `None` for
+    /// mixed formats.
+    pub fn stride(&self, kind: Kind) -> Option<(QuantFormat, usize, usize)> {
+        let slots: Vec<MatRef<'_, D>> = (0..self.layers.len()).map(|l| self.mat(l, kind)).collect();
+        let first = slots.first()?;
+        let (qs, ss) = match slots.get(1) {
+            Some(b) => (b.q_off - first.q_off, b.s_off - first.s_off),
+            None => (0, 0),
+        };
+        let regular = slots.iter().enumerate().all(|(l, m)| {
+            m.format == first.format
+                && m.n == first.n
+                && m.k == first.k
+                && m.q_off == l * qs
+                && m.s_off == l * ss
+        });
+        regular.then_some((first.format, qs, ss))
+    }
 }
 
 /// The kernels' format of a GGUF type, or an error naming the tensor.
@@ -178,6 +308,25 @@ impl<D: Device, T: Sample> Weights<D, T> {
         progress(1, total);
 
         let mut layers = Vec::with_capacity(c.n_layers);
+        let mut host: Vec<Repacked> = (0..4)
+            .map(|_| Repacked { format: QuantFormat::Q8_0, n: 0, k: 0, quants: vec![], scales: vec![] })
+            .collect();
+        let (mut attn_norm, mut ffn_norm) =
+            (Vec::with_capacity(c.n_layers * e), Vec::with_capacity(c.n_layers * e));
+        // Appends a layer's matrix to its kind's planes and returns its slot.
+        let mut put = |kind: Kind, r: Repacked| -> Slot {
+            let plane = &mut host[kind as usize];
+            let slot = Slot {
+                format: r.format,
+                n: r.n,
+                k: r.k,
+                q_off: plane.quants.len(),
+                s_off: plane.scales.len(),
+            };
+            plane.quants.extend_from_slice(&r.quants);
+            plane.scales.extend_from_slice(&r.scales);
+            slot
+        };
         for l in 0..c.n_layers {
             let name = |t: &str| layer_tensor(l, t);
             let q = repack_tensor(gguf, &name("attn_q"), q_rows, e)?;
@@ -190,16 +339,22 @@ impl<D: Device, T: Sample> Weights<D, T> {
             let gate_up =
                 interleave_gate_up(&gate, &up).map_err(|err| repack_error(&name("ffn_gate"), err))?;
             let down = repack_tensor(gguf, &name("ffn_down"), e, c.n_ff)?;
+            attn_norm.extend(norm_weight::<T>(gguf, &name("attn_norm"), e)?);
+            ffn_norm.extend(norm_weight::<T>(gguf, &name("ffn_norm"), e)?);
             layers.push(Layer {
-                attn_norm: dev.upload(&norm_weight::<T>(gguf, &name("attn_norm"), e)?)?,
-                qkv: Matrix::upload(dev, &qkv)?,
-                o: Matrix::upload(dev, &o)?,
-                ffn_norm: dev.upload(&norm_weight::<T>(gguf, &name("ffn_norm"), e)?)?,
-                gate_up: Matrix::upload(dev, &gate_up)?,
-                down: Matrix::upload(dev, &down)?,
+                qkv: put(Kind::Qkv, qkv),
+                o: put(Kind::O, o),
+                gate_up: put(Kind::GateUp, gate_up),
+                down: put(Kind::Down, down),
             });
             progress(l + 2, total);
         }
-        Ok(Weights { config, embedding, layers, output_norm, lm_head })
+        let mut planes = Vec::with_capacity(4);
+        for p in &host {
+            planes.push((dev.upload(&p.quants)?, dev.upload(&p.scales)?));
+        }
+        let attn_norm = dev.upload(&attn_norm)?;
+        let ffn_norm = dev.upload(&ffn_norm)?;
+        Ok(Weights { config, embedding, layers, planes, attn_norm, ffn_norm, output_norm, lm_head })
     }
 }

@@ -1,0 +1,700 @@
+//! The persistent decode step: one launch runs a whole decode step of a
+//! Llama model (every sequence of the step has one new token), from the
+//! token embedding to the logits.
+//!
+//! # Design
+//!
+//! The grid is one program per SM, all resident at once, and stays for the
+//! whole step. The step is a fixed sequence of stages; each stage is a list
+//! of tasks that the programs take in turn (task `t` goes to program `t %
+//! num_programs`):
+//!
+//! | stage | tasks | body |
+//! |---|---|---|
+//! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
+//! | per layer: QKV | output tile x K tile | [`crate::dequant::linear::linear_tile`], attention norm as its prologue |
+//! | RoPE + KV write | one per row | [`crate::rope::rope_row`] |
+//! | attention | row x KV head | [`crate::decode_attention::decode_tc_body`], never split |
+//! | O projection | output tile x K tile | `linear_tile`, residual add into `h` as its epilogue |
+//! | gate/up | output tile x K tile | `linear_tile`, MLP norm prologue, SiLU-mul epilogue |
+//! | down | output tile x K tile | `linear_tile`, residual add into `h` |
+//! | LM head | output tile | `linear_tile` unsplit, final norm prologue |
+//!
+//! Stages meet through counters in global memory, one per stage and layer:
+//! a task waits (`wait_until`, acquire) until the stage it reads has
+//! counted all of its tasks, and the program that completes an output
+//! (a row, a head, or the finishing K tile of an output tile) adds one to
+//! its stage's counter with release semantics. Every stage here reads all of
+//! the previous stage's output (a norm needs the whole row, a projection all
+//! heads), so a stage waits for the whole previous stage; tasks of one stage
+//! never wait for each other, so with every program resident the step cannot
+//! deadlock. While a program waits, the weights it will multiply next are
+//! already in flight: each task loads its weight tile before its wait (the
+//! weights are never written), and at the start of each layer every program
+//! asks L2 for its share of the next layer's weights (`prefetch_l2`).
+//!
+//! The products are split along K (one 128-column K tile per task, so even
+//! the 576-row projections of a small model give hundreds of tasks): each
+//! task stores its tile's product, and the task that completes an output
+//! tile sums them in K order ([`crate::dequant::linear::split_finish`]).
+//!
+//! # Arithmetic
+//!
+//! Every stage runs the batch-invariant kernels' bodies with their
+//! batch-invariant arithmetic: the products sum one `dot` per 128-column K
+//! tile in K order, the norms take the exact statistic, the attention runs
+//! the prefill kernel's key blocks in order with no split. So the logits of
+//! a row are bit for bit those of the multi-kernel batch-invariant step, for
+//! any batch and any grid. The caller must give the attention the
+//! invariant decode configuration (`ATT_ROWS`, `ATT_BLOCK_N` and the warps
+//! of the multi-kernel decode kernel).
+//!
+//! # Contract
+//!
+//! - `m` rows, `1 <= m <= 16` (one M tile); with `ONE_ROW`, `m == 1`.
+//! - Weights of layer `l`: the repacked planes at `q + l * *_qs` bytes and
+//!   `s + l * *_ss` scale entries; norm weights at `l * N_EMBD`; the KV cache
+//!   of layer `l` at `l * kv_stride` elements; all offsets fit 32 bits.
+//! - Scratch as the multi-kernel step uses it (`h`, `qkv`, `q`, `attn`,
+//!   `act`, `logits` of `m` rows); `ws`/`cnt` the split products' workspace
+//!   and counters (counters zero; every launch leaves them zero);
+//!   `stage` holds [`stage_counters`] zeros (every launch leaves them zero).
+//! - The grid is at most the number of programs that can be resident at
+//!   once (the launcher refuses larger waiting grids).
+//! - Formats: `F_*` is 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0) per matrix.
+//! - With `TRACE`, program `p` writes [`globaltimer`](dsl_core::lang::globaltimer)
+//!   readings to row `p` of `trace` ([`stage_counters`] entries per program):
+//!   entry 0 when it leaves the embedding, `1 + 6 l + j` when it leaves
+//!   stage `j` of layer `l` (QKV, RoPE, attention, O, gate/up, down), `6 L +
+//!   1` when it leaves the LM head, `6 L + 2` when it starts. The latest
+//!   reading of an entry over the programs is when that stage ended.
+
+use crate::decode_attention::decode_tc_body;
+use crate::dequant::linear::{LINEAR_BLOCK_K, linear_tile, tile_load};
+use crate::embedding::embedding_row;
+use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
+use crate::rope::rope_row;
+use dsl_core::DType;
+use dsl_macros::{kernel, kernel_fn};
+
+/// Stage counters per layer: QKV, RoPE, attention, O, gate/up, down.
+pub const STAGES_PER_LAYER: usize = 6;
+
+/// The stage counters a model of `n_layers` layers needs: the embedding,
+/// six per layer, the LM head and the exit count.
+pub const fn stage_counters(n_layers: usize) -> usize {
+    STAGES_PER_LAYER * n_layers + 3
+}
+
+/// The most rows one persistent step takes (one M tile of the products).
+pub const MAX_ROWS: usize = 16;
+
+/// The split products' workspace entries and tile counters a product of
+/// `rows` weight rows and `k` columns needs (tiles of 32 or 64 rows).
+pub fn workspace(rows: usize, k: usize) -> (usize, usize) {
+    (rows.div_ceil(64) * 64 * k.div_ceil(LINEAR_BLOCK_K) * MAX_ROWS, rows.div_ceil(32))
+}
+
+/// Asks L2 for the `bytes` bytes at `base` (a byte pointer), this program's
+/// share of them: lines of 128 bytes, 64 lines per program in turn.
+#[kernel_fn]
+pub fn prefetch_share(base: Tensor, bytes: Tensor) {
+    let lines = (bytes + 127) / 128;
+    for c in range(program_id(0) * 64, lines, num_programs(0) * 64) {
+        let off = (c + arange(0, 64)) * 128;
+        prefetch_l2(base + off, mask = off < bytes);
+    }
+}
+
+/// With `on`, records the clock as this program's entry `idx` of its row
+/// of `trace` (`stride` entries per program; see [`decode_step`]'s
+/// `TRACE`).
+#[kernel_fn]
+pub fn mark(trace_ptr: Tensor, idx: Tensor, stride: usize, on: bool) {
+    if on {
+        store(trace_ptr + program_id(0) * stride + idx, globaltimer());
+    }
+}
+
+/// The first task of this program in a stage whose task `t` runs on
+/// program `(t + offset) % num_programs` (stages start where the previous
+/// one ended, so a program's next task is rarely right after its last one
+/// and its weight loads go out early).
+#[kernel_fn]
+pub fn first_task(offset: Tensor) -> Tensor {
+    let np = num_programs(0);
+    (program_id(0) + np - offset % np) % np
+}
+
+/// Output tiles of `block_n` rows of a product with `rows` weight rows.
+#[kernel_fn]
+pub fn count_tiles(rows: Tensor, block_n: usize) -> Tensor {
+    (rows + (block_n as i32 - 1)) / block_n as i32
+}
+
+/// One product stage: `out = x @ W^T` (with the fusions) as tasks of one
+/// output tile and (with `split`) one K tile, each waiting until counter
+/// `wait_idx` reaches `wait_target`, each finished output tile counted in
+/// counter `done_idx`. With `norm`, the prologue's statistic is taken per
+/// row of `x` (one row with `one_row`).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn stage_linear(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    nw_ptr: Tensor,
+    out_ptr: Tensor,
+    ws_ptr: Tensor,
+    cnt_ptr: Tensor,
+    stage_ptr: Tensor,
+    wait_idx: Tensor,
+    wait_target: Tensor,
+    done_idx: Tensor,
+    offset: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    eps: Tensor,
+    format_code: usize,
+    silu: bool,
+    norm: bool,
+    residual: bool,
+    split_k: bool,
+    f16_ops: bool,
+    one_row: bool,
+    dt: DType,
+    norm_block: usize,
+    block_n: usize,
+) {
+    let q8 = format_code == 2;
+    let has_min = format_code == 1;
+    let bk = LINEAR_BLOCK_K as i32;
+    let rows = if silu { n * 2 } else { n };
+    let tiles_n = count_tiles(rows, block_n);
+    let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
+    let zero = full([], 0, i32);
+    let np = num_programs(0);
+    let n_tasks = tiles_n * tiles_k;
+    let t0 = first_task(offset);
+    // Each task's weights are loaded one task ahead (the weights are never
+    // written, so the first task's loads go out before any wait).
+    let (mut wd, mut sr, mut wd_tail, mut sr_tail) =
+        task_weights(q_ptr, s_ptr, minimum(t0, n_tasks - 1), tiles_k, rows, k, format_code, split_k, block_n);
+    for t in range(t0, n_tasks, np) {
+        let (wd_next, sr_next, wdt_next, srt_next) = task_weights(
+            q_ptr,
+            s_ptr,
+            minimum(t + np, n_tasks - 1),
+            tiles_k,
+            rows,
+            k,
+            format_code,
+            split_k,
+            block_n,
+        );
+        let pid_n = t / tiles_k;
+        let pid_k = t % tiles_k;
+        wait_until(stage_ptr + wait_idx, "ge", wait_target);
+        let rs = if !norm {
+            eps
+        } else if one_row {
+            let cols = arange(0, norm_block);
+            let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
+            rms_rstd(row, k, eps, norm_block)
+        } else {
+            let offs = minimum(arange(0, MAX_ROWS), m - 1) * k;
+            expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
+        };
+        let fin = linear_tile(
+            x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, k, rs, wd, sr, wd_tail, sr_tail,
+            zero, pid_n, pid_k, tiles_n, tiles_k, q8, has_min, silu, norm, residual, split_k, f16_ops, dt,
+            MAX_ROWS, block_n,
+        );
+        if fin {
+            atomic_add(stage_ptr + done_idx, 1, sem = "release");
+        }
+        wd = wd_next;
+        sr = sr_next;
+        wd_tail = wdt_next;
+        sr_tail = srt_next;
+    }
+}
+
+/// The weight words and scales of product task `t` ([`tile_load`]): its
+/// K tile (split) or the first and the last partial K tile of its output
+/// tile (unsplit; the loop of [`linear_tile`] loads the others).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn task_weights(
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    t: Tensor,
+    tiles_k: Tensor,
+    rows: Tensor,
+    k: Tensor,
+    format_code: usize,
+    split_k: bool,
+    block_n: usize,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    let (q8, has_min) = (format_code == 2, format_code == 1);
+    let bk = LINEAR_BLOCK_K as i32;
+    let nb = k / 32;
+    let wrow = minimum(t / tiles_k * block_n + arange(0, block_n), rows - 1);
+    if split_k {
+        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, t % tiles_k * bk, q8, has_min, block_n);
+        (wd, sr, wd, sr)
+    } else {
+        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, full([], 0, i32), q8, has_min, block_n);
+        let (wt, st) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, q8, has_min, block_n);
+        (wd, sr, wt, st)
+    }
+}
+
+/// One decode step of a Llama model (see the module doc).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn decode_step<T: Float>(
+    emb_ptr: Ptr<u8>,
+    ids_ptr: Ptr<i32>,
+    pos_ptr: Ptr<i32>,
+    slot_ptr: Ptr<i32>,
+    tables_ptr: Ptr<i32>,
+    ctx_ptr: Ptr<i32>,
+    qkv_q: Ptr<u8>,
+    qkv_s: Ptr<f16>,
+    o_q: Ptr<u8>,
+    o_s: Ptr<f16>,
+    gu_q: Ptr<u8>,
+    gu_s: Ptr<f16>,
+    dn_q: Ptr<u8>,
+    dn_s: Ptr<f16>,
+    head_q: Ptr<u8>,
+    head_s: Ptr<f16>,
+    attn_norm: Ptr<T>,
+    ffn_norm: Ptr<T>,
+    out_norm: Ptr<T>,
+    k_cache: Ptr<T>,
+    v_cache: Ptr<T>,
+    h_ptr: Ptr<T>,
+    qkv_ptr: Ptr<T>,
+    q_ptr: Ptr<T>,
+    attn_ptr: Ptr<T>,
+    act_ptr: Ptr<T>,
+    logits_ptr: Ptr<T>,
+    ws_ptr: Ptr<f32>,
+    cnt_ptr: Ptr<i32>,
+    stage_ptr: Ptr<i32>,
+    trace_ptr: Ptr<i64>,
+    m: i32,
+    bt_stride: i32,
+    vocab: i32,
+    qkv_qs: i32,
+    qkv_ss: i32,
+    o_qs: i32,
+    o_ss: i32,
+    gu_qs: i32,
+    gu_ss: i32,
+    dn_qs: i32,
+    dn_ss: i32,
+    kv_stride: i32,
+    eps: f32,
+    theta: f32,
+    scale: f32,
+    #[constexpr] N_LAYERS: usize,
+    #[constexpr] N_EMBD: usize,
+    #[constexpr] N_HEAD: usize,
+    #[constexpr] N_KV: usize,
+    #[constexpr] HEAD_DIM: usize,
+    #[constexpr] N_FF: usize,
+    #[constexpr] PAGE: usize,
+    #[constexpr] ATT_BLOCK_N: usize,
+    #[constexpr] ATT_ROWS: usize,
+    #[constexpr] F_QKV: usize,
+    #[constexpr] F_O: usize,
+    #[constexpr] F_GU: usize,
+    #[constexpr] F_DN: usize,
+    #[constexpr] F_HEAD: usize,
+    #[constexpr] F16: bool,
+    #[constexpr] ONE_ROW: bool,
+    #[constexpr] TRACE: bool,
+) {
+    static_assert(N_HEAD % N_KV == 0, "query heads must group evenly over KV heads");
+    // The step's inputs (ids, positions, slots, tables) come from the copies
+    // or kernels before it.
+    gdc_wait();
+    // Entries per program of the trace (`stage_counters(N_LAYERS)`).
+    let n_marks = STAGES_PER_LAYER * N_LAYERS + 3;
+    mark(trace_ptr, full([], (n_marks - 1) as i32, i32), n_marks, TRACE);
+    let e = N_EMBD as i32;
+    let qkv_rows = ((N_HEAD + 2 * N_KV) * HEAD_DIM) as i32;
+    let attn_cols = (N_HEAD * HEAD_DIM) as i32;
+    let ff = N_FF as i32;
+    let n_e = full([], e, i32);
+    let n_qkv = full([], qkv_rows, i32);
+    let n_attn = full([], attn_cols, i32);
+    let n_ff = full([], ff, i32);
+    // The embedding kernel's column tile (`embedding::block_for`).
+    let nb_e = N_EMBD.next_power_of_two().min(1024);
+    let norm_block = N_EMBD.next_power_of_two();
+    // Finished output tiles per product stage.
+    // Output tile heights: 64 rows for Q8_0 and for gate/up (its tasks then
+    // fit the grid in one round), 32 otherwise; they decide only which
+    // program computes which output, not the arithmetic.
+    let bn_qkv = if F_QKV == 2 { 64 } else { 32 };
+    let bn_o = if F_O == 2 { 64 } else { 32 };
+    let bn_gu = 64;
+    let bn_dn = if F_DN == 2 { 64 } else { 32 };
+    let bn_head = if F_HEAD == 2 { 64 } else { 32 };
+    let t_qkv = count_tiles(n_qkv, bn_qkv);
+    let t_o = count_tiles(n_e, bn_o);
+    let t_gu = count_tiles(n_ff * 2, bn_gu);
+    let t_dn = count_tiles(n_e, bn_dn);
+    let last = (STAGES_PER_LAYER * N_LAYERS + 2) as i32;
+
+    // Layer 0's weights, then each layer asks for the next one's.
+    prefetch_layer(
+        qkv_q,
+        qkv_s,
+        o_q,
+        o_s,
+        gu_q,
+        gu_s,
+        dn_q,
+        dn_s,
+        qkv_qs,
+        qkv_ss,
+        o_qs,
+        o_ss,
+        gu_qs,
+        gu_ss,
+        dn_qs,
+        dn_ss,
+        full([], 0, i32),
+    );
+
+    for t in range(program_id(0), m, num_programs(0)) {
+        embedding_row(emb_ptr, ids_ptr, h_ptr, n_e, vocab, t, T, nb_e);
+        atomic_add(stage_ptr, 1, sem = "release");
+    }
+    mark(trace_ptr, full([], 0, i32), n_marks, TRACE);
+    // Tasks per stage of a layer (products split into 128-column K tiles);
+    // a layer's stages start at `l * per_layer` in the rotation of
+    // [`first_task`].
+    let kt_e = (e + 127) / 128;
+    let kt_attn = (attn_cols + 127) / 128;
+    let kt_ff = (ff + 127) / 128;
+    let n_qkv_tasks = t_qkv * kt_e;
+    let n_o_tasks = t_o * kt_attn;
+    let n_gu_tasks = t_gu * kt_e;
+    let n_dn_tasks = t_dn * kt_ff;
+    let per_layer = n_qkv_tasks + m + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
+    for l in range(0, N_LAYERS as i32) {
+        if l + 1 < N_LAYERS as i32 {
+            prefetch_layer(
+                qkv_q,
+                qkv_s,
+                o_q,
+                o_s,
+                gu_q,
+                gu_s,
+                dn_q,
+                dn_s,
+                qkv_qs,
+                qkv_ss,
+                o_qs,
+                o_ss,
+                gu_qs,
+                gu_ss,
+                dn_qs,
+                dn_ss,
+                l + 1,
+            );
+        }
+        let s0 = l * STAGES_PER_LAYER as i32 + 1;
+        let kv = l * kv_stride;
+        let off_qkv = m + l * per_layer;
+        let off_rope = off_qkv + n_qkv_tasks;
+        let off_att = off_rope + m;
+        let off_o = off_att + m * N_KV as i32;
+        let off_gu = off_o + n_o_tasks;
+        let off_dn = off_gu + n_gu_tasks;
+        // QKV with the attention norm: reads the residual, the embedding
+        // (layer 0) or the previous layer's down product.
+        let ready = where_(l == 0, m, t_dn);
+        stage_linear(
+            h_ptr,
+            qkv_q + l * qkv_qs,
+            qkv_s + l * qkv_ss,
+            attn_norm + l * e,
+            qkv_ptr,
+            ws_ptr,
+            cnt_ptr,
+            stage_ptr,
+            s0 - 1,
+            ready,
+            s0,
+            off_qkv,
+            m,
+            n_qkv,
+            n_e,
+            eps,
+            F_QKV,
+            false,
+            true,
+            false,
+            true,
+            F16,
+            ONE_ROW,
+            T,
+            norm_block,
+            bn_qkv,
+        );
+        mark(trace_ptr, s0, n_marks, TRACE);
+        for t in range(first_task(off_rope), m, num_programs(0)) {
+            wait_until(stage_ptr + s0, "ge", t_qkv);
+            rope_row(
+                qkv_ptr,
+                pos_ptr,
+                slot_ptr,
+                q_ptr,
+                k_cache + kv,
+                v_cache + kv,
+                theta,
+                t,
+                N_HEAD,
+                N_KV,
+                HEAD_DIM,
+            );
+            atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
+        }
+        mark(trace_ptr, s0 + 1, n_marks, TRACE);
+        for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
+            // The cached keys and values before this step's token are final:
+            // ask L2 for them while the RoPE stage runs.
+            prefetch_kv(
+                k_cache + kv,
+                v_cache + kv,
+                tables_ptr + t / N_KV as i32 * bt_stride,
+                load(ctx_ptr + t / N_KV as i32) - 1,
+                t % N_KV as i32,
+                N_KV,
+                HEAD_DIM,
+                PAGE,
+            );
+            wait_until(stage_ptr + s0 + 1, "ge", m);
+            decode_tc_body(
+                q_ptr,
+                k_cache + kv,
+                v_cache + kv,
+                tables_ptr,
+                bt_stride,
+                ctx_ptr,
+                attn_ptr,
+                ws_ptr,
+                ws_ptr,
+                ws_ptr,
+                scale,
+                full([], 1 << 30, i32),
+                t / N_KV as i32,
+                t % N_KV as i32,
+                full([], 0, i32),
+                full([], 1, i32),
+                T,
+                N_KV,
+                N_HEAD / N_KV,
+                HEAD_DIM,
+                PAGE,
+                ATT_BLOCK_N,
+                false,
+                ATT_ROWS,
+                true,
+            );
+            atomic_add(stage_ptr + s0 + 2, 1, sem = "release");
+        }
+        mark(trace_ptr, s0 + 2, n_marks, TRACE);
+        stage_linear(
+            attn_ptr,
+            o_q + l * o_qs,
+            o_s + l * o_ss,
+            h_ptr,
+            h_ptr,
+            ws_ptr,
+            cnt_ptr,
+            stage_ptr,
+            s0 + 2,
+            m * N_KV as i32,
+            s0 + 3,
+            off_o,
+            m,
+            n_e,
+            n_attn,
+            eps,
+            F_O,
+            false,
+            false,
+            true,
+            true,
+            F16,
+            ONE_ROW,
+            T,
+            norm_block,
+            bn_o,
+        );
+        mark(trace_ptr, s0 + 3, n_marks, TRACE);
+        stage_linear(
+            h_ptr,
+            gu_q + l * gu_qs,
+            gu_s + l * gu_ss,
+            ffn_norm + l * e,
+            act_ptr,
+            ws_ptr,
+            cnt_ptr,
+            stage_ptr,
+            s0 + 3,
+            t_o,
+            s0 + 4,
+            off_gu,
+            m,
+            n_ff,
+            n_e,
+            eps,
+            F_GU,
+            true,
+            true,
+            false,
+            true,
+            F16,
+            ONE_ROW,
+            T,
+            norm_block,
+            bn_gu,
+        );
+        mark(trace_ptr, s0 + 4, n_marks, TRACE);
+        stage_linear(
+            act_ptr,
+            dn_q + l * dn_qs,
+            dn_s + l * dn_ss,
+            h_ptr,
+            h_ptr,
+            ws_ptr,
+            cnt_ptr,
+            stage_ptr,
+            s0 + 4,
+            t_gu,
+            s0 + 5,
+            off_dn,
+            m,
+            n_e,
+            n_ff,
+            eps,
+            F_DN,
+            false,
+            false,
+            true,
+            true,
+            F16,
+            ONE_ROW,
+            T,
+            norm_block,
+            bn_dn,
+        );
+        mark(trace_ptr, s0 + 5, n_marks, TRACE);
+    }
+    // The LM head with the final norm, unsplit (its tiles alone fill the grid).
+    stage_linear(
+        h_ptr,
+        head_q,
+        head_s,
+        out_norm,
+        logits_ptr,
+        ws_ptr,
+        cnt_ptr,
+        stage_ptr,
+        full([], last - 2, i32),
+        t_dn,
+        full([], last - 1, i32),
+        m + N_LAYERS as i32 * per_layer,
+        m,
+        vocab,
+        n_e,
+        eps,
+        F_HEAD,
+        false,
+        true,
+        false,
+        false,
+        F16,
+        ONE_ROW,
+        T,
+        norm_block,
+        bn_head,
+    );
+    mark(trace_ptr, full([], last - 1, i32), n_marks, TRACE);
+    // The program that leaves last zeroes the stage counters for the next
+    // launch: every other program has passed all of its waits by then.
+    let gone = atomic_add(stage_ptr + last, 1, sem = "acq_rel");
+    if gone == num_programs(0) - 1 {
+        for c in range(0, last + 1, 256) {
+            let i = c + arange(0, 256);
+            store(stage_ptr + i, zeros([256], i32), mask = i <= last);
+        }
+    };
+}
+
+/// Asks L2 for the first `len` cached keys and values of KV head `h` of
+/// a sequence with block table `bt` (one line per token and head: the
+/// layout of [`crate::decode_attention`]).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn prefetch_kv(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    bt: Tensor,
+    len: Tensor,
+    h: Tensor,
+    h_kv: usize,
+    head_dim: usize,
+    page: usize,
+) {
+    for c0 in range(0, len, 128) {
+        let tok = c0 + arange(0, 128);
+        let ok = tok < len;
+        let blk = load(bt + tok / page, mask = ok, other = 0);
+        let row = (blk * page + tok % page) * (h_kv * head_dim) + h * head_dim;
+        prefetch_l2(k_cache + row, mask = ok);
+        prefetch_l2(v_cache + row, mask = ok);
+    }
+}
+
+/// This program's share of layer `l`'s projection weights, asked of L2.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn prefetch_layer(
+    qkv_q: Tensor,
+    qkv_s: Tensor,
+    o_q: Tensor,
+    o_s: Tensor,
+    gu_q: Tensor,
+    gu_s: Tensor,
+    dn_q: Tensor,
+    dn_s: Tensor,
+    qkv_qs: Tensor,
+    qkv_ss: Tensor,
+    o_qs: Tensor,
+    o_ss: Tensor,
+    gu_qs: Tensor,
+    gu_ss: Tensor,
+    dn_qs: Tensor,
+    dn_ss: Tensor,
+    l: Tensor,
+) {
+    prefetch_share(qkv_q + l * qkv_qs, qkv_qs);
+    prefetch_share(ptrcast(qkv_s + l * qkv_ss, u8), qkv_ss * 2);
+    prefetch_share(o_q + l * o_qs, o_qs);
+    prefetch_share(ptrcast(o_s + l * o_ss, u8), o_ss * 2);
+    prefetch_share(gu_q + l * gu_qs, gu_qs);
+    prefetch_share(ptrcast(gu_s + l * gu_ss, u8), gu_ss * 2);
+    prefetch_share(dn_q + l * dn_qs, dn_qs);
+    prefetch_share(ptrcast(dn_s + l * dn_ss, u8), dn_ss * 2);
+}

@@ -1,0 +1,79 @@
+//! `tessera gpu-check --only megakernel`: the persistent decode step
+//! ([`crate::model::mega`]) against the multi-kernel batch-invariant step
+//! on the GPU. Every row passes only when token ids, logprob bits and logit
+//! bits are identical and the persistent kernel ran for every decode step.
+//!
+//! - the tiny model (2 layers, f32 and bf16): a decode scenario of 1 to 6
+//!   rows (greedy and seeded sampling with penalties), eager and in CUDA
+//!   graphs;
+//! - a SmolLM2-shaped model (random weights of the real shapes: 30 layers,
+//!   9/3 heads of 64, FFN 1536, Q4_1 projections, the Q8_0 head) in bf16:
+//!   the same scenario over contexts that cross several key blocks.
+
+use crate::check::{CheckRow, Sample};
+use crate::cuda::Cuda;
+use crate::error::Result;
+use crate::gguf::Gguf;
+use crate::gguf::tiny::{TinyLlama, synth_shape};
+use crate::model::GraphMode;
+use crate::model::check::{Scenario, compare_exact, decode_scenario, scenario_params, tiny_model};
+use crate::model::mega::DecodePath;
+use dsl_core::half::bf16;
+
+/// One comparison of the scenario `sc` on `gguf` in `T`, graph mode `mode`.
+fn compare<T: Sample>(
+    cuda: &mut Cuda,
+    gguf: &Gguf,
+    what: &str,
+    mode: GraphMode,
+    sc: &Scenario,
+) -> Result<CheckRow> {
+    let params = scenario_params();
+    let multi = Scenario { decode_path: DecodePath::Graphs, ..sc.clone() };
+    let mega = Scenario { decode_path: DecodePath::Mega, ..sc.clone() };
+    let (a, ma) = decode_scenario::<Cuda, T>(cuda, gguf, mode, &multi, &params)?;
+    let (b, mb) = decode_scenario::<Cuda, T>(cuda, gguf, mode, &mega, &params)?;
+    let (ids, logits, max_abs) = compare_exact(&a, &b);
+    let steps = sc.batches.len();
+    let ran = (ma.mega_steps(), mb.mega_steps());
+    let compared: usize = a.iter().map(|s| s.logits.len()).sum();
+    Ok(CheckRow {
+        kernel: "megakernel".into(),
+        shape: format!(
+            "{what} {mode:?}: {steps} decode steps of {:?} rows, persistent {} of {steps}: {ids} ids/logprobs \
+             and {logits} of {compared} logits differ (max {max_abs:.2e})",
+            sc.batches, ran.1
+        ),
+        dtype: T::DEVICE_DTYPE,
+        max_abs,
+        max_rel: 0.0,
+        pass: ids == 0 && logits == 0 && ran == (0, steps) && compared > 0,
+    })
+}
+
+/// The family's rows (see the module doc).
+pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
+    let tiny = tiny_model()?;
+    let sc = Scenario {
+        seqs: 6,
+        prompt: 10,
+        batches: vec![1, 3, 3, 2, 5, 1, 6, 2, 4, 1, 6, 6],
+        split: None,
+        invariant: true,
+        decode_path: DecodePath::Graphs,
+    };
+    let mut rows = Vec::new();
+    for mode in [GraphMode::Off, GraphMode::Graphs] {
+        rows.push(compare::<f32>(cuda, &tiny, "tiny", mode, &sc)?);
+        rows.push(compare::<bf16>(cuda, &tiny, "tiny", mode, &sc)?);
+    }
+    let config = synth_shape("smollm2-135m")
+        .ok_or_else(|| crate::error::Error::Usage("internal error: no smollm2-135m shape".into()))?;
+    let t = TinyLlama { config, seed: 7, embedding_scale: 0.05, ..TinyLlama::default() };
+    let smol = Gguf::from_bytes(t.to_bytes()?)?;
+    let long = Scenario { seqs: 4, prompt: 150, batches: vec![1, 4, 2, 1, 3, 4, 1], ..sc };
+    for mode in [GraphMode::Off, GraphMode::Graphs] {
+        rows.push(compare::<bf16>(cuda, &smol, "smollm2-shaped", mode, &long)?);
+    }
+    Ok(rows)
+}

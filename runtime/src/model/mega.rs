@@ -1,0 +1,414 @@
+//! The persistent decode path: a whole decode step as one launch of
+//! [`kernels::decode_step::decode_step`], then the sampler as usual.
+//!
+//! [`DecodePath`] says which steps take it: `mega` every decode step it
+//! can run, `graphs` none (the multi-kernel sequence of [`super::layers`]),
+//! `auto` the decode steps of at most [`AUTO_MAX_ROWS`] rows. A step can run
+//! it when every sequence has one query token, there are at most
+//! [`MAX_ROWS`] of them, every row reaches the LM head, the plan is batch
+//! invariant, the device runs persistent kernels ([`Device::persistent`]),
+//! and the model's matrices lie at fixed strides ([`Weights::stride`]).
+//! The persistent step computes bit for bit what the batch-invariant
+//! multi-kernel step computes (see the kernel's module doc), so switching
+//! paths never changes a request's tokens.
+
+use super::buffers::{Buffers, KvCache};
+use super::device::Device;
+use super::forward::{Launcher, Plan, usage};
+use super::inputs::Layout;
+use super::layers::{INVARIANT_DECODE_STAGES, arena_i32, invariant_decode_shape};
+use super::weights::{Kind, Weights};
+use crate::check::Sample;
+use crate::error::Result;
+use dsl_core::half::f16;
+use dsl_core::launch::AnyDType;
+use kernels::decode_step::{MAX_ROWS, STAGES_PER_LAYER, decode_step, stage_counters};
+use kernels::dequant::QuantFormat;
+use std::marker::PhantomData;
+
+/// Which decode steps run as one persistent kernel (`--decode-path`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodePath {
+    /// Every decode step the persistent kernel can run.
+    Mega,
+    /// None: the multi-kernel launch sequence (captured into graphs).
+    Graphs,
+    /// The persistent kernel for decode steps of at most [`AUTO_MAX_ROWS`] rows.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for DecodePath {
+    type Err = String;
+
+    /// Parses `mega`, `graphs` or `auto`.
+    fn from_str(s: &str) -> std::result::Result<DecodePath, String> {
+        match s {
+            "mega" => Ok(DecodePath::Mega),
+            "graphs" => Ok(DecodePath::Graphs),
+            "auto" => Ok(DecodePath::Auto),
+            other => Err(format!("`{other}`: expected mega, graphs or auto")),
+        }
+    }
+}
+
+impl DecodePath {
+    /// The path's name as `--decode-path` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodePath::Mega => "mega",
+            DecodePath::Graphs => "graphs",
+            DecodePath::Auto => "auto",
+        }
+    }
+
+    /// The most rows of a decode step this path runs persistently.
+    pub fn max_rows(self) -> usize {
+        match self {
+            DecodePath::Mega => MAX_ROWS,
+            DecodePath::Graphs => 0,
+            DecodePath::Auto => AUTO_MAX_ROWS,
+        }
+    }
+}
+
+/// The decode steps `auto` runs persistently: at most this many rows.
+pub const AUTO_MAX_ROWS: usize = 1;
+
+/// The largest persistent grid (programs) the trace buffer holds rows for.
+pub const MAX_PROGRAMS: usize = 1024;
+
+/// Where one persistent step's time went, from its clock readings
+/// (microseconds; stage `j` of a layer runs from the end of the stage
+/// before it, over all programs, to its own end).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StageTimes {
+    /// Programs in the grid.
+    pub programs: usize,
+    /// From the first program's start to the embedding's end.
+    pub embedding: f64,
+    /// Per stage of a layer (QKV, RoPE + KV write, attention, O, gate/up,
+    /// down), summed over the layers.
+    pub layer: [f64; 6],
+    /// The LM head.
+    pub lm_head: f64,
+    /// From the first program's start to the last program's exit.
+    pub total: f64,
+}
+
+/// The names of [`StageTimes::layer`]'s stages.
+pub const LAYER_STAGES: [&str; 6] =
+    ["qkv", "rope + KV write", "attention", "o + residual", "gate/up + SiLU", "down + residual"];
+
+impl StageTimes {
+    /// The times of a trace of `programs` rows of `n_layers` layers'
+    /// entries (see `kernels::decode_step`'s `TRACE`), in nanoseconds.
+    pub fn of(trace: &[i64], programs: usize, n_layers: usize) -> StageTimes {
+        let width = stage_counters(n_layers);
+        let rows: Vec<&[i64]> = trace.chunks_exact(width).take(programs).collect();
+        let end = |j: usize| rows.iter().map(|r| r[j]).max().unwrap_or(0);
+        let start = rows.iter().map(|r| r[width - 1]).min().unwrap_or(0);
+        let us = |a: i64, b: i64| (b - a) as f64 / 1e3;
+        let mut t = StageTimes { programs, embedding: us(start, end(0)), ..StageTimes::default() };
+        let mut prev = end(0);
+        for l in 0..n_layers {
+            for (j, slot) in t.layer.iter_mut().enumerate() {
+                let e = end(1 + STAGES_PER_LAYER * l + j);
+                *slot += us(prev, e);
+                prev = e;
+            }
+        }
+        t.lm_head = us(prev, end(width - 2));
+        t.total = us(start, end(width - 2));
+        t
+    }
+}
+
+/// The persistent grid on the interpreter.
+const INTERP_PROGRAMS: usize = 5;
+
+/// A format's code in the kernel's constexprs.
+fn code(f: QuantFormat) -> usize {
+    match f {
+        QuantFormat::Q4_0 => 0,
+        QuantFormat::Q4_1 => 1,
+        QuantFormat::Q8_0 => 2,
+    }
+}
+
+/// Why this model cannot run the persistent step on `dev`, if it cannot.
+pub(super) fn unsupported<D: Device, T: Sample>(
+    dev: &D,
+    w: &Weights<D, T>,
+    kv: &KvCache<D, T>,
+) -> Option<String> {
+    if !dev.persistent() {
+        return Some(format!("{} does not run persistent kernels", dev.describe()));
+    }
+    // The kernel indexes every buffer with 32-bit offsets, and its byte
+    // pointers (the weight planes) make the launcher count every argument's
+    // span in bytes: each buffer must stay under 2 GiB.
+    const LIMIT: usize = 1 << 31;
+    let layers = w.layers.len();
+    for kind in [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down] {
+        match w.stride(kind) {
+            None => return Some(format!("the {kind:?} matrices differ in format between layers")),
+            Some((_, qs, ss)) if qs * layers >= LIMIT || 2 * ss * layers >= LIMIT => {
+                return Some(format!("the {kind:?} matrices of all layers exceed 2 GiB"));
+            }
+            _ => {}
+        }
+    }
+    let kv_bytes = kv.layer_len * layers * T::DEVICE_DTYPE.size_bytes();
+    if kv_bytes >= LIMIT {
+        return Some(format!(
+            "the KV cache ({:.2} GiB per K and V) exceeds the persistent kernel's 2 GiB (fewer --kv-blocks)",
+            kv_bytes as f64 / (1u64 << 30) as f64
+        ));
+    }
+    let head = w.lm_head.n * w.lm_head.k / 32 * w.lm_head.format.block_bytes();
+    if head >= LIMIT || w.config.vocab_size * w.config.n_embd / 32 * 34 >= LIMIT {
+        return Some("the LM head or the embedding exceeds 2 GiB".into());
+    }
+    None
+}
+
+/// Launches the persistent step for `plan` (a decode step the path takes,
+/// see the module doc), leaving the logits in the scratch logits as the
+/// multi-kernel step does.
+pub(super) fn launch<D: Device, T: Sample>(
+    ln: &mut Launcher<'_, D>,
+    w: &Weights<D, T>,
+    kv: &KvCache<D, T>,
+    bufs: &Buffers<D, T>,
+    lay: &Layout,
+    plan: &Plan,
+) -> Result<()> {
+    let s = bufs.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
+    let arena = &bufs.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
+    let c = &w.config;
+    let m = plan.n;
+    if m == 0 || m > MAX_ROWS || plan.max_q != 1 || plan.runs != [(0, 0, m)] {
+        return Err(usage(format!("internal error: the persistent step cannot run {plan:?}")));
+    }
+    let strides = |kind: Kind| {
+        w.stride(kind).ok_or_else(|| usage(format!("internal error: {kind:?} matrices are not stacked")))
+    };
+    let (f_qkv, qkv_qs, qkv_ss) = strides(Kind::Qkv)?;
+    let (f_o, o_qs, o_ss) = strides(Kind::O)?;
+    let (f_gu, gu_qs, gu_ss) = strides(Kind::GateUp)?;
+    let (f_dn, dn_qs, dn_ss) = strides(Kind::Down)?;
+    let dtype = T::DEVICE_DTYPE;
+    let group = c.n_head / c.n_head_kv;
+    // The multi-kernel decode attention's key block and tile height: the
+    // same arithmetic needs the same warps too (checked here: the
+    // persistent kernel runs four).
+    let (att_block_n, att_rows, att_warps) =
+        invariant_decode_shape(dtype, ln.dev.wgmma(), group, c.head_dim, kv.block_size);
+    if att_warps != 4 && ln.dev.compiles() {
+        return Err(usage(format!(
+            "internal error: the invariant decode attention runs {att_warps} warps, not 4"
+        )));
+    }
+    // Profiled steps read the clock at every stage's end.
+    let trace = ln.profile.is_some();
+    let config = decode_step::Config::new(
+        dtype,
+        c.n_layers,
+        c.n_embd,
+        c.n_head,
+        c.n_head_kv,
+        c.head_dim,
+        c.n_ff,
+        kv.block_size,
+        att_block_n,
+        att_rows,
+        code(f_qkv),
+        code(f_o),
+        code(f_gu),
+        code(f_dn),
+        code(w.lm_head.format),
+        ln.dev.tensor_cores(),
+        m == 1,
+        trace,
+    )
+    .with_warps(4)
+    .with_stages(INVARIANT_DECODE_STAGES);
+    if s.mega_stage_len < stage_counters(c.n_layers) {
+        return Err(usage("internal error: too few stage counters for the persistent step".into()));
+    }
+    let mat = |kind: Kind| w.mat(0, kind);
+    let q8 = |kind: Kind| D::ptr_at::<u8, u8>(mat(kind).quants, 0);
+    let sc = |kind: Kind| D::ptr_at::<f16, f16>(mat(kind).scales, 0);
+    let args = decode_step::Args {
+        emb_ptr: D::ptr_at::<u8, u8>(&w.embedding, 0)?,
+        ids_ptr: arena_i32::<D>(arena, lay.tokens)?,
+        pos_ptr: arena_i32::<D>(arena, lay.positions)?,
+        slot_ptr: arena_i32::<D>(arena, lay.slots)?,
+        tables_ptr: arena_i32::<D>(arena, lay.tables)?,
+        ctx_ptr: arena_i32::<D>(arena, lay.ctx)?,
+        qkv_q: q8(Kind::Qkv)?,
+        qkv_s: sc(Kind::Qkv)?,
+        o_q: q8(Kind::O)?,
+        o_s: sc(Kind::O)?,
+        gu_q: q8(Kind::GateUp)?,
+        gu_s: sc(Kind::GateUp)?,
+        dn_q: q8(Kind::Down)?,
+        dn_s: sc(Kind::Down)?,
+        head_q: D::ptr_at::<u8, u8>(&w.lm_head.quants, 0)?,
+        head_s: D::ptr_at::<f16, f16>(&w.lm_head.scales, 0)?,
+        attn_norm: D::ptr_at::<T, AnyDType>(&w.attn_norm, 0)?,
+        ffn_norm: D::ptr_at::<T, AnyDType>(&w.ffn_norm, 0)?,
+        out_norm: D::ptr_at::<T, AnyDType>(&w.output_norm, 0)?,
+        k_cache: D::ptr_at::<T, AnyDType>(&kv.k, 0)?,
+        v_cache: D::ptr_at::<T, AnyDType>(&kv.v, 0)?,
+        h_ptr: D::ptr_at::<T, AnyDType>(&s.h, 0)?,
+        qkv_ptr: D::ptr_at::<T, AnyDType>(&s.qkv, 0)?,
+        q_ptr: D::ptr_at::<T, AnyDType>(&s.q, 0)?,
+        attn_ptr: D::ptr_at::<T, AnyDType>(&s.attn, 0)?,
+        act_ptr: D::ptr_at::<T, AnyDType>(&s.act, 0)?,
+        logits_ptr: D::ptr_at::<T, AnyDType>(&s.logits, 0)?,
+        ws_ptr: D::ptr_at::<f32, f32>(&s.lin_ws, 0)?,
+        cnt_ptr: D::ptr_at::<i32, i32>(&s.lin_cnt, 0)?,
+        stage_ptr: D::ptr_at::<i32, i32>(&s.mega_stage, 0)?,
+        trace_ptr: D::ptr_at::<i64, i64>(&s.mega_trace, 0)?,
+        m: m as i32,
+        bt_stride: lay.bt_stride as i32,
+        vocab: c.vocab_size as i32,
+        qkv_qs: qkv_qs as i32,
+        qkv_ss: qkv_ss as i32,
+        o_qs: o_qs as i32,
+        o_ss: o_ss as i32,
+        gu_qs: gu_qs as i32,
+        gu_ss: gu_ss as i32,
+        dn_qs: dn_qs as i32,
+        dn_ss: dn_ss as i32,
+        kv_stride: kv.layer_len as i32,
+        eps: c.rms_norm_eps,
+        theta: c.rope_freq_base,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+        _marker: PhantomData,
+    };
+    // Every program must be resident: as many as the GPU holds at once (the
+    // launcher refuses larger waiting grids). The interpreter runs a few programs
+    // interleaved, so its runs exercise the hand-overs between them.
+    let programs = if ln.dev.compiles() {
+        ln.dev.resident::<decode_step::Kernel>(&config, &args)?.max(1)
+    } else {
+        INTERP_PROGRAMS
+    } as u32;
+    let es = dtype.size_bytes();
+    let mats: Vec<_> = (0..c.n_layers)
+        .flat_map(|l| [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down].map(|k| w.mat(l, k)))
+        .chain(std::iter::once(w.lm_head.view()))
+        .collect();
+    let weight_bytes: usize = mats.iter().map(|mt| mt.n * mt.k / 32 * mt.format.block_bytes()).sum();
+    let weights: usize = mats.iter().map(|mt| mt.n * mt.k).sum();
+    let kv_bytes = plan.ctx_tokens * c.n_layers * c.n_head_kv * c.head_dim * 2 * es;
+    ln.cost(|| format!("decode step (persistent) m{m}"), weight_bytes + kv_bytes, 2 * m * weights);
+    if programs as usize > s.mega_trace_rows {
+        return Err(usage(format!("internal error: a persistent grid of {programs} programs")));
+    }
+    ln.run::<decode_step::Kernel>([programs, 1, 1], &config, &args)?;
+    if trace {
+        // Profiling only (no graph is being captured): wait for the step
+        // and keep its stage times.
+        let n = programs as usize * stage_counters(c.n_layers);
+        let readings = ln.dev.download_prefix(&s.mega_trace, n)?;
+        let times = StageTimes::of(&readings, programs as usize, c.n_layers);
+        if let Some(p) = ln.profile.as_mut() {
+            p.stages.push(times);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::tiny::synth_shape;
+    use codegen::{CompileOptions, Target};
+    use dsl_core::DType;
+    use dsl_core::launch::Kernel;
+
+    #[test]
+    fn decode_paths_parse_and_name_themselves() {
+        for p in [DecodePath::Mega, DecodePath::Graphs, DecodePath::Auto] {
+            assert_eq!(p.name().parse::<DecodePath>(), Ok(p));
+        }
+        let err = "megakernel".parse::<DecodePath>().unwrap_err();
+        assert!(err.contains("expected mega, graphs or auto"), "{err}");
+        assert_eq!((DecodePath::Graphs.max_rows(), DecodePath::Mega.max_rows()), (0, MAX_ROWS));
+    }
+
+    /// Stage times are the latest end of each stage over the programs,
+    /// measured from the previous stage's latest end.
+    #[test]
+    fn stage_times_take_the_latest_program() {
+        let width = stage_counters(2);
+        // Two programs, two layers: program 1 starts first and leaves every
+        // stage 300 ns after program 0, except layer 0's QKV, which
+        // program 0 leaves last.
+        let mut trace = vec![0i64; 2 * width];
+        for p in 0..2 {
+            let row = &mut trace[p * width..][..width];
+            row[width - 1] = 1_000 - 500 * p as i64;
+            for (j, v) in row[..width - 1].iter_mut().enumerate() {
+                *v = 2_000 + 1_000 * j as i64 + 300 * p as i64;
+            }
+        }
+        trace[1] = 3_800;
+        let t = StageTimes::of(&trace, 2, 2);
+        assert_eq!(t.programs, 2);
+        assert!((t.embedding - 1.8).abs() < 1e-9, "{t:?}"); // 500 ns -> 2300 ns
+        // QKV: 2.3 -> 3.8 us in layer 0, 1 us in layer 1; RoPE: 3.8 -> 4.3
+        // us, then 1 us; the other stages 1 us per layer.
+        assert!((t.layer[0] - 2.5).abs() < 1e-9, "{t:?}");
+        assert!((t.layer[1] - 1.5).abs() < 1e-9, "{t:?}");
+        assert!(t.layer[2..].iter().all(|&x| (x - 2.0).abs() < 1e-9), "{t:?}");
+        assert!((t.lm_head - 1.0).abs() < 1e-9 && (t.total - 14.8).abs() < 1e-9, "{t:?}");
+        let sum: f64 = t.embedding + t.layer.iter().sum::<f64>() + t.lm_head;
+        assert!((sum - t.total).abs() < 1e-9, "{t:?}");
+    }
+
+    /// The persistent step of SmolLM2's shape compiles for Hopper with the
+    /// waits, releases and prefetches it is built on, in shared memory that
+    /// leaves one program per SM room.
+    #[test]
+    fn the_smollm2_step_compiles_for_hopper() {
+        let c = synth_shape("smollm2-135m").unwrap();
+        let (block_n, rows, warps) = invariant_decode_shape(DType::BF16, true, 3, 64, 16);
+        assert_eq!(warps, 4);
+        let config = decode_step::Config::new(
+            DType::BF16,
+            c.n_layers,
+            c.n_embd,
+            c.n_head,
+            c.n_head_kv,
+            c.head_dim,
+            c.n_ff,
+            16,
+            block_n,
+            rows,
+            1,
+            1,
+            1,
+            1,
+            2,
+            true,
+            true,
+            true,
+        )
+        .with_warps(4)
+        .with_stages(INVARIANT_DECODE_STAGES);
+        let func = decode_step::Kernel::build(&config).unwrap();
+        let opts = CompileOptions::for_launch(Target::Sm90a, &decode_step::Kernel::launch_options(&config));
+        let compiled = codegen::compile(&func, &opts).unwrap();
+        for needle in
+            ["ld.acquire.gpu", "fence.acq_rel.gpu", "nanosleep", "prefetch.global.L2", "%globaltimer"]
+        {
+            assert!(compiled.ptx.contains(needle), "no {needle} in the persistent step's PTX");
+        }
+        assert!(compiled.shared_bytes <= 200 * 1024, "{} bytes of shared memory", compiled.shared_bytes);
+    }
+}
