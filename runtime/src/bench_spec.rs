@@ -59,19 +59,15 @@ pub struct SpecBenchOptions {
     pub repeat_tokens: usize,
     /// New tokens per golden prompt.
     pub golden_tokens: usize,
-    /// The golden file.
-    pub golden: PathBuf,
+    /// The golden file, or `None` for the golden prompts built into the
+    /// binary (`tests/data/smollm2-135m-q4_1.json`: the benchmark then runs
+    /// from any directory).
+    pub golden: Option<PathBuf>,
 }
 
 impl Default for SpecBenchOptions {
     fn default() -> Self {
-        SpecBenchOptions {
-            k: 4,
-            draft_layers: 8,
-            repeat_tokens: 256,
-            golden_tokens: 64,
-            golden: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json"),
-        }
+        SpecBenchOptions { k: 4, draft_layers: 8, repeat_tokens: 256, golden_tokens: 64, golden: None }
     }
 }
 
@@ -222,10 +218,18 @@ impl EngineTask for SpecTask {
     }
 }
 
+/// The golden prompts built into the binary.
+const BUNDLED_GOLDEN: &str = include_str!("../tests/data/smollm2-135m-q4_1.json");
+
 /// Runs the benchmark on the model of `load` (its `speculation` is
 /// replaced): plain, `ngram_k<k>` and `draft<n>_k<k>`, one fresh engine each.
 pub fn run(load: &LoadOptions, opts: &SpecBenchOptions) -> Result<Vec<Record>> {
-    let golden = Golden::load(&opts.golden)?;
+    let golden = match &opts.golden {
+        Some(path) => Golden::load(path)?,
+        None => Golden::parse(BUNDLED_GOLDEN).map_err(|m| {
+            crate::error::Error::Usage(format!("internal error: the bundled golden prompts: {m}"))
+        })?,
+    };
     let (k, n) = (opts.k, opts.draft_layers);
     let configs = [
         ("plain".to_string(), None),
