@@ -82,6 +82,7 @@ pub const PRELUDE: &[Entry] = &[
     e!("program_id" => "program_id", [("axis", U8, Yes)]),
     e!("num_programs" => "num_programs", [("axis", U8, Yes)]),
     e!("globaltimer" => "globaltimer", []),
+    e!("barrier" => "barrier", []),
     e!("arange" => "arange", [("start", I32, Yes), ("end", I32, Yes)]),
     e!("zeros" => "zeros", [("shape", Shape, Yes), ("dtype", Pass, Yes)]),
     e!("full" => "full", [("shape", Shape, Yes), ("value", Pass, Yes), ("dtype", Pass, Yes)]),

@@ -13,8 +13,7 @@
 //! |---|---|---|
 //! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
 //! | per layer: QKV | output tile x K tile | [`crate::dequant::linear::linear_tile`], attention norm as its prologue |
-//! | RoPE + KV write | one per row | [`crate::rope::rope_row`] |
-//! | attention | row x KV head | [`crate::decode_attention::decode_tc_body`], never split |
+//! | attention | row x KV head | [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache), then [`crate::decode_attention::decode_tc_body`], never split |
 //! | O projection | output tile x K tile | `linear_tile`, residual add into `h` as its epilogue |
 //! | gate/up | output tile x K tile | `linear_tile`, MLP norm prologue, SiLU-mul epilogue |
 //! | down | output tile x K tile | `linear_tile`, residual add into `h` |
@@ -64,9 +63,9 @@
 //! - Formats: `F_*` is 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0) per matrix.
 //! - With `TRACE`, program `p` writes [`globaltimer`](dsl_core::lang::globaltimer)
 //!   readings to row `p` of `trace` ([`stage_counters`] entries per program):
-//!   entry 0 when it leaves the embedding, `1 + 6 l + j` when it leaves
-//!   stage `j` of layer `l` (QKV, RoPE, attention, O, gate/up, down), `6 L +
-//!   1` when it leaves the LM head, `6 L + 2` when it starts. The latest
+//!   entry 0 when it leaves the embedding, `1 + 5 l + j` when it leaves
+//!   stage `j` of layer `l` (QKV, attention with RoPE, O, gate/up, down),
+//!   `5 L + 1` when it leaves the LM head, `5 L + 2` when it starts. The latest
 //!   reading of an entry over the programs is when that stage ended.
 
 use crate::decode_attention::decode_tc_body;
@@ -77,11 +76,11 @@ use crate::rope::rope_row;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
-/// Stage counters per layer: QKV, RoPE, attention, O, gate/up, down.
-pub const STAGES_PER_LAYER: usize = 6;
+/// Stage counters per layer: QKV, attention (with RoPE), O, gate/up, down.
+pub const STAGES_PER_LAYER: usize = 5;
 
 /// The stage counters a model of `n_layers` layers needs: the embedding,
-/// six per layer, the LM head and the exit count.
+/// five per layer, the LM head and the exit count.
 pub const fn stage_counters(n_layers: usize) -> usize {
     STAGES_PER_LAYER * n_layers + 3
 }
@@ -352,27 +351,6 @@ pub fn decode_step<T: Float>(
     let t_dn = count_tiles(n_e, bn_dn);
     let last = (STAGES_PER_LAYER * N_LAYERS + 2) as i32;
 
-    // Layer 0's weights, then each layer asks for the next one's.
-    prefetch_layer(
-        qkv_q,
-        qkv_s,
-        o_q,
-        o_s,
-        gu_q,
-        gu_s,
-        dn_q,
-        dn_s,
-        qkv_qs,
-        qkv_ss,
-        o_qs,
-        o_ss,
-        gu_qs,
-        gu_ss,
-        dn_qs,
-        dn_ss,
-        full([], 0, i32),
-    );
-
     for t in range(program_id(0), m, num_programs(0)) {
         embedding_row(emb_ptr, ids_ptr, h_ptr, n_e, vocab, t, T, nb_e);
         atomic_add(stage_ptr, 1, sem = "release");
@@ -388,34 +366,20 @@ pub fn decode_step<T: Float>(
     let n_o_tasks = t_o * kt_attn;
     let n_gu_tasks = t_gu * kt_e;
     let n_dn_tasks = t_dn * kt_ff;
-    let per_layer = n_qkv_tasks + m + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
+    let per_layer = n_qkv_tasks + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
     for l in range(0, N_LAYERS as i32) {
-        if l + 1 < N_LAYERS as i32 {
+        // This program's share of the next layer's weights (at layer 0,
+        // of layers 0 and 1), asked of L2 a layer ahead.
+        for p in range(where_(l == 0, 0, l + 1), minimum(l + 2, N_LAYERS as i32)) {
             prefetch_layer(
-                qkv_q,
-                qkv_s,
-                o_q,
-                o_s,
-                gu_q,
-                gu_s,
-                dn_q,
-                dn_s,
-                qkv_qs,
-                qkv_ss,
-                o_qs,
-                o_ss,
-                gu_qs,
-                gu_ss,
-                dn_qs,
-                dn_ss,
-                l + 1,
+                qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss,
+                dn_qs, dn_ss, p,
             );
         }
         let s0 = l * STAGES_PER_LAYER as i32 + 1;
         let kv = l * kv_stride;
         let off_qkv = m + l * per_layer;
-        let off_rope = off_qkv + n_qkv_tasks;
-        let off_att = off_rope + m;
+        let off_att = off_qkv + n_qkv_tasks;
         let off_o = off_att + m * N_KV as i32;
         let off_gu = off_o + n_o_tasks;
         let off_dn = off_gu + n_gu_tasks;
@@ -451,8 +415,25 @@ pub fn decode_step<T: Float>(
             bn_qkv,
         );
         mark(trace_ptr, s0, n_marks, TRACE);
-        for t in range(first_task(off_rope), m, num_programs(0)) {
+        for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
+            // The cached keys and values before this step's token are final:
+            // ask L2 for them while the QKV stage runs.
+            let (b, h) = (t / N_KV as i32, t % N_KV as i32);
+            prefetch_kv(
+                k_cache + kv,
+                v_cache + kv,
+                tables_ptr + b * bt_stride,
+                load(ctx_ptr + b) - 1,
+                h,
+                N_KV,
+                HEAD_DIM,
+                PAGE,
+            );
             wait_until(stage_ptr + s0, "ge", t_qkv);
+            // RoPE of this KV head's query group and of its key, and the
+            // token's key and value into the cache, then attention over the
+            // cache (which now holds them): the program reads back its own
+            // stores, after a barrier.
             rope_row(
                 qkv_ptr,
                 pos_ptr,
@@ -461,28 +442,16 @@ pub fn decode_step<T: Float>(
                 k_cache + kv,
                 v_cache + kv,
                 theta,
-                t,
+                b,
+                h * (N_HEAD / N_KV) as i32,
+                N_HEAD / N_KV,
+                h,
+                1,
                 N_HEAD,
                 N_KV,
                 HEAD_DIM,
             );
-            atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
-        }
-        mark(trace_ptr, s0 + 1, n_marks, TRACE);
-        for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
-            // The cached keys and values before this step's token are final:
-            // ask L2 for them while the RoPE stage runs.
-            prefetch_kv(
-                k_cache + kv,
-                v_cache + kv,
-                tables_ptr + t / N_KV as i32 * bt_stride,
-                load(ctx_ptr + t / N_KV as i32) - 1,
-                t % N_KV as i32,
-                N_KV,
-                HEAD_DIM,
-                PAGE,
-            );
-            wait_until(stage_ptr + s0 + 1, "ge", m);
+            barrier();
             decode_tc_body(
                 q_ptr,
                 k_cache + kv,
@@ -496,8 +465,8 @@ pub fn decode_step<T: Float>(
                 ws_ptr,
                 scale,
                 full([], 1 << 30, i32),
-                t / N_KV as i32,
-                t % N_KV as i32,
+                b,
+                h,
                 full([], 0, i32),
                 full([], 1, i32),
                 T,
@@ -510,9 +479,9 @@ pub fn decode_step<T: Float>(
                 ATT_ROWS,
                 true,
             );
-            atomic_add(stage_ptr + s0 + 2, 1, sem = "release");
+            atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
         }
-        mark(trace_ptr, s0 + 2, n_marks, TRACE);
+        mark(trace_ptr, s0 + 1, n_marks, TRACE);
         stage_linear(
             attn_ptr,
             o_q + l * o_qs,
@@ -522,9 +491,9 @@ pub fn decode_step<T: Float>(
             ws_ptr,
             cnt_ptr,
             stage_ptr,
-            s0 + 2,
+            s0 + 1,
             m * N_KV as i32,
-            s0 + 3,
+            s0 + 2,
             off_o,
             m,
             n_e,
@@ -541,7 +510,7 @@ pub fn decode_step<T: Float>(
             norm_block,
             bn_o,
         );
-        mark(trace_ptr, s0 + 3, n_marks, TRACE);
+        mark(trace_ptr, s0 + 2, n_marks, TRACE);
         stage_linear(
             h_ptr,
             gu_q + l * gu_qs,
@@ -551,9 +520,9 @@ pub fn decode_step<T: Float>(
             ws_ptr,
             cnt_ptr,
             stage_ptr,
-            s0 + 3,
+            s0 + 2,
             t_o,
-            s0 + 4,
+            s0 + 3,
             off_gu,
             m,
             n_ff,
@@ -570,7 +539,7 @@ pub fn decode_step<T: Float>(
             norm_block,
             bn_gu,
         );
-        mark(trace_ptr, s0 + 4, n_marks, TRACE);
+        mark(trace_ptr, s0 + 3, n_marks, TRACE);
         stage_linear(
             act_ptr,
             dn_q + l * dn_qs,
@@ -580,9 +549,9 @@ pub fn decode_step<T: Float>(
             ws_ptr,
             cnt_ptr,
             stage_ptr,
-            s0 + 4,
+            s0 + 3,
             t_gu,
-            s0 + 5,
+            s0 + 4,
             off_dn,
             m,
             n_e,
@@ -599,7 +568,7 @@ pub fn decode_step<T: Float>(
             norm_block,
             bn_dn,
         );
-        mark(trace_ptr, s0 + 5, n_marks, TRACE);
+        mark(trace_ptr, s0 + 4, n_marks, TRACE);
     }
     // The LM head with the final norm, unsplit (its tiles alone fill the grid).
     stage_linear(

@@ -100,6 +100,7 @@ pub fn rope_kv_write<T: Float>(
     // previous kernel, so wait first; then let the next kernel start early.
     gdc_wait();
     gdc_launch_dependents();
+    let all = full([], 0, i32);
     rope_row(
         qkv_ptr,
         pos_ptr,
@@ -109,13 +110,21 @@ pub fn rope_kv_write<T: Float>(
         v_cache_ptr,
         theta,
         program_id(0),
+        all,
+        N_Q,
+        all,
+        N_KV,
         N_Q,
         N_KV,
         HEAD_DIM,
     );
 }
 
-/// The body of [`rope_kv_write`] for token `tok` (see the module doc).
+/// The body of [`rope_kv_write`] for token `tok` (see the module doc), for
+/// the `q_count` query heads from `q_first` and the `kv_count` KV heads from
+/// `kv_first` of its `n_q` and `n_kv` (all of them in the kernel; one KV
+/// head and its query group in a persistent step). Each element's
+/// arithmetic is the same whichever heads a call covers.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn rope_row(
@@ -127,6 +136,10 @@ pub fn rope_row(
     v_cache_ptr: Tensor,
     theta: Tensor,
     tok: Tensor,
+    q_first: Tensor,
+    q_count: usize,
+    kv_first: Tensor,
+    kv_count: usize,
     n_q: usize,
     n_kv: usize,
     head_dim: usize,
@@ -147,8 +160,8 @@ pub fn rope_row(
     let s = expand_dims(sin(r), 0);
     let even = expand_dims(i * 2, 0);
 
-    // Q: [n_q, HALF] pairs, rotated, to q_out.
-    let qh = expand_dims(arange(0, n_q), 1) * head_dim + even;
+    // Q: [q_count, HALF] pairs, rotated, to q_out.
+    let qh = expand_dims(q_first + arange(0, q_count), 1) * head_dim + even;
     let q0 = load(qkv_ptr + row + qh).to(f32);
     let q1 = load(qkv_ptr + row + qh + 1).to(f32);
     let q_dst = q_out_ptr + tok * (n_q * head_dim) + qh;
@@ -158,7 +171,7 @@ pub fn rope_row(
     // K (rotated) and V (copied) to the token's cache slot, unless slot < 0.
     let valid = slot >= 0;
     let dst = where_(valid, slot, 0) * (n_kv * head_dim);
-    let heads = expand_dims(arange(0, n_kv), 1) * head_dim;
+    let heads = expand_dims(kv_first + arange(0, kv_count), 1) * head_dim;
     let kh = heads + even;
     let k_src = qkv_ptr + row + n_q * head_dim + kh;
     let k0 = load(k_src, mask = valid, other = 0.0).to(f32);

@@ -537,7 +537,7 @@ pub fn table(r: &Report) -> String {
                 t.programs, t.total
             ));
             let mut line = |what: &str, us: f64| {
-                s.push_str(&format!("  {what:<22} {us:>9.1} us {:>5.1}%\n", 100.0 * us / t.total.max(1e-9)))
+                s.push_str(&format!("  {what:<28} {us:>9.1} us {:>5.1}%\n", 100.0 * us / t.total.max(1e-9)))
             };
             line("embedding", t.embedding);
             for (name, us) in LAYER_STAGES.iter().zip(t.layer) {

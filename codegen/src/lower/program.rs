@@ -29,6 +29,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
                 return Ok(());
             }
+            ProgramOp::Barrier => {
+                self.barrier()?;
+                return Ok(());
+            }
             ProgramOp::GlobalTimer => {
                 // A volatile read (side effects): never merged with another.
                 let i64t = self.ctx.i64_type();

@@ -562,7 +562,11 @@ impl World<'_, '_> {
             Op::Dot(o) => one(dot::dot(arg(0)?, arg(1)?, arg(2)?, o.precision)?),
             // Programs run one after another and launches in order: nothing
             // overlaps, so the dependency-control ops have nothing to do.
-            Op::Program(ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents) => smallvec![],
+            // A program's operations run in order here: the barrier's
+            // ordering holds already.
+            Op::Program(ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents | ProgramOp::Barrier) => {
+                smallvec![]
+            }
             Op::Program(ProgramOp::GlobalTimer) => {
                 static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
                 let ns = EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos();

@@ -396,8 +396,8 @@ fn kernels_report_whether_they_wait_and_synchronise() {
 }
 
 /// `globaltimer` reads a clock that never runs backwards: each program
-/// stores two readings around a loop, and the second is not before the
-/// first; the op prints and parses back.
+/// stores two readings around a loop and a `barrier`, and the second is not
+/// before the first; both ops print and parse back.
 #[test]
 fn globaltimer_reads_a_monotonic_clock() {
     let f = KernelBuilder::new("clock")
@@ -406,11 +406,12 @@ fn globaltimer_reads_a_monotonic_clock() {
             let pid = program_id(0);
             store(out + pid * 2, globaltimer(), None);
             let spin = for_range(0, 1000, 1, &[full(&[], 0, DType::I32)], |i, acc| vec![acc[0] + i]);
+            barrier();
             store(out + pid * 2 + 1, globaltimer() + (spin[0] - spin[0]).to(DType::I64), None);
         })
         .unwrap();
     let text = crate::print::print(&f);
-    assert!(text.contains("globaltimer"), "{text}");
+    assert!(text.contains("globaltimer") && text.contains("barrier"), "{text}");
     let back = crate::parse::parse(&text).unwrap();
     assert_eq!(crate::print::print(&back), text);
     let mut bufs = [Buffer::zeros(DType::I64, 6)];

@@ -271,6 +271,19 @@ pub fn gdc_launch_dependents() {
     });
 }
 
+/// A barrier among the threads of the program: what the program stored
+/// before it is visible to every load of the program after it (`bar.sync`
+/// on the GPU). The interpreter and the native CPU backend run a program's
+/// operations in order, so there it orders nothing further. Call it where
+/// the whole program runs (a scalar `if` or loop is the whole program's).
+#[track_caller]
+pub fn barrier() {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        c.push(Op::Program(ProgramOp::Barrier), &[], &loc, &[]);
+    });
+}
+
 /// A nanosecond clock shared by every program of the launch, an `i64`
 /// scalar (`%globaltimer` on the GPU; on the interpreter, nanoseconds since
 /// the interpreter's first read): for timing the phases of a persistent

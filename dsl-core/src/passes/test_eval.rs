@@ -106,7 +106,9 @@ impl Evaluator<'_> {
             }
             Op::Program(ProgramOp::ProgramId { .. }) => Tile { shape, data: vec![self.pid] },
             Op::Program(ProgramOp::NumPrograms { .. }) => Tile { shape, data: vec![64] },
-            Op::Program(ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents) => return Ok(()),
+            Op::Program(ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents | ProgramOp::Barrier) => {
+                return Ok(());
+            }
             Op::Program(ProgramOp::GlobalTimer) => Tile { shape, data: vec![0] },
             Op::Arith(ArithOp::Binary(b)) => {
                 let d = f.ty(data.args[0]).dtype();

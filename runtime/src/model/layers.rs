@@ -94,7 +94,7 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
     let s = bufs.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
     let arena = &bufs.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
     if plan.mega {
-        return super::mega::launch(ln, w, kv, bufs, lay, plan);
+        return super::mega::launch(ln, w, kv, s, arena, lay, plan);
     }
     let f = Fwd { w, kv, s, arena, lay, plan };
     f.embedding(ln)?;

@@ -12,7 +12,7 @@
 //! multi-kernel step computes (see the kernel's module doc), so switching
 //! paths never changes a request's tokens.
 
-use super::buffers::{Buffers, KvCache};
+use super::buffers::{KvCache, Scratch};
 use super::device::Device;
 use super::forward::{Launcher, Plan, usage};
 use super::inputs::Layout;
@@ -87,9 +87,9 @@ pub struct StageTimes {
     pub programs: usize,
     /// From the first program's start to the embedding's end.
     pub embedding: f64,
-    /// Per stage of a layer (QKV, RoPE + KV write, attention, O, gate/up,
-    /// down), summed over the layers.
-    pub layer: [f64; 6],
+    /// Per stage of a layer (QKV, attention with RoPE and the KV write, O,
+    /// gate/up, down), summed over the layers.
+    pub layer: [f64; STAGES_PER_LAYER],
     /// The LM head.
     pub lm_head: f64,
     /// From the first program's start to the last program's exit.
@@ -97,8 +97,8 @@ pub struct StageTimes {
 }
 
 /// The names of [`StageTimes::layer`]'s stages.
-pub const LAYER_STAGES: [&str; 6] =
-    ["qkv", "rope + KV write", "attention", "o + residual", "gate/up + SiLU", "down + residual"];
+pub const LAYER_STAGES: [&str; STAGES_PER_LAYER] =
+    ["qkv", "rope + KV write + attention", "o + residual", "gate/up + SiLU", "down + residual"];
 
 impl StageTimes {
     /// The times of a trace of `programs` rows of `n_layers` layers'
@@ -173,19 +173,59 @@ pub(super) fn unsupported<D: Device, T: Sample>(
     None
 }
 
+/// The kernel's configuration for a model of shape `c` in `dtype` with
+/// pages of `page` tokens: the attention's key block and tile height `att`,
+/// the formats of the QKV, O, gate/up, down and head matrices, f16 tensor-core
+/// operands (`f16`), one row, and the trace.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn step_config(
+    dtype: dsl_core::DType,
+    c: &crate::gguf::LlamaConfig,
+    page: usize,
+    att: (usize, usize),
+    formats: [QuantFormat; 5],
+    f16: bool,
+    one_row: bool,
+    trace: bool,
+) -> decode_step::Config {
+    let [f_qkv, f_o, f_gu, f_dn, f_head] = formats.map(code);
+    decode_step::Config::new(
+        dtype,
+        c.n_layers,
+        c.n_embd,
+        c.n_head,
+        c.n_head_kv,
+        c.head_dim,
+        c.n_ff,
+        page,
+        att.0,
+        att.1,
+        f_qkv,
+        f_o,
+        f_gu,
+        f_dn,
+        f_head,
+        f16,
+        one_row,
+        trace,
+    )
+    .with_warps(4)
+    .with_stages(INVARIANT_DECODE_STAGES)
+}
+
 /// Launches the persistent step for `plan` (a decode step the path takes,
 /// see the module doc), leaving the logits in the scratch logits as the
 /// multi-kernel step does.
+/// `s` and `arena` are the step's scratch buffers and input arena.
 pub(super) fn launch<D: Device, T: Sample>(
     ln: &mut Launcher<'_, D>,
     w: &Weights<D, T>,
     kv: &KvCache<D, T>,
-    bufs: &Buffers<D, T>,
+    s: &Scratch<D, T>,
+    arena: &D::Buf<u8>,
     lay: &Layout,
     plan: &Plan,
 ) -> Result<()> {
-    let s = bufs.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
-    let arena = &bufs.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
     let c = &w.config;
     let m = plan.n;
     if m == 0 || m > MAX_ROWS || plan.max_q != 1 || plan.runs != [(0, 0, m)] {
@@ -212,28 +252,9 @@ pub(super) fn launch<D: Device, T: Sample>(
     }
     // Profiled steps read the clock at every stage's end.
     let trace = ln.profile.is_some();
-    let config = decode_step::Config::new(
-        dtype,
-        c.n_layers,
-        c.n_embd,
-        c.n_head,
-        c.n_head_kv,
-        c.head_dim,
-        c.n_ff,
-        kv.block_size,
-        att_block_n,
-        att_rows,
-        code(f_qkv),
-        code(f_o),
-        code(f_gu),
-        code(f_dn),
-        code(w.lm_head.format),
-        ln.dev.tensor_cores(),
-        m == 1,
-        trace,
-    )
-    .with_warps(4)
-    .with_stages(INVARIANT_DECODE_STAGES);
+    let formats = [f_qkv, f_o, f_gu, f_dn, w.lm_head.format];
+    let att = (att_block_n, att_rows);
+    let config = step_config(dtype, c, kv.block_size, att, formats, ln.dev.tensor_cores(), m == 1, trace);
     if s.mega_stage_len < stage_counters(c.n_layers) {
         return Err(usage("internal error: too few stage counters for the persistent step".into()));
     }
@@ -361,12 +382,12 @@ mod tests {
         let t = StageTimes::of(&trace, 2, 2);
         assert_eq!(t.programs, 2);
         assert!((t.embedding - 1.8).abs() < 1e-9, "{t:?}"); // 500 ns -> 2300 ns
-        // QKV: 2.3 -> 3.8 us in layer 0, 1 us in layer 1; RoPE: 3.8 -> 4.3
-        // us, then 1 us; the other stages 1 us per layer.
+        // QKV: 2.3 -> 3.8 us in layer 0, 1 us in layer 1; attention: 3.8 ->
+        // 4.3 us, then 1 us; the other stages 1 us per layer.
         assert!((t.layer[0] - 2.5).abs() < 1e-9, "{t:?}");
         assert!((t.layer[1] - 1.5).abs() < 1e-9, "{t:?}");
         assert!(t.layer[2..].iter().all(|&x| (x - 2.0).abs() < 1e-9), "{t:?}");
-        assert!((t.lm_head - 1.0).abs() < 1e-9 && (t.total - 14.8).abs() < 1e-9, "{t:?}");
+        assert!((t.lm_head - 1.0).abs() < 1e-9 && (t.total - 12.8).abs() < 1e-9, "{t:?}");
         let sum: f64 = t.embedding + t.layer.iter().sum::<f64>() + t.lm_head;
         assert!((sum - t.total).abs() < 1e-9, "{t:?}");
     }
@@ -379,28 +400,9 @@ mod tests {
         let c = synth_shape("smollm2-135m").unwrap();
         let (block_n, rows, warps) = invariant_decode_shape(DType::BF16, true, 3, 64, 16);
         assert_eq!(warps, 4);
-        let config = decode_step::Config::new(
-            DType::BF16,
-            c.n_layers,
-            c.n_embd,
-            c.n_head,
-            c.n_head_kv,
-            c.head_dim,
-            c.n_ff,
-            16,
-            block_n,
-            rows,
-            1,
-            1,
-            1,
-            1,
-            2,
-            true,
-            true,
-            true,
-        )
-        .with_warps(4)
-        .with_stages(INVARIANT_DECODE_STAGES);
+        let q4 = QuantFormat::Q4_1;
+        let formats = [q4, q4, q4, q4, QuantFormat::Q8_0];
+        let config = step_config(DType::BF16, &c, 16, (block_n, rows), formats, true, true, true);
         let func = decode_step::Kernel::build(&config).unwrap();
         let opts = CompileOptions::for_launch(Target::Sm90a, &decode_step::Kernel::launch_options(&config));
         let compiled = codegen::compile(&func, &opts).unwrap();

@@ -319,7 +319,8 @@ impl<'ctx> Lower<'ctx, '_> {
         let r = match p {
             ProgramOp::ProgramId { axis } => self.pid[usize::from(axis.min(2))],
             ProgramOp::NumPrograms { axis } => self.grid[usize::from(axis.min(2))],
-            ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents => return Ok(()),
+            // One thread runs a program's operations in order.
+            ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents | ProgramOp::Barrier => return Ok(()),
             ProgramOp::GlobalTimer => {
                 return Err(
                     self.unsupported(i, "globaltimer (the GPU and the interpreter time persistent kernels)")

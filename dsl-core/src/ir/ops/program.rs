@@ -44,6 +44,11 @@ pub enum ProgramOp {
     /// launch (`%globaltimer`), an `i64` scalar; for timing the phases of a
     /// persistent kernel. Never moved or merged with another read.
     GlobalTimer,
+    /// `barrier`: every thread of the program waits here until all have
+    /// arrived, and the global-memory writes any of them made before it are
+    /// visible to all of them after it (`bar.sync`); for a program that
+    /// reads back what it just stored. Never moved.
+    Barrier,
 }
 
 impl ProgramOp {
@@ -55,6 +60,7 @@ impl ProgramOp {
             ProgramOp::GdcWait => "gdc_wait",
             ProgramOp::GdcLaunchDependents => "gdc_launch_dependents",
             ProgramOp::GlobalTimer => "globaltimer",
+            ProgramOp::Barrier => "barrier",
         }
     }
 
@@ -62,7 +68,10 @@ impl ProgramOp {
     pub fn axis(&self) -> Option<u8> {
         match *self {
             ProgramOp::ProgramId { axis } | ProgramOp::NumPrograms { axis } => Some(axis),
-            ProgramOp::GdcWait | ProgramOp::GdcLaunchDependents | ProgramOp::GlobalTimer => None,
+            ProgramOp::GdcWait
+            | ProgramOp::GdcLaunchDependents
+            | ProgramOp::GlobalTimer
+            | ProgramOp::Barrier => None,
         }
     }
 
@@ -90,6 +99,7 @@ impl ProgramOp {
             "gdc_wait" => ProgramOp::GdcWait,
             "gdc_launch_dependents" => ProgramOp::GdcLaunchDependents,
             "globaltimer" => ProgramOp::GlobalTimer,
+            "barrier" => ProgramOp::Barrier,
             _ => return Ok(None),
         }))
     }
