@@ -784,6 +784,22 @@ mod tests {
     }
 
     #[test]
+    fn decode_paths_parse() {
+        let path = |p: &str| {
+            let argv = ["tessera", "generate", "--prompt", "hi", "--decode-path", p];
+            Cli::try_parse_from(argv).map(|c| match c.command {
+                Command::Generate(a) => a.model.load_options().decode_path,
+                other => panic!("{other:?}"),
+            })
+        };
+        assert_eq!(path("mega").unwrap(), DecodePath::Mega);
+        assert_eq!(path("graphs").unwrap(), DecodePath::Graphs);
+        assert_eq!(path("auto").unwrap(), DecodePath::Auto);
+        let err = path("persistent").unwrap_err().to_string();
+        assert!(err.contains("expected mega, graphs or auto"), "{err}");
+    }
+
+    #[test]
     fn parses_the_subcommands() {
         let c = Cli::try_parse_from(["tessera", "kernels", "dump", "softmax", "--ptx", "--target", "sm_90a"])
             .unwrap();

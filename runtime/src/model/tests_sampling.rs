@@ -474,16 +474,17 @@ fn interpreter_sampling_at_smollm2_vocab() {
 
 /// The persistent decode step against the multi-kernel batch-invariant
 /// step on the interpreter: the same scenario (decode batches of 1 to 3
-/// rows, greedy and seeded sampling with penalties), identical token ids,
-/// logprob bits and logit bits, in f32 and bf16; and the persistent kernel
-/// really ran for every decode step.
+/// rows, contexts of 61 to 69 tokens, so the attention runs whole key
+/// blocks and a partial one, greedy and seeded sampling with penalties),
+/// identical token ids, logprob bits and logit bits, in f32 and bf16; and
+/// the persistent kernel really ran for every decode step.
 fn mega_matches_multi_kernel<T: Sample>() {
     let g = tiny_flat_model().unwrap();
     let mut cpu = Cpu::new();
     let params = scenario_params();
     let sc = |decode_path| Scenario {
         seqs: 3,
-        prompt: 14,
+        prompt: 60,
         batches: vec![3, 1, 2, 3, 1],
         split: None,
         invariant: true,
