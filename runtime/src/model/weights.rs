@@ -189,13 +189,19 @@ impl<D: Device, T: Sample> Weights<D, T> {
     /// the same format and shape (they lie at a fixed stride); `None` for
     /// mixed formats.
     pub fn stride(&self, kind: Kind) -> Option<(QuantFormat, usize, usize)> {
-        let slots: Vec<MatRef<'_, D>> = (0..self.layers.len()).map(|l| self.mat(l, kind)).collect();
-        let first = slots.first()?;
-        let (qs, ss) = match slots.get(1) {
-            Some(b) => (b.q_off - first.q_off, b.s_off - first.s_off),
-            None => (0, 0),
+        if self.layers.is_empty() {
+            return None;
+        }
+        let first = self.mat(0, kind);
+        let (qs, ss) = match self.layers.len() {
+            1 => (0, 0),
+            _ => {
+                let b = self.mat(1, kind);
+                (b.q_off - first.q_off, b.s_off - first.s_off)
+            }
         };
-        let regular = slots.iter().enumerate().all(|(l, m)| {
+        let regular = (0..self.layers.len()).all(|l| {
+            let m = self.mat(l, kind);
             m.format == first.format
                 && m.n == first.n
                 && m.k == first.k
