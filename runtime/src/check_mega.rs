@@ -9,6 +9,10 @@
 //! - a SmolLM2-shaped model (random weights of the real shapes: 30 layers,
 //!   9/3 heads of 64, FFN 1536, Q4_1 projections, the Q8_0 head) in bf16:
 //!   the same scenario over contexts that cross several key blocks.
+//!
+//! `megakernel_small` runs the tiny model's rows alone, eager, over four
+//! decode steps: the family `compute-sanitizer --tool racecheck` finishes
+//! (the SmolLM2-shaped rows take it longer than a device call).
 
 use crate::check::{CheckRow, Sample};
 use crate::cuda::Cuda;
@@ -53,20 +57,8 @@ fn compare<T: Sample>(
 
 /// The family's rows (see the module doc).
 pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
-    let tiny = tiny_model()?;
-    let sc = Scenario {
-        seqs: 6,
-        prompt: 10,
-        batches: vec![1, 3, 3, 2, 5, 1, 6, 2, 4, 1, 6, 6],
-        split: None,
-        invariant: true,
-        decode_path: DecodePath::Graphs,
-    };
-    let mut rows = Vec::new();
-    for mode in [GraphMode::Off, GraphMode::Graphs] {
-        rows.push(compare::<f32>(cuda, &tiny, "tiny", mode, &sc)?);
-        rows.push(compare::<bf16>(cuda, &tiny, "tiny", mode, &sc)?);
-    }
+    let sc = tiny_scenario();
+    let mut rows = tiny_rows(cuda, &[GraphMode::Off, GraphMode::Graphs], &sc)?;
     let config = synth_shape("smollm2-135m")
         .ok_or_else(|| crate::error::Error::Usage("internal error: no smollm2-135m shape".into()))?;
     let t = TinyLlama { config, seed: 7, embedding_scale: 0.05, ..TinyLlama::default() };
@@ -74,6 +66,36 @@ pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let long = Scenario { seqs: 4, prompt: 150, batches: vec![1, 4, 2, 1, 3, 4, 1], ..sc };
     for mode in [GraphMode::Off, GraphMode::Graphs] {
         rows.push(compare::<bf16>(cuda, &smol, "smollm2-shaped", mode, &long)?);
+    }
+    Ok(rows)
+}
+
+/// `megakernel_small`: the tiny model's rows, eager only, over four decode
+/// steps: short enough to run under `compute-sanitizer --tool racecheck`.
+pub fn mega_small_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
+    let sc = Scenario { seqs: 3, batches: vec![1, 3, 2, 1], ..tiny_scenario() };
+    tiny_rows(cuda, &[GraphMode::Off], &sc)
+}
+
+/// The tiny model's scenario: decode batches of 1 to 6 rows.
+fn tiny_scenario() -> Scenario {
+    Scenario {
+        seqs: 6,
+        prompt: 10,
+        batches: vec![1, 3, 3, 2, 5, 1, 6, 2, 4, 1, 6, 6],
+        split: None,
+        invariant: true,
+        decode_path: DecodePath::Graphs,
+    }
+}
+
+/// The tiny model's rows (f32 and bf16) of scenario `sc` in each of `modes`.
+fn tiny_rows(cuda: &mut Cuda, modes: &[GraphMode], sc: &Scenario) -> Result<Vec<CheckRow>> {
+    let tiny = tiny_model()?;
+    let mut rows = Vec::new();
+    for &mode in modes {
+        rows.push(compare::<f32>(cuda, &tiny, "tiny", mode, sc)?);
+        rows.push(compare::<bf16>(cuda, &tiny, "tiny", mode, sc)?);
     }
     Ok(rows)
 }

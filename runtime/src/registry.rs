@@ -573,6 +573,12 @@ pub const FAMILIES: &[Family] = &[
          and a SmolLM2-shaped model, eager and in CUDA graphs",
         crate::check_mega::mega_checks,
     ),
+    (
+        "megakernel_small",
+        "the tiny model's megakernel rows, eager, four decode steps: short enough for compute-sanitizer's \
+         racecheck",
+        crate::check_mega::mega_small_checks,
+    ),
 ];
 
 /// The check family named `name`.
