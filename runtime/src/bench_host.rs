@@ -8,14 +8,17 @@
 //!   they must read and write (a GEMV: the quantized weights, scales and
 //!   activations), with their fraction of the copy rate.
 //! - `model/...` (unless `--only` leaves `model` out): SmolLM2-135M through the engine on
-//!   the native backend, `model/prefill/pp<n>` (one prompt of `n` tokens)
-//!   and `model/decode/tg<n>` (`n` new tokens at batch 1 after it), the
-//!   shape of llama.cpp's `llama-bench -p 512 -n 128`.
+//!   the native backend, the two tests of llama.cpp's `llama-bench -p 512
+//!   -n 128`: `model/prefill/pp512` (one prompt of 512 tokens) and
+//!   `model/decode/tg128` (128 tokens generated at batch 1 from an empty
+//!   context: a one-token prompt, then 128 decode steps), with the decode
+//!   run's latency rows.
 //!
 //! Each row is the median of `runs` timed repetitions after `warmup`
 //! untimed ones (the first compiles the kernel or reads it from the cache).
 
 use crate::bench::{BenchOptions, Record};
+use crate::bench_model::ModelBench;
 use crate::check::Rng;
 use crate::error::Result;
 use crate::model::Device;
@@ -171,15 +174,23 @@ pub fn run(opts: &BenchOptions, model: &std::path::Path, batch_invariance: bool)
             ..crate::app::LoadOptions::default()
         };
         let variant = (!batch_invariance).then(|| "no-batch-invariance".to_string());
-        let task =
-            crate::bench_model::ModelBench { batches: vec![1], prompt_len: 512, new_tokens: 128, variant };
-        for r in crate::app::run_task(&load, task)? {
-            let name = r.name.replacen("model/prefill/bs1", "model/prefill/pp512", 1).replacen(
-                "model/decode/bs1",
-                "model/decode/tg128",
-                1,
-            );
-            out.push(Record { name, ..r });
+        // pp512: the prefill of one 512-token prompt.
+        let pp = ModelBench { batches: vec![1], prompt_len: 512, new_tokens: 1, variant: variant.clone() };
+        for r in crate::app::run_task(&load, pp)? {
+            if r.name.starts_with("model/prefill/bs1") {
+                out.push(Record {
+                    name: r.name.replacen("model/prefill/bs1", "model/prefill/pp512", 1),
+                    ..r
+                });
+            }
+        }
+        // tg128: the prompt's one token (which yields the first new token),
+        // then 128 decode steps at contexts 2 to 129.
+        let tg = ModelBench { batches: vec![1], prompt_len: 1, new_tokens: 129, variant };
+        for r in crate::app::run_task(&load, tg)? {
+            if !r.name.starts_with("model/prefill/") && !r.name.starts_with("model/ttft") {
+                out.push(Record { name: r.name.replacen("model/decode/bs1", "model/decode/tg128", 1), ..r });
+            }
         }
     }
     Ok(out)
