@@ -15,12 +15,12 @@
 //! GPU (and runs on the native CPU backend too).
 
 use crate::chat::ChatTemplate;
-use crate::check::Sample;
 use crate::cuda::{CompileProgress, Cuda};
 use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, LlamaConfig, Vocab};
 use crate::memory_plan::{Bytes, KvShape, MemoryPlan, MemoryPlanInputs};
+use crate::model::ActElem;
 use crate::model::mega::DecodePath;
 use crate::model::sampler::SamplingParams;
 use crate::model::{Device, Model, Weights};
@@ -150,7 +150,7 @@ pub trait EngineTask {
     /// What the task returns.
     type Output;
     /// Runs the task.
-    fn run<D: Device, T: Sample>(
+    fn run<D: Device, T: ActElem>(
         self,
         dev: &mut D,
         engine: &mut Engine<D, T>,
@@ -363,7 +363,7 @@ fn bar(verbose: bool, len: Option<u64>, what: &str) -> ProgressBar {
 /// step) so the kernels a first request needs are compiled, or read from the
 /// compile cache, before the task starts; a progress bar counts fresh
 /// compiles.
-fn warm_up<D: Device, T: Sample>(
+fn warm_up<D: Device, T: ActElem>(
     dev: &mut D,
     engine: &mut Engine<D, T>,
     compiles: &CompileProgress,
@@ -413,7 +413,7 @@ type Install<D, T> =
 /// in dtype `T` and builds its engine per `opts`; `gpu_memory` is the GPU's
 /// plannable memory (`None` on the CPU). Prints the plan and the load time
 /// when `opts.verbose`.
-pub fn build_engine<D: Device, T: Sample>(
+pub fn build_engine<D: Device, T: ActElem>(
     dev: &mut D,
     gguf: &Gguf,
     config: &LlamaConfig,
@@ -467,7 +467,7 @@ pub fn build_engine<D: Device, T: Sample>(
 /// Loads the weights on `dev` in dtype `T`, builds the engine (with the
 /// speculation `install` sets up, when asked for) and runs the task;
 /// `gpu_memory` is the GPU's plannable memory (`None` on the CPU).
-fn load<D: Device, T: Sample, K: EngineTask>(
+fn load<D: Device, T: ActElem, K: EngineTask>(
     dev: &mut D,
     parts: Parts<'_>,
     gpu_memory: Option<u64>,

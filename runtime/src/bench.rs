@@ -24,9 +24,10 @@
 //! then read from the autotune cache); the table marks it `(tuned)` and the
 //! JSON record carries the config in `tuned`.
 
-use crate::check::{Rng, Sample};
+use crate::check::Rng;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::registry::{copy, softmax, softmax_warps};
 use dsl_core::DType;
 use dsl_core::half::bf16;
@@ -171,7 +172,7 @@ fn measure(cuda: &mut Cuda, opts: &BenchOptions, launch: impl FnMut(&mut Cuda) -
 
 /// Measures softmax on `rows x cols` in `T`: with the tutorial's warp heuristic,
 /// or with the autotuned config when `tuned`.
-fn softmax_record<T: Sample>(
+fn softmax_record<T: ActElem>(
     cuda: &mut Cuda,
     opts: &BenchOptions,
     rows: usize,

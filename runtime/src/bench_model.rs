@@ -21,9 +21,9 @@
 
 use crate::app::{Context, EngineTask};
 use crate::bench::Record;
-use crate::check::Sample;
 use crate::engine::{Completion, Engine, Request};
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use std::time::{Duration, Instant};
@@ -90,7 +90,7 @@ struct Run {
 }
 
 /// Runs `reqs` to completion step by step, timing prefill and decode steps apart.
-fn timed<D: Device, T: Sample>(
+fn timed<D: Device, T: ActElem>(
     dev: &mut D,
     e: &mut Engine<D, T>,
     reqs: Vec<Request>,
@@ -148,7 +148,7 @@ fn named(name: String, variant: &Option<String>) -> String {
 impl EngineTask for ModelBench {
     type Output = Vec<Record>;
 
-    fn run<D: Device, T: Sample>(
+    fn run<D: Device, T: ActElem>(
         self,
         dev: &mut D,
         e: &mut Engine<D, T>,

@@ -28,9 +28,9 @@
 use crate::app::{self, Context, EngineTask, LoadOptions};
 use crate::bench::Record;
 use crate::chat::Message;
-use crate::check::Sample;
 use crate::engine::{Engine, Request};
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
@@ -118,7 +118,7 @@ fn delta(before: SpecStats, after: SpecStats) -> SpecStats {
 
 /// Runs one short untimed request whose prompt repeats a pattern of ids
 /// below `vocab` (compiles the kernels of prefill, decode and verification).
-pub fn warm_up<D: Device, T: Sample>(dev: &mut D, e: &mut Engine<D, T>, vocab: usize) -> Result<()> {
+pub fn warm_up<D: Device, T: ActElem>(dev: &mut D, e: &mut Engine<D, T>, vocab: usize) -> Result<()> {
     let prompt = (0..24u32).map(|i| (i % 6 * 17 + 3) % vocab as u32).collect();
     e.run(dev, vec![greedy(prompt, 12)], |_| {})?;
     Ok(())
@@ -128,7 +128,7 @@ pub fn warm_up<D: Device, T: Sample>(dev: &mut D, e: &mut Engine<D, T>, vocab: u
 /// untimed (verification steps reach batch buckets, graph captures and
 /// kernel specializations that a short warm-up does not, and compiling them
 /// would land in a run of a fraction of a second), the second is timed.
-pub fn measure<D: Device, T: Sample>(dev: &mut D, e: &mut Engine<D, T>, w: &Workload) -> Result<Measured> {
+pub fn measure<D: Device, T: ActElem>(dev: &mut D, e: &mut Engine<D, T>, w: &Workload) -> Result<Measured> {
     let pass = |dev: &mut D, e: &mut Engine<D, T>| -> Result<Vec<Vec<u32>>> {
         let mut tokens = Vec::with_capacity(w.prompts.len());
         for p in &w.prompts {
@@ -206,7 +206,7 @@ impl SpecTask {
 impl EngineTask for SpecTask {
     type Output = Vec<Measured>;
 
-    fn run<D: Device, T: Sample>(
+    fn run<D: Device, T: ActElem>(
         self,
         dev: &mut D,
         e: &mut Engine<D, T>,

@@ -13,7 +13,7 @@
 
 use crate::cuda::DeviceElem;
 use crate::error::Result;
-use crate::model::Device;
+use crate::model::{ActElem, Device};
 use crate::registry::{copy, softmax, softmax_warps, vector_add};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
@@ -71,32 +71,8 @@ impl Rng {
     }
 
     /// `n` non-zero values in `T`, magnitudes up to `hi`.
-    pub fn values<T: Sample>(&mut self, n: usize, hi: f64) -> Vec<T> {
+    pub fn values<T: ActElem>(&mut self, n: usize, hi: f64) -> Vec<T> {
         (0..n).map(|_| T::from_f64(self.nonzero(hi))).collect()
-    }
-}
-
-/// Float element types inputs can be drawn in.
-pub trait Sample: DeviceElem {
-    /// The nearest value of this type.
-    fn from_f64(v: f64) -> Self;
-}
-
-impl Sample for f32 {
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl Sample for bf16 {
-    fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
-    }
-}
-
-impl Sample for f16 {
-    fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
     }
 }
 
@@ -183,7 +159,7 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
     }
 }
 
-fn vector_add_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<CheckRow> {
+fn vector_add_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<CheckRow> {
     let (x, y) = (rng.values::<T>(n, 8.0), rng.values::<T>(n, 8.0));
     let config = vector_add::Config::new(T::DEVICE_DTYPE, 1024);
     let grid = [n.div_ceil(1024) as u32, 1, 1];
@@ -229,7 +205,7 @@ pub fn vector_add<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     Ok(rows)
 }
 
-fn copy_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<CheckRow> {
+fn copy_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<CheckRow> {
     let x = rng.values::<T>(n, 8.0);
     let config = copy::Config::new(T::DEVICE_DTYPE, 1024);
     let grid = [n.div_ceil(1024) as u32, 1, 1];
@@ -256,7 +232,7 @@ pub fn copy<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     Ok(rows)
 }
 
-fn softmax_case<T: Sample, D: Device>(
+fn softmax_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     rows: usize,
@@ -346,7 +322,7 @@ pub(crate) fn outcome<T: DeviceElem>(
     compare(kernel, shape, dtype, &to_f64(got), &to_f64(want), tol)
 }
 
-fn matmul_case<T: Sample, D: Device>(
+fn matmul_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (m, n, k): (usize, usize, usize),
@@ -563,7 +539,7 @@ fn add_rmsnorm_out_tol(dtype: DType) -> Tol {
     }
 }
 
-fn add_rmsnorm_case<T: Sample, D: Device>(
+fn add_rmsnorm_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (rows, cols, warps): (usize, usize, u32),
@@ -625,7 +601,7 @@ pub fn add_rmsnorm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     Ok(out)
 }
 
-fn rmsnorm_case<T: Sample, D: Device>(
+fn rmsnorm_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (rows, cols, warps): (usize, usize, u32),
@@ -690,7 +666,7 @@ fn q8_0_table(rng: &mut Rng, vocab: usize, hidden: usize) -> Vec<u8> {
     t
 }
 
-fn embedding_q8_0_case<T: Sample, D: Device>(
+fn embedding_q8_0_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (tokens, hidden, vocab): (usize, usize, usize),
@@ -762,7 +738,7 @@ const SOFTMAX_ONLINE_SHAPES: [(usize, usize, usize, u32, f32, Option<i32>); 7] =
     (16, 8192, 4096, 16, 0.088, Some(8176)),
 ];
 
-fn softmax_online_case<T: Sample, D: Device>(
+fn softmax_online_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (rows, cols, block, warps, scale, causal): (usize, usize, usize, u32, f32, Option<i32>),

@@ -21,8 +21,9 @@
 //! which may round to the other neighbour on the two sides.
 
 use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng, Sample, to_f64, unit_roundoff};
+use crate::check::{CheckRow, Rng, to_f64, unit_roundoff};
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
@@ -51,7 +52,7 @@ fn smollm2_batch() -> Vec<(usize, usize)> {
     vec![(1, 97), (37, 37), (0, 5), (130, 300), (64, 64), (5, 1000)]
 }
 
-fn attention_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, c: &Case) -> Result<CheckRow> {
+fn attention_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, c: &Case) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
     let (bs, d) = (c.block_size, c.d);
     let pages: Vec<usize> = c.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(bs)).collect();

@@ -10,12 +10,13 @@
 //! projections at M 1 and 8, and the Q8_0 LM head against the reference on
 //! a subset of columns. Inputs and bounds are `check_dequant`'s.
 
-use crate::check::{CheckRow, DevicePtr, Rng, Sample};
+use crate::check::{CheckRow, DevicePtr, Rng};
 use crate::check_dequant::{
     FUSED_EPS, Fuse, FusedInputs, GEMV_SHAPES, Launch, Path, account, fused_expected, gguf_weight, repacked,
 };
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -109,7 +110,7 @@ fn run<T: DeviceElem, D: Device>(
 /// One check row: random inputs in `T`, `case` on the device against the
 /// interpreter (`reference: None`) or against the f64 reference on about
 /// `Some(count)` columns.
-fn check_case<T: Sample, D: Device>(
+fn check_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     case: Case,

@@ -18,9 +18,10 @@
 
 use crate::check::DevicePtr;
 use crate::check::{
-    CheckRow, EXACT, F32_SUM, Rng, Sample, Tol, outcome, to_f64, unit_roundoff, upload_both, zeros_both,
+    CheckRow, EXACT, F32_SUM, Rng, Tol, outcome, to_f64, unit_roundoff, upload_both, zeros_both,
 };
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
@@ -60,7 +61,7 @@ struct Inputs<T> {
     splits: usize,
 }
 
-fn inputs<T: Sample>(rng: &mut Rng, c: &Case) -> Inputs<T> {
+fn inputs<T: ActElem>(rng: &mut Rng, c: &Case) -> Inputs<T> {
     let d = c.head_dim;
     let n_q = c.h_kv * c.group;
     let mut ctx: Vec<i32> = (0..c.batch).map(|_| 1 + rng.next_u64() as i32 % c.max_ctx as i32).collect();
@@ -188,7 +189,7 @@ fn launch<'a, B: Backend + 'a>(
 
 /// Runs case `c` with kernel `v` on the device and in the interpreter, on the
 /// same fresh [`inputs`]: returns them with both outputs.
-fn run_case<T: Sample, D: Device>(
+fn run_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     c: &Case,
@@ -252,7 +253,7 @@ fn shape_of(c: &Case) -> String {
     )
 }
 
-fn decode_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, c: Case) -> Result<CheckRow> {
+fn decode_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, c: Case) -> Result<CheckRow> {
     let (_, got, interp) = run_case::<T, _>(dev, rng, &c, Variant::Plain)?;
     let tol = match T::DEVICE_DTYPE {
         DType::F32 => Tol { atol: 1e-4, rtol: 1e-3 },
@@ -312,7 +313,7 @@ pub fn paged_decode<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> 
 /// against the f64 reference with FlashAttention's error model
 /// ([`r::Attention::error_bound`], `p` rounded to `T`; the keys term widened
 /// for the split merge) and against the interpreter within twice that bound.
-fn decode_tc_case<T: Sample, D: Device>(
+fn decode_tc_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     c: Case,

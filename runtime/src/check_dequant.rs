@@ -26,9 +26,10 @@
 //! sides are within it of the exact value).
 
 use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng, Sample};
+use crate::check::{CheckRow, Rng};
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
@@ -482,7 +483,7 @@ enum Oracle {
 /// One check: random weight(s) `[n, k]` and activations `[m, k]` in `T`,
 /// `launch` on the device, judged by `oracle`.
 #[allow(clippy::too_many_arguments)]
-fn case<T: Sample, D: Device>(
+fn case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     name: &str,
@@ -842,7 +843,7 @@ pub(crate) fn fused_expected(
 /// (within twice the bound, and the interpreter within it of the f64
 /// reference) or, with `Oracle::Reference`, against the reference on a
 /// subset of columns.
-fn fused_case<T: Sample, D: Device>(
+fn fused_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (format, silu, fuse): (QuantFormat, bool, Fuse),

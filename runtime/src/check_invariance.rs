@@ -22,13 +22,14 @@
 //!   on the real model: 65 identical texts and logprob lists.
 
 use crate::app::{DEFAULT_MODEL, resolve_model};
-use crate::check::{CheckRow, Rng, Sample};
+use crate::check::{CheckRow, Rng};
 use crate::check_dequant::gguf_weight;
 use crate::cuda::Cuda;
 use crate::engine::Request;
 use crate::engine::invariance::{Matrix, Setup, engine, run_matrix};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Vocab};
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::layers::{invariant_decode, linear_config, prefill_tiles};
 use crate::model::sampler::SamplingParams;
@@ -66,7 +67,7 @@ fn row(what: String, dtype: DType, differing: usize, compared: usize, pass: bool
 }
 
 /// Elements whose bits differ.
-fn differing<T: Sample>(a: &[T], b: &[T]) -> usize {
+fn differing<T: ActElem>(a: &[T], b: &[T]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x.to_f64().to_bits() != y.to_f64().to_bits()).count()
         + a.len().abs_diff(b.len())
 }
@@ -76,7 +77,7 @@ fn differing<T: Sample>(a: &[T], b: &[T]) -> usize {
 /// `out0`) at the runtime's tiles, or at `tiles` (a configuration of the
 /// kernel's autotune list) when given; returns the output.
 #[allow(clippy::too_many_arguments)]
-fn product<D: Device, T: Sample>(
+fn product<D: Device, T: ActElem>(
     dev: &mut D,
     w: &Repacked,
     silu: bool,
@@ -122,7 +123,7 @@ fn product<D: Device, T: Sample>(
 
 /// `rmsnorm` (add+RMSNorm's rounding) or add+RMSNorm of one row: returns
 /// `(normed, h)` (`h` only with a residual `r`).
-fn norm_row<D: Device, T: Sample>(
+fn norm_row<D: Device, T: ActElem>(
     dev: &mut D,
     x: &[T],
     r: Option<&[T]>,
@@ -171,7 +172,7 @@ fn norm_row<D: Device, T: Sample>(
 /// compared with the same rows of a `total`-row product; on tensor cores
 /// every configuration of the kernel's autotune list runs the `total` rows
 /// too (the tiles must not change a row's bits either).
-pub fn linear_rows<D: Device, T: Sample>(
+pub fn linear_rows<D: Device, T: ActElem>(
     dev: &mut D,
     seed: u64,
     sizes: &[usize],
@@ -286,7 +287,7 @@ pub fn linear_rows<D: Device, T: Sample>(
 /// The `attention` rows (see the module doc) for one head configuration
 /// over pages of `page` tokens and a context of `len` tokens.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_rows<D: Device, T: Sample>(
+pub fn attention_rows<D: Device, T: ActElem>(
     dev: &mut D,
     seed: u64,
     hq: usize,

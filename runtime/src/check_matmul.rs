@@ -18,9 +18,10 @@
 
 use crate::bench::{BenchOptions, Record, time_median_ms};
 use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng, Sample};
+use crate::check::{CheckRow, Rng};
 use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
@@ -29,7 +30,7 @@ use kernels::reference::matmul as r;
 use std::marker::PhantomData;
 
 /// Runs `matmul` on the device for `m x n x k` with `cfg`; returns the output as f64.
-fn run_gpu<T: Sample, D: Device>(
+fn run_gpu<T: ActElem, D: Device>(
     dev: &mut D,
     a: &[T],
     b: &[T],
@@ -56,7 +57,7 @@ fn run_gpu<T: Sample, D: Device>(
 }
 
 /// One check row: `m x n x k` in `T` on `cfg`.
-fn case<T: Sample, D: Device>(
+fn case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (m, n, k): (usize, usize, usize),

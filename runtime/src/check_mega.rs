@@ -14,18 +14,19 @@
 //! decode steps: the family `compute-sanitizer --tool racecheck` finishes
 //! (the SmolLM2-shaped rows take it longer than a device call).
 
-use crate::check::{CheckRow, Sample};
+use crate::check::CheckRow;
 use crate::cuda::Cuda;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::gguf::tiny::{TinyLlama, synth_shape};
+use crate::model::ActElem;
 use crate::model::GraphMode;
 use crate::model::check::{Scenario, compare_exact, decode_scenario, scenario_params, tiny_model};
 use crate::model::mega::DecodePath;
 use dsl_core::half::bf16;
 
 /// One comparison of the scenario `sc` on `gguf` in `T`, graph mode `mode`.
-fn compare<T: Sample>(
+fn compare<T: ActElem>(
     cuda: &mut Cuda,
     gguf: &Gguf,
     what: &str,

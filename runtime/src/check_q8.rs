@@ -16,9 +16,10 @@
 //!   interpreter within twice that (on the small shapes).
 
 use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng, Sample, to_f64, upload_both, zeros_both};
+use crate::check::{CheckRow, Rng, to_f64, upload_both, zeros_both};
 use crate::check_dequant::gguf_weight;
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -33,7 +34,7 @@ pub fn quantize_block(k: usize) -> usize {
 }
 
 /// The quantize check on one ragged shape.
-fn quantize_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
+fn quantize_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
     let x = rng.values::<T>(m * k, 2.0);
     let mut cpu = Cpu::new();
     let (xd, xc) = upload_both(dev, &mut cpu, &x)?;
@@ -81,7 +82,7 @@ fn quantize_case<T: Sample, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k: 
 /// bit for bit); the GPU's are within one quant and 1e-5 relative of them
 /// (its `rsqrt` is approximate); the GPU's dequantized row is within half a
 /// quantization step of the f64 RMSNorm (plus one rounding to `T`).
-fn rmsnorm_quant_case<T: Sample, D: Device>(
+fn rmsnorm_quant_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     m: usize,
@@ -195,7 +196,7 @@ pub fn rmsnorm_quant<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>>
 /// with `interp`, also against the interpreter; `rows` limits the reference
 /// to a subset of output columns on large shapes.
 #[allow(clippy::too_many_arguments)]
-fn gemv_case<T: Sample, D: Device>(
+fn gemv_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     format: QuantFormat,

@@ -21,9 +21,10 @@
 //! errors are O(n) and still fail.
 
 use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng, Sample};
+use crate::check::{CheckRow, Rng};
 use crate::cuda::DeviceElem;
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::bf16;
@@ -80,7 +81,7 @@ fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
 
-fn rope_case<T: Sample, D: Device>(
+fn rope_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     s: Shape,

@@ -16,9 +16,9 @@
 
 use crate::app::{Context, EngineTask};
 use crate::chat::Message;
-use crate::check::Sample;
 use crate::engine::{Completion, Engine, Request};
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use std::io::{BufRead, Write};
@@ -73,7 +73,7 @@ fn summary(done: &[Completion], secs: f64, ctx: &Context) {
 impl EngineTask for Generate {
     type Output = Vec<Completion>;
 
-    fn run<D: Device, T: Sample>(
+    fn run<D: Device, T: ActElem>(
         self,
         dev: &mut D,
         engine: &mut Engine<D, T>,
@@ -145,7 +145,7 @@ pub struct Chat {
 impl EngineTask for Chat {
     type Output = ();
 
-    fn run<D: Device, T: Sample>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
+    fn run<D: Device, T: ActElem>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
         let template = ctx
             .template
             .as_ref()

@@ -19,9 +19,9 @@
 //! shares nothing with the free-running pass.
 
 use crate::app::{Context, EngineTask};
-use crate::check::Sample;
 use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use std::path::Path;
@@ -151,7 +151,7 @@ pub fn argmax(row: &[f32]) -> usize {
 impl EngineTask for Parity {
     type Output = Vec<CaseReport>;
 
-    fn run<D: Device, T: Sample>(
+    fn run<D: Device, T: ActElem>(
         self,
         dev: &mut D,
         engine: &mut Engine<D, T>,

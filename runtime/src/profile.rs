@@ -32,9 +32,10 @@
 //! cost).
 
 use crate::app::{Context, EngineTask};
-use crate::check::{Rng, Sample};
+use crate::check::Rng;
 use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::mega::{LAYER_STAGES, StageTimes};
 use crate::model::sampler::SamplingParams;
 use crate::model::{Device, LaunchTime};
@@ -147,7 +148,7 @@ pub struct Report {
 impl EngineTask for ProfileTask {
     type Output = Report;
 
-    fn run<D: Device, T: Sample>(self, dev: &mut D, e: &mut Engine<D, T>, ctx: &Context) -> Result<Report> {
+    fn run<D: Device, T: ActElem>(self, dev: &mut D, e: &mut Engine<D, T>, ctx: &Context) -> Result<Report> {
         if self.batches.is_empty() && self.prefill == 0 {
             return Err(Error::Usage("nothing to profile: give --batches or --prefill".into()));
         }
@@ -188,7 +189,7 @@ impl ProfileTask {
     /// Decode at batch `b`: prefill `b` prompts of `context` tokens, warm
     /// up, time `steps` steps as the engine runs them, then `steps` more with
     /// every launch timed.
-    fn decode<D: Device, T: Sample>(
+    fn decode<D: Device, T: ActElem>(
         &self,
         dev: &mut D,
         e: &mut Engine<D, T>,
@@ -249,7 +250,7 @@ impl ProfileTask {
 
     /// One prompt of `prefill` tokens: its step timed as the engine runs it,
     /// then another prompt's with every launch timed.
-    fn prefill_section<D: Device, T: Sample>(
+    fn prefill_section<D: Device, T: ActElem>(
         &self,
         dev: &mut D,
         e: &mut Engine<D, T>,

@@ -18,9 +18,9 @@
 //! - CUDA graphs off (where the default replays them).
 
 use super::{Engine, Request};
-use crate::check::Sample;
 use crate::error::Result;
 use crate::gguf::Gguf;
+use crate::model::ActElem;
 use crate::model::sampler::SamplingParams;
 use crate::model::{Device, GraphMode, Model, Weights};
 use crate::scheduler::SchedulerConfig;
@@ -59,7 +59,7 @@ impl Setup {
 }
 
 /// An engine over `gguf` in dtype `T` with the settings `s`.
-pub fn engine<D: Device, T: Sample>(dev: &mut D, gguf: &Gguf, s: Setup) -> Result<Engine<D, T>> {
+pub fn engine<D: Device, T: ActElem>(dev: &mut D, gguf: &Gguf, s: Setup) -> Result<Engine<D, T>> {
     let weights = Weights::<D, T>::load(dev, gguf)?;
     let mut model = Model::new(dev, weights, s.num_blocks, 16)?;
     model.set_batch_invariance(s.invariant);
@@ -105,7 +105,7 @@ pub fn others(n: usize, seed: u64, vocab: usize) -> Vec<Request> {
 
 /// Runs `targets` in `e` together with `extra` (the targets placed from
 /// index `at` among them) and returns the targets' outputs.
-pub fn run_with<D: Device, T: Sample>(
+pub fn run_with<D: Device, T: ActElem>(
     dev: &mut D,
     e: &mut Engine<D, T>,
     targets: &[Request],
@@ -181,7 +181,7 @@ impl Default for Matrix {
 /// Runs the matrix for `targets` on `gguf` (see the module doc) and returns
 /// one result per case; `base` sizes the engines. The baseline is each
 /// target alone in a fresh engine of `base`.
-pub fn run_matrix<D: Device, T: Sample>(
+pub fn run_matrix<D: Device, T: ActElem>(
     dev: &mut D,
     gguf: &Gguf,
     targets: &[Request],

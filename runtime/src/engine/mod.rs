@@ -31,9 +31,9 @@
 //! one step may emit several tokens per request (still never past a stop
 //! token or `max_tokens`).
 
-use crate::check::Sample;
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
+use crate::model::ActElem;
 use crate::model::sampler::{SampleRow, Sampled, SamplingParams};
 use crate::model::{Device, Model, Step};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
@@ -115,7 +115,7 @@ pub struct EngineStats {
 }
 
 /// The engine (see the module doc).
-pub struct Engine<D: Device, T: Sample> {
+pub struct Engine<D: Device, T: ActElem> {
     model: Model<D, T>,
     scheduler: Scheduler,
     live: HashMap<SeqId, Live>,
@@ -125,7 +125,7 @@ pub struct Engine<D: Device, T: Sample> {
     spec_stats: SpecStats,
 }
 
-impl<D: Device, T: Sample> Engine<D, T> {
+impl<D: Device, T: ActElem> Engine<D, T> {
     /// An engine over `model` with the scheduler limits of `config`, whose
     /// pool must match the model's cache (`num_blocks`, `block_size`).
     pub fn new(model: Model<D, T>, config: SchedulerConfig) -> Result<Engine<D, T>> {

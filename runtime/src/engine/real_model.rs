@@ -7,8 +7,8 @@
 
 use super::{Engine, Request};
 use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, run_task};
-use crate::check::Sample;
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
@@ -23,7 +23,7 @@ struct AloneAndBatched(Vec<Vec<u32>>);
 impl EngineTask for AloneAndBatched {
     type Output = (Vec<Vec<u32>>, Vec<Vec<u32>>);
 
-    fn run<D: Device, T: Sample>(
+    fn run<D: Device, T: ActElem>(
         self,
         dev: &mut D,
         engine: &mut Engine<D, T>,

@@ -12,14 +12,14 @@
 //! point into them.
 
 use super::device::Device;
-use crate::check::Sample;
 use crate::error::{Error, Result};
 use crate::gguf::LlamaConfig;
+use crate::model::ActElem;
 use dsl_core::DType;
 
 /// Activation buffers, sized for `tokens` rows, `rows` logit rows and `parts`
 /// split-KV partial rows.
-pub(super) struct Scratch<D: Device, T: Sample> {
+pub(super) struct Scratch<D: Device, T: ActElem> {
     /// Token capacity.
     pub tokens: usize,
     /// Logit-row capacity.
@@ -99,7 +99,7 @@ pub(super) struct Counts<D: Device> {
 
 /// Everything one launch sequence reads and writes besides the weights and
 /// the KV cache.
-pub(super) struct Buffers<D: Device, T: Sample> {
+pub(super) struct Buffers<D: Device, T: ActElem> {
     /// The step inputs (see [`super::inputs`]) and their capacity in bytes.
     pub arena: Option<(D::Buf<u8>, usize)>,
     /// Activations.
@@ -118,7 +118,7 @@ fn fixed_too_small(what: &str) -> Error {
     Error::Usage(format!("internal error: the graph's {what} buffers are too small for this step"))
 }
 
-impl<D: Device, T: Sample> Buffers<D, T> {
+impl<D: Device, T: ActElem> Buffers<D, T> {
     /// An empty, growable set.
     pub fn new() -> Buffers<D, T> {
         Buffers { arena: None, scratch: None, sample: None, counts: None, fixed: false }
@@ -240,7 +240,7 @@ impl<D: Device, T: Sample> Buffers<D, T> {
 
 /// The paged KV cache of every layer: layer `l`'s keys (values) are the
 /// `layer_len` elements from `l * layer_len` of `k` (`v`).
-pub(super) struct KvCache<D: Device, T: Sample> {
+pub(super) struct KvCache<D: Device, T: ActElem> {
     pub k: D::Buf<T>,
     pub v: D::Buf<T>,
     pub layer_len: usize,

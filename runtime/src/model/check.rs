@@ -37,11 +37,12 @@ use super::graph::GraphMode;
 use super::mega::DecodePath;
 use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 use super::{Device, Model, Step, Weights};
-use crate::check::{CheckRow, Sample, Tol, compare};
+use crate::check::{CheckRow, Tol, compare};
 use crate::cuda::Cuda;
 use crate::error::Result;
 use crate::gguf::tiny::{TinyLlama, tiny_vocab_min_size};
 use crate::gguf::{Gguf, LlamaConfig};
+use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -92,7 +93,7 @@ fn slot(table: &[i32], p: usize) -> i32 {
 /// Runs the scenario on `dev` in dtype `T`: logits of the prefill rows
 /// `[17, 20, 0]` (A's last, B's last, A's first) then of both sequences at
 /// each of two decode steps, concatenated (`7 x vocab` f32).
-pub fn run_scenario<D: Device, T: Sample>(dev: &mut D, gguf: &Gguf) -> Result<Vec<f32>> {
+pub fn run_scenario<D: Device, T: ActElem>(dev: &mut D, gguf: &Gguf) -> Result<Vec<f32>> {
     let weights = Weights::<D, T>::load(dev, gguf)?;
     let (a, b) = scenario_tokens(weights.config.vocab_size as u32);
     let mut model = Model::new(dev, weights, 4, 16)?;
@@ -238,7 +239,7 @@ const SEQ_PAGES: usize = 4;
 /// comparable step by step even where their samples differ). Sequence `i`
 /// keeps page `p` in block `p * seqs + i` (block size 16) and samples with
 /// `params[i % params.len()]`.
-pub fn decode_scenario<D: Device, T: Sample>(
+pub fn decode_scenario<D: Device, T: ActElem>(
     dev: &mut D,
     gguf: &Gguf,
     mode: GraphMode,
@@ -447,7 +448,7 @@ fn row(kernel: &str, shape: String, dtype: DType, max_abs: f64, max_rel: f64, pa
 }
 
 /// The sampling check (see the module doc) in dtype `T`.
-fn sampling_case<T: Sample>(cuda: &mut Cuda, gguf: &Gguf) -> Result<Vec<CheckRow>> {
+fn sampling_case<T: ActElem>(cuda: &mut Cuda, gguf: &Gguf) -> Result<Vec<CheckRow>> {
     let params = scenario_params();
     let (steps, model) =
         decode_scenario::<Cuda, T>(cuda, gguf, GraphMode::Off, &check_scenario(None), &params)?;
@@ -515,7 +516,7 @@ pub fn sampling_check(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
 }
 
 /// The graph check (see the module doc) in dtype `T`, with split override `split`.
-fn graph_case<T: Sample>(cuda: &mut Cuda, gguf: &Gguf, split: Option<usize>) -> Result<Vec<CheckRow>> {
+fn graph_case<T: ActElem>(cuda: &mut Cuda, gguf: &Gguf, split: Option<usize>) -> Result<Vec<CheckRow>> {
     let params = scenario_params();
     let sc = check_scenario(split);
     let (graphs, model) = decode_scenario::<Cuda, T>(cuda, gguf, GraphMode::Graphs, &sc, &params)?;

@@ -69,9 +69,9 @@ use super::inputs::{Layout, Stager, StepArrays, stage_step};
 use super::layers::launch_forward;
 use super::mega::DecodePath;
 use super::weights::Weights;
-use crate::check::Sample;
 use crate::error::{Error, Result};
 use crate::gguf::LlamaConfig;
+use crate::model::ActElem;
 use dsl_core::launch::Kernel;
 use kernels::decode_attention::split_plan;
 use std::collections::BTreeMap;
@@ -237,7 +237,7 @@ pub(super) fn runs_of(rows: &[usize]) -> Vec<(usize, usize, usize)> {
 
 /// A model on a device: weights, the paged KV cache of every layer and the
 /// buffers of the forward pass (eager ones, and those of the decode graphs).
-pub struct Model<D: Device, T: Sample> {
+pub struct Model<D: Device, T: ActElem> {
     /// The weights.
     pub weights: Weights<D, T>,
     pub(super) kv: KvCache<D, T>,
@@ -366,7 +366,7 @@ pub(super) fn usage(msg: String) -> Error {
     Error::Usage(msg)
 }
 
-impl<D: Device, T: Sample> Model<D, T> {
+impl<D: Device, T: ActElem> Model<D, T> {
     /// A model over `weights` with a zeroed paged KV cache of `num_blocks`
     /// blocks of `block_size` tokens per layer.
     ///

@@ -42,8 +42,8 @@ use super::inputs::{
 };
 use super::layers::launch_forward;
 use super::sampler::{SampleRow, Sampled, build_counts, launch_sampling, read_sampled};
-use crate::check::Sample;
 use crate::error::Result;
+use crate::model::ActElem;
 use std::collections::HashMap;
 
 /// The most block-table entries per row of a graph (longer contexts run eagerly).
@@ -107,7 +107,7 @@ pub struct GraphKey {
 }
 
 /// The decode graphs of a model and the fixed buffers they point to.
-pub(super) struct GraphState<D: Device, T: Sample> {
+pub(super) struct GraphState<D: Device, T: ActElem> {
     pub bufs: Buffers<D, T>,
     pub layout: Layout,
     pub graphs: HashMap<GraphKey, D::Graph>,
@@ -125,7 +125,7 @@ fn ctx_class(max_ctx: usize) -> usize {
     max_ctx.max(1).next_power_of_two().max(DECODE_BLOCK_N)
 }
 
-impl<D: Device, T: Sample> Model<D, T> {
+impl<D: Device, T: ActElem> Model<D, T> {
     /// Sets how decode steps run (see [`GraphMode`]; new models take
     /// [`GraphMode::from_env`], [`GraphMode::Graphs`] unless
     /// `TESSERA_CUDA_GRAPHS` says otherwise). Captured graphs are kept.

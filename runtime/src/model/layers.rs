@@ -26,10 +26,10 @@ use super::device::Device;
 use super::forward::{DECODE_BLOCK_N, FUSED_MAX_TOKENS, Launcher, Plan, TC_BLOCK_N, usage};
 use super::inputs::Layout;
 use super::weights::{Kind, MatRef, Weights};
-use crate::check::Sample;
 use crate::cuda::DeviceElem;
 use crate::error::Result;
 use crate::gguf::LlamaConfig;
+use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
@@ -45,7 +45,7 @@ use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
 use kernels::rope::rope_kv_write;
 use std::marker::PhantomData;
 
-fn any<'a, D: Device + 'a, T: Sample>(b: &'a D::Buf<T>, off: usize) -> Result<D::Ptr<'a, AnyDType>> {
+fn any<'a, D: Device + 'a, T: ActElem>(b: &'a D::Buf<T>, off: usize) -> Result<D::Ptr<'a, AnyDType>> {
     D::ptr_at::<T, AnyDType>(b, off)
 }
 
@@ -65,14 +65,14 @@ type At<'a, B> = (&'a B, usize);
 /// and epsilon (single-token steps only), `Residual` the in-place residual
 /// add of the epilogue.
 #[derive(Clone, Copy)]
-enum Fuse<'a, D: Device, T: Sample> {
+enum Fuse<'a, D: Device, T: ActElem> {
     None,
     Norm(At<'a, D::Buf<T>>, f32),
     Residual,
 }
 
 /// The step's shared, read-only state: weights, cache, buffers, inputs, plan.
-pub(super) struct Fwd<'a, D: Device, T: Sample> {
+pub(super) struct Fwd<'a, D: Device, T: ActElem> {
     w: &'a Weights<D, T>,
     kv: &'a KvCache<D, T>,
     s: &'a Scratch<D, T>,
@@ -83,7 +83,7 @@ pub(super) struct Fwd<'a, D: Device, T: Sample> {
 
 /// Launches one step (see the module doc) on the inputs in `bufs`' arena at
 /// `lay`, leaving the logits of the plan's rows in the scratch logits.
-pub(super) fn launch_forward<D: Device, T: Sample>(
+pub(super) fn launch_forward<D: Device, T: ActElem>(
     ln: &mut Launcher<'_, D>,
     w: &Weights<D, T>,
     kv: &KvCache<D, T>,
@@ -108,7 +108,7 @@ pub(super) fn launch_forward<D: Device, T: Sample>(
     f.lm_head(ln)
 }
 
-impl<D: Device, T: Sample> Fwd<'_, D, T> {
+impl<D: Device, T: ActElem> Fwd<'_, D, T> {
     /// Whether this step fuses norms and residual adds into the products.
     fn fused(&self) -> bool {
         self.plan.n <= FUSED_MAX_TOKENS
@@ -589,7 +589,7 @@ pub(crate) fn mega_workspace_for(c: &LlamaConfig) -> (usize, usize) {
 /// The batch-invariant product with its fusions: [`linear`], or on devices
 /// with [`Device::cpu_gemv`] the CPU GEMV at every batch size.
 #[allow(clippy::too_many_arguments)]
-fn linear_launch<D: Device, T: Sample>(
+fn linear_launch<D: Device, T: ActElem>(
     l: &mut Launcher<'_, D>,
     scratch: &Scratch<D, T>,
     w: MatRef<'_, D>,
@@ -645,7 +645,7 @@ fn linear_launch<D: Device, T: Sample>(
 
 /// `out[m, n] = x[m, k] @ w^T` (or the fused SiLU-mul, `n = w.n / 2`) on the
 /// fast path: the GEMV for small products, the tensor-core GEMM above.
-fn matmul<D: Device, T: Sample>(
+fn matmul<D: Device, T: ActElem>(
     l: &mut Launcher<'_, D>,
     w: MatRef<'_, D>,
     x: (&D::Buf<T>, usize),
@@ -706,7 +706,7 @@ fn matmul<D: Device, T: Sample>(
 /// eps))` the RMSNorm prologue, or `out += x @ w^T` in place with
 /// `residual` (one row with `norm`).
 #[allow(clippy::too_many_arguments)]
-fn gemv_fused<D: Device, T: Sample>(
+fn gemv_fused<D: Device, T: ActElem>(
     l: &mut Launcher<'_, D>,
     w: MatRef<'_, D>,
     x: (&D::Buf<T>, usize),

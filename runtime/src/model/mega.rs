@@ -18,8 +18,8 @@ use super::forward::{Launcher, Plan, usage};
 use super::inputs::Layout;
 use super::layers::{INVARIANT_DECODE_STAGES, arena_i32, invariant_decode_shape};
 use super::weights::{Kind, Weights};
-use crate::check::Sample;
 use crate::error::Result;
+use crate::model::ActElem;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_step::{MAX_ROWS, STAGES_PER_LAYER, decode_step, stage_counters};
@@ -137,7 +137,7 @@ fn code(f: QuantFormat) -> usize {
 }
 
 /// Why this model cannot run the persistent step on `dev`, if it cannot.
-pub(super) fn unsupported<D: Device, T: Sample>(
+pub(super) fn unsupported<D: Device, T: ActElem>(
     dev: &D,
     w: &Weights<D, T>,
     kv: &KvCache<D, T>,
@@ -217,7 +217,7 @@ pub(crate) fn step_config(
 /// see the module doc), leaving the logits in the scratch logits as the
 /// multi-kernel step does.
 /// `s` and `arena` are the step's scratch buffers and input arena.
-pub(super) fn launch<D: Device, T: Sample>(
+pub(super) fn launch<D: Device, T: ActElem>(
     ln: &mut Launcher<'_, D>,
     w: &Weights<D, T>,
     kv: &KvCache<D, T>,

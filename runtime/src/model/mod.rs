@@ -31,6 +31,7 @@
 pub mod buffers;
 pub mod check;
 pub mod device;
+mod elem;
 #[cfg(test)]
 mod emu;
 pub mod forward;
@@ -47,6 +48,7 @@ mod tests;
 mod tests_sampling;
 
 pub use device::Device;
+pub use elem::ActElem;
 pub use forward::{Cost, LaunchTime, Model, Step, by_kernel};
 pub use graph::{GraphKey, GraphMode};
 pub use sampler::{SampleRow, Sampled, SamplingParams, sample_logits};

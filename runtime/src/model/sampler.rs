@@ -35,8 +35,8 @@ use super::device::Device;
 use super::forward::{Launcher, Model, Step, usage};
 use super::inputs::{ALIGN, Layout, SamplingLayout, Stager, stage_sampling, uses_penalties};
 use super::layers::{arena_i32, launch_forward};
-use crate::check::Sample;
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use dsl_core::launch::AnyDType;
 use dsl_macros::kernel;
 use kernels::sampling::{self, penalties, sample, token_counts_add};
@@ -194,7 +194,7 @@ pub(super) fn validate_rows(rows: &[SampleRow<'_>], logit_rows: usize, vocab: us
 /// Launches the sampler over the first `rows` logit rows of `bufs` (cast,
 /// penalties when `penalties_on`, sample), reading settings at `sl` in the
 /// arena. Issues only launches, so it can be captured into a graph.
-pub(super) fn launch_sampling<D: Device, T: Sample>(
+pub(super) fn launch_sampling<D: Device, T: ActElem>(
     ln: &mut Launcher<'_, D>,
     vocab: usize,
     bufs: &Buffers<D, T>,
@@ -215,7 +215,7 @@ pub(super) fn launch_sampling<D: Device, T: Sample>(
 /// `T` (cast to f32 into `sb` unless `T` is f32), the penalties kernel when
 /// `counts` is given, then `sample` into `sb`'s outputs.
 #[allow(clippy::too_many_arguments)]
-fn launch_sampler<D: Device, T: Sample>(
+fn launch_sampler<D: Device, T: ActElem>(
     ln: &mut Launcher<'_, D>,
     vocab: usize,
     logits_t: &D::Buf<T>,
@@ -412,7 +412,7 @@ pub(super) fn build_counts<D: Device>(
 
 /// Reads the first `rows` sampled ids and logprobs of `bufs` (one copy; waits
 /// for the step).
-pub(super) fn read_sampled<D: Device, T: Sample>(
+pub(super) fn read_sampled<D: Device, T: ActElem>(
     dev: &D,
     bufs: &Buffers<D, T>,
     launched: usize,
@@ -444,7 +444,7 @@ fn read_out<D: Device>(dev: &D, sb: &SampleBufs<D>, launched: usize, rows: usize
         .collect()
 }
 
-impl<D: Device, T: Sample> Model<D, T> {
+impl<D: Device, T: ActElem> Model<D, T> {
     /// Runs the step and samples one token per `step.logit_rows` entry
     /// (rows.len() must equal it), on the device; only the ids/logprobs come
     /// back to the host.

@@ -26,8 +26,8 @@ use super::graph::GraphMode;
 use super::mega::DecodePath;
 use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 use super::{Device, Model, Step, Weights};
-use crate::check::Sample;
 use crate::gguf::Gguf;
+use crate::model::ActElem;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use std::time::Instant;
@@ -97,7 +97,7 @@ fn scenario_steps(vocab: u32) -> Vec<OwnedStep> {
     steps
 }
 
-fn model<D: Device, T: Sample>(dev: &mut D, g: &Gguf) -> Model<D, T> {
+fn model<D: Device, T: ActElem>(dev: &mut D, g: &Gguf) -> Model<D, T> {
     let w = Weights::<D, T>::load(dev, g).unwrap();
     Model::new(dev, w, 8, 16).unwrap()
 }
@@ -109,7 +109,7 @@ fn logprob(row: &[f32], i: usize) -> f64 {
     row[i] as f64 - m - z.ln()
 }
 
-fn greedy_matches_forward<T: Sample>() {
+fn greedy_matches_forward<T: ActElem>() {
     let g = tiny_model().unwrap();
     let mut cpu = Cpu::new();
     let mut a = model::<Cpu, T>(&mut cpu, &g);
@@ -353,7 +353,7 @@ fn graph_scenario(split: Option<usize>) -> Scenario {
     }
 }
 
-fn graph_vs_padded<T: Sample>(split: Option<usize>) -> (Vec<SampledStep>, Vec<SampledStep>) {
+fn graph_vs_padded<T: ActElem>(split: Option<usize>) -> (Vec<SampledStep>, Vec<SampledStep>) {
     let g = tiny_model().unwrap();
     let params = scenario_params();
     let sc = graph_scenario(split);
@@ -478,7 +478,7 @@ fn interpreter_sampling_at_smollm2_vocab() {
 /// blocks and a partial one, greedy and seeded sampling with penalties),
 /// identical token ids, logprob bits and logit bits, in f32 and bf16; and
 /// the persistent kernel really ran for every decode step.
-fn mega_matches_multi_kernel<T: Sample>() {
+fn mega_matches_multi_kernel<T: ActElem>() {
     let g = tiny_flat_model().unwrap();
     let mut cpu = Cpu::new();
     let params = scenario_params();

@@ -12,10 +12,10 @@
 //! without a check (errors, never panics).
 
 use super::device::Device;
-use crate::check::Sample;
 use crate::error::{Error, Result};
 use crate::gguf::llama::layer_tensor;
 use crate::gguf::{GgmlType, Gguf, LlamaConfig};
+use crate::model::ActElem;
 use dsl_core::half::f16;
 use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, repack};
 
@@ -133,7 +133,7 @@ pub struct Layer {
 }
 
 /// A Llama's weights on a device, in activation dtype `T`.
-pub struct Weights<D: Device, T: Sample> {
+pub struct Weights<D: Device, T: ActElem> {
     /// The hyperparameters.
     pub config: LlamaConfig,
     /// The raw Q8_0 token embedding table (`vocab * n_embd / 32 * 34` bytes).
@@ -152,7 +152,7 @@ pub struct Weights<D: Device, T: Sample> {
     pub lm_head: Matrix<D>,
 }
 
-impl<D: Device, T: Sample> Weights<D, T> {
+impl<D: Device, T: ActElem> Weights<D, T> {
     /// Layer `l`'s matrix of `kind`.
     pub fn mat(&self, l: usize, kind: Kind) -> MatRef<'_, D> {
         let layer = &self.layers[l];
@@ -261,7 +261,7 @@ pub fn concat_rows(name: &str, parts: &[Repacked]) -> Result<Repacked> {
 }
 
 /// Reads the F32 (or other dequantizable) vector `name` of `len` values, in `T`.
-fn norm_weight<T: Sample>(gguf: &Gguf, name: &str, len: usize) -> Result<Vec<T>> {
+fn norm_weight<T: ActElem>(gguf: &Gguf, name: &str, len: usize) -> Result<Vec<T>> {
     let view = gguf.tensor(name)?;
     if view.dims() != [len as u64] {
         return Err(Error::Usage(format!("{name} has shape {:?}; expected [{len}]", view.dims())));
@@ -269,7 +269,7 @@ fn norm_weight<T: Sample>(gguf: &Gguf, name: &str, len: usize) -> Result<Vec<T>>
     Ok(view.to_f32().into_iter().map(|v| T::from_f64(v as f64)).collect())
 }
 
-impl<D: Device, T: Sample> Weights<D, T> {
+impl<D: Device, T: ActElem> Weights<D, T> {
     /// Loads and repacks a GGUF Llama onto `dev`.
     ///
     /// Errors: a missing or mis-shaped tensor, a matrix type the kernels do

@@ -4,9 +4,9 @@
 //! serve). The caller compares the answers; they must be identical.
 
 use super::{ModelInfo, ServeOptions, serve_engine};
-use crate::check::Sample;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::Device;
 use serde_json::Value;
 use std::net::TcpListener;
@@ -38,7 +38,7 @@ fn answer(v: &Value) -> Result<Answer> {
 /// `/v1/completions` request, which should ask for `logprobs`) once alone
 /// and then `copies` times concurrently; returns the `copies + 1` answers,
 /// the lone one first. The server stops when the client is done.
-pub fn serve_copies<D: Device, T: Sample>(
+pub fn serve_copies<D: Device, T: ActElem>(
     dev: &mut D,
     engine: &mut Engine<D, T>,
     info: ModelInfo,

@@ -47,9 +47,9 @@ mod tests;
 
 use crate::app::{Context, EngineTask, resolve_model};
 use crate::chat::ChatTemplate;
-use crate::check::Sample;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::tokenizer::Tokenizer;
 use api::Limits;
@@ -156,7 +156,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Serves `engine` on `listener` until shutdown; the calling thread runs the
 /// engine loop (see the module doc).
-pub fn serve_engine<D: Device, T: Sample>(
+pub fn serve_engine<D: Device, T: ActElem>(
     dev: &mut D,
     engine: &mut Engine<D, T>,
     info: ModelInfo,
@@ -315,7 +315,7 @@ pub struct Serve {
 impl EngineTask for Serve {
     type Output = ();
 
-    fn run<D: Device, T: Sample>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
+    fn run<D: Device, T: ActElem>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
         let path = resolve_model(&self.model_path);
         let gguf = crate::gguf::Gguf::open(&path)?;
         let vocab = crate::gguf::Vocab::from_metadata(gguf.metadata())?;

@@ -8,9 +8,9 @@ use super::api::Limits;
 use super::{ModelInfo, ServeOptions, serve_engine};
 use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, resolve_model, run_task};
 use crate::chat::ChatTemplate;
-use crate::check::Sample;
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::parity::Golden;
 use crate::tokenizer::Tokenizer;
@@ -29,7 +29,7 @@ struct ServeOn {
 impl EngineTask for ServeOn {
     type Output = ();
 
-    fn run<D: Device, T: Sample>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
+    fn run<D: Device, T: ActElem>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
         let gguf = crate::gguf::Gguf::open(resolve_model(&PathBuf::from(crate::app::DEFAULT_MODEL)))?;
         let vocab = crate::gguf::Vocab::from_metadata(gguf.metadata())?;
         let tokenizer = Tokenizer::from_vocab(&vocab)?;

@@ -27,10 +27,10 @@
 //! engine's completions are drained every step (no growth).
 
 use super::metrics::{Metrics, Outcome, Values};
-use crate::check::Sample;
 use crate::engine::{Engine, Event as EngineEvent, Request};
 use crate::error::Result;
 use crate::kv::SeqId;
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::scheduler::FinishReason;
 use std::collections::HashMap;
@@ -126,7 +126,7 @@ pub fn outcome(reason: FinishReason) -> Outcome {
 
 /// Runs the engine loop until a [`Command::Shutdown`] arrives or every
 /// sender is gone; see the module doc.
-pub fn run<D: Device, T: Sample>(
+pub fn run<D: Device, T: ActElem>(
     dev: &mut D,
     engine: &mut Engine<D, T>,
     commands: &Receiver<Command>,
@@ -184,7 +184,7 @@ pub fn run<D: Device, T: Sample>(
 
 impl Worker {
     /// Handles one command; `false` means leave the loop.
-    fn handle<D: Device, T: Sample>(
+    fn handle<D: Device, T: ActElem>(
         &mut self,
         engine: &mut Engine<D, T>,
         metrics: &Metrics,
@@ -231,7 +231,7 @@ impl Worker {
     }
 
     /// Sends one step's events to their requests and retires finished ones.
-    fn dispatch<D: Device, T: Sample>(
+    fn dispatch<D: Device, T: ActElem>(
         &mut self,
         dev: &mut D,
         engine: &mut Engine<D, T>,
@@ -300,7 +300,7 @@ impl Worker {
     }
 
     /// Aborts the requests found dead that no command has ended since.
-    fn reap<D: Device, T: Sample>(&mut self, engine: &mut Engine<D, T>, metrics: &Metrics) {
+    fn reap<D: Device, T: ActElem>(&mut self, engine: &mut Engine<D, T>, metrics: &Metrics) {
         for id in std::mem::take(&mut self.dead) {
             if let Some(live) = self.live.remove(&id) {
                 self.by_seq.remove(&live.seq);
@@ -315,7 +315,7 @@ impl Worker {
     }
 
     /// Ends every live request with `Failed(message)` after a failed step.
-    fn fail_all<D: Device, T: Sample>(
+    fn fail_all<D: Device, T: ActElem>(
         &mut self,
         engine: &mut Engine<D, T>,
         metrics: &Metrics,
@@ -330,7 +330,7 @@ impl Worker {
     }
 
     /// Aborts every live request; with `tell`, each gets a last `Aborted` event.
-    fn abort_all<D: Device, T: Sample>(&mut self, engine: &mut Engine<D, T>, metrics: &Metrics, tell: bool) {
+    fn abort_all<D: Device, T: ActElem>(&mut self, engine: &mut Engine<D, T>, metrics: &Metrics, tell: bool) {
         for (_, live) in self.live.drain() {
             let _ = engine.abort(live.seq);
             if tell {
@@ -348,7 +348,7 @@ impl Worker {
     }
 
     /// Copies the scheduler's and the KV pool's state into the metrics.
-    fn publish<D: Device, T: Sample>(&self, engine: &Engine<D, T>, metrics: &Metrics) {
+    fn publish<D: Device, T: ActElem>(&self, engine: &Engine<D, T>, metrics: &Metrics) {
         let kv = engine.scheduler().kv_stats();
         let running = engine.scheduler().running().len();
         let waiting = engine.scheduler().waiting().count();

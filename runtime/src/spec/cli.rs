@@ -13,10 +13,10 @@
 use super::draft::{DraftModel, truncate_layers};
 use super::{SpecConfig, SpecMethod, SpecStats};
 use crate::app::{self, LoadOptions};
-use crate::check::Sample;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, LlamaConfig};
+use crate::model::ActElem;
 use crate::model::Device;
 use std::path::PathBuf;
 
@@ -130,7 +130,7 @@ fn free_gpu_memory() -> Result<u64> {
 /// Sets `engine` (built from `gguf` per `opts`) up for `spec`: prompt lookup,
 /// or a draft model built on `dev` in dtype `T` with the loader's options
 /// (sized by the GPU's free memory when `is_gpu`, else the host budget).
-pub fn install<D: Device, T: Sample>(
+pub fn install<D: Device, T: ActElem>(
     dev: &mut D,
     engine: &mut Engine<D, T>,
     gguf: &Gguf,

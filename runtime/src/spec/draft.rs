@@ -16,20 +16,20 @@
 //! shared vocabulary.
 
 use super::Drafter;
-use crate::check::Sample;
 use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
 use crate::gguf::llama::KEY_BLOCK_COUNT;
 use crate::gguf::{Gguf, GgufWriter};
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 
 /// A drafter backed by a second (smaller) model's engine.
-pub struct DraftModel<D: Device, T: Sample> {
+pub struct DraftModel<D: Device, T: ActElem> {
     engine: Engine<D, T>,
 }
 
-impl<D: Device, T: Sample> DraftModel<D, T> {
+impl<D: Device, T: ActElem> DraftModel<D, T> {
     /// A drafter over `engine` (built on the draft GGUF, with prefix caching
     /// on and `max_model_len` at least the target's). Errors when the engine
     /// has live requests or speculation of its own.
@@ -46,7 +46,7 @@ impl<D: Device, T: Sample> DraftModel<D, T> {
     }
 }
 
-impl<D: Device, T: Sample> Drafter<D> for DraftModel<D, T> {
+impl<D: Device, T: ActElem> Drafter<D> for DraftModel<D, T> {
     fn propose(&mut self, dev: &mut D, requests: &[(&[u32], usize)]) -> Result<Vec<Vec<u32>>> {
         let max_len = self.engine.scheduler().config().max_model_len;
         let mut out = vec![Vec::new(); requests.len()];

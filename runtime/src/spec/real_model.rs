@@ -7,9 +7,9 @@
 
 use super::cli::Speculation;
 use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, run_task};
-use crate::check::Sample;
 use crate::engine::{Engine, Request};
 use crate::error::Result;
+use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
@@ -26,7 +26,7 @@ struct Greedy(Vec<Vec<u32>>);
 impl EngineTask for Greedy {
     type Output = (Vec<Vec<u32>>, SpecStats);
 
-    fn run<D: Device, T: Sample>(
+    fn run<D: Device, T: ActElem>(
         self,
         dev: &mut D,
         engine: &mut Engine<D, T>,
