@@ -465,7 +465,7 @@ pub struct BenchArgs {
 pub enum BenchMode {
     /// Replay streaming requests against an OpenAI-compatible server
     /// (`tessera serve`) and report TTFT, TPOT, ITL and throughput.
-    Serve(crate::bench_serve::BenchServeArgs),
+    Serve(crate::bench::serve::BenchServeArgs),
 }
 
 /// Runs a parsed command line; `Ok(false)` means checks failed.
@@ -483,13 +483,13 @@ pub fn run(cli: Cli) -> Result<bool> {
         Command::HostCheck(a) => {
             let mut host = codegen::host::Host::new();
             println!("# {}, seed {:#x}", host.describe(), a.seed);
-            let rows = crate::host_check::run(&mut host, &a.only, a.seed, |_, _| {})?;
+            let rows = crate::check::host::run(&mut host, &a.only, a.seed, |_, _| {})?;
             let (text, ok) = check::table(&rows);
             print!("{text}");
             Ok(ok)
         }
         Command::Bench(a) => match &a.mode {
-            Some(BenchMode::Serve(s)) => crate::bench_serve::run(s).map(|_| true),
+            Some(BenchMode::Serve(s)) => crate::bench::serve::run(s).map(|_| true),
             None => bench_cmd(&a).map(|()| true),
         },
         Command::Generate(a) => generate_cmd(a).map(|_| true),
@@ -671,8 +671,8 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             opts.runs,
             opts.warmup
         );
-        let records = crate::bench_host::run(&opts, &a.model, !a.no_batch_invariance)?;
-        print!("{}", crate::bench_host::table(&records));
+        let records = crate::bench::host::run(&opts, &a.model, !a.no_batch_invariance)?;
+        print!("{}", crate::bench::host::table(&records));
         return Ok(());
     }
     let mut cuda = Cuda::open(a.device)?;
@@ -710,7 +710,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
         }
         let variant = (!tags.is_empty()).then(|| tags.join(", "));
         let task =
-            crate::bench_model::ModelBench { batches: a.batches.clone(), variant, ..Default::default() };
+            crate::bench::model::ModelBench { batches: a.batches.clone(), variant, ..Default::default() };
         records.extend(app::run_task(&load, task)?);
     }
     if opts.wants("spec") {
@@ -722,7 +722,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             batch_invariance: !a.no_batch_invariance,
             ..LoadOptions::default()
         };
-        records.extend(crate::bench_spec::run(&load, &crate::bench_spec::SpecBenchOptions::default())?);
+        records.extend(crate::bench::spec::run(&load, &crate::bench::spec::SpecBenchOptions::default())?);
     }
     print!("{}", bench::table(&records, peers.as_ref()));
     if let Some(path) = &a.json {

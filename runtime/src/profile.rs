@@ -198,7 +198,7 @@ impl ProfileTask {
         vocab: usize,
         salt: u64,
     ) -> Result<Section> {
-        let prompts = crate::bench_model::prompts(b, self.context.max(1), vocab, 0x5eed ^ salt);
+        let prompts = crate::bench::model::prompts(b, self.context.max(1), vocab, 0x5eed ^ salt);
         let max_tokens = WARMUP + 2 * self.steps + 1;
         for p in prompts {
             e.add(greedy(p, max_tokens))?;
@@ -257,7 +257,7 @@ impl ProfileTask {
         c: &Ceilings<D>,
         vocab: usize,
     ) -> Result<Section> {
-        let prompts = crate::bench_model::prompts(3, self.prefill, vocab, 0x9f11);
+        let prompts = crate::bench::model::prompts(3, self.prefill, vocab, 0x9f11);
         let mut run = |p: Vec<u32>, profile: bool| -> Result<(f64, Vec<LaunchTime>)> {
             e.add(greedy(p, 1))?;
             if profile {

@@ -76,7 +76,7 @@ fn smollm2_keeps_the_batch_invariance_guarantee_on_the_native_backend() {
     use codegen::host::Host;
     let path = crate::app::resolve_model(std::path::Path::new(crate::app::DEFAULT_MODEL));
     let gguf = crate::gguf::Gguf::open(path).unwrap();
-    let targets = crate::check_invariance::golden_targets(6).unwrap();
+    let targets = crate::check::invariance::golden_targets(6).unwrap();
     assert!(targets.len() >= 4, "{}", targets.len());
     let mut host = Host::new();
     let results =

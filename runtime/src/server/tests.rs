@@ -568,7 +568,7 @@ async fn shutdown_finishes_in_flight_requests_then_aborts_at_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_serve_measures_a_running_server() {
     let s = TestServer::start(ServeOptions::default(), 8);
-    let args = crate::bench_serve::BenchServeArgs {
+    let args = crate::bench::serve::BenchServeArgs {
         url: s.url(""),
         model: None,
         num_prompts: 4,
@@ -582,7 +582,7 @@ async fn bench_serve_measures_a_running_server() {
         timeout: 60.0,
         json: None,
     };
-    let reports = crate::bench_serve::bench(&args).await.unwrap();
+    let reports = crate::bench::serve::bench(&args).await.unwrap();
     assert_eq!(reports.len(), 2);
     for r in &reports {
         assert_eq!((r.requests, r.completed), (4, 4), "{r:?}");

@@ -21,11 +21,11 @@
 //! the tuner's pick. Timing as `bench_dequant` (L2 flushed, spacer kernel,
 //! host work outside the events).
 
+use crate::bench::dequant::{prepared, time_prepared_ms};
 use crate::bench::{BenchOptions, Record};
-use crate::bench_dequant::{prepared, time_prepared_ms};
 use crate::check::Rng;
-use crate::check_dequant::gguf_weight;
-use crate::check_q8::quantize_block;
+use crate::check::dequant::gguf_weight;
+use crate::check::q8::quantize_block;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
 use dsl_core::DType;

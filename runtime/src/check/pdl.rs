@@ -21,7 +21,7 @@
 //!   serialize launches); elsewhere launches do not overlap and it must be
 //!   exact.
 
-use crate::bench_dequant::prepared;
+use crate::bench::dequant::prepared;
 use crate::check::{CheckRow, Rng};
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::Result;

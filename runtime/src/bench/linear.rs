@@ -12,10 +12,10 @@
 //!   runtime's choice). Compare with `gemv_fused/bf16/...` (the fast path's
 //!   fused GEMVs at `M = 1`) and `gemm/...` rows.
 
+use crate::bench::dequant::time_launch_ms;
 use crate::bench::{BenchOptions, Record};
-use crate::bench_dequant::time_launch_ms;
 use crate::check::Rng;
-use crate::check_dequant::gguf_weight;
+use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
 use crate::model::layers::linear_config;
@@ -65,7 +65,7 @@ fn candidates(m: usize) -> Vec<(usize, usize, u32, bool)> {
 /// Every row of the family (see the module doc).
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     // The fast path's fused GEMVs at the same shapes, for comparison.
-    let mut out = crate::bench_dequant::fused_records(cuda, opts)?;
+    let mut out = crate::bench::dequant::fused_records(cuda, opts)?;
     for (label, format, silu, norm1, residual1, k, rows) in SHAPES {
         let mut rng = Rng::new((k * 31 + rows) as u64);
         let raw = gguf_weight(&mut rng, format, rows, k);

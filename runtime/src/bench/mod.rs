@@ -35,6 +35,16 @@ use kernels::rmsnorm::{add_rmsnorm, block_for, warps_for};
 use serde_json::json;
 use std::marker::PhantomData;
 
+pub mod attention;
+pub mod decode;
+pub mod dequant;
+pub mod host;
+pub mod linear;
+pub mod model;
+pub mod q8;
+pub mod serve;
+pub mod spec;
+
 /// What to measure and how often.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchOptions {
@@ -299,25 +309,25 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
         }
     }
     if opts.wants("decode") {
-        out.extend(crate::bench_decode::records(cuda, opts)?);
+        out.extend(crate::bench::decode::records(cuda, opts)?);
     }
     if opts.wants("attention") {
-        out.extend(crate::bench_attention::records(cuda, opts)?);
+        out.extend(crate::bench::attention::records(cuda, opts)?);
     }
     if opts.wants("gemm") {
-        out.extend(crate::bench_dequant::records(cuda, opts)?);
+        out.extend(crate::bench::dequant::records(cuda, opts)?);
     }
     if opts.wants("linear") {
-        out.extend(crate::bench_linear::records(cuda, opts)?);
+        out.extend(crate::bench::linear::records(cuda, opts)?);
     }
     if opts.wants("gemv_q8") {
-        out.extend(crate::bench_q8::records(cuda, opts)?);
+        out.extend(crate::bench::q8::records(cuda, opts)?);
     }
     if opts.wants("sampling") {
-        out.extend(crate::check_sampling::bench_records(cuda, opts)?);
+        out.extend(crate::check::sampling::bench_records(cuda, opts)?);
     }
     if opts.wants("matmul") {
-        out.extend(crate::check_matmul::bench_records(cuda, opts)?);
+        out.extend(crate::check::matmul::bench_records(cuda, opts)?);
     }
     Ok(out)
 }

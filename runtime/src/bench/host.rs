@@ -17,8 +17,8 @@
 //! Each row is the median of `runs` timed repetitions after `warmup`
 //! untimed ones (the first compiles the kernel or reads it from the cache).
 
+use crate::bench::model::ModelBench;
 use crate::bench::{BenchOptions, Record};
-use crate::bench_model::ModelBench;
 use crate::check::Rng;
 use crate::error::Result;
 use crate::model::Device;
@@ -125,7 +125,7 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
     }
     // Q4_1 GEMV at batch 1: SmolLM2's gate/up and down, and a 7B-sized one.
     for (n, k) in [(3072usize, 576usize), (576, 1536), (14336, 4096)] {
-        let raw = crate::check_dequant::gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
+        let raw = crate::check::dequant::gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
         let w = repack(QuantFormat::Q4_1, &raw, n, k).map_err(|e| crate::Error::Usage(e.to_string()))?;
         let (xq, q, s) =
             (host.upload(&rng.values::<f32>(k, 1.0)), host.upload(&w.quants), host.upload(&w.scales));

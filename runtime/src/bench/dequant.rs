@@ -48,7 +48,7 @@
 
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
-use crate::check_dequant::gguf_weight;
+use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
 use crate::cuda::device::DevBuf;
 use crate::cuda::validate::validate_args;

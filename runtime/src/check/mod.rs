@@ -4,7 +4,7 @@
 //! ragged shapes, and the outputs are compared element by element. Each
 //! check is one function generic over the [`Device`]; `gpu-check`
 //! instantiates it for [`crate::cuda::Cuda`], `host-check`
-//! ([`crate::host_check`]) for [`codegen::host::Host`].
+//! ([`crate::check::host`]) for [`codegen::host::Host`].
 //!
 //! Invariants: inputs are random and non-zero (|x| >= 1/64), so a kernel that
 //! writes nothing or zeros fails; every shape is checked in each storage dtype
@@ -20,9 +20,23 @@ use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, CpuPtr};
 use dsl_core::launch::PtrElem;
 use kernels::embedding::embedding_q8_0;
-use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
+use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul as example_matmul};
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
 use std::marker::PhantomData;
+
+pub mod attention;
+pub mod cpu_gemv;
+pub mod decode;
+pub mod dequant;
+pub mod host;
+pub mod invariance;
+pub mod matmul;
+pub mod mega;
+pub mod pdl;
+pub mod q8;
+pub mod rope;
+pub mod sampling;
+pub mod sync;
 
 /// A pointer to the start of a device buffer, for the kernel arguments of
 /// the checks (any device: the GPU for `gpu-check`, the native CPU backend
@@ -329,13 +343,13 @@ fn matmul_case<T: ActElem, D: Device>(
     (bm, bn, bk, warps): (usize, usize, usize, u32),
 ) -> Result<CheckRow> {
     let (a, b) = (rng.values::<T>(m * k, 1.0), rng.values::<T>(k * n, 1.0));
-    let config = matmul::Config::new(T::DEVICE_DTYPE, bm, bn, bk).with_warps(warps);
+    let config = example_matmul::Config::new(T::DEVICE_DTYPE, bm, bn, bk).with_warps(warps);
     let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
     let mut cpu = Cpu::new();
     let ((ad, ac), (bd, bc)) = (upload_both(dev, &mut cpu, &a)?, upload_both(dev, &mut cpu, &b)?);
     let (cd, cc) = zeros_both::<f32, _>(dev, &mut cpu, m * n)?;
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-    let args = matmul::Args {
+    let args = example_matmul::Args {
         a_ptr: dev.ptr(&ad)?,
         b_ptr: dev.ptr(&bd)?,
         c_ptr: dev.ptr(&cd)?,
@@ -347,9 +361,9 @@ fn matmul_case<T: ActElem, D: Device>(
         stride_cm: ni,
         _marker: PhantomData,
     };
-    dev.run::<matmul::Kernel>(grid, &config, &args)?;
+    dev.run::<example_matmul::Kernel>(grid, &config, &args)?;
     let got = dev.download(&cd)?;
-    let args = matmul::Args {
+    let args = example_matmul::Args {
         a_ptr: ac.cast(),
         b_ptr: bc.cast(),
         c_ptr: cc,
@@ -361,7 +375,7 @@ fn matmul_case<T: ActElem, D: Device>(
         stride_cm: ni,
         _marker: PhantomData,
     };
-    matmul::interpret(&mut cpu, grid, &config, &args)?;
+    example_matmul::interpret(&mut cpu, grid, &config, &args)?;
     let shape = format!("{m}x{n}x{k} ({bm}x{bn}x{bk}, {warps}w)");
     Ok(outcome("matmul", shape, T::DEVICE_DTYPE, &got, &cpu.read(cc), F32_SUM))
 }

@@ -10,10 +10,10 @@
 //! projections at M 1 and 8, and the Q8_0 LM head against the reference on
 //! a subset of columns. Inputs and bounds are `check_dequant`'s.
 
-use crate::check::{CheckRow, DevicePtr, Rng};
-use crate::check_dequant::{
+use crate::check::dequant::{
     FUSED_EPS, Fuse, FusedInputs, GEMV_SHAPES, Launch, Path, account, fused_expected, gguf_weight, repacked,
 };
+use crate::check::{CheckRow, DevicePtr, Rng};
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
 use crate::model::ActElem;

@@ -22,8 +22,8 @@
 //!   on the real model: 65 identical texts and logprob lists.
 
 use crate::app::{DEFAULT_MODEL, resolve_model};
+use crate::check::dequant::gguf_weight;
 use crate::check::{CheckRow, Rng};
-use crate::check_dequant::gguf_weight;
 use crate::cuda::Cuda;
 use crate::engine::Request;
 use crate::engine::invariance::{Matrix, Setup, engine, run_matrix};
@@ -53,7 +53,7 @@ use std::marker::PhantomData;
 pub const MODEL_ENV: &str = "TESSERA_MODEL";
 
 /// The golden file whose prompts the model rows use.
-const GOLDEN: &str = include_str!("../tests/data/smollm2-135m-q4_1.json");
+const GOLDEN: &str = include_str!("../../tests/data/smollm2-135m-q4_1.json");
 
 fn row(what: String, dtype: DType, differing: usize, compared: usize, pass: bool) -> CheckRow {
     CheckRow {

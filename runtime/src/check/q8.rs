@@ -16,8 +16,8 @@
 //!   interpreter within twice that (on the small shapes).
 
 use crate::check::DevicePtr;
+use crate::check::dequant::gguf_weight;
 use crate::check::{CheckRow, Rng, to_f64, upload_both, zeros_both};
-use crate::check_dequant::gguf_weight;
 use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;

@@ -219,7 +219,7 @@ impl EngineTask for SpecTask {
 }
 
 /// The golden prompts built into the binary.
-const BUNDLED_GOLDEN: &str = include_str!("../tests/data/smollm2-135m-q4_1.json");
+const BUNDLED_GOLDEN: &str = include_str!("../../tests/data/smollm2-135m-q4_1.json");
 
 /// Runs the benchmark on the model of `load` (its `speculation` is
 /// replaced): plain, `ngram_k<k>` and `draft<n>_k<k>`, one fresh engine each.
