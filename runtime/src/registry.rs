@@ -554,7 +554,7 @@ pub const FAMILIES: &[Family] = &[
     (
         "model",
         "tiny Llama: forward vs interpreter, on-device sampling, CUDA-graph replay vs eager launches",
-        crate::model::check::model_checks,
+        crate::check::model::model_checks,
     ),
     (
         "pdl",

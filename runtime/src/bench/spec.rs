@@ -252,8 +252,8 @@ pub fn run(load: &LoadOptions, opts: &SpecBenchOptions) -> Result<Vec<Record>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::model::tiny_model;
     use crate::gguf::Gguf;
-    use crate::model::check::tiny_model;
     use crate::model::{Model, Weights};
     use crate::scheduler::SchedulerConfig;
     use crate::spec::SpecConfig;

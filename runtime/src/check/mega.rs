@@ -15,13 +15,13 @@
 //! (the SmolLM2-shaped rows take it longer than a device call).
 
 use crate::check::CheckRow;
+use crate::check::model::{Scenario, compare_exact, decode_scenario, scenario_params, tiny_model};
 use crate::cuda::Cuda;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::gguf::tiny::{TinyLlama, synth_shape};
 use crate::model::ActElem;
 use crate::model::GraphMode;
-use crate::model::check::{Scenario, compare_exact, decode_scenario, scenario_params, tiny_model};
 use crate::model::mega::DecodePath;
 use dsl_core::half::bf16;
 

@@ -32,6 +32,7 @@ pub mod host;
 pub mod invariance;
 pub mod matmul;
 pub mod mega;
+pub mod model;
 pub mod pdl;
 pub mod q8;
 pub mod rope;

@@ -3,7 +3,7 @@
 //! change results, stop conditions, scoring, and bad requests.
 
 use super::*;
-use crate::model::check::tiny_model;
+use crate::check::model::tiny_model;
 use crate::model::{Model, Weights};
 use crate::scheduler::SchedulerConfig;
 use dsl_core::interp::Cpu;

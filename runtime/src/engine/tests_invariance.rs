@@ -5,7 +5,7 @@
 
 use super::invariance::{Matrix, Setup, engine, others, run_matrix, run_with};
 use super::*;
-use crate::model::check::tiny_flat_model;
+use crate::check::model::tiny_flat_model;
 use dsl_core::interp::Cpu;
 
 /// The two requests under test: a greedy one and a seeded sampled one, with

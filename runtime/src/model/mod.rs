@@ -29,7 +29,6 @@
 //! host before any launch.
 
 pub mod buffers;
-pub mod check;
 pub mod device;
 mod elem;
 #[cfg(test)]

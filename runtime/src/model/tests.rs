@@ -2,7 +2,7 @@
 //!
 //! - the tiny random GGUF Llama against a plain f64 forward written here from
 //!   the dequantized GGUF weights (no kernel code), over the scenario of
-//!   [`super::check`]: a varlen prefill of two sequences (21 tokens: the GEMM
+//!   [`crate::check::model`]: a varlen prefill of two sequences (21 tokens: the GEMM
 //!   and prefill-attention path) and two decode steps (the GEMV and
 //!   decode-attention path, crossing a page boundary through a non-identity
 //!   block table);
@@ -12,8 +12,8 @@
 //! - the real SmolLM2 file: the prefill of the first golden prompt must
 //!   predict llama.cpp's first token.
 
-use super::check::{compare_logits, run_scenario, scenario_tokens, tiny_model};
 use super::{Device, Model, Step, Weights};
+use crate::check::model::{compare_logits, run_scenario, scenario_tokens, tiny_model};
 use crate::gguf::llama::{LlamaConfig, layer_tensor};
 use crate::gguf::{GgmlType, Gguf};
 use dsl_core::DType;

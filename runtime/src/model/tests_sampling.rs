@@ -17,15 +17,15 @@
 //!   penalties; capture-time rule violations are errors;
 //! - the sampler on the interpreter at SmolLM2's vocabulary (timings).
 
-use super::check::{
-    SampledStep, Scenario, argmax, compare_exact, compare_greedy, decode_scenario, scenario_params,
-    tiny_flat_model, tiny_model,
-};
 use super::emu::Emu;
 use super::graph::GraphMode;
 use super::mega::DecodePath;
 use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
 use super::{Device, Model, Step, Weights};
+use crate::check::model::{
+    SampledStep, Scenario, argmax, compare_exact, compare_greedy, decode_scenario, scenario_params,
+    tiny_flat_model, tiny_model,
+};
 use crate::gguf::Gguf;
 use crate::model::ActElem;
 use dsl_core::half::bf16;
@@ -68,7 +68,7 @@ impl OwnedStep {
 /// The forward check's steps: a varlen prefill of A (18 tokens) and B (3)
 /// with logit rows `[17, 20, 0]`, then two decode steps of both.
 fn scenario_steps(vocab: u32) -> Vec<OwnedStep> {
-    let (a, b) = super::check::scenario_tokens(vocab);
+    let (a, b) = crate::check::model::scenario_tokens(vocab);
     let mut positions: Vec<i32> = (0..18).collect();
     positions.extend(0..3);
     let mut slots: Vec<i32> = (0..18).map(|p| slot(&TABLES[0..2], p)).collect();

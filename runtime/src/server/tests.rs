@@ -14,9 +14,9 @@ use super::api::Limits;
 use super::metrics::sample;
 use super::{ModelInfo, ServeOptions, serve_engine};
 use crate::chat::ChatTemplate;
+use crate::check::model::tiny_model;
 use crate::engine::Engine;
 use crate::gguf::tiny::tiny_vocab;
-use crate::model::check::tiny_model;
 use crate::model::{Model, Weights};
 use crate::scheduler::SchedulerConfig;
 use crate::tokenizer::Tokenizer;
@@ -602,8 +602,8 @@ async fn bench_serve_measures_a_running_server() {
 /// tiny model whose distributions are spread.
 #[test]
 fn a_request_alone_and_its_64_concurrent_copies_get_identical_answers() {
+    use crate::check::model::tiny_flat_model;
     use crate::engine::invariance::{Setup, engine};
-    use crate::model::check::tiny_flat_model;
     let mut cpu = Cpu::new();
     let gguf = tiny_flat_model().unwrap();
     let mut e = engine::<Cpu, f32>(&mut cpu, &gguf, Setup::roomy(MAX_MODEL_LEN)).unwrap();

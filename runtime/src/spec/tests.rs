@@ -8,9 +8,9 @@
 use super::draft::{DraftModel, truncate_layers};
 use super::ngram::propose_ngram;
 use super::*;
+use crate::check::model::tiny_model;
 use crate::engine::{Completion, Engine, Request};
 use crate::gguf::Gguf;
-use crate::model::check::tiny_model;
 use crate::model::sampler::SamplingParams;
 use crate::model::{Model, Weights};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};

@@ -33,16 +33,16 @@
 //!
 //! [`model_checks`] runs all three.
 
-use super::graph::GraphMode;
-use super::mega::DecodePath;
-use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
-use super::{Device, Model, Step, Weights};
 use crate::check::{CheckRow, Tol, compare};
 use crate::cuda::Cuda;
 use crate::error::Result;
 use crate::gguf::tiny::{TinyLlama, tiny_vocab_min_size};
 use crate::gguf::{Gguf, LlamaConfig};
 use crate::model::ActElem;
+use crate::model::GraphMode;
+use crate::model::mega::DecodePath;
+use crate::model::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
+use crate::model::{Device, Model, Step, Weights};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
