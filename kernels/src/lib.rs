@@ -5,6 +5,7 @@
 //! `examples` holds the tutorial/test kernels.
 #![forbid(unsafe_code)]
 
+pub mod copy;
 pub mod cpu_gemv;
 pub mod decode_attention;
 pub mod decode_step;

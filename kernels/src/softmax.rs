@@ -128,3 +128,31 @@ pub fn warps_for(block: usize) -> u32 {
 pub fn block_for(n_cols: usize) -> usize {
     n_cols.next_power_of_two().min(4096)
 }
+
+/// Row softmax, computed in f32 and stored in `T`; one program per row of
+/// `n_cols <= BLOCK` elements.
+#[kernel(autotune(configs = [(num_warps = 4), (num_warps = 8), (num_warps = 16)], key = [n_cols]))]
+pub fn softmax<T: Float>(
+    out_ptr: Ptr<T>,
+    in_ptr: Ptr<T>,
+    n_cols: i32,
+    stride: i32,
+    #[constexpr] BLOCK: usize,
+) {
+    let row = program_id(0);
+    let cols = arange(0, BLOCK);
+    let mask = cols < n_cols;
+    let x = load(in_ptr + row * stride + cols, mask = mask, other = f32::NEG_INFINITY).to(f32);
+    let x = x - max(x, 0);
+    let e = exp(x);
+    // One reciprocal per row, then a multiply per element: a division per
+    // element costs more than the memory traffic of a bf16 row.
+    let y = e * (1.0 / sum(e, 0));
+    store(out_ptr + row * stride + cols, y, mask = mask);
+}
+
+/// Warps for a softmax row of `block` elements (Triton's tutorial heuristic, as
+/// the peer baseline uses it).
+pub fn softmax_warps(block: usize) -> u32 {
+    if block >= 4096 { 8 } else { 4 }
+}

@@ -1,8 +1,8 @@
 //! The kernels the `tessera` binary knows by name: what `kernels list` shows,
-//! `kernels dump` compiles and `gpu-check` verifies. Until the kernel library
-//! lands they are the tutorial kernels, written here with `#[kernel]`, and the
-//! example kernels of `kernels::examples` (matmul, argmax, cumsum, layer norm,
-//! histogram, collatz).
+//! `kernels dump` compiles and `gpu-check` verifies: the library's kernels
+//! (`kernels::*`) and the example kernels of `kernels::examples` (vector add,
+//! matmul, argmax, cumsum, layer norm, histogram, collatz). This file only
+//! registers them; it defines none.
 //!
 //! Invariant: every entry builds with its default config, and has a check
 //! (see [`crate::check`]) that compares a device with the CPU interpreter:
@@ -15,46 +15,11 @@ use crate::error::Result;
 use codegen::host::Host;
 use dsl_core::launch::{Kernel, LaunchOptions};
 use dsl_core::{DType, Function};
-use dsl_macros::kernel;
-pub use kernels::examples::vector_add;
+use kernels::copy::copy;
+use kernels::examples::vector_add;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
-
-/// `out[i] = x[i]` for `i < n`: the bandwidth ceiling of the bench.
-#[kernel]
-pub fn copy<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<T>, n: i32, #[constexpr] BLOCK: usize) {
-    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
-    let mask = offs < n;
-    store(out_ptr + offs, load(x_ptr + offs, mask = mask), mask = mask);
-}
-
-/// Row softmax, computed in f32 and stored in `T`; one program per row of
-/// `n_cols <= BLOCK` elements.
-#[kernel(autotune(configs = [(num_warps = 4), (num_warps = 8), (num_warps = 16)], key = [n_cols]))]
-pub fn softmax<T: Float>(
-    out_ptr: Ptr<T>,
-    in_ptr: Ptr<T>,
-    n_cols: i32,
-    stride: i32,
-    #[constexpr] BLOCK: usize,
-) {
-    let row = program_id(0);
-    let cols = arange(0, BLOCK);
-    let mask = cols < n_cols;
-    let x = load(in_ptr + row * stride + cols, mask = mask, other = f32::NEG_INFINITY).to(f32);
-    let x = x - max(x, 0);
-    let e = exp(x);
-    // One reciprocal per row, then a multiply per element: a division per
-    // element costs more than the memory traffic of a bf16 row.
-    let y = e * (1.0 / sum(e, 0));
-    store(out_ptr + row * stride + cols, y, mask = mask);
-}
-
-/// Warps for a softmax row of `block` elements (Triton's tutorial heuristic, as
-/// the peer baseline uses it).
-pub fn softmax_warps(block: usize) -> u32 {
-    if block >= 4096 { 8 } else { 4 }
-}
+use kernels::softmax::{softmax, softmax_warps};
 
 /// Builds the default specialization of an entry: its IR and launch options.
 pub type BuildFn = fn() -> dsl_core::Result<(Function, LaunchOptions)>;

@@ -22,12 +22,13 @@ use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::error::Result;
 use crate::model::Device;
-use crate::registry::{copy, softmax};
 use codegen::host::Host;
 use dsl_core::DType;
 use dsl_core::launch::Backend;
+use kernels::copy::copy;
 use kernels::dequant::{QuantFormat, gemv_grid, repack};
 use kernels::rmsnorm::{self, add_rmsnorm};
+use kernels::softmax::softmax;
 use std::marker::PhantomData;
 use std::time::Instant;
 

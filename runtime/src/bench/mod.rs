@@ -28,10 +28,11 @@ use crate::check::Rng;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
 use crate::model::ActElem;
-use crate::registry::{copy, softmax, softmax_warps};
 use dsl_core::DType;
 use dsl_core::half::bf16;
+use kernels::copy::copy;
 use kernels::rmsnorm::{add_rmsnorm, block_for, warps_for};
+use kernels::softmax::{softmax, softmax_warps};
 use serde_json::json;
 use std::marker::PhantomData;
 

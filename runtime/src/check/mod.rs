@@ -14,14 +14,16 @@
 use crate::cuda::DeviceElem;
 use crate::error::Result;
 use crate::model::{ActElem, Device};
-use crate::registry::{copy, softmax, softmax_warps, vector_add};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, CpuPtr};
 use dsl_core::launch::PtrElem;
+use kernels::copy::copy;
 use kernels::embedding::embedding_q8_0;
+use kernels::examples::vector_add;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul as example_matmul};
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
+use kernels::softmax::{softmax, softmax_warps};
 use std::marker::PhantomData;
 
 pub mod attention;

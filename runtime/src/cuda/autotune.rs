@@ -489,8 +489,8 @@ mod tests {
 
     #[test]
     fn softmax_key_names_are_parameters_of_its_ir() {
-        use crate::registry::softmax;
         use dsl_core::launch::Kernel;
+        use kernels::softmax::softmax;
         let base = softmax::Config::new(DType::F32, 1024);
         let f = softmax::Kernel::build(&base).unwrap();
         let params: Vec<String> = f.params.iter().map(|p| p.name.clone()).collect();
