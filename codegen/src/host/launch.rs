@@ -5,18 +5,20 @@
 //! that is already running. Each program is one call of the kernel's entry
 //! with its coordinates.
 //!
-//! The pool has one thread per core (`TESSERA_THREADS` overrides it) and
-//! large stacks: a program's tiles live on its thread's stack. A launch of
-//! one program with a small frame runs on the calling thread.
+//! The pool ([`super::pool`]) runs programs on one thread per core
+//! (`TESSERA_THREADS` overrides it), the calling thread among them when the
+//! kernel's frame fits its stack; the helpers have large stacks, since a
+//! program's tiles live on its thread's stack. A launch of one program with
+//! a small frame runs on the calling thread alone.
 //!
 //! Errors: a program that stops at a runtime error site (a failed
 //! `device_assert`, ...) makes the launch fail with the error of the lowest
 //! failing program, whatever the schedule; the other programs still run.
 
 use super::jit::Jit;
+use super::pool::Pool;
 use super::{ErrorSite, HostObject};
 use crate::{Error, Result};
-use rayon::ThreadPool;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -52,20 +54,15 @@ impl std::fmt::Debug for HostKernel {
 }
 
 /// The process's pool of program threads.
-fn pool() -> Result<&'static ThreadPool> {
-    static POOL: OnceLock<std::result::Result<ThreadPool, String>> = OnceLock::new();
+fn pool() -> Result<&'static Pool> {
+    static POOL: OnceLock<std::result::Result<Pool, String>> = OnceLock::new();
     POOL.get_or_init(|| {
         let threads = std::env::var("TESSERA_THREADS")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&n| n > 0)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .stack_size(STACK_BYTES)
-            .thread_name(|i| format!("tessera-host-{i}"))
-            .build()
-            .map_err(|e| e.to_string())
+        Pool::new(threads, STACK_BYTES).map_err(|e| e.to_string())
     })
     .as_ref()
     .map_err(|e| Error::Llvm(format!("cannot start the host thread pool: {e}")))
@@ -73,7 +70,7 @@ fn pool() -> Result<&'static ThreadPool> {
 
 /// The number of threads programs run on.
 pub fn threads() -> usize {
-    pool().map_or(1, |p| p.current_num_threads())
+    pool().map_or(1, |p| p.threads())
 }
 
 impl HostKernel {
@@ -141,12 +138,13 @@ impl HostKernel {
                 first_error.fetch_min((u64::from(linear) << 32) | u64::from(code), Ordering::Relaxed);
             }
         };
-        if total == 1 && self.frame_bytes <= INLINE_FRAME {
+        let caller = self.frame_bytes <= INLINE_FRAME;
+        if total == 1 && caller {
             run(0);
         } else {
             let next = AtomicU32::new(0);
             let run = &run;
-            pool()?.broadcast(|_| {
+            let job = || {
                 loop {
                     let p = next.fetch_add(1, Ordering::Relaxed);
                     if p >= total {
@@ -154,7 +152,8 @@ impl HostKernel {
                     }
                     run(p);
                 }
-            });
+            };
+            pool()?.run(&job, caller);
         }
         let e = first_error.load(Ordering::Relaxed);
         if e == u64::MAX {

@@ -30,6 +30,7 @@ mod jit;
 pub mod launch;
 mod lower;
 mod plan;
+mod pool;
 pub mod target;
 #[cfg(test)]
 mod tests;
