@@ -47,7 +47,10 @@
 //! the W tile `[BLOCK_N, W]` of bytes (each row's run contiguous), the
 //! scales (one per 16 or 32 bytes, equal along the run) and the activation
 //! tile `[M_BLOCK, W]` (the two runs of 16 per block for Q4), which is
-//! broadcast over the `BLOCK_N` rows. Rows past the weight's or `M` are
+//! broadcast over the `BLOCK_N` rows. Once per 64-byte line of a row's run
+//! it prefetches the line two ahead (within the row): the program reads
+//! `BLOCK_N` interleaved runs, more than the hardware prefetchers follow,
+//! and decode streams every weight from memory. Rows past the weight's or `M` are
 //! clamped to the last one (their results are not stored). Whole tiles run
 //! unmasked; a last partial tile (`K % BLOCK_K != 0`) runs once with the
 //! blocks past K masked off (they add nothing).
@@ -175,6 +178,9 @@ pub fn cpu_gemv_q4_body(
     let k_full = k / block_k * block_k;
     let mut acc = zeros([m_block * wn], f32);
     for k0 in range(0, k_full, block_k) {
+        if k0 % 128 == 0 {
+            prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
+        }
         let q = load(q_ptr + q_off + k0 / 2).to(i32);
         let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, has_min);
         let (w_lo, w_hi) = nibble_weights(q, d, off);
@@ -243,6 +249,9 @@ pub fn cpu_gemv_q8_body(
     let k_full = k / block_k * block_k;
     let mut acc = zeros([m_block * wn], f32);
     for k0 in range(0, k_full, block_k) {
+        if k0 % 64 == 0 {
+            prefetch_l2(q_ptr + q_off + k0 + 128, mask = k0 + 128 + c < k);
+        }
         let q = load(q_ptr + q_off + k0).to(i32);
         let d = load(s_ptr + s_off + k0 / 32).to(f32);
         let wt = byte_weights(q, d);

@@ -671,8 +671,8 @@ fn host_exponentials_match_the_library() {
     same(&f, [programs as u32, 1, 1], &bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32)]);
 }
 
-/// `out = x + 1` with an L2 prefetch of the next block (a hint the native
-/// backend drops): the same results as the interpreter.
+/// `out = x + 1` with a prefetch of the next block (`llvm.prefetch` on the
+/// native backend, a hint): the same results as the interpreter.
 fn prefetching_add(block: usize) -> Result<Function> {
     KernelBuilder::new("prefetching_add").build(|| {
         let x_ptr = param_ptr("x_ptr", DType::F32);
@@ -693,6 +693,14 @@ fn host_prefetch_is_a_hint() {
         let f = prefetching_add(block).unwrap();
         let bufs = [Buffer::from_f64(DType::F32, &rng.floats(n, 4.0)), Buffer::zeros(DType::F32, n)];
         same(&f, [n.div_ceil(block) as u32, 1, 1], &bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32)]);
+    }
+    // The prefetch reaches the machine code: one per contiguous strip, each
+    // under its lane-0 mask.
+    let f = prefetching_add(128).unwrap();
+    let (_, dumps) = super::compile_with_dumps(&f, &super::HostTarget::native(), "prefetching_add").unwrap();
+    assert!(dumps.llvm.contains("@llvm.prefetch"), "{}", dumps.llvm);
+    if cfg!(target_arch = "x86_64") {
+        assert!(dumps.asm.contains("prefetcht0"), "{}", dumps.asm);
     }
 }
 

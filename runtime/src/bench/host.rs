@@ -3,8 +3,9 @@
 //! - `host/memcpy/<bytes>`: the machine's copy rate, every core copying its
 //!   share of a buffer far larger than the caches (`copy_from_slice`, the C
 //!   library's `memcpy`): the ceiling the kernel rows are compared with.
-//! - `host/copy`, `host/softmax`, `host/add_rmsnorm`, `host/gemv_q4_1`: the
-//!   library kernels (f32) at representative shapes, in GB/s of the bytes
+//! - `host/copy`, `host/softmax`, `host/add_rmsnorm`, `host/gemv_*`: the
+//!   library kernels (f32; the GEMVs are `cpu_gemv`'s, which the model's
+//!   decode runs) at representative shapes, in GB/s of the bytes
 //!   they must read and write (a GEMV: the quantized weights, scales and
 //!   activations), with their fraction of the copy rate.
 //! - `model/...` (unless `--only` leaves `model` out): SmolLM2-135M through the engine on
@@ -21,16 +22,20 @@ use crate::bench::model::ModelBench;
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::error::Result;
-use crate::model::Device;
 use codegen::host::Host;
 use dsl_core::DType;
 use dsl_core::launch::Backend;
 use kernels::copy::copy;
+use kernels::cpu_gemv::cpu_gemv_tiles;
 use kernels::dequant::{QuantFormat, gemv_grid, repack};
 use kernels::rmsnorm::{self, add_rmsnorm};
 use kernels::softmax::softmax;
 use std::marker::PhantomData;
 use std::time::Instant;
+
+/// The bytes of weights the GEMV rows cycle through: twice this machine
+/// class's largest last-level cache (300 MiB).
+const COLD_BYTES: usize = 600 << 20;
 
 /// The median wall time of `f` in milliseconds.
 fn median_ms(opts: &BenchOptions, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -124,31 +129,68 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
         let bytes = 4.0 * (4 * len + hidden) as f64;
         out.push(gbs(format!("host/add_rmsnorm/f32/{tokens}x{hidden}"), bytes, ms));
     }
-    // Q4_1 GEMV at batch 1: SmolLM2's gate/up and down, and a 7B-sized one.
-    for (n, k) in [(3072usize, 576usize), (576, 1536), (14336, 4096)] {
-        let raw = crate::check::dequant::gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
-        let w = repack(QuantFormat::Q4_1, &raw, n, k).map_err(|e| crate::Error::Usage(e.to_string()))?;
-        let (xq, q, s) =
-            (host.upload(&rng.values::<f32>(k, 1.0)), host.upload(&w.quants), host.upload(&w.scales));
+    // The decode GEMVs the native backend runs (`cpu_gemv`, no fusions) at
+    // batch 1: SmolLM2's gate/up, down and LM head, and a 7B-sized one.
+    let shapes = [
+        (QuantFormat::Q4_1, 3072usize, 576usize, false, false, false),
+        (QuantFormat::Q4_1, 3072, 576, true, true, false),
+        (QuantFormat::Q4_1, 576, 1536, false, false, false),
+        (QuantFormat::Q4_1, 576, 1536, false, false, true),
+        (QuantFormat::Q4_1, 14336, 4096, false, false, false),
+        (QuantFormat::Q8_0, 49152, 576, false, false, false),
+        (QuantFormat::Q8_0, 49152, 576, false, true, false),
+    ];
+    for (format, rows, k, silu, norm, residual) in shapes {
+        let n = if silu { rows / 2 } else { rows };
+        let raw = crate::check::dequant::gguf_weight(&mut rng, format, rows, k);
+        let w = repack(format, &raw, rows, k).map_err(|e| crate::Error::Usage(e.to_string()))?;
+        // Decode streams each weight from memory once per step, so every
+        // launch reads its own copy of the weights, the copies together
+        // larger than the last-level cache and read oldest-written first.
+        let copies = (COLD_BYTES / (w.quants.len() + 2 * w.scales.len())).max(opts.warmup + opts.runs + 1);
+        let (xq, q, s) = (
+            host.upload(&rng.values::<f32>(k, 1.0)),
+            host.upload(&w.quants.repeat(copies)),
+            host.upload(&w.scales.repeat(copies)),
+        );
+        let mut copy = 0usize;
         let o = host.zeros::<f32>(n);
-        let t = Device::gemv_tiles(host, QuantFormat::Q4_1, 1, n, k);
-        use kernels::dequant::gemv::gemv_q4_1 as kk;
-        let config =
-            kk::Config::new(DType::F32, false, t.m_block, t.block_n, t.block_k).with_warps(t.num_warps);
-        let args = kk::Args {
-            x_ptr: xq.cast(),
-            q_ptr: q,
-            s_ptr: s,
-            out_ptr: o.cast(),
-            m: 1,
-            n: n as i32,
-            k: k as i32,
-            _marker: PhantomData,
+        let t = cpu_gemv_tiles(format, 1, rows, k);
+        let grid = gemv_grid(1, n, silu, t.m_block, t.block_n);
+        macro_rules! run {
+            ($kk:path) => {{
+                use $kk as kk;
+                let config =
+                    kk::Config::new(DType::F32, silu, norm, residual, t.m_block, t.block_n, t.block_k);
+                let mut args = kk::Args {
+                    x_ptr: xq.cast(),
+                    q_ptr: q,
+                    s_ptr: s,
+                    nw_ptr: xq.cast(),
+                    out_ptr: o.cast(),
+                    m: 1,
+                    n: n as i32,
+                    k: k as i32,
+                    eps: 1e-5,
+                    _marker: PhantomData,
+                };
+                median_ms(opts, || {
+                    args.q_ptr = q.offset(copy * w.quants.len());
+                    args.s_ptr = s.offset(copy * w.scales.len());
+                    copy = (copy + 1) % copies;
+                    Ok(host.launch::<kk::Kernel>(grid, &config, &args)?)
+                })?
+            }};
+        }
+        let (ms, tag) = match format {
+            QuantFormat::Q8_0 => (run!(kernels::cpu_gemv::cpu_gemv_q8_0), "q8_0"),
+            _ => (run!(kernels::cpu_gemv::cpu_gemv_q4_1), "q4_1"),
         };
-        let grid = gemv_grid(1, n, false, t.m_block, t.block_n);
-        let ms = median_ms(opts, || Ok(host.launch::<kk::Kernel>(grid, &config, &args)?))?;
-        let bytes = (w.quants.len() + 2 * w.scales.len() + 4 * (k + n)) as f64;
-        out.push(gbs(format!("host/gemv_q4_1/f32/1x{k}x{n}"), bytes, ms));
+        let fused = [(silu, "+silu"), (norm, "+norm"), (residual, "+residual")];
+        let tag: String = std::iter::once(tag).chain(fused.iter().filter(|f| f.0).map(|f| f.1)).collect();
+        let extra = if norm { k } else { 0 } + if residual { n } else { 0 };
+        let bytes = (w.quants.len() + 2 * w.scales.len() + 4 * (k + n + extra)) as f64;
+        out.push(gbs(format!("host/gemv_{tag}/f32/1x{k}x{rows}"), bytes, ms));
     }
     Ok(out)
 }

@@ -264,6 +264,92 @@ impl<'ctx> Lower<'ctx, '_> {
         Ok(())
     }
 
+    /// `prefetch_l2`: `llvm.prefetch` (read, high locality, data) of the
+    /// lines the tile's active lanes address. A contiguous or uniform strip
+    /// asks for lane 0's line and, when the strip is wider than a line, the
+    /// last lane's; other strips ask lane by lane. A prefetch never faults
+    /// and changes no value; masked-off lanes ask for nothing.
+    pub(super) fn lower_prefetch(&mut self, i: Inst) -> Result<()> {
+        let f = self.f;
+        let d = &f.insts[i];
+        let Op::Memory(MemoryOp::PrefetchL2 { has_mask }) = d.op else {
+            return Err(self.unsupported(i, "not a prefetch"));
+        };
+        let pty = f.ty(d.args[0]).clone();
+        let Elem::Ptr(dt) = pty.elem else {
+            return Err(self.unsupported(i, "a prefetch through a non-pointer"));
+        };
+        let ptr_v = d.args[0];
+        let mask_v = has_mask.then(|| d.args[1]);
+        if pty.rank() == 0 {
+            let a = self.scalar(ptr_v)?;
+            let on = match mask_v {
+                Some(m) => Some(self.scalar(m)?),
+                None => None,
+            };
+            return self.prefetch_one(a, on);
+        }
+        let n = pty.numel();
+        let lanes = self.lanes.min(n as u32).max(1);
+        let elem_bytes = dt.size_bytes().max(1) as u32;
+        self.emit_loop(self.c32(0), self.c32(n as i64), i64::from(lanes), true, |l, base| {
+            l.memo.clear();
+            let idx = Idx::affine(base, lanes);
+            let mask = match mask_v {
+                Some(m) => Some(l.eval(m, &idx)?),
+                None => None,
+            };
+            let access = l.access(ptr_v, mask_v, &pty, &idx);
+            let ptrs = l.eval(ptr_v, &idx)?;
+            let which: Vec<u32> = match access {
+                Access::Uniform => vec![0],
+                Access::Contiguous if lanes * elem_bytes > 64 => vec![0, lanes - 1],
+                Access::Contiguous => vec![0],
+                Access::Gather => (0..lanes).collect(),
+            };
+            for lane in which {
+                let a = l.lane(ptrs, lane)?;
+                let on = match mask {
+                    Some(m) => Some(l.lane(m, lane)?),
+                    None => None,
+                };
+                l.prefetch_one(a, on)?;
+            }
+            Ok(())
+        })?;
+        self.memo.clear();
+        Ok(())
+    }
+
+    /// One `llvm.prefetch` of address `a` (`i64`), under `on` when given.
+    fn prefetch_one(&mut self, a: BasicValueEnum<'ctx>, on: Option<BasicValueEnum<'ctx>>) -> Result<()> {
+        let join = match on {
+            Some(on) => {
+                let yes = self.ctx.append_basic_block(self.func, "prefetch");
+                let join = self.ctx.append_basic_block(self.func, "prefetch.end");
+                self.b.build_conditional_branch(on.into_int_value(), yes, join)?;
+                self.b.position_at_end(yes);
+                Some(join)
+            }
+            None => None,
+        };
+        let p = self.addr_ptr(a.into_int_value())?;
+        let i32t = self.ctx.i32_type();
+        // (address, read, locality 3: keep in all levels, data cache)
+        let args = [
+            p.into(),
+            i32t.const_zero().into(),
+            i32t.const_int(3, false).into(),
+            i32t.const_int(1, false).into(),
+        ];
+        self.intrinsic("llvm.prefetch", &[p.get_type().into()], &args)?;
+        if let Some(join) = join {
+            self.b.build_unconditional_branch(join)?;
+            self.b.position_at_end(join);
+        }
+        Ok(())
+    }
+
     /// Stores register values `val` of dtype `d` to `ptrs` where `mask` is set.
     fn store_lanes(
         &mut self,

@@ -283,7 +283,7 @@ impl<'ctx> Lower<'ctx, '_> {
                 );
             }
             // A cache hint with no effect on results.
-            Op::Memory(MemoryOp::PrefetchL2 { .. }) => return Ok(()),
+            Op::Memory(MemoryOp::PrefetchL2 { .. }) => return self.lower_prefetch(i),
             _ => {}
         }
         if !d.results.is_empty() && d.results.iter().all(|&r| self.plan.storage(r) == Storage::Inline) {
