@@ -73,12 +73,18 @@ use dsl_macros::{kernel, kernel_fn};
 /// `rows` rows and `k` columns: K tiles of one block (32 weights, so K
 /// never has a partial tile and every W tile row is one block's contiguous
 /// run with one scale), and as many weight rows as keep the accumulator at
-/// 1024 f32 (4 KiB, in L1 beside the tiles), at most the weight's rows.
+/// 1024 f32 for one activation row (4 KiB in L1 beside the tiles: a GEMV
+/// streams weights, and fewer, larger programs amortize each program's
+/// set-up) or 512 for several (32 strips of AVX-512, which the host backend
+/// unrolls so that LLVM keeps the accumulator in registers: a prefill's
+/// product is bound by arithmetic, not by the weights), at most the
+/// weight's rows.
 pub fn cpu_gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
     let _ = k;
     let m_block = m_block_for(m);
     let width = if format == QuantFormat::Q8_0 { 32 } else { 16 };
-    let block_n = (1024 / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
+    let acc = if m_block == 1 { 1024 } else { 512 };
+    let block_n = (acc / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
     GemvTiles { m_block, block_n, block_k: 32, num_warps: 4 }
 }
 

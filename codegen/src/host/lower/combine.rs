@@ -200,7 +200,7 @@ impl<'ctx> Lower<'ctx, '_> {
         n: usize,
     ) -> Result<()> {
         let lanes = self.lanes.min(n as u32).max(1);
-        self.emit_loop(self.c32(0), self.c32(n as i64), i64::from(lanes), true, |l, base| {
+        self.emit_strips(n, lanes, |l, base| {
             l.memo.clear();
             let x = l.eval(v, &Idx::affine(base, lanes))?;
             l.store_strip(elem, dst, base, x)

@@ -241,7 +241,7 @@ impl<'ctx> Lower<'ctx, '_> {
         }
         let n = pty.numel();
         let lanes = self.lanes.min(n as u32).max(1);
-        self.emit_loop(self.c32(0), self.c32(n as i64), i64::from(lanes), true, |l, base| {
+        self.emit_strips(n, lanes, |l, base| {
             l.memo.clear();
             let idx = Idx::affine(base, lanes);
             let val = l.eval(val_v, &idx)?;
@@ -292,7 +292,7 @@ impl<'ctx> Lower<'ctx, '_> {
         let n = pty.numel();
         let lanes = self.lanes.min(n as u32).max(1);
         let elem_bytes = dt.size_bytes().max(1) as u32;
-        self.emit_loop(self.c32(0), self.c32(n as i64), i64::from(lanes), true, |l, base| {
+        self.emit_strips(n, lanes, |l, base| {
             l.memo.clear();
             let idx = Idx::affine(base, lanes);
             let mask = match mask_v {

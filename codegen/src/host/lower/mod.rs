@@ -380,7 +380,7 @@ impl<'ctx> Lower<'ctx, '_> {
         let n = ty.numel();
         let lanes = self.lanes.min(n as u32).max(1);
         let results = d.results.clone();
-        self.emit_loop(self.c32(0), self.c32(n as i64), i64::from(lanes), true, |l, base| {
+        self.emit_strips(n, lanes, |l, base| {
             l.memo.clear();
             let idx = eval::Idx::affine(base, lanes);
             for (k, (&r, &arr)) in results.iter().zip(&arrays).enumerate() {

@@ -293,6 +293,27 @@ impl<'ctx> Lower<'ctx, '_> {
         Ok(self.b.build_cast(inkwell::values::InstructionOpcode::ZExt, v, to, "")?)
     }
 
+    /// Emits `body` for each strip of `lanes` elements of an `n`-element
+    /// tile (its base element the argument): unrolled, every strip at a
+    /// constant offset, for at most [`UNROLL_TRIPS`] strips (so LLVM keeps a
+    /// small tile carried by a loop, an accumulator, in registers rather
+    /// than in its stack array), else a loop ([`Lower::emit_loop`]).
+    pub(super) fn emit_strips(
+        &mut self,
+        n: usize,
+        lanes: u32,
+        mut body: impl FnMut(&mut Self, IntValue<'ctx>) -> Result<()>,
+    ) -> Result<()> {
+        let lanes = lanes.max(1) as usize;
+        if n.div_ceil(lanes) <= UNROLL_TRIPS {
+            for base in (0..n).step_by(lanes) {
+                body(self, self.c32(base as i64))?;
+            }
+            return Ok(());
+        }
+        self.emit_loop(self.c32(0), self.c32(n as i64), lanes as i64, true, body)
+    }
+
     /// Emits `for iv in (start..end).step_by(step)` with a body that runs at
     /// least once when `at_least_once` (the bounds are constants with
     /// `start < end`): a bottom-tested loop with an `i32` induction phi.
@@ -400,6 +421,9 @@ impl<'ctx> Lower<'ctx, '_> {
         Ok(self.b.build_int_to_ptr(a, self.ctx.ptr_type(AddressSpace::default()), "")?)
     }
 }
+
+/// The most strips [`Lower::emit_strips`] emits unrolled.
+const UNROLL_TRIPS: usize = 32;
 
 /// Sets the alignment of a load or store instruction (ignored otherwise).
 pub(super) fn set_align(v: BasicValueEnum<'_>, align: u32) {
