@@ -325,7 +325,13 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             // The residual is complete: one run of rows goes straight into
             // the LM head with the final norm in its prologue; several runs
             // are normed into `last` first (so the head reads its weight once).
-            if let [(r, j, count)] = plan.runs[..] {
+            // The CPU GEMV's prologue would recompute the norm's statistic in
+            // each of the head's programs (over a thousand), so the CPU
+            // norms into `last` first too (the same bits: the fusion gives
+            // the norm kernel's).
+            if let [(r, j, count)] = plan.runs[..]
+                && !ln.dev.cpu_gemv()
+            {
                 let out = (&s.logits, j * c.vocab_size);
                 let fuse = Fuse::Norm((&self.w.output_norm, 0), eps);
                 return self.project(
