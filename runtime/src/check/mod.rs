@@ -411,6 +411,23 @@ fn row_shape(rows: usize, cols: usize, exact: bool) -> String {
 /// padded `BLOCK`.
 const ROW_SHAPES: [(usize, usize); 5] = [(1, 1), (5, 17), (37, 1000), (64, 1024), (7, 4097)];
 
+/// The rows of a row-kernel check: `case` on every shape of [`ROW_SHAPES`],
+/// each with an exact and a padded `BLOCK`, from one random stream.
+fn over_row_shapes<D: Device>(
+    dev: &mut D,
+    seed: u64,
+    case: fn(&mut D, &mut Rng, usize, usize, bool) -> Result<CheckRow>,
+) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (rows, cols) in ROW_SHAPES {
+        for exact in [true, false] {
+            out.push(case(dev, &mut rng, rows, cols, exact)?);
+        }
+    }
+    Ok(out)
+}
+
 fn argmax_rows_case<D: Device>(
     dev: &mut D,
     rng: &mut Rng,
@@ -437,14 +454,7 @@ fn argmax_rows_case<D: Device>(
 /// The `argmax_rows` check: ragged shapes, exact and padded `BLOCK`s, exact
 /// indices (random inputs make ties improbable).
 pub fn argmax_rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for (rows, cols) in ROW_SHAPES {
-        for exact in [true, false] {
-            out.push(argmax_rows_case(dev, &mut rng, rows, cols, exact)?);
-        }
-    }
-    Ok(out)
+    over_row_shapes(dev, seed, argmax_rows_case)
 }
 
 fn cumsum_rows_case<D: Device>(
@@ -473,14 +483,7 @@ fn cumsum_rows_case<D: Device>(
 
 /// The `cumsum_rows` check: ragged shapes, exact and padded `BLOCK`s, f32.
 pub fn cumsum_rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for (rows, cols) in ROW_SHAPES {
-        for exact in [true, false] {
-            out.push(cumsum_rows_case(dev, &mut rng, rows, cols, exact)?);
-        }
-    }
-    Ok(out)
+    over_row_shapes(dev, seed, cumsum_rows_case)
 }
 
 fn layer_norm_case<D: Device>(
@@ -527,14 +530,7 @@ fn layer_norm_case<D: Device>(
 /// The `layer_norm` check: ragged shapes, exact (non-power-of-two) and padded
 /// `BLOCK`s, f32.
 pub fn layer_norm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for (rows, cols) in ROW_SHAPES {
-        for exact in [true, false] {
-            out.push(layer_norm_case(dev, &mut rng, rows, cols, exact)?);
-        }
-    }
-    Ok(out)
+    over_row_shapes(dev, seed, layer_norm_case)
 }
 
 /// Ragged `(rows, cols, num_warps)` of the RMSNorm checks: SmolLM2's hidden
