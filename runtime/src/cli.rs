@@ -443,9 +443,9 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
     /// Measure the native CPU backend instead of the GPU: the host copy rate,
-    /// copy, softmax, add+RMSNorm and Q4_1 GEMV rows in GB/s, and SmolLM2
-    /// prefill (512 tokens) and decode (128 tokens) (`--only model` for
-    /// those alone).
+    /// copy, softmax, add+RMSNorm and the CPU decode GEMVs (Q4_1, Q8_0) in
+    /// GB/s, and SmolLM2 prefill (512 tokens) and decode (128 tokens)
+    /// (`--only model` for those alone).
     #[arg(long)]
     pub host: bool,
     /// The `model` and `spec` families on the fast, batch-dependent kernels
