@@ -101,7 +101,7 @@ impl PtxCache {
         let num_warps = lines.next()?.parse().ok()?;
         // Then one line per hidden tensor-map parameter; a line that does
         // not parse makes the entry a miss (recompiled), never a wrong launch.
-        let tensor_maps = lines.map(crate::tma::TensorMapSpec::parse).collect::<Option<Vec<_>>>()?;
+        let tensor_maps = lines.map(crate::tensor_map::TensorMapSpec::parse).collect::<Option<Vec<_>>>()?;
         Some(Compiled { name, ptx, shared_bytes, num_warps, target, tensor_maps })
     }
 

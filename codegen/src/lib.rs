@@ -15,14 +15,15 @@
 //! scalars as `i32`, other scalars as themselves); block `(32 * num_warps, 1, 1)`;
 //! grid = programs; `shared_bytes` of dynamic shared memory.
 
+pub mod blocked;
 pub mod cache;
+mod dump;
 mod fnv;
+pub mod fragment;
 pub mod host;
-pub mod layout;
 mod lower;
-pub mod mma;
 pub mod target;
-pub mod tma;
+pub mod tensor_map;
 
 pub use cache::PtxCache;
 pub use target::Target;
@@ -80,8 +81,8 @@ pub struct Compiled {
     /// The architecture the PTX is for.
     pub target: Target,
     /// Hidden tensor-map parameters the launch appends after the kernel's
-    /// own, in order (see [`tma`]).
-    pub tensor_maps: Vec<tma::TensorMapSpec>,
+    /// own, in order (see [`tensor_map`]).
+    pub tensor_maps: Vec<tensor_map::TensorMapSpec>,
 }
 
 /// Every stage of one compile, as text.
@@ -89,6 +90,9 @@ pub struct Compiled {
 pub struct Dumps {
     /// The printed IR after canonicalization.
     pub ir: String,
+    /// The kernel plan (`TESSERA_DUMP=plan`): every lowering decision taken
+    /// before LLVM is emitted.
+    pub plan: String,
     /// The LLVM IR before optimization, then after `-O3`.
     pub llvm: String,
     /// The PTX.
@@ -153,14 +157,20 @@ pub fn compile_with_dumps(f: &dsl_core::Function, opts: &CompileOptions) -> Resu
     compile_inner(f, opts, true)
 }
 
-/// Which stages `DSL_DUMP` (a comma-separated list of `ir`, `llvm`, `ptx`) asks for.
-fn dump_request() -> (bool, bool, bool) {
-    let v = std::env::var("DSL_DUMP").unwrap_or_default();
-    let has = |k: &str| v.split(',').any(|s| s.trim() == k || s.trim() == "all");
-    (has("ir"), has("llvm"), has("ptx"))
+/// The kernel plan of `f` for `opts` as text (what `TESSERA_DUMP=plan`
+/// prints): `f` is verified, canonicalized and its `load_block`s expanded,
+/// as [`compile`] does, and planned; nothing is emitted.
+pub fn plan_text(f: &dsl_core::Function, opts: &CompileOptions) -> Result<String> {
+    check_options(opts)?;
+    dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
+    let mut f = f.clone();
+    dsl_core::passes::canonicalize::canonicalize(&mut f);
+    let block_loads = dsl_core::passes::block_load::expand(&mut f);
+    Ok(lower::plan::KernelPlan::build(&f, &block_loads, opts).print(&f))
 }
 
-fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> Result<(Compiled, Dumps)> {
+/// Rejects options no kernel can be compiled with.
+fn check_options(opts: &CompileOptions) -> Result<()> {
     if opts.num_warps == 0 || !opts.num_warps.is_power_of_two() || opts.num_warps > 32 {
         return Err(Error::Invalid(format!(
             "num_warps must be a power of two in 1..=32, got {}",
@@ -176,26 +186,40 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
             opts.min_programs_per_sm, opts.num_warps
         )));
     }
+    Ok(())
+}
+
+fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> Result<(Compiled, Dumps)> {
+    check_options(opts)?;
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
-    let (env_ir, env_llvm, env_ptx) = dump_request();
+    let env = dump::DumpRequest::from_env();
+    let (env_ir, env_plan, env_llvm, env_ptx) =
+        (env.has("ir"), env.has("plan"), env.has("llvm"), env.has("ptx"));
     let mut dumps = Dumps::default();
     if want || env_ir {
         dumps.ir = dsl_core::print::print(&f);
         if env_ir {
-            eprintln!("// ---- DSL_DUMP ir: {} ----\n{}", f.name, dumps.ir);
+            dump::print("ir", &f.name, &dumps.ir);
         }
     }
     // `load_block`s become ordinary masked loads; the lowering copies the
     // ones it can with TMA instead (see `tma`).
     let block_loads = dsl_core::passes::block_load::expand(&mut f);
+    let plan = lower::plan::KernelPlan::build(&f, &block_loads, opts);
+    if want || env_plan {
+        dumps.plan = plan.print(&f);
+        if env_plan {
+            dump::print("plan", &f.name, &dumps.plan);
+        }
+    }
     let tm = target::target_machine(opts.target)?;
     let ctx = Context::create();
     let module = ctx.create_module(&f.name);
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
-    let lowered = lower::lower_function(&ctx, &module, &f, &block_loads, opts)?;
+    let lowered = lower::lower_planned(&ctx, &module, &f, &plan)?;
     if want || env_llvm {
         dumps.llvm = format!("; ---- before optimization ----\n{}", module.print_to_string().to_string());
     }
@@ -206,7 +230,7 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
     if want || env_llvm {
         dumps.llvm.push_str(&format!("\n; ---- after O3 ----\n{}", module.print_to_string().to_string()));
         if env_llvm {
-            eprintln!("// ---- DSL_DUMP llvm: {} ----\n{}", f.name, dumps.llvm);
+            dump::print("llvm", &f.name, &dumps.llvm);
         }
     }
     let buf = tm
@@ -214,7 +238,7 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
         .map_err(|e| Error::Llvm(format!("PTX emission: {}", e.to_string())))?;
     let ptx = String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string();
     if env_ptx {
-        eprintln!("// ---- DSL_DUMP ptx: {} ----\n{}", f.name, ptx);
+        dump::print("ptx", &f.name, &ptx);
     }
     if want {
         dumps.ptx = ptx.clone();

@@ -973,7 +973,7 @@ fn dot_shapes() {
         for dtype in [DType::BF16, DType::F16] {
             for b_nk in [false, true] {
                 let f = dot_kernel(m, n, kk, dtype, b_nk).unwrap();
-                let want = codegen::mma::MmaLayout::choose(m, n, kk, w as usize).is_some();
+                let want = codegen::fragment::MmaLayout::choose(m, n, kk, w as usize).is_some();
                 for t in [Target::Sm80, Target::Sm90a] {
                     let opts = options(t, w, STAGES);
                     let c = compile(&f, &opts).unwrap_or_else(|e| panic!("{m}x{n}x{kk} w{w}: {e}"));
@@ -1624,3 +1624,6 @@ fn batch_invariant_kernels_share_instructions() {
         }
     }
 }
+
+// The kernel-plan snapshot tests share this binary (each test binary links LLVM).
+mod plan;

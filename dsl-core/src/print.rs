@@ -27,6 +27,15 @@ pub fn print(f: &Function) -> String {
     Printer::new(f, false).run()
 }
 
+/// The names [`print`] gives `f`'s values (`%x_ptr`, `%12`), so that other
+/// dumps of the same function (the code generator's plan) can name values
+/// as the printed IR does.
+pub fn value_names(f: &Function) -> FxHashMap<Value, String> {
+    let mut p = Printer::new(f, false);
+    p.render();
+    p.names
+}
+
 /// Prints `f` with a `loc(...)` on every op.
 pub fn print_with_locs(f: &Function) -> String {
     Printer::new(f, true).run()
@@ -83,6 +92,11 @@ impl<'a> Printer<'a> {
     }
 
     fn run(mut self) -> String {
+        self.render();
+        self.out
+    }
+
+    fn render(&mut self) {
         let f = self.f;
         let _ = write!(self.out, "kernel @{}(", f.name);
         for (i, p) in f.params.iter().enumerate() {
@@ -104,7 +118,6 @@ impl<'a> Printer<'a> {
         let body = f.body_block();
         self.block_body(body, 1);
         self.out.push_str("}\n");
-        self.out
     }
 
     fn block_body(&mut self, b: Block, indent: usize) {

@@ -238,9 +238,7 @@ impl Verifier<'_> {
     }
 
     fn check_if(&mut self, i: Inst, args: &[Type], results: &[Type]) {
-        if let Err(m) = self.f.insts[i].op.infer(args)
-            && !m.contains("declared")
-        {
+        if let Err(m) = ControlOp::check_if_operands(args) {
             self.err(Some(i), m);
         }
         self.check_region(i, 0, &[], ControlOp::Yield, results);

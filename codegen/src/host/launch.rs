@@ -87,8 +87,8 @@ impl HostKernel {
         // the lowering defines with exactly the `Entry` signature; the JIT
         // keeps the code mapped for the life of the process.
         let entry: Entry = unsafe { std::mem::transmute::<usize, Entry>(addr) };
-        if super::dump_request()[4] {
-            eprintln!("// ---- DSL_DUMP obj: {} linked at {addr:#x} ----", obj.symbol);
+        if crate::dump::DumpRequest::from_env().has("obj") {
+            eprintln!("// ---- TESSERA_DUMP obj: {} linked at {addr:#x} ----", obj.symbol);
         }
         Ok(HostKernel {
             name: obj.name.clone(),

@@ -90,15 +90,6 @@ pub fn compile_with_dumps(
     compile_inner(f, target, symbol, true)
 }
 
-/// Which stages `DSL_DUMP` (comma-separated `ir`, `plan`, `llvm`, `asm`,
-/// `obj`) asks for; `obj` writes each object to the temporary directory
-/// and prints where its entry was linked (for profilers).
-fn dump_request() -> [bool; 5] {
-    let v = std::env::var("DSL_DUMP").unwrap_or_default();
-    let has = |k: &str| v.split(',').any(|s| s.trim() == k || s.trim() == "all");
-    [has("ir"), has("plan"), has("llvm"), has("asm"), has("obj")]
-}
-
 fn compile_inner(
     f: &Function,
     target: &HostTarget,
@@ -108,12 +99,16 @@ fn compile_inner(
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
-    let [env_ir, env_plan, env_llvm, env_asm, env_obj] = dump_request();
+    // `obj` writes each object to the temporary directory and prints where
+    // its entry was linked (for profilers).
+    let env = crate::dump::DumpRequest::from_env();
+    let [env_ir, env_plan, env_llvm, env_asm, env_obj] =
+        ["ir", "plan", "llvm", "asm", "obj"].map(|k| env.has(k));
     let mut dumps = HostDumps::default();
     if want || env_ir {
         dumps.ir = dsl_core::print::print(&f);
         if env_ir {
-            eprintln!("// ---- DSL_DUMP ir: {} ----\n{}", f.name, dumps.ir);
+            crate::dump::print("ir", &f.name, &dumps.ir);
         }
     }
     dsl_core::passes::block_load::expand(&mut f);
@@ -122,7 +117,7 @@ fn compile_inner(
     if want || env_plan {
         dumps.plan = plan::print(&f, &storage);
         if env_plan {
-            eprintln!("// ---- DSL_DUMP plan: {} ----\n{}", f.name, dumps.plan);
+            crate::dump::print("plan", &f.name, &dumps.plan);
         }
     }
     let tm = target::target_machine(target)?;
@@ -141,7 +136,7 @@ fn compile_inner(
     if want || env_llvm {
         dumps.llvm.push_str(&format!("\n; ---- after O3 ----\n{}", module.print_to_string().to_string()));
         if env_llvm {
-            eprintln!("// ---- DSL_DUMP llvm: {} ----\n{}", f.name, dumps.llvm);
+            crate::dump::print("llvm", &f.name, &dumps.llvm);
         }
     }
     if want || env_asm {
@@ -150,7 +145,7 @@ fn compile_inner(
             .map_err(|e| Error::Llvm(format!("host assembly: {}", e.to_string())))?;
         dumps.asm = String::from_utf8_lossy(asm.as_slice()).trim_end_matches('\0').to_string();
         if env_asm {
-            eprintln!("// ---- DSL_DUMP asm: {} ----\n{}", f.name, dumps.asm);
+            crate::dump::print("asm", &f.name, &dumps.asm);
         }
     }
     let obj = tm
@@ -159,7 +154,7 @@ fn compile_inner(
     if env_obj {
         let path = std::env::temp_dir().join(format!("{symbol}.o"));
         if std::fs::write(&path, obj.as_slice()).is_ok() {
-            eprintln!("// ---- DSL_DUMP obj: {} -> {} ----", f.name, path.display());
+            eprintln!("// ---- TESSERA_DUMP obj: {} -> {} ----", f.name, path.display());
         }
     }
     let object = HostObject {

@@ -3,7 +3,7 @@
 //! branch with phis at the merge; `while` becomes a header running the
 //! "before" region, a conditional exit, and the "after" region as the body.
 //!
-//! Carried values keep the layouts `layouts.rs` assigned them (a `for`'s
+//! Carried values keep the layouts `assign.rs` assigned them (a `for`'s
 //! initial values are converted before the loop, the values a region yields
 //! at its end), and a `for` loads the A fragments of loop-invariant `dot`
 //! operands before the loop (`dot/plan.rs`) and forgets them after it.
@@ -12,11 +12,10 @@
 //! barriers inside regions stay uniform. A `for` whose bounds are signed
 //! compares signed, unsigned types compare unsigned.
 
-use super::layouts::a_from_regs;
 use super::pipeline::{PendingIssue, PipeLoop};
 use super::{Lowerer, Regs};
 use crate::Result;
-use crate::mma::Lay;
+use crate::fragment::RegLayout;
 use dsl_core::ir::ops::ControlOp;
 use dsl_core::ir::{Inst, Region, Value};
 use inkwell::IntPredicate;
@@ -85,7 +84,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     fn for_iteration(
         &mut self,
         sh: &ForShape<'_, 'ctx>,
-        lays: &[Lay],
+        lays: &[RegLayout],
         it: ForIter<'ctx>,
     ) -> Result<ForIter<'ctx>> {
         let (ivv, step, ub, signed) = (it.iv, sh.step, sh.ub, sh.signed);
@@ -142,7 +141,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             // An `mma.sync` GEMM's loop leaves the copies to follow its
             // `dot`'s `mma`s (`pipeline::PendingIssue`).
             if pl.issue_after.is_some() {
-                self.pipe_pending = Some(PendingIssue {
+                self.loops.pipe_pending = Some(PendingIssue {
                     pl: pl.clone(),
                     iv_arg: sh.iv_arg,
                     iv: ivn.into(),
@@ -158,10 +157,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let vf = self.iv_less(signed, ivf, ub)?;
             fed_next = self.pipe_feed(pl, sh.iv_arg, ivf.into(), vf)?;
             for ld in &pl.loads {
-                self.pipe_stage.insert(ld.load, (rs, ld.ring_off, ld.stage_bytes));
+                self.loops.pipe_stage.insert(ld.load, (rs, ld.ring_off, ld.stage_bytes));
             }
             for a in &pl.a_stages {
-                self.pipe_stage.insert(a.dot, (rs, a.ring_off, a.stage_bytes));
+                self.loops.pipe_stage.insert(a.dot, (rs, a.ring_off, a.stage_bytes));
             }
             let inc = self.b.build_int_add(rs, self.i32c(1), "")?;
             let wrap = self.b.build_int_compare(IntPredicate::EQ, inc, self.i32c(s as i64), "")?;
@@ -198,7 +197,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let step = self.regs(args[2])?[0].into_int_value();
                 // Carried values enter the layouts their body arguments have.
                 let body_args = self.f.blocks[self.f.entry(regions[0])].args.clone();
-                let lays: Vec<Lay> = body_args[1..].iter().map(|&b| self.lays.lay(b)).collect();
+                let lays: Vec<RegLayout> = body_args[1..].iter().map(|&b| self.plan.lays.lay(b)).collect();
                 let mut init: Vec<Regs<'ctx>> = Vec::with_capacity(lays.len());
                 for (&a, &lay) in args[3..].iter().zip(&lays) {
                     init.push(self.regs_as(a, lay)?);
@@ -207,7 +206,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 // an iteration: on a path that skips it, ptxas would see the
                 // initial accumulators' moves inside the exit's `wgmma`
                 // pipeline stage and serialize every `wgmma` (C7515).
-                let guard = match self.pipe.loops.get(&inst) {
+                let guard = match self.plan.pipe.loops.get(&inst) {
                     Some(pl) if pl.deferred() => {
                         let lbi = lb.into_int_value();
                         let runs = self.iv_less(signed, lbi, ub)?;
@@ -221,68 +220,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     _ => None,
                 };
                 // Carried row sums enter as per-lane partials (`partial.rs`).
-                let partial = self.partials.carried.get(&inst).cloned().unwrap_or_default();
+                let partial = self.plan.partials.carried.get(&inst).cloned().unwrap_or_default();
                 for &k in &partial {
                     init[k] = self.quad_partials(&init[k])?;
                 }
                 // Loop-invariant `dot` operands become A fragments here
-                // (unless they are in registers already or reside in shared
-                // memory, `Pipeline::resident`).
-                let hoisted: Vec<_> = self
-                    .mma
-                    .hoisted
-                    .get(&inst)
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|(v, l)| {
-                        !a_from_regs(self.lays.lay(*v), l)
-                            && !self.pipe.resident.contains_key(v)
-                            && !self.pipe.mma_resident.contains_key(v)
-                    })
-                    .collect();
+                // (`KernelPlan::hoist`).
+                let hoisted = self.plan.hoist.get(&inst).cloned().unwrap_or_default();
                 for &(v, l) in &hoisted {
                     self.hoist_a(v, &l)?;
                 }
                 // Pipelined `dot` operands: the prologue copies the first
                 // `S - 1` iterations' tiles (see `pipeline/`).
-                let pipe = self.pipe.loops.get(&inst).cloned();
+                let pipe = self.plan.pipe.loops.get(&inst).cloned();
                 let iv_arg = body_args[0];
                 let lbi = lb.into_int_value();
                 let mut fed0: Vec<Regs<'ctx>> = Vec::new();
                 if let Some(pl) = &pipe {
-                    // The rings overlap the scratch region used outside
-                    // pipelined loops: every thread must be done reading it
-                    // before the first copies land.
-                    self.barrier()?;
-                    self.in_pipeline += 1;
-                    if pl.bars.is_some() {
-                        // The TMA loads' stage mbarriers (`tma.rs`).
-                        self.mbar_init(pl)?;
-                        self.barrier()?;
-                    }
-                    let at = |lw: &Self, j: usize| -> Result<IntValue<'ctx>> {
-                        let jj = step.get_type().const_int(j as u64, false);
-                        Ok(lw.b.build_int_add(lbi, lw.b.build_int_mul(step, jj, "")?, "")?)
-                    };
-                    for j in 0..pl.ahead {
-                        let ivj = at(self, j)?;
-                        let valid = self.iv_less(signed, ivj, ub)?;
-                        self.pipe_issue(
-                            pl,
-                            iv_arg,
-                            ivj.into(),
-                            valid,
-                            self.i32c(j as i64),
-                            None,
-                            None,
-                            false,
-                        )?;
-                    }
-                    // The slice's loads of the first iteration the loop copies for.
-                    let ivf = at(self, pl.ahead)?;
-                    let valid = self.iv_less(signed, ivf, ub)?;
-                    fed0 = self.pipe_feed(pl, iv_arg, ivf.into(), valid)?;
+                    fed0 = self.pipe_prologue(pl, iv_arg, lbi, step, ub, signed)?;
                 }
                 let pre = self.cur_block()?;
                 let head = self.ctx.append_basic_block(self.func, "for.head");
@@ -366,7 +321,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 if let Some(&y) = self.f.blocks[body_block].insts.last() {
                     let deferred: Vec<usize> = (self.f.insts[y].args.iter().enumerate())
                         .filter(|(_, v)| {
-                            self.f.def_inst(**v).is_some_and(|d| self.pipe.deferred.contains(&d))
+                            self.f.def_inst(**v).is_some_and(|d| self.plan.pipe.deferred.contains(&d))
                         })
                         .map(|(i, _)| i)
                         .collect();
@@ -375,26 +330,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                 }
                 if let Some(pl) = &pipe {
-                    // Hand the ring region over: no copy in flight, no reader
-                    // left (every TMA box issued was waited for in its iteration).
-                    if pl.cp_async() {
-                        self.pipe_wait(0)?;
-                    }
-                    self.barrier()?;
-                    if pl.bars.is_some() {
-                        self.mbar_inval(pl)?;
-                    }
-                    self.in_pipeline -= 1;
-                    for ld in &pl.loads {
-                        self.pipe_stage.remove(&ld.load);
-                    }
-                    for a in &pl.a_stages {
-                        self.pipe_stage.remove(&a.dot);
-                    }
+                    self.pipe_epilogue(pl)?;
                 }
                 // The fragments dominate only this loop: later `dot`s stage again.
                 for key in &hoisted {
-                    self.afrags.remove(key);
+                    self.loops.afrags.remove(key);
                 }
                 if let Some((from, join, init)) = guard {
                     let end = self.cur_block()?;
@@ -415,7 +355,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let merge = self.ctx.append_basic_block(self.func, "if.end");
                 self.b.build_conditional_branch(c, then_bb, else_bb)?;
                 self.b.position_at_end(then_bb);
-                let want: Vec<Lay> = results.iter().map(|&r| self.lays.lay(r)).collect();
+                let want: Vec<RegLayout> = results.iter().map(|&r| self.plan.lays.lay(r)).collect();
                 let tv = self.lower_region_as(regions[0], &[], &want)?;
                 let tend = self.cur_block()?;
                 self.b.build_unconditional_branch(merge)?;

@@ -1,11 +1,11 @@
 //! Conversions between the blocked layout and the tensor-core layouts
-//! ([`Lay::Mma`], [`Lay::Row`]) through shared memory, and the padded
+//! ([`RegLayout::Mma`], [`RegLayout::Row`]) through shared memory, and the padded
 //! staging helpers they share with the tensor-core `dot`.
 //!
 //! An `[M, N]` tile is exchanged as a row-major `[M, N + ROW_PAD]` array of
 //! its memory type (`i1` as a byte): blocked chunks are written and read as
 //! vectors of at most 16 bytes, accumulator registers as pairs (two adjacent
-//! columns). A transposed accumulator ([`Lay::MmaT`], `[N, M]`) is exchanged
+//! columns). A transposed accumulator ([`RegLayout::MmaT`], `[N, M]`) is exchanged
 //! as `[N, M + 16 bytes]`, its registers one by one (a pair of adjacent
 //! columns of the accumulator is two rows here). A row vector is exchanged as a plain `[M]` array; every thread
 //! that holds a row writes it (replicas write the same value).
@@ -16,8 +16,8 @@
 
 use super::{Lowerer, Regs, mem_type};
 use crate::Result;
-use crate::layout::Layout;
-use crate::mma::{Lay, MmaLayout, ROW_PAD, RowLayout};
+use crate::blocked::BlockedLayout;
+use crate::fragment::{MmaLayout, ROW_PAD, RegLayout, RowLayout};
 use dsl_core::dtype::{DType, Elem, Type};
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
@@ -33,21 +33,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         ty: &Type,
         regs: &[BasicValueEnum<'ctx>],
-        lay: Lay,
+        lay: RegLayout,
     ) -> Result<Regs<'ctx>> {
         let d = ty.dtype();
         let bytes = u64::from(super::elem_bytes(ty.elem));
         let lb = self.layout(ty);
         match lay {
-            Lay::Blocked => Ok(regs.to_vec()),
-            Lay::Mma(l) => {
+            RegLayout::Blocked => Ok(regs.to_vec()),
+            RegLayout::Mma(l) => {
                 let smem = self.smem(((l.m * (l.n + ROW_PAD)) as u64) * bytes)?;
                 self.barrier()?;
                 self.stage_padded(smem, 0, &lb, regs, l.n, d)?;
                 self.barrier()?;
                 self.mma_read(smem, 0, &l, d)
             }
-            Lay::MmaT(l) => {
+            RegLayout::MmaT(l) => {
                 let pad = (16 / bytes) as usize;
                 let smem = self.smem(((l.n * (l.m + pad)) as u64) * bytes)?;
                 self.barrier()?;
@@ -55,7 +55,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.barrier()?;
                 self.mma_t_access(smem, &l, pad, d, None)
             }
-            Lay::Row(r) => {
+            RegLayout::Row(r) => {
                 let et = self.mem_ty(d);
                 let smem = self.smem(r.m as u64 * bytes)?;
                 self.barrier()?;
@@ -83,21 +83,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         ty: &Type,
         regs: &[BasicValueEnum<'ctx>],
-        lay: Lay,
+        lay: RegLayout,
     ) -> Result<Regs<'ctx>> {
         let d = ty.dtype();
         let bytes = u64::from(super::elem_bytes(ty.elem));
         let lb = self.layout(ty);
         match lay {
-            Lay::Blocked => Ok(regs.to_vec()),
-            Lay::Mma(l) => {
+            RegLayout::Blocked => Ok(regs.to_vec()),
+            RegLayout::Mma(l) => {
                 let smem = self.smem(((l.m * (l.n + ROW_PAD)) as u64) * bytes)?;
                 self.barrier()?;
                 self.mma_write(smem, 0, &l, regs, d)?;
                 self.barrier()?;
                 self.load_padded(smem, 0, &lb, l.n, d)
             }
-            Lay::MmaT(l) => {
+            RegLayout::MmaT(l) => {
                 let pad = (16 / bytes) as usize;
                 let smem = self.smem(((l.n * (l.m + pad)) as u64) * bytes)?;
                 self.barrier()?;
@@ -105,7 +105,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.barrier()?;
                 self.load_padded_at(smem, 0, &lb, l.m, pad, d)
             }
-            Lay::Row(r) => {
+            RegLayout::Row(r) => {
                 let et = self.mem_ty(d);
                 let smem = self.smem(r.m as u64 * bytes)?;
                 self.barrier()?;
@@ -240,7 +240,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// Writes (`regs` given) or reads the registers of the transposed
-    /// accumulator layout [`Lay::MmaT`] of `l` (dtype `d`) to or from a
+    /// accumulator layout [`RegLayout::MmaT`] of `l` (dtype `d`) to or from a
     /// row-major `[l.n, l.m + pad]` array: register `(r, c)` of `l` is
     /// element `(c, r)`, one scalar access each. With `pad` 16 bytes and
     /// `l.m` a multiple of 32 words, the 32 lanes of one access hit 32
@@ -287,7 +287,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// only).
     pub(super) fn chunk_index(
         &self,
-        l: &Layout,
+        l: &BlockedLayout,
         base: IntValue<'ctx>,
         slot: usize,
         cols: usize,
@@ -321,7 +321,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// `[rows, cols]` tile whose rows are padded by `pad` elements.
     fn padded_index(
         &self,
-        l: &Layout,
+        l: &BlockedLayout,
         base: IntValue<'ctx>,
         slot: usize,
         cols: usize,
@@ -335,7 +335,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Elements per piece (at most 16 bytes) that one chunk of `l` of dtype
     /// `d` is moved in.
-    pub(super) fn piece(l: &Layout, d: DType) -> usize {
+    pub(super) fn piece(l: &BlockedLayout, d: DType) -> usize {
         let bytes = super::elem_bytes(Elem::Scalar(d)) as usize;
         l.spt.min(16 / bytes).max(1)
     }
@@ -346,7 +346,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,
-        l: &Layout,
+        l: &BlockedLayout,
         regs: &[BasicValueEnum<'ctx>],
         cols: usize,
         d: DType,
@@ -360,7 +360,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,
-        l: &Layout,
+        l: &BlockedLayout,
         regs: &[BasicValueEnum<'ctx>],
         cols: usize,
         pad: usize,
@@ -375,7 +375,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(super) fn stage_atoms(
         &mut self,
         smem: PointerValue<'ctx>,
-        l: &Layout,
+        l: &BlockedLayout,
         regs: &[BasicValueEnum<'ctx>],
         rows: usize,
         cols: usize,
@@ -392,7 +392,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,
-        l: &Layout,
+        l: &BlockedLayout,
         regs: &[BasicValueEnum<'ctx>],
         d: DType,
         index: impl Fn(&Self, IntValue<'ctx>, usize) -> Result<IntValue<'ctx>>,
@@ -421,7 +421,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,
-        l: &Layout,
+        l: &BlockedLayout,
         cols: usize,
         d: DType,
     ) -> Result<Regs<'ctx>> {
@@ -433,7 +433,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,
-        l: &Layout,
+        l: &BlockedLayout,
         cols: usize,
         pad: usize,
         d: DType,

@@ -35,7 +35,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
             DebugOp::Assert { message } => {
                 let cond = self.regs(self.args(inst)[0])?;
-                if !self.pipe.wgmma.is_empty() {
+                if !self.plan.pipe.wgmma.is_empty() {
                     // A call anywhere in the kernel makes ptxas serialize
                     // every `wgmma` (C7510), so these asserts trap without
                     // their message (the interpreter reports it).

@@ -1,14 +1,13 @@
-//! The kernel's entry: the planning passes that run before any lowering
-//! (tensor-core plan, pipeline, resident operands, layouts, partial row
-//! sums), the LLVM function with its parameters (hidden tensor maps last,
+//! The kernel's entry: its plan (`plan.rs`, built before any LLVM is
+//! emitted), the LLVM function with its parameters (hidden tensor maps last,
 //! as 128-byte grid constants), its `nvvm.annotations` (`maxntid`, the
 //! occupancy hint), and the lowering of the body.
 
-use super::{Lowerer, PTX_KERNEL_CC, dot, layouts, partial, pipeline, reg_type};
-use crate::{CompileOptions, Error, Result};
+use super::plan::KernelPlan;
+use super::{LoopState, Lowerer, PTX_KERNEL_CC, reg_type};
+use crate::{Error, Result};
 use dsl_core::Function;
 use dsl_core::dtype::{DType, Elem};
-use dsl_core::ir::Inst;
 use inkwell::AddressSpace;
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
@@ -21,43 +20,18 @@ pub(crate) struct Lowered {
     /// Dynamic shared memory in bytes.
     pub smem_bytes: u32,
     /// The hidden tensor-map parameters after the author's, in order.
-    pub tensor_maps: Vec<crate::tma::TensorMapSpec>,
+    pub tensor_maps: Vec<crate::tensor_map::TensorMapSpec>,
 }
 
-/// Lowers `f` into `module` as a kernel (its `load_block`s expanded into the
-/// loads of `blocks`, see `dsl_core::passes::block_load`); returns what its
-/// launch needs.
-pub(crate) fn lower_function<'ctx>(
+/// Lowers `f` (canonicalized, its `load_block`s expanded) into `module` as
+/// a kernel, as `plan` decided; returns what its launch needs.
+pub(crate) fn lower_planned<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     f: &Function,
-    blocks: &FxHashMap<Inst, dsl_core::passes::block_load::BlockLoad>,
-    opts: &CompileOptions,
+    plan: &KernelPlan,
 ) -> Result<Lowered> {
-    let threads = 32 * opts.num_warps as usize;
-    let axis = dsl_core::passes::axis::analyze(f);
-    // The narrowest element any load or store moves decides how many elements a
-    // chunk may hold, so that accesses can be 16 bytes wide.
-    let mut min_bytes = 4usize;
-    f.walk(|i| {
-        if let dsl_core::Op::Memory(
-            dsl_core::ir::ops::MemoryOp::Load { .. } | dsl_core::ir::ops::MemoryOp::Store { .. },
-        ) = &f.insts[i].op
-            && let Some(&p) = f.insts[i].args.first()
-        {
-            let d = f.ty(p).dtype();
-            if d != dsl_core::DType::I1 {
-                min_bytes = min_bytes.min(d.size_bytes());
-            }
-        }
-    });
-    let spt_cap = crate::layout::spt_cap_for(min_bytes);
-    let stages = opts.num_stages.max(1) as usize;
-    let mut mma = dot::plan::plan(f, threads / 32, opts.target, stages);
-    let mut pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages);
-    // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
-    mma.settle_wgmma(f, &pipe.wgmma);
-    dot::resident::plan(f, &mma, &mut pipe, threads);
+    let threads = plan.threads;
     let mut params: Vec<BasicMetadataTypeEnum<'ctx>> = Vec::new();
     for p in &f.params {
         let ty = f.ty(p.value);
@@ -69,8 +43,8 @@ pub(crate) fn lower_function<'ctx>(
         }
         params.push(param_type(ctx, ty.elem).into());
     }
-    // Hidden tensor-map parameters: 128-byte grid constants (`crate::tma`).
-    let ntm = pipe.tensor_maps.len();
+    // Hidden tensor-map parameters: 128-byte grid constants (`crate::tensor_map`).
+    let ntm = plan.pipe.tensor_maps.len();
     for _ in 0..ntm {
         params.push(ctx.ptr_type(AddressSpace::default()).into());
     }
@@ -79,22 +53,7 @@ pub(crate) fn lower_function<'ctx>(
     func.set_call_conventions(PTX_KERNEL_CC);
     let tstr = threads.to_string();
     func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute("nvvm.maxntid", &tstr));
-    // `.minnctapersm`: the config's occupancy hint
-    // (`CompileOptions::min_programs_per_sm`) when it gives one. Without
-    // it, a loop that dequantizes `wgmma`'s A operand into a large
-    // accumulator while the previous group runs (`Pipeline::body_forms_a`)
-    // is built for one program per SM, as CUTLASS's Hopper kernels
-    // declare, so ptxas schedules for registers rather than for more
-    // programs (the stream-K GEMM with one program per tile at M256
-    // N14336: 84.7 us without, 78.0 with, on two H100s). Other kernels keep
-    // ptxas's choice: the swapped 64 x 64 dequant tile relies on its extra
-    // programs per SM (61.1 us with the directive, 56.5 without). The hint
-    // goes the other way too: FlashAttention's 64 x 128 tile at head dim
-    // 64 asks for three programs (ptxas alone picks 173-178 registers, two).
-    let min_ctas = match opts.min_programs_per_sm {
-        0 => pipe.body_forms_a.then_some(1u64),
-        n => Some(u64::from(n)),
-    };
+    let min_ctas = plan.min_ctas;
     if let Some(n) = min_ctas {
         func.add_attribute(
             AttributeLoc::Function,
@@ -136,32 +95,17 @@ pub(crate) fn lower_function<'ctx>(
         b,
         func,
         f,
-        axis,
+        plan,
         vals: FxHashMap::default(),
-        threads,
-        spt_cap,
         tid: i32t.const_zero(),
         smem: None,
         smem_bytes: 0,
-        smem_floor: 0,
-        in_pipeline: 0,
-        pipe,
-        pipe_stage: FxHashMap::default(),
-        pipe_pending: None,
-        extra_pred: None,
-        mma,
-        lays: layouts::Assignment::default(),
-        partials: partial::Partials::default(),
+        loops: LoopState::default(),
         blocked: FxHashMap::default(),
         overrides: FxHashMap::default(),
-        afrags: FxHashMap::default(),
-        wgmma_pending: Vec::new(),
-        opts: *opts,
+        opts: plan.opts,
         tmaps: Vec::new(),
     };
-    lw.lays = layouts::assign(f, &lw.mma);
-    lw.partials = partial::plan(f, &lw.lays);
-    lw.smem_floor = lw.pipe.resident_bytes + lw.pipe.ring_bytes;
     lw.tid = lw.sreg("llvm.nvvm.read.ptx.sreg.tid.x")?;
     for (i, p) in f.params.iter().enumerate() {
         let pv =
@@ -185,7 +129,7 @@ pub(crate) fn lower_function<'ctx>(
     }
     lw.lower_block(f.body_block())?;
     lw.b.build_return(None)?;
-    let tensor_maps = lw.pipe.tensor_maps.clone();
+    let tensor_maps = plan.pipe.tensor_maps.clone();
     Ok(Lowered { smem_bytes: lw.smem_bytes, tensor_maps })
 }
 

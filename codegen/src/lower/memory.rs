@@ -30,7 +30,7 @@
 //! load the tile: `dequant::gemm`'s stream-K fix-up).
 
 use super::{Lowerer, Regs, elem_bytes, mem_type};
-use crate::layout::Layout;
+use crate::blocked::BlockedLayout;
 use crate::{Error, Result};
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
@@ -46,14 +46,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &self,
         ptr: dsl_core::Value,
         mask: Option<dsl_core::Value>,
-        l: &Layout,
+        l: &BlockedLayout,
     ) -> usize {
         let ty = self.f.ty(ptr);
         if ty.rank() == 0 {
             return 1;
         }
         let bytes = elem_bytes(Elem::Scalar(ty.dtype()));
-        let w = self.axis.masked_vector_width(ptr, mask, ty.rank() - 1, bytes) as usize;
+        let w = self.plan.axis.masked_vector_width(ptr, mask, ty.rank() - 1, bytes) as usize;
         w.clamp(1, l.spt)
     }
 
@@ -66,7 +66,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         ptr: dsl_core::Value,
         mask: Option<dsl_core::Value>,
         other: Option<dsl_core::Value>,
-        l: &Layout,
+        l: &BlockedLayout,
     ) -> usize {
         let ty = self.f.ty(ptr);
         let Some(&last) = ty.shape.last() else {
@@ -74,7 +74,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         };
         let dim = ty.rank() - 1;
         let run = |v: dsl_core::Value| -> usize {
-            let info = self.axis.get(v);
+            let info = self.plan.axis.get(v);
             if self.f.ty(v).rank() == 0 {
                 return usize::MAX;
             }
@@ -265,9 +265,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let l = self.layout(&pty);
         // The synchronisation ops are lowered by `sync.rs`.
         match *op {
-            MemoryOp::Load { order: Some(o), has_mask, has_other, .. } => {
-                return self.lower_ordered_load(inst, o, has_mask, has_other);
-            }
+            MemoryOp::Load { order: Some(o), .. } => return self.lower_ordered_load(inst, o),
             MemoryOp::Store { order: Some(o), has_mask, .. } => {
                 return self.lower_ordered_store(inst, o, has_mask);
             }
@@ -279,16 +277,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let p = self.regs(ptr)?;
         match *op {
-            MemoryOp::Load { has_mask, has_other, volatile, cache, evict, order: None } => {
+            MemoryOp::Load { volatile, cache, evict, order: None, .. } => {
                 let hints = load_qualifiers(cache, evict);
-                let mask = if has_mask { Some(args[1]) } else { None };
+                let ops = op.load_operands(&args).ok_or_else(|| self.bug(inst, "load operands"))?;
+                let mask = ops.mask;
                 let w = self.access_width(ptr, mask, &l);
                 let m = match mask {
                     Some(m) => Some(self.regs(m)?),
                     None => None,
                 };
                 // The pipeline's prefetch of a possibly missing iteration.
-                let m = match (m, self.extra_pred) {
+                let m = match (m, self.loops.extra_pred) {
                     (Some(m), Some(x)) => Some(
                         m.iter()
                             .map(|v| Ok(self.b.build_and(v.into_int_value(), x, "")?.into()))
@@ -297,19 +296,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     (None, Some(x)) => Some(vec![x.into(); p.len()]),
                     (m, None) => m,
                 };
-                let other: Regs<'ctx> = if has_other {
-                    self.regs(args[2])?
+                let other: Regs<'ctx> = if let Some(o) = ops.other {
+                    self.regs(o)?
                 } else {
                     vec![self.const_scalar(dsl_core::Scalar::zero(d)); p.len()]
                 };
                 // Runs of equal addresses (a gather whose pointer repeats
                 // along the last axis, e.g. a block-table entry per token
                 // broadcast over a page) load once per run.
-                let same = if w == 1 && !volatile {
-                    self.equal_run(ptr, mask, has_other.then(|| args[2]), &l)
-                } else {
-                    1
-                };
+                let same = if w == 1 && !volatile { self.equal_run(ptr, mask, ops.other, &l) } else { 1 };
                 let mut out = Vec::with_capacity(p.len());
                 if same > 1 {
                     for s in (0..p.len()).step_by(same) {
@@ -437,7 +432,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// The CTA barrier after an atomic with acquire semantics, unless the
     /// broadcast of its replicated result (`owners_to_replicas`) had one.
-    fn order_after_atomic(&self, sem: MemSem, l: &Layout) -> Result<()> {
+    fn order_after_atomic(&self, sem: MemSem, l: &BlockedLayout) -> Result<()> {
         if matches!(sem, MemSem::Acquire | MemSem::AcqRel) && !l.replicated() {
             self.barrier()?;
         }
@@ -446,7 +441,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Replaces replicas' registers with the owners' values (through shared
     /// memory); identity when `l` has no replicas.
-    pub fn owners_to_replicas(&mut self, l: &Layout, e: Elem, regs: Regs<'ctx>) -> Result<Regs<'ctx>> {
+    pub fn owners_to_replicas(&mut self, l: &BlockedLayout, e: Elem, regs: Regs<'ctx>) -> Result<Regs<'ctx>> {
         if !l.replicated() {
             return Ok(regs);
         }

@@ -2,10 +2,10 @@
 //! per-thread registers and lowers regions op by op (one file per op family).
 //!
 //! Invariants:
-//! - A value of type `T` lowers to `Layout::with_cap(numel(T), threads, spt_cap).regs()` LLVM
+//! - A value of type `T` lowers to `BlockedLayout::with_cap(numel(T), threads, spt_cap).regs()` LLVM
 //!   values (its registers); scalars have one, uniform across the program.
-//!   The exception are the values `layouts.rs` assigns a tensor-core layout
-//!   ([`Lay::Mma`], [`Lay::Row`]): their registers follow that layout, and
+//!   The exception are the values `assign.rs` assigns a tensor-core layout
+//!   ([`RegLayout::Mma`], [`RegLayout::Row`]): their registers follow that layout, and
 //!   those with a user that needs blocked registers also get a blocked copy
 //!   right after their definition. [`Lowerer::regs`] always returns blocked
 //!   registers; layout-aware lowerings use [`Lowerer::regs_as`].
@@ -17,6 +17,7 @@
 //!   conditions are scalars, which every thread computes identically.
 
 mod arith;
+pub(crate) mod assign;
 mod cast;
 mod compare;
 mod control;
@@ -25,10 +26,10 @@ mod creation;
 mod debug;
 mod dot;
 mod entry;
-pub(crate) mod layouts;
 mod memory;
 mod partial;
 mod pipeline;
+pub(crate) mod plan;
 mod program;
 mod reduce;
 mod remat;
@@ -36,14 +37,13 @@ mod shape;
 mod sync;
 mod tma;
 
-pub(crate) use entry::lower_function;
+pub(crate) use entry::lower_planned;
 
-use crate::layout::Layout;
-use crate::mma::Lay;
+use crate::blocked::BlockedLayout;
+use crate::fragment::RegLayout;
 use crate::{CompileOptions, Error, Result};
 use dsl_core::dtype::{DType, Elem, Type};
 use dsl_core::ir::{Block, Inst, Op, Region};
-use dsl_core::passes::axis::AxisAnalysis;
 use dsl_core::{Function, Value};
 use inkwell::AddressSpace;
 use inkwell::basic_block::BasicBlock;
@@ -73,24 +73,33 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub b: Builder<'ctx>,
     pub func: FunctionValue<'ctx>,
     pub f: &'a Function,
-    pub axis: AxisAnalysis,
+    /// Every decision taken before emission (`plan.rs`).
+    pub plan: &'a plan::KernelPlan,
     pub vals: FxHashMap<Value, Regs<'ctx>>,
-    pub threads: usize,
-    /// The kernel-wide cap on elements per chunk (see `layout::spt_cap_for`).
-    pub spt_cap: usize,
     pub tid: IntValue<'ctx>,
     smem: Option<PointerValue<'ctx>>,
     pub smem_bytes: u32,
-    /// Bytes at the bottom of shared memory reserved for the resident
-    /// `wgmma` operands (`Pipeline::resident`, always) and the `cp.async`
-    /// rings above them; while a pipelined loop runs
-    /// ([`Lowerer::in_pipeline`]) [`Lowerer::smem`] hands out the region
-    /// above both, elsewhere the rings' bytes too.
-    smem_floor: u64,
+    /// The state of the loops being emitted.
+    pub loops: LoopState<'ctx>,
+    /// Blocked copies of values held in another layout.
+    blocked: FxHashMap<Value, Regs<'ctx>>,
+    /// Operand registers prepared for the instruction being lowered (in its
+    /// result's layout), returned by [`Lowerer::regs`] before anything else.
+    overrides: FxHashMap<Value, Regs<'ctx>>,
+    /// The compile options (the target selects sm_90-only instructions).
+    pub opts: CompileOptions,
+    /// The generic addresses (i64) of the hidden tensor-map parameters
+    /// (`Pipeline::tensor_maps`).
+    pub tmaps: Vec<IntValue<'ctx>>,
+}
+
+/// What the emission of the loops being lowered keeps between ops: set up
+/// at a loop's entry (its prologue, its hoisted fragments) and dropped at
+/// its exit.
+#[derive(Default)]
+pub(crate) struct LoopState<'ctx> {
     /// Pipelined loops being lowered (from their prologue to their exit).
     pub in_pipeline: usize,
-    /// Which loads are pipelined (`pipeline/`).
-    pub pipe: pipeline::Pipeline,
     /// For each pipelined load of the loop being lowered (and each `dot`
     /// whose computed `a` it stages, `PipeLoop::a_stages`): the stage its
     /// `dot` reads this iteration (i32), its ring offset and stage bytes.
@@ -101,28 +110,12 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     /// An extra uniform predicate ANDed into every load's mask (the
     /// pipeline's prefetch of an iteration that may not exist).
     pub extra_pred: Option<IntValue<'ctx>>,
-    /// Which `dot`s use tensor cores.
-    pub mma: dot::plan::MmaPlan,
-    /// Which values live in tensor-core layouts (see `layouts.rs`).
-    pub lays: layouts::Assignment,
-    /// The carried row sums kept as per-lane partials (`partial.rs`).
-    pub partials: partial::Partials,
-    /// Blocked copies of values held in another layout.
-    blocked: FxHashMap<Value, Regs<'ctx>>,
-    /// Operand registers prepared for the instruction being lowered (in its
-    /// result's layout), returned by [`Lowerer::regs`] before anything else.
-    overrides: FxHashMap<Value, Regs<'ctx>>,
     /// A fragments of hoisted `dot` operands: per 16-wide `k` step, per m tile, 4 registers.
-    pub afrags: FxHashMap<(Value, crate::mma::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
+    pub afrags: FxHashMap<(Value, crate::fragment::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
     /// `wgmma` groups committed in the current block and not waited for
     /// yet, oldest first (`dot/wgmma.rs`: the wait comes before the first
     /// use of the result).
     pub wgmma_pending: Vec<dot::PendingWgmma<'ctx>>,
-    /// The compile options (the target selects sm_90-only instructions).
-    pub opts: CompileOptions,
-    /// The generic addresses (i64) of the hidden tensor-map parameters
-    /// (`Pipeline::tensor_maps`).
-    pub tmaps: Vec<IntValue<'ctx>>,
 }
 
 /// The register type of an element.
@@ -173,12 +166,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// The layout of values of type `t`.
-    pub fn layout(&self, t: &Type) -> Layout {
-        Layout::with_cap(t.numel(), self.threads, self.spt_cap)
+    pub fn layout(&self, t: &Type) -> BlockedLayout {
+        BlockedLayout::with_cap(t.numel(), self.plan.threads, self.plan.spt_cap)
     }
 
     /// The layout of value `v`.
-    pub fn layout_of(&self, v: Value) -> Layout {
+    pub fn layout_of(&self, v: Value) -> BlockedLayout {
         self.layout(self.f.ty(v))
     }
 
@@ -188,8 +181,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if let Some(r) = self.overrides.get(&v) {
             return Ok(r.clone());
         }
-        let lay = self.lays.lay(v);
-        let found = if lay == Lay::Blocked { self.vals.get(&v) } else { self.blocked.get(&v) };
+        let lay = self.plan.lays.lay(v);
+        let found = if lay == RegLayout::Blocked { self.vals.get(&v) } else { self.blocked.get(&v) };
         found.cloned().ok_or_else(|| {
             if self.vals.contains_key(&v) {
                 Error::Invalid(format!("value {v} is held in {lay:?} and has no blocked copy"))
@@ -210,19 +203,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The registers of `v` in layout `lay`: its own when it is held there,
     /// a splat when it is uniform, otherwise converted from its blocked
     /// registers through shared memory (barriers: uniform control flow only).
-    pub fn regs_as(&mut self, v: Value, lay: Lay) -> Result<Regs<'ctx>> {
-        let cur = self.lays.lay(v);
+    pub fn regs_as(&mut self, v: Value, lay: RegLayout) -> Result<Regs<'ctx>> {
+        let cur = self.plan.lays.lay(v);
         if cur == lay {
             return self.raw_regs(v);
         }
         let ty = self.f.ty(v).clone();
-        if layouts::is_uniform(self.f, v) {
+        if assign::is_uniform(self.f, v) {
             let r = self.raw_regs(v)?[0];
             return Ok(vec![r; self.count(&ty, lay)]);
         }
         // A tile computed from coordinates alone is evaluated in place of
         // an exchange (`remat.rs`).
-        if let Lay::Mma(l) = lay
+        if let RegLayout::Mma(l) = lay
             && ty.shape.as_slice() == [l.m, l.n]
             && remat::computable(self.f, v)
         {
@@ -230,17 +223,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let b = self.regs(v)?;
         match lay {
-            Lay::Blocked => Ok(b),
+            RegLayout::Blocked => Ok(b),
             _ => self.convert_from_blocked(&ty, &b, lay),
         }
     }
 
     /// Registers per thread of a value of type `ty` in layout `lay`.
-    pub fn count(&self, ty: &Type, lay: Lay) -> usize {
+    pub fn count(&self, ty: &Type, lay: RegLayout) -> usize {
         match lay {
-            Lay::Blocked => self.layout(ty).regs(),
-            Lay::Mma(l) | Lay::MmaT(l) => l.regs(),
-            Lay::Row(r) => r.regs(),
+            RegLayout::Blocked => self.layout(ty).regs(),
+            RegLayout::Mma(l) | RegLayout::MmaT(l) => l.regs(),
+            RegLayout::Row(r) => r.regs(),
         }
     }
 
@@ -253,8 +246,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// layout and some user needs blocked registers (call right after `v`
     /// is defined, in uniform control flow).
     pub(crate) fn materialize_blocked(&mut self, v: Value) -> Result<()> {
-        let lay = self.lays.lay(v);
-        if lay == Lay::Blocked || !self.lays.needs_blocked.contains(&v) {
+        let lay = self.plan.lays.lay(v);
+        if lay == RegLayout::Blocked || !self.plan.lays.needs_blocked.contains(&v) {
             return Ok(());
         }
         let ty = self.f.ty(v).clone();
@@ -377,20 +370,25 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// `(tid mod nchunks) * spt`: the per-thread base of linear indices of `l`.
-    pub fn thread_base(&self, l: &Layout) -> Result<IntValue<'ctx>> {
+    pub fn thread_base(&self, l: &BlockedLayout) -> Result<IntValue<'ctx>> {
         let m = (l.nchunks().min(l.threads) - 1) as i64;
         let t = if m == 0 { self.i32c(0) } else { self.b.build_and(self.tid, self.i32c(m), "")? };
         Ok(if l.spt > 1 { self.b.build_int_mul(t, self.i32c(l.spt as i64), "")? } else { t })
     }
 
     /// The linear index (i32) of register `slot` of layout `l`, given its thread base.
-    pub fn linear_index(&self, l: &Layout, base: IntValue<'ctx>, slot: usize) -> Result<IntValue<'ctx>> {
+    pub fn linear_index(
+        &self,
+        l: &BlockedLayout,
+        base: IntValue<'ctx>,
+        slot: usize,
+    ) -> Result<IntValue<'ctx>> {
         let off = l.slot_offset(slot) as i64;
         Ok(if off == 0 { base } else { self.b.build_int_add(base, self.i32c(off), "")? })
     }
 
     /// `tid < nchunks` when `l` is replicated (only owners may have side effects).
-    pub fn owner_pred(&self, l: &Layout) -> Result<Option<IntValue<'ctx>>> {
+    pub fn owner_pred(&self, l: &BlockedLayout) -> Result<Option<IntValue<'ctx>>> {
         if !l.replicated() {
             return Ok(None);
         }
@@ -402,7 +400,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// pipeline rings while a pipelined loop runs, from the bottom elsewhere),
     /// declaring the dynamic shared memory array on first use.
     pub fn smem(&mut self, bytes: u64) -> Result<PointerValue<'ctx>> {
-        let floor = if self.in_pipeline > 0 { self.smem_floor } else { self.pipe.resident_bytes };
+        let floor =
+            if self.loops.in_pipeline > 0 { self.plan.smem_floor } else { self.plan.pipe.resident_bytes };
         let total = u32::try_from(floor + bytes)
             .map_err(|_| Error::Invalid(format!("shared memory use of {bytes} bytes is too large")))?;
         self.smem_bytes = self.smem_bytes.max(total);
@@ -424,8 +423,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The bottom of the dynamic shared memory array (declared on first use;
     /// it always covers the resident operands and the pipeline rings).
     pub fn smem_raw(&mut self) -> Result<PointerValue<'ctx>> {
-        let ring = u32::try_from(self.smem_floor).map_err(|_| {
-            Error::Invalid(format!("pipeline rings of {} bytes are too large", self.smem_floor))
+        let ring = u32::try_from(self.plan.smem_floor).map_err(|_| {
+            Error::Invalid(format!("pipeline rings of {} bytes are too large", self.plan.smem_floor))
         })?;
         self.smem_bytes = self.smem_bytes.max(ring);
         if let Some(p) = self.smem {
@@ -437,10 +436,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // `wgmma` operands are 1024-byte swizzle atoms, and swizzled rings
         // may start 1024-byte aligned (`pipeline/`).
         let swizzled =
-            self.pipe.loops.values().any(|pl| {
+            self.plan.pipe.loops.values().any(|pl| {
                 pl.loads.iter().any(|l| l.ring_off.is_multiple_of(1024) && pipeline::swizzled(l.cols))
             });
-        g.set_alignment(if self.pipe.wgmma.is_empty() && !swizzled { 16 } else { 1024 });
+        g.set_alignment(if self.plan.pipe.wgmma.is_empty() && !swizzled { 16 } else { 1024 });
         let p = g.as_pointer_value();
         self.smem = Some(p);
         Ok(p)
@@ -558,7 +557,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Lowers the instructions of `block`; returns the operands of its terminator.
     pub fn lower_block(&mut self, block: Block) -> Result<Vec<Value>> {
         // `wgmma` groups never stay pending across a block boundary.
-        let outer = std::mem::take(&mut self.wgmma_pending);
+        let outer = std::mem::take(&mut self.loops.wgmma_pending);
         let insts = self.f.blocks[block].insts.clone();
         let mut term = None;
         for inst in insts {
@@ -572,13 +571,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             // A `wgmma` operand that resides in shared memory is
             // written there once, right after its definition.
             if let Some(&r) = self.f.insts[inst].results.first()
-                && (self.pipe.resident.contains_key(&r) || self.pipe.mma_resident.contains_key(&r))
+                && (self.plan.pipe.resident.contains_key(&r) || self.plan.pipe.mma_resident.contains_key(&r))
             {
                 self.make_resident(r)?;
             }
         }
         self.wgmma_wait_all()?;
-        self.wgmma_pending = outer;
+        self.loops.wgmma_pending = outer;
         Ok(term.unwrap_or_default())
     }
 
@@ -595,7 +594,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         r: Region,
         args: &[Regs<'ctx>],
-        want: &[Lay],
+        want: &[RegLayout],
     ) -> Result<Vec<Regs<'ctx>>> {
         let block = self.f.entry(r);
         let bargs = self.f.blocks[block].args.clone();
@@ -606,15 +605,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let term = self.lower_block(block)?;
         term.iter()
             .enumerate()
-            .map(|(k, &v)| self.regs_as(v, want.get(k).copied().unwrap_or(Lay::Blocked)))
+            .map(|(k, &v)| self.regs_as(v, want.get(k).copied().unwrap_or(RegLayout::Blocked)))
             .collect()
     }
 
     /// Lowers one instruction, then makes the blocked copies its results need.
     fn lower_inst(&mut self, inst: Inst) -> Result<()> {
-        if self.mma.skipped.contains(&inst)
-            || self.pipe.loads.contains(&inst)
-            || self.pipe.dead.contains(&inst)
+        if self.plan.mma.skipped.contains(&inst)
+            || self.plan.pipe.loads.contains(&inst)
+            || self.plan.pipe.dead.contains(&inst)
         {
             // A transpose that its only user (a tensor-core `dot`) reads in
             // place, a load the pipeline copies asynchronously, or an address
@@ -622,12 +621,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             return Ok(());
         }
         let op = self.f.insts[inst].op.clone();
-        if layouts::is_elementwise(&op)
+        if assign::is_elementwise(&op)
             && let Some(&res) = self.f.insts[inst].results.first()
-            && self.lays.lay(res) != Lay::Blocked
+            && self.plan.lays.lay(res) != RegLayout::Blocked
         {
             // Compute in the result's layout: operands are brought there first.
-            let lay = self.lays.lay(res);
+            let lay = self.plan.lays.lay(res);
             for a in self.args(inst) {
                 let r = self.regs_as(a, lay)?;
                 self.overrides.insert(a, r);
@@ -641,7 +640,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let f = self.f;
         for &r in &f.insts[inst].results {
             // A pending `wgmma` result is copied once it has been waited for.
-            if !self.wgmma_pending.iter().any(|p| p.value == r) {
+            if !self.loops.wgmma_pending.iter().any(|p| p.value == r) {
                 self.materialize_blocked(r)?;
             }
         }

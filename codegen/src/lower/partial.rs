@@ -3,7 +3,7 @@
 //!
 //! The online softmax carries `l = l * alpha + sum(p, 1)`, with `p` an
 //! `[M, N]` tile in accumulator layout and `l`, `alpha` in its row slice
-//! ([`Lay::Row`]), where the register of a row is replicated over the four
+//! ([`RegLayout::Row`]), where the register of a row is replicated over the four
 //! lanes of a quad that hold the row's columns. Reducing `p` fully costs,
 //! per row and iteration, two shuffles and two adds after each lane's fold,
 //! and keeps their temporaries live among the `mma`s. The recurrence is
@@ -27,9 +27,9 @@
 //! quad adds), which changes the rounding but not the precision.
 
 use super::Lowerer;
-use super::layouts::Assignment;
+use super::assign::Assignment;
 use crate::Result;
-use crate::mma::Lay;
+use crate::fragment::RegLayout;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
 use dsl_core::ir::ops::{ArithOp, BinaryOp, ControlOp, ReduceKind};
@@ -94,10 +94,10 @@ fn carried_sum(
 ) -> Option<Inst> {
     let only = |v: Value, u: Inst| users.get(&v).is_some_and(|us| us.as_slice() == [u]);
     let row = match lays.lay(l) {
-        Lay::Row(r) => r,
+        RegLayout::Row(r) => r,
         _ => return None,
     };
-    let same = |v: Value| lays.lay(v) == Lay::Row(row) && f.ty(v) == f.ty(l);
+    let same = |v: Value| lays.lay(v) == RegLayout::Row(row) && f.ty(v) == f.ty(l);
     if f.ty(l).dtype() != DType::F32 || !same(next) || !only(next, y) {
         return None;
     }
@@ -114,7 +114,7 @@ fn carried_sum(
         let p = *f.insts[d].args.first()?;
         let ok = r.kind == ReduceKind::Sum
             && r.axis + 1 == f.ty(p).rank()
-            && matches!(lays.lay(p), Lay::Mma(ml) if ml.warps_n == 1 && ml.tile_n() >= MIN_COLS)
+            && matches!(lays.lay(p), RegLayout::Mma(ml) if ml.warps_n == 1 && ml.tile_n() >= MIN_COLS)
             && same(s)
             && only(s, add);
         ok.then_some(d)

@@ -27,8 +27,8 @@
 
 use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
-use crate::layout::{Layout, strides};
-use crate::mma::{Lay, MmaLayout};
+use crate::blocked::{BlockedLayout, strides};
+use crate::fragment::{MmaLayout, RegLayout};
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::ops::{BinaryOp, ReduceKind, ReduceOp, ScanKind, ScanOp};
 use dsl_core::ir::{Inst, Region};
@@ -236,10 +236,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         c: Comb,
         d: DType,
-        l: &Layout,
+        l: &BlockedLayout,
         x: &Regs<'ctx>,
         cext: usize,
-        lo: &Layout,
+        lo: &BlockedLayout,
     ) -> Result<Vec<Vals<'ctx>>> {
         let rows = l.n / cext;
         let seg = l.spt.min(cext);
@@ -403,7 +403,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// The fast reduction of all registers of a tile to one uniform value.
-    fn reduce_fast(&mut self, c: Comb, d: DType, l: &Layout, x: &Regs<'ctx>) -> Result<Vals<'ctx>> {
+    fn reduce_fast(&mut self, c: Comb, d: DType, l: &BlockedLayout, x: &Regs<'ctx>) -> Result<Vals<'ctx>> {
         let base = self.thread_base(l)?;
         let mut items = Vec::with_capacity(x.len());
         for (s, &v) in x.iter().enumerate() {
@@ -452,7 +452,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Stores operands to shared memory (each at its own byte offset, 8-aligned);
     /// returns the offsets and reserves the space.
-    fn stage_operands(&mut self, xs: &[(Elem, Layout, Regs<'ctx>)]) -> Result<Vec<u64>> {
+    fn stage_operands(&mut self, xs: &[(Elem, BlockedLayout, Regs<'ctx>)]) -> Result<Vec<u64>> {
         let mut offs = Vec::with_capacity(xs.len());
         let mut total = 0u64;
         for (e, l, _) in xs {
@@ -530,9 +530,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             },
         };
         let results = self.f.insts[inst].results.to_vec();
-        if let (Lay::Mma(ml), Lay::Row(_)) = (self.lays.lay(args[0]), self.lays.lay(results[0])) {
+        if let (RegLayout::Mma(ml), RegLayout::Row(_)) =
+            (self.plan.lays.lay(args[0]), self.plan.lays.lay(results[0]))
+        {
             let x = self.raw_regs(args[0])?;
-            let partial = self.partials.sums.contains(&inst);
+            let partial = self.plan.partials.sums.contains(&inst);
             let out = self.reduce_mma_rows(c, d, &ml, &x, partial)?;
             self.set(results[0], out);
             return Ok(());
@@ -557,7 +559,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.set(results[0], outs.into_iter().map(|v| v[0]).collect());
             return Ok(());
         }
-        let xs: Vec<(Elem, Layout, Regs<'ctx>)> =
+        let xs: Vec<(Elem, BlockedLayout, Regs<'ctx>)> =
             args.iter().map(|&a| Ok((self.f.ty(a).elem, l, self.regs(a)?))).collect::<Result<_>>()?;
         let elems: Vec<Elem> = xs.iter().map(|x| x.0).collect();
         let offs = self.stage_operands(&xs)?;
@@ -624,7 +626,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let results = self.f.insts[inst].results.to_vec();
         let n = ty.shape[op.axis];
         let stride = strides(&ty.shape)[op.axis];
-        let xs: Vec<(Elem, Layout, Regs<'ctx>)> =
+        let xs: Vec<(Elem, BlockedLayout, Regs<'ctx>)> =
             args.iter().map(|&a| Ok((self.f.ty(a).elem, l, self.regs(a)?))).collect::<Result<_>>()?;
         let elems: Vec<Elem> = xs.iter().map(|x| x.0).collect();
         let offs = self.stage_operands(&xs)?;

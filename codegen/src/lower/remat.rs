@@ -1,7 +1,7 @@
 //! Rematerialization: a tile computed only from `arange`s, constants,
 //! scalars, shape ops (`expand_dims`, `broadcast`, `reshape`, `permute`) and
 //! elementwise math is a pure function of its coordinates. A user that
-//! needs it in a tensor-core layout ([`Lay::Mma`]) evaluates it register by
+//! needs it in a tensor-core layout ([`RegLayout::Mma`]) evaluates it register by
 //! register at that layout's coordinates instead of exchanging its blocked
 //! registers through shared memory (Triton rematerializes such chains
 //! rather than converting layouts too).
@@ -19,9 +19,9 @@
 //! scalars are read from their (uniform) registers; an expression tree above
 //! [`MAX_NODES`] ops is converted instead.
 
-use super::{Lowerer, Regs, layouts};
+use super::{Lowerer, Regs, assign};
 use crate::Result;
-use crate::mma::MmaLayout;
+use crate::fragment::MmaLayout;
 use dsl_core::Function;
 use dsl_core::ir::ops::{ArithOp, CastOp, CreationOp, ShapeOp};
 use dsl_core::ir::{Op, Value};
@@ -66,7 +66,7 @@ fn within(f: &Function, v: Value, budget: &mut usize) -> bool {
 
 /// Ops computed register by register, in any layout.
 fn register_wise(op: &Op) -> bool {
-    layouts::is_elementwise(op) || matches!(op, Op::Arith(ArithOp::AddPtr) | Op::Cast(CastOp::PtrCast { .. }))
+    assign::is_elementwise(op) || matches!(op, Op::Arith(ArithOp::AddPtr) | Op::Cast(CastOp::PtrCast { .. }))
 }
 
 /// Memo of one evaluation: (value, coordinates) -> register.
@@ -95,7 +95,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(crate) fn remat_blocked(&mut self, v: Value) -> Result<Regs<'ctx>> {
         let shape = self.f.ty(v).shape.to_vec();
         let l = self.layout_of(v);
-        let strides = crate::layout::strides(&shape);
+        let strides = crate::blocked::strides(&shape);
         let base = self.thread_base(&l)?;
         self.with_own_overrides(|lw| {
             let mut memo = Memo::default();

@@ -15,8 +15,8 @@
 
 use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
-use crate::layout::{Layout, strides};
-use crate::mma::Lay;
+use crate::blocked::{BlockedLayout, strides};
+use crate::fragment::RegLayout;
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::ShapeOp;
@@ -30,8 +30,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub fn exchange(
         &mut self,
         e: Elem,
-        srcs: &[(Layout, Regs<'ctx>)],
-        outs: &[Layout],
+        srcs: &[(BlockedLayout, Regs<'ctx>)],
+        outs: &[BlockedLayout],
         map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
     ) -> Result<Vec<Regs<'ctx>>> {
         self.exchange_chunked(e, srcs, outs, map, false, false)
@@ -44,8 +44,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub fn exchange_chunked(
         &mut self,
         e: Elem,
-        srcs: &[(Layout, Regs<'ctx>)],
-        outs: &[Layout],
+        srcs: &[(BlockedLayout, Regs<'ctx>)],
+        outs: &[BlockedLayout],
         map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
         chunk_uniform: bool,
         swizzle: bool,
@@ -162,23 +162,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let args = self.args(inst);
         let a = args[0];
         let res = self.result(inst, 0)?;
-        match (self.lays.lay(res), op) {
-            (Lay::Row(r), ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => {
+        match (self.plan.lays.lay(res), op) {
+            (RegLayout::Row(r), ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => {
                 // `[M]` <-> `[M, 1]` in the row slice: the same registers.
-                let regs = self.regs_as(a, Lay::Row(r))?;
+                let regs = self.regs_as(a, RegLayout::Row(r))?;
                 self.set(res, regs);
                 return Ok(());
             }
-            (Lay::MmaT(l), ShapeOp::Permute { .. }) => {
+            (RegLayout::MmaT(l), ShapeOp::Permute { .. }) => {
                 // The transpose of an accumulator: the same registers.
-                let regs = self.regs_as(a, Lay::Mma(l))?;
+                let regs = self.regs_as(a, RegLayout::Mma(l))?;
                 self.set(res, regs);
                 return Ok(());
             }
-            (Lay::Mma(l), ShapeOp::Broadcast { .. }) => {
+            (RegLayout::Mma(l), ShapeOp::Broadcast { .. }) => {
                 // `[M, 1]` row vector -> `[M, N]`: accumulator register
                 // `[i][j][q]` is row register `2 i + q / 2`.
-                let row = self.regs_as(a, Lay::Row(l.row()))?;
+                let row = self.regs_as(a, RegLayout::Row(l.row()))?;
                 let tn = l.tiles_n();
                 let out = (0..l.regs()).map(|s| row[2 * (s / 4 / tn) + (s % 4) / 2]).collect();
                 self.set(res, out);
@@ -299,7 +299,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 /// A leading broadcast (`[1, .., 1, rest] -> [.., rest]`) between layouts
 /// of one chunk size: register `s` is input register `s mod regs`, no data
 /// moves (see [`Lowerer::lower_shape`]).
-fn leading_broadcast(ashape: &[usize], oshape: &[usize], la: Layout, lr: Layout) -> bool {
+fn leading_broadcast(ashape: &[usize], oshape: &[usize], la: BlockedLayout, lr: BlockedLayout) -> bool {
     let last_bcast = (0..oshape.len()).rev().find(|&d| ashape[d] == 1 && oshape[d] > 1);
     let first_kept = (0..oshape.len()).find(|&d| ashape[d] > 1);
     let leading = match (last_bcast, first_kept) {

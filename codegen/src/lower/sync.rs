@@ -45,8 +45,8 @@ use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
 use crate::target::Target;
 use dsl_core::dtype::{DType, Elem};
-use dsl_core::ir::Inst;
 use dsl_core::ir::ops::{CmpPred, MemOrder, MemScope, MemSem};
+use dsl_core::ir::{Inst, Op};
 use inkwell::IntPredicate;
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, IntValue};
@@ -106,20 +106,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// An ordered `load` (see the module documentation).
-    pub(super) fn lower_ordered_load(
-        &mut self,
-        inst: Inst,
-        o: MemOrder,
-        has_mask: bool,
-        has_other: bool,
-    ) -> Result<()> {
+    pub(super) fn lower_ordered_load(&mut self, inst: Inst, o: MemOrder) -> Result<()> {
         let args = self.args(inst);
-        let pty = self.f.ty(args[0]).clone();
+        let Op::Memory(op) = &self.f.insts[inst].op else { return Err(self.bug(inst, "not a load")) };
+        let ops = op.load_operands(&args).ok_or_else(|| self.bug(inst, "load operands"))?;
+        let pty = self.f.ty(ops.ptr).clone();
         let (d, l) = (pty.dtype(), self.layout(&pty));
-        let p = self.regs(args[0])?;
-        let m = if has_mask { Some(self.regs(args[1])?) } else { None };
-        let other: Regs<'ctx> = if has_other {
-            self.regs(args[2])?
+        let p = self.regs(ops.ptr)?;
+        let m = match ops.mask {
+            Some(m) => Some(self.regs(m)?),
+            None => None,
+        };
+        let other: Regs<'ctx> = if let Some(o) = ops.other {
+            self.regs(o)?
         } else {
             vec![self.const_scalar(dsl_core::Scalar::zero(d)); p.len()]
         };
@@ -242,7 +241,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let p = self.regs(ptr)?;
         let eb = u64::from(elem_bytes(Elem::Scalar(d)));
         let n = pty.shape.iter().product::<usize>() as u64;
-        let info = self.axis.get(ptr);
+        let info = self.plan.axis.get(ptr);
         let contiguous = pty.rank() == 1
             && info.contiguity.first().is_some_and(|&c| c >= n)
             && info.divisibility.first().is_some_and(|&v| v.is_multiple_of(16));

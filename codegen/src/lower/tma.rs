@@ -1,5 +1,5 @@
 //! Tensor Memory Accelerator copies of pipelined `load_block`s (sm_90a; see
-//! `crate::tma` for the tensor maps and `pipeline/` for the schedule).
+//! `crate::tensor_map` for the tensor maps and `pipeline/` for the schedule).
 //!
 //! Each stage of a loop with TMA loads has an mbarrier (8 bytes in the ring
 //! region, `PipeLoop::bars`). Thread 0 initializes them (arrival count 1)
@@ -29,7 +29,7 @@
 use super::Lowerer;
 use super::pipeline::PipeLoop;
 use crate::Result;
-use crate::tma::BOX_COLS;
+use crate::tensor_map::BOX_COLS;
 use inkwell::IntPredicate;
 use inkwell::values::{BasicValueEnum, IntValue};
 
@@ -80,7 +80,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     fn mbar_each(&mut self, pl: &PipeLoop, op: &str, tail: Option<&str>) -> Result<()> {
         let mut addrs: Vec<(IntValue<'ctx>, usize)> =
             self.mbar_addrs(pl)?.into_iter().map(|a| (a, 1)).collect();
-        let threads = self.threads;
+        let threads = self.plan.threads;
         addrs.extend(self.release_addrs(pl)?.into_iter().map(|a| (a, threads)));
         let leader = self.tma_leader()?;
         self.if_then(leader, |lw| {
@@ -177,7 +177,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         for (ld, &(row0, col0)) in pl.loads.iter().filter(|l| l.tma.is_some()).zip(coords) {
             let t = ld.tma.as_ref().expect("filtered");
             let map = self.tmaps[t.map];
-            let spec = self.pipe.tensor_maps[t.map];
+            let spec = self.plan.pipe.tensor_maps[t.map];
             let stage_off = self.b.build_int_mul(stage, self.i32c(ld.stage_bytes as i64), "")?;
             let stage_at = self.b.build_int_add(ring, stage_off, "")?;
             let stage_at = self.b.build_int_add(stage_at, self.i32c(ld.ring_off as i64), "")?;

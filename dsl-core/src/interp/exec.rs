@@ -616,9 +616,10 @@ impl World<'_, '_> {
                 let data = self.mem.load_block(acc.dtype, &b, block)?;
                 Ok(smallvec![Tile::new(Elem::Scalar(acc.dtype), Shape::from_slice(&block), data)])
             }
-            MemoryOp::Load { has_mask, has_other, order, .. } => {
-                let mask = if has_mask { Some(arg(1)?.ints()?) } else { None };
-                let other = if has_other { Some(&*arg(2)?.data) } else { None };
+            MemoryOp::Load { order, .. } => {
+                let ops = m.load_operands(args).ok_or_else(|| internal("load without a pointer".into()))?;
+                let mask = ops.mask.map(|t| t.ints()).transpose()?;
+                let other = ops.other.map(|t| &*t.data);
                 let ptrs = ptr.ints()?;
                 let data = self.mem.load(&acc, ptrs, mask, other)?;
                 match order {

@@ -211,14 +211,16 @@ impl Evaluator<'_> {
                     .collect();
                 Tile { shape, data: v }
             }
-            Op::Memory(MemoryOp::Load { has_mask, has_other, .. }) => {
+            Op::Memory(m @ MemoryOp::Load { .. }) => {
                 let e = dt.size_bytes() as i64;
+                let refs: Vec<&Tile> = args.iter().collect();
+                let ops = m.load_operands(&refs).ok_or("load without a pointer")?;
                 let v = (0..numel)
                     .map(|k| {
-                        if *has_mask && args[1].data[k] == 0 {
-                            if *has_other { args[2].data[k] } else { 0 }
+                        if ops.mask.is_some_and(|m| m.data[k] == 0) {
+                            ops.other.map_or(0, |o| o.data[k])
                         } else {
-                            dt.wrap_int((args[0].data[k] / e) * 31 + 7)
+                            dt.wrap_int((ops.ptr.data[k] / e) * 31 + 7)
                         }
                     })
                     .collect();

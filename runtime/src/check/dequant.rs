@@ -1022,7 +1022,7 @@ mod tests {
     /// instructions, so the GEMM's dots run on tensor cores.
     #[test]
     fn gemm_tiles_fit_tensor_cores() {
-        use codegen::mma::MmaLayout;
+        use codegen::fragment::MmaLayout;
         for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
             let width = |bk: usize| if format == QuantFormat::Q8_0 { bk } else { bk / 2 };
             let fits = |(bm, bn, bk): (usize, usize, usize), warps: u32| {

@@ -1,5 +1,5 @@
 //! Tensor maps for the hidden parameters of kernels whose `load_block`s the
-//! codegen copies with the Tensor Memory Accelerator (`codegen::tma`).
+//! codegen copies with the Tensor Memory Accelerator (`codegen::tensor_map`).
 //!
 //! At each launch the runtime encodes one map per [`TensorMapSpec`] from the
 //! launch's packed arguments ([`map_args`], a pure function, then
@@ -11,7 +11,7 @@
 //! and everything else is filled with zeros by the hardware.
 
 use super::validate::KernelParam;
-use codegen::tma::{BOX_COLS, MapDim, TensorMapSpec};
+use codegen::tensor_map::{BOX_COLS, MapDim, TensorMapSpec};
 use cudarc::driver::sys;
 use dsl_core::DType;
 

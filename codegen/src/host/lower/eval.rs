@@ -256,10 +256,10 @@ impl<'ctx> Lower<'ctx, '_> {
                 Ok(self.b.build_int_add(v, s, "")?.into())
             }
             Op::Shape(s) => self.eval_shape(i, k, s, &rty, idx),
-            Op::Memory(MemoryOp::Load { has_mask, has_other, volatile, .. }) => {
-                let (has_mask, has_other, volatile) = (*has_mask, *has_other, *volatile);
-                let ptr_v = d.args[0];
-                let mask_v = has_mask.then(|| d.args[1]);
+            Op::Memory(op @ MemoryOp::Load { volatile, .. }) => {
+                let volatile = *volatile;
+                let ops = op.load_operands(&d.args).ok_or_else(|| self.unsupported(i, "load operands"))?;
+                let (ptr_v, mask_v) = (ops.ptr, ops.mask);
                 let access = if volatile { Access::Gather } else { self.access(ptr_v, mask_v, &rty, idx) };
                 if access == Access::Gather
                     && !volatile
@@ -275,8 +275,8 @@ impl<'ctx> Lower<'ctx, '_> {
                     let at = self.bin(Mul, self.iota(sub).into(), step)?;
                     let at = self.bin(Add, self.splat(base.into(), sub)?, at)?.into_vector_value();
                     let sidx = Idx { lanes: sub, kind: IdxKind::General(at) };
-                    let mask = if has_mask { Some(self.eval(d.args[1], &sidx)?) } else { None };
-                    let other = if has_other { Some(self.eval(d.args[2], &sidx)?) } else { None };
+                    let mask = ops.mask.map(|m| self.eval(m, &sidx)).transpose()?;
+                    let other = ops.other.map(|o| self.eval(o, &sidx)).transpose()?;
                     let ptrs = match self.split_gather(ptr_v, &sidx, base)? {
                         Some(p) => p,
                         None => self.eval(ptr_v, &sidx)?,
@@ -300,8 +300,8 @@ impl<'ctx> Lower<'ctx, '_> {
                     }
                     _ => self.eval(ptr_v, idx)?,
                 };
-                let mask = if has_mask { Some(self.eval(d.args[1], idx)?) } else { None };
-                let other = if has_other { Some(self.eval(d.args[2], idx)?) } else { None };
+                let mask = ops.mask.map(|m| self.eval(m, idx)).transpose()?;
+                let other = ops.other.map(|o| self.eval(o, idx)).transpose()?;
                 self.load_lanes(i, rty.elem, idx.lanes, ptr, mask, other, access, volatile)
             }
             Op::Arith(_) | Op::Compare(_) | Op::Cast(_) | Op::Hint(_) => {

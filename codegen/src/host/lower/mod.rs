@@ -343,12 +343,13 @@ impl<'ctx> Lower<'ctx, '_> {
             ) => {
                 vec![self.constant(*s, None)?]
             }
-            Op::Memory(MemoryOp::Load { has_mask, has_other, volatile, .. }) => {
+            Op::Memory(op @ MemoryOp::Load { volatile, .. }) => {
                 let args: Vec<BasicValueEnum<'ctx>> =
                     d.args.iter().map(|&a| self.scalar(a)).collect::<Result<_>>()?;
-                let ptr = self.splat(args[0], 1)?;
-                let mask = if *has_mask { Some(self.splat(args[1], 1)?) } else { None };
-                let other = if *has_other { Some(self.splat(args[2], 1)?) } else { None };
+                let ops = op.load_operands(&args).ok_or_else(|| self.unsupported(i, "load operands"))?;
+                let ptr = self.splat(ops.ptr, 1)?;
+                let mask = ops.mask.map(|m| self.splat(m, 1)).transpose()?;
+                let other = ops.other.map(|o| self.splat(o, 1)).transpose()?;
                 let elem = Elem::Scalar(f.ty(d.args[0]).dtype());
                 let v = self.load_lanes(i, elem, 1, ptr, mask, other, memory::Access::Gather, *volatile)?;
                 vec![self.lane(v, 0)?]

@@ -18,23 +18,23 @@
 //! `a` is not staged at all when its A fragments are already in registers: loaded
 //! once before a loop for a loop-invariant operand (`hoist_a`), or, when
 //! `a` is held in an accumulator layout whose warps own whole rows with the
-//! same split of `M` (`layouts::a_from_regs`), packed from those registers:
+//! same split of `M` (`assign::a_from_regs`), packed from those registers:
 //! the C fragments of two adjacent 8-column n tiles are exactly the A
 //! fragment of one 16-wide k step (FlashAttention-2's `p` never leaves the
 //! registers).
 //!
 //! The accumulator operand is taken in the [`MmaLayout`] (converted when it
 //! lives elsewhere, splatted when uniform) and the result stays there; where
-//! it is needed blocked, the driver makes the copy (`layouts.rs`).
+//! it is needed blocked, the driver makes the copy (`assign.rs`).
 //!
 //! Numerics: products of f16/bf16 are exact and accumulate in f32 on the
 //! tensor core (the summation order within an instruction is the hardware's).
 
-use super::super::layouts::a_from_regs;
+use super::super::assign::a_from_regs;
 use super::super::pipeline::Rows;
 use super::super::{Lowerer, Regs};
 use crate::Result;
-use crate::mma::{Lay, MmaLayout, ROW_PAD};
+use crate::fragment::{MmaLayout, ROW_PAD, RegLayout};
 use dsl_core::dtype::DType;
 use dsl_core::ir::{Inst, Value};
 use inkwell::types::BasicTypeEnum;
@@ -52,16 +52,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let (m, k, n) = (l.m, aty.shape[1], l.n);
         let d = aty.dtype();
         // The accumulator first: its conversion (if any) uses the scratch region.
-        let mut acc = self.regs_as(args[2], Lay::Mma(l))?;
+        let mut acc = self.regs_as(args[2], RegLayout::Mma(l))?;
         let mut afr = self.a_frags_ready(inst, &l, k, d)?;
         if afr.is_none()
-            && let Some(&off) = self.pipe.mma_resident.get(&args[0])
+            && let Some(&off) = self.plan.pipe.mma_resident.get(&args[0])
         {
             // A resident `a` (`dot::resident`): its fragments are reloaded here.
             let base = self.smem_at(0)?;
             afr = Some(self.a_frags(base, off, &l, k, Rows::Padded)?);
         }
-        let b_src = self.mma.b_trans.get(&inst).copied();
+        let b_src = self.plan.mma.b_trans.get(&inst).copied();
         // Operands the pipeline already copied into shared memory (`pipeline/`).
         let a_ring = if afr.is_none() { self.pipe_operand(inst, 0)? } else { None };
         let b_ring = self.pipe_operand(inst, 1)?;
@@ -103,7 +103,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.mma_loop(b_mem, b_at, &afr, &l, k, d, b_src.is_some(), b_sw, &mut acc)?;
         // The copies of a later iteration that the loop deferred to this
         // `dot` (`pipeline::PendingIssue`) follow its `mma`s.
-        if self.pipe_pending.as_ref().is_some_and(|p| p.pl.issue_after == Some(inst)) {
+        if self.loops.pipe_pending.as_ref().is_some_and(|p| p.pl.issue_after == Some(inst)) {
             self.pipe_flush()?;
         }
         self.set(res, acc);
@@ -119,13 +119,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.stage_a(smem, 0, v)?;
         self.barrier()?;
         let fr = self.a_frags(smem, 0, l, k, Rows::Padded)?;
-        self.afrags.insert((v, *l), fr);
+        self.loops.afrags.insert((v, *l), fr);
         Ok(())
     }
 
     /// The A fragments of the `a` of `dot` `inst` (layout `l`, `k` columns
     /// of `d`) when they are in registers already: packed from the
-    /// accumulator registers `a` was computed in (`layouts::a_from_regs`),
+    /// accumulator registers `a` was computed in (`assign::a_from_regs`),
     /// or hoisted before the loop ([`Self::hoist_a`]).
     pub(super) fn a_frags_ready(
         &mut self,
@@ -135,13 +135,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         d: DType,
     ) -> Result<Option<AFrags<'ctx>>> {
         let a = self.f.insts[inst].args[0];
-        let a_lay = self.lays.lay(a);
+        let a_lay = self.plan.lays.lay(a);
         if a_from_regs(a_lay, l) {
-            let Lay::Mma(al) = a_lay else { return Err(self.bug(inst, "A operand layout")) };
+            let RegLayout::Mma(al) = a_lay else { return Err(self.bug(inst, "A operand layout")) };
             let regs = self.raw_regs(a)?;
             return Ok(Some(self.a_frags_from_regs(&regs, &al, k, d)?));
         }
-        Ok(self.afrags.get(&(a, *l)).cloned())
+        Ok(self.loops.afrags.get(&(a, *l)).cloned())
     }
 
     /// Writes the `[M, K]` operand `v` row-major with padded rows at byte
@@ -149,7 +149,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// accumulator registers it was computed in, or from its own layout.
     pub(crate) fn stage_a(&mut self, smem: PointerValue<'ctx>, off: u64, v: Value) -> Result<()> {
         let ty = self.f.ty(v).clone();
-        if let Lay::Mma(al) = self.lays.lay(v) {
+        if let RegLayout::Mma(al) = self.plan.lays.lay(v) {
             let regs = self.raw_regs(v)?;
             self.mma_write(smem, off, &al, &regs, ty.dtype())
         } else {

@@ -3,7 +3,7 @@
 //! are read straight from the `[N, K]` tile they were transposed from, and
 //! which loop-invariant `a` operands are loaded into A fragments once,
 //! before their loop. Where values live between ops is decided afterwards
-//! from these layouts (`lower/layouts.rs`).
+//! from these layouts (`lower/assign.rs`).
 //!
 //! Chained products (FlashAttention's `dot(f(dot(q, k^T)), v)`): when the
 //! `a` of a `dot` is computed elementwise from another `dot`'s result with
@@ -25,9 +25,9 @@
 //! Invariant: a skipped `permute` has exactly one use, the `b` operand of a
 //! planned `dot`; that `dot` reads the permute's operand instead.
 
-use super::super::layouts::is_elementwise;
+use super::super::assign::is_elementwise;
 use crate::Target;
-use crate::mma::MmaLayout;
+use crate::fragment::MmaLayout;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
 use dsl_core::ir::ops::{ControlOp, MemoryOp, ShapeOp};

@@ -22,7 +22,7 @@
 
 use super::super::pipeline::{Pipeline, derives_from_dot};
 use super::plan::MmaPlan;
-use crate::mma::ROW_PAD;
+use crate::fragment::ROW_PAD;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
 use dsl_core::ir::{Inst, Op, Value};

@@ -67,11 +67,12 @@
 //! core's order).
 
 use super::super::Lowerer;
-use super::super::layouts::a_from_regs;
+use super::super::assign::a_from_regs;
 use super::super::pipeline::Rows;
+use super::super::plan::WgmmaA;
 use super::mma::AFrags;
 use crate::Result;
-use crate::mma::{Lay, MmaLayout, ROW_PAD};
+use crate::fragment::{MmaLayout, ROW_PAD, RegLayout};
 use dsl_core::dtype::DType;
 use dsl_core::ir::{Inst, Value};
 use inkwell::types::BasicTypeEnum;
@@ -85,43 +86,46 @@ const ATOM_BYTES: u64 = 1024;
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Lowers a `dot` the pipeline confirmed for `wgmma`, with accumulator layout `l`.
-    pub(super) fn lower_dot_wgmma(&mut self, inst: Inst, l: MmaLayout) -> Result<()> {
+    pub(super) fn lower_dot_wgmma(
+        &mut self,
+        inst: Inst,
+        l: MmaLayout,
+        a_src: WgmmaA,
+        deferred: bool,
+    ) -> Result<()> {
         let args = self.args(inst);
         let res = self.result(inst, 0)?;
         let aty = self.f.ty(args[0]).clone();
         let (m, k, n) = (l.m, aty.shape[1], l.n);
-        // A staged `a` is written from blocked registers; should the layout
-        // assignment have put it in an accumulator layout after all, its
-        // registers are the A fragments instead (and the ring goes unused).
-        let staged = self.pipe.wgmma_staged.contains(&inst) && self.lays.lay(args[0]) == Lay::Blocked;
-        let rs = self.pipe.wgmma_rs.contains(&inst) || (self.pipe.wgmma_staged.contains(&inst) && !staged);
+        let staged = a_src == WgmmaA::Staged;
+        let rs = a_src == WgmmaA::Registers;
         if l.warps_m * 16 != m || l.warps_n != 1 || n > 256 || !k.is_multiple_of(if rs { 16 } else { 64 }) {
             return Err(self.bug(inst, "wgmma layout"));
         }
         let d = aty.dtype();
-        let b_nk = self.mma.b_trans.contains_key(&inst);
+        let b_nk = self.plan.mma.b_trans.contains_key(&inst);
         // A zero accumulator is never read: the first k step scales it by 0.
         let zero_acc = self.f.as_constant(args[2]).is_some_and(|s| s.as_f64() == 0.0);
         let acc = if zero_acc {
             vec![self.ctx.f32_type().get_undef().into(); l.regs()]
         } else {
-            self.regs_as(args[2], Lay::Mma(l))?
+            self.regs_as(args[2], RegLayout::Mma(l))?
         };
         // `a`: A fragments in registers (this warp's 16 rows), or this
         // warpgroup's 64 rows of its pipelined stage.
-        let hoisted = rs && self.afrags.contains_key(&(args[0], l));
+        let hoisted = rs && self.loops.afrags.contains_key(&(args[0], l));
         // A deferred group whose A fragments are formed here: the previous
         // iteration's group still reads its own fragments, whose registers
         // these reuse, so it is waited for just before they are loaded (what
         // precedes, the math forming `a` and its staging, overlaps it).
-        let late_wait = rs && !hoisted && self.pipe.deferred.contains(&inst);
+        let late_wait = rs && !hoisted && deferred;
         let mut acc = acc;
         let a = if rs {
             let wait = if late_wait { Some(&mut acc) } else { None };
             AOperand::Regs(self.a_frags_rs(inst, &l, k, d, wait)?)
         } else {
             let resident =
-                if self.pipe.wgmma_resident.contains(&inst) { self.resident_ptr(args[0])? } else { None };
+                if matches!(a_src, WgmmaA::Resident(_)) { self.resident_ptr(args[0])? } else { None };
             let a_ring = if let Some(at) = resident {
                 at
             } else if staged {
@@ -172,7 +176,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             acc = self.wgmma(d, n, a_k, bd, !b_nk, accumulate, &acc)?;
         }
         self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
-        if self.pipe.deferred.contains(&inst) {
+        if deferred {
             // A deferred group keeps running into the next iteration; the one
             // before it must be done (its stage is refilled next, `pipeline/`).
             // Register A fragments formed here were loaded after the
@@ -190,7 +194,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             // the block): what runs in between overlaps the tensor cores.
             self.set(res, acc);
             let a_regs = if hoisted { Vec::new() } else { a_regs };
-            self.wgmma_pending.push(PendingWgmma { value: res, a_regs });
+            self.loops.wgmma_pending.push(PendingWgmma { value: res, a_regs });
         }
         Ok(())
     }
@@ -202,13 +206,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// accumulators and A fragments through the wait and makes the blocked
     /// copies their results need.
     pub(crate) fn wgmma_wait_for(&mut self, inst: Inst) -> Result<()> {
-        if self.wgmma_pending.is_empty() {
+        if self.loops.wgmma_pending.is_empty() {
             return Ok(());
         }
         let f = self.f;
         let nested = !f.insts[inst].regions.is_empty();
         let reads = |v: Value| f.insts[inst].args.contains(&v);
-        let Some(idx) = self.wgmma_pending.iter().rposition(|p| nested || reads(p.value)) else {
+        let Some(idx) = self.loops.wgmma_pending.iter().rposition(|p| nested || reads(p.value)) else {
             return Ok(());
         };
         self.wgmma_wait_upto(idx)
@@ -216,7 +220,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Waits for every pending `wgmma` group (at the end of a block).
     pub(crate) fn wgmma_wait_all(&mut self) -> Result<()> {
-        match self.wgmma_pending.len() {
+        match self.loops.wgmma_pending.len() {
             0 => Ok(()),
             n => self.wgmma_wait_upto(n - 1),
         }
@@ -225,8 +229,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Waits for pending groups `0..=idx` (`wait_group` leaves the newer
     /// ones running) and rebinds their results to the tied registers.
     fn wgmma_wait_upto(&mut self, idx: usize) -> Result<()> {
-        let newer = self.wgmma_pending.len() - idx - 1;
-        let done: Vec<PendingWgmma<'ctx>> = self.wgmma_pending.drain(..=idx).collect();
+        let newer = self.loops.wgmma_pending.len() - idx - 1;
+        let done: Vec<PendingWgmma<'ctx>> = self.loops.wgmma_pending.drain(..=idx).collect();
         let mut acc = Vec::new();
         let mut lens = Vec::with_capacity(done.len());
         let mut ints = Vec::new();
@@ -267,7 +271,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             Ok(())
         };
         let a = self.f.insts[inst].args[0];
-        if a_from_regs(self.lays.lay(a), l) || self.afrags.contains_key(&(a, *l)) {
+        if a_from_regs(self.plan.lays.lay(a), l) || self.loops.afrags.contains_key(&(a, *l)) {
             wait_all(self, wait)?;
             let Some(fr) = self.a_frags_ready(inst, l, k, d)? else {
                 return Err(self.bug(inst, "A fragments not ready"));

@@ -30,16 +30,75 @@ pub(crate) struct PendingIssue<'ctx> {
 }
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// A pipelined loop's prologue, before its head (see the module
+    /// documentation): the barrier that hands the ring region over, the
+    /// stage mbarriers, the copies of the first `ahead` iterations, and the
+    /// slice's loads of the first iteration the loop copies for (returned,
+    /// to be carried).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pipe_prologue(
+        &mut self,
+        pl: &PipeLoop,
+        iv_arg: Value,
+        lb: IntValue<'ctx>,
+        step: IntValue<'ctx>,
+        ub: IntValue<'ctx>,
+        signed: bool,
+    ) -> Result<Vec<Regs<'ctx>>> {
+        // The rings overlap the scratch region used outside pipelined
+        // loops: every thread must be done reading it before the first
+        // copies land.
+        self.barrier()?;
+        self.loops.in_pipeline += 1;
+        if pl.bars.is_some() {
+            // The TMA loads' stage mbarriers (`tma.rs`).
+            self.mbar_init(pl)?;
+            self.barrier()?;
+        }
+        let at = |lw: &Self, j: usize| -> Result<IntValue<'ctx>> {
+            let jj = step.get_type().const_int(j as u64, false);
+            Ok(lw.b.build_int_add(lb, lw.b.build_int_mul(step, jj, "")?, "")?)
+        };
+        for j in 0..pl.ahead {
+            let ivj = at(self, j)?;
+            let valid = self.iv_less(signed, ivj, ub)?;
+            self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None, None, false)?;
+        }
+        let ivf = at(self, pl.ahead)?;
+        let valid = self.iv_less(signed, ivf, ub)?;
+        self.pipe_feed(pl, iv_arg, ivf.into(), valid)
+    }
+
+    /// A pipelined loop's exit: hands the ring region over (no copy in
+    /// flight, no reader left; every TMA box issued was waited for in its
+    /// iteration) and forgets the loop's stages.
+    pub(crate) fn pipe_epilogue(&mut self, pl: &PipeLoop) -> Result<()> {
+        if pl.cp_async() {
+            self.pipe_wait(0)?;
+        }
+        self.barrier()?;
+        if pl.bars.is_some() {
+            self.mbar_inval(pl)?;
+        }
+        self.loops.in_pipeline -= 1;
+        for ld in &pl.loads {
+            self.loops.pipe_stage.remove(&ld.load);
+        }
+        for a in &pl.a_stages {
+            self.loops.pipe_stage.remove(&a.dot);
+        }
+        Ok(())
+    }
     /// The ring region's base: the bottom of shared memory, above the
     /// resident operands ([`Pipeline::resident`]).
     pub(in crate::lower) fn ring_base(&mut self) -> Result<PointerValue<'ctx>> {
-        self.smem_at(self.pipe.resident_bytes)
+        self.smem_at(self.plan.pipe.resident_bytes)
     }
 
     /// The resident copy of the loop-invariant `wgmma` operand `v`
     /// ([`Pipeline::resident`]), if it has one.
     pub(in crate::lower) fn resident_ptr(&mut self, v: Value) -> Result<Option<PointerValue<'ctx>>> {
-        match self.pipe.resident.get(&v) {
+        match self.plan.pipe.resident.get(&v) {
             Some(&off) => Ok(Some(self.smem_at(off)?)),
             None => Ok(None),
         }
@@ -50,7 +109,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// barrier first (products of an earlier pass may still read the
     /// place), the stores, a fence for the async proxy, a barrier.
     pub(in crate::lower) fn make_resident(&mut self, v: Value) -> Result<()> {
-        if let Some(&off) = self.pipe.mma_resident.get(&v) {
+        if let Some(&off) = self.plan.pipe.mma_resident.get(&v) {
             // Padded rows for `ldmatrix` (`dot::resident`).
             let base = self.smem_at(0)?;
             self.barrier()?;
@@ -88,7 +147,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         for (i, regs) in fed {
             self.vals.insert(self.f.insts[*i].results[0], regs.clone());
         }
-        let outer = self.extra_pred.replace(valid);
+        let outer = self.loops.extra_pred.replace(valid);
         let mut res = Ok(());
         for &i in insts {
             if fed.iter().any(|(j, _)| *j == i) {
@@ -100,7 +159,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 break;
             }
         }
-        self.extra_pred = outer;
+        self.loops.extra_pred = outer;
         let out = match res {
             Ok(()) => read(self),
             Err(e) => Err(e),
@@ -249,7 +308,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Issues the copies an iteration deferred ([`PendingIssue`]), if any.
     pub(in crate::lower) fn pipe_flush(&mut self) -> Result<()> {
-        let Some(p) = self.pipe_pending.take() else { return Ok(()) };
+        let Some(p) = self.loops.pipe_pending.take() else { return Ok(()) };
         self.pipe_issue(&p.pl, p.iv_arg, p.iv, p.valid, p.stage, Some(&p.fed), None, true)
     }
 
@@ -291,7 +350,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// of register `slot` of `l` (a `[rows, cols]` tile; see [`atom_index`]).
     pub(in crate::lower) fn atom_index(
         &self,
-        l: &Layout,
+        l: &BlockedLayout,
         base: IntValue<'ctx>,
         slot: usize,
         rows: usize,
@@ -330,9 +389,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         dot: Inst,
         operand: usize,
     ) -> Result<Option<(PointerValue<'ctx>, Rows)>> {
-        let Some(&ld) = self.pipe.by_dot.get(&(dot, operand)) else { return Ok(None) };
+        let Some(&ld) = self.plan.pipe.by_dot.get(&(dot, operand)) else { return Ok(None) };
         let cols = self.f.ty(self.f.insts[ld].results[0]).shape[1];
         let aligned = self
+            .loops
             .pipe_stage
             .get(&ld)
             .is_some_and(|&(_, off, bytes)| off.is_multiple_of(1024) && bytes.is_multiple_of(1024));
@@ -348,7 +408,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// a pipelined load's, or the one a staged `dot` writes its computed
     /// `a` operand into ([`PipeLoop::a_stages`]).
     pub(in crate::lower) fn stage_ptr(&mut self, key: Inst) -> Result<Option<PointerValue<'ctx>>> {
-        let Some(&(stage, ring_off, stage_bytes)) = self.pipe_stage.get(&key) else { return Ok(None) };
+        let Some(&(stage, ring_off, stage_bytes)) = self.loops.pipe_stage.get(&key) else { return Ok(None) };
         let ring = self.ring_base()?;
         let off = self.b.build_int_mul(stage, self.i32c(stage_bytes as i64), "")?;
         let off = self.b.build_int_add(off, self.i32c(ring_off as i64), "")?;

@@ -54,6 +54,17 @@ impl ControlOp {
         })
     }
 
+    /// Checks the operands of an `if`: one scalar `i1` condition. (Its
+    /// result types are declared by the op; the verifier checks them
+    /// against its regions.)
+    pub fn check_if_operands(args: &[Type]) -> Result<(), String> {
+        expect_args("if", args, 1)?;
+        if !args[0].is_scalar() || !args[0].is_bool() {
+            return Err(format!("`if` condition must be a scalar i1, found {}", args[0]));
+        }
+        Ok(())
+    }
+
     /// Result types as far as operands decide them: `for` returns its carried
     /// types, terminators return nothing; `if` and `while` results are declared
     /// by the op and checked against the regions by the verifier.
@@ -77,10 +88,7 @@ impl ControlOp {
                 Ok(args[3..].to_vec())
             }
             ControlOp::If => {
-                expect_args("if", args, 1)?;
-                if !args[0].is_scalar() || !args[0].is_bool() {
-                    return Err(format!("`if` condition must be a scalar i1, found {}", args[0]));
-                }
+                Self::check_if_operands(args)?;
                 Err("`if` result types are declared, not inferred".into())
             }
             ControlOp::While => Err("`while` result types are declared, not inferred".into()),

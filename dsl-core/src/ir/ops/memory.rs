@@ -291,6 +291,20 @@ impl AtomicKind {
     }
 }
 
+/// The operands of a `load` by role ([`MemoryOp::load_operands`]): the
+/// pointer tile, the optional `i1` mask and the optional value of masked-off
+/// lanes. `T` is whatever stands for an operand (a `Value`, a lowered
+/// register set, an interpreter tile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOperands<T> {
+    /// The pointers.
+    pub ptr: T,
+    /// The mask, when the load has one.
+    pub mask: Option<T>,
+    /// The value of masked-off lanes, when the load has one (never without a mask).
+    pub other: Option<T>,
+}
+
 impl MemoryOp {
     /// The mnemonic.
     pub fn name(&self) -> &'static str {
@@ -303,6 +317,18 @@ impl MemoryOp {
             MemoryOp::WaitUntil { .. } => "wait_until",
             MemoryOp::PrefetchL2 { .. } => "prefetch_l2",
         }
+    }
+
+    /// The operands of a `load` with arguments `args`, by role; `None` for
+    /// the other memory ops. (A `load`'s flags say which optional operands
+    /// it has; this is the one place that decodes them.)
+    pub fn load_operands<T: Copy>(&self, args: &[T]) -> Option<LoadOperands<T>> {
+        let MemoryOp::Load { has_mask, has_other, .. } = *self else { return None };
+        Some(LoadOperands {
+            ptr: *args.first()?,
+            mask: if has_mask { Some(*args.get(1)?) } else { None },
+            other: if has_other { Some(*args.get(2)?) } else { None },
+        })
     }
 
     /// True for ops that write memory, read it volatile or ordered (a read

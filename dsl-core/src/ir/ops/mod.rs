@@ -31,7 +31,9 @@ pub use creation::CreationOp;
 pub use debug::DebugOp;
 pub use dot::{DotOp, DotPrecision};
 pub use hint::HintOp;
-pub use memory::{AtomicKind, CacheModifier, EvictionPolicy, MemOrder, MemScope, MemSem, MemoryOp};
+pub use memory::{
+    AtomicKind, CacheModifier, EvictionPolicy, LoadOperands, MemOrder, MemScope, MemSem, MemoryOp,
+};
 pub use program::ProgramOp;
 pub use reduce::{ReduceKind, ReduceOp, ScanKind, ScanOp};
 pub use shape::ShapeOp;

@@ -34,7 +34,7 @@ pub fn spt_cap_for(min_bytes: usize) -> usize {
 
 /// A flattened blocked layout; see the module documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Layout {
+pub struct BlockedLayout {
     /// Element count of the tile (1 for scalars).
     pub n: usize,
     /// Consecutive elements per chunk ("size per thread").
@@ -43,20 +43,20 @@ pub struct Layout {
     pub threads: usize,
 }
 
-impl Layout {
+impl BlockedLayout {
     /// The layout of a tile of `n` elements over `threads` threads.
-    pub fn new(n: usize, threads: usize) -> Layout {
-        Layout::with_cap(n, threads, MAX_SPT)
+    pub fn new(n: usize, threads: usize) -> BlockedLayout {
+        BlockedLayout::with_cap(n, threads, MAX_SPT)
     }
 
     /// The layout of a tile of `n` elements over `threads` threads, with at most
     /// `cap` (a power of two) consecutive elements per chunk. All tiles of one
     /// kernel use the same cap, so the layout is still a function of `n` there.
-    pub fn with_cap(n: usize, threads: usize, cap: usize) -> Layout {
+    pub fn with_cap(n: usize, threads: usize, cap: usize) -> BlockedLayout {
         let n = n.max(1);
         let threads = threads.max(1);
         let spt = n.min(cap.max(1));
-        Layout { n, spt, threads }
+        BlockedLayout { n, spt, threads }
     }
 
     /// Number of chunks of `spt` elements.
@@ -86,7 +86,7 @@ impl Layout {
     }
 
     /// The constant part of the linear index of register `slot`, added to
-    /// [`Layout::thread_base`].
+    /// [`BlockedLayout::thread_base`].
     pub fn slot_offset(&self, slot: usize) -> usize {
         (slot / self.spt) * self.threads * self.spt + slot % self.spt
     }
@@ -119,7 +119,7 @@ mod tests {
     fn covers_every_element_once() {
         for &threads in &[32usize, 128, 256] {
             for &n in &[1usize, 2, 32, 64, 128, 512, 1024, 4096, 16384] {
-                let l = Layout::new(n, threads);
+                let l = BlockedLayout::new(n, threads);
                 let mut seen = vec![0u32; n];
                 for t in 0..threads {
                     for s in 0..l.regs() {
@@ -137,22 +137,22 @@ mod tests {
 
     #[test]
     fn chunks_are_contiguous_and_replicas_match() {
-        let l = Layout::new(1024, 128);
+        let l = BlockedLayout::new(1024, 128);
         assert_eq!((l.spt, l.regs()), (4, 8));
-        let small = Layout::new(128, 128);
+        let small = BlockedLayout::new(128, 128);
         assert_eq!((small.spt, small.nchunks(), small.regs()), (4, 32, 4));
         assert!(small.replicated() && small.is_owner(31) && !small.is_owner(32));
         assert_eq!(l.linear_index(1, 0), 4);
         assert_eq!(l.linear_index(1, 3), 7);
         assert_eq!(l.linear_index(1, 4), 516);
-        let r = Layout::new(64, 128);
+        let r = BlockedLayout::new(64, 128);
         assert!(r.replicated());
         assert_eq!((r.spt, r.regs(), r.nchunks()), (4, 4, 16));
         assert_eq!(r.linear_index(70, 0), r.linear_index(6, 0));
         assert!(!r.is_owner(70));
-        let two = Layout::new(2, 128);
+        let two = BlockedLayout::new(2, 128);
         assert_eq!((two.spt, two.regs(), two.nchunks()), (2, 2, 1));
-        let s = Layout::new(1, 256);
+        let s = BlockedLayout::new(1, 256);
         assert_eq!((s.regs(), s.linear_index(200, 0)), (1, 0));
     }
 

@@ -1,5 +1,5 @@
-//! Layout assignment: which tile values live in a tensor-core layout
-//! ([`Lay::Mma`], [`Lay::Row`]) instead of the flattened blocked layout, and
+//! BlockedLayout assignment: which tile values live in a tensor-core layout
+//! ([`RegLayout::Mma`], [`RegLayout::Row`]) instead of the flattened blocked layout, and
 //! which of them also need a blocked copy.
 //!
 //! The result of every tensor-core `dot` is in its accumulator layout. From
@@ -9,13 +9,13 @@
 //!   of an `[M, N]` tile with an operand in an [`MmaLayout`] of that shape
 //!   take it (their other operands are converted, constants splatted);
 //! - a built-in `sum`/`max`/`min` along the last axis of an `[M, N]` tile in
-//!   an [`MmaLayout`] gives its [`crate::mma::RowLayout`] (quad shuffles);
+//!   an [`MmaLayout`] gives its [`crate::fragment::RowLayout`] (quad shuffles);
 //!   elementwise ops on row vectors keep it, and so do `expand_dims` and
 //!   `reshape` between `[M]` and `[M, 1]`;
 //! - `broadcast` of an `[M, 1]` row vector to `[M, N]` takes the layout of a
 //!   tensor-core `dot` of that shape with the same split of `M`;
 //! - `trans` of an `[M, N]` tile in an [`MmaLayout`] of at least
-//!   [`LARGE_ACC`] registers per thread keeps its registers ([`Lay::MmaT`]);
+//!   [`LARGE_ACC`] registers per thread keeps its registers ([`RegLayout::MmaT`]);
 //!   its users take it through a blocked copy, which costs one exchange
 //!   instead of two (accumulator to blocked, then a permute);
 //! - a `for` carries a value in the layout its body yields (the initial
@@ -33,30 +33,30 @@
 //! lowering of those users reads plain blocked registers.
 
 use super::dot::plan::MmaPlan;
-use crate::mma::{Lay, MmaLayout};
+use crate::fragment::{MmaLayout, RegLayout};
 use dsl_core::Function;
 use dsl_core::ir::ops::{ArithOp, CastOp, CompareOp, ControlOp, CreationOp, ReduceKind, ShapeOp};
 use dsl_core::ir::{Inst, Op, Value};
 use rustc_hash::{FxHashMap, FxHashSet};
 
-/// The layouts of a function's values; absent values are [`Lay::Blocked`].
+/// The layouts of a function's values; absent values are [`RegLayout::Blocked`].
 #[derive(Debug, Default)]
 pub(crate) struct Assignment {
     /// Values not in the blocked layout.
-    pub lays: FxHashMap<Value, Lay>,
+    pub lays: FxHashMap<Value, RegLayout>,
     /// Values in a tensor-core layout that also need a blocked copy.
     pub needs_blocked: FxHashSet<Value>,
 }
 
 impl Assignment {
     /// The layout of `v`.
-    pub fn lay(&self, v: Value) -> Lay {
-        self.lays.get(&v).copied().unwrap_or(Lay::Blocked)
+    pub fn lay(&self, v: Value) -> RegLayout {
+        self.lays.get(&v).copied().unwrap_or(RegLayout::Blocked)
     }
 }
 
 /// Accumulator registers per thread from which `trans` keeps the
-/// accumulator's registers ([`Lay::MmaT`]) instead of converting to blocked
+/// accumulator's registers ([`RegLayout::MmaT`]) instead of converting to blocked
 /// and permuting: the swapped dequant GEMM's 256 x 128 tile (128 registers)
 /// stores its epilogue with one exchange instead of two (81.0 -> 78.5 us at
 /// M256 K4096 N14336, H100). Below it the permute is cheap and the other
@@ -90,8 +90,8 @@ pub(crate) fn is_uniform(f: &Function, v: Value) -> bool {
 /// layout `a`: every warp holds whole rows of `a` (`warps_n == 1`) and both
 /// split `M` the same way, so the A fragments of a warp's m tiles are its own
 /// accumulator registers (two 8-column n tiles make one 16-wide k step).
-pub(crate) fn a_from_regs(a: Lay, l: &MmaLayout) -> bool {
-    matches!(a, Lay::Mma(al) if al.warps_n == 1 && al.m == l.m && al.warps_m == l.warps_m)
+pub(crate) fn a_from_regs(a: RegLayout, l: &MmaLayout) -> bool {
+    matches!(a, RegLayout::Mma(al) if al.warps_n == 1 && al.m == l.m && al.warps_m == l.warps_m)
 }
 
 /// Assigns layouts to the values of `f` given its tensor-core plan.
@@ -110,7 +110,7 @@ pub(crate) fn assign(f: &Function, plan: &MmaPlan) -> Assignment {
             for (r, lay) in infer(f, plan, &a, &dot_layouts, i) {
                 if a.lay(r) != lay {
                     changed = true;
-                    if lay == Lay::Blocked {
+                    if lay == RegLayout::Blocked {
                         a.lays.remove(&r);
                     } else {
                         a.lays.insert(r, lay);
@@ -126,7 +126,7 @@ pub(crate) fn assign(f: &Function, plan: &MmaPlan) -> Assignment {
     for &i in &order {
         for (k, &v) in f.insts[i].args.iter().enumerate() {
             let lay = a.lay(v);
-            if lay != Lay::Blocked && wants(f, plan, &a, i, k) != lay {
+            if lay != RegLayout::Blocked && wants(f, plan, &a, i, k) != lay {
                 a.needs_blocked.insert(v);
             }
         }
@@ -135,56 +135,56 @@ pub(crate) fn assign(f: &Function, plan: &MmaPlan) -> Assignment {
 }
 
 /// The layout the `k`-th operand of `inst` is consumed in.
-pub(crate) fn wants(f: &Function, plan: &MmaPlan, a: &Assignment, inst: Inst, k: usize) -> Lay {
+pub(crate) fn wants(f: &Function, plan: &MmaPlan, a: &Assignment, inst: Inst, k: usize) -> RegLayout {
     let d = &f.insts[inst];
-    let res = |n: usize| d.results.get(n).map(|&r| a.lay(r)).unwrap_or(Lay::Blocked);
+    let res = |n: usize| d.results.get(n).map(|&r| a.lay(r)).unwrap_or(RegLayout::Blocked);
     match &d.op {
         op if is_elementwise(op) => res(0),
         Op::Reduce(_) => match (a.lay(d.args[k]), res(0)) {
-            (Lay::Mma(_), Lay::Row(_)) => a.lay(d.args[k]),
-            _ => Lay::Blocked,
+            (RegLayout::Mma(_), RegLayout::Row(_)) => a.lay(d.args[k]),
+            _ => RegLayout::Blocked,
         },
         Op::Shape(ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => match res(0) {
-            Lay::Row(r) => Lay::Row(r),
-            _ => Lay::Blocked,
+            RegLayout::Row(r) => RegLayout::Row(r),
+            _ => RegLayout::Blocked,
         },
         Op::Shape(ShapeOp::Broadcast { .. }) => match (a.lay(d.args[k]), res(0)) {
-            (Lay::Row(r), Lay::Mma(l)) if l.row() == r => Lay::Row(r),
-            _ => Lay::Blocked,
+            (RegLayout::Row(r), RegLayout::Mma(l)) if l.row() == r => RegLayout::Row(r),
+            _ => RegLayout::Blocked,
         },
         Op::Shape(ShapeOp::Permute { .. }) => match res(0) {
-            Lay::MmaT(l) => Lay::Mma(l),
-            _ => Lay::Blocked,
+            RegLayout::MmaT(l) => RegLayout::Mma(l),
+            _ => RegLayout::Blocked,
         },
         Op::Dot(_) => match plan.dots.get(&inst) {
-            Some(l) if k == 2 => Lay::Mma(*l),
+            Some(l) if k == 2 => RegLayout::Mma(*l),
             // `a` in an accumulator layout: fragments from its registers, or
             // staged from them (see `dot/mma.rs`).
-            Some(_) if k == 0 && matches!(a.lay(d.args[0]), Lay::Mma(_)) => a.lay(d.args[0]),
-            _ => Lay::Blocked,
+            Some(_) if k == 0 && matches!(a.lay(d.args[0]), RegLayout::Mma(_)) => a.lay(d.args[0]),
+            _ => RegLayout::Blocked,
         },
         Op::Control(ControlOp::For) if k >= 3 => {
             let body = f.entry(d.regions[0]);
-            f.blocks[body].args.get(k - 2).map(|&b| a.lay(b)).unwrap_or(Lay::Blocked)
+            f.blocks[body].args.get(k - 2).map(|&b| a.lay(b)).unwrap_or(RegLayout::Blocked)
         }
         Op::Control(ControlOp::Yield) => yield_wants(f, a, inst, k),
-        _ => Lay::Blocked,
+        _ => RegLayout::Blocked,
     }
 }
 
 /// The layout a region's `yield` passes its `k`-th operand on in: the
 /// carried value's of a `for` body, the result's of an `if` branch.
-fn yield_wants(f: &Function, a: &Assignment, y: Inst, k: usize) -> Lay {
-    let Some(block) = f.insts[y].parent else { return Lay::Blocked };
-    let Some(region) = f.blocks[block].parent else { return Lay::Blocked };
-    let Some(owner) = f.regions[region].parent else { return Lay::Blocked };
+fn yield_wants(f: &Function, a: &Assignment, y: Inst, k: usize) -> RegLayout {
+    let Some(block) = f.insts[y].parent else { return RegLayout::Blocked };
+    let Some(region) = f.blocks[block].parent else { return RegLayout::Blocked };
+    let Some(owner) = f.regions[region].parent else { return RegLayout::Blocked };
     let od = &f.insts[owner];
     match od.op {
         Op::Control(ControlOp::For) => {
-            f.blocks[block].args.get(k + 1).map(|&b| a.lay(b)).unwrap_or(Lay::Blocked)
+            f.blocks[block].args.get(k + 1).map(|&b| a.lay(b)).unwrap_or(RegLayout::Blocked)
         }
-        Op::Control(ControlOp::If) => od.results.get(k).map(|&r| a.lay(r)).unwrap_or(Lay::Blocked),
-        _ => Lay::Blocked,
+        Op::Control(ControlOp::If) => od.results.get(k).map(|&r| a.lay(r)).unwrap_or(RegLayout::Blocked),
+        _ => RegLayout::Blocked,
     }
 }
 
@@ -196,31 +196,32 @@ fn infer(
     a: &Assignment,
     dot_layouts: &[MmaLayout],
     inst: Inst,
-) -> Vec<(Value, Lay)> {
+) -> Vec<(Value, RegLayout)> {
     let d = &f.insts[inst];
-    let one = |lay: Lay| d.results.first().map(|&r| vec![(r, lay)]).unwrap_or_default();
+    let one = |lay: RegLayout| d.results.first().map(|&r| vec![(r, lay)]).unwrap_or_default();
     let shape = |v: Value| f.ty(v).shape.to_vec();
     match &d.op {
         Op::Dot(_) => match plan.dots.get(&inst) {
-            Some(l) => one(Lay::Mma(*l)),
-            None => one(Lay::Blocked),
+            Some(l) => one(RegLayout::Mma(*l)),
+            None => one(RegLayout::Blocked),
         },
         op if is_elementwise(op) => {
             let Some(&r) = d.results.first() else { return Vec::new() };
             let rs = shape(r);
             if rs.is_empty() {
-                return one(Lay::Blocked);
+                return one(RegLayout::Blocked);
             }
-            let tiles: Vec<Lay> = d.args.iter().filter(|&&x| !is_uniform(f, x)).map(|&x| a.lay(x)).collect();
+            let tiles: Vec<RegLayout> =
+                d.args.iter().filter(|&&x| !is_uniform(f, x)).map(|&x| a.lay(x)).collect();
             let mma = tiles.iter().find_map(|l| match l {
-                Lay::Mma(m) if rs == [m.m, m.n] => Some(Lay::Mma(*m)),
+                RegLayout::Mma(m) if rs == [m.m, m.n] => Some(RegLayout::Mma(*m)),
                 _ => None,
             });
             let row = tiles.iter().find_map(|l| match l {
-                Lay::Row(rl) if is_row_shape(&rs, rl.m) => Some(Lay::Row(*rl)),
+                RegLayout::Row(rl) if is_row_shape(&rs, rl.m) => Some(RegLayout::Row(*rl)),
                 _ => None,
             });
-            one(mma.or(row).unwrap_or(Lay::Blocked))
+            one(mma.or(row).unwrap_or(RegLayout::Blocked))
         }
         Op::Reduce(o) => {
             let x = d.args[0];
@@ -229,27 +230,29 @@ fn infer(
                 && o.axis == 1
                 && f.ty(x).rank() == 2;
             match a.lay(x) {
-                Lay::Mma(l) if ok => one(Lay::Row(l.row())),
-                _ => one(Lay::Blocked),
+                RegLayout::Mma(l) if ok => one(RegLayout::Row(l.row())),
+                _ => one(RegLayout::Blocked),
             }
         }
         Op::Shape(ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => {
             let rs = shape(d.results[0]);
             match a.lay(d.args[0]) {
-                Lay::Row(rl) if is_row_shape(&rs, rl.m) => one(Lay::Row(rl)),
-                _ => one(Lay::Blocked),
+                RegLayout::Row(rl) if is_row_shape(&rs, rl.m) => one(RegLayout::Row(rl)),
+                _ => one(RegLayout::Blocked),
             }
         }
         Op::Shape(ShapeOp::Broadcast { shape: out }) => match a.lay(d.args[0]) {
-            Lay::Row(rl) if out.len() == 2 && shape(d.args[0]) == [rl.m, 1] => {
+            RegLayout::Row(rl) if out.len() == 2 && shape(d.args[0]) == [rl.m, 1] => {
                 let l = dot_layouts.iter().find(|l| l.m == out[0] && l.n == out[1] && l.row() == rl);
-                one(l.map_or(Lay::Blocked, |l| Lay::Mma(*l)))
+                one(l.map_or(RegLayout::Blocked, |l| RegLayout::Mma(*l)))
             }
-            _ => one(Lay::Blocked),
+            _ => one(RegLayout::Blocked),
         },
         Op::Shape(ShapeOp::Permute { order }) => match a.lay(d.args[0]) {
-            Lay::Mma(l) if order.as_slice() == [1, 0] && l.regs() >= LARGE_ACC => one(Lay::MmaT(l)),
-            _ => one(Lay::Blocked),
+            RegLayout::Mma(l) if order.as_slice() == [1, 0] && l.regs() >= LARGE_ACC => {
+                one(RegLayout::MmaT(l))
+            }
+            _ => one(RegLayout::Blocked),
         },
         Op::Control(ControlOp::For) => {
             let body = f.entry(d.regions[0]);
@@ -258,7 +261,7 @@ fn infer(
             let yielded = &f.insts[term].args;
             let mut out = Vec::new();
             for (k, &y) in yielded.iter().enumerate() {
-                let lay = if f.ty(y).rank() == 0 { Lay::Blocked } else { a.lay(y) };
+                let lay = if f.ty(y).rank() == 0 { RegLayout::Blocked } else { a.lay(y) };
                 if let Some(&ba) = bargs.get(k + 1) {
                     out.push((ba, lay));
                 }
@@ -281,13 +284,14 @@ fn infer(
                 .iter()
                 .enumerate()
                 .map(|(k, &r)| {
-                    let lays: Vec<Lay> = ys.iter().filter_map(|y| y.get(k)).map(|&v| a.lay(v)).collect();
+                    let lays: Vec<RegLayout> =
+                        ys.iter().filter_map(|y| y.get(k)).map(|&v| a.lay(v)).collect();
                     let same = lays.len() == 2 && lays[0] == lays[1];
-                    (r, if same { lays[0] } else { Lay::Blocked })
+                    (r, if same { lays[0] } else { RegLayout::Blocked })
                 })
                 .collect()
         }
-        _ => d.results.iter().map(|&r| (r, Lay::Blocked)).collect(),
+        _ => d.results.iter().map(|&r| (r, RegLayout::Blocked)).collect(),
     }
 }
 
@@ -330,9 +334,9 @@ mod tests {
         assert_eq!(fors.len(), 2, "two key loops");
         for &fi in &fors {
             let body = f.entry(f.insts[fi].regions[0]);
-            let lays: Vec<Lay> = f.blocks[body].args[1..].iter().map(|&b| a.lay(b)).collect();
-            let rows = lays.iter().filter(|l| matches!(l, Lay::Row(_))).count();
-            let mmas = lays.iter().filter(|l| matches!(l, Lay::Mma(_))).count();
+            let lays: Vec<RegLayout> = f.blocks[body].args[1..].iter().map(|&b| a.lay(b)).collect();
+            let rows = lays.iter().filter(|l| matches!(l, RegLayout::Row(_))).count();
+            let mmas = lays.iter().filter(|l| matches!(l, RegLayout::Mma(_))).count();
             assert_eq!((rows, mmas), (2, 1), "carried m, l in rows and acc in the mma layout: {lays:?}");
             // The second dot of the body takes `p` from registers.
             let dots: Vec<Inst> =

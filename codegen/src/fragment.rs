@@ -13,14 +13,14 @@
 //! multiple of `16 * warps_m`, `N` of `8 * warps_n`, and the `dot`'s `K` of 16.
 //!
 //! Values other than `dot` results can live in these layouts too (see
-//! `lower/layouts.rs`): an `[M, N]` tile in an [`MmaLayout`] (elementwise
+//! `lower/assign.rs`): an `[M, N]` tile in an [`MmaLayout`] (elementwise
 //! math on scores, `p`, rescaled accumulators), and an `[M]` (or `[M, 1]`)
 //! row vector in the [`RowLayout`] slice of it (row maxima and sums): each
 //! thread holds the rows of its accumulator registers, `g` and `g + 8` of
 //! every 16-row m tile of its warp, replicated over the four lanes of a quad
 //! and over the warps along `N`. The transpose of such a tile (`trans` of an
 //! accumulator, the swapped GEMM's epilogue) keeps its registers
-//! ([`Lay::MmaT`]). [`Lay`] names the layout of one value.
+//! ([`RegLayout::MmaT`]). [`RegLayout`] names the layout of one value.
 //! This module is pure index arithmetic (no LLVM) so it is unit-tested alone.
 
 /// Elements of padding appended to every row of a tile staged in shared
@@ -174,8 +174,8 @@ impl RowLayout {
 
 /// The layout of one tile value during lowering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Lay {
-    /// The flattened blocked layout of `crate::layout` (the default).
+pub enum RegLayout {
+    /// The flattened blocked layout of `crate::blocked` (the default).
     Blocked,
     /// An `[M, N]` tile in a tensor-core accumulator layout.
     Mma(MmaLayout),
