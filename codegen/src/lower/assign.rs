@@ -58,10 +58,9 @@ impl Assignment {
 /// Accumulator registers per thread from which `trans` keeps the
 /// accumulator's registers ([`RegLayout::MmaT`]) instead of converting to blocked
 /// and permuting: the swapped dequant GEMM's 256 x 128 tile (128 registers)
-/// stores its epilogue with one exchange instead of two (81.0 -> 78.5 us at
-/// M256 K4096 N14336, H100). Below it the permute is cheap and the other
-/// path changed ptxas's register choices for the worse (the swapped 64 x
-/// 64 tile, 32 registers: 56.5 -> 61.1 us at M64 N14336, same machine).
+/// stores its epilogue with one exchange instead of two. Below it the
+/// permute is cheap and the other path changes ptxas's register choices for
+/// the worse (the swapped 64 x 64 tile, 32 registers, is slower with it).
 pub(crate) const LARGE_ACC: usize = 64;
 
 /// True for elementwise ops that may compute in any layout.

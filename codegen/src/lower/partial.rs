@@ -42,11 +42,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 /// partial. At 32 columns (FlashAttention's `mma.sync` 128 x 32 tile at
 /// head dim 128) ptxas, once the shuffles are gone, issues one k step's
 /// 16 exponentials in a row after the other k step's `mma`s instead of
-/// among them (sm_80 SASS), and over pages of 128 the kernel ran 2.7%
-/// (full) and 3.5% (causal) slower on an H100 (2026-11-28); over pages of
-/// 16 it ran 2-5% faster. 64-column tiles gained: head dim 64's 128 x 64
-/// 1.5% causal and 4.7% full, and 128 x 64 at head dim 128 no longer
-/// spills its row sums in the loop.
+/// among them, which loses over large pages; 64-column tiles gain, and the
+/// 128 x 64 tile at head dim 128 no longer spills its row sums in the loop.
 const MIN_COLS: usize = 64;
 
 /// The partial row sums of a kernel (see the module documentation).

@@ -18,9 +18,8 @@
 //! thread 0 waits for the matching phase before it refills the stage (the
 //! phase before the first one counts as complete: a fresh barrier's parity
 //! 1). No CTA barrier is left in the loop, so warpgroups drift apart: one
-//! warpgroup's softmax overlaps the other's products (FlashAttention at head
-//! dim 128, 128 x 128 tiles of 8 warps over 128-token pages: 512 / 588
-//! TFLOP/s causal / full at L 4096, H100, 2026-11-27; see BENCHMARKS.md).
+//! warpgroup's softmax overlaps the other's products (FlashAttention's
+//! 8-warp tiles over 128-token pages; figures in BENCHMARKS.md).
 //! Other loops keep the CTA barrier after the wait.
 //!
 //! At the exit, after the loop's last barrier, thread 0 invalidates the

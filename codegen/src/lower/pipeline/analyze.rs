@@ -150,10 +150,10 @@ pub(crate) fn analyze(
         }
         // Deferring costs one stage of prefetch distance. With operands
         // from shared memory it pays from four stages on (two tiles still in
-        // flight; at three stages the matmul lost 12% with one). When the
-        // body forms the A fragments itself, deferring is what lets that
-        // math overlap the running group, and one tile in flight is enough
-        // (the swapped dequant GEMM at 3 stages: 102.3 -> 98.1 us on H100).
+        // flight; with one, at three stages, the copies are exposed). When
+        // the body forms the A fragments itself, deferring is what lets
+        // that math overlap the running group, and one tile in flight is
+        // enough.
         let defer = wgmma && only_yield && (stages >= 4 || (stages == 3 && formed_a));
         if defer {
             let large = ours
@@ -292,12 +292,10 @@ pub(crate) fn derives_from_dot(f: &Function, v: Value) -> bool {
 /// multiple of 64 (one warpgroup's rows each).
 ///
 /// Wider operands keep register A: each `k` step of an SS-mode `wgmma`
-/// reads its `a` from shared memory again, which at FlashAttention's
-/// head dim 128 (`m64n64k16` scores) cost more than the 70 registers it
-/// saved (254 -> 184, still two programs per SM): 438 -> 405 TFLOP/s at
-/// L 4096, full (H100, same call). At head dim 64 the saved registers
-/// (168 -> 127) let a fourth program onto each SM: 348 -> 377 TFLOP/s
-/// causal, 388 -> 402 full.
+/// reads its `a` from shared memory again, which at FlashAttention's head
+/// dim 128 costs more than the registers it saves (they do not buy another
+/// program per SM there). At head dim 64 the saved registers let one more
+/// program onto each SM, which pays.
 fn may_reside(f: &Function, plan: &MmaPlan, body: Block, d: Inst) -> bool {
     let av = f.insts[d].args[0];
     let Some(def) = f.def_inst(av) else { return false };

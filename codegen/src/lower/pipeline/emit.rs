@@ -13,12 +13,10 @@ use super::*;
 /// their address and mask arithmetic among the last `mma`s, and after the
 /// barrier every warp goes straight to its `ldmatrix`es; at the top of the
 /// body all warps computed the copies at once while the tensor cores
-/// waited. On an H100 (`TESSERA_TARGET=sm_80`, the 128 x 256 x 64 tile at
-/// 8192^3) this took the matmul from 421 to 456 TFLOP/s (three alternations
-/// in one call, 2026-11-28); copies issued after the first k step instead,
-/// with the A fragments loaded per k step, lost 2-4%. FlashAttention's two
-/// `dot`s are left alone: their loops spill more when the copies'
-/// addresses stay live across a product.
+/// waited. (Issuing them after the first k step instead, with the A
+/// fragments loaded per k step, was slower; BENCHMARKS.md has the runs.)
+/// FlashAttention's two `dot`s are left alone: their loops spill more when
+/// the copies' addresses stay live across a product.
 pub(crate) struct PendingIssue<'ctx> {
     /// The loop; the copies follow the `mma`s of its `issue_after`.
     pub pl: PipeLoop,
@@ -316,8 +314,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// only, `.cg`, or also allocating in L1 with `l1`, `.ca`), zero-filling
     /// past the source size `size` when there is one, with CUTLASS's
     /// `.L2::128B` prefetch-size hint: a miss fetches the whole 128-byte line
-    /// from DRAM at once (decode attention measured 1.5-2% faster on H100;
-    /// matmul and FlashAttention unchanged). LLVM's intrinsic has no hint, so
+    /// from DRAM at once (it helps decode attention's scattered pages and
+    /// costs the dense kernels nothing). LLVM's intrinsic has no hint, so
     /// this is inline PTX.
     fn cp_async_16(
         &mut self,

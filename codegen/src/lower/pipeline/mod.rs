@@ -178,10 +178,8 @@ pub(crate) struct PipeLoop {
     /// one copy of the body, ptxas moves the prefetched registers into the
     /// carried ones at the back edge, and the moves wait for the loads to
     /// land; with two, each load writes the register its consumer reads.
-    /// (Measured on the swapped dequant GEMM with words two tiles ahead:
-    /// M 64 x N 14336 58.8 -> 54.1 us, M 256 x N 14336 74.3 -> 73.6, H100;
-    /// unrolling its stream-K form, whose loads precede the product, lost
-    /// 48.3 -> 51.2 us at M 256 x N 4096.)
+    /// (A loop whose loads precede the product, the stream-K form, gains
+    /// nothing from it and is not unrolled.)
     pub unroll: bool,
     /// The body's only tensor-core `dot` when the loop is an `mma.sync` GEMM's
     /// (no `wgmma`, every load a `cp.async` copy): each iteration issues its
@@ -301,8 +299,8 @@ impl Rows {
 /// `ldmatrix` phase (8 rows, one chunk each) and every 128-byte group of a
 /// `cp.async` then hit distinct banks, with no padding: each 8-lane group of
 /// a copy writes one aligned 128-byte line (with the 16-byte row padding the
-/// groups straddled lines, and H100 replayed the copies and fetched their
-/// sectors from L2 twice).
+/// groups straddle lines, and the hardware replays the copies and fetches
+/// their sectors from L2 twice).
 pub(crate) fn swizzled(cols: usize) -> bool {
     cols >= 64 && cols.is_power_of_two()
 }
