@@ -157,6 +157,33 @@ pub fn compile_with_dumps(f: &dsl_core::Function, opts: &CompileOptions) -> Resu
     compile_inner(f, opts, true)
 }
 
+/// Verifies `module` and runs LLVM's `default<O3>` pipeline on it for `tm`.
+/// Returns the module's text before and after when `keep` or `print` asks
+/// for it (`print`: also to standard error, as kernel `name`'s `llvm` dump).
+pub(crate) fn optimize(
+    module: &inkwell::module::Module<'_>,
+    tm: &inkwell::targets::TargetMachine,
+    name: &str,
+    keep: bool,
+    print: bool,
+) -> Result<String> {
+    let mut text = String::new();
+    if keep || print {
+        text = format!("; ---- before optimization ----\n{}", module.print_to_string().to_string());
+    }
+    module.verify().map_err(|e| Error::Llvm(format!("module verification failed: {}", e.to_string())))?;
+    module
+        .run_passes("default<O3>", tm, PassBuilderOptions::create())
+        .map_err(|e| Error::Llvm(format!("O3 pipeline: {}", e.to_string())))?;
+    if keep || print {
+        text.push_str(&format!("\n; ---- after O3 ----\n{}", module.print_to_string().to_string()));
+        if print {
+            dump::print("llvm", name, &text);
+        }
+    }
+    Ok(text)
+}
+
 /// The kernel plan of `f` for `opts` as text (what `TESSERA_DUMP=plan`
 /// prints): `f` is verified, canonicalized and its `load_block`s expanded,
 /// as [`compile`] does, and planned; nothing is emitted.
@@ -220,19 +247,7 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     let lowered = lower::lower_planned(&ctx, &module, &f, &plan)?;
-    if want || env_llvm {
-        dumps.llvm = format!("; ---- before optimization ----\n{}", module.print_to_string().to_string());
-    }
-    module.verify().map_err(|e| Error::Llvm(format!("module verification failed: {}", e.to_string())))?;
-    module
-        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
-        .map_err(|e| Error::Llvm(format!("O3 pipeline: {}", e.to_string())))?;
-    if want || env_llvm {
-        dumps.llvm.push_str(&format!("\n; ---- after O3 ----\n{}", module.print_to_string().to_string()));
-        if env_llvm {
-            dump::print("llvm", &f.name, &dumps.llvm);
-        }
-    }
+    dumps.llvm = optimize(&module, &tm, &f.name, want, env_llvm)?;
     let buf = tm
         .write_to_memory_buffer(&module, FileType::Assembly)
         .map_err(|e| Error::Llvm(format!("PTX emission: {}", e.to_string())))?;

@@ -171,3 +171,53 @@ mod tests {
         assert!(crate::print::print(&g).contains("%x: ptr<f32> {divisibility = 16}"));
     }
 }
+
+/// A typed pointer into a buffer of a backend whose buffers live in host
+/// memory (the interpreter's `Cpu`, the native `codegen::host::Host`): the
+/// buffer's index and an offset in elements of the buffer's dtype.
+pub struct BufferPtr<T> {
+    buffer: usize,
+    offset: usize,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for BufferPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for BufferPtr<T> {}
+
+impl<T> std::fmt::Debug for BufferPtr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferPtr(buffer {}, +{})", self.buffer, self.offset)
+    }
+}
+
+impl<T> BufferPtr<T> {
+    /// The start of buffer `buffer`.
+    pub fn start(buffer: usize) -> BufferPtr<T> {
+        BufferPtr { buffer, offset: 0, _t: std::marker::PhantomData }
+    }
+
+    /// The buffer's index.
+    pub fn buffer(self) -> usize {
+        self.buffer
+    }
+
+    /// The (buffer, element offset) pair a launch passes on.
+    pub fn raw(self) -> (usize, usize) {
+        (self.buffer, self.offset)
+    }
+
+    /// The pointer `n` elements (of the buffer's dtype) further.
+    pub fn offset(self, n: usize) -> BufferPtr<T> {
+        BufferPtr { buffer: self.buffer, offset: self.offset + n, _t: std::marker::PhantomData }
+    }
+
+    /// The same address viewed as another element type (as `ptrcast` does).
+    pub fn cast<U>(self) -> BufferPtr<U> {
+        BufferPtr { buffer: self.buffer, offset: self.offset, _t: std::marker::PhantomData }
+    }
+}

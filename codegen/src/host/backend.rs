@@ -22,41 +22,10 @@ use dsl_core::{DType, Elem, Function};
 use rustc_hash::FxHashMap;
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// A typed pointer into a [`Host`] buffer.
-pub struct HostPtr<T> {
-    buffer: usize,
-    offset: usize,
-    _t: PhantomData<fn() -> T>,
-}
-
-impl<T> Clone for HostPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for HostPtr<T> {}
-
-impl<T> std::fmt::Debug for HostPtr<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostPtr(buffer {}, +{})", self.buffer, self.offset)
-    }
-}
-
-impl<T> HostPtr<T> {
-    /// The pointer `n` elements (of the buffer's dtype) further.
-    pub fn offset(self, n: usize) -> HostPtr<T> {
-        HostPtr { buffer: self.buffer, offset: self.offset + n, _t: PhantomData }
-    }
-
-    /// The same address viewed as another element type (as `ptrcast` does).
-    pub fn cast<U>(self) -> HostPtr<U> {
-        HostPtr { buffer: self.buffer, offset: self.offset, _t: PhantomData }
-    }
-}
+pub type HostPtr<T> = dsl_core::launch::BufferPtr<T>;
 
 /// 64 bytes, 64-byte aligned: the unit of buffer storage.
 #[derive(Clone, Copy)]
@@ -182,23 +151,23 @@ impl Host {
 
     fn push(&mut self, b: HostBuffer) -> HostPtr<AnyDType> {
         self.buffers.push(b);
-        HostPtr { buffer: self.buffers.len() - 1, offset: 0, _t: PhantomData }
+        HostPtr::start(self.buffers.len() - 1)
     }
 
     /// The bytes of the buffer `p` points into (all of it).
     pub fn bytes<T>(&self, p: HostPtr<T>) -> &[u8] {
-        self.buffers[p.buffer].bytes()
+        self.buffers[p.buffer()].bytes()
     }
 
     /// The bytes of the buffer `p` points into, mutably.
     pub fn bytes_mut<T>(&mut self, p: HostPtr<T>) -> &mut [u8] {
-        self.buffers[p.buffer].bytes_mut()
+        self.buffers[p.buffer()].bytes_mut()
     }
 
     /// Reads the whole buffer `p` points into (from its start) as `T`.
     pub fn read<T: Element>(&self, p: HostPtr<T>) -> Vec<T> {
         let size = T::DTYPE.size_bytes();
-        self.buffers[p.buffer].bytes().chunks_exact(size).map(T::read_le).collect()
+        self.buffers[p.buffer()].bytes().chunks_exact(size).map(T::read_le).collect()
     }
 
     /// The IR of `K` for `config`, built once per config.
@@ -262,7 +231,7 @@ impl Backend for Host {
     type Raw<'a> = (usize, usize);
 
     fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
-        (p.buffer, p.offset)
+        p.raw()
     }
 
     fn launch<'a, K: Kernel>(

@@ -44,7 +44,6 @@ pub use target::HostTarget;
 use crate::{Error, Result};
 use dsl_core::Function;
 use inkwell::context::Context;
-use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::FileType;
 
 /// A kernel compiled for the host: a relocatable object defining `symbol`,
@@ -126,19 +125,7 @@ fn compile_inner(
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     let lowered = lower::lower_function(&ctx, &module, &f, &storage, &axis, target, symbol)?;
-    if want || env_llvm {
-        dumps.llvm = format!("; ---- before optimization ----\n{}", module.print_to_string().to_string());
-    }
-    module.verify().map_err(|e| Error::Llvm(format!("module verification failed: {}", e.to_string())))?;
-    module
-        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
-        .map_err(|e| Error::Llvm(format!("O3 pipeline: {}", e.to_string())))?;
-    if want || env_llvm {
-        dumps.llvm.push_str(&format!("\n; ---- after O3 ----\n{}", module.print_to_string().to_string()));
-        if env_llvm {
-            crate::dump::print("llvm", &f.name, &dumps.llvm);
-        }
-    }
+    dumps.llvm = crate::optimize(&module, &tm, &f.name, want, env_llvm)?;
     if want || env_asm {
         let asm = tm
             .write_to_memory_buffer(&module, FileType::Assembly)

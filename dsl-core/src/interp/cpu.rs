@@ -10,41 +10,10 @@ use super::{Arg, Buffer, Element, Kernel as Prepared};
 use crate::error::{Error, Result};
 use crate::launch::{self, Backend, Kernel, PtrElem};
 use rustc_hash::FxHashMap;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// A typed pointer into a [`Cpu`] buffer.
-pub struct CpuPtr<T> {
-    buffer: usize,
-    offset: usize,
-    _t: PhantomData<fn() -> T>,
-}
-
-impl<T> Clone for CpuPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for CpuPtr<T> {}
-
-impl<T> std::fmt::Debug for CpuPtr<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CpuPtr(buffer {}, +{})", self.buffer, self.offset)
-    }
-}
-
-impl<T> CpuPtr<T> {
-    /// The pointer `n` elements further.
-    pub fn offset(self, n: usize) -> CpuPtr<T> {
-        CpuPtr { buffer: self.buffer, offset: self.offset + n, _t: PhantomData }
-    }
-
-    /// The same address viewed as another element type (as `ptrcast` does).
-    pub fn cast<U>(self) -> CpuPtr<U> {
-        CpuPtr { buffer: self.buffer, offset: self.offset, _t: PhantomData }
-    }
-}
+pub type CpuPtr<T> = crate::launch::BufferPtr<T>;
 
 /// The CPU interpreter backend.
 #[derive(Default)]
@@ -72,22 +41,22 @@ impl Cpu {
     /// Adds an existing buffer (for packed formats viewed through `ptrcast`).
     pub fn add_buffer(&mut self, b: Buffer) -> CpuPtr<launch::AnyDType> {
         self.buffers.push(b);
-        CpuPtr { buffer: self.buffers.len() - 1, offset: 0, _t: PhantomData }
+        CpuPtr::start(self.buffers.len() - 1)
     }
 
     /// The buffer `p` points into.
     pub fn buffer<T>(&self, p: CpuPtr<T>) -> &Buffer {
-        &self.buffers[p.buffer]
+        &self.buffers[p.buffer()]
     }
 
     /// The buffer `p` points into, mutably (to refill inputs between launches).
     pub fn buffer_mut<T>(&mut self, p: CpuPtr<T>) -> &mut Buffer {
-        &mut self.buffers[p.buffer]
+        &mut self.buffers[p.buffer()]
     }
 
     /// Reads the whole buffer `p` points into (from its start).
     pub fn read<T: Element>(&self, p: CpuPtr<T>) -> Vec<T> {
-        self.buffers[p.buffer].to_vec::<T>()
+        self.buffers[p.buffer()].to_vec::<T>()
     }
 
     /// Builds, verifies and prepares the specialization of `K` for `config`, or
@@ -110,7 +79,7 @@ impl Backend for Cpu {
     type Raw<'a> = (usize, usize);
 
     fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
-        (p.buffer, p.offset)
+        p.raw()
     }
 
     fn launch<'a, K: Kernel>(

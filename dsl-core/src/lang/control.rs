@@ -253,10 +253,7 @@ pub fn while_loop(
 /// [`crate::ir::ops::program`]).
 #[track_caller]
 pub fn gdc_wait() {
-    let loc = Location::caller();
-    with_ctx(|c| {
-        c.push(Op::Program(ProgramOp::GdcWait), &[], &loc, &[]);
-    });
+    program_effect(ProgramOp::GdcWait, &Location::caller());
 }
 
 /// Lets the next kernel of the stream be scheduled before this one ends
@@ -265,10 +262,7 @@ pub fn gdc_wait() {
 /// results; a no-op on the interpreter and before sm_90.
 #[track_caller]
 pub fn gdc_launch_dependents() {
-    let loc = Location::caller();
-    with_ctx(|c| {
-        c.push(Op::Program(ProgramOp::GdcLaunchDependents), &[], &loc, &[]);
-    });
+    program_effect(ProgramOp::GdcLaunchDependents, &Location::caller());
 }
 
 /// A barrier among the threads of the program: what the program stored
@@ -278,10 +272,7 @@ pub fn gdc_launch_dependents() {
 /// the whole program runs (a scalar `if` or loop is the whole program's).
 #[track_caller]
 pub fn barrier() {
-    let loc = Location::caller();
-    with_ctx(|c| {
-        c.push(Op::Program(ProgramOp::Barrier), &[], &loc, &[]);
-    });
+    program_effect(ProgramOp::Barrier, &Location::caller());
 }
 
 /// A nanosecond clock shared by every program of the launch, an `i64`
@@ -349,4 +340,11 @@ pub fn max_contiguous(x: Tensor, n: u32) -> Tensor {
 #[track_caller]
 pub fn max_constancy(x: Tensor, n: u32) -> Tensor {
     hint_at(HintOp::MaxConstancy, x, n, &Location::caller())
+}
+
+/// Records `op`, a program op with no operands and no results, at `loc`.
+fn program_effect(op: ProgramOp, loc: &Location) {
+    with_ctx(|c| {
+        c.push(Op::Program(op), &[], loc, &[]);
+    });
 }

@@ -68,6 +68,30 @@ fn common_shape(c: &mut Ctx, vals: &mut [Value], loc: &Location, what: &'static 
     }
 }
 
+/// The operands `vals` of a memory op with an optional `mask` appended
+/// (checked), brought to one shape, then the mask replaced by the effective
+/// one ([`effective_mask`]: the user's and the padding's); returns the
+/// operands and whether a mask is among them.
+fn masked_operands(
+    c: &mut Ctx,
+    mut vals: Vec<Value>,
+    mask: Option<Tensor>,
+    loc: &Location,
+    what: &'static str,
+) -> (Vec<Value>, bool) {
+    let n = vals.len();
+    if let Some(m) = mask {
+        c.check(m);
+        vals.push(m.value());
+    }
+    common_shape(c, &mut vals, loc, what);
+    let user_mask = mask.map(|_| vals[n]);
+    let eff = effective_mask(c, &vals, user_mask, loc);
+    vals.truncate(n);
+    vals.extend(eff);
+    (vals, eff.is_some())
+}
+
 /// The user's mask ANDed with the validity of every padded operand (see
 /// `builder::padding`): padding lanes never touch memory.
 fn effective_mask(c: &mut Ctx, operands: &[Value], user: Option<Value>, loc: &Location) -> Option<Value> {
@@ -383,22 +407,9 @@ fn store_at(ptr: Tensor, value: Operand, mask: Option<Tensor>, opts: MemOpts, lo
         let Some(d) = pointee(c, ptr, &loc, "store") else {
             return;
         };
-        let mut vals = vec![ptr.value(), literal(c, value, d, &loc)];
-        if let Some(m) = mask {
-            c.check(m);
-            vals.push(m.value());
-        }
-        common_shape(c, &mut vals, &loc, "store");
-        let user_mask = mask.map(|_| vals[2]);
-        let eff = effective_mask(c, &vals, user_mask, &loc);
-        vals.truncate(2);
-        vals.extend(eff);
-        let op = MemoryOp::Store {
-            has_mask: eff.is_some(),
-            cache: opts.cache,
-            evict: opts.evict,
-            order: opts.order,
-        };
+        let value = literal(c, value, d, &loc);
+        let (vals, has_mask) = masked_operands(c, vec![ptr.value(), value], mask, &loc, "store");
+        let op = MemoryOp::Store { has_mask, cache: opts.cache, evict: opts.evict, order: opts.order };
         c.push(Op::Memory(op), &vals, &loc, &[]);
     })
 }
@@ -415,17 +426,9 @@ fn atomic_at(
         let Some(d) = pointee(c, ptr, loc, kind.name()) else {
             return ptr;
         };
-        let mut vals = vec![ptr.value(), literal(c, value, d, loc)];
-        if let Some(m) = mask {
-            c.check(m);
-            vals.push(m.value());
-        }
-        common_shape(c, &mut vals, loc, kind.name());
-        let user_mask = mask.map(|_| vals[2]);
-        let eff = effective_mask(c, &vals, user_mask, loc);
-        vals.truncate(2);
-        vals.extend(eff);
-        let op = MemoryOp::Atomic { kind, has_mask: eff.is_some(), sem: order.sem, scope: order.scope };
+        let value = literal(c, value, d, loc);
+        let (vals, has_mask) = masked_operands(c, vec![ptr.value(), value], mask, loc, kind.name());
+        let op = MemoryOp::Atomic { kind, has_mask, sem: order.sem, scope: order.scope };
         let fallback = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
         let v = c.push(Op::Memory(op), &vals, loc, &[fallback])[0];
         c.handle(v)
@@ -562,17 +565,8 @@ pub fn prefetch_l2(ptr: Tensor, mask: Option<Tensor>) {
         if pointee(c, ptr, &loc, "prefetch_l2").is_none() {
             return;
         }
-        let mut vals = vec![ptr.value()];
-        if let Some(m) = mask {
-            c.check(m);
-            vals.push(m.value());
-        }
-        common_shape(c, &mut vals, &loc, "prefetch_l2");
-        let user_mask = mask.map(|_| vals[1]);
-        let eff = effective_mask(c, &vals, user_mask, &loc);
-        vals.truncate(1);
-        vals.extend(eff);
-        c.push(Op::Memory(MemoryOp::PrefetchL2 { has_mask: eff.is_some() }), &vals, &loc, &[]);
+        let (vals, has_mask) = masked_operands(c, vec![ptr.value()], mask, &loc, "prefetch_l2");
+        c.push(Op::Memory(MemoryOp::PrefetchL2 { has_mask }), &vals, &loc, &[]);
     })
 }
 
