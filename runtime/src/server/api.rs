@@ -1,9 +1,11 @@
 //! The OpenAI request types the server accepts, their validation into a
 //! [`GenSpec`], and the OpenAI-style error body every failure returns.
 //!
-//! Requests are parsed from the raw body with serde (unknown fields are
-//! ignored, as OpenAI-compatible servers do), then checked against the
-//! model's limits. Every rejection is an [`ApiError`]: an HTTP status and
+//! Requests are parsed from the raw body with serde, then checked against
+//! the model's limits. A field the server does not know, or knows and does
+//! not implement (`response_format`, say), is a 400 naming it, so a client
+//! never gets an answer that silently ignored part of its request; the
+//! fields that change nothing in the answer (`user`) are accepted. Every rejection is an [`ApiError`]: an HTTP status and
 //! `{"error": {"message", "type", "param", "code"}}`.
 //!
 //! Ranges (OpenAI's where it defines them, vLLM's otherwise): `temperature`
@@ -224,6 +226,9 @@ pub struct CompletionRequest {
     /// The shared fields.
     #[serde(flatten)]
     pub params: GenParams,
+    /// Every other field (rejected, see [`reject_other_fields`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A chat message's content: text or a list of parts.
@@ -269,6 +274,9 @@ pub struct ChatRequest {
     /// The shared fields.
     #[serde(flatten)]
     pub params: GenParams,
+    /// Every other field (rejected, see [`reject_other_fields`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The validated generation settings of a request.
@@ -471,9 +479,30 @@ pub fn check_logprobs(param: &str, v: i64) -> Result<usize, ApiError> {
     }
 }
 
+/// OpenAI request fields that change nothing in an answer, accepted and
+/// ignored: `user` (an end-user id for the caller's abuse monitoring).
+const IGNORED_FIELDS: [&str; 1] = ["user"];
+
+/// OpenAI request fields the server knows but does not implement yet.
+const UNSUPPORTED_FIELDS: [&str; 6] =
+    ["response_format", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio"];
+
+/// A 400 for the first field of `other` (a request's fields that no
+/// endpoint field took) unless it is one of [`IGNORED_FIELDS`].
+pub fn reject_other_fields(other: &serde_json::Map<String, serde_json::Value>) -> Result<(), ApiError> {
+    let Some(name) = other.keys().find(|k| !IGNORED_FIELDS.contains(&k.as_str())) else { return Ok(()) };
+    let message = if UNSUPPORTED_FIELDS.contains(&name.as_str()) {
+        format!("`{name}` is not supported by this server.")
+    } else {
+        format!("Unknown request field `{name}`.")
+    };
+    Err(ApiError::invalid(name, message))
+}
+
 impl CompletionRequest {
     /// Validates the request's fields (not the prompt's tokens).
     pub fn spec(&self, limits: &Limits) -> Result<GenSpec, ApiError> {
+        reject_other_fields(&self.other)?;
         if self.echo == Some(true) {
             return Err(ApiError::invalid("echo", "`echo` is not supported."));
         }
@@ -488,6 +517,7 @@ impl CompletionRequest {
 impl ChatRequest {
     /// Validates the request's fields (not the rendered prompt).
     pub fn spec(&self, limits: &Limits) -> Result<GenSpec, ApiError> {
+        reject_other_fields(&self.other)?;
         if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported."));
         }

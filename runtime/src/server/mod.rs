@@ -4,6 +4,12 @@
 //! streaming as server-sent events or not, with `usage`), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus text).
 //!
+//! Who may use it: with an API key (`--api-key` or `TESSERA_API_KEY`), every
+//! `/v1/*` request (unknown routes included) must carry `Authorization:
+//! Bearer <key>`, else it gets a 401 (`auth.rs`, compared in constant time);
+//! `/health` and `/metrics` stay open. The default bind is 127.0.0.1;
+//! binding elsewhere without a key prints a warning.
+//!
 //! Threads and channels:
 //!
 //! ```text
@@ -33,6 +39,7 @@
 //! second signal aborts at once.
 
 pub mod api;
+mod auth;
 pub mod copies;
 pub mod handlers;
 pub mod metrics;
@@ -81,6 +88,8 @@ pub struct ServeOptions {
     pub handle_signals: bool,
     /// An extra shutdown trigger (tests), notified once.
     pub stop: Option<Arc<Notify>>,
+    /// The bearer token `/v1/*` requests must carry (`None`: open).
+    pub api_key: Option<String>,
 }
 
 impl Default for ServeOptions {
@@ -92,6 +101,7 @@ impl Default for ServeOptions {
             shutdown_timeout: Duration::from_secs(30),
             handle_signals: true,
             stop: None,
+            api_key: None,
         }
     }
 }
@@ -140,6 +150,8 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// The bearer token `/v1/*` requests must carry (`None`: open).
+    pub api_key: Option<String>,
 }
 
 /// The router over `state`.
@@ -151,6 +163,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .fallback(handlers::not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_key))
         .with_state(state)
 }
 
@@ -185,6 +198,7 @@ pub fn serve_engine<D: Device, T: ActElem>(
         draining: AtomicBool::new(false),
         next_id: AtomicU64::new(0),
         metrics: metrics.clone(),
+        api_key: opts.api_key.clone(),
     });
     listener.set_nonblocking(true).map_err(|e| io_err("the listening socket", e))?;
     let stop = opts.stop.clone().unwrap_or_default();
@@ -368,6 +382,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
+    /// The bearer token every `/v1/*` request must carry (default: the
+    /// environment variable TESSERA_API_KEY; neither: no key is needed).
+    #[arg(long)]
+    pub api_key: Option<String>,
     /// Speculative decoding.
     #[command(flatten)]
     pub spec: crate::spec::cli::SpecArgs,
@@ -377,6 +395,14 @@ pub struct ServeArgs {
 pub fn serve_cmd(a: &ServeArgs) -> Result<()> {
     if !(a.shutdown_timeout >= 0.0 && a.shutdown_timeout.is_finite()) {
         return Err(Error::Usage("--shutdown-timeout must be a non-negative number of seconds".into()));
+    }
+    let api_key = auth::key_from(a.api_key.clone(), std::env::var("TESSERA_API_KEY").ok())?;
+    if api_key.is_none() && !auth::is_loopback(&a.host) {
+        eprintln!(
+            "tessera: warning: serving on {} without an API key: anyone who can reach it may use it \
+             (set --api-key or TESSERA_API_KEY)",
+            a.host
+        );
     }
     let task = Serve {
         model_path: a.model.model.clone(),
@@ -389,6 +415,7 @@ pub fn serve_cmd(a: &ServeArgs) -> Result<()> {
             shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
             handle_signals: true,
             stop: None,
+            api_key,
         },
     };
     let opts = crate::app::LoadOptions { speculation: a.spec.speculation()?, ..a.model.load_options() };

@@ -238,6 +238,25 @@ async fn bad_inputs_get_their_status_and_an_openai_error() {
         Some("echo"),
         "not supported",
     );
+    // Fields the server does not know or does not implement are named, never ignored.
+    let r = post(&c, &comp, &with("temprature", json!(0.5))).await;
+    assert_error(&r, 400, "invalid_request_error", Some("temprature"), "Unknown request field");
+    let r = post(
+        &c,
+        &chat,
+        &json!({"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_object"}}),
+    )
+    .await;
+    assert_error(&r, 400, "invalid_request_error", Some("response_format"), "not supported");
+    let r = post(
+        &c,
+        &chat,
+        &json!({"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+        "tool_choice": "none"}),
+    )
+    .await;
+    assert_error(&r, 400, "invalid_request_error", Some("tool_choice"), "not supported");
     let r = post(&c, &comp, &with("prompt", json!([5, 100000]))).await;
     assert_error(&r, 400, "invalid_request_error", Some("prompt"), "outside the vocabulary");
     // Prompts beyond the context, with and without an explicit max_tokens.
@@ -289,7 +308,8 @@ async fn completions_and_chat_answer_with_usage_logprobs_and_stops() {
     assert_eq!(models["data"][0]["id"], NAME);
     assert_eq!(c.get(s.url("/health")).send().await.unwrap().status().as_u16(), 200);
 
-    let base = json!({"model": NAME, "prompt": "the cat sat on", "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let base = json!({"model": NAME, "prompt": "the cat sat on", "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+        "user": "accepted and ignored"});
     let (st, full) = post(&c, &comp, &base).await;
     assert_eq!(st, 200, "{full}");
     assert_eq!(full["object"], "text_completion");
@@ -642,4 +662,68 @@ async fn accepted_connections_do_not_wait_for_acks() {
     let (stream, _) = listener.accept().await;
     assert!(stream.nodelay().unwrap());
     drop(client);
+}
+
+/// With an API key, every `/v1/*` route (an unknown one too, and streaming
+/// requests) answers 401 without the right bearer token and works with it;
+/// `/health` and `/metrics` stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_guards_every_v1_route() {
+    const KEY: &str = "sk-test-0123456789";
+    let s = TestServer::start(ServeOptions { api_key: Some(KEY.into()), ..ServeOptions::default() }, 4);
+    let c = client();
+    let comp = json!({"model": NAME, "prompt": "the cat", "max_tokens": 3, "temperature": 0});
+    let chat = json!({"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let with_stream = |v: &Value| {
+        let mut v = v.clone();
+        v["stream"] = json!(true);
+        v
+    };
+    let routes: Vec<(&str, &str, Option<Value>)> = vec![
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/completions", Some(comp.clone())),
+        ("POST", "/v1/completions", Some(with_stream(&comp))),
+        ("POST", "/v1/chat/completions", Some(chat.clone())),
+        ("POST", "/v1/chat/completions", Some(with_stream(&chat))),
+        ("GET", "/v1/nothing", None),
+    ];
+    for (method, path, body) in &routes {
+        for auth in
+            [None, Some("Bearer wrong-key"), Some("sk-test-0123456789"), Some("Bearer sk-test-01234567890")]
+        {
+            let mut rq = if *method == "GET" { c.get(s.url(path)) } else { c.post(s.url(path)) };
+            if let Some(b) = body {
+                rq = rq.header("content-type", "application/json").body(b.to_string());
+            }
+            if let Some(a) = auth {
+                rq = rq.header("authorization", a);
+            }
+            let r = rq.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 401, "{method} {path} with {auth:?}");
+            let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+            assert_eq!(v["error"]["code"], "invalid_api_key", "{method} {path}");
+            let want = if auth.is_none() { "needs an API key" } else { "Incorrect API key" };
+            assert!(v["error"]["message"].as_str().unwrap().contains(want), "{v}");
+        }
+        let mut rq = if *method == "GET" { c.get(s.url(path)) } else { c.post(s.url(path)) };
+        if let Some(b) = body {
+            rq = rq.header("content-type", "application/json").body(b.to_string());
+        }
+        let r = rq.header("authorization", format!("Bearer {KEY}")).send().await.unwrap();
+        let want = if *path == "/v1/nothing" { 404 } else { 200 };
+        assert_eq!(r.status().as_u16(), want, "{method} {path} with the key");
+        let text = r.text().await.unwrap();
+        if body.as_ref().is_some_and(|b| b["stream"] == json!(true)) {
+            assert!(text.trim_end().ends_with("data: [DONE]"), "{path}: {text}");
+        }
+    }
+    for open in ["/health", "/metrics"] {
+        assert_eq!(c.get(s.url(open)).send().await.unwrap().status().as_u16(), 200, "{open}");
+    }
+    // Nothing that was refused reached the engine: only the four authorized
+    // generations (at most 3 tokens each) ran.
+    let m = metrics(&c, &s).await;
+    let generated = metric(&m, "tessera_generation_tokens_total");
+    assert!(generated > 0.0 && generated <= 12.0, "{m}");
+    s.shutdown().unwrap();
 }
