@@ -564,6 +564,15 @@ mod tests {
             assert!(opts.num_warps.is_power_of_two());
         }
         assert!(find("softmax").is_some());
+        // The kernel plan (`TESSERA_DUMP=plan`) of every entry, for both targets.
+        for e in ENTRIES {
+            let (f, opts) = (e.build)().unwrap();
+            for target in [codegen::Target::Sm80, codegen::Target::Sm90a] {
+                let plan = codegen::plan_text(&f, &codegen::CompileOptions::for_launch(target, &opts))
+                    .unwrap_or_else(|err| panic!("{} for {target:?}: {err}", e.name));
+                assert!(plan.starts_with(&format!("plan @{}\n", e.name)), "{}: {plan}", e.name);
+            }
+        }
         assert!(find("nope").is_none());
         assert!(find_family("model").is_some() && find_family("softmax").is_none());
     }
