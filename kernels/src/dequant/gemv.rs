@@ -4,6 +4,7 @@
 //! end. See the parent module for the math, the repacked layout, the tiling
 //! and the constexprs.
 
+use super::{Fuse, QuantFormat};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -23,29 +24,29 @@ pub fn q4_weights(wd: Tensor, sh: Tensor, d: Tensor, off: Tensor) -> (Tensor, Te
     (fma(d, lo, off), fma(d, hi, off))
 }
 
-/// The raw scale entries of Q4 blocks at index tile `s` (in blocks) of the
+/// The raw scale entries of the blocks at index tile `s` (in blocks) of the
 /// scale plane: Q4_1 planes hold `(d, m)` f16 pairs, read as one 32-bit word;
-/// Q4_0 planes hold `d` alone. Lanes where `ok` is false read nothing.
+/// the other formats' hold `d` alone. Lanes where `ok` is false read nothing.
 #[kernel_fn]
-pub fn q4_scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, has_min: bool) -> Tensor {
-    if has_min {
+pub fn scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, quant: QuantFormat) -> Tensor {
+    if quant.has_min() {
         load(ptrcast(s_ptr, i32) + s, mask = ok, other = 0)
     } else {
         load(s_ptr + s, mask = ok, other = 0.0)
     }
 }
 
-/// [`q4_scale_load`] without a mask (the main loop's loads).
+/// [`scale_load`] without a mask (the main loop's loads).
 #[kernel_fn]
-pub fn q4_scale_load_all(s_ptr: Tensor, s: Tensor, has_min: bool) -> Tensor {
-    if has_min { load(ptrcast(s_ptr, i32) + s) } else { load(s_ptr + s) }
+pub fn scale_load_all(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> Tensor {
+    if quant.has_min() { load(ptrcast(s_ptr, i32) + s) } else { load(s_ptr + s) }
 }
 
 /// The scale `d` and offset `off` (see [`q4_weights`]) of raw scale entries
-/// from [`q4_scale_load`]: `off = m - 16 d` (Q4_1) or `-24 d` (Q4_0).
+/// from [`scale_load`]: `off = m - 16 d` (Q4_1) or `-24 d` (Q4_0).
 #[kernel_fn]
-pub fn q4_scale_decode(raw: Tensor, has_min: bool) -> (Tensor, Tensor) {
-    if has_min {
+pub fn q4_scale_decode(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
+    if quant.has_min() {
         let d = bitcast(raw.to(i16), f16).to(f32);
         let m = bitcast((raw >> 16).to(i16), f16).to(f32);
         (d, fma(d, -16.0, m))
@@ -55,10 +56,10 @@ pub fn q4_scale_decode(raw: Tensor, has_min: bool) -> (Tensor, Tensor) {
     }
 }
 
-/// [`q4_scale_load_all`] then [`q4_scale_decode`].
+/// [`scale_load_all`] then [`q4_scale_decode`].
 #[kernel_fn]
-pub fn q4_scales(s_ptr: Tensor, s: Tensor, has_min: bool) -> (Tensor, Tensor) {
-    q4_scale_decode(q4_scale_load_all(s_ptr, s, has_min), has_min)
+pub fn q4_scales(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
+    q4_scale_decode(scale_load_all(s_ptr, s, quant), quant)
 }
 
 /// The dequantized Q8_0 weights of the bytes held by a tile of 32-bit words
@@ -116,9 +117,10 @@ pub fn unit_index(
 
 /// Reduces the flat accumulator `acc` (`[M_BLOCK, BLOCK_N, width]` row-major)
 /// over its last axis and stores row `mi`, column `r` of the tile at
-/// `out[pid1 * M_BLOCK + mi, pid0 * BLOCK_N + r]`. With `silu`, weight rows
-/// come in (gate, up) pairs: output column `pid0 * BLOCK_N / 2 + r / 2` gets
-/// `silu(gate) * up`.
+/// `out[pid1 * M_BLOCK + mi, pid0 * BLOCK_N + r]`. With `fuse.silu()`, weight
+/// rows come in (gate, up) pairs: output column `pid0 * BLOCK_N / 2 + r / 2`
+/// gets `silu(gate) * up`; with `fuse.residual()` the result is added to
+/// `out` in place.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_epilogue(
@@ -126,8 +128,7 @@ pub fn gemv_epilogue(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
-    silu: bool,
-    residual: bool,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
@@ -135,7 +136,7 @@ pub fn gemv_epilogue(
 ) {
     let pid_n = program_id(0);
     let pid_m = program_id(1);
-    if silu {
+    if fuse.silu() {
         let pairs = block_n / 2;
         // Rows 2j (gate) and 2j + 1 (up) are adjacent, so one reshape puts
         // both in the last axis: the first `width` lanes are the gate's.
@@ -154,7 +155,7 @@ pub fn gemv_epilogue(
         let om = pid_m * m_block + o / block_n;
         let on = pid_n * block_n + o % block_n;
         let ok = om < m && on < n;
-        if residual {
+        if fuse.residual() {
             // `out = round_T(round_T(y) + out)`: the unfused path's product
             // rounded to `T`, then add+RMSNorm's rounded residual add.
             let r = load(out_ptr + om * n + on, mask = ok, other = 0.0).to(f32);
@@ -197,7 +198,7 @@ pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -
     if norm { ((xv.to(f32) * rs).to(dt).to(f32) * nv.to(f32)).to(dt).to(f32) } else { xv.to(f32) }
 }
 
-/// The Q4 GEMV shared by [`gemv_q4_0`] and [`gemv_q4_1`] (`has_min`).
+/// The GEMV of the nibble formats (Q4_0, Q4_1; [`gemv`], [`super::fused`]).
 ///
 /// Tiles (flat, row-major): the W tile `[BLOCK_N, BLOCK_K / 2]` holds one
 /// quant byte per element (two weights: low nibble `k = 32 b + j`, high
@@ -216,15 +217,14 @@ pub fn gemv_q4_body(
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
-    has_min: bool,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    quant: QuantFormat,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
 ) {
+    let (silu, norm) = (fuse.silu(), fuse.norm());
     let half = block_k / 2;
     let wn = block_n * half;
     let pid_n = program_id(0);
@@ -256,7 +256,7 @@ pub fn gemv_q4_body(
     // latency overlaps the previous kernel's tail.
     let have = k_full > 0;
     let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
+    let mut sr = scale_load(s_ptr, s_idx, have, quant);
     gdc_wait();
     gdc_launch_dependents();
     let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
@@ -266,10 +266,10 @@ pub fn gemv_q4_body(
     for k0 in range(0, k_full, block_k) {
         let nk = minimum(k0 + block_k, k_full - block_k);
         let wd_next = load(qw + w_idx + nk / 8);
-        let sr_next = q4_scale_load_all(s_ptr, s_idx + nk / 32, has_min);
+        let sr_next = scale_load_all(s_ptr, s_idx + nk / 32, quant);
         let xa_next = load(x_ptr + x_off + nk);
         let xb_next = load(x_ptr + x_off + nk + 16);
-        let (d, off) = q4_scale_decode(sr, has_min);
+        let (d, off) = q4_scale_decode(sr, quant);
         let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
         // The norm weights are tiny and cached: loaded in the tile's step.
         let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
@@ -287,7 +287,7 @@ pub fn gemv_q4_body(
         let row = minimum(pid_n * block_n + wl / half, rows - 1);
         let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
         let wd = load(qw + s * 4 + j / 4);
-        let (d, off) = q4_scales(s_ptr, s, has_min);
+        let (d, off) = q4_scales(s_ptr, s, quant);
         let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
         let xkb = k0 / 32 + c / 16;
         let valid = xkb < nb;
@@ -302,10 +302,10 @@ pub fn gemv_q4_body(
         acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
         acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, half);
+    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, half);
 }
 
-/// The Q8_0 GEMV ([`gemv_q8_0`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
+/// The GEMV of the byte formats (Q8_0; [`gemv`], [`super::fused`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
 /// quant byte (one weight) per element, the X/acc tile `[M_BLOCK, BLOCK_N,
 /// BLOCK_K]` its activation and running sum of products.
 #[kernel_fn]
@@ -320,14 +320,13 @@ pub fn gemv_q8_body(
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
 ) {
+    let (silu, norm) = (fuse.silu(), fuse.norm());
     let wn = block_n * block_k;
     let pid_n = program_id(0);
     let rows = if silu { n * 2 } else { n };
@@ -377,35 +376,95 @@ pub fn gemv_q8_body(
         let x = where_(valid, gemv_operand(xt, nt, rs, norm, dt), 0.0);
         acc = fma(repeat_rows(w, m_block, wn), x, acc);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, block_k);
+    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, block_k);
 }
 
-/// Q4_1 GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked Q4_1
-/// (`w = d * q + m`); with `SILU`, `out = silu(x @ Wg^T) * (x @ Wu^T)` from
-/// gate/up rows interleaved into one `[2N, K]` weight. See the module docs.
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 256, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 512, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 2048, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 8),
-    ],
-    key = [m, n, k]
-))]
+/// The GEMV of any format: the nibble or the byte body. `x_ptr`/`k` stand
+/// in for `nw_ptr`/`eps` when `fuse` has no norm (they are not read).
+#[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_1<T: Float>(
+pub fn gemv_body(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    k: Tensor,
+    nw_ptr: Tensor,
+    eps: Tensor,
+    quant: QuantFormat,
+    fuse: Fuse,
+    dt: DType,
+    m_block: usize,
+    block_n: usize,
+    block_k: usize,
+) {
+    if quant.is_q4() {
+        gemv_q4_body(
+            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, quant, fuse, dt, m_block, block_n, block_k,
+        );
+    } else {
+        gemv_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, fuse, dt, m_block, block_n, block_k);
+    }
+}
+
+/// The dequant GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked in the
+/// format `QUANT` (Q4_1 `w = d * q + m`, Q4_0 `w = d * (q - 8)`, Q8_0 `w =
+/// d * q`, e.g. the tied embedding used as the LM head); with `SILU`, `out =
+/// silu(x @ Wg^T) * (x @ Wu^T)` from gate/up rows interleaved into one `[2N,
+/// K]` weight. See the module docs. Each format is its own specialization
+/// (IR name `gemv_q4_1`, ...).
+///
+/// The autotune configs size the K tile in quant bytes per weight row
+/// (`BLOCK_K = QUANT.k_tile(bytes)`; the one-warp tile is two blocks in
+/// every format), so a config holds the same accumulator in every format;
+/// Q4_1, the bundled model's format, also tries the wider tiles of larger
+/// models' projections (`when`).
+#[kernel(
+    name = "gemv_{QUANT}",
+    autotune(
+        configs = [
+            (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 2),
+            (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
+            (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
+            (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
+            (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(128), num_warps = 2),
+            (
+                when = QUANT == QuantFormat::Q4_1,
+                M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(128), num_warps = 4,
+            ),
+            (
+                when = QUANT == QuantFormat::Q4_1,
+                M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 8,
+            ),
+            (
+                when = QUANT == QuantFormat::Q4_1,
+                M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(256), num_warps = 8,
+            ),
+            (
+                when = QUANT == QuantFormat::Q4_1,
+                M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 8,
+            ),
+            (
+                when = QUANT == QuantFormat::Q4_1,
+                M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 4,
+            ),
+            (
+                when = QUANT == QuantFormat::Q4_1,
+                M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(1024), num_warps = 8,
+            ),
+        ],
+        key = [m, n, k]
+    )
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv<T: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
@@ -413,85 +472,12 @@ pub fn gemv_q4_1<T: Float>(
     m: i32,
     n: i32,
     k: i32,
+    #[constexpr] QUANT: QuantFormat,
     #[constexpr] SILU: bool,
     #[constexpr] M_BLOCK: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, true, SILU, false, false, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q4_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q4_0 (`w = d * (q - 8)`).
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 256, num_warps = 2),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, false, SILU, false, false, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q8_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q8_0 (`w = d * q`), e.g.
-/// the tied embedding used as the LM head.
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 128, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 128, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 128, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 128, num_warps = 2),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q8_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q8_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, SILU, false, false, T, M_BLOCK, BLOCK_N, BLOCK_K,
-    );
+    let fuse = Fuse::NONE.with_silu(SILU);
+    gemv_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K);
 }

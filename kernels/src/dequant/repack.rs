@@ -62,6 +62,43 @@ impl QuantFormat {
             QuantFormat::Q8_0 => "Q8_0",
         }
     }
+
+    /// Whether the quants are nibbles (two weights per byte, the low nibble
+    /// of byte `j` of a block weight `j`, the high one weight `j + 16`):
+    /// Q4_0 and Q4_1. Otherwise each byte is one weight (Q8_0).
+    pub const fn is_q4(self) -> bool {
+        matches!(self, QuantFormat::Q4_0 | QuantFormat::Q4_1)
+    }
+
+    /// Whether a block has a min besides its scale (`w = d q + m`; the scale
+    /// plane holds `(d, m)` pairs, which the kernels read as one 32-bit
+    /// word): Q4_1.
+    pub const fn has_min(self) -> bool {
+        matches!(self, QuantFormat::Q4_1)
+    }
+
+    /// Weights per quant byte (2 for the nibble formats, 1 for Q8_0): a K
+    /// tile of `b` quant bytes per weight row is `b * values_per_byte()`
+    /// weights wide.
+    pub const fn values_per_byte(self) -> usize {
+        if self.is_q4() { 2 } else { 1 }
+    }
+
+    /// The K tile (in weights) that holds `bytes` quant bytes of a weight
+    /// row: autotune configs size tiles in bytes, so that one config holds
+    /// the same data in every format.
+    pub const fn k_tile(self, bytes: usize) -> usize {
+        bytes * self.values_per_byte()
+    }
+}
+
+/// The format is a kernel constexpr (`#[constexpr] QUANT: QuantFormat`):
+/// each format is its own specialization, named with its lowercase GGUF name
+/// (`gemv_q4_1`).
+impl dsl_core::launch::Constexpr for QuantFormat {
+    fn name_part(&self) -> String {
+        self.name().to_ascii_lowercase()
+    }
 }
 
 /// Why a weight cannot be repacked. All variants are user errors (a tensor
