@@ -141,10 +141,11 @@ pub fn norm_rstd(
     }
 }
 
-/// The body of [`cpu_gemv`] for the nibble formats (Q4_0, Q4_1).
+/// The body of [`cpu_gemv`]: the nibble formats (Q4_0, Q4_1) here, the
+/// byte format in [`cpu_gemv_q8_body`].
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv_q4_body(
+pub fn cpu_gemv_body(
     x_ptr: Tensor,
     q_ptr: Tensor,
     s_ptr: Tensor,
@@ -161,60 +162,66 @@ pub fn cpu_gemv_q4_body(
     block_n: usize,
     block_k: usize,
 ) {
-    let norm = fuse.norm();
-    let w = block_k / 2;
-    let wn = block_n * w;
-    let rows = if fuse.silu() { n * 2 } else { n };
-    let nb = k / 32;
-    // W tile [BLOCK_N, W]: byte c of row r's K tile.
-    let wl = arange(0, wn);
-    let c = wl % w;
-    let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
-    let q_off = row * (k / 2) + c;
-    let s_off = row * nb + c / 16;
-    // Activation tile [M_BLOCK, W]: byte c's low-nibble activation is at
-    // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
-    let xl = arange(0, m_block * w);
-    let xc = xl % w;
-    let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
-    let n_off = xc / 16 * 32 + xc % 16;
-    let x_off = mrow * k + n_off;
-    let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
-    let k_full = k / block_k * block_k;
-    let mut acc = zeros([m_block * wn], f32);
-    for k0 in range(0, k_full, block_k) {
-        if k0 % 128 == 0 {
-            prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
+    if !quant.is_q4() {
+        cpu_gemv_q8_body(
+            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, fuse, dt, m_block, block_n, block_k,
+        );
+    } else {
+        let norm = fuse.norm();
+        let w = block_k / 2;
+        let wn = block_n * w;
+        let rows = if fuse.silu() { n * 2 } else { n };
+        let nb = k / 32;
+        // W tile [BLOCK_N, W]: byte c of row r's K tile.
+        let wl = arange(0, wn);
+        let c = wl % w;
+        let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
+        let q_off = row * (k / 2) + c;
+        let s_off = row * nb + c / 16;
+        // Activation tile [M_BLOCK, W]: byte c's low-nibble activation is at
+        // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
+        let xl = arange(0, m_block * w);
+        let xc = xl % w;
+        let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
+        let n_off = xc / 16 * 32 + xc % 16;
+        let x_off = mrow * k + n_off;
+        let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
+        let k_full = k / block_k * block_k;
+        let mut acc = zeros([m_block * wn], f32);
+        for k0 in range(0, k_full, block_k) {
+            if k0 % 128 == 0 {
+                prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
+            }
+            let q = load(q_ptr + q_off + k0 / 2).to(i32);
+            let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, quant);
+            let (w_lo, w_hi) = nibble_weights(q, d, off);
+            let xa = load(x_ptr + x_off + k0);
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+            let xb = load(x_ptr + x_off + k0 + 16);
+            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
+            let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
         }
-        let q = load(q_ptr + q_off + k0 / 2).to(i32);
-        let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, quant);
-        let (w_lo, w_hi) = nibble_weights(q, d, off);
-        let xa = load(x_ptr + x_off + k0);
-        let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
-        let xb = load(x_ptr + x_off + k0 + 16);
-        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
-        let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+        // The partial K tile: blocks past K read nothing and add nothing.
+        for k0 in range(k_full, k, block_k) {
+            let ok = k0 / 32 + c / 16 < nb;
+            let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
+            let (d, off) = q4_scale_decode(scale_load(s_ptr, s_off + k0 / 32, ok, quant), quant);
+            let (w_lo, w_hi) = nibble_weights(q, d, off);
+            let okx = k0 / 32 + xc / 16 < nb;
+            let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+            let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+            let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+            let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
+            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
+            let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+        }
+        gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, w);
     }
-    // The partial K tile: blocks past K read nothing and add nothing.
-    for k0 in range(k_full, k, block_k) {
-        let ok = k0 / 32 + c / 16 < nb;
-        let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
-        let (d, off) = q4_scale_decode(scale_load(s_ptr, s_off + k0 / 32, ok, quant), quant);
-        let (w_lo, w_hi) = nibble_weights(q, d, off);
-        let okx = k0 / 32 + xc / 16 < nb;
-        let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-        let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
-        let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
-        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
-        let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
-    }
-    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, w);
 }
 
 /// The body of [`cpu_gemv`] for the byte format (Q8_0).
@@ -303,13 +310,7 @@ pub fn cpu_gemv<T: Float>(
     #[constexpr] BLOCK_K: usize,
 ) {
     let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
-    if QUANT.is_q4() {
-        cpu_gemv_q4_body(
-            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
-        );
-    } else {
-        cpu_gemv_q8_body(
-            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
-        );
-    }
+    cpu_gemv_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
+    );
 }

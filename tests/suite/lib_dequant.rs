@@ -132,12 +132,12 @@ fn run<T: Act>(
             kk::interpret(&mut cpu, $grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }
-    match (tiles, format) {
-        (Tiles::Gemv(a, b, c), f) => {
+    match tiles {
+        Tiles::Gemv(a, b, c) => {
             let grid = gemv_grid(m, n, silu, a, b);
             go!(gemv::gemv, grid, a, b, c)
         }
-        (Tiles::StreamK(a, b, c, g), f) => {
+        Tiles::StreamK(a, b, c, g) => {
             use kernels::dequant::stream_k::gemm_stream_k as kk;
             // NaN garbage in the workspace: every slot read must be written first.
             let ws = cpu.upload(&vec![f32::NAN; g * a * b]);
@@ -154,14 +154,14 @@ fn run<T: Act>(
                 k: ki,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(T::DTYPE, f, silu, a, b, c);
+            let config = kk::Config::new(T::DTYPE, format, silu, a, b, c);
             kk::interpret(&mut cpu, [g as u32, 1, 1], &config, &args).map_err(|e| e.to_string())?;
             let left = cpu.read(flags);
             if left.iter().any(|&v| v != 0) {
                 return Err(format!("flags not reset after the launch: {left:?}"));
             }
         }
-        (Tiles::Gemm(a, b, c) | Tiles::Swap(a, b, c), f) => {
+        Tiles::Gemm(a, b, c) | Tiles::Swap(a, b, c) => {
             let grid = gemm_grid(m, n, silu, a, b);
             let swap = matches!(tiles, Tiles::Swap(..));
             go!(gemm::gemm, grid, a, b, c, swap)

@@ -7,7 +7,7 @@
 
 use super::QuantFormat;
 use super::gemv::{
-    q4_scale_decode, q4_scales, q4_weights, q8_weights, scale_load, scale_load_all, unit_index,
+    q4_scale_decode, q4_scales, q4_weights, q8_weights, scale_load, scale_load_all, weight_tile,
 };
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -88,11 +88,7 @@ pub fn gemm_q4_body(
     let pid_n = program_id(1);
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, half, 16);
-    let wl = arange(0, block_n * half);
-    let j = wl % 16;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 2, block_n, half, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
+    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, half);
     let qw = ptrcast(q_ptr, i32);
     let xl_ = arange(0, block_m * half);
     let c = xl_ % half;
@@ -380,6 +376,7 @@ pub fn gemm_q8_body(
     m: Tensor,
     n: Tensor,
     k: Tensor,
+    quant: QuantFormat,
     silu: bool,
     block_m: usize,
     block_n: usize,
@@ -390,11 +387,7 @@ pub fn gemm_q8_body(
     let pid_n = program_id(1);
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, block_k, 32);
-    let wl = arange(0, block_n * block_k);
-    let j = wl % 32;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 4, block_n, block_k, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
+    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, block_k);
     let qw = ptrcast(q_ptr, i32);
     let xl_ = arange(0, block_m * block_k);
     let c = xl_ % block_k;
@@ -481,6 +474,6 @@ pub fn gemm<T: Float>(
     } else if QUANT.is_q4() {
         gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
     } else {
-        gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+        gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
     }
 }

@@ -115,6 +115,30 @@ pub fn unit_index(
     per_block(row * units_per_row + u % per_row, block_n * per_row, width)
 }
 
+/// The index tiles of the `[block_n, width]` W tile of quant bytes whose
+/// first weight row is `pid_n * block_n` (rows from `rows` on clamped to the
+/// last one: valid addresses whose results are not stored, so the main loops
+/// need no masks), per element: its element index `wl`, its byte `j` within
+/// its block, its block's scale entry `s_idx` (`row * nb + block`), the
+/// 32-bit word `w_idx` of the quant plane holding it and the byte's bit
+/// offset `sh` in that word. A block is `quant.quant_bytes()` bytes.
+#[kernel_fn]
+pub fn weight_tile(
+    pid_n: Tensor,
+    rows: Tensor,
+    nb: Tensor,
+    quant: QuantFormat,
+    block_n: usize,
+    width: usize,
+) -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+    let qb = quant.quant_bytes();
+    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, width, qb);
+    let wl = arange(0, block_n * width);
+    let j = wl % qb;
+    let w_idx = unit_index(pid_n * block_n, rows, nb * (qb / 8), block_n, width, 8) * 2 + wl % 8 / 4;
+    (wl, j, s_idx, w_idx, j % 4 * 8)
+}
+
 /// Reduces the flat accumulator `acc` (`[M_BLOCK, BLOCK_N, width]` row-major)
 /// over its last axis and stores row `mi`, column `r` of the tile at
 /// `out[pid1 * M_BLOCK + mi, pid0 * BLOCK_N + r]`. With `fuse.silu()`, weight
@@ -198,7 +222,9 @@ pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -
     if norm { ((xv.to(f32) * rs).to(dt).to(f32) * nv.to(f32)).to(dt).to(f32) } else { xv.to(f32) }
 }
 
-/// The GEMV of the nibble formats (Q4_0, Q4_1; [`gemv`], [`super::fused`]).
+/// The GEMV of every format ([`gemv`], [`super::fused`]): the nibble
+/// formats (Q4_0, Q4_1) here, the byte format in [`gemv_q8_body`]. `nw_ptr`
+/// and `eps` are read only when `fuse` has the norm.
 ///
 /// Tiles (flat, row-major): the W tile `[BLOCK_N, BLOCK_K / 2]` holds one
 /// quant byte per element (two weights: low nibble `k = 32 b + j`, high
@@ -207,7 +233,7 @@ pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -
 /// of that byte's weights and their running sum of products.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_body(
+pub fn gemv_body(
     x_ptr: Tensor,
     q_ptr: Tensor,
     s_ptr: Tensor,
@@ -224,85 +250,84 @@ pub fn gemv_q4_body(
     block_n: usize,
     block_k: usize,
 ) {
-    let (silu, norm) = (fuse.silu(), fuse.norm());
-    let half = block_k / 2;
-    let wn = block_n * half;
-    let pid_n = program_id(0);
-    let rows = if silu { n * 2 } else { n };
-    let nb = k / 32;
-    // Block index (row * nb + block) of each (row, block) of the W tile, per
-    // element. Out-of-range rows are clamped to the last row (valid
-    // addresses; their results are not stored), so the main loop has no masks.
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, half, 16);
-    let wl = arange(0, wn);
-    let j = wl % 16;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 2, block_n, half, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
-    let qw = ptrcast(q_ptr, i32);
-    // X tile: the activation of byte c's low nibble is at k0 + 32 (c / 16) +
-    // c % 16, the high nibble's 16 further. Rows past m are clamped.
-    let xl_ = arange(0, m_block * wn);
-    let c = xl_ % half;
-    let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
-    let x_off = mrow * k + c / 16 * 32 + c % 16;
-    // The norm weights' offsets: the activations' within the row.
-    let n_off = if norm { c / 16 * 32 + c % 16 } else { c };
-    let k_full = k / block_k * block_k;
-    // Software pipelining: the loads of tile i + 1 are issued before tile i
-    // is computed (the last tile reloads itself), so every thread keeps two
-    // tiles of loads in flight. The first tile's loads are masked off when
-    // there is no whole tile. The first weight tile is read before
-    // `gdc_wait`: weights are never written by an earlier kernel, so their
-    // latency overlaps the previous kernel's tail.
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = scale_load(s_ptr, s_idx, have, quant);
-    gdc_wait();
-    gdc_launch_dependents();
-    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
-    let mut acc = zeros([m_block * wn], f32);
-    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
-    let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
-    for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
-        let wd_next = load(qw + w_idx + nk / 8);
-        let sr_next = scale_load_all(s_ptr, s_idx + nk / 32, quant);
-        let xa_next = load(x_ptr + x_off + nk);
-        let xb_next = load(x_ptr + x_off + nk + 16);
-        let (d, off) = q4_scale_decode(sr, quant);
-        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        // The norm weights are tiny and cached: loaded in the tile's step.
-        let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-        acc = fma(repeat_rows(w_lo, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
-        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
-        acc = fma(repeat_rows(w_hi, m_block, wn), gemv_operand(xb, nb_, rs, norm, dt), acc);
-        wd = wd_next;
-        sr = sr_next;
-        xa = xa_next;
-        xb = xb_next;
+    if !quant.is_q4() {
+        gemv_q8_body(
+            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, quant, fuse, dt, m_block, block_n, block_k,
+        );
+    } else {
+        let (silu, norm) = (fuse.silu(), fuse.norm());
+        let half = block_k / 2;
+        let wn = block_n * half;
+        let pid_n = program_id(0);
+        let rows = if silu { n * 2 } else { n };
+        let nb = k / 32;
+        let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, half);
+        let qw = ptrcast(q_ptr, i32);
+        // X tile: the activation of byte c's low nibble is at k0 + 32 (c / 16) +
+        // c % 16, the high nibble's 16 further. Rows past m are clamped.
+        let xl_ = arange(0, m_block * wn);
+        let c = xl_ % half;
+        let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
+        let x_off = mrow * k + c / 16 * 32 + c % 16;
+        // The norm weights' offsets: the activations' within the row.
+        let n_off = if norm { c / 16 * 32 + c % 16 } else { c };
+        let k_full = k / block_k * block_k;
+        // Software pipelining: the loads of tile i + 1 are issued before tile i
+        // is computed (the last tile reloads itself), so every thread keeps two
+        // tiles of loads in flight. The first tile's loads are masked off when
+        // there is no whole tile. The first weight tile is read before
+        // `gdc_wait`: weights are never written by an earlier kernel, so their
+        // latency overlaps the previous kernel's tail.
+        let have = k_full > 0;
+        let mut wd = load(qw + w_idx, mask = have, other = 0);
+        let mut sr = scale_load(s_ptr, s_idx, have, quant);
+        gdc_wait();
+        gdc_launch_dependents();
+        let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
+        let mut acc = zeros([m_block * wn], f32);
+        let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+        let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
+        for k0 in range(0, k_full, block_k) {
+            let nk = minimum(k0 + block_k, k_full - block_k);
+            let wd_next = load(qw + w_idx + nk / 8);
+            let sr_next = scale_load_all(s_ptr, s_idx + nk / 32, quant);
+            let xa_next = load(x_ptr + x_off + nk);
+            let xb_next = load(x_ptr + x_off + nk + 16);
+            let (d, off) = q4_scale_decode(sr, quant);
+            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+            // The norm weights are tiny and cached: loaded in the tile's step.
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = fma(repeat_rows(w_lo, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
+            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
+            acc = fma(repeat_rows(w_hi, m_block, wn), gemv_operand(xb, nb_, rs, norm, dt), acc);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+            xb = xb_next;
+        }
+        // The K tail (at most one iteration): blocks past the row are clamped to
+        // its last block and their activations zeroed.
+        for k0 in range(k_full, k, block_k) {
+            let row = minimum(pid_n * block_n + wl / half, rows - 1);
+            let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
+            let wd = load(qw + s * 4 + j / 4);
+            let (d, off) = q4_scales(s_ptr, s, quant);
+            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+            let xkb = k0 / 32 + c / 16;
+            let valid = xkb < nb;
+            let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
+            let xl_t = load(xk);
+            let ko = if norm { minimum(xkb, nb - 1) * 32 + c % 16 } else { xkb };
+            let nl = if norm { load(nw_ptr + ko) } else { xl_t };
+            let xl = where_(valid, gemv_operand(xl_t, nl, rs, norm, dt), 0.0);
+            let xh_t = load(xk + 16);
+            let nh = if norm { load(nw_ptr + ko + 16) } else { xh_t };
+            let xh = where_(valid, gemv_operand(xh_t, nh, rs, norm, dt), 0.0);
+            acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
+            acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
+        }
+        gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, half);
     }
-    // The K tail (at most one iteration): blocks past the row are clamped to
-    // its last block and their activations zeroed.
-    for k0 in range(k_full, k, block_k) {
-        let row = minimum(pid_n * block_n + wl / half, rows - 1);
-        let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
-        let wd = load(qw + s * 4 + j / 4);
-        let (d, off) = q4_scales(s_ptr, s, quant);
-        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        let xkb = k0 / 32 + c / 16;
-        let valid = xkb < nb;
-        let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
-        let xl_t = load(xk);
-        let ko = if norm { minimum(xkb, nb - 1) * 32 + c % 16 } else { xkb };
-        let nl = if norm { load(nw_ptr + ko) } else { xl_t };
-        let xl = where_(valid, gemv_operand(xl_t, nl, rs, norm, dt), 0.0);
-        let xh_t = load(xk + 16);
-        let nh = if norm { load(nw_ptr + ko + 16) } else { xh_t };
-        let xh = where_(valid, gemv_operand(xh_t, nh, rs, norm, dt), 0.0);
-        acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
-        acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
-    }
-    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, half);
 }
 
 /// The GEMV of the byte formats (Q8_0; [`gemv`], [`super::fused`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
@@ -320,6 +345,7 @@ pub fn gemv_q8_body(
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
+    quant: QuantFormat,
     fuse: Fuse,
     dt: DType,
     m_block: usize,
@@ -331,11 +357,7 @@ pub fn gemv_q8_body(
     let pid_n = program_id(0);
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, block_k, 32);
-    let wl = arange(0, wn);
-    let j = wl % 32;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 4, block_n, block_k, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
+    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, block_k);
     let qw = ptrcast(q_ptr, i32);
     let xl_ = arange(0, m_block * wn);
     let c = xl_ % block_k;
@@ -379,36 +401,6 @@ pub fn gemv_q8_body(
     gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, block_k);
 }
 
-/// The GEMV of any format: the nibble or the byte body. `x_ptr`/`k` stand
-/// in for `nw_ptr`/`eps` when `fuse` has no norm (they are not read).
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_body(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    nw_ptr: Tensor,
-    eps: Tensor,
-    quant: QuantFormat,
-    fuse: Fuse,
-    dt: DType,
-    m_block: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    if quant.is_q4() {
-        gemv_q4_body(
-            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, quant, fuse, dt, m_block, block_n, block_k,
-        );
-    } else {
-        gemv_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, fuse, dt, m_block, block_n, block_k);
-    }
-}
-
 /// The dequant GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked in the
 /// format `QUANT` (Q4_1 `w = d * q + m`, Q4_0 `w = d * (q - 8)`, Q8_0 `w =
 /// d * q`, e.g. the tied embedding used as the LM head); with `SILU`, `out =
@@ -435,30 +427,12 @@ pub fn gemv_body(
             (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
             (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
             (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(128), num_warps = 2),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(128), num_warps = 4,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 8,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(256), num_warps = 8,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 8,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 4,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(1024), num_warps = 8,
-            ),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(256), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(1024), num_warps = 8),
         ],
         key = [m, n, k]
     )
@@ -478,6 +452,7 @@ pub fn gemv<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
+    // The norm weights and `eps` are not read: `x_ptr` and `k` stand in.
     let fuse = Fuse::NONE.with_silu(SILU);
     gemv_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K);
 }

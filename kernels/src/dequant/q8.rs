@@ -351,57 +351,21 @@ pub fn gemv_q8_q8_body(
     name = "gemv_{QUANT}_q8",
     autotune(
         configs = [
-            (
-                when = QUANT == QuantFormat::Q8_0,
-                M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 2,
-            ),
+            (when = QUANT == QuantFormat::Q8_0, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 2),
             (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(1024), num_warps = 4),
-            (
-                when = QUANT != QuantFormat::Q4_0,
-                M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(512), num_warps = 4,
-            ),
-            (
-                when = QUANT != QuantFormat::Q4_0,
-                M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 4,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = QUANT.k_tile(2048), num_warps = 4,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(512), num_warps = 2,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 4,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 8,
-            ),
+            (when = QUANT != QuantFormat::Q4_0, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (when = QUANT != QuantFormat::Q4_0, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = QUANT.k_tile(2048), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(512), num_warps = 2),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 8),
             (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(512), num_warps = 8,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 2,
-            ),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(512), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 2),
             (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
-            (
-                when = QUANT == QuantFormat::Q4_1,
-                M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 4,
-            ),
-            (
-                when = QUANT == QuantFormat::Q4_0,
-                M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(1024), num_warps = 8,
-            ),
-            (
-                when = QUANT == QuantFormat::Q8_0,
-                M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = QUANT.k_tile(1024), num_warps = 2,
-            ),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_0, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(1024), num_warps = 8),
+            (when = QUANT == QuantFormat::Q8_0, M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = QUANT.k_tile(1024), num_warps = 2),
         ],
         key = [m, n, k]
     )

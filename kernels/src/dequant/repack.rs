@@ -209,17 +209,9 @@ impl Repacked {
     /// hand may break them): shape as [`repack`] requires, plane sizes
     /// matching the shape.
     pub fn validate(&self) -> Result<(), RepackError> {
-        let name = self.format.name();
         let (n, k) = (self.n, self.k);
-        if n == 0 || k == 0 {
-            return Err(RepackError::Empty { format: name, n, k });
-        }
-        if !k.is_multiple_of(BLOCK_VALUES) {
-            return Err(RepackError::RaggedK { format: name, k });
-        }
-        if n.checked_mul(k).is_none_or(|nk| nk >= 1 << 31) {
-            return Err(RepackError::TooLarge { format: name, n, k });
-        }
+        check_shape(self.format, n, k)?;
+        let name = self.format.name();
         let blocks = n * (k / BLOCK_VALUES);
         let (q, s) = (blocks * self.format.quant_bytes(), blocks * self.format.scales_per_block());
         if self.quants.len() != q || self.scales.len() != s {
@@ -230,8 +222,9 @@ impl Repacked {
     }
 }
 
-/// Checks `raw` against `[n, k]` in `format`.
-fn validate(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<(), RepackError> {
+/// Checks that `[n, k]` is a shape the kernels take in `format`: not empty,
+/// whole blocks along K, 32-bit offsets.
+fn check_shape(format: QuantFormat, n: usize, k: usize) -> Result<(), RepackError> {
     let name = format.name();
     if n == 0 || k == 0 {
         return Err(RepackError::Empty { format: name, n, k });
@@ -242,9 +235,15 @@ fn validate(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<(), R
     if n.checked_mul(k).is_none_or(|nk| nk >= 1 << 31) {
         return Err(RepackError::TooLarge { format: name, n, k });
     }
+    Ok(())
+}
+
+/// Checks `raw` against `[n, k]` in `format`.
+fn validate(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<(), RepackError> {
+    check_shape(format, n, k)?;
     let expected = n * (k / BLOCK_VALUES) * format.block_bytes();
     if raw.len() != expected {
-        return Err(RepackError::Size { format: name, n, k, expected, got: raw.len() });
+        return Err(RepackError::Size { format: format.name(), n, k, expected, got: raw.len() });
     }
     Ok(())
 }
