@@ -1053,9 +1053,8 @@ fn paged_decode() {
 /// weight words (evict-first) and activations.
 #[test]
 fn dequant_q8() {
-    use ::kernels::dequant::q8::{
-        gemv_q4_1_q8 as g41, gemv_q8_0_q8 as g80, quantize_q8 as q, rmsnorm_q8 as nq,
-    };
+    use ::kernels::dequant::QuantFormat::{Q4_1, Q8_0};
+    use ::kernels::dequant::q8::{gemv_q8 as g, quantize_q8 as q, rmsnorm_q8 as nq};
     let spec =
         |f: Result<Function>, facts: &[Option<u64>]| dsl_core::launch::specialize(&f.unwrap(), facts).0;
     let gemv_facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(1), Some(16), Some(16)];
@@ -1075,12 +1074,12 @@ fn dequant_q8() {
         ),
         (
             "_gemv_q4_1_bf16_m1".to_string(),
-            spec(g41::build(&g41::Config::new(DType::BF16, false, 1, 8, 2048)), &gemv_facts),
+            spec(g::build(&g::Config::new(DType::BF16, Q4_1, false, 1, 8, 2048)), &gemv_facts),
             4,
         ),
         (
             "_gemv_q8_0_bf16_m1".to_string(),
-            spec(g80::build(&g80::Config::new(DType::BF16, false, 1, 4, 1024)), &gemv_facts),
+            spec(g::build(&g::Config::new(DType::BF16, Q8_0, false, 1, 4, 1024)), &gemv_facts),
             2,
         ),
     ];
@@ -1115,23 +1114,28 @@ fn dequant() {
         dsl_core::launch::specialize(&f.unwrap(), &facts).0
     };
     let (bf, fp) = (DType::BF16, DType::F32);
-    use gemm::{gemm_q4_1 as m41, gemm_q8_0 as m80};
-    use gemv::{gemv_q4_0 as g40, gemv_q4_1 as g41, gemv_q8_0 as g80};
+    use ::kernels::dequant::QuantFormat::{Q4_0, Q4_1, Q8_0};
+    use gemm::gemm as mm;
+    use gemv::gemv as g;
     let cases = [
-        ("_gemv_q4_1_bf16_m1", spec(g41::build(&g41::Config::new(bf, false, 1, 16, 512)), 14336, 4096), 4),
-        ("_gemv_q4_1_f32_m4_silu", spec(g41::build(&g41::Config::new(fp, true, 4, 8, 256)), 1536, 576), 4),
-        ("_gemv_q4_0_bf16_m8", spec(g40::build(&g40::Config::new(bf, false, 8, 8, 256)), 4096, 4096), 4),
-        ("_gemv_q8_0_bf16_m1", spec(g80::build(&g80::Config::new(bf, false, 1, 16, 64)), 49152, 576), 1),
+        ("_gemv_q4_1_bf16_m1", spec(g::build(&g::Config::new(bf, Q4_1, false, 1, 16, 512)), 14336, 4096), 4),
+        ("_gemv_q4_1_f32_m4_silu", spec(g::build(&g::Config::new(fp, Q4_1, true, 4, 8, 256)), 1536, 576), 4),
+        ("_gemv_q4_0_bf16_m8", spec(g::build(&g::Config::new(bf, Q4_0, false, 8, 8, 256)), 4096, 4096), 4),
+        ("_gemv_q8_0_bf16_m1", spec(g::build(&g::Config::new(bf, Q8_0, false, 1, 16, 64)), 49152, 576), 1),
         (
             "_gemm_q4_1_bf16_silu",
-            spec(m41::build(&m41::Config::new(bf, true, 64, 64, 64, false)), 1536, 576),
+            spec(mm::build(&mm::Config::new(bf, Q4_1, true, 64, 64, 64, false)), 1536, 576),
             4,
         ),
-        ("_gemm_q8_0_f32", spec(m80::build(&m80::Config::new(fp, false, 64, 64, 32, false)), 49152, 576), 4),
+        (
+            "_gemm_q8_0_f32",
+            spec(mm::build(&mm::Config::new(fp, Q8_0, false, 64, 64, 32, false)), 49152, 576),
+            4,
+        ),
         // A batch-16 decode step's QKV projection (the runtime's tiles).
         (
             "_gemm_q4_1_bf16_m16",
-            spec(m41::build(&m41::Config::new(bf, false, 16, 32, 64, false)), 960, 576),
+            spec(mm::build(&mm::Config::new(bf, Q4_1, false, 16, 32, 64, false)), 960, 576),
             4,
         ),
     ];
@@ -1150,18 +1154,19 @@ fn dequant() {
 /// the final norm (bf16), and the QKV at batch 8 (`M_BLOCK = 8`).
 #[test]
 fn dequant_fused() {
-    use ::kernels::dequant::fused::{gemv_q4_1_fused as f41, gemv_q8_0_fused as f80};
+    use ::kernels::dequant::QuantFormat::{Q4_1, Q8_0};
+    use ::kernels::dequant::fused::gemv_fused as f;
     let spec = |f: Result<Function>, n: u64, k: u64| {
         let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(1), Some(n), Some(k), None];
         dsl_core::launch::specialize(&f.unwrap(), &facts).0
     };
     let (bf, fp) = (DType::BF16, DType::F32);
     let q41 = |t, silu, norm, res, bn, bk, n, k| {
-        spec(f41::build(&f41::Config::new(t, silu, norm, res, 1, bn, bk)), n, k)
+        spec(f::build(&f::Config::new(t, Q4_1, silu, norm, res, 1, bn, bk)), n, k)
     };
-    let lm = spec(f80::build(&f80::Config::new(bf, false, true, false, 1, 16, 256)), 49152, 576);
+    let lm = spec(f::build(&f::Config::new(bf, Q8_0, false, true, false, 1, 16, 256)), 49152, 576);
     // Batch 8: M_BLOCK 8, the per-row `rstd` broadcast along the tile.
-    let m8 = spec(f41::build(&f41::Config::new(fp, false, true, false, 8, 4, 512)), 960, 576);
+    let m8 = spec(f::build(&f::Config::new(fp, Q4_1, false, true, false, 8, 4, 512)), 960, 576);
     let cases = [
         ("_q4_1_f32_norm_qkv", q41(fp, false, true, false, 8, 512, 960, 576), 4),
         ("_q4_1_bf16_norm_silu", q41(bf, true, true, false, 8, 512, 1536, 576), 4),
@@ -1224,7 +1229,7 @@ fn swapped_spill_cap(_block_m: usize, _stages: u32) -> u64 {
 /// does not matter), but for [`swapped_spill_cap`].
 #[test]
 fn dequant_autotune_configs_do_not_spill() {
-    use ::kernels::dequant::{gemm, gemv};
+    use ::kernels::dequant::{QuantFormat, gemm, gemv};
     macro_rules! each {
         ($k:path, $base:expr) => {{
             use $k as kk;
@@ -1253,12 +1258,10 @@ fn dequant_autotune_configs_do_not_spill() {
         }};
     }
     let bf = DType::BF16;
-    each!(gemv::gemv_q4_1, gemv::gemv_q4_1::Config::new(bf, true, 1, 16, 512));
-    each!(gemv::gemv_q4_0, gemv::gemv_q4_0::Config::new(bf, true, 1, 16, 512));
-    each!(gemv::gemv_q8_0, gemv::gemv_q8_0::Config::new(bf, true, 1, 16, 256));
-    each!(gemm::gemm_q4_1, gemm::gemm_q4_1::Config::new(bf, true, 64, 64, 64, false));
-    each!(gemm::gemm_q4_0, gemm::gemm_q4_0::Config::new(bf, true, 64, 64, 64, false));
-    each!(gemm::gemm_q8_0, gemm::gemm_q8_0::Config::new(bf, true, 64, 64, 32, false));
+    for q in [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0] {
+        each!(gemv::gemv, gemv::gemv::Config::new(bf, q, true, 1, 16, 512));
+        each!(gemm::gemm, gemm::gemm::Config::new(bf, q, true, 64, 64, 64, false));
+    }
 }
 
 /// Every declared autotune config of FlashAttention assembles at head dims
@@ -1402,11 +1405,12 @@ fn occupancy_hint() {
 /// (the other nibble shifts are immediates), and sm_80 gets `mma.sync`.
 #[test]
 fn dequant_gemm_swapped() {
-    use ::kernels::dequant::gemm::gemm_q4_1 as m41;
+    use ::kernels::dequant::gemm::gemm as m41;
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(14336), Some(4096)];
     let tiles = [(256, 128, 64, 8u32, 4u32), (256, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 64, 64, 4, 2)];
     for (bm, bn, bk, warps, stages) in tiles {
-        let f = m41::build(&m41::Config::new(DType::BF16, false, bm, bn, bk, true)).unwrap();
+        let q41 = ::kernels::dequant::QuantFormat::Q4_1;
+        let f = m41::build(&m41::Config::new(DType::BF16, q41, false, bm, bn, bk, true)).unwrap();
         let f = dsl_core::launch::specialize(&f, &facts).0;
         let tag = format!("gemm_q4_1 swapped {bm}x{bn}x{bk} w{warps} s{stages}");
         let opts = options(Target::Sm90a, warps, stages);
@@ -1484,7 +1488,7 @@ fn dequant_gemm_swapped() {
     }
 }
 
-/// The stream-K swapped GEMM (`kernels::dequant::gemm::gemm_stream_k`) on
+/// The stream-K swapped GEMM (`kernels::dequant::stream_k::gemm_stream_k`) on
 /// sm_90a, every autotune config: both pieces' K loops run `wgmma` with
 /// the activation tiles copied by TMA (two pipelined loops, each with its
 /// own prologue, so twice the main loop's `wgmma`s and no `cp.async`), the
@@ -1495,9 +1499,9 @@ fn dequant_gemm_swapped() {
 /// no call).
 #[test]
 fn dequant_gemm_stream_k() {
-    use ::kernels::dequant::gemm::gemm_stream_k as sk;
+    use ::kernels::dequant::stream_k::gemm_stream_k as sk;
     let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(256), Some(14336), Some(4096)];
-    let base = sk::Config::new(DType::BF16, false, false, true, 256, 128, 64);
+    let base = sk::Config::new(DType::BF16, ::kernels::dequant::QuantFormat::Q4_1, false, 256, 128, 64);
     for c in sk::autotune_configs(&base) {
         let f = dsl_core::launch::specialize(&sk::build(&c).unwrap(), &facts).0;
         let tag = format!("gemm_stream_k {c:?}");
@@ -1571,8 +1575,7 @@ fn batch_invariant_kernels_share_instructions() {
             let t = linear_tiles(format, m, rows, k, true);
             let c = lk::Config::new(
                 DType::BF16,
-                format == QuantFormat::Q8_0,
-                format == QuantFormat::Q4_1,
+                format,
                 false,
                 m == 1,
                 false,

@@ -55,6 +55,36 @@ macro_rules! ptr_elem {
 ptr_elem!(bool => I1, i8 => I8, u8 => U8, i16 => I16, i32 => I32, u32 => U32, i64 => I64,
     half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64);
 
+/// A type a `#[constexpr]` kernel parameter can have: the scalars (`usize`,
+/// `i32`, `u32`, `i64`, `u64`, `bool`, `f32`) and plain enums of build-time
+/// choices, such as a kernel library's quantization format. A value is part
+/// of the kernel's `Config`, so it must be copyable, printable (its `Debug`
+/// text is part of every cache key of the specialization) and comparable.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a `#[constexpr]` parameter",
+    note = "constexprs are usize, i32, u32, i64, u64, bool, f32, or a `Copy + Debug + PartialEq` type that implements `dsl_core::launch::Constexpr`"
+)]
+pub trait Constexpr: Copy + Debug + PartialEq + 'static {
+    /// The value as it appears in a kernel name (`{NAME}` in `#[kernel(name
+    /// = "...")]`): a lowercase identifier fragment (`64`, `true`, `q4_1`).
+    fn name_part(&self) -> String;
+}
+
+macro_rules! constexpr_scalar {
+    ($($t:ty),*) => {$(
+        impl Constexpr for $t {
+            fn name_part(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+constexpr_scalar!(usize, i32, u32, i64, u64, bool, f32);
+
+/// Checks at compile time that `T` can be a constexpr (`#[kernel]` calls it
+/// for every constexpr parameter whose type is not a built-in scalar).
+pub const fn assert_constexpr<T: Constexpr>() {}
+
 /// One erased launch argument.
 #[derive(Clone, Copy, Debug)]
 pub enum Arg<P> {

@@ -7,6 +7,11 @@
 //! are enums and values typed index newtypes (text appears only in the printer
 //! and parser).
 
+// The interpreter tests include `kernels::reference` files, which name this
+// crate `dsl_core`.
+#[cfg(test)]
+extern crate self as dsl_core;
+
 pub mod builder;
 pub mod dtype;
 pub mod error;

@@ -6,7 +6,7 @@
 //! Generated code names only `::dsl_core` paths.
 
 use crate::lower::lower_body;
-use crate::signature::{DTypeSpec, Errors, KernelSig, ParamKind};
+use crate::signature::{DTypeSpec, Errors, KernelSig, NamePart, ParamKind};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -63,12 +63,20 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
         cfg_fields.push(quote!(#[doc = #doc] pub #g: ::dsl_core::DType));
         cfg_names.push(g.clone());
     }
+    // Constexprs of a type other than the built-in scalars (enums) must
+    // implement `Constexpr`; this states it where rustc can point at the type.
+    let mut constexpr_checks = Vec::new();
     for p in &sig.params {
         if let ParamKind::Constexpr(ty) = &p.kind {
             let n = &p.name;
             let doc = format!("Constexpr `{n}`.");
             cfg_fields.push(quote!(#[doc = #doc] pub #n: #ty));
             cfg_names.push(n.clone());
+            if !crate::signature::is_scalar_constexpr(ty) {
+                constexpr_checks.push(
+                    quote_spanned!(ty.span()=> const _: () = ::dsl_core::launch::assert_constexpr::<#ty>();),
+                );
+            }
         }
     }
     let cfg_params: Vec<TokenStream> = sig
@@ -140,25 +148,58 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
     // Autotune metadata.
     let key: Vec<String> =
         sig.autotune.as_ref().map(|a| a.key.iter().map(|k| k.to_string()).collect()).unwrap_or_default();
-    let tune_configs: Vec<TokenStream> = sig
-        .autotune
-        .as_ref()
-        .map(|a| {
-            a.configs
-                .iter()
-                .map(|c| {
-                    let sets = c.values.iter().map(|(k, v)| quote!(c.#k = #v;));
-                    quote!({ let mut c = base.clone(); #(#sets)* c })
-                })
-                .collect()
+    let configs = sig.autotune.as_ref().map(|a| a.configs.as_slice()).unwrap_or_default();
+    let tune_configs: Vec<TokenStream> = configs
+        .iter()
+        .map(|c| {
+            let sets = c.values.iter().map(|(k, v)| quote!(c.#k = #v;));
+            quote!({ let mut c = base.clone(); #(#sets)* c })
         })
-        .unwrap_or_default();
+        .collect();
+    // Configs that read the base config's constexprs (a `when`, or values
+    // computed from them) see them as locals; the others are plain lists.
+    let autotune_body = if configs.iter().any(|c| c.reads_base()) {
+        let pushes = configs.iter().zip(&tune_configs).map(|(c, t)| match &c.when {
+            Some(w) => quote!(if #w { out.push(#t); }),
+            None => quote!(out.push(#t);),
+        });
+        quote! {
+            let Config { #(#cfg_names,)* num_warps: _, num_stages: _, min_programs_per_sm: _ } = base.clone();
+            let mut out = ::std::vec::Vec::new();
+            #(#pushes)*
+            out
+        }
+    } else {
+        quote! {
+            let _ = base;
+            ::std::vec![#(#tune_configs),*]
+        }
+    };
+    // The IR function's name: the kernel's, or its template with the
+    // constexprs' values.
+    let ir_name = match &sig.name {
+        None => quote!(#name_str),
+        Some(parts) => {
+            let mut fmt = String::new();
+            let mut vals = Vec::new();
+            for p in parts {
+                match p {
+                    NamePart::Text(t) => fmt.push_str(t),
+                    NamePart::Constexpr(id) => {
+                        fmt.push_str("{}");
+                        vals.push(quote!(::dsl_core::launch::Constexpr::name_part(&#id)));
+                    }
+                }
+            }
+            quote!(::std::format!(#fmt, #(#vals),*))
+        }
+    };
 
     let loc = quote_spanned!(name.span()=> ::dsl_core::Location::new(file!(), line!(), column!()));
     let build_body = if body_ok {
         quote! {
             let Config { #(#cfg_names,)* num_warps: _, num_stages: _, min_programs_per_sm: _ } = config.clone();
-            ::dsl_core::lang::KernelBuilder::with_location(#name_str, #loc).build(|| {
+            ::dsl_core::lang::KernelBuilder::with_location(#ir_name, #loc).build(|| {
                 #[allow(unused_imports)]
                 use ::dsl_core::lang::*;
                 #[allow(unused_imports)]
@@ -185,6 +226,7 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
         #vis mod #name {
             #[allow(unused_imports)]
             use super::*;
+            #(#constexpr_checks)*
 
             /// The kernel's compile-time parameters (constexprs and dtype generics)
             /// and launch options. Each distinct config is one specialization.
@@ -238,8 +280,7 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
 
             /// The declared autotune configs, each applied on top of `base`.
             pub fn autotune_configs(base: &Config) -> ::std::vec::Vec<Config> {
-                let _ = base;
-                ::std::vec![#(#tune_configs),*]
+                #autotune_body
             }
 
             /// Builds the tile IR of the specialization `config`.

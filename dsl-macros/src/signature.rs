@@ -38,11 +38,27 @@ pub struct Param {
     pub kind: ParamKind,
 }
 
-/// One declared autotune config: constexpr or launch-option assignments.
+/// One declared autotune config: constexpr or launch-option assignments,
+/// and an optional `when = cond` on the base config's constexprs.
 #[derive(Clone, Debug, Default)]
 pub struct TuneConfig {
     /// `(name, value)` pairs in source order.
     pub values: Vec<(Ident, Expr)>,
+    /// The condition under which the config is a candidate (`when = ..`).
+    pub when: Option<Expr>,
+}
+
+impl TuneConfig {
+    /// Whether the config needs the base config's constexprs in scope: a
+    /// `when`, or a value that is not a literal.
+    pub fn reads_base(&self) -> bool {
+        let literal = |e: &Expr| match e {
+            Expr::Lit(_) => true,
+            Expr::Unary(u) => matches!(&*u.expr, Expr::Lit(_)),
+            _ => false,
+        };
+        self.when.is_some() || self.values.iter().any(|(_, v)| !literal(v))
+    }
 }
 
 /// `autotune(configs = [...], key = [...])`.
@@ -64,6 +80,18 @@ pub struct KernelSig {
     pub dtype_generics: Vec<Ident>,
     /// Declared autotuning.
     pub autotune: Option<Autotune>,
+    /// The IR name template (`name = "gemv_{QUANT}"`): literal text and
+    /// constexpr names; `None` names the IR function after the kernel.
+    pub name: Option<Vec<NamePart>>,
+}
+
+/// A piece of a kernel name template.
+#[derive(Clone, Debug)]
+pub enum NamePart {
+    /// Literal text.
+    Text(String),
+    /// A constexpr's value (`{QUANT}`), through `Constexpr::name_part`.
+    Constexpr(Ident),
 }
 
 const SCALARS: [(&str, &str); 5] =
@@ -123,7 +151,8 @@ fn last_ident(ty: &Type) -> Option<(String, &syn::PathSegment)> {
 }
 
 const PARAM_HELP: &str = "kernel parameters are `Ptr<T>` (T a dtype such as f32, bf16, i32, or a dtype generic), \
-runtime scalars (i32, i64, u32, f32, bool), or `#[constexpr]` values (usize, i32, u32, i64, u64, bool, f32)";
+runtime scalars (i32, i64, u32, f32, bool), or `#[constexpr]` values (usize, i32, u32, i64, u64, bool, f32, \
+or an enum that implements `dsl_core::launch::Constexpr`)";
 
 /// Parses the function signature and the attribute arguments.
 pub fn parse(attr: TokenStream, item: ItemFn, errors: &mut Errors) -> KernelSig {
@@ -176,8 +205,11 @@ pub fn parse(attr: TokenStream, item: ItemFn, errors: &mut Errors) -> KernelSig 
         }
         let ty = &*pt.ty;
         if constexpr {
-            let ok = last_ident(ty)
-                .is_some_and(|(n, s)| CONSTEXPR_TYPES.contains(&n.as_str()) && s.arguments.is_none());
+            // A built-in scalar, or a plain type path (an enum of build-time
+            // choices; the expansion checks that it implements `Constexpr`).
+            let ok = last_ident(ty).is_some_and(|(n, s)| {
+                s.arguments.is_none() && (CONSTEXPR_TYPES.contains(&n.as_str()) || !is_builtin_type(&n))
+            });
             if !ok {
                 errors.at(ty, format!("unsupported constexpr type; {PARAM_HELP}"));
             }
@@ -219,25 +251,90 @@ pub fn parse(attr: TokenStream, item: ItemFn, errors: &mut Errors) -> KernelSig 
             _ => errors.at(ty, format!("unsupported parameter type; {PARAM_HELP}")),
         }
     }
-    let autotune = parse_attr(attr, &params, errors);
-    KernelSig { item, params, dtype_generics, autotune }
+    let (autotune, name) = parse_attr(attr, &params, errors);
+    KernelSig { item, params, dtype_generics, autotune, name }
 }
 
-/// Parses `autotune(configs = [(A = 1, num_warps = 4), ...], key = [n])`.
-fn parse_attr(attr: TokenStream, params: &[Param], errors: &mut Errors) -> Option<Autotune> {
+/// Whether a constexpr's type is one of the built-in scalars (the others
+/// must implement `dsl_core::launch::Constexpr`).
+pub fn is_scalar_constexpr(ty: &Type) -> bool {
+    last_ident(ty).is_some_and(|(n, _)| CONSTEXPR_TYPES.contains(&n.as_str()))
+}
+
+/// Whether `name` is a language type that is not a constexpr scalar (a
+/// pointer, a tensor or a dtype), which a `#[constexpr]` cannot have.
+fn is_builtin_type(name: &str) -> bool {
+    name == "Ptr" || name == "Tensor" || DTYPES.iter().any(|(r, _)| *r == name)
+}
+
+/// Whether `id` names a constexpr parameter.
+fn is_constexpr(params: &[Param], id: &Ident) -> bool {
+    params.iter().any(|q| q.name == *id && matches!(q.kind, ParamKind::Constexpr(_)))
+}
+
+/// Parses a name template: `{NAME}` pieces name constexprs.
+fn parse_name(lit: &syn::LitStr, params: &[Param], errors: &mut Errors) -> Vec<NamePart> {
+    let text = lit.value();
+    let mut parts = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(open) = rest.find('{') {
+        if open > 0 {
+            parts.push(NamePart::Text(rest[..open].to_string()));
+        }
+        let Some(close) = rest[open..].find('}') else {
+            errors.at(lit, "unclosed `{` in the kernel name: write constexprs as `{NAME}`");
+            return parts;
+        };
+        let name = &rest[open + 1..open + close];
+        match syn::parse_str::<Ident>(name) {
+            Ok(id) if is_constexpr(params, &id) => {
+                parts.push(NamePart::Constexpr(Ident::new(name, lit.span())))
+            }
+            _ => errors.at(lit, format!("`{{{name}}}` in the kernel name is not a constexpr parameter")),
+        }
+        rest = &rest[open + close + 1..];
+    }
+    if !rest.is_empty() {
+        parts.push(NamePart::Text(rest.to_string()));
+    }
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let literal_ok = parts.iter().all(|p| match p {
+        NamePart::Text(t) => t.chars().all(valid),
+        NamePart::Constexpr(_) => true,
+    });
+    if !literal_ok || parts.is_empty() {
+        errors.at(lit, "a kernel name is an identifier, with `{NAME}` for constexpr values");
+    }
+    parts
+}
+
+/// Parses `name = "gemv_{QUANT}"` and `autotune(configs = [(A = 1,
+/// num_warps = 4), ...], key = [n])`.
+fn parse_attr(
+    attr: TokenStream,
+    params: &[Param],
+    errors: &mut Errors,
+) -> (Option<Autotune>, Option<Vec<NamePart>>) {
     if attr.is_empty() {
-        return None;
+        return (None, None);
     }
     let metas = match syn::parse::Parser::parse2(Punctuated::<syn::Meta, Token![,]>::parse_terminated, attr) {
         Ok(m) => m,
         Err(e) => {
             errors.0.push(e);
-            return None;
+            return (None, None);
         }
     };
     let mut out = None;
+    let mut name = None;
     for meta in metas {
         match &meta {
+            syn::Meta::NameValue(nv) if nv.path.is_ident("name") => match &nv.value {
+                Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => {
+                    name = Some(parse_name(s, params, errors))
+                }
+                other => errors.at(other, "`name` is a string: `name = \"gemv_{QUANT}\"`"),
+            },
             syn::Meta::List(l) if l.path.is_ident("autotune") => {
                 let inner = syn::parse::Parser::parse2(
                     Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated,
@@ -296,12 +393,13 @@ fn parse_attr(attr: TokenStream, params: &[Param], errors: &mut Errors) -> Optio
                 }
                 out = Some(at);
             }
-            other => {
-                errors.at(other, "`#[kernel]` takes an optional `autotune(configs = [...], key = [...])`")
-            }
+            other => errors.at(
+                other,
+                "`#[kernel]` takes an optional `name = \"..\"` and `autotune(configs = [...], key = [...])`",
+            ),
         }
     }
-    out
+    (out, name)
 }
 
 fn parse_config(e: &Expr, params: &[Param], errors: &mut Errors) -> TuneConfig {
@@ -334,19 +432,20 @@ fn parse_config(e: &Expr, params: &[Param], errors: &mut Errors) -> TuneConfig {
             );
             continue;
         };
+        if id == "when" {
+            cfg.when = Some((*a.right).clone());
+            continue;
+        }
         let known = id == "num_warps"
             || id == "num_stages"
             || id == "min_programs_per_sm"
-            || params.iter().any(|q| q.name == id && matches!(q.kind, ParamKind::Constexpr(_)));
+            || is_constexpr(params, &id);
         if !known {
             errors.at(
                 &id,
                 format!("`{id}` is not a constexpr parameter of this kernel (nor `num_warps`, `num_stages` or `min_programs_per_sm`)"),
             );
             continue;
-        }
-        if !matches!(&*a.right, Expr::Lit(_) | Expr::Path(_) | Expr::Unary(_)) {
-            errors.at(&a.right, "config values are literals");
         }
         cfg.values.push((id, (*a.right).clone()));
     }

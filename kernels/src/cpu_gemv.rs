@@ -57,14 +57,14 @@
 //!
 //! # Constexprs
 //!
-//! `T` (activation dtype), `SILU`, `NORM`, `RESIDUAL`, `M_BLOCK` (activation
+//! `T` (activation dtype), `QUANT`, `SILU`, `NORM`, `RESIDUAL`, `M_BLOCK` (activation
 //! rows per program), `BLOCK_N` (weight rows per program, even with
 //! `SILU`), `BLOCK_K` (a power of two `>= 32`), as the fused GEMV.
 
 use crate::dequant::gemv::{
-    gemv_epilogue, gemv_operand, q4_scale_decode, q4_scale_load, q4_scales, repeat_rows,
+    gemv_epilogue, gemv_operand, q4_scale_decode, q4_scales, repeat_rows, scale_load,
 };
-use crate::dequant::{GemvTiles, QuantFormat, m_block_for};
+use crate::dequant::{Fuse, GemvTiles, QuantFormat, m_block_for};
 use crate::rmsnorm::{rms_rstd_rows, rms_rstd_tiled};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -82,7 +82,7 @@ use dsl_macros::{kernel, kernel_fn};
 pub fn cpu_gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
     let _ = k;
     let m_block = m_block_for(m);
-    let width = if format == QuantFormat::Q8_0 { 32 } else { 16 };
+    let width = format.quant_bytes();
     let acc = if m_block == 1 { 1024 } else { 512 };
     let block_n = (acc / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
     GemvTiles { m_block, block_n, block_k: 32, num_warps: 4 }
@@ -141,10 +141,11 @@ pub fn norm_rstd(
     }
 }
 
-/// The Q4 body shared by [`cpu_gemv_q4_1`] and [`cpu_gemv_q4_0`] (`has_min`).
+/// The body of [`cpu_gemv`]: the nibble formats (Q4_0, Q4_1) here, the
+/// byte format in [`cpu_gemv_q8_body`].
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv_q4_body(
+pub fn cpu_gemv_body(
     x_ptr: Tensor,
     q_ptr: Tensor,
     s_ptr: Tensor,
@@ -154,71 +155,76 @@ pub fn cpu_gemv_q4_body(
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
-    has_min: bool,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    quant: QuantFormat,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
 ) {
-    let w = block_k / 2;
-    let wn = block_n * w;
-    let rows = if silu { n * 2 } else { n };
-    let nb = k / 32;
-    // W tile [BLOCK_N, W]: byte c of row r's K tile.
-    let wl = arange(0, wn);
-    let c = wl % w;
-    let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
-    let q_off = row * (k / 2) + c;
-    let s_off = row * nb + c / 16;
-    // Activation tile [M_BLOCK, W]: byte c's low-nibble activation is at
-    // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
-    let xl = arange(0, m_block * w);
-    let xc = xl % w;
-    let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
-    let n_off = xc / 16 * 32 + xc % 16;
-    let x_off = mrow * k + n_off;
-    let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
-    let k_full = k / block_k * block_k;
-    let mut acc = zeros([m_block * wn], f32);
-    for k0 in range(0, k_full, block_k) {
-        if k0 % 128 == 0 {
-            prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
+    if !quant.is_q4() {
+        cpu_gemv_q8_body(
+            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, fuse, dt, m_block, block_n, block_k,
+        );
+    } else {
+        let norm = fuse.norm();
+        let w = block_k / 2;
+        let wn = block_n * w;
+        let rows = if fuse.silu() { n * 2 } else { n };
+        let nb = k / 32;
+        // W tile [BLOCK_N, W]: byte c of row r's K tile.
+        let wl = arange(0, wn);
+        let c = wl % w;
+        let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
+        let q_off = row * (k / 2) + c;
+        let s_off = row * nb + c / 16;
+        // Activation tile [M_BLOCK, W]: byte c's low-nibble activation is at
+        // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
+        let xl = arange(0, m_block * w);
+        let xc = xl % w;
+        let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
+        let n_off = xc / 16 * 32 + xc % 16;
+        let x_off = mrow * k + n_off;
+        let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
+        let k_full = k / block_k * block_k;
+        let mut acc = zeros([m_block * wn], f32);
+        for k0 in range(0, k_full, block_k) {
+            if k0 % 128 == 0 {
+                prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
+            }
+            let q = load(q_ptr + q_off + k0 / 2).to(i32);
+            let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, quant);
+            let (w_lo, w_hi) = nibble_weights(q, d, off);
+            let xa = load(x_ptr + x_off + k0);
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+            let xb = load(x_ptr + x_off + k0 + 16);
+            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
+            let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
         }
-        let q = load(q_ptr + q_off + k0 / 2).to(i32);
-        let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, has_min);
-        let (w_lo, w_hi) = nibble_weights(q, d, off);
-        let xa = load(x_ptr + x_off + k0);
-        let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
-        let xb = load(x_ptr + x_off + k0 + 16);
-        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
-        let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+        // The partial K tile: blocks past K read nothing and add nothing.
+        for k0 in range(k_full, k, block_k) {
+            let ok = k0 / 32 + c / 16 < nb;
+            let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
+            let (d, off) = q4_scale_decode(scale_load(s_ptr, s_off + k0 / 32, ok, quant), quant);
+            let (w_lo, w_hi) = nibble_weights(q, d, off);
+            let okx = k0 / 32 + xc / 16 < nb;
+            let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+            let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+            let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+            let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
+            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
+            let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
+            acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+        }
+        gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, w);
     }
-    // The partial K tile: blocks past K read nothing and add nothing.
-    for k0 in range(k_full, k, block_k) {
-        let ok = k0 / 32 + c / 16 < nb;
-        let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
-        let (d, off) = q4_scale_decode(q4_scale_load(s_ptr, s_off + k0 / 32, ok, has_min), has_min);
-        let (w_lo, w_hi) = nibble_weights(q, d, off);
-        let okx = k0 / 32 + xc / 16 < nb;
-        let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-        let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
-        let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
-        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
-        let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
-        acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
-    }
-    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, w);
 }
 
-/// The Q8_0 body ([`cpu_gemv_q8_0`]).
+/// The body of [`cpu_gemv`] for the byte format (Q8_0).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn cpu_gemv_q8_body(
@@ -231,16 +237,15 @@ pub fn cpu_gemv_q8_body(
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
 ) {
+    let norm = fuse.norm();
     let wn = block_n * block_k;
-    let rows = if silu { n * 2 } else { n };
+    let rows = if fuse.silu() { n * 2 } else { n };
     let nb = k / 32;
     let wl = arange(0, wn);
     let c = wl % block_k;
@@ -277,14 +282,16 @@ pub fn cpu_gemv_q8_body(
         let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, block_k);
         acc = fma(repeat_rows(wt, m_block, wn), xa, acc);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, block_k);
+    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, block_k);
 }
 
-/// Q4_1 GEMV for CPUs with the fused GEMV's RMSNorm prologue (`NORM`),
-/// SiLU-mul (`SILU`) and residual add (`RESIDUAL`); see the module doc.
-#[kernel]
+/// The dequant GEMV for CPUs, in the format `QUANT`, with the fused GEMV's
+/// RMSNorm prologue (`NORM`), SiLU-mul (`SILU`) and residual add
+/// (`RESIDUAL`); see the module doc. Each format is its own specialization
+/// (IR name `cpu_gemv_q4_1`, ...).
+#[kernel(name = "cpu_gemv_{QUANT}")]
 #[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv_q4_1<T: Float>(
+pub fn cpu_gemv<T: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
@@ -294,6 +301,7 @@ pub fn cpu_gemv_q4_1<T: Float>(
     n: i32,
     k: i32,
     eps: f32,
+    #[constexpr] QUANT: QuantFormat,
     #[constexpr] SILU: bool,
     #[constexpr] NORM: bool,
     #[constexpr] RESIDUAL: bool,
@@ -301,60 +309,8 @@ pub fn cpu_gemv_q4_1<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    cpu_gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, true, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q4_0 GEMV for CPUs with the fusions of [`cpu_gemv_q4_1`].
-#[kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv_q4_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    nw_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    eps: f32,
-    #[constexpr] SILU: bool,
-    #[constexpr] NORM: bool,
-    #[constexpr] RESIDUAL: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    cpu_gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, false, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q8_0 GEMV for CPUs with the fusions of [`cpu_gemv_q4_1`] (the LM head).
-#[kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv_q8_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    nw_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    eps: f32,
-    #[constexpr] SILU: bool,
-    #[constexpr] NORM: bool,
-    #[constexpr] RESIDUAL: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    cpu_gemv_q8_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
+    let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
+    cpu_gemv_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
     );
 }

@@ -75,8 +75,9 @@
 //! `[BLOCK_N, HEAD_DIM]` K/V tile itself, so every access is a 16-byte
 //! vector and the loads of whole key blocks are pipelined `num_stages` deep
 //! with `cp.async` by the codegen (their addresses depend only on the loop
-//! index; the stages are XOR-swizzled, which also made L2-only copies
-//! faster than `cache_modifier = ".ca"` ones on H100); the last, partial key
+//! index; the stages are XOR-swizzled, and the copies bypass L1: the K/V
+//! rows are read once per program, so `cache_modifier = ".ca"` would only
+//! evict what L1 holds for others); the last, partial key
 //! block runs in a second loop with masks.
 //! Tensor cores need `BLOCK_N` to be a multiple of `8 * num_warps` (other
 //! configs run, with `dot` on FMAs). f32 caches use [`paged_decode`].
@@ -455,9 +456,9 @@ pub fn default_rows(group: usize) -> usize {
 /// `batch` sequences of at most `max_ctx` tokens with `h_kv` KV heads on a GPU
 /// with `sms` multiprocessors: no split when `batch * h_kv` programs already
 /// fill the GPU about twice, else enough splits (each at least 256 tokens) to
-/// reach that. (Aiming at four programs per multiprocessor instead, which
-/// splits the B64 bench shapes in two, measured 1-3% slower on an H100 with
-/// the tensor-core kernel: the merge costs more than the last wave's tail.)
+/// reach that. (Aiming at more programs per multiprocessor splits more
+/// batches, and the extra merge costs more than the idle tail of the last
+/// wave it saves.)
 pub fn split_plan(batch: usize, h_kv: usize, max_ctx: usize, sms: usize, block_n: usize) -> (usize, usize) {
     let programs = (batch * h_kv).max(1);
     let target = 2 * sms.max(1);

@@ -60,7 +60,7 @@
 //!   `stage` holds [`stage_counters`] zeros (every launch leaves them zero).
 //! - The grid is at most the number of programs that can be resident at
 //!   once (the launcher refuses larger waiting grids).
-//! - Formats: `F_*` is 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0) per matrix.
+//! - Formats: `F_*` is the [`QuantFormat`] of each matrix.
 //! - With `TRACE`, program `p` writes [`globaltimer`](dsl_core::lang::globaltimer)
 //!   readings to row `p` of `trace` ([`stage_counters`] entries per program):
 //!   entry 0 when it leaves the embedding, `1 + 5 l + j` when it leaves
@@ -70,6 +70,7 @@
 
 use crate::decode_attention::decode_tc_body;
 use crate::dequant::linear::{LINEAR_BLOCK_K, linear_tile, tile_load};
+use crate::dequant::{Fuse, QuantFormat};
 use crate::embedding::embedding_row;
 use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
 use crate::rope::rope_row;
@@ -155,10 +156,8 @@ pub fn stage_linear(
     n: Tensor,
     k: Tensor,
     eps: Tensor,
-    format_code: usize,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    quant: QuantFormat,
+    fuse: Fuse,
     split_k: bool,
     f16_ops: bool,
     one_row: bool,
@@ -166,10 +165,8 @@ pub fn stage_linear(
     norm_block: usize,
     block_n: usize,
 ) {
-    let q8 = format_code == 2;
-    let has_min = format_code == 1;
     let bk = LINEAR_BLOCK_K as i32;
-    let rows = if silu { n * 2 } else { n };
+    let rows = if fuse.silu() { n * 2 } else { n };
     let tiles_n = count_tiles(rows, block_n);
     let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
     let zero = full([], 0, i32);
@@ -179,7 +176,7 @@ pub fn stage_linear(
     // Each task's weights are loaded one task ahead (the weights are never
     // written, so the first task's loads go out before any wait).
     let (mut wd, mut sr, mut wd_tail, mut sr_tail) =
-        task_weights(q_ptr, s_ptr, minimum(t0, n_tasks - 1), tiles_k, rows, k, format_code, split_k, block_n);
+        task_weights(q_ptr, s_ptr, minimum(t0, n_tasks - 1), tiles_k, rows, k, quant, split_k, block_n);
     for t in range(t0, n_tasks, np) {
         let (wd_next, sr_next, wdt_next, srt_next) = task_weights(
             q_ptr,
@@ -188,14 +185,14 @@ pub fn stage_linear(
             tiles_k,
             rows,
             k,
-            format_code,
+            quant,
             split_k,
             block_n,
         );
         let pid_n = t / tiles_k;
         let pid_k = t % tiles_k;
         wait_until(stage_ptr + wait_idx, "ge", wait_target);
-        let rs = if !norm {
+        let rs = if !fuse.norm() {
             eps
         } else if one_row {
             let cols = arange(0, norm_block);
@@ -207,8 +204,7 @@ pub fn stage_linear(
         };
         let fin = linear_tile(
             x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, k, rs, wd, sr, wd_tail, sr_tail,
-            zero, pid_n, pid_k, tiles_n, tiles_k, q8, has_min, silu, norm, residual, split_k, f16_ops, dt,
-            MAX_ROWS, block_n,
+            zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k, f16_ops, dt, MAX_ROWS, block_n,
         );
         if fin {
             atomic_add(stage_ptr + done_idx, 1, sem = "release");
@@ -232,20 +228,19 @@ pub fn task_weights(
     tiles_k: Tensor,
     rows: Tensor,
     k: Tensor,
-    format_code: usize,
+    quant: QuantFormat,
     split_k: bool,
     block_n: usize,
 ) -> (Tensor, Tensor, Tensor, Tensor) {
-    let (q8, has_min) = (format_code == 2, format_code == 1);
     let bk = LINEAR_BLOCK_K as i32;
     let nb = k / 32;
     let wrow = minimum(t / tiles_k * block_n + arange(0, block_n), rows - 1);
     if split_k {
-        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, t % tiles_k * bk, q8, has_min, block_n);
+        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, t % tiles_k * bk, quant, block_n);
         (wd, sr, wd, sr)
     } else {
-        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, full([], 0, i32), q8, has_min, block_n);
-        let (wt, st) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, q8, has_min, block_n);
+        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, full([], 0, i32), quant, block_n);
+        let (wt, st) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, quant, block_n);
         (wd, sr, wt, st)
     }
 }
@@ -309,11 +304,11 @@ pub fn decode_step<T: Float>(
     #[constexpr] PAGE: usize,
     #[constexpr] ATT_BLOCK_N: usize,
     #[constexpr] ATT_ROWS: usize,
-    #[constexpr] F_QKV: usize,
-    #[constexpr] F_O: usize,
-    #[constexpr] F_GU: usize,
-    #[constexpr] F_DN: usize,
-    #[constexpr] F_HEAD: usize,
+    #[constexpr] F_QKV: QuantFormat,
+    #[constexpr] F_O: QuantFormat,
+    #[constexpr] F_GU: QuantFormat,
+    #[constexpr] F_DN: QuantFormat,
+    #[constexpr] F_HEAD: QuantFormat,
     #[constexpr] F16: bool,
     #[constexpr] ONE_ROW: bool,
     #[constexpr] TRACE: bool,
@@ -340,11 +335,11 @@ pub fn decode_step<T: Float>(
     // Output tile heights: 64 rows for Q8_0 and for gate/up (its tasks then
     // fit the grid in one round), 32 otherwise; they decide only which
     // program computes which output, not the arithmetic.
-    let bn_qkv = if F_QKV == 2 { 64 } else { 32 };
-    let bn_o = if F_O == 2 { 64 } else { 32 };
+    let bn_qkv = if F_QKV == QuantFormat::Q8_0 { 64 } else { 32 };
+    let bn_o = if F_O == QuantFormat::Q8_0 { 64 } else { 32 };
     let bn_gu = 64;
-    let bn_dn = if F_DN == 2 { 64 } else { 32 };
-    let bn_head = if F_HEAD == 2 { 64 } else { 32 };
+    let bn_dn = if F_DN == QuantFormat::Q8_0 { 64 } else { 32 };
+    let bn_head = if F_HEAD == QuantFormat::Q8_0 { 64 } else { 32 };
     let t_qkv = count_tiles(n_qkv, bn_qkv);
     let t_o = count_tiles(n_e, bn_o);
     let t_gu = count_tiles(n_ff * 2, bn_gu);
@@ -404,9 +399,7 @@ pub fn decode_step<T: Float>(
             n_e,
             eps,
             F_QKV,
-            false,
-            true,
-            false,
+            Fuse::NONE.with_norm(true),
             true,
             F16,
             ONE_ROW,
@@ -500,9 +493,7 @@ pub fn decode_step<T: Float>(
             n_attn,
             eps,
             F_O,
-            false,
-            false,
-            true,
+            Fuse::NONE.with_residual(true),
             true,
             F16,
             ONE_ROW,
@@ -529,9 +520,7 @@ pub fn decode_step<T: Float>(
             n_e,
             eps,
             F_GU,
-            true,
-            true,
-            false,
+            Fuse::NONE.with_silu(true).with_norm(true),
             true,
             F16,
             ONE_ROW,
@@ -558,9 +547,7 @@ pub fn decode_step<T: Float>(
             n_ff,
             eps,
             F_DN,
-            false,
-            false,
-            true,
+            Fuse::NONE.with_residual(true),
             true,
             F16,
             ONE_ROW,
@@ -589,9 +576,7 @@ pub fn decode_step<T: Float>(
         n_e,
         eps,
         F_HEAD,
-        false,
-        true,
-        false,
+        Fuse::NONE.with_norm(true),
         false,
         F16,
         ONE_ROW,

@@ -50,8 +50,7 @@
 //! handles query rows `m * BLOCK_M ..` of sequence `b`, head `h`, with
 //! `m = x` for full attention and `m = num_programs(0) - 1 - x` when
 //! `CAUSAL` (the GPU starts programs in order, so the heaviest query blocks
-//! go first and the light ones fill the last wave: H100, L 4096, head dim
-//! 128, 128 x 128 tiles, 508-509 -> 512 TFLOP/s, 2026-11-27); programs
+//! go first and the light ones fill the last wave); programs
 //! whose first row is past `q_len_b` do nothing (one runtime `if`). The Q
 //! tile `[BLOCK_M, HEAD_DIM]` is loaded once; the key loop is split the
 //! Triton way into
@@ -73,11 +72,10 @@
 //! `[BLOCK_N]` gather of the block table, cached), so a key block may cross
 //! page boundaries and `PAGE` is independent of `BLOCK_N`. `PAGE` is a
 //! constexpr power of two, so in the unmasked loop the page and the offset
-//! are a shift and a mask (with a runtime page size they were two integer
-//! divisions per key and iteration, about 80 of the hot loop's 520
-//! instructions per warp at head dim 128); the boundary loop divides by the
-//! constant (a few instructions more; a shift there too made ptxas spill the
-//! head-dim-64 tile on sm_90a).
+//! are a shift and a mask (a runtime page size would cost two integer
+//! divisions per key and iteration in the hot loop); the boundary loop
+//! divides by the constant (a few instructions more: a shift there too
+//! makes ptxas spill the head-dim-64 tile on sm_90a).
 //! K and V share the cache layout, so one offset tile serves both loads; each
 //! row is `HEAD_DIM` contiguous elements (16-byte vector loads).
 //!
@@ -91,9 +89,8 @@
 //! codegen copies such boxes with TMA (as FlashAttention-3 does for pages
 //! that are a multiple of its key tile), which frees the per-thread address
 //! math and registers of the gather, and the loop needs no CTA barrier
-//! (H100, L 4096, `wgmma`, same call, 2026-11-27: head dim 128 over pages
-//! of 16 at 64 x 64 tiles 396-399 / 441-443 TFLOP/s causal / full, over
-//! pages of 128 at 128 x 128 tiles of 8 warps 508-512 / 587-591). The
+//! (which is what lets [`config_for`] take 128 x 128 tiles of 8 warps over
+//! large pages). The
 //! matrix's row count is a bound, `i32::MAX / (H_KV * HEAD_DIM)` (the
 //! layout contract's 32-bit offsets), never reached by a box.
 //!
@@ -229,10 +226,10 @@ pub fn softmax_update(
 /// FlashAttention prefill (online softmax, f32 accumulation) over a paged KV
 /// cache, varlen batches, GQA, causal or full; see the module doc.
 // Autotune candidates: 16 or 32 query rows per warp. 128-row tiles of 4
-// warps run `mma.sync` on every target (`wgmma` needs 16 rows per warp):
-// the `mma.sync` defaults, and on sm_90a 1.6-3x slower than the best tile
-// in every H100 run (2026-11-24). Every candidate names its occupancy hint
-// (a base config's would carry over).
+// warps (32 rows per warp) run `mma.sync` on every target (`wgmma` needs
+// 16 rows per warp): they are the `mma.sync` defaults, and on sm_90a they
+// lose to the `wgmma` tiles. Every candidate names its occupancy hint (a
+// base config's would carry over).
 #[kernel(autotune(
     configs = [
         (BLOCK_M = 64, BLOCK_N = 32, num_warps = 4, min_programs_per_sm = 0),
@@ -406,11 +403,9 @@ pub fn flash_attention<T: Float>(
         let inv = where_(l_i > 0.0, 1.0 / l_i, 0.0);
         let o = acc * expand_dims(inv, 1);
         // `q_row` and `row_valid` stay live across both loops (on sm_80 at
-        // head dim 128 ptxas spills a few of them there, outside the loops).
-        // Addressing the output afresh from the tile's first row frees them
-        // but cost the 128 x 128 `wgmma` tile at head dim 128 on sm_90a
-        // 511 -> 488 TFLOP/s causal and 587 -> 574 full (H100, same call,
-        // two alternations, 2026-11-27).
+        // head dim 128 ptxas spills a few of them there, outside the loops):
+        // addressing the output afresh from the tile's first row would free
+        // them, but slows the 128 x 128 `wgmma` tile at head dim 128 down.
         store(o_ptr + q_row, o.to(T), mask = expand_dims(row_valid, 1));
     }
 }
@@ -483,7 +478,9 @@ impl TileConfig {
 }
 
 /// The default tiles for storage dtype `dtype`, on Hopper's `wgmma` when
-/// `wgmma`, over pages of `page` tokens. For f16/bf16 (tensor cores): every warp holds 16 whole rows of
+/// `wgmma`, over pages of `page` tokens (the measurements behind each
+/// choice are in BENCHMARKS.md and the commits that made them). For
+/// f16/bf16 (tensor cores): every warp holds 16 whole rows of
 /// the scores, so `p` feeds the second product from registers, and the K
 /// and V loads are pipelined with `cp.async` (and the page numbers one
 /// iteration ahead of them).
@@ -497,35 +494,26 @@ impl TileConfig {
 ///   resides in shared memory and is reloaded per key block (the codegen's
 ///   `dot::resident`): its fragments and tile would not fit in registers
 ///   beside 64 accumulator and 64 score registers (head dim 64) or 128 and 64
-///   (head dim 128). H100, `TESSERA_TARGET=sm_80`, L 4096, pages of 128
-///   (2026-11-27, same call): head dim 64 294 / 323 TFLOP/s causal /
-///   full (64 x 32 tiles: 240 / 254 in the session's first call); head dim
-///   128 over pages of 128, 128 x 32: 0.914 / 1.592 ms, 128 x 64 (which
-///   spills the row sums in its loop): 0.947 / 1.623; over pages of 16
-///   0.940 / 1.652 and 0.913 / 1.590. Shared memory: 51 KB at head dim 64,
-///   70 KB at 128 (an sm_86 block holds 99 KB; 128 x 128 of 8 warps needs
-///   166 KB, an A100's whole block).
+///   (head dim 128). At head dim 128 the 64-key tile spills the row sums in
+///   its loop; the 32-key tile is the default over every page size. Shared memory:
+///   51 KB at head dim 64, 70 KB at 128 (an sm_86 block holds 99 KB; 128 x
+///   128 of 8 warps needs 166 KB, an A100's whole block).
 /// - `wgmma` (sm_90a): one warpgroup of 4 warps, 64 query rows; the B
 ///   operands are read from shared memory by the tensor cores, so a wider
 ///   key tile costs no fragment registers. Head dim 64: 128 keys with
-///   registers for three programs per SM (`min_programs_per_sm = 3`: 168
-///   registers; ptxas alone takes 173-178 and fits two, and the 64-key tile
-///   at 127 fits four): per key half the loop overhead (the rescale of
-///   `acc`, barriers, descriptors), 374-379 -> 389-394 TFLOP/s causal and
-///   402-406 -> 435-439 full at L 4096 (H100, same call, 2026-11-25).
-///   Head dim 128: 64 keys (`m64n64k16` scores; 128 keys need more than
-///   255 registers).
+///   registers for three programs per SM (`min_programs_per_sm = 3`: ptxas
+///   on its own takes a few registers more than three programs allow and
+///   fits two): per key, half the loop overhead of the 64-key tile (the
+///   rescale of `acc`, barriers, descriptors). Head dim 128: 64 keys
+///   (`m64n64k16` scores; 128 keys need more than 255 registers).
 /// - `wgmma` over pages that hold whole key blocks (the unmasked blocks are
 ///   TMA boxes, see the module doc): head dim 128 over pages of 128 takes
 ///   128 x 128 tiles of 8 warps (255 registers, no spill without the
 ///   gather's addresses; one program per SM, its two warpgroups drifting
-///   apart without a CTA barrier): 508-512 / 587-591 TFLOP/s causal / full
-///   at L 4096 against 396-399 / 441-443 for 64 x 64 over pages of 16
-///   (H100, same call, 2026-11-27). Head dim 64 keeps 64 x 128 at three
-///   programs per SM over pages of 128 (399-402 / 466-468 against 393-396 /
-///   438 over pages of 16). Over pages of 64 head dim 64 takes 64 x 64
-///   and head dim 128 keeps 64 x 64 (the sweep that chose them, 2026-11-25,
-///   is not in BENCHMARKS.md: its session ended before it was recorded).
+///   apart without a CTA barrier), faster than 64 x 64 over small pages.
+///   Head dim 64 keeps 64 x 128 at three programs per SM over pages of
+///   128. Over pages of 64 (boxes of 64 keys, not 128) head dim 64 takes
+///   64 x 64, and head dim 128 keeps 64 x 64.
 ///
 /// For f32 (`dot` by FMAs through shared memory) `64 x 32` with 4 warps at
 /// head dim 64 and 8 above.

@@ -133,8 +133,8 @@ pub const CONFIGS: [TileConfig; 10] = [
 /// (128 x 256, then 128 x 128), the smallest otherwise. On Hopper
 /// (`wgmma`: sm_90a, 227 KiB of shared memory per block) the large tile runs
 /// four stages deep (192 KiB of rings): its `wgmma` groups then overlap the
-/// next iteration (see the codegen's pipeline), 632-639 TFLOP/s against
-/// 572 at three stages on an H100 (2026-11-24). Ampere's 163 KiB hold three.
+/// next iteration (see the codegen's pipeline), which three stages do not
+/// allow. Ampere's 163 KiB hold three.
 pub fn config_for(m: usize, n: usize, wgmma: bool) -> TileConfig {
     if m >= 128 && n >= 256 && wgmma {
         CONFIGS[8]

@@ -139,43 +139,70 @@ fn build_embedding_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
 }
 
 fn build_gemv_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemv::gemv_q4_1 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 16, 512).with_warps(4))
+    use kernels::dequant::gemv::gemv as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_1, false, 1, 16, 512).with_warps(4),
+    )
 }
 
 fn build_gemv_q4_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemv::gemv_q4_0 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 16, 512).with_warps(4))
+    use kernels::dequant::gemv::gemv as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_0, false, 1, 16, 512).with_warps(4),
+    )
 }
 
 fn build_gemv_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemv::gemv_q8_0 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 16, 256).with_warps(4))
+    use kernels::dequant::gemv::gemv as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q8_0, false, 1, 16, 256).with_warps(4),
+    )
 }
 
 fn build_gemv_fused() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::fused::gemv_q4_1_fused as k;
-    spec::<k::Kernel>(k::Config::new(DType::F32, false, true, false, 1, 8, 512).with_warps(4))
+    use kernels::dequant::fused::gemv_fused as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::F32, kernels::dequant::QuantFormat::Q4_1, false, true, false, 1, 8, 512)
+            .with_warps(4),
+    )
 }
 
 fn build_cpu_gemv() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::cpu_gemv::cpu_gemv_q4_1 as k;
-    spec::<k::Kernel>(k::Config::new(DType::F32, false, true, false, 1, 64, 32))
+    use kernels::cpu_gemv::cpu_gemv as k;
+    spec::<k::Kernel>(k::Config::new(
+        DType::F32,
+        kernels::dequant::QuantFormat::Q4_1,
+        false,
+        true,
+        false,
+        1,
+        64,
+        32,
+    ))
 }
 
 fn build_gemm_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemm::gemm_q4_1 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64, false).with_warps(4))
+    use kernels::dequant::gemm::gemm as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_1, false, 64, 64, 64, false)
+            .with_warps(4),
+    )
 }
 
 fn build_gemm_q4_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemm::gemm_q4_0 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 64, false).with_warps(4))
+    use kernels::dequant::gemm::gemm as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_0, false, 64, 64, 64, false)
+            .with_warps(4),
+    )
 }
 
 fn build_gemm_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemm::gemm_q8_0 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 64, 64, 32, false).with_warps(4))
+    use kernels::dequant::gemm::gemm as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q8_0, false, 64, 64, 32, false)
+            .with_warps(4),
+    )
 }
 
 fn build_softmax_online() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -208,8 +235,10 @@ fn build_rmsnorm_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
 }
 
 fn build_gemv_q4_1_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::q8::gemv_q4_1_q8 as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, false, 1, 8, 2048).with_warps(4))
+    use kernels::dequant::q8::gemv_q8 as k;
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_1, false, 1, 8, 2048).with_warps(4),
+    )
 }
 
 fn build_paged_decode_reduce() -> dsl_core::Result<(Function, LaunchOptions)> {

@@ -1,18 +1,9 @@
-//! Plain-Rust references, computed in f64.
+//! Plain-Rust references, computed in f64, and test inputs. The references
+//! of library kernels live in `kernels::reference` (re-exported here where
+//! the macro tests use them); this module holds what only these tests need.
 
-/// Row softmax of a row-major `rows x cols` matrix.
-pub fn softmax(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    let mut out = vec![0.0; rows * cols];
-    for r in 0..rows {
-        let row = &x[r * cols..(r + 1) * cols];
-        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
-        for c in 0..cols {
-            out[r * cols + c] = (row[c] - m).exp() / s;
-        }
-    }
-    out
-}
+pub use kernels::reference::matmul::matmul;
+pub use kernels::reference::softmax::softmax;
 
 /// A small deterministic generator (SplitMix64) for test inputs.
 pub struct Rng(u64);
@@ -52,20 +43,6 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
-}
-
-/// `C = A @ B` for row-major `A: m x k`, `B: k x n`.
-pub fn matmul(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for p in 0..k {
-            let av = a[i * k + p];
-            for j in 0..n {
-                c[i * n + j] += av * b[p * n + j];
-            }
-        }
-    }
-    c
 }
 
 /// Layer norm of each row: `(x - mean) / sqrt(var + eps) * w + b`.

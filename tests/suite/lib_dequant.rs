@@ -128,21 +128,17 @@ fn run<T: Act>(
                 k: ki,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(T::DTYPE, silu, $a, $b, $c $(, $swap)?);
+            let config = kk::Config::new(T::DTYPE, format, silu, $a, $b, $c $(, $swap)?);
             kk::interpret(&mut cpu, $grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }
-    match (tiles, format) {
-        (Tiles::Gemv(a, b, c), f) => {
+    match tiles {
+        Tiles::Gemv(a, b, c) => {
             let grid = gemv_grid(m, n, silu, a, b);
-            match f {
-                QuantFormat::Q4_0 => go!(gemv::gemv_q4_0, grid, a, b, c),
-                QuantFormat::Q4_1 => go!(gemv::gemv_q4_1, grid, a, b, c),
-                QuantFormat::Q8_0 => go!(gemv::gemv_q8_0, grid, a, b, c),
-            }
+            go!(gemv::gemv, grid, a, b, c)
         }
-        (Tiles::StreamK(a, b, c, g), f) => {
-            use gemm::gemm_stream_k as kk;
+        Tiles::StreamK(a, b, c, g) => {
+            use kernels::dequant::stream_k::gemm_stream_k as kk;
             // NaN garbage in the workspace: every slot read must be written first.
             let ws = cpu.upload(&vec![f32::NAN; g * a * b]);
             let flags = cpu.zeros::<i32>(g);
@@ -158,22 +154,17 @@ fn run<T: Act>(
                 k: ki,
                 _marker: PhantomData,
             };
-            let (q8, has_min) = (f == QuantFormat::Q8_0, f == QuantFormat::Q4_1);
-            let config = kk::Config::new(T::DTYPE, silu, q8, has_min, a, b, c);
+            let config = kk::Config::new(T::DTYPE, format, silu, a, b, c);
             kk::interpret(&mut cpu, [g as u32, 1, 1], &config, &args).map_err(|e| e.to_string())?;
             let left = cpu.read(flags);
             if left.iter().any(|&v| v != 0) {
                 return Err(format!("flags not reset after the launch: {left:?}"));
             }
         }
-        (Tiles::Gemm(a, b, c) | Tiles::Swap(a, b, c), f) => {
+        Tiles::Gemm(a, b, c) | Tiles::Swap(a, b, c) => {
             let grid = gemm_grid(m, n, silu, a, b);
             let swap = matches!(tiles, Tiles::Swap(..));
-            match f {
-                QuantFormat::Q4_0 => go!(gemm::gemm_q4_0, grid, a, b, c, swap),
-                QuantFormat::Q4_1 => go!(gemm::gemm_q4_1, grid, a, b, c, swap),
-                QuantFormat::Q8_0 => go!(gemm::gemm_q8_0, grid, a, b, c, swap),
-            }
+            go!(gemm::gemm, grid, a, b, c, swap)
         }
     }
     Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
@@ -520,15 +511,11 @@ fn run_fused<T: Act>(
                 eps,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(T::DTYPE, silu, norm, residual, mb, bn, bk);
+            let config = kk::Config::new(T::DTYPE, format, silu, norm, residual, mb, bn, bk);
             kk::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }
-    match format {
-        QuantFormat::Q4_0 => go!(fused::gemv_q4_0_fused),
-        QuantFormat::Q4_1 => go!(fused::gemv_q4_1_fused),
-        QuantFormat::Q8_0 => go!(fused::gemv_q8_0_fused),
-    }
+    go!(fused::gemv_fused);
     Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
 }
 

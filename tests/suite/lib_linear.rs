@@ -83,8 +83,7 @@ fn run<T: Act>(
     };
     let config = linear::Config::new(
         T::DTYPE,
-        format == QuantFormat::Q8_0,
-        format == QuantFormat::Q4_1,
+        format,
         silu,
         fuse == Fuse::Norm,
         fuse == Fuse::Residual,

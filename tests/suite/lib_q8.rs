@@ -21,7 +21,7 @@
 use super::lib_dequant::{Act, activations, gguf_weight};
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
-use kernels::dequant::q8::{gemv_q4_0_q8, gemv_q4_1_q8, gemv_q8_0_q8, quantize_q8};
+use kernels::dequant::q8::{gemv_q8, quantize_q8};
 use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
 use kernels::reference::quant as r;
 use proptest::prelude::*;
@@ -103,15 +103,11 @@ fn gemv<T: Act>(
                 k: k as i32,
                 _marker: PhantomData,
             };
-            let config = $k::Config::new(T::DTYPE, silu, t.m_block, t.block_n, t.block_k);
+            let config = $k::Config::new(T::DTYPE, format, silu, t.m_block, t.block_n, t.block_k);
             $k::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }
-    match format {
-        QuantFormat::Q4_1 => go!(gemv_q4_1_q8),
-        QuantFormat::Q4_0 => go!(gemv_q4_0_q8),
-        QuantFormat::Q8_0 => go!(gemv_q8_0_q8),
-    }
+    go!(gemv_q8);
     Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
 }
 
@@ -179,8 +175,8 @@ fn gemv_case<T: Act>(
 /// The Q4_1 kernel's autotune tiles (`M_BLOCK`, `BLOCK_N`, `BLOCK_K`), read
 /// from its declared configs.
 fn q4_tiles() -> Vec<(usize, usize, usize)> {
-    let base = gemv_q4_1_q8::Config::new(dsl_core::DType::F32, false, 1, 8, 2048);
-    gemv_q4_1_q8::autotune_configs(&base).iter().map(|c| (c.M_BLOCK, c.BLOCK_N, c.BLOCK_K)).collect()
+    let base = gemv_q8::Config::new(dsl_core::DType::F32, QuantFormat::Q4_1, false, 1, 8, 2048);
+    gemv_q8::autotune_configs(&base).iter().map(|c| (c.M_BLOCK, c.BLOCK_N, c.BLOCK_K)).collect()
 }
 
 /// `rmsnorm_q8` on `x[m, stride]` (rows of `k` values) on the interpreter

@@ -195,3 +195,56 @@ fn load_block_copies_boxes_with_zero_fill() {
         diagnostics[0]
     );
 }
+
+/// A build-time choice as an enum constexpr (as the dequant kernels take
+/// their quantization format).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Width {
+    Narrow,
+    Wide,
+}
+
+impl dsl_core::launch::Constexpr for Width {
+    fn name_part(&self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+}
+
+impl Width {
+    fn scale(self) -> usize {
+        if self == Width::Wide { 2 } else { 1 }
+    }
+}
+
+/// Fills `BLOCK * WIDTH.scale()` elements; the IR name and the autotune
+/// configs follow `WIDTH`.
+#[dsl_macros::kernel(
+    name = "fill_{WIDTH}",
+    autotune(
+        configs = [(BLOCK = 32 * WIDTH.scale(), num_warps = 1), (when = WIDTH == Width::Wide, BLOCK = 128)],
+        key = [n]
+    )
+)]
+fn fill(out_ptr: Ptr<f32>, n: i32, #[constexpr] WIDTH: Width, #[constexpr] BLOCK: usize) {
+    let offs = arange(0, BLOCK * WIDTH.scale());
+    let v = if WIDTH == Width::Wide { 2.0 } else { 1.0 };
+    store(out_ptr + offs, full([BLOCK * WIDTH.scale()], v, f32), mask = offs < n);
+}
+
+#[test]
+fn enum_constexprs_name_and_tune_specializations() {
+    let narrow = fill::Config::new(Width::Narrow, 16);
+    let wide = fill::Config::new(Width::Wide, 16);
+    assert_eq!(fill::build(&narrow).unwrap().name, "fill_narrow");
+    assert_eq!(fill::build(&wide).unwrap().name, "fill_wide");
+    // The specialization key (the config's Debug text) holds the variant.
+    assert!(format!("{wide:?}").contains("WIDTH: Wide"), "{wide:?}");
+    let blocks = |c: &fill::Config| fill::autotune_configs(c).iter().map(|c| c.BLOCK).collect::<Vec<_>>();
+    assert_eq!(blocks(&narrow), [32]);
+    assert_eq!(blocks(&wide), [64, 128]);
+    let mut cpu = dsl_core::interp::Cpu::new();
+    let out = cpu.zeros::<f32>(32);
+    let args = fill::Args { out_ptr: out, n: 32, _marker: std::marker::PhantomData };
+    fill::interpret(&mut cpu, [1, 1, 1], &wide, &args).unwrap();
+    assert!(cpu.read(out).iter().all(|&v| v == 2.0));
+}

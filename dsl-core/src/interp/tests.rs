@@ -8,6 +8,18 @@ use crate::lang::*;
 use crate::{Function, Result};
 use half::{bf16, f16};
 use proptest::prelude::*;
+use reference_matmul::matmul as matmul_reference;
+use reference_softmax::softmax as softmax_reference;
+
+/// The f64 references of the kernel library (`kernels::reference`), shared
+/// with the `tests` crate: this crate cannot depend on `kernels`, so it
+/// includes the files (whose other references these tests do not use).
+#[allow(dead_code)]
+#[path = "../../../kernels/src/reference/matmul.rs"]
+mod reference_matmul;
+#[allow(dead_code)]
+#[path = "../../../kernels/src/reference/softmax.rs"]
+mod reference_softmax;
 
 /// A small deterministic generator (xorshift64*), so tests need no extra crates.
 pub(super) struct Rng(u64);
@@ -110,16 +122,7 @@ fn run_softmax(rows: usize, cols: usize, dtype: DType, seed: u64) {
     let x: Vec<f64> = rng.floats(rows * cols).iter().map(|v| v * 4.0).collect();
     let inp = Buffer::from_f64(dtype, &x);
     // The reference sees the inputs as stored (rounded to `dtype`).
-    let xr = inp.to_f64();
-    let mut want = vec![0.0; rows * cols];
-    for r in 0..rows {
-        let row = &xr[r * cols..(r + 1) * cols];
-        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
-        for c in 0..cols {
-            want[r * cols + c] = (row[c] - m).exp() / s;
-        }
-    }
+    let want = softmax_reference(&inp.to_f64(), rows, cols);
     let mut bufs = [Buffer::zeros(dtype, rows * cols), inp];
     let block = cols.next_power_of_two();
     let f = softmax(block, dtype).unwrap();
@@ -191,16 +194,7 @@ fn run_matmul(
     let mut rng = Rng::new(seed);
     let a = Buffer::from_f64(dtype, &rng.floats(m * k));
     let b = Buffer::from_f64(dtype, &rng.floats(k * n));
-    let (af, bf) = (a.to_f64(), b.to_f64());
-    let mut want = vec![0.0; m * n];
-    for i in 0..m {
-        for kk in 0..k {
-            let a = af[i * k + kk];
-            for (w, b) in want[i * n..(i + 1) * n].iter_mut().zip(&bf[kk * n..(kk + 1) * n]) {
-                *w += a * b;
-            }
-        }
-    }
+    let want = matmul_reference(&a.to_f64(), &b.to_f64(), m, n, k);
     let mut bufs = [a, b, Buffer::zeros(DType::F32, m * n)];
     let [bm, bn, bk] = blocks;
     let kern = Kernel::new(&matmul(bm, bn, bk, dtype).unwrap()).unwrap();

@@ -35,17 +35,21 @@
 //!
 //! # Constexprs
 //!
-//! The plain GEMV's (`T`, `SILU`, `M_BLOCK`, `BLOCK_N`, `BLOCK_K`) plus
+//! The plain GEMV's (`T`, `QUANT`, `SILU`, `M_BLOCK`, `BLOCK_N`, `BLOCK_K`) plus
 //! `NORM` and `RESIDUAL`. The runtime uses [`super::gemv_tiles`].
 
-use super::gemv::{gemv_q4_body, gemv_q8_body};
+use super::gemv::gemv_body;
+use super::{Fuse, QuantFormat};
 use dsl_macros::kernel;
 
-/// Q4_1 GEMV with an optional RMSNorm prologue (`NORM`) and residual-add
-/// epilogue (`RESIDUAL`); see the module doc.
-#[kernel]
+/// The dequant GEMV of [`super::gemv::gemv`] (any format `QUANT`) with an
+/// optional RMSNorm prologue (`NORM`) and residual-add epilogue
+/// (`RESIDUAL`); see the module doc. Each format is its own specialization
+/// (IR name `gemv_q4_1_fused`, ...); Q8_0 is the tied LM head with the final
+/// norm in its prologue.
+#[kernel(name = "gemv_{QUANT}_fused")]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_1_fused<T: Float>(
+pub fn gemv_fused<T: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
@@ -55,6 +59,7 @@ pub fn gemv_q4_1_fused<T: Float>(
     n: i32,
     k: i32,
     eps: f32,
+    #[constexpr] QUANT: QuantFormat,
     #[constexpr] SILU: bool,
     #[constexpr] NORM: bool,
     #[constexpr] RESIDUAL: bool,
@@ -62,61 +67,6 @@ pub fn gemv_q4_1_fused<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, true, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q4_0 GEMV with the optional fusions of [`gemv_q4_1_fused`].
-#[kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_0_fused<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    nw_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    eps: f32,
-    #[constexpr] SILU: bool,
-    #[constexpr] NORM: bool,
-    #[constexpr] RESIDUAL: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, false, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q8_0 GEMV with the optional fusions of [`gemv_q4_1_fused`] (the tied LM
-/// head with the final norm in its prologue).
-#[kernel]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q8_0_fused<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    nw_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    eps: f32,
-    #[constexpr] SILU: bool,
-    #[constexpr] NORM: bool,
-    #[constexpr] RESIDUAL: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q8_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, SILU, NORM, RESIDUAL, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
+    let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
+    gemv_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K);
 }

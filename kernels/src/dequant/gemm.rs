@@ -5,8 +5,9 @@
 //! tiles that fit whole instructions). See the parent module for the math,
 //! the repacked layout, the tiling, the constexprs and the error model.
 
+use super::QuantFormat;
 use super::gemv::{
-    q4_scale_decode, q4_scale_load, q4_scale_load_all, q4_scales, q4_weights, q8_weights, unit_index,
+    q4_scale_decode, q4_scales, q4_weights, q8_weights, scale_load, scale_load_all, weight_tile,
 };
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -61,9 +62,9 @@ pub fn dot_wt(x: Tensor, w: Tensor, acc: Tensor, block_m: usize, block_n: usize,
     dot(a, trans(b), acc)
 }
 
-/// The Q4 GEMM shared by [`gemm_q4_0`] and [`gemm_q4_1`] (`has_min`): per K
-/// tile, the W tile `[BLOCK_N, BLOCK_K / 2]` of quant bytes is dequantized
-/// into its low-nibble and high-nibble halves, and the two matching
+/// The GEMM of the nibble formats (Q4_0, Q4_1; [`gemm`]): per K tile, the
+/// W tile `[BLOCK_N, BLOCK_K / 2]` of quant bytes is dequantized into its
+/// low-nibble and high-nibble halves, and the two matching
 /// `[BLOCK_M, BLOCK_K / 2]` activation tiles are multiplied with them.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
@@ -75,7 +76,7 @@ pub fn gemm_q4_body(
     m: Tensor,
     n: Tensor,
     k: Tensor,
-    has_min: bool,
+    quant: QuantFormat,
     silu: bool,
     block_m: usize,
     block_n: usize,
@@ -87,11 +88,7 @@ pub fn gemm_q4_body(
     let pid_n = program_id(1);
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, half, 16);
-    let wl = arange(0, block_n * half);
-    let j = wl % 16;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 2, block_n, half, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
+    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, half);
     let qw = ptrcast(q_ptr, i32);
     let xl_ = arange(0, block_m * half);
     let c = xl_ % half;
@@ -104,16 +101,16 @@ pub fn gemm_q4_body(
     // itself); the first tile's loads are masked off without a whole tile.
     let have = k_full > 0;
     let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
+    let mut sr = scale_load(s_ptr, s_idx, have, quant);
     let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
     let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
     for k0 in range(0, k_full, block_k) {
         let nk = minimum(k0 + block_k, k_full - block_k);
         let wd_next = load(qw + w_idx + nk / 8);
-        let sr_next = q4_scale_load_all(s_ptr, s_idx + nk / 32, has_min);
+        let sr_next = scale_load_all(s_ptr, s_idx + nk / 32, quant);
         let xa_next = load(x_ptr + x_off + nk);
         let xb_next = load(x_ptr + x_off + nk + 16);
-        let (d, off) = q4_scale_decode(sr, has_min);
+        let (d, off) = q4_scale_decode(sr, quant);
         let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
         acc = dot_wt(xa.to(f32), w_lo, acc, block_m, block_n, half);
         acc = dot_wt(xb.to(f32), w_hi, acc, block_m, block_n, half);
@@ -126,7 +123,7 @@ pub fn gemm_q4_body(
         let row = minimum(pid_n * block_n + wl / half, rows - 1);
         let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
         let wd = load(qw + s * 4 + j / 4);
-        let (d, off) = q4_scales(s_ptr, s, has_min);
+        let (d, off) = q4_scales(s_ptr, s, quant);
         let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
         let xkb = k0 / 32 + c / 16;
         let valid = xkb < nb;
@@ -150,7 +147,7 @@ pub fn dot_swapped(w: Tensor, x: Tensor, acc: Tensor, dt: DType) -> Tensor {
     if dt == DType::F32 { dot(w.to(f16), trans(x.to(f16)), acc) } else { dot(w.to(dt), trans(x), acc) }
 }
 
-/// The swapped GEMM ([`gemm_q4_1`] and the others with `SWAP`): the
+/// The swapped GEMM ([`gemm`] with `SWAP`): the
 /// program computes `acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T` (weight
 /// rows as the product's M, activation rows as its N) with [`swap_acc`] and
 /// stores its transpose.
@@ -164,8 +161,7 @@ pub fn gemm_swap(
     m: Tensor,
     n: Tensor,
     k: Tensor,
-    q8: bool,
-    has_min: bool,
+    quant: QuantFormat,
     silu: bool,
     dt: DType,
     block_m: usize,
@@ -188,10 +184,8 @@ pub fn gemm_swap(
         pid_n * block_n,
         full([], 0, i32),
         k_full,
-        true,
-        true,
-        q8,
-        has_min,
+        SwapLoop::TILED,
+        quant,
         dt,
         block_m,
         block_n,
@@ -200,14 +194,40 @@ pub fn gemm_swap(
     gemm_epilogue(trans(acc), out_ptr, m, n, silu, pid_m, pid_n, block_m, block_n);
 }
 
+/// How [`swap_acc`] runs its K loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwapLoop {
+    tail: bool,
+    ahead2: bool,
+}
+
+impl SwapLoop {
+    /// The tiled kernel's loop: the partial K tile after the whole ones, and
+    /// the weights prefetched two tiles ahead, issued after each product, so
+    /// they have a whole iteration to land (on sm_90a the staged product's
+    /// proxy fence waits for every load issued before it).
+    pub const TILED: SwapLoop = SwapLoop { tail: true, ahead2: true };
+    /// A stream-K piece: whole K tiles only, short loops that prefetch one
+    /// tile ahead.
+    pub const PIECE: SwapLoop = SwapLoop { tail: false, ahead2: false };
+
+    /// Whether the partial K tile follows the whole ones.
+    pub const fn tail(self) -> bool {
+        self.tail
+    }
+
+    /// Whether the weights are prefetched two tiles ahead.
+    pub const fn ahead2(self) -> bool {
+        self.ahead2
+    }
+}
+
 /// `W_tile @ x_tile^T` over the K range `[k_lo, k_hi)` (whole tiles) for the
 /// `BLOCK_N` weight rows from `w0` and the `BLOCK_M` activation rows from
 /// `m0`, as `[BLOCK_N, BLOCK_M]` f32; with `tail`, plus the partial K tile
 /// from `k_hi` (`k_hi = K / BLOCK_K * BLOCK_K`). The weight words and scales
-/// are loaded into registers one tile ahead before each product, or with
-/// `ahead2` two tiles ahead after it (the tiled kernel: M 64 x N 14336 58.8
-/// -> 54.0 us, M 256 x N 14336 74.3 -> 73.5, H100, same call; the stream-K
-/// pieces, short loops, keep one tile). The dequantized weights are
+/// are loaded into registers one tile ahead before each product, or two
+/// tiles ahead after it (see [`SwapLoop`]). The dequantized weights are
 /// the `a` operand (on sm_90a the codegen writes each tile into a ring of
 /// shared-memory stages that `wgmma` reads in place; `mma.sync` takes it
 /// from registers), and the activations are the `b` operand,
@@ -234,15 +254,14 @@ pub fn swap_acc(
     w0: Tensor,
     k_lo: Tensor,
     k_hi: Tensor,
-    tail: bool,
-    ahead2: bool,
-    q8: bool,
-    has_min: bool,
+    pipeline: SwapLoop,
+    quant: QuantFormat,
     dt: DType,
     block_m: usize,
     block_n: usize,
     block_k: usize,
 ) -> Tensor {
+    let q8 = !quant.is_q4();
     let hq = block_k / 16;
     let wpb = if q8 { 8 } else { 4 };
     let nb = k / 32;
@@ -275,20 +294,20 @@ pub fn swap_acc(
     // are pipelined by the codegen.
     let have = k_hi > k_lo;
     let mut wd = load(qw + (w_idx + k_lo / 32 * wpb), mask = have, other = 0);
-    let mut sr = swap_scale_load(s_ptr, s_idx + k_lo / 32, have, q8, has_min);
-    if ahead2 {
+    let mut sr = scale_load(s_ptr, s_idx + k_lo / 32, have, quant);
+    if pipeline.ahead2() {
         // Two tiles ahead, issued after the product: on sm_90a the staged
         // product's proxy fence waits for every load issued before it, and
         // these have a whole iteration to land.
         let k1 = maximum(minimum(k_lo + block_k, k_hi - block_k), k_lo);
         let mut wd1 = load(qw + (w_idx + k1 / 32 * wpb), mask = have, other = 0);
-        let mut sr1 = swap_scale_load(s_ptr, s_idx + k1 / 32, have, q8, has_min);
+        let mut sr1 = scale_load(s_ptr, s_idx + k1 / 32, have, quant);
         for k0 in range(k_lo, k_hi, block_k) {
             let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
-            acc = dot_swapped(swap_weights(wd, nib, e8, sr, q8, has_min), x, acc, dt);
+            acc = dot_swapped(swap_weights(wd, nib, e8, sr, quant), x, acc, dt);
             let nk = maximum(minimum(k0 + 2 * block_k, k_hi - block_k), k_lo);
             let wd_next = load(qw + (w_idx + nk / 32 * wpb));
-            let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, have, q8, has_min);
+            let sr_next = scale_load(s_ptr, s_idx + nk / 32, have, quant);
             wd = wd1;
             sr = sr1;
             wd1 = wd_next;
@@ -298,14 +317,14 @@ pub fn swap_acc(
         for k0 in range(k_lo, k_hi, block_k) {
             let nk = minimum(k0 + block_k, k_hi - block_k);
             let wd_next = load(qw + (w_idx + nk / 32 * wpb));
-            let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, have, q8, has_min);
+            let sr_next = scale_load(s_ptr, s_idx + nk / 32, have, quant);
             let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
-            acc = dot_swapped(swap_weights(wd, nib, e8, sr, q8, has_min), x, acc, dt);
+            acc = dot_swapped(swap_weights(wd, nib, e8, sr, quant), x, acc, dt);
             wd = wd_next;
             sr = sr_next;
         }
     }
-    if tail {
+    if pipeline.tail() {
         for k0 in range(k_hi, k, block_k) {
             // The last partial tile: blocks past K are clamped to the row's
             // last block, and their activations read as zero.
@@ -314,8 +333,8 @@ pub fn swap_acc(
             let tw_idx = reshape(broadcast_to(expand_dims(tw, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
             let ts2 = row_blocks + expand_dims(hb, 0);
             let ts = reshape(broadcast_to(expand_dims(ts2, 2), [block_n, hq, 16]), [block_n, block_k]);
-            let sr = swap_scale_load(s_ptr, ts, k0 < k, q8, has_min);
-            let w = swap_weights(load(qw + tw_idx), nib, e8, sr, q8, has_min);
+            let sr = scale_load(s_ptr, ts, k0 < k, quant);
+            let w = swap_weights(load(qw + tw_idx), nib, e8, sr, quant);
             let x = load_block(x_ptr, m, k, k, m0, k0, [block_m, block_k]);
             acc = dot_swapped(w, x, acc, dt);
         }
@@ -323,249 +342,9 @@ pub fn swap_acc(
     acc
 }
 
-/// The stream-K form of [`gemm_swap`] ([`gemm_stream_k`]): the `tiles`
-/// output tiles times `ipt = K / BLOCK_K` K tiles make `tiles * ipt`
-/// iterations (tile-major, K inner), split evenly over the `G` programs:
-/// `q = G - 1 - program_id(0)` runs iterations `[q T / G, (q + 1) T / G)`.
-/// With `tiles <= G` (the runtime's rule) that range is at most `ipt` long,
-/// so it covers the end of one tile (piece A) and perhaps the start of the
-/// next (piece B). A piece that does not start its tile (K offset > 0) is a
-/// partial sum: it goes to the program's slot of the f32 workspace `ws`
-/// (`[G, BLOCK_M * BLOCK_N]`) and `flags[q]` is set (`atomic_xchg`, release
-/// after a CTA barrier). The piece that starts a tile finishes it: it takes
-/// each later program whose range starts inside the tile, spins until its
-/// flag is set, resets it (so the flags are zero again after every launch)
-/// and adds its slot, then stores the tile. Waits go from a program to
-/// programs with lower `program_id`, whose first piece never waits, so the
-/// handshake cannot deadlock (the interpreter, running programs in order,
-/// never spins). Tiles are numbered `pid_n * tiles_m + pid_m`, so
-/// neighbouring programs share weight rows. `K % BLOCK_K == 0` and `tiles
-/// <= G` are asserted; `tiles * ipt * G < 2^31` is the caller's (the
-/// runtime's) to ensure.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_swap_sk(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    ws_ptr: Tensor,
-    flag_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    q8: bool,
-    has_min: bool,
-    silu: bool,
-    dt: DType,
-    block_m: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    gdc_wait();
-    gdc_launch_dependents();
-    let rows = if silu { n * 2 } else { n };
-    let tiles_m = cdiv(m, block_m);
-    let ipt = k / block_k;
-    let total = tiles_m * cdiv(rows, block_n) * ipt;
-    let g = num_programs(0);
-    device_assert(
-        k % block_k == 0 && total / ipt <= g,
-        "gemm_stream_k needs K % BLOCK_K == 0 and at least one program per output tile",
-    );
-    let q = g - 1 - program_id(0);
-    let start = q * total / g;
-    let end = (q + 1) * total / g;
-    // Piece A: the rest of tile `ta` from K tile `a0`.
-    let ta = start / ipt;
-    let a0 = start % ipt;
-    let a1 = minimum(ipt, a0 + (end - start));
-    let acc = swap_acc(
-        x_ptr,
-        q_ptr,
-        s_ptr,
-        m,
-        k,
-        rows,
-        ta % tiles_m * block_m,
-        ta / tiles_m * block_n,
-        a0 * block_k,
-        a1 * block_k,
-        false,
-        false,
-        q8,
-        has_min,
-        dt,
-        block_m,
-        block_n,
-        block_k,
-    );
-    let tile_len = block_m * block_n;
-    let slot = arange(0, tile_len);
-    if a0 > 0 {
-        store(ws_ptr + q * tile_len + slot, reshape(trans(acc), [tile_len]));
-        atomic_xchg(flag_ptr + q, 1);
-    } else {
-        if end > start {
-            sk_finish(
-                trans(acc),
-                out_ptr,
-                ws_ptr,
-                flag_ptr,
-                m,
-                n,
-                silu,
-                ta,
-                tiles_m,
-                ipt,
-                total,
-                q,
-                block_m,
-                block_n,
-            );
-        }
-    }
-    // Piece B: the start of tile `ta + 1`, up to K tile `b1` (none when 0).
-    let b1 = maximum(end - (ta + 1) * ipt, 0);
-    let tb = ta + 1;
-    let acc_b = swap_acc(
-        x_ptr,
-        q_ptr,
-        s_ptr,
-        m,
-        k,
-        rows,
-        tb % tiles_m * block_m,
-        tb / tiles_m * block_n,
-        full([], 0, i32),
-        b1 * block_k,
-        false,
-        false,
-        q8,
-        has_min,
-        dt,
-        block_m,
-        block_n,
-        block_k,
-    );
-    if b1 > 0 {
-        sk_finish(
-            trans(acc_b),
-            out_ptr,
-            ws_ptr,
-            flag_ptr,
-            m,
-            n,
-            silu,
-            tb,
-            tiles_m,
-            ipt,
-            total,
-            q,
-            block_m,
-            block_n,
-        );
-    }
-}
-
-/// Finishes output tile `t` of [`gemm_swap_sk`] from its first piece `acc`
-/// (`[BLOCK_M, BLOCK_N]`, computed by program `q`): adds the partial sums of
-/// the later programs whose ranges start inside the tile, then stores it.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn sk_finish(
-    acc: Tensor,
-    out_ptr: Tensor,
-    ws_ptr: Tensor,
-    flag_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    silu: bool,
-    t: Tensor,
-    tiles_m: Tensor,
-    ipt: Tensor,
-    total: Tensor,
-    q: Tensor,
-    block_m: usize,
-    block_n: usize,
-) {
-    let g = num_programs(0);
-    let tile_len = block_m * block_n;
-    let slot = arange(0, tile_len);
-    let tile_end = (t + 1) * ipt;
-    let mut sum = reshape(acc, [tile_len]);
-    let mut p = q + 1;
-    while p < g && p * total / g < tile_end {
-        let mut set = 0;
-        while set == 0 {
-            set = atomic_xchg(flag_ptr + p, 0);
-        }
-        // `.cg`: the partial was written by another SM in this launch.
-        sum = sum + load(ws_ptr + p * tile_len + slot, cache_modifier = ".cg");
-        p = p + 1;
-    }
-    gemm_epilogue(
-        reshape(sum, [block_m, block_n]),
-        out_ptr,
-        m,
-        n,
-        silu,
-        t % tiles_m,
-        t / tiles_m,
-        block_m,
-        block_n,
-    );
-}
-
-/// Stream-K swapped GEMM: [`gemm_q4_1`] / [`gemm_q4_0`] / [`gemm_q8_0`]
-/// with `SWAP` (`Q8`, `HAS_MIN` pick the format: Q8_0, Q4_1, else Q4_0),
-/// its `tiles * K / BLOCK_K` iterations split evenly over the grid
-/// `[G, 1, 1]` (see [`gemm_swap_sk`]). For products with fewer output tiles
-/// than the GPU has SMs, where the tiled grid leaves SMs idle: the runtime
-/// launches one program per SM. `ws` holds `G * BLOCK_M * BLOCK_N` f32
-/// (partial sums; any contents) and `flags` `G` i32 that must be zero
-/// before the first launch (every launch leaves them zero).
-#[kernel(autotune(
-    configs = [
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8, num_stages = 3),
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, num_warps = 8, num_stages = 4),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_stream_k<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    ws_ptr: Ptr<f32>,
-    flag_ptr: Ptr<i32>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] Q8: bool,
-    #[constexpr] HAS_MIN: bool,
-    #[constexpr] BLOCK_M: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemm_swap_sk(
-        x_ptr, q_ptr, s_ptr, out_ptr, ws_ptr, flag_ptr, m, n, k, Q8, HAS_MIN, SILU, T, BLOCK_M, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// The raw scale entries at `s` for [`gemm_swap`] (see [`q4_scale_load`];
-/// Q8_0 planes hold `d`); lanes where `ok` is false read nothing.
-#[kernel_fn]
-pub fn swap_scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, q8: bool, has_min: bool) -> Tensor {
-    if q8 { load(s_ptr + s, mask = ok, other = 0.0) } else { q4_scale_load(s_ptr, s, ok, has_min) }
-}
-
 /// The f32 weights of [`gemm_swap`]'s tile: the byte (Q8_0) or nibble (Q4)
 /// at bit offset `nib + e8` of the words `wd` (`nib` is 0 for Q8_0), scaled
-/// with the raw scale entries `sr` of [`swap_scale_load`]. For Q4 each word
+/// with the raw scale entries `sr` of [`scale_load`]. For Q4 each word
 /// is shifted by `nib` once; then `e8`, a constant of each register, moves
 /// the nibble to bits 16-19 (no shift at all for `e8 = 16`), where it is
 /// the top of the mantissa of `128.0` (`0x4300_0000`): `f = 128 + q`, and
@@ -573,11 +352,11 @@ pub fn swap_scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, q8: bool, has_min: 
 /// or `-24 d`). Q4_0 stays exact (`d (q - 8)`); for Q4_1 the offset
 /// `m - 128 d` is rounded once more, by at most `2^-24 (|m| + 128 |d|)`.
 #[kernel_fn]
-pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, q8: bool, has_min: bool) -> Tensor {
-    if q8 {
+pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, quant: QuantFormat) -> Tensor {
+    if !quant.is_q4() {
         q8_weights(wd, e8, sr.to(f32))
     } else {
-        let (d, off) = q4_scale_decode(sr, has_min);
+        let (d, off) = q4_scale_decode(sr, quant);
         let wn = wd >> nib;
         let t = where_(e8 <= 16, wn << maximum(16 - e8, 0), wn >> maximum(e8 - 16, 0));
         let f = (t & 0xF_0000 | 0x4300_0000).bitcast(f32);
@@ -585,7 +364,7 @@ pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, q8: bool, h
     }
 }
 
-/// The Q8_0 GEMM ([`gemm_q8_0`]): W tile `[BLOCK_N, BLOCK_K]`, one weight
+/// The GEMM of the byte formats (Q8_0; [`gemm`]): W tile `[BLOCK_N, BLOCK_K]`, one weight
 /// per element, against the `[BLOCK_M, BLOCK_K]` activation tile.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
@@ -597,6 +376,7 @@ pub fn gemm_q8_body(
     m: Tensor,
     n: Tensor,
     k: Tensor,
+    quant: QuantFormat,
     silu: bool,
     block_m: usize,
     block_n: usize,
@@ -607,11 +387,7 @@ pub fn gemm_q8_body(
     let pid_n = program_id(1);
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, block_k, 32);
-    let wl = arange(0, block_n * block_k);
-    let j = wl % 32;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 4, block_n, block_k, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
+    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, block_k);
     let qw = ptrcast(q_ptr, i32);
     let xl_ = arange(0, block_m * block_k);
     let c = xl_ % block_k;
@@ -649,26 +425,36 @@ pub fn gemm_q8_body(
     gemm_epilogue(acc, out_ptr, m, n, silu, program_id(0), program_id(1), block_m, block_n);
 }
 
-/// Q4_1 GEMM (prefill): `out[M, N] = x[M, K] @ W^T` with `W` repacked Q4_1;
-/// with `SILU`, `silu(x @ Wg^T) * (x @ Wu^T)` from interleaved gate/up rows.
-#[kernel(autotune(
-    configs = [
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = false, num_warps = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = false, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, SWAP = false, num_warps = 8),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, SWAP = false, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 4),
-        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 2),
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 3),
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
-    ],
-    key = [m, n, k]
-))]
+/// The dequant GEMM (prefill): `out[M, N] = x[M, K] @ W^T` with `W`
+/// repacked in the format `QUANT`; with `SILU`, `silu(x @ Wg^T) * (x @
+/// Wu^T)` from interleaved gate/up rows; with `SWAP`, the swapped product
+/// ([`gemm_swap`]). Each format is its own specialization (IR name
+/// `gemm_q4_1`, ...).
+///
+/// The unswapped autotune configs size the K tile in quant bytes per weight
+/// row (`BLOCK_K = QUANT.k_tile(bytes)`: 32 or 64 bytes); the swapped ones
+/// take 64 weights in every format.
+#[kernel(
+    name = "gemm_{QUANT}",
+    autotune(
+        configs = [
+            (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = QUANT.k_tile(32), SWAP = false, num_warps = 4),
+            (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = QUANT.k_tile(32), SWAP = false, num_warps = 8),
+            (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = QUANT.k_tile(64), SWAP = false, num_warps = 8),
+            (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = QUANT.k_tile(64), SWAP = false, num_warps = 8),
+            (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(64), SWAP = false, num_warps = 4),
+            (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(64), SWAP = false, num_warps = 2),
+            (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 3),
+            (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
+            (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
+            (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
+            (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
+        ],
+        key = [m, n, k]
+    )
+)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_q4_1<T: Float>(
+pub fn gemm<T: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
@@ -676,6 +462,7 @@ pub fn gemm_q4_1<T: Float>(
     m: i32,
     n: i32,
     k: i32,
+    #[constexpr] QUANT: QuantFormat,
     #[constexpr] SILU: bool,
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
@@ -683,86 +470,10 @@ pub fn gemm_q4_1<T: Float>(
     #[constexpr] SWAP: bool,
 ) {
     if SWAP {
-        gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, true, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
+        gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
+    } else if QUANT.is_q4() {
+        gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
     } else {
-        gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
-    }
-}
-
-/// Q4_0 GEMM: as [`gemm_q4_1`] with `W` repacked Q4_0.
-#[kernel(autotune(
-    configs = [
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = false, num_warps = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = false, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 128, SWAP = false, num_warps = 8),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 128, SWAP = false, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 4),
-        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 128, SWAP = false, num_warps = 2),
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 3),
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_q4_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] BLOCK_M: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-    #[constexpr] SWAP: bool,
-) {
-    if SWAP {
-        gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, false, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
-    } else {
-        gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
-    }
-}
-
-/// Q8_0 GEMM: as [`gemm_q4_1`] with `W` repacked Q8_0.
-#[kernel(autotune(
-    configs = [
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 32, SWAP = false, num_warps = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 32, SWAP = false, num_warps = 8),
-        (BLOCK_M = 64, BLOCK_N = 128, BLOCK_K = 64, SWAP = false, num_warps = 8),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = false, num_warps = 8),
-        (BLOCK_M = 32, BLOCK_N = 32, BLOCK_K = 64, SWAP = false, num_warps = 4),
-        (BLOCK_M = 16, BLOCK_N = 32, BLOCK_K = 64, SWAP = false, num_warps = 2),
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 3),
-        (BLOCK_M = 256, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
-        (BLOCK_M = 128, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
-        (BLOCK_M = 128, BLOCK_N = 128, BLOCK_K = 64, SWAP = true, num_warps = 8, num_stages = 4),
-        (BLOCK_M = 64, BLOCK_N = 64, BLOCK_K = 64, SWAP = true, num_warps = 4, num_stages = 4),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_q8_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] BLOCK_M: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-    #[constexpr] SWAP: bool,
-) {
-    if SWAP {
-        gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, false, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
-    } else {
-        gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+        gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
     }
 }

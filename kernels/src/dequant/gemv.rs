@@ -4,6 +4,7 @@
 //! end. See the parent module for the math, the repacked layout, the tiling
 //! and the constexprs.
 
+use super::{Fuse, QuantFormat};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -23,29 +24,29 @@ pub fn q4_weights(wd: Tensor, sh: Tensor, d: Tensor, off: Tensor) -> (Tensor, Te
     (fma(d, lo, off), fma(d, hi, off))
 }
 
-/// The raw scale entries of Q4 blocks at index tile `s` (in blocks) of the
+/// The raw scale entries of the blocks at index tile `s` (in blocks) of the
 /// scale plane: Q4_1 planes hold `(d, m)` f16 pairs, read as one 32-bit word;
-/// Q4_0 planes hold `d` alone. Lanes where `ok` is false read nothing.
+/// the other formats' hold `d` alone. Lanes where `ok` is false read nothing.
 #[kernel_fn]
-pub fn q4_scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, has_min: bool) -> Tensor {
-    if has_min {
+pub fn scale_load(s_ptr: Tensor, s: Tensor, ok: Tensor, quant: QuantFormat) -> Tensor {
+    if quant.has_min() {
         load(ptrcast(s_ptr, i32) + s, mask = ok, other = 0)
     } else {
         load(s_ptr + s, mask = ok, other = 0.0)
     }
 }
 
-/// [`q4_scale_load`] without a mask (the main loop's loads).
+/// [`scale_load`] without a mask (the main loop's loads).
 #[kernel_fn]
-pub fn q4_scale_load_all(s_ptr: Tensor, s: Tensor, has_min: bool) -> Tensor {
-    if has_min { load(ptrcast(s_ptr, i32) + s) } else { load(s_ptr + s) }
+pub fn scale_load_all(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> Tensor {
+    if quant.has_min() { load(ptrcast(s_ptr, i32) + s) } else { load(s_ptr + s) }
 }
 
 /// The scale `d` and offset `off` (see [`q4_weights`]) of raw scale entries
-/// from [`q4_scale_load`]: `off = m - 16 d` (Q4_1) or `-24 d` (Q4_0).
+/// from [`scale_load`]: `off = m - 16 d` (Q4_1) or `-24 d` (Q4_0).
 #[kernel_fn]
-pub fn q4_scale_decode(raw: Tensor, has_min: bool) -> (Tensor, Tensor) {
-    if has_min {
+pub fn q4_scale_decode(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
+    if quant.has_min() {
         let d = bitcast(raw.to(i16), f16).to(f32);
         let m = bitcast((raw >> 16).to(i16), f16).to(f32);
         (d, fma(d, -16.0, m))
@@ -55,10 +56,10 @@ pub fn q4_scale_decode(raw: Tensor, has_min: bool) -> (Tensor, Tensor) {
     }
 }
 
-/// [`q4_scale_load_all`] then [`q4_scale_decode`].
+/// [`scale_load_all`] then [`q4_scale_decode`].
 #[kernel_fn]
-pub fn q4_scales(s_ptr: Tensor, s: Tensor, has_min: bool) -> (Tensor, Tensor) {
-    q4_scale_decode(q4_scale_load_all(s_ptr, s, has_min), has_min)
+pub fn q4_scales(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
+    q4_scale_decode(scale_load_all(s_ptr, s, quant), quant)
 }
 
 /// The dequantized Q8_0 weights of the bytes held by a tile of 32-bit words
@@ -114,11 +115,36 @@ pub fn unit_index(
     per_block(row * units_per_row + u % per_row, block_n * per_row, width)
 }
 
+/// The index tiles of the `[block_n, width]` W tile of quant bytes whose
+/// first weight row is `pid_n * block_n` (rows from `rows` on clamped to the
+/// last one: valid addresses whose results are not stored, so the main loops
+/// need no masks), per element: its element index `wl`, its byte `j` within
+/// its block, its block's scale entry `s_idx` (`row * nb + block`), the
+/// 32-bit word `w_idx` of the quant plane holding it and the byte's bit
+/// offset `sh` in that word. A block is `quant.quant_bytes()` bytes.
+#[kernel_fn]
+pub fn weight_tile(
+    pid_n: Tensor,
+    rows: Tensor,
+    nb: Tensor,
+    quant: QuantFormat,
+    block_n: usize,
+    width: usize,
+) -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+    let qb = quant.quant_bytes();
+    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, width, qb);
+    let wl = arange(0, block_n * width);
+    let j = wl % qb;
+    let w_idx = unit_index(pid_n * block_n, rows, nb * (qb / 8), block_n, width, 8) * 2 + wl % 8 / 4;
+    (wl, j, s_idx, w_idx, j % 4 * 8)
+}
+
 /// Reduces the flat accumulator `acc` (`[M_BLOCK, BLOCK_N, width]` row-major)
 /// over its last axis and stores row `mi`, column `r` of the tile at
-/// `out[pid1 * M_BLOCK + mi, pid0 * BLOCK_N + r]`. With `silu`, weight rows
-/// come in (gate, up) pairs: output column `pid0 * BLOCK_N / 2 + r / 2` gets
-/// `silu(gate) * up`.
+/// `out[pid1 * M_BLOCK + mi, pid0 * BLOCK_N + r]`. With `fuse.silu()`, weight
+/// rows come in (gate, up) pairs: output column `pid0 * BLOCK_N / 2 + r / 2`
+/// gets `silu(gate) * up`; with `fuse.residual()` the result is added to
+/// `out` in place.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_epilogue(
@@ -126,8 +152,7 @@ pub fn gemv_epilogue(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
-    silu: bool,
-    residual: bool,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
@@ -135,7 +160,7 @@ pub fn gemv_epilogue(
 ) {
     let pid_n = program_id(0);
     let pid_m = program_id(1);
-    if silu {
+    if fuse.silu() {
         let pairs = block_n / 2;
         // Rows 2j (gate) and 2j + 1 (up) are adjacent, so one reshape puts
         // both in the last axis: the first `width` lanes are the gate's.
@@ -154,7 +179,7 @@ pub fn gemv_epilogue(
         let om = pid_m * m_block + o / block_n;
         let on = pid_n * block_n + o % block_n;
         let ok = om < m && on < n;
-        if residual {
+        if fuse.residual() {
             // `out = round_T(round_T(y) + out)`: the unfused path's product
             // rounded to `T`, then add+RMSNorm's rounded residual add.
             let r = load(out_ptr + om * n + on, mask = ok, other = 0.0).to(f32);
@@ -197,7 +222,9 @@ pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -
     if norm { ((xv.to(f32) * rs).to(dt).to(f32) * nv.to(f32)).to(dt).to(f32) } else { xv.to(f32) }
 }
 
-/// The Q4 GEMV shared by [`gemv_q4_0`] and [`gemv_q4_1`] (`has_min`).
+/// The GEMV of every format ([`gemv`], [`super::fused`]): the nibble
+/// formats (Q4_0, Q4_1) here, the byte format in [`gemv_q8_body`]. `nw_ptr`
+/// and `eps` are read only when `fuse` has the norm.
 ///
 /// Tiles (flat, row-major): the W tile `[BLOCK_N, BLOCK_K / 2]` holds one
 /// quant byte per element (two weights: low nibble `k = 32 b + j`, high
@@ -206,7 +233,7 @@ pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -
 /// of that byte's weights and their running sum of products.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_body(
+pub fn gemv_body(
     x_ptr: Tensor,
     q_ptr: Tensor,
     s_ptr: Tensor,
@@ -216,96 +243,94 @@ pub fn gemv_q4_body(
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
-    has_min: bool,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    quant: QuantFormat,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
 ) {
-    let half = block_k / 2;
-    let wn = block_n * half;
-    let pid_n = program_id(0);
-    let rows = if silu { n * 2 } else { n };
-    let nb = k / 32;
-    // Block index (row * nb + block) of each (row, block) of the W tile, per
-    // element. Out-of-range rows are clamped to the last row (valid
-    // addresses; their results are not stored), so the main loop has no masks.
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, half, 16);
-    let wl = arange(0, wn);
-    let j = wl % 16;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 2, block_n, half, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
-    let qw = ptrcast(q_ptr, i32);
-    // X tile: the activation of byte c's low nibble is at k0 + 32 (c / 16) +
-    // c % 16, the high nibble's 16 further. Rows past m are clamped.
-    let xl_ = arange(0, m_block * wn);
-    let c = xl_ % half;
-    let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
-    let x_off = mrow * k + c / 16 * 32 + c % 16;
-    // The norm weights' offsets: the activations' within the row.
-    let n_off = if norm { c / 16 * 32 + c % 16 } else { c };
-    let k_full = k / block_k * block_k;
-    // Software pipelining: the loads of tile i + 1 are issued before tile i
-    // is computed (the last tile reloads itself), so every thread keeps two
-    // tiles of loads in flight. The first tile's loads are masked off when
-    // there is no whole tile. The first weight tile is read before
-    // `gdc_wait`: weights are never written by an earlier kernel, so their
-    // latency overlaps the previous kernel's tail.
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = q4_scale_load(s_ptr, s_idx, have, has_min);
-    gdc_wait();
-    gdc_launch_dependents();
-    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
-    let mut acc = zeros([m_block * wn], f32);
-    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
-    let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
-    for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
-        let wd_next = load(qw + w_idx + nk / 8);
-        let sr_next = q4_scale_load_all(s_ptr, s_idx + nk / 32, has_min);
-        let xa_next = load(x_ptr + x_off + nk);
-        let xb_next = load(x_ptr + x_off + nk + 16);
-        let (d, off) = q4_scale_decode(sr, has_min);
-        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        // The norm weights are tiny and cached: loaded in the tile's step.
-        let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-        acc = fma(repeat_rows(w_lo, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
-        let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
-        acc = fma(repeat_rows(w_hi, m_block, wn), gemv_operand(xb, nb_, rs, norm, dt), acc);
-        wd = wd_next;
-        sr = sr_next;
-        xa = xa_next;
-        xb = xb_next;
+    if !quant.is_q4() {
+        gemv_q8_body(
+            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, quant, fuse, dt, m_block, block_n, block_k,
+        );
+    } else {
+        let (silu, norm) = (fuse.silu(), fuse.norm());
+        let half = block_k / 2;
+        let wn = block_n * half;
+        let pid_n = program_id(0);
+        let rows = if silu { n * 2 } else { n };
+        let nb = k / 32;
+        let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, half);
+        let qw = ptrcast(q_ptr, i32);
+        // X tile: the activation of byte c's low nibble is at k0 + 32 (c / 16) +
+        // c % 16, the high nibble's 16 further. Rows past m are clamped.
+        let xl_ = arange(0, m_block * wn);
+        let c = xl_ % half;
+        let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
+        let x_off = mrow * k + c / 16 * 32 + c % 16;
+        // The norm weights' offsets: the activations' within the row.
+        let n_off = if norm { c / 16 * 32 + c % 16 } else { c };
+        let k_full = k / block_k * block_k;
+        // Software pipelining: the loads of tile i + 1 are issued before tile i
+        // is computed (the last tile reloads itself), so every thread keeps two
+        // tiles of loads in flight. The first tile's loads are masked off when
+        // there is no whole tile. The first weight tile is read before
+        // `gdc_wait`: weights are never written by an earlier kernel, so their
+        // latency overlaps the previous kernel's tail.
+        let have = k_full > 0;
+        let mut wd = load(qw + w_idx, mask = have, other = 0);
+        let mut sr = scale_load(s_ptr, s_idx, have, quant);
+        gdc_wait();
+        gdc_launch_dependents();
+        let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
+        let mut acc = zeros([m_block * wn], f32);
+        let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+        let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
+        for k0 in range(0, k_full, block_k) {
+            let nk = minimum(k0 + block_k, k_full - block_k);
+            let wd_next = load(qw + w_idx + nk / 8);
+            let sr_next = scale_load_all(s_ptr, s_idx + nk / 32, quant);
+            let xa_next = load(x_ptr + x_off + nk);
+            let xb_next = load(x_ptr + x_off + nk + 16);
+            let (d, off) = q4_scale_decode(sr, quant);
+            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+            // The norm weights are tiny and cached: loaded in the tile's step.
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = fma(repeat_rows(w_lo, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
+            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
+            acc = fma(repeat_rows(w_hi, m_block, wn), gemv_operand(xb, nb_, rs, norm, dt), acc);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+            xb = xb_next;
+        }
+        // The K tail (at most one iteration): blocks past the row are clamped to
+        // its last block and their activations zeroed.
+        for k0 in range(k_full, k, block_k) {
+            let row = minimum(pid_n * block_n + wl / half, rows - 1);
+            let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
+            let wd = load(qw + s * 4 + j / 4);
+            let (d, off) = q4_scales(s_ptr, s, quant);
+            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+            let xkb = k0 / 32 + c / 16;
+            let valid = xkb < nb;
+            let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
+            let xl_t = load(xk);
+            let ko = if norm { minimum(xkb, nb - 1) * 32 + c % 16 } else { xkb };
+            let nl = if norm { load(nw_ptr + ko) } else { xl_t };
+            let xl = where_(valid, gemv_operand(xl_t, nl, rs, norm, dt), 0.0);
+            let xh_t = load(xk + 16);
+            let nh = if norm { load(nw_ptr + ko + 16) } else { xh_t };
+            let xh = where_(valid, gemv_operand(xh_t, nh, rs, norm, dt), 0.0);
+            acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
+            acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
+        }
+        gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, half);
     }
-    // The K tail (at most one iteration): blocks past the row are clamped to
-    // its last block and their activations zeroed.
-    for k0 in range(k_full, k, block_k) {
-        let row = minimum(pid_n * block_n + wl / half, rows - 1);
-        let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
-        let wd = load(qw + s * 4 + j / 4);
-        let (d, off) = q4_scales(s_ptr, s, has_min);
-        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        let xkb = k0 / 32 + c / 16;
-        let valid = xkb < nb;
-        let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
-        let xl_t = load(xk);
-        let ko = if norm { minimum(xkb, nb - 1) * 32 + c % 16 } else { xkb };
-        let nl = if norm { load(nw_ptr + ko) } else { xl_t };
-        let xl = where_(valid, gemv_operand(xl_t, nl, rs, norm, dt), 0.0);
-        let xh_t = load(xk + 16);
-        let nh = if norm { load(nw_ptr + ko + 16) } else { xh_t };
-        let xh = where_(valid, gemv_operand(xh_t, nh, rs, norm, dt), 0.0);
-        acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
-        acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
-    }
-    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, half);
 }
 
-/// The Q8_0 GEMV ([`gemv_q8_0`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
+/// The GEMV of the byte formats (Q8_0; [`gemv`], [`super::fused`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
 /// quant byte (one weight) per element, the X/acc tile `[M_BLOCK, BLOCK_N,
 /// BLOCK_K]` its activation and running sum of products.
 #[kernel_fn]
@@ -320,23 +345,19 @@ pub fn gemv_q8_body(
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    quant: QuantFormat,
+    fuse: Fuse,
     dt: DType,
     m_block: usize,
     block_n: usize,
     block_k: usize,
 ) {
+    let (silu, norm) = (fuse.silu(), fuse.norm());
     let wn = block_n * block_k;
     let pid_n = program_id(0);
     let rows = if silu { n * 2 } else { n };
     let nb = k / 32;
-    let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, block_k, 32);
-    let wl = arange(0, wn);
-    let j = wl % 32;
-    let w_idx = unit_index(pid_n * block_n, rows, nb * 4, block_n, block_k, 8) * 2 + wl % 8 / 4;
-    let sh = j % 4 * 8;
+    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, block_k);
     let qw = ptrcast(q_ptr, i32);
     let xl_ = arange(0, m_block * wn);
     let c = xl_ % block_k;
@@ -377,35 +398,47 @@ pub fn gemv_q8_body(
         let x = where_(valid, gemv_operand(xt, nt, rs, norm, dt), 0.0);
         acc = fma(repeat_rows(w, m_block, wn), x, acc);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, residual, dt, m_block, block_n, block_k);
+    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, block_k);
 }
 
-/// Q4_1 GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked Q4_1
-/// (`w = d * q + m`); with `SILU`, `out = silu(x @ Wg^T) * (x @ Wu^T)` from
-/// gate/up rows interleaved into one `[2N, K]` weight. See the module docs.
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 256, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 512, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 2048, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 8),
-    ],
-    key = [m, n, k]
-))]
+/// The dequant GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked in the
+/// format `QUANT` (Q4_1 `w = d * q + m`, Q4_0 `w = d * (q - 8)`, Q8_0 `w =
+/// d * q`, e.g. the tied embedding used as the LM head); with `SILU`, `out =
+/// silu(x @ Wg^T) * (x @ Wu^T)` from gate/up rows interleaved into one `[2N,
+/// K]` weight. See the module docs. Each format is its own specialization
+/// (IR name `gemv_q4_1`, ...).
+///
+/// The autotune configs size the K tile in quant bytes per weight row
+/// (`BLOCK_K = QUANT.k_tile(bytes)`; the one-warp tile is two blocks in
+/// every format), so a config holds the same accumulator in every format;
+/// Q4_1, the bundled model's format, also tries the wider tiles of larger
+/// models' projections (`when`).
+#[kernel(
+    name = "gemv_{QUANT}",
+    autotune(
+        configs = [
+            (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 2),
+            (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
+            (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
+            (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
+            (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(128), num_warps = 2),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(128), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(256), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(1024), num_warps = 8),
+        ],
+        key = [m, n, k]
+    )
+)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_1<T: Float>(
+pub fn gemv<T: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
@@ -413,85 +446,13 @@ pub fn gemv_q4_1<T: Float>(
     m: i32,
     n: i32,
     k: i32,
+    #[constexpr] QUANT: QuantFormat,
     #[constexpr] SILU: bool,
     #[constexpr] M_BLOCK: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, true, SILU, false, false, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q4_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q4_0 (`w = d * (q - 8)`).
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 256, num_warps = 2),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q4_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, false, SILU, false, false, T, M_BLOCK, BLOCK_N,
-        BLOCK_K,
-    );
-}
-
-/// Q8_0 GEMV: as [`gemv_q4_1`] with `W` repacked Q8_0 (`w = d * q`), e.g.
-/// the tied embedding used as the LM head.
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 128, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 64, num_warps = 1),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 256, num_warps = 4),
-        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 128, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 8, BLOCK_K = 128, num_warps = 4),
-        (M_BLOCK = 8, BLOCK_N = 4, BLOCK_K = 128, num_warps = 2),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q8_0<T: Float>(
-    x_ptr: Ptr<T>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q8_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, SILU, false, false, T, M_BLOCK, BLOCK_N, BLOCK_K,
-    );
+    // The norm weights and `eps` are not read: `x_ptr` and `k` stand in.
+    let fuse = Fuse::NONE.with_silu(SILU);
+    gemv_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K);
 }

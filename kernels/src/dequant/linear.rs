@@ -72,7 +72,9 @@
 //! before the first launch (every launch leaves them zero); without it
 //! they are not read.
 
-use super::gemm::{gemm_epilogue, swap_scale_load, swap_weights};
+use super::gemm::{gemm_epilogue, swap_weights};
+use super::gemv::scale_load;
+use super::{Fuse, QuantFormat};
 use crate::rmsnorm::rms_rstd;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -90,10 +92,11 @@ pub fn tile_index(
     wrow: Tensor,
     nb: Tensor,
     hb: Tensor,
-    q8: bool,
+    quant: QuantFormat,
     block_n: usize,
     block_k: usize,
 ) -> (Tensor, Tensor) {
+    let q8 = !quant.is_q4();
     let hq = block_k / 16;
     let wpb = if q8 { 8 } else { 4 };
     let h = arange(0, hq);
@@ -118,8 +121,9 @@ pub fn linear_operand(x: Tensor, nw: Tensor, rs: Tensor, norm: bool, f16_ops: bo
 }
 
 /// Stores the `[block_m, block_n]` accumulator of output tile `(pid_m,
-/// pid_n)`: [`gemm_epilogue`], or with `residual` the in-place residual add
-/// `out = round_T(round_T(y) + out)`.
+/// pid_n)`: [`gemm_epilogue`] (with `fuse.silu()`, the SiLU-mul), or with
+/// `fuse.residual()` the in-place residual add `out = round_T(round_T(y) +
+/// out)`.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn linear_epilogue(
@@ -129,13 +133,12 @@ pub fn linear_epilogue(
     n: Tensor,
     pid_m: Tensor,
     pid_n: Tensor,
-    silu: bool,
-    residual: bool,
+    fuse: Fuse,
     dt: DType,
     block_m: usize,
     block_n: usize,
 ) {
-    if residual {
+    if fuse.residual() {
         let o = arange(0, block_m * block_n);
         let om = pid_m * block_m + o / block_n;
         let on = pid_n * block_n + o % block_n;
@@ -144,7 +147,7 @@ pub fn linear_epilogue(
         let r = load(out_ptr + om * n + on, mask = ok, other = 0.0).to(f32);
         store(out_ptr + om * n + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
     } else {
-        gemm_epilogue(acc, out_ptr, m, n, silu, pid_m, pid_n, block_m, block_n);
+        gemm_epilogue(acc, out_ptr, m, n, fuse.silu(), pid_m, pid_n, block_m, block_n);
     }
 }
 
@@ -164,13 +167,13 @@ pub fn tile_load(
     wrow: Tensor,
     nb: Tensor,
     k0: Tensor,
-    q8: bool,
-    has_min: bool,
+    quant: QuantFormat,
     block_n: usize,
 ) -> (Tensor, Tensor) {
     let h = arange(0, (LINEAR_BLOCK_K / 16) as i32);
-    let (w_idx, s_idx) = tile_index(wrow, nb, minimum(k0 / 32 + h / 2, nb - 1), q8, block_n, LINEAR_BLOCK_K);
-    (load(ptrcast(q_ptr, i32) + w_idx), swap_scale_load(s_ptr, s_idx, full([], 1, i1), q8, has_min))
+    let (w_idx, s_idx) =
+        tile_index(wrow, nb, minimum(k0 / 32 + h / 2, nb - 1), quant, block_n, LINEAR_BLOCK_K);
+    (load(ptrcast(q_ptr, i32) + w_idx), scale_load(s_ptr, s_idx, full([], 1, i1), quant))
 }
 
 /// One K tile's product `x[:, k0 ..] @ w[.., k0 ..]^T` from a zero
@@ -188,8 +191,7 @@ pub fn tile_product(
     rs: Tensor,
     k: Tensor,
     k0: Tensor,
-    q8: bool,
-    has_min: bool,
+    quant: QuantFormat,
     norm: bool,
     f16_ops: bool,
     dt: DType,
@@ -197,9 +199,9 @@ pub fn tile_product(
     block_n: usize,
 ) -> Tensor {
     let c = expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0);
-    let nib = broadcast_to(if q8 { c * 0 } else { c / 16 % 2 * 4 }, [block_n, LINEAR_BLOCK_K]);
+    let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [block_n, LINEAR_BLOCK_K]);
     let e8 = broadcast_to(c % 4 * 8, [block_n, LINEAR_BLOCK_K]);
-    let w = swap_weights(wd, nib, e8, sr, q8, has_min);
+    let w = swap_weights(wd, nib, e8, sr, quant);
     let col = k0 + c;
     let nw = if norm { load(nw_ptr + minimum(col, k - 1)) } else { xa };
     let xv = where_(col < k, linear_operand(xa, nw, rs, norm, f16_ops, dt), 0.0);
@@ -223,11 +225,8 @@ pub fn linear_body(
     n: Tensor,
     k: Tensor,
     eps: Tensor,
-    q8: bool,
-    has_min: bool,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    quant: QuantFormat,
+    fuse: Fuse,
     split_k: bool,
     f16_ops: bool,
     dt: DType,
@@ -236,7 +235,7 @@ pub fn linear_body(
     norm_block: usize,
 ) {
     let (pid_m, pid_n, pid_k) = (program_id(0), program_id(1), program_id(2));
-    let rows = if silu { n * 2 } else { n };
+    let rows = if fuse.silu() { n * 2 } else { n };
     let nb = k / 32;
     let wrow = minimum(pid_n * block_n + arange(0, block_n), rows - 1);
     let bk = LINEAR_BLOCK_K as i32;
@@ -244,13 +243,13 @@ pub fn linear_body(
     // 0) and the last, partial one: both loaded before `gdc_wait` (weights
     // are never written by a kernel), blocks past the row clamped.
     let first = if split_k { pid_k * bk } else { full([], 0, i32) };
-    let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, first, q8, has_min, block_n);
-    let (wd_tail, sr_tail) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, q8, has_min, block_n);
+    let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, first, quant, block_n);
+    let (wd_tail, sr_tail) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, quant, block_n);
     // Activations, the norm's statistic and the residual may come from the
     // previous kernel.
     gdc_wait();
     gdc_launch_dependents();
-    let rs = if norm {
+    let rs = if fuse.norm() {
         let cols = arange(0, norm_block);
         let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
         rms_rstd(row, k, eps, norm_block)
@@ -278,11 +277,8 @@ pub fn linear_body(
         pid_k,
         num_programs(1),
         num_programs(2),
-        q8,
-        has_min,
-        silu,
-        norm,
-        residual,
+        quant,
+        fuse,
         split_k,
         f16_ops,
         dt,
@@ -322,19 +318,17 @@ pub fn linear_tile(
     pid_k: Tensor,
     tiles_n: Tensor,
     tiles_k: Tensor,
-    q8: bool,
-    has_min: bool,
-    silu: bool,
-    norm: bool,
-    residual: bool,
+    quant: QuantFormat,
+    fuse: Fuse,
     split_k: bool,
     f16_ops: bool,
     dt: DType,
     block_m: usize,
     block_n: usize,
 ) -> Tensor {
+    let norm = fuse.norm();
     let bk = LINEAR_BLOCK_K as i32;
-    let rows = if silu { n * 2 } else { n };
+    let rows = if fuse.silu() { n * 2 } else { n };
     let nb = k / 32;
     let m0 = pid_m * block_m;
     let wrow = minimum(pid_n * block_n + arange(0, block_n), rows - 1);
@@ -344,18 +338,17 @@ pub fn linear_tile(
     if split_k {
         let first = pid_k * bk;
         let xa = load(x_ptr + xrow + minimum(first + kc, k - 1));
-        let part = tile_product(
-            wd0, sr0, xa, nw_ptr, rs, k, first, q8, has_min, norm, f16_ops, dt, block_m, block_n,
-        );
+        let part =
+            tile_product(wd0, sr0, xa, nw_ptr, rs, k, first, quant, norm, f16_ops, dt, block_m, block_n);
         split_finish(
-            part, out_ptr, ws_ptr, cnt_ptr, m, n, pid_m, pid_n, pid_k, tiles_n, tiles_k, silu, residual, dt,
-            block_m, block_n,
+            part, out_ptr, ws_ptr, cnt_ptr, m, n, pid_m, pid_n, pid_k, tiles_n, tiles_k, fuse, dt, block_m,
+            block_n,
         )
     } else {
         // Whole K tiles: unmasked loads at offsets that move by a constant,
         // the next tile's issued before this one's product.
-        let (w_idx, s_idx) = tile_index(wrow, nb, arange(0, bk / 16) / 2, q8, block_n, LINEAR_BLOCK_K);
-        let wpb = if q8 { 8 } else { 4 };
+        let (w_idx, s_idx) = tile_index(wrow, nb, arange(0, bk / 16) / 2, quant, block_n, LINEAR_BLOCK_K);
+        let wpb = if quant.is_q4() { 4 } else { 8 };
         let qw = ptrcast(q_ptr, i32);
         let last = maximum(k_full - bk, 0);
         let mut wd = wd0;
@@ -365,10 +358,10 @@ pub fn linear_tile(
         for k0 in range(0, k_full, bk) {
             let nk = minimum(k0 + bk, last);
             let wd_next = load(qw + (w_idx + nk / 32 * wpb));
-            let sr_next = swap_scale_load(s_ptr, s_idx + nk / 32, full([], 1, i1), q8, has_min);
+            let sr_next = scale_load(s_ptr, s_idx + nk / 32, full([], 1, i1), quant);
             let xa_next = load(x_ptr + xrow + kc + nk);
             let part =
-                tile_product(wd, sr, xa, nw_ptr, rs, k, k0, q8, has_min, norm, f16_ops, dt, block_m, block_n);
+                tile_product(wd, sr, xa, nw_ptr, rs, k, k0, quant, norm, f16_ops, dt, block_m, block_n);
             acc = acc + part;
             wd = wd_next;
             sr = sr_next;
@@ -378,11 +371,11 @@ pub fn linear_tile(
         for k0 in range(k_full, k, bk) {
             let xt = load(x_ptr + xrow + minimum(k0 + kc, k - 1));
             let part = tile_product(
-                wd_tail, sr_tail, xt, nw_ptr, rs, k, k0, q8, has_min, norm, f16_ops, dt, block_m, block_n,
+                wd_tail, sr_tail, xt, nw_ptr, rs, k, k0, quant, norm, f16_ops, dt, block_m, block_n,
             );
             acc = acc + part;
         }
-        linear_epilogue(acc, out_ptr, m, n, pid_m, pid_n, silu, residual, dt, block_m, block_n);
+        linear_epilogue(acc, out_ptr, m, n, pid_m, pid_n, fuse, dt, block_m, block_n);
         full([], 1, i1)
     }
 }
@@ -409,8 +402,7 @@ pub fn split_finish(
     pid_k: Tensor,
     tiles_n: Tensor,
     tiles_k: Tensor,
-    silu: bool,
-    residual: bool,
+    fuse: Fuse,
     dt: DType,
     block_m: usize,
     block_n: usize,
@@ -444,8 +436,7 @@ pub fn split_finish(
             n,
             pid_m,
             pid_n,
-            silu,
-            residual,
+            fuse,
             dt,
             block_m,
             block_n,
@@ -455,7 +446,7 @@ pub fn split_finish(
 }
 
 /// The batch-invariant linear layer (see the module doc): `out = x @ W^T`
-/// with `W` repacked Q4_1 (`HAS_MIN`), Q4_0 or Q8_0 (`Q8`); with `SILU` the
+/// with `W` repacked in the format `QUANT`; with `SILU` the
 /// fused gate/up product, with `NORM` the RMSNorm prologue (`m == 1`), with
 /// `RESIDUAL` the in-place residual add. `F16` rounds both operands to f16
 /// (tensor cores); otherwise they stay f32. With `SPLIT` the grid's third
@@ -490,8 +481,7 @@ pub fn linear<T: Float>(
     n: i32,
     k: i32,
     eps: f32,
-    #[constexpr] Q8: bool,
-    #[constexpr] HAS_MIN: bool,
+    #[constexpr] QUANT: QuantFormat,
     #[constexpr] SILU: bool,
     #[constexpr] NORM: bool,
     #[constexpr] RESIDUAL: bool,
@@ -502,8 +492,9 @@ pub fn linear<T: Float>(
     #[constexpr] NORM_BLOCK: usize,
 ) {
     static_assert(!(SILU && RESIDUAL), "SILU and RESIDUAL do not combine");
+    let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
     linear_body(
-        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, k, eps, Q8, HAS_MIN, SILU, NORM,
-        RESIDUAL, SPLIT, F16, T, BLOCK_M, BLOCK_N, NORM_BLOCK,
+        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, k, eps, QUANT, fuse, SPLIT, F16, T,
+        BLOCK_M, BLOCK_N, NORM_BLOCK,
     );
 }

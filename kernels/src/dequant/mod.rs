@@ -127,6 +127,12 @@
 //! # Constexprs
 //!
 //! - `T: Float`: activation and output dtype (f32 or bf16; f16 works too).
+//! - `QUANT: QuantFormat`: the weight's format. One kernel per shape serves
+//!   every format: it picks the nibble or the byte body, and each format is
+//!   its own specialization, named after it (`gemv_q4_1`, `gemm_q8_0`).
+//!   The bodies read the format through [`QuantFormat`]'s properties
+//!   (`is_q4`, `has_min`), and the shared epilogues take their fusions as
+//!   named flags ([`Fuse`]).
 //! - `SILU`: fused gate/up epilogue (weights interleaved, `BLOCK_N` even).
 //! - GEMV: `M_BLOCK` (activation rows per program, [`m_block_for`]),
 //!   `BLOCK_N` (weight rows per program), `BLOCK_K` (K tile, a power of two
@@ -145,10 +151,58 @@ pub mod gemv;
 pub mod linear;
 pub mod q8;
 pub mod repack;
+pub mod stream_k;
 
 pub use repack::{
     QuantFormat, RepackError, Repacked, interleave_gate_up, repack, repack_q4_0, repack_q4_1, repack_q8_0,
 };
+
+/// What a dequant product fuses around itself, as named flags for the
+/// kernels' shared bodies (a `#[kernel]` passes its `SILU`, `NORM` and
+/// `RESIDUAL` constexprs through [`Fuse::NONE`] and the `with_*` methods):
+/// the SiLU-mul epilogue of gate/up weights, the RMSNorm prologue and the
+/// in-place residual add (see the module doc and [`fused`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fuse {
+    silu: bool,
+    norm: bool,
+    residual: bool,
+}
+
+impl Fuse {
+    /// The plain product.
+    pub const NONE: Fuse = Fuse { silu: false, norm: false, residual: false };
+
+    /// The same fusions, with the SiLU-mul epilogue `on` or off.
+    pub const fn with_silu(self, on: bool) -> Fuse {
+        Fuse { silu: on, ..self }
+    }
+
+    /// The same fusions, with the RMSNorm prologue `on` or off.
+    pub const fn with_norm(self, on: bool) -> Fuse {
+        Fuse { norm: on, ..self }
+    }
+
+    /// The same fusions, with the residual-add epilogue `on` or off.
+    pub const fn with_residual(self, on: bool) -> Fuse {
+        Fuse { residual: on, ..self }
+    }
+
+    /// Gate/up rows interleaved, `out = silu(gate) * up`.
+    pub const fn silu(self) -> bool {
+        self.silu
+    }
+
+    /// The activations are RMS-normalized as they are loaded.
+    pub const fn norm(self) -> bool {
+        self.norm
+    }
+
+    /// `out = round_T(round_T(y) + out)` in place.
+    pub const fn residual(self) -> bool {
+        self.residual
+    }
+}
 
 /// The largest `M` the GEMV path is tuned for (its tiles hold at most 8
 /// rows per program); [`uses_gemv`] decides which kernel a product runs.
@@ -209,16 +263,17 @@ fn prev_power_of_two(n: usize) -> usize {
 /// Untuned GEMV tiles for `m` activation rows, a weight of `rows` rows
 /// (`2N` with SILU) and `k` columns: a K tile dividing `k` when it is at
 /// least 256 wide, otherwise the largest power of two up to the cap plus a
-/// masked tail step (at most 256 quant bytes per row; 512 for a single-row Q4 GEMV on a weight of
-/// fewer than 8192 rows, where fewer, longer K steps measured faster on the
-/// H200), 16 rows per program for large weights and 8 otherwise, shrunk so
+/// masked tail step (at most 256 quant bytes per row; 512 for a single-row
+/// Q4 GEMV on a weight of fewer than 8192 rows, whose few programs are
+/// latency-bound: fewer, longer K steps are fewer dependent load round
+/// trips), 16 rows per program for large weights and 8 otherwise, shrunk so
 /// that each thread holds at most `4 / M_BLOCK` 8-byte chunks of the W tile
 /// (the f32 accumulators, `M_BLOCK` per chunk element, stay within 64
 /// registers), and 1 to 4 warps to cover the tile (a single-row Q4 GEMV
 /// takes enough warps for two chunks per thread: more programs' worth of
 /// loads in flight).
 pub fn gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
-    let q4 = format != QuantFormat::Q8_0;
+    let q4 = format.is_q4();
     let m_block = m_block_for(m);
     let chunks = (4 / m_block).max(1);
     let single_q4 = q4 && m_block == 1;
@@ -253,19 +308,18 @@ pub fn gemv_grid(m: usize, n: usize, silu: bool, m_block: usize, block_n: usize)
 /// GEMV streams the weights once per 8 rows and multiplies with FMAs: ideal
 /// while memory-bound (up to 4 rows), then FMA-bound, its time growing with
 /// `m * rows * k`; the GEMM's time grows with `k` alone at these sizes (its
-/// K loop's latency), so the crossover is at a fixed `m * rows`, measured
-/// on an H100 (bench rows `path/`, 2026-11-22: 16 x 960 about even, 16 x
-/// 576 and 32 x 576 faster as GEMV, 16 x 1536 and 8 x 3072 faster as GEMM).
+/// K loop's latency), so the crossover is at a fixed `m * rows` (the bench
+/// rows `path/` compare both sides of it: 16 x 960 is about even).
 pub fn uses_gemv(m: usize, rows: usize) -> bool {
     m <= 4 || m * rows <= 16 * 1024
 }
 
 /// The swapped 256 x 128 x 64 tile (8 warps, 4 stages) of the large
 /// bf16 products on sm_90a: [`gemm_tiles`]' choice for wide grids and the
-/// stream-K kernel's tile ([`stream_k`]). Its deferred `wgmma` group leaves
-/// the activation copies `stages - 2` tiles ahead; the fourth stage (192
-/// KB of rings with the staged weight tiles) took M 256 x K 4096 x N 14336
-/// from 76.4 to 73.5 us (H100, 2026-11-24, same call).
+/// stream-K kernel's tile ([`stream_k()`]). Its deferred `wgmma` group
+/// leaves the activation copies `stages - 2` tiles ahead, so the fourth
+/// stage (192 KB of rings with the staged weight tiles) keeps two tiles of
+/// copies in flight.
 pub const SWAPPED_WIDE: GemmTiles =
     GemmTiles { block_m: 256, block_n: 128, block_k: 64, num_warps: 8, swap: true, num_stages: 4 };
 
@@ -276,24 +330,21 @@ pub const SWAPPED_WIDE: GemmTiles =
 /// or 64 (Q8_0) over 8 warps for at least 128 programs; otherwise 32 x 32
 /// (4 warps), or 16 x 32 (2 warps) for at most 16 rows, with the wider K
 /// tiles. Without a cp.async pipeline, programs hide each other's load
-/// latency, so smaller tiles won everywhere but on the largest products
-/// (autotuned bench rows on an H100, 2026-11-22). Every choice fits whole
-/// `mma.sync` instructions.
+/// latency, so smaller tiles win everywhere but on the largest products.
+/// Every choice fits whole `mma.sync` instructions.
 ///
 /// With `swap_ok` (16-bit activations on a `wgmma` device, sm_90a), a Q4
 /// weight with K of at least 2048, at least 256 activation rows and 100
-/// programs of 256 x 128 takes the swapped product ([`gemm::gemm_swap`]) on that tile, K tiles of
-/// 64, 8 warps (see [`SWAPPED_WIDE`]): 0.103 ms against 0.180 for the best unswapped
-/// tile at M 256, K 4096, N 14336 (bf16, H100, 2026-11-24). Since the
-/// activation tile is a TMA copy, smaller products with at least 64 rows
-/// and 132 programs of 64 x 64 (one per H100 SM) take the swapped 64 x 64
-/// tile (K tiles of 64, 4 warps, 4 stages): M 64 x N 14336 56.5 against
-/// 94.3 us, M 256 x N 4096 50.9 against 58.8 us (autotuned, H100,
-/// 2026-11-24). With fewer programs (M 64 x N 4096) the two are even, and
-/// for short K the unswapped tiles win (K 576, 9 K tiles: 0.029 against
-/// 0.011 ms at M 256 x N 1536), so they stay.
+/// programs of 256 x 128 takes the swapped product ([`gemm::gemm_swap`])
+/// on that tile, K tiles of 64, 8 warps (see [`SWAPPED_WIDE`]), well ahead
+/// of the best unswapped tile. Since the activation tile is a TMA copy,
+/// smaller products with at least 64 rows and 132 programs of 64 x 64 (one
+/// per H100 SM) take the swapped 64 x 64 tile (K tiles of 64, 4 warps, 4
+/// stages). With fewer programs the two forms are even, and for short K
+/// (a few K tiles, too few to fill the swapped pipeline) the unswapped
+/// tiles win, so they stay.
 pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok: bool) -> GemmTiles {
-    let q8 = format == QuantFormat::Q8_0;
+    let q8 = !format.is_q4();
     let (narrow_k, wide_k) = if q8 { (32, 64) } else { (64, 128) };
     let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
     if swap_ok && !q8 && k >= 2048 && m >= 256 && programs(256, 128) >= 100 {
@@ -314,17 +365,15 @@ pub fn gemm_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, swap_ok:
     GemmTiles { block_m, block_n, block_k, num_warps, swap: false, num_stages: 2 }
 }
 
-/// The stream-K launch ([`gemm::gemm_stream_k`]) for `m` activation rows,
+/// The stream-K launch ([`stream_k::gemm_stream_k`]) for `m` activation rows,
 /// a weight of `rows` rows and `k` columns on a device with `sms` SMs: its
 /// tiles ([`SWAPPED_WIDE`]) and grid
 /// (one program per SM), or `None` when [`gemm_tiles`]' tiled grid is the
 /// better launch. Stream-K pays where the 256 x 128 tiles would leave at
-/// least half the SMs idle: at M 256 x N 4096 (32 tiles on 132 SMs) 49.9
-/// us against 55.4 for the swapped 64 x 64 tiled grid. It loses at 112
-/// tiles (M 256 x N 14336: 86.9 against 78.5 us tiled), because handing a
-/// 128 KB partial sum over costs about 13 us per program (the 32 stores
-/// per thread stall on the store queue), more than the 15% of idle SMs it
-/// recovers (H100, 2026-11-24). Q4 weights with 16-bit activations on a
+/// least half the SMs idle (M 256 x N 4096: 32 tiles on 132 SMs). With
+/// more tiles it loses, because handing a 128 KB partial sum over (32
+/// stores per thread, which stall on the store queue) costs more than the
+/// few idle SMs it recovers. Q4 weights with 16-bit activations on a
 /// `wgmma` device (`swap_ok`), K of at least 2048 in whole K tiles, and
 /// more than 128 activation rows (the tile is 256 rows).
 pub fn stream_k(
@@ -340,7 +389,7 @@ pub fn stream_k(
     let iterations = tiles * (k / t.block_k);
     let fits = iterations.checked_mul(sms).is_some_and(|v| v < 1 << 31);
     let shape = k >= 2048 && k.is_multiple_of(t.block_k) && m > 128 && 2 * tiles <= sms;
-    (swap_ok && format != QuantFormat::Q8_0 && shape && fits).then_some((t, sms as u32))
+    (swap_ok && format.is_q4() && shape && fits).then_some((t, sms as u32))
 }
 
 /// The GEMM grid: `[ceil(m / BLOCK_M), ceil(rows / BLOCK_N), 1]` with
@@ -391,7 +440,7 @@ pub fn linear_tiles(
         let block_m = m.max(1).next_power_of_two().min(64);
         return LinearTiles { block_m, block_n: 64, num_warps: 4, split: false };
     }
-    let q8 = format == QuantFormat::Q8_0;
+    let q8 = !format.is_q4();
     if m <= LINEAR_SPLIT_MAX_M {
         return LinearTiles { block_m: 16, block_n: if q8 { 64 } else { 32 }, num_warps: 4, split: true };
     }

@@ -48,6 +48,7 @@
 //! rows) is the parent module's.
 
 use super::gemv::{gemv_epilogue, q4_scale_decode, repeat_rows};
+use super::{Fuse, QuantFormat};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -126,8 +127,8 @@ pub fn rmsnorm_q8<T: Float>(
 /// f16 `d` for Q4_0), masked by `ok`, streamed evict-first like the quant
 /// words: each is read once, and L1 keeps the activations instead.
 #[kernel_fn]
-pub fn q4_scale_stream(s_ptr: Tensor, s: Tensor, ok: Tensor, has_min: bool) -> Tensor {
-    if has_min {
+pub fn q4_scale_stream(s_ptr: Tensor, s: Tensor, ok: Tensor, quant: QuantFormat) -> Tensor {
+    if quant.has_min() {
         load(ptrcast(s_ptr, i32) + s, mask = ok, other = 0, eviction_policy = "evict_first")
     } else {
         load(s_ptr + s, mask = ok, other = 0.0, eviction_policy = "evict_first")
@@ -137,14 +138,14 @@ pub fn q4_scale_stream(s_ptr: Tensor, s: Tensor, ok: Tensor, has_min: bool) -> T
 /// `(d, m)` of Q4 scale entries `raw` for the 8-bit path: Q4_1 `w = d q + m`,
 /// Q4_0 `w = d (q - 8)`, so `m = -8 d`.
 #[kernel_fn]
-pub fn q4_dm(raw: Tensor, has_min: bool) -> (Tensor, Tensor) {
-    let (d, off) = q4_scale_decode(raw, has_min);
+pub fn q4_dm(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
+    let (d, off) = q4_scale_decode(raw, quant);
     // `off` is `m - 16 d` (Q4_1) or `-24 d` (Q4_0): add 16 d back.
     (d, fma(d, 16.0, off))
 }
 
-/// The Q4 body shared by [`gemv_q4_1_q8`] and [`gemv_q4_0_q8`] (`has_min`);
-/// tiles and loop as in the module doc.
+/// The body of [`gemv_q8`] for the nibble formats (Q4_0, Q4_1); tiles and
+/// loop as in the module doc.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_q4_q8_body(
@@ -156,7 +157,7 @@ pub fn gemv_q4_q8_body(
     m: Tensor,
     n: Tensor,
     k: Tensor,
-    has_min: bool,
+    quant: QuantFormat,
     silu: bool,
     dt: DType,
     m_block: usize,
@@ -186,7 +187,7 @@ pub fn gemv_q4_q8_body(
     // computed.
     let have = k_full > 0;
     let mut wd = load(qw + w_idx, mask = have, other = 0, eviction_policy = "evict_first");
-    let mut sr = q4_scale_stream(s_ptr, s_idx, have, has_min);
+    let mut sr = q4_scale_stream(s_ptr, s_idx, have, quant);
     let mut xlo = load(xw + x_idx, mask = have, other = 0);
     let mut xhi = load(xw + x_idx + 4, mask = have, other = 0);
     let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
@@ -195,11 +196,11 @@ pub fn gemv_q4_q8_body(
         let nk = k0 + block_k;
         let more = nk < k_full;
         let wd_next = load(qw + w_idx + nk / 8, mask = more, other = 0, eviction_policy = "evict_first");
-        let sr_next = q4_scale_stream(s_ptr, s_idx + nk / 32, more, has_min);
+        let sr_next = q4_scale_stream(s_ptr, s_idx + nk / 32, more, quant);
         let xlo_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
         let xhi_next = load(xw + x_idx + nk / 4 + 4, mask = more, other = 0);
         let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
-        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, has_min, m_block, wn);
+        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, quant, m_block, wn);
         wd = wd_next;
         sr = sr_next;
         xlo = xlo_next;
@@ -211,13 +212,13 @@ pub fn gemv_q4_q8_body(
         let wok = c < (k - k0) / 8;
         let aok = ac < (k - k0) / 8;
         let wd = load(qw + w_idx + k0 / 8, mask = wok, other = 0, eviction_policy = "evict_first");
-        let sr = q4_scale_stream(s_ptr, s_idx + k0 / 32, wok, has_min);
+        let sr = q4_scale_stream(s_ptr, s_idx + k0 / 32, wok, quant);
         let xlo = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
         let xhi = load(xw + x_idx + k0 / 4 + 4, mask = aok, other = 0);
         let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
-        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, has_min, m_block, wn);
+        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, quant, m_block, wn);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, false, dt, m_block, block_n, kw);
+    gemv_epilogue(acc, out_ptr, m, n, Fuse::NONE.with_silu(silu), dt, m_block, block_n, kw);
 }
 
 /// The tile coordinates of both 8-bit GEMV bodies, `kw` quant words per
@@ -256,7 +257,7 @@ pub fn q4_q8_step(
     xhi: Tensor,
     xd: Tensor,
     acc: Tensor,
-    has_min: bool,
+    quant: QuantFormat,
     m_block: usize,
     wn: usize,
 ) -> Tensor {
@@ -264,13 +265,13 @@ pub fn q4_q8_step(
     let hi = repeat_rows((wd >> 4) & 0x0F0F_0F0F, m_block, wn);
     let dot = dp4a(lo, xlo, dp4a(hi, xhi, 0));
     let sum = dp4a(0x0101_0101, xlo, dp4a(0x0101_0101, xhi, 0));
-    let (d, mm) = q4_dm(sr, has_min);
+    let (d, mm) = q4_dm(sr, quant);
     let dd = repeat_rows(d, m_block, wn) * xd;
     let md = repeat_rows(mm, m_block, wn) * xd;
     fma(dd, dot.to(f32), fma(md, sum.to(f32), acc))
 }
 
-/// The Q8_0 body of [`gemv_q8_0_q8`]: W tile `[BLOCK_N, BLOCK_K / 4]` words
+/// The body of [`gemv_q8`] for the byte format (Q8_0): W tile `[BLOCK_N, BLOCK_K / 4]` words
 /// of four signed weights, each against the matching activation word.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
@@ -334,30 +335,43 @@ pub fn gemv_q8_q8_body(
         let dd = repeat_rows(sd.to(f32), m_block, wn) * xd;
         acc = fma(dd, dot.to(f32), acc);
     }
-    gemv_epilogue(acc, out_ptr, m, n, silu, false, dt, m_block, block_n, kw);
+    gemv_epilogue(acc, out_ptr, m, n, Fuse::NONE.with_silu(silu), dt, m_block, block_n, kw);
 }
 
-/// Q4_1 GEMV on 8-bit activations: `out = xq @ W^T` with `W` repacked Q4_1;
-/// with `SILU`, the gate/up epilogue of the parent module. See the module doc.
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 2048, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = 4096, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = 1024, num_warps = 8),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 2),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-    ],
-    key = [m, n, k]
-))]
+/// The dequant GEMV on 8-bit activations: `out = xq @ W^T` with `W`
+/// repacked in the format `QUANT` (Q4_1 `w = d q + m`, Q4_0 `w = d (q -
+/// 8)`, Q8_0 `w = d q`, e.g. the tied LM head); with `SILU`, the gate/up
+/// epilogue of the parent module. See the module doc. Each format is its
+/// own specialization (IR name `gemv_q4_1_q8`, ...).
+///
+/// The autotune configs size the K tile in quant bytes per weight row
+/// (`BLOCK_K = QUANT.k_tile(bytes)`, four bytes per quant word); the tiles
+/// tuned for some formats only say so with `when`.
+#[kernel(
+    name = "gemv_{QUANT}_q8",
+    autotune(
+        configs = [
+            (when = QUANT == QuantFormat::Q8_0, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 2),
+            (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(1024), num_warps = 4),
+            (when = QUANT != QuantFormat::Q4_0, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (when = QUANT != QuantFormat::Q4_0, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(1024), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = QUANT.k_tile(2048), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = QUANT.k_tile(512), num_warps = 2),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 8),
+            (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 32, BLOCK_K = QUANT.k_tile(512), num_warps = 8),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 2),
+            (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(512), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_1, M_BLOCK = 4, BLOCK_N = 8, BLOCK_K = QUANT.k_tile(256), num_warps = 4),
+            (when = QUANT == QuantFormat::Q4_0, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = QUANT.k_tile(1024), num_warps = 8),
+            (when = QUANT == QuantFormat::Q8_0, M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = QUANT.k_tile(1024), num_warps = 2),
+        ],
+        key = [m, n, k]
+    )
+)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_1_q8<T: Float>(
+pub fn gemv_q8<T: Float>(
     xq_ptr: Ptr<i8>,
     xd_ptr: Ptr<f32>,
     q_ptr: Ptr<u8>,
@@ -366,71 +380,17 @@ pub fn gemv_q4_1_q8<T: Float>(
     m: i32,
     n: i32,
     k: i32,
+    #[constexpr] QUANT: QuantFormat,
     #[constexpr] SILU: bool,
     #[constexpr] M_BLOCK: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q4_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, true, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
-}
-
-/// Q4_0 GEMV on 8-bit activations (`w = d (q - 8)`); see [`gemv_q4_1_q8`].
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 2048, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 2048, num_warps = 8),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_0_q8<T: Float>(
-    xq_ptr: Ptr<i8>,
-    xd_ptr: Ptr<f32>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q4_q8_body(
-        xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, false, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K,
-    );
-}
-
-/// Q8_0 GEMV on 8-bit activations (`w = d q`, e.g. the tied LM head).
-#[kernel(autotune(
-    configs = [
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 4, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 2, BLOCK_K = 1024, num_warps = 2),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4),
-        (M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 1024, num_warps = 4),
-        (M_BLOCK = 2, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4),
-    ],
-    key = [m, n, k]
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q8_0_q8<T: Float>(
-    xq_ptr: Ptr<i8>,
-    xd_ptr: Ptr<f32>,
-    q_ptr: Ptr<u8>,
-    s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
-    m: i32,
-    n: i32,
-    k: i32,
-    #[constexpr] SILU: bool,
-    #[constexpr] M_BLOCK: usize,
-    #[constexpr] BLOCK_N: usize,
-    #[constexpr] BLOCK_K: usize,
-) {
-    gemv_q8_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
+    if QUANT.is_q4() {
+        gemv_q4_q8_body(
+            xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K,
+        );
+    } else {
+        gemv_q8_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
+    }
 }

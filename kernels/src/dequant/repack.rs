@@ -62,6 +62,43 @@ impl QuantFormat {
             QuantFormat::Q8_0 => "Q8_0",
         }
     }
+
+    /// Whether the quants are nibbles (two weights per byte, the low nibble
+    /// of byte `j` of a block weight `j`, the high one weight `j + 16`):
+    /// Q4_0 and Q4_1. Otherwise each byte is one weight (Q8_0).
+    pub const fn is_q4(self) -> bool {
+        matches!(self, QuantFormat::Q4_0 | QuantFormat::Q4_1)
+    }
+
+    /// Whether a block has a min besides its scale (`w = d q + m`; the scale
+    /// plane holds `(d, m)` pairs, which the kernels read as one 32-bit
+    /// word): Q4_1.
+    pub const fn has_min(self) -> bool {
+        matches!(self, QuantFormat::Q4_1)
+    }
+
+    /// Weights per quant byte (2 for the nibble formats, 1 for Q8_0): a K
+    /// tile of `b` quant bytes per weight row is `b * values_per_byte()`
+    /// weights wide.
+    pub const fn values_per_byte(self) -> usize {
+        if self.is_q4() { 2 } else { 1 }
+    }
+
+    /// The K tile (in weights) that holds `bytes` quant bytes of a weight
+    /// row: autotune configs size tiles in bytes, so that one config holds
+    /// the same data in every format.
+    pub const fn k_tile(self, bytes: usize) -> usize {
+        bytes * self.values_per_byte()
+    }
+}
+
+/// The format is a kernel constexpr (`#[constexpr] QUANT: QuantFormat`):
+/// each format is its own specialization, named with its lowercase GGUF name
+/// (`gemv_q4_1`).
+impl dsl_core::launch::Constexpr for QuantFormat {
+    fn name_part(&self) -> String {
+        self.name().to_ascii_lowercase()
+    }
 }
 
 /// Why a weight cannot be repacked. All variants are user errors (a tensor
@@ -172,17 +209,9 @@ impl Repacked {
     /// hand may break them): shape as [`repack`] requires, plane sizes
     /// matching the shape.
     pub fn validate(&self) -> Result<(), RepackError> {
-        let name = self.format.name();
         let (n, k) = (self.n, self.k);
-        if n == 0 || k == 0 {
-            return Err(RepackError::Empty { format: name, n, k });
-        }
-        if !k.is_multiple_of(BLOCK_VALUES) {
-            return Err(RepackError::RaggedK { format: name, k });
-        }
-        if n.checked_mul(k).is_none_or(|nk| nk >= 1 << 31) {
-            return Err(RepackError::TooLarge { format: name, n, k });
-        }
+        check_shape(self.format, n, k)?;
+        let name = self.format.name();
         let blocks = n * (k / BLOCK_VALUES);
         let (q, s) = (blocks * self.format.quant_bytes(), blocks * self.format.scales_per_block());
         if self.quants.len() != q || self.scales.len() != s {
@@ -193,8 +222,9 @@ impl Repacked {
     }
 }
 
-/// Checks `raw` against `[n, k]` in `format`.
-fn validate(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<(), RepackError> {
+/// Checks that `[n, k]` is a shape the kernels take in `format`: not empty,
+/// whole blocks along K, 32-bit offsets.
+fn check_shape(format: QuantFormat, n: usize, k: usize) -> Result<(), RepackError> {
     let name = format.name();
     if n == 0 || k == 0 {
         return Err(RepackError::Empty { format: name, n, k });
@@ -205,9 +235,15 @@ fn validate(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<(), R
     if n.checked_mul(k).is_none_or(|nk| nk >= 1 << 31) {
         return Err(RepackError::TooLarge { format: name, n, k });
     }
+    Ok(())
+}
+
+/// Checks `raw` against `[n, k]` in `format`.
+fn validate(format: QuantFormat, raw: &[u8], n: usize, k: usize) -> Result<(), RepackError> {
+    check_shape(format, n, k)?;
     let expected = n * (k / BLOCK_VALUES) * format.block_bytes();
     if raw.len() != expected {
-        return Err(RepackError::Size { format: name, n, k, expected, got: raw.len() });
+        return Err(RepackError::Size { format: format.name(), n, k, expected, got: raw.len() });
     }
     Ok(())
 }

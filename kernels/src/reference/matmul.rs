@@ -1,4 +1,7 @@
 //! The f64 reference of the dense matmul (`kernels::matmul`) and its error bound.
+//!
+//! `dsl-core`'s interpreter tests include this file (they cannot depend on
+//! this crate), so it names nothing outside `std`.
 
 /// `C = A @ B` for row-major `A: [m, k]`, `B: [k, n]` (exact products, f64 sums).
 pub fn matmul(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {

@@ -1,12 +1,31 @@
-//! Reference for the online softmax (see `crate::softmax`): a plain f64 loop
-//! with the kernel's semantics (inputs scaled with one f32 rounding, the
-//! causal convention, zeros for masked columns and fully masked rows) and one
-//! final rounding to the storage dtype.
+//! References for the softmax kernels (see `crate::softmax`): the exact row
+//! softmax in f64, and the online softmax as a plain f64 loop with the
+//! kernel's semantics (inputs scaled with one f32 rounding, the causal
+//! convention, zeros for masked columns and fully masked rows) and one final
+//! rounding to the storage dtype.
+//!
+//! `dsl-core`'s interpreter tests include this file (they cannot depend on
+//! this crate), so it names only `dsl_core` and `std`.
 //!
 //! Inputs are the values as stored in `dtype`. Tensors are row-major
 //! `[rows, cols]`, contiguous (stride = cols).
 
 use dsl_core::DType;
+
+/// The exact softmax of each row of the row-major `[rows, cols]` matrix `x`,
+/// in f64 (no rounding).
+pub fn softmax(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        for c in 0..cols {
+            out[r * cols + c] = (row[c] - m).exp() / s;
+        }
+    }
+    out
+}
 
 /// Whether column `c` of row `r` takes part: always without `causal`, else
 /// `c <= r + offset` (query row `r` attends keys `0..=r + offset`).

@@ -57,8 +57,9 @@ use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::launch::Arg;
 use dsl_core::launch::Kernel;
-use kernels::dequant::gemm::{gemm_q4_1, gemm_stream_k};
-use kernels::dequant::gemv::gemv_q4_1;
+use kernels::dequant::gemm::gemm;
+use kernels::dequant::gemv::gemv;
+use kernels::dequant::stream_k::gemm_stream_k;
 use kernels::dequant::{
     GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1,
     stream_k, uses_gemv,
@@ -220,7 +221,7 @@ fn measure(
     let od = gpu.zeros::<bf16>(m * n)?;
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     if gemv {
-        let args = gemv_q4_1::Args {
+        let args = gemv::Args {
             x_ptr: xd.ptr().cast(),
             q_ptr: qd.ptr().cast(),
             s_ptr: sd.ptr().cast(),
@@ -231,20 +232,20 @@ fn measure(
             _marker: PhantomData,
         };
         let t = gemv_tiles(QuantFormat::Q4_1, m, n, k);
-        let base = gemv_q4_1::Config::new(DType::BF16, false, t.m_block, t.block_n, t.block_k);
-        let grid_of = |c: &gemv_q4_1::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
+        let base = gemv::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.m_block, t.block_n, t.block_k);
+        let grid_of = |c: &gemv::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
         let (config, words) = if tuned {
-            let c = cuda.run_tuned::<gemv_q4_1::Kernel>(grid_of, &base, &args)?;
-            let words = crate::cuda::autotune::describe_config(&gemv_q4_1::autotune_configs(&base), &c);
+            let c = cuda.run_tuned::<gemv::Kernel>(grid_of, &base, &args)?;
+            let words = crate::cuda::autotune::describe_config(&gemv::autotune_configs(&base), &c);
             (c, Some(words))
         } else {
             (base.with_warps(t.num_warps), None)
         };
         let grid = grid_of(&config);
-        let ms = time_launch_ms::<gemv_q4_1::Kernel>(cuda, opts, grid, &config, &args)?;
+        let ms = time_launch_ms::<gemv::Kernel>(cuda, opts, grid, &config, &args)?;
         Ok((ms, words))
     } else {
-        let args = gemm_q4_1::Args {
+        let args = gemm::Args {
             x_ptr: xd.ptr().cast(),
             q_ptr: qd.ptr().cast(),
             s_ptr: sd.ptr().cast(),
@@ -268,18 +269,19 @@ fn measure(
         if let Some((t, g)) = sk {
             return measure_stream_k(cuda, opts, (&xd, &qd, &sd, &od), (m, k, n), t, g, tuned);
         }
-        let base = gemm_q4_1::Config::new(DType::BF16, false, t.block_m, t.block_n, t.block_k, t.swap)
-            .with_stages(t.num_stages);
-        let grid_of = |c: &gemm_q4_1::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
+        let base =
+            gemm::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k, t.swap)
+                .with_stages(t.num_stages);
+        let grid_of = |c: &gemm::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
         let (config, words) = if tuned {
-            let c = cuda.run_tuned::<gemm_q4_1::Kernel>(grid_of, &base, &args)?;
-            let words = crate::cuda::autotune::describe_config(&gemm_q4_1::autotune_configs(&base), &c);
+            let c = cuda.run_tuned::<gemm::Kernel>(grid_of, &base, &args)?;
+            let words = crate::cuda::autotune::describe_config(&gemm::autotune_configs(&base), &c);
             (c, Some(words))
         } else {
             (base.with_warps(t.num_warps), None)
         };
         let grid = grid_of(&config);
-        let ms = time_launch_ms::<gemm_q4_1::Kernel>(cuda, opts, grid, &config, &args)?;
+        let ms = time_launch_ms::<gemm::Kernel>(cuda, opts, grid, &config, &args)?;
         Ok((ms, words))
     }
 }
@@ -313,9 +315,10 @@ fn measure_stream_k(
         k: k as i32,
         _marker: PhantomData,
     };
-    let base = gemm_stream_k::Config::new(DType::BF16, false, false, true, t.block_m, t.block_n, t.block_k)
-        .with_warps(t.num_warps)
-        .with_stages(t.num_stages);
+    let base =
+        gemm_stream_k::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k)
+            .with_warps(t.num_warps)
+            .with_stages(t.num_stages);
     let grid = [g, 1, 1];
     let (config, words) = if tuned {
         let c = cuda.run_tuned::<gemm_stream_k::Kernel>(|_| grid, &base, &args)?;
@@ -361,31 +364,22 @@ fn measure_fused(
     let (nd, od) = (gpu.upload(&nw)?, gpu.zeros::<bf16>(m * n)?);
     let t = gemv_tiles(format, m, rows, k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
-    macro_rules! go {
-        ($kk:ident) => {{
-            use kernels::dequant::fused::$kk as kk;
-            let args = kk::Args {
-                x_ptr: xd.ptr().cast(),
-                q_ptr: qd.ptr().cast(),
-                s_ptr: sd.ptr().cast(),
-                nw_ptr: nd.ptr().cast(),
-                out_ptr: od.ptr().cast(),
-                m: m as i32,
-                n: n as i32,
-                k: k as i32,
-                eps: 1e-5,
-                _marker: PhantomData,
-            };
-            let config = kk::Config::new(DType::BF16, silu, norm, residual, t.m_block, t.block_n, t.block_k)
-                .with_warps(t.num_warps);
-            time_launch_ms::<kk::Kernel>(cuda, opts, grid, &config, &args)
-        }};
-    }
-    match format {
-        QuantFormat::Q4_0 => go!(gemv_q4_0_fused),
-        QuantFormat::Q4_1 => go!(gemv_q4_1_fused),
-        QuantFormat::Q8_0 => go!(gemv_q8_0_fused),
-    }
+    use kernels::dequant::fused::gemv_fused as kk;
+    let args = kk::Args {
+        x_ptr: xd.ptr().cast(),
+        q_ptr: qd.ptr().cast(),
+        s_ptr: sd.ptr().cast(),
+        nw_ptr: nd.ptr().cast(),
+        out_ptr: od.ptr().cast(),
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        eps: 1e-5,
+        _marker: PhantomData,
+    };
+    let config = kk::Config::new(DType::BF16, format, silu, norm, residual, t.m_block, t.block_n, t.block_k)
+        .with_warps(t.num_warps);
+    time_launch_ms::<kk::Kernel>(cuda, opts, grid, &config, &args)
 }
 
 /// The fused GEMV records (see the module docs).

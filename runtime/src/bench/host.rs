@@ -158,10 +158,18 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
         let t = cpu_gemv_tiles(format, 1, rows, k);
         let grid = gemv_grid(1, n, silu, t.m_block, t.block_n);
         macro_rules! run {
-            ($kk:path) => {{
-                use $kk as kk;
-                let config =
-                    kk::Config::new(DType::F32, silu, norm, residual, t.m_block, t.block_n, t.block_k);
+            ($quant:expr) => {{
+                use kernels::cpu_gemv::cpu_gemv as kk;
+                let config = kk::Config::new(
+                    DType::F32,
+                    $quant,
+                    silu,
+                    norm,
+                    residual,
+                    t.m_block,
+                    t.block_n,
+                    t.block_k,
+                );
                 let mut args = kk::Args {
                     x_ptr: xq.cast(),
                     q_ptr: q,
@@ -183,8 +191,8 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
             }};
         }
         let (ms, tag) = match format {
-            QuantFormat::Q8_0 => (run!(kernels::cpu_gemv::cpu_gemv_q8_0), "q8_0"),
-            _ => (run!(kernels::cpu_gemv::cpu_gemv_q4_1), "q4_1"),
+            QuantFormat::Q8_0 => (run!(QuantFormat::Q8_0), "q8_0"),
+            _ => (run!(QuantFormat::Q4_1), "q4_1"),
         };
         let fused = [(silu, "+silu"), (norm, "+norm"), (residual, "+residual")];
         let tag: String = std::iter::once(tag).chain(fused.iter().filter(|f| f.0).map(|f| f.1)).collect();

@@ -30,7 +30,7 @@ use crate::cuda::Cuda;
 use crate::error::{Error, Result};
 use dsl_core::DType;
 use dsl_core::half::bf16;
-use kernels::dequant::q8::{gemv_q4_1_q8, gemv_q8_0_q8, quantize_q8};
+use kernels::dequant::q8::{gemv_q8, quantize_q8};
 use kernels::dequant::{QuantFormat, gemv_grid, repack};
 use std::marker::PhantomData;
 
@@ -75,7 +75,7 @@ fn shape_records(
     cuda.run::<quantize_q8::Kernel>(qgrid, &qconfig, &qargs)?;
     let quant = prepared::<quantize_q8::Kernel>(cuda, qgrid, &qconfig, &qargs)?;
     macro_rules! gemv {
-        ($k:ident) => {{
+        ($k:ident, $quant:expr) => {{
             let args = $k::Args {
                 xq_ptr: xqd.ptr(),
                 xd_ptr: xsd.ptr(),
@@ -87,7 +87,7 @@ fn shape_records(
                 k: k as i32,
                 _marker: PhantomData,
             };
-            let first = $k::autotune_configs(&$k::Config::new(DType::BF16, false, 1, 8, 2048))
+            let first = $k::autotune_configs(&$k::Config::new(DType::BF16, $quant, false, 1, 8, 2048))
                 .into_iter()
                 .next()
                 .ok_or_else(|| Error::Usage("no autotune configs".into()))?;
@@ -103,8 +103,8 @@ fn shape_records(
         }};
     }
     let (g, words) = match format {
-        QuantFormat::Q8_0 => gemv!(gemv_q8_0_q8),
-        _ => gemv!(gemv_q4_1_q8),
+        QuantFormat::Q8_0 => gemv!(gemv_q8, QuantFormat::Q8_0),
+        _ => gemv!(gemv_q8, QuantFormat::Q4_1),
     };
     let alone = time_prepared_ms(cuda, opts, std::slice::from_ref(&g))?;
     let both = time_prepared_ms(cuda, opts, &[quant, g])?;

@@ -24,26 +24,6 @@ use kernels::cpu_gemv::cpu_gemv_tiles;
 use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, m_block_for};
 use std::marker::PhantomData;
 
-/// Expands `$body` with `$kk` bound to the CPU GEMV kernel of `$format`.
-macro_rules! with_kernel {
-    ($format:expr, $kk:ident => $body:expr) => {
-        match $format {
-            QuantFormat::Q4_0 => {
-                use kernels::cpu_gemv::cpu_gemv_q4_0 as $kk;
-                $body
-            }
-            QuantFormat::Q4_1 => {
-                use kernels::cpu_gemv::cpu_gemv_q4_1 as $kk;
-                $body
-            }
-            QuantFormat::Q8_0 => {
-                use kernels::cpu_gemv::cpu_gemv_q8_0 as $kk;
-                $body
-            }
-        }
-    };
-}
-
 /// One launch: format, SiLU, fusion and tiles `(M_BLOCK, BLOCK_N, BLOCK_K)`.
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -66,6 +46,8 @@ fn run<T: DeviceElem, D: Device>(
     let (norm, residual) = (case.fuse == Fuse::Norm, case.fuse == Fuse::Residual);
     let grid = gemv_grid(m, n, case.silu, a, b);
     let k = inp.w.k as i32;
+    use kernels::cpu_gemv::cpu_gemv as kk;
+    let config = kk::Config::new(T::DEVICE_DTYPE, case.format, case.silu, norm, residual, a, b, c);
     macro_rules! args {
         ($kk:ident, $x:expr, $q:expr, $s:expr, $nw:expr, $o:expr) => {
             $kk::Args {
@@ -86,22 +68,16 @@ fn run<T: DeviceElem, D: Device>(
         Some(dev) => {
             let (xd, qd, sd) = (dev.upload(inp.x)?, dev.upload(&inp.w.quants)?, dev.upload(&inp.w.scales)?);
             let (nd, od) = (dev.upload(inp.nw)?, dev.upload(inp.out0)?);
-            with_kernel!(case.format, kk => {
-                let args = args!(kk, dev.ptr(&xd)?, dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&nd)?, dev.ptr(&od)?);
-                let config = kk::Config::new(T::DEVICE_DTYPE, case.silu, norm, residual, a, b, c);
-                dev.run::<kk::Kernel>(grid, &config, &args)?;
-            });
+            let args = args!(kk, dev.ptr(&xd)?, dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&nd)?, dev.ptr(&od)?);
+            dev.run::<kk::Kernel>(grid, &config, &args)?;
             Ok(dev.download(&od)?.iter().map(|v| v.to_f64()).collect())
         }
         None => {
             let mut cpu = Cpu::new();
             let (xc, qc, sc) = (cpu.upload(inp.x), cpu.upload(&inp.w.quants), cpu.upload(&inp.w.scales));
             let (nc, oc) = (cpu.upload(inp.nw), cpu.upload(inp.out0));
-            with_kernel!(case.format, kk => {
-                let args = args!(kk, xc.cast(), qc.cast(), sc.cast(), nc.cast(), oc.cast());
-                let config = kk::Config::new(T::DEVICE_DTYPE, case.silu, norm, residual, a, b, c);
-                kk::interpret(&mut cpu, grid, &config, &args)?;
-            });
+            let args = args!(kk, xc.cast(), qc.cast(), sc.cast(), nc.cast(), oc.cast());
+            kk::interpret(&mut cpu, grid, &config, &args)?;
             Ok(cpu.read(oc).iter().map(|v| v.to_f64()).collect())
         }
     }

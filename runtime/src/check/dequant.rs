@@ -34,7 +34,7 @@ use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
-use kernels::dequant::gemm::gemm_stream_k;
+use kernels::dequant::stream_k::gemm_stream_k;
 use kernels::dequant::{
     GemvTiles, QuantFormat, Repacked, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, interleave_gate_up,
     repack, stream_k,
@@ -142,64 +142,26 @@ impl Launch {
     }
 }
 
-/// Expands `$body` with `$kk` bound to the GEMV kernel module of `$format`.
-macro_rules! with_gemv {
-    ($format:expr, $kk:ident => $body:expr) => {
-        match $format {
-            QuantFormat::Q4_0 => {
-                use kernels::dequant::gemv::gemv_q4_0 as $kk;
-                $body
-            }
-            QuantFormat::Q4_1 => {
-                use kernels::dequant::gemv::gemv_q4_1 as $kk;
-                $body
-            }
-            QuantFormat::Q8_0 => {
-                use kernels::dequant::gemv::gemv_q8_0 as $kk;
-                $body
-            }
-        }
-    };
-}
-
-/// Expands `$body` with `$kk` bound to the GEMM kernel module of `$format`.
-macro_rules! with_gemm {
-    ($format:expr, $kk:ident => $body:expr) => {
-        match $format {
-            QuantFormat::Q4_0 => {
-                use kernels::dequant::gemm::gemm_q4_0 as $kk;
-                $body
-            }
-            QuantFormat::Q4_1 => {
-                use kernels::dequant::gemm::gemm_q4_1 as $kk;
-                $body
-            }
-            QuantFormat::Q8_0 => {
-                use kernels::dequant::gemm::gemm_q8_0 as $kk;
-                $body
-            }
-        }
-    };
-}
-
 /// Expands `$body` with `$kk` bound to the kernel module of `$launch` and
 /// `$cfg` to its configuration for activation dtype `$dt`.
 macro_rules! with_kernel {
     ($launch:expr, $dt:expr, $kk:ident, $cfg:ident => $body:expr) => {{
         let (a, b, c) = $launch.tiles;
         match $launch.path {
-            Path::Gemv => with_gemv!($launch.format, $kk => {
-                let $cfg = $kk::Config::new($dt, $launch.silu, a, b, c)
+            Path::Gemv => {
+                use kernels::dequant::gemv::gemv as $kk;
+                let $cfg = $kk::Config::new($dt, $launch.format, $launch.silu, a, b, c)
                     .with_warps($launch.warps)
                     .with_stages($launch.stages);
                 $body
-            }),
-            Path::Gemm => with_gemm!($launch.format, $kk => {
-                let $cfg = $kk::Config::new($dt, $launch.silu, a, b, c, $launch.swap)
+            }
+            Path::Gemm => {
+                use kernels::dequant::gemm::gemm as $kk;
+                let $cfg = $kk::Config::new($dt, $launch.format, $launch.silu, a, b, c, $launch.swap)
                     .with_warps($launch.warps)
                     .with_stages($launch.stages);
                 $body
-            }),
+            }
         }
     }};
 }
@@ -214,20 +176,22 @@ fn tuned_launches(base: Launch) -> Vec<Launch> {
         ..base
     };
     match base.path {
-        Path::Gemv => with_gemv!(base.format, kk => {
-            let cfg = kk::Config::new(DType::BF16, base.silu, a, b, c);
+        Path::Gemv => {
+            use kernels::dequant::gemv::gemv as kk;
+            let cfg = kk::Config::new(DType::BF16, base.format, base.silu, a, b, c);
             kk::autotune_configs(&cfg)
                 .into_iter()
                 .map(|t| with((t.M_BLOCK, t.BLOCK_N, t.BLOCK_K), t.num_warps, false, t.num_stages))
                 .collect()
-        }),
-        Path::Gemm => with_gemm!(base.format, kk => {
-            let cfg = kk::Config::new(DType::BF16, base.silu, a, b, c, false);
+        }
+        Path::Gemm => {
+            use kernels::dequant::gemm::gemm as kk;
+            let cfg = kk::Config::new(DType::BF16, base.format, base.silu, a, b, c, false);
             kk::autotune_configs(&cfg)
                 .into_iter()
                 .map(|t| with((t.BLOCK_M, t.BLOCK_N, t.BLOCK_K), t.num_warps, t.SWAP, t.num_stages))
                 .collect()
-        }),
+        }
     }
 }
 
@@ -282,17 +246,9 @@ macro_rules! stream_k_launch {
             k: $k as i32,
             _marker: PhantomData,
         };
-        let config = gemm_stream_k::Config::new(
-            <$t>::DEVICE_DTYPE,
-            $launch.silu,
-            f == QuantFormat::Q8_0,
-            f == QuantFormat::Q4_1,
-            a,
-            b,
-            c,
-        )
-        .with_warps($launch.warps)
-        .with_stages($launch.stages);
+        let config = gemm_stream_k::Config::new(<$t>::DEVICE_DTYPE, f, $launch.silu, a, b, c)
+            .with_warps($launch.warps)
+            .with_stages($launch.stages);
         (args, config)
     }};
 }
@@ -630,7 +586,7 @@ fn stream_k_checks<D: Device>(
     format: QuantFormat,
 ) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
-    let base = gemm_stream_k::Config::new(DType::BF16, false, false, false, 256, 128, 64);
+    let base = gemm_stream_k::Config::new(DType::BF16, format, false, 256, 128, 64);
     for c in gemm_stream_k::autotune_configs(&base) {
         for (m, n, k) in [(70usize, 90usize, 640usize), (300, 150, 1024)] {
             for silu in [false, true] {
@@ -695,26 +651,6 @@ pub(crate) enum Fuse {
     Residual,
 }
 
-/// Expands `$body` with `$kk` bound to the fused GEMV kernel of `$format`.
-macro_rules! with_fused {
-    ($format:expr, $kk:ident => $body:expr) => {
-        match $format {
-            QuantFormat::Q4_0 => {
-                use kernels::dequant::fused::gemv_q4_0_fused as $kk;
-                $body
-            }
-            QuantFormat::Q4_1 => {
-                use kernels::dequant::fused::gemv_q4_1_fused as $kk;
-                $body
-            }
-            QuantFormat::Q8_0 => {
-                use kernels::dequant::fused::gemv_q8_0_fused as $kk;
-                $body
-            }
-        }
-    };
-}
-
 /// The epsilon of the fused norm checks (SmolLM2's `rms_norm_eps`).
 pub(crate) const FUSED_EPS: f32 = 1e-5;
 
@@ -745,6 +681,9 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
     let (norm, residual) = (fuse == Fuse::Norm, fuse == Fuse::Residual);
     let grid = launch.grid(m, n);
     let k = inp.w.k as i32;
+    use kernels::dequant::fused::gemv_fused as kk;
+    let config = kk::Config::new(T::DEVICE_DTYPE, launch.format, launch.silu, norm, residual, a, b, c)
+        .with_warps(launch.warps);
     macro_rules! args {
         ($kk:ident, $x:expr, $q:expr, $s:expr, $nw:expr, $o:expr) => {
             $kk::Args {
@@ -765,24 +704,16 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
         Some(dev) => {
             let (xd, qd, sd) = (dev.upload(inp.x)?, dev.upload(&inp.w.quants)?, dev.upload(&inp.w.scales)?);
             let (nd, od) = (dev.upload(inp.nw)?, dev.upload(inp.out0)?);
-            with_fused!(launch.format, kk => {
-                let args = args!(kk, dev.ptr(&xd)?, dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&nd)?, dev.ptr(&od)?);
-                let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, norm, residual, a, b, c)
-                    .with_warps(launch.warps);
-                dev.run::<kk::Kernel>(grid, &config, &args)?;
-            });
+            let args = args!(kk, dev.ptr(&xd)?, dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&nd)?, dev.ptr(&od)?);
+            dev.run::<kk::Kernel>(grid, &config, &args)?;
             Ok(dev.download(&od)?.iter().map(|v| v.to_f64()).collect())
         }
         None => {
             let mut cpu = Cpu::new();
             let (xc, qc, sc) = (cpu.upload(inp.x), cpu.upload(&inp.w.quants), cpu.upload(&inp.w.scales));
             let (nc, oc) = (cpu.upload(inp.nw), cpu.upload(inp.out0));
-            with_fused!(launch.format, kk => {
-                let args = args!(kk, xc.cast(), qc.cast(), sc.cast(), nc.cast(), oc.cast());
-                let config = kk::Config::new(T::DEVICE_DTYPE, launch.silu, norm, residual, a, b, c)
-                    .with_warps(launch.warps);
-                kk::interpret(&mut cpu, grid, &config, &args)?;
-            });
+            let args = args!(kk, xc.cast(), qc.cast(), sc.cast(), nc.cast(), oc.cast());
+            kk::interpret(&mut cpu, grid, &config, &args)?;
             Ok(cpu.read(oc).iter().map(|v| v.to_f64()).collect())
         }
     }

@@ -23,7 +23,7 @@ use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
-use kernels::dequant::q8::{gemv_q4_0_q8, gemv_q4_1_q8, gemv_q8_0_q8, quantize_q8};
+use kernels::dequant::q8::{gemv_q8, quantize_q8};
 use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
@@ -232,7 +232,8 @@ fn gemv_case<T: ActElem, D: Device>(
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     macro_rules! go {
         ($k:ident) => {{
-            let config = $k::Config::new(T::DEVICE_DTYPE, silu, m_block, block_n, block_k).with_warps(warps);
+            let config =
+                $k::Config::new(T::DEVICE_DTYPE, format, silu, m_block, block_n, block_k).with_warps(warps);
             let a = $k::Args {
                 xq_ptr: dev.ptr(&xqd)?,
                 xd_ptr: dev.ptr(&xdd)?,
@@ -261,11 +262,7 @@ fn gemv_case<T: ActElem, D: Device>(
             }
         }};
     }
-    match format {
-        QuantFormat::Q4_1 => go!(gemv_q4_1_q8),
-        QuantFormat::Q4_0 => go!(gemv_q4_0_q8),
-        QuantFormat::Q8_0 => go!(gemv_q8_0_q8),
-    }
+    go!(gemv_q8);
     let got = to_f64(&dev.download(&od)?);
     let cpu_out = if interp { Some(to_f64(&cpu.read(oc))) } else { None };
     // The reference on at most 64 output columns (spread over the row).
@@ -330,11 +327,8 @@ pub fn quantize<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
 /// num_warps)`, read from the kernel's declared configs (so a new config is
 /// checked without editing this file).
 fn q4_tiles() -> Vec<(usize, usize, usize, u32)> {
-    let base = gemv_q4_1_q8::Config::new(dsl_core::DType::BF16, false, 1, 8, 2048);
-    gemv_q4_1_q8::autotune_configs(&base)
-        .iter()
-        .map(|c| (c.M_BLOCK, c.BLOCK_N, c.BLOCK_K, c.num_warps))
-        .collect()
+    let base = gemv_q8::Config::new(dsl_core::DType::BF16, QuantFormat::Q4_1, false, 1, 8, 2048);
+    gemv_q8::autotune_configs(&base).iter().map(|c| (c.M_BLOCK, c.BLOCK_N, c.BLOCK_K, c.num_warps)).collect()
 }
 
 /// Registry check `gemv_q4_1_q8` (also runs the Q4_0 and Q8_0 variants).

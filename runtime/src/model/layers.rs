@@ -539,8 +539,7 @@ pub(crate) fn linear_config(
     let n = if silu { rows / 2 } else { rows };
     let config = linear::Config::new(
         dtype,
-        format == QuantFormat::Q8_0,
-        format == QuantFormat::Q4_1,
+        format,
         silu,
         norm,
         residual,
@@ -679,7 +678,8 @@ fn matmul<D: Device, T: ActElem>(
                 k: ki,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(dtype, silu, a, b, c $(, $extra)*).with_warps(warps).with_stages(stages);
+            let config =
+                kk::Config::new(dtype, w.format, silu, a, b, c $(, $extra)*).with_warps(warps).with_stages(stages);
             l.run::<kk::Kernel>($grid, &config, &args)
         }};
     }
@@ -687,22 +687,14 @@ fn matmul<D: Device, T: ActElem>(
         let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
         let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
         let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps, 2);
-        match w.format {
-            QuantFormat::Q4_0 => launch!(gemv, gemv_q4_0, tiles, grid),
-            QuantFormat::Q4_1 => launch!(gemv, gemv_q4_1, tiles, grid),
-            QuantFormat::Q8_0 => launch!(gemv, gemv_q8_0, tiles, grid),
-        }
+        launch!(gemv, gemv, tiles, grid)
     } else {
         // The swapped product needs 16-bit activations and `wgmma`.
         let swap_ok = dtype != DType::F32 && l.dev.wgmma();
         let t = l.dev.gemm_tiles(w.format, m, w.n, w.k, swap_ok);
         let grid = gemm_grid(m, n, silu, t.block_m, t.block_n);
         let tiles = (t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages);
-        match w.format {
-            QuantFormat::Q4_0 => launch!(gemm, gemm_q4_0, tiles, grid, t.swap),
-            QuantFormat::Q4_1 => launch!(gemm, gemm_q4_1, tiles, grid, t.swap),
-            QuantFormat::Q8_0 => launch!(gemm, gemm_q8_0, tiles, grid, t.swap),
-        }
+        launch!(gemm, gemm, tiles, grid, t.swap)
     }
 }
 
@@ -749,18 +741,19 @@ fn gemv_fused<D: Device, T: ActElem>(
                 eps,
                 _marker: PhantomData,
             };
-            let config =
-                kk::Config::new(dtype, silu, norm.is_some(), residual, t.m_block, t.block_n, t.block_k)
-                    .with_warps(t.num_warps);
+            let config = kk::Config::new(
+                dtype,
+                w.format,
+                silu,
+                norm.is_some(),
+                residual,
+                t.m_block,
+                t.block_n,
+                t.block_k,
+            )
+            .with_warps(t.num_warps);
             l.run::<kk::Kernel>(grid, &config, &args)
         }};
     }
-    match (w.format, l.dev.cpu_gemv()) {
-        (QuantFormat::Q4_0, false) => launch!(dequant::fused::gemv_q4_0_fused),
-        (QuantFormat::Q4_1, false) => launch!(dequant::fused::gemv_q4_1_fused),
-        (QuantFormat::Q8_0, false) => launch!(dequant::fused::gemv_q8_0_fused),
-        (QuantFormat::Q4_0, true) => launch!(cpu_gemv::cpu_gemv_q4_0),
-        (QuantFormat::Q4_1, true) => launch!(cpu_gemv::cpu_gemv_q4_1),
-        (QuantFormat::Q8_0, true) => launch!(cpu_gemv::cpu_gemv_q8_0),
-    }
+    if l.dev.cpu_gemv() { launch!(cpu_gemv::cpu_gemv) } else { launch!(dequant::fused::gemv_fused) }
 }

@@ -127,15 +127,6 @@ impl StageTimes {
 /// The persistent grid on the interpreter.
 const INTERP_PROGRAMS: usize = 5;
 
-/// A format's code in the kernel's constexprs.
-fn code(f: QuantFormat) -> usize {
-    match f {
-        QuantFormat::Q4_0 => 0,
-        QuantFormat::Q4_1 => 1,
-        QuantFormat::Q8_0 => 2,
-    }
-}
-
 /// Why this model cannot run the persistent step on `dev`, if it cannot.
 pub(super) fn unsupported<D: Device, T: ActElem>(
     dev: &D,
@@ -188,7 +179,7 @@ pub(crate) fn step_config(
     one_row: bool,
     trace: bool,
 ) -> decode_step::Config {
-    let [f_qkv, f_o, f_gu, f_dn, f_head] = formats.map(code);
+    let [f_qkv, f_o, f_gu, f_dn, f_head] = formats;
     decode_step::Config::new(
         dtype,
         c.n_layers,
