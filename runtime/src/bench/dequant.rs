@@ -50,7 +50,7 @@ use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
-use crate::cuda::device::DevBuf;
+use crate::cuda::DevBuf;
 use crate::cuda::validate::validate_args;
 use crate::error::{Error, Result};
 use dsl_core::DType;
