@@ -209,6 +209,23 @@ impl LoadOptions {
     }
 }
 
+#[cfg(test)]
+impl LoadOptions {
+    /// The bundled model on the native CPU backend for the real-model tests:
+    /// 4 sequences of up to `max_model_len` tokens in `blocks` KV blocks,
+    /// quiet.
+    pub(crate) fn native_test(max_model_len: usize, blocks: usize) -> LoadOptions {
+        LoadOptions {
+            device: DeviceChoice::Cpu,
+            max_num_seqs: 4,
+            max_model_len,
+            max_blocks: Some(blocks),
+            verbose: false,
+            ..LoadOptions::default()
+        }
+    }
+}
+
 /// Loads the model per `opts` and runs `task` on it.
 pub fn run_task<K: EngineTask>(opts: &LoadOptions, task: K) -> Result<K::Output> {
     opts.validate()?;
