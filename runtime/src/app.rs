@@ -9,10 +9,10 @@
 //! command is an [`EngineTask`], a generic function the loader calls with the
 //! concrete engine ([`run_task`]).
 //!
-//! Defaults: f32 activations and KV cache on every device (the model is
-//! small, so decode is bound by the weights and f32 keeps the logits close
-//! to llama.cpp's); `--dtype bf16` halves activation and KV traffic on the
-//! GPU (and runs on the native CPU backend too).
+//! Activation and KV-cache dtype (`--dtype auto`, the default): bf16 on the
+//! GPU (half the activation and KV traffic of f32), f32 on the native CPU
+//! backend and the interpreter; `--dtype f32` or `--dtype bf16` forces one
+//! (the interpreter runs f32 only).
 
 use crate::chat::ChatTemplate;
 use crate::cuda::{CompileProgress, Cuda};
@@ -53,8 +53,8 @@ pub enum DeviceChoice {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DtypeChoice {
     /// bf16 on the GPU, f32 on the CPU backends. Both meet the golden
-    /// parity rules on SmolLM2; bf16 halves the activation and KV traffic
-    /// (batch-1 decode on an H100: 1602 against 1254 tok/s, 2026-11-24).
+    /// parity rules on SmolLM2; bf16 halves the activation and KV traffic,
+    /// which decode on the GPU is bound by.
     Auto,
     /// 32-bit floats.
     F32,
