@@ -16,9 +16,8 @@
 //!   `BLOCK`; tessera pads the tile to the next power of two and masks the
 //!   padding automatically, so `BLOCK` can be the exact row length (1000 here).
 
-use dsl_core::DType;
 use dsl_core::half::bf16;
-use dsl_core::interp::Cpu;
+use dsl_core::interp::{Cpu, Element};
 use dsl_macros::kernel;
 use std::marker::PhantomData;
 
@@ -48,45 +47,43 @@ fn reference(x: &[f64], cols: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Runs the kernel on `x` (`rows` rows of `cols`, stored in `T`) with
+/// `BLOCK = cols` and returns the output widened to f64. The dtype is part
+/// of the config, so each `T` is its own specialization of one kernel.
+fn run<T: Element>(
+    cpu: &mut Cpu,
+    x: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    let config = softmax::Config::new(T::DTYPE, cols);
+    let (xp, out) = (cpu.upload(x), cpu.zeros::<T>(rows * cols));
+    let args = softmax::Args {
+        out_ptr: out.cast(),
+        in_ptr: xp.cast(),
+        n_cols: cols as i32,
+        stride: cols as i32,
+        _marker: PhantomData,
+    };
+    softmax::interpret(cpu, [rows as u32, 1, 1], &config, &args)?;
+    Ok(cpu.read(out).into_iter().map(Element::to_f64).collect())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (rows, cols) = (37, 1000);
     let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 / 125.0) - 4.0 + 1e-3).collect();
-    let grid = [rows as u32, 1, 1];
     let mut cpu = Cpu::new();
 
     // f32 storage, BLOCK = 1000 (padded to 1024 inside the kernel).
-    let config = softmax::Config::new(DType::F32, cols);
-    let (xp, out) = (cpu.upload(&x), cpu.zeros::<f32>(rows * cols));
-    let args = softmax::Args {
-        out_ptr: out.cast(),
-        in_ptr: xp.cast(),
-        n_cols: cols as i32,
-        stride: cols as i32,
-        _marker: PhantomData,
-    };
-    softmax::interpret(&mut cpu, grid, &config, &args)?;
+    let got = run(&mut cpu, &x, rows, cols)?;
     let want = reference(&x.iter().map(|&v| v as f64).collect::<Vec<_>>(), cols);
-    let err32 = cpu.read(out).iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max);
+    let err32 = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f64::max);
 
     // bf16 storage: same kernel, another specialization.
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-    let config = softmax::Config::new(DType::BF16, cols);
-    let (xp, out) = (cpu.upload(&xb), cpu.zeros::<bf16>(rows * cols));
-    let args = softmax::Args {
-        out_ptr: out.cast(),
-        in_ptr: xp.cast(),
-        n_cols: cols as i32,
-        stride: cols as i32,
-        _marker: PhantomData,
-    };
-    softmax::interpret(&mut cpu, grid, &config, &args)?;
+    let got = run(&mut cpu, &xb, rows, cols)?;
     let want = reference(&xb.iter().map(|v| v.to_f64()).collect::<Vec<_>>(), cols);
-    let rel16 = cpu
-        .read(out)
-        .iter()
-        .zip(&want)
-        .map(|(g, w)| (g.to_f64() - w).abs() / w.abs().max(1e-30))
-        .fold(0.0, f64::max);
+    let rel16 = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / w.abs().max(1e-30)).fold(0.0, f64::max);
 
     println!("softmax {rows}x{cols}: f32 max abs error {err32:.2e}, bf16 max relative error {rel16:.2e}");
     if err32 > 1e-6 || rel16 > 1.0 / 128.0 {

@@ -9,10 +9,10 @@
 //! command is an [`EngineTask`], a generic function the loader calls with the
 //! concrete engine ([`run_task`]).
 //!
-//! Defaults: f32 activations and KV cache on every device (the model is
-//! small, so decode is bound by the weights and f32 keeps the logits close
-//! to llama.cpp's); `--dtype bf16` halves activation and KV traffic on the
-//! GPU (and runs on the native CPU backend too).
+//! Activation and KV-cache dtype (`--dtype auto`, the default): bf16 on the
+//! GPU (half the activation and KV traffic of f32), f32 on the native CPU
+//! backend and the interpreter; `--dtype f32` or `--dtype bf16` forces one
+//! (the interpreter runs f32 only).
 
 use crate::chat::ChatTemplate;
 use crate::cuda::{CompileProgress, Cuda};
@@ -53,8 +53,8 @@ pub enum DeviceChoice {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DtypeChoice {
     /// bf16 on the GPU, f32 on the CPU backends. Both meet the golden
-    /// parity rules on SmolLM2; bf16 halves the activation and KV traffic
-    /// (batch-1 decode on an H100: 1602 against 1254 tok/s, 2026-11-24).
+    /// parity rules on SmolLM2; bf16 halves the activation and KV traffic,
+    /// which decode on the GPU is bound by.
     Auto,
     /// 32-bit floats.
     F32,
@@ -206,6 +206,23 @@ impl LoadOptions {
             return bad(format!("--kv-blocks must be 1..={MAX_KV_BLOCKS}, not {b}"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl LoadOptions {
+    /// The bundled model on the native CPU backend for the real-model tests:
+    /// 4 sequences of up to `max_model_len` tokens in `blocks` KV blocks,
+    /// quiet.
+    pub(crate) fn native_test(max_model_len: usize, blocks: usize) -> LoadOptions {
+        LoadOptions {
+            device: DeviceChoice::Cpu,
+            max_num_seqs: 4,
+            max_model_len,
+            max_blocks: Some(blocks),
+            verbose: false,
+            ..LoadOptions::default()
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
+use crate::tokenizer::Detokenizer;
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
@@ -70,6 +71,19 @@ fn summary(done: &[Completion], secs: f64, ctx: &Context) {
     );
 }
 
+/// Streams token `t`: writes the text it completes to `out` at once, or
+/// keeps the detokenization error in `err` (the command returns it after the
+/// run).
+fn echo(detok: &mut Detokenizer<'_>, out: &mut impl Write, err: &mut Option<Error>, t: u32) {
+    match detok.push(t) {
+        Ok(s) => {
+            let _ = write!(out, "{s}");
+            let _ = out.flush();
+        }
+        Err(x) => *err = Some(x),
+    }
+}
+
 impl EngineTask for Generate {
     type Output = Vec<Completion>;
 
@@ -101,13 +115,7 @@ impl EngineTask for Generate {
         let t0 = Instant::now();
         let done = engine.run(dev, requests, |e| {
             if stream && let Some(t) = e.token {
-                match detok.push(t) {
-                    Ok(s) => {
-                        let _ = write!(out, "{s}");
-                        let _ = out.flush();
-                    }
-                    Err(x) => err = Some(x),
-                }
+                echo(&mut detok, &mut out, &mut err, t);
             }
         })?;
         let secs = t0.elapsed().as_secs_f64();
@@ -183,13 +191,7 @@ impl EngineTask for Chat {
             let mut err = None;
             let done = engine.run(dev, vec![req], |e| {
                 if let Some(t) = e.token {
-                    match detok.push(t) {
-                        Ok(s) => {
-                            let _ = write!(out, "{s}");
-                            let _ = out.flush();
-                        }
-                        Err(x) => err = Some(x),
-                    }
+                    echo(&mut detok, &mut out, &mut err, t);
                 }
             })?;
             if let Some(e) = err {

@@ -52,6 +52,20 @@ pub struct Golden {
 }
 
 impl Golden {
+    /// The bundled model's golden file, `runtime/tests/data/smollm2-135m-q4_1.json`
+    /// (tests).
+    #[cfg(test)]
+    pub(crate) fn bundled() -> Golden {
+        let path =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json");
+        Golden::load(&path).unwrap()
+    }
+
+    /// Each case's prompt ids.
+    pub fn prompts(&self) -> Vec<Vec<u32>> {
+        self.cases.iter().map(|c| c.prompt_ids.clone()).collect()
+    }
+
     /// Reads and validates a golden file.
     pub fn load(path: &Path) -> Result<Golden> {
         let text = std::fs::read_to_string(path)
@@ -241,16 +255,11 @@ fn truncate(s: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::{DeviceChoice, LoadOptions, run_task};
-    use std::path::PathBuf;
-
-    fn golden_path() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json")
-    }
+    use crate::app::{LoadOptions, run_task};
 
     #[test]
     fn parses_the_golden_file_and_rejects_broken_ones() {
-        let g = Golden::load(&golden_path()).unwrap();
+        let g = Golden::bundled();
         assert_eq!(g.cases.len(), 4);
         assert!((g.tie_gap - 0.35).abs() < 1e-12);
         let clear: usize = g.cases.iter().map(|c| c.gaps.iter().filter(|&&x| x >= g.tie_gap).count()).sum();
@@ -272,16 +281,8 @@ mod tests {
     /// fetched by `make model`, which `make test` runs first).
     #[test]
     fn smollm2_meets_both_golden_rules_on_the_native_backend() {
-        let opts = LoadOptions {
-            model: PathBuf::from(crate::app::DEFAULT_MODEL),
-            device: DeviceChoice::Cpu,
-            max_num_seqs: 4,
-            max_model_len: 256,
-            max_blocks: Some(32),
-            verbose: false,
-            ..LoadOptions::default()
-        };
-        let golden = Golden::load(&golden_path()).unwrap();
+        let opts = LoadOptions::native_test(256, 32);
+        let golden = Golden::bundled();
         let lens: Vec<usize> = golden.cases.iter().map(|c| c.token_ids.len()).collect();
         let reports = run_task(&opts, Parity { golden, full: true }).unwrap();
         assert_eq!(reports.len(), 4);

@@ -275,7 +275,7 @@ impl Tokenizer {
 
     /// A streaming decoder over this vocabulary.
     pub fn detokenizer(&self, special: bool) -> Detokenizer<'_> {
-        Detokenizer { tokenizer: self, special, pending: Vec::new() }
+        Detokenizer { tokenizer: self, special, utf8: Utf8Stream::default() }
     }
 
     /// The HF `tokenizers` pipeline behind [`Tokenizer::encode`] with
@@ -304,7 +304,7 @@ fn byte_decode(token: &str) -> Vec<u8> {
 pub struct Detokenizer<'t> {
     tokenizer: &'t Tokenizer,
     special: bool,
-    pending: Vec<u8>,
+    utf8: Utf8Stream,
 }
 
 impl Detokenizer<'_> {
@@ -312,14 +312,40 @@ impl Detokenizer<'_> {
     /// empty). Invalid UTF-8 is emitted as U+FFFD as soon as it is known to be
     /// invalid.
     pub fn push(&mut self, id: u32) -> Result<String> {
-        self.pending.extend_from_slice(self.tokenizer.token_bytes(id, self.special)?);
+        Ok(self.utf8.push(self.tokenizer.token_bytes(id, self.special)?))
+    }
+
+    /// Whether bytes of an incomplete character are held back.
+    pub fn has_pending(&self) -> bool {
+        self.utf8.has_pending()
+    }
+
+    /// Ends the stream: held-back bytes (an incomplete character) become U+FFFD.
+    pub fn finish(&mut self) -> String {
+        self.utf8.finish()
+    }
+}
+
+/// Incremental UTF-8 decoding of byte chunks: only whole characters come
+/// out; the bytes of a character split across chunks are held back until it
+/// is complete; invalid bytes become U+FFFD as soon as they are known to be
+/// invalid.
+#[derive(Debug, Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Adds `bytes` and returns the characters now complete.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
         let mut out = String::new();
         loop {
             match std::str::from_utf8(&self.pending) {
                 Ok(s) => {
                     out.push_str(s);
                     self.pending.clear();
-                    return Ok(out);
+                    return out;
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
@@ -328,7 +354,7 @@ impl Detokenizer<'_> {
                         // An incomplete sequence at the end: hold it back.
                         None => {
                             self.pending.drain(..valid);
-                            return Ok(out);
+                            return out;
                         }
                         Some(n) => {
                             out.push(char::REPLACEMENT_CHARACTER);
@@ -345,7 +371,7 @@ impl Detokenizer<'_> {
         !self.pending.is_empty()
     }
 
-    /// Ends the stream: held-back bytes (an incomplete character) become U+FFFD.
+    /// Ends the stream: an incomplete character becomes U+FFFD.
     pub fn finish(&mut self) -> String {
         let out = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();

@@ -1,6 +1,7 @@
 //! `#[kernel]` kernels on the CPU interpreter (through the `Cpu` backend) against
 //! plain f64 references, on random non-zero inputs with ragged sizes.
 
+use crate::common::cases;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -8,10 +9,6 @@ use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::dsl;
 use tests::reference::{self as r, Rng, check_close};
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
 
 proptest! {
     #![proptest_config(cases(24))]

@@ -18,6 +18,7 @@
 //! and the tensor-core kernel's rounding of the weights `p` to bf16 before
 //! `p . v` moves the combination by at most `2^-8 mag`.
 
+use crate::common::{cases, nonzero};
 use dsl_core::DType;
 use dsl_core::interp::{Buffer, Cpu};
 use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
@@ -25,20 +26,6 @@ use kernels::reference::attention::{PagedKv, attend};
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
-
-/// `n` values in `[-2, -1/64] ∪ [1/64, 2]`, rounded to `dtype`.
-fn nonzero(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
-    (0..n)
-        .map(|_| {
-            let m = rng.uniform(1.0 / 64.0, 2.0) as f64;
-            dtype.round_float(if rng.below(2) == 0 { m } else { -m })
-        })
-        .collect()
-}
 
 /// One decode case.
 #[derive(Clone, Copy, Debug)]

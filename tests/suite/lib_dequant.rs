@@ -16,20 +16,18 @@
 //! the output dtype, plus the SiLU propagation bound. Shapes are small: the
 //! interpreter is slow.
 
+use crate::common::cases;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, Element};
 use kernels::dequant::{
-    GEMV_MAX_M, QuantFormat, fused, gemm, gemm_grid, gemv, gemv_grid, gemv_tiles, interleave_gate_up, repack,
+    GEMV_MAX_M, QuantFormat, Repacked, fused, gemm, gemm_grid, gemv, gemv_grid, gemv_tiles,
+    interleave_gate_up, repack,
 };
 use kernels::reference::quant as r;
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
 
 /// A random finite f16 of either sign with exponent in `[lo, hi)`.
 fn f16_value(rng: &mut Rng, lo: i32, hi: i32) -> f16 {
@@ -51,6 +49,26 @@ pub fn gguf_weight(rng: &mut Rng, format: QuantFormat, n: usize, k: usize) -> Ve
         out.extend((0..format.quant_bytes()).map(|_| rng.next_u64() as u8));
     }
     out
+}
+
+/// A random weight `[n, k]` (or the interleaved gate/up pair with `silu`)
+/// with its GGUF bytes (gate, then up).
+pub fn random_weight(
+    rng: &mut Rng,
+    format: QuantFormat,
+    n: usize,
+    k: usize,
+    silu: bool,
+) -> (Repacked, Vec<Vec<u8>>) {
+    let g = gguf_weight(rng, format, n, k);
+    let gr = repack(format, &g, n, k).unwrap();
+    if silu {
+        let u = gguf_weight(rng, format, n, k);
+        let ur = repack(format, &u, n, k).unwrap();
+        (interleave_gate_up(&gr, &ur).unwrap(), vec![g, u])
+    } else {
+        (gr, vec![g])
+    }
 }
 
 /// Activation storage dtypes.
@@ -190,17 +208,9 @@ fn case<T: Act>(
         | Tiles::Swap(_, _, bk)
         | Tiles::StreamK(_, _, bk, _) => bk,
     };
-    let g_raw = gguf_weight(&mut rng, format, n, k);
-    let g = r::gemv(format, &g_raw, n, k, &xf, m);
-    let (weight, up) = if silu {
-        let u_raw = gguf_weight(&mut rng, format, n, k);
-        let gr = repack(format, &g_raw, n, k).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let ur = repack(format, &u_raw, n, k).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let w = interleave_gate_up(&gr, &ur).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        (w, Some(r::gemv(format, &u_raw, n, k, &xf, m)))
-    } else {
-        (repack(format, &g_raw, n, k).map_err(|e| TestCaseError::fail(e.to_string()))?, None)
-    };
+    let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
+    let g = r::gemv(format, &raws[0], n, k, &xf, m);
+    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xf, m));
     let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, m, n, k)
         .map_err(TestCaseError::fail)?;
     // The GEMM rounds its operands to f16 (see `reference::quant`).
@@ -300,14 +310,16 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(cases(24))]
+    #![proptest_config(cases(40))]
 
-    /// GEMM: all formats, both dtypes, ragged M, N and K.
+    /// GEMM, plain and swapped (`SWAP`: weights as the product's `a`,
+    /// activations as its `b`): all formats, both dtypes, ragged M, N and K.
     #[test]
     fn gemm_random(
         format in format_strategy(),
         (bm, bn) in prop_oneof![Just((16usize, 16usize)), Just((16, 32)), Just((32, 16))],
         wide_k in any::<bool>(),
+        swap in any::<bool>(),
         m in 1usize..40,
         n in 1usize..40,
         kb in 1usize..7,
@@ -315,29 +327,8 @@ proptest! {
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let tiles = Tiles::Gemm(bm, bn, if wide_k { 128 } else { 64 });
-        case_dt(bf, seed, format, silu, tiles, m, n, kb)?;
-    }
-}
-
-proptest! {
-    #![proptest_config(cases(16))]
-
-    /// The swapped GEMM (`SWAP`: weights as the product's `a`, activations
-    /// as its `b`): all formats, both dtypes, ragged M, N and K.
-    #[test]
-    fn gemm_swapped_random(
-        format in format_strategy(),
-        (bm, bn) in prop_oneof![Just((16usize, 16usize)), Just((32, 16)), Just((16, 32))],
-        wide_k in any::<bool>(),
-        m in 1usize..40,
-        n in 1usize..40,
-        kb in 1usize..7,
-        silu in any::<bool>(),
-        bf in any::<bool>(),
-        seed in any::<u64>(),
-    ) {
-        let tiles = Tiles::Swap(bm, bn, if wide_k { 128 } else { 64 });
+        let bk = if wide_k { 128 } else { 64 };
+        let tiles = if swap { Tiles::Swap(bm, bn, bk) } else { Tiles::Gemm(bm, bn, bk) };
         case_dt(bf, seed, format, silu, tiles, m, n, kb)?;
     }
 }
@@ -550,17 +541,9 @@ fn fused_case<T: Act>(
         Fuse::Norm => r::rms_normed(&f64s(&x), &f64s(&nw), m, k, eps as f64, T::DTYPE, 1.0),
         Fuse::Residual => f64s(&x),
     };
-    let fail = |e: kernels::dequant::RepackError| TestCaseError::fail(e.to_string());
-    let g_raw = gguf_weight(&mut rng, format, n, k);
-    let g = r::gemv(format, &g_raw, n, k, &xf, m);
-    let (weight, up) = if silu {
-        let u_raw = gguf_weight(&mut rng, format, n, k);
-        let gr = repack(format, &g_raw, n, k).map_err(fail)?;
-        let ur = repack(format, &u_raw, n, k).map_err(fail)?;
-        (interleave_gate_up(&gr, &ur).map_err(fail)?, Some(r::gemv(format, &u_raw, n, k, &xf, m)))
-    } else {
-        (repack(format, &g_raw, n, k).map_err(fail)?, None)
-    };
+    let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
+    let g = r::gemv(format, &raws[0], n, k, &xf, m);
+    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xf, m));
     let got = run_fused::<T>(
         format,
         silu,

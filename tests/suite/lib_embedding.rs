@@ -8,6 +8,7 @@
 //! outputs must equal the exact value and bf16 outputs its rounding: exact
 //! equality with the reference in both.
 
+use crate::common::cases;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, Element};
@@ -16,10 +17,6 @@ use kernels::reference::embedding as r;
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
 
 /// A random Q8_0 table of `vocab` rows: finite f16 scales of random sign and
 /// exponent, random i8 quants.

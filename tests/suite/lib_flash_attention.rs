@@ -26,41 +26,15 @@
 //! contexts), far above the tolerance; `wrong_mask_is_caught` checks that
 //! such a change does fail the comparison.
 
+use crate::common::{Storage, cases, nonzero};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
-use dsl_core::interp::{Cpu, Element};
+use dsl_core::interp::Cpu;
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::reference::attention::{self as r, Attention, PagedKv};
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
-
-/// Storage types of the tests.
-trait Storage: Element {
-    fn from_f64(v: f64) -> Self;
-}
-
-impl Storage for f32 {
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl Storage for bf16 {
-    fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
-    }
-}
-
-impl Storage for f16 {
-    fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
-    }
-}
 
 /// One launch: heads, sequences `(q_len, ctx)`, paging, tiles and mask.
 #[derive(Clone, Debug)]
@@ -88,16 +62,6 @@ struct Inputs {
     max_blocks: usize,
     seq_lens: Vec<i32>,
     cu_seqlens_q: Vec<i32>,
-}
-
-/// `n` values in `[-2, -1/64] ∪ [1/64, 2]`, rounded to `dtype`.
-fn nonzero(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
-    (0..n)
-        .map(|_| {
-            let m = rng.uniform(1.0 / 64.0, 2.0) as f64;
-            dtype.round_float(if rng.below(2) == 0 { m } else { -m })
-        })
-        .collect()
 }
 
 /// Random inputs for `case`: pages of all sequences shuffled over a cache

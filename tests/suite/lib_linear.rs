@@ -14,24 +14,18 @@
 //! - `sum_squares`: within `2^-40` relative of the exact f64 sum, and the
 //!   same bits for any permutation of its inputs and any tile width.
 
-use crate::lib_dequant::{Act, activations, gguf_weight};
+use crate::common::cases;
+use crate::lib_dequant::{Act, activations, random_weight};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::dequant::linear::linear;
-use kernels::dequant::{
-    LinearTiles, QuantFormat, Repacked, interleave_gate_up, linear_grid, linear_tiles, linear_workspace,
-    repack,
-};
+use kernels::dequant::{LinearTiles, QuantFormat, Repacked, linear_grid, linear_tiles, linear_workspace};
 use kernels::reference::quant as r;
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
 
 const EPS: f32 = 1e-5;
 
@@ -101,20 +95,6 @@ fn run<T: Act>(
     Ok(cpu.read(op))
 }
 
-/// A random weight `[n, k]` (or the interleaved gate/up pair with `silu`)
-/// with its GGUF bytes (gate and up).
-fn weight(rng: &mut Rng, format: QuantFormat, n: usize, k: usize, silu: bool) -> (Repacked, Vec<Vec<u8>>) {
-    let g = gguf_weight(rng, format, n, k);
-    let gr = repack(format, &g, n, k).unwrap();
-    if silu {
-        let u = gguf_weight(rng, format, n, k);
-        let ur = repack(format, &u, n, k).unwrap();
-        (interleave_gate_up(&gr, &ur).unwrap(), vec![g, u])
-    } else {
-        (gr, vec![g])
-    }
-}
-
 /// One accuracy case against the f64 reference.
 #[allow(clippy::too_many_arguments)]
 fn accuracy_case<T: Act>(
@@ -130,7 +110,7 @@ fn accuracy_case<T: Act>(
     let mut rng = Rng::new(seed);
     let x = activations::<T>(&mut rng, m * k);
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-    let (w, raws) = weight(&mut rng, format, n, k, silu);
+    let (w, raws) = random_weight(&mut rng, format, n, k, silu);
     let fuse = if silu { Fuse::Silu } else { Fuse::None };
     let out0 = vec![T::from_f32(0.0); m * n];
     let got =
@@ -214,7 +194,7 @@ fn batch_invariance<T: Act>() {
             for f16_ops in [false, true] {
                 let mut rng = Rng::new(11 + si as u64);
                 let silu = fuse == Fuse::Silu;
-                let (w, _) = weight(&mut rng, format, n, k, silu);
+                let (w, _) = random_weight(&mut rng, format, n, k, silu);
                 let x = activations::<T>(&mut rng, 64 * k);
                 let res = activations::<T>(&mut rng, 64 * n);
                 let go = |m: usize, tiles: (usize, usize, bool)| {
@@ -259,7 +239,7 @@ fn fusions<T: Act>() {
     for format in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
         for f16_ops in [false, true] {
             let mut rng = Rng::new(5);
-            let (w, _) = weight(&mut rng, format, n, k, false);
+            let (w, _) = random_weight(&mut rng, format, n, k, false);
             let x = activations::<T>(&mut rng, k);
             let nw = activations::<T>(&mut rng, k);
             let res = activations::<T>(&mut rng, n);

@@ -11,6 +11,7 @@
 //! one rounding to the output dtype); one wrong product is off by up to 4,
 //! far outside it.
 
+use crate::common::cases;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, Element};
 use kernels::matmul::{CONFIGS, TileConfig, grid, half_matmul};
@@ -18,10 +19,6 @@ use kernels::reference::matmul as r;
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
 
 /// Half-precision storage types.
 trait Half: Element {

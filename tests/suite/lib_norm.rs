@@ -7,7 +7,7 @@
 //! bf16 one unit of the final rounding (1/128 relative). The residual `h` of
 //! add+RMSNorm is one rounding of an f32 sum, so it must match exactly.
 
-use dsl_core::DType;
+use crate::common::{Storage, cases, tol};
 use dsl_core::half::bf16;
 use dsl_core::interp::{Cpu, Element};
 use kernels::reference::norm as r;
@@ -16,44 +16,18 @@ use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::{Rng, check_close};
 
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
-
 const EPS: f32 = 1e-5;
 
 /// Relative error allowed in the kernel's f32 `rstd` when deciding which way
 /// the intermediate rounding of add+RMSNorm may go.
 const RSTD_DELTA: f64 = 1e-5;
 
-/// Storage types of the tests.
-trait Storage: Element {
-    fn from_f32(v: f32) -> Self;
-}
-
-impl Storage for f32 {
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-}
-
-impl Storage for bf16 {
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-}
-
-/// `(atol, rtol)` of outputs stored in `dtype`.
-fn tol(dtype: DType) -> (f64, f64) {
-    if dtype == DType::BF16 { (1e-6, 1.0 / 128.0) } else { (1e-6, 1e-5) }
-}
-
 /// Non-zero values with magnitudes in `[1/64, hi)`, as stored in `T`.
 fn values<T: Storage>(rng: &mut Rng, n: usize, hi: f32) -> Vec<T> {
     (0..n)
         .map(|_| {
             let m = rng.uniform(1.0 / 64.0, hi);
-            T::from_f32(if rng.next_u64() & 1 == 0 { m } else { -m })
+            T::from_f64(f64::from(if rng.next_u64() & 1 == 0 { m } else { -m }))
         })
         .collect()
 }

@@ -18,19 +18,16 @@
 //!   then the quantization rule bit for bit, on ragged rows with a row
 //!   stride, and stays within half a step of the f64 RMSNorm.
 
-use super::lib_dequant::{Act, activations, gguf_weight};
+use super::lib_dequant::{Act, activations, gguf_weight, random_weight};
+use crate::common::cases;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
-use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
+use kernels::dequant::{QuantFormat, gemv_grid};
 use kernels::reference::quant as r;
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
 
 /// Quantizes `x[m, k]` with the kernel; returns the quants and block scales.
 fn quantize<T: Act>(x: &[T], m: usize, k: usize, block: usize) -> Result<(Vec<i8>, Vec<f32>), String> {
@@ -127,17 +124,9 @@ fn gemv_case<T: Act>(
     let (xq, xd) = r::quantize_q8(&xf, k);
     let xhat = r::dequantize_q8(&xq, &xd);
     let fail = |e: String| TestCaseError::fail(e);
-    let g_raw = gguf_weight(&mut rng, format, n, k);
-    let g = r::gemv(format, &g_raw, n, k, &xhat, m);
-    let (weight, up) = if silu {
-        let u_raw = gguf_weight(&mut rng, format, n, k);
-        let gr = repack(format, &g_raw, n, k).map_err(|e| fail(e.to_string()))?;
-        let ur = repack(format, &u_raw, n, k).map_err(|e| fail(e.to_string()))?;
-        let w = interleave_gate_up(&gr, &ur).map_err(|e| fail(e.to_string()))?;
-        (w, Some(r::gemv(format, &u_raw, n, k, &xhat, m)))
-    } else {
-        (repack(format, &g_raw, n, k).map_err(|e| fail(e.to_string()))?, None)
-    };
+    let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
+    let g = r::gemv(format, &raws[0], n, k, &xhat, m);
+    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xhat, m));
     let got = gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, m, n, k).map_err(fail)?;
     for (i, &got_i) in got.iter().enumerate() {
         let eg = r::error_bound_q8(format, k, t.block_k, g.abs[i]);
@@ -158,10 +147,10 @@ fn gemv_case<T: Act>(
     }
     // Against the unquantized activations: within half a step per value.
     if !silu {
-        let exact = r::gemv(format, &g_raw, n, k, &xf.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), m);
+        let exact = r::gemv(format, &raws[0], n, k, &xf.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), m);
         for (i, &got_i) in got.iter().enumerate() {
             let (row, col) = (i / n, i % n);
-            let (w, _) = r::dequant_row(format, &g_raw, k, col);
+            let (w, _) = r::dequant_row(format, &raws[0], k, col);
             let xrow: Vec<f64> = xf[row * k..(row + 1) * k].iter().map(|&v| f64::from(v)).collect();
             let bound = r::q8_activation_bound(&w, &xrow, &xd[row * k / 32..(row + 1) * k / 32])
                 + 2.0 * r::error_bound_q8(format, k, t.block_k, g.abs[i])

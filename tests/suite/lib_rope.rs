@@ -12,6 +12,7 @@
 //! error of its f32 angle (which grows with the position); bf16 adds one unit
 //! of the final rounding, `|want| / 128`. V is a copy: exact.
 
+use crate::common::{Storage, cases, nonzero};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -20,20 +21,6 @@ use kernels::rope::rope_kv_write;
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
-
-/// `n` values in `[-2, -1/64] ∪ [1/64, 2]`, rounded to `dtype`.
-fn nonzero(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
-    (0..n)
-        .map(|_| {
-            let m = rng.uniform(1.0 / 64.0, 2.0) as f64;
-            dtype.round_float(if rng.below(2) == 0 { m } else { -m })
-        })
-        .collect()
-}
 
 /// Per-element tolerances of rotated heads: `x` holds `heads` heads of `d`
 /// elements per token (token stride `stride`, offset `off` into the row).
@@ -73,6 +60,43 @@ fn check(what: &str, got: &[f64], want: &[f64], tol: &[f64]) -> Result<(), TestC
     Ok(())
 }
 
+/// The inputs of one launch: QKV rows, positions, slots, K and V caches.
+type Inputs<'a> = (&'a [f64], &'a [i32], &'a [i32], &'a [f64], &'a [f64]);
+
+/// The outputs of one launch: Q, the K cache and the V cache.
+type Outputs = (Vec<f64>, Vec<f64>, Vec<f64>);
+
+/// `(q, k cache, v cache)` after `rope_kv_write` on the interpreter, with
+/// activations and caches stored in `T`.
+fn interpret<T: Storage>(
+    (qkv, positions, slots, k_init, v_init): Inputs<'_>,
+    shape: RopeShape,
+    theta: f64,
+) -> Result<Outputs, TestCaseError> {
+    let RopeShape { n_q, n_kv, head_dim: d } = shape;
+    let tokens = positions.len();
+    let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
+    let mut cpu = Cpu::new();
+    let (pp, sp) = (cpu.upload(positions), cpu.upload(slots));
+    let (xp, qp) = (cpu.upload(&store(qkv)), cpu.zeros::<T>(tokens * n_q * d));
+    let (kp, vp) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
+    let args = rope_kv_write::Args {
+        qkv_ptr: xp.cast(),
+        pos_ptr: pp,
+        slot_ptr: sp,
+        q_out_ptr: qp.cast(),
+        k_cache_ptr: kp.cast(),
+        v_cache_ptr: vp.cast(),
+        theta: theta as f32,
+        _marker: PhantomData,
+    };
+    let config = rope_kv_write::Config::new(T::DTYPE, n_q, n_kv, d);
+    rope_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
+    Ok((f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp))))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_case(
     tokens: usize,
@@ -102,47 +126,10 @@ fn run_case(
     let (mut k_want, mut v_want) = (k_init.clone(), v_init.clone());
     let q_want = r::rope_kv_write(&qkv, &positions, &slots, theta, shape, dtype, &mut k_want, &mut v_want);
 
-    let mut cpu = Cpu::new();
-    let config = rope_kv_write::Config::new(dtype, n_q, n_kv, d);
-    let grid = [tokens as u32, 1, 1];
-    let (pp, sp) = (cpu.upload(&positions), cpu.upload(&slots));
-    let (q_got, k_got, v_got): (Vec<f64>, Vec<f64>, Vec<f64>) = if bf {
-        let h = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>();
-        let (xp, qp) = (cpu.upload(&h(&qkv)), cpu.zeros::<bf16>(tokens * n_q * d));
-        let (kp, vp) = (cpu.upload(&h(&k_init)), cpu.upload(&h(&v_init)));
-        let args = rope_kv_write::Args {
-            qkv_ptr: xp.cast(),
-            pos_ptr: pp,
-            slot_ptr: sp,
-            q_out_ptr: qp.cast(),
-            k_cache_ptr: kp.cast(),
-            v_cache_ptr: vp.cast(),
-            theta: theta as f32,
-            _marker: PhantomData,
-        };
-        rope_kv_write::interpret(&mut cpu, grid, &config, &args)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let f = |v: Vec<bf16>| v.iter().map(|x| x.to_f64()).collect();
-        (f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp)))
-    } else {
-        let s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
-        let (xp, qp) = (cpu.upload(&s(&qkv)), cpu.zeros::<f32>(tokens * n_q * d));
-        let (kp, vp) = (cpu.upload(&s(&k_init)), cpu.upload(&s(&v_init)));
-        let args = rope_kv_write::Args {
-            qkv_ptr: xp.cast(),
-            pos_ptr: pp,
-            slot_ptr: sp,
-            q_out_ptr: qp.cast(),
-            k_cache_ptr: kp.cast(),
-            v_cache_ptr: vp.cast(),
-            theta: theta as f32,
-            _marker: PhantomData,
-        };
-        rope_kv_write::interpret(&mut cpu, grid, &config, &args)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let f = |v: Vec<f32>| v.iter().map(|&x| x as f64).collect();
-        (f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp)))
-    };
+    let inputs =
+        (qkv.as_slice(), positions.as_slice(), slots.as_slice(), k_init.as_slice(), v_init.as_slice());
+    let (q_got, k_got, v_got) =
+        if bf { interpret::<bf16>(inputs, shape, theta)? } else { interpret::<f32>(inputs, shape, theta)? };
 
     // Q: every token.
     for (t, &pos) in positions.iter().enumerate() {

@@ -37,6 +37,7 @@
 //! - `penalties_match_reference`, `token_counts_add_matches_reference`: exact
 //!   (bitwise) equality; slots permuted, some negative; sparse random counts.
 
+use crate::common::cases;
 use dsl_core::interp::Cpu;
 use kernels::reference::sampling::{self as r, RowParams};
 use kernels::sampling::{penalties, sample, token_counts_add};
@@ -46,10 +47,6 @@ use tests::reference::Rng;
 
 /// The relative margin above which the kernel must agree exactly.
 const MARGIN: f64 = 1e-5;
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
 
 /// The kernel's outputs for a batch.
 struct Out {

@@ -8,40 +8,14 @@
 //! rounding (1/128 relative). Masked columns and the gaps between rows must be
 //! exactly 0, and nothing may be NaN.
 
-use dsl_core::DType;
+use crate::common::{Storage, cases, tol};
 use dsl_core::half::bf16;
-use dsl_core::interp::{Cpu, Element};
+use dsl_core::interp::Cpu;
 use kernels::reference::softmax as r;
 use kernels::softmax::softmax_online;
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::{Rng, check_close};
-
-fn cases(n: u32) -> ProptestConfig {
-    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
-}
-
-/// Storage types of the tests.
-trait Storage: Element {
-    fn from_f32(v: f32) -> Self;
-}
-
-impl Storage for f32 {
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-}
-
-impl Storage for bf16 {
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-}
-
-/// `(atol, rtol)` of outputs stored in `dtype`.
-fn tol(dtype: DType) -> (f64, f64) {
-    if dtype == DType::BF16 { (1e-6, 1.0 / 128.0) } else { (1e-6, 1e-5) }
-}
 
 /// One case: `rows x cols` with row stride `stride`, chunk `block`.
 fn case<T: Storage>(
@@ -51,7 +25,7 @@ fn case<T: Storage>(
     causal: Option<i32>,
 ) -> Result<(), TestCaseError> {
     let mut rng = Rng::new(seed);
-    let x: Vec<T> = (0..rows * stride).map(|_| T::from_f32(rng.uniform(-4.0, 4.0))).collect();
+    let x: Vec<T> = (0..rows * stride).map(|_| T::from_f64(f64::from(rng.uniform(-4.0, 4.0)))).collect();
     let x64: Vec<f64> =
         (0..rows).flat_map(|i| x[i * stride..i * stride + cols].iter().map(|v| v.to_f64())).collect();
     let mut cpu = Cpu::new();

@@ -1,5 +1,6 @@
 //! The cross-crate test suite, one binary (linking is slow once codegen links LLVM).
 
+mod common;
 mod diagnostics;
 mod interp_macro;
 mod ir_snapshots;

@@ -25,7 +25,7 @@
 //! first launch of a specialization compiles and loads it, which must stay
 //! out of the timed events) and at most 10 timed runs.
 
-use crate::bench::{BenchOptions, Record, time_median_ms};
+use crate::bench::{BenchOptions, Record, pick_config, time_median_ms};
 use crate::check::Rng;
 use crate::cuda::Cuda;
 use crate::error::Result;
@@ -89,14 +89,8 @@ fn attention_record(
         _marker: PhantomData,
     };
     let grid_of = |c: &flash_attention::Config| grid(L, B, h, c.BLOCK_M);
-    let (config, tuned) = if tuned {
-        let config = cuda.run_tuned::<flash_attention::Kernel>(grid_of, &base, &args)?;
-        let words =
-            crate::cuda::autotune::describe_config(&flash_attention::autotune_configs(&base), &config);
-        (config, Some(words))
-    } else {
-        (base, None)
-    };
+    let (config, tuned) =
+        pick_config::<flash_attention::Kernel>(cuda, tuned, grid_of, (&base, base.clone()), &args)?;
     let g = grid_of(&config);
     let launch = |c: &mut Cuda| c.run::<flash_attention::Kernel>(g, &config, &args);
     let ms = time_median_ms(cuda, opts.warmup.clamp(1, 2), opts.runs.clamp(1, 10), launch)?;

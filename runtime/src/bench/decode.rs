@@ -9,7 +9,7 @@
 //! `[streams]` run the per-lane-stream kernel (`paged_decode`, what f32
 //! caches use) on the same bf16 inputs, for comparison.
 
-use crate::bench::{BenchOptions, Record, time_median_ms};
+use crate::bench::{BenchOptions, Record, pick_config, time_median_ms};
 use crate::check::Rng;
 use crate::cuda::Cuda;
 use crate::error::Result;
@@ -104,16 +104,16 @@ fn decode_record(
     let st_base = paged_decode::Config::new(DType::BF16, hkv, group, hd, PAGE, 16, split);
     let (tc_config, st_config, tuned) = match (tc, tuned) {
         (true, true) => {
-            let config = cuda.run_tuned::<paged_decode_tc::Kernel>(|_| grid, &tc_base, &tc_args)?;
-            let words =
-                crate::cuda::autotune::describe_config(&paged_decode_tc::autotune_configs(&tc_base), &config);
-            (config, st_base, Some(words))
+            let untuned = tc_base.clone();
+            let (config, words) =
+                pick_config::<paged_decode_tc::Kernel>(cuda, true, |_| grid, (&tc_base, untuned), &tc_args)?;
+            (config, st_base, words)
         }
         (false, true) => {
-            let config = cuda.run_tuned::<paged_decode::Kernel>(|_| grid, &st_base, &st_args)?;
-            let words =
-                crate::cuda::autotune::describe_config(&paged_decode::autotune_configs(&st_base), &config);
-            (tc_base, config, Some(words))
+            let untuned = st_base.clone();
+            let (config, words) =
+                pick_config::<paged_decode::Kernel>(cuda, true, |_| grid, (&st_base, untuned), &st_args)?;
+            (tc_base, config, words)
         }
         (_, false) => (tc_base, st_base.with_warps(8), None),
     };

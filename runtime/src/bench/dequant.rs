@@ -28,7 +28,7 @@
 //!   960), `gate_up_norm_silu` (N 1536 outputs of 3072 rows), `o_residual`
 //!   and `down_residual` (residual epilogue), and `lm_head_norm` (Q8_0, N
 //!   49152, final norm). Compare with the plain rows of the same shapes: the
-//!   difference is the fusion's cost, against the 3-4 us launch it removes.
+//!   difference is the fusion's cost, against the launch it removes.
 //!
 //! Untuned rows use `gemv_tiles` / `gemm_tiles`; with `--autotune` each is
 //! followed by a row measured with the config `Cuda::run_tuned` picks from
@@ -46,11 +46,11 @@
 //! autotuner times that way, so its medians and these rows can still differ
 //! by a few microseconds on the smallest shapes.
 
-use crate::bench::{BenchOptions, Record};
+use crate::bench::{BenchOptions, Record, pick_config};
 use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
-use crate::cuda::device::DevBuf;
+use crate::cuda::DevBuf;
 use crate::cuda::validate::validate_args;
 use crate::error::{Error, Result};
 use dsl_core::DType;
@@ -234,13 +234,8 @@ fn measure(
         let t = gemv_tiles(QuantFormat::Q4_1, m, n, k);
         let base = gemv::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.m_block, t.block_n, t.block_k);
         let grid_of = |c: &gemv::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
-        let (config, words) = if tuned {
-            let c = cuda.run_tuned::<gemv::Kernel>(grid_of, &base, &args)?;
-            let words = crate::cuda::autotune::describe_config(&gemv::autotune_configs(&base), &c);
-            (c, Some(words))
-        } else {
-            (base.with_warps(t.num_warps), None)
-        };
+        let untuned = base.clone().with_warps(t.num_warps);
+        let (config, words) = pick_config::<gemv::Kernel>(cuda, tuned, grid_of, (&base, untuned), &args)?;
         let grid = grid_of(&config);
         let ms = time_launch_ms::<gemv::Kernel>(cuda, opts, grid, &config, &args)?;
         Ok((ms, words))
@@ -273,13 +268,8 @@ fn measure(
             gemm::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k, t.swap)
                 .with_stages(t.num_stages);
         let grid_of = |c: &gemm::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
-        let (config, words) = if tuned {
-            let c = cuda.run_tuned::<gemm::Kernel>(grid_of, &base, &args)?;
-            let words = crate::cuda::autotune::describe_config(&gemm::autotune_configs(&base), &c);
-            (c, Some(words))
-        } else {
-            (base.with_warps(t.num_warps), None)
-        };
+        let untuned = base.clone().with_warps(t.num_warps);
+        let (config, words) = pick_config::<gemm::Kernel>(cuda, tuned, grid_of, (&base, untuned), &args)?;
         let grid = grid_of(&config);
         let ms = time_launch_ms::<gemm::Kernel>(cuda, opts, grid, &config, &args)?;
         Ok((ms, words))
@@ -320,13 +310,12 @@ fn measure_stream_k(
             .with_warps(t.num_warps)
             .with_stages(t.num_stages);
     let grid = [g, 1, 1];
-    let (config, words) = if tuned {
-        let c = cuda.run_tuned::<gemm_stream_k::Kernel>(|_| grid, &base, &args)?;
-        let words = crate::cuda::autotune::describe_config(&gemm_stream_k::autotune_configs(&base), &c);
-        (c, Some(format!("stream-K on {g} programs, {words}")))
-    } else {
-        (base, Some(format!("stream-K on {g} programs")))
-    };
+    let (config, words) =
+        pick_config::<gemm_stream_k::Kernel>(cuda, tuned, |_| grid, (&base, base.clone()), &args)?;
+    let words = Some(match words {
+        Some(words) => format!("stream-K on {g} programs, {words}"),
+        None => format!("stream-K on {g} programs"),
+    });
     let ms = time_launch_ms::<gemm_stream_k::Kernel>(cuda, opts, grid, &config, &args)?;
     Ok((ms, words))
 }

@@ -18,7 +18,7 @@ use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
-use crate::model::layers::linear_config;
+use crate::model::products::linear_config;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::dequant::linear::linear;

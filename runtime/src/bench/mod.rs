@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::half::bf16;
+use dsl_core::launch::Kernel;
 use kernels::copy::copy;
 use kernels::rmsnorm::{add_rmsnorm, block_for, warps_for};
 use kernels::softmax::{softmax, softmax_warps};
@@ -203,14 +204,9 @@ fn softmax_record<T: ActElem>(
         _marker: PhantomData,
     };
     let grid = [rows as u32, 1, 1];
-    let (config, tuned) = if tuned {
-        let base = softmax::Config::new(T::DEVICE_DTYPE, block);
-        let config = cuda.run_tuned::<softmax::Kernel>(|_| grid, &base, &args)?;
-        let words = crate::cuda::autotune::describe_config(&softmax::autotune_configs(&base), &config);
-        (config, Some(words))
-    } else {
-        (softmax::Config::new(T::DEVICE_DTYPE, block).with_warps(softmax_warps(block)), None)
-    };
+    let base = softmax::Config::new(T::DEVICE_DTYPE, block);
+    let untuned = base.clone().with_warps(softmax_warps(block));
+    let (config, tuned) = pick_config::<softmax::Kernel>(cuda, tuned, |_| grid, (&base, untuned), &args)?;
     let ms = measure(cuda, opts, |c| c.run::<softmax::Kernel>(grid, &config, &args))?;
     let bytes = 2.0 * n as f64 * T::DEVICE_DTYPE.size_bytes() as f64;
     Ok(Record {
@@ -220,6 +216,24 @@ fn softmax_record<T: ActElem>(
         ms,
         tuned,
     })
+}
+
+/// The config a row measures `K` with: `untuned`, or with `tuned` the one
+/// [`Cuda::run_tuned`] picks among `K`'s declared configs around `base`,
+/// with those words for the row's `tuned` column.
+pub fn pick_config<'a, K: Kernel>(
+    cuda: &mut Cuda,
+    tuned: bool,
+    grid_of: impl Fn(&K::Config) -> [u32; 3],
+    (base, untuned): (&K::Config, K::Config),
+    args: &K::Args<'a, Cuda>,
+) -> Result<(K::Config, Option<String>)> {
+    if !tuned {
+        return Ok((untuned, None));
+    }
+    let config = cuda.run_tuned::<K>(grid_of, base, args)?;
+    let words = crate::cuda::autotune::describe_config(&K::autotune_configs(base), &config);
+    Ok((config, Some(words)))
 }
 
 /// Measures add+RMSNorm on `tokens x hidden` in bf16 (peers.py's
@@ -251,14 +265,9 @@ fn add_rmsnorm_record(
         _marker: PhantomData,
     };
     let grid = [tokens as u32, 1, 1];
-    let (config, tuned) = if tuned {
-        let base = add_rmsnorm::Config::new(DType::BF16, block);
-        let config = cuda.run_tuned::<add_rmsnorm::Kernel>(|_| grid, &base, &args)?;
-        let words = crate::cuda::autotune::describe_config(&add_rmsnorm::autotune_configs(&base), &config);
-        (config, Some(words))
-    } else {
-        (add_rmsnorm::Config::new(DType::BF16, block).with_warps(warps_for(block)), None)
-    };
+    let base = add_rmsnorm::Config::new(DType::BF16, block);
+    let untuned = base.clone().with_warps(warps_for(block));
+    let (config, tuned) = pick_config::<add_rmsnorm::Kernel>(cuda, tuned, |_| grid, (&base, untuned), &args)?;
     let ms = measure(cuda, opts, |c| c.run::<add_rmsnorm::Kernel>(grid, &config, &args))?;
     let (metric, value) =
         if tokens == 1 { ("us", ms * 1e3) } else { ("TB/s", 4.0 * n as f64 * 2.0 / ms / 1e9) };

@@ -19,9 +19,9 @@
 //! Each engine first runs a short untimed request whose prompt repeats a
 //! pattern (so verification rows run and their kernels are compiled), then
 //! every workload once untimed (it reaches batch buckets, CUDA-graph
-//! captures and kernel specializations the short request does not: compiling
-//! those inside a timed run of a fraction of a second made one 2026-11-24
-//! measurement 0.30x), then the timed pass. Each configuration loads a fresh
+//! captures and kernel specializations the short request does not, whose
+//! compilation inside a timed run of a fraction of a second would dominate
+//! it), then the timed pass. Each configuration loads a fresh
 //! engine and runs the same passes, so prefix-cache state is equal (the
 //! timed pass finds its prompts cached in every configuration).
 

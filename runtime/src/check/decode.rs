@@ -16,9 +16,8 @@
 //! longer than one pass of all threads); max, argmax and the broadcasts are
 //! exact, sums within `F32_SUM`.
 
-use crate::check::DevicePtr;
 use crate::check::{
-    CheckRow, EXACT, F32_SUM, Rng, Tol, outcome, to_f64, unit_roundoff, upload_both, zeros_both,
+    CheckRow, DevicePtr, EXACT, F32_SUM, Rng, Tol, compare_each, outcome, to_f64, unit_roundoff,
 };
 use crate::error::Result;
 use crate::model::ActElem;
@@ -187,29 +186,14 @@ fn launch<'a, B: Backend + 'a>(
     Ok(())
 }
 
-/// Runs case `c` with kernel `v` on the device and in the interpreter, on the
-/// same fresh [`inputs`]: returns them with both outputs.
-fn run_case<T: ActElem, D: Device>(
-    dev: &mut D,
-    rng: &mut Rng,
-    c: &Case,
-    v: Variant,
-) -> Result<(Inputs<T>, Vec<T>, Vec<T>)> {
-    let inp = inputs::<T>(rng, c);
+/// The output of case `c` with kernel `v` on `dev` for inputs `inp`.
+fn decode_on<T: ActElem, D: Device>(dev: &mut D, inp: &Inputs<T>, c: &Case, v: Variant) -> Result<Vec<T>> {
     let parts = c.batch * c.h_kv * inp.splits * c.group;
-    let mut cpu = Cpu::new();
-    let ((qd, qc), (kd, kc), (vd, vc)) = (
-        upload_both(dev, &mut cpu, &inp.q)?,
-        upload_both(dev, &mut cpu, &inp.k)?,
-        upload_both(dev, &mut cpu, &inp.v)?,
-    );
-    let ((bd, bc), (sd, sc)) =
-        (upload_both(dev, &mut cpu, &inp.tables)?, upload_both(dev, &mut cpu, &inp.ctx)?);
-    let (od, oc) = zeros_both::<T, _>(dev, &mut cpu, c.batch * c.h_kv * c.group * c.head_dim)?;
-    let (pod, poc) = zeros_both::<f32, _>(dev, &mut cpu, parts * c.head_dim)?;
-    let (pmd, pmc) = zeros_both::<f32, _>(dev, &mut cpu, parts)?;
-    let (pld, plc) = zeros_both::<f32, _>(dev, &mut cpu, parts)?;
-    let shape = (inp.max_pages, inp.split_len, inp.splits);
+    let (qd, kd, vd) = (dev.upload(&inp.q)?, dev.upload(&inp.k)?, dev.upload(&inp.v)?);
+    let (bd, sd) = (dev.upload(&inp.tables)?, dev.upload(&inp.ctx)?);
+    let od = dev.zeros::<T>(c.batch * c.h_kv * c.group * c.head_dim)?;
+    let (pod, pmd, pld) =
+        (dev.zeros::<f32>(parts * c.head_dim)?, dev.zeros::<f32>(parts)?, dev.zeros::<f32>(parts)?);
     let side = Side::<D> {
         q: dev.ptr(&qd)?,
         k: dev.ptr(&kd)?,
@@ -221,20 +205,21 @@ fn run_case<T: ActElem, D: Device>(
         part_m: dev.ptr(&pmd)?,
         part_l: dev.ptr(&pld)?,
     };
-    launch(dev, &side, c, v, T::DEVICE_DTYPE, shape)?;
-    let host = Side::<Cpu> {
-        q: qc.cast(),
-        k: kc.cast(),
-        v: vc.cast(),
-        tables: bc,
-        ctx: sc,
-        out: oc.cast(),
-        part_o: poc,
-        part_m: pmc,
-        part_l: plc,
-    };
-    launch(&mut cpu, &host, c, v, T::DEVICE_DTYPE, shape)?;
-    let (got, interp) = (dev.download(&od)?, cpu.read(oc));
+    launch(dev, &side, c, v, T::DEVICE_DTYPE, (inp.max_pages, inp.split_len, inp.splits))?;
+    dev.download(&od)
+}
+
+/// Runs case `c` with kernel `v` on the device and in the interpreter, on the
+/// same fresh [`inputs`]: returns them with both outputs.
+fn run_case<T: ActElem, D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    c: &Case,
+    v: Variant,
+) -> Result<(Inputs<T>, Vec<T>, Vec<T>)> {
+    let inp = inputs::<T>(rng, c);
+    let got = decode_on(dev, &inp, c, v)?;
+    let interp = decode_on(&mut Cpu::new(), &inp, c, v)?;
     Ok((inp, got, interp))
 }
 
@@ -330,16 +315,10 @@ fn decode_tc_case<T: ActElem, D: Device>(
     let q64 = to_f64(&q);
     let ut = unit_roundoff(T::DEVICE_DTYPE);
     let split = if c.split_len.is_some() { format!("split{split_len}") } else { "direct".into() };
-    let mut row = CheckRow {
-        kernel: "paged_decode_tc".into(),
-        shape: format!("{}/s{stages}/{split}", shape_of(&c)),
-        dtype: T::DEVICE_DTYPE,
-        max_abs: 0.0,
-        max_rel: 0.0,
-        pass: true,
-    };
+    let shape = format!("{}/s{stages}/{split}", shape_of(&c));
     let scale = 1.0 / (d as f32).sqrt();
     let per = n_q * d;
+    let (mut want, mut bound) = (Vec::with_capacity(got.len()), Vec::with_capacity(got.len()));
     for b in 0..c.batch {
         let n = ctx[b].max(0) as usize;
         let table = &tables[b * max_pages..(b + 1) * max_pages];
@@ -353,21 +332,14 @@ fn decode_tc_case<T: ActElem, D: Device>(
             f64::from(scale),
             false,
         );
-        for e in 0..per {
-            let (g, w, i) = (got[b * per + e], exact.out[e], interp[b * per + e]);
-            let bound = exact.error_bound(e, d, n + 8 * splits, ut);
-            let diff = (g - w).abs();
-            let diff = if diff.is_nan() { f64::INFINITY } else { diff };
-            row.max_abs = row.max_abs.max(diff);
-            if w != 0.0 {
-                row.max_rel = row.max_rel.max(diff / w.abs());
-            }
-            let vs_interp = (g - i).abs();
-            if diff > bound || vs_interp.is_nan() || vs_interp > 2.0 * bound {
-                row.pass = false;
-            }
-        }
+        bound.extend((0..per).map(|e| exact.error_bound(e, d, n + 8 * splits, ut)));
+        want.extend(exact.out);
     }
+    // Within the bound of the exact value, and within twice it of the interpreter.
+    let dtype = T::DEVICE_DTYPE;
+    let mut row = compare_each("paged_decode_tc", shape.clone(), dtype, &got, &want, &bound);
+    let twice: Vec<f64> = bound.iter().map(|b| 2.0 * b).collect();
+    row.pass &= compare_each("paged_decode_tc", shape, dtype, &got, &interp, &twice).pass;
     Ok(row)
 }
 
@@ -401,6 +373,37 @@ pub fn paged_decode_tc<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow
     Ok(out)
 }
 
+/// The outputs of `row_stats`: per-row sums, maxima and argmaxima, and `y`.
+type RowStats = (Vec<f32>, Vec<f32>, Vec<i32>, Vec<f32>);
+
+/// `row_stats` of `x` (rows of `bias.len()` columns) with `(BR, BC)` tiles on `dev`.
+fn row_stats_on<D: Device>(
+    dev: &mut D,
+    x: &[f32],
+    bias: &[f32],
+    (br, bc): (usize, usize),
+    warps: u32,
+) -> Result<RowStats> {
+    let (cols, rows) = (bias.len(), x.len() / bias.len());
+    let (xd, bd) = (dev.upload(x)?, dev.upload(bias)?);
+    let (sd, md, ad) = (dev.zeros::<f32>(rows)?, dev.zeros::<f32>(rows)?, dev.zeros::<i32>(rows)?);
+    let yd = dev.zeros::<f32>(rows * cols)?;
+    let args = row_stats::Args {
+        x_ptr: dev.ptr(&xd)?,
+        bias_ptr: dev.ptr(&bd)?,
+        sums_ptr: dev.ptr(&sd)?,
+        maxs_ptr: dev.ptr(&md)?,
+        args_ptr: dev.ptr(&ad)?,
+        y_ptr: dev.ptr(&yd)?,
+        n_rows: rows as i32,
+        n_cols: cols as i32,
+        _marker: PhantomData,
+    };
+    let config = row_stats::Config::new(br, bc).with_warps(warps);
+    dev.run::<row_stats::Kernel>([rows.div_ceil(br) as u32, 1, 1], &config, &args)?;
+    Ok((dev.download(&sd)?, dev.download(&md)?, dev.download(&ad)?, dev.download(&yd)?))
+}
+
 fn row_stats_case<D: Device>(
     dev: &mut D,
     rng: &mut Rng,
@@ -412,45 +415,14 @@ fn row_stats_case<D: Device>(
 ) -> Result<Vec<CheckRow>> {
     let x = rng.values::<f32>(rows * cols, 4.0);
     let bias = rng.values::<f32>(cols, 1.0);
-    let mut cpu = Cpu::new();
-    let ((xd, xc), (bd, bcpu)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &bias)?);
-    let (sd, sc) = zeros_both::<f32, _>(dev, &mut cpu, rows)?;
-    let (md, mc) = zeros_both::<f32, _>(dev, &mut cpu, rows)?;
-    let (ad, ac) = zeros_both::<i32, _>(dev, &mut cpu, rows)?;
-    let (yd, yc) = zeros_both::<f32, _>(dev, &mut cpu, rows * cols)?;
-    let config = row_stats::Config::new(br, bc).with_warps(warps);
-    let grid = [rows.div_ceil(br) as u32, 1, 1];
-    let (nr, nc) = (rows as i32, cols as i32);
-    let args = row_stats::Args {
-        x_ptr: dev.ptr(&xd)?,
-        bias_ptr: dev.ptr(&bd)?,
-        sums_ptr: dev.ptr(&sd)?,
-        maxs_ptr: dev.ptr(&md)?,
-        args_ptr: dev.ptr(&ad)?,
-        y_ptr: dev.ptr(&yd)?,
-        n_rows: nr,
-        n_cols: nc,
-        _marker: PhantomData,
-    };
-    dev.run::<row_stats::Kernel>(grid, &config, &args)?;
-    let args = row_stats::Args {
-        x_ptr: xc,
-        bias_ptr: bcpu,
-        sums_ptr: sc,
-        maxs_ptr: mc,
-        args_ptr: ac,
-        y_ptr: yc,
-        n_rows: nr,
-        n_cols: nc,
-        _marker: PhantomData,
-    };
-    row_stats::interpret(&mut cpu, grid, &config, &args)?;
+    let (sums, maxs, args, y) = row_stats_on(dev, &x, &bias, (br, bc), warps)?;
+    let want = row_stats_on(&mut Cpu::new(), &x, &bias, (br, bc), warps)?;
     let shape = format!("{rows}x{cols}/{br}x{bc}/w{warps}");
     Ok(vec![
-        outcome("row_stats.sum", shape.clone(), DType::F32, &dev.download(&sd)?, &cpu.read(sc), F32_SUM),
-        outcome("row_stats.max", shape.clone(), DType::F32, &dev.download(&md)?, &cpu.read(mc), EXACT),
-        outcome("row_stats.argmax", shape.clone(), DType::I32, &dev.download(&ad)?, &cpu.read(ac), EXACT),
-        outcome("row_stats.y", shape, DType::F32, &dev.download(&yd)?, &cpu.read(yc), EXACT),
+        outcome("row_stats.sum", shape.clone(), DType::F32, &sums, &want.0, F32_SUM),
+        outcome("row_stats.max", shape.clone(), DType::F32, &maxs, &want.1, EXACT),
+        outcome("row_stats.argmax", shape.clone(), DType::I32, &args, &want.2, EXACT),
+        outcome("row_stats.y", shape, DType::F32, &y, &want.3, EXACT),
     ])
 }
 

@@ -17,8 +17,7 @@
 //! Metric `TFLOP/s` with `flops = 2 M N K`; timing as in [`crate::bench`].
 
 use crate::bench::{BenchOptions, Record, time_median_ms};
-use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng};
+use crate::check::{CheckRow, Rng, compare_each, to_f64};
 use crate::cuda::Cuda;
 use crate::error::Result;
 use crate::model::ActElem;
@@ -28,6 +27,26 @@ use dsl_core::half::{bf16, f16};
 use kernels::matmul::{CONFIGS, TileConfig, config_for, grid, half_matmul};
 use kernels::reference::matmul as r;
 use std::marker::PhantomData;
+
+/// The arguments of `half_matmul` for row-major `c[m, n] = a[m, k] b[k, n]`
+/// in the buffers `a`, `b` and `c` of `D`.
+fn args<'a, T: ActElem, D: Device + 'a>(
+    [a, b, c]: [&'a D::Buf<T>; 3],
+    (m, n, k): (usize, usize, usize),
+) -> Result<half_matmul::Args<'a, D>> {
+    Ok(half_matmul::Args {
+        a_ptr: D::ptr_at(a, 0)?,
+        b_ptr: D::ptr_at(b, 0)?,
+        c_ptr: D::ptr_at(c, 0)?,
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        stride_am: k as i32,
+        stride_bk: n as i32,
+        stride_cm: n as i32,
+        _marker: PhantomData,
+    })
+}
 
 /// Runs `matmul` on the device for `m x n x k` with `cfg`; returns the output as f64.
 fn run_gpu<T: ActElem, D: Device>(
@@ -39,21 +58,10 @@ fn run_gpu<T: ActElem, D: Device>(
 ) -> Result<Vec<f64>> {
     let (ad, bd) = (dev.upload(a)?, dev.upload(b)?);
     let cd = dev.zeros::<T>((m * n).max(1))?;
-    let args = half_matmul::Args {
-        a_ptr: dev.ptr(&ad)?,
-        b_ptr: dev.ptr(&bd)?,
-        c_ptr: dev.ptr(&cd)?,
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        stride_am: k as i32,
-        stride_bk: n as i32,
-        stride_cm: n as i32,
-        _marker: PhantomData,
-    };
+    let args = args::<T, D>([&ad, &bd, &cd], (m, n, k))?;
     let config = cfg.config(T::DEVICE_DTYPE);
     dev.run::<half_matmul::Kernel>(grid(m, n, &cfg), &config, &args)?;
-    Ok(dev.download(&cd)?.iter().map(|v| v.to_f64()).collect())
+    Ok(to_f64(&dev.download(&cd)?))
 }
 
 /// One check row: `m x n x k` in `T` on `cfg`.
@@ -65,32 +73,13 @@ fn case<T: ActElem, D: Device>(
 ) -> Result<CheckRow> {
     let (a, b) = (rng.values::<T>(m * k, 1.0), rng.values::<T>(k * n, 1.0));
     let got = run_gpu(dev, &a, &b, (m, n, k), cfg)?;
-    let a64: Vec<f64> = a.iter().map(|v| v.to_f64()).collect();
-    let b64: Vec<f64> = b.iter().map(|v| v.to_f64()).collect();
+    let (a64, b64) = (to_f64(&a), to_f64(&b));
     let want = r::matmul(&a64, &b64, m, n, k);
     let mag = r::abs_products(&a64, &b64, m, n, k);
     let u = if T::DEVICE_DTYPE == DType::BF16 { 1.0 / 256.0 } else { 1.0 / 2048.0 };
     let shape = format!("{m}x{n}x{k} ({})", cfg.describe());
-    let mut row = CheckRow {
-        kernel: "half_matmul".into(),
-        shape,
-        dtype: T::DEVICE_DTYPE,
-        max_abs: 0.0,
-        max_rel: 0.0,
-        pass: true,
-    };
-    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-        let d = (g - w).abs();
-        let d = if d.is_nan() { f64::INFINITY } else { d };
-        row.max_abs = row.max_abs.max(d);
-        if w != 0.0 {
-            row.max_rel = row.max_rel.max(d / w.abs());
-        }
-        if d > 2.0 * r::error_bound(w, mag[i], k, u) {
-            row.pass = false;
-        }
-    }
-    Ok(row)
+    let tol: Vec<f64> = want.iter().zip(&mag).map(|(&w, &a)| 2.0 * r::error_bound(w, a, k, u)).collect();
+    Ok(compare_each("half_matmul", shape, T::DEVICE_DTYPE, &got, &want, &tol))
 }
 
 /// The `half_matmul` check: ragged shapes on every configuration, bf16 and f16.
@@ -132,22 +121,10 @@ fn record(
     let mut rng = Rng::new((m + n + k) as u64);
     let a = rng.values::<bf16>(m * k, 1.0);
     let b = rng.values::<bf16>(k * n, 1.0);
-    let gpu = cuda.gpu();
-    let (ad, bd) = (gpu.upload(&a)?, gpu.upload(&b)?);
+    let (ad, bd) = (cuda.upload(&a)?, cuda.upload(&b)?);
     drop((a, b));
-    let cd = gpu.zeros::<bf16>(m * n)?;
-    let args = half_matmul::Args {
-        a_ptr: ad.ptr().cast(),
-        b_ptr: bd.ptr().cast(),
-        c_ptr: cd.ptr().cast(),
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        stride_am: k as i32,
-        stride_bk: n as i32,
-        stride_cm: n as i32,
-        _marker: PhantomData,
-    };
+    let cd = cuda.zeros::<bf16>(m * n)?;
+    let args = args::<bf16, Cuda>([&ad, &bd, &cd], (m, n, k))?;
     let config = cfg.config(DType::BF16);
     let g = grid(m, n, &cfg);
     let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c: &mut Cuda| {

@@ -15,17 +15,18 @@
 //!   to the output dtype (plus the SiLU propagation bound), and against the
 //!   interpreter within twice that (on the small shapes).
 
-use crate::check::DevicePtr;
-use crate::check::dequant::gguf_weight;
-use crate::check::{CheckRow, Rng, to_f64, upload_both, zeros_both};
-use crate::error::{Error, Result};
+use crate::check::dequant::{Weight, gguf_rows};
+use crate::check::rmsnorm::rmsnorm_on;
+use crate::check::{CheckRow, DevicePtr, Rng, to_f64};
+use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
-use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
+use kernels::dequant::{QuantFormat, Repacked, gemv_grid};
 use kernels::reference::quant as r;
+use kernels::rmsnorm::{block_for, warps_for};
 use std::marker::PhantomData;
 
 /// The quantize kernel's block for rows of `k` values.
@@ -33,29 +34,29 @@ pub fn quantize_block(k: usize) -> usize {
     k.next_power_of_two().clamp(64, 1024)
 }
 
-/// The quantize check on one ragged shape.
-fn quantize_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
-    let x = rng.values::<T>(m * k, 2.0);
-    let mut cpu = Cpu::new();
-    let (xd, xc) = upload_both(dev, &mut cpu, &x)?;
-    let (qd, qc) = zeros_both::<i8, _>(dev, &mut cpu, m * k)?;
-    let (dd, dc) = zeros_both::<f32, _>(dev, &mut cpu, m * k / 32)?;
+/// `quantize_q8` of `x` (rows of `k`) on `dev`: the quants and the block scales.
+fn quantize_on<T: ActElem, D: Device>(dev: &mut D, x: &[T], k: usize) -> Result<(Vec<i8>, Vec<f32>)> {
+    let m = x.len() / k;
+    let (xd, qd, dd) = (dev.upload(x)?, dev.zeros::<i8>(m * k)?, dev.zeros::<f32>(m * k / 32)?);
     let block = quantize_block(k);
     let config = quantize_q8::Config::new(T::DEVICE_DTYPE, block);
-    let grid = [k.div_ceil(block) as u32, m as u32, 1];
-    let ki = k as i32;
     let a = quantize_q8::Args {
         x_ptr: dev.ptr(&xd)?,
         xq_ptr: dev.ptr(&qd)?,
         xd_ptr: dev.ptr(&dd)?,
-        k: ki,
+        k: k as i32,
         _marker: PhantomData,
     };
-    dev.run::<quantize_q8::Kernel>(grid, &config, &a)?;
-    let a = quantize_q8::Args { x_ptr: xc.cast(), xq_ptr: qc, xd_ptr: dc, k: ki, _marker: PhantomData };
-    quantize_q8::interpret(&mut cpu, grid, &config, &a)?;
-    let (gq, gd) = (dev.download(&qd)?, dev.download(&dd)?);
-    let (cq, cdv) = (cpu.read(qc), cpu.read(dc));
+    dev.run::<quantize_q8::Kernel>([k.div_ceil(block) as u32, m as u32, 1], &config, &a)?;
+    Ok((dev.download(&qd)?, dev.download(&dd)?))
+}
+
+/// The quantize check on one ragged shape.
+fn quantize_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
+    let x = rng.values::<T>(m * k, 2.0);
+    let block = quantize_block(k);
+    let (gq, gd) = quantize_on(dev, &x, k)?;
+    let (cq, cdv) = quantize_on(&mut Cpu::new(), &x, k)?;
     let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
     let (wq, wd) = r::quantize_q8(&xf, k);
     let (mut max_abs, mut pass) = (0.0f64, gq == cq && gq == wq);
@@ -75,6 +76,36 @@ fn quantize_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k:
     })
 }
 
+/// The norms' epsilon.
+const EPS: f32 = 1e-5;
+
+/// `rmsnorm_q8` of the rows of `x` (`w.len()` values, `stride` apart) with
+/// weight `w` on `dev`: the quants and the block scales.
+fn rmsnorm_q8_on<T: ActElem, D: Device>(
+    dev: &mut D,
+    (x, w): (&[T], &[T]),
+    stride: usize,
+    block: usize,
+) -> Result<(Vec<i8>, Vec<f32>)> {
+    use kernels::dequant::q8::rmsnorm_q8;
+    let (k, m) = (w.len(), x.len() / stride);
+    let (xd, wd) = (dev.upload(x)?, dev.upload(w)?);
+    let (qd, dd) = (dev.zeros::<i8>(m * k)?, dev.zeros::<f32>(m * k / 32)?);
+    let config = rmsnorm_q8::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
+    let a = rmsnorm_q8::Args {
+        x_ptr: dev.ptr(&xd)?,
+        w_ptr: dev.ptr(&wd)?,
+        xq_ptr: dev.ptr(&qd)?,
+        xd_ptr: dev.ptr(&dd)?,
+        n_cols: k as i32,
+        stride: stride as i32,
+        eps: EPS,
+        _marker: PhantomData,
+    };
+    dev.run::<rmsnorm_q8::Kernel>([m as u32, 1, 1], &config, &a)?;
+    Ok((dev.download(&qd)?, dev.download(&dd)?))
+}
+
 /// The fused RMSNorm + quantize check on one ragged shape (rows `stride`
 /// apart): the interpreter's quants and scales equal, bit for bit, the
 /// interpreter's `rmsnorm` of each row quantized by
@@ -88,64 +119,19 @@ fn rmsnorm_quant_case<T: ActElem, D: Device>(
     m: usize,
     k: usize,
 ) -> Result<CheckRow> {
-    use kernels::dequant::q8::rmsnorm_q8;
-    use kernels::rmsnorm::{block_for, rmsnorm, warps_for};
     let stride = k + 32;
     let x = rng.values::<T>(m * stride, 2.0);
     let w = rng.values::<T>(k, 1.5);
-    let eps = 1e-5f32;
-    let mut cpu = Cpu::new();
-    let ((xd, xc), (wd, wc)) = (upload_both(dev, &mut cpu, &x)?, upload_both(dev, &mut cpu, &w)?);
-    let (qd, qc) = zeros_both::<i8, _>(dev, &mut cpu, m * k)?;
-    let (dd, dc) = zeros_both::<f32, _>(dev, &mut cpu, m * k / 32)?;
     let block = block_for(k).max(32);
-    let config = rmsnorm_q8::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
-    let grid = [m as u32, 1, 1];
-    let (ki, si) = (k as i32, stride as i32);
-    let a = rmsnorm_q8::Args {
-        x_ptr: dev.ptr(&xd)?,
-        w_ptr: dev.ptr(&wd)?,
-        xq_ptr: dev.ptr(&qd)?,
-        xd_ptr: dev.ptr(&dd)?,
-        n_cols: ki,
-        stride: si,
-        eps,
-        _marker: PhantomData,
-    };
-    dev.run::<rmsnorm_q8::Kernel>(grid, &config, &a)?;
-    let a = rmsnorm_q8::Args {
-        x_ptr: xc.cast(),
-        w_ptr: wc.cast(),
-        xq_ptr: qc,
-        xd_ptr: dc,
-        n_cols: ki,
-        stride: si,
-        eps,
-        _marker: PhantomData,
-    };
-    rmsnorm_q8::interpret(&mut cpu, grid, &config, &a)?;
+    let (gq, gd) = rmsnorm_q8_on(dev, (&x, &w), stride, block)?;
+    let (cq, cdv) = rmsnorm_q8_on(&mut Cpu::new(), (&x, &w), stride, block)?;
     // The unfused pair on the interpreter: `rmsnorm` of each row, then the
     // quantization rule (`reference::quant::quantize_q8`, which the
     // `quantize_q8` kernel matches bit for bit).
-    // One launch over the same strided rows (the input already on the CPU).
-    let nconfig = rmsnorm::Config::new(T::DEVICE_DTYPE, block, false).with_warps(warps_for(block));
-    let yc = cpu.zeros::<T>(m * stride);
-    let na = rmsnorm::Args {
-        x_ptr: xc.cast(),
-        w_ptr: wc.cast(),
-        out_ptr: yc.cast(),
-        n_cols: ki,
-        stride: si,
-        eps,
-        _marker: PhantomData,
-    };
-    rmsnorm::interpret(&mut cpu, [m as u32, 1, 1], &nconfig, &na)?;
-    let ys = cpu.read(yc);
+    let ys = rmsnorm_on(&mut Cpu::new(), (&x, &w), stride, (block, warps_for(block)))?;
     let y: Vec<T> = (0..m).flat_map(|r| ys[r * stride..r * stride + k].iter().copied()).collect();
     let yf: Vec<f32> = y.iter().map(|v| v.to_f64() as f32).collect();
     let (wq, wdv) = r::quantize_q8(&yf, k);
-    let (gq, gd) = (dev.download(&qd)?, dev.download(&dd)?);
-    let (cq, cdv) = (cpu.read(qc), cpu.read(dc));
     // The interpreter's fused kernel is the unfused pair bit for bit. The
     // GPU's `rsqrt` is not correctly rounded, so its normalized row may sit
     // an ulp away: a quant may move by one at a rounding tie and a scale by
@@ -161,7 +147,7 @@ fn rmsnorm_quant_case<T: ActElem, D: Device>(
     for row in 0..m {
         let xs: Vec<f64> = x[row * stride..row * stride + k].iter().map(|v| v.to_f64()).collect();
         let ms = xs.iter().map(|v| v * v).sum::<f64>() / k as f64;
-        let rstd = 1.0 / (ms + f64::from(eps)).sqrt();
+        let rstd = 1.0 / (ms + f64::from(EPS)).sqrt();
         for c in 0..k {
             let want = xs[c] * rstd * w[c].to_f64();
             let d = f64::from(gd[row * (k / 32) + c / 32]);
@@ -192,6 +178,44 @@ pub fn rmsnorm_quant<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>>
     Ok(rows)
 }
 
+/// An 8-bit GEMV of the quantized activations `(xq, xd)` (`m` rows) and
+/// weight `w` (`n` outputs, or SiLU-mul of `2n` interleaved rows) with
+/// `tiles = (m_block, block_n, block_k, warps)` on `dev`: `out[m, n]` as f64.
+#[allow(clippy::too_many_arguments)]
+fn gemv_q8_on<T: ActElem, D: Device>(
+    dev: &mut D,
+    format: QuantFormat,
+    silu: bool,
+    (xq, xd): (&[i8], &[f32]),
+    w: &Repacked,
+    (m, n): (usize, usize),
+    (m_block, block_n, block_k, warps): (usize, usize, usize, u32),
+) -> Result<Vec<f64>> {
+    let (xqd, xdd) = (dev.upload(xq)?, dev.upload(xd)?);
+    let (qd, sd, od) = (dev.upload(&w.quants)?, dev.upload(&w.scales)?, dev.zeros::<T>(m * n)?);
+    let grid = gemv_grid(m, n, silu, m_block, block_n);
+    macro_rules! go {
+        ($k:ident) => {{
+            let config =
+                $k::Config::new(T::DEVICE_DTYPE, format, silu, m_block, block_n, block_k).with_warps(warps);
+            let a = $k::Args {
+                xq_ptr: dev.ptr(&xqd)?,
+                xd_ptr: dev.ptr(&xdd)?,
+                q_ptr: dev.ptr(&qd)?,
+                s_ptr: dev.ptr(&sd)?,
+                out_ptr: dev.ptr(&od)?,
+                m: m as i32,
+                n: n as i32,
+                k: w.k as i32,
+                _marker: PhantomData,
+            };
+            dev.run::<$k::Kernel>(grid, &config, &a)?;
+        }};
+    }
+    go!(gemv_q8);
+    Ok(to_f64(&dev.download(&od)?))
+}
+
 /// One 8-bit GEMV problem: `tiles = (m_block, block_n, block_k, warps)`;
 /// with `interp`, also against the interpreter; `rows` limits the reference
 /// to a subset of output columns on large shapes.
@@ -210,69 +234,19 @@ fn gemv_case<T: ActElem, D: Device>(
     let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
     let (xq, xdv) = r::quantize_q8(&xf, k);
     let xhat = r::dequantize_q8(&xq, &xdv);
-    let usage = |e: kernels::dequant::RepackError| Error::Usage(e.to_string());
-    let g_raw = gguf_weight(rng, format, n, k);
-    let (weight, u_raw) = if silu {
-        let u_raw = gguf_weight(rng, format, n, k);
-        let w = interleave_gate_up(
-            &repack(format, &g_raw, n, k).map_err(usage)?,
-            &repack(format, &u_raw, n, k).map_err(usage)?,
-        )
-        .map_err(usage)?;
-        (w, Some(u_raw))
+    let w = Weight::random(rng, format, silu, n, k)?;
+    let got = gemv_q8_on::<T, _>(dev, format, silu, (&xq, &xdv), &w.repacked, (m, n), tiles)?;
+    let cpu_out = if interp {
+        Some(gemv_q8_on::<T, _>(&mut Cpu::new(), format, silu, (&xq, &xdv), &w.repacked, (m, n), tiles)?)
     } else {
-        (repack(format, &g_raw, n, k).map_err(usage)?, None)
+        None
     };
-    let mut cpu = Cpu::new();
-    let ((xqd, xqc), (xdd, xdc)) = (upload_both(dev, &mut cpu, &xq)?, upload_both(dev, &mut cpu, &xdv)?);
-    let ((qd, qc), (sd, sc)) =
-        (upload_both(dev, &mut cpu, &weight.quants)?, upload_both(dev, &mut cpu, &weight.scales)?);
-    let (od, oc) = zeros_both::<T, _>(dev, &mut cpu, m * n)?;
-    let grid = gemv_grid(m, n, silu, m_block, block_n);
-    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-    macro_rules! go {
-        ($k:ident) => {{
-            let config =
-                $k::Config::new(T::DEVICE_DTYPE, format, silu, m_block, block_n, block_k).with_warps(warps);
-            let a = $k::Args {
-                xq_ptr: dev.ptr(&xqd)?,
-                xd_ptr: dev.ptr(&xdd)?,
-                q_ptr: dev.ptr(&qd)?,
-                s_ptr: dev.ptr(&sd)?,
-                out_ptr: dev.ptr(&od)?,
-                m: mi,
-                n: ni,
-                k: ki,
-                _marker: PhantomData,
-            };
-            dev.run::<$k::Kernel>(grid, &config, &a)?;
-            if interp {
-                let a = $k::Args {
-                    xq_ptr: xqc,
-                    xd_ptr: xdc,
-                    q_ptr: qc,
-                    s_ptr: sc,
-                    out_ptr: oc.cast(),
-                    m: mi,
-                    n: ni,
-                    k: ki,
-                    _marker: PhantomData,
-                };
-                $k::interpret(&mut cpu, grid, &config, &a)?;
-            }
-        }};
-    }
-    go!(gemv_q8);
-    let got = to_f64(&dev.download(&od)?);
-    let cpu_out = if interp { Some(to_f64(&cpu.read(oc))) } else { None };
+    let (g_raw, u_raw) = w.raws();
     // The reference on at most 64 output columns (spread over the row).
     let cols: Vec<usize> = if n <= 64 { (0..n).collect() } else { (0..64).map(|i| i * n / 64).collect() };
-    let sub = |raw: &[u8]| -> Vec<u8> {
-        let rb = k / 32 * format.block_bytes();
-        cols.iter().flat_map(|&c| raw[c * rb..(c + 1) * rb].iter().copied()).collect()
-    };
-    let g = r::gemv(format, &sub(&g_raw), cols.len(), k, &xhat, m);
-    let u = u_raw.map(|u| r::gemv(format, &sub(&u), cols.len(), k, &xhat, m));
+    let sub = |raw: &[u8]| gguf_rows(format, raw, k, &cols);
+    let g = r::gemv(format, &sub(g_raw), cols.len(), k, &xhat, m);
+    let u = u_raw.map(|u| r::gemv(format, &sub(u), cols.len(), k, &xhat, m));
     let round = crate::check::unit_roundoff(T::DEVICE_DTYPE).max(f64::powi(2.0, -23));
     let mut row = CheckRow {
         kernel: format!("gemv_{}_q8", format.name().to_lowercase()),

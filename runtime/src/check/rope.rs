@@ -20,9 +20,7 @@
 //! exact one by up to ~1e-3 rad there); the kernel's rounding and pairing
 //! errors are O(n) and still fail.
 
-use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng};
-use crate::cuda::DeviceElem;
+use crate::check::{CheckRow, DevicePtr, Rng, compare_each, to_f64};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
@@ -64,21 +62,43 @@ fn rotated_tol(x: &[f64], j: usize, d: usize, pos: i32, theta: f32, want: f64, d
     n * (a * f64::powi(2.0, -20) + f64::powi(2.0, -18)) + round * want.abs()
 }
 
-/// Folds one element into `row` (max errors, pass/fail).
-fn account(row: &mut CheckRow, got: f64, want: f64, tol: f64) {
-    let d = (got - want).abs();
-    let d = if d.is_nan() { f64::INFINITY } else { d };
-    row.max_abs = row.max_abs.max(d);
-    if want != 0.0 {
-        row.max_rel = row.max_rel.max(d / want.abs());
-    }
-    if d > tol {
-        row.pass = false;
-    }
+/// The inputs of one `rope_kv_write` launch.
+struct RopeInputs<'a, T> {
+    /// The fused QKV rows, one per token.
+    qkv: &'a [T],
+    /// Each token's position.
+    positions: &'a [i32],
+    /// Each token's cache slot (-1: not written).
+    slots: &'a [i32],
+    /// The K cache before the launch.
+    k_init: &'a [T],
+    /// The V cache before the launch.
+    v_init: &'a [T],
 }
 
-fn to_f64<T: DeviceElem>(v: &[T]) -> Vec<f64> {
-    v.iter().map(|x| x.to_f64()).collect()
+/// `(q, k cache, v cache)` after `rope_kv_write` of `inp` at shape `s` on `dev`.
+fn rope_on<T: ActElem, D: Device>(
+    dev: &mut D,
+    s: Shape,
+    inp: &RopeInputs<'_, T>,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let tokens = inp.positions.len();
+    let config = rope_kv_write::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d);
+    let (xd, pd, sd) = (dev.upload(inp.qkv)?, dev.upload(inp.positions)?, dev.upload(inp.slots)?);
+    let (qd, kd, vd) =
+        (dev.zeros::<T>(tokens * s.n_q * s.d)?, dev.upload(inp.k_init)?, dev.upload(inp.v_init)?);
+    let args = rope_kv_write::Args {
+        qkv_ptr: dev.ptr(&xd)?,
+        pos_ptr: dev.ptr(&pd)?,
+        slot_ptr: dev.ptr(&sd)?,
+        q_out_ptr: dev.ptr(&qd)?,
+        k_cache_ptr: dev.ptr(&kd)?,
+        v_cache_ptr: dev.ptr(&vd)?,
+        theta: s.theta,
+        _marker: PhantomData,
+    };
+    dev.run::<rope_kv_write::Kernel>([tokens as u32, 1, 1], &config, &args)?;
+    Ok((to_f64(&dev.download(&qd)?), to_f64(&dev.download(&kd)?), to_f64(&dev.download(&vd)?)))
 }
 
 fn rope_case<T: ActElem, D: Device>(
@@ -100,51 +120,19 @@ fn rope_case<T: ActElem, D: Device>(
     let slots: Vec<i32> = (0..tokens).map(|t| if rng.next_u64() & 3 == 0 { -1 } else { all[t] }).collect();
     let k_init = rng.values::<T>(n_slots * s.slot(), 2.0);
     let v_init = rng.values::<T>(n_slots * s.slot(), 2.0);
-    let config = rope_kv_write::Config::new(dtype, s.n_q, s.n_kv, s.d);
-    let grid = [tokens as u32, 1, 1];
-    let (xd, pd, sd) = (dev.upload(&qkv)?, dev.upload(&positions)?, dev.upload(&slots)?);
-    let (qd, kd, vd) = (dev.zeros::<T>(tokens * s.n_q * s.d)?, dev.upload(&k_init)?, dev.upload(&v_init)?);
-    let args = rope_kv_write::Args {
-        qkv_ptr: dev.ptr(&xd)?,
-        pos_ptr: dev.ptr(&pd)?,
-        slot_ptr: dev.ptr(&sd)?,
-        q_out_ptr: dev.ptr(&qd)?,
-        k_cache_ptr: dev.ptr(&kd)?,
-        v_cache_ptr: dev.ptr(&vd)?,
-        theta: s.theta,
-        _marker: PhantomData,
-    };
-    dev.run::<rope_kv_write::Kernel>(grid, &config, &args)?;
-    let (q_got, k_got, v_got) =
-        (to_f64(&dev.download(&qd)?), to_f64(&dev.download(&kd)?), to_f64(&dev.download(&vd)?));
+    let inputs =
+        RopeInputs { qkv: &qkv, positions: &positions, slots: &slots, k_init: &k_init, v_init: &v_init };
+    let (q_got, k_got, v_got) = rope_on(dev, s, &inputs)?;
+    let (q_want, k_want, v_want) = rope_on(&mut Cpu::new(), s, &inputs)?;
 
-    let mut cpu = Cpu::new();
-    let (xc, pc, sc) = (cpu.upload(&qkv), cpu.upload(&positions), cpu.upload(&slots));
-    let (qc, kc, vc) = (cpu.zeros::<T>(tokens * s.n_q * s.d), cpu.upload(&k_init), cpu.upload(&v_init));
-    let args = rope_kv_write::Args {
-        qkv_ptr: xc.cast(),
-        pos_ptr: pc,
-        slot_ptr: sc,
-        q_out_ptr: qc.cast(),
-        k_cache_ptr: kc.cast(),
-        v_cache_ptr: vc.cast(),
-        theta: s.theta,
-        _marker: PhantomData,
-    };
-    rope_kv_write::interpret(&mut cpu, grid, &config, &args)?;
-    let (q_want, k_want, v_want) = (to_f64(&cpu.read(qc)), to_f64(&cpu.read(kc)), to_f64(&cpu.read(vc)));
-
-    let shape = format!("{}t {}q{}kv{}d bs{block_size}", tokens, s.n_q, s.n_kv, s.d);
-    let mut row =
-        CheckRow { kernel: "rope_kv_write".into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
     let x = to_f64(&qkv);
+    let mut q_tol = vec![0.0; q_want.len()];
     for t in 0..tokens {
         for h in 0..s.n_q {
             let head = &x[t * s.row() + h * s.d..][..s.d];
             for j in 0..s.d {
                 let e = (t * s.n_q + h) * s.d + j;
-                let tol = rotated_tol(head, j, s.d, positions[t], s.theta, q_want[e], dtype);
-                account(&mut row, q_got[e], q_want[e], tol);
+                q_tol[e] = rotated_tol(head, j, s.d, positions[t], s.theta, q_want[e], dtype);
             }
         }
     }
@@ -159,11 +147,11 @@ fn rope_case<T: ActElem, D: Device>(
             }
         }
     }
-    for e in 0..k_want.len() {
-        account(&mut row, k_got[e], k_want[e], k_tol[e]);
-        account(&mut row, v_got[e], v_want[e], 0.0);
-    }
-    Ok(row)
+    let v_tol = vec![0.0; v_want.len()];
+    let shape = format!("{}t {}q{}kv{}d bs{block_size}", tokens, s.n_q, s.n_kv, s.d);
+    let all = |q: Vec<f64>, k: Vec<f64>, v: Vec<f64>| [q, k, v].concat();
+    let (got, want) = (all(q_got, k_got, v_got), all(q_want, k_want, v_want));
+    Ok(compare_each("rope_kv_write", shape, dtype, &got, &want, &all(q_tol, k_tol, v_tol)))
 }
 
 /// The `rope_kv_write` check: ragged token counts at the SmolLM2 shape (and

@@ -105,8 +105,15 @@ struct Outputs {
     ws: Vec<f32>,
 }
 
-/// Runs `sample` on the interpreter (the check's config for `vocab`).
-fn interpret_case(x: &[f32], ps: &[RowParams], vocab: usize, stride: usize) -> Result<Outputs> {
+/// Runs `sample` on `dev` over `rows` rows of `x` at `stride` with the
+/// per-row settings `ps` (the check's config for `vocab`).
+fn sample_on<D: Device>(
+    dev: &mut D,
+    x: &[f32],
+    ps: &[RowParams],
+    vocab: usize,
+    stride: usize,
+) -> Result<Outputs> {
     let rows = ps.len();
     let temp: Vec<f32> = ps.iter().map(|p| p.temperature).collect();
     let top_k: Vec<i32> = ps.iter().map(|p| p.top_k).collect();
@@ -116,51 +123,7 @@ fn interpret_case(x: &[f32], ps: &[RowParams], vocab: usize, stride: usize) -> R
     let step: Vec<i32> = ps.iter().map(|p| p.step).collect();
     let block = block_for(vocab);
     let config = smp::Config::new(block).with_warps(warps_for(block));
-    let grid = [rows as u32, 1, 1];
-    let mut cpu = Cpu::new();
-    let (xc, wc) = (cpu.upload(x), cpu.zeros::<f32>(rows * stride));
-    let (tc, kc, pc, mc) = (cpu.upload(&temp), cpu.upload(&top_k), cpu.upload(&top_p), cpu.upload(&min_p));
-    let (sc, stc) = (cpu.upload(&seed), cpu.upload(&step));
-    let (ic, lc, hc) = (cpu.zeros::<i32>(rows), cpu.zeros::<f32>(rows), cpu.zeros::<f32>(rows));
-    let args = smp::Args {
-        logits_ptr: xc,
-        ws_ptr: wc,
-        temperature_ptr: tc,
-        top_k_ptr: kc,
-        top_p_ptr: pc,
-        min_p_ptr: mc,
-        seed_ptr: sc,
-        step_ptr: stc,
-        ids_ptr: ic,
-        logprobs_ptr: lc,
-        thresh_ptr: hc,
-        vocab: vocab as i32,
-        stride: stride as i32,
-        _marker: PhantomData,
-    };
-    smp::interpret(&mut cpu, grid, &config, &args)?;
-    Ok(Outputs { ids: cpu.read(ic), logprobs: cpu.read(lc), thresh: cpu.read(hc), ws: cpu.read(wc) })
-}
-
-fn sample_case<D: Device>(
-    dev: &mut D,
-    rng: &mut Rng,
-    rows: usize,
-    vocab: usize,
-    stride: usize,
-) -> Result<CheckRow> {
-    let x = logits(rng, rows, vocab, stride);
-    let ps: Vec<RowParams> = (0..rows).map(|_| params(rng, vocab)).collect();
-    let temp: Vec<f32> = ps.iter().map(|p| p.temperature).collect();
-    let top_k: Vec<i32> = ps.iter().map(|p| p.top_k).collect();
-    let top_p: Vec<f32> = ps.iter().map(|p| p.top_p).collect();
-    let min_p: Vec<f32> = ps.iter().map(|p| p.min_p).collect();
-    let seed: Vec<i64> = ps.iter().map(|p| p.seed as i64).collect();
-    let step: Vec<i32> = ps.iter().map(|p| p.step).collect();
-    let block = block_for(vocab);
-    let config = smp::Config::new(block).with_warps(warps_for(block));
-    let grid = [rows as u32, 1, 1];
-    let (xd, wd) = (dev.upload(&x)?, dev.zeros::<f32>(rows * stride)?);
+    let (xd, wd) = (dev.upload(x)?, dev.zeros::<f32>(rows * stride)?);
     let (td, kd, pd, md) =
         (dev.upload(&temp)?, dev.upload(&top_k)?, dev.upload(&top_p)?, dev.upload(&min_p)?);
     let (sd, std_) = (dev.upload(&seed)?, dev.upload(&step)?);
@@ -181,15 +144,26 @@ fn sample_case<D: Device>(
         stride: stride as i32,
         _marker: PhantomData,
     };
-    dev.run::<smp::Kernel>(grid, &config, &args)?;
-    let got = Outputs {
+    dev.run::<smp::Kernel>([rows as u32, 1, 1], &config, &args)?;
+    Ok(Outputs {
         ids: dev.download(&id)?,
         logprobs: dev.download(&ld)?,
         thresh: dev.download(&hd)?,
         ws: dev.download(&wd)?,
-    };
+    })
+}
 
-    let want = interpret_case(&x, &ps, vocab, stride)?;
+fn sample_case<D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    rows: usize,
+    vocab: usize,
+    stride: usize,
+) -> Result<CheckRow> {
+    let x = logits(rng, rows, vocab, stride);
+    let ps: Vec<RowParams> = (0..rows).map(|_| params(rng, vocab)).collect();
+    let got = sample_on(dev, &x, &ps, vocab, stride)?;
+    let want = sample_on(&mut Cpu::new(), &x, &ps, vocab, stride)?;
 
     let mut row = CheckRow {
         kernel: "sample".into(),
@@ -258,6 +232,52 @@ fn counts(rng: &mut Rng, n: usize) -> Vec<i32> {
         .collect()
 }
 
+/// The inputs of one `penalties` launch.
+struct PenaltyInputs {
+    /// Logits, rows at `stride`.
+    logits: Vec<f32>,
+    /// Each row's counts slot (-1: none).
+    slots: Vec<i32>,
+    /// Prompt token counts per slot.
+    prompt: Vec<i32>,
+    /// Output token counts per slot.
+    output: Vec<i32>,
+    /// Per-row repetition penalties.
+    rep: Vec<f32>,
+    /// Per-row presence penalties.
+    pres: Vec<f32>,
+    /// Per-row frequency penalties.
+    freq: Vec<f32>,
+}
+
+/// The logits after `penalties` of `inp` on `dev`.
+fn penalties_on<D: Device>(
+    dev: &mut D,
+    inp: &PenaltyInputs,
+    vocab: usize,
+    stride: usize,
+) -> Result<Vec<f32>> {
+    let block = 1024;
+    let grid = [inp.rep.len() as u32, vocab.div_ceil(block) as u32, 1];
+    let (xd, sd) = (dev.upload(&inp.logits)?, dev.upload(&inp.slots)?);
+    let (pd, od) = (dev.upload(&inp.prompt)?, dev.upload(&inp.output)?);
+    let (rd, prd, fd) = (dev.upload(&inp.rep)?, dev.upload(&inp.pres)?, dev.upload(&inp.freq)?);
+    let args = pen::Args {
+        logits_ptr: dev.ptr(&xd)?,
+        slot_ptr: dev.ptr(&sd)?,
+        prompt_ptr: dev.ptr(&pd)?,
+        output_ptr: dev.ptr(&od)?,
+        repetition_ptr: dev.ptr(&rd)?,
+        presence_ptr: dev.ptr(&prd)?,
+        frequency_ptr: dev.ptr(&fd)?,
+        vocab: vocab as i32,
+        stride: stride as i32,
+        _marker: PhantomData,
+    };
+    dev.run::<pen::Kernel>(grid, &pen::Config::new(block), &args)?;
+    dev.download(&xd)
+}
+
 fn penalties_case<D: Device>(
     dev: &mut D,
     rng: &mut Rng,
@@ -281,43 +301,9 @@ fn penalties_case<D: Device>(
         pres.push(if identity { 0.0 } else { rng.nonzero(1.0) as f32 });
         freq.push(if identity { 0.0 } else { rng.nonzero(1.0) as f32 });
     }
-    let block = 1024;
-    let config = pen::Config::new(block);
-    let grid = [rows as u32, vocab.div_ceil(block) as u32, 1];
-    let (xd, sd, pd, od) = (dev.upload(&x)?, dev.upload(&slots)?, dev.upload(&prompt)?, dev.upload(&output)?);
-    let (rd, prd, fd) = (dev.upload(&rep)?, dev.upload(&pres)?, dev.upload(&freq)?);
-    let args = pen::Args {
-        logits_ptr: dev.ptr(&xd)?,
-        slot_ptr: dev.ptr(&sd)?,
-        prompt_ptr: dev.ptr(&pd)?,
-        output_ptr: dev.ptr(&od)?,
-        repetition_ptr: dev.ptr(&rd)?,
-        presence_ptr: dev.ptr(&prd)?,
-        frequency_ptr: dev.ptr(&fd)?,
-        vocab: vocab as i32,
-        stride: stride as i32,
-        _marker: PhantomData,
-    };
-    dev.run::<pen::Kernel>(grid, &config, &args)?;
-    let got = dev.download(&xd)?;
-
-    let mut cpu = Cpu::new();
-    let (xc, sc, pc, oc) = (cpu.upload(&x), cpu.upload(&slots), cpu.upload(&prompt), cpu.upload(&output));
-    let (rc, prc, fc) = (cpu.upload(&rep), cpu.upload(&pres), cpu.upload(&freq));
-    let args = pen::Args {
-        logits_ptr: xc,
-        slot_ptr: sc,
-        prompt_ptr: pc,
-        output_ptr: oc,
-        repetition_ptr: rc,
-        presence_ptr: prc,
-        frequency_ptr: fc,
-        vocab: vocab as i32,
-        stride: stride as i32,
-        _marker: PhantomData,
-    };
-    pen::interpret(&mut cpu, grid, &config, &args)?;
-    let want = cpu.read(xc);
+    let inp = PenaltyInputs { logits: x, slots, prompt, output, rep, pres, freq };
+    let got = penalties_on(dev, &inp, vocab, stride)?;
+    let want = penalties_on(&mut Cpu::new(), &inp, vocab, stride)?;
     let mut row = CheckRow {
         kernel: "penalties".into(),
         shape: format!("{rows}x{vocab} (stride {stride})"),
@@ -344,6 +330,28 @@ pub fn penalties<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     Ok(rows)
 }
 
+/// The counts `init` after `token_counts_add` of `ids` into `slots` on `dev`.
+fn token_counts_on<D: Device>(
+    dev: &mut D,
+    init: &[i32],
+    slots: &[i32],
+    ids: &[i32],
+    vocab: usize,
+) -> Result<Vec<i32>> {
+    let (block, n) = (128, ids.len());
+    let (cd, sd, id) = (dev.upload(init)?, dev.upload(slots)?, dev.upload(ids)?);
+    let args = tca::Args {
+        counts_ptr: dev.ptr(&cd)?,
+        slot_ptr: dev.ptr(&sd)?,
+        ids_ptr: dev.ptr(&id)?,
+        n: n as i32,
+        vocab: vocab as i32,
+        _marker: PhantomData,
+    };
+    dev.run::<tca::Kernel>([n.div_ceil(block) as u32, 1, 1], &tca::Config::new(block), &args)?;
+    dev.download(&cd)
+}
+
 fn token_counts_case<D: Device>(
     dev: &mut D,
     rng: &mut Rng,
@@ -357,33 +365,8 @@ fn token_counts_case<D: Device>(
         .collect();
     // Ids in [-1, vocab]: both ends invalid; small vocabularies give repeats.
     let ids: Vec<i32> = (0..n).map(|_| (rng.next_u64() % (vocab as u64 + 2)) as i32 - 1).collect();
-    let block = 128;
-    let config = tca::Config::new(block);
-    let grid = [n.div_ceil(block) as u32, 1, 1];
-    let (cd, sd, id) = (dev.upload(&init)?, dev.upload(&slots)?, dev.upload(&ids)?);
-    let args = tca::Args {
-        counts_ptr: dev.ptr(&cd)?,
-        slot_ptr: dev.ptr(&sd)?,
-        ids_ptr: dev.ptr(&id)?,
-        n: n as i32,
-        vocab: vocab as i32,
-        _marker: PhantomData,
-    };
-    dev.run::<tca::Kernel>(grid, &config, &args)?;
-    let got = dev.download(&cd)?;
-
-    let mut cpu = Cpu::new();
-    let (cc, sc, ic) = (cpu.upload(&init), cpu.upload(&slots), cpu.upload(&ids));
-    let args = tca::Args {
-        counts_ptr: cc,
-        slot_ptr: sc,
-        ids_ptr: ic,
-        n: n as i32,
-        vocab: vocab as i32,
-        _marker: PhantomData,
-    };
-    tca::interpret(&mut cpu, grid, &config, &args)?;
-    let want = cpu.read(cc);
+    let got = token_counts_on(dev, &init, &slots, &ids, vocab)?;
+    let want = token_counts_on(&mut Cpu::new(), &init, &slots, &ids, vocab)?;
     let max_abs = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
     Ok(CheckRow {
         kernel: "token_counts_add".into(),
@@ -521,7 +504,7 @@ mod tests {
         for (rows, vocab, stride) in [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)] {
             let x = logits(&mut rng, rows, vocab, stride);
             let ps: Vec<RowParams> = (0..rows).map(|_| params(&mut rng, vocab)).collect();
-            let out = interpret_case(&x, &ps, vocab, stride).unwrap();
+            let out = sample_on(&mut Cpu::new(), &x, &ps, vocab, stride).unwrap();
             let mut fragile = 0;
             for (r, p) in ps.iter().enumerate() {
                 let want = reference::sample(&x[r * stride..r * stride + vocab], p);

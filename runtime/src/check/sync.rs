@@ -52,6 +52,28 @@ fn row(
     CheckRow { kernel: kernel.into(), shape, dtype: DType::I32, max_abs: 0.0, max_rel: 0.0, pass }
 }
 
+/// The rows after `handoff_chain` over `g` programs on `dev`.
+fn handoff_on<D: Device>(dev: &mut D, vals: &[i32], flags: &[i32], g: usize, rev: bool) -> Result<Vec<i32>> {
+    let (vd, fd) = (dev.upload(vals)?, dev.upload(flags)?);
+    let args = handoff_chain::Args {
+        vals: dev.ptr(&vd)?,
+        flags: dev.ptr(&fd)?,
+        rev: i32::from(rev),
+        _marker: PhantomData,
+    };
+    dev.run::<handoff_chain::Kernel>([g as u32, 1, 1], &handoff_chain::Config::new(BLOCK), &args)?;
+    dev.download(&vd)
+}
+
+/// The rows after `task_chain` with `g` programs over `n` tasks on `dev`.
+fn tasks_on<D: Device>(dev: &mut D, vals: &[i32], done: &[i32], g: usize, n: usize) -> Result<Vec<i32>> {
+    let (vd, dd) = (dev.upload(vals)?, dev.upload(done)?);
+    let args =
+        task_chain::Args { vals: dev.ptr(&vd)?, done: dev.ptr(&dd)?, n: n as i32, _marker: PhantomData };
+    dev.run::<task_chain::Kernel>([g as u32, 1, 1], &task_chain::Config::new(BLOCK), &args)?;
+    dev.download(&vd)
+}
+
 /// `handoff_chain` over `g` programs: rows `0..=g` after the launch.
 fn handoff<D: Device>(dev: &mut D, rng: &mut Rng, g: usize, rev: bool) -> Result<CheckRow> {
     let mut vals = vec![0i32; (g + 1) * BLOCK];
@@ -66,25 +88,8 @@ fn handoff<D: Device>(dev: &mut D, rng: &mut Rng, g: usize, rev: bool) -> Result
             want[(r + 1) * BLOCK + j] = want[r * BLOCK + j] + r as i32 + 1;
         }
     }
-    let config = handoff_chain::Config::new(BLOCK);
-    let grid = [g as u32, 1, 1];
-    let got = (|| {
-        let (vd, fd) = (dev.upload(&vals)?, dev.upload(&flags)?);
-        let args = handoff_chain::Args {
-            vals: dev.ptr(&vd)?,
-            flags: dev.ptr(&fd)?,
-            rev: i32::from(rev),
-            _marker: PhantomData,
-        };
-        dev.run::<handoff_chain::Kernel>(grid, &config, &args)?;
-        dev.download(&vd)
-    })();
-    let mut cpu = Cpu::new();
-    let (vc, fc) = (cpu.upload(&vals), cpu.upload(&flags));
-    let args =
-        handoff_chain::Args { vals: vc.cast(), flags: fc.cast(), rev: i32::from(rev), _marker: PhantomData };
-    handoff_chain::interpret(&mut cpu, grid, &config, &args)?;
-    let interp: Vec<i32> = cpu.read(vc);
+    let got = handoff_on(dev, &vals, &flags, g, rev);
+    let interp = handoff_on(&mut Cpu::new(), &vals, &flags, g, rev)?;
     let order = if rev { "ranks backwards" } else { "ranks forwards" };
     Ok(row("handoff_chain", format!("{g} programs, {order}"), got, &want, &interp, dev.tensor_cores()))
 }
@@ -103,20 +108,8 @@ fn tasks<D: Device>(dev: &mut D, rng: &mut Rng, g: usize, n: usize) -> Result<Ch
             want[(t + 2) * BLOCK + j] = (a + b) % 65521 + t as i32;
         }
     }
-    let config = task_chain::Config::new(BLOCK);
-    let grid = [g as u32, 1, 1];
-    let got = (|| {
-        let (vd, dd) = (dev.upload(&vals)?, dev.upload(&done)?);
-        let args =
-            task_chain::Args { vals: dev.ptr(&vd)?, done: dev.ptr(&dd)?, n: n as i32, _marker: PhantomData };
-        dev.run::<task_chain::Kernel>(grid, &config, &args)?;
-        dev.download(&vd)
-    })();
-    let mut cpu = Cpu::new();
-    let (vc, dc) = (cpu.upload(&vals), cpu.upload(&done));
-    let args = task_chain::Args { vals: vc.cast(), done: dc.cast(), n: n as i32, _marker: PhantomData };
-    task_chain::interpret(&mut cpu, grid, &config, &args)?;
-    let interp: Vec<i32> = cpu.read(vc);
+    let got = tasks_on(dev, &vals, &done, g, n);
+    let interp = tasks_on(&mut Cpu::new(), &vals, &done, g, n)?;
     Ok(row("task_chain", format!("{g} programs, {n} tasks"), got, &want, &interp, dev.tensor_cores()))
 }
 

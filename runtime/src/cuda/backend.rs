@@ -28,7 +28,8 @@
 //! the next synchronizing call ([`Gpu::synchronize`], a download).
 
 use super::autotune::{self, CacheEntry, TuneKey, Tuner};
-use super::device::{DevBuf, DevPtr, Gpu, LoadedKernel};
+use super::buffer::{DevBuf, DevPtr};
+use super::device::{Gpu, LoadedKernel};
 use super::tma::{MAX_MAPS, TensorMap};
 use super::validate::{KernelParam, OffsetRule, RawDevPtr, validate_args_into, validate_grid};
 use crate::error::{Error, Result};

@@ -6,13 +6,12 @@
 //! default dtype.
 
 use super::{Engine, Request};
-use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, run_task};
+use crate::app::{Context, EngineTask, LoadOptions, run_task};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
-use std::path::PathBuf;
 
 /// New tokens per prompt.
 const NEW_TOKENS: usize = 16;
@@ -47,21 +46,10 @@ impl EngineTask for AloneAndBatched {
 
 #[test]
 fn smollm2_greedy_alone_equals_greedy_in_a_batch_on_the_native_backend() {
-    let golden =
-        Golden::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json"))
-            .unwrap();
-    let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
-    let opts = LoadOptions {
-        model: PathBuf::from(crate::app::DEFAULT_MODEL),
-        device: DeviceChoice::Cpu,
-        max_num_seqs: 4,
-        max_model_len: 128,
-        max_blocks: Some(32),
-        // A prompt alone must not reuse the cached blocks of its earlier run.
-        prefix_caching: false,
-        verbose: false,
-        ..LoadOptions::default()
-    };
+    let golden = Golden::bundled();
+    let prompts = golden.prompts();
+    // A prompt alone must not reuse the cached blocks of its earlier run.
+    let opts = LoadOptions { prefix_caching: false, ..LoadOptions::native_test(128, 32) };
     let (alone, batched) = run_task(&opts, AloneAndBatched(prompts)).unwrap();
     assert_eq!(alone.len(), golden.cases.len());
     for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {

@@ -13,7 +13,8 @@
 //! and at most `head_dim`, and `rms_norm_eps` and `rope_freq_base` are finite and
 //! positive.
 
-use super::reader::{Gguf, Metadata};
+use super::metadata::Metadata;
+use super::reader::Gguf;
 use super::types::{GgmlType, Value};
 use super::writer::GgufWriter;
 use super::{GgufError, Result};

@@ -45,8 +45,10 @@
 //!   on its own.
 
 pub mod llama;
+pub mod metadata;
 pub mod quant;
 pub mod reader;
+pub mod tensor;
 pub mod tiny;
 pub mod types;
 pub mod vocab;
@@ -56,7 +58,9 @@ pub mod writer;
 pub(crate) mod tests;
 
 pub use llama::LlamaConfig;
-pub use reader::{Gguf, Header, Metadata, TensorInfo, TensorView};
+pub use metadata::Metadata;
+pub use reader::{Gguf, Header};
+pub use tensor::{TensorInfo, TensorView};
 pub use types::{Array, GgmlType, Value, ValueType};
 pub use vocab::{TokenType, Vocab};
 pub use writer::GgufWriter;

@@ -1,6 +1,7 @@
 //! The GGUF reader: [`Header::parse`] validates a whole file's structure from
-//! bytes, [`Gguf`] owns the bytes (a memory map or a vector) with the parsed
-//! header and hands out [`TensorView`]s.
+//! bytes (the metadata of `metadata.rs`, the tensor table of `tensor.rs`),
+//! [`Gguf`] owns the bytes (a memory map or a vector) with the parsed header
+//! and hands out [`TensorView`]s.
 //!
 //! Invariants: parsing is a pure function of the bytes; it never panics, every
 //! read is bounds-checked, every count is checked against the remaining bytes
@@ -9,6 +10,8 @@
 //! each tensor's data range lies inside the data section, is aligned, and does
 //! not overlap another tensor's (see the module doc of [`crate::gguf`]).
 
+use super::metadata::{Metadata, wrong_type};
+use super::tensor::{TensorInfo, TensorView, check_data_ranges};
 use super::types::{Array, GgmlType, Value, ValueType};
 use super::{GgufError, Result};
 use std::collections::HashMap;
@@ -31,215 +34,6 @@ const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 /// The fewest bytes one tensor info occupies (name length, `n_dims`, type,
 /// offset).
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
-
-/// The metadata of a GGUF file: key-value pairs in file order, with unique keys.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Metadata {
-    entries: Vec<(String, Value)>,
-    index: HashMap<String, usize>,
-}
-
-impl Metadata {
-    /// An empty metadata set.
-    pub fn new() -> Metadata {
-        Metadata::default()
-    }
-
-    /// Adds a pair; an existing key is an error.
-    pub fn insert(&mut self, key: impl Into<String>, value: Value) -> Result<()> {
-        let key = key.into();
-        if self.index.contains_key(&key) {
-            return Err(GgufError::DuplicateKey(key));
-        }
-        self.index.insert(key.clone(), self.entries.len());
-        self.entries.push((key, value));
-        Ok(())
-    }
-
-    /// Sets a pair, replacing the value of an existing key in place.
-    pub fn set(&mut self, key: impl Into<String>, value: Value) {
-        let key = key.into();
-        match self.index.get(&key) {
-            Some(&i) => self.entries[i].1 = value,
-            None => {
-                self.index.insert(key.clone(), self.entries.len());
-                self.entries.push((key, value));
-            }
-        }
-    }
-
-    /// The pairs in file order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
-        self.entries.iter().map(|(k, v)| (k.as_str(), v))
-    }
-
-    /// Number of pairs.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether there are no pairs.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The value of `key`, if present.
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        self.index.get(key).map(|&i| &self.entries[i].1)
-    }
-
-    /// The value of `key`, or [`GgufError::MissingKey`].
-    pub fn require(&self, key: &str) -> Result<&Value> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey(key.to_string()))
-    }
-
-    /// An optional integer key (any integer type) converted to `u32`; out of
-    /// range is [`GgufError::InvalidValue`], a non-integer [`GgufError::WrongType`].
-    pub fn get_u32(&self, key: &str) -> Result<Option<u32>> {
-        self.get(key).map(|v| integer(key, v)).transpose()
-    }
-
-    /// A required integer key converted to `u32` (see [`Metadata::get_u32`]).
-    pub fn require_u32(&self, key: &str) -> Result<u32> {
-        integer(key, self.require(key)?)
-    }
-
-    /// An optional float key (`f32` or `f64`) as `f32`.
-    pub fn get_f32(&self, key: &str) -> Result<Option<f32>> {
-        self.get(key).map(|v| float(key, v)).transpose()
-    }
-
-    /// A required float key as `f32`.
-    pub fn require_f32(&self, key: &str) -> Result<f32> {
-        float(key, self.require(key)?)
-    }
-
-    /// An optional string key.
-    pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| wrong_type(key, "string", v)),
-        }
-    }
-
-    /// A required string key.
-    pub fn require_str(&self, key: &str) -> Result<&str> {
-        self.get_str(key)?.ok_or_else(|| GgufError::MissingKey(key.to_string()))
-    }
-
-    /// An optional bool key.
-    pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| wrong_type(key, "bool", v)),
-        }
-    }
-
-    /// An optional array key.
-    pub fn get_array(&self, key: &str) -> Result<Option<&Array>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_array().map(Some).ok_or_else(|| wrong_type(key, "array", v)),
-        }
-    }
-
-    /// A required array-of-strings key.
-    pub fn require_strings(&self, key: &str) -> Result<&[String]> {
-        let v = self.require(key)?;
-        v.as_array().and_then(Array::as_strings).ok_or_else(|| wrong_type(key, "array of strings", v))
-    }
-}
-
-/// A stored type, in words (`"array of u8"` for arrays).
-pub(crate) fn type_words(v: &Value) -> String {
-    match v {
-        Value::Array(a) => format!("array of {}", a.element_type()),
-        other => other.value_type().to_string(),
-    }
-}
-
-fn wrong_type(key: &str, expected: &'static str, v: &Value) -> GgufError {
-    GgufError::WrongType { key: key.to_string(), expected, found: type_words(v) }
-}
-
-fn integer(key: &str, v: &Value) -> Result<u32> {
-    let i = v.as_i128().ok_or_else(|| wrong_type(key, "integer", v))?;
-    u32::try_from(i).map_err(|_| GgufError::InvalidValue {
-        key: key.to_string(),
-        message: format!("{i} is outside the range of a u32."),
-    })
-}
-
-fn float(key: &str, v: &Value) -> Result<f32> {
-    v.as_f64().map(|f| f as f32).ok_or_else(|| wrong_type(key, "float", v))
-}
-
-/// The description of one tensor: name, shape, type and where its data is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorInfo {
-    /// The tensor's name (e.g. `blk.0.attn_q.weight`).
-    pub name: String,
-    /// The dimensions, ggml order: `dims[0]` is contiguous.
-    pub dims: Vec<u64>,
-    /// The element type.
-    pub ty: GgmlType,
-    /// Byte offset of the data within the data section (a multiple of the
-    /// alignment).
-    pub offset: u64,
-}
-
-impl TensorInfo {
-    /// Number of elements (1 for zero dimensions). Validated not to overflow for
-    /// parsed tensors; saturates otherwise.
-    pub fn n_elements(&self) -> u64 {
-        self.dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).unwrap_or(u64::MAX)
-    }
-
-    /// Bytes of the data, or `None` when the shape is not a whole number of blocks
-    /// (never for a parsed tensor).
-    pub fn n_bytes(&self) -> Option<u64> {
-        self.ty.bytes_for(self.n_elements())
-    }
-
-    /// Elements per row (`dims[0]`; 1 for a scalar).
-    pub fn row_len(&self) -> u64 {
-        self.dims.first().copied().unwrap_or(1)
-    }
-
-    /// Number of rows (the product of `dims[1..]`).
-    pub fn n_rows(&self) -> u64 {
-        self.n_elements().checked_div(self.row_len()).unwrap_or(0)
-    }
-
-    /// Checks the shape: at most [`MAX_DIMS`] dimensions, each and the element
-    /// count at most `i64::MAX` (ggml stores them signed), `dims[0]` a whole
-    /// number of blocks. Returns the data's byte size.
-    pub fn check_shape(&self) -> Result<u64> {
-        let bad = |message: String| GgufError::BadShape { tensor: self.name.clone(), message };
-        if self.dims.len() > MAX_DIMS as usize {
-            return Err(bad(format!("{} dimensions, at most {MAX_DIMS} are allowed.", self.dims.len())));
-        }
-        let mut n: u64 = 1;
-        for &d in &self.dims {
-            if d > i64::MAX as u64 {
-                return Err(bad(format!("dimension {d} does not fit in an i64.")));
-            }
-            n = n
-                .checked_mul(d)
-                .filter(|&n| n <= i64::MAX as u64)
-                .ok_or_else(|| bad(format!("the element count of shape {:?} overflows.", self.dims)))?;
-        }
-        let block = self.ty.block_size();
-        if !self.row_len().is_multiple_of(block) {
-            return Err(bad(format!(
-                "the first dimension {} is not a multiple of the {} block size {block}.",
-                self.row_len(),
-                self.ty
-            )));
-        }
-        self.ty.bytes_for(n).ok_or_else(|| bad(format!("the byte size of shape {:?} overflows.", self.dims)))
-    }
-}
 
 /// The parsed and validated structure of a GGUF file (everything but the
 /// tensor data).
@@ -340,43 +134,6 @@ impl Header {
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
-}
-
-/// Checks that every tensor's data lies inside a data section of `data_len`
-/// bytes and that no two tensors' data overlap (empty tensors overlap nothing).
-fn check_data_ranges(tensors: &[TensorInfo], data_len: u64) -> Result<()> {
-    let mut ranges = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        // `check_shape` succeeded during parsing, so the size is known.
-        let size = t.n_bytes().unwrap_or(u64::MAX);
-        let end = t.offset.checked_add(size);
-        match end {
-            Some(end) if end <= data_len => {
-                if size > 0 {
-                    ranges.push((t.offset, end, t.name.as_str()));
-                }
-            }
-            _ => {
-                return Err(GgufError::TensorOutOfBounds {
-                    tensor: t.name.clone(),
-                    start: t.offset,
-                    end: end.unwrap_or(u64::MAX),
-                    len: data_len,
-                });
-            }
-        }
-    }
-    ranges.sort_unstable();
-    for pair in ranges.windows(2) {
-        let ((_, end0, first), (start1, _, second)) = (pair[0], pair[1]);
-        if start1 < end0 {
-            return Err(GgufError::OverlappingTensors {
-                first: first.to_string(),
-                second: second.to_string(),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// A bounds-checked little-endian reader over the file's bytes.
@@ -650,57 +407,5 @@ impl Gguf {
             return &[];
         };
         self.bytes().get(start..end).unwrap_or(&[])
-    }
-}
-
-/// A tensor of a supported type and its data.
-#[derive(Debug, Clone, Copy)]
-pub struct TensorView<'a> {
-    /// The tensor's info.
-    pub info: &'a TensorInfo,
-    /// Its data, exactly `info.n_bytes()` bytes.
-    pub data: &'a [u8],
-}
-
-impl<'a> TensorView<'a> {
-    /// The element type.
-    pub fn ty(&self) -> GgmlType {
-        self.info.ty
-    }
-
-    /// The dimensions (ggml order).
-    pub fn dims(&self) -> &'a [u64] {
-        &self.info.dims
-    }
-
-    /// Bytes of one row (`dims[0]` elements).
-    pub fn row_bytes(&self) -> usize {
-        // A whole number of blocks, validated when parsing.
-        (self.info.row_len() / self.ty().block_size() * self.ty().block_bytes()) as usize
-    }
-
-    /// The data of row `i` (rows are `dims[0]` elements), or `None` past the end.
-    pub fn row(&self, i: usize) -> Option<&'a [u8]> {
-        let rb = self.row_bytes();
-        let start = i.checked_mul(rb)?;
-        self.data.get(start..start.checked_add(rb)?)
-    }
-
-    /// All elements dequantized to `f32`, in storage order.
-    pub fn to_f32(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.info.n_elements() as usize];
-        // Supported type and consistent sizes by construction.
-        let _ = super::quant::dequantize_into(self.ty(), self.data, &mut out);
-        out
-    }
-
-    /// Row `i` dequantized into `out` (`dims[0]` values).
-    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<()> {
-        let row = self.row(i).ok_or_else(|| GgufError::RowOutOfRange {
-            tensor: self.info.name.clone(),
-            row: i as u64,
-            n_rows: self.info.n_rows(),
-        })?;
-        super::quant::dequantize_into(self.ty(), row, out)
     }
 }

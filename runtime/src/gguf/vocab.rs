@@ -8,7 +8,7 @@
 //! token list is non-empty. Merges are kept as stored (`"left right"`); the
 //! tokenizer parses them.
 
-use super::reader::Metadata;
+use super::metadata::Metadata;
 use super::types::{Array, Value};
 use super::writer::GgufWriter;
 use super::{GgufError, Result};

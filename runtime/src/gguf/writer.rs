@@ -10,8 +10,10 @@
 //!
 //! [`Header::parse`]: super::Header::parse
 
+use super::metadata::Metadata;
 use super::quant;
-use super::reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, Metadata, TensorInfo};
+use super::reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC};
+use super::tensor::TensorInfo;
 use super::types::{Array, GgmlType, Value};
 use super::{GgufError, Result};
 use std::path::Path;
@@ -59,7 +61,7 @@ impl GgufWriter {
                     return Err(GgufError::WrongType {
                         key: key.to_string(),
                         expected: "u32",
-                        found: super::reader::type_words(v),
+                        found: super::metadata::type_words(v),
                     });
                 }
             }

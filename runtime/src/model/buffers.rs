@@ -167,8 +167,8 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
         let (tokens, rows, parts) = (self.grow(tokens), self.grow(rows), self.grow(parts));
         // Drop the old buffers first (their memory may be needed).
         self.scratch = None;
-        let (lin_ws, lin_cnt) = super::layers::linear_workspace_for(c, dev.tensor_cores());
-        let (mega_ws, mega_cnt) = super::layers::mega_workspace_for(c);
+        let (lin_ws, lin_cnt) = super::products::linear_workspace_for(c, dev.tensor_cores());
+        let (mega_ws, mega_cnt) = super::products::mega_workspace_for(c);
         let (lin_ws, lin_cnt) = (lin_ws.max(mega_ws), lin_cnt.max(mega_cnt));
         let stages = kernels::decode_step::stage_counters(c.n_layers);
         let (e, qd) = (c.n_embd, c.n_head * c.head_dim);

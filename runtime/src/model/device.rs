@@ -19,7 +19,7 @@ use crate::cuda::{Cuda, DevBuf, DeviceElem, GpuGraph};
 use crate::error::{Error, Result};
 use codegen::host::{Host, HostPtr};
 use cudarc::driver::CudaEvent;
-use dsl_core::interp::{Buffer, Cpu, CpuPtr, Element};
+use dsl_core::interp::{Cpu, CpuPtr, Element};
 use dsl_core::launch::{Backend, Kernel, PtrElem};
 use kernels::dequant::{GemmTiles, GemvTiles, QuantFormat};
 use std::time::Instant;
@@ -213,6 +213,100 @@ pub(crate) fn element_range<T: DeviceElem>(
     })
 }
 
+/// The first `n` elements of `T` stored in `bytes`, or an error when the
+/// buffer is shorter.
+pub(crate) fn read_elements<T: DeviceElem>(bytes: &[u8], n: usize) -> Result<Vec<T>> {
+    let range = element_range::<T>(0, n, bytes.len())?;
+    let size = <T as Element>::DTYPE.size_bytes();
+    Ok(bytes[range].chunks_exact(size).map(T::read_le).collect())
+}
+
+/// Zeroes elements `offset..offset + len` of `T` stored in `bytes`, or says
+/// why they are outside it.
+pub(crate) fn zero_elements<T: DeviceElem>(bytes: &mut [u8], offset: usize, len: usize) -> Result<()> {
+    let range = element_range::<T>(offset, len, bytes.len())?;
+    bytes[range].fill(0);
+    Ok(())
+}
+
+/// The [`Device`] methods the two CPU backends ([`Cpu`], [`Host`]) share:
+/// buffers in host memory (`$bytes` and `$bytes_mut` give the bytes of
+/// buffer `$b` of backend `$s`), synchronous launches through their
+/// [`Backend`], no graphs, instants as marks.
+macro_rules! host_memory_device {
+    ($ptr:ident, |$s:ident, $b:ident| $bytes:expr, $bytes_mut:expr) => {
+        fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<$ptr<T>> {
+            Ok(Self::upload(self, data))
+        }
+
+        fn zeros<T: DeviceElem>(&mut self, len: usize) -> Result<$ptr<T>> {
+            Ok(Self::zeros(self, len))
+        }
+
+        fn download<T: DeviceElem>(&self, buf: &$ptr<T>) -> Result<Vec<T>> {
+            Ok(self.read(*buf))
+        }
+
+        fn download_prefix<T: DeviceElem>(&self, buf: &$ptr<T>, n: usize) -> Result<Vec<T>> {
+            let ($s, $b) = (self, *buf);
+            read_elements($bytes, n)
+        }
+
+        fn write<T: DeviceElem>(&mut self, buf: &$ptr<T>, data: &[T]) -> Result<()> {
+            let ($s, $b) = (self, *buf);
+            write_elements($bytes_mut, data)
+        }
+
+        fn fill_zero<T: DeviceElem>(&mut self, buf: &$ptr<T>, offset: usize, len: usize) -> Result<()> {
+            let ($s, $b) = (self, *buf);
+            zero_elements::<T>($bytes_mut, offset, len)
+        }
+
+        fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a $ptr<T>, offset: usize) -> Result<$ptr<U>>
+        where
+            Self: 'a,
+        {
+            Ok(buf.offset(offset).cast())
+        }
+
+        fn run<'a, K: Kernel>(
+            &mut self,
+            grid: [u32; 3],
+            config: &K::Config,
+            args: &K::Args<'a, Self>,
+        ) -> Result<()>
+        where
+            Self: 'a,
+        {
+            Ok(<Self as Backend>::launch::<K>(self, grid, config, args)?)
+        }
+
+        fn supports_graphs(&self) -> bool {
+            false
+        }
+
+        fn begin_capture(&mut self) -> Result<()> {
+            Err(no_graphs())
+        }
+
+        fn end_capture(&mut self) -> Result<Self::Graph> {
+            Err(no_graphs())
+        }
+
+        fn replay(&mut self, graph: &Self::Graph) -> Result<()> {
+            match *graph {}
+        }
+
+        fn mark(&mut self) -> Result<Instant> {
+            instant()
+        }
+
+        fn mark_ms(&self, start: &Instant, end: &Instant) -> Result<f64> {
+            instant_ms(start, end)
+        }
+    };
+}
+
 impl Device for Cpu {
     type Buf<T: DeviceElem> = CpuPtr<T>;
     type Graph = std::convert::Infallible;
@@ -242,78 +336,7 @@ impl Device for Cpu {
         false
     }
 
-    fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<CpuPtr<T>> {
-        Ok(Cpu::upload(self, data))
-    }
-
-    fn zeros<T: DeviceElem>(&mut self, len: usize) -> Result<CpuPtr<T>> {
-        Ok(Cpu::zeros(self, len))
-    }
-
-    fn download<T: DeviceElem>(&self, buf: &CpuPtr<T>) -> Result<Vec<T>> {
-        Ok(self.read(*buf))
-    }
-
-    fn download_prefix<T: DeviceElem>(&self, buf: &CpuPtr<T>, n: usize) -> Result<Vec<T>> {
-        let b: &Buffer = self.buffer(*buf);
-        let range = element_range::<T>(0, n, b.size_bytes())?;
-        let size = <T as Element>::DTYPE.size_bytes();
-        Ok(b.as_bytes()[range].chunks_exact(size).map(T::read_le).collect())
-    }
-
-    fn write<T: DeviceElem>(&mut self, buf: &CpuPtr<T>, data: &[T]) -> Result<()> {
-        write_elements(self.buffer_mut(*buf).as_bytes_mut(), data)
-    }
-
-    fn fill_zero<T: DeviceElem>(&mut self, buf: &CpuPtr<T>, offset: usize, len: usize) -> Result<()> {
-        let bytes = self.buffer_mut(*buf).as_bytes_mut();
-        let range = element_range::<T>(offset, len, bytes.len())?;
-        bytes[range].fill(0);
-        Ok(())
-    }
-
-    fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a CpuPtr<T>, offset: usize) -> Result<CpuPtr<U>>
-    where
-        Self: 'a,
-    {
-        Ok(buf.offset(offset).cast())
-    }
-
-    fn run<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> Result<()>
-    where
-        Self: 'a,
-    {
-        Ok(<Cpu as Backend>::launch::<K>(self, grid, config, args)?)
-    }
-
-    fn supports_graphs(&self) -> bool {
-        false
-    }
-
-    fn begin_capture(&mut self) -> Result<()> {
-        Err(no_graphs())
-    }
-
-    fn end_capture(&mut self) -> Result<Self::Graph> {
-        Err(no_graphs())
-    }
-
-    fn replay(&mut self, graph: &Self::Graph) -> Result<()> {
-        match *graph {}
-    }
-
-    fn mark(&mut self) -> Result<Instant> {
-        instant()
-    }
-
-    fn mark_ms(&self, start: &Instant, end: &Instant) -> Result<f64> {
-        instant_ms(start, end)
-    }
+    host_memory_device!(CpuPtr, |cpu, b| cpu.buffer(b).as_bytes(), cpu.buffer_mut(b).as_bytes_mut());
 }
 
 impl Device for Host {
@@ -370,78 +393,7 @@ impl Device for Host {
         GemmTiles { block_m, block_n: 64, block_k, num_warps: 4, swap: false, num_stages: 1 }
     }
 
-    fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<HostPtr<T>> {
-        Ok(Host::upload(self, data))
-    }
-
-    fn zeros<T: DeviceElem>(&mut self, len: usize) -> Result<HostPtr<T>> {
-        Ok(Host::zeros(self, len))
-    }
-
-    fn download<T: DeviceElem>(&self, buf: &HostPtr<T>) -> Result<Vec<T>> {
-        Ok(self.read(*buf))
-    }
-
-    fn download_prefix<T: DeviceElem>(&self, buf: &HostPtr<T>, n: usize) -> Result<Vec<T>> {
-        let bytes = self.bytes(*buf);
-        let range = element_range::<T>(0, n, bytes.len())?;
-        let size = <T as Element>::DTYPE.size_bytes();
-        Ok(bytes[range].chunks_exact(size).map(T::read_le).collect())
-    }
-
-    fn write<T: DeviceElem>(&mut self, buf: &HostPtr<T>, data: &[T]) -> Result<()> {
-        write_elements(self.bytes_mut(*buf), data)
-    }
-
-    fn fill_zero<T: DeviceElem>(&mut self, buf: &HostPtr<T>, offset: usize, len: usize) -> Result<()> {
-        let bytes = self.bytes_mut(*buf);
-        let range = element_range::<T>(offset, len, bytes.len())?;
-        bytes[range].fill(0);
-        Ok(())
-    }
-
-    fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a HostPtr<T>, offset: usize) -> Result<HostPtr<U>>
-    where
-        Self: 'a,
-    {
-        Ok(buf.offset(offset).cast())
-    }
-
-    fn run<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> Result<()>
-    where
-        Self: 'a,
-    {
-        Ok(<Host as Backend>::launch::<K>(self, grid, config, args)?)
-    }
-
-    fn supports_graphs(&self) -> bool {
-        false
-    }
-
-    fn begin_capture(&mut self) -> Result<()> {
-        Err(no_graphs())
-    }
-
-    fn end_capture(&mut self) -> Result<Self::Graph> {
-        Err(no_graphs())
-    }
-
-    fn replay(&mut self, graph: &Self::Graph) -> Result<()> {
-        match *graph {}
-    }
-
-    fn mark(&mut self) -> Result<Instant> {
-        instant()
-    }
-
-    fn mark_ms(&self, start: &Instant, end: &Instant) -> Result<f64> {
-        instant_ms(start, end)
-    }
+    host_memory_device!(HostPtr, |host, b| host.bytes(b), host.bytes_mut(b));
 }
 
 impl Device for Cuda {

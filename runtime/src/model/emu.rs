@@ -12,7 +12,7 @@
 //! kept pointing to the old one replays on stale data and a comparison with
 //! eager execution fails.
 
-use super::device::{Device, element_range, instant, instant_ms, write_elements};
+use super::device::{Device, instant, instant_ms, read_elements, write_elements, zero_elements};
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
 use dsl_core::interp::{Arg, Buffer, Element, Kernel as Prepared};
@@ -177,10 +177,7 @@ impl Device for Emu {
 
     fn download_prefix<T: DeviceElem>(&self, buf: &EmuPtr<T>, n: usize) -> Result<Vec<T>> {
         self.not_while_capturing("a read")?;
-        let b = &self.buffers[buf.buffer];
-        let range = element_range::<T>(0, n, b.size_bytes())?;
-        let size = <T as Element>::DTYPE.size_bytes();
-        Ok(b.as_bytes()[range].chunks_exact(size).map(T::read_le).collect())
+        read_elements(self.buffers[buf.buffer].as_bytes(), n)
     }
 
     fn write<T: DeviceElem>(&mut self, buf: &EmuPtr<T>, data: &[T]) -> Result<()> {
@@ -190,10 +187,7 @@ impl Device for Emu {
 
     fn fill_zero<T: DeviceElem>(&mut self, buf: &EmuPtr<T>, offset: usize, len: usize) -> Result<()> {
         self.not_while_capturing("a fill")?;
-        let bytes = self.buffers[buf.buffer].as_bytes_mut();
-        let range = element_range::<T>(offset, len, bytes.len())?;
-        bytes[range].fill(0);
-        Ok(())
+        zero_elements::<T>(self.buffers[buf.buffer].as_bytes_mut(), offset, len)
     }
 
     fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a EmuPtr<T>, offset: usize) -> Result<EmuPtr<U>>

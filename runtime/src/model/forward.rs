@@ -77,13 +77,12 @@ use kernels::decode_attention::split_plan;
 use std::collections::BTreeMap;
 
 /// The most tokens a step may have to take the fused decode path (norms in
-/// the GEMV prologues, residual adds in the epilogues). Measured on an H100
-/// (2026-11-22, bf16, SmolLM2 shapes): at one row the fused GEMVs beat
-/// GEMV + `add_rmsnorm` (batch-1 ITL p50 0.98 -> 0.92 ms), but at 8 rows the
-/// fused kernels are slower than the pair (gate/up with the norm 21.8 us
-/// against 10.9 + 4.2 us: the norm prologue raises register use to ~255), and
-/// batch-64 decode fell from 10.7k to 8.7k tok/s. Larger steps therefore keep
-/// the separate norm kernels.
+/// the GEMV prologues, residual adds in the epilogues). At one row the fused
+/// GEMVs save a launch and a round trip of the normed activations; at more
+/// rows the norm prologue, recomputed by every program, raises the GEMV's
+/// register use until the fused kernel is slower than the separate GEMV and
+/// `add_rmsnorm` (see BENCHMARKS.md). Larger steps therefore keep the
+/// separate norm kernels.
 pub const FUSED_MAX_TOKENS: usize = 1;
 
 /// Tokens per chunk of the decode-attention kernel (f32 caches), and the

@@ -21,35 +21,35 @@
 //! Invariant: [`launch_forward`] issues launches only (no allocation, copy or
 //! synchronization), so it can be captured into a graph.
 
+use super::attention::{invariant_decode, prefill_tiles};
 use super::buffers::{Buffers, KvCache, Scratch};
 use super::device::Device;
 use super::forward::{DECODE_BLOCK_N, FUSED_MAX_TOKENS, Launcher, Plan, TC_BLOCK_N, usage};
 use super::inputs::Layout;
+use super::products::{Fuse, gemv_fused, linear_launch, matmul};
 use super::weights::{Kind, MatRef, Weights};
 use crate::cuda::DeviceElem;
 use crate::error::Result;
-use crate::gguf::LlamaConfig;
 use crate::model::ActElem;
 use dsl_core::DType;
-use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
-use kernels::dequant::linear::linear;
-use kernels::dequant::{
-    LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid, linear_tiles, linear_workspace,
-    uses_gemv,
-};
 use kernels::embedding::{self, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
 use kernels::rope::rope_kv_write;
 use std::marker::PhantomData;
 
-fn any<'a, D: Device + 'a, T: ActElem>(b: &'a D::Buf<T>, off: usize) -> Result<D::Ptr<'a, AnyDType>> {
+/// Element `off` of `b` as a kernel's dtype-generic pointer.
+pub(super) fn any<'a, D: Device + 'a, T: ActElem>(
+    b: &'a D::Buf<T>,
+    off: usize,
+) -> Result<D::Ptr<'a, AnyDType>> {
     D::ptr_at::<T, AnyDType>(b, off)
 }
 
-fn typed<'a, D: Device + 'a, T: DeviceElem>(b: &'a D::Buf<T>) -> Result<D::Ptr<'a, T>> {
+/// The start of `b` as a typed kernel pointer.
+pub(super) fn typed<'a, D: Device + 'a, T: DeviceElem>(b: &'a D::Buf<T>) -> Result<D::Ptr<'a, T>> {
     D::ptr_at::<T, T>(b, 0)
 }
 
@@ -59,17 +59,7 @@ pub(super) fn arena_i32<'a, D: Device + 'a>(arena: &'a D::Buf<u8>, off: usize) -
 }
 
 /// A buffer and an element offset into it.
-type At<'a, B> = (&'a B, usize);
-
-/// What a projection fuses: `Norm` is the RMSNorm prologue with its weight
-/// and epsilon (single-token steps only), `Residual` the in-place residual
-/// add of the epilogue.
-#[derive(Clone, Copy)]
-enum Fuse<'a, D: Device, T: ActElem> {
-    None,
-    Norm(At<'a, D::Buf<T>>, f32),
-    Residual,
-}
+pub(super) type At<'a, B> = (&'a B, usize);
 
 /// The step's shared, read-only state: weights, cache, buffers, inputs, plan.
 pub(super) struct Fwd<'a, D: Device, T: ActElem> {
@@ -464,296 +454,4 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         ln.cost(|| format!("add + rmsnorm {rows} rows"), (4 * rows + 1) * c.n_embd * es, 0);
         ln.run::<add_rmsnorm::Kernel>([rows as u32, 1, 1], &config, &args)
     }
-}
-
-/// FlashAttention's tiles for `head_dim`, `dtype`, the device (`wgmma`)
-/// and pages of `page` tokens ([`fa::config_for`]), with the
-/// batch-invariant softmax when `invariant`.
-pub(crate) fn prefill_tiles(
-    head_dim: usize,
-    dtype: DType,
-    wgmma: bool,
-    page: usize,
-    invariant: bool,
-) -> fa::TileConfig {
-    fa::TileConfig { invariant, ..fa::config_for(head_dim, dtype, wgmma, page) }
-}
-
-/// The batch-invariant decode kernel's configuration: each row computes
-/// what [`prefill_tiles`]' prefill kernel computes for it, with the same key
-/// block, the same warp layout of a row (a warpgroup of 64 rows on `wgmma`,
-/// one warp of 16 rows per `mma.sync`), the same softmax arithmetic, and no
-/// split.
-pub(crate) fn invariant_decode(
-    dtype: DType,
-    wgmma: bool,
-    h_kv: usize,
-    group: usize,
-    head_dim: usize,
-    page: usize,
-) -> paged_decode_tc::Config {
-    let (block_n, rows, warps) = invariant_decode_shape(dtype, wgmma, group, head_dim, page);
-    paged_decode_tc::Config::new(dtype, h_kv, group, head_dim, page, block_n, false, rows, true)
-        .with_warps(warps)
-        .with_stages(INVARIANT_DECODE_STAGES)
-}
-
-/// The pipeline depth of the batch-invariant decode kernel.
-pub(crate) const INVARIANT_DECODE_STAGES: u32 = 3;
-
-/// [`invariant_decode`]'s key block, tile height and warps.
-pub(crate) fn invariant_decode_shape(
-    dtype: DType,
-    wgmma: bool,
-    group: usize,
-    head_dim: usize,
-    page: usize,
-) -> (usize, usize, u32) {
-    let t = prefill_tiles(head_dim, dtype, wgmma, page, true);
-    let half = matches!(dtype, DType::BF16 | DType::F16);
-    let (rows, warps) = match (half, wgmma) {
-        (true, true) => (64, 4),
-        (true, false) => (16, 1),
-        (false, _) => (default_rows(group), 4),
-    };
-    (t.block_n, rows.max(group), warps)
-}
-
-/// The configuration and grid of the batch-invariant product ([`linear`])
-/// of `m` rows with a `format` weight of `rows` rows and `k` columns, with
-/// its fusions, on the device's tiles ([`linear_tiles`]; f16 operands on
-/// tensor cores), and the workspace entries and counters it needs.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn linear_config(
-    dtype: DType,
-    format: QuantFormat,
-    m: usize,
-    rows: usize,
-    k: usize,
-    silu: bool,
-    norm: bool,
-    residual: bool,
-    tensor_cores: bool,
-) -> (linear::Config, [u32; 3], (usize, usize)) {
-    let t = linear_tiles(format, m, rows, k, tensor_cores);
-    let n = if silu { rows / 2 } else { rows };
-    let config = linear::Config::new(
-        dtype,
-        format,
-        silu,
-        norm,
-        residual,
-        t.split,
-        tensor_cores,
-        t.block_m,
-        t.block_n,
-        if norm { k.next_power_of_two() } else { 1 },
-    )
-    .with_warps(t.num_warps);
-    let grid = linear_grid(m, n, k, silu, &t);
-    (config, grid, linear_workspace(grid, &t))
-}
-
-/// The workspace entries and counters every split product of a model of
-/// shape `c` fits in (its split batches have at most
-/// [`LINEAR_SPLIT_MAX_M`] rows and need the same for any of them).
-pub(crate) fn linear_workspace_for(c: &LlamaConfig, tensor_cores: bool) -> (usize, usize) {
-    let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    let shapes = [
-        (qkv, c.n_embd),
-        (c.n_embd, c.n_head * c.head_dim),
-        (2 * c.n_ff, c.n_embd),
-        (c.n_embd, c.n_ff),
-        (c.vocab_size, c.n_embd),
-    ];
-    let mut need = (0, 0);
-    for (rows, k) in shapes {
-        for format in [QuantFormat::Q4_0, QuantFormat::Q8_0] {
-            let t = linear_tiles(format, LINEAR_SPLIT_MAX_M, rows, k, tensor_cores);
-            let (ws, cnt) = linear_workspace(linear_grid(LINEAR_SPLIT_MAX_M, rows, k, false, &t), &t);
-            need = (need.0.max(ws), need.1.max(cnt));
-        }
-    }
-    need
-}
-
-/// The workspace entries and tile counters the persistent step's split
-/// products need for a model of shape `c`.
-pub(crate) fn mega_workspace_for(c: &LlamaConfig) -> (usize, usize) {
-    let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    let shapes =
-        [(qkv, c.n_embd), (c.n_embd, c.n_head * c.head_dim), (2 * c.n_ff, c.n_embd), (c.n_embd, c.n_ff)];
-    let mut need = (0, 0);
-    for (rows, k) in shapes {
-        let (ws, cnt) = kernels::decode_step::workspace(rows, k);
-        need = (need.0.max(ws), need.1.max(cnt));
-    }
-    need
-}
-
-/// The batch-invariant product with its fusions: [`linear`], or on devices
-/// with [`Device::cpu_gemv`] the CPU GEMV at every batch size.
-#[allow(clippy::too_many_arguments)]
-fn linear_launch<D: Device, T: ActElem>(
-    l: &mut Launcher<'_, D>,
-    scratch: &Scratch<D, T>,
-    w: MatRef<'_, D>,
-    x: (&D::Buf<T>, usize),
-    out: (&D::Buf<T>, usize),
-    m: usize,
-    silu: bool,
-    fuse: Fuse<'_, D, T>,
-) -> Result<()> {
-    if l.dev.cpu_gemv() {
-        // The native CPU's invariant product: `cpu_gemv`'s row arithmetic is
-        // fixed by its K tile alone (the same for every `m`), and its fusions
-        // give the separate kernels' bits.
-        let norm = match fuse {
-            Fuse::Norm(nw, eps) if m == 1 => Some((nw, eps)),
-            Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
-            _ => None,
-        };
-        return gemv_fused::<D, T>(l, w, x, out, m, silu, norm, matches!(fuse, Fuse::Residual));
-    }
-    let n = if silu { w.n / 2 } else { w.n };
-    let (np, eps, norm) = match fuse {
-        Fuse::Norm(nw, eps) if m == 1 => (any::<D, T>(nw.0, nw.1)?, eps, true),
-        Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
-        _ => (any::<D, T>(x.0, x.1)?, 0.0, false),
-    };
-    let residual = matches!(fuse, Fuse::Residual);
-    let tc = l.dev.tensor_cores();
-    let (config, grid, (ws, cnt)) =
-        linear_config(T::DEVICE_DTYPE, w.format, m, w.n, w.k, silu, norm, residual, tc);
-    let s = scratch;
-    if ws > 0 && (ws > s.lin_ws_len || cnt > s.lin_cnt_len) {
-        return Err(usage(format!(
-            "internal error: the split product needs {ws} workspace entries and {cnt} counters"
-        )));
-    }
-    let args = linear::Args {
-        x_ptr: any::<D, T>(x.0, x.1)?,
-        q_ptr: D::ptr_at::<u8, u8>(w.quants, w.q_off)?,
-        s_ptr: D::ptr_at::<f16, f16>(w.scales, w.s_off)?,
-        nw_ptr: np,
-        out_ptr: any::<D, T>(out.0, out.1)?,
-        ws_ptr: typed::<D, f32>(&s.lin_ws)?,
-        cnt_ptr: typed::<D, i32>(&s.lin_cnt)?,
-        m: m as i32,
-        n: n as i32,
-        k: w.k as i32,
-        eps,
-        _marker: PhantomData,
-    };
-    l.run::<linear::Kernel>(grid, &config, &args)
-}
-
-/// `out[m, n] = x[m, k] @ w^T` (or the fused SiLU-mul, `n = w.n / 2`) on the
-/// fast path: the GEMV for small products, the tensor-core GEMM above.
-fn matmul<D: Device, T: ActElem>(
-    l: &mut Launcher<'_, D>,
-    w: MatRef<'_, D>,
-    x: (&D::Buf<T>, usize),
-    out: (&D::Buf<T>, usize),
-    m: usize,
-    silu: bool,
-) -> Result<()> {
-    let dtype = T::DEVICE_DTYPE;
-    let n = if silu { w.n / 2 } else { w.n };
-    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
-    let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
-    let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
-    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
-    macro_rules! launch {
-        ($family:ident, $kernel:ident, $tiles:expr, $grid:expr $(, $extra:expr)*) => {{
-            use kernels::dequant::$family::$kernel as kk;
-            let (a, b, c, warps, stages) = $tiles;
-            let args = kk::Args {
-                x_ptr: xp,
-                q_ptr: qp,
-                s_ptr: sp,
-                out_ptr: op,
-                m: mi,
-                n: ni,
-                k: ki,
-                _marker: PhantomData,
-            };
-            let config =
-                kk::Config::new(dtype, w.format, silu, a, b, c $(, $extra)*).with_warps(warps).with_stages(stages);
-            l.run::<kk::Kernel>($grid, &config, &args)
-        }};
-    }
-    if uses_gemv(m, w.n) {
-        let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
-        let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
-        let tiles = (t.m_block, t.block_n, t.block_k, t.num_warps, 2);
-        launch!(gemv, gemv, tiles, grid)
-    } else {
-        // The swapped product needs 16-bit activations and `wgmma`.
-        let swap_ok = dtype != DType::F32 && l.dev.wgmma();
-        let t = l.dev.gemm_tiles(w.format, m, w.n, w.k, swap_ok);
-        let grid = gemm_grid(m, n, silu, t.block_m, t.block_n);
-        let tiles = (t.block_m, t.block_n, t.block_k, t.num_warps, t.num_stages);
-        launch!(gemm, gemm, tiles, grid, t.swap)
-    }
-}
-
-/// A fused decode GEMV of the fast path ([`kernels::dequant::fused`], or
-/// [`kernels::cpu_gemv`] where [`Device::cpu_gemv`]):
-/// `out[m, n] = norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights,
-/// eps))` the RMSNorm prologue, or `out += x @ w^T` in place with
-/// `residual` (one row with `norm`).
-#[allow(clippy::too_many_arguments)]
-fn gemv_fused<D: Device, T: ActElem>(
-    l: &mut Launcher<'_, D>,
-    w: MatRef<'_, D>,
-    x: (&D::Buf<T>, usize),
-    out: (&D::Buf<T>, usize),
-    m: usize,
-    silu: bool,
-    norm: Option<(At<'_, D::Buf<T>>, f32)>,
-    residual: bool,
-) -> Result<()> {
-    let dtype = T::DEVICE_DTYPE;
-    let n = if silu { w.n / 2 } else { w.n };
-    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
-    let (np, eps) = match norm {
-        Some((nw, eps)) => (any::<D, T>(nw.0, nw.1)?, eps),
-        None => (any::<D, T>(x.0, x.1)?, 0.0),
-    };
-    let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
-    let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
-    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
-    let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
-    let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
-    macro_rules! launch {
-        ($($kernel:ident)::+) => {{
-            use kernels::$($kernel)::+ as kk;
-            let args = kk::Args {
-                x_ptr: xp,
-                q_ptr: qp,
-                s_ptr: sp,
-                nw_ptr: np,
-                out_ptr: op,
-                m: mi,
-                n: ni,
-                k: ki,
-                eps,
-                _marker: PhantomData,
-            };
-            let config = kk::Config::new(
-                dtype,
-                w.format,
-                silu,
-                norm.is_some(),
-                residual,
-                t.m_block,
-                t.block_n,
-                t.block_k,
-            )
-            .with_warps(t.num_warps);
-            l.run::<kk::Kernel>(grid, &config, &args)
-        }};
-    }
-    if l.dev.cpu_gemv() { launch!(cpu_gemv::cpu_gemv) } else { launch!(dequant::fused::gemv_fused) }
 }

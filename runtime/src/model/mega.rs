@@ -12,11 +12,12 @@
 //! multi-kernel step computes (see the kernel's module doc), so switching
 //! paths never changes a request's tokens.
 
+use super::attention::{INVARIANT_DECODE_STAGES, invariant_decode_shape};
 use super::buffers::{KvCache, Scratch};
 use super::device::Device;
 use super::forward::{Launcher, Plan, usage};
 use super::inputs::Layout;
-use super::layers::{INVARIANT_DECODE_STAGES, arena_i32, invariant_decode_shape};
+use super::layers::arena_i32;
 use super::weights::{Kind, Weights};
 use crate::error::Result;
 use crate::model::ActElem;

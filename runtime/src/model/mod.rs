@@ -28,6 +28,7 @@
 //! device-specific branches in the forward); every step is validated on the
 //! host before any launch.
 
+pub mod attention;
 pub mod buffers;
 pub mod device;
 mod elem;
@@ -38,6 +39,7 @@ pub mod graph;
 pub mod inputs;
 pub mod layers;
 pub mod mega;
+pub mod products;
 pub mod sampler;
 pub mod weights;
 

@@ -6,7 +6,7 @@
 
 use super::api::Limits;
 use super::{ModelInfo, ServeOptions, serve_engine};
-use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, resolve_model, run_task};
+use crate::app::{Context, EngineTask, LoadOptions, resolve_model, run_task};
 use crate::chat::ChatTemplate;
 use crate::engine::Engine;
 use crate::error::Result;
@@ -52,22 +52,12 @@ async fn post(c: &reqwest::Client, url: &str, body: &Value) -> reqwest::Response
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_serves_the_golden_continuations_on_the_native_backend() {
-    let golden =
-        Golden::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json"))
-            .unwrap();
+    let golden = Golden::bundled();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = Arc::new(Notify::new());
     let task = ServeOn { listener, stop: stop.clone() };
-    let opts = LoadOptions {
-        model: PathBuf::from(crate::app::DEFAULT_MODEL),
-        device: DeviceChoice::Cpu,
-        max_num_seqs: 4,
-        max_model_len: 256,
-        max_blocks: Some(64),
-        verbose: false,
-        ..LoadOptions::default()
-    };
+    let opts = LoadOptions::native_test(256, 64);
     let server = std::thread::spawn(move || run_task(&opts, task));
     let c = reqwest::Client::new();
     let url = |p: &str| format!("http://{addr}{p}");

@@ -1,11 +1,12 @@
 //! The text of one choice, token by token: incremental UTF-8 assembly of the
 //! tokens' bytes and stop-string matching with hold-back.
 //!
-//! [`Utf8Stream`] is the tokenizer's streaming detokenizer with owned state
-//! (no borrow of the [`Tokenizer`], so a request's state can live in a plain
-//! struct across `await`s): only whole characters come out, the bytes of a
-//! character split across tokens wait for the rest, invalid bytes become
-//! U+FFFD as soon as they are known to be invalid.
+//! [`Utf8Stream`] (the tokenizer's, which its streaming detokenizer is
+//! built on) is used with owned state (no borrow of the [`Tokenizer`], so a
+//! request's state can live in a plain struct across `await`s): only whole
+//! characters come out, the bytes of a character split across tokens wait
+//! for the rest, invalid bytes become U+FFFD as soon as they are known to be
+//! invalid.
 //!
 //! [`StopBuffer`] holds back the longest tail of the text that could still
 //! grow into a stop string, so streamed text never has to be taken back;
@@ -18,51 +19,7 @@
 //! released.
 
 use crate::error::Result;
-use crate::tokenizer::Tokenizer;
-
-/// Incremental UTF-8 decoding of byte chunks.
-#[derive(Debug, Default)]
-pub struct Utf8Stream {
-    pending: Vec<u8>,
-}
-
-impl Utf8Stream {
-    /// Adds `bytes` and returns the characters now complete.
-    pub fn push(&mut self, bytes: &[u8]) -> String {
-        self.pending.extend_from_slice(bytes);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    return out;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(&String::from_utf8_lossy(&self.pending[..valid]));
-                    match e.error_len() {
-                        None => {
-                            self.pending.drain(..valid);
-                            return out;
-                        }
-                        Some(n) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            self.pending.drain(..valid + n);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Ends the stream: an incomplete character becomes U+FFFD.
-    pub fn finish(&mut self) -> String {
-        let out = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        out
-    }
-}
+use crate::tokenizer::{Tokenizer, Utf8Stream};
 
 /// Stop-string matching over streamed text (see the module doc).
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@
 //! for token.
 
 use super::cli::Speculation;
-use crate::app::{Context, DeviceChoice, EngineTask, LoadOptions, run_task};
+use crate::app::{Context, EngineTask, LoadOptions, run_task};
 use crate::engine::{Engine, Request};
 use crate::error::Result;
 use crate::model::ActElem;
@@ -14,7 +14,6 @@ use crate::model::Device;
 use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
 use crate::spec::SpecStats;
-use std::path::PathBuf;
 
 /// New tokens per golden prompt.
 const NEW_TOKENS: usize = 24;
@@ -49,19 +48,8 @@ impl EngineTask for Greedy {
 
 #[test]
 fn smollm2_greedy_with_speculation_equals_plain_greedy_on_the_native_backend() {
-    let golden =
-        Golden::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q4_1.json"))
-            .unwrap();
-    let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
-    let opts = LoadOptions {
-        model: PathBuf::from(crate::app::DEFAULT_MODEL),
-        device: DeviceChoice::Cpu,
-        max_num_seqs: 4,
-        max_model_len: 128,
-        max_blocks: Some(32),
-        verbose: false,
-        ..LoadOptions::default()
-    };
+    let prompts = Golden::bundled().prompts();
+    let opts = LoadOptions::native_test(128, 32);
     let t0 = std::time::Instant::now();
     let (want, _) = run_task(&opts, Greedy(prompts.clone())).unwrap();
     assert_eq!(want.len(), prompts.len());

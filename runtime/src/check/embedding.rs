@@ -1,0 +1,79 @@
+//! The check of `kernels::embedding`: the Q8_0 row gather, exact against
+//! the interpreter (`d * q` is exact in f32; bf16 is one rounding of it on
+//! both sides), out-of-range ids giving zero rows.
+
+use crate::check::{CheckRow, DevicePtr, EXACT, Rng, outcome};
+use crate::error::Result;
+use crate::model::{ActElem, Device};
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Cpu;
+use kernels::embedding::embedding_q8_0 as kernel;
+use std::marker::PhantomData;
+
+/// A random Q8_0 table of `vocab` rows of `hidden` values (raw bytes): non-zero
+/// f16 scales up to 0.1 in magnitude (the range of real embeddings), random i8 quants.
+fn q8_0_table(rng: &mut Rng, vocab: usize, hidden: usize) -> Vec<u8> {
+    let blocks = vocab * hidden / 32;
+    let mut t = Vec::with_capacity(blocks * 34);
+    for _ in 0..blocks {
+        t.extend_from_slice(&f16::from_f64(rng.nonzero(0.1)).to_le_bytes());
+        t.extend((0..32).map(|_| rng.next_u64() as u8));
+    }
+    t
+}
+
+/// The rows `ids` of the table `w` (`vocab` rows of `hidden` values) on `dev`.
+fn embedding_on<T: ActElem, D: Device>(
+    dev: &mut D,
+    w: &[u8],
+    ids: &[i32],
+    (hidden, vocab): (usize, usize),
+) -> Result<Vec<T>> {
+    let tokens = ids.len();
+    let block = kernels::embedding::block_for(hidden);
+    let config = kernel::Config::new(T::DEVICE_DTYPE, block).with_warps(kernels::embedding::warps_for(block));
+    let (wd, id, od) = (dev.upload(w)?, dev.upload(ids)?, dev.zeros::<T>(tokens * hidden)?);
+    let args = kernel::Args {
+        w_ptr: dev.ptr(&wd)?,
+        ids_ptr: dev.ptr(&id)?,
+        out_ptr: dev.ptr(&od)?,
+        hidden: hidden as i32,
+        vocab: vocab as i32,
+        _marker: PhantomData,
+    };
+    dev.run::<kernel::Kernel>([tokens as u32, 1, 1], &config, &args)?;
+    dev.download(&od)
+}
+
+fn embedding_q8_0_case<T: ActElem, D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    (tokens, hidden, vocab): (usize, usize, usize),
+    invalid: bool,
+) -> Result<CheckRow> {
+    let w = q8_0_table(rng, vocab, hidden);
+    let mut ids: Vec<i32> = (0..tokens).map(|_| (rng.next_u64() % vocab as u64) as i32).collect();
+    if invalid {
+        // Out-of-range ids give zero rows on both sides (the kernel's contract).
+        ids[tokens / 2] = vocab as i32;
+        ids[0] = -1;
+    }
+    let got = embedding_on::<T, _>(dev, &w, &ids, (hidden, vocab))?;
+    let want = embedding_on::<T, _>(&mut Cpu::new(), &w, &ids, (hidden, vocab))?;
+    let shape = format!("{tokens}x{hidden} of {vocab}{}", if invalid { " (2 invalid ids)" } else { "" });
+    Ok(outcome("embedding_q8_0", shape, T::DEVICE_DTYPE, &got, &want, EXACT))
+}
+
+/// The `embedding_q8_0` check: ragged token counts, hidden 576 (SmolLM2, its
+/// full 49152-row vocab once) and 4096 (a looped row), f32 and bf16 outputs,
+/// exact (`d * q` is exact in f32; bf16 is one rounding of it on both sides).
+pub fn embedding_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    let shapes = [(1, 576, 1000), (37, 576, 49152), (5, 4096, 300), (130, 4096, 64)];
+    for (i, shape) in shapes.into_iter().enumerate() {
+        out.push(embedding_q8_0_case::<f32, _>(dev, &mut rng, shape, i == 2)?);
+        out.push(embedding_q8_0_case::<bf16, _>(dev, &mut rng, shape, i == 3)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,134 @@
+//! Tests of the command line: parsing, usage errors, the commands that
+//! need no GPU.
+
+use super::*;
+use clap::CommandFactory;
+use std::path::PathBuf;
+
+#[test]
+fn cli_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+/// A block size the cache cannot page by, and sizes whose products would
+/// overflow, end a command with a usage error naming the flag (before the
+/// model is read), never a panic or a wrapped number.
+#[test]
+fn bad_engine_sizes_are_usage_errors() {
+    let huge = "18446744073709551615";
+    let cases: [(&[&str], &str); 9] = [
+        (&["--block-size", "0"], "--block-size"),
+        (&["--block-size", "48"], "--block-size"),
+        (&["--block-size", huge], "--block-size"),
+        (&["--max-num-seqs", "0"], "--max-num-seqs"),
+        (&["--max-num-seqs", huge], "--max-num-seqs"),
+        (&["--max-model-len", huge], "--max-model-len"),
+        (&["--max-num-batched-tokens", huge], "--max-num-batched-tokens"),
+        (&["--kv-blocks", "0"], "--kv-blocks"),
+        (&["--kv-blocks", huge], "--kv-blocks"),
+    ];
+    for (flags, name) in cases {
+        for cmd in ["generate", "profile"] {
+            let mut argv = vec!["tessera", cmd, "--model", "/nonexistent.gguf"];
+            if cmd == "generate" {
+                argv.extend(["--prompt", "hi"]);
+            }
+            argv.extend(flags);
+            let cli = Cli::try_parse_from(&argv).unwrap();
+            match run(cli) {
+                Err(Error::Usage(m)) => assert!(m.contains(name), "{argv:?}: {m}"),
+                other => panic!("{argv:?}: {other:?}"),
+            }
+        }
+    }
+    let sizes = |f: &[&str]| {
+        let mut argv = vec!["tessera", "generate", "--prompt", "hi"];
+        argv.extend(f);
+        match Cli::try_parse_from(&argv).unwrap().command {
+            Command::Generate(a) => a.model.load_options().validate(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(sizes(&["--block-size", "64", "--max-num-seqs", "256", "--max-model-len", "8192"]).is_ok());
+    assert!(sizes(&["--max-num-batched-tokens", "99999999999"]).is_err());
+}
+
+#[test]
+fn decode_paths_parse() {
+    let path = |p: &str| {
+        let argv = ["tessera", "generate", "--prompt", "hi", "--decode-path", p];
+        Cli::try_parse_from(argv).map(|c| match c.command {
+            Command::Generate(a) => a.model.load_options().decode_path,
+            other => panic!("{other:?}"),
+        })
+    };
+    assert_eq!(path("mega").unwrap(), DecodePath::Mega);
+    assert_eq!(path("graphs").unwrap(), DecodePath::Graphs);
+    assert_eq!(path("auto").unwrap(), DecodePath::Auto);
+    let err = path("persistent").unwrap_err().to_string();
+    assert!(err.contains("expected mega, graphs or auto"), "{err}");
+}
+
+#[test]
+fn parses_the_subcommands() {
+    let c = Cli::try_parse_from(["tessera", "kernels", "dump", "softmax", "--ptx", "--target", "sm_90a"])
+        .unwrap();
+    match c.command {
+        Command::Kernels { action: KernelsAction::Dump(d) } => {
+            assert_eq!(d.name, "softmax");
+            assert!(d.ptx && !d.ir && !d.llvm);
+            assert_eq!(d.target, TargetArg::Sm90a);
+        }
+        other => panic!("{other:?}"),
+    }
+    let c = Cli::try_parse_from(["tessera", "bench", "--peers", "p.json", "--json", "o.json", "--runs", "3"])
+        .unwrap();
+    match c.command {
+        Command::Bench(b) => {
+            assert_eq!(b.runs, 3);
+            assert_eq!(b.peers, Some(PathBuf::from("p.json")));
+            assert_eq!(b.shapes, "8192x1024,4096x16384");
+            assert!(!b.autotune);
+        }
+        other => panic!("{other:?}"),
+    }
+    match Cli::try_parse_from(["tessera", "bench", "--autotune"]).unwrap().command {
+        Command::Bench(b) => assert!(b.autotune),
+        other => panic!("{other:?}"),
+    }
+    let c = Cli::try_parse_from(["tessera", "gpu-check", "--only", "softmax,copy"]).unwrap();
+    assert!(matches!(c.command, Command::GpuCheck(ref g) if g.only == ["softmax", "copy"]));
+    assert!(Cli::try_parse_from(["tessera", "kernels", "dump", "x", "--target", "sm_70"]).is_err());
+    assert!(Cli::try_parse_from(["tessera", "frobnicate"]).is_err());
+}
+
+#[test]
+fn list_and_unknown_names() {
+    assert!(run(Cli::try_parse_from(["tessera", "kernels", "list"]).unwrap()).unwrap());
+    let e = run(Cli::try_parse_from(["tessera", "kernels", "dump", "nope"]).unwrap()).unwrap_err();
+    assert!(matches!(e, Error::Usage(ref m) if m.contains("no kernel named `nope`")), "{e}");
+    let e = run(Cli::try_parse_from(["tessera", "gpu-check", "--only", "nope"]).unwrap()).unwrap_err();
+    assert!(matches!(e, Error::Usage(_)), "{e}");
+}
+
+#[test]
+fn dump_compiles_every_kernel() {
+    for e in registry::ENTRIES {
+        for target in ["sm_80", "sm_90a"] {
+            let cli =
+                Cli::try_parse_from(["tessera", "kernels", "dump", e.name, "--ptx", "--target", target]);
+            run(cli.unwrap()).unwrap_or_else(|err| panic!("{} for {target}: {err}", e.name));
+        }
+    }
+}
+
+#[test]
+fn gpu_commands_fail_cleanly_without_a_gpu() {
+    if crate::cuda::Gpu::new(0).is_ok() {
+        return;
+    }
+    let e = run(Cli::try_parse_from(["tessera", "gpu-check"]).unwrap()).unwrap_err();
+    assert!(matches!(e, Error::NoDriver(_) | Error::NoDevice(_)), "{e}");
+    let e = run(Cli::try_parse_from(["tessera", "bench", "--no-copy"]).unwrap()).unwrap_err();
+    assert!(matches!(e, Error::NoDriver(_) | Error::NoDevice(_)), "{e}");
+}

@@ -1,0 +1,53 @@
+//! Helpers the suite's modules share: the proptest configuration, the
+//! storage types of activations, their tolerances and random non-zero
+//! inputs.
+
+use dsl_core::DType;
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Element;
+use proptest::prelude::ProptestConfig;
+use tests::reference::Rng;
+
+/// A proptest configuration of `n` cases that writes no regression files.
+pub fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+/// `n` values in `[-2, -1/64] ∪ [1/64, 2]`, rounded to `dtype`.
+pub fn nonzero(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let m = rng.uniform(1.0 / 64.0, 2.0) as f64;
+            dtype.round_float(if rng.below(2) == 0 { m } else { -m })
+        })
+        .collect()
+}
+
+/// Storage types of the tests (activations the kernels read and write).
+pub trait Storage: Element {
+    /// `v` rounded to this type.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Storage for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Storage for bf16 {
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+impl Storage for f16 {
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+
+/// `(atol, rtol)` of outputs stored in `dtype` after a few f32 operations.
+pub fn tol(dtype: DType) -> (f64, f64) {
+    if dtype == DType::BF16 { (1e-6, 1.0 / 128.0) } else { (1e-6, 1e-5) }
+}
