@@ -246,6 +246,10 @@ pub struct DumpArgs {
     /// Print the LLVM IR (before and after -O3).
     #[arg(long)]
     pub llvm: bool,
+    /// Print the kernel plan (every layout, instruction and pipelining
+    /// decision of the code generator, before any LLVM is emitted).
+    #[arg(long)]
+    pub plan: bool,
     /// Print the PTX.
     #[arg(long)]
     pub ptx: bool,

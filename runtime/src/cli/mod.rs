@@ -165,8 +165,8 @@ fn dump(a: &DumpArgs) -> Result<()> {
         Error::Usage(format!("no kernel named `{}`; registered: {}", a.name, names.join(", ")))
     })?;
     let (mut func, opts) = (entry.build)()?;
-    let all = !(a.ir || a.llvm || a.ptx);
-    if a.ir && !a.llvm && !a.ptx {
+    let all = !(a.ir || a.plan || a.llvm || a.ptx);
+    if a.ir && !a.plan && !a.llvm && !a.ptx {
         // The IR alone needs no code generator.
         dsl_core::passes::canonicalize(&mut func);
         println!(
@@ -181,6 +181,9 @@ fn dump(a: &DumpArgs) -> Result<()> {
     let (compiled, dumps) = codegen::compile_with_dumps(&func, &copts)?;
     if all || a.ir {
         println!("// ---- {} ({}): tile IR ----\n{}", entry.name, entry.default_config, dumps.ir);
+    }
+    if all || a.plan {
+        println!("// ---- {}: kernel plan for {} ----\n{}", entry.name, copts.target.arch(), dumps.plan);
     }
     if all || a.llvm {
         println!("// ---- {}: LLVM IR ----\n{}", entry.name, dumps.llvm);

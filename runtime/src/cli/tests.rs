@@ -115,8 +115,9 @@ fn list_and_unknown_names() {
 fn dump_compiles_every_kernel() {
     for e in registry::ENTRIES {
         for target in ["sm_80", "sm_90a"] {
-            let cli =
-                Cli::try_parse_from(["tessera", "kernels", "dump", e.name, "--ptx", "--target", target]);
+            let cli = Cli::try_parse_from([
+                "tessera", "kernels", "dump", e.name, "--plan", "--ptx", "--target", target,
+            ]);
             run(cli.unwrap()).unwrap_or_else(|err| panic!("{} for {target}: {err}", e.name));
         }
     }
