@@ -565,3 +565,6 @@ impl Detokenizer<'_> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod vocab_tests;
