@@ -39,7 +39,8 @@ model:
 	@bash .ci/fetch-model
 
 # Vocabulary-only GGUF files of llama.cpp's tokenizer tests (Llama 3, Qwen2,
-# DeepSeek, GPT-2, StarCoder, Llama 2 SentencePiece, Phi-3) with llama.cpp's
+# Qwen3.5, DeepSeek LLM and Coder, GPT-2, MPT, StarCoder, Refact, Llama 2
+# SentencePiece, Phi-3) with llama.cpp's
 # inputs and ids, fetched and sha256-verified into models/vocab/ (quiet when
 # already there); runtime's tokenizer tests read them.
 vocab:

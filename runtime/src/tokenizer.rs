@@ -11,8 +11,9 @@
 //!   number character its own piece, then GPT-2's regex; in `tokenizers` terms
 //!   `Digits(individual_digits)` then `ByteLevel`), GPT-2's regex alone
 //!   (`gpt-2`, `mpt`, `olmo`, ...), Llama 3's (`llama-bpe`, `llama3`, ...,
-//!   with `ignore_merges`), Qwen2's (`qwen2`, ...) and DeepSeek LLM's
-//!   (`deepseek-llm`). Pieces are merged by BPE rank
+//!   with `ignore_merges`), Qwen2's (`qwen2`, ...), Qwen3.5's (`qwen35`),
+//!   DeepSeek LLM's (`deepseek-llm`) and DeepSeek Coder's
+//!   (`deepseek-coder`). Pieces are merged by BPE rank
 //!   (`tokenizer.ggml.merges`), without byte fallback.
 //! - `tokenizer.ggml.model = "llama"`: SentencePiece (Llama 2, Phi-3, ...) as
 //!   llama.cpp's `llm_tokenizer_spm` (see `tokenizer/spm.rs`): spaces become `▁`, a `▁` is

@@ -10,8 +10,9 @@
 //! mapping). The GPT-2 regex alone is `ByteLevel` with its regex, and SmolLM2's
 //! family keeps the `Digits` + `ByteLevel` pipeline it has always had.
 //!
-//! Only names whose pipeline is covered by tests against llama.cpp's ids are
-//! listed; any other name is an error listing these.
+//! Only names whose family is covered by tests against llama.cpp's ids (on
+//! llama.cpp's vocabulary files of each family) are listed; any other name is
+//! an error listing these.
 
 use tokenizers::PreTokenizerWrapper;
 use tokenizers::SplitDelimiterBehavior;
@@ -35,9 +36,14 @@ pub(crate) enum PreTokenizer {
     /// Qwen2's regex: Llama 3's with each number character alone: QWEN2,
     /// STABLELM2, HUNYUAN, SOLAR_OPEN.
     Qwen2,
+    /// Qwen3.5's regex: Qwen2's with combining marks (`\p{M}`) joining letters.
+    Qwen35,
     /// DeepSeek LLM's six regexes (newlines, Latin/Greek/Cyrillic... letter
     /// runs, punctuation runs, trailing whitespace, CJK runs, numbers).
     DeepseekLlm,
+    /// DeepSeek Coder's five regexes (newlines, letter runs, punctuation runs,
+    /// CJK runs, each number character alone).
+    DeepseekCoder,
 }
 
 /// `tokenizer.ggml.pre` names, as llama.cpp spells them, with their family and
@@ -91,7 +97,9 @@ pub(crate) const PRE_TOKENIZERS: &[(&str, PreTokenizer, Flags)] = {
         ("stablelm2", Qwen2, NONE),
         ("hunyuan", Qwen2, NONE),
         ("solar-open", Qwen2, NONE),
+        ("qwen35", Qwen35, NONE),
         ("deepseek-llm", DeepseekLlm, NONE),
+        ("deepseek-coder", DeepseekCoder, NONE),
     ]
 };
 
@@ -119,6 +127,16 @@ pub(crate) fn supported_names() -> String {
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's regex: Llama 3's with `\p{N}` instead of `\p{N}{1,3}`.
 const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's regex.
+const QWEN35_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// DeepSeek Coder's regexes, in llama.cpp's order.
+const DEEPSEEK_CODER_REGEXES: [&str; 5] = [
+    r"[\r\n]",
+    r"\s?\p{L}+",
+    r"\s?\p{P}+",
+    r"[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+",
+    r"\p{N}",
+];
 /// DeepSeek LLM's regexes, in llama.cpp's order (non-ASCII characters as
 /// `\x{..}` escapes: some, such as U+1F7D, change under Unicode normalization).
 const DEEPSEEK_LLM_REGEXES: [&str; 6] = [
@@ -147,7 +165,9 @@ impl PreTokenizer {
             }
             PreTokenizer::Llama3 => &[LLAMA3_REGEX],
             PreTokenizer::Qwen2 => &[QWEN2_REGEX],
+            PreTokenizer::Qwen35 => &[QWEN35_REGEX],
             PreTokenizer::DeepseekLlm => &DEEPSEEK_LLM_REGEXES,
+            PreTokenizer::DeepseekCoder => &DEEPSEEK_CODER_REGEXES,
         };
         let mut steps = Vec::new();
         for r in regexes {

@@ -26,10 +26,11 @@ fn tokenizer(vocab: &str) -> Tokenizer {
     Tokenizer::from_gguf(&gguf).unwrap()
 }
 
-/// llama.cpp's test inputs (shared by every vocabulary) and the expected ids
-/// of `vocab`, parsed as llama.cpp's `test-tokenizer-0` does.
-fn llama_cpp_cases(vocab: &str) -> Vec<(String, Vec<u32>)> {
-    let inp = std::fs::read_to_string(vocab_file("ggml-vocab-llama-spm.gguf.inp")).unwrap();
+/// llama.cpp's test inputs for `vocab` (`inputs`: the vocabulary whose
+/// `.gguf.inp` it uses; most share one) and the expected ids, parsed as
+/// llama.cpp's `test-tokenizer-0` does.
+fn llama_cpp_cases(vocab: &str, inputs: &str) -> Vec<(String, Vec<u32>)> {
+    let inp = std::fs::read_to_string(vocab_file(&format!("ggml-vocab-{inputs}.gguf.inp"))).unwrap();
     let out = std::fs::read_to_string(vocab_file(&format!("ggml-vocab-{vocab}.gguf.out"))).unwrap();
     let sep = "\n__ggml_vocab_test__\n";
     let mut inputs = Vec::new();
@@ -62,10 +63,10 @@ fn vocab_cases() -> &'static serde_json::Value {
 /// Checks `vocab` against llama.cpp's test cases, the 200 texts, and the
 /// special-token-looking ones among them with `parse_special`; returns the
 /// numbers of cases checked.
-fn check_vocab(vocab: &str) -> (usize, usize, usize) {
+fn check_vocab(vocab: &str, inputs: &str) -> (usize, usize, usize) {
     let t = tokenizer(vocab);
     let mut failures = Vec::new();
-    let cases = llama_cpp_cases(vocab);
+    let cases = llama_cpp_cases(vocab, inputs);
     for (text, expected) in &cases {
         let ids = t.encode(text, false).unwrap();
         if &ids != expected {
@@ -108,22 +109,26 @@ fn check_vocab(vocab: &str) -> (usize, usize, usize) {
 }
 
 macro_rules! vocab_tests {
-    ($($name:ident: $vocab:literal,)*) => {$(
+    ($($name:ident: $vocab:literal, $inputs:literal, $n:literal;)*) => {$(
         #[test]
         fn $name() {
-            assert_eq!(check_vocab($vocab), (46, 200, 57));
+            assert_eq!(check_vocab($vocab, $inputs), ($n, 200, 57));
         }
     )*};
 }
 
 vocab_tests! {
-    llama3_bpe_matches_llama_cpp: "llama-bpe",
-    qwen2_matches_llama_cpp: "qwen2",
-    deepseek_llm_matches_llama_cpp: "deepseek-llm",
-    gpt2_matches_llama_cpp: "gpt-2",
-    starcoder_matches_llama_cpp: "starcoder",
-    llama_spm_matches_llama_cpp: "llama-spm",
-    phi3_spm_matches_llama_cpp: "phi-3",
+    llama3_bpe_matches_llama_cpp: "llama-bpe", "llama-spm", 46;
+    qwen2_matches_llama_cpp: "qwen2", "llama-spm", 46;
+    qwen35_matches_llama_cpp: "qwen35", "qwen35", 50;
+    deepseek_llm_matches_llama_cpp: "deepseek-llm", "llama-spm", 46;
+    deepseek_coder_matches_llama_cpp: "deepseek-coder", "llama-spm", 46;
+    gpt2_matches_llama_cpp: "gpt-2", "llama-spm", 46;
+    mpt_matches_llama_cpp: "mpt", "llama-spm", 46;
+    starcoder_matches_llama_cpp: "starcoder", "llama-spm", 46;
+    refact_matches_llama_cpp: "refact", "llama-spm", 46;
+    llama_spm_matches_llama_cpp: "llama-spm", "llama-spm", 46;
+    phi3_spm_matches_llama_cpp: "phi-3", "llama-spm", 46;
 }
 
 /// BOS is added as llama.cpp does: by `add_bos_token`, else by default for

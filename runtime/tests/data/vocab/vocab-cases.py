@@ -15,7 +15,8 @@
 #   python3 vocab-cases.py ./llama-tokenize-batch ../../../../models/vocab vocab-cases.json
 import json, random, struct, subprocess, sys
 
-VOCABS = ["llama-bpe", "qwen2", "deepseek-llm", "gpt-2", "starcoder", "llama-spm", "phi-3"]
+VOCABS = ["llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "gpt-2", "mpt", "starcoder", "refact",
+          "llama-spm", "phi-3"]
 
 texts = [
     "Hello world", "Hello, world!", " leading space", "trailing space ", "  two leading", "   three leading",
@@ -48,7 +49,7 @@ texts = [
     "中文，标点！还有数字１２３和全角ＡＢＣ", "한국어와 English 섞기", "Привет, как дела? Всё хорошо.",
 ]
 # Long runs (regex backtracking) and repetition.
-texts += [" " * 3000 + "x", "a" + " \t" * 400 + "\n", "word " * 300, "1" * 500, "🙂" * 100]
+texts += [" " * 3000 + "x", "a" + " \t" * 100 + "\n", "word " * 60, "1" * 120, "🙂" * 30]
 rng = random.Random(39)
 pool = list("abcdefghijklmnopqrstuvwxyz ABCXYZ 0123456789 \t\n\n  .,;:!?'\"()[]{}<>-_=+*/\\|@#$%^&~`") + \
     list("éüßñçøåλπΩжщ中文日本語한국어ÿ€™°±√∞≈≠") + \
