@@ -17,7 +17,7 @@ export INSTA_UPDATE := no
 export RUST_BACKTRACE ?= 1
 export CARGO_TERM_COLOR ?= auto
 
-.PHONY: help setup model test run fmt clippy clean deps-check
+.PHONY: help setup model vocab test run fmt clippy clean deps-check
 
 help:
 	@echo "make run     main job: install what is missing, fetch the model, build, generate text"
@@ -25,6 +25,7 @@ help:
 	@echo "make test    what CI runs: rustfmt check, clippy -D warnings, all tests (host-check included)"
 	@echo "make setup   install missing tools only (quiet when all are present)"
 	@echo "make model   fetch and verify the reference model into models/"
+	@echo "make vocab   fetch and verify the tokenizer tests' vocabulary files into models/vocab/"
 	@echo "make fmt     format the workspace"
 	@echo "make clippy  lint the workspace"
 	@echo "make clean   remove target/ (the next setup reinstalls target/tools)"
@@ -37,7 +38,15 @@ setup:
 model:
 	@bash .ci/fetch-model
 
-test: setup model deps-check
+# Vocabulary-only GGUF files of llama.cpp's tokenizer tests (Llama 3, Qwen2,
+# Qwen3.5, DeepSeek LLM and Coder, GPT-2, MPT, StarCoder, Refact, Llama 2
+# SentencePiece, Phi-3) with llama.cpp's
+# inputs and ids, fetched and sha256-verified into models/vocab/ (quiet when
+# already there); runtime's tokenizer tests read them.
+vocab:
+	@bash .ci/fetch-vocab
+
+test: setup model vocab deps-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets $(LOCKED) -- -D warnings
 	$(CARGO) test --workspace --no-fail-fast $(LOCKED)

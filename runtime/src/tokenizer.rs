@@ -1,52 +1,58 @@
-//! The text tokenizer of a GGUF model: GPT-2 style byte-level BPE built with the
-//! HF `tokenizers` crate from the file's vocabulary (`tokenizer.ggml.*`, see
-//! [`crate::gguf::Vocab`]), plus a streaming, UTF-8-safe [`Detokenizer`].
+//! The text tokenizer of a GGUF model, built from the file's vocabulary
+//! (`tokenizer.ggml.*`, see [`crate::gguf::Vocab`]) to give llama.cpp's ids,
+//! plus a streaming, UTF-8-safe [`Detokenizer`].
 //!
-//! # Matching llama.cpp
+//! # Vocabulary types
 //!
-//! Encoding reproduces llama.cpp's `llm_tokenizer_bpe` for the supported
-//! pre-tokenizers (`tokenizer.ggml.pre`):
+//! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE through the HF
+//!   `tokenizers` crate, reproducing llama.cpp's `llm_tokenizer_bpe`. The
+//!   pre-tokenizer (`tokenizer.ggml.pre`) picks llama.cpp's regexes (see
+//!   `tokenizer/pre.rs`): SmolLM2's family (`smollm`, `starcoder`, ...: first `\p{N}`, each
+//!   number character its own piece, then GPT-2's regex; in `tokenizers` terms
+//!   `Digits(individual_digits)` then `ByteLevel`), GPT-2's regex alone
+//!   (`gpt-2`, `mpt`, `olmo`, ...), Llama 3's (`llama-bpe`, `llama3`, ...,
+//!   with `ignore_merges`), Qwen2's (`qwen2`, ...), Qwen3.5's (`qwen35`),
+//!   DeepSeek LLM's (`deepseek-llm`) and DeepSeek Coder's
+//!   (`deepseek-coder`). Pieces are merged by BPE rank
+//!   (`tokenizer.ggml.merges`), without byte fallback.
+//! - `tokenizer.ggml.model = "llama"`: SentencePiece (Llama 2, Phi-3, ...) as
+//!   llama.cpp's `llm_tokenizer_spm` (see `tokenizer/spm.rs`): spaces become `▁`, a `▁` is
+//!   prepended to each text fragment that starts the text or follows a special
+//!   token (`add_space_prefix`, default true), pieces merge by token score and
+//!   characters without a token become byte tokens `<0xNN>`.
 //!
-//! - `smollm` (and `starcoder`, `refact`, `command-r`, `codeshell`, `exaone`,
-//!   `minerva`, which share its regexes in `llama-vocab.cpp`): first `\p{N}`
-//!   (every number character is its own piece), then GPT-2's
-//!   `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)` on
-//!   the remaining text. In `tokenizers` terms: `Digits(individual_digits)`
-//!   (which splits on `char::is_numeric`, the Unicode `N` categories) followed
-//!   by `ByteLevel` without a prefix space.
-//! - `gpt2` (and `mpt`, `olmo`, `jais`, `trillion`, `granite-docling`): GPT-2's
-//!   regex alone.
+//! Any other model or pre-tokenizer name is an error naming it and listing the
+//! supported ones.
 //!
-//! Pieces are then merged by BPE rank (`tokenizer.ggml.merges`), with neither
-//! `ignore_merges` nor byte fallback, as llama.cpp does for these models.
 //! Control tokens (`<|im_start|>`, token type 3) are matched in the text only
 //! when `parse_special` is set; user-defined tokens (type 4) always are.
+//! [`Tokenizer::encode_prompt`] adds BOS when the vocabulary asks for it, with
+//! llama.cpp's default when `add_bos_token` is absent (true for SentencePiece
+//! and Llama 3, false otherwise).
 //!
 //! # Decoding
 //!
-//! Each token has a byte string: the GPT-2 byte decoding of normal tokens, the
-//! raw text of user-defined tokens, and for control and unknown tokens their
-//! raw text only when special tokens are rendered (else nothing), as
-//! llama.cpp's `token_to_piece`. Unused and other tokens render as nothing.
-//! [`Tokenizer::decode`] joins the bytes and replaces invalid UTF-8 with U+FFFD
-//! (`String::from_utf8_lossy`); a [`Detokenizer`] fed the same ids one at a time
-//! emits exactly the same text, holding back an incomplete UTF-8 sequence until
-//! the bytes that complete (or break) it arrive.
+//! Each token has a byte string, as llama.cpp's `token_to_piece`: the GPT-2
+//! byte decoding of normal BPE tokens, the text of normal SentencePiece tokens
+//! with `▁` as a space, the byte of byte tokens (`<0x0A>`), the raw text of
+//! user-defined tokens, and for control and unknown tokens their raw text only
+//! when special tokens are rendered (else nothing). Unused and undefined
+//! tokens render as nothing. [`Tokenizer::decode`] joins the bytes and replaces
+//! invalid UTF-8 with U+FFFD (`String::from_utf8_lossy`); a [`Detokenizer`] fed
+//! the same ids one at a time emits exactly the same text, holding back an
+//! incomplete UTF-8 sequence until the bytes that complete (or break) it
+//! arrive.
 
 use crate::error::{Error, Result};
 use crate::gguf::vocab::gpt2_char_to_byte;
 use crate::gguf::{Gguf, TokenType, Vocab};
+use spm::{Fragment, Special, Spm};
+use tokenizers::AddedToken;
 use tokenizers::models::bpe::BPE;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, PreTokenizerWrapper};
 
-/// Pre-tokenizers (`tokenizer.ggml.pre`) that use SmolLM2's regexes.
-const SMOLLM_LIKE: [&str; 7] =
-    ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"];
-/// Pre-tokenizers that use GPT-2's regex alone.
-const GPT2_LIKE: [&str; 6] = ["gpt2", "mpt", "olmo", "jais", "trillion", "granite-docling"];
+pub(crate) mod pre;
+pub(crate) mod spm;
+
 /// Texts of control tokens that end generation (llama.cpp's end-of-generation
 /// heuristics), in addition to the EOS and EOT ids.
 const EOG_TEXTS: [&str; 8] = [
@@ -60,16 +66,108 @@ const EOG_TEXTS: [&str; 8] = [
     "_<EOT>",
 ];
 
+/// Texts of tokens llama.cpp always treats as control tokens, whatever their
+/// stored type (its end-of-turn, fill-in-the-middle and end-of-generation
+/// token detection): not matched in text without `parse_special`, rendered
+/// only when special tokens are (Phi-3's user-defined `</s>`, Qwen2's normal
+/// `</s>`).
+const CONTROL_TEXTS: [&str; 57] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "<end_of_utterance>",
+    "<|eom_id|>",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<\u{ff5c}fim\u{2581}begin\u{ff5c}>",
+    "<PRE>",
+    "\u{2581}<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<\u{ff5c}fim\u{2581}hole\u{ff5c}>",
+    "<SUF>",
+    "\u{2581}<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<\u{ff5c}fim\u{2581}end\u{ff5c}>",
+    "<MID>",
+    "\u{2581}<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "[PAD]",
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+    "<|file_sep|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "</s>",
+    "[EOS]",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "[e~[",
+];
+
+/// The type llama.cpp gives a token: its stored type, but
+/// [`TokenType::Control`] for the texts of [`CONTROL_TEXTS`].
+fn effective_type(text: &str, ty: TokenType) -> TokenType {
+    if ty != TokenType::Unknown && CONTROL_TEXTS.contains(&text) { TokenType::Control } else { ty }
+}
+
+/// The supported `tokenizer.ggml.model` values.
+const MODELS: &str = "gpt2 (byte-level BPE), llama (SentencePiece)";
+
+/// SentencePiece's space marker.
+const SPACE_MARK: &str = "\u{2581}";
+
 fn tok_err(message: impl std::fmt::Display) -> Error {
     Error::Tokenizer(message.to_string())
 }
 
-/// A byte-level BPE tokenizer built from a GGUF vocabulary.
+/// How text becomes ids.
+enum Encoder {
+    /// Byte-level BPE through `tokenizers`.
+    Bpe {
+        /// Encodes text, matching control tokens in it.
+        with_special: Box<tokenizers::Tokenizer>,
+        /// Encodes text, treating control tokens as plain text.
+        plain: Box<tokenizers::Tokenizer>,
+    },
+    /// SentencePiece.
+    Spm {
+        spm: Spm,
+        /// Tokens matched as a whole in the text, longest first.
+        specials: Vec<Special>,
+        add_space_prefix: bool,
+    },
+}
+
+/// A tokenizer built from a GGUF vocabulary.
 pub struct Tokenizer {
-    /// Encodes text, matching control tokens in it.
-    with_special: tokenizers::Tokenizer,
-    /// Encodes text, treating control tokens as plain text.
-    plain: tokenizers::Tokenizer,
+    encoder: Encoder,
     /// The bytes each token renders as.
     pieces: Vec<Vec<u8>>,
     /// Whether a token renders only when special tokens are rendered.
@@ -93,91 +191,57 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
-    /// The tokenizer of a GGUF model file.
+    /// The tokenizer of a GGUF model file (its `general.name` selects
+    /// llama.cpp's per-model token attributes, as for Phi-3).
     pub fn from_gguf(gguf: &Gguf) -> Result<Tokenizer> {
-        Tokenizer::from_vocab(&Vocab::from_metadata(gguf.metadata())?)
+        let name = gguf.metadata().get_str("general.name").ok().flatten();
+        Tokenizer::build(&Vocab::from_metadata(gguf.metadata())?, name)
     }
 
-    /// Builds the tokenizer of `vocab`: its model must be `gpt2` (byte-level BPE)
-    /// with a supported pre-tokenizer (see the module doc).
+    /// Builds the tokenizer of `vocab`: its model must be `gpt2` (byte-level
+    /// BPE) with a supported pre-tokenizer, or `llama` (SentencePiece); see the
+    /// module doc.
     pub fn from_vocab(vocab: &Vocab) -> Result<Tokenizer> {
-        if vocab.model != "gpt2" {
-            return Err(tok_err(format!(
-                "tokenizer model `{}` is not supported (only `gpt2`, byte-level BPE)",
-                vocab.model
-            )));
-        }
-        let pre = vocab.pre.as_deref().unwrap_or("(none)");
-        let digits_first = if SMOLLM_LIKE.contains(&pre) {
-            true
-        } else if GPT2_LIKE.contains(&pre) {
-            false
-        } else {
-            return Err(tok_err(format!(
-                "pre-tokenizer `{pre}` is not supported (supported: {}, {})",
-                SMOLLM_LIKE.join(", "),
-                GPT2_LIKE.join(", ")
-            )));
-        };
+        Tokenizer::build(vocab, None)
+    }
 
-        // Token ids: llama.cpp keeps the last id of a duplicated token string.
-        let token_ids: tokenizers::models::bpe::Vocab =
-            vocab.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let merges = vocab
-            .merges
-            .iter()
-            .enumerate()
-            .map(|(rank, m)| {
-                // As llama.cpp: split at the first space after the first byte.
-                match m.char_indices().skip(1).find(|&(_, c)| c == ' ') {
-                    Some((i, _)) => Ok((m[..i].to_string(), m[i + 1..].to_string())),
-                    None => Err(tok_err(format!("merge {rank} `{m}` has no space separating its two parts"))),
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(token_ids, merges)
-            .byte_fallback(false)
-            .ignore_merges(false)
-            .build()
-            .map_err(|e| tok_err(format!("building the BPE model: {e}")))?;
-
-        let mut steps = Vec::new();
-        if digits_first {
-            steps.push(PreTokenizerWrapper::Digits(Digits::new(true)));
-        }
-        steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)));
-        let mut hf = tokenizers::Tokenizer::new(bpe);
-        hf.with_pre_tokenizer(Some(Sequence::new(steps)));
-        hf.with_decoder(Some(ByteLevel::new(false, true, true)));
-        let mut control = Vec::new();
-        let mut user = Vec::new();
-        for (t, ty) in vocab.tokens.iter().zip(&vocab.token_types) {
-            match ty {
-                TokenType::Control | TokenType::Unknown => control.push(AddedToken::from(t.clone(), true)),
-                TokenType::UserDefined => user.push(AddedToken::from(t.clone(), false).normalized(false)),
-                _ => {}
+    fn build(vocab: &Vocab, model_name: Option<&str>) -> Result<Tokenizer> {
+        let (encoder, default_add_bos, bos, eos) = match vocab.model.as_str() {
+            "gpt2" => {
+                let (encoder, add_bos) = bpe_encoder(vocab)?;
+                (encoder, add_bos, vocab.bos, vocab.eos)
             }
-        }
-        hf.add_special_tokens(&control);
-        hf.add_tokens(&user);
-        let mut plain = hf.clone();
-        plain.set_encode_special_tokens(true);
+            "llama" => {
+                let encoder = spm_encoder(vocab, model_name)?;
+                // llama.cpp's defaults for SentencePiece when the keys are absent.
+                let n = vocab.tokens.len() as u32;
+                let default = |id: u32| (id < n).then_some(id);
+                (encoder, true, vocab.bos.or(default(1)), vocab.eos.or(default(2)))
+            }
+            other => {
+                return Err(tok_err(format!(
+                    "tokenizer model `{other}` (tokenizer.ggml.model) is not supported (supported: {MODELS})"
+                )));
+            }
+        };
+        let spm = matches!(encoder, Encoder::Spm { .. });
 
         let mut pieces = Vec::with_capacity(vocab.tokens.len());
         let mut special_only = Vec::with_capacity(vocab.tokens.len());
-        for (t, ty) in vocab.tokens.iter().zip(&vocab.token_types) {
-            let (bytes, special) = match ty {
+        for (t, &ty) in vocab.tokens.iter().zip(&vocab.token_types) {
+            let (bytes, special) = match effective_type(t, ty) {
+                TokenType::Normal if spm => (t.replace(SPACE_MARK, " ").into_bytes(), false),
                 TokenType::Normal => (byte_decode(t), false),
+                TokenType::Byte => (byte_token(t).map(|b| vec![b]).unwrap_or_default(), false),
                 TokenType::UserDefined => (t.as_bytes().to_vec(), false),
                 TokenType::Control | TokenType::Unknown => (t.as_bytes().to_vec(), true),
-                TokenType::Undefined | TokenType::Unused | TokenType::Byte => (Vec::new(), false),
+                TokenType::Undefined | TokenType::Unused => (Vec::new(), false),
             };
             pieces.push(bytes);
             special_only.push(special);
         }
 
-        let mut eog: Vec<u32> = [vocab.eos, vocab.eot].into_iter().flatten().collect();
+        let mut eog: Vec<u32> = [eos, vocab.eot].into_iter().flatten().collect();
         for (i, (t, ty)) in vocab.tokens.iter().zip(&vocab.token_types).enumerate() {
             if matches!(ty, TokenType::Control | TokenType::UserDefined) && EOG_TEXTS.contains(&t.as_str()) {
                 eog.push(i as u32);
@@ -187,13 +251,12 @@ impl Tokenizer {
         eog.dedup();
 
         Ok(Tokenizer {
-            with_special: hf,
-            plain,
+            encoder,
             pieces,
             special_only,
-            bos: vocab.bos,
-            eos: vocab.eos,
-            add_bos: vocab.add_bos,
+            bos,
+            eos,
+            add_bos: vocab.add_bos.unwrap_or(default_add_bos),
             add_eos: vocab.add_eos,
             eog,
         })
@@ -214,6 +277,12 @@ impl Tokenizer {
         self.eos
     }
 
+    /// Whether a prompt starts with BOS (`add_bos_token`, or llama.cpp's
+    /// default for the vocabulary type when absent).
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
     /// Whether `id` ends generation (EOS, EOT, or a control token such as
     /// `<|im_end|>` or `<|endoftext|>`).
     pub fn is_eog(&self, id: u32) -> bool {
@@ -229,9 +298,36 @@ impl Tokenizer {
     /// control tokens written in the text (`<|im_start|>`) become their ids;
     /// without, they are tokenized as plain text.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
-        let hf = if parse_special { &self.with_special } else { &self.plain };
-        let encoding = hf.encode(text, false).map_err(|e| tok_err(format!("encoding failed: {e}")))?;
-        Ok(encoding.get_ids().to_vec())
+        match &self.encoder {
+            Encoder::Bpe { with_special, plain } => {
+                let hf = if parse_special { with_special } else { plain };
+                let encoding =
+                    hf.encode(text, false).map_err(|e| tok_err(format!("encoding failed: {e}")))?;
+                Ok(encoding.get_ids().to_vec())
+            }
+            Encoder::Spm { spm, specials, add_space_prefix } => {
+                let mut ids = Vec::new();
+                let mut prev_special = true;
+                for fragment in spm::partition(text, specials, parse_special) {
+                    match fragment {
+                        Fragment::Token(id) => {
+                            ids.push(id);
+                            prev_special = true;
+                        }
+                        Fragment::Text(t) => {
+                            let mut escaped = String::with_capacity(t.len() + 3);
+                            if *add_space_prefix && prev_special {
+                                escaped.push_str(SPACE_MARK);
+                            }
+                            escaped.push_str(&t.replace(' ', SPACE_MARK));
+                            spm.encode(&escaped, &mut ids);
+                            prev_special = false;
+                        }
+                    }
+                }
+                Ok(ids)
+            }
+        }
     }
 
     /// Token ids of a prompt as llama.cpp's completion API makes them: control
@@ -251,6 +347,14 @@ impl Tokenizer {
             ids.push(eos);
         }
         Ok(ids)
+    }
+
+    /// The id of the token whose text (as stored in the vocabulary) is `text`.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        match &self.encoder {
+            Encoder::Bpe { with_special, .. } => with_special.token_to_id(text),
+            Encoder::Spm { spm, .. } => spm.id(text),
+        }
     }
 
     /// The bytes token `id` renders as (empty for control tokens unless
@@ -279,10 +383,117 @@ impl Tokenizer {
     }
 
     /// The HF `tokenizers` pipeline behind [`Tokenizer::encode`] with
-    /// `parse_special`, for cross-checks.
-    pub fn hf(&self) -> &tokenizers::Tokenizer {
-        &self.with_special
+    /// `parse_special` for byte-level BPE vocabularies (`None` for
+    /// SentencePiece), for cross-checks.
+    pub fn hf(&self) -> Option<&tokenizers::Tokenizer> {
+        match &self.encoder {
+            Encoder::Bpe { with_special, .. } => Some(with_special),
+            Encoder::Spm { .. } => None,
+        }
     }
+}
+
+/// The byte-level BPE encoder of `vocab` and llama.cpp's default `add_bos`
+/// for its pre-tokenizer.
+fn bpe_encoder(vocab: &Vocab) -> Result<(Encoder, bool)> {
+    let (pre_tokenizer, flags) = match vocab.pre.as_deref() {
+        Some(name) => pre::lookup(name).ok_or_else(|| {
+            tok_err(format!(
+                "pre-tokenizer `{name}` (tokenizer.ggml.pre) is not supported (supported: {})",
+                pre::supported_names()
+            ))
+        })?,
+        None => {
+            return Err(tok_err(format!(
+                "the vocabulary names no pre-tokenizer (tokenizer.ggml.pre), which is not supported \
+                 (llama.cpp falls back to a default that degrades quality; supported: {})",
+                pre::supported_names()
+            )));
+        }
+    };
+
+    // Token ids: llama.cpp keeps the last id of a duplicated token string.
+    let token_ids: tokenizers::models::bpe::Vocab =
+        vocab.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let merges = vocab
+        .merges
+        .iter()
+        .enumerate()
+        .map(|(rank, m)| {
+            // As llama.cpp: split at the first space after the first byte.
+            match m.char_indices().skip(1).find(|&(_, c)| c == ' ') {
+                Some((i, _)) => Ok((m[..i].to_string(), m[i + 1..].to_string())),
+                None => Err(tok_err(format!("merge {rank} `{m}` has no space separating its two parts"))),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(token_ids, merges)
+        .byte_fallback(false)
+        .ignore_merges(flags.ignore_merges)
+        .build()
+        .map_err(|e| tok_err(format!("building the BPE model: {e}")))?;
+
+    let mut hf = tokenizers::Tokenizer::new(bpe);
+    hf.with_pre_tokenizer(Some(pre_tokenizer.build().map_err(|e| tok_err(format!("pre-tokenizer: {e}")))?));
+    hf.with_decoder(Some(tokenizers::pre_tokenizers::byte_level::ByteLevel::new(false, true, true)));
+    let mut control = Vec::new();
+    let mut user = Vec::new();
+    for (t, &ty) in vocab.tokens.iter().zip(&vocab.token_types) {
+        match effective_type(t, ty) {
+            TokenType::Control | TokenType::Unknown => control.push(AddedToken::from(t.clone(), true)),
+            TokenType::UserDefined => user.push(AddedToken::from(t.clone(), false).normalized(false)),
+            _ => {}
+        }
+    }
+    hf.add_special_tokens(&control);
+    hf.add_tokens(&user);
+    let mut plain = hf.clone();
+    plain.set_encode_special_tokens(true);
+    Ok((Encoder::Bpe { with_special: Box::new(hf), plain: Box::new(plain) }, flags.add_bos))
+}
+
+/// The SentencePiece encoder of `vocab`. `model_name` (`general.name`) gives
+/// Phi-3's special tokens llama.cpp's `rstrip` attribute.
+fn spm_encoder(vocab: &Vocab, model_name: Option<&str>) -> Result<Encoder> {
+    if vocab.scores.len() != vocab.tokens.len() {
+        return Err(tok_err(format!(
+            "a SentencePiece vocabulary needs one score per token (tokenizer.ggml.scores): {} scores for {} tokens",
+            vocab.scores.len(),
+            vocab.tokens.len()
+        )));
+    }
+    let name = model_name.unwrap_or_default().to_lowercase();
+    let phi3 = name.contains("phi-3") || name.contains("phi3");
+    let mut specials: Vec<Special> = vocab
+        .tokens
+        .iter()
+        .zip(&vocab.token_types)
+        .enumerate()
+        .map(|(i, (t, &ty))| (i, t, effective_type(t, ty)))
+        .filter(|(_, t, ty)| {
+            !t.is_empty() && matches!(ty, TokenType::Control | TokenType::Unknown | TokenType::UserDefined)
+        })
+        .map(|(i, t, ty)| Special {
+            id: i as u32,
+            text: t.clone(),
+            needs_parse_special: ty != TokenType::UserDefined,
+            rstrip: phi3 && !matches!(t.as_str(), "<unk>" | "<s>" | "<|endoftext|>"),
+        })
+        .collect();
+    // Longest first (a stable sort: among equal lengths, by id).
+    specials.sort_by_key(|s| std::cmp::Reverse(s.text.len()));
+    Ok(Encoder::Spm {
+        spm: Spm::new(&vocab.tokens, &vocab.scores, vocab.unk),
+        specials,
+        add_space_prefix: vocab.add_space_prefix.unwrap_or(true),
+    })
+}
+
+/// The byte of a byte token's text `<0xNN>`.
+fn byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    u8::from_str_radix(hex, 16).ok()
 }
 
 /// GPT-2 byte decoding of a normal token's text; a token with a character
@@ -381,3 +592,6 @@ impl Utf8Stream {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod vocab_tests;

@@ -4,9 +4,9 @@
 //! (`tokenizer.ggml.model = "gpt2"`) spells token bytes as text.
 //!
 //! Invariants of a [`Vocab`] from [`Vocab::from_metadata`]: `token_types` has one
-//! entry per token, every special-token id is below the token count, and the
-//! token list is non-empty. Merges are kept as stored (`"left right"`); the
-//! tokenizer parses them.
+//! entry per token, `scores` none or one per token, every special-token id is
+//! below the token count, and the token list is non-empty. Merges are kept as
+//! stored (`"left right"`); the tokenizer parses them.
 
 use super::metadata::Metadata;
 use super::types::{Array, Value};
@@ -21,6 +21,8 @@ pub const KEY_PRE: &str = "tokenizer.ggml.pre";
 pub const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
 /// `tokenizer.ggml.token_type`: the [`TokenType`] of each token (`i32`).
 pub const KEY_TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
+/// `tokenizer.ggml.scores`: SentencePiece token scores (`f32`, or `i32`).
+pub const KEY_SCORES: &str = "tokenizer.ggml.scores";
 /// `tokenizer.ggml.merges`: BPE merges by rank, `"left right"`.
 pub const KEY_MERGES: &str = "tokenizer.ggml.merges";
 /// `tokenizer.ggml.bos_token_id`.
@@ -96,6 +98,9 @@ pub struct Vocab {
     pub token_types: Vec<TokenType>,
     /// BPE merges by rank, as stored (`"left right"`).
     pub merges: Vec<String>,
+    /// Token scores by id (SentencePiece's merge priorities), empty when the
+    /// key is absent.
+    pub scores: Vec<f32>,
     /// Beginning-of-sequence token.
     pub bos: Option<u32>,
     /// End-of-sequence token.
@@ -106,8 +111,9 @@ pub struct Vocab {
     pub unk: Option<u32>,
     /// Padding token.
     pub pad: Option<u32>,
-    /// Whether encoding adds BOS (`add_bos_token`, default false).
-    pub add_bos: bool,
+    /// `add_bos_token`, if present (the tokenizer applies llama.cpp's default
+    /// per tokenizer model when absent).
+    pub add_bos: Option<bool>,
     /// Whether encoding adds EOS (`add_eos_token`, default false).
     pub add_eos: bool,
     /// `add_space_prefix`, if present.
@@ -147,6 +153,24 @@ impl Vocab {
                     .collect::<Result<_>>()?
             }
         };
+        let scores = match md.get_array(KEY_SCORES)? {
+            None => Vec::new(),
+            Some(Array::F32(v)) => v.clone(),
+            Some(Array::I32(v)) => v.iter().map(|&x| x as f32).collect(),
+            Some(a) => {
+                return Err(GgufError::WrongType {
+                    key: KEY_SCORES.to_string(),
+                    expected: "array of f32 or i32",
+                    found: format!("array of {}", a.element_type()),
+                });
+            }
+        };
+        if !scores.is_empty() && scores.len() != tokens.len() {
+            return Err(invalid(
+                KEY_SCORES,
+                &format!("{} entries for {} tokens.", scores.len(), tokens.len()),
+            ));
+        }
         let merges = match md.get(KEY_MERGES) {
             None => Vec::new(),
             Some(_) => md.require_strings(KEY_MERGES)?.to_vec(),
@@ -167,13 +191,14 @@ impl Vocab {
             eot: id(KEY_EOT)?,
             unk: id(KEY_UNK)?,
             pad: id(KEY_PAD)?,
-            add_bos: md.get_bool(KEY_ADD_BOS)?.unwrap_or(false),
+            add_bos: md.get_bool(KEY_ADD_BOS)?,
             add_eos: md.get_bool(KEY_ADD_EOS)?.unwrap_or(false),
             add_space_prefix: md.get_bool(KEY_ADD_SPACE_PREFIX)?,
             chat_template: md.get_str(KEY_CHAT_TEMPLATE)?.map(str::to_string),
             tokens,
             token_types,
             merges,
+            scores,
         })
     }
 
@@ -182,7 +207,9 @@ impl Vocab {
         if let Some(b) = self.add_space_prefix {
             w.set(KEY_ADD_SPACE_PREFIX, b)?;
         }
-        w.set(KEY_ADD_BOS, self.add_bos)?;
+        if let Some(b) = self.add_bos {
+            w.set(KEY_ADD_BOS, b)?;
+        }
         if self.add_eos {
             w.set(KEY_ADD_EOS, true)?;
         }
@@ -192,6 +219,9 @@ impl Vocab {
         }
         w.set(KEY_TOKENS, Array::String(self.tokens.clone()))?;
         w.set(KEY_TOKEN_TYPE, Array::I32(self.token_types.iter().map(|t| t.id()).collect()))?;
+        if !self.scores.is_empty() {
+            w.set(KEY_SCORES, Array::F32(self.scores.clone()))?;
+        }
         w.set(KEY_MERGES, Array::String(self.merges.clone()))?;
         for (key, id) in [
             (KEY_BOS, self.bos),

@@ -90,7 +90,7 @@ fn pieces(t: &Tokenizer, text: &str) -> Vec<String> {
 fn pre_pieces(t: &Tokenizer, text: &str) -> Vec<String> {
     use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
     let mut pre = PreTokenizedString::from(text);
-    t.hf().get_pre_tokenizer().unwrap().pre_tokenize(&mut pre).unwrap();
+    t.hf().unwrap().get_pre_tokenizer().unwrap().pre_tokenize(&mut pre).unwrap();
     pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
         .into_iter()
         .map(|(s, _, _)| s.to_string())
@@ -152,7 +152,7 @@ fn decode_inverts_encode() {
         for parse_special in [false, true] {
             let ids = t.encode(s, parse_special).unwrap();
             assert_eq!(t.decode(&ids, false).unwrap(), s);
-            assert_eq!(t.hf().decode(&ids, false).unwrap(), s);
+            assert_eq!(t.hf().unwrap().decode(&ids, false).unwrap(), s);
         }
     }
 }
@@ -226,7 +226,7 @@ proptest! {
             .iter()
             .filter_map(|&b| {
                 let c = crate::gguf::vocab::gpt2_byte_to_char(b).to_string();
-                t.with_special.token_to_id(&c).map(|id| (b, id))
+                t.token_id(&c).map(|id| (b, id))
             })
             .unzip();
         let mut d = t.detokenizer(false);
@@ -247,9 +247,7 @@ proptest! {
 fn bytes_without_a_token_are_dropped() {
     let t = smollm2();
     let missing: Vec<u8> = (0..=255u8)
-        .filter(|&b| {
-            t.with_special.token_to_id(&crate::gguf::vocab::gpt2_byte_to_char(b).to_string()).is_none()
-        })
+        .filter(|&b| t.token_id(&crate::gguf::vocab::gpt2_byte_to_char(b).to_string()).is_none())
         .collect();
     assert_eq!(
         missing,
@@ -287,8 +285,19 @@ fn unsupported_vocabularies_are_errors() {
         Err(Error::Tokenizer(m)) => m,
         other => panic!("expected a tokenizer error, got {other:?}"),
     };
-    assert!(err(Vocab { model: "llama".into(), ..base.clone() }).contains("`llama`"));
+    assert!(err(Vocab { model: "bert".into(), ..base.clone() }).contains("`bert`"));
+    // SentencePiece needs scores.
+    assert!(err(Vocab { model: "llama".into(), ..base.clone() }).contains("tokenizer.ggml.scores"));
     assert!(err(Vocab { pre: Some("default".into()), ..base.clone() }).contains("`default`"));
+    // The errors name the key and list the supported names.
+    let m = err(Vocab { pre: Some("llama5".into()), ..base.clone() });
+    for part in ["`llama5`", "tokenizer.ggml.pre", "smollm", "gpt-2", "llama-bpe", "qwen2", "deepseek-llm"] {
+        assert!(m.contains(part), "{m}");
+    }
+    let m = err(Vocab { model: "t5".into(), ..base.clone() });
+    for part in ["`t5`", "tokenizer.ggml.model", "gpt2", "llama"] {
+        assert!(m.contains(part), "{m}");
+    }
     assert!(err(Vocab { pre: None, ..base.clone() }).contains("not supported"));
     let mut bad = base.clone();
     bad.merges.push("abc".into());
@@ -303,7 +312,7 @@ fn unsupported_vocabularies_are_errors() {
     digits.token_types.push(TokenType::Normal);
     digits.merges.push("1 2".into());
     let twelve = digits.tokens.len() as u32 - 1;
-    let t = Tokenizer::from_vocab(&Vocab { pre: Some("gpt2".into()), ..digits.clone() }).unwrap();
+    let t = Tokenizer::from_vocab(&Vocab { pre: Some("gpt-2".into()), ..digits.clone() }).unwrap();
     let (space, one) = (t.encode(" ", false).unwrap()[0], t.encode("1", false).unwrap()[0]);
     assert_eq!(t.encode(" 12", false).unwrap(), [space, twelve]);
     let t = Tokenizer::from_vocab(&digits).unwrap();
