@@ -178,30 +178,6 @@ pub fn specialize(f: &Function, facts: &[Option<u64>]) -> (Function, u64) {
     (g, mask)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::lang::*;
-
-    #[test]
-    fn specialization_marks_aligned_pointers_and_multiples_of_16() {
-        let f = KernelBuilder::new("k")
-            .build(|| {
-                let x = param_ptr("x", DType::F32);
-                let n = param_scalar("n", DType::I32);
-                let _m = param_scalar("m", DType::I32);
-                let _s = param_scalar("s", DType::F32);
-                store(x + arange(0, 16), 1.0, Some(arange(0, 16).lt(n)));
-            })
-            .unwrap();
-        let (g, mask) = specialize(&f, &[Some(4096), Some(48), Some(50), Some(16)]);
-        assert_eq!(mask, 0b011);
-        let hints: Vec<Option<u32>> = g.params.iter().map(|p| p.hints.divisibility).collect();
-        assert_eq!(hints, vec![Some(16), Some(16), None, None]);
-        assert!(crate::print::print(&g).contains("%x: ptr<f32> {divisibility = 16}"));
-    }
-}
-
 /// A typed pointer into a buffer of a backend whose buffers live in host
 /// memory (the interpreter's `Cpu`, the native `codegen::host::Host`): the
 /// buffer's index and an offset in elements of the buffer's dtype.
@@ -249,5 +225,29 @@ impl<T> BufferPtr<T> {
     /// The same address viewed as another element type (as `ptrcast` does).
     pub fn cast<U>(self) -> BufferPtr<U> {
         BufferPtr { buffer: self.buffer, offset: self.offset, _t: std::marker::PhantomData }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lang::*;
+
+    #[test]
+    fn specialization_marks_aligned_pointers_and_multiples_of_16() {
+        let f = KernelBuilder::new("k")
+            .build(|| {
+                let x = param_ptr("x", DType::F32);
+                let n = param_scalar("n", DType::I32);
+                let _m = param_scalar("m", DType::I32);
+                let _s = param_scalar("s", DType::F32);
+                store(x + arange(0, 16), 1.0, Some(arange(0, 16).lt(n)));
+            })
+            .unwrap();
+        let (g, mask) = specialize(&f, &[Some(4096), Some(48), Some(50), Some(16)]);
+        assert_eq!(mask, 0b011);
+        let hints: Vec<Option<u32>> = g.params.iter().map(|p| p.hints.divisibility).collect();
+        assert_eq!(hints, vec![Some(16), Some(16), None, None]);
+        assert!(crate::print::print(&g).contains("%x: ptr<f32> {divisibility = 16}"));
     }
 }
