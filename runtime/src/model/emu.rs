@@ -18,24 +18,11 @@ use crate::error::{Error, Result};
 use dsl_core::interp::{Arg, Buffer, Element, Kernel as Prepared};
 use dsl_core::launch::{self, Backend, Kernel, PtrElem};
 use std::collections::HashMap;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// A typed pointer into an [`Emu`] buffer (buffer index, element offset in
 /// the buffer's own elements).
-pub struct EmuPtr<T> {
-    buffer: usize,
-    offset: usize,
-    _t: PhantomData<fn() -> T>,
-}
-
-impl<T> Clone for EmuPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for EmuPtr<T> {}
+pub type EmuPtr<T> = dsl_core::launch::BufferPtr<T>;
 
 /// One recorded launch.
 #[derive(Clone)]
@@ -83,7 +70,7 @@ impl Backend for Emu {
     type Raw<'a> = (usize, usize);
 
     fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
-        (p.buffer, p.offset)
+        p.raw()
     }
 
     fn launch<'a, K: Kernel>(
@@ -161,40 +148,40 @@ impl Device for Emu {
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<EmuPtr<T>> {
         self.not_while_capturing("an upload")?;
         let buffer = self.add(Buffer::from_slice(data));
-        Ok(EmuPtr { buffer, offset: 0, _t: PhantomData })
+        Ok(EmuPtr::start(buffer))
     }
 
     fn zeros<T: DeviceElem>(&mut self, len: usize) -> Result<EmuPtr<T>> {
         self.not_while_capturing("an allocation")?;
         let buffer = self.add(Buffer::zeros(<T as Element>::DTYPE, len));
-        Ok(EmuPtr { buffer, offset: 0, _t: PhantomData })
+        Ok(EmuPtr::start(buffer))
     }
 
     fn download<T: DeviceElem>(&self, buf: &EmuPtr<T>) -> Result<Vec<T>> {
         self.not_while_capturing("a read")?;
-        Ok(self.buffers[buf.buffer].to_vec::<T>())
+        Ok(self.buffers[buf.buffer()].to_vec::<T>())
     }
 
     fn download_prefix<T: DeviceElem>(&self, buf: &EmuPtr<T>, n: usize) -> Result<Vec<T>> {
         self.not_while_capturing("a read")?;
-        read_elements(self.buffers[buf.buffer].as_bytes(), n)
+        read_elements(self.buffers[buf.buffer()].as_bytes(), n)
     }
 
     fn write<T: DeviceElem>(&mut self, buf: &EmuPtr<T>, data: &[T]) -> Result<()> {
         self.not_while_capturing("a copy")?;
-        write_elements(self.buffers[buf.buffer].as_bytes_mut(), data)
+        write_elements(self.buffers[buf.buffer()].as_bytes_mut(), data)
     }
 
     fn fill_zero<T: DeviceElem>(&mut self, buf: &EmuPtr<T>, offset: usize, len: usize) -> Result<()> {
         self.not_while_capturing("a fill")?;
-        zero_elements::<T>(self.buffers[buf.buffer].as_bytes_mut(), offset, len)
+        zero_elements::<T>(self.buffers[buf.buffer()].as_bytes_mut(), offset, len)
     }
 
     fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a EmuPtr<T>, offset: usize) -> Result<EmuPtr<U>>
     where
         Self: 'a,
     {
-        Ok(EmuPtr { buffer: buf.buffer, offset: buf.offset + offset, _t: PhantomData })
+        Ok(buf.offset(offset).cast())
     }
 
     fn run<'a, K: Kernel>(
