@@ -53,7 +53,9 @@
 //! - `m` rows, `1 <= m <= 16` (one M tile); with `ONE_ROW`, `m == 1`.
 //! - Weights of layer `l`: the repacked planes at `q + l * *_qs` bytes and
 //!   `s + l * *_ss` scale entries; norm weights at `l * N_EMBD`; the KV cache
-//!   of layer `l` at `l * kv_stride` elements; all offsets fit 32 bits.
+//!   of layer `l` at `l * kv_stride` elements; all offsets fit 32 bits;
+//!   every stride a multiple of [`STRIDE_ALIGN`] (the scale strides of half
+//!   of it).
 //! - Scratch as the multi-kernel step uses it (`h`, `qkv`, `q`, `attn`,
 //!   `act`, `logits` of `m` rows); `ws`/`cnt` the split products' workspace
 //!   and counters (counters zero; every launch leaves them zero);
@@ -76,6 +78,14 @@ use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
 use crate::rope::rope_row;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
+
+/// What every per-layer stride of the step is a multiple of: the weight
+/// planes' bytes (`*_qs`), twice the scale entries (`*_ss`, bytes of f16) and
+/// the KV cache's elements per layer (`kv_stride`). The kernel tells the
+/// compiler so, which makes its weight, activation and cache loads vectors
+/// and lets the attention's key loop be pipelined; the launcher must not run
+/// it on other strides.
+pub const STRIDE_ALIGN: usize = 16;
 
 /// Stage counters per layer: QKV, attention (with RoPE), O, gate/up, down.
 pub const STAGES_PER_LAYER: usize = 5;
@@ -314,6 +324,17 @@ pub fn decode_step<T: Float>(
     #[constexpr] TRACE: bool,
 ) {
     static_assert(N_HEAD % N_KV == 0, "query heads must group evenly over KV heads");
+    // Per-layer strides in whole 16-byte lines (see `STRIDE_ALIGN`).
+    let a = STRIDE_ALIGN as u32;
+    let (qkv_qs, o_qs, gu_qs, dn_qs) =
+        (multiple_of(qkv_qs, a), multiple_of(o_qs, a), multiple_of(gu_qs, a), multiple_of(dn_qs, a));
+    let (qkv_ss, o_ss, gu_ss, dn_ss) = (
+        multiple_of(qkv_ss, a / 2),
+        multiple_of(o_ss, a / 2),
+        multiple_of(gu_ss, a / 2),
+        multiple_of(dn_ss, a / 2),
+    );
+    let kv_stride = multiple_of(kv_stride, a);
     // The step's inputs (ids, positions, slots, tables) come from the copies
     // or kernels before it.
     gdc_wait();

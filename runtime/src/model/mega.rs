@@ -23,7 +23,7 @@ use crate::error::Result;
 use crate::model::ActElem;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
-use kernels::decode_step::{MAX_ROWS, STAGES_PER_LAYER, decode_step, stage_counters};
+use kernels::decode_step::{MAX_ROWS, STAGES_PER_LAYER, STRIDE_ALIGN, decode_step, stage_counters};
 use kernels::dequant::QuantFormat;
 use std::marker::PhantomData;
 
@@ -148,8 +148,17 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
             Some((_, qs, ss)) if qs * layers >= LIMIT || 2 * ss * layers >= LIMIT => {
                 return Some(format!("the {kind:?} matrices of all layers exceed 2 GiB"));
             }
+            // The kernel promises the compiler that every layer's planes
+            // start on a 16-byte line (`STRIDE_ALIGN`), so its loads can be
+            // vectors and its key loop pipelined.
+            Some((_, qs, ss)) if qs % STRIDE_ALIGN != 0 || 2 * ss % STRIDE_ALIGN != 0 => {
+                return Some(format!("the {kind:?} matrices of a layer are not whole 16-byte lines"));
+            }
             _ => {}
         }
+    }
+    if kv.layer_len % STRIDE_ALIGN != 0 {
+        return Some("a layer's KV cache is not a whole number of 16-element lines".into());
     }
     let kv_bytes = kv.layer_len * layers * T::DEVICE_DTYPE.size_bytes();
     if kv_bytes >= LIMIT {
