@@ -26,9 +26,8 @@ use crate::ir::ops::{ReduceKind, ScanKind};
 
 /// The `[outer, n, inner]` view of `shape` around `axis`.
 fn split_axis(shape: &[usize], axis: usize) -> Result<(usize, usize, usize), String> {
-    let n =
-        *shape.get(axis).ok_or_else(|| internal(format!("axis {axis} of a rank-{} tile", shape.len())))?;
-    Ok((shape[..axis].iter().product(), n, shape[axis + 1..].iter().product()))
+    crate::dtype::split_axis(shape, axis)
+        .ok_or_else(|| internal(format!("axis {axis} of a rank-{} tile", shape.len())))
 }
 
 /// Folds each `[o, :, i]` line of `x` with `f`, starting from the line's first element.
