@@ -21,6 +21,7 @@ mod dump;
 mod fnv;
 pub mod fragment;
 pub mod host;
+mod llvm;
 mod lower;
 pub mod target;
 pub mod tensor_map;

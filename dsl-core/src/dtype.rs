@@ -235,6 +235,14 @@ impl fmt::Display for Elem {
 /// A static tile shape (empty for scalars).
 pub type Shape = smallvec::SmallVec<[usize; 4]>;
 
+/// The `[outer, n, inner]` view of `shape` around `axis`: the product of
+/// the dims before it, its length and the product of the dims after it
+/// (`None` when `axis` is out of range).
+pub fn split_axis(shape: &[usize], axis: usize) -> Option<(usize, usize, usize)> {
+    let n = *shape.get(axis)?;
+    Some((shape[..axis].iter().product(), n, shape[axis + 1..].iter().product()))
+}
+
 /// The type of an SSA value: an element type and a shape (rank 0 = scalar).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Type {

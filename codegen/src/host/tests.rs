@@ -9,6 +9,7 @@ use dsl_core::ir::ops::DotPrecision;
 use dsl_core::lang::*;
 use dsl_core::{Function, Result};
 use std::sync::OnceLock;
+use tests::hand::softmax;
 
 /// One memory-only cache for the tests (compiles are shared).
 fn cache() -> &'static HostCache {
@@ -94,23 +95,6 @@ fn host_vector_add() {
             same(&f, grid, &bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::ptr(2), Arg::i32(n as i32)]);
         }
     }
-}
-
-fn softmax(block: usize, dtype: DType) -> Result<Function> {
-    KernelBuilder::new("softmax").build(|| {
-        let out_ptr = param_ptr("out_ptr", dtype);
-        let in_ptr = param_ptr("in_ptr", dtype);
-        let n_cols = param_scalar("n_cols", DType::I32);
-        let stride = param_scalar("stride", DType::I32);
-        let row = program_id(0);
-        let cols = arange(0, block as i32);
-        let mask = cols.lt(n_cols);
-        let x = load(in_ptr + row * stride + cols, Some(mask), Some(f32::NEG_INFINITY.into())).to(DType::F32);
-        let x = x - max(x, 0);
-        let e = exp(x);
-        let y = e / sum(e, 0);
-        store(out_ptr + row * stride + cols, y, Some(mask));
-    })
 }
 
 #[test]

@@ -6,9 +6,9 @@
 
 use super::Lowerer;
 use crate::Result;
+use crate::llvm::{float_predicate, int_predicate};
 use dsl_core::ir::Inst;
-use dsl_core::ir::ops::{CmpPred, CompareOp};
-use inkwell::{FloatPredicate, IntPredicate};
+use dsl_core::ir::ops::CompareOp;
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(super) fn lower_compare(&mut self, inst: Inst, op: CompareOp) -> Result<()> {
@@ -32,15 +32,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         let d = ty.dtype();
                         let x = self.fwiden(a[i], d)?;
                         let y = self.fwiden(b[i], d)?;
-                        let fp = match p {
-                            CmpPred::Eq => FloatPredicate::OEQ,
-                            CmpPred::Ne => FloatPredicate::UNE,
-                            CmpPred::Lt => FloatPredicate::OLT,
-                            CmpPred::Le => FloatPredicate::OLE,
-                            CmpPred::Gt => FloatPredicate::OGT,
-                            CmpPred::Ge => FloatPredicate::OGE,
-                        };
-                        self.b.build_float_compare(fp, x, y, "")?
+                        self.b.build_float_compare(float_predicate(p), x, y, "")?
                     } else {
                         let signed = !ty.is_ptr() && ty.dtype().is_signed_int();
                         let (x, y) = if ty.is_ptr() {
@@ -52,19 +44,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         } else {
                             (a[i].into_int_value(), b[i].into_int_value())
                         };
-                        let ip = match (p, signed) {
-                            (CmpPred::Eq, _) => IntPredicate::EQ,
-                            (CmpPred::Ne, _) => IntPredicate::NE,
-                            (CmpPred::Lt, true) => IntPredicate::SLT,
-                            (CmpPred::Le, true) => IntPredicate::SLE,
-                            (CmpPred::Gt, true) => IntPredicate::SGT,
-                            (CmpPred::Ge, true) => IntPredicate::SGE,
-                            (CmpPred::Lt, false) => IntPredicate::ULT,
-                            (CmpPred::Le, false) => IntPredicate::ULE,
-                            (CmpPred::Gt, false) => IntPredicate::UGT,
-                            (CmpPred::Ge, false) => IntPredicate::UGE,
-                        };
-                        self.b.build_int_compare(ip, x, y, "")?
+                        self.b.build_int_compare(int_predicate(p, signed), x, y, "")?
                     };
                     out.push(v.into());
                 }

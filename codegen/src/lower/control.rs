@@ -239,12 +239,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 if let Some(pl) = &pipe {
                     fed0 = self.pipe_prologue(pl, iv_arg, lbi, step, ub, signed)?;
                 }
-                let pre = self.cur_block()?;
-                let head = self.ctx.append_basic_block(self.func, "for.head");
-                let body = self.ctx.append_basic_block(self.func, "for.body");
-                let exit = self.ctx.append_basic_block(self.func, "for.exit");
-                self.b.build_unconditional_branch(head)?;
-                self.b.position_at_end(head);
+                let (pre, [head, body, exit]) = self.enter_loop(["for.head", "for.body", "for.exit"])?;
                 let iv = self.b.build_phi(lb.get_type(), "iv")?;
                 iv.add_incoming(&[(&lb as &dyn BasicValue<'ctx>, pre)]);
                 let phis = self.phis(&init, pre)?;
@@ -383,12 +378,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
             ControlOp::While => {
                 let init: Vec<Regs<'ctx>> = args.iter().map(|&a| self.regs(a)).collect::<Result<_>>()?;
-                let pre = self.cur_block()?;
-                let head = self.ctx.append_basic_block(self.func, "while.head");
-                let body = self.ctx.append_basic_block(self.func, "while.body");
-                let exit = self.ctx.append_basic_block(self.func, "while.exit");
-                self.b.build_unconditional_branch(head)?;
-                self.b.position_at_end(head);
+                let (pre, [head, body, exit]) =
+                    self.enter_loop(["while.head", "while.body", "while.exit"])?;
                 let phis = self.phis(&init, pre)?;
                 let cond = self.lower_region(regions[0], &Self::phi_values(&phis))?;
                 let Some((c, fwd)) = cond.split_first() else {

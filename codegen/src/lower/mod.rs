@@ -122,17 +122,7 @@ pub(crate) struct LoopState<'ctx> {
 pub(crate) fn reg_type(ctx: &Context, e: Elem) -> BasicTypeEnum<'_> {
     match e {
         Elem::Ptr(_) => ctx.ptr_type(AddressSpace::from(1u16)).into(),
-        Elem::Scalar(d) => match d {
-            DType::I1 => ctx.bool_type().into(),
-            DType::I8 | DType::U8 => ctx.i8_type().into(),
-            DType::I16 => ctx.i16_type().into(),
-            DType::I32 | DType::U32 => ctx.i32_type().into(),
-            DType::I64 => ctx.i64_type().into(),
-            DType::F16 => ctx.f16_type().into(),
-            DType::BF16 => ctx.bf16_type().into(),
-            DType::F32 => ctx.f32_type().into(),
-            DType::F64 => ctx.f64_type().into(),
-        },
+        Elem::Scalar(d) => crate::llvm::scalar_type(ctx, d),
     }
 }
 
@@ -513,6 +503,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.b.get_insert_block().ok_or_else(|| Error::Llvm("builder is not positioned".into()))
     }
 
+    /// Starts a loop: appends its head, body and exit blocks (named
+    /// `names`), branches from the current block to the head and moves
+    /// there. Returns the block it came from (the head's entry edge) and the
+    /// three blocks.
+    pub(crate) fn enter_loop(&self, names: [&str; 3]) -> Result<(BasicBlock<'ctx>, [BasicBlock<'ctx>; 3])> {
+        let pre = self.cur_block()?;
+        let blocks = names.map(|n| self.ctx.append_basic_block(self.func, n));
+        self.b.build_unconditional_branch(blocks[0])?;
+        self.b.position_at_end(blocks[0]);
+        Ok((pre, blocks))
+    }
+
     /// A runtime loop `for i in 0..count` (an i32, possibly zero) carrying
     /// `init`; `body` maps the index and the current carried values to the
     /// next ones. Returns the final carried values.
@@ -522,12 +524,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         init: Vec<BasicValueEnum<'ctx>>,
         body: &mut LoopBody<'_, 'a, 'ctx>,
     ) -> Result<Vec<BasicValueEnum<'ctx>>> {
-        let pre = self.cur_block()?;
-        let head = self.ctx.append_basic_block(self.func, "loop");
-        let bb = self.ctx.append_basic_block(self.func, "loop.body");
-        let exit = self.ctx.append_basic_block(self.func, "loop.exit");
-        self.b.build_unconditional_branch(head)?;
-        self.b.position_at_end(head);
+        let (pre, [head, bb, exit]) = self.enter_loop(["loop", "loop.body", "loop.exit"])?;
         let i32t = self.ctx.i32_type();
         let iv = self.b.build_phi(i32t, "k")?;
         iv.add_incoming(&[(&i32t.const_zero(), pre)]);

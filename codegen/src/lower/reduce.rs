@@ -29,6 +29,7 @@ use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
 use crate::blocked::{BlockedLayout, strides};
 use crate::fragment::{MmaLayout, RegLayout};
+use crate::llvm::int_order;
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::ops::{BinaryOp, ReduceKind, ReduceOp, ScanKind, ScanOp};
 use dsl_core::ir::{Inst, Region};
@@ -101,14 +102,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     bl.build_or(bl.build_or(better, tie, "")?, a_only, "")?
                 } else {
                     let (av, bv) = (a[0].into_int_value(), b[0].into_int_value());
-                    let s = d.is_signed_int();
-                    let p = match (max, s) {
-                        (true, true) => IntPredicate::SGT,
-                        (true, false) => IntPredicate::UGT,
-                        (false, true) => IntPredicate::SLT,
-                        (false, false) => IntPredicate::ULT,
-                    };
-                    let better = bl.build_int_compare(p, bv, av, "")?;
+                    let better = bl.build_int_compare(int_order(max, d.is_signed_int()), bv, av, "")?;
                     let eq = bl.build_int_compare(IntPredicate::EQ, bv, av, "")?;
                     bl.build_or(better, bl.build_and(eq, idx_lt, "")?, "")?
                 };

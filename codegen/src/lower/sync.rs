@@ -43,6 +43,7 @@
 
 use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::Result;
+use crate::llvm::int_predicate;
 use crate::target::Target;
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::ops::{CmpPred, MemOrder, MemScope, MemSem};
@@ -196,27 +197,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         o: MemOrder,
     ) -> Result<()> {
         let i32t = self.ctx.i32_type();
-        let entry = self.cur_block()?;
-        let head = self.ctx.append_basic_block(self.func, "wait");
-        let sleep = self.ctx.append_basic_block(self.func, "wait_sleep");
-        let done = self.ctx.append_basic_block(self.func, "wait_done");
-        self.b.build_unconditional_branch(head)?;
-        self.b.position_at_end(head);
+        let (entry, [head, sleep, done]) = self.enter_loop(["wait", "wait_sleep", "wait_done"])?;
         let ns = self.b.build_phi(i32t, "ns")?;
         let seen = self.strong_load(p, d, o)?.into_int_value();
-        let signed = d.is_signed_int();
-        let pred = match cmp {
-            CmpPred::Eq => IntPredicate::EQ,
-            CmpPred::Ne => IntPredicate::NE,
-            CmpPred::Lt if signed => IntPredicate::SLT,
-            CmpPred::Lt => IntPredicate::ULT,
-            CmpPred::Le if signed => IntPredicate::SLE,
-            CmpPred::Le => IntPredicate::ULE,
-            CmpPred::Gt if signed => IntPredicate::SGT,
-            CmpPred::Gt => IntPredicate::UGT,
-            CmpPred::Ge if signed => IntPredicate::SGE,
-            CmpPred::Ge => IntPredicate::UGE,
-        };
+        let pred = int_predicate(cmp, d.is_signed_int());
         let holds = self.b.build_int_compare(pred, seen, want, "holds")?;
         self.b.build_conditional_branch(holds, done, sleep)?;
         self.b.position_at_end(sleep);

@@ -101,6 +101,16 @@ impl Ctx {
         assert_eq!(t.build, self.id, "a Tensor handle from another kernel build was used");
     }
 
+    /// The values of `ts`, each checked to come from this build.
+    pub(crate) fn values(&self, ts: &[Tensor]) -> Vec<Value> {
+        ts.iter()
+            .map(|t| {
+                self.check(*t);
+                t.value()
+            })
+            .collect()
+    }
+
     pub(crate) fn handle(&self, v: Value) -> Tensor {
         Tensor { value: v, build: self.id }
     }

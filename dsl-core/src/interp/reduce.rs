@@ -26,9 +26,8 @@ use crate::ir::ops::{ReduceKind, ScanKind};
 
 /// The `[outer, n, inner]` view of `shape` around `axis`.
 fn split_axis(shape: &[usize], axis: usize) -> Result<(usize, usize, usize), String> {
-    let n =
-        *shape.get(axis).ok_or_else(|| internal(format!("axis {axis} of a rank-{} tile", shape.len())))?;
-    Ok((shape[..axis].iter().product(), n, shape[axis + 1..].iter().product()))
+    crate::dtype::split_axis(shape, axis)
+        .ok_or_else(|| internal(format!("axis {axis} of a rank-{} tile", shape.len())))
 }
 
 /// Folds each `[o, :, i]` line of `x` with `f`, starting from the line's first element.
@@ -159,22 +158,15 @@ pub(crate) fn reduce(x: &Tile, axis: usize, kind: ReduceKind) -> Result<Tile, St
                 }
             },
         ),
-        ReduceKind::Max => (
-            x.elem,
-            match &*x.data {
-                Data::F32(v) => Data::F32(fold_lines(v, dims, f32::max)),
-                Data::F64(v) => Data::F64(fold_lines(v, dims, f64::max)),
-                Data::Int(v) => Data::Int(fold_lines(v, dims, i64::max)),
-            },
-        ),
-        ReduceKind::Min => (
-            x.elem,
-            match &*x.data {
-                Data::F32(v) => Data::F32(fold_lines(v, dims, f32::min)),
-                Data::F64(v) => Data::F64(fold_lines(v, dims, f64::min)),
-                Data::Int(v) => Data::Int(fold_lines(v, dims, i64::min)),
-            },
-        ),
+        ReduceKind::Max | ReduceKind::Min => {
+            let max = kind == ReduceKind::Max;
+            let data = match &*x.data {
+                Data::F32(v) => Data::F32(fold_lines(v, dims, |a, b| if max { a.max(b) } else { a.min(b) })),
+                Data::F64(v) => Data::F64(fold_lines(v, dims, |a, b| if max { a.max(b) } else { a.min(b) })),
+                Data::Int(v) => Data::Int(fold_lines(v, dims, |a, b| if max { a.max(b) } else { a.min(b) })),
+            };
+            (x.elem, data)
+        }
         ReduceKind::Argmax | ReduceKind::Argmin => {
             let max = kind == ReduceKind::Argmax;
             let idx = match &*x.data {

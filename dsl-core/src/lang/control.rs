@@ -197,13 +197,7 @@ pub fn while_loop(
 ) -> Vec<Tensor> {
     let loc = Location::caller();
     let (inst, tys, logical) = with_ctx(|c| {
-        let vals: Vec<Value> = init
-            .iter()
-            .map(|t| {
-                c.check(*t);
-                t.value()
-            })
-            .collect();
+        let vals = c.values(init);
         let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
         let inst = c.func.create_inst(Op::Control(ControlOp::While), &vals, tys.clone(), loc.clone());
         let b = c.cur_block();
@@ -303,13 +297,7 @@ pub fn device_assert(cond: Tensor, message: &str) {
 pub fn device_print(prefix: &str, values: &[Tensor]) {
     let loc = Location::caller();
     with_ctx(|c| {
-        let vals: Vec<Value> = values
-            .iter()
-            .map(|t| {
-                c.check(*t);
-                t.value()
-            })
-            .collect();
+        let vals = c.values(values);
         c.push(Op::Debug(DebugOp::Print { prefix: prefix.into() }), &vals, &loc, &[]);
     });
 }
@@ -324,22 +312,14 @@ fn hint_at(make: fn(Vec<u32>) -> HintOp, x: Tensor, n: u32, loc: &Location) -> T
     })
 }
 
-/// Promises every element of `x` is a multiple of `n` (a power of two).
-#[track_caller]
-pub fn multiple_of(x: Tensor, n: u32) -> Tensor {
-    hint_at(HintOp::MultipleOf, x, n, &Location::caller())
-}
-
-/// Promises runs of `n` consecutive elements of `x` are contiguous.
-#[track_caller]
-pub fn max_contiguous(x: Tensor, n: u32) -> Tensor {
-    hint_at(HintOp::MaxContiguous, x, n, &Location::caller())
-}
-
-/// Promises runs of `n` consecutive elements of `x` are equal.
-#[track_caller]
-pub fn max_constancy(x: Tensor, n: u32) -> Tensor {
-    hint_at(HintOp::MaxConstancy, x, n, &Location::caller())
+located_fns! {
+    hint_at(x: Tensor, n: u32);
+    /// Promises every element of `x` is a multiple of `n` (a power of two).
+    multiple_of => HintOp::MultipleOf;
+    /// Promises runs of `n` consecutive elements of `x` are contiguous.
+    max_contiguous => HintOp::MaxContiguous;
+    /// Promises runs of `n` consecutive elements of `x` are equal.
+    max_constancy => HintOp::MaxConstancy;
 }
 
 /// Records `op`, a program op with no operands and no results, at `loc`.

@@ -241,7 +241,16 @@ unary_fns! {
     erf => Erf;
 }
 
+/// Comparison functions `$f(a, b)`, or, after `self;`, methods
+/// `self.$f(rhs)`.
 macro_rules! compare_fns {
+    (self; $($(#[$m:meta])* $f:ident => $p:ident;)*) => {$(
+        $(#[$m])*
+        #[track_caller]
+        pub fn $f(self, rhs: impl Into<Operand>) -> Tensor {
+            compare_at(CmpPred::$p, Operand::Tensor(self), rhs.into(), &Location::caller())
+        }
+    )*};
     ($($(#[$m:meta])* $f:ident => $p:ident;)*) => {$(
         $(#[$m])*
         #[track_caller]
@@ -403,34 +412,19 @@ impl std::ops::Not for Tensor {
 }
 
 impl Tensor {
-    /// `self < rhs`.
-    #[track_caller]
-    pub fn lt(self, rhs: impl Into<Operand>) -> Tensor {
-        compare_at(CmpPred::Lt, Operand::Tensor(self), rhs.into(), &Location::caller())
-    }
-    /// `self <= rhs`.
-    #[track_caller]
-    pub fn le(self, rhs: impl Into<Operand>) -> Tensor {
-        compare_at(CmpPred::Le, Operand::Tensor(self), rhs.into(), &Location::caller())
-    }
-    /// `self > rhs`.
-    #[track_caller]
-    pub fn gt(self, rhs: impl Into<Operand>) -> Tensor {
-        compare_at(CmpPred::Gt, Operand::Tensor(self), rhs.into(), &Location::caller())
-    }
-    /// `self >= rhs`.
-    #[track_caller]
-    pub fn ge(self, rhs: impl Into<Operand>) -> Tensor {
-        compare_at(CmpPred::Ge, Operand::Tensor(self), rhs.into(), &Location::caller())
-    }
-    /// `self == rhs` elementwise.
-    #[track_caller]
-    pub fn eq_(self, rhs: impl Into<Operand>) -> Tensor {
-        compare_at(CmpPred::Eq, Operand::Tensor(self), rhs.into(), &Location::caller())
-    }
-    /// `self != rhs` elementwise.
-    #[track_caller]
-    pub fn ne_(self, rhs: impl Into<Operand>) -> Tensor {
-        compare_at(CmpPred::Ne, Operand::Tensor(self), rhs.into(), &Location::caller())
+    compare_fns! {
+        self;
+        /// `self < rhs`.
+        lt => Lt;
+        /// `self <= rhs`.
+        le => Le;
+        /// `self > rhs`.
+        gt => Gt;
+        /// `self >= rhs`.
+        ge => Ge;
+        /// `self == rhs` elementwise.
+        eq_ => Eq;
+        /// `self != rhs` elementwise.
+        ne_ => Ne;
     }
 }

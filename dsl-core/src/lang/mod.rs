@@ -7,6 +7,26 @@
 //! promotion and broadcasting rules (see [`crate::builder::computation_type`]);
 //! errors are recorded and reported together when the build finishes.
 
+/// Defines `#[track_caller]` functions that differ only in the op they
+/// build: `$f(params) -> Tensor` is `$imp(op, params..., extra..., location)`,
+/// with the location of the kernel author's call; the extra trailing
+/// arguments, in brackets, are optional.
+macro_rules! located_fns {
+    (@one $imp:ident ($($arg:ident: $ty:ty),*) [$($extra:expr),*] $(#[$m:meta])* $f:ident => $op:expr) => {
+        $(#[$m])*
+        #[track_caller]
+        pub fn $f($($arg: $ty),*) -> Tensor {
+            $imp($op, $($arg,)* $($extra,)* &Location::caller())
+        }
+    };
+    ($imp:ident $params:tt; $($rest:tt)*) => {
+        located_fns!($imp $params []; $($rest)*);
+    };
+    ($imp:ident $params:tt $extra:tt; $($(#[$m:meta])* $f:ident => $op:expr;)*) => {$(
+        located_fns!(@one $imp $params $extra $(#[$m])* $f => $op);
+    )*};
+}
+
 mod control;
 mod elementwise;
 mod memory;
@@ -152,23 +172,21 @@ pub fn cast(x: Tensor, dtype: DType) -> Tensor {
 /// Reinterprets the bits of `x` as `dtype` (same width).
 #[track_caller]
 pub fn bitcast(x: Tensor, dtype: DType) -> Tensor {
-    let loc = Location::caller();
-    with_ctx(|c| {
-        c.check(x);
-        let ty = c.func.ty(x.value()).with_elem(Elem::Scalar(dtype));
-        let v = c.push(Op::Cast(CastOp::Bitcast { to: dtype }), &[x.value()], &loc, &[ty])[0];
-        c.handle(v)
-    })
+    reinterpret_at(CastOp::Bitcast { to: dtype }, x, Elem::Scalar(dtype), &Location::caller())
 }
 
 /// Views pointer(s) `p` as pointing to `dtype` (same addresses).
 #[track_caller]
 pub fn ptrcast(p: Tensor, dtype: DType) -> Tensor {
-    let loc = Location::caller();
+    reinterpret_at(CastOp::PtrCast { to: dtype }, p, Elem::Ptr(dtype), &Location::caller())
+}
+
+/// Records cast `op` of `x` to a tile of the same shape of `elem`.
+fn reinterpret_at(op: CastOp, x: Tensor, elem: Elem, loc: &Location) -> Tensor {
     with_ctx(|c| {
-        c.check(p);
-        let ty = c.func.ty(p.value()).with_elem(Elem::Ptr(dtype));
-        let v = c.push(Op::Cast(CastOp::PtrCast { to: dtype }), &[p.value()], &loc, &[ty])[0];
+        c.check(x);
+        let ty = c.func.ty(x.value()).with_elem(elem);
+        let v = c.push(Op::Cast(op), &[x.value()], loc, &[ty])[0];
         c.handle(v)
     })
 }

@@ -5,7 +5,7 @@
 
 use super::shape::norm_axis;
 use super::{Tensor, cast_to};
-use crate::builder::{build_region, fmt_types, with_ctx};
+use crate::builder::{Ctx, build_region, fmt_types, with_ctx};
 use crate::dtype::{DType, Elem, Type};
 use crate::ir::ops::{ControlOp, DotOp, DotPrecision, ReduceKind, ReduceOp, ScanKind, ScanOp};
 use crate::ir::{Op, Scalar, Value};
@@ -63,34 +63,18 @@ fn reduce_at(kind: ReduceKind, x: Tensor, axis: i32, loc: &Location) -> Tensor {
     })
 }
 
-/// Sum along `axis` (negative counts from the end).
-#[track_caller]
-pub fn sum(x: Tensor, axis: i32) -> Tensor {
-    reduce_at(ReduceKind::Sum, x, axis, &Location::caller())
-}
-
-/// Maximum along `axis`.
-#[track_caller]
-pub fn max(x: Tensor, axis: i32) -> Tensor {
-    reduce_at(ReduceKind::Max, x, axis, &Location::caller())
-}
-
-/// Minimum along `axis`.
-#[track_caller]
-pub fn min(x: Tensor, axis: i32) -> Tensor {
-    reduce_at(ReduceKind::Min, x, axis, &Location::caller())
-}
-
-/// Index (`i32`) of the maximum along `axis`; ties pick the smallest index.
-#[track_caller]
-pub fn argmax(x: Tensor, axis: i32) -> Tensor {
-    reduce_at(ReduceKind::Argmax, x, axis, &Location::caller())
-}
-
-/// Index (`i32`) of the minimum along `axis`; ties pick the smallest index.
-#[track_caller]
-pub fn argmin(x: Tensor, axis: i32) -> Tensor {
-    reduce_at(ReduceKind::Argmin, x, axis, &Location::caller())
+located_fns! {
+    reduce_at(x: Tensor, axis: i32);
+    /// Sum along `axis` (negative counts from the end).
+    sum => ReduceKind::Sum;
+    /// Maximum along `axis`.
+    max => ReduceKind::Max;
+    /// Minimum along `axis`.
+    min => ReduceKind::Min;
+    /// Index (`i32`) of the maximum along `axis`; ties pick the smallest index.
+    argmax => ReduceKind::Argmax;
+    /// Index (`i32`) of the minimum along `axis`; ties pick the smallest index.
+    argmin => ReduceKind::Argmin;
 }
 
 /// Reduces `inputs` (one shape) along `axis` with an associative `combine` that
@@ -103,15 +87,7 @@ pub fn reduce(
     combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
 ) -> Vec<Tensor> {
     let loc = Location::caller();
-    let (inst, elems, results) = with_ctx(|c| {
-        let vals: Vec<Value> = inputs
-            .iter()
-            .map(|t| {
-                c.check(*t);
-                t.value()
-            })
-            .collect();
-        let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
+    combine_at(inputs, "reduce", &loc, combine, |c, vals, tys| {
         let rank = tys.first().map_or(0, |t| t.rank());
         let ax = norm_axis(axis, rank);
         let padded_axis = vals
@@ -121,13 +97,32 @@ pub fn reduce(
             c.error(&loc, Some("reduce"), "a custom reduction over a padded (non-power-of-two) axis has no neutral element to fill the padding with; reduce a power-of-two tile".into());
         }
         let op = Op::Reduce(ReduceOp { axis: ax, kind: ReduceKind::Custom });
-        let out_tys = match op.infer(&tys) {
+        let out_tys = match op.infer(tys) {
             Ok(t) => t,
             Err(m) => {
                 c.error(&loc, Some("reduce"), m);
                 tys.iter().map(|t| Type::scalar(t.dtype())).collect()
             }
         };
+        (op, out_tys)
+    })
+}
+
+/// Builds the custom reduction or scan `name` of `inputs` at `loc`: `op`
+/// makes the op and its result types from the inputs' values and types;
+/// `combine` fills its combine region, which maps (running values, new
+/// values), one scalar per input each, to the combined scalars.
+fn combine_at(
+    inputs: &[Tensor],
+    name: &'static str,
+    loc: &Location,
+    combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
+    op: impl FnOnce(&mut Ctx, &[Value], &[Type]) -> (Op, Vec<Type>),
+) -> Vec<Tensor> {
+    let (inst, elems, results) = with_ctx(|c| {
+        let vals = c.values(inputs);
+        let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
+        let (op, out_tys) = op(c, &vals, &tys);
         let inst = c.func.create_inst(op, &vals, out_tys, loc.clone());
         let b = c.cur_block();
         c.func.append_inst(b, inst);
@@ -138,13 +133,13 @@ pub fn reduce(
     let n = elems.len();
     let arg_tys: Vec<Type> = elems.iter().chain(elems.iter()).cloned().collect();
     let (region, yielded) =
-        build_region(inst, &arg_tys, &loc, ControlOp::Yield, |args| combine(&args[..n], &args[n..]));
+        build_region(inst, &arg_tys, loc, ControlOp::Yield, |args| combine(&args[..n], &args[n..]));
     with_ctx(|c| {
         c.func.insts[inst].regions.push(region);
         if yielded != elems {
             c.error(
-                &loc,
-                Some("reduce"),
+                loc,
+                Some(name),
                 format!(
                     "the combine function must return {} but returns {}",
                     fmt_types(&elems),
@@ -184,22 +179,15 @@ fn scan_at(kind: ScanKind, x: Tensor, axis: i32, reverse: bool, loc: &Location) 
     })
 }
 
-/// Inclusive prefix sum along `axis`.
-#[track_caller]
-pub fn cumsum(x: Tensor, axis: i32) -> Tensor {
-    scan_at(ScanKind::Sum, x, axis, false, &Location::caller())
-}
-
-/// Inclusive running maximum along `axis`.
-#[track_caller]
-pub fn cummax(x: Tensor, axis: i32) -> Tensor {
-    scan_at(ScanKind::Max, x, axis, false, &Location::caller())
-}
-
-/// Inclusive running minimum along `axis`.
-#[track_caller]
-pub fn cummin(x: Tensor, axis: i32) -> Tensor {
-    scan_at(ScanKind::Min, x, axis, false, &Location::caller())
+// Forward scans (`reverse` false).
+located_fns! {
+    scan_at(x: Tensor, axis: i32) [false];
+    /// Inclusive prefix sum along `axis`.
+    cumsum => ScanKind::Sum;
+    /// Inclusive running maximum along `axis`.
+    cummax => ScanKind::Max;
+    /// Inclusive running minimum along `axis`.
+    cummin => ScanKind::Min;
 }
 
 /// Inclusive scan of `inputs` along `axis` with an associative `combine`
@@ -212,46 +200,14 @@ pub fn scan(
     combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
 ) -> Vec<Tensor> {
     let loc = Location::caller();
-    let (inst, elems, results) = with_ctx(|c| {
-        let vals: Vec<Value> = inputs
-            .iter()
-            .map(|t| {
-                c.check(*t);
-                t.value()
-            })
-            .collect();
-        let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
+    combine_at(inputs, "scan", &loc, combine, |c, _, tys| {
         let rank = tys.first().map_or(0, |t| t.rank());
         let op = Op::Scan(ScanOp { axis: norm_axis(axis, rank), kind: ScanKind::Custom, reverse });
-        if let Err(m) = op.infer(&tys) {
+        if let Err(m) = op.infer(tys) {
             c.error(&loc, Some("scan"), m);
         }
-        let inst = c.func.create_inst(op, &vals, tys.clone(), loc.clone());
-        let b = c.cur_block();
-        c.func.append_inst(b, inst);
-        let elems: Vec<Type> = tys.iter().map(|t| Type { elem: t.elem, shape: Default::default() }).collect();
-        let results: Vec<Tensor> = c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect();
-        (inst, elems, results)
-    });
-    let n = elems.len();
-    let arg_tys: Vec<Type> = elems.iter().chain(elems.iter()).cloned().collect();
-    let (region, yielded) =
-        build_region(inst, &arg_tys, &loc, ControlOp::Yield, |args| combine(&args[..n], &args[n..]));
-    with_ctx(|c| {
-        c.func.insts[inst].regions.push(region);
-        if yielded != elems {
-            c.error(
-                &loc,
-                Some("scan"),
-                format!(
-                    "the combine function must return {} but returns {}",
-                    fmt_types(&elems),
-                    fmt_types(&yielded)
-                ),
-            );
-        }
-    });
-    results
+        (op, tys.to_vec())
+    })
 }
 
 /// `acc + a @ b` for `a: [M, K]`, `b: [K, N]`; with `acc = None` a zero

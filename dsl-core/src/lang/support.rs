@@ -33,32 +33,28 @@ fn checked<T: TryFrom<i64>>(v: impl ConstInt, what: &str, loc: Location) -> Opti
     r
 }
 
-/// A build-time integer as `i32` (tile bounds).
-#[doc(hidden)]
-#[track_caller]
-pub fn __i32(v: impl ConstInt) -> i32 {
-    checked(v, "integer", Location::caller()).unwrap_or(0)
+/// Build-time integer conversions for `#[kernel]` bodies: `$f(v)` is `v` as
+/// `$t`, or `$default` after reporting `$what` out of range.
+macro_rules! const_int_fns {
+    ($($(#[$m:meta])* $f:ident -> $t:ty, $what:literal, $default:literal;)*) => {$(
+        $(#[$m])*
+        #[doc(hidden)]
+        #[track_caller]
+        pub fn $f(v: impl ConstInt) -> $t {
+            checked(v, $what, Location::caller()).unwrap_or($default)
+        }
+    )*};
 }
 
-/// A build-time integer as `u32`.
-#[doc(hidden)]
-#[track_caller]
-pub fn __u32(v: impl ConstInt) -> u32 {
-    checked(v, "integer", Location::caller()).unwrap_or(1)
-}
-
-/// A build-time integer as `u8` (grid axes).
-#[doc(hidden)]
-#[track_caller]
-pub fn __u8(v: impl ConstInt) -> u8 {
-    checked(v, "axis", Location::caller()).unwrap_or(0)
-}
-
-/// A build-time integer as a tile dimension.
-#[doc(hidden)]
-#[track_caller]
-pub fn __usize(v: impl ConstInt) -> usize {
-    checked(v, "tile dimension", Location::caller()).unwrap_or(1)
+const_int_fns! {
+    /// A build-time integer as `i32` (tile bounds).
+    __i32 -> i32, "integer", 0;
+    /// A build-time integer as `u32`.
+    __u32 -> u32, "integer", 1;
+    /// A build-time integer as `u8` (grid axes).
+    __u8 -> u8, "axis", 0;
+    /// A build-time integer as a tile dimension.
+    __usize -> usize, "tile dimension", 1;
 }
 
 /// Materializes a literal or constexpr as a tensor of its natural dtype (Rust

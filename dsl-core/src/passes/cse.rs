@@ -13,9 +13,10 @@
 //! commutative integer ops (and float `add`/`mul`) are put in a canonical
 //! order for the key only; the IR keeps its operand order.
 
+use super::BlockPass;
 use crate::dtype::Type;
 use crate::ir::ops::{ArithOp, BinaryOp};
-use crate::ir::{Block, Function, Inst, Op, Region, Value};
+use crate::ir::{Block, Function, Inst, Op, Value};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -41,13 +42,7 @@ struct Cse {
     merged: usize,
 }
 
-impl Cse {
-    fn region(&mut self, f: &mut Function, r: Region) {
-        for b in f.regions[r].blocks.clone() {
-            self.block(f, b);
-        }
-    }
-
+impl BlockPass for Cse {
     fn block(&mut self, f: &mut Function, b: Block) {
         let insts = f.blocks[b].insts.clone();
         let mut keep = Vec::with_capacity(insts.len());

@@ -14,6 +14,7 @@
 //! assumes it terminates (a kernel that never returns is a bug, and the pass
 //! may turn the hang into a return).
 
+use super::BlockPass;
 use crate::ir::ops::ControlOp;
 use crate::ir::{Block, EntityRef, Function, Inst, Op, Region, Value, ValueDef};
 use rustc_hash::FxHashSet;
@@ -84,22 +85,7 @@ struct Dce {
     changes: usize,
 }
 
-impl Dce {
-    fn used(&self, v: Value) -> bool {
-        self.uses[v.index()] > 0
-    }
-
-    fn drop_use(&mut self, v: Value) {
-        let u = &mut self.uses[v.index()];
-        *u = u.saturating_sub(1);
-    }
-
-    fn region(&mut self, f: &mut Function, r: Region) {
-        for b in f.regions[r].blocks.clone() {
-            self.block(f, b);
-        }
-    }
-
+impl BlockPass for Dce {
     /// Sweeps a block backwards, so that uses are dropped before their
     /// definitions are examined; nested regions are swept before their owner's
     /// operands are reached.
@@ -129,6 +115,17 @@ impl Dce {
         }
         keep.reverse();
         f.blocks[b].insts = keep;
+    }
+}
+
+impl Dce {
+    fn used(&self, v: Value) -> bool {
+        self.uses[v.index()] > 0
+    }
+
+    fn drop_use(&mut self, v: Value) {
+        let u = &mut self.uses[v.index()];
+        *u = u.saturating_sub(1);
     }
 
     /// Dead and free of side effects (terminators are never removable).

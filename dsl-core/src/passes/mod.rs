@@ -27,6 +27,22 @@ pub use canonicalize::{CanonicalizeStats, canonicalize};
 pub use cse::cse;
 pub use dce::dce;
 
+use crate::ir::{Block, Function, Region};
+
+/// A pass that rewrites the instructions of one block at a time (and the
+/// regions nested in them, through [`BlockPass::region`]).
+trait BlockPass {
+    /// Rewrites the instructions of block `b`.
+    fn block(&mut self, f: &mut Function, b: Block);
+
+    /// Rewrites every block of region `r`, in order.
+    fn region(&mut self, f: &mut Function, r: Region) {
+        for b in f.regions[r].blocks.clone() {
+            self.block(f, b);
+        }
+    }
+}
+
 #[cfg(test)]
 mod axis_tests;
 #[cfg(test)]

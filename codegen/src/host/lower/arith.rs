@@ -15,13 +15,14 @@
 //! - comparisons of floats are ordered, `ne` unordered.
 
 use super::Lower;
+use crate::llvm::{float_predicate, int_order, int_predicate};
 use crate::{Error, Result};
 use dsl_core::ir::ops::{ArithOp, BinaryOp, CmpPred, CompareOp, Op, UnaryOp};
 use dsl_core::ir::{Inst, Scalar};
 use dsl_core::{DType, Elem};
+use inkwell::IntPredicate;
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, InstructionOpcode::*};
-use inkwell::{FloatPredicate, IntPredicate};
 
 impl<'ctx> Lower<'ctx, '_> {
     /// The constant `s` as a scalar, or splat over `lanes`.
@@ -117,13 +118,8 @@ impl<'ctx> Lower<'ctx, '_> {
                 }
             }
             BinaryOp::Min | BinaryOp::Max => {
-                let p = match (op == BinaryOp::Min, signed) {
-                    (true, true) => IntPredicate::SLT,
-                    (true, false) => IntPredicate::ULT,
-                    (false, true) => IntPredicate::SGT,
-                    (false, false) => IntPredicate::UGT,
-                };
-                let c = self.icmp(p, a, b)?;
+                // `a` stays when it beats `b`.
+                let c = self.icmp(int_order(op == BinaryOp::Max, signed), a, b)?;
                 self.select(c, a, b)?
             }
             BinaryOp::And => self.bin(And, a, b)?,
@@ -317,33 +313,13 @@ impl<'ctx> Lower<'ctx, '_> {
     ) -> Result<BasicValueEnum<'ctx>> {
         let float = matches!(elem, Elem::Scalar(d) if d.is_float());
         if float {
-            let fp = match p {
-                CmpPred::Eq => FloatPredicate::OEQ,
-                CmpPred::Ne => FloatPredicate::UNE,
-                CmpPred::Lt => FloatPredicate::OLT,
-                CmpPred::Le => FloatPredicate::OLE,
-                CmpPred::Gt => FloatPredicate::OGT,
-                CmpPred::Ge => FloatPredicate::OGE,
-            };
-            return self.fcmp(fp, a, b);
+            return self.fcmp(float_predicate(p), a, b);
         }
         // Addresses compare as the interpreter's (positive) i64 addresses.
         let signed = match elem {
             Elem::Ptr(_) => true,
             Elem::Scalar(d) => d.is_signed_int(),
         };
-        let ip = match (p, signed) {
-            (CmpPred::Eq, _) => IntPredicate::EQ,
-            (CmpPred::Ne, _) => IntPredicate::NE,
-            (CmpPred::Lt, true) => IntPredicate::SLT,
-            (CmpPred::Le, true) => IntPredicate::SLE,
-            (CmpPred::Gt, true) => IntPredicate::SGT,
-            (CmpPred::Ge, true) => IntPredicate::SGE,
-            (CmpPred::Lt, false) => IntPredicate::ULT,
-            (CmpPred::Le, false) => IntPredicate::ULE,
-            (CmpPred::Gt, false) => IntPredicate::UGT,
-            (CmpPred::Ge, false) => IntPredicate::UGE,
-        };
-        self.icmp(ip, a, b)
+        self.icmp(int_predicate(p, signed), a, b)
     }
 }

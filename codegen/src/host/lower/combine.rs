@@ -18,16 +18,23 @@
 use super::eval::Idx;
 use super::{Lower, Repr};
 use crate::Result;
+use dsl_core::dtype::split_axis;
 use dsl_core::ir::ops::ControlOp;
 use dsl_core::ir::{Inst, Op, Value};
 use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 
+/// `[outer, n, inner]` element counts around an axis.
+type Dims = (usize, usize, usize);
+
 impl<'ctx> Lower<'ctx, '_> {
-    /// Copies the operands of a custom combine into fresh arrays and checks
-    /// that its region uses no outer tiles.
-    fn combine_operands(&mut self, i: Inst) -> Result<Vec<PointerValue<'ctx>>> {
+    /// Copies the operands of a custom combine along `axis` into fresh
+    /// arrays and checks that its region uses no outer tiles. Returns the
+    /// `[outer, n, inner]` view of the operands around `axis` and the arrays.
+    fn combine_operands(&mut self, i: Inst, axis: usize) -> Result<(Dims, Vec<PointerValue<'ctx>>)> {
         let f = self.f;
         let d = &f.insts[i];
+        let dims = split_axis(&f.ty(d.args[0]).shape, axis)
+            .ok_or_else(|| self.unsupported(i, "a combine along a missing axis"))?;
         let r = d.regions[0];
         let mut tile_use = false;
         let mut check = |j: Inst| {
@@ -59,7 +66,7 @@ impl<'ctx> Lower<'ctx, '_> {
             self.write_value(a, arr, t.elem, t.numel())?;
             arrays.push(arr);
         }
-        Ok(arrays)
+        Ok((dims, arrays))
     }
 
     /// Runs the combine region of `i` on the elements at `left` and
@@ -104,11 +111,7 @@ impl<'ctx> Lower<'ctx, '_> {
     pub(super) fn lower_custom_reduce(&mut self, i: Inst, axis: usize) -> Result<()> {
         let f = self.f;
         let d = &f.insts[i];
-        let shape = f.ty(d.args[0]).shape.clone();
-        let outer: usize = shape[..axis].iter().product();
-        let n = shape[axis];
-        let inner: usize = shape[axis + 1..].iter().product();
-        let arrays = self.combine_operands(i)?;
+        let ((outer, n, inner), arrays) = self.combine_operands(i, axis)?;
         let mut m = n;
         while m > 1 {
             let half = m / 2;
@@ -151,11 +154,7 @@ impl<'ctx> Lower<'ctx, '_> {
     pub(super) fn lower_custom_scan(&mut self, i: Inst, axis: usize, reverse: bool) -> Result<()> {
         let f = self.f;
         let d = &f.insts[i];
-        let shape = f.ty(d.args[0]).shape.clone();
-        let outer: usize = shape[..axis].iter().product();
-        let n = shape[axis];
-        let inner: usize = shape[axis + 1..].iter().product();
-        let arrays = self.combine_operands(i)?;
+        let ((outer, n, inner), arrays) = self.combine_operands(i, axis)?;
         let in_sh = inner.trailing_zeros() as i64;
         let mut dist = 1;
         while dist < n {

@@ -52,6 +52,14 @@ impl<'ctx> Lower<'ctx, '_> {
         }
     }
 
+    /// Binds each of `vs` to what the slot at its position holds now.
+    fn bind_slots(&mut self, vs: &[Value], slots: &[Slot<'ctx>]) -> Result<()> {
+        for (&v, &s) in vs.iter().zip(slots) {
+            self.bind_slot(v, s)?;
+        }
+        Ok(())
+    }
+
     /// Binds `v` to what slot `s` holds now.
     fn bind_slot(&mut self, v: Value, s: Slot<'ctx>) -> Result<()> {
         match s {
@@ -241,10 +249,7 @@ impl<'ctx> Lower<'ctx, '_> {
         iv.add_incoming(&[(&next, latch)]);
         self.b.build_conditional_branch(again, head, exit)?;
         self.b.position_at_end(exit);
-        for (&r, &s) in results.iter().zip(&slots) {
-            self.bind_slot(r, s)?;
-        }
-        Ok(())
+        self.bind_slots(&results, &slots)
     }
 
     /// `if cond` with results.
@@ -271,10 +276,7 @@ impl<'ctx> Lower<'ctx, '_> {
             self.b.build_unconditional_branch(join)?;
         }
         self.b.position_at_end(join);
-        for (&r, &s) in results.iter().zip(&slots) {
-            self.bind_slot(r, s)?;
-        }
-        Ok(())
+        self.bind_slots(&results, &slots)
     }
 
     /// `while init...`: `before` ends in `condition c, forwarded...`,
@@ -321,17 +323,12 @@ impl<'ctx> Lower<'ctx, '_> {
         self.memo.clear();
         self.b.build_conditional_branch(c, body, exit)?;
         self.b.position_at_end(body);
-        for (&a, &s) in aargs.iter().zip(&fwd) {
-            self.bind_slot(a, s)?;
-        }
+        self.bind_slots(&aargs, &fwd)?;
         let term = self.region_block(i, after, ControlOp::Yield)?;
         self.write_slots(term, 0, &carried, &cmap)?;
         self.memo.clear();
         self.b.build_unconditional_branch(head)?;
         self.b.position_at_end(exit);
-        for (&r, &s) in d.results.iter().zip(&fwd) {
-            self.bind_slot(r, s)?;
-        }
-        Ok(())
+        self.bind_slots(&d.results, &fwd)
     }
 }

@@ -531,6 +531,23 @@ impl<'ctx> Lower<'ctx, '_> {
         }
     }
 
+    /// `cmpxchg` of `cmp` for `new` at `p` with ordering `ord` on success;
+    /// a failed exchange only reads, so it orders as `ord`'s read half.
+    fn cmpxchg(
+        &self,
+        p: inkwell::values::PointerValue<'ctx>,
+        cmp: BasicValueEnum<'ctx>,
+        new: BasicValueEnum<'ctx>,
+        ord: AtomicOrdering,
+    ) -> Result<inkwell::values::StructValue<'ctx>> {
+        let fail = if ord == AtomicOrdering::Release || ord == AtomicOrdering::Monotonic {
+            AtomicOrdering::Monotonic
+        } else {
+            AtomicOrdering::Acquire
+        };
+        Ok(self.b.build_cmpxchg(p, cmp, new, ord, fail)?)
+    }
+
     /// `atomic_cas`: compares bit patterns, stores `val` on a match.
     fn cas_exchange(
         &mut self,
@@ -545,12 +562,7 @@ impl<'ctx> Lower<'ctx, '_> {
             if d.is_float() { self.cast_to(BitCast, v, bits) } else { Ok(v) }
         };
         let (c, v) = (to_bits(cmp)?, to_bits(val)?);
-        let fail = if ord == AtomicOrdering::Release || ord == AtomicOrdering::Monotonic {
-            AtomicOrdering::Monotonic
-        } else {
-            AtomicOrdering::Acquire
-        };
-        let pair = self.b.build_cmpxchg(p, c, v, ord, fail)?;
+        let pair = self.cmpxchg(p, c, v, ord)?;
         let old = self.b.build_extract_value(pair, 0, "")?;
         if d.is_float() { self.cast_to(BitCast, old, self.reg_elem(Elem::Scalar(d))) } else { Ok(old) }
     }
@@ -609,12 +621,7 @@ impl<'ctx> Lower<'ctx, '_> {
             _ => return Err(self.unsupported(i, format!("`{}` on {d}", k.name()))),
         };
         let new_bits = to_bits(self, new)?;
-        let fail = if ord == AtomicOrdering::Release || ord == AtomicOrdering::Monotonic {
-            AtomicOrdering::Monotonic
-        } else {
-            AtomicOrdering::Acquire
-        };
-        let pair = self.b.build_cmpxchg(p, old_bits, new_bits, ord, fail)?;
+        let pair = self.cmpxchg(p, old_bits, new_bits, ord)?;
         let seen = self.b.build_extract_value(pair, 0, "")?;
         let ok = self.b.build_extract_value(pair, 1, "")?.into_int_value();
         let latch = self.cur_block()?;

@@ -21,6 +21,7 @@
 use super::eval::{Idx, IdxKind};
 use super::{Lower, Repr};
 use crate::Result;
+use crate::llvm::int_order;
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::{Op, ReduceKind};
 use dsl_core::{DType, Elem};
@@ -149,13 +150,7 @@ impl<'ctx> Lower<'ctx, '_> {
                 self.call1(name, &[a, v])?
             }
             ReduceKind::Max | ReduceKind::Min => {
-                let p = match (kind == ReduceKind::Max, signed) {
-                    (true, true) => IntPredicate::SGT,
-                    (true, false) => IntPredicate::UGT,
-                    (false, true) => IntPredicate::SLT,
-                    (false, false) => IntPredicate::ULT,
-                };
-                let c = self.icmp(p, v, a)?;
+                let c = self.icmp(int_order(kind == ReduceKind::Max, signed), v, a)?;
                 self.select(c, v, a)?
             }
             ReduceKind::Argmax | ReduceKind::Argmin => {
@@ -171,13 +166,7 @@ impl<'ctx> Lower<'ctx, '_> {
                     let valid = self.fcmp(FloatPredicate::ORD, v, v)?;
                     self.bin(And, valid, self.bin(Or, none, b)?)?
                 } else {
-                    let p = match (kind == ReduceKind::Argmax, signed) {
-                        (true, true) => IntPredicate::SGT,
-                        (true, false) => IntPredicate::UGT,
-                        (false, true) => IntPredicate::SLT,
-                        (false, false) => IntPredicate::ULT,
-                    };
-                    let b = self.icmp(p, v, a)?;
+                    let b = self.icmp(int_order(kind == ReduceKind::Argmax, signed), v, a)?;
                     self.bin(Or, none, b)?
                 };
                 let ni = self.select(better, k, iv)?;

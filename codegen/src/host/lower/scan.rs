@@ -10,6 +10,7 @@
 use super::eval::Idx;
 use super::{Lower, Repr};
 use crate::Result;
+use crate::llvm::int_order;
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::{Op, ScanKind};
 use dsl_core::{DType, Elem};
@@ -90,8 +91,7 @@ impl<'ctx> Lower<'ctx, '_> {
                 let gt = if dt.is_float() {
                     self.fcmp(FloatPredicate::OGT, v, prev)?
                 } else {
-                    let p = if dt.is_signed_int() { IntPredicate::SGT } else { IntPredicate::UGT };
-                    self.icmp(p, v, prev)?
+                    self.icmp(int_order(true, dt.is_signed_int()), v, prev)?
                 };
                 let pick_b = if max { gt } else { self.bin(Xor, gt, self.int_like(gt, 1)?)? };
                 let r = self.select(pick_b, v, prev)?;

@@ -9,6 +9,7 @@
 //! Flat element indices are `i32` (tiles hold at most 2^24 elements).
 
 use super::Lower;
+use crate::llvm::scalar_type;
 use crate::{Error, Result};
 use dsl_core::{DType, Elem};
 use inkwell::AddressSpace;
@@ -19,18 +20,11 @@ use inkwell::values::{BasicValue, BasicValueEnum, InstructionOpcode, IntValue, P
 impl<'ctx> Lower<'ctx, '_> {
     /// The register type of one element of `elem`.
     pub(super) fn reg_elem(&self, elem: Elem) -> BasicTypeEnum<'ctx> {
-        let c = self.ctx;
         match elem {
-            Elem::Ptr(_) => c.i64_type().into(),
-            Elem::Scalar(d) => match d {
-                DType::I1 => c.bool_type().into(),
-                DType::I8 | DType::U8 => c.i8_type().into(),
-                DType::I16 => c.i16_type().into(),
-                DType::I32 | DType::U32 => c.i32_type().into(),
-                DType::I64 => c.i64_type().into(),
-                DType::F16 | DType::BF16 | DType::F32 => c.f32_type().into(),
-                DType::F64 => c.f64_type().into(),
-            },
+            // Addresses are integers; halves are computed in f32.
+            Elem::Ptr(_) => self.ctx.i64_type().into(),
+            Elem::Scalar(DType::F16 | DType::BF16) => self.ctx.f32_type().into(),
+            Elem::Scalar(d) => scalar_type(self.ctx, d),
         }
     }
 

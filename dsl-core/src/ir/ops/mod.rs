@@ -185,44 +185,27 @@ impl Op {
     /// Rebuilds an op from its mnemonic, attributes and result types (the parser's
     /// entry point). Returns `Ok(None)` for an unknown mnemonic.
     pub fn from_parts(name: &str, attrs: &[(String, Attr)], results: &[Type]) -> Result<Option<Op>, String> {
-        if let Some(o) = CreationOp::parse(name, attrs, results)? {
-            return Ok(Some(Op::Creation(o)));
-        }
-        if let Some(o) = ArithOp::parse(name) {
-            return Ok(Some(Op::Arith(o)));
-        }
-        if let Some(o) = CompareOp::parse(name, attrs)? {
-            return Ok(Some(Op::Compare(o)));
-        }
-        if let Some(o) = CastOp::parse(name, results)? {
-            return Ok(Some(Op::Cast(o)));
-        }
-        if let Some(o) = MemoryOp::parse(name, attrs)? {
-            return Ok(Some(Op::Memory(o)));
-        }
-        if let Some(o) = ReduceOp::parse(name, attrs)? {
-            return Ok(Some(Op::Reduce(o)));
-        }
-        if let Some(o) = ScanOp::parse(name, attrs)? {
-            return Ok(Some(Op::Scan(o)));
-        }
-        if let Some(o) = ShapeOp::parse(name, attrs)? {
-            return Ok(Some(Op::Shape(o)));
-        }
-        if let Some(o) = DotOp::parse(name, attrs)? {
-            return Ok(Some(Op::Dot(o)));
-        }
-        if let Some(o) = ControlOp::parse(name) {
-            return Ok(Some(Op::Control(o)));
-        }
-        if let Some(o) = ProgramOp::parse(name, attrs)? {
-            return Ok(Some(Op::Program(o)));
-        }
-        if let Some(o) = HintOp::parse(name, attrs)? {
-            return Ok(Some(Op::Hint(o)));
-        }
-        if let Some(o) = DebugOp::parse(name, attrs)? {
-            return Ok(Some(Op::Debug(o)));
+        type Parse = fn(&str, &[(String, Attr)], &[Type]) -> Result<Option<Op>, String>;
+        // Each family's parser in turn; the first that knows `name` builds the op.
+        const FAMILIES: [Parse; 13] = [
+            |n, a, r| Ok(CreationOp::parse(n, a, r)?.map(Op::Creation)),
+            |n, _, _| Ok(ArithOp::parse(n).map(Op::Arith)),
+            |n, a, _| Ok(CompareOp::parse(n, a)?.map(Op::Compare)),
+            |n, _, r| Ok(CastOp::parse(n, r)?.map(Op::Cast)),
+            |n, a, _| Ok(MemoryOp::parse(n, a)?.map(Op::Memory)),
+            |n, a, _| Ok(ReduceOp::parse(n, a)?.map(Op::Reduce)),
+            |n, a, _| Ok(ScanOp::parse(n, a)?.map(Op::Scan)),
+            |n, a, _| Ok(ShapeOp::parse(n, a)?.map(Op::Shape)),
+            |n, a, _| Ok(DotOp::parse(n, a)?.map(Op::Dot)),
+            |n, _, _| Ok(ControlOp::parse(n).map(Op::Control)),
+            |n, a, _| Ok(ProgramOp::parse(n, a)?.map(Op::Program)),
+            |n, a, _| Ok(HintOp::parse(n, a)?.map(Op::Hint)),
+            |n, a, _| Ok(DebugOp::parse(n, a)?.map(Op::Debug)),
+        ];
+        for parse in FAMILIES {
+            if let Some(op) = parse(name, attrs, results)? {
+                return Ok(Some(op));
+            }
         }
         Ok(None)
     }

@@ -73,6 +73,19 @@ const REDUCE_KINDS: [(ReduceKind, &str); 6] = [
 const SCAN_KINDS: [(ScanKind, &str); 4] =
     [(ScanKind::Sum, "sum"), (ScanKind::Max, "max"), (ScanKind::Min, "min"), (ScanKind::Custom, "custom")];
 
+/// The `axis` and `kind` attributes of a `reduce` or `scan` (`op`), the
+/// kind spelled as in `kinds`.
+fn axis_and_kind<K: Copy>(
+    attrs: &[(String, Attr)],
+    kinds: &[(K, &str)],
+    op: &str,
+) -> Result<(usize, K), String> {
+    let axis = to_usize(attr_int(attrs, "axis")?, "axis")?;
+    let k = attr_word(attrs, "kind")?;
+    let kind = kinds.iter().find(|(_, n)| *n == k).ok_or(format!("unknown {op} kind `{k}`"))?.0;
+    Ok((axis, kind))
+}
+
 impl ReduceKind {
     /// The spelling in the IR text.
     pub fn name(self) -> &'static str {
@@ -124,9 +137,7 @@ impl ReduceOp {
         if name != "reduce" {
             return Ok(None);
         }
-        let axis = to_usize(attr_int(attrs, "axis")?, "axis")?;
-        let k = attr_word(attrs, "kind")?;
-        let kind = REDUCE_KINDS.iter().find(|(_, n)| *n == k).ok_or(format!("unknown reduce kind `{k}`"))?.0;
+        let (axis, kind) = axis_and_kind(attrs, &REDUCE_KINDS, "reduce")?;
         Ok(Some(ReduceOp { axis, kind }))
     }
 
@@ -172,9 +183,7 @@ impl ScanOp {
         if name != "scan" {
             return Ok(None);
         }
-        let axis = to_usize(attr_int(attrs, "axis")?, "axis")?;
-        let k = attr_word(attrs, "kind")?;
-        let kind = SCAN_KINDS.iter().find(|(_, n)| *n == k).ok_or(format!("unknown scan kind `{k}`"))?.0;
+        let (axis, kind) = axis_and_kind(attrs, &SCAN_KINDS, "scan")?;
         Ok(Some(ScanOp { axis, kind, reverse: attr_flag(attrs, "reverse") }))
     }
 
