@@ -55,7 +55,6 @@ use crate::cuda::validate::validate_args;
 use crate::error::{Error, Result};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
-use dsl_core::launch::Arg;
 use dsl_core::launch::Kernel;
 use kernels::dequant::gemm::gemm;
 use kernels::dequant::gemv::gemv;
@@ -111,15 +110,7 @@ pub(crate) fn prepared<'a, K: Kernel>(
     args: &K::Args<'a, Cuda>,
 ) -> Result<Timed> {
     let raw = K::erase_args(args);
-    let facts: Vec<Option<u64>> = raw
-        .iter()
-        .map(|a| match a {
-            Arg::Ptr(p) => Some(p.addr),
-            Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
-            Arg::Scalar(_) => None,
-        })
-        .collect();
-    let p = cuda.prepare::<K>(config, &facts)?;
+    let p = cuda.prepare::<K>(config, &crate::cuda::facts_of_args(&raw))?;
     let params = validate_args(&p.func, &p.offsets, &raw)
         .map_err(|message| Error::Launch { kernel: K::NAME.to_string(), message })?;
     Ok(Timed { p, grid, params })
