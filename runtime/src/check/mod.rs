@@ -222,6 +222,42 @@ pub(crate) fn over_row_shapes<D: Device>(
     Ok(out)
 }
 
+/// The rows of a check over `shapes` in f32 and bf16: on each shape the f32
+/// case, then the bf16 case, from one random stream.
+pub(crate) fn over_shapes<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
+    dev: &mut D,
+    seed: u64,
+    shapes: &[S],
+    [f32_case, bf16_case]: [fn(&mut D, &mut Rng, S) -> Result<R>; 2],
+) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for &shape in shapes {
+        out.extend(f32_case(dev, &mut rng, shape)?);
+        out.extend(bf16_case(dev, &mut rng, shape)?);
+    }
+    Ok(out)
+}
+
+/// [`over_shapes`] of row kernels with exact and padded `BLOCK`s in turn:
+/// shape `i`'s f32 case has an exact `BLOCK` where `i` is even, its bf16
+/// case where `i` is odd.
+pub(crate) fn over_shapes_alternating<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
+    dev: &mut D,
+    seed: u64,
+    shapes: &[S],
+    [f32_case, bf16_case]: [fn(&mut D, &mut Rng, S, bool) -> Result<R>; 2],
+) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (i, &shape) in shapes.iter().enumerate() {
+        let exact = i % 2 == 0;
+        out.extend(f32_case(dev, &mut rng, shape, exact)?);
+        out.extend(bf16_case(dev, &mut rng, shape, !exact)?);
+    }
+    Ok(out)
+}
+
 /// The failing row of a check that could not run (a compile or launch
 /// error, reported separately).
 pub fn error_row(kernel: &str) -> CheckRow {
