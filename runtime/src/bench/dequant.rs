@@ -60,8 +60,8 @@ use kernels::dequant::gemm::gemm;
 use kernels::dequant::gemv::gemv;
 use kernels::dequant::stream_k::gemm_stream_k;
 use kernels::dequant::{
-    GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1,
-    stream_k, uses_gemv,
+    GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, stream_k,
+    uses_gemv,
 };
 use kernels::examples::vector_add;
 use std::marker::PhantomData;
@@ -100,6 +100,25 @@ impl Timed {
         let nm = self.p.encode_maps(&self.params, &mut maps)?;
         cuda.gpu().launch_raw(&self.p.kernel, self.grid, self.p.threads, &self.params, &maps[..nm], overlap)
     }
+}
+
+/// The seeded operands of a quantized product, uploaded: `m` bf16 rows of
+/// `k` activations (magnitudes up to 2) and a random `format` weight of
+/// `rows` rows repacked as `(quants, scales)`; with the generator that drew
+/// them, for further inputs.
+pub(crate) fn product_operands(
+    cuda: &Cuda,
+    format: QuantFormat,
+    (m, k, rows): (usize, usize, usize),
+) -> Result<(Rng, (DevBuf<bf16>, DevBuf<u8>, DevBuf<f16>))> {
+    let mut rng = Rng::new((m * 7919 + k * 31 + rows) as u64);
+    let raw = gguf_weight(&mut rng, format, rows, k);
+    let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;
+    drop(raw);
+    let x = rng.values::<bf16>(m * k, 2.0);
+    let gpu = cuda.gpu();
+    let uploaded = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
+    Ok((rng, uploaded))
 }
 
 /// Prepares `K` on `config` and `args` over `grid` for [`time_prepared_ms`].
@@ -202,14 +221,8 @@ fn measure(
     gemv: bool,
     sk_mode: StreamK,
 ) -> Result<(f64, Option<String>)> {
-    let mut rng = Rng::new((m * 7919 + k * 31 + n) as u64);
-    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
-    let w = repack_q4_1(&raw, n, k).map_err(|e| Error::Usage(e.to_string()))?;
-    drop(raw);
-    let x = rng.values::<bf16>(m * k, 2.0);
-    let gpu = cuda.gpu();
-    let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
-    let od = gpu.zeros::<bf16>(m * n)?;
+    let (_, (xd, qd, sd)) = product_operands(cuda, QuantFormat::Q4_1, (m, k, n))?;
+    let od = cuda.gpu().zeros::<bf16>(m * n)?;
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     if gemv {
         let args = gemv::Args {
@@ -333,14 +346,9 @@ fn measure_fused(
     n: usize,
 ) -> Result<f64> {
     let rows = if silu { 2 * n } else { n };
-    let mut rng = Rng::new((m * 7919 + k * 31 + rows) as u64);
-    let raw = gguf_weight(&mut rng, format, rows, k);
-    let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;
-    drop(raw);
-    let x = rng.values::<bf16>(m * k, 2.0);
+    let (mut rng, (xd, qd, sd)) = product_operands(cuda, format, (m, k, rows))?;
     let nw = rng.values::<bf16>(k, 2.0);
     let gpu = cuda.gpu();
-    let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
     let (nd, od) = (gpu.upload(&nw)?, gpu.zeros::<bf16>(m * n)?);
     let t = gemv_tiles(format, m, rows, k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
