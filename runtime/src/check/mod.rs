@@ -99,9 +99,16 @@ pub struct CheckRow {
     pub pass: bool,
 }
 
+impl CheckRow {
+    /// A passing row with no difference yet, for a comparison to fill in.
+    pub fn passing(kernel: impl Into<String>, shape: String, dtype: DType) -> CheckRow {
+        CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true }
+    }
+}
+
 /// Compares `got` (GPU) with `want` (interpreter).
 pub fn compare(kernel: &str, shape: String, dtype: DType, got: &[f64], want: &[f64], tol: Tol) -> CheckRow {
-    let mut row = CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
+    let mut row = CheckRow::passing(kernel, shape, dtype);
     if got.len() != want.len() {
         row.pass = false;
         row.max_abs = f64::INFINITY;
@@ -137,7 +144,7 @@ pub(crate) fn compare_each(
     want: &[f64],
     tol: &[f64],
 ) -> CheckRow {
-    let mut row = CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
+    let mut row = CheckRow::passing(kernel, shape, dtype);
     if got.len() != want.len() {
         row.pass = false;
         row.max_abs = f64::INFINITY;
