@@ -102,6 +102,10 @@ impl Timed {
     }
 }
 
+/// Uploaded operands of a quantized product: bf16 activations, the weight's
+/// quants and its scales.
+pub(crate) type ProductOperands = (DevBuf<bf16>, DevBuf<u8>, DevBuf<f16>);
+
 /// The seeded operands of a quantized product, uploaded: `m` bf16 rows of
 /// `k` activations (magnitudes up to 2) and a random `format` weight of
 /// `rows` rows repacked as `(quants, scales)`; with the generator that drew
@@ -110,7 +114,7 @@ pub(crate) fn product_operands(
     cuda: &Cuda,
     format: QuantFormat,
     (m, k, rows): (usize, usize, usize),
-) -> Result<(Rng, (DevBuf<bf16>, DevBuf<u8>, DevBuf<f16>))> {
+) -> Result<(Rng, ProductOperands)> {
     let mut rng = Rng::new((m * 7919 + k * 31 + rows) as u64);
     let raw = gguf_weight(&mut rng, format, rows, k);
     let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;

@@ -326,9 +326,12 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     Ok(out)
 }
 
+/// A function that measures (and prints) the records of one benchmark family.
+type FamilyRecords = fn(&mut Cuda, &BenchOptions) -> Result<Vec<Record>>;
+
 /// The benchmark families whose records one function measures (and prints),
 /// by the name `opts` selects them with, in the order they run.
-const FAMILY_RECORDS: [(&str, fn(&mut Cuda, &BenchOptions) -> Result<Vec<Record>>); 7] = [
+const FAMILY_RECORDS: [(&str, FamilyRecords); 7] = [
     ("decode", crate::bench::decode::records),
     ("attention", crate::bench::attention::records),
     ("gemm", crate::bench::dequant::records),

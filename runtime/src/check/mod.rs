@@ -229,13 +229,19 @@ pub(crate) fn over_row_shapes<D: Device>(
     Ok(out)
 }
 
+/// A check case on one shape `S`, its rows `R`.
+pub(crate) type ShapeCase<D, S, R> = fn(&mut D, &mut Rng, S) -> Result<R>;
+
+/// A row-kernel check case on one shape `S` with an exact `BLOCK` or not.
+pub(crate) type BlockCase<D, S, R> = fn(&mut D, &mut Rng, S, bool) -> Result<R>;
+
 /// The rows of a check over `shapes` in f32 and bf16: on each shape the f32
 /// case, then the bf16 case, from one random stream.
 pub(crate) fn over_shapes<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
     dev: &mut D,
     seed: u64,
     shapes: &[S],
-    [f32_case, bf16_case]: [fn(&mut D, &mut Rng, S) -> Result<R>; 2],
+    [f32_case, bf16_case]: [ShapeCase<D, S, R>; 2],
 ) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
@@ -253,7 +259,7 @@ pub(crate) fn over_shapes_alternating<D: Device, S: Copy, R: IntoIterator<Item =
     dev: &mut D,
     seed: u64,
     shapes: &[S],
-    [f32_case, bf16_case]: [fn(&mut D, &mut Rng, S, bool) -> Result<R>; 2],
+    [f32_case, bf16_case]: [BlockCase<D, S, R>; 2],
 ) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();

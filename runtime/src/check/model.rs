@@ -285,7 +285,7 @@ pub fn decode_scenario<D: Device, T: ActElem>(
     let mut out = Vec::new();
     let mut run =
         |model: &mut Model<D, T>, dev: &mut D, step: &Step<'_>, states: Vec<RowState>| -> Result<()> {
-            let rows: Vec<SampleRow<'_>> = states.iter().map(|r| r.sample_row(&params)).collect();
+            let rows: Vec<SampleRow<'_>> = states.iter().map(|r| r.sample_row(params)).collect();
             let sampled = model.forward_sample(dev, step, &rows)?;
             let logits = model.last_logits(dev)?;
             out.push(SampledStep { rows: states, sampled, logits });
