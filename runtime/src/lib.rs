@@ -49,6 +49,7 @@ pub mod model;
 pub mod parity;
 pub mod profile;
 pub mod registry;
+pub mod rng;
 pub mod scheduler;
 pub mod server;
 pub mod spec;

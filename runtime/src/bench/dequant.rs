@@ -55,14 +55,13 @@ use crate::cuda::validate::validate_args;
 use crate::error::{Error, Result};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
-use dsl_core::launch::Arg;
 use dsl_core::launch::Kernel;
 use kernels::dequant::gemm::gemm;
 use kernels::dequant::gemv::gemv;
 use kernels::dequant::stream_k::gemm_stream_k;
 use kernels::dequant::{
-    GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, repack_q4_1,
-    stream_k, uses_gemv,
+    GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, stream_k,
+    uses_gemv,
 };
 use kernels::examples::vector_add;
 use std::marker::PhantomData;
@@ -103,6 +102,29 @@ impl Timed {
     }
 }
 
+/// Uploaded operands of a quantized product: bf16 activations, the weight's
+/// quants and its scales.
+pub(crate) type ProductOperands = (DevBuf<bf16>, DevBuf<u8>, DevBuf<f16>);
+
+/// The seeded operands of a quantized product, uploaded: `m` bf16 rows of
+/// `k` activations (magnitudes up to 2) and a random `format` weight of
+/// `rows` rows repacked as `(quants, scales)`; with the generator that drew
+/// them, for further inputs.
+pub(crate) fn product_operands(
+    cuda: &Cuda,
+    format: QuantFormat,
+    (m, k, rows): (usize, usize, usize),
+) -> Result<(Rng, ProductOperands)> {
+    let mut rng = Rng::new((m * 7919 + k * 31 + rows) as u64);
+    let raw = gguf_weight(&mut rng, format, rows, k);
+    let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;
+    drop(raw);
+    let x = rng.values::<bf16>(m * k, 2.0);
+    let gpu = cuda.gpu();
+    let uploaded = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
+    Ok((rng, uploaded))
+}
+
 /// Prepares `K` on `config` and `args` over `grid` for [`time_prepared_ms`].
 pub(crate) fn prepared<'a, K: Kernel>(
     cuda: &mut Cuda,
@@ -111,15 +133,7 @@ pub(crate) fn prepared<'a, K: Kernel>(
     args: &K::Args<'a, Cuda>,
 ) -> Result<Timed> {
     let raw = K::erase_args(args);
-    let facts: Vec<Option<u64>> = raw
-        .iter()
-        .map(|a| match a {
-            Arg::Ptr(p) => Some(p.addr),
-            Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
-            Arg::Scalar(_) => None,
-        })
-        .collect();
-    let p = cuda.prepare::<K>(config, &facts)?;
+    let p = cuda.prepare::<K>(config, &crate::cuda::facts_of_args(&raw))?;
     let params = validate_args(&p.func, &p.offsets, &raw)
         .map_err(|message| Error::Launch { kernel: K::NAME.to_string(), message })?;
     Ok(Timed { p, grid, params })
@@ -211,14 +225,8 @@ fn measure(
     gemv: bool,
     sk_mode: StreamK,
 ) -> Result<(f64, Option<String>)> {
-    let mut rng = Rng::new((m * 7919 + k * 31 + n) as u64);
-    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
-    let w = repack_q4_1(&raw, n, k).map_err(|e| Error::Usage(e.to_string()))?;
-    drop(raw);
-    let x = rng.values::<bf16>(m * k, 2.0);
-    let gpu = cuda.gpu();
-    let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
-    let od = gpu.zeros::<bf16>(m * n)?;
+    let (_, (xd, qd, sd)) = product_operands(cuda, QuantFormat::Q4_1, (m, k, n))?;
+    let od = cuda.gpu().zeros::<bf16>(m * n)?;
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     if gemv {
         let args = gemv::Args {
@@ -342,14 +350,9 @@ fn measure_fused(
     n: usize,
 ) -> Result<f64> {
     let rows = if silu { 2 * n } else { n };
-    let mut rng = Rng::new((m * 7919 + k * 31 + rows) as u64);
-    let raw = gguf_weight(&mut rng, format, rows, k);
-    let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;
-    drop(raw);
-    let x = rng.values::<bf16>(m * k, 2.0);
+    let (mut rng, (xd, qd, sd)) = product_operands(cuda, format, (m, k, rows))?;
     let nw = rng.values::<bf16>(k, 2.0);
     let gpu = cuda.gpu();
-    let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
     let (nd, od) = (gpu.upload(&nw)?, gpu.zeros::<bf16>(m * n)?);
     let t = gemv_tiles(format, m, rows, k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);

@@ -318,29 +318,28 @@ pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             eprintln!("measured {}", out[out.len() - 1].display_name());
         }
     }
-    if opts.wants("decode") {
-        out.extend(crate::bench::decode::records(cuda, opts)?);
-    }
-    if opts.wants("attention") {
-        out.extend(crate::bench::attention::records(cuda, opts)?);
-    }
-    if opts.wants("gemm") {
-        out.extend(crate::bench::dequant::records(cuda, opts)?);
-    }
-    if opts.wants("linear") {
-        out.extend(crate::bench::linear::records(cuda, opts)?);
-    }
-    if opts.wants("gemv_q8") {
-        out.extend(crate::bench::q8::records(cuda, opts)?);
-    }
-    if opts.wants("sampling") {
-        out.extend(crate::check::sampling::bench_records(cuda, opts)?);
-    }
-    if opts.wants("matmul") {
-        out.extend(crate::check::matmul::bench_records(cuda, opts)?);
+    for (name, records) in FAMILY_RECORDS {
+        if opts.wants(name) {
+            out.extend(records(cuda, opts)?);
+        }
     }
     Ok(out)
 }
+
+/// A function that measures (and prints) the records of one benchmark family.
+type FamilyRecords = fn(&mut Cuda, &BenchOptions) -> Result<Vec<Record>>;
+
+/// The benchmark families whose records one function measures (and prints),
+/// by the name `opts` selects them with, in the order they run.
+const FAMILY_RECORDS: [(&str, FamilyRecords); 7] = [
+    ("decode", crate::bench::decode::records),
+    ("attention", crate::bench::attention::records),
+    ("gemm", crate::bench::dequant::records),
+    ("linear", crate::bench::linear::records),
+    ("gemv_q8", crate::bench::q8::records),
+    ("sampling", crate::check::sampling::bench_records),
+    ("matmul", crate::check::matmul::bench_records),
+];
 
 /// Peer values by name, read from peers.py's JSON output.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -445,6 +444,11 @@ pub fn to_json(device: &str, records: &[Record]) -> serde_json::Value {
 mod tests {
     use super::*;
 
+    /// An untuned record.
+    fn record(name: &str, metric: &'static str, value: f64, ms: f64) -> Record {
+        Record { name: name.into(), metric, value, ms, tuned: None }
+    }
+
     #[test]
     fn shapes_parse_and_reject_garbage() {
         assert_eq!(parse_shapes("8192x1024,4096x16384").unwrap(), vec![(8192, 1024), (4096, 16384)]);
@@ -471,14 +475,8 @@ mod tests {
         .unwrap();
         assert_eq!(p.device, "H100");
         let recs = vec![
-            Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 3.0, ms: 1.0, tuned: None },
-            Record {
-                name: "softmax/float32/8192x1024".into(),
-                metric: "TB/s",
-                value: 2.4,
-                ms: 0.03,
-                tuned: None,
-            },
+            record("copy/f32/2^29", "TB/s", 3.0, 1.0),
+            record("softmax/float32/8192x1024", "TB/s", 2.4, 0.03),
         ];
         let t = table(&recs, Some(&p));
         assert!(t.contains("torch 1.20x"), "{t}");
@@ -494,11 +492,8 @@ mod tests {
         // A tuned row keeps the peers' name (so ratios apply) and says so.
         let mut tuned = recs.clone();
         tuned.push(Record {
-            name: "softmax/bfloat16/4096x16384".into(),
-            metric: "TB/s",
-            value: 2.4,
-            ms: 0.05,
             tuned: Some("num_warps=8".into()),
+            ..record("softmax/bfloat16/4096x16384", "TB/s", 2.4, 0.05)
         });
         let t = table(&tuned, Some(&p));
         assert!(t.contains("softmax/bfloat16/4096x16384 (tuned) |"), "{t}");
@@ -520,21 +515,9 @@ mod tests {
         )
         .unwrap();
         let recs = vec![
-            Record { name: "copy/f32/2^29".into(), metric: "TB/s", value: 3.0, ms: 1.0, tuned: None },
-            Record {
-                name: "add_rmsnorm/bf16/8192x4096".into(),
-                metric: "TB/s",
-                value: 2.5,
-                ms: 0.1,
-                tuned: None,
-            },
-            Record {
-                name: "add_rmsnorm/bf16/1x576".into(),
-                metric: "us",
-                value: 6.0,
-                ms: 0.006,
-                tuned: None,
-            },
+            record("copy/f32/2^29", "TB/s", 3.0, 1.0),
+            record("add_rmsnorm/bf16/8192x4096", "TB/s", 2.5, 0.1),
+            record("add_rmsnorm/bf16/1x576", "us", 6.0, 0.006),
         ];
         let t = table(&recs, Some(&p));
         // Throughput: ours / peer; latency: peer / ours (a speedup either way).

@@ -21,17 +21,16 @@
 //! the tuner's pick. Timing as `bench_dequant` (L2 flushed, spacer kernel,
 //! host work outside the events).
 
-use crate::bench::dequant::{prepared, time_prepared_ms};
+use crate::bench::dequant::{prepared, product_operands, time_prepared_ms};
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
-use crate::check::dequant::gguf_weight;
 use crate::check::q8::quantize_block;
-use crate::cuda::Cuda;
+use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
-use kernels::dequant::{QuantFormat, gemv_grid, repack};
+use kernels::dequant::{QuantFormat, gemv_grid};
 use std::marker::PhantomData;
 
 /// `(format, m, k, n)` of the rows.
@@ -45,6 +44,25 @@ const SHAPES: [(QuantFormat, usize, usize, usize); 7] = [
     (QuantFormat::Q8_0, 1, 576, 49152),
 ];
 
+/// The `quantize_q8` launch of `m` bf16 rows of `k` values of `x` into
+/// quants `xq` and block scales `xs`: its grid, config and arguments.
+fn quantize_launch<'a>(
+    x: &'a DevBuf<bf16>,
+    (xq, xs): (&'a DevBuf<i8>, &'a DevBuf<f32>),
+    m: usize,
+    k: usize,
+) -> ([u32; 3], quantize_q8::Config, quantize_q8::Args<'a, Cuda>) {
+    let block = quantize_block(k);
+    let args = quantize_q8::Args {
+        x_ptr: x.ptr().cast(),
+        xq_ptr: xq.ptr(),
+        xd_ptr: xs.ptr(),
+        k: k as i32,
+        _marker: PhantomData,
+    };
+    ([k.div_ceil(block) as u32, m as u32, 1], quantize_q8::Config::new(DType::BF16, block), args)
+}
+
 /// The rows of one shape (untuned, or tuned with `tuned`).
 fn shape_records(
     cuda: &mut Cuda,
@@ -52,25 +70,11 @@ fn shape_records(
     (format, m, k, n): (QuantFormat, usize, usize, usize),
     tuned: bool,
 ) -> Result<Vec<Record>> {
-    let mut rng = Rng::new((m * 7919 + k * 31 + n) as u64);
-    let raw = gguf_weight(&mut rng, format, n, k);
-    let w = repack(format, &raw, n, k).map_err(|e| Error::Usage(e.to_string()))?;
-    drop(raw);
-    let x = rng.values::<bf16>(m * k, 2.0);
+    let (_, (xd, qd, sd)) = product_operands(cuda, format, (m, k, n))?;
     let gpu = cuda.gpu();
-    let (xd, qd, sd) = (gpu.upload(&x)?, gpu.upload(&w.quants)?, gpu.upload(&w.scales)?);
     let (xqd, xsd) = (gpu.zeros::<i8>(m * k)?, gpu.zeros::<f32>(m * k / 32)?);
     let od = gpu.zeros::<bf16>(m * n)?;
-    let block = quantize_block(k);
-    let qconfig = quantize_q8::Config::new(DType::BF16, block);
-    let qargs = quantize_q8::Args {
-        x_ptr: xd.ptr().cast(),
-        xq_ptr: xqd.ptr(),
-        xd_ptr: xsd.ptr(),
-        k: k as i32,
-        _marker: PhantomData,
-    };
-    let qgrid = [k.div_ceil(block) as u32, m as u32, 1];
+    let (qgrid, qconfig, qargs) = quantize_launch(&xd, (&xqd, &xsd), m, k);
     // Real quantized activations for the tuner and the GEMV-alone rows.
     cuda.run::<quantize_q8::Kernel>(qgrid, &qconfig, &qargs)?;
     let quant = prepared::<quantize_q8::Kernel>(cuda, qgrid, &qconfig, &qargs)?;
@@ -179,18 +183,10 @@ fn norm_records(cuda: &mut Cuda, opts: &BenchOptions, k: usize) -> Result<Vec<Re
         eps,
         _marker: PhantomData,
     };
-    let qblock = quantize_block(k);
-    let qconfig = quantize_q8::Config::new(DType::BF16, qblock);
-    let qargs = quantize_q8::Args {
-        x_ptr: yd.ptr().cast(),
-        xq_ptr: xqd.ptr(),
-        xd_ptr: xsd.ptr(),
-        k: ki,
-        _marker: PhantomData,
-    };
+    let (qgrid, qconfig, qargs) = quantize_launch(&yd, (&xqd, &xsd), 1, k);
     let plain = prepared::<rmsnorm::Kernel>(cuda, [1, 1, 1], &nconfig, &nargs)?;
     let fused = prepared::<rmsnorm_q8::Kernel>(cuda, [1, 1, 1], &fconfig, &fargs)?;
-    let quant = prepared::<quantize_q8::Kernel>(cuda, [k.div_ceil(qblock) as u32, 1, 1], &qconfig, &qargs)?;
+    let quant = prepared::<quantize_q8::Kernel>(cuda, qgrid, &qconfig, &qargs)?;
     let t_plain = time_prepared_ms(cuda, opts, std::slice::from_ref(&plain))?;
     let t_fused = time_prepared_ms(cuda, opts, std::slice::from_ref(&fused))?;
     let t_both = time_prepared_ms(cuda, opts, &[plain, quant])?;

@@ -20,6 +20,7 @@
 //! is bounded by its request count and a per-request timeout.
 
 use crate::error::{Error, Result};
+use crate::rng::Rng;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -238,29 +239,11 @@ pub fn table(reports: &[RunReport]) -> String {
     out
 }
 
-/// SplitMix64: seeded prompts and arrival gaps.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `(0, 1]`.
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    }
-}
-
 /// The prompts of a run: `n` lists of `len` ids in `[lo, hi)`.
 pub fn prompts(n: usize, len: usize, lo: u32, hi: u32, seed: u64) -> Vec<Vec<u32>> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let span = u64::from(hi.saturating_sub(lo).max(1));
-    (0..n).map(|_| (0..len).map(|_| lo + (rng.next() % span) as u32).collect()).collect()
+    (0..n).map(|_| (0..len).map(|_| lo + (rng.next_u64() % span) as u32).collect()).collect()
 }
 
 fn usage(m: impl Into<String>) -> Error {
@@ -347,12 +330,12 @@ async fn run_level(
     seed: u64,
 ) -> RunReport {
     let slots = Arc::new(tokio::sync::Semaphore::new(conc));
-    let mut rng = Rng(seed ^ 0xA11_0CA7E);
+    let mut rng = Rng::new(seed ^ 0xA11_0CA7E);
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         if let Some(rate) = args.rate {
-            let gap = -rng.unit().ln() / rate;
+            let gap = -rng.unit_nonzero().ln() / rate;
             tokio::time::sleep(Duration::from_secs_f64(gap)).await;
         }
         let Ok(permit) = slots.clone().acquire_owned().await else { break };

@@ -8,7 +8,8 @@
 //! two outputs.
 
 use crate::check::{
-    CheckRow, DevicePtr, EXACT, F32_SUM, Rng, Tol, outcome, over_row_shapes, row_block, row_shape,
+    CheckRow, DevicePtr, EXACT, F32_SUM, Rng, Tol, outcome, over_row_shapes, over_shapes, row_block,
+    row_shape,
 };
 use crate::error::Result;
 use crate::model::{ActElem, Device};
@@ -34,23 +35,17 @@ fn vector_add_on<T: ActElem, D: Device>(dev: &mut D, x: &[T], y: &[T]) -> Result
     dev.download(&od)
 }
 
-fn vector_add_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<CheckRow> {
+fn vector_add_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Result<[CheckRow; 1]> {
     let (x, y) = (rng.values::<T>(n, 8.0), rng.values::<T>(n, 8.0));
     let got = vector_add_on(dev, &x, &y)?;
     let want = vector_add_on(&mut Cpu::new(), &x, &y)?;
     let d = T::DEVICE_DTYPE;
-    Ok(outcome("vector_add", n.to_string(), d, &got, &want, Tol::for_dtype(d)))
+    Ok([outcome("vector_add", n.to_string(), d, &got, &want, Tol::for_dtype(d))])
 }
 
 /// The `vector_add` check: ragged lengths, f32 and bf16.
 pub fn vector_add<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for n in [1, 1000, 4097, 100_003] {
-        rows.push(vector_add_case::<f32, _>(dev, &mut rng, n)?);
-        rows.push(vector_add_case::<bf16, _>(dev, &mut rng, n)?);
-    }
-    Ok(rows)
+    over_shapes(dev, seed, &[1, 1000, 4097, 100_003], [vector_add_case::<f32, D>, vector_add_case::<bf16, D>])
 }
 
 /// The `[m, n]` f32 product of `a` (`[m, k]`) and `b` (`[k, n]`) on `dev`
@@ -80,100 +75,86 @@ fn matmul_on<T: ActElem, D: Device>(
     dev.download(&cd)
 }
 
+/// One matmul check shape: `(m, n, k)` and `(BLOCK_M, BLOCK_N, BLOCK_K, warps)`.
+type MatmulShape = ((usize, usize, usize), (usize, usize, usize, u32));
+
 fn matmul_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
-    (m, n, k): (usize, usize, usize),
-    tiles: (usize, usize, usize, u32),
-) -> Result<CheckRow> {
+    ((m, n, k), tiles): MatmulShape,
+) -> Result<[CheckRow; 1]> {
     let (a, b) = (rng.values::<T>(m * k, 1.0), rng.values::<T>(k * n, 1.0));
     let got = matmul_on(dev, (&a, &b), (m, n, k), tiles)?;
     let want = matmul_on(&mut Cpu::new(), (&a, &b), (m, n, k), tiles)?;
     let (bm, bn, bk, warps) = tiles;
     let shape = format!("{m}x{n}x{k} ({bm}x{bn}x{bk}, {warps}w)");
-    Ok(outcome("matmul", shape, T::DEVICE_DTYPE, &got, &want, F32_SUM))
+    Ok([outcome("matmul", shape, T::DEVICE_DTYPE, &got, &want, F32_SUM)])
 }
 
 /// The `matmul` check: ragged `m x n x k`, two tile configs, f32 and bf16
 /// inputs (f32 accumulate and output).
 pub fn matmul<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for shape in [(1, 1, 1), (37, 45, 70), (130, 66, 33), (64, 64, 64)] {
-        for tiles in [(32, 32, 16, 4), (64, 64, 32, 8)] {
-            rows.push(matmul_case::<f32, _>(dev, &mut rng, shape, tiles)?);
-            rows.push(matmul_case::<bf16, _>(dev, &mut rng, shape, tiles)?);
+    let shapes: Vec<MatmulShape> = [(1, 1, 1), (37, 45, 70), (130, 66, 33), (64, 64, 64)]
+        .into_iter()
+        .flat_map(|shape| [(32, 32, 16, 4), (64, 64, 32, 8)].map(|tiles| (shape, tiles)))
+        .collect();
+    over_shapes(dev, seed, &shapes, [matmul_case::<f32, D>, matmul_case::<bf16, D>])
+}
+
+/// The check of a tutorial row kernel with the arguments `(x_ptr, out_ptr,
+/// n_cols)`, one program a row writing `$per_row(cols)` elements of `$out`:
+/// on every row shape ([`over_row_shapes`]), f32 inputs of magnitudes up to
+/// `$hi`, run on the device and on the interpreter and compared within `$tol`.
+macro_rules! row_kernel_check {
+    ($(#[$doc:meta])* $kernel:ident -> $out:ty, $per_row:expr, $hi:expr, $tol:expr) => {
+        $(#[$doc])*
+        pub fn $kernel<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+            /// The kernel's outputs for `x` (rows of `cols`) on `dev`.
+            fn on<D: Device>(dev: &mut D, x: &[f32], cols: usize, block: usize) -> Result<Vec<$out>> {
+                let rows = x.len() / cols;
+                let per_row: fn(usize) -> usize = $per_row;
+                let (xd, od) = (dev.upload(x)?, dev.zeros::<$out>(rows * per_row(cols))?);
+                let args = $kernel::Args {
+                    x_ptr: dev.ptr(&xd)?,
+                    out_ptr: dev.ptr(&od)?,
+                    n_cols: cols as i32,
+                    _marker: PhantomData,
+                };
+                dev.run::<$kernel::Kernel>([rows as u32, 1, 1], &$kernel::Config::new(block), &args)?;
+                dev.download(&od)
+            }
+
+            fn case<D: Device>(
+                dev: &mut D,
+                rng: &mut Rng,
+                rows: usize,
+                cols: usize,
+                exact: bool,
+            ) -> Result<CheckRow> {
+                let x = rng.values::<f32>(rows * cols, $hi);
+                let block = row_block(cols, exact);
+                let got = on(dev, &x, cols, block)?;
+                let want = on(&mut Cpu::new(), &x, cols, block)?;
+                Ok(outcome(stringify!($kernel), row_shape(rows, cols, exact), DType::F32, &got, &want, $tol))
+            }
+
+            over_row_shapes(dev, seed, case)
         }
-    }
-    Ok(rows)
-}
-
-/// The index of each row's largest element of `x` (rows of `cols`) on `dev`.
-fn argmax_rows_on<D: Device>(dev: &mut D, x: &[f32], cols: usize, block: usize) -> Result<Vec<i32>> {
-    let rows = x.len() / cols;
-    let (xd, od) = (dev.upload(x)?, dev.zeros::<i32>(rows)?);
-    let args = argmax_rows::Args {
-        x_ptr: dev.ptr(&xd)?,
-        out_ptr: dev.ptr(&od)?,
-        n_cols: cols as i32,
-        _marker: PhantomData,
     };
-    dev.run::<argmax_rows::Kernel>([rows as u32, 1, 1], &argmax_rows::Config::new(block), &args)?;
-    dev.download(&od)
 }
 
-fn argmax_rows_case<D: Device>(
-    dev: &mut D,
-    rng: &mut Rng,
-    rows: usize,
-    cols: usize,
-    exact: bool,
-) -> Result<CheckRow> {
-    let x = rng.values::<f32>(rows * cols, 8.0);
-    let block = row_block(cols, exact);
-    let got = argmax_rows_on(dev, &x, cols, block)?;
-    let want = argmax_rows_on(&mut Cpu::new(), &x, cols, block)?;
-    Ok(outcome("argmax_rows", row_shape(rows, cols, exact), DType::F32, &got, &want, EXACT))
-}
+row_kernel_check!(
+    /// The `argmax_rows` check (the index of each row's largest element):
+    /// ragged shapes, exact and padded `BLOCK`s, exact indices (random
+    /// inputs make ties improbable).
+    argmax_rows -> i32, |_| 1, 8.0, EXACT
+);
 
-/// The `argmax_rows` check: ragged shapes, exact and padded `BLOCK`s, exact
-/// indices (random inputs make ties improbable).
-pub fn argmax_rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    over_row_shapes(dev, seed, argmax_rows_case)
-}
-
-/// The running sums of each row of `x` (rows of `cols`) on `dev`.
-fn cumsum_rows_on<D: Device>(dev: &mut D, x: &[f32], cols: usize, block: usize) -> Result<Vec<f32>> {
-    let rows = x.len() / cols;
-    let (xd, od) = (dev.upload(x)?, dev.zeros::<f32>(x.len())?);
-    let args = cumsum_rows::Args {
-        x_ptr: dev.ptr(&xd)?,
-        out_ptr: dev.ptr(&od)?,
-        n_cols: cols as i32,
-        _marker: PhantomData,
-    };
-    dev.run::<cumsum_rows::Kernel>([rows as u32, 1, 1], &cumsum_rows::Config::new(block), &args)?;
-    dev.download(&od)
-}
-
-fn cumsum_rows_case<D: Device>(
-    dev: &mut D,
-    rng: &mut Rng,
-    rows: usize,
-    cols: usize,
-    exact: bool,
-) -> Result<CheckRow> {
-    let x = rng.values::<f32>(rows * cols, 1.0);
-    let block = row_block(cols, exact);
-    let got = cumsum_rows_on(dev, &x, cols, block)?;
-    let want = cumsum_rows_on(&mut Cpu::new(), &x, cols, block)?;
-    Ok(outcome("cumsum_rows", row_shape(rows, cols, exact), DType::F32, &got, &want, F32_SUM))
-}
-
-/// The `cumsum_rows` check: ragged shapes, exact and padded `BLOCK`s, f32.
-pub fn cumsum_rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    over_row_shapes(dev, seed, cumsum_rows_case)
-}
+row_kernel_check!(
+    /// The `cumsum_rows` check (the running sums of each row): ragged
+    /// shapes, exact and padded `BLOCK`s, f32.
+    cumsum_rows -> f32, |cols| cols, 1.0, F32_SUM
+);
 
 /// The layer norm of each row of `x` (rows of `cols`) with weight `w` and
 /// bias `b` on `dev`.

@@ -19,7 +19,7 @@
 
 use crate::cuda::DeviceElem;
 use crate::error::Result;
-use crate::model::{ActElem, Device};
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_core::launch::PtrElem;
 
@@ -43,6 +43,8 @@ pub mod sampling;
 pub mod softmax;
 pub mod sync;
 
+pub use crate::rng::Rng;
+
 /// A pointer to the start of a device buffer, for the kernel arguments of
 /// the checks (any device: the GPU for `gpu-check`, the native CPU backend
 /// for `host-check`).
@@ -57,43 +59,6 @@ pub(crate) trait DevicePtr: Device {
 }
 
 impl<D: Device> DevicePtr for D {}
-
-/// A seeded random number generator (SplitMix64): reproducible inputs without
-/// a dependency.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform float in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// A value in `[-hi, -1/64] ∪ [1/64, hi]`: random and never (close to) zero.
-    pub fn nonzero(&mut self, hi: f64) -> f64 {
-        let m = 1.0 / 64.0 + self.unit() * (hi - 1.0 / 64.0);
-        if self.next_u64() & 1 == 0 { m } else { -m }
-    }
-
-    /// `n` non-zero values in `T`, magnitudes up to `hi`.
-    pub fn values<T: ActElem>(&mut self, n: usize, hi: f64) -> Vec<T> {
-        (0..n).map(|_| T::from_f64(self.nonzero(hi))).collect()
-    }
-}
 
 /// Comparison tolerance: `|got - want| <= atol + rtol * |want|`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -134,9 +99,16 @@ pub struct CheckRow {
     pub pass: bool,
 }
 
+impl CheckRow {
+    /// A passing row with no difference yet, for a comparison to fill in.
+    pub fn passing(kernel: impl Into<String>, shape: String, dtype: DType) -> CheckRow {
+        CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true }
+    }
+}
+
 /// Compares `got` (GPU) with `want` (interpreter).
 pub fn compare(kernel: &str, shape: String, dtype: DType, got: &[f64], want: &[f64], tol: Tol) -> CheckRow {
-    let mut row = CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
+    let mut row = CheckRow::passing(kernel, shape, dtype);
     if got.len() != want.len() {
         row.pass = false;
         row.max_abs = f64::INFINITY;
@@ -172,7 +144,7 @@ pub(crate) fn compare_each(
     want: &[f64],
     tol: &[f64],
 ) -> CheckRow {
-    let mut row = CheckRow { kernel: kernel.into(), shape, dtype, max_abs: 0.0, max_rel: 0.0, pass: true };
+    let mut row = CheckRow::passing(kernel, shape, dtype);
     if got.len() != want.len() {
         row.pass = false;
         row.max_abs = f64::INFINITY;
@@ -253,6 +225,48 @@ pub(crate) fn over_row_shapes<D: Device>(
         for exact in [true, false] {
             out.push(case(dev, &mut rng, rows, cols, exact)?);
         }
+    }
+    Ok(out)
+}
+
+/// A check case on one shape `S`, its rows `R`.
+pub(crate) type ShapeCase<D, S, R> = fn(&mut D, &mut Rng, S) -> Result<R>;
+
+/// A row-kernel check case on one shape `S` with an exact `BLOCK` or not.
+pub(crate) type BlockCase<D, S, R> = fn(&mut D, &mut Rng, S, bool) -> Result<R>;
+
+/// The rows of a check over `shapes` in f32 and bf16: on each shape the f32
+/// case, then the bf16 case, from one random stream.
+pub(crate) fn over_shapes<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
+    dev: &mut D,
+    seed: u64,
+    shapes: &[S],
+    [f32_case, bf16_case]: [ShapeCase<D, S, R>; 2],
+) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for &shape in shapes {
+        out.extend(f32_case(dev, &mut rng, shape)?);
+        out.extend(bf16_case(dev, &mut rng, shape)?);
+    }
+    Ok(out)
+}
+
+/// [`over_shapes`] of row kernels with exact and padded `BLOCK`s in turn:
+/// shape `i`'s f32 case has an exact `BLOCK` where `i` is even, its bf16
+/// case where `i` is odd.
+pub(crate) fn over_shapes_alternating<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
+    dev: &mut D,
+    seed: u64,
+    shapes: &[S],
+    [f32_case, bf16_case]: [BlockCase<D, S, R>; 2],
+) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for (i, &shape) in shapes.iter().enumerate() {
+        let exact = i % 2 == 0;
+        out.extend(f32_case(dev, &mut rng, shape, exact)?);
+        out.extend(bf16_case(dev, &mut rng, shape, !exact)?);
     }
     Ok(out)
 }

@@ -192,6 +192,18 @@ pub struct RowState {
     pub prompt_len: usize,
 }
 
+impl RowState {
+    /// The row as the sampler reads it, with its settings from `params`.
+    fn sample_row<'a>(&'a self, params: &'a [SamplingParams]) -> SampleRow<'a> {
+        SampleRow {
+            params: &params[self.params],
+            step: self.step,
+            tokens: &self.tokens,
+            prompt_len: self.prompt_len,
+        }
+    }
+}
+
 /// One step of [`decode_scenario`]: the rows, what was sampled and the f32
 /// logits the sampler read (`[rows, vocab]`).
 #[derive(Clone, Debug, PartialEq)]
@@ -273,15 +285,7 @@ pub fn decode_scenario<D: Device, T: ActElem>(
     let mut out = Vec::new();
     let mut run =
         |model: &mut Model<D, T>, dev: &mut D, step: &Step<'_>, states: Vec<RowState>| -> Result<()> {
-            let rows: Vec<SampleRow<'_>> = states
-                .iter()
-                .map(|r| SampleRow {
-                    params: &params[r.params],
-                    step: r.step,
-                    tokens: &r.tokens,
-                    prompt_len: r.prompt_len,
-                })
-                .collect();
+            let rows: Vec<SampleRow<'_>> = states.iter().map(|r| r.sample_row(params)).collect();
             let sampled = model.forward_sample(dev, step, &rows)?;
             let logits = model.last_logits(dev)?;
             out.push(SampledStep { rows: states, sampled, logits });
@@ -469,16 +473,7 @@ fn sampling_case<T: ActElem>(cuda: &mut Cuda, gguf: &Gguf) -> Result<Vec<CheckRo
         (0, 0, 0, 0, 0);
     let mut lp_err = 0.0f64;
     for s in &steps {
-        let rows: Vec<SampleRow<'_>> = s
-            .rows
-            .iter()
-            .map(|r| SampleRow {
-                params: &unpenalized[r.params],
-                step: r.step,
-                tokens: &r.tokens,
-                prompt_len: r.prompt_len,
-            })
-            .collect();
+        let rows: Vec<SampleRow<'_>> = s.rows.iter().map(|r| r.sample_row(&unpenalized)).collect();
         let want = sample_logits(&mut cpu, &s.logits, vocab, &rows)?;
         for (i, r) in s.rows.iter().enumerate() {
             let (g, w) = (s.sampled[i], want[i]);

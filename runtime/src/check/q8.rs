@@ -17,7 +17,7 @@
 
 use crate::check::dequant::{Weight, gguf_rows};
 use crate::check::rmsnorm::rmsnorm_on;
-use crate::check::{CheckRow, DevicePtr, Rng, to_f64};
+use crate::check::{CheckRow, DevicePtr, Rng, over_shapes, to_f64};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
@@ -28,6 +28,9 @@ use kernels::dequant::{QuantFormat, Repacked, gemv_grid};
 use kernels::reference::quant as r;
 use kernels::rmsnorm::{block_for, warps_for};
 use std::marker::PhantomData;
+
+/// The ragged `(rows, k)` of the quantize and RMSNorm + quantize checks.
+const QUANT_SHAPES: [(usize, usize); 5] = [(1, 576), (3, 4096), (5, 1536), (2, 96), (1, 32)];
 
 /// The quantize kernel's block for rows of `k` values.
 pub fn quantize_block(k: usize) -> usize {
@@ -52,7 +55,11 @@ fn quantize_on<T: ActElem, D: Device>(dev: &mut D, x: &[T], k: usize) -> Result<
 }
 
 /// The quantize check on one ragged shape.
-fn quantize_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k: usize) -> Result<CheckRow> {
+fn quantize_case<T: ActElem, D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    (m, k): (usize, usize),
+) -> Result<[CheckRow; 1]> {
     let x = rng.values::<T>(m * k, 2.0);
     let block = quantize_block(k);
     let (gq, gd) = quantize_on(dev, &x, k)?;
@@ -66,14 +73,14 @@ fn quantize_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, m: usize, k:
     }
     let q_off = gq.iter().zip(&wq).filter(|(a, b)| a != b).count();
     max_abs = max_abs.max(q_off as f64);
-    Ok(CheckRow {
+    Ok([CheckRow {
         kernel: "quantize_q8".into(),
         shape: format!("{m}x{k} block {block}"),
         dtype: T::DEVICE_DTYPE,
         max_abs,
         max_rel: 0.0,
         pass,
-    })
+    }])
 }
 
 /// The norms' epsilon.
@@ -116,9 +123,8 @@ fn rmsnorm_q8_on<T: ActElem, D: Device>(
 fn rmsnorm_quant_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
-    m: usize,
-    k: usize,
-) -> Result<CheckRow> {
+    (m, k): (usize, usize),
+) -> Result<[CheckRow; 1]> {
     let stride = k + 32;
     let x = rng.values::<T>(m * stride, 2.0);
     let w = rng.values::<T>(k, 1.5);
@@ -157,25 +163,19 @@ fn rmsnorm_quant_case<T: ActElem, D: Device>(
             pass &= err <= d / 2.0 + want.abs() * unit * 2.0 + d * 1e-3 + 1e-6;
         }
     }
-    Ok(CheckRow {
+    Ok([CheckRow {
         kernel: "rmsnorm_q8".into(),
         shape: format!("{m}x{k} stride {stride} block {block}"),
         dtype: T::DEVICE_DTYPE,
         max_abs,
         max_rel: 0.0,
         pass,
-    })
+    }])
 }
 
 /// Registry check `rmsnorm_q8`.
 pub fn rmsnorm_quant<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for &(m, k) in &[(1usize, 576usize), (3, 4096), (5, 1536), (2, 96), (1, 32)] {
-        rows.push(rmsnorm_quant_case::<f32, _>(dev, &mut rng, m, k)?);
-        rows.push(rmsnorm_quant_case::<bf16, _>(dev, &mut rng, m, k)?);
-    }
-    Ok(rows)
+    over_shapes(dev, seed, &QUANT_SHAPES, [rmsnorm_quant_case::<f32, D>, rmsnorm_quant_case::<bf16, D>])
 }
 
 /// An 8-bit GEMV of the quantized activations `(xq, xd)` (`m` rows) and
@@ -248,17 +248,12 @@ fn gemv_case<T: ActElem, D: Device>(
     let g = r::gemv(format, &sub(g_raw), cols.len(), k, &xhat, m);
     let u = u_raw.map(|u| r::gemv(format, &sub(u), cols.len(), k, &xhat, m));
     let round = crate::check::unit_roundoff(T::DEVICE_DTYPE).max(f64::powi(2.0, -23));
-    let mut row = CheckRow {
-        kernel: format!("gemv_{}_q8", format.name().to_lowercase()),
-        shape: format!(
-            "{m}x{k}x{n} {}tiles {m_block}/{block_n}/{block_k} w{warps}",
-            if silu { "silu " } else { "" }
-        ),
-        dtype: T::DEVICE_DTYPE,
-        max_abs: 0.0,
-        max_rel: 0.0,
-        pass: true,
-    };
+    let shape = format!(
+        "{m}x{k}x{n} {}tiles {m_block}/{block_n}/{block_k} w{warps}",
+        if silu { "silu " } else { "" }
+    );
+    let mut row =
+        CheckRow::passing(format!("gemv_{}_q8", format.name().to_lowercase()), shape, T::DEVICE_DTYPE);
     for i in 0..m {
         for (j, &c) in cols.iter().enumerate() {
             let e = i * cols.len() + j;
@@ -288,13 +283,7 @@ fn gemv_case<T: ActElem, D: Device>(
 
 /// Registry check `quantize_q8`.
 pub fn quantize<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for &(m, k) in &[(1usize, 576usize), (3, 4096), (5, 1536), (2, 96), (1, 32)] {
-        rows.push(quantize_case::<f32, _>(dev, &mut rng, m, k)?);
-        rows.push(quantize_case::<bf16, _>(dev, &mut rng, m, k)?);
-    }
-    Ok(rows)
+    over_shapes(dev, seed, &QUANT_SHAPES, [quantize_case::<f32, D>, quantize_case::<bf16, D>])
 }
 
 /// The autotune tiles of `gemv_q4_1_q8` as `(M_BLOCK, BLOCK_N, BLOCK_K,

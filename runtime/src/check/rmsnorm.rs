@@ -2,7 +2,9 @@
 //! within its tolerance) and RMSNorm, at ragged shapes with exact
 //! (non-power-of-two) and padded `BLOCK`s, f32 and bf16.
 
-use crate::check::{CheckRow, DevicePtr, EXACT, Rng, Tol, outcome, row_block, row_shape};
+use crate::check::{
+    CheckRow, DevicePtr, EXACT, Rng, Tol, outcome, over_shapes_alternating, row_block, row_shape,
+};
 use crate::error::Result;
 use crate::model::{ActElem, Device};
 use dsl_core::DType;
@@ -31,28 +33,6 @@ fn add_rmsnorm_out_tol(dtype: DType) -> Tol {
         DType::F16 => Tol { atol: 1e-6, rtol: 2.0 / 1024.0 },
         d => Tol::for_dtype(d),
     }
-}
-
-/// One norm check case: `(rows, cols, warps)`, with an exact `BLOCK` or not.
-type NormCase<D, const N: usize> = fn(&mut D, &mut Rng, (usize, usize, u32), bool) -> Result<[CheckRow; N]>;
-
-/// The rows of a norm check: the f32 and bf16 cases on every shape of
-/// [`NORM_SHAPES`], alternating exact and padded `BLOCK`s, from one random
-/// stream.
-fn over_norm_shapes<D: Device, const N: usize>(
-    dev: &mut D,
-    seed: u64,
-    f32_case: NormCase<D, N>,
-    bf16_case: NormCase<D, N>,
-) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for (i, shape) in NORM_SHAPES.into_iter().enumerate() {
-        let exact = i % 2 == 0;
-        out.extend(f32_case(dev, &mut rng, shape, exact)?);
-        out.extend(bf16_case(dev, &mut rng, shape, !exact)?);
-    }
-    Ok(out)
 }
 
 /// `(out, h)` of add+RMSNorm of `x + r` with weight `w` on `dev`.
@@ -104,7 +84,12 @@ fn add_rmsnorm_case<T: ActElem, D: Device>(
 /// The `add_rmsnorm` check: ragged shapes (exact non-power-of-two and padded
 /// `BLOCK`s), f32 and bf16; `h` bit-exact, `out` within its tolerance.
 pub fn add_rmsnorm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    over_norm_shapes(dev, seed, add_rmsnorm_case::<f32, D>, add_rmsnorm_case::<bf16, D>)
+    over_shapes_alternating(
+        dev,
+        seed,
+        &NORM_SHAPES,
+        [add_rmsnorm_case::<f32, D>, add_rmsnorm_case::<bf16, D>],
+    )
 }
 
 /// RMSNorm of the rows of `x` (`w.len()` values, `stride` apart) with
@@ -150,5 +135,5 @@ fn rmsnorm_case<T: ActElem, D: Device>(
 /// The `rmsnorm` check: ragged shapes (exact non-power-of-two and padded
 /// `BLOCK`s), f32 and bf16 (one rounding at the end: one unit of it).
 pub fn rmsnorm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    over_norm_shapes(dev, seed, rmsnorm_case::<f32, D>, rmsnorm_case::<bf16, D>)
+    over_shapes_alternating(dev, seed, &NORM_SHAPES, [rmsnorm_case::<f32, D>, rmsnorm_case::<bf16, D>])
 }

@@ -165,14 +165,7 @@ fn sample_case<D: Device>(
     let got = sample_on(dev, &x, &ps, vocab, stride)?;
     let want = sample_on(&mut Cpu::new(), &x, &ps, vocab, stride)?;
 
-    let mut row = CheckRow {
-        kernel: "sample".into(),
-        shape: String::new(),
-        dtype: DType::F32,
-        max_abs: 0.0,
-        max_rel: 0.0,
-        pass: true,
-    };
+    let mut row = CheckRow::passing("sample", String::new(), DType::F32);
     let mut fragile = 0;
     for (r, p) in ps.iter().enumerate() {
         let xr = &x[r * stride..r * stride + vocab];
@@ -304,14 +297,7 @@ fn penalties_case<D: Device>(
     let inp = PenaltyInputs { logits: x, slots, prompt, output, rep, pres, freq };
     let got = penalties_on(dev, &inp, vocab, stride)?;
     let want = penalties_on(&mut Cpu::new(), &inp, vocab, stride)?;
-    let mut row = CheckRow {
-        kernel: "penalties".into(),
-        shape: format!("{rows}x{vocab} (stride {stride})"),
-        dtype: DType::F32,
-        max_abs: 0.0,
-        max_rel: 0.0,
-        pass: true,
-    };
+    let mut row = CheckRow::passing("penalties", format!("{rows}x{vocab} (stride {stride})"), DType::F32);
     for (&a, &b) in got.iter().zip(&want) {
         let d = (a as f64 - b as f64).abs();
         row.max_abs = row.max_abs.max(d);

@@ -2,7 +2,10 @@
 //! non-power-of-two and padded `BLOCK`s) and the online softmax (rows longer
 //! than `BLOCK`, scales, causal masks), f32 and bf16.
 
-use crate::check::{CheckRow, DevicePtr, ROW_SHAPES, Rng, Tol, outcome, row_block, row_shape};
+use crate::check::{
+    CheckRow, DevicePtr, ROW_SHAPES, Rng, Tol, outcome, over_shapes, over_shapes_alternating, row_block,
+    row_shape,
+};
 use crate::error::Result;
 use crate::model::{ActElem, Device};
 use dsl_core::half::bf16;
@@ -29,29 +32,21 @@ fn softmax_on<T: ActElem, D: Device>(dev: &mut D, x: &[T], cols: usize, block: u
 fn softmax_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     exact: bool,
-) -> Result<CheckRow> {
+) -> Result<[CheckRow; 1]> {
     let x = rng.values::<T>(rows * cols, 4.0);
     let block = row_block(cols, exact);
     let got = softmax_on(dev, &x, cols, block)?;
     let want = softmax_on(&mut Cpu::new(), &x, cols, block)?;
     let d = T::DEVICE_DTYPE;
-    Ok(outcome("softmax", row_shape(rows, cols, exact), d, &got, &want, Tol::for_dtype(d)))
+    Ok([outcome("softmax", row_shape(rows, cols, exact), d, &got, &want, Tol::for_dtype(d))])
 }
 
 /// The `softmax` check: ragged shapes (exact non-power-of-two `BLOCK`s and
 /// padded ones), f32 and bf16.
 pub fn softmax<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for (i, (rows, cols)) in ROW_SHAPES.into_iter().enumerate() {
-        let exact = i % 2 == 0;
-        out.push(softmax_case::<f32, _>(dev, &mut rng, rows, cols, exact)?);
-        out.push(softmax_case::<bf16, _>(dev, &mut rng, rows, cols, !exact)?);
-    }
-    Ok(out)
+    over_shapes_alternating(dev, seed, &ROW_SHAPES, [softmax_case::<f32, D>, softmax_case::<bf16, D>])
 }
 
 /// One online-softmax check shape: `(rows, cols, BLOCK, warps, scale, causal
@@ -93,7 +88,7 @@ fn softmax_online_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     shape: OnlineShape,
-) -> Result<CheckRow> {
+) -> Result<[CheckRow; 1]> {
     let (rows, cols, block, warps, scale, causal) = shape;
     let x = rng.values::<T>(rows * cols, 4.0);
     let got = softmax_online_on(dev, &x, shape)?;
@@ -101,18 +96,17 @@ fn softmax_online_case<T: ActElem, D: Device>(
     let mask = causal.map_or("no mask".to_string(), |o| format!("causal {o}"));
     let shape = format!("{rows}x{cols}, BLOCK {block}, {warps}w, scale {scale}, {mask}");
     let d = T::DEVICE_DTYPE;
-    Ok(outcome("softmax_online", shape, d, &got, &want, Tol::for_dtype(d)))
+    Ok([outcome("softmax_online", shape, d, &got, &want, Tol::for_dtype(d))])
 }
 
 /// The `softmax_online` check: rows up to 8192 in 256..4096 chunks (ragged
 /// and exact multiples), scales, causal on and off (incl. fully masked rows),
 /// f32 and bf16.
 pub fn softmax_online<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for shape in SOFTMAX_ONLINE_SHAPES {
-        out.push(softmax_online_case::<f32, _>(dev, &mut rng, shape)?);
-        out.push(softmax_online_case::<bf16, _>(dev, &mut rng, shape)?);
-    }
-    Ok(out)
+    over_shapes(
+        dev,
+        seed,
+        &SOFTMAX_ONLINE_SHAPES,
+        [softmax_online_case::<f32, D>, softmax_online_case::<bf16, D>],
+    )
 }

@@ -426,16 +426,27 @@ pub fn mask_of_args(kernel: &str, raw: &[dsl_core::launch::Arg<RawDevPtr>]) -> R
     let div = u64::from(dsl_core::launch::SPECIALIZE_DIVISIBILITY);
     let mut mask = 0u64;
     for (i, a) in raw.iter().enumerate() {
-        let fact = match a {
-            dsl_core::launch::Arg::Ptr(p) => Some(p.addr),
-            dsl_core::launch::Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
-            dsl_core::launch::Arg::Scalar(_) => None,
-        };
-        if fact.is_some_and(|v| v % div == 0) {
+        if arg_fact(a).is_some_and(|v| v % div == 0) {
             mask |= 1 << i;
         }
     }
     Ok(mask)
+}
+
+/// What specialization looks at in an erased argument: a pointer's address,
+/// an integer scalar's value, nothing for other scalars.
+fn arg_fact(a: &dsl_core::launch::Arg<RawDevPtr>) -> Option<u64> {
+    match a {
+        dsl_core::launch::Arg::Ptr(p) => Some(p.addr),
+        dsl_core::launch::Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
+        dsl_core::launch::Arg::Scalar(_) => None,
+    }
+}
+
+/// The facts of erased arguments, one [`arg_fact`] each (see
+/// [`Cuda::prepare`]).
+pub fn facts_of_args(raw: &[dsl_core::launch::Arg<RawDevPtr>]) -> Vec<Option<u64>> {
+    raw.iter().map(arg_fact).collect()
 }
 
 /// The specialization mask of `facts` (see [`Cuda::prepare`]).
@@ -637,14 +648,7 @@ mod tests {
             raw.push(Arg::Scalar(Scalar::int(DType::I64, 16 * k as i64)));
             raw.push(Arg::Scalar(Scalar::float(DType::F32, 32.0)));
             raw.push(Arg::Scalar(Scalar::bool(false)));
-            let facts: Vec<Option<u64>> = raw
-                .iter()
-                .map(|a| match a {
-                    Arg::Ptr(p) => Some(p.addr),
-                    Arg::Scalar(s) if s.dtype().is_int() => Some(s.as_i64() as u64),
-                    Arg::Scalar(_) => None,
-                })
-                .collect();
+            let facts = facts_of_args(&raw);
             let mask = mask_of_args("scaled", &raw).unwrap();
             assert_eq!(mask, mask_of_facts("scaled", &facts).unwrap());
             let synthetic: Vec<Option<u64>> =

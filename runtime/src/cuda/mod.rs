@@ -16,7 +16,7 @@ pub mod device;
 pub mod tma;
 pub mod validate;
 
-pub use backend::{CompileProgress, Cuda, MAX_PARAMS, Prepared, mask_of_args, target_for};
+pub use backend::{CompileProgress, Cuda, MAX_PARAMS, Prepared, facts_of_args, mask_of_args, target_for};
 pub use buffer::{DevBuf, DevPtr, DeviceElem};
 pub use device::{DeviceInfo, Gpu, GpuGraph, LoadedKernel, driver_present};
 pub use validate::{

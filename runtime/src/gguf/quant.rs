@@ -26,18 +26,24 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+/// The bytes of `n` values of `ty`, or why `ty` cannot `verb` (`quantize`,
+/// `dequantize`) them: an unsupported type, or not a whole number of blocks.
+fn block_bytes(ty: GgmlType, n: u64, verb: &str) -> Result<u64> {
+    if !ty.is_supported() {
+        return Err(GgufError::UnsupportedType { tensor: format!("({verb})"), ty });
+    }
+    ty.bytes_for(n).ok_or_else(|| GgufError::SizeMismatch {
+        what: format!("{ty} values to {verb} (a multiple of {})", ty.block_size()),
+        expected: n.next_multiple_of(ty.block_size()),
+        found: n,
+    })
+}
+
 /// Dequantizes `src` (whole blocks of `ty`) into `dst`, whose length must be the
 /// number of values `src` holds.
 pub fn dequantize_into(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
-    if !ty.is_supported() {
-        return Err(GgufError::UnsupportedType { tensor: "(dequantize)".to_string(), ty });
-    }
     let n = dst.len() as u64;
-    let expected = ty.bytes_for(n).ok_or_else(|| GgufError::SizeMismatch {
-        what: format!("{ty} values to dequantize (a multiple of {})", ty.block_size()),
-        expected: n.next_multiple_of(ty.block_size()),
-        found: n,
-    })?;
+    let expected = block_bytes(ty, n, "dequantize")?;
     if src.len() as u64 != expected {
         return Err(GgufError::SizeMismatch {
             what: format!("{ty} data for {n} values"),
@@ -87,7 +93,7 @@ pub fn dequantize_into(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> 
                 }
             }
         }
-        _ => unreachable!("checked by is_supported above"),
+        _ => unreachable!("checked by block_bytes above"),
     }
     Ok(())
 }
@@ -95,15 +101,7 @@ pub fn dequantize_into(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> 
 /// Quantizes `src` to `ty` with llama.cpp's reference rounding. `src.len()` must
 /// be a whole number of blocks.
 pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>> {
-    if !ty.is_supported() {
-        return Err(GgufError::UnsupportedType { tensor: "(quantize)".to_string(), ty });
-    }
-    let n = src.len() as u64;
-    let bytes = ty.bytes_for(n).ok_or_else(|| GgufError::SizeMismatch {
-        what: format!("{ty} values to quantize (a multiple of {})", ty.block_size()),
-        expected: n.next_multiple_of(ty.block_size()),
-        found: n,
-    })?;
+    let bytes = block_bytes(ty, src.len() as u64, "quantize")?;
     let mut out = Vec::with_capacity(bytes as usize);
     match ty {
         GgmlType::F32 => src.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
@@ -112,7 +110,7 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>> {
         GgmlType::Q8_0 => src.chunks_exact(QK).for_each(|b| quantize_q8_0(b, &mut out)),
         GgmlType::Q4_0 => src.chunks_exact(QK).for_each(|b| quantize_q4_0(b, &mut out)),
         GgmlType::Q4_1 => src.chunks_exact(QK).for_each(|b| quantize_q4_1(b, &mut out)),
-        _ => unreachable!("checked by is_supported above"),
+        _ => unreachable!("checked by block_bytes above"),
     }
     Ok(out)
 }

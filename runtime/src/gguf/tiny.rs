@@ -9,7 +9,7 @@
 //! unused tokens up to the configured vocabulary size.
 //!
 //! Invariant: the output is a deterministic function of the [`TinyLlama`]
-//! value (weights come from a seeded SplitMix64), and it always passes
+//! value (weights come from a seeded [`Rng`]), and it always passes
 //! [`LlamaConfig::from_metadata`] and [`LlamaConfig::check_tensors`].
 
 use super::llama::{LlamaConfig, TensorRole};
@@ -17,6 +17,7 @@ use super::types::{GgmlType, Value};
 use super::vocab::{TokenType, Vocab, gpt2_byte_to_char};
 use super::writer::GgufWriter;
 use super::{GgufError, Result};
+use crate::rng::Rng;
 
 /// SmolLM2-135M-Instruct's chat template (`tokenizer.chat_template`), verbatim.
 pub const SMOLLM2_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -160,21 +161,21 @@ impl TinyLlama {
         }
         w.set("general.quantization_version", Value::U32(2))?;
 
-        let mut rng = SplitMix64(self.seed);
+        let mut rng = Rng::new(self.seed);
         let specs = c.tensors().into_iter().chain(self.untied_output.then(|| c.output_tensor()));
         for spec in specs {
             let n: u64 = spec.dims.iter().product();
             let fan_in = spec.dims[0] as f32;
             let (ty, values): (GgmlType, Vec<f32>) = match spec.role {
-                TensorRole::Norm => (GgmlType::F32, (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect()),
+                TensorRole::Norm => (GgmlType::F32, (0..n).map(|_| 1.0 + 0.1 * rng.signed_f32()).collect()),
                 TensorRole::Embedding => {
-                    (self.embedding_type, (0..n).map(|_| self.embedding_scale * rng.uniform()).collect())
+                    (self.embedding_type, (0..n).map(|_| self.embedding_scale * rng.signed_f32()).collect())
                 }
                 TensorRole::Matrix => {
-                    (self.matrix_type, (0..n).map(|_| rng.uniform() / fan_in.sqrt()).collect())
+                    (self.matrix_type, (0..n).map(|_| rng.signed_f32() / fan_in.sqrt()).collect())
                 }
                 TensorRole::Output => {
-                    (self.embedding_type, (0..n).map(|_| rng.uniform() / fan_in.sqrt()).collect())
+                    (self.embedding_type, (0..n).map(|_| rng.signed_f32() / fan_in.sqrt()).collect())
                 }
             };
             w.add_f32_tensor(&spec.name, ty, &spec.dims, &values)?;
@@ -185,24 +186,6 @@ impl TinyLlama {
     /// The model's GGUF bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         Ok(self.writer()?.to_bytes())
-    }
-}
-
-/// SplitMix64, a small seeded generator (enough for test weights).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[-1, 1)`.
-    fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
 

@@ -497,35 +497,20 @@ impl From<&str> for Value {
     }
 }
 
-impl From<String> for Value {
-    fn from(s: String) -> Value {
-        Value::String(s)
-    }
+/// `From` for the types a [`Value`] variant holds as they are.
+macro_rules! value_from {
+    ($($t:ty => $variant:ident),* $(,)?) => {
+        $(
+            impl From<$t> for Value {
+                fn from(v: $t) -> Value {
+                    Value::$variant(v)
+                }
+            }
+        )*
+    };
 }
 
-impl From<u32> for Value {
-    fn from(v: u32) -> Value {
-        Value::U32(v)
-    }
-}
-
-impl From<f32> for Value {
-    fn from(v: f32) -> Value {
-        Value::F32(v)
-    }
-}
-
-impl From<bool> for Value {
-    fn from(v: bool) -> Value {
-        Value::Bool(v)
-    }
-}
-
-impl From<Array> for Value {
-    fn from(a: Array) -> Value {
-        Value::Array(a)
-    }
-}
+value_from!(String => String, u32 => U32, f32 => F32, bool => Bool, Array => Array);
 
 /// A homogeneous metadata array, stored as a typed vector.
 #[derive(Debug, Clone, PartialEq)]

@@ -39,12 +39,20 @@ pub trait Device: Backend + Sized {
 
     /// The device's parallelism in the sense of the decode split plan
     /// ([`kernels::decode_attention::split_plan`]): multiprocessors on a GPU,
-    /// 1 on the interpreter.
-    fn sm_count(&self) -> usize;
+    /// 1 on the CPU backends, whatever the core count: the split plan (a
+    /// launch configuration) then never depends on the machine, so the
+    /// native backend computes the same logits on every host, and the
+    /// interpreter's (whose launches are the same).
+    fn sm_count(&self) -> usize {
+        1
+    }
 
     /// Whether tensor-core products run on Hopper's `wgmma` (sm_90a), which
-    /// prefers other tiles (`kernels::flash_attention::config_for`).
-    fn wgmma(&self) -> bool;
+    /// prefers other tiles (`kernels::flash_attention::config_for`); false
+    /// off the GPU.
+    fn wgmma(&self) -> bool {
+        false
+    }
 
     /// The GEMV tiles of `m` activation rows times a weight of `rows` rows
     /// and `k` columns in `format`: [`kernels::dequant::gemv_tiles`]
@@ -84,7 +92,9 @@ pub trait Device: Backend + Sized {
     /// batch-invariant linear layer feeds f16 operands and any tiles
     /// (`kernels::dequant::linear_tiles`); the interpreter keeps f32
     /// operands and a fixed K tile.
-    fn tensor_cores(&self) -> bool;
+    fn tensor_cores(&self) -> bool {
+        false
+    }
 
     /// A new buffer holding a copy of `data`.
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<Self::Buf<T>>;
@@ -128,7 +138,8 @@ pub trait Device: Backend + Sized {
         Ok(self.sm_count())
     }
 
-    /// Launches `K` with `config` over `grid`.
+    /// Launches `K` with `config` over `grid`: through the backend's
+    /// [`Backend::launch`] unless the device has a launcher of its own.
     fn run<'a, K: Kernel>(
         &mut self,
         grid: [u32; 3],
@@ -136,7 +147,10 @@ pub trait Device: Backend + Sized {
         args: &K::Args<'a, Self>,
     ) -> Result<()>
     where
-        Self: 'a;
+        Self: 'a,
+    {
+        Ok(<Self as Backend>::launch::<K>(self, grid, config, args)?)
+    }
 
     /// Whether [`Device::begin_capture`] works on this device.
     fn supports_graphs(&self) -> bool;
@@ -160,16 +174,6 @@ pub trait Device: Backend + Sized {
 
     /// Milliseconds from `start` to `end`, waiting for `end`'s work.
     fn mark_ms(&self, start: &Self::Mark, end: &Self::Mark) -> Result<f64>;
-}
-
-/// [`Device::mark`] on the CPU backends.
-pub(crate) fn instant() -> Result<Instant> {
-    Ok(Instant::now())
-}
-
-/// [`Device::mark_ms`] on the CPU backends.
-pub(crate) fn instant_ms(start: &Instant, end: &Instant) -> Result<f64> {
-    Ok(end.saturating_duration_since(*start).as_secs_f64() * 1e3)
 }
 
 /// The CPU backends cannot capture graphs.
@@ -229,10 +233,36 @@ pub(crate) fn zero_elements<T: DeviceElem>(bytes: &mut [u8], offset: usize, len:
     Ok(())
 }
 
+/// The [`Device`] methods every backend whose buffers are
+/// [`dsl_core::launch::BufferPtr`]s shares (the two CPU backends and the
+/// graph-recording interpreter): pointers are buffer pointers moved by an
+/// offset, marks are instants (launches finish before they return).
+macro_rules! buffer_ptr_device {
+    ($ptr:ident) => {
+        fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a $ptr<T>, offset: usize) -> Result<$ptr<U>>
+        where
+            Self: 'a,
+        {
+            Ok(buf.offset(offset).cast())
+        }
+
+        fn mark(&mut self) -> Result<Instant> {
+            Ok(Instant::now())
+        }
+
+        fn mark_ms(&self, start: &Instant, end: &Instant) -> Result<f64> {
+            Ok(end.saturating_duration_since(*start).as_secs_f64() * 1e3)
+        }
+    };
+}
+// The test-only graph-recording interpreter (`super::emu`) uses it too.
+#[cfg(test)]
+pub(crate) use buffer_ptr_device;
+
 /// The [`Device`] methods the two CPU backends ([`Cpu`], [`Host`]) share:
 /// buffers in host memory (`$bytes` and `$bytes_mut` give the bytes of
 /// buffer `$b` of backend `$s`), synchronous launches through their
-/// [`Backend`], no graphs, instants as marks.
+/// [`Backend`], no graphs, and [`buffer_ptr_device`]'s pointers and marks.
 macro_rules! host_memory_device {
     ($ptr:ident, |$s:ident, $b:ident| $bytes:expr, $bytes_mut:expr) => {
         fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<$ptr<T>> {
@@ -262,25 +292,6 @@ macro_rules! host_memory_device {
             zero_elements::<T>($bytes_mut, offset, len)
         }
 
-        fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a $ptr<T>, offset: usize) -> Result<$ptr<U>>
-        where
-            Self: 'a,
-        {
-            Ok(buf.offset(offset).cast())
-        }
-
-        fn run<'a, K: Kernel>(
-            &mut self,
-            grid: [u32; 3],
-            config: &K::Config,
-            args: &K::Args<'a, Self>,
-        ) -> Result<()>
-        where
-            Self: 'a,
-        {
-            Ok(<Self as Backend>::launch::<K>(self, grid, config, args)?)
-        }
-
         fn supports_graphs(&self) -> bool {
             false
         }
@@ -297,13 +308,7 @@ macro_rules! host_memory_device {
             match *graph {}
         }
 
-        fn mark(&mut self) -> Result<Instant> {
-            instant()
-        }
-
-        fn mark_ms(&self, start: &Instant, end: &Instant) -> Result<f64> {
-            instant_ms(start, end)
-        }
+        buffer_ptr_device!($ptr);
     };
 }
 
@@ -316,23 +321,11 @@ impl Device for Cpu {
         "CPU interpreter".to_string()
     }
 
-    fn sm_count(&self) -> usize {
-        1
-    }
-
-    fn wgmma(&self) -> bool {
-        false
-    }
-
     fn persistent(&self) -> bool {
         true
     }
 
     fn compiles(&self) -> bool {
-        false
-    }
-
-    fn tensor_cores(&self) -> bool {
         false
     }
 
@@ -348,24 +341,8 @@ impl Device for Host {
         Host::describe(self)
     }
 
-    /// 1, whatever the core count: the split plan of decode attention
-    /// (a launch configuration) then never depends on the machine, so the
-    /// native backend computes the same logits on every host, and the
-    /// interpreter's (whose launches are the same).
-    fn sm_count(&self) -> usize {
-        1
-    }
-
-    fn wgmma(&self) -> bool {
-        false
-    }
-
     fn compiles(&self) -> bool {
         true
-    }
-
-    fn tensor_cores(&self) -> bool {
-        false
     }
 
     /// The CPU GEMVs' tiles ([`kernels::cpu_gemv::cpu_gemv_tiles`]), which

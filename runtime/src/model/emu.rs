@@ -12,13 +12,14 @@
 //! kept pointing to the old one replays on stale data and a comparison with
 //! eager execution fails.
 
-use super::device::{Device, instant, instant_ms, read_elements, write_elements, zero_elements};
+use super::device::{Device, buffer_ptr_device, read_elements, write_elements, zero_elements};
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
 use dsl_core::interp::{Arg, Buffer, Element, Kernel as Prepared};
 use dsl_core::launch::{self, Backend, Kernel, PtrElem};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A typed pointer into an [`Emu`] buffer (buffer index, element offset in
 /// the buffer's own elements).
@@ -123,25 +124,13 @@ impl Backend for Emu {
 impl Device for Emu {
     type Buf<T: DeviceElem> = EmuPtr<T>;
     type Graph = Vec<Recorded>;
-    type Mark = std::time::Instant;
+    type Mark = Instant;
 
     fn describe(&self) -> String {
         "graph-recording interpreter (tests)".into()
     }
 
-    fn sm_count(&self) -> usize {
-        1
-    }
-
-    fn wgmma(&self) -> bool {
-        false
-    }
-
     fn compiles(&self) -> bool {
-        false
-    }
-
-    fn tensor_cores(&self) -> bool {
         false
     }
 
@@ -177,25 +166,6 @@ impl Device for Emu {
         zero_elements::<T>(self.buffers[buf.buffer()].as_bytes_mut(), offset, len)
     }
 
-    fn ptr_at<'a, T: DeviceElem, U: PtrElem>(buf: &'a EmuPtr<T>, offset: usize) -> Result<EmuPtr<U>>
-    where
-        Self: 'a,
-    {
-        Ok(buf.offset(offset).cast())
-    }
-
-    fn run<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> Result<()>
-    where
-        Self: 'a,
-    {
-        Ok(<Emu as Backend>::launch::<K>(self, grid, config, args)?)
-    }
-
     fn supports_graphs(&self) -> bool {
         true
     }
@@ -226,11 +196,5 @@ impl Device for Emu {
         Ok(())
     }
 
-    fn mark(&mut self) -> Result<std::time::Instant> {
-        instant()
-    }
-
-    fn mark_ms(&self, start: &std::time::Instant, end: &std::time::Instant) -> Result<f64> {
-        instant_ms(start, end)
-    }
+    buffer_ptr_device!(EmuPtr);
 }

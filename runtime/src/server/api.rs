@@ -323,21 +323,24 @@ fn in_range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Resu
     }
 }
 
+/// A `(0, hi]` range check of an optional float (no default: 1).
+fn in_positive_range(param: &str, v: Option<f32>, hi: f32) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(1.0),
+        Some(x) if x > 0.0 && x <= hi => Ok(x),
+        Some(x) => Err(ApiError::invalid(
+            param,
+            format!("`{param}` = {x} is out of range: it must be in (0, {hi}]."),
+        )),
+    }
+}
+
 impl GenParams {
     /// Validates the shared fields; `logprobs` comes from the endpoint's own
     /// field(s), already range-checked.
     pub fn validate(&self, limits: &Limits, logprobs: Option<usize>) -> Result<GenSpec, ApiError> {
         let temperature = in_range("temperature", self.temperature, 0.0, 2.0, 1.0)?;
-        let top_p = match self.top_p {
-            None => 1.0,
-            Some(p) if p > 0.0 && p <= 1.0 => p,
-            Some(p) => {
-                return Err(ApiError::invalid(
-                    "top_p",
-                    format!("`top_p` = {p} is out of range: it must be in (0, 1]."),
-                ));
-            }
-        };
+        let top_p = in_positive_range("top_p", self.top_p, 1.0)?;
         let top_k = match self.top_k {
             None => 0,
             Some(k) if k >= -1 => k,
@@ -351,16 +354,7 @@ impl GenParams {
         let min_p = in_range("min_p", self.min_p, 0.0, 1.0, 0.0)?;
         let presence_penalty = in_range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?;
         let frequency_penalty = in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?;
-        let repetition_penalty = match self.repetition_penalty {
-            None => 1.0,
-            Some(r) if r > 0.0 && r <= 2.0 => r,
-            Some(r) => {
-                return Err(ApiError::invalid(
-                    "repetition_penalty",
-                    format!("`repetition_penalty` = {r} is out of range: it must be in (0, 2]."),
-                ));
-            }
-        };
+        let repetition_penalty = in_positive_range("repetition_penalty", self.repetition_penalty, 2.0)?;
         let n = match self.n {
             None => 1,
             Some(n) if n >= 1 && n as usize <= MAX_N => n as usize,

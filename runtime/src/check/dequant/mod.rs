@@ -577,34 +577,32 @@ fn stream_k_checks<D: Device>(
     Ok(rows)
 }
 
-/// The `gemv_q4_1` check (Q4_1 GEMV, plain and SiLU-fused).
-pub fn gemv_q4_1<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(dev, seed, "gemv_q4_1", Path::Gemv, QuantFormat::Q4_1)
+/// The registered checks of the GEMV and GEMM paths, one a format: each is
+/// [`checks`] under its own name.
+macro_rules! format_checks {
+    ($($(#[$doc:meta])* $name:ident: $path:ident, $format:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+                checks(dev, seed, stringify!($name), Path::$path, QuantFormat::$format)
+            }
+        )*
+    };
 }
 
-/// The `gemv_q4_0` check (Q4_0 GEMV, plain and SiLU-fused).
-pub fn gemv_q4_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(dev, seed, "gemv_q4_0", Path::Gemv, QuantFormat::Q4_0)
-}
-
-/// The `gemv_q8_0` check (Q8_0 GEMV, plain and SiLU-fused, and the LM head).
-pub fn gemv_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(dev, seed, "gemv_q8_0", Path::Gemv, QuantFormat::Q8_0)
-}
-
-/// The `gemm_q4_1` check (Q4_1 GEMM, plain and SiLU-fused).
-pub fn gemm_q4_1<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(dev, seed, "gemm_q4_1", Path::Gemm, QuantFormat::Q4_1)
-}
-
-/// The `gemm_q4_0` check (Q4_0 GEMM, plain and SiLU-fused).
-pub fn gemm_q4_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(dev, seed, "gemm_q4_0", Path::Gemm, QuantFormat::Q4_0)
-}
-
-/// The `gemm_q8_0` check (Q8_0 GEMM, plain and SiLU-fused, and the LM head).
-pub fn gemm_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    checks(dev, seed, "gemm_q8_0", Path::Gemm, QuantFormat::Q8_0)
+format_checks! {
+    /// The `gemv_q4_1` check (Q4_1 GEMV, plain and SiLU-fused).
+    gemv_q4_1: Gemv, Q4_1;
+    /// The `gemv_q4_0` check (Q4_0 GEMV, plain and SiLU-fused).
+    gemv_q4_0: Gemv, Q4_0;
+    /// The `gemv_q8_0` check (Q8_0 GEMV, plain and SiLU-fused, and the LM head).
+    gemv_q8_0: Gemv, Q8_0;
+    /// The `gemm_q4_1` check (Q4_1 GEMM, plain and SiLU-fused).
+    gemm_q4_1: Gemm, Q4_1;
+    /// The `gemm_q4_0` check (Q4_0 GEMM, plain and SiLU-fused).
+    gemm_q4_0: Gemm, Q4_0;
+    /// The `gemm_q8_0` check (Q8_0 GEMM, plain and SiLU-fused, and the LM head).
+    gemm_q8_0: Gemm, Q8_0;
 }
 
 pub(crate) mod fused;
