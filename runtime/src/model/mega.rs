@@ -151,13 +151,15 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
             // The kernel promises the compiler that every layer's planes
             // start on a 16-byte line (`STRIDE_ALIGN`), so its loads can be
             // vectors and its key loop pipelined.
-            Some((_, qs, ss)) if qs % STRIDE_ALIGN != 0 || 2 * ss % STRIDE_ALIGN != 0 => {
+            Some((_, qs, ss))
+                if !qs.is_multiple_of(STRIDE_ALIGN) || !(2 * ss).is_multiple_of(STRIDE_ALIGN) =>
+            {
                 return Some(format!("the {kind:?} matrices of a layer are not whole 16-byte lines"));
             }
             _ => {}
         }
     }
-    if kv.layer_len % STRIDE_ALIGN != 0 {
+    if !kv.layer_len.is_multiple_of(STRIDE_ALIGN) {
         return Some("a layer's KV cache is not a whole number of 16-element lines".into());
     }
     let kv_bytes = kv.layer_len * layers * T::DEVICE_DTYPE.size_bytes();
