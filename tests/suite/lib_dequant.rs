@@ -104,6 +104,30 @@ pub fn activations<T: Act>(rng: &mut Rng, n: usize) -> Vec<T> {
         .collect()
 }
 
+/// The reference GEMVs of a random weight's GGUF bytes `raws` (from
+/// [`random_weight`]: the weight, and with SiLU the up weight) on `x`.
+pub fn reference_gemvs(format: QuantFormat, raws: &[Vec<u8>], n: usize, k: usize, x: &[f64], m: usize) -> Vec<r::Gemv> {
+    raws.iter().map(|raw| r::gemv(format, raw, n, k, x, m)).collect()
+}
+
+/// Output `i` of the references `ys` (from [`reference_gemvs`]) and its
+/// tolerance before any rounding of the kernel's result: `ys[0]`'s value
+/// within `bound`, or with an up product `silu(gate) * up` within the SiLU
+/// propagation bound of both products' `bound`s.
+pub fn want_and_tol(ys: &[r::Gemv], i: usize, bound: impl Fn(&r::Gemv, usize) -> f64) -> (f64, f64) {
+    let (g, eg) = (&ys[0], bound(&ys[0], i));
+    match ys.get(1) {
+        Some(u) => (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, bound(u, i))),
+        None => (g.y[i], eg),
+    }
+}
+
+/// `tol` widened by the final rounding to `T` of a computed value within
+/// `tol` of `want`.
+pub fn rounded_tol<T: Act>(want: f64, tol: f64) -> f64 {
+    tol + T::ROUND * (want.abs() + tol) + 1e-30
+}
+
 /// Which kernel and tiles: GEMV `(m_block, block_n, block_k)` or GEMM
 /// `(block_m, block_n, block_k)`.
 #[derive(Clone, Copy, Debug)]
@@ -209,8 +233,7 @@ fn case<T: Act>(
         | Tiles::StreamK(_, _, bk, _) => bk,
     };
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
-    let g = r::gemv(format, &raws[0], n, k, &xf, m);
-    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xf, m));
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
     let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, m, n, k)
         .map_err(TestCaseError::fail)?;
     // The GEMM rounds its operands to f16 (see `reference::quant`).
@@ -222,17 +245,9 @@ fn case<T: Act>(
         }
     };
     for (i, &got_i) in got.iter().enumerate() {
-        let eg = bound(&g, i);
-        let (want, tol) = match &up {
-            Some(u) => {
-                let eu = bound(u, i);
-                let want = r::silu_mul(g.y[i], u.y[i]);
-                (want, r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
-            }
-            None => (g.y[i], eg),
-        };
+        let (want, tol) = want_and_tol(&ys, i, bound);
         // The final rounding is of the computed value, itself within `tol`.
-        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
+        let tol = rounded_tol::<T>(want, tol);
         prop_assert!(
             (got_i - want).abs() <= tol,
             "{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {}, want {want} (tol {tol:e})",
@@ -542,8 +557,7 @@ fn fused_case<T: Act>(
         Fuse::Residual => f64s(&x),
     };
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
-    let g = r::gemv(format, &raws[0], n, k, &xf, m);
-    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xf, m));
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
     let got = run_fused::<T>(
         format,
         silu,
@@ -561,17 +575,11 @@ fn fused_case<T: Act>(
     // Two units of the normed activations' roundings, plus the f32 sum of
     // squares (at most ~20 roundings deep here) through `rsqrt`.
     let slack = if fuse == Fuse::Norm { 4.0 * T::ROUND + 32.0 * f64::powi(2.0, -24) } else { 0.0 };
+    let bound = |y: &r::Gemv, i: usize| r::error_bound(format, k, tiles.2, y.abs[i]) + slack * y.abs[i];
     for (i, &got_i) in got.iter().enumerate() {
-        let eg = r::error_bound(format, k, tiles.2, g.abs[i]) + slack * g.abs[i];
-        let (y, tol) = match &up {
-            Some(u) => {
-                let eu = r::error_bound(format, k, tiles.2, u.abs[i]) + slack * u.abs[i];
-                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
-            }
-            None => (g.y[i], eg),
-        };
+        let (y, tol) = want_and_tol(&ys, i, bound);
         let (want, tol) = match fuse {
-            Fuse::Norm => (y, tol + T::ROUND * (y.abs() + tol) + 1e-30),
+            Fuse::Norm => (y, rounded_tol::<T>(y, tol)),
             Fuse::Residual => {
                 let want = r::residual_add(y, out0[i].to_f64(), T::DTYPE);
                 let tol = tol + T::ROUND * (y.abs() + tol) + T::ROUND * (want.abs() + 2.0 * tol) + 1e-30;

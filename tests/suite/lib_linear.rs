@@ -15,7 +15,7 @@
 //!   same bits for any permutation of its inputs and any tile width.
 
 use crate::common::cases;
-use crate::lib_dequant::{Act, activations, random_weight};
+use crate::lib_dequant::{Act, activations, random_weight, reference_gemvs, rounded_tol, want_and_tol};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -115,7 +115,7 @@ fn accuracy_case<T: Act>(
     let out0 = vec![T::from_f32(0.0); m * n];
     let got =
         run::<T>(format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).map_err(TestCaseError::fail)?;
-    let ys: Vec<r::Gemv> = raws.iter().map(|raw| r::gemv(format, raw, n, k, &xf, m)).collect();
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
     let bound = |y: &r::Gemv, i: usize| {
         if f16_ops {
             r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], DType::F16)
@@ -125,13 +125,8 @@ fn accuracy_case<T: Act>(
     };
     for (i, g) in got.iter().enumerate() {
         let g = g.to_f64();
-        let (want, tol) = if silu {
-            let (eg, eu) = (bound(&ys[0], i), bound(&ys[1], i));
-            (r::silu_mul(ys[0].y[i], ys[1].y[i]), r::silu_mul_bound(ys[0].y[i], ys[1].y[i], eg, eu))
-        } else {
-            (ys[0].y[i], bound(&ys[0], i))
-        };
-        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
+        let (want, tol) = want_and_tol(&ys, i, bound);
+        let tol = rounded_tol::<T>(want, tol);
         prop_assert!(
             (g - want).abs() <= tol,
             "{format:?} silu={silu} f16={f16_ops} {tiles:?} m={m} n={n} k={k}: out[{}, {}] = {g}, want {want} (tol {tol:e})",

@@ -137,29 +137,36 @@ fn hidden() -> impl Strategy<Value = usize> {
     prop_oneof![Just(576usize), Just(1), Just(17), Just(1000), Just(1031), 1usize..1200]
 }
 
+/// A norm case of one storage type: `(seed, rows, cols, stride, block)`.
+type NormCase = fn(u64, usize, usize, usize, usize) -> Result<(), TestCaseError>;
+
+/// One ragged case of a norm: its bf16 form (`bf`) or its f32 form, on rows
+/// `cols + 8 gap` apart, `BLOCK` the row length (`exact`) or its next power
+/// of two.
+fn ragged(
+    bf16_case: NormCase,
+    f32_case: NormCase,
+    (seed, rows, cols, gap): (u64, usize, usize, usize),
+    bf: bool,
+    exact: bool,
+) -> Result<(), TestCaseError> {
+    let block = if exact { cols } else { cols.next_power_of_two() };
+    let stride = cols + 8 * gap;
+    let case = if bf { bf16_case } else { f32_case };
+    case(seed, rows, cols, stride, block)
+}
+
 proptest! {
     #![proptest_config(cases(16))]
 
     #[test]
     fn add_rmsnorm_ragged(rows in 1usize..9, cols in hidden(), gap in 0usize..3, bf in any::<bool>(), exact in any::<bool>(), seed in any::<u64>()) {
-        let block = if exact { cols } else { cols.next_power_of_two() };
-        let stride = cols + 8 * gap;
-        if bf {
-            add_rmsnorm_case::<bf16>(seed, rows, cols, stride, block)?;
-        } else {
-            add_rmsnorm_case::<f32>(seed, rows, cols, stride, block)?;
-        }
+        ragged(add_rmsnorm_case::<bf16>, add_rmsnorm_case::<f32>, (seed, rows, cols, gap), bf, exact)?;
     }
 
     #[test]
     fn rmsnorm_ragged(rows in 1usize..9, cols in hidden(), gap in 0usize..3, bf in any::<bool>(), exact in any::<bool>(), seed in any::<u64>()) {
-        let block = if exact { cols } else { cols.next_power_of_two() };
-        let stride = cols + 8 * gap;
-        if bf {
-            rmsnorm_case::<bf16>(seed, rows, cols, stride, block)?;
-        } else {
-            rmsnorm_case::<f32>(seed, rows, cols, stride, block)?;
-        }
+        ragged(rmsnorm_case::<bf16>, rmsnorm_case::<f32>, (seed, rows, cols, gap), bf, exact)?;
     }
 }
 

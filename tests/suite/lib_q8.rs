@@ -18,7 +18,9 @@
 //!   then the quantization rule bit for bit, on ragged rows with a row
 //!   stride, and stays within half a step of the f64 RMSNorm.
 
-use super::lib_dequant::{Act, activations, gguf_weight, random_weight};
+use super::lib_dequant::{
+    Act, activations, gguf_weight, random_weight, reference_gemvs, rounded_tol, want_and_tol,
+};
 use crate::common::cases;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -125,19 +127,11 @@ fn gemv_case<T: Act>(
     let xhat = r::dequantize_q8(&xq, &xd);
     let fail = |e: String| TestCaseError::fail(e);
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
-    let g = r::gemv(format, &raws[0], n, k, &xhat, m);
-    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xhat, m));
+    let ys = reference_gemvs(format, &raws, n, k, &xhat, m);
     let got = gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, m, n, k).map_err(fail)?;
     for (i, &got_i) in got.iter().enumerate() {
-        let eg = r::error_bound_q8(format, k, t.block_k, g.abs[i]);
-        let (want, tol) = match &up {
-            Some(u) => {
-                let eu = r::error_bound_q8(format, k, t.block_k, u.abs[i]);
-                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
-            }
-            None => (g.y[i], eg),
-        };
-        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
+        let (want, tol) = want_and_tol(&ys, i, |y, i| r::error_bound_q8(format, k, t.block_k, y.abs[i]));
+        let tol = rounded_tol::<T>(want, tol);
         prop_assert!(
             (got_i - want).abs() <= tol,
             "{format:?} {t:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {got_i}, want {want} (tol {tol:e})",
@@ -153,7 +147,7 @@ fn gemv_case<T: Act>(
             let (w, _) = r::dequant_row(format, &raws[0], k, col);
             let xrow: Vec<f64> = xf[row * k..(row + 1) * k].iter().map(|&v| f64::from(v)).collect();
             let bound = r::q8_activation_bound(&w, &xrow, &xd[row * k / 32..(row + 1) * k / 32])
-                + 2.0 * r::error_bound_q8(format, k, t.block_k, g.abs[i])
+                + 2.0 * r::error_bound_q8(format, k, t.block_k, ys[0].abs[i])
                 + T::ROUND * got_i.abs();
             prop_assert!((got_i - exact.y[i]).abs() <= bound, "activation quantization bound at {i}");
         }
