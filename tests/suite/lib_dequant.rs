@@ -106,7 +106,14 @@ pub fn activations<T: Act>(rng: &mut Rng, n: usize) -> Vec<T> {
 
 /// The reference GEMVs of a random weight's GGUF bytes `raws` (from
 /// [`random_weight`]: the weight, and with SiLU the up weight) on `x`.
-pub fn reference_gemvs(format: QuantFormat, raws: &[Vec<u8>], n: usize, k: usize, x: &[f64], m: usize) -> Vec<r::Gemv> {
+pub fn reference_gemvs(
+    format: QuantFormat,
+    raws: &[Vec<u8>],
+    n: usize,
+    k: usize,
+    x: &[f64],
+    m: usize,
+) -> Vec<r::Gemv> {
     raws.iter().map(|raw| r::gemv(format, raw, n, k, x, m)).collect()
 }
 
@@ -126,6 +133,28 @@ pub fn want_and_tol(ys: &[r::Gemv], i: usize, bound: impl Fn(&r::Gemv, usize) ->
 /// `tol` of `want`.
 pub fn rounded_tol<T: Act>(want: f64, tol: f64) -> f64 {
     tol + T::ROUND * (want.abs() + tol) + 1e-30
+}
+
+/// A random case of a quantized product: the RNG seed, the weight format,
+/// whether the weight is an interleaved gate/up pair (SiLU-mul), and the
+/// product's shape (`[m, k]` activations, `n` outputs per row).
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub seed: u64,
+    pub format: QuantFormat,
+    pub silu: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Case {
+    /// The case's RNG after its first draws, the `m x k` activations.
+    pub fn activations<T: Act>(&self) -> (Rng, Vec<T>) {
+        let mut rng = Rng::new(self.seed);
+        let x = activations::<T>(&mut rng, self.m * self.k);
+        (rng, x)
+    }
 }
 
 /// Which kernel and tiles: GEMV `(m_block, block_n, block_k)` or GEMM
@@ -214,17 +243,9 @@ fn run<T: Act>(
 
 /// One random case: builds the weight(s), runs the kernel, checks every
 /// output against the reference within the documented bound.
-fn case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    tiles: Tiles,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+fn case<T: Act>(c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
+    let (mut rng, x) = c.activations::<T>();
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let block_k = match tiles {
         Tiles::Gemv(_, _, bk)
@@ -284,26 +305,12 @@ fn gemv_case(
     bf: bool,
     seed: u64,
 ) -> Result<(), TestCaseError> {
-    case_dt(bf, seed, format, silu, Tiles::Gemv(mb, bn, bk), m, n, kb)
+    case_dt(bf, Case { seed, format, silu, m, n, k: 32 * kb }, Tiles::Gemv(mb, bn, bk))
 }
 
-/// [`case`] with bf16 (`bf`) or f32 activations and K of `kb` blocks.
-#[allow(clippy::too_many_arguments)]
-fn case_dt(
-    bf: bool,
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    tiles: Tiles,
-    m: usize,
-    n: usize,
-    kb: usize,
-) -> Result<(), TestCaseError> {
-    if bf {
-        case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)
-    } else {
-        case::<f32>(seed, format, silu, tiles, m, n, 32 * kb)
-    }
+/// [`case`] with bf16 (`bf`) or f32 activations.
+fn case_dt(bf: bool, c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
+    if bf { case::<bf16>(c, tiles) } else { case::<f32>(c, tiles) }
 }
 
 proptest! {
@@ -344,7 +351,7 @@ proptest! {
     ) {
         let bk = if wide_k { 128 } else { 64 };
         let tiles = if swap { Tiles::Swap(bm, bn, bk) } else { Tiles::Gemm(bm, bn, bk) };
-        case_dt(bf, seed, format, silu, tiles, m, n, kb)?;
+        case_dt(bf, Case { seed, format, silu, m, n, k: 32 * kb }, tiles)?;
     }
 }
 
@@ -373,7 +380,8 @@ proptest! {
         let rows = if silu { 2 * n } else { n };
         let tiles = m.div_ceil(bm) * rows.div_ceil(bn);
         let g = tiles + extra % (tiles * kt + 3);
-        case_dt(bf, seed, format, silu, Tiles::StreamK(bm, bn, bk, g), m, n, kt * bk / 32)?;
+        let c = Case { seed, format, silu, m, n, k: 32 * (kt * bk / 32) };
+        case_dt(bf, c, Tiles::StreamK(bm, bn, bk, g))?;
     }
 }
 
@@ -381,8 +389,9 @@ proptest! {
 /// and a K that is not a multiple of `BLOCK_K` (it would skip iterations).
 #[test]
 fn gemm_stream_k_rejects_what_it_cannot_cover() {
-    let too_few = case::<bf16>(3, QuantFormat::Q4_1, false, Tiles::StreamK(16, 16, 64, 3), 20, 40, 128);
-    let ragged_k = case::<bf16>(3, QuantFormat::Q4_1, false, Tiles::StreamK(16, 16, 64, 9), 20, 40, 96);
+    let c = Case { seed: 3, format: QuantFormat::Q4_1, silu: false, m: 20, n: 40, k: 128 };
+    let too_few = case::<bf16>(c, Tiles::StreamK(16, 16, 64, 3));
+    let ragged_k = case::<bf16>(Case { k: 96, ..c }, Tiles::StreamK(16, 16, 64, 9));
     for r in [too_few, ragged_k] {
         let e = r.expect_err("must be refused").to_string();
         assert!(e.contains("gemm_stream_k needs K % BLOCK_K == 0"), "{e}");
@@ -531,20 +540,10 @@ fn run_fused<T: Act>(
 /// activation by a unit of `T` (see `reference::norm::add_rmsnorm_scaled`):
 /// the tolerance adds two such units of every product and the f32 error of
 /// `rstd` (a common factor), `(4 ROUND + 2^-19) * abs`.
-#[allow(clippy::too_many_arguments)]
-fn fused_case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    fuse: Fuse,
-    tiles: (usize, usize, usize),
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
+fn fused_case<T: Act>(c: Case, fuse: Fuse, tiles: (usize, usize, usize)) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
     let eps = 1e-5f32;
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+    let (mut rng, x) = c.activations::<T>();
     let nw = activations::<T>(&mut rng, k);
     let out0 = if fuse == Fuse::Residual {
         activations::<T>(&mut rng, m * n)
@@ -614,10 +613,11 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let silu = silu && fuse == Fuse::Norm;
+        let c = Case { seed, format, silu, m, n, k: 32 * kb };
         if bf {
-            fused_case::<bf16>(seed, format, silu, fuse, tiles, m, n, 32 * kb)?;
+            fused_case::<bf16>(c, fuse, tiles)?;
         } else {
-            fused_case::<f32>(seed, format, silu, fuse, tiles, m, n, 32 * kb)?;
+            fused_case::<f32>(c, fuse, tiles)?;
         }
     }
 }
@@ -639,22 +639,14 @@ fn fused_gemv_smollm2_shapes() {
         let rows = if silu { 2 * n } else { n };
         let t = gemv_tiles(QuantFormat::Q4_1, 1, rows, k);
         let tiles = (t.m_block, t.block_n, t.block_k);
-        fused_case::<f32>(i as u64, QuantFormat::Q4_1, silu, fuse, tiles, 1, n, k).unwrap();
-        fused_case::<bf16>(i as u64 + 100, QuantFormat::Q4_1, silu, fuse, tiles, 1, n, k).unwrap();
+        let c = Case { seed: i as u64, format: QuantFormat::Q4_1, silu, m: 1, n, k };
+        fused_case::<f32>(c, fuse, tiles).unwrap();
+        fused_case::<bf16>(Case { seed: i as u64 + 100, ..c }, fuse, tiles).unwrap();
     }
     // The tied LM head's format with the final norm, a ragged N.
     let t = gemv_tiles(QuantFormat::Q8_0, 1, 301, 576);
-    fused_case::<f32>(
-        7,
-        QuantFormat::Q8_0,
-        false,
-        Fuse::Norm,
-        (t.m_block, t.block_n, t.block_k),
-        1,
-        301,
-        576,
-    )
-    .unwrap();
+    let c = Case { seed: 7, format: QuantFormat::Q8_0, silu: false, m: 1, n: 301, k: 576 };
+    fused_case::<f32>(c, Fuse::Norm, (t.m_block, t.block_n, t.block_k)).unwrap();
 }
 
 /// The norm and residual tolerances catch a missing or wrong fusion: the

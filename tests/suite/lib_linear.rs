@@ -15,7 +15,7 @@
 //!   same bits for any permutation of its inputs and any tile width.
 
 use crate::common::cases;
-use crate::lib_dequant::{Act, activations, random_weight, reference_gemvs, rounded_tol, want_and_tol};
+use crate::lib_dequant::{Act, Case, activations, random_weight, reference_gemvs, rounded_tol, want_and_tol};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -96,19 +96,9 @@ fn run<T: Act>(
 }
 
 /// One accuracy case against the f64 reference.
-#[allow(clippy::too_many_arguments)]
-fn accuracy_case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    f16_ops: bool,
-    tiles: (usize, usize, bool),
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+fn accuracy_case<T: Act>(c: Case, f16_ops: bool, tiles: (usize, usize, bool)) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
+    let (mut rng, x) = c.activations::<T>();
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let (w, raws) = random_weight(&mut rng, format, n, k, silu);
     let fuse = if silu { Fuse::Silu } else { Fuse::None };
@@ -157,11 +147,11 @@ proptest! {
         kb in 1usize..7,
         tiles in prop_oneof![Just((16, 16, false)), Just((16, 32, true)), Just((4, 16, false)), Just((32, 8, true))],
     ) {
-        let k = 32 * kb;
+        let c = Case { seed, format, silu, m, n, k: 32 * kb };
         if bf {
-            accuracy_case::<bf16>(seed, format, silu, f16_ops, tiles, m, n, k)?;
+            accuracy_case::<bf16>(c, f16_ops, tiles)?;
         } else {
-            accuracy_case::<f32>(seed, format, silu, f16_ops, tiles, m, n, k)?;
+            accuracy_case::<f32>(c, f16_ops, tiles)?;
         }
     }
 }

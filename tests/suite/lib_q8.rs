@@ -19,7 +19,7 @@
 //!   stride, and stays within half a step of the f64 RMSNorm.
 
 use super::lib_dequant::{
-    Act, activations, gguf_weight, random_weight, reference_gemvs, rounded_tol, want_and_tol,
+    Act, Case, activations, gguf_weight, random_weight, reference_gemvs, rounded_tol, want_and_tol,
 };
 use crate::common::cases;
 use dsl_core::half::{bf16, f16};
@@ -110,18 +110,9 @@ fn gemv<T: Act>(
     Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemv_case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    t: Tiles,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+fn gemv_case<T: Act>(c: Case, t: Tiles) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
+    let (mut rng, x) = c.activations::<T>();
     let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
     let (xq, xd) = r::quantize_q8(&xf, k);
     let xhat = r::dequantize_q8(&xq, &xd);
@@ -274,7 +265,8 @@ proptest! {
         // 0 to 2 whole K tiles (the pipelined loop) and a partial one (the
         // masked tail), K a multiple of 32.
         let k = (whole * t.block_k + 32 * part * t.block_k / 512).max(32);
-        if bf { gemv_case::<bf16>(seed, format, silu, t, m, n, k)? } else { gemv_case::<f32>(seed, format, silu, t, m, n, k)? }
+        let c = Case { seed, format, silu, m, n, k };
+        if bf { gemv_case::<bf16>(c, t)? } else { gemv_case::<f32>(c, t)? }
     }
 }
 
