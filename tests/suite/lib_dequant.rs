@@ -121,7 +121,7 @@ pub fn reference_gemvs(
 /// tolerance before any rounding of the kernel's result: `ys[0]`'s value
 /// within `bound`, or with an up product `silu(gate) * up` within the SiLU
 /// propagation bound of both products' `bound`s.
-pub fn want_and_tol(ys: &[r::Gemv], i: usize, bound: impl Fn(&r::Gemv, usize) -> f64) -> (f64, f64) {
+fn want_and_tol(ys: &[r::Gemv], i: usize, bound: impl Fn(&r::Gemv, usize) -> f64) -> (f64, f64) {
     let (g, eg) = (&ys[0], bound(&ys[0], i));
     match ys.get(1) {
         Some(u) => (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, bound(u, i))),
@@ -129,9 +129,33 @@ pub fn want_and_tol(ys: &[r::Gemv], i: usize, bound: impl Fn(&r::Gemv, usize) ->
     }
 }
 
+/// Checks every output `got[i]` (row-major, `n` per row) against output `i`
+/// of the references `ys` ([`want_and_tol`] within `bound`), widened by the
+/// final rounding to `T`; a failure names the case (`what`) and the output.
+pub fn check_outputs<T: Act>(
+    got: &[f64],
+    ys: &[r::Gemv],
+    n: usize,
+    bound: impl Fn(&r::Gemv, usize) -> f64,
+    what: &str,
+) -> Result<(), TestCaseError> {
+    for (i, &got_i) in got.iter().enumerate() {
+        let (want, tol) = want_and_tol(ys, i, &bound);
+        // The final rounding is of the computed value, itself within `tol`.
+        let tol = rounded_tol::<T>(want, tol);
+        prop_assert!(
+            (got_i - want).abs() <= tol,
+            "{what}: out[{}, {}] = {got_i}, want {want} (tol {tol:e})",
+            i / n,
+            i % n
+        );
+    }
+    Ok(())
+}
+
 /// `tol` widened by the final rounding to `T` of a computed value within
 /// `tol` of `want`.
-pub fn rounded_tol<T: Act>(want: f64, tol: f64) -> f64 {
+fn rounded_tol<T: Act>(want: f64, tol: f64) -> f64 {
     tol + T::ROUND * (want.abs() + tol) + 1e-30
 }
 
@@ -265,19 +289,7 @@ fn case<T: Act>(c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
             r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], T::DTYPE)
         }
     };
-    for (i, &got_i) in got.iter().enumerate() {
-        let (want, tol) = want_and_tol(&ys, i, bound);
-        // The final rounding is of the computed value, itself within `tol`.
-        let tol = rounded_tol::<T>(want, tol);
-        prop_assert!(
-            (got_i - want).abs() <= tol,
-            "{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {}, want {want} (tol {tol:e})",
-            i / n,
-            i % n,
-            got_i
-        );
-    }
-    Ok(())
+    check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}"))
 }
 
 /// GEMV tiles for `format`: `(m_block, block_n, block_k)` from small choices.

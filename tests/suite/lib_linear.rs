@@ -15,7 +15,7 @@
 //!   same bits for any permutation of its inputs and any tile width.
 
 use crate::common::cases;
-use crate::lib_dequant::{Act, Case, activations, random_weight, reference_gemvs, rounded_tol, want_and_tol};
+use crate::lib_dequant::{Act, Case, activations, check_outputs, random_weight, reference_gemvs};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -113,18 +113,9 @@ fn accuracy_case<T: Act>(c: Case, f16_ops: bool, tiles: (usize, usize, bool)) ->
             r::error_bound(format, k, 16, y.abs[i])
         }
     };
-    for (i, g) in got.iter().enumerate() {
-        let g = g.to_f64();
-        let (want, tol) = want_and_tol(&ys, i, bound);
-        let tol = rounded_tol::<T>(want, tol);
-        prop_assert!(
-            (g - want).abs() <= tol,
-            "{format:?} silu={silu} f16={f16_ops} {tiles:?} m={m} n={n} k={k}: out[{}, {}] = {g}, want {want} (tol {tol:e})",
-            i / n,
-            i % n
-        );
-    }
-    Ok(())
+    let got: Vec<f64> = got.iter().map(|g| g.to_f64()).collect();
+    let what = format!("{format:?} silu={silu} f16={f16_ops} {tiles:?} m={m} n={n} k={k}");
+    check_outputs::<T>(&got, &ys, n, bound, &what)
 }
 
 fn format_strategy() -> impl Strategy<Value = QuantFormat> {

@@ -19,7 +19,7 @@
 //!   stride, and stays within half a step of the f64 RMSNorm.
 
 use super::lib_dequant::{
-    Act, Case, activations, gguf_weight, random_weight, reference_gemvs, rounded_tol, want_and_tol,
+    Act, Case, activations, check_outputs, gguf_weight, random_weight, reference_gemvs,
 };
 use crate::common::cases;
 use dsl_core::half::{bf16, f16};
@@ -120,16 +120,8 @@ fn gemv_case<T: Act>(c: Case, t: Tiles) -> Result<(), TestCaseError> {
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
     let ys = reference_gemvs(format, &raws, n, k, &xhat, m);
     let got = gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, m, n, k).map_err(fail)?;
-    for (i, &got_i) in got.iter().enumerate() {
-        let (want, tol) = want_and_tol(&ys, i, |y, i| r::error_bound_q8(format, k, t.block_k, y.abs[i]));
-        let tol = rounded_tol::<T>(want, tol);
-        prop_assert!(
-            (got_i - want).abs() <= tol,
-            "{format:?} {t:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {got_i}, want {want} (tol {tol:e})",
-            i / n,
-            i % n
-        );
-    }
+    let bound = |y: &r::Gemv, i: usize| r::error_bound_q8(format, k, t.block_k, y.abs[i]);
+    check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {t:?} silu={silu} m={m} n={n} k={k}"))?;
     // Against the unquantized activations: within half a step per value.
     if !silu {
         let exact = r::gemv(format, &raws[0], n, k, &xf.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), m);
