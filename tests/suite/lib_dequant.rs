@@ -193,8 +193,8 @@ enum Tiles {
     StreamK(usize, usize, usize, usize),
 }
 
-/// Runs one dequant kernel on the interpreter; returns `out` as f64.
-#[allow(clippy::too_many_arguments)]
+/// Runs one dequant kernel on the interpreter for the product of shape
+/// `(m, n, k)`; returns `out` as f64.
 fn run<T: Act>(
     format: QuantFormat,
     silu: bool,
@@ -202,9 +202,7 @@ fn run<T: Act>(
     x: &[T],
     quants: &[u8],
     scales: &[f16],
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
 ) -> Result<Vec<f64>, String> {
     let mut cpu = Cpu::new();
     let (xp, qp, sp) = (cpu.upload(x), cpu.upload(quants), cpu.upload(scales));
@@ -279,7 +277,7 @@ fn case<T: Act>(c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
     };
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
     let ys = reference_gemvs(format, &raws, n, k, &xf, m);
-    let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, m, n, k)
+    let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, (m, n, k))
         .map_err(TestCaseError::fail)?;
     // The GEMM rounds its operands to f16 (see `reference::quant`).
     let bound = |y: &r::Gemv, i: usize| match tiles {
@@ -452,15 +450,15 @@ fn corrupted_weights_are_caught() {
                 <= r::error_bound(QuantFormat::Q4_1, k, 64, want.abs[i]) + 1e-6 * want.y[i].abs()
         })
     };
-    let ok = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &w.scales, m, n, k).unwrap();
+    let ok = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within(&ok));
     let mut bad = w.quants.clone();
     bad[3 * 48 + 17] ^= 0x10;
-    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &bad, &w.scales, m, n, k).unwrap();
+    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &bad, &w.scales, (m, n, k)).unwrap();
     assert!(!within(&got), "a flipped high nibble went unnoticed");
     let mut swapped = w.scales.clone();
     swapped.swap(2, 3);
-    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, m, n, k).unwrap();
+    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within(&got), "swapped d and m went unnoticed");
     // The GEMM's looser (f16-operand) bound still sees a wrong scale.
     let gemm = Tiles::Gemm(16, 16, 64);
@@ -471,9 +469,9 @@ fn corrupted_weights_are_caught() {
                     + 1e-6 * want.y[i].abs()
         })
     };
-    let ok = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &w.scales, m, n, k).unwrap();
+    let ok = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within_gemm(&ok));
-    let got = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, m, n, k).unwrap();
+    let got = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within_gemm(&got), "GEMM: swapped d and m went unnoticed");
     // So does the swapped GEMM's (bf16 weights).
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -487,9 +485,9 @@ fn corrupted_weights_are_caught() {
                     + (want_b.y[i].abs() + 1e-30) / 256.0
         })
     };
-    let ok = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &w.scales, m, n, k).unwrap();
+    let ok = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within_swap(&ok));
-    let got = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &swapped, m, n, k).unwrap();
+    let got = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within_swap(&got), "swapped GEMM: swapped d and m went unnoticed");
 }
 

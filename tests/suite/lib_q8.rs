@@ -81,9 +81,7 @@ fn gemv<T: Act>(
     xd: &[f32],
     quants: &[u8],
     scales: &[f16],
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
 ) -> Result<Vec<f64>, String> {
     let mut cpu = Cpu::new();
     let (xqp, xdp, qp, sp) = (cpu.upload(xq), cpu.upload(xd), cpu.upload(quants), cpu.upload(scales));
@@ -119,7 +117,8 @@ fn gemv_case<T: Act>(c: Case, t: Tiles) -> Result<(), TestCaseError> {
     let fail = |e: String| TestCaseError::fail(e);
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
     let ys = reference_gemvs(format, &raws, n, k, &xhat, m);
-    let got = gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, m, n, k).map_err(fail)?;
+    let got =
+        gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, (m, n, k)).map_err(fail)?;
     let bound = |y: &r::Gemv, i: usize| r::error_bound_q8(format, k, t.block_k, y.abs[i]);
     check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {t:?} silu={silu} m={m} n={n} k={k}"))?;
     // Against the unquantized activations: within half a step per value.
