@@ -141,8 +141,33 @@ pub fn norm_rstd(
     }
 }
 
-/// The body of [`cpu_gemv`]: the nibble formats (Q4_0, Q4_1) here, the
-/// byte format in [`cpu_gemv_q8_body`].
+/// `acc + w * x` for a flat weight tile `w` (`[BLOCK_N, width]`) and
+/// activations `xv` (`[M_BLOCK, width]`, with norm weights `nv`) taken as
+/// the GEMV operand ([`gemv_operand`]), both broadcast to `[M_BLOCK,
+/// BLOCK_N, width]`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_fma(
+    acc: Tensor,
+    w: Tensor,
+    xv: Tensor,
+    nv: Tensor,
+    rs: Tensor,
+    norm: bool,
+    dt: DType,
+    m_block: usize,
+    block_n: usize,
+    width: usize,
+) -> Tensor {
+    let x = over_rows(gemv_operand(xv, nv, rs, norm, dt), m_block, block_n, width);
+    fma(repeat_rows(w, m_block, block_n * width), x, acc)
+}
+
+/// The body of [`cpu_gemv`], every format. The W tile `[BLOCK_N, W]` holds
+/// quant byte `c` of each weight row's K tile: two weights for the nibble
+/// formats (Q4_0, Q4_1; `W = BLOCK_K / 2`), one for the byte format (Q8_0;
+/// `W = BLOCK_K`); the activation tile `[M_BLOCK, W]` the matching
+/// (Q4: low-nibble) activations.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn cpu_gemv_body(
@@ -162,32 +187,29 @@ pub fn cpu_gemv_body(
     block_n: usize,
     block_k: usize,
 ) {
-    if !quant.is_q4() {
-        cpu_gemv_q8_body(
-            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, fuse, dt, m_block, block_n, block_k,
-        );
-    } else {
-        let norm = fuse.norm();
-        let w = block_k / 2;
-        let wn = block_n * w;
-        let rows = if fuse.silu() { n * 2 } else { n };
-        let nb = k / 32;
-        // W tile [BLOCK_N, W]: byte c of row r's K tile.
-        let wl = arange(0, wn);
-        let c = wl % w;
-        let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
-        let q_off = row * (k / 2) + c;
-        let s_off = row * nb + c / 16;
-        // Activation tile [M_BLOCK, W]: byte c's low-nibble activation is at
-        // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
-        let xl = arange(0, m_block * w);
-        let xc = xl % w;
-        let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
-        let n_off = xc / 16 * 32 + xc % 16;
-        let x_off = mrow * k + n_off;
-        let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
-        let k_full = k / block_k * block_k;
-        let mut acc = zeros([m_block * wn], f32);
+    let norm = fuse.norm();
+    let q4 = quant.is_q4();
+    let w = if q4 { block_k / 2 } else { block_k };
+    let wn = block_n * w;
+    let rows = if fuse.silu() { n * 2 } else { n };
+    let nb = k / 32;
+    // W tile [BLOCK_N, W]: byte c of row r's K tile.
+    let wl = arange(0, wn);
+    let c = wl % w;
+    let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
+    let q_off = if q4 { row * (k / 2) + c } else { row * k + c };
+    let s_off = row * nb + c / quant.quant_bytes();
+    // Activation tile [M_BLOCK, W]: Q4 byte c's low-nibble activation is at
+    // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
+    let xl = arange(0, m_block * w);
+    let xc = xl % w;
+    let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
+    let n_off = if q4 { xc / 16 * 32 + xc % 16 } else { xc };
+    let x_off = mrow * k + n_off;
+    let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
+    let k_full = k / block_k * block_k;
+    let mut acc = zeros([m_block * wn], f32);
+    if q4 {
         for k0 in range(0, k_full, block_k) {
             if k0 % 128 == 0 {
                 prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
@@ -197,12 +219,10 @@ pub fn cpu_gemv_body(
             let (w_lo, w_hi) = nibble_weights(q, d, off);
             let xa = load(x_ptr + x_off + k0);
             let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-            let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
-            acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+            acc = cpu_fma(acc, w_lo, xa, na, rs, norm, dt, m_block, block_n, w);
             let xb = load(x_ptr + x_off + k0 + 16);
             let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
-            let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
-            acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+            acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, dt, m_block, block_n, w);
         }
         // The partial K tile: blocks past K read nothing and add nothing.
         for k0 in range(k_full, k, block_k) {
@@ -213,76 +233,35 @@ pub fn cpu_gemv_body(
             let okx = k0 / 32 + xc / 16 < nb;
             let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
             let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-            let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, w);
-            acc = fma(repeat_rows(w_lo, m_block, wn), xa, acc);
+            acc = cpu_fma(acc, w_lo, xa, na, rs, norm, dt, m_block, block_n, w);
             let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
             let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
-            let xb = over_rows(gemv_operand(xb, nb_, rs, norm, dt), m_block, block_n, w);
-            acc = fma(repeat_rows(w_hi, m_block, wn), xb, acc);
+            acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, dt, m_block, block_n, w);
         }
-        gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, w);
-    }
-}
-
-/// The body of [`cpu_gemv`] for the byte format (Q8_0).
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv_q8_body(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    nw_ptr: Tensor,
-    eps: Tensor,
-    fuse: Fuse,
-    dt: DType,
-    m_block: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    let norm = fuse.norm();
-    let wn = block_n * block_k;
-    let rows = if fuse.silu() { n * 2 } else { n };
-    let nb = k / 32;
-    let wl = arange(0, wn);
-    let c = wl % block_k;
-    let row = minimum(program_id(0) * block_n + wl / block_k, rows - 1);
-    let q_off = row * k + c;
-    let s_off = row * nb + c / 32;
-    let xl = arange(0, m_block * block_k);
-    let xc = xl % block_k;
-    let mrow = minimum(program_id(1) * m_block + xl / block_k, m - 1);
-    let x_off = mrow * k + xc;
-    let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, block_k);
-    let k_full = k / block_k * block_k;
-    let mut acc = zeros([m_block * wn], f32);
-    for k0 in range(0, k_full, block_k) {
-        if k0 % 64 == 0 {
-            prefetch_l2(q_ptr + q_off + k0 + 128, mask = k0 + 128 + c < k);
+    } else {
+        for k0 in range(0, k_full, block_k) {
+            if k0 % 64 == 0 {
+                prefetch_l2(q_ptr + q_off + k0 + 128, mask = k0 + 128 + c < k);
+            }
+            let q = load(q_ptr + q_off + k0).to(i32);
+            let d = load(s_ptr + s_off + k0 / 32).to(f32);
+            let wt = byte_weights(q, d);
+            let xa = load(x_ptr + x_off + k0);
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, norm, dt, m_block, block_n, w);
         }
-        let q = load(q_ptr + q_off + k0).to(i32);
-        let d = load(s_ptr + s_off + k0 / 32).to(f32);
-        let wt = byte_weights(q, d);
-        let xa = load(x_ptr + x_off + k0);
-        let na = if norm { load(nw_ptr + xc + k0) } else { xa };
-        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, block_k);
-        acc = fma(repeat_rows(wt, m_block, wn), xa, acc);
+        for k0 in range(k_full, k, block_k) {
+            let ok = k0 + c < k;
+            let q = load(q_ptr + q_off + k0, mask = ok, other = 0).to(i32);
+            let d = load(s_ptr + s_off + k0 / 32, mask = ok, other = 0.0).to(f32);
+            let wt = byte_weights(q, d);
+            let okx = k0 + xc < k;
+            let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+            let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, norm, dt, m_block, block_n, w);
+        }
     }
-    for k0 in range(k_full, k, block_k) {
-        let ok = k0 + c < k;
-        let q = load(q_ptr + q_off + k0, mask = ok, other = 0).to(i32);
-        let d = load(s_ptr + s_off + k0 / 32, mask = ok, other = 0.0).to(f32);
-        let wt = byte_weights(q, d);
-        let okx = k0 + xc < k;
-        let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-        let na = if norm { load(nw_ptr + xc + k0, mask = okx, other = 0.0) } else { xa };
-        let xa = over_rows(gemv_operand(xa, na, rs, norm, dt), m_block, block_n, block_k);
-        acc = fma(repeat_rows(wt, m_block, wn), xa, acc);
-    }
-    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, block_k);
+    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, w);
 }
 
 /// The dequant GEMV for CPUs, in the format `QUANT`, with the fused GEMV's

@@ -4,6 +4,7 @@
 //! checks that each builds IR identical to a hand-built twin and matches a
 //! reference on the interpreter; `tessera gpu-check` runs them on the GPU.
 
+use crate::softmax::row_exp;
 use dsl_macros::{kernel, kernel_fn};
 
 /// `out[i] = x[i] + y[i]` for `i < n`, in `T`.
@@ -32,12 +33,7 @@ pub fn softmax<T: Float>(
     stride: i32,
     #[constexpr] BLOCK: usize,
 ) {
-    let row = program_id(0);
-    let cols = arange(0, BLOCK);
-    let mask = cols < n_cols;
-    let x = load(in_ptr + row * stride + cols, mask = mask, other = f32::NEG_INFINITY).to(f32);
-    let x = x - max(x, 0);
-    let e = exp(x);
+    let (row, cols, mask, e) = row_exp(in_ptr, n_cols, stride, BLOCK);
     let y = e / sum(e, 0);
     store(out_ptr + row * stride + cols, y, mask = mask);
 }

@@ -200,6 +200,28 @@ pub fn rms_rstd(x: Tensor, n_cols: Tensor, eps: Tensor, block: usize) -> Tensor 
     rsqrt(sum_squares(x, block) / n_cols + eps)
 }
 
+/// The start of a row kernel (one program per row of `n_cols <= block`
+/// elements, rows `stride` apart): programmatic dependent launch (sm_90),
+/// where every input may come from the previous kernel, so it waits first and
+/// then lets the next kernel start early; then this row of `x` in f32
+/// (masked-off lanes 0). Returns the column tile, its mask, the row's
+/// offsets and `x`.
+#[kernel_fn]
+pub fn load_row(
+    x_ptr: Tensor,
+    n_cols: Tensor,
+    stride: Tensor,
+    block: usize,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    gdc_wait();
+    gdc_launch_dependents();
+    let row = program_id(0);
+    let cols = arange(0, block);
+    let mask = cols < n_cols;
+    let offs = row * stride + cols;
+    (cols, mask, offs, load(x_ptr + offs, mask = mask, other = 0.0).to(f32))
+}
+
 /// Fused residual add + RMSNorm: `h = x + r` (stored to `h_ptr`, rounded to
 /// `T`), `out = round_T(round_T(h * rstd) * w)` with `rstd` from the stored
 /// `h`; see the module doc for the exact rounding sequence.
@@ -216,15 +238,7 @@ pub fn add_rmsnorm<T: Float>(
     eps: f32,
     #[constexpr] BLOCK: usize,
 ) {
-    // Programmatic dependent launch (sm_90): every input may come from the
-    // previous kernel, so wait first; then let the next kernel start early.
-    gdc_wait();
-    gdc_launch_dependents();
-    let row = program_id(0);
-    let cols = arange(0, BLOCK);
-    let mask = cols < n_cols;
-    let offs = row * stride + cols;
-    let x = load(x_ptr + offs, mask = mask, other = 0.0).to(f32);
+    let (cols, mask, offs, x) = load_row(x_ptr, n_cols, stride, BLOCK);
     let r = load(r_ptr + offs, mask = mask, other = 0.0).to(f32);
     // The new residual, rounded to the storage dtype; the norm reads it back
     // at that precision (as torch's `h.float()` does).
@@ -252,13 +266,7 @@ pub fn rmsnorm<T: Float>(
     #[constexpr] BLOCK: usize,
     #[constexpr] ROUND_NORMED: bool,
 ) {
-    gdc_wait();
-    gdc_launch_dependents();
-    let row = program_id(0);
-    let cols = arange(0, BLOCK);
-    let mask = cols < n_cols;
-    let offs = row * stride + cols;
-    let x = load(x_ptr + offs, mask = mask, other = 0.0).to(f32);
+    let (cols, mask, offs, x) = load_row(x_ptr, n_cols, stride, BLOCK);
     let rstd = rms_rstd(x, n_cols, eps, BLOCK);
     let w = load(w_ptr + cols, mask = mask, other = 0.0).to(f32);
     if ROUND_NORMED {

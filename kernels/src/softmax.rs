@@ -63,7 +63,7 @@
 //! - `#[constexpr] BLOCK`: the chunk length.
 //! - `num_warps`: autotune configs 4/8/16 keyed on `n_cols` are declared.
 
-use dsl_macros::kernel;
+use dsl_macros::{kernel, kernel_fn};
 
 /// Row softmax of `in * scale` (optionally causally masked), any row length,
 /// in `BLOCK` chunks with the online max/sum rescaling; see the module doc.
@@ -129,6 +129,25 @@ pub fn block_for(n_cols: usize) -> usize {
     n_cols.next_power_of_two().min(4096)
 }
 
+/// The numerators of a one-tile row softmax: `exp(x - max(x))` in f32 of
+/// this program's row (`program_id(0)`, rows `stride` apart, `n_cols <=
+/// block` elements; masked-off lanes load `-inf`, so they add nothing), with
+/// the row, the column tile and its mask.
+#[kernel_fn]
+pub fn row_exp(
+    in_ptr: Tensor,
+    n_cols: Tensor,
+    stride: Tensor,
+    block: usize,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    let row = program_id(0);
+    let cols = arange(0, block);
+    let mask = cols < n_cols;
+    let x = load(in_ptr + row * stride + cols, mask = mask, other = f32::NEG_INFINITY).to(f32);
+    let x = x - max(x, 0);
+    (row, cols, mask, exp(x))
+}
+
 /// Row softmax, computed in f32 and stored in `T`; one program per row of
 /// `n_cols <= BLOCK` elements.
 #[kernel(autotune(configs = [(num_warps = 4), (num_warps = 8), (num_warps = 16)], key = [n_cols]))]
@@ -139,12 +158,7 @@ pub fn softmax<T: Float>(
     stride: i32,
     #[constexpr] BLOCK: usize,
 ) {
-    let row = program_id(0);
-    let cols = arange(0, BLOCK);
-    let mask = cols < n_cols;
-    let x = load(in_ptr + row * stride + cols, mask = mask, other = f32::NEG_INFINITY).to(f32);
-    let x = x - max(x, 0);
-    let e = exp(x);
+    let (row, cols, mask, e) = row_exp(in_ptr, n_cols, stride, BLOCK);
     // One reciprocal per row, then a multiply per element: a division per
     // element costs more than the memory traffic of a bf16 row.
     let y = e * (1.0 / sum(e, 0));

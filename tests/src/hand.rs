@@ -4,6 +4,15 @@
 use dsl_core::lang::*;
 use dsl_core::{Function, Result};
 
+/// The column tile of this program's row (`program_id(0)`) of `n_cols`
+/// elements in a `block` tile: `(row, cols, cols < n_cols)`.
+fn row_tile(block: usize, n_cols: Tensor) -> (Tensor, Tensor, Tensor) {
+    let row = program_id(0);
+    let cols = arange(0, block as i32);
+    let mask = cols.lt(n_cols);
+    (row, cols, mask)
+}
+
 /// `out[i] = x[i] + y[i]` for `i < n`, `BLOCK` elements per program.
 pub fn vector_add(block: usize) -> Result<Function> {
     KernelBuilder::new("vector_add").build(|| {
@@ -28,9 +37,7 @@ pub fn softmax(block: usize, dtype: DType) -> Result<Function> {
         let in_ptr = param_ptr("in_ptr", dtype);
         let n_cols = param_scalar("n_cols", DType::I32);
         let stride = param_scalar("stride", DType::I32);
-        let row = program_id(0);
-        let cols = arange(0, block as i32);
-        let mask = cols.lt(n_cols);
+        let (row, cols, mask) = row_tile(block, n_cols);
         let x = load(in_ptr + row * stride + cols, Some(mask), Some(f32::NEG_INFINITY.into())).to(DType::F32);
         let x = x - max(x, 0);
         let e = exp(x);
@@ -76,9 +83,7 @@ pub fn argmax_rows(block: usize) -> Result<Function> {
         let x_ptr = param_ptr("x_ptr", DType::F32);
         let out_ptr = param_ptr("out_ptr", DType::I32);
         let n_cols = param_scalar("n_cols", DType::I32);
-        let row = program_id(0);
-        let cols = arange(0, block as i32);
-        let mask = cols.lt(n_cols);
+        let (row, cols, mask) = row_tile(block, n_cols);
         let x = load(x_ptr + row * n_cols + cols, Some(mask), Some(f32::NEG_INFINITY.into()));
         store(out_ptr + row, argmax(x, 0), None);
     })
@@ -90,9 +95,7 @@ pub fn cumsum_rows(block: usize) -> Result<Function> {
         let x_ptr = param_ptr("x_ptr", DType::F32);
         let out_ptr = param_ptr("out_ptr", DType::F32);
         let n_cols = param_scalar("n_cols", DType::I32);
-        let row = program_id(0);
-        let cols = arange(0, block as i32);
-        let mask = cols.lt(n_cols);
+        let (row, cols, mask) = row_tile(block, n_cols);
         let x = load(x_ptr + row * n_cols + cols, Some(mask), Some(0.0.into()));
         store(out_ptr + row * n_cols + cols, cumsum(x, 0), Some(mask));
     })
@@ -143,9 +146,7 @@ pub fn layer_norm(block: usize) -> Result<Function> {
         let b_ptr = param_ptr("b_ptr", DType::F32);
         let n_cols = param_scalar("n_cols", DType::I32);
         let eps = param_scalar("eps", DType::F32);
-        let row = program_id(0);
-        let cols = arange(0, block as i32);
-        let mask = cols.lt(n_cols);
+        let (row, cols, mask) = row_tile(block, n_cols);
         let x = load(x_ptr + row * n_cols + cols, Some(mask), Some(0.0.into()));
         let mean = sum(x, 0) / n_cols;
         let xc = where_(mask, x - mean, 0.0);

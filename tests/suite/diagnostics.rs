@@ -175,6 +175,11 @@ fn loc() -> Location {
     Location::new("malformed.rs", 1, 1)
 }
 
+/// An unplaced binary `op` of `v` with itself, declared to give a `result` scalar.
+fn square(f: &mut Function, op: BinaryOp, v: dsl_core::ir::Value, result: DType) -> dsl_core::ir::Inst {
+    f.create_inst(Op::Arith(ArithOp::Binary(op)), &[v, v], vec![Type::scalar(result)], loc())
+}
+
 /// Malformed IR made directly through the arena API: every violation is listed.
 #[test]
 fn verifier_collects_all_violations() {
@@ -188,21 +193,11 @@ fn verifier_collects_all_violations() {
     );
     let cv = f.result(c);
     // 1. A use before the definition: the add is placed before the const.
-    let add = f.create_inst(
-        Op::Arith(ArithOp::Binary(BinaryOp::Add)),
-        &[cv, cv],
-        vec![Type::scalar(DType::I32)],
-        loc(),
-    );
+    let add = square(&mut f, BinaryOp::Add, cv, DType::I32);
     f.append_inst(body, add);
     f.append_inst(body, c);
     // 2. A wrong declared result type.
-    let bad = f.create_inst(
-        Op::Arith(ArithOp::Binary(BinaryOp::Mul)),
-        &[cv, cv],
-        vec![Type::scalar(DType::F32)],
-        loc(),
-    );
+    let bad = square(&mut f, BinaryOp::Mul, cv, DType::F32);
     f.append_inst(body, bad);
     // 3. A non-power-of-two tile.
     let full =

@@ -5,42 +5,20 @@ use dsl_core::DType;
 use dsl_core::print::print;
 use tests::hand;
 
+/// Each hand-built kernel's IR, one snapshot per kernel, named by the row.
 #[test]
-fn vector_add() {
-    insta::assert_snapshot!(print(&hand::vector_add(1024).unwrap()));
-}
-
-#[test]
-fn softmax() {
-    insta::assert_snapshot!(print(&hand::softmax(1024, DType::BF16).unwrap()));
-}
-
-#[test]
-fn matmul() {
-    insta::assert_snapshot!(print(&hand::matmul(32, 32, 16, DType::F16).unwrap()));
-}
-
-#[test]
-fn argmax_rows() {
-    insta::assert_snapshot!(print(&hand::argmax_rows(256).unwrap()));
-}
-
-#[test]
-fn cumsum_rows() {
-    insta::assert_snapshot!(print(&hand::cumsum_rows(256).unwrap()));
-}
-
-#[test]
-fn collatz_if_while() {
-    insta::assert_snapshot!(print(&hand::collatz().unwrap()));
-}
-
-#[test]
-fn histogram_atomics() {
-    insta::assert_snapshot!(print(&hand::histogram(128).unwrap()));
-}
-
-#[test]
-fn layer_norm() {
-    insta::assert_snapshot!(print(&hand::layer_norm(512).unwrap()));
+fn hand_built_kernels() {
+    let kernels = [
+        ("vector_add", hand::vector_add(1024)),
+        ("softmax", hand::softmax(1024, DType::BF16)),
+        ("matmul", hand::matmul(32, 32, 16, DType::F16)),
+        ("argmax_rows", hand::argmax_rows(256)),
+        ("cumsum_rows", hand::cumsum_rows(256)),
+        ("collatz_if_while", hand::collatz()),
+        ("histogram_atomics", hand::histogram(128)),
+        ("layer_norm", hand::layer_norm(512)),
+    ];
+    for (name, f) in kernels {
+        insta::assert_snapshot!(name, print(&f.unwrap()));
+    }
 }

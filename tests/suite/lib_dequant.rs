@@ -104,6 +104,83 @@ pub fn activations<T: Act>(rng: &mut Rng, n: usize) -> Vec<T> {
         .collect()
 }
 
+/// The reference GEMVs of a random weight's GGUF bytes `raws` (from
+/// [`random_weight`]: the weight, and with SiLU the up weight) on `x`.
+pub fn reference_gemvs(
+    format: QuantFormat,
+    raws: &[Vec<u8>],
+    n: usize,
+    k: usize,
+    x: &[f64],
+    m: usize,
+) -> Vec<r::Gemv> {
+    raws.iter().map(|raw| r::gemv(format, raw, n, k, x, m)).collect()
+}
+
+/// Output `i` of the references `ys` (from [`reference_gemvs`]) and its
+/// tolerance before any rounding of the kernel's result: `ys[0]`'s value
+/// within `bound`, or with an up product `silu(gate) * up` within the SiLU
+/// propagation bound of both products' `bound`s.
+fn want_and_tol(ys: &[r::Gemv], i: usize, bound: impl Fn(&r::Gemv, usize) -> f64) -> (f64, f64) {
+    let (g, eg) = (&ys[0], bound(&ys[0], i));
+    match ys.get(1) {
+        Some(u) => (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, bound(u, i))),
+        None => (g.y[i], eg),
+    }
+}
+
+/// Checks every output `got[i]` (row-major, `n` per row) against output `i`
+/// of the references `ys` ([`want_and_tol`] within `bound`), widened by the
+/// final rounding to `T`; a failure names the case (`what`) and the output.
+pub fn check_outputs<T: Act>(
+    got: &[f64],
+    ys: &[r::Gemv],
+    n: usize,
+    bound: impl Fn(&r::Gemv, usize) -> f64,
+    what: &str,
+) -> Result<(), TestCaseError> {
+    for (i, &got_i) in got.iter().enumerate() {
+        let (want, tol) = want_and_tol(ys, i, &bound);
+        // The final rounding is of the computed value, itself within `tol`.
+        let tol = rounded_tol::<T>(want, tol);
+        prop_assert!(
+            (got_i - want).abs() <= tol,
+            "{what}: out[{}, {}] = {got_i}, want {want} (tol {tol:e})",
+            i / n,
+            i % n
+        );
+    }
+    Ok(())
+}
+
+/// `tol` widened by the final rounding to `T` of a computed value within
+/// `tol` of `want`.
+fn rounded_tol<T: Act>(want: f64, tol: f64) -> f64 {
+    tol + T::ROUND * (want.abs() + tol) + 1e-30
+}
+
+/// A random case of a quantized product: the RNG seed, the weight format,
+/// whether the weight is an interleaved gate/up pair (SiLU-mul), and the
+/// product's shape (`[m, k]` activations, `n` outputs per row).
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub seed: u64,
+    pub format: QuantFormat,
+    pub silu: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Case {
+    /// The case's RNG after its first draws, the `m x k` activations.
+    pub fn activations<T: Act>(&self) -> (Rng, Vec<T>) {
+        let mut rng = Rng::new(self.seed);
+        let x = activations::<T>(&mut rng, self.m * self.k);
+        (rng, x)
+    }
+}
+
 /// Which kernel and tiles: GEMV `(m_block, block_n, block_k)` or GEMM
 /// `(block_m, block_n, block_k)`.
 #[derive(Clone, Copy, Debug)]
@@ -116,8 +193,8 @@ enum Tiles {
     StreamK(usize, usize, usize, usize),
 }
 
-/// Runs one dequant kernel on the interpreter; returns `out` as f64.
-#[allow(clippy::too_many_arguments)]
+/// Runs one dequant kernel on the interpreter for the product of shape
+/// `(m, n, k)`; returns `out` as f64.
 fn run<T: Act>(
     format: QuantFormat,
     silu: bool,
@@ -125,9 +202,7 @@ fn run<T: Act>(
     x: &[T],
     quants: &[u8],
     scales: &[f16],
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
 ) -> Result<Vec<f64>, String> {
     let mut cpu = Cpu::new();
     let (xp, qp, sp) = (cpu.upload(x), cpu.upload(quants), cpu.upload(scales));
@@ -190,17 +265,9 @@ fn run<T: Act>(
 
 /// One random case: builds the weight(s), runs the kernel, checks every
 /// output against the reference within the documented bound.
-fn case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    tiles: Tiles,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+fn case<T: Act>(c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
+    let (mut rng, x) = c.activations::<T>();
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let block_k = match tiles {
         Tiles::Gemv(_, _, bk)
@@ -209,9 +276,8 @@ fn case<T: Act>(
         | Tiles::StreamK(_, _, bk, _) => bk,
     };
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
-    let g = r::gemv(format, &raws[0], n, k, &xf, m);
-    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xf, m));
-    let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, m, n, k)
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
+    let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, (m, n, k))
         .map_err(TestCaseError::fail)?;
     // The GEMM rounds its operands to f16 (see `reference::quant`).
     let bound = |y: &r::Gemv, i: usize| match tiles {
@@ -221,27 +287,7 @@ fn case<T: Act>(
             r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], T::DTYPE)
         }
     };
-    for (i, &got_i) in got.iter().enumerate() {
-        let eg = bound(&g, i);
-        let (want, tol) = match &up {
-            Some(u) => {
-                let eu = bound(u, i);
-                let want = r::silu_mul(g.y[i], u.y[i]);
-                (want, r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
-            }
-            None => (g.y[i], eg),
-        };
-        // The final rounding is of the computed value, itself within `tol`.
-        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
-        prop_assert!(
-            (got_i - want).abs() <= tol,
-            "{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {}, want {want} (tol {tol:e})",
-            i / n,
-            i % n,
-            got_i
-        );
-    }
-    Ok(())
+    check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}"))
 }
 
 /// GEMV tiles for `format`: `(m_block, block_n, block_k)` from small choices.
@@ -269,26 +315,12 @@ fn gemv_case(
     bf: bool,
     seed: u64,
 ) -> Result<(), TestCaseError> {
-    case_dt(bf, seed, format, silu, Tiles::Gemv(mb, bn, bk), m, n, kb)
+    case_dt(bf, Case { seed, format, silu, m, n, k: 32 * kb }, Tiles::Gemv(mb, bn, bk))
 }
 
-/// [`case`] with bf16 (`bf`) or f32 activations and K of `kb` blocks.
-#[allow(clippy::too_many_arguments)]
-fn case_dt(
-    bf: bool,
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    tiles: Tiles,
-    m: usize,
-    n: usize,
-    kb: usize,
-) -> Result<(), TestCaseError> {
-    if bf {
-        case::<bf16>(seed, format, silu, tiles, m, n, 32 * kb)
-    } else {
-        case::<f32>(seed, format, silu, tiles, m, n, 32 * kb)
-    }
+/// [`case`] with bf16 (`bf`) or f32 activations.
+fn case_dt(bf: bool, c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
+    if bf { case::<bf16>(c, tiles) } else { case::<f32>(c, tiles) }
 }
 
 proptest! {
@@ -329,7 +361,7 @@ proptest! {
     ) {
         let bk = if wide_k { 128 } else { 64 };
         let tiles = if swap { Tiles::Swap(bm, bn, bk) } else { Tiles::Gemm(bm, bn, bk) };
-        case_dt(bf, seed, format, silu, tiles, m, n, kb)?;
+        case_dt(bf, Case { seed, format, silu, m, n, k: 32 * kb }, tiles)?;
     }
 }
 
@@ -358,7 +390,8 @@ proptest! {
         let rows = if silu { 2 * n } else { n };
         let tiles = m.div_ceil(bm) * rows.div_ceil(bn);
         let g = tiles + extra % (tiles * kt + 3);
-        case_dt(bf, seed, format, silu, Tiles::StreamK(bm, bn, bk, g), m, n, kt * bk / 32)?;
+        let c = Case { seed, format, silu, m, n, k: 32 * (kt * bk / 32) };
+        case_dt(bf, c, Tiles::StreamK(bm, bn, bk, g))?;
     }
 }
 
@@ -366,8 +399,9 @@ proptest! {
 /// and a K that is not a multiple of `BLOCK_K` (it would skip iterations).
 #[test]
 fn gemm_stream_k_rejects_what_it_cannot_cover() {
-    let too_few = case::<bf16>(3, QuantFormat::Q4_1, false, Tiles::StreamK(16, 16, 64, 3), 20, 40, 128);
-    let ragged_k = case::<bf16>(3, QuantFormat::Q4_1, false, Tiles::StreamK(16, 16, 64, 9), 20, 40, 96);
+    let c = Case { seed: 3, format: QuantFormat::Q4_1, silu: false, m: 20, n: 40, k: 128 };
+    let too_few = case::<bf16>(c, Tiles::StreamK(16, 16, 64, 3));
+    let ragged_k = case::<bf16>(Case { k: 96, ..c }, Tiles::StreamK(16, 16, 64, 9));
     for r in [too_few, ragged_k] {
         let e = r.expect_err("must be refused").to_string();
         assert!(e.contains("gemm_stream_k needs K % BLOCK_K == 0"), "{e}");
@@ -416,15 +450,15 @@ fn corrupted_weights_are_caught() {
                 <= r::error_bound(QuantFormat::Q4_1, k, 64, want.abs[i]) + 1e-6 * want.y[i].abs()
         })
     };
-    let ok = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &w.scales, m, n, k).unwrap();
+    let ok = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within(&ok));
     let mut bad = w.quants.clone();
     bad[3 * 48 + 17] ^= 0x10;
-    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &bad, &w.scales, m, n, k).unwrap();
+    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &bad, &w.scales, (m, n, k)).unwrap();
     assert!(!within(&got), "a flipped high nibble went unnoticed");
     let mut swapped = w.scales.clone();
     swapped.swap(2, 3);
-    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, m, n, k).unwrap();
+    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within(&got), "swapped d and m went unnoticed");
     // The GEMM's looser (f16-operand) bound still sees a wrong scale.
     let gemm = Tiles::Gemm(16, 16, 64);
@@ -435,9 +469,9 @@ fn corrupted_weights_are_caught() {
                     + 1e-6 * want.y[i].abs()
         })
     };
-    let ok = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &w.scales, m, n, k).unwrap();
+    let ok = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within_gemm(&ok));
-    let got = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, m, n, k).unwrap();
+    let got = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within_gemm(&got), "GEMM: swapped d and m went unnoticed");
     // So does the swapped GEMM's (bf16 weights).
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -451,9 +485,9 @@ fn corrupted_weights_are_caught() {
                     + (want_b.y[i].abs() + 1e-30) / 256.0
         })
     };
-    let ok = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &w.scales, m, n, k).unwrap();
+    let ok = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within_swap(&ok));
-    let got = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &swapped, m, n, k).unwrap();
+    let got = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within_swap(&got), "swapped GEMM: swapped d and m went unnoticed");
 }
 
@@ -516,20 +550,10 @@ fn run_fused<T: Act>(
 /// activation by a unit of `T` (see `reference::norm::add_rmsnorm_scaled`):
 /// the tolerance adds two such units of every product and the f32 error of
 /// `rstd` (a common factor), `(4 ROUND + 2^-19) * abs`.
-#[allow(clippy::too_many_arguments)]
-fn fused_case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    fuse: Fuse,
-    tiles: (usize, usize, usize),
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
+fn fused_case<T: Act>(c: Case, fuse: Fuse, tiles: (usize, usize, usize)) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
     let eps = 1e-5f32;
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+    let (mut rng, x) = c.activations::<T>();
     let nw = activations::<T>(&mut rng, k);
     let out0 = if fuse == Fuse::Residual {
         activations::<T>(&mut rng, m * n)
@@ -542,8 +566,7 @@ fn fused_case<T: Act>(
         Fuse::Residual => f64s(&x),
     };
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
-    let g = r::gemv(format, &raws[0], n, k, &xf, m);
-    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xf, m));
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
     let got = run_fused::<T>(
         format,
         silu,
@@ -561,17 +584,11 @@ fn fused_case<T: Act>(
     // Two units of the normed activations' roundings, plus the f32 sum of
     // squares (at most ~20 roundings deep here) through `rsqrt`.
     let slack = if fuse == Fuse::Norm { 4.0 * T::ROUND + 32.0 * f64::powi(2.0, -24) } else { 0.0 };
+    let bound = |y: &r::Gemv, i: usize| r::error_bound(format, k, tiles.2, y.abs[i]) + slack * y.abs[i];
     for (i, &got_i) in got.iter().enumerate() {
-        let eg = r::error_bound(format, k, tiles.2, g.abs[i]) + slack * g.abs[i];
-        let (y, tol) = match &up {
-            Some(u) => {
-                let eu = r::error_bound(format, k, tiles.2, u.abs[i]) + slack * u.abs[i];
-                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
-            }
-            None => (g.y[i], eg),
-        };
+        let (y, tol) = want_and_tol(&ys, i, bound);
         let (want, tol) = match fuse {
-            Fuse::Norm => (y, tol + T::ROUND * (y.abs() + tol) + 1e-30),
+            Fuse::Norm => (y, rounded_tol::<T>(y, tol)),
             Fuse::Residual => {
                 let want = r::residual_add(y, out0[i].to_f64(), T::DTYPE);
                 let tol = tol + T::ROUND * (y.abs() + tol) + T::ROUND * (want.abs() + 2.0 * tol) + 1e-30;
@@ -606,10 +623,11 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let silu = silu && fuse == Fuse::Norm;
+        let c = Case { seed, format, silu, m, n, k: 32 * kb };
         if bf {
-            fused_case::<bf16>(seed, format, silu, fuse, tiles, m, n, 32 * kb)?;
+            fused_case::<bf16>(c, fuse, tiles)?;
         } else {
-            fused_case::<f32>(seed, format, silu, fuse, tiles, m, n, 32 * kb)?;
+            fused_case::<f32>(c, fuse, tiles)?;
         }
     }
 }
@@ -631,22 +649,14 @@ fn fused_gemv_smollm2_shapes() {
         let rows = if silu { 2 * n } else { n };
         let t = gemv_tiles(QuantFormat::Q4_1, 1, rows, k);
         let tiles = (t.m_block, t.block_n, t.block_k);
-        fused_case::<f32>(i as u64, QuantFormat::Q4_1, silu, fuse, tiles, 1, n, k).unwrap();
-        fused_case::<bf16>(i as u64 + 100, QuantFormat::Q4_1, silu, fuse, tiles, 1, n, k).unwrap();
+        let c = Case { seed: i as u64, format: QuantFormat::Q4_1, silu, m: 1, n, k };
+        fused_case::<f32>(c, fuse, tiles).unwrap();
+        fused_case::<bf16>(Case { seed: i as u64 + 100, ..c }, fuse, tiles).unwrap();
     }
     // The tied LM head's format with the final norm, a ragged N.
     let t = gemv_tiles(QuantFormat::Q8_0, 1, 301, 576);
-    fused_case::<f32>(
-        7,
-        QuantFormat::Q8_0,
-        false,
-        Fuse::Norm,
-        (t.m_block, t.block_n, t.block_k),
-        1,
-        301,
-        576,
-    )
-    .unwrap();
+    let c = Case { seed: 7, format: QuantFormat::Q8_0, silu: false, m: 1, n: 301, k: 576 };
+    fused_case::<f32>(c, Fuse::Norm, (t.m_block, t.block_n, t.block_k)).unwrap();
 }
 
 /// The norm and residual tolerances catch a missing or wrong fusion: the

@@ -76,18 +76,8 @@ fn inputs(case: &Case, dtype: DType, seed: u64) -> Inputs {
     for i in (1..num_blocks).rev() {
         perm.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let mut block_tables = vec![-1i32; case.seqs.len() * max_blocks];
-    let mut next = 0;
-    for (b, &n) in pages.iter().enumerate() {
-        for p in 0..n {
-            block_tables[b * max_blocks + p] = perm[next];
-            next += 1;
-        }
-    }
-    let mut cu_seqlens_q = vec![0i32];
-    for &(q_len, _) in &case.seqs {
-        cu_seqlens_q.push(cu_seqlens_q[cu_seqlens_q.len() - 1] + q_len as i32);
-    }
+    let block_tables = r::block_tables(&pages, max_blocks, &perm);
+    let cu_seqlens_q = r::cu_seqlens(case.seqs.iter().map(|&(q_len, _)| q_len));
     let total_q = cu_seqlens_q[case.seqs.len()] as usize;
     let cache = num_blocks * bs * case.n_kv * case.d;
     Inputs {

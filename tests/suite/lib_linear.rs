@@ -15,7 +15,7 @@
 //!   same bits for any permutation of its inputs and any tile width.
 
 use crate::common::cases;
-use crate::lib_dequant::{Act, activations, random_weight};
+use crate::lib_dequant::{Act, Case, activations, check_outputs, random_weight, reference_gemvs};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -96,26 +96,16 @@ fn run<T: Act>(
 }
 
 /// One accuracy case against the f64 reference.
-#[allow(clippy::too_many_arguments)]
-fn accuracy_case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    f16_ops: bool,
-    tiles: (usize, usize, bool),
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+fn accuracy_case<T: Act>(c: Case, f16_ops: bool, tiles: (usize, usize, bool)) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
+    let (mut rng, x) = c.activations::<T>();
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let (w, raws) = random_weight(&mut rng, format, n, k, silu);
     let fuse = if silu { Fuse::Silu } else { Fuse::None };
     let out0 = vec![T::from_f32(0.0); m * n];
     let got =
         run::<T>(format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).map_err(TestCaseError::fail)?;
-    let ys: Vec<r::Gemv> = raws.iter().map(|raw| r::gemv(format, raw, n, k, &xf, m)).collect();
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
     let bound = |y: &r::Gemv, i: usize| {
         if f16_ops {
             r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], DType::F16)
@@ -123,23 +113,9 @@ fn accuracy_case<T: Act>(
             r::error_bound(format, k, 16, y.abs[i])
         }
     };
-    for (i, g) in got.iter().enumerate() {
-        let g = g.to_f64();
-        let (want, tol) = if silu {
-            let (eg, eu) = (bound(&ys[0], i), bound(&ys[1], i));
-            (r::silu_mul(ys[0].y[i], ys[1].y[i]), r::silu_mul_bound(ys[0].y[i], ys[1].y[i], eg, eu))
-        } else {
-            (ys[0].y[i], bound(&ys[0], i))
-        };
-        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
-        prop_assert!(
-            (g - want).abs() <= tol,
-            "{format:?} silu={silu} f16={f16_ops} {tiles:?} m={m} n={n} k={k}: out[{}, {}] = {g}, want {want} (tol {tol:e})",
-            i / n,
-            i % n
-        );
-    }
-    Ok(())
+    let got: Vec<f64> = got.iter().map(|g| g.to_f64()).collect();
+    let what = format!("{format:?} silu={silu} f16={f16_ops} {tiles:?} m={m} n={n} k={k}");
+    check_outputs::<T>(&got, &ys, n, bound, &what)
 }
 
 fn format_strategy() -> impl Strategy<Value = QuantFormat> {
@@ -162,11 +138,11 @@ proptest! {
         kb in 1usize..7,
         tiles in prop_oneof![Just((16, 16, false)), Just((16, 32, true)), Just((4, 16, false)), Just((32, 8, true))],
     ) {
-        let k = 32 * kb;
+        let c = Case { seed, format, silu, m, n, k: 32 * kb };
         if bf {
-            accuracy_case::<bf16>(seed, format, silu, f16_ops, tiles, m, n, k)?;
+            accuracy_case::<bf16>(c, f16_ops, tiles)?;
         } else {
-            accuracy_case::<f32>(seed, format, silu, f16_ops, tiles, m, n, k)?;
+            accuracy_case::<f32>(c, f16_ops, tiles)?;
         }
     }
 }

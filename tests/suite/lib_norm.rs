@@ -50,15 +50,30 @@ fn dense<T: Element>(buf: &[T], rows: usize, cols: usize, stride: usize) -> (Vec
     (vals, gaps_zero)
 }
 
-fn add_rmsnorm_case<T: Storage>(
+/// A norm case: the RNG seed, `rows` rows of `cols` values `stride` apart,
+/// and the kernels' `BLOCK`.
+#[derive(Clone, Copy, Debug)]
+struct Rows {
     seed: u64,
     rows: usize,
     cols: usize,
     stride: usize,
     block: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let (x, x64) = strided::<T>(&mut rng, rows, cols, stride);
+}
+
+impl Rows {
+    /// The case's RNG after its first draws: the strided input `x` and its
+    /// dense f64 view.
+    fn input<T: Storage>(&self) -> (Rng, Vec<T>, Vec<f64>) {
+        let mut rng = Rng::new(self.seed);
+        let (x, x64) = strided::<T>(&mut rng, self.rows, self.cols, self.stride);
+        (rng, x, x64)
+    }
+}
+
+fn add_rmsnorm_case<T: Storage>(c: Rows) -> Result<(), TestCaseError> {
+    let Rows { rows, cols, stride, block, .. } = c;
+    let (mut rng, x, x64) = c.input::<T>();
     let (res, r64) = strided::<T>(&mut rng, rows, cols, stride);
     let w = values::<T>(&mut rng, cols, 2.0);
     let w64: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
@@ -79,7 +94,7 @@ fn add_rmsnorm_case<T: Storage>(
     let config = add_rmsnorm::Config::new(T::DTYPE, block);
     add_rmsnorm::interpret(&mut cpu, [rows as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let (want_out, want_h) = r::add_rmsnorm(&x64, &r64, &w64, rows, cols, EPS as f64, T::DTYPE);
+    let (want_out, want_h) = r::add_rmsnorm_scaled(&x64, &r64, &w64, rows, cols, EPS as f64, T::DTYPE, 1.0);
     let (got_h, h_gaps) = dense(&cpu.read(hp), rows, cols, stride);
     let (got_out, out_gaps) = dense(&cpu.read(op), rows, cols, stride);
     prop_assert!(h_gaps && out_gaps, "a store wrote past n_cols");
@@ -99,15 +114,9 @@ fn add_rmsnorm_case<T: Storage>(
     Ok(())
 }
 
-fn rmsnorm_case<T: Storage>(
-    seed: u64,
-    rows: usize,
-    cols: usize,
-    stride: usize,
-    block: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let (x, x64) = strided::<T>(&mut rng, rows, cols, stride);
+fn rmsnorm_case<T: Storage>(c: Rows) -> Result<(), TestCaseError> {
+    let Rows { rows, cols, stride, block, .. } = c;
+    let (mut rng, x, x64) = c.input::<T>();
     let w = values::<T>(&mut rng, cols, 2.0);
     let w64: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
     let mut cpu = Cpu::new();
@@ -137,29 +146,36 @@ fn hidden() -> impl Strategy<Value = usize> {
     prop_oneof![Just(576usize), Just(1), Just(17), Just(1000), Just(1031), 1usize..1200]
 }
 
+/// A norm case of one storage type.
+type NormCase = fn(Rows) -> Result<(), TestCaseError>;
+
+/// One ragged case of a norm: its bf16 form (`bf`) or its f32 form, on rows
+/// `cols + 8 gap` apart, `BLOCK` the row length (`exact`) or its next power
+/// of two.
+fn ragged(
+    bf16_case: NormCase,
+    f32_case: NormCase,
+    (seed, rows, cols, gap): (u64, usize, usize, usize),
+    bf: bool,
+    exact: bool,
+) -> Result<(), TestCaseError> {
+    let block = if exact { cols } else { cols.next_power_of_two() };
+    let stride = cols + 8 * gap;
+    let case = if bf { bf16_case } else { f32_case };
+    case(Rows { seed, rows, cols, stride, block })
+}
+
 proptest! {
     #![proptest_config(cases(16))]
 
     #[test]
     fn add_rmsnorm_ragged(rows in 1usize..9, cols in hidden(), gap in 0usize..3, bf in any::<bool>(), exact in any::<bool>(), seed in any::<u64>()) {
-        let block = if exact { cols } else { cols.next_power_of_two() };
-        let stride = cols + 8 * gap;
-        if bf {
-            add_rmsnorm_case::<bf16>(seed, rows, cols, stride, block)?;
-        } else {
-            add_rmsnorm_case::<f32>(seed, rows, cols, stride, block)?;
-        }
+        ragged(add_rmsnorm_case::<bf16>, add_rmsnorm_case::<f32>, (seed, rows, cols, gap), bf, exact)?;
     }
 
     #[test]
     fn rmsnorm_ragged(rows in 1usize..9, cols in hidden(), gap in 0usize..3, bf in any::<bool>(), exact in any::<bool>(), seed in any::<u64>()) {
-        let block = if exact { cols } else { cols.next_power_of_two() };
-        let stride = cols + 8 * gap;
-        if bf {
-            rmsnorm_case::<bf16>(seed, rows, cols, stride, block)?;
-        } else {
-            rmsnorm_case::<f32>(seed, rows, cols, stride, block)?;
-        }
+        ragged(rmsnorm_case::<bf16>, rmsnorm_case::<f32>, (seed, rows, cols, gap), bf, exact)?;
     }
 }
 
@@ -167,9 +183,10 @@ proptest! {
 #[test]
 fn smollm2_and_llama_rows() {
     for (rows, cols) in [(3, 576), (2, 4096)] {
-        add_rmsnorm_case::<bf16>(11, rows, cols, cols, cols).unwrap();
-        add_rmsnorm_case::<f32>(12, rows, cols, cols, cols).unwrap();
-        rmsnorm_case::<bf16>(13, rows, cols, cols, cols).unwrap();
-        rmsnorm_case::<f32>(14, rows, cols, cols, cols).unwrap();
+        let c = Rows { seed: 11, rows, cols, stride: cols, block: cols };
+        add_rmsnorm_case::<bf16>(c).unwrap();
+        add_rmsnorm_case::<f32>(Rows { seed: 12, ..c }).unwrap();
+        rmsnorm_case::<bf16>(Rows { seed: 13, ..c }).unwrap();
+        rmsnorm_case::<f32>(Rows { seed: 14, ..c }).unwrap();
     }
 }

@@ -18,7 +18,9 @@
 //!   then the quantization rule bit for bit, on ragged rows with a row
 //!   stride, and stays within half a step of the f64 RMSNorm.
 
-use super::lib_dequant::{Act, activations, gguf_weight, random_weight};
+use super::lib_dequant::{
+    Act, Case, activations, check_outputs, gguf_weight, random_weight, reference_gemvs,
+};
 use crate::common::cases;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -79,9 +81,7 @@ fn gemv<T: Act>(
     xd: &[f32],
     quants: &[u8],
     scales: &[f16],
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
 ) -> Result<Vec<f64>, String> {
     let mut cpu = Cpu::new();
     let (xqp, xdp, qp, sp) = (cpu.upload(xq), cpu.upload(xd), cpu.upload(quants), cpu.upload(scales));
@@ -108,43 +108,19 @@ fn gemv<T: Act>(
     Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemv_case<T: Act>(
-    seed: u64,
-    format: QuantFormat,
-    silu: bool,
-    t: Tiles,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
+fn gemv_case<T: Act>(c: Case, t: Tiles) -> Result<(), TestCaseError> {
+    let Case { format, silu, m, n, k, .. } = c;
+    let (mut rng, x) = c.activations::<T>();
     let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
     let (xq, xd) = r::quantize_q8(&xf, k);
     let xhat = r::dequantize_q8(&xq, &xd);
     let fail = |e: String| TestCaseError::fail(e);
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
-    let g = r::gemv(format, &raws[0], n, k, &xhat, m);
-    let up = raws.get(1).map(|u| r::gemv(format, u, n, k, &xhat, m));
-    let got = gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, m, n, k).map_err(fail)?;
-    for (i, &got_i) in got.iter().enumerate() {
-        let eg = r::error_bound_q8(format, k, t.block_k, g.abs[i]);
-        let (want, tol) = match &up {
-            Some(u) => {
-                let eu = r::error_bound_q8(format, k, t.block_k, u.abs[i]);
-                (r::silu_mul(g.y[i], u.y[i]), r::silu_mul_bound(g.y[i], u.y[i], eg, eu))
-            }
-            None => (g.y[i], eg),
-        };
-        let tol = tol + T::ROUND * (want.abs() + tol) + 1e-30;
-        prop_assert!(
-            (got_i - want).abs() <= tol,
-            "{format:?} {t:?} silu={silu} m={m} n={n} k={k}: out[{}, {}] = {got_i}, want {want} (tol {tol:e})",
-            i / n,
-            i % n
-        );
-    }
+    let ys = reference_gemvs(format, &raws, n, k, &xhat, m);
+    let got =
+        gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, (m, n, k)).map_err(fail)?;
+    let bound = |y: &r::Gemv, i: usize| r::error_bound_q8(format, k, t.block_k, y.abs[i]);
+    check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {t:?} silu={silu} m={m} n={n} k={k}"))?;
     // Against the unquantized activations: within half a step per value.
     if !silu {
         let exact = r::gemv(format, &raws[0], n, k, &xf.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), m);
@@ -153,7 +129,7 @@ fn gemv_case<T: Act>(
             let (w, _) = r::dequant_row(format, &raws[0], k, col);
             let xrow: Vec<f64> = xf[row * k..(row + 1) * k].iter().map(|&v| f64::from(v)).collect();
             let bound = r::q8_activation_bound(&w, &xrow, &xd[row * k / 32..(row + 1) * k / 32])
-                + 2.0 * r::error_bound_q8(format, k, t.block_k, g.abs[i])
+                + 2.0 * r::error_bound_q8(format, k, t.block_k, ys[0].abs[i])
                 + T::ROUND * got_i.abs();
             prop_assert!((got_i - exact.y[i]).abs() <= bound, "activation quantization bound at {i}");
         }
@@ -280,7 +256,8 @@ proptest! {
         // 0 to 2 whole K tiles (the pipelined loop) and a partial one (the
         // masked tail), K a multiple of 32.
         let k = (whole * t.block_k + 32 * part * t.block_k / 512).max(32);
-        if bf { gemv_case::<bf16>(seed, format, silu, t, m, n, k)? } else { gemv_case::<f32>(seed, format, silu, t, m, n, k)? }
+        let c = Case { seed, format, silu, m, n, k };
+        if bf { gemv_case::<bf16>(c, t)? } else { gemv_case::<f32>(c, t)? }
     }
 }
 

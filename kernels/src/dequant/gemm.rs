@@ -7,7 +7,8 @@
 
 use super::QuantFormat;
 use super::gemv::{
-    q4_scale_decode, q4_scales, q4_weights, q8_weights, scale_load, scale_load_all, weight_tile,
+    next_tile, q4_scale_decode, q4_scales, q4_tail_x, q4_weights, q8_tail_x, q8_weights, scale_load,
+    tail_words, weight_tile, x_tile,
 };
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -62,13 +63,16 @@ pub fn dot_wt(x: Tensor, w: Tensor, acc: Tensor, block_m: usize, block_n: usize,
     dot(a, trans(b), acc)
 }
 
-/// The GEMM of the nibble formats (Q4_0, Q4_1; [`gemm`]): per K tile, the
-/// W tile `[BLOCK_N, BLOCK_K / 2]` of quant bytes is dequantized into its
-/// low-nibble and high-nibble halves, and the two matching
-/// `[BLOCK_M, BLOCK_K / 2]` activation tiles are multiplied with them.
+/// The tiled GEMM of every format ([`gemm`]). The W tile `[BLOCK_N, width]`
+/// holds one quant byte per element: for the nibble formats (Q4_0, Q4_1,
+/// `width = BLOCK_K / 2`) it is dequantized per K tile into its low-nibble
+/// and high-nibble halves, each multiplied with the matching `[BLOCK_M,
+/// width]` activation tile; for the byte format (Q8_0, `width = BLOCK_K`)
+/// one weight per element, against the `[BLOCK_M, BLOCK_K]` activation
+/// tile.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_q4_body(
+pub fn gemm_body(
     x_ptr: Tensor,
     q_ptr: Tensor,
     s_ptr: Tensor,
@@ -84,16 +88,11 @@ pub fn gemm_q4_body(
 ) {
     gdc_wait();
     gdc_launch_dependents();
-    let half = block_k / 2;
-    let pid_n = program_id(1);
-    let rows = if silu { n * 2 } else { n };
-    let nb = k / 32;
-    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, half);
+    let q4 = quant.is_q4();
+    let width = if q4 { block_k / 2 } else { block_k };
+    let (pid_n, rows, nb, wl, j, s_idx, w_idx, sh) = weight_tile(n, k, silu, quant, 1, block_n, width);
     let qw = ptrcast(q_ptr, i32);
-    let xl_ = arange(0, block_m * half);
-    let c = xl_ % half;
-    let mrow = minimum(program_id(0) * block_m + xl_ / half, m - 1);
-    let x_off = mrow * k + c / 16 * 32 + c % 16;
+    let (c, mrow, x_off) = x_tile(m, k, quant, 0, block_m, width, width);
     let mut acc = zeros([block_m, block_n], f32);
     let k_full = k / block_k * block_k;
     // Software pipelining as in the GEMV: the loads of tile i + 1 are issued
@@ -103,35 +102,49 @@ pub fn gemm_q4_body(
     let mut wd = load(qw + w_idx, mask = have, other = 0);
     let mut sr = scale_load(s_ptr, s_idx, have, quant);
     let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
-    let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
-    for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
-        let wd_next = load(qw + w_idx + nk / 8);
-        let sr_next = scale_load_all(s_ptr, s_idx + nk / 32, quant);
-        let xa_next = load(x_ptr + x_off + nk);
-        let xb_next = load(x_ptr + x_off + nk + 16);
-        let (d, off) = q4_scale_decode(sr, quant);
-        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        acc = dot_wt(xa.to(f32), w_lo, acc, block_m, block_n, half);
-        acc = dot_wt(xb.to(f32), w_hi, acc, block_m, block_n, half);
-        wd = wd_next;
-        sr = sr_next;
-        xa = xa_next;
-        xb = xb_next;
-    }
-    for k0 in range(k_full, k, block_k) {
-        let row = minimum(pid_n * block_n + wl / half, rows - 1);
-        let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
-        let wd = load(qw + s * 4 + j / 4);
-        let (d, off) = q4_scales(s_ptr, s, quant);
-        let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-        let xkb = k0 / 32 + c / 16;
-        let valid = xkb < nb;
-        let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
-        let xl = where_(valid, load(xk).to(f32), 0.0);
-        let xh = where_(valid, load(xk + 16).to(f32), 0.0);
-        acc = dot_wt(xl, w_lo, acc, block_m, block_n, half);
-        acc = dot_wt(xh, w_hi, acc, block_m, block_n, half);
+    if q4 {
+        let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
+        for k0 in range(0, k_full, block_k) {
+            let (nk, wd_next, sr_next, xa_next) =
+                next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, quant, block_k);
+            let xb_next = load(x_ptr + x_off + nk + 16);
+            let (d, off) = q4_scale_decode(sr, quant);
+            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+            acc = dot_wt(xa.to(f32), w_lo, acc, block_m, block_n, width);
+            acc = dot_wt(xb.to(f32), w_hi, acc, block_m, block_n, width);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+            xb = xb_next;
+        }
+        for k0 in range(k_full, k, block_k) {
+            let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
+            let (d, off) = q4_scales(s_ptr, s, quant);
+            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+            let (_, valid, xk) = q4_tail_x(x_ptr, mrow, c, k, nb, k0);
+            let xl = where_(valid, load(xk).to(f32), 0.0);
+            let xh = where_(valid, load(xk + 16).to(f32), 0.0);
+            acc = dot_wt(xl, w_lo, acc, block_m, block_n, width);
+            acc = dot_wt(xh, w_hi, acc, block_m, block_n, width);
+        }
+    } else {
+        for k0 in range(0, k_full, block_k) {
+            let (_, wd_next, sr_next, xa_next) =
+                next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, quant, block_k);
+            let w = q8_weights(wd, sh, sr.to(f32));
+            acc = dot_wt(xa.to(f32), w, acc, block_m, block_n, width);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+        }
+        for k0 in range(k_full, k, block_k) {
+            let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
+            let d = load(s_ptr + s).to(f32);
+            let w = q8_weights(wd, sh, d);
+            let (_, valid, xt) = q8_tail_x(x_ptr, mrow, c, k, k0);
+            let x = where_(valid, xt.to(f32), 0.0);
+            acc = dot_wt(x, w, acc, block_m, block_n, width);
+        }
     }
     gemm_epilogue(acc, out_ptr, m, n, silu, program_id(0), program_id(1), block_m, block_n);
 }
@@ -290,7 +303,7 @@ pub fn swap_acc(
     let qw = ptrcast(q_ptr, i32);
     let mut acc = zeros([block_n, block_m], f32);
     // The weight words and scales of tile i + 1 are loaded (into registers)
-    // before tile i is dequantized, as in [`gemm_q4_body`]; the activations
+    // before tile i is dequantized, as in [`gemm_body`]; the activations
     // are pipelined by the codegen.
     let have = k_hi > k_lo;
     let mut wd = load(qw + (w_idx + k_lo / 32 * wpb), mask = have, other = 0);
@@ -364,67 +377,6 @@ pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, quant: Quan
     }
 }
 
-/// The GEMM of the byte formats (Q8_0; [`gemm`]): W tile `[BLOCK_N, BLOCK_K]`, one weight
-/// per element, against the `[BLOCK_M, BLOCK_K]` activation tile.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_q8_body(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    quant: QuantFormat,
-    silu: bool,
-    block_m: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    gdc_wait();
-    gdc_launch_dependents();
-    let pid_n = program_id(1);
-    let rows = if silu { n * 2 } else { n };
-    let nb = k / 32;
-    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, block_k);
-    let qw = ptrcast(q_ptr, i32);
-    let xl_ = arange(0, block_m * block_k);
-    let c = xl_ % block_k;
-    let mrow = minimum(program_id(0) * block_m + xl_ / block_k, m - 1);
-    let x_off = mrow * k + c;
-    let mut acc = zeros([block_m, block_n], f32);
-    let k_full = k / block_k * block_k;
-    // Software pipelining as in [`gemm_q4_body`].
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = load(s_ptr + s_idx, mask = have, other = 0.0);
-    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
-    for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
-        let wd_next = load(qw + w_idx + nk / 4);
-        let sr_next = load(s_ptr + s_idx + nk / 32);
-        let xa_next = load(x_ptr + x_off + nk);
-        let w = q8_weights(wd, sh, sr.to(f32));
-        acc = dot_wt(xa.to(f32), w, acc, block_m, block_n, block_k);
-        wd = wd_next;
-        sr = sr_next;
-        xa = xa_next;
-    }
-    for k0 in range(k_full, k, block_k) {
-        let row = minimum(pid_n * block_n + wl / block_k, rows - 1);
-        let s = row * nb + minimum(k0 / 32 + wl % block_k / 32, nb - 1);
-        let wd = load(qw + s * 8 + j / 4);
-        let d = load(s_ptr + s).to(f32);
-        let w = q8_weights(wd, sh, d);
-        let xk = k0 + c;
-        let valid = xk < k;
-        let x = where_(valid, load(x_ptr + mrow * k + minimum(xk, k - 1)).to(f32), 0.0);
-        acc = dot_wt(x, w, acc, block_m, block_n, block_k);
-    }
-    gemm_epilogue(acc, out_ptr, m, n, silu, program_id(0), program_id(1), block_m, block_n);
-}
-
 /// The dequant GEMM (prefill): `out[M, N] = x[M, K] @ W^T` with `W`
 /// repacked in the format `QUANT`; with `SILU`, `silu(x @ Wg^T) * (x @
 /// Wu^T)` from interleaved gate/up rows; with `SWAP`, the swapped product
@@ -471,9 +423,7 @@ pub fn gemm<T: Float>(
 ) {
     if SWAP {
         gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
-    } else if QUANT.is_q4() {
-        gemm_q4_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
     } else {
-        gemm_q8_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+        gemm_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
     }
 }

@@ -115,28 +115,145 @@ pub fn unit_index(
     per_block(row * units_per_row + u % per_row, block_n * per_row, width)
 }
 
-/// The index tiles of the `[block_n, width]` W tile of quant bytes whose
-/// first weight row is `pid_n * block_n` (rows from `rows` on clamped to the
-/// last one: valid addresses whose results are not stored, so the main loops
-/// need no masks), per element: its element index `wl`, its byte `j` within
-/// its block, its block's scale entry `s_idx` (`row * nb + block`), the
-/// 32-bit word `w_idx` of the quant plane holding it and the byte's bit
-/// offset `sh` in that word. A block is `quant.quant_bytes()` bytes.
+/// The weight side of a dequant GEMV or GEMM program: its weight-tile index
+/// `pid_n = program_id(n_axis)`, the weight rows `rows` (`2N` with `silu`,
+/// gate and up interleaved), the blocks per row `nb`, and the index tiles
+/// of its `[block_n, width]` W tile of quant bytes, whose first weight row
+/// is `pid_n * block_n` (rows from `rows` on clamped to the last one: valid
+/// addresses whose results are not stored, so the main loops need no
+/// masks), per element: its element index `wl`, its byte `j` within its
+/// block, its block's scale entry `s_idx` (`row * nb + block`), the 32-bit
+/// word `w_idx` of the quant plane holding it and the byte's bit offset
+/// `sh` in that word. A block is `quant.quant_bytes()` bytes.
 #[kernel_fn]
+#[allow(clippy::type_complexity)]
 pub fn weight_tile(
-    pid_n: Tensor,
-    rows: Tensor,
-    nb: Tensor,
+    n: Tensor,
+    k: Tensor,
+    silu: bool,
     quant: QuantFormat,
+    n_axis: usize,
     block_n: usize,
     width: usize,
-) -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
+    let pid_n = program_id(n_axis);
+    let rows = if silu { n * 2 } else { n };
+    let nb = k / 32;
     let qb = quant.quant_bytes();
     let s_idx = unit_index(pid_n * block_n, rows, nb, block_n, width, qb);
     let wl = arange(0, block_n * width);
     let j = wl % qb;
     let w_idx = unit_index(pid_n * block_n, rows, nb * (qb / 8), block_n, width, 8) * 2 + wl % 8 / 4;
-    (wl, j, s_idx, w_idx, j % 4 * 8)
+    (pid_n, rows, nb, wl, j, s_idx, w_idx, j % 4 * 8)
+}
+
+/// The activation tile of a program whose `m_block` activation rows start
+/// at `program_id(m_axis) * m_block`: flat `[m_block * span]`, each row's
+/// `span` elements the `width` quant bytes of a weight row's K tile (once
+/// in the GEMM, repeated over the `span / width` weight rows in the GEMV).
+/// Per element: its byte `c` in the weight row, its activation row `mrow`
+/// (rows past `m` clamped to `m - 1`) and the offset `x_off` in `x` of the
+/// byte's activation at K offset 0 (Q4: the low nibble's, `32 (c / 16) + c
+/// % 16`; the high nibble's is 16 further).
+#[kernel_fn]
+pub fn x_tile(
+    m: Tensor,
+    k: Tensor,
+    quant: QuantFormat,
+    m_axis: usize,
+    m_block: usize,
+    span: usize,
+    width: usize,
+) -> (Tensor, Tensor, Tensor) {
+    let xl_ = arange(0, m_block * span);
+    let c = xl_ % width;
+    let mrow = minimum(program_id(m_axis) * m_block + xl_ / span, m - 1);
+    let x_off = if quant.is_q4() { mrow * k + c / 16 * 32 + c % 16 } else { mrow * k + c };
+    (c, mrow, x_off)
+}
+
+/// The loads of the next K tile of the software-pipelined main loops (the
+/// GEMV's and the GEMM's), issued before tile `k0` is computed: the K
+/// offset `nk` of the next whole tile (the last tile reloads itself), its
+/// quant words, raw scale entries (Q4: [`scale_load_all`]; Q8_0: the f16
+/// scales) and (Q4: low-nibble) activations.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn next_tile(
+    qw: Tensor,
+    w_idx: Tensor,
+    s_ptr: Tensor,
+    s_idx: Tensor,
+    x_ptr: Tensor,
+    x_off: Tensor,
+    k0: Tensor,
+    k_full: Tensor,
+    quant: QuantFormat,
+    block_k: usize,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    // Weights per 32-bit word: eight nibbles or four bytes.
+    let per_word = if quant.is_q4() { 8 } else { 4 };
+    let nk = minimum(k0 + block_k, k_full - block_k);
+    let wd_next = load(qw + w_idx + nk / per_word);
+    let sr_next = if quant.is_q4() {
+        scale_load_all(s_ptr, s_idx + nk / 32, quant)
+    } else {
+        load(s_ptr + s_idx + nk / 32)
+    };
+    let xa_next = load(x_ptr + x_off + nk);
+    (nk, wd_next, sr_next, xa_next)
+}
+
+/// The scale entry `s` and quant word `wd` of each element of the W tile
+/// (see [`weight_tile`]) in the K tail from `k0`: blocks past the row are
+/// clamped to its last block (their activations are zeroed by the caller).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn tail_words(
+    qw: Tensor,
+    pid_n: Tensor,
+    rows: Tensor,
+    nb: Tensor,
+    wl: Tensor,
+    j: Tensor,
+    k0: Tensor,
+    quant: QuantFormat,
+    block_n: usize,
+    width: usize,
+) -> (Tensor, Tensor) {
+    let qb = quant.quant_bytes();
+    let row = minimum(pid_n * block_n + wl / width, rows - 1);
+    let s = row * nb + minimum(k0 / 32 + wl % width / qb, nb - 1);
+    (s, load(qw + s * (qb / 4) + j / 4))
+}
+
+/// The Q4 K tail's activations of byte `c` of each element in K tile `k0`:
+/// the byte's block `xkb`, whether that block is inside the row (`valid`)
+/// and the address `xk` of its low-nibble activation (the block clamped to
+/// the row's last; the high nibble's is 16 further).
+#[kernel_fn]
+pub fn q4_tail_x(
+    x_ptr: Tensor,
+    mrow: Tensor,
+    c: Tensor,
+    k: Tensor,
+    nb: Tensor,
+    k0: Tensor,
+) -> (Tensor, Tensor, Tensor) {
+    let xkb = k0 / 32 + c / 16;
+    let valid = xkb < nb;
+    let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
+    (xkb, valid, xk)
+}
+
+/// The Q8_0 K tail's activations of byte `c` of each element in K tile
+/// `k0`: its column `xk`, whether it is inside the row (`valid`) and its
+/// activation (the column clamped to the row's last).
+#[kernel_fn]
+pub fn q8_tail_x(x_ptr: Tensor, mrow: Tensor, c: Tensor, k: Tensor, k0: Tensor) -> (Tensor, Tensor, Tensor) {
+    let xk = k0 + c;
+    let valid = xk < k;
+    (xk, valid, load(x_ptr + mrow * k + minimum(xk, k - 1)))
 }
 
 /// Reduces the flat accumulator `acc` (`[M_BLOCK, BLOCK_N, width]` row-major)
@@ -222,15 +339,16 @@ pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -
     if norm { ((xv.to(f32) * rs).to(dt).to(f32) * nv.to(f32)).to(dt).to(f32) } else { xv.to(f32) }
 }
 
-/// The GEMV of every format ([`gemv`], [`super::fused`]): the nibble
-/// formats (Q4_0, Q4_1) here, the byte format in [`gemv_q8_body`]. `nw_ptr`
-/// and `eps` are read only when `fuse` has the norm.
+/// The GEMV of every format ([`gemv`], [`super::fused`]). `nw_ptr` and
+/// `eps` are read only when `fuse` has the norm.
 ///
-/// Tiles (flat, row-major): the W tile `[BLOCK_N, BLOCK_K / 2]` holds one
-/// quant byte per element (two weights: low nibble `k = 32 b + j`, high
-/// nibble `k + 16`, for byte `j` of block `b` of the K tile); the X/acc tile
-/// `[M_BLOCK, BLOCK_N, BLOCK_K / 2]` holds, per element, the two activations
-/// of that byte's weights and their running sum of products.
+/// Tiles (flat, row-major): the W tile `[BLOCK_N, width]` holds one quant
+/// byte per element: for the nibble formats (Q4_0, Q4_1, `width = BLOCK_K
+/// / 2`) two weights (low nibble `k = 32 b + j`, high nibble `k + 16`, for
+/// byte `j` of block `b` of the K tile), for the byte format (Q8_0, `width
+/// = BLOCK_K`) one. The X/acc tile `[M_BLOCK, BLOCK_N, width]` holds, per
+/// element, the activations of that byte's weights and their running sum
+/// of products.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_body(
@@ -250,48 +368,35 @@ pub fn gemv_body(
     block_n: usize,
     block_k: usize,
 ) {
-    if !quant.is_q4() {
-        gemv_q8_body(
-            x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, quant, fuse, dt, m_block, block_n, block_k,
-        );
-    } else {
-        let (silu, norm) = (fuse.silu(), fuse.norm());
-        let half = block_k / 2;
-        let wn = block_n * half;
-        let pid_n = program_id(0);
-        let rows = if silu { n * 2 } else { n };
-        let nb = k / 32;
-        let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, half);
-        let qw = ptrcast(q_ptr, i32);
-        // X tile: the activation of byte c's low nibble is at k0 + 32 (c / 16) +
-        // c % 16, the high nibble's 16 further. Rows past m are clamped.
-        let xl_ = arange(0, m_block * wn);
-        let c = xl_ % half;
-        let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
-        let x_off = mrow * k + c / 16 * 32 + c % 16;
-        // The norm weights' offsets: the activations' within the row.
-        let n_off = if norm { c / 16 * 32 + c % 16 } else { c };
-        let k_full = k / block_k * block_k;
-        // Software pipelining: the loads of tile i + 1 are issued before tile i
-        // is computed (the last tile reloads itself), so every thread keeps two
-        // tiles of loads in flight. The first tile's loads are masked off when
-        // there is no whole tile. The first weight tile is read before
-        // `gdc_wait`: weights are never written by an earlier kernel, so their
-        // latency overlaps the previous kernel's tail.
-        let have = k_full > 0;
-        let mut wd = load(qw + w_idx, mask = have, other = 0);
-        let mut sr = scale_load(s_ptr, s_idx, have, quant);
-        gdc_wait();
-        gdc_launch_dependents();
-        let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
-        let mut acc = zeros([m_block * wn], f32);
-        let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+    let (silu, norm) = (fuse.silu(), fuse.norm());
+    let q4 = quant.is_q4();
+    let width = if q4 { block_k / 2 } else { block_k };
+    let wn = block_n * width;
+    let (pid_n, rows, nb, wl, j, s_idx, w_idx, sh) = weight_tile(n, k, silu, quant, 0, block_n, width);
+    let qw = ptrcast(q_ptr, i32);
+    let (c, mrow, x_off) = x_tile(m, k, quant, 1, m_block, wn, width);
+    // The norm weights' offsets: the activations' within the row.
+    let n_off = if q4 && norm { c / 16 * 32 + c % 16 } else { c };
+    let k_full = k / block_k * block_k;
+    // Software pipelining: the loads of tile i + 1 are issued before tile i
+    // is computed (the last tile reloads itself), so every thread keeps two
+    // tiles of loads in flight. The first tile's loads are masked off when
+    // there is no whole tile. The first weight tile is read before
+    // `gdc_wait`: weights are never written by an earlier kernel, so their
+    // latency overlaps the previous kernel's tail.
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0);
+    let mut sr = scale_load(s_ptr, s_idx, have, quant);
+    gdc_wait();
+    gdc_launch_dependents();
+    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
+    let mut acc = zeros([m_block * wn], f32);
+    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+    if q4 {
         let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
         for k0 in range(0, k_full, block_k) {
-            let nk = minimum(k0 + block_k, k_full - block_k);
-            let wd_next = load(qw + w_idx + nk / 8);
-            let sr_next = scale_load_all(s_ptr, s_idx + nk / 32, quant);
-            let xa_next = load(x_ptr + x_off + nk);
+            let (nk, wd_next, sr_next, xa_next) =
+                next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, quant, block_k);
             let xb_next = load(x_ptr + x_off + nk + 16);
             let (d, off) = q4_scale_decode(sr, quant);
             let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
@@ -305,17 +410,13 @@ pub fn gemv_body(
             xa = xa_next;
             xb = xb_next;
         }
-        // The K tail (at most one iteration): blocks past the row are clamped to
-        // its last block and their activations zeroed.
+        // The K tail (at most one iteration): blocks past the row are
+        // clamped to its last block and their activations zeroed.
         for k0 in range(k_full, k, block_k) {
-            let row = minimum(pid_n * block_n + wl / half, rows - 1);
-            let s = row * nb + minimum(k0 / 32 + wl % half / 16, nb - 1);
-            let wd = load(qw + s * 4 + j / 4);
+            let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
             let (d, off) = q4_scales(s_ptr, s, quant);
             let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-            let xkb = k0 / 32 + c / 16;
-            let valid = xkb < nb;
-            let xk = x_ptr + mrow * k + minimum(xkb, nb - 1) * 32 + c % 16;
+            let (xkb, valid, xk) = q4_tail_x(x_ptr, mrow, c, k, nb, k0);
             let xl_t = load(xk);
             let ko = if norm { minimum(xkb, nb - 1) * 32 + c % 16 } else { xkb };
             let nl = if norm { load(nw_ptr + ko) } else { xl_t };
@@ -326,79 +427,28 @@ pub fn gemv_body(
             acc = fma(repeat_rows(w_lo, m_block, wn), xl, acc);
             acc = fma(repeat_rows(w_hi, m_block, wn), xh, acc);
         }
-        gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, half);
+    } else {
+        for k0 in range(0, k_full, block_k) {
+            let (nk, wd_next, sr_next, xa_next) =
+                next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, quant, block_k);
+            let w = q8_weights(wd, sh, sr.to(f32));
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = fma(repeat_rows(w, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+        }
+        for k0 in range(k_full, k, block_k) {
+            let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
+            let d = load(s_ptr + s).to(f32);
+            let w = q8_weights(wd, sh, d);
+            let (xk, valid, xt) = q8_tail_x(x_ptr, mrow, c, k, k0);
+            let nt = if norm { load(nw_ptr + minimum(xk, k - 1)) } else { xt };
+            let x = where_(valid, gemv_operand(xt, nt, rs, norm, dt), 0.0);
+            acc = fma(repeat_rows(w, m_block, wn), x, acc);
+        }
     }
-}
-
-/// The GEMV of the byte formats (Q8_0; [`gemv`], [`super::fused`]): the W tile `[BLOCK_N, BLOCK_K]` holds one
-/// quant byte (one weight) per element, the X/acc tile `[M_BLOCK, BLOCK_N,
-/// BLOCK_K]` its activation and running sum of products.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q8_body(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    nw_ptr: Tensor,
-    eps: Tensor,
-    quant: QuantFormat,
-    fuse: Fuse,
-    dt: DType,
-    m_block: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    let (silu, norm) = (fuse.silu(), fuse.norm());
-    let wn = block_n * block_k;
-    let pid_n = program_id(0);
-    let rows = if silu { n * 2 } else { n };
-    let nb = k / 32;
-    let (wl, j, s_idx, w_idx, sh) = weight_tile(pid_n, rows, nb, quant, block_n, block_k);
-    let qw = ptrcast(q_ptr, i32);
-    let xl_ = arange(0, m_block * wn);
-    let c = xl_ % block_k;
-    let mrow = minimum(program_id(1) * m_block + xl_ / wn, m - 1);
-    let x_off = mrow * k + c;
-    let k_full = k / block_k * block_k;
-    // Software pipelining and the early weight loads as in the Q4 GEMV.
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = load(s_ptr + s_idx, mask = have, other = 0.0);
-    gdc_wait();
-    gdc_launch_dependents();
-    let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
-    let mut acc = zeros([m_block * wn], f32);
-    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
-    for k0 in range(0, k_full, block_k) {
-        let nk = minimum(k0 + block_k, k_full - block_k);
-        let wd_next = load(qw + w_idx + nk / 4);
-        let sr_next = load(s_ptr + s_idx + nk / 32);
-        let xa_next = load(x_ptr + x_off + nk);
-        let w = q8_weights(wd, sh, sr.to(f32));
-        let na = if norm { load(nw_ptr + c + k0) } else { xa };
-        acc = fma(repeat_rows(w, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
-        wd = wd_next;
-        sr = sr_next;
-        xa = xa_next;
-    }
-    for k0 in range(k_full, k, block_k) {
-        let row = minimum(pid_n * block_n + wl / block_k, rows - 1);
-        let s = row * nb + minimum(k0 / 32 + wl % block_k / 32, nb - 1);
-        let wd = load(qw + s * 8 + j / 4);
-        let d = load(s_ptr + s).to(f32);
-        let w = q8_weights(wd, sh, d);
-        let xk = k0 + c;
-        let valid = xk < k;
-        let xt = load(x_ptr + mrow * k + minimum(xk, k - 1));
-        let nt = if norm { load(nw_ptr + minimum(xk, k - 1)) } else { xt };
-        let x = where_(valid, gemv_operand(xt, nt, rs, norm, dt), 0.0);
-        acc = fma(repeat_rows(w, m_block, wn), x, acc);
-    }
-    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, block_k);
+    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, width);
 }
 
 /// The dequant GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked in the

@@ -123,11 +123,11 @@ pub fn rmsnorm_q8<T: Float>(
     store(xd_ptr + row * (n_cols / 32) + b, d, mask = b < n_cols / 32);
 }
 
-/// The Q4 scale entries `s` (f16 `d` and `m` as one 32-bit word for Q4_1,
-/// f16 `d` for Q4_0), masked by `ok`, streamed evict-first like the quant
+/// The scale entries `s` (f16 `d` and `m` as one 32-bit word for Q4_1,
+/// f16 `d` otherwise), masked by `ok`, streamed evict-first like the quant
 /// words: each is read once, and L1 keeps the activations instead.
 #[kernel_fn]
-pub fn q4_scale_stream(s_ptr: Tensor, s: Tensor, ok: Tensor, quant: QuantFormat) -> Tensor {
+pub fn scale_stream(s_ptr: Tensor, s: Tensor, ok: Tensor, quant: QuantFormat) -> Tensor {
     if quant.has_min() {
         load(ptrcast(s_ptr, i32) + s, mask = ok, other = 0, eviction_policy = "evict_first")
     } else {
@@ -144,11 +144,11 @@ pub fn q4_dm(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
     (d, fma(d, 16.0, off))
 }
 
-/// The body of [`gemv_q8`] for the nibble formats (Q4_0, Q4_1); tiles and
-/// loop as in the module doc.
+/// The body of [`gemv_q8`], every format; tiles and loop as in the module
+/// doc.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_q4_q8_body(
+pub fn gemv_q8_body(
     xq_ptr: Tensor,
     xd_ptr: Tensor,
     q_ptr: Tensor,
@@ -164,22 +164,28 @@ pub fn gemv_q4_q8_body(
     block_n: usize,
     block_k: usize,
 ) {
-    // Whole Q4 blocks (the layout contract): rows of quant words start
-    // 16-byte aligned, so each thread chunk loads as 16-byte vectors.
+    // Whole blocks (the layout contract): rows of quant words start 16-byte
+    // aligned, so each thread chunk loads as 16-byte vectors.
     let k = multiple_of(k, 32);
-    let kw = block_k / 8;
+    let q4 = quant.is_q4();
+    // Weights per quant word: eight nibbles (Q4) or four bytes (Q8_0); a
+    // block of 32 weights is `block_words` words.
+    let per_word = if q4 { 8 } else { 4 };
+    let block_words = 32 / per_word;
+    let kw = block_k / per_word;
     let wn = block_n * kw;
     let nb = k / 32;
-    // W tile: word column `c` is word `c % 4` of the tile's block `c / 4`.
+    // W tile: word column `c` is word `c % block_words` of the tile's block
+    // `c / block_words`.
     let (c, row, ac, mrow) = q8_gemv_tiles(n, m, silu, m_block, block_n, kw);
-    let w_idx = row * (k / 8) + c;
-    let s_idx = row * nb + c / 4;
-    let qw = ptrcast(q_ptr, u32);
-    // Activations: the low-nibble word of word column `c` is word
-    // `8 (c / 4) + c % 4` of the row's K tile, the high 4 further; one scale
-    // per block.
-    let x_idx = mrow * (k / 4) + ac / 4 * 8 + ac % 4;
-    let xd_idx = mrow * nb + ac / 4;
+    let w_idx = row * (k / per_word) + c;
+    let s_idx = row * nb + c / block_words;
+    let qw = ptrcast(q_ptr, if q4 { u32 } else { i32 });
+    // Activations, four per word: for Q4 the low-nibble word of word column
+    // `c` is word `8 (c / 4) + c % 4` of the row's K tile, the high 4
+    // further; for Q8_0 word `c`. One scale per block.
+    let x_idx = if q4 { mrow * (k / 4) + ac / 4 * 8 + ac % 4 } else { mrow * (k / 4) + ac };
+    let xd_idx = mrow * nb + ac / block_words;
     let xw = ptrcast(xq_ptr, i32);
     let mut acc = zeros([m_block * wn], f32);
     let k_full = k / block_k * block_k;
@@ -187,41 +193,68 @@ pub fn gemv_q4_q8_body(
     // computed.
     let have = k_full > 0;
     let mut wd = load(qw + w_idx, mask = have, other = 0, eviction_policy = "evict_first");
-    let mut sr = q4_scale_stream(s_ptr, s_idx, have, quant);
-    let mut xlo = load(xw + x_idx, mask = have, other = 0);
-    let mut xhi = load(xw + x_idx + 4, mask = have, other = 0);
-    let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
-    for k0 in range(0, k_full, block_k) {
-        // The last whole tile prefetches nothing (a uniform mask).
-        let nk = k0 + block_k;
-        let more = nk < k_full;
-        let wd_next = load(qw + w_idx + nk / 8, mask = more, other = 0, eviction_policy = "evict_first");
-        let sr_next = q4_scale_stream(s_ptr, s_idx + nk / 32, more, quant);
-        let xlo_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
-        let xhi_next = load(xw + x_idx + nk / 4 + 4, mask = more, other = 0);
-        let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
-        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, quant, m_block, wn);
-        wd = wd_next;
-        sr = sr_next;
-        xlo = xlo_next;
-        xhi = xhi_next;
-        xd = xd_next;
+    let mut sr = scale_stream(s_ptr, s_idx, have, quant);
+    let mut xa = load(xw + x_idx, mask = have, other = 0);
+    if q4 {
+        let mut xhi = load(xw + x_idx + 4, mask = have, other = 0);
+        let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
+        for k0 in range(0, k_full, block_k) {
+            // The last whole tile prefetches nothing (a uniform mask).
+            let nk = k0 + block_k;
+            let more = nk < k_full;
+            let wd_next = load(qw + w_idx + nk / 8, mask = more, other = 0, eviction_policy = "evict_first");
+            let sr_next = scale_stream(s_ptr, s_idx + nk / 32, more, quant);
+            let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
+            let xhi_next = load(xw + x_idx + nk / 4 + 4, mask = more, other = 0);
+            let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
+            acc = q4_q8_step(wd, sr, xa, xhi, xd, acc, quant, m_block, wn);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+            xhi = xhi_next;
+            xd = xd_next;
+        }
+    } else {
+        let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
+        for k0 in range(0, k_full, block_k) {
+            let nk = k0 + block_k;
+            let more = nk < k_full;
+            let wd_next = load(qw + w_idx + nk / 4, mask = more, other = 0, eviction_policy = "evict_first");
+            let sr_next =
+                load(s_ptr + s_idx + nk / 32, mask = more, other = 0.0, eviction_policy = "evict_first");
+            let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
+            let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
+            acc = q8_q8_step(wd, sr, xa, xd, acc, m_block, wn);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+            xd = xd_next;
+        }
     }
     // The last partial K tile (at most one): word columns past K masked off.
     for k0 in range(k_full, k, block_k) {
-        let wok = c < (k - k0) / 8;
-        let aok = ac < (k - k0) / 8;
-        let wd = load(qw + w_idx + k0 / 8, mask = wok, other = 0, eviction_policy = "evict_first");
-        let sr = q4_scale_stream(s_ptr, s_idx + k0 / 32, wok, quant);
-        let xlo = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
-        let xhi = load(xw + x_idx + k0 / 4 + 4, mask = aok, other = 0);
-        let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
-        acc = q4_q8_step(wd, sr, xlo, xhi, xd, acc, quant, m_block, wn);
+        let wok = c < (k - k0) / per_word;
+        let aok = ac < (k - k0) / per_word;
+        let wd = load(qw + w_idx + k0 / per_word, mask = wok, other = 0, eviction_policy = "evict_first");
+        let sr = if q4 {
+            scale_stream(s_ptr, s_idx + k0 / 32, wok, quant)
+        } else {
+            load(s_ptr + s_idx + k0 / 32, mask = wok, other = 0.0, eviction_policy = "evict_first")
+        };
+        let xa = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
+        if q4 {
+            let xhi = load(xw + x_idx + k0 / 4 + 4, mask = aok, other = 0);
+            let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
+            acc = q4_q8_step(wd, sr, xa, xhi, xd, acc, quant, m_block, wn);
+        } else {
+            let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
+            acc = q8_q8_step(wd, sr, xa, xd, acc, m_block, wn);
+        }
     }
     gemv_epilogue(acc, out_ptr, m, n, Fuse::NONE.with_silu(silu), dt, m_block, block_n, kw);
 }
 
-/// The tile coordinates of both 8-bit GEMV bodies, `kw` quant words per
+/// The tile coordinates of the 8-bit GEMV body, `kw` quant words per
 /// weight row of a K tile: for each element of the W tile `[BLOCK_N, kw]`,
 /// its word column and weight row (`2N` rows with `silu`, clamped); for each
 /// element of the activation tile `[M_BLOCK, BLOCK_N, kw]`, its word column
@@ -271,71 +304,21 @@ pub fn q4_q8_step(
     fma(dd, dot.to(f32), fma(md, sum.to(f32), acc))
 }
 
-/// The body of [`gemv_q8`] for the byte format (Q8_0): W tile `[BLOCK_N, BLOCK_K / 4]` words
-/// of four signed weights, each against the matching activation word.
+/// One K tile of the Q8_0 8-bit GEMV: the integer dot product of every
+/// weight word with its activation word, scaled and added to `acc`.
 #[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q8_q8_body(
-    xq_ptr: Tensor,
-    xd_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    silu: bool,
-    dt: DType,
+pub fn q8_q8_step(
+    wd: Tensor,
+    sd: Tensor,
+    xa: Tensor,
+    xd: Tensor,
+    acc: Tensor,
     m_block: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    let k = multiple_of(k, 32);
-    let kw = block_k / 4;
-    let wn = block_n * kw;
-    let nb = k / 32;
-    let (c, row, ac, mrow) = q8_gemv_tiles(n, m, silu, m_block, block_n, kw);
-    let w_idx = row * (k / 4) + c;
-    let s_idx = row * nb + c / 8;
-    let qw = ptrcast(q_ptr, i32);
-    let x_idx = mrow * (k / 4) + ac;
-    let xd_idx = mrow * nb + ac / 8;
-    let xw = ptrcast(xq_ptr, i32);
-    let mut acc = zeros([m_block * wn], f32);
-    let k_full = k / block_k * block_k;
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0, eviction_policy = "evict_first");
-    let mut sd = load(s_ptr + s_idx, mask = have, other = 0.0, eviction_policy = "evict_first");
-    let mut xa = load(xw + x_idx, mask = have, other = 0);
-    let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
-    for k0 in range(0, k_full, block_k) {
-        let nk = k0 + block_k;
-        let more = nk < k_full;
-        let wd_next = load(qw + w_idx + nk / 4, mask = more, other = 0, eviction_policy = "evict_first");
-        let sd_next =
-            load(s_ptr + s_idx + nk / 32, mask = more, other = 0.0, eviction_policy = "evict_first");
-        let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
-        let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
-        let dot = dp4a(repeat_rows(wd, m_block, wn), xa, 0);
-        let dd = repeat_rows(sd.to(f32), m_block, wn) * xd;
-        acc = fma(dd, dot.to(f32), acc);
-        wd = wd_next;
-        sd = sd_next;
-        xa = xa_next;
-        xd = xd_next;
-    }
-    for k0 in range(k_full, k, block_k) {
-        let wok = c < (k - k0) / 4;
-        let aok = ac < (k - k0) / 4;
-        let wd = load(qw + w_idx + k0 / 4, mask = wok, other = 0, eviction_policy = "evict_first");
-        let sd = load(s_ptr + s_idx + k0 / 32, mask = wok, other = 0.0, eviction_policy = "evict_first");
-        let xa = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
-        let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
-        let dot = dp4a(repeat_rows(wd, m_block, wn), xa, 0);
-        let dd = repeat_rows(sd.to(f32), m_block, wn) * xd;
-        acc = fma(dd, dot.to(f32), acc);
-    }
-    gemv_epilogue(acc, out_ptr, m, n, Fuse::NONE.with_silu(silu), dt, m_block, block_n, kw);
+    wn: usize,
+) -> Tensor {
+    let dot = dp4a(repeat_rows(wd, m_block, wn), xa, 0);
+    let dd = repeat_rows(sd.to(f32), m_block, wn) * xd;
+    fma(dd, dot.to(f32), acc)
 }
 
 /// The dequant GEMV on 8-bit activations: `out = xq @ W^T` with `W`
@@ -386,11 +369,5 @@ pub fn gemv_q8<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    if QUANT.is_q4() {
-        gemv_q4_q8_body(
-            xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K,
-        );
-    } else {
-        gemv_q8_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
-    }
+    gemv_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
 }

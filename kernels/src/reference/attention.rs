@@ -50,6 +50,32 @@ impl PagedKv<'_> {
     }
 }
 
+/// The block tables `[pages.len(), max_blocks]` of sequences of `pages[b]`
+/// cache pages each: row `b` takes the next `pages[b]` entries of `perm` (a
+/// permutation of the cache's blocks, so no two sequences share a block) and
+/// is `-1` past them.
+pub fn block_tables(pages: &[usize], max_blocks: usize, perm: &[i32]) -> Vec<i32> {
+    let mut tables = vec![-1i32; pages.len() * max_blocks];
+    let mut next = 0;
+    for (b, &n) in pages.iter().enumerate() {
+        for p in 0..n {
+            tables[b * max_blocks + p] = perm[next];
+            next += 1;
+        }
+    }
+    tables
+}
+
+/// The cumulative query offsets `[0, q_0, q_0 + q_1, ...]` of sequences of
+/// `q_lens` query rows (a varlen batch's `cu_seqlens_q`).
+pub fn cu_seqlens(q_lens: impl IntoIterator<Item = usize>) -> Vec<i32> {
+    let mut cu = vec![0i32];
+    for q_len in q_lens {
+        cu.push(cu[cu.len() - 1] + q_len as i32);
+    }
+    cu
+}
+
 /// Outputs of an attention reference, `[rows, n_q * head_dim]` each.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attention {

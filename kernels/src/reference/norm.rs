@@ -15,26 +15,15 @@ fn rstd(row: &[f64], eps: f64) -> f64 {
     1.0 / (ms + eps).sqrt()
 }
 
-/// Add+RMSNorm as `add_rmsnorm` (and peers.py) computes it; returns `(out, h)`:
+/// Add+RMSNorm as `add_rmsnorm` (and peers.py) computes it, with every row's
+/// `rstd` multiplied by `rstd_scale` (1 for the exact sequence); returns
+/// `(out, h)`:
 ///
 /// ```text
 /// h   = round_T(round_f32(x + r))
-/// nrm = round_T(h * rstd(h))
+/// nrm = round_T(h * rstd(h) * rstd_scale)
 /// out = round_T(nrm * w)
 /// ```
-pub fn add_rmsnorm(
-    x: &[f64],
-    r: &[f64],
-    w: &[f64],
-    rows: usize,
-    cols: usize,
-    eps: f64,
-    dtype: DType,
-) -> (Vec<f64>, Vec<f64>) {
-    add_rmsnorm_scaled(x, r, w, rows, cols, eps, dtype, 1.0)
-}
-
-/// [`add_rmsnorm`] with every row's `rstd` multiplied by `rstd_scale`.
 ///
 /// A kernel computes `rstd` in f32, a relative error of about `1e-6` away from
 /// the f64 value; where `h * rstd` lies that close to a rounding boundary of
@@ -91,7 +80,8 @@ mod tests {
     #[test]
     fn unit_rows_normalize_to_the_weight() {
         // A row of ones has rms 1: out = w (eps = 0).
-        let (out, h) = add_rmsnorm(&[0.5; 4], &[0.5; 4], &[1.0, 2.0, -3.0, 0.25], 1, 4, 0.0, DType::F32);
+        let (out, h) =
+            add_rmsnorm_scaled(&[0.5; 4], &[0.5; 4], &[1.0, 2.0, -3.0, 0.25], 1, 4, 0.0, DType::F32, 1.0);
         assert_eq!(h, vec![1.0; 4]);
         assert_eq!(out, vec![1.0, 2.0, -3.0, 0.25]);
         let out = rmsnorm(&[2.0, -2.0], &[1.0, 3.0], 1, 2, 0.0, DType::BF16);
@@ -101,7 +91,7 @@ mod tests {
     #[test]
     fn bf16_rounds_the_residual_first() {
         // 1 + 2^-9 is not a bf16: h rounds to 1 before the norm.
-        let (_, h) = add_rmsnorm(&[1.0], &[1.0 / 512.0], &[1.0], 1, 1, 0.0, DType::BF16);
+        let (_, h) = add_rmsnorm_scaled(&[1.0], &[1.0 / 512.0], &[1.0], 1, 1, 0.0, DType::BF16, 1.0);
         assert_eq!(h, vec![1.0]);
     }
 }
