@@ -151,6 +151,13 @@ pub fn linear_epilogue(
     }
 }
 
+/// The tallest output tile whose activation and norm-weight loads mask the
+/// columns past K (vectors); taller tiles clamp the column to K - 1 instead
+/// (scalar loads), which runs faster at their sizes (see BENCHMARKS.md).
+/// Both forms give the same products: `tile_product` zeroes the columns
+/// past K.
+pub const VECTOR_X_ROWS: usize = 16;
+
 /// The K tile of every batch-invariant product, on every device: a row's
 /// result is the sum, in K order, of one `dot` per 128 columns (see the
 /// module doc), so this width is part of the arithmetic.
@@ -203,7 +210,13 @@ pub fn tile_product(
     let e8 = broadcast_to(c % 4 * 8, [block_n, LINEAR_BLOCK_K]);
     let w = swap_weights(wd, nib, e8, sr, quant);
     let col = k0 + c;
-    let nw = if norm { load(nw_ptr + col, mask = col < k, other = 0.0) } else { xa };
+    let nw = if !norm {
+        xa
+    } else if block_m <= VECTOR_X_ROWS {
+        load(nw_ptr + col, mask = col < k, other = 0.0)
+    } else {
+        load(nw_ptr + minimum(col, k - 1))
+    };
     let xv = where_(col < k, linear_operand(xa, nw, rs, norm, f16_ops, dt), 0.0);
     let wv = if f16_ops { w.to(f16) } else { w };
     dot(xv, trans(wv), zeros([block_m, block_n], f32))
@@ -327,9 +340,11 @@ pub fn linear_tile(
     block_n: usize,
 ) -> Tensor {
     let norm = fuse.norm();
-    // K is whole quant blocks: the activation rows then start on 64-byte
-    // lines and the masks below hold in runs of 32, so the loads are vectors.
-    let k = multiple_of(k, 32);
+    // Tiles of at most `VECTOR_X_ROWS` rows: K is whole quant blocks, so the
+    // activation rows start on 64-byte lines and the masks below hold in
+    // runs of 32, and the activation loads are vectors.
+    let vector_x = block_m <= VECTOR_X_ROWS;
+    let k = if vector_x { multiple_of(k, 32) } else { k };
     let bk = LINEAR_BLOCK_K as i32;
     let rows = if fuse.silu() { n * 2 } else { n };
     let nb = k / 32;
@@ -340,7 +355,11 @@ pub fn linear_tile(
     let kc = expand_dims(arange(0, bk), 0);
     if split_k {
         let first = pid_k * bk;
-        let xa = load(x_ptr + xrow + first + kc, mask = first + kc < k, other = 0.0);
+        let xa = if vector_x {
+            load(x_ptr + xrow + first + kc, mask = first + kc < k, other = 0.0)
+        } else {
+            load(x_ptr + xrow + minimum(first + kc, k - 1))
+        };
         let part =
             tile_product(wd0, sr0, xa, nw_ptr, rs, k, first, quant, norm, f16_ops, dt, block_m, block_n);
         split_finish(
@@ -372,7 +391,11 @@ pub fn linear_tile(
         }
         // The last partial tile (at most one): activations past K read as zero.
         for k0 in range(k_full, k, bk) {
-            let xt = load(x_ptr + xrow + k0 + kc, mask = k0 + kc < k, other = 0.0);
+            let xt = if vector_x {
+                load(x_ptr + xrow + k0 + kc, mask = k0 + kc < k, other = 0.0)
+            } else {
+                load(x_ptr + xrow + minimum(k0 + kc, k - 1))
+            };
             let part = tile_product(
                 wd_tail, sr_tail, xt, nw_ptr, rs, k, k0, quant, norm, f16_ops, dt, block_m, block_n,
             );
