@@ -8,8 +8,6 @@
 //! The test fails (it does not skip) when python3 or the client is missing:
 //! run `.ci/setup` (or `make test`, which runs it) first.
 
-use runtime::gguf::LlamaConfig;
-use runtime::gguf::tiny::{TinyLlama, tiny_vocab_min_size};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,22 +30,7 @@ impl Drop for Server {
 /// Writes the tiny random Llama (with the SmolLM2 vocabulary layout and chat
 /// template) to a fresh file.
 fn tiny_gguf() -> PathBuf {
-    let t = TinyLlama {
-        config: LlamaConfig {
-            n_layers: 2,
-            n_embd: 128,
-            n_ff: 256,
-            n_head: 2,
-            n_head_kv: 1,
-            head_dim: 64,
-            rope_dim: 64,
-            rope_freq_base: 10000.0,
-            rms_norm_eps: 1e-5,
-            context_length: 256,
-            vocab_size: tiny_vocab_min_size(),
-        },
-        ..TinyLlama::default()
-    };
+    let t = runtime::check::model::tiny_llama();
     let dir = std::env::temp_dir().join(format!("tessera-serve-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny.gguf");

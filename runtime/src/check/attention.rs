@@ -107,18 +107,8 @@ fn attention_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, c: &Case) -
     for i in (1..num_blocks).rev() {
         perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
     }
-    let mut tables = vec![-1i32; c.seqs.len() * max_blocks];
-    let mut next = 0;
-    for (b, &n) in pages.iter().enumerate() {
-        for p in 0..n {
-            tables[b * max_blocks + p] = perm[next];
-            next += 1;
-        }
-    }
-    let mut cu = vec![0i32];
-    for &(q_len, _) in &c.seqs {
-        cu.push(cu[cu.len() - 1] + q_len as i32);
-    }
+    let tables = kernels::reference::attention::block_tables(&pages, max_blocks, &perm);
+    let cu = kernels::reference::attention::cu_seqlens(c.seqs.iter().map(|&(q_len, _)| q_len));
     let seq_lens: Vec<i32> = c.seqs.iter().map(|&(_, ctx)| ctx as i32).collect();
     let total_q = cu[c.seqs.len()] as usize;
     let cache = num_blocks * bs * c.n_kv * d;

@@ -50,7 +50,13 @@ use dsl_core::interp::Cpu;
 /// The tiny model's GGUF: two layers, hidden 128, FFN 256, 2 query heads
 /// and 1 KV head of dimension 64, SmolLM2's tensor types.
 pub fn tiny_model() -> Result<Gguf> {
-    let t = TinyLlama {
+    Ok(Gguf::from_bytes(tiny_llama().to_bytes()?)?)
+}
+
+/// The description [`tiny_model`] is written from (the end-to-end server
+/// test writes it to a file).
+pub fn tiny_llama() -> TinyLlama {
+    TinyLlama {
         config: LlamaConfig {
             n_layers: 2,
             n_embd: 128,
@@ -65,8 +71,7 @@ pub fn tiny_model() -> Result<Gguf> {
             vocab_size: tiny_vocab_min_size(),
         },
         ..TinyLlama::default()
-    };
-    Ok(Gguf::from_bytes(t.to_bytes()?)?)
+    }
 }
 
 /// [`tiny_model`] with small token embeddings: its outputs are spread over
