@@ -183,22 +183,11 @@ pub fn stage_linear(
     let np = num_programs(0);
     let n_tasks = tiles_n * tiles_k;
     let t0 = first_task(offset);
-    // Each task's weights are loaded one task ahead (the weights are never
-    // written, so the first task's loads go out before any wait).
-    let (mut wd, mut sr, mut wd_tail, mut sr_tail) =
-        task_weights(q_ptr, s_ptr, minimum(t0, n_tasks - 1), tiles_k, rows, k, quant, split_k, block_n);
     for t in range(t0, n_tasks, np) {
-        let (wd_next, sr_next, wdt_next, srt_next) = task_weights(
-            q_ptr,
-            s_ptr,
-            minimum(t + np, n_tasks - 1),
-            tiles_k,
-            rows,
-            k,
-            quant,
-            split_k,
-            block_n,
-        );
+        // The task's weights go out before its wait (the weights are never
+        // written by the step).
+        let (wd, sr, wd_tail, sr_tail) =
+            task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n);
         let pid_n = t / tiles_k;
         let pid_k = t % tiles_k;
         wait_until(stage_ptr + wait_idx, "ge", wait_target);
@@ -219,10 +208,6 @@ pub fn stage_linear(
         if fin {
             atomic_add(stage_ptr + done_idx, 1, sem = "release");
         }
-        wd = wd_next;
-        sr = sr_next;
-        wd_tail = wdt_next;
-        sr_tail = srt_next;
     }
 }
 
