@@ -14,7 +14,7 @@ mod kernels {
     use super::*;
     // The reference kernels shared with the rest of the test suite.
     pub use tests::hand::{
-        argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul, softmax, vector_add,
+        argmax_rows, collatz, cumsum_rows, f8_casts, histogram, layer_norm, matmul, softmax, vector_add,
     };
 
     pub fn shapes(block: usize) -> Result<Function> {
@@ -298,6 +298,20 @@ fn reductions_and_scans() {
         &[
             ("_b1024".into(), kernels::layer_norm(1024).unwrap(), 4),
             ("_b4096".into(), kernels::layer_norm(4096).unwrap(), 8),
+        ],
+    );
+}
+
+/// The 8-bit float conversions: `cvt` on sm_90a (the snapshots show
+/// `cvt.rn.satfinite.e4m3x2.f32` and `cvt.rn.f16x2.e4m3x2`), integer code on
+/// sm_80.
+#[test]
+fn f8_conversions() {
+    both(
+        "f8_casts",
+        &[
+            ("_e4m3_b256".into(), kernels::f8_casts(256, DType::F8E4M3).unwrap(), 4),
+            ("_e5m2_b128".into(), kernels::f8_casts(128, DType::F8E5M2).unwrap(), 4),
         ],
     );
 }

@@ -9,8 +9,13 @@ use std::fmt;
 
 /// A scalar element type.
 ///
-/// fp8 (e4m3/e5m2) is reserved: it is not a variant yet, so nothing can
-/// silently mis-handle it.
+/// The 8-bit floats are the OCP FP8 formats as NVIDIA's hardware converts
+/// to them: round to nearest even, and saturating (`.satfinite`: a finite
+/// value or an infinity beyond the largest finite one becomes that value
+/// with its sign; NaN stays NaN). They are storage and `dot` operand types:
+/// the verifier allows them in memory, shape and select ops and in casts to
+/// and from f16, bf16, f32 and each other, and rejects arithmetic on them
+/// (cast to f32 first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     /// 1-bit boolean (`i1`), the type of masks and comparisons.
@@ -35,11 +40,15 @@ pub enum DType {
     F32,
     /// IEEE double precision.
     F64,
+    /// OCP FP8 E4M3 (`e4m3fn`): bias 7, no infinities, NaN `S.1111.111`, largest 448.
+    F8E4M3,
+    /// OCP FP8 E5M2: bias 15, infinities and NaNs as in IEEE, largest finite 57344.
+    F8E5M2,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 11] = [
+    pub const ALL: [DType; 13] = [
         DType::I1,
         DType::I8,
         DType::U8,
@@ -51,13 +60,15 @@ impl DType {
         DType::BF16,
         DType::F32,
         DType::F64,
+        DType::F8E4M3,
+        DType::F8E5M2,
     ];
 
     /// Width in bits (1 for `i1`).
     pub fn bits(self) -> u32 {
         match self {
             DType::I1 => 1,
-            DType::I8 | DType::U8 => 8,
+            DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 => 8,
             DType::I16 | DType::F16 | DType::BF16 => 16,
             DType::I32 | DType::U32 | DType::F32 => 32,
             DType::I64 | DType::F64 => 64,
@@ -74,7 +85,12 @@ impl DType {
 
     /// True for the floating-point types.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3 | DType::F8E5M2)
+    }
+
+    /// True for the 8-bit floats (storage and `dot` operand types only).
+    pub fn is_f8(self) -> bool {
+        matches!(self, DType::F8E4M3 | DType::F8E5M2)
     }
 
     /// True for the integer types, `i1` included.
@@ -111,6 +127,8 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
         }
     }
 
@@ -128,6 +146,8 @@ impl DType {
             "bf16" => DType::BF16,
             "f32" => DType::F32,
             "f64" => DType::F64,
+            "f8e4m3" => DType::F8E4M3,
+            "f8e5m2" => DType::F8E5M2,
             _ => return None,
         })
     }
@@ -155,6 +175,7 @@ impl DType {
             DType::F16 => half::f16::from_f32(f64_to_f32_odd(v)).to_f64(),
             DType::BF16 => half::bf16::from_f32(f64_to_f32_odd(v)).to_f64(),
             DType::F32 => v as f32 as f64,
+            DType::F8E4M3 | DType::F8E5M2 => f8_round(self, f64_to_f32_odd(v)) as f64,
             _ => v,
         }
     }
@@ -178,6 +199,38 @@ impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// `x` rounded to the 8-bit float `d` and back to f32 (exact): to nearest
+/// even, saturating to the largest finite value (infinities included), NaN
+/// staying NaN, as PTX `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32` converts.
+/// Other dtypes return `x` unchanged.
+pub fn f8_round(d: DType, x: f32) -> f32 {
+    if d.is_f8() { f8_value(d, f8_bits(d, x)) } else { x }
+}
+
+/// The bits of `x` converted to the 8-bit float `d` (see [`f8_round`]); a
+/// NaN becomes the all-ones code of its sign.
+pub fn f8_bits(d: DType, x: f32) -> u8 {
+    if x.is_nan() {
+        // One NaN code per sign: `S.1111.111` (E4M3), `S.11111.11` (E5M2).
+        return 0x7f | ((x.to_bits() >> 24) as u8 & 0x80);
+    }
+    match d {
+        DType::F8E4M3 => float8::F8E4M3::from_f32(x).to_bits(),
+        _ => float8::F8E5M2::from_f32(x).to_bits(),
+    }
+}
+
+/// The value of the 8-bit float `d` with bits `b`, exactly (a NaN code reads
+/// as the quiet NaN `0x7fc00000` with the code's sign).
+pub fn f8_value(d: DType, b: u8) -> f32 {
+    let v = match d {
+        DType::F8E4M3 => float8::F8E4M3::from_bits(b).to_f32(),
+        _ => float8::F8E5M2::from_bits(b).to_f32(),
+    };
+    // NaN codes read as the quiet NaN of their sign.
+    if v.is_nan() { f32::from_bits(0x7fc0_0000 | (u32::from(b & 0x80) << 24)) } else { v }
 }
 
 /// `x` rounded to f32 with round-to-odd: the nearest f32 toward zero, with its

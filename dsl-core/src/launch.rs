@@ -53,7 +53,8 @@ macro_rules! ptr_elem {
     )*};
 }
 ptr_elem!(bool => I1, i8 => I8, u8 => U8, i16 => I16, i32 => I32, u32 => U32, i64 => I64,
-    half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64);
+    half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64, float8::F8E4M3 => F8E4M3,
+    float8::F8E5M2 => F8E5M2);
 
 /// A type a `#[constexpr]` kernel parameter can have: the scalars (`usize`,
 /// `i32`, `u32`, `i64`, `u64`, `bool`, `f32`) and plain enums of build-time

@@ -28,6 +28,7 @@ pub mod verify;
 pub use dtype::{DType, Elem, Shape, Type};
 pub use error::{Diagnostic, Error, Result};
 /// Re-exported so generated code can name `f16`/`bf16` element types.
+pub use float8;
 pub use half;
 pub use ir::{Function, Op, Scalar, Value};
 pub use loc::Location;

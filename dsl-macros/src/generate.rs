@@ -20,6 +20,8 @@ fn rust_elem(spec: &DTypeSpec) -> TokenStream {
             "i1" => quote!(bool),
             "f16" => quote!(::dsl_core::half::f16),
             "bf16" => quote!(::dsl_core::half::bf16),
+            "f8e4m3" => quote!(::dsl_core::float8::F8E4M3),
+            "f8e5m2" => quote!(::dsl_core::float8::F8E5M2),
             other => {
                 let id = Ident::new(other, proc_macro2::Span::call_site());
                 quote!(#id)
@@ -41,7 +43,10 @@ fn dtype_expr(name: &str) -> TokenStream {
         "f16" => "F16",
         "bf16" => "BF16",
         "f32" => "F32",
-        _ => "F64",
+        "f64" => "F64",
+        "f8e4m3" => "F8E4M3",
+        "f8e5m2" => "F8E5M2",
+        other => unreachable!("`{other}` is not a dtype name (the signature parser checked it)"),
     };
     let id = Ident::new(v, proc_macro2::Span::call_site());
     quote!(::dsl_core::DType::#id)

@@ -97,7 +97,7 @@ pub enum NamePart {
 const SCALARS: [(&str, &str); 5] =
     [("i32", "i32"), ("i64", "i64"), ("u32", "u32"), ("f32", "f32"), ("bool", "i1")];
 const CONSTEXPR_TYPES: [&str; 7] = ["usize", "i32", "u32", "i64", "u64", "bool", "f32"];
-const DTYPES: [(&str, &str); 12] = [
+const DTYPES: [(&str, &str); 14] = [
     ("bool", "i1"),
     ("i8", "i8"),
     ("u8", "u8"),
@@ -110,6 +110,8 @@ const DTYPES: [(&str, &str); 12] = [
     ("f32", "f32"),
     ("f64", "f64"),
     ("i1", "i1"),
+    ("f8e4m3", "f8e4m3"),
+    ("f8e5m2", "f8e5m2"),
 ];
 
 /// Collects errors.
@@ -236,7 +238,7 @@ pub fn parse(attr: TokenStream, item: ItemFn, errors: &mut Errors) -> KernelSig 
                     }
                     Some((d, _)) => match DTYPES.iter().find(|(r, _)| *r == d) {
                         Some((_, ir)) => params.push(Param { name, kind: ParamKind::Ptr(DTypeSpec::Fixed(ir)) }),
-                        None => errors.at(&inner, format!("`{d}` is not a dtype; use one of bool, i8, u8, i16, i32, u32, i64, f16, bf16, f32, f64 or a dtype generic")),
+                        None => errors.at(&inner, format!("`{d}` is not a dtype; use one of bool, i8, u8, i16, i32, u32, i64, f16, bf16, f32, f64, f8e4m3, f8e5m2 or a dtype generic")),
                     },
                     None => errors.at(&inner, "the pointee of `Ptr` must be a dtype such as f32 or bf16"),
                 }

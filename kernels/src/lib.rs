@@ -13,6 +13,7 @@ pub mod dequant;
 pub mod embedding;
 pub mod examples;
 pub mod flash_attention;
+pub mod fp8;
 pub mod matmul;
 pub mod reference;
 pub mod rmsnorm;

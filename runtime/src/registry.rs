@@ -138,6 +138,16 @@ fn build_embedding_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, block).with_warps(warps_for(block)))
 }
 
+fn build_quantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::fp8::quantize_fp8 as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, DType::F8E4M3, 128, 4))
+}
+
+fn build_dequantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::fp8::dequantize_fp8 as k;
+    spec::<k::Kernel>(k::Config::new(DType::F8E4M3, DType::BF16, 128, 4))
+}
+
 fn build_gemv_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemv::gemv as k;
     spec::<k::Kernel>(
@@ -362,6 +372,20 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, BLOCK = 1024, num_warps = 4",
         build: build_embedding_q8_0,
         check: checks!(check::embedding::embedding_q8_0),
+    },
+    Entry {
+        name: "quantize_fp8",
+        description: "q = round_f8(x / s), s = max|x| / F8_MAX per group of columns (FP8 activations)",
+        default_config: "T = bf16, F = f8e4m3, GROUP = 128, GROUPS = 4, num_warps = 4",
+        build: build_quantize_fp8,
+        check: checks!(check::fp8::quantize),
+    },
+    Entry {
+        name: "dequantize_fp8",
+        description: "out = f32(q) * s per group of columns (FP8 back to 16/32-bit)",
+        default_config: "F = f8e4m3, T = bf16, GROUP = 128, GROUPS = 4, num_warps = 4",
+        build: build_dequantize_fp8,
+        check: checks!(check::fp8::dequantize),
     },
     Entry {
         name: "softmax_online",

@@ -157,3 +157,29 @@ pub fn layer_norm(block: usize) -> Result<Function> {
         store(y_ptr + row * n_cols + cols, xc * rstd * w + b, Some(mask));
     })
 }
+
+/// The 8-bit float conversions, `BLOCK` elements per program over `n`: `x`
+/// (f32) rounded to `F8` and stored in `q`; the `F8` codes `c` read as f32
+/// into `y` and converted to the other 8-bit format and then to bf16 into
+/// `z`; and `w = where(x > 0, q, 2.0)` in `F8` (a constant in the format).
+pub fn f8_casts(block: usize, f8: DType) -> Result<Function> {
+    let other = if f8 == DType::F8E4M3 { DType::F8E5M2 } else { DType::F8E4M3 };
+    KernelBuilder::new("f8_casts").build(|| {
+        let x_ptr = param_ptr("x_ptr", DType::F32);
+        let c_ptr = param_ptr("c_ptr", f8);
+        let q_ptr = param_ptr("q_ptr", f8);
+        let y_ptr = param_ptr("y_ptr", DType::F32);
+        let z_ptr = param_ptr("z_ptr", DType::BF16);
+        let w_ptr = param_ptr("w_ptr", f8);
+        let n = param_scalar("n", DType::I32);
+        let offs = program_id(0) * block as i32 + arange(0, block as i32);
+        let mask = offs.lt(n);
+        let x = load(x_ptr + offs, Some(mask), None);
+        let q = x.to(f8);
+        store(q_ptr + offs, q, Some(mask));
+        let c = load(c_ptr + offs, Some(mask), None);
+        store(y_ptr + offs, c.to(DType::F32), Some(mask));
+        store(z_ptr + offs, c.to(other).to(DType::BF16), Some(mask));
+        store(w_ptr + offs, where_(x.gt(0.0), q, full(&[block], 2.0, f8)), Some(mask));
+    })
+}

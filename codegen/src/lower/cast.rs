@@ -10,17 +10,71 @@
 
 use super::{Lowerer, reg_type};
 use crate::Result;
+use crate::target::Target;
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::CastOp;
-use inkwell::values::BasicValueEnum;
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, InstructionOpcode};
 use inkwell::{FloatPredicate, IntPredicate};
+
+/// The PTX name of an 8-bit float format.
+fn f8_ptx(d: DType) -> &'static str {
+    if d == DType::F8E4M3 { "e4m3" } else { "e5m2" }
+}
+
+impl<'ctx> crate::llvm::Values<'ctx> for Lowerer<'_, 'ctx> {
+    fn bin(
+        &self,
+        op: InstructionOpcode,
+        a: BasicValueEnum<'ctx>,
+        b: BasicValueEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Ok(self.b.build_binop(op, a, b, "")?)
+    }
+    fn icmp(
+        &self,
+        p: IntPredicate,
+        a: BasicValueEnum<'ctx>,
+        b: BasicValueEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Ok(self.b.build_int_compare(p, a.into_int_value(), b.into_int_value(), "")?.into())
+    }
+    fn select(
+        &self,
+        c: BasicValueEnum<'ctx>,
+        a: BasicValueEnum<'ctx>,
+        b: BasicValueEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Ok(self.b.build_select(c.into_int_value(), a, b, "")?)
+    }
+    fn int_like(&self, v: BasicValueEnum<'ctx>, c: u64) -> Result<BasicValueEnum<'ctx>> {
+        Ok(v.into_int_value().get_type().const_int(c, false).into())
+    }
+    fn float_like(&self, v: BasicValueEnum<'ctx>, c: f64) -> Result<BasicValueEnum<'ctx>> {
+        Ok(v.into_float_value().get_type().const_float(c).into())
+    }
+    fn cast_to(
+        &self,
+        op: InstructionOpcode,
+        v: BasicValueEnum<'ctx>,
+        to: BasicTypeEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Ok(self.b.build_cast(op, v, to, "")?)
+    }
+    fn context(&self) -> &'ctx inkwell::context::Context {
+        self.ctx
+    }
+}
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Converts one register of dtype `from` to dtype `to`.
     pub fn convert(&self, v: BasicValueEnum<'ctx>, from: DType, to: DType) -> Result<BasicValueEnum<'ctx>> {
         if from == to {
             return Ok(v);
+        }
+        if from.is_f8() || to.is_f8() {
+            return self.convert_f8(v, from, to);
         }
         let b = &self.b;
         let tt = reg_type(self.ctx, Elem::Scalar(to));
@@ -68,6 +122,46 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
             }
         })
+    }
+
+    /// A conversion to or from an 8-bit float (the other side f16, bf16,
+    /// f32 or an 8-bit float; an 8-bit float register holds its code): the
+    /// source widened exactly to f32, then one rounding to the target. On
+    /// sm_90a the hardware converts (`cvt.rn.f16x2.{e4m3x2,e5m2x2}` decodes
+    /// exactly, `cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32` rounds); elsewhere
+    /// the shared integer code of [`crate::llvm`] does the same.
+    fn convert_f8(&self, v: BasicValueEnum<'ctx>, from: DType, to: DType) -> Result<BasicValueEnum<'ctx>> {
+        let (i16t, i32t, f32t) = (self.ctx.i16_type(), self.ctx.i32_type(), self.ctx.f32_type());
+        let hw = self.opts.target == Target::Sm90a;
+        let x = if from.is_f8() {
+            if hw {
+                let code = self.b.build_int_z_extend(v.into_int_value(), i16t, "")?;
+                let asm = format!("cvt.rn.f16x2.{}x2 $0, $1;", f8_ptx(from));
+                let pair = self.asm_with(&asm, "=r,h", Some(i32t.into()), &[code.into()], false)?;
+                let pair = pair.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?;
+                let lo = self.b.build_int_truncate(pair.into_int_value(), i16t, "")?;
+                let h = self.b.build_bit_cast(lo, self.ctx.f16_type(), "")?.into_float_value();
+                self.b.build_float_ext(h, f32t, "")?.into()
+            } else {
+                let code = self.b.build_int_z_extend(v.into_int_value(), i32t, "")?;
+                crate::llvm::f8_code_to_f32(self, code.into(), from)?
+            }
+        } else {
+            self.fwiden(v, from)?.into()
+        };
+        if !to.is_f8() {
+            // An 8-bit float's value is exact in f16, bf16 and f32.
+            return self.fnarrow(x.into_float_value(), to);
+        }
+        let code = if hw {
+            let asm = format!("cvt.rn.satfinite.{}x2.f32 $0, $1, $2;", f8_ptx(to));
+            let zero = f32t.const_zero().into();
+            let pair = self.asm_with(&asm, "=h,f,f", Some(i16t.into()), &[zero, x], false)?;
+            pair.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?.into_int_value()
+        } else {
+            crate::llvm::f32_to_f8_code(self, x, to)?.into_int_value()
+        };
+        Ok(self.b.build_int_truncate(code, self.ctx.i8_type(), "")?.into())
     }
 
     pub(super) fn lower_cast(&mut self, inst: Inst, op: CastOp) -> Result<()> {

@@ -17,7 +17,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub fn const_scalar(&self, s: Scalar) -> BasicValueEnum<'ctx> {
         let d = s.dtype();
         let ty = reg_type(self.ctx, Elem::Scalar(d));
-        if d.is_float() {
+        if d.is_f8() {
+            // An 8-bit float register holds its code.
+            let code = dsl_core::dtype::f8_bits(d, s.as_f64() as f32);
+            ty.into_int_type().const_int(u64::from(code), false).into()
+        } else if d.is_float() {
             ty.into_float_type().const_float(s.as_f64()).into()
         } else {
             let v = if d == DType::I1 { (s.as_i64() & 1) as u64 } else { s.as_i64() as u64 };

@@ -8,7 +8,7 @@
 //! Invariants: `bytes.len()` is a multiple of the dtype's size; `i1` is stored
 //! as one byte holding 0 or 1.
 
-use crate::dtype::DType;
+use crate::dtype::{DType, f64_to_f32_odd};
 use crate::ir::Scalar;
 use half::{bf16, f16};
 
@@ -54,6 +54,28 @@ element!(f32, F32, 4, |x| x as f64);
 element!(f64, F64, 8, |x| x);
 element!(f16, F16, 2, |x| x.to_f64());
 element!(bf16, BF16, 2, |x| x.to_f64());
+
+/// The 8-bit floats, stored as their one byte.
+macro_rules! element_f8 {
+    ($t:ty, $d:ident) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn write_le(self, out: &mut [u8]) {
+                out[0] = self.to_bits();
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                <$t>::from_bits(bytes[0])
+            }
+            fn to_f64(self) -> f64 {
+                f64::from(self.to_f32())
+            }
+        }
+    };
+}
+
+element_f8!(float8::F8E4M3, F8E4M3);
+element_f8!(float8::F8E5M2, F8E5M2);
 element!(i8, I8, 1, |x| x as f64);
 element!(u8, U8, 1, |x| x as f64);
 element!(i16, I16, 2, |x| x as f64);
@@ -196,6 +218,8 @@ pub(crate) fn read_f64(dtype: DType, b: &[u8]) -> f64 {
         DType::BF16 => bf16::read_le(b).to_f64(),
         DType::F32 => f32::read_le(b).to_f64(),
         DType::F64 => f64::read_le(b),
+        DType::F8E4M3 => float8::F8E4M3::read_le(b).to_f64(),
+        DType::F8E5M2 => float8::F8E5M2::read_le(b).to_f64(),
     }
 }
 
@@ -208,6 +232,7 @@ fn write_f64(dtype: DType, x: f64, out: &mut [u8]) {
                 if dtype == DType::F16 { f16::from_f32(v).to_bits() } else { bf16::from_f32(v).to_bits() };
             out.copy_from_slice(&bits.to_le_bytes());
         }
+        DType::F8E4M3 | DType::F8E5M2 => out[0] = crate::dtype::f8_bits(dtype, f64_to_f32_odd(x)),
         DType::F32 => (x as f32).write_le(out),
         DType::F64 => x.write_le(out),
         DType::I1 => (x != 0.0).write_le(out),

@@ -12,7 +12,7 @@
 //! bit pattern round-trips exactly.
 
 use super::tile::{Data, Tile, int_to_float_f32, internal, narrow_f64};
-use crate::dtype::{DType, Elem};
+use crate::dtype::{DType, Elem, f8_bits, f8_round, f8_value};
 use half::{bf16, f16};
 
 /// A float (as f64) to integer dtype `d`: truncate toward zero, saturate, NaN -> 0.
@@ -32,6 +32,13 @@ pub(crate) fn cast(x: &Tile, to: DType) -> Result<Tile, String> {
     if from == to {
         return Ok(x.view(elem, x.shape.clone()));
     }
+    if (from.is_f8() || to.is_f8())
+        && !(from.is_float() && to.is_float() && from != DType::F64 && to != DType::F64)
+    {
+        // The verifier allows 8-bit floats to convert to and from f16, bf16
+        // and f32 only.
+        return Err(internal(format!("`cast` from {from} to {to}")));
+    }
     let data = match &*x.data {
         Data::Int(v) => match to {
             DType::F16 | DType::BF16 | DType::F32 => {
@@ -50,6 +57,7 @@ pub(crate) fn cast(x: &Tile, to: DType) -> Result<Tile, String> {
             DType::F32 => return Ok(x.view(elem, x.shape.clone())),
             DType::F16 => Data::F32(v.iter().map(|&f| f16::from_f32(f).to_f32()).collect()),
             DType::BF16 => Data::F32(v.iter().map(|&f| bf16::from_f32(f).to_f32()).collect()),
+            DType::F8E4M3 | DType::F8E5M2 => Data::F32(v.iter().map(|&f| f8_round(to, f)).collect()),
             DType::F64 => Data::F64(v.iter().map(|&f| f as f64).collect()),
             _ => Data::Int(v.iter().map(|&f| float_to_int(to, f as f64)).collect()),
         },
@@ -74,6 +82,7 @@ fn to_bits(d: DType, data: &Data) -> Result<Vec<u64>, String> {
         Data::F32(v) => match d {
             DType::F16 => v.iter().map(|&f| u64::from(f16::from_f32(f).to_bits())).collect(),
             DType::BF16 => v.iter().map(|&f| u64::from(bf16::from_f32(f).to_bits())).collect(),
+            DType::F8E4M3 | DType::F8E5M2 => v.iter().map(|&f| u64::from(f8_bits(d, f))).collect(),
             _ => v.iter().map(|&f| u64::from(f.to_bits())).collect(),
         },
         Data::F64(v) => v.iter().map(|&f| f.to_bits()).collect(),
@@ -93,6 +102,7 @@ fn from_bits(d: DType, bits: &[u64]) -> Result<Data, String> {
         DType::BF16 => Data::F32(bits.iter().map(|&b| bf16::from_bits(b as u16).to_f32()).collect()),
         DType::F32 => Data::F32(bits.iter().map(|&b| f32::from_bits(b as u32)).collect()),
         DType::F64 => Data::F64(bits.iter().map(|&b| f64::from_bits(b)).collect()),
+        DType::F8E4M3 | DType::F8E5M2 => Data::F32(bits.iter().map(|&b| f8_value(d, b as u8)).collect()),
         DType::I1 => return Err(internal("`bitcast` to i1".into())),
     })
 }

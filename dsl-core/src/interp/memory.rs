@@ -37,7 +37,7 @@
 use super::buffer::Buffer;
 use super::model::{Missing, Model};
 use super::tile::{Data, lane_str, pid_str};
-use crate::dtype::DType;
+use crate::dtype::{DType, f8_bits, f8_value};
 use crate::ir::ops::MemOrder;
 use half::{bf16, f16};
 
@@ -227,6 +227,7 @@ impl<'b> Memory<'b> {
             DType::F32 => lanes!(F32, 0.0, 4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
             DType::F16 => lanes!(F32, 0.0, 2, |b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
             DType::BF16 => lanes!(F32, 0.0, 2, |b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            DType::F8E4M3 | DType::F8E5M2 => lanes!(F32, 0.0, 1, |b| f8_value(acc.dtype, b[0])),
             DType::F64 => {
                 lanes!(F64, 0.0, 8, |b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
             }
@@ -372,6 +373,7 @@ impl<'b> Memory<'b> {
             DType::F32 => lanes!(F32, 4, |x| x.to_le_bytes()),
             DType::F16 => lanes!(F32, 2, |x| f16::from_f32(x).to_le_bytes()),
             DType::BF16 => lanes!(F32, 2, |x| bf16::from_f32(x).to_le_bytes()),
+            DType::F8E4M3 | DType::F8E5M2 => lanes!(F32, 1, |x| [f8_bits(acc.dtype, x)]),
             DType::F64 => lanes!(F64, 8, |x| x.to_le_bytes()),
             DType::I1 => lanes!(Int, 1, |x| [(x != 0) as u8]),
             DType::I8 | DType::U8 => lanes!(Int, 1, |x| [x as u8]),

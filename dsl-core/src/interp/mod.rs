@@ -64,6 +64,8 @@ mod tests_block;
 #[cfg(test)]
 mod tests_errors;
 #[cfg(test)]
+mod tests_f8;
+#[cfg(test)]
 mod tests_sync;
 
 pub use arith::erf;

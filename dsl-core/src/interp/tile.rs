@@ -47,7 +47,7 @@ pub(crate) fn class_of(elem: Elem) -> Class {
     match elem {
         Elem::Ptr(_) => Class::Int,
         Elem::Scalar(d) => match d {
-            DType::F16 | DType::BF16 | DType::F32 => Class::F32,
+            DType::F16 | DType::BF16 | DType::F32 | DType::F8E4M3 | DType::F8E5M2 => Class::F32,
             DType::F64 => Class::F64,
             _ => Class::Int,
         },
@@ -185,6 +185,7 @@ pub(crate) fn narrow_f64(dtype: DType, x: f64) -> f32 {
     match dtype {
         DType::F16 => f16::from_f32(f64_to_f32_odd(x)).to_f32(),
         DType::BF16 => bf16::from_f32(f64_to_f32_odd(x)).to_f32(),
+        DType::F8E4M3 | DType::F8E5M2 => crate::dtype::f8_round(dtype, f64_to_f32_odd(x)),
         _ => x as f32,
     }
 }
@@ -194,6 +195,7 @@ pub(crate) fn round_f32_slice(dtype: DType, v: &mut [f32]) {
     match dtype {
         DType::F16 => v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
         DType::BF16 => v.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+        DType::F8E4M3 | DType::F8E5M2 => v.iter_mut().for_each(|x| *x = crate::dtype::f8_round(dtype, *x)),
         _ => {}
     }
 }
@@ -201,7 +203,7 @@ pub(crate) fn round_f32_slice(dtype: DType, v: &mut [f32]) {
 /// Rounds f64 values to the f32 storage of `dtype`.
 pub(crate) fn narrow_vec(dtype: DType, v: &[f64]) -> Vec<f32> {
     match dtype {
-        DType::F16 | DType::BF16 => v.iter().map(|&x| narrow_f64(dtype, x)).collect(),
+        d if d.is_float() && d.bits() < 32 => v.iter().map(|&x| narrow_f64(dtype, x)).collect(),
         _ => v.iter().map(|&x| x as f32).collect(),
     }
 }

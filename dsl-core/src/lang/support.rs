@@ -168,6 +168,10 @@ pub mod dtypes {
     pub const f32: DType = DType::F32;
     /// `f64`.
     pub const f64: DType = DType::F64;
+    /// `f8e4m3` (OCP FP8 E4M3).
+    pub const f8e4m3: DType = DType::F8E4M3;
+    /// `f8e5m2` (OCP FP8 E5M2).
+    pub const f8e5m2: DType = DType::F8E5M2;
 }
 
 /// Marker type for kernel signatures: `Ptr<f32>` is a global pointer to f32.

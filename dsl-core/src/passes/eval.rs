@@ -228,6 +228,7 @@ fn raw_bits(a: Scalar) -> Option<u64> {
         DType::F16 => u64::from(half::f16::from_f64(x).to_bits()),
         DType::BF16 => u64::from(half::bf16::from_f64(x).to_bits()),
         DType::F32 => u64::from((x as f32).to_bits()),
+        DType::F8E4M3 | DType::F8E5M2 => u64::from(crate::dtype::f8_bits(d, x as f32)),
         _ => x.to_bits(),
     })
 }
@@ -245,6 +246,7 @@ pub(crate) fn bitcast(to: DType, a: Scalar) -> Option<Scalar> {
         DType::F16 => half::f16::from_bits(bits as u16).to_f64(),
         DType::BF16 => half::bf16::from_bits(bits as u16).to_f64(),
         DType::F32 => f64::from(f32::from_bits(bits as u32)),
+        DType::F8E4M3 | DType::F8E5M2 => f64::from(crate::dtype::f8_value(to, bits as u8)),
         _ => f64::from_bits(bits),
     };
     (!x.is_nan()).then(|| Scalar::float(to, x))

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod embedding;
+pub mod fp8;
 pub mod matmul;
 pub mod norm;
 pub mod quant;

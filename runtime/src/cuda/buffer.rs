@@ -29,7 +29,20 @@ pub trait DeviceElem: Element + PtrElem + Send + Sync {
 macro_rules! device_elem {
     ($($t:ty),*) => {$(impl DeviceElem for $t {})*};
 }
-device_elem!(i8, u8, i16, i32, u32, i64, half::f16, half::bf16, f32, f64);
+device_elem!(
+    i8,
+    u8,
+    i16,
+    i32,
+    u32,
+    i64,
+    half::f16,
+    half::bf16,
+    f32,
+    f64,
+    dsl_core::float8::F8E4M3,
+    dsl_core::float8::F8E5M2
+);
 
 /// A typed device allocation of `len` elements, freed on drop.
 pub struct DevBuf<T: DeviceElem> {

@@ -73,6 +73,8 @@ impl<'ctx> Lower<'ctx, '_> {
         }
         // From a float.
         match to {
+            // From f16, bf16, f32 or the other 8-bit float: exact f32 values.
+            DType::F8E4M3 | DType::F8E5M2 => self.round_f8(to, a),
             DType::I1 => self.fcmp(FloatPredicate::UNE, a, self.float_like(a, 0.0)?),
             d if d.is_int() => {
                 let name = if d.is_signed_int() { "llvm.fptosi.sat" } else { "llvm.fptoui.sat" };
@@ -114,12 +116,14 @@ impl<'ctx> Lower<'ctx, '_> {
         let bits_ty: BasicTypeEnum<'ctx> = self.int_type(from.bits()).into();
         let raw = match from {
             DType::F16 | DType::BF16 => self.f32_to_half_bits(from, a)?,
+            DType::F8E4M3 | DType::F8E5M2 => self.f32_to_f8_bits(from, a)?,
             DType::F32 | DType::F64 => self.cast_to(BitCast, a, bits_ty)?,
             DType::I1 => return Err(self.unsupported(i, "a bitcast of i1")),
             _ => a,
         };
         match to {
             DType::F16 | DType::BF16 => self.half_bits_to_f32(to, raw),
+            DType::F8E4M3 | DType::F8E5M2 => self.f8_bits_to_f32(to, raw),
             DType::F32 | DType::F64 => self.cast_to(BitCast, raw, self.reg_elem(Elem::Scalar(to))),
             DType::I1 => Err(self.unsupported(i, "a bitcast to i1")),
             _ => Ok(raw),

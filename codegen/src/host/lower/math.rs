@@ -67,6 +67,25 @@ impl<'ctx> Lower<'ctx, '_> {
         }
     }
 
+    /// The 8-bit float code (`i8`) of the f32 value `x` in `d` (see
+    /// [`crate::llvm::f32_to_f8_code`]).
+    pub(super) fn f32_to_f8_bits(&self, d: DType, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>> {
+        let code = crate::llvm::f32_to_f8_code(self, x, d)?;
+        self.cast_to(Trunc, code, self.ctx.i8_type().into())
+    }
+
+    /// The f32 value of the 8-bit float code `b` (`i8`) of `d`.
+    pub(super) fn f8_bits_to_f32(&self, d: DType, b: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>> {
+        let code = self.cast_to(ZExt, b, self.ctx.i32_type().into())?;
+        crate::llvm::f8_code_to_f32(self, code, d)
+    }
+
+    /// `x` (f32) rounded to the 8-bit float `d`, as f32.
+    pub(super) fn round_f8(&self, d: DType, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>> {
+        let code = crate::llvm::f32_to_f8_code(self, x, d)?;
+        crate::llvm::f8_code_to_f32(self, code, d)
+    }
+
     /// The f16/bf16 bits (`i16`) of the f32 value `x`, rounded to nearest even.
     pub(super) fn f32_to_half_bits(&self, d: DType, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>> {
         let i16t: BasicTypeEnum<'ctx> = self.ctx.i16_type().into();

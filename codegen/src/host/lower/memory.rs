@@ -47,6 +47,7 @@ impl<'ctx> Lower<'ctx, '_> {
         match d {
             DType::I1 => self.ctx.i8_type().into(),
             DType::F16 | DType::BF16 => self.ctx.i16_type().into(),
+            DType::F8E4M3 | DType::F8E5M2 => self.ctx.i8_type().into(),
             d => self.reg_elem(Elem::Scalar(d)),
         }
     }
@@ -56,6 +57,7 @@ impl<'ctx> Lower<'ctx, '_> {
         match d {
             DType::I1 => self.icmp(IntPredicate::NE, v, self.int_like(v, 0)?),
             DType::F16 | DType::BF16 => self.half_bits_to_f32(d, v),
+            DType::F8E4M3 | DType::F8E5M2 => self.f8_bits_to_f32(d, v),
             _ => Ok(v),
         }
     }
@@ -65,6 +67,7 @@ impl<'ctx> Lower<'ctx, '_> {
         match d {
             DType::I1 => self.cast_to(ZExt, v, self.ctx.i8_type().into()),
             DType::F16 | DType::BF16 => self.f32_to_half_bits(d, v),
+            DType::F8E4M3 | DType::F8E5M2 => self.f32_to_f8_bits(d, v),
             _ => Ok(v),
         }
     }

@@ -48,7 +48,8 @@ use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, FunctionValue, InstructionOpcode, IntValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 use rustc_hash::FxHashMap;
 
@@ -413,5 +414,49 @@ impl<'ctx> Lower<'ctx, '_> {
             }
             _ => return Err(Error::Llvm("host lowering: icmp of mismatched operands".into())),
         })
+    }
+}
+
+impl<'ctx> crate::llvm::Values<'ctx> for Lower<'ctx, '_> {
+    fn bin(
+        &self,
+        op: InstructionOpcode,
+        a: BasicValueEnum<'ctx>,
+        b: BasicValueEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Lower::bin(self, op, a, b)
+    }
+    fn icmp(
+        &self,
+        p: IntPredicate,
+        a: BasicValueEnum<'ctx>,
+        b: BasicValueEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Lower::icmp(self, p, a, b)
+    }
+    fn select(
+        &self,
+        c: BasicValueEnum<'ctx>,
+        a: BasicValueEnum<'ctx>,
+        b: BasicValueEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Lower::select(self, c, a, b)
+    }
+    fn int_like(&self, v: BasicValueEnum<'ctx>, c: u64) -> Result<BasicValueEnum<'ctx>> {
+        Lower::int_like(self, v, c)
+    }
+    fn float_like(&self, v: BasicValueEnum<'ctx>, c: f64) -> Result<BasicValueEnum<'ctx>> {
+        Lower::float_like(self, v, c)
+    }
+    fn cast_to(
+        &self,
+        op: InstructionOpcode,
+        v: BasicValueEnum<'ctx>,
+        to: BasicTypeEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        Lower::cast_to(self, op, v, to)
+    }
+    fn context(&self) -> &'ctx Context {
+        self.ctx
     }
 }

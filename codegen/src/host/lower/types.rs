@@ -21,9 +21,10 @@ impl<'ctx> Lower<'ctx, '_> {
     /// The register type of one element of `elem`.
     pub(super) fn reg_elem(&self, elem: Elem) -> BasicTypeEnum<'ctx> {
         match elem {
-            // Addresses are integers; halves are computed in f32.
+            // Addresses are integers; halves and 8-bit floats are held as
+            // their (exact) f32 values.
             Elem::Ptr(_) => self.ctx.i64_type().into(),
-            Elem::Scalar(DType::F16 | DType::BF16) => self.ctx.f32_type().into(),
+            Elem::Scalar(d) if d.is_float() && d.bits() < 32 => self.ctx.f32_type().into(),
             Elem::Scalar(d) => scalar_type(self.ctx, d),
         }
     }
@@ -431,7 +432,7 @@ pub(super) fn elem_size(elem: Elem) -> u32 {
     match elem {
         Elem::Ptr(_) => 8,
         Elem::Scalar(d) => match d {
-            DType::F16 | DType::BF16 => 4,
+            d if d.is_float() && d.bits() < 32 => 4,
             d => d.size_bytes() as u32,
         },
     }

@@ -28,6 +28,13 @@ pub enum CastOp {
     },
 }
 
+/// The dtypes an 8-bit float casts to and from: the 16- and 32-bit floats
+/// and the 8-bit floats (each converts through f32 exactly but for the one
+/// rounding to the target).
+fn f8_partner(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F8E4M3 | DType::F8E5M2)
+}
+
 impl CastOp {
     /// The mnemonic.
     pub fn name(&self) -> &'static str {
@@ -56,6 +63,14 @@ impl CastOp {
         let a = &args[0];
         match *self {
             CastOp::Cast { to } => match a.elem {
+                Elem::Scalar(from)
+                    if (from.is_f8() || to.is_f8()) && !(f8_partner(from) && f8_partner(to)) =>
+                {
+                    Err(format!(
+                        "`cast` from {from} to {to}: 8-bit floats convert to and from f16, bf16 and f32 only \
+                         (cast through f32)"
+                    ))
+                }
                 Elem::Scalar(_) => Ok(vec![a.with_elem(Elem::Scalar(to))]),
                 Elem::Ptr(_) => Err(format!("`cast` converts numbers; use `ptrcast` for {a}")),
             },

@@ -120,6 +120,9 @@ impl CompareOp {
                         args[0].elem, args[1].elem
                     ));
                 }
+                if matches!(args[0].elem, Elem::Scalar(d) if d.is_f8()) {
+                    return Err(super::f8_arith("cmp", &args[0]));
+                }
                 Ok(vec![args[0].with_elem(Elem::Scalar(DType::I1))])
             }
             CompareOp::Select => {

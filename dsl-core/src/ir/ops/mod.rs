@@ -301,7 +301,14 @@ pub(crate) fn expect_num(
     pred: impl Fn(DType) -> bool,
 ) -> Result<DType, String> {
     match t.elem {
+        crate::dtype::Elem::Scalar(d) if d.is_f8() => Err(f8_arith(name, t)),
         crate::dtype::Elem::Scalar(d) if pred(d) => Ok(d),
         _ => Err(format!("`{name}` needs {what}, found {t}")),
     }
+}
+
+/// The error of an operation that computes on 8-bit floats, which are
+/// storage and `dot` operand types only.
+pub(crate) fn f8_arith(name: &str, t: &Type) -> String {
+    format!("`{name}` does not compute on 8-bit floats (storage types): cast {t} to f32 first")
 }

@@ -144,6 +144,9 @@ impl ReduceOp {
     /// Result types.
     pub fn infer(&self, args: &[Type]) -> Result<Vec<Type>, String> {
         let shape = common_shape("reduce", args, self.axis)?;
+        if let Some(a) = args.iter().find(|a| matches!(a.elem, Elem::Scalar(d) if d.is_f8())) {
+            return Err(super::f8_arith("reduce", a));
+        }
         if self.kind != ReduceKind::Custom && args.len() != 1 {
             return Err(format!("`reduce` of kind {} takes one operand", self.kind.name()));
         }

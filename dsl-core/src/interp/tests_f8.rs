@@ -1,0 +1,230 @@
+//! The 8-bit floats (`f8e4m3`, `f8e5m2`) in the interpreter, bit for bit
+//! against references written here from the format definitions (OCP FP8,
+//! NVIDIA's `.satfinite` conversions): every one of the 256 codes decoded,
+//! and conversions from f32, f16 and bf16 of every code's value, of every
+//! tie between neighbouring codes and the f32 values beside it, of the
+//! saturation and underflow boundaries, of infinities and NaN, and of
+//! random f32 values over a wide exponent range. Also the verifier's rules:
+//! no arithmetic, comparison or reduction on 8-bit floats, casts only to and
+//! from the 16- and 32-bit floats.
+
+use super::tests::Rng;
+use super::{Arg, Buffer, launch};
+use crate::dtype::DType;
+use crate::lang::*;
+use half::{bf16, f16};
+
+const FORMATS: [DType; 2] = [DType::F8E4M3, DType::F8E5M2];
+
+/// The value of code `b` in format `d` (NaN for the NaN codes), from the
+/// format's definition: sign, biased exponent, mantissa, subnormals at
+/// exponent 0; E4M3 has no infinities and one NaN per sign (`S.1111.111`),
+/// E5M2 follows IEEE (`S.11111.00` infinite, `S.11111.xx` NaN otherwise).
+fn decode(d: DType, b: u8) -> f64 {
+    let (ebits, mbits, bias) = if d == DType::F8E4M3 { (4, 3, 7) } else { (5, 2, 15) };
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = i32::from((b >> mbits) & ((1 << ebits) - 1));
+    let m = f64::from(b & ((1 << mbits) - 1));
+    let top = (1 << ebits) - 1;
+    let frac = m / f64::from(1u32 << mbits);
+    let v = if d == DType::F8E4M3 && e == top && m == 7.0 {
+        f64::NAN
+    } else if d == DType::F8E5M2 && e == top {
+        if m == 0.0 { f64::INFINITY } else { f64::NAN }
+    } else if e == 0 {
+        frac * 2f64.powi(1 - bias)
+    } else {
+        (1.0 + frac) * 2f64.powi(e - bias)
+    };
+    sign * v
+}
+
+/// The largest finite value of `d`.
+fn max_finite(d: DType) -> f64 {
+    if d == DType::F8E4M3 { 448.0 } else { 57344.0 }
+}
+
+/// The code `x` converts to in format `d`: NaN to a NaN code (`None`),
+/// beyond the largest finite magnitude (infinities included) to that value,
+/// otherwise the nearest code, ties to the even code (mantissa bit 0 clear);
+/// the sign is kept, zeros included.
+fn encode(d: DType, x: f64) -> Option<u8> {
+    if x.is_nan() {
+        return None;
+    }
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = x.abs().min(max_finite(d));
+    // Non-negative finite codes in increasing order of value.
+    let codes: Vec<u8> = (0u8..0x80).filter(|&c| decode(d, c).is_finite()).collect();
+    let mut best = codes[0];
+    for &c in &codes {
+        let (dc, db) = ((decode(d, c) - a).abs(), (decode(d, best) - a).abs());
+        if dc < db || (dc == db && c & 1 == 0) {
+            best = c;
+        }
+    }
+    Some(best | sign)
+}
+
+/// Casts `src` (of dtype `from`) to `to` and stores it, one program.
+fn run_cast(from: DType, to: DType, src: Buffer) -> Buffer {
+    let n = src.len();
+    let block = n.next_power_of_two();
+    let f = KernelBuilder::new("cast")
+        .build(|| {
+            let x_ptr = param_ptr("x", from);
+            let y_ptr = param_ptr("y", to);
+            let n = param_scalar("n", DType::I32);
+            let offs = arange(0, block as i32);
+            let mask = offs.lt(n);
+            let x = load(x_ptr + offs, Some(mask), None);
+            store(y_ptr + offs, x.to(to), Some(mask));
+        })
+        .unwrap();
+    let mut bufs = [src, Buffer::zeros(to, n)];
+    launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32)]).unwrap();
+    let [_, out] = bufs;
+    out
+}
+
+/// The f32 inputs of the conversion tests for format `d`.
+fn inputs(d: DType, rng: &mut Rng) -> Vec<f32> {
+    let mut v = Vec::new();
+    let finite: Vec<f64> = (0u8..0x80).map(|c| decode(d, c)).filter(|x| x.is_finite()).collect();
+    for w in finite.windows(2) {
+        let mid = ((w[0] + w[1]) / 2.0) as f32;
+        v.extend([w[0] as f32, mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)]);
+    }
+    let max = max_finite(d) as f32;
+    let tiny = finite[1] as f32;
+    v.extend([
+        max,
+        max * 1.03125,
+        max * 1.0625,
+        max * 1.5,
+        f32::MAX,
+        f32::INFINITY,
+        f32::NAN,
+        0.0,
+        tiny * 0.5,
+        f32::from_bits((tiny * 0.5).to_bits() + 1),
+        tiny * 0.25,
+        f32::MIN_POSITIVE,
+        1e-30,
+    ]);
+    for _ in 0..2000 {
+        let e = rng.below(50) as i32 - 30;
+        let m = 1.0 + rng.float().abs();
+        v.push((m * 2f64.powi(e)) as f32);
+    }
+    let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+    v.extend(neg);
+    v
+}
+
+/// Checks `got` (codes of `d`) against [`encode`] of `want` (the inputs as
+/// the source dtype holds them).
+fn check_codes(d: DType, from: DType, want: &[f64], got: &Buffer) {
+    let got: Vec<u8> = got.as_bytes().to_vec();
+    for (i, (&x, &g)) in want.iter().zip(&got).enumerate() {
+        match encode(d, x) {
+            None => assert!(decode(d, g).is_nan(), "{from} -> {d}, input {i} NaN: got code {g:#04x}"),
+            Some(c) => assert_eq!(g, c, "{from} -> {d}, input {i} = {x:e}: got {g:#04x}, want {c:#04x}"),
+        }
+    }
+}
+
+#[test]
+fn every_code_decodes_exactly() {
+    for d in FORMATS {
+        let src = Buffer::from_bytes(d, (0..=255u8).collect()).unwrap();
+        for to in [DType::F32, DType::F16, DType::BF16] {
+            let out = run_cast(d, to, src.clone()).to_f64();
+            for (b, &g) in out.iter().enumerate() {
+                let w = decode(d, b as u8);
+                if w.is_nan() {
+                    assert!(g.is_nan(), "{d} code {b:#04x} -> {to}: got {g}, want NaN");
+                } else {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{d} code {b:#04x} -> {to}: got {g}, want {w}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn conversions_round_to_nearest_even_and_saturate() {
+    let mut rng = Rng::new(8);
+    for d in FORMATS {
+        let xs = inputs(d, &mut rng);
+        let x64: Vec<f64> = xs.iter().map(|&x| f64::from(x)).collect();
+        check_codes(d, DType::F32, &x64, &run_cast(DType::F32, d, Buffer::from_slice(&xs)));
+        // From f16 and bf16: the inputs as those types hold them, converted once.
+        let h: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
+        let hw: Vec<f64> = h.iter().map(|x| x.to_f64()).collect();
+        check_codes(d, DType::F16, &hw, &run_cast(DType::F16, d, Buffer::from_slice(&h)));
+        let b: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
+        let bw: Vec<f64> = b.iter().map(|x| x.to_f64()).collect();
+        check_codes(d, DType::BF16, &bw, &run_cast(DType::BF16, d, Buffer::from_slice(&b)));
+    }
+}
+
+#[test]
+fn one_format_converts_to_the_other_through_its_value() {
+    for (from, to) in [(DType::F8E4M3, DType::F8E5M2), (DType::F8E5M2, DType::F8E4M3)] {
+        let src = Buffer::from_bytes(from, (0..=255u8).collect()).unwrap();
+        let want: Vec<f64> = (0..=255u8).map(|b| decode(from, b)).collect();
+        check_codes(to, from, &want, &run_cast(from, to, src));
+    }
+}
+
+#[test]
+fn host_buffers_hold_the_codes() {
+    let x = [float8::F8E4M3::from_f32(1.5), float8::F8E4M3::from_f32(-448.0)];
+    let b = Buffer::from_slice(&x);
+    assert_eq!(b.as_bytes(), &[0x3c, 0xfe]);
+    assert_eq!(b.to_f64(), vec![1.5, -448.0]);
+    assert_eq!(Buffer::from_f64(DType::F8E5M2, &[1e9, -0.0]).as_bytes(), &[0x7b, 0x80]);
+}
+
+/// Builds a one-input kernel whose body is `op(x)`, `x` an `f8e4m3` tile.
+fn verify_error(op: impl Fn(Tensor) -> Tensor) -> String {
+    KernelBuilder::new("bad")
+        .build(|| {
+            let x_ptr = param_ptr("x", DType::F8E4M3);
+            let y_ptr = param_ptr("y", DType::F32);
+            let offs = arange(0, 16);
+            let x = load(x_ptr + offs, None, None);
+            let y = op(x);
+            store(y_ptr + offs, y.to(DType::F32), None);
+        })
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn the_verifier_keeps_8_bit_floats_to_storage_casts_and_selects() {
+    let e = verify_error(|x| x + x);
+    assert!(e.contains("does not compute on 8-bit floats"), "{e}");
+    let e = verify_error(|x| exp(x));
+    assert!(e.contains("does not compute on 8-bit floats"), "{e}");
+    let e = verify_error(|x| where_(x.lt(x), x, x));
+    assert!(e.contains("does not compute on 8-bit floats"), "{e}");
+    let e = verify_error(|x| expand_dims(x.sum(0), 0));
+    assert!(e.contains("does not compute on 8-bit floats"), "{e}");
+    let e = verify_error(|x| x.to(DType::I32).to(DType::F8E4M3));
+    assert!(e.contains("convert to and from f16, bf16 and f32 only"), "{e}");
+    let e = verify_error(|x| x.to(DType::F64));
+    assert!(e.contains("convert to and from f16, bf16 and f32 only"), "{e}");
+    // Bitcasts to a byte and selects are fine.
+    KernelBuilder::new("ok")
+        .build(|| {
+            let x_ptr = param_ptr("x", DType::F8E4M3);
+            let y_ptr = param_ptr("y", DType::U8);
+            let offs = arange(0, 16);
+            let x = load(x_ptr + offs, None, None);
+            let y = where_(offs.lt(8), x, full(&[16], 2.0, DType::F8E4M3));
+            store(y_ptr + offs, bitcast(y, DType::U8), None);
+        })
+        .unwrap();
+}

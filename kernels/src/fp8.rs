@@ -1,0 +1,96 @@
+//! FP8 (OCP E4M3 / E5M2) kernels: activations quantized to 8-bit floats
+//! with one f32 scale per group of consecutive columns, the operand form of
+//! block-scaled FP8 products (1 x `GROUP` activation scales).
+//!
+//! # Math
+//!
+//! For each row and each group of `GROUP` consecutive columns (the last
+//! group of a row may be partial), in f32:
+//!
+//! ```text
+//! amax = max_i |x_i|                            (exact)
+//! s    = amax / F8_MAX   if amax > 0, else 1    (one rounding)
+//! q_i  = round_F8(x_i / s)                      (one rounding to f32, then the format's)
+//! ```
+//!
+//! `F8_MAX` is the format's largest finite value (448 for E4M3, 57344 for
+//! E5M2); `round_F8` rounds to nearest even and saturates (the `cast`
+//! semantics of the language), so a quotient that the division rounds past
+//! `F8_MAX` still lands on it. Dequantized, `q_i * s` is within the format's
+//! half ulp of `x_i / s` (relative 2^-4 for E4M3 and 2^-3 for E5M2 in the
+//! normal range, absolute half the smallest subnormal below it), times `s`,
+//! plus the division's f32 rounding. The reference with that bound is
+//! [`crate::reference::fp8::quantize_fp8`]. Inputs are finite.
+//!
+//! # Tiling
+//!
+//! Program `(row, j)` quantizes `GROUPS` groups of row `row` from group
+//! `j * GROUPS` as one `[GROUPS, GROUP]` tile (`GROUP` a power of two);
+//! columns past `n` are masked and count as zero in `amax`. Grid `[rows,
+//! ceil(n / (GROUPS * GROUP)), 1]`.
+//!
+//! # Layout contract
+//!
+//! `x` row-major `[rows, n]` (rows `stride` elements apart), `q` the same
+//! shape and stride in the 8-bit format `F`, `s` row-major `[rows,
+//! ceil(n / GROUP)]`.
+
+use dsl_macros::kernel;
+
+/// The largest finite value of the 8-bit float `f` (E4M3: 448, E5M2: 57344).
+pub fn f8_max(f: dsl_core::DType) -> f32 {
+    if f == dsl_core::DType::F8E4M3 { 448.0 } else { 57344.0 }
+}
+
+/// Per-group FP8 quantization: `q = round_F(x / s)` with `s = max|x| /
+/// F8_MAX` per `GROUP` columns of a row (see the module docs).
+#[kernel(name = "quantize_fp8")]
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_fp8<T: Float, F: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<F>,
+    s_ptr: Ptr<f32>,
+    n: i32,
+    stride: i32,
+    #[constexpr] GROUP: usize,
+    #[constexpr] GROUPS: usize,
+) {
+    let row = program_id(0);
+    let g = program_id(1) * GROUPS + arange(0, GROUPS);
+    let cols = expand_dims(g * GROUP, 1) + expand_dims(arange(0, GROUP), 0);
+    let mask = cols < n;
+    let offs = row * stride + cols;
+    let x = load(x_ptr + offs, mask = mask, other = 0.0).to(f32);
+    let amax = max(abs(x), 1);
+    let s = where_(amax > 0.0, amax / f8_max(F), 1.0);
+    let q = (x / expand_dims(s, 1)).to(F);
+    store(q_ptr + offs, q, mask = mask);
+    let n_groups = (n + (GROUP as i32 - 1)) / GROUP as i32;
+    store(s_ptr + row * n_groups + g, s, mask = g < n_groups);
+}
+
+/// The inverse of [`quantize_fp8`]: `out = round_T(f32(q) * s)` with `s` the
+/// scale of the element's group (every code's value is exact in f32, so the
+/// product rounds once, to f32, and then to `T`). Same tiling and layout;
+/// NaN codes give NaN.
+#[kernel(name = "dequantize_fp8")]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_fp8<F: Float, T: Float>(
+    q_ptr: Ptr<F>,
+    s_ptr: Ptr<f32>,
+    out_ptr: Ptr<T>,
+    n: i32,
+    stride: i32,
+    #[constexpr] GROUP: usize,
+    #[constexpr] GROUPS: usize,
+) {
+    let row = program_id(0);
+    let g = program_id(1) * GROUPS + arange(0, GROUPS);
+    let cols = expand_dims(g * GROUP, 1) + expand_dims(arange(0, GROUP), 0);
+    let mask = cols < n;
+    let offs = row * stride + cols;
+    let n_groups = (n + (GROUP as i32 - 1)) / GROUP as i32;
+    let s = load(s_ptr + row * n_groups + g, mask = g < n_groups, other = 1.0);
+    let q = load(q_ptr + offs, mask = mask).to(f32);
+    store(out_ptr + offs, (q * expand_dims(s, 1)).to(T), mask = mask);
+}

@@ -1,0 +1,55 @@
+//! Reference for [`crate::fp8::quantize_fp8`]: the per-group scales and
+//! 8-bit codes in the kernel's f32 arithmetic (so the interpreter and the
+//! GPU must match it bit for bit), and the error bound of the dequantized
+//! values against the inputs in f64.
+
+use dsl_core::DType;
+use dsl_core::dtype::{f8_bits, f8_round};
+
+/// What `quantize_fp8` stores for one input: per row, the group scales
+/// (`s`, row-major `[rows, groups]`) and the codes (`q`, `[rows, n]`).
+pub struct Fp8Quant {
+    /// Scales, `[rows, ceil(n / group)]`.
+    pub scales: Vec<f32>,
+    /// Codes, `[rows, n]`.
+    pub codes: Vec<u8>,
+    /// The dequantized values `q * s`, `[rows, n]`.
+    pub values: Vec<f64>,
+}
+
+/// Quantizes `x` (`[rows, n]`, the inputs as stored, in f32) to `f8` in
+/// groups of `group` columns: `s = amax / F8_MAX` (1 for an all-zero
+/// group), `q = round_f8(round_f32(x / s))`. Each f32 operation is the
+/// correctly rounded one (an f64 quotient of f32 operands rounded to f32
+/// is).
+pub fn quantize_fp8(x: &[f32], rows: usize, n: usize, group: usize, f8: DType) -> Fp8Quant {
+    let max = f64::from(crate::fp8::f8_max(f8));
+    let groups = n.div_ceil(group);
+    let mut scales = vec![0f32; rows * groups];
+    let mut codes = vec![0u8; rows * n];
+    let mut values = vec![0f64; rows * n];
+    for r in 0..rows {
+        for g in 0..groups {
+            let cols = g * group..((g + 1) * group).min(n);
+            let amax = cols.clone().map(|c| x[r * n + c].abs()).fold(0f32, f32::max);
+            let s = if amax > 0.0 { (f64::from(amax) / max) as f32 } else { 1.0 };
+            scales[r * groups + g] = s;
+            for c in cols {
+                let v = (f64::from(x[r * n + c]) / f64::from(s)) as f32;
+                codes[r * n + c] = f8_bits(f8, v);
+                values[r * n + c] = f64::from(f8_round(f8, v)) * f64::from(s);
+            }
+        }
+    }
+    Fp8Quant { scales, codes, values }
+}
+
+/// The bound on `|q * s - x|` for one input `x` quantized with scale `s` to
+/// `f8`: half an ulp of the format at `x / s` (relative `2^-(m+1)` in the
+/// normal range, `2^-(bias+m)` absolute below it, `m` the mantissa bits),
+/// plus the f32 rounding of the quotient, times `s`.
+pub fn quantize_bound(x: f64, s: f64, f8: DType) -> f64 {
+    let (m, bias) = if f8 == DType::F8E4M3 { (3, 7) } else { (2, 15) };
+    let v = (x / s).abs();
+    s * (v * 2f64.powi(-(m + 1)) + 2f64.powi(-(bias + m)) + v * 2f64.powi(-23))
+}

@@ -1,0 +1,131 @@
+//! Kernel library: per-group FP8 quantization (`kernels::fp8::quantize_fp8`)
+//! on the interpreter against the reference: f32 and bf16 inputs, E4M3 and
+//! E5M2 outputs, groups of 32 and 128 columns, ragged row lengths (a partial
+//! last group, several programs per row) and magnitudes spread over many
+//! binades per row, an all-zero group included. The codes and scales must
+//! equal the reference's bit for bit, and the dequantized values must lie
+//! within the reference's bound of the inputs.
+
+use crate::common::{Storage, cases};
+use dsl_core::DType;
+use dsl_core::half::bf16;
+use dsl_core::interp::Cpu;
+use kernels::fp8::quantize_fp8;
+use kernels::reference::fp8 as r;
+use proptest::prelude::*;
+use std::marker::PhantomData;
+use tests::reference::Rng;
+
+/// Inputs `[rows, n]` in `T`, magnitudes `2^-12 .. 2^12` of random sign;
+/// the first group of row 0 is all zero.
+fn inputs<T: Storage>(rng: &mut Rng, rows: usize, n: usize, group: usize) -> Vec<T> {
+    (0..rows * n)
+        .map(|i| {
+            if i < group.min(n) {
+                return T::from_f64(0.0);
+            }
+            let m = f64::from(rng.uniform(1.0, 2.0)) * 2f64.powi(rng.below(25) as i32 - 12);
+            T::from_f64(if rng.below(2) == 0 { m } else { -m })
+        })
+        .collect()
+}
+
+/// Runs the kernel; returns the codes and the scales.
+fn run<T: Storage>(
+    x: &[T],
+    rows: usize,
+    n: usize,
+    f8: DType,
+    group: usize,
+    groups: usize,
+) -> (Vec<u8>, Vec<f32>) {
+    let mut cpu = Cpu::new();
+    let n_groups = n.div_ceil(group);
+    let (xp, qp, sp) = (cpu.upload(x), cpu.zeros::<u8>(rows * n), cpu.zeros::<f32>(rows * n_groups));
+    let args = quantize_fp8::Args {
+        x_ptr: xp.cast(),
+        q_ptr: qp.cast(),
+        s_ptr: sp.cast(),
+        n: n as i32,
+        stride: n as i32,
+        _marker: PhantomData,
+    };
+    let config = quantize_fp8::Config::new(T::DTYPE, f8, group, groups);
+    let grid = [rows as u32, n.div_ceil(group * groups) as u32, 1];
+    quantize_fp8::interpret(&mut cpu, grid, &config, &args).unwrap();
+    (cpu.read(qp), cpu.read(sp))
+}
+
+fn check<T: Storage>(seed: u64, rows: usize, n: usize, f8: DType, group: usize, groups: usize) {
+    let mut rng = Rng::new(seed);
+    let x: Vec<T> = inputs(&mut rng, rows, n, group);
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
+    let want = r::quantize_fp8(&xf, rows, n, group, f8);
+    let (codes, scales) = run(&x, rows, n, f8, group, groups);
+    assert_eq!(scales, want.scales, "scales, {f8} group {group} n {n}");
+    assert_eq!(codes, want.codes, "codes, {f8} group {group} n {n}");
+    let n_groups = n.div_ceil(group);
+    for (i, (&v, &xi)) in want.values.iter().zip(&xf).enumerate() {
+        let s = f64::from(scales[(i / n) * n_groups + (i % n) / group]);
+        let b = r::quantize_bound(f64::from(xi), s, f8);
+        assert!((v - f64::from(xi)).abs() <= b, "element {i}: {v} vs {xi} (bound {b})");
+    }
+}
+
+#[test]
+fn quantize_fp8_formats_groups_and_dtypes() {
+    for f8 in [DType::F8E4M3, DType::F8E5M2] {
+        check::<f32>(1, 3, 300, f8, 128, 2);
+        check::<bf16>(2, 2, 257, f8, 32, 4);
+        check::<f32>(3, 1, 32, f8, 32, 1);
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(12))]
+
+    #[test]
+    fn quantize_fp8_ragged(seed in any::<u64>(), rows in 1usize..4, n in 1usize..600, e4 in any::<bool>()) {
+        let f8 = if e4 { DType::F8E4M3 } else { DType::F8E5M2 };
+        check::<f32>(seed, rows, n, f8, 128, 1);
+    }
+}
+
+/// Every code of both formats dequantized with a scale of 1 (f32 output:
+/// the codes' exact values, NaN codes NaN) and with scales of 3 (bf16
+/// output: one rounding of the exact product), over two groups.
+#[test]
+fn dequantize_fp8_every_code() {
+    for f8 in [DType::F8E4M3, DType::F8E5M2] {
+        let codes: Vec<u8> = (0..=255u8).collect();
+        for (scale, out) in [(1f32, DType::F32), (3.0, DType::BF16)] {
+            let mut cpu = Cpu::new();
+            let (qp, sp) = (cpu.upload(&codes), cpu.upload(&[scale, scale]));
+            let op = cpu.zeros::<f32>(256);
+            let ob = cpu.zeros::<bf16>(256);
+            let args = kernels::fp8::dequantize_fp8::Args {
+                q_ptr: qp.cast(),
+                s_ptr: sp.cast(),
+                out_ptr: if out == DType::F32 { op.cast() } else { ob.cast() },
+                n: 256,
+                stride: 256,
+                _marker: PhantomData,
+            };
+            let config = kernels::fp8::dequantize_fp8::Config::new(f8, out, 128, 1);
+            kernels::fp8::dequantize_fp8::interpret(&mut cpu, [1, 2, 1], &config, &args).unwrap();
+            let got: Vec<f64> = if out == DType::F32 {
+                cpu.read(op).iter().map(|v| f64::from(*v)).collect()
+            } else {
+                cpu.read(ob).iter().map(|v| v.to_f64()).collect()
+            };
+            for (b, g) in got.iter().enumerate() {
+                let v = f64::from(dsl_core::dtype::f8_value(f8, b as u8)) * f64::from(scale);
+                let w = out.round_float(v);
+                assert!(
+                    w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()),
+                    "{f8} code {b}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}
