@@ -154,7 +154,8 @@ pub mod repack;
 pub mod stream_k;
 
 pub use repack::{
-    QuantFormat, RepackError, Repacked, interleave_gate_up, repack, repack_q4_0, repack_q4_1, repack_q8_0,
+    Family, QuantFormat, RepackError, Repacked, interleave_gate_up, q8_0_as_q5_1, repack, repack_q4_0,
+    repack_q4_1, repack_q8_0,
 };
 
 /// What a dequant product fuses around itself, as named flags for the

@@ -383,7 +383,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let rw = if matches!(fuse, Fuse::Residual) { 2 } else { 1 };
         ln.cost(
             || format!("{role} {}x{} {} m{m}", w.n, w.k, w.format.name()),
-            w.n * w.k / 32 * w.format.block_bytes() + m * w.k * es + rw * m * n_out * es,
+            w.format.gguf_bytes(w.n, w.k) + m * w.k * es + rw * m * n_out * es,
             2 * m * w.n * w.k,
         );
         if self.plan.invariant {

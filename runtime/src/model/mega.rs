@@ -169,7 +169,7 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
             kv_bytes as f64 / (1u64 << 30) as f64
         ));
     }
-    let head = w.lm_head.n * w.lm_head.k / 32 * w.lm_head.format.block_bytes();
+    let head = w.lm_head.format.gguf_bytes(w.lm_head.n, w.lm_head.k);
     if head >= LIMIT || w.config.vocab_size * w.config.n_embd / 32 * 34 >= LIMIT {
         return Some("the LM head or the embedding exceeds 2 GiB".into());
     }
@@ -327,7 +327,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
             .flat_map(|l| [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down].map(|k| w.mat(l, k)))
             .chain(std::iter::once(w.lm_head.view()));
         let (bytes, elems) =
-            mats.fold((0, 0), |(b, e), mt| (b + mt.n * mt.k / 32 * mt.format.block_bytes(), e + mt.n * mt.k));
+            mats.fold((0, 0), |(b, e), mt| (b + mt.format.gguf_bytes(mt.n, mt.k), e + mt.n * mt.k));
         let kv_bytes = plan.ctx_tokens * c.n_layers * c.n_head_kv * c.head_dim * 2 * dtype.size_bytes();
         ln.cost(|| format!("decode step (persistent) m{m}"), bytes + kv_bytes, 2 * m * elems);
     }

@@ -17,7 +17,7 @@ use crate::gguf::llama::layer_tensor;
 use crate::gguf::{GgmlType, Gguf, LlamaConfig};
 use crate::model::ActElem;
 use dsl_core::half::f16;
-use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, repack};
+use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, q8_0_as_q5_1, repack};
 
 /// A repacked quantized matrix `W[n, k]` on a device.
 pub struct Matrix<D: Device> {
@@ -214,15 +214,26 @@ impl<D: Device, T: ActElem> Weights<D, T> {
 
 /// The kernels' format of a GGUF type, or an error naming the tensor.
 fn format_of(name: &str, ty: GgmlType) -> Result<QuantFormat> {
-    match ty {
-        GgmlType::Q4_0 => Ok(QuantFormat::Q4_0),
-        GgmlType::Q4_1 => Ok(QuantFormat::Q4_1),
-        GgmlType::Q8_0 => Ok(QuantFormat::Q8_0),
-        other => Err(Error::Unsupported(format!(
-            "{name} is {}; the matrix kernels take Q4_0, Q4_1 or Q8_0",
-            other.name()
-        ))),
+    ty.quant_format().ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{name} is {}; the matrix kernels take Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 or BF16",
+            ty.name()
+        ))
+    })
+}
+
+/// Checks that `dev` has kernels for a matrix in `format`: every format on
+/// devices that run the CPU GEMV for every product, the GPU kernels'
+/// formats ([`QuantFormat::gpu_kernels`]) elsewhere.
+fn check_device_format<D: Device>(dev: &D, name: &str, format: QuantFormat) -> Result<()> {
+    if dev.cpu_gemv() || format.gpu_kernels() {
+        return Ok(());
     }
+    Err(Error::Unsupported(format!(
+        "{name} is {}: on {} the matrix kernels take Q4_0, Q4_1, Q5_0 and Q8_0; the native CPU backend takes every GGUF format tessera reads",
+        format.name(),
+        dev.describe()
+    )))
 }
 
 fn repack_error(name: &str, e: kernels::dequant::RepackError) -> Error {
@@ -240,8 +251,20 @@ pub fn repack_tensor(gguf: &Gguf, name: &str, n: usize, k: usize) -> Result<Repa
     repack(format, gguf.tensor_bytes(name)?, n, k).map_err(|e| repack_error(name, e))
 }
 
-/// Concatenates the rows of matrices of one format and width.
+/// Concatenates the rows of matrices of one format and width. Q8_0 parts
+/// beside Q5_1 ones (llama.cpp's Q5_K_M files of small models: V in Q8_0,
+/// Q and K in Q5_1) are converted exactly to Q5_1 planes first
+/// ([`q8_0_as_q5_1`]).
 pub fn concat_rows(name: &str, parts: &[Repacked]) -> Result<Repacked> {
+    let converted: Vec<Repacked>;
+    let parts = if parts.iter().any(|p| p.format == QuantFormat::Q5_1)
+        && parts.iter().any(|p| p.format == QuantFormat::Q8_0)
+    {
+        converted = parts.iter().map(|p| q8_0_as_q5_1(p).unwrap_or_else(|| p.clone())).collect();
+        &converted[..]
+    } else {
+        parts
+    };
     let first = parts.first().ok_or_else(|| Error::Usage(format!("{name}: nothing to concatenate")))?;
     let mut out = Repacked { format: first.format, n: 0, k: first.k, quants: Vec::new(), scales: Vec::new() };
     for p in parts {
@@ -308,7 +331,9 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         let embedding = dev.upload(emb_bytes)?;
         let head_name =
             if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
-        let lm_head = Matrix::upload(dev, &repack_tensor(gguf, head_name, c.vocab_size, e)?)?;
+        let head = repack_tensor(gguf, head_name, c.vocab_size, e)?;
+        check_device_format(dev, head_name, head.format)?;
+        let lm_head = Matrix::upload(dev, &head)?;
         let output_norm = dev.upload(&norm_weight::<T>(gguf, "output_norm.weight", e)?)?;
         let total = c.n_layers + 1;
         progress(1, total);
@@ -320,7 +345,9 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         let (mut attn_norm, mut ffn_norm) =
             (Vec::with_capacity(c.n_layers * e), Vec::with_capacity(c.n_layers * e));
         // Appends a layer's matrix to its kind's planes and returns its slot.
-        let mut put = |kind: Kind, r: Repacked| -> Slot {
+        let dev_ref: &D = dev;
+        let mut put = |kind: Kind, r: Repacked| -> Result<Slot> {
+            check_device_format(dev_ref, &format!("a {kind:?} matrix"), r.format)?;
             let plane = &mut host[kind as usize];
             let slot = Slot {
                 format: r.format,
@@ -331,7 +358,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             };
             plane.quants.extend_from_slice(&r.quants);
             plane.scales.extend_from_slice(&r.scales);
-            slot
+            Ok(slot)
         };
         for l in 0..c.n_layers {
             let name = |t: &str| layer_tensor(l, t);
@@ -348,10 +375,10 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             attn_norm.extend(norm_weight::<T>(gguf, &name("attn_norm"), e)?);
             ffn_norm.extend(norm_weight::<T>(gguf, &name("ffn_norm"), e)?);
             layers.push(Layer {
-                qkv: put(Kind::Qkv, qkv),
-                o: put(Kind::O, o),
-                gate_up: put(Kind::GateUp, gate_up),
-                down: put(Kind::Down, down),
+                qkv: put(Kind::Qkv, qkv)?,
+                o: put(Kind::O, o)?,
+                gate_up: put(Kind::GateUp, gate_up)?,
+                down: put(Kind::Down, down)?,
             });
             progress(l + 2, total);
         }
