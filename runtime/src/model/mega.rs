@@ -137,6 +137,9 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
     if !dev.persistent() {
         return Some(format!("{} does not run persistent kernels", dev.describe()));
     }
+    if w.embedding_format != QuantFormat::Q8_0 {
+        return Some(format!("its embedding kernel takes Q8_0 tables, not {}", w.embedding_format.name()));
+    }
     // The kernel indexes every buffer with 32-bit offsets, and its byte
     // pointers (the weight planes) make the launcher count every argument's
     // span in bytes: each buffer must stay under 2 GiB.

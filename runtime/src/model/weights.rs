@@ -136,8 +136,11 @@ pub struct Layer {
 pub struct Weights<D: Device, T: ActElem> {
     /// The hyperparameters.
     pub config: LlamaConfig,
-    /// The raw Q8_0 token embedding table (`vocab * n_embd / 32 * 34` bytes).
+    /// The raw token embedding table: Q8_0 (`vocab * n_embd / 32 * 34`
+    /// bytes), F16 or BF16 (`vocab * n_embd * 2` bytes).
     pub embedding: D::Buf<u8>,
+    /// The embedding table's format (Q8_0, F16 or BF16).
+    pub embedding_format: QuantFormat,
     /// The blocks.
     pub layers: Vec<Layer>,
     /// Every layer's matrices of each [`Kind`] (indexed by it): quants, scales.
@@ -319,9 +322,16 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         }
         let (e, q_rows, kv_rows) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let emb = gguf.tensor("token_embd.weight")?;
-        if emb.ty() != GgmlType::Q8_0 || emb.dims() != [e as u64, c.vocab_size as u64] {
+        let embedding_format = match emb.ty() {
+            GgmlType::Q8_0 => QuantFormat::Q8_0,
+            GgmlType::F16 => QuantFormat::F16,
+            GgmlType::BF16 => QuantFormat::BF16,
+            _ => QuantFormat::Q4_K,
+        };
+        let emb_ok = embedding_format.gpu_kernels() || embedding_format.is_float();
+        if !emb_ok || emb.dims() != [e as u64, c.vocab_size as u64] || e * c.vocab_size >= 1 << 30 {
             return Err(Error::Unsupported(format!(
-                "token_embd.weight is {} {:?}; the embedding kernel takes Q8_0 [{e}, {}]",
+                "token_embd.weight is {} {:?}; the embedding kernels take Q8_0, F16 or BF16 [{e}, {}]",
                 emb.ty().name(),
                 emb.dims(),
                 c.vocab_size
@@ -388,6 +398,16 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         }
         let attn_norm = dev.upload(&attn_norm)?;
         let ffn_norm = dev.upload(&ffn_norm)?;
-        Ok(Weights { config, embedding, layers, planes, attn_norm, ffn_norm, output_norm, lm_head })
+        Ok(Weights {
+            config,
+            embedding,
+            embedding_format,
+            layers,
+            planes,
+            attn_norm,
+            ffn_norm,
+            output_norm,
+            lm_head,
+        })
     }
 }
