@@ -115,3 +115,50 @@ fn cpu_gemv_new_formats_bf16() {
         case::<bf16>(51 + i as u64, format, false, (2, 7, k));
     }
 }
+
+/// The batch-invariant product (`linear`, the GPU's default at every batch
+/// size) on the new formats: unsplit and split tiles, f16 tensor-core
+/// operands and f32, plain and SiLU-mul, a partial last K tile for the
+/// 32-block formats; against the reference within `linear`'s bounds.
+fn linear_case<T: Act>(
+    seed: u64,
+    format: QuantFormat,
+    silu: bool,
+    f16_ops: bool,
+    tiles: (usize, usize, bool),
+    (m, n, k): (usize, usize, usize),
+) {
+    use crate::lib_linear::{Fuse, run};
+    let mut rng = Rng::new(seed);
+    let x = activations::<T>(&mut rng, m * k);
+    let raws: Vec<Vec<u8>> =
+        (0..if silu { 2 } else { 1 }).map(|_| gguf_any(&mut rng, format, n, k)).collect();
+    let reps: Vec<_> = raws.iter().map(|g| repack(format, g, n, k).unwrap()).collect();
+    let w = if silu { interleave_gate_up(&reps[0], &reps[1]).unwrap() } else { reps[0].clone() };
+    let fuse = if silu { Fuse::Silu } else { Fuse::None };
+    let out0 = vec![T::from_f32(0.0); m * n];
+    let got = run::<T>(w.format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).unwrap();
+    let got: Vec<f64> = got.iter().map(|g| g.to_f64()).collect();
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
+    let bound = |y: &r::Gemv, i: usize| {
+        if f16_ops {
+            r::gemm_swap_error_bound(w.format, k, y.abs[i], y.l1[i], dsl_core::DType::F16)
+        } else {
+            r::error_bound(w.format, k, 16, y.abs[i])
+        }
+    };
+    let what = format!("linear {} silu={silu} f16={f16_ops} {tiles:?} m={m} n={n} k={k}", format.name());
+    check_outputs::<T>(&got, &ys, n, bound, &what).unwrap();
+}
+
+#[test]
+fn linear_new_formats() {
+    for (i, format) in NEW.into_iter().enumerate() {
+        let k = if format.is_k_quant() { 512 } else { 160 };
+        let s = 71 + 4 * i as u64;
+        linear_case::<f32>(s, format, false, false, (16, 16, false), (3, 9, k));
+        linear_case::<f32>(s + 1, format, true, true, (16, 32, true), (2, 5, k));
+        linear_case::<bf16>(s + 2, format, false, true, (16, 16, false), (5, 7, k));
+    }
+}

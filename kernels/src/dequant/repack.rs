@@ -207,10 +207,11 @@ impl QuantFormat {
         matches!(self.family(), Family::Nibble)
     }
 
-    /// Whether the GPU dequant kernels (GEMV, fused GEMV, GEMM, the
-    /// batch-invariant product, the persistent decode step) take this
+    /// Whether the word-tiled GPU dequant bodies (GEMV, fused GEMV, GEMM,
+    /// the persistent decode step, and `linear`'s vector loads) take this
     /// format's planes: Q4_0, Q4_1, Q8_0 (and Q5_0, repacked as Q8_0). The
-    /// CPU GEMV ([`crate::cpu_gemv`]) takes every format.
+    /// CPU GEMV ([`crate::cpu_gemv`]) and the batch-invariant product
+    /// ([`crate::dequant::linear`], element-wise loads) take every format.
     pub const fn gpu_kernels(self) -> bool {
         matches!(self.kernel_format(), QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0)
     }

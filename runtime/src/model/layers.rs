@@ -401,9 +401,9 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             w.format.gguf_bytes(w.n, w.k) + m * w.k * es + rw * m * n_out * es,
             2 * m * w.n * w.k,
         );
-        // Formats the fast path's GPU-shaped kernels do not take (loaded on
-        // CPU devices only, see `Weights::load`) run the CPU GEMV, which
-        // `linear_launch` launches there, on either plan.
+        // Formats the fast path's GPU-shaped kernels do not take run the
+        // batch-invariant product (the CPU GEMV on CPU devices) on either
+        // plan.
         if self.plan.invariant || !w.format.gpu_kernels() {
             return linear_launch::<D, T>(ln, self.s, w, x, out, m, silu, fuse);
         }

@@ -137,6 +137,10 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
     if !dev.persistent() {
         return Some(format!("{} does not run persistent kernels", dev.describe()));
     }
+    let formats = w.layers.iter().flat_map(|l| [l.qkv.format, l.o.format, l.gate_up.format, l.down.format]);
+    if let Some(f) = formats.chain([w.lm_head.format]).find(|f| !f.gpu_kernels()) {
+        return Some(format!("its product tasks take Q4_0, Q4_1 and Q8_0 matrices, not {}", f.name()));
+    }
     if w.embedding_format != QuantFormat::Q8_0 {
         return Some(format!("its embedding kernel takes Q8_0 tables, not {}", w.embedding_format.name()));
     }

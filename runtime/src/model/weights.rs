@@ -225,20 +225,6 @@ fn format_of(name: &str, ty: GgmlType) -> Result<QuantFormat> {
     })
 }
 
-/// Checks that `dev` has kernels for a matrix in `format`: every format on
-/// devices that run the CPU GEMV for every product, the GPU kernels'
-/// formats ([`QuantFormat::gpu_kernels`]) elsewhere.
-fn check_device_format<D: Device>(dev: &D, name: &str, format: QuantFormat) -> Result<()> {
-    if dev.cpu_gemv() || format.gpu_kernels() {
-        return Ok(());
-    }
-    Err(Error::Unsupported(format!(
-        "{name} is {}: on {} the matrix kernels take Q4_0, Q4_1, Q5_0 and Q8_0; the native CPU backend takes every GGUF format tessera reads",
-        format.name(),
-        dev.describe()
-    )))
-}
-
 fn repack_error(name: &str, e: kernels::dequant::RepackError) -> Error {
     Error::Usage(format!("{name}: {e}"))
 }
@@ -342,7 +328,6 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         let head_name =
             if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
         let head = repack_tensor(gguf, head_name, c.vocab_size, e)?;
-        check_device_format(dev, head_name, head.format)?;
         let lm_head = Matrix::upload(dev, &head)?;
         let output_norm = dev.upload(&norm_weight::<T>(gguf, "output_norm.weight", e)?)?;
         let total = c.n_layers + 1;
@@ -355,9 +340,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         let (mut attn_norm, mut ffn_norm) =
             (Vec::with_capacity(c.n_layers * e), Vec::with_capacity(c.n_layers * e));
         // Appends a layer's matrix to its kind's planes and returns its slot.
-        let dev_ref: &D = dev;
-        let mut put = |kind: Kind, r: Repacked| -> Result<Slot> {
-            check_device_format(dev_ref, &format!("a {kind:?} matrix"), r.format)?;
+        let mut put = |kind: Kind, r: Repacked| -> Slot {
             let plane = &mut host[kind as usize];
             let slot = Slot {
                 format: r.format,
@@ -368,7 +351,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             };
             plane.quants.extend_from_slice(&r.quants);
             plane.scales.extend_from_slice(&r.scales);
-            Ok(slot)
+            slot
         };
         for l in 0..c.n_layers {
             let name = |t: &str| layer_tensor(l, t);
@@ -385,10 +368,10 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             attn_norm.extend(norm_weight::<T>(gguf, &name("attn_norm"), e)?);
             ffn_norm.extend(norm_weight::<T>(gguf, &name("ffn_norm"), e)?);
             layers.push(Layer {
-                qkv: put(Kind::Qkv, qkv)?,
-                o: put(Kind::O, o)?,
-                gate_up: put(Kind::GateUp, gate_up)?,
-                down: put(Kind::Down, down)?,
+                qkv: put(Kind::Qkv, qkv),
+                o: put(Kind::O, o),
+                gate_up: put(Kind::GateUp, gate_up),
+                down: put(Kind::Down, down),
             });
             progress(l + 2, total);
         }
