@@ -17,7 +17,7 @@ export INSTA_UPDATE := no
 export RUST_BACKTRACE ?= 1
 export CARGO_TERM_COLOR ?= auto
 
-.PHONY: help setup model vocab test run fmt clippy clean deps-check
+.PHONY: help setup model vocab kquant-models test run fmt clippy clean deps-check
 
 help:
 	@echo "make run     main job: install what is missing, fetch the model, build, generate text"
@@ -26,6 +26,7 @@ help:
 	@echo "make setup   install missing tools only (quiet when all are present)"
 	@echo "make model   fetch and verify the reference model into models/"
 	@echo "make vocab   fetch and verify the tokenizer tests' vocabulary files into models/vocab/"
+	@echo "make kquant-models  requantize the model with llama.cpp to Q4_K_M, Q5_K_M, Q6_K, Q8_0, F16"
 	@echo "make fmt     format the workspace"
 	@echo "make clippy  lint the workspace"
 	@echo "make clean   remove target/ (the next setup reinstalls target/tools)"
@@ -45,6 +46,13 @@ model:
 # already there); runtime's tokenizer tests read them.
 vocab:
 	@bash .ci/fetch-vocab
+
+# The reference model requantized by llama.cpp's llama-quantize to Q4_K_M,
+# Q5_K_M, Q6_K, Q8_0 and F16 into models/ (git-ignored), for the K-quant
+# tests; builds llama-quantize from llama.cpp's source when needed, skips
+# with a message without cmake.
+kquant-models: model
+	@bash .ci/requantize
 
 test: setup model vocab deps-check
 	$(CARGO) fmt --all -- --check

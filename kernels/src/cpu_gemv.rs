@@ -62,7 +62,7 @@
 //! `SILU`), `BLOCK_K` (a power of two `>= 32`), as the fused GEMV.
 
 use crate::dequant::gemv::{
-    gemv_epilogue, gemv_operand, q4_scale_decode, q4_scales, repeat_rows, scale_load,
+    gemv_epilogue, gemv_operand, k_scales, q4_scale_decode, q4_scales, q6k_scale, repeat_rows, scale_load,
 };
 use crate::dequant::{Fuse, GemvTiles, QuantFormat, m_block_for};
 use crate::rmsnorm::{rms_rstd_rows, rms_rstd_tiled};
@@ -82,7 +82,9 @@ use dsl_macros::{kernel, kernel_fn};
 pub fn cpu_gemv_tiles(format: QuantFormat, m: usize, rows: usize, k: usize) -> GemvTiles {
     let _ = k;
     let m_block = m_block_for(m);
-    let width = format.quant_bytes();
+    // W tile elements per block: one per quant byte (one per weight for
+    // the floats).
+    let width = if format.is_q4() { 16 } else { 32 };
     let acc = if m_block == 1 { 1024 } else { 512 };
     let block_n = (acc / (m_block * width)).clamp(2, rows.next_power_of_two().max(2));
     GemvTiles { m_block, block_n, block_k: 32, num_warps: 4 }
@@ -105,6 +107,54 @@ pub fn nibble_weights(q: Tensor, d: Tensor, off: Tensor) -> (Tensor, Tensor) {
 pub fn byte_weights(q: Tensor, d: Tensor) -> Tensor {
     let f = ((q ^ 128) << 15 | 0x4380_0000).bitcast(f32);
     fma(d, f, d * -384.0)
+}
+
+/// The weights of a K tile of one block (32 weights) in a byte or float
+/// format other than Q8_0: element `c` (0..32) of the block `s` (row-major
+/// block index) of each W tile row, whose quant plane offset (bytes, or
+/// weights for the floats) is `q_at`.
+///
+/// - Q5_1: `w = d (256 + q) + (m - 256 d)` (`(d, m)` the block's pair;
+///   `q` the unsigned byte, 5 bits for GGUF's Q5_1, 8 for a Q8_0 block
+///   converted by [`crate::dequant::repack::q8_0_as_q5_1`]).
+/// - Q5_K: the same with `d = d sc`, `m = -dmin m` ([`k_scales`]).
+/// - Q6_K: `w = d1 (384 + s) - 384 d1` with `s = q - 32` the signed byte
+///   and `d1 = d sc` of its 16-weight group ([`q6k_scale`]): `round(d1 s)`,
+///   ggml's value.
+/// - F16/BF16: the weight itself.
+///
+/// `256 + q` places the byte `q` in the mantissa of `256.0`, as the nibble
+/// formats place theirs in `16.0`.
+#[kernel_fn]
+pub fn wide_weights(
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    q_at: Tensor,
+    s: Tensor,
+    c: Tensor,
+    quant: QuantFormat,
+) -> Tensor {
+    if quant.is_float() {
+        let h = load(ptrcast(q_ptr, i16) + q_at);
+        if quant == QuantFormat::F16 { bitcast(h, f16).to(f32) } else { bitcast(h, bf16).to(f32) }
+    } else if quant == QuantFormat::Q6_K {
+        let q = load(q_ptr + q_at).to(i32);
+        let d1 = q6k_scale(s_ptr, s * 2 + c / 16);
+        byte_weights(q, d1)
+    } else {
+        let q = load(q_ptr + q_at).to(i32);
+        let f = ((q & 255) << 15 | 0x4380_0000).bitcast(f32);
+        let (d, off) = if quant.is_k_quant() {
+            let (d1, m1) = k_scales(s_ptr, s);
+            (d1, fma(d1, -256.0, 0.0 - m1))
+        } else {
+            let raw = load(ptrcast(s_ptr, i32) + s);
+            let d = bitcast(raw.to(i16), f16).to(f32);
+            let m = bitcast((raw >> 16).to(i16), f16).to(f32);
+            (d, fma(d, -256.0, m))
+        };
+        fma(d, f, off)
+    }
 }
 
 /// The activation tile `[M_BLOCK, W]` (flat) repeated over the `BLOCK_N`
@@ -224,19 +274,32 @@ pub fn cpu_gemv_body(
             let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
             acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, dt, m_block, block_n, w);
         }
-        // The partial K tile: blocks past K read nothing and add nothing.
-        for k0 in range(k_full, k, block_k) {
-            let ok = k0 / 32 + c / 16 < nb;
-            let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
-            let (d, off) = q4_scale_decode(scale_load(s_ptr, s_off + k0 / 32, ok, quant), quant);
-            let (w_lo, w_hi) = nibble_weights(q, d, off);
-            let okx = k0 / 32 + xc / 16 < nb;
-            let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-            let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-            acc = cpu_fma(acc, w_lo, xa, na, rs, norm, dt, m_block, block_n, w);
-            let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
-            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
-            acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, dt, m_block, block_n, w);
+        // The partial K tile: blocks past K read nothing and add nothing
+        // (never for the K-quants, whose rows are whole super-blocks).
+        if !quant.is_k_quant() {
+            for k0 in range(k_full, k, block_k) {
+                let ok = k0 / 32 + c / 16 < nb;
+                let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
+                let (d, off) = q4_scale_decode(scale_load(s_ptr, s_off + k0 / 32, ok, quant), quant);
+                let (w_lo, w_hi) = nibble_weights(q, d, off);
+                let okx = k0 / 32 + xc / 16 < nb;
+                let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+                let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+                acc = cpu_fma(acc, w_lo, xa, na, rs, norm, dt, m_block, block_n, w);
+                let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
+                let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
+                acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, dt, m_block, block_n, w);
+            }
+        }
+    } else if quant != QuantFormat::Q8_0 {
+        // Byte formats with a min or 16-weight scales, and the floats: K
+        // tiles of one block (`BLOCK_K = 32`, [`cpu_gemv_tiles`]), so K has
+        // no partial tile.
+        for k0 in range(0, k, block_k) {
+            let wt = wide_weights(q_ptr, s_ptr, q_off + k0, s_off + k0 / 32, c, quant);
+            let xa = load(x_ptr + x_off + k0);
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, norm, dt, m_block, block_n, w);
         }
     } else {
         for k0 in range(0, k_full, block_k) {

@@ -103,6 +103,36 @@ pub fn embedding_row(
     }
 }
 
+/// `out[t, :] = w[ids[t], :]` rounded to `T` from a 16-bit float table
+/// (`BF16`: bfloat16, else IEEE half; GGUF's F16/BF16 `token_embd`), raw
+/// little-endian bytes `vocab * hidden * 2` long (2-byte aligned); zeros for
+/// ids outside `[0, vocab)`. Exact for f32 outputs; one rounding otherwise.
+/// Offsets 32-bit: `vocab * hidden < 2^31`.
+#[kernel]
+pub fn embedding_f16<T: Float>(
+    w_ptr: Ptr<u8>,
+    ids_ptr: Ptr<i32>,
+    out_ptr: Ptr<T>,
+    hidden: i32,
+    vocab: i32,
+    #[constexpr] BF16: bool,
+    #[constexpr] BLOCK: usize,
+) {
+    gdc_wait();
+    gdc_launch_dependents();
+    let t = program_id(0);
+    let id = load(ids_ptr + t);
+    let valid = id >= 0 && id < vocab;
+    let row = where_(valid, id, 0);
+    for c0 in range(0, hidden, BLOCK) {
+        let cols = c0 + arange(0, BLOCK);
+        let in_row = cols < hidden;
+        let h = load(ptrcast(w_ptr, i16) + (row * hidden + cols), mask = in_row && valid, other = 0);
+        let v = if BF16 { bitcast(h, bf16).to(f32) } else { bitcast(h, f16).to(f32) };
+        store(out_ptr + t * hidden + cols, v.to(T), mask = in_row);
+    }
+}
+
 /// The column tile for `hidden` columns: its next power of two, at most 1024
 /// (longer rows loop).
 pub fn block_for(hidden: usize) -> usize {

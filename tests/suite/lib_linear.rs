@@ -31,7 +31,7 @@ const EPS: f32 = 1e-5;
 
 /// What the linear launch fuses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fuse {
+pub(crate) enum Fuse {
     None,
     Silu,
     Norm,
@@ -42,7 +42,7 @@ enum Fuse {
 /// `out0` is the initial output (the residual); returns the output's raw
 /// values.
 #[allow(clippy::too_many_arguments)]
-fn run<T: Act>(
+pub(crate) fn run<T: Act>(
     format: QuantFormat,
     fuse: Fuse,
     f16_ops: bool,

@@ -248,7 +248,7 @@ proptest! {
         let (m_block, block_n, block_k) = match format {
             QuantFormat::Q4_1 => tiles,
             QuantFormat::Q4_0 => (1, 16, 1024),
-            QuantFormat::Q8_0 => (1, 16, 512),
+            _ => (1, 16, 512),
         };
         // Keep the interpreter's work small: at most 8 rows per program.
         let t = Tiles { m_block: m_block.min(m), block_n, block_k };

@@ -56,10 +56,41 @@ pub fn q4_scale_decode(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
     }
 }
 
-/// [`scale_load_all`] then [`q4_scale_decode`].
+/// [`scale_load_all`] then [`q4_scale_decode`]; for Q4_K the sub-block's
+/// scale and offset from [`k_scales`] (`off = -m1 - 16 d1`).
 #[kernel_fn]
 pub fn q4_scales(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
-    q4_scale_decode(scale_load_all(s_ptr, s, quant), quant)
+    if quant.is_k_quant() {
+        let (d1, m1) = k_scales(s_ptr, s);
+        (d1, fma(d1, -16.0, 0.0 - m1))
+    } else {
+        q4_scale_decode(scale_load_all(s_ptr, s, quant), quant)
+    }
+}
+
+/// The scale `d1 = d * sc` and min `m1 = dmin * m` (both exact in f32, as
+/// ggml computes them) of the Q4_K/Q5_K 32-weight block `s` (row-major
+/// block index): its super-block `s / 8` owns the 10 scale entries from
+/// `10 (s / 8)`, `d` and `dmin` the first two (one 32-bit word), the block's
+/// `sc | m << 8` entry `2 + s % 8`.
+#[kernel_fn]
+pub fn k_scales(s_ptr: Tensor, s: Tensor) -> (Tensor, Tensor) {
+    let word = load(ptrcast(s_ptr, i32) + s / 8 * 5);
+    let scm = load(ptrcast(s_ptr, i16) + (s / 8 * 10 + 2 + s % 8)).to(i32);
+    let d = bitcast(word.to(i16), f16).to(f32);
+    let dmin = bitcast((word >> 16).to(i16), f16).to(f32);
+    (d * (scm & 255).to(f32), dmin * (scm >> 8 & 255).to(f32))
+}
+
+/// The scale `d1 = d * sc` (exact in f32) of the Q6_K 16-weight group `g`
+/// (row-major group index): its super-block `g / 16` owns the 10 scale
+/// entries from `10 (g / 16)`, `d` the first, the signed scale byte `g % 16`
+/// from byte 4.
+#[kernel_fn]
+pub fn q6k_scale(s_ptr: Tensor, g: Tensor) -> Tensor {
+    let d = load(s_ptr + g / 16 * 10).to(f32);
+    let sc = load(ptrcast(s_ptr, i8) + (g / 16 * 20 + 4 + g % 16)).to(f32);
+    d * sc
 }
 
 /// The dequantized Q8_0 weights of the bytes held by a tile of 32-bit words

@@ -73,8 +73,9 @@
 //! they are not read.
 
 use super::gemm::{gemm_epilogue, swap_weights};
-use super::gemv::scale_load;
+use super::gemv::{q4_scales, scale_load};
 use super::{Fuse, QuantFormat};
+use crate::cpu_gemv::wide_weights;
 use crate::rmsnorm::rms_rstd;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -177,10 +178,44 @@ pub fn tile_load(
     quant: QuantFormat,
     block_n: usize,
 ) -> (Tensor, Tensor) {
-    let h = arange(0, (LINEAR_BLOCK_K / 16) as i32);
-    let (w_idx, s_idx) =
-        tile_index(wrow, nb, minimum(k0 / 32 + h / 2, nb - 1), quant, block_n, LINEAR_BLOCK_K);
-    (load(ptrcast(q_ptr, i32) + w_idx), scale_load(s_ptr, s_idx, full([], 1, i1), quant))
+    if quant.gpu_kernels() {
+        let h = arange(0, (LINEAR_BLOCK_K / 16) as i32);
+        let (w_idx, s_idx) =
+            tile_index(wrow, nb, minimum(k0 / 32 + h / 2, nb - 1), quant, block_n, LINEAR_BLOCK_K);
+        (load(ptrcast(q_ptr, i32) + w_idx), scale_load(s_ptr, s_idx, full([], 1, i1), quant))
+    } else {
+        // The other formats: the f32 weights themselves (no scales).
+        let col = minimum(k0 + expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0), nb * 32 - 1);
+        let w = weight_tile_any(q_ptr, s_ptr, expand_dims(wrow, 1), col, nb * 32, quant);
+        (w, full([], 0.0, f32))
+    }
+}
+
+/// The f32 weights at rows `row` and columns `col` (broadcast against each
+/// other) of a `k`-column weight in a format the word-tiled bodies do not
+/// take (Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16; see [`QuantFormat::gpu_kernels`]),
+/// one element at a time from the planes: the nibble formats as
+/// [`super::gemv::q4_weights`] with [`super::gemv::q4_scales`], the others as
+/// [`crate::cpu_gemv::wide_weights`], so the weights are the CPU GEMV's bits.
+#[kernel_fn]
+pub fn weight_tile_any(
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    row: Tensor,
+    col: Tensor,
+    k: Tensor,
+    quant: QuantFormat,
+) -> Tensor {
+    let s = row * (k / 32) + col / 32;
+    let j = col % 32;
+    if quant.is_q4() {
+        let byte = load(q_ptr + (s * 16 + j % 16)).to(i32);
+        let f = ((byte >> (j / 16 * 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
+        let (d, off) = q4_scales(s_ptr, s, quant);
+        fma(d, f, off)
+    } else {
+        wide_weights(q_ptr, s_ptr, row * k + col, s, j, quant)
+    }
 }
 
 /// One K tile's product `x[:, k0 ..] @ w[.., k0 ..]^T` from a zero
@@ -206,9 +241,14 @@ pub fn tile_product(
     block_n: usize,
 ) -> Tensor {
     let c = expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0);
-    let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [block_n, LINEAR_BLOCK_K]);
-    let e8 = broadcast_to(c % 4 * 8, [block_n, LINEAR_BLOCK_K]);
-    let w = swap_weights(wd, nib, e8, sr, quant);
+    let w = if quant.gpu_kernels() {
+        let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [block_n, LINEAR_BLOCK_K]);
+        let e8 = broadcast_to(c % 4 * 8, [block_n, LINEAR_BLOCK_K]);
+        swap_weights(wd, nib, e8, sr, quant)
+    } else {
+        // `wd` holds the weights ([`tile_load`]).
+        wd
+    };
     let col = k0 + c;
     let nw = if !norm {
         xa
@@ -379,8 +419,14 @@ pub fn linear_tile(
         let mut acc = zeros([block_m, block_n], f32);
         for k0 in range(0, k_full, bk) {
             let nk = minimum(k0 + bk, last);
-            let wd_next = load(qw + (w_idx + nk / 32 * wpb));
-            let sr_next = scale_load(s_ptr, s_idx + nk / 32, full([], 1, i1), quant);
+            let (wd_next, sr_next) = if quant.gpu_kernels() {
+                (
+                    load(qw + (w_idx + nk / 32 * wpb)),
+                    scale_load(s_ptr, s_idx + nk / 32, full([], 1, i1), quant),
+                )
+            } else {
+                tile_load(q_ptr, s_ptr, wrow, nb, nk, quant, block_n)
+            };
             let xa_next = load(x_ptr + xrow + kc + nk);
             let part =
                 tile_product(wd, sr, xa, nw_ptr, rs, k, k0, quant, norm, f16_ops, dt, block_m, block_n);

@@ -1,7 +1,11 @@
 //! Dequantizing matrix products for GGUF block formats: `y[M, N] = x[M, K] @
 //! W^T` with `W` stored Q4_1, Q4_0 or Q8_0 (repacked, still quantized), for
 //! the projections of a decoder (SmolLM2-135M: Q4_1 projections with K and N
-//! in {576, 1536}, a Q8_0 tied LM head of 49152 x 576).
+//! in {576, 1536}, a Q8_0 tied LM head of 49152 x 576). Q5_0 is repacked as
+//! Q8_0; Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 have their planes (see
+//! [`repack::Repacked`]) and run in [`crate::cpu_gemv`] and in
+//! [`linear`] (element-wise tile loads, [`linear::weight_tile_any`]);
+//! [`QuantFormat::gpu_kernels`] says which formats the other GPU bodies take.
 //!
 //! # Math
 //!
@@ -154,7 +158,8 @@ pub mod repack;
 pub mod stream_k;
 
 pub use repack::{
-    QuantFormat, RepackError, Repacked, interleave_gate_up, repack, repack_q4_0, repack_q4_1, repack_q8_0,
+    Family, QuantFormat, RepackError, Repacked, interleave_gate_up, q8_0_as_q5_1, repack, repack_q4_0,
+    repack_q4_1, repack_q8_0,
 };
 
 /// What a dequant product fuses around itself, as named flags for the

@@ -7,10 +7,29 @@
 //!   `q_{j+16}` (high nibble); `x = d * (q - 8)`.
 //! - `Q4_1`: f16 `d`, f16 `m`, 16 bytes as Q4_0; `x = d * q + m`.
 //! - `Q8_0`: f16 `d`, 32 signed bytes; `x = d * q`.
+//! - `Q5_0`: f16 `d`, 4 bytes `qh` (bit `j` of the little-endian word is
+//!   `q_j`'s fifth bit), 16 bytes of nibbles as Q4_0; `x = d * (q - 16)`.
+//! - `Q5_1`: f16 `d`, f16 `m`, `qh`, nibbles; `x = d * q + m`.
+//!
+//! K-quants, super-blocks of 256 values:
+//! - `Q4_K`: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins of the 8
+//!   sub-blocks of 32 (`get_scale_min_k4`), 128 bytes `qs`: per 64 values 32
+//!   bytes, the low nibbles values 0..31, the high ones 32..63; `x = d sc q
+//!   - dmin m`.
+//! - `Q5_K`: as Q4_K with 32 bytes `qh` before `qs`: bit `s` of `qh[l]` is
+//!   the fifth bit of value `l` of sub-block `s`.
+//! - `Q6_K`: 128 bytes `ql`, 64 bytes `qh`, 16 signed scales (one per 16
+//!   values), f16 `d`; per 128 values, value `32 i + l` has nibble `i / 2` of
+//!   `ql[l + 32 (i % 2)]` and bits `2 i, 2 i + 1` of `qh[l]` on top; `x = d
+//!   sc (q - 32)`.
+//! - `F16`, `BF16`: the values.
 //!
 //! Error model of the kernels (used by the tests' tolerances, see
 //! [`error_bound`]): with `u = 2^-24`, every weight is formed in f32 exactly
-//! (Q4_0, Q8_0) or within `u * (|w| + |m| + 16 |d|)` (Q4_1: two roundings),
+//! (Q4_0, Q8_0, Q5_0, F16, BF16), rounded once (Q6_K: `(d sc) q`, as ggml)
+//! or within `u * (|w| + |m| + c |d|)` (two roundings: Q4_1 and Q4_K with `c
+//! = 16`, Q5_1 and Q5_K with `c = 256`; the K-quants' `d`, `m` are the
+//! sub-block's `d sc` and `dmin m`, exact in f32),
 //! each product is accumulated by an f32 FMA chain of at most `depth`
 //! additions (per-lane K loop, then the reduction of the lanes), so
 //! `|y - y_exact| <= depth * u * S` (first order) with
@@ -34,35 +53,103 @@ fn f16_at(raw: &[u8], i: usize) -> f64 {
     f16::from_le_bytes([raw[i], raw[i + 1]]).to_f64()
 }
 
+/// The exact value and the weight-rounding term (see the module doc) of
+/// every weight of one GGUF block `blk` in `format` (the block's
+/// [`QuantFormat::gguf_block_values`] values; 32 for the floats, which are
+/// read 32 at a time here).
+fn dequant_block(format: QuantFormat, blk: &[u8], w: &mut [f64], extra: &mut [f64]) {
+    let d = || f16_at(blk, 0);
+    match format {
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+            let qs = if format == QuantFormat::Q4_1 { &blk[4..] } else { &blk[2..] };
+            for j in 0..BLOCK_VALUES {
+                let byte = qs[j % 16];
+                let q = f64::from(if j < 16 { byte & 15 } else { byte >> 4 });
+                if format == QuantFormat::Q4_1 {
+                    let m = f16_at(blk, 2);
+                    extra[j] = m.abs() + 16.0 * d().abs();
+                    w[j] = d() * q + m;
+                } else {
+                    w[j] = d() * (q - 8.0);
+                }
+            }
+        }
+        QuantFormat::Q8_0 => (0..32).for_each(|j| w[j] = d() * f64::from(blk[2 + j] as i8)),
+        QuantFormat::Q5_0 | QuantFormat::Q5_1 => {
+            // qh: bit j of the little-endian word is weight j's fifth bit.
+            let off = if format == QuantFormat::Q5_1 { 4 } else { 2 };
+            let qh = u32::from_le_bytes([blk[off], blk[off + 1], blk[off + 2], blk[off + 3]]);
+            for j in 0..BLOCK_VALUES {
+                let nib = if j < 16 { blk[off + 4 + j] & 15 } else { blk[off + 4 + j - 16] >> 4 };
+                let q = f64::from(u32::from(nib) | ((qh >> j) & 1) << 4);
+                if format == QuantFormat::Q5_1 {
+                    let m = f16_at(blk, 2);
+                    extra[j] = m.abs() + 256.0 * d().abs();
+                    w[j] = d() * q + m;
+                } else {
+                    w[j] = d() * (q - 16.0);
+                }
+            }
+        }
+        QuantFormat::Q4_K | QuantFormat::Q5_K => {
+            // d, dmin, 12 scale bytes, [qh: 32 bytes,] qs: per 64 weights 32
+            // bytes, low nibbles the first 32, high nibbles the next 32.
+            let (dall, dmin) = (d(), f16_at(blk, 2));
+            let q5 = format == QuantFormat::Q5_K;
+            let (qh, qs) = if q5 { (&blk[16..48], &blk[48..]) } else { (&blk[16..16], &blk[16..]) };
+            for sub in 0..8 {
+                let (sc, m) = crate::dequant::repack::scale_min_k4(sub, &blk[4..16]);
+                let (d1, m1) = (dall * f64::from(sc), dmin * f64::from(m));
+                for l in 0..32 {
+                    let byte = qs[32 * (sub / 2) + l];
+                    let mut q = u32::from(if sub % 2 == 0 { byte & 15 } else { byte >> 4 });
+                    if q5 {
+                        q |= u32::from((qh[l] >> sub) & 1) << 4;
+                    }
+                    let i = 32 * sub + l;
+                    w[i] = d1 * f64::from(q) - m1;
+                    extra[i] = m1.abs() + if q5 { 256.0 } else { 16.0 } * d1.abs();
+                }
+            }
+        }
+        QuantFormat::Q6_K => {
+            // ql[128], qh[64], scales[16] (i8), d. Per 128 weights: weight
+            // 32 i + l has the nibble i / 2 of ql[l + 32 (i % 2)] and bits
+            // 2 i, 2 i + 1 of qh[l].
+            let d = f16_at(blk, 208);
+            for h in 0..2 {
+                for i in 0..4 {
+                    for l in 0..32 {
+                        let lo = (blk[64 * h + l + 32 * (i % 2)] >> (4 * (i / 2))) & 15;
+                        let hi = (blk[128 + 32 * h + l] >> (2 * i)) & 3;
+                        let q = i32::from(lo | hi << 4) - 32;
+                        let idx = 128 * h + 32 * i + l;
+                        let sc = blk[192 + idx / 16] as i8;
+                        w[idx] = d * f64::from(sc) * f64::from(q);
+                    }
+                }
+            }
+        }
+        QuantFormat::F16 => (0..32).for_each(|j| w[j] = f16_at(blk, 2 * j)),
+        QuantFormat::BF16 => (0..32)
+            .for_each(|j| w[j] = dsl_core::half::bf16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f64()),
+    }
+}
+
 /// Row `row` of a weight `[n, k]` in `format` (GGUF bytes `raw`), exact.
-/// Also returns, per value, `|m| + 16 |d|` of its block for Q4_1 (zero for
-/// the exact formats), the weight-rounding term of the error model.
+/// Also returns, per value, the weight-rounding term of the error model:
+/// `|m| + c |d|` of its block for the formats with a min (`c` = 16 for the
+/// nibbles, 256 for the 5-bit bytes; `d`, `m` the sub-block's `d * sc`,
+/// `dmin * m` for the K-quants), zero for the exact formats.
 pub fn dequant_row(format: QuantFormat, raw: &[u8], k: usize, row: usize) -> (Vec<f64>, Vec<f64>) {
-    let nb = k / BLOCK_VALUES;
-    let bb = format.block_bytes();
+    let bv = format.gguf_block_values().max(BLOCK_VALUES);
+    let bb = format.block_bytes() * bv / format.gguf_block_values();
+    let nb = k / bv;
     let mut w = vec![0.0; k];
     let mut extra = vec![0.0; k];
     for b in 0..nb {
         let blk = &raw[(row * nb + b) * bb..][..bb];
-        let d = f16_at(blk, 0);
-        for j in 0..BLOCK_VALUES {
-            let i = b * BLOCK_VALUES + j;
-            w[i] = match format {
-                QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                    let qs = if format == QuantFormat::Q4_1 { &blk[4..] } else { &blk[2..] };
-                    let byte = qs[j % 16];
-                    let q = if j < 16 { byte & 15 } else { byte >> 4 };
-                    if format == QuantFormat::Q4_1 {
-                        let m = f16_at(blk, 2);
-                        extra[i] = m.abs() + 16.0 * d.abs();
-                        d * f64::from(q) + m
-                    } else {
-                        d * (f64::from(q) - 8.0)
-                    }
-                }
-                QuantFormat::Q8_0 => d * f64::from(blk[2 + j] as i8),
-            };
-        }
+        dequant_block(format, blk, &mut w[b * bv..][..bv], &mut extra[b * bv..][..bv]);
     }
     (w, extra)
 }
@@ -80,8 +167,8 @@ pub struct Gemv {
 
 /// `x[m, k] @ W^T` for a weight `[n, k]` in `format` (GGUF bytes `raw`).
 pub fn gemv(format: QuantFormat, raw: &[u8], n: usize, k: usize, x: &[f64], m: usize) -> Gemv {
-    assert_eq!(k % BLOCK_VALUES, 0);
-    assert_eq!(raw.len(), n * k / BLOCK_VALUES * format.block_bytes());
+    assert_eq!(k % format.row_multiple(), 0);
+    assert_eq!(raw.len(), format.gguf_bytes(n, k));
     assert_eq!(x.len(), m * k);
     let mut y = vec![0.0; m * n];
     let mut abs = vec![0.0; m * n];
@@ -113,11 +200,12 @@ pub fn silu_mul(g: f64, u: f64) -> f64 {
 /// The first-order bound `depth * 2^-24 * abs` on an f32 result whose
 /// products were summed with at most `depth` roundings each, for the kernels
 /// of `crate::dequant` with K tile `block_k` over `k` columns: each lane
-/// accumulates `2 * ceil(k / block_k)` products (one per K tile for Q8_0),
+/// accumulates `2 * ceil(k / block_k)` products (one per K tile for the
+/// byte and float formats),
 /// then at most `block_k` lanes are reduced; 8 more for the weight and final
 /// roundings.
 pub fn error_bound(format: QuantFormat, k: usize, block_k: usize, abs: f64) -> f64 {
-    let per_tile = if format == QuantFormat::Q8_0 { 1 } else { 2 };
+    let per_tile = if format.is_q4() { 2 } else { 1 };
     let depth = per_tile * k.div_ceil(block_k) + block_k + 8;
     depth as f64 * U32 * abs
 }

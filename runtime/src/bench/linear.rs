@@ -27,12 +27,19 @@ use std::marker::PhantomData;
 
 /// The projections: `(label, format, silu, norm at M = 1, residual at M = 1,
 /// k, weight rows)`.
-const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 5] = [
+/// The last three compare Q4_K and Q6_K (element-wise weight loads, see
+/// `linear::weight_tile_any`) with Q4_1 at K 4096, N 14336: compare their
+/// times per GGUF weight byte (Q4_1 0.625, Q4_K 0.5625, Q6_K 0.8203 bytes
+/// per weight).
+const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 8] = [
     ("qkv_norm", QuantFormat::Q4_1, false, true, false, 576, 960),
     ("o_residual", QuantFormat::Q4_1, false, false, true, 576, 576),
     ("gate_up_norm_silu", QuantFormat::Q4_1, true, true, false, 576, 3072),
     ("down_residual", QuantFormat::Q4_1, false, false, true, 1536, 576),
     ("lm_head_norm", QuantFormat::Q8_0, false, true, false, 576, 49152),
+    ("q4_1_k4096_n14336", QuantFormat::Q4_1, false, false, false, 4096, 14336),
+    ("q4_k_k4096_n14336", QuantFormat::Q4_K, false, false, false, 4096, 14336),
+    ("q6_k_k4096_n14336", QuantFormat::Q6_K, false, false, false, 4096, 14336),
 ];
 
 /// Candidate tiles `(BLOCK_M, BLOCK_N, warps, split)` per batch size

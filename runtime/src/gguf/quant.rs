@@ -10,6 +10,9 @@
 //! - `Q4_1`: 20 bytes per 32 values: `d`, `m`, then 16 bytes of nibbles laid out
 //!   as in `Q4_0`; `x = d * q + m`.
 //! - `F32`, `F16`, `BF16`: plain little-endian scalars.
+//! - `Q5_0`, `Q5_1`, `Q4_K`, `Q5_K`, `Q6_K` (dequantization only): as
+//!   `kernels::reference::quant` defines them, exact in f64 and rounded once
+//!   to `f32`.
 //!
 //! Invariant: `dequantize_into(ty, quantize(ty, x))` reproduces `x` exactly for
 //! `F32` and up to the format's rounding otherwise (at most half a step, `d / 2`,
@@ -93,6 +96,12 @@ pub fn dequantize_into(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> 
                 }
             }
         }
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            // The kernels' f64 reference, rounded once to f32.
+            let format = ty.quant_format().expect("a supported block type");
+            let (w, _) = kernels::reference::quant::dequant_row(format, src, dst.len(), 0);
+            dst.iter_mut().zip(w).for_each(|(o, v)| *o = v as f32);
+        }
         _ => unreachable!("checked by block_bytes above"),
     }
     Ok(())
@@ -110,7 +119,7 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>> {
         GgmlType::Q8_0 => src.chunks_exact(QK).for_each(|b| quantize_q8_0(b, &mut out)),
         GgmlType::Q4_0 => src.chunks_exact(QK).for_each(|b| quantize_q4_0(b, &mut out)),
         GgmlType::Q4_1 => src.chunks_exact(QK).for_each(|b| quantize_q4_1(b, &mut out)),
-        _ => unreachable!("checked by block_bytes above"),
+        other => return Err(GgufError::UnsupportedType { tensor: "(quantize)".into(), ty: other }),
     }
     Ok(out)
 }
@@ -224,8 +233,40 @@ mod tests {
             Err(GgufError::SizeMismatch { .. })
         ));
         assert!(matches!(
-            dequantize_into(GgmlType::Q6_K, &[0; 210], &mut [0.0; 256]),
+            dequantize_into(GgmlType::Q2_K, &[0; 84], &mut [0.0; 256]),
             Err(GgufError::UnsupportedType { .. })
         ));
+        // A truncated K-quant block and a length that is not whole super-blocks.
+        assert!(matches!(
+            dequantize_into(GgmlType::Q6_K, &[0; 209], &mut [0.0; 256]),
+            Err(GgufError::SizeMismatch { expected: 210, found: 209, .. })
+        ));
+        assert!(matches!(
+            dequantize_into(GgmlType::Q4_K, &[0; 144], &mut [0.0; 128]),
+            Err(GgufError::SizeMismatch { .. })
+        ));
+    }
+
+    /// The new block types decode to the kernels' reference values: a Q5_0
+    /// block by hand, a Q4_K super-block whose first sub-block has scale 2
+    /// and min 1.
+    #[test]
+    fn q5_0_and_q4_k_known_blocks() {
+        let mut b = f16::from_f32(0.5).to_le_bytes().to_vec();
+        b.extend(1u32.to_le_bytes()); // weight 0's fifth bit
+        b.extend([0x21; 16]); // nibbles 1 (weights 0..16) and 2 (16..32)
+        let mut y = [0.0; 32];
+        dequantize_into(GgmlType::Q5_0, &b, &mut y).unwrap();
+        assert_eq!((y[0], y[1], y[16]), (0.5 * (17.0 - 16.0), 0.5 * (1.0 - 16.0), 0.5 * (2.0 - 16.0)));
+        let mut k = vec![0u8; 144];
+        k[0..2].copy_from_slice(&f16::from_f32(1.5).to_le_bytes());
+        k[2..4].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        k[4] = 2;
+        k[8] = 1;
+        k[16] = 0x57;
+        let mut y = [0.0; 256];
+        dequantize_into(GgmlType::Q4_K, &k, &mut y).unwrap();
+        assert_eq!(y[0], 1.5 * 2.0 * 7.0 - 0.25);
+        assert_eq!(y[32], 0.0);
     }
 }

@@ -282,13 +282,44 @@ fn unknown_and_unsupported_tensor_types() {
     }
     // A known type the runtime cannot read parses, and is reported when viewed.
     let mut w = GgufWriter::new();
-    w.add_tensor("k", GgmlType::Q6_K, &[256, 2], vec![0; 420]).unwrap();
+    w.add_tensor("k", GgmlType::Q3_K, &[256, 2], vec![0; 220]).unwrap();
     let g = Gguf::from_bytes(w.to_bytes()).unwrap();
-    assert_eq!(g.tensor_bytes("k").unwrap().len(), 420);
+    assert_eq!(g.tensor_bytes("k").unwrap().len(), 220);
     assert!(
-        matches!(g.tensor("k"), Err(GgufError::UnsupportedType { tensor, ty: GgmlType::Q6_K }) if tensor == "k")
+        matches!(g.tensor("k"), Err(GgufError::UnsupportedType { tensor, ty: GgmlType::Q3_K }) if tensor == "k")
     );
     assert!(matches!(g.tensor("nope"), Err(GgufError::MissingTensor(n)) if n == "nope"));
+}
+
+/// K-quant tensors: a row length that is not whole 256-value super-blocks
+/// is `BadShape`, a file cut inside a K-quant tensor's data is
+/// `TensorOutOfBounds`, and a whole one reads back (Q4_K, Q5_K, Q6_K).
+#[test]
+fn k_quant_tensors_are_checked() {
+    for (ty, bytes) in [(GgmlType::Q4_K, 144), (GgmlType::Q5_K, 176), (GgmlType::Q6_K, 210)] {
+        let mut w = GgufWriter::new();
+        assert!(matches!(
+            w.add_tensor("t", ty, &[576, 2], vec![0; 2 * bytes * 2]),
+            Err(GgufError::BadShape { .. })
+        ));
+        w.add_tensor("t", ty, &[512, 2], vec![0; 4 * bytes]).unwrap();
+        let full = w.to_bytes();
+        let g = Gguf::from_bytes(full.clone()).unwrap();
+        assert_eq!(g.tensor("t").unwrap().to_f32().len(), 1024);
+        // Past the alignment padding (under 32 bytes), into the data.
+        let cut = full[..full.len() - 40].to_vec();
+        assert!(
+            matches!(parse_err(&cut), GgufError::TensorOutOfBounds { tensor, .. } if tensor == "t"),
+            "{ty}"
+        );
+        // A row length patched to 576 (not whole super-blocks) in a parsed file.
+        let mut c = full.clone();
+        let dims_at = after_str(&c, "t") + 4;
+        put_u64(&mut c, dims_at, 576);
+        assert!(
+            matches!(parse_err(&c), GgufError::BadShape { tensor, message } if tensor == "t" && message.contains("256"))
+        );
+    }
 }
 
 #[test]

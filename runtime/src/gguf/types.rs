@@ -5,7 +5,7 @@
 //! Invariants: every [`GgmlType`] knows its block size and block byte size (so
 //! the byte size of any tensor of a known type can be checked, supported or
 //! not); [`GgmlType::is_supported`] lists the types whose data the runtime can
-//! read (F32, F16, BF16, Q8_0, Q4_0, Q4_1). Arrays are stored as typed vectors,
+//! read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K). Arrays are stored as typed vectors,
 //! so a 49152-entry token list is one `Vec<String>`, not 49152 boxed values.
 
 use std::fmt;
@@ -25,9 +25,9 @@ pub enum GgmlType {
     Q4_0,
     /// 32 weights: fp16 `d`, fp16 `m`, 16 bytes of nibbles; `x = d * q + m`.
     Q4_1,
-    /// 32 weights, 5-bit, with scale (unsupported).
+    /// 32 weights: fp16 `d`, 32 high bits, 16 bytes of nibbles; `x = d * (q - 16)`.
     Q5_0,
-    /// 32 weights, 5-bit, with scale and minimum (unsupported).
+    /// 32 weights: fp16 `d`, fp16 `m`, 32 high bits, 16 bytes of nibbles; `x = d * q + m`.
     Q5_1,
     /// 32 weights: fp16 scale `d`, 32 signed bytes; `x = d * q`.
     Q8_0,
@@ -37,11 +37,11 @@ pub enum GgmlType {
     Q2_K,
     /// K-quant, 3-bit (unsupported).
     Q3_K,
-    /// K-quant, 4-bit (unsupported).
+    /// K-quant, 4-bit: 256 weights in 8 sub-blocks with 6-bit scales and mins.
     Q4_K,
-    /// K-quant, 5-bit (unsupported).
+    /// K-quant, 5-bit: as Q4_K with a fifth bit per weight.
     Q5_K,
-    /// K-quant, 6-bit (unsupported).
+    /// K-quant, 6-bit: 256 weights, 16 8-bit scales, one fp16 `d`.
     Q6_K,
     /// K-quant, 8-bit (unsupported).
     Q8_K,
@@ -257,7 +257,26 @@ impl GgmlType {
     /// Whether the runtime can read (view and dequantize) tensors of this type.
     pub fn is_supported(self) -> bool {
         use GgmlType::*;
-        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1)
+        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
+    }
+
+    /// The dequant kernels' format of this type (every supported type but
+    /// F32), or `None`.
+    pub fn quant_format(self) -> Option<kernels::dequant::QuantFormat> {
+        use kernels::dequant::QuantFormat as Q;
+        Some(match self {
+            GgmlType::F16 => Q::F16,
+            GgmlType::BF16 => Q::BF16,
+            GgmlType::Q4_0 => Q::Q4_0,
+            GgmlType::Q4_1 => Q::Q4_1,
+            GgmlType::Q8_0 => Q::Q8_0,
+            GgmlType::Q5_0 => Q::Q5_0,
+            GgmlType::Q5_1 => Q::Q5_1,
+            GgmlType::Q4_K => Q::Q4_K,
+            GgmlType::Q5_K => Q::Q5_K,
+            GgmlType::Q6_K => Q::Q6_K,
+            _ => return None,
+        })
     }
 
     /// Bytes of `n_elements` values, or `None` when `n_elements` is not a whole

@@ -34,7 +34,8 @@ use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
-use kernels::embedding::{self, embedding_q8_0};
+use kernels::dequant::QuantFormat;
+use kernels::embedding::{self, embedding_f16, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
 use kernels::rope::rope_kv_write;
@@ -108,6 +109,22 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
     fn embedding(&self, ln: &mut Launcher<'_, D>) -> Result<()> {
         let (c, dtype) = (&self.w.config, T::DEVICE_DTYPE);
         let eb = embedding::block_for(c.n_embd);
+        let n = self.plan.n;
+        let es = dtype.size_bytes();
+        if self.w.embedding_format != QuantFormat::Q8_0 {
+            let bf16 = self.w.embedding_format == QuantFormat::BF16;
+            let config = embedding_f16::Config::new(dtype, bf16, eb).with_warps(embedding::warps_for(eb));
+            let args = embedding_f16::Args {
+                w_ptr: D::ptr_at::<u8, u8>(&self.w.embedding, 0)?,
+                ids_ptr: arena_i32::<D>(self.arena, self.lay.tokens)?,
+                out_ptr: any::<D, T>(&self.s.h, 0)?,
+                hidden: c.n_embd as i32,
+                vocab: c.vocab_size as i32,
+                _marker: PhantomData,
+            };
+            ln.cost(|| format!("embedding {n} rows"), n * (c.n_embd * 2 + c.n_embd * es + 4), 0);
+            return ln.run::<embedding_f16::Kernel>([n as u32, 1, 1], &config, &args);
+        }
         let config = embedding_q8_0::Config::new(dtype, eb).with_warps(embedding::warps_for(eb));
         let args = embedding_q8_0::Args {
             w_ptr: D::ptr_at::<u8, u8>(&self.w.embedding, 0)?,
@@ -117,8 +134,6 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             vocab: c.vocab_size as i32,
             _marker: PhantomData,
         };
-        let n = self.plan.n;
-        let es = dtype.size_bytes();
         ln.cost(|| format!("embedding {n} rows"), n * (c.n_embd / 32 * 34 + c.n_embd * es + 4), 0);
         ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)
     }
@@ -383,10 +398,13 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let rw = if matches!(fuse, Fuse::Residual) { 2 } else { 1 };
         ln.cost(
             || format!("{role} {}x{} {} m{m}", w.n, w.k, w.format.name()),
-            w.n * w.k / 32 * w.format.block_bytes() + m * w.k * es + rw * m * n_out * es,
+            w.format.gguf_bytes(w.n, w.k) + m * w.k * es + rw * m * n_out * es,
             2 * m * w.n * w.k,
         );
-        if self.plan.invariant {
+        // Formats the fast path's GPU-shaped kernels do not take run the
+        // batch-invariant product (the CPU GEMV on CPU devices) on either
+        // plan.
+        if self.plan.invariant || !w.format.gpu_kernels() {
             return linear_launch::<D, T>(ln, self.s, w, x, out, m, silu, fuse);
         }
         match fuse {

@@ -137,6 +137,13 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
     if !dev.persistent() {
         return Some(format!("{} does not run persistent kernels", dev.describe()));
     }
+    let formats = w.layers.iter().flat_map(|l| [l.qkv.format, l.o.format, l.gate_up.format, l.down.format]);
+    if let Some(f) = formats.chain([w.lm_head.format]).find(|f| !f.gpu_kernels()) {
+        return Some(format!("its product tasks take Q4_0, Q4_1 and Q8_0 matrices, not {}", f.name()));
+    }
+    if w.embedding_format != QuantFormat::Q8_0 {
+        return Some(format!("its embedding kernel takes Q8_0 tables, not {}", w.embedding_format.name()));
+    }
     // The kernel indexes every buffer with 32-bit offsets, and its byte
     // pointers (the weight planes) make the launcher count every argument's
     // span in bytes: each buffer must stay under 2 GiB.
@@ -169,7 +176,7 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
             kv_bytes as f64 / (1u64 << 30) as f64
         ));
     }
-    let head = w.lm_head.n * w.lm_head.k / 32 * w.lm_head.format.block_bytes();
+    let head = w.lm_head.format.gguf_bytes(w.lm_head.n, w.lm_head.k);
     if head >= LIMIT || w.config.vocab_size * w.config.n_embd / 32 * 34 >= LIMIT {
         return Some("the LM head or the embedding exceeds 2 GiB".into());
     }
@@ -327,7 +334,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
             .flat_map(|l| [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down].map(|k| w.mat(l, k)))
             .chain(std::iter::once(w.lm_head.view()));
         let (bytes, elems) =
-            mats.fold((0, 0), |(b, e), mt| (b + mt.n * mt.k / 32 * mt.format.block_bytes(), e + mt.n * mt.k));
+            mats.fold((0, 0), |(b, e), mt| (b + mt.format.gguf_bytes(mt.n, mt.k), e + mt.n * mt.k));
         let kv_bytes = plan.ctx_tokens * c.n_layers * c.n_head_kv * c.head_dim * 2 * dtype.size_bytes();
         ln.cost(|| format!("decode step (persistent) m{m}"), bytes + kv_bytes, 2 * m * elems);
     }

@@ -17,7 +17,7 @@ use crate::gguf::llama::layer_tensor;
 use crate::gguf::{GgmlType, Gguf, LlamaConfig};
 use crate::model::ActElem;
 use dsl_core::half::f16;
-use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, repack};
+use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, q8_0_as_q5_1, repack};
 
 /// A repacked quantized matrix `W[n, k]` on a device.
 pub struct Matrix<D: Device> {
@@ -136,8 +136,11 @@ pub struct Layer {
 pub struct Weights<D: Device, T: ActElem> {
     /// The hyperparameters.
     pub config: LlamaConfig,
-    /// The raw Q8_0 token embedding table (`vocab * n_embd / 32 * 34` bytes).
+    /// The raw token embedding table: Q8_0 (`vocab * n_embd / 32 * 34`
+    /// bytes), F16 or BF16 (`vocab * n_embd * 2` bytes).
     pub embedding: D::Buf<u8>,
+    /// The embedding table's format (Q8_0, F16 or BF16).
+    pub embedding_format: QuantFormat,
     /// The blocks.
     pub layers: Vec<Layer>,
     /// Every layer's matrices of each [`Kind`] (indexed by it): quants, scales.
@@ -214,15 +217,12 @@ impl<D: Device, T: ActElem> Weights<D, T> {
 
 /// The kernels' format of a GGUF type, or an error naming the tensor.
 fn format_of(name: &str, ty: GgmlType) -> Result<QuantFormat> {
-    match ty {
-        GgmlType::Q4_0 => Ok(QuantFormat::Q4_0),
-        GgmlType::Q4_1 => Ok(QuantFormat::Q4_1),
-        GgmlType::Q8_0 => Ok(QuantFormat::Q8_0),
-        other => Err(Error::Unsupported(format!(
-            "{name} is {}; the matrix kernels take Q4_0, Q4_1 or Q8_0",
-            other.name()
-        ))),
-    }
+    ty.quant_format().ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{name} is {}; the matrix kernels take Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 or BF16",
+            ty.name()
+        ))
+    })
 }
 
 fn repack_error(name: &str, e: kernels::dequant::RepackError) -> Error {
@@ -240,8 +240,20 @@ pub fn repack_tensor(gguf: &Gguf, name: &str, n: usize, k: usize) -> Result<Repa
     repack(format, gguf.tensor_bytes(name)?, n, k).map_err(|e| repack_error(name, e))
 }
 
-/// Concatenates the rows of matrices of one format and width.
+/// Concatenates the rows of matrices of one format and width. Q8_0 parts
+/// beside Q5_1 ones (llama.cpp's Q5_K_M files of small models: V in Q8_0,
+/// Q and K in Q5_1) are converted exactly to Q5_1 planes first
+/// ([`q8_0_as_q5_1`]).
 pub fn concat_rows(name: &str, parts: &[Repacked]) -> Result<Repacked> {
+    let converted: Vec<Repacked>;
+    let parts = if parts.iter().any(|p| p.format == QuantFormat::Q5_1)
+        && parts.iter().any(|p| p.format == QuantFormat::Q8_0)
+    {
+        converted = parts.iter().map(|p| q8_0_as_q5_1(p).unwrap_or_else(|| p.clone())).collect();
+        &converted[..]
+    } else {
+        parts
+    };
     let first = parts.first().ok_or_else(|| Error::Usage(format!("{name}: nothing to concatenate")))?;
     let mut out = Repacked { format: first.format, n: 0, k: first.k, quants: Vec::new(), scales: Vec::new() };
     for p in parts {
@@ -296,9 +308,16 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         }
         let (e, q_rows, kv_rows) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let emb = gguf.tensor("token_embd.weight")?;
-        if emb.ty() != GgmlType::Q8_0 || emb.dims() != [e as u64, c.vocab_size as u64] {
+        let embedding_format = match emb.ty() {
+            GgmlType::Q8_0 => QuantFormat::Q8_0,
+            GgmlType::F16 => QuantFormat::F16,
+            GgmlType::BF16 => QuantFormat::BF16,
+            _ => QuantFormat::Q4_K,
+        };
+        let emb_ok = embedding_format.gpu_kernels() || embedding_format.is_float();
+        if !emb_ok || emb.dims() != [e as u64, c.vocab_size as u64] || e * c.vocab_size >= 1 << 30 {
             return Err(Error::Unsupported(format!(
-                "token_embd.weight is {} {:?}; the embedding kernel takes Q8_0 [{e}, {}]",
+                "token_embd.weight is {} {:?}; the embedding kernels take Q8_0, F16 or BF16 [{e}, {}]",
                 emb.ty().name(),
                 emb.dims(),
                 c.vocab_size
@@ -308,7 +327,8 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         let embedding = dev.upload(emb_bytes)?;
         let head_name =
             if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
-        let lm_head = Matrix::upload(dev, &repack_tensor(gguf, head_name, c.vocab_size, e)?)?;
+        let head = repack_tensor(gguf, head_name, c.vocab_size, e)?;
+        let lm_head = Matrix::upload(dev, &head)?;
         let output_norm = dev.upload(&norm_weight::<T>(gguf, "output_norm.weight", e)?)?;
         let total = c.n_layers + 1;
         progress(1, total);
@@ -361,6 +381,16 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         }
         let attn_norm = dev.upload(&attn_norm)?;
         let ffn_norm = dev.upload(&ffn_norm)?;
-        Ok(Weights { config, embedding, layers, planes, attn_norm, ffn_norm, output_norm, lm_head })
+        Ok(Weights {
+            config,
+            embedding,
+            embedding_format,
+            layers,
+            planes,
+            attn_norm,
+            ffn_norm,
+            output_norm,
+            lm_head,
+        })
     }
 }

@@ -195,14 +195,38 @@ fn tuned_launches(base: Launch) -> Vec<Launch> {
     }
 }
 
-/// Random GGUF bytes of a weight `[n, k]` in `format`.
+/// Random GGUF bytes of a weight `[n, k]` in `format`: random quant bytes
+/// with random finite f16 scales (and mins) of either sign; for the formats
+/// beyond Q4_0/Q4_1/Q8_0, random bytes with each block's f16 fields (`d`,
+/// `dmin`/`m`, or the float weights) set finite.
 pub(crate) fn gguf_weight(rng: &mut Rng, format: QuantFormat, n: usize, k: usize) -> Vec<u8> {
-    let blocks = n * k / 32;
-    let mut out = Vec::with_capacity(blocks * format.block_bytes());
     let scale = |rng: &mut Rng, lo: i32, span: u64| {
         let v = (1.0 + rng.unit()) * 2f64.powi(lo + (rng.next_u64() % span) as i32);
         f16::from_f64(if rng.next_u64() & 1 == 0 { v } else { -v }).to_le_bytes()
     };
+    if !matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0) {
+        let mut out: Vec<u8> = (0..format.gguf_bytes(n, k)).map(|_| rng.next_u64() as u8).collect();
+        for b in out.chunks_exact_mut(format.block_bytes()) {
+            let halves: &[usize] = match format {
+                QuantFormat::Q6_K => &[208],
+                QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q5_1 => &[0, 2],
+                _ => &[0],
+            };
+            for &at in halves {
+                let (lo, span) = if format.is_k_quant() { (-12, 6) } else { (-8, 8) };
+                let v = if format == QuantFormat::BF16 {
+                    dsl_core::half::bf16::from_f32(f16::from_le_bytes(scale(rng, lo, span)).to_f32())
+                        .to_le_bytes()
+                } else {
+                    scale(rng, lo, span)
+                };
+                b[at..at + 2].copy_from_slice(&v);
+            }
+        }
+        return out;
+    }
+    let blocks = n * k / 32;
+    let mut out = Vec::with_capacity(blocks * format.block_bytes());
     for _ in 0..blocks {
         out.extend_from_slice(&scale(rng, -8, 8));
         if format == QuantFormat::Q4_1 {

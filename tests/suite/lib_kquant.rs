@@ -1,0 +1,164 @@
+//! Kernel library: the formats added for GGUF K-quant files (Q5_0, Q5_1,
+//! Q4_K, Q5_K, Q6_K, F16, BF16) through the CPU GEMV (`kernels::cpu_gemv`,
+//! the native backend's product at every batch size) on the interpreter,
+//! against the f64 reference of `kernels::reference::quant` on the raw GGUF
+//! bytes (so the repack is checked too). Weights: random quant, scale and
+//! high-bit bytes with random finite f16 `d`/`dmin`/`m` of either sign over
+//! several binades; activations random non-zero. Shapes ragged in `M` and
+//! `N`, `K` whole super-blocks for the K-quants; plain and with SiLU-mul
+//! (gate/up interleaved). Tolerance: the f32 accumulation bound
+//! `error_bound` with the format's weight-rounding term, plus the final
+//! rounding and the SiLU propagation bound.
+
+use crate::lib_dequant::{Act, activations, check_outputs, reference_gemvs};
+use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Cpu;
+use kernels::cpu_gemv::{cpu_gemv, cpu_gemv_tiles};
+use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
+use kernels::reference::quant as r;
+use std::marker::PhantomData;
+use tests::reference::Rng;
+
+/// A random finite f16 of either sign with exponent in `[lo, hi)`.
+fn f16_value(rng: &mut Rng, lo: i32, hi: i32) -> f16 {
+    let e = lo + rng.below((hi - lo) as u64) as i32;
+    let v = (1.0 + rng.uniform(0.0, 1.0)) * 2f32.powi(e);
+    f16::from_f32(if rng.next_u64() & 1 == 0 { v } else { -v })
+}
+
+/// Random GGUF bytes of a `[n, k]` weight in any supported format.
+fn gguf_any(rng: &mut Rng, format: QuantFormat, n: usize, k: usize) -> Vec<u8> {
+    let mut raw: Vec<u8> = (0..format.gguf_bytes(n, k)).map(|_| rng.next_u64() as u8).collect();
+    let put = |b: &mut [u8], v: f16| b.copy_from_slice(&v.to_le_bytes());
+    for blk in raw.chunks_exact_mut(format.block_bytes()) {
+        match format {
+            QuantFormat::F16 => put(blk, f16_value(rng, -4, 2)),
+            QuantFormat::BF16 => {
+                let v = bf16::from_f32(f16_value(rng, -4, 2).to_f32());
+                blk.copy_from_slice(&v.to_le_bytes());
+            }
+            QuantFormat::Q6_K => put(&mut blk[208..210], f16_value(rng, -12, -6)),
+            QuantFormat::Q4_K | QuantFormat::Q5_K => {
+                put(&mut blk[0..2], f16_value(rng, -12, -6));
+                put(&mut blk[2..4], f16_value(rng, -12, -6));
+            }
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+                put(&mut blk[0..2], f16_value(rng, -8, 0));
+                put(&mut blk[2..4], f16_value(rng, -6, 1));
+            }
+            _ => put(&mut blk[0..2], f16_value(rng, -8, 0)),
+        }
+    }
+    raw
+}
+
+/// Runs `cpu_gemv` (no norm, no residual) with the native tiles on the
+/// interpreter and checks it against the reference.
+fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, usize, usize)) {
+    let mut rng = Rng::new(seed);
+    let x = activations::<T>(&mut rng, m * k);
+    let raws: Vec<Vec<u8>> =
+        (0..if silu { 2 } else { 1 }).map(|_| gguf_any(&mut rng, format, n, k)).collect();
+    let reps: Vec<_> = raws.iter().map(|g| repack(format, g, n, k).unwrap()).collect();
+    let w = if silu { interleave_gate_up(&reps[0], &reps[1]).unwrap() } else { reps[0].clone() };
+    let t = cpu_gemv_tiles(w.format, m, w.n, k);
+    let mut cpu = Cpu::new();
+    let (xp, qp, sp) = (cpu.upload(&x), cpu.upload(&w.quants), cpu.upload(&w.scales));
+    let op = cpu.zeros::<T>(m * n);
+    let args = cpu_gemv::Args {
+        x_ptr: xp.cast(),
+        q_ptr: qp.cast(),
+        s_ptr: sp.cast(),
+        nw_ptr: xp.cast(),
+        out_ptr: op.cast(),
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        eps: 0.0,
+        _marker: PhantomData,
+    };
+    let config =
+        cpu_gemv::Config::new(T::DTYPE, w.format, silu, false, false, t.m_block, t.block_n, t.block_k);
+    let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
+    cpu_gemv::interpret(&mut cpu, grid, &config, &args).unwrap();
+    let got: Vec<f64> = cpu.read(op).iter().map(|v| v.to_f64()).collect();
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
+    let what = format!("cpu_gemv {} silu={silu} m={m} n={n} k={k}", format.name());
+    let bound = |y: &r::Gemv, i: usize| r::error_bound(w.format, k, t.block_k, y.abs[i]);
+    check_outputs::<T>(&got, &ys, n, bound, &what).unwrap();
+}
+
+const NEW: [QuantFormat; 7] = [
+    QuantFormat::Q5_0,
+    QuantFormat::Q5_1,
+    QuantFormat::Q4_K,
+    QuantFormat::Q5_K,
+    QuantFormat::Q6_K,
+    QuantFormat::F16,
+    QuantFormat::BF16,
+];
+
+#[test]
+fn cpu_gemv_new_formats_f32() {
+    for (i, format) in NEW.into_iter().enumerate() {
+        let k = if format.is_k_quant() { 512 } else { 96 };
+        case::<f32>(11 + i as u64, format, false, (3, 9, k));
+        case::<f32>(31 + i as u64, format, true, (1, 5, k));
+    }
+}
+
+#[test]
+fn cpu_gemv_new_formats_bf16() {
+    for (i, format) in NEW.into_iter().enumerate() {
+        let k = if format.is_k_quant() { 256 } else { 64 };
+        case::<bf16>(51 + i as u64, format, false, (2, 7, k));
+    }
+}
+
+/// The batch-invariant product (`linear`, the GPU's default at every batch
+/// size) on the new formats: unsplit and split tiles, f16 tensor-core
+/// operands and f32, plain and SiLU-mul, a partial last K tile for the
+/// 32-block formats; against the reference within `linear`'s bounds.
+fn linear_case<T: Act>(
+    seed: u64,
+    format: QuantFormat,
+    silu: bool,
+    f16_ops: bool,
+    tiles: (usize, usize, bool),
+    (m, n, k): (usize, usize, usize),
+) {
+    use crate::lib_linear::{Fuse, run};
+    let mut rng = Rng::new(seed);
+    let x = activations::<T>(&mut rng, m * k);
+    let raws: Vec<Vec<u8>> =
+        (0..if silu { 2 } else { 1 }).map(|_| gguf_any(&mut rng, format, n, k)).collect();
+    let reps: Vec<_> = raws.iter().map(|g| repack(format, g, n, k).unwrap()).collect();
+    let w = if silu { interleave_gate_up(&reps[0], &reps[1]).unwrap() } else { reps[0].clone() };
+    let fuse = if silu { Fuse::Silu } else { Fuse::None };
+    let out0 = vec![T::from_f32(0.0); m * n];
+    let got = run::<T>(w.format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).unwrap();
+    let got: Vec<f64> = got.iter().map(|g| g.to_f64()).collect();
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let ys = reference_gemvs(format, &raws, n, k, &xf, m);
+    let bound = |y: &r::Gemv, i: usize| {
+        if f16_ops {
+            r::gemm_swap_error_bound(w.format, k, y.abs[i], y.l1[i], dsl_core::DType::F16)
+        } else {
+            r::error_bound(w.format, k, 16, y.abs[i])
+        }
+    };
+    let what = format!("linear {} silu={silu} f16={f16_ops} {tiles:?} m={m} n={n} k={k}", format.name());
+    check_outputs::<T>(&got, &ys, n, bound, &what).unwrap();
+}
+
+#[test]
+fn linear_new_formats() {
+    for (i, format) in NEW.into_iter().enumerate() {
+        let k = if format.is_k_quant() { 512 } else { 160 };
+        let s = 71 + 4 * i as u64;
+        linear_case::<f32>(s, format, false, false, (16, 16, false), (3, 9, k));
+        linear_case::<f32>(s + 1, format, true, true, (16, 32, true), (2, 5, k));
+        linear_case::<bf16>(s + 2, format, false, true, (16, 16, false), (5, 7, k));
+    }
+}
