@@ -314,7 +314,7 @@ fn run_arch_case(
     let dtype = if bf { DType::BF16 } else { DType::F32 };
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
     let vals = |rng: &mut Rng, n: usize, lo: f32, hi: f32| -> Vec<f64> {
-        (0..n).map(|_| rng.uniform(lo, hi) as f32 as f64).collect()
+        (0..n).map(|_| rng.uniform(lo, hi) as f64).collect()
     };
     let arch = r::RopeArch {
         neox: opts & 1 != 0,

@@ -58,6 +58,7 @@ pub fn tiny_model() -> Result<Gguf> {
 pub fn tiny_llama() -> TinyLlama {
     TinyLlama {
         config: LlamaConfig {
+            arch: crate::gguf::Arch::LLAMA,
             n_layers: 2,
             n_embd: 128,
             n_ff: 256,
@@ -66,6 +67,7 @@ pub fn tiny_llama() -> TinyLlama {
             head_dim: 64,
             rope_dim: 64,
             rope_freq_base: 10000.0,
+            rope_scaling: crate::gguf::RopeScaling::None,
             rms_norm_eps: 1e-5,
             context_length: 256,
             vocab_size: tiny_vocab_min_size(),

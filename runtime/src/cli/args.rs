@@ -35,7 +35,10 @@ pub struct ProfileArgs {
 /// Arguments of `tessera synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// The shape: smollm2-135m, llama-1b or llama-8b.
+    /// The shape: smollm2-135m, llama-1b or llama-8b (Llama benchmarks), or
+    /// a small test model of an architecture: llama3, mistral, qwen2.5 or
+    /// qwen3 (these need --vocab-from; the default seed 1 gives the files the
+    /// golden tests use).
     #[arg(long)]
     pub shape: String,
     /// The GGUF file to write.
