@@ -252,8 +252,10 @@ pub const SYNTH_SHAPES: [&str; 3] = ["smollm2-135m", "llama-1b", "llama-8b"];
 /// (hidden 256, 4 layers, FFN 512, GQA with head dimension 64, a real
 /// vocabulary), each with what its real files have:
 ///
-/// - `llama3`: Llama 3's `rope_freqs.weight` (the `llama3` scaling, factor 8),
-///   theta 500000, an untied head, Q4_0 matrices; the `llama-bpe` vocabulary.
+/// - `llama3`: Llama 3's `rope_freqs.weight` (the `llama3` scaling, factor 8,
+///   with an original context of 16 so that it matters at short positions),
+///   theta 500000, matrices scaled by 2 (sharper attention), an untied head,
+///   Q4_0 matrices; the `llama-bpe` vocabulary.
 /// - `mistral`: arch `llama` with a sliding window of 4096 and a 32768
 ///   context, theta 1e6, an untied head, Q4_1 matrices; the SentencePiece
 ///   `llama-spm` vocabulary.
@@ -347,7 +349,11 @@ pub fn synth_arch(name: &str, vocab: Vocab) -> Option<TinyLlama> {
                 ..base
             },
             matrix_type: GgmlType::Q4_0,
-            rope_freqs: Some(llama3_rope_freqs(64, 500_000.0, 8.0, 1.0, 4.0, 256.0)),
+            // Sharper attention (larger Q/K products) makes positions matter.
+            matrix_scale: 2.0,
+            // An original context of 16 (Llama 3.1's is 8192) scales most pairs
+            // within the short test prompts, so the factors decide tokens.
+            rope_freqs: Some(llama3_rope_freqs(64, 500_000.0, 8.0, 1.0, 4.0, 16.0)),
             ..model
         },
         "mistral" => TinyLlama {
