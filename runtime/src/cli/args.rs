@@ -57,7 +57,8 @@ pub struct SynthArgs {
 /// Where the model comes from and how the engine is sized.
 #[derive(Debug, Args, Clone)]
 pub struct ModelArgs {
-    /// A Llama-family GGUF file (F32/F16/BF16 norms, Q4_0/Q4_1/Q8_0 matrices).
+    /// A GGUF file of a supported architecture (llama, qwen2, qwen3; F32/F16/BF16
+    /// norms, Q4_0/Q4_1/Q8_0 matrices).
     #[arg(long, default_value = crate::app::DEFAULT_MODEL)]
     pub model: PathBuf,
     /// The device: the GPU when usable (auto), or force one.
