@@ -17,7 +17,7 @@ export INSTA_UPDATE := no
 export RUST_BACKTRACE ?= 1
 export CARGO_TERM_COLOR ?= auto
 
-.PHONY: help setup model vocab kquant-models test run fmt clippy clean deps-check
+.PHONY: help setup model vocab kquant-models test run fmt clippy clean deps-check synth-models golden-tool golden-synth
 
 help:
 	@echo "make run     main job: install what is missing, fetch the model, build, generate text"
@@ -27,6 +27,9 @@ help:
 	@echo "make model   fetch and verify the reference model into models/"
 	@echo "make vocab   fetch and verify the tokenizer tests' vocabulary files into models/vocab/"
 	@echo "make kquant-models  requantize the model with llama.cpp to Q4_K_M, Q5_K_M, Q6_K, Q8_0, F16"
+	@echo "make synth-models  write the synthetic Llama 3 / Mistral / Qwen2.5 / Qwen3 files into models/synth/"
+	@echo "make golden-synth  llama.cpp goldens of those files into runtime/tests/data/synth-*.json"
+	@echo "                   (needs libllama: LLAMA_CPP=/path/to/llama.cpp with build/bin, see ../shared/bench/llama-cpp.sh)"
 	@echo "make fmt     format the workspace"
 	@echo "make clippy  lint the workspace"
 	@echo "make clean   remove target/ (the next setup reinstalls target/tools)"
@@ -53,6 +56,34 @@ vocab:
 # with a message without cmake.
 kquant-models: model
 	@bash .ci/requantize
+
+# Small random-weight models of each supported architecture with real
+# vocabularies (`tessera synth --shape NAME`, deterministic), into models/synth/.
+SYNTH_ARCHS := llama3:llama-bpe mistral:llama-spm qwen2.5:qwen2 qwen3:qwen2
+synth-models: setup vocab
+	$(CARGO) build $(LOCKED) -p runtime --bin tessera
+	@mkdir -p models/synth
+	@for a in $(SYNTH_ARCHS); do \
+		target/debug/tessera synth --shape $${a%%:*} --vocab-from models/vocab/ggml-vocab-$${a#*:}.gguf \
+			--out models/synth/$${a%%:*}.gguf; \
+	done
+
+# The golden tool (.ci/golden/golden.cpp) against a CPU build of llama.cpp.
+LLAMA_CPP ?= /tmp/lcpp-work/llama.cpp
+GOLDEN := target/golden/golden
+golden-tool:
+	@mkdir -p target/golden
+	g++ -O2 -std=c++17 -I $(LLAMA_CPP)/include -I $(LLAMA_CPP)/ggml/include .ci/golden/golden.cpp \
+		-L $(LLAMA_CPP)/build/bin -lllama -lggml -lggml-base -Wl,-rpath,$(LLAMA_CPP)/build/bin -o $(GOLDEN)
+
+# llama.cpp's greedy continuations and top-2 gaps on the synthetic models, the
+# test data of runtime's parity test (committed; rerun after changing them).
+GOLDEN_PROMPTS := "The capital of France is" "def fibonacci(n):" "Once upon a time, 3 cats"
+golden-synth: synth-models golden-tool
+	@for a in $(SYNTH_ARCHS); do n=$${a%%:*}; \
+		$(GOLDEN) models/synth/$$n.gguf runtime/tests/data/synth-$$n.json 24 $(GOLDEN_PROMPTS) 2>/dev/null; \
+		echo "wrote runtime/tests/data/synth-$$n.json"; \
+	done
 
 test: setup model vocab deps-check
 	$(CARGO) fmt --all -- --check

@@ -183,3 +183,106 @@ pub fn rope_row(
     let v = load(qkv_ptr + row + (n_q + n_kv) * head_dim + vh, mask = valid, other = 0.0);
     store(v_cache_ptr + dst + vh, v, mask = valid);
 }
+
+/// [`rope_kv_write`] with the options where model architectures differ,
+/// each a constexpr (off: the same arithmetic as [`rope_kv_write`]):
+///
+/// - `NEOX`: rotate the pairs `(x[i], x[i + HALF])` (llama.cpp
+///   `LLAMA_ROPE_TYPE_NEOX`: Qwen2, Qwen3) instead of adjacent pairs. The
+///   angle of pair `i` is the same.
+/// - `FACTORS`: divide pair `i`'s inverse frequency by `factors[i]` (f32,
+///   `[HALF]`): llama.cpp's `rope_freqs.weight` (Llama 3's `llama3` scaling),
+///   with linear scaling's factor folded in by the host.
+/// - `BIAS`: add `bias` (f32, `[(N_Q + 2 N_KV) * HEAD_DIM]`, one fused QKV
+///   row) to Q, K and V before anything else (Qwen2's projection biases).
+/// - `QK_NORM`: RMSNorm each Q and K head over its `HEAD_DIM` values before
+///   the rotation, `x * rsqrt(sum(x^2) / HEAD_DIM + eps) * w` in f32, with
+///   `w` the Q norm weight at `norm[0..HEAD_DIM]` and the K one at
+///   `norm[HEAD_DIM..2 HEAD_DIM]` (f32; Qwen3).
+///
+/// Everything is per token (one program per token), so a row's values never
+/// depend on the other rows of the launch (batch invariance). Unused pointer
+/// arguments are never read.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_arch_kv_write<T: Float>(
+    qkv_ptr: Ptr<T>,
+    pos_ptr: Ptr<i32>,
+    slot_ptr: Ptr<i32>,
+    q_out_ptr: Ptr<T>,
+    k_cache_ptr: Ptr<T>,
+    v_cache_ptr: Ptr<T>,
+    factors_ptr: Ptr<f32>,
+    bias_ptr: Ptr<f32>,
+    norm_ptr: Ptr<f32>,
+    theta: f32,
+    eps: f32,
+    #[constexpr] N_Q: usize,
+    #[constexpr] N_KV: usize,
+    #[constexpr] HEAD_DIM: usize,
+    #[constexpr] NEOX: bool,
+    #[constexpr] FACTORS: bool,
+    #[constexpr] BIAS: bool,
+    #[constexpr] QK_NORM: bool,
+) {
+    gdc_wait();
+    gdc_launch_dependents();
+    let tok = program_id(0);
+    let half = HEAD_DIM / 2;
+    let row = tok * ((N_Q + 2 * N_KV) * HEAD_DIM);
+    let pos = load(pos_ptr + tok).to(f32);
+    let slot = load(slot_ptr + tok);
+
+    // Angles as in `rope_row`, optionally divided by the frequency factors.
+    let i = arange(0, half);
+    let expo = (i * 2).to(f32) / HEAD_DIM;
+    let base = exp2(-(expo * log2(theta)));
+    let inv_freq = if FACTORS { base / load(factors_ptr + i) } else { base };
+    let angle = pos * inv_freq;
+    let k = floor(angle * 0.159_154_943_091_895_35 + 0.5);
+    let r = angle - k * 6.28125 - k * 0.001_935_307_179_586_476_9;
+    let c = expand_dims(cos(r), 0);
+    let s = expand_dims(sin(r), 0);
+    // The first element of each pair and the distance to its partner.
+    let first = expand_dims(if NEOX { i } else { i * 2 }, 0);
+    let step = if NEOX { half } else { 1 };
+
+    // Q: [N_Q, HALF] pairs (+ bias, head norm), rotated, to q_out.
+    let qh = expand_dims(arange(0, N_Q), 1) * HEAD_DIM + first;
+    let q0 = load(qkv_ptr + row + qh).to(f32);
+    let q1 = load(qkv_ptr + row + qh + step).to(f32);
+    let q0 = if BIAS { q0 + load(bias_ptr + qh) } else { q0 };
+    let q1 = if BIAS { q1 + load(bias_ptr + qh + step) } else { q1 };
+    let q_rstd = expand_dims(rsqrt(sum(q0 * q0 + q1 * q1, 1) / HEAD_DIM + eps), 1);
+    let q0 = if QK_NORM { q0 * q_rstd * load(norm_ptr + first) } else { q0 };
+    let q1 = if QK_NORM { q1 * q_rstd * load(norm_ptr + first + step) } else { q1 };
+    let q_dst = q_out_ptr + tok * (N_Q * HEAD_DIM) + qh;
+    store(q_dst, q0 * c - q1 * s);
+    store(q_dst + step, q0 * s + q1 * c);
+
+    // K (+ bias, head norm, rotated) and V (+ bias) to the token's cache
+    // slot, unless slot < 0.
+    let valid = slot >= 0;
+    let dst = where_(valid, slot, 0) * (N_KV * HEAD_DIM);
+    let heads = expand_dims(arange(0, N_KV), 1) * HEAD_DIM;
+    let kh = heads + first;
+    let k_off = N_Q * HEAD_DIM;
+    let k0 = load(qkv_ptr + row + k_off + kh, mask = valid, other = 0.0).to(f32);
+    let k1 = load(qkv_ptr + row + k_off + kh + step, mask = valid, other = 0.0).to(f32);
+    let k0 = if BIAS { k0 + load(bias_ptr + k_off + kh) } else { k0 };
+    let k1 = if BIAS { k1 + load(bias_ptr + k_off + kh + step) } else { k1 };
+    let k_rstd = expand_dims(rsqrt(sum(k0 * k0 + k1 * k1, 1) / HEAD_DIM + eps), 1);
+    let k0 = if QK_NORM { k0 * k_rstd * load(norm_ptr + HEAD_DIM + first) } else { k0 };
+    let k1 = if QK_NORM { k1 * k_rstd * load(norm_ptr + HEAD_DIM + first + step) } else { k1 };
+    let k_dst = k_cache_ptr + dst + kh;
+    store(k_dst, k0 * c - k1 * s, mask = valid);
+    store(k_dst + step, k0 * s + k1 * c, mask = valid);
+    let vh = heads + expand_dims(arange(0, HEAD_DIM), 0);
+    let v_off = (N_Q + N_KV) * HEAD_DIM;
+    let v = load(qkv_ptr + row + v_off + vh, mask = valid, other = 0.0);
+    if BIAS {
+        store(v_cache_ptr + dst + vh, v.to(f32) + load(bias_ptr + v_off + vh), mask = valid);
+    } else {
+        store(v_cache_ptr + dst + vh, v, mask = valid);
+    }
+}

@@ -292,4 +292,39 @@ mod tests {
         }
         assert_eq!(reports.iter().map(|r| r.forced_clear).sum::<usize>(), 217);
     }
+
+    /// Both golden rules on each synthetic architecture
+    /// (`gguf::tiny::synth_arch`: Llama 3, Mistral, Qwen2.5, Qwen3) through
+    /// the native CPU backend, against llama.cpp's goldens of the same files
+    /// (`runtime/tests/data/synth-*.json`, written by `make golden-synth`).
+    /// The model is written from its description (the vocabulary from
+    /// `models/vocab/`, fetched by `make vocab`), so it is the golden's file
+    /// byte for byte.
+    #[test]
+    fn synthetic_architectures_meet_both_golden_rules_on_the_native_backend() {
+        use crate::gguf::tiny::{SYNTH_ARCHS, synth_arch, synth_arch_vocab};
+        use crate::gguf::{Gguf, Vocab};
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let mut clear = Vec::new();
+        for name in SYNTH_ARCHS {
+            let vocab_path = root.join("../models/vocab").join(synth_arch_vocab(name).unwrap());
+            assert!(vocab_path.is_file(), "{} is missing: run `make vocab`", vocab_path.display());
+            let vocab = Vocab::from_metadata(Gguf::open(&vocab_path).unwrap().metadata()).unwrap();
+            let bytes = synth_arch(name, vocab).unwrap().to_bytes().unwrap();
+            let model =
+                std::env::temp_dir().join(format!("tessera-synth-{name}-{}.gguf", std::process::id()));
+            std::fs::write(&model, bytes).unwrap();
+            let golden = Golden::load(&root.join(format!("tests/data/synth-{name}.json"))).unwrap();
+            let opts = LoadOptions { model: model.clone(), ..LoadOptions::native_test(256, 32) };
+            let reports = run_task(&opts, Parity { golden, full: false });
+            std::fs::remove_file(&model).unwrap();
+            let reports = reports.unwrap();
+            for (i, r) in reports.iter().enumerate() {
+                assert!(r.passed(), "{name} case {i}: {r:?}");
+            }
+            clear.push(reports.iter().map(|r| r.forced_clear).sum::<usize>());
+        }
+        // Teacher-forced positions with a clear llama.cpp gap, per architecture.
+        assert_eq!(clear, [51, 53, 47, 60]);
+    }
 }

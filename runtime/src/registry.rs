@@ -118,6 +118,11 @@ fn build_rope_kv_write() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, 9, 3, 64))
 }
 
+fn build_rope_arch_kv_write() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::rope::rope_arch_kv_write as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 16, 8, 128, true, true, true, true))
+}
+
 fn build_add_rmsnorm() -> dsl_core::Result<(Function, LaunchOptions)> {
     let block = kernels::rmsnorm::block_for(4096);
     spec::<add_rmsnorm::Kernel>(
@@ -414,6 +419,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, N_Q = 9, N_KV = 3, HEAD_DIM = 64, num_warps = 4",
         build: build_rope_kv_write,
         check: checks!(crate::check::rope::rope_kv_write),
+    },
+    Entry {
+        name: "rope_arch_kv_write",
+        description: "RoPE with the architecture options (NEOX pairs, frequency factors, QKV bias, Q/K head RMSNorm) + paged K/V cache write",
+        default_config: "T = bf16, N_Q = 16, N_KV = 8, HEAD_DIM = 128, NEOX, FACTORS, BIAS, QK_NORM, num_warps = 4",
+        build: build_rope_arch_kv_write,
+        check: checks!(crate::check::rope::rope_arch_kv_write),
     },
     Entry {
         name: "sample",

@@ -17,7 +17,7 @@ use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::reference::rope::{self as r, RopeShape};
-use kernels::rope::rope_kv_write;
+use kernels::rope::{rope_arch_kv_write, rope_kv_write};
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
@@ -215,4 +215,201 @@ fn rope_rotates_adjacent_pairs() {
         assert!((g - w).abs() < 1e-12, "{k:?}");
     }
     assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
+}
+
+/// `rope_arch_kv_write` on the interpreter: `(q, k cache, v cache)`.
+fn interpret_arch<T: Storage>(
+    (qkv, positions, slots, k_init, v_init): Inputs<'_>,
+    shape: RopeShape,
+    theta: f64,
+    arch: &r::RopeArch,
+) -> Result<Outputs, TestCaseError> {
+    let RopeShape { n_q, n_kv, head_dim: d } = shape;
+    let tokens = positions.len();
+    let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
+    let f32s = |v: Option<&Vec<f64>>| v.map_or(vec![0f32], |v| v.iter().map(|&x| x as f32).collect());
+    let norm: Option<Vec<f64>> = arch.qk_norm.as_ref().map(|(q, k, _)| q.iter().chain(k).copied().collect());
+    let eps = arch.qk_norm.as_ref().map_or(1e-6, |n| n.2) as f32;
+    let mut cpu = Cpu::new();
+    let (pp, sp) = (cpu.upload(positions), cpu.upload(slots));
+    let (xp, qp) = (cpu.upload(&store(qkv)), cpu.zeros::<T>(tokens * n_q * d));
+    let (kp, vp) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
+    let fp = cpu.upload(&f32s(arch.factors.as_ref()));
+    let bp = cpu.upload(&f32s(arch.bias.as_ref()));
+    let np = cpu.upload(&f32s(norm.as_ref()));
+    let args = rope_arch_kv_write::Args {
+        qkv_ptr: xp.cast(),
+        pos_ptr: pp,
+        slot_ptr: sp,
+        q_out_ptr: qp.cast(),
+        k_cache_ptr: kp.cast(),
+        v_cache_ptr: vp.cast(),
+        factors_ptr: fp,
+        bias_ptr: bp,
+        norm_ptr: np,
+        theta: theta as f32,
+        eps,
+        _marker: PhantomData,
+    };
+    let config = rope_arch_kv_write::Config::new(
+        T::DTYPE,
+        n_q,
+        n_kv,
+        d,
+        arch.neox,
+        arch.factors.is_some(),
+        arch.bias.is_some(),
+        arch.qk_norm.is_some(),
+    );
+    rope_arch_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
+    Ok((f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp))))
+}
+
+/// Tolerances of the rotated heads `heads` (from head `first` of the fused
+/// row `row`) at `pos`: per element the norm of its pair after bias and
+/// head norm, times the f32 arithmetic and twice the angle bound (the
+/// factor's division adds one rounding); bf16 adds one unit of the
+/// final rounding.
+#[allow(clippy::too_many_arguments)]
+fn arch_tol(
+    arch: &r::RopeArch,
+    row: &[f64],
+    first: usize,
+    heads: usize,
+    d: usize,
+    norm: Option<&[f64]>,
+    pos: i32,
+    theta: f64,
+    bf: bool,
+    want: &[f64],
+) -> Vec<f64> {
+    let mut tol = vec![0.0; heads * d];
+    for h in 0..heads {
+        let x = arch.head(row, (first + h) * d, d, norm);
+        for i in 0..d / 2 {
+            let (a, b) = arch.pair(i, d);
+            let n = x[a].hypot(x[b]);
+            for j in [a, b] {
+                let w = want[h * d + j].abs();
+                tol[h * d + j] = n * (1e-5 + 2.0 * r::angle_error_bound(pos, i, d, theta))
+                    + if bf { w / 128.0 } else { 0.0 };
+            }
+        }
+    }
+    tol
+}
+
+/// One random case of every combination of the architecture options.
+fn run_arch_case(
+    tokens: usize,
+    shape: RopeShape,
+    theta: f64,
+    opts: u8,
+    bf: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let dtype = if bf { DType::BF16 } else { DType::F32 };
+    let RopeShape { n_q, n_kv, head_dim: d } = shape;
+    let vals = |rng: &mut Rng, n: usize, lo: f32, hi: f32| -> Vec<f64> {
+        (0..n).map(|_| rng.uniform(lo, hi) as f64).collect()
+    };
+    let arch = r::RopeArch {
+        neox: opts & 1 != 0,
+        factors: (opts & 2 != 0).then(|| vals(&mut rng, d / 2, 1.0, 8.0)),
+        bias: (opts & 4 != 0).then(|| vals(&mut rng, shape.row(), -2.0, 2.0)),
+        qk_norm: (opts & 8 != 0).then(|| (vals(&mut rng, d, 0.5, 1.5), vals(&mut rng, d, 0.5, 1.5), 1e-6)),
+    };
+    let n_slots = 2 * tokens + 3;
+    let qkv = nonzero(&mut rng, tokens * shape.row(), dtype);
+    let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
+    let slots: Vec<i32> =
+        (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { (2 * t + 1) as i32 }).collect();
+    let k_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+    let v_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+    let (mut k_want, mut v_want) = (k_init.clone(), v_init.clone());
+    let q_want =
+        r::rope_arch_kv_write(&qkv, &positions, &slots, theta, shape, &arch, dtype, &mut k_want, &mut v_want);
+    let inputs =
+        (qkv.as_slice(), positions.as_slice(), slots.as_slice(), k_init.as_slice(), v_init.as_slice());
+    let (q_got, k_got, v_got) = if bf {
+        interpret_arch::<bf16>(inputs, shape, theta, &arch)?
+    } else {
+        interpret_arch::<f32>(inputs, shape, theta, &arch)?
+    };
+    let (qn, kn) = match &arch.qk_norm {
+        Some((q, k, _)) => (Some(q.as_slice()), Some(k.as_slice())),
+        None => (None, None),
+    };
+    let (sl, rl) = (shape.slot(), shape.row());
+    for (t, &pos) in positions.iter().enumerate() {
+        let row = &qkv[t * rl..(t + 1) * rl];
+        let (a, b) = (t * n_q * d, (t + 1) * n_q * d);
+        let tol = arch_tol(&arch, row, 0, n_q, d, qn, pos, theta, bf, &q_want[a..b]);
+        check(&format!("q_out token {t} opts {opts}"), &q_got[a..b], &q_want[a..b], &tol)?;
+        if slots[t] < 0 {
+            continue;
+        }
+        let (a, b) = (slots[t] as usize * sl, (slots[t] as usize + 1) * sl);
+        let tol = arch_tol(&arch, row, n_q, n_kv, d, kn, pos, theta, bf, &k_want[a..b]);
+        check(&format!("k_cache token {t} opts {opts}"), &k_got[a..b], &k_want[a..b], &tol)?;
+        let v_tol: Vec<f64> =
+            v_want[a..b].iter().map(|w| w.abs() * if bf { 1.0 / 128.0 } else { 1e-6 }).collect();
+        check(&format!("v_cache token {t} opts {opts}"), &v_got[a..b], &v_want[a..b], &v_tol)?;
+    }
+    // Slots no token writes keep their contents.
+    for s in (0..n_slots).filter(|s| !slots.contains(&(*s as i32))) {
+        let (a, b) = (s * sl, (s + 1) * sl);
+        prop_assert_eq!(&k_got[a..b], &k_init[a..b], "k_cache slot {} must be untouched", s);
+        prop_assert_eq!(&v_got[a..b], &v_init[a..b], "v_cache slot {} must be untouched", s);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(cases(32))]
+
+    /// Every combination of NEOX pairs, frequency factors, QKV bias and
+    /// Q/K head norm, ragged token counts, GQA shapes, f32 and bf16.
+    #[test]
+    fn rope_arch_kv_write_ragged(
+        tokens in 1usize..9,
+        wide in any::<bool>(),
+        opts in 0u8..16,
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let (shape, theta) = if wide {
+            (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 1_000_000.0)
+        } else {
+            (RopeShape { n_q: 7, n_kv: 1, head_dim: 32 }, 10_000.0)
+        };
+        run_arch_case(tokens, shape, theta, opts, bf, seed)?;
+    }
+}
+
+/// NEOX pairs `(x[i], x[i + d/2])` with every option off equal the plain
+/// kernel's rotation of the permuted head; checked on a hand-computed case.
+#[test]
+fn rope_arch_rotates_neox_halves() {
+    let shape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
+    // q = (1, 0 | 0, 1): pair 0 is (q[0], q[2]) = (1, 0), pair 1 (q[1], q[3]) = (0, 1).
+    let qkv = [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
+    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
+    let arch = r::RopeArch { neox: true, ..Default::default() };
+    let q = r::rope_arch_kv_write(&qkv, &[1], &[1], 100.0, shape, &arch, DType::F64, &mut k, &mut v);
+    let (c0, s0) = (1f64.cos(), 1f64.sin());
+    let (c1, s1) = (0.1f64.cos(), 0.1f64.sin());
+    let want_q = [c0, -s1, s0, c1];
+    for (g, w) in q.iter().zip(want_q) {
+        assert!((g - w).abs() < 1e-12, "{q:?}");
+    }
+    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
+    let inputs = (&qkv[..], &[1][..], &[1][..], &[9.0; 8][..], &[9.0; 8][..]);
+    let (gq, _, _) = interpret_arch::<f32>(inputs, shape, 100.0, &arch).unwrap();
+    for (g, w) in gq.iter().zip(want_q) {
+        assert!((g - w).abs() < 1e-6, "{gq:?}");
+    }
 }

@@ -107,3 +107,104 @@ pub fn rope_kv_write(
     }
     q_out
 }
+
+/// The architecture options of `rope_arch_kv_write` (see there), as f64
+/// values (`None`: the option is off).
+#[derive(Clone, Debug, Default)]
+pub struct RopeArch {
+    /// Rotate `(x[i], x[i + d/2])` instead of `(x[2i], x[2i+1])`.
+    pub neox: bool,
+    /// Per-pair divisors of the inverse frequency, `[d/2]`.
+    pub factors: Option<Vec<f64>>,
+    /// Added to the fused QKV row, `[(n_q + 2 n_kv) d]`.
+    pub bias: Option<Vec<f64>>,
+    /// Q and K head-norm weights (`[d]` each) and epsilon.
+    pub qk_norm: Option<(Vec<f64>, Vec<f64>, f64)>,
+}
+
+impl RopeArch {
+    /// The exact angle of pair `i` at `pos`.
+    pub fn angle(&self, pos: i32, i: usize, head_dim: usize, theta: f64) -> f64 {
+        angle(pos, i, head_dim, theta) / self.factors.as_ref().map_or(1.0, |f| f[i])
+    }
+
+    /// The element indices `(first, partner)` of pair `i` in a head.
+    pub fn pair(&self, i: usize, head_dim: usize) -> (usize, usize) {
+        if self.neox { (i, i + head_dim / 2) } else { (2 * i, 2 * i + 1) }
+    }
+
+    /// One head `x` (`d` values at offset `off` of the fused row) with the
+    /// bias added and, when `norm` is given, RMSNormed with it.
+    pub fn head(&self, row: &[f64], off: usize, d: usize, norm: Option<&[f64]>) -> Vec<f64> {
+        let mut x: Vec<f64> =
+            (0..d).map(|j| row[off + j] + self.bias.as_ref().map_or(0.0, |b| b[off + j])).collect();
+        if let (Some(w), Some((_, _, eps))) = (norm, &self.qk_norm) {
+            let rstd = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps).sqrt();
+            for (v, w) in x.iter_mut().zip(w) {
+                *v *= rstd * w;
+            }
+        }
+        x
+    }
+
+    /// `x` rotated at `pos`.
+    fn rotate_head(&self, x: &[f64], pos: i32, theta: f64) -> Vec<f64> {
+        let d = x.len();
+        let mut y = vec![0.0; d];
+        for i in 0..d / 2 {
+            let (a, b) = self.pair(i, d);
+            let (y0, y1) = rotate(x[a], x[b], self.angle(pos, i, d, theta));
+            y[a] = y0;
+            y[b] = y1;
+        }
+        y
+    }
+}
+
+/// `rope_arch_kv_write` in f64: [`rope_kv_write`] with the options of `arch`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_arch_kv_write(
+    qkv: &[f64],
+    positions: &[i32],
+    slots: &[i32],
+    theta: f64,
+    shape: RopeShape,
+    arch: &RopeArch,
+    dtype: DType,
+    k_cache: &mut [f64],
+    v_cache: &mut [f64],
+) -> Vec<f64> {
+    let RopeShape { n_q, n_kv, head_dim: d } = shape;
+    let tokens = positions.len();
+    assert_eq!(slots.len(), tokens);
+    assert_eq!(qkv.len(), tokens * shape.row());
+    let round = |v: f64| dtype.round_float(v);
+    let (qn, kn) = match &arch.qk_norm {
+        Some((q, k, _)) => (Some(q.as_slice()), Some(k.as_slice())),
+        None => (None, None),
+    };
+    let mut q_out = vec![0.0; tokens * n_q * d];
+    for t in 0..tokens {
+        let row = &qkv[t * shape.row()..(t + 1) * shape.row()];
+        let pos = positions[t];
+        for h in 0..n_q {
+            let y = arch.rotate_head(&arch.head(row, h * d, d, qn), pos, theta);
+            for (j, v) in y.into_iter().enumerate() {
+                q_out[t * n_q * d + h * d + j] = round(v);
+            }
+        }
+        if slots[t] < 0 {
+            continue;
+        }
+        let base = slots[t] as usize * shape.slot();
+        for h in 0..n_kv {
+            let y = arch.rotate_head(&arch.head(row, (n_q + h) * d, d, kn), pos, theta);
+            let v = arch.head(row, (n_q + n_kv + h) * d, d, None);
+            for j in 0..d {
+                k_cache[base + h * d + j] = round(y[j]);
+                v_cache[base + h * d + j] = round(v[j]);
+            }
+        }
+    }
+    q_out
+}

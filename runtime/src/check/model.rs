@@ -58,6 +58,7 @@ pub fn tiny_model() -> Result<Gguf> {
 pub fn tiny_llama() -> TinyLlama {
     TinyLlama {
         config: LlamaConfig {
+            arch: crate::gguf::Arch::LLAMA,
             n_layers: 2,
             n_embd: 128,
             n_ff: 256,
@@ -66,6 +67,7 @@ pub fn tiny_llama() -> TinyLlama {
             head_dim: 64,
             rope_dim: 64,
             rope_freq_base: 10000.0,
+            rope_scaling: crate::gguf::RopeScaling::None,
             rms_norm_eps: 1e-5,
             context_length: 256,
             vocab_size: tiny_vocab_min_size(),
@@ -81,6 +83,30 @@ pub fn tiny_flat_model() -> Result<Gguf> {
     let config = LlamaConfig::from_metadata(tiny_model()?.metadata())?;
     let t = TinyLlama { config, embedding_scale: 0.03, ..TinyLlama::default() };
     Ok(Gguf::from_bytes(t.to_bytes()?)?)
+}
+
+/// The tiny model ([`tiny_llama`], with `embedding_scale`) in each variant
+/// of the forward pass beyond plain Llama: `qwen2` (QKV bias, NEOX RoPE),
+/// `qwen3` (Q/K head norm, NEOX RoPE, 4 query heads of 64 on the hidden size
+/// of 128, so the Q and O projections are wider than the model) and `llama3`
+/// (RoPE frequency factors, `rope_freqs.weight`).
+pub fn tiny_arch_models(embedding_scale: f32) -> Result<Vec<(&'static str, Gguf)>> {
+    use crate::gguf::Arch;
+    use crate::gguf::tiny::llama3_rope_freqs;
+    let base = tiny_llama();
+    let c = base.config.clone();
+    let variants = [
+        ("qwen2", LlamaConfig { arch: Arch::QWEN2, ..c.clone() }, None),
+        ("qwen3", LlamaConfig { arch: Arch::QWEN3, n_head: 4, ..c.clone() }, None),
+        ("llama3", c.clone(), Some(llama3_rope_freqs(c.head_dim, c.rope_freq_base, 8.0, 1.0, 4.0, 16.0))),
+    ];
+    variants
+        .into_iter()
+        .map(|(name, config, rope_freqs)| {
+            let t = TinyLlama { config, rope_freqs, embedding_scale, ..base.clone() };
+            Ok((name, Gguf::from_bytes(t.to_bytes()?)?))
+        })
+        .collect()
 }
 
 /// The two test sequences' tokens (20 and 5) for a vocabulary of `v`.
@@ -155,7 +181,8 @@ pub fn compare_logits(kernel: &str, dtype: DType, got: &[f32], want: &[f32], rel
 }
 
 /// The model check: the scenario on the GPU against the interpreter, f32 and
-/// bf16 (`_seed` is unused: the model's weights are seeded by the tiny writer).
+/// bf16, for the tiny Llama and its [`tiny_arch_models`] variants (`_seed`
+/// is unused: the model's weights are seeded by the tiny writer).
 pub fn gpu_check(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let gguf = tiny_model()?;
     let mut cpu = Cpu::new();
@@ -165,6 +192,16 @@ pub fn gpu_check(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let want = run_scenario::<Cpu, bf16>(&mut cpu, &gguf)?;
     let got = run_scenario::<Cuda, bf16>(cuda, &gguf)?;
     rows.push(compare_logits("llama_forward", DType::BF16, &got, &want, 1e-2));
+    // The other architectures' variants (bias, NEOX, head norm, factors).
+    for (name, gguf) in tiny_arch_models(0.5)? {
+        let kernel = format!("{name}_forward");
+        let want = run_scenario::<Cpu, f32>(&mut cpu, &gguf)?;
+        let got = run_scenario::<Cuda, f32>(cuda, &gguf)?;
+        rows.push(compare_logits(&kernel, DType::F32, &got, &want, 1e-3));
+        let want = run_scenario::<Cpu, bf16>(&mut cpu, &gguf)?;
+        let got = run_scenario::<Cuda, bf16>(cuda, &gguf)?;
+        rows.push(compare_logits(&kernel, DType::BF16, &got, &want, 1e-2));
+    }
     Ok(rows)
 }
 

@@ -167,3 +167,115 @@ pub fn rope_kv_write<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>>
     }
     Ok(rows)
 }
+
+/// Which options of `rope_arch_kv_write` a case turns on.
+#[derive(Clone, Copy, Debug)]
+struct ArchOpts {
+    neox: bool,
+    factors: bool,
+    bias: bool,
+    qk_norm: bool,
+}
+
+/// `(q, k cache, v cache)` after `rope_arch_kv_write` on `dev`, with the
+/// f32 vectors `factors`, `bias` and `norm` (Q then K weights).
+#[allow(clippy::too_many_arguments)]
+fn rope_arch_on<T: ActElem, D: Device>(
+    dev: &mut D,
+    s: Shape,
+    o: ArchOpts,
+    inp: &RopeInputs<'_, T>,
+    factors: &[f32],
+    bias: &[f32],
+    norm: &[f32],
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    use kernels::rope::rope_arch_kv_write as k;
+    let tokens = inp.positions.len();
+    let config = k::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d, o.neox, o.factors, o.bias, o.qk_norm);
+    let (xd, pd, sd) = (dev.upload(inp.qkv)?, dev.upload(inp.positions)?, dev.upload(inp.slots)?);
+    let (qd, kd, vd) =
+        (dev.zeros::<T>(tokens * s.n_q * s.d)?, dev.upload(inp.k_init)?, dev.upload(inp.v_init)?);
+    let (fd, bd, nd) = (dev.upload(factors)?, dev.upload(bias)?, dev.upload(norm)?);
+    let args = k::Args {
+        qkv_ptr: dev.ptr(&xd)?,
+        pos_ptr: dev.ptr(&pd)?,
+        slot_ptr: dev.ptr(&sd)?,
+        q_out_ptr: dev.ptr(&qd)?,
+        k_cache_ptr: dev.ptr(&kd)?,
+        v_cache_ptr: dev.ptr(&vd)?,
+        factors_ptr: dev.ptr(&fd)?,
+        bias_ptr: dev.ptr(&bd)?,
+        norm_ptr: dev.ptr(&nd)?,
+        theta: s.theta,
+        eps: 1e-6,
+        _marker: PhantomData,
+    };
+    dev.run::<k::Kernel>([tokens as u32, 1, 1], &config, &args)?;
+    Ok((to_f64(&dev.download(&qd)?), to_f64(&dev.download(&kd)?), to_f64(&dev.download(&vd)?)))
+}
+
+/// One `rope_arch_kv_write` case: the device against the interpreter on the
+/// same random inputs (positions below 1024, so the GPU's approximate angle
+/// is within `2^-10` rad). Tolerance per element: `1e-2` absolute (pairs of
+/// norm up to ~10 times that angle error, plus the f32 arithmetic of the
+/// head norm) plus one unit of the final rounding.
+fn rope_arch_case<T: ActElem, D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    s: Shape,
+    o: ArchOpts,
+    tokens: usize,
+) -> Result<CheckRow> {
+    let dtype = T::DEVICE_DTYPE;
+    let n_slots = 2 * tokens + 3;
+    let qkv = rng.values::<T>(tokens * s.row(), 2.0);
+    let positions: Vec<i32> = (0..tokens).map(|_| (rng.next_u64() % 1024) as i32).collect();
+    let slots: Vec<i32> =
+        (0..tokens).map(|t| if rng.next_u64() & 3 == 0 { -1 } else { (2 * t + 1) as i32 }).collect();
+    let k_init = rng.values::<T>(n_slots * s.slot(), 2.0);
+    let v_init = rng.values::<T>(n_slots * s.slot(), 2.0);
+    let mut f32s = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        (0..n).map(|_| lo + (hi - lo) * (rng.next_u64() % 4096) as f32 / 4096.0).collect()
+    };
+    let factors = f32s(s.d / 2, 1.0, 8.0);
+    let bias = f32s(s.row(), -2.0, 2.0);
+    let norm = f32s(2 * s.d, 0.5, 1.5);
+    let inputs =
+        RopeInputs { qkv: &qkv, positions: &positions, slots: &slots, k_init: &k_init, v_init: &v_init };
+    let (q_got, k_got, v_got) = rope_arch_on(dev, s, o, &inputs, &factors, &bias, &norm)?;
+    let (q_want, k_want, v_want) = rope_arch_on(&mut Cpu::new(), s, o, &inputs, &factors, &bias, &norm)?;
+    let all = |q: Vec<f64>, k: Vec<f64>, v: Vec<f64>| [q, k, v].concat();
+    let (got, want) = (all(q_got, k_got, v_got), all(q_want, k_want, v_want));
+    let round = if dtype == DType::F32 { 4.0 * f64::powi(2.0, -24) } else { 1.0 / 128.0 };
+    let tol: Vec<f64> = want.iter().map(|w| 1e-2 + round * w.abs()).collect();
+    let shape = format!(
+        "{tokens}t {}q{}kv{}d{}{}{}{}",
+        s.n_q,
+        s.n_kv,
+        s.d,
+        if o.neox { " neox" } else { "" },
+        if o.factors { " factors" } else { "" },
+        if o.bias { " bias" } else { "" },
+        if o.qk_norm { " qk_norm" } else { "" }
+    );
+    Ok(compare_each("rope_arch_kv_write", shape, dtype, &got, &want, &tol))
+}
+
+/// The `rope_arch_kv_write` check: Qwen2's options (NEOX, bias), Qwen3's
+/// (NEOX, head norm), Llama 3's (factors) and all of them, ragged token
+/// counts, f32 and bf16.
+pub fn rope_arch_kv_write<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut rows = Vec::new();
+    let opts = |neox, factors, bias, qk_norm| ArchOpts { neox, factors, bias, qk_norm };
+    for (s, o, tokens) in [
+        (WIDE, opts(true, false, true, false), 37),
+        (WIDE, opts(true, false, false, true), 5),
+        (SMOLLM2, opts(false, true, false, false), 130),
+        (SMOLLM2, opts(true, true, true, true), 1),
+    ] {
+        rows.push(rope_arch_case::<f32, _>(dev, &mut rng, s, o, tokens)?);
+        rows.push(rope_arch_case::<bf16, _>(dev, &mut rng, s, o, tokens)?);
+    }
+    Ok(rows)
+}

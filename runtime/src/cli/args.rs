@@ -35,7 +35,10 @@ pub struct ProfileArgs {
 /// Arguments of `tessera synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// The shape: smollm2-135m, llama-1b or llama-8b.
+    /// The shape: smollm2-135m, llama-1b or llama-8b (Llama benchmarks), or
+    /// a small test model of an architecture: llama3, mistral, qwen2.5 or
+    /// qwen3 (these need --vocab-from; the default seed 1 gives the files the
+    /// golden tests use).
     #[arg(long)]
     pub shape: String,
     /// The GGUF file to write.
@@ -54,7 +57,8 @@ pub struct SynthArgs {
 /// Where the model comes from and how the engine is sized.
 #[derive(Debug, Args, Clone)]
 pub struct ModelArgs {
-    /// A Llama-family GGUF file (F32/F16/BF16 norms; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16 matrices).
+    /// A GGUF file of a supported architecture (llama, qwen2, qwen3; F32/F16/BF16
+    /// norms; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16 matrices).
     #[arg(long, default_value = crate::app::DEFAULT_MODEL)]
     pub model: PathBuf,
     /// The device: the GPU when usable (auto), or force one.

@@ -141,17 +141,34 @@ fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
     app::run_task(&opts, task)
 }
 
-/// `tessera synth`: writes the random-weight model `a` asks for.
+/// `tessera synth`: writes the random-weight model `a` asks for: a Llama
+/// of a benchmark shape, or a small model of one of the supported
+/// architectures (`gguf::tiny::synth_arch`, which needs `--vocab-from`).
 fn synth(a: &SynthArgs) -> Result<()> {
-    use crate::gguf::tiny::{SYNTH_SHAPES, TinyLlama, synth_shape};
-    let config = synth_shape(&a.shape).ok_or_else(|| {
-        Error::Usage(format!("unknown --shape {:?}: expected one of {}", a.shape, SYNTH_SHAPES.join(", ")))
-    })?;
+    use crate::gguf::tiny::{
+        SYNTH_ARCHS, SYNTH_SHAPES, TinyLlama, synth_arch, synth_arch_vocab, synth_shape,
+    };
     let vocab = match &a.vocab_from {
         Some(p) => Some(crate::gguf::Vocab::from_metadata(crate::gguf::Gguf::open(p)?.metadata())?),
         None => None,
     };
-    let t = TinyLlama { config, seed: a.seed, embedding_scale: 0.05, vocab, ..TinyLlama::default() };
+    let t = if let Some(file) = synth_arch_vocab(&a.shape) {
+        let vocab = vocab.ok_or_else(|| {
+            Error::Usage(format!("--shape {} needs --vocab-from (models/vocab/{file})", a.shape))
+        })?;
+        let t = synth_arch(&a.shape, vocab).expect("every SYNTH_ARCHS name has a model");
+        TinyLlama { seed: t.seed ^ a.seed.wrapping_sub(1), ..t }
+    } else {
+        let config = synth_shape(&a.shape).ok_or_else(|| {
+            Error::Usage(format!(
+                "unknown --shape {:?}: expected one of {}, {}",
+                a.shape,
+                SYNTH_SHAPES.join(", "),
+                SYNTH_ARCHS.join(", ")
+            ))
+        })?;
+        TinyLlama { config, seed: a.seed, embedding_scale: 0.05, vocab, ..TinyLlama::default() }
+    };
     let bytes = t.to_bytes()?;
     std::fs::write(&a.out, &bytes)
         .map_err(|source| Error::Io { path: a.out.display().to_string(), source })?;

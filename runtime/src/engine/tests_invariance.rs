@@ -67,6 +67,25 @@ fn the_native_backend_keeps_the_guarantee() {
     }
 }
 
+/// The matrix on the native CPU backend for each architecture variant
+/// (`check::model::tiny_arch_models`: QKV bias, NEOX RoPE, Q/K head norm,
+/// RoPE factors): the options are per-token arithmetic, so the guarantee
+/// holds for them too.
+#[test]
+fn the_native_backend_keeps_the_guarantee_on_every_architecture() {
+    let mut host = codegen::host::Host::new();
+    let m = Matrix { budgets: vec![64], ngram: vec![3], draft_layers: None, ..Matrix::default() };
+    for (name, gguf) in crate::check::model::tiny_arch_models(0.03).unwrap() {
+        let results =
+            run_matrix::<codegen::host::Host, f32>(&mut host, &gguf, &targets(), Setup::roomy(128), &m)
+                .unwrap();
+        assert!(!results.is_empty(), "{name}");
+        for r in &results {
+            assert!(r.pass(), "{name}: {r:?}");
+        }
+    }
+}
+
 /// The matrix with decode steps padded to their graph bucket (the launches a
 /// CUDA graph replays, run directly): padding rows change nothing either.
 #[test]

@@ -25,8 +25,10 @@
 //! - [`quant`]: dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1) and
 //!   llama.cpp's reference quantization (for the writer and tests).
 //! - [`writer`]: [`GgufWriter`], which lays files out as llama.cpp does.
-//! - [`llama`]: [`LlamaConfig`] (validated hyperparameters) and the tensor names
-//!   and shapes of the Llama architecture.
+//! - [`arch`]: [`Arch`], where the supported architectures (llama, qwen2,
+//!   qwen3) differ, and [`RopeScaling`].
+//! - [`llama`]: [`LlamaConfig`] (validated hyperparameters of any supported
+//!   architecture) and the tensor names and shapes.
 //! - [`vocab`]: [`Vocab`], the `tokenizer.ggml.*` keys.
 //! - [`tiny`]: a small random-weight Llama with the real file's layout, for tests.
 //!
@@ -44,6 +46,7 @@
 //!   (nothing else of the crate), so the fuzz target (`runtime/fuzz`) compiles it
 //!   on its own.
 
+pub mod arch;
 pub mod llama;
 pub mod metadata;
 pub mod quant;
@@ -57,6 +60,7 @@ pub mod writer;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use arch::{Arch, RopeScaling, RopeStyle};
 pub use llama::LlamaConfig;
 pub use metadata::Metadata;
 pub use reader::{Gguf, Header};
@@ -224,8 +228,8 @@ pub enum GgufError {
         /// What is wrong, as a full sentence.
         message: String,
     },
-    /// Unsupported: `general.architecture` is not `llama`.
-    #[error("unsupported architecture `{0}` (only `llama` is supported)")]
+    /// Unsupported: `general.architecture` is none of [`arch::SUPPORTED`].
+    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3)")]
     UnsupportedArchitecture(String),
     /// User error: a tensor the caller (or the architecture) needs is absent.
     #[error("no tensor named `{0}`")]

@@ -624,6 +624,7 @@ fn real_smollm2_file() {
     assert_eq!((count(GgmlType::Q4_1), count(GgmlType::F32), count(GgmlType::Q8_0)), (210, 61, 1));
     let c = LlamaConfig::from_metadata(g.metadata()).unwrap();
     let expected = LlamaConfig {
+        arch: crate::gguf::Arch::LLAMA,
         n_layers: 30,
         n_embd: 576,
         n_ff: 1536,
@@ -632,6 +633,7 @@ fn real_smollm2_file() {
         head_dim: 64,
         rope_dim: 64,
         rope_freq_base: 100000.0,
+        rope_scaling: crate::gguf::RopeScaling::None,
         rms_norm_eps: 1e-5,
         context_length: 8192,
         vocab_size: 49152,
@@ -676,4 +678,76 @@ fn real_smollm2_file() {
     assert!(row.iter().all(|x| x.is_finite() && x.abs() < 10.0) && row.iter().any(|&x| x != 0.0));
     let q = g.tensor("blk.29.attn_q.weight").unwrap().to_f32();
     assert!(q.iter().all(|x| x.is_finite() && x.abs() < 10.0));
+}
+
+/// `general.architecture` picks the architecture and the prefix of its keys;
+/// an unknown one is an error naming every supported architecture.
+#[test]
+fn architectures_from_metadata() {
+    let base = TinyLlama::default();
+    for arch in [Arch::LLAMA, Arch::QWEN2, Arch::QWEN3] {
+        let t = TinyLlama { config: LlamaConfig { arch, ..base.config.clone() }, ..base.clone() };
+        let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+        let key = arch.key(llama::KEY_BLOCK_COUNT);
+        assert_eq!(key, format!("{}.block_count", arch.name));
+        assert!(g.metadata().get(&key).is_some(), "{key}");
+        let c = LlamaConfig::from_metadata(g.metadata()).unwrap();
+        assert_eq!(c, t.config);
+        // Qwen2's biases and Qwen3's head norms are part of the tensor list.
+        assert_eq!(g.tensor_info("blk.1.attn_v.bias").is_ok(), arch.qkv_bias);
+        assert_eq!(g.tensor_info("blk.1.attn_k_norm.weight").is_ok(), arch.qk_norm);
+        assert!(c.check_tensors(&g).unwrap(), "tied head");
+    }
+    let mut md = Gguf::from_bytes(tiny_bytes()).unwrap().metadata().clone();
+    md.set(llama::KEY_ARCHITECTURE, Value::from("gpt2"));
+    let e = LlamaConfig::from_metadata(&md).unwrap_err();
+    assert!(matches!(&e, GgufError::UnsupportedArchitecture(a) if a == "gpt2"));
+    for name in super::arch::SUPPORTED {
+        assert!(e.to_string().contains(name), "{e} does not list {name}");
+        assert_eq!(Arch::from_name(name).unwrap().name, name);
+    }
+}
+
+/// The optional hyperparameters of the other architectures: an explicit head
+/// dimension wider than `n_embd / n_head` (Qwen3), a sliding window (capping
+/// the context), linear RoPE scaling, and named errors for what is not
+/// supported.
+#[test]
+fn architecture_options_from_metadata() {
+    let base = TinyLlama::default();
+    // Qwen3-style: 8 heads of 16 on a hidden size of 64.
+    let wide = LlamaConfig { arch: Arch::QWEN3, n_head: 8, n_head_kv: 2, ..base.config.clone() };
+    let t = TinyLlama { config: wide.clone(), sliding_window: Some(100), ..base.clone() };
+    let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+    let c = LlamaConfig::from_metadata(g.metadata()).unwrap();
+    assert_eq!((c.head_dim, c.n_embd_q(), c.context_length), (16, 128, 100));
+    assert!(c.check_tensors(&g).unwrap(), "tied head");
+    assert_eq!(g.tensor_info("blk.0.attn_q.weight").unwrap().dims, [64, 128]);
+    assert_eq!(g.tensor_info("blk.0.attn_output.weight").unwrap().dims, [128, 64]);
+
+    let md = g.metadata().clone();
+    let with = |key: &str, v: Value| {
+        let mut md = md.clone();
+        md.set(Arch::QWEN3.key(key), v);
+        LlamaConfig::from_metadata(&md)
+    };
+    let c = with(llama::KEY_ROPE_SCALING_TYPE, Value::from("linear")).unwrap();
+    assert_eq!(c.rope_scaling, RopeScaling::None, "no factor: no scaling");
+    let mut md2 = md.clone();
+    md2.set("qwen3.rope.scaling.type", Value::from("linear"));
+    md2.set("qwen3.rope.scaling.factor", Value::F32(4.0));
+    let c = LlamaConfig::from_metadata(&md2).unwrap();
+    assert_eq!((c.rope_scaling, c.rope_scaling.divisor()), (RopeScaling::Linear(4.0), 4.0));
+    let invalid = |r: Result<LlamaConfig>, key: &str| {
+        assert!(matches!(&r, Err(GgufError::InvalidValue { key: k, .. }) if k == key), "{key}: {r:?}");
+    };
+    invalid(with(llama::KEY_ROPE_SCALING_TYPE, Value::from("yarn")), "qwen3.rope.scaling.type");
+    invalid(with(llama::KEY_SLIDING_WINDOW, Value::U32(0)), "qwen3.attention.sliding_window");
+    invalid(with(llama::KEY_VALUE_LENGTH, Value::U32(8)), "qwen3.attention.value_length");
+    // A frequency-factor tensor of the wrong length is a named mismatch.
+    let mut w = t.writer().unwrap();
+    w.add_f32_tensor(llama::ROPE_FREQS, GgmlType::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
+    let g = Gguf::from_bytes(w.to_bytes()).unwrap();
+    let e = c.check_tensors(&g).unwrap_err();
+    assert!(matches!(&e, GgufError::TensorMismatch { tensor, .. } if tensor == llama::ROPE_FREQS), "{e}");
 }

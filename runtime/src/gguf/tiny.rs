@@ -107,6 +107,19 @@ pub struct TinyLlama {
     /// The vocabulary to write (`None`: [`tiny_vocab`] of the configured
     /// size); its size must be the configured one.
     pub vocab: Option<Vocab>,
+    /// Multiplier of the untied LM head's weights (1: the projections'
+    /// scale). Large values widen the gaps between the top logits, which a
+    /// golden comparison needs.
+    pub output_scale: f32,
+    /// Multiplier of the projection matrices' weights (1: uniform with
+    /// half-width `1 / sqrt(fan_in)`).
+    pub matrix_scale: f32,
+    /// `rope_freqs.weight` to write (`[rope_dim / 2]` frequency divisors).
+    pub rope_freqs: Option<Vec<f32>>,
+    /// `{arch}.attention.sliding_window` to write.
+    pub sliding_window: Option<u32>,
+    /// `general.name`.
+    pub name: String,
 }
 
 impl Default for TinyLlama {
@@ -115,6 +128,7 @@ impl Default for TinyLlama {
     fn default() -> Self {
         TinyLlama {
             config: LlamaConfig {
+                arch: crate::gguf::Arch::LLAMA,
                 n_layers: 2,
                 n_embd: 64,
                 n_ff: 128,
@@ -123,6 +137,7 @@ impl Default for TinyLlama {
                 head_dim: 16,
                 rope_dim: 16,
                 rope_freq_base: 100000.0,
+                rope_scaling: crate::gguf::RopeScaling::None,
                 rms_norm_eps: 1e-5,
                 context_length: 256,
                 vocab_size: tiny_vocab_min_size(),
@@ -133,6 +148,11 @@ impl Default for TinyLlama {
             untied_output: false,
             embedding_scale: 0.5,
             vocab: None,
+            output_scale: 1.0,
+            matrix_scale: 1.0,
+            rope_freqs: None,
+            sliding_window: None,
+            name: "Tiny Llama".into(),
         }
     }
 }
@@ -143,10 +163,12 @@ impl TinyLlama {
         let c = &self.config;
         c.validate()?;
         let mut w = GgufWriter::new();
-        w.set(super::llama::KEY_ARCHITECTURE, "llama")?;
         w.set("general.type", "model")?;
-        w.set("general.name", "Tiny Llama")?;
+        w.set("general.name", self.name.as_str())?;
         c.write_metadata(&mut w)?;
+        if let Some(window) = self.sliding_window {
+            w.set(&c.arch.key(super::llama::KEY_SLIDING_WINDOW), Value::U32(window))?;
+        }
         // LLAMA_FTYPE_MOSTLY_Q4_1 when the matrices are Q4_1 (the real file's value).
         w.set("general.file_type", Value::U32(if self.matrix_type == GgmlType::Q4_1 { 3 } else { 0 }))?;
         match &self.vocab {
@@ -162,21 +184,28 @@ impl TinyLlama {
         w.set("general.quantization_version", Value::U32(2))?;
 
         let mut rng = Rng::new(self.seed);
+        if let Some(f) = &self.rope_freqs {
+            let spec = c.rope_freqs_tensor();
+            w.add_f32_tensor(&spec.name, GgmlType::F32, &spec.dims, f)?;
+        }
         let specs = c.tensors().into_iter().chain(self.untied_output.then(|| c.output_tensor()));
         for spec in specs {
             let n: u64 = spec.dims.iter().product();
             let fan_in = spec.dims[0] as f32;
             let (ty, values): (GgmlType, Vec<f32>) = match spec.role {
                 TensorRole::Norm => (GgmlType::F32, (0..n).map(|_| 1.0 + 0.1 * rng.signed_f32()).collect()),
+                TensorRole::Bias => (GgmlType::F32, (0..n).map(|_| 0.5 * rng.signed_f32()).collect()),
                 TensorRole::Embedding => {
                     (self.embedding_type, (0..n).map(|_| self.embedding_scale * rng.signed_f32()).collect())
                 }
-                TensorRole::Matrix => {
-                    (self.matrix_type, (0..n).map(|_| rng.signed_f32() / fan_in.sqrt()).collect())
-                }
-                TensorRole::Output => {
-                    (self.embedding_type, (0..n).map(|_| rng.signed_f32() / fan_in.sqrt()).collect())
-                }
+                TensorRole::Matrix => (
+                    self.matrix_type,
+                    (0..n).map(|_| self.matrix_scale * rng.signed_f32() / fan_in.sqrt()).collect(),
+                ),
+                TensorRole::Output => (
+                    self.embedding_type,
+                    (0..n).map(|_| self.output_scale * rng.signed_f32() / fan_in.sqrt()).collect(),
+                ),
             };
             w.add_f32_tensor(&spec.name, ty, &spec.dims, &values)?;
         }
@@ -200,6 +229,7 @@ pub fn synth_shape(name: &str) -> Option<LlamaConfig> {
         _ => return None,
     };
     Some(LlamaConfig {
+        arch: crate::gguf::Arch::LLAMA,
         n_layers,
         n_embd,
         n_ff,
@@ -208,6 +238,7 @@ pub fn synth_shape(name: &str) -> Option<LlamaConfig> {
         head_dim,
         rope_dim: head_dim,
         rope_freq_base: 100000.0,
+        rope_scaling: crate::gguf::RopeScaling::None,
         rms_norm_eps: 1e-5,
         context_length: 8192,
         vocab_size: 49152,
@@ -216,3 +247,134 @@ pub fn synth_shape(name: &str) -> Option<LlamaConfig> {
 
 /// The shape names [`synth_shape`] knows.
 pub const SYNTH_SHAPES: [&str; 3] = ["smollm2-135m", "llama-1b", "llama-8b"];
+
+/// The architectures `tessera synth --shape` writes as small test models
+/// (hidden 256, 4 layers, FFN 512, GQA with head dimension 64, a real
+/// vocabulary), each with what its real files have:
+///
+/// - `llama3`: Llama 3's `rope_freqs.weight` (the `llama3` scaling, factor 8,
+///   with an original context of 16 so that it matters at short positions),
+///   theta 500000, matrices scaled by 2 (sharper attention), an untied head,
+///   Q4_0 matrices; the `llama-bpe` vocabulary.
+/// - `mistral`: arch `llama` with a sliding window of 4096 and a 32768
+///   context, theta 1e6, an untied head, Q4_1 matrices; the SentencePiece
+///   `llama-spm` vocabulary.
+/// - `qwen2.5`: arch `qwen2` (QKV biases, NEOX RoPE), theta 1e6, the head tied
+///   to the embedding (scale 0.5, matrices scaled by 4 so that the layers,
+///   not the token's own embedding, decide), Q8_0 matrices; the `qwen2`
+///   vocabulary.
+/// - `qwen3`: arch `qwen3` (Q/K head norms, NEOX RoPE), 8 query heads of 64
+///   (wider than the hidden size, as Qwen3's `key_length` makes them), an
+///   untied head, Q4_1 matrices; the `qwen2` vocabulary.
+pub const SYNTH_ARCHS: [&str; 4] = ["llama3", "mistral", "qwen2.5", "qwen3"];
+
+/// The vocabulary file (under `models/vocab/`) of a [`SYNTH_ARCHS`] model.
+pub fn synth_arch_vocab(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "llama3" => "ggml-vocab-llama-bpe.gguf",
+        "mistral" => "ggml-vocab-llama-spm.gguf",
+        "qwen2.5" | "qwen3" => "ggml-vocab-qwen2.gguf",
+        _ => return None,
+    })
+}
+
+/// Llama 3's RoPE frequency divisors (the converter's `llama3` rule) for
+/// `head_dim` and `theta`, with the scaling `factor`, low and high frequency
+/// factors and original context `orig`.
+pub fn llama3_rope_freqs(
+    head_dim: usize,
+    theta: f32,
+    factor: f32,
+    low: f32,
+    high: f32,
+    orig: f32,
+) -> Vec<f32> {
+    let (low_wavelen, high_wavelen) = (orig / low, orig / high);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (orig / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// The [`SYNTH_ARCHS`] model `name` with `vocab` (its [`synth_arch_vocab`]).
+/// The embedding's and head's scales make the top logits stand apart (gaps of
+/// a few units), so most greedy positions are clear of ties.
+pub fn synth_arch(name: &str, vocab: Vocab) -> Option<TinyLlama> {
+    use super::arch::Arch;
+    let base = LlamaConfig {
+        arch: Arch::LLAMA,
+        n_layers: 4,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        rope_dim: 64,
+        rope_freq_base: 1_000_000.0,
+        rope_scaling: super::arch::RopeScaling::None,
+        rms_norm_eps: 1e-6,
+        context_length: 4096,
+        vocab_size: vocab.tokens.len(),
+    };
+    let model = TinyLlama {
+        config: base.clone(),
+        seed: 0x5EED_0039,
+        embedding_type: GgmlType::Q8_0,
+        matrix_type: GgmlType::Q4_1,
+        untied_output: true,
+        embedding_scale: 1.0,
+        vocab: Some(vocab),
+        output_scale: 8.0,
+        matrix_scale: 1.0,
+        rope_freqs: None,
+        sliding_window: None,
+        name: format!("synthetic {name}"),
+    };
+    Some(match name {
+        "llama3" => TinyLlama {
+            config: LlamaConfig {
+                rope_freq_base: 500_000.0,
+                rms_norm_eps: 1e-5,
+                context_length: 8192,
+                ..base
+            },
+            matrix_type: GgmlType::Q4_0,
+            // Sharper attention (larger Q/K products) makes positions matter.
+            matrix_scale: 2.0,
+            // An original context of 16 (Llama 3.1's is 8192) scales most pairs
+            // within the short test prompts, so the factors decide tokens.
+            rope_freqs: Some(llama3_rope_freqs(64, 500_000.0, 8.0, 1.0, 4.0, 16.0)),
+            ..model
+        },
+        "mistral" => TinyLlama {
+            config: LlamaConfig { rms_norm_eps: 1e-5, context_length: 32768, ..base },
+            sliding_window: Some(4096),
+            ..model
+        },
+        "qwen2.5" => TinyLlama {
+            config: LlamaConfig { arch: Arch::QWEN2, context_length: 32768, ..base },
+            matrix_type: GgmlType::Q8_0,
+            untied_output: false,
+            // Tied: a smaller embedding and larger layer outputs keep the
+            // current token's own logit from dominating every prediction.
+            embedding_scale: 0.35,
+            matrix_scale: 2.0,
+            ..model
+        },
+        "qwen3" => TinyLlama {
+            config: LlamaConfig { arch: Arch::QWEN3, n_head: 8, context_length: 40960, ..base },
+            ..model
+        },
+        _ => return None,
+    })
+}

@@ -30,6 +30,7 @@ use super::products::{Fuse, gemv_fused, linear_launch, matmul};
 use super::weights::{Kind, MatRef, Weights};
 use crate::cuda::DeviceElem;
 use crate::error::Result;
+use crate::gguf::RopeStyle;
 use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::launch::AnyDType;
@@ -38,7 +39,7 @@ use kernels::dequant::QuantFormat;
 use kernels::embedding::{self, embedding_f16, embedding_q8_0};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
-use kernels::rope::rope_kv_write;
+use kernels::rope::{rope_arch_kv_write, rope_kv_write};
 use std::marker::PhantomData;
 
 /// Element `off` of `b` as a kernel's dtype-generic pointer.
@@ -155,9 +156,14 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         self.project(ln, "qkv", w, (&s.normed, 0), (&s.qkv, 0), n, false, Fuse::None)
     }
 
-    /// RoPE on Q and K, K and V written to layer `l`'s paged cache.
+    /// RoPE on Q and K, K and V written to layer `l`'s paged cache: the
+    /// plain kernel for adjacent pairs and nothing else, otherwise the one
+    /// with the architecture's options ([`Fwd::rope_arch`]).
     fn rope(&self, ln: &mut Launcher<'_, D>, l: usize) -> Result<()> {
         let c = &self.w.config;
+        if !self.w.arch.plain(c) {
+            return self.rope_arch(ln, l);
+        }
         let config = rope_kv_write::Config::new(T::DEVICE_DTYPE, c.n_head, c.n_head_kv, c.head_dim);
         let args = rope_kv_write::Args {
             qkv_ptr: any::<D, T>(&self.s.qkv, 0)?,
@@ -174,6 +180,44 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let bytes = 2 * n * (c.n_head + 2 * c.n_head_kv) * c.head_dim * es;
         ln.cost(|| format!("rope + KV write {n} rows"), bytes, 0);
         ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)
+    }
+
+    /// [`Fwd::rope`] with the architecture's options: NEOX pairs, frequency
+    /// factors, QKV bias, Q/K head norm (`kernels::rope::rope_arch_kv_write`).
+    fn rope_arch(&self, ln: &mut Launcher<'_, D>, l: usize) -> Result<()> {
+        let (c, a) = (&self.w.config, &self.w.arch);
+        let row = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
+        let config = rope_arch_kv_write::Config::new(
+            T::DEVICE_DTYPE,
+            c.n_head,
+            c.n_head_kv,
+            c.head_dim,
+            c.arch.rope == RopeStyle::Neox,
+            a.factors.is_some(),
+            a.bias.is_some(),
+            a.qk_norm.is_some(),
+        );
+        let vec_at = |off: Option<usize>, per_layer: usize| {
+            D::ptr_at::<f32, f32>(&a.buf, off.map_or(0, |o| o + l * per_layer))
+        };
+        let args = rope_arch_kv_write::Args {
+            qkv_ptr: any::<D, T>(&self.s.qkv, 0)?,
+            pos_ptr: arena_i32::<D>(self.arena, self.lay.positions)?,
+            slot_ptr: arena_i32::<D>(self.arena, self.lay.slots)?,
+            q_out_ptr: any::<D, T>(&self.s.q, 0)?,
+            k_cache_ptr: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
+            v_cache_ptr: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
+            factors_ptr: vec_at(a.factors, 0)?,
+            bias_ptr: vec_at(a.bias, row)?,
+            norm_ptr: vec_at(a.qk_norm, 2 * c.head_dim)?,
+            theta: c.rope_freq_base,
+            eps: c.rms_norm_eps,
+            _marker: PhantomData,
+        };
+        let (n, es) = (self.plan.n, T::DEVICE_DTYPE.size_bytes());
+        let bytes = 2 * n * row * es + if a.bias.is_some() { row * 4 } else { 0 };
+        ln.cost(|| format!("rope (arch) + KV write {n} rows"), bytes, 0);
+        ln.run::<rope_arch_kv_write::Kernel>([n as u32, 1, 1], &config, &args)
     }
 
     /// The prefill kernel's tiles for this model, device and dtype.

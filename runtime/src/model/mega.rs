@@ -144,6 +144,23 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
     if w.embedding_format != QuantFormat::Q8_0 {
         return Some(format!("its embedding kernel takes Q8_0 tables, not {}", w.embedding_format.name()));
     }
+    // The persistent step's RoPE is the plain one (adjacent pairs, no bias,
+    // factors or head norm), and its projections assume n_head * head_dim =
+    // n_embd.
+    let c = &w.config;
+    if !w.arch.plain(c) {
+        return Some(format!(
+            "the persistent step does not implement the {} architecture's RoPE step (NEOX pairs, QKV bias, Q/K norm or frequency factors)",
+            c.arch.name
+        ));
+    }
+    if c.n_embd_q() != c.n_embd {
+        return Some(format!(
+            "the persistent step needs n_head * head_dim = n_embd ({} != {})",
+            c.n_embd_q(),
+            c.n_embd
+        ));
+    }
     // The kernel indexes every buffer with 32-bit offsets, and its byte
     // pointers (the weight planes) make the launcher count every argument's
     // span in bytes: each buffer must stay under 2 GiB.

@@ -388,3 +388,21 @@ fn kquant_models_run_on_the_host() {
         }
     }
 }
+
+/// The architecture variants (`check::model::tiny_arch_models`: Qwen2 bias +
+/// NEOX, Qwen3 head norm + wide Q, Llama 3 RoPE factors) give the same logits
+/// on the native CPU backend as on the interpreter, and differ from the plain
+/// Llama's (the options change the computation).
+#[test]
+fn architecture_variants_native_backend_matches_the_interpreter() {
+    use crate::check::model::tiny_arch_models;
+    let plain = run_scenario::<Cpu, f32>(&mut Cpu::new(), &tiny_gguf()).unwrap();
+    for (name, gguf) in tiny_arch_models(0.5).unwrap() {
+        let want = run_scenario::<Cpu, f32>(&mut Cpu::new(), &gguf).unwrap();
+        let got = run_scenario::<codegen::host::Host, f32>(&mut codegen::host::Host::new(), &gguf).unwrap();
+        let row = compare_logits(name, DType::F32, &got, &want, 1e-4);
+        assert!(row.pass, "{name}: {row:?}");
+        let diff = plain.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(diff > 0.1, "{name}: the variant's logits equal the plain Llama's (max diff {diff})");
+    }
+}

@@ -6,6 +6,10 @@
 //! the activation dtype `T`, the Q8_0 token embedding kept raw for
 //! `kernels::embedding` and repacked as the LM head when the head is tied.
 //!
+//! The architecture's vectors ([`ArchVectors`]: RoPE frequency factors, QKV
+//! biases, Q/K head-norm weights) are kept in f32, as llama.cpp keeps them,
+//! for `kernels::rope::rope_arch_kv_write`.
+//!
 //! Invariants: every matrix is validated by the repack (shape, whole blocks,
 //! 32-bit offsets); the QKV rows are `(n_head + 2 n_head_kv) * head_dim` by
 //! `n_embd`; gate/up has `2 n_ff` rows; no GGUF value reaches an index
@@ -13,8 +17,8 @@
 
 use super::device::Device;
 use crate::error::{Error, Result};
-use crate::gguf::llama::layer_tensor;
-use crate::gguf::{GgmlType, Gguf, LlamaConfig};
+use crate::gguf::llama::{ROPE_FREQS, layer_tensor};
+use crate::gguf::{GgmlType, Gguf, LlamaConfig, RopeStyle};
 use crate::model::ActElem;
 use dsl_core::half::f16;
 use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, q8_0_as_q5_1, repack};
@@ -132,6 +136,31 @@ pub struct Layer {
     pub down: Slot,
 }
 
+/// The f32 vectors of an architecture's RoPE step, in one buffer: where
+/// each part starts (`None`: the model has none).
+pub struct ArchVectors<D: Device> {
+    /// The values (at least one element, so it can always be passed).
+    pub buf: D::Buf<f32>,
+    /// RoPE frequency divisors, `[head_dim / 2]`: `rope_freqs.weight` times
+    /// the linear scaling factor.
+    pub factors: Option<usize>,
+    /// Per layer the fused QKV row's bias, `[n_layers, (n_head + 2 n_head_kv) * head_dim]`.
+    pub bias: Option<usize>,
+    /// Per layer the Q then K head-norm weights, `[n_layers, 2 head_dim]`.
+    pub qk_norm: Option<usize>,
+}
+
+impl<D: Device> ArchVectors<D> {
+    /// Whether the plain `rope_kv_write` computes this model's RoPE step
+    /// (adjacent pairs, nothing else).
+    pub fn plain(&self, c: &LlamaConfig) -> bool {
+        c.arch.rope == RopeStyle::Norm
+            && self.factors.is_none()
+            && self.bias.is_none()
+            && self.qk_norm.is_none()
+    }
+}
+
 /// A Llama's weights on a device, in activation dtype `T`.
 pub struct Weights<D: Device, T: ActElem> {
     /// The hyperparameters.
@@ -153,6 +182,8 @@ pub struct Weights<D: Device, T: ActElem> {
     pub output_norm: D::Buf<T>,
     /// The LM head, `[vocab, n_embd]` (the embedding repacked when tied).
     pub lm_head: Matrix<D>,
+    /// The architecture's RoPE-step vectors.
+    pub arch: ArchVectors<D>,
 }
 
 impl<D: Device, T: ActElem> Weights<D, T> {
@@ -274,11 +305,70 @@ pub fn concat_rows(name: &str, parts: &[Repacked]) -> Result<Repacked> {
 
 /// Reads the F32 (or other dequantizable) vector `name` of `len` values, in `T`.
 fn norm_weight<T: ActElem>(gguf: &Gguf, name: &str, len: usize) -> Result<Vec<T>> {
+    Ok(vector(gguf, name, len)?.into_iter().map(|v| T::from_f64(v as f64)).collect())
+}
+
+/// Reads the F32 (or other dequantizable) vector `name` of `len` values.
+fn vector(gguf: &Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
     let view = gguf.tensor(name)?;
     if view.dims() != [len as u64] {
         return Err(Error::Usage(format!("{name} has shape {:?}; expected [{len}]", view.dims())));
     }
-    Ok(view.to_f32().into_iter().map(|v| T::from_f64(v as f64)).collect())
+    Ok(view.to_f32())
+}
+
+/// The architecture's RoPE-step vectors of `gguf` on `dev` (see
+/// [`ArchVectors`]); errors name a missing or mis-shaped tensor.
+fn arch_vectors<D: Device>(dev: &mut D, gguf: &Gguf, c: &LlamaConfig) -> Result<ArchVectors<D>> {
+    let mut host = Vec::new();
+    let divisor = c.rope_scaling.divisor();
+    let file_factors = match gguf.tensor_info(ROPE_FREQS) {
+        Ok(_) => Some(vector(gguf, ROPE_FREQS, c.head_dim / 2)?),
+        Err(_) => None,
+    };
+    let factors = match file_factors {
+        Some(f) => Some(f.into_iter().map(|x| x * divisor).collect::<Vec<f32>>()),
+        None if divisor != 1.0 => Some(vec![divisor; c.head_dim / 2]),
+        None => None,
+    };
+    if let Some(f) = &factors
+        && let Some(bad) = f.iter().find(|x| !(x.is_finite() && **x > 0.0))
+    {
+        return Err(Error::Usage(format!("{ROPE_FREQS}: factor {bad} is not finite and positive")));
+    }
+    let mut put = |v: Vec<f32>| {
+        let at = host.len();
+        host.extend(v);
+        at
+    };
+    let factors = factors.map(&mut put);
+    let (q, kv) = (c.n_embd_q(), c.n_embd_kv());
+    let bias = if c.arch.qkv_bias {
+        let mut all = Vec::with_capacity(c.n_layers * (q + 2 * kv));
+        for l in 0..c.n_layers {
+            for (name, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                all.extend(vector(gguf, &format!("blk.{l}.{name}.bias"), n)?);
+            }
+        }
+        Some(put(all))
+    } else {
+        None
+    };
+    let qk_norm = if c.arch.qk_norm {
+        let mut all = Vec::with_capacity(c.n_layers * 2 * c.head_dim);
+        for l in 0..c.n_layers {
+            for name in ["attn_q_norm", "attn_k_norm"] {
+                all.extend(vector(gguf, &layer_tensor(l, name), c.head_dim)?);
+            }
+        }
+        Some(put(all))
+    } else {
+        None
+    };
+    if host.is_empty() {
+        host.push(0.0);
+    }
+    Ok(ArchVectors { buf: dev.upload(&host)?, factors, bias, qk_norm })
 }
 
 impl<D: Device, T: ActElem> Weights<D, T> {
@@ -307,6 +397,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             )));
         }
         let (e, q_rows, kv_rows) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let arch = arch_vectors(dev, gguf, c)?;
         let emb = gguf.tensor("token_embd.weight")?;
         let embedding_format = match emb.ty() {
             GgmlType::Q8_0 => QuantFormat::Q8_0,
@@ -391,6 +482,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             ffn_norm,
             output_norm,
             lm_head,
+            arch,
         })
     }
 }
