@@ -30,6 +30,7 @@ pub mod decode;
 pub mod dequant;
 pub mod embedding;
 pub mod examples;
+pub mod grammar;
 pub mod host;
 pub mod invariance;
 pub mod matmul;
