@@ -132,7 +132,7 @@ except openai.BadRequestError as e:
 tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
                          "required": ["city"], "additionalProperties": False}}}]
-q = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo?"}], max_tokens=60, temperature=0,
+q = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo?"}], max_tokens=120, temperature=0,
          tools=tools, parallel_tool_calls=False)
 for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
     r = client.chat.completions.create(**q, tool_choice=choice)
