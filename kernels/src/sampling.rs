@@ -1,7 +1,8 @@
 //! Token sampling on the GPU: greedy, temperature, min-p, top-k, top-p and a
 //! seeded Philox draw ([`sample`]), vLLM's repetition/presence/frequency
 //! penalties ([`penalties`]) and the token-count update that feeds them
-//! ([`token_counts_add`]). Every per-row setting is data (device arrays), so
+//! ([`token_counts_add`]), and the grammar mask of constrained decoding
+//! ([`apply_token_mask`]). Every per-row setting is data (device arrays), so
 //! one launch serves a batch with mixed settings and the launches can be
 //! captured in a CUDA graph: rows never branch on the host.
 //!
@@ -359,6 +360,37 @@ pub fn penalties(
         let x = x - pres * (count > 0).to(f32);
         store(logits_ptr + row * stride + c, x, mask = valid);
     }
+}
+
+/// Grammar masks (constrained decoding): for program `p` (one per masked
+/// row), `logits[rows[p], c] = -inf` for every `c < vocab` whose bit is clear
+/// in the row's bitmask, `mask[p * words + c / 32]` bit `c % 32` (one bit per
+/// token, least significant first, u32 words stored as i32). Allowed tokens
+/// keep their logits bit for bit, and rows not listed in `rows` are never
+/// read or written, so unconstrained rows are untouched. Run after the
+/// penalties and before [`sample`]: the sampled distribution and its
+/// logprobs are then those of the constrained (renormalized) distribution.
+/// Grid `[masked rows, cdiv(vocab, BLOCK)]`.
+#[kernel]
+pub fn apply_token_mask(
+    logits_ptr: Ptr<f32>,
+    rows_ptr: Ptr<i32>,
+    mask_ptr: Ptr<i32>,
+    vocab: i32,
+    stride: i32,
+    words: i32,
+    #[constexpr] BLOCK: usize,
+) {
+    gdc_wait();
+    gdc_launch_dependents();
+    let p = program_id(0);
+    let row = load(rows_ptr + p);
+    let c = program_id(1) * BLOCK + arange(0, BLOCK);
+    let valid = c < vocab;
+    let word = load(mask_ptr + p * words + (c >> 5), mask = valid, other = 0);
+    let bit = (word >> (c & 31)) & 1;
+    let blocked = valid && bit == 0;
+    store(logits_ptr + row * stride + c, full([BLOCK], f32::NEG_INFINITY, f32), mask = blocked);
 }
 
 /// `counts[slot[j], ids[j]] += 1` for `j < n` (atomics; entries with a

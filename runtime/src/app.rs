@@ -397,6 +397,7 @@ fn warm_up<D: Device, T: ActElem>(
         params: SamplingParams::default(),
         max_tokens: 2,
         stop_tokens: Vec::new(),
+        constraint: None,
     };
     let run = engine.add(req).and_then(|_| {
         while engine.has_unfinished() {

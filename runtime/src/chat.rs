@@ -54,6 +54,24 @@ impl Message {
     }
 }
 
+/// A JSON value as a template value (objects become maps, keys sorted).
+fn json_value(v: &serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::Null => Value::from(()),
+        serde_json::Value::Bool(b) => Value::from(*b),
+        serde_json::Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(f)) => Value::from(f),
+            _ => Value::from(n.to_string()),
+        },
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        serde_json::Value::Object(o) => Value::from(
+            o.iter().map(|(k, v)| (k.clone(), json_value(v))).collect::<BTreeMap<String, Value>>(),
+        ),
+    }
+}
+
 fn template_err(e: minijinja::Error) -> Error {
     // The alternate form adds the template location and the failing line.
     Error::ChatTemplate(format!("{e:#}"))
@@ -64,6 +82,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// Whether the template reads a `tools` variable (renders tool
+    /// signatures itself).
+    renders_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -88,7 +109,13 @@ impl ChatTemplate {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         });
         env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_err)?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        let renders_tools = source.contains("tools");
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+            renders_tools,
+        })
     }
 
     /// The template of a vocabulary (`tokenizer.chat_template`), with its BOS and
@@ -116,6 +143,30 @@ impl ChatTemplate {
             .collect();
         let ctx = minijinja::context! {
             messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        };
+        self.env.get_template(TEMPLATE_NAME).and_then(|t| t.render(ctx)).map_err(template_err)
+    }
+
+    /// Whether the template renders a `tools` list itself.
+    pub fn renders_tools(&self) -> bool {
+        self.renders_tools
+    }
+
+    /// Renders messages given as JSON objects (OpenAI's shape: `role`,
+    /// `content`, `tool_calls`, `tool_call_id`, ...) with `tools` (the
+    /// request's tool objects) as the template's `tools` variable.
+    pub fn render_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: &serde_json::Value,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let ctx = minijinja::context! {
+            messages => messages.iter().map(json_value).collect::<Vec<Value>>(),
+            tools => json_value(tools),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),

@@ -4,7 +4,9 @@
 //! runs them as one continuous batch and prints, per prompt, the text (a
 //! single prompt streams token by token) or, with `--json`, one JSON object
 //! per line: `{"prompt", "token_ids", "text"}` with the generated ids only.
-//! A summary line (tokens, time, tok/s) goes to stderr.
+//! A summary line (tokens, time, tok/s) goes to stderr. With
+//! `--json-schema FILE` or `--grammar FILE` (Lark), every output is
+//! constrained to the schema or grammar ([`crate::grammar`]).
 //!
 //! `chat` reads user turns from stdin, renders the whole conversation with
 //! the model's chat template, and streams the assistant's reply; the
@@ -40,6 +42,8 @@ pub struct Generate {
     pub ignore_eos: bool,
     /// Print JSON lines instead of text.
     pub json: bool,
+    /// Structured output: the constraint every output must match.
+    pub grammar: Option<crate::grammar::GrammarSpec>,
 }
 
 /// A prompt's ids: through the chat template or as a raw completion prompt.
@@ -97,6 +101,19 @@ impl EngineTask for Generate {
             return Err(Error::Usage("no prompt given (use --prompt or --prompts-file)".into()));
         }
         let stop = if self.ignore_eos { Vec::new() } else { ctx.tokenizer.eog_tokens().to_vec() };
+        let constraint = match &self.grammar {
+            Some(spec) => {
+                let vocab = engine.model().weights.config.vocab_size;
+                let compiler = crate::grammar::GrammarCompiler::new(&ctx.tokenizer, vocab)?;
+                let what = if matches!(spec, crate::grammar::GrammarSpec::Lark(_)) {
+                    "--grammar"
+                } else {
+                    "--json-schema"
+                };
+                Some(compiler.compile(spec).map_err(|e| Error::Usage(format!("{what}: {e}")))?)
+            }
+            None => None,
+        };
         let mut requests = Vec::with_capacity(self.prompts.len());
         for (i, p) in self.prompts.iter().enumerate() {
             let mut params = self.params.clone();
@@ -106,6 +123,7 @@ impl EngineTask for Generate {
                 params,
                 max_tokens: self.max_tokens,
                 stop_tokens: stop.clone(),
+                constraint: constraint.clone(),
             });
         }
         let stream = self.prompts.len() == 1 && !self.json;
@@ -186,6 +204,7 @@ impl EngineTask for Chat {
                 params,
                 max_tokens: self.max_tokens,
                 stop_tokens: ctx.tokenizer.eog_tokens().to_vec(),
+                constraint: None,
             };
             let mut detok = ctx.tokenizer.detokenizer(false);
             let mut err = None;

@@ -10,6 +10,8 @@
 //! - [`tokenizer`]: byte-level BPE from the GGUF vocabulary (llama.cpp's
 //!   pre-tokenizers) and the streaming UTF-8-safe detokenizer.
 //! - [`chat`]: the model's Jinja chat template (minijinja).
+//! - [`grammar`]: structured output (JSON schemas, regexes, Lark grammars
+//!   through `llguidance`): per-request constraints and their token masks.
 //! - [`kv`], [`scheduler`], [`memory_plan`]: the paged KV cache's block
 //!   manager (refcounts, prefix caching, copy-on-write), the continuous-batching
 //!   scheduler (token budget, chunked prefill, preemption by recompute) and the
@@ -43,6 +45,7 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod grammar;
 pub mod kv;
 pub mod memory_plan;
 pub mod model;

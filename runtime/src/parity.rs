@@ -203,6 +203,7 @@ impl EngineTask for Parity {
                 params: SamplingParams::default(),
                 max_tokens: if self.full { c.token_ids.len() } else { c.must_match.max(1) },
                 stop_tokens: Vec::new(),
+                constraint: None,
             })
             .collect();
         let t1 = Instant::now();

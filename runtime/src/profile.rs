@@ -297,7 +297,13 @@ impl ProfileTask {
 
 /// A greedy request for `n` tokens that never stops early.
 fn greedy(prompt: Vec<u32>, n: usize) -> Request {
-    Request { prompt, params: SamplingParams::default(), max_tokens: n, stop_tokens: Vec::new() }
+    Request {
+        prompt,
+        params: SamplingParams::default(),
+        max_tokens: n,
+        stop_tokens: Vec::new(),
+        constraint: None,
+    }
 }
 
 /// The median of `v` (sorted in place; NaN when empty).

@@ -587,6 +587,12 @@ pub const FAMILIES: &[Family] = &[
         crate::check::model::model_checks,
     ),
     (
+        "grammar",
+        "structured output: apply_token_mask vs interpreter bit for bit; the tiny model's regex-constrained \
+         batch valid, unconstrained rows bitwise equal alone, graphs vs eager",
+        crate::check::grammar::grammar_checks,
+    ),
+    (
         "pdl",
         "programmatic dependent launch: overlapped launch chains exact (eager and graph), no-wait control races",
         crate::check::pdl::pdl_checks,

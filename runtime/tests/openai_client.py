@@ -3,10 +3,12 @@
 Run by runtime/tests/server_openai.rs as `python3 openai_client.py BASE_URL MODEL`
 with the pinned client (installed by .ci/setup under target/tools/openai-*/) on
 PYTHONPATH. Exercises both endpoints, streaming and not, with usage, logprobs,
-n and stop strings, and the client's error classes for bad input. Prints one
+n and stop strings, response_format and tools (streaming and not), and the
+client's error classes for bad input. Prints one
 line per check and exits non-zero on the first failure.
 """
 
+import json
 import sys
 
 import openai
@@ -92,9 +94,68 @@ try:
 except openai.BadRequestError as e:
     check(e.status_code == 400 and "temperature" in e.message, "temperature 5 -> BadRequestError (400)")
 try:
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x " * 400}])
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x " * 1200}])
     check(False, "a prompt beyond the context is an error")
 except openai.BadRequestError as e:
     check(e.code == "context_length_exceeded", "prompt beyond the context -> context_length_exceeded")
+
+# Structured output: response_format on both endpoints, streaming and not.
+schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+          "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "n"], "additionalProperties": False}
+rf = {"type": "json_schema", "json_schema": {"name": "item", "schema": schema, "strict": True}}
+ask = dict(model=MODEL, messages=[{"role": "user", "content": "An item?"}], max_tokens=80, temperature=0)
+r = client.chat.completions.create(**ask, response_format=rf)
+text = r.choices[0].message.content
+obj = json.loads(text)
+check(r.choices[0].finish_reason == "stop" and set(obj) == {"name", "n"} and len(obj["name"]) <= 6
+      and 0 <= obj["n"] <= 99, f"response_format json_schema ({text!r})")
+parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(**ask, response_format=rf, stream=True)
+         if ch.choices]
+check("".join(parts) == text, "streamed json_schema output equals the non-streamed one")
+c = client.completions.create(model=MODEL, prompt="Item:", max_tokens=80, temperature=0,
+                              extra_body={"response_format": rf})
+check(c.choices[0].finish_reason == "stop" and set(json.loads(c.choices[0].text)) == {"name", "n"},
+      "completions with response_format")
+r = client.chat.completions.create(**ask, response_format={"type": "json_object"})
+out = r.choices[0].message.content
+check(out.startswith("{") and (r.choices[0].finish_reason != "stop" or isinstance(json.loads(out), dict)),
+      "response_format json_object")
+try:
+    client.chat.completions.create(**ask, response_format={"type": "json_schema",
+                                   "json_schema": {"name": "bad", "schema": {"type": "frob"}}})
+    check(False, "an invalid schema is an error")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "response_format" in e.message, "invalid schema -> BadRequestError (400)")
+
+# Tools: required and named choices give tool_calls, streaming and not; auto answers.
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                         "required": ["city"], "additionalProperties": False}}}]
+q = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo?"}], max_tokens=120, temperature=0,
+         tools=tools, parallel_tool_calls=False)
+for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
+    r = client.chat.completions.create(**q, tool_choice=choice)
+    calls = r.choices[0].message.tool_calls
+    check(r.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].function.name == "get_weather"
+          and len(json.loads(calls[0].function.arguments)["city"]) <= 8, f"tool_choice {choice}: tool_calls")
+    name, args, finish = None, "", None
+    for ch in client.chat.completions.create(**q, tool_choice=choice, stream=True):
+        if not ch.choices:
+            continue
+        for d in ch.choices[0].delta.tool_calls or []:
+            name = d.function.name or name
+            args += d.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    check(finish == "tool_calls" and name == "get_weather" and args == calls[0].function.arguments,
+          f"tool_choice {choice}: streamed delta.tool_calls")
+r = client.chat.completions.create(**q, tool_choice="auto")
+check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), "tool_choice auto answers")
+follow = [{"role": "user", "content": "Weather in Oslo?"},
+          {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function",
+           "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+          {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny"}]
+r = client.chat.completions.create(model=MODEL, messages=follow, max_tokens=5, temperature=0, tools=tools)
+check(r.choices[0].message.role == "assistant", "a tool result in the conversation")
 
 print(f"openai {openai.__version__}: {checks} checks passed", flush=True)

@@ -3,7 +3,7 @@
 //! Python client (pinned; installed by `.ci/setup` under
 //! `target/tools/openai-*/`) runs `openai_client.py` against it (both
 //! endpoints, streaming and not, usage, logprobs, n, stop strings, error
-//! classes), and SIGTERM then stops the server with exit status 0.
+//! classes, `response_format` and `tools`), and SIGTERM then stops the server with exit status 0.
 //!
 //! The test fails (it does not skip) when python3 or the client is missing:
 //! run `.ci/setup` (or `make test`, which runs it) first.
@@ -30,7 +30,9 @@ impl Drop for Server {
 /// Writes the tiny random Llama (with the SmolLM2 vocabulary layout and chat
 /// template) to a fresh file.
 fn tiny_gguf() -> PathBuf {
-    let t = runtime::check::model::tiny_llama();
+    let mut t = runtime::check::model::tiny_llama();
+    // Room for the tool prompt in the byte-level tiny vocabulary.
+    t.config.context_length = 1024;
     let dir = std::env::temp_dir().join(format!("tessera-serve-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny.gguf");
@@ -56,7 +58,7 @@ fn openai_dir() -> PathBuf {
 fn start(model: &Path) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["serve", "--device", "cpu", "--host", "127.0.0.1", "--port", "0"])
-        .args(["--served-model-name", "tiny", "--max-model-len", "256", "--kv-blocks", "64", "--quiet"])
+        .args(["--served-model-name", "tiny", "--max-model-len", "1024", "--kv-blocks", "256", "--quiet"])
         .args(["--shutdown-timeout", "10", "--model"])
         .arg(model)
         .stdin(Stdio::null())

@@ -36,11 +36,16 @@
 //!   above the critical value (the test has power).
 //! - `penalties_match_reference`, `token_counts_add_matches_reference`: exact
 //!   (bitwise) equality; slots permuted, some negative; sparse random counts.
+//! - `token_mask_matches_reference`: `apply_token_mask` on a random subset of
+//!   the rows (in a random order) with random bitmasks (all clear, all set
+//!   and random words among them), ragged vocabularies and strides: masked
+//!   rows equal the reference bit for bit, every other row and the padding
+//!   past `vocab` are untouched.
 
 use crate::common::cases;
 use dsl_core::interp::Cpu;
 use kernels::reference::sampling::{self as r, RowParams};
-use kernels::sampling::{penalties, sample, token_counts_add};
+use kernels::sampling::{apply_token_mask, penalties, sample, token_counts_add};
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
@@ -478,6 +483,64 @@ fn counts(rng: &mut Rng, n: usize) -> Vec<i32> {
 
 proptest! {
     #![proptest_config(cases(24))]
+
+    #[test]
+    fn token_mask_matches_reference(
+        rows in 1usize..7,
+        vocab in vocabs(),
+        gap in 0usize..5,
+        big in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng::new(seed);
+        let (stride, block) = (vocab + gap, if big { 256 } else { 64 });
+        let words = vocab.div_ceil(32);
+        let x = random_logits(&mut rng, rows, vocab, stride, 5.0);
+        // A random subset of the rows, in a random order.
+        let mut order: Vec<i32> = (0..rows as i32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let masked: Vec<i32> = order.into_iter().filter(|_| rng.below(3) != 0).collect();
+        let mask: Vec<u32> = (0..masked.len() * words)
+            .map(|_| match rng.below(4) {
+                0 => 0,
+                1 => u32::MAX,
+                _ => (rng.below(1 << 32)) as u32,
+            })
+            .collect();
+        let mut cpu = Cpu::new();
+        let xp = cpu.upload(&x);
+        let rp = cpu.upload(&masked);
+        let words_i32: Vec<i32> = mask.iter().map(|&w| w as i32).collect();
+        let mp = cpu.upload(&words_i32);
+        let args = apply_token_mask::Args {
+            logits_ptr: xp,
+            rows_ptr: rp,
+            mask_ptr: mp,
+            vocab: vocab as i32,
+            stride: stride as i32,
+            words: words as i32,
+            _marker: PhantomData,
+        };
+        if !masked.is_empty() {
+            let grid = [masked.len() as u32, vocab.div_ceil(block) as u32, 1];
+            apply_token_mask::interpret(&mut cpu, grid, &apply_token_mask::Config::new(block), &args)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+        let got = cpu.read(xp);
+        for i in 0..rows {
+            let row = &x[i * stride..(i + 1) * stride];
+            let mut want = row.to_vec();
+            if let Some(p) = masked.iter().position(|&m| m as usize == i) {
+                let w = r::apply_token_mask(&row[..vocab], &mask[p * words..(p + 1) * words]);
+                want[..vocab].copy_from_slice(&w);
+            }
+            let g = &got[i * stride..(i + 1) * stride];
+            let same = g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            prop_assert!(same, "row {} (masked {:?}) differs", i, masked);
+        }
+    }
 
     #[test]
     fn penalties_match_reference(

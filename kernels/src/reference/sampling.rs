@@ -198,6 +198,15 @@ pub fn sample(x: &[f32], p: &RowParams) -> Sampled {
     Sampled { id, logprob: logprob(x, m, id), greedy: false, w, kept, probs, u, margin }
 }
 
+/// The grammar mask on one row: `-inf` where bit `c % 32` of word `c / 32`
+/// of `mask` is clear, the logit unchanged otherwise.
+pub fn apply_token_mask(x: &[f32], mask: &[u32]) -> Vec<f32> {
+    x.iter()
+        .enumerate()
+        .map(|(c, &v)| if mask[c / 32] >> (c % 32) & 1 == 1 { v } else { f32::NEG_INFINITY })
+        .collect()
+}
+
 /// vLLM's penalties on one row, in f32 exactly as the kernel computes them:
 /// repetition on tokens seen in the prompt or the output, then frequency, then
 /// presence. `prompt` and `output` are the row's counts.

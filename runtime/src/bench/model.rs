@@ -160,6 +160,7 @@ impl EngineTask for ModelBench {
             params: SamplingParams::default(),
             max_tokens: n,
             stop_tokens: Vec::new(),
+            constraint: None,
         };
         let mut out = Vec::new();
         for (i, &b) in self.batches.iter().enumerate() {

@@ -103,7 +103,13 @@ impl Measured {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request { prompt, params: SamplingParams::default(), max_tokens, stop_tokens: Vec::new() }
+    Request {
+        prompt,
+        params: SamplingParams::default(),
+        max_tokens,
+        stop_tokens: Vec::new(),
+        constraint: None,
+    }
 }
 
 /// Counters accumulated between `before` and `after`.

@@ -401,11 +401,18 @@ pub fn golden_targets(tokens: usize) -> Result<Vec<Request>> {
             params: SamplingParams::default(),
             max_tokens: tokens,
             stop_tokens: vec![],
+            constraint: None,
         });
     }
     let sampled = SamplingParams { temperature: 0.8, top_p: 0.95, seed: 2026, ..SamplingParams::default() };
     let first = out.first().map(|r| r.prompt.clone()).unwrap_or_default();
-    out.push(Request { prompt: first, params: sampled, max_tokens: tokens, stop_tokens: vec![] });
+    out.push(Request {
+        prompt: first,
+        params: sampled,
+        max_tokens: tokens,
+        stop_tokens: vec![],
+        constraint: None,
+    });
     Ok(out)
 }
 

@@ -31,6 +31,7 @@ pub mod dequant;
 pub mod embedding;
 pub mod examples;
 pub mod fp8;
+pub mod grammar;
 pub mod host;
 pub mod invariance;
 pub mod matmul;

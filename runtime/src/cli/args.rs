@@ -193,6 +193,16 @@ pub struct GenerateArgs {
     /// Print one JSON object per prompt: {"prompt", "token_ids", "text"}.
     #[arg(long)]
     pub json: bool,
+    /// Structured output: every output is JSON valid against the JSON schema
+    /// in FILE (constrained decoding; llguidance's JSON-schema subset).
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<PathBuf>,
+    /// Structured output: every output matches the grammar in FILE, written
+    /// in llguidance's Lark syntax (rules `name: ...`, start rule `start`,
+    /// /regex/ terminals, GBNF-style `{m,n}` repeats, `%json {schema}`);
+    /// GBNF files must be converted to Lark first.
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
     /// Speculative decoding.
     #[command(flatten)]
     pub spec: crate::spec::cli::SpecArgs,

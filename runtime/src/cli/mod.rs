@@ -128,6 +128,36 @@ fn prompts_of(a: &GenerateArgs) -> Result<Vec<String>> {
     Ok(prompts)
 }
 
+/// Reads the structured-output constraint of `generate`, if any: a JSON
+/// schema file or a Lark grammar file (compiled once the tokenizer is
+/// loaded).
+pub fn grammar_of(a: &GenerateArgs) -> Result<Option<crate::grammar::GrammarSpec>> {
+    use crate::grammar::GrammarSpec;
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })
+    };
+    if let Some(path) = &a.json_schema {
+        let value: serde_json::Value = serde_json::from_str(&read(path)?).map_err(|e| {
+            Error::Usage(format!("--json-schema {}: the file is not valid JSON: {e}", path.display()))
+        })?;
+        if !(value.is_object() || value.is_boolean()) {
+            return Err(Error::Usage(format!(
+                "--json-schema {}: a JSON schema is an object (or true/false)",
+                path.display()
+            )));
+        }
+        return Ok(Some(GrammarSpec::JsonSchema(value)));
+    }
+    if let Some(path) = &a.grammar {
+        let text = read(path)?;
+        if text.trim().is_empty() {
+            return Err(Error::Usage(format!("--grammar {}: the grammar file is empty", path.display())));
+        }
+        return Ok(Some(GrammarSpec::Lark(text)));
+    }
+    Ok(None)
+}
+
 fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
     let task = Generate {
         prompts: prompts_of(&a)?,
@@ -136,6 +166,7 @@ fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
         max_tokens: a.max_tokens,
         ignore_eos: a.ignore_eos,
         json: a.json,
+        grammar: grammar_of(&a)?,
     };
     let opts = LoadOptions { speculation: a.spec.speculation()?, ..a.model.load_options() };
     app::run_task(&opts, task)

@@ -98,7 +98,13 @@ pub fn others(n: usize, seed: u64, vocab: usize) -> Vec<Request> {
             } else {
                 SamplingParams { temperature: 0.7, seed: next(1 << 40), ..Default::default() }
             };
-            Request { prompt, params, max_tokens: 1 + next(16) as usize, stop_tokens: vec![] }
+            Request {
+                prompt,
+                params,
+                max_tokens: 1 + next(16) as usize,
+                stop_tokens: vec![],
+                constraint: None,
+            }
         })
         .collect()
 }

@@ -30,11 +30,24 @@
 //! `1 + k` positions in the same varlen forward (as `1 + k` decode rows), and
 //! one step may emit several tokens per request (still never past a stop
 //! token or `max_tokens`).
+//!
+//! Structured output ([`crate::grammar`]): a request may carry a
+//! [`Constraint`]. The engine keeps it beside the request and feeds it the
+//! request's emitted tokens only (preemption, recompute and the prefix cache
+//! never reach it). Each step, the masks of the constrained rows are
+//! computed on the host while the device runs the forward pass
+//! ([`Model::forward_sample_masked`]); verification rows of a draft get the
+//! mask after the drafts before them, and drafts are cut at the first token
+//! the grammar rejects (or a stop token) before they are verified. A row
+//! whose grammar allows no token at all ends its request with
+//! [`FinishReason::Grammar`] (its sample is dropped); stop tokens are only
+//! allowed where the grammar accepts.
 
 use crate::error::{Error, Result};
+use crate::grammar::{Constraint, mask_words};
 use crate::kv::SeqId;
 use crate::model::ActElem;
-use crate::model::sampler::{SampleRow, Sampled, SamplingParams};
+use crate::model::sampler::{RowMasks, SampleRow, Sampled, SamplingParams};
 use crate::model::{Device, Model, Step};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
 use crate::spec::{Drafter, SpecConfig, SpecStats, accept_len, ngram::NgramDrafter, split_verify_entries};
@@ -53,6 +66,8 @@ pub struct Request {
     pub max_tokens: usize,
     /// Tokens that end the request when sampled (end-of-generation tokens).
     pub stop_tokens: Vec<u32>,
+    /// The grammar the output must match (structured output), if any.
+    pub constraint: Option<Constraint>,
 }
 
 /// A sampled token, as [`Engine::step`] reports it.
@@ -123,6 +138,8 @@ pub struct Engine<D: Device, T: ActElem> {
     stats: EngineStats,
     spec: Option<(SpecConfig, Box<dyn Drafter<D> + Send>)>,
     spec_stats: SpecStats,
+    /// The grammar state of each constrained live request.
+    constraints: HashMap<SeqId, Constraint>,
 }
 
 impl<D: Device, T: ActElem> Engine<D, T> {
@@ -147,6 +164,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             stats: EngineStats::default(),
             spec: None,
             spec_stats: SpecStats::default(),
+            constraints: HashMap::new(),
         })
     }
 
@@ -208,7 +226,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
 
     /// Queues `req`; errors for an empty or too long prompt, `max_tokens ==
     /// 0`, a token outside the vocabulary or invalid sampling settings.
-    pub fn add(&mut self, req: Request) -> Result<SeqId> {
+    pub fn add(&mut self, mut req: Request) -> Result<SeqId> {
         req.params.validate()?;
         if req.max_tokens == 0 {
             return Err(Error::Usage("max_tokens must be at least 1".into()));
@@ -217,7 +235,11 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Usage(format!("prompt token {t} is outside the vocabulary of {vocab}")));
         }
+        let constraint = req.constraint.take();
         let seq = self.scheduler.add_request(req.prompt.clone())?;
+        if let Some(c) = constraint {
+            self.constraints.insert(seq, c);
+        }
         let live = Live {
             req,
             tokens: Vec::new(),
@@ -285,11 +307,16 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         let mut rows = Vec::with_capacity(logits.len());
         let mut sample_rows = Vec::with_capacity(logits.len());
         let mut drafts = Vec::with_capacity(logits.len());
+        // Constrained requests: (first sample row, sequence, drafts).
+        let mut constrained = Vec::new();
         for &(seq, r) in &logits {
             let live = self.live.get(&seq).ok_or_else(|| unknown(seq))?;
             let s = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
             let d = s.num_draft();
             let base = s.len() - d;
+            if self.constraints.contains_key(&seq) {
+                constrained.push((sample_rows.len(), seq, d));
+            }
             for j in 0..=d {
                 rows.push(r - d + j);
                 sample_rows.push(SampleRow {
@@ -311,7 +338,47 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             query_start: &cu,
             logit_rows: &rows,
         };
-        let sampled = self.model.forward_sample(dev, &step, &sample_rows)?;
+        let mut dead = vec![false; sample_rows.len()];
+        let sampled = if constrained.is_empty() {
+            self.model.forward_sample(dev, &step, &sample_rows)?
+        } else {
+            let words = mask_words(self.model.weights.config.vocab_size);
+            let (constraints, live, scheduler) = (&mut self.constraints, &self.live, &self.scheduler);
+            let dead = &mut dead;
+            let mut masker = || -> Result<RowMasks> {
+                let mut m = RowMasks::default();
+                for &(at, seq, d) in &constrained {
+                    let c = constraints.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+                    let stop = &live.get(&seq).ok_or_else(|| unknown(seq))?.req.stop_tokens;
+                    let s = scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
+                    let draft = &s.tokens()[s.len() - d..];
+                    let mut consumed = 0;
+                    for j in 0..=d {
+                        if j > 0 {
+                            if c.consume(draft[j - 1]).is_err() {
+                                // Drafts were checked; a failure leaves the
+                                // rest of this request's rows unmasked and
+                                // ends it at the first of them.
+                                dead[at + j..=at + d].fill(true);
+                                break;
+                            }
+                            consumed += 1;
+                        }
+                        let start = m.bits.len();
+                        m.bits.resize(start + words, 0);
+                        if c.fill_mask(stop, &mut m.bits[start..]) {
+                            m.rows.push((at + j) as u32);
+                        } else {
+                            m.bits.truncate(start);
+                            dead[at + j] = true;
+                        }
+                    }
+                    c.rollback(consumed)?;
+                }
+                Ok(m)
+            };
+            self.model.forward_sample_masked(dev, &step, &sample_rows, Some(&mut masker))?
+        };
         drop(sample_rows);
         self.stats.steps += 1;
         let decode_tokens: usize = plan.seqs[..plan.num_decodes].iter().map(|e| e.tokens.len()).sum();
@@ -321,7 +388,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         let mut events = Vec::with_capacity(sampled.len());
         let mut at = 0;
         for (&(seq, _), &d) in logits.iter().zip(&drafts) {
-            events.extend(self.accept(seq, &sampled[at..at + d + 1], d, now)?);
+            events.extend(self.accept(seq, &sampled[at..at + d + 1], &dead[at..at + d + 1], d, now)?);
             at += d + 1;
         }
         Ok(events)
@@ -331,8 +398,17 @@ impl<D: Device, T: ActElem> Engine<D, T> {
     /// tokens are drafts verified by `samples` (`drafts + 1` rows): the
     /// accepted drafts and the correction (or bonus) token are emitted in
     /// order until a stop condition ends the request, and the sequence is
-    /// rolled back to what was emitted.
-    fn accept(&mut self, seq: SeqId, samples: &[Sampled], drafts: usize, now: Instant) -> Result<Vec<Event>> {
+    /// rolled back to what was emitted. A `dead` row (its grammar allows no
+    /// token) ends the request there with [`FinishReason::Grammar`], its
+    /// sample dropped; emitted tokens advance the request's grammar.
+    fn accept(
+        &mut self,
+        seq: SeqId,
+        samples: &[Sampled],
+        dead: &[bool],
+        drafts: usize,
+        now: Instant,
+    ) -> Result<Vec<Event>> {
         let max_model_len = self.scheduler.config().max_model_len;
         let (base, proposed) = {
             let s = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
@@ -353,7 +429,16 @@ impl<D: Device, T: ActElem> Engine<D, T> {
                 Some(t) => live.itl.push(now - t),
             }
             live.last = Some(now);
-            let finish = if live.req.stop_tokens.contains(&s.token) {
+            let grammar_ok = dead[i]
+                .then_some(false)
+                .or_else(|| {
+                    let c = self.constraints.get_mut(&seq)?;
+                    Some(live.req.stop_tokens.contains(&s.token) || c.consume(s.token).is_ok())
+                })
+                .unwrap_or(true);
+            let finish = if !grammar_ok {
+                Some(FinishReason::Grammar)
+            } else if live.req.stop_tokens.contains(&s.token) {
                 Some(FinishReason::StopToken(s.token))
             } else {
                 live.tokens.push(s.token);
@@ -366,8 +451,10 @@ impl<D: Device, T: ActElem> Engine<D, T> {
                     None
                 }
             };
-            let token = (!matches!(finish, Some(FinishReason::StopToken(_)))).then_some(s.token);
-            events.push(Event { seq, token, logprob: s.logprob, finish });
+            let token = (!matches!(finish, Some(FinishReason::StopToken(_) | FinishReason::Grammar)))
+                .then_some(s.token);
+            let logprob = if finish == Some(FinishReason::Grammar) { 0.0 } else { s.logprob };
+            events.push(Event { seq, token, logprob, finish });
             if let Some(reason) = finish {
                 if drafts > 0 {
                     self.spec_stats.emitted += i as u64 + 1;
@@ -414,8 +501,18 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         }
         let proposals = drafter.propose(dev, &requests)?;
         drop(requests);
+        let vocab = self.model.weights.config.vocab_size;
         for (&(id, k), mut drafts) in asks.iter().zip(proposals) {
             drafts.truncate(k);
+            // A constrained request verifies only the drafts its grammar
+            // accepts, up to the first stop token.
+            if let Some(c) = self.constraints.get_mut(&id) {
+                let stop = &self.live.get(&id).ok_or_else(|| unknown(id))?.req.stop_tokens;
+                let plain = drafts.iter().position(|t| stop.contains(t) || *t as usize >= vocab);
+                drafts.truncate(plain.unwrap_or(drafts.len()));
+                let n = c.valid_prefix(&drafts);
+                drafts.truncate(n);
+            }
             if !drafts.is_empty() {
                 self.scheduler.propose(id, &drafts)?;
             }
@@ -427,6 +524,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
     fn finish(&mut self, seq: SeqId, reason: FinishReason) -> Result<()> {
         let s = self.scheduler.finish(seq, reason)?;
         let live = self.live.remove(&seq).ok_or_else(|| unknown(seq))?;
+        self.constraints.remove(&seq);
         self.done.push(Completion {
             seq,
             prompt: live.req.prompt,
@@ -515,5 +613,7 @@ pub mod invariance;
 mod real_model;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_grammar;
 #[cfg(test)]
 mod tests_invariance;

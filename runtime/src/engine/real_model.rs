@@ -33,6 +33,7 @@ impl EngineTask for AloneAndBatched {
             params: SamplingParams::default(),
             max_tokens: NEW_TOKENS,
             stop_tokens: Vec::new(),
+            constraint: None,
         };
         let mut alone = Vec::new();
         for p in &self.0 {

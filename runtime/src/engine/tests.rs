@@ -34,7 +34,13 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request { prompt, params: SamplingParams::default(), max_tokens, stop_tokens: Vec::new() }
+    Request {
+        prompt,
+        params: SamplingParams::default(),
+        max_tokens,
+        stop_tokens: Vec::new(),
+        constraint: None,
+    }
 }
 
 #[test]

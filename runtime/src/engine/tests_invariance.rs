@@ -21,8 +21,15 @@ fn targets() -> Vec<Request> {
             params: SamplingParams::default(),
             max_tokens: 14,
             stop_tokens: vec![],
+            constraint: None,
         },
-        Request { prompt: prompt(21, 11), params: sampled, max_tokens: 14, stop_tokens: vec![] },
+        Request {
+            prompt: prompt(21, 11),
+            params: sampled,
+            max_tokens: 14,
+            stop_tokens: vec![],
+            constraint: None,
+        },
     ]
 }
 

@@ -269,6 +269,12 @@ pub struct Model<D: Device, T: ActElem> {
     pub(super) mega_auto: bool,
     /// Steps launched as the persistent kernel (eager and captured).
     pub(super) mega_steps: usize,
+    /// The grammar masks on the device: `(rows, bitmasks, capacity in
+    /// rows)`, grown as needed.
+    pub(super) mask_bufs: super::sampler::MaskBufs<D>,
+    /// Host time the last step spent computing grammar masks (zero without
+    /// constrained rows).
+    pub(super) last_mask_time: std::time::Duration,
 }
 
 /// What a launch reads and writes in device memory and computes, as the code
@@ -408,6 +414,8 @@ impl<D: Device, T: ActElem> Model<D, T> {
             mega_unsupported: None,
             mega_auto: false,
             mega_steps: 0,
+            mask_bufs: None,
+            last_mask_time: std::time::Duration::ZERO,
         }
         .with_mega_check(&*dev))
     }

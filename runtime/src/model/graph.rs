@@ -41,7 +41,7 @@ use super::inputs::{
     BUCKETS, Layout, PaddedDecode, Stager, StepArrays, bucket_for, stage_sampling, stage_step, uses_penalties,
 };
 use super::layers::launch_forward;
-use super::sampler::{SampleRow, Sampled, build_counts, launch_sampling, read_sampled};
+use super::sampler::{Masker, SampleRow, Sampled, build_counts, launch_sampling, read_sampled, upload_masks};
 use crate::error::Result;
 use crate::model::ActElem;
 use std::collections::HashMap;
@@ -104,6 +104,10 @@ pub struct GraphKey {
     pub splits: usize,
     /// Whether the penalties kernel runs.
     pub penalties: bool,
+    /// Whether the step has grammar masks: the graph then holds the forward
+    /// pass only, and the mask and the sampler run after it, outside the
+    /// graph (the masks are computed on the host while the graph runs).
+    pub masked: bool,
 }
 
 /// The decode graphs of a model and the fixed buffers they point to.
@@ -201,6 +205,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         dev: &mut D,
         step: &Step<'_>,
         rows: &[SampleRow<'_>],
+        masker: &mut Option<Masker<'_>>,
     ) -> Result<Option<Vec<Sampled>>> {
         let capture = match self.graph_mode {
             GraphMode::Off => return Ok(None),
@@ -231,7 +236,8 @@ impl<D: Device, T: ActElem> Model<D, T> {
             self.invariant,
         );
         let penalties = rows.iter().any(uses_penalties);
-        let key = GraphKey { bucket, split_len, splits, penalties };
+        let masked = masker.is_some();
+        let key = GraphKey { bucket, split_len, splits, penalties, masked };
         let parts = if splits > 1 { bucket * c.n_head * splits } else { 0 };
         let plan = Plan {
             n: bucket,
@@ -252,7 +258,18 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let padded =
             PaddedDecode::new(step.tokens, step.positions, step.slot_mapping, step.context_lens, bucket);
         self.graph_state(dev)?;
-        let Model { weights, kv, graphs, staging, pen_arena, pen_staging, profile, .. } = self;
+        let Model {
+            weights,
+            kv,
+            graphs,
+            staging,
+            pen_arena,
+            pen_staging,
+            profile,
+            mask_bufs,
+            last_mask_time,
+            ..
+        } = self;
         let gs = graphs.as_mut().ok_or_else(|| usage("internal error: no graph state".into()))?;
         if gs.bufs.scratch.as_ref().is_none_or(|s| s.parts < parts) {
             return Err(usage(format!(
@@ -284,18 +301,29 @@ impl<D: Device, T: ActElem> Model<D, T> {
         if let Some(counts) = gs.bufs.counts.as_ref().filter(|_| penalties) {
             build_counts(ln, pen_arena, pen_staging, counts, rows, vocab)?;
         }
+        // The graph's launches: the forward pass, and the sampler too unless
+        // the step is masked (then the sampler runs after the masks, below).
+        let record = |ln: &mut Launcher<'_, D>| -> Result<()> {
+            launch_forward(ln, weights, kv, &gs.bufs, &lay, &plan)?;
+            if masked { Ok(()) } else { launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, None) }
+        };
         if let Some(g) = gs.graphs.get(&key).filter(|_| ln.profile.is_none()) {
             ln.dev.replay(g)?;
         } else {
-            launch_forward(ln, weights, kv, &gs.bufs, &lay, &plan)?;
-            launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties)?;
+            record(ln)?;
             if capture {
-                // Read this step's results before capturing (a capture runs
-                // nothing; the read is the step's synchronization anyway).
+                // Finish this step's direct run before capturing (a capture
+                // runs nothing).
+                if masked {
+                    let t = std::time::Instant::now();
+                    let m = masker.as_mut().map(|f| f()).transpose()?;
+                    *last_mask_time = t.elapsed();
+                    let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), b, vocab)?;
+                    launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, dm.as_ref())?;
+                }
                 let out = read_sampled(ln.dev, &gs.bufs, bucket, b)?;
                 let captured = ln.dev.begin_capture().and_then(|()| {
-                    let recorded = launch_forward(ln, weights, kv, &gs.bufs, &lay, &plan)
-                        .and_then(|()| launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties));
+                    let recorded = record(ln);
                     let graph = ln.dev.end_capture();
                     recorded.and(graph)
                 });
@@ -315,6 +343,15 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 self.last_sampled = Some((true, b));
                 return Ok(Some(out));
             }
+        }
+        if masked {
+            // The host computes the masks while the device runs the forward
+            // pass launched above; the mask kernel and the sampler follow it.
+            let t = std::time::Instant::now();
+            let m = masker.as_mut().map(|f| f()).transpose()?;
+            *last_mask_time = t.elapsed();
+            let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), b, vocab)?;
+            launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, dm.as_ref())?;
         }
         let out = read_sampled(ln.dev, &gs.bufs, bucket, b)?;
         self.last_sampled = Some((true, b));

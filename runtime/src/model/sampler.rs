@@ -25,6 +25,16 @@
 //! state. Rows without penalties pay nothing: no counts, and when no row of
 //! a step uses them the penalties kernel is not launched.
 //!
+//! Grammar masks (structured output, [`crate::grammar`]): with
+//! [`Model::forward_sample_masked`], the host computes the bitmasks of the
+//! constrained rows while the device runs the step's forward pass (the
+//! launches are asynchronous; the masker runs right after them), uploads
+//! them, and `apply_token_mask` sets the logits of disallowed tokens to
+//! `-inf` after the penalties and before `sample`. Sampling and logprobs are
+//! then those of the constrained distribution (the softmax over the allowed
+//! tokens). Unconstrained rows are never touched, and a step without
+//! constrained rows launches no mask kernel at all.
+//!
 //! Invariants: `rows[i]` samples logit row `step.logit_rows[i]`; settings
 //! are validated on the host before any launch (errors, never panics); the
 //! sampled ids and logprobs are read back with one copy, the step's only
@@ -39,7 +49,7 @@ use crate::error::{Error, Result};
 use crate::model::ActElem;
 use dsl_core::launch::AnyDType;
 use dsl_macros::kernel;
-use kernels::sampling::{self, penalties, sample, token_counts_add};
+use kernels::sampling::{self, apply_token_mask, penalties, sample, token_counts_add};
 use std::marker::PhantomData;
 
 /// Per-request sampling settings (vLLM semantics; defaults = greedy, no penalties).
@@ -158,8 +168,75 @@ pub fn logits_to_f32<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<f32>, n: i32, #[const
     store(out_ptr + offs, load(x_ptr + offs, mask = mask).to(f32), mask = mask);
 }
 
+/// The grammar masks of one step's constrained rows, as a
+/// [`Model::forward_sample_masked`] masker returns them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowMasks {
+    /// The masked rows (indices into the step's sample rows), each at most
+    /// once.
+    pub rows: Vec<u32>,
+    /// Their bitmasks, [`crate::grammar::mask_words`]`(vocab)` words each in
+    /// the order of `rows`: bit `t % 32` of word `t / 32` set when token `t`
+    /// is allowed.
+    pub bits: Vec<u32>,
+}
+
+/// Computes a step's grammar masks on the host (called once per step, after
+/// the forward pass is launched and before the sampler).
+pub type Masker<'a> = &'a mut dyn FnMut() -> Result<RowMasks>;
+
+/// The grammar masks on the device: `(rows, bitmasks, capacity in rows)`.
+pub(super) type MaskBufs<D> = Option<(<D as Device>::Buf<i32>, <D as Device>::Buf<i32>, usize)>;
+
+/// Uploaded grammar masks: row indices and bitmasks (`n` rows of `words`).
+pub(super) struct MaskView<'a, D: Device> {
+    rows: &'a D::Buf<i32>,
+    bits: &'a D::Buf<i32>,
+    n: usize,
+    words: usize,
+}
+
+/// Checks `m` against a step of `rows` sample rows over `vocab` tokens and
+/// copies it into `bufs` (grown as needed); `None` when no row is masked.
+pub(super) fn upload_masks<'a, D: Device>(
+    dev: &mut D,
+    bufs: &'a mut MaskBufs<D>,
+    m: Option<&RowMasks>,
+    rows: usize,
+    vocab: usize,
+) -> Result<Option<MaskView<'a, D>>> {
+    let Some(m) = m.filter(|m| !m.rows.is_empty()) else { return Ok(None) };
+    let words = crate::grammar::mask_words(vocab);
+    let n = m.rows.len();
+    if m.bits.len() != n * words {
+        return Err(usage(format!("grammar masks: {} words for {n} rows of {words} words", m.bits.len())));
+    }
+    let mut seen = vec![false; rows];
+    for &r in &m.rows {
+        let r = r as usize;
+        if r >= rows || std::mem::replace(&mut seen[r], true) {
+            return Err(usage(format!(
+                "grammar masks: row {r} is repeated or outside the step's {rows} rows"
+            )));
+        }
+    }
+    if bufs.as_ref().is_none_or(|b| b.2 < n) {
+        let cap = rows.max(n).next_power_of_two();
+        *bufs = None;
+        *bufs = Some((dev.zeros::<i32>(cap)?, dev.zeros::<i32>(cap * words)?, cap));
+    }
+    let (rb, bb, _) = bufs.as_ref().ok_or_else(|| usage("internal error: no mask buffers".into()))?;
+    let ids: Vec<i32> = m.rows.iter().map(|&r| r as i32).collect();
+    let bits: Vec<i32> = m.bits.iter().map(|&w| w as i32).collect();
+    dev.write(rb, &ids)?;
+    dev.write(bb, &bits)?;
+    Ok(Some(MaskView { rows: rb, bits: bb, n, words }))
+}
+
 /// Elements per program of [`logits_to_f32`].
 const CAST_BLOCK: usize = 1024;
+/// Vocabulary entries per program of `apply_token_mask`.
+const MASK_BLOCK: usize = 1024;
 /// Vocabulary entries per program of the penalties kernel.
 const PENALTY_BLOCK: usize = 1024;
 /// Entries per program of `token_counts_add`.
@@ -201,6 +278,7 @@ pub(super) fn launch_sampling<D: Device, T: ActElem>(
     sl: &SamplingLayout,
     rows: usize,
     penalties_on: bool,
+    masks: Option<&MaskView<'_, D>>,
 ) -> Result<()> {
     let missing = |what: &str| usage(format!("the {what} buffers were not allocated"));
     let s = bufs.scratch.as_ref().ok_or_else(|| missing("scratch"))?;
@@ -208,12 +286,13 @@ pub(super) fn launch_sampling<D: Device, T: ActElem>(
     let arena = &bufs.arena.as_ref().ok_or_else(|| missing("input"))?.0;
     let counts =
         if penalties_on { Some(bufs.counts.as_ref().ok_or_else(|| missing("penalty count"))?) } else { None };
-    launch_sampler(ln, vocab, &s.logits, sb, counts, arena, sl, rows)
+    launch_sampler(ln, vocab, &s.logits, sb, counts, arena, sl, rows, masks)
 }
 
 /// The sampler's launches on explicit buffers: `logits` `[rows, vocab]` in
 /// `T` (cast to f32 into `sb` unless `T` is f32), the penalties kernel when
-/// `counts` is given, then `sample` into `sb`'s outputs.
+/// `counts` is given, the grammar masks when given, then `sample` into
+/// `sb`'s outputs.
 #[allow(clippy::too_many_arguments)]
 fn launch_sampler<D: Device, T: ActElem>(
     ln: &mut Launcher<'_, D>,
@@ -224,6 +303,7 @@ fn launch_sampler<D: Device, T: ActElem>(
     arena: &D::Buf<u8>,
     sl: &SamplingLayout,
     rows: usize,
+    masks: Option<&MaskView<'_, D>>,
 ) -> Result<()> {
     let n = rows * vocab;
     let logits = match &sb.logits_f32 {
@@ -260,6 +340,22 @@ fn launch_sampler<D: Device, T: ActElem>(
         // The logits read and written, two count rows read.
         ln.cost(|| format!("penalties {rows} rows"), 4 * rows * vocab * 4, 0);
         ln.run::<penalties::Kernel>(grid, &config, &args)?;
+    }
+    if let Some(m) = masks {
+        let config = apply_token_mask::Config::new(MASK_BLOCK);
+        let args = apply_token_mask::Args {
+            logits_ptr: logits,
+            rows_ptr: D::ptr_at::<i32, i32>(m.rows, 0)?,
+            mask_ptr: D::ptr_at::<i32, i32>(m.bits, 0)?,
+            vocab: vocab as i32,
+            stride: vocab as i32,
+            words: m.words as i32,
+            _marker: PhantomData,
+        };
+        let grid = [m.n as u32, vocab.div_ceil(MASK_BLOCK) as u32, 1];
+        // The mask words read, the masked logits written (at most).
+        ln.cost(|| format!("token mask {} rows", m.n), m.n * (m.words * 4 + vocab * 4), 0);
+        ln.run::<apply_token_mask::Kernel>(grid, &config, &args)?;
     }
     let block = sampling::block_for(vocab);
     let config = sample::Config::new(block).with_warps(sampling::warps_for(block));
@@ -334,7 +430,7 @@ pub fn sample_logits<D: Device>(
         let (mut pen_arena, mut pen_staging) = (None, Vec::new());
         build_counts(ln, &mut pen_arena, &mut pen_staging, c, rows, vocab)?;
     }
-    launch_sampler::<D, f32>(ln, vocab, &logits_buf, &sb, counts.as_ref(), &arena, &sl, r)?;
+    launch_sampler::<D, f32>(ln, vocab, &logits_buf, &sb, counts.as_ref(), &arena, &sl, r, None)?;
     read_out(ln.dev, &sb, r, r)
 }
 
@@ -461,6 +557,25 @@ impl<D: Device, T: ActElem> Model<D, T> {
         step: &Step<'_>,
         rows: &[SampleRow<'_>],
     ) -> Result<Vec<Sampled>> {
+        self.forward_sample_masked(dev, step, rows, None)
+    }
+
+    /// [`Model::forward_sample`] with grammar masks: `masker` (when given)
+    /// runs on the host after the forward pass is launched, while the device
+    /// computes it, and its masks are applied before sampling (see the
+    /// module doc). Its time is [`Model::last_mask_time`].
+    ///
+    /// Errors: as [`Model::forward_sample`], the masker's errors, masks
+    /// that do not fit the step.
+    pub fn forward_sample_masked(
+        &mut self,
+        dev: &mut D,
+        step: &Step<'_>,
+        rows: &[SampleRow<'_>],
+        masker: Option<Masker<'_>>,
+    ) -> Result<Vec<Sampled>> {
+        let mut masker = masker;
+        self.last_mask_time = std::time::Duration::ZERO;
         self.validate(step)?;
         let vocab = self.weights.config.vocab_size;
         validate_rows(rows, step.logit_rows.len(), vocab)?;
@@ -469,7 +584,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             self.forward(dev, step)?;
             return Ok(Vec::new());
         }
-        if let Some(out) = self.graph_step(dev, step, rows)? {
+        if let Some(out) = self.graph_step(dev, step, rows, &mut masker)? {
             return Ok(out);
         }
         let mut pen = 0;
@@ -483,16 +598,29 @@ impl<D: Device, T: ActElem> Model<D, T> {
         if pen > 0 {
             self.eager.ensure_counts(dev, vocab, pen)?;
         }
-        let Model { weights, kv, eager, profile, pen_arena, pen_staging, .. } = self;
+        let Model { weights, kv, eager, profile, pen_arena, pen_staging, mask_bufs, last_mask_time, .. } =
+            self;
         let ln = &mut Launcher { dev, profile };
         if let Some(counts) = eager.counts.as_ref().filter(|_| pen > 0) {
             build_counts(ln, pen_arena, pen_staging, counts, rows, vocab)?;
         }
         launch_forward(ln, weights, kv, eager, &lay, &plan)?;
-        launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0)?;
+        // The forward pass is launched: the host computes the masks while
+        // the device runs it.
+        let t = std::time::Instant::now();
+        let m = masker.as_mut().map(|f| f()).transpose()?;
+        *last_mask_time = t.elapsed();
+        let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), rows.len(), vocab)?;
+        launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0, dm.as_ref())?;
         let out = read_sampled(ln.dev, eager, rows.len(), rows.len())?;
         self.last_sampled = Some((false, rows.len()));
         Ok(out)
+    }
+
+    /// Host time the last [`Model::forward_sample_masked`] spent computing
+    /// grammar masks (zero when it had no masker).
+    pub fn last_mask_time(&self) -> std::time::Duration {
+        self.last_mask_time
     }
 
     /// The f32 logits the sampler read in the last [`Model::forward_sample`]

@@ -26,6 +26,9 @@ pub enum FinishReason {
     MaxModelLen,
     /// The client went away or the engine gave up on the request.
     Aborted,
+    /// The request's grammar allows no token here, not even an end token
+    /// (structured output that cannot continue); nothing was sampled.
+    Grammar,
 }
 
 /// Where a sequence is.

@@ -3,9 +3,16 @@
 //!
 //! Requests are parsed from the raw body with serde, then checked against
 //! the model's limits. A field the server does not know, or knows and does
-//! not implement (`response_format`, say), is a 400 naming it, so a client
+//! not implement (`audio`, say), is a 400 naming it, so a client
 //! never gets an answer that silently ignored part of its request; the
-//! fields that change nothing in the answer (`user`) are accepted. Every rejection is an [`ApiError`]: an HTTP status and
+//! fields that change nothing in the answer (`user`) are accepted.
+//!
+//! `response_format` (both endpoints, as OpenAI defines it): `{"type":
+//! "text"}` (free text), `{"type": "json_object"}` (any JSON object) or
+//! `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`;
+//! the output is constrained to it by grammar-constrained decoding
+//! ([`crate::grammar`]), whatever `strict` says. A malformed
+//! `response_format` or an invalid schema is a 400 with the reason. Every rejection is an [`ApiError`]: an HTTP status and
 //! `{"error": {"message", "type", "param", "code"}}`.
 //!
 //! Ranges (OpenAI's where it defines them, vLLM's otherwise): `temperature`
@@ -196,6 +203,8 @@ pub struct GenParams {
     pub best_of: Option<i64>,
     /// Unsupported when non-empty.
     pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Structured output (see the module doc).
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// A completion prompt: text, token ids, or a batch of either.
@@ -258,6 +267,12 @@ pub struct ChatMessage {
     pub role: String,
     /// The content (`null` is an empty message).
     pub content: Option<Content>,
+    /// An assistant message's earlier tool calls.
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's call id.
+    pub tool_call_id: Option<String>,
+    /// A tool message's function name.
+    pub name: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -269,8 +284,12 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token (needs `logprobs`).
     pub top_logprobs: Option<i64>,
-    /// Unsupported when non-empty.
+    /// Functions the model may call (see [`super::tools`]).
     pub tools: Option<Vec<serde_json::Value>>,
+    /// `none`, `auto`, `required` or a named function.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether one answer may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// The shared fields.
     #[serde(flatten)]
     pub params: GenParams,
@@ -300,6 +319,8 @@ pub struct GenSpec {
     pub stream: bool,
     /// Send a usage chunk at the end of a stream.
     pub include_usage: bool,
+    /// The structured-output constraint (`response_format`), not compiled yet.
+    pub grammar: Option<crate::grammar::GrammarSpec>,
 }
 
 /// What validation checks against.
@@ -447,6 +468,7 @@ impl GenParams {
         if self.stream_options.is_some() && !stream {
             return Err(ApiError::invalid("stream_options", "`stream_options` needs `stream` = true."));
         }
+        let grammar = self.response_format.as_ref().map(response_format).transpose()?.flatten();
         Ok(GenSpec {
             params,
             max_tokens,
@@ -457,7 +479,66 @@ impl GenParams {
             logprobs,
             stream,
             include_usage,
+            grammar,
         })
+    }
+}
+
+/// Reads OpenAI's `response_format` (see the module doc): `None` for free
+/// text, a 400 naming what is wrong otherwise.
+pub fn response_format(v: &serde_json::Value) -> Result<Option<crate::grammar::GrammarSpec>, ApiError> {
+    use crate::grammar::GrammarSpec;
+    const P: &str = "response_format";
+    let bad = |m: String| Err(ApiError::invalid(P, m));
+    let Some(obj) = v.as_object() else {
+        return bad("`response_format` must be an object with a `type`.".into());
+    };
+    let allowed: &[&str] = match obj.get("type").and_then(|t| t.as_str()) {
+        Some("text") | Some("json_object") => &["type"],
+        Some("json_schema") => &["type", "json_schema"],
+        Some(other) => {
+            return bad(format!(
+                "`response_format.type` `{other}` is not supported (use `text`, `json_object` or `json_schema`)."
+            ));
+        }
+        None => return bad("`response_format.type` is required (a string).".into()),
+    };
+    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return bad(format!("Unknown field `response_format.{k}`."));
+    }
+    match obj["type"].as_str() {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(GrammarSpec::JsonObject)),
+        _ => {
+            let Some(js) = obj.get("json_schema").and_then(|j| j.as_object()) else {
+                return bad(
+                    "`response_format.json_schema` is required for type `json_schema` (an object).".into()
+                );
+            };
+            if let Some(k) =
+                js.keys().find(|k| !["name", "schema", "strict", "description"].contains(&k.as_str()))
+            {
+                return bad(format!("Unknown field `response_format.json_schema.{k}`."));
+            }
+            match js.get("name") {
+                Some(serde_json::Value::String(n)) if !n.is_empty() && n.len() <= 64 => {}
+                _ => {
+                    return bad("`response_format.json_schema.name` is required (a non-empty string).".into());
+                }
+            }
+            if js.get("strict").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
+                return bad("`response_format.json_schema.strict` must be a boolean.".into());
+            }
+            match js.get("schema") {
+                None | Some(serde_json::Value::Null) => {
+                    Ok(Some(GrammarSpec::JsonSchema(serde_json::json!({}))))
+                }
+                Some(s) if s.is_object() || s.is_boolean() => Ok(Some(GrammarSpec::JsonSchema(s.clone()))),
+                Some(_) => {
+                    bad("`response_format.json_schema.schema` must be a JSON schema (an object).".into())
+                }
+            }
+        }
     }
 }
 
@@ -478,8 +559,7 @@ pub fn check_logprobs(param: &str, v: i64) -> Result<usize, ApiError> {
 const IGNORED_FIELDS: [&str; 1] = ["user"];
 
 /// OpenAI request fields the server knows but does not implement yet.
-const UNSUPPORTED_FIELDS: [&str; 6] =
-    ["response_format", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio"];
+const UNSUPPORTED_FIELDS: [&str; 3] = ["functions", "function_call", "audio"];
 
 /// A 400 for the first field of `other` (a request's fields that no
 /// endpoint field took) unless it is one of [`IGNORED_FIELDS`].
@@ -512,9 +592,6 @@ impl ChatRequest {
     /// Validates the request's fields (not the rendered prompt).
     pub fn spec(&self, limits: &Limits) -> Result<GenSpec, ApiError> {
         reject_other_fields(&self.other)?;
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::invalid("tools", "`tools` (function calling) is not supported."));
-        }
         let top = self.top_logprobs.map(|v| check_logprobs("top_logprobs", v)).transpose()?;
         let logprobs = match (self.logprobs.unwrap_or(false), top) {
             (true, t) => Some(t.unwrap_or(0)),
@@ -524,6 +601,78 @@ impl ChatRequest {
             (false, _) => None,
         };
         self.params.validate(limits, logprobs)
+    }
+
+    /// The conversation as JSON messages for a template that renders tools
+    /// itself: text content, earlier calls with their `arguments` as objects
+    /// (as templates expect), tool results with their ids.
+    pub fn messages_json(&self) -> Result<Vec<serde_json::Value>, ApiError> {
+        let plain = self.messages()?;
+        let raw = self.messages.as_deref().unwrap_or_default();
+        Ok(plain
+            .iter()
+            .zip(raw)
+            .map(|(m, r)| {
+                let mut v = serde_json::json!({"role": m.role, "content": m.content});
+                if let Some(calls) = &r.tool_calls {
+                    let calls: Vec<serde_json::Value> = calls
+                        .iter()
+                        .map(|c| {
+                            let mut f = c.get("function").cloned().unwrap_or(serde_json::Value::Null);
+                            if let Some(a) = f.get("arguments").and_then(|a| a.as_str())
+                                && let Ok(parsed) = serde_json::from_str::<serde_json::Value>(a)
+                            {
+                                f["arguments"] = parsed;
+                            }
+                            serde_json::json!({"id": c.get("id"), "type": "function", "function": f})
+                        })
+                        .collect();
+                    v["tool_calls"] = serde_json::Value::Array(calls);
+                }
+                if let Some(id) = &r.tool_call_id {
+                    v["tool_call_id"] = serde_json::json!(id);
+                }
+                if let Some(n) = &r.name {
+                    v["name"] = serde_json::json!(n);
+                }
+                v
+            })
+            .collect())
+    }
+
+    /// The conversation for a template that does not render tools, with the
+    /// tools and calls in the Hermes format ([`super::tools`]): `system` (the
+    /// tool prompt) joins the first system message or opens the
+    /// conversation, earlier calls become `<tool_call>` blocks and tool
+    /// results `<tool_response>` blocks.
+    pub fn messages_hermes(&self, system: &str) -> Result<Vec<crate::chat::Message>, ApiError> {
+        let mut out = self.messages()?;
+        let raw = self.messages.as_deref().unwrap_or_default();
+        for (m, r) in out.iter_mut().zip(raw) {
+            for c in r.tool_calls.iter().flatten() {
+                let f = c.get("function").cloned().unwrap_or(serde_json::Value::Null);
+                let args = match f.get("arguments") {
+                    Some(serde_json::Value::String(s)) => {
+                        serde_json::from_str(s).unwrap_or(serde_json::Value::String(s.clone()))
+                    }
+                    Some(a) => a.clone(),
+                    None => serde_json::json!({}),
+                };
+                let call = serde_json::json!({"name": f.get("name"), "arguments": args});
+                if !m.content.is_empty() {
+                    m.content.push('\n');
+                }
+                m.content.push_str(&format!("<tool_call>\n{call}\n</tool_call>"));
+            }
+            if m.role == "tool" {
+                m.content = format!("<tool_response>\n{}\n</tool_response>", m.content);
+            }
+        }
+        match out.first_mut() {
+            Some(first) if first.role == "system" => first.content = format!("{}\n\n{system}", first.content),
+            _ => out.insert(0, crate::chat::Message::system(system)),
+        }
+        Ok(out)
     }
 
     /// The conversation as template messages; a part other than text is a 400.

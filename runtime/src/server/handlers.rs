@@ -22,6 +22,7 @@ use super::api::{ApiError, ChatRequest, CompletionRequest, GenSpec, Prompt, pars
 use super::metrics::Outcome;
 use super::sse::{self, Api, ChoiceOut, Finish, Header, TokenLogprob};
 use super::text::ChoiceText;
+use super::tools::Tools;
 use super::worker::{Command, Event, Submit};
 use crate::engine::Request;
 use crate::scheduler::FinishReason;
@@ -112,6 +113,10 @@ pub struct Job {
     prompts: Vec<Vec<u32>>,
     max_tokens: Vec<usize>,
     spec: GenSpec,
+    /// The compiled structured-output constraint (each choice gets a copy).
+    constraint: Option<crate::grammar::Constraint>,
+    /// The chat request's tools (outputs are parsed for calls).
+    tools: Option<Tools>,
 }
 
 /// The body, or a 4xx for an unreadable one.
@@ -161,7 +166,8 @@ async fn completions_job(st: &AppState, body: Result<Bytes, BytesRejection>) -> 
         .iter()
         .map(|p| resolve_max_tokens("prompt", p.len(), spec.max_tokens, Some(16), &st.limits))
         .collect::<Result<_, _>>()?;
-    Ok(Job { api: Api::Completions, prompts, max_tokens, spec })
+    let constraint = spec.grammar.as_ref().map(|g| st.compile_grammar(g, "response_format")).transpose()?;
+    Ok(Job { api: Api::Completions, prompts, max_tokens, spec, constraint, tools: None })
 }
 
 async fn chat_job(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Job, ApiError> {
@@ -174,13 +180,31 @@ async fn chat_job(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<
         .template
         .as_ref()
         .ok_or_else(|| ApiError::bad_request("The model has no chat template; use /v1/completions."))?;
-    let rendered =
-        template.render(&messages, true).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let tools = super::tools::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    let rendered = match &tools {
+        None => template.render(&messages, true),
+        Some(t) if template.renders_tools() => {
+            template.render_with_tools(&req.messages_json()?, &t.template_value(), true)
+        }
+        Some(t) => template.render(&req.messages_hermes(&t.system_prompt())?, true),
+    }
+    .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let prompt =
         st.tokenizer.encode(&rendered, true).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     // Chat's default: whatever the context has left.
     let max_tokens = vec![resolve_max_tokens("messages", prompt.len(), spec.max_tokens, None, &st.limits)?];
-    Ok(Job { api: Api::Chat, prompts: vec![prompt], max_tokens, spec })
+    let mut constraint =
+        spec.grammar.as_ref().map(|g| st.compile_grammar(g, "response_format")).transpose()?;
+    if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
+        if constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "`tool_choice` `required` or a named function cannot be combined with `response_format`.",
+            ));
+        }
+        constraint = Some(st.compile_grammar(&g, "tool_choice")?);
+    }
+    Ok(Job { api: Api::Chat, prompts: vec![prompt], max_tokens, spec, constraint, tools })
 }
 
 /// Decrements the admission queue's length when a waiter leaves.
@@ -368,6 +392,7 @@ impl Run {
                 (None, FinishReason::Eos | FinishReason::StopToken(_)) => Finish::Stop(None),
                 (None, FinishReason::MaxTokens | FinishReason::MaxModelLen) => Finish::Length,
                 (None, FinishReason::Aborted) => Finish::Abort,
+                (None, FinishReason::Grammar) => Finish::Grammar,
             })
         } else {
             None
@@ -389,7 +414,7 @@ impl Run {
 
 /// Admits the job, sends its engine requests and answers (JSON or SSE).
 async fn start(st: Arc<AppState>, job: Job, arrival: Instant) -> Result<Response, ApiError> {
-    let Job { api, prompts, max_tokens, spec } = job;
+    let Job { api, prompts, max_tokens, spec, constraint, tools } = job;
     let n = spec.n;
     let mut permit = admit(&st, prompts.len() * n).await?;
     let eog: &[u32] = if spec.ignore_eos { &[] } else { &st.eog };
@@ -412,6 +437,7 @@ async fn start(st: Arc<AppState>, job: Job, arrival: Instant) -> Result<Response
                 params,
                 max_tokens: max_tokens[p],
                 stop_tokens: stop_tokens.clone(),
+                constraint: constraint.clone(),
             };
             let (tx, rx) = mpsc::unbounded_channel();
             let slot = permit.split(1).ok_or_else(|| ApiError::internal("admission slots miscounted"))?;
@@ -441,16 +467,26 @@ async fn start(st: Arc<AppState>, job: Job, arrival: Instant) -> Result<Response
         logprobs: spec.logprobs.is_some(),
     };
     if spec.stream {
-        Ok(stream(st, run, header, spec.include_usage))
+        Ok(stream(st, run, header, spec.include_usage, tools))
     } else {
-        collect(&st, run, header).await
+        collect(&st, run, header, tools.as_ref()).await
     }
 }
 
 /// Runs every choice to its end and answers with one JSON body.
-async fn collect(st: &AppState, mut run: Run, header: Header) -> Result<Response, ApiError> {
+async fn collect(
+    st: &AppState,
+    mut run: Run,
+    header: Header,
+    tools: Option<&Tools>,
+) -> Result<Response, ApiError> {
     let mut out: Vec<ChoiceOut> = (0..run.choices.len())
-        .map(|_| ChoiceOut { text: String::new(), logprobs: Vec::new(), finish: Finish::Abort })
+        .map(|_| ChoiceOut {
+            text: String::new(),
+            logprobs: Vec::new(),
+            finish: Finish::Abort,
+            tool_calls: Vec::new(),
+        })
         .collect();
     while let Some(u) = run.next(&st.tokenizer).await {
         let c = &mut out[u.index];
@@ -463,14 +499,50 @@ async fn collect(st: &AppState, mut run: Run, header: Header) -> Result<Response
             c.finish = f;
         }
     }
+    if let Some(t) = tools {
+        for c in &mut out {
+            if let Some((content, calls)) = tool_calls_of(c, t) {
+                c.text = content;
+                c.tool_calls = calls;
+                c.finish = Finish::ToolCalls;
+            }
+        }
+    }
     let body = sse::response(&header, &st.tokenizer, &out, run.prompt_tokens, run.completion_tokens());
     Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response())
 }
 
+/// The tool calls of a finished choice (OpenAI entries) and the content
+/// left around them; `None` when it holds none or did not end normally.
+fn tool_calls_of(c: &ChoiceOut, tools: &Tools) -> Option<(String, Vec<serde_json::Value>)> {
+    if !matches!(c.finish, Finish::Stop(_) | Finish::Grammar) {
+        return None;
+    }
+    let (content, calls) = super::tools::parse_calls(&c.text, tools)?;
+    let calls = calls.iter().enumerate().map(|(i, k)| k.json(i, &super::tools::call_id(), false)).collect();
+    Some((content, calls))
+}
+
 /// Streams the choices as server-sent events from a task that stops (and
-/// so aborts the engine requests) as soon as the client goes away.
-fn stream(st: Arc<AppState>, mut run: Run, header: Header, include_usage: bool) -> Response {
+/// so aborts the engine requests) as soon as the client goes away. With
+/// tools, a choice's text is held back until it ends (it may be a call):
+/// its last chunk then carries either the text or `delta.tool_calls`.
+fn stream(
+    st: Arc<AppState>,
+    mut run: Run,
+    header: Header,
+    include_usage: bool,
+    tools: Option<Tools>,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(32);
+    let mut held: Vec<ChoiceOut> = (0..run.choices.len())
+        .map(|_| ChoiceOut {
+            text: String::new(),
+            logprobs: Vec::new(),
+            finish: Finish::Abort,
+            tool_calls: Vec::new(),
+        })
+        .collect();
     tokio::spawn(async move {
         if header.api == Api::Chat {
             for i in 0..run.choices.len() {
@@ -485,7 +557,50 @@ fn stream(st: Arc<AppState>, mut run: Run, header: Header, include_usage: bool) 
                 _ = tx.closed() => return,
                 u = run.next(&st.tokenizer) => u,
             };
-            let Some(u) = update else { break };
+            let Some(mut u) = update else { break };
+            if let Some(t) = &tools {
+                let c = &mut held[u.index];
+                c.text.push_str(&u.text);
+                c.logprobs.append(&mut u.logprobs);
+                let Some(f) = u.finish.clone() else { continue };
+                if !matches!(f, Finish::Error(_)) {
+                    c.finish = f;
+                    let ev = match tool_calls_of(c, t) {
+                        Some((content, calls)) => {
+                            let calls: Vec<serde_json::Value> = calls
+                                .into_iter()
+                                .enumerate()
+                                .map(|(i, mut k)| {
+                                    k["index"] = json!(i);
+                                    k
+                                })
+                                .collect();
+                            sse::tool_calls_chunk(
+                                &header,
+                                &st.tokenizer,
+                                u.index,
+                                &content,
+                                &calls,
+                                &c.logprobs,
+                                &Finish::ToolCalls,
+                            )
+                        }
+                        None => sse::chunk(
+                            &header,
+                            &st.tokenizer,
+                            u.index,
+                            &c.text,
+                            &c.logprobs,
+                            Some(&c.finish),
+                            false,
+                        ),
+                    };
+                    if tx.send(Ok(sse::event(&ev))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            }
             let bytes = match &u.finish {
                 Some(Finish::Error(m)) => sse::event(&sse::error_event(m)),
                 f => sse::event(&sse::chunk(

@@ -45,6 +45,7 @@ pub mod handlers;
 pub mod metrics;
 pub mod sse;
 pub mod text;
+pub mod tools;
 pub mod worker;
 
 #[cfg(test)]
@@ -90,6 +91,26 @@ pub struct ServeOptions {
     pub stop: Option<Arc<Notify>>,
     /// The bearer token `/v1/*` requests must carry (`None`: open).
     pub api_key: Option<String>,
+}
+
+impl AppState {
+    /// Compiles a request's structured-output constraint: a 400 naming
+    /// `param` with the grammar engine's reason when it is invalid.
+    pub fn compile_grammar(
+        &self,
+        spec: &crate::grammar::GrammarSpec,
+        param: &str,
+    ) -> std::result::Result<crate::grammar::Constraint, api::ApiError> {
+        let compiler = self
+            .grammar
+            .get_or_init(|| {
+                crate::grammar::GrammarCompiler::new(&self.tokenizer, self.limits.vocab_size)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| api::ApiError::invalid(param, format!("Structured output is unavailable: {e}.")))?;
+        compiler.compile(spec).map_err(|e| api::ApiError::invalid(param, format!("`{param}`: {e}")))
+    }
 }
 
 impl Default for ServeOptions {
@@ -152,6 +173,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The bearer token `/v1/*` requests must carry (`None`: open).
     pub api_key: Option<String>,
+    /// The grammar compiler of structured output, built on first use (or
+    /// why it cannot be built for this tokenizer).
+    pub grammar: std::sync::OnceLock<std::result::Result<crate::grammar::GrammarCompiler, String>>,
 }
 
 /// The router over `state`.
@@ -199,6 +223,7 @@ pub fn serve_engine<D: Device, T: ActElem>(
         next_id: AtomicU64::new(0),
         metrics: metrics.clone(),
         api_key: opts.api_key.clone(),
+        grammar: std::sync::OnceLock::new(),
     });
     listener.set_nonblocking(true).map_err(|e| io_err("the listening socket", e))?;
     let stop = opts.stop.clone().unwrap_or_default();

@@ -42,6 +42,11 @@ pub enum Finish {
     Length,
     /// Aborted (server shutdown).
     Abort,
+    /// The request's grammar (structured output) allows no further token:
+    /// `finish_reason` `"grammar"`.
+    Grammar,
+    /// The answer is tool calls (`finish_reason` `"tool_calls"`).
+    ToolCalls,
     /// The engine failed.
     Error(String),
 }
@@ -53,6 +58,8 @@ impl Finish {
             Finish::Stop(_) => "stop",
             Finish::Length => "length",
             Finish::Abort => "abort",
+            Finish::Grammar => "grammar",
+            Finish::ToolCalls => "tool_calls",
             Finish::Error(_) => "error",
         }
     }
@@ -180,6 +187,26 @@ pub fn chunk(
     json!({"id": h.id, "object": object(h.api, true), "created": h.created, "model": h.model, "choices": [choice]})
 }
 
+/// A chat stream chunk that carries tool calls (`delta.tool_calls`, each
+/// with its `index`), any content left around them, and the finish.
+pub fn tool_calls_chunk(
+    h: &Header,
+    tok: &Tokenizer,
+    index: usize,
+    content: &str,
+    calls: &[Value],
+    logprobs: &[TokenLogprob],
+    finish: &Finish,
+) -> Value {
+    let mut v = chunk(h, tok, index, content, logprobs, Some(finish), false);
+    let delta = &mut v["choices"][0]["delta"];
+    if content.is_empty() {
+        *delta = json!({});
+    }
+    delta["tool_calls"] = Value::Array(calls.to_vec());
+    v
+}
+
 /// The final usage chunk of a stream.
 pub fn usage_chunk(h: &Header, prompt_tokens: usize, completion_tokens: usize) -> Value {
     json!({
@@ -202,6 +229,9 @@ pub struct ChoiceOut {
     pub logprobs: Vec<TokenLogprob>,
     /// Why it ended.
     pub finish: Finish,
+    /// Its tool calls (chat with tools), as OpenAI `tool_calls` entries;
+    /// `text` is then the content left around them.
+    pub tool_calls: Vec<Value>,
 }
 
 /// A whole (non-streamed) response.
@@ -223,10 +253,19 @@ pub fn response(
                     "index": index, "text": c.text, "logprobs": lp, "finish_reason": reason,
                     "stop_reason": stop_reason,
                 }),
-                Api::Chat => json!({
-                    "index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": lp,
-                    "finish_reason": reason, "stop_reason": stop_reason,
-                }),
+                Api::Chat => {
+                    let mut message = json!({"role": "assistant", "content": c.text});
+                    if !c.tool_calls.is_empty() {
+                        message["tool_calls"] = Value::Array(c.tool_calls.clone());
+                        if c.text.is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                    }
+                    json!({
+                        "index": index, "message": message, "logprobs": lp,
+                        "finish_reason": reason, "stop_reason": stop_reason,
+                    })
+                }
             }
         })
         .collect();

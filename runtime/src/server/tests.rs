@@ -44,6 +44,17 @@ impl TestServer {
     /// Starts a server over the tiny model: `max_num_seqs` running at once,
     /// 160 KV blocks of 16 tokens.
     fn start(opts: ServeOptions, max_num_seqs: usize) -> TestServer {
+        TestServer::start_with(opts, max_num_seqs, None, MAX_MODEL_LEN)
+    }
+
+    /// [`TestServer::start`] with another chat template and context length
+    /// (at most the tiny model's 256).
+    fn start_with(
+        opts: ServeOptions,
+        max_num_seqs: usize,
+        template: Option<&'static str>,
+        max_model_len: usize,
+    ) -> TestServer {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = Arc::new(Notify::new());
@@ -57,7 +68,7 @@ impl TestServer {
             let config = SchedulerConfig {
                 max_num_batched_tokens: 512,
                 max_num_seqs,
-                max_model_len: MAX_MODEL_LEN,
+                max_model_len,
                 num_blocks: 160,
                 block_size: 16,
                 enable_prefix_caching: true,
@@ -69,8 +80,11 @@ impl TestServer {
                 name: NAME.into(),
                 eog: tokenizer.eog_tokens().to_vec(),
                 tokenizer,
-                template: Some(ChatTemplate::from_vocab(&vocab)?),
-                limits: Limits { max_model_len: MAX_MODEL_LEN, vocab_size },
+                template: Some(match template {
+                    Some(t) => ChatTemplate::new(t, "<|im_start|>", "<|im_end|>")?,
+                    None => ChatTemplate::from_vocab(&vocab)?,
+                }),
+                limits: Limits { max_model_len, vocab_size },
             };
             serve_engine(&mut cpu, &mut engine, info, listener, &opts)
         });
@@ -241,22 +255,32 @@ async fn bad_inputs_get_their_status_and_an_openai_error() {
     // Fields the server does not know or does not implement are named, never ignored.
     let r = post(&c, &comp, &with("temprature", json!(0.5))).await;
     assert_error(&r, 400, "invalid_request_error", Some("temprature"), "Unknown request field");
+    // A malformed response_format or an invalid schema: 400 with the reason.
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (rf, needle) in [
+        (json!({"type": "xml"}), "not supported"),
+        (json!("json"), "must be an object"),
+        (json!({"type": "json_schema"}), "json_schema` is required"),
+        (json!({"type": "json_schema", "json_schema": {"schema": {}}}), "name` is required"),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}),
+            "invalid JSON schema",
+        ),
+        (json!({"type": "json_object", "extra": 1}), "Unknown field `response_format.extra`"),
+    ] {
+        let r = post(&c, &chat, &json!({"model": NAME, "messages": msgs, "response_format": rf})).await;
+        assert_error(&r, 400, "invalid_request_error", Some("response_format"), needle);
+        let r = post(&c, &comp, &with("response_format", rf)).await;
+        assert_error(&r, 400, "invalid_request_error", Some("response_format"), needle);
+    }
     let r = post(
         &c,
         &chat,
         &json!({"model": NAME, "messages": [{"role": "user", "content": "hi"}],
-        "response_format": {"type": "json_object"}}),
+        "tool_choice": "required"}),
     )
     .await;
-    assert_error(&r, 400, "invalid_request_error", Some("response_format"), "not supported");
-    let r = post(
-        &c,
-        &chat,
-        &json!({"model": NAME, "messages": [{"role": "user", "content": "hi"}],
-        "tool_choice": "none"}),
-    )
-    .await;
-    assert_error(&r, 400, "invalid_request_error", Some("tool_choice"), "not supported");
+    assert_error(&r, 400, "invalid_request_error", Some("tool_choice"), "needs `tools`");
     let r = post(&c, &comp, &with("prompt", json!([5, 100000]))).await;
     assert_error(&r, 400, "invalid_request_error", Some("prompt"), "outside the vocabulary");
     // Prompts beyond the context, with and without an explicit max_tokens.
@@ -725,5 +749,166 @@ async fn an_api_key_guards_every_v1_route() {
     let m = metrics(&c, &s).await;
     let generated = metric(&m, "tessera_generation_tokens_total");
     assert!(generated > 0.0 && generated <= 12.0, "{m}");
+    s.shutdown().unwrap();
+}
+
+/// A chat template that renders `tools` (their names) and tool calls.
+const TOOLS_TEMPLATE: &str = "{% if tools %}T:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}\
+{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}\
+{% endif %}\n{% endfor %}A:";
+
+/// A bounded schema: every output of the tiny model must finish inside it.
+fn bounded_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
+        },
+        "required": ["name", "n", "tags"],
+        "additionalProperties": false
+    })
+}
+
+/// Checks `text` against `schema` with a JSON-schema validator.
+fn assert_valid(schema: &Value, text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    let validator = jsonschema::validator_for(schema).unwrap();
+    assert!(validator.is_valid(&v), "{text} does not match {schema}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_format_constrains_both_endpoints_streaming_or_not() {
+    let s = TestServer::start_with(ServeOptions::default(), 8, None, 256);
+    let c = client();
+    let schema = bounded_schema();
+    let rf =
+        json!({"type": "json_schema", "json_schema": {"name": "item", "schema": schema, "strict": true}});
+    let chat_body = json!({"model": NAME, "messages": [{"role": "user", "content": "Give me an item"}],
+                           "max_tokens": 100, "temperature": 0.8, "seed": 3, "n": 3, "response_format": rf});
+    let (st, v) = post(&c, &s.url("/v1/chat/completions"), &chat_body).await;
+    assert_eq!(st, 200, "{v}");
+    for ch in v["choices"].as_array().unwrap() {
+        assert_eq!(ch["finish_reason"], "stop", "{v}");
+        assert_valid(&schema, ch["message"]["content"].as_str().unwrap());
+    }
+    let comp_body = json!({"model": NAME, "prompt": ["Item:", "Another item:"], "max_tokens": 100,
+                           "temperature": 0, "response_format": rf});
+    let (st, v) = post(&c, &s.url("/v1/completions"), &comp_body).await;
+    assert_eq!(st, 200, "{v}");
+    let texts: Vec<String> =
+        v["choices"].as_array().unwrap().iter().map(|ch| ch["text"].as_str().unwrap().to_string()).collect();
+    for t in &texts {
+        assert_valid(&schema, t);
+    }
+    // Streamed: the same greedy text, chunk by chunk.
+    let mut b = comp_body.clone();
+    b["prompt"] = json!("Item:");
+    b["stream"] = json!(true);
+    let events = stream(&c, &s.url("/v1/completions"), &b).await;
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|ch| ch["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, texts[0]);
+    // json_object: a JSON object whenever the output finished.
+    let mut b = chat_body.clone();
+    b["response_format"] = json!({"type": "json_object"});
+    b["max_tokens"] = json!(40);
+    let (st, v) = post(&c, &s.url("/v1/chat/completions"), &b).await;
+    assert_eq!(st, 200, "{v}");
+    for ch in v["choices"].as_array().unwrap() {
+        let text = ch["message"]["content"].as_str().unwrap();
+        assert!(text.starts_with('{'), "{text:?}");
+        if ch["finish_reason"] == "stop" {
+            assert!(serde_json::from_str::<Value>(text).unwrap().is_object());
+        }
+    }
+    // type text: free text, as without response_format.
+    let mut b = comp_body.clone();
+    b["response_format"] = json!({"type": "text"});
+    b["max_tokens"] = json!(5);
+    let (st, with_text) = post(&c, &s.url("/v1/completions"), &b).await;
+    b.as_object_mut().unwrap().remove("response_format");
+    let (_, without) = post(&c, &s.url("/v1/completions"), &b).await;
+    assert_eq!(st, 200);
+    assert_eq!(with_text["choices"], without["choices"]);
+    s.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_named_and_required_answer_with_tool_calls_streaming_or_not() {
+    // A short template that renders the tools itself (the byte-level tiny
+    // vocabulary cannot fit the Hermes tool prompt in its context).
+    let s = TestServer::start_with(ServeOptions::default(), 8, Some(TOOLS_TEMPLATE), 256);
+    let c = client();
+    let chat = s.url("/v1/chat/completions");
+    let params = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                        "required": ["city", "days"], "additionalProperties": false});
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": params}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"], "additionalProperties": false}}}
+    ]);
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let body = |choice: Value, stream: bool| {
+        json!({"model": NAME, "messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 120,
+               "temperature": 0, "tools": tools, "tool_choice": choice, "parallel_tool_calls": false,
+               "stream": stream})
+    };
+    for choice in [named.clone(), json!("required")] {
+        let (st, v) = post(&c, &chat, &body(choice.clone(), false)).await;
+        assert_eq!(st, 200, "{v}");
+        let ch = &v["choices"][0];
+        assert_eq!(ch["finish_reason"], "tool_calls", "{v}");
+        assert!(ch["message"]["content"].is_null(), "{v}");
+        let calls = ch["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        assert_eq!(calls[0]["type"], "function");
+        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        let name = calls[0]["function"]["name"].as_str().unwrap();
+        if choice == named {
+            assert_eq!(name, "get_weather");
+        }
+        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        let schema = &tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap()["function"]
+            ["parameters"];
+        assert!(jsonschema::validator_for(schema).unwrap().is_valid(&args), "{args} vs {schema}");
+        // Streamed: the same call in delta.tool_calls on the finishing chunk.
+        let events = stream(&c, &chat, &body(choice, true)).await;
+        let chunks: Vec<Value> =
+            events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let last = chunks.iter().find(|c| !c["choices"][0]["finish_reason"].is_null()).unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+        let delta = &last["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(delta["index"], 0);
+        assert_eq!(delta["function"]["name"], calls[0]["function"]["name"]);
+        assert_eq!(delta["function"]["arguments"], calls[0]["function"]["arguments"]);
+    }
+    // auto and none: answered (text or calls), never an error.
+    for choice in [json!("auto"), json!("none")] {
+        let (st, v) = post(&c, &chat, &body(choice, false)).await;
+        assert_eq!(st, 200, "{v}");
+    }
+    // A conversation with an earlier call and its result renders and runs.
+    let mut b = body(json!("auto"), false);
+    b["messages"] = json!([
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"days\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    ]);
+    let (st, v) = post(&c, &chat, &b).await;
+    assert_eq!(st, 200, "{v}");
+    // Bad tools and a named function outside them are 400s.
+    let mut b = body(json!({"type": "function", "function": {"name": "nope"}}), false);
+    assert_error(&post(&c, &chat, &b).await, 400, "invalid_request_error", Some("tool_choice"), "nope");
+    b["tool_choice"] = json!("auto");
+    b["tools"] = json!([{"type": "function", "function": {"name": "x", "parameters": {"type": "frob"}}}]);
+    b["tool_choice"] = json!("required");
+    assert_error(&post(&c, &chat, &b).await, 400, "invalid_request_error", Some("tool_choice"), "invalid");
     s.shutdown().unwrap();
 }

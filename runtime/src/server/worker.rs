@@ -118,7 +118,7 @@ struct Worker {
 /// The outcome label of an engine finish reason.
 pub fn outcome(reason: FinishReason) -> Outcome {
     match reason {
-        FinishReason::Eos | FinishReason::StopToken(_) => Outcome::Stop,
+        FinishReason::Eos | FinishReason::StopToken(_) | FinishReason::Grammar => Outcome::Stop,
         FinishReason::MaxTokens | FinishReason::MaxModelLen => Outcome::Length,
         FinishReason::Aborted => Outcome::Abort,
     }

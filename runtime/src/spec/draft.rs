@@ -61,6 +61,7 @@ impl<D: Device, T: ActElem> Drafter<D> for DraftModel<D, T> {
                     params: SamplingParams::default(),
                     max_tokens: k,
                     stop_tokens: Vec::new(),
+                    constraint: None,
                 });
             }
         }

@@ -39,6 +39,7 @@ impl EngineTask for Greedy {
                 params: SamplingParams::default(),
                 max_tokens: NEW_TOKENS,
                 stop_tokens: Vec::new(),
+                constraint: None,
             })
             .collect();
         let done = engine.run(dev, reqs, |_| {})?;

@@ -47,7 +47,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn request(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> Request {
-    Request { prompt, params, max_tokens, stop_tokens: Vec::new() }
+    Request { prompt, params, max_tokens, stop_tokens: Vec::new(), constraint: None }
 }
 
 fn run_all(
@@ -374,6 +374,7 @@ fn stop_tokens_and_max_tokens_inside_an_accepted_run() {
                 params: SamplingParams::default(),
                 max_tokens: 11,
                 stop_tokens: if stop { vec![c.tokens[6]] } else { Vec::new() },
+                constraint: None,
             })
             .collect()
     };
