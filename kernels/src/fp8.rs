@@ -35,11 +35,28 @@
 //! shape and stride in the 8-bit format `F`, `s` row-major `[rows,
 //! ceil(n / GROUP)]`.
 
-use dsl_macros::kernel;
+use dsl_macros::{kernel, kernel_fn};
 
 /// The largest finite value of the 8-bit float `f` (E4M3: 448, E5M2: 57344).
 pub fn f8_max(f: dsl_core::DType) -> f32 {
     if f == dsl_core::DType::F8E4M3 { 448.0 } else { 57344.0 }
+}
+
+/// This program's `[GROUPS, GROUP]` tile of a row (see the module docs):
+/// the element offsets and their mask, then the offsets of its groups'
+/// scales and their mask.
+#[kernel_fn]
+pub fn group_tile(
+    n: Tensor,
+    stride: Tensor,
+    group: usize,
+    groups: usize,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    let row = program_id(0);
+    let g = program_id(1) * groups + arange(0, groups);
+    let cols = expand_dims(g * group, 1) + expand_dims(arange(0, group), 0);
+    let n_groups = (n + (group as i32 - 1)) / group as i32;
+    (row * stride + cols, cols < n, row * n_groups + g, g < n_groups)
 }
 
 /// Per-group FP8 quantization: `q = round_F(x / s)` with `s = max|x| /
@@ -55,18 +72,13 @@ pub fn quantize_fp8<T: Float, F: Float>(
     #[constexpr] GROUP: usize,
     #[constexpr] GROUPS: usize,
 ) {
-    let row = program_id(0);
-    let g = program_id(1) * GROUPS + arange(0, GROUPS);
-    let cols = expand_dims(g * GROUP, 1) + expand_dims(arange(0, GROUP), 0);
-    let mask = cols < n;
-    let offs = row * stride + cols;
+    let (offs, mask, s_offs, s_mask) = group_tile(n, stride, GROUP, GROUPS);
     let x = load(x_ptr + offs, mask = mask, other = 0.0).to(f32);
     let amax = max(abs(x), 1);
     let s = where_(amax > 0.0, amax / f8_max(F), 1.0);
     let q = (x / expand_dims(s, 1)).to(F);
     store(q_ptr + offs, q, mask = mask);
-    let n_groups = (n + (GROUP as i32 - 1)) / GROUP as i32;
-    store(s_ptr + row * n_groups + g, s, mask = g < n_groups);
+    store(s_ptr + s_offs, s, mask = s_mask);
 }
 
 /// The inverse of [`quantize_fp8`]: `out = round_T(f32(q) * s)` with `s` the
@@ -84,13 +96,8 @@ pub fn dequantize_fp8<F: Float, T: Float>(
     #[constexpr] GROUP: usize,
     #[constexpr] GROUPS: usize,
 ) {
-    let row = program_id(0);
-    let g = program_id(1) * GROUPS + arange(0, GROUPS);
-    let cols = expand_dims(g * GROUP, 1) + expand_dims(arange(0, GROUP), 0);
-    let mask = cols < n;
-    let offs = row * stride + cols;
-    let n_groups = (n + (GROUP as i32 - 1)) / GROUP as i32;
-    let s = load(s_ptr + row * n_groups + g, mask = g < n_groups, other = 1.0);
+    let (offs, mask, s_offs, s_mask) = group_tile(n, stride, GROUP, GROUPS);
+    let s = load(s_ptr + s_offs, mask = s_mask, other = 1.0);
     let q = load(q_ptr + offs, mask = mask).to(f32);
     store(out_ptr + offs, (q * expand_dims(s, 1)).to(T), mask = mask);
 }
