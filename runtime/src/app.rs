@@ -209,9 +209,9 @@ impl LoadOptions {
     }
 }
 
-#[cfg(test)]
 impl LoadOptions {
-    /// The bundled model on the native CPU backend for the real-model tests:
+    /// The bundled model on the native CPU backend for the real-model tests
+    /// (and the GPU's structured-output matrix, with the device changed):
     /// 4 sequences of up to `max_model_len` tokens in `blocks` KV blocks,
     /// quiet.
     pub(crate) fn native_test(max_model_len: usize, blocks: usize) -> LoadOptions {

@@ -255,7 +255,6 @@ impl Constraint {
     }
 }
 
-#[cfg(test)]
-mod real_model;
+pub mod schemas;
 #[cfg(test)]
 mod tests;

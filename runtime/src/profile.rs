@@ -35,6 +35,7 @@ use crate::app::{Context, EngineTask};
 use crate::check::Rng;
 use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
+use crate::grammar::{Constraint, GrammarCompiler, GrammarSpec};
 use crate::model::ActElem;
 use crate::model::mega::{LAYER_STAGES, StageTimes};
 use crate::model::sampler::SamplingParams;
@@ -58,6 +59,9 @@ pub struct ProfileTask {
     pub prefill: usize,
     /// Decode steps measured per batch size (each way).
     pub steps: usize,
+    /// A constraint on every profiled request (structured output), if any:
+    /// the report then gives the host's token-mask time per step.
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl ProfileTask {
@@ -126,6 +130,9 @@ pub struct Section {
     /// Where a persistent step's time went (decode steps of the persistent
     /// path): per stage, the median over the profiled steps.
     pub stages: Option<StageTimes>,
+    /// With a constraint: the median host time per step computing the
+    /// rows' token masks (during the step's forward pass on the device).
+    pub mask_ms: Option<f64>,
 }
 
 /// The whole report.
@@ -160,9 +167,13 @@ impl EngineTask for ProfileTask {
         let matmul_tflops = if dev.tensor_cores() { Some(matmul_ceiling(dev)?) } else { None };
         let ceilings = Ceilings { copy_gbs, matmul_tflops, bufs };
         let vocab = ctx.config.vocab_size;
+        let constraint = match &self.grammar {
+            Some(g) => Some(GrammarCompiler::new(&ctx.tokenizer, vocab)?.compile(g)?),
+            None => None,
+        };
         let mut sections = Vec::new();
         for (i, &b) in self.batches.iter().enumerate() {
-            sections.push(self.decode(dev, e, &ceilings, b, vocab, i as u64)?);
+            sections.push(self.decode(dev, e, &ceilings, b, vocab, i as u64, constraint.as_ref())?);
         }
         if self.prefill > 0 {
             sections.push(self.prefill_section(dev, e, &ceilings, vocab)?);
@@ -188,7 +199,8 @@ struct Ceilings<D: Device> {
 impl ProfileTask {
     /// Decode at batch `b`: prefill `b` prompts of `context` tokens, warm
     /// up, time `steps` steps as the engine runs them, then `steps` more with
-    /// every launch timed.
+    /// every launch timed. Every request carries `constraint` when given.
+    #[allow(clippy::too_many_arguments)]
     fn decode<D: Device, T: ActElem>(
         &self,
         dev: &mut D,
@@ -197,11 +209,12 @@ impl ProfileTask {
         b: usize,
         vocab: usize,
         salt: u64,
+        constraint: Option<&Constraint>,
     ) -> Result<Section> {
         let prompts = crate::bench::model::prompts(b, self.context.max(1), vocab, 0x5eed ^ salt);
         let max_tokens = WARMUP + 2 * self.steps + 1;
         for p in prompts {
-            e.add(greedy(p, max_tokens))?;
+            e.add(Request { constraint: constraint.cloned(), ..greedy(p, max_tokens) })?;
         }
         // Prefill (possibly in chunks), then the warm-up decode steps.
         let mut decoded = 0;
@@ -222,10 +235,12 @@ impl ProfileTask {
             }
         }
         let mut walls = Vec::new();
+        let mut masks = Vec::new();
         for _ in 0..self.steps {
             let t = Instant::now();
             e.step(dev)?;
             walls.push(t.elapsed().as_secs_f64() * 1e3);
+            masks.push(e.model().last_mask_time().as_secs_f64() * 1e3);
         }
         e.model_mut().set_profiling(true);
         let profiled = (0..self.steps)
@@ -245,7 +260,8 @@ impl ProfileTask {
         e.take_completions();
         let name = format!("decode bs{b} ctx{}", self.context);
         let step_ms = median(&mut walls);
-        Ok(Section { stages, ..section(name, b, self.steps, step_ms, &launches, c) })
+        let mask_ms = constraint.map(|_| median(&mut masks));
+        Ok(Section { stages, mask_ms, ..section(name, b, self.steps, step_ms, &launches, c) })
     }
 
     /// One prompt of `prefill` tokens: its step timed as the engine runs it,
@@ -374,6 +390,7 @@ fn section<D: Device>(
         mbu,
         rows,
         stages: None,
+        mask_ms: None,
     }
 }
 
@@ -538,6 +555,13 @@ pub fn table(r: &Report) -> String {
             "class"
         ));
         s.push_str(&format!("{}\n", "-".repeat(w + 92)));
+        if let Some(m) = sec.mask_ms {
+            s.push_str(&format!(
+                "token masks (host, during the forward pass): {:.3} ms per step, {:.0}% of the step\n",
+                m,
+                100.0 * m / sec.step_ms.max(1e-12)
+            ));
+        }
         if let Some(t) = &sec.stages {
             s.push_str(&format!(
                 "persistent step on {} programs: {:.1} us from the first start to the last exit\n",

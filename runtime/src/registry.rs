@@ -593,6 +593,12 @@ pub const FAMILIES: &[Family] = &[
         crate::check::grammar::grammar_checks,
     ),
     (
+        "schemas",
+        "structured output on the real model: ten JSON schemas x twenty prompts on the GPU, every output \
+         finishes, parses and validates",
+        crate::grammar::schemas::schema_checks,
+    ),
+    (
         "pdl",
         "programmatic dependent launch: overlapped launch chains exact (eager and graph), no-wait control races",
         crate::check::pdl::pdl_checks,

@@ -14,6 +14,11 @@
 //! - `model/peak_mem/bs<b>`: the most device memory in use (GiB) seen
 //!   between steps (GPU only).
 //!
+//! With a grammar (`--json-schema`) every request is constrained by it; a
+//! request ends where the grammar does, so the schema should allow outputs
+//! longer than the new tokens for rows comparable with the unconstrained
+//! ones.
+//!
 //! Each batch size first runs an untimed warm-up of the same length (kernel
 //! compilation, graph capture, autotuning of every context-length bucket),
 //! then the timed run. Prompts are distinct pseudo-random ids, so
@@ -23,6 +28,7 @@ use crate::app::{Context, EngineTask};
 use crate::bench::Record;
 use crate::engine::{Completion, Engine, Request};
 use crate::error::Result;
+use crate::grammar::{GrammarCompiler, GrammarSpec};
 use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
@@ -39,11 +45,19 @@ pub struct ModelBench {
     /// A variant appended to every row name as ` [variant]` (compared with
     /// the peers' row of the base name).
     pub variant: Option<String>,
+    /// A constraint on every request (structured output), if any.
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl Default for ModelBench {
     fn default() -> Self {
-        ModelBench { batches: vec![1, 8, 32, 64], prompt_len: 128, new_tokens: 256, variant: None }
+        ModelBench {
+            batches: vec![1, 8, 32, 64],
+            prompt_len: 128,
+            new_tokens: 256,
+            variant: None,
+            grammar: None,
+        }
     }
 }
 
@@ -155,12 +169,16 @@ impl EngineTask for ModelBench {
         ctx: &Context,
     ) -> Result<Vec<Record>> {
         let vocab = ctx.config.vocab_size;
+        let constraint = match &self.grammar {
+            Some(g) => Some(GrammarCompiler::new(&ctx.tokenizer, vocab)?.compile(g)?),
+            None => None,
+        };
         let greedy = |p: Vec<u32>, n: usize| Request {
             prompt: p,
             params: SamplingParams::default(),
             max_tokens: n,
             stop_tokens: Vec::new(),
-            constraint: None,
+            constraint: constraint.clone(),
         };
         let mut out = Vec::new();
         for (i, &b) in self.batches.iter().enumerate() {

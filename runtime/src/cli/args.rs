@@ -27,6 +27,11 @@ pub struct ProfileArgs {
     /// Decode steps measured per batch size.
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
+    /// Constrain the profiled decode requests to the JSON schema in FILE
+    /// and report the host's token-mask time per step (choose a schema
+    /// whose outputs run longer than the profiled steps).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -366,6 +371,11 @@ pub struct BenchArgs {
     /// Activation dtype of the `model` family (auto: bf16).
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
+    /// Constrain every request of the `model` family to the JSON schema in
+    /// FILE (rows tagged `[json-schema]`); the token masks are computed on
+    /// the host during each step's forward pass.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
     /// Measure the native CPU backend instead of the GPU: the host copy rate,
     /// copy, softmax, add+RMSNorm and the CPU decode GEMVs (Q4_1, Q8_0) in
     /// GB/s, and SmolLM2 prefill (512 tokens) and decode (128 tokens)

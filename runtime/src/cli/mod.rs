@@ -128,15 +128,18 @@ fn prompts_of(a: &GenerateArgs) -> Result<Vec<String>> {
     Ok(prompts)
 }
 
-/// Reads the structured-output constraint of `generate`, if any: a JSON
-/// schema file or a Lark grammar file (compiled once the tokenizer is
+/// Reads the structured-output constraint of `generate` or `bench`, if any:
+/// a JSON schema file or a Lark grammar file (compiled once the tokenizer is
 /// loaded).
-pub fn grammar_of(a: &GenerateArgs) -> Result<Option<crate::grammar::GrammarSpec>> {
+pub fn grammar_of(
+    json_schema: Option<&std::path::Path>,
+    grammar: Option<&std::path::Path>,
+) -> Result<Option<crate::grammar::GrammarSpec>> {
     use crate::grammar::GrammarSpec;
     let read = |path: &std::path::Path| {
         std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })
     };
-    if let Some(path) = &a.json_schema {
+    if let Some(path) = json_schema {
         let value: serde_json::Value = serde_json::from_str(&read(path)?).map_err(|e| {
             Error::Usage(format!("--json-schema {}: the file is not valid JSON: {e}", path.display()))
         })?;
@@ -148,7 +151,7 @@ pub fn grammar_of(a: &GenerateArgs) -> Result<Option<crate::grammar::GrammarSpec
         }
         return Ok(Some(GrammarSpec::JsonSchema(value)));
     }
-    if let Some(path) = &a.grammar {
+    if let Some(path) = grammar {
         let text = read(path)?;
         if text.trim().is_empty() {
             return Err(Error::Usage(format!("--grammar {}: the grammar file is empty", path.display())));
@@ -166,7 +169,7 @@ fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
         max_tokens: a.max_tokens,
         ignore_eos: a.ignore_eos,
         json: a.json,
-        grammar: grammar_of(&a)?,
+        grammar: grammar_of(a.json_schema.as_deref(), a.grammar.as_deref())?,
     };
     let opts = LoadOptions { speculation: a.spec.speculation()?, ..a.model.load_options() };
     app::run_task(&opts, task)
@@ -361,9 +364,17 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
         if a.decode_path != DecodePath::Auto {
             tags.push(format!("decode-path {}", a.decode_path.name()));
         }
+        let grammar = grammar_of(a.json_schema.as_deref(), None)?;
+        if grammar.is_some() {
+            tags.push("json-schema".to_string());
+        }
         let variant = (!tags.is_empty()).then(|| tags.join(", "));
-        let task =
-            crate::bench::model::ModelBench { batches: a.batches.clone(), variant, ..Default::default() };
+        let task = crate::bench::model::ModelBench {
+            batches: a.batches.clone(),
+            variant,
+            grammar,
+            ..Default::default()
+        };
         records.extend(app::run_task(&load, task)?);
     }
     if opts.wants("spec") {
@@ -394,6 +405,7 @@ fn profile_cmd(a: &ProfileArgs) -> Result<()> {
         context: a.context,
         prefill: a.prefill,
         steps: a.steps,
+        grammar: grammar_of(a.json_schema.as_deref(), None)?,
     };
     if a.context > app::MAX_MODEL_LEN || a.prefill > app::MAX_MODEL_LEN || a.steps > 1 << 20 {
         return Err(Error::Usage(format!(

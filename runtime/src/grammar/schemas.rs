@@ -1,15 +1,17 @@
 //! Structured output on the real model (SmolLM2-135M Q4_1, fetched by `make
-//! model`) on the native CPU backend: ten JSON schemas (nested objects,
-//! bounded arrays, enums, numbers with bounds, required and optional fields,
-//! strings with patterns) times twenty chat prompts, each schema's prompts in
-//! one batch: every output must finish with a stop token, parse, and validate
-//! against its schema (the `jsonschema` validator).
+//! model`): ten JSON schemas (nested objects, bounded arrays, enums, numbers
+//! with bounds, required and optional fields, strings with patterns) times
+//! twenty chat prompts, each schema's prompts in one batch; every output
+//! must finish with a stop token, parse, and validate against its schema
+//! (the `jsonschema` validator). The native CPU backend runs it as a test,
+//! the GPU as `tessera gpu-check --only schemas` ([`schema_checks`]).
 
 use super::{GrammarCompiler, GrammarSpec};
-use crate::app::{Context, EngineTask, LoadOptions, run_task};
+use crate::app::{Context, DEFAULT_MODEL, DeviceChoice, EngineTask, LoadOptions, resolve_model, run_task};
 use crate::chat::Message;
+use crate::check::CheckRow;
 use crate::engine::{Engine, Request};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::sampler::SamplingParams;
@@ -99,7 +101,7 @@ const TOPICS: [&str; 20] = [
 
 /// Runs every schema's twenty prompts as one batch; returns, per schema,
 /// the outputs' texts and finish reasons.
-struct Schemas;
+pub(crate) struct Schemas;
 
 impl EngineTask for Schemas {
     type Output = Vec<Vec<(String, FinishReason)>>;
@@ -138,24 +140,85 @@ impl EngineTask for Schemas {
     }
 }
 
-#[test]
-fn smollm2_outputs_validate_against_ten_schemas_on_the_native_backend() {
-    let opts = LoadOptions { max_num_seqs: 20, ..LoadOptions::native_test(512, 448) };
-    let results = run_task(&opts, Schemas).unwrap();
-    let schemas = schemas();
-    assert_eq!(results.len(), schemas.len());
-    for (i, (schema, outputs)) in schemas.iter().zip(&results).enumerate() {
-        let validator = jsonschema::validator_for(schema).unwrap();
-        assert_eq!(outputs.len(), TOPICS.len());
-        for (j, (text, finish)) in outputs.iter().enumerate() {
-            assert!(
-                matches!(finish, FinishReason::StopToken(_)),
-                "schema {i}, prompt {j}: {finish:?} {text:?}"
-            );
-            let v: Value = serde_json::from_str(text)
-                .unwrap_or_else(|e| panic!("schema {i}, prompt {j}: {e}: {text:?}"));
-            let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
-            assert!(errors.is_empty(), "schema {i}, prompt {j}: {text} does not validate: {errors:?}");
+/// Why output `j` of schema `i` fails (it did not finish with a stop token,
+/// does not parse, or does not validate), for every failing output.
+fn failures(i: usize, schema: &Value, outputs: &[(String, FinishReason)]) -> Result<Vec<String>> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| Error::Usage(format!("schema {i} is not a valid JSON schema: {e}")))?;
+    let mut bad = Vec::new();
+    if outputs.len() != TOPICS.len() {
+        bad.push(format!("schema {i}: {} outputs for {} prompts", outputs.len(), TOPICS.len()));
+    }
+    for (j, (text, finish)) in outputs.iter().enumerate() {
+        if !matches!(finish, FinishReason::StopToken(_)) {
+            bad.push(format!("schema {i}, prompt {j}: finished {finish:?}: {text:?}"));
+            continue;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Err(e) => bad.push(format!("schema {i}, prompt {j}: {e}: {text:?}")),
+            Ok(v) => {
+                let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+                if !errors.is_empty() {
+                    bad.push(format!("schema {i}, prompt {j}: {text} does not validate: {errors:?}"));
+                }
+            }
         }
     }
+    Ok(bad)
+}
+
+/// `tessera gpu-check --only schemas`: the ten schemas times twenty prompts
+/// on the GPU (bf16, the default arrangement) with the real model
+/// (`$TESSERA_MODEL` or the bundled file); one row per schema, passing when
+/// all twenty outputs finish, parse and validate.
+pub fn schema_checks(_cuda: &mut crate::cuda::Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
+    let model =
+        std::env::var(crate::check::invariance::MODEL_ENV).unwrap_or_else(|_| DEFAULT_MODEL.to_string());
+    let path = resolve_model(std::path::Path::new(&model));
+    let row = |what: String, differing: usize, pass: bool| CheckRow {
+        kernel: "schemas".into(),
+        shape: what,
+        dtype: dsl_core::DType::BF16,
+        max_abs: differing as f64,
+        max_rel: 0.0,
+        pass,
+    };
+    if !path.is_file() {
+        return Ok(vec![row(format!("model {} not found", path.display()), 0, false)]);
+    }
+    let opts = LoadOptions { model: path, device: DeviceChoice::Gpu, ..options() };
+    let results = run_task(&opts, Schemas)?;
+    let mut rows = Vec::new();
+    for (i, (schema, outputs)) in schemas().iter().zip(&results).enumerate() {
+        let bad = failures(i, schema, outputs)?;
+        let what = match bad.first() {
+            None => format!("schema {i}: {n}/{n} outputs valid", n = TOPICS.len()),
+            Some(first) => format!("{} of {} outputs fail; first: {first}", bad.len(), TOPICS.len()),
+        };
+        rows.push(row(what, bad.len(), bad.is_empty()));
+    }
+    Ok(rows)
+}
+
+/// The engine's settings for the matrix: every schema's twenty prompts in
+/// one batch.
+fn options() -> LoadOptions {
+    LoadOptions { max_num_seqs: 20, ..LoadOptions::native_test(512, 448) }
+}
+
+#[cfg(test)]
+#[test]
+fn smollm2_outputs_validate_against_ten_schemas_on_the_native_backend() {
+    let results = run_task(&options(), Schemas).unwrap();
+    let schemas = schemas();
+    assert_eq!(results.len(), schemas.len());
+    let bad: Vec<String> = schemas
+        .iter()
+        .zip(&results)
+        .enumerate()
+        .map(|(i, (schema, outputs))| failures(i, schema, outputs))
+        .collect::<Result<Vec<_>>>()
+        .unwrap()
+        .concat();
+    assert!(bad.is_empty(), "{} outputs fail: {bad:#?}", bad.len());
 }
