@@ -255,6 +255,7 @@ impl Constraint {
     }
 }
 
+pub mod gbnf;
 pub mod schemas;
 #[cfg(test)]
 mod tests;

@@ -204,8 +204,9 @@ pub struct GenerateArgs {
     pub json_schema: Option<PathBuf>,
     /// Structured output: every output matches the grammar in FILE, written
     /// in llguidance's Lark syntax (rules `name: ...`, start rule `start`,
-    /// /regex/ terminals, GBNF-style `{m,n}` repeats, `%json {schema}`);
-    /// GBNF files must be converted to Lark first.
+    /// /regex/ terminals, `{m,n}` repeats, `%json {schema}`) or in
+    /// llama.cpp's GBNF (rules `name ::= ...`, start rule `root`; read when
+    /// the first rule uses `::=`).
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<PathBuf>,
     /// Speculative decoding.

@@ -129,8 +129,8 @@ fn prompts_of(a: &GenerateArgs) -> Result<Vec<String>> {
 }
 
 /// Reads the structured-output constraint of `generate` or `bench`, if any:
-/// a JSON schema file or a Lark grammar file (compiled once the tokenizer is
-/// loaded).
+/// a JSON schema file, or a grammar file in Lark or GBNF syntax (GBNF is
+/// read into Lark; compiled once the tokenizer is loaded).
 pub fn grammar_of(
     json_schema: Option<&std::path::Path>,
     grammar: Option<&std::path::Path>,
@@ -155,6 +155,11 @@ pub fn grammar_of(
         let text = read(path)?;
         if text.trim().is_empty() {
             return Err(Error::Usage(format!("--grammar {}: the grammar file is empty", path.display())));
+        }
+        if crate::grammar::gbnf::looks_like_gbnf(&text) {
+            let lark = crate::grammar::gbnf::gbnf_to_lark(&text)
+                .map_err(|e| Error::Usage(format!("--grammar {} (GBNF): {e}", path.display())))?;
+            return Ok(Some(GrammarSpec::Lark(lark)));
         }
         return Ok(Some(GrammarSpec::Lark(text)));
     }

@@ -133,3 +133,33 @@ fn gpu_commands_fail_cleanly_without_a_gpu() {
     let e = run(Cli::try_parse_from(["tessera", "bench", "--no-copy"]).unwrap()).unwrap_err();
     assert!(matches!(e, Error::NoDriver(_) | Error::NoDevice(_)), "{e}");
 }
+
+/// `--grammar` reads Lark as it is and GBNF into Lark; `--json-schema`
+/// wants a JSON object; every failure names the file and the reason.
+#[test]
+fn grammar_files_are_read_as_lark_gbnf_or_json_schema() {
+    use crate::grammar::GrammarSpec;
+    let dir = std::env::temp_dir().join(format!("tessera-grammar-of-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let lark = file("g.lark", "start: \"a\"+\n");
+    let gbnf = file("g.gbnf", "# digits\nroot ::= [0-9]+\n");
+    let bad = file("bad.gbnf", "root ::= digit\n");
+    let schema = file("s.json", "{\"type\": \"integer\"}");
+    let not_json = file("s2.json", "{type: integer}");
+    assert_eq!(grammar_of(None, Some(&lark)).unwrap(), Some(GrammarSpec::Lark("start: \"a\"+\n".into())));
+    assert_eq!(
+        grammar_of(None, Some(&gbnf)).unwrap(),
+        Some(GrammarSpec::Lark("start: g_root\ng_root: /[0-9]/+\n".into()))
+    );
+    let e = grammar_of(None, Some(&bad)).unwrap_err().to_string();
+    assert!(e.contains("bad.gbnf (GBNF)") && e.contains("rule `digit` is used but never defined"), "{e}");
+    assert!(matches!(grammar_of(Some(&schema), None).unwrap(), Some(GrammarSpec::JsonSchema(_))));
+    let e = grammar_of(Some(&not_json), None).unwrap_err().to_string();
+    assert!(e.contains("s2.json: the file is not valid JSON"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
