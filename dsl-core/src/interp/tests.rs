@@ -9,15 +9,16 @@ use crate::{Function, Result};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use reference_matmul::matmul as matmul_reference;
+use reference_scan::cumsum_rows as cumsum_reference;
 use reference_softmax::softmax as softmax_reference;
 
 /// The hand-built kernels of the `tests` crate (vector add, softmax, tiled
-/// matmul, histogram), which this crate's tests run on the interpreter and
+/// matmul, row argmax and cumsum, histogram), which this crate's tests run on the interpreter and
 /// canonicalize: included, as this crate cannot depend on `tests`.
 #[allow(dead_code)]
 #[path = "../../../tests/src/hand.rs"]
 pub(crate) mod hand;
-use hand::{histogram, matmul, softmax, vector_add};
+use hand::{argmax_rows, cumsum_rows, histogram, matmul, softmax, vector_add};
 
 /// The f64 references of the kernel library (`kernels::reference`), shared
 /// with the `tests` crate: this crate cannot depend on `kernels`, so it
@@ -25,6 +26,8 @@ use hand::{histogram, matmul, softmax, vector_add};
 #[allow(dead_code)]
 #[path = "../../../kernels/src/reference/matmul.rs"]
 mod reference_matmul;
+#[path = "../../../kernels/src/reference/scan.rs"]
+mod reference_scan;
 #[allow(dead_code)]
 #[path = "../../../kernels/src/reference/softmax.rs"]
 mod reference_softmax;
@@ -194,30 +197,8 @@ fn matmul_512_timing() {
 #[test]
 fn argmax_and_cumsum_rows() {
     let (rows, cols, block) = (6usize, 50usize, 64usize);
-    let argmax_k = KernelBuilder::new("argmax_rows")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F32);
-            let out_ptr = param_ptr("out_ptr", DType::I32);
-            let n_cols = param_scalar("n_cols", DType::I32);
-            let row = program_id(0);
-            let cols = arange(0, block as i32);
-            let mask = cols.lt(n_cols);
-            let x = load(x_ptr + row * n_cols + cols, Some(mask), Some(f32::NEG_INFINITY.into()));
-            store(out_ptr + row, argmax(x, 0), None);
-        })
-        .unwrap();
-    let cumsum_k = KernelBuilder::new("cumsum_rows")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F32);
-            let out_ptr = param_ptr("out_ptr", DType::F32);
-            let n_cols = param_scalar("n_cols", DType::I32);
-            let row = program_id(0);
-            let cols = arange(0, block as i32);
-            let mask = cols.lt(n_cols);
-            let x = load(x_ptr + row * n_cols + cols, Some(mask), Some(0.0.into()));
-            store(out_ptr + row * n_cols + cols, cumsum(x, 0), Some(mask));
-        })
-        .unwrap();
+    let argmax_k = argmax_rows(block).unwrap();
+    let cumsum_k = cumsum_rows(block).unwrap();
     let mut rng = Rng::new(11);
     let mut x = rng.floats(rows * cols);
     // Row 1 has a tie (the first index wins); row 2 a NaN that must be ignored.
@@ -244,15 +225,7 @@ fn argmax_and_cumsum_rows() {
     let mut bufs = [Buffer::from_f64(DType::F32, &x), Buffer::zeros(DType::F32, rows * cols)];
     launch(&cumsum_k, [rows as u32, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(cols as i32)])
         .unwrap();
-    let xr = bufs[0].to_f64();
-    let mut want = vec![0.0; rows * cols];
-    for r in 0..rows {
-        let mut s = 0.0;
-        for c in 0..cols {
-            s += xr[r * cols + c];
-            want[r * cols + c] = s;
-        }
-    }
+    let want = cumsum_reference(&bufs[0].to_f64(), cols);
     assert_close(&bufs[1].to_f64(), &want, 1e-6, 1e-6);
 }
 
