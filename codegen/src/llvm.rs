@@ -81,7 +81,8 @@ pub(crate) trait Values<'ctx> {
     fn context(&self) -> &'ctx Context;
 }
 
-type BV<'ctx> = BasicValueEnum<'ctx>;
+/// A value of the [`Values`] operations (and of their implementations).
+pub(crate) type BV<'ctx> = BasicValueEnum<'ctx>;
 
 /// An 8-bit float format: mantissa bits, exponent bias, the f32 bits of its
 /// largest finite value and of its smallest normal one, the code of the

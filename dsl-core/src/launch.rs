@@ -31,6 +31,17 @@ impl Default for LaunchOptions {
     }
 }
 
+/// The error of a launch of `f` with `args` arguments, when that is not its
+/// parameter count (every backend checks this first): what it takes, with
+/// its signature.
+pub fn arity_error(f: &Function, args: usize) -> Option<String> {
+    let want = f.params.len();
+    (args != want).then(|| {
+        let sig: Vec<String> = f.params.iter().map(|p| format!("{}: {}", p.name, f.ty(p.value))).collect();
+        format!("it takes {want} argument(s) ({}), but {args} were passed", sig.join(", "))
+    })
+}
+
 /// Rust element types a typed pointer argument may point to.
 pub trait PtrElem: 'static {
     /// The dtype, or `None` for [`AnyDType`] (a dtype chosen by a kernel generic).

@@ -42,14 +42,21 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand_kernel_fn(attr.into(), item.into()).into()
 }
 
+/// Parses the item an attribute is on as a function; on a parse error, the
+/// expansion is the error followed by the item as written (so the rest of
+/// the crate still sees it).
+fn parse_fn(item: TokenStream2) -> Result<syn::ItemFn, TokenStream2> {
+    syn::parse2(item.clone()).map_err(|e| {
+        let err = e.to_compile_error();
+        quote::quote!(#err #item)
+    })
+}
+
 /// The expansion of `#[kernel]`, as a function of token streams.
 fn expand_kernel(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
-    let func: syn::ItemFn = match syn::parse2(item.clone()) {
+    let func = match parse_fn(item) {
         Ok(f) => f,
-        Err(e) => {
-            let err = e.to_compile_error();
-            return quote::quote!(#err #item);
-        }
+        Err(out) => return out,
     };
     let mut errors = signature::Errors::default();
     let sig = signature::parse(attr, func, &mut errors);
@@ -58,12 +65,9 @@ fn expand_kernel(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
 
 /// The expansion of `#[kernel_fn]`.
 fn expand_kernel_fn(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
-    let func: syn::ItemFn = match syn::parse2(item.clone()) {
+    let func = match parse_fn(item) {
         Ok(f) => f,
-        Err(e) => {
-            let err = e.to_compile_error();
-            return quote::quote!(#err #item);
-        }
+        Err(out) => return out,
     };
     if !attr.is_empty() {
         let err = syn::Error::new_spanned(attr, "`#[kernel_fn]` takes no arguments").to_compile_error();

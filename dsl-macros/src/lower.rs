@@ -498,15 +498,27 @@ impl Lower {
         let (body, tail) = self.block(&f.body);
         self.scopes.pop();
         let carried = self.leave_region();
-        let tail = tail.map(|(t, _)| quote!(#t;));
-        let names: Vec<&Ident> = carried.iter().map(|(n, _)| n).collect();
-        let r = self.fresh("r");
-        let c = self.fresh("c");
+        let (tail, names, r, c) = self.loop_parts(&carried, tail);
         let idx = 0..names.len();
         let idx2 = 0..names.len();
         let call = quote_spanned!(span=> ::dsl_core::lang::for_range(#lb, #ub, #step, &[#(#names),*],
             |#var_tok, #c| { #(let mut #names = #c[#idx];)* #body #tail ::std::vec![#(#names),*] }));
         quote!({ let #r = #call; #(#names = #r[#idx2];)* })
+    }
+
+    /// What both runtime loops emit around their carried variables: the
+    /// body's tail as a statement, the carried names, and fresh names for
+    /// the loop's results (`r`) and its closures' argument (`c`).
+    fn loop_parts<'c>(
+        &mut self,
+        carried: &'c [(Ident, usize)],
+        tail: Option<(TokenStream, bool)>,
+    ) -> (Option<TokenStream>, Vec<&'c Ident>, Ident, Ident) {
+        let tail = tail.map(|(t, _)| quote!(#t;));
+        let names = carried.iter().map(|(n, _)| n).collect();
+        let r = self.fresh("r");
+        let c = self.fresh("c");
+        (tail, names, r, c)
     }
 
     fn while_loop(&mut self, w: &syn::ExprWhile) -> TokenStream {
@@ -530,10 +542,7 @@ impl Lower {
                 "this runtime `while` loop never reassigns a variable, so its condition cannot change",
             );
         }
-        let tail = tail.map(|(t, _)| quote!(#t;));
-        let names: Vec<&Ident> = carried.iter().map(|(n, _)| n).collect();
-        let r = self.fresh("r");
-        let c = self.fresh("c");
+        let (tail, names, r, c) = self.loop_parts(&carried, tail);
         let idx = 0..names.len();
         let idx2 = 0..names.len();
         let idx3 = 0..names.len();

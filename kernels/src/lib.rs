@@ -20,3 +20,15 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod sampling;
 pub mod softmax;
+
+/// The warps of the row kernels' launch policy (`warps_for` of
+/// [`rmsnorm`], [`softmax`], [`sampling`]): 4 for a tile of `block`
+/// elements (rounded up to a power of two) up to `four`, 8 up to `eight`,
+/// 16 beyond.
+pub fn warps_by_tile(block: usize, four: usize, eight: usize) -> u32 {
+    match block.next_power_of_two() {
+        b if b <= four => 4,
+        b if b <= eight => 8,
+        _ => 16,
+    }
+}

@@ -279,11 +279,7 @@ pub fn rmsnorm<T: Float>(
 /// Warps for a row tile of `block` elements, as Triton's heuristic picks them:
 /// 4 up to 2048 elements, 8 up to 8192, 16 beyond.
 pub fn warps_for(block: usize) -> u32 {
-    match block.next_power_of_two() {
-        0..=2048 => 4,
-        2049..=8192 => 8,
-        _ => 16,
-    }
+    crate::warps_by_tile(block, 2048, 8192)
 }
 
 /// The row tile for `n_cols` columns: the next power of two (what Triton uses;

@@ -120,6 +120,26 @@ pub fn rope_kv_write<T: Float>(
     );
 }
 
+/// The pair indices `i` (`[HEAD_DIM / 2]`) and their inverse frequencies
+/// `theta^(-2 i / head_dim)` (f32).
+#[kernel_fn]
+pub fn rope_inv_freq(theta: Tensor, head_dim: usize) -> (Tensor, Tensor) {
+    let i = arange(0, head_dim / 2);
+    let expo = (i * 2).to(f32) / head_dim;
+    (i, exp2(-(expo * log2(theta))))
+}
+
+/// The rotation of position `pos` (f32) at `inv_freq`: the angles
+/// range-reduced to [-pi, pi], then their cosines and sines as `[1, HALF]`
+/// rows.
+#[kernel_fn]
+pub fn rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> (Tensor, Tensor) {
+    let angle = pos * inv_freq;
+    let k = floor(angle * 0.159_154_943_091_895_35 + 0.5);
+    let r = angle - k * 6.28125 - k * 0.001_935_307_179_586_476_9;
+    (expand_dims(cos(r), 0), expand_dims(sin(r), 0))
+}
+
 /// The body of [`rope_kv_write`] for token `tok` (see the module doc), for
 /// the `q_count` query heads from `q_first` and the `kv_count` KV heads from
 /// `kv_first` of its `n_q` and `n_kv` (all of them in the kernel; one KV
@@ -144,20 +164,12 @@ pub fn rope_row(
     n_kv: usize,
     head_dim: usize,
 ) {
-    let half = head_dim / 2;
     let row = tok * ((n_q + 2 * n_kv) * head_dim);
     let pos = load(pos_ptr + tok).to(f32);
     let slot = load(slot_ptr + tok);
 
-    // Angles, range-reduced to [-pi, pi], then cos/sin as [1, HALF] rows.
-    let i = arange(0, half);
-    let expo = (i * 2).to(f32) / head_dim;
-    let inv_freq = exp2(-(expo * log2(theta)));
-    let angle = pos * inv_freq;
-    let k = floor(angle * 0.159_154_943_091_895_35 + 0.5);
-    let r = angle - k * 6.28125 - k * 0.001_935_307_179_586_476_9;
-    let c = expand_dims(cos(r), 0);
-    let s = expand_dims(sin(r), 0);
+    let (i, inv_freq) = rope_inv_freq(theta, head_dim);
+    let (c, s) = rope_cos_sin(pos, inv_freq);
     let even = expand_dims(i * 2, 0);
 
     // Q: [q_count, HALF] pairs, rotated, to q_out.
@@ -233,16 +245,10 @@ pub fn rope_arch_kv_write<T: Float>(
     let pos = load(pos_ptr + tok).to(f32);
     let slot = load(slot_ptr + tok);
 
-    // Angles as in `rope_row`, optionally divided by the frequency factors.
-    let i = arange(0, half);
-    let expo = (i * 2).to(f32) / HEAD_DIM;
-    let base = exp2(-(expo * log2(theta)));
+    // The angles of `rope_row`, optionally divided by the frequency factors.
+    let (i, base) = rope_inv_freq(theta, HEAD_DIM);
     let inv_freq = if FACTORS { base / load(factors_ptr + i) } else { base };
-    let angle = pos * inv_freq;
-    let k = floor(angle * 0.159_154_943_091_895_35 + 0.5);
-    let r = angle - k * 6.28125 - k * 0.001_935_307_179_586_476_9;
-    let c = expand_dims(cos(r), 0);
-    let s = expand_dims(sin(r), 0);
+    let (c, s) = rope_cos_sin(pos, inv_freq);
     // The first element of each pair and the distance to its partner.
     let first = expand_dims(if NEOX { i } else { i * 2 }, 0);
     let step = if NEOX { half } else { 1 };

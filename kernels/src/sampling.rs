@@ -425,9 +425,5 @@ pub fn block_for(vocab: usize) -> usize {
 /// Warps for a chunk of `block` elements: 4 up to 1024, 8 up to 2048, 16 beyond
 /// (one program per row: more warps keep more loads in flight).
 pub fn warps_for(block: usize) -> u32 {
-    match block.next_power_of_two() {
-        0..=1024 => 4,
-        1025..=2048 => 8,
-        _ => 16,
-    }
+    crate::warps_by_tile(block, 1024, 2048)
 }

@@ -116,11 +116,7 @@ pub fn softmax_online<T: Float>(
 
 /// Warps for a chunk of `block` elements: 4 up to 1024, 8 up to 4096, 16 beyond.
 pub fn warps_for(block: usize) -> u32 {
-    match block.next_power_of_two() {
-        0..=1024 => 4,
-        1025..=4096 => 8,
-        _ => 16,
-    }
+    crate::warps_by_tile(block, 1024, 4096)
 }
 
 /// The chunk for rows of `n_cols` columns: the whole row (next power of two)

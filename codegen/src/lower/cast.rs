@@ -10,6 +10,7 @@
 
 use super::{Lowerer, reg_type};
 use crate::Result;
+use crate::llvm::BV;
 use crate::target::Target;
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
@@ -24,42 +25,22 @@ fn f8_ptx(d: DType) -> &'static str {
 }
 
 impl<'ctx> crate::llvm::Values<'ctx> for Lowerer<'_, 'ctx> {
-    fn bin(
-        &self,
-        op: InstructionOpcode,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
+    fn bin(&self, op: InstructionOpcode, a: BV<'ctx>, b: BV<'ctx>) -> Result<BV<'ctx>> {
         Ok(self.b.build_binop(op, a, b, "")?)
     }
-    fn icmp(
-        &self,
-        p: IntPredicate,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
+    fn icmp(&self, p: IntPredicate, a: BV<'ctx>, b: BV<'ctx>) -> Result<BV<'ctx>> {
         Ok(self.b.build_int_compare(p, a.into_int_value(), b.into_int_value(), "")?.into())
     }
-    fn select(
-        &self,
-        c: BasicValueEnum<'ctx>,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
+    fn select(&self, c: BV<'ctx>, a: BV<'ctx>, b: BV<'ctx>) -> Result<BV<'ctx>> {
         Ok(self.b.build_select(c.into_int_value(), a, b, "")?)
     }
-    fn int_like(&self, v: BasicValueEnum<'ctx>, c: u64) -> Result<BasicValueEnum<'ctx>> {
+    fn int_like(&self, v: BV<'ctx>, c: u64) -> Result<BV<'ctx>> {
         Ok(v.into_int_value().get_type().const_int(c, false).into())
     }
-    fn float_like(&self, v: BasicValueEnum<'ctx>, c: f64) -> Result<BasicValueEnum<'ctx>> {
+    fn float_like(&self, v: BV<'ctx>, c: f64) -> Result<BV<'ctx>> {
         Ok(v.into_float_value().get_type().const_float(c).into())
     }
-    fn cast_to(
-        &self,
-        op: InstructionOpcode,
-        v: BasicValueEnum<'ctx>,
-        to: BasicTypeEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
+    fn cast_to(&self, op: InstructionOpcode, v: BV<'ctx>, to: BasicTypeEnum<'ctx>) -> Result<BV<'ctx>> {
         Ok(self.b.build_cast(op, v, to, "")?)
     }
     fn context(&self) -> &'ctx inkwell::context::Context {

@@ -508,11 +508,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         })
     }
 
-    pub(super) fn lower_reduce(&mut self, inst: Inst, op: ReduceOp) -> Result<()> {
-        let args = self.args(inst);
-        let ty = self.f.ty(args[0]).clone();
-        let d = ty.dtype();
-        let c = match op.kind {
+    /// The combine of `inst`, a reduce or scan (`what`) of `kind`: the
+    /// built-in one, or its region for a custom combine.
+    fn comb_of(&self, inst: Inst, kind: ReduceKind, what: &str) -> Result<Comb> {
+        Ok(match kind {
             ReduceKind::Sum => Comb::Sum,
             ReduceKind::Max => Comb::Max,
             ReduceKind::Min => Comb::Min,
@@ -520,9 +519,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ReduceKind::Argmin => Comb::Arg { max: false },
             ReduceKind::Custom => match self.f.insts[inst].regions.first() {
                 Some(&r) => Comb::Custom(r),
-                None => return Err(self.bug(inst, "custom reduce without a region")),
+                None => return Err(self.bug(inst, format!("custom {what} without a region"))),
             },
-        };
+        })
+    }
+
+    pub(super) fn lower_reduce(&mut self, inst: Inst, op: ReduceOp) -> Result<()> {
+        let args = self.args(inst);
+        let ty = self.f.ty(args[0]).clone();
+        let d = ty.dtype();
+        let c = self.comb_of(inst, op.kind, "reduce")?;
         let results = self.f.insts[inst].results.to_vec();
         if let (RegLayout::Mma(ml), RegLayout::Row(_)) =
             (self.plan.lays.lay(args[0]), self.plan.lays.lay(results[0]))
@@ -607,15 +613,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let args = self.args(inst);
         let ty = self.f.ty(args[0]).clone();
         let d = ty.dtype();
-        let c = match op.kind {
-            ScanKind::Sum => Comb::Sum,
-            ScanKind::Max => Comb::Max,
-            ScanKind::Min => Comb::Min,
-            ScanKind::Custom => match self.f.insts[inst].regions.first() {
-                Some(&r) => Comb::Custom(r),
-                None => return Err(self.bug(inst, "custom scan without a region")),
-            },
+        let kind = match op.kind {
+            ScanKind::Sum => ReduceKind::Sum,
+            ScanKind::Max => ReduceKind::Max,
+            ScanKind::Min => ReduceKind::Min,
+            ScanKind::Custom => ReduceKind::Custom,
         };
+        let c = self.comb_of(inst, kind, "scan")?;
         let l = self.layout(&ty);
         let results = self.f.insts[inst].results.to_vec();
         let n = ty.shape[op.axis];

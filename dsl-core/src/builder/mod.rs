@@ -119,6 +119,22 @@ impl Ctx {
         *self.insert.last().expect("insertion stack is never empty during a build")
     }
 
+    /// Reports at `loc` (op `op`) that the types `got` differ from `want`
+    /// (a region's results against what the op needs): the message is
+    /// `message(want, got)` with both lists formatted.
+    pub(crate) fn check_types(
+        &mut self,
+        loc: &Location,
+        op: &'static str,
+        want: &[Type],
+        got: &[Type],
+        message: impl FnOnce(String, String) -> String,
+    ) {
+        if want != got {
+            self.error(loc, Some(op), message(fmt_types(want), fmt_types(got)));
+        }
+    }
+
     /// Records a user error.
     pub(crate) fn error(&mut self, loc: &Location, op: Option<&'static str>, message: String) {
         self.diags.push(Diagnostic { loc: loc.clone(), op, message });

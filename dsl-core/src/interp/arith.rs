@@ -246,6 +246,21 @@ fn float_fn(op: UnaryOp) -> Option<fn(f64) -> f64> {
     })
 }
 
+/// `op` on every lane of the float vector `$x`, wrapped in `$data`, when
+/// it is exact in every float type (neg, abs, floor, ceil: no rounding, so
+/// f32 and f64 lanes alike); `None` for the other ops.
+macro_rules! exact_float_unary {
+    ($op:expr, $x:expr, $data:path) => {
+        match $op {
+            UnaryOp::Neg => Some($data($x.iter().map(|&v| -v).collect())),
+            UnaryOp::Abs => Some($data($x.iter().map(|&v| v.abs()).collect())),
+            UnaryOp::Floor => Some($data($x.iter().map(|&v| v.floor()).collect())),
+            UnaryOp::Ceil => Some($data($x.iter().map(|&v| v.ceil()).collect())),
+            _ => None,
+        }
+    };
+}
+
 /// `op a` elementwise.
 pub(crate) fn unary(op: UnaryOp, a: &Tile) -> Result<Tile, String> {
     let d = a.dtype();
@@ -274,12 +289,9 @@ pub(crate) fn unary(op: UnaryOp, a: &Tile) -> Result<Tile, String> {
             }
             Data::Int(v)
         }
-        Data::F32(x) => match op {
-            UnaryOp::Neg => Data::F32(x.iter().map(|&v| -v).collect()),
-            UnaryOp::Abs => Data::F32(x.iter().map(|&v| v.abs()).collect()),
-            UnaryOp::Floor => Data::F32(x.iter().map(|&v| v.floor()).collect()),
-            UnaryOp::Ceil => Data::F32(x.iter().map(|&v| v.ceil()).collect()),
-            _ => {
+        Data::F32(x) => match exact_float_unary!(op, x, Data::F32) {
+            Some(r) => r,
+            None => {
                 let f = float_fn(op).ok_or_else(|| internal(format!("`{}` on {d}", op.name())))?;
                 if d == DType::F32 {
                     Data::F32(x.iter().map(|&v| f(v as f64) as f32).collect())
@@ -288,12 +300,9 @@ pub(crate) fn unary(op: UnaryOp, a: &Tile) -> Result<Tile, String> {
                 }
             }
         },
-        Data::F64(x) => match op {
-            UnaryOp::Neg => Data::F64(x.iter().map(|&v| -v).collect()),
-            UnaryOp::Abs => Data::F64(x.iter().map(|&v| v.abs()).collect()),
-            UnaryOp::Floor => Data::F64(x.iter().map(|&v| v.floor()).collect()),
-            UnaryOp::Ceil => Data::F64(x.iter().map(|&v| v.ceil()).collect()),
-            _ => {
+        Data::F64(x) => match exact_float_unary!(op, x, Data::F64) {
+            Some(r) => r,
+            None => {
                 let f = float_fn(op).ok_or_else(|| internal(format!("`{}` on {d}", op.name())))?;
                 Data::F64(x.iter().map(|&v| f(v)).collect())
             }

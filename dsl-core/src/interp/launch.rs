@@ -278,14 +278,8 @@ fn deadlock(exec: &Exec<'_, '_>, live: &[Program], grid: [u32; 3]) -> InterpErro
 /// Validates `args` against `f`'s parameters; returns the parameter values and,
 /// per buffer, the names of the parameters bound to it.
 fn bind(f: &Function, buffers: &[Buffer], args: &[Arg]) -> Result<(Vec<Tile>, Vec<String>), String> {
-    if args.len() != f.params.len() {
-        let sig: Vec<String> = f.params.iter().map(|p| format!("{}: {}", p.name, f.ty(p.value))).collect();
-        return Err(format!(
-            "it takes {} argument(s) ({}), but {} were passed",
-            f.params.len(),
-            sig.join(", "),
-            args.len()
-        ));
+    if let Some(e) = crate::launch::arity_error(f, args.len()) {
+        return Err(e);
     }
     if buffers.len() > MAX_BUFFERS {
         return Err(format!(

@@ -58,7 +58,7 @@ mod shape;
 mod tile;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod tests_block;
 #[cfg(test)]

@@ -3,13 +3,22 @@
 //! random non-zero inputs with ragged sizes (not multiples of the block).
 //! Error cases live in `tests_errors.rs`.
 
-use super::{Arg, Buffer, Interpreter, Kernel, launch};
+use super::{Arg, Buffer, InterpError, Interpreter, Kernel, launch};
 use crate::lang::*;
 use crate::{Function, Result};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use reference_matmul::matmul as matmul_reference;
+use reference_scan::cumsum_rows as cumsum_reference;
 use reference_softmax::softmax as softmax_reference;
+
+/// The hand-built kernels of the `tests` crate (vector add, softmax, tiled
+/// matmul, row argmax and cumsum, histogram), which this crate's tests run on the interpreter and
+/// canonicalize: included, as this crate cannot depend on `tests`.
+#[allow(dead_code)]
+#[path = "../../../tests/src/hand.rs"]
+pub(crate) mod hand;
+use hand::{argmax_rows, cumsum_rows, histogram, matmul, softmax, vector_add};
 
 /// The f64 references of the kernel library (`kernels::reference`), shared
 /// with the `tests` crate: this crate cannot depend on `kernels`, so it
@@ -17,9 +26,26 @@ use reference_softmax::softmax as softmax_reference;
 #[allow(dead_code)]
 #[path = "../../../kernels/src/reference/matmul.rs"]
 mod reference_matmul;
+#[path = "../../../kernels/src/reference/scan.rs"]
+mod reference_scan;
 #[allow(dead_code)]
 #[path = "../../../kernels/src/reference/softmax.rs"]
 mod reference_softmax;
+
+/// Runs `f` and returns its interpreter error (panics if it succeeds or fails otherwise).
+pub(super) fn interp_err(f: &Function, grid: [u32; 3], bufs: &mut [Buffer], args: &[Arg]) -> InterpError {
+    match launch(f, grid, bufs, args) {
+        Err(crate::Error::Interp(e)) => e,
+        other => panic!("expected an interpreter error, got {other:?}"),
+    }
+}
+
+/// Asserts that `msg` contains every part.
+pub(super) fn contains_all(msg: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(msg.contains(part), "`{part}` missing from: {msg}");
+    }
+}
 
 /// A small deterministic generator (xorshift64*), so tests need no extra crates.
 pub(super) struct Rng(u64);
@@ -59,21 +85,6 @@ fn assert_close(got: &[f64], want: &[f64], rel: f64, abs: f64) {
     }
 }
 
-fn vector_add(block: usize) -> Result<Function> {
-    KernelBuilder::new("vector_add").build(|| {
-        let x_ptr = param_ptr("x_ptr", DType::F32);
-        let y_ptr = param_ptr("y_ptr", DType::F32);
-        let out_ptr = param_ptr("out_ptr", DType::F32);
-        let n = param_scalar("n", DType::I32);
-        let pid = program_id(0);
-        let offs = pid * block as i32 + arange(0, block as i32);
-        let mask = offs.lt(n);
-        let x = load(x_ptr + offs, Some(mask), None);
-        let y = load(y_ptr + offs, Some(mask), None);
-        store(out_ptr + offs, x + y, Some(mask));
-    })
-}
-
 fn run_vector_add(n: usize, block: usize, seed: u64) {
     let mut rng = Rng::new(seed);
     let (x, y) = (rng.floats(n), rng.floats(n));
@@ -98,23 +109,6 @@ fn run_vector_add(n: usize, block: usize, seed: u64) {
 fn vector_add_ragged() {
     run_vector_add(1000, 128, 1);
     run_vector_add(1, 64, 2);
-}
-
-fn softmax(block: usize, dtype: DType) -> Result<Function> {
-    KernelBuilder::new("softmax").build(|| {
-        let out_ptr = param_ptr("out_ptr", dtype);
-        let in_ptr = param_ptr("in_ptr", dtype);
-        let n_cols = param_scalar("n_cols", DType::I32);
-        let stride = param_scalar("stride", DType::I32);
-        let row = program_id(0);
-        let cols = arange(0, block as i32);
-        let mask = cols.lt(n_cols);
-        let x = load(in_ptr + row * stride + cols, Some(mask), Some(f32::NEG_INFINITY.into())).to(DType::F32);
-        let x = x - max(x, 0);
-        let e = exp(x);
-        let y = e / sum(e, 0);
-        store(out_ptr + row * stride + cols, y, Some(mask));
-    })
 }
 
 fn run_softmax(rows: usize, cols: usize, dtype: DType, seed: u64) {
@@ -151,35 +145,6 @@ proptest! {
     fn prop_softmax(rows in 1usize..6, cols in 1usize..300, bf in any::<bool>(), seed in any::<u64>()) {
         run_softmax(rows, cols, if bf { DType::BF16 } else { DType::F32 }, seed);
     }
-}
-
-fn matmul(bm: usize, bn: usize, bk: usize, dtype: DType) -> Result<Function> {
-    KernelBuilder::new("matmul").build(|| {
-        let a_ptr = param_ptr("a_ptr", dtype);
-        let b_ptr = param_ptr("b_ptr", dtype);
-        let c_ptr = param_ptr("c_ptr", DType::F32);
-        let m = param_scalar("m", DType::I32);
-        let n = param_scalar("n", DType::I32);
-        let k = param_scalar("k", DType::I32);
-        let stride_am = param_scalar("stride_am", DType::I32);
-        let stride_bk = param_scalar("stride_bk", DType::I32);
-        let stride_cm = param_scalar("stride_cm", DType::I32);
-        let rm = program_id(0) * bm as i32 + arange(0, bm as i32);
-        let rn = program_id(1) * bn as i32 + arange(0, bn as i32);
-        let rk = arange(0, bk as i32);
-        let rows = expand_dims(rm, 1);
-        let cols = expand_dims(rn, 0);
-        let acc = zeros(&[bm, bn], DType::F32);
-        let acc = for_range(0, k, bk as i32, &[acc], |k0, carried| {
-            let ks = k0 + rk;
-            let a_mask = rows.lt(m) & expand_dims(ks, 0).lt(k);
-            let a = load(a_ptr + rows * stride_am + expand_dims(ks, 0), Some(a_mask), Some(0.0.into()));
-            let b_mask = expand_dims(ks, 1).lt(k) & cols.lt(n);
-            let b = load(b_ptr + expand_dims(ks, 1) * stride_bk + cols, Some(b_mask), Some(0.0.into()));
-            vec![dot(a, b, Some(carried[0]))]
-        })[0];
-        store(c_ptr + rows * stride_cm + cols, acc, Some(rows.lt(m) & cols.lt(n)));
-    })
 }
 
 /// Runs the tiled matmul; returns (interpreter result, f64 reference).
@@ -232,30 +197,8 @@ fn matmul_512_timing() {
 #[test]
 fn argmax_and_cumsum_rows() {
     let (rows, cols, block) = (6usize, 50usize, 64usize);
-    let argmax_k = KernelBuilder::new("argmax_rows")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F32);
-            let out_ptr = param_ptr("out_ptr", DType::I32);
-            let n_cols = param_scalar("n_cols", DType::I32);
-            let row = program_id(0);
-            let cols = arange(0, block as i32);
-            let mask = cols.lt(n_cols);
-            let x = load(x_ptr + row * n_cols + cols, Some(mask), Some(f32::NEG_INFINITY.into()));
-            store(out_ptr + row, argmax(x, 0), None);
-        })
-        .unwrap();
-    let cumsum_k = KernelBuilder::new("cumsum_rows")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F32);
-            let out_ptr = param_ptr("out_ptr", DType::F32);
-            let n_cols = param_scalar("n_cols", DType::I32);
-            let row = program_id(0);
-            let cols = arange(0, block as i32);
-            let mask = cols.lt(n_cols);
-            let x = load(x_ptr + row * n_cols + cols, Some(mask), Some(0.0.into()));
-            store(out_ptr + row * n_cols + cols, cumsum(x, 0), Some(mask));
-        })
-        .unwrap();
+    let argmax_k = argmax_rows(block).unwrap();
+    let cumsum_k = cumsum_rows(block).unwrap();
     let mut rng = Rng::new(11);
     let mut x = rng.floats(rows * cols);
     // Row 1 has a tie (the first index wins); row 2 a NaN that must be ignored.
@@ -282,32 +225,14 @@ fn argmax_and_cumsum_rows() {
     let mut bufs = [Buffer::from_f64(DType::F32, &x), Buffer::zeros(DType::F32, rows * cols)];
     launch(&cumsum_k, [rows as u32, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(cols as i32)])
         .unwrap();
-    let xr = bufs[0].to_f64();
-    let mut want = vec![0.0; rows * cols];
-    for r in 0..rows {
-        let mut s = 0.0;
-        for c in 0..cols {
-            s += xr[r * cols + c];
-            want[r * cols + c] = s;
-        }
-    }
+    let want = cumsum_reference(&bufs[0].to_f64(), cols);
     assert_close(&bufs[1].to_f64(), &want, 1e-6, 1e-6);
 }
 
 #[test]
 fn atomic_add_histogram() {
     let (n, bins, block) = (3001usize, 13usize, 128usize);
-    let f = KernelBuilder::new("histogram")
-        .build(|| {
-            let bins_ptr = param_ptr("bins_ptr", DType::I32);
-            let hist_ptr = param_ptr("hist_ptr", DType::I32);
-            let n = param_scalar("n", DType::I32);
-            let offs = program_id(0) * block as i32 + arange(0, block as i32);
-            let mask = offs.lt(n);
-            let bins = load(bins_ptr + offs, Some(mask), Some(0.into()));
-            atomic_add(hist_ptr + bins, 1, Some(mask));
-        })
-        .unwrap();
+    let f = histogram(block).unwrap();
     let mut rng = Rng::new(12);
     let data: Vec<i32> = (0..n).map(|_| rng.below(bins as u64) as i32).collect();
     let mut want = vec![0i32; bins];

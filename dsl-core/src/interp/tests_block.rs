@@ -64,6 +64,12 @@ struct Case {
 }
 
 impl Case {
+    /// A dense `rows x cols` matrix (`stride = cols`), the box at the
+    /// origin, one program, seed 0.
+    fn dense(dtype: DType, block: [usize; 2], rows: usize, cols: usize) -> Case {
+        Case { dtype, block, rows, cols, stride: cols, row0: 0, col0: 0, grid: [1, 1], seed: 0 }
+    }
+
     /// The matrix data: the smallest buffer holding it, random and non-zero.
     fn input(&self) -> Vec<f64> {
         let n = if self.rows == 0 { 0 } else { (self.rows - 1) * self.stride + self.cols };
@@ -143,17 +149,7 @@ fn expanded(f: &Function) -> Function {
 
 #[test]
 fn load_block_matches_reference_on_edge_cases() {
-    let base = Case {
-        dtype: DType::F32,
-        block: [8, 4],
-        rows: 13,
-        cols: 7,
-        stride: 7,
-        row0: 0,
-        col0: 0,
-        grid: [2, 1],
-        seed: 1,
-    };
+    let base = Case { grid: [2, 1], seed: 1, ..Case::dense(DType::F32, [8, 4], 13, 7) };
     let cases = [
         // Ragged: rows and columns not multiples of the block.
         base.clone(),
@@ -227,17 +223,7 @@ proptest! {
 /// out-of-bounds read (reported, never read), for the op and its expansion alike.
 #[test]
 fn in_matrix_element_outside_the_buffer_is_an_error() {
-    let case = Case {
-        dtype: DType::F32,
-        block: [4, 4],
-        rows: 4,
-        cols: 4,
-        stride: 4,
-        row0: 0,
-        col0: 0,
-        grid: [1, 1],
-        seed: 3,
-    };
+    let case = Case { seed: 3, ..Case::dense(DType::F32, [4, 4], 4, 4) };
     let f = block_copy(DType::F32, [4, 4], false);
     // The buffer holds 15 of the 16 elements the matrix needs.
     let mut bufs = [Buffer::from_f64(DType::F32, &[1.0; 15]), Buffer::zeros(DType::F32, 4 * 8)];

@@ -2,19 +2,12 @@
 //! source location and the program, and invalid launches are rejected before
 //! anything runs.
 
-use super::{Arg, Buffer, InterpError, launch};
+use super::tests::{contains_all, interp_err};
+use super::{Arg, Buffer, launch};
 use crate::ir::ParamHints;
 use crate::lang::*;
 use crate::{Error, Function, Type};
 use std::cell::Cell;
-
-/// Runs `f` and returns its interpreter error (panics if it succeeds or fails otherwise).
-fn interp_err(f: &Function, grid: [u32; 3], bufs: &mut [Buffer], args: &[Arg]) -> InterpError {
-    match launch(f, grid, bufs, args) {
-        Err(Error::Interp(e)) => e,
-        other => panic!("expected an interpreter error, got {other:?}"),
-    }
-}
 
 /// Runs `f` and returns its launch error message.
 fn launch_err(f: &Function, bufs: &mut [Buffer], args: &[Arg]) -> String {
@@ -43,16 +36,16 @@ fn unmasked_out_of_bounds_read_names_op_location_and_buffer() {
     assert_eq!(e.loc.line, line.get());
     assert!(e.loc.file.ends_with("tests_errors.rs"), "{}", e.loc);
     assert_eq!(e.program, Some([1, 0, 0]));
-    let msg = e.to_string();
-    for part in [
-        &format!("tests_errors.rs:{}:", line.get()),
-        "in `load`",
-        "program (1, 0, 0)",
-        "out-of-bounds read at lane 4 [4]",
-        "byte offset 80 of buffer `x` (80 bytes, 20 x f32)",
-    ] {
-        assert!(msg.contains(part), "`{part}` missing from: {msg}");
-    }
+    contains_all(
+        &e.to_string(),
+        &[
+            &format!("tests_errors.rs:{}:", line.get()),
+            "in `load`",
+            "program (1, 0, 0)",
+            "out-of-bounds read at lane 4 [4]",
+            "byte offset 80 of buffer `x` (80 bytes, 20 x f32)",
+        ],
+    );
 }
 
 #[test]

@@ -187,19 +187,26 @@ fn host_buffers_hold_the_codes() {
     assert_eq!(Buffer::from_f64(DType::F8E5M2, &[1e9, -0.0]).as_bytes(), &[0x7b, 0x80]);
 }
 
-/// Builds a one-input kernel whose body is `op(x)`, `x` an `f8e4m3` tile.
+/// Builds the kernel `name` storing `body(x, offs)` to `y` (of dtype
+/// `out`), `x` a 16-lane `f8e4m3` tile loaded at `offs`.
+fn f8_kernel(
+    name: &str,
+    out: DType,
+    body: impl Fn(Tensor, Tensor) -> Tensor,
+) -> crate::Result<crate::Function> {
+    KernelBuilder::new(name).build(|| {
+        let x_ptr = param_ptr("x", DType::F8E4M3);
+        let y_ptr = param_ptr("y", out);
+        let offs = arange(0, 16);
+        let x = load(x_ptr + offs, None, None);
+        store(y_ptr + offs, body(x, offs), None);
+    })
+}
+
+/// The error building a one-input kernel whose body is `op(x)`, `x` an
+/// `f8e4m3` tile.
 fn verify_error(op: impl Fn(Tensor) -> Tensor) -> String {
-    KernelBuilder::new("bad")
-        .build(|| {
-            let x_ptr = param_ptr("x", DType::F8E4M3);
-            let y_ptr = param_ptr("y", DType::F32);
-            let offs = arange(0, 16);
-            let x = load(x_ptr + offs, None, None);
-            let y = op(x);
-            store(y_ptr + offs, y.to(DType::F32), None);
-        })
-        .unwrap_err()
-        .to_string()
+    f8_kernel("bad", DType::F32, |x, _| op(x).to(DType::F32)).unwrap_err().to_string()
 }
 
 #[test]
@@ -217,14 +224,9 @@ fn the_verifier_keeps_8_bit_floats_to_storage_casts_and_selects() {
     let e = verify_error(|x| x.to(DType::F64));
     assert!(e.contains("convert to and from f16, bf16 and f32 only"), "{e}");
     // Bitcasts to a byte and selects are fine.
-    KernelBuilder::new("ok")
-        .build(|| {
-            let x_ptr = param_ptr("x", DType::F8E4M3);
-            let y_ptr = param_ptr("y", DType::U8);
-            let offs = arange(0, 16);
-            let x = load(x_ptr + offs, None, None);
-            let y = where_(offs.lt(8), x, full(&[16], 2.0, DType::F8E4M3));
-            store(y_ptr + offs, bitcast(y, DType::U8), None);
-        })
-        .unwrap();
+    f8_kernel("ok", DType::U8, |x, offs| {
+        let y = where_(offs.lt(8), x, full(&[16], 2.0, DType::F8E4M3));
+        bitcast(y, DType::U8)
+    })
+    .unwrap();
 }

@@ -4,28 +4,14 @@
 //! deadlock and happens-before errors, prefetch bounds, and the build-time
 //! rules of the ordered ops.
 
-use super::{Arg, Buffer, InterpError, launch};
+use super::tests::{contains_all, interp_err};
+use super::{Arg, Buffer, launch};
 use crate::ir::ops::{CacheModifier, CmpPred, EvictionPolicy, MemScope, MemSem};
 use crate::lang::*;
 use crate::{Error, Function};
 use std::cell::Cell;
 
 const GPU: MemScope = MemScope::Gpu;
-
-/// Runs `f` and returns its interpreter error (panics otherwise).
-fn interp_err(f: &Function, grid: [u32; 3], bufs: &mut [Buffer], args: &[Arg]) -> InterpError {
-    match launch(f, grid, bufs, args) {
-        Err(Error::Interp(e)) => e,
-        other => panic!("expected an interpreter error, got {other:?}"),
-    }
-}
-
-/// Asserts that `msg` contains every part.
-fn contains_all(msg: &str, parts: &[&str]) {
-    for part in parts {
-        assert!(msg.contains(part), "`{part}` missing from: {msg}");
-    }
-}
 
 /// One program (`producer`) writes four values, then sets `flag` with a
 /// store of semantics `publish` (a plain store when `None`); every other
@@ -56,6 +42,16 @@ fn handoff(publish: Option<MemSem>, wait: MemSem) -> Function {
         .unwrap()
 }
 
+/// [`handoff`] with fresh buffers for it.
+fn handoff_case(publish: Option<MemSem>, wait: MemSem) -> (Function, [Buffer; 3]) {
+    (handoff(publish, wait), handoff_bufs())
+}
+
+/// The arguments of [`handoff`] on [`handoff_bufs`] with program `producer` producing.
+fn handoff_args(producer: i32) -> [Arg; 4] {
+    [Arg::ptr(0), Arg::ptr(1), Arg::ptr(2), Arg::i32(producer)]
+}
+
 fn handoff_bufs() -> [Buffer; 3] {
     [Buffer::zeros(DType::I32, 4), Buffer::zeros(DType::I32, 1), Buffer::zeros(DType::I32, 12)]
 }
@@ -66,7 +62,7 @@ fn consumers_wait_for_the_producer_before_or_after_them() {
     // Producer first (no wait blocks), last (both consumers block first), and in the middle.
     for producer in [0, 2, 1] {
         let mut bufs = handoff_bufs();
-        let args = [Arg::ptr(0), Arg::ptr(1), Arg::ptr(2), Arg::i32(producer)];
+        let args = handoff_args(producer);
         launch(&f, [3, 1, 1], &mut bufs, &args).unwrap();
         let out = bufs[2].to_vec::<i32>();
         for p in 0..3 {
@@ -81,9 +77,8 @@ fn a_relaxed_flag_is_a_missing_release() {
     // The flag is set with a relaxed store (and, second, a plain one): the
     // consumer sees the flag but nothing orders the data before its read.
     for publish in [Some(MemSem::Relaxed), None] {
-        let f = handoff(publish, MemSem::Acquire);
-        let mut bufs = handoff_bufs();
-        let args = [Arg::ptr(0), Arg::ptr(1), Arg::ptr(2), Arg::i32(1)];
+        let (f, mut bufs) = handoff_case(publish, MemSem::Acquire);
+        let args = handoff_args(1);
         let e = interp_err(&f, [2, 1, 1], &mut bufs, &args);
         assert_eq!(e.op, "load");
         assert_eq!(e.program, Some([0, 0, 0]));
@@ -100,9 +95,8 @@ fn a_relaxed_flag_is_a_missing_release() {
 
 #[test]
 fn a_relaxed_wait_is_a_missing_acquire() {
-    let f = handoff(Some(MemSem::Release), MemSem::Relaxed);
-    let mut bufs = handoff_bufs();
-    let args = [Arg::ptr(0), Arg::ptr(1), Arg::ptr(2), Arg::i32(0)];
+    let (f, mut bufs) = handoff_case(Some(MemSem::Release), MemSem::Relaxed);
+    let args = handoff_args(0);
     let e = interp_err(&f, [2, 1, 1], &mut bufs, &args);
     contains_all(
         &e.to_string(),
@@ -254,10 +248,9 @@ fn two_programs_waiting_on_each_other_are_a_deadlock_naming_both_waits() {
 #[test]
 fn waits_on_host_data_and_ordered_handovers_need_no_interleaving() {
     // The flag is already set by the host: nothing blocks, nothing races.
-    let f = handoff(Some(MemSem::Release), MemSem::Acquire);
-    let mut bufs = handoff_bufs();
+    let (f, mut bufs) = handoff_case(Some(MemSem::Release), MemSem::Acquire);
     bufs[1] = Buffer::from_slice(&[1i32]);
-    launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::ptr(2), Arg::i32(5)]).unwrap();
+    launch(&f, [1, 1, 1], &mut bufs, &handoff_args(5)).unwrap();
     // An ordered hand-over of a buffer that the consumer then overwrites is
     // not a write-write race.
     let f = KernelBuilder::new("overwrite")

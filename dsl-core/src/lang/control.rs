@@ -3,10 +3,10 @@
 
 use super::{Operand, Tensor, literal};
 use crate::builder::padding::Extents;
-use crate::builder::{build_region, build_region_padded, computation_type, fmt_types, with_ctx};
+use crate::builder::{build_region, build_region_padded, computation_type, with_ctx};
 use crate::dtype::{DType, Type};
 use crate::ir::ops::{CmpPred, CompareOp, ControlOp, DebugOp, HintOp, ProgramOp};
-use crate::ir::{Op, Value};
+use crate::ir::{Inst, Op, Value};
 use crate::loc::Location;
 
 /// A counted loop `for iv in (lb..ub).step_by(step)` with loop-carried values.
@@ -71,17 +71,9 @@ pub fn for_range(
     });
     with_ctx(|c| {
         c.func.insts[inst].regions.push(region);
-        if yielded != arg_tys[1..] {
-            c.error(
-                &loc,
-                Some("for"),
-                format!(
-                    "loop-carried values start as {} but the body yields {}",
-                    fmt_types(&arg_tys[1..]),
-                    fmt_types(&yielded)
-                ),
-            );
-        }
+        c.check_types(&loc, "for", &arg_tys[1..], &yielded, |want, got| {
+            format!("loop-carried values start as {want} but the body yields {got}")
+        });
     });
     results
 }
@@ -108,6 +100,18 @@ fn to_cond(cond: Tensor, loc: &Location, what: &'static str) -> Value {
     })
 }
 
+/// Appends an `if` on `cond` (without regions or results yet) to the
+/// current block.
+fn open_if(cond: Tensor, loc: &Location) -> Inst {
+    let cv = to_cond(cond, loc, "if");
+    with_ctx(|c| {
+        let inst = c.func.create_inst(Op::Control(ControlOp::If), &[cv], Vec::new(), loc.clone());
+        let b = c.cur_block();
+        c.func.append_inst(b, inst);
+        inst
+    })
+}
+
 /// A runtime branch. Both closures return the values of the branch (same types
 /// in both); returns them as the results of the `if`.
 #[track_caller]
@@ -117,13 +121,7 @@ pub fn if_else(
     else_: impl FnOnce() -> Vec<Tensor>,
 ) -> Vec<Tensor> {
     let loc = Location::caller();
-    let cv = to_cond(cond, &loc, "if");
-    let inst = with_ctx(|c| {
-        let inst = c.func.create_inst(Op::Control(ControlOp::If), &[cv], Vec::new(), loc.clone());
-        let b = c.cur_block();
-        c.func.append_inst(b, inst);
-        inst
-    });
+    let inst = open_if(cond, &loc);
     let mut yielded: [Vec<Tensor>; 2] = [Vec::new(), Vec::new()];
     let (r_then, then_tys) = build_region(inst, &[], &loc, ControlOp::Yield, |_| {
         yielded[0] = then_();
@@ -134,19 +132,12 @@ pub fn if_else(
         yielded[1].clone()
     });
     with_ctx(|c| {
-        c.func.insts[inst].regions.push(r_then);
-        c.func.insts[inst].regions.push(r_else);
-        if then_tys != else_tys {
-            c.error(
-                &loc,
-                Some("if"),
-                format!(
-                    "the branches of an `if` must produce the same types: then gives {}, else gives {}",
-                    fmt_types(&then_tys),
-                    fmt_types(&else_tys)
-                ),
-            );
-        }
+        c.func.insts[inst].regions.extend([r_then, r_else]);
+        c.check_types(&loc, "if", &then_tys, &else_tys, |then, else_| {
+            format!(
+                "the branches of an `if` must produce the same types: then gives {then}, else gives {else_}"
+            )
+        });
         let vals: Vec<Value> = then_tys.iter().map(|t| c.func.add_inst_result(inst, t.clone())).collect();
         // A result is valid where the values of both branches are.
         for (i, &r) in vals.iter().enumerate() {
@@ -170,22 +161,13 @@ pub fn if_else(
 #[track_caller]
 pub fn if_then(cond: Tensor, then_: impl FnOnce()) {
     let loc = Location::caller();
-    let cv = to_cond(cond, &loc, "if");
-    let inst = with_ctx(|c| {
-        let inst = c.func.create_inst(Op::Control(ControlOp::If), &[cv], Vec::new(), loc.clone());
-        let b = c.cur_block();
-        c.func.append_inst(b, inst);
-        inst
-    });
+    let inst = open_if(cond, &loc);
     let (r_then, _) = build_region(inst, &[], &loc, ControlOp::Yield, |_| {
         then_();
         Vec::new()
     });
     let (r_else, _) = build_region(inst, &[], &loc, ControlOp::Yield, |_| Vec::new());
-    with_ctx(|c| {
-        c.func.insts[inst].regions.push(r_then);
-        c.func.insts[inst].regions.push(r_else);
-    });
+    with_ctx(|c| c.func.insts[inst].regions.extend([r_then, r_else]));
 }
 
 /// `while cond(carried) { carried = body(carried) }`; returns the final values.
@@ -220,19 +202,10 @@ pub fn while_loop(
     });
     let (r_after, yielded) = build_region_padded(inst, &tys, &logical, &loc, ControlOp::Yield, body);
     with_ctx(|c| {
-        c.func.insts[inst].regions.push(r_before);
-        c.func.insts[inst].regions.push(r_after);
-        if yielded != tys {
-            c.error(
-                &loc,
-                Some("while"),
-                format!(
-                    "loop-carried values start as {} but the body yields {}",
-                    fmt_types(&tys),
-                    fmt_types(&yielded)
-                ),
-            );
-        }
+        c.func.insts[inst].regions.extend([r_before, r_after]);
+        c.check_types(&loc, "while", &tys, &yielded, |want, got| {
+            format!("loop-carried values start as {want} but the body yields {got}")
+        });
         c.func.insts[inst].results.clone().iter().map(|&v| c.handle(v)).collect()
     })
 }

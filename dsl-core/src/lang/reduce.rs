@@ -5,7 +5,7 @@
 
 use super::shape::norm_axis;
 use super::{Tensor, cast_to};
-use crate::builder::{Ctx, build_region, fmt_types, with_ctx};
+use crate::builder::{Ctx, build_region, with_ctx};
 use crate::dtype::{DType, Elem, Type};
 use crate::ir::ops::{ControlOp, DotOp, DotPrecision, ReduceKind, ReduceOp, ScanKind, ScanOp};
 use crate::ir::{Op, Scalar, Value};
@@ -87,9 +87,7 @@ pub fn reduce(
     combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
 ) -> Vec<Tensor> {
     let loc = Location::caller();
-    combine_at(inputs, "reduce", &loc, combine, |c, vals, tys| {
-        let rank = tys.first().map_or(0, |t| t.rank());
-        let ax = norm_axis(axis, rank);
+    combine_at(inputs, "reduce", &loc, axis, combine, |c, vals, tys, ax| {
         let padded_axis = vals
             .iter()
             .any(|&v| c.logical(v).is_some_and(|e| e.get(ax).is_some_and(|&l| l < c.func.ty(v).shape[ax])));
@@ -108,21 +106,24 @@ pub fn reduce(
     })
 }
 
-/// Builds the custom reduction or scan `name` of `inputs` at `loc`: `op`
-/// makes the op and its result types from the inputs' values and types;
+/// Builds the custom reduction or scan `name` of `inputs` along `axis` at
+/// `loc`: `op` makes the op and its result types from the inputs' values
+/// and types and the axis (made non-negative against the inputs' rank);
 /// `combine` fills its combine region, which maps (running values, new
 /// values), one scalar per input each, to the combined scalars.
 fn combine_at(
     inputs: &[Tensor],
     name: &'static str,
     loc: &Location,
+    axis: i32,
     combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
-    op: impl FnOnce(&mut Ctx, &[Value], &[Type]) -> (Op, Vec<Type>),
+    op: impl FnOnce(&mut Ctx, &[Value], &[Type], usize) -> (Op, Vec<Type>),
 ) -> Vec<Tensor> {
     let (inst, elems, results) = with_ctx(|c| {
         let vals = c.values(inputs);
         let tys: Vec<Type> = vals.iter().map(|&v| c.func.ty(v).clone()).collect();
-        let (op, out_tys) = op(c, &vals, &tys);
+        let ax = norm_axis(axis, tys.first().map_or(0, |t| t.rank()));
+        let (op, out_tys) = op(c, &vals, &tys, ax);
         let inst = c.func.create_inst(op, &vals, out_tys, loc.clone());
         let b = c.cur_block();
         c.func.append_inst(b, inst);
@@ -136,17 +137,9 @@ fn combine_at(
         build_region(inst, &arg_tys, loc, ControlOp::Yield, |args| combine(&args[..n], &args[n..]));
     with_ctx(|c| {
         c.func.insts[inst].regions.push(region);
-        if yielded != elems {
-            c.error(
-                loc,
-                Some(name),
-                format!(
-                    "the combine function must return {} but returns {}",
-                    fmt_types(&elems),
-                    fmt_types(&yielded)
-                ),
-            );
-        }
+        c.check_types(loc, name, &elems, &yielded, |want, got| {
+            format!("the combine function must return {want} but returns {got}")
+        });
     });
     results
 }
@@ -200,9 +193,8 @@ pub fn scan(
     combine: impl FnOnce(&[Tensor], &[Tensor]) -> Vec<Tensor>,
 ) -> Vec<Tensor> {
     let loc = Location::caller();
-    combine_at(inputs, "scan", &loc, combine, |c, _, tys| {
-        let rank = tys.first().map_or(0, |t| t.rank());
-        let op = Op::Scan(ScanOp { axis: norm_axis(axis, rank), kind: ScanKind::Custom, reverse });
+    combine_at(inputs, "scan", &loc, axis, combine, |c, _, tys, ax| {
+        let op = Op::Scan(ScanOp { axis: ax, kind: ScanKind::Custom, reverse });
         if let Err(m) = op.infer(tys) {
             c.error(&loc, Some("scan"), m);
         }

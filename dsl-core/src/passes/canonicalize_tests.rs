@@ -9,25 +9,9 @@ use crate::lang::*;
 use crate::print::print;
 use crate::verify::verify;
 
-/// The softmax kernel of `tests/src/hand.rs`.
+/// The softmax kernel of `tests/src/hand.rs` (built by the interpreter tests).
 fn softmax(block: usize, dtype: DType) -> Function {
-    KernelBuilder::new("softmax")
-        .build(|| {
-            let out_ptr = param_ptr("out_ptr", dtype);
-            let in_ptr = param_ptr("in_ptr", dtype);
-            let n_cols = param_scalar("n_cols", DType::I32);
-            let stride = param_scalar("stride", DType::I32);
-            let row = program_id(0);
-            let cols = arange(0, block as i32);
-            let mask = cols.lt(n_cols);
-            let x =
-                load(in_ptr + row * stride + cols, Some(mask), Some(f32::NEG_INFINITY.into())).to(DType::F32);
-            let x = x - max(x, 0);
-            let e = exp(x);
-            let y = e / sum(e, 0);
-            store(out_ptr + row * stride + cols, y, Some(mask));
-        })
-        .unwrap()
+    crate::interp::tests::hand::softmax(block, dtype).unwrap()
 }
 
 /// Canonicalizes a copy of `f`, checking the verifier accepts the result.

@@ -9,4 +9,5 @@ pub mod norm;
 pub mod quant;
 pub mod rope;
 pub mod sampling;
+pub mod scan;
 pub mod softmax;

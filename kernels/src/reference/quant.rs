@@ -57,6 +57,28 @@ fn f16_at(raw: &[u8], i: usize) -> f64 {
 /// every weight of one GGUF block `blk` in `format` (the block's
 /// [`QuantFormat::gguf_block_values`] values; 32 for the floats, which are
 /// read 32 at a time here).
+/// Weight `j` of a Q4/Q5 block (scale `d` at byte 0) from its quant `q`:
+/// `d q + m` in the formats with a minimum `m` (at byte 2; `extra[j] = |m|
+/// + span |d|`), else `d (q - zero)`.
+fn put_weight(
+    blk: &[u8],
+    j: usize,
+    q: f64,
+    min: bool,
+    (span, zero): (f64, f64),
+    w: &mut [f64],
+    extra: &mut [f64],
+) {
+    let d = f16_at(blk, 0);
+    if min {
+        let m = f16_at(blk, 2);
+        extra[j] = m.abs() + span * d.abs();
+        w[j] = d * q + m;
+    } else {
+        w[j] = d * (q - zero);
+    }
+}
+
 fn dequant_block(format: QuantFormat, blk: &[u8], w: &mut [f64], extra: &mut [f64]) {
     let d = || f16_at(blk, 0);
     match format {
@@ -65,13 +87,7 @@ fn dequant_block(format: QuantFormat, blk: &[u8], w: &mut [f64], extra: &mut [f6
             for j in 0..BLOCK_VALUES {
                 let byte = qs[j % 16];
                 let q = f64::from(if j < 16 { byte & 15 } else { byte >> 4 });
-                if format == QuantFormat::Q4_1 {
-                    let m = f16_at(blk, 2);
-                    extra[j] = m.abs() + 16.0 * d().abs();
-                    w[j] = d() * q + m;
-                } else {
-                    w[j] = d() * (q - 8.0);
-                }
+                put_weight(blk, j, q, format == QuantFormat::Q4_1, (16.0, 8.0), w, extra);
             }
         }
         QuantFormat::Q8_0 => (0..32).for_each(|j| w[j] = d() * f64::from(blk[2 + j] as i8)),
@@ -82,13 +98,7 @@ fn dequant_block(format: QuantFormat, blk: &[u8], w: &mut [f64], extra: &mut [f6
             for j in 0..BLOCK_VALUES {
                 let nib = if j < 16 { blk[off + 4 + j] & 15 } else { blk[off + 4 + j - 16] >> 4 };
                 let q = f64::from(u32::from(nib) | ((qh >> j) & 1) << 4);
-                if format == QuantFormat::Q5_1 {
-                    let m = f16_at(blk, 2);
-                    extra[j] = m.abs() + 256.0 * d().abs();
-                    w[j] = d() * q + m;
-                } else {
-                    w[j] = d() * (q - 16.0);
-                }
+                put_weight(blk, j, q, format == QuantFormat::Q5_1, (256.0, 16.0), w, extra);
             }
         }
         QuantFormat::Q4_K | QuantFormat::Q5_K => {

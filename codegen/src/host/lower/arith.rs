@@ -15,7 +15,7 @@
 //! - comparisons of floats are ordered, `ne` unordered.
 
 use super::Lower;
-use crate::llvm::{float_predicate, int_order, int_predicate};
+use crate::llvm::{Values, float_predicate, int_order, int_predicate};
 use crate::{Error, Result};
 use dsl_core::ir::ops::{ArithOp, BinaryOp, CmpPred, CompareOp, Op, UnaryOp};
 use dsl_core::ir::{Inst, Scalar};

@@ -9,6 +9,7 @@
 
 use super::Lower;
 use crate::Result;
+use crate::llvm::Values;
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::CastOp;
 use dsl_core::{DType, Elem};

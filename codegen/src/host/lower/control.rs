@@ -52,6 +52,25 @@ impl<'ctx> Lower<'ctx, '_> {
         }
     }
 
+    /// Fresh slots for `vs`, one each.
+    fn slots_for(&mut self, vs: &[Value]) -> Result<Vec<Slot<'ctx>>> {
+        vs.iter().map(|&v| self.slot_for(v)).collect()
+    }
+
+    /// Stores the initial values `vs` into the slot at each one's position.
+    fn init_slots(&mut self, vs: &[Value], slots: &[Slot<'ctx>]) -> Result<()> {
+        for (&v, s) in vs.iter().zip(slots) {
+            match *s {
+                Slot::Scalar(p, _) => {
+                    let x = self.scalar(v)?;
+                    self.b.build_store(p, x)?;
+                }
+                Slot::Tile(p, elem, n) => self.write_value(v, p, elem, n)?,
+            }
+        }
+        Ok(())
+    }
+
     /// Binds each of `vs` to what the slot at its position holds now.
     fn bind_slots(&mut self, vs: &[Value], slots: &[Slot<'ctx>]) -> Result<()> {
         for (&v, &s) in vs.iter().zip(slots) {
@@ -192,21 +211,9 @@ impl<'ctx> Lower<'ctx, '_> {
         let body = f.entry(d.regions[0]);
         let args = f.blocks[body].args.clone();
         let results = d.results.clone();
-        let mut slots = Vec::with_capacity(results.len());
-        for &r in &results {
-            slots.push(self.slot_for(r)?);
-        }
+        let slots = self.slots_for(&results)?;
         // The initial values.
-        let inits: Vec<Value> = d.args[3..].to_vec();
-        for (&v, s) in inits.iter().zip(&slots) {
-            match *s {
-                Slot::Scalar(p, _) => {
-                    let x = self.scalar(v)?;
-                    self.b.build_store(p, x)?;
-                }
-                Slot::Tile(p, elem, n) => self.write_value(v, p, elem, n)?,
-            }
-        }
+        self.init_slots(&d.args[3..], &slots)?;
         let code = self.error_site(i, "the step of a `for` loop must be positive".into());
         let bad = self.b.build_int_compare(IntPredicate::SLE, step, step.get_type().const_zero(), "")?;
         let bad = if signed {
@@ -258,10 +265,7 @@ impl<'ctx> Lower<'ctx, '_> {
         let d = &f.insts[i];
         let cond = self.scalar(d.args[0])?.into_int_value();
         let results = d.results.clone();
-        let mut slots = Vec::with_capacity(results.len());
-        for &r in &results {
-            slots.push(self.slot_for(r)?);
-        }
+        let slots = self.slots_for(&results)?;
         let then_b = self.ctx.append_basic_block(self.func, "then");
         let else_b = self.ctx.append_basic_block(self.func, "else");
         let join = self.ctx.append_basic_block(self.func, "endif");
@@ -288,24 +292,9 @@ impl<'ctx> Lower<'ctx, '_> {
         let after = f.entry(d.regions[1]);
         let bargs = f.blocks[before].args.clone();
         let aargs = f.blocks[after].args.clone();
-        let mut carried = Vec::with_capacity(bargs.len());
-        for &a in &bargs {
-            carried.push(self.slot_for(a)?);
-        }
-        let mut fwd = Vec::with_capacity(aargs.len());
-        for &a in &aargs {
-            fwd.push(self.slot_for(a)?);
-        }
-        let inits: Vec<Value> = d.args.to_vec();
-        for (&v, s) in inits.iter().zip(&carried) {
-            match *s {
-                Slot::Scalar(p, _) => {
-                    let x = self.scalar(v)?;
-                    self.b.build_store(p, x)?;
-                }
-                Slot::Tile(p, elem, n) => self.write_value(v, p, elem, n)?,
-            }
-        }
+        let carried = self.slots_for(&bargs)?;
+        let fwd = self.slots_for(&aargs)?;
+        self.init_slots(&d.args, &carried)?;
         let head = self.ctx.append_basic_block(self.func, "while");
         let body = self.ctx.append_basic_block(self.func, "while.body");
         let exit = self.ctx.append_basic_block(self.func, "while.end");

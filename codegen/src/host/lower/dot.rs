@@ -18,6 +18,7 @@
 use super::eval::Idx;
 use super::{Lower, Repr};
 use crate::Result;
+use crate::llvm::Values;
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::{DotPrecision, Op};
 use dsl_core::{DType, Elem};

@@ -20,6 +20,7 @@
 
 use super::memory::Access;
 use super::{Lower, Repr};
+use crate::llvm::Values;
 use crate::{Error, Result};
 use dsl_core::ir::ops::{CreationOp, MemoryOp, Op, ShapeOp};
 use dsl_core::ir::{EntityRef, Inst, Value};

@@ -22,6 +22,7 @@
 
 use super::Lower;
 use crate::Result;
+use crate::llvm::Values;
 use dsl_core::DType;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::types::BasicTypeEnum;
@@ -311,20 +312,6 @@ impl<'ctx> Lower<'ctx, '_> {
                 self.b.build_float_compare(p, x, y, "")?.into()
             }
             _ => return Err(crate::Error::Llvm("host lowering: fcmp of mismatched operands".into())),
-        })
-    }
-
-    /// `select c, a, b` on scalars or vectors alike.
-    pub(super) fn select(
-        &self,
-        c: BasicValueEnum<'ctx>,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        Ok(match c {
-            BasicValueEnum::IntValue(x) => self.b.build_select(x, a, b, "")?,
-            BasicValueEnum::VectorValue(x) => self.b.build_select(x, a, b, "")?,
-            _ => return Err(crate::Error::Llvm("host lowering: select on a non-boolean".into())),
         })
     }
 

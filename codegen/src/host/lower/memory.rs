@@ -21,6 +21,7 @@
 
 use super::eval::Idx;
 use super::{Lower, Repr};
+use crate::llvm::Values;
 use crate::{Error, Result};
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::{AtomicKind, MemSem, MemoryOp, Op};

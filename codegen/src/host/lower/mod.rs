@@ -40,17 +40,16 @@ use super::plan::{Plan, Storage};
 use super::target::HostTarget;
 use crate::{Error, Result};
 use dsl_core::Location;
-use dsl_core::ir::ops::{ControlOp, MemoryOp, ProgramOp};
+use dsl_core::ir::ops::{ControlOp, MemoryOp, ProgramOp, ReduceKind, ScanKind};
 use dsl_core::ir::{Block, EntityRef, Function, Inst, Op, Value};
 use dsl_core::passes::axis::AxisAnalysis;
 use dsl_core::{DType, Elem};
+use inkwell::AddressSpace;
 use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValueEnum, FunctionValue, InstructionOpcode, IntValue, PointerValue};
-use inkwell::{AddressSpace, IntPredicate};
+use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use rustc_hash::FxHashMap;
 
 /// Where a value is, while its block is being lowered.
@@ -299,8 +298,10 @@ impl<'ctx> Lower<'ctx, '_> {
             Op::Memory(MemoryOp::LoadBlock { .. }) => {
                 Err(self.unsupported(i, "block loads are expanded before lowering"))
             }
-            Op::Reduce(_) => self.lower_reduce(i),
-            Op::Scan(_) => self.lower_scan(i),
+            Op::Reduce(r) if r.kind == ReduceKind::Custom => self.lower_custom_reduce(i, r.axis),
+            Op::Reduce(r) => self.lower_reduce(i, *r),
+            Op::Scan(s) if s.kind == ScanKind::Custom => self.lower_custom_scan(i, s.axis, s.reverse),
+            Op::Scan(s) => self.lower_scan(i, *s),
             Op::Dot(_) => self.lower_dot(i),
             Op::Debug(_) => self.lower_debug(i),
             Op::Program(p) => self.lower_program(i, *p),
@@ -396,67 +397,5 @@ impl<'ctx> Lower<'ctx, '_> {
             self.set(r, Repr::Array(arr));
         }
         Ok(())
-    }
-
-    /// `icmp` on scalars or vectors alike.
-    fn icmp(
-        &self,
-        p: IntPredicate,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        Ok(match (a, b) {
-            (BasicValueEnum::IntValue(x), BasicValueEnum::IntValue(y)) => {
-                self.b.build_int_compare(p, x, y, "")?.into()
-            }
-            (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
-                self.b.build_int_compare(p, x, y, "")?.into()
-            }
-            _ => return Err(Error::Llvm("host lowering: icmp of mismatched operands".into())),
-        })
-    }
-}
-
-impl<'ctx> crate::llvm::Values<'ctx> for Lower<'ctx, '_> {
-    fn bin(
-        &self,
-        op: InstructionOpcode,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        Lower::bin(self, op, a, b)
-    }
-    fn icmp(
-        &self,
-        p: IntPredicate,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        Lower::icmp(self, p, a, b)
-    }
-    fn select(
-        &self,
-        c: BasicValueEnum<'ctx>,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        Lower::select(self, c, a, b)
-    }
-    fn int_like(&self, v: BasicValueEnum<'ctx>, c: u64) -> Result<BasicValueEnum<'ctx>> {
-        Lower::int_like(self, v, c)
-    }
-    fn float_like(&self, v: BasicValueEnum<'ctx>, c: f64) -> Result<BasicValueEnum<'ctx>> {
-        Lower::float_like(self, v, c)
-    }
-    fn cast_to(
-        &self,
-        op: InstructionOpcode,
-        v: BasicValueEnum<'ctx>,
-        to: BasicTypeEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        Lower::cast_to(self, op, v, to)
-    }
-    fn context(&self) -> &'ctx Context {
-        self.ctx
     }
 }

@@ -21,10 +21,10 @@
 use super::eval::{Idx, IdxKind};
 use super::{Lower, Repr};
 use crate::Result;
-use crate::llvm::int_order;
-use dsl_core::ir::Inst;
-use dsl_core::ir::ops::{Op, ReduceKind};
-use dsl_core::{DType, Elem};
+use crate::llvm::{Values, int_order};
+use dsl_core::ir::ops::{ReduceKind, ReduceOp};
+use dsl_core::ir::{Inst, Value};
+use dsl_core::{DType, Elem, Type};
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, InstructionOpcode::*, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
@@ -41,22 +41,43 @@ struct Acc<'ctx> {
     idx: Option<PointerValue<'ctx>>,
 }
 
+/// The operand of a reduction or scan, seen along its axis.
+pub(super) struct AxisOperand {
+    /// The operand.
+    pub(super) x: Value,
+    /// Its type.
+    pub(super) ty: Type,
+    /// Its dtype.
+    pub(super) dt: DType,
+    /// The product of the dimensions before the axis.
+    pub(super) outer: usize,
+    /// The axis' extent.
+    pub(super) n: usize,
+    /// The product of the dimensions after the axis.
+    pub(super) inner: usize,
+}
+
 impl<'ctx> Lower<'ctx, '_> {
+    /// The operand of the reduction or scan `i` (`what`, for the error on
+    /// pointers) along `axis`.
+    pub(super) fn axis_operand(&self, i: Inst, axis: usize, what: &str) -> Result<AxisOperand> {
+        let x = self.f.insts[i].args[0];
+        let ty = self.f.ty(x).clone();
+        let Elem::Scalar(dt) = ty.elem else {
+            return Err(self.unsupported(i, format!("a {what} of pointers")));
+        };
+        let outer: usize = ty.shape[..axis].iter().product();
+        let inner: usize = ty.shape[axis + 1..].iter().product();
+        let n = ty.shape[axis];
+        Ok(AxisOperand { x, ty, dt, outer, n, inner })
+    }
+
     /// `reduce {axis, kind} x` with a built-in kind (custom kinds go to
     /// `lower_custom_reduce`).
-    pub(super) fn lower_reduce(&mut self, i: Inst) -> Result<()> {
+    pub(super) fn lower_reduce(&mut self, i: Inst, r: ReduceOp) -> Result<()> {
         let f = self.f;
         let d = &f.insts[i];
-        let Op::Reduce(r) = d.op else { return Err(self.unsupported(i, "not a reduction")) };
-        if r.kind == ReduceKind::Custom {
-            return self.lower_custom_reduce(i, r.axis);
-        }
-        let x = d.args[0];
-        let xt = f.ty(x).clone();
-        let Elem::Scalar(dt) = xt.elem else { return Err(self.unsupported(i, "a reduction of pointers")) };
-        let outer: usize = xt.shape[..r.axis].iter().product();
-        let n = xt.shape[r.axis];
-        let inner: usize = xt.shape[r.axis + 1..].iter().product();
+        let AxisOperand { x, dt, outer, n, inner, .. } = self.axis_operand(i, r.axis, "reduction")?;
         let res = d.results[0];
         let rt = f.ty(res).clone();
         let arr = self.alloc_array(rt.elem, outer * inner)?;

@@ -8,31 +8,24 @@
 //! the last axis runs one line at a time.
 
 use super::eval::Idx;
+use super::reduce::AxisOperand;
 use super::{Lower, Repr};
 use crate::Result;
-use crate::llvm::int_order;
+use crate::llvm::{Values, int_order};
+use dsl_core::DType;
 use dsl_core::ir::Inst;
-use dsl_core::ir::ops::{Op, ScanKind};
-use dsl_core::{DType, Elem};
+use dsl_core::ir::ops::{ScanKind, ScanOp};
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, InstructionOpcode::*};
 use inkwell::{FloatPredicate, IntPredicate};
 
 impl<'ctx> Lower<'ctx, '_> {
-    /// `scan {axis, kind, reverse} x`.
-    pub(super) fn lower_scan(&mut self, i: Inst) -> Result<()> {
+    /// `scan {axis, kind, reverse} x` with a built-in kind (custom kinds go
+    /// to `lower_custom_scan`).
+    pub(super) fn lower_scan(&mut self, i: Inst, s: ScanOp) -> Result<()> {
         let f = self.f;
         let d = &f.insts[i];
-        let Op::Scan(s) = d.op else { return Err(self.unsupported(i, "not a scan")) };
-        if s.kind == ScanKind::Custom {
-            return self.lower_custom_scan(i, s.axis, s.reverse);
-        }
-        let x = d.args[0];
-        let xt = f.ty(x).clone();
-        let Elem::Scalar(dt) = xt.elem else { return Err(self.unsupported(i, "a scan of pointers")) };
-        let outer: usize = xt.shape[..s.axis].iter().product();
-        let n = xt.shape[s.axis];
-        let inner: usize = xt.shape[s.axis + 1..].iter().product();
+        let AxisOperand { x, ty: xt, dt, outer, n, inner } = self.axis_operand(i, s.axis, "scan")?;
         let out = self.alloc_array(xt.elem, xt.numel())?;
         let lanes = if inner > 1 { self.lanes.min(inner as u32) } else { 1 };
         let float_sum = s.kind == ScanKind::Sum && dt.is_float();

@@ -9,11 +9,13 @@
 //! Flat element indices are `i32` (tiles hold at most 2^24 elements).
 
 use super::Lower;
-use crate::llvm::scalar_type;
+use crate::llvm::{BV, Values, scalar_type};
 use crate::{Error, Result};
 use dsl_core::{DType, Elem};
 use inkwell::AddressSpace;
+use inkwell::IntPredicate;
 use inkwell::basic_block::BasicBlock;
+use inkwell::context::Context;
 use inkwell::types::{BasicType, BasicTypeEnum, IntType, VectorType};
 use inkwell::values::{BasicValue, BasicValueEnum, InstructionOpcode, IntValue, PointerValue, VectorValue};
 
@@ -343,59 +345,12 @@ impl<'ctx> Lower<'ctx, '_> {
         Ok(())
     }
 
-    /// A binary instruction on scalars or vectors alike.
-    pub(super) fn bin(
-        &self,
-        op: InstructionOpcode,
-        a: BasicValueEnum<'ctx>,
-        b: BasicValueEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        Ok(self.b.build_binop(op, a, b, "")?)
-    }
-
-    /// A cast instruction on scalars or vectors alike, to element type `to`
-    /// (the lane count follows `v`).
-    pub(super) fn cast_to(
-        &self,
-        op: InstructionOpcode,
-        v: BasicValueEnum<'ctx>,
-        to: BasicTypeEnum<'ctx>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        let ty = self.like(v, to);
-        Ok(self.b.build_cast(op, v, ty, "")?)
-    }
-
     /// Element type `elem` with the shape of `v` (scalar, or as many lanes).
     pub(super) fn like(&self, v: BasicValueEnum<'ctx>, elem: BasicTypeEnum<'ctx>) -> BasicTypeEnum<'ctx> {
         match v {
             BasicValueEnum::VectorValue(x) => self.vec_of(elem, x.get_type().get_size()).into(),
             _ => elem,
         }
-    }
-
-    /// The integer constant `c` with the type of the integer value `v`
-    /// (scalar or splat vector).
-    pub(super) fn int_like(&self, v: BasicValueEnum<'ctx>, c: u64) -> Result<BasicValueEnum<'ctx>> {
-        Ok(match v {
-            BasicValueEnum::IntValue(x) => x.get_type().const_int(c, false).into(),
-            BasicValueEnum::VectorValue(x) => {
-                let et = x.get_type().get_element_type().into_int_type();
-                self.splat(et.const_int(c, false).into(), x.get_type().get_size())?
-            }
-            _ => return Err(Error::Llvm("host lowering: an integer constant for a non-integer".into())),
-        })
-    }
-
-    /// The float constant `c` with the type of the float value `v`.
-    pub(super) fn float_like(&self, v: BasicValueEnum<'ctx>, c: f64) -> Result<BasicValueEnum<'ctx>> {
-        Ok(match v {
-            BasicValueEnum::FloatValue(x) => x.get_type().const_float(c).into(),
-            BasicValueEnum::VectorValue(x) => {
-                let et = x.get_type().get_element_type().into_float_type();
-                self.splat(et.const_float(c).into(), x.get_type().get_size())?
-            }
-            _ => return Err(Error::Llvm("host lowering: a float constant for a non-float".into())),
-        })
     }
 
     /// The number of lanes of `v` (`None` for a scalar).
@@ -445,4 +400,63 @@ pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
         s[d] = s[d + 1] * shape[d + 1];
     }
     s
+}
+
+/// The value operations on scalars or vectors alike: constants and cast
+/// types take the shape (scalar, or as many lanes) of the value they go with.
+impl<'ctx> Values<'ctx> for Lower<'ctx, '_> {
+    fn bin(&self, op: InstructionOpcode, a: BV<'ctx>, b: BV<'ctx>) -> Result<BV<'ctx>> {
+        Ok(self.b.build_binop(op, a, b, "")?)
+    }
+
+    fn icmp(&self, p: IntPredicate, a: BV<'ctx>, b: BV<'ctx>) -> Result<BV<'ctx>> {
+        Ok(match (a, b) {
+            (BasicValueEnum::IntValue(x), BasicValueEnum::IntValue(y)) => {
+                self.b.build_int_compare(p, x, y, "")?.into()
+            }
+            (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
+                self.b.build_int_compare(p, x, y, "")?.into()
+            }
+            _ => return Err(Error::Llvm("host lowering: icmp of mismatched operands".into())),
+        })
+    }
+
+    fn select(&self, c: BV<'ctx>, a: BV<'ctx>, b: BV<'ctx>) -> Result<BV<'ctx>> {
+        Ok(match c {
+            BasicValueEnum::IntValue(x) => self.b.build_select(x, a, b, "")?,
+            BasicValueEnum::VectorValue(x) => self.b.build_select(x, a, b, "")?,
+            _ => return Err(Error::Llvm("host lowering: select on a non-boolean".into())),
+        })
+    }
+
+    fn int_like(&self, v: BV<'ctx>, c: u64) -> Result<BV<'ctx>> {
+        Ok(match v {
+            BasicValueEnum::IntValue(x) => x.get_type().const_int(c, false).into(),
+            BasicValueEnum::VectorValue(x) => {
+                let et = x.get_type().get_element_type().into_int_type();
+                self.splat(et.const_int(c, false).into(), x.get_type().get_size())?
+            }
+            _ => return Err(Error::Llvm("host lowering: an integer constant for a non-integer".into())),
+        })
+    }
+
+    fn float_like(&self, v: BV<'ctx>, c: f64) -> Result<BV<'ctx>> {
+        Ok(match v {
+            BasicValueEnum::FloatValue(x) => x.get_type().const_float(c).into(),
+            BasicValueEnum::VectorValue(x) => {
+                let et = x.get_type().get_element_type().into_float_type();
+                self.splat(et.const_float(c).into(), x.get_type().get_size())?
+            }
+            _ => return Err(Error::Llvm("host lowering: a float constant for a non-float".into())),
+        })
+    }
+
+    fn cast_to(&self, op: InstructionOpcode, v: BV<'ctx>, to: BasicTypeEnum<'ctx>) -> Result<BV<'ctx>> {
+        let ty = self.like(v, to);
+        Ok(self.b.build_cast(op, v, ty, "")?)
+    }
+
+    fn context(&self) -> &'ctx Context {
+        self.ctx
+    }
 }

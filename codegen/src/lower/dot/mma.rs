@@ -445,11 +445,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 (self.b.build_int_mul(nrow, self.i32c(k as i64), "")?, t8)
             } else {
                 let krow = self.b.build_int_add(r8, bit3, "")?;
-                let ncol = self.b.build_int_add(
-                    self.b.build_int_mul(wn, self.i32c(l.tile_n() as i64), "")?,
-                    bit4_n,
-                    "",
-                )?;
+                let ncol = self.mad(wn, l.tile_n(), bit4_n)?;
                 (self.b.build_int_mul(krow, self.i32c(l.n as i64), "")?, ncol)
             };
             return Ok(BAddr::Swizzled { row, t8, r8x8 });
@@ -459,11 +455,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.mad(nrow, k + ROW_PAD, bit3)?
         } else {
             let krow = self.b.build_int_add(r8, bit3, "")?;
-            let ncol = self.b.build_int_add(
-                self.b.build_int_mul(wn, self.i32c(l.tile_n() as i64), "")?,
-                bit4,
-                "",
-            )?;
+            let ncol = self.mad(wn, l.tile_n(), bit4)?;
             self.mad(krow, l.n + ROW_PAD, ncol)?
         };
         Ok(BAddr::Padded(if tn == 1 {
