@@ -6,9 +6,9 @@
 //! against its schema (the `jsonschema` validator).
 
 use super::{GrammarCompiler, GrammarSpec};
-use crate::app::{Context, EngineTask, LoadOptions, run_task};
+use crate::app::{EngineTask, LoadOptions, Session, run_task};
 use crate::chat::Message;
-use crate::engine::{Engine, Request};
+use crate::engine::Request;
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
@@ -104,12 +104,8 @@ struct Schemas;
 impl EngineTask for Schemas {
     type Output = Vec<Vec<(String, FinishReason)>>;
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        engine: &mut Engine<D, T>,
-        ctx: &Context,
-    ) -> Result<Self::Output> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Self::Output> {
+        let Session { dev, engine, ctx } = s;
         let compiler = GrammarCompiler::new(&ctx.tokenizer, ctx.config.vocab_size)?;
         let template = ctx.template.as_ref().expect("SmolLM2 has a chat template");
         let mut out = Vec::new();
