@@ -75,7 +75,7 @@ fn the_native_backend_keeps_the_guarantee_on_every_architecture() {
             run_matrix::<codegen::host::Host, f32>(&mut host, &gguf, &targets(), Setup::roomy(128), &m)
                 .unwrap();
         assert!(!results.is_empty(), "{name}");
-        assert_all_pass(&name, &results);
+        assert_all_pass(name, &results);
     }
 }
 
