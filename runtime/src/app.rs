@@ -22,7 +22,6 @@ use crate::gguf::{Gguf, LlamaConfig, Vocab};
 use crate::memory_plan::{Bytes, KvShape, MemoryPlan, MemoryPlanInputs};
 use crate::model::ActElem;
 use crate::model::mega::DecodePath;
-use crate::model::sampler::SamplingParams;
 use crate::model::{Device, Model, Weights};
 use crate::tokenizer::Tokenizer;
 use codegen::host::Host;
@@ -145,17 +144,23 @@ pub struct Context {
     pub is_gpu: bool,
 }
 
+/// What an [`EngineTask`] runs with: the device, the engine loaded on it
+/// and the model's [`Context`].
+pub struct Session<'a, D: Device, T: ActElem> {
+    /// The device.
+    pub dev: &'a mut D,
+    /// The engine.
+    pub engine: &'a mut Engine<D, T>,
+    /// What the task sees besides the engine.
+    pub ctx: &'a Context,
+}
+
 /// A command that runs on a loaded engine, whatever its device and dtype.
 pub trait EngineTask {
     /// What the task returns.
     type Output;
     /// Runs the task.
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        engine: &mut Engine<D, T>,
-        ctx: &Context,
-    ) -> Result<Self::Output>;
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Self::Output>;
 }
 
 /// The model path as given, or, for the default relative path, found from
@@ -392,13 +397,7 @@ fn warm_up<D: Device, T: ActElem>(
         *slot = Some(spinner.clone());
     }
     let t0 = Instant::now();
-    let req = Request {
-        prompt: (0..4).collect(),
-        params: SamplingParams::default(),
-        max_tokens: 2,
-        stop_tokens: Vec::new(),
-        constraint: None,
-    };
+    let req = Request::greedy((0..4).collect(), 2);
     let run = engine.add(req).and_then(|_| {
         while engine.has_unfinished() {
             engine.step(dev)?;
@@ -505,7 +504,7 @@ fn load<D: Device, T: ActElem, K: EngineTask>(
         install(dev, &mut engine, gguf, spec, opts, is_gpu)?;
     }
     let ctx = Context { config, tokenizer, template, plan, device: dev.describe(), is_gpu };
-    let out = task.run(dev, &mut engine, &ctx);
+    let out = task.run(Session { dev, engine: &mut engine, ctx: &ctx });
     if let Some(spec) = opts.speculation.as_ref().filter(|_| opts.verbose && out.is_ok()) {
         eprintln!("tessera: {}", crate::spec::cli::summary(spec, &engine.spec_stats()));
     }

@@ -16,9 +16,9 @@
 //! stderr; streaming never splits a UTF-8 character (the detokenizer holds
 //! incomplete bytes back).
 
-use crate::app::{Context, EngineTask};
+use crate::app::{Context, EngineTask, Session};
 use crate::chat::Message;
-use crate::engine::{Completion, Engine, Request};
+use crate::engine::{Completion, Request};
 use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
@@ -91,12 +91,8 @@ fn echo(detok: &mut Detokenizer<'_>, out: &mut impl Write, err: &mut Option<Erro
 impl EngineTask for Generate {
     type Output = Vec<Completion>;
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        engine: &mut Engine<D, T>,
-        ctx: &Context,
-    ) -> Result<Vec<Completion>> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Vec<Completion>> {
+        let Session { dev, engine, ctx } = s;
         if self.prompts.is_empty() {
             return Err(Error::Usage("no prompt given (use --prompt or --prompts-file)".into()));
         }
@@ -171,11 +167,12 @@ pub struct Chat {
 impl EngineTask for Chat {
     type Output = ();
 
-    fn run<D: Device, T: ActElem>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
-        let template = ctx
-            .template
-            .as_ref()
-            .ok_or_else(|| Error::Usage("the model has no chat template (tokenizer.chat_template)".into()))?;
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<()> {
+        let template =
+            s.ctx.template.as_ref().ok_or_else(|| {
+                Error::Usage("the model has no chat template (tokenizer.chat_template)".into())
+            })?;
+        let Session { dev, engine, ctx } = s;
         let mut messages: Vec<Message> = self.system.iter().map(Message::system).collect();
         let stdin = std::io::stdin();
         let mut out = std::io::stdout().lock();

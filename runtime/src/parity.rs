@@ -18,12 +18,11 @@
 //! [`Engine::score`] (logits of every position), before any request, so it
 //! shares nothing with the free-running pass.
 
-use crate::app::{Context, EngineTask};
-use crate::engine::{Engine, Request};
+use crate::app::{EngineTask, Session};
+use crate::engine::Request;
 use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
-use crate::model::sampler::SamplingParams;
 use std::path::Path;
 use std::time::Instant;
 
@@ -165,12 +164,8 @@ pub fn argmax(row: &[f32]) -> usize {
 impl EngineTask for Parity {
     type Output = Vec<CaseReport>;
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        engine: &mut Engine<D, T>,
-        ctx: &Context,
-    ) -> Result<Vec<CaseReport>> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Vec<CaseReport>> {
+        let Session { dev, engine, ctx } = s;
         let g = &self.golden;
         let vocab = ctx.config.vocab_size;
         let mut reports = Vec::with_capacity(g.cases.len());
@@ -198,12 +193,9 @@ impl EngineTask for Parity {
         let requests = g
             .cases
             .iter()
-            .map(|c| Request {
-                prompt: c.prompt_ids.clone(),
-                params: SamplingParams::default(),
-                max_tokens: if self.full { c.token_ids.len() } else { c.must_match.max(1) },
-                stop_tokens: Vec::new(),
-                constraint: None,
+            .map(|c| {
+                let max_tokens = if self.full { c.token_ids.len() } else { c.must_match.max(1) };
+                Request::greedy(c.prompt_ids.clone(), max_tokens)
             })
             .collect();
         let t1 = Instant::now();

@@ -31,14 +31,13 @@
 //! waits on launches, dependencies or too little parallelism; `-` without a
 //! cost).
 
-use crate::app::{Context, EngineTask};
+use crate::app::{EngineTask, Session};
 use crate::check::Rng;
 use crate::engine::{Engine, Request};
 use crate::error::{Error, Result};
 use crate::grammar::{Constraint, GrammarCompiler, GrammarSpec};
 use crate::model::ActElem;
 use crate::model::mega::{LAYER_STAGES, StageTimes};
-use crate::model::sampler::SamplingParams;
 use crate::model::{Device, LaunchTime};
 use dsl_core::DType;
 use dsl_core::half::bf16;
@@ -155,7 +154,8 @@ pub struct Report {
 impl EngineTask for ProfileTask {
     type Output = Report;
 
-    fn run<D: Device, T: ActElem>(self, dev: &mut D, e: &mut Engine<D, T>, ctx: &Context) -> Result<Report> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Report> {
+        let Session { dev, engine: e, ctx } = s;
         if self.batches.is_empty() && self.prefill == 0 {
             return Err(Error::Usage("nothing to profile: give --batches or --prefill".into()));
         }
@@ -313,13 +313,7 @@ impl ProfileTask {
 
 /// A greedy request for `n` tokens that never stops early.
 fn greedy(prompt: Vec<u32>, n: usize) -> Request {
-    Request {
-        prompt,
-        params: SamplingParams::default(),
-        max_tokens: n,
-        stop_tokens: Vec::new(),
-        constraint: None,
-    }
+    Request::greedy(prompt, n)
 }
 
 /// The median of `v` (sorted in place; NaN when empty).

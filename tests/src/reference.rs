@@ -60,6 +60,19 @@ pub fn layer_norm(x: &[f64], w: &[f64], b: &[f64], rows: usize, cols: usize, eps
     out
 }
 
+/// The running sums of each row of `x` (rows of `cols`), left to right.
+pub fn cumsum_rows(x: &[f64], cols: usize) -> Vec<f64> {
+    let running = |row: &[f64]| {
+        row.iter()
+            .scan(0.0, |acc, &v| {
+                *acc += v;
+                Some(*acc)
+            })
+            .collect::<Vec<f64>>()
+    };
+    x.chunks(cols.max(1)).flat_map(running).collect()
+}
+
 /// Largest absolute difference, with a message naming the first offending index
 /// when it exceeds `atol + rtol * |want|`.
 pub fn check_close(got: &[f64], want: &[f64], atol: f64, rtol: f64) -> Result<f64, String> {

@@ -112,14 +112,7 @@ proptest! {
         let args = dsl::cumsum_rows::Args { x_ptr: xp, out_ptr: cp, n_cols: cols as i32, _marker: PhantomData };
         dsl::cumsum_rows::interpret(&mut cpu, [rows as u32, 1, 1], &dsl::cumsum_rows::Config::new(block), &args).unwrap();
         let got: Vec<f64> = cpu.read(cp).iter().map(|&v| v as f64).collect();
-        let mut want = vec![0.0; rows * cols];
-        for rr in 0..rows {
-            let mut acc = 0.0;
-            for c in 0..cols {
-                acc += x64[rr * cols + c];
-                want[rr * cols + c] = acc;
-            }
-        }
+        let want = r::cumsum_rows(&x64, cols);
         check_close(&got, &want, 1e-4, 1e-5).map_err(TestCaseError::fail)?;
     }
 

@@ -304,6 +304,13 @@ fn format_strategy() -> impl Strategy<Value = QuantFormat> {
     prop_oneof![Just(QuantFormat::Q4_0), Just(QuantFormat::Q4_1), Just(QuantFormat::Q8_0)]
 }
 
+/// The GEMM tests' `(BLOCK_M, BLOCK_N, BLOCK_K)`: 16x16, 16x32 or 32x16
+/// output tiles, K tiles of 64 or 128.
+fn gemm_tiles_strategy() -> impl Strategy<Value = (usize, usize, usize)> {
+    let mn = prop_oneof![Just((16usize, 16usize)), Just((16, 32)), Just((32, 16))];
+    (mn, prop_oneof![Just(64usize), Just(128)]).prop_map(|((bm, bn), bk)| (bm, bn, bk))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn gemv_case(
     format: QuantFormat,
@@ -349,8 +356,7 @@ proptest! {
     #[test]
     fn gemm_random(
         format in format_strategy(),
-        (bm, bn) in prop_oneof![Just((16usize, 16usize)), Just((16, 32)), Just((32, 16))],
-        wide_k in any::<bool>(),
+        (bm, bn, bk) in gemm_tiles_strategy(),
         swap in any::<bool>(),
         m in 1usize..40,
         n in 1usize..40,
@@ -359,7 +365,6 @@ proptest! {
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let bk = if wide_k { 128 } else { 64 };
         let tiles = if swap { Tiles::Swap(bm, bn, bk) } else { Tiles::Gemm(bm, bn, bk) };
         case_dt(bf, Case { seed, format, silu, m, n, k: 32 * kb }, tiles)?;
     }
@@ -376,8 +381,7 @@ proptest! {
     #[test]
     fn gemm_stream_k_random(
         format in format_strategy(),
-        (bm, bn) in prop_oneof![Just((16usize, 16usize)), Just((32, 16)), Just((16, 32))],
-        wide_k in any::<bool>(),
+        (bm, bn, bk) in gemm_tiles_strategy(),
         m in 1usize..40,
         n in 1usize..40,
         kt in 1usize..5,
@@ -386,7 +390,6 @@ proptest! {
         extra in 0usize..64,
         seed in any::<u64>(),
     ) {
-        let bk = if wide_k { 128 } else { 64 };
         let rows = if silu { 2 * n } else { n };
         let tiles = m.div_ceil(bm) * rows.div_ceil(bn);
         let g = tiles + extra % (tiles * kt + 3);

@@ -14,7 +14,7 @@ use crate::lib_dequant::{Act, activations, check_outputs, reference_gemvs};
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::cpu_gemv::{cpu_gemv, cpu_gemv_tiles};
-use kernels::dequant::{QuantFormat, gemv_grid, interleave_gate_up, repack};
+use kernels::dequant::{QuantFormat, Repacked, gemv_grid, interleave_gate_up, repack};
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
 use tests::reference::Rng;
@@ -52,15 +52,28 @@ fn gguf_any(rng: &mut Rng, format: QuantFormat, n: usize, k: usize) -> Vec<u8> {
     raw
 }
 
-/// Runs `cpu_gemv` (no norm, no residual) with the native tiles on the
-/// interpreter and checks it against the reference.
-fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, usize, usize)) {
+/// A random case's operands from `seed`: activations `x` (`m x k`), the
+/// GGUF weights (gate and up with `silu`) and their repacked matrix (gate
+/// and up interleaved).
+fn operands<T: Act>(
+    seed: u64,
+    format: QuantFormat,
+    silu: bool,
+    (m, n, k): (usize, usize, usize),
+) -> (Vec<T>, Vec<Vec<u8>>, Repacked) {
     let mut rng = Rng::new(seed);
     let x = activations::<T>(&mut rng, m * k);
     let raws: Vec<Vec<u8>> =
         (0..if silu { 2 } else { 1 }).map(|_| gguf_any(&mut rng, format, n, k)).collect();
     let reps: Vec<_> = raws.iter().map(|g| repack(format, g, n, k).unwrap()).collect();
     let w = if silu { interleave_gate_up(&reps[0], &reps[1]).unwrap() } else { reps[0].clone() };
+    (x, raws, w)
+}
+
+/// Runs `cpu_gemv` (no norm, no residual) with the native tiles on the
+/// interpreter and checks it against the reference.
+fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, usize, usize)) {
+    let (x, raws, w) = operands::<T>(seed, format, silu, (m, n, k));
     let t = cpu_gemv_tiles(w.format, m, w.n, k);
     let mut cpu = Cpu::new();
     let (xp, qp, sp) = (cpu.upload(&x), cpu.upload(&w.quants), cpu.upload(&w.scales));
@@ -129,12 +142,7 @@ fn linear_case<T: Act>(
     (m, n, k): (usize, usize, usize),
 ) {
     use crate::lib_linear::{Fuse, run};
-    let mut rng = Rng::new(seed);
-    let x = activations::<T>(&mut rng, m * k);
-    let raws: Vec<Vec<u8>> =
-        (0..if silu { 2 } else { 1 }).map(|_| gguf_any(&mut rng, format, n, k)).collect();
-    let reps: Vec<_> = raws.iter().map(|g| repack(format, g, n, k).unwrap()).collect();
-    let w = if silu { interleave_gate_up(&reps[0], &reps[1]).unwrap() } else { reps[0].clone() };
+    let (x, raws, w) = operands::<T>(seed, format, silu, (m, n, k));
     let fuse = if silu { Fuse::Silu } else { Fuse::None };
     let out0 = vec![T::from_f32(0.0); m * n];
     let got = run::<T>(w.format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).unwrap();

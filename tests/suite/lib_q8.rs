@@ -22,10 +22,10 @@ use super::lib_dequant::{
     Act, Case, activations, check_outputs, gguf_weight, random_weight, reference_gemvs,
 };
 use crate::common::cases;
-use dsl_core::half::{bf16, f16};
+use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
-use kernels::dequant::{QuantFormat, gemv_grid};
+use kernels::dequant::{QuantFormat, Repacked, gemv_grid};
 use kernels::reference::quant as r;
 use proptest::prelude::*;
 use std::marker::PhantomData;
@@ -46,8 +46,7 @@ fn quantize<T: Act>(x: &[T], m: usize, k: usize, block: usize) -> Result<(Vec<i8
 
 fn quantize_case<T: Act>(
     seed: u64,
-    m: usize,
-    k: usize,
+    (m, k): (usize, usize),
     block: usize,
     zero_block: bool,
 ) -> Result<(), TestCaseError> {
@@ -72,19 +71,18 @@ struct Tiles {
     block_k: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The 8-bit GEMV of the quantized activations `(xq, xd)` and the repacked
+/// weight `w` on the interpreter for the product of shape `(m, n, k)`.
 fn gemv<T: Act>(
     format: QuantFormat,
     silu: bool,
     t: Tiles,
-    xq: &[i8],
-    xd: &[f32],
-    quants: &[u8],
-    scales: &[f16],
+    (xq, xd): (&[i8], &[f32]),
+    w: &Repacked,
     (m, n, k): (usize, usize, usize),
 ) -> Result<Vec<f64>, String> {
     let mut cpu = Cpu::new();
-    let (xqp, xdp, qp, sp) = (cpu.upload(xq), cpu.upload(xd), cpu.upload(quants), cpu.upload(scales));
+    let (xqp, xdp, qp, sp) = (cpu.upload(xq), cpu.upload(xd), cpu.upload(&w.quants), cpu.upload(&w.scales));
     let op = cpu.zeros::<T>(m * n);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
     macro_rules! go {
@@ -117,8 +115,7 @@ fn gemv_case<T: Act>(c: Case, t: Tiles) -> Result<(), TestCaseError> {
     let fail = |e: String| TestCaseError::fail(e);
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
     let ys = reference_gemvs(format, &raws, n, k, &xhat, m);
-    let got =
-        gemv::<T>(format, silu, t, &xq, &xd, &weight.quants, &weight.scales, (m, n, k)).map_err(fail)?;
+    let got = gemv::<T>(format, silu, t, (&xq, &xd), &weight, (m, n, k)).map_err(fail)?;
     let bound = |y: &r::Gemv, i: usize| r::error_bound_q8(format, k, t.block_k, y.abs[i]);
     check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {t:?} silu={silu} m={m} n={n} k={k}"))?;
     // Against the unquantized activations: within half a step per value.
@@ -148,7 +145,7 @@ fn q4_tiles() -> Vec<(usize, usize, usize)> {
 /// against the interpreter's `rmsnorm` of each row quantized by the
 /// reference rule, bit for bit; and the dequantized row within half a step
 /// plus one `T` rounding of the f64 RMSNorm.
-fn rmsnorm_q8_case<T: Act>(seed: u64, m: usize, k: usize, pad: usize) -> Result<(), TestCaseError> {
+fn rmsnorm_q8_case<T: Act>(seed: u64, (m, k): (usize, usize), pad: usize) -> Result<(), TestCaseError> {
     use kernels::dequant::q8::rmsnorm_q8;
     use kernels::rmsnorm::{block_for, rmsnorm};
     let mut rng = Rng::new(seed);
@@ -205,31 +202,38 @@ fn rmsnorm_q8_case<T: Act>(seed: u64, m: usize, k: usize, pad: usize) -> Result<
     Ok(())
 }
 
+/// `(m, k)` of the quantization tests: 1 to 3 rows of 32 to 1248 values (a
+/// multiple of 32).
+fn q8_rows() -> impl Strategy<Value = (usize, usize)> {
+    (1usize..4, (1usize..40).prop_map(|kb| 32 * kb))
+}
+
+/// The `BLOCK`s `quantize_q8` is tested with.
+fn quantize_blocks() -> impl Strategy<Value = usize> {
+    prop::sample::select(vec![64usize, 256, 1024])
+}
+
 proptest! {
     #![proptest_config(cases(16))]
 
     #[test]
     fn quantize_matches_the_reference_bit_for_bit(
-        m in 1usize..4,
-        kb in 1usize..40,
-        block in prop::sample::select(vec![64usize, 256, 1024]),
+        rows in q8_rows(),
+        block in quantize_blocks(),
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let k = 32 * kb;
-        if bf { quantize_case::<bf16>(seed, m, k, block, false)? } else { quantize_case::<f32>(seed, m, k, block, false)? }
+        if bf { quantize_case::<bf16>(seed, rows, block, false)? } else { quantize_case::<f32>(seed, rows, block, false)? }
     }
 
     #[test]
     fn rmsnorm_q8_equals_rmsnorm_then_quantize(
-        m in 1usize..4,
-        kb in 1usize..40,
+        rows in q8_rows(),
         pad in prop::sample::select(vec![0usize, 8, 64]),
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let k = 32 * kb;
-        if bf { rmsnorm_q8_case::<bf16>(seed, m, k, pad)? } else { rmsnorm_q8_case::<f32>(seed, m, k, pad)? }
+        if bf { rmsnorm_q8_case::<bf16>(seed, rows, pad)? } else { rmsnorm_q8_case::<f32>(seed, rows, pad)? }
     }
 
     #[test]
@@ -263,8 +267,8 @@ proptest! {
 
 #[test]
 fn quantize_zero_block_has_zero_scale() {
-    quantize_case::<f32>(3, 2, 96, 64, true).unwrap();
-    quantize_case::<bf16>(4, 1, 64, 64, true).unwrap();
+    quantize_case::<f32>(3, (2, 96), 64, true).unwrap();
+    quantize_case::<bf16>(4, (1, 64), 64, true).unwrap();
 }
 
 /// A wrong weight is caught: one flipped nibble moves an output by `d d_x q`

@@ -97,11 +97,11 @@ fn interpret<T: Storage>(
     Ok((f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp))))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One random case: `tokens` tokens of the attention shape `shape` with
+/// RoPE base `theta` into a cache of `block_size`-slot blocks.
 fn run_case(
     tokens: usize,
-    shape: RopeShape,
-    theta: f64,
+    (shape, theta): (RopeShape, f64),
     block_size: usize,
     bf: bool,
     seed: u64,
@@ -186,12 +186,12 @@ proptest! {
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let (shape, theta) = if smol {
+        let rope = if smol {
             (RopeShape { n_q: 9, n_kv: 3, head_dim: 64 }, 100_000.0)
         } else {
             (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 10_000.0)
         };
-        run_case(tokens, shape, theta, block_size, bf, seed)?;
+        run_case(tokens, rope, block_size, bf, seed)?;
     }
 }
 
@@ -304,8 +304,7 @@ fn arch_tol(
 /// One random case of every combination of the architecture options.
 fn run_arch_case(
     tokens: usize,
-    shape: RopeShape,
-    theta: f64,
+    (shape, theta): (RopeShape, f64),
     opts: u8,
     bf: bool,
     seed: u64,
@@ -381,12 +380,12 @@ proptest! {
         bf in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let (shape, theta) = if wide {
+        let rope = if wide {
             (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 1_000_000.0)
         } else {
             (RopeShape { n_q: 7, n_kv: 1, head_dim: 32 }, 10_000.0)
         };
-        run_arch_case(tokens, shape, theta, opts, bf, seed)?;
+        run_arch_case(tokens, rope, opts, bf, seed)?;
     }
 }
 

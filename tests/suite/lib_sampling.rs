@@ -481,19 +481,22 @@ fn counts(rng: &mut Rng, n: usize) -> Vec<i32> {
     (0..n).map(|_| if rng.below(4) == 0 { 1 + rng.below(4) as i32 } else { 0 }).collect()
 }
 
+/// `(rows, vocab, stride, block)` of the mask and penalty tests: 1 to 6
+/// rows of a vocabulary from [`vocabs`] up to 4 apart, blocks of 64 or 256.
+fn logit_rows() -> impl Strategy<Value = (usize, usize, usize, usize)> {
+    (1usize..7, vocabs(), 0usize..5, any::<bool>())
+        .prop_map(|(rows, vocab, gap, big)| (rows, vocab, vocab + gap, if big { 256 } else { 64 }))
+}
+
 proptest! {
     #![proptest_config(cases(24))]
 
     #[test]
     fn token_mask_matches_reference(
-        rows in 1usize..7,
-        vocab in vocabs(),
-        gap in 0usize..5,
-        big in any::<bool>(),
+        (rows, vocab, stride, block) in logit_rows(),
         seed in any::<u64>(),
     ) {
         let mut rng = Rng::new(seed);
-        let (stride, block) = (vocab + gap, if big { 256 } else { 64 });
         let words = vocab.div_ceil(32);
         let x = random_logits(&mut rng, rows, vocab, stride, 5.0);
         // A random subset of the rows, in a random order.
@@ -544,14 +547,10 @@ proptest! {
 
     #[test]
     fn penalties_match_reference(
-        rows in 1usize..7,
-        vocab in vocabs(),
-        gap in 0usize..5,
-        big in any::<bool>(),
+        (rows, vocab, stride, block) in logit_rows(),
         seed in any::<u64>(),
     ) {
         let mut rng = Rng::new(seed);
-        let (stride, block) = (vocab + gap, if big { 256 } else { 64 });
         let n_slots = rows + 2;
         let x = random_logits(&mut rng, rows, vocab, stride, 5.0);
         let prompt = counts(&mut rng, n_slots * vocab);

@@ -25,7 +25,7 @@
 //! first launch of a specialization compiles and loads it, which must stay
 //! out of the timed events) and at most 10 timed runs.
 
-use crate::bench::{BenchOptions, Record, pick_config, time_median_ms};
+use crate::bench::{BenchOptions, Record, pick_config, push_measured, time_median_ms};
 use crate::check::Rng;
 use crate::cuda::Cuda;
 use crate::error::Result;
@@ -97,26 +97,19 @@ fn attention_record(
     let flops = 4.0 * (B * h) as f64 * (L * L) as f64 * hd as f64 * if causal { 0.5 } else { 1.0 };
     let mask = if causal { "causal" } else { "full" };
     let suffix = if page == PAGES[0] { String::new() } else { format!("/page{page}") };
-    Ok(Record {
-        name: format!("attention/bf16/hd{hd}/{mask}/B{B}xH{h}xL{L}{suffix}"),
-        metric: "TFLOP/s",
-        value: flops / ms / 1e9,
-        ms,
-        tuned,
-    })
+    let name = format!("attention/bf16/hd{hd}/{mask}/B{B}xH{h}xL{L}{suffix}");
+    Ok(Record::new(name, "TFLOP/s", flops / ms / 1e9, ms).with_tuned(tuned))
 }
 
 /// The attention records (head dims 64 and 128, causal and full), printing
 /// each as it is measured.
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
-    let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
     for page in PAGES {
         for hd in [64, 128] {
             for causal in [true, false] {
-                for &tuned in tunings {
-                    out.push(attention_record(cuda, opts, hd, causal, page, tuned)?);
-                    eprintln!("measured {}", out[out.len() - 1].display_name());
+                for &tuned in opts.tunings() {
+                    push_measured(&mut out, attention_record(cuda, opts, hd, causal, page, tuned)?);
                 }
             }
         }

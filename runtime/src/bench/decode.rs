@@ -9,7 +9,7 @@
 //! `[streams]` run the per-lane-stream kernel (`paged_decode`, what f32
 //! caches use) on the same bf16 inputs, for comparison.
 
-use crate::bench::{BenchOptions, Record, pick_config, time_median_ms};
+use crate::bench::{BenchOptions, Record, pick_config, push_measured, time_median_ms};
 use crate::check::Rng;
 use crate::cuda::Cuda;
 use crate::error::Result;
@@ -141,26 +141,18 @@ fn decode_record(
         Ok(())
     })?;
     let bytes = 2.0 * (b * l * hkv * hd) as f64 * 2.0;
-    Ok(Record {
-        name: format!("decode/bf16/B{b}/L{l}/hq{hq}_hkv{hkv}_hd{hd}{}", if tc { "" } else { " [streams]" }),
-        metric: "TB/s",
-        value: bytes / ms / 1e9,
-        ms,
-        tuned,
-    })
+    let name = format!("decode/bf16/B{b}/L{l}/hq{hq}_hkv{hkv}_hd{hd}{}", if tc { "" } else { " [streams]" });
+    Ok(Record::new(name, "TB/s", bytes / ms / 1e9, ms).with_tuned(tuned))
 }
 
 /// The decode rows (plus autotuned ones with `--autotune`).
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
-    let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
     for shape in SHAPES {
-        for &tuned in tunings {
-            out.push(decode_record(cuda, opts, shape, true, tuned)?);
-            eprintln!("measured {}", out[out.len() - 1].display_name());
+        for &tuned in opts.tunings() {
+            push_measured(&mut out, decode_record(cuda, opts, shape, true, tuned)?);
         }
-        out.push(decode_record(cuda, opts, shape, false, opts.autotune)?);
-        eprintln!("measured {}", out[out.len() - 1].display_name());
+        push_measured(&mut out, decode_record(cuda, opts, shape, false, opts.autotune)?);
     }
     Ok(out)
 }

@@ -46,7 +46,7 @@
 //! autotuner times that way, so its medians and these rows can still differ
 //! by a few microseconds on the smallest shapes.
 
-use crate::bench::{BenchOptions, Record, pick_config};
+use crate::bench::{BenchOptions, Record, pick_config, push_measured};
 use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
@@ -380,14 +380,7 @@ pub(crate) fn fused_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<
     for (label, format, silu, norm, residual, k, n) in FUSED_ROWS {
         for m in MODEL_BATCHES {
             let ms = measure_fused(cuda, opts, format, (silu, norm, residual), m, k, n)?;
-            out.push(Record {
-                name: format!("gemv_fused/bf16/{label}/M{m}xK{k}xN{n}"),
-                metric: "us",
-                value: ms * 1e3,
-                ms,
-                tuned: None,
-            });
-            eprintln!("measured {}", out[out.len() - 1].display_name());
+            push_measured(&mut out, Record::latency(format!("gemv_fused/bf16/{label}/M{m}xK{k}xN{n}"), ms));
         }
     }
     Ok(out)
@@ -396,35 +389,23 @@ pub(crate) fn fused_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<
 /// Every dequant record (see the module docs), printing each as measured.
 pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
-    let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
     let peer_shapes = SHAPES.iter().flat_map(|&s| BATCHES.iter().map(move |&m| (s, m)));
     let model_shapes = MODEL_SHAPES.iter().flat_map(|&s| MODEL_BATCHES.iter().map(move |&m| (s, m)));
     for ((k, n), m) in peer_shapes.chain(model_shapes) {
         {
-            for &tuned in tunings {
+            for &tuned in opts.tunings() {
                 let (ms, words) = measure(cuda, opts, m, k, n, tuned, uses_gemv(m, n), StreamK::Runtime)?;
                 let shape = format!("M{m}xK{k}xN{n}");
                 // Quants (K / 2 bytes per row) plus the f16 (d, m) pair per block.
                 let weight_bytes = (n * k / 2 + n * (k / 32) * 4) as f64;
-                out.push(Record {
-                    name: format!("gemm/bf16/{shape}"),
-                    metric: "us",
-                    value: ms * 1e3,
-                    ms,
-                    tuned: words.clone(),
-                });
+                out.push(Record::latency(format!("gemm/bf16/{shape}"), ms).with_tuned(words.clone()));
                 eprintln!(
                     "measured {} {}",
                     out[out.len() - 1].display_name(),
                     words.as_deref().unwrap_or("")
                 );
-                out.push(Record {
-                    name: format!("q4_1_weights/bf16/{shape}"),
-                    metric: "TB/s",
-                    value: weight_bytes / ms / 1e9,
-                    ms,
-                    tuned: words,
-                });
+                let name = format!("q4_1_weights/bf16/{shape}");
+                out.push(Record::new(name, "TB/s", weight_bytes / ms / 1e9, ms).with_tuned(words));
             }
         }
     }
@@ -432,15 +413,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
         for m in CROSSOVER_BATCHES {
             for (label, gemv) in [("gemv", true), ("gemm", false)] {
                 let (ms, _) = measure(cuda, opts, m, k, n, false, gemv, StreamK::Never)?;
-                let r = Record {
-                    name: format!("path/{label}/bf16/M{m}xK{k}xN{n}"),
-                    metric: "us",
-                    value: ms * 1e3,
-                    ms,
-                    tuned: None,
-                };
-                eprintln!("measured {}", r.display_name());
-                out.push(r);
+                push_measured(&mut out, Record::latency(format!("path/{label}/bf16/M{m}xK{k}xN{n}"), ms));
             }
         }
     }
@@ -454,15 +427,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             ];
             for (label, sk) in variants {
                 let (ms, _) = measure(cuda, opts, m, k, n, false, false, sk)?;
-                let r = Record {
-                    name: format!("grid/{label}/bf16/M{m}xK{k}xN{n}"),
-                    metric: "us",
-                    value: ms * 1e3,
-                    ms,
-                    tuned: None,
-                };
-                eprintln!("measured {}", r.display_name());
-                out.push(r);
+                push_measured(&mut out, Record::latency(format!("grid/{label}/bf16/M{m}xK{k}xN{n}"), ms));
             }
         }
     }

@@ -56,7 +56,7 @@ fn median_ms(opts: &BenchOptions, mut f: impl FnMut() -> Result<()>) -> Result<f
 fn gbs(name: String, bytes: f64, ms: f64) -> Record {
     let value = bytes / ms / 1e6;
     eprintln!("measured {name}: {value:.2} GB/s ({ms:.3} ms)");
-    Record { name, metric: "GB/s", value, ms, tuned: None }
+    Record::new(name, "GB/s", value, ms)
 }
 
 /// The machine's copy rate: every core copies its share of 256 MiB.

@@ -115,7 +115,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             let name = format!("linear/bf16/{label}/M{m}");
             let ms = time_launch_ms::<linear::Kernel>(cuda, opts, grid, &base, &args)?;
             eprintln!("measured {name}: {:.2} us", ms * 1e3);
-            out.push(Record { name: name.clone(), metric: "us", value: ms * 1e3, ms, tuned: None });
+            out.push(Record::latency(name.clone(), ms));
             for (bm, bn, warps, split) in candidates(m) {
                 let mut c = base.clone();
                 (c.BLOCK_M, c.BLOCK_N, c.SPLIT) = (bm, bn, split);
@@ -125,7 +125,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 let ms = time_launch_ms::<linear::Kernel>(cuda, opts, g, &c, &args)?;
                 let variant = format!("{name} [{bm}x{bn}/{warps}w{}]", if split { " split" } else { "" });
                 eprintln!("measured {variant}: {:.2} us", ms * 1e3);
-                out.push(Record { name: variant, metric: "us", value: ms * 1e3, ms, tuned: None });
+                out.push(Record::latency(variant, ms));
             }
         }
     }

@@ -73,6 +73,11 @@ impl BenchOptions {
     pub fn wants(&self, name: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|o| o == name)
     }
+
+    /// Whether each row is measured untuned, then (with `--autotune`) tuned.
+    pub fn tunings(&self) -> &'static [bool] {
+        if self.autotune { &[false, true] } else { &[false] }
+    }
 }
 
 impl Default for BenchOptions {
@@ -105,6 +110,22 @@ pub struct Record {
 }
 
 impl Record {
+    /// An untuned row.
+    pub fn new(name: String, metric: &'static str, value: f64, ms: f64) -> Record {
+        Record { name, metric, value, ms, tuned: None }
+    }
+
+    /// An untuned latency row: `ms` per launch, shown in microseconds.
+    pub fn latency(name: String, ms: f64) -> Record {
+        Record::new(name, "us", ms * 1e3, ms)
+    }
+
+    /// This row, measured with the autotuned config `tuned` (in words) where
+    /// there is one.
+    pub fn with_tuned(self, tuned: Option<String>) -> Record {
+        Record { tuned, ..self }
+    }
+
     /// The name as the table shows it (`(tuned)` after autotuned rows).
     pub fn display_name(&self) -> String {
         match self.tuned {
@@ -209,13 +230,8 @@ fn softmax_record<T: ActElem>(
     let (config, tuned) = pick_config::<softmax::Kernel>(cuda, tuned, |_| grid, (&base, untuned), &args)?;
     let ms = measure(cuda, opts, |c| c.run::<softmax::Kernel>(grid, &config, &args))?;
     let bytes = 2.0 * n as f64 * T::DEVICE_DTYPE.size_bytes() as f64;
-    Ok(Record {
-        name: format!("softmax/{}/{rows}x{cols}", torch_dtype_name(T::DEVICE_DTYPE)),
-        metric: "TB/s",
-        value: bytes / ms / 1e9,
-        ms,
-        tuned,
-    })
+    let name = format!("softmax/{}/{rows}x{cols}", torch_dtype_name(T::DEVICE_DTYPE));
+    Ok(Record::new(name, "TB/s", bytes / ms / 1e9, ms).with_tuned(tuned))
 }
 
 /// The config a row measures `K` with: `untuned`, or with `tuned` the one
@@ -271,7 +287,7 @@ fn add_rmsnorm_record(
     let ms = measure(cuda, opts, |c| c.run::<add_rmsnorm::Kernel>(grid, &config, &args))?;
     let (metric, value) =
         if tokens == 1 { ("us", ms * 1e3) } else { ("TB/s", 4.0 * n as f64 * 2.0 / ms / 1e9) };
-    Ok(Record { name: format!("add_rmsnorm/bf16/{tokens}x{hidden}"), metric, value, ms, tuned })
+    Ok(Record::new(format!("add_rmsnorm/bf16/{tokens}x{hidden}"), metric, value, ms).with_tuned(tuned))
 }
 
 fn copy_record(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Record> {
@@ -284,38 +300,32 @@ fn copy_record(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Record> {
         copy::Args { x_ptr: xd.ptr().cast(), out_ptr: od.ptr().cast(), n: n as i32, _marker: PhantomData };
     let grid = [n.div_ceil(1024) as u32, 1, 1];
     let ms = measure(cuda, opts, |c| c.run::<copy::Kernel>(grid, &config, &args))?;
-    Ok(Record {
-        name: "copy/f32/2^29".into(),
-        metric: "TB/s",
-        value: 2.0 * n as f64 * 4.0 / ms / 1e9,
-        ms,
-        tuned: None,
-    })
+    Ok(Record::new("copy/f32/2^29".into(), "TB/s", 2.0 * n as f64 * 4.0 / ms / 1e9, ms))
+}
+
+/// Appends `r` to `out`, saying on stderr that it was measured.
+pub(crate) fn push_measured(out: &mut Vec<Record>, r: Record) {
+    eprintln!("measured {}", r.display_name());
+    out.push(r);
 }
 
 /// Runs every benchmark of `opts`, printing each record as it is measured.
 pub fn run(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     if opts.copy && opts.wants("copy") {
-        out.push(copy_record(cuda, opts)?);
-        eprintln!("measured {}", out[out.len() - 1].name);
+        push_measured(&mut out, copy_record(cuda, opts)?);
     }
     for &(rows, cols) in opts.shapes.iter().filter(|_| opts.wants("softmax")) {
-        let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
-        for &tuned in tunings {
-            out.push(softmax_record::<f32>(cuda, opts, rows, cols, tuned)?);
-            eprintln!("measured {}", out[out.len() - 1].display_name());
+        for &tuned in opts.tunings() {
+            push_measured(&mut out, softmax_record::<f32>(cuda, opts, rows, cols, tuned)?);
         }
-        for &tuned in tunings {
-            out.push(softmax_record::<bf16>(cuda, opts, rows, cols, tuned)?);
-            eprintln!("measured {}", out[out.len() - 1].display_name());
+        for &tuned in opts.tunings() {
+            push_measured(&mut out, softmax_record::<bf16>(cuda, opts, rows, cols, tuned)?);
         }
     }
     for &(tokens, hidden) in opts.add_rmsnorm.iter().filter(|_| opts.wants("add_rmsnorm")) {
-        let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
-        for &tuned in tunings {
-            out.push(add_rmsnorm_record(cuda, opts, tokens, hidden, tuned)?);
-            eprintln!("measured {}", out[out.len() - 1].display_name());
+        for &tuned in opts.tunings() {
+            push_measured(&mut out, add_rmsnorm_record(cuda, opts, tokens, hidden, tuned)?);
         }
     }
     for (name, records) in FAMILY_RECORDS {
@@ -446,7 +456,7 @@ mod tests {
 
     /// An untuned record.
     fn record(name: &str, metric: &'static str, value: f64, ms: f64) -> Record {
-        Record { name: name.into(), metric, value, ms, tuned: None }
+        Record::new(name.into(), metric, value, ms)
     }
 
     #[test]

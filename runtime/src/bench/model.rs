@@ -24,14 +24,13 @@
 //! then the timed run. Prompts are distinct pseudo-random ids, so
 //! the prefix cache never hits.
 
-use crate::app::{Context, EngineTask};
+use crate::app::{EngineTask, Session};
 use crate::bench::Record;
 use crate::engine::{Completion, Engine, Request};
 use crate::error::Result;
 use crate::grammar::{GrammarCompiler, GrammarSpec};
 use crate::model::ActElem;
 use crate::model::Device;
-use crate::model::sampler::SamplingParams;
 use std::time::{Duration, Instant};
 
 /// The benchmark's settings.
@@ -148,7 +147,7 @@ fn timed<D: Device, T: ActElem>(
 
 fn record(name: String, metric: &'static str, value: f64, ms: f64) -> Record {
     eprintln!("measured {name}: {value:.2} {metric}");
-    Record { name, metric, value, ms, tuned: None }
+    Record::new(name, metric, value, ms)
 }
 
 /// `name`, with ` [variant]` appended when there is one.
@@ -162,24 +161,15 @@ fn named(name: String, variant: &Option<String>) -> String {
 impl EngineTask for ModelBench {
     type Output = Vec<Record>;
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        e: &mut Engine<D, T>,
-        ctx: &Context,
-    ) -> Result<Vec<Record>> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Vec<Record>> {
+        let Session { dev, engine: e, ctx } = s;
         let vocab = ctx.config.vocab_size;
         let constraint = match &self.grammar {
             Some(g) => Some(GrammarCompiler::new(&ctx.tokenizer, vocab)?.compile(g)?),
             None => None,
         };
-        let greedy = |p: Vec<u32>, n: usize| Request {
-            prompt: p,
-            params: SamplingParams::default(),
-            max_tokens: n,
-            stop_tokens: Vec::new(),
-            constraint: constraint.clone(),
-        };
+        let greedy =
+            |p: Vec<u32>, n: usize| Request { constraint: constraint.clone(), ..Request::greedy(p, n) };
         let mut out = Vec::new();
         for (i, &b) in self.batches.iter().enumerate() {
             // The warm-up runs as long as the timed run: kernels specialize

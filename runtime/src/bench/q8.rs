@@ -121,27 +121,10 @@ fn shape_records(
     let bytes = (n * k) as f64 * format.block_bytes() as f64 / 32.0;
     let wname = if format == QuantFormat::Q8_0 { "q8_0_weights" } else { "q4_1_weights" };
     Ok(vec![
-        Record {
-            name: format!("{base} [q8: quantize + dp4a GEMV]"),
-            metric: "us",
-            value: both * 1e3,
-            ms: both,
-            tuned: words.clone(),
-        },
-        Record {
-            name: format!("{base} [q8: dp4a GEMV alone]"),
-            metric: "us",
-            value: alone * 1e3,
-            ms: alone,
-            tuned: words.clone(),
-        },
-        Record {
-            name: format!("{wname}/bf16/{shape} [q8]"),
-            metric: "TB/s",
-            value: bytes / alone / 1e9,
-            ms: alone,
-            tuned: words,
-        },
+        Record::latency(format!("{base} [q8: quantize + dp4a GEMV]"), both).with_tuned(words.clone()),
+        Record::latency(format!("{base} [q8: dp4a GEMV alone]"), alone).with_tuned(words.clone()),
+        Record::new(format!("{wname}/bf16/{shape} [q8]"), "TB/s", bytes / alone / 1e9, alone)
+            .with_tuned(words),
     ])
 }
 
@@ -190,13 +173,7 @@ fn norm_records(cuda: &mut Cuda, opts: &BenchOptions, k: usize) -> Result<Vec<Re
     let t_plain = time_prepared_ms(cuda, opts, std::slice::from_ref(&plain))?;
     let t_fused = time_prepared_ms(cuda, opts, std::slice::from_ref(&fused))?;
     let t_both = time_prepared_ms(cuda, opts, &[plain, quant])?;
-    let rec = |what: &str, ms: f64| Record {
-        name: format!("rmsnorm/bf16/M1xK{k} [{what}]"),
-        metric: "us",
-        value: ms * 1e3,
-        ms,
-        tuned: None,
-    };
+    let rec = |what: &str, ms: f64| Record::latency(format!("rmsnorm/bf16/M1xK{k} [{what}]"), ms);
     Ok(vec![rec("plain", t_plain), rec("fused q8", t_fused), rec("plain + quantize_q8", t_both)])
 }
 
@@ -207,9 +184,8 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
         out.extend(norm_records(cuda, opts, k)?);
         eprintln!("measured rmsnorm/bf16/M1xK{k}");
     }
-    let tunings: &[bool] = if opts.autotune { &[false, true] } else { &[false] };
     for shape in SHAPES {
-        for &tuned in tunings {
+        for &tuned in opts.tunings() {
             out.extend(shape_records(cuda, opts, shape, tuned)?);
             eprintln!("measured {}", out[out.len() - 3].display_name());
         }

@@ -25,14 +25,13 @@
 //! engine and runs the same passes, so prefix-cache state is equal (the
 //! timed pass finds its prompts cached in every configuration).
 
-use crate::app::{self, Context, EngineTask, LoadOptions};
+use crate::app::{self, Context, EngineTask, LoadOptions, Session};
 use crate::bench::Record;
 use crate::chat::Message;
 use crate::engine::{Engine, Request};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
-use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
 use crate::spec::SpecStats;
 use crate::spec::cli::Speculation;
@@ -103,13 +102,7 @@ impl Measured {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        params: SamplingParams::default(),
-        max_tokens,
-        stop_tokens: Vec::new(),
-        constraint: None,
-    }
+    Request::greedy(prompt, max_tokens)
 }
 
 /// Counters accumulated between `before` and `after`.
@@ -160,7 +153,7 @@ pub fn mismatches(want: &Measured, got: &Measured) -> usize {
 
 fn record(name: String, metric: &'static str, value: f64, ms: f64) -> Record {
     eprintln!("measured {name}: {value:.3} {metric}");
-    Record { name, metric, value, ms, tuned: None }
+    Record::new(name, metric, value, ms)
 }
 
 /// The records of configuration `label` measured as `got` against the
@@ -212,12 +205,8 @@ impl SpecTask {
 impl EngineTask for SpecTask {
     type Output = Vec<Measured>;
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        e: &mut Engine<D, T>,
-        ctx: &Context,
-    ) -> Result<Vec<Measured>> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Vec<Measured>> {
+        let Session { dev, engine: e, ctx } = s;
         let workloads = self.workloads(ctx)?;
         warm_up(dev, e, ctx.config.vocab_size)?;
         workloads.iter().map(|w| measure(dev, e, w)).collect()

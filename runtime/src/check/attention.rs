@@ -20,7 +20,7 @@
 //! 8) 2^-24` term) and, in bf16/f16, the rounding of `p` and of the output,
 //! which may round to the other neighbour on the two sides.
 
-use crate::check::{CheckRow, DevicePtr, Rng, compare_each, to_f64, unit_roundoff};
+use crate::check::{CheckRow, DevicePtr, Rng, compare_each, over_cases, to_f64, unit_roundoff};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
@@ -167,72 +167,55 @@ fn attention_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, c: &Case) -
 /// boxes, TMA on sm_90a), causal and full, f32 and bf16 (one f16 case),
 /// default tiles, one small-tile config and every autotune candidate.
 pub fn flash_attention<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
     let small = TileConfig::new(16, 16, 4);
     let wgmma = dev.wgmma();
+    // Each case with the storage dtype it runs in, in order.
+    let mut cases = Vec::new();
     for causal in [true, false] {
-        let smol = Case {
-            n_q: 9,
-            n_kv: 3,
-            d: 64,
-            seqs: smollm2_batch(),
-            block_size: 16,
-            tiles: fa::config_for(64, DType::BF16, wgmma, 16),
+        // A case with the default bf16 tiles of its head dim and page size.
+        let case = |n_q, n_kv, d, seqs, block_size| Case {
+            n_q,
+            n_kv,
+            d,
+            seqs,
+            block_size,
+            tiles: fa::config_for(d, DType::BF16, wgmma, block_size),
             causal,
         };
-        let smol_f32 = Case { tiles: fa::config_for(64, DType::F32, wgmma, 16), ..smol.clone() };
-        rows.push(attention_case::<f32, _>(dev, &mut rng, &smol_f32)?);
-        rows.push(attention_case::<bf16, _>(dev, &mut rng, &smol)?);
-        let smol_small = Case { tiles: small, ..smol.clone() };
-        rows.push(attention_case::<bf16, _>(dev, &mut rng, &smol_small)?);
-        let gqa4 = Case {
-            n_q: 8,
-            n_kv: 2,
-            d: 128,
-            seqs: vec![(200, 200), (7, 555), (1, 1)],
-            block_size: 32,
-            tiles: fa::config_for(128, DType::BF16, wgmma, 32),
-            causal,
-        };
-        let gqa4_f32 = Case { tiles: fa::config_for(128, DType::F32, wgmma, 32), ..gqa4.clone() };
-        rows.push(attention_case::<f32, _>(dev, &mut rng, &gqa4_f32)?);
-        rows.push(attention_case::<bf16, _>(dev, &mut rng, &gqa4)?);
-        let mha = Case {
-            n_q: 4,
-            n_kv: 4,
-            d: 128,
-            seqs: vec![(77, 130), (128, 128), (3, 67)],
-            block_size: 64,
-            tiles: fa::config_for(128, DType::BF16, wgmma, 64),
-            causal,
-        };
-        rows.push(attention_case::<bf16, _>(dev, &mut rng, &mha)?);
-        rows.push(attention_case::<f16, _>(dev, &mut rng, &mha)?);
+        let f32_tiles =
+            |c: &Case| Case { tiles: fa::config_for(c.d, DType::F32, wgmma, c.block_size), ..c.clone() };
+        let smol = case(9, 3, 64, smollm2_batch(), 16);
+        let gqa4 = case(8, 2, 128, vec![(200, 200), (7, 555), (1, 1)], 32);
+        let mha = case(4, 4, 128, vec![(77, 130), (128, 128), (3, 67)], 64);
         // Pages of 128 tokens hold whole key blocks of every tile: the
         // unmasked key blocks are boxes of the cache (TMA on sm_90a, with
         // the warpgroups of 8-warp tiles taking turns at the products).
-        let long128 = Case {
-            n_q: 4,
-            n_kv: 2,
-            d: 128,
-            seqs: vec![(300, 700), (129, 129), (1, 260), (0, 3)],
-            block_size: 128,
-            tiles: fa::config_for(128, DType::BF16, wgmma, 128),
-            causal,
-        };
-        let long64 = Case { d: 64, tiles: fa::config_for(64, DType::BF16, wgmma, 128), ..long128.clone() };
-        rows.push(attention_case::<bf16, _>(dev, &mut rng, &long128)?);
-        rows.push(attention_case::<bf16, _>(dev, &mut rng, &long64)?);
+        let long128 = case(4, 2, 128, vec![(300, 700), (129, 129), (1, 260), (0, 3)], 128);
+        let long64 = case(4, 2, 64, long128.seqs.clone(), 128);
+        cases.extend([
+            (DType::F32, f32_tiles(&smol)),
+            (DType::BF16, smol.clone()),
+            (DType::BF16, Case { tiles: small, ..smol.clone() }),
+            (DType::F32, f32_tiles(&gqa4)),
+            (DType::BF16, gqa4.clone()),
+            (DType::BF16, mha.clone()),
+            (DType::F16, mha),
+            (DType::BF16, long128.clone()),
+            (DType::BF16, long64),
+        ]);
         // Every autotune candidate (their warp grids differ: 16 or 32 rows
         // per warp, `p` from registers or through shared memory).
         for tiles in tune_tiles(wgmma) {
-            rows.push(attention_case::<bf16, _>(dev, &mut rng, &Case { tiles, ..smol.clone() })?);
-            rows.push(attention_case::<bf16, _>(dev, &mut rng, &Case { tiles, ..gqa4.clone() })?);
-            rows.push(attention_case::<bf16, _>(dev, &mut rng, &Case { tiles, ..long128.clone() })?);
+            for c in [&smol, &gqa4, &long128] {
+                cases.push((DType::BF16, Case { tiles, ..c.clone() }));
+            }
         }
     }
-    Ok(rows)
+    over_cases(dev, seed, cases, |dev, rng, (dtype, c)| match dtype {
+        DType::F32 => attention_case::<f32, _>(dev, rng, &c),
+        DType::F16 => attention_case::<f16, _>(dev, rng, &c),
+        _ => attention_case::<bf16, _>(dev, rng, &c),
+    })
 }
 
 /// The tiles of `flash_attention`'s declared autotune configs (read from the

@@ -1,7 +1,7 @@
 //! The check of `kernels::copy` (the bandwidth probe): ragged lengths, f32
 //! and bf16, bit-exact against the interpreter.
 
-use crate::check::{CheckRow, DevicePtr, EXACT, Rng, outcome};
+use crate::check::{CheckRow, DevicePtr, EXACT, Rng, outcome, over_shapes};
 use crate::error::Result;
 use crate::model::{ActElem, Device};
 use dsl_core::half::bf16;
@@ -28,11 +28,5 @@ fn copy_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, n: usize) -> Res
 
 /// The `copy` check: ragged lengths, f32 and bf16, bit-exact.
 pub fn copy<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for n in [1, 1000, (1 << 18) + 3] {
-        rows.push(copy_case::<f32, _>(dev, &mut rng, n)?);
-        rows.push(copy_case::<bf16, _>(dev, &mut rng, n)?);
-    }
-    Ok(rows)
+    over_shapes(dev, seed, &[1, 1000, (1 << 18) + 3], [copy_case::<f32, D>, copy_case::<bf16, D>])
 }

@@ -2,7 +2,7 @@
 //! the interpreter (`d * q` is exact in f32; bf16 is one rounding of it on
 //! both sides), out-of-range ids giving zero rows.
 
-use crate::check::{CheckRow, DevicePtr, EXACT, Rng, outcome};
+use crate::check::{CheckRow, DevicePtr, EXACT, Rng, outcome, over_cases};
 use crate::error::Result;
 use crate::model::{ActElem, Device};
 use dsl_core::half::{bf16, f16};
@@ -68,12 +68,11 @@ fn embedding_q8_0_case<T: ActElem, D: Device>(
 /// full 49152-row vocab once) and 4096 (a looped row), f32 and bf16 outputs,
 /// exact (`d * q` is exact in f32; bf16 is one rounding of it on both sides).
 pub fn embedding_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
     let shapes = [(1, 576, 1000), (37, 576, 49152), (5, 4096, 300), (130, 4096, 64)];
-    for (i, shape) in shapes.into_iter().enumerate() {
-        out.push(embedding_q8_0_case::<f32, _>(dev, &mut rng, shape, i == 2)?);
-        out.push(embedding_q8_0_case::<bf16, _>(dev, &mut rng, shape, i == 3)?);
-    }
-    Ok(out)
+    over_cases(dev, seed, shapes.into_iter().enumerate(), |dev, rng, (i, shape)| {
+        Ok([
+            embedding_q8_0_case::<f32, _>(dev, rng, shape, i == 2)?,
+            embedding_q8_0_case::<bf16, _>(dev, rng, shape, i == 3)?,
+        ])
+    })
 }

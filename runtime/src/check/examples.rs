@@ -8,8 +8,8 @@
 //! two outputs.
 
 use crate::check::{
-    CheckRow, DevicePtr, EXACT, F32_SUM, Rng, Tol, outcome, over_row_shapes, over_shapes, row_block,
-    row_shape,
+    CheckRow, DevicePtr, EXACT, F32_SUM, Rng, Tol, outcome, over_cases, over_row_shapes, over_shapes,
+    row_block, row_shape,
 };
 use crate::error::Result;
 use crate::model::{ActElem, Device};
@@ -222,12 +222,8 @@ fn histogram_case<D: Device>(dev: &mut D, rng: &mut Rng, n: usize, bins: usize) 
 
 /// The `histogram` check: ragged lengths, exact counts (atomics).
 pub fn histogram<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for (n, bins) in [(1, 1), (1000, 37), (4097, 256), (100_003, 37)] {
-        rows.push(histogram_case(dev, &mut rng, n, bins)?);
-    }
-    Ok(rows)
+    let cases = [(1, 1), (1000, 37), (4097, 256), (100_003, 37)];
+    over_cases(dev, seed, cases, |dev, rng, (n, bins)| histogram_case(dev, rng, n, bins))
 }
 
 /// The Collatz step count of each of `xs` on `dev`.

@@ -396,23 +396,11 @@ pub fn golden_targets(tokens: usize) -> Result<Vec<Request>> {
             .iter()
             .filter_map(|x| x.as_u64().map(|x| x as u32))
             .collect();
-        out.push(Request {
-            prompt,
-            params: SamplingParams::default(),
-            max_tokens: tokens,
-            stop_tokens: vec![],
-            constraint: None,
-        });
+        out.push(Request::greedy(prompt, tokens));
     }
     let sampled = SamplingParams { temperature: 0.8, top_p: 0.95, seed: 2026, ..SamplingParams::default() };
     let first = out.first().map(|r| r.prompt.clone()).unwrap_or_default();
-    out.push(Request {
-        prompt: first,
-        params: sampled,
-        max_tokens: tokens,
-        stop_tokens: vec![],
-        constraint: None,
-    });
+    out.push(Request::new(first, sampled, tokens));
     Ok(out)
 }
 

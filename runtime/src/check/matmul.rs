@@ -16,7 +16,7 @@
 //! gate/up projection), with the configuration of `kernels::matmul::config_for`.
 //! Metric `TFLOP/s` with `flops = 2 M N K`; timing as in [`crate::bench`].
 
-use crate::bench::{BenchOptions, Record, time_median_ms};
+use crate::bench::{BenchOptions, Record, push_measured, time_median_ms};
 use crate::check::{CheckRow, Rng, compare_each, to_f64};
 use crate::cuda::Cuda;
 use crate::error::Result;
@@ -133,7 +133,7 @@ fn record(
     let base = format!("matmul/bf16/{m}x{n}x{k}");
     let name =
         if cfg == config_for(m, n, cuda.wgmma()) { base } else { format!("{base} [{}]", cfg.describe()) };
-    Ok(Record { name, metric: "TFLOP/s", value: 2.0 * (m * n) as f64 * k as f64 / ms / 1e9, ms, tuned: None })
+    Ok(Record::new(name, "TFLOP/s", 2.0 * (m * n) as f64 * k as f64 / ms / 1e9, ms))
 }
 
 /// The matmul bench records: each shape on its default configuration, then
@@ -144,8 +144,7 @@ pub fn bench_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>
         let default = config_for(shape.0, shape.1, cuda.wgmma());
         let others = CONFIGS.into_iter().filter(|c| *c != default);
         for cfg in std::iter::once(default).chain(others) {
-            out.push(record(cuda, opts, shape, cfg)?);
-            eprintln!("measured {}", out[out.len() - 1].name);
+            push_measured(&mut out, record(cuda, opts, shape, cfg)?);
         }
     }
     Ok(out)

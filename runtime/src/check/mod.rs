@@ -101,6 +101,17 @@ pub struct CheckRow {
     pub pass: bool,
 }
 
+/// A case's single row, so that one-row and several-row cases go through the
+/// same loops ([`over_cases`], [`over_shapes`]).
+impl IntoIterator for CheckRow {
+    type Item = CheckRow;
+    type IntoIter = std::iter::Once<CheckRow>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        std::iter::once(self)
+    }
+}
+
 impl CheckRow {
     /// A passing row with no difference yet, for a comparison to fill in.
     pub fn passing(kernel: impl Into<String>, shape: String, dtype: DType) -> CheckRow {
@@ -214,6 +225,22 @@ pub(crate) fn row_shape(rows: usize, cols: usize, exact: bool) -> String {
 /// padded `BLOCK`.
 pub(crate) const ROW_SHAPES: [(usize, usize); 5] = [(1, 1), (5, 17), (37, 1000), (64, 1024), (7, 4097)];
 
+/// The rows of a check: `case` on each of `cases` in order, from one random
+/// stream.
+pub(crate) fn over_cases<D: Device, C, R: IntoIterator<Item = CheckRow>>(
+    dev: &mut D,
+    seed: u64,
+    cases: impl IntoIterator<Item = C>,
+    mut case: impl FnMut(&mut D, &mut Rng, C) -> Result<R>,
+) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for c in cases {
+        out.extend(case(dev, &mut rng, c)?);
+    }
+    Ok(out)
+}
+
 /// The rows of a row-kernel check: `case` on every shape of [`ROW_SHAPES`],
 /// each with an exact and a padded `BLOCK`, from one random stream.
 pub(crate) fn over_row_shapes<D: Device>(
@@ -221,14 +248,8 @@ pub(crate) fn over_row_shapes<D: Device>(
     seed: u64,
     case: fn(&mut D, &mut Rng, usize, usize, bool) -> Result<CheckRow>,
 ) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for (rows, cols) in ROW_SHAPES {
-        for exact in [true, false] {
-            out.push(case(dev, &mut rng, rows, cols, exact)?);
-        }
-    }
-    Ok(out)
+    let cases = ROW_SHAPES.into_iter().flat_map(|(rows, cols)| [true, false].map(|e| (rows, cols, e)));
+    over_cases(dev, seed, cases, |dev, rng, (rows, cols, exact)| case(dev, rng, rows, cols, exact))
 }
 
 /// A check case on one shape `S`, its rows `R`.
@@ -245,13 +266,10 @@ pub(crate) fn over_shapes<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
     shapes: &[S],
     [f32_case, bf16_case]: [ShapeCase<D, S, R>; 2],
 ) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for &shape in shapes {
-        out.extend(f32_case(dev, &mut rng, shape)?);
-        out.extend(bf16_case(dev, &mut rng, shape)?);
-    }
-    Ok(out)
+    over_cases(dev, seed, shapes.iter().copied(), |dev, rng, shape| {
+        let f32_rows = f32_case(dev, rng, shape)?;
+        Ok(f32_rows.into_iter().chain(bf16_case(dev, rng, shape)?).collect::<Vec<_>>())
+    })
 }
 
 /// [`over_shapes`] of row kernels with exact and padded `BLOCK`s in turn:
@@ -263,14 +281,11 @@ pub(crate) fn over_shapes_alternating<D: Device, S: Copy, R: IntoIterator<Item =
     shapes: &[S],
     [f32_case, bf16_case]: [BlockCase<D, S, R>; 2],
 ) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::new();
-    for (i, &shape) in shapes.iter().enumerate() {
+    over_cases(dev, seed, shapes.iter().copied().enumerate(), |dev, rng, (i, shape)| {
         let exact = i % 2 == 0;
-        out.extend(f32_case(dev, &mut rng, shape, exact)?);
-        out.extend(bf16_case(dev, &mut rng, shape, !exact)?);
-    }
-    Ok(out)
+        let f32_rows = f32_case(dev, rng, shape, exact)?;
+        Ok(f32_rows.into_iter().chain(bf16_case(dev, rng, shape, !exact)?).collect::<Vec<_>>())
+    })
 }
 
 /// The failing row of a check that could not run (a compile or launch

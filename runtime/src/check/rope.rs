@@ -20,7 +20,7 @@
 //! exact one by up to ~1e-3 rad there); the kernel's rounding and pairing
 //! errors are O(n) and still fail.
 
-use crate::check::{CheckRow, DevicePtr, Rng, compare_each, to_f64};
+use crate::check::{CheckRow, DevicePtr, Rng, compare_each, over_shapes, to_f64};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
@@ -101,12 +101,12 @@ fn rope_on<T: ActElem, D: Device>(
     Ok((to_f64(&dev.download(&qd)?), to_f64(&dev.download(&kd)?), to_f64(&dev.download(&vd)?)))
 }
 
+/// One `rope_kv_write` case at shape `s`: `tokens` tokens into a cache of
+/// `block_size`-slot blocks.
 fn rope_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
-    s: Shape,
-    tokens: usize,
-    block_size: usize,
+    (s, tokens, block_size): (Shape, usize, usize),
 ) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
     let n_slots = ((2 * tokens).div_ceil(block_size) + 1) * block_size;
@@ -157,15 +157,12 @@ fn rope_case<T: ActElem, D: Device>(
 /// The `rope_kv_write` check: ragged token counts at the SmolLM2 shape (and
 /// one wider-head shape), block sizes 16 and 32, f32 and bf16.
 pub fn rope_kv_write<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for (s, tokens, block_size) in
-        [(SMOLLM2, 1, 16), (SMOLLM2, 7, 32), (SMOLLM2, 333, 16), (SMOLLM2, 2048, 32), (WIDE, 45, 16)]
-    {
-        rows.push(rope_case::<f32, _>(dev, &mut rng, s, tokens, block_size)?);
-        rows.push(rope_case::<bf16, _>(dev, &mut rng, s, tokens, block_size)?);
-    }
-    Ok(rows)
+    over_shapes(
+        dev,
+        seed,
+        &[(SMOLLM2, 1, 16), (SMOLLM2, 7, 32), (SMOLLM2, 333, 16), (SMOLLM2, 2048, 32), (WIDE, 45, 16)],
+        [rope_case::<f32, D>, rope_case::<bf16, D>],
+    )
 }
 
 /// Which options of `rope_arch_kv_write` a case turns on.
@@ -222,9 +219,7 @@ fn rope_arch_on<T: ActElem, D: Device>(
 fn rope_arch_case<T: ActElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
-    s: Shape,
-    o: ArchOpts,
-    tokens: usize,
+    (s, o, tokens): (Shape, ArchOpts, usize),
 ) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
     let n_slots = 2 * tokens + 3;
@@ -265,17 +260,16 @@ fn rope_arch_case<T: ActElem, D: Device>(
 /// (NEOX, head norm), Llama 3's (factors) and all of them, ragged token
 /// counts, f32 and bf16.
 pub fn rope_arch_kv_write<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
     let opts = |neox, factors, bias, qk_norm| ArchOpts { neox, factors, bias, qk_norm };
-    for (s, o, tokens) in [
-        (WIDE, opts(true, false, true, false), 37),
-        (WIDE, opts(true, false, false, true), 5),
-        (SMOLLM2, opts(false, true, false, false), 130),
-        (SMOLLM2, opts(true, true, true, true), 1),
-    ] {
-        rows.push(rope_arch_case::<f32, _>(dev, &mut rng, s, o, tokens)?);
-        rows.push(rope_arch_case::<bf16, _>(dev, &mut rng, s, o, tokens)?);
-    }
-    Ok(rows)
+    over_shapes(
+        dev,
+        seed,
+        &[
+            (WIDE, opts(true, false, true, false), 37),
+            (WIDE, opts(true, false, false, true), 5),
+            (SMOLLM2, opts(false, true, false, false), 130),
+            (SMOLLM2, opts(true, true, true, true), 1),
+        ],
+        [rope_arch_case::<f32, D>, rope_arch_case::<bf16, D>],
+    )
 }

@@ -28,7 +28,7 @@
 //! contraction, integer atomics).
 
 use crate::check::DevicePtr;
-use crate::check::{CheckRow, Rng};
+use crate::check::{CheckRow, Rng, over_cases};
 use crate::cuda::Cuda;
 use crate::error::Result;
 use crate::model::Device;
@@ -210,12 +210,8 @@ fn sample_case<D: Device>(
 
 /// The `sample` check: 49152 (SmolLM2), ragged 32001 and 1000.
 pub fn sample<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for (n, vocab, stride) in [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)] {
-        rows.push(sample_case(dev, &mut rng, n, vocab, stride)?);
-    }
-    Ok(rows)
+    let cases = [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)];
+    over_cases(dev, seed, cases, |dev, rng, (n, vocab, stride)| sample_case(dev, rng, n, vocab, stride))
 }
 
 /// Sparse random counts: mostly 0, some 1..4.
@@ -308,12 +304,8 @@ fn penalties_case<D: Device>(
 
 /// The `penalties` check: 49152 and a ragged vocabulary with a wider stride; bit-exact.
 pub fn penalties<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for (n, vocab, stride) in [(9, 49152, 49152), (5, 1001, 1040)] {
-        rows.push(penalties_case(dev, &mut rng, n, vocab, stride)?);
-    }
-    Ok(rows)
+    let cases = [(9, 49152, 49152), (5, 1001, 1040)];
+    over_cases(dev, seed, cases, |dev, rng, (n, vocab, stride)| penalties_case(dev, rng, n, vocab, stride))
 }
 
 /// The counts `init` after `token_counts_add` of `ids` into `slots` on `dev`.
@@ -367,12 +359,8 @@ fn token_counts_case<D: Device>(
 /// The `token_counts_add` check: decode-sized and prompt-sized id lists
 /// (repeats, invalid slots and ids); exact.
 pub fn token_counts_add<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for (n, vocab, n_slots) in [(37, 49152, 64), (5000, 300, 3), (1, 7, 1)] {
-        rows.push(token_counts_case(dev, &mut rng, n, vocab, n_slots)?);
-    }
-    Ok(rows)
+    let cases = [(37, 49152, 64), (5000, 300, 3), (1, 7, 1)];
+    over_cases(dev, seed, cases, |dev, rng, (n, vocab, slots)| token_counts_case(dev, rng, n, vocab, slots))
 }
 
 /// Latency benchmarks of the sampling kernels (`tessera bench`, family
@@ -386,7 +374,7 @@ pub fn bench_records(
     cuda: &mut Cuda,
     opts: &crate::bench::BenchOptions,
 ) -> Result<Vec<crate::bench::Record>> {
-    use crate::bench::{Record, time_median_ms};
+    use crate::bench::{Record, push_measured, time_median_ms};
     let vocab = 49152;
     let block = block_for(vocab);
     let config = smp::Config::new(block).with_warps(warps_for(block));
@@ -432,14 +420,7 @@ pub fn bench_records(
             let grid = [rows as u32, 1, 1];
             let ms =
                 time_median_ms(cuda, opts.warmup, opts.runs, |c| c.run::<smp::Kernel>(grid, &config, &args))?;
-            out.push(Record {
-                name: format!("sample/f32/{rows}x{vocab}/{name}"),
-                metric: "us",
-                value: ms * 1e3,
-                ms,
-                tuned: None,
-            });
-            eprintln!("measured {}", out[out.len() - 1].name);
+            push_measured(&mut out, Record::latency(format!("sample/f32/{rows}x{vocab}/{name}"), ms));
         }
     }
     let rows = 64;
@@ -466,14 +447,7 @@ pub fn bench_records(
     let config = pen::Config::new(block);
     let grid = [rows as u32, vocab.div_ceil(block) as u32, 1];
     let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c| c.run::<pen::Kernel>(grid, &config, &args))?;
-    out.push(Record {
-        name: format!("penalties/f32/{rows}x{vocab}"),
-        metric: "us",
-        value: ms * 1e3,
-        ms,
-        tuned: None,
-    });
-    eprintln!("measured {}", out[out.len() - 1].name);
+    push_measured(&mut out, Record::latency(format!("penalties/f32/{rows}x{vocab}"), ms));
     Ok(out)
 }
 

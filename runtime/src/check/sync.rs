@@ -15,7 +15,7 @@
 //! rejects waiting kernels: there a row passes when the launch fails with
 //! an `Unsupported` error and the interpreter still runs the kernel.
 
-use crate::check::{CheckRow, DevicePtr, Rng};
+use crate::check::{CheckRow, DevicePtr, Rng, over_cases};
 use crate::error::Result;
 use crate::model::Device;
 use dsl_core::DType;
@@ -120,22 +120,13 @@ fn cap<D: Device>(dev: &D) -> usize {
 
 /// The `handoff_chain` rows (see the module doc).
 pub fn handoffs<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for g in [1, 17, 64] {
-        for rev in [false, true] {
-            rows.push(handoff(dev, &mut rng, g.min(cap(dev)), rev)?);
-        }
-    }
-    Ok(rows)
+    let cases = [1, 17, 64].into_iter().flat_map(|g| [false, true].map(|rev| (g, rev)));
+    over_cases(dev, seed, cases, |dev, rng, (g, rev)| handoff(dev, rng, g.min(cap(dev)), rev))
 }
 
 /// The `task_chain` rows (see the module doc).
 pub fn task_lists<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    for (g, n) in [(1, 200), (7, 200), (32, 1000)] {
-        rows.push(tasks(dev, &mut rng, g.min(cap(dev)), n)?);
-    }
-    Ok(rows)
+    over_cases(dev, seed, [(1, 200), (7, 200), (32, 1000)], |dev, rng, (g, n)| {
+        tasks(dev, rng, g.min(cap(dev)), n)
+    })
 }

@@ -328,6 +328,13 @@ mod tests {
         ]
     }
 
+    /// `check`'s error on [`good_args`] with argument `i` replaced by `arg`.
+    fn error_with(f: &Function, i: usize, arg: Arg<RawDevPtr>) -> String {
+        let mut a = good_args();
+        a[i] = arg;
+        check(f, &a).unwrap_err()
+    }
+
     #[test]
     fn packs_valid_arguments_in_order() {
         let f = copy_kernel(false);
@@ -342,21 +349,14 @@ mod tests {
         a.pop();
         assert!(check(&f, &a).unwrap_err().contains("takes 3 argument(s)"));
 
-        let mut a = good_args();
-        a[2] = ptr(0x3000, 4, Some(DType::I32));
-        assert!(check(&f, &a).unwrap_err().contains("is a scalar, but a pointer"));
-
-        let mut a = good_args();
-        a[0] = Arg::Scalar(Scalar::int(DType::I32, 0));
-        assert!(check(&f, &a).unwrap_err().contains("is a pointer, but a scalar"));
-
-        let mut a = good_args();
-        a[2] = Arg::Scalar(Scalar::int(DType::I64, 1024));
-        assert!(check(&f, &a).unwrap_err().contains("needs a i32 scalar, but a i64"));
-
-        let mut a = good_args();
-        a[1] = ptr(0x2000, 4096, Some(DType::BF16));
-        assert!(check(&f, &a).unwrap_err().contains("points to f32, but a pointer to bf16"));
+        assert!(error_with(&f, 2, ptr(0x3000, 4, Some(DType::I32))).contains("is a scalar, but a pointer"));
+        assert!(
+            error_with(&f, 0, Arg::Scalar(Scalar::int(DType::I32, 0))).contains("is a pointer, but a scalar")
+        );
+        let e = error_with(&f, 2, Arg::Scalar(Scalar::int(DType::I64, 1024)));
+        assert!(e.contains("needs a i32 scalar, but a i64"));
+        let e = error_with(&f, 1, ptr(0x2000, 4096, Some(DType::BF16)));
+        assert!(e.contains("points to f32, but a pointer to bf16"));
     }
 
     #[test]
@@ -371,19 +371,15 @@ mod tests {
     #[test]
     fn rejects_misaligned_pointers_and_broken_hints() {
         let f = copy_kernel(false);
-        let mut a = good_args();
-        a[0] = ptr(0x1002, 4096, Some(DType::F32));
-        assert!(check(&f, &a).unwrap_err().contains("not aligned to f32"));
+        assert!(error_with(&f, 0, ptr(0x1002, 4096, Some(DType::F32))).contains("not aligned to f32"));
 
         let mut f = copy_kernel(false);
         f.params[0].hints = ParamHints { divisibility: Some(16) };
         f.params[2].hints = ParamHints { divisibility: Some(8) };
-        let mut a = good_args();
-        a[0] = ptr(0x1004, 4096, Some(DType::F32));
-        assert!(check(&f, &a).unwrap_err().contains("addresses divisible by 16"));
-        let mut a = good_args();
-        a[2] = Arg::Scalar(Scalar::int(DType::I32, 12));
-        assert!(check(&f, &a).unwrap_err().contains("values divisible by 8"));
+        assert!(error_with(&f, 0, ptr(0x1004, 4096, Some(DType::F32))).contains("addresses divisible by 16"));
+        assert!(
+            error_with(&f, 2, Arg::Scalar(Scalar::int(DType::I32, 12))).contains("values divisible by 8")
+        );
     }
 
     #[test]

@@ -98,13 +98,7 @@ pub fn others(n: usize, seed: u64, vocab: usize) -> Vec<Request> {
             } else {
                 SamplingParams { temperature: 0.7, seed: next(1 << 40), ..Default::default() }
             };
-            Request {
-                prompt,
-                params,
-                max_tokens: 1 + next(16) as usize,
-                stop_tokens: vec![],
-                constraint: None,
-            }
+            Request::new(prompt, params, 1 + next(16) as usize)
         })
         .collect()
 }
@@ -184,6 +178,11 @@ impl Default for Matrix {
     }
 }
 
+/// What a matrix case failed to exercise (`what`), unless it did (`done`).
+fn missing_unless(done: bool, what: &str) -> Option<String> {
+    (!done).then(|| what.into())
+}
+
 /// Runs the matrix for `targets` on `gguf` (see the module doc) and returns
 /// one result per case; `base` sizes the engines. The baseline is each
 /// target alone in a fresh engine of `base`.
@@ -236,7 +235,7 @@ where
         let before = e.scheduler().kv_stats().hit_rate();
         let got = run_with(dev, &mut e, targets, others(3, 9, vocab), 1)?;
         let hit = e.scheduler().kv_stats().hit_rate() > before;
-        case("prefix cache warm, 3 others".into(), got, (!hit).then(|| "no prefix-cache hit".into()));
+        case("prefix cache warm, 3 others".into(), got, missing_unless(hit, "no prefix-cache hit"));
     }
     {
         // Blocks for the targets' whole length plus a few: the 15 others
@@ -250,7 +249,7 @@ where
         case(
             format!("preemption ({blocks} KV blocks), 15 others"),
             got,
-            (!preempted).then(|| "no preemption".into()),
+            missing_unless(preempted, "no preemption"),
         );
     }
     for &k in &m.ngram {
@@ -258,7 +257,7 @@ where
         e.set_speculation(Some(SpecConfig::ngram(k)))?;
         let alone = run_with(dev, &mut e, targets, Vec::new(), 0)?;
         let proposed = e.spec_stats().proposed > 0;
-        case(format!("prompt lookup k={k}"), alone, (!proposed).then(|| "nothing was proposed".into()));
+        case(format!("prompt lookup k={k}"), alone, missing_unless(proposed, "nothing was proposed"));
         let got = run_with(dev, &mut e, targets, others(7, k as u64, vocab), 5)?;
         case(format!("prompt lookup k={k}, 7 others"), got, None);
     }
@@ -269,11 +268,8 @@ where
         e.set_drafter(3, Box::new(d))?;
         let got = run_with(dev, &mut e, targets, others(7, 5, vocab), 0)?;
         let proposed = e.spec_stats().proposed > 0;
-        case(
-            format!("draft model ({layers} layers, k=3), 7 others"),
-            got,
-            (!proposed).then(|| "nothing was proposed".into()),
-        );
+        let missing = missing_unless(proposed, "nothing was proposed");
+        case(format!("draft model ({layers} layers, k=3), 7 others"), got, missing);
     }
     if m.graphs_off && dev.supports_graphs() {
         let s = Setup { graphs: GraphMode::Off, ..base };

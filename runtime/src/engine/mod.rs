@@ -71,6 +71,18 @@ pub struct Request {
     pub constraint: Option<Constraint>,
 }
 
+impl Request {
+    /// A request sampled with `params`, without stop tokens or a constraint.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> Request {
+        Request { prompt, params, max_tokens, stop_tokens: Vec::new(), constraint: None }
+    }
+
+    /// A greedy request without stop tokens or a constraint.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+        Request::new(prompt, SamplingParams::default(), max_tokens)
+    }
+}
+
 /// A sampled token, as [`Engine::step`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Event {
@@ -612,7 +624,7 @@ pub mod invariance;
 #[cfg(test)]
 mod real_model;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod tests_grammar;
 #[cfg(test)]

@@ -5,12 +5,11 @@
 //! ([`super::invariance`]) holds for the golden prompts in f32, the CPU's
 //! default dtype.
 
-use super::{Engine, Request};
-use crate::app::{Context, EngineTask, LoadOptions, run_task};
+use super::Request;
+use crate::app::{EngineTask, LoadOptions, Session, run_task};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
-use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
 
 /// New tokens per prompt.
@@ -22,19 +21,9 @@ struct AloneAndBatched(Vec<Vec<u32>>);
 impl EngineTask for AloneAndBatched {
     type Output = (Vec<Vec<u32>>, Vec<Vec<u32>>);
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        engine: &mut Engine<D, T>,
-        _ctx: &Context,
-    ) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
-        let request = |prompt: &Vec<u32>| Request {
-            prompt: prompt.clone(),
-            params: SamplingParams::default(),
-            max_tokens: NEW_TOKENS,
-            stop_tokens: Vec::new(),
-            constraint: None,
-        };
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+        let Session { dev, engine, .. } = s;
+        let request = |prompt: &Vec<u32>| Request::greedy(prompt.clone(), NEW_TOKENS);
         let mut alone = Vec::new();
         for p in &self.0 {
             let done = engine.run(dev, vec![request(p)], |_| {})?;

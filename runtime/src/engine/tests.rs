@@ -4,24 +4,37 @@
 
 use super::*;
 use crate::check::model::tiny_model;
+use crate::gguf::Gguf;
 use crate::model::{Model, Weights};
 use crate::scheduler::SchedulerConfig;
 use dsl_core::interp::Cpu;
 
-/// An engine over the tiny model with `num_blocks` blocks of 16 tokens.
-fn engine(cpu: &mut Cpu, num_blocks: usize, max_num_seqs: usize) -> Engine<Cpu, f32> {
-    let gguf = tiny_model().unwrap();
-    let weights = Weights::<Cpu, f32>::load(cpu, &gguf).unwrap();
+/// An engine over `gguf` on the interpreter with `num_blocks` blocks of 16
+/// tokens, prefix caching and the scheduler limits `(max_num_seqs,
+/// max_num_batched_tokens, max_model_len)`: the engine and speculation
+/// tests' setup.
+pub(crate) fn engine_over(
+    cpu: &mut Cpu,
+    gguf: &Gguf,
+    num_blocks: usize,
+    (max_num_seqs, max_num_batched_tokens, max_model_len): (usize, usize, usize),
+) -> Engine<Cpu, f32> {
+    let weights = Weights::<Cpu, f32>::load(cpu, gguf).unwrap();
     let model = Model::new(cpu, weights, num_blocks, 16).unwrap();
     let config = SchedulerConfig {
-        max_num_batched_tokens: 64,
+        max_num_batched_tokens,
         max_num_seqs,
-        max_model_len: 64,
+        max_model_len,
         num_blocks,
         block_size: 16,
         enable_prefix_caching: true,
     };
     Engine::new(model, config).unwrap()
+}
+
+/// An engine over the tiny model with `num_blocks` blocks of 16 tokens.
+fn engine(cpu: &mut Cpu, num_blocks: usize, max_num_seqs: usize) -> Engine<Cpu, f32> {
+    engine_over(cpu, &tiny_model().unwrap(), num_blocks, (max_num_seqs, 64, 64))
 }
 
 /// Eight prompts of different lengths (1 to 36 tokens) over the tiny vocabulary.
@@ -34,13 +47,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        params: SamplingParams::default(),
-        max_tokens,
-        stop_tokens: Vec::new(),
-        constraint: None,
-    }
+    Request::greedy(prompt, max_tokens)
 }
 
 #[test]

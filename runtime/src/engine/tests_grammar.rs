@@ -8,28 +8,25 @@ use super::*;
 use crate::check::model::tiny_model;
 use crate::gguf::tiny::{tiny_vocab, tiny_vocab_min_size};
 use crate::grammar::{GrammarCompiler, GrammarSpec};
-use crate::model::{Model, Weights};
-use crate::scheduler::SchedulerConfig;
 use crate::tokenizer::Tokenizer;
 use dsl_core::interp::Cpu;
 
 fn engine(cpu: &mut Cpu, num_blocks: usize) -> Engine<Cpu, f32> {
-    let gguf = tiny_model().unwrap();
-    let weights = Weights::<Cpu, f32>::load(cpu, &gguf).unwrap();
-    let model = Model::new(cpu, weights, num_blocks, 16).unwrap();
-    let config = SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 8,
-        max_model_len: 64,
-        num_blocks,
-        block_size: 16,
-        enable_prefix_caching: true,
-    };
-    Engine::new(model, config).unwrap()
+    super::tests::engine_over(cpu, &tiny_model().unwrap(), num_blocks, (8, 64, 64))
 }
 
 fn tokenizer() -> Tokenizer {
     Tokenizer::from_vocab(&tiny_vocab(tiny_vocab_min_size()).unwrap()).unwrap()
+}
+
+/// What every test starts from: the tokenizer, the CPU device, an engine
+/// with 64 KV blocks and a grammar compiler for the model's vocabulary.
+fn setup() -> (Tokenizer, Cpu, Engine<Cpu, f32>, GrammarCompiler) {
+    let tok = tokenizer();
+    let mut cpu = Cpu::new();
+    let e = engine(&mut cpu, 64);
+    let g = GrammarCompiler::new(&tok, e.model().weights.config.vocab_size).unwrap();
+    (tok, cpu, e, g)
 }
 
 /// The end token of the tiny vocabulary (`<|im_end|>`).
@@ -79,10 +76,7 @@ fn constrained_batch(e: &mut Engine<Cpu, f32>, cpu: &mut Cpu, g: &GrammarCompile
 
 #[test]
 fn constrained_outputs_match_and_unconstrained_rows_are_untouched() {
-    let tok = tokenizer();
-    let mut cpu = Cpu::new();
-    let mut e = engine(&mut cpu, 64);
-    let g = GrammarCompiler::new(&tok, e.model().weights.config.vocab_size).unwrap();
+    let (tok, mut cpu, mut e, g) = setup();
     let mixed = constrained_batch(&mut e, &mut cpu, &g);
     for (i, c) in mixed.iter().enumerate() {
         if i % 2 == 0 {
@@ -110,10 +104,7 @@ fn constrained_outputs_match_and_unconstrained_rows_are_untouched() {
 
 #[test]
 fn preemption_and_speculation_keep_the_constraint() {
-    let tok = tokenizer();
-    let mut cpu = Cpu::new();
-    let mut roomy = engine(&mut cpu, 64);
-    let g = GrammarCompiler::new(&tok, roomy.model().weights.config.vocab_size).unwrap();
+    let (tok, mut cpu, mut roomy, g) = setup();
     let want = constrained_batch(&mut roomy, &mut cpu, &g);
     // Few blocks: requests are preempted and recompute their history.
     let mut tight = engine(&mut cpu, 5);
@@ -149,10 +140,7 @@ fn preemption_and_speculation_keep_the_constraint() {
 
 #[test]
 fn a_grammar_that_allows_nothing_ends_the_request() {
-    let tok = tokenizer();
-    let mut cpu = Cpu::new();
-    let mut e = engine(&mut cpu, 64);
-    let g = GrammarCompiler::new(&tok, e.model().weights.config.vocab_size).unwrap();
+    let (tok, mut cpu, mut e, g) = setup();
     let c = g.compile(&GrammarSpec::Lark("start: \"ok\"\n".into())).unwrap();
     // No stop tokens: after "ok" nothing is allowed.
     let req = Request {

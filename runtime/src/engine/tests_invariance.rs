@@ -3,7 +3,7 @@
 //! greedy and a seeded sampled request, plus a control: the fast
 //! arrangement fails it, so the matrix is able to fail.
 
-use super::invariance::{Matrix, Setup, engine, others, run_matrix, run_with};
+use super::invariance::{CaseResult, Matrix, Setup, engine, others, run_matrix, run_with};
 use super::*;
 use crate::check::model::tiny_flat_model;
 use dsl_core::interp::Cpu;
@@ -15,22 +15,14 @@ fn targets() -> Vec<Request> {
     let prompt = |n: u32, salt: u32| (0..n).map(|j| ((j % 7) * 29 + salt) % 240 + 3).collect::<Vec<u32>>();
     let sampled =
         SamplingParams { temperature: 0.9, top_p: 0.9, top_k: 50, seed: 1234, ..Default::default() };
-    vec![
-        Request {
-            prompt: prompt(37, 5),
-            params: SamplingParams::default(),
-            max_tokens: 14,
-            stop_tokens: vec![],
-            constraint: None,
-        },
-        Request {
-            prompt: prompt(21, 11),
-            params: sampled,
-            max_tokens: 14,
-            stop_tokens: vec![],
-            constraint: None,
-        },
-    ]
+    vec![Request::greedy(prompt(37, 5), 14), Request::new(prompt(21, 11), sampled, 14)]
+}
+
+/// Asserts that every case of the matrix run `what` passed.
+fn assert_all_pass(what: &str, results: &[CaseResult]) {
+    for r in results {
+        assert!(r.pass(), "{what}: {r:?}");
+    }
 }
 
 #[test]
@@ -49,9 +41,7 @@ fn a_request_gets_the_same_tokens_and_logprobs_whatever_runs_with_it() {
     assert!(alone[1].0.iter().collect::<std::collections::HashSet<_>>().len() > 3, "{:?}", alone[1].0);
     let results = run_matrix::<Cpu, f32>(&mut cpu, &gguf, &targets(), base, &Matrix::default()).unwrap();
     assert!(results.len() >= 17, "{results:?}");
-    for r in &results {
-        assert!(r.pass(), "{r:?}");
-    }
+    assert_all_pass("the full matrix", &results);
 }
 
 /// The matrix on the native CPU backend, whose products are the CPU GEMV at
@@ -69,9 +59,7 @@ fn the_native_backend_keeps_the_guarantee() {
     )
     .unwrap();
     assert!(results.len() >= 17, "{results:?}");
-    for r in &results {
-        assert!(r.pass(), "{r:?}");
-    }
+    assert_all_pass("the full matrix", &results);
 }
 
 /// The matrix on the native CPU backend for each architecture variant
@@ -87,9 +75,7 @@ fn the_native_backend_keeps_the_guarantee_on_every_architecture() {
             run_matrix::<codegen::host::Host, f32>(&mut host, &gguf, &targets(), Setup::roomy(128), &m)
                 .unwrap();
         assert!(!results.is_empty(), "{name}");
-        for r in &results {
-            assert!(r.pass(), "{name}: {r:?}");
-        }
+        assert_all_pass(name, &results);
     }
 }
 
@@ -102,9 +88,7 @@ fn padded_decode_steps_keep_the_guarantee() {
     let base = Setup { graphs: crate::model::GraphMode::Padded, ..Setup::roomy(128) };
     let m = Matrix { budgets: vec![64], ngram: vec![3], draft_layers: Some(1), ..Matrix::default() };
     let results = run_matrix::<Cpu, f32>(&mut cpu, &gguf, &targets(), base, &m).unwrap();
-    for r in &results {
-        assert!(r.pass(), "{r:?}");
-    }
+    assert_all_pass("padded decode steps", &results);
 }
 
 /// The control: the fast arrangement's rows do depend on the batch (small

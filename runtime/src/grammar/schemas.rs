@@ -7,10 +7,10 @@
 //! the GPU as `tessera gpu-check --only schemas` ([`schema_checks`]).
 
 use super::{GrammarCompiler, GrammarSpec};
-use crate::app::{Context, DEFAULT_MODEL, DeviceChoice, EngineTask, LoadOptions, resolve_model, run_task};
+use crate::app::{DEFAULT_MODEL, DeviceChoice, EngineTask, LoadOptions, Session, resolve_model, run_task};
 use crate::chat::Message;
 use crate::check::CheckRow;
-use crate::engine::{Engine, Request};
+use crate::engine::Request;
 use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
@@ -106,14 +106,13 @@ pub(crate) struct Schemas;
 impl EngineTask for Schemas {
     type Output = Vec<Vec<(String, FinishReason)>>;
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        engine: &mut Engine<D, T>,
-        ctx: &Context,
-    ) -> Result<Self::Output> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<Self::Output> {
+        let Session { dev, engine, ctx } = s;
         let compiler = GrammarCompiler::new(&ctx.tokenizer, ctx.config.vocab_size)?;
-        let template = ctx.template.as_ref().expect("SmolLM2 has a chat template");
+        let template = ctx
+            .template
+            .as_ref()
+            .ok_or_else(|| Error::Usage("the model file has no chat template".into()))?;
         let mut out = Vec::new();
         for schema in schemas() {
             let constraint = compiler.compile(&GrammarSpec::JsonSchema(schema.clone()))?;

@@ -201,15 +201,25 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
         Ok(())
     }
 
+    /// The rows to allocate a set of per-row buffers (the `what` buffers,
+    /// now `held` rows of them) at so that it holds `rows`: `None` where it
+    /// already does; an error where the set is fixed.
+    fn rows_to_allocate(&self, held: Option<usize>, rows: usize, what: &str) -> Result<Option<usize>> {
+        if held.is_some_and(|h| h >= rows) {
+            return Ok(None);
+        }
+        if self.fixed && held.is_some() {
+            return Err(fixed_too_small(what));
+        }
+        Ok(Some(self.grow(held.map_or(rows, |h| h.max(rows)).max(1))))
+    }
+
     /// Sampling buffers for `rows` rows of `vocab` logits.
     pub fn ensure_sample(&mut self, dev: &mut D, vocab: usize, rows: usize) -> Result<()> {
-        if self.sample.as_ref().is_some_and(|s| s.rows >= rows) {
+        let held = self.sample.as_ref().map(|s| s.rows);
+        let Some(rows) = self.rows_to_allocate(held, rows, "sampling")? else {
             return Ok(());
-        }
-        if self.fixed && self.sample.is_some() {
-            return Err(fixed_too_small("sampling"));
-        }
-        let rows = self.grow(self.sample.as_ref().map_or(rows, |s| s.rows.max(rows)).max(1));
+        };
         self.sample = None;
         let logits_f32 =
             if T::DEVICE_DTYPE == DType::F32 { None } else { Some(dev.zeros::<f32>(rows * vocab)?) };
@@ -224,13 +234,10 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
 
     /// Penalty count buffers for `rows` rows of `vocab` tokens.
     pub fn ensure_counts(&mut self, dev: &mut D, vocab: usize, rows: usize) -> Result<()> {
-        if self.counts.as_ref().is_some_and(|c| c.rows >= rows) {
+        let held = self.counts.as_ref().map(|c| c.rows);
+        let Some(rows) = self.rows_to_allocate(held, rows, "penalty count")? else {
             return Ok(());
-        }
-        if self.fixed && self.counts.is_some() {
-            return Err(fixed_too_small("penalty count"));
-        }
-        let rows = self.grow(self.counts.as_ref().map_or(rows, |c| c.rows.max(rows)).max(1));
+        };
         self.counts = None;
         self.counts =
             Some(Counts { rows, prompt: dev.zeros(rows * vocab)?, output: dev.zeros(rows * vocab)? });

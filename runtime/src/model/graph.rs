@@ -307,6 +307,20 @@ impl<D: Device, T: ActElem> Model<D, T> {
             launch_forward(ln, weights, kv, &gs.bufs, &lay, &plan)?;
             if masked { Ok(()) } else { launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, None) }
         };
+        // The end of a step run directly (after `record` or a replay): on a
+        // masked step the host computes the masks while the device runs the
+        // forward pass launched before, and the mask kernel and the sampler
+        // follow it; then the sampled rows are read back.
+        let mut finish = |ln: &mut Launcher<'_, D>| -> Result<_> {
+            if masked {
+                let t = std::time::Instant::now();
+                let m = masker.as_mut().map(|f| f()).transpose()?;
+                *last_mask_time = t.elapsed();
+                let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), b, vocab)?;
+                launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, dm.as_ref())?;
+            }
+            read_sampled(ln.dev, &gs.bufs, bucket, b)
+        };
         if let Some(g) = gs.graphs.get(&key).filter(|_| ln.profile.is_none()) {
             ln.dev.replay(g)?;
         } else {
@@ -314,14 +328,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             if capture {
                 // Finish this step's direct run before capturing (a capture
                 // runs nothing).
-                if masked {
-                    let t = std::time::Instant::now();
-                    let m = masker.as_mut().map(|f| f()).transpose()?;
-                    *last_mask_time = t.elapsed();
-                    let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), b, vocab)?;
-                    launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, dm.as_ref())?;
-                }
-                let out = read_sampled(ln.dev, &gs.bufs, bucket, b)?;
+                let out = finish(ln)?;
                 let captured = ln.dev.begin_capture().and_then(|()| {
                     let recorded = record(ln);
                     let graph = ln.dev.end_capture();
@@ -344,16 +351,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 return Ok(Some(out));
             }
         }
-        if masked {
-            // The host computes the masks while the device runs the forward
-            // pass launched above; the mask kernel and the sampler follow it.
-            let t = std::time::Instant::now();
-            let m = masker.as_mut().map(|f| f()).transpose()?;
-            *last_mask_time = t.elapsed();
-            let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), b, vocab)?;
-            launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, dm.as_ref())?;
-        }
-        let out = read_sampled(ln.dev, &gs.bufs, bucket, b)?;
+        let out = finish(ln)?;
         self.last_sampled = Some((true, b));
         Ok(Some(out))
     }

@@ -473,6 +473,18 @@ async fn start(st: Arc<AppState>, job: Job, arrival: Instant) -> Result<Response
     }
 }
 
+/// `n` choices with no text yet, ended by an abort until their run says otherwise.
+fn empty_choices(n: usize) -> Vec<ChoiceOut> {
+    (0..n)
+        .map(|_| ChoiceOut {
+            text: String::new(),
+            logprobs: Vec::new(),
+            finish: Finish::Abort,
+            tool_calls: Vec::new(),
+        })
+        .collect()
+}
+
 /// Runs every choice to its end and answers with one JSON body.
 async fn collect(
     st: &AppState,
@@ -480,14 +492,7 @@ async fn collect(
     header: Header,
     tools: Option<&Tools>,
 ) -> Result<Response, ApiError> {
-    let mut out: Vec<ChoiceOut> = (0..run.choices.len())
-        .map(|_| ChoiceOut {
-            text: String::new(),
-            logprobs: Vec::new(),
-            finish: Finish::Abort,
-            tool_calls: Vec::new(),
-        })
-        .collect();
+    let mut out: Vec<ChoiceOut> = empty_choices(run.choices.len());
     while let Some(u) = run.next(&st.tokenizer).await {
         let c = &mut out[u.index];
         c.text.push_str(&u.text);
@@ -535,14 +540,7 @@ fn stream(
     tools: Option<Tools>,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(32);
-    let mut held: Vec<ChoiceOut> = (0..run.choices.len())
-        .map(|_| ChoiceOut {
-            text: String::new(),
-            logprobs: Vec::new(),
-            finish: Finish::Abort,
-            tool_calls: Vec::new(),
-        })
-        .collect();
+    let mut held: Vec<ChoiceOut> = empty_choices(run.choices.len());
     tokio::spawn(async move {
         if header.api == Api::Chat {
             for i in 0..run.choices.len() {

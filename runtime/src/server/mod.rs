@@ -53,7 +53,7 @@ mod real_model;
 #[cfg(test)]
 mod tests;
 
-use crate::app::{Context, EngineTask, resolve_model};
+use crate::app::{EngineTask, Session, resolve_model};
 use crate::chat::ChatTemplate;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -354,7 +354,8 @@ pub struct Serve {
 impl EngineTask for Serve {
     type Output = ();
 
-    fn run<D: Device, T: ActElem>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<()> {
+        let Session { dev, engine, ctx } = s;
         let path = resolve_model(&self.model_path);
         let gguf = crate::gguf::Gguf::open(&path)?;
         let vocab = crate::gguf::Vocab::from_metadata(gguf.metadata())?;

@@ -6,9 +6,8 @@
 
 use super::api::Limits;
 use super::{ModelInfo, ServeOptions, serve_engine};
-use crate::app::{Context, EngineTask, LoadOptions, resolve_model, run_task};
+use crate::app::{EngineTask, LoadOptions, Session, resolve_model, run_task};
 use crate::chat::ChatTemplate;
-use crate::engine::Engine;
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
@@ -29,7 +28,8 @@ struct ServeOn {
 impl EngineTask for ServeOn {
     type Output = ();
 
-    fn run<D: Device, T: ActElem>(self, dev: &mut D, engine: &mut Engine<D, T>, ctx: &Context) -> Result<()> {
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<()> {
+        let Session { dev, engine, ctx } = s;
         let gguf = crate::gguf::Gguf::open(resolve_model(&PathBuf::from(crate::app::DEFAULT_MODEL)))?;
         let vocab = crate::gguf::Vocab::from_metadata(gguf.metadata())?;
         let tokenizer = Tokenizer::from_vocab(&vocab)?;

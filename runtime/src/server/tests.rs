@@ -115,6 +115,11 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().build().unwrap()
 }
 
+/// A server with the default options and 8 sequences at once, and a client.
+fn default_server() -> (TestServer, reqwest::Client) {
+    (TestServer::start(ServeOptions::default(), 8), client())
+}
+
 /// POSTs raw `body`; returns the status and the parsed JSON answer.
 async fn post_raw(c: &reqwest::Client, url: &str, body: String) -> (u16, Value) {
     let r = c.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
@@ -180,8 +185,7 @@ fn assert_error(got: &(u16, Value), status: u16, kind: &str, param: Option<&str>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_get_their_status_and_an_openai_error() {
-    let s = TestServer::start(ServeOptions::default(), 8);
-    let c = client();
+    let (s, c) = default_server();
     let comp = s.url("/v1/completions");
     let chat = s.url("/v1/chat/completions");
     let ok = json!({"model": NAME, "prompt": "hi", "max_tokens": 1});
@@ -323,8 +327,7 @@ async fn bad_inputs_get_their_status_and_an_openai_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_and_chat_answer_with_usage_logprobs_and_stops() {
-    let s = TestServer::start(ServeOptions::default(), 8);
-    let c = client();
+    let (s, c) = default_server();
     let comp = s.url("/v1/completions");
     let models: Value =
         serde_json::from_str(&c.get(s.url("/v1/models")).send().await.unwrap().text().await.unwrap())
@@ -414,8 +417,7 @@ async fn completions_and_chat_answer_with_usage_logprobs_and_stops() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_are_sse_chunks_ending_with_done_and_usage() {
-    let s = TestServer::start(ServeOptions::default(), 8);
-    let c = client();
+    let (s, c) = default_server();
     let body = json!({"model": NAME, "messages": [{"role": "user", "content": "Tell me"}], "max_tokens": 6,
                       "temperature": 0, "ignore_eos": true});
     let chat = s.url("/v1/chat/completions");
@@ -548,8 +550,7 @@ async fn a_full_queue_answers_429_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnected_clients_free_their_kv_blocks() {
-    let s = TestServer::start(ServeOptions::default(), 8);
-    let c = client();
+    let (s, c) = default_server();
     // Streaming: read the first chunk, then hang up.
     let mut r = c.post(s.url("/v1/completions")).body(long_request(true).to_string()).send().await.unwrap();
     let first = r.chunk().await.unwrap().unwrap();
@@ -581,8 +582,7 @@ async fn disconnected_clients_free_their_kv_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_in_flight_requests_then_aborts_at_the_deadline() {
     // A long deadline: the in-flight stream runs to its end.
-    let s = TestServer::start(ServeOptions::default(), 8);
-    let c = client();
+    let (s, c) = default_server();
     let body = json!({"model": NAME, "prompt": "x", "max_tokens": 24, "temperature": 0, "ignore_eos": true, "stream": true});
     let mut r = c.post(s.url("/v1/completions")).body(body.to_string()).send().await.unwrap();
     let mut text = String::from_utf8(r.chunk().await.unwrap().unwrap().to_vec()).unwrap();

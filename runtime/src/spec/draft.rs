@@ -22,7 +22,6 @@ use crate::gguf::llama::KEY_BLOCK_COUNT;
 use crate::gguf::{Gguf, GgufWriter};
 use crate::model::ActElem;
 use crate::model::Device;
-use crate::model::sampler::SamplingParams;
 
 /// A drafter backed by a second (smaller) model's engine.
 pub struct DraftModel<D: Device, T: ActElem> {
@@ -56,13 +55,7 @@ impl<D: Device, T: ActElem> Drafter<D> for DraftModel<D, T> {
             // A history the draft cannot hold gets no proposal (never an error).
             if k > 0 && !history.is_empty() && history.len() < max_len {
                 which.push(i);
-                batch.push(Request {
-                    prompt: history.to_vec(),
-                    params: SamplingParams::default(),
-                    max_tokens: k,
-                    stop_tokens: Vec::new(),
-                    constraint: None,
-                });
+                batch.push(Request::greedy(history.to_vec(), k));
             }
         }
         if batch.is_empty() {

@@ -6,12 +6,11 @@
 //! for token.
 
 use super::cli::Speculation;
-use crate::app::{Context, EngineTask, LoadOptions, run_task};
-use crate::engine::{Engine, Request};
+use crate::app::{EngineTask, LoadOptions, Session, run_task};
+use crate::engine::Request;
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
-use crate::model::sampler::SamplingParams;
 use crate::parity::Golden;
 use crate::spec::SpecStats;
 
@@ -25,23 +24,9 @@ struct Greedy(Vec<Vec<u32>>);
 impl EngineTask for Greedy {
     type Output = (Vec<Vec<u32>>, SpecStats);
 
-    fn run<D: Device, T: ActElem>(
-        self,
-        dev: &mut D,
-        engine: &mut Engine<D, T>,
-        _ctx: &Context,
-    ) -> Result<(Vec<Vec<u32>>, SpecStats)> {
-        let reqs = self
-            .0
-            .into_iter()
-            .map(|prompt| Request {
-                prompt,
-                params: SamplingParams::default(),
-                max_tokens: NEW_TOKENS,
-                stop_tokens: Vec::new(),
-                constraint: None,
-            })
-            .collect();
+    fn run<D: Device, T: ActElem>(self, s: Session<'_, D, T>) -> Result<(Vec<Vec<u32>>, SpecStats)> {
+        let Session { dev, engine, .. } = s;
+        let reqs = self.0.into_iter().map(|prompt| Request::greedy(prompt, NEW_TOKENS)).collect();
         let done = engine.run(dev, reqs, |_| {})?;
         Ok((done.into_iter().map(|c| c.tokens).collect(), engine.spec_stats()))
     }

@@ -9,27 +9,17 @@ use super::draft::{DraftModel, truncate_layers};
 use super::ngram::propose_ngram;
 use super::*;
 use crate::check::model::tiny_model;
+use crate::engine::tests::engine_over;
 use crate::engine::{Completion, Engine, Request};
 use crate::gguf::Gguf;
 use crate::model::sampler::SamplingParams;
-use crate::model::{Model, Weights};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
 use dsl_core::interp::Cpu;
 use std::collections::HashMap;
 
 /// An engine over `gguf` with `num_blocks` blocks of 16 tokens.
 fn engine_on(cpu: &mut Cpu, gguf: &Gguf, num_blocks: usize, max_num_seqs: usize) -> Engine<Cpu, f32> {
-    let weights = Weights::<Cpu, f32>::load(cpu, gguf).unwrap();
-    let model = Model::new(cpu, weights, num_blocks, 16).unwrap();
-    let config = SchedulerConfig {
-        max_num_batched_tokens: 128,
-        max_num_seqs,
-        max_model_len: 96,
-        num_blocks,
-        block_size: 16,
-        enable_prefix_caching: true,
-    };
-    Engine::new(model, config).unwrap()
+    engine_over(cpu, gguf, num_blocks, (max_num_seqs, 128, 96))
 }
 
 fn engine(cpu: &mut Cpu, num_blocks: usize, max_num_seqs: usize) -> Engine<Cpu, f32> {
@@ -47,7 +37,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn request(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> Request {
-    Request { prompt, params, max_tokens, stop_tokens: Vec::new(), constraint: None }
+    Request::new(prompt, params, max_tokens)
 }
 
 fn run_all(
