@@ -397,67 +397,13 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         self.stats.decode_tokens += decode_tokens as u64;
         self.stats.prefill_tokens += (tokens.len() - decode_tokens) as u64;
         let now = Instant::now();
-        let verdicts = self.advance_grammars(&logits, &drafts, &sampled, &dead)?;
         let mut events = Vec::with_capacity(sampled.len());
         let mut at = 0;
         for (&(seq, _), &d) in logits.iter().zip(&drafts) {
-            let rows = at..at + d + 1;
-            events.extend(self.accept(
-                seq,
-                &sampled[rows.clone()],
-                &dead[rows],
-                d,
-                now,
-                verdicts.get(&seq),
-            )?);
+            events.extend(self.accept(seq, &sampled[at..at + d + 1], &dead[at..at + d + 1], d, now)?);
             at += d + 1;
         }
         Ok(events)
-    }
-
-    /// Advances every constrained sequence's grammar over the tokens the
-    /// step emits for it (in parallel: the grammars are independent), before
-    /// [`Engine::accept`] records them: per sequence, whether each emitted
-    /// token is allowed, up to the first that ends the request (a dead row,
-    /// a stop token, a token the grammar rejects). Tokens after a request's
-    /// end in the same step (past its `max_tokens`) may advance its grammar
-    /// too; the request ends there and its grammar is dropped.
-    fn advance_grammars(
-        &mut self,
-        logits: &[(SeqId, usize)],
-        drafts: &[usize],
-        sampled: &[Sampled],
-        dead: &[bool],
-    ) -> Result<HashMap<SeqId, Vec<bool>>> {
-        let mut by_seq: HashMap<SeqId, &mut Constraint> =
-            self.constraints.iter_mut().map(|(&k, c)| (k, c)).collect();
-        let mut jobs = Vec::new();
-        let mut at = 0;
-        for (&(seq, _), &d) in logits.iter().zip(drafts) {
-            let rows = at..at + d + 1;
-            at += d + 1;
-            let Some(c) = by_seq.remove(&seq) else { continue };
-            let stop = self.live.get(&seq).ok_or_else(|| unknown(seq))?.req.stop_tokens.as_slice();
-            let s = self.scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
-            let samples = &sampled[rows.clone()];
-            let ids: Vec<u32> = samples.iter().map(|x| x.token).collect();
-            let m = accept_len(&s.tokens()[s.len() - d..], &ids);
-            jobs.push((seq, c, stop, ids, &dead[rows], m));
-        }
-        Ok(jobs
-            .into_par_iter()
-            .map(|(seq, c, stop, ids, dead, m)| {
-                let mut ok = Vec::with_capacity(m + 1);
-                for (&t, &gone) in ids[..=m].iter().zip(dead) {
-                    let fine = !gone && (stop.contains(&t) || c.consume(t).is_ok());
-                    ok.push(fine);
-                    if !fine || stop.contains(&t) {
-                        break;
-                    }
-                }
-                (seq, ok)
-            })
-            .collect())
     }
 
     /// Records the tokens sampled for `seq`, whose last `drafts` history
@@ -466,9 +412,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
     /// order until a stop condition ends the request, and the sequence is
     /// rolled back to what was emitted. A `dead` row (its grammar allows no
     /// token) ends the request there with [`FinishReason::Grammar`], its
-    /// sample dropped; so does a token its grammar rejected (`grammar`:
-    /// whether each emitted token was allowed, from
-    /// [`Engine::advance_grammars`], which advanced the grammar over them).
+    /// sample dropped; emitted tokens advance the request's grammar.
     fn accept(
         &mut self,
         seq: SeqId,
@@ -476,7 +420,6 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         dead: &[bool],
         drafts: usize,
         now: Instant,
-        grammar: Option<&Vec<bool>>,
     ) -> Result<Vec<Event>> {
         let max_model_len = self.scheduler.config().max_model_len;
         let (base, proposed) = {
@@ -498,7 +441,13 @@ impl<D: Device, T: ActElem> Engine<D, T> {
                 Some(t) => live.itl.push(now - t),
             }
             live.last = Some(now);
-            let grammar_ok = !dead[i] && grammar.is_none_or(|g| g.get(i).copied().unwrap_or(false));
+            let grammar_ok = dead[i]
+                .then_some(false)
+                .or_else(|| {
+                    let c = self.constraints.get_mut(&seq)?;
+                    Some(live.req.stop_tokens.contains(&s.token) || c.consume(s.token).is_ok())
+                })
+                .unwrap_or(true);
             let finish = if !grammar_ok {
                 Some(FinishReason::Grammar)
             } else if live.req.stop_tokens.contains(&s.token) {
