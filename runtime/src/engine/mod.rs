@@ -51,7 +51,6 @@ use crate::model::sampler::{RowMasks, SampleRow, Sampled, SamplingParams};
 use crate::model::{Device, Model, Step};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
 use crate::spec::{Drafter, SpecConfig, SpecStats, accept_len, ngram::NgramDrafter, split_verify_entries};
-use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -359,33 +358,34 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             let (constraints, live, scheduler) = (&mut self.constraints, &self.live, &self.scheduler);
             let dead = &mut dead;
             let mut masker = || -> Result<RowMasks> {
-                // Each constrained sequence's rows are computed on their own
-                // (in parallel: the grammars are independent), then
-                // gathered in the step's row order.
-                let mut jobs = Vec::with_capacity(constrained.len());
-                let mut by_seq: HashMap<SeqId, &mut Constraint> =
-                    constraints.iter_mut().map(|(&k, c)| (k, c)).collect();
+                let mut m = RowMasks::default();
                 for &(at, seq, d) in &constrained {
-                    let c = by_seq.remove(&seq).ok_or_else(|| unknown(seq))?;
+                    let c = constraints.get_mut(&seq).ok_or_else(|| unknown(seq))?;
                     let stop = &live.get(&seq).ok_or_else(|| unknown(seq))?.req.stop_tokens;
                     let s = scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
-                    jobs.push((at, c, stop.as_slice(), &s.tokens()[s.len() - d..]));
-                }
-                let rows: Vec<Result<Vec<Option<Vec<u32>>>>> = jobs
-                    .into_par_iter()
-                    .map(|(_, c, stop, draft)| row_masks(c, stop, draft, words))
-                    .collect();
-                let mut m = RowMasks::default();
-                for (&(at, _, _), masks) in constrained.iter().zip(rows) {
-                    for (j, mask) in masks?.into_iter().enumerate() {
-                        match mask {
-                            Some(bits) => {
-                                m.bits.extend_from_slice(&bits);
-                                m.rows.push((at + j) as u32);
+                    let draft = &s.tokens()[s.len() - d..];
+                    let mut consumed = 0;
+                    for j in 0..=d {
+                        if j > 0 {
+                            if c.consume(draft[j - 1]).is_err() {
+                                // Drafts were checked; a failure leaves the
+                                // rest of this request's rows unmasked and
+                                // ends it at the first of them.
+                                dead[at + j..=at + d].fill(true);
+                                break;
                             }
-                            None => dead[at + j] = true,
+                            consumed += 1;
+                        }
+                        let start = m.bits.len();
+                        m.bits.resize(start + words, 0);
+                        if c.fill_mask(stop, &mut m.bits[start..]) {
+                            m.rows.push((at + j) as u32);
+                        } else {
+                            m.bits.truncate(start);
+                            dead[at + j] = true;
                         }
                     }
+                    c.rollback(consumed)?;
                 }
                 Ok(m)
             };
@@ -629,28 +629,3 @@ pub(crate) mod tests;
 mod tests_grammar;
 #[cfg(test)]
 mod tests_invariance;
-
-/// The token masks of one constrained sequence's rows in a step: its next
-/// token after the history (row 0) and after each of its `draft` tokens
-/// (rows 1..), `None` for a row that gets no mask (the grammar allows
-/// nothing there, or rejects a draft before it: such rows end the
-/// request). The constraint is left where it was.
-fn row_masks(c: &mut Constraint, stop: &[u32], draft: &[u32], words: usize) -> Result<Vec<Option<Vec<u32>>>> {
-    let mut out = Vec::with_capacity(draft.len() + 1);
-    let mut consumed = 0;
-    for j in 0..=draft.len() {
-        if j > 0 {
-            if c.consume(draft[j - 1]).is_err() {
-                // Drafts were checked; a failure leaves the rest of this
-                // request's rows unmasked and ends it at the first of them.
-                out.resize(draft.len() + 1, None);
-                break;
-            }
-            consumed += 1;
-        }
-        let mut bits = vec![0u32; words];
-        out.push(c.fill_mask(stop, &mut bits).then_some(bits));
-    }
-    c.rollback(consumed)?;
-    Ok(out)
-}
