@@ -129,8 +129,9 @@ pub struct Section {
     /// Where a persistent step's time went (decode steps of the persistent
     /// path): per stage, the median over the profiled steps.
     pub stages: Option<StageTimes>,
-    /// With a constraint: the median host time per step computing the
-    /// rows' token masks (during the step's forward pass on the device).
+    /// With a constraint: the median host time per step advancing the
+    /// rows' grammars by the previous step's tokens and computing their
+    /// token masks (during the step's forward pass on the device).
     pub mask_ms: Option<f64>,
 }
 
@@ -551,7 +552,7 @@ pub fn table(r: &Report) -> String {
         s.push_str(&format!("{}\n", "-".repeat(w + 92)));
         if let Some(m) = sec.mask_ms {
             s.push_str(&format!(
-                "token masks (host, during the forward pass): {:.3} ms per step, {:.0}% of the step\n",
+                "grammar advance + token masks (host, during the forward pass): {:.3} ms per step, {:.0}% of the step\n",
                 m,
                 100.0 * m / sec.step_ms.max(1e-12)
             ));

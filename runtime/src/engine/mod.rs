@@ -34,9 +34,11 @@
 //! Structured output ([`crate::grammar`]): a request may carry a
 //! [`Constraint`]. The engine keeps it beside the request and feeds it the
 //! request's emitted tokens only (preemption, recompute and the prefix cache
-//! never reach it). Each step, the masks of the constrained rows are
-//! computed on the host while the device runs the forward pass
-//! ([`Model::forward_sample_masked`]); verification rows of a draft get the
+//! never reach it). Each step, the host advances the grammars by the tokens
+//! the previous step emitted and computes the masks of the constrained rows
+//! while the device runs the forward pass
+//! ([`Model::forward_sample_masked`]), so neither waits for the other;
+//! verification rows of a draft get the
 //! mask after the drafts before them, and drafts are cut at the first token
 //! the grammar rejects (or a stop token) before they are verified. A row
 //! whose grammar allows no token at all ends its request with
@@ -151,7 +153,38 @@ pub struct Engine<D: Device, T: ActElem> {
     spec: Option<(SpecConfig, Box<dyn Drafter<D> + Send>)>,
     spec_stats: SpecStats,
     /// The grammar state of each constrained live request.
-    constraints: HashMap<SeqId, Constraint>,
+    constraints: HashMap<SeqId, Guide>,
+}
+
+/// A constrained request's grammar and the emitted tokens it has not yet
+/// consumed. Emitted tokens are consumed at the start of the next mask
+/// computation, which runs on the host while the device runs the forward
+/// pass, so the grammar's advance stays off the step's critical path. The
+/// masks guarantee that a sampled token is one the grammar accepts.
+struct Guide {
+    constraint: Constraint,
+    pending: Vec<u32>,
+    /// The grammar rejected a pending token: the request ends at its next
+    /// sampled row.
+    rejected: bool,
+}
+
+impl Guide {
+    fn new(constraint: Constraint) -> Guide {
+        Guide { constraint, pending: Vec::new(), rejected: false }
+    }
+
+    /// Consumes the pending tokens. Returns false when the grammar rejected
+    /// one, now or before.
+    fn catch_up(&mut self) -> bool {
+        for t in std::mem::take(&mut self.pending) {
+            if self.rejected {
+                break;
+            }
+            self.rejected = self.constraint.consume(t).is_err();
+        }
+        !self.rejected
+    }
 }
 
 impl<D: Device, T: ActElem> Engine<D, T> {
@@ -250,7 +283,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         let constraint = req.constraint.take();
         let seq = self.scheduler.add_request(req.prompt.clone())?;
         if let Some(c) = constraint {
-            self.constraints.insert(seq, c);
+            self.constraints.insert(seq, Guide::new(c));
         }
         let live = Live {
             req,
@@ -360,7 +393,14 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             let mut masker = || -> Result<RowMasks> {
                 let mut m = RowMasks::default();
                 for &(at, seq, d) in &constrained {
-                    let c = constraints.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+                    let g = constraints.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+                    if !g.catch_up() {
+                        // A sampled token the grammar rejects (the masks
+                        // rule it out): the request ends at this step.
+                        dead[at..=at + d].fill(true);
+                        continue;
+                    }
+                    let c = &mut g.constraint;
                     let stop = &live.get(&seq).ok_or_else(|| unknown(seq))?.req.stop_tokens;
                     let s = scheduler.sequence(seq).ok_or_else(|| unknown(seq))?;
                     let draft = &s.tokens()[s.len() - d..];
@@ -412,7 +452,8 @@ impl<D: Device, T: ActElem> Engine<D, T> {
     /// order until a stop condition ends the request, and the sequence is
     /// rolled back to what was emitted. A `dead` row (its grammar allows no
     /// token) ends the request there with [`FinishReason::Grammar`], its
-    /// sample dropped; emitted tokens advance the request's grammar.
+    /// sample dropped; emitted tokens advance the request's grammar at the
+    /// next step (see [`Guide`]).
     fn accept(
         &mut self,
         seq: SeqId,
@@ -441,13 +482,13 @@ impl<D: Device, T: ActElem> Engine<D, T> {
                 Some(t) => live.itl.push(now - t),
             }
             live.last = Some(now);
-            let grammar_ok = dead[i]
-                .then_some(false)
-                .or_else(|| {
-                    let c = self.constraints.get_mut(&seq)?;
-                    Some(live.req.stop_tokens.contains(&s.token) || c.consume(s.token).is_ok())
-                })
-                .unwrap_or(true);
+            let grammar_ok = !dead[i];
+            if grammar_ok
+                && !live.req.stop_tokens.contains(&s.token)
+                && let Some(g) = self.constraints.get_mut(&seq)
+            {
+                g.pending.push(s.token);
+            }
             let finish = if !grammar_ok {
                 Some(FinishReason::Grammar)
             } else if live.req.stop_tokens.contains(&s.token) {
@@ -518,11 +559,13 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             drafts.truncate(k);
             // A constrained request verifies only the drafts its grammar
             // accepts, up to the first stop token.
-            if let Some(c) = self.constraints.get_mut(&id) {
+            if let Some(g) = self.constraints.get_mut(&id) {
                 let stop = &self.live.get(&id).ok_or_else(|| unknown(id))?.req.stop_tokens;
                 let plain = drafts.iter().position(|t| stop.contains(t) || *t as usize >= vocab);
                 drafts.truncate(plain.unwrap_or(drafts.len()));
-                let n = c.valid_prefix(&drafts);
+                // A rejected pending token leaves no draft; the next mask
+                // computation ends the request.
+                let n = if g.catch_up() { g.constraint.valid_prefix(&drafts) } else { 0 };
                 drafts.truncate(n);
             }
             if !drafts.is_empty() {

@@ -158,3 +158,23 @@ fn a_grammar_that_allows_nothing_ends_the_request() {
     assert_eq!((last.token, last.finish), (None, Some(FinishReason::Grammar)));
     assert!(!e.has_unfinished());
 }
+
+#[test]
+fn emitted_tokens_reach_the_grammar_at_the_next_step_and_a_rejection_sticks() {
+    let (tok, _, _, g) = setup();
+    let id = |s: &str| tok.encode(s, false).unwrap()[0];
+    let mut guide = Guide::new(g.compile(&GrammarSpec::Lark("start: \"a\" \"b\"\n".into())).unwrap());
+    // Nothing pending: the state is the start, where "b" is rejected.
+    assert!(guide.catch_up());
+    assert_eq!(guide.constraint.valid_prefix(&[id("b")]), 0);
+    guide.pending.push(id("a"));
+    assert_eq!(guide.constraint.valid_prefix(&[id("b")]), 0, "pending tokens wait for catch_up");
+    assert!(guide.catch_up());
+    assert!(guide.pending.is_empty());
+    assert_eq!(guide.constraint.valid_prefix(&[id("b")]), 1);
+    // "a" again is rejected; the guide stays rejected with nothing pending.
+    guide.pending.extend([id("a"), id("b")]);
+    assert!(!guide.catch_up());
+    assert!(guide.pending.is_empty());
+    assert!(!guide.catch_up());
+}

@@ -617,8 +617,8 @@ impl<D: Device, T: ActElem> Model<D, T> {
         Ok(out)
     }
 
-    /// Host time the last [`Model::forward_sample_masked`] spent computing
-    /// grammar masks (zero when it had no masker).
+    /// Host time the last [`Model::forward_sample_masked`] spent in its
+    /// masker (the engine's grammar advance and masks; zero without one).
     pub fn last_mask_time(&self) -> std::time::Duration {
         self.last_mask_time
     }
