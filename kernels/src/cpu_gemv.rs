@@ -227,6 +227,7 @@ pub fn cpu_gemv_body(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
@@ -324,13 +325,14 @@ pub fn cpu_gemv_body(
             acc = cpu_fma(acc, wt, xa, na, rs, norm, dt, m_block, block_n, w);
         }
     }
-    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, w);
+    gemv_epilogue(acc, out_ptr, m, n, ldo, fuse, dt, m_block, block_n, w);
 }
 
 /// The dequant GEMV for CPUs, in the format `QUANT`, with the fused GEMV's
 /// RMSNorm prologue (`NORM`), SiLU-mul (`SILU`) and residual add
 /// (`RESIDUAL`); see the module doc. Each format is its own specialization
-/// (IR name `cpu_gemv_q4_1`, ...).
+/// (IR name `cpu_gemv_q4_1`, ...). Output row `r` starts at `out + r * ldo`
+/// (`ldo >= n`), as in [`crate::dequant::linear::linear`].
 #[kernel(name = "cpu_gemv_{QUANT}")]
 #[allow(clippy::too_many_arguments)]
 pub fn cpu_gemv<T: Float>(
@@ -341,6 +343,7 @@ pub fn cpu_gemv<T: Float>(
     out_ptr: Ptr<T>,
     m: i32,
     n: i32,
+    ldo: i32,
     k: i32,
     eps: f32,
     #[constexpr] QUANT: QuantFormat,
@@ -353,6 +356,6 @@ pub fn cpu_gemv<T: Float>(
 ) {
     let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
     cpu_gemv_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, ldo, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
     );
 }

@@ -202,7 +202,7 @@ pub fn stage_linear(
             expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
         };
         let fin = linear_tile(
-            x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, k, rs, wd, sr, wd_tail, sr_tail,
+            x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr, wd_tail, sr_tail,
             zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k, f16_ops, dt, MAX_ROWS, block_n,
         );
         if fin {

@@ -1,5 +1,7 @@
 //! Token-embedding gather from a Q8_0 table (GGUF's `Q8_0`, as SmolLM2's
-//! `token_embd.weight` is stored: vocab 49152, hidden 576).
+//! `token_embd.weight` is stored: vocab 49152, hidden 576); the 16-bit
+//! float and repacked tables' gathers ([`embedding_f16`],
+//! [`embedding_repacked`]) are at the end.
 //!
 //! # Format
 //!
@@ -48,6 +50,9 @@
 //! - `hidden: i32`, `vocab: i32`: the table's shape.
 //! - `#[constexpr] BLOCK`: the column tile, a power of two ([`block_for`]).
 
+use crate::cpu_gemv::byte_weights;
+use crate::dequant::QuantFormat;
+use crate::dequant::linear::weight_tile_any;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -74,6 +79,15 @@ pub fn embedding_q8_0<T: Float>(
     embedding_row(w_ptr, ids_ptr, out_ptr, hidden, vocab, program_id(0), T, BLOCK);
 }
 
+/// Token `t`'s table row and whether its id is in `[0, vocab)`; an invalid
+/// id's row is 0, so that even masked-off addresses stay inside the table.
+#[kernel_fn]
+pub fn token_row(ids_ptr: Tensor, vocab: Tensor, t: Tensor) -> (Tensor, Tensor) {
+    let id = load(ids_ptr + t);
+    let valid = id >= 0 && id < vocab;
+    (where_(valid, id, 0), valid)
+}
+
 /// The body of [`embedding_q8_0`] for token `t` (see the module doc).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
@@ -87,10 +101,7 @@ pub fn embedding_row(
     dt: DType,
     block: usize,
 ) {
-    let id = load(ids_ptr + t);
-    let valid = id >= 0 && id < vocab;
-    // Clamped so that even the (masked-off) addresses stay inside the table.
-    let row = where_(valid, id, 0);
+    let (row, valid) = token_row(ids_ptr, vocab, t);
     let row_base = row * ((hidden / 32) * 34);
     for c0 in range(0, hidden, block) {
         let cols = c0 + arange(0, block);
@@ -121,15 +132,52 @@ pub fn embedding_f16<T: Float>(
     gdc_wait();
     gdc_launch_dependents();
     let t = program_id(0);
-    let id = load(ids_ptr + t);
-    let valid = id >= 0 && id < vocab;
-    let row = where_(valid, id, 0);
+    let (row, valid) = token_row(ids_ptr, vocab, t);
     for c0 in range(0, hidden, BLOCK) {
         let cols = c0 + arange(0, BLOCK);
         let in_row = cols < hidden;
         let h = load(ptrcast(w_ptr, i16) + (row * hidden + cols), mask = in_row && valid, other = 0);
         let v = if BF16 { bitcast(h, bf16).to(f32) } else { bitcast(h, f16).to(f32) };
         store(out_ptr + t * hidden + cols, v.to(T), mask = in_row);
+    }
+}
+
+/// `out[t, :] = w[ids[t], :]` rounded to `T` from a table repacked by
+/// [`crate::dequant::repack`] in the format `QUANT` (the formats whose GGUF
+/// bytes the kernels above do not read: Q4_0, Q4_1, Q5_0, Q5_1 and the
+/// K-quants, as llama.cpp's K-quant files store `token_embd`): each weight
+/// as the products form it ([`weight_tile_any`]; Q8_0 planes, which Q5_0
+/// becomes, as [`byte_weights`]); zeros for ids outside `[0, vocab)`.
+/// Offsets 32-bit: `vocab * hidden < 2^31`. Each format is its own
+/// specialization (IR name `embedding_repacked_q4_k`, ...).
+#[kernel(name = "embedding_repacked_{QUANT}")]
+pub fn embedding_repacked<T: Float>(
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    ids_ptr: Ptr<i32>,
+    out_ptr: Ptr<T>,
+    hidden: i32,
+    vocab: i32,
+    #[constexpr] QUANT: QuantFormat,
+    #[constexpr] BLOCK: usize,
+) {
+    static_assert(!QUANT.is_float(), "16-bit float tables are read as stored (embedding_f16)");
+    gdc_wait();
+    gdc_launch_dependents();
+    let t = program_id(0);
+    let (row, valid) = token_row(ids_ptr, vocab, t);
+    for c0 in range(0, hidden, BLOCK) {
+        let cols = c0 + arange(0, BLOCK);
+        // Clamped columns (and row): every load stays inside the table.
+        let col = minimum(cols, hidden - 1);
+        let in_row = cols < hidden;
+        let w = if QUANT.kernel_format() == QuantFormat::Q8_0 {
+            let q = load(q_ptr + (row * hidden + col)).to(i32);
+            byte_weights(q, load(s_ptr + (row * (hidden / 32) + col / 32)).to(f32))
+        } else {
+            weight_tile_any(q_ptr, s_ptr, row, col, hidden, QUANT)
+        };
+        store(out_ptr + t * hidden + cols, where_(in_row && valid, w, 0.0).to(T), mask = in_row);
     }
 }
 

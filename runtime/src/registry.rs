@@ -143,6 +143,14 @@ fn build_embedding_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, block).with_warps(warps_for(block)))
 }
 
+fn build_embedding_repacked() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::embedding::{block_for, embedding_repacked as k, warps_for};
+    let block = block_for(4096);
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_K, block).with_warps(warps_for(block)),
+    )
+}
+
 fn build_quantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::fp8::quantize_fp8 as k;
     spec::<k::Kernel>(k::Config::new(DType::BF16, DType::F8E4M3, 128, 4))
@@ -377,6 +385,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, BLOCK = 1024, num_warps = 4",
         build: build_embedding_q8_0,
         check: checks!(check::embedding::embedding_q8_0),
+    },
+    Entry {
+        name: "embedding_repacked_q4_k",
+        description: "out[t, :] = w[ids[t], :] from a repacked table (Q4_0/Q4_1/Q5_x/K-quant token embeddings)",
+        default_config: "T = bf16, QUANT = q4_K, BLOCK = 1024, num_warps = 4",
+        build: build_embedding_repacked,
+        check: checks!(check::embedding::embedding_repacked),
     },
     Entry {
         name: "quantize_fp8",

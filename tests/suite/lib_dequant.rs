@@ -504,7 +504,8 @@ enum Fuse {
 }
 
 /// Runs a fused GEMV on the interpreter with norm weights `nw` and the
-/// initial `out` (the residual); returns `out` as f64.
+/// initial `out` (the residual), `m` rows of `out0.len() / m` values (the
+/// output's row stride `ldo`); returns `out` as f64.
 #[allow(clippy::too_many_arguments)]
 fn run_fused<T: Act>(
     format: QuantFormat,
@@ -535,6 +536,7 @@ fn run_fused<T: Act>(
                 out_ptr: op.cast(),
                 m: m as i32,
                 n: n as i32,
+                ldo: (out0.len() / m) as i32,
                 k: k as i32,
                 eps,
                 _marker: PhantomData,
@@ -706,4 +708,42 @@ fn fused_gemv_wrong_fusion_is_caught() {
         plain.y.iter().zip(&res).map(|(y, r)| r::residual_add(*y, *r as f64, dsl_core::DType::F32)).collect();
     assert!(within(&run(&nw, &res, Fuse::Residual), &want_res));
     assert!(!within(&run(&nw, &zeros, Fuse::Residual), &want_res), "residual ignored");
+}
+
+/// The fused GEMV with output rows `ldo > n` apart (a column range of a
+/// wider output): the same bits in the product's columns as with `ldo = n`
+/// and the columns past `n` untouched, with the norm prologue and with the
+/// residual epilogue.
+#[test]
+fn fused_gemv_writes_a_column_range_of_a_wider_output() {
+    let mut rng = Rng::new(0x1d1);
+    let (m, n, k, ldo) = (1, 12, 96, 29);
+    let x = activations::<f32>(&mut rng, m * k);
+    let nw = activations::<f32>(&mut rng, k);
+    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
+    let w = repack(QuantFormat::Q4_1, &raw, n, k).unwrap();
+    for fuse in [Fuse::Norm, Fuse::Residual] {
+        let wide0 = activations::<f32>(&mut rng, m * ldo);
+        let narrow0: Vec<f32> = wide0.chunks(ldo).flat_map(|r| r[..n].to_vec()).collect();
+        let run = |out0: &[f32]| {
+            run_fused::<f32>(
+                QuantFormat::Q4_1,
+                false,
+                fuse,
+                (1, 4, 64),
+                &x,
+                &nw,
+                out0,
+                &w.quants,
+                &w.scales,
+                (m, n, k),
+                1e-5,
+            )
+            .unwrap()
+        };
+        let (narrow, wide) = (run(&narrow0), run(&wide0));
+        assert_eq!(&wide[..n], &narrow[..], "{fuse:?}");
+        let rest: Vec<f64> = wide0[n..].iter().map(|v| *v as f64).collect();
+        assert_eq!(&wide[n..], &rest[..], "{fuse:?}: columns past n");
+    }
 }

@@ -86,6 +86,7 @@ fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, u
         out_ptr: op.cast(),
         m: m as i32,
         n: n as i32,
+        ldo: n as i32,
         k: k as i32,
         eps: 0.0,
         _marker: PhantomData,
@@ -168,5 +169,56 @@ fn linear_new_formats() {
         linear_case::<f32>(s, format, false, false, (16, 16, false), (3, 9, k));
         linear_case::<f32>(s + 1, format, true, true, (16, 32, true), (2, 5, k));
         linear_case::<bf16>(s + 2, format, false, true, (16, 16, false), (5, 7, k));
+    }
+}
+
+/// The gather from a repacked token-embedding table
+/// (`kernels::embedding::embedding_repacked`: llama.cpp's K-quant files
+/// store `token_embd` in Q4_K or Q6_K) in every format a table is repacked
+/// in, against the f64 dequantization of the GGUF bytes: f32 rows within
+/// two units of the weight formation's rounding (`|w|` plus the format's
+/// weight-rounding term), zero rows for ids out of range; one tile per row
+/// and a looped row.
+#[test]
+fn embedding_gathers_repacked_tables() {
+    use kernels::embedding::{block_for, embedding_repacked as kk};
+    let formats = [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q5_0, QuantFormat::Q5_1];
+    for (i, format) in formats.into_iter().chain(NEW[2..5].iter().copied()).enumerate() {
+        let (vocab, hidden) = (7, if format.is_k_quant() { 512 } else { 160 });
+        let mut rng = Rng::new(91 + i as u64);
+        let raw = gguf_any(&mut rng, format, vocab, hidden);
+        let w = repack(format, &raw, vocab, hidden).unwrap();
+        let ids = [3, -1, 6, 0, 7, 3];
+        for block in [block_for(hidden), 64] {
+            let mut cpu = Cpu::new();
+            let (qp, sp, ip) = (cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(&ids));
+            let op = cpu.zeros::<f32>(ids.len() * hidden);
+            let args = kk::Args {
+                q_ptr: qp.cast(),
+                s_ptr: sp.cast(),
+                ids_ptr: ip.cast(),
+                out_ptr: op.cast(),
+                hidden: hidden as i32,
+                vocab: vocab as i32,
+                _marker: PhantomData,
+            };
+            let config = kk::Config::new(dsl_core::DType::F32, w.format, block);
+            kk::interpret(&mut cpu, [ids.len() as u32, 1, 1], &config, &args).unwrap();
+            let got = cpu.read(op);
+            for (t, &id) in ids.iter().enumerate() {
+                let row = &got[t * hidden..][..hidden];
+                let what = format!("{} block {block} token {t} (id {id})", format.name());
+                if !(0..vocab as i32).contains(&id) {
+                    assert!(row.iter().all(|&v| v == 0.0), "{what}: an out-of-range id gives a zero row");
+                    continue;
+                }
+                let (want, extra) = r::dequant_row(format, &raw, hidden, id as usize);
+                for c in 0..hidden {
+                    let tol = 2f64.powi(-22) * (want[c].abs() + extra[c]);
+                    let err = (row[c] as f64 - want[c]).abs();
+                    assert!(err <= tol, "{what} column {c}: {} vs {} (tolerance {tol:e})", row[c], want[c]);
+                }
+            }
+        }
     }
 }

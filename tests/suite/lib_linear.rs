@@ -39,8 +39,8 @@ pub(crate) enum Fuse {
 }
 
 /// Runs `linear` on the interpreter with tiles `(block_m, block_n, split)`;
-/// `out0` is the initial output (the residual); returns the output's raw
-/// values.
+/// `out0` is the initial output (the residual), `m` rows of `out0.len() / m`
+/// values (the output's row stride `ldo`); returns the output's raw values.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<T: Act>(
     format: QuantFormat,
@@ -71,6 +71,7 @@ pub(crate) fn run<T: Act>(
         cnt_ptr: cntp.cast(),
         m: m as i32,
         n: n as i32,
+        ldo: (out0.len() / m) as i32,
         k: k as i32,
         eps: EPS,
         _marker: PhantomData,
@@ -352,5 +353,39 @@ fn sum_squares_is_exact_enough_and_order_independent() {
         let mut bad = vec![1.0f32; 8];
         bad[3] = v;
         assert!(rstd_of(&bad, 8).is_nan(), "{v}");
+    }
+}
+
+/// Output rows `ldo > n` apart (a column range of a wider output, as a QKV
+/// product whose parts differ in format writes): the same bits in the
+/// product's columns as with `ldo = n`, and the columns past `n` untouched,
+/// plain, SiLU-mul and residual, split and unsplit tiles.
+#[test]
+fn a_wider_output_row_gets_the_same_bits_and_keeps_its_other_columns() {
+    let mut rng = Rng::new(0x1d0);
+    let (m, n, k, ldo) = (5, 24, 160, 37);
+    for (fuse, tiles) in [
+        (Fuse::None, (16, 16, false)),
+        (Fuse::Silu, (16, 32, true)),
+        (Fuse::Residual, (32, 16, true)),
+        (Fuse::None, (16, 16, true)),
+    ] {
+        let silu = fuse == Fuse::Silu;
+        let x = activations::<f32>(&mut rng, m * k);
+        let (w, _) = random_weight(&mut rng, QuantFormat::Q4_1, n, k, silu);
+        let wide0 = activations::<f32>(&mut rng, m * ldo);
+        let narrow0: Vec<f32> = wide0.chunks(ldo).flat_map(|r| r[..n].to_vec()).collect();
+        let narrow =
+            run::<f32>(QuantFormat::Q4_1, fuse, true, tiles, &x, &x, &narrow0, &w, (m, n, k)).unwrap();
+        let wide = run::<f32>(QuantFormat::Q4_1, fuse, true, tiles, &x, &x, &wide0, &w, (m, n, k)).unwrap();
+        for r in 0..m {
+            let (got, before) = (&wide[r * ldo..][..ldo], &wide0[r * ldo..][..ldo]);
+            assert_eq!(
+                got[..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                narrow[r * n..][..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{fuse:?} {tiles:?} row {r}"
+            );
+            assert_eq!(&got[n..], &before[n..], "{fuse:?} {tiles:?} row {r}: columns past n");
+        }
     }
 }

@@ -46,7 +46,8 @@ use dsl_macros::kernel;
 /// optional RMSNorm prologue (`NORM`) and residual-add epilogue
 /// (`RESIDUAL`); see the module doc. Each format is its own specialization
 /// (IR name `gemv_q4_1_fused`, ...); Q8_0 is the tied LM head with the final
-/// norm in its prologue.
+/// norm in its prologue. Output row `r` starts at `out + r * ldo` (`ldo >=
+/// n`), as in [`super::linear::linear`].
 #[kernel(name = "gemv_{QUANT}_fused")]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_fused<T: Float>(
@@ -57,6 +58,7 @@ pub fn gemv_fused<T: Float>(
     out_ptr: Ptr<T>,
     m: i32,
     n: i32,
+    ldo: i32,
     k: i32,
     eps: f32,
     #[constexpr] QUANT: QuantFormat,
@@ -68,5 +70,7 @@ pub fn gemv_fused<T: Float>(
     #[constexpr] BLOCK_K: usize,
 ) {
     let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
-    gemv_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K);
+    gemv_body(
+        x_ptr, q_ptr, s_ptr, out_ptr, m, n, ldo, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
+    );
 }

@@ -16,7 +16,8 @@ use dsl_macros::{kernel, kernel_fn};
 /// Stores the `[BLOCK_M, BLOCK_N]` accumulator of output tile `(pid_m,
 /// pid_n)` (activation rows from `pid_m * BLOCK_M`, weight rows from `pid_n
 /// * BLOCK_N`); with `silu`, weight rows come in (gate, up) pairs and the
-/// tile holds `BLOCK_N / 2` output columns of `silu(gate) * up`.
+/// tile holds `BLOCK_N / 2` output columns of `silu(gate) * up`. Output
+/// rows are `ldo` elements apart.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_epilogue(
@@ -24,6 +25,7 @@ pub fn gemm_epilogue(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     silu: bool,
     pid_m: Tensor,
     pid_n: Tensor,
@@ -41,12 +43,12 @@ pub fn gemm_epilogue(
         let o = arange(0, block_m * pairs);
         let om = pid_m * block_m + o / pairs;
         let on = pid_n * pairs + o % pairs;
-        store(out_ptr + om * n + on, y, mask = om < m && on < n);
+        store(out_ptr + om * ldo + on, y, mask = om < m && on < n);
     } else {
         let o = arange(0, block_m * block_n);
         let om = pid_m * block_m + o / block_n;
         let on = pid_n * block_n + o % block_n;
-        store(out_ptr + om * n + on, reshape(acc, [block_m * block_n]), mask = om < m && on < n);
+        store(out_ptr + om * ldo + on, reshape(acc, [block_m * block_n]), mask = om < m && on < n);
     }
 }
 
@@ -146,7 +148,7 @@ pub fn gemm_body(
             acc = dot_wt(x, w, acc, block_m, block_n, width);
         }
     }
-    gemm_epilogue(acc, out_ptr, m, n, silu, program_id(0), program_id(1), block_m, block_n);
+    gemm_epilogue(acc, out_ptr, m, n, n, silu, program_id(0), program_id(1), block_m, block_n);
 }
 
 /// `acc + w @ x^T` for the dequantized `[BLOCK_N, BLOCK_K]` weight tile `w`
@@ -204,7 +206,7 @@ pub fn gemm_swap(
         block_n,
         block_k,
     );
-    gemm_epilogue(trans(acc), out_ptr, m, n, silu, pid_m, pid_n, block_m, block_n);
+    gemm_epilogue(trans(acc), out_ptr, m, n, n, silu, pid_m, pid_n, block_m, block_n);
 }
 
 /// How [`swap_acc`] runs its K loop.

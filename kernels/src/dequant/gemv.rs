@@ -292,7 +292,7 @@ pub fn q8_tail_x(x_ptr: Tensor, mrow: Tensor, c: Tensor, k: Tensor, k0: Tensor) 
 /// `out[pid1 * M_BLOCK + mi, pid0 * BLOCK_N + r]`. With `fuse.silu()`, weight
 /// rows come in (gate, up) pairs: output column `pid0 * BLOCK_N / 2 + r / 2`
 /// gets `silu(gate) * up`; with `fuse.residual()` the result is added to
-/// `out` in place.
+/// `out` in place. Output rows are `ldo` elements apart.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_epilogue(
@@ -300,6 +300,7 @@ pub fn gemv_epilogue(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     fuse: Fuse,
     dt: DType,
     m_block: usize,
@@ -320,7 +321,7 @@ pub fn gemv_epilogue(
         let o = arange(0, m_block * pairs);
         let om = pid_m * m_block + o / pairs;
         let on = pid_n * pairs + o % pairs;
-        store(out_ptr + om * n + on, y, mask = om < m && on < n);
+        store(out_ptr + om * ldo + on, y, mask = om < m && on < n);
     } else {
         let y = sum(reshape(acc, [m_block * block_n, width]), 1);
         let o = arange(0, m_block * block_n);
@@ -330,10 +331,10 @@ pub fn gemv_epilogue(
         if fuse.residual() {
             // `out = round_T(round_T(y) + out)`: the unfused path's product
             // rounded to `T`, then add+RMSNorm's rounded residual add.
-            let r = load(out_ptr + om * n + on, mask = ok, other = 0.0).to(f32);
-            store(out_ptr + om * n + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
+            let r = load(out_ptr + om * ldo + on, mask = ok, other = 0.0).to(f32);
+            store(out_ptr + om * ldo + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
         } else {
-            store(out_ptr + om * n + on, y, mask = ok);
+            store(out_ptr + om * ldo + on, y, mask = ok);
         }
     }
 }
@@ -389,6 +390,7 @@ pub fn gemv_body(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     k: Tensor,
     nw_ptr: Tensor,
     eps: Tensor,
@@ -479,7 +481,7 @@ pub fn gemv_body(
             acc = fma(repeat_rows(w, m_block, wn), x, acc);
         }
     }
-    gemv_epilogue(acc, out_ptr, m, n, fuse, dt, m_block, block_n, width);
+    gemv_epilogue(acc, out_ptr, m, n, ldo, fuse, dt, m_block, block_n, width);
 }
 
 /// The dequant GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked in the
@@ -535,5 +537,5 @@ pub fn gemv<T: Float>(
 ) {
     // The norm weights and `eps` are not read: `x_ptr` and `k` stand in.
     let fuse = Fuse::NONE.with_silu(SILU);
-    gemv_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, x_ptr, k, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K);
+    gemv_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, n, k, x_ptr, k, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K);
 }

@@ -132,6 +132,7 @@ pub fn linear_epilogue(
     out_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     pid_m: Tensor,
     pid_n: Tensor,
     fuse: Fuse,
@@ -145,10 +146,10 @@ pub fn linear_epilogue(
         let on = pid_n * block_n + o % block_n;
         let ok = om < m && on < n;
         let y = reshape(acc, [block_m * block_n]);
-        let r = load(out_ptr + om * n + on, mask = ok, other = 0.0).to(f32);
-        store(out_ptr + om * n + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
+        let r = load(out_ptr + om * ldo + on, mask = ok, other = 0.0).to(f32);
+        store(out_ptr + om * ldo + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
     } else {
-        gemm_epilogue(acc, out_ptr, m, n, fuse.silu(), pid_m, pid_n, block_m, block_n);
+        gemm_epilogue(acc, out_ptr, m, n, ldo, fuse.silu(), pid_m, pid_n, block_m, block_n);
     }
 }
 
@@ -276,6 +277,7 @@ pub fn linear_body(
     cnt_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     k: Tensor,
     eps: Tensor,
     quant: QuantFormat,
@@ -319,6 +321,7 @@ pub fn linear_body(
         cnt_ptr,
         m,
         n,
+        ldo,
         k,
         rs,
         wd,
@@ -360,6 +363,7 @@ pub fn linear_tile(
     cnt_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     k: Tensor,
     rs: Tensor,
     wd0: Tensor,
@@ -403,8 +407,8 @@ pub fn linear_tile(
         let part =
             tile_product(wd0, sr0, xa, nw_ptr, rs, k, first, quant, norm, f16_ops, dt, block_m, block_n);
         split_finish(
-            part, out_ptr, ws_ptr, cnt_ptr, m, n, pid_m, pid_n, pid_k, tiles_n, tiles_k, fuse, dt, block_m,
-            block_n,
+            part, out_ptr, ws_ptr, cnt_ptr, m, n, ldo, pid_m, pid_n, pid_k, tiles_n, tiles_k, fuse, dt,
+            block_m, block_n,
         )
     } else {
         // Whole K tiles: unmasked loads at offsets that move by a constant,
@@ -447,7 +451,7 @@ pub fn linear_tile(
             );
             acc = acc + part;
         }
-        linear_epilogue(acc, out_ptr, m, n, pid_m, pid_n, fuse, dt, block_m, block_n);
+        linear_epilogue(acc, out_ptr, m, n, ldo, pid_m, pid_n, fuse, dt, block_m, block_n);
         full([], 1, i1)
     }
 }
@@ -469,6 +473,7 @@ pub fn split_finish(
     cnt_ptr: Tensor,
     m: Tensor,
     n: Tensor,
+    ldo: Tensor,
     pid_m: Tensor,
     pid_n: Tensor,
     pid_k: Tensor,
@@ -506,6 +511,7 @@ pub fn split_finish(
             out_ptr,
             m,
             n,
+            ldo,
             pid_m,
             pid_n,
             fuse,
@@ -524,7 +530,9 @@ pub fn split_finish(
 /// (tensor cores); otherwise they stay f32. With `SPLIT` the grid's third
 /// axis runs one K tile per program (`cdiv(K, LINEAR_BLOCK_K)` programs per
 /// output tile) and the products meet through `ws` and `cnt` (see
-/// [`split_finish`]); otherwise each program loops over K.
+/// [`split_finish`]); otherwise each program loops over K. Output row `r`
+/// starts at `out + r * ldo` (`ldo >= n`), so one product can fill a column
+/// range of a wider matrix (QKV whose parts differ in format).
 #[kernel(autotune(
     configs = [
         (BLOCK_M = 16, BLOCK_N = 32, num_warps = 4),
@@ -551,6 +559,7 @@ pub fn linear<T: Float>(
     cnt_ptr: Ptr<i32>,
     m: i32,
     n: i32,
+    ldo: i32,
     k: i32,
     eps: f32,
     #[constexpr] QUANT: QuantFormat,
@@ -566,7 +575,7 @@ pub fn linear<T: Float>(
     static_assert(!(SILU && RESIDUAL), "SILU and RESIDUAL do not combine");
     let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
     linear_body(
-        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, k, eps, QUANT, fuse, SPLIT, F16, T,
+        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, ldo, k, eps, QUANT, fuse, SPLIT, F16, T,
         BLOCK_M, BLOCK_N, NORM_BLOCK,
     );
 }

@@ -251,7 +251,7 @@ pub fn gemv_q8_body(
             acc = q8_q8_step(wd, sr, xa, xd, acc, m_block, wn);
         }
     }
-    gemv_epilogue(acc, out_ptr, m, n, Fuse::NONE.with_silu(silu), dt, m_block, block_n, kw);
+    gemv_epilogue(acc, out_ptr, m, n, n, Fuse::NONE.with_silu(silu), dt, m_block, block_n, kw);
 }
 
 /// The tile coordinates of the 8-bit GEMV body, `kw` quant words per

@@ -194,6 +194,7 @@ pub fn sk_finish(
         out_ptr,
         m,
         n,
+        n,
         silu,
         t % tiles_m,
         t / tiles_m,

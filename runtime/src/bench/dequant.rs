@@ -365,6 +365,7 @@ fn measure_fused(
         out_ptr: od.ptr().cast(),
         m: m as i32,
         n: n as i32,
+        ldo: n as i32,
         k: k as i32,
         eps: 1e-5,
         _marker: PhantomData,

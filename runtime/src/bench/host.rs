@@ -178,6 +178,7 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
                     out_ptr: o.cast(),
                     m: 1,
                     n: n as i32,
+                    ldo: n as i32,
                     k: k as i32,
                     eps: 1e-5,
                     _marker: PhantomData,

@@ -107,6 +107,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 cnt_ptr: cntd.ptr().cast(),
                 m: m as i32,
                 n: n as i32,
+                ldo: n as i32,
                 k: k as i32,
                 eps: 1e-5,
                 _marker: PhantomData,

@@ -1,10 +1,11 @@
-//! The check of `kernels::embedding`: the Q8_0 row gather, exact against
-//! the interpreter (`d * q` is exact in f32; bf16 is one rounding of it on
-//! both sides), out-of-range ids giving zero rows.
+//! The checks of `kernels::embedding`: the Q8_0 row gather and the gather
+//! from repacked tables (every format the model repacks its table in), each
+//! exact against the interpreter, out-of-range ids giving zero rows.
 
 use crate::check::{CheckRow, DevicePtr, EXACT, Rng, outcome, over_cases};
 use crate::error::Result;
 use crate::model::{ActElem, Device};
+use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::embedding::embedding_q8_0 as kernel;
@@ -73,6 +74,70 @@ pub fn embedding_q8_0<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>
         Ok([
             embedding_q8_0_case::<f32, _>(dev, rng, shape, i == 2)?,
             embedding_q8_0_case::<bf16, _>(dev, rng, shape, i == 3)?,
+        ])
+    })
+}
+
+/// The rows `ids` of the repacked table `w` (`vocab` rows of `hidden`
+/// values) gathered by `embedding_repacked` on `dev`.
+fn repacked_on<T: ActElem, D: Device>(
+    dev: &mut D,
+    w: &kernels::dequant::Repacked,
+    ids: &[i32],
+    block: usize,
+) -> Result<Vec<T>> {
+    use kernels::embedding::embedding_repacked as k;
+    let (tokens, hidden, vocab) = (ids.len(), w.k, w.n);
+    let config =
+        k::Config::new(T::DEVICE_DTYPE, w.format, block).with_warps(kernels::embedding::warps_for(block));
+    let (qd, sd, id) = (dev.upload(&w.quants)?, dev.upload(&w.scales)?, dev.upload(ids)?);
+    let od = dev.zeros::<T>(tokens * hidden)?;
+    let args = k::Args {
+        q_ptr: dev.ptr(&qd)?,
+        s_ptr: dev.ptr(&sd)?,
+        ids_ptr: dev.ptr(&id)?,
+        out_ptr: dev.ptr(&od)?,
+        hidden: hidden as i32,
+        vocab: vocab as i32,
+        _marker: PhantomData,
+    };
+    dev.run::<k::Kernel>([tokens as u32, 1, 1], &config, &args)?;
+    dev.download(&od)
+}
+
+/// The `embedding_repacked` check: each format a table is repacked in
+/// (Q4_0, Q4_1, Q5_0 as Q8_0 planes, Q5_1, Q4_K, Q5_K, Q6_K; random GGUF
+/// bytes with finite scales), hidden 576 or 4096 (a looped row), ragged
+/// token counts with two out-of-range ids, f32 and bf16 outputs, exact
+/// against the interpreter (the same `fma`s on both sides).
+pub fn embedding_repacked<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    use kernels::dequant::{QuantFormat, repack};
+    let formats = [
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
+    ];
+    over_cases(dev, seed, formats, |dev, rng, format| {
+        let hidden = if format.is_k_quant() { 4096 } else { 576 };
+        let (vocab, tokens) = (300, 37);
+        let raw = super::dequant::gguf_weight(rng, format, vocab, hidden);
+        let w = repack(format, &raw, vocab, hidden).map_err(|e| crate::error::Error::Usage(e.to_string()))?;
+        let mut ids: Vec<i32> = (0..tokens).map(|_| (rng.next_u64() % vocab as u64) as i32).collect();
+        ids[tokens / 2] = vocab as i32;
+        ids[0] = -1;
+        let block = kernels::embedding::block_for(hidden);
+        let shape = format!("{} {tokens}x{hidden} of {vocab} (2 invalid ids)", format.name());
+        let f = repacked_on::<f32, _>(dev, &w, &ids, block)?;
+        let fw = repacked_on::<f32, _>(&mut Cpu::new(), &w, &ids, block)?;
+        let h = repacked_on::<bf16, _>(dev, &w, &ids, block)?;
+        let hw = repacked_on::<bf16, _>(&mut Cpu::new(), &w, &ids, block)?;
+        Ok([
+            outcome("embedding_repacked", shape.clone(), DType::F32, &f, &fw, EXACT),
+            outcome("embedding_repacked", shape, DType::BF16, &h, &hw, EXACT),
         ])
     })
 }

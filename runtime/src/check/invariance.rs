@@ -114,6 +114,7 @@ fn product<D: Device, T: ActElem>(
         cnt_ptr: D::ptr_at::<i32, i32>(&cntd, 0)?,
         m: m as i32,
         n: n as i32,
+        ldo: n as i32,
         k: k as i32,
         eps: 1e-5,
         _marker: PhantomData,

@@ -85,6 +85,19 @@ pub fn tiny_flat_model() -> Result<Gguf> {
     Ok(Gguf::from_bytes(t.to_bytes()?)?)
 }
 
+/// [`tiny_llama`] quantized as llama.cpp's mixed types are: V in Q8_0 beside
+/// Q4_1 Q and K (the QKV product runs per run of formats) and a tied Q4_1
+/// embedding table (repacked, gathered by `embedding_repacked`).
+pub fn tiny_mixed_quant_model() -> Result<Gguf> {
+    use crate::gguf::GgmlType;
+    let t = TinyLlama {
+        matrix_types: vec![("attn_v", GgmlType::Q8_0)],
+        embedding_type: GgmlType::Q4_1,
+        ..tiny_llama()
+    };
+    Ok(Gguf::from_bytes(t.to_bytes()?)?)
+}
+
 /// The tiny model ([`tiny_llama`], with `embedding_scale`) in each variant
 /// of the forward pass beyond plain Llama: `qwen2` (QKV bias, NEOX RoPE),
 /// `qwen3` (Q/K head norm, NEOX RoPE, 4 query heads of 64 on the hidden size
@@ -181,7 +194,8 @@ pub fn compare_logits(kernel: &str, dtype: DType, got: &[f32], want: &[f32], rel
 }
 
 /// The model check: the scenario on the GPU against the interpreter, f32 and
-/// bf16, for the tiny Llama and its [`tiny_arch_models`] variants (`_seed`
+/// bf16, for the tiny Llama, its [`tiny_arch_models`] variants and
+/// [`tiny_mixed_quant_model`] (`_seed`
 /// is unused: the model's weights are seeded by the tiny writer).
 pub fn gpu_check(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let gguf = tiny_model()?;
@@ -192,8 +206,10 @@ pub fn gpu_check(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let want = run_scenario::<Cpu, bf16>(&mut cpu, &gguf)?;
     let got = run_scenario::<Cuda, bf16>(cuda, &gguf)?;
     rows.push(compare_logits("llama_forward", DType::BF16, &got, &want, 1e-2));
-    // The other architectures' variants (bias, NEOX, head norm, factors).
-    for (name, gguf) in tiny_arch_models(0.5)? {
+    // The other architectures' variants (bias, NEOX, head norm, factors),
+    // and mixed quantization types.
+    let mixed = ("mixed_quant", tiny_mixed_quant_model()?);
+    for (name, gguf) in tiny_arch_models(0.5)?.into_iter().chain([mixed]) {
         let kernel = format!("{name}_forward");
         let want = run_scenario::<Cpu, f32>(&mut cpu, &gguf)?;
         let got = run_scenario::<Cuda, f32>(cuda, &gguf)?;

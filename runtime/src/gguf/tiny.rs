@@ -97,6 +97,10 @@ pub struct TinyLlama {
     pub embedding_type: GgmlType,
     /// Type of the projection matrices (SmolLM2: `Q4_1`).
     pub matrix_type: GgmlType,
+    /// Types of some projections instead of `matrix_type`, by tensor kind
+    /// (`"attn_v"` for every layer's `blk.N.attn_v.weight`), as llama.cpp's
+    /// mixed quantizations write them (Q4_K_M: V and down in Q6_K).
+    pub matrix_types: Vec<(&'static str, GgmlType)>,
     /// Whether to write an untied `output.weight` (SmolLM2 ties it: no).
     pub untied_output: bool,
     /// Half-width of the uniform token embeddings. With the tied head the
@@ -145,6 +149,7 @@ impl Default for TinyLlama {
             seed: 0x5EED,
             embedding_type: GgmlType::Q8_0,
             matrix_type: GgmlType::Q4_1,
+            matrix_types: Vec::new(),
             untied_output: false,
             embedding_scale: 0.5,
             vocab: None,
@@ -199,7 +204,10 @@ impl TinyLlama {
                     (self.embedding_type, (0..n).map(|_| self.embedding_scale * rng.signed_f32()).collect())
                 }
                 TensorRole::Matrix => (
-                    self.matrix_type,
+                    self.matrix_types
+                        .iter()
+                        .find(|(kind, _)| spec.name.ends_with(&format!(".{kind}.weight")))
+                        .map_or(self.matrix_type, |&(_, ty)| ty),
                     (0..n).map(|_| self.matrix_scale * rng.signed_f32() / fan_in.sqrt()).collect(),
                 ),
                 TensorRole::Output => (
@@ -331,6 +339,7 @@ pub fn synth_arch(name: &str, vocab: Vocab) -> Option<TinyLlama> {
         seed: 0x5EED_0039,
         embedding_type: GgmlType::Q8_0,
         matrix_type: GgmlType::Q4_1,
+        matrix_types: Vec::new(),
         untied_output: true,
         embedding_scale: 1.0,
         vocab: Some(vocab),

@@ -33,10 +33,11 @@ use crate::error::Result;
 use crate::gguf::RopeStyle;
 use crate::model::ActElem;
 use dsl_core::DType;
+use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
 use kernels::dequant::QuantFormat;
-use kernels::embedding::{self, embedding_f16, embedding_q8_0};
+use kernels::embedding::{self, embedding_f16, embedding_q8_0, embedding_repacked};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
 use kernels::rope::{rope_arch_kv_write, rope_kv_write};
@@ -112,6 +113,22 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let eb = embedding::block_for(c.n_embd);
         let n = self.plan.n;
         let es = dtype.size_bytes();
+        if let Some(table) = self.w.embedding_table() {
+            let config =
+                embedding_repacked::Config::new(dtype, table.format, eb).with_warps(embedding::warps_for(eb));
+            let args = embedding_repacked::Args {
+                q_ptr: D::ptr_at::<u8, u8>(&table.quants, 0)?,
+                s_ptr: D::ptr_at::<f16, f16>(&table.scales, 0)?,
+                ids_ptr: arena_i32::<D>(self.arena, self.lay.tokens)?,
+                out_ptr: any::<D, T>(&self.s.h, 0)?,
+                hidden: c.n_embd as i32,
+                vocab: c.vocab_size as i32,
+                _marker: PhantomData,
+            };
+            let row = table.format.gguf_bytes(1, c.n_embd);
+            ln.cost(|| format!("embedding {n} rows"), n * (row + c.n_embd * es + 4), 0);
+            return ln.run::<embedding_repacked::Kernel>([n as u32, 1, 1], &config, &args);
+        }
         if self.w.embedding_format != QuantFormat::Q8_0 {
             let bf16 = self.w.embedding_format == QuantFormat::BF16;
             let config = embedding_f16::Config::new(dtype, bf16, eb).with_warps(embedding::warps_for(eb));
@@ -142,18 +159,26 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
     /// `qkv = norm(h) @ Wqkv^T`: the attention norm is layer 0's RMSNorm of
     /// the embedding, or add+RMSNorm of the previous layer's down product
     /// into the residual (fused into the product on single-token steps).
+    /// A QKV matrix whose parts differ in format runs one product per part,
+    /// each into its column range of `qkv` ([`Weights::qkv_parts`]).
     fn qkv(&self, ln: &mut Launcher<'_, D>, l: usize) -> Result<()> {
         let (s, n, eps) = (self.s, self.plan.n, self.w.config.rms_norm_eps);
-        let (w, norm) = (self.w.mat(l, Kind::Qkv), self.w.attn_norm(l));
-        if self.fused() {
-            return self.project(ln, "qkv", w, (&s.h, 0), (&s.qkv, 0), n, false, Fuse::Norm(norm, eps));
-        }
-        if l == 0 {
-            self.rmsnorm(ln, (&s.h, 0), norm, (&s.normed, 0), n)?;
+        let (parts, norm) = (self.w.qkv_parts(l), self.w.attn_norm(l));
+        let ldo = parts.iter().map(|(w, _)| w.n).sum();
+        let (x, fuse) = if self.fused() {
+            ((&s.h, 0), Fuse::Norm(norm, eps))
         } else {
-            self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
+            if l == 0 {
+                self.rmsnorm(ln, (&s.h, 0), norm, (&s.normed, 0), n)?;
+            } else {
+                self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
+            }
+            ((&s.normed, 0), Fuse::None)
+        };
+        for (w, col) in parts {
+            self.project(ln, "qkv", w, x, ((&s.qkv, col), Some(ldo)), n, false, fuse)?;
         }
-        self.project(ln, "qkv", w, (&s.normed, 0), (&s.qkv, 0), n, false, Fuse::None)
+        Ok(())
     }
 
     /// RoPE on Q and K, K and V written to layer `l`'s paged cache: the
@@ -342,9 +367,9 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
     fn attn_out(&self, ln: &mut Launcher<'_, D>, l: usize) -> Result<()> {
         let (s, n, w) = (self.s, self.plan.n, self.w.mat(l, Kind::O));
         if self.fused() {
-            return self.project(ln, "o", w, (&s.attn, 0), (&s.h, 0), n, false, Fuse::Residual);
+            return self.project(ln, "o", w, (&s.attn, 0), ((&s.h, 0), None), n, false, Fuse::Residual);
         }
-        self.project(ln, "o", w, (&s.attn, 0), (&s.tmp, 0), n, false, Fuse::None)
+        self.project(ln, "o", w, (&s.attn, 0), ((&s.tmp, 0), None), n, false, Fuse::None)
     }
 
     /// `down(silu(gate(x)) * up(x))` with `x` the MLP norm of the residual:
@@ -355,12 +380,12 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let (s, n, eps) = (self.s, self.plan.n, self.w.config.rms_norm_eps);
         let (gu, down, norm) = (self.w.mat(l, Kind::GateUp), self.w.mat(l, Kind::Down), self.w.ffn_norm(l));
         if self.fused() {
-            self.project(ln, "gate_up", gu, (&s.h, 0), (&s.act, 0), n, true, Fuse::Norm(norm, eps))?;
-            return self.project(ln, "down", down, (&s.act, 0), (&s.h, 0), n, false, Fuse::Residual);
+            self.project(ln, "gate_up", gu, (&s.h, 0), ((&s.act, 0), None), n, true, Fuse::Norm(norm, eps))?;
+            return self.project(ln, "down", down, (&s.act, 0), ((&s.h, 0), None), n, false, Fuse::Residual);
         }
         self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
-        self.project(ln, "gate_up", gu, (&s.normed, 0), (&s.act, 0), n, true, Fuse::None)?;
-        self.project(ln, "down", down, (&s.act, 0), (&s.tmp, 0), n, false, Fuse::None)
+        self.project(ln, "gate_up", gu, (&s.normed, 0), ((&s.act, 0), None), n, true, Fuse::None)?;
+        self.project(ln, "down", down, (&s.act, 0), ((&s.tmp, 0), None), n, false, Fuse::None)
     }
 
     /// The final norm of the requested rows and the LM head.
@@ -388,7 +413,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
                     "lm_head",
                     self.w.lm_head.view(),
                     (&s.h, r * e),
-                    out,
+                    (out, None),
                     count,
                     false,
                     fuse,
@@ -416,7 +441,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             "lm_head",
             self.w.lm_head.view(),
             (&s.last, 0),
-            (&s.logits, 0),
+            ((&s.logits, 0), None),
             rows,
             false,
             Fuse::None,
@@ -424,7 +449,10 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
     }
 
     /// `out = x @ w^T` over `m` rows (or the fused SiLU-mul with `silu`), with
-    /// `fuse`; `x` and `out` start at element offsets.
+    /// `fuse`; `x` and `out` start at element offsets, and output rows are
+    /// `ldo` elements apart (`None`: the product's width; wider for a column
+    /// range of a wider output, which the fast path's unfused GEMV and GEMM
+    /// cannot write, so such a product runs the batch-invariant one).
     #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
@@ -432,13 +460,14 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         role: &'static str,
         w: MatRef<'_, D>,
         x: (&D::Buf<T>, usize),
-        out: (&D::Buf<T>, usize),
+        (out, ldo): ((&D::Buf<T>, usize), Option<usize>),
         m: usize,
         silu: bool,
         fuse: Fuse<'_, D, T>,
     ) -> Result<()> {
         let es = T::DEVICE_DTYPE.size_bytes();
         let n_out = if silu { w.n / 2 } else { w.n };
+        let ldo = ldo.unwrap_or(n_out);
         let rw = if matches!(fuse, Fuse::Residual) { 2 } else { 1 };
         ln.cost(
             || format!("{role} {}x{} {} m{m}", w.n, w.k, w.format.name()),
@@ -448,13 +477,14 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         // Formats the fast path's GPU-shaped kernels do not take run the
         // batch-invariant product (the CPU GEMV on CPU devices) on either
         // plan.
-        if self.plan.invariant || !w.format.gpu_kernels() {
-            return linear_launch::<D, T>(ln, self.s, w, x, out, m, silu, fuse);
+        let narrow = ldo != n_out && matches!(fuse, Fuse::None);
+        if self.plan.invariant || !w.format.gpu_kernels() || narrow {
+            return linear_launch::<D, T>(ln, self.s, w, x, out, ldo, m, silu, fuse);
         }
         match fuse {
             Fuse::None => matmul::<D, T>(ln, w, x, out, m, silu),
-            Fuse::Norm(nw, eps) => gemv_fused::<D, T>(ln, w, x, out, m, silu, Some((nw, eps)), false),
-            Fuse::Residual => gemv_fused::<D, T>(ln, w, x, out, m, silu, None, true),
+            Fuse::Norm(nw, eps) => gemv_fused::<D, T>(ln, w, x, out, ldo, m, silu, Some((nw, eps)), false),
+            Fuse::Residual => gemv_fused::<D, T>(ln, w, x, out, ldo, m, silu, None, true),
         }
     }
 

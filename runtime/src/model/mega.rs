@@ -137,6 +137,11 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
     if !dev.persistent() {
         return Some(format!("{} does not run persistent kernels", dev.describe()));
     }
+    if w.layers.iter().any(|l| !l.qkv_rest.is_empty()) {
+        return Some(
+            "its QKV tasks take one matrix per layer, and this model's Q, K and V differ in format".into(),
+        );
+    }
     let formats = w.layers.iter().flat_map(|l| [l.qkv.format, l.o.format, l.gate_up.format, l.down.format]);
     if let Some(f) = formats.chain([w.lm_head.format]).find(|f| !f.gpu_kernels()) {
         return Some(format!("its product tasks take Q4_0, Q4_1 and Q8_0 matrices, not {}", f.name()));

@@ -25,12 +25,20 @@ use std::marker::PhantomData;
 /// What a projection fuses: `Norm` is the RMSNorm prologue with its weight
 /// and epsilon (single-token steps only), `Residual` the in-place residual
 /// add of the epilogue.
-#[derive(Clone, Copy)]
 pub(super) enum Fuse<'a, D: Device, T: ActElem> {
     None,
     Norm(At<'a, D::Buf<T>>, f32),
     Residual,
 }
+
+// By hand: a derive would ask `D` and `T` themselves to be `Copy`.
+impl<D: Device, T: ActElem> Clone for Fuse<'_, D, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Device, T: ActElem> Copy for Fuse<'_, D, T> {}
 
 /// The configuration and grid of the batch-invariant product ([`linear`])
 /// of `m` rows with a `format` weight of `rows` rows and `k` columns, with
@@ -105,7 +113,8 @@ pub(crate) fn mega_workspace_for(c: &LlamaConfig) -> (usize, usize) {
 }
 
 /// The batch-invariant product with its fusions: [`linear`], or on devices
-/// with [`Device::cpu_gemv`] the CPU GEMV at every batch size.
+/// with [`Device::cpu_gemv`] the CPU GEMV at every batch size. Output rows
+/// are `ldo` elements apart.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear_launch<D: Device, T: ActElem>(
     l: &mut Launcher<'_, D>,
@@ -113,10 +122,15 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
     w: MatRef<'_, D>,
     x: (&D::Buf<T>, usize),
     out: (&D::Buf<T>, usize),
+    ldo: usize,
     m: usize,
     silu: bool,
     fuse: Fuse<'_, D, T>,
 ) -> Result<()> {
+    let n_out = if silu { w.n / 2 } else { w.n };
+    if ldo < n_out {
+        return Err(usage(format!("internal error: output rows {ldo} apart hold {n_out} columns")));
+    }
     if l.dev.cpu_gemv() {
         // The native CPU's invariant product: `cpu_gemv`'s row arithmetic is
         // fixed by its K tile alone (the same for every `m`), and its fusions
@@ -126,9 +140,9 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
             Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
             _ => None,
         };
-        return gemv_fused::<D, T>(l, w, x, out, m, silu, norm, matches!(fuse, Fuse::Residual));
+        return gemv_fused::<D, T>(l, w, x, out, ldo, m, silu, norm, matches!(fuse, Fuse::Residual));
     }
-    let n = if silu { w.n / 2 } else { w.n };
+    let n = n_out;
     let (np, eps, norm) = match fuse {
         Fuse::Norm(nw, eps) if m == 1 => (any::<D, T>(nw.0, nw.1)?, eps, true),
         Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
@@ -154,6 +168,7 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
         cnt_ptr: typed::<D, i32>(&s.lin_cnt)?,
         m: m as i32,
         n: n as i32,
+        ldo: ldo as i32,
         k: w.k as i32,
         eps,
         _marker: PhantomData,
@@ -215,20 +230,25 @@ pub(super) fn matmul<D: Device, T: ActElem>(
 /// [`kernels::cpu_gemv`] where [`Device::cpu_gemv`]):
 /// `out[m, n] = norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights,
 /// eps))` the RMSNorm prologue, or `out += x @ w^T` in place with
-/// `residual` (one row with `norm`).
+/// `residual` (one row with `norm`). Output rows are `ldo` elements apart.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemv_fused<D: Device, T: ActElem>(
     l: &mut Launcher<'_, D>,
     w: MatRef<'_, D>,
     x: (&D::Buf<T>, usize),
     out: (&D::Buf<T>, usize),
+    ldo: usize,
     m: usize,
     silu: bool,
     norm: Option<(At<'_, D::Buf<T>>, f32)>,
     residual: bool,
 ) -> Result<()> {
+    let n_out = if silu { w.n / 2 } else { w.n };
+    if ldo < n_out {
+        return Err(usage(format!("internal error: output rows {ldo} apart hold {n_out} columns")));
+    }
     let dtype = T::DEVICE_DTYPE;
-    let n = if silu { w.n / 2 } else { w.n };
+    let n = n_out;
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
     let (np, eps) = match norm {
         Some((nw, eps)) => (any::<D, T>(nw.0, nw.1)?, eps),
@@ -250,6 +270,7 @@ pub(super) fn gemv_fused<D: Device, T: ActElem>(
                 out_ptr: op,
                 m: mi,
                 n: ni,
+                ldo: ldo as i32,
                 k: ki,
                 eps,
                 _marker: PhantomData,

@@ -406,3 +406,96 @@ fn architecture_variants_native_backend_matches_the_interpreter() {
         assert!(diff > 0.1, "{name}: the variant's logits equal the plain Llama's (max diff {diff})");
     }
 }
+
+/// Runs a 19-token prefill of `a` and one decode step after it on `dev`
+/// (f32, the plan `invariant` or fast), returning the two rows' logits.
+fn mixed_run<D: Device>(dev: &mut D, g: &Gguf, a: &[u32], invariant: bool) -> Vec<f32> {
+    let weights = Weights::<D, f32>::load(dev, g).unwrap();
+    let mut model = Model::new(dev, weights, 2, 16).unwrap();
+    model.set_batch_invariance(invariant);
+    let n = 19;
+    let positions: Vec<i32> = (0..=n as i32).collect();
+    let (ctx, cu) = ([n as i32], [0, n as i32]);
+    let last = [n - 1];
+    let prefill = single_seq_step(&a[..n], &positions[..n], &[0, 1], &ctx, &cu, &last);
+    let mut out = model.forward(dev, &prefill).unwrap();
+    let (ctx, cu) = ([n as i32 + 1], [0, 1]);
+    out.extend(
+        model.forward(dev, &single_seq_step(&a[n..=n], &positions[n..], &[0, 1], &ctx, &cu, &[0])).unwrap(),
+    );
+    out
+}
+
+/// llama.cpp's mixed quantizations: a QKV matrix whose parts differ in
+/// format (Q4_K_M files: Q and K in Q4_K, V in Q6_K) runs one product per
+/// run of formats, each into its column range of the QKV output, and an
+/// embedding table in a format the gather kernels do not read as stored
+/// (Q4_K there) is repacked (tied: the LM head's planes). The tiny model
+/// with V in Q8_0 beside Q4_1 Q and K and a tied Q4_1 table, and with an
+/// untied Q4_0 table, against the f64 reference: prefill (unfused
+/// products) and a single-token decode (the norm fused into the product),
+/// on both plans of the interpreter and on the native CPU backend.
+#[test]
+fn mixed_quantizations_match_f64_reference() {
+    use crate::gguf::tiny::TinyLlama;
+    let mixed = crate::check::model::tiny_mixed_quant_model().unwrap();
+    let t = TinyLlama {
+        embedding_type: GgmlType::Q4_0,
+        untied_output: true,
+        ..crate::check::model::tiny_llama()
+    };
+    let untied = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+    for (name, g, split) in
+        [("mixed QKV, tied Q4_1 table", mixed, true), ("untied Q4_0 table", untied, false)]
+    {
+        let w = Weights::<Cpu, f32>::load(&mut Cpu::new(), &g).unwrap();
+        assert!(w.layers.iter().all(|l| l.qkv_rest.len() == usize::from(split)), "{name}");
+        assert!(w.embedding_table().is_some() && w.embedding_repacked.is_some() != split, "{name}");
+        let reference = Reference::new(&g);
+        let vocab = reference.c.vocab_size;
+        let (a, _) = scenario_tokens(vocab as u32);
+        let ra = reference.logits(&a[..20]);
+        let want: [&[f64]; 2] = [&ra[18], &ra[19]];
+        for invariant in [true, false] {
+            let got = mixed_run(&mut Cpu::new(), &g, &a, invariant);
+            check_rows(&got, vocab, &want, &format!("{name}: interpreter, invariant {invariant}"));
+        }
+        let got = mixed_run(&mut codegen::host::Host::new(), &g, &a, true);
+        check_rows(&got, vocab, &want, &format!("{name}: native CPU"));
+    }
+}
+
+/// `fuse_rows`: one matrix when the formats agree (or Q8_0 converts exactly
+/// to Q5_1 beside it), runs of one format otherwise, and an error for
+/// matrices of different widths.
+#[test]
+fn qkv_parts_fuse_into_runs_of_one_format() {
+    use super::weights::fuse_rows;
+    use kernels::dequant::{QuantFormat, Repacked, repack};
+    let part = |ty: GgmlType, n: usize, k: usize| -> Repacked {
+        let values: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
+        let bytes = crate::gguf::quant::quantize(ty, &values).unwrap();
+        let format = if ty == GgmlType::Q8_0 { QuantFormat::Q8_0 } else { QuantFormat::Q4_1 };
+        repack(format, &bytes, n, k).unwrap()
+    };
+    let (q, k, v) =
+        (part(GgmlType::Q4_1, 64, 64), part(GgmlType::Q4_1, 32, 64), part(GgmlType::Q8_0, 32, 64));
+    let one = fuse_rows("same", &[q.clone(), k.clone(), part(GgmlType::Q4_1, 32, 64)]).unwrap();
+    assert_eq!(one.iter().map(|r| (r.format, r.n)).collect::<Vec<_>>(), [(QuantFormat::Q4_1, 128)]);
+    let runs = fuse_rows("mixed", &[q.clone(), k.clone(), v.clone()]).unwrap();
+    assert_eq!(
+        runs.iter().map(|r| (r.format, r.n)).collect::<Vec<_>>(),
+        [(QuantFormat::Q4_1, 96), (QuantFormat::Q8_0, 32)]
+    );
+    let mut qk = q.quants.clone();
+    qk.extend_from_slice(&k.quants);
+    assert_eq!(runs[0].quants, qk, "the first run is Q's rows then K's");
+    assert_eq!(runs[1].quants, v.quants);
+    let runs = fuse_rows("alternating", &[v.clone(), q.clone(), v.clone()]).unwrap();
+    assert_eq!(runs.iter().map(|r| r.n).collect::<Vec<_>>(), [32, 64, 32]);
+    match fuse_rows("widths", &[q, part(GgmlType::Q4_1, 32, 128)]) {
+        Err(crate::error::Error::Unsupported(m)) => assert!(m.contains("cannot fuse"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(fuse_rows("none", &[]).is_err());
+}

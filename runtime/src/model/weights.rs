@@ -126,8 +126,13 @@ pub enum Kind {
 /// stacked planes ([`Weights::mat`]); its norm weights are at `l * n_embd`
 /// of [`Weights::attn_norm`] and [`Weights::ffn_norm`].
 pub struct Layer {
-    /// Fused QKV projection, `[(n_head + 2 n_head_kv) * head_dim, n_embd]`.
+    /// Fused QKV projection, `[(n_head + 2 n_head_kv) * head_dim, n_embd]`,
+    /// or its first rows when Q, K and V differ in format
+    /// ([`Weights::qkv_parts`]).
     pub qkv: Slot,
+    /// The further runs of QKV rows, each of one format, in row order (empty
+    /// when the QKV matrix is one format).
+    pub qkv_rest: Vec<Slot>,
     /// Attention output projection, `[n_embd, n_head * head_dim]`.
     pub o: Slot,
     /// Interleaved gate/up, `[2 n_ff, n_embd]` (row `2j` gate `j`, `2j + 1` up `j`).
@@ -166,10 +171,16 @@ pub struct Weights<D: Device, T: ActElem> {
     /// The hyperparameters.
     pub config: LlamaConfig,
     /// The raw token embedding table: Q8_0 (`vocab * n_embd / 32 * 34`
-    /// bytes), F16 or BF16 (`vocab * n_embd * 2` bytes).
+    /// bytes), F16 or BF16 (`vocab * n_embd * 2` bytes); one unused byte
+    /// when the table is repacked.
     pub embedding: D::Buf<u8>,
-    /// The embedding table's format (Q8_0, F16 or BF16).
+    /// The embedding table's format.
     pub embedding_format: QuantFormat,
+    /// The embedding table repacked (`[vocab, n_embd]`) when its format is
+    /// one whose GGUF bytes the gather kernels do not read (all but Q8_0,
+    /// F16 and BF16: llama.cpp's K-quant files store it in Q4_K or Q6_K)
+    /// and it is not the LM head's ([`Weights::embedding_table`]).
+    pub embedding_repacked: Option<Matrix<D>>,
     /// The blocks.
     pub layers: Vec<Layer>,
     /// Every layer's matrices of each [`Kind`] (indexed by it): quants, scales.
@@ -186,7 +197,19 @@ pub struct Weights<D: Device, T: ActElem> {
     pub arch: ArchVectors<D>,
 }
 
+/// Whether the gather kernels read `format`'s GGUF table as stored.
+fn raw_embedding(format: QuantFormat) -> bool {
+    matches!(format, QuantFormat::Q8_0 | QuantFormat::F16 | QuantFormat::BF16)
+}
+
 impl<D: Device, T: ActElem> Weights<D, T> {
+    /// The repacked embedding table (`None` for the raw formats: see
+    /// [`Weights::embedding_repacked`]): its own, or the tied LM head.
+    pub fn embedding_table(&self) -> Option<&Matrix<D>> {
+        (!raw_embedding(self.embedding_format))
+            .then(|| self.embedding_repacked.as_ref().unwrap_or(&self.lm_head))
+    }
+
     /// Layer `l`'s matrix of `kind`.
     pub fn mat(&self, l: usize, kind: Kind) -> MatRef<'_, D> {
         let layer = &self.layers[l];
@@ -208,6 +231,31 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         }
     }
 
+    /// Layer `l`'s QKV product as matrices of one format each, with the
+    /// output column each one starts at: one matrix unless Q, K and V
+    /// differ in format (see [`fuse_rows`]).
+    pub fn qkv_parts(&self, l: usize) -> Vec<(MatRef<'_, D>, usize)> {
+        let (quants, scales) = &self.planes[Kind::Qkv as usize];
+        let layer = &self.layers[l];
+        let mut col = 0;
+        std::iter::once(&layer.qkv)
+            .chain(&layer.qkv_rest)
+            .map(|s| {
+                let m = MatRef {
+                    format: s.format,
+                    n: s.n,
+                    k: s.k,
+                    quants,
+                    q_off: s.q_off,
+                    scales,
+                    s_off: s.s_off,
+                };
+                col += s.n;
+                (m, col - s.n)
+            })
+            .collect()
+    }
+
     /// Layer `l`'s attention norm weights: buffer and element offset.
     pub fn attn_norm(&self, l: usize) -> (&D::Buf<T>, usize) {
         (&self.attn_norm, l * self.config.n_embd)
@@ -223,7 +271,8 @@ impl<D: Device, T: ActElem> Weights<D, T> {
     /// the same format and shape (they lie at a fixed stride); `None` for
     /// mixed formats.
     pub fn stride(&self, kind: Kind) -> Option<(QuantFormat, usize, usize)> {
-        if self.layers.is_empty() {
+        if self.layers.is_empty() || (kind == Kind::Qkv && self.layers.iter().any(|l| !l.qkv_rest.is_empty()))
+        {
             return None;
         }
         let first = self.mat(0, kind);
@@ -271,10 +320,37 @@ pub fn repack_tensor(gguf: &Gguf, name: &str, n: usize, k: usize) -> Result<Repa
     repack(format, gguf.tensor_bytes(name)?, n, k).map_err(|e| repack_error(name, e))
 }
 
+/// Concatenates the rows of matrices of one width into runs of one format
+/// each, in order: one matrix when every part has the same format (after
+/// Q8_0 parts beside Q5_1 ones, as in llama.cpp's Q5_K_M files of small
+/// models, are converted exactly to Q5_1 planes by [`q8_0_as_q5_1`]),
+/// otherwise one per run of equal formats (Q4_K_M files: Q and K in Q4_K,
+/// V in Q6_K), which the model multiplies one after the other into column
+/// ranges of one output.
+///
+/// Errors: no parts, parts of different widths, a malformed part.
+pub fn fuse_rows(name: &str, parts: &[Repacked]) -> Result<Vec<Repacked>> {
+    if let (Some(first), Some(p)) = (parts.first(), parts.iter().find(|p| p.k != parts[0].k)) {
+        return Err(Error::Unsupported(format!(
+            "{name}: cannot fuse {} with {}",
+            first.describe(),
+            p.describe()
+        )));
+    }
+    match concat_rows(name, parts) {
+        Ok(one) => Ok(vec![one]),
+        Err(Error::Unsupported(_)) => {
+            parts.chunk_by(|a, b| a.format == b.format).map(|run| concat_rows(name, run)).collect()
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Concatenates the rows of matrices of one format and width. Q8_0 parts
-/// beside Q5_1 ones (llama.cpp's Q5_K_M files of small models: V in Q8_0,
-/// Q and K in Q5_1) are converted exactly to Q5_1 planes first
+/// beside Q5_1 ones are converted exactly to Q5_1 planes first
 /// ([`q8_0_as_q5_1`]).
+///
+/// Errors: parts whose formats or widths differ ([`Error::Unsupported`]).
 pub fn concat_rows(name: &str, parts: &[Repacked]) -> Result<Repacked> {
     let converted: Vec<Repacked>;
     let parts = if parts.iter().any(|p| p.format == QuantFormat::Q5_1)
@@ -399,25 +475,26 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         let (e, q_rows, kv_rows) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let arch = arch_vectors(dev, gguf, c)?;
         let emb = gguf.tensor("token_embd.weight")?;
-        let embedding_format = match emb.ty() {
-            GgmlType::Q8_0 => QuantFormat::Q8_0,
-            GgmlType::F16 => QuantFormat::F16,
-            GgmlType::BF16 => QuantFormat::BF16,
-            _ => QuantFormat::Q4_K,
-        };
-        let emb_ok = embedding_format.gpu_kernels() || embedding_format.is_float();
-        if !emb_ok || emb.dims() != [e as u64, c.vocab_size as u64] || e * c.vocab_size >= 1 << 30 {
+        let embedding_format = format_of("token_embd.weight", emb.ty())?;
+        if emb.dims() != [e as u64, c.vocab_size as u64] || e * c.vocab_size >= 1 << 30 {
             return Err(Error::Unsupported(format!(
-                "token_embd.weight is {} {:?}; the embedding kernels take Q8_0, F16 or BF16 [{e}, {}]",
+                "token_embd.weight is {} {:?}; the embedding kernels take [{e}, {}] tables of fewer than 2^30 values",
                 emb.ty().name(),
                 emb.dims(),
                 c.vocab_size
             )));
         }
-        let emb_bytes = gguf.tensor_bytes("token_embd.weight")?;
-        let embedding = dev.upload(emb_bytes)?;
         let head_name =
             if gguf.tensor_info("output.weight").is_ok() { "output.weight" } else { "token_embd.weight" };
+        // A repacked table tied to the LM head is the head's planes.
+        let (embedding, embedding_repacked) = if raw_embedding(embedding_format) {
+            (dev.upload(gguf.tensor_bytes("token_embd.weight")?)?, None)
+        } else if head_name == "token_embd.weight" {
+            (dev.upload(&[0u8])?, None)
+        } else {
+            let table = repack_tensor(gguf, "token_embd.weight", c.vocab_size, e)?;
+            (dev.upload(&[0u8])?, Some(Matrix::upload(dev, &table)?))
+        };
         let head = repack_tensor(gguf, head_name, c.vocab_size, e)?;
         let lm_head = Matrix::upload(dev, &head)?;
         let output_norm = dev.upload(&norm_weight::<T>(gguf, "output_norm.weight", e)?)?;
@@ -449,7 +526,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             let q = repack_tensor(gguf, &name("attn_q"), q_rows, e)?;
             let k = repack_tensor(gguf, &name("attn_k"), kv_rows, e)?;
             let v = repack_tensor(gguf, &name("attn_v"), kv_rows, e)?;
-            let qkv = concat_rows(&format!("blk.{l}.qkv"), &[q, k, v])?;
+            let mut qkv = fuse_rows(&format!("blk.{l}.qkv"), &[q, k, v])?.into_iter();
             let o = repack_tensor(gguf, &name("attn_output"), e, q_rows)?;
             let gate = repack_tensor(gguf, &name("ffn_gate"), c.n_ff, e)?;
             let up = repack_tensor(gguf, &name("ffn_up"), c.n_ff, e)?;
@@ -458,8 +535,10 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             let down = repack_tensor(gguf, &name("ffn_down"), e, c.n_ff)?;
             attn_norm.extend(norm_weight::<T>(gguf, &name("attn_norm"), e)?);
             ffn_norm.extend(norm_weight::<T>(gguf, &name("ffn_norm"), e)?);
+            let first = qkv.next().ok_or_else(|| Error::Usage(format!("blk.{l}: no QKV rows")))?;
             layers.push(Layer {
-                qkv: put(Kind::Qkv, qkv),
+                qkv: put(Kind::Qkv, first),
+                qkv_rest: qkv.map(|r| put(Kind::Qkv, r)).collect(),
                 o: put(Kind::O, o),
                 gate_up: put(Kind::GateUp, gate_up),
                 down: put(Kind::Down, down),
@@ -476,6 +555,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             config,
             embedding,
             embedding_format,
+            embedding_repacked,
             layers,
             planes,
             attn_norm,

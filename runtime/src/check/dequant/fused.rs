@@ -89,6 +89,7 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
             out_ptr: dev.ptr(&od)?,
             m: m as i32,
             n: n as i32,
+            ldo: n as i32,
             k: inp.w.k as i32,
             eps: FUSED_EPS,
             _marker: PhantomData,
