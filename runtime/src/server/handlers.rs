@@ -506,7 +506,7 @@ async fn collect(
     }
     if let Some(t) = tools {
         for c in &mut out {
-            if let Some((content, calls)) = tool_calls_of(c, t) {
+            if let Some((content, calls)) = tool_calls_of(c, t, false) {
                 c.text = content;
                 c.tool_calls = calls;
                 c.finish = Finish::ToolCalls;
@@ -518,20 +518,25 @@ async fn collect(
 }
 
 /// The tool calls of a finished choice (OpenAI entries) and the content
-/// left around them; `None` when it holds none or did not end normally.
-fn tool_calls_of(c: &ChoiceOut, tools: &Tools) -> Option<(String, Vec<serde_json::Value>)> {
+/// left around them, trimmed (only at its end after streamed content,
+/// `sent`, which began the content); `None` when it holds none or did not
+/// end normally.
+fn tool_calls_of(c: &ChoiceOut, tools: &Tools, sent: bool) -> Option<(String, Vec<serde_json::Value>)> {
     if !matches!(c.finish, Finish::Stop(_) | Finish::Grammar) {
         return None;
     }
     let (content, calls) = super::tools::parse_calls(&c.text, tools)?;
+    let content = if sent { content.trim_end() } else { content.trim() }.to_string();
     let calls = calls.iter().enumerate().map(|(i, k)| k.json(i, &super::tools::call_id(), false)).collect();
     Some((content, calls))
 }
 
 /// Streams the choices as server-sent events from a task that stops (and
 /// so aborts the engine requests) as soon as the client goes away. With
-/// tools, a choice's text is held back until it ends (it may be a call):
-/// its last chunk then carries either the text or `delta.tool_calls`.
+/// tools, a choice's text streams up to where a call could begin
+/// ([`super::tools::releasable`]); the rest is held until the choice ends,
+/// and its last chunk carries either that text or `delta.tool_calls` with
+/// the content left around them.
 fn stream(
     st: Arc<AppState>,
     mut run: Run,
@@ -541,6 +546,7 @@ fn stream(
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(32);
     let mut held: Vec<ChoiceOut> = empty_choices(run.choices.len());
+    let mut sent = vec![false; run.choices.len()];
     tokio::spawn(async move {
         if header.api == Api::Chat {
             for i in 0..run.choices.len() {
@@ -560,10 +566,23 @@ fn stream(
                 let c = &mut held[u.index];
                 c.text.push_str(&u.text);
                 c.logprobs.append(&mut u.logprobs);
-                let Some(f) = u.finish.clone() else { continue };
+                let Some(f) = u.finish.clone() else {
+                    let n = super::tools::releasable(&c.text, sent[u.index]);
+                    if n == 0 {
+                        continue;
+                    }
+                    let text: String = c.text.drain(..n).collect();
+                    let lp = std::mem::take(&mut c.logprobs);
+                    sent[u.index] = true;
+                    let ev = sse::chunk(&header, &st.tokenizer, u.index, &text, &lp, None, false);
+                    if tx.send(Ok(sse::event(&ev))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                };
                 if !matches!(f, Finish::Error(_)) {
                     c.finish = f;
-                    let ev = match tool_calls_of(c, t) {
+                    let ev = match tool_calls_of(c, t, sent[u.index]) {
                         Some((content, calls)) => {
                             let calls: Vec<serde_json::Value> = calls
                                 .into_iter()

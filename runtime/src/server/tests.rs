@@ -893,6 +893,21 @@ async fn tools_named_and_required_answer_with_tool_calls_streaming_or_not() {
         let (st, v) = post(&c, &chat, &body(choice, false)).await;
         assert_eq!(st, 200, "{v}");
     }
+    // auto, streamed: text goes out as it is generated (up to where a call
+    // could begin) and adds up to the unstreamed answer's content.
+    let (_, v) = post(&c, &chat, &body(json!("auto"), false)).await;
+    let want = v["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+    let events = stream(&c, &chat, &body(json!("auto"), true)).await;
+    let parts: Vec<String> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|ch| ch["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(parts.concat(), want, "{v}");
+    if v["choices"][0]["finish_reason"] != "tool_calls" && !want.trim_start().starts_with(['{', '[']) {
+        assert!(parts.len() > 1, "the text came in one chunk: {parts:?}");
+    }
     // A conversation with an earlier call and its result renders and runs.
     let mut b = body(json!("auto"), false);
     b["messages"] = json!([

@@ -17,7 +17,10 @@
 //!   `name` and an object `arguments`, or an output that is such a JSON
 //!   object alone. Found calls become `tool_calls` (ids `call_...`,
 //!   `arguments` as a JSON string), the rest of the text the `content`
-//!   (`null` when empty), and `finish_reason` is `"tool_calls"`.
+//!   (`null` when empty), and `finish_reason` is `"tool_calls"`. A stream
+//!   sends the text as it comes up to where a call could begin
+//!   ([`releasable`]) and holds the rest until the end, when the calls go
+//!   out in `delta.tool_calls` (each call whole, in the last chunk).
 //!
 //! Errors: malformed `tools` or `tool_choice`, a named function that is not
 //! among the tools, or a `tool_choice` without tools are 400s naming the
@@ -235,8 +238,8 @@ fn call_of(v: &Value, tools: &Tools) -> Option<ToolCall> {
     Some(ToolCall { name: name.to_string(), arguments })
 }
 
-/// The tool calls in a model's `text` and the text left around them (see
-/// the module doc); `None` when it holds no call.
+/// The tool calls in a model's `text` and the text left around them,
+/// untrimmed (see the module doc); `None` when it holds no call.
 pub fn parse_calls(text: &str, tools: &Tools) -> Option<(String, Vec<ToolCall>)> {
     const OPEN: &str = "<tool_call>";
     const CLOSE: &str = "</tool_call>";
@@ -268,7 +271,28 @@ pub fn parse_calls(text: &str, tools: &Tools) -> Option<(String, Vec<ToolCall>)>
         let calls: Option<Vec<ToolCall>> = list.iter().map(|v| call_of(v, tools)).collect();
         return calls.filter(|c| !c.is_empty()).map(|c| (String::new(), c));
     }
-    Some((rest.trim().to_string(), calls))
+    Some((rest, calls))
+}
+
+/// How much of `held`, the text of a streamed choice with tools not yet
+/// sent (`sent`: whether any was), may go out now as content: nothing while
+/// the answer could still be a call written as bare JSON (nothing sent, and
+/// the text is blank or starts with `{` or `[` after whitespace); otherwise
+/// the text before the first `<tool_call>` and before an end that could
+/// begin one, without its trailing whitespace (which waits for what follows
+/// it, so that content before a call ends as the unstreamed answer's
+/// trimmed content does).
+pub fn releasable(held: &str, sent: bool) -> usize {
+    const OPEN: &str = "<tool_call>";
+    let rest = held.trim_start();
+    if !sent && (rest.is_empty() || rest.starts_with('{') || rest.starts_with('[')) {
+        return 0;
+    }
+    let open = held.find(OPEN).unwrap_or_else(|| {
+        let partial = (1..OPEN.len()).rev().find(|&n| held.ends_with(&OPEN[..n])).unwrap_or(0);
+        held.len() - partial
+    });
+    held[..open].trim_end().len()
 }
 
 /// A fresh tool call id.
@@ -284,6 +308,28 @@ mod tests {
         vec![json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
                            "required": ["city"], "additionalProperties": false}}})]
+    }
+
+    #[test]
+    fn streamed_text_goes_out_up_to_a_possible_call() {
+        fn r(held: &str, sent: bool) -> &str {
+            &held[..releasable(held, sent)]
+        }
+        // Bare JSON (or nothing yet) could be a call: held.
+        for held in ["", "  \n", " {\"name\"", "[{", "{"] {
+            assert_eq!(r(held, false), "", "{held:?}");
+        }
+        // Text goes out without its trailing whitespace.
+        assert_eq!(r("  Hello there ", false), "  Hello there");
+        assert_eq!(r(" more {x} ", true), " more {x}");
+        assert_eq!(r("{\"a\": 1}", true), "{\"a\": 1}");
+        // Up to a call, or an end that could begin one.
+        assert_eq!(r("Sure.\n<tool_call>{", false), "Sure.");
+        assert_eq!(r("Sure. <tool", false), "Sure.");
+        assert_eq!(r("a <b", true), "a <b");
+        assert_eq!(r("<tool_call>", true), "");
+        assert_eq!(r("<", false), "");
+        assert_eq!(r("x é <to", true), "x é");
     }
 
     #[test]
@@ -313,7 +359,7 @@ mod tests {
         let t = parse(Some(&weather()), None, None).unwrap().unwrap();
         let text = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
         let (rest, calls) = parse_calls(text, &t).unwrap();
-        assert_eq!(rest, "Sure.");
+        assert_eq!(rest, "Sure.\n");
         assert_eq!(
             calls,
             vec![ToolCall { name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() }]
