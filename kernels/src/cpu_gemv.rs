@@ -137,12 +137,19 @@ pub fn wide_weights(
     if quant.is_float() {
         let h = load(ptrcast(q_ptr, i16) + q_at);
         if quant == QuantFormat::F16 { bitcast(h, f16).to(f32) } else { bitcast(h, bf16).to(f32) }
-    } else if quant == QuantFormat::Q6_K {
-        let q = load(q_ptr + q_at).to(i32);
+    } else {
+        byte_format_weights(load(q_ptr + q_at).to(i32), s_ptr, s, c, quant)
+    }
+}
+
+/// [`wide_weights`] of the byte formats (Q5_1, Q5_K, Q6_K) from the quant
+/// byte `q` already loaded (as `i32`: its low 8 bits are the byte's).
+#[kernel_fn]
+pub fn byte_format_weights(q: Tensor, s_ptr: Tensor, s: Tensor, c: Tensor, quant: QuantFormat) -> Tensor {
+    if quant == QuantFormat::Q6_K {
         let d1 = q6k_scale(s_ptr, s * 2 + c / 16);
         byte_weights(q, d1)
     } else {
-        let q = load(q_ptr + q_at).to(i32);
         let f = ((q & 255) << 15 | 0x4380_0000).bitcast(f32);
         let (d, off) = if quant.is_k_quant() {
             let (d1, m1) = k_scales(s_ptr, s);

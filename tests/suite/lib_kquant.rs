@@ -13,7 +13,9 @@
 use crate::lib_dequant::{Act, activations, check_outputs, reference_gemvs};
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
+use dsl_macros::kernel;
 use kernels::cpu_gemv::{cpu_gemv, cpu_gemv_tiles};
+use kernels::dequant::linear::{LINEAR_BLOCK_K, weight_tile_any, weight_tile_words};
 use kernels::dequant::{QuantFormat, Repacked, gemv_grid, interleave_gate_up, repack};
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
@@ -219,6 +221,68 @@ fn embedding_gathers_repacked_tables() {
                     assert!(err <= tol, "{what} column {c}: {} vs {} (tolerance {tol:e})", row[c], want[c]);
                 }
             }
+        }
+    }
+}
+
+/// Both weight formations of `linear`'s tile loader for one
+/// `[BN, LINEAR_BLOCK_K]` tile from column `k0`: the word loads
+/// (`weight_tile_words`) then the one-byte-per-weight form
+/// (`weight_tile_any`), each `BN * LINEAR_BLOCK_K` f32 values.
+#[kernel]
+fn weight_tiles_probe(
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    out_ptr: Ptr<f32>,
+    rows: i32,
+    k: i32,
+    k0: i32,
+    #[constexpr] QUANT: QuantFormat,
+    #[constexpr] BN: usize,
+) {
+    let wrow = minimum(arange(0, BN), rows - 1);
+    let words = weight_tile_words(q_ptr, s_ptr, wrow, k / 32, k0, QUANT, BN);
+    let cols = expand_dims(arange(0, LINEAR_BLOCK_K), 0);
+    let any = weight_tile_any(q_ptr, s_ptr, expand_dims(wrow, 1), k0 + cols, k, QUANT);
+    let o = expand_dims(arange(0, BN), 1) * LINEAR_BLOCK_K + cols;
+    store(out_ptr + o, words);
+    store(out_ptr + BN * LINEAR_BLOCK_K + o, any);
+}
+
+/// `linear`'s word-loaded weights of the quantized formats that are not
+/// word-tiled elsewhere (Q5_1, Q4_K, Q5_K, Q6_K) are `weight_tile_any`'s
+/// bit for bit (so the batch-invariant product's arithmetic, and the
+/// native CPU backend's weights, are unchanged), on random planes, every K
+/// tile of the row, rows clamped past the matrix.
+#[test]
+fn word_loaded_weights_equal_the_per_byte_ones() {
+    let (rows, k, bn) = (5, 512, 8);
+    for (i, format) in
+        [QuantFormat::Q5_1, QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K].into_iter().enumerate()
+    {
+        let mut rng = Rng::new(0x70 + i as u64);
+        let raw = gguf_any(&mut rng, format, rows, k);
+        let w = repack(format, &raw, rows, k).unwrap();
+        for k0 in (0..k).step_by(LINEAR_BLOCK_K) {
+            let mut cpu = Cpu::new();
+            let (qp, sp) = (cpu.upload(&w.quants), cpu.upload(&w.scales));
+            let op = cpu.zeros::<f32>(2 * bn * LINEAR_BLOCK_K);
+            let args = weight_tiles_probe::Args {
+                q_ptr: qp.cast(),
+                s_ptr: sp.cast(),
+                out_ptr: op.cast(),
+                rows: rows as i32,
+                k: k as i32,
+                k0: k0 as i32,
+                _marker: PhantomData,
+            };
+            let config = weight_tiles_probe::Config::new(w.format, bn);
+            weight_tiles_probe::interpret(&mut cpu, [1, 1, 1], &config, &args).unwrap();
+            let got = cpu.read(op);
+            let (words, any) = got.split_at(bn * LINEAR_BLOCK_K);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(words), bits(any), "{} k0 {k0}", format.name());
+            assert!(any.iter().any(|&v| v != 0.0), "{}: an all-zero tile proves nothing", format.name());
         }
     }
 }

@@ -23,7 +23,7 @@
 
 use crate::app::{DEFAULT_MODEL, resolve_model};
 use crate::check::dequant::gguf_weight;
-use crate::check::{CheckRow, Rng};
+use crate::check::{CheckRow, Rng, Tol, compare};
 use crate::cuda::Cuda;
 use crate::engine::Request;
 use crate::engine::invariance::{Matrix, Setup, engine, run_matrix};
@@ -39,6 +39,7 @@ use crate::server::api::Limits;
 use crate::tokenizer::Tokenizer;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
+use dsl_core::interp::Cpu;
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::paged_decode_tc;
 use kernels::dequant::linear::linear;
@@ -192,6 +193,8 @@ pub fn linear_rows<D: Device, T: ActElem>(
         ("gate/up Q4_1 576->2x1536 SiLU", QuantFormat::Q4_1, 3072, 576, true),
         ("down Q4_1 1536->576", QuantFormat::Q4_1, 576, 1536, false),
         (head.as_str(), QuantFormat::Q8_0, head_rows, 576, false),
+        ("Q4_K 512->200", QuantFormat::Q4_K, 200, 512, false),
+        ("Q6_K 512->2x100 SiLU", QuantFormat::Q6_K, 200, 512, true),
     ] {
         let w = if silu {
             let (g, u) = (weight(&mut rng, format, rows / 2, k)?, weight(&mut rng, format, rows / 2, k)?);
@@ -203,6 +206,18 @@ pub fn linear_rows<D: Device, T: ActElem>(
         let x = rng.values::<T>(total * k, 2.0);
         let zeros = vec![T::from_f64(0.0); total * n];
         let full = product::<D, T>(dev, &w, silu, 0, &x, &x[..k], &zeros, total, None)?;
+        if format.is_k_quant() && dev.tensor_cores() {
+            // The formats whose weights `linear` forms itself: the device's
+            // values against the interpreter's (f32 operands there, f16 on
+            // tensor cores here).
+            let want = product::<Cpu, T>(&mut Cpu::new(), &w, silu, 0, &x, &x[..k], &zeros, total, None)?;
+            let f = |v: &[T]| v.iter().map(|e| e.to_f64()).collect::<Vec<f64>>();
+            let (got, want) = (f(&full), f(&want));
+            let scale = want.iter().fold(1.0, |a: f64, v| a.max(v.abs()));
+            let tol = Tol { atol: 1e-2 * scale, rtol: 0.0 };
+            let shape = format!("{name}: {total} rows, device vs interpreter (1% of max |y|)");
+            out.push(compare("linear", shape, T::DEVICE_DTYPE, &got, &want, tol));
+        }
         for &m in sizes {
             let part = product::<D, T>(dev, &w, silu, 0, &x[..m * k], &x[..k], &zeros, m, None)?;
             let d = differing(&part, &full[..m * n]);
@@ -464,7 +479,6 @@ pub fn invariance_checks(cuda: &mut Cuda, seed: u64) -> Result<Vec<CheckRow>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dsl_core::interp::Cpu;
 
     /// The kernel rows on the interpreter (f32 and bf16 storage): the same
     /// bitwise properties hold with the interpreter's arithmetic.
