@@ -1,7 +1,7 @@
 //! Token-embedding gather from a Q8_0 table (GGUF's `Q8_0`, as SmolLM2's
-//! `token_embd.weight` is stored: vocab 49152, hidden 576); the 16-bit
-//! float and repacked tables' gathers ([`embedding_f16`],
-//! [`embedding_repacked`]) are at the end.
+//! `token_embd.weight` is stored: vocab 49152, hidden 576); the gather from
+//! tables in the other formats, repacked ([`embedding_repacked`]), is at the
+//! end.
 //!
 //! # Format
 //!
@@ -114,40 +114,13 @@ pub fn embedding_row(
     }
 }
 
-/// `out[t, :] = w[ids[t], :]` rounded to `T` from a 16-bit float table
-/// (`BF16`: bfloat16, else IEEE half; GGUF's F16/BF16 `token_embd`), raw
-/// little-endian bytes `vocab * hidden * 2` long (2-byte aligned); zeros for
-/// ids outside `[0, vocab)`. Exact for f32 outputs; one rounding otherwise.
-/// Offsets 32-bit: `vocab * hidden < 2^31`.
-#[kernel]
-pub fn embedding_f16<T: Float>(
-    w_ptr: Ptr<u8>,
-    ids_ptr: Ptr<i32>,
-    out_ptr: Ptr<T>,
-    hidden: i32,
-    vocab: i32,
-    #[constexpr] BF16: bool,
-    #[constexpr] BLOCK: usize,
-) {
-    gdc_wait();
-    gdc_launch_dependents();
-    let t = program_id(0);
-    let (row, valid) = token_row(ids_ptr, vocab, t);
-    for c0 in range(0, hidden, BLOCK) {
-        let cols = c0 + arange(0, BLOCK);
-        let in_row = cols < hidden;
-        let h = load(ptrcast(w_ptr, i16) + (row * hidden + cols), mask = in_row && valid, other = 0);
-        let v = if BF16 { bitcast(h, bf16).to(f32) } else { bitcast(h, f16).to(f32) };
-        store(out_ptr + t * hidden + cols, v.to(T), mask = in_row);
-    }
-}
-
 /// `out[t, :] = w[ids[t], :]` rounded to `T` from a table repacked by
-/// [`crate::dequant::repack`] in the format `QUANT` (the formats whose GGUF
-/// bytes the kernels above do not read: Q4_0, Q4_1, Q5_0, Q5_1 and the
-/// K-quants, as llama.cpp's K-quant files store `token_embd`): each weight
-/// as the products form it ([`weight_tile_any`]; Q8_0 planes, which Q5_0
-/// becomes, as [`byte_weights`]); zeros for ids outside `[0, vocab)`.
+/// [`crate::dequant::repack`] in the format `QUANT` (every format but Q8_0,
+/// whose GGUF bytes [`embedding_q8_0`] reads: the 16-bit floats, Q4_0,
+/// Q4_1, Q5_0, Q5_1 and the K-quants, as llama.cpp's K-quant files store
+/// `token_embd`): each weight as the products form it ([`weight_tile_any`];
+/// Q8_0 planes, which Q5_0 becomes, as [`byte_weights`]), so a float table
+/// is exact in f32; zeros for ids outside `[0, vocab)`.
 /// Offsets 32-bit: `vocab * hidden < 2^31`. Each format is its own
 /// specialization (IR name `embedding_repacked_q4_k`, ...).
 #[kernel(name = "embedding_repacked_{QUANT}")]
@@ -161,7 +134,6 @@ pub fn embedding_repacked<T: Float>(
     #[constexpr] QUANT: QuantFormat,
     #[constexpr] BLOCK: usize,
 ) {
-    static_assert(!QUANT.is_float(), "16-bit float tables are read as stored (embedding_f16)");
     gdc_wait();
     gdc_launch_dependents();
     let t = program_id(0);

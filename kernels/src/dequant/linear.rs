@@ -165,9 +165,14 @@ pub const VECTOR_X_ROWS: usize = 16;
 /// module doc), so this width is part of the arithmetic.
 pub const LINEAR_BLOCK_K: usize = 128;
 
-/// The weight words and scale entries of the K tile from column `k0` of a
-/// `[block_n, LINEAR_BLOCK_K]` weight tile (blocks past the row clamped to
-/// its last block).
+/// The K tile from column `k0` of a `[block_n, LINEAR_BLOCK_K]` weight tile
+/// (blocks past the row clamped to its last block): for the word-tiled
+/// formats its quant words and scale entries; for the others the f32
+/// weights themselves (and no scales), formed as [`weight_tile_any`] forms
+/// them, bit for bit: Q5_1 and the K-quants from the quant plane read as
+/// words in [`tile_index`]'s layout (each word once per thread chunk), each
+/// weight's nibble or byte shifted out of its word; the 16-bit floats one
+/// element at a time.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn tile_load(
@@ -179,51 +184,30 @@ pub fn tile_load(
     quant: QuantFormat,
     block_n: usize,
 ) -> (Tensor, Tensor) {
-    if quant.gpu_kernels() {
+    if quant.is_float() {
+        let col = minimum(k0 + expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0), nb * 32 - 1);
+        (weight_tile_any(q_ptr, s_ptr, expand_dims(wrow, 1), col, nb * 32, quant), full([], 0.0, f32))
+    } else {
         let h = arange(0, (LINEAR_BLOCK_K / 16) as i32);
         let (w_idx, s_idx) =
             tile_index(wrow, nb, minimum(k0 / 32 + h / 2, nb - 1), quant, block_n, LINEAR_BLOCK_K);
-        (load(ptrcast(q_ptr, i32) + w_idx), scale_load(s_ptr, s_idx, full([], 1, i1), quant))
-    } else if quant.is_float() {
-        // The other formats: the f32 weights themselves (no scales).
-        let col = minimum(k0 + expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0), nb * 32 - 1);
-        let w = weight_tile_any(q_ptr, s_ptr, expand_dims(wrow, 1), col, nb * 32, quant);
-        (w, full([], 0.0, f32))
-    } else {
-        (weight_tile_words(q_ptr, s_ptr, wrow, nb, k0, quant, block_n), full([], 0.0, f32))
-    }
-}
-
-/// [`weight_tile_any`]'s f32 weights of the `[block_n, LINEAR_BLOCK_K]` tile
-/// from column `k0` of rows `wrow` (blocks past the row clamped to its last
-/// block), bit for bit, for the quantized formats it takes (Q5_1, Q4_K,
-/// Q5_K, Q6_K): the quant plane read as 32-bit words in [`tile_index`]'s
-/// layout (each word and scale once per thread chunk) instead of one byte
-/// per weight, each weight's nibble or byte shifted out of its word.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn weight_tile_words(
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    wrow: Tensor,
-    nb: Tensor,
-    k0: Tensor,
-    quant: QuantFormat,
-    block_n: usize,
-) -> Tensor {
-    let h = arange(0, (LINEAR_BLOCK_K / 16) as i32);
-    let (w_idx, s_idx) =
-        tile_index(wrow, nb, minimum(k0 / 32 + h / 2, nb - 1), quant, block_n, LINEAR_BLOCK_K);
-    let wd = load(ptrcast(q_ptr, i32) + w_idx);
-    // Column c of the tile is byte c % 4 of its word; a nibble format's
-    // 16-column group c / 16 takes the low (even) or high (odd) nibbles.
-    let c = broadcast_to(expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0), [block_n, LINEAR_BLOCK_K]);
-    if quant.is_q4() {
-        let f = ((wd >> (c % 4 * 8 + c / 16 % 2 * 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
-        let (d, off) = q4_scales(s_ptr, s_idx, quant);
-        fma(d, f, off)
-    } else {
-        byte_format_weights(wd >> (c % 4 * 8) & 255, s_ptr, s_idx, c % 32, quant)
+        let wd = load(ptrcast(q_ptr, i32) + w_idx);
+        if quant.gpu_kernels() {
+            (wd, scale_load(s_ptr, s_idx, full([], 1, i1), quant))
+        } else {
+            // Column c of the tile is byte c % 4 of its word; a nibble
+            // format's 16-column group c / 16 takes the low (even) or high
+            // (odd) nibbles.
+            let c = broadcast_to(expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0), [block_n, LINEAR_BLOCK_K]);
+            let w = if quant.is_q4() {
+                let f = ((wd >> (c % 4 * 8 + c / 16 % 2 * 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
+                let (d, off) = q4_scales(s_ptr, s_idx, quant);
+                fma(d, f, off)
+            } else {
+                byte_format_weights(wd >> (c % 4 * 8) & 255, s_ptr, s_idx, c % 32, quant)
+            };
+            (w, full([], 0.0, f32))
+        }
     }
 }
 

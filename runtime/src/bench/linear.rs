@@ -28,7 +28,7 @@ use std::marker::PhantomData;
 /// The projections: `(label, format, silu, norm at M = 1, residual at M = 1,
 /// k, weight rows)`.
 /// The last three compare Q4_K and Q6_K (weights formed by the tile loader,
-/// `linear::weight_tile_words`) with Q4_1 at K 4096, N 14336: compare their
+/// `linear::tile_load`) with Q4_1 at K 4096, N 14336: compare their
 /// times per GGUF weight byte (Q4_1 0.625, Q4_K 0.5625, Q6_K 0.8203 bytes
 /// per weight).
 const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 8] = [

@@ -106,8 +106,8 @@ fn repacked_on<T: ActElem, D: Device>(
 }
 
 /// The `embedding_repacked` check: each format a table is repacked in
-/// (Q4_0, Q4_1, Q5_0 as Q8_0 planes, Q5_1, Q4_K, Q5_K, Q6_K; random GGUF
-/// bytes with finite scales), hidden 576 or 4096 (a looped row), ragged
+/// (Q4_0, Q4_1, Q5_0 as Q8_0 planes, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16;
+/// random GGUF bytes with finite scales), hidden 576 or 4096 (a looped row), ragged
 /// token counts with two out-of-range ids, f32 and bf16 outputs, exact
 /// against the interpreter (the same `fma`s on both sides).
 pub fn embedding_repacked<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
@@ -120,6 +120,8 @@ pub fn embedding_repacked<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<Check
         QuantFormat::Q4_K,
         QuantFormat::Q5_K,
         QuantFormat::Q6_K,
+        QuantFormat::F16,
+        QuantFormat::BF16,
     ];
     over_cases(dev, seed, formats, |dev, rng, format| {
         let hidden = if format.is_k_quant() { 4096 } else { 576 };

@@ -36,8 +36,7 @@ use dsl_core::DType;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
-use kernels::dequant::QuantFormat;
-use kernels::embedding::{self, embedding_f16, embedding_q8_0, embedding_repacked};
+use kernels::embedding::{self, embedding_q8_0, embedding_repacked};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
 use kernels::rope::{rope_arch_kv_write, rope_kv_write};
@@ -128,20 +127,6 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             let row = table.format.gguf_bytes(1, c.n_embd);
             ln.cost(|| format!("embedding {n} rows"), n * (row + c.n_embd * es + 4), 0);
             return ln.run::<embedding_repacked::Kernel>([n as u32, 1, 1], &config, &args);
-        }
-        if self.w.embedding_format != QuantFormat::Q8_0 {
-            let bf16 = self.w.embedding_format == QuantFormat::BF16;
-            let config = embedding_f16::Config::new(dtype, bf16, eb).with_warps(embedding::warps_for(eb));
-            let args = embedding_f16::Args {
-                w_ptr: D::ptr_at::<u8, u8>(&self.w.embedding, 0)?,
-                ids_ptr: arena_i32::<D>(self.arena, self.lay.tokens)?,
-                out_ptr: any::<D, T>(&self.s.h, 0)?,
-                hidden: c.n_embd as i32,
-                vocab: c.vocab_size as i32,
-                _marker: PhantomData,
-            };
-            ln.cost(|| format!("embedding {n} rows"), n * (c.n_embd * 2 + c.n_embd * es + 4), 0);
-            return ln.run::<embedding_f16::Kernel>([n as u32, 1, 1], &config, &args);
         }
         let config = embedding_q8_0::Config::new(dtype, eb).with_warps(embedding::warps_for(eb));
         let args = embedding_q8_0::Args {

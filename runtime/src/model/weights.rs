@@ -3,8 +3,10 @@
 //! Q, K and V concatenated into one fused QKV matrix (rows Q, then K, then V:
 //! one product gives the row `kernels::rope::rope_kv_write` reads), gate and
 //! up interleaved for the fused SiLU-mul product, norm weights converted to
-//! the activation dtype `T`, the Q8_0 token embedding kept raw for
-//! `kernels::embedding` and repacked as the LM head when the head is tied.
+//! the activation dtype `T`, a Q8_0 token embedding kept raw for
+//! `kernels::embedding` (and repacked as the LM head when the head is
+//! tied), a table in another format repacked for `embedding_repacked` (the
+//! LM head's planes when tied).
 //!
 //! The architecture's vectors ([`ArchVectors`]: RoPE frequency factors, QKV
 //! biases, Q/K head-norm weights) are kept in f32, as llama.cpp keeps them,
@@ -170,16 +172,15 @@ impl<D: Device> ArchVectors<D> {
 pub struct Weights<D: Device, T: ActElem> {
     /// The hyperparameters.
     pub config: LlamaConfig,
-    /// The raw token embedding table: Q8_0 (`vocab * n_embd / 32 * 34`
-    /// bytes), F16 or BF16 (`vocab * n_embd * 2` bytes); one unused byte
-    /// when the table is repacked.
+    /// The raw token embedding table, Q8_0 (`vocab * n_embd / 32 * 34`
+    /// bytes); one unused byte when the table is repacked.
     pub embedding: D::Buf<u8>,
     /// The embedding table's format.
     pub embedding_format: QuantFormat,
     /// The embedding table repacked (`[vocab, n_embd]`) when its format is
-    /// one whose GGUF bytes the gather kernels do not read (all but Q8_0,
-    /// F16 and BF16: llama.cpp's K-quant files store it in Q4_K or Q6_K)
-    /// and it is not the LM head's ([`Weights::embedding_table`]).
+    /// not Q8_0 (llama.cpp's K-quant files store it in Q4_K or Q6_K, F16
+    /// files in F16) and it is not the LM head's
+    /// ([`Weights::embedding_table`]).
     pub embedding_repacked: Option<Matrix<D>>,
     /// The blocks.
     pub layers: Vec<Layer>,
@@ -197,9 +198,10 @@ pub struct Weights<D: Device, T: ActElem> {
     pub arch: ArchVectors<D>,
 }
 
-/// Whether the gather kernels read `format`'s GGUF table as stored.
+/// Whether the gather kernels read `format`'s GGUF table as stored (Q8_0,
+/// SmolLM2's) rather than repacked.
 fn raw_embedding(format: QuantFormat) -> bool {
-    matches!(format, QuantFormat::Q8_0 | QuantFormat::F16 | QuantFormat::BF16)
+    format == QuantFormat::Q8_0
 }
 
 impl<D: Device, T: ActElem> Weights<D, T> {
