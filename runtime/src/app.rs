@@ -332,13 +332,33 @@ enum Picked {
     Interp,
 }
 
-/// Device-side bytes of the weights: every tensor as stored (they stay in
-/// their block formats), plus the tied LM head's second copy.
-fn weight_bytes(gguf: &Gguf, config: &LlamaConfig) -> u64 {
-    let stored: u64 = gguf.tensors().iter().filter_map(|t| t.n_bytes()).sum();
+/// Device-side bytes of the weights, for the memory plan: every matrix as
+/// repacked (still quantized, but the byte formats at one byte per weight,
+/// so a Q6_K or Q5_0 matrix takes more than its GGUF bytes), a Q8_0 token
+/// table as stored plus its repacked copy as the tied LM head, vectors as
+/// stored.
+fn weight_bytes(gguf: &Gguf) -> u64 {
     let tied = gguf.tensors().iter().all(|t| t.name != "output.weight");
-    let head = (config.vocab_size * config.n_embd / 32 * 34) as u64;
-    stored + if tied { head } else { 0 }
+    let repacked = |t: &crate::gguf::TensorInfo| match (t.ty.quant_format(), t.dims.as_slice()) {
+        (Some(f), &[k, n]) => Some(f.repacked_bytes(n as usize, k as usize) as u64),
+        _ => None,
+    };
+    let mut total = 0;
+    for t in gguf.tensors() {
+        let stored = t.n_bytes().unwrap_or(0);
+        total += match repacked(t) {
+            // A Q8_0 table is gathered as stored, and repacked again as a tied
+            // head; any other table is repacked once (a tied head shares it).
+            Some(r) if t.name == "token_embd.weight" && t.ty == crate::gguf::GgmlType::Q8_0 => {
+                stored + if tied { r } else { 0 }
+            }
+            // The matrices, repacked (byte formats take one byte per weight).
+            Some(r) => r,
+            None => stored,
+        };
+    }
+    // Vectors (norm weights, biases) are held as stored or narrower.
+    total
 }
 
 /// Bytes of the forward's scratch buffers at the largest step.
@@ -442,7 +462,7 @@ pub fn build_engine<D: Device, T: ActElem>(
     let is_gpu = gpu_memory.is_some();
     let max_model_len =
         if opts.max_model_len == 0 { config.context_length.min(2048) } else { opts.max_model_len };
-    let weights = weight_bytes(gguf, config);
+    let weights = weight_bytes(gguf);
     let available = gpu_memory.unwrap_or(1 << 30);
     let per_seq_blocks = max_model_len.div_ceil(opts.block_size);
     let want_blocks = opts.max_blocks.unwrap_or(per_seq_blocks * opts.max_num_seqs);
@@ -519,6 +539,40 @@ fn gguf_name(gguf: &Gguf) -> String {
 #[cfg(test)]
 mod tests {
     use super::DtypeChoice::{self, Auto, Bf16, F32};
+
+    /// The memory plan's weight estimate is the repacked size: Q4_1 20 and
+    /// Q8_0 34 bytes per 32 weights, a Q8_0 table counted twice when tied
+    /// (gathered raw, repacked as the head) and a Q4_1 one once (shared).
+    #[test]
+    fn weight_bytes_count_the_repacked_planes() {
+        use crate::gguf::tiny::TinyLlama;
+        use crate::gguf::{GgmlType, Gguf};
+        let base = crate::check::model::tiny_llama();
+        let c = base.config.clone();
+        let (e, f, v) = (c.n_embd, c.n_ff, c.vocab_size);
+        let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        // f32 attention and MLP norms per layer, and the output norm.
+        let vectors = c.n_layers * 2 * 4 * e + 4 * e;
+        let per_layer =
+            |qk: usize, vb: usize| (q + kv) * e / 32 * qk + kv * e / 32 * vb + (q * e + 3 * f * e) / 32 * qk;
+        let cases = [
+            // Q4_1 matrices, a tied Q8_0 table: stored once, repacked once.
+            (base.clone(), c.n_layers * per_layer(20, 20) + 2 * (v * e / 32 * 34)),
+            // V in Q8_0, a tied Q4_1 table (the head's planes).
+            (
+                TinyLlama {
+                    matrix_types: vec![("attn_v", GgmlType::Q8_0)],
+                    embedding_type: GgmlType::Q4_1,
+                    ..base
+                },
+                c.n_layers * per_layer(20, 34) + v * e / 32 * 20,
+            ),
+        ];
+        for (i, (t, matrices)) in cases.into_iter().enumerate() {
+            let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+            assert_eq!(super::weight_bytes(&g), (matrices + vectors) as u64, "case {i}");
+        }
+    }
 
     #[test]
     fn auto_is_bf16_on_the_gpu_and_f32_on_the_interpreter() {

@@ -175,6 +175,12 @@ impl QuantFormat {
         }
     }
 
+    /// Device bytes of a `[n, k]` weight repacked in this format (its quant
+    /// and scale planes; `k` whole blocks of the format).
+    pub const fn repacked_bytes(self, n: usize, k: usize) -> usize {
+        n * (k / BLOCK_VALUES * self.quant_bytes() + 2 * self.scale_entries(k))
+    }
+
     /// Scale-plane entries (f16-sized) of one weight row of `k` values.
     pub const fn scale_entries(self, k: usize) -> usize {
         if self.is_k_quant() {
