@@ -17,7 +17,7 @@ export INSTA_UPDATE := no
 export RUST_BACKTRACE ?= 1
 export CARGO_TERM_COLOR ?= auto
 
-.PHONY: help setup model vocab kquant-models test run fmt clippy clean deps-check synth-models golden-tool golden-synth
+.PHONY: help setup model vocab kquant-models test run fmt clippy clean deps-check synth-models golden-tool golden-synth golden-kquant
 
 help:
 	@echo "make run     main job: install what is missing, fetch the model, build, generate text"
@@ -29,6 +29,7 @@ help:
 	@echo "make kquant-models  requantize the model with llama.cpp to Q4_K_M, Q5_K_M, Q6_K, Q8_0, F16"
 	@echo "make synth-models  write the synthetic Llama 3 / Mistral / Qwen2.5 / Qwen3 files into models/synth/"
 	@echo "make golden-synth  llama.cpp goldens of those files into runtime/tests/data/synth-*.json"
+	@echo "make golden-kquant llama.cpp goldens of the requantized files into runtime/tests/data/smollm2-135m-*.json"
 	@echo "                   (needs libllama: LLAMA_CPP=/path/to/llama.cpp with build/bin, see ../shared/bench/llama-cpp.sh)"
 	@echo "make fmt     format the workspace"
 	@echo "make clippy  lint the workspace"
@@ -79,6 +80,16 @@ golden-tool:
 # llama.cpp's greedy continuations and top-2 gaps on the synthetic models, the
 # test data of runtime's parity test (committed; rerun after changing them).
 GOLDEN_PROMPTS := "The capital of France is" "def fibonacci(n):" "Once upon a time, 3 cats"
+# llama.cpp's greedy continuations and top-2 gaps on the requantized SmolLM2
+# files of `make kquant-models` (the same prompts), runtime's test data for
+# the K-quant parity test (committed; rerun after requantizing).
+KQUANT_TYPES := Q4_K_M Q5_K_M Q6_K Q8_0 F16
+golden-kquant: kquant-models golden-tool
+	@for t in $(KQUANT_TYPES); do l=$$(echo $$t | tr A-Z a-z); \
+		$(GOLDEN) models/SmolLM2-135M-Instruct.$$t.gguf runtime/tests/data/smollm2-135m-$$l.json 24 $(GOLDEN_PROMPTS) 2>/dev/null; \
+		echo "wrote runtime/tests/data/smollm2-135m-$$l.json"; \
+	done
+
 golden-synth: synth-models golden-tool
 	@for a in $(SYNTH_ARCHS); do n=$${a%%:*}; \
 		$(GOLDEN) models/synth/$$n.gguf runtime/tests/data/synth-$$n.json 24 $(GOLDEN_PROMPTS) 2>/dev/null; \
