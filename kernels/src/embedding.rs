@@ -153,6 +153,11 @@ pub fn embedding_repacked<T: Float>(
     }
 }
 
+/// The formats [`embedding_repacked`] gathers from: every one but Q8_0.
+pub fn repacked_formats() -> impl Iterator<Item = QuantFormat> {
+    QuantFormat::ALL.into_iter().filter(|&f| f != QuantFormat::Q8_0)
+}
+
 /// The column tile for `hidden` columns: its next power of two, at most 1024
 /// (longer rows loop).
 pub fn block_for(hidden: usize) -> usize {

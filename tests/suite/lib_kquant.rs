@@ -183,9 +183,8 @@ fn linear_new_formats() {
 /// and a looped row.
 #[test]
 fn embedding_gathers_repacked_tables() {
-    use kernels::embedding::{block_for, embedding_repacked as kk};
-    let formats = [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q5_0, QuantFormat::Q5_1];
-    for (i, format) in formats.into_iter().chain(NEW[2..].iter().copied()).enumerate() {
+    use kernels::embedding::{block_for, embedding_repacked as kk, repacked_formats};
+    for (i, format) in repacked_formats().enumerate() {
         let (vocab, hidden) = (7, if format.is_k_quant() { 512 } else { 160 });
         let mut rng = Rng::new(91 + i as u64);
         let raw = gguf_any(&mut rng, format, vocab, hidden);

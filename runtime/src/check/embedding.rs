@@ -111,19 +111,8 @@ fn repacked_on<T: ActElem, D: Device>(
 /// token counts with two out-of-range ids, f32 and bf16 outputs, exact
 /// against the interpreter (the same `fma`s on both sides).
 pub fn embedding_repacked<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    use kernels::dequant::{QuantFormat, repack};
-    let formats = [
-        QuantFormat::Q4_0,
-        QuantFormat::Q4_1,
-        QuantFormat::Q5_0,
-        QuantFormat::Q5_1,
-        QuantFormat::Q4_K,
-        QuantFormat::Q5_K,
-        QuantFormat::Q6_K,
-        QuantFormat::F16,
-        QuantFormat::BF16,
-    ];
-    over_cases(dev, seed, formats, |dev, rng, format| {
+    use kernels::dequant::repack;
+    over_cases(dev, seed, kernels::embedding::repacked_formats(), |dev, rng, format| {
         let hidden = if format.is_k_quant() { 4096 } else { 576 };
         let (vocab, tokens) = (300, 37);
         let raw = super::dequant::gguf_weight(rng, format, vocab, hidden);

@@ -221,6 +221,11 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             Kind::GateUp => layer.gate_up,
             Kind::Down => layer.down,
         };
+        self.slot_ref(kind, &slot)
+    }
+
+    /// The view of `slot` in `kind`'s planes.
+    fn slot_ref(&self, kind: Kind, slot: &Slot) -> MatRef<'_, D> {
         let (quants, scales) = &self.planes[kind as usize];
         MatRef {
             format: slot.format,
@@ -237,23 +242,13 @@ impl<D: Device, T: ActElem> Weights<D, T> {
     /// output column each one starts at: one matrix unless Q, K and V
     /// differ in format (see [`fuse_rows`]).
     pub fn qkv_parts(&self, l: usize) -> Vec<(MatRef<'_, D>, usize)> {
-        let (quants, scales) = &self.planes[Kind::Qkv as usize];
         let layer = &self.layers[l];
         let mut col = 0;
         std::iter::once(&layer.qkv)
             .chain(&layer.qkv_rest)
             .map(|s| {
-                let m = MatRef {
-                    format: s.format,
-                    n: s.n,
-                    k: s.k,
-                    quants,
-                    q_off: s.q_off,
-                    scales,
-                    s_off: s.s_off,
-                };
                 col += s.n;
-                (m, col - s.n)
+                (self.slot_ref(Kind::Qkv, s), col - s.n)
             })
             .collect()
     }
