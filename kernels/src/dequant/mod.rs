@@ -404,9 +404,17 @@ pub fn gemm_grid(m: usize, n: usize, silu: bool, block_m: usize, block_n: usize)
     [m.div_ceil(block_m) as u32, rows.div_ceil(block_n) as u32, 1]
 }
 
-/// The largest batch the batch-invariant product runs split, one K tile
-/// per program ([`LinearTiles::split`]).
+/// The largest batch the batch-invariant product runs split on 16-row
+/// tiles, one K tile per program ([`LinearTiles::split`]).
 pub const LINEAR_SPLIT_MAX_M: usize = 16;
+
+/// The largest batch a long-K product ([`LINEAR_SPLIT_LONG_K`] columns or
+/// more: the down projection) runs split, on 32 x 32 tiles.
+pub const LINEAR_SPLIT_LONG_MAX_M: usize = 64;
+
+/// The K from which a product counts as long for
+/// [`LINEAR_SPLIT_LONG_MAX_M`]: eight K tiles or more.
+pub const LINEAR_SPLIT_LONG_K: usize = 1024;
 
 /// Tiles of one batch-invariant product ([`linear::linear`]); its K tile
 /// is always [`linear::LINEAR_BLOCK_K`].
@@ -427,20 +435,25 @@ pub struct LinearTiles {
 /// of `rows` rows (`2N` with SILU) and `k` columns, on tensor cores
 /// (`tensor_cores`: the GPU) or on the interpreter. Every tile and both
 /// forms compute the same bits (see [`linear`]), so the choice follows
-/// speed alone. On tensor cores, up to [`LINEAR_SPLIT_MAX_M`] rows run
-/// split on 16-row tiles of 4 warps (32 weight rows; 64 for Q8_0, the
-/// head), the decode batches; larger batches loop over K on 32 x 32 tiles
-/// (64 x 64 for Q8_0), or on 64 x 128 and 128 x 128 tiles of 8 warps when
-/// those give at least 128 or 200 programs (prefill). The interpreter
-/// loops over K with 64 weight rows and up to 64 activation rows per
-/// program (its cost is the dequantization per row tile).
-pub fn linear_tiles(
-    format: QuantFormat,
-    m: usize,
-    rows: usize,
-    _k: usize,
-    tensor_cores: bool,
-) -> LinearTiles {
+/// speed alone (`bench --only linear` times every candidate). On tensor
+/// cores:
+/// - up to [`LINEAR_SPLIT_MAX_M`] rows run split on 16-row tiles of 4 warps
+///   (32 weight rows; 64 for Q8_0, the head), the small decode batches;
+/// - up to [`LINEAR_SPLIT_LONG_MAX_M`] rows of a product of at least
+///   [`LINEAR_SPLIT_LONG_K`] columns run split on 32 x 32 tiles: the K loop
+///   of a long product is the longer wait there;
+/// - prefill chunks of 1024 rows or more loop over K on 128 x 128 tiles of
+///   8 warps, whatever the number of programs (the tile that moves the
+///   fewest operand bytes per product is the fastest even below one
+///   program per SM);
+/// - other batches loop over K on 128 x 128 (more than 64 rows) or 64 x 128
+///   tiles of 8 warps when those give at least 200 or 128 programs, else
+///   on 32 x 32 tiles (64 x 64 for Q8_0).
+///
+/// The interpreter loops over K with 64 weight rows and up to 64
+/// activation rows per program (its cost is the dequantization per row
+/// tile).
+pub fn linear_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, tensor_cores: bool) -> LinearTiles {
     if !tensor_cores {
         let block_m = m.max(1).next_power_of_two().min(64);
         return LinearTiles { block_m, block_n: 64, num_warps: 4, split: false };
@@ -449,8 +462,11 @@ pub fn linear_tiles(
     if m <= LINEAR_SPLIT_MAX_M {
         return LinearTiles { block_m: 16, block_n: if q8 { 64 } else { 32 }, num_warps: 4, split: true };
     }
+    if m <= LINEAR_SPLIT_LONG_MAX_M && k >= LINEAR_SPLIT_LONG_K {
+        return LinearTiles { block_m: 32, block_n: 32, num_warps: 4, split: true };
+    }
     let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
-    let (block_m, block_n, num_warps) = if programs(128, 128) >= 200 {
+    let (block_m, block_n, num_warps) = if m >= 1024 || (m > 64 && programs(128, 128) >= 200) {
         (128, 128, 8)
     } else if programs(64, 128) >= 128 {
         (64, 128, 8)

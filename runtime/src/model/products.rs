@@ -17,8 +17,8 @@ use dsl_core::DType;
 use dsl_core::half::f16;
 use kernels::dequant::linear::linear;
 use kernels::dequant::{
-    LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid, linear_tiles, linear_workspace,
-    uses_gemv,
+    LINEAR_SPLIT_LONG_MAX_M, LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid,
+    linear_tiles, linear_workspace, uses_gemv,
 };
 use std::marker::PhantomData;
 
@@ -77,7 +77,8 @@ pub(crate) fn linear_config(
 
 /// The workspace entries and counters every split product of a model of
 /// shape `c` fits in (its split batches have at most
-/// [`LINEAR_SPLIT_MAX_M`] rows and need the same for any of them).
+/// [`LINEAR_SPLIT_LONG_MAX_M`] rows, and a batch's split grid covers
+/// every smaller one of its tiles).
 pub(crate) fn linear_workspace_for(c: &LlamaConfig, tensor_cores: bool) -> (usize, usize) {
     let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
     let shapes = [
@@ -90,9 +91,11 @@ pub(crate) fn linear_workspace_for(c: &LlamaConfig, tensor_cores: bool) -> (usiz
     let mut need = (0, 0);
     for (rows, k) in shapes {
         for format in [QuantFormat::Q4_0, QuantFormat::Q8_0] {
-            let t = linear_tiles(format, LINEAR_SPLIT_MAX_M, rows, k, tensor_cores);
-            let (ws, cnt) = linear_workspace(linear_grid(LINEAR_SPLIT_MAX_M, rows, k, false, &t), &t);
-            need = (need.0.max(ws), need.1.max(cnt));
+            for m in [LINEAR_SPLIT_MAX_M, LINEAR_SPLIT_LONG_MAX_M] {
+                let t = linear_tiles(format, m, rows, k, tensor_cores);
+                let (ws, cnt) = linear_workspace(linear_grid(m, rows, k, false, &t), &t);
+                need = (need.0.max(ws), need.1.max(cnt));
+            }
         }
     }
     need
