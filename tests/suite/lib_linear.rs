@@ -19,7 +19,7 @@ use crate::lib_dequant::{Act, Case, activations, check_outputs, random_weight, r
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
-use kernels::dequant::linear::linear;
+use kernels::dequant::linear::{WIDE_ROWS, linear};
 use kernels::dequant::{LinearTiles, QuantFormat, Repacked, linear_grid, linear_tiles, linear_workspace};
 use kernels::reference::quant as r;
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
@@ -144,6 +144,22 @@ proptest! {
             accuracy_case::<bf16>(c, f16_ops, tiles)?;
         } else {
             accuracy_case::<f32>(c, f16_ops, tiles)?;
+        }
+    }
+}
+
+/// The wide tiles' form (`WIDE_ROWS` rows and more: each K tile's product
+/// as two dots of half its columns, their loads at the top of each step)
+/// against the f64 reference: two row tiles, three whole K tiles and a
+/// partial one, each word-tiled format, with and without SiLU.
+#[test]
+fn wide_tiles_meet_the_reference() {
+    for (i, format) in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0].into_iter().enumerate() {
+        for silu in [false, true] {
+            for f16_ops in [false, true] {
+                let c = Case { seed: 40 + i as u64, format, silu, m: 130, n: 40, k: 32 * 13 };
+                accuracy_case::<bf16>(c, f16_ops, (WIDE_ROWS, 16, false)).unwrap();
+            }
         }
     }
 }

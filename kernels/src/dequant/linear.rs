@@ -160,6 +160,11 @@ pub fn linear_epilogue(
 /// past K.
 pub const VECTOR_X_ROWS: usize = 16;
 
+/// The shortest output tile whose unsplit loop forms each K tile's product
+/// in two halves of its columns ([`linear_tile`]): at 128 rows the whole
+/// tile's operands do not fit in registers beside the two accumulators.
+pub const WIDE_ROWS: usize = 128;
+
 /// The K tile of every batch-invariant product, on every device: a row's
 /// result is the sum, in K order, of one `dot` per 128 columns (see the
 /// module doc), so this width is part of the arithmetic.
@@ -260,10 +265,60 @@ pub fn tile_product(
     block_m: usize,
     block_n: usize,
 ) -> Tensor {
-    let c = expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0);
+    columns_product(
+        wd,
+        sr,
+        xa,
+        nw_ptr,
+        rs,
+        k,
+        k0,
+        xa,
+        true,
+        quant,
+        norm,
+        f16_ops,
+        dt,
+        block_m,
+        block_n,
+        LINEAR_BLOCK_K,
+    )
+}
+
+/// `acc + x[:, k0 .. k0 + width] @ w[.., k0 .. k0 + width]^T` as one `dot`
+/// (a chain of `mma` steps over the `width / 16` column groups, continuing
+/// `acc`'s, or from zero with `from_zero`, which leaves `acc` unread):
+/// [`tile_product`] is `width =
+/// LINEAR_BLOCK_K` from zero, and two
+/// calls of half the width, the second continuing the first's result, run
+/// the same chain of steps (see [`linear_tile`]'s wide tiles). `wd`/`sr`
+/// are the words and scales of the `width` columns ([`tile_index`]'s
+/// layout at that width, or the f32 weights of a format the word-tiled
+/// bodies do not take), `xa` the `[block_m, width]` activations.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn columns_product(
+    wd: Tensor,
+    sr: Tensor,
+    xa: Tensor,
+    nw_ptr: Tensor,
+    rs: Tensor,
+    k: Tensor,
+    k0: Tensor,
+    acc: Tensor,
+    from_zero: bool,
+    quant: QuantFormat,
+    norm: bool,
+    f16_ops: bool,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+    width: usize,
+) -> Tensor {
+    let c = expand_dims(arange(0, width as i32), 0);
     let w = if quant.gpu_kernels() {
-        let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [block_n, LINEAR_BLOCK_K]);
-        let e8 = broadcast_to(c % 4 * 8, [block_n, LINEAR_BLOCK_K]);
+        let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [block_n, width]);
+        let e8 = broadcast_to(c % 4 * 8, [block_n, width]);
         swap_weights(wd, nib, e8, sr, quant)
     } else {
         // `wd` holds the weights ([`tile_load`]).
@@ -279,7 +334,8 @@ pub fn tile_product(
     };
     let xv = where_(col < k, linear_operand(xa, nw, rs, norm, f16_ops, dt), 0.0);
     let wv = if f16_ops { w.to(f16) } else { w };
-    dot(xv, trans(wv), zeros([block_m, block_n], f32))
+    let init = if from_zero { zeros([block_m, block_n], f32) } else { acc };
+    dot(xv, trans(wv), init)
 }
 
 /// The body of [`linear`] (see the module doc): program `(i, j, z)` is
@@ -430,34 +486,68 @@ pub fn linear_tile(
             block_m, block_n,
         )
     } else {
-        // Whole K tiles: unmasked loads at offsets that move by a constant,
-        // the next tile's issued before this one's product.
-        let (w_idx, s_idx) = tile_index(wrow, nb, arange(0, bk / 16) / 2, quant, block_n, LINEAR_BLOCK_K);
-        let wpb = if quant.is_q4() { 4 } else { 8 };
-        let qw = ptrcast(q_ptr, i32);
-        let last = maximum(k_full - bk, 0);
-        let mut wd = wd0;
-        let mut sr = sr0;
-        let mut xa = load(x_ptr + xrow + kc, mask = k_full > 0, other = 0.0);
-        let mut acc = zeros([block_m, block_n], f32);
-        for k0 in range(0, k_full, bk) {
-            let nk = minimum(k0 + bk, last);
-            let (wd_next, sr_next) = if quant.gpu_kernels() {
-                (
-                    load(qw + (w_idx + nk / 32 * wpb)),
-                    scale_load(s_ptr, s_idx + nk / 32, full([], 1, i1), quant),
-                )
-            } else {
-                tile_load(q_ptr, s_ptr, wrow, nb, nk, quant, block_n)
-            };
-            let xa_next = load(x_ptr + xrow + kc + nk);
-            let part =
-                tile_product(wd, sr, xa, nw_ptr, rs, k, k0, quant, norm, f16_ops, dt, block_m, block_n);
-            acc = acc + part;
-            wd = wd_next;
-            sr = sr_next;
-            xa = xa_next;
-        }
+        let mut acc = if block_m >= WIDE_ROWS && quant.gpu_kernels() {
+            // Wide tiles: each K tile's product as two dots of half its
+            // columns, the second continuing the first's chain (the same
+            // `mma` steps in the same order as one dot over the tile), so
+            // half the operand registers are live at a time; loaded at the
+            // top of each step.
+            let hw = LINEAR_BLOCK_K / 2;
+            let (w_idx, s_idx) = tile_index(wrow, nb, arange(0, hw as i32 / 16) / 2, quant, block_n, hw);
+            let wpb = if quant.is_q4() { 4 } else { 8 };
+            let qw = ptrcast(q_ptr, i32);
+            let kh = expand_dims(arange(0, hw as i32), 0);
+            let mut acc = zeros([block_m, block_n], f32);
+            for k0 in range(0, k_full, bk) {
+                let k1 = k0 + hw as i32;
+                let lo_w = load(qw + (w_idx + k0 / 32 * wpb));
+                let lo_s = scale_load(s_ptr, s_idx + k0 / 32, full([], 1, i1), quant);
+                let lo_x = load(x_ptr + xrow + kh + k0);
+                let hi_w = load(qw + (w_idx + k1 / 32 * wpb));
+                let hi_s = scale_load(s_ptr, s_idx + k1 / 32, full([], 1, i1), quant);
+                let hi_x = load(x_ptr + xrow + kh + k1);
+                let lo = columns_product(
+                    lo_w, lo_s, lo_x, nw_ptr, rs, k, k0, lo_x, true, quant, norm, f16_ops, dt, block_m,
+                    block_n, hw,
+                );
+                let part = columns_product(
+                    hi_w, hi_s, hi_x, nw_ptr, rs, k, k1, lo, false, quant, norm, f16_ops, dt, block_m,
+                    block_n, hw,
+                );
+                acc = acc + part;
+            }
+            acc
+        } else {
+            // Whole K tiles: unmasked loads at offsets that move by a constant,
+            // the next tile's issued before this one's product.
+            let (w_idx, s_idx) = tile_index(wrow, nb, arange(0, bk / 16) / 2, quant, block_n, LINEAR_BLOCK_K);
+            let wpb = if quant.is_q4() { 4 } else { 8 };
+            let qw = ptrcast(q_ptr, i32);
+            let last = maximum(k_full - bk, 0);
+            let mut wd = wd0;
+            let mut sr = sr0;
+            let mut xa = load(x_ptr + xrow + kc, mask = k_full > 0, other = 0.0);
+            let mut acc = zeros([block_m, block_n], f32);
+            for k0 in range(0, k_full, bk) {
+                let nk = minimum(k0 + bk, last);
+                let (wd_next, sr_next) = if quant.gpu_kernels() {
+                    (
+                        load(qw + (w_idx + nk / 32 * wpb)),
+                        scale_load(s_ptr, s_idx + nk / 32, full([], 1, i1), quant),
+                    )
+                } else {
+                    tile_load(q_ptr, s_ptr, wrow, nb, nk, quant, block_n)
+                };
+                let xa_next = load(x_ptr + xrow + kc + nk);
+                let part =
+                    tile_product(wd, sr, xa, nw_ptr, rs, k, k0, quant, norm, f16_ops, dt, block_m, block_n);
+                acc = acc + part;
+                wd = wd_next;
+                sr = sr_next;
+                xa = xa_next;
+            }
+            acc
+        };
         // The last partial tile (at most one): activations past K read as zero.
         for k0 in range(k_full, k, bk) {
             let xt = if vector_x {

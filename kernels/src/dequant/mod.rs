@@ -416,6 +416,12 @@ pub const LINEAR_SPLIT_LONG_MAX_M: usize = 64;
 /// [`LINEAR_SPLIT_LONG_MAX_M`]: eight K tiles or more.
 pub const LINEAR_SPLIT_LONG_K: usize = 1024;
 
+/// A long product runs split at up to [`LINEAR_SPLIT_LONG_MAX_M`] rows only
+/// while its unsplit 32 x 32 grid has fewer programs than this (about one
+/// per SM): a grid that fills the GPU gains nothing from more programs and
+/// pays the hand-over.
+pub const LINEAR_SPLIT_PROGRAMS: usize = 128;
+
 /// Tiles of one batch-invariant product ([`linear::linear`]); its K tile
 /// is always [`linear::LINEAR_BLOCK_K`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,7 +446,8 @@ pub struct LinearTiles {
 /// - up to [`LINEAR_SPLIT_MAX_M`] rows run split on 16-row tiles of 4 warps
 ///   (32 weight rows; 64 for Q8_0, the head), the small decode batches;
 /// - up to [`LINEAR_SPLIT_LONG_MAX_M`] rows of a product of at least
-///   [`LINEAR_SPLIT_LONG_K`] columns run split on 32 x 32 tiles: the K loop
+///   [`LINEAR_SPLIT_LONG_K`] columns whose unsplit grid would not fill the
+///   GPU ([`LINEAR_SPLIT_PROGRAMS`]) run split on 32 x 32 tiles: the K loop
 ///   of a long product is the longer wait there;
 /// - prefill chunks of 1024 rows or more loop over K on 128 x 128 tiles of
 ///   8 warps, whatever the number of programs (the tile that moves the
@@ -462,10 +469,10 @@ pub fn linear_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, tensor
     if m <= LINEAR_SPLIT_MAX_M {
         return LinearTiles { block_m: 16, block_n: if q8 { 64 } else { 32 }, num_warps: 4, split: true };
     }
-    if m <= LINEAR_SPLIT_LONG_MAX_M && k >= LINEAR_SPLIT_LONG_K {
+    let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
+    if m <= LINEAR_SPLIT_LONG_MAX_M && k >= LINEAR_SPLIT_LONG_K && programs(32, 32) < LINEAR_SPLIT_PROGRAMS {
         return LinearTiles { block_m: 32, block_n: 32, num_warps: 4, split: true };
     }
-    let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
     let (block_m, block_n, num_warps) = if m >= 1024 || (m > 64 && programs(128, 128) >= 200) {
         (128, 128, 8)
     } else if programs(64, 128) >= 128 {

@@ -2,8 +2,9 @@
 //! (`kernels::dequant::linear`) at SmolLM2's projections, bf16, with the
 //! fusions the decode step uses: at `M = 1` the RMSNorm prologue (QKV,
 //! gate/up with SiLU, the Q8_0 head) or the residual epilogue (O, down); at
-//! `M = 64` the plain products of a batched step, and at `M = 2048` (a
-//! prefill chunk, SmolLM2's projections) the plain products too.
+//! `M = 64` the plain products of a batched step, and at `M = 128` (a short
+//! prompt) and `M = 2048` (a prefill chunk) SmolLM2's projections' plain
+//! products.
 //!
 //! Rows (metric `us`, timing as the dequant rows: L2 flushed before every
 //! run, median of CUDA-event times, host work outside the timed span):
@@ -46,7 +47,7 @@ const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 8] = [
 /// Candidate tiles `(BLOCK_M, BLOCK_N, warps, split)` per batch size
 /// (every warp owns 16 rows and at least 8 columns of a tile).
 fn candidates(m: usize) -> Vec<(usize, usize, u32, bool)> {
-    if m >= 1024 {
+    if m >= 128 {
         vec![
             (128, 128, 8, false),
             (64, 128, 8, false),
@@ -58,6 +59,8 @@ fn candidates(m: usize) -> Vec<(usize, usize, u32, bool)> {
             (256, 64, 8, false),
             (32, 128, 4, false),
             (128, 32, 4, false),
+            (32, 32, 4, false),
+            (32, 64, 4, false),
         ]
     } else if m == 1 {
         vec![
@@ -93,8 +96,9 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
         let w = repack(format, &raw, rows, k).map_err(|e| Error::Usage(e.to_string()))?;
         drop(raw);
         let n = if silu { rows / 2 } else { rows };
-        // A prefill chunk (2048 rows) at SmolLM2's projections, not the head.
-        let batches: &[usize] = if k * rows < 1 << 24 { &[1, 64, 2048] } else { &[1, 64] };
+        // A short prompt (128 rows) and a prefill chunk (2048 rows) at
+        // SmolLM2's projections, not the head.
+        let batches: &[usize] = if k * rows < 1 << 24 { &[1, 64, 128, 2048] } else { &[1, 64] };
         for &m in batches {
             let (norm, residual) = if m == 1 { (norm1, residual1) } else { (false, false) };
             let x = rng.values::<bf16>(m * k, 2.0);
