@@ -453,9 +453,11 @@ pub struct LinearTiles {
 ///   8 warps, whatever the number of programs (the tile that moves the
 ///   fewest operand bytes per product is the fastest even below one
 ///   program per SM);
-/// - other batches loop over K on 128 x 128 (more than 64 rows) or 64 x 128
-///   tiles of 8 warps when those give at least 200 or 128 programs, else
-///   on 32 x 32 tiles (64 x 64 for Q8_0).
+/// - other batches loop over K on 128 x 128 tiles of 8 warps (more than 64
+///   rows, at least 200 programs), or on 64 x 128 tiles of 8 warps when
+///   those give at least 128 programs (64 for the decode batches of at most
+///   64 rows: a large model's products), else on 32 x 32 tiles (64 x 64 for
+///   the byte formats above 128 rows).
 ///
 /// The interpreter loops over K with 64 weight rows and up to 64
 /// activation rows per program (its cost is the dequantization per row
@@ -475,9 +477,9 @@ pub fn linear_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, tensor
     }
     let (block_m, block_n, num_warps) = if m >= 1024 || (m > 64 && programs(128, 128) >= 200) {
         (128, 128, 8)
-    } else if programs(64, 128) >= 128 {
+    } else if programs(64, 128) >= if m <= 64 { 64 } else { 128 } {
         (64, 128, 8)
-    } else if q8 {
+    } else if q8 && m > 128 {
         (64, 64, 4)
     } else {
         (32, 32, 4)

@@ -28,17 +28,20 @@ use kernels::dequant::{LinearTiles, QuantFormat, linear_grid, repack};
 use std::marker::PhantomData;
 
 /// The projections: `(label, format, silu, norm at M = 1, residual at M = 1,
-/// k, weight rows)`.
+/// k, weight rows)`. The `q8_0_` rows are QKV and gate/up in Q8_0 planes
+/// (the Q5_0 and Q8_0 matrices of llama.cpp's Q4_K_M files).
 /// The last three compare Q4_K and Q6_K (weights formed by the tile loader,
 /// `linear::tile_load`) with Q4_1 at K 4096, N 14336: compare their
 /// times per GGUF weight byte (Q4_1 0.625, Q4_K 0.5625, Q6_K 0.8203 bytes
 /// per weight).
-const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 8] = [
+const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 10] = [
     ("qkv_norm", QuantFormat::Q4_1, false, true, false, 576, 960),
     ("o_residual", QuantFormat::Q4_1, false, false, true, 576, 576),
     ("gate_up_norm_silu", QuantFormat::Q4_1, true, true, false, 576, 3072),
     ("down_residual", QuantFormat::Q4_1, false, false, true, 1536, 576),
     ("lm_head_norm", QuantFormat::Q8_0, false, true, false, 576, 49152),
+    ("q8_0_qkv_norm", QuantFormat::Q8_0, false, true, false, 576, 960),
+    ("q8_0_gate_up_norm_silu", QuantFormat::Q8_0, true, true, false, 576, 3072),
     ("q4_1_k4096_n14336", QuantFormat::Q4_1, false, false, false, 4096, 14336),
     ("q4_k_k4096_n14336", QuantFormat::Q4_K, false, false, false, 4096, 14336),
     ("q6_k_k4096_n14336", QuantFormat::Q6_K, false, false, false, 4096, 14336),
