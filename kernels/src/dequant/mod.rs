@@ -410,7 +410,7 @@ pub const LINEAR_SPLIT_MAX_M: usize = 16;
 
 /// The largest batch a long-K product ([`LINEAR_SPLIT_LONG_K`] columns or
 /// more: the down projection) runs split, on 32 x 32 tiles.
-pub const LINEAR_SPLIT_LONG_MAX_M: usize = 64;
+pub const LINEAR_SPLIT_LONG_MAX_M: usize = 128;
 
 /// The K from which a product counts as long for
 /// [`LINEAR_SPLIT_LONG_MAX_M`]: eight K tiles or more.

@@ -64,6 +64,8 @@ fn candidates(m: usize) -> Vec<(usize, usize, u32, bool)> {
             (128, 32, 4, false),
             (32, 32, 4, false),
             (32, 64, 4, false),
+            (32, 32, 4, true),
+            (64, 64, 4, true),
         ]
     } else if m == 1 {
         vec![
