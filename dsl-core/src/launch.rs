@@ -318,19 +318,18 @@ impl<T> BufferPtr<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builder::kernel;
     use crate::lang::*;
 
     #[test]
     fn specialization_marks_aligned_pointers_and_multiples_of_16() {
-        let f = KernelBuilder::new("k")
-            .build(|| {
-                let x = param_ptr("x", DType::F32);
-                let n = param_scalar("n", DType::I32);
-                let _m = param_scalar("m", DType::I32);
-                let _s = param_scalar("s", DType::F32);
-                store(x + arange(0, 16), 1.0, Some(arange(0, 16).lt(n)));
-            })
-            .unwrap();
+        let f = kernel("k", || {
+            let x = param_ptr("x", DType::F32);
+            let n = param_scalar("n", DType::I32);
+            let _m = param_scalar("m", DType::I32);
+            let _s = param_scalar("s", DType::F32);
+            store(x + arange(0, 16), 1.0, Some(arange(0, 16).lt(n)));
+        });
         let (g, mask) = specialize(&f, &[Some(4096), Some(48), Some(50), Some(16)]);
         assert_eq!(mask, 0b011);
         let hints: Vec<Option<u32>> = g.params.iter().map(|p| p.hints.divisibility).collect();
