@@ -340,28 +340,11 @@ fn custom_combine_reduce_and_scan() {
 
 #[test]
 fn while_loop_with_if_else() {
-    let f = KernelBuilder::new("collatz")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::I32);
-            let out_ptr = param_ptr("out_ptr", DType::I32);
-            let pid = program_id(0);
-            let x = load(x_ptr + pid, None, None);
-            let steps = constant(0, DType::I32);
-            let done = while_loop(
-                &[x, steps],
-                |v| v[0].gt(1),
-                |v| {
-                    let (x, steps) = (v[0], v[1]);
-                    let even = (x % 2).eq_(0);
-                    let next = if_else(even, || vec![x / 2], || vec![x * 3 + 1])[0];
-                    vec![next, steps + 1]
-                },
-            );
-            store(out_ptr + pid, done[1], None);
-            // A result-less `if`: odd programs also mark their slot.
-            if_then((pid % 2).eq_(1), || store(out_ptr + pid + 32, 1, None));
-        })
-        .unwrap();
+    let f = kernel("collatz", || {
+        // `hand::collatz`, then a result-less `if`: odd programs also mark their slot.
+        let (out_ptr, pid) = hand::collatz_steps();
+        if_then((pid % 2).eq_(1), || store(out_ptr + pid + 32, 1, None));
+    });
     let xs: Vec<i32> = (1..=27).collect();
     let want: Vec<i32> = xs
         .iter()
