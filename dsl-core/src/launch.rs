@@ -147,7 +147,13 @@ pub trait Backend {
     /// Erases a typed pointer.
     fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a>;
 
-    /// Runs `K` with `config` over `grid` (programs along x, y, z).
+    /// Runs a launch of `K` whose arguments are erased.
+    fn launch_erased<'a, K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, Self::Raw<'a>>) -> Result<()>
+    where
+        Self: 'a;
+
+    /// Runs `K` with `config` over `grid` (programs along x, y, z): erases
+    /// `args` and hands them to [`Backend::launch_erased`].
     fn launch<'a, K: Kernel>(
         &mut self,
         grid: [u32; 3],
@@ -155,7 +161,76 @@ pub trait Backend {
         args: &K::Args<'a, Self>,
     ) -> Result<()>
     where
-        Self: Sized + 'a;
+        Self: Sized + 'a,
+    {
+        self.launch_erased::<K>(ErasedLaunch { config, grid, args: K::erase_args(args) })
+    }
+}
+
+/// A launch of `K` as a backend runs it: the config, the grid (programs
+/// along x, y, z) and the arguments erased to `Arg<P>`s, in launch order.
+pub struct ErasedLaunch<'c, K: Kernel, P> {
+    /// The config the specialization is built for.
+    pub config: &'c K::Config,
+    /// Programs along x, y, z.
+    pub grid: [u32; 3],
+    /// The arguments, in launch order.
+    pub args: Vec<Arg<P>>,
+}
+
+/// A backend whose buffers live in host memory and whose pointers are
+/// [`BufferPtr`]s (the interpreter's `Cpu`, the native `codegen::host::Host`,
+/// the runtime's graph-recording `Emu`). Implementing it implements
+/// [`Backend`], with pointers erased to (buffer index, element offset) pairs.
+pub trait BufferBackend {
+    /// Runs a launch of `K` (see [`Backend::launch_erased`]).
+    fn launch_buffers<K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, (usize, usize)>) -> Result<()>;
+}
+
+impl<B: BufferBackend + 'static> Backend for B {
+    type Ptr<'a, T: PtrElem> = BufferPtr<T>;
+    type Raw<'a> = (usize, usize);
+
+    fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
+        p.raw()
+    }
+
+    fn launch_erased<'a, K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, (usize, usize)>) -> Result<()>
+    where
+        Self: 'a,
+    {
+        self.launch_buffers(launch)
+    }
+}
+
+/// Values kept per kernel and config key ([`Kernel::config_key`]): what a
+/// backend builds or prepares once per config, such as the built IR.
+pub struct PerConfig<V>(rustc_hash::FxHashMap<(&'static str, String), V>);
+
+impl<V> Default for PerConfig<V> {
+    fn default() -> Self {
+        PerConfig(Default::default())
+    }
+}
+
+impl<V> PerConfig<V> {
+    /// Whether there is a value for `K` with `config`.
+    pub fn contains<K: Kernel>(&self, config: &K::Config) -> bool {
+        self.0.contains_key(&(K::NAME, K::config_key(config)))
+    }
+
+    /// The value for `K` with `config`, made by `make` (and kept) when there
+    /// is none yet.
+    pub fn get_or_try_insert<K: Kernel, E>(
+        &mut self,
+        config: &K::Config,
+        make: impl FnOnce() -> Result<V, E>,
+    ) -> Result<&mut V, E> {
+        Ok(match self.0.entry((K::NAME, K::config_key(config))) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(make()?),
+        })
+    }
 }
 
 /// The divisibility the launcher promises when an argument allows it.
@@ -243,19 +318,18 @@ impl<T> BufferPtr<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builder::kernel;
     use crate::lang::*;
 
     #[test]
     fn specialization_marks_aligned_pointers_and_multiples_of_16() {
-        let f = KernelBuilder::new("k")
-            .build(|| {
-                let x = param_ptr("x", DType::F32);
-                let n = param_scalar("n", DType::I32);
-                let _m = param_scalar("m", DType::I32);
-                let _s = param_scalar("s", DType::F32);
-                store(x + arange(0, 16), 1.0, Some(arange(0, 16).lt(n)));
-            })
-            .unwrap();
+        let f = kernel("k", || {
+            let x = param_ptr("x", DType::F32);
+            let n = param_scalar("n", DType::I32);
+            let _m = param_scalar("m", DType::I32);
+            let _s = param_scalar("s", DType::F32);
+            store(x + arange(0, 16), 1.0, Some(arange(0, 16).lt(n)));
+        });
         let (g, mask) = specialize(&f, &[Some(4096), Some(48), Some(50), Some(16)]);
         assert_eq!(mask, 0b011);
         let hints: Vec<Option<u32>> = g.params.iter().map(|p| p.hints.divisibility).collect();

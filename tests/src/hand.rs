@@ -105,23 +105,30 @@ pub fn cumsum_rows(block: usize) -> Result<Function> {
 /// scalar per program; exercises `while` with an `if` inside.
 pub fn collatz() -> Result<Function> {
     KernelBuilder::new("collatz").build(|| {
-        let x_ptr = param_ptr("x_ptr", DType::I32);
-        let out_ptr = param_ptr("out_ptr", DType::I32);
-        let pid = program_id(0);
-        let x = load(x_ptr + pid, None, None);
-        let steps = constant(0, DType::I32);
-        let done = while_loop(
-            &[x, steps],
-            |v| v[0].gt(1),
-            |v| {
-                let (x, steps) = (v[0], v[1]);
-                let even = (x % 2).eq_(0);
-                let next = if_else(even, || vec![x / 2], || vec![x * 3 + 1])[0];
-                vec![next, steps + 1]
-            },
-        );
-        store(out_ptr + pid, done[1], None);
+        collatz_steps();
     })
+}
+
+/// The body of [`collatz`] (its parameters, the step loop and the store of
+/// the count), for kernels that extend it: returns `(out_ptr, program_id(0))`.
+pub fn collatz_steps() -> (Tensor, Tensor) {
+    let x_ptr = param_ptr("x_ptr", DType::I32);
+    let out_ptr = param_ptr("out_ptr", DType::I32);
+    let pid = program_id(0);
+    let x = load(x_ptr + pid, None, None);
+    let steps = constant(0, DType::I32);
+    let done = while_loop(
+        &[x, steps],
+        |v| v[0].gt(1),
+        |v| {
+            let (x, steps) = (v[0], v[1]);
+            let even = (x % 2).eq_(0);
+            let next = if_else(even, || vec![x / 2], || vec![x * 3 + 1])[0];
+            vec![next, steps + 1]
+        },
+    );
+    store(out_ptr + pid, done[1], None);
+    (out_ptr, pid)
 }
 
 /// Histogram: `hist[bins[i]] += 1` for `i < n` with `atomic_add`.

@@ -664,6 +664,47 @@ fn fused_gemv_smollm2_shapes() {
     fused_case::<f32>(c, Fuse::Norm, (t.m_block, t.block_n, t.block_k)).unwrap();
 }
 
+/// A Q4_1 weight of `n x k` (GGUF blocks and repacked), f32 activations
+/// `x` (`m x k`) and norm weights `nw`, drawn from `rng` in that order: the
+/// operands of the fusion tests below.
+struct Q4_1Gemv {
+    x: Vec<f32>,
+    nw: Vec<f32>,
+    raw: Vec<u8>,
+    w: Repacked,
+    mnk: (usize, usize, usize),
+}
+
+impl Q4_1Gemv {
+    fn new(rng: &mut Rng, (m, n, k): (usize, usize, usize)) -> Q4_1Gemv {
+        let x = activations::<f32>(rng, m * k);
+        let nw = activations::<f32>(rng, k);
+        let raw = gguf_weight(rng, QuantFormat::Q4_1, n, k);
+        let w = repack(QuantFormat::Q4_1, &raw, n, k).unwrap();
+        Q4_1Gemv { x, nw, raw, w, mnk: (m, n, k) }
+    }
+
+    /// The fused GEMV (no SiLU, eps 1e-5) with `tiles`, norm weights `nw`
+    /// and the initial output `out0`.
+    fn run(&self, fuse: Fuse, tiles: (usize, usize, usize), nw: &[f32], out0: &[f32]) -> Vec<f64> {
+        let w = &self.w;
+        run_fused::<f32>(
+            QuantFormat::Q4_1,
+            false,
+            fuse,
+            tiles,
+            &self.x,
+            nw,
+            out0,
+            &w.quants,
+            &w.scales,
+            self.mnk,
+            1e-5,
+        )
+        .unwrap()
+    }
+}
+
 /// The norm and residual tolerances catch a missing or wrong fusion: the
 /// norm prologue without its weights (all ones) and the residual epilogue
 /// without the residual (a zeroed `out`) both fail the check.
@@ -671,43 +712,26 @@ fn fused_gemv_smollm2_shapes() {
 fn fused_gemv_wrong_fusion_is_caught() {
     let (m, n, k) = (2, 5, 96);
     let mut rng = Rng::new(5);
-    let x = activations::<f32>(&mut rng, m * k);
-    let nw = activations::<f32>(&mut rng, k);
-    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
-    let w = repack(QuantFormat::Q4_1, &raw, n, k).unwrap();
-    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let g = Q4_1Gemv::new(&mut rng, (m, n, k));
+    let (nw, raw) = (&g.nw, &g.raw);
+    let xf: Vec<f64> = g.x.iter().map(|v| v.to_f64()).collect();
     let nf: Vec<f64> = nw.iter().map(|v| v.to_f64()).collect();
     let normed = r::rms_normed(&xf, &nf, m, k, 1e-5, dsl_core::DType::F32, 1.0);
-    let want = r::gemv(QuantFormat::Q4_1, &raw, n, k, &normed, m);
+    let want = r::gemv(QuantFormat::Q4_1, raw, n, k, &normed, m);
     let tiles = (2, 4, 64);
     let within = |got: &[f64], want: &[f64]| {
         got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-4 * w.abs().max(1.0))
     };
     let zeros = vec![0.0f32; m * n];
-    let run = |nw: &[f32], out0: &[f32], fuse| {
-        run_fused::<f32>(
-            QuantFormat::Q4_1,
-            false,
-            fuse,
-            tiles,
-            &x,
-            nw,
-            out0,
-            &w.quants,
-            &w.scales,
-            (m, n, k),
-            1e-5,
-        )
-        .unwrap()
-    };
-    assert!(within(&run(&nw, &zeros, Fuse::Norm), &want.y));
+    let run = |nw: &[f32], out0: &[f32], fuse| g.run(fuse, tiles, nw, out0);
+    assert!(within(&run(nw, &zeros, Fuse::Norm), &want.y));
     assert!(!within(&run(&vec![1.0; k], &zeros, Fuse::Norm), &want.y), "norm weights ignored");
-    let plain = r::gemv(QuantFormat::Q4_1, &raw, n, k, &xf, m);
+    let plain = r::gemv(QuantFormat::Q4_1, raw, n, k, &xf, m);
     let res: Vec<f32> = activations::<f32>(&mut rng, m * n);
     let want_res: Vec<f64> =
         plain.y.iter().zip(&res).map(|(y, r)| r::residual_add(*y, *r as f64, dsl_core::DType::F32)).collect();
-    assert!(within(&run(&nw, &res, Fuse::Residual), &want_res));
-    assert!(!within(&run(&nw, &zeros, Fuse::Residual), &want_res), "residual ignored");
+    assert!(within(&run(nw, &res, Fuse::Residual), &want_res));
+    assert!(!within(&run(nw, &zeros, Fuse::Residual), &want_res), "residual ignored");
 }
 
 /// The fused GEMV with output rows `ldo > n` apart (a column range of a
@@ -718,29 +742,11 @@ fn fused_gemv_wrong_fusion_is_caught() {
 fn fused_gemv_writes_a_column_range_of_a_wider_output() {
     let mut rng = Rng::new(0x1d1);
     let (m, n, k, ldo) = (1, 12, 96, 29);
-    let x = activations::<f32>(&mut rng, m * k);
-    let nw = activations::<f32>(&mut rng, k);
-    let raw = gguf_weight(&mut rng, QuantFormat::Q4_1, n, k);
-    let w = repack(QuantFormat::Q4_1, &raw, n, k).unwrap();
+    let g = Q4_1Gemv::new(&mut rng, (m, n, k));
     for fuse in [Fuse::Norm, Fuse::Residual] {
         let wide0 = activations::<f32>(&mut rng, m * ldo);
         let narrow0: Vec<f32> = wide0.chunks(ldo).flat_map(|r| r[..n].to_vec()).collect();
-        let run = |out0: &[f32]| {
-            run_fused::<f32>(
-                QuantFormat::Q4_1,
-                false,
-                fuse,
-                (1, 4, 64),
-                &x,
-                &nw,
-                out0,
-                &w.quants,
-                &w.scales,
-                (m, n, k),
-                1e-5,
-            )
-            .unwrap()
-        };
+        let run = |out0: &[f32]| g.run(fuse, (1, 4, 64), &g.nw, out0);
         let (narrow, wide) = (run(&narrow0), run(&wide0));
         assert_eq!(&wide[..n], &narrow[..], "{fuse:?}");
         let rest: Vec<f64> = wide0[n..].iter().map(|v| *v as f64).collect();

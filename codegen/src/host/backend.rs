@@ -17,7 +17,7 @@ use super::launch::HostKernel;
 use crate::fnv::Fnv;
 use dsl_core::error::{Error, Result};
 use dsl_core::interp::{Buffer, Element};
-use dsl_core::launch::{self, AnyDType, Backend, Kernel, PtrElem};
+use dsl_core::launch::{self, AnyDType, BufferBackend, ErasedLaunch, Kernel, PerConfig};
 use dsl_core::{DType, Elem, Function};
 use rustc_hash::FxHashMap;
 use std::fmt::Write as _;
@@ -76,7 +76,7 @@ pub type CompileHook = Box<dyn Fn(&str) + Send>;
 pub struct Host {
     buffers: Vec<HostBuffer>,
     cache: Arc<HostCache>,
-    built: FxHashMap<(&'static str, String), Function>,
+    built: PerConfig<Function>,
     prepared: FxHashMap<u64, Vec<Arc<Prepared>>>,
     key_buf: String,
     on_compile: Option<CompileHook>,
@@ -99,7 +99,7 @@ impl Host {
         Host {
             buffers: Vec::new(),
             cache,
-            built: FxHashMap::default(),
+            built: PerConfig::default(),
             prepared: FxHashMap::default(),
             key_buf: String::new(),
             on_compile: None,
@@ -172,12 +172,7 @@ impl Host {
 
     /// The IR of `K` for `config`, built once per config.
     fn built_ir<K: Kernel>(&mut self, config: &K::Config) -> Result<&Function> {
-        let ckey = (K::NAME, K::config_key(config));
-        if !self.built.contains_key(&ckey) {
-            let f = K::build(config)?;
-            self.built.insert(ckey.clone(), f);
-        }
-        Ok(&self.built[&ckey])
+        Ok(self.built.get_or_try_insert::<K, _>(config, || K::build(config))?)
     }
 
     /// The specialization of `K` for `config` and argument mask `mask`.
@@ -226,24 +221,9 @@ fn into_dsl(kernel: &str, e: crate::Error) -> Error {
     }
 }
 
-impl Backend for Host {
-    type Ptr<'a, T: PtrElem> = HostPtr<T>;
-    type Raw<'a> = (usize, usize);
-
-    fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
-        p.raw()
-    }
-
-    fn launch<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> Result<()>
-    where
-        Self: 'a,
-    {
-        let raw = K::erase_args(args);
+impl BufferBackend for Host {
+    fn launch_buffers<K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, (usize, usize)>) -> Result<()> {
+        let ErasedLaunch { config, grid, args: raw } = launch;
         let launch_err = |message: String| Error::Launch { kernel: K::NAME.to_string(), message };
         // Addresses (pointers) and values (integers) for the specialization.
         let mut slots = Vec::with_capacity(raw.len());

@@ -254,6 +254,14 @@ impl KernelBuilder {
     }
 }
 
+/// The kernel `name` built from `body`, located at the caller (as with
+/// [`KernelBuilder::new`]); panics on a build error. For this crate's tests.
+#[cfg(test)]
+#[track_caller]
+pub(crate) fn kernel(name: &str, body: impl FnOnce()) -> Function {
+    KernelBuilder::new(name).build(body).unwrap()
+}
+
 /// Declares a kernel parameter of type `ty` (a scalar or a scalar pointer).
 #[track_caller]
 pub fn param(name: &str, ty: Type) -> Tensor {

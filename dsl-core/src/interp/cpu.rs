@@ -7,9 +7,8 @@
 //! buffer, as device pointers can.
 
 use super::{Arg, Buffer, Element, Kernel as Prepared};
-use crate::error::{Error, Result};
-use crate::launch::{self, Backend, Kernel, PtrElem};
-use rustc_hash::FxHashMap;
+use crate::error::Result;
+use crate::launch::{self, BufferBackend, ErasedLaunch, Kernel};
 use std::sync::Arc;
 
 /// A typed pointer into a [`Cpu`] buffer.
@@ -19,7 +18,7 @@ pub type CpuPtr<T> = crate::launch::BufferPtr<T>;
 #[derive(Default)]
 pub struct Cpu {
     buffers: Vec<Buffer>,
-    cache: FxHashMap<(&'static str, String), Arc<Prepared>>,
+    cache: KernelCache,
 }
 
 impl Cpu {
@@ -58,51 +57,39 @@ impl Cpu {
     pub fn read<T: Element>(&self, p: CpuPtr<T>) -> Vec<T> {
         self.buffers[p.buffer()].to_vec::<T>()
     }
+}
 
-    /// Builds, verifies and prepares the specialization of `K` for `config`, or
-    /// returns it from the cache.
-    fn prepared<K: Kernel>(&mut self, config: &K::Config) -> Result<Arc<Prepared>> {
-        let key = (K::NAME, K::config_key(config));
-        if let Some(k) = self.cache.get(&key) {
-            return Ok(k.clone());
-        }
-        let mut f = K::build(config)?;
-        crate::passes::canonicalize(&mut f);
-        let k = Arc::new(Prepared::new(&f)?);
-        self.cache.insert(key, k.clone());
-        Ok(k)
+/// Prepared specializations of `#[kernel]`s, one per kernel and config key:
+/// what a backend running kernels on the interpreter keeps between launches.
+pub type KernelCache = launch::PerConfig<Arc<Prepared>>;
+
+impl KernelCache {
+    /// Builds, canonicalizes, verifies and prepares the specialization of
+    /// `K` for `config`, or returns it from the cache.
+    pub fn get_or_build<K: Kernel>(&mut self, config: &K::Config) -> Result<Arc<Prepared>> {
+        let k = self.get_or_try_insert::<K, crate::Error>(config, || {
+            let mut f = K::build(config)?;
+            crate::passes::canonicalize(&mut f);
+            Ok(Arc::new(Prepared::new(&f)?))
+        })?;
+        Ok(k.clone())
     }
 }
 
-impl Backend for Cpu {
-    type Ptr<'a, T: PtrElem> = CpuPtr<T>;
-    type Raw<'a> = (usize, usize);
-
-    fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
-        p.raw()
+impl From<launch::Arg<(usize, usize)>> for Arg {
+    fn from(a: launch::Arg<(usize, usize)>) -> Arg {
+        match a {
+            launch::Arg::Ptr((buffer, offset)) => Arg::Ptr { buffer, offset },
+            launch::Arg::Scalar(s) => Arg::Scalar(s),
+        }
     }
+}
 
-    fn launch<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> Result<()>
-    where
-        Self: 'a,
-    {
-        let kernel = self.prepared::<K>(config)?;
-        let raw = K::erase_args(args);
-        let args: Vec<Arg> = raw
-            .into_iter()
-            .map(|a| match a {
-                launch::Arg::Ptr((buffer, offset)) => Arg::Ptr { buffer, offset },
-                launch::Arg::Scalar(s) => Arg::Scalar(s),
-            })
-            .collect();
-        kernel.launch(grid, &mut self.buffers, &args).map_err(|e| match e {
-            Error::Launch { message, .. } => Error::Launch { kernel: K::NAME.to_string(), message },
-            other => other,
-        })
+impl BufferBackend for Cpu {
+    fn launch_buffers<K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, (usize, usize)>) -> Result<()> {
+        let ErasedLaunch { config, grid, args } = launch;
+        let kernel = self.cache.get_or_build::<K>(config)?;
+        let args: Vec<Arg> = args.into_iter().map(Arg::from).collect();
+        kernel.launch_as(K::NAME, grid, &mut self.buffers, &args)
     }
 }

@@ -77,6 +77,15 @@ impl Kernel {
     pub fn launch(&self, grid: [u32; 3], buffers: &mut [Buffer], args: &[Arg]) -> Result<()> {
         Interpreter::new().launch(self, grid, buffers, args)
     }
+
+    /// Runs the kernel as [`Kernel::launch`] does, for a backend that
+    /// launches it as the kernel `name`: a [`Error::Launch`] names `name`.
+    pub fn launch_as(&self, name: &str, grid: [u32; 3], buffers: &mut [Buffer], args: &[Arg]) -> Result<()> {
+        self.launch(grid, buffers, args).map_err(|e| match e {
+            Error::Launch { message, .. } => Error::Launch { kernel: name.to_string(), message },
+            other => other,
+        })
+    }
 }
 
 /// Interpreter options: where `print` writes and whether races are checked.

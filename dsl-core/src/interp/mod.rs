@@ -100,4 +100,4 @@ pub fn launch(f: &Function, grid: [u32; 3], buffers: &mut [Buffer], args: &[Arg]
 }
 
 mod cpu;
-pub use cpu::{Cpu, CpuPtr};
+pub use cpu::{Cpu, CpuPtr, KernelCache};

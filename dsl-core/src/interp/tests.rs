@@ -4,6 +4,7 @@
 //! Error cases live in `tests_errors.rs`.
 
 use super::{Arg, Buffer, InterpError, Interpreter, Kernel, launch};
+use crate::builder::kernel;
 use crate::lang::*;
 use crate::{Function, Result};
 use half::{bf16, f16};
@@ -247,22 +248,20 @@ fn atomic_add_histogram() {
 
 #[test]
 fn other_atomics_return_old_values() {
-    let f = KernelBuilder::new("atomics")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            let q = param_ptr("q", DType::F32);
-            let olds = param_ptr("olds", DType::I32);
-            let offs = arange(0, 4);
-            let old_max = atomic_max(p + offs, offs * 3, None);
-            store(olds + offs, old_max, None);
-            let old_cas = atomic_cas(p + offs, 6, 100);
-            store(olds + offs + 4, old_cas, None);
-            let old_x = atomic_xchg(p + offs, 7, Some(offs.lt(2)));
-            store(olds + offs + 8, old_x, None);
-            atomic_add(q + full(&[4], 0, DType::I32), 0.5, None);
-            atomic_min(q + 1 + full(&[4], 0, DType::I32), offs.to(DType::F32) - 1.0, None);
-        })
-        .unwrap();
+    let f = kernel("atomics", || {
+        let p = param_ptr("p", DType::I32);
+        let q = param_ptr("q", DType::F32);
+        let olds = param_ptr("olds", DType::I32);
+        let offs = arange(0, 4);
+        let old_max = atomic_max(p + offs, offs * 3, None);
+        store(olds + offs, old_max, None);
+        let old_cas = atomic_cas(p + offs, 6, 100);
+        store(olds + offs + 4, old_cas, None);
+        let old_x = atomic_xchg(p + offs, 7, Some(offs.lt(2)));
+        store(olds + offs + 8, old_x, None);
+        atomic_add(q + full(&[4], 0, DType::I32), 0.5, None);
+        atomic_min(q + 1 + full(&[4], 0, DType::I32), offs.to(DType::F32) - 1.0, None);
+    });
     let mut bufs = [
         Buffer::from_slice(&[5i32, 5, 5, 5]),
         Buffer::from_slice(&[1.0f32, 0.0]),
@@ -315,18 +314,16 @@ fn custom_combine_reduce_and_scan() {
         }
     }
     // A custom scan: running product, forward and reverse, on a 2-D tile along axis 1.
-    let f = KernelBuilder::new("cumprod")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F64);
-            let out_ptr = param_ptr("out_ptr", DType::F64);
-            let offs = expand_dims(arange(0, 4), 1) * 8 + expand_dims(arange(0, 8), 0);
-            let x = load(x_ptr + offs, None, None);
-            let fwd = scan(&[x], 1, false, |a, b| vec![a[0] * b[0]])[0];
-            let rev = scan(&[x], 1, true, |a, b| vec![a[0] * b[0]])[0];
-            store(out_ptr + offs, fwd, None);
-            store(out_ptr + offs + 32, rev, None);
-        })
-        .unwrap();
+    let f = kernel("cumprod", || {
+        let x_ptr = param_ptr("x_ptr", DType::F64);
+        let out_ptr = param_ptr("out_ptr", DType::F64);
+        let offs = expand_dims(arange(0, 4), 1) * 8 + expand_dims(arange(0, 8), 0);
+        let x = load(x_ptr + offs, None, None);
+        let fwd = scan(&[x], 1, false, |a, b| vec![a[0] * b[0]])[0];
+        let rev = scan(&[x], 1, true, |a, b| vec![a[0] * b[0]])[0];
+        store(out_ptr + offs, fwd, None);
+        store(out_ptr + offs + 32, rev, None);
+    });
     let xs: Vec<f64> = (0..32).map(|i| 1.0 + (i % 5) as f64 * 0.25).collect();
     let mut bufs = [Buffer::from_slice(&xs), Buffer::zeros(DType::F64, 64)];
     launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1)]).unwrap();
@@ -343,28 +340,11 @@ fn custom_combine_reduce_and_scan() {
 
 #[test]
 fn while_loop_with_if_else() {
-    let f = KernelBuilder::new("collatz")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::I32);
-            let out_ptr = param_ptr("out_ptr", DType::I32);
-            let pid = program_id(0);
-            let x = load(x_ptr + pid, None, None);
-            let steps = constant(0, DType::I32);
-            let done = while_loop(
-                &[x, steps],
-                |v| v[0].gt(1),
-                |v| {
-                    let (x, steps) = (v[0], v[1]);
-                    let even = (x % 2).eq_(0);
-                    let next = if_else(even, || vec![x / 2], || vec![x * 3 + 1])[0];
-                    vec![next, steps + 1]
-                },
-            );
-            store(out_ptr + pid, done[1], None);
-            // A result-less `if`: odd programs also mark their slot.
-            if_then((pid % 2).eq_(1), || store(out_ptr + pid + 32, 1, None));
-        })
-        .unwrap();
+    let f = kernel("collatz", || {
+        // `hand::collatz`, then a result-less `if`: odd programs also mark their slot.
+        let (out_ptr, pid) = hand::collatz_steps();
+        if_then((pid % 2).eq_(1), || store(out_ptr + pid + 32, 1, None));
+    });
     let xs: Vec<i32> = (1..=27).collect();
     let want: Vec<i32> = xs
         .iter()
@@ -386,24 +366,22 @@ fn while_loop_with_if_else() {
 
 #[test]
 fn shape_ops_round_trip() {
-    let f = KernelBuilder::new("shapes")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::I32);
-            let out_ptr = param_ptr("out_ptr", DType::I32);
-            let offs = arange(0, 8);
-            let x = load(x_ptr + offs, None, None);
-            let m = reshape(x, &[2, 4]);
-            let t = trans(m); // [4, 2]: t[i, j] = x[j * 4 + i]
-            store(out_ptr + offs, reshape(t, &[8]), None);
-            let j = join(x, x * 10); // [8, 2]
-            let (a, b) = split(j);
-            store(out_ptr + 8 + offs, a + b, None);
-            let p = permute(reshape(x, &[2, 2, 2]), &[2, 0, 1]);
-            store(out_ptr + 16 + offs, reshape(p, &[8]), None);
-            let col = broadcast_to(expand_dims(arange(0, 2), 1), &[2, 4]);
-            store(out_ptr + 24 + offs, reshape(col, &[8]), None);
-        })
-        .unwrap();
+    let f = kernel("shapes", || {
+        let x_ptr = param_ptr("x_ptr", DType::I32);
+        let out_ptr = param_ptr("out_ptr", DType::I32);
+        let offs = arange(0, 8);
+        let x = load(x_ptr + offs, None, None);
+        let m = reshape(x, &[2, 4]);
+        let t = trans(m); // [4, 2]: t[i, j] = x[j * 4 + i]
+        store(out_ptr + offs, reshape(t, &[8]), None);
+        let j = join(x, x * 10); // [8, 2]
+        let (a, b) = split(j);
+        store(out_ptr + 8 + offs, a + b, None);
+        let p = permute(reshape(x, &[2, 2, 2]), &[2, 0, 1]);
+        store(out_ptr + 16 + offs, reshape(p, &[8]), None);
+        let col = broadcast_to(expand_dims(arange(0, 2), 1), &[2, 4]);
+        store(out_ptr + 24 + offs, reshape(col, &[8]), None);
+    });
     let xs: Vec<i32> = (0..8).collect();
     let mut bufs = [Buffer::from_slice(&xs), Buffer::zeros(DType::I32, 32)];
     launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1)]).unwrap();
@@ -417,20 +395,18 @@ fn shape_ops_round_trip() {
 
 #[test]
 fn casts_round_and_saturate() {
-    let f = KernelBuilder::new("casts")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F32);
-            let h_ptr = param_ptr("h_ptr", DType::BF16);
-            let i_ptr = param_ptr("i_ptr", DType::I8);
-            let u_ptr = param_ptr("u_ptr", DType::U32);
-            let offs = arange(0, 8);
-            let x = load(x_ptr + offs, None, None);
-            store(h_ptr + offs, x, None);
-            store(i_ptr + offs, x.to(DType::I8), None);
-            let bits = bitcast(x, DType::U32);
-            store(u_ptr + offs, (bits >> 31) + (bits << 40), None);
-        })
-        .unwrap();
+    let f = kernel("casts", || {
+        let x_ptr = param_ptr("x_ptr", DType::F32);
+        let h_ptr = param_ptr("h_ptr", DType::BF16);
+        let i_ptr = param_ptr("i_ptr", DType::I8);
+        let u_ptr = param_ptr("u_ptr", DType::U32);
+        let offs = arange(0, 8);
+        let x = load(x_ptr + offs, None, None);
+        store(h_ptr + offs, x, None);
+        store(i_ptr + offs, x.to(DType::I8), None);
+        let bits = bitcast(x, DType::U32);
+        store(u_ptr + offs, (bits >> 31) + (bits << 40), None);
+    });
     let xs = [1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 300.0, -300.0, f32::NAN, -2.9, 0.5, -0.0];
     let mut bufs = [
         Buffer::from_slice(&xs),
@@ -450,23 +426,21 @@ fn casts_round_and_saturate() {
 
 #[test]
 fn integer_semantics() {
-    let f = KernelBuilder::new("ints")
-        .build(|| {
-            let out = param_ptr("out", DType::I32);
-            let uout = param_ptr("uout", DType::U32);
-            let a = full(&[4], -7, DType::I32);
-            let b = full(&[4], 2, DType::I32);
-            store(out + arange(0, 4), a / b, Some(arange(0, 4).lt(1)));
-            store(out + 1, rem(constant(-7, DType::I32), constant(2, DType::I32)), None);
-            store(out + 2, shr(constant(-16, DType::I32), constant(2, DType::I32)), None);
-            store(out + 3, shr(constant(-16, DType::I32), constant(99, DType::I32)), None);
-            store(out + 4, umulhi(constant(0x4000_0000, DType::I32), constant(8, DType::I32)), None);
-            let u = constant(0u32, DType::U32) - constant(1u32, DType::U32);
-            store(uout, u, None);
-            store(uout + 1, shr(u, constant(28u32, DType::U32)), None);
-            store(uout + 2, u * u, None);
-        })
-        .unwrap();
+    let f = kernel("ints", || {
+        let out = param_ptr("out", DType::I32);
+        let uout = param_ptr("uout", DType::U32);
+        let a = full(&[4], -7, DType::I32);
+        let b = full(&[4], 2, DType::I32);
+        store(out + arange(0, 4), a / b, Some(arange(0, 4).lt(1)));
+        store(out + 1, rem(constant(-7, DType::I32), constant(2, DType::I32)), None);
+        store(out + 2, shr(constant(-16, DType::I32), constant(2, DType::I32)), None);
+        store(out + 3, shr(constant(-16, DType::I32), constant(99, DType::I32)), None);
+        store(out + 4, umulhi(constant(0x4000_0000, DType::I32), constant(8, DType::I32)), None);
+        let u = constant(0u32, DType::U32) - constant(1u32, DType::U32);
+        store(uout, u, None);
+        store(uout + 1, shr(u, constant(28u32, DType::U32)), None);
+        store(uout + 2, u * u, None);
+    });
     let mut bufs = [Buffer::zeros(DType::I32, 5), Buffer::zeros(DType::U32, 3)];
     launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1)]).unwrap();
     assert_eq!(bufs[0].to_vec::<i32>(), vec![-3, -1, -4, -1, 2]);
@@ -479,25 +453,23 @@ fn dp4a_multiplies_packed_bytes_by_their_dtypes_signedness() {
     // are signed, as u32 unsigned (0xfe = 254, 0x80 = 128, 0xff = 255).
     let wa = i32::from_le_bytes([1, 0xfe, 3, 0x80]);
     let wb = i32::from_le_bytes([0xff, 5, 0x7f, 0xff]);
-    let f = KernelBuilder::new("dp4a")
-        .build(|| {
-            let out = param_ptr("out", DType::I32);
-            let uout = param_ptr("uout", DType::U32);
-            let a = full(&[2], wa as i64, DType::I32);
-            let b = full(&[2], wb as i64, DType::I32);
-            let (ua, ub) = (bitcast(a, DType::U32), bitcast(b, DType::U32));
-            store(out + arange(0, 2), dp4a(a, b, 10), None);
-            store(out + 2 + arange(0, 2), dp4a(ua, b, 0), None);
-            store(out + 4 + arange(0, 2), dp4a(a, ub, zeros(&[2], DType::I32)), None);
-            store(uout + arange(0, 2), dp4a(ua, ub, 7u32), None);
-            // The accumulator wraps like an integer addition.
-            store(
-                out + 6,
-                dp4a(constant(0x7f7f_7f7f, DType::I32), constant(0x7f7f_7f7f, DType::I32), i32::MAX),
-                None,
-            );
-        })
-        .unwrap();
+    let f = kernel("dp4a", || {
+        let out = param_ptr("out", DType::I32);
+        let uout = param_ptr("uout", DType::U32);
+        let a = full(&[2], wa as i64, DType::I32);
+        let b = full(&[2], wb as i64, DType::I32);
+        let (ua, ub) = (bitcast(a, DType::U32), bitcast(b, DType::U32));
+        store(out + arange(0, 2), dp4a(a, b, 10), None);
+        store(out + 2 + arange(0, 2), dp4a(ua, b, 0), None);
+        store(out + 4 + arange(0, 2), dp4a(a, ub, zeros(&[2], DType::I32)), None);
+        store(uout + arange(0, 2), dp4a(ua, ub, 7u32), None);
+        // The accumulator wraps like an integer addition.
+        store(
+            out + 6,
+            dp4a(constant(0x7f7f_7f7f, DType::I32), constant(0x7f7f_7f7f, DType::I32), i32::MAX),
+            None,
+        );
+    });
     let mut bufs = [Buffer::zeros(DType::I32, 7), Buffer::zeros(DType::U32, 2)];
     launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1)]).unwrap();
     let dot = |x: [i64; 4], y: [i64; 4]| x.iter().zip(&y).map(|(p, q)| p * q).sum::<i64>();
@@ -527,16 +499,14 @@ fn dp4a_rejects_operands_that_are_not_words() {
 fn packed_bytes_through_ptrcast_and_aliasing() {
     // A u8 buffer holding [f16; 4] after 2 bytes of header, read through ptrcast;
     // `out` aliases `src` at an element offset.
-    let f = KernelBuilder::new("unpack")
-        .build(|| {
-            let raw = param_ptr("raw", DType::U8);
-            let src = param_ptr("src", DType::F32);
-            let dst = param_ptr("dst", DType::F32);
-            let offs = arange(0, 4);
-            let h = load(ptrcast(raw + 2, DType::F16) + offs, None, None);
-            store(dst + offs, h.to(DType::F32) + load(src + offs, None, None), None);
-        })
-        .unwrap();
+    let f = kernel("unpack", || {
+        let raw = param_ptr("raw", DType::U8);
+        let src = param_ptr("src", DType::F32);
+        let dst = param_ptr("dst", DType::F32);
+        let offs = arange(0, 4);
+        let h = load(ptrcast(raw + 2, DType::F16) + offs, None, None);
+        store(dst + offs, h.to(DType::F32) + load(src + offs, None, None), None);
+    });
     let mut raw = vec![0xAAu8, 0xBB];
     for v in [1.5f32, -2.0, 0.25, 1024.0] {
         raw.extend_from_slice(&f16::from_f32(v).to_le_bytes());
@@ -549,19 +519,17 @@ fn packed_bytes_through_ptrcast_and_aliasing() {
 
 #[test]
 fn hints_pass_when_true_and_print_goes_to_the_sink() {
-    let f = KernelBuilder::new("hinted")
-        .build(|| {
-            let x = param_ptr("x", DType::F32);
-            let offs = multiple_of(program_id(0) * 16, 16) + max_contiguous(arange(0, 16), 16);
-            let offs = max_contiguous(multiple_of(offs, 16), 16);
-            let c = max_constancy(broadcast_to(constant(0, DType::I32), &[2, 4]), 4);
-            let p = multiple_of(x + offs, 16);
-            let v = load(p, None, None);
-            device_assert(v.ge(0.0), "non-negative input");
-            store(p, v * 2.0, None);
-            device_print("c ", &[c, sum(v, 0)]);
-        })
-        .unwrap();
+    let f = kernel("hinted", || {
+        let x = param_ptr("x", DType::F32);
+        let offs = multiple_of(program_id(0) * 16, 16) + max_contiguous(arange(0, 16), 16);
+        let offs = max_contiguous(multiple_of(offs, 16), 16);
+        let c = max_constancy(broadcast_to(constant(0, DType::I32), &[2, 4]), 4);
+        let p = multiple_of(x + offs, 16);
+        let v = load(p, None, None);
+        device_assert(v.ge(0.0), "non-negative input");
+        store(p, v * 2.0, None);
+        device_print("c ", &[c, sum(v, 0)]);
+    });
     let mut bufs = [Buffer::from_slice(&[1.0f32; 32])];
     let mut printed = Vec::new();
     Interpreter::new()
@@ -577,14 +545,12 @@ fn hints_pass_when_true_and_print_goes_to_the_sink() {
 #[test]
 fn benign_same_value_stores_and_2d_grid() {
     // Every program stores the same value to out[0] (benign) and its own id.
-    let f = KernelBuilder::new("grid2d")
-        .build(|| {
-            let out = param_ptr("out", DType::I32);
-            let (x, y) = (program_id(0), program_id(1));
-            store(out, num_programs(0) * 100 + num_programs(1), None);
-            store(out + 1 + x * num_programs(1) + y, x * 10 + y, None);
-        })
-        .unwrap();
+    let f = kernel("grid2d", || {
+        let out = param_ptr("out", DType::I32);
+        let (x, y) = (program_id(0), program_id(1));
+        store(out, num_programs(0) * 100 + num_programs(1), None);
+        store(out + 1 + x * num_programs(1) + y, x * 10 + y, None);
+    });
     let mut bufs = [Buffer::zeros(DType::I32, 7)];
     launch(&f, [2, 3, 1], &mut bufs, &[Arg::ptr(0)]).unwrap();
     assert_eq!(bufs[0].to_vec::<i32>(), vec![203, 0, 1, 2, 10, 11, 12]);
@@ -597,17 +563,15 @@ fn benign_same_value_stores_and_2d_grid() {
 #[ignore]
 fn op_overhead_timing() {
     for width in [1usize, 128] {
-        let f = KernelBuilder::new("spin")
-            .build(|| {
-                let x = param_ptr("x", DType::F32);
-                let init = full(&[width], 0.0, DType::F32);
-                let r = for_range(0, 100_000, 1, &[init], |i, c| {
-                    let v = i.to(DType::F32) * 0.5;
-                    vec![c[0] + v - 1.0]
-                })[0];
-                store(x + arange(0, width as i32), r, None);
-            })
-            .unwrap();
+        let f = kernel("spin", || {
+            let x = param_ptr("x", DType::F32);
+            let init = full(&[width], 0.0, DType::F32);
+            let r = for_range(0, 100_000, 1, &[init], |i, c| {
+                let v = i.to(DType::F32) * 0.5;
+                vec![c[0] + v - 1.0]
+            })[0];
+            store(x + arange(0, width as i32), r, None);
+        });
         let mut bufs = [Buffer::zeros(DType::F32, width)];
         let start = std::time::Instant::now();
         launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0)]).unwrap();
@@ -618,28 +582,26 @@ fn op_overhead_timing() {
 
 #[test]
 fn int8_and_tf32_dot_math_and_builtin_scans() {
-    let f = KernelBuilder::new("misc")
-        .build(|| {
-            let a_ptr = param_ptr("a", DType::I8);
-            let c_ptr = param_ptr("c", DType::I32);
-            let x_ptr = param_ptr("x", DType::F32);
-            let y_ptr = param_ptr("y", DType::F32);
-            let h_ptr = param_ptr("h", DType::BF16);
-            let r = expand_dims(arange(0, 16), 1) * 16 + expand_dims(arange(0, 16), 0);
-            let a = load(a_ptr + r, None, None);
-            store(c_ptr + r, dot(a, trans(a), None), None);
-            let x = load(x_ptr + r, None, None);
-            let d = dot_with(x, x, Some(zeros(&[16, 16], DType::F32)), crate::ir::ops::DotPrecision::Tf32);
-            store(y_ptr + r, d, None);
-            let v = load(x_ptr + arange(0, 16), None, None);
-            let e = exp(v.to(DType::BF16));
-            store(h_ptr + arange(0, 16), fma(e, e, e), None);
-            store(y_ptr + 256 + arange(0, 16), cummax(v, 0), None);
-            let rev = scan(&[v], 0, true, |a, b| vec![minimum(a[0], b[0])])[0];
-            store(y_ptr + 272 + arange(0, 16), rev, None);
-            store(y_ptr + 288, argmin(v, 0).to(DType::F32), None);
-        })
-        .unwrap();
+    let f = kernel("misc", || {
+        let a_ptr = param_ptr("a", DType::I8);
+        let c_ptr = param_ptr("c", DType::I32);
+        let x_ptr = param_ptr("x", DType::F32);
+        let y_ptr = param_ptr("y", DType::F32);
+        let h_ptr = param_ptr("h", DType::BF16);
+        let r = expand_dims(arange(0, 16), 1) * 16 + expand_dims(arange(0, 16), 0);
+        let a = load(a_ptr + r, None, None);
+        store(c_ptr + r, dot(a, trans(a), None), None);
+        let x = load(x_ptr + r, None, None);
+        let d = dot_with(x, x, Some(zeros(&[16, 16], DType::F32)), crate::ir::ops::DotPrecision::Tf32);
+        store(y_ptr + r, d, None);
+        let v = load(x_ptr + arange(0, 16), None, None);
+        let e = exp(v.to(DType::BF16));
+        store(h_ptr + arange(0, 16), fma(e, e, e), None);
+        store(y_ptr + 256 + arange(0, 16), cummax(v, 0), None);
+        let rev = scan(&[v], 0, true, |a, b| vec![minimum(a[0], b[0])])[0];
+        store(y_ptr + 272 + arange(0, 16), rev, None);
+        store(y_ptr + 288, argmin(v, 0).to(DType::F32), None);
+    });
     let mut rng = Rng::new(14);
     let ai: Vec<i8> = (0..256).map(|_| (rng.below(256) as i64 - 128) as i8).collect();
     let xs: Vec<f64> = rng.floats(256);
@@ -686,22 +648,20 @@ fn int8_and_tf32_dot_math_and_builtin_scans() {
 #[ignore]
 fn gemv_timing() {
     let (n, k, bn, bk) = (1536usize, 576usize, 16usize, 64usize);
-    let f = KernelBuilder::new("gemv")
-        .build(|| {
-            let w_ptr = param_ptr("w", DType::BF16);
-            let x_ptr = param_ptr("x", DType::F32);
-            let y_ptr = param_ptr("y", DType::F32);
-            let rows = program_id(0) * bn as i32 + arange(0, bn as i32);
-            let acc = zeros(&[bn], DType::F32);
-            let acc = for_range(0, k as i32, bk as i32, &[acc], |k0, c| {
-                let ks = k0 + arange(0, bk as i32);
-                let w = load(w_ptr + expand_dims(rows, 1) * k as i32 + expand_dims(ks, 0), None, None);
-                let x = load(x_ptr + ks, None, None);
-                vec![c[0] + sum(w.to(DType::F32) * expand_dims(x, 0), 1)]
-            })[0];
-            store(y_ptr + rows, acc, None);
-        })
-        .unwrap();
+    let f = kernel("gemv", || {
+        let w_ptr = param_ptr("w", DType::BF16);
+        let x_ptr = param_ptr("x", DType::F32);
+        let y_ptr = param_ptr("y", DType::F32);
+        let rows = program_id(0) * bn as i32 + arange(0, bn as i32);
+        let acc = zeros(&[bn], DType::F32);
+        let acc = for_range(0, k as i32, bk as i32, &[acc], |k0, c| {
+            let ks = k0 + arange(0, bk as i32);
+            let w = load(w_ptr + expand_dims(rows, 1) * k as i32 + expand_dims(ks, 0), None, None);
+            let x = load(x_ptr + ks, None, None);
+            vec![c[0] + sum(w.to(DType::F32) * expand_dims(x, 0), 1)]
+        })[0];
+        store(y_ptr + rows, acc, None);
+    });
     let mut rng = Rng::new(15);
     let mut bufs = [
         Buffer::from_f64(DType::BF16, &rng.floats(n * k)),

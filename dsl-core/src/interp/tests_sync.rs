@@ -6,6 +6,7 @@
 
 use super::tests::{contains_all, interp_err};
 use super::{Arg, Buffer, launch};
+use crate::builder::kernel;
 use crate::ir::ops::{CacheModifier, CmpPred, EvictionPolicy, MemScope, MemSem};
 use crate::lang::*;
 use crate::{Error, Function};
@@ -116,26 +117,24 @@ fn a_relaxed_wait_is_a_missing_acquire() {
 /// value of rank `r - 1` and releases `flags[r + 1]`. With `rev` the ranks
 /// run backwards over the grid, so every program but the last waits first.
 fn chain() -> Function {
-    KernelBuilder::new("chain")
-        .build(|| {
-            let vals = param_ptr("vals", DType::I32);
-            let flags = param_ptr("flags", DType::I32);
-            let rev = param_scalar("rev", DType::I32);
-            let pid = program_id(0);
-            let n = num_programs(0);
-            let r = where_(rev.ne_(0), n - 1 - pid, pid);
-            let prev = if_else(
-                r.gt(0),
-                || {
-                    wait_until(flags + r, CmpPred::Ge, 1);
-                    vec![load(vals + r - 1, None, None)]
-                },
-                || vec![zeros(&[], DType::I32)],
-            );
-            store(vals + r, prev[0] + 1, None);
-            store_opts(flags + r + 1, 1, None, Some(MemSem::Release), GPU);
-        })
-        .unwrap()
+    kernel("chain", || {
+        let vals = param_ptr("vals", DType::I32);
+        let flags = param_ptr("flags", DType::I32);
+        let rev = param_scalar("rev", DType::I32);
+        let pid = program_id(0);
+        let n = num_programs(0);
+        let r = where_(rev.ne_(0), n - 1 - pid, pid);
+        let prev = if_else(
+            r.gt(0),
+            || {
+                wait_until(flags + r, CmpPred::Ge, 1);
+                vec![load(vals + r - 1, None, None)]
+            },
+            || vec![zeros(&[], DType::I32)],
+        );
+        store(vals + r, prev[0] + 1, None);
+        store_opts(flags + r + 1, 1, None, Some(MemSem::Release), GPU);
+    })
 }
 
 #[test]
@@ -155,22 +154,20 @@ fn a_chain_of_programs_runs_in_either_grid_order() {
 /// it reaches its number of dependencies, then
 /// `out[t] = 1 + out[t - 1] + out[t - 2]`.
 fn task_list(sem: MemSem) -> Function {
-    KernelBuilder::new("task_list")
-        .build(|| {
-            let out = param_ptr("out", DType::I32);
-            let done = param_ptr("done", DType::I32);
-            let n = param_scalar("n", DType::I32);
-            for_range(program_id(0), n, num_programs(0), &[], |t, _| {
-                wait_until(done + t, CmpPred::Ge, minimum(t, 2));
-                let a = load(out + t - 1, Some(t.ge(1)), Some(0.into()));
-                let b = load(out + t - 2, Some(t.ge(2)), Some(0.into()));
-                store(out + t, a + b + 1, None);
-                atomic_add_opts(done + t + 1, 1, None, Some(sem), GPU);
-                atomic_add_opts(done + t + 2, 1, None, Some(sem), GPU);
-                vec![]
-            });
-        })
-        .unwrap()
+    kernel("task_list", || {
+        let out = param_ptr("out", DType::I32);
+        let done = param_ptr("done", DType::I32);
+        let n = param_scalar("n", DType::I32);
+        for_range(program_id(0), n, num_programs(0), &[], |t, _| {
+            wait_until(done + t, CmpPred::Ge, minimum(t, 2));
+            let a = load(out + t - 1, Some(t.ge(1)), Some(0.into()));
+            let b = load(out + t - 2, Some(t.ge(2)), Some(0.into()));
+            store(out + t, a + b + 1, None);
+            atomic_add_opts(done + t + 1, 1, None, Some(sem), GPU);
+            atomic_add_opts(done + t + 2, 1, None, Some(sem), GPU);
+            vec![]
+        });
+    })
 }
 
 #[test]
@@ -192,15 +189,13 @@ fn a_persistent_loop_over_a_task_list_follows_its_dependency_counters() {
 #[test]
 fn two_programs_waiting_on_each_other_are_a_deadlock_naming_both_waits() {
     let line = Cell::new(0);
-    let f = KernelBuilder::new("deadlock")
-        .build(|| {
-            let flags = param_ptr("flags", DType::I32);
-            let pid = program_id(0);
-            line.set(line!() + 1);
-            wait_until(flags + (1 - pid), CmpPred::Eq, 1);
-            store_opts(flags + pid, 1, None, Some(MemSem::Release), GPU);
-        })
-        .unwrap();
+    let f = kernel("deadlock", || {
+        let flags = param_ptr("flags", DType::I32);
+        let pid = program_id(0);
+        line.set(line!() + 1);
+        wait_until(flags + (1 - pid), CmpPred::Eq, 1);
+        store_opts(flags + pid, 1, None, Some(MemSem::Release), GPU);
+    });
     let mut bufs = [Buffer::zeros(DType::I32, 2)];
     let e = interp_err(&f, [2, 1, 1], &mut bufs, &[Arg::ptr(0)]);
     assert_eq!((e.op, e.loc.line, e.program), ("wait_until", line.get(), Some([0, 0, 0])));
@@ -218,20 +213,18 @@ fn two_programs_waiting_on_each_other_are_a_deadlock_naming_both_waits() {
         ],
     );
     // One program of three finishes; the two others wait for a flag nobody sets.
-    let f = KernelBuilder::new("stuck")
-        .build(|| {
-            let flags = param_ptr("flags", DType::I32);
-            let pid = program_id(0);
-            if_else(
-                pid.gt(0),
-                || {
-                    wait_until(flags + 2, CmpPred::Gt, pid);
-                    vec![]
-                },
-                Vec::new,
-            );
-        })
-        .unwrap();
+    let f = kernel("stuck", || {
+        let flags = param_ptr("flags", DType::I32);
+        let pid = program_id(0);
+        if_else(
+            pid.gt(0),
+            || {
+                wait_until(flags + 2, CmpPred::Gt, pid);
+                vec![]
+            },
+            Vec::new,
+        );
+    });
     let mut bufs = [Buffer::zeros(DType::I32, 3)];
     let e = interp_err(&f, [3, 1, 1], &mut bufs, &[Arg::ptr(0)]);
     contains_all(
@@ -253,26 +246,24 @@ fn waits_on_host_data_and_ordered_handovers_need_no_interleaving() {
     launch(&f, [1, 1, 1], &mut bufs, &handoff_args(5)).unwrap();
     // An ordered hand-over of a buffer that the consumer then overwrites is
     // not a write-write race.
-    let f = KernelBuilder::new("overwrite")
-        .build(|| {
-            let data = param_ptr("data", DType::I32);
-            let flag = param_ptr("flag", DType::I32);
-            let pid = program_id(0);
-            if_else(
-                pid.eq_(0),
-                || {
-                    store(data, 5, None);
-                    atomic_xchg_opts(flag, 1, None, Some(MemSem::Release), GPU);
-                    vec![]
-                },
-                || {
-                    wait_until(flag, CmpPred::Eq, 1);
-                    store(data, load(data, None, None) * 2, None);
-                    vec![]
-                },
-            );
-        })
-        .unwrap();
+    let f = kernel("overwrite", || {
+        let data = param_ptr("data", DType::I32);
+        let flag = param_ptr("flag", DType::I32);
+        let pid = program_id(0);
+        if_else(
+            pid.eq_(0),
+            || {
+                store(data, 5, None);
+                atomic_xchg_opts(flag, 1, None, Some(MemSem::Release), GPU);
+                vec![]
+            },
+            || {
+                wait_until(flag, CmpPred::Eq, 1);
+                store(data, load(data, None, None) * 2, None);
+                vec![]
+            },
+        );
+    });
     let mut bufs = [Buffer::zeros(DType::I32, 1), Buffer::zeros(DType::I32, 1)];
     launch(&f, [2, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1)]).unwrap();
     assert_eq!(bufs[0].to_vec::<i32>(), [10]);
@@ -280,15 +271,13 @@ fn waits_on_host_data_and_ordered_handovers_need_no_interleaving() {
 
 #[test]
 fn prefetches_are_bounds_checked_like_loads() {
-    let f = KernelBuilder::new("prefetch")
-        .build(|| {
-            let w = param_ptr("w", DType::F16);
-            let n = param_scalar("n", DType::I32);
-            let offs = program_id(0) * 64 + arange(0, 64);
-            prefetch_l2(w + offs, Some(offs.lt(n)));
-            prefetch_l2(w + offs, None);
-        })
-        .unwrap();
+    let f = kernel("prefetch", || {
+        let w = param_ptr("w", DType::F16);
+        let n = param_scalar("n", DType::I32);
+        let offs = program_id(0) * 64 + arange(0, 64);
+        prefetch_l2(w + offs, Some(offs.lt(n)));
+        prefetch_l2(w + offs, None);
+    });
     let mut bufs = [Buffer::zeros(DType::F16, 100)];
     launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::i32(100)]).unwrap();
     let e = interp_err(&f, [2, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::i32(100)]);
@@ -342,12 +331,10 @@ fn ordered_ops_reject_semantics_they_cannot_have() {
 
 #[test]
 fn the_verifier_rejects_ordered_ops_in_text_and_waits_in_combines() {
-    let f = KernelBuilder::new("k")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            store_opts(p, 1, None, Some(MemSem::Release), GPU);
-        })
-        .unwrap();
+    let f = kernel("k", || {
+        let p = param_ptr("p", DType::I32);
+        store_opts(p, 1, None, Some(MemSem::Release), GPU);
+    });
     let text = crate::print::print(&f);
     assert!(text.contains("store %p, %0 {sem = release, scope = gpu}"), "{text}");
     // The parser checks every op's rule as it reads it.
@@ -372,19 +359,15 @@ fn the_verifier_rejects_ordered_ops_in_text_and_waits_in_combines() {
 fn kernels_report_whether_they_wait_and_synchronise() {
     let f = chain();
     assert!(f.waits_on_programs() && f.synchronizes_programs());
-    let f = KernelBuilder::new("flag")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            store_opts(p, 1, None, Some(MemSem::Release), GPU);
-        })
-        .unwrap();
+    let f = kernel("flag", || {
+        let p = param_ptr("p", DType::I32);
+        store_opts(p, 1, None, Some(MemSem::Release), GPU);
+    });
     assert!(!f.waits_on_programs() && f.synchronizes_programs());
-    let f = KernelBuilder::new("plain")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            atomic_add(p, 1, None);
-        })
-        .unwrap();
+    let f = kernel("plain", || {
+        let p = param_ptr("p", DType::I32);
+        atomic_add(p, 1, None);
+    });
     assert!(!f.waits_on_programs() && !f.synchronizes_programs());
 }
 
@@ -393,16 +376,14 @@ fn kernels_report_whether_they_wait_and_synchronise() {
 /// before the first; both ops print and parse back.
 #[test]
 fn globaltimer_reads_a_monotonic_clock() {
-    let f = KernelBuilder::new("clock")
-        .build(|| {
-            let out = param_ptr("out", DType::I64);
-            let pid = program_id(0);
-            store(out + pid * 2, globaltimer(), None);
-            let spin = for_range(0, 1000, 1, &[full(&[], 0, DType::I32)], |i, acc| vec![acc[0] + i]);
-            barrier();
-            store(out + pid * 2 + 1, globaltimer() + (spin[0] - spin[0]).to(DType::I64), None);
-        })
-        .unwrap();
+    let f = kernel("clock", || {
+        let out = param_ptr("out", DType::I64);
+        let pid = program_id(0);
+        store(out + pid * 2, globaltimer(), None);
+        let spin = for_range(0, 1000, 1, &[full(&[], 0, DType::I32)], |i, acc| vec![acc[0] + i]);
+        barrier();
+        store(out + pid * 2 + 1, globaltimer() + (spin[0] - spin[0]).to(DType::I64), None);
+    });
     let text = crate::print::print(&f);
     assert!(text.contains("globaltimer") && text.contains("barrier"), "{text}");
     let back = crate::parse::parse(&text).unwrap();

@@ -572,6 +572,7 @@ pub fn prefetch_l2(ptr: Tensor, mask: Option<Tensor>) {
 
 #[cfg(test)]
 mod tests {
+    use crate::builder::kernel;
     use crate::ir::Op;
     use crate::ir::ops::{CacheModifier, EvictionPolicy, MemoryOp};
     use crate::lang::*;
@@ -600,20 +601,18 @@ mod tests {
 
     #[test]
     fn load_block_takes_literals_params_and_narrow_integers() {
-        let f = KernelBuilder::new("k")
-            .build(|| {
-                let x = param_ptr("x", DType::F16);
-                let rows = param_scalar("rows", DType::I32);
-                let col0 = param_scalar("col0", DType::I16);
-                let t = load_block(x, rows, 100, 128, program_id(0) * 16, col0, [16, 32]);
-                assert_eq!((t.shape(), t.dtype()), (vec![16, 32], DType::F16));
-                let hint = CacheModifier::Cg;
-                let u = load_block_hinted(x, rows, 100, 128, -3, 0, [1, 64], hint, EvictionPolicy::Normal);
-                assert_eq!(u.shape(), vec![1, 64]);
-                store(x + arange(0, 32), sum(t, 0), None);
-                store(x + arange(0, 64), sum(u, 0), None);
-            })
-            .unwrap();
+        let f = kernel("k", || {
+            let x = param_ptr("x", DType::F16);
+            let rows = param_scalar("rows", DType::I32);
+            let col0 = param_scalar("col0", DType::I16);
+            let t = load_block(x, rows, 100, 128, program_id(0) * 16, col0, [16, 32]);
+            assert_eq!((t.shape(), t.dtype()), (vec![16, 32], DType::F16));
+            let hint = CacheModifier::Cg;
+            let u = load_block_hinted(x, rows, 100, 128, -3, 0, [1, 64], hint, EvictionPolicy::Normal);
+            assert_eq!(u.shape(), vec![1, 64]);
+            store(x + arange(0, 32), sum(t, 0), None);
+            store(x + arange(0, 64), sum(u, 0), None);
+        });
         let ops = load_blocks(&f);
         assert_eq!(ops.len(), 2);
         let i32s = [DType::I32; 5];

@@ -91,26 +91,25 @@ pub fn philox_reference(seed: u64, offset: u32) -> [u32; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builder::kernel;
     use crate::interp::{Arg, Buffer, launch};
     use crate::lang::*;
 
     #[test]
     fn philox_matches_the_reference_on_the_interpreter() {
-        let f = KernelBuilder::new("philox")
-            .build(|| {
-                let out = param_ptr("out", DType::U32);
-                let u = param_ptr("u", DType::F32);
-                let seed = param_scalar("seed", DType::I64);
-                let offs = arange(0, 64) * 977;
-                let (w0, w1, w2, w3) = randint4x(seed, offs);
-                let w = [w0, w1, w2, w3];
-                let lane = arange(0, 64) * 4;
-                for (i, word) in w.iter().enumerate() {
-                    store(out + lane + i as i32, *word, None);
-                }
-                store(u + arange(0, 64), rand(seed, offs), None);
-            })
-            .unwrap();
+        let f = kernel("philox", || {
+            let out = param_ptr("out", DType::U32);
+            let u = param_ptr("u", DType::F32);
+            let seed = param_scalar("seed", DType::I64);
+            let offs = arange(0, 64) * 977;
+            let (w0, w1, w2, w3) = randint4x(seed, offs);
+            let w = [w0, w1, w2, w3];
+            let lane = arange(0, 64) * 4;
+            for (i, word) in w.iter().enumerate() {
+                store(out + lane + i as i32, *word, None);
+            }
+            store(u + arange(0, 64), rand(seed, offs), None);
+        });
         let seed: u64 = 0x1234_5678_9ABC_DEF0;
         let mut bufs = [Buffer::zeros(DType::U32, 256), Buffer::zeros(DType::F32, 64)];
         launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i64(seed as i64)]).unwrap();

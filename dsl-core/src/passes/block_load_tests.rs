@@ -6,6 +6,7 @@
 
 use super::block_load::{BlockLoad, expand};
 use super::{analyze, canonicalize};
+use crate::builder::kernel;
 use crate::ir::ops::{CacheModifier, EvictionPolicy, MemoryOp};
 use crate::ir::{Function, Inst, Op, ParamHints, Value};
 use crate::lang::*;
@@ -36,35 +37,33 @@ fn hinted(name: &str, ty: Type, div: u32) -> Tensor {
 /// Returns the function and the value of the `load_block`.
 fn operand_loop(hints: bool) -> (Function, Value) {
     let tile = Cell::new(None);
-    let f = KernelBuilder::new("operand_loop")
-        .build(|| {
-            let div = |name: &str, ty: Type| if hints { hinted(name, ty, 16) } else { param(name, ty) };
-            let x = div("x", Type::ptr(DType::BF16));
-            let out = param_ptr("out", DType::F32);
-            let rows = div("rows", Type::scalar(DType::I32));
-            let cols = div("cols", Type::scalar(DType::I32));
-            let stride = div("stride", Type::scalar(DType::I32));
-            let row0 = program_id(0) * 64;
-            let acc = zeros(&[64, 64], DType::F32);
-            let r = for_range(0, cols, 64, &[acc], |k, c| {
-                let t = load_block_hinted(
-                    x,
-                    rows,
-                    cols,
-                    stride,
-                    row0,
-                    k,
-                    [64, 64],
-                    CacheModifier::None,
-                    EvictionPolicy::First,
-                );
-                tile.set(Some(t.value()));
-                vec![c[0] + t.to(DType::F32)]
-            });
-            let offs = arange(0, 64).expand_dims(1) * 64 + arange(0, 64).expand_dims(0);
-            store(out + offs, r[0], None);
-        })
-        .unwrap();
+    let f = kernel("operand_loop", || {
+        let div = |name: &str, ty: Type| if hints { hinted(name, ty, 16) } else { param(name, ty) };
+        let x = div("x", Type::ptr(DType::BF16));
+        let out = param_ptr("out", DType::F32);
+        let rows = div("rows", Type::scalar(DType::I32));
+        let cols = div("cols", Type::scalar(DType::I32));
+        let stride = div("stride", Type::scalar(DType::I32));
+        let row0 = program_id(0) * 64;
+        let acc = zeros(&[64, 64], DType::F32);
+        let r = for_range(0, cols, 64, &[acc], |k, c| {
+            let t = load_block_hinted(
+                x,
+                rows,
+                cols,
+                stride,
+                row0,
+                k,
+                [64, 64],
+                CacheModifier::None,
+                EvictionPolicy::First,
+            );
+            tile.set(Some(t.value()));
+            vec![c[0] + t.to(DType::F32)]
+        });
+        let offs = arange(0, 64).expand_dims(1) * 64 + arange(0, 64).expand_dims(0);
+        store(out + offs, r[0], None);
+    });
     (f, tile.get().unwrap())
 }
 
@@ -158,19 +157,17 @@ fn expansion_vectorizes_like_hand_written_code() {
 /// one is removed, equal ones are not merged, and nothing folds it.
 #[test]
 fn canonicalization_treats_load_block_like_load() {
-    let f = KernelBuilder::new("k")
-        .build(|| {
-            let x = param_ptr("x", DType::F32);
-            let n = param_scalar("n", DType::I32);
-            let _unused = load_block(x, n, n, n, 0, 0, [4, 4]);
-            let a = load_block(x, n, n, n, 1, 0, [4, 4]);
-            // The store may change what the next (equal) box reads.
-            store(x + arange(0, 4), sum(a, 0), None);
-            let b = load_block(x, n, n, n, 1, 0, [4, 4]);
-            let c = load_block(x, n, n, n, 1, 0, [4, 4]);
-            store(x + arange(0, 4), sum(b + c, 1), None);
-        })
-        .unwrap();
+    let f = kernel("k", || {
+        let x = param_ptr("x", DType::F32);
+        let n = param_scalar("n", DType::I32);
+        let _unused = load_block(x, n, n, n, 0, 0, [4, 4]);
+        let a = load_block(x, n, n, n, 1, 0, [4, 4]);
+        // The store may change what the next (equal) box reads.
+        store(x + arange(0, 4), sum(a, 0), None);
+        let b = load_block(x, n, n, n, 1, 0, [4, 4]);
+        let c = load_block(x, n, n, n, 1, 0, [4, 4]);
+        store(x + arange(0, 4), sum(b + c, 1), None);
+    });
     assert_eq!(count(&f, "load_block"), 4);
     let mut g = f.clone();
     canonicalize(&mut g);

@@ -4,6 +4,7 @@
 
 use super::test_eval::{Rng, random_args, random_kernel, run};
 use super::{canonicalize, cse, dce};
+use crate::builder::kernel;
 use crate::ir::{Function, Inst};
 use crate::lang::*;
 use crate::print::print;
@@ -80,16 +81,14 @@ fn every_pass_alone_keeps_the_ir_valid() {
 #[test]
 fn folds_two_times_three_plus_x() {
     let line = std::cell::Cell::new(0);
-    let f = KernelBuilder::new("fold")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::I32);
-            let offs = arange(0, 16);
-            let x = load(x_ptr + offs, None, None);
-            line.set(line!() + 1);
-            let y = constant(2, DType::I32) * 3 + x;
-            store(x_ptr + offs, y, None);
-        })
-        .unwrap();
+    let f = kernel("fold", || {
+        let x_ptr = param_ptr("x_ptr", DType::I32);
+        let offs = arange(0, 16);
+        let x = load(x_ptr + offs, None, None);
+        line.set(line!() + 1);
+        let y = constant(2, DType::I32) * 3 + x;
+        store(x_ptr + offs, y, None);
+    });
     let g = canon(&f);
     assert_eq!(count(&g, "mul"), 0);
     assert_eq!(count(&g, "const"), 0, "the folded scalar is splat into the `full` and dies");
@@ -107,16 +106,14 @@ fn print_op(f: &Function, i: Inst) -> String {
 
 #[test]
 fn dce_removes_unused_loads_but_not_stores() {
-    let f = KernelBuilder::new("dead_load")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F32);
-            let y_ptr = param_ptr("y_ptr", DType::F32);
-            let offs = program_id(0) * 64 + arange(0, 64);
-            let x = load(x_ptr + offs, None, None);
-            let _unused = load(y_ptr + offs * 2, Some(offs.lt(7)), None);
-            store(x_ptr + offs, x, None);
-        })
-        .unwrap();
+    let f = kernel("dead_load", || {
+        let x_ptr = param_ptr("x_ptr", DType::F32);
+        let y_ptr = param_ptr("y_ptr", DType::F32);
+        let offs = program_id(0) * 64 + arange(0, 64);
+        let x = load(x_ptr + offs, None, None);
+        let _unused = load(y_ptr + offs * 2, Some(offs.lt(7)), None);
+        store(x_ptr + offs, x, None);
+    });
     let g = canon(&f);
     assert_eq!(count(&g, "load"), 1);
     assert_eq!(count(&g, "store"), 1);
@@ -126,26 +123,24 @@ fn dce_removes_unused_loads_but_not_stores() {
 
 #[test]
 fn dce_removes_pure_loops_and_keeps_effectful_control_flow() {
-    let f = KernelBuilder::new("loops")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            let n = param_scalar("n", DType::I32);
-            // Pure, result unused: removed with everything it used.
-            let _ = for_range(0, n, 1, &[zeros(&[16], DType::I32)], |iv, acc| vec![acc[0] + iv]);
-            // Result unused, but the body stores: kept.
-            let _ = for_range(0, n, 1, &[constant(0, DType::I32)], |iv, acc| {
-                store(p + iv, acc[0], None);
-                vec![acc[0] + 1]
-            });
-            // A runtime `if` whose branch stores and an assert: kept.
-            if_then(n.gt(3), || store(p, 1, None));
-            device_assert(n.ge(0), "n must be non-negative");
-            // A pure `if` without results: removed.
-            if_then(n.gt(5), || {
-                let _ = n * 2;
-            });
-        })
-        .unwrap();
+    let f = kernel("loops", || {
+        let p = param_ptr("p", DType::I32);
+        let n = param_scalar("n", DType::I32);
+        // Pure, result unused: removed with everything it used.
+        let _ = for_range(0, n, 1, &[zeros(&[16], DType::I32)], |iv, acc| vec![acc[0] + iv]);
+        // Result unused, but the body stores: kept.
+        let _ = for_range(0, n, 1, &[constant(0, DType::I32)], |iv, acc| {
+            store(p + iv, acc[0], None);
+            vec![acc[0] + 1]
+        });
+        // A runtime `if` whose branch stores and an assert: kept.
+        if_then(n.gt(3), || store(p, 1, None));
+        device_assert(n.ge(0), "n must be non-negative");
+        // A pure `if` without results: removed.
+        if_then(n.gt(5), || {
+            let _ = n * 2;
+        });
+    });
     let g = canon(&f);
     assert_eq!(count(&g, "for"), 1);
     assert_eq!(count(&g, "if"), 1);
@@ -156,20 +151,18 @@ fn dce_removes_pure_loops_and_keeps_effectful_control_flow() {
 
 #[test]
 fn dce_prunes_dead_loop_carried_values() {
-    let f = KernelBuilder::new("carried")
-        .build(|| {
-            let p = param_ptr("p", DType::F32);
-            let n = param_scalar("n", DType::I32);
-            let offs = arange(0, 32);
-            let init = [zeros(&[32], DType::F32), zeros(&[32], DType::I32), constant(0, DType::I32)];
-            let r = for_range(0, n, 1, &init, |iv, c| {
-                let x = load(p + offs + iv, None, None);
-                // c[1] only feeds itself; c[2] is passed through.
-                vec![c[0] + x, c[1] * 3 + iv, c[2]]
-            });
-            store(p + offs, r[0], None);
-        })
-        .unwrap();
+    let f = kernel("carried", || {
+        let p = param_ptr("p", DType::F32);
+        let n = param_scalar("n", DType::I32);
+        let offs = arange(0, 32);
+        let init = [zeros(&[32], DType::F32), zeros(&[32], DType::I32), constant(0, DType::I32)];
+        let r = for_range(0, n, 1, &init, |iv, c| {
+            let x = load(p + offs + iv, None, None);
+            // c[1] only feeds itself; c[2] is passed through.
+            vec![c[0] + x, c[1] * 3 + iv, c[2]]
+        });
+        store(p + offs, r[0], None);
+    });
     let g = canon(&f);
     let for_inst = find(&g, |i| g.insts[i].op.name() == "for").unwrap();
     assert_eq!(g.insts[for_inst].results.len(), 1);
@@ -179,17 +172,15 @@ fn dce_prunes_dead_loop_carried_values() {
 
 #[test]
 fn keeps_carried_values_that_reach_side_effects() {
-    let f = KernelBuilder::new("carried_store")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            let n = param_scalar("n", DType::I32);
-            let r = for_range(0, n, 1, &[constant(0, DType::I32), constant(1, DType::I32)], |iv, c| {
-                store(p + iv, c[1], None);
-                vec![c[0] + 1, c[1] * 2]
-            });
-            store(p, r[0], None);
-        })
-        .unwrap();
+    let f = kernel("carried_store", || {
+        let p = param_ptr("p", DType::I32);
+        let n = param_scalar("n", DType::I32);
+        let r = for_range(0, n, 1, &[constant(0, DType::I32), constant(1, DType::I32)], |iv, c| {
+            store(p + iv, c[1], None);
+            vec![c[0] + 1, c[1] * 2]
+        });
+        store(p, r[0], None);
+    });
     let g = canon(&f);
     let for_inst = find(&g, |i| g.insts[i].op.name() == "for").unwrap();
     assert_eq!(g.insts[for_inst].results.len(), 2);
@@ -197,36 +188,34 @@ fn keeps_carried_values_that_reach_side_effects() {
 
 #[test]
 fn exact_identities() {
-    let f = KernelBuilder::new("identities")
-        .build(|| {
-            let pi = param_ptr("pi", DType::I32);
-            let pf = param_ptr("pf", DType::F32);
-            let pu = param_ptr("pu", DType::U8);
-            let offs = arange(0, 8);
-            let x = load(pi + offs, None, None);
-            let y = load(pf + offs, None, None);
-            let m = offs.lt(5);
-            let t = full(&[8], true, DType::I1);
-            let z = full(&[8], false, DType::I1);
-            // Integers: all fold to `x` or to zero.
-            // (The function forms keep clippy from judging the identities.)
-            let i = sub(div(mul(add(x, 0), 1), 1), 0);
-            let i = or(add(0, i), 0);
-            let i = add(add(i, mul(x, 0)), rem(x, 1));
-            let i = where_(m, i, i);
-            // Masks: `m & true`, `m | false`, `m & false` -> `m`, `m`, false.
-            let mm = or(and(m, t), z);
-            let dead = and(m, z);
-            store(pi + offs, i, Some(or(mm, dead)));
-            // Floats: `y * 1.0` and `y + -0.0` fold; `y + 0.0` and `y * 0.0` do not.
-            let yf = y * 1.0 + (-0.0f32);
-            store(pf + offs, yf + 0.0, None);
-            store(pf + offs, yf * 0.0, None);
-            // Unsigned: all-ones is 255.
-            let u = load(pu + offs, None, None);
-            store(pu + offs, and(u, 255) | 0, None);
-        })
-        .unwrap();
+    let f = kernel("identities", || {
+        let pi = param_ptr("pi", DType::I32);
+        let pf = param_ptr("pf", DType::F32);
+        let pu = param_ptr("pu", DType::U8);
+        let offs = arange(0, 8);
+        let x = load(pi + offs, None, None);
+        let y = load(pf + offs, None, None);
+        let m = offs.lt(5);
+        let t = full(&[8], true, DType::I1);
+        let z = full(&[8], false, DType::I1);
+        // Integers: all fold to `x` or to zero.
+        // (The function forms keep clippy from judging the identities.)
+        let i = sub(div(mul(add(x, 0), 1), 1), 0);
+        let i = or(add(0, i), 0);
+        let i = add(add(i, mul(x, 0)), rem(x, 1));
+        let i = where_(m, i, i);
+        // Masks: `m & true`, `m | false`, `m & false` -> `m`, `m`, false.
+        let mm = or(and(m, t), z);
+        let dead = and(m, z);
+        store(pi + offs, i, Some(or(mm, dead)));
+        // Floats: `y * 1.0` and `y + -0.0` fold; `y + 0.0` and `y * 0.0` do not.
+        let yf = y * 1.0 + (-0.0f32);
+        store(pf + offs, yf + 0.0, None);
+        store(pf + offs, yf * 0.0, None);
+        // Unsigned: all-ones is 255.
+        let u = load(pu + offs, None, None);
+        store(pu + offs, and(u, 255) | 0, None);
+    });
     let g = canon(&f);
     insta::assert_snapshot!(print(&g));
     assert_eq!(count(&g, "select"), 0);
@@ -240,30 +229,28 @@ fn exact_identities() {
 
 #[test]
 fn constant_folding_respects_numeric_semantics() {
-    let f = KernelBuilder::new("numerics")
-        .build(|| {
-            let pi = param_ptr("pi", DType::I32);
-            let pu = param_ptr("pu", DType::U32);
-            let pb = param_ptr("pb", DType::BF16);
-            let pf = param_ptr("pf", DType::F32);
-            // Signed overflow and division by zero stay for the interpreter to report.
-            store(pi, constant(i32::MAX, DType::I32) + 1, None);
-            store(pi, constant(7, DType::I32) / 0, None);
-            store(pi, constant(i32::MIN, DType::I32) / -1, None);
-            // Unsigned arithmetic wraps.
-            store(pu, constant(0, DType::U32) - 1, None);
-            // bf16 rounds to nearest even: 1 + 1/256 is a tie and goes to 1.
-            store(pb, constant(1.0, DType::BF16) + constant(1.0 / 256.0, DType::BF16), None);
-            // Float to int saturates and truncates toward zero.
-            store(pi, cast(constant(3e9, DType::F32), DType::I32), None);
-            store(pi, cast(constant(-2.7, DType::F32), DType::I32), None);
-            // Comparisons, `select` on a constant, transcendentals are not folded.
-            let c = constant(3, DType::I32).lt(4);
-            store(pi, where_(c, constant(10, DType::I32), constant(20, DType::I32)), None);
-            store(pf, exp(constant(1.0, DType::F32)), None);
-            store(pf, fma(constant(2.0, DType::F32), 3.0, 1.0), None);
-        })
-        .unwrap();
+    let f = kernel("numerics", || {
+        let pi = param_ptr("pi", DType::I32);
+        let pu = param_ptr("pu", DType::U32);
+        let pb = param_ptr("pb", DType::BF16);
+        let pf = param_ptr("pf", DType::F32);
+        // Signed overflow and division by zero stay for the interpreter to report.
+        store(pi, constant(i32::MAX, DType::I32) + 1, None);
+        store(pi, constant(7, DType::I32) / 0, None);
+        store(pi, constant(i32::MIN, DType::I32) / -1, None);
+        // Unsigned arithmetic wraps.
+        store(pu, constant(0, DType::U32) - 1, None);
+        // bf16 rounds to nearest even: 1 + 1/256 is a tie and goes to 1.
+        store(pb, constant(1.0, DType::BF16) + constant(1.0 / 256.0, DType::BF16), None);
+        // Float to int saturates and truncates toward zero.
+        store(pi, cast(constant(3e9, DType::F32), DType::I32), None);
+        store(pi, cast(constant(-2.7, DType::F32), DType::I32), None);
+        // Comparisons, `select` on a constant, transcendentals are not folded.
+        let c = constant(3, DType::I32).lt(4);
+        store(pi, where_(c, constant(10, DType::I32), constant(20, DType::I32)), None);
+        store(pf, exp(constant(1.0, DType::F32)), None);
+        store(pf, fma(constant(2.0, DType::F32), 3.0, 1.0), None);
+    });
     let g = canon(&f);
     insta::assert_snapshot!(print(&g));
     assert_eq!(count(&g, "add"), 1);
@@ -276,30 +263,28 @@ fn constant_folding_respects_numeric_semantics() {
 
 #[test]
 fn control_flow_with_known_conditions_and_trip_counts() {
-    let f = KernelBuilder::new("control")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            let n = param_scalar("n", DType::I32);
-            // `if` on a constant: the taken branch is inlined, the other dropped
-            // with its store.
-            let r = if_else(
-                constant(1, DType::I32).gt(0),
-                || vec![n + 1],
-                || {
-                    store(p, 0, None);
-                    vec![n]
-                },
-            );
-            // Zero trips: the result is the initial value and the store never runs.
-            let z = for_range(4, 4, 1, &[r[0]], |iv, c| {
-                store(p + iv, c[0], None);
-                vec![c[0] * 2]
-            });
-            // One trip: the body runs with iv = 2.
-            let o = for_range(2, 3, 8, &[z[0]], |iv, c| vec![c[0] + iv]);
-            store(p, o[0], None);
-        })
-        .unwrap();
+    let f = kernel("control", || {
+        let p = param_ptr("p", DType::I32);
+        let n = param_scalar("n", DType::I32);
+        // `if` on a constant: the taken branch is inlined, the other dropped
+        // with its store.
+        let r = if_else(
+            constant(1, DType::I32).gt(0),
+            || vec![n + 1],
+            || {
+                store(p, 0, None);
+                vec![n]
+            },
+        );
+        // Zero trips: the result is the initial value and the store never runs.
+        let z = for_range(4, 4, 1, &[r[0]], |iv, c| {
+            store(p + iv, c[0], None);
+            vec![c[0] * 2]
+        });
+        // One trip: the body runs with iv = 2.
+        let o = for_range(2, 3, 8, &[z[0]], |iv, c| vec![c[0] + iv]);
+        store(p, o[0], None);
+    });
     let g = canon(&f);
     insta::assert_snapshot!(print(&g));
     assert_eq!(count(&g, "if"), 0);
@@ -309,23 +294,21 @@ fn control_flow_with_known_conditions_and_trip_counts() {
 
 #[test]
 fn cse_respects_dominance_and_purity() {
-    let f = KernelBuilder::new("scopes")
-        .build(|| {
-            let p = param_ptr("p", DType::I32);
-            let n = param_scalar("n", DType::I32);
-            let a = n * 7;
-            let r = if_else(n.gt(0), || vec![n * 9], || vec![n * 9]);
-            let l = for_range(0, n, 1, &[a], |iv, c| {
-                // Merges with `a` (the outer op dominates the body).
-                let b = n * 7;
-                vec![c[0] + b + iv]
-            });
-            // Two equal loads are not merged.
-            let x = load(p, None, None);
-            let y = load(p, None, None);
-            store(p, r[0] + l[0] + x + y, None);
-        })
-        .unwrap();
+    let f = kernel("scopes", || {
+        let p = param_ptr("p", DType::I32);
+        let n = param_scalar("n", DType::I32);
+        let a = n * 7;
+        let r = if_else(n.gt(0), || vec![n * 9], || vec![n * 9]);
+        let l = for_range(0, n, 1, &[a], |iv, c| {
+            // Merges with `a` (the outer op dominates the body).
+            let b = n * 7;
+            vec![c[0] + b + iv]
+        });
+        // Two equal loads are not merged.
+        let x = load(p, None, None);
+        let y = load(p, None, None);
+        store(p, r[0] + l[0] + x + y, None);
+    });
     let g = canon(&f);
     insta::assert_snapshot!(print(&g));
     // `n * 7` once; `n * 9` in each branch (sibling regions do not see each other).

@@ -35,7 +35,7 @@ use super::validate::{KernelParam, OffsetRule, RawDevPtr, validate_args_into, va
 use crate::error::{Error, Result};
 use codegen::{CompileOptions, Compiled, PtxCache, Target};
 use dsl_core::Function;
-use dsl_core::launch::{Backend, Kernel, PtrElem};
+use dsl_core::launch::{Backend, ErasedLaunch, Kernel, PerConfig, PtrElem};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
@@ -103,7 +103,7 @@ pub struct Cuda {
     target: Target,
     ptx: PtxCache,
     /// Built IR per (kernel, config key), before specialization.
-    built: HashMap<(&'static str, String), Function>,
+    built: PerConfig<Function>,
     /// The PTX cache key of each built base config of an autotuned launch
     /// (per kernel and config key, as [`Cuda::built`]): [`TuneKey::code`].
     tune_codes: HashMap<(&'static str, String), String>,
@@ -209,7 +209,7 @@ impl Cuda {
             gpu,
             target,
             ptx: PtxCache::new(),
-            built: HashMap::new(),
+            built: PerConfig::default(),
             tune_codes: HashMap::new(),
             prepared: HashMap::new(),
             key_buf: String::new(),
@@ -256,12 +256,7 @@ impl Cuda {
 
     /// The IR of `K` for `config` before specialization (built once per config key).
     fn built_ir<K: Kernel>(&mut self, config: &K::Config) -> Result<&Function> {
-        let ckey = (K::NAME, K::config_key(config));
-        if !self.built.contains_key(&ckey) {
-            let func = K::build(config)?;
-            self.built.insert(ckey.clone(), func);
-        }
-        Ok(&self.built[&ckey])
+        Ok(self.built.get_or_try_insert::<K, _>(config, || K::build(config))?)
     }
 
     /// Builds, compiles and loads the specialization of `K` for `config`, with the
@@ -369,7 +364,12 @@ impl Cuda {
     where
         Self: 'a,
     {
-        let raw = K::erase_args(args);
+        self.run_erased::<K>(ErasedLaunch { config, grid, args: K::erase_args(args) })
+    }
+
+    /// [`Cuda::run`] on erased arguments.
+    pub(crate) fn run_erased<K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, RawDevPtr>) -> Result<()> {
+        let ErasedLaunch { config, grid, args: raw } = launch;
         // Specialize on what the arguments allow (16-byte aligned pointers,
         // integers divisible by 16), as Triton's launcher does.
         let mask = mask_of_args(K::NAME, &raw)?;
@@ -607,16 +607,11 @@ impl Backend for Cuda {
         p.raw()
     }
 
-    fn launch<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> dsl_core::Result<()>
+    fn launch_erased<'a, K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, RawDevPtr>) -> dsl_core::Result<()>
     where
         Self: 'a,
     {
-        self.run::<K>(grid, config, args).map_err(|e| e.into_dsl(K::NAME))
+        self.run_erased(launch).map_err(|e| e.into_dsl(K::NAME))
     }
 }
 

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use codegen::host::{Host, HostPtr};
 use cudarc::driver::CudaEvent;
 use dsl_core::interp::{Cpu, CpuPtr, Element};
-use dsl_core::launch::{Backend, Kernel, PtrElem};
+use dsl_core::launch::{Backend, ErasedLaunch, Kernel, PtrElem};
 use kernels::dequant::{GemmTiles, GemvTiles, QuantFormat};
 use std::time::Instant;
 
@@ -138,8 +138,7 @@ pub trait Device: Backend + Sized {
         Ok(self.sm_count())
     }
 
-    /// Launches `K` with `config` over `grid`: through the backend's
-    /// [`Backend::launch`] unless the device has a launcher of its own.
+    /// Launches `K` with `config` over `grid` through [`Device::run_erased`].
     fn run<'a, K: Kernel>(
         &mut self,
         grid: [u32; 3],
@@ -149,7 +148,17 @@ pub trait Device: Backend + Sized {
     where
         Self: 'a,
     {
-        Ok(<Self as Backend>::launch::<K>(self, grid, config, args)?)
+        self.run_erased::<K>(ErasedLaunch { config, grid, args: K::erase_args(args) })
+    }
+
+    /// Runs a launch of `K` whose arguments are erased: through the
+    /// backend's [`Backend::launch_erased`] unless the device has a launcher
+    /// of its own.
+    fn run_erased<'a, K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, Self::Raw<'a>>) -> Result<()>
+    where
+        Self: 'a,
+    {
+        Ok(self.launch_erased::<K>(launch)?)
     }
 
     /// Whether [`Device::begin_capture`] works on this device.
@@ -439,16 +448,11 @@ impl Device for Cuda {
         Ok(p.cast())
     }
 
-    fn run<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> Result<()>
+    fn run_erased<'a, K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, Self::Raw<'a>>) -> Result<()>
     where
         Self: 'a,
     {
-        Cuda::run::<K>(self, grid, config, args)
+        Cuda::run_erased::<K>(self, launch)
     }
 
     fn resident<'a, K: Kernel>(&mut self, config: &K::Config, args: &K::Args<'a, Self>) -> Result<usize>

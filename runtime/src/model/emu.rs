@@ -15,9 +15,8 @@
 use super::device::{Device, buffer_ptr_device, read_elements, write_elements, zero_elements};
 use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
-use dsl_core::interp::{Arg, Buffer, Element, Kernel as Prepared};
-use dsl_core::launch::{self, Backend, Kernel, PtrElem};
-use std::collections::HashMap;
+use dsl_core::interp::{Arg, Buffer, Element, Kernel as Prepared, KernelCache};
+use dsl_core::launch::{BufferBackend, ErasedLaunch, Kernel, PtrElem};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,7 +36,7 @@ pub struct Recorded {
 #[derive(Default)]
 pub struct Emu {
     buffers: Vec<Buffer>,
-    cache: HashMap<(&'static str, String), Arc<Prepared>>,
+    cache: KernelCache,
     recording: Option<Vec<Recorded>>,
     /// Launches run (not recorded), for tests that check replays happen.
     pub launches: usize,
@@ -66,58 +65,26 @@ impl Emu {
     }
 }
 
-impl Backend for Emu {
-    type Ptr<'a, T: PtrElem> = EmuPtr<T>;
-    type Raw<'a> = (usize, usize);
-
-    fn erase<'a, T: PtrElem>(p: Self::Ptr<'a, T>) -> Self::Raw<'a> {
-        p.raw()
-    }
-
-    fn launch<'a, K: Kernel>(
+impl BufferBackend for Emu {
+    fn launch_buffers<K: Kernel>(
         &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> dsl_core::Result<()>
-    where
-        Self: 'a,
-    {
-        let key = (K::NAME, K::config_key(config));
-        let kernel = match self.cache.get(&key) {
-            Some(k) => k.clone(),
-            None if self.recording.is_some() => {
-                return Err(dsl_core::Error::Launch {
-                    kernel: K::NAME.into(),
-                    message: "first launch of this config during a graph capture (it would compile)".into(),
-                });
-            }
-            None => {
-                let mut f = K::build(config)?;
-                dsl_core::passes::canonicalize(&mut f);
-                let k = Arc::new(Prepared::new(&f)?);
-                self.cache.insert(key, k.clone());
-                k
-            }
-        };
-        let args: Vec<Arg> = K::erase_args(args)
-            .into_iter()
-            .map(|a| match a {
-                launch::Arg::Ptr((buffer, offset)) => Arg::Ptr { buffer, offset },
-                launch::Arg::Scalar(s) => Arg::Scalar(s),
-            })
-            .collect();
+        launch: ErasedLaunch<'_, K, (usize, usize)>,
+    ) -> dsl_core::Result<()> {
+        let ErasedLaunch { config, grid, args } = launch;
+        if self.recording.is_some() && !self.cache.contains::<K>(config) {
+            return Err(dsl_core::Error::Launch {
+                kernel: K::NAME.into(),
+                message: "first launch of this config during a graph capture (it would compile)".into(),
+            });
+        }
+        let kernel = self.cache.get_or_build::<K>(config)?;
+        let args: Vec<Arg> = args.into_iter().map(Arg::from).collect();
         if let Some(rec) = self.recording.as_mut() {
             rec.push(Recorded { kernel, grid, args });
             return Ok(());
         }
         self.launches += 1;
-        kernel.launch(grid, &mut self.buffers, &args).map_err(|e| match e {
-            dsl_core::Error::Launch { message, .. } => {
-                dsl_core::Error::Launch { kernel: K::NAME.into(), message }
-            }
-            other => other,
-        })
+        kernel.launch_as(K::NAME, grid, &mut self.buffers, &args)
     }
 }
 
