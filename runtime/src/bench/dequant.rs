@@ -53,6 +53,7 @@ use crate::cuda::Cuda;
 use crate::cuda::DevBuf;
 use crate::cuda::validate::validate_args;
 use crate::error::{Error, Result};
+use crate::model::products::product_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::launch::Kernel;
@@ -227,18 +228,9 @@ fn measure(
 ) -> Result<(f64, Option<String>)> {
     let (_, (xd, qd, sd)) = product_operands(cuda, QuantFormat::Q4_1, (m, k, n))?;
     let od = cuda.gpu().zeros::<bf16>(m * n)?;
-    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let planes = (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast());
     if gemv {
-        let args = gemv::Args {
-            x_ptr: xd.ptr().cast(),
-            q_ptr: qd.ptr().cast(),
-            s_ptr: sd.ptr().cast(),
-            out_ptr: od.ptr().cast(),
-            m: mi,
-            n: ni,
-            k: ki,
-            _marker: PhantomData,
-        };
+        let args = product_args!(gemv, planes, (m, n, k), x_ptr: xd.ptr().cast());
         let t = gemv_tiles(QuantFormat::Q4_1, m, n, k);
         let base = gemv::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.m_block, t.block_n, t.block_k);
         let grid_of = |c: &gemv::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
@@ -248,16 +240,7 @@ fn measure(
         let ms = time_launch_ms::<gemv::Kernel>(cuda, opts, grid, &config, &args)?;
         Ok((ms, words))
     } else {
-        let args = gemm::Args {
-            x_ptr: xd.ptr().cast(),
-            q_ptr: qd.ptr().cast(),
-            s_ptr: sd.ptr().cast(),
-            out_ptr: od.ptr().cast(),
-            m: mi,
-            n: ni,
-            k: ki,
-            _marker: PhantomData,
-        };
+        let args = product_args!(gemm, planes, (m, n, k), x_ptr: xd.ptr().cast());
         let t = gemm_tiles(QuantFormat::Q4_1, m, n, k, cuda.wgmma());
         let sms = cuda.gpu().info().sm_count as usize;
         let sk = match sk_mode {
@@ -301,18 +284,14 @@ fn measure_stream_k(
     // Room for the largest declared tile.
     let ws = gpu.zeros::<f32>(g as usize * 256 * 128)?;
     let flags = gpu.zeros::<i32>(g as usize)?;
-    let args = gemm_stream_k::Args {
+    let args = product_args!(
+        gemm_stream_k,
+        (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast()),
+        (m, n, k),
         x_ptr: xd.ptr().cast(),
-        q_ptr: qd.ptr().cast(),
-        s_ptr: sd.ptr().cast(),
-        out_ptr: od.ptr().cast(),
         ws_ptr: ws.ptr().cast(),
         flag_ptr: flags.ptr().cast(),
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        _marker: PhantomData,
-    };
+    );
     let base =
         gemm_stream_k::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k)
             .with_warps(t.num_warps)
@@ -357,19 +336,15 @@ fn measure_fused(
     let t = gemv_tiles(format, m, rows, k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
     use kernels::dequant::fused::gemv_fused as kk;
-    let args = kk::Args {
+    let args = product_args!(
+        kk,
+        (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast()),
+        (m, n, k),
         x_ptr: xd.ptr().cast(),
-        q_ptr: qd.ptr().cast(),
-        s_ptr: sd.ptr().cast(),
         nw_ptr: nd.ptr().cast(),
-        out_ptr: od.ptr().cast(),
-        m: m as i32,
-        n: n as i32,
         ldo: n as i32,
-        k: k as i32,
         eps: 1e-5,
-        _marker: PhantomData,
-    };
+    );
     let config = kk::Config::new(DType::BF16, format, silu, norm, residual, t.m_block, t.block_n, t.block_k)
         .with_warps(t.num_warps);
     time_launch_ms::<kk::Kernel>(cuda, opts, grid, &config, &args)

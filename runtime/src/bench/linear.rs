@@ -19,11 +19,11 @@ use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
 use crate::model::products::linear_config;
+use crate::model::products::product_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::dequant::linear::linear;
 use kernels::dequant::{LinearTiles, QuantFormat, linear_grid, repack};
-use std::marker::PhantomData;
 
 /// The projections: `(label, format, silu, norm at M = 1, residual at M = 1,
 /// k, weight rows)`.
@@ -97,21 +97,17 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 gpu.upload(&nw)?,
                 gpu.upload(&r)?,
             );
-            let args = linear::Args {
+            let args = product_args!(
+                linear,
+                (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast()),
+                (m, n, k),
                 x_ptr: xd.ptr().cast(),
-                q_ptr: qd.ptr().cast(),
-                s_ptr: sd.ptr().cast(),
                 nw_ptr: nd.ptr().cast(),
-                out_ptr: od.ptr().cast(),
                 ws_ptr: wsd.ptr().cast(),
                 cnt_ptr: cntd.ptr().cast(),
-                m: m as i32,
-                n: n as i32,
                 ldo: n as i32,
-                k: k as i32,
                 eps: 1e-5,
-                _marker: PhantomData,
-            };
+            );
             let (base, grid, _) = linear_config(DType::BF16, format, m, rows, k, silu, norm, residual, true);
             let name = format!("linear/bf16/{label}/M{m}");
             let ms = time_launch_ms::<linear::Kernel>(cuda, opts, grid, &base, &args)?;

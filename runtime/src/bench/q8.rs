@@ -27,6 +27,7 @@ use crate::check::Rng;
 use crate::check::q8::quantize_block;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
+use crate::model::products::product_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
@@ -80,17 +81,8 @@ fn shape_records(
     let quant = prepared::<quantize_q8::Kernel>(cuda, qgrid, &qconfig, &qargs)?;
     macro_rules! gemv {
         ($k:ident, $quant:expr) => {{
-            let args = $k::Args {
-                xq_ptr: xqd.ptr(),
-                xd_ptr: xsd.ptr(),
-                q_ptr: qd.ptr().cast(),
-                s_ptr: sd.ptr().cast(),
-                out_ptr: od.ptr().cast(),
-                m: m as i32,
-                n: n as i32,
-                k: k as i32,
-                _marker: PhantomData,
-            };
+            let planes = (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast());
+            let args = product_args!($k, planes, (m, n, k), xq_ptr: xqd.ptr(), xd_ptr: xsd.ptr());
             let first = $k::autotune_configs(&$k::Config::new(DType::BF16, $quant, false, 1, 8, 2048))
                 .into_iter()
                 .next()

@@ -33,6 +33,7 @@ use crate::model::ActElem;
 use crate::model::Device;
 use crate::model::attention::{invariant_decode, prefill_tiles};
 use crate::model::products::linear_config;
+use crate::model::products::product_args;
 use crate::model::sampler::SamplingParams;
 use crate::server::ModelInfo;
 use crate::server::api::Limits;
@@ -105,21 +106,19 @@ fn product<D: Device, T: ActElem>(
     let (xd, qd, sd, nd) = (dev.upload(x)?, dev.upload(&w.quants)?, dev.upload(&w.scales)?, dev.upload(nw)?);
     let od = dev.upload(&out0[..m * n])?;
     let (wsd, cntd) = (dev.zeros::<f32>(need.0.max(16))?, dev.zeros::<i32>(need.1.max(16))?);
-    let args = linear::Args {
+    let planes =
+        (D::ptr_at::<u8, u8>(&qd, 0)?, D::ptr_at::<f16, f16>(&sd, 0)?, D::ptr_at::<T, AnyDType>(&od, 0)?);
+    let args = product_args!(
+        linear,
+        planes,
+        (m, n, k),
         x_ptr: D::ptr_at::<T, AnyDType>(&xd, 0)?,
-        q_ptr: D::ptr_at::<u8, u8>(&qd, 0)?,
-        s_ptr: D::ptr_at::<f16, f16>(&sd, 0)?,
         nw_ptr: D::ptr_at::<T, AnyDType>(&nd, 0)?,
-        out_ptr: D::ptr_at::<T, AnyDType>(&od, 0)?,
         ws_ptr: D::ptr_at::<f32, f32>(&wsd, 0)?,
         cnt_ptr: D::ptr_at::<i32, i32>(&cntd, 0)?,
-        m: m as i32,
-        n: n as i32,
         ldo: n as i32,
-        k: k as i32,
         eps: 1e-5,
-        _marker: PhantomData,
-    };
+    );
     dev.run::<linear::Kernel>(grid, &config, &args)?;
     dev.download(&od)
 }

@@ -21,6 +21,7 @@ use crate::check::{CheckRow, DevicePtr, Rng, over_shapes, to_f64};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::products::product_args;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
@@ -198,17 +199,8 @@ fn gemv_q8_on<T: ActElem, D: Device>(
         ($k:ident) => {{
             let config =
                 $k::Config::new(T::DEVICE_DTYPE, format, silu, m_block, block_n, block_k).with_warps(warps);
-            let a = $k::Args {
-                xq_ptr: dev.ptr(&xqd)?,
-                xd_ptr: dev.ptr(&xdd)?,
-                q_ptr: dev.ptr(&qd)?,
-                s_ptr: dev.ptr(&sd)?,
-                out_ptr: dev.ptr(&od)?,
-                m: m as i32,
-                n: n as i32,
-                k: w.k as i32,
-                _marker: PhantomData,
-            };
+            let planes = (dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&od)?);
+            let a = product_args!($k, planes, (m, n, w.k), xq_ptr: dev.ptr(&xqd)?, xd_ptr: dev.ptr(&xdd)?);
             dev.run::<$k::Kernel>(grid, &config, &a)?;
         }};
     }
