@@ -53,7 +53,7 @@ use crate::cuda::Cuda;
 use crate::cuda::DevBuf;
 use crate::cuda::validate::validate_args;
 use crate::error::{Error, Result};
-use crate::model::products::product_args;
+use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::launch::Kernel;

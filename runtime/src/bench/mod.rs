@@ -28,6 +28,7 @@ use crate::check::Rng;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
 use crate::model::ActElem;
+use crate::model::args::norm_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::launch::Kernel;
@@ -269,17 +270,14 @@ fn add_rmsnorm_record(
     drop((x, r));
     let (od, hd) = (cuda.gpu().zeros::<bf16>(n)?, cuda.gpu().zeros::<bf16>(n)?);
     let block = block_for(hidden);
-    let args = add_rmsnorm::Args {
-        x_ptr: xd.ptr().cast(),
+    let args = norm_args!(
+        add_rmsnorm,
+        (xd.ptr().cast(), wd.ptr().cast()),
+        (hidden, hidden, 1e-5),
         r_ptr: rd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
         out_ptr: od.ptr().cast(),
         h_ptr: hd.ptr().cast(),
-        n_cols: hidden as i32,
-        stride: hidden as i32,
-        eps: 1e-5,
-        _marker: PhantomData,
-    };
+    );
     let grid = [tokens as u32, 1, 1];
     let base = add_rmsnorm::Config::new(DType::BF16, block);
     let untuned = base.clone().with_warps(warps_for(block));

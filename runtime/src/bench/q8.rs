@@ -27,7 +27,7 @@ use crate::check::Rng;
 use crate::check::q8::quantize_block;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
-use crate::model::products::product_args;
+use crate::model::args::{norm_args, product_args};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
@@ -136,28 +136,12 @@ fn norm_records(cuda: &mut Cuda, opts: &BenchOptions, k: usize) -> Result<Vec<Re
     let (xd, wd, yd) = (gpu.upload(&x)?, gpu.upload(&w)?, gpu.zeros::<bf16>(k)?);
     let (xqd, xsd) = (gpu.zeros::<i8>(k)?, gpu.zeros::<f32>(k / 32)?);
     let (block, warps) = (block_for(k), warps_for(block_for(k)));
-    let (ki, eps) = (k as i32, 1e-5f32);
+    let row = (k, k, 1e-5f32);
     let nconfig = rmsnorm::Config::new(DType::BF16, block, false).with_warps(warps);
-    let nargs = rmsnorm::Args {
-        x_ptr: xd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
-        out_ptr: yd.ptr().cast(),
-        n_cols: ki,
-        stride: ki,
-        eps,
-        _marker: PhantomData,
-    };
+    let nargs = norm_args!(rmsnorm, (xd.ptr().cast(), wd.ptr().cast()), row, out_ptr: yd.ptr().cast());
     let fconfig = rmsnorm_q8::Config::new(DType::BF16, block).with_warps(warps);
-    let fargs = rmsnorm_q8::Args {
-        x_ptr: xd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
-        xq_ptr: xqd.ptr(),
-        xd_ptr: xsd.ptr(),
-        n_cols: ki,
-        stride: ki,
-        eps,
-        _marker: PhantomData,
-    };
+    let xw = (xd.ptr().cast(), wd.ptr().cast());
+    let fargs = norm_args!(rmsnorm_q8, xw, row, xq_ptr: xqd.ptr(), xd_ptr: xsd.ptr());
     let (qgrid, qconfig, qargs) = quantize_launch(&yd, (&xqd, &xsd), 1, k);
     let plain = prepared::<rmsnorm::Kernel>(cuda, [1, 1, 1], &nconfig, &nargs)?;
     let fused = prepared::<rmsnorm_q8::Kernel>(cuda, [1, 1, 1], &fconfig, &fargs)?;

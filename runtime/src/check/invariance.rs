@@ -31,9 +31,9 @@ use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Vocab};
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::args::{norm_args, product_args};
 use crate::model::attention::{invariant_decode, prefill_tiles};
 use crate::model::products::linear_config;
-use crate::model::products::product_args;
 use crate::model::sampler::SamplingParams;
 use crate::server::ModelInfo;
 use crate::server::api::Limits;
@@ -137,32 +137,16 @@ fn norm_row<D: Device, T: ActElem>(
     let p = |b| D::ptr_at::<T, AnyDType>(b, 0);
     match r {
         None => {
-            let args = rmsnorm::Args {
-                x_ptr: p(&xd)?,
-                w_ptr: p(&wd)?,
-                out_ptr: p(&od)?,
-                n_cols: k as i32,
-                stride: k as i32,
-                eps: 1e-5,
-                _marker: PhantomData,
-            };
+            let args = norm_args!(rmsnorm, (p(&xd)?, p(&wd)?), (k, k, 1e-5), out_ptr: p(&od)?);
             let config = rmsnorm::Config::new(T::DEVICE_DTYPE, block, true).with_warps(warps_for(block));
             dev.run::<rmsnorm::Kernel>([1, 1, 1], &config, &args)?;
             Ok((dev.download(&od)?, Vec::new()))
         }
         Some(r) => {
             let (rd, hd) = (dev.upload(r)?, dev.zeros::<T>(k)?);
-            let args = add_rmsnorm::Args {
-                x_ptr: p(&xd)?,
-                r_ptr: p(&rd)?,
-                w_ptr: p(&wd)?,
-                out_ptr: p(&od)?,
-                h_ptr: p(&hd)?,
-                n_cols: k as i32,
-                stride: k as i32,
-                eps: 1e-5,
-                _marker: PhantomData,
-            };
+            let xw = (p(&xd)?, p(&wd)?);
+            let args =
+                norm_args!(add_rmsnorm, xw, (k, k, 1e-5), r_ptr: p(&rd)?, out_ptr: p(&od)?, h_ptr: p(&hd)?);
             let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
             dev.run::<add_rmsnorm::Kernel>([1, 1, 1], &config, &args)?;
             Ok((dev.download(&od)?, dev.download(&hd)?))

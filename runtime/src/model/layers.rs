@@ -21,6 +21,7 @@
 //! Invariant: [`launch_forward`] issues launches only (no allocation, copy or
 //! synchronization), so it can be captured into a graph.
 
+use super::args::norm_args;
 use super::attention::{invariant_decode, prefill_tiles};
 use super::buffers::{Buffers, KvCache, Scratch};
 use super::device::Device;
@@ -487,15 +488,9 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let block = rmsnorm::block_for(c.n_embd);
         let config = rmsnorm_kernel::Config::new(T::DEVICE_DTYPE, block, self.plan.invariant)
             .with_warps(rmsnorm::warps_for(block));
-        let args = rmsnorm_kernel::Args {
-            x_ptr: any::<D, T>(x.0, x.1)?,
-            w_ptr: any::<D, T>(w.0, w.1)?,
-            out_ptr: any::<D, T>(out.0, out.1)?,
-            n_cols: c.n_embd as i32,
-            stride: c.n_embd as i32,
-            eps: c.rms_norm_eps,
-            _marker: PhantomData,
-        };
+        let xw = (any::<D, T>(x.0, x.1)?, any::<D, T>(w.0, w.1)?);
+        let hidden = (c.n_embd, c.n_embd, c.rms_norm_eps);
+        let args = norm_args!(rmsnorm_kernel, xw, hidden, out_ptr: any::<D, T>(out.0, out.1)?);
         let es = T::DEVICE_DTYPE.size_bytes();
         ln.cost(|| format!("rmsnorm {rows} rows"), (2 * rows + 1) * c.n_embd * es, 0);
         ln.run::<rmsnorm_kernel::Kernel>([rows as u32, 1, 1], &config, &args)
@@ -515,17 +510,16 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let c = &self.w.config;
         let block = rmsnorm::block_for(c.n_embd);
         let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(rmsnorm::warps_for(block));
-        let args = add_rmsnorm::Args {
-            x_ptr: any::<D, T>(x.0, x.1)?,
+        let xw = (any::<D, T>(x.0, x.1)?, any::<D, T>(w.0, w.1)?);
+        let hidden = (c.n_embd, c.n_embd, c.rms_norm_eps);
+        let args = norm_args!(
+            add_rmsnorm,
+            xw,
+            hidden,
             r_ptr: any::<D, T>(r.0, r.1)?,
-            w_ptr: any::<D, T>(w.0, w.1)?,
             out_ptr: any::<D, T>(out.0, out.1)?,
             h_ptr: any::<D, T>(r.0, r.1)?,
-            n_cols: c.n_embd as i32,
-            stride: c.n_embd as i32,
-            eps: c.rms_norm_eps,
-            _marker: PhantomData,
-        };
+        );
         let es = T::DEVICE_DTYPE.size_bytes();
         // Reads x and r, writes h and the normed rows.
         ln.cost(|| format!("add + rmsnorm {rows} rows"), (4 * rows + 1) * c.n_embd * es, 0);

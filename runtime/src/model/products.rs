@@ -13,6 +13,7 @@ use super::weights::MatRef;
 use crate::error::Result;
 use crate::gguf::LlamaConfig;
 use crate::model::ActElem;
+use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::f16;
 use kernels::dequant::linear::linear;
@@ -20,29 +21,6 @@ use kernels::dequant::{
     LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid, linear_tiles, linear_workspace,
     uses_gemv,
 };
-
-/// The launch arguments `$k::Args` of a product kernel (every kernel of
-/// `kernels::dequant`, and `kernels::cpu_gemv`): the fields they all take,
-/// the pointers `(quants, scales, out)` of the weight's planes and the
-/// output and the problem `(m, n, k)` (each passed as `i32`), then the
-/// kernel's own fields (activations, norm weights, workspaces, `ldo`, `eps`,
-/// ...) by name.
-macro_rules! product_args {
-    ($k:ident, $planes:expr, ($m:expr, $n:expr, $kk:expr), $($f:ident $(: $v:expr)?),* $(,)?) => {{
-        let (q_ptr, s_ptr, out_ptr) = $planes;
-        $k::Args {
-            q_ptr,
-            s_ptr,
-            out_ptr,
-            m: $m as i32,
-            n: $n as i32,
-            k: $kk as i32,
-            $($f $(: $v)?,)*
-            _marker: ::std::marker::PhantomData,
-        }
-    }};
-}
-pub(crate) use product_args;
 
 /// What a projection fuses: `Norm` is the RMSNorm prologue with its weight
 /// and epsilon (single-token steps only), `Residual` the in-place residual

@@ -7,7 +7,7 @@ use super::{Expected, Launch, Oracle, Path, Weight, gguf_rows, judge, rounding};
 use crate::check::{CheckRow, DevicePtr, Rng, to_f64};
 use crate::cuda::DeviceElem;
 use crate::error::Result;
-use crate::model::products::product_args;
+use crate::model::args::product_args;
 use crate::model::{ActElem, Device};
 use dsl_core::DType;
 use dsl_core::half::bf16;

@@ -31,7 +31,7 @@ use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
-use crate::model::products::product_args;
+use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
