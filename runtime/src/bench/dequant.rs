@@ -198,6 +198,22 @@ pub(crate) fn time_launch_ms<'a, K: Kernel>(
     time_prepared_ms(cuda, opts, &[t])
 }
 
+/// Times `K` ([`time_launch_ms`]) in the config [`pick_config`] gives for
+/// `(base, untuned)`, over the grid `grid_of` gives for it; the time in
+/// milliseconds and the tuned config in words.
+fn time_picked<'a, K: Kernel>(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    tuned: bool,
+    grid_of: impl Fn(&K::Config) -> [u32; 3],
+    (base, untuned): (&K::Config, K::Config),
+    args: &K::Args<'a, Cuda>,
+) -> Result<(f64, Option<String>)> {
+    let (config, words) = pick_config::<K>(cuda, tuned, &grid_of, (base, untuned), args)?;
+    let ms = time_launch_ms::<K>(cuda, opts, grid_of(&config), &config, args)?;
+    Ok((ms, words))
+}
+
 /// Whether a GEMM measurement runs the stream-K kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StreamK {
@@ -235,10 +251,7 @@ fn measure(
         let base = gemv::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.m_block, t.block_n, t.block_k);
         let grid_of = |c: &gemv::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
-        let (config, words) = pick_config::<gemv::Kernel>(cuda, tuned, grid_of, (&base, untuned), &args)?;
-        let grid = grid_of(&config);
-        let ms = time_launch_ms::<gemv::Kernel>(cuda, opts, grid, &config, &args)?;
-        Ok((ms, words))
+        time_picked::<gemv::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
     } else {
         let args = product_args!(gemm, planes, (m, n, k), x_ptr: xd.ptr().cast());
         let t = gemm_tiles(QuantFormat::Q4_1, m, n, k, cuda.wgmma());
@@ -260,10 +273,7 @@ fn measure(
                 .with_stages(t.num_stages);
         let grid_of = |c: &gemm::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
-        let (config, words) = pick_config::<gemm::Kernel>(cuda, tuned, grid_of, (&base, untuned), &args)?;
-        let grid = grid_of(&config);
-        let ms = time_launch_ms::<gemm::Kernel>(cuda, opts, grid, &config, &args)?;
-        Ok((ms, words))
+        time_picked::<gemm::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
     }
 }
 
@@ -296,14 +306,12 @@ fn measure_stream_k(
         gemm_stream_k::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k)
             .with_warps(t.num_warps)
             .with_stages(t.num_stages);
-    let grid = [g, 1, 1];
-    let (config, words) =
-        pick_config::<gemm_stream_k::Kernel>(cuda, tuned, |_| grid, (&base, base.clone()), &args)?;
+    let (ms, words) =
+        time_picked::<gemm_stream_k::Kernel>(cuda, opts, tuned, |_| [g, 1, 1], (&base, base.clone()), &args)?;
     let words = Some(match words {
         Some(words) => format!("stream-K on {g} programs, {words}"),
         None => format!("stream-K on {g} programs"),
     });
-    let ms = time_launch_ms::<gemm_stream_k::Kernel>(cuda, opts, grid, &config, &args)?;
     Ok((ms, words))
 }
 

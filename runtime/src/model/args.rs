@@ -15,14 +15,8 @@ macro_rules! product_args {
         let (q_ptr, s_ptr, out_ptr) = $planes;
         let (m, n, k) = $shape;
         $k::Args {
-            q_ptr,
-            s_ptr,
-            out_ptr,
-            m: m as i32,
-            n: n as i32,
-            k: k as i32,
-            $($f $(: $v)?,)*
-            _marker: ::std::marker::PhantomData,
+            q_ptr, s_ptr, out_ptr, m: m as i32, n: n as i32, k: k as i32,
+            $($f $(: $v)?,)* _marker: ::std::marker::PhantomData,
         }
     }};
 }
@@ -38,14 +32,97 @@ macro_rules! norm_args {
         let (x_ptr, w_ptr) = $xw;
         let (n_cols, stride, eps) = $rows;
         $k::Args {
-            x_ptr,
-            w_ptr,
-            n_cols: n_cols as i32,
-            stride: stride as i32,
-            eps,
-            $($f $(: $v)?,)*
-            _marker: ::std::marker::PhantomData,
+            x_ptr, w_ptr, n_cols: n_cols as i32, stride: stride as i32, eps,
+            $($f $(: $v)?,)* _marker: ::std::marker::PhantomData,
         }
     }};
 }
 pub(crate) use norm_args;
+
+/// The launch arguments `$k::Args` of a RoPE + paged KV-write kernel
+/// (`rope_kv_write`, `rope_arch_kv_write`): the fields they both take, the
+/// pointers `(qkv, positions, slots)` of the step's inputs and `(q_out,
+/// k_cache, v_cache)` of what it writes and `theta`, then the kernel's own
+/// fields by name.
+macro_rules! rope_args {
+    ($k:ident, $inputs:expr, $outputs:expr, $theta:expr $(, $f:ident $(: $v:expr)?)* $(,)?) => {{
+        let (qkv_ptr, pos_ptr, slot_ptr) = $inputs;
+        let (q_out_ptr, k_cache_ptr, v_cache_ptr) = $outputs;
+        $k::Args {
+            qkv_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, theta: $theta,
+            $($f $(: $v)?,)* _marker: ::std::marker::PhantomData,
+        }
+    }};
+}
+pub(crate) use rope_args;
+
+/// The launch arguments `$k::Args` of an embedding gather
+/// (`embedding_q8_0`, `embedding_repacked`): the fields they both take, the
+/// pointers `(ids, out)` and the table's `(hidden, vocab)` (cast to `i32`),
+/// then the kernel's own fields (the table's planes) by name.
+macro_rules! embedding_args {
+    ($k:ident, $ids_out:expr, $table:expr $(, $f:ident $(: $v:expr)?)* $(,)?) => {{
+        let (ids_ptr, out_ptr) = $ids_out;
+        let (hidden, vocab) = $table;
+        $k::Args {
+            ids_ptr, out_ptr, hidden: hidden as i32, vocab: vocab as i32,
+            $($f $(: $v)?,)* _marker: ::std::marker::PhantomData,
+        }
+    }};
+}
+pub(crate) use embedding_args;
+
+/// The launch arguments `$k::Args` of `flash_attention` over a paged cache:
+/// the pointers `(q, k_cache, v_cache, o)`, the block tables with their
+/// stride `(tables, max_blocks_per_seq)` (cast to `i32`), the context
+/// lengths and query-run starts `(seq_lens, cu_seqlens_q)`, and `scale`.
+macro_rules! flash_args {
+    ($k:ident, $qkvo:expr, $tables:expr, $lens:expr, $scale:expr $(,)?) => {{
+        let (q_ptr, k_cache_ptr, v_cache_ptr, o_ptr) = $qkvo;
+        let (block_tables_ptr, max_blocks) = $tables;
+        let (seq_lens_ptr, cu_seqlens_q_ptr) = $lens;
+        $k::Args {
+            q_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            o_ptr,
+            block_tables_ptr,
+            seq_lens_ptr,
+            cu_seqlens_q_ptr,
+            scale: $scale,
+            max_blocks_per_seq: max_blocks as i32,
+            _marker: ::std::marker::PhantomData,
+        }
+    }};
+}
+pub(crate) use flash_args;
+
+/// The launch arguments `$k::Args` of a paged decode-attention kernel
+/// (`paged_decode`, `paged_decode_tc`: the same arguments), laid out as
+/// [`flash_args`]: the pointers `(q, k_cache, v_cache, out)`, the block
+/// tables with their stride `(block_tables, bt_stride)` (cast to `i32`), the
+/// context lengths, the split partials and length `((part_o, part_m,
+/// part_l), split_len)` (the length cast to `i32`), and `scale`.
+macro_rules! decode_args {
+    ($k:ident, $qkvo:expr, $tables:expr, $seq_lens:expr, $split:expr, $scale:expr $(,)?) => {{
+        let (q_ptr, k_cache, v_cache, out_ptr) = $qkvo;
+        let (block_tables, bt_stride) = $tables;
+        let ((part_o, part_m, part_l), split_len) = $split;
+        $k::Args {
+            q_ptr,
+            k_cache,
+            v_cache,
+            block_tables,
+            bt_stride: bt_stride as i32,
+            seq_lens: $seq_lens,
+            out_ptr,
+            part_o,
+            part_m,
+            part_l,
+            scale: $scale,
+            split_len: split_len as i32,
+            _marker: ::std::marker::PhantomData,
+        }
+    }};
+}
+pub(crate) use decode_args;
