@@ -148,9 +148,9 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             ((&s.h, 0), Fuse::Norm(norm, eps))
         } else {
             if l == 0 {
-                self.rmsnorm(ln, (&s.h, 0), norm, (&s.normed, 0), n)?;
+                self.norm(ln, (&s.h, 0), None, norm, (&s.normed, 0), n)?;
             } else {
-                self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
+                self.norm(ln, (&s.tmp, 0), Some((&s.h, 0)), norm, (&s.normed, 0), n)?;
             }
             ((&s.normed, 0), Fuse::None)
         };
@@ -358,7 +358,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             self.project(ln, "gate_up", gu, (&s.h, 0), ((&s.act, 0), None), n, true, Fuse::Norm(norm, eps))?;
             return self.project(ln, "down", down, (&s.act, 0), ((&s.h, 0), None), n, false, Fuse::Residual);
         }
-        self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
+        self.norm(ln, (&s.tmp, 0), Some((&s.h, 0)), norm, (&s.normed, 0), n)?;
         self.project(ln, "gate_up", gu, (&s.normed, 0), ((&s.act, 0), None), n, true, Fuse::None)?;
         self.project(ln, "down", down, (&s.act, 0), ((&s.tmp, 0), None), n, false, Fuse::None)
     }
@@ -395,16 +395,16 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
                 );
             }
             for &(r, j, count) in &plan.runs {
-                self.rmsnorm(ln, (&s.h, r * e), (&self.w.output_norm, 0), (&s.last, j * e), count)?;
+                self.norm(ln, (&s.h, r * e), None, (&self.w.output_norm, 0), (&s.last, j * e), count)?;
             }
         } else {
             // The final norm of the requested rows only, gathered into `last`
             // (one launch per run of consecutive rows).
             for &(r, j, count) in &plan.runs {
-                self.add_norm(
+                self.norm(
                     ln,
                     (&s.tmp, r * e),
-                    (&s.h, r * e),
+                    Some((&s.h, r * e)),
                     (&self.w.output_norm, 0),
                     (&s.last, j * e),
                     count,
@@ -463,55 +463,37 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         }
     }
 
-    /// `out = rmsnorm(x)` over `rows` rows (offsets in elements): with the
-    /// batch-invariant plan in add+RMSNorm's rounding, as the fused prologue.
-    fn rmsnorm(
+    /// `out = rmsnorm(x)` over `rows` rows (offsets in elements), with the
+    /// batch-invariant plan in add+RMSNorm's rounding, as the fused prologue;
+    /// with `r`, `out = add_rmsnorm(x, r)` with `h` (the new residual)
+    /// written over `r`.
+    fn norm(
         &self,
         ln: &mut Launcher<'_, D>,
-        x: (&D::Buf<T>, usize),
-        w: (&D::Buf<T>, usize),
-        out: (&D::Buf<T>, usize),
+        x: At<'_, D::Buf<T>>,
+        r: Option<At<'_, D::Buf<T>>>,
+        w: At<'_, D::Buf<T>>,
+        out: At<'_, D::Buf<T>>,
         rows: usize,
     ) -> Result<()> {
         let c = &self.w.config;
-        let block = rmsnorm::block_for(c.n_embd);
-        let config = rmsnorm_kernel::Config::new(T::DEVICE_DTYPE, block, self.plan.invariant)
-            .with_warps(rmsnorm::warps_for(block));
+        let (block, es) = (rmsnorm::block_for(c.n_embd), T::DEVICE_DTYPE.size_bytes());
+        let warps = rmsnorm::warps_for(block);
         let xw = (any::<D, T>(x.0, x.1)?, any::<D, T>(w.0, w.1)?);
-        let hidden = (c.n_embd, c.n_embd, c.rms_norm_eps);
-        let args = norm_args!(rmsnorm_kernel, xw, hidden, out_ptr: any::<D, T>(out.0, out.1)?);
-        let es = T::DEVICE_DTYPE.size_bytes();
-        ln.cost(|| format!("rmsnorm {rows} rows"), (2 * rows + 1) * c.n_embd * es, 0);
-        ln.run::<rmsnorm_kernel::Kernel>([rows as u32, 1, 1], &config, &args)
-    }
-
-    /// `out = add_rmsnorm(x, r)` over `rows` rows (offsets in elements), `h`
-    /// (the new residual) written over `r`.
-    fn add_norm(
-        &self,
-        ln: &mut Launcher<'_, D>,
-        x: (&D::Buf<T>, usize),
-        r: (&D::Buf<T>, usize),
-        w: (&D::Buf<T>, usize),
-        out: (&D::Buf<T>, usize),
-        rows: usize,
-    ) -> Result<()> {
-        let c = &self.w.config;
-        let block = rmsnorm::block_for(c.n_embd);
-        let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(rmsnorm::warps_for(block));
-        let xw = (any::<D, T>(x.0, x.1)?, any::<D, T>(w.0, w.1)?);
-        let hidden = (c.n_embd, c.n_embd, c.rms_norm_eps);
-        let args = norm_args!(
-            add_rmsnorm,
-            xw,
-            hidden,
-            r_ptr: any::<D, T>(r.0, r.1)?,
-            out_ptr: any::<D, T>(out.0, out.1)?,
-            h_ptr: any::<D, T>(r.0, r.1)?,
-        );
-        let es = T::DEVICE_DTYPE.size_bytes();
+        let (hidden, out_ptr) = ((c.n_embd, c.n_embd, c.rms_norm_eps), any::<D, T>(out.0, out.1)?);
+        let grid = [rows as u32, 1, 1];
+        let Some(r) = r else {
+            let config =
+                rmsnorm_kernel::Config::new(T::DEVICE_DTYPE, block, self.plan.invariant).with_warps(warps);
+            let args = norm_args!(rmsnorm_kernel, xw, hidden, out_ptr);
+            ln.cost(|| format!("rmsnorm {rows} rows"), (2 * rows + 1) * c.n_embd * es, 0);
+            return ln.run::<rmsnorm_kernel::Kernel>(grid, &config, &args);
+        };
+        let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(warps);
+        let r_ptr = any::<D, T>(r.0, r.1)?;
+        let args = norm_args!(add_rmsnorm, xw, hidden, r_ptr, out_ptr, h_ptr: r_ptr);
         // Reads x and r, writes h and the normed rows.
         ln.cost(|| format!("add + rmsnorm {rows} rows"), (4 * rows + 1) * c.n_embd * es, 0);
-        ln.run::<add_rmsnorm::Kernel>([rows as u32, 1, 1], &config, &args)
+        ln.run::<add_rmsnorm::Kernel>(grid, &config, &args)
     }
 }
