@@ -50,13 +50,13 @@ use crate::bench::{BenchOptions, Record, pick_config, push_measured};
 use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
-use crate::cuda::DevBuf;
 use crate::cuda::validate::validate_args;
+use crate::cuda::{DevBuf, DevPtr};
 use crate::error::{Error, Result};
 use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
-use dsl_core::launch::Kernel;
+use dsl_core::launch::{AnyDType, Kernel};
 use kernels::dequant::gemm::gemm;
 use kernels::dequant::gemv::gemv;
 use kernels::dequant::stream_k::gemm_stream_k;
@@ -106,6 +106,17 @@ impl Timed {
 /// Uploaded operands of a quantized product: bf16 activations, the weight's
 /// quants and its scales.
 pub(crate) type ProductOperands = (DevBuf<bf16>, DevBuf<u8>, DevBuf<f16>);
+
+/// The pointers `(quants, scales, out)` of a product with the uploaded
+/// weight planes `q`, `s` and the output `out`, as [`product_args`] takes
+/// them.
+pub(crate) fn product_planes<'a>(
+    q: &'a DevBuf<u8>,
+    s: &'a DevBuf<f16>,
+    out: &'a DevBuf<bf16>,
+) -> (DevPtr<'a, u8>, DevPtr<'a, f16>, DevPtr<'a, AnyDType>) {
+    (q.ptr().cast(), s.ptr().cast(), out.ptr().cast())
+}
 
 /// The seeded operands of a quantized product, uploaded: `m` bf16 rows of
 /// `k` activations (magnitudes up to 2) and a random `format` weight of
@@ -244,7 +255,7 @@ fn measure(
 ) -> Result<(f64, Option<String>)> {
     let (_, (xd, qd, sd)) = product_operands(cuda, QuantFormat::Q4_1, (m, k, n))?;
     let od = cuda.gpu().zeros::<bf16>(m * n)?;
-    let planes = (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast());
+    let planes = product_planes(&qd, &sd, &od);
     if gemv {
         let args = product_args!(gemv, planes, (m, n, k), x_ptr: xd.ptr().cast());
         let t = gemv_tiles(QuantFormat::Q4_1, m, n, k);
@@ -296,7 +307,7 @@ fn measure_stream_k(
     let flags = gpu.zeros::<i32>(g as usize)?;
     let args = product_args!(
         gemm_stream_k,
-        (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast()),
+        product_planes(qd, sd, od),
         (m, n, k),
         x_ptr: xd.ptr().cast(),
         ws_ptr: ws.ptr().cast(),
@@ -346,7 +357,7 @@ fn measure_fused(
     use kernels::dequant::fused::gemv_fused as kk;
     let args = product_args!(
         kk,
-        (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast()),
+        product_planes(&qd, &sd, &od),
         (m, n, k),
         x_ptr: xd.ptr().cast(),
         nw_ptr: nd.ptr().cast(),

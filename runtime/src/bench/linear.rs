@@ -12,7 +12,7 @@
 //!   runtime's choice). Compare with `gemv_fused/bf16/...` (the fast path's
 //!   fused GEMVs at `M = 1`) and `gemm/...` rows.
 
-use crate::bench::dequant::time_launch_ms;
+use crate::bench::dequant::{product_planes, time_launch_ms};
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
@@ -99,7 +99,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             );
             let args = product_args!(
                 linear,
-                (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast()),
+                product_planes(&qd, &sd, &od),
                 (m, n, k),
                 x_ptr: xd.ptr().cast(),
                 nw_ptr: nd.ptr().cast(),

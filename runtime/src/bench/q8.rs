@@ -21,7 +21,7 @@
 //! the tuner's pick. Timing as `bench_dequant` (L2 flushed, spacer kernel,
 //! host work outside the events).
 
-use crate::bench::dequant::{prepared, product_operands, time_prepared_ms};
+use crate::bench::dequant::{prepared, product_operands, product_planes, time_prepared_ms};
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::check::q8::quantize_block;
@@ -81,7 +81,7 @@ fn shape_records(
     let quant = prepared::<quantize_q8::Kernel>(cuda, qgrid, &qconfig, &qargs)?;
     macro_rules! gemv {
         ($k:ident, $quant:expr) => {{
-            let planes = (qd.ptr().cast(), sd.ptr().cast(), od.ptr().cast());
+            let planes = product_planes(&qd, &sd, &od);
             let args = product_args!($k, planes, (m, n, k), xq_ptr: xqd.ptr(), xd_ptr: xsd.ptr());
             let first = $k::autotune_configs(&$k::Config::new(DType::BF16, $quant, false, 1, 8, 2048))
                 .into_iter()
