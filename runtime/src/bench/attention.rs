@@ -29,10 +29,10 @@ use crate::bench::{BenchOptions, Record, pick_config, push_measured, time_median
 use crate::check::Rng;
 use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::args::flash_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::flash_attention::{config_for, flash_attention, grid};
-use std::marker::PhantomData;
 
 /// Sequence length of the benchmarked prompts (peers.py's `--quick` length).
 const L: usize = 4096;
@@ -76,18 +76,14 @@ fn attention_record(
     let od = gpu.zeros::<bf16>(tokens * h * hd)?;
     let (bd, sd, cd) = (gpu.upload(&tables)?, gpu.upload(&seq_lens)?, gpu.upload(&cu)?);
     let base = config_for(hd, DType::BF16, wgmma, page).config(DType::BF16, h, h, hd, page, causal);
-    let args = flash_attention::Args {
-        q_ptr: qd.ptr().cast(),
-        k_cache_ptr: kd.ptr().cast(),
-        v_cache_ptr: vd.ptr().cast(),
-        o_ptr: od.ptr().cast(),
-        block_tables_ptr: bd.ptr(),
-        seq_lens_ptr: sd.ptr(),
-        cu_seqlens_q_ptr: cd.ptr(),
-        scale: 1.0 / (hd as f32).sqrt(),
-        max_blocks_per_seq: pages_per_seq as i32,
-        _marker: PhantomData,
-    };
+    let qkvo = (qd.ptr().cast(), kd.ptr().cast(), vd.ptr().cast(), od.ptr().cast());
+    let args = flash_args!(
+        flash_attention,
+        qkvo,
+        (bd.ptr(), pages_per_seq),
+        (sd.ptr(), cd.ptr()),
+        1.0 / (hd as f32).sqrt()
+    );
     let grid_of = |c: &flash_attention::Config| grid(L, B, h, c.BLOCK_M);
     let (config, tuned) =
         pick_config::<flash_attention::Kernel>(cuda, tuned, grid_of, (&base, base.clone()), &args)?;

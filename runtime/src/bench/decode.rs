@@ -13,6 +13,7 @@ use crate::bench::{BenchOptions, Record, pick_config, push_measured, time_median
 use crate::check::Rng;
 use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::args::decode_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::decode_attention::{
@@ -68,23 +69,11 @@ fn decode_record(
         cuda.gpu().zeros::<f32>(parts)?,
     );
     macro_rules! args {
-        ($k:ident) => {
-            $k::Args {
-                q_ptr: qd.ptr().cast(),
-                k_cache: kd.ptr().cast(),
-                v_cache: vd.ptr().cast(),
-                block_tables: td.ptr(),
-                bt_stride: pages as i32,
-                seq_lens: sd.ptr(),
-                out_ptr: od.ptr().cast(),
-                part_o: pod.ptr(),
-                part_m: pmd.ptr(),
-                part_l: pld.ptr(),
-                scale: 1.0 / (hd as f32).sqrt(),
-                split_len: split_len as i32,
-                _marker: PhantomData,
-            }
-        };
+        ($k:ident) => {{
+            let qkvo = (qd.ptr().cast(), kd.ptr().cast(), vd.ptr().cast(), od.ptr().cast());
+            let parts = ((pod.ptr(), pmd.ptr(), pld.ptr()), split_len);
+            decode_args!($k, qkvo, (td.ptr(), pages), sd.ptr(), parts, 1.0 / (hd as f32).sqrt())
+        }};
     }
     let grid = [b as u32, hkv as u32, splits as u32];
     let (tc_args, st_args) = (args!(paged_decode_tc), args!(paged_decode));

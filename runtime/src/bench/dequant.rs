@@ -50,12 +50,13 @@ use crate::bench::{BenchOptions, Record, pick_config, push_measured};
 use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
-use crate::cuda::DevBuf;
 use crate::cuda::validate::validate_args;
+use crate::cuda::{DevBuf, DevPtr};
 use crate::error::{Error, Result};
+use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
-use dsl_core::launch::Kernel;
+use dsl_core::launch::{AnyDType, Kernel};
 use kernels::dequant::gemm::gemm;
 use kernels::dequant::gemv::gemv;
 use kernels::dequant::stream_k::gemm_stream_k;
@@ -105,6 +106,17 @@ impl Timed {
 /// Uploaded operands of a quantized product: bf16 activations, the weight's
 /// quants and its scales.
 pub(crate) type ProductOperands = (DevBuf<bf16>, DevBuf<u8>, DevBuf<f16>);
+
+/// The pointers `(quants, scales, out)` of a product with the uploaded
+/// weight planes `q`, `s` and the output `out`, as [`product_args`] takes
+/// them.
+pub(crate) fn product_planes<'a>(
+    q: &'a DevBuf<u8>,
+    s: &'a DevBuf<f16>,
+    out: &'a DevBuf<bf16>,
+) -> (DevPtr<'a, u8>, DevPtr<'a, f16>, DevPtr<'a, AnyDType>) {
+    (q.ptr().cast(), s.ptr().cast(), out.ptr().cast())
+}
 
 /// The seeded operands of a quantized product, uploaded: `m` bf16 rows of
 /// `k` activations (magnitudes up to 2) and a random `format` weight of
@@ -197,6 +209,22 @@ pub(crate) fn time_launch_ms<'a, K: Kernel>(
     time_prepared_ms(cuda, opts, &[t])
 }
 
+/// Times `K` ([`time_launch_ms`]) in the config [`pick_config`] gives for
+/// `(base, untuned)`, over the grid `grid_of` gives for it; the time in
+/// milliseconds and the tuned config in words.
+fn time_picked<'a, K: Kernel>(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    tuned: bool,
+    grid_of: impl Fn(&K::Config) -> [u32; 3],
+    (base, untuned): (&K::Config, K::Config),
+    args: &K::Args<'a, Cuda>,
+) -> Result<(f64, Option<String>)> {
+    let (config, words) = pick_config::<K>(cuda, tuned, &grid_of, (base, untuned), args)?;
+    let ms = time_launch_ms::<K>(cuda, opts, grid_of(&config), &config, args)?;
+    Ok((ms, words))
+}
+
 /// Whether a GEMM measurement runs the stream-K kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StreamK {
@@ -227,37 +255,16 @@ fn measure(
 ) -> Result<(f64, Option<String>)> {
     let (_, (xd, qd, sd)) = product_operands(cuda, QuantFormat::Q4_1, (m, k, n))?;
     let od = cuda.gpu().zeros::<bf16>(m * n)?;
-    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let planes = product_planes(&qd, &sd, &od);
     if gemv {
-        let args = gemv::Args {
-            x_ptr: xd.ptr().cast(),
-            q_ptr: qd.ptr().cast(),
-            s_ptr: sd.ptr().cast(),
-            out_ptr: od.ptr().cast(),
-            m: mi,
-            n: ni,
-            k: ki,
-            _marker: PhantomData,
-        };
+        let args = product_args!(gemv, planes, (m, n, k), x_ptr: xd.ptr().cast());
         let t = gemv_tiles(QuantFormat::Q4_1, m, n, k);
         let base = gemv::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.m_block, t.block_n, t.block_k);
         let grid_of = |c: &gemv::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
-        let (config, words) = pick_config::<gemv::Kernel>(cuda, tuned, grid_of, (&base, untuned), &args)?;
-        let grid = grid_of(&config);
-        let ms = time_launch_ms::<gemv::Kernel>(cuda, opts, grid, &config, &args)?;
-        Ok((ms, words))
+        time_picked::<gemv::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
     } else {
-        let args = gemm::Args {
-            x_ptr: xd.ptr().cast(),
-            q_ptr: qd.ptr().cast(),
-            s_ptr: sd.ptr().cast(),
-            out_ptr: od.ptr().cast(),
-            m: mi,
-            n: ni,
-            k: ki,
-            _marker: PhantomData,
-        };
+        let args = product_args!(gemm, planes, (m, n, k), x_ptr: xd.ptr().cast());
         let t = gemm_tiles(QuantFormat::Q4_1, m, n, k, cuda.wgmma());
         let sms = cuda.gpu().info().sm_count as usize;
         let sk = match sk_mode {
@@ -277,10 +284,7 @@ fn measure(
                 .with_stages(t.num_stages);
         let grid_of = |c: &gemm::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
-        let (config, words) = pick_config::<gemm::Kernel>(cuda, tuned, grid_of, (&base, untuned), &args)?;
-        let grid = grid_of(&config);
-        let ms = time_launch_ms::<gemm::Kernel>(cuda, opts, grid, &config, &args)?;
-        Ok((ms, words))
+        time_picked::<gemm::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
     }
 }
 
@@ -301,30 +305,24 @@ fn measure_stream_k(
     // Room for the largest declared tile.
     let ws = gpu.zeros::<f32>(g as usize * 256 * 128)?;
     let flags = gpu.zeros::<i32>(g as usize)?;
-    let args = gemm_stream_k::Args {
+    let args = product_args!(
+        gemm_stream_k,
+        product_planes(qd, sd, od),
+        (m, n, k),
         x_ptr: xd.ptr().cast(),
-        q_ptr: qd.ptr().cast(),
-        s_ptr: sd.ptr().cast(),
-        out_ptr: od.ptr().cast(),
         ws_ptr: ws.ptr().cast(),
         flag_ptr: flags.ptr().cast(),
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        _marker: PhantomData,
-    };
+    );
     let base =
         gemm_stream_k::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k)
             .with_warps(t.num_warps)
             .with_stages(t.num_stages);
-    let grid = [g, 1, 1];
-    let (config, words) =
-        pick_config::<gemm_stream_k::Kernel>(cuda, tuned, |_| grid, (&base, base.clone()), &args)?;
+    let (ms, words) =
+        time_picked::<gemm_stream_k::Kernel>(cuda, opts, tuned, |_| [g, 1, 1], (&base, base.clone()), &args)?;
     let words = Some(match words {
         Some(words) => format!("stream-K on {g} programs, {words}"),
         None => format!("stream-K on {g} programs"),
     });
-    let ms = time_launch_ms::<gemm_stream_k::Kernel>(cuda, opts, grid, &config, &args)?;
     Ok((ms, words))
 }
 
@@ -357,19 +355,15 @@ fn measure_fused(
     let t = gemv_tiles(format, m, rows, k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
     use kernels::dequant::fused::gemv_fused as kk;
-    let args = kk::Args {
+    let args = product_args!(
+        kk,
+        product_planes(&qd, &sd, &od),
+        (m, n, k),
         x_ptr: xd.ptr().cast(),
-        q_ptr: qd.ptr().cast(),
-        s_ptr: sd.ptr().cast(),
         nw_ptr: nd.ptr().cast(),
-        out_ptr: od.ptr().cast(),
-        m: m as i32,
-        n: n as i32,
         ldo: n as i32,
-        k: k as i32,
         eps: 1e-5,
-        _marker: PhantomData,
-    };
+    );
     let config = kk::Config::new(DType::BF16, format, silu, norm, residual, t.m_block, t.block_n, t.block_k)
         .with_warps(t.num_warps);
     time_launch_ms::<kk::Kernel>(cuda, opts, grid, &config, &args)

@@ -22,6 +22,7 @@ use crate::bench::model::ModelBench;
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::error::Result;
+use crate::model::args::norm_args;
 use codegen::host::Host;
 use dsl_core::DType;
 use dsl_core::launch::Backend;
@@ -113,17 +114,9 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
         let (o, h) = (host.zeros::<f32>(len), host.zeros::<f32>(len));
         let block = rmsnorm::block_for(hidden);
         let config = add_rmsnorm::Config::new(DType::F32, block);
-        let args = add_rmsnorm::Args {
-            x_ptr: x.cast(),
-            r_ptr: r.cast(),
-            w_ptr: w.cast(),
-            out_ptr: o.cast(),
-            h_ptr: h.cast(),
-            n_cols: hidden as i32,
-            stride: hidden as i32,
-            eps: 1e-5,
-            _marker: PhantomData,
-        };
+        let row = (hidden, hidden, 1e-5);
+        let xw = (x.cast(), w.cast());
+        let args = norm_args!(add_rmsnorm, xw, row, r_ptr: r.cast(), out_ptr: o.cast(), h_ptr: h.cast());
         let grid = [tokens as u32, 1, 1];
         let ms = median_ms(opts, || Ok(host.launch::<add_rmsnorm::Kernel>(grid, &config, &args)?))?;
         let bytes = 4.0 * (4 * len + hidden) as f64;

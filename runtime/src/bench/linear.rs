@@ -14,18 +14,18 @@
 //!   runtime's choice). Compare with `gemv_fused/bf16/...` (the fast path's
 //!   fused GEMVs at `M = 1`) and `gemm/...` rows.
 
-use crate::bench::dequant::time_launch_ms;
+use crate::bench::dequant::{product_planes, time_launch_ms};
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::check::dequant::gguf_weight;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
+use crate::model::args::product_args;
 use crate::model::products::linear_config;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::dequant::linear::linear;
 use kernels::dequant::{LinearTiles, QuantFormat, linear_grid, repack};
-use std::marker::PhantomData;
 
 /// The projections: `(label, format, silu, norm at M = 1, residual at M = 1,
 /// k, weight rows)`. The `q8_0_` rows are QKV and gate/up in Q8_0 planes
@@ -122,21 +122,17 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 gpu.upload(&nw)?,
                 gpu.upload(&r)?,
             );
-            let args = linear::Args {
+            let args = product_args!(
+                linear,
+                product_planes(&qd, &sd, &od),
+                (m, n, k),
                 x_ptr: xd.ptr().cast(),
-                q_ptr: qd.ptr().cast(),
-                s_ptr: sd.ptr().cast(),
                 nw_ptr: nd.ptr().cast(),
-                out_ptr: od.ptr().cast(),
                 ws_ptr: wsd.ptr().cast(),
                 cnt_ptr: cntd.ptr().cast(),
-                m: m as i32,
-                n: n as i32,
                 ldo: n as i32,
-                k: k as i32,
                 eps: 1e-5,
-                _marker: PhantomData,
-            };
+            );
             let (base, grid, _) = linear_config(DType::BF16, format, m, rows, k, silu, norm, residual, true);
             let name = format!("linear/bf16/{label}/M{m}");
             let ms = time_launch_ms::<linear::Kernel>(cuda, opts, grid, &base, &args)?;

@@ -28,6 +28,7 @@ use crate::check::Rng;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
 use crate::model::ActElem;
+use crate::model::args::norm_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::launch::Kernel;
@@ -269,17 +270,14 @@ fn add_rmsnorm_record(
     drop((x, r));
     let (od, hd) = (cuda.gpu().zeros::<bf16>(n)?, cuda.gpu().zeros::<bf16>(n)?);
     let block = block_for(hidden);
-    let args = add_rmsnorm::Args {
-        x_ptr: xd.ptr().cast(),
+    let args = norm_args!(
+        add_rmsnorm,
+        (xd.ptr().cast(), wd.ptr().cast()),
+        (hidden, hidden, 1e-5),
         r_ptr: rd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
         out_ptr: od.ptr().cast(),
         h_ptr: hd.ptr().cast(),
-        n_cols: hidden as i32,
-        stride: hidden as i32,
-        eps: 1e-5,
-        _marker: PhantomData,
-    };
+    );
     let grid = [tokens as u32, 1, 1];
     let base = add_rmsnorm::Config::new(DType::BF16, block);
     let untuned = base.clone().with_warps(warps_for(block));
@@ -459,6 +457,21 @@ mod tests {
         Record::new(name.into(), metric, value, ms)
     }
 
+    /// A peers file of an H100, parsed from its JSON text: `rows` of `(name,
+    /// peer, metric, value)`, then the copy row (3 TB/s) the ceilings use.
+    fn h100_peers(rows: &[(&str, &str, &str, f64)]) -> Peers {
+        let mut records: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(name, peer, metric, value)| {
+                serde_json::json!({"name": name, "peer": peer, "metric": metric, "value": value})
+            })
+            .collect();
+        records.push(
+            serde_json::json!({"name": "copy/f32/2^29", "peer": "torch", "metric": "TB/s", "value": 3.0}),
+        );
+        Peers::parse(&serde_json::json!({"device": "H100", "records": records}).to_string()).unwrap()
+    }
+
     #[test]
     fn shapes_parse_and_reject_garbage() {
         assert_eq!(parse_shapes("8192x1024,4096x16384").unwrap(), vec![(8192, 1024), (4096, 16384)]);
@@ -476,13 +489,10 @@ mod tests {
 
     #[test]
     fn peers_ratios_and_json() {
-        let p = Peers::parse(
-            r#"{"device": "H100", "records": [
-                {"name": "softmax/float32/8192x1024", "peer": "torch", "metric": "TB/s", "value": 2.0},
-                {"name": "softmax/float32/8192x1024", "peer": "triton", "metric": "TB/s", "value": 2.5},
-                {"name": "copy/f32/2^29", "peer": "torch", "metric": "TB/s", "value": 3.0}]}"#,
-        )
-        .unwrap();
+        let p = h100_peers(&[
+            ("softmax/float32/8192x1024", "torch", "TB/s", 2.0),
+            ("softmax/float32/8192x1024", "triton", "TB/s", 2.5),
+        ]);
         assert_eq!(p.device, "H100");
         let recs = vec![
             record("copy/f32/2^29", "TB/s", 3.0, 1.0),
@@ -517,13 +527,10 @@ mod tests {
 
     #[test]
     fn add_rmsnorm_latency_rows() {
-        let p = Peers::parse(
-            r#"{"device": "H100", "records": [
-                {"name": "add_rmsnorm/bf16/1x576", "peer": "torch_eager", "metric": "us", "value": 30.0},
-                {"name": "add_rmsnorm/bf16/8192x4096", "peer": "torch_compile", "metric": "TB/s", "value": 2.0},
-                {"name": "copy/f32/2^29", "peer": "torch", "metric": "TB/s", "value": 3.0}]}"#,
-        )
-        .unwrap();
+        let p = h100_peers(&[
+            ("add_rmsnorm/bf16/1x576", "torch_eager", "us", 30.0),
+            ("add_rmsnorm/bf16/8192x4096", "torch_compile", "TB/s", 2.0),
+        ]);
         let recs = vec![
             record("copy/f32/2^29", "TB/s", 3.0, 1.0),
             record("add_rmsnorm/bf16/8192x4096", "TB/s", 2.5, 0.1),

@@ -21,12 +21,13 @@
 //! the tuner's pick. Timing as `bench_dequant` (L2 flushed, spacer kernel,
 //! host work outside the events).
 
-use crate::bench::dequant::{prepared, product_operands, time_prepared_ms};
+use crate::bench::dequant::{prepared, product_operands, product_planes, time_prepared_ms};
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::check::q8::quantize_block;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
+use crate::model::args::{norm_args, product_args};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
@@ -80,17 +81,8 @@ fn shape_records(
     let quant = prepared::<quantize_q8::Kernel>(cuda, qgrid, &qconfig, &qargs)?;
     macro_rules! gemv {
         ($k:ident, $quant:expr) => {{
-            let args = $k::Args {
-                xq_ptr: xqd.ptr(),
-                xd_ptr: xsd.ptr(),
-                q_ptr: qd.ptr().cast(),
-                s_ptr: sd.ptr().cast(),
-                out_ptr: od.ptr().cast(),
-                m: m as i32,
-                n: n as i32,
-                k: k as i32,
-                _marker: PhantomData,
-            };
+            let planes = product_planes(&qd, &sd, &od);
+            let args = product_args!($k, planes, (m, n, k), xq_ptr: xqd.ptr(), xd_ptr: xsd.ptr());
             let first = $k::autotune_configs(&$k::Config::new(DType::BF16, $quant, false, 1, 8, 2048))
                 .into_iter()
                 .next()
@@ -144,28 +136,12 @@ fn norm_records(cuda: &mut Cuda, opts: &BenchOptions, k: usize) -> Result<Vec<Re
     let (xd, wd, yd) = (gpu.upload(&x)?, gpu.upload(&w)?, gpu.zeros::<bf16>(k)?);
     let (xqd, xsd) = (gpu.zeros::<i8>(k)?, gpu.zeros::<f32>(k / 32)?);
     let (block, warps) = (block_for(k), warps_for(block_for(k)));
-    let (ki, eps) = (k as i32, 1e-5f32);
+    let row = (k, k, 1e-5f32);
     let nconfig = rmsnorm::Config::new(DType::BF16, block, false).with_warps(warps);
-    let nargs = rmsnorm::Args {
-        x_ptr: xd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
-        out_ptr: yd.ptr().cast(),
-        n_cols: ki,
-        stride: ki,
-        eps,
-        _marker: PhantomData,
-    };
+    let nargs = norm_args!(rmsnorm, (xd.ptr().cast(), wd.ptr().cast()), row, out_ptr: yd.ptr().cast());
     let fconfig = rmsnorm_q8::Config::new(DType::BF16, block).with_warps(warps);
-    let fargs = rmsnorm_q8::Args {
-        x_ptr: xd.ptr().cast(),
-        w_ptr: wd.ptr().cast(),
-        xq_ptr: xqd.ptr(),
-        xd_ptr: xsd.ptr(),
-        n_cols: ki,
-        stride: ki,
-        eps,
-        _marker: PhantomData,
-    };
+    let xw = (xd.ptr().cast(), wd.ptr().cast());
+    let fargs = norm_args!(rmsnorm_q8, xw, row, xq_ptr: xqd.ptr(), xd_ptr: xsd.ptr());
     let (qgrid, qconfig, qargs) = quantize_launch(&yd, (&xqd, &xsd), 1, k);
     let plain = prepared::<rmsnorm::Kernel>(cuda, [1, 1, 1], &nconfig, &nargs)?;
     let fused = prepared::<rmsnorm_q8::Kernel>(cuda, [1, 1, 1], &fconfig, &fargs)?;

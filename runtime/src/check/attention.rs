@@ -24,12 +24,12 @@ use crate::check::{CheckRow, DevicePtr, Rng, compare_each, over_cases, to_f64, u
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::args::flash_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::flash_attention::{self as fa, TileConfig, flash_attention};
 use kernels::reference::attention::{self as r, PagedKv};
-use std::marker::PhantomData;
 
 /// One launch: heads, sequences `(q_len, ctx)`, page size, tiles, mask.
 #[derive(Clone, Debug)]
@@ -81,18 +81,10 @@ fn attention_on<T: ActElem, D: Device>(
     let o_init = vec![T::from_f64(100.0); inp.q.len()];
     let (qd, kd, vd, od) = (dev.upload(inp.q)?, dev.upload(inp.k)?, dev.upload(inp.v)?, dev.upload(&o_init)?);
     let (bd, sd, cd) = (dev.upload(inp.tables)?, dev.upload(inp.seq_lens)?, dev.upload(inp.cu)?);
-    let args = flash_attention::Args {
-        q_ptr: dev.ptr(&qd)?,
-        k_cache_ptr: dev.ptr(&kd)?,
-        v_cache_ptr: dev.ptr(&vd)?,
-        o_ptr: dev.ptr(&od)?,
-        block_tables_ptr: dev.ptr(&bd)?,
-        seq_lens_ptr: dev.ptr(&sd)?,
-        cu_seqlens_q_ptr: dev.ptr(&cd)?,
-        scale: 1.0 / (c.d as f32).sqrt(),
-        max_blocks_per_seq: max_blocks as i32,
-        _marker: PhantomData,
-    };
+    let (qkvo, lens) =
+        ((dev.ptr(&qd)?, dev.ptr(&kd)?, dev.ptr(&vd)?, dev.ptr(&od)?), (dev.ptr(&sd)?, dev.ptr(&cd)?));
+    let args =
+        flash_args!(flash_attention, qkvo, (dev.ptr(&bd)?, max_blocks), lens, 1.0 / (c.d as f32).sqrt());
     dev.run::<flash_attention::Kernel>(grid, &config, &args)?;
     dev.download(&od)
 }

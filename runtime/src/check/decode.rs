@@ -22,6 +22,7 @@ use crate::check::{
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::args::decode_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -124,23 +125,17 @@ fn launch<'a, B: Backend + 'a>(
     let grid = [c.batch as u32, c.h_kv as u32, splits as u32];
     // The same arguments for both decode kernels.
     macro_rules! args {
-        ($k:ident) => {
-            $k::Args {
-                q_ptr: s.q,
-                k_cache: s.k,
-                v_cache: s.v,
-                block_tables: s.tables,
-                bt_stride: max_pages as i32,
-                seq_lens: s.ctx,
-                out_ptr: s.out,
-                part_o: s.part_o,
-                part_m: s.part_m,
-                part_l: s.part_l,
-                scale: 1.0 / (d as f32).sqrt(),
-                split_len: split_len as i32,
-                _marker: PhantomData,
-            }
-        };
+        ($k:ident) => {{
+            let parts = ((s.part_o, s.part_m, s.part_l), split_len);
+            decode_args!(
+                $k,
+                (s.q, s.k, s.v, s.out),
+                (s.tables, max_pages),
+                s.ctx,
+                parts,
+                1.0 / (d as f32).sqrt()
+            )
+        }};
     }
     match v {
         Variant::Plain => {

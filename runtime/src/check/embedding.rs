@@ -4,12 +4,12 @@
 
 use crate::check::{CheckRow, DevicePtr, EXACT, Rng, outcome, over_cases};
 use crate::error::Result;
+use crate::model::args::embedding_args;
 use crate::model::{ActElem, Device};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::embedding::embedding_q8_0 as kernel;
-use std::marker::PhantomData;
 
 /// A random Q8_0 table of `vocab` rows of `hidden` values (raw bytes): non-zero
 /// f16 scales up to 0.1 in magnitude (the range of real embeddings), random i8 quants.
@@ -34,14 +34,7 @@ fn embedding_on<T: ActElem, D: Device>(
     let block = kernels::embedding::block_for(hidden);
     let config = kernel::Config::new(T::DEVICE_DTYPE, block).with_warps(kernels::embedding::warps_for(block));
     let (wd, id, od) = (dev.upload(w)?, dev.upload(ids)?, dev.zeros::<T>(tokens * hidden)?);
-    let args = kernel::Args {
-        w_ptr: dev.ptr(&wd)?,
-        ids_ptr: dev.ptr(&id)?,
-        out_ptr: dev.ptr(&od)?,
-        hidden: hidden as i32,
-        vocab: vocab as i32,
-        _marker: PhantomData,
-    };
+    let args = embedding_args!(kernel, (dev.ptr(&id)?, dev.ptr(&od)?), (hidden, vocab), w_ptr: dev.ptr(&wd)?);
     dev.run::<kernel::Kernel>([tokens as u32, 1, 1], &config, &args)?;
     dev.download(&od)
 }
@@ -92,15 +85,13 @@ fn repacked_on<T: ActElem, D: Device>(
         k::Config::new(T::DEVICE_DTYPE, w.format, block).with_warps(kernels::embedding::warps_for(block));
     let (qd, sd, id) = (dev.upload(&w.quants)?, dev.upload(&w.scales)?, dev.upload(ids)?);
     let od = dev.zeros::<T>(tokens * hidden)?;
-    let args = k::Args {
+    let args = embedding_args!(
+        k,
+        (dev.ptr(&id)?, dev.ptr(&od)?),
+        (hidden, vocab),
         q_ptr: dev.ptr(&qd)?,
         s_ptr: dev.ptr(&sd)?,
-        ids_ptr: dev.ptr(&id)?,
-        out_ptr: dev.ptr(&od)?,
-        hidden: hidden as i32,
-        vocab: vocab as i32,
-        _marker: PhantomData,
-    };
+    );
     dev.run::<k::Kernel>([tokens as u32, 1, 1], &config, &args)?;
     dev.download(&od)
 }

@@ -127,9 +127,7 @@ macro_rules! row_kernel_check {
             fn case<D: Device>(
                 dev: &mut D,
                 rng: &mut Rng,
-                rows: usize,
-                cols: usize,
-                exact: bool,
+                (rows, cols, exact): (usize, usize, bool),
             ) -> Result<CheckRow> {
                 let x = rng.values::<f32>(rows * cols, $hi);
                 let block = row_block(cols, exact);
@@ -181,9 +179,7 @@ fn layer_norm_on<D: Device>(
 fn layer_norm_case<D: Device>(
     dev: &mut D,
     rng: &mut Rng,
-    rows: usize,
-    cols: usize,
-    exact: bool,
+    (rows, cols, exact): (usize, usize, bool),
 ) -> Result<CheckRow> {
     let (x, w, b) =
         (rng.values::<f32>(rows * cols, 4.0), rng.values::<f32>(cols, 2.0), rng.values::<f32>(cols, 2.0));

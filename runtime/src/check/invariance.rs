@@ -23,7 +23,7 @@
 
 use crate::app::{DEFAULT_MODEL, resolve_model};
 use crate::check::dequant::gguf_weight;
-use crate::check::{CheckRow, Rng, Tol, compare};
+use crate::check::{CheckRow, DevicePtr, Rng, Tol, compare};
 use crate::cuda::Cuda;
 use crate::engine::Request;
 use crate::engine::invariance::{Matrix, Setup, engine, run_matrix};
@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Vocab};
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::args::{decode_args, flash_args, norm_args, product_args};
 use crate::model::attention::{invariant_decode, prefill_tiles};
 use crate::model::products::linear_config;
 use crate::model::sampler::SamplingParams;
@@ -48,7 +49,6 @@ use kernels::dequant::{
 };
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{add_rmsnorm, block_for, rmsnorm, warps_for};
-use std::marker::PhantomData;
 
 /// The environment variable naming another model file for the model and
 /// server rows (default: the bundled SmolLM2).
@@ -105,21 +105,19 @@ fn product<D: Device, T: ActElem>(
     let (xd, qd, sd, nd) = (dev.upload(x)?, dev.upload(&w.quants)?, dev.upload(&w.scales)?, dev.upload(nw)?);
     let od = dev.upload(&out0[..m * n])?;
     let (wsd, cntd) = (dev.zeros::<f32>(need.0.max(16))?, dev.zeros::<i32>(need.1.max(16))?);
-    let args = linear::Args {
+    let planes =
+        (D::ptr_at::<u8, u8>(&qd, 0)?, D::ptr_at::<f16, f16>(&sd, 0)?, D::ptr_at::<T, AnyDType>(&od, 0)?);
+    let args = product_args!(
+        linear,
+        planes,
+        (m, n, k),
         x_ptr: D::ptr_at::<T, AnyDType>(&xd, 0)?,
-        q_ptr: D::ptr_at::<u8, u8>(&qd, 0)?,
-        s_ptr: D::ptr_at::<f16, f16>(&sd, 0)?,
         nw_ptr: D::ptr_at::<T, AnyDType>(&nd, 0)?,
-        out_ptr: D::ptr_at::<T, AnyDType>(&od, 0)?,
         ws_ptr: D::ptr_at::<f32, f32>(&wsd, 0)?,
         cnt_ptr: D::ptr_at::<i32, i32>(&cntd, 0)?,
-        m: m as i32,
-        n: n as i32,
         ldo: n as i32,
-        k: k as i32,
         eps: 1e-5,
-        _marker: PhantomData,
-    };
+    );
     dev.run::<linear::Kernel>(grid, &config, &args)?;
     dev.download(&od)
 }
@@ -138,32 +136,16 @@ fn norm_row<D: Device, T: ActElem>(
     let p = |b| D::ptr_at::<T, AnyDType>(b, 0);
     match r {
         None => {
-            let args = rmsnorm::Args {
-                x_ptr: p(&xd)?,
-                w_ptr: p(&wd)?,
-                out_ptr: p(&od)?,
-                n_cols: k as i32,
-                stride: k as i32,
-                eps: 1e-5,
-                _marker: PhantomData,
-            };
+            let args = norm_args!(rmsnorm, (p(&xd)?, p(&wd)?), (k, k, 1e-5), out_ptr: p(&od)?);
             let config = rmsnorm::Config::new(T::DEVICE_DTYPE, block, true).with_warps(warps_for(block));
             dev.run::<rmsnorm::Kernel>([1, 1, 1], &config, &args)?;
             Ok((dev.download(&od)?, Vec::new()))
         }
         Some(r) => {
             let (rd, hd) = (dev.upload(r)?, dev.zeros::<T>(k)?);
-            let args = add_rmsnorm::Args {
-                x_ptr: p(&xd)?,
-                r_ptr: p(&rd)?,
-                w_ptr: p(&wd)?,
-                out_ptr: p(&od)?,
-                h_ptr: p(&hd)?,
-                n_cols: k as i32,
-                stride: k as i32,
-                eps: 1e-5,
-                _marker: PhantomData,
-            };
+            let xw = (p(&xd)?, p(&wd)?);
+            let args =
+                norm_args!(add_rmsnorm, xw, (k, k, 1e-5), r_ptr: p(&rd)?, out_ptr: p(&od)?, h_ptr: p(&hd)?);
             let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
             dev.run::<add_rmsnorm::Kernel>([1, 1, 1], &config, &args)?;
             Ok((dev.download(&od)?, dev.download(&hd)?))
@@ -335,18 +317,9 @@ pub fn attention_rows<D: Device, T: ActElem>(
         let q_len = len - first;
         let (qd, od) = (dev.upload(&q[first * width..])?, dev.zeros::<T>(q_len * width)?);
         let (bd, sd, cd) = (dev.upload(&table)?, dev.upload(&[len as i32])?, dev.upload(&[0, q_len as i32])?);
-        let args = flash_attention::Args {
-            q_ptr: D::ptr_at::<T, AnyDType>(&qd, 0)?,
-            k_cache_ptr: D::ptr_at::<T, AnyDType>(&kd, 0)?,
-            v_cache_ptr: D::ptr_at::<T, AnyDType>(&vd, 0)?,
-            o_ptr: D::ptr_at::<T, AnyDType>(&od, 0)?,
-            block_tables_ptr: D::ptr_at::<i32, i32>(&bd, 0)?,
-            seq_lens_ptr: D::ptr_at::<i32, i32>(&sd, 0)?,
-            cu_seqlens_q_ptr: D::ptr_at::<i32, i32>(&cd, 0)?,
-            scale,
-            max_blocks_per_seq: pages as i32,
-            _marker: PhantomData,
-        };
+        let (qkvo, lens) =
+            ((dev.ptr(&qd)?, dev.ptr(&kd)?, dev.ptr(&vd)?, dev.ptr(&od)?), (dev.ptr(&sd)?, dev.ptr(&cd)?));
+        let args = flash_args!(flash_attention, qkvo, (dev.ptr(&bd)?, pages), lens, scale);
         let config = t.config(dtype, hq, hkv, hd, page, true);
         dev.run::<flash_attention::Kernel>(fa::grid(q_len, 1, hq, t.block_m), &config, &args)?;
         dev.download(&od)
@@ -361,21 +334,9 @@ pub fn attention_rows<D: Device, T: ActElem>(
     let (qd, od) = (dev.upload(&q)?, dev.zeros::<T>(len * width)?);
     let (bd, sd) = (dev.upload(&tables)?, dev.upload(&ctx)?);
     let part = dev.zeros::<f32>(1)?;
-    let args = paged_decode_tc::Args {
-        q_ptr: D::ptr_at::<T, AnyDType>(&qd, 0)?,
-        k_cache: D::ptr_at::<T, AnyDType>(&kd, 0)?,
-        v_cache: D::ptr_at::<T, AnyDType>(&vd, 0)?,
-        block_tables: D::ptr_at::<i32, i32>(&bd, 0)?,
-        bt_stride: pages as i32,
-        seq_lens: D::ptr_at::<i32, i32>(&sd, 0)?,
-        out_ptr: D::ptr_at::<T, AnyDType>(&od, 0)?,
-        part_o: D::ptr_at::<f32, f32>(&part, 0)?,
-        part_m: D::ptr_at::<f32, f32>(&part, 0)?,
-        part_l: D::ptr_at::<f32, f32>(&part, 0)?,
-        scale,
-        split_len: 1 << 30,
-        _marker: PhantomData,
-    };
+    let (qkvo, part) = ((dev.ptr(&qd)?, dev.ptr(&kd)?, dev.ptr(&vd)?, dev.ptr(&od)?), dev.ptr(&part)?);
+    let parts = ((part, part, part), 1 << 30);
+    let args = decode_args!(paged_decode_tc, qkvo, (dev.ptr(&bd)?, pages), dev.ptr(&sd)?, parts, scale);
     let config = invariant_decode(dtype, wgmma, hkv, hq / hkv, hd, page);
     dev.run::<paged_decode_tc::Kernel>([len as u32, hkv as u32, 1], &config, &args)?;
     let decode = dev.download(&od)?;

@@ -241,15 +241,16 @@ pub(crate) fn over_cases<D: Device, C, R: IntoIterator<Item = CheckRow>>(
     Ok(out)
 }
 
-/// The rows of a row-kernel check: `case` on every shape of [`ROW_SHAPES`],
-/// each with an exact and a padded `BLOCK`, from one random stream.
+/// The rows of a row-kernel check: `case` on every shape `(rows, cols)` of
+/// [`ROW_SHAPES`], each with an exact and a padded `BLOCK` (`exact`), from
+/// one random stream.
 pub(crate) fn over_row_shapes<D: Device>(
     dev: &mut D,
     seed: u64,
-    case: fn(&mut D, &mut Rng, usize, usize, bool) -> Result<CheckRow>,
+    case: ShapeCase<D, (usize, usize, bool), CheckRow>,
 ) -> Result<Vec<CheckRow>> {
     let cases = ROW_SHAPES.into_iter().flat_map(|(rows, cols)| [true, false].map(|e| (rows, cols, e)));
-    over_cases(dev, seed, cases, |dev, rng, (rows, cols, exact)| case(dev, rng, rows, cols, exact))
+    over_cases(dev, seed, cases, case)
 }
 
 /// A check case on one shape `S`, its rows `R`.

@@ -21,6 +21,7 @@ use crate::check::{CheckRow, DevicePtr, Rng, over_shapes, to_f64};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::args::{norm_args, product_args};
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::dequant::q8::{gemv_q8, quantize_q8};
@@ -99,16 +100,8 @@ fn rmsnorm_q8_on<T: ActElem, D: Device>(
     let (xd, wd) = (dev.upload(x)?, dev.upload(w)?);
     let (qd, dd) = (dev.zeros::<i8>(m * k)?, dev.zeros::<f32>(m * k / 32)?);
     let config = rmsnorm_q8::Config::new(T::DEVICE_DTYPE, block).with_warps(warps_for(block));
-    let a = rmsnorm_q8::Args {
-        x_ptr: dev.ptr(&xd)?,
-        w_ptr: dev.ptr(&wd)?,
-        xq_ptr: dev.ptr(&qd)?,
-        xd_ptr: dev.ptr(&dd)?,
-        n_cols: k as i32,
-        stride: stride as i32,
-        eps: EPS,
-        _marker: PhantomData,
-    };
+    let xw = (dev.ptr(&xd)?, dev.ptr(&wd)?);
+    let a = norm_args!(rmsnorm_q8, xw, (k, stride, EPS), xq_ptr: dev.ptr(&qd)?, xd_ptr: dev.ptr(&dd)?);
     dev.run::<rmsnorm_q8::Kernel>([m as u32, 1, 1], &config, &a)?;
     Ok((dev.download(&qd)?, dev.download(&dd)?))
 }
@@ -198,17 +191,8 @@ fn gemv_q8_on<T: ActElem, D: Device>(
         ($k:ident) => {{
             let config =
                 $k::Config::new(T::DEVICE_DTYPE, format, silu, m_block, block_n, block_k).with_warps(warps);
-            let a = $k::Args {
-                xq_ptr: dev.ptr(&xqd)?,
-                xd_ptr: dev.ptr(&xdd)?,
-                q_ptr: dev.ptr(&qd)?,
-                s_ptr: dev.ptr(&sd)?,
-                out_ptr: dev.ptr(&od)?,
-                m: m as i32,
-                n: n as i32,
-                k: w.k as i32,
-                _marker: PhantomData,
-            };
+            let planes = (dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&od)?);
+            let a = product_args!($k, planes, (m, n, w.k), xq_ptr: dev.ptr(&xqd)?, xd_ptr: dev.ptr(&xdd)?);
             dev.run::<$k::Kernel>(grid, &config, &a)?;
         }};
     }

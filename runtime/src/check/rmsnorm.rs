@@ -6,12 +6,12 @@ use crate::check::{
     CheckRow, DevicePtr, EXACT, Rng, Tol, outcome, over_shapes_alternating, row_block, row_shape,
 };
 use crate::error::Result;
+use crate::model::args::norm_args;
 use crate::model::{ActElem, Device};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
-use std::marker::PhantomData;
 
 /// Ragged `(rows, cols, num_warps)` of the RMSNorm checks: SmolLM2's hidden
 /// size (one decode row and a batch), tiny and odd rows, and 4097 columns at 8
@@ -46,17 +46,15 @@ fn add_rmsnorm_on<T: ActElem, D: Device>(
     let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(warps);
     let (xd, rd, wd) = (dev.upload(x)?, dev.upload(r)?, dev.upload(w)?);
     let (od, hd) = (dev.zeros::<T>(n)?, dev.zeros::<T>(n)?);
-    let args = add_rmsnorm::Args {
-        x_ptr: dev.ptr(&xd)?,
+    let xw = (dev.ptr(&xd)?, dev.ptr(&wd)?);
+    let args = norm_args!(
+        add_rmsnorm,
+        xw,
+        (cols, cols, EPS),
         r_ptr: dev.ptr(&rd)?,
-        w_ptr: dev.ptr(&wd)?,
         out_ptr: dev.ptr(&od)?,
         h_ptr: dev.ptr(&hd)?,
-        n_cols: cols as i32,
-        stride: cols as i32,
-        eps: EPS,
-        _marker: PhantomData,
-    };
+    );
     dev.run::<add_rmsnorm::Kernel>([(n / cols) as u32, 1, 1], &config, &args)?;
     Ok((dev.download(&od)?, dev.download(&hd)?))
 }
@@ -104,15 +102,8 @@ pub(crate) fn rmsnorm_on<T: ActElem, D: Device>(
     let (n, cols) = (x.len(), w.len());
     let config = rmsnorm::Config::new(T::DEVICE_DTYPE, block, false).with_warps(warps);
     let (xd, wd, od) = (dev.upload(x)?, dev.upload(w)?, dev.zeros::<T>(n)?);
-    let args = rmsnorm::Args {
-        x_ptr: dev.ptr(&xd)?,
-        w_ptr: dev.ptr(&wd)?,
-        out_ptr: dev.ptr(&od)?,
-        n_cols: cols as i32,
-        stride: stride as i32,
-        eps: EPS,
-        _marker: PhantomData,
-    };
+    let args =
+        norm_args!(rmsnorm, (dev.ptr(&xd)?, dev.ptr(&wd)?), (cols, stride, EPS), out_ptr: dev.ptr(&od)?);
     dev.run::<rmsnorm::Kernel>([(n / stride) as u32, 1, 1], &config, &args)?;
     dev.download(&od)
 }

@@ -24,11 +24,12 @@ use crate::check::{CheckRow, DevicePtr, Rng, compare_each, over_shapes, to_f64};
 use crate::error::Result;
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::args::rope_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
+use dsl_core::launch::AnyDType;
 use kernels::rope::rope_kv_write;
-use std::marker::PhantomData;
 
 /// Head counts, head size and theta of one case.
 #[derive(Clone, Copy, Debug)]
@@ -62,43 +63,93 @@ fn rotated_tol(x: &[f64], j: usize, d: usize, pos: i32, theta: f32, want: f64, d
     n * (a * f64::powi(2.0, -20) + f64::powi(2.0, -18)) + round * want.abs()
 }
 
-/// The inputs of one `rope_kv_write` launch.
-struct RopeInputs<'a, T> {
+/// The inputs of one RoPE launch.
+struct RopeInputs<T> {
     /// The fused QKV rows, one per token.
-    qkv: &'a [T],
+    qkv: Vec<T>,
     /// Each token's position.
-    positions: &'a [i32],
+    positions: Vec<i32>,
     /// Each token's cache slot (-1: not written).
-    slots: &'a [i32],
+    slots: Vec<i32>,
     /// The K cache before the launch.
-    k_init: &'a [T],
+    k_init: Vec<T>,
     /// The V cache before the launch.
-    v_init: &'a [T],
+    v_init: Vec<T>,
+}
+
+/// The device buffers of one launch on [`RopeInputs`]: the inputs and the
+/// caches uploaded, the Q output zeroed.
+struct RopeBufs<D: Device, T: ActElem> {
+    qkv: D::Buf<T>,
+    positions: D::Buf<i32>,
+    slots: D::Buf<i32>,
+    q: D::Buf<T>,
+    k: D::Buf<T>,
+    v: D::Buf<T>,
+}
+
+impl<T: ActElem> RopeInputs<T> {
+    /// Random inputs of `tokens` tokens at shape `s` into a cache of
+    /// `n_slots` slots, drawn from `rng` in this order: the QKV rows, the
+    /// positions (below `max_pos`), the slots (by `slots`), the K cache, the
+    /// V cache.
+    fn random(
+        rng: &mut Rng,
+        s: Shape,
+        (tokens, n_slots, max_pos): (usize, usize, u64),
+        slots: impl FnOnce(&mut Rng) -> Vec<i32>,
+    ) -> RopeInputs<T> {
+        let qkv = rng.values::<T>(tokens * s.row(), 2.0);
+        let positions = (0..tokens).map(|_| (rng.next_u64() % max_pos) as i32).collect();
+        let slots = slots(rng);
+        let k_init = rng.values::<T>(n_slots * s.slot(), 2.0);
+        RopeInputs { qkv, positions, slots, k_init, v_init: rng.values::<T>(n_slots * s.slot(), 2.0) }
+    }
+
+    /// `self` on `dev` for a launch at shape `s`.
+    fn upload<D: Device>(&self, dev: &mut D, s: Shape) -> Result<RopeBufs<D, T>> {
+        let (qkv, positions) = (dev.upload(&self.qkv)?, dev.upload(&self.positions)?);
+        let (slots, q) = (dev.upload(&self.slots)?, dev.zeros::<T>(self.positions.len() * s.n_q * s.d)?);
+        Ok(RopeBufs { qkv, positions, slots, q, k: dev.upload(&self.k_init)?, v: dev.upload(&self.v_init)? })
+    }
+}
+
+impl<D: Device, T: ActElem> RopeBufs<D, T> {
+    /// The pointers [`rope_args`] takes: the inputs `(qkv, positions,
+    /// slots)` and the outputs `(q, k cache, v cache)`.
+    #[allow(clippy::type_complexity)]
+    fn ptrs(
+        &self,
+    ) -> Result<(
+        (D::Ptr<'_, AnyDType>, D::Ptr<'_, i32>, D::Ptr<'_, i32>),
+        (D::Ptr<'_, AnyDType>, D::Ptr<'_, AnyDType>, D::Ptr<'_, AnyDType>),
+    )> {
+        let inputs = (D::ptr_at(&self.qkv, 0)?, D::ptr_at(&self.positions, 0)?, D::ptr_at(&self.slots, 0)?);
+        Ok((inputs, (D::ptr_at(&self.q, 0)?, D::ptr_at(&self.k, 0)?, D::ptr_at(&self.v, 0)?)))
+    }
+
+    /// `(q, k cache, v cache)` after the launch.
+    fn download(&self, dev: &mut D) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+        Ok((
+            to_f64(&dev.download(&self.q)?),
+            to_f64(&dev.download(&self.k)?),
+            to_f64(&dev.download(&self.v)?),
+        ))
+    }
 }
 
 /// `(q, k cache, v cache)` after `rope_kv_write` of `inp` at shape `s` on `dev`.
 fn rope_on<T: ActElem, D: Device>(
     dev: &mut D,
     s: Shape,
-    inp: &RopeInputs<'_, T>,
+    inp: &RopeInputs<T>,
 ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
-    let tokens = inp.positions.len();
     let config = rope_kv_write::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d);
-    let (xd, pd, sd) = (dev.upload(inp.qkv)?, dev.upload(inp.positions)?, dev.upload(inp.slots)?);
-    let (qd, kd, vd) =
-        (dev.zeros::<T>(tokens * s.n_q * s.d)?, dev.upload(inp.k_init)?, dev.upload(inp.v_init)?);
-    let args = rope_kv_write::Args {
-        qkv_ptr: dev.ptr(&xd)?,
-        pos_ptr: dev.ptr(&pd)?,
-        slot_ptr: dev.ptr(&sd)?,
-        q_out_ptr: dev.ptr(&qd)?,
-        k_cache_ptr: dev.ptr(&kd)?,
-        v_cache_ptr: dev.ptr(&vd)?,
-        theta: s.theta,
-        _marker: PhantomData,
-    };
-    dev.run::<rope_kv_write::Kernel>([tokens as u32, 1, 1], &config, &args)?;
-    Ok((to_f64(&dev.download(&qd)?), to_f64(&dev.download(&kd)?), to_f64(&dev.download(&vd)?)))
+    let b = inp.upload(dev, s)?;
+    let (inputs, outputs) = b.ptrs()?;
+    let args = rope_args!(rope_kv_write, inputs, outputs, s.theta);
+    dev.run::<rope_kv_write::Kernel>([inp.positions.len() as u32, 1, 1], &config, &args)?;
+    b.download(dev)
 }
 
 /// One `rope_kv_write` case at shape `s`: `tokens` tokens into a cache of
@@ -110,22 +161,20 @@ fn rope_case<T: ActElem, D: Device>(
 ) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
     let n_slots = ((2 * tokens).div_ceil(block_size) + 1) * block_size;
-    let qkv = rng.values::<T>(tokens * s.row(), 2.0);
-    let positions: Vec<i32> = (0..tokens).map(|_| (rng.next_u64() % 8192) as i32).collect();
-    let mut all: Vec<i32> = (0..n_slots as i32).collect();
-    for t in 0..tokens {
-        let j = t + (rng.next_u64() % (n_slots - t) as u64) as usize;
-        all.swap(t, j);
-    }
-    let slots: Vec<i32> = (0..tokens).map(|t| if rng.next_u64() & 3 == 0 { -1 } else { all[t] }).collect();
-    let k_init = rng.values::<T>(n_slots * s.slot(), 2.0);
-    let v_init = rng.values::<T>(n_slots * s.slot(), 2.0);
-    let inputs =
-        RopeInputs { qkv: &qkv, positions: &positions, slots: &slots, k_init: &k_init, v_init: &v_init };
+    // Distinct random slots: the first `tokens` of a partial shuffle.
+    let inputs = RopeInputs::<T>::random(rng, s, (tokens, n_slots, 8192), |rng| {
+        let mut all: Vec<i32> = (0..n_slots as i32).collect();
+        for t in 0..tokens {
+            let j = t + (rng.next_u64() % (n_slots - t) as u64) as usize;
+            all.swap(t, j);
+        }
+        (0..tokens).map(|t| if rng.next_u64() & 3 == 0 { -1 } else { all[t] }).collect()
+    });
     let (q_got, k_got, v_got) = rope_on(dev, s, &inputs)?;
     let (q_want, k_want, v_want) = rope_on(&mut Cpu::new(), s, &inputs)?;
+    let RopeInputs { qkv, positions, slots, .. } = &inputs;
 
-    let x = to_f64(&qkv);
+    let x = to_f64(qkv);
     let mut q_tol = vec![0.0; q_want.len()];
     for t in 0..tokens {
         for h in 0..s.n_q {
@@ -181,34 +230,28 @@ fn rope_arch_on<T: ActElem, D: Device>(
     dev: &mut D,
     s: Shape,
     o: ArchOpts,
-    inp: &RopeInputs<'_, T>,
+    inp: &RopeInputs<T>,
     factors: &[f32],
     bias: &[f32],
     norm: &[f32],
 ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     use kernels::rope::rope_arch_kv_write as k;
-    let tokens = inp.positions.len();
     let config = k::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d, o.neox, o.factors, o.bias, o.qk_norm);
-    let (xd, pd, sd) = (dev.upload(inp.qkv)?, dev.upload(inp.positions)?, dev.upload(inp.slots)?);
-    let (qd, kd, vd) =
-        (dev.zeros::<T>(tokens * s.n_q * s.d)?, dev.upload(inp.k_init)?, dev.upload(inp.v_init)?);
+    let b = inp.upload(dev, s)?;
     let (fd, bd, nd) = (dev.upload(factors)?, dev.upload(bias)?, dev.upload(norm)?);
-    let args = k::Args {
-        qkv_ptr: dev.ptr(&xd)?,
-        pos_ptr: dev.ptr(&pd)?,
-        slot_ptr: dev.ptr(&sd)?,
-        q_out_ptr: dev.ptr(&qd)?,
-        k_cache_ptr: dev.ptr(&kd)?,
-        v_cache_ptr: dev.ptr(&vd)?,
+    let (inputs, outputs) = b.ptrs()?;
+    let args = rope_args!(
+        k,
+        inputs,
+        outputs,
+        s.theta,
         factors_ptr: dev.ptr(&fd)?,
         bias_ptr: dev.ptr(&bd)?,
         norm_ptr: dev.ptr(&nd)?,
-        theta: s.theta,
         eps: 1e-6,
-        _marker: PhantomData,
-    };
-    dev.run::<k::Kernel>([tokens as u32, 1, 1], &config, &args)?;
-    Ok((to_f64(&dev.download(&qd)?), to_f64(&dev.download(&kd)?), to_f64(&dev.download(&vd)?)))
+    );
+    dev.run::<k::Kernel>([inp.positions.len() as u32, 1, 1], &config, &args)?;
+    b.download(dev)
 }
 
 /// One `rope_arch_kv_write` case: the device against the interpreter on the
@@ -222,21 +265,15 @@ fn rope_arch_case<T: ActElem, D: Device>(
     (s, o, tokens): (Shape, ArchOpts, usize),
 ) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
-    let n_slots = 2 * tokens + 3;
-    let qkv = rng.values::<T>(tokens * s.row(), 2.0);
-    let positions: Vec<i32> = (0..tokens).map(|_| (rng.next_u64() % 1024) as i32).collect();
-    let slots: Vec<i32> =
-        (0..tokens).map(|t| if rng.next_u64() & 3 == 0 { -1 } else { (2 * t + 1) as i32 }).collect();
-    let k_init = rng.values::<T>(n_slots * s.slot(), 2.0);
-    let v_init = rng.values::<T>(n_slots * s.slot(), 2.0);
+    let inputs = RopeInputs::<T>::random(rng, s, (tokens, 2 * tokens + 3, 1024), |rng| {
+        (0..tokens).map(|t| if rng.next_u64() & 3 == 0 { -1 } else { (2 * t + 1) as i32 }).collect()
+    });
     let mut f32s = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
         (0..n).map(|_| lo + (hi - lo) * (rng.next_u64() % 4096) as f32 / 4096.0).collect()
     };
     let factors = f32s(s.d / 2, 1.0, 8.0);
     let bias = f32s(s.row(), -2.0, 2.0);
     let norm = f32s(2 * s.d, 0.5, 1.5);
-    let inputs =
-        RopeInputs { qkv: &qkv, positions: &positions, slots: &slots, k_init: &k_init, v_init: &v_init };
     let (q_got, k_got, v_got) = rope_arch_on(dev, s, o, &inputs, &factors, &bias, &norm)?;
     let (q_want, k_want, v_want) = rope_arch_on(&mut Cpu::new(), s, o, &inputs, &factors, &bias, &norm)?;
     let all = |q: Vec<f64>, k: Vec<f64>, v: Vec<f64>| [q, k, v].concat();

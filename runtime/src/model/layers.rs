@@ -21,6 +21,7 @@
 //! Invariant: [`launch_forward`] issues launches only (no allocation, copy or
 //! synchronization), so it can be captured into a graph.
 
+use super::args::{decode_args, embedding_args, flash_args, norm_args, rope_args};
 use super::attention::{invariant_decode, prefill_tiles};
 use super::buffers::{Buffers, KvCache, Scratch};
 use super::device::Device;
@@ -112,31 +113,24 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let eb = embedding::block_for(c.n_embd);
         let n = self.plan.n;
         let es = dtype.size_bytes();
+        let ids_out = (arena_i32::<D>(self.arena, self.lay.tokens)?, any::<D, T>(&self.s.h, 0)?);
         if let Some(table) = self.w.embedding_table() {
             let config =
                 embedding_repacked::Config::new(dtype, table.format, eb).with_warps(embedding::warps_for(eb));
-            let args = embedding_repacked::Args {
+            let args = embedding_args!(
+                embedding_repacked,
+                ids_out,
+                (c.n_embd, c.vocab_size),
                 q_ptr: D::ptr_at::<u8, u8>(&table.quants, 0)?,
                 s_ptr: D::ptr_at::<f16, f16>(&table.scales, 0)?,
-                ids_ptr: arena_i32::<D>(self.arena, self.lay.tokens)?,
-                out_ptr: any::<D, T>(&self.s.h, 0)?,
-                hidden: c.n_embd as i32,
-                vocab: c.vocab_size as i32,
-                _marker: PhantomData,
-            };
+            );
             let row = table.format.gguf_bytes(1, c.n_embd);
             ln.cost(|| format!("embedding {n} rows"), n * (row + c.n_embd * es + 4), 0);
             return ln.run::<embedding_repacked::Kernel>([n as u32, 1, 1], &config, &args);
         }
         let config = embedding_q8_0::Config::new(dtype, eb).with_warps(embedding::warps_for(eb));
-        let args = embedding_q8_0::Args {
-            w_ptr: D::ptr_at::<u8, u8>(&self.w.embedding, 0)?,
-            ids_ptr: arena_i32::<D>(self.arena, self.lay.tokens)?,
-            out_ptr: any::<D, T>(&self.s.h, 0)?,
-            hidden: c.n_embd as i32,
-            vocab: c.vocab_size as i32,
-            _marker: PhantomData,
-        };
+        let w_ptr = D::ptr_at::<u8, u8>(&self.w.embedding, 0)?;
+        let args = embedding_args!(embedding_q8_0, ids_out, (c.n_embd, c.vocab_size), w_ptr);
         ln.cost(|| format!("embedding {n} rows"), n * (c.n_embd / 32 * 34 + c.n_embd * es + 4), 0);
         ln.run::<embedding_q8_0::Kernel>([n as u32, 1, 1], &config, &args)
     }
@@ -154,9 +148,9 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             ((&s.h, 0), Fuse::Norm(norm, eps))
         } else {
             if l == 0 {
-                self.rmsnorm(ln, (&s.h, 0), norm, (&s.normed, 0), n)?;
+                self.norm(ln, (&s.h, 0), None, norm, (&s.normed, 0), n)?;
             } else {
-                self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
+                self.norm(ln, (&s.tmp, 0), Some((&s.h, 0)), norm, (&s.normed, 0), n)?;
             }
             ((&s.normed, 0), Fuse::None)
         };
@@ -175,21 +169,35 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             return self.rope_arch(ln, l);
         }
         let config = rope_kv_write::Config::new(T::DEVICE_DTYPE, c.n_head, c.n_head_kv, c.head_dim);
-        let args = rope_kv_write::Args {
-            qkv_ptr: any::<D, T>(&self.s.qkv, 0)?,
-            pos_ptr: arena_i32::<D>(self.arena, self.lay.positions)?,
-            slot_ptr: arena_i32::<D>(self.arena, self.lay.slots)?,
-            q_out_ptr: any::<D, T>(&self.s.q, 0)?,
-            k_cache_ptr: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
-            v_cache_ptr: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
-            theta: c.rope_freq_base,
-            _marker: PhantomData,
-        };
+        let args = rope_args!(rope_kv_write, self.rope_inputs()?, self.rope_outputs(l)?, c.rope_freq_base);
         let (n, es) = (self.plan.n, T::DEVICE_DTYPE.size_bytes());
         // Reads Q, K, V; writes Q and the cache's K and V.
         let bytes = 2 * n * (c.n_head + 2 * c.n_head_kv) * c.head_dim * es;
         ln.cost(|| format!("rope + KV write {n} rows"), bytes, 0);
         ln.run::<rope_kv_write::Kernel>([n as u32, 1, 1], &config, &args)
+    }
+
+    /// What the RoPE kernels read ([`rope_args`]): the QKV rows, positions
+    /// and cache slots.
+    #[allow(clippy::type_complexity)]
+    fn rope_inputs(&self) -> Result<(D::Ptr<'_, AnyDType>, D::Ptr<'_, i32>, D::Ptr<'_, i32>)> {
+        let (arena, lay) = (self.arena, self.lay);
+        Ok((
+            any::<D, T>(&self.s.qkv, 0)?,
+            arena_i32::<D>(arena, lay.positions)?,
+            arena_i32::<D>(arena, lay.slots)?,
+        ))
+    }
+
+    /// What the RoPE kernels write ([`rope_args`]): Q and layer `l`'s K and
+    /// V caches.
+    #[allow(clippy::type_complexity)]
+    fn rope_outputs(
+        &self,
+        l: usize,
+    ) -> Result<(D::Ptr<'_, AnyDType>, D::Ptr<'_, AnyDType>, D::Ptr<'_, AnyDType>)> {
+        let at = l * self.kv.layer_len;
+        Ok((any::<D, T>(&self.s.q, 0)?, any::<D, T>(&self.kv.k, at)?, any::<D, T>(&self.kv.v, at)?))
     }
 
     /// [`Fwd::rope`] with the architecture's options: NEOX pairs, frequency
@@ -210,20 +218,16 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let vec_at = |off: Option<usize>, per_layer: usize| {
             D::ptr_at::<f32, f32>(&a.buf, off.map_or(0, |o| o + l * per_layer))
         };
-        let args = rope_arch_kv_write::Args {
-            qkv_ptr: any::<D, T>(&self.s.qkv, 0)?,
-            pos_ptr: arena_i32::<D>(self.arena, self.lay.positions)?,
-            slot_ptr: arena_i32::<D>(self.arena, self.lay.slots)?,
-            q_out_ptr: any::<D, T>(&self.s.q, 0)?,
-            k_cache_ptr: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
-            v_cache_ptr: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
+        let args = rope_args!(
+            rope_arch_kv_write,
+            self.rope_inputs()?,
+            self.rope_outputs(l)?,
+            c.rope_freq_base,
             factors_ptr: vec_at(a.factors, 0)?,
             bias_ptr: vec_at(a.bias, row)?,
             norm_ptr: vec_at(a.qk_norm, 2 * c.head_dim)?,
-            theta: c.rope_freq_base,
             eps: c.rms_norm_eps,
-            _marker: PhantomData,
-        };
+        );
         let (n, es) = (self.plan.n, T::DEVICE_DTYPE.size_bytes());
         let bytes = 2 * n * row * es + if a.bias.is_some() { row * 4 } else { 0 };
         ln.cost(|| format!("rope (arch) + KV write {n} rows"), bytes, 0);
@@ -255,44 +259,30 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let bytes = plan.ctx_tokens * nkv * hd * 2 * es + 2 * plan.n * nq * hd * es;
         let kind = if plan.max_q > 1 { "prefill" } else { "decode" };
         ln.cost(|| format!("attention {kind} b{}", plan.b), bytes, 4 * plan.attended * nq * hd);
+        let at = l * self.kv.layer_len;
+        let qkvo = (
+            any::<D, T>(&s.q, 0)?,
+            any::<D, T>(&self.kv.k, at)?,
+            any::<D, T>(&self.kv.v, at)?,
+            any::<D, T>(&s.attn, 0)?,
+        );
+        let (tables, seq_lens) =
+            ((arena_i32::<D>(arena, lay.tables)?, lay.bt_stride), arena_i32::<D>(arena, lay.ctx)?);
         if plan.max_q > 1 {
             let t = self.prefill_tiles(ln);
             let config = t.config(dtype, nq, nkv, hd, self.kv.block_size, true);
-            let args = flash_attention::Args {
-                q_ptr: any::<D, T>(&s.q, 0)?,
-                k_cache_ptr: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
-                v_cache_ptr: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
-                o_ptr: any::<D, T>(&s.attn, 0)?,
-                block_tables_ptr: arena_i32::<D>(arena, lay.tables)?,
-                seq_lens_ptr: arena_i32::<D>(arena, lay.ctx)?,
-                cu_seqlens_q_ptr: arena_i32::<D>(arena, lay.cu)?,
-                scale,
-                max_blocks_per_seq: lay.bt_stride as i32,
-                _marker: PhantomData,
-            };
+            let lens = (seq_lens, arena_i32::<D>(arena, lay.cu)?);
+            let args = flash_args!(flash_attention, qkvo, tables, lens, scale);
             let grid = fa::grid(plan.max_q, plan.b, nq, t.block_m);
             return ln.run::<flash_attention::Kernel>(grid, &config, &args);
         }
         let split = plan.splits > 1;
         let group = nq / nkv;
+        let parts = (typed::<D, f32>(&s.part_o)?, typed::<D, f32>(&s.part_m)?, typed::<D, f32>(&s.part_l)?);
         // The same arguments for both decode kernels.
-        macro_rules! decode_args {
+        macro_rules! args {
             ($k:ident) => {
-                $k::Args {
-                    q_ptr: any::<D, T>(&s.q, 0)?,
-                    k_cache: any::<D, T>(&self.kv.k, l * self.kv.layer_len)?,
-                    v_cache: any::<D, T>(&self.kv.v, l * self.kv.layer_len)?,
-                    block_tables: arena_i32::<D>(arena, lay.tables)?,
-                    bt_stride: lay.bt_stride as i32,
-                    seq_lens: arena_i32::<D>(arena, lay.ctx)?,
-                    out_ptr: any::<D, T>(&s.attn, 0)?,
-                    part_o: typed::<D, f32>(&s.part_o)?,
-                    part_m: typed::<D, f32>(&s.part_m)?,
-                    part_l: typed::<D, f32>(&s.part_l)?,
-                    scale,
-                    split_len: plan.split_len as i32,
-                    _marker: PhantomData,
-                }
+                decode_args!($k, qkvo, tables, seq_lens, (parts, plan.split_len), scale)
             };
         }
         let grid = [plan.b as u32, nkv as u32, plan.splits as u32];
@@ -300,7 +290,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let half = matches!(dtype, DType::BF16 | DType::F16);
         if plan.invariant {
             let config = invariant_decode(dtype, ln.dev.wgmma(), nkv, group, hd, page);
-            return ln.run::<paged_decode_tc::Kernel>(grid, &config, &decode_args!(paged_decode_tc));
+            return ln.run::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc));
         }
         if half {
             // Tensor cores for half caches (any split length: the kernel
@@ -318,11 +308,11 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             )
             .with_warps(4)
             .with_stages(3);
-            ln.run::<paged_decode_tc::Kernel>(grid, &config, &decode_args!(paged_decode_tc))?;
+            ln.run::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc))?;
         } else {
             let config =
                 paged_decode::Config::new(dtype, nkv, group, hd, page, DECODE_BLOCK_N, split).with_warps(4);
-            ln.run::<paged_decode::Kernel>(grid, &config, &decode_args!(paged_decode))?;
+            ln.run::<paged_decode::Kernel>(grid, &config, &args!(paged_decode))?;
         }
         if split {
             let config = paged_decode_reduce::Config::new(dtype, group, hd);
@@ -368,7 +358,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             self.project(ln, "gate_up", gu, (&s.h, 0), ((&s.act, 0), None), n, true, Fuse::Norm(norm, eps))?;
             return self.project(ln, "down", down, (&s.act, 0), ((&s.h, 0), None), n, false, Fuse::Residual);
         }
-        self.add_norm(ln, (&s.tmp, 0), (&s.h, 0), norm, (&s.normed, 0), n)?;
+        self.norm(ln, (&s.tmp, 0), Some((&s.h, 0)), norm, (&s.normed, 0), n)?;
         self.project(ln, "gate_up", gu, (&s.normed, 0), ((&s.act, 0), None), n, true, Fuse::None)?;
         self.project(ln, "down", down, (&s.act, 0), ((&s.tmp, 0), None), n, false, Fuse::None)
     }
@@ -405,16 +395,16 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
                 );
             }
             for &(r, j, count) in &plan.runs {
-                self.rmsnorm(ln, (&s.h, r * e), (&self.w.output_norm, 0), (&s.last, j * e), count)?;
+                self.norm(ln, (&s.h, r * e), None, (&self.w.output_norm, 0), (&s.last, j * e), count)?;
             }
         } else {
             // The final norm of the requested rows only, gathered into `last`
             // (one launch per run of consecutive rows).
             for &(r, j, count) in &plan.runs {
-                self.add_norm(
+                self.norm(
                     ln,
                     (&s.tmp, r * e),
-                    (&s.h, r * e),
+                    Some((&s.h, r * e)),
                     (&self.w.output_norm, 0),
                     (&s.last, j * e),
                     count,
@@ -473,62 +463,37 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         }
     }
 
-    /// `out = rmsnorm(x)` over `rows` rows (offsets in elements): with the
-    /// batch-invariant plan in add+RMSNorm's rounding, as the fused prologue.
-    fn rmsnorm(
+    /// `out = rmsnorm(x)` over `rows` rows (offsets in elements), with the
+    /// batch-invariant plan in add+RMSNorm's rounding, as the fused prologue;
+    /// with `r`, `out = add_rmsnorm(x, r)` with `h` (the new residual)
+    /// written over `r`.
+    fn norm(
         &self,
         ln: &mut Launcher<'_, D>,
-        x: (&D::Buf<T>, usize),
-        w: (&D::Buf<T>, usize),
-        out: (&D::Buf<T>, usize),
+        x: At<'_, D::Buf<T>>,
+        r: Option<At<'_, D::Buf<T>>>,
+        w: At<'_, D::Buf<T>>,
+        out: At<'_, D::Buf<T>>,
         rows: usize,
     ) -> Result<()> {
         let c = &self.w.config;
-        let block = rmsnorm::block_for(c.n_embd);
-        let config = rmsnorm_kernel::Config::new(T::DEVICE_DTYPE, block, self.plan.invariant)
-            .with_warps(rmsnorm::warps_for(block));
-        let args = rmsnorm_kernel::Args {
-            x_ptr: any::<D, T>(x.0, x.1)?,
-            w_ptr: any::<D, T>(w.0, w.1)?,
-            out_ptr: any::<D, T>(out.0, out.1)?,
-            n_cols: c.n_embd as i32,
-            stride: c.n_embd as i32,
-            eps: c.rms_norm_eps,
-            _marker: PhantomData,
+        let (block, es) = (rmsnorm::block_for(c.n_embd), T::DEVICE_DTYPE.size_bytes());
+        let warps = rmsnorm::warps_for(block);
+        let xw = (any::<D, T>(x.0, x.1)?, any::<D, T>(w.0, w.1)?);
+        let (hidden, out_ptr) = ((c.n_embd, c.n_embd, c.rms_norm_eps), any::<D, T>(out.0, out.1)?);
+        let grid = [rows as u32, 1, 1];
+        let Some(r) = r else {
+            let config =
+                rmsnorm_kernel::Config::new(T::DEVICE_DTYPE, block, self.plan.invariant).with_warps(warps);
+            let args = norm_args!(rmsnorm_kernel, xw, hidden, out_ptr);
+            ln.cost(|| format!("rmsnorm {rows} rows"), (2 * rows + 1) * c.n_embd * es, 0);
+            return ln.run::<rmsnorm_kernel::Kernel>(grid, &config, &args);
         };
-        let es = T::DEVICE_DTYPE.size_bytes();
-        ln.cost(|| format!("rmsnorm {rows} rows"), (2 * rows + 1) * c.n_embd * es, 0);
-        ln.run::<rmsnorm_kernel::Kernel>([rows as u32, 1, 1], &config, &args)
-    }
-
-    /// `out = add_rmsnorm(x, r)` over `rows` rows (offsets in elements), `h`
-    /// (the new residual) written over `r`.
-    fn add_norm(
-        &self,
-        ln: &mut Launcher<'_, D>,
-        x: (&D::Buf<T>, usize),
-        r: (&D::Buf<T>, usize),
-        w: (&D::Buf<T>, usize),
-        out: (&D::Buf<T>, usize),
-        rows: usize,
-    ) -> Result<()> {
-        let c = &self.w.config;
-        let block = rmsnorm::block_for(c.n_embd);
-        let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(rmsnorm::warps_for(block));
-        let args = add_rmsnorm::Args {
-            x_ptr: any::<D, T>(x.0, x.1)?,
-            r_ptr: any::<D, T>(r.0, r.1)?,
-            w_ptr: any::<D, T>(w.0, w.1)?,
-            out_ptr: any::<D, T>(out.0, out.1)?,
-            h_ptr: any::<D, T>(r.0, r.1)?,
-            n_cols: c.n_embd as i32,
-            stride: c.n_embd as i32,
-            eps: c.rms_norm_eps,
-            _marker: PhantomData,
-        };
-        let es = T::DEVICE_DTYPE.size_bytes();
+        let config = add_rmsnorm::Config::new(T::DEVICE_DTYPE, block).with_warps(warps);
+        let r_ptr = any::<D, T>(r.0, r.1)?;
+        let args = norm_args!(add_rmsnorm, xw, hidden, r_ptr, out_ptr, h_ptr: r_ptr);
         // Reads x and r, writes h and the normed rows.
         ln.cost(|| format!("add + rmsnorm {rows} rows"), (4 * rows + 1) * c.n_embd * es, 0);
-        ln.run::<add_rmsnorm::Kernel>([rows as u32, 1, 1], &config, &args)
+        ln.run::<add_rmsnorm::Kernel>(grid, &config, &args)
     }
 }

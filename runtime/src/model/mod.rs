@@ -13,6 +13,8 @@
 //!   split-KV), O product, add+RMSNorm, fused gate/up SiLU product, down
 //!   product; final norm and LM head for the requested rows.
 //! - [`buffers`]: the device buffers of a launch sequence and the KV cache.
+//! - [`args`]: the launch arguments of kernel families that share fields,
+//!   built the same way by the model, the checks and the benches.
 //! - [`inputs`]: a step's inputs packed into one device byte arena (one copy
 //!   per step), decode buckets and padding.
 //! - [`sampler`]: [`Model::forward_sample`], sampling on the device inside the
@@ -28,6 +30,7 @@
 //! device-specific branches in the forward); every step is validated on the
 //! host before any launch.
 
+pub mod args;
 pub mod attention;
 pub mod buffers;
 pub mod device;

@@ -13,6 +13,7 @@ use super::weights::MatRef;
 use crate::error::Result;
 use crate::gguf::LlamaConfig;
 use crate::model::ActElem;
+use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::f16;
 use kernels::dequant::linear::linear;
@@ -20,7 +21,6 @@ use kernels::dequant::{
     LINEAR_SPLIT_LONG_MAX_M, LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid,
     linear_tiles, linear_workspace, uses_gemv,
 };
-use std::marker::PhantomData;
 
 /// What a projection fuses: `Norm` is the RMSNorm prologue with its weight
 /// and epsilon (single-token steps only), `Residual` the in-place residual
@@ -161,21 +161,18 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
             "internal error: the split product needs {ws} workspace entries and {cnt} counters"
         )));
     }
-    let args = linear::Args {
+    let (qp, sp) = (D::ptr_at::<u8, u8>(w.quants, w.q_off)?, D::ptr_at::<f16, f16>(w.scales, w.s_off)?);
+    let args = product_args!(
+        linear,
+        (qp, sp, any::<D, T>(out.0, out.1)?),
+        (m, n, w.k),
         x_ptr: any::<D, T>(x.0, x.1)?,
-        q_ptr: D::ptr_at::<u8, u8>(w.quants, w.q_off)?,
-        s_ptr: D::ptr_at::<f16, f16>(w.scales, w.s_off)?,
         nw_ptr: np,
-        out_ptr: any::<D, T>(out.0, out.1)?,
         ws_ptr: typed::<D, f32>(&s.lin_ws)?,
         cnt_ptr: typed::<D, i32>(&s.lin_cnt)?,
-        m: m as i32,
-        n: n as i32,
         ldo: ldo as i32,
-        k: w.k as i32,
         eps,
-        _marker: PhantomData,
-    };
+    );
     l.run::<linear::Kernel>(grid, &config, &args)
 }
 
@@ -194,21 +191,11 @@ pub(super) fn matmul<D: Device, T: ActElem>(
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
     let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
     let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
-    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
     macro_rules! launch {
         ($family:ident, $kernel:ident, $tiles:expr, $grid:expr $(, $extra:expr)*) => {{
             use kernels::dequant::$family::$kernel as kk;
             let (a, b, c, warps, stages) = $tiles;
-            let args = kk::Args {
-                x_ptr: xp,
-                q_ptr: qp,
-                s_ptr: sp,
-                out_ptr: op,
-                m: mi,
-                n: ni,
-                k: ki,
-                _marker: PhantomData,
-            };
+            let args = product_args!(kk, (qp, sp, op), (m, n, w.k), x_ptr: xp);
             let config =
                 kk::Config::new(dtype, w.format, silu, a, b, c $(, $extra)*).with_warps(warps).with_stages(stages);
             l.run::<kk::Kernel>($grid, &config, &args)
@@ -259,25 +246,13 @@ pub(super) fn gemv_fused<D: Device, T: ActElem>(
     };
     let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
     let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
-    let (mi, ni, ki) = (m as i32, n as i32, w.k as i32);
     let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
     macro_rules! launch {
         ($($kernel:ident)::+) => {{
             use kernels::$($kernel)::+ as kk;
-            let args = kk::Args {
-                x_ptr: xp,
-                q_ptr: qp,
-                s_ptr: sp,
-                nw_ptr: np,
-                out_ptr: op,
-                m: mi,
-                n: ni,
-                ldo: ldo as i32,
-                k: ki,
-                eps,
-                _marker: PhantomData,
-            };
+            let args =
+                product_args!(kk, (qp, sp, op), (m, n, w.k), x_ptr: xp, nw_ptr: np, ldo: ldo as i32, eps);
             let config = kk::Config::new(
                 dtype,
                 w.format,

@@ -6,7 +6,7 @@
 //! scrapers).
 
 use super::AppState;
-use super::api::ApiError;
+use super::error::ApiError;
 use crate::error::{Error, Result};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;

@@ -18,7 +18,8 @@
 //! engine frees the request's KV blocks.
 
 use super::AppState;
-use super::api::{ApiError, ChatRequest, CompletionRequest, GenSpec, Prompt, parse_json, resolve_max_tokens};
+use super::api::{ChatRequest, CompletionRequest, GenSpec, Prompt, resolve_max_tokens};
+use super::error::{ApiError, parse_json};
 use super::metrics::Outcome;
 use super::sse::{self, Api, ChoiceOut, Finish, Header, TokenLogprob};
 use super::text::ChoiceText;

@@ -41,6 +41,7 @@
 pub mod api;
 mod auth;
 pub mod copies;
+pub mod error;
 pub mod handlers;
 pub mod metrics;
 pub mod sse;
@@ -100,7 +101,7 @@ impl AppState {
         &self,
         spec: &crate::grammar::GrammarSpec,
         param: &str,
-    ) -> std::result::Result<crate::grammar::Constraint, api::ApiError> {
+    ) -> std::result::Result<crate::grammar::Constraint, error::ApiError> {
         let compiler = self
             .grammar
             .get_or_init(|| {
@@ -108,8 +109,10 @@ impl AppState {
                     .map_err(|e| e.to_string())
             })
             .as_ref()
-            .map_err(|e| api::ApiError::invalid(param, format!("Structured output is unavailable: {e}.")))?;
-        compiler.compile(spec).map_err(|e| api::ApiError::invalid(param, format!("`{param}`: {e}")))
+            .map_err(|e| {
+                error::ApiError::invalid(param, format!("Structured output is unavailable: {e}."))
+            })?;
+        compiler.compile(spec).map_err(|e| error::ApiError::invalid(param, format!("`{param}`: {e}")))
     }
 }
 

@@ -26,7 +26,7 @@
 //! among the tools, or a `tool_choice` without tools are 400s naming the
 //! field.
 
-use super::api::ApiError;
+use super::error::ApiError;
 use crate::grammar::GrammarSpec;
 use serde_json::{Value, json};
 

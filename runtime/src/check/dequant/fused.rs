@@ -7,13 +7,13 @@ use super::{Expected, Launch, Oracle, Path, Weight, gguf_rows, judge, rounding};
 use crate::check::{CheckRow, DevicePtr, Rng, to_f64};
 use crate::cuda::DeviceElem;
 use crate::error::Result;
+use crate::model::args::product_args;
 use crate::model::{ActElem, Device};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::dequant::{QuantFormat, Repacked};
 use kernels::reference::quant as r;
-use std::marker::PhantomData;
 
 /// Which fused decode GEMV kernels a fused check launches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,19 +81,15 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
     let (xd, qd, sd) = (dev.upload(inp.x)?, dev.upload(&inp.w.quants)?, dev.upload(&inp.w.scales)?);
     let (nd, od) = (dev.upload(inp.nw)?, dev.upload(inp.out0)?);
     with_fused!(kernels, kk => {
-        let args = kk::Args {
+        let args = product_args!(
+            kk,
+            (dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&od)?),
+            (m, n, inp.w.k),
             x_ptr: dev.ptr(&xd)?,
-            q_ptr: dev.ptr(&qd)?,
-            s_ptr: dev.ptr(&sd)?,
             nw_ptr: dev.ptr(&nd)?,
-            out_ptr: dev.ptr(&od)?,
-            m: m as i32,
-            n: n as i32,
             ldo: n as i32,
-            k: inp.w.k as i32,
             eps: FUSED_EPS,
-            _marker: PhantomData,
-        };
+        );
         let mut config = kk::Config::new(T::DEVICE_DTYPE, launch.format, launch.silu, norm, residual, a, b, c);
         if kernels == FusedKernels::Dequant {
             config = config.with_warps(launch.warps);

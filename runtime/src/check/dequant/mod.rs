@@ -31,6 +31,7 @@ use crate::cuda::DeviceElem;
 use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
+use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -40,7 +41,6 @@ use kernels::dequant::{
     repack, stream_k,
 };
 use kernels::reference::quant as r;
-use std::marker::PhantomData;
 
 /// Which kernel family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,18 +313,14 @@ pub(crate) fn run<T: DeviceElem, D: Device>(
         let (a, b, c) = launch.tiles;
         let ws = dev.upload(&vec![f32::NAN; g as usize * a * b])?;
         let flags = dev.zeros::<i32>(g as usize)?;
-        let args = gemm_stream_k::Args {
+        let args = product_args!(
+            gemm_stream_k,
+            (dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&od)?),
+            (m, n, w.k),
             x_ptr: dev.ptr(&xd)?,
-            q_ptr: dev.ptr(&qd)?,
-            s_ptr: dev.ptr(&sd)?,
-            out_ptr: dev.ptr(&od)?,
             ws_ptr: dev.ptr(&ws)?,
             flag_ptr: dev.ptr(&flags)?,
-            m: m as i32,
-            n: n as i32,
-            k: w.k as i32,
-            _marker: PhantomData,
-        };
+        );
         let config = gemm_stream_k::Config::new(T::DEVICE_DTYPE, launch.format, launch.silu, a, b, c)
             .with_warps(launch.warps)
             .with_stages(launch.stages);
@@ -332,16 +328,8 @@ pub(crate) fn run<T: DeviceElem, D: Device>(
         flags_zero(&dev.download(&flags)?)?;
     } else {
         with_kernel!(launch, T::DEVICE_DTYPE, kk, config => {
-            let args = kk::Args {
-                x_ptr: dev.ptr(&xd)?,
-                q_ptr: dev.ptr(&qd)?,
-                s_ptr: dev.ptr(&sd)?,
-                out_ptr: dev.ptr(&od)?,
-                m: m as i32,
-                n: n as i32,
-                k: w.k as i32,
-                _marker: PhantomData,
-            };
+            let planes = (dev.ptr(&qd)?, dev.ptr(&sd)?, dev.ptr(&od)?);
+            let args = product_args!(kk, planes, (m, n, w.k), x_ptr: dev.ptr(&xd)?);
             dev.run::<kk::Kernel>(launch.grid(m, n), &config, &args)?;
         });
     }
