@@ -327,8 +327,10 @@ mod tests {
     /// Q4_K_M, Q6_K, Q8_0 and F16 (K-quant, Q5_0/Q8_0 fallback and float
     /// matrices, Q8_0 and F16 tables). Q5_K_M is not in the list: it breaks
     /// the teacher-forced rule at one position (case 2, token 15, llama.cpp
-    /// gap 0.51; 58 of 59 clear positions agree). Files that are absent are
-    /// skipped with a message.
+    /// gap 0.51; 58 of 59 clear positions agree), where the exact f64
+    /// forward of the file's weights ranks the tokens as we do
+    /// (`model::tests::q5_k_m_parity_violation_is_not_ours`). Files that are
+    /// absent are skipped with a message.
     #[test]
     fn requantized_models_meet_both_golden_rules_on_the_native_backend() {
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
