@@ -265,6 +265,7 @@ pub fn tile_product(
     block_m: usize,
     block_n: usize,
 ) -> Tensor {
+    let zero = zeros([block_m, block_n], f32);
     columns_product(
         wd,
         sr,
@@ -273,8 +274,7 @@ pub fn tile_product(
         rs,
         k,
         k0,
-        xa,
-        true,
+        zero,
         quant,
         norm,
         f16_ops,
@@ -285,16 +285,15 @@ pub fn tile_product(
     )
 }
 
-/// `acc + x[:, k0 .. k0 + width] @ w[.., k0 .. k0 + width]^T` as one `dot`
-/// (a chain of `mma` steps over the `width / 16` column groups, continuing
-/// `acc`'s, or from zero with `from_zero`, which leaves `acc` unread):
-/// [`tile_product`] is `width =
-/// LINEAR_BLOCK_K` from zero, and two
-/// calls of half the width, the second continuing the first's result, run
-/// the same chain of steps (see [`linear_tile`]'s wide tiles). `wd`/`sr`
-/// are the words and scales of the `width` columns ([`tile_index`]'s
-/// layout at that width, or the f32 weights of a format the word-tiled
-/// bodies do not take), `xa` the `[block_m, width]` activations.
+/// `init + x[:, k0 .. k0 + width] @ w[.., k0 .. k0 + width]^T` as one
+/// `dot`: a chain of `mma` steps over the `width / 16` column groups that
+/// continues `init`'s. [`tile_product`] is one call of `width =
+/// LINEAR_BLOCK_K` from zero; two calls of half the width, the second
+/// continuing the first's result, run the same chain of steps (see
+/// [`linear_tile`]'s wide tiles). `wd`/`sr` are the words and scales of the
+/// `width` columns ([`tile_index`]'s layout at that width, or the f32
+/// weights of a format the word-tiled bodies do not take), `xa` the
+/// `[block_m, width]` activations.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn columns_product(
@@ -305,8 +304,7 @@ pub fn columns_product(
     rs: Tensor,
     k: Tensor,
     k0: Tensor,
-    acc: Tensor,
-    from_zero: bool,
+    init: Tensor,
     quant: QuantFormat,
     norm: bool,
     f16_ops: bool,
@@ -334,7 +332,6 @@ pub fn columns_product(
     };
     let xv = where_(col < k, linear_operand(xa, nw, rs, norm, f16_ops, dt), 0.0);
     let wv = if f16_ops { w.to(f16) } else { w };
-    let init = if from_zero { zeros([block_m, block_n], f32) } else { acc };
     dot(xv, trans(wv), init)
 }
 
@@ -418,6 +415,31 @@ pub fn linear_body(
     );
 }
 
+/// The quant words, scales and activations of the `width` columns from
+/// `k0` of a wide tile's K step ([`linear_tile`]): words and scales at
+/// [`tile_index`]'s indices `w_idx`/`s_idx` for that width, activations of
+/// the rows at element offsets `xrow`, columns `cols` (`[1, width]`; whole
+/// K tiles: no masks).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn half_tile_load(
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    x_ptr: Tensor,
+    w_idx: Tensor,
+    s_idx: Tensor,
+    xrow: Tensor,
+    cols: Tensor,
+    k0: Tensor,
+    quant: QuantFormat,
+) -> (Tensor, Tensor, Tensor) {
+    let wpb = if quant.is_q4() { 4 } else { 8 };
+    let w = load(ptrcast(q_ptr, i32) + (w_idx + k0 / 32 * wpb));
+    let s = scale_load(s_ptr, s_idx + k0 / 32, full([], 1, i1), quant);
+    let x = load(x_ptr + xrow + cols + k0);
+    (w, s, x)
+}
+
 /// Output tile `(pid_m, pid_n)` of `x @ W^T` (of `tiles_n` tiles along N):
 /// unsplit, every K tile's product in K order then the epilogue; with
 /// `split_k`, K tile `pid_k`'s product handed to [`split_finish`] (of
@@ -494,25 +516,20 @@ pub fn linear_tile(
             // top of each step.
             let hw = LINEAR_BLOCK_K / 2;
             let (w_idx, s_idx) = tile_index(wrow, nb, arange(0, hw as i32 / 16) / 2, quant, block_n, hw);
-            let wpb = if quant.is_q4() { 4 } else { 8 };
-            let qw = ptrcast(q_ptr, i32);
             let kh = expand_dims(arange(0, hw as i32), 0);
             let mut acc = zeros([block_m, block_n], f32);
             for k0 in range(0, k_full, bk) {
                 let k1 = k0 + hw as i32;
-                let lo_w = load(qw + (w_idx + k0 / 32 * wpb));
-                let lo_s = scale_load(s_ptr, s_idx + k0 / 32, full([], 1, i1), quant);
-                let lo_x = load(x_ptr + xrow + kh + k0);
-                let hi_w = load(qw + (w_idx + k1 / 32 * wpb));
-                let hi_s = scale_load(s_ptr, s_idx + k1 / 32, full([], 1, i1), quant);
-                let hi_x = load(x_ptr + xrow + kh + k1);
+                let (lo_w, lo_s, lo_x) =
+                    half_tile_load(q_ptr, s_ptr, x_ptr, w_idx, s_idx, xrow, kh, k0, quant);
+                let (hi_w, hi_s, hi_x) =
+                    half_tile_load(q_ptr, s_ptr, x_ptr, w_idx, s_idx, xrow, kh, k1, quant);
+                let zero = zeros([block_m, block_n], f32);
                 let lo = columns_product(
-                    lo_w, lo_s, lo_x, nw_ptr, rs, k, k0, lo_x, true, quant, norm, f16_ops, dt, block_m,
-                    block_n, hw,
+                    lo_w, lo_s, lo_x, nw_ptr, rs, k, k0, zero, quant, norm, f16_ops, dt, block_m, block_n, hw,
                 );
                 let part = columns_product(
-                    hi_w, hi_s, hi_x, nw_ptr, rs, k, k1, lo, false, quant, norm, f16_ops, dt, block_m,
-                    block_n, hw,
+                    hi_w, hi_s, hi_x, nw_ptr, rs, k, k1, lo, quant, norm, f16_ops, dt, block_m, block_n, hw,
                 );
                 acc = acc + part;
             }
