@@ -12,11 +12,11 @@
 //! | stage | tasks | body |
 //! |---|---|---|
 //! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
-//! | per layer: QKV | output tile x K tile | [`crate::dequant::linear::linear_tile`], attention norm as its prologue |
+//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_tile`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue |
 //! | attention | row x KV head | [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache), then [`crate::decode_attention::decode_tc_body`], never split |
-//! | O projection | output tile x K tile | `linear_tile`, residual add into `h` as its epilogue |
-//! | gate/up | output tile x K tile | `linear_tile`, MLP norm prologue, SiLU-mul epilogue |
-//! | down | output tile x K tile | `linear_tile`, residual add into `h` |
+//! | O projection | as QKV | residual add into `h` as the epilogue |
+//! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
+//! | down | as QKV | residual add into `h` |
 //! | LM head | output tile | `linear_tile` unsplit, final norm prologue |
 //!
 //! Stages meet through counters in global memory, one per stage and layer:
@@ -32,10 +32,13 @@
 //! weights are never written), and at the start of each layer every program
 //! asks L2 for its share of the next layer's weights (`prefetch_l2`).
 //!
-//! The products are split along K (one 128-column K tile per task, so even
-//! the 576-row projections of a small model give hundreds of tasks): each
-//! task stores its tile's product, and the task that completes an output
-//! tile sums them in K order ([`crate::dequant::linear::split_finish`]).
+//! A one-row step's products in the word-tiled formats take one task per
+//! output tile over all of K, its K tiles stacked in one `dot`
+//! ([`crate::dequant::stacked`]; small tiles, so even the 576-row
+//! projections of a small model give a hundred tasks or more). The other
+//! products are split along K (one 128-column K tile per task): each task
+//! stores its tile's product, and the task that completes an output tile
+//! sums them in K order ([`crate::dequant::linear::split_finish`]).
 //!
 //! # Arithmetic
 //!
@@ -58,7 +61,9 @@
 //!   of it).
 //! - Scratch as the multi-kernel step uses it (`h`, `qkv`, `q`, `attn`,
 //!   `act`, `logits` of `m` rows); `ws`/`cnt` the split products' workspace
-//!   and counters (counters zero; every launch leaves them zero);
+//!   and counters (counters zero; every launch leaves them zero), `ws` also
+//!   holding a slot per program for the stacked products
+//!   ([`crate::dequant::stacked::stacked_slot`] entries at most);
 //!   `stage` holds [`stage_counters`] zeros (every launch leaves them zero).
 //! - The grid is at most the number of programs that can be resident at
 //!   once (the launcher refuses larger waiting grids).
@@ -72,6 +77,7 @@
 
 use crate::decode_attention::decode_tc_body;
 use crate::dequant::linear::{LINEAR_BLOCK_K, linear_tile, tile_load};
+use crate::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_tile};
 use crate::dequant::{Fuse, QuantFormat};
 use crate::embedding::embedding_row;
 use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
@@ -146,7 +152,9 @@ pub fn count_tiles(rows: Tensor, block_n: usize) -> Tensor {
 /// output tile and (with `split`) one K tile, each waiting until counter
 /// `wait_idx` reaches `wait_target`, each finished output tile counted in
 /// counter `done_idx`. With `norm`, the prologue's statistic is taken per
-/// row of `x` (one row with `one_row`).
+/// row of `x` (one row with `one_row`). With `stack > 0` (one row, a
+/// word-tiled format) each task is one output tile over all `tiles` K tiles,
+/// `stack` of them per `dot` ([`stacked_tile`]), and `split` is not read.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn stage_linear(
@@ -174,10 +182,13 @@ pub fn stage_linear(
     dt: DType,
     norm_block: usize,
     block_n: usize,
+    stack: usize,
+    tiles: usize,
 ) {
     let bk = LINEAR_BLOCK_K as i32;
     let rows = if fuse.silu() { n * 2 } else { n };
     let tiles_n = count_tiles(rows, block_n);
+    let split_k = split_k && stack == 0;
     let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
     let zero = full([], 0, i32);
     let np = num_programs(0);
@@ -186,8 +197,13 @@ pub fn stage_linear(
     for t in range(t0, n_tasks, np) {
         // The task's weights go out before its wait (the weights are never
         // written by the step).
-        let (wd, sr, wd_tail, sr_tail) =
-            task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n);
+        let (wd, sr, wd_tail, sr_tail) = if stack > 0 {
+            let wrow = stacked_rows(t, rows, block_n, stack);
+            let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack);
+            (wd, sr, wd, sr)
+        } else {
+            task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n)
+        };
         let pid_n = t / tiles_k;
         let pid_k = t % tiles_k;
         wait_until(stage_ptr + wait_idx, "ge", wait_target);
@@ -201,10 +217,20 @@ pub fn stage_linear(
             let offs = minimum(arange(0, MAX_ROWS), m - 1) * k;
             expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
         };
-        let fin = linear_tile(
-            x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr, wd_tail, sr_tail,
-            zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k, f16_ops, dt, MAX_ROWS, block_n,
-        );
+        let fin = if stack > 0 {
+            let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack) as i32;
+            stacked_tile(
+                x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, slot, n, k, rs, wd, sr, t, quant, fuse,
+                f16_ops, dt, block_n, stack, tiles,
+            );
+            full([], 1, i1)
+        } else {
+            linear_tile(
+                x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr, wd_tail,
+                sr_tail, zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k, f16_ops, dt, MAX_ROWS,
+                block_n,
+            )
+        };
         if fin {
             atomic_add(stage_ptr + done_idx, 1, sem = "release");
         }
@@ -337,14 +363,45 @@ pub fn decode_step<T: Float>(
     // The embedding kernel's column tile (`embedding::block_for`).
     let nb_e = N_EMBD.next_power_of_two().min(1024);
     let norm_block = N_EMBD.next_power_of_two();
-    // Finished output tiles per product stage.
-    // Output tile heights: 64 rows for Q8_0 and for gate/up (its tasks then
-    // fit the grid in one round), 32 otherwise; they decide only which
-    // program computes which output, not the arithmetic.
-    let bn_qkv = if F_QKV == QuantFormat::Q8_0 { 64 } else { 32 };
-    let bn_o = if F_O == QuantFormat::Q8_0 { 64 } else { 32 };
-    let bn_gu = 64;
-    let bn_dn = if F_DN == QuantFormat::Q8_0 { 64 } else { 32 };
+    // One-row steps on tensor cores take the word-tiled products stacked
+    // ([`stacked_tile`]: `stack` K tiles per dot, output tiles of `sbn_*`
+    // rows, no split-K hand-over); the others split into 128-column K
+    // tiles.
+    let one = ONE_ROW && F16;
+    let (st_qkv, sbn_qkv) = F_QKV.stacked_shape(one, (N_HEAD + 2 * N_KV) * HEAD_DIM, N_EMBD);
+    let (st_o, sbn_o) = F_O.stacked_shape(one, N_EMBD, N_HEAD * HEAD_DIM);
+    let (st_gu, sbn_gu) = F_GU.stacked_shape(one, 2 * N_FF, N_EMBD);
+    let (st_dn, sbn_dn) = F_DN.stacked_shape(one, N_EMBD, N_FF);
+    // Split output tile heights: 64 rows for Q8_0 and for gate/up (its tasks
+    // then fit the grid in one round), 32 otherwise. Tile heights decide
+    // only which program computes which output, not the arithmetic.
+    let bn_qkv = if st_qkv > 0 {
+        sbn_qkv
+    } else if F_QKV == QuantFormat::Q8_0 {
+        64
+    } else {
+        32
+    };
+    let bn_o = if st_o > 0 {
+        sbn_o
+    } else if F_O == QuantFormat::Q8_0 {
+        64
+    } else {
+        32
+    };
+    let bn_gu = if st_gu > 0 { sbn_gu } else { 64 };
+    let bn_dn = if st_dn > 0 {
+        sbn_dn
+    } else if F_DN == QuantFormat::Q8_0 {
+        64
+    } else {
+        32
+    };
+    let (tl_e, tl_attn, tl_ff) = (
+        N_EMBD.div_ceil(LINEAR_BLOCK_K),
+        (N_HEAD * HEAD_DIM).div_ceil(LINEAR_BLOCK_K),
+        N_FF.div_ceil(LINEAR_BLOCK_K),
+    );
     let bn_head = if F_HEAD == QuantFormat::Q8_0 { 64 } else { 32 };
     let t_qkv = count_tiles(n_qkv, bn_qkv);
     let t_o = count_tiles(n_e, bn_o);
@@ -363,10 +420,10 @@ pub fn decode_step<T: Float>(
     let kt_e = (e + 127) / 128;
     let kt_attn = (attn_cols + 127) / 128;
     let kt_ff = (ff + 127) / 128;
-    let n_qkv_tasks = t_qkv * kt_e;
-    let n_o_tasks = t_o * kt_attn;
-    let n_gu_tasks = t_gu * kt_e;
-    let n_dn_tasks = t_dn * kt_ff;
+    let n_qkv_tasks = if st_qkv > 0 { t_qkv } else { t_qkv * kt_e };
+    let n_o_tasks = if st_o > 0 { t_o } else { t_o * kt_attn };
+    let n_gu_tasks = if st_gu > 0 { t_gu } else { t_gu * kt_e };
+    let n_dn_tasks = if st_dn > 0 { t_dn } else { t_dn * kt_ff };
     let per_layer = n_qkv_tasks + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
     for l in range(0, N_LAYERS as i32) {
         // This program's share of the next layer's weights (at layer 0,
@@ -412,6 +469,8 @@ pub fn decode_step<T: Float>(
             T,
             norm_block,
             bn_qkv,
+            st_qkv,
+            tl_e,
         );
         mark(trace_ptr, s0, n_marks, TRACE);
         for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
@@ -506,6 +565,8 @@ pub fn decode_step<T: Float>(
             T,
             norm_block,
             bn_o,
+            st_o,
+            tl_attn,
         );
         mark(trace_ptr, s0 + 2, n_marks, TRACE);
         stage_linear(
@@ -533,6 +594,8 @@ pub fn decode_step<T: Float>(
             T,
             norm_block,
             bn_gu,
+            st_gu,
+            tl_e,
         );
         mark(trace_ptr, s0 + 3, n_marks, TRACE);
         stage_linear(
@@ -560,6 +623,8 @@ pub fn decode_step<T: Float>(
             T,
             norm_block,
             bn_dn,
+            st_dn,
+            tl_ff,
         );
         mark(trace_ptr, s0 + 4, n_marks, TRACE);
     }
@@ -589,6 +654,8 @@ pub fn decode_step<T: Float>(
         T,
         norm_block,
         bn_head,
+        0,
+        0,
     );
     mark(trace_ptr, full([], last - 1, i32), n_marks, TRACE);
     // The program that leaves last zeroes the stage counters for the next

@@ -17,5 +17,6 @@ mod lib_q8;
 mod lib_rope;
 mod lib_sampling;
 mod lib_softmax;
+mod lib_stacked;
 mod macro_kernels;
 mod ui;

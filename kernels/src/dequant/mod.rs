@@ -155,6 +155,7 @@ pub mod gemv;
 pub mod linear;
 pub mod q8;
 pub mod repack;
+pub mod stacked;
 pub mod stream_k;
 
 pub use repack::{

@@ -350,6 +350,11 @@ pub(super) fn launch<D: Device, T: ActElem>(
     } else {
         INTERP_PROGRAMS
     } as u32;
+    // Each program's stacked products keep their K tiles' products in its
+    // own slot of the workspace: no more programs than it has slots for.
+    let slot =
+        super::products::mega_stacked_slot(c, [f_qkv, f_o, f_gu, f_dn], m == 1 && ln.dev.tensor_cores());
+    let programs = s.lin_ws_len.checked_div(slot).map_or(programs, |fit| programs.min(fit.max(1) as u32));
     if trace {
         // The profile's bytes and FLOPs: every matrix once, the cached K/V.
         let mats = (0..c.n_layers)

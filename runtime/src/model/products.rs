@@ -101,18 +101,42 @@ pub(crate) fn linear_workspace_for(c: &LlamaConfig, tensor_cores: bool) -> (usiz
     need
 }
 
-/// The workspace entries and tile counters the persistent step's split
-/// products need for a model of shape `c`.
-pub(crate) fn mega_workspace_for(c: &LlamaConfig) -> (usize, usize) {
+/// The (weight rows, columns) of the persistent step's QKV, O, gate/up and
+/// down products for a model of shape `c`.
+fn mega_shapes(c: &LlamaConfig) -> [(usize, usize); 4] {
     let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
-    let shapes =
-        [(qkv, c.n_embd), (c.n_embd, c.n_head * c.head_dim), (2 * c.n_ff, c.n_embd), (c.n_embd, c.n_ff)];
+    [(qkv, c.n_embd), (c.n_embd, c.n_head * c.head_dim), (2 * c.n_ff, c.n_embd), (c.n_embd, c.n_ff)]
+}
+
+/// The persistent grids the workspace holds stacked-product scratch for
+/// (a grid is capped to what it holds; see [`mega_stacked_slot`]).
+pub(crate) const MEGA_SCRATCH_PROGRAMS: usize = 1024;
+
+/// The workspace entries and tile counters the persistent step's split
+/// products, and the stacked ones' scratch for [`MEGA_SCRATCH_PROGRAMS`]
+/// programs in any format, need for a model of shape `c`.
+pub(crate) fn mega_workspace_for(c: &LlamaConfig) -> (usize, usize) {
     let mut need = (0, 0);
-    for (rows, k) in shapes {
+    for (rows, k) in mega_shapes(c) {
         let (ws, cnt) = kernels::decode_step::workspace(rows, k);
         need = (need.0.max(ws), need.1.max(cnt));
     }
-    need
+    let slot = mega_stacked_slot(c, [QuantFormat::Q4_0; 4], true);
+    (need.0.max(slot * MEGA_SCRATCH_PROGRAMS), need.1)
+}
+
+/// The scratch entries one program of the persistent step needs for its
+/// stacked products (formats of QKV, O, gate/up, down; one-row steps only).
+pub(crate) fn mega_stacked_slot(c: &LlamaConfig, formats: [QuantFormat; 4], one_row: bool) -> usize {
+    use kernels::dequant::stacked::{StackedShape, stacked_slot};
+    let mut slot = 0;
+    for ((rows, k), f) in mega_shapes(c).into_iter().zip(formats) {
+        let (stack, block_n) = f.stacked_shape(one_row, rows, k);
+        if stack > 0 {
+            slot = slot.max(stacked_slot(stack, block_n, k));
+        }
+    }
+    slot
 }
 
 /// The batch-invariant product with its fusions: [`linear`], or on devices

@@ -1,0 +1,175 @@
+//! Kernel library: the stacked one-row product (`kernels::dequant::stacked`,
+//! the persistent decode step's single-row products) on the interpreter,
+//! bit for bit against the batch-invariant `linear` on the same row.
+
+use crate::lib_dequant::{Act, activations, random_weight};
+use crate::lib_linear::{Fuse as LinearFuse, run};
+use dsl_core::half::bf16;
+use dsl_core::interp::Cpu;
+use dsl_macros::kernel;
+use kernels::dequant::linear::LINEAR_BLOCK_K;
+use kernels::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_slot, stacked_tile};
+use kernels::dequant::{Fuse, QuantFormat};
+use kernels::rmsnorm::rms_rstd;
+use std::marker::PhantomData;
+use tests::reference::Rng;
+
+const EPS: f32 = 1e-5;
+
+/// One program per output tile of `BLOCK_N` rows: the stacked product of
+/// the row `x` with `STACK` K tiles per dot, as the persistent step runs
+/// it (weights of the first dot loaded first, the norm statistic of the
+/// whole row, scratch slot per program).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+fn stacked_probe<T: Float>(
+    x_ptr: Ptr<T>,
+    q_ptr: Ptr<u8>,
+    s_ptr: Ptr<f16>,
+    nw_ptr: Ptr<T>,
+    out_ptr: Ptr<T>,
+    ws_ptr: Ptr<f32>,
+    n: i32,
+    k: i32,
+    eps: f32,
+    #[constexpr] QUANT: QuantFormat,
+    #[constexpr] SILU: bool,
+    #[constexpr] NORM: bool,
+    #[constexpr] RESIDUAL: bool,
+    #[constexpr] F16: bool,
+    #[constexpr] BLOCK_N: usize,
+    #[constexpr] STACK: usize,
+    #[constexpr] TILES: usize,
+    #[constexpr] NORM_BLOCK: usize,
+) {
+    let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
+    let pid = program_id(0);
+    let rows = if SILU { n * 2 } else { n };
+    let wrow = stacked_rows(pid, rows, BLOCK_N, STACK);
+    let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, full([], 0, i32), k / 32, QUANT, BLOCK_N, STACK);
+    let rs = if NORM {
+        let cols = arange(0, NORM_BLOCK);
+        rms_rstd(load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32), k, eps, NORM_BLOCK)
+    } else {
+        eps
+    };
+    let slot = pid * (TILES.div_ceil(STACK) * STACK * BLOCK_N) as i32;
+    stacked_tile(
+        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, slot, n, k, rs, wd, sr, pid, QUANT, fuse, F16, T,
+        BLOCK_N, STACK, TILES,
+    );
+}
+
+/// Runs [`stacked_probe`] for the one row `x` (`k` values) against the
+/// weight `w` (`n` outputs, `2n` rows with SiLU); `out0` is the initial
+/// output (the residual).
+#[allow(clippy::too_many_arguments)]
+fn run_stacked<T: Act>(
+    format: QuantFormat,
+    fuse: LinearFuse,
+    f16_ops: bool,
+    (stack, block_n): (usize, usize),
+    x: &[T],
+    nw: &[T],
+    out0: &[T],
+    w: &kernels::dequant::Repacked,
+    (n, k): (usize, usize),
+) -> Vec<T> {
+    let mut cpu = Cpu::new();
+    let silu = fuse == LinearFuse::Silu;
+    let rows = if silu { 2 * n } else { n };
+    let tiles = k.div_ceil(LINEAR_BLOCK_K);
+    let programs = rows.div_ceil(block_n);
+    let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(nw));
+    let op = cpu.upload(out0);
+    let wsp = cpu.zeros::<f32>(programs * stacked_slot(stack, block_n, k));
+    let args = stacked_probe::Args {
+        x_ptr: xp.cast(),
+        q_ptr: qp.cast(),
+        s_ptr: sp.cast(),
+        nw_ptr: np.cast(),
+        out_ptr: op.cast(),
+        ws_ptr: wsp.cast(),
+        n: n as i32,
+        k: k as i32,
+        eps: EPS,
+        _marker: PhantomData,
+    };
+    let config = stacked_probe::Config::new(
+        T::DTYPE,
+        format,
+        silu,
+        fuse == LinearFuse::Norm,
+        fuse == LinearFuse::Residual,
+        f16_ops,
+        block_n,
+        stack,
+        tiles,
+        k.next_power_of_two(),
+    );
+    stacked_probe::interpret(&mut cpu, [programs as u32, 1, 1], &config, &args).unwrap();
+    cpu.read(op)
+}
+
+/// The stacked product's row equals `linear`'s (split 16-row tiles, the
+/// persistent step's other form, and every other tile by `linear`'s own
+/// invariance) bit for bit: word-tiled formats, every fusion, f16 and f32
+/// operands, f32 and bf16 activations; K of one partial tile, of several
+/// with a partial one, and of more than one dot (17 K tiles, and 5 tiles in
+/// dots of 4), output rows past the matrix in the last tile. A product that
+/// took another K tile's block, or summed out of K order, differs.
+#[test]
+fn stacked_rows_equal_linear() {
+    stacked_cases::<f32>();
+    stacked_cases::<bf16>();
+}
+
+fn stacked_cases<T: Act>() {
+    let n = 40;
+    let formats = [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0];
+    for (i, format) in formats.into_iter().enumerate() {
+        for (k, stack) in [(96, 1), (576, 8), (576, 4), (2080, 16)] {
+            for fuse in [LinearFuse::None, LinearFuse::Silu, LinearFuse::Norm, LinearFuse::Residual] {
+                let f16_ops = (i + k / 32) % 2 == 0 || fuse == LinearFuse::Norm;
+                let mut rng = Rng::new(0x5A + i as u64 + k as u64);
+                let silu = fuse == LinearFuse::Silu;
+                let (w, _) = random_weight(&mut rng, format, n, k, silu);
+                let x = activations::<T>(&mut rng, k);
+                let nw = activations::<T>(&mut rng, k);
+                let res = activations::<T>(&mut rng, n);
+                let want =
+                    run::<T>(format, fuse, f16_ops, (16, 16, true), &x, &nw, &res, &w, (1, n, k)).unwrap();
+                for block_n in [4, 16] {
+                    let got =
+                        run_stacked::<T>(format, fuse, f16_ops, (stack, block_n), &x, &nw, &res, &w, (n, k));
+                    let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{:?} {format:?} {fuse:?} f16={f16_ops} k={k} stack={stack} block_n={block_n}",
+                        T::DTYPE
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The shapes the persistent step stacks: SmolLM2's four products, one K
+/// tile per dot row up to 16, tiles of at least 4 rows and at most 256 of
+/// them, 32 to 128 rows per dot; byte-per-weight formats and
+/// multi-row steps stay split.
+#[test]
+fn stacked_shapes_fit_the_grid_and_the_registers() {
+    let q4 = QuantFormat::Q4_1;
+    assert_eq!(q4.stacked_shape(true, 960, 576), (8, 4));
+    assert_eq!(q4.stacked_shape(true, 576, 576), (8, 4));
+    assert_eq!(q4.stacked_shape(true, 3072, 576), (8, 16));
+    assert_eq!(q4.stacked_shape(true, 576, 1536), (16, 4));
+    assert_eq!(q4.stacked_shape(true, 16384, 2048), (0, 0));
+    // The tiny model: one K tile, still 32 rows per dot.
+    assert_eq!(q4.stacked_shape(true, 256, 64), (1, 32));
+    assert_eq!(q4.stacked_shape(false, 960, 576), (0, 0));
+    assert_eq!(QuantFormat::Q4_K.stacked_shape(true, 960, 576), (0, 0));
+    assert_eq!(QuantFormat::Q8_0.stacked_shape(true, 960, 576), (8, 4));
+}
