@@ -195,26 +195,43 @@ proptest! {
     }
 }
 
+/// The hand-computed rotation case: one query and one KV head of 4 elements
+/// at position 1 into slot 1 of a two-slot cache holding 9s, theta 100 (pair
+/// 0 rotates by exactly 1 rad, pair 1 by 0.1 rad).
+const HAND_SHAPE: RopeShape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
+const HAND_QKV: [f64; 12] =
+    [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
+
+/// The reference on the hand-computed case, the plain rotation or with
+/// `arch`'s options: `(q, k cache)`, after checking that V went to slot 1
+/// unchanged. Also `(cos 1, sin 1, cos 0.1, sin 0.1)`.
+fn hand_case(arch: Option<&r::RopeArch>) -> (Vec<f64>, Vec<f64>, [f64; 4]) {
+    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
+    let q = match arch {
+        None => r::rope_kv_write(&HAND_QKV, &[1], &[1], 100.0, HAND_SHAPE, DType::F64, &mut k, &mut v),
+        Some(a) => {
+            r::rope_arch_kv_write(&HAND_QKV, &[1], &[1], 100.0, HAND_SHAPE, a, DType::F64, &mut k, &mut v)
+        }
+    };
+    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
+    (q, k, [1f64.cos(), 1f64.sin(), 0.1f64.cos(), 0.1f64.sin()])
+}
+
+/// Every `got` within `tol` of `want`.
+fn assert_near(got: &[f64], want: [f64; 4], tol: f64) {
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < tol, "{got:?}");
+    }
+}
+
 /// The rotation convention: adjacent pairs (llama.cpp `NORM`), checked on a
-/// hand-computed case (position 1, pair 0 rotates by exactly 1 rad).
+/// hand-computed case.
 #[test]
 fn rope_rotates_adjacent_pairs() {
-    let shape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
-    let qkv = [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
-    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
-    let q = r::rope_kv_write(&qkv, &[1], &[1], 100.0, shape, DType::F64, &mut k, &mut v);
-    let (c0, s0) = (1f64.cos(), 1f64.sin());
-    let (c1, s1) = (0.1f64.cos(), 0.1f64.sin());
-    let want_q = [c0, s0, -s1, c1];
-    for (g, w) in q.iter().zip(want_q) {
-        assert!((g - w).abs() < 1e-12, "{q:?}");
-    }
+    let (q, k, [c0, s0, c1, s1]) = hand_case(None);
+    assert_near(&q, [c0, s0, -s1, c1], 1e-12);
     assert_eq!(&k[..4], &[9.0; 4]);
-    let want_k = [-s0, c0, c1, s1];
-    for (g, w) in k[4..].iter().zip(want_k) {
-        assert!((g - w).abs() < 1e-12, "{k:?}");
-    }
-    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
+    assert_near(&k[4..], [-s0, c0, c1, s1], 1e-12);
 }
 
 /// `rope_arch_kv_write` on the interpreter: `(q, k cache, v cache)`.
@@ -393,22 +410,12 @@ proptest! {
 /// kernel's rotation of the permuted head; checked on a hand-computed case.
 #[test]
 fn rope_arch_rotates_neox_halves() {
-    let shape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
     // q = (1, 0 | 0, 1): pair 0 is (q[0], q[2]) = (1, 0), pair 1 (q[1], q[3]) = (0, 1).
-    let qkv = [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
-    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
     let arch = r::RopeArch { neox: true, ..Default::default() };
-    let q = r::rope_arch_kv_write(&qkv, &[1], &[1], 100.0, shape, &arch, DType::F64, &mut k, &mut v);
-    let (c0, s0) = (1f64.cos(), 1f64.sin());
-    let (c1, s1) = (0.1f64.cos(), 0.1f64.sin());
+    let (q, _, [c0, s0, c1, s1]) = hand_case(Some(&arch));
     let want_q = [c0, -s1, s0, c1];
-    for (g, w) in q.iter().zip(want_q) {
-        assert!((g - w).abs() < 1e-12, "{q:?}");
-    }
-    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
-    let inputs = (&qkv[..], &[1][..], &[1][..], &[9.0; 8][..], &[9.0; 8][..]);
-    let (gq, _, _) = interpret_arch::<f32>(inputs, shape, 100.0, &arch).unwrap();
-    for (g, w) in gq.iter().zip(want_q) {
-        assert!((g - w).abs() < 1e-6, "{gq:?}");
-    }
+    assert_near(&q, want_q, 1e-12);
+    let inputs = (&HAND_QKV[..], &[1][..], &[1][..], &[9.0; 8][..], &[9.0; 8][..]);
+    let (gq, _, _) = interpret_arch::<f32>(inputs, HAND_SHAPE, 100.0, &arch).unwrap();
+    assert_near(&gq, want_q, 1e-6);
 }
