@@ -12,10 +12,9 @@
 //! error of its f32 angle (which grows with the position); bf16 adds one unit
 //! of the final rounding, `|want| / 128`. V is a copy: exact.
 
-use crate::common::{Storage, cases, nonzero};
+use crate::common::{Storage, cases, f32_or_bf16, nonzero};
 use dsl_core::DType;
-use dsl_core::half::bf16;
-use dsl_core::interp::Cpu;
+use dsl_core::interp::{Cpu, CpuPtr};
 use kernels::reference::rope::{self as r, RopeShape};
 use kernels::rope::{rope_arch_kv_write, rope_kv_write};
 use proptest::prelude::*;
@@ -66,35 +65,99 @@ type Inputs<'a> = (&'a [f64], &'a [i32], &'a [i32], &'a [f64], &'a [f64]);
 /// The outputs of one launch: Q, the K cache and the V cache.
 type Outputs = (Vec<f64>, Vec<f64>, Vec<f64>);
 
+/// The random inputs of one case: non-zero QKV rows and initial caches of
+/// `n_slots` slots in `dtype`, positions below 8192, and `slots` (drawn
+/// after the positions; `-1`: the token's KV is not written).
+struct RandomInputs {
+    qkv: Vec<f64>,
+    positions: Vec<i32>,
+    slots: Vec<i32>,
+    k_init: Vec<f64>,
+    v_init: Vec<f64>,
+}
+
+impl RandomInputs {
+    fn new(
+        rng: &mut Rng,
+        (shape, tokens, n_slots): (RopeShape, usize, usize),
+        dtype: DType,
+        slots: impl FnOnce(&mut Rng) -> Vec<i32>,
+    ) -> Self {
+        let qkv = nonzero(rng, tokens * shape.row(), dtype);
+        let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
+        let slots = slots(rng);
+        let k_init = nonzero(rng, n_slots * shape.slot(), dtype);
+        let v_init = nonzero(rng, n_slots * shape.slot(), dtype);
+        RandomInputs { qkv, positions, slots, k_init, v_init }
+    }
+
+    fn inputs(&self) -> Inputs<'_> {
+        (&self.qkv, &self.positions, &self.slots, &self.k_init, &self.v_init)
+    }
+
+    /// The caches a launch left, `(k_got, v_got)`, hold the initial contents
+    /// bit for bit at every slot no token writes (slots of `sl` elements).
+    fn check_untouched(&self, k_got: &[f64], v_got: &[f64], sl: usize) -> Result<(), TestCaseError> {
+        for s in (0..self.k_init.len() / sl).filter(|s| !self.slots.contains(&(*s as i32))) {
+            let (a, b) = (s * sl, (s + 1) * sl);
+            prop_assert_eq!(&k_got[a..b], &self.k_init[a..b], "k_cache slot {} must be untouched", s);
+            prop_assert_eq!(&v_got[a..b], &self.v_init[a..b], "v_cache slot {} must be untouched", s);
+        }
+        Ok(())
+    }
+}
+
+/// The interpreter with one launch's buffers, activations and caches in
+/// `T`: QKV rows, positions, slots, Q out and the K and V caches.
+struct Buffers<T: Storage> {
+    cpu: Cpu,
+    qkv: CpuPtr<T>,
+    pos: CpuPtr<i32>,
+    slot: CpuPtr<i32>,
+    q: CpuPtr<T>,
+    k: CpuPtr<T>,
+    v: CpuPtr<T>,
+}
+
+impl<T: Storage> Buffers<T> {
+    /// `inputs` uploaded, Q out zeroed.
+    fn new((qkv, positions, slots, k_init, v_init): Inputs<'_>, shape: RopeShape) -> Self {
+        let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
+        let mut cpu = Cpu::new();
+        let (pos, slot) = (cpu.upload(positions), cpu.upload(slots));
+        let (qkv, q) =
+            (cpu.upload(&store(qkv)), cpu.zeros::<T>(positions.len() * shape.n_q * shape.head_dim));
+        let (k, v) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
+        Buffers { cpu, qkv, pos, slot, q, k, v }
+    }
+
+    /// `(q, k cache, v cache)` as they are now.
+    fn read(&self) -> Outputs {
+        let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
+        (f(self.cpu.read(self.q)), f(self.cpu.read(self.k)), f(self.cpu.read(self.v)))
+    }
+}
+
 /// `(q, k cache, v cache)` after `rope_kv_write` on the interpreter, with
 /// activations and caches stored in `T`.
-fn interpret<T: Storage>(
-    (qkv, positions, slots, k_init, v_init): Inputs<'_>,
-    shape: RopeShape,
-    theta: f64,
-) -> Result<Outputs, TestCaseError> {
+fn interpret<T: Storage>(inputs: Inputs<'_>, shape: RopeShape, theta: f64) -> Result<Outputs, TestCaseError> {
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
-    let tokens = positions.len();
-    let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
-    let mut cpu = Cpu::new();
-    let (pp, sp) = (cpu.upload(positions), cpu.upload(slots));
-    let (xp, qp) = (cpu.upload(&store(qkv)), cpu.zeros::<T>(tokens * n_q * d));
-    let (kp, vp) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
+    let tokens = inputs.1.len();
+    let mut b = Buffers::<T>::new(inputs, shape);
     let args = rope_kv_write::Args {
-        qkv_ptr: xp.cast(),
-        pos_ptr: pp,
-        slot_ptr: sp,
-        q_out_ptr: qp.cast(),
-        k_cache_ptr: kp.cast(),
-        v_cache_ptr: vp.cast(),
+        qkv_ptr: b.qkv.cast(),
+        pos_ptr: b.pos,
+        slot_ptr: b.slot,
+        q_out_ptr: b.q.cast(),
+        k_cache_ptr: b.k.cast(),
+        v_cache_ptr: b.v.cast(),
         theta: theta as f32,
         _marker: PhantomData,
     };
     let config = rope_kv_write::Config::new(T::DTYPE, n_q, n_kv, d);
-    rope_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args)
+    rope_kv_write::interpret(&mut b.cpu, [tokens as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
-    Ok((f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp))))
+    Ok(b.read())
 }
 
 /// One random case: `tokens` tokens of the attention shape `shape` with
@@ -111,68 +174,42 @@ fn run_case(
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
     let num_blocks = (2 * tokens).div_ceil(block_size) + 1;
     let n_slots = num_blocks * block_size;
-    let qkv = nonzero(&mut rng, tokens * shape.row(), dtype);
-    let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
     // Distinct slots (a partial Fisher-Yates shuffle), about a quarter skipped.
-    let mut all: Vec<i32> = (0..n_slots as i32).collect();
-    for t in 0..tokens {
-        let j = t + rng.below((n_slots - t) as u64) as usize;
-        all.swap(t, j);
-    }
-    let slots: Vec<i32> = (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { all[t] }).collect();
-    let k_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
-    let v_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+    let inp = RandomInputs::new(&mut rng, (shape, tokens, n_slots), dtype, |rng| {
+        let mut all: Vec<i32> = (0..n_slots as i32).collect();
+        for t in 0..tokens {
+            let j = t + rng.below((n_slots - t) as u64) as usize;
+            all.swap(t, j);
+        }
+        (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { all[t] }).collect()
+    });
+    let RandomInputs { qkv, positions, slots, k_init, v_init } = &inp;
 
     let (mut k_want, mut v_want) = (k_init.clone(), v_init.clone());
-    let q_want = r::rope_kv_write(&qkv, &positions, &slots, theta, shape, dtype, &mut k_want, &mut v_want);
+    let q_want = r::rope_kv_write(qkv, positions, slots, theta, shape, dtype, &mut k_want, &mut v_want);
 
-    let inputs =
-        (qkv.as_slice(), positions.as_slice(), slots.as_slice(), k_init.as_slice(), v_init.as_slice());
-    let (q_got, k_got, v_got) =
-        if bf { interpret::<bf16>(inputs, shape, theta)? } else { interpret::<f32>(inputs, shape, theta)? };
+    let (q_got, k_got, v_got) = f32_or_bf16!(bf, interpret(inp.inputs(), shape, theta))?;
 
     // Q: every token.
     for (t, &pos) in positions.iter().enumerate() {
         let (a, b) = (t * n_q * d, (t + 1) * n_q * d);
-        let tol = rotated_tol(&qkv, shape.row(), 0, n_q, d, pos, theta, t, bf, &q_want[a..b]);
+        let tol = rotated_tol(qkv, shape.row(), 0, n_q, d, pos, theta, t, bf, &q_want[a..b]);
         check(&format!("q_out token {t}"), &q_got[a..b], &q_want[a..b], &tol)?;
     }
     // Caches: written slots within tolerance (V exact), every other slot unchanged.
-    let mut written = vec![None; n_slots];
-    for (t, &s) in slots.iter().enumerate() {
-        if s >= 0 {
-            written[s as usize] = Some(t);
-        }
-    }
     let sl = shape.slot();
-    for (s, w) in written.iter().enumerate() {
-        let (a, b) = (s * sl, (s + 1) * sl);
-        match *w {
-            Some(t) => {
-                let tol = rotated_tol(
-                    &qkv,
-                    shape.row(),
-                    n_q * d,
-                    n_kv,
-                    d,
-                    positions[t],
-                    theta,
-                    t,
-                    bf,
-                    &k_want[a..b],
-                );
-                check(&format!("k_cache slot {s} (token {t})"), &k_got[a..b], &k_want[a..b], &tol)?;
-                let v_src = &qkv[t * shape.row() + (n_q + n_kv) * d..(t + 1) * shape.row()];
-                prop_assert_eq!(&v_got[a..b], v_src, "v_cache slot {} (token {})", s, t);
-                prop_assert_eq!(&v_want[a..b], v_src);
-            }
-            None => {
-                prop_assert_eq!(&k_got[a..b], &k_init[a..b], "k_cache slot {} must be untouched", s);
-                prop_assert_eq!(&v_got[a..b], &v_init[a..b], "v_cache slot {} must be untouched", s);
-            }
+    for (t, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
         }
+        let (a, b) = (s as usize * sl, (s as usize + 1) * sl);
+        let tol = rotated_tol(qkv, shape.row(), n_q * d, n_kv, d, positions[t], theta, t, bf, &k_want[a..b]);
+        check(&format!("k_cache slot {s} (token {t})"), &k_got[a..b], &k_want[a..b], &tol)?;
+        let v_src = &qkv[t * shape.row() + (n_q + n_kv) * d..(t + 1) * shape.row()];
+        prop_assert_eq!(&v_got[a..b], v_src, "v_cache slot {} (token {})", s, t);
+        prop_assert_eq!(&v_want[a..b], v_src);
     }
-    Ok(())
+    inp.check_untouched(&k_got, &v_got, sl)
 }
 
 proptest! {
@@ -236,31 +273,27 @@ fn rope_rotates_adjacent_pairs() {
 
 /// `rope_arch_kv_write` on the interpreter: `(q, k cache, v cache)`.
 fn interpret_arch<T: Storage>(
-    (qkv, positions, slots, k_init, v_init): Inputs<'_>,
+    inputs: Inputs<'_>,
     shape: RopeShape,
     theta: f64,
     arch: &r::RopeArch,
 ) -> Result<Outputs, TestCaseError> {
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
-    let tokens = positions.len();
-    let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
+    let tokens = inputs.1.len();
     let f32s = |v: Option<&Vec<f64>>| v.map_or(vec![0f32], |v| v.iter().map(|&x| x as f32).collect());
     let norm: Option<Vec<f64>> = arch.qk_norm.as_ref().map(|(q, k, _)| q.iter().chain(k).copied().collect());
     let eps = arch.qk_norm.as_ref().map_or(1e-6, |n| n.2) as f32;
-    let mut cpu = Cpu::new();
-    let (pp, sp) = (cpu.upload(positions), cpu.upload(slots));
-    let (xp, qp) = (cpu.upload(&store(qkv)), cpu.zeros::<T>(tokens * n_q * d));
-    let (kp, vp) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
-    let fp = cpu.upload(&f32s(arch.factors.as_ref()));
-    let bp = cpu.upload(&f32s(arch.bias.as_ref()));
-    let np = cpu.upload(&f32s(norm.as_ref()));
+    let mut b = Buffers::<T>::new(inputs, shape);
+    let fp = b.cpu.upload(&f32s(arch.factors.as_ref()));
+    let bp = b.cpu.upload(&f32s(arch.bias.as_ref()));
+    let np = b.cpu.upload(&f32s(norm.as_ref()));
     let args = rope_arch_kv_write::Args {
-        qkv_ptr: xp.cast(),
-        pos_ptr: pp,
-        slot_ptr: sp,
-        q_out_ptr: qp.cast(),
-        k_cache_ptr: kp.cast(),
-        v_cache_ptr: vp.cast(),
+        qkv_ptr: b.qkv.cast(),
+        pos_ptr: b.pos,
+        slot_ptr: b.slot,
+        q_out_ptr: b.q.cast(),
+        k_cache_ptr: b.k.cast(),
+        v_cache_ptr: b.v.cast(),
         factors_ptr: fp,
         bias_ptr: bp,
         norm_ptr: np,
@@ -278,10 +311,9 @@ fn interpret_arch<T: Storage>(
         arch.bias.is_some(),
         arch.qk_norm.is_some(),
     );
-    rope_arch_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args)
+    rope_arch_kv_write::interpret(&mut b.cpu, [tokens as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
-    Ok((f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp))))
+    Ok(b.read())
 }
 
 /// Tolerances of the rotated heads `heads` (from head `first` of the fused
@@ -339,22 +371,14 @@ fn run_arch_case(
         qk_norm: (opts & 8 != 0).then(|| (vals(&mut rng, d, 0.5, 1.5), vals(&mut rng, d, 0.5, 1.5), 1e-6)),
     };
     let n_slots = 2 * tokens + 3;
-    let qkv = nonzero(&mut rng, tokens * shape.row(), dtype);
-    let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
-    let slots: Vec<i32> =
-        (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { (2 * t + 1) as i32 }).collect();
-    let k_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
-    let v_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+    let inp = RandomInputs::new(&mut rng, (shape, tokens, n_slots), dtype, |rng| {
+        (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { (2 * t + 1) as i32 }).collect()
+    });
+    let RandomInputs { qkv, positions, slots, k_init, v_init } = &inp;
     let (mut k_want, mut v_want) = (k_init.clone(), v_init.clone());
     let q_want =
-        r::rope_arch_kv_write(&qkv, &positions, &slots, theta, shape, &arch, dtype, &mut k_want, &mut v_want);
-    let inputs =
-        (qkv.as_slice(), positions.as_slice(), slots.as_slice(), k_init.as_slice(), v_init.as_slice());
-    let (q_got, k_got, v_got) = if bf {
-        interpret_arch::<bf16>(inputs, shape, theta, &arch)?
-    } else {
-        interpret_arch::<f32>(inputs, shape, theta, &arch)?
-    };
+        r::rope_arch_kv_write(qkv, positions, slots, theta, shape, &arch, dtype, &mut k_want, &mut v_want);
+    let (q_got, k_got, v_got) = f32_or_bf16!(bf, interpret_arch(inp.inputs(), shape, theta, &arch))?;
     let (qn, kn) = match &arch.qk_norm {
         Some((q, k, _)) => (Some(q.as_slice()), Some(k.as_slice())),
         None => (None, None),
@@ -376,12 +400,7 @@ fn run_arch_case(
         check(&format!("v_cache token {t} opts {opts}"), &v_got[a..b], &v_want[a..b], &v_tol)?;
     }
     // Slots no token writes keep their contents.
-    for s in (0..n_slots).filter(|s| !slots.contains(&(*s as i32))) {
-        let (a, b) = (s * sl, (s + 1) * sl);
-        prop_assert_eq!(&k_got[a..b], &k_init[a..b], "k_cache slot {} must be untouched", s);
-        prop_assert_eq!(&v_got[a..b], &v_init[a..b], "v_cache slot {} must be untouched", s);
-    }
-    Ok(())
+    inp.check_untouched(&k_got, &v_got, sl)
 }
 
 proptest! {
