@@ -452,6 +452,30 @@ pub fn default_rows(group: usize) -> usize {
     group.max(16)
 }
 
+/// [`paged_decode_tc`]'s config outside the batch-invariant mode: tiles of
+/// [`default_rows`] query rows.
+pub fn tc_config(
+    dtype: DType,
+    h_kv: usize,
+    group: usize,
+    head_dim: usize,
+    page: usize,
+    block_n: usize,
+    split: bool,
+) -> paged_decode_tc::Config {
+    paged_decode_tc::Config::new(
+        dtype,
+        h_kv,
+        group,
+        head_dim,
+        page,
+        block_n,
+        split,
+        default_rows(group),
+        false,
+    )
+}
+
 /// The split length (a multiple of `block_n`) and split count for a batch of
 /// `batch` sequences of at most `max_ctx` tokens with `h_kv` KV heads on a GPU
 /// with `sms` multiprocessors: no split when `batch * h_kv` programs already

@@ -50,9 +50,8 @@
 //! - `hidden: i32`, `vocab: i32`: the table's shape.
 //! - `#[constexpr] BLOCK`: the column tile, a power of two ([`block_for`]).
 
-use crate::cpu_gemv::byte_weights;
+use crate::cpu_gemv::{byte_weights, weight_tile_any};
 use crate::dequant::QuantFormat;
-use crate::dequant::linear::weight_tile_any;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 

@@ -8,6 +8,15 @@ use dsl_core::interp::Element;
 use proptest::prelude::ProptestConfig;
 use tests::reference::Rng;
 
+/// `$f::<bf16>(args)` when `$bf`, else `$f::<f32>(args)`: a case run with
+/// bf16 or f32 storage as a proptest input picks.
+macro_rules! f32_or_bf16 {
+    ($bf:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        if $bf { $f::<dsl_core::half::bf16>($($arg),*) } else { $f::<f32>($($arg),*) }
+    };
+}
+pub(crate) use f32_or_bf16;
+
 /// A proptest configuration of `n` cases that writes no regression files.
 pub fn cases(n: u32) -> ProptestConfig {
     ProptestConfig { cases: n, failure_persistence: None, ..ProptestConfig::default() }

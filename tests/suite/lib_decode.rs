@@ -21,7 +21,7 @@
 use crate::common::{cases, nonzero};
 use dsl_core::DType;
 use dsl_core::interp::{Buffer, Cpu};
-use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, tc_config};
 use kernels::reference::attention::{PagedKv, attend};
 use proptest::prelude::*;
 use std::marker::PhantomData;
@@ -120,17 +120,7 @@ fn run_case(c: Case) -> Result<(), TestCaseError> {
     }
     let grid = [c.batch as u32, c.h_kv as u32, splits as u32];
     let done = if c.tc {
-        let config = paged_decode_tc::Config::new(
-            dtype,
-            c.h_kv,
-            c.group,
-            d,
-            c.page,
-            c.block_n,
-            split,
-            default_rows(c.group),
-            false,
-        );
+        let config = tc_config(dtype, c.h_kv, c.group, d, c.page, c.block_n, split);
         paged_decode_tc::interpret(&mut cpu, grid, &config, &args!(paged_decode_tc))
     } else {
         let config = paged_decode::Config::new(dtype, c.h_kv, c.group, d, c.page, c.block_n, split);

@@ -16,7 +16,7 @@
 //! the output dtype, plus the SiLU propagation bound. Shapes are small: the
 //! interpreter is slow.
 
-use crate::common::cases;
+use crate::common::{cases, f32_or_bf16};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, Element};
@@ -327,7 +327,7 @@ fn gemv_case(
 
 /// [`case`] with bf16 (`bf`) or f32 activations.
 fn case_dt(bf: bool, c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
-    if bf { case::<bf16>(c, tiles) } else { case::<f32>(c, tiles) }
+    f32_or_bf16!(bf, case(c, tiles))
 }
 
 proptest! {
@@ -629,11 +629,7 @@ proptest! {
     ) {
         let silu = silu && fuse == Fuse::Norm;
         let c = Case { seed, format, silu, m, n, k: 32 * kb };
-        if bf {
-            fused_case::<bf16>(c, fuse, tiles)?;
-        } else {
-            fused_case::<f32>(c, fuse, tiles)?;
-        }
+        f32_or_bf16!(bf, fused_case(c, fuse, tiles))?;
     }
 }
 

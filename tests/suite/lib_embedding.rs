@@ -8,7 +8,7 @@
 //! outputs must equal the exact value and bf16 outputs its rounding: exact
 //! equality with the reference in both.
 
-use crate::common::cases;
+use crate::common::{cases, f32_or_bf16};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::{Cpu, Element};
@@ -92,11 +92,7 @@ proptest! {
     ) {
         // The default tile, or a smaller one so that every row loops.
         let block = if small_block { 32 } else { block_for(hidden) };
-        if bf {
-            case::<bf16>(seed, tokens, hidden, vocab, block)?;
-        } else {
-            case::<f32>(seed, tokens, hidden, vocab, block)?;
-        }
+        f32_or_bf16!(bf, case(seed, tokens, hidden, vocab, block))?;
     }
 }
 

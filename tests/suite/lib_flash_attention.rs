@@ -26,7 +26,7 @@
 //! contexts), far above the tolerance; `wrong_mask_is_caught` checks that
 //! such a change does fail the comparison.
 
-use crate::common::{Storage, cases, nonzero};
+use crate::common::{Storage, cases, f32_or_bf16, nonzero};
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
@@ -218,7 +218,7 @@ proptest! {
         let (block_m, block_n) = TILES[tiles];
         let scale = 1.0 / (d as f32).sqrt();
         let case = Case { n_q, n_kv, d, seqs, block_size, block_m, block_n, causal, scale, boxes };
-        let res = if bf { check::<bf16>(&case, seed) } else { check::<f32>(&case, seed) };
+        let res = f32_or_bf16!(bf, check(&case, seed));
         res.map_err(TestCaseError::fail)?;
     }
 }

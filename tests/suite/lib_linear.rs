@@ -14,7 +14,7 @@
 //! - `sum_squares`: within `2^-40` relative of the exact f64 sum, and the
 //!   same bits for any permutation of its inputs and any tile width.
 
-use crate::common::cases;
+use crate::common::{cases, f32_or_bf16};
 use crate::lib_dequant::{Act, Case, activations, check_outputs, random_weight, reference_gemvs};
 use dsl_core::DType;
 use dsl_core::half::bf16;
@@ -140,11 +140,7 @@ proptest! {
         tiles in prop_oneof![Just((16, 16, false)), Just((16, 32, true)), Just((4, 16, false)), Just((32, 8, true))],
     ) {
         let c = Case { seed, format, silu, m, n, k: 32 * kb };
-        if bf {
-            accuracy_case::<bf16>(c, f16_ops, tiles)?;
-        } else {
-            accuracy_case::<f32>(c, f16_ops, tiles)?;
-        }
+        f32_or_bf16!(bf, accuracy_case(c, f16_ops, tiles))?;
     }
 }
 

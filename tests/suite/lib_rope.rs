@@ -12,10 +12,9 @@
 //! error of its f32 angle (which grows with the position); bf16 adds one unit
 //! of the final rounding, `|want| / 128`. V is a copy: exact.
 
-use crate::common::{Storage, cases, nonzero};
+use crate::common::{Storage, cases, f32_or_bf16, nonzero};
 use dsl_core::DType;
-use dsl_core::half::bf16;
-use dsl_core::interp::Cpu;
+use dsl_core::interp::{Cpu, CpuPtr};
 use kernels::reference::rope::{self as r, RopeShape};
 use kernels::rope::{rope_arch_kv_write, rope_kv_write};
 use proptest::prelude::*;
@@ -66,35 +65,99 @@ type Inputs<'a> = (&'a [f64], &'a [i32], &'a [i32], &'a [f64], &'a [f64]);
 /// The outputs of one launch: Q, the K cache and the V cache.
 type Outputs = (Vec<f64>, Vec<f64>, Vec<f64>);
 
+/// The random inputs of one case: non-zero QKV rows and initial caches of
+/// `n_slots` slots in `dtype`, positions below 8192, and `slots` (drawn
+/// after the positions; `-1`: the token's KV is not written).
+struct RandomInputs {
+    qkv: Vec<f64>,
+    positions: Vec<i32>,
+    slots: Vec<i32>,
+    k_init: Vec<f64>,
+    v_init: Vec<f64>,
+}
+
+impl RandomInputs {
+    fn new(
+        rng: &mut Rng,
+        (shape, tokens, n_slots): (RopeShape, usize, usize),
+        dtype: DType,
+        slots: impl FnOnce(&mut Rng) -> Vec<i32>,
+    ) -> Self {
+        let qkv = nonzero(rng, tokens * shape.row(), dtype);
+        let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
+        let slots = slots(rng);
+        let k_init = nonzero(rng, n_slots * shape.slot(), dtype);
+        let v_init = nonzero(rng, n_slots * shape.slot(), dtype);
+        RandomInputs { qkv, positions, slots, k_init, v_init }
+    }
+
+    fn inputs(&self) -> Inputs<'_> {
+        (&self.qkv, &self.positions, &self.slots, &self.k_init, &self.v_init)
+    }
+
+    /// The caches a launch left, `(k_got, v_got)`, hold the initial contents
+    /// bit for bit at every slot no token writes (slots of `sl` elements).
+    fn check_untouched(&self, k_got: &[f64], v_got: &[f64], sl: usize) -> Result<(), TestCaseError> {
+        for s in (0..self.k_init.len() / sl).filter(|s| !self.slots.contains(&(*s as i32))) {
+            let (a, b) = (s * sl, (s + 1) * sl);
+            prop_assert_eq!(&k_got[a..b], &self.k_init[a..b], "k_cache slot {} must be untouched", s);
+            prop_assert_eq!(&v_got[a..b], &self.v_init[a..b], "v_cache slot {} must be untouched", s);
+        }
+        Ok(())
+    }
+}
+
+/// The interpreter with one launch's buffers, activations and caches in
+/// `T`: QKV rows, positions, slots, Q out and the K and V caches.
+struct Buffers<T: Storage> {
+    cpu: Cpu,
+    qkv: CpuPtr<T>,
+    pos: CpuPtr<i32>,
+    slot: CpuPtr<i32>,
+    q: CpuPtr<T>,
+    k: CpuPtr<T>,
+    v: CpuPtr<T>,
+}
+
+impl<T: Storage> Buffers<T> {
+    /// `inputs` uploaded, Q out zeroed.
+    fn new((qkv, positions, slots, k_init, v_init): Inputs<'_>, shape: RopeShape) -> Self {
+        let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
+        let mut cpu = Cpu::new();
+        let (pos, slot) = (cpu.upload(positions), cpu.upload(slots));
+        let (qkv, q) =
+            (cpu.upload(&store(qkv)), cpu.zeros::<T>(positions.len() * shape.n_q * shape.head_dim));
+        let (k, v) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
+        Buffers { cpu, qkv, pos, slot, q, k, v }
+    }
+
+    /// `(q, k cache, v cache)` as they are now.
+    fn read(&self) -> Outputs {
+        let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
+        (f(self.cpu.read(self.q)), f(self.cpu.read(self.k)), f(self.cpu.read(self.v)))
+    }
+}
+
 /// `(q, k cache, v cache)` after `rope_kv_write` on the interpreter, with
 /// activations and caches stored in `T`.
-fn interpret<T: Storage>(
-    (qkv, positions, slots, k_init, v_init): Inputs<'_>,
-    shape: RopeShape,
-    theta: f64,
-) -> Result<Outputs, TestCaseError> {
+fn interpret<T: Storage>(inputs: Inputs<'_>, shape: RopeShape, theta: f64) -> Result<Outputs, TestCaseError> {
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
-    let tokens = positions.len();
-    let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
-    let mut cpu = Cpu::new();
-    let (pp, sp) = (cpu.upload(positions), cpu.upload(slots));
-    let (xp, qp) = (cpu.upload(&store(qkv)), cpu.zeros::<T>(tokens * n_q * d));
-    let (kp, vp) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
+    let tokens = inputs.1.len();
+    let mut b = Buffers::<T>::new(inputs, shape);
     let args = rope_kv_write::Args {
-        qkv_ptr: xp.cast(),
-        pos_ptr: pp,
-        slot_ptr: sp,
-        q_out_ptr: qp.cast(),
-        k_cache_ptr: kp.cast(),
-        v_cache_ptr: vp.cast(),
+        qkv_ptr: b.qkv.cast(),
+        pos_ptr: b.pos,
+        slot_ptr: b.slot,
+        q_out_ptr: b.q.cast(),
+        k_cache_ptr: b.k.cast(),
+        v_cache_ptr: b.v.cast(),
         theta: theta as f32,
         _marker: PhantomData,
     };
     let config = rope_kv_write::Config::new(T::DTYPE, n_q, n_kv, d);
-    rope_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args)
+    rope_kv_write::interpret(&mut b.cpu, [tokens as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
-    Ok((f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp))))
+    Ok(b.read())
 }
 
 /// One random case: `tokens` tokens of the attention shape `shape` with
@@ -111,68 +174,42 @@ fn run_case(
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
     let num_blocks = (2 * tokens).div_ceil(block_size) + 1;
     let n_slots = num_blocks * block_size;
-    let qkv = nonzero(&mut rng, tokens * shape.row(), dtype);
-    let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
     // Distinct slots (a partial Fisher-Yates shuffle), about a quarter skipped.
-    let mut all: Vec<i32> = (0..n_slots as i32).collect();
-    for t in 0..tokens {
-        let j = t + rng.below((n_slots - t) as u64) as usize;
-        all.swap(t, j);
-    }
-    let slots: Vec<i32> = (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { all[t] }).collect();
-    let k_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
-    let v_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+    let inp = RandomInputs::new(&mut rng, (shape, tokens, n_slots), dtype, |rng| {
+        let mut all: Vec<i32> = (0..n_slots as i32).collect();
+        for t in 0..tokens {
+            let j = t + rng.below((n_slots - t) as u64) as usize;
+            all.swap(t, j);
+        }
+        (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { all[t] }).collect()
+    });
+    let RandomInputs { qkv, positions, slots, k_init, v_init } = &inp;
 
     let (mut k_want, mut v_want) = (k_init.clone(), v_init.clone());
-    let q_want = r::rope_kv_write(&qkv, &positions, &slots, theta, shape, dtype, &mut k_want, &mut v_want);
+    let q_want = r::rope_kv_write(qkv, positions, slots, theta, shape, dtype, &mut k_want, &mut v_want);
 
-    let inputs =
-        (qkv.as_slice(), positions.as_slice(), slots.as_slice(), k_init.as_slice(), v_init.as_slice());
-    let (q_got, k_got, v_got) =
-        if bf { interpret::<bf16>(inputs, shape, theta)? } else { interpret::<f32>(inputs, shape, theta)? };
+    let (q_got, k_got, v_got) = f32_or_bf16!(bf, interpret(inp.inputs(), shape, theta))?;
 
     // Q: every token.
     for (t, &pos) in positions.iter().enumerate() {
         let (a, b) = (t * n_q * d, (t + 1) * n_q * d);
-        let tol = rotated_tol(&qkv, shape.row(), 0, n_q, d, pos, theta, t, bf, &q_want[a..b]);
+        let tol = rotated_tol(qkv, shape.row(), 0, n_q, d, pos, theta, t, bf, &q_want[a..b]);
         check(&format!("q_out token {t}"), &q_got[a..b], &q_want[a..b], &tol)?;
     }
     // Caches: written slots within tolerance (V exact), every other slot unchanged.
-    let mut written = vec![None; n_slots];
-    for (t, &s) in slots.iter().enumerate() {
-        if s >= 0 {
-            written[s as usize] = Some(t);
-        }
-    }
     let sl = shape.slot();
-    for (s, w) in written.iter().enumerate() {
-        let (a, b) = (s * sl, (s + 1) * sl);
-        match *w {
-            Some(t) => {
-                let tol = rotated_tol(
-                    &qkv,
-                    shape.row(),
-                    n_q * d,
-                    n_kv,
-                    d,
-                    positions[t],
-                    theta,
-                    t,
-                    bf,
-                    &k_want[a..b],
-                );
-                check(&format!("k_cache slot {s} (token {t})"), &k_got[a..b], &k_want[a..b], &tol)?;
-                let v_src = &qkv[t * shape.row() + (n_q + n_kv) * d..(t + 1) * shape.row()];
-                prop_assert_eq!(&v_got[a..b], v_src, "v_cache slot {} (token {})", s, t);
-                prop_assert_eq!(&v_want[a..b], v_src);
-            }
-            None => {
-                prop_assert_eq!(&k_got[a..b], &k_init[a..b], "k_cache slot {} must be untouched", s);
-                prop_assert_eq!(&v_got[a..b], &v_init[a..b], "v_cache slot {} must be untouched", s);
-            }
+    for (t, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
         }
+        let (a, b) = (s as usize * sl, (s as usize + 1) * sl);
+        let tol = rotated_tol(qkv, shape.row(), n_q * d, n_kv, d, positions[t], theta, t, bf, &k_want[a..b]);
+        check(&format!("k_cache slot {s} (token {t})"), &k_got[a..b], &k_want[a..b], &tol)?;
+        let v_src = &qkv[t * shape.row() + (n_q + n_kv) * d..(t + 1) * shape.row()];
+        prop_assert_eq!(&v_got[a..b], v_src, "v_cache slot {} (token {})", s, t);
+        prop_assert_eq!(&v_want[a..b], v_src);
     }
-    Ok(())
+    inp.check_untouched(&k_got, &v_got, sl)
 }
 
 proptest! {
@@ -195,55 +232,68 @@ proptest! {
     }
 }
 
+/// The hand-computed rotation case: one query and one KV head of 4 elements
+/// at position 1 into slot 1 of a two-slot cache holding 9s, theta 100 (pair
+/// 0 rotates by exactly 1 rad, pair 1 by 0.1 rad).
+const HAND_SHAPE: RopeShape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
+const HAND_QKV: [f64; 12] =
+    [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
+
+/// The reference on the hand-computed case, the plain rotation or with
+/// `arch`'s options: `(q, k cache)`, after checking that V went to slot 1
+/// unchanged. Also `(cos 1, sin 1, cos 0.1, sin 0.1)`.
+fn hand_case(arch: Option<&r::RopeArch>) -> (Vec<f64>, Vec<f64>, [f64; 4]) {
+    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
+    let q = match arch {
+        None => r::rope_kv_write(&HAND_QKV, &[1], &[1], 100.0, HAND_SHAPE, DType::F64, &mut k, &mut v),
+        Some(a) => {
+            r::rope_arch_kv_write(&HAND_QKV, &[1], &[1], 100.0, HAND_SHAPE, a, DType::F64, &mut k, &mut v)
+        }
+    };
+    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
+    (q, k, [1f64.cos(), 1f64.sin(), 0.1f64.cos(), 0.1f64.sin()])
+}
+
+/// Every `got` within `tol` of `want`.
+fn assert_near(got: &[f64], want: [f64; 4], tol: f64) {
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < tol, "{got:?}");
+    }
+}
+
 /// The rotation convention: adjacent pairs (llama.cpp `NORM`), checked on a
-/// hand-computed case (position 1, pair 0 rotates by exactly 1 rad).
+/// hand-computed case.
 #[test]
 fn rope_rotates_adjacent_pairs() {
-    let shape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
-    let qkv = [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
-    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
-    let q = r::rope_kv_write(&qkv, &[1], &[1], 100.0, shape, DType::F64, &mut k, &mut v);
-    let (c0, s0) = (1f64.cos(), 1f64.sin());
-    let (c1, s1) = (0.1f64.cos(), 0.1f64.sin());
-    let want_q = [c0, s0, -s1, c1];
-    for (g, w) in q.iter().zip(want_q) {
-        assert!((g - w).abs() < 1e-12, "{q:?}");
-    }
+    let (q, k, [c0, s0, c1, s1]) = hand_case(None);
+    assert_near(&q, [c0, s0, -s1, c1], 1e-12);
     assert_eq!(&k[..4], &[9.0; 4]);
-    let want_k = [-s0, c0, c1, s1];
-    for (g, w) in k[4..].iter().zip(want_k) {
-        assert!((g - w).abs() < 1e-12, "{k:?}");
-    }
-    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
+    assert_near(&k[4..], [-s0, c0, c1, s1], 1e-12);
 }
 
 /// `rope_arch_kv_write` on the interpreter: `(q, k cache, v cache)`.
 fn interpret_arch<T: Storage>(
-    (qkv, positions, slots, k_init, v_init): Inputs<'_>,
+    inputs: Inputs<'_>,
     shape: RopeShape,
     theta: f64,
     arch: &r::RopeArch,
 ) -> Result<Outputs, TestCaseError> {
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
-    let tokens = positions.len();
-    let store = |v: &[f64]| v.iter().map(|&x| T::from_f64(x)).collect::<Vec<T>>();
+    let tokens = inputs.1.len();
     let f32s = |v: Option<&Vec<f64>>| v.map_or(vec![0f32], |v| v.iter().map(|&x| x as f32).collect());
     let norm: Option<Vec<f64>> = arch.qk_norm.as_ref().map(|(q, k, _)| q.iter().chain(k).copied().collect());
     let eps = arch.qk_norm.as_ref().map_or(1e-6, |n| n.2) as f32;
-    let mut cpu = Cpu::new();
-    let (pp, sp) = (cpu.upload(positions), cpu.upload(slots));
-    let (xp, qp) = (cpu.upload(&store(qkv)), cpu.zeros::<T>(tokens * n_q * d));
-    let (kp, vp) = (cpu.upload(&store(k_init)), cpu.upload(&store(v_init)));
-    let fp = cpu.upload(&f32s(arch.factors.as_ref()));
-    let bp = cpu.upload(&f32s(arch.bias.as_ref()));
-    let np = cpu.upload(&f32s(norm.as_ref()));
+    let mut b = Buffers::<T>::new(inputs, shape);
+    let fp = b.cpu.upload(&f32s(arch.factors.as_ref()));
+    let bp = b.cpu.upload(&f32s(arch.bias.as_ref()));
+    let np = b.cpu.upload(&f32s(norm.as_ref()));
     let args = rope_arch_kv_write::Args {
-        qkv_ptr: xp.cast(),
-        pos_ptr: pp,
-        slot_ptr: sp,
-        q_out_ptr: qp.cast(),
-        k_cache_ptr: kp.cast(),
-        v_cache_ptr: vp.cast(),
+        qkv_ptr: b.qkv.cast(),
+        pos_ptr: b.pos,
+        slot_ptr: b.slot,
+        q_out_ptr: b.q.cast(),
+        k_cache_ptr: b.k.cast(),
+        v_cache_ptr: b.v.cast(),
         factors_ptr: fp,
         bias_ptr: bp,
         norm_ptr: np,
@@ -261,10 +311,9 @@ fn interpret_arch<T: Storage>(
         arch.bias.is_some(),
         arch.qk_norm.is_some(),
     );
-    rope_arch_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args)
+    rope_arch_kv_write::interpret(&mut b.cpu, [tokens as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let f = |v: Vec<T>| v.into_iter().map(|x| x.to_f64()).collect();
-    Ok((f(cpu.read(qp)), f(cpu.read(kp)), f(cpu.read(vp))))
+    Ok(b.read())
 }
 
 /// Tolerances of the rotated heads `heads` (from head `first` of the fused
@@ -322,22 +371,14 @@ fn run_arch_case(
         qk_norm: (opts & 8 != 0).then(|| (vals(&mut rng, d, 0.5, 1.5), vals(&mut rng, d, 0.5, 1.5), 1e-6)),
     };
     let n_slots = 2 * tokens + 3;
-    let qkv = nonzero(&mut rng, tokens * shape.row(), dtype);
-    let positions: Vec<i32> = (0..tokens).map(|_| rng.below(8192) as i32).collect();
-    let slots: Vec<i32> =
-        (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { (2 * t + 1) as i32 }).collect();
-    let k_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
-    let v_init = nonzero(&mut rng, n_slots * shape.slot(), dtype);
+    let inp = RandomInputs::new(&mut rng, (shape, tokens, n_slots), dtype, |rng| {
+        (0..tokens).map(|t| if rng.below(4) == 0 { -1 } else { (2 * t + 1) as i32 }).collect()
+    });
+    let RandomInputs { qkv, positions, slots, k_init, v_init } = &inp;
     let (mut k_want, mut v_want) = (k_init.clone(), v_init.clone());
     let q_want =
-        r::rope_arch_kv_write(&qkv, &positions, &slots, theta, shape, &arch, dtype, &mut k_want, &mut v_want);
-    let inputs =
-        (qkv.as_slice(), positions.as_slice(), slots.as_slice(), k_init.as_slice(), v_init.as_slice());
-    let (q_got, k_got, v_got) = if bf {
-        interpret_arch::<bf16>(inputs, shape, theta, &arch)?
-    } else {
-        interpret_arch::<f32>(inputs, shape, theta, &arch)?
-    };
+        r::rope_arch_kv_write(qkv, positions, slots, theta, shape, &arch, dtype, &mut k_want, &mut v_want);
+    let (q_got, k_got, v_got) = f32_or_bf16!(bf, interpret_arch(inp.inputs(), shape, theta, &arch))?;
     let (qn, kn) = match &arch.qk_norm {
         Some((q, k, _)) => (Some(q.as_slice()), Some(k.as_slice())),
         None => (None, None),
@@ -359,12 +400,7 @@ fn run_arch_case(
         check(&format!("v_cache token {t} opts {opts}"), &v_got[a..b], &v_want[a..b], &v_tol)?;
     }
     // Slots no token writes keep their contents.
-    for s in (0..n_slots).filter(|s| !slots.contains(&(*s as i32))) {
-        let (a, b) = (s * sl, (s + 1) * sl);
-        prop_assert_eq!(&k_got[a..b], &k_init[a..b], "k_cache slot {} must be untouched", s);
-        prop_assert_eq!(&v_got[a..b], &v_init[a..b], "v_cache slot {} must be untouched", s);
-    }
-    Ok(())
+    inp.check_untouched(&k_got, &v_got, sl)
 }
 
 proptest! {
@@ -393,22 +429,12 @@ proptest! {
 /// kernel's rotation of the permuted head; checked on a hand-computed case.
 #[test]
 fn rope_arch_rotates_neox_halves() {
-    let shape = RopeShape { n_q: 1, n_kv: 1, head_dim: 4 };
     // q = (1, 0 | 0, 1): pair 0 is (q[0], q[2]) = (1, 0), pair 1 (q[1], q[3]) = (0, 1).
-    let qkv = [1.0, 0.0, 0.0, 1.0, /* k */ 0.0, 1.0, 1.0, 0.0, /* v */ 5.0, 6.0, 7.0, 8.0];
-    let (mut k, mut v) = (vec![9.0; 8], vec![9.0; 8]);
     let arch = r::RopeArch { neox: true, ..Default::default() };
-    let q = r::rope_arch_kv_write(&qkv, &[1], &[1], 100.0, shape, &arch, DType::F64, &mut k, &mut v);
-    let (c0, s0) = (1f64.cos(), 1f64.sin());
-    let (c1, s1) = (0.1f64.cos(), 0.1f64.sin());
+    let (q, _, [c0, s0, c1, s1]) = hand_case(Some(&arch));
     let want_q = [c0, -s1, s0, c1];
-    for (g, w) in q.iter().zip(want_q) {
-        assert!((g - w).abs() < 1e-12, "{q:?}");
-    }
-    assert_eq!(v, [9.0, 9.0, 9.0, 9.0, 5.0, 6.0, 7.0, 8.0]);
-    let inputs = (&qkv[..], &[1][..], &[1][..], &[9.0; 8][..], &[9.0; 8][..]);
-    let (gq, _, _) = interpret_arch::<f32>(inputs, shape, 100.0, &arch).unwrap();
-    for (g, w) in gq.iter().zip(want_q) {
-        assert!((g - w).abs() < 1e-6, "{gq:?}");
-    }
+    assert_near(&q, want_q, 1e-12);
+    let inputs = (&HAND_QKV[..], &[1][..], &[1][..], &[9.0; 8][..], &[9.0; 8][..]);
+    let (gq, _, _) = interpret_arch::<f32>(inputs, HAND_SHAPE, 100.0, &arch).unwrap();
+    assert_near(&gq, want_q, 1e-6);
 }

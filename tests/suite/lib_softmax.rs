@@ -8,7 +8,7 @@
 //! rounding (1/128 relative). Masked columns and the gaps between rows must be
 //! exactly 0, and nothing may be NaN.
 
-use crate::common::{Storage, cases, tol};
+use crate::common::{Storage, cases, f32_or_bf16, tol};
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::reference::softmax as r;
@@ -88,11 +88,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let shape = (rows, cols, cols + 8 * gap, if big { 1024 } else { 256 });
-        if bf {
-            case::<bf16>(seed, shape, scale, causal)?;
-        } else {
-            case::<f32>(seed, shape, scale, causal)?;
-        }
+        f32_or_bf16!(bf, case(seed, shape, scale, causal))?;
     }
 }
 

@@ -75,7 +75,7 @@
 use super::gemm::{gemm_epilogue, swap_weights};
 use super::gemv::{q4_scales, scale_load};
 use super::{Fuse, QuantFormat};
-use crate::cpu_gemv::{byte_format_weights, wide_weights};
+use crate::cpu_gemv::{byte_format_weights, weight_tile_any};
 use crate::rmsnorm::rms_rstd;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -213,33 +213,6 @@ pub fn tile_load(
             };
             (w, full([], 0.0, f32))
         }
-    }
-}
-
-/// The f32 weights at rows `row` and columns `col` (broadcast against each
-/// other) of a `k`-column weight in a format the word-tiled bodies do not
-/// take (Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16; see [`QuantFormat::gpu_kernels`]),
-/// one element at a time from the planes: the nibble formats as
-/// [`super::gemv::q4_weights`] with [`super::gemv::q4_scales`], the others as
-/// [`crate::cpu_gemv::wide_weights`], so the weights are the CPU GEMV's bits.
-#[kernel_fn]
-pub fn weight_tile_any(
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    row: Tensor,
-    col: Tensor,
-    k: Tensor,
-    quant: QuantFormat,
-) -> Tensor {
-    let s = row * (k / 32) + col / 32;
-    let j = col % 32;
-    if quant.is_q4() {
-        let byte = load(q_ptr + (s * 16 + j % 16)).to(i32);
-        let f = ((byte >> (j / 16 * 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
-        let (d, off) = q4_scales(s_ptr, s, quant);
-        fma(d, f, off)
-    } else {
-        wide_weights(q_ptr, s_ptr, row * k + col, s, j, quant)
     }
 }
 

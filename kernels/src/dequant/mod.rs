@@ -4,7 +4,7 @@
 //! in {576, 1536}, a Q8_0 tied LM head of 49152 x 576). Q5_0 is repacked as
 //! Q8_0; Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 have their planes (see
 //! [`repack::Repacked`]) and run in [`crate::cpu_gemv`] and in
-//! [`linear`] (element-wise tile loads, [`linear::weight_tile_any`]);
+//! [`linear`] (element-wise tile loads, [`crate::cpu_gemv::weight_tile_any`]);
 //! [`QuantFormat::gpu_kernels`] says which formats the other GPU bodies take.
 //!
 //! # Math

@@ -11,3 +11,14 @@ pub mod rope;
 pub mod sampling;
 pub mod scan;
 pub mod softmax;
+
+/// One step of SplitMix64 on `state`: the next 64 random bits of the seeded
+/// generators of the runtime's checks and of the tests (which seed `state`
+/// each their own way).
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

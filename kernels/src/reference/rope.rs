@@ -61,8 +61,9 @@ fn rotate(x0: f64, x1: f64, a: f64) -> (f64, f64) {
 }
 
 /// RoPE of Q and the paged cache write of rotated K and V, as
-/// `rope_kv_write` computes it. Returns `q_out`; writes the slots of tokens
-/// whose `slots[t] >= 0` in `k_cache`/`v_cache` and leaves the rest untouched.
+/// `rope_kv_write` computes it: [`rope_arch_kv_write`] with every option off.
+/// Returns `q_out`; writes the slots of tokens whose `slots[t] >= 0` in
+/// `k_cache`/`v_cache` and leaves the rest untouched.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_write(
     qkv: &[f64],
@@ -74,38 +75,8 @@ pub fn rope_kv_write(
     k_cache: &mut [f64],
     v_cache: &mut [f64],
 ) -> Vec<f64> {
-    let RopeShape { n_q, n_kv, head_dim: d } = shape;
-    let tokens = positions.len();
-    assert_eq!(slots.len(), tokens);
-    assert_eq!(qkv.len(), tokens * shape.row());
     assert_eq!(k_cache.len(), v_cache.len());
-    let round = |v: f64| dtype.round_float(v);
-    let mut q_out = vec![0.0; tokens * n_q * d];
-    for t in 0..tokens {
-        let row = &qkv[t * shape.row()..(t + 1) * shape.row()];
-        let pos = positions[t];
-        for h in 0..n_q {
-            for i in 0..d / 2 {
-                let (y0, y1) = rotate(row[h * d + 2 * i], row[h * d + 2 * i + 1], angle(pos, i, d, theta));
-                q_out[t * n_q * d + h * d + 2 * i] = round(y0);
-                q_out[t * n_q * d + h * d + 2 * i + 1] = round(y1);
-            }
-        }
-        if slots[t] < 0 {
-            continue;
-        }
-        let base = slots[t] as usize * shape.slot();
-        let (k, v) = (&row[n_q * d..(n_q + n_kv) * d], &row[(n_q + n_kv) * d..]);
-        for h in 0..n_kv {
-            for i in 0..d / 2 {
-                let (y0, y1) = rotate(k[h * d + 2 * i], k[h * d + 2 * i + 1], angle(pos, i, d, theta));
-                k_cache[base + h * d + 2 * i] = round(y0);
-                k_cache[base + h * d + 2 * i + 1] = round(y1);
-            }
-        }
-        v_cache[base..base + shape.slot()].copy_from_slice(v);
-    }
-    q_out
+    rope_arch_kv_write(qkv, positions, slots, theta, shape, &RopeArch::default(), dtype, k_cache, v_cache)
 }
 
 /// The architecture options of `rope_arch_kv_write` (see there), as f64
@@ -137,7 +108,7 @@ impl RopeArch {
     /// bias added and, when `norm` is given, RMSNormed with it.
     pub fn head(&self, row: &[f64], off: usize, d: usize, norm: Option<&[f64]>) -> Vec<f64> {
         let mut x: Vec<f64> =
-            (0..d).map(|j| row[off + j] + self.bias.as_ref().map_or(0.0, |b| b[off + j])).collect();
+            (0..d).map(|j| self.bias.as_ref().map_or(row[off + j], |b| row[off + j] + b[off + j])).collect();
         if let (Some(w), Some((_, _, eps))) = (norm, &self.qk_norm) {
             let rstd = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps).sqrt();
             for (v, w) in x.iter_mut().zip(w) {

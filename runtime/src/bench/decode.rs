@@ -16,9 +16,7 @@ use crate::error::Result;
 use crate::model::args::decode_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
-use kernels::decode_attention::{
-    default_rows, paged_decode, paged_decode_reduce, paged_decode_tc, split_plan,
-};
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan, tc_config};
 use std::marker::PhantomData;
 
 /// peers.py's decode shapes: (batch, context, query heads, KV heads, head dim).
@@ -77,19 +75,7 @@ fn decode_record(
     }
     let grid = [b as u32, hkv as u32, splits as u32];
     let (tc_args, st_args) = (args!(paged_decode_tc), args!(paged_decode));
-    let tc_base = paged_decode_tc::Config::new(
-        DType::BF16,
-        hkv,
-        group,
-        hd,
-        PAGE,
-        64,
-        split,
-        default_rows(group),
-        false,
-    )
-    .with_warps(4)
-    .with_stages(3);
+    let tc_base = tc_config(DType::BF16, hkv, group, hd, PAGE, 64, split).with_warps(4).with_stages(3);
     let st_base = paged_decode::Config::new(DType::BF16, hkv, group, hd, PAGE, 16, split);
     let (tc_config, st_config, tuned) = match (tc, tuned) {
         (true, true) => {

@@ -27,7 +27,7 @@ use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use dsl_core::launch::{AnyDType, Backend};
-use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, tc_config};
 use kernels::examples::row_stats;
 use kernels::reference::attention::{self as r, PagedKv};
 use std::marker::PhantomData;
@@ -144,19 +144,9 @@ fn launch<'a, B: Backend + 'a>(
             be.launch::<paged_decode::Kernel>(grid, &config, &args!(paged_decode))?;
         }
         Variant::Tc { stages } => {
-            let config = paged_decode_tc::Config::new(
-                dtype,
-                c.h_kv,
-                c.group,
-                d,
-                c.page,
-                c.block_n,
-                split,
-                default_rows(c.group),
-                false,
-            )
-            .with_warps(c.warps)
-            .with_stages(stages);
+            let config = tc_config(dtype, c.h_kv, c.group, d, c.page, c.block_n, split)
+                .with_warps(c.warps)
+                .with_stages(stages);
             be.launch::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc))?;
         }
     }

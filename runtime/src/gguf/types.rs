@@ -409,57 +409,81 @@ impl fmt::Display for ValueType {
     }
 }
 
-/// A metadata value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    /// `u8`.
+/// [`Value`], [`Array`] and their per-variant methods from one table: each
+/// variant, named as its [`ValueType`], holds a value of its type (a
+/// [`Value`]) or a vector of them (an [`Array`]). An entry may give the docs
+/// of its [`Value`] and [`Array`] variants; by default they name the type.
+macro_rules! typed_values {
+    (@doc $t:ty, $suffix:literal $(,)?) => {
+        concat!("`", stringify!($t), "`", $suffix)
+    };
+    (@doc $t:ty, $suffix:literal, $doc:literal) => {
+        $doc
+    };
+    ($($variant:ident($t:ty) $(= ($value_doc:literal, $array_doc:literal))?),* $(,)?) => {
+        /// A metadata value.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Value {
+            $(#[doc = typed_values!(@doc $t, ".", $($value_doc)?)] $variant($t),)*
+        }
+
+        /// A homogeneous metadata array, stored as a typed vector.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Array {
+            $(#[doc = typed_values!(@doc $t, " elements.", $($array_doc)?)] $variant(Vec<$t>),)*
+        }
+
+        impl Value {
+            /// The type tag of this value.
+            pub fn value_type(&self) -> ValueType {
+                match self {
+                    $(Value::$variant(_) => ValueType::$variant,)*
+                }
+            }
+        }
+
+        impl Array {
+            /// The element type.
+            pub fn element_type(&self) -> ValueType {
+                match self {
+                    $(Array::$variant(_) => ValueType::$variant,)*
+                }
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                match self {
+                    $(Array::$variant(v) => v.len(),)*
+                }
+            }
+
+            /// An empty array of element type `ty` with room for `n` elements.
+            pub(crate) fn with_capacity(ty: ValueType, n: usize) -> Array {
+                match ty {
+                    $(ValueType::$variant => Array::$variant(Vec::with_capacity(n)),)*
+                }
+            }
+        }
+    };
+}
+
+typed_values! {
     U8(u8),
-    /// `i8`.
     I8(i8),
-    /// `u16`.
     U16(u16),
-    /// `i16`.
     I16(i16),
-    /// `u32`.
     U32(u32),
-    /// `i32`.
     I32(i32),
-    /// `f32`.
     F32(f32),
-    /// `bool`.
     Bool(bool),
-    /// UTF-8 string.
-    String(String),
-    /// Homogeneous array.
-    Array(Array),
-    /// `u64`.
+    String(String) = ("UTF-8 string.", "String elements."),
+    Array(Array) = ("Homogeneous array.", "Nested arrays (each with its own element type)."),
     U64(u64),
-    /// `i64`.
     I64(i64),
-    /// `f64`.
     F64(f64),
 }
 
 impl Value {
-    /// The type tag of this value.
-    pub fn value_type(&self) -> ValueType {
-        match self {
-            Value::U8(_) => ValueType::U8,
-            Value::I8(_) => ValueType::I8,
-            Value::U16(_) => ValueType::U16,
-            Value::I16(_) => ValueType::I16,
-            Value::U32(_) => ValueType::U32,
-            Value::I32(_) => ValueType::I32,
-            Value::F32(_) => ValueType::F32,
-            Value::Bool(_) => ValueType::Bool,
-            Value::String(_) => ValueType::String,
-            Value::Array(_) => ValueType::Array,
-            Value::U64(_) => ValueType::U64,
-            Value::I64(_) => ValueType::I64,
-            Value::F64(_) => ValueType::F64,
-        }
-    }
-
     /// The value as an integer, whatever its integer type; `None` for
     /// non-integers.
     pub fn as_i128(&self) -> Option<i128> {
@@ -531,76 +555,7 @@ macro_rules! value_from {
 
 value_from!(String => String, u32 => U32, f32 => F32, bool => Bool, Array => Array);
 
-/// A homogeneous metadata array, stored as a typed vector.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Array {
-    /// `u8` elements.
-    U8(Vec<u8>),
-    /// `i8` elements.
-    I8(Vec<i8>),
-    /// `u16` elements.
-    U16(Vec<u16>),
-    /// `i16` elements.
-    I16(Vec<i16>),
-    /// `u32` elements.
-    U32(Vec<u32>),
-    /// `i32` elements.
-    I32(Vec<i32>),
-    /// `f32` elements.
-    F32(Vec<f32>),
-    /// `bool` elements.
-    Bool(Vec<bool>),
-    /// String elements.
-    String(Vec<String>),
-    /// Nested arrays (each with its own element type).
-    Array(Vec<Array>),
-    /// `u64` elements.
-    U64(Vec<u64>),
-    /// `i64` elements.
-    I64(Vec<i64>),
-    /// `f64` elements.
-    F64(Vec<f64>),
-}
-
 impl Array {
-    /// The element type.
-    pub fn element_type(&self) -> ValueType {
-        match self {
-            Array::U8(_) => ValueType::U8,
-            Array::I8(_) => ValueType::I8,
-            Array::U16(_) => ValueType::U16,
-            Array::I16(_) => ValueType::I16,
-            Array::U32(_) => ValueType::U32,
-            Array::I32(_) => ValueType::I32,
-            Array::F32(_) => ValueType::F32,
-            Array::Bool(_) => ValueType::Bool,
-            Array::String(_) => ValueType::String,
-            Array::Array(_) => ValueType::Array,
-            Array::U64(_) => ValueType::U64,
-            Array::I64(_) => ValueType::I64,
-            Array::F64(_) => ValueType::F64,
-        }
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            Array::U8(v) => v.len(),
-            Array::I8(v) => v.len(),
-            Array::U16(v) => v.len(),
-            Array::I16(v) => v.len(),
-            Array::U32(v) => v.len(),
-            Array::I32(v) => v.len(),
-            Array::F32(v) => v.len(),
-            Array::Bool(v) => v.len(),
-            Array::String(v) => v.len(),
-            Array::Array(v) => v.len(),
-            Array::U64(v) => v.len(),
-            Array::I64(v) => v.len(),
-            Array::F64(v) => v.len(),
-        }
-    }
-
     /// Whether the array has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -609,25 +564,6 @@ impl Array {
     /// An empty array of element type `ty`.
     pub fn empty(ty: ValueType) -> Array {
         Array::with_capacity(ty, 0)
-    }
-
-    /// An empty array of element type `ty` with room for `n` elements.
-    pub(crate) fn with_capacity(ty: ValueType, n: usize) -> Array {
-        match ty {
-            ValueType::U8 => Array::U8(Vec::with_capacity(n)),
-            ValueType::I8 => Array::I8(Vec::with_capacity(n)),
-            ValueType::U16 => Array::U16(Vec::with_capacity(n)),
-            ValueType::I16 => Array::I16(Vec::with_capacity(n)),
-            ValueType::U32 => Array::U32(Vec::with_capacity(n)),
-            ValueType::I32 => Array::I32(Vec::with_capacity(n)),
-            ValueType::F32 => Array::F32(Vec::with_capacity(n)),
-            ValueType::Bool => Array::Bool(Vec::with_capacity(n)),
-            ValueType::String => Array::String(Vec::with_capacity(n)),
-            ValueType::Array => Array::Array(Vec::with_capacity(n)),
-            ValueType::U64 => Array::U64(Vec::with_capacity(n)),
-            ValueType::I64 => Array::I64(Vec::with_capacity(n)),
-            ValueType::F64 => Array::F64(Vec::with_capacity(n)),
-        }
     }
 
     /// The elements as integers (any integer element type), or `None` for

@@ -493,33 +493,31 @@ impl Device for Cuda {
 mod tests {
     use super::*;
 
+    /// Writes, zero fills and prefix reads on `dev`, in range and past the
+    /// buffer's end; no graph capture.
+    fn writes_fills_and_reads_prefixes<D: Device>(dev: &mut D) {
+        let b = dev.zeros::<i32>(6).unwrap();
+        dev.write(&b, &[1, 2, 3, 4]).unwrap();
+        dev.fill_zero(&b, 1, 2).unwrap();
+        assert_eq!(dev.download(&b).unwrap(), vec![1, 0, 0, 4, 0, 0]);
+        assert_eq!(dev.download_prefix(&b, 4).unwrap(), vec![1, 0, 0, 4]);
+        assert!(dev.write(&b, &[0; 7]).is_err());
+        assert!(dev.fill_zero(&b, 5, 2).is_err());
+        assert!(dev.download_prefix(&b, 7).is_err());
+        assert!(dev.begin_capture().is_err());
+    }
+
     #[test]
     fn native_backend_writes_fills_and_reads_prefixes() {
         let mut host = Host::new();
-        let b = Device::zeros::<i32>(&mut host, 6).unwrap();
-        Device::write(&mut host, &b, &[1, 2, 3, 4]).unwrap();
-        Device::fill_zero(&mut host, &b, 1, 2).unwrap();
-        assert_eq!(Device::download(&host, &b).unwrap(), vec![1, 0, 0, 4, 0, 0]);
-        assert_eq!(Device::download_prefix(&host, &b, 4).unwrap(), vec![1, 0, 0, 4]);
-        assert!(Device::write(&mut host, &b, &[0; 7]).is_err());
-        assert!(Device::fill_zero(&mut host, &b, 5, 2).is_err());
-        assert!(Device::download_prefix(&host, &b, 7).is_err());
-        assert!(Device::begin_capture(&mut host).is_err());
+        writes_fills_and_reads_prefixes(&mut host);
         assert_eq!(host.sm_count(), 1);
     }
 
     #[test]
     fn interpreter_writes_fills_and_reads_prefixes() {
         let mut cpu = Cpu::new();
-        let b = Device::zeros::<i32>(&mut cpu, 6).unwrap();
-        Device::write(&mut cpu, &b, &[1, 2, 3, 4]).unwrap();
-        Device::fill_zero(&mut cpu, &b, 1, 2).unwrap();
-        assert_eq!(Device::download(&cpu, &b).unwrap(), vec![1, 0, 0, 4, 0, 0]);
-        assert_eq!(Device::download_prefix(&cpu, &b, 4).unwrap(), vec![1, 0, 0, 4]);
-        assert!(Device::write(&mut cpu, &b, &[0; 7]).is_err());
-        assert!(Device::fill_zero(&mut cpu, &b, 5, 2).is_err());
-        assert!(Device::download_prefix(&cpu, &b, 7).is_err());
-        assert!(Device::begin_capture(&mut cpu).is_err());
+        writes_fills_and_reads_prefixes(&mut cpu);
         assert!(!cpu.supports_graphs());
     }
 }

@@ -36,7 +36,7 @@ use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
-use kernels::decode_attention::{default_rows, paged_decode, paged_decode_reduce, paged_decode_tc};
+use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, tc_config};
 use kernels::embedding::{self, embedding_q8_0, embedding_repacked};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
@@ -295,19 +295,8 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         if half {
             // Tensor cores for half caches (any split length: the kernel
             // masks its last partial key block).
-            let config = paged_decode_tc::Config::new(
-                dtype,
-                nkv,
-                group,
-                hd,
-                page,
-                TC_BLOCK_N,
-                split,
-                default_rows(group),
-                false,
-            )
-            .with_warps(4)
-            .with_stages(3);
+            let config =
+                tc_config(dtype, nkv, group, hd, page, TC_BLOCK_N, split).with_warps(4).with_stages(3);
             ln.run::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc))?;
         } else {
             let config =

@@ -15,13 +15,16 @@
 //!   replays are bit-identical to the same padded launches run directly and
 //!   agree with unpadded eager steps, over several buckets, split plans and
 //!   penalties; capture-time rule violations are errors;
-//! - the sampler on the interpreter at SmolLM2's vocabulary (timings).
+//! - the sampler on the interpreter at SmolLM2's vocabulary (timings);
+//! - sampling settings and rows are validated on the host: invalid ones
+//!   are usage errors.
 
 use super::emu::Emu;
 use super::graph::GraphMode;
 use super::mega::DecodePath;
-use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
+use super::sampler::{SampleRow, Sampled, SamplingParams, sample_logits, validate_rows};
 use super::{Device, Model, Step, Weights};
+use crate::Error;
 use crate::check::model::{
     SampledStep, Scenario, argmax, compare_exact, compare_greedy, decode_scenario, scenario_params,
     tiny_flat_model, tiny_model,
@@ -522,4 +525,63 @@ fn mega_is_refused_where_it_cannot_run() {
     assert!(err.contains("--decode-path mega") && err.contains("persistent"), "{err}");
     assert_eq!(model.decode_path(), DecodePath::Auto);
     assert_eq!(model.mega_rows(), 0);
+}
+
+#[test]
+fn defaults_are_greedy_and_valid() {
+    let p = SamplingParams::default();
+    assert!(p.validate().is_ok());
+    assert!(p.is_greedy());
+    assert!(SamplingParams { top_k: 1, temperature: 0.8, ..p.clone() }.is_greedy());
+    assert!(!SamplingParams { temperature: 0.8, ..p.clone() }.is_greedy());
+}
+
+#[test]
+fn invalid_settings_are_usage_errors() {
+    let p = SamplingParams::default();
+    let bad = [
+        SamplingParams { temperature: f32::NAN, ..p.clone() },
+        SamplingParams { temperature: -0.5, ..p.clone() },
+        SamplingParams { temperature: f32::INFINITY, ..p.clone() },
+        SamplingParams { top_k: -2, ..p.clone() },
+        SamplingParams { top_p: 0.0, ..p.clone() },
+        SamplingParams { top_p: 1.5, ..p.clone() },
+        SamplingParams { top_p: f32::NAN, ..p.clone() },
+        SamplingParams { min_p: -0.1, ..p.clone() },
+        SamplingParams { min_p: f32::NAN, ..p.clone() },
+        SamplingParams { repetition_penalty: 0.0, ..p.clone() },
+        SamplingParams { repetition_penalty: f32::NAN, ..p.clone() },
+        SamplingParams { presence_penalty: 2.5, ..p.clone() },
+        SamplingParams { frequency_penalty: -3.0, ..p.clone() },
+    ];
+    for (i, b) in bad.iter().enumerate() {
+        match b.validate() {
+            Err(Error::Usage(m)) => assert!(m.contains("invalid"), "{m}"),
+            other => panic!("case {i}: {other:?}"),
+        }
+    }
+    let ok = SamplingParams {
+        temperature: 0.7,
+        top_k: -1,
+        top_p: 0.9,
+        min_p: 0.05,
+        repetition_penalty: 1.2,
+        presence_penalty: -2.0,
+        frequency_penalty: 2.0,
+        seed: u64::MAX,
+    };
+    assert!(ok.validate().is_ok());
+}
+
+#[test]
+fn rows_are_checked_against_the_step() {
+    let p = SamplingParams::default();
+    let pen = SamplingParams { frequency_penalty: 0.5, ..p.clone() };
+    let r = SampleRow { params: &p, step: 0, tokens: &[1, 2], prompt_len: 2 };
+    assert!(validate_rows(&[r], 1, 10).is_ok());
+    assert!(validate_rows(&[r], 2, 10).is_err());
+    assert!(validate_rows(&[SampleRow { prompt_len: 3, ..r }], 1, 10).is_err());
+    // Token ids are only read (and checked) for rows with penalties.
+    assert!(validate_rows(&[SampleRow { tokens: &[1, 99], ..r }], 1, 10).is_ok());
+    assert!(validate_rows(&[SampleRow { params: &pen, tokens: &[1, 99], ..r }], 1, 10).is_err());
 }
