@@ -33,7 +33,7 @@ impl PtxCache {
     /// A cache in `$TESSERA_CACHE_DIR`, else `~/.cache/tessera` (memory only
     /// when neither can be determined).
     pub fn new() -> PtxCache {
-        PtxCache { dir: default_dir(), mem: Mutex::new(FxHashMap::default()) }
+        PtxCache::with_dir(default_dir())
     }
 
     /// A cache in `dir` (`None`: memory only).
@@ -43,18 +43,8 @@ impl PtxCache {
 
     /// The cache key of `f` compiled with `opts`.
     pub fn key(f: &Function, opts: &CompileOptions) -> String {
-        let mut g = f.clone();
-        dsl_core::passes::canonicalize::canonicalize(&mut g);
-        let mut h = Fnv::new();
-        dsl_core::print::print(&g).hash(&mut h);
-        opts.target.arch().hash(&mut h);
-        opts.num_warps.hash(&mut h);
-        opts.num_stages.hash(&mut h);
-        opts.min_programs_per_sm.hash(&mut h);
-        env!("CARGO_PKG_VERSION").hash(&mut h);
-        env!("TESSERA_COMPILER_HASH").hash(&mut h);
-        crate::target::llvm_version().hash(&mut h);
-        format!("{}-{:016x}", sanitize(&f.name), h.finish())
+        let options = (opts.target.arch(), opts.num_warps, opts.num_stages, opts.min_programs_per_sm);
+        kernel_key(f, options)
     }
 
     /// The compiled kernel, from memory, disk, or a fresh compile (then stored).
@@ -115,6 +105,22 @@ impl PtxCache {
         }
         write_entry(dir, &format!("{key}.meta"), meta.as_bytes())
     }
+}
+
+/// The cache key of `f` compiled for `target` (what selects the output
+/// besides the IR): the kernel's name and a hash of its printed IR (after
+/// canonicalization), of `target` and of the compiler (this crate's
+/// version, the hash of its and `dsl-core`'s sources, the LLVM version).
+pub(crate) fn kernel_key(f: &Function, target: impl Hash) -> String {
+    let mut g = f.clone();
+    dsl_core::passes::canonicalize::canonicalize(&mut g);
+    let mut h = Fnv::new();
+    dsl_core::print::print(&g).hash(&mut h);
+    target.hash(&mut h);
+    env!("CARGO_PKG_VERSION").hash(&mut h);
+    env!("TESSERA_COMPILER_HASH").hash(&mut h);
+    crate::target::llvm_version().hash(&mut h);
+    format!("{}-{:016x}", sanitize(&f.name), h.finish())
 }
 
 /// The default cache directory: `$TESSERA_CACHE_DIR`, else

@@ -14,11 +14,9 @@ use super::launch::HostKernel;
 use super::target::HostTarget;
 use super::{ErrorSite, HostObject, compile};
 use crate::Result;
-use crate::cache::{default_dir, sanitize, write_entry};
-use crate::fnv::Fnv;
+use crate::cache::{default_dir, kernel_key, write_entry};
 use dsl_core::{Function, Location};
 use rustc_hash::FxHashMap;
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -53,16 +51,7 @@ impl HostCache {
 
     /// The cache key of `f` on this cache's target.
     pub fn key(&self, f: &Function) -> String {
-        let mut g = f.clone();
-        dsl_core::passes::canonicalize::canonicalize(&mut g);
-        let mut h = Fnv::new();
-        dsl_core::print::print(&g).hash(&mut h);
-        "host".hash(&mut h);
-        self.target.hash(&mut h);
-        env!("CARGO_PKG_VERSION").hash(&mut h);
-        env!("TESSERA_COMPILER_HASH").hash(&mut h);
-        crate::target::llvm_version().hash(&mut h);
-        format!("{}-{:016x}", sanitize(&f.name), h.finish())
+        kernel_key(f, ("host", &self.target))
     }
 
     /// The linked kernel, from memory, disk, or a fresh compile (then stored).
