@@ -151,18 +151,12 @@ impl UnaryOp {
     }
 }
 
-impl ArithOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ArithOp::Binary(b) => b.name(),
-            ArithOp::Unary(u) => u.name(),
-            ArithOp::Fma => "fma",
-            ArithOp::Dp4a => "dp4a",
-            ArithOp::AddPtr => "addptr",
-        }
-    }
+mnemonics! { ArithOp:
+    Fma = "fma", Dp4a = "dp4a", AddPtr = "addptr";
+    ArithOp::Binary(b) => b.name(), ArithOp::Unary(u) => u.name()
+}
 
+impl ArithOp {
     /// Parses a mnemonic of this family.
     pub fn parse(name: &str) -> Option<ArithOp> {
         if let Some(b) = BinaryOp::from_name(name) {

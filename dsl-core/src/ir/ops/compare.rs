@@ -62,15 +62,9 @@ pub enum CompareOp {
     Select,
 }
 
-impl CompareOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            CompareOp::Cmp(_) => "cmp",
-            CompareOp::Select => "select",
-        }
-    }
+mnemonics! { CompareOp: Cmp = "cmp", Select = "select" }
 
+impl CompareOp {
     /// Attributes for printing.
     pub fn attrs(&self) -> Attrs {
         match self {

@@ -249,20 +249,13 @@ pub struct LoadOperands<T> {
     pub other: Option<T>,
 }
 
-impl MemoryOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            MemoryOp::Load { .. } => "load",
-            MemoryOp::LoadBlock { .. } => "load_block",
-            MemoryOp::Store { .. } => "store",
-            MemoryOp::Atomic { kind, .. } => kind.name(),
-            MemoryOp::AtomicCas { .. } => "atomic_cas",
-            MemoryOp::WaitUntil { .. } => "wait_until",
-            MemoryOp::PrefetchL2 { .. } => "prefetch_l2",
-        }
-    }
+mnemonics! { MemoryOp:
+    Load = "load", LoadBlock = "load_block", Store = "store", AtomicCas = "atomic_cas",
+    WaitUntil = "wait_until", PrefetchL2 = "prefetch_l2";
+    MemoryOp::Atomic { kind, .. } => kind.name()
+}
 
+impl MemoryOp {
     /// The operands of a `load` with arguments `args`, by role; `None` for
     /// the other memory ops. (A `load`'s flags say which optional operands
     /// it has; this is the one place that decodes them.)

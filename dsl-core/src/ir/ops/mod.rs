@@ -33,6 +33,23 @@ macro_rules! spellings {
     };
 }
 
+/// Implements `name` (the mnemonic) for an op enum from one list of
+/// `Variant = "mnemonic"`, whatever fields the variants carry; after a `;`,
+/// whole match arms for variants whose mnemonic is another enum's spelling.
+macro_rules! mnemonics {
+    ($ty:ident: $($variant:ident = $name:literal),+ $(; $($pat:pat => $spelled:expr),+)? $(,)?) => {
+        impl $ty {
+            /// The mnemonic.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $($ty::$variant { .. } => $name,)+
+                    $($($pat => $spelled,)+)?
+                }
+            }
+        }
+    };
+}
+
 pub mod arith;
 pub mod cast;
 pub mod compare;
