@@ -28,9 +28,12 @@ use dsl_core::interp::Cpu;
 use dsl_macros::kernel;
 use std::marker::PhantomData;
 
-/// `out[i] = x[i] + y[i]` for every `i < n`.
+// `out[i] = x[i] + y[i]` for every `i < n`. dsl-macros snapshots what
+// `#[kernel]` expands this very kernel into, so its doc line and `pub` are
+// part of that snapshot.
+/// Adds two vectors.
 #[kernel]
-fn vector_add(x_ptr: Ptr<f32>, y_ptr: Ptr<f32>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
+pub fn vector_add(x_ptr: Ptr<f32>, y_ptr: Ptr<f32>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
     // Which block of `BLOCK` elements this program handles.
     let pid = program_id(0);
     let offs = pid * BLOCK + arange(0, BLOCK);

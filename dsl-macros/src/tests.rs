@@ -11,22 +11,28 @@ fn pretty(ts: proc_macro2::TokenStream) -> String {
     }
 }
 
+/// The item `#[kernel] fn name` of the Rust file `source`, without its
+/// `#[kernel]` attribute: a kernel as the macro receives it.
+fn kernel_item(source: &str, name: &str) -> syn::ItemFn {
+    let file = syn::parse_file(source).expect("the source parses");
+    let mut item = file
+        .items
+        .into_iter()
+        .find_map(|item| match item {
+            syn::Item::Fn(f) if f.sig.ident == name => Some(f),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no fn {name} in the source"));
+    item.attrs.retain(|a| !a.path().is_ident("kernel"));
+    item
+}
+
+/// The first tutorial's kernel, so that what the tutorial shows is what this
+/// snapshot pins.
 #[test]
 fn vector_add_expansion() {
-    let out = crate::expand_kernel(
-        quote!(),
-        quote! {
-            /// Adds two vectors.
-            pub fn vector_add(x_ptr: Ptr<f32>, y_ptr: Ptr<f32>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
-                let pid = program_id(0);
-                let offs = pid * BLOCK + arange(0, BLOCK);
-                let mask = offs < n;
-                let x = load(x_ptr + offs, mask = mask);
-                let y = load(y_ptr + offs, mask = mask);
-                store(out_ptr + offs, x + y, mask = mask);
-            }
-        },
-    );
+    let item = kernel_item(include_str!("../../examples/01_vector_add.rs"), "vector_add");
+    let out = crate::expand_kernel(quote!(), quote!(#item));
     insta::assert_snapshot!(pretty(out));
 }
 

@@ -1,6 +1,5 @@
-//! The host compile cache: linked kernels in memory, objects on disk, with
-//! the PTX cache's machinery (`crate::cache`: the directory, atomic
-//! writes).
+//! The host compile cache: linked kernels in memory, objects on disk, kept
+//! like PTX in a `crate::cache::Store` (the directory, atomic writes).
 //!
 //! The key hashes the printed IR (after canonicalization), the host target
 //! (triple, CPU name and feature string: an object is never loaded on a CPU
@@ -14,19 +13,15 @@ use super::launch::HostKernel;
 use super::target::HostTarget;
 use super::{ErrorSite, HostObject, compile};
 use crate::Result;
-use crate::cache::{default_dir, sanitize, write_entry};
-use crate::fnv::Fnv;
+use crate::cache::{Store, kernel_key};
 use dsl_core::{Function, Location};
-use rustc_hash::FxHashMap;
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// A memory + disk cache of host kernels.
 pub struct HostCache {
-    dir: Option<PathBuf>,
+    store: Store<HostKernel>,
     target: HostTarget,
-    mem: Mutex<FxHashMap<String, Arc<HostKernel>>>,
 }
 
 impl Default for HostCache {
@@ -38,12 +33,12 @@ impl Default for HostCache {
 impl HostCache {
     /// A cache for this CPU in `$TESSERA_CACHE_DIR`, else `~/.cache/tessera`.
     pub fn new() -> HostCache {
-        HostCache::with_dir(default_dir())
+        HostCache { store: Store::default(), target: HostTarget::native() }
     }
 
     /// A cache for this CPU in `dir` (`None`: memory only).
     pub fn with_dir(dir: Option<PathBuf>) -> HostCache {
-        HostCache { dir, target: HostTarget::native(), mem: Mutex::new(FxHashMap::default()) }
+        HostCache { store: Store::new(dir), target: HostTarget::native() }
     }
 
     /// The CPU the cache compiles for.
@@ -53,16 +48,7 @@ impl HostCache {
 
     /// The cache key of `f` on this cache's target.
     pub fn key(&self, f: &Function) -> String {
-        let mut g = f.clone();
-        dsl_core::passes::canonicalize::canonicalize(&mut g);
-        let mut h = Fnv::new();
-        dsl_core::print::print(&g).hash(&mut h);
-        "host".hash(&mut h);
-        self.target.hash(&mut h);
-        env!("CARGO_PKG_VERSION").hash(&mut h);
-        env!("TESSERA_COMPILER_HASH").hash(&mut h);
-        crate::target::llvm_version().hash(&mut h);
-        format!("{}-{:016x}", sanitize(&f.name), h.finish())
+        kernel_key(f, ("host", &self.target))
     }
 
     /// The linked kernel, from memory, disk, or a fresh compile (then stored).
@@ -74,30 +60,24 @@ impl HostCache {
     /// fresh compile (a miss in memory and on disk).
     pub fn get_or_compile_with(&self, f: &Function, on_compile: impl FnOnce()) -> Result<Arc<HostKernel>> {
         let key = self.key(f);
-        if let Some(k) = self.mem.lock().ok().and_then(|m| m.get(&key).cloned()) {
-            return Ok(k);
-        }
-        let obj = match self.read_disk(&key) {
-            Some(o) => o,
-            None => {
-                on_compile();
-                let o = compile(f, &self.target, &format!("tessera_{key}"))?;
-                // A failed disk write only costs a recompile later.
-                let _ = self.write_disk(&key, &o);
-                o
-            }
-        };
-        let k = Arc::new(HostKernel::load(&obj)?);
-        if let Ok(mut m) = self.mem.lock() {
-            m.insert(key, k.clone());
-        }
-        Ok(k)
+        self.store.get_or_make(&key, || {
+            let obj = match self.read_disk(&key) {
+                Some(o) => o,
+                None => {
+                    on_compile();
+                    let o = compile(f, &self.target, &format!("tessera_{key}"))?;
+                    // A failed disk write only costs a recompile later.
+                    let _ = self.write_disk(&key, &o);
+                    o
+                }
+            };
+            HostKernel::load(&obj)
+        })
     }
 
     fn read_disk(&self, key: &str) -> Option<HostObject> {
-        let dir = self.dir.as_ref()?;
-        let object = std::fs::read(dir.join(format!("{key}.o"))).ok()?;
-        let meta = std::fs::read_to_string(dir.join(format!("{key}.hostmeta"))).ok()?;
+        let object = self.store.read(key, "o")?;
+        let meta = self.store.read_text(key, "hostmeta")?;
         let mut lines = meta.lines();
         let name = lines.next()?.to_string();
         let symbol = lines.next()?.to_string();
@@ -107,14 +87,13 @@ impl HostCache {
     }
 
     fn write_disk(&self, key: &str, o: &HostObject) -> Result<()> {
-        let Some(dir) = self.dir.as_ref() else { return Ok(()) };
-        write_entry(dir, &format!("{key}.o"), &o.object)?;
+        self.store.write(key, "o", &o.object)?;
         let mut meta = format!("{}\n{}\n{}\n", o.name, o.symbol, o.frame_bytes);
         for e in &o.errors {
             meta.push_str(&site_line(e));
             meta.push('\n');
         }
-        write_entry(dir, &format!("{key}.hostmeta"), meta.as_bytes())
+        self.store.write(key, "hostmeta", meta.as_bytes())
     }
 }
 

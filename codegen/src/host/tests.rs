@@ -66,16 +66,23 @@ fn same(f: &Function, grid: [u32; 3], bufs: &[Buffer], args: &[Arg]) {
     }
 }
 
+/// The head of a two-input elementwise kernel over `n` elements of
+/// `dtype`: its parameters `x_ptr`, `y_ptr`, `out_ptr` and `n`, and this
+/// program's `block` offsets and mask; returns `(out_ptr, offs, mask, x, y)`
+/// with `x` and `y` loaded under the mask.
+fn two_inputs(block: usize, dtype: DType) -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+    let x_ptr = param_ptr("x_ptr", dtype);
+    let y_ptr = param_ptr("y_ptr", dtype);
+    let out_ptr = param_ptr("out_ptr", dtype);
+    let n = param_scalar("n", DType::I32);
+    let offs = program_id(0) * block as i32 + arange(0, block as i32);
+    let mask = offs.lt(n);
+    (out_ptr, offs, mask, load(x_ptr + offs, Some(mask), None), load(y_ptr + offs, Some(mask), None))
+}
+
 fn vector_add(block: usize, dtype: DType) -> Result<Function> {
     KernelBuilder::new("vector_add").build(|| {
-        let x_ptr = param_ptr("x_ptr", dtype);
-        let y_ptr = param_ptr("y_ptr", dtype);
-        let out_ptr = param_ptr("out_ptr", dtype);
-        let n = param_scalar("n", DType::I32);
-        let offs = program_id(0) * block as i32 + arange(0, block as i32);
-        let mask = offs.lt(n);
-        let x = load(x_ptr + offs, Some(mask), None);
-        let y = load(y_ptr + offs, Some(mask), None);
+        let (out_ptr, offs, mask, x, y) = two_inputs(block, dtype);
         store(out_ptr + offs, x + y, Some(mask));
     })
 }
@@ -113,19 +120,33 @@ fn host_softmax() {
     }
 }
 
+/// The binary arithmetic of every numeric dtype, one result per op.
+fn binary_ops(x: Tensor, y: Tensor) -> [Tensor; 7] {
+    [x + y, x - y, x * y, x / y, x % y, minimum(x, y), maximum(x, y)]
+}
+
+/// Stores `results` cast to `dtype` one `block`-wide row per result:
+/// result `k` at `out_ptr + k * block + offs`.
+fn store_rows(
+    out_ptr: Tensor,
+    block: usize,
+    offs: Tensor,
+    results: Vec<Tensor>,
+    dtype: DType,
+    mask: Option<Tensor>,
+) {
+    for (k, r) in results.into_iter().enumerate() {
+        store(out_ptr + (k * block) as i32 + offs, cast(r, dtype), mask);
+    }
+}
+
 /// Unary and binary float math of every kind, stored one row per op.
 fn float_ops(block: usize, dtype: DType) -> Result<Function> {
     KernelBuilder::new("float_ops").build(|| {
-        let x_ptr = param_ptr("x_ptr", dtype);
-        let y_ptr = param_ptr("y_ptr", dtype);
-        let out_ptr = param_ptr("out_ptr", dtype);
-        let n = param_scalar("n", DType::I32);
-        let offs = arange(0, block as i32);
-        let mask = offs.lt(n);
-        let x = load(x_ptr + offs, Some(mask), None);
-        let y = load(y_ptr + offs, Some(mask), None);
+        // One program (`offs` from 0).
+        let (out_ptr, offs, mask, x, y) = two_inputs(block, dtype);
         let ax = abs(x) + 0.5;
-        let results = [
+        let mut results = vec![
             exp(x),
             exp2(x),
             log(ax),
@@ -141,13 +162,9 @@ fn float_ops(block: usize, dtype: DType) -> Result<Function> {
             ceil(x * 3.0),
             abs(x),
             -x,
-            x + y,
-            x - y,
-            x * y,
-            x / y,
-            x % y,
-            minimum(x, y),
-            maximum(x, y),
+        ];
+        results.extend(binary_ops(x, y));
+        results.extend([
             pow(ax, y),
             fma(x, y, x),
             where_(x.lt(y), x, y),
@@ -160,10 +177,8 @@ fn float_ops(block: usize, dtype: DType) -> Result<Function> {
             cast(cast(x * 1e6, DType::I64), dtype),
             cast(x.gt(y), dtype),
             cast(cast(x, DType::I1), dtype),
-        ];
-        for (k, r) in results.into_iter().enumerate() {
-            store(out_ptr + (k * block) as i32 + offs, cast(r, dtype), Some(mask));
-        }
+        ]);
+        store_rows(out_ptr, block, offs, results, dtype, Some(mask));
     })
 }
 
@@ -195,14 +210,8 @@ fn int_ops(block: usize, dtype: DType) -> Result<Function> {
         let x = load(x_ptr + offs, None, None);
         let y = load(y_ptr + offs, None, None);
         let s = cast(y & 7, dtype);
-        let results = [
-            x + y,
-            x - y,
-            x * y,
-            x / y,
-            x % y,
-            minimum(x, y),
-            maximum(x, y),
+        let mut results = binary_ops(x, y).to_vec();
+        results.extend([
             x & y,
             x | y,
             x ^ y,
@@ -219,10 +228,8 @@ fn int_ops(block: usize, dtype: DType) -> Result<Function> {
             cast(cast(x, DType::U32), dtype),
             cast(cast(x, DType::I64), dtype),
             cast(cast(x, DType::I1), dtype),
-        ];
-        for (k, r) in results.into_iter().enumerate() {
-            store(out_ptr + (k * block) as i32 + offs, cast(r, dtype), None);
-        }
+        ]);
+        store_rows(out_ptr, block, offs, results, dtype, None);
     })
 }
 

@@ -20,7 +20,7 @@ use crate::blocked::BlockedLayout;
 use crate::fragment::{MmaLayout, ROW_PAD, RegLayout, RowLayout};
 use dsl_core::dtype::{DType, Elem, Type};
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The in-memory type of dtype `d` (`i1` is a byte).
@@ -28,104 +28,103 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         mem_type(self.ctx, Elem::Scalar(d))
     }
 
-    /// Converts blocked registers of a value of type `ty` to layout `lay`.
-    pub(super) fn convert_from_blocked(
+    /// Converts the registers of a value of type `ty` through a scratch
+    /// array in shared memory (see the module documentation): from the
+    /// blocked layout to `lay`, or with `to_blocked` from `lay` to blocked.
+    pub(super) fn convert_blocked(
         &mut self,
         ty: &Type,
         regs: &[BasicValueEnum<'ctx>],
         lay: RegLayout,
+        to_blocked: bool,
     ) -> Result<Regs<'ctx>> {
         let d = ty.dtype();
         let bytes = u64::from(super::elem_bytes(ty.elem));
         let lb = self.layout(ty);
-        match lay {
-            RegLayout::Blocked => Ok(regs.to_vec()),
-            RegLayout::Mma(l) => {
-                let smem = self.smem(((l.m * (l.n + ROW_PAD)) as u64) * bytes)?;
-                self.barrier()?;
-                self.stage_padded(smem, 0, &lb, regs, l.n, d)?;
-                self.barrier()?;
-                self.mma_read(smem, 0, &l, d)
-            }
-            RegLayout::MmaT(l) => {
-                let pad = (16 / bytes) as usize;
-                let smem = self.smem(((l.n * (l.m + pad)) as u64) * bytes)?;
-                self.barrier()?;
-                self.stage_padded_at(smem, 0, &lb, regs, l.m, pad, d)?;
-                self.barrier()?;
-                self.mma_t_access(smem, &l, pad, d, None)
-            }
-            RegLayout::Row(r) => {
-                let et = self.mem_ty(d);
-                let smem = self.smem(r.m as u64 * bytes)?;
-                self.barrier()?;
-                let base = self.thread_base(&lb)?;
-                for (s, &v) in regs.iter().enumerate() {
-                    let idx = self.linear_index(&lb, base, s)?;
-                    let p = self.smem_elem(smem, 0, et, idx)?;
-                    self.b.build_store(p, self.reg_to_mem(v, d)?)?;
+        let elems = match lay {
+            RegLayout::Blocked => return Ok(regs.to_vec()),
+            RegLayout::Mma(l) => l.m * (l.n + ROW_PAD),
+            RegLayout::MmaT(l) => l.n * (l.m + Self::mma_t_pad(d)),
+            RegLayout::Row(r) => r.m,
+        };
+        let smem = self.smem(elems as u64 * bytes)?;
+        self.barrier()?;
+        self.scratch_access(smem, &lb, lay, d, Some(regs), !to_blocked)?;
+        self.barrier()?;
+        self.scratch_access(smem, &lb, lay, d, None, to_blocked)
+    }
+
+    /// Writes (`regs` given) or reads the registers (dtype `d`) of a value
+    /// exchanged between blocked layout `lb` and `lay`: with `blocked` the
+    /// blocked registers, else those of `lay`.
+    fn scratch_access(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        lb: &BlockedLayout,
+        lay: RegLayout,
+        d: DType,
+        regs: Option<&[BasicValueEnum<'ctx>]>,
+        blocked: bool,
+    ) -> Result<Regs<'ctx>> {
+        let written = |r: Result<()>| r.map(|()| Vec::new());
+        match (lay, blocked, regs) {
+            (RegLayout::Mma(l), false, Some(regs)) => written(self.mma_write(smem, 0, &l, regs, d)),
+            (RegLayout::Mma(l), false, None) => self.mma_read(smem, 0, &l, d),
+            (RegLayout::MmaT(l), false, _) => self.mma_t_access(smem, &l, d, regs),
+            (RegLayout::Mma(l) | RegLayout::MmaT(l), true, _) => {
+                let (cols, pad) = match lay {
+                    RegLayout::Mma(_) => (l.n, ROW_PAD),
+                    _ => (l.m, Self::mma_t_pad(d)),
+                };
+                match regs {
+                    Some(regs) => written(self.stage_padded_at(smem, 0, lb, regs, cols, pad, d)),
+                    None => self.load_padded(smem, 0, lb, cols, pad, d),
                 }
-                self.barrier()?;
-                let mut out = Vec::with_capacity(r.regs());
-                for q in 0..r.regs() {
-                    let row = self.row_index(&r, q)?;
-                    let p = self.smem_elem(smem, 0, et, row)?;
-                    let v = self.b.build_load(et, p, "")?;
-                    out.push(self.mem_to_reg(v, d)?);
-                }
-                Ok(out)
             }
+            (RegLayout::Row(r), false, _) => {
+                let n = regs.map_or(r.regs(), <[_]>::len);
+                self.scalar_access(smem, d, n, regs, |lw, q| lw.row_index(&r, q))
+            }
+            (RegLayout::Row(_), true, _) => {
+                let base = self.thread_base(lb)?;
+                let n = regs.map_or(lb.regs(), <[_]>::len);
+                self.scalar_access(smem, d, n, regs, |lw, s| lw.linear_index(lb, base, s))
+            }
+            (RegLayout::Blocked, ..) => unreachable!("a blocked value is not exchanged"),
         }
     }
 
-    /// Converts registers of a value of type `ty` held in `lay` to blocked.
-    pub(super) fn convert_to_blocked(
+    /// The row padding (16 bytes) of the scratch array of a transposed
+    /// accumulator of dtype `d`.
+    fn mma_t_pad(d: DType) -> usize {
+        16 / super::elem_bytes(Elem::Scalar(d)) as usize
+    }
+
+    /// Writes (`regs` given) or reads `n` registers (dtype `d`), one scalar
+    /// access each, register `s` at element `index(self, s)` of `smem`.
+    fn scalar_access(
         &mut self,
-        ty: &Type,
-        regs: &[BasicValueEnum<'ctx>],
-        lay: RegLayout,
+        smem: PointerValue<'ctx>,
+        d: DType,
+        n: usize,
+        regs: Option<&[BasicValueEnum<'ctx>]>,
+        index: impl Fn(&Self, usize) -> Result<IntValue<'ctx>>,
     ) -> Result<Regs<'ctx>> {
-        let d = ty.dtype();
-        let bytes = u64::from(super::elem_bytes(ty.elem));
-        let lb = self.layout(ty);
-        match lay {
-            RegLayout::Blocked => Ok(regs.to_vec()),
-            RegLayout::Mma(l) => {
-                let smem = self.smem(((l.m * (l.n + ROW_PAD)) as u64) * bytes)?;
-                self.barrier()?;
-                self.mma_write(smem, 0, &l, regs, d)?;
-                self.barrier()?;
-                self.load_padded(smem, 0, &lb, l.n, d)
-            }
-            RegLayout::MmaT(l) => {
-                let pad = (16 / bytes) as usize;
-                let smem = self.smem(((l.n * (l.m + pad)) as u64) * bytes)?;
-                self.barrier()?;
-                self.mma_t_access(smem, &l, pad, d, Some(regs))?;
-                self.barrier()?;
-                self.load_padded_at(smem, 0, &lb, l.m, pad, d)
-            }
-            RegLayout::Row(r) => {
-                let et = self.mem_ty(d);
-                let smem = self.smem(r.m as u64 * bytes)?;
-                self.barrier()?;
-                for (q, &v) in regs.iter().enumerate() {
-                    let row = self.row_index(&r, q)?;
-                    let p = self.smem_elem(smem, 0, et, row)?;
-                    self.b.build_store(p, self.reg_to_mem(v, d)?)?;
+        let et = self.mem_ty(d);
+        let mut out = Vec::with_capacity(n);
+        for s in 0..n {
+            let p = self.smem_elem(smem, 0, et, index(self, s)?)?;
+            match regs {
+                Some(regs) => {
+                    self.b.build_store(p, self.reg_to_mem(regs[s], d)?)?;
                 }
-                self.barrier()?;
-                let base = self.thread_base(&lb)?;
-                let mut out = Vec::with_capacity(lb.regs());
-                for s in 0..lb.regs() {
-                    let idx = self.linear_index(&lb, base, s)?;
-                    let p = self.smem_elem(smem, 0, et, idx)?;
+                None => {
                     let v = self.b.build_load(et, p, "")?;
                     out.push(self.mem_to_reg(v, d)?);
                 }
-                Ok(out)
             }
         }
+        Ok(out)
     }
 
     /// The row held in register `q` of row layout `r` by this thread:
@@ -193,21 +192,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         d: DType,
     ) -> Result<Regs<'ctx>> {
         let base = self.mma_base(l)?;
-        let et = self.mem_ty(d);
-        let vt = super::memory::vec_type(et, 2)?;
-        let align = 2 * super::elem_bytes(Elem::Scalar(d));
         let mut out = Vec::with_capacity(l.regs());
         for pair in 0..l.regs() / 2 {
             let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
-            let p = self.smem_elem(smem, off, et, idx)?;
-            let v = self.b.build_load(vt, p, "")?;
-            if let Some(i) = v.as_instruction_value() {
-                i.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
-            }
-            for e in 0..2 {
-                let x = self.b.build_extract_element(v.into_vector_value(), self.i32c(e), "")?;
-                out.push(self.mem_to_reg(x, d)?);
-            }
+            out.extend(self.load_vector(smem, off, idx, 2, d)?);
         }
         Ok(out)
     }
@@ -223,61 +211,83 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> Result<()> {
         let base = self.mma_base(l)?;
         let et = self.mem_ty(d);
-        let vt = super::memory::vec_type(et, 2)?;
-        let align = 2 * super::elem_bytes(Elem::Scalar(d));
         for pair in 0..l.regs() / 2 {
             let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
             let p = self.smem_elem(smem, off, et, idx)?;
-            let mut v = vt.get_undef();
-            for e in 0..2 {
-                let x = self.reg_to_mem(regs[2 * pair + e], d)?;
-                v = self.b.build_insert_element(v, x, self.i32c(e as i64), "")?;
-            }
-            let st = self.b.build_store(p, v)?;
-            st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+            let v = self.pack(&regs[2 * pair..2 * pair + 2], d)?;
+            self.store_vector(p, v, d)?;
         }
+        Ok(())
+    }
+
+    /// Loads `n` consecutive elements (dtype `d`) at element `idx` of the
+    /// array at byte `off` of `smem` in one vector access aligned to its
+    /// size, as registers.
+    fn load_vector(
+        &mut self,
+        smem: PointerValue<'ctx>,
+        off: u64,
+        idx: IntValue<'ctx>,
+        n: usize,
+        d: DType,
+    ) -> Result<Regs<'ctx>> {
+        let et = self.mem_ty(d);
+        let vt = super::memory::vec_type(et, n as u32)?;
+        let p = self.smem_elem(smem, off, et, idx)?;
+        let v = self.b.build_load(vt, p, "")?;
+        if let Some(i) = v.as_instruction_value() {
+            let align = n as u32 * super::elem_bytes(Elem::Scalar(d));
+            i.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+        }
+        let mut out = Vec::with_capacity(n);
+        for e in 0..n {
+            let x = self.b.build_extract_element(v.into_vector_value(), self.i32c(e as i64), "")?;
+            out.push(self.mem_to_reg(x, d)?);
+        }
+        Ok(out)
+    }
+
+    /// Registers `regs` (dtype `d`) as one vector of memory values.
+    fn pack(&self, regs: &[BasicValueEnum<'ctx>], d: DType) -> Result<VectorValue<'ctx>> {
+        let vt = super::memory::vec_type(self.mem_ty(d), regs.len() as u32)?;
+        let mut v = vt.get_undef();
+        for (e, &r) in regs.iter().enumerate() {
+            let x = self.reg_to_mem(r, d)?;
+            v = self.b.build_insert_element(v, x, self.i32c(e as i64), "")?;
+        }
+        Ok(v)
+    }
+
+    /// Stores the packed vector `v` (elements of dtype `d`) at `p`, aligned
+    /// to its size.
+    fn store_vector(&self, p: PointerValue<'ctx>, v: VectorValue<'ctx>, d: DType) -> Result<()> {
+        let st = self.b.build_store(p, v)?;
+        let align = v.get_type().get_size() * super::elem_bytes(Elem::Scalar(d));
+        st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
         Ok(())
     }
 
     /// Writes (`regs` given) or reads the registers of the transposed
     /// accumulator layout [`RegLayout::MmaT`] of `l` (dtype `d`) to or from a
-    /// row-major `[l.n, l.m + pad]` array: register `(r, c)` of `l` is
-    /// element `(c, r)`, one scalar access each. With `pad` 16 bytes and
-    /// `l.m` a multiple of 32 words, the 32 lanes of one access hit 32
-    /// distinct banks (rows `g`, columns `2 t`: bank `g + 8 t` for 4-byte
-    /// elements).
+    /// row-major `[l.n, l.m + pad]` array ([`Lowerer::mma_t_pad`]): register
+    /// `(r, c)` of `l` is element `(c, r)`, one scalar access each. With
+    /// `pad` 16 bytes and `l.m` a multiple of 32 words, the 32 lanes of one
+    /// access hit 32 distinct banks (rows `g`, columns `2 t`: bank `g + 8 t`
+    /// for 4-byte elements).
     fn mma_t_access(
         &mut self,
         smem: PointerValue<'ctx>,
         l: &MmaLayout,
-        pad: usize,
         d: DType,
         regs: Option<&[BasicValueEnum<'ctx>]>,
     ) -> Result<Regs<'ctx>> {
-        let (wm, wn, lane) = self.warp_coords(l)?;
-        let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
-        let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(1), "")?;
-        let row = self.mad(wm, l.tile_m(), g)?;
-        let col = self.mad(wn, l.tile_n(), t2)?;
-        let stride = l.m + pad;
+        let (row, col) = self.mma_origin(l)?;
+        let stride = l.m + Self::mma_t_pad(d);
         let base = self.mad(col, stride, row)?;
-        let et = self.mem_ty(d);
-        let mut out = Vec::with_capacity(l.regs());
-        for slot in 0..l.regs() {
+        self.scalar_access(smem, d, l.regs(), regs, |lw, slot| {
             let (dr, dc) = l.slot_delta(slot);
-            let idx = self.b.build_int_add(base, self.i32c((dc * stride + dr) as i64), "")?;
-            let p = self.smem_elem(smem, 0, et, idx)?;
-            match regs {
-                Some(regs) => {
-                    self.b.build_store(p, self.reg_to_mem(regs[slot], d)?)?;
-                }
-                None => {
-                    let v = self.b.build_load(et, p, "")?;
-                    out.push(self.mem_to_reg(v, d)?);
-                }
-            }
-        }
-        Ok(out)
+            Ok(lw.b.build_int_add(base, lw.i32c((dc * stride + dr) as i64), "")?)
+        })
     }
 
     /// The staged index of the first element of the chunk holding `slot` of
@@ -400,36 +410,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let base = self.thread_base(l)?;
         let pc = Self::piece(l, d);
         let et = self.mem_ty(d);
-        let vt = super::memory::vec_type(et, pc as u32)?;
-        let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
         for s0 in (0..regs.len()).step_by(pc) {
             let idx = index(self, base, s0)?;
-            let mut vec = vt.get_undef();
-            for e in 0..pc {
-                let v = self.reg_to_mem(regs[s0 + e], d)?;
-                vec = self.b.build_insert_element(vec, v, self.i32c(e as i64), "")?;
-            }
+            let v = self.pack(&regs[s0..s0 + pc], d)?;
             let p = self.smem_elem(smem, off, et, idx)?;
-            let st = self.b.build_store(p, vec)?;
-            st.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
+            self.store_vector(p, v, d)?;
         }
         Ok(())
     }
 
-    /// Reads blocked registers (dtype `d`) of a `[rows, cols]` tile from a padded array.
-    pub(super) fn load_padded(
-        &mut self,
-        smem: PointerValue<'ctx>,
-        off: u64,
-        l: &BlockedLayout,
-        cols: usize,
-        d: DType,
-    ) -> Result<Regs<'ctx>> {
-        self.load_padded_at(smem, off, l, cols, ROW_PAD, d)
-    }
-
-    /// [`Lowerer::load_padded`] with rows padded by `pad` elements.
-    fn load_padded_at(
+    /// Reads blocked registers (dtype `d`) of a `[rows, cols]` tile from an
+    /// array at byte `off` whose rows are padded by `pad` elements.
+    fn load_padded(
         &mut self,
         smem: PointerValue<'ctx>,
         off: u64,
@@ -440,21 +432,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> Result<Regs<'ctx>> {
         let base = self.thread_base(l)?;
         let pc = Self::piece(l, d);
-        let et = self.mem_ty(d);
-        let vt = super::memory::vec_type(et, pc as u32)?;
-        let align = (pc as u32) * super::elem_bytes(Elem::Scalar(d));
         let mut out = Vec::with_capacity(l.regs());
         for s0 in (0..l.regs()).step_by(pc) {
             let idx = self.padded_index(l, base, s0, cols, pad)?;
-            let p = self.smem_elem(smem, off, et, idx)?;
-            let v = self.b.build_load(vt, p, "")?;
-            if let Some(i) = v.as_instruction_value() {
-                i.set_alignment(align).map_err(|e| crate::Error::Llvm(e.to_string()))?;
-            }
-            for e in 0..pc {
-                let x = self.b.build_extract_element(v.into_vector_value(), self.i32c(e as i64), "")?;
-                out.push(self.mem_to_reg(x, d)?);
-            }
+            out.extend(self.load_vector(smem, off, idx, pc, d)?);
         }
         Ok(out)
     }

@@ -214,7 +214,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let b = self.regs(v)?;
         match lay {
             RegLayout::Blocked => Ok(b),
-            _ => self.convert_from_blocked(&ty, &b, lay),
+            _ => self.convert_blocked(&ty, &b, lay, false),
         }
     }
 
@@ -242,7 +242,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let ty = self.f.ty(v).clone();
         let raw = self.raw_regs(v)?;
-        let b = self.convert_to_blocked(&ty, &raw, lay)?;
+        let b = self.convert_blocked(&ty, &raw, lay, true)?;
         self.blocked.insert(v, b);
         Ok(())
     }

@@ -146,32 +146,23 @@ impl FromTensors for (Tensor, Tensor, Tensor) {
 #[allow(non_upper_case_globals)]
 pub mod dtypes {
     use crate::dtype::DType;
-    /// `i1` (booleans, masks).
-    pub const i1: DType = DType::I1;
-    /// `i8`.
-    pub const i8: DType = DType::I8;
-    /// `u8`.
-    pub const u8: DType = DType::U8;
-    /// `i16`.
-    pub const i16: DType = DType::I16;
-    /// `i32`.
-    pub const i32: DType = DType::I32;
-    /// `u32`.
-    pub const u32: DType = DType::U32;
-    /// `i64`.
-    pub const i64: DType = DType::I64;
-    /// `f16`.
-    pub const f16: DType = DType::F16;
-    /// `bf16`.
-    pub const bf16: DType = DType::BF16;
-    /// `f32`.
-    pub const f32: DType = DType::F32;
-    /// `f64`.
-    pub const f64: DType = DType::F64;
-    /// `f8e4m3` (OCP FP8 E4M3).
-    pub const f8e4m3: DType = DType::F8E4M3;
-    /// `f8e5m2` (OCP FP8 E5M2).
-    pub const f8e5m2: DType = DType::F8E5M2;
+
+    /// One documented `pub const name: DType` per `name = Variant`, with
+    /// an optional note on the dtype.
+    macro_rules! dtype_values {
+        ($($name:ident = $variant:ident $(($note:literal))?),+ $(,)?) => {
+            $(
+                #[doc = concat!("`", stringify!($name), "`", $(" (", $note, ")",)? ".")]
+                pub const $name: DType = DType::$variant;
+            )+
+        };
+    }
+
+    dtype_values! {
+        i1 = I1 ("booleans, masks"), i8 = I8, u8 = U8, i16 = I16, i32 = I32, u32 = U32, i64 = I64,
+        f16 = F16, bf16 = BF16, f32 = F32, f64 = F64,
+        f8e4m3 = F8E4M3 ("OCP FP8 E4M3"), f8e5m2 = F8E5M2 ("OCP FP8 E5M2"),
+    }
 }
 
 /// Marker type for kernel signatures: `Ptr<f32>` is a global pointer to f32.

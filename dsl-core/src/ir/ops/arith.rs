@@ -108,48 +108,18 @@ pub enum ArithOp {
     AddPtr,
 }
 
-const BINARY: [(BinaryOp, &str); 14] = [
-    (BinaryOp::Add, "add"),
-    (BinaryOp::Sub, "sub"),
-    (BinaryOp::Mul, "mul"),
-    (BinaryOp::Div, "div"),
-    (BinaryOp::Rem, "rem"),
-    (BinaryOp::Min, "min"),
-    (BinaryOp::Max, "max"),
-    (BinaryOp::And, "and"),
-    (BinaryOp::Or, "or"),
-    (BinaryOp::Xor, "xor"),
-    (BinaryOp::Shl, "shl"),
-    (BinaryOp::Shr, "shr"),
-    (BinaryOp::MulHi, "mulhi"),
-    (BinaryOp::Pow, "pow"),
-];
+spellings! { BinaryOp:
+    Add = "add", Sub = "sub", Mul = "mul", Div = "div", Rem = "rem", Min = "min", Max = "max",
+    And = "and", Or = "or", Xor = "xor", Shl = "shl", Shr = "shr", MulHi = "mulhi", Pow = "pow",
+}
 
-const UNARY: [(UnaryOp, &str); 16] = [
-    (UnaryOp::Neg, "neg"),
-    (UnaryOp::Not, "not"),
-    (UnaryOp::Abs, "abs"),
-    (UnaryOp::Exp, "exp"),
-    (UnaryOp::Exp2, "exp2"),
-    (UnaryOp::Log, "log"),
-    (UnaryOp::Log2, "log2"),
-    (UnaryOp::Sqrt, "sqrt"),
-    (UnaryOp::Rsqrt, "rsqrt"),
-    (UnaryOp::Sin, "sin"),
-    (UnaryOp::Cos, "cos"),
-    (UnaryOp::Tanh, "tanh"),
-    (UnaryOp::Sigmoid, "sigmoid"),
-    (UnaryOp::Floor, "floor"),
-    (UnaryOp::Ceil, "ceil"),
-    (UnaryOp::Erf, "erf"),
-];
+spellings! { UnaryOp:
+    Neg = "neg", Not = "not", Abs = "abs", Exp = "exp", Exp2 = "exp2", Log = "log", Log2 = "log2",
+    Sqrt = "sqrt", Rsqrt = "rsqrt", Sin = "sin", Cos = "cos", Tanh = "tanh", Sigmoid = "sigmoid",
+    Floor = "floor", Ceil = "ceil", Erf = "erf",
+}
 
 impl BinaryOp {
-    /// The mnemonic.
-    pub fn name(self) -> &'static str {
-        BINARY.iter().find(|(o, _)| *o == self).map(|(_, n)| *n).unwrap_or("?")
-    }
-
     /// True for ops that accept only integer operands.
     pub fn int_only(self) -> bool {
         matches!(
@@ -175,36 +145,25 @@ impl BinaryOp {
 }
 
 impl UnaryOp {
-    /// The mnemonic.
-    pub fn name(self) -> &'static str {
-        UNARY.iter().find(|(o, _)| *o == self).map(|(_, n)| *n).unwrap_or("?")
-    }
-
     /// True for ops that accept only floating-point operands.
     pub fn float_only(self) -> bool {
         !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs)
     }
 }
 
-impl ArithOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ArithOp::Binary(b) => b.name(),
-            ArithOp::Unary(u) => u.name(),
-            ArithOp::Fma => "fma",
-            ArithOp::Dp4a => "dp4a",
-            ArithOp::AddPtr => "addptr",
-        }
-    }
+mnemonics! { ArithOp:
+    Fma = "fma", Dp4a = "dp4a", AddPtr = "addptr";
+    ArithOp::Binary(b) => b.name(), ArithOp::Unary(u) => u.name()
+}
 
+impl ArithOp {
     /// Parses a mnemonic of this family.
     pub fn parse(name: &str) -> Option<ArithOp> {
-        if let Some((b, _)) = BINARY.iter().find(|(_, n)| *n == name) {
-            return Some(ArithOp::Binary(*b));
+        if let Some(b) = BinaryOp::from_name(name) {
+            return Some(ArithOp::Binary(b));
         }
-        if let Some((u, _)) = UNARY.iter().find(|(_, n)| *n == name) {
-            return Some(ArithOp::Unary(*u));
+        if let Some(u) = UnaryOp::from_name(name) {
+            return Some(ArithOp::Unary(u));
         }
         match name {
             "fma" => Some(ArithOp::Fma),

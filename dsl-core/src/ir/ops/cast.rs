@@ -35,16 +35,9 @@ fn f8_partner(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F8E4M3 | DType::F8E5M2)
 }
 
-impl CastOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            CastOp::Cast { .. } => "cast",
-            CastOp::Bitcast { .. } => "bitcast",
-            CastOp::PtrCast { .. } => "ptrcast",
-        }
-    }
+mnemonics! { CastOp: Cast = "cast", Bitcast = "bitcast", PtrCast = "ptrcast" }
 
+impl CastOp {
     /// Parses; the target dtype comes from the printed result type.
     pub fn parse(name: &str, results: &[Type]) -> Result<Option<CastOp>, String> {
         let to = || results.first().map(|t| t.dtype()).ok_or("missing result type".to_string());

@@ -23,26 +23,9 @@ pub enum CmpPred {
     Ge,
 }
 
+spellings! { CmpPred: Eq = "eq", Ne = "ne", Lt = "lt", Le = "le", Gt = "gt", Ge = "ge" }
+
 impl CmpPred {
-    /// The spelling used in the IR text.
-    pub fn name(self) -> &'static str {
-        match self {
-            CmpPred::Eq => "eq",
-            CmpPred::Ne => "ne",
-            CmpPred::Lt => "lt",
-            CmpPred::Le => "le",
-            CmpPred::Gt => "gt",
-            CmpPred::Ge => "ge",
-        }
-    }
-
-    /// Parses the spelling.
-    pub fn from_name(s: &str) -> Option<CmpPred> {
-        [CmpPred::Eq, CmpPred::Ne, CmpPred::Lt, CmpPred::Le, CmpPred::Gt, CmpPred::Ge]
-            .into_iter()
-            .find(|p| p.name() == s)
-    }
-
     /// Applies the predicate to an ordering result.
     pub fn holds(self, ord: Option<std::cmp::Ordering>) -> bool {
         use std::cmp::Ordering::*;
@@ -79,15 +62,9 @@ pub enum CompareOp {
     Select,
 }
 
-impl CompareOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            CompareOp::Cmp(_) => "cmp",
-            CompareOp::Select => "select",
-        }
-    }
+mnemonics! { CompareOp: Cmp = "cmp", Select = "select" }
 
+impl CompareOp {
     /// Attributes for printing.
     pub fn attrs(&self) -> Attrs {
         match self {

@@ -30,18 +30,11 @@ pub enum ControlOp {
     Condition,
 }
 
-impl ControlOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ControlOp::For => "for",
-            ControlOp::If => "if",
-            ControlOp::While => "while",
-            ControlOp::Yield => "yield",
-            ControlOp::Condition => "condition",
-        }
-    }
+mnemonics! { ControlOp:
+    For = "for", If = "if", While = "while", Yield = "yield", Condition = "condition",
+}
 
+impl ControlOp {
     /// Parses a mnemonic of this family.
     pub fn parse(name: &str) -> Option<ControlOp> {
         Some(match name {

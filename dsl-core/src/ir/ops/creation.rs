@@ -32,17 +32,9 @@ pub enum CreationOp {
     },
 }
 
-impl CreationOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            CreationOp::Const(_) => "const",
-            CreationOp::Full { .. } => "full",
-            CreationOp::Splat { .. } => "splat",
-            CreationOp::Arange { .. } => "arange",
-        }
-    }
+mnemonics! { CreationOp: Const = "const", Full = "full", Splat = "splat", Arange = "arange" }
 
+impl CreationOp {
     /// Attributes for printing.
     pub fn attrs(&self) -> Attrs {
         match self {

@@ -19,15 +19,9 @@ pub enum DebugOp {
     },
 }
 
-impl DebugOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            DebugOp::Assert { .. } => "assert",
-            DebugOp::Print { .. } => "print",
-        }
-    }
+mnemonics! { DebugOp: Assert = "assert", Print = "print" }
 
+impl DebugOp {
     /// Attributes for printing.
     pub fn attrs(&self) -> Attrs {
         match self {

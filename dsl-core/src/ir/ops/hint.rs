@@ -18,16 +18,11 @@ pub enum HintOp {
     MaxConstancy(Vec<u32>),
 }
 
-impl HintOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            HintOp::MultipleOf(_) => "multiple_of",
-            HintOp::MaxContiguous(_) => "max_contiguous",
-            HintOp::MaxConstancy(_) => "max_constancy",
-        }
-    }
+mnemonics! { HintOp:
+    MultipleOf = "multiple_of", MaxContiguous = "max_contiguous", MaxConstancy = "max_constancy",
+}
 
+impl HintOp {
     /// The per-dimension values.
     pub fn values(&self) -> &[u32] {
         match self {

@@ -212,83 +212,27 @@ pub enum MemoryOp {
     },
 }
 
-fn cache_name(c: CacheModifier) -> &'static str {
-    match c {
-        CacheModifier::None => "none",
-        CacheModifier::Ca => "ca",
-        CacheModifier::Cg => "cg",
-        CacheModifier::Cs => "cs",
-        CacheModifier::Wb => "wb",
-        CacheModifier::Wt => "wt",
-    }
+spellings! { CacheModifier: None = "none", Ca = "ca", Cg = "cg", Cs = "cs", Wb = "wb", Wt = "wt" }
+spellings! { EvictionPolicy: Normal = "normal", First = "first", Last = "last" }
+spellings! { MemSem: Relaxed = "relaxed", Acquire = "acquire", Release = "release", AcqRel = "acq_rel" }
+spellings! { MemScope: Gpu = "gpu", Cta = "cta", Sys = "sys" }
+spellings! { AtomicKind:
+    Add = "atomic_add", Max = "atomic_max", Min = "atomic_min", And = "atomic_and", Or = "atomic_or",
+    Xor = "atomic_xor", Xchg = "atomic_xchg",
 }
 
-fn evict_name(e: EvictionPolicy) -> &'static str {
-    match e {
-        EvictionPolicy::Normal => "normal",
-        EvictionPolicy::First => "first",
-        EvictionPolicy::Last => "last",
-    }
-}
-
-fn sem_name(s: MemSem) -> &'static str {
-    match s {
-        MemSem::Relaxed => "relaxed",
-        MemSem::Acquire => "acquire",
-        MemSem::Release => "release",
-        MemSem::AcqRel => "acq_rel",
-    }
-}
-
-fn scope_name(s: MemScope) -> &'static str {
-    match s {
-        MemScope::Gpu => "gpu",
-        MemScope::Cta => "cta",
-        MemScope::Sys => "sys",
-    }
-}
-
-const ATOMICS: [(AtomicKind, &str); 7] = [
-    (AtomicKind::Add, "atomic_add"),
-    (AtomicKind::Max, "atomic_max"),
-    (AtomicKind::Min, "atomic_min"),
-    (AtomicKind::And, "atomic_and"),
-    (AtomicKind::Or, "atomic_or"),
-    (AtomicKind::Xor, "atomic_xor"),
-    (AtomicKind::Xchg, "atomic_xchg"),
-];
-
-fn parse_word<T: Copy>(
+/// The word attribute `key` read by `from_name`, or `default` when absent.
+fn parse_word<T>(
     attrs: &[(String, Attr)],
     key: &str,
-    all: &[T],
-    name: fn(T) -> &'static str,
+    from_name: fn(&str) -> Option<T>,
     default: T,
 ) -> Result<T, String> {
     if super::attr(attrs, key).is_none() {
         return Ok(default);
     }
     let w = attr_word(attrs, key)?;
-    all.iter().copied().find(|v| name(*v) == w).ok_or(format!("unknown {key} `{w}`"))
-}
-
-const CACHES: [CacheModifier; 6] = [
-    CacheModifier::None,
-    CacheModifier::Ca,
-    CacheModifier::Cg,
-    CacheModifier::Cs,
-    CacheModifier::Wb,
-    CacheModifier::Wt,
-];
-const EVICTS: [EvictionPolicy; 3] = [EvictionPolicy::Normal, EvictionPolicy::First, EvictionPolicy::Last];
-const SEMS: [MemSem; 4] = [MemSem::Relaxed, MemSem::Acquire, MemSem::Release, MemSem::AcqRel];
-const SCOPES: [MemScope; 3] = [MemScope::Gpu, MemScope::Cta, MemScope::Sys];
-
-impl AtomicKind {
-    /// The mnemonic of the atomic op.
-    pub fn name(self) -> &'static str {
-        ATOMICS.iter().find(|(k, _)| *k == self).map(|(_, n)| *n).unwrap_or("?")
-    }
+    from_name(w).ok_or(format!("unknown {key} `{w}`"))
 }
 
 /// The operands of a `load` by role ([`MemoryOp::load_operands`]): the
@@ -305,20 +249,13 @@ pub struct LoadOperands<T> {
     pub other: Option<T>,
 }
 
-impl MemoryOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            MemoryOp::Load { .. } => "load",
-            MemoryOp::LoadBlock { .. } => "load_block",
-            MemoryOp::Store { .. } => "store",
-            MemoryOp::Atomic { kind, .. } => kind.name(),
-            MemoryOp::AtomicCas { .. } => "atomic_cas",
-            MemoryOp::WaitUntil { .. } => "wait_until",
-            MemoryOp::PrefetchL2 { .. } => "prefetch_l2",
-        }
-    }
+mnemonics! { MemoryOp:
+    Load = "load", LoadBlock = "load_block", Store = "store", AtomicCas = "atomic_cas",
+    WaitUntil = "wait_until", PrefetchL2 = "prefetch_l2";
+    MemoryOp::Atomic { kind, .. } => kind.name()
+}
 
+impl MemoryOp {
     /// The operands of a `load` with arguments `args`, by role; `None` for
     /// the other memory ops. (A `load`'s flags say which optional operands
     /// it has; this is the one place that decodes them.)
@@ -355,15 +292,15 @@ impl MemoryOp {
         let mut a: Attrs = Vec::new();
         let hints = |a: &mut Attrs, c: CacheModifier, e: EvictionPolicy| {
             if c != CacheModifier::None {
-                a.push(("cache", Attr::Word(cache_name(c).into())));
+                a.push(("cache", Attr::Word(c.name().into())));
             }
             if e != EvictionPolicy::Normal {
-                a.push(("evict", Attr::Word(evict_name(e).into())));
+                a.push(("evict", Attr::Word(e.name().into())));
             }
         };
         let ordered = |a: &mut Attrs, sem: MemSem, scope: MemScope| {
-            a.push(("sem", Attr::Word(sem_name(sem).into())));
-            a.push(("scope", Attr::Word(scope_name(scope).into())));
+            a.push(("sem", Attr::Word(sem.name().into())));
+            a.push(("scope", Attr::Word(scope.name().into())));
         };
         match *self {
             MemoryOp::Load { has_mask, has_other, cache, evict, volatile, order } => {
@@ -417,10 +354,10 @@ impl MemoryOp {
 
     /// Parses from mnemonic and attributes.
     pub fn parse(name: &str, attrs: &[(String, Attr)]) -> Result<Option<MemoryOp>, String> {
-        let cache = parse_word(attrs, "cache", &CACHES, cache_name, CacheModifier::None)?;
-        let evict = parse_word(attrs, "evict", &EVICTS, evict_name, EvictionPolicy::Normal)?;
-        let sem = parse_word(attrs, "sem", &SEMS, sem_name, MemSem::AcqRel)?;
-        let scope = parse_word(attrs, "scope", &SCOPES, scope_name, MemScope::Gpu)?;
+        let cache = parse_word(attrs, "cache", CacheModifier::from_name, CacheModifier::None)?;
+        let evict = parse_word(attrs, "evict", EvictionPolicy::from_name, EvictionPolicy::Normal)?;
+        let sem = parse_word(attrs, "sem", MemSem::from_name, MemSem::AcqRel)?;
+        let scope = parse_word(attrs, "scope", MemScope::from_name, MemScope::Gpu)?;
         let has_mask = attr_flag(attrs, "mask");
         // A load or store is ordered when it names its semantics.
         let order = super::attr(attrs, "sem").is_some().then_some(MemOrder { sem, scope });
@@ -449,8 +386,8 @@ impl MemoryOp {
                 MemoryOp::WaitUntil { cmp, sem: order.map_or(MemSem::Acquire, |o| o.sem), scope }
             }
             "prefetch_l2" => MemoryOp::PrefetchL2 { has_mask },
-            _ => match ATOMICS.iter().find(|(_, n)| *n == name) {
-                Some((kind, _)) => MemoryOp::Atomic { kind: *kind, has_mask, sem, scope },
+            _ => match AtomicKind::from_name(name) {
+                Some(kind) => MemoryOp::Atomic { kind, has_mask, sem, scope },
                 None => return Ok(None),
             },
         }))
@@ -572,7 +509,7 @@ impl MemoryOp {
                 if !matches!(sem, MemSem::Acquire | MemSem::Relaxed) {
                     return Err(format!(
                         "`wait_until` is a read: its semantics are `acquire` or `relaxed`, not `{}`",
-                        sem_name(sem)
+                        sem.name()
                     ));
                 }
                 if scope == MemScope::Cta {
@@ -611,8 +548,8 @@ fn check_order(
         let what = if allowed == MemSem::Acquire { "a read" } else { "a write" };
         return Err(format!(
             "`{name}` is {what}: its semantics are `relaxed` or `{}`, not `{}` (only atomics are both)",
-            sem_name(allowed),
-            sem_name(o.sem)
+            allowed.name(),
+            o.sem.name()
         ));
     }
     if pointee.bits() < 32 {

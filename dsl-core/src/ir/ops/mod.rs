@@ -10,6 +10,46 @@
 //! inserts `splat`/`broadcast` first, as Triton's front end does); operand
 //! positions are fixed per op and documented on the variant.
 
+/// Implements `name` (the spelling in the IR text) and `from_name` (its
+/// inverse) for a fieldless enum from one list of `Variant = "spelling"`.
+macro_rules! spellings {
+    ($ty:ident: $($variant:ident = $spelling:literal),+ $(,)?) => {
+        impl $ty {
+            /// The spelling in the IR text.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $spelling,)+
+                }
+            }
+
+            /// The variant spelled `s`, if any.
+            pub fn from_name(s: &str) -> Option<$ty> {
+                match s {
+                    $($spelling => Some($ty::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+/// Implements `name` (the mnemonic) for an op enum from one list of
+/// `Variant = "mnemonic"`, whatever fields the variants carry; after a `;`,
+/// whole match arms for variants whose mnemonic is another enum's spelling.
+macro_rules! mnemonics {
+    ($ty:ident: $($variant:ident = $name:literal),+ $(; $($pat:pat => $spelled:expr),+)? $(,)?) => {
+        impl $ty {
+            /// The mnemonic.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $($ty::$variant { .. } => $name,)+
+                    $($($pat => $spelled,)+)?
+                }
+            }
+        }
+    };
+}
+
 pub mod arith;
 pub mod cast;
 pub mod compare;

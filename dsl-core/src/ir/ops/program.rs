@@ -51,19 +51,12 @@ pub enum ProgramOp {
     Barrier,
 }
 
-impl ProgramOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ProgramOp::ProgramId { .. } => "program_id",
-            ProgramOp::NumPrograms { .. } => "num_programs",
-            ProgramOp::GdcWait => "gdc_wait",
-            ProgramOp::GdcLaunchDependents => "gdc_launch_dependents",
-            ProgramOp::GlobalTimer => "globaltimer",
-            ProgramOp::Barrier => "barrier",
-        }
-    }
+mnemonics! { ProgramOp:
+    ProgramId = "program_id", NumPrograms = "num_programs", GdcWait = "gdc_wait",
+    GdcLaunchDependents = "gdc_launch_dependents", GlobalTimer = "globaltimer", Barrier = "barrier",
+}
 
+impl ProgramOp {
     /// The axis of a grid query (`None` for the dependency-control ops).
     pub fn axis(&self) -> Option<u8> {
         match *self {

@@ -61,43 +61,22 @@ pub struct ScanOp {
     pub reverse: bool,
 }
 
-const REDUCE_KINDS: [(ReduceKind, &str); 6] = [
-    (ReduceKind::Sum, "sum"),
-    (ReduceKind::Max, "max"),
-    (ReduceKind::Min, "min"),
-    (ReduceKind::Argmax, "argmax"),
-    (ReduceKind::Argmin, "argmin"),
-    (ReduceKind::Custom, "custom"),
-];
-
-const SCAN_KINDS: [(ScanKind, &str); 4] =
-    [(ScanKind::Sum, "sum"), (ScanKind::Max, "max"), (ScanKind::Min, "min"), (ScanKind::Custom, "custom")];
+spellings! { ReduceKind:
+    Sum = "sum", Max = "max", Min = "min", Argmax = "argmax", Argmin = "argmin", Custom = "custom",
+}
+spellings! { ScanKind: Sum = "sum", Max = "max", Min = "min", Custom = "custom" }
 
 /// The `axis` and `kind` attributes of a `reduce` or `scan` (`op`), the
-/// kind spelled as in `kinds`.
-fn axis_and_kind<K: Copy>(
+/// kind read by `from_name`.
+fn axis_and_kind<K>(
     attrs: &[(String, Attr)],
-    kinds: &[(K, &str)],
+    from_name: fn(&str) -> Option<K>,
     op: &str,
 ) -> Result<(usize, K), String> {
     let axis = to_usize(attr_int(attrs, "axis")?, "axis")?;
     let k = attr_word(attrs, "kind")?;
-    let kind = kinds.iter().find(|(_, n)| *n == k).ok_or(format!("unknown {op} kind `{k}`"))?.0;
+    let kind = from_name(k).ok_or(format!("unknown {op} kind `{k}`"))?;
     Ok((axis, kind))
-}
-
-impl ReduceKind {
-    /// The spelling in the IR text.
-    pub fn name(self) -> &'static str {
-        REDUCE_KINDS.iter().find(|(k, _)| *k == self).map(|(_, n)| *n).unwrap_or("?")
-    }
-}
-
-impl ScanKind {
-    /// The spelling in the IR text.
-    pub fn name(self) -> &'static str {
-        SCAN_KINDS.iter().find(|(k, _)| *k == self).map(|(_, n)| *n).unwrap_or("?")
-    }
 }
 
 /// Checks the shared operand rules and returns the common shape.
@@ -137,7 +116,7 @@ impl ReduceOp {
         if name != "reduce" {
             return Ok(None);
         }
-        let (axis, kind) = axis_and_kind(attrs, &REDUCE_KINDS, "reduce")?;
+        let (axis, kind) = axis_and_kind(attrs, ReduceKind::from_name, "reduce")?;
         Ok(Some(ReduceOp { axis, kind }))
     }
 
@@ -186,7 +165,7 @@ impl ScanOp {
         if name != "scan" {
             return Ok(None);
         }
-        let (axis, kind) = axis_and_kind(attrs, &SCAN_KINDS, "scan")?;
+        let (axis, kind) = axis_and_kind(attrs, ScanKind::from_name, "scan")?;
         Ok(Some(ScanOp { axis, kind, reverse: attr_flag(attrs, "reverse") }))
     }
 

@@ -39,19 +39,12 @@ fn ints(v: &[usize]) -> Attr {
     Attr::Ints(v.iter().map(|&d| d as i64).collect())
 }
 
-impl ShapeOp {
-    /// The mnemonic.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ShapeOp::ExpandDims { .. } => "expand_dims",
-            ShapeOp::Broadcast { .. } => "broadcast",
-            ShapeOp::Reshape { .. } => "reshape",
-            ShapeOp::Permute { .. } => "permute",
-            ShapeOp::Join => "join",
-            ShapeOp::Split => "split",
-        }
-    }
+mnemonics! { ShapeOp:
+    ExpandDims = "expand_dims", Broadcast = "broadcast", Reshape = "reshape", Permute = "permute",
+    Join = "join", Split = "split",
+}
 
+impl ShapeOp {
     /// Attributes for printing.
     pub fn attrs(&self) -> Attrs {
         match self {
