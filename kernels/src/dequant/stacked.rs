@@ -203,7 +203,10 @@ pub fn stacked_tile(
         let wv = if f16_ops { w.to(f16) } else { w };
         let d = dot(xv, trans(wv), zeros([16, width], f32));
         // The diagonal blocks to this program's scratch, read back in K
-        // order after a barrier.
+        // order after a barrier. Each dot of the task has its own region;
+        // the program's next task writes the slot only after its own dot,
+        // whose operand staging waits at a CTA barrier for every thread,
+        // so no thread overwrites a value another has yet to read.
         let base = ws_ptr + slot + (c0 / stack * width) as i32;
         store(base + broadcast_to(cols, [16, width]), d, mask = own);
         barrier();
