@@ -197,12 +197,14 @@ pub fn stage_linear(
     for t in range(t0, n_tasks, np) {
         // The task's weights go out before its wait (the weights are never
         // written by the step).
-        let (wd, sr, wd_tail, sr_tail) = if stack > 0 {
+        let (wrow, wd, sr, wd_tail, sr_tail) = if stack > 0 {
             let wrow = stacked_rows(t, rows, block_n, stack);
             let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack);
-            (wd, sr, wd, sr)
+            (wrow, wd, sr, wd, sr)
         } else {
-            task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n)
+            let (wd, sr, wd_tail, sr_tail) =
+                task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n);
+            (zero, wd, sr, wd_tail, sr_tail)
         };
         let pid_n = t / tiles_k;
         let pid_k = t % tiles_k;
@@ -218,9 +220,8 @@ pub fn stage_linear(
             expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
         };
         let fin = if stack > 0 {
-            let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack) as i32;
             stacked_tile(
-                x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, slot, n, k, rs, wd, sr, t, quant, fuse,
+                x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, n, k, rs, wrow, wd, sr, t, quant, fuse,
                 f16_ops, dt, block_n, stack, tiles,
             );
             full([], 1, i1)
@@ -364,39 +365,20 @@ pub fn decode_step<T: Float>(
     let nb_e = N_EMBD.next_power_of_two().min(1024);
     let norm_block = N_EMBD.next_power_of_two();
     // One-row steps on tensor cores take the word-tiled products stacked
-    // ([`stacked_tile`]: `stack` K tiles per dot, output tiles of `sbn_*`
-    // rows, no split-K hand-over); the others split into 128-column K
-    // tiles.
+    // ([`stacked_tile`]: `stack` K tiles per dot, no split-K hand-over);
+    // the others split into 128-column K tiles.
     let one = ONE_ROW && F16;
-    let (st_qkv, sbn_qkv) = F_QKV.stacked_shape(one, (N_HEAD + 2 * N_KV) * HEAD_DIM, N_EMBD);
-    let (st_o, sbn_o) = F_O.stacked_shape(one, N_EMBD, N_HEAD * HEAD_DIM);
-    let (st_gu, sbn_gu) = F_GU.stacked_shape(one, 2 * N_FF, N_EMBD);
-    let (st_dn, sbn_dn) = F_DN.stacked_shape(one, N_EMBD, N_FF);
     // Split output tile heights: 64 rows for Q8_0 and for gate/up (its tasks
     // then fit the grid in one round), 32 otherwise. Tile heights decide
     // only which program computes which output, not the arithmetic.
-    let bn_qkv = if st_qkv > 0 {
-        sbn_qkv
-    } else if F_QKV == QuantFormat::Q8_0 {
-        64
-    } else {
-        32
-    };
-    let bn_o = if st_o > 0 {
-        sbn_o
-    } else if F_O == QuantFormat::Q8_0 {
-        64
-    } else {
-        32
-    };
-    let bn_gu = if st_gu > 0 { sbn_gu } else { 64 };
-    let bn_dn = if st_dn > 0 {
-        sbn_dn
-    } else if F_DN == QuantFormat::Q8_0 {
-        64
-    } else {
-        32
-    };
+    let q8_qkv = if F_QKV == QuantFormat::Q8_0 { 64 } else { 32 };
+    let q8_o = if F_O == QuantFormat::Q8_0 { 64 } else { 32 };
+    let q8_dn = if F_DN == QuantFormat::Q8_0 { 64 } else { 32 };
+    let qkv_rows_n = (N_HEAD + 2 * N_KV) * HEAD_DIM;
+    let (st_qkv, bn_qkv) = F_QKV.stacked_shape(one, qkv_rows_n, N_EMBD, q8_qkv);
+    let (st_o, bn_o) = F_O.stacked_shape(one, N_EMBD, N_HEAD * HEAD_DIM, q8_o);
+    let (st_gu, bn_gu) = F_GU.stacked_shape(one, 2 * N_FF, N_EMBD, 64);
+    let (st_dn, bn_dn) = F_DN.stacked_shape(one, N_EMBD, N_FF, q8_dn);
     let (tl_e, tl_attn, tl_ff) = (
         N_EMBD.div_ceil(LINEAR_BLOCK_K),
         (N_HEAD * HEAD_DIM).div_ceil(LINEAR_BLOCK_K),

@@ -53,9 +53,8 @@ fn stacked_probe<T: Float>(
     } else {
         eps
     };
-    let slot = pid * (TILES.div_ceil(STACK) * STACK * BLOCK_N) as i32;
     stacked_tile(
-        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, slot, n, k, rs, wd, sr, pid, QUANT, fuse, F16, T,
+        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, n, k, rs, wrow, wd, sr, pid, QUANT, fuse, F16, T,
         BLOCK_N, STACK, TILES,
     );
 }
@@ -162,14 +161,14 @@ fn stacked_cases<T: Act>() {
 #[test]
 fn stacked_shapes_fit_the_grid_and_the_registers() {
     let q4 = QuantFormat::Q4_1;
-    assert_eq!(q4.stacked_shape(true, 960, 576), (8, 4));
-    assert_eq!(q4.stacked_shape(true, 576, 576), (8, 4));
-    assert_eq!(q4.stacked_shape(true, 3072, 576), (8, 16));
-    assert_eq!(q4.stacked_shape(true, 576, 1536), (16, 4));
-    assert_eq!(q4.stacked_shape(true, 16384, 2048), (0, 0));
+    assert_eq!(q4.stacked_shape(true, 960, 576, 32), (8, 4));
+    assert_eq!(q4.stacked_shape(true, 576, 576, 32), (8, 4));
+    assert_eq!(q4.stacked_shape(true, 3072, 576, 32), (8, 16));
+    assert_eq!(q4.stacked_shape(true, 576, 1536, 32), (16, 4));
+    assert_eq!(q4.stacked_shape(true, 16384, 2048, 32), (0, 32));
     // The tiny model: one K tile, still 32 rows per dot.
-    assert_eq!(q4.stacked_shape(true, 256, 64), (1, 32));
-    assert_eq!(q4.stacked_shape(false, 960, 576), (0, 0));
-    assert_eq!(QuantFormat::Q4_K.stacked_shape(true, 960, 576), (0, 0));
-    assert_eq!(QuantFormat::Q8_0.stacked_shape(true, 960, 576), (8, 4));
+    assert_eq!(q4.stacked_shape(true, 256, 64, 32), (1, 32));
+    assert_eq!(q4.stacked_shape(false, 960, 576, 32), (0, 32));
+    assert_eq!(QuantFormat::Q4_K.stacked_shape(true, 960, 576, 32), (0, 32));
+    assert_eq!(QuantFormat::Q8_0.stacked_shape(true, 960, 576, 32), (8, 4));
 }

@@ -57,23 +57,23 @@ pub const STACKED_MIN_ROWS: usize = 32;
 /// persistent step (two per SM), so that the stage runs in one round.
 pub const STACKED_TASKS: usize = 256;
 
-/// The stacked shape of a product in a format: the kernels call it on
-/// their constexpr format (a method, so it is decided while the kernel is
-/// built).
+/// The task shape of a persistent-step product in a format: the kernels
+/// call it on their constexpr format (a method, so it is decided while the
+/// kernel is built).
 pub trait StackedShape {
     /// `(stack, block_n)` of a one-row product on f16 operands (`one_row`:
     /// the caller's one-row and tensor-core condition) of `rows` weight
-    /// rows and `k` columns, or `(0, 0)` where it runs split: formats other
-    /// than the word-tiled ones, and shapes whose dot would exceed
-    /// [`STACKED_MAX_ROWS`]. `stack` is the next power of two of the K
-    /// tiles (at most 16); `block_n` the smallest power of two from 4 (and
-    /// from [`STACKED_MIN_ROWS`]` / stack`) that cuts the rows into at most
-    /// [`STACKED_TASKS`] tiles.
-    fn stacked_shape(self, one_row: bool, rows: usize, k: usize) -> (usize, usize);
+    /// rows and `k` columns; `(0, split_block_n)` where it runs split:
+    /// formats other than the word-tiled ones, and shapes whose dot would
+    /// exceed [`STACKED_MAX_ROWS`]. `stack` is the next power of two of the
+    /// K tiles (at most 16); `block_n` the smallest power of two from 4
+    /// (and from [`STACKED_MIN_ROWS`]` / stack`) that cuts the rows into at
+    /// most [`STACKED_TASKS`] tiles.
+    fn stacked_shape(self, one_row: bool, rows: usize, k: usize, split_block_n: usize) -> (usize, usize);
 }
 
 impl StackedShape for QuantFormat {
-    fn stacked_shape(self, one_row: bool, rows: usize, k: usize) -> (usize, usize) {
+    fn stacked_shape(self, one_row: bool, rows: usize, k: usize, split_block_n: usize) -> (usize, usize) {
         let tiles = k.div_ceil(LINEAR_BLOCK_K);
         let stack = tiles.next_power_of_two().min(16);
         let mut block_n = (STACKED_MIN_ROWS / stack).max(4);
@@ -83,7 +83,7 @@ impl StackedShape for QuantFormat {
         if one_row && self.gpu_kernels() && stack * block_n <= STACKED_MAX_ROWS {
             (stack, block_n)
         } else {
-            (0, 0)
+            (0, split_block_n)
         }
     }
 }
@@ -136,9 +136,10 @@ pub fn stacked_load(
 
 /// Output tile `pid_n` (`block_n` weight rows) of the one-row product `x @
 /// W^T` over all `tiles` K tiles (see the module doc), then
-/// [`linear_epilogue`]'s fusions; `wd0`/`sr0` are the first dot's weights
-/// ([`stacked_load`] at K tile 0), `rs` the norm statistic; `ws` from
-/// `slot` holds `stack * block_n` f32 per dot of this program's scratch.
+/// [`linear_epilogue`]'s fusions; `wrow` are its weight rows
+/// ([`stacked_rows`]), `wd0`/`sr0` the first dot's weights ([`stacked_load`]
+/// at K tile 0), `rs` the norm statistic. Program `p`'s scratch is slot `p`
+/// of `ws` ([`stacked_slot`] entries each).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn stacked_tile(
@@ -148,10 +149,10 @@ pub fn stacked_tile(
     nw_ptr: Tensor,
     out_ptr: Tensor,
     ws_ptr: Tensor,
-    slot: Tensor,
     n: Tensor,
     k: Tensor,
     rs: Tensor,
+    wrow: Tensor,
     wd0: Tensor,
     sr0: Tensor,
     pid_n: Tensor,
@@ -165,8 +166,7 @@ pub fn stacked_tile(
 ) {
     let bk = LINEAR_BLOCK_K as i32;
     let width = stack * block_n;
-    let rows = if fuse.silu() { n * 2 } else { n };
-    let wrow = stacked_rows(pid_n, rows, block_n, stack);
+    let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack) as i32;
     // The dot's rows (one per K tile of the chunk), the tile's columns, and
     // which columns of the result hold each row's own K tile.
     let t16 = expand_dims(arange(0, 16), 1);
