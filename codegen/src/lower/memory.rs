@@ -219,6 +219,39 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(self.b.build_bit_cast(raw, want, "")?)
     }
 
+    /// Whether a masked scalar load of `d` is a predicated load
+    /// ([`Lowerer::predicated_load`]) rather than a branch around it: for
+    /// 4-byte elements in a `cp.async` loop's address slice (a block
+    /// table's page numbers). Behind branches, ptxas issues those loads one at a
+    /// time, each waiting for the one before; predicated, they all go out
+    /// before the first is needed.
+    fn predicate_loads(&self, d: DType) -> bool {
+        self.loops.extra_pred.is_some() && self.loops.predicated_slice && matches!(d, DType::I32 | DType::F32)
+    }
+
+    /// One 4-byte global load at `p` under predicate `on`, `other` where
+    /// `on` is false: `@p ld.global` into a register that holds `other`
+    /// beforehand (branch-free). Like [`Lowerer::hinted_load`] it clobbers
+    /// memory, so LLVM keeps it in order with the other memory operations.
+    fn predicated_load(
+        &self,
+        p: BasicValueEnum<'ctx>,
+        d: DType,
+        on: IntValue<'ctx>,
+        other: BasicValueEnum<'ctx>,
+        hints: Option<&str>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        let a = self.b.build_ptr_to_int(p.into_pointer_value(), self.ctx.i64_type(), "")?;
+        let o = self.b.build_bit_cast(self.reg_to_mem(other, d)?, i32t, "")?;
+        let text = format!("@$2 ld.global{}.b32 $0, [$1];", hints.unwrap_or(""));
+        let r =
+            self.asm_with(&text, "=r,l,b,0,~{memory}", Some(i32t.into()), &[a.into(), on.into(), o], true)?;
+        let r = r.ok_or_else(|| Error::Llvm("a load returned nothing".into()))?;
+        let et = mem_type(self.ctx, Elem::Scalar(d));
+        self.mem_to_reg(self.b.build_bit_cast(r, et, "")?, d)
+    }
+
     /// Stores `vals` to consecutive elements starting at pointer `p`.
     pub(super) fn store_run(
         &self,
@@ -310,6 +343,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     for s in (0..p.len()).step_by(same) {
                         let v = match &m {
                             None => self.load_run(p[s], d, 1, false, hints)?,
+                            Some(m) if self.predicate_loads(d) => {
+                                vec![self.predicated_load(p[s], d, m[s].into_int_value(), other[s], hints)?]
+                            }
                             Some(m) => {
                                 let pv = p[s];
                                 self.guarded(
@@ -329,6 +365,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for s in (0..p.len()).step_by(w) {
                     let vals = match &m {
                         None => self.load_run(p[s], d, w, volatile, hints)?,
+                        Some(m) if w == 1 && !volatile && self.predicate_loads(d) => {
+                            vec![self.predicated_load(p[s], d, m[s].into_int_value(), other[s], hints)?]
+                        }
                         Some(m) => {
                             let pv = p[s];
                             self.guarded(

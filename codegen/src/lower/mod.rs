@@ -110,6 +110,11 @@ pub(crate) struct LoopState<'ctx> {
     /// An extra uniform predicate ANDed into every load's mask (the
     /// pipeline's prefetch of an iteration that may not exist).
     pub extra_pred: Option<IntValue<'ctx>>,
+    /// Whether the slice being lowered under `extra_pred` predicates its
+    /// masked loads instead of branching around them (`memory.rs`): the
+    /// slices of `cp.async` loops (a TMA loop's box coordinates keep their
+    /// branches, which hold fewer registers there).
+    pub predicated_slice: bool,
     /// A fragments of hoisted `dot` operands: per 16-wide `k` step, per m tile, 4 registers.
     pub afrags: FxHashMap<(Value, crate::fragment::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
     /// `wgmma` groups committed in the current block and not waited for

@@ -57,14 +57,36 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let jj = step.get_type().const_int(j as u64, false);
             Ok(lw.b.build_int_add(lb, lw.b.build_int_mul(step, jj, "")?, "")?)
         };
-        for j in 0..pl.ahead {
+        // In a `cp.async` loop the slice's loads (page numbers) of every
+        // prologue iteration and of the first one the loop copies for go
+        // out together, before any copy needs them: one memory round trip
+        // before the first copies, not one per prologue iteration. (A TMA
+        // loop's box coordinates keep one round trip per iteration: holding
+        // them all costs its tiles more than the round trips.)
+        if pl.bars.is_some() {
+            for j in 0..pl.ahead {
+                let ivj = at(self, j)?;
+                let valid = self.iv_less(signed, ivj, ub)?;
+                self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None, None, false)?;
+            }
+            let ivf = at(self, pl.ahead)?;
+            let valid = self.iv_less(signed, ivf, ub)?;
+            return self.pipe_feed(pl, iv_arg, ivf.into(), valid);
+        }
+        let mut feeds = Vec::with_capacity(pl.ahead + 1);
+        for j in 0..=pl.ahead {
             let ivj = at(self, j)?;
             let valid = self.iv_less(signed, ivj, ub)?;
-            self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None, None, false)?;
+            let fed =
+                if pl.feed.is_empty() { Vec::new() } else { self.pipe_feed(pl, iv_arg, ivj.into(), valid)? };
+            feeds.push((ivj, valid, fed));
         }
-        let ivf = at(self, pl.ahead)?;
-        let valid = self.iv_less(signed, ivf, ub)?;
-        self.pipe_feed(pl, iv_arg, ivf.into(), valid)
+        let carried = feeds.pop().map(|(_, _, fed)| fed).unwrap_or_default();
+        for (j, (ivj, valid, fed)) in feeds.iter().enumerate() {
+            let fed = (!pl.feed.is_empty()).then_some(fed.as_slice());
+            self.pipe_issue(pl, iv_arg, (*ivj).into(), *valid, self.i32c(j as i64), fed, None, false)?;
+        }
+        Ok(carried)
     }
 
     /// A pipelined loop's exit: hands the ring region over (no copy in
@@ -131,6 +153,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// the body's bindings.
     fn with_slice<R>(
         &mut self,
+        pl: &PipeLoop,
         insts: &[Inst],
         (iv_arg, iv): (Value, BasicValueEnum<'ctx>),
         valid: IntValue<'ctx>,
@@ -146,6 +169,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.vals.insert(self.f.insts[*i].results[0], regs.clone());
         }
         let outer = self.loops.extra_pred.replace(valid);
+        let outer_pred = std::mem::replace(&mut self.loops.predicated_slice, pl.bars.is_none());
         let mut res = Ok(());
         for &i in insts {
             if fed.iter().any(|(j, _)| *j == i) {
@@ -158,6 +182,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
         }
         self.loops.extra_pred = outer;
+        self.loops.predicated_slice = outer_pred;
         let out = match res {
             Ok(()) => read(self),
             Err(e) => Err(e),
@@ -181,7 +206,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         valid: IntValue<'ctx>,
     ) -> Result<Vec<Regs<'ctx>>> {
         let feed = pl.feed.clone();
-        self.with_slice(&pl.feed_slice, (iv_arg, iv), valid, &[], |lw| {
+        self.with_slice(pl, &pl.feed_slice, (iv_arg, iv), valid, &[], |lw| {
             feed.iter().map(|&i| lw.raw_regs(lw.f.insts[i].results[0])).collect()
         })
     }
@@ -211,7 +236,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             None => Vec::new(),
         };
         let loads = pl.loads.clone();
-        let (addrs, coords) = self.with_slice(&pl.slice, (iv_arg, iv), valid, &fed, |lw| {
+        let (addrs, coords) = self.with_slice(pl, &pl.slice, (iv_arg, iv), valid, &fed, |lw| {
             let mut addrs = Vec::with_capacity(loads.len());
             let mut coords = Vec::new();
             for ld in &loads {

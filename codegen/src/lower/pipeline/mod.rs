@@ -69,7 +69,13 @@
 //! issued one iteration earlier than the copies that need them and carried
 //! in registers: iteration `i` copies iteration `i + S - 1`'s tiles with page
 //! numbers loaded during iteration `i - 1`, then loads iteration `i + S`'s,
-//! so no warp waits on memory to form an address.
+//! so no warp waits on memory to form an address. The prologue loads the
+//! page numbers of all its iterations (and of the first one the loop copies
+//! for) before its first copy, so it waits for memory once, not once per
+//! prologue iteration. Masked 4-byte loads in the slice are predicated
+//! loads (`@p ld.global`, `memory.rs`) rather than branches around each
+//! load: behind branches ptxas issues them one after another, each waiting
+//! for the one before.
 //!
 //! The rings of all pipelined loops share one region at the bottom of shared
 //! memory (loops run one after another; the exit wait and barrier hand the
