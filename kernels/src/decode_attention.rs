@@ -77,8 +77,11 @@
 //! with `cp.async` by the codegen (their addresses depend only on the loop
 //! index; the stages are XOR-swizzled, and the copies bypass L1: the K/V
 //! rows are read once per program, so `cache_modifier = ".ca"` would only
-//! evict what L1 holds for others); the last, partial key
-//! block runs in a second loop with masks.
+//! evict what L1 holds for others). The last, partial key block runs in a
+//! second loop with masks; in the batch-invariant mode, whose masked step
+//! computes a whole block bit for bit as the unmasked one does, every block
+//! runs in that loop, so the partial block's copies go out with the others
+//! instead of after the whole blocks.
 //! Tensor cores need `BLOCK_N` to be a multiple of `8 * num_warps` (other
 //! configs run, with `dot` on FMAs). f32 caches use [`paged_decode`].
 //!
@@ -284,7 +287,7 @@ pub fn paged_decode_tc<T: Float>(
         v_cache,
         block_tables,
         bt_stride,
-        seq_lens,
+        load(seq_lens + program_id(0)),
         out_ptr,
         part_o,
         part_m,
@@ -307,8 +310,8 @@ pub fn paged_decode_tc<T: Float>(
     );
 }
 
-/// The body of [`paged_decode_tc`] for sequence `b`, KV head `h` and split
-/// `split_id` of `n_splits` (see the module doc).
+/// The body of [`paged_decode_tc`] for sequence `b` (of `ctx` tokens), KV
+/// head `h` and split `split_id` of `n_splits` (see the module doc).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_tc_body(
@@ -317,7 +320,7 @@ pub fn decode_tc_body(
     v_cache: Tensor,
     block_tables: Tensor,
     bt_stride: Tensor,
-    seq_lens: Tensor,
+    ctx: Tensor,
     out_ptr: Tensor,
     part_o: Tensor,
     part_m: Tensor,
@@ -338,10 +341,10 @@ pub fn decode_tc_body(
     rows: usize,
     invariant: bool,
 ) {
-    let ctx = load(seq_lens + b);
     let start = split_id * split_len;
     let end = minimum(ctx, start + split_len);
-    // Whole key blocks first (no masks), then at most one partial block.
+    // Whole key blocks first (no masks), then at most one partial block
+    // (see the loops below).
     let full_end = start + maximum(end - start, 0) / block_n * block_n;
 
     let g = arange(0, rows);
@@ -362,19 +365,27 @@ pub fn decode_tc_body(
     let mut m = full([rows], f32::MIN, f32);
     let mut l = zeros([rows], f32);
     let mut acc = zeros([rows, head_dim], f32);
-    for s0 in range(start, full_end, block_n) {
-        let key = s0 + keys;
-        let page = load(bt + key / page_size);
-        let kv = (page * page_size + key % page_size) * (h_kv * head_dim) + col;
-        let k = load(k_cache + kv);
-        let s = dot(q, trans(k));
-        let v = load(v_cache + kv);
-        let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, dt, invariant);
-        m = m_new;
-        l = l_new;
-        acc = acc_new;
+    // The batch-invariant step computes a whole block with masks exactly as
+    // without them, so there every block, the partial last one included,
+    // runs in the masked loop, whose K/V copies (and page numbers) are then
+    // all issued ahead; otherwise the whole blocks run unmasked and the
+    // partial one starts its loads after them.
+    let tail_start = if invariant { start } else { full_end };
+    if !invariant {
+        for s0 in range(start, full_end, block_n) {
+            let key = s0 + keys;
+            let page = load(bt + key / page_size);
+            let kv = (page * page_size + key % page_size) * (h_kv * head_dim) + col;
+            let k = load(k_cache + kv);
+            let s = dot(q, trans(k));
+            let v = load(v_cache + kv);
+            let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, dt, invariant);
+            m = m_new;
+            l = l_new;
+            acc = acc_new;
+        }
     }
-    for s0 in range(full_end, end, block_n) {
+    for s0 in range(tail_start, end, block_n) {
         let key = s0 + keys;
         let ok = key < end;
         let page = load(bt + key / page_size, mask = ok, other = 0);

@@ -78,6 +78,7 @@
 //! two, e.g. 64 or 128); `HALF = HEAD_DIM / 2` is derived. `T` (f32, bf16 or
 //! f16) is the storage dtype of `qkv`, `q_out` and the caches.
 
+use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
 /// RoPE (adjacent pairs, llama.cpp `NORM`) on Q and K of a fused QKV row, and
@@ -101,15 +102,17 @@ pub fn rope_kv_write<T: Float>(
     gdc_wait();
     gdc_launch_dependents();
     let all = full([], 0, i32);
+    let tok = program_id(0);
+    let (c, s) = rope_angles(pos_ptr, theta, tok, HEAD_DIM);
     rope_row(
         qkv_ptr,
-        pos_ptr,
-        slot_ptr,
+        c,
+        s,
+        load(slot_ptr + tok),
         q_out_ptr,
         k_cache_ptr,
         v_cache_ptr,
-        theta,
-        program_id(0),
+        tok,
         all,
         N_Q,
         all,
@@ -125,8 +128,15 @@ pub fn rope_kv_write<T: Float>(
 #[kernel_fn]
 pub fn rope_inv_freq(theta: Tensor, head_dim: usize) -> (Tensor, Tensor) {
     let i = arange(0, head_dim / 2);
+    (i, rope_freq_of(i, theta, head_dim))
+}
+
+/// The inverse frequencies of the pair indices `i` (any shape; see
+/// [`rope_inv_freq`]).
+#[kernel_fn]
+pub fn rope_freq_of(i: Tensor, theta: Tensor, head_dim: usize) -> Tensor {
     let expo = (i * 2).to(f32) / head_dim;
-    (i, exp2(-(expo * log2(theta))))
+    exp2(-(expo * log2(theta)))
 }
 
 /// The rotation of position `pos` (f32) at `inv_freq`: the angles
@@ -134,27 +144,45 @@ pub fn rope_inv_freq(theta: Tensor, head_dim: usize) -> (Tensor, Tensor) {
 /// rows.
 #[kernel_fn]
 pub fn rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> (Tensor, Tensor) {
+    let r = rope_reduced(pos, inv_freq);
+    (expand_dims(cos(r), 0), expand_dims(sin(r), 0))
+}
+
+/// The angles `pos * inv_freq`, range-reduced to [-pi, pi] (the module
+/// doc's order).
+#[kernel_fn]
+pub fn rope_reduced(pos: Tensor, inv_freq: Tensor) -> Tensor {
     let angle = pos * inv_freq;
     let k = floor(angle * 0.159_154_943_091_895_35 + 0.5);
-    let r = angle - k * 6.28125 - k * 0.001_935_307_179_586_476_9;
-    (expand_dims(cos(r), 0), expand_dims(sin(r), 0))
+    angle - k * 6.28125 - k * 0.001_935_307_179_586_476_9
+}
+
+/// The cosines and sines ([`rope_cos_sin`]) of token `tok`'s position.
+#[kernel_fn]
+pub fn rope_angles(pos_ptr: Tensor, theta: Tensor, tok: Tensor, head_dim: usize) -> (Tensor, Tensor) {
+    let pos = load(pos_ptr + tok).to(f32);
+    let (_, inv_freq) = rope_inv_freq(theta, head_dim);
+    rope_cos_sin(pos, inv_freq)
 }
 
 /// The body of [`rope_kv_write`] for token `tok` (see the module doc), for
 /// the `q_count` query heads from `q_first` and the `kv_count` KV heads from
 /// `kv_first` of its `n_q` and `n_kv` (all of them in the kernel; one KV
-/// head and its query group in a persistent step). Each element's
-/// arithmetic is the same whichever heads a call covers.
+/// head and its query group in a persistent step), with the token's
+/// rotation (`c`, `s` from [`rope_angles`]) and cache slot given: a
+/// persistent step forms them before it waits for the QKV product, so only
+/// the product's loads remain after the wait. Each element's arithmetic is
+/// the same whichever heads a call covers.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn rope_row(
     qkv_ptr: Tensor,
-    pos_ptr: Tensor,
-    slot_ptr: Tensor,
+    c: Tensor,
+    s: Tensor,
+    slot: Tensor,
     q_out_ptr: Tensor,
     k_cache_ptr: Tensor,
     v_cache_ptr: Tensor,
-    theta: Tensor,
     tok: Tensor,
     q_first: Tensor,
     q_count: usize,
@@ -165,12 +193,7 @@ pub fn rope_row(
     head_dim: usize,
 ) {
     let row = tok * ((n_q + 2 * n_kv) * head_dim);
-    let pos = load(pos_ptr + tok).to(f32);
-    let slot = load(slot_ptr + tok);
-
-    let (i, inv_freq) = rope_inv_freq(theta, head_dim);
-    let (c, s) = rope_cos_sin(pos, inv_freq);
-    let even = expand_dims(i * 2, 0);
+    let even = expand_dims(arange(0, head_dim / 2) * 2, 0);
 
     // Q: [q_count, HALF] pairs, rotated, to q_out.
     let qh = expand_dims(q_first + arange(0, q_count), 1) * head_dim + even;
@@ -194,6 +217,90 @@ pub fn rope_row(
     let vh = heads + expand_dims(arange(0, head_dim), 0);
     let v = load(qkv_ptr + row + (n_q + n_kv) * head_dim + vh, mask = valid, other = 0.0);
     store(v_cache_ptr + dst + vh, v, mask = valid);
+}
+
+/// The heads of a fused QKV row, for a product whose epilogue is
+/// [`rope_pairs`] ([`RopeShape::NONE`]: a plain product).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RopeShape {
+    n_q: usize,
+    n_kv: usize,
+    head_dim: usize,
+}
+
+impl RopeShape {
+    /// No RoPE epilogue.
+    pub const NONE: RopeShape = RopeShape { n_q: 0, n_kv: 0, head_dim: 0 };
+
+    /// `n_q` query and `n_kv` KV heads of `head_dim` (a method, so that
+    /// kernel code can call it on [`RopeShape::NONE`]).
+    pub const fn heads(self, n_q: usize, n_kv: usize, head_dim: usize) -> RopeShape {
+        RopeShape { n_q, n_kv, head_dim }
+    }
+
+    /// Whether the product ends in [`rope_pairs`].
+    pub const fn on(self) -> bool {
+        self.head_dim > 0
+    }
+
+    /// Query heads.
+    pub const fn n_q(self) -> usize {
+        self.n_q
+    }
+
+    /// KV heads.
+    pub const fn n_kv(self) -> usize {
+        self.n_kv
+    }
+
+    /// Elements per head.
+    pub const fn head_dim(self) -> usize {
+        self.head_dim
+    }
+}
+
+/// [`rope_row`] as the epilogue of a one-row QKV product tile: `even` and
+/// `odd` are the f32 sums of the tile's pairs of weight rows (`[pairs]`),
+/// `r` their even rows (a pair never straddles two heads). Each value is
+/// rounded to `dt` first, as the product's store to the QKV row rounds it,
+/// then rotated and stored as [`rope_row`] does, with its angles: Q pairs to
+/// `q_out`, K pairs (rotated) and V pairs (copied) to the token's cache
+/// slot (unless `slot < 0`). Rows from `rows` on are padding.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_pairs(
+    even: Tensor,
+    odd: Tensor,
+    r: Tensor,
+    rows: Tensor,
+    pos: Tensor,
+    theta: Tensor,
+    slot: Tensor,
+    q_out_ptr: Tensor,
+    k_cache_ptr: Tensor,
+    v_cache_ptr: Tensor,
+    n_q: usize,
+    n_kv: usize,
+    head_dim: usize,
+    dt: DType,
+) {
+    let (nq, nk) = ((n_q * head_dim) as i32, (n_kv * head_dim) as i32);
+    let y0 = even.to(dt).to(f32);
+    let y1 = odd.to(dt).to(f32);
+    let angle = rope_reduced(pos, rope_freq_of(r % head_dim as i32 / 2, theta, head_dim));
+    let (c, s) = (cos(angle), sin(angle));
+    let (a, b) = (y0 * c - y1 * s, y0 * s + y1 * c);
+    let is_q = r < nq;
+    store(q_out_ptr + r, a, mask = is_q);
+    store(q_out_ptr + r + 1, b, mask = is_q);
+    let valid = slot >= 0;
+    let dst = where_(valid, slot, 0) * nk;
+    let is_k = r >= nq && r < nq + nk && valid;
+    store(k_cache_ptr + dst + r - nq, a, mask = is_k);
+    store(k_cache_ptr + dst + r - nq + 1, b, mask = is_k);
+    let is_v = r >= nq + nk && r < rows && valid;
+    store(v_cache_ptr + dst + r - (nq + nk), even.to(dt), mask = is_v);
+    store(v_cache_ptr + dst + r - (nq + nk) + 1, odd.to(dt), mask = is_v);
 }
 
 /// [`rope_kv_write`] with the options where model architectures differ,

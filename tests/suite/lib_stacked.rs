@@ -8,7 +8,8 @@ use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use dsl_macros::kernel;
 use kernels::dequant::linear::LINEAR_BLOCK_K;
-use kernels::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_slot, stacked_tile};
+use kernels::dequant::linear::linear_epilogue;
+use kernels::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_slot, stacked_sums};
 use kernels::dequant::{Fuse, QuantFormat};
 use kernels::rmsnorm::rms_rstd;
 use std::marker::PhantomData;
@@ -53,10 +54,12 @@ fn stacked_probe<T: Float>(
     } else {
         eps
     };
-    stacked_tile(
-        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, n, k, rs, wrow, wd, sr, pid, QUANT, fuse, F16, T,
-        BLOCK_N, STACK, TILES,
+    let (sums, _) = stacked_sums(
+        x_ptr, q_ptr, s_ptr, nw_ptr, ws_ptr, k, rs, wrow, wd, sr, QUANT, fuse, F16, T, BLOCK_N, STACK, TILES,
+        false,
     );
+    let zero = full([], 0, i32);
+    linear_epilogue(reshape(sums, [1, BLOCK_N]), out_ptr, zero + 1, n, n, zero, pid, fuse, T, 1, BLOCK_N);
 }
 
 /// Runs [`stacked_probe`] for the one row `x` (`k` values) against the

@@ -36,7 +36,9 @@
 
 use super::gemm::swap_weights;
 use super::gemv::scale_load;
-use super::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_operand};
+#[cfg(doc)]
+use super::linear::linear_epilogue;
+use super::linear::{LINEAR_BLOCK_K, linear_operand};
 use super::{Fuse, QuantFormat};
 use dsl_core::DType;
 use dsl_macros::kernel_fn;
@@ -70,6 +72,14 @@ pub trait StackedShape {
     /// (and from [`STACKED_MIN_ROWS`]` / stack`) that cuts the rows into at
     /// most [`STACKED_TASKS`] tiles.
     fn stacked_shape(self, one_row: bool, rows: usize, k: usize, split_block_n: usize) -> (usize, usize);
+
+    /// Whether [`StackedShape::stacked_shape`] stacks the product.
+    fn stacks(self, one_row: bool, rows: usize, k: usize) -> bool
+    where
+        Self: Sized,
+    {
+        self.stacked_shape(one_row, rows, k, 0).0 > 0
+    }
 }
 
 impl StackedShape for QuantFormat {
@@ -134,28 +144,29 @@ pub fn stacked_load(
     (wd, scale_load(s_ptr, s_idx, full([], 1, i1), quant))
 }
 
-/// Output tile `pid_n` (`block_n` weight rows) of the one-row product `x @
-/// W^T` over all `tiles` K tiles (see the module doc), then
-/// [`linear_epilogue`]'s fusions; `wrow` are its weight rows
-/// ([`stacked_rows`]), `wd0`/`sr0` the first dot's weights ([`stacked_load`]
-/// at K tile 0), `rs` the norm statistic. Program `p`'s scratch is slot `p`
-/// of `ws` ([`stacked_slot`] entries each).
+/// The f32 row sums of one output tile (`block_n` weight rows) of the
+/// one-row product `x @ W^T` over all `tiles` K tiles (see the module doc),
+/// before an epilogue ([`linear_epilogue`]'s fusions, or RoPE's): the
+/// tile's `[block_n]` sums, or with `pairs` its even rows' and its odd
+/// rows' (`[block_n / 2]` each; the same sums, read from the scratch in two
+/// strided halves, for epilogues that take rows in pairs; without `pairs`
+/// the second result repeats the first). `wrow` are its weight rows
+/// ([`stacked_rows`]), `wd0`/`sr0` the first dot's weights
+/// ([`stacked_load`] at K tile 0), `rs` the norm statistic. Program `p`'s
+/// scratch is slot `p` of `ws` ([`stacked_slot`] entries each).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn stacked_tile(
+pub fn stacked_sums(
     x_ptr: Tensor,
     q_ptr: Tensor,
     s_ptr: Tensor,
     nw_ptr: Tensor,
-    out_ptr: Tensor,
     ws_ptr: Tensor,
-    n: Tensor,
     k: Tensor,
     rs: Tensor,
     wrow: Tensor,
     wd0: Tensor,
     sr0: Tensor,
-    pid_n: Tensor,
     quant: QuantFormat,
     fuse: Fuse,
     f16_ops: bool,
@@ -163,7 +174,8 @@ pub fn stacked_tile(
     block_n: usize,
     stack: usize,
     tiles: usize,
-) {
+    pairs: bool,
+) -> (Tensor, Tensor) {
     let bk = LINEAR_BLOCK_K as i32;
     let width = stack * block_n;
     let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack) as i32;
@@ -173,12 +185,21 @@ pub fn stacked_tile(
     let c = expand_dims(arange(0, bk), 0);
     let cols = expand_dims(arange(0, width as i32), 0);
     let own = t16 == cols / block_n as i32;
-    let j = arange(0, block_n as i32);
+    // The rows each sum reads back: all of them, or the even ones and the
+    // odd ones.
+    let (j, j2) = if pairs {
+        let e = arange(0, (block_n / 2) as i32) * 2;
+        (e, e + 1)
+    } else {
+        let a = arange(0, block_n as i32);
+        (a, a)
+    };
     let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [width, LINEAR_BLOCK_K]);
     let e8 = broadcast_to(c % 4 * 8, [width, LINEAR_BLOCK_K]);
     let mut wd = wd0;
     let mut sr = sr0;
-    let mut acc = zeros([block_n], f32);
+    let mut acc = zeros([if pairs { block_n / 2 } else { block_n }], f32);
+    let mut acc2 = acc;
     for c0 in static_range(0, tiles, stack) {
         let (wd_next, sr_next) = if c0 + stack < tiles {
             stacked_load(
@@ -212,10 +233,12 @@ pub fn stacked_tile(
         barrier();
         for t in static_range(0, stack.min(tiles - c0)) {
             acc = acc + load(base + (t * block_n) as i32 + j);
+            if pairs {
+                acc2 = acc2 + load(base + (t * block_n) as i32 + j2);
+            }
         }
         wd = wd_next;
         sr = sr_next;
     }
-    let zero = full([], 0, i32);
-    linear_epilogue(reshape(acc, [1, block_n]), out_ptr, zero + 1, n, n, zero, pid_n, fuse, dt, 1, block_n);
+    (acc, acc2)
 }

@@ -44,6 +44,10 @@ pub struct Emu {
     pub replays: usize,
     /// Makes every capture fail at its end (as an invalidated CUDA capture does).
     pub fail_captures: bool,
+    /// Answers as a Hopper GPU does (tensor cores, `wgmma` tiles,
+    /// persistent kernels), so the model picks the kernels and
+    /// configurations it runs there, interpreted.
+    pub hopper: bool,
 }
 
 impl Emu {
@@ -99,6 +103,18 @@ impl Device for Emu {
 
     fn compiles(&self) -> bool {
         false
+    }
+
+    fn persistent(&self) -> bool {
+        self.hopper
+    }
+
+    fn wgmma(&self) -> bool {
+        self.hopper
+    }
+
+    fn tensor_cores(&self) -> bool {
+        self.hopper
     }
 
     fn upload<T: DeviceElem>(&mut self, data: &[T]) -> Result<EmuPtr<T>> {

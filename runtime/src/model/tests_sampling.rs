@@ -476,14 +476,13 @@ fn interpreter_sampling_at_smollm2_vocab() {
 }
 
 /// The persistent decode step against the multi-kernel batch-invariant
-/// step on the interpreter: the same scenario (decode batches of 1 to 3
-/// rows, contexts of 61 to 69 tokens, so the attention runs whole key
+/// step on the interpreter `dev`: the same scenario (decode batches of 1 to
+/// 3 rows, contexts of 61 to 69 tokens, so the attention runs whole key
 /// blocks and a partial one, greedy and seeded sampling with penalties),
-/// identical token ids, logprob bits and logit bits, in f32 and bf16; and
-/// the persistent kernel really ran for every decode step.
-fn mega_matches_multi_kernel<T: ActElem>() {
+/// identical token ids, logprob bits and logit bits; and the persistent
+/// kernel really ran for every decode step.
+fn mega_matches_multi_kernel<D: Device, T: ActElem>(dev: &mut D) {
     let g = tiny_flat_model().unwrap();
-    let mut cpu = Cpu::new();
     let params = scenario_params();
     let sc = |decode_path| Scenario {
         seqs: 3,
@@ -494,22 +493,43 @@ fn mega_matches_multi_kernel<T: ActElem>() {
         decode_path,
     };
     let (multi, m0) =
-        decode_scenario::<Cpu, T>(&mut cpu, &g, GraphMode::Off, &sc(DecodePath::Graphs), &params).unwrap();
+        decode_scenario::<D, T>(dev, &g, GraphMode::Off, &sc(DecodePath::Graphs), &params).unwrap();
     let (mega, m1) =
-        decode_scenario::<Cpu, T>(&mut cpu, &g, GraphMode::Off, &sc(DecodePath::Mega), &params).unwrap();
+        decode_scenario::<D, T>(dev, &g, GraphMode::Off, &sc(DecodePath::Mega), &params).unwrap();
     assert_eq!((m0.mega_steps(), m1.mega_steps()), (0, 5));
     let (ids, logits, max_abs) = compare_exact(&multi, &mega);
     assert_eq!((ids, logits), (0, 0), "persistent vs multi-kernel decode: max |logit difference| {max_abs}");
 }
 
+/// The graph-recording interpreter answering as a Hopper GPU (run
+/// eagerly): the model picks the kernels and configurations it runs there,
+/// so the one-row steps take the stacked products with RoPE and the KV
+/// write in the QKV tiles (`kernels::rope::rope_pairs`), and the attention
+/// its `wgmma` tiles.
+fn hopper() -> Emu {
+    let mut emu = Emu::new();
+    emu.hopper = true;
+    emu
+}
+
 #[test]
 fn mega_decode_matches_multi_kernel_f32() {
-    mega_matches_multi_kernel::<f32>();
+    mega_matches_multi_kernel::<Cpu, f32>(&mut Cpu::new());
 }
 
 #[test]
 fn mega_decode_matches_multi_kernel_bf16() {
-    mega_matches_multi_kernel::<dsl_core::half::bf16>();
+    mega_matches_multi_kernel::<Cpu, dsl_core::half::bf16>(&mut Cpu::new());
+}
+
+#[test]
+fn mega_decode_matches_multi_kernel_hopper_f32() {
+    mega_matches_multi_kernel::<Emu, f32>(&mut hopper());
+}
+
+#[test]
+fn mega_decode_matches_multi_kernel_hopper_bf16() {
+    mega_matches_multi_kernel::<Emu, dsl_core::half::bf16>(&mut hopper());
 }
 
 /// The native CPU backend does not run the persistent step: asking for it

@@ -12,8 +12,8 @@
 //! | stage | tasks | body |
 //! |---|---|---|
 //! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
-//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_tile`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue |
-//! | attention | row x KV head | [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache), then [`crate::decode_attention::decode_tc_body`], never split |
+//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue; stacked, RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
+//! | attention | row x KV head | split QKV: [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache); then [`crate::decode_attention::decode_tc_body`], never split |
 //! | O projection | as QKV | residual add into `h` as the epilogue |
 //! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
 //! | down | as QKV | residual add into `h` |
@@ -40,11 +40,20 @@
 //! stores its tile's product, and the task that completes an output tile
 //! sums them in K order ([`crate::dequant::linear::split_finish`]).
 //!
+//! A stacked QKV tile holds whole RoPE pairs, so it rotates its Q and K
+//! rows and writes Q to `q` and K and V to the token's cache slot itself:
+//! the attention task then starts on the cache right after its wait, with
+//! no QKV row to read back, rotate and store first. Everything an attention
+//! task needs that the step does not write (the context length, the block
+//! table, the cached keys and values, and for the split QKV the rotation
+//! and the cache slot) it reads or asks L2 for before its wait.
+//!
 //! # Arithmetic
 //!
 //! Every stage runs the batch-invariant kernels' bodies with their
 //! batch-invariant arithmetic: the products sum one `dot` per 128-column K
-//! tile in K order, the norms take the exact statistic, the attention runs
+//! tile in K order, the norms take the exact statistic, RoPE rounds the
+//! product to `T` and rotates it as the RoPE kernel does, the attention runs
 //! the prefill kernel's key blocks in order with no split. So the logits of
 //! a row are bit for bit those of the multi-kernel batch-invariant step, for
 //! any batch and any grid. The caller must give the attention the
@@ -60,7 +69,7 @@
 //!   every stride a multiple of [`STRIDE_ALIGN`] (the scale strides of half
 //!   of it).
 //! - Scratch as the multi-kernel step uses it (`h`, `qkv`, `q`, `attn`,
-//!   `act`, `logits` of `m` rows); `ws`/`cnt` the split products' workspace
+//!   `act`, `logits` of `m` rows; a stacked QKV leaves `qkv` unwritten); `ws`/`cnt` the split products' workspace
 //!   and counters (counters zero; every launch leaves them zero), `ws` also
 //!   holding a slot per program for the stacked products
 //!   ([`crate::dequant::stacked::stacked_slot`] entries at most);
@@ -75,15 +84,21 @@
 //!   `5 L + 1` when it leaves the LM head, `5 L + 2` when it starts. The latest
 //!   reading of an entry over the programs is when that stage ended.
 
+mod tasks;
+
+pub use tasks::{
+    count_tiles, first_task, mark, prefetch_kv, prefetch_layer, prefetch_share, stage_linear, task_weights,
+};
+
 use crate::decode_attention::decode_tc_body;
-use crate::dequant::linear::{LINEAR_BLOCK_K, linear_tile, tile_load};
-use crate::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_tile};
+use crate::dequant::linear::LINEAR_BLOCK_K;
+use crate::dequant::stacked::StackedShape;
+#[cfg(doc)]
+use crate::dequant::stacked::stacked_sums;
 use crate::dequant::{Fuse, QuantFormat};
 use crate::embedding::embedding_row;
-use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
-use crate::rope::rope_row;
-use dsl_core::DType;
-use dsl_macros::{kernel, kernel_fn};
+use crate::rope::{RopeShape, rope_angles, rope_row};
+use dsl_macros::kernel;
 
 /// What every per-layer stride of the step is a multiple of: the weight
 /// planes' bytes (`*_qs`), twice the scale entries (`*_ss`, bytes of f16) and
@@ -109,162 +124,6 @@ pub const MAX_ROWS: usize = 16;
 /// `rows` weight rows and `k` columns needs (tiles of 32 or 64 rows).
 pub fn workspace(rows: usize, k: usize) -> (usize, usize) {
     (rows.div_ceil(64) * 64 * k.div_ceil(LINEAR_BLOCK_K) * MAX_ROWS, rows.div_ceil(32))
-}
-
-/// Asks L2 for the `bytes` bytes at `base` (a byte pointer), this program's
-/// share of them: lines of 128 bytes, 64 lines per program in turn.
-#[kernel_fn]
-pub fn prefetch_share(base: Tensor, bytes: Tensor) {
-    let lines = (bytes + 127) / 128;
-    for c in range(program_id(0) * 64, lines, num_programs(0) * 64) {
-        let off = (c + arange(0, 64)) * 128;
-        prefetch_l2(base + off, mask = off < bytes);
-    }
-}
-
-/// With `on`, records the clock as this program's entry `idx` of its row
-/// of `trace` (`stride` entries per program; see [`decode_step`]'s
-/// `TRACE`).
-#[kernel_fn]
-pub fn mark(trace_ptr: Tensor, idx: Tensor, stride: usize, on: bool) {
-    if on {
-        store(trace_ptr + program_id(0) * stride + idx, globaltimer());
-    }
-}
-
-/// The first task of this program in a stage whose task `t` runs on
-/// program `(t + offset) % num_programs` (stages start where the previous
-/// one ended, so a program's next task is rarely right after its last one
-/// and its weight loads go out early).
-#[kernel_fn]
-pub fn first_task(offset: Tensor) -> Tensor {
-    let np = num_programs(0);
-    (program_id(0) + np - offset % np) % np
-}
-
-/// Output tiles of `block_n` rows of a product with `rows` weight rows.
-#[kernel_fn]
-pub fn count_tiles(rows: Tensor, block_n: usize) -> Tensor {
-    (rows + (block_n as i32 - 1)) / block_n as i32
-}
-
-/// One product stage: `out = x @ W^T` (with the fusions) as tasks of one
-/// output tile and (with `split`) one K tile, each waiting until counter
-/// `wait_idx` reaches `wait_target`, each finished output tile counted in
-/// counter `done_idx`. With `norm`, the prologue's statistic is taken per
-/// row of `x` (one row with `one_row`). With `stack > 0` (one row, a
-/// word-tiled format) each task is one output tile over all `tiles` K tiles,
-/// `stack` of them per `dot` ([`stacked_tile`]), and `split` is not read.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn stage_linear(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    nw_ptr: Tensor,
-    out_ptr: Tensor,
-    ws_ptr: Tensor,
-    cnt_ptr: Tensor,
-    stage_ptr: Tensor,
-    wait_idx: Tensor,
-    wait_target: Tensor,
-    done_idx: Tensor,
-    offset: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    eps: Tensor,
-    quant: QuantFormat,
-    fuse: Fuse,
-    split_k: bool,
-    f16_ops: bool,
-    one_row: bool,
-    dt: DType,
-    norm_block: usize,
-    block_n: usize,
-    stack: usize,
-    tiles: usize,
-) {
-    let bk = LINEAR_BLOCK_K as i32;
-    let rows = if fuse.silu() { n * 2 } else { n };
-    let tiles_n = count_tiles(rows, block_n);
-    let split_k = split_k && stack == 0;
-    let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
-    let zero = full([], 0, i32);
-    let np = num_programs(0);
-    let n_tasks = tiles_n * tiles_k;
-    let t0 = first_task(offset);
-    for t in range(t0, n_tasks, np) {
-        // The task's weights go out before its wait (the weights are never
-        // written by the step).
-        let (wrow, wd, sr, wd_tail, sr_tail) = if stack > 0 {
-            let wrow = stacked_rows(t, rows, block_n, stack);
-            let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack);
-            (wrow, wd, sr, wd, sr)
-        } else {
-            let (wd, sr, wd_tail, sr_tail) =
-                task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n);
-            (zero, wd, sr, wd_tail, sr_tail)
-        };
-        let pid_n = t / tiles_k;
-        let pid_k = t % tiles_k;
-        wait_until(stage_ptr + wait_idx, "ge", wait_target);
-        let rs = if !fuse.norm() {
-            eps
-        } else if one_row {
-            let cols = arange(0, norm_block);
-            let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
-            rms_rstd(row, k, eps, norm_block)
-        } else {
-            let offs = minimum(arange(0, MAX_ROWS), m - 1) * k;
-            expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
-        };
-        let fin = if stack > 0 {
-            stacked_tile(
-                x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, n, k, rs, wrow, wd, sr, t, quant, fuse,
-                f16_ops, dt, block_n, stack, tiles,
-            );
-            full([], 1, i1)
-        } else {
-            linear_tile(
-                x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr, wd_tail,
-                sr_tail, zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k, f16_ops, dt, MAX_ROWS,
-                block_n,
-            )
-        };
-        if fin {
-            atomic_add(stage_ptr + done_idx, 1, sem = "release");
-        }
-    }
-}
-
-/// The weight words and scales of product task `t` ([`tile_load`]): its
-/// K tile (split) or the first and the last partial K tile of its output
-/// tile (unsplit; the loop of [`linear_tile`] loads the others).
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn task_weights(
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    t: Tensor,
-    tiles_k: Tensor,
-    rows: Tensor,
-    k: Tensor,
-    quant: QuantFormat,
-    split_k: bool,
-    block_n: usize,
-) -> (Tensor, Tensor, Tensor, Tensor) {
-    let bk = LINEAR_BLOCK_K as i32;
-    let nb = k / 32;
-    let wrow = minimum(t / tiles_k * block_n + arange(0, block_n), rows - 1);
-    if split_k {
-        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, t % tiles_k * bk, quant, block_n);
-        (wd, sr, wd, sr)
-    } else {
-        let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, full([], 0, i32), quant, block_n);
-        let (wt, st) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, quant, block_n);
-        (wd, sr, wt, st)
-    }
 }
 
 /// One decode step of a Llama model (see the module doc).
@@ -365,7 +224,7 @@ pub fn decode_step<T: Float>(
     let nb_e = N_EMBD.next_power_of_two().min(1024);
     let norm_block = N_EMBD.next_power_of_two();
     // One-row steps on tensor cores take the word-tiled products stacked
-    // ([`stacked_tile`]: `stack` K tiles per dot, no split-K hand-over);
+    // ([`stacked_sums`]: `stack` K tiles per dot, no split-K hand-over);
     // the others split into 128-column K tiles.
     let one = ONE_ROW && F16;
     // Split output tile heights: 64 rows for Q8_0 and for gate/up (its tasks
@@ -385,6 +244,12 @@ pub fn decode_step<T: Float>(
         N_FF.div_ceil(LINEAR_BLOCK_K),
     );
     let bn_head = if F_HEAD == QuantFormat::Q8_0 { 64 } else { 32 };
+    // A stacked QKV product rotates Q and K itself and writes them (and V)
+    // where the attention reads them ([`rope_pairs`]); otherwise the
+    // attention task does it ([`rope_row`]) from the QKV row.
+    let fused_rope = F_QKV.stacks(one, qkv_rows_n, N_EMBD);
+    let rope_qkv = if fused_rope { RopeShape::NONE.heads(N_HEAD, N_KV, HEAD_DIM) } else { RopeShape::NONE };
+    let qkv_out = if fused_rope { q_ptr } else { qkv_ptr };
     let t_qkv = count_tiles(n_qkv, bn_qkv);
     let t_o = count_tiles(n_e, bn_o);
     let t_gu = count_tiles(n_ff * 2, bn_gu);
@@ -431,7 +296,7 @@ pub fn decode_step<T: Float>(
             qkv_q + l * qkv_qs,
             qkv_s + l * qkv_ss,
             attn_norm + l * e,
-            qkv_ptr,
+            qkv_out,
             ws_ptr,
             cnt_ptr,
             stage_ptr,
@@ -453,52 +318,69 @@ pub fn decode_step<T: Float>(
             bn_qkv,
             st_qkv,
             tl_e,
+            rope_qkv,
+            pos_ptr,
+            slot_ptr,
+            theta,
+            k_cache + kv,
+            v_cache + kv,
         );
         mark(trace_ptr, s0, n_marks, TRACE);
         for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
             // The cached keys and values before this step's token are final:
             // ask L2 for them while the QKV stage runs.
             let (b, h) = (t / N_KV as i32, t % N_KV as i32);
+            let ctx = load(ctx_ptr + b);
             prefetch_kv(
                 k_cache + kv,
                 v_cache + kv,
                 tables_ptr + b * bt_stride,
-                load(ctx_ptr + b) - 1,
+                ctx - 1,
                 h,
                 N_KV,
                 HEAD_DIM,
                 PAGE,
             );
+            // The token's rotation and cache slot do not depend on the
+            // QKV product either.
+            let (c, s, slot) = if fused_rope {
+                (theta, theta, ctx)
+            } else {
+                let (c, s) = rope_angles(pos_ptr, theta, b, HEAD_DIM);
+                (c, s, load(slot_ptr + b))
+            };
             wait_until(stage_ptr + s0, "ge", t_qkv);
-            // RoPE of this KV head's query group and of its key, and the
-            // token's key and value into the cache, then attention over the
-            // cache (which now holds them): the program reads back its own
-            // stores, after a barrier.
-            rope_row(
-                qkv_ptr,
-                pos_ptr,
-                slot_ptr,
-                q_ptr,
-                k_cache + kv,
-                v_cache + kv,
-                theta,
-                b,
-                h * (N_HEAD / N_KV) as i32,
-                N_HEAD / N_KV,
-                h,
-                1,
-                N_HEAD,
-                N_KV,
-                HEAD_DIM,
-            );
-            barrier();
+            // Unless the QKV product did: RoPE of this KV head's query group
+            // and of its key, and the token's key and value into the cache,
+            // then attention over the cache (which now holds them): the
+            // program reads back its own stores, after a barrier.
+            if !fused_rope {
+                rope_row(
+                    qkv_ptr,
+                    c,
+                    s,
+                    slot,
+                    q_ptr,
+                    k_cache + kv,
+                    v_cache + kv,
+                    b,
+                    h * (N_HEAD / N_KV) as i32,
+                    N_HEAD / N_KV,
+                    h,
+                    1,
+                    N_HEAD,
+                    N_KV,
+                    HEAD_DIM,
+                );
+                barrier();
+            }
             decode_tc_body(
                 q_ptr,
                 k_cache + kv,
                 v_cache + kv,
                 tables_ptr,
                 bt_stride,
-                ctx_ptr,
+                ctx,
                 attn_ptr,
                 ws_ptr,
                 ws_ptr,
@@ -549,6 +431,12 @@ pub fn decode_step<T: Float>(
             bn_o,
             st_o,
             tl_attn,
+            RopeShape::NONE,
+            h_ptr,
+            h_ptr,
+            eps,
+            h_ptr,
+            h_ptr,
         );
         mark(trace_ptr, s0 + 2, n_marks, TRACE);
         stage_linear(
@@ -578,6 +466,12 @@ pub fn decode_step<T: Float>(
             bn_gu,
             st_gu,
             tl_e,
+            RopeShape::NONE,
+            h_ptr,
+            h_ptr,
+            eps,
+            h_ptr,
+            h_ptr,
         );
         mark(trace_ptr, s0 + 3, n_marks, TRACE);
         stage_linear(
@@ -607,6 +501,12 @@ pub fn decode_step<T: Float>(
             bn_dn,
             st_dn,
             tl_ff,
+            RopeShape::NONE,
+            h_ptr,
+            h_ptr,
+            eps,
+            h_ptr,
+            h_ptr,
         );
         mark(trace_ptr, s0 + 4, n_marks, TRACE);
     }
@@ -638,6 +538,12 @@ pub fn decode_step<T: Float>(
         bn_head,
         0,
         0,
+        RopeShape::NONE,
+        h_ptr,
+        h_ptr,
+        eps,
+        h_ptr,
+        h_ptr,
     );
     mark(trace_ptr, full([], last - 1, i32), n_marks, TRACE);
     // The program that leaves last zeroes the stage counters for the next
@@ -649,61 +555,4 @@ pub fn decode_step<T: Float>(
             store(stage_ptr + i, zeros([256], i32), mask = i <= last);
         }
     };
-}
-
-/// Asks L2 for the first `len` cached keys and values of KV head `h` of
-/// a sequence with block table `bt` (one line per token and head: the
-/// layout of [`crate::decode_attention`]).
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn prefetch_kv(
-    k_cache: Tensor,
-    v_cache: Tensor,
-    bt: Tensor,
-    len: Tensor,
-    h: Tensor,
-    h_kv: usize,
-    head_dim: usize,
-    page: usize,
-) {
-    for c0 in range(0, len, 128) {
-        let tok = c0 + arange(0, 128);
-        let ok = tok < len;
-        let blk = load(bt + tok / page, mask = ok, other = 0);
-        let row = (blk * page + tok % page) * (h_kv * head_dim) + h * head_dim;
-        prefetch_l2(k_cache + row, mask = ok);
-        prefetch_l2(v_cache + row, mask = ok);
-    }
-}
-
-/// This program's share of layer `l`'s projection weights, asked of L2.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn prefetch_layer(
-    qkv_q: Tensor,
-    qkv_s: Tensor,
-    o_q: Tensor,
-    o_s: Tensor,
-    gu_q: Tensor,
-    gu_s: Tensor,
-    dn_q: Tensor,
-    dn_s: Tensor,
-    qkv_qs: Tensor,
-    qkv_ss: Tensor,
-    o_qs: Tensor,
-    o_ss: Tensor,
-    gu_qs: Tensor,
-    gu_ss: Tensor,
-    dn_qs: Tensor,
-    dn_ss: Tensor,
-    l: Tensor,
-) {
-    prefetch_share(qkv_q + l * qkv_qs, qkv_qs);
-    prefetch_share(ptrcast(qkv_s + l * qkv_ss, u8), qkv_ss * 2);
-    prefetch_share(o_q + l * o_qs, o_qs);
-    prefetch_share(ptrcast(o_s + l * o_ss, u8), o_ss * 2);
-    prefetch_share(gu_q + l * gu_qs, gu_qs);
-    prefetch_share(ptrcast(gu_s + l * gu_ss, u8), gu_ss * 2);
-    prefetch_share(dn_q + l * dn_qs, dn_qs);
-    prefetch_share(ptrcast(dn_s + l * dn_ss, u8), dn_ss * 2);
 }
