@@ -405,6 +405,7 @@ fn median_stages(mut v: Vec<StageTimes>) -> Option<StageTimes> {
     };
     for j in 0..t.layer.len() {
         t.layer[j] = med(&|s| s.layer[j]);
+        t.handover[j] = med(&|s| s.handover[j]);
     }
     v.clear();
     Some(t)
@@ -562,14 +563,16 @@ pub fn table(r: &Report) -> String {
                 "persistent step on {} programs: {:.1} us from the first start to the last exit\n",
                 t.programs, t.total
             ));
-            let mut line = |what: &str, us: f64| {
-                s.push_str(&format!("  {what:<28} {us:>9.1} us {:>5.1}%\n", 100.0 * us / t.total.max(1e-9)))
+            let mut line = |what: &str, us: f64, handover: Option<f64>| {
+                let share = 100.0 * us / t.total.max(1e-9);
+                let h = handover.map(|h| format!("  (hand-over {h:.1} us)")).unwrap_or_default();
+                s.push_str(&format!("  {what:<28} {us:>9.1} us {share:>5.1}%{h}\n"))
             };
-            line("embedding", t.embedding);
-            for (name, us) in LAYER_STAGES.iter().zip(t.layer) {
-                line(name, us);
+            line("embedding", t.embedding, None);
+            for ((name, us), h) in LAYER_STAGES.iter().zip(t.layer).zip(t.handover) {
+                line(name, us, Some(h));
             }
-            line("lm head", t.lm_head);
+            line("lm head", t.lm_head, None);
         }
         for x in &sec.rows {
             let of = if x.class == "compute" { x.of_matmul } else { x.of_copy };

@@ -78,11 +78,14 @@
 //!   once (the launcher refuses larger waiting grids).
 //! - Formats: `F_*` is the [`QuantFormat`] of each matrix.
 //! - With `TRACE`, program `p` writes [`globaltimer`](dsl_core::lang::globaltimer)
-//!   readings to row `p` of `trace` ([`stage_counters`] entries per program):
+//!   readings to row `p` of `trace` ([`trace_width`] entries per program):
 //!   entry 0 when it leaves the embedding, `1 + 5 l + j` when it leaves
 //!   stage `j` of layer `l` (QKV, attention with RoPE, O, gate/up, down),
 //!   `5 L + 1` when it leaves the LM head, `5 L + 2` when it starts. The latest
-//!   reading of an entry over the programs is when that stage ended.
+//!   reading of an entry over the programs is when that stage ended. Entry
+//!   `S + i` (`S` = [`stage_counters`]) is when the program's (last) task
+//!   of the stage ending at entry `i` left its wait: how long after the
+//!   previous stage's end each program saw it.
 
 mod tasks;
 
@@ -115,6 +118,13 @@ pub const STAGES_PER_LAYER: usize = 5;
 /// five per layer, the LM head and the exit count.
 pub const fn stage_counters(n_layers: usize) -> usize {
     STAGES_PER_LAYER * n_layers + 3
+}
+
+/// The trace entries per program of a model of `n_layers` layers (see
+/// [`decode_step`]'s `TRACE`): a stage-end and a wait-exit reading per
+/// stage counter.
+pub const fn trace_width(n_layers: usize) -> usize {
+    2 * stage_counters(n_layers)
 }
 
 /// The most rows one persistent step takes (one M tile of the products).
@@ -209,9 +219,11 @@ pub fn decode_step<T: Float>(
     // The step's inputs (ids, positions, slots, tables) come from the copies
     // or kernels before it.
     gdc_wait();
-    // Entries per program of the trace (`stage_counters(N_LAYERS)`).
+    // Stage-end entries per program of the trace (`stage_counters`); a
+    // row holds as many wait-exit entries after them (`trace_width`).
     let n_marks = STAGES_PER_LAYER * N_LAYERS + 3;
-    mark(trace_ptr, full([], (n_marks - 1) as i32, i32), n_marks, TRACE);
+    let width = 2 * n_marks;
+    mark(trace_ptr, full([], (n_marks - 1) as i32, i32), width, TRACE);
     let e = N_EMBD as i32;
     let qkv_rows = ((N_HEAD + 2 * N_KV) * HEAD_DIM) as i32;
     let attn_cols = (N_HEAD * HEAD_DIM) as i32;
@@ -260,7 +272,7 @@ pub fn decode_step<T: Float>(
         embedding_row(emb_ptr, ids_ptr, h_ptr, n_e, vocab, t, T, nb_e);
         atomic_add(stage_ptr, 1, sem = "release");
     }
-    mark(trace_ptr, full([], 0, i32), n_marks, TRACE);
+    mark(trace_ptr, full([], 0, i32), width, TRACE);
     // Tasks per stage of a layer (products split into 128-column K tiles);
     // a layer's stages start at `l * per_layer` in the rotation of
     // [`first_task`].
@@ -324,8 +336,11 @@ pub fn decode_step<T: Float>(
             theta,
             k_cache + kv,
             v_cache + kv,
+            trace_ptr,
+            n_marks,
+            TRACE,
         );
-        mark(trace_ptr, s0, n_marks, TRACE);
+        mark(trace_ptr, s0, width, TRACE);
         for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
             // The cached keys and values before this step's token are final:
             // ask L2 for them while the QKV stage runs.
@@ -350,6 +365,7 @@ pub fn decode_step<T: Float>(
                 (c, s, load(slot_ptr + b))
             };
             wait_until(stage_ptr + s0, "ge", t_qkv);
+            mark(trace_ptr, s0 + 1 + n_marks as i32, width, TRACE);
             // Unless the QKV product did: RoPE of this KV head's query group
             // and of its key, and the token's key and value into the cache,
             // then attention over the cache (which now holds them): the
@@ -403,7 +419,7 @@ pub fn decode_step<T: Float>(
             );
             atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
         }
-        mark(trace_ptr, s0 + 1, n_marks, TRACE);
+        mark(trace_ptr, s0 + 1, width, TRACE);
         stage_linear(
             attn_ptr,
             o_q + l * o_qs,
@@ -437,8 +453,11 @@ pub fn decode_step<T: Float>(
             eps,
             h_ptr,
             h_ptr,
+            trace_ptr,
+            n_marks,
+            TRACE,
         );
-        mark(trace_ptr, s0 + 2, n_marks, TRACE);
+        mark(trace_ptr, s0 + 2, width, TRACE);
         stage_linear(
             h_ptr,
             gu_q + l * gu_qs,
@@ -472,8 +491,11 @@ pub fn decode_step<T: Float>(
             eps,
             h_ptr,
             h_ptr,
+            trace_ptr,
+            n_marks,
+            TRACE,
         );
-        mark(trace_ptr, s0 + 3, n_marks, TRACE);
+        mark(trace_ptr, s0 + 3, width, TRACE);
         stage_linear(
             act_ptr,
             dn_q + l * dn_qs,
@@ -507,8 +529,11 @@ pub fn decode_step<T: Float>(
             eps,
             h_ptr,
             h_ptr,
+            trace_ptr,
+            n_marks,
+            TRACE,
         );
-        mark(trace_ptr, s0 + 4, n_marks, TRACE);
+        mark(trace_ptr, s0 + 4, width, TRACE);
     }
     // The LM head with the final norm, unsplit (its tiles alone fill the grid).
     stage_linear(
@@ -544,8 +569,11 @@ pub fn decode_step<T: Float>(
         eps,
         h_ptr,
         h_ptr,
+        trace_ptr,
+        n_marks,
+        TRACE,
     );
-    mark(trace_ptr, full([], last - 1, i32), n_marks, TRACE);
+    mark(trace_ptr, full([], last - 1, i32), width, TRACE);
     // The program that leaves last zeroes the stage counters for the next
     // launch: every other program has passed all of its waits by then.
     let gone = atomic_add(stage_ptr + last, 1, sem = "acq_rel");

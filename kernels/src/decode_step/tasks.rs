@@ -59,7 +59,9 @@ pub fn count_tiles(rows: Tensor, block_n: usize) -> Tensor {
 /// then with `rope` on (a QKV product) the tile ends in [`rope_pairs`]
 /// instead of a store: Q to `out`, K and V to the caches at the slot of
 /// `slot_ptr`, rotated for the position at `pos_ptr` (both read before the
-/// wait; with `rope` off these and the caches are not read).
+/// wait; with `rope` off these and the caches are not read). With `trace`,
+/// each task writes its wait-exit reading (entry `n_marks + done_idx` of
+/// rows of `2 n_marks`, see [`super::decode_step`]'s `TRACE`).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn stage_linear(
@@ -95,6 +97,9 @@ pub fn stage_linear(
     theta: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
+    trace_ptr: Tensor,
+    n_marks: usize,
+    trace: bool,
 ) {
     let bk = LINEAR_BLOCK_K as i32;
     let rows = if fuse.silu() { n * 2 } else { n };
@@ -122,6 +127,7 @@ pub fn stage_linear(
         let rope = if stack > 0 { rope } else { RopeShape::NONE };
         let (pos, slot) = if rope.on() { (load(pos_ptr).to(f32), load(slot_ptr)) } else { (eps, zero) };
         wait_until(stage_ptr + wait_idx, "ge", wait_target);
+        mark(trace_ptr, done_idx + n_marks as i32, 2 * n_marks, trace);
         let rs = if !fuse.norm() {
             eps
         } else if one_row {

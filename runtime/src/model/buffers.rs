@@ -195,7 +195,8 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
             lin_cnt_len: lin_cnt.max(16),
             mega_stage: dev.zeros(stages)?,
             mega_stage_len: stages,
-            mega_trace: dev.zeros(stages * super::mega::MAX_PROGRAMS)?,
+            mega_trace: dev
+                .zeros(kernels::decode_step::trace_width(c.n_layers) * super::mega::MAX_PROGRAMS)?,
             mega_trace_rows: super::mega::MAX_PROGRAMS,
         });
         Ok(())

@@ -23,7 +23,9 @@ use crate::error::Result;
 use crate::model::ActElem;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
-use kernels::decode_step::{MAX_ROWS, STAGES_PER_LAYER, STRIDE_ALIGN, decode_step, stage_counters};
+use kernels::decode_step::{
+    MAX_ROWS, STAGES_PER_LAYER, STRIDE_ALIGN, decode_step, stage_counters, trace_width,
+};
 use kernels::dequant::QuantFormat;
 use std::marker::PhantomData;
 
@@ -91,6 +93,10 @@ pub struct StageTimes {
     /// Per stage of a layer (QKV, attention with RoPE and the KV write, O,
     /// gate/up, down), summed over the layers.
     pub layer: [f64; STAGES_PER_LAYER],
+    /// Of [`StageTimes::layer`], the hand-over: from the stage before's end
+    /// until the last of the stage's tasks left its wait (so the rest is
+    /// the longest task's own time), summed over the layers.
+    pub handover: [f64; STAGES_PER_LAYER],
     /// The LM head.
     pub lm_head: f64,
     /// From the first program's start to the last program's exit.
@@ -105,22 +111,29 @@ impl StageTimes {
     /// The times of a trace of `programs` rows of `n_layers` layers'
     /// entries (see `kernels::decode_step`'s `TRACE`), in nanoseconds.
     pub fn of(trace: &[i64], programs: usize, n_layers: usize) -> StageTimes {
-        let width = stage_counters(n_layers);
-        let rows: Vec<&[i64]> = trace.chunks_exact(width).take(programs).collect();
+        let n = stage_counters(n_layers);
+        let rows: Vec<&[i64]> = trace.chunks_exact(trace_width(n_layers)).take(programs).collect();
         let end = |j: usize| rows.iter().map(|r| r[j]).max().unwrap_or(0);
-        let start = rows.iter().map(|r| r[width - 1]).min().unwrap_or(0);
+        let start = rows.iter().map(|r| r[n - 1]).min().unwrap_or(0);
+        // The latest wait exit of a stage; readings from before this launch
+        // are those of programs that had no task in it.
+        let left_wait = |j: usize, after: i64| {
+            rows.iter().map(|r| r[n + j]).filter(|&x| x >= start).max().unwrap_or(after)
+        };
         let us = |a: i64, b: i64| (b - a) as f64 / 1e3;
         let mut t = StageTimes { programs, embedding: us(start, end(0)), ..StageTimes::default() };
         let mut prev = end(0);
         for l in 0..n_layers {
-            for (j, slot) in t.layer.iter_mut().enumerate() {
-                let e = end(1 + STAGES_PER_LAYER * l + j);
-                *slot += us(prev, e);
+            for j in 0..STAGES_PER_LAYER {
+                let i = 1 + STAGES_PER_LAYER * l + j;
+                let e = end(i);
+                t.layer[j] += us(prev, e);
+                t.handover[j] += us(prev, left_wait(i, prev).clamp(prev, e));
                 prev = e;
             }
         }
-        t.lm_head = us(prev, end(width - 2));
-        t.total = us(start, end(width - 2));
+        t.lm_head = us(prev, end(n - 2));
+        t.total = us(start, end(n - 2));
         t
     }
 }
@@ -372,7 +385,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
     if trace {
         // Profiling only (no graph is being captured): wait for the step
         // and keep its stage times.
-        let n = programs as usize * stage_counters(c.n_layers);
+        let n = programs as usize * trace_width(c.n_layers);
         let readings = ln.dev.download_prefix(&s.mega_trace, n)?;
         let times = StageTimes::of(&readings, programs as usize, c.n_layers);
         if let Some(p) = ln.profile.as_mut() {
@@ -401,10 +414,11 @@ mod tests {
     }
 
     /// Stage times are the latest end of each stage over the programs,
-    /// measured from the previous stage's latest end.
+    /// measured from the previous stage's latest end; a stage's hand-over
+    /// runs from there to the latest wait exit of its tasks.
     #[test]
     fn stage_times_take_the_latest_program() {
-        let width = stage_counters(2);
+        let (n, width) = (stage_counters(2), trace_width(2));
         // A synthetic trace of two programs and two layers: each program
         // leaves stage `j` at `2000 + 1000 j` (program 1 a further 300 later)
         // and program 1 starts first; program 0's reading for layer 0's QKV
@@ -413,12 +427,23 @@ mod tests {
         let mut trace = vec![0i64; 2 * width];
         for p in 0..2 {
             let row = &mut trace[p * width..][..width];
-            row[width - 1] = 1_000 - 500 * p as i64;
-            for (j, v) in row[..width - 1].iter_mut().enumerate() {
+            row[n - 1] = 1_000 - 500 * p as i64;
+            for (j, v) in row[..n - 1].iter_mut().enumerate() {
                 *v = 2_000 + 1_000 * j as i64 + 300 * p as i64;
             }
         }
         trace[1] = 3_800;
+        // Program `p` leaves each stage's wait 100 + 200 p after the stage
+        // before ended, except that program 1 has no task in layer 1's down
+        // stage (its entry keeps an earlier launch's reading).
+        let ends: Vec<i64> = (0..n - 1).map(|j| trace[j].max(trace[width + j])).collect();
+        for p in 0..2 {
+            for i in 1..n - 1 {
+                trace[p * width + n + i] = ends[i - 1] + 100 + 200 * p as i64;
+            }
+        }
+        let down1 = 1 + STAGES_PER_LAYER + 4;
+        trace[width + n + down1] = 400;
         let t = StageTimes::of(&trace, 2, 2);
         assert_eq!(t.programs, 2);
         assert!((t.embedding - 1.8).abs() < 1e-9, "{t:?}");
@@ -428,6 +453,8 @@ mod tests {
         assert!((t.lm_head - 1.0).abs() < 1e-9 && (t.total - 12.8).abs() < 1e-9, "{t:?}");
         let sum: f64 = t.embedding + t.layer.iter().sum::<f64>() + t.lm_head;
         assert!((sum - t.total).abs() < 1e-9, "{t:?}");
+        assert!(t.handover[..4].iter().all(|&x| (x - 0.6).abs() < 1e-9), "{t:?}");
+        assert!((t.handover[4] - 0.4).abs() < 1e-9, "{t:?}");
     }
 
     /// The persistent step of SmolLM2's shape compiles for Hopper with the
