@@ -109,6 +109,8 @@ pub fn stage_linear(
     let zero = full([], 0, i32);
     let np = num_programs(0);
     let n_tasks = tiles_n * tiles_k;
+    // RoPE is an epilogue of the stacked tile only.
+    let rope = if stack > 0 { rope } else { RopeShape::NONE };
     let t0 = first_task(offset);
     for t in range(t0, n_tasks, np) {
         // The task's weights go out before its wait (the weights are never
@@ -124,7 +126,6 @@ pub fn stage_linear(
         };
         let pid_n = t / tiles_k;
         let pid_k = t % tiles_k;
-        let rope = if stack > 0 { rope } else { RopeShape::NONE };
         let (pos, slot) = if rope.on() { (load(pos_ptr).to(f32), load(slot_ptr)) } else { (eps, zero) };
         wait_until(stage_ptr + wait_idx, "ge", wait_target);
         mark(trace_ptr, done_idx + n_marks as i32, 2 * n_marks, trace);

@@ -61,30 +61,30 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // prologue iteration and of the first one the loop copies for go
         // out together, before any copy needs them: one memory round trip
         // before the first copies, not one per prologue iteration. (A TMA
-        // loop's box coordinates keep one round trip per iteration: holding
+        // loop's box coordinates keep one round trip per iteration, each
+        // iteration's copies issued as its coordinates are formed: holding
         // them all costs its tiles more than the round trips.)
-        if pl.bars.is_some() {
-            for j in 0..pl.ahead {
-                let ivj = at(self, j)?;
-                let valid = self.iv_less(signed, ivj, ub)?;
-                self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None, None, false)?;
-            }
-            let ivf = at(self, pl.ahead)?;
-            let valid = self.iv_less(signed, ivf, ub)?;
-            return self.pipe_feed(pl, iv_arg, ivf.into(), valid);
-        }
-        let mut feeds = Vec::with_capacity(pl.ahead + 1);
-        for j in 0..=pl.ahead {
+        let batch = pl.bars.is_none();
+        let mut held: Vec<(IntValue<'ctx>, IntValue<'ctx>, Option<Vec<Regs<'ctx>>>)> = Vec::new();
+        for j in 0..pl.ahead {
             let ivj = at(self, j)?;
             let valid = self.iv_less(signed, ivj, ub)?;
-            let fed =
-                if pl.feed.is_empty() { Vec::new() } else { self.pipe_feed(pl, iv_arg, ivj.into(), valid)? };
-            feeds.push((ivj, valid, fed));
+            if !batch {
+                self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), None, None, false)?;
+                continue;
+            }
+            let fed = if pl.feed.is_empty() {
+                None
+            } else {
+                Some(self.pipe_feed(pl, iv_arg, ivj.into(), valid)?)
+            };
+            held.push((ivj, valid, fed));
         }
-        let carried = feeds.pop().map(|(_, _, fed)| fed).unwrap_or_default();
-        for (j, (ivj, valid, fed)) in feeds.iter().enumerate() {
-            let fed = (!pl.feed.is_empty()).then_some(fed.as_slice());
-            self.pipe_issue(pl, iv_arg, (*ivj).into(), *valid, self.i32c(j as i64), fed, None, false)?;
+        let ivf = at(self, pl.ahead)?;
+        let valid = self.iv_less(signed, ivf, ub)?;
+        let carried = self.pipe_feed(pl, iv_arg, ivf.into(), valid)?;
+        for (j, (ivj, valid, fed)) in held.into_iter().enumerate() {
+            self.pipe_issue(pl, iv_arg, ivj.into(), valid, self.i32c(j as i64), fed.as_deref(), None, false)?;
         }
         Ok(carried)
     }
