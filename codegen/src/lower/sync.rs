@@ -27,7 +27,7 @@
 //!   release fence and a relaxed store in one.
 //! - `wait_until` is one elected thread (the scalar's owner, thread 0)
 //!   spinning on `ld.<sem>.<scope>` until the comparison holds, sleeping
-//!   with `nanosleep` between reads (32 ns doubling up to 256 ns, so a long
+//!   with `nanosleep` between reads (16 ns doubling up to 64 ns, so a long
 //!   wait does not steal issue slots from the programs it waits for), then a
 //!   CTA barrier, after which the whole program proceeds with the acquire
 //!   ordering described above. The loop is a real loop in the LLVM IR whose
@@ -53,9 +53,9 @@ use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, IntValue};
 
 /// The first nanosleep of a wait, in nanoseconds.
-const SLEEP_MIN_NS: u64 = 32;
+const SLEEP_MIN_NS: u64 = 16;
 /// The longest nanosleep of a wait, in nanoseconds.
-const SLEEP_MAX_NS: u64 = 256;
+const SLEEP_MAX_NS: u64 = 64;
 
 /// The PTX qualifiers of an ordering: `.acquire.gpu`, `.relaxed.sys`, ...
 fn qualifiers(o: MemOrder) -> String {
