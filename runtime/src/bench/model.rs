@@ -21,8 +21,11 @@
 //!
 //! Each batch size first runs an untimed warm-up of the same length (kernel
 //! compilation, graph capture, autotuning of every context-length bucket),
-//! then the timed run. Prompts are distinct pseudo-random ids, so
-//! the prefix cache never hits.
+//! then the timed run, or `repeats` timed runs with each rate the median
+//! over them (a prefill of 64 prompts lasts a few milliseconds, so one
+//! run's rate moves by several percent from run to run). Prompts are
+//! distinct pseudo-random ids, new for every run, so the prefix cache
+//! never hits.
 
 use crate::app::{EngineTask, Session};
 use crate::bench::Record;
@@ -46,6 +49,10 @@ pub struct ModelBench {
     pub variant: Option<String>,
     /// A constraint on every request (structured output), if any.
     pub grammar: Option<GrammarSpec>,
+    /// Timed runs per batch size, each on new prompts; each rate reported
+    /// is its median over the runs, the latency quantiles are over every
+    /// run's requests.
+    pub repeats: usize,
 }
 
 impl Default for ModelBench {
@@ -56,6 +63,7 @@ impl Default for ModelBench {
             new_tokens: 256,
             variant: None,
             grammar: None,
+            repeats: 1,
         }
     }
 }
@@ -145,6 +153,13 @@ fn timed<D: Device, T: ActElem>(
     Ok(run)
 }
 
+/// The median of `(rate, ms)` pairs by rate (the upper one of an even
+/// count), with its run's milliseconds; `(0, 0)` for none.
+fn median_rate(mut v: Vec<(f64, f64)>) -> (f64, f64) {
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v.get(v.len() / 2).copied().unwrap_or((0.0, 0.0))
+}
+
 fn record(name: String, metric: &'static str, value: f64, ms: f64) -> Record {
     eprintln!("measured {name}: {value:.2} {metric}");
     Record::new(name, metric, value, ms)
@@ -178,40 +193,58 @@ impl EngineTask for ModelBench {
             // inside the timed steps on a machine with a cold cache.
             let warm = prompts(b, self.prompt_len, vocab, 1000 + i as u64);
             timed(dev, e, warm.into_iter().map(|p| greedy(p, self.new_tokens)).collect(), ctx.is_gpu)?;
-            let reqs =
-                prompts(b, self.prompt_len, vocab, i as u64).into_iter().map(|p| greedy(p, self.new_tokens));
-            let mut r = timed(dev, e, reqs.collect(), ctx.is_gpu)?;
-            let generated: usize = r.done.iter().map(|c| c.tokens.len()).sum();
+            let mut runs = Vec::with_capacity(self.repeats.max(1));
+            for rep in 0..self.repeats.max(1) {
+                // Salts apart from the warm-up's (1000 + i) for any batch index.
+                let salt = (i + 2000 * rep) as u64;
+                let reqs =
+                    prompts(b, self.prompt_len, vocab, salt).into_iter().map(|p| greedy(p, self.new_tokens));
+                runs.push(timed(dev, e, reqs.collect(), ctx.is_gpu)?);
+            }
+            let generated = |r: &Run| r.done.iter().map(|c| c.tokens.len()).sum::<usize>() as f64 / r.wall;
+            let rate = |f: &dyn Fn(&Run) -> (f64, f64)| median_rate(runs.iter().map(f).collect());
+            let (g, g_ms) = rate(&|r| (generated(r), r.wall * 1e3));
             out.push(record(
                 named(format!("generate/smollm2-135m-shape/bs{b}"), &self.variant),
                 "tok/s",
-                generated as f64 / r.wall,
-                r.wall * 1e3,
+                g,
+                g_ms,
             ));
-            out.push(record(
-                named(format!("model/prefill/bs{b}"), &self.variant),
-                "tok/s",
-                r.prefill_tokens as f64 / r.prefill_secs.max(1e-12),
-                r.prefill_secs * 1e3,
-            ));
-            out.push(record(
-                named(format!("model/decode/bs{b}"), &self.variant),
-                "tok/s",
-                r.decode_tokens as f64 / r.decode_secs.max(1e-12),
-                r.decode_secs * 1e3,
-            ));
-            let mut ttft: Vec<Duration> = r.done.iter().map(|c| c.ttft).collect();
-            let mut itl: Vec<Duration> = r.done.iter_mut().flat_map(|c| std::mem::take(&mut c.itl)).collect();
+            let (p, p_ms) =
+                rate(&|r| (r.prefill_tokens as f64 / r.prefill_secs.max(1e-12), r.prefill_secs * 1e3));
+            out.push(record(named(format!("model/prefill/bs{b}"), &self.variant), "tok/s", p, p_ms));
+            let (d, d_ms) =
+                rate(&|r| (r.decode_tokens as f64 / r.decode_secs.max(1e-12), r.decode_secs * 1e3));
+            out.push(record(named(format!("model/decode/bs{b}"), &self.variant), "tok/s", d, d_ms));
+            let mut ttft: Vec<Duration> = runs.iter().flat_map(|r| r.done.iter().map(|c| c.ttft)).collect();
+            let mut itl: Vec<Duration> = runs
+                .iter_mut()
+                .flat_map(|r| r.done.iter_mut().flat_map(|c| std::mem::take(&mut c.itl)))
+                .collect();
             let t50 = quantile_ms(&mut ttft, 0.5);
             out.push(record(named(format!("model/ttft_p50/bs{b}"), &self.variant), "ms", t50, t50));
             let i50 = quantile_ms(&mut itl, 0.5);
             out.push(record(named(format!("model/itl_p50/bs{b}"), &self.variant), "ms", i50, i50));
             let i99 = quantile_ms(&mut itl, 0.99);
             out.push(record(named(format!("model/itl_p99/bs{b}"), &self.variant), "ms", i99, i99));
-            if let Some(g) = r.peak_gib {
+            if let Some(g) = runs.iter().filter_map(|r| r.peak_gib).reduce(f64::max) {
                 out.push(record(named(format!("model/peak_mem/bs{b}"), &self.variant), "GiB", g, 0.0));
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_rate;
+
+    /// The median keeps its own run's milliseconds and ignores outliers.
+    #[test]
+    fn median_rate_takes_the_middle_run() {
+        assert_eq!(median_rate(vec![(3.0, 30.0), (1.0, 10.0), (100.0, 1.0)]), (3.0, 30.0));
+        assert_eq!(median_rate(vec![(2.0, 20.0), (1.0, 10.0)]), (2.0, 20.0));
+        assert_eq!(median_rate(vec![(5.0, 50.0)]), (5.0, 50.0));
+        assert_eq!(median_rate(Vec::new()), (0.0, 0.0));
     }
 }

@@ -369,6 +369,11 @@ pub struct BenchArgs {
     /// Batch sizes of the `model` family.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
     pub batches: Vec<usize>,
+    /// Timed runs per batch size of the `model` family (each on new
+    /// prompts, after one warm-up); each rate is its median over the runs,
+    /// the latency quantiles are over all runs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: u32,
     /// Activation dtype of the `model` family (auto: bf16).
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,

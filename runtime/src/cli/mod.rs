@@ -378,6 +378,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             batches: a.batches.clone(),
             variant,
             grammar,
+            repeats: a.repeats as usize,
             ..Default::default()
         };
         records.extend(app::run_task(&load, task)?);
