@@ -225,8 +225,7 @@ pub fn run(opts: &BenchOptions, model: &std::path::Path, batch_invariance: bool)
             prompt_len: 512,
             new_tokens: 1,
             variant: variant.clone(),
-            grammar: None,
-            repeats: 1,
+            ..ModelBench::default()
         };
         for r in crate::app::run_task(&load, pp)? {
             if r.name.starts_with("model/prefill/bs1") {
@@ -238,14 +237,8 @@ pub fn run(opts: &BenchOptions, model: &std::path::Path, batch_invariance: bool)
         }
         // tg128: the prompt's one token (which yields the first new token),
         // then 128 decode steps at contexts 2 to 129.
-        let tg = ModelBench {
-            batches: vec![1],
-            prompt_len: 1,
-            new_tokens: 129,
-            variant,
-            grammar: None,
-            repeats: 1,
-        };
+        let tg =
+            ModelBench { batches: vec![1], prompt_len: 1, new_tokens: 129, variant, ..ModelBench::default() };
         for r in crate::app::run_task(&load, tg)? {
             if !r.name.starts_with("model/prefill/") && !r.name.starts_with("model/ttft") {
                 out.push(Record { name: r.name.replacen("model/decode/bs1", "model/decode/tg128", 1), ..r });

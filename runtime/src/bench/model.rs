@@ -193,7 +193,7 @@ impl EngineTask for ModelBench {
             // inside the timed steps on a machine with a cold cache.
             let warm = prompts(b, self.prompt_len, vocab, 1000 + i as u64);
             timed(dev, e, warm.into_iter().map(|p| greedy(p, self.new_tokens)).collect(), ctx.is_gpu)?;
-            let mut runs = Vec::with_capacity(self.repeats.max(1));
+            let mut runs = Vec::new();
             for rep in 0..self.repeats.max(1) {
                 // Salts apart from the warm-up's (1000 + i) for any batch index.
                 let salt = (i + 2000 * rep) as u64;
