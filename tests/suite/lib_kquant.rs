@@ -16,7 +16,7 @@ use dsl_core::interp::Cpu;
 use dsl_macros::kernel;
 use kernels::cpu_gemv::weight_tile_any;
 use kernels::cpu_gemv::{cpu_gemv, cpu_gemv_tiles};
-use kernels::dequant::linear::{LINEAR_BLOCK_K, tile_load};
+use kernels::dequant::linear::{LINEAR_BLOCK_K, loaded_weights, tile_load};
 use kernels::dequant::{QuantFormat, Repacked, gemv_grid, interleave_gate_up, repack};
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
@@ -227,7 +227,7 @@ fn embedding_gathers_repacked_tables() {
 
 /// Both weight formations of `linear`'s tile loader for one
 /// `[BN, LINEAR_BLOCK_K]` tile from column `k0`: the word loads
-/// (`tile_load`) then the one-byte-per-weight form
+/// (`tile_load`, the weights by `loaded_weights`) then the one-byte-per-weight form
 /// (`weight_tile_any`), each `BN * LINEAR_BLOCK_K` f32 values.
 #[kernel]
 fn weight_tiles_probe(
@@ -241,7 +241,8 @@ fn weight_tiles_probe(
     #[constexpr] BN: usize,
 ) {
     let wrow = minimum(arange(0, BN), rows - 1);
-    let (words, _) = tile_load(q_ptr, s_ptr, wrow, k / 32, k0, QUANT, BN);
+    let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, k / 32, k0, QUANT, BN);
+    let words = loaded_weights(wd, sr, QUANT, BN, LINEAR_BLOCK_K);
     let cols = expand_dims(arange(0, LINEAR_BLOCK_K), 0);
     let any = weight_tile_any(q_ptr, s_ptr, expand_dims(wrow, 1), k0 + cols, k, QUANT);
     let o = expand_dims(arange(0, BN), 1) * LINEAR_BLOCK_K + cols;

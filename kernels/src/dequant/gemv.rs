@@ -77,9 +77,33 @@ pub fn q4_scales(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> (Tensor, Tenso
 pub fn k_scales(s_ptr: Tensor, s: Tensor) -> (Tensor, Tensor) {
     let word = load(ptrcast(s_ptr, i32) + s / 8 * 5);
     let scm = load(ptrcast(s_ptr, i16) + (s / 8 * 10 + 2 + s % 8)).to(i32);
+    k_scale_decode(word, scm)
+}
+
+/// [`k_scales`] of the super-block's `d`/`dmin` word and the block's
+/// `sc | m << 8` entry (as `i32`).
+#[kernel_fn]
+pub fn k_scale_decode(word: Tensor, scm: Tensor) -> (Tensor, Tensor) {
     let d = bitcast(word.to(i16), f16).to(f32);
     let dmin = bitcast((word >> 16).to(i16), f16).to(f32);
     (d * (scm & 255).to(f32), dmin * (scm >> 8 & 255).to(f32))
+}
+
+/// [`k_scales`]' two loads kept raw in one `i64`: the `d`/`dmin` word in
+/// the high half, the `sc | m << 8` entry in the low one. A caller that
+/// forms the weights later ([`k_scales_of`]) leaves the loads in flight
+/// until then.
+#[kernel_fn]
+pub fn k_scales_raw(s_ptr: Tensor, s: Tensor) -> Tensor {
+    let word = load(ptrcast(s_ptr, i32) + s / 8 * 5);
+    let scm = load(ptrcast(s_ptr, i16) + (s / 8 * 10 + 2 + s % 8)).to(i32);
+    word.to(i64) << 32 | scm.to(i64)
+}
+
+/// [`k_scales`] of a [`k_scales_raw`] value.
+#[kernel_fn]
+pub fn k_scales_of(raw: Tensor) -> (Tensor, Tensor) {
+    k_scale_decode((raw >> 32).to(i32), raw.to(i32) & 65535)
 }
 
 /// The scale `d1 = d * sc` (exact in f32) of the Q6_K 16-weight group `g`
@@ -91,6 +115,21 @@ pub fn q6k_scale(s_ptr: Tensor, g: Tensor) -> Tensor {
     let d = load(s_ptr + g / 16 * 10).to(f32);
     let sc = load(ptrcast(s_ptr, i8) + (g / 16 * 20 + 4 + g % 16)).to(f32);
     d * sc
+}
+
+/// [`q6k_scale`]'s two loads kept raw in one `i32`: the bits of `d` in the
+/// low half, the signed scale in the high one ([`q6k_scale_of`]).
+#[kernel_fn]
+pub fn q6k_scale_raw(s_ptr: Tensor, g: Tensor) -> Tensor {
+    let d = load(ptrcast(s_ptr, i16) + g / 16 * 10).to(i32) & 65535;
+    let sc = load(ptrcast(s_ptr, i8) + (g / 16 * 20 + 4 + g % 16)).to(i32);
+    sc * 65536 | d
+}
+
+/// [`q6k_scale`] of a [`q6k_scale_raw`] value.
+#[kernel_fn]
+pub fn q6k_scale_of(raw: Tensor) -> Tensor {
+    bitcast(raw.to(i16), f16).to(f32) * (raw >> 16).to(f32)
 }
 
 /// The dequantized Q8_0 weights of the bytes held by a tile of 32-bit words

@@ -73,9 +73,9 @@
 //! they are not read.
 
 use super::gemm::{gemm_epilogue, swap_weights};
-use super::gemv::{q4_scales, scale_load};
+use super::gemv::{k_scales_of, k_scales_raw, q6k_scale_of, q6k_scale_raw, scale_load};
 use super::{Fuse, QuantFormat};
-use crate::cpu_gemv::{byte_format_weights, weight_tile_any};
+use crate::cpu_gemv::{byte_format_weights, byte_weights, weight_tile_any};
 use crate::rmsnorm::rms_rstd;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -172,12 +172,13 @@ pub const LINEAR_BLOCK_K: usize = 128;
 
 /// The K tile from column `k0` of a `[block_n, LINEAR_BLOCK_K]` weight tile
 /// (blocks past the row clamped to its last block): for the word-tiled
-/// formats its quant words and scale entries; for the others the f32
-/// weights themselves (and no scales), formed as [`weight_tile_any`] forms
-/// them, bit for bit: Q5_1 and the K-quants from the quant plane read as
-/// words in [`tile_index`]'s layout (each word once per thread chunk), each
-/// weight's nibble or byte shifted out of its word; the 16-bit floats one
-/// element at a time.
+/// formats its quant words and scale entries; for the K-quants its quant
+/// words and raw scale entries ([`k_scales_raw`], [`q6k_scale_raw`]), whose
+/// weights [`loaded_weights`] forms; for the others the f32 weights
+/// themselves (and no scales). The quant plane is read as words in
+/// [`tile_index`]'s layout (each word once per thread chunk), each weight's
+/// nibble or byte shifted out of its word; the 16-bit floats one element
+/// at a time. The weights are [`weight_tile_any`]'s, bit for bit.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn tile_load(
@@ -199,19 +200,47 @@ pub fn tile_load(
         let wd = load(ptrcast(q_ptr, i32) + w_idx);
         if quant.gpu_kernels() {
             (wd, scale_load(s_ptr, s_idx, full([], 1, i1), quant))
-        } else {
-            // Column c of the tile is byte c % 4 of its word; a nibble
-            // format's 16-column group c / 16 takes the low (even) or high
-            // (odd) nibbles.
+        } else if quant.is_k_quant() {
+            // The words and scale entries stay raw: the product forms the
+            // weights ([`loaded_weights`]), so a K tile loaded ahead is
+            // still in flight while the current one is multiplied.
             let c = broadcast_to(expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0), [block_n, LINEAR_BLOCK_K]);
-            let w = if quant.is_q4() {
-                let f = ((wd >> (c % 4 * 8 + c / 16 % 2 * 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
-                let (d, off) = q4_scales(s_ptr, s_idx, quant);
-                fma(d, f, off)
+            let raw = if quant == QuantFormat::Q6_K {
+                q6k_scale_raw(s_ptr, s_idx * 2 + c % 32 / 16)
             } else {
-                byte_format_weights(wd >> (c % 4 * 8) & 255, s_ptr, s_idx, c % 32, quant)
+                k_scales_raw(s_ptr, s_idx)
             };
-            (w, full([], 0.0, f32))
+            (wd, raw)
+        } else {
+            // Column c of the tile is byte c % 4 of its word.
+            let c = broadcast_to(expand_dims(arange(0, LINEAR_BLOCK_K as i32), 0), [block_n, LINEAR_BLOCK_K]);
+            (byte_format_weights(wd >> (c % 4 * 8) & 255, s_ptr, s_idx, c % 32, quant), full([], 0.0, f32))
+        }
+    }
+}
+
+/// The f32 weights of a K tile from what [`tile_load`] returns in a format
+/// the word-tiled bodies do not take: a K-quant's formed from its raw
+/// words and scale entries, [`weight_tile_any`]'s values bit for bit
+/// (column `c` is byte `c % 4` of its word; Q4_K's 16-column group `c / 16`
+/// takes the low (even) or high (odd) nibbles); the other formats' are
+/// `wd` itself.
+#[kernel_fn]
+pub fn loaded_weights(wd: Tensor, sr: Tensor, quant: QuantFormat, block_n: usize, width: usize) -> Tensor {
+    if !quant.is_k_quant() {
+        wd
+    } else {
+        let c = broadcast_to(expand_dims(arange(0, width as i32), 0), [block_n, width]);
+        if quant.is_q4() {
+            let f = ((wd >> (c % 4 * 8 + c / 16 % 2 * 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
+            let (d1, m1) = k_scales_of(sr);
+            fma(d1, f, fma(d1, -16.0, 0.0 - m1))
+        } else if quant == QuantFormat::Q6_K {
+            byte_weights(wd >> (c % 4 * 8) & 255, q6k_scale_of(sr))
+        } else {
+            let f = ((wd >> (c % 4 * 8) & 255) << 15 | 0x4380_0000).bitcast(f32);
+            let (d1, m1) = k_scales_of(sr);
+            fma(d1, f, fma(d1, -256.0, 0.0 - m1))
         }
     }
 }
@@ -292,8 +321,7 @@ pub fn columns_product(
         let e8 = broadcast_to(c % 4 * 8, [block_n, width]);
         swap_weights(wd, nib, e8, sr, quant)
     } else {
-        // `wd` holds the weights ([`tile_load`]).
-        wd
+        loaded_weights(wd, sr, quant, block_n, width)
     };
     let col = k0 + c;
     let nw = if !norm {

@@ -438,6 +438,12 @@ pub struct LinearTiles {
     pub split: bool,
 }
 
+/// The weight elements (`rows * k`) from which a small batch's split
+/// product takes 64 weight rows per program in a nibble format too: a
+/// large model's projections, whose programs then each stream twice the
+/// weights per K tile.
+pub const LINEAR_SPLIT_WIDE_WEIGHTS: usize = 1 << 24;
+
 /// Tiles of the batch-invariant product for `m` activation rows, a weight
 /// of `rows` rows (`2N` with SILU) and `k` columns, on tensor cores
 /// (`tensor_cores`: the GPU) or on the interpreter. Every tile and both
@@ -445,7 +451,9 @@ pub struct LinearTiles {
 /// speed alone (`bench --only linear` times every candidate). On tensor
 /// cores:
 /// - up to [`LINEAR_SPLIT_MAX_M`] rows run split on 16-row tiles of 4 warps
-///   (32 weight rows; 64 for Q8_0, the head), the small decode batches;
+///   (32 weight rows; 64 for the byte formats, the head, and for weights
+///   of at least [`LINEAR_SPLIT_WIDE_WEIGHTS`] elements), the small decode
+///   batches;
 /// - up to [`LINEAR_SPLIT_LONG_MAX_M`] rows of a product of at least
 ///   [`LINEAR_SPLIT_LONG_K`] columns whose unsplit grid would not fill the
 ///   GPU ([`LINEAR_SPLIT_PROGRAMS`]) run split on 32 x 32 tiles: the K loop
@@ -470,7 +478,8 @@ pub fn linear_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, tensor
     }
     let q8 = !format.is_q4();
     if m <= LINEAR_SPLIT_MAX_M {
-        return LinearTiles { block_m: 16, block_n: if q8 { 64 } else { 32 }, num_warps: 4, split: true };
+        let wide = q8 || rows * k >= LINEAR_SPLIT_WIDE_WEIGHTS;
+        return LinearTiles { block_m: 16, block_n: if wide { 64 } else { 32 }, num_warps: 4, split: true };
     }
     let programs = |bm: usize, bn: usize| m.div_ceil(bm) * rows.div_ceil(bn);
     if m <= LINEAR_SPLIT_LONG_MAX_M && k >= LINEAR_SPLIT_LONG_K && programs(32, 32) < LINEAR_SPLIT_PROGRAMS {
