@@ -93,11 +93,13 @@
 //! top-k and top-p searches (only when active), and the inverse-CDF walk
 //! (one block sum per chunk, stopping at the chunk that holds the target,
 //! then one `cumsum` of that chunk). After pass 1 the row is re-read from
-//! L2 (a 49152-token f32 row is 192 KiB).
+//! L2 (a 49152-token f32 row is 192 KiB, bf16 half of it).
 //!
 //! # Layout contract
 //!
-//! - `logits`: `[rows, stride]` f32, row-major, `stride >= vocab`; read only.
+//! - `logits`: `[rows, stride]` in `T` (f32, or the activation dtype, each
+//!   value widened to f32 exactly as it is read), row-major, `stride >=
+//!   vocab`; read only.
 //! - `ws`: `[rows, stride]` f32 scratch, written for sampled rows (`w`
 //!   above, `0` for filtered tokens, unnormalized); must not alias `logits`.
 //! - Per-row settings, each `[rows]`: `temperature` f32, `top_k` i32 (`<= 0`
@@ -201,8 +203,8 @@ fn search(
 /// threshold. See the module doc for the exact math, ties and layout.
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn sample(
-    logits_ptr: Ptr<f32>,
+pub fn sample<T: Float>(
+    logits_ptr: Ptr<T>,
     ws_ptr: Ptr<f32>,
     temperature_ptr: Ptr<f32>,
     top_k_ptr: Ptr<i32>,
@@ -232,7 +234,7 @@ pub fn sample(
     let mut best_i = zeros([BLOCK], i32);
     for c0 in range(0, vocab, BLOCK) {
         let c = c0 + cols;
-        let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY);
+        let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY).to(f32);
         let better = x > best;
         best = where_(better, x, best);
         best_i = where_(better, c, best_i);
@@ -250,7 +252,7 @@ pub fn sample(
         let mut l_acc = zeros([BLOCK], f32);
         for c0 in range(0, vocab, BLOCK) {
             let c = c0 + cols;
-            let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY);
+            let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY).to(f32);
             l_acc += exp(x - m);
         }
         lsum = sum(l_acc, 0);
@@ -267,7 +269,7 @@ pub fn sample(
         for c0 in range(0, vocab, BLOCK) {
             let c = c0 + cols;
             let valid = c < vocab;
-            let x = load(x_row + c, mask = valid, other = f32::NEG_INFINITY);
+            let x = load(x_row + c, mask = valid, other = f32::NEG_INFINITY).to(f32);
             let e = exp(x * inv_t - z_max);
             let w = where_(e >= min_p, e, 0.0);
             store(ws_row + c, w, mask = valid);
@@ -318,7 +320,7 @@ pub fn sample(
         }
         id = where_(pick >= 0, pick, amax);
     }
-    let x_id = load(x_row + id);
+    let x_id = load(x_row + id).to(f32);
     store(ids_ptr + row, id);
     store(logprobs_ptr + row, x_id - m - log(lsum));
     store(thresh_ptr + row, thresh);

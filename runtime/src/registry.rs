@@ -287,7 +287,7 @@ fn build_row_stats() -> dsl_core::Result<(Function, LaunchOptions)> {
 fn build_sample() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::sampling::{block_for, sample as k, warps_for};
     let block = block_for(49152);
-    spec::<k::Kernel>(k::Config::new(block).with_warps(warps_for(block)))
+    spec::<k::Kernel>(k::Config::new(DType::BF16, block).with_warps(warps_for(block)))
 }
 
 fn build_penalties() -> dsl_core::Result<(Function, LaunchOptions)> {

@@ -43,6 +43,8 @@
 //!   past `vocab` are untouched.
 
 use crate::common::cases;
+use dsl_core::DType;
+use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::reference::sampling::{self as r, RowParams};
 use kernels::sampling::{apply_token_mask, penalties, sample, token_counts_add};
@@ -61,8 +63,8 @@ struct Out {
     ws: Vec<f32>,
 }
 
-/// Runs `sample` on the interpreter over `rows` rows of `vocab` logits at
-/// row stride `stride`.
+/// Runs `sample` on the interpreter over `rows` rows of `vocab` f32 logits
+/// at row stride `stride`.
 fn run_sample(
     x: &[f32],
     vocab: usize,
@@ -70,15 +72,28 @@ fn run_sample(
     params: &[RowParams],
     block: usize,
 ) -> Result<Out, String> {
-    let rows = params.len();
-    assert_eq!(x.len(), rows * stride);
+    assert_eq!(x.len(), params.len() * stride);
     let mut cpu = Cpu::new();
+    let xp = cpu.upload(x).cast();
+    sample_on(cpu, xp, DType::F32, vocab, stride, params, block)
+}
+
+/// [`run_sample`] of logits uploaded in `dtype` (at `xp` on `cpu`).
+fn sample_on(
+    mut cpu: Cpu,
+    xp: dsl_core::interp::CpuPtr<dsl_core::launch::AnyDType>,
+    dtype: DType,
+    vocab: usize,
+    stride: usize,
+    params: &[RowParams],
+    block: usize,
+) -> Result<Out, String> {
+    let rows = params.len();
     let col = |f: &dyn Fn(&RowParams) -> f32| params.iter().map(f).collect::<Vec<f32>>();
     let (temp, top_p, min_p) = (col(&|p| p.temperature), col(&|p| p.top_p), col(&|p| p.min_p));
     let top_k: Vec<i32> = params.iter().map(|p| p.top_k).collect();
     let seed: Vec<i64> = params.iter().map(|p| p.seed as i64).collect();
     let step: Vec<i32> = params.iter().map(|p| p.step).collect();
-    let xp = cpu.upload(x);
     // The workspace starts as NaN: every element the kernel must write is checked.
     let wp = cpu.upload(&vec![f32::NAN; rows * stride]);
     let (tp, kp, pp, mp) = (cpu.upload(&temp), cpu.upload(&top_k), cpu.upload(&top_p), cpu.upload(&min_p));
@@ -100,7 +115,7 @@ fn run_sample(
         stride: stride as i32,
         _marker: PhantomData,
     };
-    sample::interpret(&mut cpu, [rows as u32, 1, 1], &sample::Config::new(block), &args)
+    sample::interpret(&mut cpu, [rows as u32, 1, 1], &sample::Config::new(dtype, block), &args)
         .map_err(|e| e.to_string())?;
     Ok(Out { ids: cpu.read(ip), logprobs: cpu.read(lp), thresh: cpu.read(hp), ws: cpu.read(wp) })
 }
@@ -277,6 +292,34 @@ fn greedy_is_argmax_with_ties() {
         .collect();
     let out = run_sample(&x, vocab, vocab, &params, 128).unwrap();
     assert_eq!(out.ids, want);
+}
+
+/// Logits in bf16 (the GPU's activation dtype, read without a conversion
+/// kernel) sample as their f32 values do: the same ids, logprobs and
+/// thresholds bit for bit, greedy and sampled rows, a ragged vocabulary.
+#[test]
+fn bf16_logits_sample_as_their_f32_values() {
+    let mut rng = Rng::new(23);
+    let (rows, vocab) = (6, 1000);
+    let wide: Vec<bf16> =
+        random_logits(&mut rng, rows, vocab, vocab, 4.0).iter().map(|&v| bf16::from_f32(v)).collect();
+    let exact: Vec<f32> = wide.iter().map(|v| v.to_f32()).collect();
+    let params: Vec<RowParams> = (0..rows)
+        .map(|i| match i % 3 {
+            0 => RowParams::temperature(0.0, i as u64, 0),
+            1 => RowParams::temperature(0.8, 7 + i as u64, 2),
+            _ => RowParams { top_k: 40, top_p: 0.9, ..RowParams::temperature(1.1, 3 + i as u64, 5) },
+        })
+        .collect();
+    let want = run_sample(&exact, vocab, vocab, &params, 128).unwrap();
+    let mut cpu = Cpu::new();
+    let xp = cpu.upload(&wide).cast();
+    let got = sample_on(cpu, xp, DType::BF16, vocab, vocab, &params, 128).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(got.ids, want.ids);
+    assert_eq!(bits(&got.logprobs), bits(&want.logprobs));
+    assert_eq!(bits(&got.thresh), bits(&want.thresh));
+    assert!(want.thresh.iter().any(|t| t.is_finite()), "no sampled row kept a finite threshold");
 }
 
 #[test]

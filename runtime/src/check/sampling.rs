@@ -29,10 +29,11 @@
 
 use crate::check::DevicePtr;
 use crate::check::{CheckRow, Rng, over_cases};
-use crate::cuda::Cuda;
+use crate::cuda::{Cuda, DeviceElem};
 use crate::error::Result;
 use crate::model::Device;
 use dsl_core::DType;
+use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::reference::sampling::{self as reference, RowParams};
 use kernels::sampling::{block_for, penalties as pen, sample as smp, token_counts_add as tca, warps_for};
@@ -105,11 +106,13 @@ struct Outputs {
     ws: Vec<f32>,
 }
 
-/// Runs `sample` on `dev` over `rows` rows of `x` at `stride` with the
-/// per-row settings `ps` (the check's config for `vocab`).
-fn sample_on<D: Device>(
+/// Runs `sample` on `dev` over `rows` rows of `x` (logits in `E`, of
+/// dtype `dtype`) at `stride` with the per-row settings `ps` (the check's
+/// config for `vocab`).
+fn sample_on<D: Device, E: DeviceElem>(
     dev: &mut D,
-    x: &[f32],
+    x: &[E],
+    dtype: DType,
     ps: &[RowParams],
     vocab: usize,
     stride: usize,
@@ -122,7 +125,7 @@ fn sample_on<D: Device>(
     let seed: Vec<i64> = ps.iter().map(|p| p.seed as i64).collect();
     let step: Vec<i32> = ps.iter().map(|p| p.step).collect();
     let block = block_for(vocab);
-    let config = smp::Config::new(block).with_warps(warps_for(block));
+    let config = smp::Config::new(dtype, block).with_warps(warps_for(block));
     let (xd, wd) = (dev.upload(x)?, dev.zeros::<f32>(rows * stride)?);
     let (td, kd, pd, md) =
         (dev.upload(&temp)?, dev.upload(&top_k)?, dev.upload(&top_p)?, dev.upload(&min_p)?);
@@ -153,19 +156,30 @@ fn sample_on<D: Device>(
     })
 }
 
+/// One `sample` row: the device against the interpreter on the same logits,
+/// in f32 or (`bf16`, as the model's sampler reads them without a
+/// conversion kernel) rounded to bf16; the reference takes their f32 values.
 fn sample_case<D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     rows: usize,
     vocab: usize,
     stride: usize,
+    bf16_logits: bool,
 ) -> Result<CheckRow> {
-    let x = logits(rng, rows, vocab, stride);
+    let mut x = logits(rng, rows, vocab, stride);
     let ps: Vec<RowParams> = (0..rows).map(|_| params(rng, vocab)).collect();
-    let got = sample_on(dev, &x, &ps, vocab, stride)?;
-    let want = sample_on(&mut Cpu::new(), &x, &ps, vocab, stride)?;
+    let (got, want, dtype) = if bf16_logits {
+        let narrow: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+        x = narrow.iter().map(|v| v.to_f32()).collect();
+        let got = sample_on(dev, &narrow, DType::BF16, &ps, vocab, stride)?;
+        (got, sample_on(&mut Cpu::new(), &narrow, DType::BF16, &ps, vocab, stride)?, DType::BF16)
+    } else {
+        let got = sample_on(dev, &x, DType::F32, &ps, vocab, stride)?;
+        (got, sample_on(&mut Cpu::new(), &x, DType::F32, &ps, vocab, stride)?, DType::F32)
+    };
 
-    let mut row = CheckRow::passing("sample", String::new(), DType::F32);
+    let mut row = CheckRow::passing("sample", String::new(), dtype);
     let mut fragile = 0;
     for (r, p) in ps.iter().enumerate() {
         let xr = &x[r * stride..r * stride + vocab];
@@ -208,10 +222,19 @@ fn sample_case<D: Device>(
     Ok(row)
 }
 
-/// The `sample` check: 49152 (SmolLM2), ragged 32001 and 1000.
+/// The `sample` check: 49152 (SmolLM2), ragged 32001 and 1000, and bf16
+/// logits (the model's) at 49152 and 1000.
 pub fn sample<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    let cases = [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)];
-    over_cases(dev, seed, cases, |dev, rng, (n, vocab, stride)| sample_case(dev, rng, n, vocab, stride))
+    let cases = [
+        (16, 49152, 49152, false),
+        (7, 32001, 32001, false),
+        (5, 1000, 1003, false),
+        (16, 49152, 49152, true),
+        (5, 1000, 1003, true),
+    ];
+    over_cases(dev, seed, cases, |dev, rng, (n, vocab, stride, narrow)| {
+        sample_case(dev, rng, n, vocab, stride, narrow)
+    })
 }
 
 /// Sparse random counts: mostly 0, some 1..4.
@@ -377,7 +400,7 @@ pub fn bench_records(
     use crate::bench::{Record, push_measured, time_median_ms};
     let vocab = 49152;
     let block = block_for(vocab);
-    let config = smp::Config::new(block).with_warps(warps_for(block));
+    let config = smp::Config::new(DType::F32, block).with_warps(warps_for(block));
     let mut out = Vec::new();
     let settings: [(&str, RowParams); 4] = [
         ("greedy", RowParams::temperature(0.0, 1, 0)),
@@ -402,7 +425,7 @@ pub fn bench_records(
             let std_ = gpu.upload(&ps.iter().map(|p| p.step).collect::<Vec<i32>>())?;
             let (id, ld, hd) = (gpu.zeros::<i32>(rows)?, gpu.zeros::<f32>(rows)?, gpu.zeros::<f32>(rows)?);
             let args = smp::Args {
-                logits_ptr: xd.ptr(),
+                logits_ptr: xd.ptr().cast(),
                 ws_ptr: wd.ptr(),
                 temperature_ptr: td.ptr(),
                 top_k_ptr: kd.ptr(),

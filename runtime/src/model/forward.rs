@@ -253,8 +253,9 @@ pub struct Model<D: Device, T: ActElem> {
     pub(super) graphs: Option<GraphState<D, T>>,
     /// A fixed decode split length (tests), instead of the split plan.
     pub(super) split_override: Option<usize>,
-    /// Where the last sampled step's f32 logits are: `(graph buffers, rows)`.
-    pub(super) last_sampled: Option<(bool, usize)>,
+    /// Where the last sampled step's logits are: `(graph buffers, rows,
+    /// whether the sampler widened them into its f32 buffer)`.
+    pub(super) last_sampled: Option<(bool, usize, bool)>,
     /// Why graphs were turned off, if a capture failed.
     pub(super) graph_failure: Option<String>,
     /// The launches being recorded, while profiling.

@@ -41,7 +41,9 @@ use super::inputs::{
     BUCKETS, Layout, PaddedDecode, Stager, StepArrays, bucket_for, stage_sampling, stage_step, uses_penalties,
 };
 use super::layers::launch_forward;
-use super::sampler::{Masker, SampleRow, Sampled, build_counts, launch_sampling, read_sampled, upload_masks};
+use super::sampler::{
+    Masker, SampleRow, Sampled, build_counts, launch_sampling, read_sampled, upload_masks, widens_logits,
+};
 use crate::error::Result;
 use crate::model::ActElem;
 use std::collections::HashMap;
@@ -311,6 +313,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         // masked step the host computes the masks while the device runs the
         // forward pass launched before, and the mask kernel and the sampler
         // follow it; then the sampled rows are read back.
+        let mut widened = widens_logits(penalties, false);
         let mut finish = |ln: &mut Launcher<'_, D>| -> Result<_> {
             if masked {
                 let t = std::time::Instant::now();
@@ -318,6 +321,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 *last_mask_time = t.elapsed();
                 let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), b, vocab)?;
                 launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, dm.as_ref())?;
+                widened = widens_logits(penalties, dm.is_some());
             }
             read_sampled(ln.dev, &gs.bufs, bucket, b)
         };
@@ -347,12 +351,12 @@ impl<D: Device, T: ActElem> Model<D, T> {
                         self.graph_mode = GraphMode::Off;
                     }
                 }
-                self.last_sampled = Some((true, b));
+                self.last_sampled = Some((true, b, widened));
                 return Ok(Some(out));
             }
         }
         let out = finish(ln)?;
-        self.last_sampled = Some((true, b));
+        self.last_sampled = Some((true, b, widened));
         Ok(Some(out))
     }
 }

@@ -6,9 +6,9 @@
 //! Per step, after the LM head:
 //!
 //! ```text
-//! logits_f32 = logits_to_f32(logits)                 (skipped when T is f32)
+//! logits_f32 = logits_to_f32(logits)                 (only with penalties or masks, T not f32)
 //! penalties(logits_f32, counts)                      (only when a row uses penalties)
-//! ids, logprobs = sample(logits_f32, settings)       (one program per row)
+//! ids, logprobs = sample(logits_f32 or logits, settings)  (one program per row)
 //! ```
 //!
 //! Settings are vLLM's ([`SamplingParams`]): temperature (greedy below
@@ -47,6 +47,7 @@ use super::inputs::{ALIGN, Layout, SamplingLayout, Stager, stage_sampling, uses_
 use super::layers::{arena_i32, launch_forward};
 use crate::error::{Error, Result};
 use crate::model::ActElem;
+use dsl_core::DType;
 use dsl_core::launch::AnyDType;
 use dsl_macros::kernel;
 use kernels::sampling::{self, apply_token_mask, penalties, sample, token_counts_add};
@@ -289,10 +290,18 @@ pub(super) fn launch_sampling<D: Device, T: ActElem>(
     launch_sampler(ln, vocab, &s.logits, sb, counts, arena, sl, rows, masks)
 }
 
+/// Whether the sampler first widens a step's logits to f32 in their own
+/// buffer: only when a kernel before `sample` rewrites them in place (the
+/// penalties, a grammar mask); otherwise `sample` reads the activation
+/// dtype itself, each value widened exactly as it is read.
+pub(super) fn widens_logits(penalties: bool, masked: bool) -> bool {
+    penalties || masked
+}
+
 /// The sampler's launches on explicit buffers: `logits` `[rows, vocab]` in
-/// `T` (cast to f32 into `sb` unless `T` is f32), the penalties kernel when
-/// `counts` is given, the grammar masks when given, then `sample` into
-/// `sb`'s outputs.
+/// `T` (cast to f32 into `sb` when `T` is not f32 and [`widens_logits`]),
+/// the penalties kernel when `counts` is given, the grammar masks when
+/// given, then `sample` into `sb`'s outputs.
 #[allow(clippy::too_many_arguments)]
 fn launch_sampler<D: Device, T: ActElem>(
     ln: &mut Launcher<'_, D>,
@@ -306,7 +315,8 @@ fn launch_sampler<D: Device, T: ActElem>(
     masks: Option<&MaskView<'_, D>>,
 ) -> Result<()> {
     let n = rows * vocab;
-    let logits = match &sb.logits_f32 {
+    let widen = widens_logits(counts.is_some(), masks.is_some());
+    let (logits, sample_logits, dtype) = match sb.logits_f32.as_ref().filter(|_| widen) {
         Some(lf) => {
             let config = logits_to_f32::Config::new(T::DEVICE_DTYPE, CAST_BLOCK);
             let args = logits_to_f32::Args {
@@ -317,9 +327,9 @@ fn launch_sampler<D: Device, T: ActElem>(
             };
             ln.cost(|| format!("logits to f32 {rows} rows"), n * (T::DEVICE_DTYPE.size_bytes() + 4), 0);
             ln.run::<logits_to_f32::Kernel>([n.div_ceil(CAST_BLOCK) as u32, 1, 1], &config, &args)?;
-            D::ptr_at::<f32, f32>(lf, 0)?
+            (D::ptr_at::<f32, f32>(lf, 0)?, D::ptr_at::<f32, AnyDType>(lf, 0)?, DType::F32)
         }
-        None => D::ptr_at::<T, f32>(logits_t, 0)?,
+        None => (D::ptr_at::<T, f32>(logits_t, 0)?, D::ptr_at::<T, AnyDType>(logits_t, 0)?, T::DEVICE_DTYPE),
     };
     let f32_at = |off: usize| D::ptr_at::<u8, f32>(arena, off);
     if let Some(c) = counts {
@@ -358,10 +368,10 @@ fn launch_sampler<D: Device, T: ActElem>(
         ln.run::<apply_token_mask::Kernel>(grid, &config, &args)?;
     }
     let block = sampling::block_for(vocab);
-    let config = sample::Config::new(block).with_warps(sampling::warps_for(block));
+    let config = sample::Config::new(dtype, block).with_warps(sampling::warps_for(block));
     let stride = out_stride(rows);
     let args = sample::Args {
-        logits_ptr: logits,
+        logits_ptr: sample_logits,
         ws_ptr: D::ptr_at::<f32, f32>(&sb.ws, 0)?,
         temperature_ptr: f32_at(sl.temperature)?,
         top_k_ptr: arena_i32::<D>(arena, sl.top_k)?,
@@ -377,7 +387,7 @@ fn launch_sampler<D: Device, T: ActElem>(
         _marker: PhantomData,
     };
     // The logits read, the filtered row written to the workspace.
-    ln.cost(|| format!("sample {rows} rows"), 2 * n * 4, 0);
+    ln.cost(|| format!("sample {rows} rows"), n * (dtype.size_bytes() + 4), 0);
     ln.run::<sample::Kernel>([rows as u32, 1, 1], &config, &args)
 }
 
@@ -613,7 +623,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), rows.len(), vocab)?;
         launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0, dm.as_ref())?;
         let out = read_sampled(ln.dev, eager, rows.len(), rows.len())?;
-        self.last_sampled = Some((false, rows.len()));
+        self.last_sampled = Some((false, rows.len(), widens_logits(pen > 0, dm.is_some())));
         Ok(out)
     }
 
@@ -628,7 +638,8 @@ impl<D: Device, T: ActElem> Model<D, T> {
     ///
     /// Errors: no step was sampled since the last one without rows.
     pub fn last_logits(&self, dev: &D) -> Result<Vec<f32>> {
-        let (graph, rows) = self.last_sampled.ok_or_else(|| usage("no step has been sampled yet".into()))?;
+        let (graph, rows, widened) =
+            self.last_sampled.ok_or_else(|| usage("no step has been sampled yet".into()))?;
         let bufs = if graph {
             &self.graphs.as_ref().ok_or_else(|| usage("the graph buffers are gone".into()))?.bufs
         } else {
@@ -636,7 +647,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         };
         let n = rows * self.weights.config.vocab_size;
         let missing = || usage("the sampling buffers were not allocated".into());
-        match bufs.sample.as_ref().ok_or_else(missing)?.logits_f32.as_ref() {
+        match bufs.sample.as_ref().ok_or_else(missing)?.logits_f32.as_ref().filter(|_| widened) {
             Some(lf) => dev.download_prefix(lf, n),
             None => {
                 let s = bufs.scratch.as_ref().ok_or_else(missing)?;
