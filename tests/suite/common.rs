@@ -4,7 +4,7 @@
 
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
-use dsl_core::interp::Element;
+use dsl_core::interp::FloatElement;
 use proptest::prelude::ProptestConfig;
 use tests::reference::Rng;
 
@@ -32,29 +32,15 @@ pub fn nonzero(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
         .collect()
 }
 
-/// Storage types of the tests (activations the kernels read and write).
-pub trait Storage: Element {
-    /// `v` rounded to this type.
-    fn from_f64(v: f64) -> Self;
-}
+/// Storage types of the tests (activations the kernels read and write);
+/// their `from_f64` (from [`FloatElement`]) rounds to the type.
+pub trait Storage: FloatElement {}
 
-impl Storage for f32 {
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
+impl Storage for f32 {}
 
-impl Storage for bf16 {
-    fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
-    }
-}
+impl Storage for bf16 {}
 
-impl Storage for f16 {
-    fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
-    }
-}
+impl Storage for f16 {}
 
 /// `(atol, rtol)` of outputs stored in `dtype` after a few f32 operations.
 pub fn tol(dtype: DType) -> (f64, f64) {

@@ -19,6 +19,7 @@ use kernels::reference::rope::{self as r, RopeShape};
 use kernels::rope::{rope_arch_kv_write, rope_kv_write};
 use proptest::prelude::*;
 use std::marker::PhantomData;
+use std::ops::Range;
 use tests::reference::Rng;
 
 /// Per-element tolerances of rotated heads: `x` holds `heads` heads of `d`
@@ -107,6 +108,31 @@ impl RandomInputs {
     }
 }
 
+/// What both random tests draw: `tokens` tokens of the attention shape
+/// `shape` with RoPE base `theta`, activations and caches in bf16 (`bf`) or
+/// f32, inputs from `seed`.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    tokens: usize,
+    shape: RopeShape,
+    theta: f64,
+    bf: bool,
+    seed: u64,
+}
+
+impl Case {
+    /// The case's random stream and storage dtype.
+    fn start(&self) -> (Rng, DType) {
+        (Rng::new(self.seed), if self.bf { DType::BF16 } else { DType::F32 })
+    }
+}
+
+/// Cases of a token count in `tokens` and one of `ropes` (shape and theta).
+fn cases_of(tokens: Range<usize>, ropes: [(RopeShape, f64); 2]) -> impl Strategy<Value = Case> {
+    (tokens, prop::sample::select(ropes.to_vec()), any::<bool>(), any::<u64>())
+        .prop_map(|(tokens, (shape, theta), bf, seed)| Case { tokens, shape, theta, bf, seed })
+}
+
 /// The interpreter with one launch's buffers, activations and caches in
 /// `T`: QKV rows, positions, slots, Q out and the K and V caches.
 struct Buffers<T: Storage> {
@@ -138,39 +164,36 @@ impl<T: Storage> Buffers<T> {
     }
 }
 
+/// The launch arguments `$k::Args` of `rope_kv_write` or
+/// `rope_arch_kv_write` on the buffers `$b`: the fields they both take (the
+/// buffers' pointers and `theta`), then the kernel's own fields by name.
+macro_rules! rope_args {
+    ($k:ident, $b:expr, $theta:expr $(, $f:ident $(: $v:expr)?)* $(,)?) => {
+        $k::Args {
+            qkv_ptr: $b.qkv.cast(), pos_ptr: $b.pos, slot_ptr: $b.slot,
+            q_out_ptr: $b.q.cast(), k_cache_ptr: $b.k.cast(), v_cache_ptr: $b.v.cast(),
+            theta: $theta as f32, $($f $(: $v)?,)* _marker: PhantomData,
+        }
+    };
+}
+
 /// `(q, k cache, v cache)` after `rope_kv_write` on the interpreter, with
 /// activations and caches stored in `T`.
 fn interpret<T: Storage>(inputs: Inputs<'_>, shape: RopeShape, theta: f64) -> Result<Outputs, TestCaseError> {
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
     let tokens = inputs.1.len();
     let mut b = Buffers::<T>::new(inputs, shape);
-    let args = rope_kv_write::Args {
-        qkv_ptr: b.qkv.cast(),
-        pos_ptr: b.pos,
-        slot_ptr: b.slot,
-        q_out_ptr: b.q.cast(),
-        k_cache_ptr: b.k.cast(),
-        v_cache_ptr: b.v.cast(),
-        theta: theta as f32,
-        _marker: PhantomData,
-    };
+    let args = rope_args!(rope_kv_write, b, theta);
     let config = rope_kv_write::Config::new(T::DTYPE, n_q, n_kv, d);
     rope_kv_write::interpret(&mut b.cpu, [tokens as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     Ok(b.read())
 }
 
-/// One random case: `tokens` tokens of the attention shape `shape` with
-/// RoPE base `theta` into a cache of `block_size`-slot blocks.
-fn run_case(
-    tokens: usize,
-    (shape, theta): (RopeShape, f64),
-    block_size: usize,
-    bf: bool,
-    seed: u64,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let dtype = if bf { DType::BF16 } else { DType::F32 };
+/// One random case `c` into a cache of `block_size`-slot blocks.
+fn run_case(c: Case, block_size: usize) -> Result<(), TestCaseError> {
+    let Case { tokens, shape, theta, bf, .. } = c;
+    let (mut rng, dtype) = c.start();
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
     let num_blocks = (2 * tokens).div_ceil(block_size) + 1;
     let n_slots = num_blocks * block_size;
@@ -210,26 +233,6 @@ fn run_case(
         prop_assert_eq!(&v_want[a..b], v_src);
     }
     inp.check_untouched(&k_got, &v_got, sl)
-}
-
-proptest! {
-    #![proptest_config(cases(32))]
-
-    #[test]
-    fn rope_kv_write_ragged(
-        tokens in 1usize..13,
-        smol in any::<bool>(),
-        block_size in prop::sample::select(vec![16usize, 32]),
-        bf in any::<bool>(),
-        seed in any::<u64>(),
-    ) {
-        let rope = if smol {
-            (RopeShape { n_q: 9, n_kv: 3, head_dim: 64 }, 100_000.0)
-        } else {
-            (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 10_000.0)
-        };
-        run_case(tokens, rope, block_size, bf, seed)?;
-    }
 }
 
 /// The hand-computed rotation case: one query and one KV head of 4 elements
@@ -287,20 +290,7 @@ fn interpret_arch<T: Storage>(
     let fp = b.cpu.upload(&f32s(arch.factors.as_ref()));
     let bp = b.cpu.upload(&f32s(arch.bias.as_ref()));
     let np = b.cpu.upload(&f32s(norm.as_ref()));
-    let args = rope_arch_kv_write::Args {
-        qkv_ptr: b.qkv.cast(),
-        pos_ptr: b.pos,
-        slot_ptr: b.slot,
-        q_out_ptr: b.q.cast(),
-        k_cache_ptr: b.k.cast(),
-        v_cache_ptr: b.v.cast(),
-        factors_ptr: fp,
-        bias_ptr: bp,
-        norm_ptr: np,
-        theta: theta as f32,
-        eps,
-        _marker: PhantomData,
-    };
+    let args = rope_args!(rope_arch_kv_write, b, theta, factors_ptr: fp, bias_ptr: bp, norm_ptr: np, eps);
     let config = rope_arch_kv_write::Config::new(
         T::DTYPE,
         n_q,
@@ -350,16 +340,11 @@ fn arch_tol(
     tol
 }
 
-/// One random case of every combination of the architecture options.
-fn run_arch_case(
-    tokens: usize,
-    (shape, theta): (RopeShape, f64),
-    opts: u8,
-    bf: bool,
-    seed: u64,
-) -> Result<(), TestCaseError> {
-    let mut rng = Rng::new(seed);
-    let dtype = if bf { DType::BF16 } else { DType::F32 };
+/// One random case `c` with the architecture options `opts` (bits: NEOX
+/// pairs, frequency factors, QKV bias, Q/K head norm).
+fn run_arch_case(c: Case, opts: u8) -> Result<(), TestCaseError> {
+    let Case { tokens, shape, theta, bf, .. } = c;
+    let (mut rng, dtype) = c.start();
     let RopeShape { n_q, n_kv, head_dim: d } = shape;
     let vals = |rng: &mut Rng, n: usize, lo: f32, hi: f32| -> Vec<f64> {
         (0..n).map(|_| rng.uniform(lo, hi) as f64).collect()
@@ -406,22 +391,30 @@ fn run_arch_case(
 proptest! {
     #![proptest_config(cases(32))]
 
+    /// The SmolLM2 shape (theta 1e5) and a (4, 2, 128) one (theta 1e4), ragged
+    /// token counts, block sizes 16 and 32.
+    #[test]
+    fn rope_kv_write_ragged(
+        c in cases_of(1..13, [
+            (RopeShape { n_q: 9, n_kv: 3, head_dim: 64 }, 100_000.0),
+            (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 10_000.0),
+        ]),
+        block_size in prop::sample::select(vec![16usize, 32]),
+    ) {
+        run_case(c, block_size)?;
+    }
+
     /// Every combination of NEOX pairs, frequency factors, QKV bias and
     /// Q/K head norm, ragged token counts, GQA shapes, f32 and bf16.
     #[test]
     fn rope_arch_kv_write_ragged(
-        tokens in 1usize..9,
-        wide in any::<bool>(),
+        c in cases_of(1..9, [
+            (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 1_000_000.0),
+            (RopeShape { n_q: 7, n_kv: 1, head_dim: 32 }, 10_000.0),
+        ]),
         opts in 0u8..16,
-        bf in any::<bool>(),
-        seed in any::<u64>(),
     ) {
-        let rope = if wide {
-            (RopeShape { n_q: 4, n_kv: 2, head_dim: 128 }, 1_000_000.0)
-        } else {
-            (RopeShape { n_q: 7, n_kv: 1, head_dim: 32 }, 10_000.0)
-        };
-        run_arch_case(tokens, rope, opts, bf, seed)?;
+        run_arch_case(c, opts)?;
     }
 }
 

@@ -97,6 +97,32 @@ impl Element for bool {
     }
 }
 
+/// The float types activations are stored in (f32, bf16, f16): an
+/// [`Element`] that can also be made from an `f64`, as a kernel's test
+/// inputs and the runtime's activations are.
+pub trait FloatElement: Element {
+    /// The nearest value of this type.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl FloatElement for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl FloatElement for bf16 {
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+impl FloatElement for f16 {
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+
 /// A host buffer: a dtype and its elements as raw little-endian bytes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Buffer {

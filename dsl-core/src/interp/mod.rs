@@ -69,7 +69,7 @@ mod tests_f8;
 mod tests_sync;
 
 pub use arith::erf;
-pub use buffer::{Arg, Buffer, Element};
+pub use buffer::{Arg, Buffer, Element, FloatElement};
 pub use launch::{Interpreter, Kernel};
 
 use crate::ir::Function;

@@ -336,86 +336,6 @@ pub fn columns_product(
     dot(xv, trans(wv), init)
 }
 
-/// The body of [`linear`] (see the module doc): program `(i, j, z)` is
-/// output tile `(i, j)` (and K tile `z` when split).
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn linear_body(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    nw_ptr: Tensor,
-    out_ptr: Tensor,
-    ws_ptr: Tensor,
-    cnt_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    ldo: Tensor,
-    k: Tensor,
-    eps: Tensor,
-    quant: QuantFormat,
-    fuse: Fuse,
-    split_k: bool,
-    f16_ops: bool,
-    dt: DType,
-    block_m: usize,
-    block_n: usize,
-    norm_block: usize,
-) {
-    let (pid_m, pid_n, pid_k) = (program_id(0), program_id(1), program_id(2));
-    let rows = if fuse.silu() { n * 2 } else { n };
-    let nb = k / 32;
-    let wrow = minimum(pid_n * block_n + arange(0, block_n), rows - 1);
-    let bk = LINEAR_BLOCK_K as i32;
-    // The first K tile of this program (its own with `split_k`, else tile
-    // 0) and the last, partial one: both loaded before `gdc_wait` (weights
-    // are never written by a kernel), blocks past the row clamped.
-    let first = if split_k { pid_k * bk } else { full([], 0, i32) };
-    let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, first, quant, block_n);
-    let (wd_tail, sr_tail) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, quant, block_n);
-    // Activations, the norm's statistic and the residual may come from the
-    // previous kernel.
-    gdc_wait();
-    gdc_launch_dependents();
-    let rs = if fuse.norm() {
-        let cols = arange(0, norm_block);
-        let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
-        rms_rstd(row, k, eps, norm_block)
-    } else {
-        eps
-    };
-    linear_tile(
-        x_ptr,
-        q_ptr,
-        s_ptr,
-        nw_ptr,
-        out_ptr,
-        ws_ptr,
-        cnt_ptr,
-        m,
-        n,
-        ldo,
-        k,
-        rs,
-        wd,
-        sr,
-        wd_tail,
-        sr_tail,
-        pid_m,
-        pid_n,
-        pid_k,
-        num_programs(1),
-        num_programs(2),
-        quant,
-        fuse,
-        split_k,
-        f16_ops,
-        dt,
-        block_m,
-        block_n,
-    );
-}
-
 /// The quant words, scales and activations of the `width` columns from
 /// `k0` of a wide tile's K step ([`linear_tile`]): words and scales at
 /// [`tile_index`]'s indices `w_idx`/`s_idx` for that width, activations of
@@ -701,8 +621,58 @@ pub fn linear<T: Float>(
 ) {
     static_assert(!(SILU && RESIDUAL), "SILU and RESIDUAL do not combine");
     let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
-    linear_body(
-        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, ldo, k, eps, QUANT, fuse, SPLIT, F16, T,
-        BLOCK_M, BLOCK_N, NORM_BLOCK,
+    // Program `(i, j, z)` is output tile `(i, j)` (and K tile `z` when
+    // split).
+    let (pid_m, pid_n, pid_k) = (program_id(0), program_id(1), program_id(2));
+    let rows = if fuse.silu() { n * 2 } else { n };
+    let nb = k / 32;
+    let wrow = minimum(pid_n * BLOCK_N + arange(0, BLOCK_N), rows - 1);
+    let bk = LINEAR_BLOCK_K as i32;
+    // The first K tile of this program (its own with `SPLIT`, else tile
+    // 0) and the last, partial one: both loaded before `gdc_wait` (weights
+    // are never written by a kernel), blocks past the row clamped.
+    let first = if SPLIT { pid_k * bk } else { full([], 0, i32) };
+    let (wd, sr) = tile_load(q_ptr, s_ptr, wrow, nb, first, QUANT, BLOCK_N);
+    let (wd_tail, sr_tail) = tile_load(q_ptr, s_ptr, wrow, nb, k / bk * bk, QUANT, BLOCK_N);
+    // Activations, the norm's statistic and the residual may come from the
+    // previous kernel.
+    gdc_wait();
+    gdc_launch_dependents();
+    let rs = if fuse.norm() {
+        let cols = arange(0, NORM_BLOCK);
+        let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
+        rms_rstd(row, k, eps, NORM_BLOCK)
+    } else {
+        eps
+    };
+    linear_tile(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        nw_ptr,
+        out_ptr,
+        ws_ptr,
+        cnt_ptr,
+        m,
+        n,
+        ldo,
+        k,
+        rs,
+        wd,
+        sr,
+        wd_tail,
+        sr_tail,
+        pid_m,
+        pid_n,
+        pid_k,
+        num_programs(1),
+        num_programs(2),
+        QUANT,
+        fuse,
+        SPLIT,
+        F16,
+        T,
+        BLOCK_M,
+        BLOCK_N,
     );
 }

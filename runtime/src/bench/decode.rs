@@ -13,6 +13,7 @@ use crate::bench::{BenchOptions, Record, pick_config, push_measured, time_median
 use crate::check::Rng;
 use crate::cuda::Cuda;
 use crate::error::Result;
+use crate::model::Device;
 use crate::model::args::decode_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;

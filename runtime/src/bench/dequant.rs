@@ -41,7 +41,7 @@
 //! arguments validated) once, and every timed launch is enqueued behind a
 //! short spacer kernel, so the start event fires when the kernel is already
 //! queued. `time_median_ms` flushes with an asynchronous memset, which
-//! hides `Cuda::run`'s host path (IR specialization, cache lookups,
+//! hides the host path of a launch on `Cuda` (IR specialization, cache lookups,
 //! validation, the driver call) only while the memset outlasts it; the
 //! autotuner times that way, so its medians and these rows can still differ
 //! by a few microseconds on the smallest shapes.
@@ -53,6 +53,7 @@ use crate::cuda::Cuda;
 use crate::cuda::validate::validate_args;
 use crate::cuda::{DevBuf, DevPtr};
 use crate::error::{Error, Result};
+use crate::model::Device;
 use crate::model::args::product_args;
 use dsl_core::DType;
 use dsl_core::half::{bf16, f16};

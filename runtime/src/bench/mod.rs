@@ -27,8 +27,8 @@
 use crate::check::Rng;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
-use crate::model::ActElem;
 use crate::model::args::norm_args;
+use crate::model::{ActElem, Device};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::launch::Kernel;

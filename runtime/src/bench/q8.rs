@@ -27,6 +27,7 @@ use crate::check::Rng;
 use crate::check::q8::quantize_block;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
+use crate::model::Device;
 use crate::model::args::{norm_args, product_args};
 use dsl_core::DType;
 use dsl_core::half::bf16;

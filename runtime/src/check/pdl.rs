@@ -25,6 +25,7 @@ use crate::bench::dequant::prepared;
 use crate::check::{CheckRow, Rng};
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::Result;
+use crate::model::Device;
 use dsl_core::DType;
 use dsl_macros::kernel;
 

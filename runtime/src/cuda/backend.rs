@@ -33,6 +33,7 @@ use super::device::{Gpu, LoadedKernel};
 use super::tma::{MAX_MAPS, TensorMap};
 use super::validate::{KernelParam, OffsetRule, RawDevPtr, validate_args_into, validate_grid};
 use crate::error::{Error, Result};
+use crate::model::Device;
 use codegen::{CompileOptions, Compiled, PtxCache, Target};
 use dsl_core::Function;
 use dsl_core::launch::{Backend, ErasedLaunch, Kernel, PerConfig, PtrElem};
@@ -353,21 +354,9 @@ impl Cuda {
         Ok(self.gpu.info().sm_count as usize * per_sm as usize)
     }
 
-    /// Launches `K` over `grid` with the runtime's own error type (the
-    /// [`Backend`] implementation maps it to `dsl_core`'s).
-    pub fn run<'a, K: Kernel>(
-        &mut self,
-        grid: [u32; 3],
-        config: &K::Config,
-        args: &K::Args<'a, Self>,
-    ) -> Result<()>
-    where
-        Self: 'a,
-    {
-        self.run_erased::<K>(ErasedLaunch { config, grid, args: K::erase_args(args) })
-    }
-
-    /// [`Cuda::run`] on erased arguments.
+    /// A launch of `K` on erased arguments, with the runtime's own error
+    /// type: what [`Device::run`] reaches on this device (the [`Backend`]
+    /// implementation maps the error to `dsl_core`'s).
     pub(crate) fn run_erased<K: Kernel>(&mut self, launch: ErasedLaunch<'_, K, RawDevPtr>) -> Result<()> {
         let ErasedLaunch { config, grid, args: raw } = launch;
         // Specialize on what the arguments allow (16-byte aligned pointers,

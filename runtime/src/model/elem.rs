@@ -4,27 +4,14 @@
 
 use crate::cuda::DeviceElem;
 use dsl_core::half::{bf16, f16};
+use dsl_core::interp::FloatElement;
 
-/// A float element type of activations and KV caches.
-pub trait ActElem: DeviceElem {
-    /// The nearest value of this type.
-    fn from_f64(v: f64) -> Self;
-}
+/// A float element type of activations and KV caches; its `from_f64` (from
+/// [`FloatElement`]) gives the nearest value of this type.
+pub trait ActElem: DeviceElem + FloatElement {}
 
-impl ActElem for f32 {
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
+impl ActElem for f32 {}
 
-impl ActElem for bf16 {
-    fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
-    }
-}
+impl ActElem for bf16 {}
 
-impl ActElem for f16 {
-    fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
-    }
-}
+impl ActElem for f16 {}
