@@ -487,7 +487,7 @@ mod tests {
         for (rows, vocab, stride) in [(16, 49152, 49152), (7, 32001, 32001), (5, 1000, 1003)] {
             let x = logits(&mut rng, rows, vocab, stride);
             let ps: Vec<RowParams> = (0..rows).map(|_| params(&mut rng, vocab)).collect();
-            let out = sample_on(&mut Cpu::new(), &x, &ps, vocab, stride).unwrap();
+            let out = sample_on(&mut Cpu::new(), &x, DType::F32, &ps, vocab, stride).unwrap();
             let mut fragile = 0;
             for (r, p) in ps.iter().enumerate() {
                 let want = reference::sample(&x[r * stride..r * stride + vocab], p);
