@@ -168,8 +168,8 @@ fn three_seq_step(order: &[usize]) -> OwnedStep {
 }
 
 /// A model with three sequences prefilled (`5 + i` tokens in block `i`).
-fn three_seq_model(cpu: &mut Cpu, g: &Gguf) -> Model<Cpu, f32> {
-    let mut m = model::<Cpu, f32>(cpu, g);
+fn three_seq_model<T: ActElem>(cpu: &mut Cpu, g: &Gguf) -> Model<Cpu, T> {
+    let mut m = model::<Cpu, T>(cpu, g);
     for i in 0..3usize {
         let n = 5 + i;
         let s = OwnedStep {
@@ -203,7 +203,7 @@ fn sample_order(
 fn seeded_sampling_is_reproducible_and_batch_independent() {
     let g = tiny_model().unwrap();
     let mut cpu = Cpu::new();
-    let mut m = three_seq_model(&mut cpu, &g);
+    let mut m = three_seq_model::<f32>(&mut cpu, &g);
     // The tiny model's top logit leads by ~15: a hot temperature spreads it.
     let hot = SamplingParams { temperature: 20.0, ..SamplingParams::default() };
     let params = [
@@ -256,7 +256,7 @@ fn penalize(row: &[f32], prompt: &[u32], output: &[u32], p: &SamplingParams) -> 
 fn penalties_change_the_choice_as_vllm_defines() {
     let g = tiny_model().unwrap();
     let mut cpu = Cpu::new();
-    let mut m = three_seq_model(&mut cpu, &g);
+    let mut m = three_seq_model::<f32>(&mut cpu, &g);
     let vocab = m.weights.config.vocab_size;
     let greedy = SamplingParams::default();
     let plain = |m: &mut Model<Cpu, f32>, cpu: &mut Cpu| {
@@ -313,6 +313,49 @@ fn penalties_change_the_choice_as_vllm_defines() {
         assert_eq!(out[1], base[1], "case {k}");
         assert!(seen[vocab..].iter().zip(&logits[vocab..]).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
+}
+
+/// With bf16 activations the sampler widens the logits to f32 only for a
+/// step with penalties: `last_logits` then gives the penalized f32 logits
+/// (the host's penalties on the widened values, bit for bit), and after a
+/// later step without penalties the logits that step's `sample` read, not
+/// the stale f32 copy.
+#[test]
+fn penalties_widen_bf16_logits_and_last_logits_follows() {
+    let g = tiny_model().unwrap();
+    let mut cpu = Cpu::new();
+    let mut m = three_seq_model::<bf16>(&mut cpu, &g);
+    let vocab = m.weights.config.vocab_size;
+    let greedy = SamplingParams::default();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let plain = |m: &mut Model<Cpu, bf16>, cpu: &mut Cpu| {
+        let s = three_seq_step(&[0, 1]);
+        let rows = [SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 }; 2];
+        let out = m.forward_sample(cpu, &s.step(), &rows).unwrap();
+        (out, m.last_logits(cpu).unwrap())
+    };
+    let (base, logits) = plain(&mut m, &mut cpu);
+    let want_plain = m.forward(&mut cpu, &three_seq_step(&[0, 1]).step()).unwrap();
+    assert_eq!(bits(&logits), bits(&want_plain), "the unwidened step's logits");
+    let t0 = base[0].token;
+    let p = SamplingParams { repetition_penalty: 10.0, frequency_penalty: 1.5, ..greedy.clone() };
+    let tokens = [t0, t0, 9];
+    let s = three_seq_step(&[0, 1]);
+    let rows = [
+        SampleRow { params: &p, step: 0, tokens: &tokens, prompt_len: 1 },
+        SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 },
+    ];
+    let out = m.forward_sample(&mut cpu, &s.step(), &rows).unwrap();
+    let seen = m.last_logits(&cpu).unwrap();
+    let want = penalize(&logits[..vocab], &tokens[..1], &tokens[1..], &p);
+    assert_eq!(bits(&seen[..vocab]), bits(&want), "penalized logits differ from the host's");
+    assert_eq!(bits(&seen[vocab..]), bits(&logits[vocab..]), "the row without penalties changed");
+    assert_eq!(out[0].token, argmax(&want));
+    assert_ne!(out[0].token, t0, "the penalties must change the choice");
+    assert_eq!(out[1], base[1]);
+    let (again, after) = plain(&mut m, &mut cpu);
+    assert_eq!(again, base);
+    assert_eq!(bits(&after), bits(&logits), "last_logits read a stale f32 copy");
 }
 
 #[test]
