@@ -252,6 +252,15 @@ fn penalize(row: &[f32], prompt: &[u32], output: &[u32], p: &SamplingParams) -> 
         .collect()
 }
 
+/// The greedy decode step of sequences 0 and 1 of [`three_seq_model`]:
+/// the sampled rows and the logits the sampler read.
+fn greedy_pair_step<T: ActElem>(m: &mut Model<Cpu, T>, cpu: &mut Cpu) -> (Vec<Sampled>, Vec<f32>) {
+    let greedy = SamplingParams::default();
+    let rows = [SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 }; 2];
+    let out = m.forward_sample(cpu, &three_seq_step(&[0, 1]).step(), &rows).unwrap();
+    (out, m.last_logits(cpu).unwrap())
+}
+
 #[test]
 fn penalties_change_the_choice_as_vllm_defines() {
     let g = tiny_model().unwrap();
@@ -259,13 +268,7 @@ fn penalties_change_the_choice_as_vllm_defines() {
     let mut m = three_seq_model::<f32>(&mut cpu, &g);
     let vocab = m.weights.config.vocab_size;
     let greedy = SamplingParams::default();
-    let plain = |m: &mut Model<Cpu, f32>, cpu: &mut Cpu| {
-        let s = three_seq_step(&[0, 1]);
-        let rows = [SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 }; 2];
-        let out = m.forward_sample(cpu, &s.step(), &rows).unwrap();
-        (out, m.last_logits(cpu).unwrap())
-    };
-    let (base, logits) = plain(&mut m, &mut cpu);
+    let (base, logits) = greedy_pair_step(&mut m, &mut cpu);
     let t0 = base[0].token;
     let row0 = &logits[..vocab];
     let cases = [
@@ -328,13 +331,7 @@ fn penalties_widen_bf16_logits_and_last_logits_follows() {
     let vocab = m.weights.config.vocab_size;
     let greedy = SamplingParams::default();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let plain = |m: &mut Model<Cpu, bf16>, cpu: &mut Cpu| {
-        let s = three_seq_step(&[0, 1]);
-        let rows = [SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 }; 2];
-        let out = m.forward_sample(cpu, &s.step(), &rows).unwrap();
-        (out, m.last_logits(cpu).unwrap())
-    };
-    let (base, logits) = plain(&mut m, &mut cpu);
+    let (base, logits) = greedy_pair_step(&mut m, &mut cpu);
     let want_plain = m.forward(&mut cpu, &three_seq_step(&[0, 1]).step()).unwrap();
     assert_eq!(bits(&logits), bits(&want_plain), "the unwidened step's logits");
     let t0 = base[0].token;
@@ -353,7 +350,7 @@ fn penalties_widen_bf16_logits_and_last_logits_follows() {
     assert_eq!(out[0].token, argmax(&want));
     assert_ne!(out[0].token, t0, "the penalties must change the choice");
     assert_eq!(out[1], base[1]);
-    let (again, after) = plain(&mut m, &mut cpu);
+    let (again, after) = greedy_pair_step(&mut m, &mut cpu);
     assert_eq!(again, base);
     assert_eq!(bits(&after), bits(&logits), "last_logits read a stale f32 copy");
 }
