@@ -561,7 +561,7 @@ mod tests {
             // V in Q8_0, a tied Q4_1 table (the head's planes).
             (
                 TinyLlama {
-                    matrix_types: vec![("attn_v", GgmlType::Q8_0)],
+                    matrix_types: vec![("attn_v".into(), GgmlType::Q8_0)],
                     embedding_type: GgmlType::Q4_1,
                     ..base
                 },

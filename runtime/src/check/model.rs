@@ -91,7 +91,7 @@ pub fn tiny_flat_model() -> Result<Gguf> {
 pub fn tiny_mixed_quant_model() -> Result<Gguf> {
     use crate::gguf::GgmlType;
     let t = TinyLlama {
-        matrix_types: vec![("attn_v", GgmlType::Q8_0)],
+        matrix_types: vec![("attn_v".into(), GgmlType::Q8_0)],
         embedding_type: GgmlType::Q4_1,
         ..tiny_llama()
     };

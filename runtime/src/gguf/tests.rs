@@ -98,6 +98,35 @@ fn tiny_model_is_deterministic() {
     assert_ne!(tiny_bytes(), TinyLlama { seed: 1, ..TinyLlama::default() }.to_bytes().unwrap());
 }
 
+/// `matrix_types` keys match a kind in every layer or one tensor by name (the
+/// first matching entry wins), never a longer name that merely ends the same
+/// (`output` is not `attn_output`); norms stay F32.
+#[test]
+fn matrix_types_match_kinds_and_single_tensors() {
+    let t = TinyLlama {
+        untied_output: true,
+        matrix_types: vec![
+            ("blk.1.attn_v".into(), GgmlType::Q8_0),
+            ("attn_v".into(), GgmlType::Q5_0),
+            ("output".into(), GgmlType::Q5_1),
+            ("token_embd".into(), GgmlType::Q4_0),
+            ("attn_norm".into(), GgmlType::Q8_0),
+        ],
+        ..TinyLlama::default()
+    };
+    let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+    for (name, ty) in [
+        ("blk.0.attn_v.weight", GgmlType::Q5_0),
+        ("blk.1.attn_v.weight", GgmlType::Q8_0),
+        ("blk.1.attn_output.weight", GgmlType::Q4_1),
+        ("output.weight", GgmlType::Q5_1),
+        ("token_embd.weight", GgmlType::Q4_0),
+        ("blk.0.attn_norm.weight", GgmlType::F32),
+    ] {
+        assert_eq!(g.tensor_info(name).unwrap().ty, ty, "{name}");
+    }
+}
+
 /// Every metadata value type, nested and empty arrays, non-ASCII strings, a
 /// custom alignment and a zero-dimension scalar survive the round trip, through
 /// a memory-mapped file too.

@@ -12,7 +12,7 @@
 //! value (weights come from a seeded [`Rng`]), and it always passes
 //! [`LlamaConfig::from_metadata`] and [`LlamaConfig::check_tensors`].
 
-use super::llama::{LlamaConfig, TensorRole};
+use super::llama::{LlamaConfig, TensorRole, TensorSpec};
 use super::types::{GgmlType, Value};
 use super::vocab::{TokenType, Vocab, gpt2_byte_to_char};
 use super::writer::GgufWriter;
@@ -97,10 +97,14 @@ pub struct TinyLlama {
     pub embedding_type: GgmlType,
     /// Type of the projection matrices (SmolLM2: `Q4_1`).
     pub matrix_type: GgmlType,
-    /// Types of some projections instead of `matrix_type`, by tensor kind
-    /// (`"attn_v"` for every layer's `blk.N.attn_v.weight`), as llama.cpp's
-    /// mixed quantizations write them (Q4_K_M: V and down in Q6_K).
-    pub matrix_types: Vec<(&'static str, GgmlType)>,
+    /// Types of some quantized tensors (projections, the embedding, the
+    /// untied head) instead of their role's type, as llama.cpp's mixed
+    /// quantizations write them (see [`q4_k_m_types`]). A key matches the
+    /// tensor `{key}.weight` and every tensor whose name ends with
+    /// `.{key}.weight`: a kind (`"attn_v"`: every layer's
+    /// `blk.N.attn_v.weight`) or one tensor (`"blk.3.ffn_down"`,
+    /// `"output"`). The first matching entry wins.
+    pub matrix_types: Vec<(String, GgmlType)>,
     /// Whether to write an untied `output.weight` (SmolLM2 ties it: no).
     pub untied_output: bool,
     /// Half-width of the uniform token embeddings. With the tied head the
@@ -197,27 +201,38 @@ impl TinyLlama {
         for spec in specs {
             let n: u64 = spec.dims.iter().product();
             let fan_in = spec.dims[0] as f32;
-            let (ty, values): (GgmlType, Vec<f32>) = match spec.role {
-                TensorRole::Norm => (GgmlType::F32, (0..n).map(|_| 1.0 + 0.1 * rng.signed_f32()).collect()),
-                TensorRole::Bias => (GgmlType::F32, (0..n).map(|_| 0.5 * rng.signed_f32()).collect()),
-                TensorRole::Embedding => {
-                    (self.embedding_type, (0..n).map(|_| self.embedding_scale * rng.signed_f32()).collect())
+            let values: Vec<f32> = match spec.role {
+                TensorRole::Norm => (0..n).map(|_| 1.0 + 0.1 * rng.signed_f32()).collect(),
+                TensorRole::Bias => (0..n).map(|_| 0.5 * rng.signed_f32()).collect(),
+                TensorRole::Embedding => (0..n).map(|_| self.embedding_scale * rng.signed_f32()).collect(),
+                TensorRole::Matrix => {
+                    (0..n).map(|_| self.matrix_scale * rng.signed_f32() / fan_in.sqrt()).collect()
                 }
-                TensorRole::Matrix => (
-                    self.matrix_types
-                        .iter()
-                        .find(|(kind, _)| spec.name.ends_with(&format!(".{kind}.weight")))
-                        .map_or(self.matrix_type, |&(_, ty)| ty),
-                    (0..n).map(|_| self.matrix_scale * rng.signed_f32() / fan_in.sqrt()).collect(),
-                ),
-                TensorRole::Output => (
-                    self.embedding_type,
-                    (0..n).map(|_| self.output_scale * rng.signed_f32() / fan_in.sqrt()).collect(),
-                ),
+                TensorRole::Output => {
+                    (0..n).map(|_| self.output_scale * rng.signed_f32() / fan_in.sqrt()).collect()
+                }
             };
+            let ty = self.tensor_type(&spec);
             w.add_f32_tensor(&spec.name, ty, &spec.dims, &values)?;
         }
         Ok(w)
+    }
+
+    /// The type the writer gives tensor `spec`: `F32` for norms and biases;
+    /// for the others the first entry of `matrix_types` that matches its
+    /// name, else `embedding_type` (the embedding, the untied head) or
+    /// `matrix_type` (the projections).
+    pub fn tensor_type(&self, spec: &TensorSpec) -> GgmlType {
+        let default = match spec.role {
+            TensorRole::Norm | TensorRole::Bias => return GgmlType::F32,
+            TensorRole::Embedding | TensorRole::Output => self.embedding_type,
+            TensorRole::Matrix => self.matrix_type,
+        };
+        let matches = |key: &str| {
+            (spec.name.strip_suffix(".weight").and_then(|stem| stem.strip_suffix(key)))
+                .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+        };
+        self.matrix_types.iter().find(|(key, _)| matches(key)).map_or(default, |&(_, ty)| ty)
     }
 
     /// The model's GGUF bytes.
