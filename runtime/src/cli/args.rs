@@ -57,6 +57,12 @@ pub struct SynthArgs {
     /// byte-level vocabulary padded to that size.
     #[arg(long)]
     pub vocab_from: Option<PathBuf>,
+    /// The tensor types of a llama.cpp quantization mix: q4_k_m (Q4_K_M's
+    /// type per tensor, with its fallbacks for rows that are not multiples
+    /// of 256). Default: the shape's own types (Q4_1 projections and a Q8_0
+    /// table for the Llama benchmarks).
+    #[arg(long)]
+    pub mix: Option<String>,
 }
 
 /// Where the model comes from and how the engine is sized.

@@ -180,13 +180,31 @@ fn generate_cmd(a: GenerateArgs) -> Result<Vec<crate::engine::Completion>> {
     app::run_task(&opts, task)
 }
 
-/// `tessera synth`: writes the random-weight model `a` asks for: a Llama
-/// of a benchmark shape, or a small model of one of the supported
-/// architectures (`gguf::tiny::synth_arch`, which needs `--vocab-from`).
+/// `tessera synth`: writes the random-weight model `a` asks for
+/// ([`synth_model`]).
 fn synth(a: &SynthArgs) -> Result<()> {
+    let bytes = synth_model(a)?.to_bytes()?;
+    std::fs::write(&a.out, &bytes)
+        .map_err(|source| Error::Io { path: a.out.display().to_string(), source })?;
+    eprintln!("tessera: wrote {} ({} bytes, shape {})", a.out.display(), bytes.len(), a.shape);
+    Ok(())
+}
+
+/// The model `tessera synth` writes: a Llama of a benchmark shape, or a
+/// small model of one of the supported architectures
+/// (`gguf::tiny::synth_arch`, which needs `--vocab-from`), with the tensor
+/// types of `--mix` if given.
+fn synth_model(a: &SynthArgs) -> Result<crate::gguf::tiny::TinyLlama> {
     use crate::gguf::tiny::{
-        SYNTH_ARCHS, SYNTH_SHAPES, TinyLlama, synth_arch, synth_arch_vocab, synth_shape,
+        SYNTH_ARCHS, SYNTH_MIXES, SYNTH_SHAPES, TinyLlama, synth_arch, synth_arch_vocab, synth_mix,
+        synth_shape,
     };
+    if let Some(mix) = a.mix.as_deref().filter(|m| !SYNTH_MIXES.contains(m)) {
+        return Err(Error::Usage(format!(
+            "unknown --mix {mix:?}: expected one of {}",
+            SYNTH_MIXES.join(", ")
+        )));
+    }
     let vocab = match &a.vocab_from {
         Some(p) => Some(crate::gguf::Vocab::from_metadata(crate::gguf::Gguf::open(p)?.metadata())?),
         None => None,
@@ -208,11 +226,13 @@ fn synth(a: &SynthArgs) -> Result<()> {
         })?;
         TinyLlama { config, seed: a.seed, embedding_scale: 0.05, vocab, ..TinyLlama::default() }
     };
-    let bytes = t.to_bytes()?;
-    std::fs::write(&a.out, &bytes)
-        .map_err(|source| Error::Io { path: a.out.display().to_string(), source })?;
-    eprintln!("tessera: wrote {} ({} bytes, shape {})", a.out.display(), bytes.len(), a.shape);
-    Ok(())
+    Ok(match &a.mix {
+        Some(m) => {
+            let mix = synth_mix(m, &t.config, t.untied_output).expect("checked against SYNTH_MIXES");
+            t.with_mix(mix)
+        }
+        None => t,
+    })
 }
 
 fn dump(a: &DumpArgs) -> Result<()> {

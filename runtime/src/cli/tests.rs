@@ -163,3 +163,28 @@ fn grammar_files_are_read_as_lark_gbnf_or_json_schema() {
     assert!(e.contains("s2.json: the file is not valid JSON"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `synth --mix q4_k_m` gives the shape Q4_K_M's types (SmolLM2's: Q5_0
+/// projections, V in Q8_0 in layer 0, down in Q4_K in layer 3, a Q8_0
+/// table); any other mix is a usage error naming the accepted ones, before
+/// anything is read or written.
+#[test]
+fn synth_mix_is_q4_k_m_or_a_usage_error() {
+    let cli = |mix: &str| {
+        let argv =
+            ["tessera", "synth", "--shape", "smollm2-135m", "--out", "/nonexistent/x.gguf", "--mix", mix];
+        Cli::try_parse_from(argv).unwrap()
+    };
+    let Command::Synth(a) = cli("q4_k_m").command else { panic!("not synth") };
+    let t = synth_model(&a).unwrap();
+    let types: Vec<(String, crate::gguf::GgmlType)> =
+        t.config.tensors().iter().map(|s| (s.name.clone(), t.tensor_type(s))).collect();
+    let ty = |name: &str| types.iter().find(|(n, _)| n == name).unwrap().1;
+    use crate::gguf::GgmlType::{Q4_K, Q5_0, Q8_0};
+    assert_eq!(ty("blk.0.attn_q.weight"), Q5_0);
+    assert_eq!(ty("blk.0.attn_v.weight"), Q8_0);
+    assert_eq!(ty("blk.3.ffn_down.weight"), Q4_K);
+    assert_eq!(ty("token_embd.weight"), Q8_0);
+    let e = run(cli("q4_k_s")).unwrap_err();
+    assert!(matches!(e, Error::Usage(ref m) if m.contains("\"q4_k_s\"") && m.contains("q4_k_m")), "{e}");
+}

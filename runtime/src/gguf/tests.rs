@@ -98,6 +98,91 @@ fn tiny_model_is_deterministic() {
     assert_ne!(tiny_bytes(), TinyLlama { seed: 1, ..TinyLlama::default() }.to_bytes().unwrap());
 }
 
+/// The type [`tiny::q4_k_m_types`] gives each tensor of the smollm2-135m
+/// synth shape, by name (the tied head: no `output.weight`).
+fn smollm2_q4_k_m_types() -> Vec<(String, GgmlType)> {
+    let config = tiny::synth_shape("smollm2-135m").unwrap();
+    let t = TinyLlama { config: config.clone(), ..TinyLlama::default() }
+        .with_mix(tiny::q4_k_m_types(&config, false));
+    config.tensors().iter().map(|spec| (spec.name.clone(), t.tensor_type(spec))).collect()
+}
+
+/// Q4_K_M on SmolLM2's shape (hidden 576, not whole super-blocks; FFN
+/// 1536): Q, K, O, gate and up fall back from Q4_K to Q5_0; V is Q6_K (so
+/// Q8_0) and down Q6_K in llama.cpp's `use_more_bits` layers of 30 (the
+/// first 3, the last 4 and every third between: 5, 8, .., 23), else Q5_0 and
+/// Q4_K; the tied table Q8_0. Norms stay F32.
+#[test]
+fn q4_k_m_types_of_smollm2() {
+    let more_bits = [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29];
+    for (name, ty) in smollm2_q4_k_m_types() {
+        let want = match name.split('.').collect::<Vec<_>>()[..] {
+            ["token_embd", "weight"] => GgmlType::Q8_0,
+            ["blk", i, "attn_v", "weight"] => {
+                if more_bits.contains(&i.parse().unwrap()) {
+                    GgmlType::Q8_0
+                } else {
+                    GgmlType::Q5_0
+                }
+            }
+            ["blk", i, "ffn_down", "weight"] => {
+                if more_bits.contains(&i.parse().unwrap()) {
+                    GgmlType::Q6_K
+                } else {
+                    GgmlType::Q4_K
+                }
+            }
+            [.., kind, "weight"] if kind.ends_with("norm") => GgmlType::F32,
+            _ => GgmlType::Q5_0,
+        };
+        assert_eq!(ty, want, "{name}");
+    }
+}
+
+/// Q4_K_M where every width is whole super-blocks (hidden 256, 4 query heads
+/// of 64, FFN 512, 16 layers, untied head): the K-quants themselves, with `use_more_bits` of 16
+/// layers (0, 1, 14, 15 and 4, 7, 10, 13), the head in Q6_K and the
+/// embedding in Q4_K; the file is written, valid, and has those types.
+#[test]
+fn q4_k_m_types_of_a_256_wide_model() {
+    let base = TinyLlama::default().config;
+    let config = LlamaConfig { n_layers: 16, n_embd: 256, n_ff: 512, head_dim: 64, rope_dim: 64, ..base };
+    let t = TinyLlama { config: config.clone(), untied_output: true, ..TinyLlama::default() }
+        .with_mix(tiny::q4_k_m_types(&config, true));
+    let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+    assert!(!config.check_tensors(&g).unwrap(), "untied");
+    let ty = |name: &str| g.tensor_info(name).unwrap().ty;
+    assert_eq!((ty("token_embd.weight"), ty("output.weight")), (GgmlType::Q4_K, GgmlType::Q6_K));
+    for layer in 0..16 {
+        let more = [0, 1, 4, 7, 10, 13, 14, 15].contains(&layer);
+        let want = if more { GgmlType::Q6_K } else { GgmlType::Q4_K };
+        for kind in ["attn_v", "ffn_down"] {
+            assert_eq!(ty(&llama::layer_tensor(layer, kind)), want, "{kind} {layer}");
+        }
+        for kind in ["attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"] {
+            assert_eq!(ty(&llama::layer_tensor(layer, kind)), GgmlType::Q4_K, "{kind} {layer}");
+        }
+    }
+}
+
+/// The Q4_K_M mix of the smollm2-135m synth shape is llama.cpp's: every
+/// tensor of SmolLM2's Q4_K_M file has the mix's type, and the file has no
+/// other tensors. Skipped without the file (`make kquant-models`).
+#[test]
+fn q4_k_m_types_match_the_real_file() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_K_M.gguf");
+    if !path.is_file() {
+        eprintln!("skipped: {} is missing (make kquant-models)", path.display());
+        return;
+    }
+    let g = Gguf::open(&path).unwrap();
+    let mix = smollm2_q4_k_m_types();
+    assert_eq!(g.tensors().len(), mix.len());
+    for (name, ty) in mix {
+        assert_eq!(g.tensor_info(&name).unwrap().ty, ty, "{name}");
+    }
+}
+
 /// `matrix_types` keys match a kind in every layer or one tensor by name (the
 /// first matching entry wins), never a longer name that merely ends the same
 /// (`output` is not `attn_output`); norms stay F32.

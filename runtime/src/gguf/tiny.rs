@@ -235,6 +235,12 @@ impl TinyLlama {
         self.matrix_types.iter().find(|(key, _)| matches(key)).map_or(default, |&(_, ty)| ty)
     }
 
+    /// The model with the tensor types of `mix`.
+    pub fn with_mix(self, mix: QuantMix) -> TinyLlama {
+        let QuantMix { embedding_type, matrix_type, matrix_types } = mix;
+        TinyLlama { embedding_type, matrix_type, matrix_types, ..self }
+    }
+
     /// The model's GGUF bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         Ok(self.writer()?.to_bytes())
@@ -270,6 +276,86 @@ pub fn synth_shape(name: &str) -> Option<LlamaConfig> {
 
 /// The shape names [`synth_shape`] knows.
 pub const SYNTH_SHAPES: [&str; 3] = ["smollm2-135m", "llama-1b", "llama-8b"];
+
+/// The tensor types of a quantization mix, as [`TinyLlama`]'s type fields
+/// take them ([`TinyLlama::with_mix`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantMix {
+    /// The embedding's type (tied: the head's as well).
+    pub embedding_type: GgmlType,
+    /// The projections' default type.
+    pub matrix_type: GgmlType,
+    /// The tensors whose type is not their role's, by name without `.weight`.
+    pub matrix_types: Vec<(String, GgmlType)>,
+}
+
+/// The mixes `tessera synth --mix` knows.
+pub const SYNTH_MIXES: [&str; 1] = ["q4_k_m"];
+
+/// The [`SYNTH_MIXES`] mix `name` for the model `c` (head untied or not).
+pub fn synth_mix(name: &str, c: &LlamaConfig, untied_output: bool) -> Option<QuantMix> {
+    match name {
+        "q4_k_m" => Some(q4_k_m_types(c, untied_output)),
+        _ => None,
+    }
+}
+
+/// llama.cpp's `use_more_bits(i, n)`: layer `i` of `n` is in the first or
+/// last eighth, or every third one between (integer division throughout).
+fn use_more_bits(i: usize, n: usize) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// `ty`, or llama.cpp's fallback for a K-quant when the tensor's rows
+/// (`width` values, GGUF `dims[0]`) are not whole super-blocks of 256:
+/// Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0.
+fn k_quant_or_fallback(ty: GgmlType, width: u64) -> GgmlType {
+    match ty {
+        _ if width.is_multiple_of(256) => ty,
+        GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
+        GgmlType::Q6_K => GgmlType::Q8_0,
+        other => other,
+    }
+}
+
+/// llama.cpp's type choice for `Q4_K_M` (`llama_tensor_get_type` with
+/// `LLAMA_FTYPE_MOSTLY_Q4_K_M`) for the tensors of the dense model `c`:
+/// Q4_K by default; `attn_v` and `ffn_down` of layer `i` of `n` in Q6_K
+/// where llama.cpp's `use_more_bits(i, n)` holds (`i < n / 8 || i >= 7 n / 8
+/// || (i - n / 8) % 3 == 2`); the head (`output.weight`, or the
+/// embedding when tied) in Q6_K, an untied embedding in Q4_K; then each
+/// K-quant falls back to Q5_0/Q5_1/Q8_0 (for Q4_K/Q5_K/Q6_K) where the
+/// tensor's rows are not a multiple of 256 values. llama.cpp's special cases
+/// for Falcon, 70B models, fused QKV and experts do not apply to the shapes
+/// written here and are left out.
+///
+/// SmolLM2-135M (hidden 576, FFN 1536, 30 layers) gets Q, K, O, gate and up
+/// in Q5_0, V in Q8_0 or Q5_0 and down in Q6_K or Q4_K by layer, and a tied
+/// Q8_0 table, as its published Q4_K_M file has them.
+pub fn q4_k_m_types(c: &LlamaConfig, untied_output: bool) -> QuantMix {
+    let layer_kind = |name: &str| -> Option<(usize, String)> {
+        let (layer, kind) = name.strip_prefix("blk.")?.strip_suffix(".weight")?.split_once('.')?;
+        Some((layer.parse().ok()?, kind.to_string()))
+    };
+    let width = c.n_embd as u64;
+    let mut matrix_types = Vec::new();
+    if untied_output {
+        matrix_types.push(("output".to_string(), k_quant_or_fallback(GgmlType::Q6_K, width)));
+    }
+    for spec in c.tensors().into_iter().filter(|s| s.role == TensorRole::Matrix) {
+        let more_bits = layer_kind(&spec.name).is_some_and(|(i, kind)| {
+            (kind == "attn_v" || kind == "ffn_down") && use_more_bits(i, c.n_layers)
+        });
+        let ty = k_quant_or_fallback(if more_bits { GgmlType::Q6_K } else { GgmlType::Q4_K }, spec.dims[0]);
+        if ty != GgmlType::Q4_K {
+            let stem = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
+            matrix_types.push((stem.to_string(), ty));
+        }
+    }
+    let table = if untied_output { GgmlType::Q4_K } else { GgmlType::Q6_K };
+    QuantMix { embedding_type: k_quant_or_fallback(table, width), matrix_type: GgmlType::Q4_K, matrix_types }
+}
 
 /// The architectures `tessera synth --shape` writes as small test models
 /// (hidden 256, 4 layers, FFN 512, GQA with head dimension 64, a real
