@@ -335,11 +335,7 @@ mod tests {
     fn requantized_models_meet_both_golden_rules_on_the_native_backend() {
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         for (t, clear) in [("Q4_K_M", 59), ("Q6_K", 58), ("Q8_0", 53), ("F16", 51)] {
-            let model = root.join(format!("../models/SmolLM2-135M-Instruct.{t}.gguf"));
-            if !model.is_file() {
-                eprintln!("skipped {t}: {} is missing (make kquant-models)", model.display());
-                continue;
-            }
+            let Some(model) = crate::check::model::requantized_model(t) else { continue };
             let name = format!("tests/data/smollm2-135m-{}.json", t.to_lowercase());
             let golden = Golden::load(&root.join(name)).unwrap();
             let opts = LoadOptions { model, ..LoadOptions::native_test(256, 32) };

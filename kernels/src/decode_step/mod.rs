@@ -76,7 +76,12 @@
 //!   `stage` holds [`stage_counters`] zeros (every launch leaves them zero).
 //! - The grid is at most the number of programs that can be resident at
 //!   once (the launcher refuses larger waiting grids).
-//! - Formats: `F_*` is the [`QuantFormat`] of each matrix.
+//! - Formats: `F_*` is the [`QuantFormat`] of each matrix kind. A kind
+//!   whose layers mix two formats (llama.cpp's Q4_K_M files: down in Q4_K
+//!   or Q6_K by layer) has the second as `F_*2` (otherwise `F_*2 = F_*`),
+//!   and bit `j` of `alt_ptr[l]` set where layer `l`'s matrix of kind `j`
+//!   (QKV, O, gate/up, down) is in it; the per-layer strides then span the
+//!   larger of the two. Both QKV formats must stack or both split.
 //! - With `TRACE`, program `p` writes [`globaltimer`](dsl_core::lang::globaltimer)
 //!   readings to row `p` of `trace` ([`trace_width`] entries per program):
 //!   entry 0 when it leaves the embedding, `1 + 5 l + j` when it leaves
@@ -90,7 +95,8 @@
 mod tasks;
 
 pub use tasks::{
-    count_tiles, first_task, mark, prefetch_kv, prefetch_layer, prefetch_share, stage_linear, task_weights,
+    StageFormat, StageShape, by_format, count_tiles, first_task, mark, prefetch_kv, prefetch_layer,
+    prefetch_share, stage_linear, task_weights,
 };
 
 use crate::decode_attention::decode_tc_body;
@@ -156,6 +162,7 @@ pub fn decode_step<T: Float>(
     dn_s: Ptr<f16>,
     head_q: Ptr<u8>,
     head_s: Ptr<f16>,
+    alt_ptr: Ptr<i32>,
     attn_norm: Ptr<T>,
     ffn_norm: Ptr<T>,
     out_norm: Ptr<T>,
@@ -200,6 +207,10 @@ pub fn decode_step<T: Float>(
     #[constexpr] F_GU: QuantFormat,
     #[constexpr] F_DN: QuantFormat,
     #[constexpr] F_HEAD: QuantFormat,
+    #[constexpr] F_QKV2: QuantFormat,
+    #[constexpr] F_O2: QuantFormat,
+    #[constexpr] F_GU2: QuantFormat,
+    #[constexpr] F_DN2: QuantFormat,
     #[constexpr] F16: bool,
     #[constexpr] ONE_ROW: bool,
     #[constexpr] TRACE: bool,
@@ -237,25 +248,42 @@ pub fn decode_step<T: Float>(
     let norm_block = N_EMBD.next_power_of_two();
     // One-row steps on tensor cores take the word-tiled products stacked
     // ([`stacked_sums`]: `stack` K tiles per dot, no split-K hand-over);
-    // the others split into 128-column K tiles.
+    // the others split into 128-column K tiles, gate/up in tiles of 64 rows
+    // (its tasks then fit the grid in one round).
     let one = ONE_ROW && F16;
-    // Split output tile heights: 64 rows for Q8_0 and for gate/up (its tasks
-    // then fit the grid in one round), 32 otherwise. Tile heights decide
-    // only which program computes which output, not the arithmetic.
-    let q8_qkv = if F_QKV == QuantFormat::Q8_0 { 64 } else { 32 };
-    let q8_o = if F_O == QuantFormat::Q8_0 { 64 } else { 32 };
-    let q8_dn = if F_DN == QuantFormat::Q8_0 { 64 } else { 32 };
     let qkv_rows_n = (N_HEAD + 2 * N_KV) * HEAD_DIM;
-    let (st_qkv, bn_qkv) = F_QKV.stacked_shape(one, qkv_rows_n, N_EMBD, q8_qkv);
-    let (st_o, bn_o) = F_O.stacked_shape(one, N_EMBD, N_HEAD * HEAD_DIM, q8_o);
-    let (st_gu, bn_gu) = F_GU.stacked_shape(one, 2 * N_FF, N_EMBD, 64);
-    let (st_dn, bn_dn) = F_DN.stacked_shape(one, N_EMBD, N_FF, q8_dn);
+    let (f_qkv, f_qkv2) = (
+        F_QKV.stage_format(one, qkv_rows_n, N_EMBD, false),
+        F_QKV2.stage_format(one, qkv_rows_n, N_EMBD, false),
+    );
+    let (f_o, f_o2) = (
+        F_O.stage_format(one, N_EMBD, N_HEAD * HEAD_DIM, false),
+        F_O2.stage_format(one, N_EMBD, N_HEAD * HEAD_DIM, false),
+    );
+    let (f_gu, f_gu2) =
+        (F_GU.stage_format(one, 2 * N_FF, N_EMBD, true), F_GU2.stage_format(one, 2 * N_FF, N_EMBD, true));
+    let (f_dn, f_dn2) =
+        (F_DN.stage_format(one, N_EMBD, N_FF, false), F_DN2.stage_format(one, N_EMBD, N_FF, false));
+    let (st_qkv, bn_qkv) = (f_qkv.stack(), f_qkv.block_n());
+    let (st_o, bn_o) = (f_o.stack(), f_o.block_n());
+    let (st_gu, bn_gu) = (f_gu.stack(), f_gu.block_n());
+    let (st_dn, bn_dn) = (f_dn.stack(), f_dn.block_n());
+    // Layers whose matrix of a kind is in that kind's second format (bit j
+    // of `alt_ptr[l]` for kind j: QKV, O, gate/up, down) run the stage's
+    // tasks in it; the RoPE placement below must not depend on the format.
+    let mixed = F_QKV2 != F_QKV || F_O2 != F_O || F_GU2 != F_GU || F_DN2 != F_DN;
+    static_assert(
+        F_QKV2.stacks(one, qkv_rows_n, N_EMBD) == F_QKV.stacks(one, qkv_rows_n, N_EMBD),
+        "a model's QKV formats must both stack or both split",
+    );
     let (tl_e, tl_attn, tl_ff) = (
         N_EMBD.div_ceil(LINEAR_BLOCK_K),
         (N_HEAD * HEAD_DIM).div_ceil(LINEAR_BLOCK_K),
         N_FF.div_ceil(LINEAR_BLOCK_K),
     );
-    let bn_head = if F_HEAD == QuantFormat::Q8_0 { 64 } else { 32 };
+    // The LM head unsplit (its tiles alone fill the grid): tiles of 64 rows
+    // in Q8_0, 32 otherwise.
+    let f_head = F_HEAD.stage_format(false, 0, N_EMBD, false);
     // A stacked QKV product rotates Q and K itself and writes them (and V)
     // where the attention reads them ([`rope_pairs`]); otherwise the
     // attention task does it ([`rope_row`]) from the QKV row.
@@ -266,6 +294,13 @@ pub fn decode_step<T: Float>(
     let t_o = count_tiles(n_e, bn_o);
     let t_gu = count_tiles(n_ff * 2, bn_gu);
     let t_dn = count_tiles(n_e, bn_dn);
+    let (t_qkv2, t_o2, t_gu2, t_dn2) = (
+        count_tiles(n_qkv, f_qkv2.block_n()),
+        count_tiles(n_e, f_o2.block_n()),
+        count_tiles(n_ff * 2, f_gu2.block_n()),
+        count_tiles(n_e, f_dn2.block_n()),
+    );
+    let zero = full([], 0, i32);
     let last = (STAGES_PER_LAYER * N_LAYERS + 2) as i32;
 
     for t in range(program_id(0), m, num_programs(0)) {
@@ -302,7 +337,11 @@ pub fn decode_step<T: Float>(
         let off_dn = off_gu + n_gu_tasks;
         // QKV with the attention norm: reads the residual, the embedding
         // (layer 0) or the previous layer's down product.
-        let ready = where_(l == 0, m, t_dn);
+        // Which of their kind's two formats this layer's matrices are in
+        // (see `mixed`), and the previous layer's down tiles.
+        let alt = if mixed { load(alt_ptr + l) } else { zero };
+        let alt_prev = if F_DN2 != F_DN { load(alt_ptr + maximum(l - 1, 0)) } else { zero };
+        let ready = where_(l == 0, m, by_format(alt_prev, 3, t_dn, t_dn2));
         stage_linear(
             h_ptr,
             qkv_q + l * qkv_qs,
@@ -320,15 +359,15 @@ pub fn decode_step<T: Float>(
             n_qkv,
             n_e,
             eps,
-            F_QKV,
+            f_qkv,
+            f_qkv2,
+            alt >> 0 & 1,
             Fuse::NONE.with_norm(true),
             true,
             F16,
             ONE_ROW,
             T,
             norm_block,
-            bn_qkv,
-            st_qkv,
             tl_e,
             rope_qkv,
             pos_ptr,
@@ -364,7 +403,7 @@ pub fn decode_step<T: Float>(
                 let (c, s) = rope_angles(pos_ptr, theta, b, HEAD_DIM);
                 (c, s, load(slot_ptr + b))
             };
-            wait_until(stage_ptr + s0, "ge", t_qkv);
+            wait_until(stage_ptr + s0, "ge", by_format(alt, 0, t_qkv, t_qkv2));
             mark(trace_ptr, s0 + 1 + n_marks as i32, width, TRACE);
             // Unless the QKV product did: RoPE of this KV head's query group
             // and of its key, and the token's key and value into the cache,
@@ -437,15 +476,15 @@ pub fn decode_step<T: Float>(
             n_e,
             n_attn,
             eps,
-            F_O,
+            f_o,
+            f_o2,
+            alt >> 1 & 1,
             Fuse::NONE.with_residual(true),
             true,
             F16,
             ONE_ROW,
             T,
             norm_block,
-            bn_o,
-            st_o,
             tl_attn,
             RopeShape::NONE,
             h_ptr,
@@ -468,22 +507,22 @@ pub fn decode_step<T: Float>(
             cnt_ptr,
             stage_ptr,
             s0 + 2,
-            t_o,
+            by_format(alt, 1, t_o, t_o2),
             s0 + 3,
             off_gu,
             m,
             n_ff,
             n_e,
             eps,
-            F_GU,
+            f_gu,
+            f_gu2,
+            alt >> 2 & 1,
             Fuse::NONE.with_silu(true).with_norm(true),
             true,
             F16,
             ONE_ROW,
             T,
             norm_block,
-            bn_gu,
-            st_gu,
             tl_e,
             RopeShape::NONE,
             h_ptr,
@@ -506,22 +545,22 @@ pub fn decode_step<T: Float>(
             cnt_ptr,
             stage_ptr,
             s0 + 3,
-            t_gu,
+            by_format(alt, 2, t_gu, t_gu2),
             s0 + 4,
             off_dn,
             m,
             n_e,
             n_ff,
             eps,
-            F_DN,
+            f_dn,
+            f_dn2,
+            alt >> 3 & 1,
             Fuse::NONE.with_residual(true),
             true,
             F16,
             ONE_ROW,
             T,
             norm_block,
-            bn_dn,
-            st_dn,
             tl_ff,
             RopeShape::NONE,
             h_ptr,
@@ -536,6 +575,7 @@ pub fn decode_step<T: Float>(
         mark(trace_ptr, s0 + 4, width, TRACE);
     }
     // The LM head with the final norm, unsplit (its tiles alone fill the grid).
+    let alt_last = if F_DN2 != F_DN { load(alt_ptr + (N_LAYERS - 1) as i32) } else { zero };
     stage_linear(
         h_ptr,
         head_q,
@@ -546,22 +586,22 @@ pub fn decode_step<T: Float>(
         cnt_ptr,
         stage_ptr,
         full([], last - 2, i32),
-        t_dn,
+        by_format(alt_last, 3, t_dn, t_dn2),
         full([], last - 1, i32),
         m + N_LAYERS as i32 * per_layer,
         m,
         vocab,
         n_e,
         eps,
-        F_HEAD,
+        f_head,
+        f_head,
+        zero,
         Fuse::NONE.with_norm(true),
         false,
         F16,
         ONE_ROW,
         T,
         norm_block,
-        bn_head,
-        0,
         0,
         RopeShape::NONE,
         h_ptr,

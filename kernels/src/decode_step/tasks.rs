@@ -5,7 +5,7 @@
 
 use super::MAX_ROWS;
 use crate::dequant::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_tile, tile_load};
-use crate::dequant::stacked::{stacked_load, stacked_rows, stacked_sums};
+use crate::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_sums};
 use crate::dequant::{Fuse, QuantFormat};
 use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
 use crate::rope::{RopeShape, rope_pairs};
@@ -43,25 +43,84 @@ pub fn first_task(offset: Tensor) -> Tensor {
     (program_id(0) + np - offset % np) % np
 }
 
+/// `a`, or `b` where bit `bit` of `alt` is set: a count of a stage whose
+/// layers' matrices come in two formats (see [`stage_linear`]).
+#[kernel_fn]
+pub fn by_format(alt: Tensor, bit: i32, a: Tensor, b: Tensor) -> Tensor {
+    where_((alt >> bit & 1) != 0, b, a)
+}
+
 /// Output tiles of `block_n` rows of a product with `rows` weight rows.
 #[kernel_fn]
 pub fn count_tiles(rows: Tensor, block_n: usize) -> Tensor {
     (rows + (block_n as i32 - 1)) / block_n as i32
 }
 
+/// A product stage's weight format and tiling: the [`QuantFormat`], the
+/// output tile height `block_n` and, for a stacked product, the K tiles
+/// per `dot` (`stack`; 0: split along K), as [`StackedShape::stacked_shape`]
+/// gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageFormat {
+    quant: QuantFormat,
+    block_n: usize,
+    stack: usize,
+}
+
+impl StageFormat {
+    /// The format.
+    pub const fn quant(self) -> QuantFormat {
+        self.quant
+    }
+
+    /// Output tile height.
+    pub const fn block_n(self) -> usize {
+        self.block_n
+    }
+
+    /// Stacked K tiles per `dot` (0: split along K).
+    pub const fn stack(self) -> usize {
+        self.stack
+    }
+}
+
+/// The persistent step's [`StageFormat`] of a product in a format.
+pub trait StageShape {
+    /// The tiling of a product of `rows` weight rows and `k` columns:
+    /// stacked for one row (`one_row`) in the word-tiled formats, otherwise
+    /// split along K into tiles of 64 rows (Q8_0, or with `tall`) or 32.
+    /// Tile heights decide only which program computes which output, not
+    /// the arithmetic.
+    fn stage_format(self, one_row: bool, rows: usize, k: usize, tall: bool) -> StageFormat;
+}
+
+impl StageShape for QuantFormat {
+    fn stage_format(self, one_row: bool, rows: usize, k: usize, tall: bool) -> StageFormat {
+        let split = if tall || self == QuantFormat::Q8_0 { 64 } else { 32 };
+        let (stack, block_n) = self.stacked_shape(one_row, rows, k, split);
+        StageFormat { quant: self, block_n, stack }
+    }
+}
+
 /// One product stage: `out = x @ W^T` (with the fusions) as tasks of one
-/// output tile and (with `split`) one K tile, each waiting until counter
+/// output tile and (with `split_k`) one K tile, each waiting until counter
 /// `wait_idx` reaches `wait_target`, each finished output tile counted in
 /// counter `done_idx`. With `norm`, the prologue's statistic is taken per
 /// row of `x` (one row with `one_row`). With `stack > 0` (one row, a
 /// word-tiled format) each task is one output tile over all `tiles` K tiles,
-/// `stack` of them per `dot` ([`stacked_sums`]), and `split` is not read;
+/// `stack` of them per `dot` ([`stacked_sums`]), and `split_k` is not read;
 /// then with `rope` on (a QKV product) the tile ends in [`rope_pairs`]
 /// instead of a store: Q to `out`, K and V to the caches at the slot of
 /// `slot_ptr`, rotated for the position at `pos_ptr` (both read before the
 /// wait; with `rope` off these and the caches are not read). With `trace`,
 /// each task writes its wait-exit reading (entry `n_marks + done_idx` of
 /// rows of `2 n_marks`, see [`super::decode_step`]'s `TRACE`).
+///
+/// The stage's matrices are in format `fmt` (with its tile height and
+/// stack), or in `fmt2` in layers where `alt` is not zero (a runtime value:
+/// llama.cpp's mixed quantizations pick some matrices' formats per layer):
+/// the tasks are built once per format, each under an `if` on `alt`. With
+/// `fmt2 == fmt` they are built once and `alt` is not read.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn stage_linear(
@@ -81,15 +140,15 @@ pub fn stage_linear(
     n: Tensor,
     k: Tensor,
     eps: Tensor,
-    quant: QuantFormat,
+    fmt: StageFormat,
+    fmt2: StageFormat,
+    alt: Tensor,
     fuse: Fuse,
     split_k: bool,
     f16_ops: bool,
     one_row: bool,
     dt: DType,
     norm_block: usize,
-    block_n: usize,
-    stack: usize,
     tiles: usize,
     rope: RopeShape,
     pos_ptr: Tensor,
@@ -101,110 +160,126 @@ pub fn stage_linear(
     n_marks: usize,
     trace: bool,
 ) {
-    let bk = LINEAR_BLOCK_K as i32;
-    let rows = if fuse.silu() { n * 2 } else { n };
-    let tiles_n = count_tiles(rows, block_n);
-    let split_k = split_k && stack == 0;
-    let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
-    let zero = full([], 0, i32);
-    let np = num_programs(0);
-    let n_tasks = tiles_n * tiles_k;
-    // RoPE is an epilogue of the stacked tile only.
-    let rope = if stack > 0 { rope } else { RopeShape::NONE };
-    let t0 = first_task(offset);
-    for t in range(t0, n_tasks, np) {
-        // The task's weights go out before its wait (the weights are never
-        // written by the step).
-        let (wrow, wd, sr, wd_tail, sr_tail) = if stack > 0 {
-            let wrow = stacked_rows(t, rows, block_n, stack);
-            let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack);
-            (wrow, wd, sr, wd, sr)
-        } else {
-            let (wd, sr, wd_tail, sr_tail) =
-                task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n);
-            (zero, wd, sr, wd_tail, sr_tail)
-        };
-        let pid_n = t / tiles_k;
-        let pid_k = t % tiles_k;
-        let (pos, slot) = if rope.on() { (load(pos_ptr).to(f32), load(slot_ptr)) } else { (eps, zero) };
-        wait_until(stage_ptr + wait_idx, "ge", wait_target);
-        mark(trace_ptr, done_idx + n_marks as i32, 2 * n_marks, trace);
-        let rs = if !fuse.norm() {
-            eps
-        } else if one_row {
-            let cols = arange(0, norm_block);
-            let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
-            rms_rstd(row, k, eps, norm_block)
-        } else {
-            let offs = minimum(arange(0, MAX_ROWS), m - 1) * k;
-            expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
-        };
-        let fin = if stack > 0 {
-            let (sums, odd) = stacked_sums(
-                x_ptr,
-                q_ptr,
-                s_ptr,
-                nw_ptr,
-                ws_ptr,
-                k,
-                rs,
-                wrow,
-                wd,
-                sr,
-                quant,
-                fuse,
-                f16_ops,
-                dt,
-                block_n,
-                stack,
-                tiles,
-                rope.on(),
-            );
-            if rope.on() {
-                // `sums` holds the even rows.
-                let r = t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2;
-                rope_pairs(
-                    sums,
-                    odd,
-                    r,
-                    n,
-                    pos,
-                    theta,
-                    slot,
-                    out_ptr,
-                    k_cache,
-                    v_cache,
-                    rope.n_q(),
-                    rope.n_kv(),
-                    rope.head_dim(),
-                    dt,
-                );
-            } else {
-                linear_epilogue(
-                    reshape(sums, [1, block_n]),
-                    out_ptr,
-                    zero + 1,
-                    n,
-                    n,
-                    zero,
-                    t,
-                    fuse,
-                    dt,
-                    1,
-                    block_n,
-                );
-            }
+    let n_formats = if fmt2 == fmt { 1 } else { 2 };
+    for j in 0..n_formats {
+        let f = if j == 0 { fmt } else { fmt2 };
+        // With one format the condition is a constant and the `if` folds away.
+        let mine = if n_formats == 1 {
             full([], 1, i1)
+        } else if j == 0 {
+            alt == 0
         } else {
-            linear_tile(
-                x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr, wd_tail,
-                sr_tail, zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k, f16_ops, dt, MAX_ROWS,
-                block_n,
-            )
+            alt != 0
         };
-        if fin {
-            atomic_add(stage_ptr + done_idx, 1, sem = "release");
-        }
+        if mine {
+            let (quant, block_n, stack) = (f.quant(), f.block_n(), f.stack());
+            let bk = LINEAR_BLOCK_K as i32;
+            let rows = if fuse.silu() { n * 2 } else { n };
+            let tiles_n = count_tiles(rows, block_n);
+            let split_k = split_k && stack == 0;
+            let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
+            let zero = full([], 0, i32);
+            let np = num_programs(0);
+            let n_tasks = tiles_n * tiles_k;
+            // RoPE is an epilogue of the stacked tile only.
+            let rope = if stack > 0 { rope } else { RopeShape::NONE };
+            let t0 = first_task(offset);
+            for t in range(t0, n_tasks, np) {
+                // The task's weights go out before its wait (the weights are never
+                // written by the step).
+                let (wrow, wd, sr, wd_tail, sr_tail) = if stack > 0 {
+                    let wrow = stacked_rows(t, rows, block_n, stack);
+                    let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack);
+                    (wrow, wd, sr, wd, sr)
+                } else {
+                    let (wd, sr, wd_tail, sr_tail) =
+                        task_weights(q_ptr, s_ptr, t, tiles_k, rows, k, quant, split_k, block_n);
+                    (zero, wd, sr, wd_tail, sr_tail)
+                };
+                let pid_n = t / tiles_k;
+                let pid_k = t % tiles_k;
+                let (pos, slot) =
+                    if rope.on() { (load(pos_ptr).to(f32), load(slot_ptr)) } else { (eps, zero) };
+                wait_until(stage_ptr + wait_idx, "ge", wait_target);
+                mark(trace_ptr, done_idx + n_marks as i32, 2 * n_marks, trace);
+                let rs = if !fuse.norm() {
+                    eps
+                } else if one_row {
+                    let cols = arange(0, norm_block);
+                    let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
+                    rms_rstd(row, k, eps, norm_block)
+                } else {
+                    let offs = minimum(arange(0, MAX_ROWS), m - 1) * k;
+                    expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
+                };
+                let fin = if stack > 0 {
+                    let (sums, odd) = stacked_sums(
+                        x_ptr,
+                        q_ptr,
+                        s_ptr,
+                        nw_ptr,
+                        ws_ptr,
+                        k,
+                        rs,
+                        wrow,
+                        wd,
+                        sr,
+                        quant,
+                        fuse,
+                        f16_ops,
+                        dt,
+                        block_n,
+                        stack,
+                        tiles,
+                        rope.on(),
+                    );
+                    if rope.on() {
+                        // `sums` holds the even rows.
+                        let r = t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2;
+                        rope_pairs(
+                            sums,
+                            odd,
+                            r,
+                            n,
+                            pos,
+                            theta,
+                            slot,
+                            out_ptr,
+                            k_cache,
+                            v_cache,
+                            rope.n_q(),
+                            rope.n_kv(),
+                            rope.head_dim(),
+                            dt,
+                        );
+                    } else {
+                        linear_epilogue(
+                            reshape(sums, [1, block_n]),
+                            out_ptr,
+                            zero + 1,
+                            n,
+                            n,
+                            zero,
+                            t,
+                            fuse,
+                            dt,
+                            1,
+                            block_n,
+                        );
+                    }
+                    full([], 1, i1)
+                } else {
+                    linear_tile(
+                        x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr,
+                        wd_tail, sr_tail, zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k,
+                        f16_ops, dt, MAX_ROWS, block_n,
+                    )
+                };
+                if fin {
+                    atomic_add(stage_ptr + done_idx, 1, sem = "release");
+                }
+            }
+        };
     }
 }
 

@@ -3,23 +3,27 @@
 //! on the GPU. Every row passes only when token ids, logprob bits and logit
 //! bits are identical and the persistent kernel ran for every decode step.
 //!
-//! - the tiny model (2 layers, f32 and bf16): a decode scenario of 1 to 6
-//!   rows (greedy and seeded sampling with penalties), eager and in CUDA
-//!   graphs;
+//! - the tiny model (2 layers, f32 and bf16), as written and with its down
+//!   matrices in Q4_K and Q6_K by layer: a decode scenario of 1 to 6 rows
+//!   (greedy and seeded sampling with penalties), eager and in CUDA graphs;
 //! - a SmolLM2-shaped model (random weights of the real shapes: 30 layers,
 //!   9/3 heads of 64, FFN 1536, Q4_1 projections, the Q8_0 head) in bf16:
-//!   the same scenario over contexts that cross several key blocks.
+//!   the same scenario over contexts that cross several key blocks, and
+//!   (eager) with llama.cpp's Q4_K_M types, which pick the down matrices'
+//!   format per layer.
 //!
 //! `megakernel_small` runs the tiny model's rows alone, eager, over four
 //! decode steps: the family `compute-sanitizer --tool racecheck` finishes
 //! (the SmolLM2-shaped rows take it longer than a device call).
 
 use crate::check::CheckRow;
-use crate::check::model::{Scenario, compare_exact, decode_scenario, scenario_params, tiny_model};
+use crate::check::model::{
+    Scenario, compare_exact, decode_scenario, scenario_params, tiny_down_by_layer_model, tiny_model,
+};
 use crate::cuda::Cuda;
 use crate::error::Result;
 use crate::gguf::Gguf;
-use crate::gguf::tiny::{TinyLlama, synth_shape};
+use crate::gguf::tiny::{TinyLlama, q4_k_m_types, synth_shape};
 use crate::model::ActElem;
 use crate::model::GraphMode;
 use crate::model::mega::DecodePath;
@@ -68,6 +72,10 @@ pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     for mode in [GraphMode::Off, GraphMode::Graphs] {
         rows.push(compare::<bf16>(cuda, &smol, "smollm2-shaped", mode, &long)?);
     }
+    let k_mix = q4_k_m_types(&t.config, false);
+    let smol_k = Gguf::from_bytes(t.with_mix(k_mix).to_bytes()?)?;
+    let what = "smollm2-shaped, llama.cpp's Q4_K_M types (down in Q4_K or Q6_K by layer)";
+    rows.push(compare::<bf16>(cuda, &smol_k, what, GraphMode::Off, &long)?);
     Ok(rows)
 }
 
@@ -90,13 +98,16 @@ fn tiny_scenario() -> Scenario {
     }
 }
 
-/// The tiny model's rows (f32 and bf16) of scenario `sc` in each of `modes`.
+/// The tiny model's rows (f32 and bf16) of scenario `sc` in each of
+/// `modes`, as written and with its down matrices in Q4_K and Q6_K by layer.
 fn tiny_rows(cuda: &mut Cuda, modes: &[GraphMode], sc: &Scenario) -> Result<Vec<CheckRow>> {
-    let tiny = tiny_model()?;
+    let models = [("tiny", tiny_model()?), ("tiny, down Q4_K/Q6_K by layer", tiny_down_by_layer_model()?)];
     let mut rows = Vec::new();
-    for &mode in modes {
-        rows.push(compare::<f32>(cuda, &tiny, "tiny", mode, sc)?);
-        rows.push(compare::<bf16>(cuda, &tiny, "tiny", mode, sc)?);
+    for (what, g) in &models {
+        for &mode in modes {
+            rows.push(compare::<f32>(cuda, g, what, mode, sc)?);
+            rows.push(compare::<bf16>(cuda, g, what, mode, sc)?);
+        }
     }
     Ok(rows)
 }

@@ -98,6 +98,39 @@ pub fn tiny_mixed_quant_model() -> Result<Gguf> {
     Ok(Gguf::from_bytes(t.to_bytes()?)?)
 }
 
+/// The bundled SmolLM2 requantized to `quant` (`Q4_K_M`, ...) by `make
+/// kquant-models`, or `None`, with a note on stderr, when the file is
+/// missing (the tests that need it skip).
+pub fn requantized_model(quant: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../models/SmolLM2-135M-Instruct.{quant}.gguf"));
+    let found = path.is_file();
+    if !found {
+        eprintln!("skipped {quant}: {} is missing (make kquant-models)", path.display());
+    }
+    found.then_some(path)
+}
+
+/// [`tiny_llama`] with matrices in a format per layer, as llama.cpp's
+/// Q4_K_M files have them: down in Q4_K (layer 0) and Q6_K (layer 1), and
+/// O in Q4_1 and Q8_0 (whose split tiles are twice as tall, so the stage
+/// after it waits for fewer tiles in layer 1). The multi-kernel step reads
+/// them padded to one stride; the persistent step runs each layer's tasks
+/// in its format.
+pub fn tiny_down_by_layer_model() -> Result<Gguf> {
+    use crate::gguf::GgmlType;
+    let t = TinyLlama {
+        matrix_types: vec![
+            ("blk.0.ffn_down".into(), GgmlType::Q4_K),
+            ("blk.1.ffn_down".into(), GgmlType::Q6_K),
+            ("blk.1.attn_output".into(), GgmlType::Q8_0),
+        ],
+        embedding_scale: 0.03,
+        ..tiny_llama()
+    };
+    Ok(Gguf::from_bytes(t.to_bytes()?)?)
+}
+
 /// The tiny model ([`tiny_llama`], with `embedding_scale`) in each variant
 /// of the forward pass beyond plain Llama: `qwen2` (QKV bias, NEOX RoPE),
 /// `qwen3` (Q/K head norm, NEOX RoPE, 4 query heads of 64 on the hidden size

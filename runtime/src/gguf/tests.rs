@@ -170,11 +170,7 @@ fn q4_k_m_types_of_a_256_wide_model() {
 /// other tensors. Skipped without the file (`make kquant-models`).
 #[test]
 fn q4_k_m_types_match_the_real_file() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_K_M.gguf");
-    if !path.is_file() {
-        eprintln!("skipped: {} is missing (make kquant-models)", path.display());
-        return;
-    }
+    let Some(path) = crate::check::model::requantized_model("Q4_K_M") else { return };
     let g = Gguf::open(&path).unwrap();
     let mix = smollm2_q4_k_m_types();
     assert_eq!(g.tensors().len(), mix.len());

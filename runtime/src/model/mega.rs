@@ -18,7 +18,7 @@ use super::device::Device;
 use super::forward::{Launcher, Plan, usage};
 use super::inputs::Layout;
 use super::layers::arena_i32;
-use super::weights::{Kind, Weights};
+use super::weights::{Kind, Stacked, Weights};
 use crate::error::Result;
 use crate::model::ActElem;
 use dsl_core::half::f16;
@@ -155,9 +155,15 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
             "its QKV tasks take one matrix per layer, and this model's Q, K and V differ in format".into(),
         );
     }
+    // The step's products: stacked or split in the word-tiled formats,
+    // split in the K-quants (the LM head only the former).
     let formats = w.layers.iter().flat_map(|l| [l.qkv.format, l.o.format, l.gate_up.format, l.down.format]);
-    if let Some(f) = formats.chain([w.lm_head.format]).find(|f| !f.gpu_kernels()) {
-        return Some(format!("its product tasks take Q4_0, Q4_1 and Q8_0 matrices, not {}", f.name()));
+    if let Some(f) = formats.filter(|f| !f.is_k_quant()).chain([w.lm_head.format]).find(|f| !f.gpu_kernels())
+    {
+        return Some(format!(
+            "its product tasks take Q4_0, Q4_1, Q8_0 (Q5_0 as Q8_0), Q4_K, Q5_K and Q6_K matrices (the LM head one of the first three), not {}",
+            f.name()
+        ));
     }
     if w.embedding_format != QuantFormat::Q8_0 {
         return Some(format!("its embedding kernel takes Q8_0 tables, not {}", w.embedding_format.name()));
@@ -186,17 +192,26 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
     let layers = w.layers.len();
     for kind in [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down] {
         match w.stride(kind) {
-            None => return Some(format!("the {kind:?} matrices differ in format between layers")),
-            Some((_, qs, ss)) if qs * layers >= LIMIT || 2 * ss * layers >= LIMIT => {
+            None => {
+                return Some(format!(
+                    "the {kind:?} matrices differ in shape between layers or come in more than two formats"
+                ));
+            }
+            Some(st) if st.qs * layers >= LIMIT || 2 * st.ss * layers >= LIMIT => {
                 return Some(format!("the {kind:?} matrices of all layers exceed 2 GiB"));
             }
             // The kernel promises the compiler that every layer's planes
             // start on a 16-byte line (`STRIDE_ALIGN`), so its loads can be
             // vectors and its key loop pipelined.
-            Some((_, qs, ss))
-                if !qs.is_multiple_of(STRIDE_ALIGN) || !(2 * ss).is_multiple_of(STRIDE_ALIGN) =>
-            {
+            Some(st) if !st.qs.is_multiple_of(STRIDE_ALIGN) || !(2 * st.ss).is_multiple_of(STRIDE_ALIGN) => {
                 return Some(format!("the {kind:?} matrices of a layer are not whole 16-byte lines"));
+            }
+            // The attention stage rotates Q and K itself unless the QKV
+            // tiles do, which they do in the word-tiled formats only.
+            Some(Stacked { formats: [a, b], .. })
+                if kind == Kind::Qkv && a.gpu_kernels() != b.gpu_kernels() =>
+            {
+                return Some(format!("its QKV matrices mix {} and {} between layers", a.name(), b.name()));
             }
             _ => {}
         }
@@ -220,20 +235,22 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
 
 /// The kernel's configuration for a model of shape `c` in `dtype` with
 /// pages of `page` tokens: the attention's key block and tile height `att`,
-/// the formats of the QKV, O, gate/up, down and head matrices, f16 tensor-core
-/// operands (`f16`), one row, and the trace.
+/// the formats of the QKV, O, gate/up and down matrices (each kind's first
+/// and second, see [`Stacked`]) and of the head, f16 tensor-core operands
+/// (`f16`), one row, and the trace.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn step_config(
     dtype: dsl_core::DType,
     c: &crate::gguf::LlamaConfig,
     page: usize,
     att: (usize, usize),
-    formats: [QuantFormat; 5],
+    formats: [[QuantFormat; 2]; 4],
+    f_head: QuantFormat,
     f16: bool,
     one_row: bool,
     trace: bool,
 ) -> decode_step::Config {
-    let [f_qkv, f_o, f_gu, f_dn, f_head] = formats;
+    let [[f_qkv, f_qkv2], [f_o, f_o2], [f_gu, f_gu2], [f_dn, f_dn2]] = formats;
     decode_step::Config::new(
         dtype,
         c.n_layers,
@@ -250,6 +267,10 @@ pub(crate) fn step_config(
         f_gu,
         f_dn,
         f_head,
+        f_qkv2,
+        f_o2,
+        f_gu2,
+        f_dn2,
         f16,
         one_row,
         trace,
@@ -279,10 +300,8 @@ pub(super) fn launch<D: Device, T: ActElem>(
     let strides = |kind: Kind| {
         w.stride(kind).ok_or_else(|| usage(format!("internal error: {kind:?} matrices are not stacked")))
     };
-    let (f_qkv, qkv_qs, qkv_ss) = strides(Kind::Qkv)?;
-    let (f_o, o_qs, o_ss) = strides(Kind::O)?;
-    let (f_gu, gu_qs, gu_ss) = strides(Kind::GateUp)?;
-    let (f_dn, dn_qs, dn_ss) = strides(Kind::Down)?;
+    let [qkv, o, gu, dn] = [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down].map(strides);
+    let (qkv, o, gu, dn) = (qkv?, o?, gu?, dn?);
     let dtype = T::DEVICE_DTYPE;
     let group = c.n_head / c.n_head_kv;
     // The multi-kernel decode attention's key block and tile height: the
@@ -297,9 +316,19 @@ pub(super) fn launch<D: Device, T: ActElem>(
     }
     // Profiled steps read the clock at every stage's end.
     let trace = ln.profile.is_some();
-    let formats = [f_qkv, f_o, f_gu, f_dn, w.lm_head.format];
+    let formats = [qkv.formats, o.formats, gu.formats, dn.formats];
     let att = (att_block_n, att_rows);
-    let config = step_config(dtype, c, kv.block_size, att, formats, ln.dev.tensor_cores(), m == 1, trace);
+    let config = step_config(
+        dtype,
+        c,
+        kv.block_size,
+        att,
+        formats,
+        w.lm_head.format,
+        ln.dev.tensor_cores(),
+        m == 1,
+        trace,
+    );
     if s.mega_stage_len < stage_counters(c.n_layers) {
         return Err(usage("internal error: too few stage counters for the persistent step".into()));
     }
@@ -323,6 +352,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
         dn_s: sc(Kind::Down)?,
         head_q: D::ptr_at::<u8, u8>(&w.lm_head.quants, 0)?,
         head_s: D::ptr_at::<f16, f16>(&w.lm_head.scales, 0)?,
+        alt_ptr: D::ptr_at::<i32, i32>(&w.layer_alt, 0)?,
         attn_norm: D::ptr_at::<T, AnyDType>(&w.attn_norm, 0)?,
         ffn_norm: D::ptr_at::<T, AnyDType>(&w.ffn_norm, 0)?,
         out_norm: D::ptr_at::<T, AnyDType>(&w.output_norm, 0)?,
@@ -341,14 +371,14 @@ pub(super) fn launch<D: Device, T: ActElem>(
         m: m as i32,
         bt_stride: lay.bt_stride as i32,
         vocab: c.vocab_size as i32,
-        qkv_qs: qkv_qs as i32,
-        qkv_ss: qkv_ss as i32,
-        o_qs: o_qs as i32,
-        o_ss: o_ss as i32,
-        gu_qs: gu_qs as i32,
-        gu_ss: gu_ss as i32,
-        dn_qs: dn_qs as i32,
-        dn_ss: dn_ss as i32,
+        qkv_qs: qkv.qs as i32,
+        qkv_ss: qkv.ss as i32,
+        o_qs: o.qs as i32,
+        o_ss: o.ss as i32,
+        gu_qs: gu.qs as i32,
+        gu_ss: gu.ss as i32,
+        dn_qs: dn.qs as i32,
+        dn_ss: dn.ss as i32,
         kv_stride: kv.layer_len as i32,
         eps: c.rms_norm_eps,
         theta: c.rope_freq_base,
@@ -365,8 +395,12 @@ pub(super) fn launch<D: Device, T: ActElem>(
     } as u32;
     // Each program's stacked products keep their K tiles' products in its
     // own slot of the workspace: no more programs than it has slots for.
-    let slot =
-        super::products::mega_stacked_slot(c, [f_qkv, f_o, f_gu, f_dn], m == 1 && ln.dev.tensor_cores());
+    let one_row = m == 1 && ln.dev.tensor_cores();
+    let slot = [0, 1]
+        .map(|i| super::products::mega_stacked_slot(c, formats.map(|f| f[i]), one_row))
+        .into_iter()
+        .max()
+        .unwrap_or(0);
     let programs = s.lin_ws_len.checked_div(slot).map_or(programs, |fit| programs.min(fit.max(1) as u32));
     if trace {
         // The profile's bytes and FLOPs: every matrix once, the cached K/V.
@@ -466,8 +500,17 @@ mod tests {
         let (block_n, rows, warps) = invariant_decode_shape(DType::BF16, true, 3, 64, 16);
         assert_eq!(warps, 4);
         let q4 = QuantFormat::Q4_1;
-        let formats = [q4, q4, q4, q4, QuantFormat::Q8_0];
-        let config = step_config(DType::BF16, &c, 16, (block_n, rows), formats, true, true, true);
+        let config = step_config(
+            DType::BF16,
+            &c,
+            16,
+            (block_n, rows),
+            [[q4; 2]; 4],
+            QuantFormat::Q8_0,
+            true,
+            true,
+            true,
+        );
         let func = decode_step::Kernel::build(&config).unwrap();
         let opts = CompileOptions::for_launch(Target::Sm90a, &decode_step::Kernel::launch_options(&config));
         let compiled = codegen::compile(&func, &opts).unwrap();

@@ -363,12 +363,7 @@ fn kquant_models_run_on_the_host() {
     let seq: Vec<u32> = gold.prompt.iter().chain(&gold.tokens[..4]).copied().collect();
     let n = seq.len();
     for t in ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16"] {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../models/SmolLM2-135M-Instruct.{t}.gguf"));
-        if !path.is_file() {
-            eprintln!("skipped {t}: {} is missing (make kquant-models)", path.display());
-            continue;
-        }
+        let Some(path) = crate::check::model::requantized_model(t) else { continue };
         let mut host = codegen::host::Host::new();
         let g = Gguf::open(&path).unwrap();
         let weights = Weights::<codegen::host::Host, f32>::load(&mut host, &g).unwrap();
@@ -451,18 +446,51 @@ fn mixed_quantizations_match_f64_reference() {
         let w = Weights::<Cpu, f32>::load(&mut Cpu::new(), &g).unwrap();
         assert!(w.layers.iter().all(|l| l.qkv_rest.len() == usize::from(split)), "{name}");
         assert!(w.embedding_table().is_some() && w.embedding_repacked.is_some() != split, "{name}");
-        let reference = Reference::new(&g);
-        let vocab = reference.c.vocab_size;
-        let (a, _) = scenario_tokens(vocab as u32);
-        let ra = reference.logits(&a[..20]);
-        let want: [&[f64]; 2] = [&ra[18], &ra[19]];
-        for invariant in [true, false] {
-            let got = mixed_run(&mut Cpu::new(), &g, &a, invariant);
-            check_rows(&got, vocab, &want, &format!("{name}: interpreter, invariant {invariant}"));
-        }
-        let got = mixed_run(&mut codegen::host::Host::new(), &g, &a, true);
-        check_rows(&got, vocab, &want, &format!("{name}: native CPU"));
+        mixed_runs_match_reference(&g, name);
     }
+}
+
+/// [`mixed_run`] of `g` against the f64 reference, on both plans of the
+/// interpreter and on the native CPU backend.
+fn mixed_runs_match_reference(g: &Gguf, name: &str) {
+    let reference = Reference::new(g);
+    let vocab = reference.c.vocab_size;
+    let (a, _) = scenario_tokens(vocab as u32);
+    let ra = reference.logits(&a[..20]);
+    let want: [&[f64]; 2] = [&ra[18], &ra[19]];
+    for invariant in [true, false] {
+        let got = mixed_run(&mut Cpu::new(), g, &a, invariant);
+        check_rows(&got, vocab, &want, &format!("{name}: interpreter, invariant {invariant}"));
+    }
+    let got = mixed_run(&mut codegen::host::Host::new(), g, &a, true);
+    check_rows(&got, vocab, &want, &format!("{name}: native CPU"));
+}
+
+/// A kind whose layers' matrices come in two formats (llama.cpp's Q4_K_M:
+/// down in Q4_K or Q6_K by layer) is laid out at one stride, each matrix
+/// padded to the larger, with a bit per layer saying which format it is in
+/// (what the persistent step reads): the tiny model with down in Q4_K then
+/// Q6_K and O in Q4_1 then Q8_0 against the f64 reference, on both plans of the interpreter and on
+/// the native CPU backend, which read the padded planes.
+#[test]
+fn down_formats_by_layer_lie_at_one_stride() {
+    use super::weights::Kind;
+    use kernels::dequant::QuantFormat;
+    let g = crate::check::model::tiny_down_by_layer_model().unwrap();
+    let mut cpu = Cpu::new();
+    let w = Weights::<Cpu, f32>::load(&mut cpu, &g).unwrap();
+    let st = w.stride(Kind::Down).unwrap();
+    assert_eq!(st.formats, [QuantFormat::Q4_K, QuantFormat::Q6_K]);
+    let (q6_quants, q6_scales) = (128 * 256, 128 * QuantFormat::Q6_K.scale_entries(256));
+    assert!(
+        st.qs >= q6_quants && st.qs.is_multiple_of(16) && st.ss >= q6_scales && st.ss.is_multiple_of(8),
+        "{st:?}"
+    );
+    assert_eq!((w.mat(1, Kind::Down).q_off, w.mat(1, Kind::Down).s_off), (st.qs, st.ss));
+    assert_eq!(cpu.download(&w.layer_alt).unwrap(), [0, 1 << Kind::Down as i32 | 1 << Kind::O as i32]);
+    assert_eq!(w.stride(Kind::O).unwrap().formats, [QuantFormat::Q4_1, QuantFormat::Q8_0]);
+    assert_eq!(w.stride(Kind::GateUp).unwrap().formats, [QuantFormat::Q4_1; 2]);
+    mixed_runs_match_reference(&g, "formats by layer");
 }
 
 /// `fuse_rows`: one matrix when the formats agree (or Q8_0 converts exactly
@@ -508,11 +536,7 @@ fn qkv_parts_fuse_into_runs_of_one_format() {
 /// kquant-models`).
 #[test]
 fn q5_k_m_parity_violation_is_not_ours() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q5_K_M.gguf");
-    if !path.is_file() {
-        eprintln!("skipped: {} is missing (make kquant-models)", path.display());
-        return;
-    }
+    let Some(path) = crate::check::model::requantized_model("Q5_K_M") else { return };
     let text = std::fs::read_to_string(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2-135m-q5_k_m.json"),
     )

@@ -522,7 +522,11 @@ fn interpreter_sampling_at_smollm2_vocab() {
 /// identical token ids, logprob bits and logit bits; and the persistent
 /// kernel really ran for every decode step.
 fn mega_matches_multi_kernel<D: Device, T: ActElem>(dev: &mut D) {
-    let g = tiny_flat_model().unwrap();
+    mega_matches_multi_kernel_on::<D, T>(dev, &tiny_flat_model().unwrap());
+}
+
+/// [`mega_matches_multi_kernel`] on the model `g`.
+fn mega_matches_multi_kernel_on<D: Device, T: ActElem>(dev: &mut D, g: &Gguf) {
     let params = scenario_params();
     let sc = |decode_path| Scenario {
         seqs: 3,
@@ -533,9 +537,8 @@ fn mega_matches_multi_kernel<D: Device, T: ActElem>(dev: &mut D) {
         decode_path,
     };
     let (multi, m0) =
-        decode_scenario::<D, T>(dev, &g, GraphMode::Off, &sc(DecodePath::Graphs), &params).unwrap();
-    let (mega, m1) =
-        decode_scenario::<D, T>(dev, &g, GraphMode::Off, &sc(DecodePath::Mega), &params).unwrap();
+        decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Graphs), &params).unwrap();
+    let (mega, m1) = decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Mega), &params).unwrap();
     assert_eq!((m0.mega_steps(), m1.mega_steps()), (0, 5));
     let (ids, logits, max_abs) = compare_exact(&multi, &mega);
     assert_eq!((ids, logits), (0, 0), "persistent vs multi-kernel decode: max |logit difference| {max_abs}");
@@ -570,6 +573,19 @@ fn mega_decode_matches_multi_kernel_hopper_f32() {
 #[test]
 fn mega_decode_matches_multi_kernel_hopper_bf16() {
     mega_matches_multi_kernel::<Emu, dsl_core::half::bf16>(&mut hopper());
+}
+
+/// Matrices in a format per layer (down in Q4_K then Q6_K, O in Q4_1 then
+/// Q8_0): the persistent step runs each layer's tasks in its format and
+/// waits for each layer's own tile counts, bit for bit as the multi-kernel
+/// step: on the interpreter (every product split along K; layer 1's O has
+/// half as many tiles) and on the Hopper emulation (the word-tiled
+/// products stacked, the K-quants split).
+#[test]
+fn mega_decode_with_down_formats_by_layer() {
+    let g = crate::check::model::tiny_down_by_layer_model().unwrap();
+    mega_matches_multi_kernel_on::<Cpu, f32>(&mut Cpu::new(), &g);
+    mega_matches_multi_kernel_on::<Emu, bf16>(&mut hopper(), &g);
 }
 
 /// The native CPU backend does not run the persistent step: asking for it

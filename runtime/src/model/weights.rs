@@ -23,6 +23,7 @@ use crate::gguf::llama::{ROPE_FREQS, layer_tensor};
 use crate::gguf::{GgmlType, Gguf, LlamaConfig, RopeStyle};
 use crate::model::ActElem;
 use dsl_core::half::f16;
+use kernels::decode_step::STRIDE_ALIGN;
 use kernels::dequant::{QuantFormat, Repacked, interleave_gate_up, q8_0_as_q5_1, repack};
 
 /// A repacked quantized matrix `W[n, k]` on a device.
@@ -196,6 +197,23 @@ pub struct Weights<D: Device, T: ActElem> {
     pub lm_head: Matrix<D>,
     /// The architecture's RoPE-step vectors.
     pub arch: ArchVectors<D>,
+    /// Per layer, bit `j` set where the layer's matrix of [`Kind`] `j` is
+    /// in the kind's second format ([`Weights::stride`]; llama.cpp's mixed
+    /// quantizations pick some matrices' formats per layer).
+    pub layer_alt: D::Buf<i32>,
+}
+
+/// How a [`Kind`]'s matrices lie in its planes when the persistent step can
+/// reach them all from layer 0's ([`Weights::stride`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stacked {
+    /// Layer 0's format and the other layers' other one (the same when the
+    /// layers agree).
+    pub formats: [QuantFormat; 2],
+    /// Quant bytes from one layer's matrix to the next.
+    pub qs: usize,
+    /// Scale entries from one layer's matrix to the next.
+    pub ss: usize,
 }
 
 /// Whether the gather kernels read `format`'s GGUF table as stored (Q8_0,
@@ -263,11 +281,12 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         (&self.ffn_norm, l * self.config.n_embd)
     }
 
-    /// The per-layer strides of `kind`'s planes `(quant bytes, scale
-    /// entries)` and its format, when every layer's matrix of that kind has
-    /// the same format and shape (they lie at a fixed stride); `None` for
-    /// mixed formats.
-    pub fn stride(&self, kind: Kind) -> Option<(QuantFormat, usize, usize)> {
+    /// The formats and per-layer strides of `kind`'s planes, when every
+    /// layer's matrix of that kind has the same shape, one of at most two
+    /// formats, and lies at a fixed stride from layer 0's (the loader pads
+    /// matrices of two formats to one stride); `None` otherwise, and for a
+    /// QKV product split into runs of formats ([`Weights::qkv_parts`]).
+    pub fn stride(&self, kind: Kind) -> Option<Stacked> {
         if self.layers.is_empty() || (kind == Kind::Qkv && self.layers.iter().any(|l| !l.qkv_rest.is_empty()))
         {
             return None;
@@ -280,16 +299,56 @@ impl<D: Device, T: ActElem> Weights<D, T> {
                 (b.q_off - first.q_off, b.s_off - first.s_off)
             }
         };
+        let other = (0..self.layers.len()).map(|l| self.mat(l, kind).format).find(|&f| f != first.format);
+        let formats = [first.format, other.unwrap_or(first.format)];
         let regular = (0..self.layers.len()).all(|l| {
             let m = self.mat(l, kind);
-            m.format == first.format
+            formats.contains(&m.format)
                 && m.n == first.n
                 && m.k == first.k
                 && m.q_off == l * qs
                 && m.s_off == l * ss
         });
-        regular.then_some((first.format, qs, ss))
+        regular.then_some(Stacked { formats, qs, ss })
     }
+}
+
+/// The quant bytes and scale entries of a matrix in `slot`'s format and shape.
+fn plane_lens(slot: &Slot) -> (usize, usize) {
+    let kf = slot.format.kernel_format();
+    (
+        slot.n * slot.k / kernels::dequant::repack::BLOCK_VALUES * kf.quant_bytes(),
+        slot.n * kf.scale_entries(slot.k),
+    )
+}
+
+/// Lays a kind's matrices out again, layer `l`'s at `l` times one stride,
+/// when they share a shape and come in exactly two formats (llama.cpp's
+/// mixed quantizations: down in Q4_K or Q6_K by layer): each is padded to
+/// the larger, in whole lines of [`STRIDE_ALIGN`] bytes, so the persistent
+/// step reaches every layer's matrix from layer 0's ([`Weights::stride`]).
+/// `slots` are the kind's slots in layer order, one per layer; other
+/// planes are left as they are.
+fn pad_to_one_stride(plane: &mut Repacked, slots: &mut [&mut Slot]) {
+    let Some(first) = slots.first().map(|s| **s) else { return };
+    let mut formats: Vec<QuantFormat> = slots.iter().map(|s| s.format).collect();
+    formats.sort_by_key(|f| f.name());
+    formats.dedup();
+    if formats.len() != 2 || slots.iter().any(|s| (s.n, s.k) != (first.n, first.k)) {
+        return;
+    }
+    let (q_max, s_max) =
+        slots.iter().map(|s| plane_lens(s)).fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+    let (qs, ss) = (q_max.next_multiple_of(STRIDE_ALIGN), s_max.next_multiple_of(STRIDE_ALIGN / 2));
+    let mut quants = vec![0u8; qs * slots.len()];
+    let mut scales = vec![f16::ZERO; ss * slots.len()];
+    for (l, slot) in slots.iter_mut().enumerate() {
+        let (q, s) = plane_lens(slot);
+        quants[l * qs..][..q].copy_from_slice(&plane.quants[slot.q_off..][..q]);
+        scales[l * ss..][..s].copy_from_slice(&plane.scales[slot.s_off..][..s]);
+        (slot.q_off, slot.s_off) = (l * qs, l * ss);
+    }
+    (plane.quants, plane.scales) = (quants, scales);
 }
 
 /// The kernels' format of a GGUF type, or an error naming the tensor.
@@ -542,6 +601,36 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             });
             progress(l + 2, total);
         }
+        let single_qkv = layers.iter().all(|l| l.qkv_rest.is_empty());
+        for kind in [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down] {
+            if kind == Kind::Qkv && !single_qkv {
+                continue;
+            }
+            let mut slots: Vec<&mut Slot> = layers
+                .iter_mut()
+                .map(|l| match kind {
+                    Kind::Qkv => &mut l.qkv,
+                    Kind::O => &mut l.o,
+                    Kind::GateUp => &mut l.gate_up,
+                    Kind::Down => &mut l.down,
+                })
+                .collect();
+            pad_to_one_stride(&mut host[kind as usize], &mut slots);
+        }
+        // Bit `j` of layer `l`: its matrix of kind `j` differs in format
+        // from layer 0's.
+        let layer_alt: Vec<i32> = layers
+            .iter()
+            .map(|l| {
+                let f0 = &layers[0];
+                [(l.qkv, f0.qkv), (l.o, f0.o), (l.gate_up, f0.gate_up), (l.down, f0.down)]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (a, b))| i32::from(a.format != b.format) << j)
+                    .sum()
+            })
+            .collect();
+        let layer_alt = dev.upload(if layer_alt.is_empty() { &[0] } else { &layer_alt[..] })?;
         let mut planes = Vec::with_capacity(4);
         for p in &host {
             planes.push((dev.upload(&p.quants)?, dev.upload(&p.scales)?));
@@ -560,6 +649,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             output_norm,
             lm_head,
             arch,
+            layer_alt,
         })
     }
 }
