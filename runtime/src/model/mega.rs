@@ -18,7 +18,7 @@ use super::device::Device;
 use super::forward::{Launcher, Plan, usage};
 use super::inputs::Layout;
 use super::layers::arena_i32;
-use super::weights::{Kind, Stacked, Weights};
+use super::weights::{Kind, KindStride, Weights};
 use crate::error::Result;
 use crate::model::ActElem;
 use dsl_core::half::f16;
@@ -208,7 +208,7 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
             }
             // The attention stage rotates Q and K itself unless the QKV
             // tiles do, which they do in the word-tiled formats only.
-            Some(Stacked { formats: [a, b], .. })
+            Some(KindStride { formats: [a, b], .. })
                 if kind == Kind::Qkv && a.gpu_kernels() != b.gpu_kernels() =>
             {
                 return Some(format!("its QKV matrices mix {} and {} between layers", a.name(), b.name()));
@@ -236,7 +236,7 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
 /// The kernel's configuration for a model of shape `c` in `dtype` with
 /// pages of `page` tokens: the attention's key block and tile height `att`,
 /// the formats of the QKV, O, gate/up and down matrices (each kind's first
-/// and second, see [`Stacked`]) and of the head, f16 tensor-core operands
+/// and second, see [`KindStride`]) and of the head, f16 tensor-core operands
 /// (`f16`), one row, and the trace.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn step_config(

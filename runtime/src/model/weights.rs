@@ -206,7 +206,7 @@ pub struct Weights<D: Device, T: ActElem> {
 /// How a [`Kind`]'s matrices lie in its planes when the persistent step can
 /// reach them all from layer 0's ([`Weights::stride`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stacked {
+pub struct KindStride {
     /// Layer 0's format and the other layers' other one (the same when the
     /// layers agree).
     pub formats: [QuantFormat; 2],
@@ -286,7 +286,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
     /// formats, and lies at a fixed stride from layer 0's (the loader pads
     /// matrices of two formats to one stride); `None` otherwise, and for a
     /// QKV product split into runs of formats ([`Weights::qkv_parts`]).
-    pub fn stride(&self, kind: Kind) -> Option<Stacked> {
+    pub fn stride(&self, kind: Kind) -> Option<KindStride> {
         if self.layers.is_empty() || (kind == Kind::Qkv && self.layers.iter().any(|l| !l.qkv_rest.is_empty()))
         {
             return None;
@@ -309,7 +309,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
                 && m.q_off == l * qs
                 && m.s_off == l * ss
         });
-        regular.then_some(Stacked { formats, qs, ss })
+        regular.then_some(KindStride { formats, qs, ss })
     }
 }
 
