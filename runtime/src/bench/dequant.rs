@@ -14,6 +14,10 @@
 //!   `N * K * 5 / 8` bytes; activations and outputs not counted), so the
 //!   table shows it as a fraction of the copy ceiling.
 //!
+//! - `gemv/bf16/{q4_k,q6_k}/M1xK4096xN14336`, metric `us`: the GEMV kernel
+//!   on a Q4_K and a Q6_K weight, to compare with the Q4_1 row of the same
+//!   shape per GGUF weight byte (Q4_1 0.625, Q4_K 0.5625, Q6_K 0.8203
+//!   bytes per weight).
 //! - `path/{gemv,gemm}/bf16/M<m>xK<k>xN<n>`, metric `us`: both kernels on
 //!   SmolLM2's shapes at `M` in {8, 16, 32, 64} (untuned), the measurement
 //!   behind the crossover in `uses_gemv`.
@@ -240,13 +244,14 @@ enum StreamK {
     OnePerTile,
 }
 
-/// Measures the Q4_1 product on `m x k x n` (bf16) with the GEMV (`gemv`)
-/// or the GEMM kernel, untuned or autotuned; returns the time in
-/// milliseconds and the tuned config in words.
+/// Measures the product on `m x k x n` (bf16) of a `format` weight with
+/// the GEMV (`gemv`) or the GEMM kernel, untuned or autotuned; returns the
+/// time in milliseconds and the tuned config in words.
 #[allow(clippy::too_many_arguments)]
 fn measure(
     cuda: &mut Cuda,
     opts: &BenchOptions,
+    format: QuantFormat,
     m: usize,
     k: usize,
     n: usize,
@@ -254,22 +259,22 @@ fn measure(
     gemv: bool,
     sk_mode: StreamK,
 ) -> Result<(f64, Option<String>)> {
-    let (_, (xd, qd, sd)) = product_operands(cuda, QuantFormat::Q4_1, (m, k, n))?;
+    let (_, (xd, qd, sd)) = product_operands(cuda, format, (m, k, n))?;
     let od = cuda.gpu().zeros::<bf16>(m * n)?;
     let planes = product_planes(&qd, &sd, &od);
     if gemv {
         let args = product_args!(gemv, planes, (m, n, k), x_ptr: xd.ptr().cast());
-        let t = gemv_tiles(QuantFormat::Q4_1, m, n, k);
-        let base = gemv::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.m_block, t.block_n, t.block_k);
+        let t = gemv_tiles(format, m, n, k);
+        let base = gemv::Config::new(DType::BF16, format, false, t.m_block, t.block_n, t.block_k);
         let grid_of = |c: &gemv::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
         time_picked::<gemv::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
     } else {
         let args = product_args!(gemm, planes, (m, n, k), x_ptr: xd.ptr().cast());
-        let t = gemm_tiles(QuantFormat::Q4_1, m, n, k, cuda.wgmma());
+        let t = gemm_tiles(format, m, n, k, cuda.wgmma());
         let sms = cuda.gpu().info().sm_count as usize;
         let sk = match sk_mode {
-            StreamK::Runtime => stream_k(QuantFormat::Q4_1, m, n, k, cuda.wgmma(), sms),
+            StreamK::Runtime => stream_k(format, m, n, k, cuda.wgmma(), sms),
             StreamK::Never => None,
             StreamK::Always | StreamK::OnePerTile => {
                 let t = SWAPPED_WIDE;
@@ -278,24 +283,24 @@ fn measure(
             }
         };
         if let Some((t, g)) = sk {
-            return measure_stream_k(cuda, opts, (&xd, &qd, &sd, &od), (m, k, n), t, g, tuned);
+            return measure_stream_k(cuda, opts, format, (&xd, &qd, &sd, &od), (m, k, n), t, g, tuned);
         }
-        let base =
-            gemm::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k, t.swap)
-                .with_stages(t.num_stages);
+        let base = gemm::Config::new(DType::BF16, format, false, t.block_m, t.block_n, t.block_k, t.swap)
+            .with_stages(t.num_stages);
         let grid_of = |c: &gemm::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
         time_picked::<gemm::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
     }
 }
 
-/// Times the stream-K GEMM ([`gemm_stream_k`], Q4_1, bf16) on `g`
-/// programs with the tiles `t` (autotuned over its declared configs with
-/// `tuned`) on uploaded buffers `(x, quants, scales, out)`.
+/// Times the stream-K GEMM ([`gemm_stream_k`] of a `format` weight, bf16)
+/// on `g` programs with the tiles `t` (autotuned over its declared configs
+/// with `tuned`) on uploaded buffers `(x, quants, scales, out)`.
 #[allow(clippy::too_many_arguments)]
 fn measure_stream_k(
     cuda: &mut Cuda,
     opts: &BenchOptions,
+    format: QuantFormat,
     (xd, qd, sd, od): (&DevBuf<bf16>, &DevBuf<u8>, &DevBuf<f16>, &DevBuf<bf16>),
     (m, k, n): (usize, usize, usize),
     t: GemmTiles,
@@ -314,10 +319,9 @@ fn measure_stream_k(
         ws_ptr: ws.ptr().cast(),
         flag_ptr: flags.ptr().cast(),
     );
-    let base =
-        gemm_stream_k::Config::new(DType::BF16, QuantFormat::Q4_1, false, t.block_m, t.block_n, t.block_k)
-            .with_warps(t.num_warps)
-            .with_stages(t.num_stages);
+    let base = gemm_stream_k::Config::new(DType::BF16, format, false, t.block_m, t.block_n, t.block_k)
+        .with_warps(t.num_warps)
+        .with_stages(t.num_stages);
     let (ms, words) =
         time_picked::<gemm_stream_k::Kernel>(cuda, opts, tuned, |_| [g, 1, 1], (&base, base.clone()), &args)?;
     let words = Some(match words {
@@ -390,7 +394,9 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     for ((k, n), m) in peer_shapes.chain(model_shapes) {
         {
             for &tuned in opts.tunings() {
-                let (ms, words) = measure(cuda, opts, m, k, n, tuned, uses_gemv(m, n), StreamK::Runtime)?;
+                let q4_1 = QuantFormat::Q4_1;
+                let (ms, words) =
+                    measure(cuda, opts, q4_1, m, k, n, tuned, uses_gemv(m, n), StreamK::Runtime)?;
                 let shape = format!("M{m}xK{k}xN{n}");
                 // Quants (K / 2 bytes per row) plus the f16 (d, m) pair per block.
                 let weight_bytes = (n * k / 2 + n * (k / 32) * 4) as f64;
@@ -408,7 +414,7 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     for (k, n) in SHAPES.into_iter().skip(2).chain(MODEL_SHAPES) {
         for m in CROSSOVER_BATCHES {
             for (label, gemv) in [("gemv", true), ("gemm", false)] {
-                let (ms, _) = measure(cuda, opts, m, k, n, false, gemv, StreamK::Never)?;
+                let (ms, _) = measure(cuda, opts, QuantFormat::Q4_1, m, k, n, false, gemv, StreamK::Never)?;
                 push_measured(&mut out, Record::latency(format!("path/{label}/bf16/M{m}xK{k}xN{n}"), ms));
             }
         }
@@ -422,10 +428,18 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 ("stream_k_per_tile", StreamK::OnePerTile),
             ];
             for (label, sk) in variants {
-                let (ms, _) = measure(cuda, opts, m, k, n, false, false, sk)?;
+                let (ms, _) = measure(cuda, opts, QuantFormat::Q4_1, m, k, n, false, false, sk)?;
                 push_measured(&mut out, Record::latency(format!("grid/{label}/bf16/M{m}xK{k}xN{n}"), ms));
             }
         }
+    }
+    // The GEMV of the K-quants at the large decode shape, against the Q4_1
+    // row `gemm/bf16/M1xK4096xN14336` per GGUF weight byte.
+    let (k, n) = SHAPES[0];
+    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K] {
+        let (ms, _) = measure(cuda, opts, format, 1, k, n, false, true, StreamK::Never)?;
+        let name = format!("gemv/bf16/{}/M1xK{k}xN{n}", format.name().to_lowercase());
+        push_measured(&mut out, Record::latency(name, ms));
     }
     out.extend(fused_records(cuda, opts)?);
     Ok(out)

@@ -10,7 +10,7 @@
 //! run, median of CUDA-event times, host work outside the timed span):
 //! - `linear/bf16/<what>/M<m>`: the runtime's tiles (`linear_tiles`);
 //! - `linear/bf16/<what>/M<m> [BMxBNxBK/Ww]`: every candidate tile of the
-//!   sweep (every tile computes the same bits, so the fastest can be the
+//!   sweep (`N/SM`: with registers for `N` programs per SM) (every tile computes the same bits, so the fastest can be the
 //!   runtime's choice). Compare with `gemv_fused/bf16/...` (the fast path's
 //!   fused GEMVs at `M = 1`) and `gemm/...` rows.
 
@@ -49,7 +49,7 @@ const SHAPES: [(&str, QuantFormat, bool, bool, bool, usize, usize); 10] = [
 
 /// Candidate tiles `(BLOCK_M, BLOCK_N, warps, split)` per batch size
 /// (every warp owns 16 rows and at least 8 columns of a tile).
-fn candidates(m: usize) -> Vec<(usize, usize, u32, bool)> {
+fn tiles(m: usize) -> Vec<(usize, usize, u32, bool)> {
     if m >= 128 {
         vec![
             (128, 128, 8, false),
@@ -89,6 +89,18 @@ fn candidates(m: usize) -> Vec<(usize, usize, u32, bool)> {
             (64, 64, 4, true),
         ]
     }
+}
+
+/// [`tiles`], each with ptxas's register budget (`0`), and at `M = 1` the
+/// split 16 x 64 tile also with registers for 6, 7 and 8 programs per SM
+/// (`min_programs_per_sm`): its programs are short, so how many are
+/// resident at once bounds the weights in flight.
+fn candidates(m: usize) -> Vec<(usize, usize, u32, bool, u32)> {
+    let mut out: Vec<_> = tiles(m).into_iter().map(|(bm, bn, w, s)| (bm, bn, w, s, 0)).collect();
+    if m == 1 {
+        out.extend([6, 7, 8].map(|p| (16, 64, 4, true, p)));
+    }
+    out
 }
 
 /// Every row of the family (see the module doc).
@@ -138,14 +150,16 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             let ms = time_launch_ms::<linear::Kernel>(cuda, opts, grid, &base, &args)?;
             eprintln!("measured {name}: {:.2} us", ms * 1e3);
             out.push(Record::latency(name.clone(), ms));
-            for (bm, bn, warps, split) in candidates(m) {
+            for (bm, bn, warps, split, per_sm) in candidates(m) {
                 let mut c = base.clone();
                 (c.BLOCK_M, c.BLOCK_N, c.SPLIT) = (bm, bn, split);
-                let c = c.with_warps(warps);
+                let c = c.with_warps(warps).with_min_programs(per_sm);
                 let t = LinearTiles { block_m: bm, block_n: bn, num_warps: warps, split };
                 let g = linear_grid(m, n, k, silu, &t);
                 let ms = time_launch_ms::<linear::Kernel>(cuda, opts, g, &c, &args)?;
-                let variant = format!("{name} [{bm}x{bn}/{warps}w{}]", if split { " split" } else { "" });
+                let per_sm = if per_sm > 0 { format!(" {per_sm}/SM") } else { String::new() };
+                let variant =
+                    format!("{name} [{bm}x{bn}/{warps}w{}{per_sm}]", if split { " split" } else { "" });
                 eprintln!("measured {variant}: {:.2} us", ms * 1e3);
                 out.push(Record::latency(variant, ms));
             }
