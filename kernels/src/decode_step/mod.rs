@@ -335,12 +335,12 @@ pub fn decode_step<T: Float>(
         let off_o = off_att + m * N_KV as i32;
         let off_gu = off_o + n_o_tasks;
         let off_dn = off_gu + n_gu_tasks;
-        // QKV with the attention norm: reads the residual, the embedding
-        // (layer 0) or the previous layer's down product.
         // Which of their kind's two formats this layer's matrices are in
-        // (see `mixed`), and the previous layer's down tiles.
+        // (see `mixed`), and the previous layer's.
         let alt = if mixed { load(alt_ptr + l) } else { zero };
         let alt_prev = if F_DN2 != F_DN { load(alt_ptr + maximum(l - 1, 0)) } else { zero };
+        // QKV with the attention norm: reads the residual, the embedding
+        // (layer 0) or the previous layer's down product.
         let ready = where_(l == 0, m, by_format(alt_prev, 3, t_dn, t_dn2));
         stage_linear(
             h_ptr,
