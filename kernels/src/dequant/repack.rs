@@ -178,7 +178,14 @@ impl QuantFormat {
     /// Device bytes of a `[n, k]` weight repacked in this format (its quant
     /// and scale planes; `k` whole blocks of the format).
     pub const fn repacked_bytes(self, n: usize, k: usize) -> usize {
-        n * (k / BLOCK_VALUES * self.quant_bytes() + 2 * self.scale_entries(k))
+        let (quants, scales) = self.plane_lens(n, k);
+        quants + 2 * scales
+    }
+
+    /// The quant-plane bytes and scale-plane entries of a `[n, k]` weight
+    /// repacked in this format (`k` whole blocks of the format).
+    pub const fn plane_lens(self, n: usize, k: usize) -> (usize, usize) {
+        (n * (k / BLOCK_VALUES) * self.quant_bytes(), n * self.scale_entries(k))
     }
 
     /// Scale-plane entries (f16-sized) of one weight row of `k` values.

@@ -101,6 +101,7 @@ pub fn tiny_mixed_quant_model() -> Result<Gguf> {
 /// The bundled SmolLM2 requantized to `quant` (`Q4_K_M`, ...) by `make
 /// kquant-models`, or `None`, with a note on stderr, when the file is
 /// missing (the tests that need it skip).
+#[cfg(test)]
 pub fn requantized_model(quant: &str) -> Option<std::path::PathBuf> {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join(format!("../models/SmolLM2-135M-Instruct.{quant}.gguf"));

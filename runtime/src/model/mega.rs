@@ -190,7 +190,7 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
     // span in bytes: each buffer must stay under 2 GiB.
     const LIMIT: usize = 1 << 31;
     let layers = w.layers.len();
-    for kind in [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down] {
+    for kind in Kind::ALL {
         match w.stride(kind) {
             None => {
                 return Some(format!(
@@ -300,7 +300,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
     let strides = |kind: Kind| {
         w.stride(kind).ok_or_else(|| usage(format!("internal error: {kind:?} matrices are not stacked")))
     };
-    let [qkv, o, gu, dn] = [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down].map(strides);
+    let [qkv, o, gu, dn] = Kind::ALL.map(strides);
     let (qkv, o, gu, dn) = (qkv?, o?, gu?, dn?);
     let dtype = T::DEVICE_DTYPE;
     let group = c.n_head / c.n_head_kv;
@@ -405,7 +405,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
     if trace {
         // The profile's bytes and FLOPs: every matrix once, the cached K/V.
         let mats = (0..c.n_layers)
-            .flat_map(|l| [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down].map(|k| w.mat(l, k)))
+            .flat_map(|l| Kind::ALL.map(|k| w.mat(l, k)))
             .chain(std::iter::once(w.lm_head.view()));
         let (bytes, elems) =
             mats.fold((0, 0), |(b, e), mt| (b + mt.format.gguf_bytes(mt.n, mt.k), e + mt.n * mt.k));

@@ -125,6 +125,11 @@ pub enum Kind {
     Down = 3,
 }
 
+impl Kind {
+    /// Every kind, in the order of their planes.
+    pub const ALL: [Kind; 4] = [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down];
+}
+
 /// The weights of one transformer block: where its matrices lie in the
 /// stacked planes ([`Weights::mat`]); its norm weights are at `l * n_embd`
 /// of [`Weights::attn_norm`] and [`Weights::ffn_norm`].
@@ -142,6 +147,28 @@ pub struct Layer {
     pub gate_up: Slot,
     /// Down projection, `[n_embd, n_ff]`.
     pub down: Slot,
+}
+
+impl Layer {
+    /// The slot of its matrix of `kind` (the first run of QKV rows).
+    pub fn slot(&self, kind: Kind) -> &Slot {
+        match kind {
+            Kind::Qkv => &self.qkv,
+            Kind::O => &self.o,
+            Kind::GateUp => &self.gate_up,
+            Kind::Down => &self.down,
+        }
+    }
+
+    /// [`Layer::slot`], to move it.
+    fn slot_mut(&mut self, kind: Kind) -> &mut Slot {
+        match kind {
+            Kind::Qkv => &mut self.qkv,
+            Kind::O => &mut self.o,
+            Kind::GateUp => &mut self.gate_up,
+            Kind::Down => &mut self.down,
+        }
+    }
 }
 
 /// The f32 vectors of an architecture's RoPE step, in one buffer: where
@@ -232,14 +259,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
 
     /// Layer `l`'s matrix of `kind`.
     pub fn mat(&self, l: usize, kind: Kind) -> MatRef<'_, D> {
-        let layer = &self.layers[l];
-        let slot = match kind {
-            Kind::Qkv => layer.qkv,
-            Kind::O => layer.o,
-            Kind::GateUp => layer.gate_up,
-            Kind::Down => layer.down,
-        };
-        self.slot_ref(kind, &slot)
+        self.slot_ref(kind, self.layers[l].slot(kind))
     }
 
     /// The view of `slot` in `kind`'s planes.
@@ -315,11 +335,7 @@ impl<D: Device, T: ActElem> Weights<D, T> {
 
 /// The quant bytes and scale entries of a matrix in `slot`'s format and shape.
 fn plane_lens(slot: &Slot) -> (usize, usize) {
-    let kf = slot.format.kernel_format();
-    (
-        slot.n * slot.k / kernels::dequant::repack::BLOCK_VALUES * kf.quant_bytes(),
-        slot.n * kf.scale_entries(slot.k),
-    )
+    slot.format.kernel_format().plane_lens(slot.n, slot.k)
 }
 
 /// Lays a kind's matrices out again, layer `l`'s at `l` times one stride,
@@ -602,19 +618,11 @@ impl<D: Device, T: ActElem> Weights<D, T> {
             progress(l + 2, total);
         }
         let single_qkv = layers.iter().all(|l| l.qkv_rest.is_empty());
-        for kind in [Kind::Qkv, Kind::O, Kind::GateUp, Kind::Down] {
+        for kind in Kind::ALL {
             if kind == Kind::Qkv && !single_qkv {
                 continue;
             }
-            let mut slots: Vec<&mut Slot> = layers
-                .iter_mut()
-                .map(|l| match kind {
-                    Kind::Qkv => &mut l.qkv,
-                    Kind::O => &mut l.o,
-                    Kind::GateUp => &mut l.gate_up,
-                    Kind::Down => &mut l.down,
-                })
-                .collect();
+            let mut slots: Vec<&mut Slot> = layers.iter_mut().map(|l| l.slot_mut(kind)).collect();
             pad_to_one_stride(&mut host[kind as usize], &mut slots);
         }
         // Bit `j` of layer `l`: its matrix of kind `j` differs in format
@@ -622,11 +630,9 @@ impl<D: Device, T: ActElem> Weights<D, T> {
         let layer_alt: Vec<i32> = layers
             .iter()
             .map(|l| {
-                let f0 = &layers[0];
-                [(l.qkv, f0.qkv), (l.o, f0.o), (l.gate_up, f0.gate_up), (l.down, f0.down)]
+                Kind::ALL
                     .iter()
-                    .enumerate()
-                    .map(|(j, (a, b))| i32::from(a.format != b.format) << j)
+                    .map(|&kind| i32::from(l.slot(kind).format != layers[0].slot(kind).format) << kind as i32)
                     .sum()
             })
             .collect();
