@@ -103,6 +103,30 @@ mod kernels {
         })
     }
 
+    /// A flag-in-data hand-over: each program stores its row of f32 values
+    /// as lines (data low, flag high) with relaxed stores, then reads the
+    /// next program's row (masked to `n` columns) with `wait_load`.
+    pub fn wait_load_ll() -> Result<Function> {
+        use dsl_core::ir::ops::{MemScope, MemSem};
+        KernelBuilder::new("wait_load_ll").build(|| {
+            let lines = param_ptr("lines", DType::I64);
+            let x = param_ptr("x", DType::F32);
+            let out = param_ptr("out", DType::F32);
+            let flag = param_scalar("flag", DType::I32);
+            let n = param_scalar("n", DType::I32);
+            let (pid, np) = (program_id(0), num_programs(0));
+            let offs = arange(0, 256);
+            let ok = offs.lt(n);
+            let v = load(x + pid * 256 + offs, Some(ok), None);
+            let word = bitcast(v, DType::U32).to(DType::I64) | (flag.to(DType::I64) << 32);
+            store_opts(lines + pid * 256 + offs, word, Some(ok), Some(MemSem::Relaxed), MemScope::Gpu);
+            let next = (pid + 1) % np;
+            let got = wait_load(lines + next * 256 + offs, flag, Some(ok), MemScope::Gpu);
+            let y = bitcast(got.to(DType::U32), DType::F32);
+            store(out + pid * 256 + offs, y, Some(ok));
+        })
+    }
+
     /// A kernel that only waits for a flag: nothing but the spin loop's
     /// side effects keeps it alive through O3.
     pub fn spin_only() -> Result<Function> {
@@ -374,6 +398,28 @@ fn synchronisation() {
             before[..bar].iter().any(|l| l.starts_with("st.global")),
             "{t:?}: no store before the barrier"
         );
+    }
+}
+
+#[test]
+fn a_flag_in_data_read_spins_per_thread_without_barriers() {
+    let f = kernels::wait_load_ll().unwrap();
+    for t in [Target::Sm80, Target::Sm90a] {
+        let ptx = compile(&f, &options(t, 4, STAGES)).unwrap().ptx;
+        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        assert!(ptx.contains("st.relaxed.gpu.global.b64"), "{t:?}: no relaxed line store:\n{ptx}");
+        let loads: Vec<usize> =
+            (0..lines.len()).filter(|&k| lines[k].starts_with("ld.relaxed.gpu.global.b64")).collect();
+        // 256 lanes over 128 threads: two lines per thread, both re-read in
+        // a loop that sleeps.
+        assert!(loads.len() >= 2, "{t:?}: {} line loads:\n{ptx}", loads.len());
+        let spins = loads.iter().any(|&k| {
+            enclosing_loop(&lines, k).is_some_and(|body| body.iter().any(|l| l.starts_with("nanosleep.u32")))
+        });
+        assert!(spins, "{t:?}: no loop that reads lines and sleeps:\n{ptx}");
+        // Each thread waits for its own lines: no CTA barrier anywhere.
+        assert!(!ptx.contains("bar.sync"), "{t:?}: a barrier in a flag-in-data read:\n{ptx}");
+        check("wait_load_ll", &f, t, 4);
     }
 }
 

@@ -264,9 +264,10 @@ impl Verifier<'_> {
                 collect_sync_waits(f, b, &mut waits);
             }
             for w in waits {
+                let name = f.insts[w].op.name();
                 self.err(
                     Some(w),
-                    "`wait_until` cannot be inside a reduction's or scan's combine function".into(),
+                    format!("`{name}` cannot be inside a reduction's or scan's combine function"),
                 );
             }
         }
@@ -287,10 +288,10 @@ fn collect_waits(f: &Function, b: Block, out: &mut Vec<Inst>) {
     }
 }
 
-/// The `wait_until` ops in block `b` and its regions.
+/// The `wait_until` and `wait_load` ops in block `b` and its regions.
 fn collect_sync_waits(f: &Function, b: Block, out: &mut Vec<Inst>) {
     for &i in &f.blocks[b].insts {
-        if matches!(f.insts[i].op, Op::Memory(MemoryOp::WaitUntil { .. })) {
+        if matches!(f.insts[i].op, Op::Memory(MemoryOp::WaitUntil { .. } | MemoryOp::WaitLoad { .. })) {
             out.push(i);
         }
         for &r in &f.insts[i].regions {

@@ -116,6 +116,7 @@ pub const PRELUDE: &[Entry] = &[
     e!("atomic_xchg" => "atomic_xchg_opts", [("ptr", Tensor, Yes), ("value", Pass, Yes), MASK, SEM, SCOPE]),
     e!("atomic_cas" => "atomic_cas_opts", [("ptr", Tensor, Yes), ("cmp", Pass, Yes), ("value", Pass, Yes), SEM, SCOPE]),
     e!("wait_until" => "wait_until_opts", [("ptr", Tensor, Yes), ("cmp", Cmp, Yes), ("value", Pass, Yes), SEM, SCOPE]),
+    e!("wait_load" => "wait_load", [("ptr", Tensor, Yes), ("flag", Pass, Yes), MASK, SCOPE]),
     e!("prefetch_l2" => "prefetch_l2", [("ptr", Tensor, Yes), MASK]),
     e!("dot" => "dot", [("a", Tensor, Yes), ("b", Tensor, Yes), ("acc", OptTensor, Default(""))]),
     e!("sum" => "sum", [X, AXIS0]),

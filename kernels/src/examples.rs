@@ -197,6 +197,23 @@ pub fn handoff_chain(vals: Ptr<i32>, flags: Ptr<i32>, rev: i32, #[constexpr] BLO
     store(flags + r + 1, 1, sem = "release");
 }
 
+/// [`handoff_chain`] with flag-in-data hand-overs: each row is `BLOCK`
+/// 64-bit lines, a value in the low half and the hand-over's `flag` in the
+/// high half. The program of rank `r` reads row `r` with `wait_load` (which
+/// waits until every line of the row carries `flag`), and writes row
+/// `r + 1` as `row r + r + 1` with relaxed stores of whole lines: no
+/// counter, fence or barrier. Row 0 comes from the host with `flag`; the
+/// other rows may hold older lines of any other flag.
+#[kernel]
+pub fn line_chain(lines: Ptr<i64>, flag: i32, rev: i32, #[constexpr] BLOCK: usize) {
+    let pid = program_id(0);
+    let r = where_(rev != 0, num_programs(0) - 1 - pid, pid);
+    let offs = arange(0, BLOCK);
+    let prev = wait_load(lines + r * BLOCK + offs, flag).to(i32);
+    let next = bitcast(prev + r + 1, u32).to(i64) | flag.to(i64) << 32;
+    store(lines + (r + 1) * BLOCK + offs, next, sem = "relaxed");
+}
+
 /// A task list run by a persistent grid, the pattern of a persistent decode
 /// step: program `p` runs tasks `p, p + G, ...`; task `t` waits until
 /// `done[t]` counts its finished dependencies (tasks `t - 1` and `t - 2`),

@@ -72,6 +72,11 @@ fn build_handoff_chain() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(64))
 }
 
+fn build_line_chain() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::examples::line_chain as k;
+    spec::<k::Kernel>(k::Config::new(64))
+}
+
 fn build_task_chain() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::examples::task_chain as k;
     spec::<k::Kernel>(k::Config::new(64))
@@ -315,6 +320,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "BLOCK = 64, num_warps = 4",
         build: build_handoff_chain,
         check: checks!(crate::check::sync::handoffs),
+    },
+    Entry {
+        name: "line_chain",
+        description: "programs hand rows on as lines carrying their flag (wait_load)",
+        default_config: "BLOCK = 64, num_warps = 4",
+        build: build_line_chain,
+        check: checks!(crate::check::sync::line_chains),
     },
     Entry {
         name: "task_chain",

@@ -305,6 +305,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             MemoryOp::WaitUntil { cmp, sem, scope } => {
                 return self.lower_wait(inst, cmp, dsl_core::ir::ops::MemOrder { sem, scope });
             }
+            MemoryOp::WaitLoad { has_mask, scope } => return self.lower_wait_load(inst, has_mask, scope),
             MemoryOp::PrefetchL2 { has_mask } => return self.lower_prefetch(inst, has_mask),
             _ => {}
         }
@@ -432,6 +433,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             MemoryOp::Load { order: Some(_), .. }
             | MemoryOp::Store { order: Some(_), .. }
             | MemoryOp::WaitUntil { .. }
+            | MemoryOp::WaitLoad { .. }
             | MemoryOp::PrefetchL2 { .. } => {
                 return Err(self.bug(inst, "a synchronisation op reached `lower_memory`"));
             }

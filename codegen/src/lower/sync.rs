@@ -33,6 +33,14 @@
 //!   ordering described above. The loop is a real loop in the LLVM IR whose
 //!   load is a side-effecting asm statement, so it is neither hoisted nor
 //!   folded into an infinite loop LLVM could assume away.
+//! - `wait_load` is every thread reading its own lanes (replicas too, so no
+//!   broadcast and no barrier is needed: every copy of a line that passes
+//!   holds the same data) with `ld.relaxed.<scope>.global.b64`, in a loop
+//!   that leaves once every active lane's high half is the flag and
+//!   otherwise sleeps with the same backoff as `wait_until`. A 64-bit
+//!   access is single-copy atomic, so a line that passes carries the
+//!   producer's data; the threads of a program leave the loop at different
+//!   times, which needs no ordering because each uses only its own lanes.
 //! - `prefetch_l2` issues `prefetch.global.L2` at the first address of each
 //!   owner thread's run of contiguous elements (the vector width the axis
 //!   analysis proves, as for a load), guarded by the mask; prefetches of one
@@ -49,8 +57,9 @@ use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::ops::{CmpPred, MemOrder, MemScope, MemSem};
 use dsl_core::ir::{Inst, Op};
 use inkwell::IntPredicate;
+use inkwell::basic_block::BasicBlock;
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValueEnum, IntValue};
+use inkwell::values::{BasicValueEnum, IntValue, PhiValue};
 
 /// The first nanosleep of a wait, in nanoseconds.
 const SLEEP_MIN_NS: u64 = 16;
@@ -203,6 +212,22 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let pred = int_predicate(cmp, d.is_signed_int());
         let holds = self.b.build_int_compare(pred, seen, want, "holds")?;
         self.b.build_conditional_branch(holds, done, sleep)?;
+        self.backoff(ns, entry, head, sleep)?;
+        self.b.position_at_end(done);
+        Ok(())
+    }
+
+    /// The sleep block of a spin loop entered from `entry` at `head`, whose
+    /// phi `ns` is the next sleep: sleep `ns`, double it up to the cap,
+    /// read again.
+    fn backoff(
+        &mut self,
+        ns: PhiValue<'ctx>,
+        entry: BasicBlock<'ctx>,
+        head: BasicBlock<'ctx>,
+        sleep: BasicBlock<'ctx>,
+    ) -> Result<()> {
+        let i32t = self.ctx.i32_type();
         self.b.position_at_end(sleep);
         let cur = ns.as_basic_value().into_int_value();
         self.asm("nanosleep.u32 $0;", "r,~{memory}", None, &[cur.into()])?;
@@ -212,7 +237,42 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let next = self.b.build_select(small, doubled, cap, "")?.into_int_value();
         self.b.build_unconditional_branch(head)?;
         ns.add_incoming(&[(&i32t.const_int(SLEEP_MIN_NS, false), entry), (&next, sleep)]);
+        Ok(())
+    }
+
+    /// `wait_load` (see the module documentation).
+    pub(super) fn lower_wait_load(&mut self, inst: Inst, has_mask: bool, scope: MemScope) -> Result<()> {
+        let args = self.args(inst);
+        let p = self.regs(args[0])?;
+        let flag = self.regs(args[1])?[0].into_int_value();
+        let m = if has_mask { Some(self.regs(args[2])?) } else { None };
+        let o = MemOrder { sem: MemSem::Relaxed, scope };
+        let (i32t, i64t) = (self.ctx.i32_type(), self.ctx.i64_type());
+        let zero: BasicValueEnum<'ctx> = i64t.const_zero().into();
+        let (entry, [head, sleep, done]) =
+            self.enter_loop(["wait_load", "wait_load_sleep", "wait_load_done"])?;
+        let ns = self.b.build_phi(i32t, "ns")?;
+        let mut all = self.ctx.bool_type().const_all_ones();
+        let mut lines = Vec::with_capacity(p.len());
+        for (s, &pv) in p.iter().enumerate() {
+            let on = m.as_ref().map(|m| m[s].into_int_value());
+            let line = match on {
+                None => self.strong_load(pv, DType::I64, o)?,
+                Some(c) => self.guarded(c, |lw| Ok(vec![lw.strong_load(pv, DType::I64, o)?]), &[zero])?[0],
+            };
+            let hi = self.b.build_right_shift(line.into_int_value(), i64t.const_int(32, false), false, "")?;
+            let hi = self.b.build_int_truncate(hi, i32t, "")?;
+            let mut ok = self.b.build_int_compare(IntPredicate::EQ, hi, flag, "")?;
+            if let Some(c) = on {
+                ok = self.b.build_or(ok, self.b.build_not(c, "")?, "")?;
+            }
+            all = self.b.build_and(all, ok, "")?;
+            lines.push(line);
+        }
+        self.b.build_conditional_branch(all, done, sleep)?;
+        self.backoff(ns, entry, head, sleep)?;
         self.b.position_at_end(done);
+        self.set(self.result(inst, 0)?, lines);
         Ok(())
     }
 

@@ -28,8 +28,8 @@ use super::tile::{Class, Data, Tile, class_of, internal, map_data, pid_str};
 use super::{arith, atomic, cast, debug, dot, reduce, shape};
 use crate::dtype::{Elem, Shape};
 use crate::ir::ops::{
-    ArithOp, CastOp, CmpPred, CompareOp, ControlOp, CreationOp, DebugOp, MemOrder, MemoryOp, ProgramOp,
-    ReduceKind, ScanKind, ShapeOp,
+    ArithOp, CastOp, CmpPred, CompareOp, ControlOp, CreationOp, DebugOp, MemOrder, MemScope, MemSem,
+    MemoryOp, ProgramOp, ReduceKind, ScanKind, ShapeOp,
 };
 use crate::ir::{Block, EntityRef, Function, Inst, Op, Region, Scalar, Value};
 use smallvec::{SmallVec, smallvec};
@@ -281,6 +281,15 @@ impl Exec<'_, '_> {
                     self.kill(i);
                     top.pos += 1;
                 }
+                Op::Memory(MemoryOp::WaitLoad { scope, .. }) => {
+                    let lines = match self.wait_load(i, *scope)? {
+                        Ok(t) => t,
+                        Err(w) => return Ok(Run::Blocked(w)),
+                    };
+                    self.set(d.results[0], lines);
+                    self.kill(i);
+                    top.pos += 1;
+                }
                 _ => {
                     let outs = self.inst(i)?;
                     if outs.len() != d.results.len() {
@@ -464,6 +473,40 @@ impl Exec<'_, '_> {
         Ok(None)
     }
 
+    /// Reads `wait_load` instruction `i`'s lines: `Ok` with them when every
+    /// active lane's flag (the high 32 bits) is the wanted one, else `Err`
+    /// with the first lane that is not (its address, the flag wanted and the
+    /// flag it holds). The reads are relaxed strong accesses: they order
+    /// nothing, and racing with the producer's strong stores is their use.
+    fn wait_load(&mut self, i: Inst, scope: MemScope) -> Result<Result<Tile, Blocked>, InterpError> {
+        let d = &self.f.insts[i];
+        let ptr = self.get(d.args[0], i)?;
+        let want = self.get(d.args[1], i)?;
+        let mask = match d.args.get(2) {
+            Some(&m) => Some(self.get(m, i)?),
+            None => None,
+        };
+        let run = |this: &mut Self| -> Result<Result<Tile, Blocked>, String> {
+            let want = scalar_int(&want)? as u32;
+            let ptrs = ptr.ints()?;
+            let mask = mask.as_ref().map(|m| m.ints()).transpose()?;
+            let acc = Access { shape: &ptr.shape, dtype: ptr.dtype() };
+            let data = this.world.mem.load(&acc, ptrs, mask, None)?;
+            let Data::Int(lines) = &data else { return Err(internal("`wait_load` of a float".into())) };
+            for (lane, (&line, &addr)) in lines.iter().zip(ptrs).enumerate() {
+                let on = mask.is_none_or(|m| m.get(lane).or(m.first()).is_some_and(|&x| x != 0));
+                let flag = (line as u64 >> 32) as u32;
+                if on && flag != want {
+                    let (want, seen) = (i64::from(want), i64::from(flag));
+                    return Ok(Err(Blocked { inst: i, addr, cmp: CmpPred::Eq, want, seen }));
+                }
+            }
+            this.world.mem.acquire(MemOrder { sem: MemSem::Relaxed, scope }, ptrs, mask);
+            Ok(Ok(Tile::new(Elem::Scalar(ptr.dtype()), ptr.shape.clone(), data)))
+        };
+        run(self).map_err(|m| self.fail(i, m))
+    }
+
     /// Runs one instruction.
     fn inst(&mut self, i: Inst) -> Result<Outs, InterpError> {
         let f = self.f;
@@ -473,7 +516,7 @@ impl Exec<'_, '_> {
         };
         match &d.op {
             // Control flow and waits are run by `run`, which keeps the stack.
-            Op::Control(_) | Op::Memory(MemoryOp::WaitUntil { .. }) => {
+            Op::Control(_) | Op::Memory(MemoryOp::WaitUntil { .. } | MemoryOp::WaitLoad { .. }) => {
                 Err(self.fail(i, internal("control flow or a wait outside `run`".into())))
             }
             // Ops with regions run other instructions, so they take their operands by value.
@@ -656,7 +699,9 @@ impl World<'_, '_> {
                 self.mem.load(&acc, ptr.ints()?, mask, None)?;
                 Ok(Outs::new())
             }
-            MemoryOp::WaitUntil { .. } => Err(internal("`wait_until` outside `run`".into())),
+            MemoryOp::WaitUntil { .. } | MemoryOp::WaitLoad { .. } => {
+                Err(internal(format!("`{}` outside `run`", m.name())))
+            }
         }
     }
 

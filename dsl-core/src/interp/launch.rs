@@ -37,7 +37,8 @@ use super::plan::{Plan, plan};
 use super::tile::{Tile, pid_str};
 use crate::dtype::{DType, Elem};
 use crate::error::{Error, Result};
-use crate::ir::{EntityRef, Function};
+use crate::ir::ops::MemoryOp;
+use crate::ir::{EntityRef, Function, Op};
 use std::io::Write;
 
 /// A verified kernel, prepared to run on the interpreter many times.
@@ -255,24 +256,32 @@ fn deadlock(exec: &Exec<'_, '_>, live: &[Program], grid: [u32; 3]) -> InterpErro
         let Some((w, _)) = &p.blocked else { continue };
         let d = &f.insts[w.inst];
         let dtype = f.ty(d.args[0]).dtype();
-        lines.push(format!(
-            "{} waits at {} until the {dtype} at {} {} {} (it holds {})",
-            pid_str(coords(grid, p.linear)),
-            d.loc,
-            exec.world.mem.describe(w.addr),
-            w.cmp.name(),
-            w.want,
-            w.seen
-        ));
+        let who = pid_str(coords(grid, p.linear));
+        let at = exec.world.mem.describe(w.addr);
+        lines.push(if matches!(d.op, Op::Memory(MemoryOp::WaitLoad { .. })) {
+            format!(
+                "{who} waits at {} (`wait_load`) until the flag (high 32 bits) of the line at {at} is {} \
+                 (it is {})",
+                d.loc, w.want, w.seen
+            )
+        } else {
+            format!(
+                "{who} waits at {} until the {dtype} at {at} {} {} (it holds {})",
+                d.loc,
+                w.cmp.name(),
+                w.want,
+                w.seen
+            )
+        });
     }
     let first = live.iter().find_map(|p| p.blocked.as_ref().map(|(w, _)| (p.linear, w.inst)));
-    let (loc, pid) = match first {
-        Some((linear, i)) => (f.insts[i].loc.clone(), Some(coords(grid, linear))),
-        None => (f.loc.clone(), None),
+    let (loc, pid, op) = match first {
+        Some((linear, i)) => (f.insts[i].loc.clone(), Some(coords(grid, linear)), f.insts[i].op.name()),
+        None => (f.loc.clone(), None, "wait_until"),
     };
     InterpError {
         loc,
-        op: "wait_until",
+        op,
         message: format!(
             "deadlock: every live program waits and no store or atomic of another program can \
              release any of them ({} program(s) waiting, {} finished):\n  {}",

@@ -67,6 +67,8 @@ mod tests_errors;
 mod tests_f8;
 #[cfg(test)]
 mod tests_sync;
+#[cfg(test)]
+mod tests_wait_load;
 
 pub use arith::erf;
 pub use buffer::{Arg, Buffer, Element, FloatElement};

@@ -163,19 +163,24 @@ impl Function {
             .any(|&i| self.insts[i].op == Op::Program(ops::ProgramOp::GdcWait))
     }
 
-    /// True when the kernel calls `wait_until`: its programs wait for each
+    /// True when the kernel calls `wait_until` or `wait_load`: its programs wait for each
     /// other, so on the GPU every program of a launch must be resident at
     /// once (the grid at most the programs that fit the device), or a wait
     /// may never end. The interpreter runs such kernels' programs
     /// interleaved (see [`crate::interp`]).
     pub fn waits_on_programs(&self) -> bool {
         let mut any = false;
-        self.walk(|i| any |= matches!(self.insts[i].op, Op::Memory(ops::MemoryOp::WaitUntil { .. })));
+        self.walk(|i| {
+            any |= matches!(
+                self.insts[i].op,
+                Op::Memory(ops::MemoryOp::WaitUntil { .. } | ops::MemoryOp::WaitLoad { .. })
+            )
+        });
         any
     }
 
-    /// True when the kernel synchronises its programs through `wait_until`
-    /// or ordered loads and stores (the interpreter then checks that every
+    /// True when the kernel synchronises its programs through `wait_until`,
+    /// `wait_load` or ordered loads and stores (the interpreter then checks that every
     /// plain read of another program's write is ordered after it).
     pub fn synchronizes_programs(&self) -> bool {
         let mut any = false;
@@ -184,6 +189,7 @@ impl Function {
                 self.insts[i].op,
                 Op::Memory(
                     ops::MemoryOp::WaitUntil { .. }
+                        | ops::MemoryOp::WaitLoad { .. }
                         | ops::MemoryOp::Load { order: Some(_), .. }
                         | ops::MemoryOp::Store { order: Some(_), .. }
                 )

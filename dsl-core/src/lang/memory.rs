@@ -554,6 +554,38 @@ fn wait_at(ptr: Tensor, cmp: CmpPred, value: Operand, sem: Option<MemSem>, scope
     })
 }
 
+/// The 64-bit lines at `ptr` (pointers to `i64`), read once the high 32
+/// bits of every line where `mask` holds equal `flag` (an integer scalar,
+/// compared as 32 bits; masked-off lanes yield zero): the reader's half of
+/// a flag-in-data hand-over (see [`crate::ir::ops::memory`]). The producer
+/// stores each line whole, its data in the low half and the hand-over's
+/// flag in the high half, with a relaxed strong `store`; the reader needs
+/// no counter, fence or barrier. The program blocks until the lines
+/// arrive; the interpreter reports a deadlock naming the line it waits on.
+#[track_caller]
+pub fn wait_load(ptr: Tensor, flag: impl Into<Operand>, mask: Option<Tensor>, scope: MemScope) -> Tensor {
+    let loc = Location::caller();
+    with_ctx(|c| {
+        let Some(d) = pointee(c, ptr, &loc, "wait_load") else {
+            return ptr;
+        };
+        // A tensor flag goes in as it is (the op's rule names a wrong one);
+        // a literal becomes an i32.
+        let flag = match flag.into() {
+            Operand::Tensor(t) => {
+                c.check(t);
+                t.value()
+            }
+            op => literal(c, op, DType::I32, &loc),
+        };
+        let (mut vals, has_mask) = masked_operands(c, vec![ptr.value()], mask, &loc, "wait_load");
+        vals.insert(1, flag);
+        let fallback = c.func.ty(vals[0]).with_elem(Elem::Scalar(d));
+        let v = c.push(Op::Memory(MemoryOp::WaitLoad { has_mask, scope }), &vals, &loc, &[fallback])[0];
+        c.handle(v)
+    })
+}
+
 /// Asks for the lines holding the elements at `ptr` (where `mask` is true)
 /// to be brought into L2, so a later load of them (the next task's weights
 /// in a persistent kernel) does not wait for DRAM. It changes no value; the

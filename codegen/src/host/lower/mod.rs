@@ -272,7 +272,7 @@ impl<'ctx> Lower<'ctx, '_> {
             // The pool runs programs to completion in any order, so a program
             // waiting on another could wait forever; ordered loads and stores
             // exist for such hand-overs.
-            Op::Memory(MemoryOp::WaitUntil { .. }) => {
+            Op::Memory(MemoryOp::WaitUntil { .. } | MemoryOp::WaitLoad { .. }) => {
                 return Err(
                     self.unsupported(i, "programs that wait on each other (the interpreter runs them)")
                 );

@@ -465,6 +465,7 @@ fn body_stores(f: &Function, b: Block) -> bool {
                     | MemoryOp::Atomic { .. }
                     | MemoryOp::AtomicCas { .. }
                     | MemoryOp::WaitUntil { .. }
+                    | MemoryOp::WaitLoad { .. }
             )
         ) || f.insts[i].regions.iter().any(|&r| body_stores(f, f.entry(r)))
     })

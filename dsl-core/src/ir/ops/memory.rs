@@ -23,6 +23,19 @@
 //! `sys`): the spin-wait of a persistent kernel, which lowers to a loop the
 //! compiler cannot remove. It is a side effect and returns nothing.
 //!
+//! `wait_load ptr, flag [, mask] {scope}` reads the 64-bit lines at `ptr`
+//! (a tile of pointers to `i64`) and blocks the program until the
+//! high 32 bits of every active lane's line equal `flag` (an `i32` or `u32`
+//! scalar, compared as bits); it returns the lines read (masked-off lanes:
+//! zero). Each lane's read is a relaxed strong access of `scope` (`gpu` or
+//! `sys`), so a line is read whole: a producer that stores each 64-bit
+//! line (data in the low half, the flag in the high half) with one relaxed
+//! store hands the data over with no fence and no counter, and the reader
+//! sees the data as soon as the line arrives (NCCL's LL protocol). It
+//! orders no other memory access. The lines must change their flag with
+//! every hand-over (a step or epoch number), or a reader may take an old
+//! line for a new one.
+//!
 //! `prefetch_l2 ptr [, mask]` asks for the lines of the pointed-to elements
 //! to be brought into L2 (`prefetch.global.L2`). It changes no value; the
 //! interpreter still checks its addresses like a load's, since a prefetch
@@ -204,6 +217,14 @@ pub enum MemoryOp {
         /// `gpu` or `sys`.
         scope: MemScope,
     },
+    /// `wait_load ptr, flag [, mask]`: the lines at `ptr` once every active
+    /// lane's high half equals `flag` (see the module documentation).
+    WaitLoad {
+        /// Operand 2 is an `i1` mask.
+        has_mask: bool,
+        /// `gpu` or `sys`.
+        scope: MemScope,
+    },
     /// `prefetch_l2 ptr [, mask]`: prefetches the lines of the addresses into
     /// L2; no results.
     PrefetchL2 {
@@ -251,7 +272,7 @@ pub struct LoadOperands<T> {
 
 mnemonics! { MemoryOp:
     Load = "load", LoadBlock = "load_block", Store = "store", AtomicCas = "atomic_cas",
-    WaitUntil = "wait_until", PrefetchL2 = "prefetch_l2";
+    WaitUntil = "wait_until", WaitLoad = "wait_load", PrefetchL2 = "prefetch_l2";
     MemoryOp::Atomic { kind, .. } => kind.name()
 }
 
@@ -282,7 +303,7 @@ impl MemoryOp {
                 order.is_some_and(|o| o.sem != MemSem::Relaxed)
             }
             MemoryOp::Atomic { sem, .. } | MemoryOp::AtomicCas { sem, .. } => sem != MemSem::Relaxed,
-            MemoryOp::WaitUntil { .. } => true,
+            MemoryOp::WaitUntil { .. } | MemoryOp::WaitLoad { .. } => true,
             MemoryOp::LoadBlock { .. } | MemoryOp::PrefetchL2 { .. } => false,
         }
     }
@@ -343,6 +364,12 @@ impl MemoryOp {
                 a.push(("cmp", Attr::Word(cmp.name().into())));
                 ordered(&mut a, sem, scope);
             }
+            MemoryOp::WaitLoad { has_mask, scope } => {
+                if has_mask {
+                    a.push(("mask", Attr::Flag));
+                }
+                a.push(("scope", Attr::Word(scope.name().into())));
+            }
             MemoryOp::PrefetchL2 { has_mask } => {
                 if has_mask {
                     a.push(("mask", Attr::Flag));
@@ -385,6 +412,7 @@ impl MemoryOp {
                 let cmp = CmpPred::from_name(w).ok_or(format!("unknown comparison `{w}`"))?;
                 MemoryOp::WaitUntil { cmp, sem: order.map_or(MemSem::Acquire, |o| o.sem), scope }
             }
+            "wait_load" => MemoryOp::WaitLoad { has_mask, scope },
             "prefetch_l2" => MemoryOp::PrefetchL2 { has_mask },
             _ => match AtomicKind::from_name(name) {
                 Some(kind) => MemoryOp::Atomic { kind, has_mask, sem, scope },
@@ -520,6 +548,36 @@ impl MemoryOp {
                     );
                 }
                 Ok(Vec::new())
+            }
+            MemoryOp::WaitLoad { has_mask, scope } => {
+                expect_args(name, args, 2 + has_mask as usize)?;
+                if pointee != DType::I64 {
+                    return Err(format!(
+                        "`wait_load` reads 64-bit lines (data and flag): its pointee is i64, found {pointee}"
+                    ));
+                }
+                if !args[1].is_scalar() || !matches!(args[1].elem, Elem::Scalar(DType::I32 | DType::U32)) {
+                    return Err(format!(
+                        "`wait_load` compares the lines' flags with an i32 or u32 scalar, found {}",
+                        args[1]
+                    ));
+                }
+                if has_mask {
+                    check_mask(&args[2])?;
+                    if args[2].shape != ptr.shape {
+                        return Err(format!(
+                            "`wait_load` mask must have the pointers' shape {:?}, found {:?}",
+                            ptr.shape, args[2].shape
+                        ));
+                    }
+                }
+                if scope == MemScope::Cta {
+                    return Err(
+                        "`wait_load` waits for another program: its scope is `gpu` or `sys`, not `cta`"
+                            .into(),
+                    );
+                }
+                Ok(vec![value_ty])
             }
             MemoryOp::PrefetchL2 { has_mask } => {
                 expect_args(name, args, 1 + has_mask as usize)?;
