@@ -211,6 +211,26 @@ fn batch_invariance<T: Act>() {
     }
 }
 
+/// The split form's finishing sum over more K tiles than one trip of its
+/// unrolled loop loads (`SPLIT_SUM_UNROLL`; here 11 tiles, the last
+/// partial: one whole trip and one with tiles past the end) equals the
+/// unsplit loop's, bit for bit, in f32 outputs.
+#[test]
+fn split_sum_over_many_k_tiles_equals_the_loop() {
+    let (m, n, k) = (3, 40, 32 * 41);
+    for (si, format) in [QuantFormat::Q4_1, QuantFormat::Q8_0].into_iter().enumerate() {
+        let mut rng = Rng::new(70 + si as u64);
+        let (w, _) = random_weight(&mut rng, format, n, k, false);
+        let x = activations::<f32>(&mut rng, m * k);
+        let zeros = vec![0.0f32; m * n];
+        let go = |tiles| run::<f32>(format, Fuse::None, true, tiles, &x, &x, &zeros, &w, (m, n, k)).unwrap();
+        let (split, looped) = (go((16, 16, true)), go((16, 16, false)));
+        for r in 0..m {
+            assert_eq!(row_bits(&split, r, n), row_bits(&looped, r, n), "{format:?} row {r}");
+        }
+    }
+}
+
 /// The fused RMSNorm prologue (`NORM`, one row) equals `rmsnorm` with
 /// add+RMSNorm's rounding followed by the plain layer, and that `rmsnorm`
 /// equals add+RMSNorm's normed output; the residual epilogue equals the

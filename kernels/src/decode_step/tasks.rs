@@ -272,7 +272,7 @@ pub fn stage_linear(
                     linear_tile(
                         x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr,
                         wd_tail, sr_tail, zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k,
-                        f16_ops, dt, MAX_ROWS, block_n,
+                        f16_ops, dt, MAX_ROWS, block_n, 1,
                     )
                 };
                 if fin {

@@ -400,6 +400,7 @@ pub fn linear_tile(
     dt: DType,
     block_m: usize,
     block_n: usize,
+    sum_unroll: usize,
 ) -> Tensor {
     let norm = fuse.norm();
     // Tiles of at most `VECTOR_X_ROWS` rows: K is whole quant blocks, so the
@@ -426,7 +427,7 @@ pub fn linear_tile(
             tile_product(wd0, sr0, xa, nw_ptr, rs, k, first, quant, norm, f16_ops, dt, block_m, block_n);
         split_finish(
             part, out_ptr, ws_ptr, cnt_ptr, m, n, ldo, pid_m, pid_n, pid_k, tiles_n, tiles_k, fuse, dt,
-            block_m, block_n,
+            block_m, block_n, sum_unroll,
         )
     } else {
         let mut acc = if block_m >= WIDE_ROWS && quant.gpu_kernels() {
@@ -530,6 +531,7 @@ pub fn split_finish(
     dt: DType,
     block_m: usize,
     block_n: usize,
+    sum_unroll: usize,
 ) -> Tensor {
     let tile = pid_m * tiles_n + pid_n;
     let len = (block_m * block_n) as i32;
@@ -542,15 +544,22 @@ pub fn split_finish(
     let finished = done == tiles_k - 1;
     if finished {
         let mut acc = zeros([block_m * block_n], f32);
-        for z in range(0, tiles_k) {
-            // `.cg`: the products were written by other SMs in this launch.
-            let p = load(
-                ws_ptr + (tile * tiles_k + z) * len + r,
-                mask = valid,
-                other = 0.0,
-                cache_modifier = ".cg",
-            );
-            acc = acc + p;
+        // In K order, `sum_unroll` products per trip: their loads do not
+        // wait for each other's sums. A K tile past the last reads as -0.0,
+        // which leaves every sum as it is.
+        for z0 in range(0, tiles_k, sum_unroll as i32) {
+            for j in 0..sum_unroll {
+                let z = z0 + j as i32;
+                let (live, pad) = if sum_unroll == 1 { (valid, 0.0) } else { (valid & (z < tiles_k), -0.0) };
+                // `.cg`: the products were written by other SMs in this launch.
+                let p = load(
+                    ws_ptr + (tile * tiles_k + z) * len + r,
+                    mask = live,
+                    other = pad,
+                    cache_modifier = ".cg",
+                );
+                acc = acc + p;
+            }
         }
         store(cnt_ptr + tile, 0);
         linear_epilogue(
@@ -674,5 +683,11 @@ pub fn linear<T: Float>(
         T,
         BLOCK_M,
         BLOCK_N,
+        SPLIT_SUM_UNROLL,
     );
 }
+
+/// The K tiles' products the standalone product's [`split_finish`] loads
+/// per trip of its sum (the persistent step's split stages keep one: their
+/// unrolled sum measured slower there).
+pub const SPLIT_SUM_UNROLL: usize = 8;
