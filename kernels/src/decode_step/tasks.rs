@@ -212,6 +212,11 @@ pub fn stage_linear(
                     let offs = minimum(arange(0, MAX_ROWS), m - 1) * k;
                     expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
                 };
+                // A stacked tile's residual goes out now, so its latency
+                // hides behind the tile's products instead of following them.
+                let res_on = t * block_n as i32 + arange(0, block_n as i32);
+                let early = stack > 0 && fuse.residual() && !rope.on();
+                let res = if early { load(out_ptr + res_on, mask = res_on < n, other = 0.0) } else { eps };
                 let fin = if stack > 0 {
                     let (sums, odd) = stacked_sums(
                         x_ptr,
@@ -252,6 +257,10 @@ pub fn stage_linear(
                             rope.head_dim(),
                             dt,
                         );
+                    } else if early {
+                        // `linear_epilogue`'s residual sum, on the loaded residual.
+                        let y = (sums.to(dt).to(f32) + res.to(f32)).to(dt);
+                        store(out_ptr + res_on, y, mask = res_on < n);
                     } else {
                         linear_epilogue(
                             reshape(sums, [1, block_n]),
