@@ -23,6 +23,7 @@ use crate::engine::Request;
 use crate::error::{Error, Result};
 use crate::model::ActElem;
 use crate::model::Device;
+use kernels::reference::sampling::argmax;
 use std::path::Path;
 use std::time::Instant;
 
@@ -148,17 +149,6 @@ pub struct Parity {
     /// Free-running: generate the whole continuation (otherwise only
     /// `must_match` tokens, which is what the rule needs).
     pub full: bool,
-}
-
-/// The index of the largest value (the lowest index on ties).
-pub fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 impl EngineTask for Parity {

@@ -440,15 +440,9 @@ pub fn decode_scenario<D: Device, T: ActElem>(
     Ok((out, model))
 }
 
-/// The lowest index of the largest value of `row`.
+/// The lowest index of the largest value of `row`, as a token id.
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
+    kernels::reference::sampling::argmax(row) as u32
 }
 
 /// The gap between the two largest values of `row`.

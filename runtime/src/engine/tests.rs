@@ -125,7 +125,7 @@ fn score_matches_generation_and_leaves_the_engine_usable() {
     let v = e.model().weights.config.vocab_size;
     let logits = e.score(&mut cpu, &all, p.len() - 1..all.len()).unwrap();
     assert_eq!(logits.len(), 8 * v);
-    let forced: Vec<u32> = logits.chunks_exact(v).map(|r| crate::parity::argmax(r) as u32).collect();
+    let forced: Vec<u32> = logits.chunks_exact(v).map(crate::check::model::argmax).collect();
     assert_eq!(forced, c.tokens);
     let again = e.run(&mut cpu, vec![greedy(p, 8)], |_| {}).unwrap().remove(0);
     assert_eq!(again.tokens, c.tokens);

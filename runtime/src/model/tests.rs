@@ -13,7 +13,7 @@
 //!   predict llama.cpp's first token.
 
 use super::{Device, Model, Step, Weights};
-use crate::check::model::{compare_logits, run_scenario, scenario_tokens, tiny_model};
+use crate::check::model::{argmax, compare_logits, run_scenario, scenario_tokens, tiny_model};
 use crate::gguf::llama::{LlamaConfig, layer_tensor};
 use crate::gguf::{GgmlType, Gguf};
 use dsl_core::DType;
@@ -269,16 +269,6 @@ fn single_seq_step<'a>(
         query_start: cu,
         logit_rows: rows,
     }
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[test]
