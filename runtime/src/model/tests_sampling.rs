@@ -167,9 +167,12 @@ fn three_seq_step(order: &[usize]) -> OwnedStep {
     }
 }
 
-/// A model with three sequences prefilled (`5 + i` tokens in block `i`).
-fn three_seq_model<T: ActElem>(cpu: &mut Cpu, g: &Gguf) -> Model<Cpu, T> {
-    let mut m = model::<Cpu, T>(cpu, g);
+/// The tiny model on a new interpreter, with three sequences prefilled
+/// (`5 + i` tokens in block `i`).
+fn three_seq_model<T: ActElem>() -> (Cpu, Model<Cpu, T>) {
+    let g = tiny_model().unwrap();
+    let mut cpu = Cpu::new();
+    let mut m = model::<Cpu, T>(&mut cpu, &g);
     for i in 0..3usize {
         let n = 5 + i;
         let s = OwnedStep {
@@ -181,9 +184,9 @@ fn three_seq_model<T: ActElem>(cpu: &mut Cpu, g: &Gguf) -> Model<Cpu, T> {
             cu: vec![0, n as i32],
             rows: vec![],
         };
-        m.forward(cpu, &s.step()).unwrap();
+        m.forward(&mut cpu, &s.step()).unwrap();
     }
-    m
+    (cpu, m)
 }
 
 fn sample_order(
@@ -201,9 +204,7 @@ fn sample_order(
 
 #[test]
 fn seeded_sampling_is_reproducible_and_batch_independent() {
-    let g = tiny_model().unwrap();
-    let mut cpu = Cpu::new();
-    let mut m = three_seq_model::<f32>(&mut cpu, &g);
+    let (mut cpu, mut m) = three_seq_model::<f32>();
     // The tiny model's top logit leads by ~15: a hot temperature spreads it.
     let hot = SamplingParams { temperature: 20.0, ..SamplingParams::default() };
     let params = [
@@ -252,20 +253,34 @@ fn penalize(row: &[f32], prompt: &[u32], output: &[u32], p: &SamplingParams) -> 
         .collect()
 }
 
-/// The greedy decode step of sequences 0 and 1 of [`three_seq_model`]:
-/// the sampled rows and the logits the sampler read.
-fn greedy_pair_step<T: ActElem>(m: &mut Model<Cpu, T>, cpu: &mut Cpu) -> (Vec<Sampled>, Vec<f32>) {
+/// The decode step of sequences 0 and 1 of [`three_seq_model`], sequence 0
+/// sampled with `p` after `tokens` (the first `prompt_len` of them its
+/// prompt), sequence 1 greedy: the sampled rows and the logits the sampler
+/// read.
+fn pair_step<T: ActElem>(
+    m: &mut Model<Cpu, T>,
+    cpu: &mut Cpu,
+    p: &SamplingParams,
+    tokens: &[u32],
+    prompt_len: usize,
+) -> (Vec<Sampled>, Vec<f32>) {
     let greedy = SamplingParams::default();
-    let rows = [SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 }; 2];
+    let rows = [
+        SampleRow { params: p, step: 0, tokens, prompt_len },
+        SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 },
+    ];
     let out = m.forward_sample(cpu, &three_seq_step(&[0, 1]).step(), &rows).unwrap();
     (out, m.last_logits(cpu).unwrap())
 }
 
+/// [`pair_step`] with both sequences greedy.
+fn greedy_pair_step<T: ActElem>(m: &mut Model<Cpu, T>, cpu: &mut Cpu) -> (Vec<Sampled>, Vec<f32>) {
+    pair_step(m, cpu, &SamplingParams::default(), &[], 0)
+}
+
 #[test]
 fn penalties_change_the_choice_as_vllm_defines() {
-    let g = tiny_model().unwrap();
-    let mut cpu = Cpu::new();
-    let mut m = three_seq_model::<f32>(&mut cpu, &g);
+    let (mut cpu, mut m) = three_seq_model::<f32>();
     let vocab = m.weights.config.vocab_size;
     let greedy = SamplingParams::default();
     let (base, logits) = greedy_pair_step(&mut m, &mut cpu);
@@ -296,13 +311,7 @@ fn penalties_change_the_choice_as_vllm_defines() {
         ),
     ];
     for (k, (p, tokens, prompt_len, must_change)) in cases.iter().enumerate() {
-        let s = three_seq_step(&[0, 1]);
-        let rows = [
-            SampleRow { params: p, step: 0, tokens, prompt_len: *prompt_len },
-            SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 },
-        ];
-        let out = m.forward_sample(&mut cpu, &s.step(), &rows).unwrap();
-        let seen = m.last_logits(&cpu).unwrap();
+        let (out, seen) = pair_step(&mut m, &mut cpu, p, tokens, *prompt_len);
         let want = penalize(row0, &tokens[..*prompt_len], &tokens[*prompt_len..], p);
         assert!(
             seen[..vocab].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -325,9 +334,7 @@ fn penalties_change_the_choice_as_vllm_defines() {
 /// the stale f32 copy.
 #[test]
 fn penalties_widen_bf16_logits_and_last_logits_follows() {
-    let g = tiny_model().unwrap();
-    let mut cpu = Cpu::new();
-    let mut m = three_seq_model::<bf16>(&mut cpu, &g);
+    let (mut cpu, mut m) = three_seq_model::<bf16>();
     let vocab = m.weights.config.vocab_size;
     let greedy = SamplingParams::default();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
@@ -337,13 +344,7 @@ fn penalties_widen_bf16_logits_and_last_logits_follows() {
     let t0 = base[0].token;
     let p = SamplingParams { repetition_penalty: 10.0, frequency_penalty: 1.5, ..greedy.clone() };
     let tokens = [t0, t0, 9];
-    let s = three_seq_step(&[0, 1]);
-    let rows = [
-        SampleRow { params: &p, step: 0, tokens: &tokens, prompt_len: 1 },
-        SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 },
-    ];
-    let out = m.forward_sample(&mut cpu, &s.step(), &rows).unwrap();
-    let seen = m.last_logits(&cpu).unwrap();
+    let (out, seen) = pair_step(&mut m, &mut cpu, &p, &tokens, 1);
     let want = penalize(&logits[..vocab], &tokens[..1], &tokens[1..], &p);
     assert_eq!(bits(&seen[..vocab]), bits(&want), "penalized logits differ from the host's");
     assert_eq!(bits(&seen[vocab..]), bits(&logits[vocab..]), "the row without penalties changed");
