@@ -370,6 +370,16 @@ fn enclosing_loop<'a, 'b>(lines: &'b [&'a str], at: usize) -> Option<&'b [&'a st
     })
 }
 
+/// The positions of the PTX lines starting with `load`, and whether one of
+/// them is inside a loop that also sleeps (a spin-wait).
+fn spin_loads(lines: &[&str], load: &str) -> (Vec<usize>, bool) {
+    let loads: Vec<usize> = (0..lines.len()).filter(|&k| lines[k].starts_with(load)).collect();
+    let spins = loads.iter().any(|&k| {
+        enclosing_loop(lines, k).is_some_and(|body| body.iter().any(|l| l.starts_with("nanosleep.u32")))
+    });
+    (loads, spins)
+}
+
 #[test]
 fn synchronisation() {
     let f = kernels::sync_ops().unwrap();
@@ -408,14 +418,9 @@ fn a_flag_in_data_read_spins_per_thread_without_barriers() {
         let ptx = compile(&f, &options(t, 4, STAGES)).unwrap().ptx;
         let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
         assert!(ptx.contains("st.relaxed.gpu.global.b64"), "{t:?}: no relaxed line store:\n{ptx}");
-        let loads: Vec<usize> =
-            (0..lines.len()).filter(|&k| lines[k].starts_with("ld.relaxed.gpu.global.b64")).collect();
-        // 256 lanes over 128 threads: two lines per thread, both re-read in
-        // a loop that sleeps.
+        // Each thread re-reads its several lines in a loop that sleeps.
+        let (loads, spins) = spin_loads(&lines, "ld.relaxed.gpu.global.b64");
         assert!(loads.len() >= 2, "{t:?}: {} line loads:\n{ptx}", loads.len());
-        let spins = loads.iter().any(|&k| {
-            enclosing_loop(&lines, k).is_some_and(|body| body.iter().any(|l| l.starts_with("nanosleep.u32")))
-        });
         assert!(spins, "{t:?}: no loop that reads lines and sleeps:\n{ptx}");
         // Each thread waits for its own lines: no CTA barrier anywhere.
         assert!(!ptx.contains("bar.sync"), "{t:?}: a barrier in a flag-in-data read:\n{ptx}");
@@ -431,11 +436,7 @@ fn a_spin_wait_survives_optimisation() {
         let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
         // LLVM may peel the first read out of the loop; some read must be
         // inside a loop that also sleeps.
-        let loads: Vec<usize> =
-            (0..lines.len()).filter(|&k| lines[k].starts_with("ld.acquire.gpu.global.b32")).collect();
-        let spins = loads.iter().any(|&k| {
-            enclosing_loop(&lines, k).is_some_and(|body| body.iter().any(|l| l.starts_with("nanosleep.u32")))
-        });
+        let (loads, spins) = spin_loads(&lines, "ld.acquire.gpu.global.b32");
         assert!(spins, "{t:?}: no loop that reads and sleeps around the wait:\n{ptx}");
         let ld = loads[0];
         // One thread spins; then the whole program passes a barrier.

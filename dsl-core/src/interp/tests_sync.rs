@@ -286,7 +286,7 @@ fn prefetches_are_bounds_checked_like_loads() {
 }
 
 /// The diagnostics of a build that must fail, as messages.
-fn diagnostics(body: impl FnOnce()) -> Vec<String> {
+pub(super) fn diagnostics(body: impl FnOnce()) -> Vec<String> {
     match KernelBuilder::new("k").build(body) {
         Err(Error::Build { diagnostics, .. }) => diagnostics.into_iter().map(|d| d.message).collect(),
         other => panic!("expected build errors, got {other:?}"),
@@ -323,6 +323,11 @@ fn ordered_ops_reject_semantics_they_cannot_have() {
         "`wait_until` is a read: its semantics are `acquire` or `relaxed`, not `release`",
         "`wait_until` waits for another program: its scope is `gpu` or `sys`, not `cta`",
     ];
+    expect_diagnostics(&d, &want);
+}
+
+/// Asserts that the messages `d` are, in order, ones containing `want`.
+pub(super) fn expect_diagnostics(d: &[String], want: &[&str]) {
     assert_eq!(d.len(), want.len(), "{d:#?}");
     for (got, want) in d.iter().zip(want) {
         assert!(got.contains(want), "`{got}` lacks `{want}`");

@@ -3,11 +3,12 @@
 //! masked lanes, the deadlock report, the build rules, and printing.
 
 use super::tests::{contains_all, interp_err};
+use super::tests_sync::{diagnostics, expect_diagnostics};
 use super::{Arg, Buffer, launch};
+use crate::Function;
 use crate::builder::kernel;
 use crate::ir::ops::{MemScope, MemSem};
 use crate::lang::*;
-use crate::{Error, Function};
 use std::cell::Cell;
 
 const GPU: MemScope = MemScope::Gpu;
@@ -103,14 +104,6 @@ fn a_line_nobody_writes_is_a_deadlock_naming_its_flag() {
     );
 }
 
-/// The diagnostics of a build that must fail, as messages.
-fn diagnostics(body: impl FnOnce()) -> Vec<String> {
-    match KernelBuilder::new("k").build(body) {
-        Err(Error::Build { diagnostics, .. }) => diagnostics.into_iter().map(|d| d.message).collect(),
-        other => panic!("expected build errors, got {other:?}"),
-    }
-}
-
 #[test]
 fn wait_load_rejects_what_cannot_carry_a_flag() {
     let d = diagnostics(|| {
@@ -126,10 +119,7 @@ fn wait_load_rejects_what_cannot_carry_a_flag() {
         "`wait_load` compares the lines' flags with an i32 or u32 scalar",
         "`wait_load` waits for another program: its scope is `gpu` or `sys`, not `cta`",
     ];
-    assert_eq!(d.len(), want.len(), "{d:#?}");
-    for (got, want) in d.iter().zip(want) {
-        assert!(got.contains(want), "`{got}` lacks `{want}`");
-    }
+    expect_diagnostics(&d, &want);
 }
 
 #[test]
