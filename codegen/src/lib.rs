@@ -186,13 +186,15 @@ pub(crate) fn optimize(
 }
 
 /// The kernel plan of `f` for `opts` as text (what `TESSERA_DUMP=plan`
-/// prints): `f` is verified, canonicalized and its `load_block`s expanded,
-/// as [`compile`] does, and planned; nothing is emitted.
+/// prints): `f` is verified, canonicalized, its FP8 `dot` operands widened
+/// and its `load_block`s expanded, as [`compile`] does, and planned;
+/// nothing is emitted.
 pub fn plan_text(f: &dsl_core::Function, opts: &CompileOptions) -> Result<String> {
     check_options(opts)?;
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
+    dsl_core::passes::f8_dot::widen(&mut f);
     let block_loads = dsl_core::passes::block_load::expand(&mut f);
     Ok(lower::plan::KernelPlan::build(&f, &block_loads, opts).print(&f))
 }
@@ -222,6 +224,8 @@ fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> R
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
+    // FP8 `dot` operands take the f16 tensor-core paths.
+    dsl_core::passes::f8_dot::widen(&mut f);
     let env = dump::DumpRequest::from_env();
     let (env_ir, env_plan, env_llvm, env_ptx) =
         (env.has("ir"), env.has("plan"), env.has("llvm"), env.has("ptx"));

@@ -127,6 +127,20 @@ mod kernels {
         })
     }
 
+    /// A 64 x 64 tile product of FP8 operands with an f32 accumulator (the
+    /// codegen widens the operands to f16 for the tensor cores).
+    pub fn fp8_dot(d: DType) -> Result<Function> {
+        KernelBuilder::new("fp8_dot").build(|| {
+            let a_ptr = param_ptr("a", d);
+            let b_ptr = param_ptr("b", d);
+            let c_ptr = param_ptr("c", DType::F32);
+            let r = arange(0, 64);
+            let at = expand_dims(r, 1) * 64 + expand_dims(r, 0);
+            let (a, b) = (load(a_ptr + at, None, None), load(b_ptr + at, None, None));
+            store(c_ptr + at, dot(a, b, Some(load(c_ptr + at, None, None))), None);
+        })
+    }
+
     /// A kernel that only waits for a flag: nothing but the spin loop's
     /// side effects keeps it alive through O3.
     pub fn spin_only() -> Result<Function> {
@@ -425,6 +439,23 @@ fn a_flag_in_data_read_spins_per_thread_without_barriers() {
         // Each thread waits for its own lines: no CTA barrier anywhere.
         assert!(!ptx.contains("bar.sync"), "{t:?}: a barrier in a flag-in-data read:\n{ptx}");
         check("wait_load_ll", &f, t, 4);
+    }
+}
+
+#[test]
+fn fp8_dots_run_on_f16_tensor_cores() {
+    for (d, cvt) in [(DType::F8E4M3, "e4m3x2"), (DType::F8E5M2, "e5m2x2")] {
+        let f = kernels::fp8_dot(d).unwrap();
+        for t in [Target::Sm80, Target::Sm90a] {
+            let ptx = compile(&f, &options(t, 4, STAGES)).unwrap().ptx;
+            let f16_mma = ptx.lines().any(|l| {
+                (l.contains("mma.sync.aligned.m16n8k16") || l.contains("wgmma.mma_async"))
+                    && l.contains(".f16")
+            });
+            assert!(f16_mma, "{t:?} {d}: no f16 tensor-core product:\n{ptx}");
+            // sm_90a converts pairs of codes in hardware; sm_80 in integer code.
+            assert_eq!(ptx.contains(cvt), t == Target::Sm90a, "{t:?} {d}: `{cvt}`");
+        }
     }
 }
 

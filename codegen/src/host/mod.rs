@@ -98,6 +98,7 @@ fn compile_inner(
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
+    dsl_core::passes::f8_dot::widen(&mut f);
     // `obj` writes each object to the temporary directory and prints where
     // its entry was linked (for profilers).
     let env = crate::dump::DumpRequest::from_env();

@@ -300,6 +300,8 @@ fn host_matmul() {
         (DType::F32, true),
         (DType::BF16, false),
         (DType::F16, false),
+        (DType::F8E4M3, false),
+        (DType::F8E5M2, false),
         (DType::I8, false),
     ] {
         for ((m, n, k), (bm, bn, bk)) in [

@@ -6,7 +6,8 @@
 //! saturation and underflow boundaries, of infinities and NaN, and of
 //! random f32 values over a wide exponent range. Also the verifier's rules:
 //! no arithmetic, comparison or reduction on 8-bit floats, casts only to and
-//! from the 16- and 32-bit floats.
+//! from the 16- and 32-bit floats. And `dot` on FP8 tiles, with the pass that
+//! widens its operands to f16 for the codegen.
 
 use super::tests::Rng;
 use super::{Arg, Buffer, launch};
@@ -229,4 +230,100 @@ fn the_verifier_keeps_8_bit_floats_to_storage_casts_and_selects() {
         bitcast(y, DType::U8)
     })
     .unwrap();
+}
+
+/// `out = acc + a @ b` for `[M, K] x [K, N]` tiles of dtype `d` (row-major
+/// buffers), as a kernel.
+fn dot_kernel(d: DType, m: usize, k: usize, n: usize) -> crate::Function {
+    KernelBuilder::new("f8_dot")
+        .build(|| {
+            let a_ptr = param_ptr("a", d);
+            let b_ptr = param_ptr("b", d);
+            let c_ptr = param_ptr("c", DType::F32);
+            let (rm, rk, rn) = (arange(0, m as i32), arange(0, k as i32), arange(0, n as i32));
+            let a = load(a_ptr + expand_dims(rm, 1) * k as i32 + expand_dims(rk, 0), None, None);
+            let b = load(b_ptr + expand_dims(rk, 1) * n as i32 + expand_dims(rn, 0), None, None);
+            let at = c_ptr + expand_dims(rm, 1) * n as i32 + expand_dims(rn, 0);
+            store(at, dot(a, b, Some(load(at, None, None))), None);
+        })
+        .unwrap()
+}
+
+/// FP8 `dot`: every product exact and the sum taken exactly, then rounded
+/// once with the accumulator (the interpreter's rule for every float
+/// `dot`), against an f64 reference of the codes' values; and the same
+/// bits as the f16 `dot` of the widened operands, which is what the codegen
+/// runs ([`crate::passes::f8_dot`]).
+#[test]
+fn fp8_dots_sum_exact_products_like_their_f16_widening() {
+    let (m, k, n) = (16, 32, 16);
+    let mut rng = Rng::new(0xf8d0);
+    for d in FORMATS {
+        // Finite codes only (the values of random f32s, rounded to `d`).
+        let codes = |rng: &mut Rng, len: usize| -> Vec<f64> {
+            (0..len)
+                .map(|_| {
+                    let c = rng.below(256) as u8;
+                    let v = decode(d, c);
+                    if v.is_finite() { v } else { 1.0 }
+                })
+                .collect()
+        };
+        let (av, bv) = (codes(&mut rng, m * k), codes(&mut rng, k * n));
+        let acc: Vec<f32> = (0..m * n).map(|i| (i as f32 - 100.0) * 0.25).collect();
+        let run = |dt: DType| -> Vec<f32> {
+            let mut bufs = [Buffer::from_f64(dt, &av), Buffer::from_f64(dt, &bv), Buffer::from_slice(&acc)];
+            launch(&dot_kernel(dt, m, k, n), [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::ptr(2)])
+                .unwrap();
+            bufs[2].to_vec::<f32>()
+        };
+        let got = run(d);
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|t| av[i * k + t] * bv[t * n + j]).sum();
+                let want = (f64::from(acc[i * n + j]) + s) as f32;
+                assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{d} [{i}, {j}]");
+            }
+        }
+        assert_eq!(got, run(DType::F16), "{d}: the f16 widening differs");
+    }
+    // Mixed FP8 inputs are not a `dot`.
+    let e = KernelBuilder::new("mixed")
+        .build(|| {
+            let a = load(param_ptr("a", DType::F8E4M3) + arange(0, 16), None, None);
+            let b = load(param_ptr("b", DType::F8E5M2) + arange(0, 16), None, None);
+            let c = zeros(&[16, 16], DType::F32);
+            let _ = dot(reshape(a, &[16, 1]), reshape(b, &[1, 16]), Some(c));
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`dot` inputs must share a dtype"), "{e}");
+}
+
+/// The pass the codegen runs: each FP8 `dot`'s operands become f16 casts,
+/// the result verifies and computes the same values.
+#[test]
+fn the_f8_dot_pass_widens_operands_and_keeps_the_values() {
+    let f = dot_kernel(DType::F8E5M2, 16, 16, 16);
+    let mut g = f.clone();
+    assert_eq!(crate::passes::f8_dot::widen(&mut g), 1);
+    crate::verify::verify(&g).unwrap();
+    let text = crate::print::print(&g);
+    assert_eq!(text.lines().filter(|l| l.contains("= cast ")).count(), 2, "{text}");
+    assert!(text.contains("tensor<16x16xf16>"), "{text}");
+    let mut rng = Rng::new(7);
+    let vals: Vec<f64> = (0..256).map(|_| decode(DType::F8E5M2, rng.below(0x7b) as u8)).collect();
+    let out = |f: &crate::Function| -> Vec<f32> {
+        let mut bufs = [
+            Buffer::from_f64(DType::F8E5M2, &vals),
+            Buffer::from_f64(DType::F8E5M2, &vals),
+            Buffer::zeros(DType::F32, 256),
+        ];
+        launch(f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::ptr(2)]).unwrap();
+        bufs[2].to_vec::<f32>()
+    };
+    assert_eq!(out(&f), out(&g));
+    // Other dots are left alone.
+    let mut h = dot_kernel(DType::F16, 16, 16, 16);
+    assert_eq!(crate::passes::f8_dot::widen(&mut h), 0);
 }

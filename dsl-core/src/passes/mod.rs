@@ -1,6 +1,7 @@
 //! Target-independent passes: canonicalization (constant folding, DCE, CSE),
-//! the `load_block` expansion, and the axis analysis codegen uses to
-//! vectorize and coalesce accesses.
+//! the `load_block` expansion, FP8 `dot` operands widened to f16
+//! ([`f8_dot`]), and the axis analysis codegen uses to vectorize and
+//! coalesce accesses.
 //!
 //! One file per pass: [`canonicalize`] drives folding and control-flow
 //! simplification to a fixed point together with [`cse`] and [`dce`], which can
@@ -21,6 +22,7 @@ pub mod canonicalize;
 pub mod cse;
 pub mod dce;
 mod eval;
+pub mod f8_dot;
 
 pub use axis::{AxisAnalysis, AxisInfo, analyze};
 pub use canonicalize::{CanonicalizeStats, canonicalize};

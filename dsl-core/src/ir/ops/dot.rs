@@ -1,8 +1,9 @@
 //! `dot a, b, acc`: tile matrix product with accumulation, `acc + a @ b`.
 //!
 //! `a` is `[M, K]`, `b` is `[K, N]`, `acc` and the result `[M, N]`. Inputs are
-//! f16, bf16 or f32 with an f32 accumulator, or i8 with an i32 accumulator.
-//! Products are formed exactly and summed in the accumulator's precision.
+//! f16, bf16, f32, f8e4m3 or f8e5m2 (both the same) with an f32 accumulator,
+//! or i8 with an i32 accumulator. Products are formed exactly and summed in
+//! the accumulator's precision.
 
 use super::{Attr, Attrs, attr, attr_word, expect_args};
 use crate::dtype::{DType, Elem, Type, fmt_shape};
@@ -67,9 +68,13 @@ impl DotOp {
             return Err(format!("`dot` inputs must share a dtype: {} vs {}", a.elem, b.elem));
         }
         let want_acc = match a.dtype() {
-            DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+            DType::F16 | DType::BF16 | DType::F32 | DType::F8E4M3 | DType::F8E5M2 => DType::F32,
             DType::I8 => DType::I32,
-            d => return Err(format!("`dot` supports f16, bf16, f32 and i8 inputs, found {d}")),
+            d => {
+                return Err(format!(
+                    "`dot` supports f16, bf16, f32, f8e4m3, f8e5m2 and i8 inputs, found {d}"
+                ));
+            }
         };
         if c.elem != Elem::Scalar(want_acc) {
             return Err(format!(
