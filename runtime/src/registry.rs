@@ -161,6 +161,12 @@ fn build_quantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
     spec::<k::Kernel>(k::Config::new(DType::BF16, DType::F8E4M3, 128, 4))
 }
 
+fn build_scaled_matmul_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::fp8::scaled_matmul_fp8 as k;
+    let (bm, bn) = crate::check::fp8::SCALED_TILE;
+    spec::<k::Kernel>(k::Config::new(DType::F8E4M3, DType::BF16, bm, bn).with_warps(4))
+}
+
 fn build_dequantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::fp8::dequantize_fp8 as k;
     spec::<k::Kernel>(k::Config::new(DType::F8E4M3, DType::BF16, 128, 4))
@@ -411,6 +417,13 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, F = f8e4m3, GROUP = 128, GROUPS = 4, num_warps = 4",
         build: build_quantize_fp8,
         check: checks!(check::fp8::quantize),
+    },
+    Entry {
+        name: "scaled_matmul_fp8",
+        description: "block-scaled FP8 product: 1x128 activation and 128x128 weight scales, f32 sums, bf16 out",
+        default_config: "F = f8e4m3, T = bf16, BLOCK_M = 64, BLOCK_N = 128, num_warps = 4",
+        build: build_scaled_matmul_fp8,
+        check: checks!(crate::check::fp8::scaled_matmul),
     },
     Entry {
         name: "dequantize_fp8",

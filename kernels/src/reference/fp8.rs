@@ -53,3 +53,46 @@ pub fn quantize_bound(x: f64, s: f64, f8: DType) -> f64 {
     let v = (x / s).abs();
     s * (v * 2f64.powi(-(m + 1)) + 2f64.powi(-(bias + m)) + v * 2f64.powi(-23))
 }
+
+/// [`crate::fp8::scaled_matmul_fp8`] in f64 (no rounding): `c[i, j] = sum_t
+/// sa[i, t] sb[j / 128, t] sum_{k in block t} a[i, k] b[j, k]`, `a` and `b`
+/// the codes' values; and per element the bound of the kernel's f32
+/// arithmetic against it: each block's sum of exact products (f32, at most
+/// 128 terms) and its scaling, the sum over blocks, then the rounding to an
+/// output with unit roundoff `u_out`.
+#[allow(clippy::too_many_arguments)]
+pub fn scaled_matmul(
+    a: &[f64],
+    sa: &[f32],
+    b: &[f64],
+    sb: &[f32],
+    (m, n, k): (usize, usize, usize),
+    u_out: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    const B: usize = crate::fp8::SCALE_BLOCK;
+    let kb = k.div_ceil(B);
+    let u = 2f64.powi(-24);
+    let (mut c, mut tol) = (vec![0f64; m * n], vec![0f64; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            let (mut sum, mut mag) = (0f64, 0f64);
+            for t in 0..kb {
+                let s = f64::from(sa[i * kb + t]) * f64::from(sb[j / B * kb + t]);
+                let (mut p, mut pm) = (0f64, 0f64);
+                for kk in t * B..((t + 1) * B).min(k) {
+                    p += a[i * k + kk] * b[j * k + kk];
+                    pm += (a[i * k + kk] * b[j * k + kk]).abs();
+                }
+                sum += s * p;
+                mag += s.abs() * pm;
+            }
+            c[i * n + j] = sum;
+            // Block sums (up to 128 roundings), scale product and multiply
+            // (2), the sum over blocks (kb), doubled for the tensor cores'
+            // accumulation; then the output rounding.
+            let steps = (B + 2 + kb) as f64;
+            tol[i * n + j] = 2.0 * steps * u * mag + u_out * (sum.abs() + 2.0 * steps * u * mag);
+        }
+    }
+    (c, tol)
+}

@@ -339,7 +339,7 @@ type FamilyRecords = fn(&mut Cuda, &BenchOptions) -> Result<Vec<Record>>;
 
 /// The benchmark families whose records one function measures (and prints),
 /// by the name `opts` selects them with, in the order they run.
-const FAMILY_RECORDS: [(&str, FamilyRecords); 7] = [
+const FAMILY_RECORDS: [(&str, FamilyRecords); 8] = [
     ("decode", crate::bench::decode::records),
     ("attention", crate::bench::attention::records),
     ("gemm", crate::bench::dequant::records),
@@ -347,6 +347,7 @@ const FAMILY_RECORDS: [(&str, FamilyRecords); 7] = [
     ("gemv_q8", crate::bench::q8::records),
     ("sampling", crate::check::sampling::bench_records),
     ("matmul", crate::check::matmul::bench_records),
+    ("fp8", crate::check::fp8::bench_records),
 ];
 
 /// Peer values by name, read from peers.py's JSON output.

@@ -2,17 +2,20 @@
 //! on the device against the interpreter, bit for bit (the conversions are
 //! the hardware's `cvt.rn.satfinite` on sm_90a and integer code elsewhere,
 //! the interpreter's those of the language's definition): codes, scales,
-//! and every one of the 256 codes of each format decoded.
+//! and every one of the 256 codes of each format decoded; and the
+//! block-scaled FP8 product against its f64 reference within the derived
+//! bound.
 
-use crate::check::{CheckRow, DevicePtr, EXACT, Rng, compare, outcome};
-use crate::cuda::DeviceElem;
+use crate::bench::{BenchOptions, Record, push_measured, time_median_ms};
+use crate::check::{CheckRow, DevicePtr, EXACT, Rng, compare, compare_each, outcome};
+use crate::cuda::{Cuda, DeviceElem};
 use crate::error::Result;
 use crate::model::{ActElem, Device};
 use dsl_core::DType;
 use dsl_core::float8::{F8E4M3, F8E5M2};
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
-use kernels::fp8::{dequantize_fp8, quantize_fp8};
+use kernels::fp8::{dequantize_fp8, quantize_fp8, scaled_matmul_fp8};
 use std::marker::PhantomData;
 
 /// Codes and scales of `x` (`[rows, n]`) quantized to `Q`'s format on `dev`.
@@ -121,4 +124,135 @@ fn decode_case<Q: DeviceElem, D: Device>(dev: &mut D) -> Result<CheckRow> {
 /// The `dequantize_fp8` check: every code of both formats, bit for bit.
 pub fn dequantize<D: Device>(dev: &mut D, _seed: u64) -> Result<Vec<CheckRow>> {
     Ok(vec![decode_case::<F8E4M3, D>(dev)?, decode_case::<F8E5M2, D>(dev)?])
+}
+
+/// The weight-scale tile of the `scaled_matmul_fp8` check and its registry
+/// entry: `BLOCK_M` 64, `BLOCK_N` 128 (one weight scale per tile and K
+/// block), 4 warps.
+pub const SCALED_TILE: (usize, usize) = (64, 128);
+
+/// Random finite codes of `Q`'s format and their values.
+fn finite_codes<Q: DeviceElem>(rng: &mut Rng, len: usize) -> (Vec<Q>, Vec<f64>) {
+    let mut codes = Vec::with_capacity(len);
+    let mut vals = Vec::with_capacity(len);
+    while codes.len() < len {
+        let q = Q::read_le(&[(rng.next_u64() % 256) as u8]);
+        let v = q.to_f64();
+        if v.is_finite() {
+            codes.push(q);
+            vals.push(v);
+        }
+    }
+    (codes, vals)
+}
+
+/// `scaled_matmul_fp8` with bf16 output on `dev`, as f64.
+fn scaled_on<Q: DeviceElem, D: Device>(
+    dev: &mut D,
+    [a, b]: [&[Q]; 2],
+    [sa, sb]: [&[f32]; 2],
+    (m, n, k): (usize, usize, usize),
+) -> Result<Vec<f64>> {
+    let (ad, bd, sad, sbd) = (dev.upload(a)?, dev.upload(b)?, dev.upload(sa)?, dev.upload(sb)?);
+    let cd = dev.zeros::<bf16>(m * n)?;
+    let args = scaled_matmul_fp8::Args {
+        a_ptr: dev.ptr(&ad)?,
+        sa_ptr: dev.ptr(&sad)?,
+        b_ptr: dev.ptr(&bd)?,
+        sb_ptr: dev.ptr(&sbd)?,
+        c_ptr: dev.ptr(&cd)?,
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        _marker: PhantomData,
+    };
+    let (bm, bn) = SCALED_TILE;
+    let config = scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn).with_warps(4);
+    dev.run::<scaled_matmul_fp8::Kernel>([m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1], &config, &args)?;
+    Ok(dev.download(&cd)?.iter().map(|x| f64::from(x.to_f32())).collect())
+}
+
+fn scaled_case<Q: DeviceElem, D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    (m, n, k): (usize, usize, usize),
+) -> Result<CheckRow> {
+    let kb = k.div_ceil(128);
+    let (a, av) = finite_codes::<Q>(rng, m * k);
+    let (b, bv) = finite_codes::<Q>(rng, n * k);
+    let mut scales = |len: usize| -> Vec<f32> {
+        (0..len).map(|_| (1.0 + rng.unit()) as f32 * 2f32.powi((rng.next_u64() % 16) as i32 - 8)).collect()
+    };
+    let (sa, sb) = (scales(m * kb), scales(n.div_ceil(128) * kb));
+    let got = scaled_on::<Q, D>(dev, [&a, &b], [&sa, &sb], (m, n, k))?;
+    let (want, tol) = kernels::reference::fp8::scaled_matmul(&av, &sa, &bv, &sb, (m, n, k), 2f64.powi(-8));
+    let shape = format!("{m}x{n}x{k} -> bf16");
+    Ok(compare_each("scaled_matmul_fp8", shape, Q::DEVICE_DTYPE, &got, &want, &tol))
+}
+
+/// The `scaled_matmul_fp8` check: E4M3 and E5M2 operands, bf16 output,
+/// ragged M, N and K, against the f64 reference within its derived bound
+/// (not the interpreter: the larger shapes would take it minutes).
+pub fn scaled_matmul<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for shape in [(1, 128, 128), (37, 200, 300), (130, 256, 1040), (256, 384, 512)] {
+        out.push(scaled_case::<F8E4M3, D>(dev, &mut rng, shape)?);
+        out.push(scaled_case::<F8E5M2, D>(dev, &mut rng, shape)?);
+    }
+    Ok(out)
+}
+
+/// One `matmul/fp8e4m3/{M}x{N}x{K} [block-scaled ..]` record: the
+/// block-scaled product of E4M3 codes (no NaN codes) with unit scales, bf16
+/// out, on tile `(BLOCK_M, BLOCK_N, warps)`. Named like peers.py's
+/// per-tensor `_scaled_mm` row, so the bench prints the ratio to it.
+fn scaled_record(
+    cuda: &mut Cuda,
+    opts: &BenchOptions,
+    (m, n, k): (usize, usize, usize),
+    (bm, bn, warps): (usize, usize, u32),
+) -> Result<Record> {
+    let mut rng = Rng::new((m + n + k) as u64);
+    let mut codes = |len: usize| -> Vec<F8E4M3> {
+        (0..len)
+            .map(|_| F8E4M3::from_bits((rng.next_u64() % 0x70) as u8 | (0x80 * (rng.next_u64() % 2) as u8)))
+            .collect()
+    };
+    let (a, b) = (codes(m * k), codes(n * k));
+    let kb = k.div_ceil(128);
+    let (ad, bd) = (cuda.upload(&a)?, cuda.upload(&b)?);
+    drop((a, b));
+    let (sad, sbd) = (cuda.upload(&vec![1f32; m * kb])?, cuda.upload(&vec![1f32; n.div_ceil(128) * kb])?);
+    let cd = cuda.zeros::<bf16>(m * n)?;
+    let args = scaled_matmul_fp8::Args {
+        a_ptr: cuda.ptr(&ad)?,
+        sa_ptr: cuda.ptr(&sad)?,
+        b_ptr: cuda.ptr(&bd)?,
+        sb_ptr: cuda.ptr(&sbd)?,
+        c_ptr: cuda.ptr(&cd)?,
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        _marker: PhantomData,
+    };
+    let config = scaled_matmul_fp8::Config::new(DType::F8E4M3, DType::BF16, bm, bn).with_warps(warps);
+    let g = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+    let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c: &mut Cuda| {
+        c.run::<scaled_matmul_fp8::Kernel>(g, &config, &args)
+    })?;
+    let name = format!("matmul/fp8e4m3/{m}x{n}x{k} [block-scaled {bm}x{bn}/{warps}w]");
+    Ok(Record::new(name, "TFLOP/s", 2.0 * (m * n) as f64 * k as f64 / ms / 1e9, ms))
+}
+
+/// The FP8 bench records (`bench --only fp8`): the block-scaled product at
+/// 8192^3 and at a prefill shape, on two tiles.
+pub fn bench_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for shape in [(8192, 8192, 8192), (256, 14336, 4096)] {
+        for tile in [(64, 128, 4), (128, 128, 8)] {
+            push_measured(&mut out, scaled_record(cuda, opts, shape, tile)?);
+        }
+    }
+    Ok(out)
 }

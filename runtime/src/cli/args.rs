@@ -366,7 +366,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_add_rmsnorm: bool,
     /// Measure only these families (comma-separated: copy, softmax,
-    /// add_rmsnorm, decode, attention, gemm, linear, gemv_q8, sampling, matmul, model, spec); all when empty.
+    /// add_rmsnorm, decode, attention, gemm, linear, gemv_q8, sampling, matmul, fp8, model, spec); all when empty.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// The model of the `model` family.
