@@ -146,6 +146,37 @@ fn finite_codes<Q: DeviceElem>(rng: &mut Rng, len: usize) -> (Vec<Q>, Vec<f64>) 
     (codes, vals)
 }
 
+/// The arguments of `scaled_matmul_fp8` for `m x n x k` in the buffers of
+/// `D` (codes `a`, `b`; scales `sa`, `sb`; bf16 output `c`).
+fn scaled_args<'a, Q: DeviceElem, D: Device + 'a>(
+    [a, b]: [&'a D::Buf<Q>; 2],
+    [sa, sb]: [&'a D::Buf<f32>; 2],
+    c: &'a D::Buf<bf16>,
+    (m, n, k): (usize, usize, usize),
+) -> Result<scaled_matmul_fp8::Args<'a, D>> {
+    Ok(scaled_matmul_fp8::Args {
+        a_ptr: D::ptr_at(a, 0)?,
+        sa_ptr: D::ptr_at(sa, 0)?,
+        b_ptr: D::ptr_at(b, 0)?,
+        sb_ptr: D::ptr_at(sb, 0)?,
+        c_ptr: D::ptr_at(c, 0)?,
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        _marker: PhantomData,
+    })
+}
+
+/// The configuration of `scaled_matmul_fp8` on `Q`'s codes, bf16 out, with
+/// tiles of `BLOCK_M x BLOCK_N` and `warps`, and its grid for `m x n`.
+fn scaled_config<Q: DeviceElem>(
+    (bm, bn, warps): (usize, usize, u32),
+    (m, n): (usize, usize),
+) -> (scaled_matmul_fp8::Config, [u32; 3]) {
+    let config = scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn).with_warps(warps);
+    (config, [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1])
+}
+
 /// `scaled_matmul_fp8` with bf16 output on `dev`, as f64.
 fn scaled_on<Q: DeviceElem, D: Device>(
     dev: &mut D,
@@ -155,20 +186,10 @@ fn scaled_on<Q: DeviceElem, D: Device>(
 ) -> Result<Vec<f64>> {
     let (ad, bd, sad, sbd) = (dev.upload(a)?, dev.upload(b)?, dev.upload(sa)?, dev.upload(sb)?);
     let cd = dev.zeros::<bf16>(m * n)?;
-    let args = scaled_matmul_fp8::Args {
-        a_ptr: dev.ptr(&ad)?,
-        sa_ptr: dev.ptr(&sad)?,
-        b_ptr: dev.ptr(&bd)?,
-        sb_ptr: dev.ptr(&sbd)?,
-        c_ptr: dev.ptr(&cd)?,
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        _marker: PhantomData,
-    };
+    let args = scaled_args::<Q, D>([&ad, &bd], [&sad, &sbd], &cd, (m, n, k))?;
     let (bm, bn) = SCALED_TILE;
-    let config = scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn).with_warps(4);
-    dev.run::<scaled_matmul_fp8::Kernel>([m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1], &config, &args)?;
+    let (config, grid) = scaled_config::<Q>((bm, bn, 4), (m, n));
+    dev.run::<scaled_matmul_fp8::Kernel>(grid, &config, &args)?;
     Ok(dev.download(&cd)?.iter().map(|x| f64::from(x.to_f32())).collect())
 }
 
@@ -225,19 +246,8 @@ fn scaled_record(
     drop((a, b));
     let (sad, sbd) = (cuda.upload(&vec![1f32; m * kb])?, cuda.upload(&vec![1f32; n.div_ceil(128) * kb])?);
     let cd = cuda.zeros::<bf16>(m * n)?;
-    let args = scaled_matmul_fp8::Args {
-        a_ptr: cuda.ptr(&ad)?,
-        sa_ptr: cuda.ptr(&sad)?,
-        b_ptr: cuda.ptr(&bd)?,
-        sb_ptr: cuda.ptr(&sbd)?,
-        c_ptr: cuda.ptr(&cd)?,
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        _marker: PhantomData,
-    };
-    let config = scaled_matmul_fp8::Config::new(DType::F8E4M3, DType::BF16, bm, bn).with_warps(warps);
-    let g = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+    let args = scaled_args::<F8E4M3, Cuda>([&ad, &bd], [&sad, &sbd], &cd, (m, n, k))?;
+    let (config, g) = scaled_config::<F8E4M3>((bm, bn, warps), (m, n));
     let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c: &mut Cuda| {
         c.run::<scaled_matmul_fp8::Kernel>(g, &config, &args)
     })?;
