@@ -190,11 +190,7 @@ pub(crate) fn optimize(
 /// and its `load_block`s expanded, as [`compile`] does, and planned;
 /// nothing is emitted.
 pub fn plan_text(f: &dsl_core::Function, opts: &CompileOptions) -> Result<String> {
-    check_options(opts)?;
-    dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
-    let mut f = f.clone();
-    dsl_core::passes::canonicalize::canonicalize(&mut f);
-    dsl_core::passes::f8_dot::widen(&mut f);
+    let mut f = prepared(f, opts)?;
     let block_loads = dsl_core::passes::block_load::expand(&mut f);
     Ok(lower::plan::KernelPlan::build(&f, &block_loads, opts).print(&f))
 }
@@ -219,13 +215,20 @@ fn check_options(opts: &CompileOptions) -> Result<()> {
     Ok(())
 }
 
-fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> Result<(Compiled, Dumps)> {
+/// `f` checked against `opts`, verified, canonicalized and with its FP8
+/// `dot` operands widened to f16 (so they take the f16 tensor-core paths):
+/// what both [`compile`] and [`plan_text`] plan from.
+fn prepared(f: &dsl_core::Function, opts: &CompileOptions) -> Result<dsl_core::Function> {
     check_options(opts)?;
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
-    // FP8 `dot` operands take the f16 tensor-core paths.
     dsl_core::passes::f8_dot::widen(&mut f);
+    Ok(f)
+}
+
+fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> Result<(Compiled, Dumps)> {
+    let mut f = prepared(f, opts)?;
     let env = dump::DumpRequest::from_env();
     let (env_ir, env_plan, env_llvm, env_ptx) =
         (env.has("ir"), env.has("plan"), env.has("llvm"), env.has("ptx"));

@@ -4,7 +4,7 @@
 //! a sequence's cached keys and values, and the trace marks.
 
 use super::MAX_ROWS;
-use crate::dequant::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_tile, tile_load};
+use crate::dequant::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_tile, residual_sum, tile_load};
 use crate::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_sums};
 use crate::dequant::{Fuse, QuantFormat};
 use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
@@ -259,8 +259,7 @@ pub fn stage_linear(
                         );
                     } else if early {
                         // `linear_epilogue`'s residual sum, on the loaded residual.
-                        let y = (sums.to(dt).to(f32) + res.to(f32)).to(dt);
-                        store(out_ptr + res_on, y, mask = res_on < n);
+                        store(out_ptr + res_on, residual_sum(sums, res, dt), mask = res_on < n);
                     } else {
                         linear_epilogue(
                             reshape(sums, [1, block_n]),

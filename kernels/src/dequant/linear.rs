@@ -121,6 +121,13 @@ pub fn linear_operand(x: Tensor, nw: Tensor, rs: Tensor, norm: bool, f16_ops: bo
     if f16_ops { v.to(f16) } else { v.to(f32) }
 }
 
+/// The residual epilogue's `round_T(round_T(y) + r)` (`y` f32, `r` in `T`),
+/// which every arrangement of the add must share bit for bit.
+#[kernel_fn]
+pub fn residual_sum(y: Tensor, r: Tensor, dt: DType) -> Tensor {
+    (y.to(dt).to(f32) + r.to(f32)).to(dt)
+}
+
 /// Stores the `[block_m, block_n]` accumulator of output tile `(pid_m,
 /// pid_n)`: [`gemm_epilogue`] (with `fuse.silu()`, the SiLU-mul), or with
 /// `fuse.residual()` the in-place residual add `out = round_T(round_T(y) +
@@ -146,8 +153,8 @@ pub fn linear_epilogue(
         let on = pid_n * block_n + o % block_n;
         let ok = om < m && on < n;
         let y = reshape(acc, [block_m * block_n]);
-        let r = load(out_ptr + om * ldo + on, mask = ok, other = 0.0).to(f32);
-        store(out_ptr + om * ldo + on, (y.to(dt).to(f32) + r).to(dt), mask = ok);
+        let r = load(out_ptr + om * ldo + on, mask = ok, other = 0.0);
+        store(out_ptr + om * ldo + on, residual_sum(y, r, dt), mask = ok);
     } else {
         gemm_epilogue(acc, out_ptr, m, n, ldo, fuse.silu(), pid_m, pid_n, block_m, block_n);
     }
