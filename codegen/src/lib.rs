@@ -186,13 +186,12 @@ pub(crate) fn optimize(
 }
 
 /// The kernel plan of `f` for `opts` as text (what `TESSERA_DUMP=plan`
-/// prints): `f` is verified, canonicalized, its FP8 `dot` operands widened
-/// and its `load_block`s expanded, as [`compile`] does, and planned;
-/// nothing is emitted.
+/// prints): `f` is verified, canonicalized and planned as [`compile`] does
+/// (its FP8 `dot`s native or widened, its `load_block`s expanded); nothing
+/// is emitted.
 pub fn plan_text(f: &dsl_core::Function, opts: &CompileOptions) -> Result<String> {
-    let mut f = prepared(f, opts)?;
-    let block_loads = dsl_core::passes::block_load::expand(&mut f);
-    Ok(lower::plan::KernelPlan::build(&f, &block_loads, opts).print(&f))
+    let (_, f, plan) = planned(prepared(f, opts)?, opts);
+    Ok(plan.print(&f))
 }
 
 /// Rejects options no kernel can be compiled with.
@@ -215,34 +214,65 @@ fn check_options(opts: &CompileOptions) -> Result<()> {
     Ok(())
 }
 
-/// `f` checked against `opts`, verified, canonicalized and with its FP8
-/// `dot` operands widened to f16 (so they take the f16 tensor-core paths):
-/// what both [`compile`] and [`plan_text`] plan from.
+/// `f` checked against `opts`, verified and canonicalized (what both
+/// [`compile`] and [`plan_text`] plan from).
 fn prepared(f: &dsl_core::Function, opts: &CompileOptions) -> Result<dsl_core::Function> {
     check_options(opts)?;
     dsl_core::verify::verify(f).map_err(|e| Error::Invalid(e.to_string()))?;
     let mut f = f.clone();
     dsl_core::passes::canonicalize::canonicalize(&mut f);
-    dsl_core::passes::f8_dot::widen(&mut f);
     Ok(f)
 }
 
+/// The prepared `f` as it is lowered (its `load_block`s expanded into
+/// ordinary masked loads, which the lowering copies with TMA where it can)
+/// and its plan. FP8 `dot`s run natively where the plan
+/// confirms them (`KernelPlan::fp8_native`, sm_90a); otherwise their
+/// operands are widened to f16 (exact), so they take the f16 tensor-core
+/// paths, and `f` is planned again. Returns the function before expansion
+/// too (what the IR dump shows).
+fn planned(
+    mut f: dsl_core::Function,
+    opts: &CompileOptions,
+) -> (dsl_core::Function, dsl_core::Function, lower::plan::KernelPlan) {
+    let plan_of = |f: &dsl_core::Function| {
+        let mut g = f.clone();
+        let blocks = dsl_core::passes::block_load::expand(&mut g);
+        let plan = lower::plan::KernelPlan::build(&g, &blocks, opts);
+        (g, plan)
+    };
+    if opts.target == Target::Sm90a && has_f8_dot(&f) {
+        let (g, plan) = plan_of(&f);
+        if plan.fp8_native(&g) {
+            return (f, g, plan);
+        }
+    }
+    dsl_core::passes::f8_dot::widen(&mut f);
+    let (g, plan) = plan_of(&f);
+    (f, g, plan)
+}
+
+/// Whether `f` has a `dot` of FP8 operands.
+fn has_f8_dot(f: &dsl_core::Function) -> bool {
+    let mut any = false;
+    f.walk(|i| {
+        any |= matches!(f.insts[i].op, dsl_core::ir::Op::Dot(_)) && f.ty(f.insts[i].args[0]).dtype().is_f8();
+    });
+    any
+}
+
 fn compile_inner(f: &dsl_core::Function, opts: &CompileOptions, want: bool) -> Result<(Compiled, Dumps)> {
-    let mut f = prepared(f, opts)?;
+    let (ir, f, plan) = planned(prepared(f, opts)?, opts);
     let env = dump::DumpRequest::from_env();
     let (env_ir, env_plan, env_llvm, env_ptx) =
         (env.has("ir"), env.has("plan"), env.has("llvm"), env.has("ptx"));
     let mut dumps = Dumps::default();
     if want || env_ir {
-        dumps.ir = dsl_core::print::print(&f);
+        dumps.ir = dsl_core::print::print(&ir);
         if env_ir {
             dump::print("ir", &f.name, &dumps.ir);
         }
     }
-    // `load_block`s become ordinary masked loads; the lowering copies the
-    // ones it can with TMA instead (see `tma`).
-    let block_loads = dsl_core::passes::block_load::expand(&mut f);
-    let plan = lower::plan::KernelPlan::build(&f, &block_loads, opts);
     if want || env_plan {
         dumps.plan = plan.print(&f);
         if env_plan {

@@ -12,10 +12,11 @@
 //! [`TensorMapSpec`] tells the runtime how to build it from the launch's
 //! arguments.
 //!
-//! The map's box is `[box_rows, 64]` elements with the 128-byte swizzle, the
-//! layout of one column block of a `wgmma` swizzle atom stage
-//! (`pipeline::atom_index`); a `[rows, cols]` tile takes `cols / 64` boxes
-//! side by side (and `rows / 256` along the rows when it is taller than a
+//! The map's box is `[box_rows, 128 bytes]` with the 128-byte swizzle (64
+//! elements of a 16-bit dtype, 128 of an FP8 one, [`box_cols`]), the layout
+//! of one column block of a `wgmma` swizzle atom stage
+//! (`pipeline::atom_index`); a `[rows, cols]` tile takes `cols /
+//! box_cols` boxes side by side (and `rows / 256` along the rows when it is taller than a
 //! box may be). Elements outside the matrix read as zero, exactly the
 //! semantics of `load_block`.
 
@@ -24,8 +25,19 @@ use dsl_core::Function;
 use dsl_core::ir::Value;
 use dsl_core::passes::block_load::BlockLoad;
 
-/// Elements per box row: 128 bytes of a 16-bit dtype (the 128-byte swizzle's span).
-pub const BOX_COLS: u32 = 64;
+/// Bytes per box row: the 128-byte swizzle's span.
+pub const BOX_ROW_BYTES: u32 = 128;
+
+/// Elements of `dtype` per box row ([`BOX_ROW_BYTES`]).
+pub fn box_cols(dtype: DType) -> u32 {
+    BOX_ROW_BYTES / dtype.size_bytes() as u32
+}
+
+/// Whether a tensor map may hold `dtype`: the 16-bit floats and the FP8
+/// formats (which the hardware copies as bytes).
+pub fn mappable(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16) || dtype.is_f8()
+}
 
 /// The most rows one box may have (the hardware's limit per dimension).
 pub const MAX_BOX_ROWS: u32 = 256;
@@ -41,7 +53,7 @@ pub enum MapDim {
 
 /// One hidden tensor-map parameter: a row-major `rows x cols` matrix of
 /// `dtype` at the pointer parameter `ptr`, with `row_stride` elements
-/// between rows, read in `[box_rows, BOX_COLS]` boxes with the 128-byte
+/// between rows, read in `[box_rows, box_cols(dtype)]` boxes with the 128-byte
 /// swizzle and zero fill outside the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMapSpec {
@@ -53,7 +65,7 @@ pub struct TensorMapSpec {
     pub cols: MapDim,
     /// Elements between the starts of consecutive rows.
     pub row_stride: MapDim,
-    /// The element type (16 bits wide).
+    /// The element type ([`mappable`]).
     pub dtype: DType,
     /// Rows of one box.
     pub box_rows: u32,
@@ -62,7 +74,7 @@ pub struct TensorMapSpec {
 impl TensorMapSpec {
     /// Bytes one box moves (zero-filled elements included).
     pub fn box_bytes(&self) -> u32 {
-        self.box_rows * BOX_COLS * self.dtype.size_bytes() as u32
+        self.box_rows * BOX_ROW_BYTES
     }
 
     /// The text form kept in the PTX cache's metadata (see [`TensorMapSpec::parse`]).
@@ -99,11 +111,7 @@ impl TensorMapSpec {
         let rows = dim(w.next()?)?;
         let cols = dim(w.next()?)?;
         let row_stride = dim(w.next()?)?;
-        let dtype = match w.next()? {
-            "f16" => DType::F16,
-            "bf16" => DType::BF16,
-            _ => return None,
-        };
+        let dtype = DType::from_name(w.next()?).filter(|&d| mappable(d))?;
         let box_rows = w.next()?.parse().ok()?;
         w.next().is_none().then_some(TensorMapSpec { ptr, rows, cols, row_stride, dtype, box_rows })
     }
@@ -114,15 +122,12 @@ impl TensorMapSpec {
 /// constant the hardware accepts: the base pointer a parameter specialized
 /// for 16-byte alignment, the extents parameters or constants, the row
 /// stride a multiple of 16 bytes (a parameter specialized for multiples of
-/// 16 elements, or such a constant), a 16-bit dtype, `cols` a multiple of
-/// [`BOX_COLS`] and `rows` a multiple of 8 (whole swizzle atoms). `None`
+/// 16 bytes, or such a constant), a [`mappable`] dtype, `cols` a multiple
+/// of [`box_cols`] and `rows` a multiple of 8 (whole swizzle atoms). `None`
 /// otherwise: the load is then copied by `cp.async` like any other.
 pub fn spec_for(f: &Function, bl: &BlockLoad, dtype: DType) -> Option<TensorMapSpec> {
     let [rows, cols] = bl.block;
-    if !matches!(dtype, DType::F16 | DType::BF16)
-        || !cols.is_multiple_of(BOX_COLS as usize)
-        || !rows.is_multiple_of(8)
-    {
+    if !mappable(dtype) || !cols.is_multiple_of(box_cols(dtype) as usize) || !rows.is_multiple_of(8) {
         return None;
     }
     let param = |v: Value| f.params.iter().position(|p| p.value == v);
@@ -170,6 +175,9 @@ mod tests {
         };
         assert_eq!(TensorMapSpec::parse(&s.to_line()), Some(s));
         assert_eq!(s.box_bytes(), 128 * 128);
+        let f8 = TensorMapSpec { dtype: DType::F8E4M3, ..s };
+        assert_eq!(TensorMapSpec::parse(&f8.to_line()), Some(f8));
+        assert_eq!((f8.box_bytes(), box_cols(DType::F8E4M3), box_cols(DType::BF16)), (128 * 128, 128, 64));
         for bad in ["tma 1 p2 c3 p4 f32 64", "tma 1 p2 c3 p4 bf16", "tma 1 q2 c3 p4 bf16 64", "tm 1"] {
             assert_eq!(TensorMapSpec::parse(bad), None, "{bad}");
         }

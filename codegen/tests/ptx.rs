@@ -459,6 +459,29 @@ fn fp8_dots_run_on_f16_tensor_cores() {
     }
 }
 
+/// The scaled FP8 products (`kernels::fp8::scaled_matmul_fp8`, their
+/// arguments specialized as the runtime does for multiples of 16) on
+/// sm_90a: native `m64nNk32` e4m3 `wgmma` steps reading both operands by
+/// descriptor from TMA-copied rings, with no conversion to f16. The
+/// block-scaled form (64 x 128, 4 warps) waits for each block's product;
+/// the per-tensor form (128 x 256, 8 warps) defers its group into the next
+/// iteration, and ptxas keeps it so (it reports injecting a wait, C7517,
+/// when registers a group writes are read early).
+#[test]
+fn scaled_fp8_products_run_on_native_wgmma() {
+    for (name, n) in [("scaled_matmul_fp8_64x128", 128), ("scaled_matmul_fp8_per_tensor_128x256", 256)] {
+        let (f, opts) = plan::input(&format!("{name}_sm90a"));
+        let ptx = compile(&f, &opts).unwrap().ptx;
+        let steps = ptx.matches(&format!("wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3")).count();
+        // Four k steps of 32 bytes per 128-column K block.
+        assert_eq!(steps, 4, "{name}: native FP8 wgmma steps:\n{ptx}");
+        assert!(ptx.contains("cp.async.bulk.tensor.2d"), "{name}: no TMA copies");
+        assert!(!ptx.contains("e4m3x2"), "{name}: operands converted to f16");
+        let report = check_with(name, &f, &opts, 0);
+        assert!(report.iter().all(|l| !l.contains("C7517")), "{name}: {}", report.join("\n"));
+    }
+}
+
 #[test]
 fn a_spin_wait_survives_optimisation() {
     let f = kernels::spin_only().unwrap();

@@ -430,10 +430,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         g.set_linkage(Linkage::External);
         // `wgmma` operands are 1024-byte swizzle atoms, and swizzled rings
         // may start 1024-byte aligned (`pipeline/`).
-        let swizzled =
-            self.plan.pipe.loops.values().any(|pl| {
-                pl.loads.iter().any(|l| l.ring_off.is_multiple_of(1024) && pipeline::swizzled(l.cols))
-            });
+        let swizzled = self.plan.pipe.loops.values().any(|pl| {
+            pl.loads.iter().any(|l| l.ring_off.is_multiple_of(1024) && pipeline::swizzled(l.units()))
+        });
         g.set_alignment(if self.plan.pipe.wgmma.is_empty() && !swizzled { 16 } else { 1024 });
         let p = g.as_pointer_value();
         self.smem = Some(p);

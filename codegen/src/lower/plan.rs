@@ -260,6 +260,21 @@ impl KernelPlan {
         DotLowering::MmaSync { layout, a: a_src, b: b_src }
     }
 
+    /// Whether every FP8 `dot` of `f` runs natively: on `wgmma` with both
+    /// operands read from TMA-copied swizzle atoms (`dot::plan`'s module
+    /// documentation). The code generator has no other FP8 lowering, so a
+    /// plan where this fails is not lowered: the `dot`s are widened to f16
+    /// and `f` is planned again.
+    pub(crate) fn fp8_native(&self, f: &Function) -> bool {
+        let f8_ring_copied = |ld: &pipeline::PipeLoad| ld.elem_bytes == 2 || ld.tma.is_some();
+        let rings = self.pipe.loops.values().all(|pl| pl.loads.iter().all(f8_ring_copied));
+        rings
+            && self.dots.iter().all(|(&d, l)| {
+                !f.ty(f.insts[d].args[0]).dtype().is_f8()
+                    || matches!(l, DotLowering::Wgmma { a: WgmmaA::Ring, .. })
+            })
+    }
+
     /// The lowering of `dot` `d`.
     pub(crate) fn dot(&self, d: Inst) -> DotLowering {
         self.dots.get(&d).copied().unwrap_or(DotLowering::Fma)
@@ -360,7 +375,7 @@ impl KernelPlan {
             };
             let form = if ld.atoms {
                 "swizzle atoms"
-            } else if pipeline::swizzled(ld.cols) {
+            } else if pipeline::swizzled(ld.units()) {
                 "swizzled rows"
             } else {
                 "padded rows"

@@ -28,7 +28,7 @@
 use super::Lowerer;
 use super::pipeline::PipeLoop;
 use crate::Result;
-use crate::tensor_map::BOX_COLS;
+use crate::tensor_map::{BOX_ROW_BYTES, box_cols};
 use inkwell::IntPredicate;
 use inkwell::values::{BasicValueEnum, IntValue};
 
@@ -181,14 +181,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let stage_at = self.b.build_int_add(ring, stage_off, "")?;
             let stage_at = self.b.build_int_add(stage_at, self.i32c(ld.ring_off as i64), "")?;
             let box_rows = spec.box_rows as usize;
-            let eb = spec.dtype.size_bytes();
-            // Column block `cb` of the atoms holds columns `64 cb ..`, its
-            // rows one after another (`pipeline::atom_index`).
-            for cb in 0..ld.cols / BOX_COLS as usize {
+            let bc = box_cols(spec.dtype) as usize;
+            // Column block `cb` of the atoms holds the 128-byte column span
+            // from column `bc * cb`, its rows one after another
+            // (`pipeline::atom_index`).
+            for cb in 0..ld.cols / bc {
                 for rb in 0..ld.rows.div_ceil(box_rows) {
-                    let off = (cb * ld.rows + rb * box_rows) * BOX_COLS as usize * eb;
+                    let off = (cb * ld.rows + rb * box_rows) * BOX_ROW_BYTES as usize;
                     let dst = self.b.build_int_add(stage_at, self.i32c(off as i64), "")?;
-                    let c = self.b.build_int_add(col0, self.i32c((cb * BOX_COLS as usize) as i64), "")?;
+                    let c = self.b.build_int_add(col0, self.i32c((cb * bc) as i64), "")?;
                     let r = self.b.build_int_add(row0, self.i32c((rb * box_rows) as i64), "")?;
                     boxes.push([dst.into(), map.into(), c.into(), r.into(), bar.into()]);
                     bytes += spec.box_bytes() as u64;

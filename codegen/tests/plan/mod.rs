@@ -13,6 +13,7 @@
 //! do not change when a kernel's source does.
 
 use codegen::{CompileOptions, Target, plan_text};
+use dsl_core::Function;
 use std::path::Path;
 
 /// The compile options of a `.tir` file's first line.
@@ -40,12 +41,17 @@ fn options(header: &str, name: &str) -> CompileOptions {
 }
 
 /// The plan of `inputs/NAME.tir`.
-fn plan_of(name: &str) -> String {
+/// The function and options of `inputs/{name}.tir`.
+pub(crate) fn input(name: &str) -> (Function, CompileOptions) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/plan/inputs").join(format!("{name}.tir"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (header, ir) = text.split_once('\n').unwrap_or_else(|| panic!("{name}: empty"));
     let opts = options(header, name);
-    let f = dsl_core::parse::parse(ir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    (dsl_core::parse::parse(ir).unwrap_or_else(|e| panic!("{name}: {e}")), opts)
+}
+
+fn plan_of(name: &str) -> String {
+    let (f, opts) = input(name);
     plan_text(&f, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -80,6 +86,9 @@ plan_tests!(
     paged_decode_hkv8_g4_hd128,
     paged_decode_tc_hkv8_g4_hd128_split,
     paged_decode_tc_invariant_hd64_wgmma,
+    scaled_matmul_fp8_128x128_sm90a,
+    scaled_matmul_fp8_64x128_sm90a,
+    scaled_matmul_fp8_per_tensor_128x256_sm90a,
     softmax_b1024,
 );
 

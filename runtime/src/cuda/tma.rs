@@ -11,7 +11,7 @@
 //! and everything else is filled with zeros by the hardware.
 
 use super::validate::KernelParam;
-use codegen::tensor_map::{BOX_COLS, MapDim, TensorMapSpec};
+use codegen::tensor_map::{MapDim, TensorMapSpec, box_cols};
 use cudarc::driver::sys;
 use dsl_core::DType;
 
@@ -79,14 +79,17 @@ pub fn map_args(spec: &TensorMapSpec, params: &[KernelParam], zeros: u64) -> Res
 }
 
 /// Encodes the map of `spec` from `a` (`cuTensorMapEncodeTiled`: the box
-/// `[box_rows, 64]`, 128-byte swizzle, zero fill, 256-byte L2 promotion).
+/// `[box_rows, 128 bytes]`, 128-byte swizzle, zero fill, 256-byte L2
+/// promotion).
 pub fn encode(spec: &TensorMapSpec, a: &MapArgs, out: &mut TensorMap) -> Result<(), String> {
     let dtype = match spec.dtype {
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        // FP8 has no tensor-map type of its own: the copies move bytes.
+        d if d.is_f8() => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         d => return Err(format!("no tensor map for {d} elements")),
     };
-    let boxes = [BOX_COLS, spec.box_rows];
+    let boxes = [box_cols(spec.dtype), spec.box_rows];
     let unit = [1u32, 1];
     let strides = [a.stride];
     // SAFETY: every pointer refers to a live local array of the length the

@@ -22,6 +22,14 @@
 //! read from shared memory too (a pipelined load with 128-byte rows) or from
 //! A fragments in registers (FlashAttention's hoisted `q` and its `p`).
 //!
+//! FP8 products (`f8e4m3`/`f8e5m2` operands) are planned on sm_90a only,
+//! as `wgmma` candidates with `K` counted in 16-bit units ([`k_units`]):
+//! the native `m64nNk32` instruction reads 32 bytes of K per step, as the
+//! 16-bit one does. The code generator lowers them only when the pipeline
+//! confirms them with both operands K-major in TMA-copied swizzle atoms
+//! (`KernelPlan::fp8_native`); otherwise their operands are widened to
+//! f16 first (`dsl_core::passes::f8_dot`) and the function is planned again.
+//!
 //! Invariant: a skipped `permute` has exactly one use, the `b` operand of a
 //! planned `dot`; that `dot` reads the permute's operand instead.
 
@@ -69,6 +77,12 @@ pub(crate) fn wgmma_shape(m: usize, n: usize, k: usize, warps: usize, b_nk: bool
         && rows128(if b_nk { k } else { n })
 }
 
+/// The `K` extent of a product of `dtype` operands in 16-bit units (the
+/// `k` of the 16-bit rules above; a 128-byte row is 64 units).
+pub(crate) fn k_units(k: usize, dtype: DType) -> usize {
+    k * dtype.size_bytes() / 2
+}
+
 /// Rows of `c` 16-bit elements fill 128-byte swizzle atoms.
 fn rows128(c: usize) -> bool {
     c >= 64 && c.is_power_of_two()
@@ -93,10 +107,12 @@ pub(crate) fn plan(f: &Function, warps: usize, target: Target, stages: usize) ->
         }
         let args = &f.insts[i].args;
         let (aty, bty) = (f.ty(args[0]), f.ty(args[1]));
-        if !matches!(aty.dtype(), DType::F16 | DType::BF16) {
+        let f8 = aty.dtype().is_f8() && target == Target::Sm90a && stages >= 2;
+        if !matches!(aty.dtype(), DType::F16 | DType::BF16) && !f8 {
             continue;
         }
-        let Some(l) = MmaLayout::choose(aty.shape[0], bty.shape[1], aty.shape[1], warps) else {
+        let k = k_units(aty.shape[1], aty.dtype());
+        let Some(l) = MmaLayout::choose(aty.shape[0], bty.shape[1], k, warps) else {
             continue;
         };
         p.dots.insert(i, l);
@@ -174,7 +190,7 @@ fn wgmma_candidates(f: &Function, p: &mut MmaPlan, warps: usize) {
         let b_nk = p.b_trans.get(&d).copied();
         let b = b_nk.unwrap_or(args[1]);
         let (aty, bty) = (f.ty(args[0]), f.ty(args[1]));
-        let (m, k, n) = (aty.shape[0], aty.shape[1], bty.shape[1]);
+        let (m, k, n) = (aty.shape[0], k_units(aty.shape[1], aty.dtype()), bty.shape[1]);
         if !in_loop || !loaded_here(b) || !wgmma_shape(m, n, k, warps, b_nk.is_some()) {
             continue;
         }
@@ -197,8 +213,11 @@ fn chain_rows(f: &Function, p: &mut MmaPlan, warps: usize) {
         if l1.m != l2.m {
             continue;
         }
-        let k1 = f.ty(f.insts[d1].args[0]).shape[1];
-        let k2 = f.ty(f.insts[d2].args[0]).shape[1];
+        let k_of = |d: Inst| {
+            let t = f.ty(f.insts[d].args[0]);
+            k_units(t.shape[1], t.dtype())
+        };
+        let (k1, k2) = (k_of(d1), k_of(d2));
         if let (Some(n1), Some(n2)) = (
             MmaLayout::with_warps_m(l1.m, l1.n, k1, warps, warps),
             MmaLayout::with_warps_m(l2.m, l2.n, k2, warps, warps),

@@ -62,6 +62,11 @@
 //! async-proxy reads by a `fence.proxy.async` ahead of the loop's barrier
 //! (`control.rs`).
 //!
+//! FP8 operands (`e4m3`/`e5m2`, `dot::plan`): `m64nNk32` steps, each 32
+//! bytes of K like a 16-bit step, so the descriptors walk the rows exactly
+//! as above with `K` counted in 16-bit units; both operands K-major from
+//! rings (the instruction has no transpose).
+//!
 //! Numerics: as `mma.sync` (exact products, f32 accumulation in the tensor
 //! core's order).
 
@@ -95,14 +100,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let args = self.args(inst);
         let res = self.result(inst, 0)?;
         let aty = self.f.ty(args[0]).clone();
-        let (m, k, n) = (l.m, aty.shape[1], l.n);
+        let d = aty.dtype();
+        // `k` in 16-bit units: an FP8 k step covers 32 elements, the same
+        // 32 bytes of each row as a 16-bit one's 16 (`dot::plan::k_units`).
+        let (m, k, n) = (l.m, super::plan::k_units(aty.shape[1], d), l.n);
         let staged = a_src == WgmmaA::Staged;
         let rs = a_src == WgmmaA::Registers;
         if l.warps_m * 16 != m || l.warps_n != 1 || n > 256 || !k.is_multiple_of(if rs { 16 } else { 64 }) {
             return Err(self.bug(inst, "wgmma layout"));
         }
-        let d = aty.dtype();
         let b_nk = self.plan.mma.b_trans.contains_key(&inst);
+        if d.is_f8() && (a_src != WgmmaA::Ring || !b_nk) {
+            return Err(self.bug(inst, "an FP8 wgmma reads both operands K-major from rings"));
+        }
         // A zero accumulator is never read: the first k step scales it by 0.
         let zero_acc = self.f.as_constant(args[2]).is_some_and(|s| s.as_f64() == 0.0);
         let acc = if zero_acc {
@@ -359,9 +369,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok((all[..r].to_vec(), ints))
     }
 
-    /// One `wgmma.mma_async.sync.aligned.m64n{n}k16.f32` with `a` from a
-    /// descriptor or four A-fragment registers and `b` from a descriptor
-    /// (`trans_b`: `b` is N-major), adding to `acc` (or, without
+    /// One `wgmma.mma_async.sync.aligned.m64n{n}k16.f32` (`k32` for FP8
+    /// operands) with `a` from a descriptor or four A-fragment registers
+    /// and `b` from a descriptor (`trans_b`: `b` is N-major; never for FP8,
+    /// whose instruction has no transpose), adding to `acc` (or, without
     /// `accumulate`, ignoring it).
     #[allow(clippy::too_many_arguments)]
     fn wgmma(
@@ -376,7 +387,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> Result<Vec<BasicValueEnum<'ctx>>> {
         let r = acc.len();
         debug_assert_eq!(r, n / 2);
-        let ab = if d == DType::BF16 { "bf16" } else { "f16" };
+        let (ab, kstep) = match d {
+            DType::BF16 => ("bf16", 16),
+            DType::F8E4M3 => ("e4m3", 32),
+            DType::F8E5M2 => ("e5m2", 32),
+            _ => ("f16", 16),
+        };
+        // The transpose immediates exist for 16-bit operands only.
+        let f8 = kstep == 32;
         let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
         let mut ops: Vec<BasicValueEnum<'ctx>> = acc.to_vec();
         // Operand numbers: the `r` outputs, then the inputs (the `r` tied
@@ -385,7 +403,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let (a_text, a_cons, trans_a) = match a {
             AStep::Desc(ad) => {
                 ops.push(ad.into());
-                (format!("${a0}"), ",l", ", 0")
+                (format!("${a0}"), ",l", if f8 { "" } else { ", 0" })
             }
             AStep::Regs(fr) => {
                 ops.extend(fr.iter().map(|&x| BasicValueEnum::from(x)));
@@ -394,11 +412,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         };
         let (db, s) = (r + ops.len(), r + ops.len() + 1);
         ops.extend::<[BasicValueEnum<'ctx>; 2]>([b.into(), self.i32c(i64::from(accumulate)).into()]);
+        let tb = if f8 { String::new() } else { format!(", {}", u8::from(trans_b)) };
         let text = format!(
-            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${s}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} \
-             {{{}}}, {a_text}, ${db}, p, 1, 1{trans_a}, {tb};\n}}",
+            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${s}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k{kstep}.f32.{ab}.{ab} \
+             {{{}}}, {a_text}, ${db}, p, 1, 1{trans_a}{tb};\n}}",
             regs.join(", "),
-            tb = u8::from(trans_b),
         );
         let cons = tied_constraints(r, &format!("{a_cons},l,r"));
         let v = self.asm_value(&text, &cons, self.acc_struct(r), &ops)?;

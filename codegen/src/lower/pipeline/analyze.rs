@@ -60,12 +60,14 @@ pub(crate) fn analyze(
                 continue;
             }
             let ty = f.ty(f.insts[i].results[0]);
-            if ty.rank() != 2 || !matches!(ty.dtype(), DType::F16 | DType::BF16) {
+            // FP8 tiles only feed native FP8 `wgmma`s (`dot::plan`), which
+            // read both operands from swizzle atoms copied by TMA.
+            if ty.rank() != 2 || !(matches!(ty.dtype(), DType::F16 | DType::BF16) || ty.dtype().is_f8()) {
                 continue;
             }
             let l = BlockedLayout::with_cap(ty.numel(), threads, spt_cap);
             let cols = ty.shape[1];
-            let eb = 2usize;
+            let eb = ty.dtype().size_bytes();
             let mask = ops.mask;
             let w = (axis.masked_vector_width(args[0], mask, 1, eb as u32) as usize).clamp(1, l.spt);
             if !matches!(w * eb, 4 | 8 | 16) || l.spt > cols || l.replicated() {
@@ -74,11 +76,13 @@ pub(crate) fn analyze(
             let roots: Vec<Value> = std::iter::once(ops.ptr).chain(ops.mask).collect();
             let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
             slice.extend(s);
-            let stage_bytes = ((ty.shape[0] * staged_cols(cols) * eb) as u64).div_ceil(16) * 16;
+            let units = cols * eb / 2;
+            let stage_bytes = ((ty.shape[0] * staged_cols(units) * 2) as u64).div_ceil(16) * 16;
             let rows = ty.shape[0];
             loads.push(PipeLoad {
                 load: i,
                 cols,
+                elem_bytes: eb,
                 stage_bytes,
                 ring_off: 0,
                 width: w,
@@ -110,9 +114,13 @@ pub(crate) fn analyze(
             }
             let idx = |o: usize| {
                 let ld = p.by_dot.get(&(d, o))?;
-                loads.iter().position(|x| x.load == *ld && swizzled(x.cols) && x.rows.is_multiple_of(8))
+                loads.iter().position(|x| x.load == *ld && swizzled(x.units()) && x.rows.is_multiple_of(8))
             };
             let (a, Some(b)) = (idx(0), idx(1)) else { continue };
+            // An FP8 product reads both operands K-major from the rings.
+            if f.ty(f.insts[d].args[0]).dtype().is_f8() && (a.is_none() || !plan.b_trans.contains_key(&d)) {
+                continue;
+            }
             loads[b].atoms = true;
             // A deferred register-A group's A fragments stay untouched into
             // the next iteration (`control.rs` carries them to its wait).
@@ -184,7 +192,7 @@ pub(crate) fn analyze(
             // Swizzle atoms, and swizzled rows in whole 1024-byte stages (so
             // that `ldmatrix` addresses are one XOR from the stage's, see
             // `dot/mma.rs`), start 1024-byte aligned.
-            if ld.atoms || (swizzled(ld.cols) && ld.stage_bytes.is_multiple_of(1024)) {
+            if ld.atoms || (swizzled(ld.units()) && ld.stage_bytes.is_multiple_of(1024)) {
                 ring = ring.next_multiple_of(1024);
             }
             ld.ring_off = ring;

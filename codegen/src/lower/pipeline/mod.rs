@@ -109,6 +109,9 @@ pub(crate) struct PipeLoad {
     /// Columns of the loaded tile (its stage is `[rows, cols]` swizzled or
     /// `[rows, cols + ROW_PAD]` padded, see [`swizzled`]).
     pub cols: usize,
+    /// Bytes per element: 2, or 1 for an FP8 tile (copied by TMA only,
+    /// for a native FP8 `wgmma`).
+    pub elem_bytes: usize,
     /// Bytes of one stage (16-byte aligned).
     pub stage_bytes: u64,
     /// Byte offset of stage 0 in the ring region.
@@ -122,6 +125,15 @@ pub(crate) struct PipeLoad {
     pub atoms: bool,
     /// Copied by the Tensor Memory Accelerator instead of `cp.async`.
     pub tma: Option<TmaLoad>,
+}
+
+impl PipeLoad {
+    /// A stage row in 16-bit units (the columns of a 16-bit tile, half
+    /// those of an FP8 one): what [`swizzled`] and the swizzle atoms count,
+    /// as they lay out 16-byte chunks of 128-byte rows whatever the element.
+    pub(crate) fn units(&self) -> usize {
+        self.cols * self.elem_bytes / 2
+    }
 }
 
 /// A pipelined `load_block` copied by the Tensor Memory Accelerator
