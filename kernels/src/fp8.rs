@@ -1,7 +1,8 @@
 //! FP8 (OCP E4M3 / E5M2) kernels: activations quantized to 8-bit floats
 //! with one f32 scale per group of consecutive columns, the operand form of
 //! block-scaled FP8 products (1 x `GROUP` activation scales), and the
-//! block-scaled product itself ([`scaled_matmul_fp8`]).
+//! scaled products themselves, block-scaled or per-tensor
+//! ([`scaled_matmul_fp8`]).
 //!
 //! # Math
 //!
@@ -107,23 +108,29 @@ pub fn dequantize_fp8<F: Float, T: Float>(
 /// (its 128 x 128 blocks), and the K extent of one activation scale.
 pub const SCALE_BLOCK: usize = 128;
 
-/// Block-scaled FP8 product (DeepSeek-V3's layout): `c[i, j] = sum_t
-/// sa[i, t] * sb[j / 128, t] * sum_{k in block t} a[i, k] * b[j, k]`, the
-/// blocks `t` of 128 columns of K, in f32, rounded to `T` once.
+/// Scaled FP8 product, in one of two forms, rounded to `T` once.
 ///
-/// `a` is the activations `[m, k]` in format `F` with one scale per row and
-/// 128 columns (`sa`, `[m, ceil(k / 128)]`, what [`quantize_fp8`] writes
-/// with groups of 128); `b` the weights `[n, k]` (row `j` the weights of
-/// output `j`, K contiguous) in `F` with one scale per 128 x 128 block
-/// (`sb`, `[ceil(n / 128), ceil(k / 128)]`); `c` is `[m, n]`; all
-/// row-major with rows `k`, `ceil(k / 128)` and `n` elements apart.
+/// Block-scaled (DeepSeek-V3's layout, `PER_TENSOR` false): `c[i, j] =
+/// sum_t sa[i, t] * sb[j / 128, t] * sum_{k in block t} a[i, k] * b[j, k]`,
+/// the blocks `t` of 128 columns of K, in f32. `sa` holds one scale per row
+/// of `a` and 128 columns (`[m, ceil(k / 128)]`, what [`quantize_fp8`]
+/// writes with groups of 128), `sb` one per 128 x 128 block of `b`
+/// (`[ceil(n / 128), ceil(k / 128)]`). Each K block's `dot` starts from zero
+/// and is scaled into the f32 accumulator (`acc += p * (sa * sb)`, blocks in
+/// K order), so the tensor cores sum at most 128 products before the scales
+/// apply (Hopper's FP8 `wgmma` adds with about 14 significant bits,
+/// `reference::fp8::BlockSums`). `BLOCK_N` divides 128, so a tile's weight
+/// rows share their scales.
 ///
-/// Program `(p, q)` computes the `[BLOCK_M, BLOCK_N]` tile at `(p BLOCK_M, q
-/// BLOCK_N)` (`BLOCK_N` divides 128, so a tile's weight rows share their
-/// scales). Each K block's `dot` starts from zero and is scaled into the
-/// f32 accumulator (`acc += p * (sa * sb)`), so every block's products are
-/// exact and summed in f32 before their scales apply. Loads past `m`, `n`
-/// and `k` read zeros.
+/// Per-tensor (`torch._scaled_mm`'s form, `PER_TENSOR` true): `c = sa[0] *
+/// sb[0] * (a @ b^T)`, the whole K summed by the tensor cores into one
+/// accumulator (cuBLASLt's fast accumulation), scaled once.
+///
+/// `a` is `[m, k]` and `b` `[n, k]` (row `j` the weights of output `j`, K
+/// contiguous) in format `F`, `c` is `[m, n]`, all row-major with rows `k`
+/// and `n` elements apart. Program `(p, q)` computes the `[BLOCK_M,
+/// BLOCK_N]` tile at `(p BLOCK_M, q BLOCK_N)`; loads past `m`, `n` and `k`
+/// read zeros.
 #[kernel(name = "scaled_matmul_fp8")]
 #[allow(clippy::too_many_arguments)]
 pub fn scaled_matmul_fp8<F: Float, T: Float>(
@@ -137,34 +144,32 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     k: i32,
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
+    #[constexpr] PER_TENSOR: bool,
 ) {
-    static_assert(SCALE_BLOCK % BLOCK_N == 0, "BLOCK_N must divide the weight scale block");
+    static_assert(PER_TENSOR || SCALE_BLOCK % BLOCK_N == 0, "BLOCK_N must divide the weight scale block");
     let bk = SCALE_BLOCK as i32;
     let rm = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
     let rn = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
-    let rk = arange(0, SCALE_BLOCK);
     let kb = (k + (bk - 1)) / bk;
     let sb_row = program_id(1) * BLOCK_N / bk * kb;
     let (m_ok, n_ok) = (rm < m, rn < n);
+    let (m0, n0) = (program_id(0) * BLOCK_M, program_id(1) * BLOCK_N);
     let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
     for t in range(0, kb) {
-        let kk = t * bk + rk;
-        let k_ok = expand_dims(kk < k, 0);
-        let a = load(
-            a_ptr + expand_dims(rm * k, 1) + expand_dims(kk, 0),
-            mask = expand_dims(m_ok, 1) && k_ok,
-            other = 0.0,
-        );
-        let b = load(
-            b_ptr + expand_dims(rn * k, 1) + expand_dims(kk, 0),
-            mask = expand_dims(n_ok, 1) && k_ok,
-            other = 0.0,
-        );
-        let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
-        let sa = load(sa_ptr + rm * kb + t, mask = m_ok, other = 0.0);
-        let sb = load(sb_ptr + sb_row + t);
-        acc += p * expand_dims(sa * sb, 1);
+        // Boxes of the row-major operands (zeros past their edges): TMA
+        // copies on sm_90a, which feed the native FP8 `wgmma`.
+        let a = load_block(a_ptr, m, k, k, m0, t * bk, [BLOCK_M, SCALE_BLOCK]);
+        let b = load_block(b_ptr, n, k, k, n0, t * bk, [BLOCK_N, SCALE_BLOCK]);
+        if PER_TENSOR {
+            acc = dot(a, trans(b), acc);
+        } else {
+            let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
+            let sa = load(sa_ptr + rm * kb + t, mask = m_ok, other = 0.0);
+            let sb = load(sb_ptr + sb_row + t);
+            acc += p * expand_dims(sa * sb, 1);
+        }
     }
+    let y = if PER_TENSOR { acc * (load(sa_ptr) * load(sb_ptr)) } else { acc };
     let at = expand_dims(rm * n, 1) + expand_dims(rn, 0);
-    store(c_ptr + at, acc.to(T), mask = expand_dims(m_ok, 1) && expand_dims(n_ok, 0));
+    store(c_ptr + at, y.to(T), mask = expand_dims(m_ok, 1) && expand_dims(n_ok, 0));
 }

@@ -163,8 +163,10 @@ fn build_quantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
 
 fn build_scaled_matmul_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::fp8::scaled_matmul_fp8 as k;
-    let (bm, bn) = crate::check::fp8::SCALED_TILE;
-    spec::<k::Kernel>(k::Config::new(DType::F8E4M3, DType::BF16, bm, bn).with_warps(4))
+    let (bm, bn, warps, stages) = crate::check::fp8::SCALED_TILE;
+    spec::<k::Kernel>(
+        k::Config::new(DType::F8E4M3, DType::BF16, bm, bn, false).with_warps(warps).with_stages(stages),
+    )
 }
 
 fn build_dequantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -420,8 +422,8 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         name: "scaled_matmul_fp8",
-        description: "block-scaled FP8 product: 1x128 activation and 128x128 weight scales, f32 sums, bf16 out",
-        default_config: "F = f8e4m3, T = bf16, BLOCK_M = 64, BLOCK_N = 128, num_warps = 4",
+        description: "scaled FP8 product: 1x128 activation and 128x128 weight scales (or per-tensor), f32 sums, bf16 out",
+        default_config: "F = f8e4m3, T = bf16, BLOCK_M = 64, BLOCK_N = 128, PER_TENSOR = false, num_warps = 4, num_stages = 3",
         build: build_scaled_matmul_fp8,
         check: checks!(crate::check::fp8::scaled_matmul),
     },

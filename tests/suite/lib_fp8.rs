@@ -158,19 +158,27 @@ fn scales(rng: &mut Rng, len: usize) -> Vec<f32> {
 }
 
 /// `scaled_matmul_fp8` on the interpreter against the f64 reference within
-/// its derived bound: both formats, f32 and bf16 outputs, ragged M, N and K
-/// (a partial K block, a partial weight block, one-row outputs).
+/// its derived bound: both forms, both formats, f32 and bf16 outputs,
+/// ragged M, N and K (a partial K block, a partial weight block, one-row
+/// outputs).
 #[test]
 fn scaled_matmul_fp8_matches_the_f64_reference() {
     use kernels::fp8::scaled_matmul_fp8 as k8;
     let mut rng = Rng::new(0x5ca1ed);
     for (f8, out) in [(DType::F8E4M3, DType::F32), (DType::F8E5M2, DType::BF16), (DType::F8E4M3, DType::BF16)]
     {
-        for (m, n, k) in [(1usize, 64usize, 128usize), (17, 200, 300), (5, 130, 40)] {
+        for ((m, n, k), per_tensor) in [(1usize, 64usize, 128usize), (17, 200, 300), (5, 130, 40)]
+            .into_iter()
+            .flat_map(|s| [(s, false), (s, true)])
+        {
             let kb = k.div_ceil(128);
             let (ab, av) = codes(&mut rng, m * k, f8);
             let (bb, bv) = codes(&mut rng, n * k, f8);
-            let (sa, sb) = (scales(&mut rng, m * kb), scales(&mut rng, n.div_ceil(128) * kb));
+            let (sa, sb) = if per_tensor {
+                (scales(&mut rng, 1), scales(&mut rng, 1))
+            } else {
+                (scales(&mut rng, m * kb), scales(&mut rng, n.div_ceil(128) * kb))
+            };
             let mut cpu = Cpu::new();
             let (ap, sap, bp, sbp) = (cpu.upload(&ab), cpu.upload(&sa), cpu.upload(&bb), cpu.upload(&sb));
             let cp = cpu.zeros::<f32>(m * n);
@@ -186,7 +194,7 @@ fn scaled_matmul_fp8_matches_the_f64_reference() {
                 k: k as i32,
                 _marker: PhantomData,
             };
-            let config = k8::Config::new(f8, out, 16, 64);
+            let config = k8::Config::new(f8, out, 16, 64, per_tensor);
             let grid = [m.div_ceil(16) as u32, n.div_ceil(64) as u32, 1];
             k8::interpret(&mut cpu, grid, &config, &args).unwrap();
             let got: Vec<f64> = if out == DType::F32 {
@@ -195,9 +203,17 @@ fn scaled_matmul_fp8_matches_the_f64_reference() {
                 cpu.read(cb).iter().map(|&x| f64::from(x.to_f32())).collect()
             };
             let u_out = if out == DType::F32 { 2f64.powi(-24) } else { 2f64.powi(-8) };
-            let (want, tol) = r::scaled_matmul(&av, &sa, &bv, &sb, (m, n, k), u_out);
+            // The reference takes block scales: a per-tensor scale is every block's.
+            let (sa, sb) =
+                if per_tensor { (vec![sa[0]; m * kb], vec![sb[0]; n.div_ceil(128) * kb]) } else { (sa, sb) };
+            let (want, tol) =
+                r::scaled_matmul(&av, &sa, &bv, &sb, (m, n, k), r::BlockSums::F32, per_tensor, u_out);
             for (i, ((g, w), t)) in got.iter().zip(&want).zip(&tol).enumerate() {
-                assert!((g - w).abs() <= *t, "{f8} -> {out} {m}x{n}x{k} [{i}]: {g} vs {w} (bound {t})");
+                let what = if per_tensor { "per-tensor" } else { "block-scaled" };
+                assert!(
+                    (g - w).abs() <= *t,
+                    "{what} {f8} -> {out} {m}x{n}x{k} [{i}]: {g} vs {w} (bound {t})"
+                );
             }
             // The scales reach every block: a wrong one breaks the bound.
             assert!(want.iter().any(|w| w.abs() > 1e-3), "{m}x{n}x{k}: a vacuous case");

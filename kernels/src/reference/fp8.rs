@@ -54,12 +54,31 @@ pub fn quantize_bound(x: f64, s: f64, f8: DType) -> f64 {
     s * (v * 2f64.powi(-(m + 1)) + 2f64.powi(-(bias + m)) + v * 2f64.powi(-23))
 }
 
+/// How a block's products are summed, for the bound of [`scaled_matmul`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockSums {
+    /// In f32 (the interpreter, and `mma.sync`/`wgmma` on f16-widened
+    /// operands).
+    F32,
+    /// By Hopper's native FP8 `wgmma` (`m64nNk32`), whose adder keeps only
+    /// about 14 significant bits: each k step aligns its 32 products and the
+    /// running sum to the largest of them and truncates what falls below
+    /// that term's 13th fractional bit, so each of the 33 terms loses less
+    /// than `2^-13` of the largest, itself at most the block's sum of
+    /// magnitudes (`2^-12` is taken, for margin). The reason DeepSeek-V3's
+    /// recipe, and [`crate::fp8::scaled_matmul_fp8`], scale and add each
+    /// 128-wide block in f32.
+    Fp8Wgmma,
+}
+
 /// [`crate::fp8::scaled_matmul_fp8`] in f64 (no rounding): `c[i, j] = sum_t
 /// sa[i, t] sb[j / 128, t] sum_{k in block t} a[i, k] b[j, k]`, `a` and `b`
-/// the codes' values; and per element the bound of the kernel's f32
-/// arithmetic against it: each block's sum of exact products (f32, at most
-/// 128 terms) and its scaling, the sum over blocks, then the rounding to an
-/// output with unit roundoff `u_out`.
+/// the codes' values; and per element the bound of the kernel's arithmetic
+/// against it: each block's sum of exact products (at most 128 terms,
+/// summed as `sums` says) and its scaling in f32, the sum over blocks, then
+/// the rounding to an output with unit roundoff `u_out`. With `whole_k`
+/// (the per-tensor form, every block's scales the same) the products of the
+/// whole K are summed into one accumulator instead, and scaled once.
 #[allow(clippy::too_many_arguments)]
 pub fn scaled_matmul(
     a: &[f64],
@@ -67,11 +86,21 @@ pub fn scaled_matmul(
     b: &[f64],
     sb: &[f32],
     (m, n, k): (usize, usize, usize),
+    sums: BlockSums,
+    whole_k: bool,
     u_out: f64,
 ) -> (Vec<f64>, Vec<f64>) {
     const B: usize = crate::fp8::SCALE_BLOCK;
     let kb = k.div_ceil(B);
     let u = 2f64.powi(-24);
+    // Products summed into one accumulator, and the tensor cores' error
+    // over them relative to their sum of magnitudes (see
+    // `BlockSums::Fp8Wgmma`): 33 terms per 32-wide k step.
+    let run = if whole_k { k } else { B };
+    let block_err = match sums {
+        BlockSums::F32 => 0.0,
+        BlockSums::Fp8Wgmma => (run.div_ceil(32) * 33) as f64 * 2f64.powi(-12),
+    };
     let (mut c, mut tol) = (vec![0f64; m * n], vec![0f64; m * n]);
     for i in 0..m {
         for j in 0..n {
@@ -90,8 +119,9 @@ pub fn scaled_matmul(
             // Block sums (up to 128 roundings), scale product and multiply
             // (2), the sum over blocks (kb), doubled for the tensor cores'
             // accumulation; then the output rounding.
-            let steps = (B + 2 + kb) as f64;
-            tol[i * n + j] = 2.0 * steps * u * mag + u_out * (sum.abs() + 2.0 * steps * u * mag);
+            let steps = (run + 2 + kb) as f64;
+            let arith = 2.0 * steps * u * mag + block_err * mag;
+            tol[i * n + j] = arith + u_out * (sum.abs() + arith);
         }
     }
     (c, tol)

@@ -126,10 +126,28 @@ pub fn dequantize<D: Device>(dev: &mut D, _seed: u64) -> Result<Vec<CheckRow>> {
     Ok(vec![decode_case::<F8E4M3, D>(dev)?, decode_case::<F8E5M2, D>(dev)?])
 }
 
-/// The weight-scale tile of the `scaled_matmul_fp8` check and its registry
-/// entry: `BLOCK_M` 64, `BLOCK_N` 128 (one weight scale per tile and K
-/// block), 4 warps.
-pub const SCALED_TILE: (usize, usize) = (64, 128);
+/// The tile of the `scaled_matmul_fp8` check and its registry entry:
+/// `BLOCK_M` 64, `BLOCK_N` 128 (one weight scale per tile and K block), 4
+/// warps (one warpgroup), the K loop pipelined 3 deep (two programs fit on
+/// an SM).
+pub const SCALED_TILE: (usize, usize, u32, u32) = (64, 128, 4, 3);
+
+/// The tile of the per-tensor form in the check: 128 x 256 on 8 warps (two
+/// warpgroups), 3 stages.
+pub const PER_TENSOR_TILE: (usize, usize, u32, u32) = (128, 256, 8, 3);
+
+/// Random codes of `Q`'s format whose values are the integers -2..=2, and
+/// their values: every partial sum of fewer than 2^11 of their products is an
+/// integer below 2^13, which any of the kernel's summations (even the
+/// tensor cores' 14-bit one) holds exactly.
+fn small_int_codes<Q: DeviceElem>(rng: &mut Rng, len: usize) -> (Vec<Q>, Vec<f64>) {
+    let table: Vec<(Q, f64)> = (0..=255u8)
+        .map(|b| Q::read_le(&[b]))
+        .map(|q| (q, q.to_f64()))
+        .filter(|&(_, v)| v.abs() <= 2.0 && v.fract() == 0.0 && (v != 0.0 || v.is_sign_positive()))
+        .collect();
+    (0..len).map(|_| table[(rng.next_u64() % table.len() as u64) as usize]).unzip()
+}
 
 /// Random finite codes of `Q`'s format and their values.
 fn finite_codes<Q: DeviceElem>(rng: &mut Rng, len: usize) -> (Vec<Q>, Vec<f64>) {
@@ -167,72 +185,114 @@ fn scaled_args<'a, Q: DeviceElem, D: Device + 'a>(
     })
 }
 
-/// The configuration of `scaled_matmul_fp8` on `Q`'s codes, bf16 out, with
-/// tiles of `BLOCK_M x BLOCK_N` and `warps`, and its grid for `m x n`.
+/// The configuration of `scaled_matmul_fp8` on `Q`'s codes, bf16 out, in
+/// the block-scaled or `per_tensor` form, with tiles of `BLOCK_M x
+/// BLOCK_N`, `warps` and a K loop pipelined `stages` deep, and its grid for
+/// `m x n`.
 fn scaled_config<Q: DeviceElem>(
-    (bm, bn, warps): (usize, usize, u32),
+    (bm, bn, warps, stages): (usize, usize, u32, u32),
+    per_tensor: bool,
     (m, n): (usize, usize),
 ) -> (scaled_matmul_fp8::Config, [u32; 3]) {
-    let config = scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn).with_warps(warps);
+    let config = scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn, per_tensor)
+        .with_warps(warps)
+        .with_stages(stages);
     (config, [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1])
 }
 
-/// `scaled_matmul_fp8` with bf16 output on `dev`, as f64.
+/// `scaled_matmul_fp8` with bf16 output on `dev` (block-scaled on
+/// [`SCALED_TILE`], or `per_tensor` on [`PER_TENSOR_TILE`]), as f64.
 fn scaled_on<Q: DeviceElem, D: Device>(
     dev: &mut D,
     [a, b]: [&[Q]; 2],
     [sa, sb]: [&[f32]; 2],
     (m, n, k): (usize, usize, usize),
+    per_tensor: bool,
 ) -> Result<Vec<f64>> {
     let (ad, bd, sad, sbd) = (dev.upload(a)?, dev.upload(b)?, dev.upload(sa)?, dev.upload(sb)?);
     let cd = dev.zeros::<bf16>(m * n)?;
     let args = scaled_args::<Q, D>([&ad, &bd], [&sad, &sbd], &cd, (m, n, k))?;
-    let (bm, bn) = SCALED_TILE;
-    let (config, grid) = scaled_config::<Q>((bm, bn, 4), (m, n));
+    let tile = if per_tensor { PER_TENSOR_TILE } else { SCALED_TILE };
+    let (config, grid) = scaled_config::<Q>(tile, per_tensor, (m, n));
     dev.run::<scaled_matmul_fp8::Kernel>(grid, &config, &args)?;
     Ok(dev.download(&cd)?.iter().map(|x| f64::from(x.to_f32())).collect())
+}
+
+/// How a `scaled_matmul_fp8` case draws its operands and scales.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// Random finite codes, block scales.
+    BlockScaled,
+    /// Random finite codes, one scale per operand.
+    PerTensor,
+    /// Codes of the integers -2..=2, one scale per operand: every
+    /// summation is exact, so the bound is the f32 one.
+    PerTensorExact,
 }
 
 fn scaled_case<Q: DeviceElem, D: Device>(
     dev: &mut D,
     rng: &mut Rng,
     (m, n, k): (usize, usize, usize),
+    form: Form,
 ) -> Result<CheckRow> {
+    use kernels::reference::fp8::{BlockSums, scaled_matmul};
     let kb = k.div_ceil(128);
-    let (a, av) = finite_codes::<Q>(rng, m * k);
-    let (b, bv) = finite_codes::<Q>(rng, n * k);
-    let mut scales = |len: usize| -> Vec<f32> {
-        (0..len).map(|_| (1.0 + rng.unit()) as f32 * 2f32.powi((rng.next_u64() % 16) as i32 - 8)).collect()
+    let codes = if form == Form::PerTensorExact { small_int_codes::<Q> } else { finite_codes::<Q> };
+    let (a, av) = codes(rng, m * k);
+    let (b, bv) = codes(rng, n * k);
+    let mut scale = || (1.0 + rng.unit()) as f32 * 2f32.powi((rng.next_u64() % 16) as i32 - 8);
+    let (sa, sb): (Vec<f32>, Vec<f32>) = match form {
+        Form::BlockScaled => {
+            ((0..m * kb).map(|_| scale()).collect(), (0..n.div_ceil(128) * kb).map(|_| scale()).collect())
+        }
+        _ => (vec![scale()], vec![scale()]),
     };
-    let (sa, sb) = (scales(m * kb), scales(n.div_ceil(128) * kb));
-    let got = scaled_on::<Q, D>(dev, [&a, &b], [&sa, &sb], (m, n, k))?;
-    let (want, tol) = kernels::reference::fp8::scaled_matmul(&av, &sa, &bv, &sb, (m, n, k), 2f64.powi(-8));
-    let shape = format!("{m}x{n}x{k} -> bf16");
+    let per_tensor = form != Form::BlockScaled;
+    let got = scaled_on::<Q, D>(dev, [&a, &b], [&sa, &sb], (m, n, k), per_tensor)?;
+    // The reference takes block scales: a per-tensor scale is every block's.
+    let (sa_ref, sb_ref) =
+        if per_tensor { (vec![sa[0]; m * kb], vec![sb[0]; n.div_ceil(128) * kb]) } else { (sa, sb) };
+    // The bound of the loosest summation the kernel may run: Hopper's
+    // native FP8 `wgmma` (the f16-widened products sum in f32), over one
+    // block or over the whole K.
+    let sums = if form == Form::PerTensorExact { BlockSums::F32 } else { BlockSums::Fp8Wgmma };
+    let (want, tol) = scaled_matmul(&av, &sa_ref, &bv, &sb_ref, (m, n, k), sums, per_tensor, 2f64.powi(-8));
+    let what = match form {
+        Form::BlockScaled => "",
+        Form::PerTensor => " per-tensor",
+        Form::PerTensorExact => " per-tensor, small integers",
+    };
+    let shape = format!("{m}x{n}x{k} -> bf16{what}");
     Ok(compare_each("scaled_matmul_fp8", shape, Q::DEVICE_DTYPE, &got, &want, &tol))
 }
 
-/// The `scaled_matmul_fp8` check: E4M3 and E5M2 operands, bf16 output,
-/// ragged M, N and K, against the f64 reference within its derived bound
+/// The `scaled_matmul_fp8` check: both forms, E4M3 and E5M2 operands, bf16
+/// output, ragged M, N and K (K a multiple of 16 takes the native FP8
+/// `wgmma` on sm_90a), against the f64 reference within its derived bound
 /// (not the interpreter: the larger shapes would take it minutes).
 pub fn scaled_matmul<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for shape in [(1, 128, 128), (37, 200, 300), (130, 256, 1040), (256, 384, 512)] {
-        out.push(scaled_case::<F8E4M3, D>(dev, &mut rng, shape)?);
-        out.push(scaled_case::<F8E5M2, D>(dev, &mut rng, shape)?);
+        for form in [Form::BlockScaled, Form::PerTensor, Form::PerTensorExact] {
+            out.push(scaled_case::<F8E4M3, D>(dev, &mut rng, shape, form)?);
+            out.push(scaled_case::<F8E5M2, D>(dev, &mut rng, shape, form)?);
+        }
     }
     Ok(out)
 }
 
-/// One `matmul/fp8e4m3/{M}x{N}x{K} [block-scaled ..]` record: the
-/// block-scaled product of E4M3 codes (no NaN codes) with unit scales, bf16
-/// out, on tile `(BLOCK_M, BLOCK_N, warps)`. Named like peers.py's
+/// One `matmul/fp8e4m3/{M}x{N}x{K} [..]` record: the block-scaled or
+/// `per_tensor` product of E4M3 codes (no NaN codes) with unit scales, bf16
+/// out, on tile `(BLOCK_M, BLOCK_N, warps, stages)`. Named like peers.py's
 /// per-tensor `_scaled_mm` row, so the bench prints the ratio to it.
 fn scaled_record(
     cuda: &mut Cuda,
     opts: &BenchOptions,
     (m, n, k): (usize, usize, usize),
-    (bm, bn, warps): (usize, usize, u32),
+    (bm, bn, warps, stages): (usize, usize, u32, u32),
+    per_tensor: bool,
 ) -> Result<Record> {
     let mut rng = Rng::new((m + n + k) as u64);
     let mut codes = |len: usize| -> Vec<F8E4M3> {
@@ -247,21 +307,25 @@ fn scaled_record(
     let (sad, sbd) = (cuda.upload(&vec![1f32; m * kb])?, cuda.upload(&vec![1f32; n.div_ceil(128) * kb])?);
     let cd = cuda.zeros::<bf16>(m * n)?;
     let args = scaled_args::<F8E4M3, Cuda>([&ad, &bd], [&sad, &sbd], &cd, (m, n, k))?;
-    let (config, g) = scaled_config::<F8E4M3>((bm, bn, warps), (m, n));
+    let (config, g) = scaled_config::<F8E4M3>((bm, bn, warps, stages), per_tensor, (m, n));
     let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c: &mut Cuda| {
         c.run::<scaled_matmul_fp8::Kernel>(g, &config, &args)
     })?;
-    let name = format!("matmul/fp8e4m3/{m}x{n}x{k} [block-scaled {bm}x{bn}/{warps}w]");
+    let form = if per_tensor { "per-tensor" } else { "block-scaled" };
+    let name = format!("matmul/fp8e4m3/{m}x{n}x{k} [{form} {bm}x{bn}/{warps}w/{stages}s]");
     Ok(Record::new(name, "TFLOP/s", 2.0 * (m * n) as f64 * k as f64 / ms / 1e9, ms))
 }
 
-/// The FP8 bench records (`bench --only fp8`): the block-scaled product at
-/// 8192^3 and at a prefill shape, on two tiles.
+/// The FP8 bench records (`bench --only fp8`): both forms of the scaled
+/// product at 8192^3 and at a prefill shape, on the tiles each form fits.
 pub fn bench_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     for shape in [(8192, 8192, 8192), (256, 14336, 4096)] {
-        for tile in [(64, 128, 4), (128, 128, 8)] {
-            push_measured(&mut out, scaled_record(cuda, opts, shape, tile)?);
+        for tile in [(64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3)] {
+            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, false)?);
+        }
+        for tile in [(128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4), (64, 256, 4, 4)] {
+            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, true)?);
         }
     }
     Ok(out)
