@@ -70,9 +70,8 @@ mod kernels {
     pub fn sync_ops() -> Result<Function> {
         use dsl_core::ir::ops::{CmpPred, MemScope, MemSem};
         KernelBuilder::new("sync_ops").build(|| {
-            let aligned = ParamHints { divisibility: Some(16) };
-            let flags = param_with_hints("flags", Type::ptr(DType::I32), aligned.clone());
-            let w = param_with_hints("w", Type::ptr(DType::F16), aligned);
+            let flags = aligned_ptr("flags", DType::I32);
+            let w = aligned_ptr("w", DType::F16);
             let out = param_ptr("out", DType::F32);
             let n = param_scalar("n", DType::I32);
             let (none, normal) =
@@ -237,7 +236,49 @@ fn redact(ptx: &str) -> String {
 
 /// Compile options without an occupancy hint.
 fn options(target: Target, num_warps: u32, num_stages: u32) -> CompileOptions {
-    CompileOptions { target, num_warps, num_stages, min_programs_per_sm: 0 }
+    hinted_options(target, num_warps, num_stages, 0)
+}
+
+/// Compile options with the occupancy hint `min_programs_per_sm` (0: none).
+fn hinted_options(
+    target: Target,
+    num_warps: u32,
+    num_stages: u32,
+    min_programs_per_sm: u32,
+) -> CompileOptions {
+    CompileOptions { target, num_warps, num_stages, min_programs_per_sm }
+}
+
+/// Asserts that ptxas' `report` for `what` warns of no performance loss
+/// and no injected code.
+fn assert_no_ptxas_penalty(what: &str, report: &[String]) {
+    assert!(!report.iter().any(|l| l.contains("Performance") || l.contains("inject")), "{what}: {report:?}");
+}
+
+/// `f` specialized as the runtime launches it: every pointer parameter
+/// 16-byte aligned (an address of 256 stands for any such address).
+fn pointers_aligned(f: Function) -> Function {
+    let facts: Vec<Option<u64>> =
+        f.params.iter().map(|p| f.values[p.value].ty.is_ptr().then_some(256)).collect();
+    dsl_core::launch::specialize(&f, &facts).0
+}
+
+/// The kernel `name` built from `body`, located at the caller; panics on a
+/// build error.
+#[track_caller]
+fn kernel(name: &str, body: impl FnOnce()) -> Function {
+    KernelBuilder::new(name).build(body).unwrap()
+}
+
+/// A pointer parameter to `dtype` promised to be 16-byte aligned.
+#[track_caller]
+fn aligned_ptr(name: &str, dtype: DType) -> Tensor {
+    param_with_hints(name, Type::ptr(dtype), ParamHints { divisibility: Some(16) })
+}
+
+/// The row-major element offsets `r * cols + c` of a `[rows, cols]` tile.
+fn tile_offsets(rows: i32, cols: i32) -> Tensor {
+    expand_dims(arange(0, rows), 1) * cols + expand_dims(arange(0, cols), 0)
 }
 
 /// The pipelining depth kernels are compiled with here: what a kernel
@@ -282,15 +323,17 @@ fn both(name: &str, cfgs: &[(String, Function, u32)]) {
     }
 }
 
+/// [`both`] for a kernel built from its block size alone: `build(block)`
+/// at each `(block, num_warps)` of `cfgs`, named `{name}_b{block}`.
+fn both_blocks(name: &str, build: fn(usize) -> Result<Function>, cfgs: &[(usize, u32)]) {
+    let cfgs: Vec<(String, Function, u32)> =
+        cfgs.iter().map(|&(block, w)| (format!("_b{block}"), build(block).unwrap(), w)).collect();
+    both(name, &cfgs);
+}
+
 #[test]
 fn vector_add() {
-    both(
-        "vector_add",
-        &[
-            ("_b1024".into(), kernels::vector_add(1024).unwrap(), 4),
-            ("_b4096".into(), kernels::vector_add(4096).unwrap(), 8),
-        ],
-    );
+    both_blocks("vector_add", kernels::vector_add, &[(1024, 4), (4096, 8)]);
 }
 
 #[test]
@@ -317,27 +360,9 @@ fn matmul() {
 
 #[test]
 fn reductions_and_scans() {
-    both(
-        "argmax_rows",
-        &[
-            ("_b1024".into(), kernels::argmax_rows(1024).unwrap(), 4),
-            ("_b64".into(), kernels::argmax_rows(64).unwrap(), 8),
-        ],
-    );
-    both(
-        "cumsum_rows",
-        &[
-            ("_b256".into(), kernels::cumsum_rows(256).unwrap(), 4),
-            ("_b64".into(), kernels::cumsum_rows(64).unwrap(), 8),
-        ],
-    );
-    both(
-        "layer_norm",
-        &[
-            ("_b1024".into(), kernels::layer_norm(1024).unwrap(), 4),
-            ("_b4096".into(), kernels::layer_norm(4096).unwrap(), 8),
-        ],
-    );
+    both_blocks("argmax_rows", kernels::argmax_rows, &[(1024, 4), (64, 8)]);
+    both_blocks("cumsum_rows", kernels::cumsum_rows, &[(256, 4), (64, 8)]);
+    both_blocks("layer_norm", kernels::layer_norm, &[(1024, 4), (4096, 8)]);
 }
 
 /// The 8-bit float conversions: `cvt` on sm_90a (the snapshots show
@@ -360,17 +385,8 @@ fn control_flow_and_atomics() {
         "collatz",
         &[("".into(), kernels::collatz().unwrap(), 1), ("_w4".into(), kernels::collatz().unwrap(), 4)],
     );
-    both(
-        "histogram",
-        &[
-            ("_b1024".into(), kernels::histogram(1024).unwrap(), 4),
-            ("_b64".into(), kernels::histogram(64).unwrap(), 4),
-        ],
-    );
-    both(
-        "ints",
-        &[("_b256".into(), kernels::ints(256).unwrap(), 4), ("_b64".into(), kernels::ints(64).unwrap(), 4)],
-    );
+    both_blocks("histogram", kernels::histogram, &[(1024, 4), (64, 4)]);
+    both_blocks("ints", kernels::ints, &[(256, 4), (64, 4)]);
 }
 
 /// The lines of `ptx` from the label of the loop around line `at` (a label
@@ -503,10 +519,7 @@ fn a_spin_wait_survives_optimisation() {
 
 #[test]
 fn shapes_and_math() {
-    both(
-        "shapes",
-        &[("_b32".into(), kernels::shapes(32).unwrap(), 4), ("_b64".into(), kernels::shapes(64).unwrap(), 8)],
-    );
+    both_blocks("shapes", kernels::shapes, &[(32, 4), (64, 8)]);
 }
 
 /// The kernel library's add+RMSNorm and RMSNorm (`kernels::rmsnorm`): SmolLM2's
@@ -575,6 +588,13 @@ fn softmax_online() {
     );
 }
 
+/// The FlashAttention kernel `f` specialized as the runtime launches it:
+/// 16-byte aligned pointers, a block-table stride that is not a multiple of 16.
+fn flash_specialized(f: &Function) -> Function {
+    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
+    dsl_core::launch::specialize(f, &facts).0
+}
+
 /// FlashAttention prefill over the paged cache (`kernels::flash_attention`)
 /// at its default bf16 tiles for `mma.sync` (64 x 32 with 4 warps at head dim
 /// 64, 128 x 32 with 8 at 128; for both targets, on sm_90a these run on
@@ -588,12 +608,11 @@ fn softmax_online() {
 #[test]
 fn flash_attention() {
     use ::kernels::flash_attention::{config_for, flash_attention as k};
-    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
     let f = |hq: usize, hkv: usize, hd: usize, causal: bool, wgmma: bool| {
         let t = config_for(hd, DType::BF16, wgmma, 16);
         assert_eq!(t.num_stages, STAGES);
         let c = t.config(DType::BF16, hq, hkv, hd, 16, causal);
-        (dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0, t)
+        (flash_specialized(&k::build(&c).unwrap()), t)
     };
     let (causal64, t64) = f(9, 3, 64, true, false);
     let (full128, t128) = f(32, 8, 128, false, false);
@@ -610,19 +629,11 @@ fn flash_attention() {
         ("flash_attention_wgmma_bf16_9q3kv64_causal", f(9, 3, 64, true, true), true),
         ("flash_attention_wgmma_bf16_32q8kv128_full", f(32, 8, 128, false, true), false),
     ] {
-        let opts = CompileOptions {
-            target: Target::Sm90a,
-            num_warps: t.num_warps,
-            num_stages: t.num_stages,
-            min_programs_per_sm: t.min_programs_per_sm,
-        };
+        let opts = hinted_options(Target::Sm90a, t.num_warps, t.num_stages, t.min_programs_per_sm);
         // Registers for three programs per SM cost ptxas a few bytes of
         // spill outside the loops at head dim 64 (pinned by the snapshot).
         let report = check_with(name, &f, &opts, if t.min_programs_per_sm > 0 { 8 } else { 0 });
-        assert!(
-            !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
-            "{name}: {report:?}"
-        );
+        assert_no_ptxas_penalty(name, &report);
         // The occupancy hint holds: 64K registers over the programs' threads.
         if t.min_programs_per_sm > 0 {
             let per_sm = t.min_programs_per_sm as u64 * 32 * t.num_warps as u64;
@@ -651,25 +662,16 @@ fn flash_attention() {
 #[test]
 fn flash_attention_paged_tma() {
     use ::kernels::flash_attention::{config_for, flash_attention as k};
-    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
     for (name, hq, hkv, hd, causal) in [
         ("flash_attention_tma_bf16_32q8kv128_causal_page128", 32, 8, 128, true),
         ("flash_attention_tma_bf16_9q3kv64_full_page128", 9, 3, 64, false),
     ] {
         let t = config_for(hd, DType::BF16, true, 128);
         let c = t.config(DType::BF16, hq, hkv, hd, 128, causal);
-        let f = dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0;
-        let opts = CompileOptions {
-            target: Target::Sm90a,
-            num_warps: t.num_warps,
-            num_stages: t.num_stages,
-            min_programs_per_sm: t.min_programs_per_sm,
-        };
+        let f = flash_specialized(&k::build(&c).unwrap());
+        let opts = hinted_options(Target::Sm90a, t.num_warps, t.num_stages, t.min_programs_per_sm);
         let report = check_with(name, &f, &opts, 0);
-        assert!(
-            !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
-            "{name}: {report:?}"
-        );
+        assert_no_ptxas_penalty(name, &report);
         let ptx = compile(&f, &opts).unwrap().ptx;
         let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
         // K and V: `hd / 64` boxes each, in the prologue and in the loop.
@@ -727,16 +729,15 @@ fn copies_follow_mmas(ptx: &str) {
 /// once more (a second use of `l` in the body).
 fn row_sum_kernel(n: usize, reuse: bool) -> Result<Function> {
     KernelBuilder::new("row_sums").build(|| {
-        let hint = ParamHints { divisibility: Some(16) };
-        let a_ptr = param_with_hints("a_ptr", Type::ptr(DType::BF16), hint.clone());
-        let b_ptr = param_with_hints("b_ptr", Type::ptr(DType::BF16), hint.clone());
-        let alpha_ptr = param_with_hints("alpha_ptr", Type::ptr(DType::F32), hint);
+        let a_ptr = aligned_ptr("a_ptr", DType::BF16);
+        let b_ptr = aligned_ptr("b_ptr", DType::BF16);
+        let alpha_ptr = aligned_ptr("alpha_ptr", DType::F32);
         let o_ptr = param_ptr("o_ptr", DType::F32);
         let steps = param_scalar("steps", DType::I32);
         let ni = n as i32;
         let rows = arange(0, 128);
         let a = load(a_ptr + expand_dims(rows, 1) * 32 + expand_dims(arange(0, 32), 0), None, None);
-        let b_offs = expand_dims(arange(0, 32), 1) * ni + expand_dims(arange(0, ni), 0);
+        let b_offs = tile_offsets(32, ni);
         let l = zeros(&[128], DType::F32);
         let l = for_range(0, steps, 1, &[l], |i, carried| {
             let b = load(b_ptr + b_offs + i * (32 * ni), None, None);
@@ -881,22 +882,21 @@ fn cp_async_waits(ptx: &str) -> Vec<u32> {
 fn dot_kernel(m: usize, n: usize, kk: usize, dtype: DType, b_nk: bool) -> Result<Function> {
     KernelBuilder::new("dot_shapes").build(|| {
         // 16-byte aligned operands, so the loop's loads are pipelined.
-        let hint = ParamHints { divisibility: Some(16) };
-        let a_ptr = param_with_hints("a_ptr", Type::ptr(dtype), hint.clone());
-        let b_ptr = param_with_hints("b_ptr", Type::ptr(dtype), hint);
+        let a_ptr = aligned_ptr("a_ptr", dtype);
+        let b_ptr = aligned_ptr("b_ptr", dtype);
         let c_ptr = param_ptr("c_ptr", DType::F32);
         let steps = param_scalar("steps", DType::I32);
         let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
-        let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
-        let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
+        let a_offs = tile_offsets(mi, ki);
+        let c_offs = tile_offsets(mi, ni);
         let acc = zeros(&[m, n], DType::F32);
         let acc = for_range(0, steps, 1, &[acc], |i, carried| {
             let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
             let b = if b_nk {
-                let offs = expand_dims(arange(0, ni), 1) * ki + expand_dims(arange(0, ki), 0);
+                let offs = tile_offsets(ni, ki);
                 trans(load(b_ptr + offs + i * (ni * ki), None, None))
             } else {
-                let offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
+                let offs = tile_offsets(ki, ni);
                 load(b_ptr + offs + i * (ni * ki), None, None)
             };
             vec![dot(a, b, Some(carried[0]))]
@@ -930,34 +930,31 @@ fn wgmma_computed_a() {
         Carried,
     }
     let build = |m: usize, n: usize, kk: usize, from: From| {
-        KernelBuilder::new("wgmma_computed_a")
-            .build(|| {
-                let hint = ParamHints { divisibility: Some(16) };
-                let a_ptr = param_with_hints("a_ptr", Type::ptr(DType::BF16), hint.clone());
-                let b_ptr = param_with_hints("b_ptr", Type::ptr(DType::BF16), hint);
-                let c_ptr = param_ptr("c_ptr", DType::F32);
-                let steps = param_scalar("steps", DType::I32);
-                let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
-                let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
-                let b_offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
-                let init = [zeros(&[m, n], DType::F32), zeros(&[m, kk], DType::F32)];
-                let acc = for_range(0, steps, 1, &init, |i, carried| {
-                    let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
-                    let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
-                    // `[M, K] = a @ b'` with `b'` the `[K, K]` head of `b`'s rows.
-                    let sq = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ki), 0);
-                    let b2 = load(b_ptr + sq + i * (ni * ki), None, None);
-                    let (a, s) = match from {
-                        From::Loads => (a + a, carried[1]),
-                        From::Dot => (dot(a, b2, None).to(DType::BF16), carried[1]),
-                        From::Carried => (carried[1].to(DType::BF16), dot(a, b2, None)),
-                    };
-                    vec![dot(a, b, Some(carried[0])), s]
-                })[0];
-                let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
-                store(c_ptr + c_offs, acc, None);
-            })
-            .unwrap()
+        kernel("wgmma_computed_a", || {
+            let a_ptr = aligned_ptr("a_ptr", DType::BF16);
+            let b_ptr = aligned_ptr("b_ptr", DType::BF16);
+            let c_ptr = param_ptr("c_ptr", DType::F32);
+            let steps = param_scalar("steps", DType::I32);
+            let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
+            let a_offs = tile_offsets(mi, ki);
+            let b_offs = tile_offsets(ki, ni);
+            let init = [zeros(&[m, n], DType::F32), zeros(&[m, kk], DType::F32)];
+            let acc = for_range(0, steps, 1, &init, |i, carried| {
+                let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
+                let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
+                // `[M, K] = a @ b'` with `b'` the `[K, K]` head of `b`'s rows.
+                let sq = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ki), 0);
+                let b2 = load(b_ptr + sq + i * (ni * ki), None, None);
+                let (a, s) = match from {
+                    From::Loads => (a + a, carried[1]),
+                    From::Dot => (dot(a, b2, None).to(DType::BF16), carried[1]),
+                    From::Carried => (carried[1].to(DType::BF16), dot(a, b2, None)),
+                };
+                vec![dot(a, b, Some(carried[0])), s]
+            })[0];
+            let c_offs = tile_offsets(mi, ni);
+            store(c_ptr + c_offs, acc, None);
+        })
     };
     let opts = options(Target::Sm90a, 4, STAGES);
     // The same loads and rings: no staging ring for a carried product.
@@ -998,10 +995,7 @@ fn wgmma_computed_a() {
         }
         let report = assemble(&ptx, "sm_90a", "wgmma_computed_a");
         assert_eq!(spill_bytes(&report), 0, "{tag}: {report:?}");
-        assert!(
-            !report.iter().any(|l| l.contains("Performance") || l.contains("inject")),
-            "{tag}: {report:?}"
-        );
+        assert_no_ptxas_penalty(&tag, &report);
     }
 }
 
@@ -1013,30 +1007,27 @@ fn wgmma_computed_a() {
 #[test]
 fn wgmma_waits_at_first_use() {
     let (m, n, kk) = (64usize, 64usize, 64usize);
-    let f = KernelBuilder::new("wgmma_waits")
-        .build(|| {
-            let hint = ParamHints { divisibility: Some(16) };
-            let ptr = |name: &str| param_with_hints(name, Type::ptr(DType::BF16), hint.clone());
-            let (a_ptr, b_ptr, d_ptr) = (ptr("a_ptr"), ptr("b_ptr"), ptr("d_ptr"));
-            let c_ptr = param_ptr("c_ptr", DType::F32);
-            let steps = param_scalar("steps", DType::I32);
-            let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
-            let a_offs = expand_dims(arange(0, mi), 1) * ki + expand_dims(arange(0, ki), 0);
-            let b_offs = expand_dims(arange(0, ki), 1) * ni + expand_dims(arange(0, ni), 0);
-            let init = [zeros(&[m, n], DType::F32), zeros(&[m, n], DType::F32)];
-            let out = for_range(0, steps, 1, &init, |i, carried| {
-                let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
-                let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
-                let s = dot(a, b, None);
-                let a2 = load(d_ptr + a_offs + i * (mi * ki), None, None);
-                let b2 = load(b_ptr + b_offs + (i + 1) * (ni * ki), None, None);
-                let o = dot(a2, b2, Some(carried[1]));
-                vec![carried[0] + s * 0.5, o]
-            });
-            let c_offs = expand_dims(arange(0, mi), 1) * ni + expand_dims(arange(0, ni), 0);
-            store(c_ptr + c_offs, out[0] + out[1], None);
-        })
-        .unwrap();
+    let f = kernel("wgmma_waits", || {
+        let ptr = |name: &str| aligned_ptr(name, DType::BF16);
+        let (a_ptr, b_ptr, d_ptr) = (ptr("a_ptr"), ptr("b_ptr"), ptr("d_ptr"));
+        let c_ptr = param_ptr("c_ptr", DType::F32);
+        let steps = param_scalar("steps", DType::I32);
+        let (mi, ni, ki) = (m as i32, n as i32, kk as i32);
+        let a_offs = tile_offsets(mi, ki);
+        let b_offs = tile_offsets(ki, ni);
+        let init = [zeros(&[m, n], DType::F32), zeros(&[m, n], DType::F32)];
+        let out = for_range(0, steps, 1, &init, |i, carried| {
+            let a = load(a_ptr + a_offs + i * (mi * ki), None, None);
+            let b = load(b_ptr + b_offs + i * (ni * ki), None, None);
+            let s = dot(a, b, None);
+            let a2 = load(d_ptr + a_offs + i * (mi * ki), None, None);
+            let b2 = load(b_ptr + b_offs + (i + 1) * (ni * ki), None, None);
+            let o = dot(a2, b2, Some(carried[1]));
+            vec![carried[0] + s * 0.5, o]
+        });
+        let c_offs = tile_offsets(mi, ni);
+        store(c_ptr + c_offs, out[0] + out[1], None);
+    });
     let opts = options(Target::Sm90a, 4, STAGES);
     let ptx = compile(&f, &opts).unwrap().ptx;
     let sync: Vec<&str> = ptx
@@ -1058,7 +1049,7 @@ fn wgmma_waits_at_first_use() {
     );
     let report = assemble(&ptx, "sm_90a", "wgmma_waits");
     assert_eq!(spill_bytes(&report), 0, "{report:?}");
-    assert!(!report.iter().any(|l| l.contains("Performance") || l.contains("inject")), "{report:?}");
+    assert_no_ptxas_penalty("wgmma_waits", &report);
 }
 
 /// The tensor-core lowering over many shapes, warp counts and both input
@@ -1126,25 +1117,23 @@ fn dot_shapes() {
 #[test]
 fn paged_decode() {
     use ::kernels::decode_attention::{paged_decode as k, paged_decode_reduce as r, paged_decode_tc as tc};
-    // Specialized as the runtime launches them: every pointer 16-byte aligned.
-    let aligned = |f: dsl_core::Function| {
-        let facts: Vec<Option<u64>> =
-            f.params.iter().map(|p| f.values[p.value].ty.is_ptr().then_some(256)).collect();
-        dsl_core::launch::specialize(&f, &facts).0
-    };
     let f = |h_kv, group, hd, page, bn, split| {
-        aligned(k::build(&k::Config::new(DType::BF16, h_kv, group, hd, page, bn, split)).unwrap())
+        pointers_aligned(k::build(&k::Config::new(DType::BF16, h_kv, group, hd, page, bn, split)).unwrap())
     };
     both(
         "paged_decode",
         &[
             ("_hkv8_g4_hd128_bn16".into(), f(8, 4, 128, 16, 16, false), 8),
             ("_hkv3_g3_hd64_split".into(), f(3, 3, 64, 32, 16, true), 4),
-            ("_reduce_g4_hd128".into(), aligned(r::build(&r::Config::new(DType::BF16, 4, 128)).unwrap()), 4),
+            (
+                "_reduce_g4_hd128".into(),
+                pointers_aligned(r::build(&r::Config::new(DType::BF16, 4, 128)).unwrap()),
+                4,
+            ),
         ],
     );
     let t = |h_kv, group, hd, page, bn, split| {
-        aligned(
+        pointers_aligned(
             tc::build(&tc::Config::new(DType::BF16, h_kv, group, hd, page, bn, split, 16, false)).unwrap(),
         )
     };
@@ -1351,12 +1340,7 @@ fn dequant_autotune_configs_do_not_spill() {
             for c in kk::autotune_configs(&$base) {
                 let facts = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(4096), Some(4096)];
                 let f = dsl_core::launch::specialize(&kk::build(&c).unwrap(), &facts).0;
-                let opts = CompileOptions {
-                    target: Target::Sm90a,
-                    num_warps: c.num_warps,
-                    num_stages: c.num_stages,
-                    min_programs_per_sm: c.min_programs_per_sm,
-                };
+                let opts = hinted_options(Target::Sm90a, c.num_warps, c.num_stages, c.min_programs_per_sm);
                 let ptx = compile(&f, &opts).unwrap().ptx;
                 let r = assemble(&ptx, "sm_90a", kk::NAME);
                 eprintln!("{} {c:?}: {} registers, {} spill bytes", kk::NAME, registers(&r), spill_bytes(&r));
@@ -1388,11 +1372,10 @@ fn dequant_autotune_configs_do_not_spill() {
 #[test]
 fn flash_attention_autotune_configs() {
     use ::kernels::flash_attention::flash_attention as k;
-    let facts = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None, Some(7)];
     for hd in [64usize, 128] {
         let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true, false, false);
         for c in k::autotune_configs(&base) {
-            let f = dsl_core::launch::specialize(&k::build(&c).unwrap(), &facts).0;
+            let f = flash_specialized(&k::build(&c).unwrap());
             for t in [Target::Sm80, Target::Sm90a] {
                 let opts = options(t, c.num_warps, STAGES);
                 let ptx = compile(&f, &opts).unwrap().ptx;
@@ -1435,30 +1418,24 @@ fn softmax_large_blocks_do_not_spill() {
 
 #[test]
 fn dumps_and_errors() {
-    let f = KernelBuilder::new("vector_add")
-        .build(|| {
-            let x_ptr =
-                param_with_hints("x_ptr", Type::ptr(DType::F32), ParamHints { divisibility: Some(16) });
-            let out_ptr =
-                param_with_hints("out_ptr", Type::ptr(DType::F32), ParamHints { divisibility: Some(16) });
-            let n = param_with_hints("n", Type::scalar(DType::I32), ParamHints { divisibility: Some(16) });
-            let offs = program_id(0) * 512 + arange(0, 512);
-            let mask = offs.lt(n);
-            store(out_ptr + offs, load(x_ptr + offs, Some(mask), None) * 2.0, Some(mask));
-        })
-        .unwrap();
+    let f = kernel("vector_add", || {
+        let x_ptr = aligned_ptr("x_ptr", DType::F32);
+        let out_ptr = aligned_ptr("out_ptr", DType::F32);
+        let n = param_with_hints("n", Type::scalar(DType::I32), ParamHints { divisibility: Some(16) });
+        let offs = program_id(0) * 512 + arange(0, 512);
+        let mask = offs.lt(n);
+        store(out_ptr + offs, load(x_ptr + offs, Some(mask), None) * 2.0, Some(mask));
+    });
     let (c, d) = compile_with_dumps(&f, &CompileOptions::default()).unwrap();
     assert!(d.ir.contains("func @vector_add") || d.ir.contains("vector_add"), "{}", d.ir);
     assert!(d.llvm.contains("before optimization") && d.llvm.contains("after O3"));
     assert_eq!(d.ptx, c.ptx);
     assert!(c.ptx.contains(".entry vector_add"), "{}", c.ptx);
     assert!(c.ptx.contains("ld.global.v4.f32") || c.ptx.contains("ld.global.v4.b32"), "{}", c.ptx);
-    let p = KernelBuilder::new("printer")
-        .build(|| {
-            let x = program_id(0);
-            device_print("pid", &[x]);
-        })
-        .unwrap();
+    let p = kernel("printer", || {
+        let x = program_id(0);
+        device_print("pid", &[x]);
+    });
     let e = compile(&p, &CompileOptions::default()).unwrap_err();
     assert!(matches!(e, codegen::Error::Unsupported { .. }), "{e}");
     assert!(e.to_string().contains("ptx.rs"), "{e}");
@@ -1678,11 +1655,6 @@ fn batch_invariant_kernels_share_instructions() {
     use ::kernels::dequant::linear::linear as lk;
     use ::kernels::dequant::{QuantFormat, linear_tiles};
     use ::kernels::flash_attention::{config_for, flash_attention as fk};
-    let aligned = |f: dsl_core::Function| {
-        let facts: Vec<Option<u64>> =
-            f.params.iter().map(|p| f.values[p.value].ty.is_ptr().then_some(256)).collect();
-        dsl_core::launch::specialize(&f, &facts).0
-    };
     for (format, rows, k) in
         [(QuantFormat::Q4_1, 960, 576), (QuantFormat::Q4_1, 576, 1536), (QuantFormat::Q8_0, 49152, 576)]
     {
@@ -1700,7 +1672,7 @@ fn batch_invariant_kernels_share_instructions() {
                 t.block_n,
                 if m == 1 { k.next_power_of_two() } else { 1 },
             );
-            let f = aligned(lk::build(&c).unwrap());
+            let f = pointers_aligned(lk::build(&c).unwrap());
             for target in [Target::Sm80, Target::Sm90a] {
                 let ptx = compile(&f, &options(target, t.num_warps, STAGES)).unwrap().ptx;
                 assert!(
@@ -1723,7 +1695,7 @@ fn batch_invariant_kernels_share_instructions() {
             true,
         );
         let fa = compile(
-            &aligned(fk::build(&fc).unwrap()),
+            &pointers_aligned(fk::build(&fc).unwrap()),
             &CompileOptions {
                 target,
                 num_warps: t.num_warps,
@@ -1735,7 +1707,8 @@ fn batch_invariant_kernels_share_instructions() {
         .ptx;
         let (rows, warps) = if wgmma { (64, 4) } else { (16, 1) };
         let dc = dk::Config::new(DType::BF16, 3, 3, 64, 16, t.block_n, false, rows, true);
-        let dec = compile(&aligned(dk::build(&dc).unwrap()), &options(target, warps, 3)).unwrap().ptx;
+        let dec =
+            compile(&pointers_aligned(dk::build(&dc).unwrap()), &options(target, warps, 3)).unwrap().ptx;
         for (name, ptx) in [("flash_attention", &fa), ("paged_decode_tc", &dec)] {
             let (w, m) = (ptx.contains("wgmma.mma_async"), ptx.contains("mma.sync.aligned"));
             assert!(w == wgmma && m != wgmma, "{name} on {target:?}: wgmma {w}, mma.sync {m}");

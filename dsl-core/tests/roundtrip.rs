@@ -13,339 +13,304 @@ use proptest::prelude::*;
 
 // ---- kernels ----------------------------------------------------------------
 
+/// The kernel `name` built from `body`, located at the caller; panics on a
+/// build error.
+#[track_caller]
+fn kernel(name: &str, body: impl FnOnce()) -> Function {
+    KernelBuilder::new(name).build(body).unwrap()
+}
+
 fn vector_add() -> Function {
-    KernelBuilder::new("vector_add")
-        .build(|| {
-            let x_ptr = param_ptr("x_ptr", DType::F32);
-            let y_ptr = param_ptr("y_ptr", DType::F32);
-            let out_ptr = param_ptr("out_ptr", DType::F32);
-            let n = param_scalar("n", DType::I32);
-            let offs = program_id(0) * 1024 + arange(0, 1024);
-            let mask = offs.lt(n);
-            let x = load(x_ptr + offs, Some(mask), None);
-            let y = load(y_ptr + offs, Some(mask), None);
-            store(out_ptr + offs, x + y, Some(mask));
-        })
-        .unwrap()
+    kernel("vector_add", || {
+        let x_ptr = param_ptr("x_ptr", DType::F32);
+        let y_ptr = param_ptr("y_ptr", DType::F32);
+        let out_ptr = param_ptr("out_ptr", DType::F32);
+        let n = param_scalar("n", DType::I32);
+        let offs = program_id(0) * 1024 + arange(0, 1024);
+        let mask = offs.lt(n);
+        let x = load(x_ptr + offs, Some(mask), None);
+        let y = load(y_ptr + offs, Some(mask), None);
+        store(out_ptr + offs, x + y, Some(mask));
+    })
 }
 
 fn softmax_bf16() -> Function {
-    KernelBuilder::new("softmax")
-        .build(|| {
-            let out_ptr = param_ptr("out_ptr", DType::BF16);
-            let in_ptr = param_ptr("in_ptr", DType::BF16);
-            let n_cols = param_scalar("n_cols", DType::I32);
-            let stride = param_scalar("stride", DType::I32);
-            let row = program_id(0);
-            let cols = arange(0, 256);
-            let mask = cols.lt(n_cols);
-            let x = load(in_ptr + row * stride + cols, Some(mask), Some(f32::NEG_INFINITY.into()));
-            let x = x.to(DType::F32);
-            let x = x - max(x, 0);
-            let e = exp(x);
-            let y = e / sum(e, 0);
-            store(out_ptr + row * stride + cols, y, Some(mask));
-        })
-        .unwrap()
+    kernel("softmax", || {
+        let out_ptr = param_ptr("out_ptr", DType::BF16);
+        let in_ptr = param_ptr("in_ptr", DType::BF16);
+        let n_cols = param_scalar("n_cols", DType::I32);
+        let stride = param_scalar("stride", DType::I32);
+        let row = program_id(0);
+        let cols = arange(0, 256);
+        let mask = cols.lt(n_cols);
+        let x = load(in_ptr + row * stride + cols, Some(mask), Some(f32::NEG_INFINITY.into()));
+        let x = x.to(DType::F32);
+        let x = x - max(x, 0);
+        let e = exp(x);
+        let y = e / sum(e, 0);
+        store(out_ptr + row * stride + cols, y, Some(mask));
+    })
 }
 
 fn matmul() -> Function {
     const BM: usize = 32;
     const BN: usize = 32;
     const BK: usize = 16;
-    KernelBuilder::new("matmul")
-        .build(|| {
-            let a_ptr = param_ptr("a_ptr", DType::F16);
-            let b_ptr = param_ptr("b_ptr", DType::F16);
-            let c_ptr = param_ptr("c_ptr", DType::F32);
-            let n = param_scalar("n", DType::I32);
-            let k = param_scalar("k", DType::I32);
-            let rm = program_id(0) * BM as i32 + arange(0, BM as i32);
-            let rn = program_id(1) * BN as i32 + arange(0, BN as i32);
-            let rk = arange(0, BK as i32);
-            let a_ptrs = a_ptr + (rm.expand_dims(1) * k + rk.expand_dims(0));
-            let b_ptrs = b_ptr + (rk.expand_dims(1) * n + rn.expand_dims(0));
-            let acc = zeros(&[BM, BN], DType::F32);
-            let out = for_range(0, k, BK as i32, &[acc, a_ptrs, b_ptrs], |_kk, c| {
-                let a = load(c[1], None, None);
-                let b = load(c[2], None, None);
-                let acc = dot(a, b, Some(c[0]));
-                vec![acc, c[1] + BK as i32, c[2] + (BK as i32 * n)]
-            });
-            let c_ptrs = c_ptr + (rm.expand_dims(1) * n + rn.expand_dims(0));
-            store(c_ptrs, out[0], None);
-            // A second product without accumulator, in tf32, with an empty-carry loop.
-            let a = load(a_ptrs, None, None).to(DType::F32);
-            let t = dot_with(a, trans(a), None, DotPrecision::Tf32);
-            for_range(0, 4, 1, &[], |i, _| {
-                store(c_ptr + i, sum(sum(t, 1), 0), None);
-                Vec::new()
-            });
-        })
-        .unwrap()
+    kernel("matmul", || {
+        let a_ptr = param_ptr("a_ptr", DType::F16);
+        let b_ptr = param_ptr("b_ptr", DType::F16);
+        let c_ptr = param_ptr("c_ptr", DType::F32);
+        let n = param_scalar("n", DType::I32);
+        let k = param_scalar("k", DType::I32);
+        let rm = program_id(0) * BM as i32 + arange(0, BM as i32);
+        let rn = program_id(1) * BN as i32 + arange(0, BN as i32);
+        let rk = arange(0, BK as i32);
+        let a_ptrs = a_ptr + (rm.expand_dims(1) * k + rk.expand_dims(0));
+        let b_ptrs = b_ptr + (rk.expand_dims(1) * n + rn.expand_dims(0));
+        let acc = zeros(&[BM, BN], DType::F32);
+        let out = for_range(0, k, BK as i32, &[acc, a_ptrs, b_ptrs], |_kk, c| {
+            let a = load(c[1], None, None);
+            let b = load(c[2], None, None);
+            let acc = dot(a, b, Some(c[0]));
+            vec![acc, c[1] + BK as i32, c[2] + (BK as i32 * n)]
+        });
+        let c_ptrs = c_ptr + (rm.expand_dims(1) * n + rn.expand_dims(0));
+        store(c_ptrs, out[0], None);
+        // A second product without accumulator, in tf32, with an empty-carry loop.
+        let a = load(a_ptrs, None, None).to(DType::F32);
+        let t = dot_with(a, trans(a), None, DotPrecision::Tf32);
+        for_range(0, 4, 1, &[], |i, _| {
+            store(c_ptr + i, sum(sum(t, 1), 0), None);
+            Vec::new()
+        });
+    })
 }
 
 fn control_flow() -> Function {
-    KernelBuilder::new("collatz")
-        .build(|| {
-            let x = param_scalar("x", DType::I32);
-            let out = param_ptr("out", DType::I32);
-            let r = while_loop(
-                &[x, constant(0, DType::I32)],
-                |c| c[0].gt(1),
-                |c| {
-                    let even = (c[0] % 2).eq_(0);
-                    let next = if_else(even, || vec![c[0] / 2], || vec![c[0] * 3 + 1]);
-                    vec![next[0], c[1] + 1]
-                },
-            );
-            store(out, r[1], None);
-            if_then(r[1].gt(100), || store(out + 1, r[0], None));
-            // An integer condition (compared with zero) and an `if` with two results.
-            let both = if_else(x, || vec![x, r[0]], || vec![r[1], x]);
-            store(out + 2, both[0] + both[1], None);
-        })
-        .unwrap()
+    kernel("collatz", || {
+        let x = param_scalar("x", DType::I32);
+        let out = param_ptr("out", DType::I32);
+        let r = while_loop(
+            &[x, constant(0, DType::I32)],
+            |c| c[0].gt(1),
+            |c| {
+                let even = (c[0] % 2).eq_(0);
+                let next = if_else(even, || vec![c[0] / 2], || vec![c[0] * 3 + 1]);
+                vec![next[0], c[1] + 1]
+            },
+        );
+        store(out, r[1], None);
+        if_then(r[1].gt(100), || store(out + 1, r[0], None));
+        // An integer condition (compared with zero) and an `if` with two results.
+        let both = if_else(x, || vec![x, r[0]], || vec![r[1], x]);
+        store(out + 2, both[0] + both[1], None);
+    })
 }
 
 fn reductions() -> Function {
-    KernelBuilder::new("reductions")
-        .build(|| {
-            let p = param_ptr("p", DType::F32);
-            let q = param_ptr("q", DType::I32);
-            let offs = arange(0, 16).expand_dims(1) * 64 + arange(0, 64).expand_dims(0);
-            let x = load(p + offs, None, None);
-            let idx = broadcast_to(arange(0, 64).expand_dims(0), &[16, 64]);
-            let r = reduce(&[x, idx], 1, |a, b| {
-                let take = b[0].gt(a[0]);
-                vec![where_(take, b[0], a[0]), where_(take, b[1], a[1])]
-            });
-            store(p + arange(0, 16), r[0], None);
-            store(q + arange(0, 16), r[1], None);
-            let s = scan(&[x], 1, false, |a, b| vec![a[0] + b[0]]);
-            let rs = scan(&[x, idx], 0, true, |a, b| vec![maximum(a[0], b[0]), a[1] + b[1]]);
-            let cs = cumsum(idx, 1);
-            let cm = cummax(x, 0);
-            let cn = cummin(x, -1);
-            store(p + offs, s[0] + rs[0] + cm + cn, None);
-            store(q + offs, cs + rs[1], None);
-            store(q + arange(0, 16), argmax(x, 1) + argmin(x, 1), None);
-            store(p + arange(0, 64), max(x, 0) + min(x, 0) + sum(x, 0), None);
-        })
-        .unwrap()
+    kernel("reductions", || {
+        let p = param_ptr("p", DType::F32);
+        let q = param_ptr("q", DType::I32);
+        let offs = arange(0, 16).expand_dims(1) * 64 + arange(0, 64).expand_dims(0);
+        let x = load(p + offs, None, None);
+        let idx = broadcast_to(arange(0, 64).expand_dims(0), &[16, 64]);
+        let r = reduce(&[x, idx], 1, |a, b| {
+            let take = b[0].gt(a[0]);
+            vec![where_(take, b[0], a[0]), where_(take, b[1], a[1])]
+        });
+        store(p + arange(0, 16), r[0], None);
+        store(q + arange(0, 16), r[1], None);
+        let s = scan(&[x], 1, false, |a, b| vec![a[0] + b[0]]);
+        let rs = scan(&[x, idx], 0, true, |a, b| vec![maximum(a[0], b[0]), a[1] + b[1]]);
+        let cs = cumsum(idx, 1);
+        let cm = cummax(x, 0);
+        let cn = cummin(x, -1);
+        store(p + offs, s[0] + rs[0] + cm + cn, None);
+        store(q + offs, cs + rs[1], None);
+        store(q + arange(0, 16), argmax(x, 1) + argmin(x, 1), None);
+        store(p + arange(0, 64), max(x, 0) + min(x, 0) + sum(x, 0), None);
+    })
 }
 
 fn atomics() -> Function {
-    KernelBuilder::new("atomics")
-        .build(|| {
-            let counts = param_ptr("counts", DType::I32);
-            let hist = param_ptr("hist", DType::F32);
-            let lock = param_ptr("lock", DType::I32);
-            let n = param_scalar("n", DType::I32);
-            let offs = arange(0, 128);
-            let mask = offs.lt(n);
-            let old = atomic_add(counts + offs, 1, Some(mask));
-            let m = atomic_max(hist + offs, 2.5f32, None);
-            let mn = atomic_min(counts + offs, old, Some(mask));
-            let a = atomic_and(counts + offs, 7, None) | atomic_or(counts + offs, 8, None);
-            let xo = atomic_xor(counts + offs, mn, Some(mask)) ^ a;
-            let prev = atomic_cas(lock, 0, 1);
-            let sw = atomic_xchg(lock, prev, None);
-            store(hist + offs, m + atomic_add(hist + offs, 1.0f32, None), Some(mask));
-            store(counts + offs, xo + sw, None);
-        })
-        .unwrap()
+    kernel("atomics", || {
+        let counts = param_ptr("counts", DType::I32);
+        let hist = param_ptr("hist", DType::F32);
+        let lock = param_ptr("lock", DType::I32);
+        let n = param_scalar("n", DType::I32);
+        let offs = arange(0, 128);
+        let mask = offs.lt(n);
+        let old = atomic_add(counts + offs, 1, Some(mask));
+        let m = atomic_max(hist + offs, 2.5f32, None);
+        let mn = atomic_min(counts + offs, old, Some(mask));
+        let a = atomic_and(counts + offs, 7, None) | atomic_or(counts + offs, 8, None);
+        let xo = atomic_xor(counts + offs, mn, Some(mask)) ^ a;
+        let prev = atomic_cas(lock, 0, 1);
+        let sw = atomic_xchg(lock, prev, None);
+        store(hist + offs, m + atomic_add(hist + offs, 1.0f32, None), Some(mask));
+        store(counts + offs, xo + sw, None);
+    })
 }
 
 /// The synchronisation between programs: ordered loads and stores, atomics
 /// with explicit orderings, waits inside a persistent loop, prefetches.
 fn sync_ops() -> Function {
-    KernelBuilder::new("sync_ops")
-        .build(|| {
-            let flags = param_ptr("flags", DType::I32);
-            let counts = param_ptr("counts", DType::U32);
-            let w = param_ptr("w", DType::F16);
-            let n = param_scalar("n", DType::I32);
-            let gpu = MemScope::Gpu;
-            for_range(program_id(0), n, num_programs(0), &[], |t, _| {
-                wait_until(flags + t, CmpPred::Ge, 1);
-                wait_until_opts(counts + t, CmpPred::Ne, 0, Some(MemSem::Relaxed), MemScope::Sys);
-                let offs = t * 64 + arange(0, 64);
-                prefetch_l2(w + offs + 64, Some(offs.lt(n)));
-                prefetch_l2(w + offs, None);
-                let f = load_opts(
-                    flags + t,
-                    None,
-                    None,
-                    CacheModifier::None,
-                    EvictionPolicy::Normal,
-                    Some(MemSem::Acquire),
-                    gpu,
-                );
-                let c = load_opts(
-                    counts + arange(0, 4),
-                    None,
-                    None,
-                    CacheModifier::None,
-                    EvictionPolicy::Normal,
-                    Some(MemSem::Relaxed),
-                    MemScope::Cta,
-                );
-                store_opts(flags + t + 1, f, None, Some(MemSem::Release), gpu);
-                store_opts(
-                    counts + arange(0, 4),
-                    c,
-                    Some(arange(0, 4).lt(n)),
-                    Some(MemSem::Relaxed),
-                    MemScope::Sys,
-                );
-                atomic_add_opts(flags + n, 1, None, Some(MemSem::Release), gpu);
-                atomic_xchg_opts(counts + t, 0u32, None, Some(MemSem::Relaxed), MemScope::Cta);
-                atomic_cas_opts(flags, 0, 1, Some(MemSem::Acquire), MemScope::Sys);
-                vec![]
-            });
-        })
-        .unwrap()
+    kernel("sync_ops", || {
+        let flags = param_ptr("flags", DType::I32);
+        let counts = param_ptr("counts", DType::U32);
+        let w = param_ptr("w", DType::F16);
+        let n = param_scalar("n", DType::I32);
+        let gpu = MemScope::Gpu;
+        for_range(program_id(0), n, num_programs(0), &[], |t, _| {
+            wait_until(flags + t, CmpPred::Ge, 1);
+            wait_until_opts(counts + t, CmpPred::Ne, 0, Some(MemSem::Relaxed), MemScope::Sys);
+            let offs = t * 64 + arange(0, 64);
+            prefetch_l2(w + offs + 64, Some(offs.lt(n)));
+            prefetch_l2(w + offs, None);
+            let f = load_opts(
+                flags + t,
+                None,
+                None,
+                CacheModifier::None,
+                EvictionPolicy::Normal,
+                Some(MemSem::Acquire),
+                gpu,
+            );
+            let c = load_opts(
+                counts + arange(0, 4),
+                None,
+                None,
+                CacheModifier::None,
+                EvictionPolicy::Normal,
+                Some(MemSem::Relaxed),
+                MemScope::Cta,
+            );
+            store_opts(flags + t + 1, f, None, Some(MemSem::Release), gpu);
+            store_opts(
+                counts + arange(0, 4),
+                c,
+                Some(arange(0, 4).lt(n)),
+                Some(MemSem::Relaxed),
+                MemScope::Sys,
+            );
+            atomic_add_opts(flags + n, 1, None, Some(MemSem::Release), gpu);
+            atomic_xchg_opts(counts + t, 0u32, None, Some(MemSem::Relaxed), MemScope::Cta);
+            atomic_cas_opts(flags, 0, 1, Some(MemSem::Acquire), MemScope::Sys);
+            vec![]
+        });
+    })
 }
 
 fn shapes() -> Function {
-    KernelBuilder::new("shapes")
-        .build(|| {
-            let p = param_ptr("p", DType::F16);
-            let a = load(p + arange(0, 64), None, None);
-            let b = load(p + arange(64, 128), None, None);
-            let j = join(a, b);
-            let r = reshape(j, &[8, 16]);
-            let t = permute(r, &[1, 0]);
-            let (lo, hi) = split(reshape(t, &[64, 2]));
-            let e = broadcast_to(lo.expand_dims(0), &[4, 64]);
-            let f = reshape(e, &[256]);
-            store(p + arange(0, 64), lo * hi, None);
-            store(p + arange(0, 256), f, None);
-        })
-        .unwrap()
+    kernel("shapes", || {
+        let p = param_ptr("p", DType::F16);
+        let a = load(p + arange(0, 64), None, None);
+        let b = load(p + arange(64, 128), None, None);
+        let j = join(a, b);
+        let r = reshape(j, &[8, 16]);
+        let t = permute(r, &[1, 0]);
+        let (lo, hi) = split(reshape(t, &[64, 2]));
+        let e = broadcast_to(lo.expand_dims(0), &[4, 64]);
+        let f = reshape(e, &[256]);
+        store(p + arange(0, 64), lo * hi, None);
+        store(p + arange(0, 256), f, None);
+    })
 }
 
 fn hints_debug_casts() -> Function {
-    KernelBuilder::new("hints_debug_casts")
-        .build(|| {
-            let x = param_with_hints("x", Type::ptr(DType::F32), ParamHints { divisibility: Some(16) });
-            let n = param_with_hints("n", Type::scalar(DType::I32), ParamHints { divisibility: Some(8) });
-            let y = param_ptr("y", DType::U8);
-            let offs = max_contiguous(multiple_of(program_id(0) * 64 + arange(0, 64), 64), 64);
-            let base = max_constancy(multiple_of(n, 16), 1);
-            gdc_wait();
-            gdc_launch_dependents();
-            let v = load_with(
-                x + offs,
-                Some(offs.lt(base)),
-                Some(0.1f32.into()),
-                MemOpts {
-                    cache: CacheModifier::Cg,
-                    evict: EvictionPolicy::First,
-                    volatile: true,
-                    order: None,
-                },
-            );
-            device_assert(v.ge(0.0f32), "v must be \"non-negative\"\n\t(ünïcødé \\ check) \u{7f}");
-            device_print("v = ", &[v, offs]);
-            device_print("", &[]);
-            let h = v.to(DType::BF16).to(DType::F16);
-            let bits = bitcast(h, DType::I16).to(DType::I64);
-            let back = bitcast(bits, DType::F64);
-            let u = ptrcast(x, DType::U32);
-            let w = load(u + offs, None, None).to(DType::U8);
-            let flag = cast(w, DType::I1);
-            store_with(
-                y + offs,
-                w,
-                Some(flag),
-                MemOpts {
-                    cache: CacheModifier::Cs,
-                    evict: EvictionPolicy::Last,
-                    volatile: false,
-                    order: None,
-                },
-            );
-            store(x + offs, back.to(DType::F32), None);
-        })
-        .unwrap()
+    kernel("hints_debug_casts", || {
+        let x = param_with_hints("x", Type::ptr(DType::F32), ParamHints { divisibility: Some(16) });
+        let n = param_with_hints("n", Type::scalar(DType::I32), ParamHints { divisibility: Some(8) });
+        let y = param_ptr("y", DType::U8);
+        let offs = max_contiguous(multiple_of(program_id(0) * 64 + arange(0, 64), 64), 64);
+        let base = max_constancy(multiple_of(n, 16), 1);
+        gdc_wait();
+        gdc_launch_dependents();
+        let v = load_with(
+            x + offs,
+            Some(offs.lt(base)),
+            Some(0.1f32.into()),
+            MemOpts { cache: CacheModifier::Cg, evict: EvictionPolicy::First, volatile: true, order: None },
+        );
+        device_assert(v.ge(0.0f32), "v must be \"non-negative\"\n\t(ünïcødé \\ check) \u{7f}");
+        device_print("v = ", &[v, offs]);
+        device_print("", &[]);
+        let h = v.to(DType::BF16).to(DType::F16);
+        let bits = bitcast(h, DType::I16).to(DType::I64);
+        let back = bitcast(bits, DType::F64);
+        let u = ptrcast(x, DType::U32);
+        let w = load(u + offs, None, None).to(DType::U8);
+        let flag = cast(w, DType::I1);
+        store_with(
+            y + offs,
+            w,
+            Some(flag),
+            MemOpts { cache: CacheModifier::Cs, evict: EvictionPolicy::Last, volatile: false, order: None },
+        );
+        store(x + offs, back.to(DType::F32), None);
+    })
 }
 
 fn constants_and_math() -> Function {
-    KernelBuilder::new("constants_and_math")
-        .build(|| {
-            let p = param_ptr("p", DType::F32);
-            let q = param_ptr("q", DType::I64);
-            let r = param_ptr("r", DType::U32);
-            let b = param_ptr("b", DType::I1);
-            let d = param_ptr("d", DType::F64);
-            let x = load(p + arange(0, 32), None, None);
-            let consts =
-                [0.1f64, 1e-5, -0.0, 1e300, -2.5e-300, 3.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
-            let mut acc = x;
-            for c in consts {
-                acc = acc + constant(c, DType::F32);
-            }
-            let wide = [1e300f64, -2.5e-300, 1e-5, 123456789.125, 5e-324, f64::MAX];
-            let mut wacc = constant(0.0f64, DType::F64);
-            for c in wide {
-                wacc = wacc + constant(c, DType::F64);
-            }
-            store(d + 1, wacc, None);
-            let h = constant(65504.0f64, DType::F16) + constant(1.0e-7f64, DType::F16);
-            let bf = constant(3.140625f64, DType::BF16) * constant(-1e38f64, DType::BF16);
-            let dd = constant(0.1f64, DType::F64) + constant(f64::MIN_POSITIVE, DType::F64);
-            store(d, dd + h.to(DType::F64) + bf.to(DType::F64), None);
-            store(q, constant(i64::MIN, DType::I64) + constant(i64::MAX, DType::I64), None);
-            store(r, constant(u32::MAX as i64, DType::U32), None);
-            store(b, constant(true, DType::I1) ^ constant(false, DType::I1), None);
-            let m = fma(acc, x, full(&[32], 0.5f64, DType::F32));
-            let t = sigmoid(tanh(sin(cos(exp2(log2(log(sqrt(rsqrt(abs(neg(m)))))))))));
-            let t = erf(floor(ceil(t))) + pow(t, x);
-            let t = minimum(t, x) - maximum(t, x) / t;
-            let i = arange(0, 32);
-            let bits = (i << 2) >> 1;
-            let bits = (bits & 3) | ((bits ^ 5) % 7);
-            let bits = umulhi(bits, bits) + not(bits);
-            let bits = dp4a(bits, bitcast(bits, DType::U32), dp4a(bits, 0x0101_0101, 7));
-            let c = i.le(bits) & i.ge(bits) | i.ne_(bits) ^ i.eq_(bits);
-            let sel = where_(c, t, x);
-            store(p + i, sel + num_programs(2).to(DType::F32), Some(c));
-            store(q + i, cdiv(bits, 3).to(DType::I64), None);
-        })
-        .unwrap()
+    kernel("constants_and_math", || {
+        let p = param_ptr("p", DType::F32);
+        let q = param_ptr("q", DType::I64);
+        let r = param_ptr("r", DType::U32);
+        let b = param_ptr("b", DType::I1);
+        let d = param_ptr("d", DType::F64);
+        let x = load(p + arange(0, 32), None, None);
+        let consts = [0.1f64, 1e-5, -0.0, 1e300, -2.5e-300, 3.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+        let mut acc = x;
+        for c in consts {
+            acc = acc + constant(c, DType::F32);
+        }
+        let wide = [1e300f64, -2.5e-300, 1e-5, 123456789.125, 5e-324, f64::MAX];
+        let mut wacc = constant(0.0f64, DType::F64);
+        for c in wide {
+            wacc = wacc + constant(c, DType::F64);
+        }
+        store(d + 1, wacc, None);
+        let h = constant(65504.0f64, DType::F16) + constant(1.0e-7f64, DType::F16);
+        let bf = constant(3.140625f64, DType::BF16) * constant(-1e38f64, DType::BF16);
+        let dd = constant(0.1f64, DType::F64) + constant(f64::MIN_POSITIVE, DType::F64);
+        store(d, dd + h.to(DType::F64) + bf.to(DType::F64), None);
+        store(q, constant(i64::MIN, DType::I64) + constant(i64::MAX, DType::I64), None);
+        store(r, constant(u32::MAX as i64, DType::U32), None);
+        store(b, constant(true, DType::I1) ^ constant(false, DType::I1), None);
+        let m = fma(acc, x, full(&[32], 0.5f64, DType::F32));
+        let t = sigmoid(tanh(sin(cos(exp2(log2(log(sqrt(rsqrt(abs(neg(m)))))))))));
+        let t = erf(floor(ceil(t))) + pow(t, x);
+        let t = minimum(t, x) - maximum(t, x) / t;
+        let i = arange(0, 32);
+        let bits = (i << 2) >> 1;
+        let bits = (bits & 3) | ((bits ^ 5) % 7);
+        let bits = umulhi(bits, bits) + not(bits);
+        let bits = dp4a(bits, bitcast(bits, DType::U32), dp4a(bits, 0x0101_0101, 7));
+        let c = i.le(bits) & i.ge(bits) | i.ne_(bits) ^ i.eq_(bits);
+        let sel = where_(c, t, x);
+        store(p + i, sel + num_programs(2).to(DType::F32), Some(c));
+        store(q + i, cdiv(bits, 3).to(DType::I64), None);
+    })
 }
 
 fn block_loads() -> Function {
-    KernelBuilder::new("block_loads")
-        .build(|| {
-            let x = param_with_hints("x", Type::ptr(DType::BF16), ParamHints { divisibility: Some(16) });
-            let out = param_ptr("out", DType::F32);
-            let rows = param_scalar("rows", DType::I32);
-            let cols = param_scalar("cols", DType::I32);
-            let acc = zeros(&[32, 64], DType::F32);
-            let r = for_range(0, cols, 64, &[acc], |k, c| {
-                let t = load_block(x, rows, cols, cols, program_id(0) * 32, k, [32, 64]);
-                vec![c[0] + t.to(DType::F32)]
-            });
-            let hinted =
-                load_block_hinted(x, 7, 9, 16, -2, -3, [1, 64], CacheModifier::Ca, EvictionPolicy::Normal);
-            let last = load_block_hinted(
-                x,
-                rows,
-                cols,
-                cols,
-                0,
-                0,
-                [1, 64],
-                CacheModifier::None,
-                EvictionPolicy::Last,
-            );
-            let offs = arange(0, 32).expand_dims(1) * 64 + arange(0, 64).expand_dims(0);
-            store(out + offs, r[0] + hinted.to(DType::F32) + last.to(DType::F32), None);
-        })
-        .unwrap()
+    kernel("block_loads", || {
+        let x = param_with_hints("x", Type::ptr(DType::BF16), ParamHints { divisibility: Some(16) });
+        let out = param_ptr("out", DType::F32);
+        let rows = param_scalar("rows", DType::I32);
+        let cols = param_scalar("cols", DType::I32);
+        let acc = zeros(&[32, 64], DType::F32);
+        let r = for_range(0, cols, 64, &[acc], |k, c| {
+            let t = load_block(x, rows, cols, cols, program_id(0) * 32, k, [32, 64]);
+            vec![c[0] + t.to(DType::F32)]
+        });
+        let hinted =
+            load_block_hinted(x, 7, 9, 16, -2, -3, [1, 64], CacheModifier::Ca, EvictionPolicy::Normal);
+        let last =
+            load_block_hinted(x, rows, cols, cols, 0, 0, [1, 64], CacheModifier::None, EvictionPolicy::Last);
+        let offs = arange(0, 32).expand_dims(1) * 64 + arange(0, 64).expand_dims(0);
+        store(out + offs, r[0] + hinted.to(DType::F32) + last.to(DType::F32), None);
+    })
 }
 
 fn all_kernels() -> Vec<(&'static str, Function)> {

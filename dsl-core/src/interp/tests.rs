@@ -41,6 +41,13 @@ pub(super) fn interp_err(f: &Function, grid: [u32; 3], bufs: &mut [Buffer], args
     }
 }
 
+/// Asserts that `e` was raised by `op` and that its message contains every
+/// part of `parts`.
+pub(super) fn assert_raised(e: &InterpError, op: &str, parts: &[&str]) {
+    assert_eq!(e.op, op);
+    contains_all(&e.message, parts);
+}
+
 /// Asserts that `msg` contains every part.
 pub(super) fn contains_all(msg: &str, parts: &[&str]) {
     for part in parts {

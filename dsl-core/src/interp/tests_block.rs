@@ -5,6 +5,7 @@
 
 use super::tests::Rng;
 use super::{Arg, Buffer, launch};
+use crate::builder::kernel;
 use crate::lang::*;
 use crate::passes::block_load;
 use crate::verify::verify;
@@ -17,36 +18,34 @@ use proptest::prelude::*;
 /// loop over `t`, otherwise in straight-line code.
 fn block_copy(dtype: DType, block: [usize; 2], in_loop: bool) -> Function {
     let [br, bc] = block;
-    KernelBuilder::new("block_copy")
-        .build(|| {
-            let x = param_ptr("x", dtype);
-            let out = param_ptr("out", dtype);
-            let rows = param_scalar("rows", DType::I32);
-            let cols = param_scalar("cols", DType::I32);
-            let stride = param_scalar("stride", DType::I32);
-            let row0 = param_scalar("row0", DType::I32);
-            let col0 = param_scalar("col0", DType::I32);
-            let out_stride = param_scalar("out_stride", DType::I32);
-            let (p0, p1) = (program_id(0), program_id(1));
-            let r = p0 * br as i32 + arange(0, br as i32);
-            let box_row = row0 + p0 * br as i32;
-            let copy = |t: Tensor| {
-                let box_col = (p1 * 2 + t) * bc as i32;
-                let tile = load_block(x, rows, cols, stride, box_row, col0 + box_col, [br, bc]);
-                let c = box_col + arange(0, bc as i32);
-                store(out + (r.expand_dims(1) * out_stride + c.expand_dims(0)), tile, None);
-            };
-            if in_loop {
-                for_range(0, 2, 1, &[], |t, _| {
-                    copy(t);
-                    vec![]
-                });
-            } else {
-                copy(constant(0, DType::I32));
-                copy(constant(1, DType::I32));
-            }
-        })
-        .unwrap()
+    kernel("block_copy", || {
+        let x = param_ptr("x", dtype);
+        let out = param_ptr("out", dtype);
+        let rows = param_scalar("rows", DType::I32);
+        let cols = param_scalar("cols", DType::I32);
+        let stride = param_scalar("stride", DType::I32);
+        let row0 = param_scalar("row0", DType::I32);
+        let col0 = param_scalar("col0", DType::I32);
+        let out_stride = param_scalar("out_stride", DType::I32);
+        let (p0, p1) = (program_id(0), program_id(1));
+        let r = p0 * br as i32 + arange(0, br as i32);
+        let box_row = row0 + p0 * br as i32;
+        let copy = |t: Tensor| {
+            let box_col = (p1 * 2 + t) * bc as i32;
+            let tile = load_block(x, rows, cols, stride, box_row, col0 + box_col, [br, bc]);
+            let c = box_col + arange(0, bc as i32);
+            store(out + (r.expand_dims(1) * out_stride + c.expand_dims(0)), tile, None);
+        };
+        if in_loop {
+            for_range(0, 2, 1, &[], |t, _| {
+                copy(t);
+                vec![]
+            });
+        } else {
+            copy(constant(0, DType::I32));
+            copy(constant(1, DType::I32));
+        }
+    })
 }
 
 /// One test case: the matrix, the box origin and the grid.

@@ -11,6 +11,7 @@
 
 use super::tests::Rng;
 use super::{Arg, Buffer, launch};
+use crate::builder::kernel;
 use crate::dtype::DType;
 use crate::lang::*;
 use half::{bf16, f16};
@@ -71,17 +72,15 @@ fn encode(d: DType, x: f64) -> Option<u8> {
 fn run_cast(from: DType, to: DType, src: Buffer) -> Buffer {
     let n = src.len();
     let block = n.next_power_of_two();
-    let f = KernelBuilder::new("cast")
-        .build(|| {
-            let x_ptr = param_ptr("x", from);
-            let y_ptr = param_ptr("y", to);
-            let n = param_scalar("n", DType::I32);
-            let offs = arange(0, block as i32);
-            let mask = offs.lt(n);
-            let x = load(x_ptr + offs, Some(mask), None);
-            store(y_ptr + offs, x.to(to), Some(mask));
-        })
-        .unwrap();
+    let f = kernel("cast", || {
+        let x_ptr = param_ptr("x", from);
+        let y_ptr = param_ptr("y", to);
+        let n = param_scalar("n", DType::I32);
+        let offs = arange(0, block as i32);
+        let mask = offs.lt(n);
+        let x = load(x_ptr + offs, Some(mask), None);
+        store(y_ptr + offs, x.to(to), Some(mask));
+    });
     let mut bufs = [src, Buffer::zeros(to, n)];
     launch(&f, [1, 1, 1], &mut bufs, &[Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32)]).unwrap();
     let [_, out] = bufs;
@@ -235,18 +234,16 @@ fn the_verifier_keeps_8_bit_floats_to_storage_casts_and_selects() {
 /// `out = acc + a @ b` for `[M, K] x [K, N]` tiles of dtype `d` (row-major
 /// buffers), as a kernel.
 fn dot_kernel(d: DType, m: usize, k: usize, n: usize) -> crate::Function {
-    KernelBuilder::new("f8_dot")
-        .build(|| {
-            let a_ptr = param_ptr("a", d);
-            let b_ptr = param_ptr("b", d);
-            let c_ptr = param_ptr("c", DType::F32);
-            let (rm, rk, rn) = (arange(0, m as i32), arange(0, k as i32), arange(0, n as i32));
-            let a = load(a_ptr + expand_dims(rm, 1) * k as i32 + expand_dims(rk, 0), None, None);
-            let b = load(b_ptr + expand_dims(rk, 1) * n as i32 + expand_dims(rn, 0), None, None);
-            let at = c_ptr + expand_dims(rm, 1) * n as i32 + expand_dims(rn, 0);
-            store(at, dot(a, b, Some(load(at, None, None))), None);
-        })
-        .unwrap()
+    kernel("f8_dot", || {
+        let a_ptr = param_ptr("a", d);
+        let b_ptr = param_ptr("b", d);
+        let c_ptr = param_ptr("c", DType::F32);
+        let (rm, rk, rn) = (arange(0, m as i32), arange(0, k as i32), arange(0, n as i32));
+        let a = load(a_ptr + expand_dims(rm, 1) * k as i32 + expand_dims(rk, 0), None, None);
+        let b = load(b_ptr + expand_dims(rk, 1) * n as i32 + expand_dims(rn, 0), None, None);
+        let at = c_ptr + expand_dims(rm, 1) * n as i32 + expand_dims(rn, 0);
+        store(at, dot(a, b, Some(load(at, None, None))), None);
+    })
 }
 
 /// FP8 `dot`: every product exact and the sum taken exactly, then rounded

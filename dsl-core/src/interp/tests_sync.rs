@@ -18,29 +18,27 @@ const GPU: MemScope = MemScope::Gpu;
 /// store of semantics `publish` (a plain store when `None`); every other
 /// program waits for the flag with `wait` semantics and copies the values.
 fn handoff(publish: Option<MemSem>, wait: MemSem) -> Function {
-    KernelBuilder::new("handoff")
-        .build(|| {
-            let data = param_ptr("data", DType::I32);
-            let flag = param_ptr("flag", DType::I32);
-            let out = param_ptr("out", DType::I32);
-            let producer = param_scalar("producer", DType::I32);
-            let pid = program_id(0);
-            let offs = arange(0, 4);
-            if_else(
-                pid.eq_(producer),
-                || {
-                    store(data + offs, offs * 10 + 7, None);
-                    store_opts(flag, 1, None, publish, GPU);
-                    vec![]
-                },
-                || {
-                    wait_until_opts(flag, CmpPred::Ge, 1, Some(wait), GPU);
-                    store(out + pid * 4 + offs, load(data + offs, None, None), None);
-                    vec![]
-                },
-            );
-        })
-        .unwrap()
+    kernel("handoff", || {
+        let data = param_ptr("data", DType::I32);
+        let flag = param_ptr("flag", DType::I32);
+        let out = param_ptr("out", DType::I32);
+        let producer = param_scalar("producer", DType::I32);
+        let pid = program_id(0);
+        let offs = arange(0, 4);
+        if_else(
+            pid.eq_(producer),
+            || {
+                store(data + offs, offs * 10 + 7, None);
+                store_opts(flag, 1, None, publish, GPU);
+                vec![]
+            },
+            || {
+                wait_until_opts(flag, CmpPred::Ge, 1, Some(wait), GPU);
+                store(out + pid * 4 + offs, load(data + offs, None, None), None);
+                vec![]
+            },
+        );
+    })
 }
 
 /// [`handoff`] with fresh buffers for it.

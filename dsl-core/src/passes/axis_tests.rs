@@ -3,8 +3,9 @@
 //! computed by the reference evaluator on random kernels.
 
 use super::axis::MAX_DIVISIBILITY;
-use super::test_eval::{Rng, Tile, random_args, random_kernel, run};
-use super::{AxisAnalysis, AxisInfo, analyze, canonicalize};
+use super::test_eval::{RandomCase, Rng, Tile, random_cases, run};
+use super::{AxisAnalysis, AxisInfo, analyze};
+use crate::builder::kernel;
 use crate::ir::{Function, ParamHints, Value};
 use crate::lang::*;
 use crate::{Type, print::print};
@@ -13,12 +14,10 @@ use std::cell::RefCell;
 /// Builds a kernel with `body`, which returns the values to inspect.
 fn build(body: impl FnOnce() -> Vec<Tensor>) -> (Function, Vec<Value>) {
     let out = RefCell::new(Vec::new());
-    let f = KernelBuilder::new("k")
-        .build(|| {
-            let vals = body();
-            *out.borrow_mut() = vals.iter().map(|t| t.value()).collect();
-        })
-        .unwrap();
+    let f = kernel("k", || {
+        let vals = body();
+        *out.borrow_mut() = vals.iter().map(|t| t.value()).collect();
+    });
     (f, out.into_inner())
 }
 
@@ -276,13 +275,9 @@ fn check_all(f: &Function, a: &AxisAnalysis, args: &[i64], pid: i64) -> usize {
 fn random_kernels_never_over_claim() {
     let mut rng = Rng(0xa515);
     let mut runs = 0;
-    for seed in 1000..1400 {
-        let f = random_kernel(seed);
-        let mut g = f.clone();
-        canonicalize(&mut g);
+    for RandomCase { kernel: f, canonical: g, args: cases, .. } in random_cases(&mut rng, 1000..1400) {
         let (af, ag) = (analyze(&f), analyze(&g));
-        for _ in 0..4 {
-            let (args, pid) = random_args(&mut rng);
+        for (args, pid) in cases {
             runs += check_all(&f, &af, &args, pid);
             runs += check_all(&g, &ag, &args, pid);
         }

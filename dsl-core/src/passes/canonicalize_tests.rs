@@ -2,7 +2,7 @@
 //! small kernels, explicit assertions, and a differential test on random
 //! kernels against the reference evaluator in `test_eval`.
 
-use super::test_eval::{Rng, random_args, random_kernel, run};
+use super::test_eval::{RandomCase, Rng, random_cases, random_kernel, run};
 use super::{canonicalize, cse, dce};
 use crate::builder::kernel;
 use crate::ir::{Function, Inst};
@@ -333,12 +333,9 @@ fn canonicalize_is_idempotent() {
 fn random_kernels_compute_the_same_after_canonicalization() {
     let mut rng = Rng(0x5eed);
     let mut compared = 0;
-    for seed in 0..400 {
-        let f = random_kernel(seed);
-        let g = canon(&f);
+    for RandomCase { seed, kernel: f, canonical: g, args: cases } in random_cases(&mut rng, 0..400) {
         assert!(g.num_live_insts() <= f.num_live_insts());
-        for _ in 0..4 {
-            let (args, pid) = random_args(&mut rng);
+        for (args, pid) in cases {
             let Ok(before) = run(&f, &args, pid) else { continue };
             let after = run(&g, &args, pid).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", print(&g)));
             assert_eq!(

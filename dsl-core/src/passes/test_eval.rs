@@ -456,3 +456,29 @@ pub(crate) fn random_args(rng: &mut Rng) -> (Vec<i64>, i64) {
     let out = 8 * (rng.below(1000) as i64 + 1);
     (vec![n, m, p, out], rng.below(70) as i64)
 }
+
+/// A random kernel with its canonical form and argument lists for both.
+pub(crate) struct RandomCase {
+    pub seed: u64,
+    pub kernel: Function,
+    /// `kernel` canonicalized (and verified).
+    pub canonical: Function,
+    /// Four draws of [`random_args`].
+    pub args: Vec<(Vec<i64>, i64)>,
+}
+
+/// The random kernels of `seeds` as [`RandomCase`]s, their arguments drawn from `rng`.
+pub(crate) fn random_cases(
+    rng: &mut Rng,
+    seeds: std::ops::Range<u64>,
+) -> impl Iterator<Item = RandomCase> + '_ {
+    seeds.map(|seed| {
+        let kernel = random_kernel(seed);
+        let mut canonical = kernel.clone();
+        super::canonicalize(&mut canonical);
+        crate::verify::verify(&canonical)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", crate::print::print(&canonical)));
+        let args = (0..4).map(|_| random_args(rng)).collect();
+        RandomCase { seed, kernel, canonical, args }
+    })
+}
