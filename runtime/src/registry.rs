@@ -16,6 +16,7 @@ use codegen::host::Host;
 use dsl_core::launch::{Kernel, LaunchOptions};
 use dsl_core::{DType, Function};
 use kernels::copy::copy;
+use kernels::dequant::QuantFormat;
 use kernels::examples::vector_add;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
 use kernels::rmsnorm::{add_rmsnorm, rmsnorm};
@@ -65,6 +66,21 @@ pub struct Entry {
 /// The specialization `config` of `K`: its IR and launch options.
 fn spec<K: Kernel>(config: K::Config) -> dsl_core::Result<(Function, LaunchOptions)> {
     Ok((K::build(&config)?, K::launch_options(&config)))
+}
+
+/// The default specialization of the dequantizing GEMV on `format`
+/// weights: bf16, no SiLU, one row, `BLOCK_N` 16, `BLOCK_K` `block_k`,
+/// 4 warps.
+fn gemv_spec(format: QuantFormat, block_k: usize) -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemv::gemv as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, format, false, 1, 16, block_k).with_warps(4))
+}
+
+/// The default specialization of the tiled dequantizing GEMM on `format`
+/// weights: bf16, no SiLU, `64 x 64` tiles, `BLOCK_K` `block_k`, 4 warps.
+fn gemm_spec(format: QuantFormat, block_k: usize) -> dsl_core::Result<(Function, LaunchOptions)> {
+    use kernels::dequant::gemm::gemm as k;
+    spec::<k::Kernel>(k::Config::new(DType::BF16, format, false, 64, 64, block_k, false).with_warps(4))
 }
 
 fn build_handoff_chain() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -151,9 +167,7 @@ fn build_embedding_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
 fn build_embedding_repacked() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::embedding::{block_for, embedding_repacked as k, warps_for};
     let block = block_for(4096);
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_K, block).with_warps(warps_for(block)),
-    )
+    spec::<k::Kernel>(k::Config::new(DType::BF16, QuantFormat::Q4_K, block).with_warps(warps_for(block)))
 }
 
 fn build_quantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -175,70 +189,39 @@ fn build_dequantize_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
 }
 
 fn build_gemv_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemv::gemv as k;
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_1, false, 1, 16, 512).with_warps(4),
-    )
+    gemv_spec(QuantFormat::Q4_1, 512)
 }
 
 fn build_gemv_q4_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemv::gemv as k;
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_0, false, 1, 16, 512).with_warps(4),
-    )
+    gemv_spec(QuantFormat::Q4_0, 512)
 }
 
 fn build_gemv_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemv::gemv as k;
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q8_0, false, 1, 16, 256).with_warps(4),
-    )
+    gemv_spec(QuantFormat::Q8_0, 256)
 }
 
 fn build_gemv_fused() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::fused::gemv_fused as k;
     spec::<k::Kernel>(
-        k::Config::new(DType::F32, kernels::dequant::QuantFormat::Q4_1, false, true, false, 1, 8, 512)
-            .with_warps(4),
+        k::Config::new(DType::F32, QuantFormat::Q4_1, false, true, false, 1, 8, 512).with_warps(4),
     )
 }
 
 fn build_cpu_gemv() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::cpu_gemv::cpu_gemv as k;
-    spec::<k::Kernel>(k::Config::new(
-        DType::F32,
-        kernels::dequant::QuantFormat::Q4_1,
-        false,
-        true,
-        false,
-        1,
-        64,
-        32,
-    ))
+    spec::<k::Kernel>(k::Config::new(DType::F32, QuantFormat::Q4_1, false, true, false, 1, 64, 32))
 }
 
 fn build_gemm_q4_1() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemm::gemm as k;
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_1, false, 64, 64, 64, false)
-            .with_warps(4),
-    )
+    gemm_spec(QuantFormat::Q4_1, 64)
 }
 
 fn build_gemm_q4_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemm::gemm as k;
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_0, false, 64, 64, 64, false)
-            .with_warps(4),
-    )
+    gemm_spec(QuantFormat::Q4_0, 64)
 }
 
 fn build_gemm_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
-    use kernels::dequant::gemm::gemm as k;
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q8_0, false, 64, 64, 32, false)
-            .with_warps(4),
-    )
+    gemm_spec(QuantFormat::Q8_0, 32)
 }
 
 fn build_softmax_online() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -272,9 +255,7 @@ fn build_rmsnorm_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
 
 fn build_gemv_q4_1_q8() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::q8::gemv_q8 as k;
-    spec::<k::Kernel>(
-        k::Config::new(DType::BF16, kernels::dequant::QuantFormat::Q4_1, false, 1, 8, 2048).with_warps(4),
-    )
+    spec::<k::Kernel>(k::Config::new(DType::BF16, QuantFormat::Q4_1, false, 1, 8, 2048).with_warps(4))
 }
 
 fn build_paged_decode_reduce() -> dsl_core::Result<(Function, LaunchOptions)> {

@@ -430,7 +430,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         fuse: Fuse<'_, D, T>,
     ) -> Result<()> {
         let es = T::DEVICE_DTYPE.size_bytes();
-        let n_out = if silu { w.n / 2 } else { w.n };
+        let n_out = w.n_out(silu);
         let ldo = ldo.unwrap_or(n_out);
         let rw = if matches!(fuse, Fuse::Residual) { 2 } else { 1 };
         ln.cost(

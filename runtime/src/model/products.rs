@@ -15,7 +15,7 @@ use crate::gguf::LlamaConfig;
 use crate::model::ActElem;
 use crate::model::args::product_args;
 use dsl_core::DType;
-use dsl_core::half::f16;
+use dsl_core::launch::AnyDType;
 use kernels::dequant::linear::linear;
 use kernels::dequant::{
     LINEAR_SPLIT_LONG_MAX_M, LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid,
@@ -139,6 +139,29 @@ pub(crate) fn mega_stacked_slot(c: &LlamaConfig, formats: [QuantFormat; 4], one_
     slot
 }
 
+/// `w`'s output columns ([`MatRef::n_out`]), checked to fit in output rows
+/// `ldo` elements apart.
+fn out_columns<D: Device>(w: MatRef<'_, D>, silu: bool, ldo: usize) -> Result<usize> {
+    let n_out = w.n_out(silu);
+    if ldo < n_out {
+        return Err(usage(format!("internal error: output rows {ldo} apart hold {n_out} columns")));
+    }
+    Ok(n_out)
+}
+
+/// The `nw_ptr` and `eps` arguments of a product with the RMSNorm prologue
+/// `norm` (its weights and epsilon); without one, `x` stands in for the
+/// weights, with epsilon 0.
+fn prologue_args<'a, D: Device + 'a, T: ActElem>(
+    norm: Option<(At<'a, D::Buf<T>>, f32)>,
+    x: At<'a, D::Buf<T>>,
+) -> Result<(D::Ptr<'a, AnyDType>, f32)> {
+    Ok(match norm {
+        Some((nw, eps)) => (any::<D, T>(nw.0, nw.1)?, eps),
+        None => (any::<D, T>(x.0, x.1)?, 0.0),
+    })
+}
+
 /// The batch-invariant product with its fusions: [`linear`], or on devices
 /// with [`Device::cpu_gemv`] the CPU GEMV at every batch size. Output rows
 /// are `ldo` elements apart.
@@ -154,38 +177,30 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
     silu: bool,
     fuse: Fuse<'_, D, T>,
 ) -> Result<()> {
-    let n_out = if silu { w.n / 2 } else { w.n };
-    if ldo < n_out {
-        return Err(usage(format!("internal error: output rows {ldo} apart hold {n_out} columns")));
-    }
+    let n = out_columns(w, silu, ldo)?;
+    let norm = match fuse {
+        Fuse::Norm(nw, eps) if m == 1 => Some((nw, eps)),
+        Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
+        _ => None,
+    };
+    let residual = matches!(fuse, Fuse::Residual);
     if l.dev.cpu_gemv() {
         // The native CPU's invariant product: `cpu_gemv`'s row arithmetic is
         // fixed by its K tile alone (the same for every `m`), and its fusions
         // give the separate kernels' bits.
-        let norm = match fuse {
-            Fuse::Norm(nw, eps) if m == 1 => Some((nw, eps)),
-            Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
-            _ => None,
-        };
-        return gemv_fused::<D, T>(l, w, x, out, ldo, m, silu, norm, matches!(fuse, Fuse::Residual));
+        return gemv_fused::<D, T>(l, w, x, out, ldo, m, silu, norm, residual);
     }
-    let n = n_out;
-    let (np, eps, norm) = match fuse {
-        Fuse::Norm(nw, eps) if m == 1 => (any::<D, T>(nw.0, nw.1)?, eps, true),
-        Fuse::Norm(..) => return Err(usage(format!("the fused RMSNorm takes one row, not {m}"))),
-        _ => (any::<D, T>(x.0, x.1)?, 0.0, false),
-    };
-    let residual = matches!(fuse, Fuse::Residual);
+    let (np, eps) = prologue_args::<D, T>(norm, x)?;
     let tc = l.dev.tensor_cores();
     let (config, grid, (ws, cnt)) =
-        linear_config(T::DEVICE_DTYPE, w.format, m, w.n, w.k, silu, norm, residual, tc);
+        linear_config(T::DEVICE_DTYPE, w.format, m, w.n, w.k, silu, norm.is_some(), residual, tc);
     let s = scratch;
     if ws > 0 && (ws > s.lin_ws_len || cnt > s.lin_cnt_len) {
         return Err(usage(format!(
             "internal error: the split product needs {ws} workspace entries and {cnt} counters"
         )));
     }
-    let (qp, sp) = (D::ptr_at::<u8, u8>(w.quants, w.q_off)?, D::ptr_at::<f16, f16>(w.scales, w.s_off)?);
+    let (qp, sp) = w.planes()?;
     let args = product_args!(
         linear,
         (qp, sp, any::<D, T>(out.0, out.1)?),
@@ -211,10 +226,9 @@ pub(super) fn matmul<D: Device, T: ActElem>(
     silu: bool,
 ) -> Result<()> {
     let dtype = T::DEVICE_DTYPE;
-    let n = if silu { w.n / 2 } else { w.n };
+    let n = w.n_out(silu);
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
-    let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
-    let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
+    let (qp, sp) = w.planes()?;
     macro_rules! launch {
         ($family:ident, $kernel:ident, $tiles:expr, $grid:expr $(, $extra:expr)*) => {{
             use kernels::dequant::$family::$kernel as kk;
@@ -257,19 +271,11 @@ pub(super) fn gemv_fused<D: Device, T: ActElem>(
     norm: Option<(At<'_, D::Buf<T>>, f32)>,
     residual: bool,
 ) -> Result<()> {
-    let n_out = if silu { w.n / 2 } else { w.n };
-    if ldo < n_out {
-        return Err(usage(format!("internal error: output rows {ldo} apart hold {n_out} columns")));
-    }
+    let n = out_columns(w, silu, ldo)?;
     let dtype = T::DEVICE_DTYPE;
-    let n = n_out;
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
-    let (np, eps) = match norm {
-        Some((nw, eps)) => (any::<D, T>(nw.0, nw.1)?, eps),
-        None => (any::<D, T>(x.0, x.1)?, 0.0),
-    };
-    let qp = D::ptr_at::<u8, u8>(w.quants, w.q_off)?;
-    let sp = D::ptr_at::<f16, f16>(w.scales, w.s_off)?;
+    let (np, eps) = prologue_args::<D, T>(norm, x)?;
+    let (qp, sp) = w.planes()?;
     let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
     macro_rules! launch {

@@ -80,6 +80,20 @@ impl<D: Device> Clone for MatRef<'_, D> {
 
 impl<D: Device> Copy for MatRef<'_, D> {}
 
+impl<'a, D: Device + 'a> MatRef<'a, D> {
+    /// The product's output columns: all `n` rows, or half of them under the
+    /// fused SiLU-mul (gate and up rows interleaved, one output per pair).
+    pub fn n_out(&self, silu: bool) -> usize {
+        if silu { self.n / 2 } else { self.n }
+    }
+
+    /// Pointers to its first quant byte and its first scale, as a product
+    /// kernel's `q_ptr` and `s_ptr` take them.
+    pub fn planes(&self) -> Result<(D::Ptr<'a, u8>, D::Ptr<'a, f16>)> {
+        Ok((D::ptr_at::<u8, u8>(self.quants, self.q_off)?, D::ptr_at::<f16, f16>(self.scales, self.s_off)?))
+    }
+}
+
 impl<D: Device> Matrix<D> {
     /// The whole matrix as a view.
     pub fn view(&self) -> MatRef<'_, D> {
