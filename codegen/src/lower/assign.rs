@@ -13,7 +13,11 @@
 //!   elementwise ops on row vectors keep it, and so do `expand_dims` and
 //!   `reshape` between `[M]` and `[M, 1]`;
 //! - `broadcast` of an `[M, 1]` row vector to `[M, N]` takes the layout of a
-//!   tensor-core `dot` of that shape with the same split of `M`;
+//!   tensor-core `dot` of that shape with the same split of `M`; so does a
+//!   broadcast of any other `[M, 1]` vector that an elementwise op combines
+//!   with a tile in such a layout (`p * expand_dims(scale, 1)`): its operand
+//!   is converted to the row layout instead, `M` values rather than the
+//!   broadcast tile;
 //! - `trans` of an `[M, N]` tile in an [`MmaLayout`] of at least
 //!   [`LARGE_ACC`] registers per thread keeps its registers ([`RegLayout::MmaT`]);
 //!   its users take it through a blocked copy, which costs one exchange
@@ -103,10 +107,11 @@ pub(crate) fn assign(f: &Function, plan: &MmaPlan) -> Assignment {
         v.dedup();
         v
     };
+    let users = f.users();
     for _round in 0..8 {
         let mut changed = false;
         for &i in &order {
-            for (r, lay) in infer(f, plan, &a, &dot_layouts, i) {
+            for (r, lay) in infer(f, plan, &a, &dot_layouts, &users, i) {
                 if a.lay(r) != lay {
                     changed = true;
                     if lay == RegLayout::Blocked {
@@ -147,8 +152,8 @@ pub(crate) fn wants(f: &Function, plan: &MmaPlan, a: &Assignment, inst: Inst, k:
             RegLayout::Row(r) => RegLayout::Row(r),
             _ => RegLayout::Blocked,
         },
-        Op::Shape(ShapeOp::Broadcast { .. }) => match (a.lay(d.args[k]), res(0)) {
-            (RegLayout::Row(r), RegLayout::Mma(l)) if l.row() == r => RegLayout::Row(r),
+        Op::Shape(ShapeOp::Broadcast { .. }) => match res(0) {
+            RegLayout::Mma(l) => RegLayout::Row(l.row()),
             _ => RegLayout::Blocked,
         },
         Op::Shape(ShapeOp::Permute { .. }) => match res(0) {
@@ -194,6 +199,7 @@ fn infer(
     plan: &MmaPlan,
     a: &Assignment,
     dot_layouts: &[MmaLayout],
+    users: &FxHashMap<Value, Vec<Inst>>,
     inst: Inst,
 ) -> Vec<(Value, RegLayout)> {
     let d = &f.insts[inst];
@@ -244,6 +250,19 @@ fn infer(
             RegLayout::Row(rl) if out.len() == 2 && shape(d.args[0]) == [rl.m, 1] => {
                 let l = dot_layouts.iter().find(|l| l.m == out[0] && l.n == out[1] && l.row() == rl);
                 one(l.map_or(RegLayout::Blocked, |l| RegLayout::Mma(*l)))
+            }
+            _ if out.len() == 2 && shape(d.args[0]) == [out[0], 1] => {
+                // An elementwise user that combines it with a tile in an
+                // accumulator layout of its shape.
+                let partner = users.get(&d.results[0]).into_iter().flatten().find_map(|&u| {
+                    let ud = &f.insts[u];
+                    is_elementwise(&ud.op).then_some(())?;
+                    ud.args.iter().find_map(|&x| match a.lay(x) {
+                        RegLayout::Mma(l) if [l.m, l.n] == [out[0], out[1]] => Some(l),
+                        _ => None,
+                    })
+                });
+                one(partner.map_or(RegLayout::Blocked, RegLayout::Mma))
             }
             _ => one(RegLayout::Blocked),
         },
