@@ -266,8 +266,8 @@ impl KernelPlan {
     /// plan where this fails is not lowered: the `dot`s are widened to f16
     /// and `f` is planned again.
     pub(crate) fn fp8_native(&self, f: &Function) -> bool {
-        let f8_ring_copied = |ld: &pipeline::PipeLoad| ld.elem_bytes == 2 || ld.tma.is_some();
-        let rings = self.pipe.loops.values().all(|pl| pl.loads.iter().all(f8_ring_copied));
+        let copied_if_fp8 = |ld: &pipeline::PipeLoad| ld.elem_bytes == 2 || ld.tma.is_some();
+        let rings = self.pipe.loops.values().all(|pl| pl.loads.iter().all(copied_if_fp8));
         rings
             && self.dots.iter().all(|(&d, l)| {
                 !f.ty(f.insts[d].args[0]).dtype().is_f8()
