@@ -76,9 +76,9 @@ pub enum BlockSums {
 /// the codes' values; and per element the bound of the kernel's arithmetic
 /// against it: each block's sum of exact products (at most 128 terms,
 /// summed as `sums` says) and its scaling in f32, the sum over blocks, then
-/// the rounding to an output with unit roundoff `u_out`. With `whole_k`
-/// (the per-tensor form, every block's scales the same) the products of the
-/// whole K are summed into one accumulator instead, and scaled once.
+/// the rounding to an output with unit roundoff `u_out`. With `per_tensor`
+/// `sa` and `sb` hold one scale each (every block's), and the products of
+/// the whole K are summed into one accumulator instead, and scaled once.
 #[allow(clippy::too_many_arguments)]
 pub fn scaled_matmul(
     a: &[f64],
@@ -87,7 +87,7 @@ pub fn scaled_matmul(
     sb: &[f32],
     (m, n, k): (usize, usize, usize),
     sums: BlockSums,
-    whole_k: bool,
+    per_tensor: bool,
     u_out: f64,
 ) -> (Vec<f64>, Vec<f64>) {
     const B: usize = crate::fp8::SCALE_BLOCK;
@@ -96,7 +96,7 @@ pub fn scaled_matmul(
     // Products summed into one accumulator, and the tensor cores' error
     // over them relative to their sum of magnitudes (see
     // `BlockSums::Fp8Wgmma`): 33 terms per 32-wide k step.
-    let run = if whole_k { k } else { B };
+    let run = if per_tensor { k } else { B };
     let block_err = match sums {
         BlockSums::F32 => 0.0,
         BlockSums::Fp8Wgmma => (run.div_ceil(32) * 33) as f64 * 2f64.powi(-12),
@@ -106,7 +106,8 @@ pub fn scaled_matmul(
         for j in 0..n {
             let (mut sum, mut mag) = (0f64, 0f64);
             for t in 0..kb {
-                let s = f64::from(sa[i * kb + t]) * f64::from(sb[j / B * kb + t]);
+                let (ia, ib) = if per_tensor { (0, 0) } else { (i * kb + t, j / B * kb + t) };
+                let s = f64::from(sa[ia]) * f64::from(sb[ib]);
                 let (mut p, mut pm) = (0f64, 0f64);
                 for kk in t * B..((t + 1) * B).min(k) {
                     p += a[i * k + kk] * b[j * k + kk];
