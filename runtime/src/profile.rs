@@ -406,6 +406,9 @@ fn median_stages(mut v: Vec<StageTimes>) -> Option<StageTimes> {
     for j in 0..t.layer.len() {
         t.layer[j] = med(&|s| s.layer[j]);
         t.handover[j] = med(&|s| s.handover[j]);
+        for k in 0..t.last_task[j].len() {
+            t.last_task[j][k] = med(&|s| s.last_task[j][k]);
+        }
     }
     v.clear();
     Some(t)
@@ -563,16 +566,20 @@ pub fn table(r: &Report) -> String {
                 "persistent step on {} programs: {:.1} us from the first start to the last exit\n",
                 t.programs, t.total
             ));
-            let mut line = |what: &str, us: f64, handover: Option<f64>| {
+            let mut line = |what: &str, us: f64, detail: String| {
                 let share = 100.0 * us / t.total.max(1e-9);
-                let h = handover.map(|h| format!("  (hand-over {h:.1} us)")).unwrap_or_default();
-                s.push_str(&format!("  {what:<28} {us:>9.1} us {share:>5.1}%{h}\n"))
+                s.push_str(&format!("  {what:<28} {us:>9.1} us {share:>5.1}%{detail}\n"))
             };
-            line("embedding", t.embedding, None);
-            for ((name, us), h) in LAYER_STAGES.iter().zip(t.layer).zip(t.handover) {
-                line(name, us, Some(h));
+            line("embedding", t.embedding, String::new());
+            for (j, name) in LAYER_STAGES.iter().enumerate() {
+                let [w, pro, prod, rest] = t.last_task[j];
+                let detail = format!(
+                    "  (hand-over {:.1} us; last task: wait {w:.1}, prologue {pro:.1}, products {prod:.1}, rest {rest:.1})",
+                    t.handover[j]
+                );
+                line(name, t.layer[j], detail);
             }
-            line("lm head", t.lm_head, None);
+            line("lm head", t.lm_head, String::new());
         }
         for x in &sec.rows {
             let of = if x.class == "compute" { x.of_matmul } else { x.of_copy };

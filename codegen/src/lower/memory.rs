@@ -25,7 +25,9 @@
 //! earlier stores happen before it, and the release makes them visible with
 //! it: CUTLASS's semaphore pattern); one with acquire semantics is followed
 //! by one (the broadcast of a replicated result already has it), so the
-//! program's later loads see what it acquired. This is what a cross-program
+//! program's later loads see what it acquired. A result is broadcast only
+//! when something reads it: otherwise the owners do not wait for their
+//! `atom`s to return (the persistent decode step's releases). This is what a cross-program
 //! handshake needs (store a tile, `atomic_xchg` a flag; spin on the flag,
 //! load the tile: `dequant::gemm`'s stream-K fix-up).
 
@@ -421,8 +423,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     };
                     out.push(r);
                 }
-                let out = self.owners_to_replicas(&l, Elem::Scalar(d), out)?;
-                self.order_after_atomic(sem, &l)?;
+                let out = self.atomic_result(inst, &l, d, out)?;
+                self.order_after_atomic(sem, &l, self.read(inst)?)?;
                 self.set(self.result(inst, 0)?, out);
             }
             // `compile` expands every `load_block` into a masked `load` first
@@ -454,12 +456,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     };
                     out.push(r);
                 }
-                let out = self.owners_to_replicas(&l, Elem::Scalar(d), out)?;
-                self.order_after_atomic(sem, &l)?;
+                let out = self.atomic_result(inst, &l, d, out)?;
+                self.order_after_atomic(sem, &l, self.read(inst)?)?;
                 self.set(self.result(inst, 0)?, out);
             }
         }
         Ok(())
+    }
+
+    /// Whether anything reads the result of the atomic `inst`.
+    fn read(&self, inst: Inst) -> Result<bool> {
+        let r = self.result(inst, 0)?;
+        let mut read = false;
+        self.f.walk(|i| read |= self.f.insts[i].args.contains(&r));
+        Ok(read)
+    }
+
+    /// The result of an atomic in layout `l` from the owners' values: given
+    /// to the replicas through shared memory ([`Self::owners_to_replicas`])
+    /// when something reads it. A result nothing reads is left as it is, so
+    /// the owners go on without waiting for their `atom`s to return (a
+    /// release's counter update is then a fire-and-forget reduction).
+    fn atomic_result(
+        &mut self,
+        inst: Inst,
+        l: &BlockedLayout,
+        d: DType,
+        out: Regs<'ctx>,
+    ) -> Result<Regs<'ctx>> {
+        if self.read(inst)? { self.owners_to_replicas(l, Elem::Scalar(d), out) } else { Ok(out) }
     }
 
     /// The CTA barrier before an atomic with release semantics (see the
@@ -472,9 +497,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// The CTA barrier after an atomic with acquire semantics, unless the
-    /// broadcast of its replicated result (`owners_to_replicas`) had one.
-    fn order_after_atomic(&self, sem: MemSem, l: &BlockedLayout) -> Result<()> {
-        if matches!(sem, MemSem::Acquire | MemSem::AcqRel) && !l.replicated() {
+    /// broadcast of its replicated result (`owners_to_replicas`, when the
+    /// result is `read`) had one.
+    fn order_after_atomic(&self, sem: MemSem, l: &BlockedLayout, read: bool) -> Result<()> {
+        if matches!(sem, MemSem::Acquire | MemSem::AcqRel) && !(l.replicated() && read) {
             self.barrier()?;
         }
         Ok(())

@@ -29,8 +29,13 @@
 //! never wait for each other, so with every program resident the step cannot
 //! deadlock. While a program waits, the weights it will multiply next are
 //! already in flight: each task loads its weight tile before its wait (the
-//! weights are never written), and at the start of each layer every program
-//! asks L2 for its share of the next layer's weights (`prefetch_l2`).
+//! weights are never written), and every program asks L2 for its share of
+//! the next layer's weights (`prefetch_l2`) in two parts: its QKV and O
+//! matrices after this layer's attention stage (at one row most programs
+//! have no attention task and would only wait there), its gate/up and down
+//! matrices after the gate/up stage. Issued at the top of the layer, the
+//! prefetches delayed the QKV tasks' waits; issued all at once after the
+//! attention, their traffic slowed the gate/up tasks.
 //!
 //! A one-row step's products in the word-tiled formats take one task per
 //! output tile over all of K, its K tiles stacked in one `dot`
@@ -87,10 +92,14 @@
 //!   entry 0 when it leaves the embedding, `1 + 5 l + j` when it leaves
 //!   stage `j` of layer `l` (QKV, attention with RoPE, O, gate/up, down),
 //!   `5 L + 1` when it leaves the LM head, `5 L + 2` when it starts. The latest
-//!   reading of an entry over the programs is when that stage ended. Entry
-//!   `S + i` (`S` = [`stage_counters`]) is when the program's (last) task
-//!   of the stage ending at entry `i` left its wait: how long after the
-//!   previous stage's end each program saw it.
+//!   reading of an entry over the programs is when that stage ended. With
+//!   `S` = [`stage_counters`], entries `S + i`, `2 S + i` and `3 S + i`
+//!   are the times at which the program's (last) task of the stage ending
+//!   at entry `i` left its wait, finished its prologue (a product's norm
+//!   statistic; an attention task's RoPE) and finished its products (a
+//!   product's sums, an attention task's key loop and store): the phases
+//!   of a task, and how long after the previous stage's end each program
+//!   saw it.
 
 mod tasks;
 
@@ -127,11 +136,14 @@ pub const fn stage_counters(n_layers: usize) -> usize {
 }
 
 /// The trace entries per program of a model of `n_layers` layers (see
-/// [`decode_step`]'s `TRACE`): a stage-end and a wait-exit reading per
-/// stage counter.
+/// [`decode_step`]'s `TRACE`): per stage counter, the stage-end reading
+/// and a task's wait-exit, prologue and products readings.
 pub const fn trace_width(n_layers: usize) -> usize {
-    2 * stage_counters(n_layers)
+    TRACE_PHASES * stage_counters(n_layers)
 }
+
+/// Readings per stage counter in a trace row (see [`trace_width`]).
+pub const TRACE_PHASES: usize = 4;
 
 /// The most rows one persistent step takes (one M tile of the products).
 pub const MAX_ROWS: usize = 16;
@@ -231,9 +243,9 @@ pub fn decode_step<T: Float>(
     // or kernels before it.
     gdc_wait();
     // Stage-end entries per program of the trace (`stage_counters`); a
-    // row holds as many wait-exit entries after them (`trace_width`).
+    // row holds as many entries of each task phase after them (`trace_width`).
     let n_marks = STAGES_PER_LAYER * N_LAYERS + 3;
-    let width = 2 * n_marks;
+    let width = TRACE_PHASES * n_marks;
     mark(trace_ptr, full([], (n_marks - 1) as i32, i32), width, TRACE);
     let e = N_EMBD as i32;
     let qkv_rows = ((N_HEAD + 2 * N_KV) * HEAD_DIM) as i32;
@@ -319,15 +331,13 @@ pub fn decode_step<T: Float>(
     let n_gu_tasks = if st_gu > 0 { t_gu } else { t_gu * kt_e };
     let n_dn_tasks = if st_dn > 0 { t_dn } else { t_dn * kt_ff };
     let per_layer = n_qkv_tasks + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
+    // This program's share of the first layer's weights, asked of L2 now;
+    // each later layer's a layer ahead, in two parts (see the module doc).
+    prefetch_layer(
+        qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss, dn_qs,
+        dn_ss, zero, 0,
+    );
     for l in range(0, N_LAYERS as i32) {
-        // This program's share of the next layer's weights (at layer 0,
-        // of layers 0 and 1), asked of L2 a layer ahead.
-        for p in range(where_(l == 0, 0, l + 1), minimum(l + 2, N_LAYERS as i32)) {
-            prefetch_layer(
-                qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss,
-                dn_qs, dn_ss, p,
-            );
-        }
         let s0 = l * STAGES_PER_LAYER as i32 + 1;
         let kv = l * kv_stride;
         let off_qkv = m + l * per_layer;
@@ -429,6 +439,7 @@ pub fn decode_step<T: Float>(
                 );
                 barrier();
             }
+            mark(trace_ptr, s0 + 1 + 2 * n_marks as i32, width, TRACE);
             decode_tc_body(
                 q_ptr,
                 k_cache + kv,
@@ -456,9 +467,18 @@ pub fn decode_step<T: Float>(
                 ATT_ROWS,
                 true,
             );
+            mark(trace_ptr, s0 + 1 + 3 * n_marks as i32, width, TRACE);
             atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
         }
         mark(trace_ptr, s0 + 1, width, TRACE);
+        // This program's share of the next layer's QKV and O weights, asked
+        // of L2 while the attention tasks (few at small batches) run.
+        for p in range(l + 1, minimum(l + 2, N_LAYERS as i32)) {
+            prefetch_layer(
+                qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss,
+                dn_qs, dn_ss, p, 1,
+            );
+        }
         stage_linear(
             attn_ptr,
             o_q + l * o_qs,
@@ -535,6 +555,13 @@ pub fn decode_step<T: Float>(
             TRACE,
         );
         mark(trace_ptr, s0 + 3, width, TRACE);
+        // And of its gate/up and down weights.
+        for p in range(l + 1, minimum(l + 2, N_LAYERS as i32)) {
+            prefetch_layer(
+                qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss,
+                dn_qs, dn_ss, p, 2,
+            );
+        }
         stage_linear(
             act_ptr,
             dn_q + l * dn_qs,

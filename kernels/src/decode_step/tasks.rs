@@ -3,7 +3,7 @@
 //! count of a stage, the L2 prefetches of the next layer's weights and of
 //! a sequence's cached keys and values, and the trace marks.
 
-use super::MAX_ROWS;
+use super::{MAX_ROWS, TRACE_PHASES};
 use crate::dequant::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_tile, residual_sum, tile_load};
 use crate::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_sums};
 use crate::dequant::{Fuse, QuantFormat};
@@ -113,8 +113,9 @@ impl StageShape for QuantFormat {
 /// instead of a store: Q to `out`, K and V to the caches at the slot of
 /// `slot_ptr`, rotated for the position at `pos_ptr` (both read before the
 /// wait; with `rope` off these and the caches are not read). With `trace`,
-/// each task writes its wait-exit reading (entry `n_marks + done_idx` of
-/// rows of `2 n_marks`, see [`super::decode_step`]'s `TRACE`).
+/// each task writes its wait-exit, prologue and products readings (entries
+/// `done_idx` plus 1, 2 and 3 times `n_marks` in rows of
+/// `TRACE_PHASES * n_marks`, see [`super::decode_step`]'s `TRACE`).
 ///
 /// The stage's matrices are in format `fmt` (with its tile height and
 /// stack), or in `fmt2` in layers where `alt` is not zero (a runtime value:
@@ -201,7 +202,8 @@ pub fn stage_linear(
                 let (pos, slot) =
                     if rope.on() { (load(pos_ptr).to(f32), load(slot_ptr)) } else { (eps, zero) };
                 wait_until(stage_ptr + wait_idx, "ge", wait_target);
-                mark(trace_ptr, done_idx + n_marks as i32, 2 * n_marks, trace);
+                let width = TRACE_PHASES * n_marks;
+                mark(trace_ptr, done_idx + n_marks as i32, width, trace);
                 let rs = if !fuse.norm() {
                     eps
                 } else if one_row {
@@ -217,6 +219,7 @@ pub fn stage_linear(
                 let res_on = t * block_n as i32 + arange(0, block_n as i32);
                 let early = stack > 0 && fuse.residual() && !rope.on();
                 let res = if early { load(out_ptr + res_on, mask = res_on < n, other = 0.0) } else { eps };
+                mark(trace_ptr, done_idx + 2 * n_marks as i32, width, trace);
                 let fin = if stack > 0 {
                     let (sums, odd) = stacked_sums(
                         x_ptr,
@@ -238,6 +241,7 @@ pub fn stage_linear(
                         tiles,
                         rope.on(),
                     );
+                    mark(trace_ptr, done_idx + 3 * n_marks as i32, width, trace);
                     if rope.on() {
                         // `sums` holds the even rows.
                         let r = t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2;
@@ -277,11 +281,13 @@ pub fn stage_linear(
                     }
                     full([], 1, i1)
                 } else {
-                    linear_tile(
+                    let fin = linear_tile(
                         x_ptr, q_ptr, s_ptr, nw_ptr, out_ptr, ws_ptr, cnt_ptr, m, n, n, k, rs, wd, sr,
                         wd_tail, sr_tail, zero, pid_n, pid_k, tiles_n, tiles_k, quant, fuse, split_k,
                         f16_ops, dt, MAX_ROWS, block_n, 1,
-                    )
+                    );
+                    mark(trace_ptr, done_idx + 3 * n_marks as i32, width, trace);
+                    fin
                 };
                 if fin {
                     atomic_add(stage_ptr + done_idx, 1, sem = "release");
@@ -345,7 +351,8 @@ pub fn prefetch_kv(
     }
 }
 
-/// This program's share of layer `l`'s projection weights, asked of L2.
+/// This program's share of layer `l`'s projection weights, asked of L2:
+/// all four kinds (`part` 0), QKV and O (1), or gate/up and down (2).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn prefetch_layer(
@@ -366,13 +373,18 @@ pub fn prefetch_layer(
     dn_qs: Tensor,
     dn_ss: Tensor,
     l: Tensor,
+    part: usize,
 ) {
-    prefetch_share(qkv_q + l * qkv_qs, qkv_qs);
-    prefetch_share(ptrcast(qkv_s + l * qkv_ss, u8), qkv_ss * 2);
-    prefetch_share(o_q + l * o_qs, o_qs);
-    prefetch_share(ptrcast(o_s + l * o_ss, u8), o_ss * 2);
-    prefetch_share(gu_q + l * gu_qs, gu_qs);
-    prefetch_share(ptrcast(gu_s + l * gu_ss, u8), gu_ss * 2);
-    prefetch_share(dn_q + l * dn_qs, dn_qs);
-    prefetch_share(ptrcast(dn_s + l * dn_ss, u8), dn_ss * 2);
+    if part != 2 {
+        prefetch_share(qkv_q + l * qkv_qs, qkv_qs);
+        prefetch_share(ptrcast(qkv_s + l * qkv_ss, u8), qkv_ss * 2);
+        prefetch_share(o_q + l * o_qs, o_qs);
+        prefetch_share(ptrcast(o_s + l * o_ss, u8), o_ss * 2);
+    }
+    if part != 1 {
+        prefetch_share(gu_q + l * gu_qs, gu_qs);
+        prefetch_share(ptrcast(gu_s + l * gu_ss, u8), gu_ss * 2);
+        prefetch_share(dn_q + l * dn_qs, dn_qs);
+        prefetch_share(ptrcast(dn_s + l * dn_ss, u8), dn_ss * 2);
+    }
 }

@@ -24,7 +24,7 @@ use crate::model::ActElem;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_step::{
-    MAX_ROWS, STAGES_PER_LAYER, STRIDE_ALIGN, decode_step, stage_counters, trace_width,
+    MAX_ROWS, STAGES_PER_LAYER, STRIDE_ALIGN, TRACE_PHASES, decode_step, stage_counters, trace_width,
 };
 use kernels::dequant::QuantFormat;
 use std::marker::PhantomData;
@@ -97,6 +97,13 @@ pub struct StageTimes {
     /// until the last of the stage's tasks left its wait (so the rest is
     /// the longest task's own time), summed over the layers.
     pub handover: [f64; STAGES_PER_LAYER],
+    /// Of [`StageTimes::layer`], the task that ended the stage (the program
+    /// with the latest end) in its phases, summed over the layers: from the
+    /// stage before's end to its wait exit, its prologue (a product's norm
+    /// statistic, an attention task's RoPE), its products (an attention
+    /// task's key loop and store) and the rest (a product's epilogue; the
+    /// release).
+    pub last_task: [[f64; TRACE_PHASES]; STAGES_PER_LAYER],
     /// The LM head.
     pub lm_head: f64,
     /// From the first program's start to the last program's exit.
@@ -129,6 +136,16 @@ impl StageTimes {
                 let e = end(i);
                 t.layer[j] += us(prev, e);
                 t.handover[j] += us(prev, left_wait(i, prev).clamp(prev, e));
+                // The last program's phase readings, each clamped to lie
+                // between the one before and the stage's end.
+                if let Some(r) = rows.iter().max_by_key(|r| r[i]) {
+                    let mut at = prev;
+                    for (k, v) in t.last_task[j].iter_mut().enumerate() {
+                        let next = if k + 1 < TRACE_PHASES { r[(k + 1) * n + i].clamp(at, e) } else { e };
+                        *v += us(at, next);
+                        at = next;
+                    }
+                }
                 prev = e;
             }
         }
@@ -449,7 +466,8 @@ mod tests {
 
     /// Stage times are the latest end of each stage over the programs,
     /// measured from the previous stage's latest end; a stage's hand-over
-    /// runs from there to the latest wait exit of its tasks.
+    /// runs from there to the latest wait exit of its tasks; the stage's
+    /// last task splits its time into phases.
     #[test]
     fn stage_times_take_the_latest_program() {
         let (n, width) = (stage_counters(2), trace_width(2));
@@ -478,6 +496,15 @@ mod tests {
         }
         let down1 = 1 + STAGES_PER_LAYER + 4;
         trace[width + n + down1] = 400;
+        // Every task's prologue ends 50 after its wait exit, its products
+        // 100 later.
+        for p in 0..2 {
+            for i in 1..n - 1 {
+                let w = trace[p * width + n + i];
+                trace[p * width + 2 * n + i] = w + 50;
+                trace[p * width + 3 * n + i] = w + 150;
+            }
+        }
         let t = StageTimes::of(&trace, 2, 2);
         assert_eq!(t.programs, 2);
         assert!((t.embedding - 1.8).abs() < 1e-9, "{t:?}");
@@ -489,6 +516,20 @@ mod tests {
         assert!((sum - t.total).abs() < 1e-9, "{t:?}");
         assert!(t.handover[..4].iter().all(|&x| (x - 0.6).abs() < 1e-9), "{t:?}");
         assert!((t.handover[4] - 0.4).abs() < 1e-9, "{t:?}");
+        // The last task of each stage is program 1's, except layer 0's QKV
+        // (program 0's); program 1's readings in layer 1's down stage are
+        // from before the launch and count as nothing.
+        let want = [
+            [0.4, 0.1, 0.2, 1.8],
+            [0.6, 0.1, 0.2, 0.6],
+            [0.6, 0.1, 0.2, 1.1],
+            [0.6, 0.1, 0.2, 1.1],
+            [0.3, 0.05, 0.1, 1.55],
+        ];
+        for (j, w) in want.iter().enumerate() {
+            assert!(t.last_task[j].iter().zip(w).all(|(a, b)| (a - b).abs() < 1e-9), "{j}: {t:?}");
+            assert!((t.last_task[j].iter().sum::<f64>() - t.layer[j]).abs() < 1e-9, "{j}: {t:?}");
+        }
     }
 
     /// The persistent step of SmolLM2's shape compiles for Hopper with the
