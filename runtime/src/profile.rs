@@ -410,6 +410,9 @@ fn median_stages(mut v: Vec<StageTimes>) -> Option<StageTimes> {
             t.last_task[j][k] = med(&|s| s.last_task[j][k]);
         }
     }
+    for k in 0..t.lm_head_task.len() {
+        t.lm_head_task[k] = med(&|s| s.lm_head_task[k]);
+    }
     v.clear();
     Some(t)
 }
@@ -571,15 +574,15 @@ pub fn table(r: &Report) -> String {
                 s.push_str(&format!("  {what:<28} {us:>9.1} us {share:>5.1}%{detail}\n"))
             };
             line("embedding", t.embedding, String::new());
+            let phases = |[w, pro, prod, rest]: [f64; 4]| {
+                format!("wait {w:.1}, prologue {pro:.1}, products {prod:.1}, rest {rest:.1}")
+            };
             for (j, name) in LAYER_STAGES.iter().enumerate() {
-                let [w, pro, prod, rest] = t.last_task[j];
-                let detail = format!(
-                    "  (hand-over {:.1} us; last task: wait {w:.1}, prologue {pro:.1}, products {prod:.1}, rest {rest:.1})",
-                    t.handover[j]
-                );
+                let detail =
+                    format!("  (hand-over {:.1} us; last task: {})", t.handover[j], phases(t.last_task[j]));
                 line(name, t.layer[j], detail);
             }
-            line("lm head", t.lm_head, String::new());
+            line("lm head", t.lm_head, format!("  (last program: {})", phases(t.lm_head_task)));
         }
         for x in &sec.rows {
             let of = if x.class == "compute" { x.of_matmul } else { x.of_copy };

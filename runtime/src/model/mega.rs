@@ -106,6 +106,11 @@ pub struct StageTimes {
     pub last_task: [[f64; TRACE_PHASES]; STAGES_PER_LAYER],
     /// The LM head.
     pub lm_head: f64,
+    /// Of [`StageTimes::lm_head`], its last program's last task in the
+    /// phases of [`StageTimes::last_task`] (a program takes several head
+    /// tasks: the wait runs to its last task's wait exit, so it holds the
+    /// program's earlier tasks).
+    pub lm_head_task: [f64; TRACE_PHASES],
     /// From the first program's start to the last program's exit.
     pub total: f64,
 }
@@ -128,6 +133,21 @@ impl StageTimes {
             rows.iter().map(|r| r[n + j]).filter(|&x| x >= start).max().unwrap_or(after)
         };
         let us = |a: i64, b: i64| (b - a) as f64 / 1e3;
+        // The phases of the task that ended stage `i` (the program with the
+        // latest end), from `prev` to the stage's end `e`: its readings,
+        // each clamped to lie between the one before and `e`.
+        let phases = |i: usize, prev: i64, e: i64| {
+            let mut out = [0.0; TRACE_PHASES];
+            if let Some(r) = rows.iter().max_by_key(|r| r[i]) {
+                let mut at = prev;
+                for (k, v) in out.iter_mut().enumerate() {
+                    let next = if k + 1 < TRACE_PHASES { r[(k + 1) * n + i].clamp(at, e) } else { e };
+                    *v = us(at, next);
+                    at = next;
+                }
+            }
+            out
+        };
         let mut t = StageTimes { programs, embedding: us(start, end(0)), ..StageTimes::default() };
         let mut prev = end(0);
         for l in 0..n_layers {
@@ -136,19 +156,13 @@ impl StageTimes {
                 let e = end(i);
                 t.layer[j] += us(prev, e);
                 t.handover[j] += us(prev, left_wait(i, prev).clamp(prev, e));
-                // The last program's phase readings, each clamped to lie
-                // between the one before and the stage's end.
-                if let Some(r) = rows.iter().max_by_key(|r| r[i]) {
-                    let mut at = prev;
-                    for (k, v) in t.last_task[j].iter_mut().enumerate() {
-                        let next = if k + 1 < TRACE_PHASES { r[(k + 1) * n + i].clamp(at, e) } else { e };
-                        *v += us(at, next);
-                        at = next;
-                    }
+                for (v, x) in t.last_task[j].iter_mut().zip(phases(i, prev, e)) {
+                    *v += x;
                 }
                 prev = e;
             }
         }
+        t.lm_head_task = phases(n - 2, prev, end(n - 2));
         t.lm_head = us(prev, end(n - 2));
         t.total = us(start, end(n - 2));
         t
@@ -526,6 +540,11 @@ mod tests {
             [0.6, 0.1, 0.2, 1.1],
             [0.3, 0.05, 0.1, 1.55],
         ];
+        // The head: program 1 ends it, its task as every other stage's.
+        assert!(
+            t.lm_head_task.iter().zip([0.3, 0.05, 0.1, 0.55]).all(|(a, b)| (a - b).abs() < 1e-9),
+            "{t:?}"
+        );
         for (j, w) in want.iter().enumerate() {
             assert!(t.last_task[j].iter().zip(w).all(|(a, b)| (a - b).abs() < 1e-9), "{j}: {t:?}");
             assert!((t.last_task[j].iter().sum::<f64>() - t.layer[j]).abs() < 1e-9, "{j}: {t:?}");
