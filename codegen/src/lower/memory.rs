@@ -423,8 +423,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     };
                     out.push(r);
                 }
-                let out = self.atomic_result(inst, &l, d, out)?;
-                self.order_after_atomic(sem, &l, self.read(inst)?)?;
+                let read = self.read(inst)?;
+                let out = if read { self.owners_to_replicas(&l, Elem::Scalar(d), out)? } else { out };
+                self.order_after_atomic(sem, &l, read)?;
                 self.set(self.result(inst, 0)?, out);
             }
             // `compile` expands every `load_block` into a masked `load` first
@@ -456,35 +457,25 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     };
                     out.push(r);
                 }
-                let out = self.atomic_result(inst, &l, d, out)?;
-                self.order_after_atomic(sem, &l, self.read(inst)?)?;
+                let read = self.read(inst)?;
+                let out = if read { self.owners_to_replicas(&l, Elem::Scalar(d), out)? } else { out };
+                self.order_after_atomic(sem, &l, read)?;
                 self.set(self.result(inst, 0)?, out);
             }
         }
         Ok(())
     }
 
-    /// Whether anything reads the result of the atomic `inst`.
+    /// Whether anything reads the result of the atomic `inst`: only then is
+    /// it given to the replicas ([`Self::owners_to_replicas`]); a result
+    /// nothing reads is left as it is, so the owners go on without waiting
+    /// for their `atom`s to return (a release's counter update is then a
+    /// fire-and-forget reduction).
     fn read(&self, inst: Inst) -> Result<bool> {
         let r = self.result(inst, 0)?;
         let mut read = false;
         self.f.walk(|i| read |= self.f.insts[i].args.contains(&r));
         Ok(read)
-    }
-
-    /// The result of an atomic in layout `l` from the owners' values: given
-    /// to the replicas through shared memory ([`Self::owners_to_replicas`])
-    /// when something reads it. A result nothing reads is left as it is, so
-    /// the owners go on without waiting for their `atom`s to return (a
-    /// release's counter update is then a fire-and-forget reduction).
-    fn atomic_result(
-        &mut self,
-        inst: Inst,
-        l: &BlockedLayout,
-        d: DType,
-        out: Regs<'ctx>,
-    ) -> Result<Regs<'ctx>> {
-        if self.read(inst)? { self.owners_to_replicas(l, Elem::Scalar(d), out) } else { Ok(out) }
     }
 
     /// The CTA barrier before an atomic with release semantics (see the

@@ -335,10 +335,11 @@ pub fn decode_step<T: Float>(
     // each later layer's a layer ahead, in two parts (see the module doc).
     prefetch_layer(
         qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss, dn_qs,
-        dn_ss, zero, 0,
+        dn_ss, zero, N_LAYERS, 0,
     );
     for l in range(0, N_LAYERS as i32) {
         let s0 = l * STAGES_PER_LAYER as i32 + 1;
+        let next = l + 1;
         let kv = l * kv_stride;
         let off_qkv = m + l * per_layer;
         let off_att = off_qkv + n_qkv_tasks;
@@ -473,12 +474,10 @@ pub fn decode_step<T: Float>(
         mark(trace_ptr, s0 + 1, width, TRACE);
         // This program's share of the next layer's QKV and O weights, asked
         // of L2 while the attention tasks (few at small batches) run.
-        for p in range(l + 1, minimum(l + 2, N_LAYERS as i32)) {
-            prefetch_layer(
-                qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss,
-                dn_qs, dn_ss, p, 1,
-            );
-        }
+        prefetch_layer(
+            qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss, dn_qs,
+            dn_ss, next, N_LAYERS, 1,
+        );
         stage_linear(
             attn_ptr,
             o_q + l * o_qs,
@@ -556,12 +555,10 @@ pub fn decode_step<T: Float>(
         );
         mark(trace_ptr, s0 + 3, width, TRACE);
         // And of its gate/up and down weights.
-        for p in range(l + 1, minimum(l + 2, N_LAYERS as i32)) {
-            prefetch_layer(
-                qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss,
-                dn_qs, dn_ss, p, 2,
-            );
-        }
+        prefetch_layer(
+            qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss, dn_qs,
+            dn_ss, next, N_LAYERS, 2,
+        );
         stage_linear(
             act_ptr,
             dn_q + l * dn_qs,

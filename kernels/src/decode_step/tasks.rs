@@ -352,7 +352,8 @@ pub fn prefetch_kv(
 }
 
 /// This program's share of layer `l`'s projection weights, asked of L2:
-/// all four kinds (`part` 0), QKV and O (1), or gate/up and down (2).
+/// all four kinds (`part` 0), QKV and O (1), or gate/up and down (2);
+/// nothing when `l` is past the model's `n_layers`.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn prefetch_layer(
@@ -373,18 +374,22 @@ pub fn prefetch_layer(
     dn_qs: Tensor,
     dn_ss: Tensor,
     l: Tensor,
+    n_layers: usize,
     part: usize,
 ) {
-    if part != 2 {
-        prefetch_share(qkv_q + l * qkv_qs, qkv_qs);
-        prefetch_share(ptrcast(qkv_s + l * qkv_ss, u8), qkv_ss * 2);
-        prefetch_share(o_q + l * o_qs, o_qs);
-        prefetch_share(ptrcast(o_s + l * o_ss, u8), o_ss * 2);
-    }
-    if part != 1 {
-        prefetch_share(gu_q + l * gu_qs, gu_qs);
-        prefetch_share(ptrcast(gu_s + l * gu_ss, u8), gu_ss * 2);
-        prefetch_share(dn_q + l * dn_qs, dn_qs);
-        prefetch_share(ptrcast(dn_s + l * dn_ss, u8), dn_ss * 2);
+    // At most one trip: layer `l` if it exists.
+    for l in range(l, minimum(l + 1, n_layers as i32)) {
+        if part != 2 {
+            prefetch_share(qkv_q + l * qkv_qs, qkv_qs);
+            prefetch_share(ptrcast(qkv_s + l * qkv_ss, u8), qkv_ss * 2);
+            prefetch_share(o_q + l * o_qs, o_qs);
+            prefetch_share(ptrcast(o_s + l * o_ss, u8), o_ss * 2);
+        }
+        if part != 1 {
+            prefetch_share(gu_q + l * gu_qs, gu_qs);
+            prefetch_share(ptrcast(gu_s + l * gu_ss, u8), gu_ss * 2);
+            prefetch_share(dn_q + l * dn_qs, dn_qs);
+            prefetch_share(ptrcast(dn_s + l * dn_ss, u8), dn_ss * 2);
+        }
     }
 }
