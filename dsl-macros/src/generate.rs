@@ -146,7 +146,13 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
         .map(|p| p.name.to_string())
         .collect();
     crate::shapes::check(&item.block, &runtime, &mut errors);
-    let (body, _tail, body_errors) = lower_body(&lower_params, &item.block);
+    let (body, tail, body_errors) = lower_body(&lower_params, &item.block);
+    // A kernel returns nothing: a trailing expression (a call, or an `if`
+    // whose branches end in one) is a statement whose IR must be built.
+    let body = match tail {
+        Some(t) => quote!(#body let _ = #t;),
+        None => body,
+    };
     let body_ok = body_errors.is_empty();
     errors.extend(body_errors);
 

@@ -248,3 +248,29 @@ fn enum_constexprs_name_and_tune_specializations() {
     fill::interpret(&mut cpu, [1, 1, 1], &wide, &args).unwrap();
     assert!(cpu.read(out).iter().all(|&v| v == 2.0));
 }
+
+/// Ends in expressions with no semicolon: a build-time `if` whose branches
+/// end in a loop and a call, after a plain call. A kernel returns nothing,
+/// so each is a statement whose stores must reach the IR.
+#[dsl_macros::kernel]
+fn tail_stores(out_ptr: Ptr<f32>, #[constexpr] SPLIT: bool, #[constexpr] BLOCK: usize) {
+    let offs = arange(0, BLOCK);
+    if SPLIT {
+        for h in static_range(0, 2) {
+            store(out_ptr + BLOCK as i32 * h as i32 + offs, full([BLOCK], 1.0 + h as f32, f32));
+        }
+    } else {
+        store(out_ptr + offs, full([BLOCK], 3.0, f32))
+    }
+}
+
+#[test]
+fn a_kernel_body_ending_in_an_expression_runs_it() {
+    for (split, want) in [(true, [1.0, 1.0, 2.0, 2.0]), (false, [3.0, 3.0, 0.0, 0.0])] {
+        let mut cpu = dsl_core::interp::Cpu::new();
+        let out = cpu.zeros::<f32>(4);
+        let args = tail_stores::Args { out_ptr: out, _marker: std::marker::PhantomData };
+        tail_stores::interpret(&mut cpu, [1, 1, 1], &tail_stores::Config::new(split, 2), &args).unwrap();
+        assert_eq!(cpu.read(out), want, "SPLIT = {split}");
+    }
+}
