@@ -9,7 +9,9 @@ use dsl_core::interp::Cpu;
 use dsl_macros::kernel;
 use kernels::dequant::linear::LINEAR_BLOCK_K;
 use kernels::dequant::linear::linear_epilogue;
-use kernels::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_slot, stacked_sums};
+use kernels::dequant::stacked::{
+    StackedShape, packed_epilogue, packed_sums, stacked_load, stacked_rows, stacked_slot, stacked_sums,
+};
 use kernels::dequant::{Fuse, QuantFormat};
 use kernels::rmsnorm::rms_rstd;
 use std::marker::PhantomData;
@@ -17,10 +19,11 @@ use tests::reference::Rng;
 
 const EPS: f32 = 1e-5;
 
-/// One program per output tile of `BLOCK_N` rows: the stacked product of
-/// the row `x` with `STACK` K tiles per dot, as the persistent step runs
-/// it (weights of the first dot loaded first, the norm statistic of the
-/// whole row, scratch slot per program).
+/// One program per output tile of `BLOCK_N` rows (`PACK` blocks of them
+/// when packed): the stacked product of the row `x` with `STACK` K tiles
+/// (slots) per dot, as the persistent step runs it (weights of the first
+/// dot loaded first, the norm statistic of the whole row, scratch slot per
+/// program).
 #[kernel]
 #[allow(clippy::too_many_arguments)]
 fn stacked_probe<T: Float>(
@@ -40,26 +43,33 @@ fn stacked_probe<T: Float>(
     #[constexpr] F16: bool,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] STACK: usize,
+    #[constexpr] PACK: usize,
     #[constexpr] TILES: usize,
     #[constexpr] NORM_BLOCK: usize,
 ) {
     let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
     let pid = program_id(0);
     let rows = if SILU { n * 2 } else { n };
-    let wrow = stacked_rows(pid, rows, BLOCK_N, STACK);
-    let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, full([], 0, i32), k / 32, QUANT, BLOCK_N, STACK);
+    let wrow = stacked_rows(pid, rows, BLOCK_N, STACK, PACK, TILES);
+    let cycle = if PACK > 1 { TILES } else { 0 };
+    let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, full([], 0, i32), k / 32, QUANT, BLOCK_N, STACK, cycle);
     let rs = if NORM {
         let cols = arange(0, NORM_BLOCK);
         rms_rstd(load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32), k, eps, NORM_BLOCK)
     } else {
         eps
     };
-    let (sums, _) = stacked_sums(
-        x_ptr, q_ptr, s_ptr, nw_ptr, ws_ptr, k, rs, wrow, wd, sr, QUANT, fuse, F16, T, BLOCK_N, STACK, TILES,
-        false,
-    );
     let zero = full([], 0, i32);
-    linear_epilogue(reshape(sums, [1, BLOCK_N]), out_ptr, zero + 1, n, n, zero, pid, fuse, T, 1, BLOCK_N);
+    if PACK > 1 {
+        packed_sums(x_ptr, nw_ptr, ws_ptr, k, rs, wd, sr, BLOCK_N, STACK, PACK, TILES, QUANT, fuse, F16, T);
+        packed_epilogue(ws_ptr, out_ptr, n, pid, fuse, T, BLOCK_N, STACK, PACK, TILES);
+    } else {
+        let (sums, _) = stacked_sums(
+            x_ptr, q_ptr, s_ptr, nw_ptr, ws_ptr, k, rs, wrow, wd, sr, QUANT, fuse, F16, T, BLOCK_N, STACK,
+            TILES, false,
+        );
+        linear_epilogue(reshape(sums, [1, BLOCK_N]), out_ptr, zero + 1, n, n, zero, pid, fuse, T, 1, BLOCK_N);
+    };
 }
 
 /// Runs [`stacked_probe`] for the one row `x` (`k` values) against the
@@ -70,7 +80,7 @@ fn run_stacked<T: Act>(
     format: QuantFormat,
     fuse: LinearFuse,
     f16_ops: bool,
-    (stack, block_n): (usize, usize),
+    (stack, block_n, pack): (usize, usize, usize),
     x: &[T],
     nw: &[T],
     out0: &[T],
@@ -81,7 +91,7 @@ fn run_stacked<T: Act>(
     let silu = fuse == LinearFuse::Silu;
     let rows = if silu { 2 * n } else { n };
     let tiles = k.div_ceil(LINEAR_BLOCK_K);
-    let programs = rows.div_ceil(block_n);
+    let programs = rows.div_ceil(block_n * pack);
     let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(nw));
     let op = cpu.upload(out0);
     let wsp = cpu.zeros::<f32>(programs * stacked_slot(stack, block_n, k));
@@ -106,6 +116,7 @@ fn run_stacked<T: Act>(
         f16_ops,
         block_n,
         stack,
+        pack,
         tiles,
         k.next_power_of_two(),
     );
@@ -118,8 +129,10 @@ fn run_stacked<T: Act>(
 /// invariance) bit for bit: word-tiled formats, every fusion, f16 and f32
 /// operands, f32 and bf16 activations; K of one partial tile, of several
 /// with a partial one, and of more than one dot (17 K tiles, and 5 tiles in
-/// dots of 4), output rows past the matrix in the last tile. A product that
-/// took another K tile's block, or summed out of K order, differs.
+/// dots of 4); packed tiles of 2 to 8 blocks (5 tiles in 16 slots as the
+/// persistent step's gate/up, 3 tiles, one tile); output rows past the
+/// matrix in the last tile. A product that took another K tile's block or
+/// another block's rows, or summed out of K order, differs.
 #[test]
 fn stacked_rows_equal_linear() {
     stacked_cases::<f32>();
@@ -130,7 +143,9 @@ fn stacked_cases<T: Act>() {
     let n = 40;
     let formats = [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0];
     for (i, format) in formats.into_iter().enumerate() {
-        for (k, stack) in [(96, 1), (576, 8), (576, 4), (2080, 16)] {
+        let shapes =
+            [(96, 1, 1), (576, 8, 1), (576, 4, 1), (2080, 16, 1), (576, 16, 3), (320, 16, 5), (96, 8, 8)];
+        for (k, stack, pack) in shapes {
             for fuse in [LinearFuse::None, LinearFuse::Silu, LinearFuse::Norm, LinearFuse::Residual] {
                 let f16_ops = (i + k / 32) % 2 == 0 || fuse == LinearFuse::Norm;
                 let mut rng = Rng::new(0x5A + i as u64 + k as u64);
@@ -141,14 +156,15 @@ fn stacked_cases<T: Act>() {
                 let res = activations::<T>(&mut rng, n);
                 let want =
                     run::<T>(format, fuse, f16_ops, (16, 16, true), &x, &nw, &res, &w, (1, n, k)).unwrap();
-                for block_n in [4, 16] {
-                    let got =
-                        run_stacked::<T>(format, fuse, f16_ops, (stack, block_n), &x, &nw, &res, &w, (n, k));
+                let block_ns: &[usize] = if pack > 1 { &[4] } else { &[4, 16] };
+                for &block_n in block_ns {
+                    let tiling = (stack, block_n, pack);
+                    let got = run_stacked::<T>(format, fuse, f16_ops, tiling, &x, &nw, &res, &w, (n, k));
                     let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got),
                         bits(&want),
-                        "{:?} {format:?} {fuse:?} f16={f16_ops} k={k} stack={stack} block_n={block_n}",
+                        "{:?} {format:?} {fuse:?} f16={f16_ops} k={k} stack={stack} block_n={block_n} pack={pack}",
                         T::DTYPE
                     );
                 }
@@ -174,4 +190,13 @@ fn stacked_shapes_fit_the_grid_and_the_registers() {
     assert_eq!(q4.stacked_shape(false, 960, 576, 32), (0, 32));
     assert_eq!(QuantFormat::Q4_K.stacked_shape(true, 960, 576, 32), (0, 32));
     assert_eq!(QuantFormat::Q8_0.stacked_shape(true, 960, 576, 32), (8, 4));
+    // Packed where the one dot would be wider than 64 rows with most of
+    // them past K: gate/up in blocks of 4 rows, three per dot of 16 slots
+    // (256 tasks); the others as stacked.
+    assert_eq!(q4.stacked_tiling(true, 3072, 576, 32), (16, 4, 3));
+    assert_eq!(q4.stacked_tiling(true, 960, 576, 32), (8, 4, 1));
+    assert_eq!(q4.stacked_tiling(true, 576, 576, 32), (8, 4, 1));
+    assert_eq!(q4.stacked_tiling(true, 576, 1536, 32), (16, 4, 1));
+    assert_eq!(q4.stacked_tiling(true, 256, 64, 32), (1, 32, 1));
+    assert_eq!(q4.stacked_tiling(false, 3072, 576, 32), (0, 32, 1));
 }

@@ -40,7 +40,9 @@
 //! A one-row step's products in the word-tiled formats take one task per
 //! output tile over all of K, its K tiles stacked in one `dot`
 //! ([`crate::dequant::stacked`]; small tiles, so even the 576-row
-//! projections of a small model give a hundred tasks or more). The other
+//! projections of a small model give a hundred tasks or more); where that
+//! `dot` would be wide and mostly past K, packed with several output
+//! blocks (a small model's gate/up: three blocks of 4 rows per task). The other
 //! products are split along K (one 128-column K tile per task): each task
 //! stores its tile's product, and the task that completes an output tile
 //! sums them in K order ([`crate::dequant::linear::split_finish`]).
@@ -276,10 +278,10 @@ pub fn decode_step<T: Float>(
         (F_GU.stage_format(one, 2 * N_FF, N_EMBD, true), F_GU2.stage_format(one, 2 * N_FF, N_EMBD, true));
     let (f_dn, f_dn2) =
         (F_DN.stage_format(one, N_EMBD, N_FF, false), F_DN2.stage_format(one, N_EMBD, N_FF, false));
-    let (st_qkv, bn_qkv) = (f_qkv.stack(), f_qkv.block_n());
-    let (st_o, bn_o) = (f_o.stack(), f_o.block_n());
-    let (st_gu, bn_gu) = (f_gu.stack(), f_gu.block_n());
-    let (st_dn, bn_dn) = (f_dn.stack(), f_dn.block_n());
+    let (st_qkv, bn_qkv) = (f_qkv.stack(), f_qkv.task_rows());
+    let (st_o, bn_o) = (f_o.stack(), f_o.task_rows());
+    let (st_gu, bn_gu) = (f_gu.stack(), f_gu.task_rows());
+    let (st_dn, bn_dn) = (f_dn.stack(), f_dn.task_rows());
     // Layers whose matrix of a kind is in that kind's second format (bit j
     // of `alt_ptr[l]` for kind j: QKV, O, gate/up, down) run the stage's
     // tasks in it; the RoPE placement below must not depend on the format.
@@ -307,10 +309,10 @@ pub fn decode_step<T: Float>(
     let t_gu = count_tiles(n_ff * 2, bn_gu);
     let t_dn = count_tiles(n_e, bn_dn);
     let (t_qkv2, t_o2, t_gu2, t_dn2) = (
-        count_tiles(n_qkv, f_qkv2.block_n()),
-        count_tiles(n_e, f_o2.block_n()),
-        count_tiles(n_ff * 2, f_gu2.block_n()),
-        count_tiles(n_e, f_dn2.block_n()),
+        count_tiles(n_qkv, f_qkv2.task_rows()),
+        count_tiles(n_e, f_o2.task_rows()),
+        count_tiles(n_ff * 2, f_gu2.task_rows()),
+        count_tiles(n_e, f_dn2.task_rows()),
     );
     let zero = full([], 0, i32);
     let last = (STAGES_PER_LAYER * N_LAYERS + 2) as i32;

@@ -5,7 +5,9 @@
 
 use super::{MAX_ROWS, TRACE_PHASES};
 use crate::dequant::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_tile, residual_sum, tile_load};
-use crate::dequant::stacked::{StackedShape, stacked_load, stacked_rows, stacked_sums};
+use crate::dequant::stacked::{
+    StackedShape, packed_epilogue, packed_sums, stacked_load, stacked_rows, stacked_sums,
+};
 use crate::dequant::{Fuse, QuantFormat};
 use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
 use crate::rope::{RopeShape, rope_pairs};
@@ -65,6 +67,7 @@ pub struct StageFormat {
     quant: QuantFormat,
     block_n: usize,
     stack: usize,
+    pack: usize,
 }
 
 impl StageFormat {
@@ -78,9 +81,20 @@ impl StageFormat {
         self.block_n
     }
 
-    /// Stacked K tiles per `dot` (0: split along K).
+    /// Stacked K tiles (slots) per `dot` (0: split along K).
     pub const fn stack(self) -> usize {
         self.stack
+    }
+
+    /// Output blocks of `block_n` rows per task (more than one in a packed
+    /// stacked tile, see [`crate::dequant::stacked::StackedShape::stacked_tiling`]).
+    pub const fn pack(self) -> usize {
+        self.pack
+    }
+
+    /// Output rows per task: the count of a stage's tiles.
+    pub const fn task_rows(self) -> usize {
+        self.block_n * self.pack
     }
 }
 
@@ -97,8 +111,8 @@ pub trait StageShape {
 impl StageShape for QuantFormat {
     fn stage_format(self, one_row: bool, rows: usize, k: usize, tall: bool) -> StageFormat {
         let split = if tall || self == QuantFormat::Q8_0 { 64 } else { 32 };
-        let (stack, block_n) = self.stacked_shape(one_row, rows, k, split);
-        StageFormat { quant: self, block_n, stack }
+        let (stack, block_n, pack) = self.stacked_tiling(one_row, rows, k, split);
+        StageFormat { quant: self, block_n, stack, pack }
     }
 }
 
@@ -173,10 +187,11 @@ pub fn stage_linear(
             alt != 0
         };
         if mine {
-            let (quant, block_n, stack) = (f.quant(), f.block_n(), f.stack());
+            let (quant, block_n, stack, pack) = (f.quant(), f.block_n(), f.stack(), f.pack());
+            static_assert(pack == 1 || !rope.on(), "a RoPE epilogue takes unpacked tiles");
             let bk = LINEAR_BLOCK_K as i32;
             let rows = if fuse.silu() { n * 2 } else { n };
-            let tiles_n = count_tiles(rows, block_n);
+            let tiles_n = count_tiles(rows, block_n * pack);
             let split_k = split_k && stack == 0;
             let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
             let zero = full([], 0, i32);
@@ -189,8 +204,10 @@ pub fn stage_linear(
                 // The task's weights go out before its wait (the weights are never
                 // written by the step).
                 let (wrow, wd, sr, wd_tail, sr_tail) = if stack > 0 {
-                    let wrow = stacked_rows(t, rows, block_n, stack);
-                    let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack);
+                    let wrow = stacked_rows(t, rows, block_n, stack, pack, tiles);
+                    let cycle = if pack > 1 { tiles } else { 0 };
+                    let (wd, sr) =
+                        stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack, cycle);
                     (wrow, wd, sr, wd, sr)
                 } else {
                     let (wd, sr, wd_tail, sr_tail) =
@@ -217,10 +234,18 @@ pub fn stage_linear(
                 // A stacked tile's residual goes out now, so its latency
                 // hides behind the tile's products instead of following them.
                 let res_on = t * block_n as i32 + arange(0, block_n as i32);
-                let early = stack > 0 && fuse.residual() && !rope.on();
+                let early = stack > 0 && pack == 1 && fuse.residual() && !rope.on();
                 let res = if early { load(out_ptr + res_on, mask = res_on < n, other = 0.0) } else { eps };
                 mark(trace_ptr, done_idx + 2 * n_marks as i32, width, trace);
-                let fin = if stack > 0 {
+                let fin = if pack > 1 {
+                    packed_sums(
+                        x_ptr, nw_ptr, ws_ptr, k, rs, wd, sr, block_n, stack, pack, tiles, quant, fuse,
+                        f16_ops, dt,
+                    );
+                    mark(trace_ptr, done_idx + 3 * n_marks as i32, width, trace);
+                    packed_epilogue(ws_ptr, out_ptr, n, t, fuse, dt, block_n, stack, pack, tiles);
+                    full([], 1, i1)
+                } else if stack > 0 {
                     let (sums, odd) = stacked_sums(
                         x_ptr,
                         q_ptr,

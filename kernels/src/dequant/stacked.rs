@@ -25,6 +25,13 @@
 //! A dot covers `stack` K tiles (a power of two, at most 16, the height of
 //! one `mma` tile); a K axis of more tiles takes several dots in order, the
 //! next one's weight words issued before the current one is multiplied.
+//! A packed tile ([`StackedShape::stacked_tiling`]) uses the left
+//! operand's rows the same way but fills the dot's slots with several
+//! output blocks: slot `j` is block `j / tiles` at K tile `j % tiles`, so
+//! the product taken out of slot `j` is row `j % tiles` of its columns
+//! (not the diagonal), and a K of 5 tiles fills 15 of 16 slots instead of 5
+//! of 8. Each block's products are summed in K order as above
+//! ([`packed_sums`], [`packed_block`]).
 //! Weight rows past the matrix are clamped to its last row and quant
 //! blocks past a row to its last block (valid addresses; their products
 //! are never taken out or meet zero activations), as in [`super::linear`].
@@ -36,9 +43,7 @@
 
 use super::gemm::swap_weights;
 use super::gemv::scale_load;
-#[cfg(doc)]
-use super::linear::linear_epilogue;
-use super::linear::{LINEAR_BLOCK_K, linear_operand};
+use super::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_operand};
 use super::{Fuse, QuantFormat};
 use dsl_core::DType;
 use dsl_macros::kernel_fn;
@@ -59,6 +64,13 @@ pub const STACKED_MIN_ROWS: usize = 32;
 /// persistent step (two per SM), so that the stage runs in one round.
 pub const STACKED_TASKS: usize = 256;
 
+/// The dot width (weight rows) of a packed stacked tile (see
+/// [`StackedShape::stacked_tiling`]).
+pub const PACKED_ROWS: usize = 64;
+
+/// The rows of one output block of a packed stacked tile.
+pub const PACKED_BLOCK_N: usize = 4;
+
 /// The task shape of a persistent-step product in a format: the kernels
 /// call it on their constexpr format (a method, so it is decided while the
 /// kernel is built).
@@ -72,6 +84,39 @@ pub trait StackedShape {
     /// (and from [`STACKED_MIN_ROWS`]` / stack`) that cuts the rows into at
     /// most [`STACKED_TASKS`] tiles.
     fn stacked_shape(self, one_row: bool, rows: usize, k: usize, split_block_n: usize) -> (usize, usize);
+
+    /// `(stack, block_n, pack)`: [`StackedShape::stacked_shape`]'s tiling,
+    /// or, where its one dot would be wider than [`PACKED_ROWS`] with the
+    /// dot's rows mostly past K (a K of few tiles, whose stack is rounded
+    /// up to a power of two), a packed one: `pack` output blocks of
+    /// [`PACKED_BLOCK_N`] rows in one dot of `stack` slots, slot `j` holding
+    /// block `j / tiles` at K tile `j % tiles`. A task then covers `pack *
+    /// block_n` output rows with about half the dequantized weights of the
+    /// unpacked tile and the same sums.
+    fn stacked_tiling(
+        self,
+        one_row: bool,
+        rows: usize,
+        k: usize,
+        split_block_n: usize,
+    ) -> (usize, usize, usize)
+    where
+        Self: Sized,
+    {
+        let (stack, block_n) = self.stacked_shape(one_row, rows, k, split_block_n);
+        let tiles = k.div_ceil(LINEAR_BLOCK_K);
+        let slots = PACKED_ROWS / PACKED_BLOCK_N;
+        let pack = slots / tiles.max(1);
+        if stack >= tiles
+            && stack * block_n > PACKED_ROWS
+            && pack >= 2
+            && rows.div_ceil(pack * PACKED_BLOCK_N) <= STACKED_TASKS
+        {
+            (slots, PACKED_BLOCK_N, pack)
+        } else {
+            (stack, block_n, 1)
+        }
+    }
 
     /// Whether [`StackedShape::stacked_shape`] stacks the product.
     fn stacks(self, one_row: bool, rows: usize, k: usize) -> bool
@@ -105,17 +150,34 @@ pub const fn stacked_slot(stack: usize, block_n: usize, k: usize) -> usize {
 }
 
 /// The weight rows `wrow` (`[stack * block_n]`) of a stacked tile for output
-/// tile `pid_n` (`block_n` rows; rows past `rows` clamped to the last).
+/// tile `pid_n` (`block_n` rows; rows past `rows` clamped to the last); a
+/// packed tile (`pack > 1`, see [`StackedShape::stacked_tiling`]) covers
+/// `pack` blocks of `block_n` rows, slot `j` block `j / tiles` (the
+/// slots past the last block repeat it).
 #[kernel_fn]
-pub fn stacked_rows(pid_n: Tensor, rows: Tensor, block_n: usize, stack: usize) -> Tensor {
+pub fn stacked_rows(
+    pid_n: Tensor,
+    rows: Tensor,
+    block_n: usize,
+    stack: usize,
+    pack: usize,
+    tiles: usize,
+) -> Tensor {
     let r = arange(0, (stack * block_n) as i32);
-    minimum(pid_n * block_n as i32 + r % block_n as i32, rows - 1)
+    if pack > 1 {
+        let blk = minimum(r / block_n as i32 / tiles as i32, pack as i32 - 1);
+        minimum(pid_n * (pack * block_n) as i32 + blk * block_n as i32 + r % block_n as i32, rows - 1)
+    } else {
+        minimum(pid_n * block_n as i32 + r % block_n as i32, rows - 1)
+    }
 }
 
 /// The quant words and raw scale entries of a stacked weight tile
 /// (`[stack * block_n, LINEAR_BLOCK_K]`, [`super::linear::tile_index`]'s
 /// layout per row): row `r` is weight row `wrow[r]` at K tile `c0 + r /
-/// block_n` (quant blocks past the row clamped to its last block).
+/// block_n`, or with `cycle > 0` (a packed tile of `cycle` K tiles) at K
+/// tile `r / block_n % cycle` (quant blocks past the row clamped to its
+/// last block).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn stacked_load(
@@ -127,12 +189,14 @@ pub fn stacked_load(
     quant: QuantFormat,
     block_n: usize,
     stack: usize,
+    cycle: usize,
 ) -> (Tensor, Tensor) {
     let rows = stack * block_n;
     let hq = LINEAR_BLOCK_K / 16;
     let wpb = if quant.is_q4() { 4 } else { 8 };
     let h = expand_dims(arange(0, hq as i32), 0);
-    let kt = c0 + arange(0, rows as i32) / block_n as i32;
+    let slot = arange(0, rows as i32) / block_n as i32;
+    let kt = if cycle > 0 { c0 + slot % cycle as i32 } else { c0 + slot };
     // Block of each 16-column group, counted from the plane's start.
     let tile_blocks = minimum(expand_dims(kt * (LINEAR_BLOCK_K as i32 / 32), 1) + h / 2, nb - 1);
     let blk = expand_dims(wrow * nb, 1) + tile_blocks;
@@ -176,13 +240,11 @@ pub fn stacked_sums(
     tiles: usize,
     pairs: bool,
 ) -> (Tensor, Tensor) {
-    let bk = LINEAR_BLOCK_K as i32;
     let width = stack * block_n;
     let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack) as i32;
     // The dot's rows (one per K tile of the chunk), the tile's columns, and
     // which columns of the result hold each row's own K tile.
     let t16 = expand_dims(arange(0, 16), 1);
-    let c = expand_dims(arange(0, bk), 0);
     let cols = expand_dims(arange(0, width as i32), 0);
     let own = t16 == cols / block_n as i32;
     // The rows each sum reads back: all of them, or the even ones and the
@@ -194,8 +256,6 @@ pub fn stacked_sums(
         let a = arange(0, block_n as i32);
         (a, a)
     };
-    let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [width, LINEAR_BLOCK_K]);
-    let e8 = broadcast_to(c % 4 * 8, [width, LINEAR_BLOCK_K]);
     let mut wd = wd0;
     let mut sr = sr0;
     let mut acc = zeros([if pairs { block_n / 2 } else { block_n }], f32);
@@ -211,18 +271,12 @@ pub fn stacked_sums(
                 quant,
                 block_n,
                 stack,
+                0,
             )
         } else {
             (wd, sr)
         };
-        let col = (t16 + c0 as i32) * bk + c;
-        let ok = t16 < stack as i32 && col < k;
-        let xa = load(x_ptr + col, mask = ok, other = 0.0);
-        let nw = if fuse.norm() { load(nw_ptr + col, mask = ok, other = 0.0) } else { xa };
-        let xv = where_(ok, linear_operand(xa, nw, rs, fuse.norm(), f16_ops, dt), 0.0);
-        let w = swap_weights(wd, nib, e8, sr, quant);
-        let wv = if f16_ops { w.to(f16) } else { w };
-        let d = dot(xv, trans(wv), zeros([16, width], f32));
+        let d = stacked_dot(x_ptr, nw_ptr, k, rs, wd, sr, c0, block_n, stack, quant, fuse, f16_ops, dt);
         // The diagonal blocks to this program's scratch, read back in K
         // order after a barrier. Each dot of the task has its own region;
         // the program's next task writes the slot only after its own dot,
@@ -241,4 +295,123 @@ pub fn stacked_sums(
         sr = sr_next;
     }
     (acc, acc2)
+}
+
+/// One stacked `dot` of a one-row product: row `t` of the left operand is
+/// the row's activations of K tile `c0 + t` (rounded as `linear` rounds
+/// them; rows past `stack` and columns past K zero), the right operand the
+/// dequantized weights `wd`/`sr` of [`stacked_load`]. The `[16, stack *
+/// block_n]` products, f32.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn stacked_dot(
+    x_ptr: Tensor,
+    nw_ptr: Tensor,
+    k: Tensor,
+    rs: Tensor,
+    wd: Tensor,
+    sr: Tensor,
+    c0: usize,
+    block_n: usize,
+    stack: usize,
+    quant: QuantFormat,
+    fuse: Fuse,
+    f16_ops: bool,
+    dt: DType,
+) -> Tensor {
+    let bk = LINEAR_BLOCK_K as i32;
+    let width = stack * block_n;
+    let t16 = expand_dims(arange(0, 16), 1);
+    let c = expand_dims(arange(0, bk), 0);
+    let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [width, LINEAR_BLOCK_K]);
+    let e8 = broadcast_to(c % 4 * 8, [width, LINEAR_BLOCK_K]);
+    let col = (t16 + c0 as i32) * bk + c;
+    let ok = t16 < stack as i32 && col < k;
+    let xa = load(x_ptr + col, mask = ok, other = 0.0);
+    let nw = if fuse.norm() { load(nw_ptr + col, mask = ok, other = 0.0) } else { xa };
+    let xv = where_(ok, linear_operand(xa, nw, rs, fuse.norm(), f16_ops, dt), 0.0);
+    let w = swap_weights(wd, nib, e8, sr, quant);
+    let wv = if f16_ops { w.to(f16) } else { w };
+    dot(xv, trans(wv), zeros([16, width], f32))
+}
+
+/// The products of a packed stacked tile ([`StackedShape::stacked_tiling`]:
+/// `pack` output blocks of `block_n` rows over all `tiles` K tiles in one
+/// dot of `stack` slots) into this program's scratch slot of `ws`: slot
+/// `j`'s product with K tile `j % tiles`, the others discarded. Read back
+/// per block with [`packed_block`] (this ends with the barrier that makes
+/// them visible to the whole program).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn packed_sums(
+    x_ptr: Tensor,
+    nw_ptr: Tensor,
+    ws_ptr: Tensor,
+    k: Tensor,
+    rs: Tensor,
+    wd: Tensor,
+    sr: Tensor,
+    block_n: usize,
+    stack: usize,
+    pack: usize,
+    tiles: usize,
+    quant: QuantFormat,
+    fuse: Fuse,
+    f16_ops: bool,
+    dt: DType,
+) {
+    static_assert(tiles <= stack && pack * tiles <= stack, "a packed tile is one dot");
+    let width = (stack * block_n) as i32;
+    let t16 = expand_dims(arange(0, 16), 1);
+    let cols = expand_dims(arange(0, width), 0);
+    let slot = cols / block_n as i32;
+    let own = t16 == slot % tiles as i32 && slot < (pack * tiles) as i32;
+    let d = stacked_dot(x_ptr, nw_ptr, k, rs, wd, sr, 0, block_n, stack, quant, fuse, f16_ops, dt);
+    // As in `stacked_sums`: the next task writes the slot only after its
+    // own dot's operand staging, a CTA barrier every thread reaches.
+    store(ws_ptr + program_id(0) * width + broadcast_to(cols, [16, width as usize]), d, mask = own);
+    barrier();
+}
+
+/// The row sums of the packed tile that [`packed_sums`] left in this
+/// program's scratch slot, `[P * block_n]` with `P` the next power of two
+/// of `pack` (block `b` at `b * block_n`, the rows past the last block
+/// zero): each row's K tiles' products added in K order from zero, as
+/// [`stacked_sums`] adds them.
+#[kernel_fn]
+pub fn packed_block(ws_ptr: Tensor, stack: usize, tiles: usize, block_n: usize, pack: usize) -> Tensor {
+    let o = arange(0, (pack.next_power_of_two() * block_n) as i32);
+    let (blk, j) = (o / block_n as i32, o % block_n as i32);
+    let base = ws_ptr + program_id(0) * (stack * block_n) as i32 + blk * (tiles * block_n) as i32 + j;
+    let mut acc = zeros([pack.next_power_of_two() * block_n], f32);
+    for t in static_range(0, tiles) {
+        acc = acc + load(base + (t * block_n) as i32, mask = blk < pack as i32, other = 0.0);
+    }
+    acc
+}
+
+/// The epilogue of packed task `t` ([`linear_epilogue`]'s fusions on the
+/// sums [`packed_block`] reads back): the task's `pack * block_n` weight
+/// rows are output rows (SiLU: pairs) from `t` times as many, element for
+/// element what the unpacked tiles of those rows store.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn packed_epilogue(
+    ws_ptr: Tensor,
+    out_ptr: Tensor,
+    n: Tensor,
+    t: Tensor,
+    fuse: Fuse,
+    dt: DType,
+    block_n: usize,
+    stack: usize,
+    pack: usize,
+    tiles: usize,
+) {
+    let width = pack.next_power_of_two() * block_n;
+    let per = (if fuse.silu() { pack * block_n / 2 } else { pack * block_n }) as i32;
+    let off = t * per;
+    let zero = full([], 0, i32);
+    let sums = reshape(packed_block(ws_ptr, stack, tiles, block_n, pack), [1, width]);
+    linear_epilogue(sums, out_ptr + off, zero + 1, minimum(n - off, per), n, zero, zero, fuse, dt, 1, width);
 }

@@ -131,7 +131,7 @@ pub(crate) fn mega_stacked_slot(c: &LlamaConfig, formats: [QuantFormat; 4], one_
     use kernels::dequant::stacked::{StackedShape, stacked_slot};
     let mut slot = 0;
     for ((rows, k), f) in mega_shapes(c).into_iter().zip(formats) {
-        let (stack, block_n) = f.stacked_shape(one_row, rows, k, 0);
+        let (stack, block_n, _) = f.stacked_tiling(one_row, rows, k, 0);
         if stack > 0 {
             slot = slot.max(stacked_slot(stack, block_n, k));
         }
