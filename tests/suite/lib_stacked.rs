@@ -52,7 +52,7 @@ fn stacked_probe<T: Float>(
     let rows = if SILU { n * 2 } else { n };
     let wrow = stacked_rows(pid, rows, BLOCK_N, STACK, PACK, TILES);
     let cycle = if PACK > 1 { TILES } else { 0 };
-    let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, full([], 0, i32), k / 32, QUANT, BLOCK_N, STACK, cycle);
+    let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, full([], 0, i32), cycle, k / 32, QUANT, BLOCK_N, STACK);
     let rs = if NORM {
         let cols = arange(0, NORM_BLOCK);
         rms_rstd(load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32), k, eps, NORM_BLOCK)
@@ -80,12 +80,12 @@ fn run_stacked<T: Act>(
     format: QuantFormat,
     fuse: LinearFuse,
     f16_ops: bool,
-    (stack, block_n, pack): (usize, usize, usize),
     x: &[T],
     nw: &[T],
     out0: &[T],
     w: &kernels::dequant::Repacked,
     (n, k): (usize, usize),
+    (stack, block_n, pack): (usize, usize, usize),
 ) -> Vec<T> {
     let mut cpu = Cpu::new();
     let silu = fuse == LinearFuse::Silu;
@@ -159,7 +159,7 @@ fn stacked_cases<T: Act>() {
                 let block_ns: &[usize] = if pack > 1 { &[4] } else { &[4, 16] };
                 for &block_n in block_ns {
                     let tiling = (stack, block_n, pack);
-                    let got = run_stacked::<T>(format, fuse, f16_ops, tiling, &x, &nw, &res, &w, (n, k));
+                    let got = run_stacked::<T>(format, fuse, f16_ops, &x, &nw, &res, &w, (n, k), tiling);
                     let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got),

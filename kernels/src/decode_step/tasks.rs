@@ -207,7 +207,7 @@ pub fn stage_linear(
                     let wrow = stacked_rows(t, rows, block_n, stack, pack, tiles);
                     let cycle = if pack > 1 { tiles } else { 0 };
                     let (wd, sr) =
-                        stacked_load(q_ptr, s_ptr, wrow, zero, k / 32, quant, block_n, stack, cycle);
+                        stacked_load(q_ptr, s_ptr, wrow, zero, cycle, k / 32, quant, block_n, stack);
                     (wrow, wd, sr, wd, sr)
                 } else {
                     let (wd, sr, wd_tail, sr_tail) =

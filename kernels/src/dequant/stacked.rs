@@ -185,11 +185,11 @@ pub fn stacked_load(
     s_ptr: Tensor,
     wrow: Tensor,
     c0: Tensor,
+    cycle: usize,
     nb: Tensor,
     quant: QuantFormat,
     block_n: usize,
     stack: usize,
-    cycle: usize,
 ) -> (Tensor, Tensor) {
     let rows = stack * block_n;
     let hq = LINEAR_BLOCK_K / 16;
@@ -240,8 +240,8 @@ pub fn stacked_sums(
     tiles: usize,
     pairs: bool,
 ) -> (Tensor, Tensor) {
-    let width = stack * block_n;
     let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack) as i32;
+    let width = stack * block_n;
     // The dot's rows (one per K tile of the chunk), the tile's columns, and
     // which columns of the result hold each row's own K tile.
     let t16 = expand_dims(arange(0, 16), 1);
@@ -267,11 +267,11 @@ pub fn stacked_sums(
                 s_ptr,
                 wrow,
                 full([], (c0 + stack) as i32, i32),
+                0,
                 k / 32,
                 quant,
                 block_n,
                 stack,
-                0,
             )
         } else {
             (wd, sr)

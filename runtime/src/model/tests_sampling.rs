@@ -589,6 +589,28 @@ fn mega_decode_with_down_formats_by_layer() {
     mega_matches_multi_kernel_on::<Emu, bf16>(&mut hopper(), &g);
 }
 
+/// A gate/up product wide enough that the persistent step packs its
+/// stacked tiles (K of 3 tiles, 4,224 rows: five blocks of 4 rows in a
+/// 64-row dot, `StackedShape::stacked_tiling`) runs bit for bit as the
+/// multi-kernel step on the Hopper emulation.
+#[test]
+fn mega_decode_with_packed_gate_up_tiles() {
+    use kernels::dequant::QuantFormat;
+    use kernels::dequant::stacked::StackedShape;
+    let mut t = crate::check::model::tiny_llama();
+    t.config.n_layers = 1;
+    t.config.n_embd = 320;
+    t.config.n_head = 5;
+    t.config.n_ff = 2112;
+    t.embedding_scale = 0.03;
+    let (stack, block_n, pack) = QuantFormat::Q4_1.stacked_tiling(true, 2 * 2112, 320, 64);
+    assert!(pack > 1 && stack * block_n == 64, "({stack}, {block_n}, {pack})");
+    let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+    let t0 = Instant::now();
+    mega_matches_multi_kernel_on::<Emu, bf16>(&mut hopper(), &g);
+    eprintln!("packed gate/up on the Hopper emulation: {:?}", t0.elapsed());
+}
+
 /// The native CPU backend does not run the persistent step: asking for it
 /// is an error that says why, and `auto` keeps every step on the
 /// multi-kernel path.
