@@ -31,7 +31,7 @@
 //! the product taken out of slot `j` is row `j % tiles` of its columns
 //! (not the diagonal), and a K of 5 tiles fills 15 of 16 slots instead of 5
 //! of 8. Each block's products are summed in K order as above
-//! ([`packed_sums`], [`packed_block`]).
+//! ([`packed_sums`], [`packed_row_sums`]).
 //! Weight rows past the matrix are clamped to its last row and quant
 //! blocks past a row to its last block (valid addresses; their products
 //! are never taken out or meet zero activations), as in [`super::linear`].
@@ -91,8 +91,8 @@ pub trait StackedShape {
     /// up to a power of two), a packed one: `pack` output blocks of
     /// [`PACKED_BLOCK_N`] rows in one dot of `stack` slots, slot `j` holding
     /// block `j / tiles` at K tile `j % tiles`. A task then covers `pack *
-    /// block_n` output rows with about half the dequantized weights of the
-    /// unpacked tile and the same sums.
+    /// block_n` output rows, dequantizing fewer weights past K per output
+    /// row than the unpacked tile, with the same sums.
     fn stacked_tiling(
         self,
         one_row: bool,
@@ -338,9 +338,9 @@ pub fn stacked_dot(
 /// The products of a packed stacked tile ([`StackedShape::stacked_tiling`]:
 /// `pack` output blocks of `block_n` rows over all `tiles` K tiles in one
 /// dot of `stack` slots) into this program's scratch slot of `ws`: slot
-/// `j`'s product with K tile `j % tiles`, the others discarded. Read back
-/// per block with [`packed_block`] (this ends with the barrier that makes
-/// them visible to the whole program).
+/// `j`'s product with K tile `j % tiles`, the others discarded. Summed per
+/// row with [`packed_row_sums`] (this ends with the barrier that makes them
+/// visible to the whole program).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn packed_sums(
@@ -379,7 +379,7 @@ pub fn packed_sums(
 /// zero): each row's K tiles' products added in K order from zero, as
 /// [`stacked_sums`] adds them.
 #[kernel_fn]
-pub fn packed_block(ws_ptr: Tensor, stack: usize, tiles: usize, block_n: usize, pack: usize) -> Tensor {
+pub fn packed_row_sums(ws_ptr: Tensor, stack: usize, tiles: usize, block_n: usize, pack: usize) -> Tensor {
     let o = arange(0, (pack.next_power_of_two() * block_n) as i32);
     let (blk, j) = (o / block_n as i32, o % block_n as i32);
     let base = ws_ptr + program_id(0) * (stack * block_n) as i32 + blk * (tiles * block_n) as i32 + j;
@@ -391,7 +391,7 @@ pub fn packed_block(ws_ptr: Tensor, stack: usize, tiles: usize, block_n: usize, 
 }
 
 /// The epilogue of packed task `t` ([`linear_epilogue`]'s fusions on the
-/// sums [`packed_block`] reads back): the task's `pack * block_n` weight
+/// sums [`packed_row_sums`] reads back): the task's `pack * block_n` weight
 /// rows are output rows (SiLU: pairs) from `t` times as many, element for
 /// element what the unpacked tiles of those rows store.
 #[kernel_fn]
@@ -412,6 +412,6 @@ pub fn packed_epilogue(
     let per = (if fuse.silu() { pack * block_n / 2 } else { pack * block_n }) as i32;
     let off = t * per;
     let zero = full([], 0, i32);
-    let sums = reshape(packed_block(ws_ptr, stack, tiles, block_n, pack), [1, width]);
+    let sums = reshape(packed_row_sums(ws_ptr, stack, tiles, block_n, pack), [1, width]);
     linear_epilogue(sums, out_ptr + off, zero + 1, minimum(n - off, per), n, zero, zero, fuse, dt, 1, width);
 }
