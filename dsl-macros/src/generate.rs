@@ -146,13 +146,9 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
         .map(|p| p.name.to_string())
         .collect();
     crate::shapes::check(&item.block, &runtime, &mut errors);
-    let (body, tail, body_errors) = lower_body(&lower_params, &item.block);
-    // A kernel returns nothing: a trailing expression (a call, or an `if`
-    // whose branches end in one) is a statement whose IR must be built.
-    let body = match tail {
-        Some(t) => quote!(#body let _ = #t;),
-        None => body,
-    };
+    // A kernel returns nothing: its body's last expression (a call, or an
+    // `if` whose branches end in one) is a statement whose IR is built.
+    let (body, _, body_errors) = lower_body(&lower_params, &item.block, false);
     let body_ok = body_errors.is_empty();
     errors.extend(body_errors);
 
@@ -361,7 +357,7 @@ pub fn kernel_fn(item: ItemFn) -> TokenStream {
             syn::FnArg::Receiver(r) => errors.at(r, "kernel_fn helpers are free functions"),
         }
     }
-    let (body, tail, body_errors) = lower_body(&params, &item.block);
+    let (body, tail, body_errors) = lower_body(&params, &item.block, true);
     errors.extend(body_errors);
     let compile_errors = errors.to_compile_errors();
     let attrs = &item.attrs;

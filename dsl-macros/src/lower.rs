@@ -11,7 +11,11 @@
 //! become `lt`/`and`/... calls, `if` on a tensor becomes `if_else` with the
 //! reassigned outer variables as results, `for i in range(..)` becomes
 //! `for_range` with them as loop-carried values, and `while` on a tensor
-//! becomes `while_loop`.
+//! becomes `while_loop`. A block's last expression is its value only where
+//! the value is used (a `let` or a `#[kernel_fn]`'s result, a branch of an
+//! `if` used as a value); elsewhere (a kernel's body, a loop body, the
+//! branches of an `if` used as a statement) it is a statement like the
+//! others, semicolon or not.
 //!
 //! Unsupported syntax gives a spanned error that says what is allowed; all
 //! errors are collected.
@@ -162,12 +166,22 @@ impl Lower {
     /// Lowers a block's statements in a new scope; returns the statements and the
     /// lowered tail expression (if the block ends with one) with its kind.
     fn block(&mut self, b: &Block) -> (TokenStream, Option<(TokenStream, bool)>) {
+        self.block_as(b, true)
+    }
+
+    /// [`Lower::block`] where the block's value is used (`value`) or not: a
+    /// block whose value is dropped (a loop body, a kernel's body, a branch
+    /// of an `if` used as a statement) has no tail, and its last expression
+    /// (a call, or an `if` whose branches end in one) is a statement like
+    /// the others.
+    fn block_as(&mut self, b: &Block, value: bool) -> (TokenStream, Option<(TokenStream, bool)>) {
         self.scopes.push(Vec::new());
         let mut out = TokenStream::new();
         let mut tail = None;
         let n = b.stmts.len();
         for (i, s) in b.stmts.iter().enumerate() {
             if i + 1 == n
+                && value
                 && let Stmt::Expr(e, None) = s
                 && !matches!(e, Expr::If(_) | Expr::ForLoop(_) | Expr::While(_))
             {
@@ -175,6 +189,7 @@ impl Lower {
                 continue;
             }
             if i + 1 == n
+                && value
                 && let Stmt::Expr(Expr::If(ei), None) = s
                 && matches!(ei.then_branch.stmts.last(), Some(Stmt::Expr(_, None)))
             {
@@ -347,7 +362,7 @@ impl Lower {
         let (cond, cdyn) = self.expr(&ei.cond);
         let span = ei.if_token.span;
         if !cdyn {
-            let (then_s, then_t) = self.block(&ei.then_branch);
+            let (then_s, then_t) = self.block_as(&ei.then_branch, want_value);
             let (else_s, else_t) = match &ei.else_branch {
                 Some((_, e)) => self.else_branch(e, want_value),
                 None => (TokenStream::new(), None),
@@ -364,7 +379,7 @@ impl Lower {
             return (quote_spanned!(span=> if #cond { #then_s #tv } #else_part), any_dyn);
         }
         self.enter_region();
-        let (then_s, then_t) = self.block(&ei.then_branch);
+        let (then_s, then_t) = self.block_as(&ei.then_branch, want_value);
         let then_assigned = self.regions.last().map(|r| r.assigned.clone()).unwrap_or_default();
         self.regions.pop();
         self.enter_region();
@@ -411,7 +426,7 @@ impl Lower {
 
     fn else_branch(&mut self, e: &Expr, want_value: bool) -> (TokenStream, Option<(TokenStream, bool)>) {
         match e {
-            Expr::Block(b) => self.block(&b.block),
+            Expr::Block(b) => self.block_as(&b.block, want_value),
             Expr::If(ei) => {
                 let (t, d) = self.if_expr(ei, want_value);
                 if want_value { (TokenStream::new(), Some((t, d))) } else { (quote!(#t;), None) }
@@ -467,7 +482,7 @@ impl Lower {
             if let Some(v) = &var {
                 self.declare(v, false);
             }
-            let (body, tail) = self.block(&f.body);
+            let (body, tail) = self.block_as(&f.body, false);
             self.scopes.pop();
             let tail = tail.map(|(t, _)| quote!(#t;));
             return quote_spanned!(span=> for #var_tok in (#a..#b).step_by(::dsl_core::lang::__usize(#step)) { #body #tail });
@@ -495,7 +510,7 @@ impl Lower {
             let id = self.declare(v, true);
             self.mark_dyn(id);
         }
-        let (body, tail) = self.block(&f.body);
+        let (body, tail) = self.block_as(&f.body, false);
         self.scopes.pop();
         let carried = self.leave_region();
         let (tail, names, r, c) = self.loop_parts(&carried, tail);
@@ -529,12 +544,12 @@ impl Lower {
         }
         let (cond, cdyn) = self.expr(&w.cond);
         if !cdyn {
-            let (body, tail) = self.block(&w.body);
+            let (body, tail) = self.block_as(&w.body, false);
             let tail = tail.map(|(t, _)| quote!(#t;));
             return quote_spanned!(span=> while #cond { #body #tail });
         }
         self.enter_region();
-        let (body, tail) = self.block(&w.body);
+        let (body, tail) = self.block_as(&w.body, false);
         let carried = self.leave_region();
         if carried.is_empty() {
             self.errors.at(
@@ -1001,7 +1016,11 @@ fn call_name(c: &syn::ExprCall) -> Option<String> {
 /// Lowers a function body with the given parameters in scope (`(name, dynamic)`),
 /// running the kind analysis to a fixed point. Returns the statements, the
 /// lowered tail expression (if any), and the errors.
-pub fn lower_body(params: &[(Ident, bool)], body: &Block) -> (TokenStream, Option<TokenStream>, Errors) {
+pub fn lower_body(
+    params: &[(Ident, bool)],
+    body: &Block,
+    value: bool,
+) -> (TokenStream, Option<TokenStream>, Errors) {
     let mut kinds: Vec<bool> = Vec::new();
     let mut depths: Vec<usize> = Vec::new();
     for _ in 0..16 {
@@ -1016,7 +1035,7 @@ pub fn lower_body(params: &[(Ident, bool)], body: &Block) -> (TokenStream, Optio
             }
         }
         l.changed = false;
-        let (stmts, tail) = l.block(body);
+        let (stmts, tail) = l.block_as(body, value);
         if !l.changed {
             return (stmts, tail.map(|t| t.0), l.errors);
         }

@@ -274,3 +274,38 @@ fn a_kernel_body_ending_in_an_expression_runs_it() {
         assert_eq!(cpu.read(out), want, "SPLIT = {split}");
     }
 }
+
+/// Runtime `if`s whose branches end in calls with no semicolon: as a
+/// statement, as a loop body's last expression and as the kernel's last
+/// expression. Each branch's call is a statement whose stores reach the IR.
+#[dsl_macros::kernel]
+fn runtime_if_tails(out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
+    let offs = arange(0, BLOCK);
+    if n > 1 {
+        store(out_ptr + offs, full([BLOCK], 1.0, f32))
+    } else {
+        store(out_ptr + offs, full([BLOCK], 2.0, f32))
+    };
+    for i in range(0, 2) {
+        if n > 1 {
+            store(out_ptr + (i + 1) * BLOCK as i32 + offs, full([BLOCK], 3.0, f32))
+        }
+    }
+    if n > 1 {
+        store(out_ptr + 3 * BLOCK as i32 + offs, full([BLOCK], 4.0, f32))
+    } else {
+        store(out_ptr + 3 * BLOCK as i32 + offs, full([BLOCK], 5.0, f32))
+    }
+}
+
+#[test]
+fn runtime_ifs_ending_in_calls_run_them() {
+    for (n, want) in [(2, [1.0, 3.0, 3.0, 4.0]), (0, [2.0, 0.0, 0.0, 5.0])] {
+        let mut cpu = dsl_core::interp::Cpu::new();
+        let out = cpu.zeros::<f32>(8);
+        let args = runtime_if_tails::Args { out_ptr: out, n, _marker: std::marker::PhantomData };
+        runtime_if_tails::interpret(&mut cpu, [1, 1, 1], &runtime_if_tails::Config::new(2), &args).unwrap();
+        let want: Vec<f32> = want.iter().flat_map(|&v| [v, v]).collect();
+        assert_eq!(cpu.read(out), want, "n = {n}");
+    }
+}
