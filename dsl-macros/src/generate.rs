@@ -357,7 +357,9 @@ pub fn kernel_fn(item: ItemFn) -> TokenStream {
             syn::FnArg::Receiver(r) => errors.at(r, "kernel_fn helpers are free functions"),
         }
     }
-    let (body, tail, body_errors) = lower_body(&params, &item.block, true);
+    // A helper that returns nothing ends in a statement, as a kernel does.
+    let value = !matches!(item.sig.output, syn::ReturnType::Default);
+    let (body, tail, body_errors) = lower_body(&params, &item.block, value);
     errors.extend(body_errors);
     let compile_errors = errors.to_compile_errors();
     let attrs = &item.attrs;

@@ -275,12 +275,21 @@ fn a_kernel_body_ending_in_an_expression_runs_it() {
     }
 }
 
+/// Stores `a` at `ptr` where `n > 1`, else `b`: a helper that returns
+/// nothing and ends in a runtime `if`.
+#[dsl_macros::kernel_fn]
+fn store_either(ptr: Tensor, n: Tensor, a: Tensor, b: Tensor) {
+    if n > 1 { store(ptr, a) } else { store(ptr, b) }
+}
+
 /// Runtime `if`s whose branches end in calls with no semicolon: as a
-/// statement, as a loop body's last expression and as the kernel's last
-/// expression. Each branch's call is a statement whose stores reach the IR.
+/// statement, as a loop body's last expression, as the last expression of
+/// a helper that returns nothing and as the kernel's last expression. Each
+/// branch's call is a statement whose stores reach the IR.
 #[dsl_macros::kernel]
 fn runtime_if_tails(out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
     let offs = arange(0, BLOCK);
+    store_either(out_ptr + 4 * BLOCK as i32 + offs, n, full([BLOCK], 6.0, f32), full([BLOCK], 7.0, f32));
     if n > 1 {
         store(out_ptr + offs, full([BLOCK], 1.0, f32))
     } else {
@@ -300,9 +309,9 @@ fn runtime_if_tails(out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
 
 #[test]
 fn runtime_ifs_ending_in_calls_run_them() {
-    for (n, want) in [(2, [1.0, 3.0, 3.0, 4.0]), (0, [2.0, 0.0, 0.0, 5.0])] {
+    for (n, want) in [(2, [1.0, 3.0, 3.0, 4.0, 6.0]), (0, [2.0, 0.0, 0.0, 5.0, 7.0])] {
         let mut cpu = dsl_core::interp::Cpu::new();
-        let out = cpu.zeros::<f32>(8);
+        let out = cpu.zeros::<f32>(10);
         let args = runtime_if_tails::Args { out_ptr: out, n, _marker: std::marker::PhantomData };
         runtime_if_tails::interpret(&mut cpu, [1, 1, 1], &runtime_if_tails::Config::new(2), &args).unwrap();
         let want: Vec<f32> = want.iter().flat_map(|&v| [v, v]).collect();
