@@ -191,7 +191,7 @@ pub fn stage_linear(
             static_assert(pack == 1 || !rope.on(), "a RoPE epilogue takes unpacked tiles");
             let bk = LINEAR_BLOCK_K as i32;
             let rows = if fuse.silu() { n * 2 } else { n };
-            let tiles_n = count_tiles(rows, block_n * pack);
+            let tiles_n = count_tiles(rows, f.task_rows());
             let split_k = split_k && stack == 0;
             let tiles_k = if split_k { (k + (bk - 1)) / bk } else { full([], 1, i32) };
             let zero = full([], 0, i32);
