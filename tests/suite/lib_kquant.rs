@@ -287,3 +287,35 @@ fn word_loaded_weights_equal_the_per_byte_ones() {
         }
     }
 }
+
+/// The word-tiled kernels (GEMV, fused GEMV, GEMM, stream-K, Q8 GEMV) index
+/// their planes as Q4_0/Q4_1/Q8_0 ones: built for any other format they
+/// are refused with an error naming the formats they take, never built to
+/// read another format's planes out of bounds.
+#[test]
+fn word_tiled_kernels_refuse_other_formats() {
+    use dsl_core::DType;
+    use dsl_core::launch::Kernel;
+    use kernels::dequant::fused::gemv_fused;
+    use kernels::dequant::gemm::gemm;
+    use kernels::dequant::gemv::gemv;
+    use kernels::dequant::q8::gemv_q8;
+    use kernels::dequant::stream_k::gemm_stream_k;
+    fn refused<K: Kernel>(config: &K::Config, format: QuantFormat) {
+        let e = K::build(config).expect_err(&format!("{} built for {format:?}", K::NAME));
+        assert!(e.to_string().contains("take Q4_0, Q4_1 and Q8_0"), "{}: {e}", K::NAME);
+    }
+    let bf = DType::BF16;
+    for f in [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K, QuantFormat::Q5_1, QuantFormat::F16] {
+        refused::<gemv::Kernel>(&gemv::Config::new(bf, f, false, 1, 4, 256), f);
+        refused::<gemv_fused::Kernel>(&gemv_fused::Config::new(bf, f, false, true, false, 1, 4, 256), f);
+        refused::<gemm::Kernel>(&gemm::Config::new(bf, f, false, 64, 64, 64, false), f);
+        refused::<gemm::Kernel>(&gemm::Config::new(bf, f, false, 64, 64, 64, true), f);
+        refused::<gemm_stream_k::Kernel>(&gemm_stream_k::Config::new(bf, f, false, 256, 128, 64), f);
+        refused::<gemv_q8::Kernel>(&gemv_q8::Config::new(bf, f, false, 1, 4, 256), f);
+    }
+    // The formats they take still build.
+    for f in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+        gemv::build(&gemv::Config::new(bf, f, false, 1, 4, 256)).unwrap();
+    }
+}

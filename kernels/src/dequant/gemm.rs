@@ -8,7 +8,7 @@
 use super::QuantFormat;
 use super::gemv::{
     next_tile, q4_scale_decode, q4_scales, q4_tail_x, q4_weights, q8_tail_x, q8_weights, scale_load,
-    tail_words, weight_tile, x_tile,
+    tail_words, weight_tile, word_tiled_only, x_tile,
 };
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -88,6 +88,7 @@ pub fn gemm_body(
     block_n: usize,
     block_k: usize,
 ) {
+    word_tiled_only(quant);
     gdc_wait();
     gdc_launch_dependents();
     let q4 = quant.is_q4();
@@ -183,6 +184,7 @@ pub fn gemm_swap(
     block_n: usize,
     block_k: usize,
 ) {
+    word_tiled_only(quant);
     gdc_wait();
     gdc_launch_dependents();
     let rows = if silu { n * 2 } else { n };

@@ -24,6 +24,21 @@ pub fn q4_weights(wd: Tensor, sh: Tensor, d: Tensor, off: Tensor) -> (Tensor, Te
     (fma(d, lo, off), fma(d, hi, off))
 }
 
+/// Refuses, when the kernel is built, a weight format the word-tiled bodies
+/// (GEMV, fused GEMV, GEMM, stream-K, the Q8 GEMV) do not read: their
+/// weight and scale indices assume the planes of Q4_0, Q4_1 and Q8_0 (see
+/// [`QuantFormat::gpu_kernels`]), so any other format would be read out of
+/// its planes' bounds. Those formats go through
+/// [`crate::dequant::linear::linear`].
+#[kernel_fn]
+pub fn word_tiled_only(quant: QuantFormat) {
+    static_assert(
+        quant.gpu_kernels(),
+        "the word-tiled dequant kernels take Q4_0, Q4_1 and Q8_0 weights (and Q5_0 repacked as Q8_0); \
+         other formats go through `linear`",
+    );
+}
+
 /// The raw scale entries of the blocks at index tile `s` (in blocks) of the
 /// scale plane: Q4_1 planes hold `(d, m)` f16 pairs, read as one 32-bit word;
 /// the other formats' hold `d` alone. Lanes where `ok` is false read nothing.
@@ -440,6 +455,7 @@ pub fn gemv_body(
     block_n: usize,
     block_k: usize,
 ) {
+    word_tiled_only(quant);
     let (silu, norm) = (fuse.silu(), fuse.norm());
     let q4 = quant.is_q4();
     let width = if q4 { block_k / 2 } else { block_k };

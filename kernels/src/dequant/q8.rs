@@ -47,7 +47,7 @@
 //! partial tile with masks. The epilogue (and the SiLU pairing of gate/up
 //! rows) is the parent module's.
 
-use super::gemv::{gemv_epilogue, q4_scale_decode, repeat_rows};
+use super::gemv::{gemv_epilogue, q4_scale_decode, repeat_rows, word_tiled_only};
 use super::{Fuse, QuantFormat};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -164,6 +164,7 @@ pub fn gemv_q8_body(
     block_n: usize,
     block_k: usize,
 ) {
+    word_tiled_only(quant);
     // Whole blocks (the layout contract): rows of quant words start 16-byte
     // aligned, so each thread chunk loads as 16-byte vectors.
     let k = multiple_of(k, 32);

@@ -10,6 +10,7 @@
 
 use super::QuantFormat;
 use super::gemm::{SwapLoop, gemm_epilogue, swap_acc};
+use super::gemv::word_tiled_only;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -51,6 +52,7 @@ pub fn gemm_swap_sk(
     block_n: usize,
     block_k: usize,
 ) {
+    word_tiled_only(quant);
     gdc_wait();
     gdc_launch_dependents();
     let rows = if silu { n * 2 } else { n };

@@ -14,10 +14,6 @@
 //!   `N * K * 5 / 8` bytes; activations and outputs not counted), so the
 //!   table shows it as a fraction of the copy ceiling.
 //!
-//! - `gemv/bf16/{q4_k,q6_k}/M1xK4096xN14336`, metric `us`: the GEMV kernel
-//!   on a Q4_K and a Q6_K weight, to compare with the Q4_1 row of the same
-//!   shape per GGUF weight byte (Q4_1 0.625, Q4_K 0.5625, Q6_K 0.8203
-//!   bytes per weight).
 //! - `path/{gemv,gemm}/bf16/M<m>xK<k>xN<n>`, metric `us`: both kernels on
 //!   SmolLM2's shapes at `M` in {8, 16, 32, 64} (untuned), the measurement
 //!   behind the crossover in `uses_gemv`.
@@ -432,14 +428,6 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 push_measured(&mut out, Record::latency(format!("grid/{label}/bf16/M{m}xK{k}xN{n}"), ms));
             }
         }
-    }
-    // The GEMV of the K-quants at the large decode shape, against the Q4_1
-    // row `gemm/bf16/M1xK4096xN14336` per GGUF weight byte.
-    let (k, n) = SHAPES[0];
-    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K] {
-        let (ms, _) = measure(cuda, opts, format, 1, k, n, false, true, StreamK::Never)?;
-        let name = format!("gemv/bf16/{}/M1xK{k}xN{n}", format.name().to_lowercase());
-        push_measured(&mut out, Record::latency(name, ms));
     }
     out.extend(fused_records(cuda, opts)?);
     Ok(out)
