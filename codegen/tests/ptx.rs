@@ -549,7 +549,8 @@ fn rmsnorm_family() {
 #[test]
 fn rope_kv_write() {
     use ::kernels::rope::rope_kv_write as k;
-    let f = |d: DType, q: usize, kv: usize, hd: usize| k::build(&k::Config::new(d, q, kv, hd)).unwrap();
+    let f =
+        |d: DType, q: usize, kv: usize, hd: usize| k::build(&k::Config::new(d, q, kv, hd, false)).unwrap();
     both(
         "rope_kv_write",
         &[
@@ -1134,7 +1135,8 @@ fn paged_decode() {
     );
     let t = |h_kv, group, hd, page, bn, split| {
         pointers_aligned(
-            tc::build(&tc::Config::new(DType::BF16, h_kv, group, hd, page, bn, split, 16, false)).unwrap(),
+            tc::build(&tc::Config::new(DType::BF16, h_kv, group, hd, page, bn, split, 16, false, false))
+                .unwrap(),
         )
     };
     let cfgs = [
@@ -1373,7 +1375,7 @@ fn dequant_autotune_configs_do_not_spill() {
 fn flash_attention_autotune_configs() {
     use ::kernels::flash_attention::flash_attention as k;
     for hd in [64usize, 128] {
-        let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true, false, false);
+        let base = k::Config::new(DType::BF16, 32, 8, hd, 16, 64, 32, true, false, false, false);
         for c in k::autotune_configs(&base) {
             let f = flash_specialized(&k::build(&c).unwrap());
             for t in [Target::Sm80, Target::Sm90a] {
@@ -1706,7 +1708,7 @@ fn batch_invariant_kernels_share_instructions() {
         .unwrap()
         .ptx;
         let (rows, warps) = if wgmma { (64, 4) } else { (16, 1) };
-        let dc = dk::Config::new(DType::BF16, 3, 3, 64, 16, t.block_n, false, rows, true);
+        let dc = dk::Config::new(DType::BF16, 3, 3, 64, 16, t.block_n, false, rows, true, false);
         let dec =
             compile(&pointers_aligned(dk::build(&dc).unwrap()), &options(target, warps, 3)).unwrap().ptx;
         for (name, ptx) in [("flash_attention", &fa), ("paged_decode_tc", &dec)] {

@@ -110,6 +110,7 @@
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
 use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
+use crate::kv_cache::{kv8_load, kv8_slot, kv8_tile};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -277,6 +278,7 @@ pub fn paged_decode_tc<T: Float>(
     #[constexpr] SPLIT: bool,
     #[constexpr] ROWS: usize,
     #[constexpr] INVARIANT: bool,
+    #[constexpr] KV8: bool,
 ) {
     static_assert(ROWS >= GROUP, "ROWS must hold the query heads of a KV head");
     gdc_wait();
@@ -307,6 +309,7 @@ pub fn paged_decode_tc<T: Float>(
         SPLIT,
         ROWS,
         INVARIANT,
+        KV8,
     );
 }
 
@@ -340,6 +343,7 @@ pub fn decode_tc_body(
     split_mode: bool,
     rows: usize,
     invariant: bool,
+    kv8: bool,
 ) {
     let start = split_id * split_len;
     let end = minimum(ctx, start + split_len);
@@ -375,10 +379,13 @@ pub fn decode_tc_body(
         for s0 in range(start, full_end, block_n) {
             let key = s0 + keys;
             let page = load(bt + key / page_size);
-            let kv = (page * page_size + key % page_size) * (h_kv * head_dim) + col;
-            let k = load(k_cache + kv);
+            let slot = page * page_size + key % page_size;
+            let kv = slot * (h_kv * head_dim) + col;
+            let k =
+                if kv8 { kv8_tile(k_cache, slot, col, h, h_kv, head_dim, dt) } else { load(k_cache + kv) };
             let s = dot(q, trans(k));
-            let v = load(v_cache + kv);
+            let v =
+                if kv8 { kv8_tile(v_cache, slot, col, h, h_kv, head_dim, dt) } else { load(v_cache + kv) };
             let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, dt, invariant);
             m = m_new;
             l = l_new;
@@ -389,11 +396,20 @@ pub fn decode_tc_body(
         let key = s0 + keys;
         let ok = key < end;
         let page = load(bt + key / page_size, mask = ok, other = 0);
-        let kv = (page * page_size + key % page_size) * (h_kv * head_dim) + col;
-        let k = load(k_cache + kv, mask = ok, other = 0.0);
+        let slot = page * page_size + key % page_size;
+        let kv = slot * (h_kv * head_dim) + col;
+        let k = if kv8 {
+            kv8_load(k_cache, kv8_slot(slot, h_kv, head_dim), col, h, ok, h_kv, head_dim, dt)
+        } else {
+            load(k_cache + kv, mask = ok, other = 0.0)
+        };
         let seen = expand_dims(s0 + arange(0, block_n) < end, 0);
         let s = dot(q, trans(k));
-        let v = load(v_cache + kv, mask = ok, other = 0.0);
+        let v = if kv8 {
+            kv8_load(v_cache, kv8_slot(slot, h_kv, head_dim), col, h, ok, h_kv, head_dim, dt)
+        } else {
+            load(v_cache + kv, mask = ok, other = 0.0)
+        };
         let (m_new, l_new, acc_new) =
             online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, dt, invariant);
         m = m_new;
@@ -483,6 +499,7 @@ pub fn tc_config(
         block_n,
         split,
         default_rows(group),
+        false,
         false,
     )
 }

@@ -132,6 +132,7 @@
 //!   targets the boxes' bounds masks cost registers that the plain loads
 //!   do not.
 
+use crate::kv_cache::{kv8_load, kv8_slot, kv8_tile};
 use dsl_macros::{kernel, kernel_fn};
 
 /// One key block of the online softmax (FlashAttention-2), shared by the
@@ -266,8 +267,10 @@ pub fn flash_attention<T: Float>(
     #[constexpr] CAUSAL: bool,
     #[constexpr] BOXES: bool,
     #[constexpr] INVARIANT: bool,
+    #[constexpr] KV8: bool,
 ) {
     static_assert(H_Q % H_KV == 0, "H_Q must be a multiple of H_KV");
+    static_assert(!(BOXES && KV8), "an FP8 KV cache is read with plain loads (BOXES off)");
     static_assert(PAGE.is_power_of_two(), "PAGE must be a power of two");
     // Programmatic dependent launch (sm_90): every input may come from the
     // previous kernel, so wait first; then let the next kernel start early.
@@ -345,12 +348,16 @@ pub fn flash_attention<T: Float>(
                 let row0 = (page << page_shift) + (n0 & page_mask);
                 let k = if BOXES {
                     load_block(k_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM])
+                } else if KV8 {
+                    kv8_tile(k_cache_ptr, row0 + keys2, head2, kvh, H_KV, HEAD_DIM, T)
                 } else {
                     load(k_cache_ptr + row0 * kv_cols + offs)
                 };
                 let s = dot(q, trans(k));
                 let v = if BOXES {
                     load_block(v_cache_ptr, kv_rows, kv_cols, kv_cols, row0, col0, [BLOCK_N, HEAD_DIM])
+                } else if KV8 {
+                    kv8_tile(v_cache_ptr, row0 + keys2, head2, kvh, H_KV, HEAD_DIM, T)
                 } else {
                     load(v_cache_ptr + row0 * kv_cols + offs)
                 };
@@ -364,10 +371,19 @@ pub fn flash_attention<T: Float>(
             for n0 in range(0, lo, BLOCK_N) {
                 let key = n0 + keys2;
                 let page = load(table + (key >> page_shift));
-                let kv = ((page << page_shift) + (key & page_mask)) * (H_KV * HEAD_DIM) + head2;
-                let k = load(k_cache_ptr + kv);
+                let slot = (page << page_shift) + (key & page_mask);
+                let kv = slot * (H_KV * HEAD_DIM) + head2;
+                let k = if KV8 {
+                    kv8_tile(k_cache_ptr, slot, head2, kvh, H_KV, HEAD_DIM, T)
+                } else {
+                    load(k_cache_ptr + kv)
+                };
                 let s = dot(q, trans(k));
-                let v = load(v_cache_ptr + kv);
+                let v = if KV8 {
+                    kv8_tile(v_cache_ptr, slot, head2, kvh, H_KV, HEAD_DIM, T)
+                } else {
+                    load(v_cache_ptr + kv)
+                };
                 let (m_new, l_new, acc_new) =
                     online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T, INVARIANT);
                 m_i = m_new;
@@ -384,14 +400,23 @@ pub fn flash_attention<T: Float>(
             let key2 = n0 + keys2;
             let kv_mask = key2 < hi;
             let page = load(table + key2 / PAGE, mask = kv_mask, other = 0);
-            let kv = (page * PAGE + key2 % PAGE) * (H_KV * HEAD_DIM) + head2;
-            let k = load(k_cache_ptr + kv, mask = kv_mask, other = 0.0);
+            let slot = page * PAGE + key2 % PAGE;
+            let kv = slot * (H_KV * HEAD_DIM) + head2;
+            let k = if KV8 {
+                kv8_load(k_cache_ptr, kv8_slot(slot, H_KV, HEAD_DIM), head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
+            } else {
+                load(k_cache_ptr + kv, mask = kv_mask, other = 0.0)
+            };
             let s = dot(q, trans(k));
             let mut seen = expand_dims(in_ctx, 0);
             if CAUSAL {
                 seen = seen && expand_dims(key, 0) <= pos;
             }
-            let v = load(v_cache_ptr + kv, mask = kv_mask, other = 0.0);
+            let v = if KV8 {
+                kv8_load(v_cache_ptr, kv8_slot(slot, H_KV, HEAD_DIM), head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
+            } else {
+                load(v_cache_ptr + kv, mask = kv_mask, other = 0.0)
+            };
             let (m_new, l_new, acc_new) =
                 online_softmax_step_masked(s, seen, qk_scale, v, m_i, l_i, acc, T, INVARIANT);
             m_i = m_new;
@@ -431,6 +456,9 @@ pub struct TileConfig {
     /// The batch-invariant softmax (`INVARIANT`: the row sum by one `fma`
     /// per block, see [`online_softmax_step`]).
     pub invariant: bool,
+    /// The caches are FP8 (`KV8`, [`crate::kv_cache`]); their blocks are
+    /// then plain loads, never boxes.
+    pub kv8: bool,
 }
 
 impl TileConfig {
@@ -445,6 +473,7 @@ impl TileConfig {
             min_programs_per_sm: 0,
             boxes: false,
             invariant: false,
+            kv8: false,
         }
     }
 
@@ -468,8 +497,9 @@ impl TileConfig {
             self.block_m,
             self.block_n,
             causal,
-            self.boxes,
+            self.boxes && !self.kv8,
             self.invariant,
+            self.kv8,
         )
         .with_warps(self.num_warps)
         .with_stages(self.num_stages)

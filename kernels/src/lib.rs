@@ -14,6 +14,7 @@ pub mod embedding;
 pub mod examples;
 pub mod flash_attention;
 pub mod fp8;
+pub mod kv_cache;
 pub mod matmul;
 pub mod reference;
 pub mod rmsnorm;

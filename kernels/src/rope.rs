@@ -78,6 +78,7 @@
 //! two, e.g. 64 or 128); `HALF = HEAD_DIM / 2` is derived. `T` (f32, bf16 or
 //! f16) is the storage dtype of `qkv`, `q_out` and the caches.
 
+use crate::kv_cache::{kv8_slot, kv8_store, kv8_store_pairs};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -96,6 +97,7 @@ pub fn rope_kv_write<T: Float>(
     #[constexpr] N_Q: usize,
     #[constexpr] N_KV: usize,
     #[constexpr] HEAD_DIM: usize,
+    #[constexpr] KV8: bool,
 ) {
     // Programmatic dependent launch (sm_90): every input may come from the
     // previous kernel, so wait first; then let the next kernel start early.
@@ -120,6 +122,7 @@ pub fn rope_kv_write<T: Float>(
         N_Q,
         N_KV,
         HEAD_DIM,
+        KV8,
     );
 }
 
@@ -191,6 +194,7 @@ pub fn rope_row(
     n_q: usize,
     n_kv: usize,
     head_dim: usize,
+    kv8: bool,
 ) {
     let row = tok * ((n_q + 2 * n_kv) * head_dim);
     let even = expand_dims(arange(0, head_dim / 2) * 2, 0);
@@ -211,12 +215,33 @@ pub fn rope_row(
     let k_src = qkv_ptr + row + n_q * head_dim + kh;
     let k0 = load(k_src, mask = valid, other = 0.0).to(f32);
     let k1 = load(k_src + 1, mask = valid, other = 0.0).to(f32);
-    let k_dst = k_cache_ptr + dst + kh;
-    store(k_dst, k0 * c - k1 * s, mask = valid);
-    store(k_dst + 1, k0 * s + k1 * c, mask = valid);
-    let vh = heads + expand_dims(arange(0, head_dim), 0);
-    let v = load(qkv_ptr + row + (n_q + n_kv) * head_dim + vh, mask = valid, other = 0.0);
-    store(v_cache_ptr + dst + vh, v, mask = valid);
+    if kv8 {
+        // The FP8 cache ([`crate::kv_cache`]): each head's values and scale.
+        let at = kv8_slot(where_(valid, slot, 0), n_kv, head_dim);
+        let hk = kv_first + arange(0, kv_count);
+        kv8_store_pairs(
+            k_cache_ptr,
+            at,
+            hk,
+            k0 * c - k1 * s,
+            k0 * s + k1 * c,
+            even,
+            1,
+            valid,
+            n_kv,
+            head_dim,
+        );
+        let vh = heads + expand_dims(arange(0, head_dim), 0);
+        let v = load(qkv_ptr + row + (n_q + n_kv) * head_dim + vh, mask = valid, other = 0.0).to(f32);
+        kv8_store(v_cache_ptr, at, hk, v, valid, n_kv, head_dim);
+    } else {
+        let k_dst = k_cache_ptr + dst + kh;
+        store(k_dst, k0 * c - k1 * s, mask = valid);
+        store(k_dst + 1, k0 * s + k1 * c, mask = valid);
+        let vh = heads + expand_dims(arange(0, head_dim), 0);
+        let v = load(qkv_ptr + row + (n_q + n_kv) * head_dim + vh, mask = valid, other = 0.0);
+        store(v_cache_ptr + dst + vh, v, mask = valid);
+    }
 }
 
 /// The heads of a fused QKV row, for a product whose epilogue is
@@ -343,6 +368,7 @@ pub fn rope_arch_kv_write<T: Float>(
     #[constexpr] FACTORS: bool,
     #[constexpr] BIAS: bool,
     #[constexpr] QK_NORM: bool,
+    #[constexpr] KV8: bool,
 ) {
     gdc_wait();
     gdc_launch_dependents();
@@ -387,15 +413,38 @@ pub fn rope_arch_kv_write<T: Float>(
     let k_rstd = expand_dims(rsqrt(sum(k0 * k0 + k1 * k1, 1) / HEAD_DIM + eps), 1);
     let k0 = if QK_NORM { k0 * k_rstd * load(norm_ptr + HEAD_DIM + first) } else { k0 };
     let k1 = if QK_NORM { k1 * k_rstd * load(norm_ptr + HEAD_DIM + first + step) } else { k1 };
-    let k_dst = k_cache_ptr + dst + kh;
-    store(k_dst, k0 * c - k1 * s, mask = valid);
-    store(k_dst + step, k0 * s + k1 * c, mask = valid);
-    let vh = heads + expand_dims(arange(0, HEAD_DIM), 0);
-    let v_off = (N_Q + N_KV) * HEAD_DIM;
-    let v = load(qkv_ptr + row + v_off + vh, mask = valid, other = 0.0);
-    if BIAS {
-        store(v_cache_ptr + dst + vh, v.to(f32) + load(bias_ptr + v_off + vh), mask = valid);
+    if KV8 {
+        // The FP8 cache ([`crate::kv_cache`]): each head's values and scale.
+        let at = kv8_slot(where_(valid, slot, 0), N_KV, HEAD_DIM);
+        let hk = arange(0, N_KV);
+        kv8_store_pairs(
+            k_cache_ptr,
+            at,
+            hk,
+            k0 * c - k1 * s,
+            k0 * s + k1 * c,
+            first,
+            step,
+            valid,
+            N_KV,
+            HEAD_DIM,
+        );
+        let vh = heads + expand_dims(arange(0, HEAD_DIM), 0);
+        let v_off = (N_Q + N_KV) * HEAD_DIM;
+        let v = load(qkv_ptr + row + v_off + vh, mask = valid, other = 0.0).to(f32);
+        let v = if BIAS { v + load(bias_ptr + v_off + vh) } else { v };
+        kv8_store(v_cache_ptr, at, hk, v, valid, N_KV, HEAD_DIM);
     } else {
-        store(v_cache_ptr + dst + vh, v, mask = valid);
+        let k_dst = k_cache_ptr + dst + kh;
+        store(k_dst, k0 * c - k1 * s, mask = valid);
+        store(k_dst + step, k0 * s + k1 * c, mask = valid);
+        let vh = heads + expand_dims(arange(0, HEAD_DIM), 0);
+        let v_off = (N_Q + N_KV) * HEAD_DIM;
+        let v = load(qkv_ptr + row + v_off + vh, mask = valid, other = 0.0);
+        if BIAS {
+            store(v_cache_ptr + dst + vh, v.to(f32) + load(bias_ptr + v_off + vh), mask = valid);
+        } else {
+            store(v_cache_ptr + dst + vh, v, mask = valid);
+        }
     }
 }

@@ -22,7 +22,7 @@ use crate::gguf::{Gguf, LlamaConfig, Vocab};
 use crate::memory_plan::{Bytes, KvShape, MemoryPlan, MemoryPlanInputs};
 use crate::model::ActElem;
 use crate::model::mega::DecodePath;
-use crate::model::{Device, Model, Weights};
+use crate::model::{Device, KvCacheDtype, Model, Weights};
 use crate::tokenizer::Tokenizer;
 use codegen::host::Host;
 use dsl_core::half::bf16;
@@ -106,6 +106,8 @@ pub struct LoadOptions {
     pub batch_invariance: bool,
     /// Which decode steps run as one persistent kernel.
     pub decode_path: DecodePath,
+    /// What the KV cache stores.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl Default for LoadOptions {
@@ -124,6 +126,7 @@ impl Default for LoadOptions {
             speculation: None,
             batch_invariance: true,
             decode_path: DecodePath::default(),
+            kv_cache_dtype: KvCacheDtype::Auto,
         }
     }
 }
@@ -467,7 +470,10 @@ pub fn build_engine<D: Device, T: ActElem>(
     let per_seq_blocks = max_model_len.div_ceil(opts.block_size);
     let want_blocks = opts.max_blocks.unwrap_or(per_seq_blocks * opts.max_num_seqs);
     let inputs = MemoryPlanInputs {
-        kv: KvShape::from_llama(config, elem as usize),
+        kv: KvShape {
+            fp8: opts.kv_cache_dtype == KvCacheDtype::Fp8,
+            ..KvShape::from_llama(config, elem as usize)
+        },
         weight_bytes: weights,
         workspace_bytes: workspace_bytes(config, opts, elem),
         available_bytes: available,
@@ -485,7 +491,7 @@ pub fn build_engine<D: Device, T: ActElem>(
     let loading = bar(opts.verbose, Some(config.n_layers as u64 + 1), "weights");
     let w = Weights::<D, T>::load_with_progress(dev, gguf, &mut |done, _| loading.set_position(done as u64));
     loading.finish_and_clear();
-    let mut model = Model::new(dev, w?, plan.num_blocks, opts.block_size)?;
+    let mut model = Model::with_kv_cache(dev, w?, plan.num_blocks, opts.block_size, opts.kv_cache_dtype)?;
     model.set_batch_invariance(opts.batch_invariance);
     model.set_decode_path(opts.decode_path)?;
     if opts.verbose {

@@ -5,7 +5,9 @@
 //! # Arithmetic
 //!
 //! One token of KV costs `2 (K and V) * n_layers * n_kv_heads * head_dim *
-//! dtype_bytes` bytes; a block costs `block_size` times that. The KV budget is
+//! dtype_bytes` bytes (an FP8 cache: `2 * n_layers * slot_bytes`, the
+//! values, a 4-byte scale per head and padding to 16 bytes; see
+//! `kernels::kv_cache`); a block costs `block_size` times that. The KV budget is
 //! `available - weights - workspace - reserve`, and
 //!
 //! ```text
@@ -16,7 +18,8 @@
 //!
 //! The offset cap is the kernels' rule: one layer's cache tensor
 //! `[num_blocks, block_size, n_kv, head_dim]` must have fewer than 2^31
-//! elements (it also keeps every slot inside i32).
+//! elements (it also keeps every slot inside i32); an FP8 layer fewer than
+//! 2^31 bytes.
 //!
 //! Invariants of a [`MemoryPlan`] (errors otherwise): weights, workspace,
 //! reserve and KV cache together fit in `available`, and the cache holds at
@@ -38,8 +41,12 @@ pub struct KvShape {
     pub n_kv_heads: usize,
     /// Dimension of one head.
     pub head_dim: usize,
-    /// Bytes per cache element (2 for bf16/f16, 4 for f32).
+    /// Bytes per cache element (2 for bf16/f16, 4 for f32); with `fp8`
+    /// unused.
     pub dtype_bytes: usize,
+    /// An FP8 cache: a token's heads take
+    /// [`kernels::kv_cache::slot_bytes`] bytes per layer for K and for V.
+    pub fp8: bool,
 }
 
 impl KvShape {
@@ -50,14 +57,24 @@ impl KvShape {
             n_kv_heads: config.n_head_kv,
             head_dim: config.head_dim,
             dtype_bytes,
+            fp8: false,
         }
+    }
+
+    /// Bytes (FP8: elements are bytes) of one token's K, or V, in one layer.
+    fn slot_len(&self) -> Option<u64> {
+        if self.fp8 {
+            return Some(kernels::kv_cache::slot_bytes(self.n_kv_heads, self.head_dim) as u64);
+        }
+        (self.n_kv_heads as u64).checked_mul(self.head_dim as u64)
     }
 
     /// Bytes of K and V of one token over all layers (`None` on overflow).
     pub fn bytes_per_token(&self) -> Option<u64> {
-        [self.n_layers, self.n_kv_heads, self.head_dim, self.dtype_bytes]
+        let elem = if self.fp8 { 1 } else { self.dtype_bytes as u64 };
+        [self.n_layers as u64, elem]
             .iter()
-            .try_fold(2u64, |acc, &x| acc.checked_mul(x as u64))
+            .try_fold(self.slot_len()?.checked_mul(2)?, |acc, &x| acc.checked_mul(x))
     }
 }
 
@@ -157,7 +174,7 @@ impl MemoryPlan {
             )));
         }
         let by_memory = (inputs.available_bytes - fixed) / bytes_per_block;
-        let elements_per_block = (inputs.block_size * kv.n_kv_heads * kv.head_dim) as u64;
+        let elements_per_block = kv.slot_len().ok_or_else(overflow)? * inputs.block_size as u64;
         let by_offsets = MAX_CACHE_ELEMENTS / elements_per_block;
         let mut num_blocks = by_memory;
         let mut limit = BlockLimit::Memory;
@@ -265,17 +282,24 @@ impl fmt::Display for MemoryPlan {
         writeln!(f, "  weights      {:>12}", Bytes(i.weight_bytes).to_string())?;
         writeln!(f, "  workspace    {:>12}", Bytes(i.workspace_bytes).to_string())?;
         writeln!(f, "  reserve      {:>12}", Bytes(i.reserve_bytes).to_string())?;
+        let slot = if kv.fp8 {
+            format!(
+                "{} heads x ({} + 4 scale) B, FP8, padded to {} B",
+                kv.n_kv_heads,
+                kv.head_dim,
+                kv.slot_len().unwrap_or(0)
+            )
+        } else {
+            format!("{} heads x {} x {} B", kv.n_kv_heads, kv.head_dim, kv.dtype_bytes)
+        };
         writeln!(
             f,
-            "  KV cache     {:>12}  {} blocks x {} ({} tokens x {} layers x K,V x {} heads x {} x {} B)",
+            "  KV cache     {:>12}  {} blocks x {} ({} tokens x {} layers x K,V x {slot})",
             Bytes(self.kv_cache_bytes).to_string(),
             self.num_blocks,
             Bytes(self.bytes_per_block),
             i.block_size,
             kv.n_layers,
-            kv.n_kv_heads,
-            kv.head_dim,
-            kv.dtype_bytes
         )?;
         writeln!(f, "  unused       {:>12}", Bytes(self.unused_bytes()).to_string())?;
         writeln!(f, "  blocks limited by {}", self.limit)?;
@@ -304,7 +328,7 @@ mod tests {
 
     /// SmolLM2-135M's cache shape in bf16.
     fn smollm2() -> KvShape {
-        KvShape { n_layers: 30, n_kv_heads: 3, head_dim: 64, dtype_bytes: 2 }
+        KvShape { n_layers: 30, n_kv_heads: 3, head_dim: 64, dtype_bytes: 2, fp8: false }
     }
 
     fn inputs() -> MemoryPlanInputs {
@@ -362,7 +386,7 @@ mod tests {
     fn caps_by_offsets_and_request() {
         // 64 KV heads of 128: 2^31 / (16 * 8192) = 16383 blocks, far below
         // what a terabyte would hold.
-        let big = KvShape { n_layers: 1, n_kv_heads: 64, head_dim: 128, dtype_bytes: 2 };
+        let big = KvShape { n_layers: 1, n_kv_heads: 64, head_dim: 128, dtype_bytes: 2, fp8: false };
         let plan =
             MemoryPlan::new(MemoryPlanInputs { kv: big, available_bytes: 1 << 40, ..inputs() }).unwrap();
         assert_eq!(plan.limit, BlockLimit::Offsets);

@@ -136,12 +136,12 @@ fn build_collatz() -> dsl_core::Result<(Function, LaunchOptions)> {
 
 fn build_rope_kv_write() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::rope::rope_kv_write as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, 9, 3, 64))
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 9, 3, 64, false))
 }
 
 fn build_rope_arch_kv_write() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::rope::rope_arch_kv_write as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, 16, 8, 128, true, true, true, true))
+    spec::<k::Kernel>(k::Config::new(DType::BF16, 16, 8, 128, true, true, true, true, false))
 }
 
 fn build_add_rmsnorm() -> dsl_core::Result<(Function, LaunchOptions)> {
@@ -238,7 +238,7 @@ fn build_paged_decode() -> dsl_core::Result<(Function, LaunchOptions)> {
 fn build_paged_decode_tc() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::decode_attention::paged_decode_tc as k;
     spec::<k::Kernel>(
-        k::Config::new(DType::BF16, 8, 4, 128, 16, 64, false, 16, false).with_warps(4).with_stages(3),
+        k::Config::new(DType::BF16, 8, 4, 128, 16, 64, false, 16, false, false).with_warps(4).with_stages(3),
     )
 }
 

@@ -121,6 +121,7 @@ fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
         case.causal,
         case.boxes,
         false,
+        false,
     );
     let max_q = case.seqs.iter().map(|s| s.0).max().unwrap_or(0);
     let grid = fa::grid(max_q, case.seqs.len(), case.n_q, case.block_m);

@@ -184,7 +184,7 @@ fn interpret<T: Storage>(inputs: Inputs<'_>, shape: RopeShape, theta: f64) -> Re
     let tokens = inputs.1.len();
     let mut b = Buffers::<T>::new(inputs, shape);
     let args = rope_args!(rope_kv_write, b, theta);
-    let config = rope_kv_write::Config::new(T::DTYPE, n_q, n_kv, d);
+    let config = rope_kv_write::Config::new(T::DTYPE, n_q, n_kv, d, false);
     rope_kv_write::interpret(&mut b.cpu, [tokens as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     Ok(b.read())
@@ -300,6 +300,7 @@ fn interpret_arch<T: Storage>(
         arch.factors.is_some(),
         arch.bias.is_some(),
         arch.qk_norm.is_some(),
+        false,
     );
     rope_arch_kv_write::interpret(&mut b.cpu, [tokens as u32, 1, 1], &config, &args)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;

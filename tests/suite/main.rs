@@ -10,6 +10,7 @@ mod lib_embedding;
 mod lib_flash_attention;
 mod lib_fp8;
 mod lib_kquant;
+mod lib_kv_cache;
 mod lib_linear;
 mod lib_matmul;
 mod lib_norm;

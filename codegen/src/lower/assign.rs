@@ -332,7 +332,7 @@ mod tests {
     /// `BLOCK_N` 32, causal) and its plan for 4 warps.
     fn flash(causal: bool) -> (Function, MmaPlan) {
         use kernels::flash_attention::flash_attention as k;
-        let c = k::Config::new(DType::BF16, 9, 3, 64, 16, 64, 32, causal, false, false);
+        let c = k::Config::new(DType::BF16, 9, 3, 64, 16, 64, 32, causal, false, false, false);
         let mut f = k::build(&c).unwrap();
         dsl_core::passes::canonicalize::canonicalize(&mut f);
         let p = plan(&f, 4, crate::Target::Sm90a, 2);

@@ -228,6 +228,7 @@ pub fn decode_step<T: Float>(
     #[constexpr] F16: bool,
     #[constexpr] ONE_ROW: bool,
     #[constexpr] TRACE: bool,
+    #[constexpr] KV8: bool,
 ) {
     static_assert(N_HEAD % N_KV == 0, "query heads must group evenly over KV heads");
     // Per-layer strides in whole 16-byte lines (see `STRIDE_ALIGN`).
@@ -301,7 +302,7 @@ pub fn decode_step<T: Float>(
     // A stacked QKV product rotates Q and K itself and writes them (and V)
     // where the attention reads them ([`rope_pairs`]); otherwise the
     // attention task does it ([`rope_row`]) from the QKV row.
-    let fused_rope = F_QKV.stacks(one, qkv_rows_n, N_EMBD);
+    let fused_rope = F_QKV.stacks(one, qkv_rows_n, N_EMBD) && !KV8;
     let rope_qkv = if fused_rope { RopeShape::NONE.heads(N_HEAD, N_KV, HEAD_DIM) } else { RopeShape::NONE };
     let qkv_out = if fused_rope { q_ptr } else { qkv_ptr };
     let t_qkv = count_tiles(n_qkv, bn_qkv);
@@ -407,6 +408,7 @@ pub fn decode_step<T: Float>(
                 N_KV,
                 HEAD_DIM,
                 PAGE,
+                KV8,
             );
             // The token's rotation and cache slot do not depend on the
             // QKV product either.
@@ -439,6 +441,7 @@ pub fn decode_step<T: Float>(
                     N_HEAD,
                     N_KV,
                     HEAD_DIM,
+                    KV8,
                 );
                 barrier();
             }
@@ -469,6 +472,7 @@ pub fn decode_step<T: Float>(
                 false,
                 ATT_ROWS,
                 true,
+                KV8,
             );
             mark(trace_ptr, s0 + 1 + 3 * n_marks as i32, width, TRACE);
             atomic_add(stage_ptr + s0 + 1, 1, sem = "release");

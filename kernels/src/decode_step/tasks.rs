@@ -9,6 +9,7 @@ use crate::dequant::stacked::{
     StackedShape, packed_epilogue, packed_sums, stacked_load, stacked_rows, stacked_sums,
 };
 use crate::dequant::{Fuse, QuantFormat};
+use crate::kv_cache::kv8_slot;
 use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
 use crate::rope::{RopeShape, rope_pairs};
 use dsl_core::DType;
@@ -365,14 +366,25 @@ pub fn prefetch_kv(
     h_kv: usize,
     head_dim: usize,
     page: usize,
+    kv8: bool,
 ) {
     for c0 in range(0, len, 128) {
         let tok = c0 + arange(0, 128);
         let ok = tok < len;
         let blk = load(bt + tok / page, mask = ok, other = 0);
-        let row = (blk * page + tok % page) * (h_kv * head_dim) + h * head_dim;
-        prefetch_l2(k_cache + row, mask = ok);
-        prefetch_l2(v_cache + row, mask = ok);
+        if kv8 {
+            // A head's bytes and its slot's scales ([`crate::kv_cache`]).
+            let at = kv8_slot(blk * page + tok % page, h_kv, head_dim);
+            let (k8, v8) = (ptrcast(k_cache, u8), ptrcast(v_cache, u8));
+            prefetch_l2(k8 + at + h * head_dim, mask = ok);
+            prefetch_l2(v8 + at + h * head_dim, mask = ok);
+            prefetch_l2(k8 + at + (h_kv * head_dim) as i32, mask = ok);
+            prefetch_l2(v8 + at + (h_kv * head_dim) as i32, mask = ok);
+        } else {
+            let row = (blk * page + tok % page) * (h_kv * head_dim) + h * head_dim;
+            prefetch_l2(k_cache + row, mask = ok);
+            prefetch_l2(v_cache + row, mask = ok);
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod embedding;
 pub mod fp8;
+pub mod kv_cache;
 pub mod matmul;
 pub mod norm;
 pub mod quant;

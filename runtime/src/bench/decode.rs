@@ -7,7 +7,11 @@
 //! split plan splits the context, the reduce kernel. The rows named like
 //! peers.py's run the tensor-core kernel (`paged_decode_tc`); rows marked
 //! `[streams]` run the per-lane-stream kernel (`paged_decode`, what f32
-//! caches use) on the same bf16 inputs, for comparison.
+//! caches use) on the same bf16 inputs, for comparison; rows marked `[fp8
+//! KV]` the tensor-core kernel on an FP8 cache (`kernels::kv_cache`) of the
+//! same shape, in TB/s of the FP8 cache's bytes (values and scales, `2 * B *
+//! L * slot_bytes`): compare its time with the plain row's for the token
+//! rate.
 
 use crate::bench::{BenchOptions, Record, pick_config, push_measured, time_median_ms};
 use crate::check::Rng;
@@ -18,6 +22,8 @@ use crate::model::args::decode_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan, tc_config};
+use kernels::kv_cache::slot_bytes;
+use kernels::reference::kv_cache::fp8_cache;
 use std::marker::PhantomData;
 
 /// peers.py's decode shapes: (batch, context, query heads, KV heads, head dim).
@@ -38,6 +44,7 @@ fn decode_record(
     (b, l, hq, hkv, hd): (usize, usize, usize, usize, usize),
     tc: bool,
     tuned: bool,
+    kv8: bool,
 ) -> Result<Record> {
     let group = hq / hkv;
     let pages = l.div_ceil(PAGE);
@@ -47,7 +54,16 @@ fn decode_record(
     // A random pattern repeated over the cache (generating a GB per tensor on
     // the host would dominate the bench's time; the kernel cannot tell).
     let pattern = rng.values::<bf16>(1 << 20, 2.0);
-    let fill: Vec<bf16> = pattern.iter().copied().cycle().take(cache).collect();
+    let fill: Vec<bf16> = if kv8 {
+        // Whole FP8 slots of random values, as bytes in bf16 pairs.
+        let slots = (1 << 20) / (hkv * hd);
+        let vals: Vec<f32> = pattern[..slots * hkv * hd].iter().map(|v| v.to_f32()).collect();
+        let bytes = fp8_cache(&vals, slots, hkv, hd);
+        let n = num_blocks * PAGE * slot_bytes(hkv, hd) / 2;
+        bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).cycle().take(n).collect()
+    } else {
+        pattern.iter().copied().cycle().take(cache).collect()
+    };
     let (kd, vd) = (cuda.gpu().upload(&fill)?, cuda.gpu().upload(&fill)?);
     drop(fill);
     let q = rng.values::<bf16>(b * hq * hd, 2.0);
@@ -76,7 +92,10 @@ fn decode_record(
     }
     let grid = [b as u32, hkv as u32, splits as u32];
     let (tc_args, st_args) = (args!(paged_decode_tc), args!(paged_decode));
-    let tc_base = tc_config(DType::BF16, hkv, group, hd, PAGE, 64, split).with_warps(4).with_stages(3);
+    let tc_base =
+        paged_decode_tc::Config { KV8: kv8, ..tc_config(DType::BF16, hkv, group, hd, PAGE, 64, split) }
+            .with_warps(4)
+            .with_stages(3);
     let st_base = paged_decode::Config::new(DType::BF16, hkv, group, hd, PAGE, 16, split);
     let (tc_config, st_config, tuned) = match (tc, tuned) {
         (true, true) => {
@@ -116,8 +135,14 @@ fn decode_record(
         }
         Ok(())
     })?;
-    let bytes = 2.0 * (b * l * hkv * hd) as f64 * 2.0;
-    let name = format!("decode/bf16/B{b}/L{l}/hq{hq}_hkv{hkv}_hd{hd}{}", if tc { "" } else { " [streams]" });
+    let bytes =
+        if kv8 { 2.0 * (b * l * slot_bytes(hkv, hd)) as f64 } else { 2.0 * (b * l * hkv * hd) as f64 * 2.0 };
+    let variant = match (tc, kv8) {
+        (_, true) => " [fp8 KV]",
+        (true, false) => "",
+        (false, false) => " [streams]",
+    };
+    let name = format!("decode/bf16/B{b}/L{l}/hq{hq}_hkv{hkv}_hd{hd}{variant}");
     Ok(Record::new(name, "TB/s", bytes / ms / 1e9, ms).with_tuned(tuned))
 }
 
@@ -126,9 +151,10 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     for shape in SHAPES {
         for &tuned in opts.tunings() {
-            push_measured(&mut out, decode_record(cuda, opts, shape, true, tuned)?);
+            push_measured(&mut out, decode_record(cuda, opts, shape, true, tuned, false)?);
         }
-        push_measured(&mut out, decode_record(cuda, opts, shape, false, opts.autotune)?);
+        push_measured(&mut out, decode_record(cuda, opts, shape, false, opts.autotune, false)?);
+        push_measured(&mut out, decode_record(cuda, opts, shape, true, false, true)?);
     }
     Ok(out)
 }

@@ -214,7 +214,7 @@ pub fn flash_attention<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow
 /// kernel, so a new config is always checked), boxes where `wgmma` copies
 /// them with TMA (as `config_for` decides).
 fn tune_tiles(wgmma: bool) -> Vec<TileConfig> {
-    let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false, wgmma, false);
+    let base = flash_attention::Config::new(DType::BF16, 1, 1, 64, 16, 64, 32, false, wgmma, false, false);
     flash_attention::autotune_configs(&base)
         .iter()
         .map(|c| TileConfig {
@@ -225,6 +225,7 @@ fn tune_tiles(wgmma: bool) -> Vec<TileConfig> {
             min_programs_per_sm: c.min_programs_per_sm,
             boxes: c.BOXES,
             invariant: c.INVARIANT,
+            kv8: c.KV8,
         })
         .collect()
 }

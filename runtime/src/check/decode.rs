@@ -355,6 +355,8 @@ pub fn paged_decode_tc<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow
     out.push(decode_tc_case::<f16, _>(dev, &mut rng, case(3, 777, 8, 4, 128, 32, 64, 4, Some(256)), 3)?);
     out.push(decode_tc_case::<bf16, _>(dev, &mut rng, case(4, 61, 3, 3, 64, 16, 16, 4, None), 2)?);
     out.push(decode_tc_case::<bf16, _>(dev, &mut rng, case(1, 17, 3, 3, 64, 16, 64, 4, None), 3)?);
+    // The FP8 KV cache's writer and readers (`kernels::kv_cache`).
+    out.extend(super::kv8::rows(dev, seed ^ 0x006b_7638)?);
     Ok(out)
 }
 

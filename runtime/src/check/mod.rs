@@ -34,6 +34,7 @@ pub mod fp8;
 pub mod grammar;
 pub mod host;
 pub mod invariance;
+pub mod kv8;
 pub mod matmul;
 pub mod mega;
 pub mod model;

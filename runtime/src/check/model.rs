@@ -42,7 +42,7 @@ use crate::model::ActElem;
 use crate::model::GraphMode;
 use crate::model::mega::DecodePath;
 use crate::model::sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
-use crate::model::{Device, Model, Step, Weights};
+use crate::model::{Device, KvCacheDtype, Model, Step, Weights};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -350,10 +350,22 @@ pub fn decode_scenario<D: Device, T: ActElem>(
     sc: &Scenario,
     params: &[SamplingParams],
 ) -> Result<(Vec<SampledStep>, Model<D, T>)> {
+    decode_scenario_kv(dev, gguf, mode, sc, params, KvCacheDtype::Auto)
+}
+
+/// [`decode_scenario`] with the KV cache in `kv`.
+pub fn decode_scenario_kv<D: Device, T: ActElem>(
+    dev: &mut D,
+    gguf: &Gguf,
+    mode: GraphMode,
+    sc: &Scenario,
+    params: &[SamplingParams],
+    kv: KvCacheDtype,
+) -> Result<(Vec<SampledStep>, Model<D, T>)> {
     let weights = Weights::<D, T>::load(dev, gguf)?;
     let vocab = weights.config.vocab_size;
     let pages = (sc.prompt + 2 * sc.seqs + sc.batches.len()).div_ceil(16).max(SEQ_PAGES);
-    let mut model = Model::new(dev, weights, sc.seqs * pages, 16)?;
+    let mut model = Model::with_kv_cache(dev, weights, sc.seqs * pages, 16, kv)?;
     model.set_graph_mode(mode);
     model.set_split_override(sc.split);
     model.set_batch_invariance(sc.invariant);

@@ -144,7 +144,7 @@ fn rope_on<T: ActElem, D: Device>(
     s: Shape,
     inp: &RopeInputs<T>,
 ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
-    let config = rope_kv_write::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d);
+    let config = rope_kv_write::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d, false);
     let b = inp.upload(dev, s)?;
     let (inputs, outputs) = b.ptrs()?;
     let args = rope_args!(rope_kv_write, inputs, outputs, s.theta);
@@ -236,7 +236,8 @@ fn rope_arch_on<T: ActElem, D: Device>(
     norm: &[f32],
 ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     use kernels::rope::rope_arch_kv_write as k;
-    let config = k::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d, o.neox, o.factors, o.bias, o.qk_norm);
+    let config =
+        k::Config::new(T::DEVICE_DTYPE, s.n_q, s.n_kv, s.d, o.neox, o.factors, o.bias, o.qk_norm, false);
     let b = inp.upload(dev, s)?;
     let (fd, bd, nd) = (dev.upload(factors)?, dev.upload(bias)?, dev.upload(norm)?);
     let (inputs, outputs) = b.ptrs()?;

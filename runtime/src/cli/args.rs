@@ -4,6 +4,7 @@
 //! must fit together) is the commands' job (`LoadOptions::validate`).
 
 use crate::app::{DeviceChoice, DtypeChoice, LoadOptions};
+use crate::model::KvCacheDtype;
 use crate::model::mega::DecodePath;
 use crate::model::sampler::SamplingParams;
 use clap::{Args, Subcommand, ValueEnum};
@@ -109,6 +110,11 @@ pub struct ModelArgs {
     /// operation, in CUDA graphs) or `auto` (where it is measured to win).
     #[arg(long, default_value = "auto")]
     pub decode_path: DecodePath,
+    /// What the KV cache stores: `auto` (the activation dtype) or `fp8`
+    /// (E4M3 values with a power-of-two scale per token and KV head, about
+    /// half of bf16's bytes; see README, "FP8 KV cache").
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl ModelArgs {
@@ -128,6 +134,7 @@ impl ModelArgs {
             speculation: None,
             batch_invariance: !self.no_batch_invariance,
             decode_path: self.decode_path,
+            kv_cache_dtype: self.kv_cache_dtype,
         }
     }
 }
@@ -401,6 +408,10 @@ pub struct BenchArgs {
     /// The `model` family's decode path (see `generate --help`).
     #[arg(long, default_value = "auto")]
     pub decode_path: DecodePath,
+    /// The `model` family's KV cache (rows tagged `[fp8 KV]` with `fp8`;
+    /// see `generate --help`).
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    pub kv_cache_dtype: KvCacheDtype,
     /// `bench serve`: load-test a running server instead of the kernels.
     #[command(subcommand)]
     pub mode: Option<BenchMode>,

@@ -13,6 +13,7 @@ use crate::check;
 use crate::cuda::Cuda;
 use crate::error::{Error, Result};
 use crate::generate::{Chat, Generate};
+use crate::model::KvCacheDtype;
 use crate::model::mega::DecodePath;
 use crate::parity::{Golden, Parity};
 use crate::registry;
@@ -380,11 +381,15 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             max_num_seqs: a.batches.iter().copied().max().unwrap_or(1).max(1),
             batch_invariance: !a.no_batch_invariance,
             decode_path: a.decode_path,
+            kv_cache_dtype: a.kv_cache_dtype,
             ..LoadOptions::default()
         };
         let mut tags = Vec::new();
         if a.no_batch_invariance {
             tags.push("no-batch-invariance".to_string());
+        }
+        if a.kv_cache_dtype == KvCacheDtype::Fp8 {
+            tags.push("fp8 KV".to_string());
         }
         if a.decode_path != DecodePath::Auto {
             tags.push(format!("decode-path {}", a.decode_path.name()));

@@ -22,7 +22,7 @@ use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::model::ActElem;
 use crate::model::sampler::SamplingParams;
-use crate::model::{Device, GraphMode, Model, Weights};
+use crate::model::{Device, GraphMode, KvCacheDtype, Model, Weights};
 use crate::scheduler::SchedulerConfig;
 use crate::spec::SpecConfig;
 use crate::spec::draft::{DraftModel, truncate_layers};
@@ -42,6 +42,8 @@ pub struct Setup {
     pub invariant: bool,
     /// How decode steps launch.
     pub graphs: GraphMode,
+    /// What the KV cache stores.
+    pub kv_cache: KvCacheDtype,
 }
 
 impl Setup {
@@ -54,6 +56,7 @@ impl Setup {
             max_model_len,
             invariant: true,
             graphs: GraphMode::Graphs,
+            kv_cache: KvCacheDtype::Auto,
         }
     }
 }
@@ -61,7 +64,7 @@ impl Setup {
 /// An engine over `gguf` in dtype `T` with the settings `s`.
 pub fn engine<D: Device, T: ActElem>(dev: &mut D, gguf: &Gguf, s: Setup) -> Result<Engine<D, T>> {
     let weights = Weights::<D, T>::load(dev, gguf)?;
-    let mut model = Model::new(dev, weights, s.num_blocks, 16)?;
+    let mut model = Model::with_kv_cache(dev, weights, s.num_blocks, 16, s.kv_cache)?;
     model.set_batch_invariance(s.invariant);
     model.set_graph_mode(s.graphs);
     let config = SchedulerConfig {

@@ -109,3 +109,22 @@ fn without_batch_invariance_batching_changes_the_logprobs() {
     let got = run_with(&mut cpu, &mut e, &targets(), others(63, 3, vocab), 3).unwrap();
     assert!(want.iter().zip(&got).any(|(w, g)| w.1 != g.1), "the fast path happened to be batch-invariant");
 }
+
+/// The matrix with an FP8 KV cache: its readers form the same values in
+/// every kernel (prefill, decode, any batch), so the guarantee holds as with
+/// the 16-bit cache; and the cache really is FP8 (the tokens' logprobs
+/// differ from the f32 cache's).
+#[test]
+fn an_fp8_kv_cache_keeps_the_guarantee() {
+    let mut cpu = Cpu::new();
+    let gguf = tiny_flat_model().unwrap();
+    let base = Setup { kv_cache: crate::model::KvCacheDtype::Fp8, ..Setup::roomy(128) };
+    let results = run_matrix::<Cpu, f32>(&mut cpu, &gguf, &targets(), base, &Matrix::default()).unwrap();
+    assert!(results.len() >= 17, "{results:?}");
+    assert_all_pass("the matrix with an FP8 KV cache", &results);
+    let mut e8 = engine::<Cpu, f32>(&mut cpu, &gguf, base).unwrap();
+    let fp8 = run_with(&mut cpu, &mut e8, &targets(), Vec::new(), 0).unwrap();
+    let mut e = engine::<Cpu, f32>(&mut cpu, &gguf, Setup::roomy(128)).unwrap();
+    let plain = run_with(&mut cpu, &mut e, &targets(), Vec::new(), 0).unwrap();
+    assert_ne!(fp8[0].1, plain[0].1, "the FP8 cache left the greedy request's logprobs unchanged");
+}

@@ -35,7 +35,7 @@ pub(crate) fn invariant_decode(
     page: usize,
 ) -> paged_decode_tc::Config {
     let (block_n, rows, warps) = invariant_decode_shape(dtype, wgmma, group, head_dim, page);
-    paged_decode_tc::Config::new(dtype, h_kv, group, head_dim, page, block_n, false, rows, true)
+    paged_decode_tc::Config::new(dtype, h_kv, group, head_dim, page, block_n, false, rows, true, false)
         .with_warps(warps)
         .with_stages(INVARIANT_DECODE_STAGES)
 }

@@ -247,11 +247,26 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
 }
 
 /// The paged KV cache of every layer: layer `l`'s keys (values) are the
-/// `layer_len` elements from `l * layer_len` of `k` (`v`).
+/// `layer_len` elements from `l * layer_len` of `k` (`v`). With `fp8` the
+/// buffers hold FP8 slots ([`kernels::kv_cache`]) and `layer_len` counts
+/// their bytes in elements of `T`.
 pub(super) struct KvCache<D: Device, T: ActElem> {
     pub k: D::Buf<T>,
     pub v: D::Buf<T>,
     pub layer_len: usize,
     pub num_blocks: usize,
     pub block_size: usize,
+    pub fp8: bool,
+}
+
+/// What the KV cache stores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    /// The activations' dtype (f32, bf16 or f16).
+    #[default]
+    Auto,
+    /// One OCP E4M3 byte per value and a power-of-two f32 scale per token
+    /// and KV head: about half of bf16's bytes, read back exactly as the
+    /// values the attention then computes with (README, "FP8 KV cache").
+    Fp8,
 }

@@ -62,7 +62,7 @@
 //! sequence bakes in (token count, sequence count, block-table stride, split
 //! plan, logit rows) is in its [`Plan`] and [`Layout`].
 
-use super::buffers::{Buffers, KvCache};
+use super::buffers::{Buffers, KvCache, KvCacheDtype};
 use super::device::Device;
 use super::graph::{GraphMode, GraphState};
 use super::inputs::{Layout, Stager, StepArrays, stage_step};
@@ -74,6 +74,7 @@ use crate::gguf::LlamaConfig;
 use crate::model::ActElem;
 use dsl_core::launch::Kernel;
 use kernels::decode_attention::split_plan;
+use kernels::kv_cache::slot_bytes;
 use std::collections::BTreeMap;
 
 /// The most tokens a step may have to take the fused decode path (norms in
@@ -384,14 +385,40 @@ impl<D: Device, T: ActElem> Model<D, T> {
         num_blocks: usize,
         block_size: usize,
     ) -> Result<Model<D, T>> {
+        Model::with_kv_cache(dev, weights, num_blocks, block_size, KvCacheDtype::Auto)
+    }
+
+    /// [`Model::new`] with the KV cache in `kv_dtype`.
+    ///
+    /// Errors: those of [`Model::new`], and for an FP8 cache a head
+    /// dimension that is not a multiple of 4 (its scales are f32 words).
+    pub fn with_kv_cache(
+        dev: &mut D,
+        weights: Weights<D, T>,
+        num_blocks: usize,
+        block_size: usize,
+        kv_dtype: KvCacheDtype,
+    ) -> Result<Model<D, T>> {
         if ![16, 32, 64].contains(&block_size) {
             return Err(usage(format!("block size {block_size}: the decode kernel takes 16, 32 or 64")));
         }
         let c = &weights.config;
+        let fp8 = kv_dtype == KvCacheDtype::Fp8;
+        if fp8 && !c.head_dim.is_multiple_of(4) {
+            return Err(usage(format!(
+                "an FP8 KV cache needs a head dimension that is a multiple of 4, not {}",
+                c.head_dim
+            )));
+        }
+        // Elements (FP8: bytes) of a slot; the kernels' offsets are 32-bit.
+        let slot_len = if fp8 { slot_bytes(c.n_head_kv, c.head_dim) } else { c.n_head_kv * c.head_dim };
         let per_layer = num_blocks
-            .checked_mul(block_size * c.n_head_kv * c.head_dim)
+            .checked_mul(block_size * slot_len)
             .filter(|&n| n > 0 && n < 1 << 31)
             .ok_or_else(|| usage(format!("a KV cache of {num_blocks} blocks does not fit 32-bit offsets")))?;
+        // An FP8 layer's bytes in elements of `T` (a multiple of 16 bytes
+        // per slot, so it divides).
+        let per_layer = if fp8 { per_layer / T::DEVICE_DTYPE.size_bytes() } else { per_layer };
         let total = per_layer
             .checked_mul(c.n_layers)
             .ok_or_else(|| usage(format!("a KV cache of {num_blocks} blocks per layer is too large")))?;
@@ -399,7 +426,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let v = dev.zeros::<T>(total)?;
         Ok(Model {
             weights,
-            kv: KvCache { k, v, layer_len: per_layer, num_blocks, block_size },
+            kv: KvCache { k, v, layer_len: per_layer, num_blocks, block_size, fp8 },
             eager: Buffers::new(),
             staging: Vec::new(),
             pen_arena: None,

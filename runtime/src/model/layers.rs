@@ -168,7 +168,8 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         if !self.w.arch.plain(c) {
             return self.rope_arch(ln, l);
         }
-        let config = rope_kv_write::Config::new(T::DEVICE_DTYPE, c.n_head, c.n_head_kv, c.head_dim);
+        let config =
+            rope_kv_write::Config::new(T::DEVICE_DTYPE, c.n_head, c.n_head_kv, c.head_dim, self.kv.fp8);
         let args = rope_args!(rope_kv_write, self.rope_inputs()?, self.rope_outputs(l)?, c.rope_freq_base);
         let (n, es) = (self.plan.n, T::DEVICE_DTYPE.size_bytes());
         // Reads Q, K, V; writes Q and the cache's K and V.
@@ -214,6 +215,7 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             a.factors.is_some(),
             a.bias.is_some(),
             a.qk_norm.is_some(),
+            self.kv.fp8,
         );
         let vec_at = |off: Option<usize>, per_layer: usize| {
             D::ptr_at::<f32, f32>(&a.buf, off.map_or(0, |o| o + l * per_layer))
@@ -236,13 +238,14 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
 
     /// The prefill kernel's tiles for this model, device and dtype.
     fn prefill_tiles(&self, ln: &Launcher<'_, D>) -> fa::TileConfig {
-        prefill_tiles(
+        let t = prefill_tiles(
             self.w.config.head_dim,
             T::DEVICE_DTYPE,
             ln.dev.wgmma(),
             self.kv.block_size,
             self.plan.invariant,
-        )
+        );
+        fa::TileConfig { kv8: self.kv.fp8, ..t }
     }
 
     /// `attn = attention(q, K, V)` over layer `l`'s cache: FlashAttention
@@ -289,14 +292,18 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let page = self.kv.block_size;
         let half = matches!(dtype, DType::BF16 | DType::F16);
         if plan.invariant {
-            let config = invariant_decode(dtype, ln.dev.wgmma(), nkv, group, hd, page);
+            let config = paged_decode_tc::Config {
+                KV8: self.kv.fp8,
+                ..invariant_decode(dtype, ln.dev.wgmma(), nkv, group, hd, page)
+            };
             return ln.run::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc));
         }
-        if half {
+        if half || self.kv.fp8 {
             // Tensor cores for half caches (any split length: the kernel
-            // masks its last partial key block).
-            let config =
-                tc_config(dtype, nkv, group, hd, page, TC_BLOCK_N, split).with_warps(4).with_stages(3);
+            // masks its last partial key block); the FP8 cache's reader in
+            // every dtype.
+            let tc = tc_config(dtype, nkv, group, hd, page, TC_BLOCK_N, split);
+            let config = paged_decode_tc::Config { KV8: self.kv.fp8, ..tc }.with_warps(4).with_stages(3);
             ln.run::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc))?;
         } else {
             let config =

@@ -305,6 +305,7 @@ pub(crate) fn step_config(
         f16,
         one_row,
         trace,
+        false,
     )
     .with_warps(4)
     .with_stages(INVARIANT_DECODE_STAGES)
@@ -360,6 +361,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
         m == 1,
         trace,
     );
+    let config = decode_step::Config { KV8: kv.fp8, ..config };
     if s.mega_stage_len < stage_counters(c.n_layers) {
         return Err(usage("internal error: too few stage counters for the persistent step".into()));
     }

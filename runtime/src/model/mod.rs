@@ -36,7 +36,7 @@ pub mod buffers;
 pub mod device;
 mod elem;
 #[cfg(test)]
-mod emu;
+pub(crate) mod emu;
 pub mod forward;
 pub mod graph;
 pub mod inputs;
@@ -49,8 +49,11 @@ pub mod weights;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_kv8;
+#[cfg(test)]
 mod tests_sampling;
 
+pub use buffers::KvCacheDtype;
 pub use device::Device;
 pub use elem::ActElem;
 pub use forward::{Cost, LaunchTime, Model, Step, by_kernel};

@@ -1,0 +1,150 @@
+//! The FP8 KV cache (`KV8`): one OCP E4M3 byte per cached element and one
+//! power-of-two f32 scale per (slot, KV head), read back exactly.
+//!
+//! # Layout
+//!
+//! A KV8 cache (K and V each) is an array of slots, `slot = block *
+//! block_size + offset` as in the 16-bit cache, each [`slot_bytes`] long:
+//! the slot's `h_kv * head_dim` E4M3 values in head-major order (`h *
+//! head_dim + d`), then the `h_kv` f32 scales, padded to a multiple of 16
+//! bytes so that every slot's values start 16-byte aligned (vector loads).
+//! Addresses need no block size: the element `(slot, h, d)` is byte `slot *
+//! slot_bytes + h * head_dim + d`, its scale the f32 at byte `slot *
+//! slot_bytes + h_kv * head_dim + 4 h`.
+//!
+//! # Arithmetic
+//!
+//! A writer takes the `head_dim` values a slot's head would hold in the
+//! 16-bit cache (rounded to the activation dtype `T`), finds the largest
+//! magnitude `a` and its binary exponent `E` (`2^E <= a < 2^(E+1)`), and
+//! stores `s = 2^(E - 7)` and `q = e4m3(x / s)` (round to nearest even;
+//! `|x / s| < 256`, inside E4M3's range, so nothing saturates). The scale
+//! is a power of two, so `q * s` is exact in f32 and in bf16: a reader that
+//! forms `T(q * s)` sees exactly the values a 16-bit cache holding them
+//! would, and every attention kernel (prefill, decode, the persistent
+//! step) computes from the same values. The batch-invariance guarantee and
+//! the agreement of the decode paths carry over unchanged; only the cached
+//! values differ from the 16-bit cache's (each by at most half an E4M3
+//! unit in the last place of its head's scale: 2^-4 of `a`'s binade for
+//! the values near `a`, absolute `2^(E-17)` for the smallest).
+
+use dsl_core::DType;
+use dsl_macros::kernel_fn;
+
+/// Bytes of one slot of a KV8 cache with `h_kv` heads of `head_dim`: the
+/// values, the f32 scales, and padding to 16 bytes (see the module doc).
+pub const fn slot_bytes(h_kv: usize, head_dim: usize) -> usize {
+    (h_kv * (head_dim + 4)).div_ceil(16) * 16
+}
+
+/// The scale `s = 2^(E - 7)` and its reciprocal of rows whose largest
+/// magnitude is `amax` (f32, `2^E <= amax < 2^(E+1)`; zero and subnormal
+/// rows take the smallest normal exponent): see the module doc.
+#[kernel_fn]
+pub fn kv8_scale(amax: Tensor) -> (Tensor, Tensor) {
+    let e = maximum((amax.bitcast(i32) >> 23 & 255) - 7, 1);
+    ((e << 23).bitcast(f32), ((254 - e) << 23).bitcast(f32))
+}
+
+/// The E4M3 value of `x` (f32) at the reciprocal scale `inv` (broadcast
+/// against `x`).
+#[kernel_fn]
+pub fn kv8_quantize(x: Tensor, inv: Tensor) -> Tensor {
+    (x * inv).to(f8e4m3)
+}
+
+/// The byte offset of the slots `slot` in a KV8 cache of `h_kv` heads of
+/// `head_dim` (see the module doc).
+#[kernel_fn]
+pub fn kv8_slot(slot: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
+    // `slot_bytes`, spelled out: the kernel macro takes `as` on build-time
+    // arithmetic only.
+    slot * ((h_kv * (head_dim + 4)).div_ceil(16) * 16) as i32
+}
+
+/// The f32 index of head `h`'s scale in the slots at byte offsets `at`
+/// ([`kv8_slot`]) of a KV8 cache.
+#[kernel_fn]
+pub fn kv8_scale_index(at: Tensor, h: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
+    (at + (h_kv * head_dim) as i32) / 4 + h
+}
+
+/// Cached values of a KV8 cache (`cache`, any pointer type) in `dt`: the
+/// elements at byte offsets `at + col` (`at` from [`kv8_slot`], `col = h *
+/// head_dim + d`) times the scales of head `h` of their slots, where `ok`
+/// (zero elsewhere). Exact: see the module doc.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv8_load(
+    cache: Tensor,
+    at: Tensor,
+    col: Tensor,
+    h: Tensor,
+    ok: Tensor,
+    h_kv: usize,
+    head_dim: usize,
+    dt: DType,
+) -> Tensor {
+    let q = load(ptrcast(cache, f8e4m3) + at + col, mask = ok, other = 0.0).to(f32);
+    let s = load(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), mask = ok, other = 0.0);
+    (q * s).to(dt)
+}
+
+/// [`kv8_load`] of whole tiles (no mask) of the slots `slot` (a tile
+/// broadcast against `col`).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv8_tile(
+    cache: Tensor,
+    slot: Tensor,
+    col: Tensor,
+    h: Tensor,
+    h_kv: usize,
+    head_dim: usize,
+    dt: DType,
+) -> Tensor {
+    let at = kv8_slot(slot, h_kv, head_dim);
+    let q = load(ptrcast(cache, f8e4m3) + at + col).to(f32);
+    let s = load(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim));
+    (q * s).to(dt)
+}
+
+/// Writes rows of values to a KV8 cache (`cache`, any pointer type): row
+/// `r` of `x` (`[rows, head_dim]` f32) is head `h[r]` of the slot at byte
+/// offset `at` ([`kv8_slot`], the same slot for every row); nothing is
+/// written unless `ok`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv8_store(cache: Tensor, at: Tensor, h: Tensor, x: Tensor, ok: Tensor, h_kv: usize, head_dim: usize) {
+    let (s, inv) = kv8_scale(max(abs(x), 1));
+    let col = expand_dims(h * head_dim as i32, 1) + expand_dims(arange(0, head_dim), 0);
+    store(ptrcast(cache, f8e4m3) + at + col, kv8_quantize(x, expand_dims(inv, 1)), mask = ok);
+    store(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), s, mask = ok);
+}
+
+/// [`kv8_store`] of rows given as RoPE's pairs: element `first[j]` of row
+/// `r` is `a[r, j]` and element `first[j] + step` is `b[r, j]` (`a`, `b`:
+/// `[rows, head_dim / 2]` f32; `first`: `[1, head_dim / 2]` columns within
+/// a head; adjacent pairs `first = 2 j`, `step = 1`; NEOX `first = j`,
+/// `step = head_dim / 2`).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv8_store_pairs(
+    cache: Tensor,
+    at: Tensor,
+    h: Tensor,
+    a: Tensor,
+    b: Tensor,
+    first: Tensor,
+    step: usize,
+    ok: Tensor,
+    h_kv: usize,
+    head_dim: usize,
+) {
+    let (s, inv) = kv8_scale(maximum(max(abs(a), 1), max(abs(b), 1)));
+    let inv2 = expand_dims(inv, 1);
+    let dst = ptrcast(cache, f8e4m3) + at + expand_dims(h * head_dim as i32, 1) + first;
+    store(dst, kv8_quantize(a, inv2), mask = ok);
+    store(dst + step as i32, kv8_quantize(b, inv2), mask = ok);
+    store(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), s, mask = ok);
+}
