@@ -110,7 +110,7 @@
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
 use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
-use crate::kv_cache::{kv8_load, kv8_slot, kv8_tile};
+use crate::kv_cache::{kv8_load, kv8_tile};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -399,14 +399,14 @@ pub fn decode_tc_body(
         let slot = page * page_size + key % page_size;
         let kv = slot * (h_kv * head_dim) + col;
         let k = if kv8 {
-            kv8_load(k_cache, kv8_slot(slot, h_kv, head_dim), col, h, ok, h_kv, head_dim, dt)
+            kv8_load(k_cache, slot, col, h, ok, h_kv, head_dim, dt)
         } else {
             load(k_cache + kv, mask = ok, other = 0.0)
         };
         let seen = expand_dims(s0 + arange(0, block_n) < end, 0);
         let s = dot(q, trans(k));
         let v = if kv8 {
-            kv8_load(v_cache, kv8_slot(slot, h_kv, head_dim), col, h, ok, h_kv, head_dim, dt)
+            kv8_load(v_cache, slot, col, h, ok, h_kv, head_dim, dt)
         } else {
             load(v_cache + kv, mask = ok, other = 0.0)
         };

@@ -132,7 +132,7 @@
 //!   targets the boxes' bounds masks cost registers that the plain loads
 //!   do not.
 
-use crate::kv_cache::{kv8_load, kv8_slot, kv8_tile};
+use crate::kv_cache::{kv8_load, kv8_tile};
 use dsl_macros::{kernel, kernel_fn};
 
 /// One key block of the online softmax (FlashAttention-2), shared by the
@@ -403,7 +403,7 @@ pub fn flash_attention<T: Float>(
             let slot = page * PAGE + key2 % PAGE;
             let kv = slot * (H_KV * HEAD_DIM) + head2;
             let k = if KV8 {
-                kv8_load(k_cache_ptr, kv8_slot(slot, H_KV, HEAD_DIM), head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
+                kv8_load(k_cache_ptr, slot, head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
             } else {
                 load(k_cache_ptr + kv, mask = kv_mask, other = 0.0)
             };
@@ -413,7 +413,7 @@ pub fn flash_attention<T: Float>(
                 seen = seen && expand_dims(key, 0) <= pos;
             }
             let v = if KV8 {
-                kv8_load(v_cache_ptr, kv8_slot(slot, H_KV, HEAD_DIM), head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
+                kv8_load(v_cache_ptr, slot, head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
             } else {
                 load(v_cache_ptr + kv, mask = kv_mask, other = 0.0)
             };

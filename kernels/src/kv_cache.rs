@@ -70,14 +70,14 @@ pub fn kv8_scale_index(at: Tensor, h: Tensor, h_kv: usize, head_dim: usize) -> T
 }
 
 /// Cached values of a KV8 cache (`cache`, any pointer type) in `dt`: the
-/// elements at byte offsets `at + col` (`at` from [`kv8_slot`], `col = h *
-/// head_dim + d`) times the scales of head `h` of their slots, where `ok`
-/// (zero elsewhere). Exact: see the module doc.
+/// elements `col = h * head_dim + d` of the slots `slot` times the scales
+/// of head `h` of their slots, where `ok` (zero elsewhere). Exact: see the
+/// module doc.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn kv8_load(
     cache: Tensor,
-    at: Tensor,
+    slot: Tensor,
     col: Tensor,
     h: Tensor,
     ok: Tensor,
@@ -85,6 +85,7 @@ pub fn kv8_load(
     head_dim: usize,
     dt: DType,
 ) -> Tensor {
+    let at = kv8_slot(slot, h_kv, head_dim);
     let q = load(ptrcast(cache, f8e4m3) + at + col, mask = ok, other = 0.0).to(f32);
     let s = load(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), mask = ok, other = 0.0);
     (q * s).to(dt)
@@ -147,4 +148,29 @@ pub fn kv8_store_pairs(
     store(dst, kv8_quantize(a, inv2), mask = ok);
     store(dst + step as i32, kv8_quantize(b, inv2), mask = ok);
     store(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), s, mask = ok);
+}
+
+/// The cache write of a token (slot `slot`, nothing unless `ok`) to KV8
+/// caches: K given as RoPE's rotated pairs `(a, b)` at columns `first` and
+/// `first + step` ([`kv8_store_pairs`]), V as whole rows `v` (f32), heads
+/// `h` (`[rows]`).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv8_write(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot: Tensor,
+    h: Tensor,
+    a: Tensor,
+    b: Tensor,
+    v: Tensor,
+    first: Tensor,
+    step: usize,
+    ok: Tensor,
+    h_kv: usize,
+    head_dim: usize,
+) {
+    let at = kv8_slot(where_(ok, slot, 0), h_kv, head_dim);
+    kv8_store_pairs(k_cache, at, h, a, b, first, step, ok, h_kv, head_dim);
+    kv8_store(v_cache, at, h, v, ok, h_kv, head_dim);
 }

@@ -78,7 +78,7 @@
 //! two, e.g. 64 or 128); `HALF = HEAD_DIM / 2` is derived. `T` (f32, bf16 or
 //! f16) is the storage dtype of `qkv`, `q_out` and the caches.
 
-use crate::kv_cache::{kv8_slot, kv8_store, kv8_store_pairs};
+use crate::kv_cache::kv8_write;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -217,23 +217,10 @@ pub fn rope_row(
     let k1 = load(k_src + 1, mask = valid, other = 0.0).to(f32);
     if kv8 {
         // The FP8 cache ([`crate::kv_cache`]): each head's values and scale.
-        let at = kv8_slot(where_(valid, slot, 0), n_kv, head_dim);
-        let hk = kv_first + arange(0, kv_count);
-        kv8_store_pairs(
-            k_cache_ptr,
-            at,
-            hk,
-            k0 * c - k1 * s,
-            k0 * s + k1 * c,
-            even,
-            1,
-            valid,
-            n_kv,
-            head_dim,
-        );
         let vh = heads + expand_dims(arange(0, head_dim), 0);
         let v = load(qkv_ptr + row + (n_q + n_kv) * head_dim + vh, mask = valid, other = 0.0).to(f32);
-        kv8_store(v_cache_ptr, at, hk, v, valid, n_kv, head_dim);
+        let (a, b, hk) = (k0 * c - k1 * s, k0 * s + k1 * c, kv_first + arange(0, kv_count));
+        kv8_write(k_cache_ptr, v_cache_ptr, slot, hk, a, b, v, even, 1, valid, n_kv, head_dim);
     } else {
         let k_dst = k_cache_ptr + dst + kh;
         store(k_dst, k0 * c - k1 * s, mask = valid);
@@ -415,25 +402,12 @@ pub fn rope_arch_kv_write<T: Float>(
     let k1 = if QK_NORM { k1 * k_rstd * load(norm_ptr + HEAD_DIM + first + step) } else { k1 };
     if KV8 {
         // The FP8 cache ([`crate::kv_cache`]): each head's values and scale.
-        let at = kv8_slot(where_(valid, slot, 0), N_KV, HEAD_DIM);
-        let hk = arange(0, N_KV);
-        kv8_store_pairs(
-            k_cache_ptr,
-            at,
-            hk,
-            k0 * c - k1 * s,
-            k0 * s + k1 * c,
-            first,
-            step,
-            valid,
-            N_KV,
-            HEAD_DIM,
-        );
         let vh = heads + expand_dims(arange(0, HEAD_DIM), 0);
         let v_off = (N_Q + N_KV) * HEAD_DIM;
         let v = load(qkv_ptr + row + v_off + vh, mask = valid, other = 0.0).to(f32);
         let v = if BIAS { v + load(bias_ptr + v_off + vh) } else { v };
-        kv8_store(v_cache_ptr, at, hk, v, valid, N_KV, HEAD_DIM);
+        let (a, b, hk) = (k0 * c - k1 * s, k0 * s + k1 * c, arange(0, N_KV));
+        kv8_write(k_cache_ptr, v_cache_ptr, slot, hk, a, b, v, first, step, valid, N_KV, HEAD_DIM);
     } else {
         let k_dst = k_cache_ptr + dst + kh;
         store(k_dst, k0 * c - k1 * s, mask = valid);

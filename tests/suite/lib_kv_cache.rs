@@ -19,7 +19,8 @@
 
 use dsl_core::DType;
 use dsl_core::half::bf16;
-use dsl_core::interp::{Buffer, Cpu};
+use dsl_core::interp::{Buffer, Cpu, CpuPtr};
+use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{paged_decode_tc, tc_config};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::kv_cache::slot_bytes;
@@ -56,6 +57,19 @@ fn byte_buffer(b: Vec<u8>) -> Buffer {
     Buffer::from_bytes(DType::BF16, b).expect("an even number of bytes")
 }
 
+/// The arguments `$k::Args` of `rope_kv_write` or `rope_arch_kv_write`:
+/// the pointers `(qkv, positions, slots, q out, k cache, v cache)`, theta
+/// 10000, then the kernel's own fields.
+macro_rules! rope_args {
+    ($k:ident, $p:expr $(, $f:ident: $v:expr)* $(,)?) => {{
+        let (qkv_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr) = $p;
+        $k::Args {
+            qkv_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+            theta: 10000.0, $($f: $v,)* _marker: PhantomData,
+        }
+    }};
+}
+
 /// `rope_kv_write` (or the NEOX/bias `rope_arch_kv_write`) of random QKV
 /// rows: the FP8 cache it writes against the reference of the f32 kernel's
 /// values, slot by slot; the padding token's slot untouched.
@@ -86,37 +100,17 @@ fn writer_case(arch: bool, seed: u64) {
         let len = if kv8 { slots * slot_bytes(n_kv, d) / dtype.size_bytes() } else { slots * n_kv * d };
         let kp = cpu.add_buffer(Buffer::zeros(dtype, len));
         let vp = cpu.add_buffer(Buffer::zeros(dtype, len));
+        let ptrs = (qp, pp, sp, qo, kp, vp);
         if arch {
             let fp = cpu.upload(&[1f32]);
             let bp = cpu.upload(&bias);
             let np = cpu.upload(&[1f32]);
-            let args = rope_arch_kv_write::Args {
-                qkv_ptr: qp,
-                pos_ptr: pp,
-                slot_ptr: sp,
-                q_out_ptr: qo,
-                k_cache_ptr: kp,
-                v_cache_ptr: vp,
-                factors_ptr: fp,
-                bias_ptr: bp,
-                norm_ptr: np,
-                theta: 10000.0,
-                eps: 1e-6,
-                _marker: PhantomData,
-            };
+            let args =
+                rope_args!(rope_arch_kv_write, ptrs, factors_ptr: fp, bias_ptr: bp, norm_ptr: np, eps: 1e-6);
             let config = rope_arch_kv_write::Config::new(dtype, n_q, n_kv, d, true, false, true, false, kv8);
             rope_arch_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args).unwrap();
         } else {
-            let args = rope_kv_write::Args {
-                qkv_ptr: qp,
-                pos_ptr: pp,
-                slot_ptr: sp,
-                q_out_ptr: qo,
-                k_cache_ptr: kp,
-                v_cache_ptr: vp,
-                theta: 10000.0,
-                _marker: PhantomData,
-            };
+            let args = rope_args!(rope_kv_write, ptrs);
             let config = rope_kv_write::Config::new(dtype, n_q, n_kv, d, kv8);
             rope_kv_write::interpret(&mut cpu, [tokens as u32, 1, 1], &config, &args).unwrap();
         }
@@ -162,14 +156,8 @@ struct Reader {
 }
 
 impl Reader {
-    /// `(fp8 cache bytes, bf16 values it reads as)` for K and V, the block
-    /// table, its stride and the random queries of `q_rows` rows.
-    #[allow(clippy::type_complexity)]
-    fn inputs(
-        &self,
-        rng: &mut Rng,
-        q_rows: usize,
-    ) -> ((Vec<u8>, Vec<f64>), (Vec<u8>, Vec<f64>), Vec<i32>, usize, Vec<f64>) {
+    /// Random FP8 caches, the block table and queries of `q_rows` rows.
+    fn inputs(&self, rng: &mut Rng, q_rows: usize) -> Inputs {
         let max_ctx = self.seqs.iter().map(|s| s.1).max().unwrap_or(1).max(1);
         let pages = max_ctx.div_ceil(self.page);
         let num_blocks = self.seqs.len() * pages + 2;
@@ -185,7 +173,32 @@ impl Reader {
         let q = (0..q_rows * nq * self.d)
             .map(|_| f64::from(bf16::from_f32(rng.uniform(-2.0, 2.0)).to_f32()))
             .collect();
-        (k, v, bt, pages, q)
+        Inputs { k, v, bt, stride: pages, q }
+    }
+}
+
+/// One reader case's inputs: `(fp8 cache bytes, bf16 values it reads as)`
+/// for K and V, the block table, its stride and the queries.
+struct Inputs {
+    k: (Vec<u8>, Vec<f64>),
+    v: (Vec<u8>, Vec<f64>),
+    bt: Vec<i32>,
+    stride: usize,
+    q: Vec<f64>,
+}
+
+impl Inputs {
+    /// Q, K and V on `cpu`: the FP8 caches with `kv8`, else the bf16 caches
+    /// of their values.
+    fn upload(&self, cpu: &mut Cpu, kv8: bool) -> (CpuPtr<AnyDType>, CpuPtr<AnyDType>, CpuPtr<AnyDType>) {
+        let bf = |v: &[f64]| Buffer::from_f64(DType::BF16, v);
+        let q = cpu.add_buffer(bf(&self.q));
+        let (k, v) = if kv8 {
+            (byte_buffer(self.k.0.clone()), byte_buffer(self.v.0.clone()))
+        } else {
+            (bf(&self.k.1), bf(&self.v.1))
+        };
+        (q, cpu.add_buffer(k), cpu.add_buffer(v))
     }
 }
 
@@ -194,7 +207,8 @@ impl Reader {
 fn decode_case(r: &Reader, invariant: bool, split_len: Option<usize>, seed: u64) {
     let mut rng = Rng::new(seed);
     let b = r.seqs.len();
-    let ((k8, kv), (v8, vv), bt, stride, q) = r.inputs(&mut rng, b);
+    let inp = r.inputs(&mut rng, b);
+    let (bt, stride) = (&inp.bt, inp.stride);
     let ctx: Vec<i32> = r.seqs.iter().map(|s| s.1 as i32).collect();
     let max_ctx = r.seqs.iter().map(|s| s.1).max().unwrap_or(1).max(1);
     let block_n = 32;
@@ -205,19 +219,11 @@ fn decode_case(r: &Reader, invariant: bool, split_len: Option<usize>, seed: u64)
     let nq = r.n_kv * r.group;
     let run = |kv8: bool| -> Vec<u8> {
         let mut cpu = Cpu::new();
-        let qp = cpu.add_buffer(Buffer::from_f64(DType::BF16, &q));
-        let (kp, vp) = if kv8 {
-            (cpu.add_buffer(byte_buffer(k8.clone())), cpu.add_buffer(byte_buffer(v8.clone())))
-        } else {
-            (
-                cpu.add_buffer(Buffer::from_f64(DType::BF16, &kv)),
-                cpu.add_buffer(Buffer::from_f64(DType::BF16, &vv)),
-            )
-        };
+        let (qp, kp, vp) = inp.upload(&mut cpu, kv8);
         let op = cpu.add_buffer(Buffer::zeros(DType::BF16, b * nq * r.d));
         let parts = b * r.n_kv * splits * r.group;
         let (po, pm, pl) = (cpu.zeros::<f32>(parts * r.d), cpu.zeros::<f32>(parts), cpu.zeros::<f32>(parts));
-        let (btp, slp) = (cpu.upload(&bt), cpu.upload(&ctx));
+        let (btp, slp) = (cpu.upload(bt), cpu.upload(&ctx));
         let args = paged_decode_tc::Args {
             q_ptr: qp,
             k_cache: kp,
@@ -251,7 +257,8 @@ fn prefill_case(r: &Reader, block_n: usize, causal: bool, seed: u64) {
     let mut rng = Rng::new(seed);
     let b = r.seqs.len();
     let rows: usize = r.seqs.iter().map(|s| s.0).sum();
-    let ((k8, kv), (v8, vv), bt, stride, q) = r.inputs(&mut rng, rows);
+    let inp = r.inputs(&mut rng, rows);
+    let (bt, stride) = (&inp.bt, inp.stride);
     let ctx: Vec<i32> = r.seqs.iter().map(|s| s.1 as i32).collect();
     let mut cu = vec![0i32];
     for s in &r.seqs {
@@ -262,17 +269,9 @@ fn prefill_case(r: &Reader, block_n: usize, causal: bool, seed: u64) {
     let max_q = r.seqs.iter().map(|s| s.0).max().unwrap_or(1);
     let run = |kv8: bool| -> Vec<u8> {
         let mut cpu = Cpu::new();
-        let qp = cpu.add_buffer(Buffer::from_f64(DType::BF16, &q));
-        let (kp, vp) = if kv8 {
-            (cpu.add_buffer(byte_buffer(k8.clone())), cpu.add_buffer(byte_buffer(v8.clone())))
-        } else {
-            (
-                cpu.add_buffer(Buffer::from_f64(DType::BF16, &kv)),
-                cpu.add_buffer(Buffer::from_f64(DType::BF16, &vv)),
-            )
-        };
+        let (qp, kp, vp) = inp.upload(&mut cpu, kv8);
         let op = cpu.add_buffer(Buffer::zeros(DType::BF16, rows * nq * r.d));
-        let (btp, slp, cup) = (cpu.upload(&bt), cpu.upload(&ctx), cpu.upload(&cu));
+        let (btp, slp, cup) = (cpu.upload(bt), cpu.upload(&ctx), cpu.upload(&cu));
         let args = flash_attention::Args {
             q_ptr: qp,
             k_cache_ptr: kp,

@@ -137,6 +137,15 @@ struct Caches {
     pages: usize,
 }
 
+impl Caches {
+    /// K and V on `dev`: the FP8 caches with `kv8`, else the bf16 caches of
+    /// their values.
+    fn upload<D: Device>(&self, dev: &mut D, kv8: bool) -> Result<(D::Buf<bf16>, D::Buf<bf16>)> {
+        let (k, v) = if kv8 { (&self.k8, &self.v8) } else { (&self.k, &self.v) };
+        Ok((dev.upload(k)?, dev.upload(v)?))
+    }
+}
+
 fn caches(rng: &mut Rng, seqs: usize, max_ctx: usize, page: usize, h_kv: usize, d: usize) -> Caches {
     let pages = max_ctx.div_ceil(page);
     let blocks = seqs * pages + 1;
@@ -172,11 +181,7 @@ fn decode<D: Device>(
         None => (max_ctx.div_ceil(block_n) * block_n, 1),
     };
     let mut run = |kv8: bool| -> Result<Vec<u8>> {
-        let (kd, vd) = if kv8 {
-            (dev.upload(&c.k8)?, dev.upload(&c.v8)?)
-        } else {
-            (dev.upload(&c.k)?, dev.upload(&c.v)?)
-        };
+        let (kd, vd) = c.upload(dev, kv8)?;
         let (qd, od) = (dev.upload(&q)?, dev.zeros::<bf16>(b * nq * d)?);
         let (td, sd) = (dev.upload(&c.table)?, dev.upload(ctx)?);
         let parts = b * h_kv * splits * group;
@@ -232,11 +237,7 @@ fn prefill<D: Device>(
     let t = fa::config_for(d, DType::BF16, dev.wgmma(), page);
     let max_q = seqs.iter().map(|s| s.0).max().unwrap_or(1);
     let mut run = |kv8: bool| -> Result<Vec<u8>> {
-        let (kd, vd) = if kv8 {
-            (dev.upload(&c.k8)?, dev.upload(&c.v8)?)
-        } else {
-            (dev.upload(&c.k)?, dev.upload(&c.v)?)
-        };
+        let (kd, vd) = c.upload(dev, kv8)?;
         let (qd, od) = (dev.upload(&q)?, dev.zeros::<bf16>(rows * nq * d)?);
         let (td, sd, cd) = (dev.upload(&c.table)?, dev.upload(&ctx)?, dev.upload(&cu)?);
         let args = flash_attention::Args {
