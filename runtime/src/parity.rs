@@ -206,11 +206,7 @@ impl EngineTask for Parity {
                 r.must_match,
                 r.forced_agree,
                 r.forced_clear,
-                if r.forced_wrong.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (wrong at {:?})", r.forced_wrong)
-                },
+                wrong_positions(&r.forced_wrong, &c.gaps),
                 if r.passed() { "PASS" } else { "FAIL" }
             );
         }
@@ -226,6 +222,17 @@ impl EngineTask for Parity {
     }
 }
 
+/// The teacher-forced positions a case got wrong, each with llama.cpp's
+/// top-1 minus top-2 logit gap there (empty when none): ` (wrong at [56]
+/// gap 0.375)`.
+fn wrong_positions(wrong: &[usize], gaps: &[f64]) -> String {
+    if wrong.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = wrong.iter().map(|&i| format!("[{i}] gap {:.3}", gaps[i])).collect();
+    format!(" (wrong at {})", each.join(", "))
+}
+
 /// The first `n` characters of `s`, with an ellipsis when cut.
 fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
@@ -239,6 +246,15 @@ fn truncate(s: &str, n: usize) -> String {
 mod tests {
     use super::*;
     use crate::app::{LoadOptions, run_task};
+
+    #[test]
+    fn wrong_positions_name_their_gaps() {
+        assert_eq!(wrong_positions(&[], &[1.0]), "");
+        assert_eq!(
+            wrong_positions(&[1, 3], &[0.1, 0.3754, 0.2, 2.0]),
+            " (wrong at [1] gap 0.375, [3] gap 2.000)"
+        );
+    }
 
     #[test]
     fn parses_the_golden_file_and_rejects_broken_ones() {
