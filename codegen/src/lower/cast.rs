@@ -145,6 +145,42 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(self.b.build_int_truncate(code, self.ctx.i8_type(), "")?.into())
     }
 
+    /// [`Self::convert_f8`] from an 8-bit float on sm_90a, two registers a
+    /// `cvt.rn.f16x2.{e4m3x2,e5m2x2}`: the codes of each pair of registers
+    /// packed low and high, their exact f16 values in the low and high
+    /// halves, each value then widened to f32 and rounded once to `to`. The
+    /// same values as one conversion a register, half the conversions.
+    fn decode_f8_pairs(
+        &self,
+        regs: &[BasicValueEnum<'ctx>],
+        from: DType,
+        to: DType,
+    ) -> Result<Vec<BasicValueEnum<'ctx>>> {
+        let (b, i16t, i32t) = (&self.b, self.ctx.i16_type(), self.ctx.i32_type());
+        let (f16t, f32t) = (self.ctx.f16_type(), self.ctx.f32_type());
+        let asm = format!("cvt.rn.f16x2.{}x2 $0, $1;", f8_ptx(from));
+        let mut out = Vec::with_capacity(regs.len());
+        for pair in regs.chunks(2) {
+            let lo = b.build_int_z_extend(pair[0].into_int_value(), i16t, "")?;
+            let code = match pair.get(1) {
+                Some(h) => {
+                    let hi = b.build_int_z_extend(h.into_int_value(), i16t, "")?;
+                    b.build_or(lo, b.build_left_shift(hi, i16t.const_int(8, false), "")?, "")?
+                }
+                None => lo,
+            };
+            let halves = self.asm_with(&asm, "=r,h", Some(i32t.into()), &[code.into()], false)?;
+            let halves =
+                halves.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?.into_int_value();
+            for k in 0..pair.len() as u64 {
+                let bits = b.build_right_shift(halves, i32t.const_int(16 * k, false), false, "")?;
+                let h = b.build_bit_cast(b.build_int_truncate(bits, i16t, "")?, f16t, "")?.into_float_value();
+                out.push(self.fnarrow(b.build_float_ext(h, f32t, "")?, to)?);
+            }
+        }
+        Ok(out)
+    }
+
     pub(super) fn lower_cast(&mut self, inst: Inst, op: CastOp) -> Result<()> {
         let a = self.args(inst)[0];
         let res = self.result(inst, 0)?;
@@ -152,6 +188,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let regs = self.regs(a)?;
         let out = match op {
             CastOp::PtrCast { .. } => regs,
+            CastOp::Cast { to }
+                if from.is_f8() && to.is_float() && !to.is_f8() && self.opts.target == Target::Sm90a =>
+            {
+                self.decode_f8_pairs(&regs, from, to)?
+            }
             CastOp::Cast { to } => regs.iter().map(|&v| self.convert(v, from, to)).collect::<Result<_>>()?,
             CastOp::Bitcast { to } => {
                 let tt = reg_type(self.ctx, Elem::Scalar(to));
