@@ -110,7 +110,7 @@
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
 use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
-use crate::kv_cache::{kv8_load, kv8_tile};
+use crate::kv_cache::{kv_load, kv8_tile};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -398,18 +398,10 @@ pub fn decode_tc_body(
         let page = load(bt + key / page_size, mask = ok, other = 0);
         let slot = page * page_size + key % page_size;
         let kv = slot * (h_kv * head_dim) + col;
-        let k = if kv8 {
-            kv8_load(k_cache, slot, col, h, ok, h_kv, head_dim, dt)
-        } else {
-            load(k_cache + kv, mask = ok, other = 0.0)
-        };
+        let k = kv_load(k_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
         let seen = expand_dims(s0 + arange(0, block_n) < end, 0);
         let s = dot(q, trans(k));
-        let v = if kv8 {
-            kv8_load(v_cache, slot, col, h, ok, h_kv, head_dim, dt)
-        } else {
-            load(v_cache + kv, mask = ok, other = 0.0)
-        };
+        let v = kv_load(v_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
         let (m_new, l_new, acc_new) =
             online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, dt, invariant);
         m = m_new;

@@ -132,7 +132,7 @@
 //!   targets the boxes' bounds masks cost registers that the plain loads
 //!   do not.
 
-use crate::kv_cache::{kv8_load, kv8_tile};
+use crate::kv_cache::{kv_load, kv8_tile};
 use dsl_macros::{kernel, kernel_fn};
 
 /// One key block of the online softmax (FlashAttention-2), shared by the
@@ -402,21 +402,13 @@ pub fn flash_attention<T: Float>(
             let page = load(table + key2 / PAGE, mask = kv_mask, other = 0);
             let slot = page * PAGE + key2 % PAGE;
             let kv = slot * (H_KV * HEAD_DIM) + head2;
-            let k = if KV8 {
-                kv8_load(k_cache_ptr, slot, head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
-            } else {
-                load(k_cache_ptr + kv, mask = kv_mask, other = 0.0)
-            };
+            let k = kv_load(k_cache_ptr, kv, slot, head2, kvh, kv_mask, KV8, H_KV, HEAD_DIM, T);
             let s = dot(q, trans(k));
             let mut seen = expand_dims(in_ctx, 0);
             if CAUSAL {
                 seen = seen && expand_dims(key, 0) <= pos;
             }
-            let v = if KV8 {
-                kv8_load(v_cache_ptr, slot, head2, kvh, kv_mask, H_KV, HEAD_DIM, T)
-            } else {
-                load(v_cache_ptr + kv, mask = kv_mask, other = 0.0)
-            };
+            let v = kv_load(v_cache_ptr, kv, slot, head2, kvh, kv_mask, KV8, H_KV, HEAD_DIM, T);
             let (m_new, l_new, acc_new) =
                 online_softmax_step_masked(s, seen, qk_scale, v, m_i, l_i, acc, T, INVARIANT);
             m_i = m_new;

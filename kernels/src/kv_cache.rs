@@ -91,6 +91,30 @@ pub fn kv8_load(
     (q * s).to(dt)
 }
 
+/// A masked load of cached values: with `kv8` [`kv8_load`] of the slots
+/// `slot`; otherwise the 16-bit cache's elements at offsets `kv` (zero
+/// where not `ok`).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv_load(
+    cache: Tensor,
+    kv: Tensor,
+    slot: Tensor,
+    col: Tensor,
+    h: Tensor,
+    ok: Tensor,
+    kv8: bool,
+    h_kv: usize,
+    head_dim: usize,
+    dt: DType,
+) -> Tensor {
+    if kv8 {
+        kv8_load(cache, slot, col, h, ok, h_kv, head_dim, dt)
+    } else {
+        load(cache + kv, mask = ok, other = 0.0)
+    }
+}
+
 /// [`kv8_load`] of whole tiles (no mask) of the slots `slot` (a tile
 /// broadcast against `col`).
 #[kernel_fn]

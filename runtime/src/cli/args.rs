@@ -100,6 +100,15 @@ pub struct ModelArgs {
     /// Do not print the device notice and memory plan.
     #[arg(long, short)]
     pub quiet: bool,
+    /// How the model's steps run.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// How a model's steps run: the model commands' flags, and `bench`'s for
+/// its `model` and `spec` families (rows tagged with the choices made).
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
     /// Run each step's fastest kernels instead of the batch-invariant ones:
     /// a request's tokens and logprobs may then change with the batch it
     /// runs in (see README, "Batch invariance").
@@ -132,9 +141,9 @@ impl ModelArgs {
             prefix_caching: !self.no_prefix_caching,
             verbose: !self.quiet,
             speculation: None,
-            batch_invariance: !self.no_batch_invariance,
-            decode_path: self.decode_path,
-            kv_cache_dtype: self.kv_cache_dtype,
+            batch_invariance: !self.run.no_batch_invariance,
+            decode_path: self.run.decode_path,
+            kv_cache_dtype: self.run.kv_cache_dtype,
         }
     }
 }
@@ -401,17 +410,10 @@ pub struct BenchArgs {
     /// (`--only model` for those alone).
     #[arg(long)]
     pub host: bool,
-    /// The `model` and `spec` families on the fast, batch-dependent kernels
-    /// (rows named `... [no-batch-invariance]`).
-    #[arg(long)]
-    pub no_batch_invariance: bool,
-    /// The `model` family's decode path (see `generate --help`).
-    #[arg(long, default_value = "auto")]
-    pub decode_path: DecodePath,
-    /// The `model` family's KV cache (rows tagged `[fp8 KV]` with `fp8`;
-    /// see `generate --help`).
-    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
-    pub kv_cache_dtype: KvCacheDtype,
+    /// How the `model` and `spec` families' steps run (rows tagged
+    /// `[no-batch-invariance]`, `[decode-path ..]`, `[fp8 KV]`).
+    #[command(flatten)]
+    pub run: RunArgs,
     /// `bench serve`: load-test a running server instead of the kernels.
     #[command(subcommand)]
     pub mode: Option<BenchMode>,

@@ -353,7 +353,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             opts.runs,
             opts.warmup
         );
-        let records = crate::bench::host::run(&opts, &a.model, !a.no_batch_invariance)?;
+        let records = crate::bench::host::run(&opts, &a.model, !a.run.no_batch_invariance)?;
         print!("{}", crate::bench::host::table(&records));
         return Ok(());
     }
@@ -379,20 +379,20 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             device: DeviceChoice::Gpu,
             dtype: a.dtype,
             max_num_seqs: a.batches.iter().copied().max().unwrap_or(1).max(1),
-            batch_invariance: !a.no_batch_invariance,
-            decode_path: a.decode_path,
-            kv_cache_dtype: a.kv_cache_dtype,
+            batch_invariance: !a.run.no_batch_invariance,
+            decode_path: a.run.decode_path,
+            kv_cache_dtype: a.run.kv_cache_dtype,
             ..LoadOptions::default()
         };
         let mut tags = Vec::new();
-        if a.no_batch_invariance {
+        if a.run.no_batch_invariance {
             tags.push("no-batch-invariance".to_string());
         }
-        if a.kv_cache_dtype == KvCacheDtype::Fp8 {
+        if a.run.kv_cache_dtype == KvCacheDtype::Fp8 {
             tags.push("fp8 KV".to_string());
         }
-        if a.decode_path != DecodePath::Auto {
-            tags.push(format!("decode-path {}", a.decode_path.name()));
+        if a.run.decode_path != DecodePath::Auto {
+            tags.push(format!("decode-path {}", a.run.decode_path.name()));
         }
         let grammar = grammar_of(a.json_schema.as_deref(), None)?;
         if grammar.is_some() {
@@ -414,7 +414,7 @@ fn bench_cmd(a: &BenchArgs) -> Result<()> {
             device: DeviceChoice::Gpu,
             dtype: a.dtype,
             max_num_seqs: 4,
-            batch_invariance: !a.no_batch_invariance,
+            batch_invariance: !a.run.no_batch_invariance,
             ..LoadOptions::default()
         };
         records.extend(crate::bench::spec::run(&load, &crate::bench::spec::SpecBenchOptions::default())?);
