@@ -14,9 +14,10 @@
 //!
 //! # Arithmetic
 //!
-//! A writer takes the `head_dim` values a slot's head would hold in the
-//! 16-bit cache (rounded to the activation dtype `T`), finds the largest
-//! magnitude `a` and its binary exponent `E` (`2^E <= a < 2^(E+1)`), and
+//! A writer takes the f32 values of a slot's head that a 16-bit writer
+//! would round to the activation dtype `T` (the rotated key, the value
+//! with its bias), finds the largest magnitude `a` and its binary exponent
+//! `E` (`2^E <= a < 2^(E+1)`), and
 //! stores `s = 2^(E - 7)` and `q = e4m3(x / s)` (round to nearest even;
 //! `|x / s| < 256`, inside E4M3's range, so nothing saturates). The scale
 //! is a power of two, so `q * s` is exact in f32 and in bf16: a reader that

@@ -16,7 +16,7 @@ use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::CastOp;
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValueEnum, InstructionOpcode};
+use inkwell::values::{BasicValueEnum, FloatValue, InstructionOpcode, IntValue};
 use inkwell::{FloatPredicate, IntPredicate};
 
 /// The PTX name of an 8-bit float format.
@@ -117,12 +117,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let x = if from.is_f8() {
             if hw {
                 let code = self.b.build_int_z_extend(v.into_int_value(), i16t, "")?;
-                let asm = format!("cvt.rn.f16x2.{}x2 $0, $1;", f8_ptx(from));
-                let pair = self.asm_with(&asm, "=r,h", Some(i32t.into()), &[code.into()], false)?;
-                let pair = pair.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?;
-                let lo = self.b.build_int_truncate(pair.into_int_value(), i16t, "")?;
-                let h = self.b.build_bit_cast(lo, self.ctx.f16_type(), "")?.into_float_value();
-                self.b.build_float_ext(h, f32t, "")?.into()
+                self.f8x2_to_f32(code, from, 1)?[0].into()
             } else {
                 let code = self.b.build_int_z_extend(v.into_int_value(), i32t, "")?;
                 crate::llvm::f8_code_to_f32(self, code.into(), from)?
@@ -156,9 +151,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         from: DType,
         to: DType,
     ) -> Result<Vec<BasicValueEnum<'ctx>>> {
-        let (b, i16t, i32t) = (&self.b, self.ctx.i16_type(), self.ctx.i32_type());
-        let (f16t, f32t) = (self.ctx.f16_type(), self.ctx.f32_type());
-        let asm = format!("cvt.rn.f16x2.{}x2 $0, $1;", f8_ptx(from));
+        let (b, i16t) = (&self.b, self.ctx.i16_type());
         let mut out = Vec::with_capacity(regs.len());
         for pair in regs.chunks(2) {
             let lo = b.build_int_z_extend(pair[0].into_int_value(), i16t, "")?;
@@ -169,16 +162,33 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
                 None => lo,
             };
-            let halves = self.asm_with(&asm, "=r,h", Some(i32t.into()), &[code.into()], false)?;
-            let halves =
-                halves.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?.into_int_value();
-            for k in 0..pair.len() as u64 {
-                let bits = b.build_right_shift(halves, i32t.const_int(16 * k, false), false, "")?;
-                let h = b.build_bit_cast(b.build_int_truncate(bits, i16t, "")?, f16t, "")?.into_float_value();
-                out.push(self.fnarrow(b.build_float_ext(h, f32t, "")?, to)?);
+            for x in self.f8x2_to_f32(code, from, pair.len())? {
+                out.push(self.fnarrow(x, to)?);
             }
         }
         Ok(out)
+    }
+
+    /// The f32 values of the first `n` (1 or 2) of the two 8-bit float
+    /// codes packed low and high in `code` (i16), by one
+    /// `cvt.rn.f16x2.{e4m3x2,e5m2x2}` (sm_90a; exact through f16).
+    fn f8x2_to_f32(&self, code: IntValue<'ctx>, from: DType, n: usize) -> Result<Vec<FloatValue<'ctx>>> {
+        let (b, i16t, i32t) = (&self.b, self.ctx.i16_type(), self.ctx.i32_type());
+        let asm = format!("cvt.rn.f16x2.{}x2 $0, $1;", f8_ptx(from));
+        let halves = self.asm_with(&asm, "=r,h", Some(i32t.into()), &[code.into()], false)?;
+        let halves =
+            halves.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?.into_int_value();
+        (0..n as u64)
+            .map(|k| {
+                let bits = if k == 0 {
+                    halves
+                } else {
+                    b.build_right_shift(halves, i32t.const_int(16, false), false, "")?
+                };
+                let h = b.build_bit_cast(b.build_int_truncate(bits, i16t, "")?, self.ctx.f16_type(), "")?;
+                Ok(b.build_float_ext(h.into_float_value(), self.ctx.f32_type(), "")?)
+            })
+            .collect()
     }
 
     pub(super) fn lower_cast(&mut self, inst: Inst, op: CastOp) -> Result<()> {
