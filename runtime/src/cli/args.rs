@@ -298,6 +298,11 @@ pub struct DumpArgs {
     /// The GPU architecture to compile for.
     #[arg(long, value_enum, default_value_t = TargetArg::Sm80)]
     pub target: TargetArg,
+    /// Compile as a launch with 16-byte aligned pointers and integer
+    /// arguments that are multiples of 16 specializes the kernel (the
+    /// runtime's usual case); without it, no argument is assumed aligned.
+    #[arg(long)]
+    pub aligned: bool,
 }
 
 /// A compile target on the command line.

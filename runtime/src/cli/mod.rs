@@ -237,44 +237,65 @@ fn synth_model(a: &SynthArgs) -> Result<crate::gguf::tiny::TinyLlama> {
 }
 
 fn dump(a: &DumpArgs) -> Result<()> {
+    print!("{}", dump_text(a)?);
+    Ok(())
+}
+
+/// What `kernels dump` prints for `a`.
+pub(crate) fn dump_text(a: &DumpArgs) -> Result<String> {
+    use std::fmt::Write as _;
     let entry = registry::find(&a.name).ok_or_else(|| {
         let names: Vec<&str> = registry::ENTRIES.iter().map(|e| e.name).collect();
         Error::Usage(format!("no kernel named `{}`; registered: {}", a.name, names.join(", ")))
     })?;
     let (mut func, opts) = (entry.build)()?;
+    if a.aligned {
+        // What the launcher does when every argument allows it.
+        func = dsl_core::launch::specialize(&func, &vec![Some(0); func.params.len()]).0;
+    }
+    let mut out = String::new();
     let all = !(a.ir || a.plan || a.llvm || a.ptx);
     if a.ir && !a.plan && !a.llvm && !a.ptx {
         // The IR alone needs no code generator.
         dsl_core::passes::canonicalize(&mut func);
-        println!(
+        let _ = writeln!(
+            out,
             "// ---- {} ({}): tile IR ----\n{}",
             entry.name,
             entry.default_config,
             dsl_core::print::print(&func)
         );
-        return Ok(());
+        return Ok(out);
     }
     let copts = codegen::CompileOptions::for_launch(a.target.into(), &opts);
     let (compiled, dumps) = codegen::compile_with_dumps(&func, &copts)?;
     if all || a.ir {
-        println!("// ---- {} ({}): tile IR ----\n{}", entry.name, entry.default_config, dumps.ir);
+        let _ =
+            writeln!(out, "// ---- {} ({}): tile IR ----\n{}", entry.name, entry.default_config, dumps.ir);
     }
     if all || a.plan {
-        println!("// ---- {}: kernel plan for {} ----\n{}", entry.name, copts.target.arch(), dumps.plan);
+        let _ = writeln!(
+            out,
+            "// ---- {}: kernel plan for {} ----\n{}",
+            entry.name,
+            copts.target.arch(),
+            dumps.plan
+        );
     }
     if all || a.llvm {
-        println!("// ---- {}: LLVM IR ----\n{}", entry.name, dumps.llvm);
+        let _ = writeln!(out, "// ---- {}: LLVM IR ----\n{}", entry.name, dumps.llvm);
     }
     if all || a.ptx {
-        println!(
+        let _ = writeln!(
+            out,
             "// ---- {}: PTX for {} ({} bytes of shared memory) ----",
             entry.name,
             copts.target.arch(),
             compiled.shared_bytes
         );
-        println!("{}", compiled.ptx);
+        let _ = writeln!(out, "{}", compiled.ptx);
     }
-    Ok(())
+    Ok(out)
 }
 
 fn gpu_check(a: &GpuCheckArgs) -> Result<bool> {

@@ -124,6 +124,28 @@ fn dump_compiles_every_kernel() {
 }
 
 #[test]
+fn an_aligned_dump_shows_the_launched_specialization() {
+    let ptx = |aligned: bool| {
+        let mut argv = vec!["tessera", "kernels", "dump", "copy", "--ptx", "--target", "sm_90a"];
+        if aligned {
+            argv.push("--aligned");
+        }
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Kernels { action: KernelsAction::Dump(d) } => {
+                assert_eq!(d.aligned, aligned);
+                super::dump_text(&d).unwrap()
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    // Aligned arguments let the copy move 16 bytes per access; without the
+    // promise every element is its own access.
+    let (plain, aligned) = (ptx(false), ptx(true));
+    assert!(!plain.contains(".v4."), "{plain}");
+    assert!(aligned.contains("ld.global.v4.") && aligned.contains("st.global.v4."), "{aligned}");
+}
+
+#[test]
 fn gpu_commands_fail_cleanly_without_a_gpu() {
     if crate::cuda::Gpu::new(0).is_ok() {
         return;
