@@ -239,7 +239,13 @@ pub fn loaded_weights(wd: Tensor, sr: Tensor, quant: QuantFormat, block_n: usize
     } else {
         let c = broadcast_to(expand_dims(arange(0, width as i32), 0), [block_n, width]);
         if quant.is_q4() {
-            let f = ((wd >> (c % 4 * 8 + c / 16 % 2 * 4) & 15) << 19 | 0x4180_0000).bitcast(f32);
+            // The group's nibbles moved down once per word, then each
+            // register's nibble (byte `c % 4`, a constant of the register)
+            // to bits 19-22 by a constant shift: the mantissa of `16 + q`.
+            let wn = wd >> (c / 16 % 2 * 4);
+            let e8 = c % 4 * 8;
+            let t = where_(e8 <= 19, wn << maximum(19 - e8, 0), wn >> maximum(e8 - 19, 0));
+            let f = (t & 0x78_0000 | 0x4180_0000).bitcast(f32);
             let (d1, m1) = k_scales_of(sr);
             fma(d1, f, fma(d1, -16.0, 0.0 - m1))
         } else if quant == QuantFormat::Q6_K {

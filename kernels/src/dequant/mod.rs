@@ -497,6 +497,17 @@ pub fn linear_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, tensor
     LinearTiles { block_m, block_n, num_warps, split: false }
 }
 
+/// The programs per SM whose registers a batch-invariant product on tiles
+/// `t` is compiled for (`min_programs_per_sm`; 0 leaves ptxas its own
+/// budget): 8 for a Q4_K weight's split 16 x 64 tiles, whose programs are
+/// short and form their weights from raw words and scale entries in
+/// registers, so how many are resident at once bounds the weights in
+/// flight.
+pub fn linear_min_programs(format: QuantFormat, t: &LinearTiles) -> u32 {
+    let short = t.split && t.block_m == 16 && t.block_n == 64 && t.num_warps == 4;
+    if format == QuantFormat::Q4_K && short { 8 } else { 0 }
+}
+
 /// The grid of a batch-invariant product: `[ceil(m / BLOCK_M), ceil(rows /
 /// BLOCK_N), K tiles or 1]` with `rows = n` (or `2n` with SILU).
 pub fn linear_grid(m: usize, n: usize, k: usize, silu: bool, t: &LinearTiles) -> [u32; 3] {

@@ -19,7 +19,7 @@ use dsl_core::launch::AnyDType;
 use kernels::dequant::linear::linear;
 use kernels::dequant::{
     LINEAR_SPLIT_LONG_MAX_M, LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid,
-    linear_tiles, linear_workspace, uses_gemv,
+    linear_min_programs, linear_tiles, linear_workspace, uses_gemv,
 };
 
 /// What a projection fuses: `Norm` is the RMSNorm prologue with its weight
@@ -70,7 +70,8 @@ pub(crate) fn linear_config(
         t.block_n,
         if norm { k.next_power_of_two() } else { 1 },
     )
-    .with_warps(t.num_warps);
+    .with_warps(t.num_warps)
+    .with_min_programs(linear_min_programs(format, &t));
     let grid = linear_grid(m, n, k, silu, &t);
     (config, grid, linear_workspace(grid, &t))
 }
