@@ -499,13 +499,17 @@ pub fn linear_tiles(format: QuantFormat, m: usize, rows: usize, k: usize, tensor
 
 /// The programs per SM whose registers a batch-invariant product on tiles
 /// `t` is compiled for (`min_programs_per_sm`; 0 leaves ptxas its own
-/// budget): 8 for a Q4_K weight's split 16 x 64 tiles, whose programs are
-/// short and form their weights from raw words and scale entries in
-/// registers, so how many are resident at once bounds the weights in
-/// flight.
+/// budget). The split 16 x 64 tiles of 4 warps run short programs, so how
+/// many are resident at once bounds the weights in flight: 8 for Q4_1 and
+/// Q4_K weights, 6 for Q6_K (whose weights take more registers to form;
+/// at 8 it loses), ptxas's own budget for the formats not measured.
 pub fn linear_min_programs(format: QuantFormat, t: &LinearTiles) -> u32 {
     let short = t.split && t.block_m == 16 && t.block_n == 64 && t.num_warps == 4;
-    if format == QuantFormat::Q4_K && short { 8 } else { 0 }
+    match format {
+        QuantFormat::Q4_1 | QuantFormat::Q4_K if short => 8,
+        QuantFormat::Q6_K if short => 6,
+        _ => 0,
+    }
 }
 
 /// The grid of a batch-invariant product: `[ceil(m / BLOCK_M), ceil(rows /
