@@ -254,46 +254,35 @@ pub(crate) fn dump_text(a: &DumpArgs) -> Result<String> {
         func = dsl_core::launch::specialize(&func, &vec![Some(0); func.params.len()]).0;
     }
     let mut out = String::new();
+    // One section: its title line, then its text.
+    let mut section = |title: String, text: &str| {
+        let _ = writeln!(out, "// ---- {}{title} ----\n{text}", entry.name);
+    };
+    let ir_title = || format!(" ({}): tile IR", entry.default_config);
     let all = !(a.ir || a.plan || a.llvm || a.ptx);
     if a.ir && !a.plan && !a.llvm && !a.ptx {
         // The IR alone needs no code generator.
         dsl_core::passes::canonicalize(&mut func);
-        let _ = writeln!(
-            out,
-            "// ---- {} ({}): tile IR ----\n{}",
-            entry.name,
-            entry.default_config,
-            dsl_core::print::print(&func)
-        );
+        section(ir_title(), &dsl_core::print::print(&func));
         return Ok(out);
     }
     let copts = codegen::CompileOptions::for_launch(a.target.into(), &opts);
     let (compiled, dumps) = codegen::compile_with_dumps(&func, &copts)?;
+    let arch = copts.target.arch();
     if all || a.ir {
-        let _ =
-            writeln!(out, "// ---- {} ({}): tile IR ----\n{}", entry.name, entry.default_config, dumps.ir);
+        section(ir_title(), &dumps.ir);
     }
     if all || a.plan {
-        let _ = writeln!(
-            out,
-            "// ---- {}: kernel plan for {} ----\n{}",
-            entry.name,
-            copts.target.arch(),
-            dumps.plan
-        );
+        section(format!(": kernel plan for {arch}"), &dumps.plan);
     }
     if all || a.llvm {
-        let _ = writeln!(out, "// ---- {}: LLVM IR ----\n{}", entry.name, dumps.llvm);
+        section(": LLVM IR".to_string(), &dumps.llvm);
     }
     if all || a.ptx {
-        let _ = writeln!(
-            out,
-            "// ---- {}: PTX for {} ({} bytes of shared memory) ----",
-            entry.name,
-            copts.target.arch(),
-            compiled.shared_bytes
+        section(
+            format!(": PTX for {arch} ({} bytes of shared memory)", compiled.shared_bytes),
+            &compiled.ptx,
         );
-        let _ = writeln!(out, "{}", compiled.ptx);
     }
     Ok(out)
 }
