@@ -131,6 +131,11 @@ pub const SCALE_BLOCK: usize = 128;
 /// and `n` elements apart. Program `(p, q)` computes the `[BLOCK_M,
 /// BLOCK_N]` tile at `(p BLOCK_M, q BLOCK_N)`; loads past `m`, `n` and `k`
 /// read zeros.
+///
+/// `SCALES_AHEAD` (block-scaled only) loads each K block's scales one block
+/// ahead and carries them, so their latency overlaps a whole block's
+/// product: the same bits, faster where the grid is short (prefill-sized
+/// `m`), slower on large squares (`bench --only fp8` times both).
 #[kernel(name = "scaled_matmul_fp8")]
 #[allow(clippy::too_many_arguments)]
 pub fn scaled_matmul_fp8<F: Float, T: Float>(
@@ -145,8 +150,10 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] PER_TENSOR: bool,
+    #[constexpr] SCALES_AHEAD: bool,
 ) {
     static_assert(PER_TENSOR || SCALE_BLOCK % BLOCK_N == 0, "BLOCK_N must divide the weight scale block");
+    static_assert(!(PER_TENSOR && SCALES_AHEAD), "SCALES_AHEAD is for the block-scaled form");
     let bk = SCALE_BLOCK as i32;
     let rm = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
     let rn = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
@@ -155,6 +162,14 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     let (m_ok, n_ok) = (rm < m, rn < n);
     let (m0, n0) = (program_id(0) * BLOCK_M, program_id(1) * BLOCK_N);
     let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
+    // With SCALES_AHEAD: block 0's scales, then each block loads the next's.
+    // Without it nothing reads them: the names are bound to values that
+    // exist anyway, so the kernel gains no op.
+    let (mut sa_ahead, mut sb_ahead) = if SCALES_AHEAD {
+        (load(sa_ptr + rm * kb, mask = m_ok, other = 0.0), load(sb_ptr + sb_row))
+    } else {
+        (rm, kb)
+    };
     for t in range(0, kb) {
         // Boxes of the row-major operands (zeros past their edges): TMA
         // copies on sm_90a, which feed the native FP8 `wgmma`.
@@ -162,6 +177,14 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
         let b = load_block(b_ptr, n, k, k, n0, t * bk, [BLOCK_N, SCALE_BLOCK]);
         if PER_TENSOR {
             acc = dot(a, trans(b), acc);
+        } else if SCALES_AHEAD {
+            let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
+            let next = t + 1;
+            let sa_next = load(sa_ptr + rm * kb + next, mask = m_ok && next < kb, other = 0.0);
+            let sb_next = load(sb_ptr + sb_row + minimum(next, kb - 1));
+            acc += p * expand_dims(sa_ahead * sb_ahead, 1);
+            sa_ahead = sa_next;
+            sb_ahead = sb_next;
         } else {
             let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
             let sa = load(sa_ptr + rm * kb + t, mask = m_ok, other = 0.0);

@@ -179,7 +179,9 @@ fn build_scaled_matmul_fp8() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::fp8::scaled_matmul_fp8 as k;
     let (bm, bn, warps, stages) = crate::check::fp8::SCALED_TILE;
     spec::<k::Kernel>(
-        k::Config::new(DType::F8E4M3, DType::BF16, bm, bn, false).with_warps(warps).with_stages(stages),
+        k::Config::new(DType::F8E4M3, DType::BF16, bm, bn, false, false)
+            .with_warps(warps)
+            .with_stages(stages),
     )
 }
 

@@ -160,7 +160,8 @@ fn scales(rng: &mut Rng, len: usize) -> Vec<f32> {
 /// `scaled_matmul_fp8` on the interpreter against the f64 reference within
 /// its derived bound: both forms, both formats, f32 and bf16 outputs,
 /// ragged M, N and K (a partial K block, a partial weight block, one-row
-/// outputs).
+/// outputs); the block-scaled form with its scales loaded a block ahead
+/// gives the same values.
 #[test]
 fn scaled_matmul_fp8_matches_the_f64_reference() {
     use kernels::fp8::scaled_matmul_fp8 as k8;
@@ -179,29 +180,37 @@ fn scaled_matmul_fp8_matches_the_f64_reference() {
             } else {
                 (scales(&mut rng, m * kb), scales(&mut rng, n.div_ceil(128) * kb))
             };
-            let mut cpu = Cpu::new();
-            let (ap, sap, bp, sbp) = (cpu.upload(&ab), cpu.upload(&sa), cpu.upload(&bb), cpu.upload(&sb));
-            let cp = cpu.zeros::<f32>(m * n);
-            let cb = cpu.zeros::<bf16>(m * n);
-            let args = k8::Args {
-                a_ptr: ap.cast(),
-                sa_ptr: sap.cast(),
-                b_ptr: bp.cast(),
-                sb_ptr: sbp.cast(),
-                c_ptr: if out == DType::F32 { cp.cast() } else { cb.cast() },
-                m: m as i32,
-                n: n as i32,
-                k: k as i32,
-                _marker: PhantomData,
+            // `ahead`: the block-scaled form with SCALES_AHEAD.
+            let run = |ahead: bool| -> Vec<f64> {
+                let mut cpu = Cpu::new();
+                let (ap, sap, bp, sbp) = (cpu.upload(&ab), cpu.upload(&sa), cpu.upload(&bb), cpu.upload(&sb));
+                let cp = cpu.zeros::<f32>(m * n);
+                let cb = cpu.zeros::<bf16>(m * n);
+                let args = k8::Args {
+                    a_ptr: ap.cast(),
+                    sa_ptr: sap.cast(),
+                    b_ptr: bp.cast(),
+                    sb_ptr: sbp.cast(),
+                    c_ptr: if out == DType::F32 { cp.cast() } else { cb.cast() },
+                    m: m as i32,
+                    n: n as i32,
+                    k: k as i32,
+                    _marker: PhantomData,
+                };
+                let config = k8::Config::new(f8, out, 16, 64, per_tensor, ahead);
+                let grid = [m.div_ceil(16) as u32, n.div_ceil(64) as u32, 1];
+                k8::interpret(&mut cpu, grid, &config, &args).unwrap();
+                if out == DType::F32 {
+                    cpu.read(cp).iter().map(|&x| f64::from(x)).collect()
+                } else {
+                    cpu.read(cb).iter().map(|&x| f64::from(x.to_f32())).collect()
+                }
             };
-            let config = k8::Config::new(f8, out, 16, 64, per_tensor);
-            let grid = [m.div_ceil(16) as u32, n.div_ceil(64) as u32, 1];
-            k8::interpret(&mut cpu, grid, &config, &args).unwrap();
-            let got: Vec<f64> = if out == DType::F32 {
-                cpu.read(cp).iter().map(|&x| f64::from(x)).collect()
-            } else {
-                cpu.read(cb).iter().map(|&x| f64::from(x.to_f32())).collect()
-            };
+            let got = run(false);
+            if !per_tensor {
+                // The scales loaded a block ahead are the same scales.
+                assert_eq!(run(true), got, "scales ahead, {f8} -> {out} {m}x{n}x{k}");
+            }
             let u_out = if out == DType::F32 { 2f64.powi(-24) } else { 2f64.powi(-8) };
             let (want, tol) =
                 r::scaled_matmul(&av, &sa, &bv, &sb, (m, n, k), r::BlockSums::F32, per_tensor, u_out);

@@ -186,34 +186,35 @@ fn scaled_args<'a, Q: DeviceElem, D: Device + 'a>(
 }
 
 /// The configuration of `scaled_matmul_fp8` on `Q`'s codes, bf16 out, in
-/// the block-scaled or `per_tensor` form, with tiles of `BLOCK_M x
-/// BLOCK_N`, `warps` and a K loop pipelined `stages` deep, and its grid for
-/// `m x n`.
+/// `form` (the per-tensor forms alike), with tiles of `BLOCK_M x BLOCK_N`,
+/// `warps` and a K loop pipelined `stages` deep, and its grid for `m x n`.
 fn scaled_config<Q: DeviceElem>(
     (bm, bn, warps, stages): (usize, usize, u32, u32),
-    per_tensor: bool,
+    form: Form,
     (m, n): (usize, usize),
 ) -> (scaled_matmul_fp8::Config, [u32; 3]) {
-    let config = scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn, per_tensor)
-        .with_warps(warps)
-        .with_stages(stages);
+    let ahead = form == Form::BlockScaledAhead;
+    let config =
+        scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn, form.per_tensor(), ahead)
+            .with_warps(warps)
+            .with_stages(stages);
     (config, [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1])
 }
 
-/// `scaled_matmul_fp8` with bf16 output on `dev` (block-scaled on
-/// [`SCALED_TILE`], or `per_tensor` on [`PER_TENSOR_TILE`]), as f64.
+/// `scaled_matmul_fp8` with bf16 output on `dev` in `form` (block-scaled on
+/// [`SCALED_TILE`], per-tensor on [`PER_TENSOR_TILE`]), as f64.
 fn scaled_on<Q: DeviceElem, D: Device>(
     dev: &mut D,
     [a, b]: [&[Q]; 2],
     [sa, sb]: [&[f32]; 2],
     (m, n, k): (usize, usize, usize),
-    per_tensor: bool,
+    form: Form,
 ) -> Result<Vec<f64>> {
     let (ad, bd, sad, sbd) = (dev.upload(a)?, dev.upload(b)?, dev.upload(sa)?, dev.upload(sb)?);
     let cd = dev.zeros::<bf16>(m * n)?;
     let args = scaled_args::<Q, D>([&ad, &bd], [&sad, &sbd], &cd, (m, n, k))?;
-    let tile = if per_tensor { PER_TENSOR_TILE } else { SCALED_TILE };
-    let (config, grid) = scaled_config::<Q>(tile, per_tensor, (m, n));
+    let tile = if form.per_tensor() { PER_TENSOR_TILE } else { SCALED_TILE };
+    let (config, grid) = scaled_config::<Q>(tile, form, (m, n));
     dev.run::<scaled_matmul_fp8::Kernel>(grid, &config, &args)?;
     Ok(dev.download(&cd)?.iter().map(|x| f64::from(x.to_f32())).collect())
 }
@@ -223,11 +224,20 @@ fn scaled_on<Q: DeviceElem, D: Device>(
 enum Form {
     /// Random finite codes, block scales.
     BlockScaled,
+    /// The same, each block's scales loaded one block ahead (`SCALES_AHEAD`).
+    BlockScaledAhead,
     /// Random finite codes, one scale per operand.
     PerTensor,
     /// Codes of the integers -2..=2, one scale per operand: every
     /// summation is exact, so the bound is the f32 one.
     PerTensorExact,
+}
+
+impl Form {
+    /// Whether the product takes one scale per operand.
+    fn per_tensor(self) -> bool {
+        matches!(self, Form::PerTensor | Form::PerTensorExact)
+    }
 }
 
 fn scaled_case<Q: DeviceElem, D: Device>(
@@ -243,13 +253,13 @@ fn scaled_case<Q: DeviceElem, D: Device>(
     let (b, bv) = codes(rng, n * k);
     let mut scale = || (1.0 + rng.unit()) as f32 * 2f32.powi((rng.next_u64() % 16) as i32 - 8);
     let (sa, sb): (Vec<f32>, Vec<f32>) = match form {
-        Form::BlockScaled => {
+        Form::BlockScaled | Form::BlockScaledAhead => {
             ((0..m * kb).map(|_| scale()).collect(), (0..n.div_ceil(128) * kb).map(|_| scale()).collect())
         }
         _ => (vec![scale()], vec![scale()]),
     };
-    let per_tensor = form != Form::BlockScaled;
-    let got = scaled_on::<Q, D>(dev, [&a, &b], [&sa, &sb], (m, n, k), per_tensor)?;
+    let per_tensor = form.per_tensor();
+    let got = scaled_on::<Q, D>(dev, [&a, &b], [&sa, &sb], (m, n, k), form)?;
     // The bound of the loosest summation the kernel may run: Hopper's
     // native FP8 `wgmma` (the f16-widened products sum in f32), over one
     // block or over the whole K.
@@ -257,6 +267,7 @@ fn scaled_case<Q: DeviceElem, D: Device>(
     let (want, tol) = scaled_matmul(&av, &sa, &bv, &sb, (m, n, k), sums, per_tensor, 2f64.powi(-8));
     let what = match form {
         Form::BlockScaled => "",
+        Form::BlockScaledAhead => " scales ahead",
         Form::PerTensor => " per-tensor",
         Form::PerTensorExact => " per-tensor, small integers",
     };
@@ -272,7 +283,7 @@ pub fn scaled_matmul<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>>
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for shape in [(1, 128, 128), (37, 200, 300), (130, 256, 1040), (256, 384, 512)] {
-        for form in [Form::BlockScaled, Form::PerTensor, Form::PerTensorExact] {
+        for form in [Form::BlockScaled, Form::BlockScaledAhead, Form::PerTensor, Form::PerTensorExact] {
             out.push(scaled_case::<F8E4M3, D>(dev, &mut rng, shape, form)?);
             out.push(scaled_case::<F8E5M2, D>(dev, &mut rng, shape, form)?);
         }
@@ -280,16 +291,16 @@ pub fn scaled_matmul<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>>
     Ok(out)
 }
 
-/// One `matmul/fp8e4m3/{M}x{N}x{K} [..]` record: the block-scaled or
-/// `per_tensor` product of E4M3 codes (no NaN codes) with unit scales, bf16
-/// out, on tile `(BLOCK_M, BLOCK_N, warps, stages)`. Named like peers.py's
-/// per-tensor `_scaled_mm` row, so the bench prints the ratio to it.
+/// One `matmul/fp8e4m3/{M}x{N}x{K} [..]` record: the product of E4M3 codes
+/// (no NaN codes) in `form` with unit scales, bf16 out, on tile
+/// `(BLOCK_M, BLOCK_N, warps, stages)`. Named like peers.py's per-tensor
+/// `_scaled_mm` row, so the bench prints the ratio to it.
 fn scaled_record(
     cuda: &mut Cuda,
     opts: &BenchOptions,
     (m, n, k): (usize, usize, usize),
     (bm, bn, warps, stages): (usize, usize, u32, u32),
-    per_tensor: bool,
+    form: Form,
 ) -> Result<Record> {
     let mut rng = Rng::new((m + n + k) as u64);
     let mut codes = |len: usize| -> Vec<F8E4M3> {
@@ -304,12 +315,16 @@ fn scaled_record(
     let (sad, sbd) = (cuda.upload(&vec![1f32; m * kb])?, cuda.upload(&vec![1f32; n.div_ceil(128) * kb])?);
     let cd = cuda.zeros::<bf16>(m * n)?;
     let args = scaled_args::<F8E4M3, Cuda>([&ad, &bd], [&sad, &sbd], &cd, (m, n, k))?;
-    let (config, g) = scaled_config::<F8E4M3>((bm, bn, warps, stages), per_tensor, (m, n));
+    let (config, g) = scaled_config::<F8E4M3>((bm, bn, warps, stages), form, (m, n));
     let ms = time_median_ms(cuda, opts.warmup, opts.runs, |c: &mut Cuda| {
         c.run::<scaled_matmul_fp8::Kernel>(g, &config, &args)
     })?;
-    let form = if per_tensor { "per-tensor" } else { "block-scaled" };
-    let name = format!("matmul/fp8e4m3/{m}x{n}x{k} [{form} {bm}x{bn}/{warps}w/{stages}s]");
+    let what = match form {
+        Form::BlockScaled => "block-scaled",
+        Form::BlockScaledAhead => "block-scaled, scales ahead,",
+        _ => "per-tensor",
+    };
+    let name = format!("matmul/fp8e4m3/{m}x{n}x{k} [{what} {bm}x{bn}/{warps}w/{stages}s]");
     Ok(Record::new(name, "TFLOP/s", 2.0 * (m * n) as f64 * k as f64 / ms / 1e9, ms))
 }
 
@@ -318,11 +333,13 @@ fn scaled_record(
 pub fn bench_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     for shape in [(8192, 8192, 8192), (256, 14336, 4096)] {
-        for tile in [(64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3)] {
-            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, false)?);
+        for form in [Form::BlockScaled, Form::BlockScaledAhead] {
+            for tile in [(64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3)] {
+                push_measured(&mut out, scaled_record(cuda, opts, shape, tile, form)?);
+            }
         }
         for tile in [(128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4), (64, 256, 4, 4)] {
-            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, true)?);
+            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, Form::PerTensor)?);
         }
     }
     Ok(out)
