@@ -202,6 +202,14 @@ fn build_gemv_q8_0() -> dsl_core::Result<(Function, LaunchOptions)> {
     gemv_spec(QuantFormat::Q8_0, 256)
 }
 
+fn build_gemv_q4_k() -> dsl_core::Result<(Function, LaunchOptions)> {
+    gemv_spec(QuantFormat::Q4_K, 512)
+}
+
+fn build_gemv_q6_k() -> dsl_core::Result<(Function, LaunchOptions)> {
+    gemv_spec(QuantFormat::Q6_K, 256)
+}
+
 fn build_gemv_fused() -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::fused::gemv_fused as k;
     spec::<k::Kernel>(
@@ -545,14 +553,14 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         name: "gemv_q4_1_fused",
-        description: "GEMV (Q4_1/Q4_0/Q8_0) with an RMSNorm prologue (NORM) or a residual-add epilogue (RESIDUAL)",
+        description: "GEMV (any block format) with an RMSNorm prologue (NORM) or a residual-add epilogue (RESIDUAL)",
         default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
         build: build_gemv_fused,
         check: checks!(crate::check::dequant::fused::gemv_fused),
     },
     Entry {
         name: "cpu_gemv_q4_1",
-        description: "the fused GEMVs (Q4_1/Q4_0/Q8_0, NORM, SILU, RESIDUAL) shaped for CPUs: the native backend's decode",
+        description: "the fused GEMVs (every format, NORM, SILU, RESIDUAL) shaped for CPUs: the native backend's decode",
         default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 64, BLOCK_K = 32",
         build: build_cpu_gemv,
         check: checks!(crate::check::cpu_gemv::cpu_gemv),
@@ -570,6 +578,20 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 256, num_warps = 4",
         build: build_gemv_q8_0,
         check: checks!(crate::check::dequant::gemv_q8_0),
+    },
+    Entry {
+        name: "gemv_q4_k",
+        description: "out = x @ W^T, W repacked Q4_K (sub-block scales and mins), M <= 16 (decode); SILU variant",
+        default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 512, num_warps = 4",
+        build: build_gemv_q4_k,
+        check: checks!(crate::check::dequant::gemv_q4_k),
+    },
+    Entry {
+        name: "gemv_q6_k",
+        description: "out = x @ W^T, W repacked Q6_K (a scale per 16 weights), M <= 16 (decode); SILU variant",
+        default_config: "T = bf16, SILU = false, M_BLOCK = 1, BLOCK_N = 16, BLOCK_K = 256, num_warps = 4",
+        build: build_gemv_q6_k,
+        check: checks!(crate::check::dequant::gemv_q6_k),
     },
     Entry {
         name: "gemm_q4_1",

@@ -16,8 +16,9 @@ use dsl_core::interp::Cpu;
 use dsl_macros::kernel;
 use kernels::cpu_gemv::weight_tile_any;
 use kernels::cpu_gemv::{cpu_gemv, cpu_gemv_tiles};
+use kernels::dequant::fused::gemv_fused;
 use kernels::dequant::linear::{LINEAR_BLOCK_K, loaded_weights, tile_load};
-use kernels::dequant::{QuantFormat, Repacked, gemv_grid, interleave_gate_up, repack};
+use kernels::dequant::{GemvTiles, QuantFormat, Repacked, gemv_grid, gemv_tiles, interleave_gate_up, repack};
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
 use tests::reference::Rng;
@@ -73,35 +74,56 @@ fn operands<T: Act>(
     (x, raws, w)
 }
 
-/// Runs `cpu_gemv` (no norm, no residual) with the native tiles on the
-/// interpreter and checks it against the reference.
-fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, usize, usize)) {
+/// Which GEMV a case runs: the CPU GEMV with its native tiles, or the GPU
+/// GEMV body (`gemv_fused` without fusions, whose body `gemv` shares) with
+/// the given tiles.
+#[derive(Clone, Copy, Debug)]
+enum Body {
+    Cpu,
+    Gpu(GemvTiles),
+}
+
+/// Runs `body` (no norm, no residual) on the interpreter and checks it
+/// against the reference.
+fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, usize, usize), body: Body) {
     let (x, raws, w) = operands::<T>(seed, format, silu, (m, n, k));
-    let t = cpu_gemv_tiles(w.format, m, w.n, k);
+    let t = match body {
+        Body::Cpu => cpu_gemv_tiles(w.format, m, w.n, k),
+        Body::Gpu(t) => t,
+    };
     let mut cpu = Cpu::new();
     let (xp, qp, sp) = (cpu.upload(&x), cpu.upload(&w.quants), cpu.upload(&w.scales));
     let op = cpu.zeros::<T>(m * n);
-    let args = cpu_gemv::Args {
-        x_ptr: xp.cast(),
-        q_ptr: qp.cast(),
-        s_ptr: sp.cast(),
-        nw_ptr: xp.cast(),
-        out_ptr: op.cast(),
-        m: m as i32,
-        n: n as i32,
-        ldo: n as i32,
-        k: k as i32,
-        eps: 0.0,
-        _marker: PhantomData,
-    };
-    let config =
-        cpu_gemv::Config::new(T::DTYPE, w.format, silu, false, false, t.m_block, t.block_n, t.block_k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
-    cpu_gemv::interpret(&mut cpu, grid, &config, &args).unwrap();
+    macro_rules! run {
+        ($kk:ident) => {{
+            let args = $kk::Args {
+                x_ptr: xp.cast(),
+                q_ptr: qp.cast(),
+                s_ptr: sp.cast(),
+                nw_ptr: xp.cast(),
+                out_ptr: op.cast(),
+                m: m as i32,
+                n: n as i32,
+                ldo: n as i32,
+                k: k as i32,
+                eps: 0.0,
+                _marker: PhantomData,
+            };
+            let config =
+                $kk::Config::new(T::DTYPE, w.format, silu, false, false, t.m_block, t.block_n, t.block_k)
+                    .with_warps(t.num_warps);
+            $kk::interpret(&mut cpu, grid, &config, &args).unwrap();
+        }};
+    }
+    match body {
+        Body::Cpu => run!(cpu_gemv),
+        Body::Gpu(_) => run!(gemv_fused),
+    }
     let got: Vec<f64> = cpu.read(op).iter().map(|v| v.to_f64()).collect();
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let ys = reference_gemvs(format, &raws, n, k, &xf, m);
-    let what = format!("cpu_gemv {} silu={silu} m={m} n={n} k={k}", format.name());
+    let what = format!("{body:?} {} silu={silu} m={m} n={n} k={k}", format.name());
     let bound = |y: &r::Gemv, i: usize| r::error_bound(w.format, k, t.block_k, y.abs[i]);
     check_outputs::<T>(&got, &ys, n, bound, &what).unwrap();
 }
@@ -120,8 +142,8 @@ const NEW: [QuantFormat; 7] = [
 fn cpu_gemv_new_formats_f32() {
     for (i, format) in NEW.into_iter().enumerate() {
         let k = if format.is_k_quant() { 512 } else { 96 };
-        case::<f32>(11 + i as u64, format, false, (3, 9, k));
-        case::<f32>(31 + i as u64, format, true, (1, 5, k));
+        case::<f32>(11 + i as u64, format, false, (3, 9, k), Body::Cpu);
+        case::<f32>(31 + i as u64, format, true, (1, 5, k), Body::Cpu);
     }
 }
 
@@ -129,7 +151,27 @@ fn cpu_gemv_new_formats_f32() {
 fn cpu_gemv_new_formats_bf16() {
     for (i, format) in NEW.into_iter().enumerate() {
         let k = if format.is_k_quant() { 256 } else { 64 };
-        case::<bf16>(51 + i as u64, format, false, (2, 7, k));
+        case::<bf16>(51 + i as u64, format, false, (2, 7, k), Body::Cpu);
+    }
+}
+
+/// The GPU GEMV body on the block formats beyond the word-tiled three
+/// (Q5_1, Q4_K, Q5_K, Q6_K): the runtime's tiles; a K tile of 512 quant
+/// bytes (Q5_K and Q6_K: one whole tile and a partial one at K 768; Q4_K
+/// and Q5_1: no whole tile, only the clamped tail step); four activation rows per
+/// program with SiLU-mul; f32 and bf16.
+#[test]
+fn gpu_gemv_block_formats() {
+    let formats = [QuantFormat::Q5_1, QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K];
+    for (i, format) in formats.into_iter().enumerate() {
+        let k = if format.is_k_quant() { 768 } else { 160 };
+        let s = 201 + 4 * i as u64;
+        let wide = GemvTiles { m_block: 1, block_n: 4, block_k: format.k_tile(512), num_warps: 2 };
+        let rows4 = GemvTiles { m_block: 4, block_n: 8, block_k: format.k_tile(128), num_warps: 4 };
+        case::<f32>(s, format, false, (1, 9, k), Body::Gpu(gemv_tiles(format, 1, 9, k)));
+        case::<bf16>(s + 1, format, false, (2, 7, k), Body::Gpu(wide));
+        case::<bf16>(s + 2, format, true, (5, 6, k), Body::Gpu(rows4));
+        case::<f32>(s + 3, format, true, (3, 5, k), Body::Gpu(gemv_tiles(format, 3, 10, k)));
     }
 }
 
@@ -288,10 +330,11 @@ fn word_loaded_weights_equal_the_per_byte_ones() {
     }
 }
 
-/// The word-tiled kernels (GEMV, fused GEMV, GEMM, stream-K, Q8 GEMV) index
-/// their planes as Q4_0/Q4_1/Q8_0 ones: built for any other format they
-/// are refused with an error naming the formats they take, never built to
-/// read another format's planes out of bounds.
+/// The word-tiled kernels (GEMM, stream-K, Q8 GEMV) index their planes as
+/// Q4_0/Q4_1/Q8_0 ones: built for any other format they are refused with
+/// an error naming the formats they take, never built to read another
+/// format's planes out of bounds. The GEMVs take every block format and
+/// refuse the 16-bit floats.
 #[test]
 fn word_tiled_kernels_refuse_other_formats() {
     use dsl_core::DType;
@@ -307,8 +350,6 @@ fn word_tiled_kernels_refuse_other_formats() {
     }
     let bf = DType::BF16;
     for f in [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K, QuantFormat::Q5_1, QuantFormat::F16] {
-        refused::<gemv::Kernel>(&gemv::Config::new(bf, f, false, 1, 4, 256), f);
-        refused::<gemv_fused::Kernel>(&gemv_fused::Config::new(bf, f, false, true, false, 1, 4, 256), f);
         refused::<gemm::Kernel>(&gemm::Config::new(bf, f, false, 64, 64, 64, false), f);
         refused::<gemm::Kernel>(&gemm::Config::new(bf, f, false, 64, 64, 64, true), f);
         refused::<gemm_stream_k::Kernel>(&gemm_stream_k::Config::new(bf, f, false, 256, 128, 64), f);
@@ -316,6 +357,22 @@ fn word_tiled_kernels_refuse_other_formats() {
     }
     // The formats they take still build.
     for f in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+        gemm::build(&gemm::Config::new(bf, f, false, 64, 64, 64, false)).unwrap();
+    }
+    // The GEMV takes every block format and refuses the 16-bit floats.
+    for f in [QuantFormat::F16, QuantFormat::BF16] {
+        for (name, e) in [
+            ("gemv", gemv::build(&gemv::Config::new(bf, f, false, 1, 4, 256)).err()),
+            (
+                "gemv_fused",
+                gemv_fused::build(&gemv_fused::Config::new(bf, f, false, true, false, 1, 4, 256)).err(),
+            ),
+        ] {
+            let e = e.unwrap_or_else(|| panic!("{name} built for {f:?}"));
+            assert!(e.to_string().contains("16-bit float weights go through `linear`"), "{name}: {e}");
+        }
+    }
+    for f in [QuantFormat::Q5_1, QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K] {
         gemv::build(&gemv::Config::new(bf, f, false, 1, 4, 256)).unwrap();
     }
 }

@@ -25,7 +25,7 @@ pub fn q4_weights(wd: Tensor, sh: Tensor, d: Tensor, off: Tensor) -> (Tensor, Te
 }
 
 /// Refuses, when the kernel is built, a weight format the word-tiled bodies
-/// (GEMV, fused GEMV, GEMM, stream-K, the Q8 GEMV) do not read: their
+/// (GEMM, stream-K, the Q8 GEMV) do not read: their
 /// weight and scale indices assume the planes of Q4_0, Q4_1 and Q8_0 (see
 /// [`QuantFormat::gpu_kernels`]), so any other format would be read out of
 /// its planes' bounds. Those formats go through
@@ -36,6 +36,18 @@ pub fn word_tiled_only(quant: QuantFormat) {
         quant.gpu_kernels(),
         "the word-tiled dequant kernels take Q4_0, Q4_1 and Q8_0 weights (and Q5_0 repacked as Q8_0); \
          other formats go through `linear`",
+    );
+}
+
+/// Refuses, when the kernel is built, a weight format the GEMV bodies do
+/// not read: they take every block format ([`QuantFormat::gemv_kernels`]);
+/// 16-bit float weights go through [`crate::dequant::linear::linear`].
+#[kernel_fn]
+pub fn gemv_formats_only(quant: QuantFormat) {
+    static_assert(
+        quant.gemv_kernels(),
+        "the dequant GEMV takes the block formats (Q4_0, Q4_1, Q8_0, Q5_1, Q4_K, Q5_K, Q6_K); \
+         16-bit float weights go through `linear`",
     );
 }
 
@@ -58,10 +70,15 @@ pub fn scale_load_all(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> Tensor {
 }
 
 /// The scale `d` and offset `off` (see [`q4_weights`]) of raw scale entries
-/// from [`scale_load`]: `off = m - 16 d` (Q4_1) or `-24 d` (Q4_0).
+/// from [`scale_load`] (Q4_K: [`scale_raw`]): `off = m - 16 d` (Q4_1),
+/// `-24 d` (Q4_0) or `-m1 - 16 d1` (Q4_K).
 #[kernel_fn]
 pub fn q4_scale_decode(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
-    if quant.has_min() {
+    if quant.is_k_quant() {
+        // A `k_scales_raw` value: `off = -m1 - 16 d1`.
+        let (d1, m1) = k_scales_of(raw);
+        (d1, fma(d1, -16.0, 0.0 - m1))
+    } else if quant.has_min() {
         let d = bitcast(raw.to(i16), f16).to(f32);
         let m = bitcast((raw >> 16).to(i16), f16).to(f32);
         (d, fma(d, -16.0, m))
@@ -145,6 +162,47 @@ pub fn q6k_scale_raw(s_ptr: Tensor, g: Tensor) -> Tensor {
 #[kernel_fn]
 pub fn q6k_scale_of(raw: Tensor) -> Tensor {
     bitcast(raw.to(i16), f16).to(f32) * (raw >> 16).to(f32)
+}
+
+/// The raw scale entries of scale group `g` (row-major, in groups of
+/// [`QuantFormat::scale_group`] weights) of a GEMV format, as the main loops
+/// carry them: the `(d, m)` word of Q4_1 and Q5_1, the f16 `d` of Q4_0 and
+/// Q8_0 ([`scale_load_all`]), [`k_scales_raw`] (Q4_K, Q5_K) or
+/// [`q6k_scale_raw`] (Q6_K). Decoded by [`q4_scale_decode`] (nibbles) or
+/// [`byte_tile_weights`] (bytes).
+#[kernel_fn]
+pub fn scale_raw(s_ptr: Tensor, g: Tensor, quant: QuantFormat) -> Tensor {
+    if quant == QuantFormat::Q6_K {
+        q6k_scale_raw(s_ptr, g)
+    } else if quant.is_k_quant() {
+        k_scales_raw(s_ptr, g)
+    } else {
+        scale_load_all(s_ptr, g, quant)
+    }
+}
+
+/// The weights of a byte-format W tile: quant words `wd` (each element's
+/// byte at bit offset `sh`) and the raw scale entries `raw` of each
+/// element's group ([`scale_raw`]). Signed bytes (Q8_0, Q6_K's `q - 32`) as
+/// [`q8_weights`] with `d` (Q6_K: `d sc`); unsigned ones (Q5_1, Q5_K) `w = d
+/// (256 + q) + (m - 256 d)` with Q5_1's `(d, m)` or Q5_K's `(d sc, -dmin
+/// m)`, the CPU GEMV's formation ([`crate::cpu_gemv::byte_format_weights`]).
+#[kernel_fn]
+pub fn byte_tile_weights(wd: Tensor, sh: Tensor, raw: Tensor, quant: QuantFormat) -> Tensor {
+    if quant == QuantFormat::Q6_K {
+        q8_weights(wd, sh, q6k_scale_of(raw))
+    } else if quant.unsigned_bytes() {
+        let (d, m) = if quant.is_k_quant() {
+            let (d1, m1) = k_scales_of(raw);
+            (d1, 0.0 - m1)
+        } else {
+            (bitcast(raw.to(i16), f16).to(f32), bitcast((raw >> 16).to(i16), f16).to(f32))
+        };
+        let f = ((wd >> sh & 255) << 15 | 0x4380_0000).bitcast(f32);
+        fma(d, f, fma(d, -256.0, m))
+    } else {
+        q8_weights(wd, sh, raw.to(f32))
+    }
 }
 
 /// The dequantized Q8_0 weights of the bytes held by a tile of 32-bit words
@@ -260,8 +318,9 @@ pub fn x_tile(
 /// The loads of the next K tile of the software-pipelined main loops (the
 /// GEMV's and the GEMM's), issued before tile `k0` is computed: the K
 /// offset `nk` of the next whole tile (the last tile reloads itself), its
-/// quant words, raw scale entries (Q4: [`scale_load_all`]; Q8_0: the f16
-/// scales) and (Q4: low-nibble) activations.
+/// quant words, raw scale entries (Q4_0, Q4_1: [`scale_load_all`]; Q8_0:
+/// the f16 scales; the other formats: [`scale_raw`] of the tile's groups)
+/// and (Q4: low-nibble) activations.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn next_tile(
@@ -280,7 +339,9 @@ pub fn next_tile(
     let per_word = if quant.is_q4() { 8 } else { 4 };
     let nk = minimum(k0 + block_k, k_full - block_k);
     let wd_next = load(qw + w_idx + nk / per_word);
-    let sr_next = if quant.is_q4() {
+    let sr_next = if !quant.gpu_kernels() {
+        scale_raw(s_ptr, s_idx + nk / quant.scale_group(), quant)
+    } else if quant.is_q4() {
         scale_load_all(s_ptr, s_idx + nk / 32, quant)
     } else {
         load(s_ptr + s_idx + nk / 32)
@@ -429,12 +490,14 @@ pub fn gemv_operand(xv: Tensor, nv: Tensor, rs: Tensor, norm: bool, dt: DType) -
 /// `eps` are read only when `fuse` has the norm.
 ///
 /// Tiles (flat, row-major): the W tile `[BLOCK_N, width]` holds one quant
-/// byte per element: for the nibble formats (Q4_0, Q4_1, `width = BLOCK_K
-/// / 2`) two weights (low nibble `k = 32 b + j`, high nibble `k + 16`, for
-/// byte `j` of block `b` of the K tile), for the byte format (Q8_0, `width
-/// = BLOCK_K`) one. The X/acc tile `[M_BLOCK, BLOCK_N, width]` holds, per
-/// element, the activations of that byte's weights and their running sum
-/// of products.
+/// byte per element: for the nibble formats (Q4_0, Q4_1, Q4_K, `width =
+/// BLOCK_K / 2`) two weights (low nibble `k = 32 b + j`, high nibble `k +
+/// 16`, for byte `j` of block `b` of the K tile), for the byte formats
+/// (Q8_0, Q5_1, Q5_K, Q6_K, `width = BLOCK_K`) one. The X/acc tile
+/// `[M_BLOCK, BLOCK_N, width]` holds, per element, the activations of that
+/// byte's weights and their running sum of products. Each element's scale
+/// entries are those of its scale group ([`scale_raw`]), one load per
+/// thread chunk, as a chunk never straddles a group.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_body(
@@ -455,12 +518,16 @@ pub fn gemv_body(
     block_n: usize,
     block_k: usize,
 ) {
-    word_tiled_only(quant);
+    gemv_formats_only(quant);
     let (silu, norm) = (fuse.silu(), fuse.norm());
     let q4 = quant.is_q4();
     let width = if q4 { block_k / 2 } else { block_k };
     let wn = block_n * width;
     let (pid_n, rows, nb, wl, j, s_idx, w_idx, sh) = weight_tile(n, k, silu, quant, 0, block_n, width);
+    // Q6_K's scales are per 16 weights: its scale index counts groups.
+    let group = quant.scale_group();
+    let s_idx =
+        if group == 32 { s_idx } else { unit_index(pid_n * block_n, rows, nb * 2, block_n, width, group) };
     let qw = ptrcast(q_ptr, i32);
     let (c, mrow, x_off) = x_tile(m, k, quant, 1, m_block, wn, width);
     // The norm weights' offsets: the activations' within the row.
@@ -474,7 +541,13 @@ pub fn gemv_body(
     // latency overlaps the previous kernel's tail.
     let have = k_full > 0;
     let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = scale_load(s_ptr, s_idx, have, quant);
+    // Without a whole tile the first scales are not used: the other
+    // formats read group 0's, always in bounds.
+    let mut sr = if quant.gpu_kernels() {
+        scale_load(s_ptr, s_idx, have, quant)
+    } else {
+        scale_raw(s_ptr, where_(have, s_idx, 0), quant)
+    };
     gdc_wait();
     gdc_launch_dependents();
     let rs = if norm { row_rstd(x_ptr, m, k, eps, m_block, wn) } else { eps };
@@ -519,7 +592,7 @@ pub fn gemv_body(
         for k0 in range(0, k_full, block_k) {
             let (nk, wd_next, sr_next, xa_next) =
                 next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, quant, block_k);
-            let w = q8_weights(wd, sh, sr.to(f32));
+            let w = byte_tile_weights(wd, sh, sr, quant);
             let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
             acc = fma(repeat_rows(w, m_block, wn), gemv_operand(xa, na, rs, norm, dt), acc);
             wd = wd_next;
@@ -528,8 +601,13 @@ pub fn gemv_body(
         }
         for k0 in range(k_full, k, block_k) {
             let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
-            let d = load(s_ptr + s).to(f32);
-            let w = q8_weights(wd, sh, d);
+            let w = if quant.gpu_kernels() {
+                q8_weights(wd, sh, load(s_ptr + s).to(f32))
+            } else {
+                // `s` is the block; Q6_K's group is one of its two halves.
+                let g = if group == 32 { s } else { s * 2 + j / 16 };
+                byte_tile_weights(wd, sh, scale_raw(s_ptr, g, quant), quant)
+            };
             let (xk, valid, xt) = q8_tail_x(x_ptr, mrow, c, k, k0);
             let nt = if norm { load(nw_ptr + minimum(xk, k - 1)) } else { xt };
             let x = where_(valid, gemv_operand(xt, nt, rs, norm, dt), 0.0);
@@ -541,7 +619,8 @@ pub fn gemv_body(
 
 /// The dequant GEMV: `out[M, N] = x[M, K] @ W^T` with `W` repacked in the
 /// format `QUANT` (Q4_1 `w = d * q + m`, Q4_0 `w = d * (q - 8)`, Q8_0 `w =
-/// d * q`, e.g. the tied embedding used as the LM head); with `SILU`, `out =
+/// d * q`, e.g. the tied embedding used as the LM head; Q5_1 and the
+/// K-quants with their sub-block scales and mins); with `SILU`, `out =
 /// silu(x @ Wg^T) * (x @ Wu^T)` from gate/up rows interleaved into one `[2N,
 /// K]` weight. See the module docs. Each format is its own specialization
 /// (IR name `gemv_q4_1`, ...).

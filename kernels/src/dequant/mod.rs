@@ -4,7 +4,9 @@
 //! in {576, 1536}, a Q8_0 tied LM head of 49152 x 576). Q5_0 is repacked as
 //! Q8_0; Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 have their planes (see
 //! [`repack::Repacked`]) and run in [`crate::cpu_gemv`] and in
-//! [`linear`] (element-wise tile loads, [`crate::cpu_gemv::weight_tile_any`]);
+//! [`linear`] (element-wise tile loads, [`crate::cpu_gemv::weight_tile_any`]),
+//! and all but the floats in the GEMV ([`gemv`], [`fused`]: the quant planes
+//! of Q4_K and of Q5_1, Q5_K, Q6_K are laid out as Q4_1's and Q8_0's);
 //! [`QuantFormat::gpu_kernels`] says which formats the other GPU bodies take.
 //!
 //! # Math
@@ -318,6 +320,25 @@ pub fn gemv_grid(m: usize, n: usize, silu: bool, m_block: usize, block_n: usize)
 /// rows `path/` compare both sides of it: 16 x 960 is about even).
 pub fn uses_gemv(m: usize, rows: usize) -> bool {
     m <= 4 || m * rows <= 16 * 1024
+}
+
+/// The most activation rows at which the fast path runs the GEMV on a
+/// format the word-tiled GEMM does not take (Q5_1, the K-quants): their
+/// alternative is [`linear`]'s tensor-core tile, which from 4 rows is the
+/// faster of the two (BENCHMARKS, forty-sixth session).
+pub const LINEAR_ALTERNATIVE_GEMV_MAX_M: usize = 2;
+
+/// Whether the fast path (`--no-batch-invariance`) runs a product of `m`
+/// activation rows with a `format` weight of `rows` rows on the GEMV (the
+/// word-tiled formats against their GEMM, [`uses_gemv`]; the other block
+/// formats against [`linear`], [`LINEAR_ALTERNATIVE_GEMV_MAX_M`]). `false`
+/// for the 16-bit floats, which have no GEMV.
+pub fn fast_path_gemv(format: QuantFormat, m: usize, rows: usize) -> bool {
+    if format.gpu_kernels() {
+        uses_gemv(m, rows)
+    } else {
+        format.gemv_kernels() && m <= LINEAR_ALTERNATIVE_GEMV_MAX_M
+    }
 }
 
 /// The swapped 256 x 128 x 64 tile (8 warps, 4 stages) of the large

@@ -220,13 +220,29 @@ impl QuantFormat {
         matches!(self.family(), Family::Nibble)
     }
 
-    /// Whether the word-tiled GPU dequant bodies (GEMV, fused GEMV, GEMM,
-    /// the persistent decode step, and `linear`'s vector loads) take this
-    /// format's planes: Q4_0, Q4_1, Q8_0 (and Q5_0, repacked as Q8_0). The
-    /// CPU GEMV ([`crate::cpu_gemv`]) and the batch-invariant product
+    /// Whether the word-tiled GPU dequant bodies (GEMM, stream-K, the Q8
+    /// GEMV, the persistent decode step, and `linear`'s vector loads) take
+    /// this format's planes: Q4_0, Q4_1, Q8_0 (and Q5_0, repacked as Q8_0).
+    /// The GEMV takes more ([`QuantFormat::gemv_kernels`]); the CPU GEMV
+    /// ([`crate::cpu_gemv`]) and the batch-invariant product
     /// ([`crate::dequant::linear`], element-wise loads) take every format.
     pub const fn gpu_kernels(self) -> bool {
         matches!(self.kernel_format(), QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0)
+    }
+
+    /// Whether the GPU GEMV bodies ([`crate::dequant::gemv::gemv`] and the
+    /// fused GEMV) take this format: every block format (the word-tiled
+    /// three and Q5_1, Q4_K, Q5_K, Q6_K, whose quant planes have the same
+    /// byte layout as Q4_1's or Q8_0's and whose scales the GEMV reads per
+    /// scale group, [`QuantFormat::scale_group`]); not the 16-bit floats.
+    pub const fn gemv_kernels(self) -> bool {
+        !self.is_float()
+    }
+
+    /// Weights per scale-plane group: 16 for Q6_K (one signed scale per 16
+    /// weights), 32 (one block) for the other block formats.
+    pub const fn scale_group(self) -> usize {
+        if matches!(self, QuantFormat::Q6_K) { 16 } else { BLOCK_VALUES }
     }
 
     /// Whether the weights are 16-bit floats (F16, BF16).

@@ -14,6 +14,11 @@
 //!   `N * K * 5 / 8` bytes; activations and outputs not counted), so the
 //!   table shows it as a fraction of the copy ceiling.
 //!
+//! - `gemv/bf16/{q4_1,q4_k,q6_k}/M1xK4096xN14336`, metric `us`, and
+//!   `gguf_weights/bf16/<format>/M1xK4096xN14336`, metric `TB/s`: the GEMV
+//!   kernel (untuned tiles) on a weight of each format, and its rate in
+//!   GGUF weight bytes (Q4_1 0.625, Q4_K 0.5625, Q6_K 0.8203 bytes a
+//!   weight), so formats compare per byte.
 //! - `path/{gemv,gemm}/bf16/M<m>xK<k>xN<n>`, metric `us`: both kernels on
 //!   SmolLM2's shapes at `M` in {8, 16, 32, 64} (untuned), the measurement
 //!   behind the crossover in `uses_gemv`.
@@ -428,6 +433,19 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 push_measured(&mut out, Record::latency(format!("grid/{label}/bf16/M{m}xK{k}xN{n}"), ms));
             }
         }
+    }
+    // The GEMV of the K-quants at the large decode shape, and each format's
+    // rate in GGUF weight bytes (Q4_1 0.625, Q4_K 0.5625, Q6_K 0.8203 bytes
+    // a weight): the ratio of two formats' rates is the inverse ratio of
+    // their times per GGUF byte.
+    let (k, n) = SHAPES[0];
+    for format in [QuantFormat::Q4_1, QuantFormat::Q4_K, QuantFormat::Q6_K] {
+        let (ms, _) = measure(cuda, opts, format, 1, k, n, false, true, StreamK::Never)?;
+        let f = format.name().to_lowercase();
+        push_measured(&mut out, Record::latency(format!("gemv/bf16/{f}/M1xK{k}xN{n}"), ms));
+        let bytes = format.gguf_bytes(n, k) as f64;
+        let name = format!("gguf_weights/bf16/{f}/M1xK{k}xN{n}");
+        push_measured(&mut out, Record::new(name, "TB/s", bytes / ms / 1e9, ms));
     }
     out.extend(fused_records(cuda, opts)?);
     Ok(out)

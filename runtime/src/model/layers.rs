@@ -37,6 +37,7 @@ use dsl_core::DType;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, tc_config};
+use kernels::dequant::fast_path_gemv;
 use kernels::embedding::{self, embedding_q8_0, embedding_repacked};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::rmsnorm::{self, add_rmsnorm, rmsnorm as rmsnorm_kernel};
@@ -447,9 +448,12 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         );
         // Formats the fast path's GPU-shaped kernels do not take run the
         // batch-invariant product (the CPU GEMV on CPU devices) on either
-        // plan.
+        // plan: the 16-bit floats, and the other block formats (which have
+        // the GEMV, not the GEMM) beyond the rows `fast_path_gemv` gives
+        // the GEMV.
         let narrow = ldo != n_out && matches!(fuse, Fuse::None);
-        if self.plan.invariant || !w.format.gpu_kernels() || narrow {
+        let fast = w.format.gpu_kernels() || (fast_path_gemv(w.format, m, w.n) && !ln.dev.cpu_gemv());
+        if self.plan.invariant || !fast || narrow {
             return linear_launch::<D, T>(ln, self.s, w, x, out, ldo, m, silu, fuse);
         }
         match fuse {

@@ -456,6 +456,19 @@ fn mixed_runs_match_reference(g: &Gguf, name: &str) {
     check_rows(&got, vocab, &want, &format!("{name}: native CPU"));
 }
 
+/// The fast path's K-quant GEMV in a forward pass: the tiny model with
+/// down in Q4_K (layer 0) and Q6_K (layer 1) and O in Q8_0 (layer 1),
+/// prefill (more than two rows: the K-quant products run `linear`) and a
+/// single-token decode (the fused GEMV's residual epilogue on the
+/// K-quants, `kernels::dequant::fast_path_gemv`), against the f64
+/// reference on both plans of the interpreter and on the native CPU
+/// backend.
+#[test]
+fn k_quant_products_match_f64_reference_on_both_plans() {
+    let g = crate::check::model::tiny_down_by_layer_model().unwrap();
+    mixed_runs_match_reference(&g, "down in Q4_K and Q6_K");
+}
+
 /// A kind whose layers' matrices come in two formats (llama.cpp's Q4_K_M:
 /// down in Q4_K or Q6_K by layer) is laid out at one stride, each matrix
 /// padded to the larger, with a bit per layer saying which format it is in

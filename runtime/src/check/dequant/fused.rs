@@ -203,10 +203,10 @@ pub(crate) const SMOL_PROJECTIONS: [(bool, Fuse, usize, usize, &str); 4] = [
 pub(crate) const LM_HEAD: ((usize, usize, usize), &str) = ((1, 49152, 576), " (LM head + final norm)");
 
 /// The `gemv_fused` check (`kernels::dequant::fused`): the RMSNorm prologue
-/// (with and without SiLU-mul) and the residual epilogue, every format, on
-/// ragged shapes against the interpreter in f32 and bf16, the SmolLM2 decode
-/// projections (QKV N 960, gate/up, O, down) and the Q8_0 LM head against the
-/// reference.
+/// (with and without SiLU-mul) and the residual epilogue, Q4_1, Q4_0, Q8_0,
+/// Q4_K and Q6_K, on ragged shapes against the interpreter in f32 and bf16,
+/// the SmolLM2 decode projections (QKV N 960, gate/up, O, down; the
+/// K-quants: down) and the Q8_0 LM head against the reference.
 pub fn gemv_fused<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let mut rows = Vec::new();
@@ -226,6 +226,22 @@ pub fn gemv_fused<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
         for m in [1, 8] {
             let v = (kernels, launch(QuantFormat::Q4_1, silu, (m, n, k)), fuse);
             rows.push(fused_case::<f32, _>(dev, &mut rng, v, (m, n, k), interp, note)?);
+            rows.push(fused_case::<bf16, _>(dev, &mut rng, v, (m, n, k), interp, note)?);
+        }
+    }
+    // Q4_K and Q6_K (formats of llama.cpp's K-quant files): every fusion
+    // on a ragged shape of whole super-blocks, and SmolLM2's down
+    // projection, the matrix those files store in them.
+    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K] {
+        for (silu, fuse) in VARIANTS {
+            let shape = (3, 37, 512);
+            let v = (kernels, launch(format, silu, shape), fuse);
+            rows.push(fused_case::<f32, _>(dev, &mut rng, v, shape, interp, "")?);
+            rows.push(fused_case::<bf16, _>(dev, &mut rng, v, shape, interp, "")?);
+        }
+        let (silu, fuse, n, k, note) = SMOL_PROJECTIONS[3];
+        for m in [1, 8] {
+            let v = (kernels, launch(format, silu, (m, n, k)), fuse);
             rows.push(fused_case::<bf16, _>(dev, &mut rng, v, (m, n, k), interp, note)?);
         }
     }

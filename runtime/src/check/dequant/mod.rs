@@ -1,7 +1,9 @@
 //! The GPU checks of the dequant GEMV/GEMM kernels (`kernels::dequant`),
 //! one registry entry per kernel (`gemv_q4_1`, `gemv_q4_0`, `gemv_q8_0`,
+//! `gemv_q4_k`, `gemv_q6_k` (with Q5_K's and Q5_1's ragged shapes),
 //! `gemm_q4_1`, `gemm_q4_0`, `gemm_q8_0`), each covering the plain and the
-//! fused SiLU-mul variant (`silu` in the shape column).
+//! fused SiLU-mul variant (`silu` in the shape column). K-quant shapes
+//! round K up to whole super-blocks.
 //!
 //! Inputs: random GGUF weights (finite f16 scales of either sign over several
 //! binades, random Q4_1 mins, random quant bytes) repacked as the runtime
@@ -285,7 +287,7 @@ impl Weight {
 
 /// The rows `rows` of a GGUF weight with `k` columns, as their own weight.
 pub(crate) fn gguf_rows(format: QuantFormat, raw: &[u8], k: usize, rows: &[usize]) -> Vec<u8> {
-    let rb = k / 32 * format.block_bytes();
+    let rb = format.gguf_bytes(1, k);
     rows.iter().flat_map(|&i| raw[i * rb..(i + 1) * rb].iter().copied()).collect()
 }
 
@@ -475,29 +477,54 @@ pub(crate) const GEMV_SHAPES: [(usize, usize, usize); 5] =
 const GEMM_SHAPES: [(usize, usize, usize); 4] =
     [(17, 33, 96), (64, 64, 576), (100, 75, 160), (130, 200, 608)];
 
+/// `k` rounded up to whole rows of `format` (the K-quants' super-blocks of
+/// 256), so the ragged shapes fit every format.
+fn whole_k(format: QuantFormat, k: usize) -> usize {
+    k.next_multiple_of(format.row_multiple())
+}
+
+/// The ragged shapes of a kernel against the interpreter, f32 and bf16,
+/// with and without SiLU.
+fn ragged<D: Device>(
+    dev: &mut D,
+    rng: &mut Rng,
+    name: &str,
+    path: Path,
+    format: QuantFormat,
+) -> Result<Vec<CheckRow>> {
+    let mut rows = Vec::new();
+    let shapes: &[(usize, usize, usize)] = if path == Path::Gemv { &GEMV_SHAPES } else { &GEMM_SHAPES };
+    for &(m, n, k) in shapes {
+        let k = whole_k(format, k);
+        for silu in [false, true] {
+            let l = Launch::default_for(path, format, silu, m, n, k, false);
+            rows.push(case::<f32, _>(dev, rng, name, l, (m, n, k), Oracle::Interpreter, "")?);
+            rows.push(case::<bf16, _>(dev, rng, name, l, (m, n, k), Oracle::Interpreter, "")?);
+        }
+    }
+    Ok(rows)
+}
+
 /// The checks of one kernel (`name`): ragged shapes in f32 and bf16 with
 /// and without SiLU, every autotune config (on a ragged shape and, for the
-/// GEMV, at K = 4096), model shapes, bench shapes.
+/// GEMV, at K = 4096), model shapes, bench shapes; `also` are formats whose
+/// ragged shapes run too (formats that share this one's weight formation).
 fn checks<D: Device>(
     dev: &mut D,
     seed: u64,
     name: &str,
     path: Path,
-    format: QuantFormat,
+    (format, also): (QuantFormat, &[QuantFormat]),
 ) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
-    let mut rows = Vec::new();
-    let shapes: &[(usize, usize, usize)] = if path == Path::Gemv { &GEMV_SHAPES } else { &GEMM_SHAPES };
-    let interp = Oracle::Interpreter;
-    for &(m, n, k) in shapes {
-        for silu in [false, true] {
-            let l = Launch::default_for(path, format, silu, m, n, k, false);
-            rows.push(case::<f32, _>(dev, &mut rng, name, l, (m, n, k), interp, "")?);
-            rows.push(case::<bf16, _>(dev, &mut rng, name, l, (m, n, k), interp, "")?);
-        }
+    let mut rows = ragged(dev, &mut rng, name, path, format)?;
+    for &f in also {
+        rows.extend(ragged(dev, &mut rng, &format!("{name} ({})", f.name()), path, f)?);
     }
+    let interp = Oracle::Interpreter;
     // Every declared autotune config on one ragged shape.
     let (m, n, k) = if path == Path::Gemv { (3, 45, 608) } else { (70, 90, 608) };
+    let k = whole_k(format, k);
     for silu in [false, true] {
         for l in tuned_launches(Launch::default_for(path, format, silu, m, n, k, false)) {
             rows.push(case::<bf16, _>(dev, &mut rng, name, l, (m, n, k), interp, " (autotune config)")?);
@@ -518,12 +545,15 @@ fn checks<D: Device>(
             )?);
         }
     }
-    // SmolLM2 shapes: the gate/up projection (fused and not) and, for Q8_0,
-    // the LM head.
+    // SmolLM2 shapes: the gate/up projection (fused and not; the
+    // K-quants: the down projection, the matrix llama.cpp's K-quant files
+    // store in them) and, for Q8_0, the LM head.
     let smol_m = if path == Path::Gemv { 1 } else { 33 };
+    let (smol_n, smol_k) = if format.is_k_quant() { (576, 1536) } else { (1536, 576) };
     for silu in [false, true] {
-        let l = Launch::default_for(path, format, silu, smol_m, 1536, 576, false);
-        rows.push(case::<bf16, _>(dev, &mut rng, name, l, (smol_m, 1536, 576), interp, " (SmolLM2)")?);
+        let l = Launch::default_for(path, format, silu, smol_m, smol_n, smol_k, false);
+        let shape = (smol_m, smol_n, smol_k);
+        rows.push(case::<bf16, _>(dev, &mut rng, name, l, shape, interp, " (SmolLM2)")?);
     }
     if format == QuantFormat::Q8_0 {
         let l = Launch::default_for(path, format, false, smol_m, 49152, 576, false);
@@ -592,11 +622,12 @@ fn stream_k_checks<D: Device>(
 /// The registered checks of the GEMV and GEMM paths, one a format: each is
 /// [`checks`] under its own name.
 macro_rules! format_checks {
-    ($($(#[$doc:meta])* $name:ident: $path:ident, $format:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident: $path:ident, $format:ident $(+ $also:ident)*;)*) => {
         $(
             $(#[$doc])*
             pub fn $name<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-                checks(dev, seed, stringify!($name), Path::$path, QuantFormat::$format)
+                let formats = (QuantFormat::$format, &[$(QuantFormat::$also),*][..]);
+                checks(dev, seed, stringify!($name), Path::$path, formats)
             }
         )*
     };
@@ -609,6 +640,11 @@ format_checks! {
     gemv_q4_0: Gemv, Q4_0;
     /// The `gemv_q8_0` check (Q8_0 GEMV, plain and SiLU-fused, and the LM head).
     gemv_q8_0: Gemv, Q8_0;
+    /// The `gemv_q4_k` check (Q4_K GEMV, plain and SiLU-fused).
+    gemv_q4_k: Gemv, Q4_K;
+    /// The `gemv_q6_k` check (Q6_K GEMV, plain and SiLU-fused; the ragged
+    /// shapes also in Q5_K and Q5_1, the unsigned byte formats).
+    gemv_q6_k: Gemv, Q6_K + Q5_K + Q5_1;
     /// The `gemm_q4_1` check (Q4_1 GEMM, plain and SiLU-fused).
     gemm_q4_1: Gemm, Q4_1;
     /// The `gemm_q4_0` check (Q4_0 GEMM, plain and SiLU-fused).
