@@ -423,11 +423,9 @@ fn parses_hand_written_text() {
 
 // ---- errors -------------------------------------------------------------------
 
-/// Parses `text`, expecting a parse error at the first occurrence of `needle` on
-/// line `line` (1-based), with a message containing `msg`.
-fn expect_error(text: &str, line: usize, needle: &str, msg: &str) {
-    let line_text = text.lines().nth(line - 1).unwrap_or("");
-    let col = line_text.find(needle).map(|b| line_text[..b].chars().count() + 1).unwrap_or(1);
+/// Parses `text`, expecting a parse error at `line`, `col` (1-based) with a
+/// message containing `msg`.
+fn expect_error_at(text: &str, line: usize, col: usize, msg: &str) {
     match parse(text) {
         Err(Error::Parse { line: l, col: c, message }) => {
             assert_eq!((l, c), (line, col), "position of error {message:?} in\n{text}");
@@ -438,59 +436,116 @@ fn expect_error(text: &str, line: usize, needle: &str, msg: &str) {
     }
 }
 
-const HEADER: &str = "kernel @k(%x: ptr<f32>, %n: i32) {\n";
+/// Marks in a test text where its parse error is expected: just before the
+/// offending token. It is not part of the text that is parsed.
+const MARK: char = '$';
 
-#[test]
-fn error_unknown_op() {
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0}} : i32\n  %1 = frobnicate %0 : i32\n}}\n");
-    expect_error(&text, 3, "frobnicate", "unknown op `frobnicate`");
+/// Parses `marked` without its [`MARK`], expecting a parse error at the line
+/// and column of the mark, with a message containing `msg`.
+fn expect_error(marked: &str, msg: &str) {
+    let at = marked.find(MARK).unwrap_or_else(|| panic!("no error mark in\n{marked}"));
+    let before = &marked[..at];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    expect_error_at(&marked.replacen(MARK, "", 1), line, col, msg);
 }
 
-#[test]
-fn error_undefined_and_redefined_values() {
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0}} : i32\n  %1 = add %0, %9 : i32\n}}\n");
-    expect_error(&text, 3, "%9", "undefined value `%9`");
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0}} : i32\n  %0 = add %0, %0 : i32\n}}\n");
-    expect_error(&text, 3, "%0", "already defined at line 2, column 3");
-    let text = format!("{HEADER}  %n = program_id {{axis = 0}} : i32\n}}\n");
-    expect_error(&text, 2, "%n", "already defined at line 1");
-    let text = format!("{HEADER}  %0 = add %0, %n : i32\n}}\n");
-    expect_error(&text, 2, "%0,", "used by the op that defines it");
+const HEADER: &str = "kernel @k(%x: ptr<f32>, %n: i32) {\n";
+
+/// The kernel of [`HEADER`] whose body is the op lines `body`, each indented
+/// by two spaces, closed.
+fn in_kernel(body: &str) -> String {
+    let ops: String = body.lines().map(|l| format!("  {l}\n")).collect();
+    format!("{HEADER}{ops}}}\n")
+}
+
+/// Errors in the body of a [`HEADER`] kernel, as `(body, msg)`: `body` holds the
+/// op lines for [`in_kernel`] with the [`MARK`] where the error is expected,
+/// `msg` is part of the expected message. In order: unknown ops, undefined and
+/// redefined values, bad types, regions, attributes, `load_block` operands and
+/// structure.
+const BODY_ERRORS: &[(&str, &str)] = &[
+    ("%0 = program_id {axis = 0} : i32\n%1 = $frobnicate %0 : i32", "unknown op `frobnicate`"),
+    ("%0 = program_id {axis = 0} : i32\n%1 = add %0, $%9 : i32", "undefined value `%9`"),
+    ("%0 = program_id {axis = 0} : i32\n$%0 = add %0, %0 : i32", "already defined at line 2, column 3"),
+    ("$%n = program_id {axis = 0} : i32", "already defined at line 1"),
+    ("%0 = add $%0, %n : i32", "used by the op that defines it"),
     // A block argument is not visible after its region.
-    let text = format!(
-        "{HEADER}  %0 = const {{value = 0}} : i32\n  %1 = const {{value = 1}} : i32\n  \
-         for %0, %n, %1 {{\n  ^(%2: i32):\n    yield\n  }}\n  %3 = add %2, %2 : i32\n}}\n"
-    );
-    expect_error(&text, 8, "%2", "not visible here");
+    (
+        "%0 = const {value = 0} : i32\n%1 = const {value = 1} : i32\nfor %0, %n, %1 {\n^(%2: i32):\n  yield\n}\n%3 = add $%2, %2 : i32",
+        "not visible here",
+    ),
+    ("%0 = arange {start = 0, end = 16} : tensor<16x$f33>", "unknown element type `f33`"),
+    ("%0 = program_id {axis = 0} : $int", "unknown type `int`"),
+    ("%0 = arange {start = 0, end = 16} : tensor<16$f32>", "expected `x`"),
+    ("%0 = arange {start = 0, end = 16} : $tensor<16xi32", "unterminated type"),
+    ("%0 = splat %n {shape = [65536, 65536, 2]} : tensor<65536x65536x$2xi32>", "larger than"),
+    (
+        "%0 = arange {start = 0, end = 4} : tensor<4xi32>\n%1 = reshape %0 {shape = $[65536, 65536, 2]} : tensor<4xi32>",
+        "more than 4294967296 elements",
+    ),
+    // Types are checked against the op by the verifier, reported at the op.
+    ("%0 = $program_id {axis = 0} : f32", "do not match the inferred (i32)"),
+    ("%0 = $arange {start = 0, end = 12} : tensor<12xi32>", "not a power of two"),
+    ("%0 = program_id {axis = 0} $: i32, i32", "1 result name(s) but 2 result type(s)"),
+    // A region's `{` must end its line.
+    ("%0 = const : i32 {$value = 0}", "a region's ops start on the next line"),
+    ("%0 = program_id {axis = 0, $foo = 1} : i32", "unexpected attribute `foo` on `program_id`"),
+    ("%0 = program_id {axis = 0, $axis = 1} : i32", "duplicate attribute `axis`"),
+    ("%0 = $program_id : i32", "missing attribute `axis`"),
+    ("%0 = program_id {axis = $lots} : i32", "must be an integer"),
+    ("%0 = cmp %n, %n {pred = $lq} : i1", "unknown predicate `lq`"),
+    ("%0 = load %x {mask = $1} : f32", "is a flag and takes no value"),
+    ("%0 = load %x {$cache = none} : f32", "default values are written by leaving the attribute out"),
+    ("%0 = const {value = $300} : i8", "300 does not fit in i8"),
+    ("%0 = const {value = $1.5} : i32", "expected an integer constant"),
+    ("%0 = const {value = $maybe} : i1", "expected a number"),
+    ("assert %n {message = \"bad $\\q escape\"}", "unknown escape `\\q`"),
+    ("print %n {prefix = $\"open}", "unterminated string"),
+    (
+        "%0 = $load_block %x, %n, %n, %n, %n {br = 4, bc = 8} : tensor<4x8xf32>",
+        "`load_block` takes 6 operand(s), found 5",
+    ),
+    (
+        "%0 = $load_block %n, %n, %n, %n, %n, %n {br = 4, bc = 8} : tensor<4x8xf32>",
+        "needs a scalar pointer (the matrix base) as operand 0 (`ptr`), found i32",
+    ),
+    (
+        "%0 = const {value = 1.0} : f32\n%1 = $load_block %x, %n, %n, %0, %n, %n {br = 4, bc = 8} : tensor<4x8xf32>",
+        "operand 3 (`row_stride`) must be an i32 scalar, found f32",
+    ),
+    (
+        "%0 = $load_block %x, %n, %n, %n, %n, %n {br = 4, bc = 6} : tensor<4x6xf32>",
+        "block dimensions must be powers of two, found [4, 6]",
+    ),
+    (
+        "%0 = $load_block %x, %n, %n, %n, %n, %n {br = 4, bc = 8} : tensor<8x4xf32>",
+        "do not match the inferred (tensor<4x8xf32>)",
+    ),
+    ("%0 = $load_block %x, %n, %n, %n, %n, %n {br = 4} : tensor<4x8xf32>", "missing attribute `bc`"),
+    // A `for` whose body does not yield its carried value: a verifier finding.
+    (
+        "%0 = const {value = 0} : i32\n%1 = const {value = 1.0} : f32\n%2 = $for %0, %n, %0, %1 : f32 {\n^(%3: i32, %4: f32):\n  yield\n}",
+        "invalid IR: in `for`: region 0 ends with `yield`",
+    ),
+    ("$yield", "must not end with a terminator"),
+];
+
+/// Every case of [`BODY_ERRORS`]: unknown ops, undefined and redefined values,
+/// bad types and attributes, malformed `load_block`s and bad structure.
+#[test]
+fn error_positions_in_kernel_bodies() {
+    // The well-formed `load_block` that the `load_block` cases break.
+    let ok = in_kernel("%0 = load_block %x, %n, %n, %n, %n, %n {br = 4, bc = 8} : tensor<4x8xf32>");
+    assert!(parse(&ok).is_ok());
+    for &(body, msg) in BODY_ERRORS {
+        expect_error(&in_kernel(body), msg);
+    }
 }
 
 #[test]
 fn error_bad_types() {
-    let text = format!("{HEADER}  %0 = arange {{start = 0, end = 16}} : tensor<16xf33>\n}}\n");
-    expect_error(&text, 2, "f33", "unknown element type `f33`");
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0}} : int\n}}\n");
-    expect_error(&text, 2, "int", "unknown type `int`");
-    let text = "kernel @k(%x: ptr<q8>) {\n}\n";
-    expect_error(text, 1, "q8", "unknown pointee type `q8`");
-    let text = format!("{HEADER}  %0 = arange {{start = 0, end = 16}} : tensor<16f32>\n}}\n");
-    expect_error(&text, 2, "f32>", "expected `x`");
-    let text = format!("{HEADER}  %0 = arange {{start = 0, end = 16}} : tensor<16xi32\n}}\n");
-    expect_error(&text, 2, "tensor", "unterminated type");
-    let text =
-        format!("{HEADER}  %0 = splat %n {{shape = [65536, 65536, 2]}} : tensor<65536x65536x2xi32>\n}}\n");
-    expect_error(&text, 2, "2xi32", "larger than");
-    let text = format!(
-        "{HEADER}  %0 = arange {{start = 0, end = 4}} : tensor<4xi32>\n  \
-         %1 = reshape %0 {{shape = [65536, 65536, 2]}} : tensor<4xi32>\n}}\n"
-    );
-    expect_error(&text, 3, "[", "more than 4294967296 elements");
-    // Types are checked against the op by the verifier, reported at the op.
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0}} : f32\n}}\n");
-    expect_error(&text, 2, "program_id", "do not match the inferred (i32)");
-    let text = format!("{HEADER}  %0 = arange {{start = 0, end = 12}} : tensor<12xi32>\n}}\n");
-    expect_error(&text, 2, "arange", "not a power of two");
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0}} : i32, i32\n}}\n");
-    expect_error(&text, 2, ":", "1 result name(s) but 2 result type(s)");
+    expect_error("kernel @k(%x: ptr<$q8>) {\n}\n", "unknown pointee type `q8`");
 }
 
 #[test]
@@ -499,106 +554,21 @@ fn error_unterminated_region() {
         "{HEADER}  %0 = const {{value = 0}} : i32\n  %1 = const {{value = 1}} : i32\n  \
          for %0, %n, %1 {{\n  ^(%2: i32):\n    yield\n"
     );
-    match parse(&text) {
-        Err(Error::Parse { line, col, message }) => {
-            assert_eq!((line, col), (7, 1));
-            assert!(message.contains("the region opened at line 4, column 18 is not closed"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
+    expect_error_at(&text, 7, 1, "the region opened at line 4, column 18 is not closed");
     let text = format!("{HEADER}  %0 = program_id {{axis = 0}} : i32\n");
-    match parse(&text) {
-        Err(Error::Parse { line, col, message }) => {
-            assert_eq!((line, col), (3, 1));
-            assert!(message.contains("the kernel body opened at line 1, column 34"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
-    // A region's `{` must end its line.
-    let text = format!("{HEADER}  %0 = const : i32 {{value = 0}}\n}}\n");
-    expect_error(&text, 2, "value", "a region's ops start on the next line");
+    expect_error_at(&text, 3, 1, "the kernel body opened at line 1, column 34");
 }
 
 #[test]
 fn error_wrong_attributes() {
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0, foo = 1}} : i32\n}}\n");
-    expect_error(&text, 2, "foo", "unexpected attribute `foo` on `program_id`");
-    let text = format!("{HEADER}  %0 = program_id {{axis = 0, axis = 1}} : i32\n}}\n");
-    expect_error(&text, 2, "axis = 1", "duplicate attribute `axis`");
-    let text = format!("{HEADER}  %0 = program_id : i32\n}}\n");
-    expect_error(&text, 2, "program_id", "missing attribute `axis`");
-    let text = format!("{HEADER}  %0 = program_id {{axis = lots}} : i32\n}}\n");
-    expect_error(&text, 2, "lots", "must be an integer");
-    let text = format!("{HEADER}  %0 = cmp %n, %n {{pred = lq}} : i1\n}}\n");
-    expect_error(&text, 2, "lq", "unknown predicate `lq`");
-    let text = format!("{HEADER}  %0 = load %x {{mask = 1}} : f32\n}}\n");
-    expect_error(&text, 2, "1}", "is a flag and takes no value");
-    let text = format!("{HEADER}  %0 = load %x {{cache = none}} : f32\n}}\n");
-    expect_error(&text, 2, "cache", "default values are written by leaving the attribute out");
-    let text = format!("{HEADER}  %0 = const {{value = 300}} : i8\n}}\n");
-    expect_error(&text, 2, "300", "300 does not fit in i8");
-    let text = format!("{HEADER}  %0 = const {{value = 1.5}} : i32\n}}\n");
-    expect_error(&text, 2, "1.5", "expected an integer constant");
-    let text = format!("{HEADER}  %0 = const {{value = maybe}} : i1\n}}\n");
-    expect_error(&text, 2, "maybe", "expected a number");
-    let text = "kernel @k(%x: ptr<f32> {align = 16}) {\n}\n";
-    expect_error(text, 1, "align", "unknown parameter hint `align`");
-    let text = format!("{HEADER}  assert %n {{message = \"bad \\q escape\"}}\n}}\n");
-    expect_error(&text, 2, "\\q", "unknown escape `\\q`");
-    let text = format!("{HEADER}  print %n {{prefix = \"open}}\n}}\n");
-    expect_error(&text, 2, "\"open", "unterminated string");
-}
-
-#[test]
-fn error_malformed_load_block() {
-    let ok = format!(
-        "{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n"
-    );
-    assert!(parse(&ok).is_ok());
-    let text =
-        format!("{HEADER}  %0 = load_block %x, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n");
-    expect_error(&text, 2, "load_block", "`load_block` takes 6 operand(s), found 5");
-    let text = format!(
-        "{HEADER}  %0 = load_block %n, %n, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n"
-    );
-    expect_error(
-        &text,
-        2,
-        "load_block",
-        "needs a scalar pointer (the matrix base) as operand 0 (`ptr`), found i32",
-    );
-    let text = format!(
-        "{HEADER}  %0 = const {{value = 1.0}} : f32\n  \
-         %1 = load_block %x, %n, %n, %0, %n, %n {{br = 4, bc = 8}} : tensor<4x8xf32>\n}}\n"
-    );
-    expect_error(&text, 3, "load_block", "operand 3 (`row_stride`) must be an i32 scalar, found f32");
-    let text = format!(
-        "{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4, bc = 6}} : tensor<4x6xf32>\n}}\n"
-    );
-    expect_error(&text, 2, "load_block", "block dimensions must be powers of two, found [4, 6]");
-    let text = format!(
-        "{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4, bc = 8}} : tensor<8x4xf32>\n}}\n"
-    );
-    expect_error(&text, 2, "load_block", "do not match the inferred (tensor<4x8xf32>)");
-    let text = format!("{HEADER}  %0 = load_block %x, %n, %n, %n, %n, %n {{br = 4}} : tensor<4x8xf32>\n}}\n");
-    expect_error(&text, 2, "load_block", "missing attribute `bc`");
+    expect_error("kernel @k(%x: ptr<f32> {$align = 16}) {\n}\n", "unknown parameter hint `align`");
 }
 
 #[test]
 fn error_structure_reported_at_op() {
-    // A `for` whose body does not yield its carried value: a verifier finding.
-    let text = format!(
-        "{HEADER}  %0 = const {{value = 0}} : i32\n  %1 = const {{value = 1.0}} : f32\n  \
-         %2 = for %0, %n, %0, %1 : f32 {{\n  ^(%3: i32, %4: f32):\n    yield\n  }}\n}}\n"
-    );
-    expect_error(&text, 4, "for", "invalid IR: in `for`: region 0 ends with `yield`");
-    let text = format!("{HEADER}  yield\n}}\n");
-    expect_error(&text, 2, "yield", "must not end with a terminator");
-    let text = "kernel @k(%x: tensor<4xf32>) {\n}\n";
-    expect_error(text, 1, "kernel", "parameter `x` must be a scalar or pointer");
-    let text = format!("{HEADER}}}\ntrailing\n");
-    expect_error(&text, 3, "trailing", "expected the end of the input");
-    expect_error("", 1, "", "expected `kernel`");
+    expect_error("$kernel @k(%x: tensor<4xf32>) {\n}\n", "parameter `x` must be a scalar or pointer");
+    expect_error(&format!("{HEADER}}}\n{MARK}trailing\n"), "expected the end of the input");
+    expect_error("$", "expected `kernel`");
 }
 
 // ---- robustness ---------------------------------------------------------------
@@ -621,13 +591,7 @@ fn nested_ifs(depth: usize) -> String {
 fn nesting_is_bounded() {
     let text = nested_ifs(100);
     assert_eq!(print(&parse(&text).unwrap()), text);
-    match parse(&nested_ifs(1000)) {
-        Err(Error::Parse { line, col, message }) => {
-            assert_eq!((line, col), (130, 2 * 129 + 7));
-            assert!(message.contains("nested more than 128 deep"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
+    expect_error_at(&nested_ifs(1000), 130, 2 * 129 + 7, "nested more than 128 deep");
 }
 
 #[test]

@@ -59,9 +59,7 @@ pub fn matmul(bm: usize, bn: usize, bk: usize, dtype: DType) -> Result<Function>
         let stride_am = param_scalar("stride_am", DType::I32);
         let stride_bk = param_scalar("stride_bk", DType::I32);
         let stride_cm = param_scalar("stride_cm", DType::I32);
-        let rm = program_id(0) * bm as i32 + arange(0, bm as i32);
-        let rn = program_id(1) * bn as i32 + arange(0, bn as i32);
-        let rk = arange(0, bk as i32);
+        let (rm, rn, rk) = tile_ranges(bm, bn, bk);
         let rows = expand_dims(rm, 1);
         let cols = expand_dims(rn, 0);
         let acc = zeros(&[bm, bn], DType::F32);
@@ -75,6 +73,17 @@ pub fn matmul(bm: usize, bn: usize, bk: usize, dtype: DType) -> Result<Function>
         })[0];
         store(c_ptr + rows * stride_cm + cols, acc, Some(rows.lt(m) & cols.lt(n)));
     })
+}
+
+/// The ranges of a `BM x BN` output tile per program over a 2-D grid and of
+/// one `BK` step of the K loop: `(rows, cols, ks)` with rows
+/// `program_id(0) * BM + [0, BM)`, columns `program_id(1) * BN + [0, BN)`
+/// and `ks` `[0, BK)`.
+pub fn tile_ranges(bm: usize, bn: usize, bk: usize) -> (Tensor, Tensor, Tensor) {
+    let rm = program_id(0) * bm as i32 + arange(0, bm as i32);
+    let rn = program_id(1) * bn as i32 + arange(0, bn as i32);
+    let rk = arange(0, bk as i32);
+    (rm, rn, rk)
 }
 
 /// `out[row] = argmax(x[row, :n_cols])`, one program per row.
@@ -134,14 +143,22 @@ pub fn collatz_steps() -> (Tensor, Tensor) {
 /// Histogram: `hist[bins[i]] += 1` for `i < n` with `atomic_add`.
 pub fn histogram(block: usize) -> Result<Function> {
     KernelBuilder::new("histogram").build(|| {
-        let bins_ptr = param_ptr("bins_ptr", DType::I32);
-        let hist_ptr = param_ptr("hist_ptr", DType::I32);
-        let n = param_scalar("n", DType::I32);
-        let offs = program_id(0) * block as i32 + arange(0, block as i32);
-        let mask = offs.lt(n);
-        let bins = load(bins_ptr + offs, Some(mask), Some(0.into()));
-        atomic_add(hist_ptr + bins, 1, Some(mask));
+        histogram_steps(block);
     })
+}
+
+/// The body of [`histogram`] (its parameters, the bin loads and the
+/// `atomic_add`s), for kernels that extend it: returns `(hist_ptr, bins,
+/// offs, offs < n)`.
+pub fn histogram_steps(block: usize) -> (Tensor, Tensor, Tensor, Tensor) {
+    let bins_ptr = param_ptr("bins_ptr", DType::I32);
+    let hist_ptr = param_ptr("hist_ptr", DType::I32);
+    let n = param_scalar("n", DType::I32);
+    let offs = program_id(0) * block as i32 + arange(0, block as i32);
+    let mask = offs.lt(n);
+    let bins = load(bins_ptr + offs, Some(mask), Some(0.into()));
+    atomic_add(hist_ptr + bins, 1, Some(mask));
+    (hist_ptr, bins, offs, mask)
 }
 
 /// Layer norm over rows of `n_cols`: `y = (x - mean) / sqrt(var + eps) * w + b`.

@@ -38,6 +38,33 @@ pub(crate) enum Fuse {
     Residual,
 }
 
+impl Fuse {
+    /// The kernels' fusion flags `(SILU, NORM, RESIDUAL)` for this fusion.
+    pub(crate) fn flags(self) -> (bool, bool, bool) {
+        (self == Fuse::Silu, self == Fuse::Norm, self == Fuse::Residual)
+    }
+}
+
+/// The `Args` of a linear-layer kernel (`$args`, such as `linear::Args`) over
+/// interpreter pointers: the operands `[x, q, s, nw, out, ws]` (activations,
+/// the weight's quants and scales, the norm weight, the output and the f32
+/// workspace) and then the kernel's other fields.
+macro_rules! product_args {
+    ($($args:ident)::+, [$x:expr, $q:expr, $s:expr, $nw:expr, $out:expr, $ws:expr], $($field:ident: $value:expr),* $(,)?) => {
+        $($args)::+ {
+            x_ptr: $x.cast(),
+            q_ptr: $q.cast(),
+            s_ptr: $s.cast(),
+            nw_ptr: $nw.cast(),
+            out_ptr: $out.cast(),
+            ws_ptr: $ws.cast(),
+            $($field: $value,)*
+            _marker: std::marker::PhantomData,
+        }
+    };
+}
+pub(crate) use product_args;
+
 /// Runs `linear` on the interpreter with tiles `(block_m, block_n, split)`;
 /// `out0` is the initial output (the residual), `m` rows of `out0.len() / m`
 /// values (the output's row stride `ldo`); returns the output's raw values.
@@ -56,38 +83,24 @@ pub(crate) fn run<T: Act>(
     let mut cpu = Cpu::new();
     let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(nw));
     let op = cpu.upload(out0);
-    let silu = fuse == Fuse::Silu;
+    let (silu, norm, residual) = fuse.flags();
     let t = LinearTiles { block_m: bm, block_n: bn, num_warps: 4, split };
     let grid = linear_grid(m, n, k, silu, &t);
     let (ws, cnt) = linear_workspace(grid, &t);
     let (wsp, cntp) = (cpu.zeros::<f32>(ws.max(1)), cpu.zeros::<i32>(cnt.max(1)));
-    let args = linear::Args {
-        x_ptr: xp.cast(),
-        q_ptr: qp.cast(),
-        s_ptr: sp.cast(),
-        nw_ptr: np.cast(),
-        out_ptr: op.cast(),
-        ws_ptr: wsp.cast(),
+    let args = product_args!(
+        linear::Args,
+        [xp, qp, sp, np, op, wsp],
         cnt_ptr: cntp.cast(),
         m: m as i32,
         n: n as i32,
         ldo: (out0.len() / m) as i32,
         k: k as i32,
         eps: EPS,
-        _marker: PhantomData,
-    };
-    let config = linear::Config::new(
-        T::DTYPE,
-        format,
-        silu,
-        fuse == Fuse::Norm,
-        fuse == Fuse::Residual,
-        split,
-        f16_ops,
-        bm,
-        bn,
-        k.next_power_of_two(),
     );
+    let norm_block = k.next_power_of_two();
+    let config =
+        linear::Config::new(T::DTYPE, format, silu, norm, residual, split, f16_ops, bm, bn, norm_block);
     linear::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?;
     // The split form leaves its counters zero for the next launch.
     if cpu.read::<i32>(cntp).iter().any(|&c| c != 0) {

@@ -3,7 +3,7 @@
 //! bit for bit against the batch-invariant `linear` on the same row.
 
 use crate::lib_dequant::{Act, activations, random_weight};
-use crate::lib_linear::{Fuse as LinearFuse, run};
+use crate::lib_linear::{Fuse as LinearFuse, product_args, run};
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use dsl_macros::kernel;
@@ -14,7 +14,6 @@ use kernels::dequant::stacked::{
 };
 use kernels::dequant::{Fuse, QuantFormat};
 use kernels::rmsnorm::rms_rstd;
-use std::marker::PhantomData;
 use tests::reference::Rng;
 
 const EPS: f32 = 1e-5;
@@ -88,31 +87,21 @@ fn run_stacked<T: Act>(
     (stack, block_n, pack): (usize, usize, usize),
 ) -> Vec<T> {
     let mut cpu = Cpu::new();
-    let silu = fuse == LinearFuse::Silu;
+    let (silu, norm, residual) = fuse.flags();
     let rows = if silu { 2 * n } else { n };
     let tiles = k.div_ceil(LINEAR_BLOCK_K);
     let programs = rows.div_ceil(block_n * pack);
     let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(nw));
     let op = cpu.upload(out0);
     let wsp = cpu.zeros::<f32>(programs * stacked_slot(stack, block_n, k));
-    let args = stacked_probe::Args {
-        x_ptr: xp.cast(),
-        q_ptr: qp.cast(),
-        s_ptr: sp.cast(),
-        nw_ptr: np.cast(),
-        out_ptr: op.cast(),
-        ws_ptr: wsp.cast(),
-        n: n as i32,
-        k: k as i32,
-        eps: EPS,
-        _marker: PhantomData,
-    };
+    let args =
+        product_args!(stacked_probe::Args, [xp, qp, sp, np, op, wsp], n: n as i32, k: k as i32, eps: EPS);
     let config = stacked_probe::Config::new(
         T::DTYPE,
         format,
         silu,
-        fuse == LinearFuse::Norm,
-        fuse == LinearFuse::Residual,
+        norm,
+        residual,
         f16_ops,
         block_n,
         stack,

@@ -9,7 +9,7 @@ use dsl_core::ir::ops::DotPrecision;
 use dsl_core::lang::*;
 use dsl_core::{Function, Result};
 use std::sync::OnceLock;
-use tests::hand::{f8_casts, softmax};
+use tests::hand::{f8_casts, histogram_steps, softmax, tile_ranges};
 
 /// One memory-only cache for the tests (compiles are shared).
 fn cache() -> &'static HostCache {
@@ -266,9 +266,7 @@ fn matmul(bm: usize, bn: usize, bk: usize, dtype: DType, tf32: bool) -> Result<F
         let m = param_scalar("m", DType::I32);
         let n = param_scalar("n", DType::I32);
         let k = param_scalar("k", DType::I32);
-        let rm = program_id(0) * bm as i32 + arange(0, bm as i32);
-        let rn = program_id(1) * bn as i32 + arange(0, bn as i32);
-        let rk = arange(0, bk as i32);
+        let (rm, rn, rk) = tile_ranges(bm, bn, bk);
         let acc_ty = if dtype == DType::I8 { DType::I32 } else { DType::F32 };
         let acc = zeros(&[bm, bn], acc_ty);
         let out = for_range(0, k, bk as i32, &[acc], |k0, carried| {
@@ -483,18 +481,13 @@ fn host_control() {
 
 /// Atomics: an integer histogram over all programs, float max/add and a
 /// compare-and-swap within one program (float adds across programs depend
-/// on their order).
+/// on their order). Its parameters: `hand::histogram`'s (`bins_ptr`,
+/// `hist_ptr`, `n`), then `f_ptr` and `old_ptr`.
 fn atomics(block: usize) -> Result<Function> {
     KernelBuilder::new("atomics").build(|| {
-        let bins_ptr = param_ptr("bins_ptr", DType::I32);
-        let hist_ptr = param_ptr("hist_ptr", DType::I32);
+        let (hist_ptr, bins, offs, mask) = histogram_steps(block);
         let f_ptr = param_ptr("f_ptr", DType::F32);
         let old_ptr = param_ptr("old_ptr", DType::F32);
-        let n = param_scalar("n", DType::I32);
-        let offs = program_id(0) * block as i32 + arange(0, block as i32);
-        let mask = offs.lt(n);
-        let bins = load(bins_ptr + offs, Some(mask), Some(0.into()));
-        atomic_add(hist_ptr + bins, 1, Some(mask));
         atomic_max(hist_ptr + 16 + bins % 4, offs, Some(mask));
         let first = program_id(0).eq_(0);
         let one = arange(0, block as i32).lt(block as i32) & first;
@@ -523,7 +516,7 @@ fn host_atomics() {
     // The compare-and-swap slots are claimed by the first program to run
     // there; run one program of the grid at a time on both sides.
     let (f1, _) = dsl_core::launch::specialize(&f, &[]);
-    let args = [Arg::ptr(0), Arg::ptr(1), Arg::ptr(2), Arg::ptr(3), Arg::i32(n as i32)];
+    let args = [Arg::ptr(0), Arg::ptr(1), Arg::i32(n as i32), Arg::ptr(2), Arg::ptr(3)];
     same(&f1, [1, 1, 1], &bufs, &args);
     let mut want = bufs.to_vec();
     launch(&f, [n.div_ceil(block) as u32, 1, 1], &mut want, &args).unwrap();
@@ -616,13 +609,26 @@ fn host_assert_fails_with_its_location() {
     assert!(e.contains("program (0, 0, 0)") && e.contains("tests.rs"), "{e}");
 }
 
-/// `exp`, `exp2` and `sigmoid` of one block of f32 values per program.
-fn exponentials(block: usize) -> Result<Function> {
-    KernelBuilder::new("exponentials").build(|| {
+/// The kernel `name` over f32 pointers `x_ptr` and `out_ptr` and a count
+/// `n`, one block of `block` elements per program: `body(x_ptr, out_ptr, n,
+/// offs)` with `offs` the block's element indices.
+fn blockwise(
+    name: &str,
+    block: usize,
+    body: impl FnOnce(Tensor, Tensor, Tensor, Tensor),
+) -> Result<Function> {
+    KernelBuilder::new(name).build(|| {
         let x_ptr = param_ptr("x_ptr", DType::F32);
         let out_ptr = param_ptr("out_ptr", DType::F32);
         let n = param_scalar("n", DType::I32);
         let offs = program_id(0) * block as i32 + arange(0, block as i32);
+        body(x_ptr, out_ptr, n, offs);
+    })
+}
+
+/// `exp`, `exp2` and `sigmoid` of one block of f32 values per program.
+fn exponentials(block: usize) -> Result<Function> {
+    blockwise("exponentials", block, |x_ptr, out_ptr, n, offs| {
         let x = load(x_ptr + offs, None, None);
         store(out_ptr + offs, exp(x), None);
         store(out_ptr + n + offs, exp2(x), None);
@@ -667,11 +673,7 @@ fn host_exponentials_match_the_library() {
 /// `out = x + 1` with a prefetch of the next block (`llvm.prefetch` on the
 /// native backend, a hint): the same results as the interpreter.
 fn prefetching_add(block: usize) -> Result<Function> {
-    KernelBuilder::new("prefetching_add").build(|| {
-        let x_ptr = param_ptr("x_ptr", DType::F32);
-        let out_ptr = param_ptr("out_ptr", DType::F32);
-        let n = param_scalar("n", DType::I32);
-        let offs = program_id(0) * block as i32 + arange(0, block as i32);
+    blockwise("prefetching_add", block, |x_ptr, out_ptr, n, offs| {
         let next = offs + block as i32;
         prefetch_l2(x_ptr + next, Some(next.lt(n)));
         let x = load(x_ptr + offs, Some(offs.lt(n)), None);

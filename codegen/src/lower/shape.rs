@@ -26,22 +26,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Sends data between layouts through shared memory. `srcs` (layout and
     /// registers, all of element `e`) are stored one after another; output `o`
     /// of layout `outs[o]` reads, for each register, the element of the
-    /// concatenated sources that `map(o, linear_index)` names.
-    pub fn exchange(
-        &mut self,
-        e: Elem,
-        srcs: &[(BlockedLayout, Regs<'ctx>)],
-        outs: &[BlockedLayout],
-        map: &dyn Fn(&Self, usize, IntValue<'ctx>) -> Result<IntValue<'ctx>>,
-    ) -> Result<Vec<Regs<'ctx>>> {
-        self.exchange_chunked(e, srcs, outs, map, false, false)
-    }
-
-    /// [`Lowerer::exchange`]; with `chunk_uniform`, the caller promises that all
-    /// elements of an output chunk read the same source element, which is then
-    /// loaded once per chunk; with `swizzle`, the array is stored swizzled
+    /// concatenated sources that `map(o, linear_index)` names. With
+    /// `chunk_uniform`, the caller promises that all elements of an output
+    /// chunk read the same source element, which is then loaded once per
+    /// chunk; with `swizzle`, the array is stored swizzled
     /// ([`Lowerer::swizzled_index`]), for reads that stride across it.
-    pub fn exchange_chunked(
+    pub fn exchange(
         &mut self,
         e: Elem,
         srcs: &[(BlockedLayout, Regs<'ctx>)],
@@ -246,8 +236,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         }
                         Ok(acc)
                     };
-                    let out =
-                        self.exchange_chunked(aty.elem, &[(la, regs)], &[lr], &map, chunk_uniform, false)?;
+                    let out = self.exchange(aty.elem, &[(la, regs)], &[lr], &map, chunk_uniform, false)?;
                     self.set(res, out.into_iter().next().unwrap_or_default());
                 }
             }
@@ -264,7 +253,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     Ok(acc)
                 };
                 // Reads stride across the array (a transpose reads columns).
-                let out = self.exchange_chunked(aty.elem, &[(la, regs)], &[lr], &map, false, true)?;
+                let out = self.exchange(aty.elem, &[(la, regs)], &[lr], &map, false, true)?;
                 self.set(res, out.into_iter().next().unwrap_or_default());
             }
             ShapeOp::Join => {
@@ -277,7 +266,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let off = lw.b.build_int_mul(w, lw.i32c(n), "")?;
                     Ok(lw.b.build_int_add(k, off, "")?)
                 };
-                let out = self.exchange(aty.elem, &[(la, regs), (la, b)], &[lr], &map)?;
+                let out = self.exchange(aty.elem, &[(la, regs), (la, b)], &[lr], &map, false, false)?;
                 self.set(res, out.into_iter().next().unwrap_or_default());
             }
             ShapeOp::Split => {
@@ -285,7 +274,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let k = lw.b.build_left_shift(lin, lw.i32c(1), "")?;
                     Ok(lw.b.build_int_add(k, lw.i32c(o as i64), "")?)
                 };
-                let out = self.exchange(aty.elem, &[(la, regs)], &[lr, lr], &map)?;
+                let out = self.exchange(aty.elem, &[(la, regs)], &[lr, lr], &map, false, false)?;
                 let res1 = self.result(inst, 1)?;
                 let mut it = out.into_iter();
                 self.set(res, it.next().unwrap_or_default());

@@ -421,7 +421,8 @@ impl<'b> Memory<'b> {
     }
 
     /// Writes `new` at byte `off` of buffer `b` (already bounds-checked), after
-    /// the race check (a `strong` write clears the shadow instead).
+    /// the race check, which also updates the race shadow (a `strong` write
+    /// clears the shadow instead).
     fn put(
         &mut self,
         b: usize,
@@ -436,7 +437,35 @@ impl<'b> Memory<'b> {
                 s.fill(0);
             }
         } else if self.track_races {
-            self.check_race(b, off, new, acc, lane)?;
+            // Another program's byte may only be overwritten with the same
+            // value or when the memory model orders its store first; the
+            // shadow then records this program as the bytes' writer.
+            let me = self.current;
+            if self.shadow[b].is_empty() {
+                self.shadow[b] = vec![0; self.bufs[b].size_bytes()];
+            }
+            let old = &self.bufs[b].as_bytes()[off..off + new.len()];
+            let shadow = &self.shadow[b][off..off + new.len()];
+            let model = self.model.as_ref();
+            let unordered = |i: usize| !model.is_some_and(|m| m.ordered(me - 1, shadow[i] - 1, b, off + i));
+            if let Some(i) = (0..new.len())
+                .find(|&i| shadow[i] != 0 && shadow[i] != me && old[i] != new[i] && unordered(i))
+            {
+                let other = self.coords(shadow[i] - 1);
+                let d = acc.dtype;
+                return Err(format!(
+                    "write-write race: {} stores {} to byte offset {off} of buffer {} ({}), \
+                     but {} already stored a different value there ({}); programs must not \
+                     store different values to one address (use atomics, or partition the output)",
+                    pid_str(self.coords(me - 1)),
+                    fmt_bytes(d, new),
+                    self.name(b),
+                    lane_str(acc.shape, lane),
+                    pid_str(other),
+                    fmt_bytes(d, old),
+                ));
+            }
+            self.shadow[b][off..off + new.len()].fill(me);
             let len = self.bufs[b].size_bytes();
             if let Some(m) = &mut self.model {
                 m.write(self.current - 1, b, len, off, new.len(), base_addr(b) + off as i64);
@@ -529,44 +558,6 @@ impl<'b> Memory<'b> {
         if let Some(m) = &mut self.model {
             m.release(me, o, &addrs, rmw);
         }
-    }
-
-    /// Checks and updates the race shadow for a store of `new` at `off` of buffer `b`.
-    fn check_race(
-        &mut self,
-        b: usize,
-        off: usize,
-        new: &[u8],
-        acc: &Access<'_>,
-        lane: usize,
-    ) -> Result<(), String> {
-        let me = self.current;
-        if self.shadow[b].is_empty() {
-            self.shadow[b] = vec![0; self.bufs[b].size_bytes()];
-        }
-        let old = &self.bufs[b].as_bytes()[off..off + new.len()];
-        let shadow = &self.shadow[b][off..off + new.len()];
-        let model = self.model.as_ref();
-        let unordered = |i: usize| !model.is_some_and(|m| m.ordered(me - 1, shadow[i] - 1, b, off + i));
-        if let Some(i) =
-            (0..new.len()).find(|&i| shadow[i] != 0 && shadow[i] != me && old[i] != new[i] && unordered(i))
-        {
-            let other = self.coords(shadow[i] - 1);
-            let d = acc.dtype;
-            return Err(format!(
-                "write-write race: {} stores {} to byte offset {off} of buffer {} ({}), \
-                 but {} already stored a different value there ({}); programs must not \
-                 store different values to one address (use atomics, or partition the output)",
-                pid_str(self.coords(me - 1)),
-                fmt_bytes(d, new),
-                self.name(b),
-                lane_str(acc.shape, lane),
-                pid_str(other),
-                fmt_bytes(d, old),
-            ));
-        }
-        self.shadow[b][off..off + new.len()].fill(me);
-        Ok(())
     }
 
     /// Runs a per-lane read-modify-write: for every lane with the mask set,

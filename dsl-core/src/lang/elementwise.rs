@@ -155,17 +155,24 @@ fn compare_at(pred: CmpPred, a: Operand, b: Operand, loc: &Location) -> Tensor {
     })
 }
 
-macro_rules! binary_fns {
-    ($($(#[$m:meta])* $f:ident => $op:ident;)*) => {$(
+/// Functions (or methods) `$f(params)`, each building the op `$kind::$op`
+/// with `$at` (`binary_at`, `unary_at`, `compare_at`) from `args` at the
+/// caller's location.
+macro_rules! op_fns {
+    (@fn $at:ident, $kind:ident, ($($params:tt)*) => ($($arg:expr),*); $(#[$m:meta])* $f:ident => $op:ident) => {
         $(#[$m])*
         #[track_caller]
-        pub fn $f(a: impl Into<Operand>, b: impl Into<Operand>) -> Tensor {
-            binary_at(BinaryOp::$op, a.into(), b.into(), &Location::caller())
+        pub fn $f($($params)*) -> Tensor {
+            $at($kind::$op, $($arg,)* &Location::caller())
         }
+    };
+    ($at:ident, $kind:ident, $params:tt => $args:tt; $($(#[$m:meta])* $f:ident => $op:ident;)*) => {$(
+        op_fns!(@fn $at, $kind, $params => $args; $(#[$m])* $f => $op);
     )*};
 }
 
-binary_fns! {
+op_fns! {
+    binary_at, BinaryOp, (a: impl Into<Operand>, b: impl Into<Operand>) => (a.into(), b.into());
     /// `a + b` (pointer + integer offsets too).
     add => Add;
     /// `a - b`.
@@ -196,17 +203,8 @@ binary_fns! {
     pow => Pow;
 }
 
-macro_rules! unary_fns {
-    ($($(#[$m:meta])* $f:ident => $op:ident;)*) => {$(
-        $(#[$m])*
-        #[track_caller]
-        pub fn $f(x: Tensor) -> Tensor {
-            unary_at(UnaryOp::$op, x, &Location::caller())
-        }
-    )*};
-}
-
-unary_fns! {
+op_fns! {
+    unary_at, UnaryOp, (x: Tensor) => (x);
     /// Negation.
     neg => Neg;
     /// Bitwise not (logical not on `i1`).
@@ -241,26 +239,8 @@ unary_fns! {
     erf => Erf;
 }
 
-/// Comparison functions `$f(a, b)`, or, after `self;`, methods
-/// `self.$f(rhs)`.
-macro_rules! compare_fns {
-    (self; $($(#[$m:meta])* $f:ident => $p:ident;)*) => {$(
-        $(#[$m])*
-        #[track_caller]
-        pub fn $f(self, rhs: impl Into<Operand>) -> Tensor {
-            compare_at(CmpPred::$p, Operand::Tensor(self), rhs.into(), &Location::caller())
-        }
-    )*};
-    ($($(#[$m:meta])* $f:ident => $p:ident;)*) => {$(
-        $(#[$m])*
-        #[track_caller]
-        pub fn $f(a: impl Into<Operand>, b: impl Into<Operand>) -> Tensor {
-            compare_at(CmpPred::$p, a.into(), b.into(), &Location::caller())
-        }
-    )*};
-}
-
-compare_fns! {
+op_fns! {
+    compare_at, CmpPred, (a: impl Into<Operand>, b: impl Into<Operand>) => (a.into(), b.into());
     /// `a == b`.
     eq => Eq;
     /// `a != b`.
@@ -308,8 +288,7 @@ pub fn where_(cond: Tensor, a: impl Into<Operand>, b: impl Into<Operand>) -> Ten
 #[track_caller]
 pub fn dp4a(a: impl Into<Operand>, b: impl Into<Operand>, acc: impl Into<Operand>) -> Tensor {
     let loc = Location::caller();
-    let ops = [a.into(), b.into(), acc.into()];
-    with_ctx(|c| {
+    ternary_at(ArithOp::Dp4a, [a.into(), b.into(), acc.into()], &loc, |c, ops| {
         // Operands keep their dtypes (no promotion: the bytes' signedness is
         // the dtype); literals are i32 words, the accumulator's u32 when both
         // words are unsigned.
@@ -330,10 +309,7 @@ pub fn dp4a(a: impl Into<Operand>, b: impl Into<Operand>, acc: impl Into<Operand
                 lit => super::literal(c, *lit, if i == 2 { acc_dtype } else { DType::I32 }, &loc),
             })
             .collect();
-        let v = broadcast_all(c, vals, &loc, "dp4a");
-        let fallback = c.func.ty(v[2]).clone();
-        let r = c.push(Op::Arith(ArithOp::Dp4a), &v, &loc, &[fallback])[0];
-        c.handle(r)
+        broadcast_all(c, vals, &loc, "dp4a")
     })
 }
 
@@ -341,11 +317,24 @@ pub fn dp4a(a: impl Into<Operand>, b: impl Into<Operand>, acc: impl Into<Operand
 #[track_caller]
 pub fn fma(a: impl Into<Operand>, b: impl Into<Operand>, acc: impl Into<Operand>) -> Tensor {
     let loc = Location::caller();
-    let ops = [a.into(), b.into(), acc.into()];
+    ternary_at(ArithOp::Fma, [a.into(), b.into(), acc.into()], &loc, |c, ops| {
+        promote_many(c, ops, &loc, "fma")
+    })
+}
+
+/// Builds the three-operand `op` (`dp4a`, `fma`) at `loc` on the values that
+/// `operands` makes of `ops` (converted and broadcast); its result has the
+/// type of the third (the accumulator).
+fn ternary_at(
+    op: ArithOp,
+    ops: [Operand; 3],
+    loc: &Location,
+    operands: impl FnOnce(&mut Ctx, &[Operand; 3]) -> Vec<Value>,
+) -> Tensor {
     with_ctx(|c| {
-        let v = promote_many(c, &ops, &loc, "fma");
+        let v = operands(c, &ops);
         let t = c.func.ty(v[2]).clone();
-        let r = c.push(Op::Arith(ArithOp::Fma), &v, &loc, &[t])[0];
+        let r = c.push(Op::Arith(op), &v, loc, &[t])[0];
         c.handle(r)
     })
 }
@@ -412,8 +401,8 @@ impl std::ops::Not for Tensor {
 }
 
 impl Tensor {
-    compare_fns! {
-        self;
+    op_fns! {
+        compare_at, CmpPred, (self, rhs: impl Into<Operand>) => (Operand::Tensor(self), rhs.into());
         /// `self < rhs`.
         lt => Lt;
         /// `self <= rhs`.

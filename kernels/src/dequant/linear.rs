@@ -72,44 +72,13 @@
 //! before the first launch (every launch leaves them zero); without it
 //! they are not read.
 
-use super::gemm::{gemm_epilogue, swap_weights};
+use super::gemm::{gemm_epilogue, swap_weights, tile_index};
 use super::gemv::{k_scales_of, k_scales_raw, q6k_scale_of, q6k_scale_raw, scale_load};
 use super::{Fuse, QuantFormat};
 use crate::cpu_gemv::{byte_format_weights, byte_weights, weight_tile_any};
 use crate::rmsnorm::rms_rstd;
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
-
-/// The 32-bit word and scale-entry indices of a `[block_n, block_k]` weight
-/// tile formed in K order (see [`super::gemm::swap_acc`]): element `(r, c)`
-/// with `c = 16 h + 4 j + e` is byte `e` of word `wpb * hb[h] + 4 (h % 2) + j`
-/// (Q8_0, `wpb = 8`) or `wpb * hb[h] + j` (Q4, `wpb = 4`, the nibble `h % 2`)
-/// of row `wrow[r]`, whose block `hb[h]` has scale entry `wrow[r] * nb +
-/// hb[h]`. `hb` (`[block_k / 16]`) is the block of each 16-column group.
-/// The indices are broadcast along `e` (and the scales along `j`), so each
-/// thread chunk loads each word and scale once.
-#[kernel_fn]
-pub fn tile_index(
-    wrow: Tensor,
-    nb: Tensor,
-    hb: Tensor,
-    quant: QuantFormat,
-    block_n: usize,
-    block_k: usize,
-) -> (Tensor, Tensor) {
-    let q8 = !quant.is_q4();
-    let hq = block_k / 16;
-    let wpb = if q8 { 8 } else { 4 };
-    let h = arange(0, hq);
-    let j4 = expand_dims(expand_dims(arange(0, 4), 0), 0);
-    let half_words = if q8 { h % 2 * 4 } else { h * 0 };
-    let row_words = expand_dims(expand_dims(wrow * (nb * wpb), 1), 2);
-    let word3 = row_words + expand_dims(expand_dims(hb * wpb + half_words, 0), 2) + j4;
-    let w_idx = reshape(broadcast_to(expand_dims(word3, 3), [block_n, hq, 4, 4]), [block_n, block_k]);
-    let s2 = expand_dims(wrow * nb, 1) + expand_dims(hb, 0);
-    let s_idx = reshape(broadcast_to(expand_dims(s2, 2), [block_n, hq, 16]), [block_n, block_k]);
-    (w_idx, s_idx)
-}
 
 /// The `dot` operand of an activation tile `x` (in `T`): with `norm`,
 /// add+RMSNorm's sequence `round_T(round_T(x * rs) * nw)` (f32 math, `nw`

@@ -173,7 +173,7 @@ pub fn stacked_rows(
 }
 
 /// The quant words and raw scale entries of a stacked weight tile
-/// (`[stack * block_n, LINEAR_BLOCK_K]`, [`super::linear::tile_index`]'s
+/// (`[stack * block_n, LINEAR_BLOCK_K]`, [`super::gemm::tile_index`]'s
 /// layout per row): row `r` is weight row `wrow[r]` at K tile `c0 + r /
 /// block_n`, or with `cycle > 0` (a packed tile of `cycle` K tiles) at K
 /// tile `r / block_n % cycle` (quant blocks past the row clamped to its

@@ -22,7 +22,7 @@ use crate::bench::model::ModelBench;
 use crate::bench::{BenchOptions, Record};
 use crate::check::Rng;
 use crate::error::Result;
-use crate::model::args::norm_args;
+use crate::model::args::{norm_args, softmax_args};
 use codegen::host::Host;
 use dsl_core::DType;
 use dsl_core::launch::Backend;
@@ -95,13 +95,7 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
         let (x, o) = (host.upload(&rng.values::<f32>(rows * cols, 4.0)), host.zeros::<f32>(rows * cols));
         let block = cols.next_power_of_two();
         let config = softmax::Config::new(DType::F32, block);
-        let args = softmax::Args {
-            out_ptr: o.cast(),
-            in_ptr: x.cast(),
-            n_cols: cols as i32,
-            stride: cols as i32,
-            _marker: PhantomData,
-        };
+        let args = softmax_args!(softmax, (o.cast(), x.cast()), cols);
         let ms =
             median_ms(opts, || Ok(host.launch::<softmax::Kernel>([rows as u32, 1, 1], &config, &args)?))?;
         out.push(gbs(format!("host/softmax/f32/{rows}x{cols}"), 8.0 * (rows * cols) as f64, ms));

@@ -27,7 +27,7 @@
 use crate::check::Rng;
 use crate::cuda::{Cuda, DevBuf};
 use crate::error::{Error, Result};
-use crate::model::args::norm_args;
+use crate::model::args::{norm_args, softmax_args};
 use crate::model::{ActElem, Device};
 use dsl_core::DType;
 use dsl_core::half::bf16;
@@ -218,13 +218,7 @@ fn softmax_record<T: ActElem>(
     let (xd, od) = (cuda.gpu().upload(&x)?, cuda.gpu().zeros::<T>(n)?);
     drop(x);
     let block = cols.next_power_of_two();
-    let args = softmax::Args {
-        out_ptr: od.ptr().cast(),
-        in_ptr: xd.ptr().cast(),
-        n_cols: cols as i32,
-        stride: cols as i32,
-        _marker: PhantomData,
-    };
+    let args = softmax_args!(softmax, (od.ptr().cast(), xd.ptr().cast()), cols);
     let grid = [rows as u32, 1, 1];
     let base = softmax::Config::new(T::DEVICE_DTYPE, block);
     let untuned = base.clone().with_warps(softmax_warps(block));

@@ -260,33 +260,40 @@ pub(crate) type ShapeCase<D, S, R> = fn(&mut D, &mut Rng, S) -> Result<R>;
 /// A row-kernel check case on one shape `S` with an exact `BLOCK` or not.
 pub(crate) type BlockCase<D, S, R> = fn(&mut D, &mut Rng, S, bool) -> Result<R>;
 
+/// A check case in one dtype as [`over_shapes`] runs it on shape `i` of its
+/// list: a [`ShapeCase`] on the shape alone; a [`BlockCase`] with exact and
+/// padded `BLOCK`s in turn (shape `i`'s f32 case has an exact `BLOCK` where
+/// `i` is even, its bf16 case where `i` is odd).
+pub(crate) trait DtypeCase<D, S, R> {
+    /// The rows of the case on `shape`, the `i`th of the list, in f32
+    /// (`is_f32`) or bf16.
+    fn rows(&self, dev: &mut D, rng: &mut Rng, i: usize, shape: S, is_f32: bool) -> Result<R>;
+}
+
+impl<D, S, R> DtypeCase<D, S, R> for ShapeCase<D, S, R> {
+    fn rows(&self, dev: &mut D, rng: &mut Rng, _: usize, shape: S, _: bool) -> Result<R> {
+        self(dev, rng, shape)
+    }
+}
+
+impl<D, S, R> DtypeCase<D, S, R> for BlockCase<D, S, R> {
+    fn rows(&self, dev: &mut D, rng: &mut Rng, i: usize, shape: S, is_f32: bool) -> Result<R> {
+        self(dev, rng, shape, i.is_multiple_of(2) == is_f32)
+    }
+}
+
 /// The rows of a check over `shapes` in f32 and bf16: on each shape the f32
-/// case, then the bf16 case, from one random stream.
+/// case, then the bf16 case, from one random stream (see [`DtypeCase`] for
+/// the `BLOCK`s of row kernels' cases).
 pub(crate) fn over_shapes<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
     dev: &mut D,
     seed: u64,
     shapes: &[S],
-    [f32_case, bf16_case]: [ShapeCase<D, S, R>; 2],
-) -> Result<Vec<CheckRow>> {
-    over_cases(dev, seed, shapes.iter().copied(), |dev, rng, shape| {
-        let f32_rows = f32_case(dev, rng, shape)?;
-        Ok(f32_rows.into_iter().chain(bf16_case(dev, rng, shape)?).collect::<Vec<_>>())
-    })
-}
-
-/// [`over_shapes`] of row kernels with exact and padded `BLOCK`s in turn:
-/// shape `i`'s f32 case has an exact `BLOCK` where `i` is even, its bf16
-/// case where `i` is odd.
-pub(crate) fn over_shapes_alternating<D: Device, S: Copy, R: IntoIterator<Item = CheckRow>>(
-    dev: &mut D,
-    seed: u64,
-    shapes: &[S],
-    [f32_case, bf16_case]: [BlockCase<D, S, R>; 2],
+    [f32_case, bf16_case]: [impl DtypeCase<D, S, R>; 2],
 ) -> Result<Vec<CheckRow>> {
     over_cases(dev, seed, shapes.iter().copied().enumerate(), |dev, rng, (i, shape)| {
-        let exact = i % 2 == 0;
-        let f32_rows = f32_case(dev, rng, shape, exact)?;
-        Ok(f32_rows.into_iter().chain(bf16_case(dev, rng, shape, !exact)?).collect::<Vec<_>>())
+        let f32_rows = f32_case.rows(dev, rng, i, shape, true)?;
+        Ok(f32_rows.into_iter().chain(bf16_case.rows(dev, rng, i, shape, false)?).collect::<Vec<_>>())
     })
 }
 

@@ -2,9 +2,7 @@
 //! within its tolerance) and RMSNorm, at ragged shapes with exact
 //! (non-power-of-two) and padded `BLOCK`s, f32 and bf16.
 
-use crate::check::{
-    CheckRow, DevicePtr, EXACT, Rng, Tol, outcome, over_shapes_alternating, row_block, row_shape,
-};
+use crate::check::{CheckRow, DevicePtr, EXACT, Rng, Tol, outcome, over_shapes, row_block, row_shape};
 use crate::error::Result;
 use crate::model::args::norm_args;
 use crate::model::{ActElem, Device};
@@ -82,12 +80,7 @@ fn add_rmsnorm_case<T: ActElem, D: Device>(
 /// The `add_rmsnorm` check: ragged shapes (exact non-power-of-two and padded
 /// `BLOCK`s), f32 and bf16; `h` bit-exact, `out` within its tolerance.
 pub fn add_rmsnorm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    over_shapes_alternating(
-        dev,
-        seed,
-        &NORM_SHAPES,
-        [add_rmsnorm_case::<f32, D>, add_rmsnorm_case::<bf16, D>],
-    )
+    over_shapes(dev, seed, &NORM_SHAPES, [add_rmsnorm_case::<f32, D>, add_rmsnorm_case::<bf16, D>])
 }
 
 /// RMSNorm of the rows of `x` (`w.len()` values, `stride` apart) with
@@ -126,5 +119,5 @@ fn rmsnorm_case<T: ActElem, D: Device>(
 /// The `rmsnorm` check: ragged shapes (exact non-power-of-two and padded
 /// `BLOCK`s), f32 and bf16 (one rounding at the end: one unit of it).
 pub fn rmsnorm<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    over_shapes_alternating(dev, seed, &NORM_SHAPES, [rmsnorm_case::<f32, D>, rmsnorm_case::<bf16, D>])
+    over_shapes(dev, seed, &NORM_SHAPES, [rmsnorm_case::<f32, D>, rmsnorm_case::<bf16, D>])
 }

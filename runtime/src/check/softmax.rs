@@ -2,29 +2,20 @@
 //! non-power-of-two and padded `BLOCK`s) and the online softmax (rows longer
 //! than `BLOCK`, scales, causal masks), f32 and bf16.
 
-use crate::check::{
-    CheckRow, DevicePtr, ROW_SHAPES, Rng, Tol, outcome, over_shapes, over_shapes_alternating, row_block,
-    row_shape,
-};
+use crate::check::{CheckRow, DevicePtr, ROW_SHAPES, Rng, Tol, outcome, over_shapes, row_block, row_shape};
 use crate::error::Result;
+use crate::model::args::softmax_args;
 use crate::model::{ActElem, Device};
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use kernels::softmax::{softmax as row_softmax, softmax_online as online, softmax_warps};
-use std::marker::PhantomData;
 
 /// The softmax of each row of `x` (rows of `cols`) with a `BLOCK` of `block` on `dev`.
 fn softmax_on<T: ActElem, D: Device>(dev: &mut D, x: &[T], cols: usize, block: usize) -> Result<Vec<T>> {
     let config =
         row_softmax::Config::new(T::DEVICE_DTYPE, block).with_warps(softmax_warps(block.next_power_of_two()));
     let (xd, od) = (dev.upload(x)?, dev.zeros::<T>(x.len())?);
-    let args = row_softmax::Args {
-        out_ptr: dev.ptr(&od)?,
-        in_ptr: dev.ptr(&xd)?,
-        n_cols: cols as i32,
-        stride: cols as i32,
-        _marker: PhantomData,
-    };
+    let args = softmax_args!(row_softmax, (dev.ptr(&od)?, dev.ptr(&xd)?), cols);
     dev.run::<row_softmax::Kernel>([(x.len() / cols) as u32, 1, 1], &config, &args)?;
     dev.download(&od)
 }
@@ -46,7 +37,7 @@ fn softmax_case<T: ActElem, D: Device>(
 /// The `softmax` check: ragged shapes (exact non-power-of-two `BLOCK`s and
 /// padded ones), f32 and bf16.
 pub fn softmax<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
-    over_shapes_alternating(dev, seed, &ROW_SHAPES, [softmax_case::<f32, D>, softmax_case::<bf16, D>])
+    over_shapes(dev, seed, &ROW_SHAPES, [softmax_case::<f32, D>, softmax_case::<bf16, D>])
 }
 
 /// One online-softmax check shape: `(rows, cols, BLOCK, warps, scale, causal
@@ -71,15 +62,13 @@ fn softmax_online_on<T: ActElem, D: Device>(dev: &mut D, x: &[T], shape: OnlineS
     let (rows, cols, block, warps, scale, causal) = shape;
     let config = online::Config::new(T::DEVICE_DTYPE, causal.is_some(), block).with_warps(warps);
     let (xd, od) = (dev.upload(x)?, dev.zeros::<T>(x.len())?);
-    let args = online::Args {
-        out_ptr: dev.ptr(&od)?,
-        in_ptr: dev.ptr(&xd)?,
-        n_cols: cols as i32,
-        stride: cols as i32,
+    let args = softmax_args!(
+        online,
+        (dev.ptr(&od)?, dev.ptr(&xd)?),
+        cols,
         scale,
         causal_offset: causal.unwrap_or(0),
-        _marker: PhantomData,
-    };
+    );
     dev.run::<online::Kernel>([rows as u32, 1, 1], &config, &args)?;
     dev.download(&od)
 }

@@ -39,6 +39,23 @@ macro_rules! norm_args {
 }
 pub(crate) use norm_args;
 
+/// The launch arguments `$k::Args` of a row-softmax kernel (`softmax`,
+/// `softmax_online`) over contiguous rows: the fields they both take, the
+/// pointers `(out, in)` and the row length `cols` (both `n_cols` and the
+/// rows' `stride`, cast to `i32`), then the kernel's own fields (the scale,
+/// the causal offset) by name.
+macro_rules! softmax_args {
+    ($k:ident, $out_in:expr, $cols:expr $(, $f:ident $(: $v:expr)?)* $(,)?) => {{
+        let (out_ptr, in_ptr) = $out_in;
+        let cols = $cols as i32;
+        $k::Args {
+            out_ptr, in_ptr, n_cols: cols, stride: cols,
+            $($f $(: $v)?,)* _marker: ::std::marker::PhantomData,
+        }
+    }};
+}
+pub(crate) use softmax_args;
+
 /// The launch arguments `$k::Args` of a RoPE + paged KV-write kernel
 /// (`rope_kv_write`, `rope_arch_kv_write`): the fields they both take, the
 /// pointers `(qkv, positions, slots)` of the step's inputs and `(q_out,
