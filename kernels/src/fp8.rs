@@ -35,7 +35,9 @@
 //!
 //! `x` row-major `[rows, n]` (rows `stride` elements apart), `q` the same
 //! shape and stride in the 8-bit format `F`, `s` row-major `[rows,
-//! ceil(n / GROUP)]`.
+//! ceil(n / GROUP)]`, or with `GROUP_MAJOR` (quantization only) group-major
+//! `[ceil(n / GROUP), rows]` (`rows` the grid's first dimension), the
+//! activation-scale layout of [`scaled_matmul_fp8`].
 
 use dsl_macros::{kernel, kernel_fn};
 
@@ -46,23 +48,27 @@ pub fn f8_max(f: dsl_core::DType) -> f32 {
 
 /// This program's `[GROUPS, GROUP]` tile of a row (see the module docs):
 /// the element offsets and their mask, then the offsets of its groups'
-/// scales and their mask.
+/// scales (row-major, or group-major with `group_major`) and their mask.
 #[kernel_fn]
 pub fn group_tile(
     n: Tensor,
     stride: Tensor,
     group: usize,
     groups: usize,
+    group_major: bool,
 ) -> (Tensor, Tensor, Tensor, Tensor) {
     let row = program_id(0);
     let g = program_id(1) * groups + arange(0, groups);
     let cols = expand_dims(g * group, 1) + expand_dims(arange(0, group), 0);
     let n_groups = (n + (group as i32 - 1)) / group as i32;
-    (row * stride + cols, cols < n, row * n_groups + g, g < n_groups)
+    let (offs, mask) = (row * stride + cols, cols < n);
+    (offs, mask, if group_major { g * num_programs(0) + row } else { row * n_groups + g }, g < n_groups)
 }
 
 /// Per-group FP8 quantization: `q = round_F(x / s)` with `s = max|x| /
-/// F8_MAX` per `GROUP` columns of a row (see the module docs).
+/// F8_MAX` per `GROUP` columns of a row (see the module docs); the scales
+/// row-major, or group-major with `GROUP_MAJOR` (the activation scales of
+/// [`scaled_matmul_fp8`] with `GROUP` 128).
 #[kernel(name = "quantize_fp8")]
 #[allow(clippy::too_many_arguments)]
 pub fn quantize_fp8<T: Float, F: Float>(
@@ -73,8 +79,9 @@ pub fn quantize_fp8<T: Float, F: Float>(
     stride: i32,
     #[constexpr] GROUP: usize,
     #[constexpr] GROUPS: usize,
+    #[constexpr] GROUP_MAJOR: bool,
 ) {
-    let (offs, mask, s_offs, s_mask) = group_tile(n, stride, GROUP, GROUPS);
+    let (offs, mask, s_offs, s_mask) = group_tile(n, stride, GROUP, GROUPS, GROUP_MAJOR);
     let x = load(x_ptr + offs, mask = mask, other = 0.0).to(f32);
     let amax = max(abs(x), 1);
     let s = where_(amax > 0.0, amax / f8_max(F), 1.0);
@@ -98,7 +105,7 @@ pub fn dequantize_fp8<F: Float, T: Float>(
     #[constexpr] GROUP: usize,
     #[constexpr] GROUPS: usize,
 ) {
-    let (offs, mask, s_offs, s_mask) = group_tile(n, stride, GROUP, GROUPS);
+    let (offs, mask, s_offs, s_mask) = group_tile(n, stride, GROUP, GROUPS, false);
     let s = load(s_ptr + s_offs, mask = s_mask, other = 1.0);
     let q = load(q_ptr + offs, mask = mask).to(f32);
     store(out_ptr + offs, (q * expand_dims(s, 1)).to(T), mask = mask);
@@ -111,11 +118,13 @@ pub const SCALE_BLOCK: usize = 128;
 /// Scaled FP8 product, in one of two forms, rounded to `T` once.
 ///
 /// Block-scaled (DeepSeek-V3's layout, `PER_TENSOR` false): `c[i, j] =
-/// sum_t sa[i, t] * sb[j / 128, t] * sum_{k in block t} a[i, k] * b[j, k]`,
+/// sum_t sa[t, i] * sb[j / 128, t] * sum_{k in block t} a[i, k] * b[j, k]`,
 /// the blocks `t` of 128 columns of K, in f32. `sa` holds one scale per row
-/// of `a` and 128 columns (`[m, ceil(k / 128)]`, what [`quantize_fp8`]
-/// writes with groups of 128), `sb` one per 128 x 128 block of `b`
-/// (`[ceil(n / 128), ceil(k / 128)]`). Each K block's `dot` starts from zero
+/// of `a` and 128 columns, K-block-major (`[ceil(k / 128), m]`: `sa[t, i]`
+/// at `t m + i`, so a K block's scales are one contiguous run, as
+/// DeepGEMM lays them out; [`quantize_fp8`] with `GROUP_MAJOR` writes
+/// them so with groups of 128), `sb` one per 128 x 128 block of `b`
+/// (`[ceil(n / 128), ceil(k / 128)]`, row-major). Each K block's `dot` starts from zero
 /// and is scaled into the f32 accumulator (`acc += p * (sa * sb)`, blocks in
 /// K order), so the tensor cores sum at most 128 products before the scales
 /// apply (Hopper's FP8 `wgmma` adds with about 14 significant bits,
@@ -166,7 +175,7 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     // Without it nothing reads them: the names are bound to values that
     // exist anyway, so the kernel gains no op.
     let (mut sa_ahead, mut sb_ahead) = if SCALES_AHEAD {
-        (load(sa_ptr + rm * kb, mask = m_ok, other = 0.0), load(sb_ptr + sb_row))
+        (load(sa_ptr + rm, mask = m_ok, other = 0.0), load(sb_ptr + sb_row))
     } else {
         (rm, kb)
     };
@@ -180,14 +189,14 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
         } else if SCALES_AHEAD {
             let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
             let next = t + 1;
-            let sa_next = load(sa_ptr + rm * kb + next, mask = m_ok && next < kb, other = 0.0);
+            let sa_next = load(sa_ptr + next * m + rm, mask = m_ok && next < kb, other = 0.0);
             let sb_next = load(sb_ptr + sb_row + minimum(next, kb - 1));
             acc += p * expand_dims(sa_ahead * sb_ahead, 1);
             sa_ahead = sa_next;
             sb_ahead = sb_next;
         } else {
             let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
-            let sa = load(sa_ptr + rm * kb + t, mask = m_ok, other = 0.0);
+            let sa = load(sa_ptr + t * m + rm, mask = m_ok, other = 0.0);
             let sb = load(sb_ptr + sb_row + t);
             acc += p * expand_dims(sa * sb, 1);
         }

@@ -222,7 +222,7 @@ pub const ENTRIES: &[Entry] = &[
         description: "q = round_f8(x / s), s = max|x| / F8_MAX per group of columns (FP8 activations)",
         default_config: "T = bf16, F = f8e4m3, GROUP = 128, GROUPS = 4, num_warps = 4",
         build: || {
-            spec::<quantize_fp8::Kernel>(quantize_fp8::Config::new(DType::BF16, DType::F8E4M3, 128, 4))
+            spec::<quantize_fp8::Kernel>(quantize_fp8::Config::new(DType::BF16, DType::F8E4M3, 128, 4, false))
         },
         check: checks!(check::fp8::quantize),
     },

@@ -32,7 +32,9 @@ fn inputs<T: Storage>(rng: &mut Rng, rows: usize, n: usize, group: usize) -> Vec
         .collect()
 }
 
-/// Runs the kernel; returns the codes and the scales.
+/// Runs the kernel (scales group-major with `group_major`); returns the
+/// codes and the scales.
+#[allow(clippy::too_many_arguments)]
 fn run<T: Storage>(
     x: &[T],
     rows: usize,
@@ -40,6 +42,7 @@ fn run<T: Storage>(
     f8: DType,
     group: usize,
     groups: usize,
+    group_major: bool,
 ) -> (Vec<u8>, Vec<f32>) {
     let mut cpu = Cpu::new();
     let n_groups = n.div_ceil(group);
@@ -52,7 +55,7 @@ fn run<T: Storage>(
         stride: n as i32,
         _marker: PhantomData,
     };
-    let config = quantize_fp8::Config::new(T::DTYPE, f8, group, groups);
+    let config = quantize_fp8::Config::new(T::DTYPE, f8, group, groups, group_major);
     let grid = [rows as u32, n.div_ceil(group * groups) as u32, 1];
     quantize_fp8::interpret(&mut cpu, grid, &config, &args).unwrap();
     (cpu.read(qp), cpu.read(sp))
@@ -63,10 +66,17 @@ fn check<T: Storage>(seed: u64, rows: usize, n: usize, f8: DType, group: usize, 
     let x: Vec<T> = inputs(&mut rng, rows, n, group);
     let xf: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();
     let want = r::quantize_fp8(&xf, rows, n, group, f8);
-    let (codes, scales) = run(&x, rows, n, f8, group, groups);
+    let (codes, scales) = run(&x, rows, n, f8, group, groups, false);
     assert_eq!(scales, want.scales, "scales, {f8} group {group} n {n}");
     assert_eq!(codes, want.codes, "codes, {f8} group {group} n {n}");
     let n_groups = n.div_ceil(group);
+    // Group-major scales (the block-scaled product's activation layout):
+    // the same codes, and the scales transposed.
+    let (codes_t, scales_t) = run(&x, rows, n, f8, group, groups, true);
+    assert_eq!(codes_t, codes, "codes, group-major, {f8} group {group} n {n}");
+    let transposed: Vec<f32> =
+        (0..n_groups * rows).map(|i| scales[(i % rows) * n_groups + i / rows]).collect();
+    assert_eq!(scales_t, transposed, "group-major scales, {f8} group {group} n {n}");
     for (i, (&v, &xi)) in want.values.iter().zip(&xf).enumerate() {
         let s = f64::from(scales[(i / n) * n_groups + (i % n) / group]);
         let b = r::quantize_bound(f64::from(xi), s, f8);

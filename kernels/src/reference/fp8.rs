@@ -72,7 +72,9 @@ pub enum BlockSums {
 }
 
 /// [`crate::fp8::scaled_matmul_fp8`] in f64 (no rounding): `c[i, j] = sum_t
-/// sa[i, t] sb[j / 128, t] sum_{k in block t} a[i, k] b[j, k]`, `a` and `b`
+/// sa[t, i] sb[j / 128, t] sum_{k in block t} a[i, k] b[j, k]` (`sa`
+/// K-block-major `[ceil(k / 128), m]`, `sb` `[ceil(n / 128), ceil(k /
+/// 128)]`, as the kernel takes them), `a` and `b`
 /// the codes' values; and per element the bound of the kernel's arithmetic
 /// against it: each block's sum of exact products (at most 128 terms,
 /// summed as `sums` says) and its scaling in f32, the sum over blocks, then
@@ -106,7 +108,7 @@ pub fn scaled_matmul(
         for j in 0..n {
             let (mut sum, mut mag) = (0f64, 0f64);
             for t in 0..kb {
-                let (ia, ib) = if per_tensor { (0, 0) } else { (i * kb + t, j / B * kb + t) };
+                let (ia, ib) = if per_tensor { (0, 0) } else { (t * m + i, j / B * kb + t) };
                 let s = f64::from(sa[ia]) * f64::from(sb[ib]);
                 let (mut p, mut pm) = (0f64, 0f64);
                 for kk in t * B..((t + 1) * B).min(k) {

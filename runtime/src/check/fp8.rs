@@ -35,7 +35,7 @@ fn quantize_on<T: ActElem, Q: DeviceElem, D: Device>(
         stride: n as i32,
         _marker: PhantomData,
     };
-    let config = quantize_fp8::Config::new(T::DEVICE_DTYPE, Q::DEVICE_DTYPE, group, groups);
+    let config = quantize_fp8::Config::new(T::DEVICE_DTYPE, Q::DEVICE_DTYPE, group, groups, false);
     dev.run::<quantize_fp8::Kernel>([rows as u32, n.div_ceil(group * groups) as u32, 1], &config, &args)?;
     let codes = dev.download(&qd)?.iter().map(|q| code_of(*q)).collect();
     Ok((codes, dev.download(&sd)?))
