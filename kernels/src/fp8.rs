@@ -124,10 +124,12 @@ pub const SCALE_BLOCK: usize = 128;
 /// at `t m + i`, so a K block's scales are one contiguous run, as
 /// DeepGEMM lays them out; [`quantize_fp8`] with `GROUP_MAJOR` writes
 /// them so with groups of 128), `sb` one per 128 x 128 block of `b`
-/// (`[ceil(n / 128), ceil(k / 128)]`, row-major). Each K block's `dot` starts from zero
-/// and is scaled into the f32 accumulator (`acc += p * (sa * sb)`, blocks in
-/// K order), so the tensor cores sum at most 128 products before the scales
-/// apply (Hopper's FP8 `wgmma` adds with about 14 significant bits,
+/// (`[ceil(n / 128), ceil(k / 128)]`, row-major). Each K block's `dot`
+/// starts from zero and is scaled into the f32 accumulator (`acc = fma(p,
+/// sa * sb, acc)`, one rounding, blocks in K order: one instruction per
+/// accumulator element and block), so the tensor cores sum at most 128
+/// products before the scales apply (Hopper's FP8 `wgmma` adds with about
+/// 14 significant bits,
 /// `reference::fp8::BlockSums`). `BLOCK_N` divides 128, so a tile's weight
 /// rows share their scales.
 ///
@@ -191,14 +193,14 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
             let next = t + 1;
             let sa_next = load(sa_ptr + next * m + rm, mask = m_ok && next < kb, other = 0.0);
             let sb_next = load(sb_ptr + sb_row + minimum(next, kb - 1));
-            acc += p * expand_dims(sa_ahead * sb_ahead, 1);
+            acc = fma(p, expand_dims(sa_ahead * sb_ahead, 1), acc);
             sa_ahead = sa_next;
             sb_ahead = sb_next;
         } else {
             let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
             let sa = load(sa_ptr + t * m + rm, mask = m_ok, other = 0.0);
             let sb = load(sb_ptr + sb_row + t);
-            acc += p * expand_dims(sa * sb, 1);
+            acc = fma(p, expand_dims(sa * sb, 1), acc);
         }
     }
     let y = if PER_TENSOR { acc * (load(sa_ptr) * load(sb_ptr)) } else { acc };
