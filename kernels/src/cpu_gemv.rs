@@ -62,7 +62,8 @@
 //! `SILU`), `BLOCK_K` (a power of two `>= 32`), as the fused GEMV.
 
 use crate::dequant::gemv::{
-    gemv_epilogue, gemv_operand, k_scales, q4_scale_decode, q4_scales, q6k_scale, repeat_rows, scale_load,
+    dm_word, gemv_epilogue, gemv_operand, k_scales, q4_scale_decode, q4_scales, q6k_scale, repeat_rows,
+    scale_load,
 };
 use crate::dequant::{Fuse, GemvTiles, QuantFormat, m_block_for};
 use crate::rmsnorm::{rms_rstd_rows, rms_rstd_tiled};
@@ -156,8 +157,7 @@ pub fn byte_format_weights(q: Tensor, s_ptr: Tensor, s: Tensor, c: Tensor, quant
             (d1, fma(d1, -256.0, 0.0 - m1))
         } else {
             let raw = load(ptrcast(s_ptr, i32) + s);
-            let d = bitcast(raw.to(i16), f16).to(f32);
-            let m = bitcast((raw >> 16).to(i16), f16).to(f32);
+            let (d, m) = dm_word(raw);
             (d, fma(d, -256.0, m))
         };
         fma(d, f, off)

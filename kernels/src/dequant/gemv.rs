@@ -69,6 +69,13 @@ pub fn scale_load_all(s_ptr: Tensor, s: Tensor, quant: QuantFormat) -> Tensor {
     if quant.has_min() { load(ptrcast(s_ptr, i32) + s) } else { load(s_ptr + s) }
 }
 
+/// The f32 scale `d` and min `m` of a Q4_1/Q5_1 scale-plane word (the f16
+/// pair `(d, m)`, `d` in the low half).
+#[kernel_fn]
+pub fn dm_word(raw: Tensor) -> (Tensor, Tensor) {
+    (bitcast(raw.to(i16), f16).to(f32), bitcast((raw >> 16).to(i16), f16).to(f32))
+}
+
 /// The scale `d` and offset `off` (see [`q4_weights`]) of raw scale entries
 /// from [`scale_load`] (Q4_K: [`scale_raw`]): `off = m - 16 d` (Q4_1),
 /// `-24 d` (Q4_0) or `-m1 - 16 d1` (Q4_K).
@@ -79,8 +86,7 @@ pub fn q4_scale_decode(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
         let (d1, m1) = k_scales_of(raw);
         (d1, fma(d1, -16.0, 0.0 - m1))
     } else if quant.has_min() {
-        let d = bitcast(raw.to(i16), f16).to(f32);
-        let m = bitcast((raw >> 16).to(i16), f16).to(f32);
+        let (d, m) = dm_word(raw);
         (d, fma(d, -16.0, m))
     } else {
         let d = raw.to(f32);
@@ -196,7 +202,7 @@ pub fn byte_tile_weights(wd: Tensor, sh: Tensor, raw: Tensor, quant: QuantFormat
             let (d1, m1) = k_scales_of(raw);
             (d1, 0.0 - m1)
         } else {
-            (bitcast(raw.to(i16), f16).to(f32), bitcast((raw >> 16).to(i16), f16).to(f32))
+            dm_word(raw)
         };
         let f = ((wd >> sh & 255) << 15 | 0x4380_0000).bitcast(f32);
         fma(d, f, fma(d, -256.0, m))
@@ -601,13 +607,9 @@ pub fn gemv_body(
         }
         for k0 in range(k_full, k, block_k) {
             let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
-            let w = if quant.gpu_kernels() {
-                q8_weights(wd, sh, load(s_ptr + s).to(f32))
-            } else {
-                // `s` is the block; Q6_K's group is one of its two halves.
-                let g = if group == 32 { s } else { s * 2 + j / 16 };
-                byte_tile_weights(wd, sh, scale_raw(s_ptr, g, quant), quant)
-            };
+            // `s` is the block; Q6_K's group is one of its two halves.
+            let g = if group == 32 { s } else { s * 2 + j / 16 };
+            let w = byte_tile_weights(wd, sh, scale_raw(s_ptr, g, quant), quant);
             let (xk, valid, xt) = q8_tail_x(x_ptr, mrow, c, k, k0);
             let nt = if norm { load(nw_ptr + minimum(xk, k - 1)) } else { xt };
             let x = where_(valid, gemv_operand(xt, nt, rs, norm, dt), 0.0);

@@ -325,7 +325,8 @@ pub fn uses_gemv(m: usize, rows: usize) -> bool {
 /// The most activation rows at which the fast path runs the GEMV on a
 /// format the word-tiled GEMM does not take (Q5_1, the K-quants): their
 /// alternative is [`linear`]'s tensor-core tile, which from 4 rows is the
-/// faster of the two (BENCHMARKS, forty-sixth session).
+/// faster of the two (measured on a decoder's projections; see
+/// BENCHMARKS.md).
 pub const LINEAR_ALTERNATIVE_GEMV_MAX_M: usize = 2;
 
 /// Whether the fast path (`--no-batch-invariance`) runs a product of `m`
