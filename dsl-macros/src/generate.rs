@@ -148,7 +148,7 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
     crate::shapes::check(&item.block, &runtime, &mut errors);
     // A kernel returns nothing: its body's last expression (a call, or an
     // `if` whose branches end in one) is a statement whose IR is built.
-    let (body, _, body_errors) = lower_body(&lower_params, &item.block, false);
+    let (body, _, body_errors) = lower_body(&lower_params, &[], &item.block, false);
     let body_ok = body_errors.is_empty();
     errors.extend(body_errors);
 
@@ -345,12 +345,22 @@ pub fn kernel(sig: KernelSig, mut errors: Errors) -> TokenStream {
 pub fn kernel_fn(item: ItemFn) -> TokenStream {
     let mut errors = Errors::default();
     let mut params = Vec::new();
+    let mut groups = Vec::new();
     for arg in &item.sig.inputs {
         match arg {
             syn::FnArg::Typed(pt) => match &*pt.pat {
                 syn::Pat::Ident(pi) => {
-                    let is_tensor = matches!(&*pt.ty, syn::Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Tensor"));
-                    params.push((pi.ident.clone(), is_tensor));
+                    let is_tensor = is_tensor_type(&pt.ty);
+                    let marked = pt.attrs.iter().find(|a| a.path().is_ident("tensors"));
+                    if let (Some(a), true) = (marked, is_tensor) {
+                        errors.at(a, "`#[tensors]` marks a group of tensors (a struct or tuple of them); a `Tensor` parameter is a tensor already");
+                    }
+                    let group = marked.is_some()
+                        || matches!(&*pt.ty, syn::Type::Tuple(t) if !t.elems.is_empty() && t.elems.iter().all(is_tensor_type));
+                    if group {
+                        groups.push(pi.ident.clone());
+                    }
+                    params.push((pi.ident.clone(), is_tensor || group));
                 }
                 other => errors.at(other, "kernel_fn parameters must be plain names"),
             },
@@ -359,15 +369,17 @@ pub fn kernel_fn(item: ItemFn) -> TokenStream {
     }
     // A helper that returns nothing ends in a statement, as a kernel does.
     let value = !matches!(item.sig.output, syn::ReturnType::Default);
-    let (body, tail, body_errors) = lower_body(&params, &item.block, value);
+    let (body, tail, body_errors) = lower_body(&params, &groups, &item.block, value);
     errors.extend(body_errors);
     let compile_errors = errors.to_compile_errors();
     let attrs = &item.attrs;
     let vis = &item.vis;
     // `Tensor` in the helper's signature means the kernel language's tensor handle.
+    // `#[tensors]` is the macro's marker, not an attribute of the function.
     let mut sig = item.sig.clone();
     for arg in sig.inputs.iter_mut() {
         if let syn::FnArg::Typed(pt) = arg {
+            pt.attrs.retain(|a| !a.path().is_ident("tensors"));
             qualify_tensor(&mut pt.ty);
         }
     }
@@ -390,6 +402,11 @@ pub fn kernel_fn(item: ItemFn) -> TokenStream {
         #[allow(unused_mut, unused_variables, unused_assignments, unused_parens, unused_braces, clippy::all)]
         #vis #sig #block
     }
+}
+
+/// Whether `ty` names the kernel language's tensor handle (`Tensor`, by any path).
+fn is_tensor_type(ty: &syn::Type) -> bool {
+    matches!(ty, syn::Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Tensor"))
 }
 
 /// Rewrites `Tensor` (alone or inside a tuple) to `::dsl_core::lang::Tensor`.

@@ -36,7 +36,20 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Marks a helper callable from kernels; it is inlined into the caller's IR.
-/// Parameters of type `Tensor` are runtime values; others are build-time values.
+/// Parameters of type `Tensor` are runtime values; so are groups of tensors,
+/// a parameter marked `#[tensors]` (a struct whose fields are `Tensor`s) or
+/// typed as a tuple of `Tensor`s, whose fields read as `s.field` / `t.0`.
+/// Others are build-time values.
+///
+/// ```ignore
+/// #[derive(Clone, Copy)]
+/// struct Planes { q: Tensor, qs: Tensor }
+///
+/// #[kernel_fn]
+/// fn layer_words(#[tensors] p: Planes, l: Tensor) -> Tensor {
+///     p.q + l * p.qs
+/// }
+/// ```
 #[proc_macro_attribute]
 pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand_kernel_fn(attr.into(), item.into()).into()

@@ -17,6 +17,16 @@
 //! branches of an `if` used as a statement) it is a statement like the
 //! others, semicolon or not.
 //!
+//! A *group* of tensors is a plain Rust struct or tuple whose fields are
+//! tensors, so that values that travel together (a weight matrix's planes
+//! and strides, say) pass to a `#[kernel_fn]` as one: a struct literal or a
+//! tuple with a dynamic field, a `let` binding of one, or a `#[kernel_fn]`
+//! parameter marked `#[tensors]` (or typed as a tuple of `Tensor`s). A
+//! group binding is dynamic, bound without the `Tensor` type and never
+//! reassigned. A field read (`s.field`, `t.0`) has its base's kind: a field
+//! of a dynamic value (a group, or a tuple a helper returns) is a tensor,
+//! a field of a build-time value is a build-time value, left as Rust.
+//!
 //! Unsupported syntax gives a spanned error that says what is allowed; all
 //! errors are collected.
 
@@ -50,6 +60,8 @@ pub struct Lower {
     tmp: usize,
     /// Binding ids of the kernel's parameters (never reassigned).
     params: Vec<usize>,
+    /// Binding ids that hold a group of tensors (never reassigned).
+    groups: Vec<usize>,
 }
 
 const TENSOR_METHODS: &[&str] = &[
@@ -97,6 +109,7 @@ impl Lower {
             regions: Vec::new(),
             tmp: 0,
             params: Vec::new(),
+            groups: Vec::new(),
         }
     }
 
@@ -154,6 +167,22 @@ impl Lower {
     fn fresh(&mut self, base: &str) -> Ident {
         self.tmp += 1;
         format_ident!("__{}{}", base, self.tmp)
+    }
+
+    /// Whether `e`, of kind `dynamic`, is a group of tensors: a struct
+    /// literal or a tuple with a dynamic field, or a group binding.
+    fn is_group(&self, e: &Expr, dynamic: bool) -> bool {
+        match e {
+            Expr::Struct(_) | Expr::Tuple(_) => dynamic,
+            Expr::Paren(p) => self.is_group(&p.expr, dynamic),
+            Expr::Group(g) => self.is_group(&g.expr, dynamic),
+            Expr::Path(p) => p
+                .path
+                .get_ident()
+                .and_then(|i| self.lookup(&i.to_string()))
+                .is_some_and(|id| self.groups.contains(&id)),
+            _ => false,
+        }
     }
 
     fn unsupported(&mut self, tokens: impl ToTokens, msg: &str) -> (TokenStream, bool) {
@@ -239,10 +268,18 @@ impl Lower {
         };
         match pat {
             Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+                let group = self.is_group(&init.expr, vdyn);
                 let id = self.declare(&pi.ident, vdyn);
                 let name = &pi.ident;
                 let mutability = &pi.mutability;
-                if self.is_dyn(id) {
+                if group {
+                    // A group keeps its own (struct or tuple) type.
+                    self.groups.push(id);
+                    match ty {
+                        Some(ty) => quote!(let #mutability #name: #ty = #value;),
+                        None => quote!(let #mutability #name = #value;),
+                    }
+                } else if self.is_dyn(id) {
                     let value = if vdyn {
                         value
                     } else {
@@ -309,6 +346,15 @@ impl Lower {
             return None;
         };
         match self.lookup(&id.to_string()) {
+            Some(b) if self.groups.contains(&b) => {
+                self.errors.at(
+                    left,
+                    format!(
+                        "`{id}` is a group of tensors and cannot be reassigned; bind a new one with `let`"
+                    ),
+                );
+                None
+            }
             Some(b) if self.params.contains(&b) => {
                 self.errors.at(left, format!("`{id}` is a kernel parameter and cannot be reassigned; shadow it with `let mut {id} = {id};`"));
                 None
@@ -631,8 +677,13 @@ impl Lower {
             Expr::Continue(_) => self.unsupported(e, "`continue` is not supported in kernels; guard the rest of the body with `if`"),
             Expr::Loop(_) => self.unsupported(e, "`loop` is not supported in kernels; use `while cond { .. }` or `for i in range(..)`"),
             Expr::Match(_) => self.unsupported(e, "`match` is not supported in kernels; use `if`/`else` (or `where_` on tensors)"),
-            Expr::Field(_) => self.unsupported(e, "field access is not supported in kernels"),
-            Expr::Struct(_) => self.unsupported(e, "struct literals are not supported in kernels"),
+            Expr::Field(f) => {
+                // A field has its base's kind (see the module doc).
+                let (base, d) = self.expr(&f.base);
+                let member = &f.member;
+                (quote_spanned!(span=> #base.#member), d)
+            }
+            Expr::Struct(s) => self.struct_lit(s),
             Expr::Unsafe(_) => self.unsupported(e, "`unsafe` is not part of the kernel language"),
             Expr::Async(_) | Expr::Await(_) => self.unsupported(e, "`async` is not part of the kernel language"),
             Expr::Try(_) => self.unsupported(e, "the `?` operator is not supported in kernels"),
@@ -641,6 +692,35 @@ impl Lower {
             Expr::Let(_) => self.unsupported(e, "`let` expressions are not supported in kernels"),
             _ => self.unsupported(e, "this syntax is not supported in kernels"),
         }
+    }
+
+    /// A struct literal: a group of tensors when a field is dynamic (its
+    /// build-time fields then become tensors too), otherwise a build-time value.
+    fn struct_lit(&mut self, s: &syn::ExprStruct) -> (TokenStream, bool) {
+        if let Some(rest) = &s.rest {
+            return self.unsupported(
+                rest,
+                "struct update syntax (`..base`) is not supported in kernels; name every field",
+            );
+        }
+        let fields: Vec<(&syn::Member, TokenStream, bool, Span)> = s
+            .fields
+            .iter()
+            .map(|f| {
+                let (t, d) = self.expr(&f.expr);
+                (&f.member, t, d, f.expr.span())
+            })
+            .collect();
+        let group = fields.iter().any(|f| f.2);
+        let inits = fields.iter().map(|(member, t, d, span)| {
+            if group && !d {
+                quote_spanned!(*span=> #member: ::dsl_core::lang::__tensor(#t))
+            } else {
+                quote_spanned!(*span=> #member: #t)
+            }
+        });
+        let path = &s.path;
+        (quote_spanned!(s.span()=> #path { #(#inits),* }), group)
     }
 
     fn binary(&mut self, b: &syn::ExprBinary) -> (TokenStream, bool) {
@@ -1013,11 +1093,13 @@ fn call_name(c: &syn::ExprCall) -> Option<String> {
     }
 }
 
-/// Lowers a function body with the given parameters in scope (`(name, dynamic)`),
-/// running the kind analysis to a fixed point. Returns the statements, the
-/// lowered tail expression (if any), and the errors.
+/// Lowers a function body with the given parameters in scope (`(name,
+/// dynamic)`; those named in `groups` hold groups of tensors), running the
+/// kind analysis to a fixed point. Returns the statements, the lowered tail
+/// expression (if any), and the errors.
 pub fn lower_body(
     params: &[(Ident, bool)],
+    groups: &[Ident],
     body: &Block,
     value: bool,
 ) -> (TokenStream, Option<TokenStream>, Errors) {
@@ -1032,6 +1114,9 @@ pub fn lower_body(
             l.params.push(id);
             if *d {
                 l.mark_dyn(id);
+            }
+            if groups.contains(p) {
+                l.groups.push(id);
             }
         }
         l.changed = false;

@@ -11,6 +11,15 @@ fn pretty(ts: proc_macro2::TokenStream) -> String {
     }
 }
 
+/// What `#[kernel_fn]` makes of `helper` and what `#[kernel]` makes of
+/// `kernel` (without attribute arguments): a kernel with the helper it calls.
+fn expand_helper_and_kernel(
+    helper: proc_macro2::TokenStream,
+    kernel: proc_macro2::TokenStream,
+) -> (proc_macro2::TokenStream, proc_macro2::TokenStream) {
+    (crate::expand_kernel_fn(quote!(), helper), crate::expand_kernel(quote!(), kernel))
+}
+
 /// The item `#[kernel] fn name` of the Rust file `source`, without its
 /// `#[kernel]` attribute: a kernel as the macro receives it.
 fn kernel_item(source: &str, name: &str) -> syn::ItemFn {
@@ -68,16 +77,12 @@ fn matmul_expansion_with_loop_and_autotune() {
 
 #[test]
 fn helper_and_runtime_if_while_expansion() {
-    let helper = crate::expand_kernel_fn(
-        quote!(),
+    let (helper, kernel) = expand_helper_and_kernel(
         quote! {
             fn collatz_step(x: Tensor) -> Tensor {
                 if x % 2 == 0 { x / 2 } else { x * 3 + 1 }
             }
         },
-    );
-    let kernel = crate::expand_kernel(
-        quote!(),
         quote! {
             fn collatz(x_ptr: Ptr<i32>, out_ptr: Ptr<i32>, #[constexpr] CHECK: bool) {
                 let pid = program_id(0);
@@ -119,4 +124,52 @@ fn persistent_task_loop_expansion_with_orderings() {
         },
     );
     insta::assert_snapshot!(pretty(out));
+}
+
+/// Groups of tensors: a struct literal (its build-time field made a tensor)
+/// and a tuple bound in a kernel, passed to a helper that takes them as a
+/// `#[tensors]` struct and a tuple of `Tensor`s and reads their fields
+/// (tensors), next to a build-time struct and its field.
+#[test]
+fn tensor_group_expansion() {
+    let (helper, kernel) = expand_helper_and_kernel(
+        quote! {
+            fn layer_words(#[tensors] p: Planes, pair: (Tensor, Tensor), l: Tensor, cfg: Cfg) -> Tensor {
+                let (a, b) = pair;
+                let q = p.q + l * p.qs;
+                if cfg.wide { q + a * b } else { q + pair.1 }
+            }
+        },
+        quote! {
+            fn words(q_ptr: Ptr<u8>, out_ptr: Ptr<i32>, #[constexpr] WIDE: bool) {
+                let l = program_id(0);
+                let p = Planes { q: load(ptrcast(q_ptr, i32)), qs: 4 };
+                let pair = (l, l + 1);
+                let cfg = Cfg { wide: WIDE };
+                store(out_ptr + l, layer_words(p, pair, l, cfg));
+            }
+        },
+    );
+    insta::assert_snapshot!(pretty(quote!(#helper #kernel)));
+}
+
+/// A group is never reassigned, `..base` is refused, and `#[tensors]` marks
+/// groups only.
+#[test]
+fn tensor_group_rules() {
+    let (helper, kernel) = expand_helper_and_kernel(
+        quote! { fn f(#[tensors] x: Tensor) {} },
+        quote! {
+            fn groups(x_ptr: Ptr<i32>, n: i32) {
+                let g = Pair { a: n, b: 1 };
+                let h = Pair { b: 2, ..g };
+                g = h;
+                store(x_ptr, g.a + g.b);
+            }
+        },
+    );
+    let (helper, kernel) = (helper.to_string(), kernel.to_string());
+    assert!(kernel.contains("`g` is a group of tensors and cannot be reassigned"), "{kernel}");
+    assert!(kernel.contains("struct update syntax (`..base`) is not supported in kernels"), "{kernel}");
+    assert!(helper.contains("a `Tensor` parameter is a tensor already"), "{helper}");
 }

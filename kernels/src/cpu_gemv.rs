@@ -247,126 +247,16 @@ pub fn cpu_fma(
     fma(repeat_rows(w, m_block, block_n * width), x, acc)
 }
 
-/// The body of [`cpu_gemv`], every format. The W tile `[BLOCK_N, W]` holds
-/// quant byte `c` of each weight row's K tile: two weights for the nibble
-/// formats (Q4_0, Q4_1; `W = BLOCK_K / 2`), one for the byte format (Q8_0;
-/// `W = BLOCK_K`); the activation tile `[M_BLOCK, W]` the matching
-/// (Q4: low-nibble) activations.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv_body(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    ldo: Tensor,
-    k: Tensor,
-    nw_ptr: Tensor,
-    eps: Tensor,
-    quant: QuantFormat,
-    fuse: Fuse,
-    dt: DType,
-    m_block: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    let norm = fuse.norm();
-    let q4 = quant.is_q4();
-    let w = if q4 { block_k / 2 } else { block_k };
-    let wn = block_n * w;
-    let rows = if fuse.silu() { n * 2 } else { n };
-    let nb = k / 32;
-    // W tile [BLOCK_N, W]: byte c of row r's K tile.
-    let wl = arange(0, wn);
-    let c = wl % w;
-    let row = minimum(program_id(0) * block_n + wl / w, rows - 1);
-    let q_off = if q4 { row * (k / 2) + c } else { row * k + c };
-    let s_off = row * nb + c / quant.quant_bytes();
-    // Activation tile [M_BLOCK, W]: Q4 byte c's low-nibble activation is at
-    // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
-    let xl = arange(0, m_block * w);
-    let xc = xl % w;
-    let mrow = minimum(program_id(1) * m_block + xl / w, m - 1);
-    let n_off = if q4 { xc / 16 * 32 + xc % 16 } else { xc };
-    let x_off = mrow * k + n_off;
-    let rs = norm_rstd(x_ptr, m, k, eps, norm, m_block, w);
-    let k_full = k / block_k * block_k;
-    let mut acc = zeros([m_block * wn], f32);
-    if q4 {
-        for k0 in range(0, k_full, block_k) {
-            if k0 % 128 == 0 {
-                prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
-            }
-            let q = load(q_ptr + q_off + k0 / 2).to(i32);
-            let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, quant);
-            let (w_lo, w_hi) = nibble_weights(q, d, off);
-            let xa = load(x_ptr + x_off + k0);
-            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-            acc = cpu_fma(acc, w_lo, xa, na, rs, norm, dt, m_block, block_n, w);
-            let xb = load(x_ptr + x_off + k0 + 16);
-            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
-            acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, dt, m_block, block_n, w);
-        }
-        // The partial K tile: blocks past K read nothing and add nothing
-        // (never for the K-quants, whose rows are whole super-blocks).
-        if !quant.is_k_quant() {
-            for k0 in range(k_full, k, block_k) {
-                let ok = k0 / 32 + c / 16 < nb;
-                let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
-                let (d, off) = q4_scale_decode(scale_load(s_ptr, s_off + k0 / 32, ok, quant), quant);
-                let (w_lo, w_hi) = nibble_weights(q, d, off);
-                let okx = k0 / 32 + xc / 16 < nb;
-                let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-                let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-                acc = cpu_fma(acc, w_lo, xa, na, rs, norm, dt, m_block, block_n, w);
-                let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
-                let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
-                acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, dt, m_block, block_n, w);
-            }
-        }
-    } else if quant != QuantFormat::Q8_0 {
-        // Byte formats with a min or 16-weight scales, and the floats: K
-        // tiles of one block (`BLOCK_K = 32`, [`cpu_gemv_tiles`]), so K has
-        // no partial tile.
-        for k0 in range(0, k, block_k) {
-            let wt = wide_weights(q_ptr, s_ptr, q_off + k0, s_off + k0 / 32, c, quant);
-            let xa = load(x_ptr + x_off + k0);
-            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-            acc = cpu_fma(acc, wt, xa, na, rs, norm, dt, m_block, block_n, w);
-        }
-    } else {
-        for k0 in range(0, k_full, block_k) {
-            if k0 % 64 == 0 {
-                prefetch_l2(q_ptr + q_off + k0 + 128, mask = k0 + 128 + c < k);
-            }
-            let q = load(q_ptr + q_off + k0).to(i32);
-            let d = load(s_ptr + s_off + k0 / 32).to(f32);
-            let wt = byte_weights(q, d);
-            let xa = load(x_ptr + x_off + k0);
-            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
-            acc = cpu_fma(acc, wt, xa, na, rs, norm, dt, m_block, block_n, w);
-        }
-        for k0 in range(k_full, k, block_k) {
-            let ok = k0 + c < k;
-            let q = load(q_ptr + q_off + k0, mask = ok, other = 0).to(i32);
-            let d = load(s_ptr + s_off + k0 / 32, mask = ok, other = 0.0).to(f32);
-            let wt = byte_weights(q, d);
-            let okx = k0 + xc < k;
-            let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-            let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-            acc = cpu_fma(acc, wt, xa, na, rs, norm, dt, m_block, block_n, w);
-        }
-    }
-    gemv_epilogue(acc, out_ptr, m, n, ldo, fuse, dt, m_block, block_n, w);
-}
-
 /// The dequant GEMV for CPUs, in the format `QUANT`, with the fused GEMV's
 /// RMSNorm prologue (`NORM`), SiLU-mul (`SILU`) and residual add
 /// (`RESIDUAL`); see the module doc. Each format is its own specialization
 /// (IR name `cpu_gemv_q4_1`, ...). Output row `r` starts at `out + r * ldo`
 /// (`ldo >= n`), as in [`crate::dequant::linear::linear`].
+///
+/// The W tile `[BLOCK_N, W]` holds quant byte `c` of each weight row's K
+/// tile: two weights for the nibble formats (Q4_0, Q4_1; `W = BLOCK_K / 2`),
+/// one for the other formats (`W = BLOCK_K`); the activation tile `[M_BLOCK,
+/// W]` the matching (Q4: low-nibble) activations.
 #[kernel(name = "cpu_gemv_{QUANT}")]
 #[allow(clippy::too_many_arguments)]
 pub fn cpu_gemv<T: Float>(
@@ -389,7 +279,91 @@ pub fn cpu_gemv<T: Float>(
     #[constexpr] BLOCK_K: usize,
 ) {
     let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
-    cpu_gemv_body(
-        x_ptr, q_ptr, s_ptr, out_ptr, m, n, ldo, k, nw_ptr, eps, QUANT, fuse, T, M_BLOCK, BLOCK_N, BLOCK_K,
-    );
+    let q4 = QUANT.is_q4();
+    let w = if q4 { BLOCK_K / 2 } else { BLOCK_K };
+    let wn = BLOCK_N * w;
+    let rows = if SILU { n * 2 } else { n };
+    let nb = k / 32;
+    // W tile [BLOCK_N, W]: byte c of row r's K tile.
+    let wl = arange(0, wn);
+    let c = wl % w;
+    let row = minimum(program_id(0) * BLOCK_N + wl / w, rows - 1);
+    let q_off = if q4 { row * (k / 2) + c } else { row * k + c };
+    let s_off = row * nb + c / QUANT.quant_bytes();
+    // Activation tile [M_BLOCK, W]: Q4 byte c's low-nibble activation is at
+    // 32 (c / 16) + c % 16 of the K tile, the high nibble's 16 further.
+    let xl = arange(0, M_BLOCK * w);
+    let xc = xl % w;
+    let mrow = minimum(program_id(1) * M_BLOCK + xl / w, m - 1);
+    let n_off = if q4 { xc / 16 * 32 + xc % 16 } else { xc };
+    let x_off = mrow * k + n_off;
+    let rs = norm_rstd(x_ptr, m, k, eps, NORM, M_BLOCK, w);
+    let k_full = k / BLOCK_K * BLOCK_K;
+    let mut acc = zeros([M_BLOCK * wn], f32);
+    if q4 {
+        for k0 in range(0, k_full, BLOCK_K) {
+            if k0 % 128 == 0 {
+                prefetch_l2(q_ptr + q_off + k0 / 2 + 128, mask = k0 / 2 + 128 + c < k / 2);
+            }
+            let q = load(q_ptr + q_off + k0 / 2).to(i32);
+            let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, QUANT);
+            let (w_lo, w_hi) = nibble_weights(q, d, off);
+            let xa = load(x_ptr + x_off + k0);
+            let na = if NORM { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, w_lo, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+            let xb = load(x_ptr + x_off + k0 + 16);
+            let nb_ = if NORM { load(nw_ptr + n_off + k0 + 16) } else { xb };
+            acc = cpu_fma(acc, w_hi, xb, nb_, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+        }
+        // The partial K tile: blocks past K read nothing and add nothing
+        // (never for the K-quants, whose rows are whole super-blocks).
+        if !QUANT.is_k_quant() {
+            for k0 in range(k_full, k, BLOCK_K) {
+                let ok = k0 / 32 + c / 16 < nb;
+                let q = load(q_ptr + q_off + k0 / 2, mask = ok, other = 0).to(i32);
+                let (d, off) = q4_scale_decode(scale_load(s_ptr, s_off + k0 / 32, ok, QUANT), QUANT);
+                let (w_lo, w_hi) = nibble_weights(q, d, off);
+                let okx = k0 / 32 + xc / 16 < nb;
+                let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+                let na = if NORM { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+                acc = cpu_fma(acc, w_lo, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+                let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
+                let nb_ = if NORM { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
+                acc = cpu_fma(acc, w_hi, xb, nb_, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+            }
+        }
+    } else if QUANT != QuantFormat::Q8_0 {
+        // Byte formats with a min or 16-weight scales, and the floats: K
+        // tiles of one block (`BLOCK_K = 32`, [`cpu_gemv_tiles`]), so K has
+        // no partial tile.
+        for k0 in range(0, k, BLOCK_K) {
+            let wt = wide_weights(q_ptr, s_ptr, q_off + k0, s_off + k0 / 32, c, QUANT);
+            let xa = load(x_ptr + x_off + k0);
+            let na = if NORM { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+        }
+    } else {
+        for k0 in range(0, k_full, BLOCK_K) {
+            if k0 % 64 == 0 {
+                prefetch_l2(q_ptr + q_off + k0 + 128, mask = k0 + 128 + c < k);
+            }
+            let q = load(q_ptr + q_off + k0).to(i32);
+            let d = load(s_ptr + s_off + k0 / 32).to(f32);
+            let wt = byte_weights(q, d);
+            let xa = load(x_ptr + x_off + k0);
+            let na = if NORM { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+        }
+        for k0 in range(k_full, k, BLOCK_K) {
+            let ok = k0 + c < k;
+            let q = load(q_ptr + q_off + k0, mask = ok, other = 0).to(i32);
+            let d = load(s_ptr + s_off + k0 / 32, mask = ok, other = 0.0).to(f32);
+            let wt = byte_weights(q, d);
+            let okx = k0 + xc < k;
+            let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
+            let na = if NORM { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+        }
+    }
+    gemv_epilogue(acc, out_ptr, m, n, ldo, fuse, T, M_BLOCK, BLOCK_N, w);
 }

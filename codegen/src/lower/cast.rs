@@ -132,8 +132,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let code = if hw {
             let asm = format!("cvt.rn.satfinite.{}x2.f32 $0, $1, $2;", f8_ptx(to));
             let zero = f32t.const_zero().into();
-            let pair = self.asm_with(&asm, "=h,f,f", Some(i16t.into()), &[zero, x], false)?;
-            pair.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?.into_int_value()
+            self.asm_value(&asm, "=h,f,f", i16t.into(), &[zero, x], false)?.into_int_value()
         } else {
             crate::llvm::f32_to_f8_code(self, x, to)?.into_int_value()
         };
@@ -175,9 +174,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     fn f8x2_to_f32(&self, code: IntValue<'ctx>, from: DType, n: usize) -> Result<Vec<FloatValue<'ctx>>> {
         let (b, i16t, i32t) = (&self.b, self.ctx.i16_type(), self.ctx.i32_type());
         let asm = format!("cvt.rn.f16x2.{}x2 $0, $1;", f8_ptx(from));
-        let halves = self.asm_with(&asm, "=r,h", Some(i32t.into()), &[code.into()], false)?;
-        let halves =
-            halves.ok_or_else(|| crate::Error::Llvm("`cvt` returned no value".into()))?.into_int_value();
+        let halves = self.asm_value(&asm, "=r,h", i32t.into(), &[code.into()], false)?.into_int_value();
         (0..n as u64)
             .map(|k| {
                 let bits = if k == 0 {

@@ -318,10 +318,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             return Ok(self.b.build_int_nsw_add(first, self.i32c(k as i64), "")?);
         }
         if swizzle {
-            let lin = self.linear_index(l, base, slot)?;
-            let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
-            let phase = self.b.build_and(row, self.i32c(7), "")?;
-            let phase = self.b.build_left_shift(phase, self.i32c(3), "")?;
+            let (lin, row) = self.linear_row(l, base, slot, cols)?;
+            let phase = self.swizzle_phase(row)?;
             return Ok(self.b.build_xor(lin, phase, "")?);
         }
         self.padded_index(l, base, slot, cols, ROW_PAD)
@@ -337,10 +335,30 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         cols: usize,
         pad: usize,
     ) -> Result<IntValue<'ctx>> {
-        let lin = self.linear_index(l, base, slot)?;
-        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        let (lin, row) = self.linear_row(l, base, slot, cols)?;
         let pad = self.b.build_int_mul(row, self.i32c(pad as i64), "")?;
         Ok(self.b.build_int_add(lin, pad, "")?)
+    }
+
+    /// The linear index of register `slot` of `l` (given its thread base) and
+    /// its row in a tile of `cols` columns (a power of two).
+    pub(super) fn linear_row(
+        &self,
+        l: &BlockedLayout,
+        base: IntValue<'ctx>,
+        slot: usize,
+        cols: usize,
+    ) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let lin = self.linear_index(l, base, slot)?;
+        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        Ok((lin, row))
+    }
+
+    /// The XOR phase of row `row` in a 128-byte swizzle of 16-bit elements:
+    /// `(row mod 8) * 8` elements (whole 16-byte chunks).
+    pub(super) fn swizzle_phase(&self, row: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let phase = self.b.build_and(row, self.i32c(7), "")?;
+        Ok(self.b.build_left_shift(phase, self.i32c(3), "")?)
     }
 
     /// Elements per piece (at most 16 bytes) that one chunk of `l` of dtype

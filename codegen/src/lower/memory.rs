@@ -193,8 +193,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             } else {
                 self.ctx.struct_type(&vec![i32t.into(); words], false).into()
             };
-            let r = self.asm(&text, &cons, Some(ret), &[a.into()])?;
-            let r = r.ok_or_else(|| Error::Llvm("a load returned nothing".into()))?;
+            let r = self.asm_value(&text, &cons, ret, &[a.into()], false)?;
             if words == 1 {
                 r
             } else {
@@ -209,8 +208,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         } else {
             let ty = if bytes == 2 { "b16" } else { "u8" };
             let text = format!("ld.global{q}.{ty} $0, [$1];");
-            let r = self.asm(&text, "=h,l,~{memory}", Some(i16t.into()), &[a.into()])?;
-            let r = r.ok_or_else(|| Error::Llvm("a load returned nothing".into()))?;
+            let r = self.asm_value(&text, "=h,l,~{memory}", i16t.into(), &[a.into()], false)?;
             if bytes == 1 {
                 self.b.build_int_truncate(r.into_int_value(), self.ctx.i8_type(), "")?.into()
             } else {
@@ -247,9 +245,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let a = self.b.build_ptr_to_int(p.into_pointer_value(), self.ctx.i64_type(), "")?;
         let o = self.b.build_bit_cast(self.reg_to_mem(other, d)?, i32t, "")?;
         let text = format!("@$2 ld.global{}.b32 $0, [$1];", hints.unwrap_or(""));
-        let r =
-            self.asm_with(&text, "=r,l,b,0,~{memory}", Some(i32t.into()), &[a.into(), on.into(), o], true)?;
-        let r = r.ok_or_else(|| Error::Llvm("a load returned nothing".into()))?;
+        let r = self.asm_value(&text, "=r,l,b,0,~{memory}", i32t.into(), &[a.into(), on.into(), o], true)?;
         let et = mem_type(self.ctx, Elem::Scalar(d));
         self.mem_to_reg(self.b.build_bit_cast(r, et, "")?, d)
     }

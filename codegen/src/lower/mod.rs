@@ -50,9 +50,9 @@ use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
+use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, FunctionType};
 use inkwell::values::{
-    BasicMetadataValueEnum, BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue,
+    BasicMetadataValueEnum, BasicValue, BasicValueEnum, CallSiteValue, FunctionValue, IntValue, PointerValue,
 };
 use rustc_hash::FxHashMap;
 
@@ -278,21 +278,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> Result<Option<BasicValueEnum<'ctx>>> {
         let fv = match self.module.get_function(name) {
             Some(fv) => fv,
-            None => {
-                let ps: Vec<BasicMetadataTypeEnum<'ctx>> = args.iter().map(|a| a.get_type().into()).collect();
-                let ty = match ret {
-                    Some(r) => r.fn_type(&ps, false),
-                    None => self.ctx.void_type().fn_type(&ps, false),
-                };
-                self.module.add_function(name, ty, Some(Linkage::External))
-            }
+            None => self.module.add_function(name, self.fn_type(ret, args), Some(Linkage::External)),
         };
         let margs: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|&a| a.into()).collect();
-        let cs = self.b.build_call(fv, &margs, "")?;
-        Ok(match cs.try_as_basic_value() {
-            inkwell::values::ValueKind::Basic(v) => Some(v),
-            inkwell::values::ValueKind::Instruction(_) => None,
-        })
+        Ok(self.b.build_call(fv, &margs, "")?.try_as_basic_value().basic())
+    }
+
+    /// The type of a function of `args` returning `ret` (or nothing).
+    fn fn_type(&self, ret: Option<BasicTypeEnum<'ctx>>, args: &[BasicValueEnum<'ctx>]) -> FunctionType<'ctx> {
+        let ps: Vec<BasicMetadataTypeEnum<'ctx>> = args.iter().map(|a| a.get_type().into()).collect();
+        match ret {
+            Some(r) => r.fn_type(&ps, false),
+            None => self.ctx.void_type().fn_type(&ps, false),
+        }
     }
 
     /// Calls an intrinsic that returns a value.
@@ -305,37 +303,40 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.call(name, Some(ret), args)?.ok_or_else(|| Error::Llvm(format!("`{name}` returned no value")))
     }
 
-    /// Emits one PTX instruction as inline assembly (for forms LLVM's NVPTX
+    /// Emits one PTX statement as inline assembly (for forms LLVM's NVPTX
     /// intrinsics lack, such as cache and prefetch hints): `asm` with its
-    /// operands `$0..`, `constraints` in LLVM's syntax, returning `ret`
-    /// (a struct for several outputs) or nothing. Always has side effects
-    /// when it returns nothing, so it is never removed.
-    pub fn asm(
-        &self,
-        asm: &str,
-        constraints: &str,
-        ret: Option<BasicTypeEnum<'ctx>>,
-        args: &[BasicValueEnum<'ctx>],
-    ) -> Result<Option<BasicValueEnum<'ctx>>> {
-        self.asm_with(asm, constraints, ret, args, ret.is_none())
+    /// operands `$0..` and `constraints` in LLVM's syntax. It has side
+    /// effects, so it is never removed.
+    pub fn asm(&self, asm: &str, constraints: &str, args: &[BasicValueEnum<'ctx>]) -> Result<()> {
+        self.call_asm(self.fn_type(None, args), asm, constraints, true, args)?;
+        Ok(())
     }
 
-    /// [`Lowerer::asm`] with side effects chosen by `side_effects` (a
-    /// statement with results and side effects is never removed or
-    /// reordered with other such statements: `wgmma`'s tied fences).
-    pub fn asm_with(
+    /// [`Lowerer::asm`] returning a value of type `ret` (a struct for several
+    /// outputs), with side effects chosen by `side_effects` (a statement
+    /// with results and side effects is never removed or reordered with
+    /// other such statements: volatile loads, `wgmma`'s tied fences).
+    pub fn asm_value(
         &self,
         asm: &str,
         constraints: &str,
-        ret: Option<BasicTypeEnum<'ctx>>,
+        ret: BasicTypeEnum<'ctx>,
         args: &[BasicValueEnum<'ctx>],
         side_effects: bool,
-    ) -> Result<Option<BasicValueEnum<'ctx>>> {
-        let ps: Vec<BasicMetadataTypeEnum<'ctx>> = args.iter().map(|a| a.get_type().into()).collect();
-        let ty = match ret {
-            Some(r) => r.fn_type(&ps, false),
-            None => self.ctx.void_type().fn_type(&ps, false),
-        };
+    ) -> Result<BasicValueEnum<'ctx>> {
+        let cs = self.call_asm(self.fn_type(Some(ret), args), asm, constraints, side_effects, args)?;
+        cs.try_as_basic_value().basic().ok_or_else(|| Error::Llvm(format!("`{asm}` returned no value")))
+    }
+
+    /// Calls the inline assembly `asm` (of function type `ty`) on `args`.
+    fn call_asm(
+        &self,
+        ty: FunctionType<'ctx>,
+        asm: &str,
+        constraints: &str,
+        side_effects: bool,
+        args: &[BasicValueEnum<'ctx>],
+    ) -> Result<CallSiteValue<'ctx>> {
         let f = self.ctx.create_inline_asm(
             ty,
             asm.to_string(),
@@ -346,11 +347,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             false,
         );
         let margs: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|&a| a.into()).collect();
-        let cs = self.b.build_indirect_call(ty, f, &margs, "")?;
-        Ok(match cs.try_as_basic_value() {
-            inkwell::values::ValueKind::Basic(v) => Some(v),
-            inkwell::values::ValueKind::Instruction(_) => None,
-        })
+        Ok(self.b.build_indirect_call(ty, f, &margs, "")?)
     }
 
     /// Reads a 32-bit special register through its NVVM intrinsic.

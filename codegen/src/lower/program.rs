@@ -25,7 +25,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     } else {
                         "griddepcontrol.launch_dependents;"
                     };
-                    self.asm(asm, "~{memory}", None, &[])?;
+                    self.asm(asm, "~{memory}", &[])?;
                 }
                 return Ok(());
             }
@@ -36,9 +36,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ProgramOp::GlobalTimer => {
                 // A volatile read (side effects): never merged with another.
                 let i64t = self.ctx.i64_type();
-                let v =
-                    self.asm_with("mov.u64 $0, %globaltimer;", "=l,~{memory}", Some(i64t.into()), &[], true)?;
-                let v = v.ok_or_else(|| self.bug(inst, "globaltimer gave no value"))?;
+                let v = self.asm_value("mov.u64 $0, %globaltimer;", "=l,~{memory}", i64t.into(), &[], true)?;
                 let res = self.result(inst, 0)?;
                 self.set(res, vec![v]);
                 return Ok(());

@@ -93,8 +93,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let (it, c, bits) = self.word(d);
         let a = self.b.build_ptr_to_int(p.into_pointer_value(), self.ctx.i64_type(), "")?;
         let text = format!("ld{}.global.b{bits} $0, [$1];", qualifiers(o));
-        let r = self.asm_with(&text, &format!("={c},l,~{{memory}}"), Some(it.into()), &[a.into()], true)?;
-        let r = r.ok_or_else(|| crate::Error::Llvm("a load returned nothing".into()))?;
+        let r = self.asm_value(&text, &format!("={c},l,~{{memory}}"), it.into(), &[a.into()], true)?;
         let et: BasicTypeEnum<'ctx> = mem_type(self.ctx, Elem::Scalar(d));
         Ok(self.b.build_bit_cast(r, et, "")?)
     }
@@ -111,8 +110,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let a = self.b.build_ptr_to_int(p.into_pointer_value(), self.ctx.i64_type(), "")?;
         let w = self.b.build_bit_cast(self.reg_to_mem(v, d)?, it, "")?;
         let text = format!("st{}.global.b{bits} [$0], $1;", qualifiers(o));
-        self.asm(&text, &format!("l,{c},~{{memory}}"), None, &[a.into(), w])?;
-        Ok(())
+        self.asm(&text, &format!("l,{c},~{{memory}}"), &[a.into(), w])
     }
 
     /// An ordered `load` (see the module documentation).
@@ -230,7 +228,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let i32t = self.ctx.i32_type();
         self.b.position_at_end(sleep);
         let cur = ns.as_basic_value().into_int_value();
-        self.asm("nanosleep.u32 $0;", "r,~{memory}", None, &[cur.into()])?;
+        self.asm("nanosleep.u32 $0;", "r,~{memory}", &[cur.into()])?;
         let doubled = self.b.build_int_mul(cur, i32t.const_int(2, false), "")?;
         let cap = i32t.const_int(SLEEP_MAX_NS, false);
         let small = self.b.build_int_compare(IntPredicate::ULT, doubled, cap, "")?;
@@ -299,7 +297,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 lw.asm(
                     "cp.async.bulk.prefetch.L2.global [$0], $1;",
                     "l,r,~{memory}",
-                    None,
                     &[a.into(), bytes.into()],
                 )?;
                 Ok(())
@@ -321,7 +318,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let pv = p[s];
             let issue = |lw: &mut Self| -> Result<()> {
                 let a = lw.b.build_ptr_to_int(pv.into_pointer_value(), lw.ctx.i64_type(), "")?;
-                lw.asm("prefetch.global.L2 [$0];", "l,~{memory}", None, &[a.into()])?;
+                lw.asm("prefetch.global.L2 [$0];", "l,~{memory}", &[a.into()])?;
                 Ok(())
             };
             match cond {

@@ -85,10 +85,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.if_then(leader, |lw| {
             for &(a, count) in &addrs {
                 let text = op.replace("{count}", &count.to_string());
-                lw.asm(&text, "r,~{memory}", None, &[a.into()])?;
+                lw.asm(&text, "r,~{memory}", &[a.into()])?;
             }
             if let Some(t) = tail {
-                lw.asm(t, "~{memory}", None, &[])?;
+                lw.asm(t, "~{memory}", &[])?;
             }
             Ok(())
         })
@@ -118,8 +118,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// arrival on the stage's release mbarrier ([`PipeLoop::released`]).
     pub(super) fn mbar_release(&mut self, pl: &PipeLoop, stage: IntValue<'ctx>) -> Result<()> {
         let addr = self.release_addr(pl, stage)?;
-        self.asm("mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", None, &[addr.into()])?;
-        Ok(())
+        self.asm("mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", &[addr.into()])
     }
 
     /// Waits (every thread) until phase `parity` (an i32, 0 or 1) of stage
@@ -143,13 +142,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // `try_wait` suspends the thread for a while before it reports
         // failure, so this loop does not spin hot.
         let ok = self
-            .asm(
+            .asm_value(
                 "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
                 "=r,r,r,~{memory}",
-                Some(self.ctx.i32_type().into()),
+                self.ctx.i32_type().into(),
                 &[addr.into(), parity.into()],
+                false,
             )?
-            .expect("the wait returns a value")
             .into_int_value();
         let landed = self.b.build_int_compare(IntPredicate::NE, ok, self.i32c(0), "")?;
         self.b.build_conditional_branch(landed, done, head)?;
@@ -210,7 +209,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             lw.asm(
                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
                 "r,r,~{memory}",
-                None,
                 &[bar.into(), lw.i32c(bytes as i64).into()],
             )?;
             for a in &boxes {
@@ -218,7 +216,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
                      [$0], [$1, {$2, $3}], [$4];",
                     "r,l,r,r,r,~{memory}",
-                    None,
                     a,
                 )?;
             }

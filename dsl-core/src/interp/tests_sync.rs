@@ -22,23 +22,39 @@ fn handoff(publish: Option<MemSem>, wait: MemSem) -> Function {
         let data = param_ptr("data", DType::I32);
         let flag = param_ptr("flag", DType::I32);
         let out = param_ptr("out", DType::I32);
-        let producer = param_scalar("producer", DType::I32);
-        let pid = program_id(0);
-        let offs = arange(0, 4);
-        if_else(
-            pid.eq_(producer),
-            || {
+        hand_over(
+            4,
+            |offs| {
                 store(data + offs, offs * 10 + 7, None);
                 store_opts(flag, 1, None, publish, GPU);
-                vec![]
             },
-            || {
+            |pid, offs| {
                 wait_until_opts(flag, CmpPred::Ge, 1, Some(wait), GPU);
                 store(out + pid * 4 + offs, load(data + offs, None, None), None);
-                vec![]
             },
         );
     })
+}
+
+/// The hand-over between programs of the kernels of these tests: declares
+/// the `producer` parameter (after the caller's), then runs `produce(offs)`
+/// on program `producer` and `consume(pid, offs)` on every other program,
+/// with `pid = program_id(0)` and `offs` the lanes `[0, lanes)`.
+pub(super) fn hand_over(lanes: i32, produce: impl FnOnce(Tensor), consume: impl FnOnce(Tensor, Tensor)) {
+    let producer = param_scalar("producer", DType::I32);
+    let pid = program_id(0);
+    let offs = arange(0, lanes);
+    if_else(
+        pid.eq_(producer),
+        || {
+            produce(offs);
+            vec![]
+        },
+        || {
+            consume(pid, offs);
+            vec![]
+        },
+    );
 }
 
 /// [`handoff`] with fresh buffers for it.

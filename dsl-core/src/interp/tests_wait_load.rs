@@ -3,7 +3,7 @@
 //! masked lanes, the deadlock report, the build rules, and printing.
 
 use super::tests::{contains_all, interp_err};
-use super::tests_sync::{diagnostics, expect_diagnostics};
+use super::tests_sync::{diagnostics, expect_diagnostics, hand_over};
 use super::{Arg, Buffer, launch};
 use crate::Function;
 use crate::builder::kernel;
@@ -27,21 +27,16 @@ fn ll_handoff(masked: bool) -> Function {
         let lines = param_ptr("lines", DType::I64);
         let out = param_ptr("out", DType::I32);
         let flag = param_scalar("flag", DType::I32);
-        let producer = param_scalar("producer", DType::I32);
-        let pid = program_id(0);
-        let offs = arange(0, 8);
-        let keep = if masked { Some(offs.ne_(5)) } else { None };
-        if_else(
-            pid.eq_(producer),
-            || {
+        let keep = |offs: Tensor| if masked { Some(offs.ne_(5)) } else { None };
+        hand_over(
+            8,
+            |offs| {
                 let v = (offs * 10 + 7).to(DType::I64) | (flag.to(DType::I64) << 32);
-                store_opts(lines + offs, v, keep, Some(MemSem::Relaxed), GPU);
-                vec![]
+                store_opts(lines + offs, v, keep(offs), Some(MemSem::Relaxed), GPU);
             },
-            || {
-                let v = wait_load(lines + offs, flag, keep, GPU);
+            |pid, offs| {
+                let v = wait_load(lines + offs, flag, keep(offs), GPU);
                 store(out + pid * 8 + offs, v.to(DType::I32), None);
-                vec![]
             },
         );
     })

@@ -106,7 +106,8 @@
 mod tasks;
 
 pub use tasks::{
-    StageFormat, StageShape, by_format, count_tiles, first_task, mark, prefetch_kv, prefetch_layer,
+    Operands, Planes, Schedule, StageFormat, StageShape, StageSpec, StepCfg, StepIo, at_layer, by_format,
+    count_tiles, first_task, layer_caches, mark, prefetch_kv, prefetch_layer, prefetch_planes,
     prefetch_share, stage_linear, task_weights,
 };
 
@@ -242,6 +243,11 @@ pub fn decode_step<T: Float>(
         multiple_of(dn_ss, a / 2),
     );
     let kv_stride = multiple_of(kv_stride, a);
+    // Each kind's weights over the layers.
+    let qkv = Planes { q: qkv_q, s: qkv_s, qs: qkv_qs, ss: qkv_ss };
+    let o = Planes { q: o_q, s: o_s, qs: o_qs, ss: o_ss };
+    let gu = Planes { q: gu_q, s: gu_s, qs: gu_qs, ss: gu_ss };
+    let dn = Planes { q: dn_q, s: dn_s, qs: dn_qs, ss: dn_ss };
     // The step's inputs (ids, positions, slots, tables) come from the copies
     // or kernels before it.
     gdc_wait();
@@ -317,6 +323,26 @@ pub fn decode_step<T: Float>(
     );
     let zero = full([], 0, i32);
     let last = (STAGES_PER_LAYER * N_LAYERS + 2) as i32;
+    // What the product stages share, and what each one is at build time.
+    let io = StepIo {
+        ws: ws_ptr,
+        cnt: cnt_ptr,
+        stage: stage_ptr,
+        trace: trace_ptr,
+        m,
+        eps,
+        pos: pos_ptr,
+        slot: slot_ptr,
+        theta,
+        k_cache,
+        v_cache,
+    };
+    let cfg = StepCfg { f16_ops: F16, one_row: ONE_ROW, dt: T, norm_block, n_marks, trace: TRACE };
+    let qkv_spec = cfg.stage(f_qkv, f_qkv2, Fuse::NONE.with_norm(true), tl_e).with_rope(rope_qkv);
+    let o_spec = cfg.stage(f_o, f_o2, Fuse::NONE.with_residual(true), tl_attn);
+    let gu_spec = cfg.stage(f_gu, f_gu2, Fuse::NONE.with_silu(true).with_norm(true), tl_e);
+    let dn_spec = cfg.stage(f_dn, f_dn2, Fuse::NONE.with_residual(true), tl_ff);
+    let head_spec = cfg.stage(f_head, f_head, Fuse::NONE.with_norm(true), 0).unsplit();
 
     for t in range(program_id(0), m, num_programs(0)) {
         embedding_row(emb_ptr, ids_ptr, h_ptr, n_e, vocab, t, T, nb_e);
@@ -336,10 +362,7 @@ pub fn decode_step<T: Float>(
     let per_layer = n_qkv_tasks + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
     // This program's share of the first layer's weights, asked of L2 now;
     // each later layer's a layer ahead, in two parts (see the module doc).
-    prefetch_layer(
-        qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss, dn_qs,
-        dn_ss, zero, N_LAYERS, 0,
-    );
+    prefetch_layer(qkv, o, gu, dn, zero, N_LAYERS, 0);
     for l in range(0, N_LAYERS as i32) {
         let s0 = l * STAGES_PER_LAYER as i32 + 1;
         let next = l + 1;
@@ -357,41 +380,12 @@ pub fn decode_step<T: Float>(
         // (layer 0) or the previous layer's down product.
         let ready = where_(l == 0, m, by_format(alt_prev, 3, t_dn, t_dn2));
         stage_linear(
-            h_ptr,
-            qkv_q + l * qkv_qs,
-            qkv_s + l * qkv_ss,
-            attn_norm + l * e,
-            qkv_out,
-            ws_ptr,
-            cnt_ptr,
-            stage_ptr,
-            s0 - 1,
-            ready,
-            s0,
-            off_qkv,
-            m,
-            n_qkv,
-            n_e,
-            eps,
-            f_qkv,
-            f_qkv2,
+            at_layer(qkv, l),
+            Operands { x: h_ptr, nw: attn_norm + l * e, out: qkv_out, n: n_qkv, k: n_e },
+            Schedule { wait: s0 - 1, target: ready, done: s0, offset: off_qkv },
             alt >> 0 & 1,
-            Fuse::NONE.with_norm(true),
-            true,
-            F16,
-            ONE_ROW,
-            T,
-            norm_block,
-            tl_e,
-            rope_qkv,
-            pos_ptr,
-            slot_ptr,
-            theta,
-            k_cache + kv,
-            v_cache + kv,
-            trace_ptr,
-            n_marks,
-            TRACE,
+            qkv_spec,
+            layer_caches(io, kv),
         );
         mark(trace_ptr, s0, width, TRACE);
         for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
@@ -480,168 +474,51 @@ pub fn decode_step<T: Float>(
         mark(trace_ptr, s0 + 1, width, TRACE);
         // This program's share of the next layer's QKV and O weights, asked
         // of L2 while the attention tasks (few at small batches) run.
-        prefetch_layer(
-            qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss, dn_qs,
-            dn_ss, next, N_LAYERS, 1,
-        );
+        prefetch_layer(qkv, o, gu, dn, next, N_LAYERS, 1);
         stage_linear(
-            attn_ptr,
-            o_q + l * o_qs,
-            o_s + l * o_ss,
-            h_ptr,
-            h_ptr,
-            ws_ptr,
-            cnt_ptr,
-            stage_ptr,
-            s0 + 1,
-            m * N_KV as i32,
-            s0 + 2,
-            off_o,
-            m,
-            n_e,
-            n_attn,
-            eps,
-            f_o,
-            f_o2,
+            at_layer(o, l),
+            Operands { x: attn_ptr, nw: h_ptr, out: h_ptr, n: n_e, k: n_attn },
+            Schedule { wait: s0 + 1, target: m * N_KV as i32, done: s0 + 2, offset: off_o },
             alt >> 1 & 1,
-            Fuse::NONE.with_residual(true),
-            true,
-            F16,
-            ONE_ROW,
-            T,
-            norm_block,
-            tl_attn,
-            RopeShape::NONE,
-            h_ptr,
-            h_ptr,
-            eps,
-            h_ptr,
-            h_ptr,
-            trace_ptr,
-            n_marks,
-            TRACE,
+            o_spec,
+            io,
         );
         mark(trace_ptr, s0 + 2, width, TRACE);
         stage_linear(
-            h_ptr,
-            gu_q + l * gu_qs,
-            gu_s + l * gu_ss,
-            ffn_norm + l * e,
-            act_ptr,
-            ws_ptr,
-            cnt_ptr,
-            stage_ptr,
-            s0 + 2,
-            by_format(alt, 1, t_o, t_o2),
-            s0 + 3,
-            off_gu,
-            m,
-            n_ff,
-            n_e,
-            eps,
-            f_gu,
-            f_gu2,
+            at_layer(gu, l),
+            Operands { x: h_ptr, nw: ffn_norm + l * e, out: act_ptr, n: n_ff, k: n_e },
+            Schedule { wait: s0 + 2, target: by_format(alt, 1, t_o, t_o2), done: s0 + 3, offset: off_gu },
             alt >> 2 & 1,
-            Fuse::NONE.with_silu(true).with_norm(true),
-            true,
-            F16,
-            ONE_ROW,
-            T,
-            norm_block,
-            tl_e,
-            RopeShape::NONE,
-            h_ptr,
-            h_ptr,
-            eps,
-            h_ptr,
-            h_ptr,
-            trace_ptr,
-            n_marks,
-            TRACE,
+            gu_spec,
+            io,
         );
         mark(trace_ptr, s0 + 3, width, TRACE);
         // And of its gate/up and down weights.
-        prefetch_layer(
-            qkv_q, qkv_s, o_q, o_s, gu_q, gu_s, dn_q, dn_s, qkv_qs, qkv_ss, o_qs, o_ss, gu_qs, gu_ss, dn_qs,
-            dn_ss, next, N_LAYERS, 2,
-        );
+        prefetch_layer(qkv, o, gu, dn, next, N_LAYERS, 2);
         stage_linear(
-            act_ptr,
-            dn_q + l * dn_qs,
-            dn_s + l * dn_ss,
-            h_ptr,
-            h_ptr,
-            ws_ptr,
-            cnt_ptr,
-            stage_ptr,
-            s0 + 3,
-            by_format(alt, 2, t_gu, t_gu2),
-            s0 + 4,
-            off_dn,
-            m,
-            n_e,
-            n_ff,
-            eps,
-            f_dn,
-            f_dn2,
+            at_layer(dn, l),
+            Operands { x: act_ptr, nw: h_ptr, out: h_ptr, n: n_e, k: n_ff },
+            Schedule { wait: s0 + 3, target: by_format(alt, 2, t_gu, t_gu2), done: s0 + 4, offset: off_dn },
             alt >> 3 & 1,
-            Fuse::NONE.with_residual(true),
-            true,
-            F16,
-            ONE_ROW,
-            T,
-            norm_block,
-            tl_ff,
-            RopeShape::NONE,
-            h_ptr,
-            h_ptr,
-            eps,
-            h_ptr,
-            h_ptr,
-            trace_ptr,
-            n_marks,
-            TRACE,
+            dn_spec,
+            io,
         );
         mark(trace_ptr, s0 + 4, width, TRACE);
     }
     // The LM head with the final norm, unsplit (its tiles alone fill the grid).
     let alt_last = if F_DN2 != F_DN { load(alt_ptr + (N_LAYERS - 1) as i32) } else { zero };
     stage_linear(
-        h_ptr,
-        head_q,
-        head_s,
-        out_norm,
-        logits_ptr,
-        ws_ptr,
-        cnt_ptr,
-        stage_ptr,
-        full([], last - 2, i32),
-        by_format(alt_last, 3, t_dn, t_dn2),
-        full([], last - 1, i32),
-        m + N_LAYERS as i32 * per_layer,
-        m,
-        vocab,
-        n_e,
-        eps,
-        f_head,
-        f_head,
+        (head_q, head_s),
+        Operands { x: h_ptr, nw: out_norm, out: logits_ptr, n: vocab, k: n_e },
+        Schedule {
+            wait: full([], last - 2, i32),
+            target: by_format(alt_last, 3, t_dn, t_dn2),
+            done: full([], last - 1, i32),
+            offset: m + N_LAYERS as i32 * per_layer,
+        },
         zero,
-        Fuse::NONE.with_norm(true),
-        false,
-        F16,
-        ONE_ROW,
-        T,
-        norm_block,
-        0,
-        RopeShape::NONE,
-        h_ptr,
-        h_ptr,
-        eps,
-        h_ptr,
-        h_ptr,
-        trace_ptr,
-        n_marks,
-        TRACE,
+        head_spec,
+        io,
     );
     mark(trace_ptr, full([], last - 1, i32), width, TRACE);
     // The program that leaves last zeroes the stage counters for the next

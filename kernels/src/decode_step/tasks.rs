@@ -13,7 +13,174 @@ use crate::kv_cache::kv8_slot;
 use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
 use crate::rope::{RopeShape, rope_pairs};
 use dsl_core::DType;
+use dsl_core::lang::Tensor;
 use dsl_macros::kernel_fn;
+
+/// A projection kind's weights over the layers, a group of tensors: the
+/// repacked words at `q` (bytes) and the scales at `s`, layer `l`'s at
+/// `q + l * qs` and `s + l * ss` ([`at_layer`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Planes {
+    /// The words of layer 0.
+    pub q: Tensor,
+    /// The scales of layer 0.
+    pub s: Tensor,
+    /// Bytes of words per layer.
+    pub qs: Tensor,
+    /// Scale entries per layer.
+    pub ss: Tensor,
+}
+
+/// Layer `l`'s words and scales of `p`.
+#[kernel_fn]
+pub fn at_layer(#[tensors] p: Planes, l: Tensor) -> (Tensor, Tensor) {
+    (p.q + l * p.qs, p.s + l * p.ss)
+}
+
+/// What every product task of the step reads or writes besides its
+/// operands, a group of tensors: the split products' workspace `ws` and
+/// tile counters `cnt`, the stage counters `stage`, the trace `trace`, the
+/// step's rows `m` and the norms' `eps`; and for a RoPE epilogue the
+/// pointers to the rows' positions `pos` and cache slots `slot`, `theta`,
+/// and the K and V caches (of layer 0; [`layer_caches`] gives a layer's).
+#[derive(Clone, Copy, Debug)]
+pub struct StepIo {
+    /// The split products' workspace (and the stacked products' slots).
+    pub ws: Tensor,
+    /// The split products' tile counters.
+    pub cnt: Tensor,
+    /// The stage counters.
+    pub stage: Tensor,
+    /// The trace (read with the trace on).
+    pub trace: Tensor,
+    /// Rows of the step.
+    pub m: Tensor,
+    /// The norms' epsilon.
+    pub eps: Tensor,
+    /// The rows' positions.
+    pub pos: Tensor,
+    /// The rows' cache slots.
+    pub slot: Tensor,
+    /// The RoPE base.
+    pub theta: Tensor,
+    /// The K cache.
+    pub k_cache: Tensor,
+    /// The V cache.
+    pub v_cache: Tensor,
+}
+
+/// `io` with the K and V caches of the layer `kv` elements in.
+#[kernel_fn]
+pub fn layer_caches(#[tensors] io: StepIo, kv: Tensor) -> StepIo {
+    StepIo {
+        ws: io.ws,
+        cnt: io.cnt,
+        stage: io.stage,
+        trace: io.trace,
+        m: io.m,
+        eps: io.eps,
+        pos: io.pos,
+        slot: io.slot,
+        theta: io.theta,
+        k_cache: io.k_cache + kv,
+        v_cache: io.v_cache + kv,
+    }
+}
+
+/// The step's build-time settings that every product stage takes: f16
+/// operands (`f16_ops`), one row (`one_row`), the activations' dtype `dt`,
+/// the norm statistic's column tile `norm_block`, and with `trace` the
+/// trace marks of `n_marks` stage counters (see [`stage_linear`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StepCfg {
+    /// Products on f16 operands (tensor cores).
+    pub f16_ops: bool,
+    /// A one-row step.
+    pub one_row: bool,
+    /// The activations' dtype.
+    pub dt: DType,
+    /// The norm statistic's column tile.
+    pub norm_block: usize,
+    /// Stage counters of the step (trace entries per phase).
+    pub n_marks: usize,
+    /// Whether the tasks write their trace readings.
+    pub trace: bool,
+}
+
+impl StepCfg {
+    /// A product stage in formats `fmt` and `fmt2` (see [`stage_linear`])
+    /// with the fusions `fuse`, over `tiles` K tiles (stacked), split along
+    /// K where it does not stack, without RoPE.
+    pub const fn stage(self, fmt: StageFormat, fmt2: StageFormat, fuse: Fuse, tiles: usize) -> StageSpec {
+        StageSpec { fmt, fmt2, fuse, tiles, split_k: true, rope: RopeShape::NONE, cfg: self }
+    }
+}
+
+/// A product stage's build-time description ([`StepCfg::stage`]): its
+/// formats, fusions, K tiles and RoPE epilogue, whether it splits along K,
+/// and the step's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct StageSpec {
+    /// The format of the layers whose `alt` bit is clear.
+    pub fmt: StageFormat,
+    /// The format of the others.
+    pub fmt2: StageFormat,
+    /// The fusions.
+    pub fuse: Fuse,
+    /// K tiles of a stacked product.
+    pub tiles: usize,
+    /// Tasks of one K tile where the product does not stack.
+    pub split_k: bool,
+    /// The RoPE epilogue of a stacked QKV product ([`RopeShape::NONE`]: none).
+    pub rope: RopeShape,
+    /// The step's settings.
+    pub cfg: StepCfg,
+}
+
+impl StageSpec {
+    /// The same stage with the RoPE epilogue `rope`.
+    pub const fn with_rope(self, rope: RopeShape) -> StageSpec {
+        StageSpec { rope, ..self }
+    }
+
+    /// The same stage, one task per output tile over all of K.
+    pub const fn unsplit(self) -> StageSpec {
+        StageSpec { split_k: false, ..self }
+    }
+}
+
+/// Where a product stage sits in the step, a group of tensors: its tasks
+/// wait until stage counter `wait` reaches `target`, count each finished
+/// output tile in counter `done`, and start at `offset` in the rotation of
+/// [`first_task`].
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    /// The counter the tasks wait on.
+    pub wait: Tensor,
+    /// The count they wait for.
+    pub target: Tensor,
+    /// The counter of finished output tiles.
+    pub done: Tensor,
+    /// The stage's place in the task rotation.
+    pub offset: Tensor,
+}
+
+/// A product's activations and shape, a group of tensors: input `x` (`k`
+/// columns), the norm weights `nw` (read with a norm prologue), output
+/// `out` (`n` columns; with SiLU-mul, the weights have `2 n` rows).
+#[derive(Clone, Copy, Debug)]
+pub struct Operands {
+    /// The input rows.
+    pub x: Tensor,
+    /// The norm weights.
+    pub nw: Tensor,
+    /// The output rows.
+    pub out: Tensor,
+    /// Output columns.
+    pub n: Tensor,
+    /// Input columns.
+    pub k: Tensor,
+}
 
 /// Asks L2 for the `bytes` bytes at `base` (a byte pointer), this program's
 /// share of them: lines of 128 bytes, 64 lines per program in turn.
@@ -117,20 +284,23 @@ impl StageShape for QuantFormat {
     }
 }
 
-/// One product stage: `out = x @ W^T` (with the fusions) as tasks of one
+/// One product stage: `out = x @ W^T` (with the fusions) of the layer's
+/// words and scales `w` ([`at_layer`]) and the [`Operands`], as tasks of one
 /// output tile and (with `split_k`) one K tile, each waiting until counter
-/// `wait_idx` reaches `wait_target`, each finished output tile counted in
-/// counter `done_idx`. With `norm`, the prologue's statistic is taken per
-/// row of `x` (one row with `one_row`). With `stack > 0` (one row, a
-/// word-tiled format) each task is one output tile over all `tiles` K tiles,
-/// `stack` of them per `dot` ([`stacked_sums`]), and `split_k` is not read;
-/// then with `rope` on (a QKV product) the tile ends in [`rope_pairs`]
-/// instead of a store: Q to `out`, K and V to the caches at the slot of
-/// `slot_ptr`, rotated for the position at `pos_ptr` (both read before the
-/// wait; with `rope` off these and the caches are not read). With `trace`,
-/// each task writes its wait-exit, prologue and products readings (entries
-/// `done_idx` plus 1, 2 and 3 times `n_marks` in rows of
-/// `TRACE_PHASES * n_marks`, see [`super::decode_step`]'s `TRACE`).
+/// `sched.wait` reaches `sched.target`, each finished output tile counted
+/// in counter `sched.done` ([`Schedule`]). The stage's build-time side is
+/// `spec` ([`StageSpec`]): with `norm`, the prologue's statistic is taken
+/// per row of `x` (one row with `one_row`). With `stack > 0` (one row, a
+/// word-tiled format) each task is one output tile over all `tiles` K
+/// tiles, `stack` of them per `dot` ([`stacked_sums`]), and `split_k` is
+/// not read; then with `rope` on (a QKV product) the tile ends in
+/// [`rope_pairs`] instead of a store: Q to `out`, K and V to the caches of
+/// `io` at the slot at `io.slot`, rotated for the position at `io.pos`
+/// (both read before the wait; with `rope` off these and the caches are
+/// not read). With `trace`, each task writes its wait-exit, prologue and
+/// products readings (entries `sched.done` plus 1, 2 and 3 times `n_marks`
+/// in rows of `TRACE_PHASES * n_marks`, see [`super::decode_step`]'s
+/// `TRACE`).
 ///
 /// The stage's matrices are in format `fmt` (with its tile height and
 /// stack), or in `fmt2` in layers where `alt` is not zero (a runtime value:
@@ -138,44 +308,25 @@ impl StageShape for QuantFormat {
 /// the tasks are built once per format, each under an `if` on `alt`. With
 /// `fmt2 == fmt` they are built once and `alt` is not read.
 #[kernel_fn]
-#[allow(clippy::too_many_arguments)]
 pub fn stage_linear(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    nw_ptr: Tensor,
-    out_ptr: Tensor,
-    ws_ptr: Tensor,
-    cnt_ptr: Tensor,
-    stage_ptr: Tensor,
-    wait_idx: Tensor,
-    wait_target: Tensor,
-    done_idx: Tensor,
-    offset: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    eps: Tensor,
-    fmt: StageFormat,
-    fmt2: StageFormat,
+    w: (Tensor, Tensor),
+    #[tensors] ops: Operands,
+    #[tensors] sched: Schedule,
     alt: Tensor,
-    fuse: Fuse,
-    split_k: bool,
-    f16_ops: bool,
-    one_row: bool,
-    dt: DType,
-    norm_block: usize,
-    tiles: usize,
-    rope: RopeShape,
-    pos_ptr: Tensor,
-    slot_ptr: Tensor,
-    theta: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    trace_ptr: Tensor,
-    n_marks: usize,
-    trace: bool,
+    spec: StageSpec,
+    #[tensors] io: StepIo,
 ) {
+    // The groups' members, under the names the tasks use.
+    let (q_ptr, s_ptr) = w;
+    let (x_ptr, nw_ptr, out_ptr, n, k) = (ops.x, ops.nw, ops.out, ops.n, ops.k);
+    let (wait_idx, wait_target, done_idx, offset) = (sched.wait, sched.target, sched.done, sched.offset);
+    let (ws_ptr, cnt_ptr, stage_ptr, trace_ptr, m, eps) = (io.ws, io.cnt, io.stage, io.trace, io.m, io.eps);
+    let (pos_ptr, slot_ptr, theta, k_cache, v_cache) = (io.pos, io.slot, io.theta, io.k_cache, io.v_cache);
+    let (fmt, fmt2, fuse, tiles, split_k, rope) =
+        (spec.fmt, spec.fmt2, spec.fuse, spec.tiles, spec.split_k, spec.rope);
+    let cfg = spec.cfg;
+    let (f16_ops, one_row, dt, norm_block, n_marks, trace) =
+        (cfg.f16_ops, cfg.one_row, cfg.dt, cfg.norm_block, cfg.n_marks, cfg.trace);
     let n_formats = if fmt2 == fmt { 1 } else { 2 };
     for j in 0..n_formats {
         let f = if j == 0 { fmt } else { fmt2 };
@@ -392,24 +543,11 @@ pub fn prefetch_kv(
 /// all four kinds (`part` 0), QKV and O (1), or gate/up and down (2);
 /// nothing when `l` is past the model's `n_layers`.
 #[kernel_fn]
-#[allow(clippy::too_many_arguments)]
 pub fn prefetch_layer(
-    qkv_q: Tensor,
-    qkv_s: Tensor,
-    o_q: Tensor,
-    o_s: Tensor,
-    gu_q: Tensor,
-    gu_s: Tensor,
-    dn_q: Tensor,
-    dn_s: Tensor,
-    qkv_qs: Tensor,
-    qkv_ss: Tensor,
-    o_qs: Tensor,
-    o_ss: Tensor,
-    gu_qs: Tensor,
-    gu_ss: Tensor,
-    dn_qs: Tensor,
-    dn_ss: Tensor,
+    #[tensors] qkv: Planes,
+    #[tensors] o: Planes,
+    #[tensors] gu: Planes,
+    #[tensors] dn: Planes,
     l: Tensor,
     n_layers: usize,
     part: usize,
@@ -417,16 +555,19 @@ pub fn prefetch_layer(
     // At most one trip: layer `l` if it exists.
     for l in range(l, minimum(l + 1, n_layers as i32)) {
         if part != 2 {
-            prefetch_share(qkv_q + l * qkv_qs, qkv_qs);
-            prefetch_share(ptrcast(qkv_s + l * qkv_ss, u8), qkv_ss * 2);
-            prefetch_share(o_q + l * o_qs, o_qs);
-            prefetch_share(ptrcast(o_s + l * o_ss, u8), o_ss * 2);
+            prefetch_planes(qkv, l);
+            prefetch_planes(o, l);
         }
         if part != 1 {
-            prefetch_share(gu_q + l * gu_qs, gu_qs);
-            prefetch_share(ptrcast(gu_s + l * gu_ss, u8), gu_ss * 2);
-            prefetch_share(dn_q + l * dn_qs, dn_qs);
-            prefetch_share(ptrcast(dn_s + l * dn_ss, u8), dn_ss * 2);
+            prefetch_planes(gu, l);
+            prefetch_planes(dn, l);
         }
     }
+}
+
+/// This program's share of layer `l`'s words and scales of `p`, asked of L2.
+#[kernel_fn]
+pub fn prefetch_planes(#[tensors] p: Planes, l: Tensor) {
+    prefetch_share(p.q + l * p.qs, p.qs);
+    prefetch_share(ptrcast(p.s + l * p.ss, u8), p.ss * 2);
 }

@@ -65,93 +65,6 @@ pub fn dot_wt(x: Tensor, w: Tensor, acc: Tensor, block_m: usize, block_n: usize,
     dot(a, trans(b), acc)
 }
 
-/// The tiled GEMM of every format ([`gemm`]). The W tile `[BLOCK_N, width]`
-/// holds one quant byte per element: for the nibble formats (Q4_0, Q4_1,
-/// `width = BLOCK_K / 2`) it is dequantized per K tile into its low-nibble
-/// and high-nibble halves, each multiplied with the matching `[BLOCK_M,
-/// width]` activation tile; for the byte format (Q8_0, `width = BLOCK_K`)
-/// one weight per element, against the `[BLOCK_M, BLOCK_K]` activation
-/// tile.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_body(
-    x_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    quant: QuantFormat,
-    silu: bool,
-    block_m: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    word_tiled_only(quant);
-    gdc_wait();
-    gdc_launch_dependents();
-    let q4 = quant.is_q4();
-    let width = if q4 { block_k / 2 } else { block_k };
-    let (pid_n, rows, nb, wl, j, s_idx, w_idx, sh) = weight_tile(n, k, silu, quant, 1, block_n, width);
-    let qw = ptrcast(q_ptr, i32);
-    let (c, mrow, x_off) = x_tile(m, k, quant, 0, block_m, width, width);
-    let mut acc = zeros([block_m, block_n], f32);
-    let k_full = k / block_k * block_k;
-    // Software pipelining as in the GEMV: the loads of tile i + 1 are issued
-    // before tile i is dequantized and multiplied (the last tile reloads
-    // itself); the first tile's loads are masked off without a whole tile.
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0);
-    let mut sr = scale_load(s_ptr, s_idx, have, quant);
-    let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
-    if q4 {
-        let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
-        for k0 in range(0, k_full, block_k) {
-            let (nk, wd_next, sr_next, xa_next) =
-                next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, quant, block_k);
-            let xb_next = load(x_ptr + x_off + nk + 16);
-            let (d, off) = q4_scale_decode(sr, quant);
-            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-            acc = dot_wt(xa.to(f32), w_lo, acc, block_m, block_n, width);
-            acc = dot_wt(xb.to(f32), w_hi, acc, block_m, block_n, width);
-            wd = wd_next;
-            sr = sr_next;
-            xa = xa_next;
-            xb = xb_next;
-        }
-        for k0 in range(k_full, k, block_k) {
-            let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
-            let (d, off) = q4_scales(s_ptr, s, quant);
-            let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
-            let (_, valid, xk) = q4_tail_x(x_ptr, mrow, c, k, nb, k0);
-            let xl = where_(valid, load(xk).to(f32), 0.0);
-            let xh = where_(valid, load(xk + 16).to(f32), 0.0);
-            acc = dot_wt(xl, w_lo, acc, block_m, block_n, width);
-            acc = dot_wt(xh, w_hi, acc, block_m, block_n, width);
-        }
-    } else {
-        for k0 in range(0, k_full, block_k) {
-            let (_, wd_next, sr_next, xa_next) =
-                next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, quant, block_k);
-            let w = q8_weights(wd, sh, sr.to(f32));
-            acc = dot_wt(xa.to(f32), w, acc, block_m, block_n, width);
-            wd = wd_next;
-            sr = sr_next;
-            xa = xa_next;
-        }
-        for k0 in range(k_full, k, block_k) {
-            let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, quant, block_n, width);
-            let d = load(s_ptr + s).to(f32);
-            let w = q8_weights(wd, sh, d);
-            let (_, valid, xt) = q8_tail_x(x_ptr, mrow, c, k, k0);
-            let x = where_(valid, xt.to(f32), 0.0);
-            acc = dot_wt(x, w, acc, block_m, block_n, width);
-        }
-    }
-    gemm_epilogue(acc, out_ptr, m, n, n, silu, program_id(0), program_id(1), block_m, block_n);
-}
-
 /// `acc + w @ x^T` for the dequantized `[BLOCK_N, BLOCK_K]` weight tile `w`
 /// (f32) and the `[BLOCK_M, BLOCK_K]` activation tile `x` as loaded (`dt`):
 /// on 16-bit activations the weights are rounded to `dt` and `x` is the
@@ -307,8 +220,8 @@ pub fn swap_acc(
     let qw = ptrcast(q_ptr, i32);
     let mut acc = zeros([block_n, block_m], f32);
     // The weight words and scales of tile i + 1 are loaded (into registers)
-    // before tile i is dequantized, as in [`gemm_body`]; the activations
-    // are pipelined by the codegen.
+    // before tile i is dequantized, as in [`gemm`]'s tiled loop; the
+    // activations are pipelined by the codegen.
     let have = k_hi > k_lo;
     let mut wd = load(qw + (w_idx + k_lo / 32 * wpb), mask = have, other = 0);
     let mut sr = scale_load(s_ptr, s_idx + k_lo / 32, have, quant);
@@ -387,6 +300,13 @@ pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, quant: Quan
 /// ([`gemm_swap`]). Each format is its own specialization (IR name
 /// `gemm_q4_1`, ...).
 ///
+/// Unswapped, the program's W tile `[BLOCK_N, width]` holds one quant byte
+/// per element: for the nibble formats (Q4_0, Q4_1, `width = BLOCK_K / 2`)
+/// it is dequantized per K tile into its low-nibble and high-nibble halves,
+/// each multiplied with the matching `[BLOCK_M, width]` activation tile; for
+/// the byte format (Q8_0, `width = BLOCK_K`) one weight per element, against
+/// the `[BLOCK_M, BLOCK_K]` activation tile.
+///
 /// The unswapped autotune configs size the K tile in quant bytes per weight
 /// row (`BLOCK_K = QUANT.k_tile(bytes)`: 32 or 64 bytes); the swapped ones
 /// take 64 weights in every format.
@@ -428,7 +348,68 @@ pub fn gemm<T: Float>(
     if SWAP {
         gemm_swap(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, T, BLOCK_M, BLOCK_N, BLOCK_K);
     } else {
-        gemm_body(x_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, BLOCK_M, BLOCK_N, BLOCK_K);
+        word_tiled_only(QUANT);
+        gdc_wait();
+        gdc_launch_dependents();
+        let q4 = QUANT.is_q4();
+        let width = if q4 { BLOCK_K / 2 } else { BLOCK_K };
+        let (pid_n, rows, nb, wl, j, s_idx, w_idx, sh) = weight_tile(n, k, SILU, QUANT, 1, BLOCK_N, width);
+        let qw = ptrcast(q_ptr, i32);
+        let (c, mrow, x_off) = x_tile(m, k, QUANT, 0, BLOCK_M, width, width);
+        let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
+        let k_full = k / BLOCK_K * BLOCK_K;
+        // Software pipelining as in the GEMV: the loads of tile i + 1 are issued
+        // before tile i is dequantized and multiplied (the last tile reloads
+        // itself); the first tile's loads are masked off without a whole tile.
+        let have = k_full > 0;
+        let mut wd = load(qw + w_idx, mask = have, other = 0);
+        let mut sr = scale_load(s_ptr, s_idx, have, QUANT);
+        let mut xa = load(x_ptr + x_off, mask = have, other = 0.0);
+        if q4 {
+            let mut xb = load(x_ptr + x_off + 16, mask = have, other = 0.0);
+            for k0 in range(0, k_full, BLOCK_K) {
+                let (nk, wd_next, sr_next, xa_next) =
+                    next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, QUANT, BLOCK_K);
+                let xb_next = load(x_ptr + x_off + nk + 16);
+                let (d, off) = q4_scale_decode(sr, QUANT);
+                let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+                acc = dot_wt(xa.to(f32), w_lo, acc, BLOCK_M, BLOCK_N, width);
+                acc = dot_wt(xb.to(f32), w_hi, acc, BLOCK_M, BLOCK_N, width);
+                wd = wd_next;
+                sr = sr_next;
+                xa = xa_next;
+                xb = xb_next;
+            }
+            for k0 in range(k_full, k, BLOCK_K) {
+                let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, QUANT, BLOCK_N, width);
+                let (d, off) = q4_scales(s_ptr, s, QUANT);
+                let (w_lo, w_hi) = q4_weights(wd, sh, d, off);
+                let (_, valid, xk) = q4_tail_x(x_ptr, mrow, c, k, nb, k0);
+                let xl = where_(valid, load(xk).to(f32), 0.0);
+                let xh = where_(valid, load(xk + 16).to(f32), 0.0);
+                acc = dot_wt(xl, w_lo, acc, BLOCK_M, BLOCK_N, width);
+                acc = dot_wt(xh, w_hi, acc, BLOCK_M, BLOCK_N, width);
+            }
+        } else {
+            for k0 in range(0, k_full, BLOCK_K) {
+                let (_, wd_next, sr_next, xa_next) =
+                    next_tile(qw, w_idx, s_ptr, s_idx, x_ptr, x_off, k0, k_full, QUANT, BLOCK_K);
+                let w = q8_weights(wd, sh, sr.to(f32));
+                acc = dot_wt(xa.to(f32), w, acc, BLOCK_M, BLOCK_N, width);
+                wd = wd_next;
+                sr = sr_next;
+                xa = xa_next;
+            }
+            for k0 in range(k_full, k, BLOCK_K) {
+                let (s, wd) = tail_words(qw, pid_n, rows, nb, wl, j, k0, QUANT, BLOCK_N, width);
+                let d = load(s_ptr + s).to(f32);
+                let w = q8_weights(wd, sh, d);
+                let (_, valid, xt) = q8_tail_x(x_ptr, mrow, c, k, k0);
+                let x = where_(valid, xt.to(f32), 0.0);
+                acc = dot_wt(x, w, acc, BLOCK_M, BLOCK_N, width);
+            }
+        }
+        gemm_epilogue(acc, out_ptr, m, n, n, SILU, program_id(0), program_id(1), BLOCK_M, BLOCK_N);
     }
 }
 

@@ -49,7 +49,6 @@
 
 use super::gemv::{gemv_epilogue, q4_scale_decode, repeat_rows, word_tiled_only};
 use super::{Fuse, QuantFormat};
-use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
 /// Quantizes `x[M, K]` (`T`) to 8 bits per block of 32 values of a row:
@@ -144,118 +143,7 @@ pub fn q4_dm(raw: Tensor, quant: QuantFormat) -> (Tensor, Tensor) {
     (d, fma(d, 16.0, off))
 }
 
-/// The body of [`gemv_q8`], every format; tiles and loop as in the module
-/// doc.
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_q8_body(
-    xq_ptr: Tensor,
-    xd_ptr: Tensor,
-    q_ptr: Tensor,
-    s_ptr: Tensor,
-    out_ptr: Tensor,
-    m: Tensor,
-    n: Tensor,
-    k: Tensor,
-    quant: QuantFormat,
-    silu: bool,
-    dt: DType,
-    m_block: usize,
-    block_n: usize,
-    block_k: usize,
-) {
-    word_tiled_only(quant);
-    // Whole blocks (the layout contract): rows of quant words start 16-byte
-    // aligned, so each thread chunk loads as 16-byte vectors.
-    let k = multiple_of(k, 32);
-    let q4 = quant.is_q4();
-    // Weights per quant word: eight nibbles (Q4) or four bytes (Q8_0); a
-    // block of 32 weights is `block_words` words.
-    let per_word = if q4 { 8 } else { 4 };
-    let block_words = 32 / per_word;
-    let kw = block_k / per_word;
-    let wn = block_n * kw;
-    let nb = k / 32;
-    // W tile: word column `c` is word `c % block_words` of the tile's block
-    // `c / block_words`.
-    let (c, row, ac, mrow) = q8_gemv_tiles(n, m, silu, m_block, block_n, kw);
-    let w_idx = row * (k / per_word) + c;
-    let s_idx = row * nb + c / block_words;
-    let qw = ptrcast(q_ptr, if q4 { u32 } else { i32 });
-    // Activations, four per word: for Q4 the low-nibble word of word column
-    // `c` is word `8 (c / 4) + c % 4` of the row's K tile, the high 4
-    // further; for Q8_0 word `c`. One scale per block.
-    let x_idx = if q4 { mrow * (k / 4) + ac / 4 * 8 + ac % 4 } else { mrow * (k / 4) + ac };
-    let xd_idx = mrow * nb + ac / block_words;
-    let xw = ptrcast(xq_ptr, i32);
-    let mut acc = zeros([m_block * wn], f32);
-    let k_full = k / block_k * block_k;
-    // Software pipelining: tile i + 1's loads are issued before tile i is
-    // computed.
-    let have = k_full > 0;
-    let mut wd = load(qw + w_idx, mask = have, other = 0, eviction_policy = "evict_first");
-    let mut sr = scale_stream(s_ptr, s_idx, have, quant);
-    let mut xa = load(xw + x_idx, mask = have, other = 0);
-    if q4 {
-        let mut xhi = load(xw + x_idx + 4, mask = have, other = 0);
-        let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
-        for k0 in range(0, k_full, block_k) {
-            // The last whole tile prefetches nothing (a uniform mask).
-            let nk = k0 + block_k;
-            let more = nk < k_full;
-            let wd_next = load(qw + w_idx + nk / 8, mask = more, other = 0, eviction_policy = "evict_first");
-            let sr_next = scale_stream(s_ptr, s_idx + nk / 32, more, quant);
-            let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
-            let xhi_next = load(xw + x_idx + nk / 4 + 4, mask = more, other = 0);
-            let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
-            acc = q4_q8_step(wd, sr, xa, xhi, xd, acc, quant, m_block, wn);
-            wd = wd_next;
-            sr = sr_next;
-            xa = xa_next;
-            xhi = xhi_next;
-            xd = xd_next;
-        }
-    } else {
-        let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
-        for k0 in range(0, k_full, block_k) {
-            let nk = k0 + block_k;
-            let more = nk < k_full;
-            let wd_next = load(qw + w_idx + nk / 4, mask = more, other = 0, eviction_policy = "evict_first");
-            let sr_next =
-                load(s_ptr + s_idx + nk / 32, mask = more, other = 0.0, eviction_policy = "evict_first");
-            let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
-            let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
-            acc = q8_q8_step(wd, sr, xa, xd, acc, m_block, wn);
-            wd = wd_next;
-            sr = sr_next;
-            xa = xa_next;
-            xd = xd_next;
-        }
-    }
-    // The last partial K tile (at most one): word columns past K masked off.
-    for k0 in range(k_full, k, block_k) {
-        let wok = c < (k - k0) / per_word;
-        let aok = ac < (k - k0) / per_word;
-        let wd = load(qw + w_idx + k0 / per_word, mask = wok, other = 0, eviction_policy = "evict_first");
-        let sr = if q4 {
-            scale_stream(s_ptr, s_idx + k0 / 32, wok, quant)
-        } else {
-            load(s_ptr + s_idx + k0 / 32, mask = wok, other = 0.0, eviction_policy = "evict_first")
-        };
-        let xa = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
-        if q4 {
-            let xhi = load(xw + x_idx + k0 / 4 + 4, mask = aok, other = 0);
-            let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
-            acc = q4_q8_step(wd, sr, xa, xhi, xd, acc, quant, m_block, wn);
-        } else {
-            let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
-            acc = q8_q8_step(wd, sr, xa, xd, acc, m_block, wn);
-        }
-    }
-    gemv_epilogue(acc, out_ptr, m, n, n, Fuse::NONE.with_silu(silu), dt, m_block, block_n, kw);
-}
-
-/// The tile coordinates of the 8-bit GEMV body, `kw` quant words per
+/// The tile coordinates of [`gemv_q8`], `kw` quant words per
 /// weight row of a K tile: for each element of the W tile `[BLOCK_N, kw]`,
 /// its word column and weight row (`2N` rows with `silu`, clamped); for each
 /// element of the activation tile `[M_BLOCK, BLOCK_N, kw]`, its word column
@@ -370,5 +258,93 @@ pub fn gemv_q8<T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    gemv_q8_body(xq_ptr, xd_ptr, q_ptr, s_ptr, out_ptr, m, n, k, QUANT, SILU, T, M_BLOCK, BLOCK_N, BLOCK_K);
+    word_tiled_only(QUANT);
+    // Whole blocks (the layout contract): rows of QUANT words start 16-byte
+    // aligned, so each thread chunk loads as 16-byte vectors.
+    let k = multiple_of(k, 32);
+    let q4 = QUANT.is_q4();
+    // Weights per QUANT word: eight nibbles (Q4) or four bytes (Q8_0); a
+    // block of 32 weights is `block_words` words.
+    let per_word = if q4 { 8 } else { 4 };
+    let block_words = 32 / per_word;
+    let kw = BLOCK_K / per_word;
+    let wn = BLOCK_N * kw;
+    let nb = k / 32;
+    // W tile: word column `c` is word `c % block_words` of the tile's block
+    // `c / block_words`.
+    let (c, row, ac, mrow) = q8_gemv_tiles(n, m, SILU, M_BLOCK, BLOCK_N, kw);
+    let w_idx = row * (k / per_word) + c;
+    let s_idx = row * nb + c / block_words;
+    let qw = ptrcast(q_ptr, if q4 { u32 } else { i32 });
+    // Activations, four per word: for Q4 the low-nibble word of word column
+    // `c` is word `8 (c / 4) + c % 4` of the row's K tile, the high 4
+    // further; for Q8_0 word `c`. One scale per block.
+    let x_idx = if q4 { mrow * (k / 4) + ac / 4 * 8 + ac % 4 } else { mrow * (k / 4) + ac };
+    let xd_idx = mrow * nb + ac / block_words;
+    let xw = ptrcast(xq_ptr, i32);
+    let mut acc = zeros([M_BLOCK * wn], f32);
+    let k_full = k / BLOCK_K * BLOCK_K;
+    // Software pipelining: tile i + 1's loads are issued before tile i is
+    // computed.
+    let have = k_full > 0;
+    let mut wd = load(qw + w_idx, mask = have, other = 0, eviction_policy = "evict_first");
+    let mut sr = scale_stream(s_ptr, s_idx, have, QUANT);
+    let mut xa = load(xw + x_idx, mask = have, other = 0);
+    if q4 {
+        let mut xhi = load(xw + x_idx + 4, mask = have, other = 0);
+        let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
+        for k0 in range(0, k_full, BLOCK_K) {
+            // The last whole tile prefetches nothing (a uniform mask).
+            let nk = k0 + BLOCK_K;
+            let more = nk < k_full;
+            let wd_next = load(qw + w_idx + nk / 8, mask = more, other = 0, eviction_policy = "evict_first");
+            let sr_next = scale_stream(s_ptr, s_idx + nk / 32, more, QUANT);
+            let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
+            let xhi_next = load(xw + x_idx + nk / 4 + 4, mask = more, other = 0);
+            let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
+            acc = q4_q8_step(wd, sr, xa, xhi, xd, acc, QUANT, M_BLOCK, wn);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+            xhi = xhi_next;
+            xd = xd_next;
+        }
+    } else {
+        let mut xd = load(xd_ptr + xd_idx, mask = have, other = 0.0);
+        for k0 in range(0, k_full, BLOCK_K) {
+            let nk = k0 + BLOCK_K;
+            let more = nk < k_full;
+            let wd_next = load(qw + w_idx + nk / 4, mask = more, other = 0, eviction_policy = "evict_first");
+            let sr_next =
+                load(s_ptr + s_idx + nk / 32, mask = more, other = 0.0, eviction_policy = "evict_first");
+            let xa_next = load(xw + x_idx + nk / 4, mask = more, other = 0);
+            let xd_next = load(xd_ptr + xd_idx + nk / 32, mask = more, other = 0.0);
+            acc = q8_q8_step(wd, sr, xa, xd, acc, M_BLOCK, wn);
+            wd = wd_next;
+            sr = sr_next;
+            xa = xa_next;
+            xd = xd_next;
+        }
+    }
+    // The last partial K tile (at most one): word columns past K masked off.
+    for k0 in range(k_full, k, BLOCK_K) {
+        let wok = c < (k - k0) / per_word;
+        let aok = ac < (k - k0) / per_word;
+        let wd = load(qw + w_idx + k0 / per_word, mask = wok, other = 0, eviction_policy = "evict_first");
+        let sr = if q4 {
+            scale_stream(s_ptr, s_idx + k0 / 32, wok, QUANT)
+        } else {
+            load(s_ptr + s_idx + k0 / 32, mask = wok, other = 0.0, eviction_policy = "evict_first")
+        };
+        let xa = load(xw + x_idx + k0 / 4, mask = aok, other = 0);
+        if q4 {
+            let xhi = load(xw + x_idx + k0 / 4 + 4, mask = aok, other = 0);
+            let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
+            acc = q4_q8_step(wd, sr, xa, xhi, xd, acc, QUANT, M_BLOCK, wn);
+        } else {
+            let xd = load(xd_ptr + xd_idx + k0 / 32, mask = aok, other = 0.0);
+            acc = q8_q8_step(wd, sr, xa, xd, acc, M_BLOCK, wn);
+        }
+    }
+    gemv_epilogue(acc, out_ptr, m, n, n, Fuse::NONE.with_silu(SILU), T, M_BLOCK, BLOCK_N, kw);
 }

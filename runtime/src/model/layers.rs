@@ -27,7 +27,7 @@ use super::buffers::{Buffers, KvCache, Scratch};
 use super::device::Device;
 use super::forward::{DECODE_BLOCK_N, FUSED_MAX_TOKENS, Launcher, Plan, TC_BLOCK_N, usage};
 use super::inputs::Layout;
-use super::products::{Fuse, gemv_fused, linear_launch, matmul};
+use super::products::{Fuse, Product, gemv_fused, linear_launch, matmul};
 use super::weights::{Kind, MatRef, Weights};
 use crate::cuda::DeviceElem;
 use crate::error::Result;
@@ -453,13 +453,14 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         // the GEMV.
         let narrow = ldo != n_out && matches!(fuse, Fuse::None);
         let fast = w.format.gpu_kernels() || (fast_path_gemv(w.format, m, w.n) && !ln.dev.cpu_gemv());
+        let p = Product { w, x, out, ldo, m, silu };
         if self.plan.invariant || !fast || narrow {
-            return linear_launch::<D, T>(ln, self.s, w, x, out, ldo, m, silu, fuse);
+            return linear_launch::<D, T>(ln, self.s, p, fuse);
         }
         match fuse {
-            Fuse::None => matmul::<D, T>(ln, w, x, out, m, silu),
-            Fuse::Norm(nw, eps) => gemv_fused::<D, T>(ln, w, x, out, ldo, m, silu, Some((nw, eps)), false),
-            Fuse::Residual => gemv_fused::<D, T>(ln, w, x, out, ldo, m, silu, None, true),
+            Fuse::None => matmul::<D, T>(ln, p),
+            Fuse::Norm(nw, eps) => gemv_fused::<D, T>(ln, p, Some((nw, eps)), false),
+            Fuse::Residual => gemv_fused::<D, T>(ln, p, None, true),
         }
     }
 

@@ -40,6 +40,28 @@ impl<D: Device, T: ActElem> Clone for Fuse<'_, D, T> {
 
 impl<D: Device, T: ActElem> Copy for Fuse<'_, D, T> {}
 
+/// One product `out = x @ w^T` (or the fused SiLU-mul of gate and up,
+/// `n = w.n / 2`) of `m` rows: the weight, the activations and the output
+/// (each a buffer and an offset in elements), output rows `ldo` elements
+/// apart.
+pub(super) struct Product<'a, D: Device, T: ActElem> {
+    pub w: MatRef<'a, D>,
+    pub x: At<'a, D::Buf<T>>,
+    pub out: At<'a, D::Buf<T>>,
+    pub ldo: usize,
+    pub m: usize,
+    pub silu: bool,
+}
+
+// By hand, as for `Fuse`.
+impl<D: Device, T: ActElem> Clone for Product<'_, D, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Device, T: ActElem> Copy for Product<'_, D, T> {}
+
 /// The configuration and grid of the batch-invariant product ([`linear`])
 /// of `m` rows with a `format` weight of `rows` rows and `k` columns, with
 /// its fusions, on the device's tiles ([`linear_tiles`]; f16 operands on
@@ -163,21 +185,15 @@ fn prologue_args<'a, D: Device + 'a, T: ActElem>(
     })
 }
 
-/// The batch-invariant product with its fusions: [`linear`], or on devices
-/// with [`Device::cpu_gemv`] the CPU GEMV at every batch size. Output rows
-/// are `ldo` elements apart.
-#[allow(clippy::too_many_arguments)]
+/// The batch-invariant product `p` with its fusions: [`linear`], or on
+/// devices with [`Device::cpu_gemv`] the CPU GEMV at every batch size.
 pub(super) fn linear_launch<D: Device, T: ActElem>(
     l: &mut Launcher<'_, D>,
     scratch: &Scratch<D, T>,
-    w: MatRef<'_, D>,
-    x: (&D::Buf<T>, usize),
-    out: (&D::Buf<T>, usize),
-    ldo: usize,
-    m: usize,
-    silu: bool,
+    p: Product<'_, D, T>,
     fuse: Fuse<'_, D, T>,
 ) -> Result<()> {
+    let Product { w, x, out, ldo, m, silu } = p;
     let n = out_columns(w, silu, ldo)?;
     let norm = match fuse {
         Fuse::Norm(nw, eps) if m == 1 => Some((nw, eps)),
@@ -189,7 +205,7 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
         // The native CPU's invariant product: `cpu_gemv`'s row arithmetic is
         // fixed by its K tile alone (the same for every `m`), and its fusions
         // give the separate kernels' bits.
-        return gemv_fused::<D, T>(l, w, x, out, ldo, m, silu, norm, residual);
+        return gemv_fused::<D, T>(l, p, norm, residual);
     }
     let (np, eps) = prologue_args::<D, T>(norm, x)?;
     let tc = l.dev.tensor_cores();
@@ -216,16 +232,10 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
     l.run::<linear::Kernel>(grid, &config, &args)
 }
 
-/// `out[m, n] = x[m, k] @ w^T` (or the fused SiLU-mul, `n = w.n / 2`) on the
-/// fast path: the GEMV for small products, the tensor-core GEMM above.
-pub(super) fn matmul<D: Device, T: ActElem>(
-    l: &mut Launcher<'_, D>,
-    w: MatRef<'_, D>,
-    x: (&D::Buf<T>, usize),
-    out: (&D::Buf<T>, usize),
-    m: usize,
-    silu: bool,
-) -> Result<()> {
+/// The product `p` with dense output rows (`ldo` is the output width) on
+/// the fast path: the GEMV for small products, the tensor-core GEMM above.
+pub(super) fn matmul<D: Device, T: ActElem>(l: &mut Launcher<'_, D>, p: Product<'_, D, T>) -> Result<()> {
+    let Product { w, x, out, m, silu, .. } = p;
     let dtype = T::DEVICE_DTYPE;
     let n = w.n_out(silu);
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
@@ -256,22 +266,17 @@ pub(super) fn matmul<D: Device, T: ActElem>(
 }
 
 /// A fused decode GEMV of the fast path ([`kernels::dequant::fused`], or
-/// [`kernels::cpu_gemv`] where [`Device::cpu_gemv`]):
-/// `out[m, n] = norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights,
+/// [`kernels::cpu_gemv`] where [`Device::cpu_gemv`]) of the product `p`:
+/// `out = norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights,
 /// eps))` the RMSNorm prologue, or `out += x @ w^T` in place with
-/// `residual` (one row with `norm`). Output rows are `ldo` elements apart.
-#[allow(clippy::too_many_arguments)]
+/// `residual` (one row with `norm`).
 pub(super) fn gemv_fused<D: Device, T: ActElem>(
     l: &mut Launcher<'_, D>,
-    w: MatRef<'_, D>,
-    x: (&D::Buf<T>, usize),
-    out: (&D::Buf<T>, usize),
-    ldo: usize,
-    m: usize,
-    silu: bool,
+    p: Product<'_, D, T>,
     norm: Option<(At<'_, D::Buf<T>>, f32)>,
     residual: bool,
 ) -> Result<()> {
+    let Product { w, x, out, ldo, m, silu } = p;
     let n = out_columns(w, silu, ldo)?;
     let dtype = T::DEVICE_DTYPE;
     let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);

@@ -184,7 +184,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let accumulate = !(zero_acc && kk == 0);
             acc = self.wgmma(d, n, a_k, bd, !b_nk, accumulate, &acc)?;
         }
-        self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", None, &[])?;
+        self.asm("wgmma.commit_group.sync.aligned;", "~{memory}", &[])?;
         if deferred {
             // A deferred group keeps running into the next iteration; the one
             // before it must be done (its stage is refilled next, `pipeline/`).
@@ -363,7 +363,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let st = self.ctx.struct_type(&fields, false).into();
         let mut ops: Vec<BasicValueEnum<'ctx>> = acc.to_vec();
         ops.extend(ints.iter().map(|&x| BasicValueEnum::from(x)));
-        let v = self.asm_value(text, &cons, st, &ops)?;
+        let v = self.asm_value(text, &cons, st, &ops, true)?;
         let all = self.unpack(v, r + q)?;
         let ints = all[r..].iter().map(|x| x.into_int_value()).collect();
         Ok((all[..r].to_vec(), ints))
@@ -419,7 +419,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             regs.join(", "),
         );
         let cons = tied_constraints(r, &format!("{a_cons},l,r"));
-        let v = self.asm_value(&text, &cons, self.acc_struct(r), &ops)?;
+        let v = self.asm_value(&text, &cons, self.acc_struct(r), &ops, true)?;
         self.unpack(v, r)
     }
 
@@ -427,18 +427,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     fn acc_struct(&self, r: usize) -> BasicTypeEnum<'ctx> {
         let f32t: BasicTypeEnum<'ctx> = self.ctx.f32_type().into();
         self.ctx.struct_type(&vec![f32t; r], false).into()
-    }
-
-    /// Inline assembly with side effects returning `ret`.
-    fn asm_value(
-        &self,
-        text: &str,
-        cons: &str,
-        ret: BasicTypeEnum<'ctx>,
-        ops: &[BasicValueEnum<'ctx>],
-    ) -> Result<BasicValueEnum<'ctx>> {
-        self.asm_with(text, cons, Some(ret), ops, true)?
-            .ok_or_else(|| crate::Error::Llvm("inline assembly returned no value".into()))
     }
 
     /// The `r` fields of the struct `v`.

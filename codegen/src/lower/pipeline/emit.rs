@@ -356,17 +356,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             Some(z) => self.asm(
                 &format!("cp.async.{mode}.shared.global.L2::128B [$0], [$1], 16, $2;"),
                 "r,l,r,~{memory}",
-                None,
                 &[d.into(), s.into(), z.into()],
-            )?,
+            ),
             None => self.asm(
                 &format!("cp.async.{mode}.shared.global.L2::128B [$0], [$1], 16;"),
                 "r,l,~{memory}",
-                None,
                 &[d.into(), s.into()],
-            )?,
-        };
-        Ok(())
+            ),
+        }
     }
 
     /// The element index in a stage of 128-byte swizzle atoms of the chunk
@@ -379,14 +376,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         rows: usize,
         cols: usize,
     ) -> Result<IntValue<'ctx>> {
-        let lin = self.linear_index(l, base, slot)?;
-        let row = self.b.build_right_shift(lin, self.i32c(cols.trailing_zeros() as i64), false, "")?;
+        let (lin, row) = self.linear_row(l, base, slot, cols)?;
         let col = self.b.build_and(lin, self.i32c(cols as i64 - 1), "")?;
         // ((col / 64) * rows + row) * 64 + ((col mod 64) ^ 8 (row mod 8))
         let atom = self.b.build_right_shift(col, self.i32c(6), false, "")?;
         let r = self.b.build_int_add(self.b.build_int_mul(atom, self.i32c(rows as i64), "")?, row, "")?;
         let r = self.b.build_left_shift(r, self.i32c(6), "")?;
-        let phase = self.b.build_left_shift(self.b.build_and(row, self.i32c(7), "")?, self.i32c(3), "")?;
+        let phase = self.swizzle_phase(row)?;
         let within = self.b.build_xor(self.b.build_and(col, self.i32c(63), "")?, phase, "")?;
         Ok(self.b.build_or(r, within, "")?)
     }
@@ -394,8 +390,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// `fence.proxy.async.shared::cta`: this thread's shared-memory writes
     /// (its landed copies) become visible to the async proxy (`wgmma`).
     pub(in crate::lower) fn fence_proxy_async(&mut self) -> Result<()> {
-        self.asm("fence.proxy.async.shared::cta;", "~{memory}", None, &[])?;
-        Ok(())
+        self.asm("fence.proxy.async.shared::cta;", "~{memory}", &[])
     }
 
     /// `cp.async.wait_group n`.
