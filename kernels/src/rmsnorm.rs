@@ -168,6 +168,43 @@ pub fn rms_rstd_rows(
     rsqrt(fixed_to_f32(sum(acc, 1), top) / n_cols + eps)
 }
 
+/// [`rms_rstd_rows`] of the rows `min(i, m - 1)`, `i < rows`, of the
+/// `[m, n_cols]` row-major activation at `x_ptr` (`1 <= m <= rows`, a
+/// runtime count): the same `[rows]` tile, bit for bit, but the statistic
+/// is computed only for the `ceil(m / chunk)` chunks of `chunk` rows that
+/// hold a real row, `tile` columns at a time; entries past the last real
+/// row repeat its statistic. The exact statistic costs its arithmetic per
+/// element, so a persistent step's product tasks, each of which needs
+/// every row's statistic, pay for the rows of the batch instead of the
+/// rows of the tile. `rows` is a multiple of `chunk`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn rms_rstd_live_rows(
+    x_ptr: Tensor,
+    m: Tensor,
+    n_cols: Tensor,
+    eps: Tensor,
+    rows: usize,
+    chunk: usize,
+    tile: usize,
+) -> Tensor {
+    static_assert(rows % chunk == 0, "rows must be a multiple of chunk");
+    let groups = rows / chunk;
+    let lane = arange(0, chunk as i32);
+    let group = expand_dims(arange(0, groups as i32), 1);
+    let mut rs = full([groups, chunk], 1.0, f32);
+    for c in range(0, (m + (chunk as i32 - 1)) / chunk as i32) {
+        let offs = minimum(c * chunk as i32 + lane, m - 1) * n_cols;
+        let part = expand_dims(rms_rstd_rows(x_ptr, offs, n_cols, eps, chunk, tile), 0);
+        rs = where_(group == c, broadcast_to(part, [groups, chunk]), rs);
+    }
+    let rs = reshape(rs, [rows]);
+    let i = arange(0, rows as i32);
+    // Row `m - 1`'s entry (a sum of it and zeros: exact, NaN kept).
+    let last = sum(where_(i == m - 1, rs, 0.0), 0);
+    where_(i >= m, last, rs)
+}
+
 /// [`rms_rstd`] of the `n_cols` elements (in `T`) at `x_ptr`, read in
 /// tiles of `tile` columns: the statistic of a row too long for one tile,
 /// bit for bit [`rms_rstd`]'s over the whole row (the largest exponent is
@@ -290,7 +327,7 @@ pub fn block_for(n_cols: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{rms_rstd, rms_rstd_rows, rms_rstd_tiled};
+    use super::{rms_rstd, rms_rstd_live_rows, rms_rstd_rows, rms_rstd_tiled};
     use dsl_core::DType;
     use dsl_core::interp::Cpu;
     use dsl_macros::kernel;
@@ -349,6 +386,59 @@ mod tests {
                 assert_eq!(got[0].is_nan(), bad.is_some(), "n={n} {bad:?}: {got:?}");
                 for g in &got[1..] {
                     assert_eq!(g.to_bits(), got[0].to_bits(), "n={n} {bad:?}: {got:?}");
+                }
+            }
+        }
+    }
+
+    /// The live-row statistic of `m` rows (chunks of 4 rows by 128 columns,
+    /// and of 2 rows by 1024) against the 16-row form over the rows
+    /// `min(i, m - 1)`.
+    #[kernel]
+    fn rstd_live_rows<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<f32>, m: i32, n: i32, eps: f32) {
+        let offs = minimum(arange(0, 16), m - 1) * n;
+        store(out_ptr + arange(0, 16), rms_rstd_rows(x_ptr, offs, n, eps, 16, 256));
+        store(out_ptr + 16 + arange(0, 16), rms_rstd_live_rows(x_ptr, m, n, eps, 16, 4, 128));
+        store(out_ptr + 32 + arange(0, 16), rms_rstd_live_rows(x_ptr, m, n, eps, 16, 2, 1024));
+    }
+
+    /// [`rms_rstd_live_rows`] has [`rms_rstd_rows`]' bits for every live
+    /// count of a 16-row tile, rows of spread magnitudes (one row far larger
+    /// than the others, one holding a NaN) and lengths that are not a
+    /// multiple of the tile.
+    #[test]
+    fn live_rows_statistic_equals_the_padded_tile() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for n in [1usize, 100, 576] {
+            let data: Vec<f32> = (0..16 * n)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let v = (1.0 + (x >> 40) as f32 / (1u64 << 24) as f32) * 2f32.powi((x % 31) as i32 - 15);
+                    let big = if i / n == 5 { 1e12 } else { 1.0 };
+                    let v = if i / n == 9 && i % n == n / 2 { f32::NAN } else { v * big };
+                    if i % 3 == 0 { -v } else { v }
+                })
+                .collect();
+            for m in 1..=16 {
+                let mut cpu = Cpu::new();
+                let (xp, op) = (cpu.upload(&data), cpu.zeros::<f32>(48));
+                let args = rstd_live_rows::Args {
+                    x_ptr: xp.cast(),
+                    out_ptr: op,
+                    m,
+                    n: n as i32,
+                    eps: 1e-5,
+                    _marker: PhantomData,
+                };
+                let config = rstd_live_rows::Config::new(DType::F32);
+                rstd_live_rows::interpret(&mut cpu, [1, 1, 1], &config, &args).unwrap();
+                let got: Vec<f32> = cpu.read(op);
+                for i in 0..16 {
+                    for j in [16, 32] {
+                        assert_eq!(got[i].to_bits(), got[j + i].to_bits(), "n={n} m={m} row {i}: {got:?}");
+                    }
                 }
             }
         }

@@ -36,7 +36,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ProgramOp::GlobalTimer => {
                 // A volatile read (side effects): never merged with another.
                 let i64t = self.ctx.i64_type();
-                let v = self.asm_value("mov.u64 $0, %globaltimer;", "=l,~{memory}", i64t.into(), &[], true)?;
+                let v =
+                    self.asm_value("mov.u64 $0, %globaltimer;", "=l,~{memory}", i64t.into(), &[], true)?;
                 let res = self.result(inst, 0)?;
                 self.set(res, vec![v]);
                 return Ok(());

@@ -10,7 +10,7 @@ use crate::dequant::stacked::{
 };
 use crate::dequant::{Fuse, QuantFormat};
 use crate::kv_cache::kv8_slot;
-use crate::rmsnorm::{rms_rstd, rms_rstd_rows};
+use crate::rmsnorm::{rms_rstd, rms_rstd_live_rows};
 use crate::rope::{RopeShape, rope_pairs};
 use dsl_core::DType;
 use dsl_core::lang::Tensor;
@@ -181,6 +181,13 @@ pub struct Operands {
     /// Input columns.
     pub k: Tensor,
 }
+
+/// Rows of the multi-row norm statistic computed together
+/// ([`rms_rstd_live_rows`], each row one tile of the next power of two of
+/// its columns): every product task recomputes the statistic of the
+/// batch's rows, at an arithmetic cost per row, so a batch of `m` rows pays
+/// for `ceil(m / 2) * 2` of them instead of the tile's 16.
+const LIVE_ROWS_CHUNK: usize = 2;
 
 /// Asks L2 for the `bytes` bytes at `base` (a byte pointer), this program's
 /// share of them: lines of 128 bytes, 64 lines per program in turn.
@@ -380,8 +387,10 @@ pub fn stage_linear(
                     let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
                     rms_rstd(row, k, eps, norm_block)
                 } else {
-                    let offs = minimum(arange(0, MAX_ROWS), m - 1) * k;
-                    expand_dims(rms_rstd_rows(x_ptr, offs, k, eps, MAX_ROWS, 256), 1)
+                    expand_dims(
+                        rms_rstd_live_rows(x_ptr, m, k, eps, MAX_ROWS, LIVE_ROWS_CHUNK, norm_block),
+                        1,
+                    )
                 };
                 // A stacked tile's residual goes out now, so its latency
                 // hides behind the tile's products instead of following them.

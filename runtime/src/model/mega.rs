@@ -75,8 +75,11 @@ impl DecodePath {
     }
 }
 
-/// The decode steps `auto` runs persistently: at most this many rows.
-pub const AUTO_MAX_ROWS: usize = 1;
+/// The decode steps `auto` runs persistently: at most this many rows. A
+/// multi-row step's product tasks each recompute the norm statistic of its
+/// rows and run the 16-row product tiles, so past two rows the multi-kernel
+/// graphs are as fast or faster (measured: BENCHMARKS.md).
+pub const AUTO_MAX_ROWS: usize = 2;
 
 /// The largest persistent grid (programs) the trace buffer holds rows for.
 pub const MAX_PROGRAMS: usize = 1024;
