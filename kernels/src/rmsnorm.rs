@@ -333,12 +333,17 @@ mod tests {
     use dsl_macros::kernel;
     use std::marker::PhantomData;
 
-    /// Row 0's statistic three ways: one tile of the whole row, tiles of 64
-    /// columns, and the two-row form over row 0 twice.
+    /// Every form of the statistic on the `[16, n]` rows at `x_ptr`, into
+    /// `out_ptr`: row 0 three ways (one tile of the whole row, tiles of 64
+    /// columns, and the two-row form over row 0 twice) at 0..4; the 16-row
+    /// form over the rows `min(i, m - 1)` at 4..20, and the live-row form of
+    /// `m` rows in chunks of 4 rows by 128 columns at 20..36 and of 2 rows by
+    /// 1024 at 36..52.
     #[kernel]
-    fn rstd_three_ways<T: Float>(
+    fn rstd_forms<T: Float>(
         x_ptr: Ptr<T>,
         out_ptr: Ptr<f32>,
+        m: i32,
         n: i32,
         eps: f32,
         #[constexpr] BLOCK: usize,
@@ -348,6 +353,42 @@ mod tests {
         store(out_ptr, rms_rstd(row, n, eps, BLOCK));
         store(out_ptr + 1, rms_rstd_tiled(x_ptr, n, eps, 64));
         store(out_ptr + 2 + arange(0, 2), rms_rstd_rows(x_ptr, full([2], 0, i32), n, eps, 2, 32));
+        let offs = minimum(arange(0, 16), m - 1) * n;
+        store(out_ptr + 4 + arange(0, 16), rms_rstd_rows(x_ptr, offs, n, eps, 16, 256));
+        store(out_ptr + 20 + arange(0, 16), rms_rstd_live_rows(x_ptr, m, n, eps, 16, 4, 128));
+        store(out_ptr + 36 + arange(0, 16), rms_rstd_live_rows(x_ptr, m, n, eps, 16, 2, 1024));
+    }
+
+    /// [`rstd_forms`] on the interpreter: `rows` holds 16 rows of `n`.
+    fn forms(rows: &[f32], m: i32, n: usize) -> Vec<f32> {
+        let mut cpu = Cpu::new();
+        let (xp, op) = (cpu.upload(rows), cpu.zeros::<f32>(52));
+        let args = rstd_forms::Args {
+            x_ptr: xp.cast(),
+            out_ptr: op,
+            m,
+            n: n as i32,
+            eps: 1e-5,
+            _marker: PhantomData,
+        };
+        let config = rstd_forms::Config::new(DType::F32, n.next_power_of_two());
+        rstd_forms::interpret(&mut cpu, [1, 1, 1], &config, &args).unwrap();
+        cpu.read(op)
+    }
+
+    /// `len` values `+-(1 + u) * 2^e`, `e` spread over `exps` binades
+    /// centred on 0, from the xorshift state `x`.
+    fn spread(x: &mut u64, len: usize, exps: u64) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                let v = (1.0 + (*x >> 40) as f32 / (1u64 << 24) as f32)
+                    * 2f32.powi((*x % exps) as i32 - (exps / 2) as i32);
+                if i % 3 == 0 { -v } else { v }
+            })
+            .collect()
     }
 
     /// The tiled and row-batched statistics (the CPU GEMV's fused norm) have
@@ -357,49 +398,18 @@ mod tests {
     fn tiled_statistics_equal_the_whole_row() {
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for n in [1usize, 31, 64, 100, 576, 1536] {
-            let mut row: Vec<f32> = (0..n)
-                .map(|i| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let m = 1.0 + (x >> 40) as f32 / (1u64 << 24) as f32;
-                    let v = m * 2f32.powi((x % 41) as i32 - 20);
-                    if i % 3 == 0 { -v } else { v }
-                })
-                .collect();
+            let mut rows = spread(&mut x, 16 * n, 41);
             for bad in [None, Some(f32::NAN), Some(-f32::NAN), Some(f32::INFINITY)] {
                 if let Some(b) = bad {
-                    row[n / 2] = b;
+                    rows[n / 2] = b;
                 }
-                let mut cpu = Cpu::new();
-                let (xp, op) = (cpu.upload(&row), cpu.zeros::<f32>(4));
-                let args = rstd_three_ways::Args {
-                    x_ptr: xp.cast(),
-                    out_ptr: op,
-                    n: n as i32,
-                    eps: 1e-5,
-                    _marker: PhantomData,
-                };
-                let config = rstd_three_ways::Config::new(DType::F32, n.next_power_of_two());
-                rstd_three_ways::interpret(&mut cpu, [1, 1, 1], &config, &args).unwrap();
-                let got: Vec<f32> = cpu.read(op);
+                let got = forms(&rows, 16, n);
                 assert_eq!(got[0].is_nan(), bad.is_some(), "n={n} {bad:?}: {got:?}");
-                for g in &got[1..] {
+                for g in &got[1..4] {
                     assert_eq!(g.to_bits(), got[0].to_bits(), "n={n} {bad:?}: {got:?}");
                 }
             }
         }
-    }
-
-    /// The live-row statistic of `m` rows (chunks of 4 rows by 128 columns,
-    /// and of 2 rows by 1024) against the 16-row form over the rows
-    /// `min(i, m - 1)`.
-    #[kernel]
-    fn rstd_live_rows<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<f32>, m: i32, n: i32, eps: f32) {
-        let offs = minimum(arange(0, 16), m - 1) * n;
-        store(out_ptr + arange(0, 16), rms_rstd_rows(x_ptr, offs, n, eps, 16, 256));
-        store(out_ptr + 16 + arange(0, 16), rms_rstd_live_rows(x_ptr, m, n, eps, 16, 4, 128));
-        store(out_ptr + 32 + arange(0, 16), rms_rstd_live_rows(x_ptr, m, n, eps, 16, 2, 1024));
     }
 
     /// [`rms_rstd_live_rows`] has [`rms_rstd_rows`]' bits for every live
@@ -410,34 +420,18 @@ mod tests {
     fn live_rows_statistic_equals_the_padded_tile() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for n in [1usize, 100, 576] {
-            let data: Vec<f32> = (0..16 * n)
-                .map(|i| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let v = (1.0 + (x >> 40) as f32 / (1u64 << 24) as f32) * 2f32.powi((x % 31) as i32 - 15);
-                    let big = if i / n == 5 { 1e12 } else { 1.0 };
-                    let v = if i / n == 9 && i % n == n / 2 { f32::NAN } else { v * big };
-                    if i % 3 == 0 { -v } else { v }
-                })
-                .collect();
+            let mut rows = spread(&mut x, 16 * n, 31);
+            rows[5 * n..6 * n].iter_mut().for_each(|v| *v *= 1e12);
+            rows[9 * n + n / 2] = f32::NAN;
             for m in 1..=16 {
-                let mut cpu = Cpu::new();
-                let (xp, op) = (cpu.upload(&data), cpu.zeros::<f32>(48));
-                let args = rstd_live_rows::Args {
-                    x_ptr: xp.cast(),
-                    out_ptr: op,
-                    m,
-                    n: n as i32,
-                    eps: 1e-5,
-                    _marker: PhantomData,
-                };
-                let config = rstd_live_rows::Config::new(DType::F32);
-                rstd_live_rows::interpret(&mut cpu, [1, 1, 1], &config, &args).unwrap();
-                let got: Vec<f32> = cpu.read(op);
+                let got = forms(&rows, m, n);
                 for i in 0..16 {
-                    for j in [16, 32] {
-                        assert_eq!(got[i].to_bits(), got[j + i].to_bits(), "n={n} m={m} row {i}: {got:?}");
+                    for j in [20, 36] {
+                        assert_eq!(
+                            got[4 + i].to_bits(),
+                            got[j + i].to_bits(),
+                            "n={n} m={m} row {i}: {got:?}"
+                        );
                     }
                 }
             }
