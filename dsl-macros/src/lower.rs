@@ -21,7 +21,9 @@
 //! tensors, so that values that travel together (a weight matrix's planes
 //! and strides, say) pass to a `#[kernel_fn]` as one: a struct literal or a
 //! tuple with a dynamic field, a `let` binding of one, or a `#[kernel_fn]`
-//! parameter marked `#[tensors]` (or typed as a tuple of `Tensor`s). A
+//! parameter marked `#[tensors]` (or typed as a tuple of `Tensor`s), or a
+//! `let` of a dynamic value typed as a struct or tuple (`let p: Planes =
+//! helper(..)`: the macro cannot see a call's return type). A
 //! group binding is dynamic, bound without the `Tensor` type and never
 //! reassigned. A field read (`s.field`, `t.0`) has its base's kind: a field
 //! of a dynamic value (a group, or a tuple a helper returns) is a tensor,
@@ -268,7 +270,9 @@ impl Lower {
         };
         match pat {
             Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
-                let group = self.is_group(&init.expr, vdyn);
+                // A helper's result is a group when the `let` names a group
+                // type: the macro cannot see a call's return type.
+                let group = self.is_group(&init.expr, vdyn) || (vdyn && ty.is_some_and(|t| group_type(t)));
                 let id = self.declare(&pi.ident, vdyn);
                 let name = &pi.ident;
                 let mutability = &pi.mutability;
@@ -1082,6 +1086,24 @@ fn whole_static(whole: &Expr, name: &Ident, rv: TokenStream, op: Option<TokenStr
             quote_spanned!(span=> #name #op #rv)
         }
         _ => quote_spanned!(span=> #name = #rv),
+    }
+}
+
+/// Whether a `let`'s type names a group of tensors: a tuple, or a struct
+/// (a path whose last segment is capitalized) other than `Tensor`.
+/// Scalars and dtypes (`f32`, `i32`, ..) are lower case, so an annotation
+/// like `let x: f32 = ..` on a tensor keeps its old meaning.
+fn group_type(ty: &syn::Type) -> bool {
+    match ty {
+        syn::Type::Tuple(t) => !t.elems.is_empty(),
+        syn::Type::Path(p) => {
+            p.qself.is_none()
+                && p.path.segments.last().is_some_and(|s| {
+                    s.ident != "Tensor" && s.ident.to_string().starts_with(|c: char| c.is_ascii_uppercase())
+                })
+        }
+        syn::Type::Paren(p) => group_type(&p.elem),
+        _ => false,
     }
 }
 

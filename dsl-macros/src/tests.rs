@@ -173,3 +173,28 @@ fn tensor_group_rules() {
     assert!(kernel.contains("struct update syntax (`..base`) is not supported in kernels"), "{kernel}");
     assert!(helper.contains("a `Tensor` parameter is a tensor already"), "{helper}");
 }
+
+/// A `let` typed as a struct binds a helper's group (the macro cannot see
+/// the call's return type); typed as a scalar it stays a tensor.
+#[test]
+fn a_typed_let_binds_a_helpers_group() {
+    let (helper, kernel) = expand_helper_and_kernel(
+        quote! {
+            fn at(#[tensors] p: Planes, l: Tensor) -> Planes {
+                Planes { q: p.q + l * p.qs, qs: p.qs }
+            }
+        },
+        quote! {
+            fn words(q_ptr: Ptr<i32>, out_ptr: Ptr<i32>) {
+                let l = program_id(0);
+                let p: Planes = at(Planes { q: load(q_ptr), qs: 4 }, l);
+                let x: f32 = p.q.to(f32);
+                store(out_ptr + l, p.q + p.qs);
+            }
+        },
+    );
+    let (helper, kernel) = (helper.to_string(), kernel.to_string());
+    assert!(!helper.contains("compile_error") && !kernel.contains("compile_error"), "{helper}\n{kernel}");
+    assert!(kernel.contains("let p : Planes = at"), "{kernel}");
+    assert!(kernel.contains("let x : :: dsl_core :: lang :: Tensor"), "{kernel}");
+}

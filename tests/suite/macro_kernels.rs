@@ -318,3 +318,43 @@ fn runtime_ifs_ending_in_calls_run_them() {
         assert_eq!(cpu.read(out), want, "n = {n}");
     }
 }
+
+/// Row `r`'s start and stride in a `[rows, stride]` matrix, as one group of
+/// tensors.
+#[derive(Clone, Copy)]
+struct RowAt {
+    base: dsl_core::lang::Tensor,
+    stride: dsl_core::lang::Tensor,
+}
+
+/// `at` moved down `r` rows: a helper taking and returning a group.
+#[dsl_macros::kernel_fn]
+fn row_below(#[tensors] at: RowAt, r: Tensor) -> RowAt {
+    RowAt { base: at.base + r * at.stride, stride: at.stride }
+}
+
+/// Program `r` copies row `r` of `x` into `out`, both reached through
+/// groups: one built from a struct literal, one bound by a `let` typed as
+/// the group from a helper's result.
+#[dsl_macros::kernel]
+fn copy_rows(x_ptr: Ptr<f32>, out_ptr: Ptr<f32>, stride: i32, #[constexpr] BLOCK: usize) {
+    let r = program_id(0);
+    let cols = arange(0, BLOCK);
+    let src: RowAt = row_below(RowAt { base: x_ptr, stride }, r);
+    let dst = RowAt { base: out_ptr + r * stride, stride };
+    store(
+        dst.base + cols,
+        load(src.base + cols, mask = cols < src.stride, other = 0.0),
+        mask = cols < dst.stride,
+    );
+}
+
+#[test]
+fn groups_of_tensors_pass_through_helpers() {
+    let mut cpu = dsl_core::interp::Cpu::new();
+    let x: Vec<f32> = (0..3 * 5).map(|i| 0.5 + i as f32).collect();
+    let (xp, out) = (cpu.upload(&x), cpu.zeros::<f32>(15));
+    let args = copy_rows::Args { x_ptr: xp, out_ptr: out, stride: 5, _marker: std::marker::PhantomData };
+    copy_rows::interpret(&mut cpu, [3, 1, 1], &copy_rows::Config::new(8), &args).unwrap();
+    assert_eq!(cpu.read(out), x);
+}
