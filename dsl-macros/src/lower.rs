@@ -187,6 +187,27 @@ impl Lower {
         }
     }
 
+    /// Whether a `let`'s type names a group of tensors: a tuple, or a
+    /// struct (a capitalized path other than `Tensor` that is not a name
+    /// bound in the kernel, such as a dtype generic `T`). Scalar and dtype
+    /// annotations (`f32`, `T`) on a tensor keep their old meaning.
+    fn group_type(&self, ty: &syn::Type) -> bool {
+        match ty {
+            syn::Type::Tuple(t) => !t.elems.is_empty(),
+            syn::Type::Path(p) => {
+                let bound = p.path.get_ident().is_some_and(|i| self.lookup(&i.to_string()).is_some());
+                p.qself.is_none()
+                    && !bound
+                    && p.path.segments.last().is_some_and(|s| {
+                        s.ident != "Tensor"
+                            && s.ident.to_string().starts_with(|c: char| c.is_ascii_uppercase())
+                    })
+            }
+            syn::Type::Paren(p) => self.group_type(&p.elem),
+            _ => false,
+        }
+    }
+
     fn unsupported(&mut self, tokens: impl ToTokens, msg: &str) -> (TokenStream, bool) {
         self.errors.at(tokens, msg);
         (quote!(()), false)
@@ -272,7 +293,8 @@ impl Lower {
             Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
                 // A helper's result is a group when the `let` names a group
                 // type: the macro cannot see a call's return type.
-                let group = self.is_group(&init.expr, vdyn) || (vdyn && ty.is_some_and(|t| group_type(t)));
+                let group =
+                    self.is_group(&init.expr, vdyn) || (vdyn && ty.is_some_and(|t| self.group_type(t)));
                 let id = self.declare(&pi.ident, vdyn);
                 let name = &pi.ident;
                 let mutability = &pi.mutability;
@@ -1086,24 +1108,6 @@ fn whole_static(whole: &Expr, name: &Ident, rv: TokenStream, op: Option<TokenStr
             quote_spanned!(span=> #name #op #rv)
         }
         _ => quote_spanned!(span=> #name = #rv),
-    }
-}
-
-/// Whether a `let`'s type names a group of tensors: a tuple, or a struct
-/// (a path whose last segment is capitalized) other than `Tensor`.
-/// Scalars and dtypes (`f32`, `i32`, ..) are lower case, so an annotation
-/// like `let x: f32 = ..` on a tensor keeps its old meaning.
-fn group_type(ty: &syn::Type) -> bool {
-    match ty {
-        syn::Type::Tuple(t) => !t.elems.is_empty(),
-        syn::Type::Path(p) => {
-            p.qself.is_none()
-                && p.path.segments.last().is_some_and(|s| {
-                    s.ident != "Tensor" && s.ident.to_string().starts_with(|c: char| c.is_ascii_uppercase())
-                })
-        }
-        syn::Type::Paren(p) => group_type(&p.elem),
-        _ => false,
     }
 }
 

@@ -175,7 +175,8 @@ fn tensor_group_rules() {
 }
 
 /// A `let` typed as a struct binds a helper's group (the macro cannot see
-/// the call's return type); typed as a scalar it stays a tensor.
+/// the call's return type); typed as a scalar or a dtype generic it stays
+/// a tensor.
 #[test]
 fn a_typed_let_binds_a_helpers_group() {
     let (helper, kernel) = expand_helper_and_kernel(
@@ -185,10 +186,11 @@ fn a_typed_let_binds_a_helpers_group() {
             }
         },
         quote! {
-            fn words(q_ptr: Ptr<i32>, out_ptr: Ptr<i32>) {
+            fn words<T: Float>(q_ptr: Ptr<i32>, out_ptr: Ptr<i32>) {
                 let l = program_id(0);
                 let p: Planes = at(Planes { q: load(q_ptr), qs: 4 }, l);
                 let x: f32 = p.q.to(f32);
+                let y: T = p.q.to(T);
                 store(out_ptr + l, p.q + p.qs);
             }
         },
@@ -197,4 +199,5 @@ fn a_typed_let_binds_a_helpers_group() {
     assert!(!helper.contains("compile_error") && !kernel.contains("compile_error"), "{helper}\n{kernel}");
     assert!(kernel.contains("let p : Planes = at"), "{kernel}");
     assert!(kernel.contains("let x : :: dsl_core :: lang :: Tensor"), "{kernel}");
+    assert!(kernel.contains("let y : :: dsl_core :: lang :: Tensor"), "{kernel}");
 }
