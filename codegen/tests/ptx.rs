@@ -1260,6 +1260,7 @@ fn dequant() {
 /// the final norm (bf16), and the QKV at batch 8 (`M_BLOCK = 8`).
 #[test]
 fn dequant_fused() {
+    use ::kernels::dequant::Fuse;
     use ::kernels::dequant::QuantFormat::{Q4_1, Q8_0};
     use ::kernels::dequant::fused::gemv_fused as f;
     let spec = |f: Result<Function>, n: u64, k: u64| {
@@ -1267,16 +1268,15 @@ fn dequant_fused() {
         dsl_core::launch::specialize(&f.unwrap(), &facts).0
     };
     let (bf, fp) = (DType::BF16, DType::F32);
-    let q41 = |t, silu, norm, res, bn, bk, n, k| {
-        spec(f::build(&f::Config::new(t, Q4_1, silu, norm, res, 1, bn, bk)), n, k)
-    };
-    let lm = spec(f::build(&f::Config::new(bf, Q8_0, false, true, false, 1, 16, 256)), 49152, 576);
+    let q41 = |t, fuse, bn, bk, n, k| spec(f::build(&f::Config::new(t, Q4_1, fuse, 1, bn, bk)), n, k);
+    let norm = Fuse::NONE.with_norm(true);
+    let lm = spec(f::build(&f::Config::new(bf, Q8_0, norm, 1, 16, 256)), 49152, 576);
     // Batch 8: M_BLOCK 8, the per-row `rstd` broadcast along the tile.
-    let m8 = spec(f::build(&f::Config::new(fp, Q4_1, false, true, false, 8, 4, 512)), 960, 576);
+    let m8 = spec(f::build(&f::Config::new(fp, Q4_1, norm, 8, 4, 512)), 960, 576);
     let cases = [
-        ("_q4_1_f32_norm_qkv", q41(fp, false, true, false, 8, 512, 960, 576), 4),
-        ("_q4_1_bf16_norm_silu", q41(bf, true, true, false, 8, 512, 1536, 576), 4),
-        ("_q4_1_f32_residual_down", q41(fp, false, false, true, 8, 512, 576, 1536), 4),
+        ("_q4_1_f32_norm_qkv", q41(fp, norm, 8, 512, 960, 576), 4),
+        ("_q4_1_bf16_norm_silu", q41(bf, norm.with_silu(true), 8, 512, 1536, 576), 4),
+        ("_q4_1_f32_residual_down", q41(fp, Fuse::NONE.with_residual(true), 8, 512, 576, 1536), 4),
         ("_q8_0_bf16_norm_lm_head", lm, 4),
         ("_q4_1_f32_norm_qkv_m8", m8, 4),
     ];
@@ -1665,9 +1665,7 @@ fn batch_invariant_kernels_share_instructions() {
             let c = lk::Config::new(
                 DType::BF16,
                 format,
-                false,
-                m == 1,
-                false,
+                ::kernels::dequant::Fuse::NONE.with_norm(m == 1),
                 t.split,
                 true,
                 t.block_m,

@@ -19,7 +19,7 @@
 //! The module docs of [`crate::dequant`]: weights formed in f32 by placing
 //! the quant in a mantissa (`f = 16 + q` for a nibble, `256 + (q + 128)`
 //! for a byte) and one FMA with the block scale (`w = d * f + off`),
-//! activations (with `NORM`, normalized with the norm kernels'
+//! activations (with the norm, normalized with the norm kernels'
 //! exact statistic and add+RMSNorm's rounding, as the fused GEMV rounds)
 //! multiplied and accumulated elementwise in f32 by FMAs into an f32 tile
 //! `[M_BLOCK, BLOCK_N, W]` (`W = BLOCK_K / 2` quant bytes for Q4, each
@@ -27,8 +27,8 @@
 //! `W = BLOCK_K` for Q8_0), in increasing K order, then summed along `W`
 //! once (the epilogue of [`crate::dequant::gemv`]). Every result is a fixed
 //! function of the inputs and the tile shape; with the same `BLOCK_K` it
-//! does not depend on `M_BLOCK`, `BLOCK_N` or the batch, and the `NORM` and
-//! `RESIDUAL` fusions give the bits of a separate norm or add kernel: the
+//! does not depend on `M_BLOCK`, `BLOCK_N` or the batch, and the norm and
+//! residual-add fusions give the bits of a separate norm or add kernel: the
 //! native CPU's batch-invariant product is this kernel at every batch size.
 //!
 //! # Layout contract
@@ -57,9 +57,9 @@
 //!
 //! # Constexprs
 //!
-//! `T` (activation dtype), `QUANT`, `SILU`, `NORM`, `RESIDUAL`, `M_BLOCK` (activation
-//! rows per program), `BLOCK_N` (weight rows per program, even with
-//! `SILU`), `BLOCK_K` (a power of two `>= 32`), as the fused GEMV.
+//! `T` (activation dtype), `QUANT`, `FUSE` (the fusions, [`Fuse`]), `M_BLOCK`
+//! (activation rows per program), `BLOCK_N` (weight rows per program, even
+//! with the SiLU-mul), `BLOCK_K` (a power of two `>= 32`), as the fused GEMV.
 
 use crate::dequant::gemv::{
     dm_word, gemv_epilogue, gemv_operand, k_scales, q4_scale_decode, q4_scales, q6k_scale, repeat_rows,
@@ -199,7 +199,7 @@ pub fn over_rows(x: Tensor, m_block: usize, block_n: usize, width: usize) -> Ten
     reshape(broadcast_to(x3, [m_block, block_n, width]), [m_block * block_n * width])
 }
 
-/// The RMSNorm statistic of the `NORM` prologue (`eps`, unused, without
+/// The RMSNorm statistic of the norm prologue (`eps`, unused, without
 /// it): the norm kernels' exact statistic ([`rms_rstd_tiled`]) of this
 /// program's activation rows (rows past `m` clamped), so a fused norm and a
 /// separate one agree bit for bit; a scalar for one row, else repeated over
@@ -248,10 +248,10 @@ pub fn cpu_fma(
 }
 
 /// The dequant GEMV for CPUs, in the format `QUANT`, with the fused GEMV's
-/// RMSNorm prologue (`NORM`), SiLU-mul (`SILU`) and residual add
-/// (`RESIDUAL`); see the module doc. Each format is its own specialization
-/// (IR name `cpu_gemv_q4_1`, ...). Output row `r` starts at `out + r * ldo`
-/// (`ldo >= n`), as in [`crate::dequant::linear::linear`].
+/// RMSNorm prologue, SiLU-mul and residual add (`FUSE`); see the module
+/// doc. Each format is its own specialization (IR name `cpu_gemv_q4_1`,
+/// ...). Output row `r` starts at `out + r * ldo` (`ldo >= n`), as in
+/// [`crate::dequant::linear::linear`].
 ///
 /// The W tile `[BLOCK_N, W]` holds quant byte `c` of each weight row's K
 /// tile: two weights for the nibble formats (Q4_0, Q4_1; `W = BLOCK_K / 2`),
@@ -271,18 +271,16 @@ pub fn cpu_gemv<T: Float>(
     k: i32,
     eps: f32,
     #[constexpr] QUANT: QuantFormat,
-    #[constexpr] SILU: bool,
-    #[constexpr] NORM: bool,
-    #[constexpr] RESIDUAL: bool,
+    #[constexpr] FUSE: Fuse,
     #[constexpr] M_BLOCK: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] BLOCK_K: usize,
 ) {
-    let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
     let q4 = QUANT.is_q4();
     let w = if q4 { BLOCK_K / 2 } else { BLOCK_K };
     let wn = BLOCK_N * w;
-    let rows = if SILU { n * 2 } else { n };
+    let norm = FUSE.norm();
+    let rows = if FUSE.silu() { n * 2 } else { n };
     let nb = k / 32;
     // W tile [BLOCK_N, W]: byte c of row r's K tile.
     let wl = arange(0, wn);
@@ -297,7 +295,7 @@ pub fn cpu_gemv<T: Float>(
     let mrow = minimum(program_id(1) * M_BLOCK + xl / w, m - 1);
     let n_off = if q4 { xc / 16 * 32 + xc % 16 } else { xc };
     let x_off = mrow * k + n_off;
-    let rs = norm_rstd(x_ptr, m, k, eps, NORM, M_BLOCK, w);
+    let rs = norm_rstd(x_ptr, m, k, eps, norm, M_BLOCK, w);
     let k_full = k / BLOCK_K * BLOCK_K;
     let mut acc = zeros([M_BLOCK * wn], f32);
     if q4 {
@@ -309,11 +307,11 @@ pub fn cpu_gemv<T: Float>(
             let (d, off) = q4_scales(s_ptr, s_off + k0 / 32, QUANT);
             let (w_lo, w_hi) = nibble_weights(q, d, off);
             let xa = load(x_ptr + x_off + k0);
-            let na = if NORM { load(nw_ptr + n_off + k0) } else { xa };
-            acc = cpu_fma(acc, w_lo, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, w_lo, xa, na, rs, norm, T, M_BLOCK, BLOCK_N, w);
             let xb = load(x_ptr + x_off + k0 + 16);
-            let nb_ = if NORM { load(nw_ptr + n_off + k0 + 16) } else { xb };
-            acc = cpu_fma(acc, w_hi, xb, nb_, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+            let nb_ = if norm { load(nw_ptr + n_off + k0 + 16) } else { xb };
+            acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, T, M_BLOCK, BLOCK_N, w);
         }
         // The partial K tile: blocks past K read nothing and add nothing
         // (never for the K-quants, whose rows are whole super-blocks).
@@ -325,11 +323,11 @@ pub fn cpu_gemv<T: Float>(
                 let (w_lo, w_hi) = nibble_weights(q, d, off);
                 let okx = k0 / 32 + xc / 16 < nb;
                 let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-                let na = if NORM { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-                acc = cpu_fma(acc, w_lo, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+                let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+                acc = cpu_fma(acc, w_lo, xa, na, rs, norm, T, M_BLOCK, BLOCK_N, w);
                 let xb = load(x_ptr + x_off + k0 + 16, mask = okx, other = 0.0);
-                let nb_ = if NORM { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
-                acc = cpu_fma(acc, w_hi, xb, nb_, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+                let nb_ = if norm { load(nw_ptr + n_off + k0 + 16, mask = okx, other = 0.0) } else { xb };
+                acc = cpu_fma(acc, w_hi, xb, nb_, rs, norm, T, M_BLOCK, BLOCK_N, w);
             }
         }
     } else if QUANT != QuantFormat::Q8_0 {
@@ -339,8 +337,8 @@ pub fn cpu_gemv<T: Float>(
         for k0 in range(0, k, BLOCK_K) {
             let wt = wide_weights(q_ptr, s_ptr, q_off + k0, s_off + k0 / 32, c, QUANT);
             let xa = load(x_ptr + x_off + k0);
-            let na = if NORM { load(nw_ptr + n_off + k0) } else { xa };
-            acc = cpu_fma(acc, wt, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, norm, T, M_BLOCK, BLOCK_N, w);
         }
     } else {
         for k0 in range(0, k_full, BLOCK_K) {
@@ -351,8 +349,8 @@ pub fn cpu_gemv<T: Float>(
             let d = load(s_ptr + s_off + k0 / 32).to(f32);
             let wt = byte_weights(q, d);
             let xa = load(x_ptr + x_off + k0);
-            let na = if NORM { load(nw_ptr + n_off + k0) } else { xa };
-            acc = cpu_fma(acc, wt, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+            let na = if norm { load(nw_ptr + n_off + k0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, norm, T, M_BLOCK, BLOCK_N, w);
         }
         for k0 in range(k_full, k, BLOCK_K) {
             let ok = k0 + c < k;
@@ -361,9 +359,9 @@ pub fn cpu_gemv<T: Float>(
             let wt = byte_weights(q, d);
             let okx = k0 + xc < k;
             let xa = load(x_ptr + x_off + k0, mask = okx, other = 0.0);
-            let na = if NORM { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
-            acc = cpu_fma(acc, wt, xa, na, rs, NORM, T, M_BLOCK, BLOCK_N, w);
+            let na = if norm { load(nw_ptr + n_off + k0, mask = okx, other = 0.0) } else { xa };
+            acc = cpu_fma(acc, wt, xa, na, rs, norm, T, M_BLOCK, BLOCK_N, w);
         }
     }
-    gemv_epilogue(acc, out_ptr, m, n, ldo, fuse, T, M_BLOCK, BLOCK_N, w);
+    gemv_epilogue(acc, out_ptr, m, n, ldo, FUSE, T, M_BLOCK, BLOCK_N, w);
 }

@@ -17,9 +17,9 @@ use dsl_core::launch::{Kernel, LaunchOptions};
 use dsl_core::{DType, Function};
 use kernels::copy::copy;
 use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc};
-use kernels::dequant::QuantFormat;
 use kernels::dequant::fused::gemv_fused;
 use kernels::dequant::q8::{gemv_q8, quantize_q8, rmsnorm_q8};
+use kernels::dequant::{Fuse, QuantFormat};
 use kernels::embedding::{embedding_q8_0, embedding_repacked};
 use kernels::examples::vector_add;
 use kernels::examples::{argmax_rows, collatz, cumsum_rows, histogram, layer_norm, matmul};
@@ -413,11 +413,11 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         name: "gemv_q4_1_fused",
-        description: "GEMV (any block format) with an RMSNorm prologue (NORM) or a residual-add epilogue (RESIDUAL)",
-        default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
+        description: "GEMV (any block format) with an RMSNorm prologue or a residual-add epilogue (FUSE)",
+        default_config: "T = f32, FUSE = norm, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
         build: || {
             spec::<gemv_fused::Kernel>(
-                gemv_fused::Config::new(DType::F32, QuantFormat::Q4_1, false, true, false, 1, 8, 512)
+                gemv_fused::Config::new(DType::F32, QuantFormat::Q4_1, Fuse::NONE.with_norm(true), 1, 8, 512)
                     .with_warps(4),
             )
         },
@@ -425,11 +425,18 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         name: "cpu_gemv_q4_1",
-        description: "the fused GEMVs (every format, NORM, SILU, RESIDUAL) shaped for CPUs: the native backend's decode",
-        default_config: "T = f32, SILU = false, NORM = true, RESIDUAL = false, M_BLOCK = 1, BLOCK_N = 64, BLOCK_K = 32",
+        description: "the fused GEMVs (every format, every FUSE) shaped for CPUs: the native backend's decode",
+        default_config: "T = f32, FUSE = norm, M_BLOCK = 1, BLOCK_N = 64, BLOCK_K = 32",
         build: || {
             use kernels::cpu_gemv::cpu_gemv as k;
-            spec::<k::Kernel>(k::Config::new(DType::F32, QuantFormat::Q4_1, false, true, false, 1, 64, 32))
+            spec::<k::Kernel>(k::Config::new(
+                DType::F32,
+                QuantFormat::Q4_1,
+                Fuse::NONE.with_norm(true),
+                1,
+                64,
+                32,
+            ))
         },
         check: checks!(crate::check::cpu_gemv::cpu_gemv),
     },

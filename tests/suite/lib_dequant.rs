@@ -524,7 +524,10 @@ fn run_fused<T: Act>(
     let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(quants), cpu.upload(scales), cpu.upload(nw));
     let op = cpu.upload(out0);
     let grid = gemv_grid(m, n, silu, mb, bn);
-    let (norm, residual) = (fuse == Fuse::Norm, fuse == Fuse::Residual);
+    let flags = kernels::dequant::Fuse::NONE
+        .with_silu(silu)
+        .with_norm(fuse == Fuse::Norm)
+        .with_residual(fuse == Fuse::Residual);
     macro_rules! go {
         ($k:path) => {{
             use $k as kk;
@@ -541,7 +544,7 @@ fn run_fused<T: Act>(
                 eps,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(T::DTYPE, format, silu, norm, residual, mb, bn, bk);
+            let config = kk::Config::new(T::DTYPE, format, flags, mb, bn, bk);
             kk::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }

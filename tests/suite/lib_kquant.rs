@@ -18,7 +18,9 @@ use kernels::cpu_gemv::weight_tile_any;
 use kernels::cpu_gemv::{cpu_gemv, cpu_gemv_tiles};
 use kernels::dequant::fused::gemv_fused;
 use kernels::dequant::linear::{LINEAR_BLOCK_K, loaded_weights, tile_load};
-use kernels::dequant::{GemvTiles, QuantFormat, Repacked, gemv_grid, gemv_tiles, interleave_gate_up, repack};
+use kernels::dequant::{
+    Fuse, GemvTiles, QuantFormat, Repacked, gemv_grid, gemv_tiles, interleave_gate_up, repack,
+};
 use kernels::reference::quant as r;
 use std::marker::PhantomData;
 use tests::reference::Rng;
@@ -110,9 +112,9 @@ fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, u
                 eps: 0.0,
                 _marker: PhantomData,
             };
-            let config =
-                $kk::Config::new(T::DTYPE, w.format, silu, false, false, t.m_block, t.block_n, t.block_k)
-                    .with_warps(t.num_warps);
+            let fuse = Fuse::NONE.with_silu(silu);
+            let config = $kk::Config::new(T::DTYPE, w.format, fuse, t.m_block, t.block_n, t.block_k)
+                .with_warps(t.num_warps);
             $kk::interpret(&mut cpu, grid, &config, &args).unwrap();
         }};
     }
@@ -365,7 +367,8 @@ fn word_tiled_kernels_refuse_other_formats() {
             ("gemv", gemv::build(&gemv::Config::new(bf, f, false, 1, 4, 256)).err()),
             (
                 "gemv_fused",
-                gemv_fused::build(&gemv_fused::Config::new(bf, f, false, true, false, 1, 4, 256)).err(),
+                gemv_fused::build(&gemv_fused::Config::new(bf, f, Fuse::NONE.with_norm(true), 1, 4, 256))
+                    .err(),
             ),
         ] {
             let e = e.unwrap_or_else(|| panic!("{name} built for {f:?}"));

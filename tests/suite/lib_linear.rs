@@ -39,9 +39,12 @@ pub(crate) enum Fuse {
 }
 
 impl Fuse {
-    /// The kernels' fusion flags `(SILU, NORM, RESIDUAL)` for this fusion.
-    pub(crate) fn flags(self) -> (bool, bool, bool) {
-        (self == Fuse::Silu, self == Fuse::Norm, self == Fuse::Residual)
+    /// The kernels' `FUSE` constexpr for this fusion.
+    pub(crate) fn flags(self) -> kernels::dequant::Fuse {
+        kernels::dequant::Fuse::NONE
+            .with_silu(self == Fuse::Silu)
+            .with_norm(self == Fuse::Norm)
+            .with_residual(self == Fuse::Residual)
     }
 }
 
@@ -83,9 +86,8 @@ pub(crate) fn run<T: Act>(
     let mut cpu = Cpu::new();
     let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(nw));
     let op = cpu.upload(out0);
-    let (silu, norm, residual) = fuse.flags();
     let t = LinearTiles { block_m: bm, block_n: bn, num_warps: 4, split };
-    let grid = linear_grid(m, n, k, silu, &t);
+    let grid = linear_grid(m, n, k, fuse == Fuse::Silu, &t);
     let (ws, cnt) = linear_workspace(grid, &t);
     let (wsp, cntp) = (cpu.zeros::<f32>(ws.max(1)), cpu.zeros::<i32>(cnt.max(1)));
     let args = product_args!(
@@ -99,8 +101,7 @@ pub(crate) fn run<T: Act>(
         eps: EPS,
     );
     let norm_block = k.next_power_of_two();
-    let config =
-        linear::Config::new(T::DTYPE, format, silu, norm, residual, split, f16_ops, bm, bn, norm_block);
+    let config = linear::Config::new(T::DTYPE, format, fuse.flags(), split, f16_ops, bm, bn, norm_block);
     linear::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?;
     // The split form leaves its counters zero for the next launch.
     if cpu.read::<i32>(cntp).iter().any(|&c| c != 0) {
@@ -244,7 +245,7 @@ fn split_sum_over_many_k_tiles_equals_the_loop() {
     }
 }
 
-/// The fused RMSNorm prologue (`NORM`, one row) equals `rmsnorm` with
+/// The fused RMSNorm prologue (`FUSE.norm()`, one row) equals `rmsnorm` with
 /// add+RMSNorm's rounding followed by the plain layer, and that `rmsnorm`
 /// equals add+RMSNorm's normed output; the residual epilogue equals the
 /// plain layer followed by add+RMSNorm's residual add: bit for bit, in f32

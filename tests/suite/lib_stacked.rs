@@ -36,9 +36,7 @@ fn stacked_probe<T: Float>(
     k: i32,
     eps: f32,
     #[constexpr] QUANT: QuantFormat,
-    #[constexpr] SILU: bool,
-    #[constexpr] NORM: bool,
-    #[constexpr] RESIDUAL: bool,
+    #[constexpr] FUSE: Fuse,
     #[constexpr] F16: bool,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] STACK: usize,
@@ -46,13 +44,12 @@ fn stacked_probe<T: Float>(
     #[constexpr] TILES: usize,
     #[constexpr] NORM_BLOCK: usize,
 ) {
-    let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
     let pid = program_id(0);
-    let rows = if SILU { n * 2 } else { n };
+    let rows = if FUSE.silu() { n * 2 } else { n };
     let wrow = stacked_rows(pid, rows, BLOCK_N, STACK, PACK, TILES);
     let cycle = if PACK > 1 { TILES } else { 0 };
     let (wd, sr) = stacked_load(q_ptr, s_ptr, wrow, full([], 0, i32), cycle, k / 32, QUANT, BLOCK_N, STACK);
-    let rs = if NORM {
+    let rs = if FUSE.norm() {
         let cols = arange(0, NORM_BLOCK);
         rms_rstd(load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32), k, eps, NORM_BLOCK)
     } else {
@@ -60,14 +57,14 @@ fn stacked_probe<T: Float>(
     };
     let zero = full([], 0, i32);
     if PACK > 1 {
-        packed_sums(x_ptr, nw_ptr, ws_ptr, k, rs, wd, sr, BLOCK_N, STACK, PACK, TILES, QUANT, fuse, F16, T);
-        packed_epilogue(ws_ptr, out_ptr, n, pid, fuse, T, BLOCK_N, STACK, PACK, TILES);
+        packed_sums(x_ptr, nw_ptr, ws_ptr, k, rs, wd, sr, BLOCK_N, STACK, PACK, TILES, QUANT, FUSE, F16, T);
+        packed_epilogue(ws_ptr, out_ptr, n, pid, FUSE, T, BLOCK_N, STACK, PACK, TILES);
     } else {
         let (sums, _) = stacked_sums(
-            x_ptr, q_ptr, s_ptr, nw_ptr, ws_ptr, k, rs, wrow, wd, sr, QUANT, fuse, F16, T, BLOCK_N, STACK,
+            x_ptr, q_ptr, s_ptr, nw_ptr, ws_ptr, k, rs, wrow, wd, sr, QUANT, FUSE, F16, T, BLOCK_N, STACK,
             TILES, false,
         );
-        linear_epilogue(reshape(sums, [1, BLOCK_N]), out_ptr, zero + 1, n, n, zero, pid, fuse, T, 1, BLOCK_N);
+        linear_epilogue(reshape(sums, [1, BLOCK_N]), out_ptr, zero + 1, n, n, zero, pid, FUSE, T, 1, BLOCK_N);
     };
 }
 
@@ -87,8 +84,7 @@ fn run_stacked<T: Act>(
     (stack, block_n, pack): (usize, usize, usize),
 ) -> Vec<T> {
     let mut cpu = Cpu::new();
-    let (silu, norm, residual) = fuse.flags();
-    let rows = if silu { 2 * n } else { n };
+    let rows = if fuse == LinearFuse::Silu { 2 * n } else { n };
     let tiles = k.div_ceil(LINEAR_BLOCK_K);
     let programs = rows.div_ceil(block_n * pack);
     let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(nw));
@@ -99,9 +95,7 @@ fn run_stacked<T: Act>(
     let config = stacked_probe::Config::new(
         T::DTYPE,
         format,
-        silu,
-        norm,
-        residual,
+        fuse.flags(),
         f16_ops,
         block_n,
         stack,

@@ -37,16 +37,17 @@
 //!
 //! Fusions, each computing bit for bit what the separate kernels compute:
 //!
-//! - `NORM` (RMSNorm prologue, single-row steps only: `m == 1`): the
+//! - `FUSE.norm()` (RMSNorm prologue, single-row steps only: `m == 1`): the
 //!   statistic of the row through [`crate::rmsnorm::rms_rstd`] (exact and
 //!   order-independent, as in the norm kernels), then add+RMSNorm's
 //!   rounding sequence `round_T(round_T(x * rstd) * nw)` on every
 //!   activation before the operand rounding.
-//! - `RESIDUAL` (epilogue, not with `SILU`): `out = round_T(round_T(y) +
-//!   out)` in place: the product rounded to `T`, then add+RMSNorm's
-//!   rounded residual add.
-//! - `SILU` (gate/up interleaved as in [`super::repack::interleave_gate_up`]):
-//!   `silu(gate) * up` ([`super::gemm::gemm_epilogue`]).
+//! - `FUSE.residual()` (epilogue, not with the SiLU-mul): `out =
+//!   round_T(round_T(y) + out)` in place: the product rounded to `T`, then
+//!   add+RMSNorm's rounded residual add.
+//! - `FUSE.silu()` (gate/up interleaved as in
+//!   [`super::repack::interleave_gate_up`]): `silu(gate) * up`
+//!   ([`super::gemm::gemm_epilogue`]).
 //!
 //! # Tiling
 //!
@@ -64,10 +65,10 @@
 //! # Contract
 //!
 //! As the other dequant kernels ([`super`]): `x` `[M, K]` and `out` `[M, N]`
-//! row-major in `T`; the repacked planes; `K % 32 == 0`. With `NORM`, `m`
+//! row-major in `T`; the repacked planes; `K % 32 == 0`. With the norm, `m`
 //! must be 1, `nw_ptr` holds the `K` norm weights in `T` and `NORM_BLOCK`
-//! is `K` rounded up to a power of two; with `RESIDUAL`, `out` holds the
-//! residual stream (not aliasing `x`). With `SPLIT`, `ws` holds at least
+//! is `K` rounded up to a power of two; with the residual add, `out` holds
+//! the residual stream (not aliasing `x`). With `SPLIT`, `ws` holds at least
 //! [`super::linear_workspace`]'s entries and `cnt` its counters, all zero
 //! before the first launch (every launch leaves them zero); without it
 //! they are not read.
@@ -562,10 +563,10 @@ pub fn split_finish(
 }
 
 /// The batch-invariant linear layer (see the module doc): `out = x @ W^T`
-/// with `W` repacked in the format `QUANT`; with `SILU` the
-/// fused gate/up product, with `NORM` the RMSNorm prologue (`m == 1`), with
-/// `RESIDUAL` the in-place residual add. `F16` rounds both operands to f16
-/// (tensor cores); otherwise they stay f32. With `SPLIT` the grid's third
+/// with `W` repacked in the format `QUANT`; with the fusions `FUSE`, the
+/// fused gate/up product (`silu`), the RMSNorm prologue (`norm`, `m == 1`)
+/// or the in-place residual add (`residual`). `F16` rounds both operands
+/// to f16 (tensor cores); otherwise they stay f32. With `SPLIT` the grid's third
 /// axis runs one K tile per program (`cdiv(K, LINEAR_BLOCK_K)` programs per
 /// output tile) and the products meet through `ws` and `cnt` (see
 /// [`split_finish`]); otherwise each program loops over K. Output row `r`
@@ -601,21 +602,18 @@ pub fn linear<T: Float>(
     k: i32,
     eps: f32,
     #[constexpr] QUANT: QuantFormat,
-    #[constexpr] SILU: bool,
-    #[constexpr] NORM: bool,
-    #[constexpr] RESIDUAL: bool,
+    #[constexpr] FUSE: Fuse,
     #[constexpr] SPLIT: bool,
     #[constexpr] F16: bool,
     #[constexpr] BLOCK_M: usize,
     #[constexpr] BLOCK_N: usize,
     #[constexpr] NORM_BLOCK: usize,
 ) {
-    static_assert(!(SILU && RESIDUAL), "SILU and RESIDUAL do not combine");
-    let fuse = Fuse::NONE.with_silu(SILU).with_norm(NORM).with_residual(RESIDUAL);
+    static_assert(!(FUSE.silu() && FUSE.residual()), "the SiLU-mul and the residual add do not combine");
     // Program `(i, j, z)` is output tile `(i, j)` (and K tile `z` when
     // split).
     let (pid_m, pid_n, pid_k) = (program_id(0), program_id(1), program_id(2));
-    let rows = if fuse.silu() { n * 2 } else { n };
+    let rows = if FUSE.silu() { n * 2 } else { n };
     let nb = k / 32;
     let wrow = minimum(pid_n * BLOCK_N + arange(0, BLOCK_N), rows - 1);
     let bk = LINEAR_BLOCK_K as i32;
@@ -629,7 +627,7 @@ pub fn linear<T: Float>(
     // previous kernel.
     gdc_wait();
     gdc_launch_dependents();
-    let rs = if fuse.norm() {
+    let rs = if FUSE.norm() {
         let cols = arange(0, NORM_BLOCK);
         let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
         rms_rstd(row, k, eps, NORM_BLOCK)
@@ -659,7 +657,7 @@ pub fn linear<T: Float>(
         num_programs(1),
         num_programs(2),
         QUANT,
-        fuse,
+        FUSE,
         SPLIT,
         F16,
         T,

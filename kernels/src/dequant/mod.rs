@@ -140,6 +140,8 @@
 //!   (`is_q4`, `has_min`), and the shared epilogues take their fusions as
 //!   named flags ([`Fuse`]).
 //! - `SILU`: fused gate/up epilogue (weights interleaved, `BLOCK_N` even).
+//!   The kernels with more fusions ([`fused`], [`linear`]) take them as one
+//!   constexpr, `FUSE: Fuse` (SiLU-mul, RMSNorm prologue, residual add).
 //! - GEMV: `M_BLOCK` (activation rows per program, [`m_block_for`]),
 //!   `BLOCK_N` (weight rows per program), `BLOCK_K` (K tile, a power of two
 //!   `>= 32`). The accumulator holds `M_BLOCK * BLOCK_N * BLOCK_K / 2` (Q4)
@@ -165,11 +167,12 @@ pub use repack::{
     repack_q4_1, repack_q8_0,
 };
 
-/// What a dequant product fuses around itself, as named flags for the
-/// kernels' shared bodies (a `#[kernel]` passes its `SILU`, `NORM` and
-/// `RESIDUAL` constexprs through [`Fuse::NONE`] and the `with_*` methods):
-/// the SiLU-mul epilogue of gate/up weights, the RMSNorm prologue and the
-/// in-place residual add (see the module doc and [`fused`]).
+/// What a dequant product fuses around itself, as named flags: the SiLU-mul
+/// epilogue of gate/up weights, the RMSNorm prologue and the in-place
+/// residual add (see the module doc and [`fused`]). The kernels that fuse
+/// take it as one constexpr (`#[constexpr] FUSE: Fuse`, built with
+/// [`Fuse::NONE`] and the `with_*` methods) and pass it to their shared
+/// bodies as it is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fuse {
     silu: bool,
@@ -209,6 +212,15 @@ impl Fuse {
     /// `out = round_T(round_T(y) + out)` in place.
     pub const fn residual(self) -> bool {
         self.residual
+    }
+}
+
+impl dsl_core::launch::Constexpr for Fuse {
+    /// The fusions that are on, joined by `_` (`silu_norm`), or `none`.
+    fn name_part(&self) -> String {
+        let on = [(self.silu, "silu"), (self.norm, "norm"), (self.residual, "residual")];
+        let names: Vec<&str> = on.iter().filter(|(f, _)| *f).map(|(_, n)| *n).collect();
+        if names.is_empty() { "none".to_string() } else { names.join("_") }
     }
 }
 
@@ -550,4 +562,19 @@ pub fn linear_workspace(grid: [u32; 3], t: &LinearTiles) -> (usize, usize) {
     }
     let tiles = grid[0] as usize * grid[1] as usize;
     (tiles * grid[2] as usize * t.block_m * t.block_n, tiles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fuse;
+    use dsl_core::launch::Constexpr;
+
+    /// A `FUSE` constexpr names the fusions that are on (as a `{FUSE}` of
+    /// a kernel name template would show them).
+    #[test]
+    fn fuse_name_parts() {
+        assert_eq!(Fuse::NONE.name_part(), "none");
+        assert_eq!(Fuse::NONE.with_silu(true).with_norm(true).name_part(), "silu_norm");
+        assert_eq!(Fuse::NONE.with_norm(true).with_residual(true).name_part(), "norm_residual");
+    }
 }

@@ -67,8 +67,8 @@ use kernels::dequant::gemm::gemm;
 use kernels::dequant::gemv::gemv;
 use kernels::dequant::stream_k::gemm_stream_k;
 use kernels::dequant::{
-    GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack, stream_k,
-    uses_gemv,
+    Fuse, GemmTiles, QuantFormat, SWAPPED_WIDE, gemm_grid, gemm_tiles, gemv_grid, gemv_tiles, repack,
+    stream_k, uses_gemv,
 };
 use kernels::examples::vector_add;
 use std::marker::PhantomData;
@@ -370,8 +370,9 @@ fn measure_fused(
         ldo: n as i32,
         eps: 1e-5,
     );
-    let config = kk::Config::new(DType::BF16, format, silu, norm, residual, t.m_block, t.block_n, t.block_k)
-        .with_warps(t.num_warps);
+    let fuse = Fuse::NONE.with_silu(silu).with_norm(norm).with_residual(residual);
+    let config =
+        kk::Config::new(DType::BF16, format, fuse, t.m_block, t.block_n, t.block_k).with_warps(t.num_warps);
     time_launch_ms::<kk::Kernel>(cuda, opts, grid, &config, &args)
 }
 

@@ -28,7 +28,7 @@ use dsl_core::DType;
 use dsl_core::launch::Backend;
 use kernels::copy::copy;
 use kernels::cpu_gemv::cpu_gemv_tiles;
-use kernels::dequant::{QuantFormat, gemv_grid, repack};
+use kernels::dequant::{Fuse, QuantFormat, gemv_grid, repack};
 use kernels::rmsnorm::{self, add_rmsnorm};
 use kernels::softmax::softmax;
 use std::marker::PhantomData;
@@ -147,16 +147,8 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
         macro_rules! run {
             ($quant:expr) => {{
                 use kernels::cpu_gemv::cpu_gemv as kk;
-                let config = kk::Config::new(
-                    DType::F32,
-                    $quant,
-                    silu,
-                    norm,
-                    residual,
-                    t.m_block,
-                    t.block_n,
-                    t.block_k,
-                );
+                let fuse = Fuse::NONE.with_silu(silu).with_norm(norm).with_residual(residual);
+                let config = kk::Config::new(DType::F32, $quant, fuse, t.m_block, t.block_n, t.block_k);
                 let mut args = kk::Args {
                     x_ptr: xq.cast(),
                     q_ptr: q,

@@ -18,8 +18,8 @@ use dsl_core::DType;
 use dsl_core::launch::AnyDType;
 use kernels::dequant::linear::linear;
 use kernels::dequant::{
-    LINEAR_SPLIT_LONG_MAX_M, LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid, linear_grid,
-    linear_min_programs, linear_tiles, linear_workspace, uses_gemv,
+    Fuse as KernelFuse, LINEAR_SPLIT_LONG_MAX_M, LINEAR_SPLIT_MAX_M, QuantFormat, gemm_grid, gemv_grid,
+    linear_grid, linear_min_programs, linear_tiles, linear_workspace, uses_gemv,
 };
 
 /// What a projection fuses: `Norm` is the RMSNorm prologue with its weight
@@ -80,12 +80,11 @@ pub(crate) fn linear_config(
 ) -> (linear::Config, [u32; 3], (usize, usize)) {
     let t = linear_tiles(format, m, rows, k, tensor_cores);
     let n = if silu { rows / 2 } else { rows };
+    let fuse = KernelFuse::NONE.with_silu(silu).with_norm(norm).with_residual(residual);
     let config = linear::Config::new(
         dtype,
         format,
-        silu,
-        norm,
-        residual,
+        fuse,
         t.split,
         tensor_cores,
         t.block_m,
@@ -284,22 +283,14 @@ pub(super) fn gemv_fused<D: Device, T: ActElem>(
     let (qp, sp) = w.planes()?;
     let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
     let grid = gemv_grid(m, n, silu, t.m_block, t.block_n);
+    let fuse = KernelFuse::NONE.with_silu(silu).with_norm(norm.is_some()).with_residual(residual);
     macro_rules! launch {
         ($($kernel:ident)::+) => {{
             use kernels::$($kernel)::+ as kk;
             let args =
                 product_args!(kk, (qp, sp, op), (m, n, w.k), x_ptr: xp, nw_ptr: np, ldo: ldo as i32, eps);
-            let config = kk::Config::new(
-                dtype,
-                w.format,
-                silu,
-                norm.is_some(),
-                residual,
-                t.m_block,
-                t.block_n,
-                t.block_k,
-            )
-            .with_warps(t.num_warps);
+            let config =
+                kk::Config::new(dtype, w.format, fuse, t.m_block, t.block_n, t.block_k).with_warps(t.num_warps);
             l.run::<kk::Kernel>(grid, &config, &args)
         }};
     }

@@ -77,7 +77,10 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
     (m, n): (usize, usize),
 ) -> Result<Vec<f64>> {
     let (a, b, c) = launch.tiles;
-    let (norm, residual) = (fuse == Fuse::Norm, fuse == Fuse::Residual);
+    let flags = kernels::dequant::Fuse::NONE
+        .with_silu(launch.silu)
+        .with_norm(fuse == Fuse::Norm)
+        .with_residual(fuse == Fuse::Residual);
     let (xd, qd, sd) = (dev.upload(inp.x)?, dev.upload(&inp.w.quants)?, dev.upload(&inp.w.scales)?);
     let (nd, od) = (dev.upload(inp.nw)?, dev.upload(inp.out0)?);
     with_fused!(kernels, kk => {
@@ -90,7 +93,7 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
             ldo: n as i32,
             eps: FUSED_EPS,
         );
-        let mut config = kk::Config::new(T::DEVICE_DTYPE, launch.format, launch.silu, norm, residual, a, b, c);
+        let mut config = kk::Config::new(T::DEVICE_DTYPE, launch.format, flags, a, b, c);
         if kernels == FusedKernels::Dequant {
             config = config.with_warps(launch.warps);
         }
