@@ -12,7 +12,7 @@
 //! | stage | tasks | body |
 //! |---|---|---|
 //! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
-//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue; stacked, RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
+//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue; stacked of one row, RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
 //! | attention | row x KV head | split QKV: [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache); then [`crate::decode_attention::decode_tc_body`], never split |
 //! | O projection | as QKV | residual add into `h` as the epilogue |
 //! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
@@ -37,8 +37,9 @@
 //! prefetches delayed the QKV tasks' waits; issued all at once after the
 //! attention, their traffic slowed the gate/up tasks.
 //!
-//! A one-row step's products in the word-tiled formats take one task per
-//! output tile over all of K, its K tiles stacked in one `dot`
+//! The products of a step of one row, or of at most `STACK_ROWS` rows, in
+//! the word-tiled formats take one task per output tile over all of K, the
+//! K tiles of all its rows stacked in one `dot`
 //! ([`crate::dequant::stacked`]; small tiles, so even the 576-row
 //! projections of a small model give a hundred tasks or more); where that
 //! `dot` would be wide and mostly past K, packed with several output
@@ -47,7 +48,7 @@
 //! stores its tile's product, and the task that completes an output tile
 //! sums them in K order ([`crate::dequant::linear::split_finish`]).
 //!
-//! A stacked QKV tile holds whole RoPE pairs, so it rotates its Q and K
+//! A stacked QKV tile of one row holds whole RoPE pairs, so it rotates its Q and K
 //! rows and writes Q to `q` and K and V to the token's cache slot itself:
 //! the attention task then starts on the cache right after its wait, with
 //! no QKV row to read back, rotate and store first. Everything an attention
@@ -69,7 +70,9 @@
 //!
 //! # Contract
 //!
-//! - `m` rows, `1 <= m <= 16` (one M tile); with `ONE_ROW`, `m == 1`.
+//! - `m` rows, `1 <= m <= 16` (one M tile); with `ONE_ROW`, `m == 1`;
+//!   otherwise with `STACK_ROWS > 0` (2 or 4), `m <= STACK_ROWS`: the
+//!   products stack the K tiles of all rows ([`crate::dequant::stacked`]).
 //! - Weights of layer `l`: the repacked planes at `q + l * *_qs` bytes and
 //!   `s + l * *_ss` scale entries; norm weights at `l * N_EMBD`; the KV cache
 //!   of layer `l` at `l * kv_stride` elements; all offsets fit 32 bits;
@@ -228,6 +231,7 @@ pub fn decode_step<T: Float>(
     #[constexpr] F_DN2: QuantFormat,
     #[constexpr] F16: bool,
     #[constexpr] ONE_ROW: bool,
+    #[constexpr] STACK_ROWS: usize,
     #[constexpr] TRACE: bool,
     #[constexpr] KV8: bool,
 ) {
@@ -267,24 +271,31 @@ pub fn decode_step<T: Float>(
     // The embedding kernel's column tile (`embedding::block_for`).
     let nb_e = N_EMBD.next_power_of_two().min(1024);
     let norm_block = N_EMBD.next_power_of_two();
-    // One-row steps on tensor cores take the word-tiled products stacked
-    // ([`stacked_sums`]: `stack` K tiles per dot, no split-K hand-over);
-    // the others split into 128-column K tiles, gate/up in tiles of 64 rows
-    // (its tasks then fit the grid in one round).
-    let one = ONE_ROW && F16;
+    // Steps on tensor cores of one row, or of at most `STACK_ROWS` rows,
+    // take the word-tiled products stacked ([`stacked_sums`]: `stack` K
+    // tiles of every row per dot, no split-K hand-over); the others split
+    // into 128-column K tiles, gate/up in tiles of 64 rows (its tasks then
+    // fit the grid in one round).
+    let srows = if !F16 {
+        0
+    } else if ONE_ROW {
+        1
+    } else {
+        STACK_ROWS
+    };
     let qkv_rows_n = (N_HEAD + 2 * N_KV) * HEAD_DIM;
     let (f_qkv, f_qkv2) = (
-        F_QKV.stage_format(one, qkv_rows_n, N_EMBD, false),
-        F_QKV2.stage_format(one, qkv_rows_n, N_EMBD, false),
+        F_QKV.stage_format(srows, qkv_rows_n, N_EMBD, false),
+        F_QKV2.stage_format(srows, qkv_rows_n, N_EMBD, false),
     );
     let (f_o, f_o2) = (
-        F_O.stage_format(one, N_EMBD, N_HEAD * HEAD_DIM, false),
-        F_O2.stage_format(one, N_EMBD, N_HEAD * HEAD_DIM, false),
+        F_O.stage_format(srows, N_EMBD, N_HEAD * HEAD_DIM, false),
+        F_O2.stage_format(srows, N_EMBD, N_HEAD * HEAD_DIM, false),
     );
     let (f_gu, f_gu2) =
-        (F_GU.stage_format(one, 2 * N_FF, N_EMBD, true), F_GU2.stage_format(one, 2 * N_FF, N_EMBD, true));
+        (F_GU.stage_format(srows, 2 * N_FF, N_EMBD, true), F_GU2.stage_format(srows, 2 * N_FF, N_EMBD, true));
     let (f_dn, f_dn2) =
-        (F_DN.stage_format(one, N_EMBD, N_FF, false), F_DN2.stage_format(one, N_EMBD, N_FF, false));
+        (F_DN.stage_format(srows, N_EMBD, N_FF, false), F_DN2.stage_format(srows, N_EMBD, N_FF, false));
     let (st_qkv, bn_qkv) = (f_qkv.stack(), f_qkv.task_rows());
     let (st_o, bn_o) = (f_o.stack(), f_o.task_rows());
     let (st_gu, bn_gu) = (f_gu.stack(), f_gu.task_rows());
@@ -294,7 +305,7 @@ pub fn decode_step<T: Float>(
     // tasks in it; the RoPE placement below must not depend on the format.
     let mixed = F_QKV2 != F_QKV || F_O2 != F_O || F_GU2 != F_GU || F_DN2 != F_DN;
     static_assert(
-        F_QKV2.stacks(one, qkv_rows_n, N_EMBD) == F_QKV.stacks(one, qkv_rows_n, N_EMBD),
+        F_QKV2.stacks(srows, qkv_rows_n, N_EMBD) == F_QKV.stacks(srows, qkv_rows_n, N_EMBD),
         "a model's QKV formats must both stack or both split",
     );
     let (tl_e, tl_attn, tl_ff) = (
@@ -304,11 +315,11 @@ pub fn decode_step<T: Float>(
     );
     // The LM head unsplit (its tiles alone fill the grid): tiles of 64 rows
     // in Q8_0, 32 otherwise.
-    let f_head = F_HEAD.stage_format(false, 0, N_EMBD, false);
+    let f_head = F_HEAD.stage_format(0, 0, N_EMBD, false);
     // A stacked QKV product rotates Q and K itself and writes them (and V)
     // where the attention reads them ([`rope_pairs`]); otherwise the
     // attention task does it ([`rope_row`]) from the QKV row.
-    let fused_rope = F_QKV.stacks(one, qkv_rows_n, N_EMBD) && !KV8;
+    let fused_rope = srows == 1 && F_QKV.stacks(srows, qkv_rows_n, N_EMBD) && !KV8;
     let rope_qkv = if fused_rope { RopeShape::NONE.heads(N_HEAD, N_KV, HEAD_DIM) } else { RopeShape::NONE };
     let qkv_out = if fused_rope { q_ptr } else { qkv_ptr };
     let t_qkv = count_tiles(n_qkv, bn_qkv);
@@ -337,7 +348,15 @@ pub fn decode_step<T: Float>(
         k_cache,
         v_cache,
     };
-    let cfg = StepCfg { f16_ops: F16, one_row: ONE_ROW, dt: T, norm_block, n_marks, trace: TRACE };
+    let cfg = StepCfg {
+        f16_ops: F16,
+        one_row: ONE_ROW,
+        stack_rows: srows,
+        dt: T,
+        norm_block,
+        n_marks,
+        trace: TRACE,
+    };
     let qkv_spec = cfg.stage(f_qkv, f_qkv2, Fuse::NONE.with_norm(true), tl_e).with_rope(rope_qkv);
     let o_spec = cfg.stage(f_o, f_o2, Fuse::NONE.with_residual(true), tl_attn);
     let gu_spec = cfg.stage(f_gu, f_gu2, Fuse::NONE.with_silu(true).with_norm(true), tl_e);

@@ -88,7 +88,8 @@ pub fn layer_caches(#[tensors] io: StepIo, kv: Tensor) -> StepIo {
 }
 
 /// The step's build-time settings that every product stage takes: f16
-/// operands (`f16_ops`), one row (`one_row`), the activations' dtype `dt`,
+/// operands (`f16_ops`), one row (`one_row`), the rows of a stacked
+/// product (`stack_rows`), the activations' dtype `dt`,
 /// the norm statistic's column tile `norm_block`, and with `trace` the
 /// trace marks of `n_marks` stage counters (see [`stage_linear`]).
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +98,10 @@ pub struct StepCfg {
     pub f16_ops: bool,
     /// A one-row step.
     pub one_row: bool,
+    /// The activation rows a stacked product holds: 1 in a one-row step, 2
+    /// or 4 in a multi-row one of at most that many rows, 0 where the
+    /// products do not stack ([`StageShape::stage_format`]).
+    pub stack_rows: usize,
     /// The activations' dtype.
     pub dt: DType,
     /// The norm statistic's column tile.
@@ -276,17 +281,18 @@ impl StageFormat {
 /// The persistent step's [`StageFormat`] of a product in a format.
 pub trait StageShape {
     /// The tiling of a product of `rows` weight rows and `k` columns:
-    /// stacked for one row (`one_row`) in the word-tiled formats, otherwise
+    /// stacked for `stack_rows` activation rows (see
+    /// [`StackedShape::stacked_shape`]) in the word-tiled formats, otherwise
     /// split along K into tiles of 64 rows (Q8_0, or with `tall`) or 32.
     /// Tile heights decide only which program computes which output, not
     /// the arithmetic.
-    fn stage_format(self, one_row: bool, rows: usize, k: usize, tall: bool) -> StageFormat;
+    fn stage_format(self, stack_rows: usize, rows: usize, k: usize, tall: bool) -> StageFormat;
 }
 
 impl StageShape for QuantFormat {
-    fn stage_format(self, one_row: bool, rows: usize, k: usize, tall: bool) -> StageFormat {
+    fn stage_format(self, stack_rows: usize, rows: usize, k: usize, tall: bool) -> StageFormat {
         let split = if tall || self == QuantFormat::Q8_0 { 64 } else { 32 };
-        let (stack, block_n, pack) = self.stacked_tiling(one_row, rows, k, split);
+        let (stack, block_n, pack) = self.stacked_tiling(stack_rows, rows, k, split);
         StageFormat { quant: self, block_n, stack, pack }
     }
 }
@@ -334,6 +340,8 @@ pub fn stage_linear(
     let cfg = spec.cfg;
     let (f16_ops, one_row, dt, norm_block, n_marks, trace) =
         (cfg.f16_ops, cfg.one_row, cfg.dt, cfg.norm_block, cfg.n_marks, cfg.trace);
+    // Activation rows of a stacked tile (1: one row; more: `m` of them live).
+    let srows = if one_row { 1 } else { cfg.stack_rows };
     let n_formats = if fmt2 == fmt { 1 } else { 2 };
     for j in 0..n_formats {
         let f = if j == 0 { fmt } else { fmt2 };
@@ -386,6 +394,8 @@ pub fn stage_linear(
                     let cols = arange(0, norm_block);
                     let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
                     rms_rstd(row, k, eps, norm_block)
+                } else if stack > 0 {
+                    rms_rstd_live_rows(x_ptr, m, k, eps, srows, LIVE_ROWS_CHUNK, norm_block)
                 } else {
                     expand_dims(
                         rms_rstd_live_rows(x_ptr, m, k, eps, MAX_ROWS, LIVE_ROWS_CHUNK, norm_block),
@@ -396,15 +406,22 @@ pub fn stage_linear(
                 // hides behind the tile's products instead of following them.
                 let res_on = t * block_n as i32 + arange(0, block_n as i32);
                 let early = stack > 0 && pack == 1 && fuse.residual() && !rope.on();
-                let res = if early { load(out_ptr + res_on, mask = res_on < n, other = 0.0) } else { eps };
+                let res = if !early {
+                    eps
+                } else if srows > 1 {
+                    let (at, ok) = rows_at(res_on, m, n, srows);
+                    load(out_ptr + at, mask = ok, other = 0.0)
+                } else {
+                    load(out_ptr + res_on, mask = res_on < n, other = 0.0)
+                };
                 mark(trace_ptr, done_idx + 2 * n_marks as i32, width, trace);
                 let fin = if pack > 1 {
                     packed_sums(
-                        x_ptr, nw_ptr, ws_ptr, k, rs, wd, sr, block_n, stack, pack, tiles, quant, fuse,
-                        f16_ops, dt,
+                        x_ptr, nw_ptr, ws_ptr, k, m, rs, wd, sr, block_n, stack, pack, tiles, srows, quant,
+                        fuse, f16_ops, dt,
                     );
                     mark(trace_ptr, done_idx + 3 * n_marks as i32, width, trace);
-                    packed_epilogue(ws_ptr, out_ptr, n, t, fuse, dt, block_n, stack, pack, tiles);
+                    packed_epilogue(ws_ptr, out_ptr, m, n, t, fuse, dt, block_n, stack, pack, tiles, srows);
                     full([], 1, i1)
                 } else if stack > 0 {
                     let (sums, odd) = stacked_sums(
@@ -414,6 +431,7 @@ pub fn stage_linear(
                         nw_ptr,
                         ws_ptr,
                         k,
+                        m,
                         rs,
                         wrow,
                         wd,
@@ -425,6 +443,7 @@ pub fn stage_linear(
                         block_n,
                         stack,
                         tiles,
+                        srows,
                         rope.on(),
                     );
                     mark(trace_ptr, done_idx + 3 * n_marks as i32, width, trace);
@@ -449,7 +468,14 @@ pub fn stage_linear(
                         );
                     } else if early {
                         // `linear_epilogue`'s residual sum, on the loaded residual.
-                        store(out_ptr + res_on, residual_sum(sums, res, dt), mask = res_on < n);
+                        if srows > 1 {
+                            let (at, ok) = rows_at(res_on, m, n, srows);
+                            store(out_ptr + at, residual_sum(sums, res, dt), mask = ok);
+                        } else {
+                            store(out_ptr + res_on, residual_sum(sums, res, dt), mask = res_on < n);
+                        }
+                    } else if srows > 1 {
+                        linear_epilogue(sums, out_ptr, m, n, n, zero, t, fuse, dt, srows, block_n);
                     } else {
                         linear_epilogue(
                             reshape(sums, [1, block_n]),
@@ -481,6 +507,14 @@ pub fn stage_linear(
             }
         };
     }
+}
+
+/// The offsets and the mask of columns `cols` in the first `m` of `rows`
+/// rows of `n` columns (`[rows, len(cols)]`; row `r` at `r * n`).
+#[kernel_fn]
+fn rows_at(cols: Tensor, m: Tensor, n: Tensor, rows: usize) -> (Tensor, Tensor) {
+    let r = expand_dims(arange(0, rows as i32), 1);
+    (r * n + expand_dims(cols, 0), r < m && expand_dims(cols < n, 0))
 }
 
 /// The weight words and scales of product task `t` ([`tile_load`]): its

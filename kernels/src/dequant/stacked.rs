@@ -1,7 +1,7 @@
-//! The one-row batch-invariant product with all of its K tiles in one
-//! `dot`: the persistent decode step's single-row products
-//! ([`crate::decode_step`]) take a whole output tile over all of K per task
-//! this way, with no split-K hand-over.
+//! The batch-invariant product of one row, or of a few, with all of its K
+//! tiles in one `dot`: the persistent decode step's products of up to four
+//! rows ([`crate::decode_step`]) take a whole output tile over all of K per
+//! task this way, with no split-K hand-over.
 //!
 //! # Math
 //!
@@ -16,9 +16,20 @@
 //! the weight tiles side by side (column `t * block_n + j` is weight row
 //! `j` of the output tile at K tile `t`). The diagonal blocks `(t, t)` of
 //! the result are the `p_t`, bit for bit; the other blocks are discarded.
-//! Each `p_t` is taken out by a masked sum (one value and zeros, exact) and
-//! added to the f32 result in K order from zero, as
-//! [`super::linear::split_finish`] adds the split form's tile products.
+//! The diagonal blocks go to the program's slot of the workspace (a masked
+//! store, then a barrier), and each `p_t` is read back and added to the f32
+//! result in K order from zero, as [`super::linear::split_finish`] adds the
+//! split form's tile products. (Taking them out of the accumulator by
+//! masked reductions instead made the persistent step spill; see
+//! BENCHMARKS.md.)
+//!
+//! Several rows share the dequantized weights: with `R` rows, row `t * R +
+//! r` of the left operand is row `r`'s activations of K tile `t`, and each
+//! row's diagonal blocks go to its own part of the scratch, so a task of
+//! `R` rows dequantizes its weight tile once and each row's sums are the
+//! one-row sums bit for bit. The dot is `R` times as tall (at least the 16
+//! rows of one `mma` tile, so two rows of up to 8 K tiles cost no more than
+//! one).
 //!
 //! # Tiling
 //!
@@ -64,6 +75,23 @@ pub const STACKED_MIN_ROWS: usize = 32;
 /// persistent step (two per SM), so that the stage runs in one round.
 pub const STACKED_TASKS: usize = 256;
 
+/// The most f32 results one stacked `dot` of several activation rows
+/// holds (`[rows * K tiles, stack * block_n]`; 8 registers a thread at the
+/// persistent step's four warps). Past it, the taller dot and the longer
+/// read-back of the products cost the persistent step more than the split
+/// products' hand-over (BENCHMARKS.md, forty-eighth session): at two rows
+/// SmolLM2's QKV, O and (packed) gate/up products stack and its down
+/// product (12 K tiles) splits.
+pub const STACKED_MAX_RESULT: usize = 1024;
+
+/// The rows of a stacked `dot` of `stack_rows` activation rows over `span`
+/// K tiles, at most 16 (row `t * stack_rows + r` is row `r`'s K tile
+/// `t`): at least 16, the height of one `mma` tile.
+pub const fn stacked_dot_rows(stack_rows: usize, span: usize) -> usize {
+    let rows = if stack_rows > 1 { stack_rows * span } else { span };
+    if rows > 16 { rows } else { 16 }
+}
+
 /// The dot width (weight rows) of a packed stacked tile (see
 /// [`StackedShape::stacked_tiling`]).
 pub const PACKED_ROWS: usize = 64;
@@ -75,15 +103,17 @@ pub const PACKED_BLOCK_N: usize = 4;
 /// call it on their constexpr format (a method, so it is decided while the
 /// kernel is built).
 pub trait StackedShape {
-    /// `(stack, block_n)` of a one-row product on f16 operands (`one_row`:
-    /// the caller's one-row and tensor-core condition) of `rows` weight
-    /// rows and `k` columns; `(0, split_block_n)` where it runs split:
-    /// formats other than the word-tiled ones, and shapes whose dot would
-    /// exceed [`STACKED_MAX_ROWS`]. `stack` is the next power of two of the
-    /// K tiles (at most 16); `block_n` the smallest power of two from 4
-    /// (and from [`STACKED_MIN_ROWS`]` / stack`) that cuts the rows into at
-    /// most [`STACKED_TASKS`] tiles.
-    fn stacked_shape(self, one_row: bool, rows: usize, k: usize, split_block_n: usize) -> (usize, usize);
+    /// `(stack, block_n)` of a product of `stack_rows` activation rows on
+    /// f16 operands (`stack_rows`: the caller's row capacity, 0 where it
+    /// cannot stack, e.g. without tensor cores) of `rows` weight rows and
+    /// `k` columns; `(0, split_block_n)` where it runs split: formats other
+    /// than the word-tiled ones, shapes whose dot would exceed
+    /// [`STACKED_MAX_ROWS`] weight rows, and several rows whose results
+    /// would exceed [`STACKED_MAX_RESULT`]. `stack` is the next power of two
+    /// of the K tiles (at most 16); `block_n` the smallest power of two
+    /// from 4 (and from [`STACKED_MIN_ROWS`]` / stack`) that cuts the rows
+    /// into at most [`STACKED_TASKS`] tiles.
+    fn stacked_shape(self, stack_rows: usize, rows: usize, k: usize, split_block_n: usize) -> (usize, usize);
 
     /// `(stack, block_n, pack)`: [`StackedShape::stacked_shape`]'s tiling,
     /// or, where its one dot would be wider than [`PACKED_ROWS`] with the
@@ -95,47 +125,54 @@ pub trait StackedShape {
     /// row than the unpacked tile, with the same sums.
     fn stacked_tiling(
         self,
-        one_row: bool,
+        stack_rows: usize,
         rows: usize,
         k: usize,
         split_block_n: usize,
     ) -> (usize, usize, usize)
     where
-        Self: Sized,
+        Self: Sized + Copy,
     {
-        let (stack, block_n) = self.stacked_shape(one_row, rows, k, split_block_n);
+        // The unpacked tile of one row decides whether packing pays; the
+        // packed dot's own size decides whether it takes `stack_rows` rows.
+        let (stack, block_n) = self.stacked_shape(stack_rows.min(1), rows, k, split_block_n);
         let tiles = k.div_ceil(LINEAR_BLOCK_K);
         let slots = PACKED_ROWS / PACKED_BLOCK_N;
         let pack = slots / tiles.max(1);
+        let result = stacked_dot_rows(stack_rows, tiles.next_power_of_two()) * PACKED_ROWS;
         if stack >= tiles
             && stack * block_n > PACKED_ROWS
             && pack >= 2
             && rows.div_ceil(pack * PACKED_BLOCK_N) <= STACKED_TASKS
+            && (stack_rows == 1 || (stack_rows.is_power_of_two() && result <= STACKED_MAX_RESULT))
         {
             (slots, PACKED_BLOCK_N, pack)
         } else {
+            let (stack, block_n) = self.stacked_shape(stack_rows, rows, k, split_block_n);
             (stack, block_n, 1)
         }
     }
 
     /// Whether [`StackedShape::stacked_shape`] stacks the product.
-    fn stacks(self, one_row: bool, rows: usize, k: usize) -> bool
+    fn stacks(self, stack_rows: usize, rows: usize, k: usize) -> bool
     where
         Self: Sized,
     {
-        self.stacked_shape(one_row, rows, k, 0).0 > 0
+        self.stacked_shape(stack_rows, rows, k, 0).0 > 0
     }
 }
 
 impl StackedShape for QuantFormat {
-    fn stacked_shape(self, one_row: bool, rows: usize, k: usize, split_block_n: usize) -> (usize, usize) {
+    fn stacked_shape(self, stack_rows: usize, rows: usize, k: usize, split_block_n: usize) -> (usize, usize) {
         let tiles = k.div_ceil(LINEAR_BLOCK_K);
         let stack = tiles.next_power_of_two().min(16);
         let mut block_n = (STACKED_MIN_ROWS / stack).max(4);
         while rows.div_ceil(block_n) > STACKED_TASKS {
             block_n *= 2;
         }
-        if one_row && self.gpu_kernels() && stack * block_n <= STACKED_MAX_ROWS {
+        let result = stacked_dot_rows(stack_rows, stack) * stack * block_n;
+        let fits = stack_rows == 1 || (stack_rows.is_power_of_two() && result <= STACKED_MAX_RESULT);
+        if stack_rows > 0 && fits && self.gpu_kernels() && stack * block_n <= STACKED_MAX_ROWS {
             (stack, block_n)
         } else {
             (0, split_block_n)
@@ -144,9 +181,11 @@ impl StackedShape for QuantFormat {
 }
 
 /// The scratch entries a program of the persistent step needs for a
-/// product stacked as `(stack, block_n)` over `k` columns.
-pub const fn stacked_slot(stack: usize, block_n: usize, k: usize) -> usize {
-    k.div_ceil(LINEAR_BLOCK_K).div_ceil(stack) * stack * block_n
+/// product of `stack_rows` rows (at least one) stacked as `(stack,
+/// block_n)` over `k` columns.
+pub const fn stacked_slot(stack: usize, block_n: usize, k: usize, stack_rows: usize) -> usize {
+    let rows = if stack_rows > 1 { stack_rows } else { 1 };
+    k.div_ceil(LINEAR_BLOCK_K).div_ceil(stack) * stack * block_n * rows
 }
 
 /// The weight rows `wrow` (`[stack * block_n]`) of a stacked tile for output
@@ -209,15 +248,18 @@ pub fn stacked_load(
 }
 
 /// The f32 row sums of one output tile (`block_n` weight rows) of the
-/// one-row product `x @ W^T` over all `tiles` K tiles (see the module doc),
-/// before an epilogue ([`linear_epilogue`]'s fusions, or RoPE's): the
-/// tile's `[block_n]` sums, or with `pairs` its even rows' and its odd
-/// rows' (`[block_n / 2]` each; the same sums, read from the scratch in two
-/// strided halves, for epilogues that take rows in pairs; without `pairs`
-/// the second result repeats the first). `wrow` are its weight rows
-/// ([`stacked_rows`]), `wd0`/`sr0` the first dot's weights
-/// ([`stacked_load`] at K tile 0), `rs` the norm statistic. Program `p`'s
-/// scratch is slot `p` of `ws` ([`stacked_slot`] entries each).
+/// product `x @ W^T` of `stack_rows` activation rows (the first `m` real)
+/// over all `tiles` K tiles (see the module doc), before an epilogue
+/// ([`linear_epilogue`]'s fusions, or RoPE's): the tile's `[block_n]` sums
+/// of one row (`stack_rows == 1`), `[stack_rows, block_n]` otherwise, or
+/// with `pairs` (one row) its even rows' and its odd rows' (`[block_n / 2]`
+/// each; the same sums, read from the scratch in two strided halves, for
+/// epilogues that take rows in pairs; without `pairs` the second result
+/// repeats the first). `wrow` are its weight rows ([`stacked_rows`],
+/// shared by the rows), `wd0`/`sr0` the first dot's weights
+/// ([`stacked_load`] at K tile 0), `rs` the norm statistic (of several
+/// rows: `[stack_rows]`). Program `p`'s scratch is slot `p` of `ws`
+/// ([`stacked_slot`] entries each).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn stacked_sums(
@@ -227,6 +269,7 @@ pub fn stacked_sums(
     nw_ptr: Tensor,
     ws_ptr: Tensor,
     k: Tensor,
+    m: Tensor,
     rs: Tensor,
     wrow: Tensor,
     wd0: Tensor,
@@ -238,27 +281,43 @@ pub fn stacked_sums(
     block_n: usize,
     stack: usize,
     tiles: usize,
+    stack_rows: usize,
     pairs: bool,
 ) -> (Tensor, Tensor) {
-    let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack) as i32;
+    static_assert(!pairs || stack_rows == 1, "rows in pairs come from a one-row tile");
+    let rows = stack_rows.max(1);
+    let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack * rows) as i32;
     let width = stack * block_n;
-    // The dot's rows (one per K tile of the chunk), the tile's columns, and
-    // which columns of the result hold each row's own K tile.
-    let t16 = expand_dims(arange(0, 16), 1);
+    // The dot's rows (row `t * rows + r`: row `r`'s K tile `t` of the
+    // chunk), the tile's columns, and which columns of the result hold each
+    // row's own K tile.
+    let dr = (rows * stack).max(16);
+    let t16 = expand_dims(arange(0, dr as i32), 1);
     let cols = expand_dims(arange(0, width as i32), 0);
-    let own = t16 == cols / block_n as i32;
+    let own =
+        if rows > 1 { t16 / rows as i32 == cols / block_n as i32 } else { t16 == cols / block_n as i32 };
     // The rows each sum reads back: all of them, or the even ones and the
-    // odd ones.
+    // odd ones; of several rows, row `r`'s at `r * width` in the scratch.
     let (j, j2) = if pairs {
         let e = arange(0, (block_n / 2) as i32) * 2;
         (e, e + 1)
+    } else if rows > 1 {
+        let a =
+            expand_dims(arange(0, rows as i32) * width as i32, 1) + expand_dims(arange(0, block_n as i32), 0);
+        (a, a)
     } else {
         let a = arange(0, block_n as i32);
         (a, a)
     };
+    // Where each product row of the dot goes in the scratch.
+    let at = if rows > 1 { t16 % rows as i32 * width as i32 + cols } else { cols };
     let mut wd = wd0;
     let mut sr = sr0;
-    let mut acc = zeros([if pairs { block_n / 2 } else { block_n }], f32);
+    let mut acc = if rows > 1 {
+        zeros([rows, block_n], f32)
+    } else {
+        zeros([if pairs { block_n / 2 } else { block_n }], f32)
+    };
     let mut acc2 = acc;
     for c0 in static_range(0, tiles, stack) {
         let (wd_next, sr_next) = if c0 + stack < tiles {
@@ -276,14 +335,16 @@ pub fn stacked_sums(
         } else {
             (wd, sr)
         };
-        let d = stacked_dot(x_ptr, nw_ptr, k, rs, wd, sr, c0, block_n, stack, quant, fuse, f16_ops, dt);
+        let d = stacked_dot(
+            x_ptr, nw_ptr, k, m, rs, wd, sr, c0, block_n, stack, stack, rows, quant, fuse, f16_ops, dt,
+        );
         // The diagonal blocks to this program's scratch, read back in K
         // order after a barrier. Each dot of the task has its own region;
         // the program's next task writes the slot only after its own dot,
         // whose operand staging waits at a CTA barrier for every thread,
         // so no thread overwrites a value another has yet to read.
-        let base = ws_ptr + slot + (c0 / stack * width) as i32;
-        store(base + broadcast_to(cols, [16, width]), d, mask = own);
+        let base = ws_ptr + slot + (c0 / stack * width * rows) as i32;
+        store(base + broadcast_to(at, [dr, width]), d, mask = own);
         barrier();
         for t in static_range(0, stack.min(tiles - c0)) {
             acc = acc + load(base + (t * block_n) as i32 + j);
@@ -297,23 +358,28 @@ pub fn stacked_sums(
     (acc, acc2)
 }
 
-/// One stacked `dot` of a one-row product: row `t` of the left operand is
-/// the row's activations of K tile `c0 + t` (rounded as `linear` rounds
-/// them; rows past `stack` and columns past K zero), the right operand the
-/// dequantized weights `wd`/`sr` of [`stacked_load`]. The `[16, stack *
-/// block_n]` products, f32.
+/// One stacked `dot` of `rows` activation rows (the first `m` real): row
+/// `t * rows + r` of the left operand is row `r`'s activations of K tile
+/// `c0 + t` for `t < span` (rounded as `linear` rounds them, with the norm
+/// statistic `rs`, `[rows]` for several rows; other rows and columns past
+/// K zero), the right operand the dequantized weights `wd`/`sr` of
+/// [`stacked_load`] (`stack` K tiles or slots). The `[stacked_dot_rows(rows,
+/// span), stack * block_n]` products, f32.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn stacked_dot(
     x_ptr: Tensor,
     nw_ptr: Tensor,
     k: Tensor,
+    m: Tensor,
     rs: Tensor,
     wd: Tensor,
     sr: Tensor,
     c0: usize,
     block_n: usize,
     stack: usize,
+    span: usize,
+    rows: usize,
     quant: QuantFormat,
     fuse: Fuse,
     f16_ops: bool,
@@ -321,26 +387,42 @@ pub fn stacked_dot(
 ) -> Tensor {
     let bk = LINEAR_BLOCK_K as i32;
     let width = stack * block_n;
-    let t16 = expand_dims(arange(0, 16), 1);
+    let dr = (rows * span).max(16);
+    let t16 = expand_dims(arange(0, dr as i32), 1);
     let c = expand_dims(arange(0, bk), 0);
     let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [width, LINEAR_BLOCK_K]);
     let e8 = broadcast_to(c % 4 * 8, [width, LINEAR_BLOCK_K]);
-    let col = (t16 + c0 as i32) * bk + c;
-    let ok = t16 < stack as i32 && col < k;
-    let xa = load(x_ptr + col, mask = ok, other = 0.0);
+    let (xa, col, ok, rs) = if rows > 1 {
+        let (t, r) = (t16 / rows as i32, t16 % rows as i32);
+        let col = (t + c0 as i32) * bk + c;
+        let ok = t < span as i32 && r < m && col < k;
+        let xa = load(x_ptr + r * k + col, mask = ok, other = 0.0);
+        // Row `t * rows + r`'s statistic is row `r`'s.
+        let rs = if fuse.norm() {
+            reshape(broadcast_to(expand_dims(rs, 0), [dr / rows, rows]), [dr, 1])
+        } else {
+            rs
+        };
+        (xa, col, ok, rs)
+    } else {
+        let col = (t16 + c0 as i32) * bk + c;
+        let ok = t16 < stack as i32 && col < k;
+        (load(x_ptr + col, mask = ok, other = 0.0), col, ok, rs)
+    };
     let nw = if fuse.norm() { load(nw_ptr + col, mask = ok, other = 0.0) } else { xa };
     let xv = where_(ok, linear_operand(xa, nw, rs, fuse.norm(), f16_ops, dt), 0.0);
     let w = swap_weights(wd, nib, e8, sr, quant);
     let wv = if f16_ops { w.to(f16) } else { w };
-    dot(xv, trans(wv), zeros([16, width], f32))
+    dot(xv, trans(wv), zeros([dr, width], f32))
 }
 
 /// The products of a packed stacked tile ([`StackedShape::stacked_tiling`]:
 /// `pack` output blocks of `block_n` rows over all `tiles` K tiles in one
-/// dot of `stack` slots) into this program's scratch slot of `ws`: slot
-/// `j`'s product with K tile `j % tiles`, the others discarded. Summed per
-/// row with [`packed_row_sums`] (this ends with the barrier that makes them
-/// visible to the whole program).
+/// dot of `stack` slots) of `stack_rows` activation rows (the first `m`
+/// real) into this program's scratch slot of `ws`: slot `j`'s product with
+/// K tile `j % tiles`, the others discarded. Summed per row with
+/// [`packed_row_sums`] (this ends with the barrier that makes them visible
+/// to the whole program).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn packed_sums(
@@ -348,6 +430,7 @@ pub fn packed_sums(
     nw_ptr: Tensor,
     ws_ptr: Tensor,
     k: Tensor,
+    m: Tensor,
     rs: Tensor,
     wd: Tensor,
     sr: Tensor,
@@ -355,50 +438,92 @@ pub fn packed_sums(
     stack: usize,
     pack: usize,
     tiles: usize,
+    stack_rows: usize,
     quant: QuantFormat,
     fuse: Fuse,
     f16_ops: bool,
     dt: DType,
 ) {
     static_assert(tiles <= stack && pack * tiles <= stack, "a packed tile is one dot");
+    let rows = stack_rows.max(1);
+    let span = tiles.next_power_of_two();
+    let dr = (rows * span).max(16);
     let width = (stack * block_n) as i32;
-    let t16 = expand_dims(arange(0, 16), 1);
+    let t16 = expand_dims(arange(0, dr as i32), 1);
     let cols = expand_dims(arange(0, width), 0);
     let slot = cols / block_n as i32;
-    let own = t16 == slot % tiles as i32 && slot < (pack * tiles) as i32;
-    let d = stacked_dot(x_ptr, nw_ptr, k, rs, wd, sr, 0, block_n, stack, quant, fuse, f16_ops, dt);
+    let t = if rows > 1 { t16 / rows as i32 } else { t16 };
+    let own = t == slot % tiles as i32 && slot < (pack * tiles) as i32;
+    let d =
+        stacked_dot(x_ptr, nw_ptr, k, m, rs, wd, sr, 0, block_n, stack, span, rows, quant, fuse, f16_ops, dt);
     // As in `stacked_sums`: the next task writes the slot only after its
-    // own dot's operand staging, a CTA barrier every thread reaches.
-    store(ws_ptr + program_id(0) * width + broadcast_to(cols, [16, width as usize]), d, mask = own);
+    // own dot's operand staging, a CTA barrier every thread reaches. Of
+    // several rows, row `r`'s products at `r * width`.
+    if rows > 1 {
+        let at = t16 % rows as i32 * width + cols;
+        store(
+            ws_ptr + program_id(0) * width * rows as i32 + broadcast_to(at, [dr, width as usize]),
+            d,
+            mask = own,
+        );
+    } else {
+        store(ws_ptr + program_id(0) * width + broadcast_to(cols, [16, width as usize]), d, mask = own);
+    }
     barrier();
 }
 
 /// The row sums of the packed tile that [`packed_sums`] left in this
 /// program's scratch slot, `[P * block_n]` with `P` the next power of two
 /// of `pack` (block `b` at `b * block_n`, the rows past the last block
-/// zero): each row's K tiles' products added in K order from zero, as
-/// [`stacked_sums`] adds them.
+/// zero), of several rows `[stack_rows, P * block_n]`: each row's K tiles'
+/// products added in K order from zero, as [`stacked_sums`] adds them.
 #[kernel_fn]
-pub fn packed_row_sums(ws_ptr: Tensor, stack: usize, tiles: usize, block_n: usize, pack: usize) -> Tensor {
+pub fn packed_row_sums(
+    ws_ptr: Tensor,
+    stack: usize,
+    tiles: usize,
+    block_n: usize,
+    pack: usize,
+    stack_rows: usize,
+) -> Tensor {
+    let rows = stack_rows.max(1);
     let o = arange(0, (pack.next_power_of_two() * block_n) as i32);
     let (blk, j) = (o / block_n as i32, o % block_n as i32);
-    let base = ws_ptr + program_id(0) * (stack * block_n) as i32 + blk * (tiles * block_n) as i32 + j;
-    let mut acc = zeros([pack.next_power_of_two() * block_n], f32);
-    for t in static_range(0, tiles) {
-        acc = acc + load(base + (t * block_n) as i32, mask = blk < pack as i32, other = 0.0);
+    let width = (stack * block_n) as i32;
+    if rows > 1 {
+        let r = expand_dims(arange(0, rows as i32) * width, 1);
+        let base = ws_ptr
+            + program_id(0) * width * rows as i32
+            + r
+            + expand_dims(blk * (tiles * block_n) as i32 + j, 0);
+        let live =
+            broadcast_to(expand_dims(blk < pack as i32, 0), [rows, pack.next_power_of_two() * block_n]);
+        let mut acc = zeros([rows, pack.next_power_of_two() * block_n], f32);
+        for t in static_range(0, tiles) {
+            acc = acc + load(base + (t * block_n) as i32, mask = live, other = 0.0);
+        }
+        acc
+    } else {
+        let base = ws_ptr + program_id(0) * width + blk * (tiles * block_n) as i32 + j;
+        let mut acc = zeros([pack.next_power_of_two() * block_n], f32);
+        for t in static_range(0, tiles) {
+            acc = acc + load(base + (t * block_n) as i32, mask = blk < pack as i32, other = 0.0);
+        }
+        acc
     }
-    acc
 }
 
 /// The epilogue of packed task `t` ([`linear_epilogue`]'s fusions on the
-/// sums [`packed_row_sums`] reads back): the task's `pack * block_n` weight
-/// rows are output rows (SiLU: pairs) from `t` times as many, element for
-/// element what the unpacked tiles of those rows store.
+/// sums [`packed_row_sums`] reads back) of `stack_rows` rows (the first `m`
+/// real): the task's `pack * block_n` weight rows are output rows (SiLU:
+/// pairs) from `t` times as many, element for element what the unpacked
+/// tiles of those rows store.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn packed_epilogue(
     ws_ptr: Tensor,
     out_ptr: Tensor,
+    m: Tensor,
     n: Tensor,
     t: Tensor,
     fuse: Fuse,
@@ -407,11 +532,30 @@ pub fn packed_epilogue(
     stack: usize,
     pack: usize,
     tiles: usize,
+    stack_rows: usize,
 ) {
+    let rows = stack_rows.max(1);
     let width = pack.next_power_of_two() * block_n;
     let per = (if fuse.silu() { pack * block_n / 2 } else { pack * block_n }) as i32;
     let off = t * per;
     let zero = full([], 0, i32);
-    let sums = reshape(packed_row_sums(ws_ptr, stack, tiles, block_n, pack), [1, width]);
-    linear_epilogue(sums, out_ptr + off, zero + 1, minimum(n - off, per), n, zero, zero, fuse, dt, 1, width);
+    let sums = packed_row_sums(ws_ptr, stack, tiles, block_n, pack, rows);
+    if rows > 1 {
+        linear_epilogue(sums, out_ptr + off, m, minimum(n - off, per), n, zero, zero, fuse, dt, rows, width);
+    } else {
+        let sums = reshape(sums, [1, width]);
+        linear_epilogue(
+            sums,
+            out_ptr + off,
+            zero + 1,
+            minimum(n - off, per),
+            n,
+            zero,
+            zero,
+            fuse,
+            dt,
+            1,
+            width,
+        );
+    }
 }

@@ -76,10 +76,22 @@ impl DecodePath {
 }
 
 /// The decode steps `auto` runs persistently: at most this many rows. A
-/// multi-row step's product tasks each recompute the norm statistic of its
-/// rows and run the 16-row product tiles, so past two rows the multi-kernel
-/// graphs are as fast or faster (measured: BENCHMARKS.md).
+/// multi-row step's normed product tasks each recompute the norm statistic
+/// of every row, and past two rows fewer of its products stack (see
+/// [`MAX_STACK_ROWS`]), so there the multi-kernel graphs are as fast or
+/// faster (measured: BENCHMARKS.md).
 pub const AUTO_MAX_ROWS: usize = 2;
+
+/// The most rows whose products the persistent step stacks (all rows' K
+/// tiles in one `dot` per output tile); steps of more rows split them.
+pub const MAX_STACK_ROWS: usize = 4;
+
+/// The activation rows the stacked products of a persistent step of `m`
+/// rows hold ([`decode_step`]'s `STACK_ROWS`; 1 for one row): the next
+/// power of two of `m` up to [`MAX_STACK_ROWS`], 0 past it (split products).
+pub(crate) fn stack_rows(m: usize) -> usize {
+    if m <= MAX_STACK_ROWS { m.max(1).next_power_of_two() } else { 0 }
+}
 
 /// The largest persistent grid (programs) the trace buffer holds rows for.
 pub const MAX_PROGRAMS: usize = 1024;
@@ -271,7 +283,8 @@ pub(super) fn unsupported<D: Device, T: ActElem>(
 /// pages of `page` tokens: the attention's key block and tile height `att`,
 /// the formats of the QKV, O, gate/up and down matrices (each kind's first
 /// and second, see [`KindStride`]) and of the head, f16 tensor-core operands
-/// (`f16`), one row, and the trace.
+/// (`f16`), the step's rows `m` (one row, or the rows its stacked products
+/// hold, [`stack_rows`]), and the trace.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn step_config(
     dtype: dsl_core::DType,
@@ -281,7 +294,7 @@ pub(crate) fn step_config(
     formats: [[QuantFormat; 2]; 4],
     f_head: QuantFormat,
     f16: bool,
-    one_row: bool,
+    m: usize,
     trace: bool,
 ) -> decode_step::Config {
     let [[f_qkv, f_qkv2], [f_o, f_o2], [f_gu, f_gu2], [f_dn, f_dn2]] = formats;
@@ -306,7 +319,8 @@ pub(crate) fn step_config(
         f_gu2,
         f_dn2,
         f16,
-        one_row,
+        m == 1,
+        stack_rows(m),
         trace,
         false,
     )
@@ -353,17 +367,8 @@ pub(super) fn launch<D: Device, T: ActElem>(
     let trace = ln.profile.is_some();
     let formats = [qkv.formats, o.formats, gu.formats, dn.formats];
     let att = (att_block_n, att_rows);
-    let config = step_config(
-        dtype,
-        c,
-        kv.block_size,
-        att,
-        formats,
-        w.lm_head.format,
-        ln.dev.tensor_cores(),
-        m == 1,
-        trace,
-    );
+    let config =
+        step_config(dtype, c, kv.block_size, att, formats, w.lm_head.format, ln.dev.tensor_cores(), m, trace);
     let config = decode_step::Config { KV8: kv.fp8, ..config };
     if s.mega_stage_len < stage_counters(c.n_layers) {
         return Err(usage("internal error: too few stage counters for the persistent step".into()));
@@ -431,9 +436,9 @@ pub(super) fn launch<D: Device, T: ActElem>(
     } as u32;
     // Each program's stacked products keep their K tiles' products in its
     // own slot of the workspace: no more programs than it has slots for.
-    let one_row = m == 1 && ln.dev.tensor_cores();
+    let srows = if ln.dev.tensor_cores() { stack_rows(m) } else { 0 };
     let slot = [0, 1]
-        .map(|i| super::products::mega_stacked_slot(c, formats.map(|f| f[i]), one_row))
+        .map(|i| super::products::mega_stacked_slot(c, formats.map(|f| f[i]), srows))
         .into_iter()
         .max()
         .unwrap_or(0);
@@ -565,17 +570,8 @@ mod tests {
         let (block_n, rows, warps) = invariant_decode_shape(DType::BF16, true, 3, 64, 16);
         assert_eq!(warps, 4);
         let q4 = QuantFormat::Q4_1;
-        let config = step_config(
-            DType::BF16,
-            &c,
-            16,
-            (block_n, rows),
-            [[q4; 2]; 4],
-            QuantFormat::Q8_0,
-            true,
-            true,
-            true,
-        );
+        let config =
+            step_config(DType::BF16, &c, 16, (block_n, rows), [[q4; 2]; 4], QuantFormat::Q8_0, true, 1, true);
         let func = decode_step::Kernel::build(&config).unwrap();
         let opts = CompileOptions::for_launch(Target::Sm90a, &decode_step::Kernel::launch_options(&config));
         let compiled = codegen::compile(&func, &opts).unwrap();

@@ -143,19 +143,24 @@ pub(crate) fn mega_workspace_for(c: &LlamaConfig) -> (usize, usize) {
         let (ws, cnt) = kernels::decode_step::workspace(rows, k);
         need = (need.0.max(ws), need.1.max(cnt));
     }
-    let slot = mega_stacked_slot(c, [QuantFormat::Q4_0; 4], true);
+    use super::mega::{MAX_STACK_ROWS, stack_rows};
+    let slot = (1..=MAX_STACK_ROWS)
+        .map(|m| mega_stacked_slot(c, [QuantFormat::Q4_0; 4], stack_rows(m)))
+        .max()
+        .unwrap_or(0);
     (need.0.max(slot * MEGA_SCRATCH_PROGRAMS), need.1)
 }
 
 /// The scratch entries one program of the persistent step needs for its
-/// stacked products (formats of QKV, O, gate/up, down; one-row steps only).
-pub(crate) fn mega_stacked_slot(c: &LlamaConfig, formats: [QuantFormat; 4], one_row: bool) -> usize {
+/// stacked products (formats of QKV, O, gate/up, down) of `stack_rows` rows
+/// ([`super::mega::stack_rows`]; 0: none stack).
+pub(crate) fn mega_stacked_slot(c: &LlamaConfig, formats: [QuantFormat; 4], stack_rows: usize) -> usize {
     use kernels::dequant::stacked::{StackedShape, stacked_slot};
     let mut slot = 0;
     for ((rows, k), f) in mega_shapes(c).into_iter().zip(formats) {
-        let (stack, block_n, _) = f.stacked_tiling(one_row, rows, k, 0);
+        let (stack, block_n, _) = f.stacked_tiling(stack_rows, rows, k, 0);
         if stack > 0 {
-            slot = slot.max(stacked_slot(stack, block_n, k));
+            slot = slot.max(stacked_slot(stack, block_n, k, stack_rows));
         }
     }
     slot

@@ -603,7 +603,7 @@ fn mega_decode_with_packed_gate_up_tiles() {
     t.config.n_head = 5;
     t.config.n_ff = 2112;
     t.embedding_scale = 0.03;
-    let (stack, block_n, pack) = QuantFormat::Q4_1.stacked_tiling(true, 2 * 2112, 320, 64);
+    let (stack, block_n, pack) = QuantFormat::Q4_1.stacked_tiling(1, 2 * 2112, 320, 64);
     assert!(pack > 1 && stack * block_n == 64, "({stack}, {block_n}, {pack})");
     let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
     let t0 = Instant::now();
