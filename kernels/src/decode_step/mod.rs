@@ -12,7 +12,7 @@
 //! | stage | tasks | body |
 //! |---|---|---|
 //! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
-//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue; stacked of one row, RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
+//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue; stacked (one or two rows), RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
 //! | attention | row x KV head | split QKV: [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache); then [`crate::decode_attention::decode_tc_body`], never split |
 //! | O projection | as QKV | residual add into `h` as the epilogue |
 //! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
@@ -48,8 +48,8 @@
 //! stores its tile's product, and the task that completes an output tile
 //! sums them in K order ([`crate::dequant::linear::split_finish`]).
 //!
-//! A stacked QKV tile of one row holds whole RoPE pairs, so it rotates its Q and K
-//! rows and writes Q to `q` and K and V to the token's cache slot itself:
+//! A stacked QKV tile of one or two rows holds whole RoPE pairs, so it rotates its Q and K
+//! rows and writes Q to `q` and K and V to its token's cache slot itself:
 //! the attention task then starts on the cache right after its wait, with
 //! no QKV row to read back, rotate and store first. Everything an attention
 //! task needs that the step does not write (the context length, the block
@@ -316,10 +316,11 @@ pub fn decode_step<T: Float>(
     // The LM head unsplit (its tiles alone fill the grid): tiles of 64 rows
     // in Q8_0, 32 otherwise.
     let f_head = F_HEAD.stage_format(0, 0, N_EMBD, false);
-    // A stacked QKV product rotates Q and K itself and writes them (and V)
-    // where the attention reads them ([`rope_pairs`]); otherwise the
-    // attention task does it ([`rope_row`]) from the QKV row.
-    let fused_rope = srows == 1 && F_QKV.stacks(srows, qkv_rows_n, N_EMBD) && !KV8;
+    // A stacked QKV product of one or two rows rotates Q and K itself and
+    // writes them (and V) where the attention reads them ([`rope_pairs`]);
+    // otherwise the attention task does it ([`rope_row`]) from the QKV row.
+    // (At four rows the tile's rotations cost what the attention's save.)
+    let fused_rope = srows <= 2 && F_QKV.stacks(srows, qkv_rows_n, N_EMBD) && !KV8;
     let rope_qkv = if fused_rope { RopeShape::NONE.heads(N_HEAD, N_KV, HEAD_DIM) } else { RopeShape::NONE };
     let qkv_out = if fused_rope { q_ptr } else { qkv_ptr };
     let t_qkv = count_tiles(n_qkv, bn_qkv);

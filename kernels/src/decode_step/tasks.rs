@@ -383,8 +383,16 @@ pub fn stage_linear(
                 };
                 let pid_n = t / tiles_k;
                 let pid_k = t % tiles_k;
-                let (pos, slot) =
-                    if rope.on() { (load(pos_ptr).to(f32), load(slot_ptr)) } else { (eps, zero) };
+                // Of several rows, each row's (`[rows, 1]`; rows past `m`
+                // repeat row `m - 1`, as the stacked sums do).
+                let (pos, slot) = if !rope.on() {
+                    (eps, zero)
+                } else if srows > 1 {
+                    let b = minimum(arange(0, srows as i32), m - 1);
+                    (expand_dims(load(pos_ptr + b).to(f32), 1), expand_dims(load(slot_ptr + b), 1))
+                } else {
+                    (load(pos_ptr).to(f32), load(slot_ptr))
+                };
                 wait_until(stage_ptr + wait_idx, "ge", wait_target);
                 let width = TRACE_PHASES * n_marks;
                 mark(trace_ptr, done_idx + n_marks as i32, width, trace);
@@ -447,7 +455,29 @@ pub fn stage_linear(
                         rope.on(),
                     );
                     mark(trace_ptr, done_idx + 3 * n_marks as i32, width, trace);
-                    if rope.on() {
+                    if rope.on() && srows > 1 {
+                        // Each row's Q to its row of `out` (rows past `m`
+                        // store row `m - 1`'s values again).
+                        let r = expand_dims(t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2, 0);
+                        let b = minimum(arange(0, srows as i32), m - 1);
+                        let q_row = out_ptr + expand_dims(b * (rope.n_q() * rope.head_dim()) as i32, 1);
+                        rope_pairs(
+                            sums,
+                            odd,
+                            r,
+                            n,
+                            pos,
+                            theta,
+                            slot,
+                            q_row,
+                            k_cache,
+                            v_cache,
+                            rope.n_q(),
+                            rope.n_kv(),
+                            rope.head_dim(),
+                            dt,
+                        );
+                    } else if rope.on() {
                         // `sums` holds the even rows.
                         let r = t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2;
                         rope_pairs(

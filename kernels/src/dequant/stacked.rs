@@ -248,12 +248,13 @@ pub fn stacked_load(
 }
 
 /// The f32 row sums of one output tile (`block_n` weight rows) of the
-/// product `x @ W^T` of `stack_rows` activation rows (the first `m` real)
-/// over all `tiles` K tiles (see the module doc), before an epilogue
-/// ([`linear_epilogue`]'s fusions, or RoPE's): the tile's `[block_n]` sums
-/// of one row (`stack_rows == 1`), `[stack_rows, block_n]` otherwise, or
-/// with `pairs` (one row) its even rows' and its odd rows' (`[block_n / 2]`
-/// each; the same sums, read from the scratch in two strided halves, for
+/// product `x @ W^T` of `stack_rows` activation rows (the first `m` real,
+/// the others repeating row `m - 1`) over all `tiles` K tiles (see the
+/// module doc), before an epilogue ([`linear_epilogue`]'s fusions, or
+/// RoPE's): the tile's `[block_n]` sums of one row (`stack_rows == 1`),
+/// `[stack_rows, block_n]` otherwise, or with `pairs` its even rows' and
+/// its odd rows' (`[block_n / 2]` each, or `[stack_rows, block_n / 2]`;
+/// the same sums, read from the scratch in two strided halves, for
 /// epilogues that take rows in pairs; without `pairs` the second result
 /// repeats the first). `wrow` are its weight rows ([`stacked_rows`],
 /// shared by the rows), `wd0`/`sr0` the first dot's weights
@@ -284,7 +285,6 @@ pub fn stacked_sums(
     stack_rows: usize,
     pairs: bool,
 ) -> (Tensor, Tensor) {
-    static_assert(!pairs || stack_rows == 1, "rows in pairs come from a one-row tile");
     let rows = stack_rows.max(1);
     let slot = program_id(0) * (block_n * tiles.div_ceil(stack) * stack * rows) as i32;
     let width = stack * block_n;
@@ -298,7 +298,11 @@ pub fn stacked_sums(
         if rows > 1 { t16 / rows as i32 == cols / block_n as i32 } else { t16 == cols / block_n as i32 };
     // The rows each sum reads back: all of them, or the even ones and the
     // odd ones; of several rows, row `r`'s at `r * width` in the scratch.
-    let (j, j2) = if pairs {
+    let (j, j2) = if pairs && rows > 1 {
+        let r = expand_dims(arange(0, rows as i32) * width as i32, 1);
+        let e = r + expand_dims(arange(0, (block_n / 2) as i32) * 2, 0);
+        (e, e + 1)
+    } else if pairs {
         let e = arange(0, (block_n / 2) as i32) * 2;
         (e, e + 1)
     } else if rows > 1 {
@@ -314,7 +318,7 @@ pub fn stacked_sums(
     let mut wd = wd0;
     let mut sr = sr0;
     let mut acc = if rows > 1 {
-        zeros([rows, block_n], f32)
+        zeros([rows, if pairs { block_n / 2 } else { block_n }], f32)
     } else {
         zeros([if pairs { block_n / 2 } else { block_n }], f32)
     };
@@ -358,11 +362,12 @@ pub fn stacked_sums(
     (acc, acc2)
 }
 
-/// One stacked `dot` of `rows` activation rows (the first `m` real): row
-/// `t * rows + r` of the left operand is row `r`'s activations of K tile
-/// `c0 + t` for `t < span` (rounded as `linear` rounds them, with the norm
-/// statistic `rs`, `[rows]` for several rows; other rows and columns past
-/// K zero), the right operand the dequantized weights `wd`/`sr` of
+/// One stacked `dot` of `rows` activation rows (the first `m` real, the
+/// others repeating row `m - 1`): row `t * rows + r` of the left operand is
+/// row `r`'s activations of K tile `c0 + t` for `t < span` (rounded as
+/// `linear` rounds them, with the norm statistic `rs`, `[rows]` for several
+/// rows, whose entries past `m` repeat row `m - 1`'s; other rows and
+/// columns past K zero), the right operand the dequantized weights `wd`/`sr` of
 /// [`stacked_load`] (`stack` K tiles or slots). The `[stacked_dot_rows(rows,
 /// span), stack * block_n]` products, f32.
 #[kernel_fn]
@@ -393,9 +398,10 @@ pub fn stacked_dot(
     let nib = broadcast_to(if quant.is_q4() { c / 16 % 2 * 4 } else { c * 0 }, [width, LINEAR_BLOCK_K]);
     let e8 = broadcast_to(c % 4 * 8, [width, LINEAR_BLOCK_K]);
     let (xa, col, ok, rs) = if rows > 1 {
-        let (t, r) = (t16 / rows as i32, t16 % rows as i32);
+        // Rows past `m` repeat row `m - 1` (the same products, bit for bit).
+        let (t, r) = (t16 / rows as i32, minimum(t16 % rows as i32, m - 1));
         let col = (t + c0 as i32) * bk + c;
-        let ok = t < span as i32 && r < m && col < k;
+        let ok = t < span as i32 && col < k;
         let xa = load(x_ptr + r * k + col, mask = ok, other = 0.0);
         // Row `t * rows + r`'s statistic is row `r`'s.
         let rs = if fuse.norm() {
