@@ -9,9 +9,9 @@ use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
 use dsl_macros::kernel;
 use kernels::dequant::linear::LINEAR_BLOCK_K;
-use kernels::dequant::linear::linear_epilogue;
 use kernels::dequant::stacked::{
-    StackedShape, packed_epilogue, packed_sums, stacked_load, stacked_rows, stacked_slot, stacked_sums,
+    StackedShape, packed_epilogue, packed_sums, stacked_epilogue, stacked_load, stacked_rows, stacked_slot,
+    stacked_sums,
 };
 use kernels::dequant::{Fuse, QuantFormat};
 use kernels::rmsnorm::{rms_rstd, rms_rstd_live_rows};
@@ -71,23 +71,7 @@ fn stacked_probe<T: Float>(
             x_ptr, q_ptr, s_ptr, nw_ptr, ws_ptr, k, m, rs, wrow, wd, sr, QUANT, FUSE, F16, T, BLOCK_N, STACK,
             TILES, ROWS, false,
         );
-        if ROWS > 1 {
-            linear_epilogue(sums, out_ptr, m, n, n, zero, pid, FUSE, T, ROWS, BLOCK_N);
-        } else {
-            linear_epilogue(
-                reshape(sums, [1, BLOCK_N]),
-                out_ptr,
-                zero + 1,
-                n,
-                n,
-                zero,
-                pid,
-                FUSE,
-                T,
-                1,
-                BLOCK_N,
-            );
-        }
+        stacked_epilogue(sums, out_ptr, m, n, pid, zero, FUSE, T, BLOCK_N, ROWS);
     };
 }
 

@@ -4,9 +4,9 @@
 //! a sequence's cached keys and values, and the trace marks.
 
 use super::{MAX_ROWS, TRACE_PHASES};
-use crate::dequant::linear::{LINEAR_BLOCK_K, linear_epilogue, linear_tile, residual_sum, tile_load};
+use crate::dequant::linear::{LINEAR_BLOCK_K, linear_tile, residual_sum, tile_load};
 use crate::dequant::stacked::{
-    StackedShape, packed_epilogue, packed_sums, stacked_load, stacked_rows, stacked_sums,
+    StackedShape, packed_epilogue, packed_sums, stacked_epilogue, stacked_load, stacked_rows, stacked_sums,
 };
 use crate::dequant::{Fuse, QuantFormat};
 use crate::kv_cache::kv8_slot;
@@ -455,12 +455,18 @@ pub fn stage_linear(
                         rope.on(),
                     );
                     mark(trace_ptr, done_idx + 3 * n_marks as i32, width, trace);
-                    if rope.on() && srows > 1 {
-                        // Each row's Q to its row of `out` (rows past `m`
+                    if rope.on() {
+                        // `sums` holds the even rows; of several rows, each
+                        // row's Q goes to its row of `out` (rows past `m`
                         // store row `m - 1`'s values again).
-                        let r = expand_dims(t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2, 0);
-                        let b = minimum(arange(0, srows as i32), m - 1);
-                        let q_row = out_ptr + expand_dims(b * (rope.n_q() * rope.head_dim()) as i32, 1);
+                        let even = t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2;
+                        let (r, q_out) = if srows > 1 {
+                            let b = minimum(arange(0, srows as i32), m - 1);
+                            let q_cols = (rope.n_q() * rope.head_dim()) as i32;
+                            (expand_dims(even, 0), out_ptr + expand_dims(b * q_cols, 1))
+                        } else {
+                            (even, out_ptr)
+                        };
                         rope_pairs(
                             sums,
                             odd,
@@ -469,26 +475,7 @@ pub fn stage_linear(
                             pos,
                             theta,
                             slot,
-                            q_row,
-                            k_cache,
-                            v_cache,
-                            rope.n_q(),
-                            rope.n_kv(),
-                            rope.head_dim(),
-                            dt,
-                        );
-                    } else if rope.on() {
-                        // `sums` holds the even rows.
-                        let r = t * block_n as i32 + arange(0, (block_n / 2) as i32) * 2;
-                        rope_pairs(
-                            sums,
-                            odd,
-                            r,
-                            n,
-                            pos,
-                            theta,
-                            slot,
-                            out_ptr,
+                            q_out,
                             k_cache,
                             v_cache,
                             rope.n_q(),
@@ -504,22 +491,8 @@ pub fn stage_linear(
                         } else {
                             store(out_ptr + res_on, residual_sum(sums, res, dt), mask = res_on < n);
                         }
-                    } else if srows > 1 {
-                        linear_epilogue(sums, out_ptr, m, n, n, zero, t, fuse, dt, srows, block_n);
                     } else {
-                        linear_epilogue(
-                            reshape(sums, [1, block_n]),
-                            out_ptr,
-                            zero + 1,
-                            n,
-                            n,
-                            zero,
-                            t,
-                            fuse,
-                            dt,
-                            1,
-                            block_n,
-                        );
+                        stacked_epilogue(sums, out_ptr, m, n, t, zero, fuse, dt, block_n, srows);
                     }
                     full([], 1, i1)
                 } else {

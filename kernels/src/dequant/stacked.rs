@@ -362,6 +362,32 @@ pub fn stacked_sums(
     (acc, acc2)
 }
 
+/// The epilogue of stacked tile `t` ([`linear_epilogue`]'s fusions) on
+/// the sums of [`stacked_sums`]: `[block_n]` of one row (`stack_rows` 1),
+/// `[stack_rows, block_n]` of which the first `m` rows are stored. `zero`
+/// is the caller's i32 zero.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn stacked_epilogue(
+    sums: Tensor,
+    out_ptr: Tensor,
+    m: Tensor,
+    n: Tensor,
+    t: Tensor,
+    zero: Tensor,
+    fuse: Fuse,
+    dt: DType,
+    block_n: usize,
+    stack_rows: usize,
+) {
+    if stack_rows > 1 {
+        linear_epilogue(sums, out_ptr, m, n, n, zero, t, fuse, dt, stack_rows, block_n);
+    } else {
+        let sums = reshape(sums, [1, block_n]);
+        linear_epilogue(sums, out_ptr, zero + 1, n, n, zero, t, fuse, dt, 1, block_n);
+    }
+}
+
 /// One stacked `dot` of `rows` activation rows (the first `m` real, the
 /// others repeating row `m - 1`): row `t * rows + r` of the left operand is
 /// row `r`'s activations of K tile `c0 + t` for `t < span` (rounded as
