@@ -341,7 +341,7 @@ pub fn stage_linear(
     let (f16_ops, one_row, dt, norm_block, n_marks, trace) =
         (cfg.f16_ops, cfg.one_row, cfg.dt, cfg.norm_block, cfg.n_marks, cfg.trace);
     // Activation rows of a stacked tile (1: one row; more: `m` of them live).
-    let srows = if one_row { 1 } else { cfg.stack_rows };
+    let srows = cfg.stack_rows;
     let n_formats = if fmt2 == fmt { 1 } else { 2 };
     for j in 0..n_formats {
         let f = if j == 0 { fmt } else { fmt2 };

@@ -79,9 +79,9 @@ pub const STACKED_TASKS: usize = 256;
 /// holds (`[rows * K tiles, stack * block_n]`; 8 registers a thread at the
 /// persistent step's four warps). Past it, the taller dot and the longer
 /// read-back of the products cost the persistent step more than the split
-/// products' hand-over (BENCHMARKS.md, forty-eighth session): at two rows
-/// SmolLM2's QKV, O and (packed) gate/up products stack and its down
-/// product (12 K tiles) splits.
+/// products' hand-over (see BENCHMARKS.md): at two rows SmolLM2's QKV, O
+/// and (packed) gate/up products stack and its down product (12 K tiles)
+/// splits.
 pub const STACKED_MAX_RESULT: usize = 1024;
 
 /// The rows of a stacked `dot` of `stack_rows` activation rows over `span`
