@@ -31,20 +31,16 @@ use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::flash_attention::{self as fa, flash_attention};
-use kernels::reference::attention::{self as r, Attention, PagedKv};
+use kernels::reference::attention::{self as r, Attention, PagedBatch, PagedKv, PagedLayout};
 use proptest::prelude::*;
 use std::marker::PhantomData;
 use tests::reference::Rng;
 
-/// One launch: heads, sequences `(q_len, ctx)`, paging, tiles and mask.
+/// One launch: the batch (heads, sequences `(q_len, ctx)`, paging), tiles
+/// and mask.
 #[derive(Clone, Debug)]
 struct Case {
-    n_q: usize,
-    n_kv: usize,
-    d: usize,
-    /// `(q_len, ctx)` per sequence.
-    seqs: Vec<(usize, usize)>,
-    block_size: usize,
+    batch: PagedBatch,
     block_m: usize,
     block_n: usize,
     causal: bool,
@@ -58,36 +54,21 @@ struct Inputs {
     q: Vec<f64>,
     k_cache: Vec<f64>,
     v_cache: Vec<f64>,
-    block_tables: Vec<i32>,
-    max_blocks: usize,
-    seq_lens: Vec<i32>,
-    cu_seqlens_q: Vec<i32>,
+    /// Block tables, context lengths and query offsets.
+    layout: PagedLayout,
 }
 
 /// Random inputs for `case`: pages of all sequences shuffled over a cache
 /// with two spare pages, unused table entries `-1`.
 fn inputs(case: &Case, dtype: DType, seed: u64) -> Inputs {
     let mut rng = Rng::new(seed);
-    let bs = case.block_size;
-    let pages: Vec<usize> = case.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(bs)).collect();
-    let max_blocks = pages.iter().copied().max().unwrap_or(0) + 1;
-    let num_blocks = pages.iter().sum::<usize>() + 2;
-    let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..num_blocks).rev() {
-        perm.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    let block_tables = r::block_tables(&pages, max_blocks, &perm);
-    let cu_seqlens_q = r::cu_seqlens(case.seqs.iter().map(|&(q_len, _)| q_len));
-    let total_q = cu_seqlens_q[case.seqs.len()] as usize;
-    let cache = num_blocks * bs * case.n_kv * case.d;
+    let b = &case.batch;
+    let layout = b.layout(2, |n| rng.below(n));
     Inputs {
-        q: nonzero(&mut rng, total_q * case.n_q * case.d, dtype),
-        k_cache: nonzero(&mut rng, cache, dtype),
-        v_cache: nonzero(&mut rng, cache, dtype),
-        block_tables,
-        max_blocks,
-        seq_lens: case.seqs.iter().map(|&(_, ctx)| ctx as i32).collect(),
-        cu_seqlens_q,
+        q: nonzero(&mut rng, b.total_q() * b.n_q * b.d, dtype),
+        k_cache: nonzero(&mut rng, layout.cache_len, dtype),
+        v_cache: nonzero(&mut rng, layout.cache_len, dtype),
+        layout,
     }
 }
 
@@ -97,7 +78,8 @@ fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
     let mut cpu = Cpu::new();
     let (qp, kp, vp) = (cpu.upload(&cvt(&x.q)), cpu.upload(&cvt(&x.k_cache)), cpu.upload(&cvt(&x.v_cache)));
     let op = cpu.upload(&vec![T::from_f64(100.0); x.q.len()]);
-    let (bp, sp, cp) = (cpu.upload(&x.block_tables), cpu.upload(&x.seq_lens), cpu.upload(&x.cu_seqlens_q));
+    let lay = &x.layout;
+    let (bp, sp, cp) = (cpu.upload(&lay.tables), cpu.upload(&lay.seq_lens), cpu.upload(&lay.cu_seqlens));
     let args = flash_attention::Args {
         q_ptr: qp.cast(),
         k_cache_ptr: kp.cast(),
@@ -107,15 +89,16 @@ fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
         seq_lens_ptr: sp,
         cu_seqlens_q_ptr: cp,
         scale: case.scale,
-        max_blocks_per_seq: x.max_blocks as i32,
+        max_blocks_per_seq: lay.max_blocks as i32,
         _marker: PhantomData,
     };
+    let b = &case.batch;
     let config = flash_attention::Config::new(
         T::DTYPE,
-        case.n_q,
-        case.n_kv,
-        case.d,
-        case.block_size,
+        b.n_q,
+        b.n_kv,
+        b.d,
+        b.block_size,
         case.block_m,
         case.block_n,
         case.causal,
@@ -123,32 +106,15 @@ fn run_kernel<T: Storage>(case: &Case, x: &Inputs) -> Result<Vec<f64>, String> {
         false,
         false,
     );
-    let max_q = case.seqs.iter().map(|s| s.0).max().unwrap_or(0);
-    let grid = fa::grid(max_q, case.seqs.len(), case.n_q, case.block_m);
+    let max_q = b.seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let grid = fa::grid(max_q, b.seqs.len(), b.n_q, case.block_m);
     flash_attention::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?;
     Ok(cpu.read(op).iter().map(|v| v.to_f64()).collect())
 }
 
 /// The reference for `case` (its mask and scale) on `x`.
 fn reference(case: &Case, x: &Inputs) -> Attention {
-    let kv = PagedKv {
-        k: &x.k_cache,
-        v: &x.v_cache,
-        block_size: case.block_size,
-        n_kv: case.n_kv,
-        head_dim: case.d,
-    };
-    r::prefill_varlen(
-        &x.q,
-        &x.cu_seqlens_q,
-        &x.seq_lens,
-        &x.block_tables,
-        x.max_blocks,
-        case.n_q,
-        &kv,
-        case.scale as f64,
-        case.causal,
-    )
+    case.batch.prefill(&x.q, &x.k_cache, &x.v_cache, &x.layout, case.scale as f64, case.causal)
 }
 
 /// The unit roundoff of `dtype` (0 for f32: the kernel's rounding of `p` is exact).
@@ -162,18 +128,19 @@ fn unit_roundoff(dtype: DType) -> f64 {
 
 /// Compares `got` with `want` per element within `Attention::error_bound`.
 fn compare(case: &Case, dtype: DType, got: &[f64], want: &Attention) -> Result<(), String> {
-    let keys = case.seqs.iter().map(|s| s.1).max().unwrap_or(0);
-    let row = case.n_q * case.d;
+    let b = &case.batch;
+    let keys = b.seqs.iter().map(|s| s.1).max().unwrap_or(0);
+    let row = b.n_q * b.d;
     for (e, &g) in got.iter().enumerate() {
         let w = want.out[e];
-        let tol = want.error_bound(e, case.d, keys, unit_roundoff(dtype));
+        let tol = want.error_bound(e, b.d, keys, unit_roundoff(dtype));
         let diff = (g - w).abs();
         if diff.is_nan() || diff > tol {
             let (t, c) = (e / row, e % row);
             return Err(format!(
                 "o[token {t}, head {}, {}]: got {g}, want {w}, |diff| {diff} > {tol} ({case:?})",
-                c / case.d,
-                c % case.d
+                c / b.d,
+                c % b.d
             ));
         }
     }
@@ -218,7 +185,8 @@ proptest! {
         let (n_q, n_kv, d) = HEADS[heads];
         let (block_m, block_n) = TILES[tiles];
         let scale = 1.0 / (d as f32).sqrt();
-        let case = Case { n_q, n_kv, d, seqs, block_size, block_m, block_n, causal, scale, boxes };
+        let batch = PagedBatch { n_q, n_kv, d, seqs, block_size };
+        let case = Case { batch, block_m, block_n, causal, scale, boxes };
         let res = f32_or_bf16!(bf, check(&case, seed));
         res.map_err(TestCaseError::fail)?;
     }
@@ -231,29 +199,26 @@ proptest! {
 /// (`BLOCK_N` 32 over pages of 16).
 #[test]
 fn corners() {
-    let base = Case {
+    let batch = PagedBatch {
         n_q: 9,
         n_kv: 3,
         d: 64,
         seqs: vec![(1, 97), (16, 16), (0, 5), (33, 33)],
         block_size: 16,
-        block_m: 16,
-        block_n: 32,
-        causal: true,
-        scale: 0.125,
-        boxes: false,
     };
+    let base = Case { batch, block_m: 16, block_n: 32, causal: true, scale: 0.125, boxes: false };
     for causal in [true, false] {
         let case = Case { causal, ..base.clone() };
         check::<f32>(&case, 1).unwrap();
         check::<bf16>(&case, 2).unwrap();
         check::<f16>(&case, 3).unwrap();
-        let case =
-            Case { causal, scale: -0.3, block_size: 64, seqs: vec![(5, 70), (64, 64)], ..base.clone() };
+        let batch = PagedBatch { block_size: 64, seqs: vec![(5, 70), (64, 64)], ..base.batch.clone() };
+        let case = Case { causal, scale: -0.3, batch, ..base.clone() };
         check::<f32>(&case, 4).unwrap();
         // The same pages of whole key blocks as `load_block` boxes.
         check::<bf16>(&Case { boxes: true, ..case }, 6).unwrap();
-        let case = Case { causal, scale: 0.5, n_q: 3, n_kv: 3, d: 128, ..base.clone() };
+        let batch = PagedBatch { n_q: 3, n_kv: 3, d: 128, ..base.batch.clone() };
+        let case = Case { causal, scale: 0.5, batch, ..base.clone() };
         check::<bf16>(&case, 5).unwrap();
     }
 }
@@ -267,11 +232,7 @@ fn causal_split_at_block_boundaries() {
     for (block_m, block_n) in [(16, 16), (16, 32), (32, 16), (64, 32)] {
         let seqs = (0..6).map(|i| (2 * block_m + 3, 2 * block_m + 3 + block_n - 2 + i)).collect();
         let case = Case {
-            n_q: 2,
-            n_kv: 1,
-            d: 64,
-            seqs,
-            block_size: 16,
+            batch: PagedBatch { n_q: 2, n_kv: 1, d: 64, seqs, block_size: 16 },
             block_m,
             block_n,
             causal: true,
@@ -289,11 +250,7 @@ fn causal_split_at_block_boundaries() {
 fn rows_without_keys_are_zero() {
     for (causal, seqs) in [(true, vec![(20, 7), (3, 3)]), (false, vec![(4, 0), (2, 9)])] {
         let case = Case {
-            n_q: 4,
-            n_kv: 2,
-            d: 64,
-            seqs,
-            block_size: 16,
+            batch: PagedBatch { n_q: 4, n_kv: 2, d: 64, seqs, block_size: 16 },
             block_m: 16,
             block_n: 16,
             causal,
@@ -304,7 +261,7 @@ fn rows_without_keys_are_zero() {
         let got = run_kernel::<f32>(&case, &x).unwrap();
         let want = reference(&case, &x);
         compare(&case, DType::F32, &got, &want).unwrap();
-        let row = case.n_q * case.d;
+        let row = case.batch.n_q * case.batch.d;
         // Sequence 0's first rows see no key: exactly zero.
         let empty = if causal { 20 - 7 } else { 4 };
         assert!(got[..empty * row].iter().all(|&v| v == 0.0), "rows without keys must be 0");
@@ -321,11 +278,7 @@ fn rows_without_keys_are_zero() {
 #[test]
 fn wrong_mask_is_caught() {
     let case = Case {
-        n_q: 2,
-        n_kv: 1,
-        d: 64,
-        seqs: vec![(3, 50), (2, 41)],
-        block_size: 16,
+        batch: PagedBatch { n_q: 2, n_kv: 1, d: 64, seqs: vec![(3, 50), (2, 41)], block_size: 16 },
         block_m: 16,
         block_n: 16,
         causal: true,
@@ -341,11 +294,12 @@ fn wrong_mask_is_caught() {
         let full = Case { causal: false, ..case.clone() };
         assert!(compare(&case, dtype, &got, &reference(&full, &x)).is_err(), "causal vs full must differ");
         let kv = PagedKv { k: &x.k_cache, v: &x.v_cache, block_size: 16, n_kv: 1, head_dim: 64 };
-        let rows = 3 * case.n_q * case.d;
-        let table = &x.block_tables[..x.max_blocks];
-        let short = r::attend(&x.q[..rows], &[46, 47, 48], case.n_q, 50, table, &kv, 0.125, true);
+        let n_q = case.batch.n_q;
+        let rows = 3 * n_q * case.batch.d;
+        let table = &x.layout.tables[..x.layout.max_blocks];
+        let short = r::attend(&x.q[..rows], &[46, 47, 48], n_q, 50, table, &kv, 0.125, true);
         assert!(compare(&case, dtype, &got[..rows], &short).is_err(), "one key fewer must fail");
-        let exact = r::attend(&x.q[..rows], &[47, 48, 49], case.n_q, 50, table, &kv, 0.125, true);
+        let exact = r::attend(&x.q[..rows], &[47, 48, 49], n_q, 50, table, &kv, 0.125, true);
         compare(&case, dtype, &got[..rows], &exact).unwrap();
     }
 }

@@ -71,24 +71,8 @@ pub fn gemm_swap_sk(
     let ta = start / ipt;
     let a0 = start % ipt;
     let a1 = minimum(ipt, a0 + (end - start));
-    let acc = swap_acc(
-        x_ptr,
-        q_ptr,
-        s_ptr,
-        m,
-        k,
-        rows,
-        ta % tiles_m * block_m,
-        ta / tiles_m * block_n,
-        a0 * block_k,
-        a1 * block_k,
-        SwapLoop::PIECE,
-        quant,
-        dt,
-        block_m,
-        block_n,
-        block_k,
-    );
+    let acc =
+        sk_piece(x_ptr, q_ptr, s_ptr, m, k, rows, ta, tiles_m, a0, a1, quant, dt, block_m, block_n, block_k);
     let tile_len = block_m * block_n;
     let slot = arange(0, tile_len);
     if a0 > 0 {
@@ -116,25 +100,9 @@ pub fn gemm_swap_sk(
     }
     // Piece B: the start of tile `ta + 1`, up to K tile `b1` (none when 0).
     let b1 = maximum(end - (ta + 1) * ipt, 0);
-    let tb = ta + 1;
-    let acc_b = swap_acc(
-        x_ptr,
-        q_ptr,
-        s_ptr,
-        m,
-        k,
-        rows,
-        tb % tiles_m * block_m,
-        tb / tiles_m * block_n,
-        full([], 0, i32),
-        b1 * block_k,
-        SwapLoop::PIECE,
-        quant,
-        dt,
-        block_m,
-        block_n,
-        block_k,
-    );
+    let (tb, b0) = (ta + 1, full([], 0, i32));
+    let acc_b =
+        sk_piece(x_ptr, q_ptr, s_ptr, m, k, rows, tb, tiles_m, b0, b1, quant, dt, block_m, block_n, block_k);
     if b1 > 0 {
         sk_finish(
             trans(acc_b),
@@ -153,6 +121,47 @@ pub fn gemm_swap_sk(
             block_n,
         );
     }
+}
+
+/// One piece of [`gemm_swap_sk`]: [`swap_acc`] of output tile `t` (`t %
+/// tiles_m` along M, `t / tiles_m` along N) over its K tiles `[lo, hi)`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn sk_piece(
+    x_ptr: Tensor,
+    q_ptr: Tensor,
+    s_ptr: Tensor,
+    m: Tensor,
+    k: Tensor,
+    rows: Tensor,
+    t: Tensor,
+    tiles_m: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    quant: QuantFormat,
+    dt: DType,
+    block_m: usize,
+    block_n: usize,
+    block_k: usize,
+) -> Tensor {
+    swap_acc(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        m,
+        k,
+        rows,
+        t % tiles_m * block_m,
+        t / tiles_m * block_n,
+        lo * block_k,
+        hi * block_k,
+        SwapLoop::PIECE,
+        quant,
+        dt,
+        block_m,
+        block_n,
+        block_k,
+    )
 }
 
 /// Finishes output tile `t` of [`gemm_swap_sk`] from its first piece `acc`

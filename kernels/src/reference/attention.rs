@@ -76,6 +76,85 @@ pub fn cu_seqlens(q_lens: impl IntoIterator<Item = usize>) -> Vec<i32> {
     cu
 }
 
+/// A varlen batch over a paged KV cache, as the prefill kernel's tests and
+/// checks build it: `n_q` query and `n_kv` key/value heads of `d` elements,
+/// each sequence's `(q_len, ctx)` and `block_size` positions per cache page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PagedBatch {
+    /// Query heads.
+    pub n_q: usize,
+    /// Key/value heads.
+    pub n_kv: usize,
+    /// Elements per head.
+    pub d: usize,
+    /// `(q_len, ctx)` per sequence.
+    pub seqs: Vec<(usize, usize)>,
+    /// Positions per cache page.
+    pub block_size: usize,
+}
+
+/// Where the sequences of a [`PagedBatch`] live in the cache
+/// ([`PagedBatch::layout`]).
+#[derive(Clone, Debug)]
+pub struct PagedLayout {
+    /// Block tables `[batch, max_blocks]` ([`block_tables`]).
+    pub tables: Vec<i32>,
+    /// Entries per block-table row.
+    pub max_blocks: usize,
+    /// Each sequence's context length.
+    pub seq_lens: Vec<i32>,
+    /// The cumulative query offsets ([`cu_seqlens`]).
+    pub cu_seqlens: Vec<i32>,
+    /// Elements of each of the K and V caches.
+    pub cache_len: usize,
+}
+
+impl PagedBatch {
+    /// The batch's pages and `spare` unused ones, in a random order over the
+    /// cache (so a read through a wrong table entry lands on another
+    /// sequence's or an unused page): a Fisher-Yates shuffle in which
+    /// `below(n)` draws an index in `0..n`. Every table row has one entry
+    /// more than its longest sequence needs.
+    pub fn layout(&self, spare: usize, mut below: impl FnMut(u64) -> u64) -> PagedLayout {
+        let bs = self.block_size;
+        let pages: Vec<usize> = self.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(bs)).collect();
+        let max_blocks = pages.iter().copied().max().unwrap_or(0) + 1;
+        let num_blocks = pages.iter().sum::<usize>() + spare;
+        let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..num_blocks).rev() {
+            perm.swap(i, below(i as u64 + 1) as usize);
+        }
+        PagedLayout {
+            tables: block_tables(&pages, max_blocks, &perm),
+            max_blocks,
+            seq_lens: self.seqs.iter().map(|&(_, ctx)| ctx as i32).collect(),
+            cu_seqlens: cu_seqlens(self.seqs.iter().map(|&(q_len, _)| q_len)),
+            cache_len: num_blocks * bs * self.n_kv * self.d,
+        }
+    }
+
+    /// Query rows of the whole batch.
+    pub fn total_q(&self) -> usize {
+        self.seqs.iter().map(|s| s.0).sum()
+    }
+
+    /// [`prefill_varlen`] of the batch: queries `q` (`[total_q, n_q * d]`)
+    /// against the caches `k` and `v` laid out as `layout`.
+    pub fn prefill(
+        &self,
+        q: &[f64],
+        k: &[f64],
+        v: &[f64],
+        layout: &PagedLayout,
+        scale: f64,
+        causal: bool,
+    ) -> Attention {
+        let kv = PagedKv { k, v, block_size: self.block_size, n_kv: self.n_kv, head_dim: self.d };
+        let l = layout;
+        prefill_varlen(q, &l.cu_seqlens, &l.seq_lens, &l.tables, l.max_blocks, self.n_q, &kv, scale, causal)
+    }
+}
+
 /// Outputs of an attention reference, `[rows, n_q * head_dim]` each.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attention {

@@ -29,16 +29,13 @@ use dsl_core::DType;
 use dsl_core::half::{bf16, f16};
 use dsl_core::interp::Cpu;
 use kernels::flash_attention::{self as fa, TileConfig, flash_attention};
-use kernels::reference::attention::{self as r, PagedKv};
+use kernels::reference::attention::PagedBatch;
 
-/// One launch: heads, sequences `(q_len, ctx)`, page size, tiles, mask.
+/// One launch: the batch (heads, sequences `(q_len, ctx)`, page size),
+/// tiles, mask.
 #[derive(Clone, Debug)]
 struct Case {
-    n_q: usize,
-    n_kv: usize,
-    d: usize,
-    seqs: Vec<(usize, usize)>,
-    block_size: usize,
+    batch: PagedBatch,
     tiles: TileConfig,
     causal: bool,
 }
@@ -75,61 +72,45 @@ fn attention_on<T: ActElem, D: Device>(
     inp: &AttentionInputs<'_, T>,
     max_blocks: usize,
 ) -> Result<Vec<T>> {
-    let config = c.tiles.config(T::DEVICE_DTYPE, c.n_q, c.n_kv, c.d, c.block_size, c.causal);
-    let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
-    let grid = fa::grid(max_q, c.seqs.len(), c.n_q, c.tiles.block_m);
+    let b = &c.batch;
+    let config = c.tiles.config(T::DEVICE_DTYPE, b.n_q, b.n_kv, b.d, b.block_size, c.causal);
+    let max_q = b.seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let grid = fa::grid(max_q, b.seqs.len(), b.n_q, c.tiles.block_m);
     let o_init = vec![T::from_f64(100.0); inp.q.len()];
     let (qd, kd, vd, od) = (dev.upload(inp.q)?, dev.upload(inp.k)?, dev.upload(inp.v)?, dev.upload(&o_init)?);
     let (bd, sd, cd) = (dev.upload(inp.tables)?, dev.upload(inp.seq_lens)?, dev.upload(inp.cu)?);
     let (qkvo, lens) =
         ((dev.ptr(&qd)?, dev.ptr(&kd)?, dev.ptr(&vd)?, dev.ptr(&od)?), (dev.ptr(&sd)?, dev.ptr(&cd)?));
     let args =
-        flash_args!(flash_attention, qkvo, (dev.ptr(&bd)?, max_blocks), lens, 1.0 / (c.d as f32).sqrt());
+        flash_args!(flash_attention, qkvo, (dev.ptr(&bd)?, max_blocks), lens, 1.0 / (b.d as f32).sqrt());
     dev.run::<flash_attention::Kernel>(grid, &config, &args)?;
     dev.download(&od)
 }
 
 fn attention_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, c: &Case) -> Result<CheckRow> {
     let dtype = T::DEVICE_DTYPE;
-    let (bs, d) = (c.block_size, c.d);
-    let pages: Vec<usize> = c.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(bs)).collect();
-    let max_blocks = pages.iter().copied().max().unwrap_or(0) + 1;
-    let num_blocks = pages.iter().sum::<usize>() + 3;
-    let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..num_blocks).rev() {
-        perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
-    let tables = kernels::reference::attention::block_tables(&pages, max_blocks, &perm);
-    let cu = kernels::reference::attention::cu_seqlens(c.seqs.iter().map(|&(q_len, _)| q_len));
-    let seq_lens: Vec<i32> = c.seqs.iter().map(|&(_, ctx)| ctx as i32).collect();
-    let total_q = cu[c.seqs.len()] as usize;
-    let cache = num_blocks * bs * c.n_kv * d;
-    let q = rng.values::<T>(total_q * c.n_q * d, 2.0);
-    let (k, v) = (rng.values::<T>(cache, 2.0), rng.values::<T>(cache, 2.0));
+    let (b, bs, d) = (&c.batch, c.batch.block_size, c.batch.d);
+    let lay = b.layout(3, |n| rng.next_u64() % n);
+    let q = rng.values::<T>(b.total_q() * b.n_q * d, 2.0);
+    let (k, v) = (rng.values::<T>(lay.cache_len, 2.0), rng.values::<T>(lay.cache_len, 2.0));
     let scale = 1.0 / (d as f32).sqrt();
-    let inp = AttentionInputs { q: &q, k: &k, v: &v, tables: &tables, seq_lens: &seq_lens, cu: &cu };
-    let got = to_f64(&attention_on(dev, c, &inp, max_blocks)?);
-    let want = to_f64(&attention_on(&mut Cpu::new(), c, &inp, max_blocks)?);
+    let inp = AttentionInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        tables: &lay.tables,
+        seq_lens: &lay.seq_lens,
+        cu: &lay.cu_seqlens,
+    };
+    let got = to_f64(&attention_on(dev, c, &inp, lay.max_blocks)?);
+    let want = to_f64(&attention_on(&mut Cpu::new(), c, &inp, lay.max_blocks)?);
+    let exact = b.prefill(&to_f64(&q), &to_f64(&k), &to_f64(&v), &lay, scale as f64, c.causal);
 
-    let (k64, v64) = (to_f64(&k), to_f64(&v));
-    let kv = PagedKv { k: &k64, v: &v64, block_size: bs, n_kv: c.n_kv, head_dim: d };
-    let exact = r::prefill_varlen(
-        &to_f64(&q),
-        &cu,
-        &seq_lens,
-        &tables,
-        max_blocks,
-        c.n_q,
-        &kv,
-        scale as f64,
-        c.causal,
-    );
-
-    let lens: Vec<String> = c.seqs.iter().map(|&(q, ctx)| format!("{q}/{ctx}")).collect();
+    let lens: Vec<String> = b.seqs.iter().map(|&(q, ctx)| format!("{q}/{ctx}")).collect();
     let shape = format!(
         "{}q{}kv{}d {} bs{bs} {}x{} w{} s{}{} q/ctx {}",
-        c.n_q,
-        c.n_kv,
+        b.n_q,
+        b.n_kv,
         d,
         if c.causal { "causal" } else { "full" },
         c.tiles.block_m,
@@ -144,7 +125,7 @@ fn attention_case<T: ActElem, D: Device>(dev: &mut D, rng: &mut Rng, c: &Case) -
     );
     // Within twice the bound of the interpreter, and within the bound of the
     // exact value.
-    let keys = c.seqs.iter().map(|s| s.1).max().unwrap_or(0);
+    let keys = b.seqs.iter().map(|s| s.1).max().unwrap_or(0);
     let bound: Vec<f64> =
         (0..got.len()).map(|e| exact.error_bound(e, d, keys, unit_roundoff(dtype))).collect();
     let twice: Vec<f64> = bound.iter().map(|b| 2.0 * b).collect();
@@ -166,16 +147,14 @@ pub fn flash_attention<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow
     for causal in [true, false] {
         // A case with the default bf16 tiles of its head dim and page size.
         let case = |n_q, n_kv, d, seqs, block_size| Case {
-            n_q,
-            n_kv,
-            d,
-            seqs,
-            block_size,
+            batch: PagedBatch { n_q, n_kv, d, seqs, block_size },
             tiles: fa::config_for(d, DType::BF16, wgmma, block_size),
             causal,
         };
-        let f32_tiles =
-            |c: &Case| Case { tiles: fa::config_for(c.d, DType::F32, wgmma, c.block_size), ..c.clone() };
+        let f32_tiles = |c: &Case| Case {
+            tiles: fa::config_for(c.batch.d, DType::F32, wgmma, c.batch.block_size),
+            ..c.clone()
+        };
         let smol = case(9, 3, 64, smollm2_batch(), 16);
         let gqa4 = case(8, 2, 128, vec![(200, 200), (7, 555), (1, 1)], 32);
         let mha = case(4, 4, 128, vec![(77, 130), (128, 128), (3, 67)], 64);
@@ -183,7 +162,7 @@ pub fn flash_attention<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow
         // unmasked key blocks are boxes of the cache (TMA on sm_90a, with
         // the warpgroups of 8-warp tiles taking turns at the products).
         let long128 = case(4, 2, 128, vec![(300, 700), (129, 129), (1, 260), (0, 3)], 128);
-        let long64 = case(4, 2, 64, long128.seqs.clone(), 128);
+        let long64 = case(4, 2, 64, long128.batch.seqs.clone(), 128);
         cases.extend([
             (DType::F32, f32_tiles(&smol)),
             (DType::BF16, smol.clone()),
