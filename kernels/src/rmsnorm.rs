@@ -111,7 +111,9 @@ fn square_exponent(t: Tensor) -> Tensor {
 }
 
 /// The squares `t` as [`sum_squares`]' fixed-point integers (i64) relative to
-/// the exponent `top` (at least every [`square_exponent`]).
+/// the exponent `top` (at least every [`square_exponent`]). The same integer
+/// is `t * 2^(S + 150 - top)` truncated, but the GPU's f32-to-i64
+/// conversion costs more than these shifts.
 #[kernel_fn]
 fn square_fixed(t: Tensor, top: Tensor) -> Tensor {
     // Fixed (not derived from the tile), so every tile width truncates alike.
@@ -327,7 +329,9 @@ pub fn block_for(n_cols: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{rms_rstd, rms_rstd_live_rows, rms_rstd_rows, rms_rstd_tiled};
+    use super::{
+        SUM_SQUARES_SHIFT, rms_rstd, rms_rstd_live_rows, rms_rstd_rows, rms_rstd_tiled, sum_squares,
+    };
     use dsl_core::DType;
     use dsl_core::interp::Cpu;
     use dsl_macros::kernel;
@@ -374,6 +378,74 @@ mod tests {
         let config = rstd_forms::Config::new(DType::F32, n.next_power_of_two());
         rstd_forms::interpret(&mut cpu, [1, 1, 1], &config, &args).unwrap();
         cpu.read(op)
+    }
+
+    /// `sum_squares` of the first `n` of `x_ptr`'s elements (one tile).
+    #[kernel]
+    fn sum_squares_row(x_ptr: Ptr<f32>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
+        let cols = arange(0, BLOCK);
+        store(out_ptr, sum_squares(load(x_ptr + cols, mask = cols < n, other = 0.0), BLOCK));
+    }
+
+    /// [`sum_squares`] as its doc defines it, on the host: each square's
+    /// significand shifted to the fixed point of the largest exponent (`top`,
+    /// at least 1), truncated, summed in i64, scaled back; NaN when a square
+    /// is not finite.
+    fn sum_squares_definition(row: &[f32]) -> f32 {
+        let fields = |t: f32| {
+            let bits = t.to_bits() & 0x7FFF_FFFF;
+            ((bits >> 23) as i32, bits & 0x7F_FFFF)
+        };
+        let sq: Vec<f32> = row.iter().map(|v| v * v).collect();
+        let top = sq.iter().map(|&t| fields(t).0.max(1)).max().unwrap_or(1);
+        if top >= 255 {
+            return f32::NAN;
+        }
+        let total: i64 = sq
+            .iter()
+            .map(|&t| {
+                let (e, frac) = fields(t);
+                let mant = i64::from(if e > 0 { frac | 0x80_0000 } else { frac });
+                (mant << SUM_SQUARES_SHIFT) >> (top - e.max(1)).min(63)
+            })
+            .sum();
+        let p = top - 150 - SUM_SQUARES_SHIFT;
+        let pow = |h: i32| f32::from_bits(((h + 127) << 23) as u32);
+        total as f32 * pow(p / 2) * pow(p - p / 2)
+    }
+
+    /// The interpreter's [`sum_squares`] has its definition's bits on rows
+    /// of spread magnitudes: normal squares over 160 binades, squares that
+    /// are subnormal (alone and beside normal ones, where they truncate),
+    /// zeros, and rows with a NaN or an infinity.
+    #[test]
+    fn sum_squares_is_its_fixed_point_definition() {
+        let mut x = 0x5851_f42d_4c95_7f2du64;
+        for n in [1usize, 7, 100, 576] {
+            let block = n.next_power_of_two();
+            let mut cases = vec![
+                spread(&mut x, n, 80),
+                spread(&mut x, n, 20).iter().map(|v| v * 2f32.powi(-70)).collect::<Vec<_>>(),
+                spread(&mut x, n, 120).iter().map(|v| v * 2f32.powi(-40)).collect(),
+                vec![0.0; n],
+            ];
+            let mut bad = spread(&mut x, n, 30);
+            bad[n / 2] = if n % 2 == 0 { f32::NAN } else { f32::INFINITY };
+            cases.push(bad);
+            for row in cases {
+                let mut cpu = Cpu::new();
+                let (xp, op) = (cpu.upload(&row), cpu.zeros::<f32>(1));
+                let args =
+                    sum_squares_row::Args { x_ptr: xp, out_ptr: op, n: n as i32, _marker: PhantomData };
+                sum_squares_row::interpret(&mut cpu, [1, 1, 1], &sum_squares_row::Config::new(block), &args)
+                    .unwrap();
+                let (got, want) = (cpu.read::<f32>(op)[0], sum_squares_definition(&row));
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "n={n}: {got:e} against {want:e} for {row:?}"
+                );
+            }
+        }
     }
 
     /// `len` values `+-(1 + u) * 2^e`, `e` spread over `exps` binades

@@ -30,9 +30,14 @@
 //!   with `nanosleep` between reads (16 ns doubling up to 64 ns, so a long
 //!   wait does not steal issue slots from the programs it waits for), then a
 //!   CTA barrier, after which the whole program proceeds with the acquire
-//!   ordering described above. The loop is a real loop in the LLVM IR whose
-//!   load is a side-effecting asm statement, so it is neither hoisted nor
-//!   folded into an infinite loop LLVM could assume away.
+//!   ordering described above. Every read is an acquire (on Hopper a strong
+//!   load and an L1 invalidation) rather than relaxed reads and one
+//!   `fence.acq_rel` after the last: that fence is a `MEMBAR` that waits for
+//!   the thread's loads in flight, such as a persistent task's weights
+//!   issued before its wait (see BENCHMARKS.md). The loop is a real loop in
+//!   the LLVM IR whose load is a side-effecting asm statement, so it is
+//!   neither hoisted nor folded into an infinite loop LLVM could assume
+//!   away.
 //! - `wait_load` is every thread reading its own lanes (replicas too, so no
 //!   broadcast and no barrier is needed: every copy of a line that passes
 //!   holds the same data) with `ld.relaxed.<scope>.global.b64`, in a loop
