@@ -295,6 +295,12 @@ pub struct DumpArgs {
     /// Print the PTX.
     #[arg(long)]
     pub ptx: bool,
+    /// Print the SASS ptxas makes of the PTX, after ptxas's report
+    /// (registers, spills, shared memory): needs `ptxas` and `nvdisasm`
+    /// (`$PTXAS` / `$NVDISASM`, else on `PATH`; `.ci/setup` installs both
+    /// under target/tools). Not part of the default set of stages.
+    #[arg(long)]
+    pub sass: bool,
     /// The GPU architecture to compile for.
     #[arg(long, value_enum, default_value_t = TargetArg::Sm80)]
     pub target: TargetArg,

@@ -20,6 +20,7 @@ use crate::registry;
 use clap::{Parser, Subcommand};
 
 mod args;
+mod sass;
 
 pub use args::{
     BenchArgs, BenchMode, ChatArgs, DumpArgs, GenerateArgs, GpuCheckArgs, HostCheckArgs, KernelsAction,
@@ -259,8 +260,8 @@ pub(crate) fn dump_text(a: &DumpArgs) -> Result<String> {
         let _ = writeln!(out, "// ---- {}{title} ----\n{text}", entry.name);
     };
     let ir_title = || format!(" ({}): tile IR", entry.default_config);
-    let all = !(a.ir || a.plan || a.llvm || a.ptx);
-    if a.ir && !a.plan && !a.llvm && !a.ptx {
+    let all = !(a.ir || a.plan || a.llvm || a.ptx || a.sass);
+    if a.ir && !a.plan && !a.llvm && !a.ptx && !a.sass {
         // The IR alone needs no code generator.
         dsl_core::passes::canonicalize(&mut func);
         section(ir_title(), &dsl_core::print::print(&func));
@@ -283,6 +284,11 @@ pub(crate) fn dump_text(a: &DumpArgs) -> Result<String> {
             format!(": PTX for {arch} ({} bytes of shared memory)", compiled.shared_bytes),
             &compiled.ptx,
         );
+    }
+    if a.sass {
+        let (report, code) =
+            sass::sass(&compiled.ptx, arch, &std::env::temp_dir(), &sass::Tools::from_env())?;
+        section(format!(": SASS for {arch}"), &format!("{report}\n{code}"));
     }
     Ok(out)
 }

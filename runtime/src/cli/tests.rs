@@ -145,6 +145,33 @@ fn an_aligned_dump_shows_the_launched_specialization() {
     assert!(aligned.contains("ld.global.v4.") && aligned.contains("st.global.v4."), "{aligned}");
 }
 
+/// `--sass` assembles the dumped PTX with ptxas and disassembles it: the
+/// report names the kernel's registers and the code ends in `EXIT`; without
+/// the tools it is a usage error that says how to get them.
+#[test]
+fn a_sass_dump_shows_the_machine_code_and_its_registers() {
+    let dump = |name: &str| {
+        let argv = ["tessera", "kernels", "dump", name, "--sass", "--target", "sm_90a"];
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Kernels { action: KernelsAction::Dump(d) } => super::dump_text(&d),
+            other => panic!("{other:?}"),
+        }
+    };
+    let text = dump("vector_add").unwrap();
+    assert!(text.contains("// ---- vector_add: SASS for sm_90a ----"), "{text}");
+    assert!(text.contains("Used") && text.contains("registers"), "{text}");
+    assert!(text.contains("EXIT"), "{text}");
+    // Only the SASS section was asked for.
+    assert!(!text.contains(".version"), "{text}");
+    // A missing tool is a usage error naming it.
+    // (An empty module, which ptxas assembles.)
+    let ptx = ".version 8.0\n.target sm_90a\n.address_size 64\n";
+    let tools =
+        super::sass::Tools { nvdisasm: "/nonexistent/nvdisasm".into(), ..super::sass::Tools::from_env() };
+    let e = super::sass::sass(ptx, "sm_90a", &std::env::temp_dir(), &tools).unwrap_err();
+    assert!(matches!(&e, Error::Usage(m) if m.contains("nvdisasm") && m.contains("NVDISASM")), "{e}");
+}
+
 #[test]
 fn gpu_commands_fail_cleanly_without_a_gpu() {
     if crate::cuda::Gpu::new(0).is_ok() {
