@@ -69,7 +69,5 @@ fn assemble(ptx: &str, arch: &str, scratch: &Path, tools: &Tools) -> Result<(Str
     let mut nvdisasm = Command::new(&tools.nvdisasm);
     nvdisasm.arg("-c").arg(&cubin);
     let (code, _) = run(nvdisasm, "nvdisasm", "NVDISASM")?;
-    // ptxas names the scratch file in its report; the kernel's name is what matters.
-    let report = report.lines().map(|l| l.replace(&*src.to_string_lossy(), "kernel.ptx")).collect::<Vec<_>>();
-    Ok((report.join("\n"), code))
+    Ok((report.trim_end().to_string(), code))
 }
