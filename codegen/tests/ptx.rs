@@ -498,6 +498,42 @@ fn scaled_fp8_products_run_on_native_wgmma() {
     }
 }
 
+/// The block-scaled FP8 product with two K blocks a trip (`PAIRED`): the
+/// product carried into the next trip is scaled in after that trip's first
+/// group is issued, behind a `wait_group 1` that ties its registers (it
+/// was waited for at the end of its own trip). Without that tie ptxas
+/// cannot tell across the back edge, injects a wait in the single-thread
+/// copy issue and serializes every `wgmma` of the kernel (C7518). The
+/// per-block scales are loaded in the accumulator's row layout: no
+/// exchange through shared memory, so no barrier in the loop.
+#[test]
+fn paired_fp8_blocks_scale_one_product_while_the_next_runs() {
+    let name = "scaled_matmul_fp8_paired_64x128";
+    let (f, opts) = plan::input(&format!("{name}_sm90a"));
+    let ptx = compile(&f, &opts).unwrap().ptx;
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let pos = |pat: &str| lines.iter().position(|l| l.starts_with(pat));
+    let steps = ptx.matches("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3").count();
+    assert_eq!(steps, 8, "{name}: two blocks of four k steps:\n{ptx}");
+    let commit = pos("wgmma.commit_group").expect("a committed group");
+    let tie = pos("wgmma.wait_group.sync.aligned 1;").expect("the carried product's wait");
+    let fma = pos("fma.rn.f32").expect("the scaling");
+    assert!(
+        commit < tie && tie < fma,
+        "{name}: group, tie, then scaling (lines {commit}, {tie}, {fma}):\n{ptx}"
+    );
+    let body = &lines[commit..];
+    let end =
+        body.iter().position(|l| l.starts_with("wgmma.wait_group.sync.aligned 0;")).unwrap_or(body.len());
+    assert!(!body[..end].iter().any(|l| l.starts_with("bar.sync")), "{name}: a barrier in the loop:\n{ptx}");
+    let report = check_with(name, &f, &opts, 0);
+    assert!(
+        report.iter().all(|l| !l.contains("C7517") && !l.contains("C7518")),
+        "{name}: {}",
+        report.join("\n")
+    );
+}
+
 #[test]
 fn a_spin_wait_survives_optimisation() {
     let f = kernels::spin_only().unwrap();

@@ -147,6 +147,11 @@ pub const SCALE_BLOCK: usize = 128;
 /// ahead and carries them, so their latency overlaps a whole block's
 /// product: the same bits, faster where the grid is short (prefill-sized
 /// `m`), slower on large squares (`bench --only fp8` times both).
+///
+/// `PAIRED` (block-scaled only, not with `SCALES_AHEAD`) runs two K blocks
+/// a trip: each block's product is issued before the previous one is
+/// scaled in, so the scaling overlaps the tensor cores; the same bits, and
+/// a third product's registers (`bench --only fp8` times it too).
 #[kernel(name = "scaled_matmul_fp8")]
 #[allow(clippy::too_many_arguments)]
 pub fn scaled_matmul_fp8<F: Float, T: Float>(
@@ -162,9 +167,11 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     #[constexpr] BLOCK_N: usize,
     #[constexpr] PER_TENSOR: bool,
     #[constexpr] SCALES_AHEAD: bool,
+    #[constexpr] PAIRED: bool,
 ) {
     static_assert(PER_TENSOR || SCALE_BLOCK % BLOCK_N == 0, "BLOCK_N must divide the weight scale block");
     static_assert(!(PER_TENSOR && SCALES_AHEAD), "SCALES_AHEAD is for the block-scaled form");
+    static_assert(!(PER_TENSOR || SCALES_AHEAD) || !PAIRED, "PAIRED is a block-scaled form of its own");
     let bk = SCALE_BLOCK as i32;
     let rm = program_id(0) * BLOCK_M + arange(0, BLOCK_M);
     let rn = program_id(1) * BLOCK_N + arange(0, BLOCK_N);
@@ -173,34 +180,59 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     let (m_ok, n_ok) = (rm < m, rn < n);
     let (m0, n0) = (program_id(0) * BLOCK_M, program_id(1) * BLOCK_N);
     let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
-    // With SCALES_AHEAD: block 0's scales, then each block loads the next's.
-    // Without it nothing reads them: the names are bound to values that
-    // exist anyway, so the kernel gains no op.
-    let (mut sa_ahead, mut sb_ahead) = if SCALES_AHEAD {
-        (load(sa_ptr + rm, mask = m_ok, other = 0.0), load(sb_ptr + sb_row))
+    if PAIRED {
+        // Two K blocks a trip, `t` and `u = t + 1` (past the last block
+        // when `kb` is odd: zero boxes, zero scales). Each block's product
+        // is issued before the one ahead of it is scaled in, so that
+        // scaling overlaps the tensor cores; `p1`, `s1` carry block `u`
+        // into the next trip.
+        let mut p1 = zeros([BLOCK_M, BLOCK_N], f32);
+        let mut s1 = zeros([BLOCK_M], f32);
+        for t in range(0, kb, 2) {
+            let a0 = load_block(a_ptr, m, k, k, m0, t * bk, [BLOCK_M, SCALE_BLOCK]);
+            let b0 = load_block(b_ptr, n, k, k, n0, t * bk, [BLOCK_N, SCALE_BLOCK]);
+            let p0 = dot(a0, trans(b0), zeros([BLOCK_M, BLOCK_N], f32));
+            let s0 = load(sa_ptr + t * m + rm, mask = m_ok, other = 0.0) * load(sb_ptr + sb_row + t);
+            acc = fma(p1, expand_dims(s1, 1), acc);
+            let u = t + 1;
+            let a1 = load_block(a_ptr, m, k, k, m0, u * bk, [BLOCK_M, SCALE_BLOCK]);
+            let b1 = load_block(b_ptr, n, k, k, n0, u * bk, [BLOCK_N, SCALE_BLOCK]);
+            p1 = dot(a1, trans(b1), zeros([BLOCK_M, BLOCK_N], f32));
+            s1 = load(sa_ptr + u * m + rm, mask = m_ok && u < kb, other = 0.0)
+                * load(sb_ptr + sb_row + minimum(u, kb - 1));
+            acc = fma(p0, expand_dims(s0, 1), acc);
+        }
+        acc = fma(p1, expand_dims(s1, 1), acc);
     } else {
-        (rm, kb)
-    };
-    for t in range(0, kb) {
-        // Boxes of the row-major operands (zeros past their edges): TMA
-        // copies on sm_90a, which feed the native FP8 `wgmma`.
-        let a = load_block(a_ptr, m, k, k, m0, t * bk, [BLOCK_M, SCALE_BLOCK]);
-        let b = load_block(b_ptr, n, k, k, n0, t * bk, [BLOCK_N, SCALE_BLOCK]);
-        if PER_TENSOR {
-            acc = dot(a, trans(b), acc);
-        } else if SCALES_AHEAD {
-            let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
-            let next = t + 1;
-            let sa_next = load(sa_ptr + next * m + rm, mask = m_ok && next < kb, other = 0.0);
-            let sb_next = load(sb_ptr + sb_row + minimum(next, kb - 1));
-            acc = fma(p, expand_dims(sa_ahead * sb_ahead, 1), acc);
-            sa_ahead = sa_next;
-            sb_ahead = sb_next;
+        // With SCALES_AHEAD: block 0's scales, then each block loads the next's.
+        // Without it nothing reads them: the names are bound to values that
+        // exist anyway, so the kernel gains no op.
+        let (mut sa_ahead, mut sb_ahead) = if SCALES_AHEAD {
+            (load(sa_ptr + rm, mask = m_ok, other = 0.0), load(sb_ptr + sb_row))
         } else {
-            let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
-            let sa = load(sa_ptr + t * m + rm, mask = m_ok, other = 0.0);
-            let sb = load(sb_ptr + sb_row + t);
-            acc = fma(p, expand_dims(sa * sb, 1), acc);
+            (rm, kb)
+        };
+        for t in range(0, kb) {
+            // Boxes of the row-major operands (zeros past their edges): TMA
+            // copies on sm_90a, which feed the native FP8 `wgmma`.
+            let a = load_block(a_ptr, m, k, k, m0, t * bk, [BLOCK_M, SCALE_BLOCK]);
+            let b = load_block(b_ptr, n, k, k, n0, t * bk, [BLOCK_N, SCALE_BLOCK]);
+            if PER_TENSOR {
+                acc = dot(a, trans(b), acc);
+            } else if SCALES_AHEAD {
+                let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
+                let next = t + 1;
+                let sa_next = load(sa_ptr + next * m + rm, mask = m_ok && next < kb, other = 0.0);
+                let sb_next = load(sb_ptr + sb_row + minimum(next, kb - 1));
+                acc = fma(p, expand_dims(sa_ahead * sb_ahead, 1), acc);
+                sa_ahead = sa_next;
+                sb_ahead = sb_next;
+            } else {
+                let p = dot(a, trans(b), zeros([BLOCK_M, BLOCK_N], f32));
+                let sa = load(sa_ptr + t * m + rm, mask = m_ok, other = 0.0);
+                let sb = load(sb_ptr + sb_row + t);
+                acc = fma(p, expand_dims(sa * sb, 1), acc);
+            }
         }
     }
     let y = if PER_TENSOR { acc * (load(sa_ptr) * load(sb_ptr)) } else { acc };

@@ -233,7 +233,7 @@ pub const ENTRIES: &[Entry] = &[
         build: || {
             let (bm, bn, warps, stages) = crate::check::fp8::SCALED_TILE;
             spec::<scaled_matmul_fp8::Kernel>(
-                scaled_matmul_fp8::Config::new(DType::F8E4M3, DType::BF16, bm, bn, false, false)
+                scaled_matmul_fp8::Config::new(DType::F8E4M3, DType::BF16, bm, bn, false, false, false)
                     .with_warps(warps)
                     .with_stages(stages),
             )

@@ -170,17 +170,19 @@ fn scales(rng: &mut Rng, len: usize) -> Vec<f32> {
 /// `scaled_matmul_fp8` on the interpreter against the f64 reference within
 /// its derived bound: both forms, both formats, f32 and bf16 outputs,
 /// ragged M, N and K (a partial K block, a partial weight block, one-row
-/// outputs); the block-scaled form with its scales loaded a block ahead
-/// gives the same values.
+/// outputs); the block-scaled form with its scales loaded a block ahead,
+/// and with two K blocks a trip (an odd and an even block count), gives
+/// the same values.
 #[test]
 fn scaled_matmul_fp8_matches_the_f64_reference() {
     use kernels::fp8::scaled_matmul_fp8 as k8;
     let mut rng = Rng::new(0x5ca1ed);
     for (f8, out) in [(DType::F8E4M3, DType::F32), (DType::F8E5M2, DType::BF16), (DType::F8E4M3, DType::BF16)]
     {
-        for ((m, n, k), per_tensor) in [(1usize, 64usize, 128usize), (17, 200, 300), (5, 130, 40)]
-            .into_iter()
-            .flat_map(|s| [(s, false), (s, true)])
+        for ((m, n, k), per_tensor) in
+            [(1usize, 64usize, 128usize), (17, 200, 300), (5, 130, 40), (9, 70, 512)]
+                .into_iter()
+                .flat_map(|s| [(s, false), (s, true)])
         {
             let kb = k.div_ceil(128);
             let (ab, av) = codes(&mut rng, m * k, f8);
@@ -190,8 +192,8 @@ fn scaled_matmul_fp8_matches_the_f64_reference() {
             } else {
                 (scales(&mut rng, m * kb), scales(&mut rng, n.div_ceil(128) * kb))
             };
-            // `ahead`: the block-scaled form with SCALES_AHEAD.
-            let run = |ahead: bool| -> Vec<f64> {
+            // The block-scaled form with SCALES_AHEAD, with PAIRED.
+            let run = |ahead: bool, paired: bool| -> Vec<f64> {
                 let mut cpu = Cpu::new();
                 let (ap, sap, bp, sbp) = (cpu.upload(&ab), cpu.upload(&sa), cpu.upload(&bb), cpu.upload(&sb));
                 let cp = cpu.zeros::<f32>(m * n);
@@ -207,7 +209,7 @@ fn scaled_matmul_fp8_matches_the_f64_reference() {
                     k: k as i32,
                     _marker: PhantomData,
                 };
-                let config = k8::Config::new(f8, out, 16, 64, per_tensor, ahead);
+                let config = k8::Config::new(f8, out, 16, 64, per_tensor, ahead, paired);
                 let grid = [m.div_ceil(16) as u32, n.div_ceil(64) as u32, 1];
                 k8::interpret(&mut cpu, grid, &config, &args).unwrap();
                 if out == DType::F32 {
@@ -216,10 +218,12 @@ fn scaled_matmul_fp8_matches_the_f64_reference() {
                     cpu.read(cb).iter().map(|&x| f64::from(x.to_f32())).collect()
                 }
             };
-            let got = run(false);
+            let got = run(false, false);
             if !per_tensor {
-                // The scales loaded a block ahead are the same scales.
-                assert_eq!(run(true), got, "scales ahead, {f8} -> {out} {m}x{n}x{k}");
+                // The scales loaded a block ahead are the same scales, and
+                // paired blocks are scaled in in the same order.
+                assert_eq!(run(true, false), got, "scales ahead, {f8} -> {out} {m}x{n}x{k}");
+                assert_eq!(run(false, true), got, "paired, {f8} -> {out} {m}x{n}x{k}");
             }
             let u_out = if out == DType::F32 { 2f64.powi(-24) } else { 2f64.powi(-8) };
             let (want, tol) =

@@ -39,7 +39,7 @@
 use super::dot::plan::MmaPlan;
 use crate::fragment::{MmaLayout, RegLayout};
 use dsl_core::Function;
-use dsl_core::ir::ops::{ArithOp, CastOp, CompareOp, ControlOp, CreationOp, ReduceKind, ShapeOp};
+use dsl_core::ir::ops::{ArithOp, CastOp, CompareOp, ControlOp, CreationOp, MemoryOp, ReduceKind, ShapeOp};
 use dsl_core::ir::{Inst, Op, Value};
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -226,7 +226,10 @@ fn infer(
                 RegLayout::Row(rl) if is_row_shape(&rs, rl.m) => Some(RegLayout::Row(*rl)),
                 _ => None,
             });
-            one(mma.or(row).unwrap_or(RegLayout::Blocked))
+            one(mma.or(row).or_else(|| pulled_row(f, plan, a, users, inst)).unwrap_or(RegLayout::Blocked))
+        }
+        Op::Memory(MemoryOp::Load { volatile: false, order: None, .. }) => {
+            one(pulled_row(f, plan, a, users, inst).unwrap_or(RegLayout::Blocked))
         }
         Op::Reduce(o) => {
             let x = d.args[0];
@@ -243,7 +246,7 @@ fn infer(
             let rs = shape(d.results[0]);
             match a.lay(d.args[0]) {
                 RegLayout::Row(rl) if is_row_shape(&rs, rl.m) => one(RegLayout::Row(rl)),
-                _ => one(RegLayout::Blocked),
+                _ => one(pulled_row(f, plan, a, users, inst).unwrap_or(RegLayout::Blocked)),
             }
         }
         Op::Shape(ShapeOp::Broadcast { shape: out }) => match a.lay(d.args[0]) {
@@ -310,6 +313,116 @@ fn infer(
                 .collect()
         }
         _ => d.results.iter().map(|&r| (r, RegLayout::Blocked)).collect(),
+    }
+}
+
+/// The row layout every user of `inst`'s result takes it in, when the
+/// result can be computed in it without an exchange ([`row_able`]): a row
+/// vector that is only scaled into accumulator tiles (`acc * expand_dims(s,
+/// 1)` with `s` loaded) is then loaded, and computed, in the rows each
+/// thread holds, instead of loaded blocked and exchanged through shared
+/// memory at every use. Values computable from coordinates are left to
+/// their users, which evaluate them in place (`remat.rs`).
+fn pulled_row(
+    f: &Function,
+    plan: &MmaPlan,
+    a: &Assignment,
+    users: &FxHashMap<Value, Vec<Inst>>,
+    inst: Inst,
+) -> Option<RegLayout> {
+    let d = &f.insts[inst];
+    let &[r] = d.results.as_slice() else { return None };
+    if super::remat::computable(f, r) || !row_able(f, a, r, &mut ROW_ABLE_NODES.clone()) {
+        return None;
+    }
+    let mut want = None;
+    for &u in users.get(&r)? {
+        for (k, _) in f.insts[u].args.iter().enumerate().filter(|&(_, &x)| x == r) {
+            let lay = match wants(f, plan, a, u, k) {
+                RegLayout::Blocked => carried_row(f, plan, a, users, u, k),
+                lay => lay,
+            };
+            match lay {
+                RegLayout::Row(rl) if is_row_shape(&f.ty(r).shape, rl.m) && want.is_none_or(|w| w == rl) => {
+                    want = Some(rl);
+                }
+                _ => return None,
+            }
+        }
+    }
+    want.map(RegLayout::Row)
+}
+
+/// For the `k`-th operand of a `for` body's `yield` (the next iteration's
+/// value of a carried row vector, such as a scale loaded one iteration
+/// ahead): the row layout every user of the carried value takes it in, so
+/// that the loop carries it in that layout; blocked otherwise.
+fn carried_row(
+    f: &Function,
+    plan: &MmaPlan,
+    a: &Assignment,
+    users: &FxHashMap<Value, Vec<Inst>>,
+    y: Inst,
+    k: usize,
+) -> RegLayout {
+    let carried = || -> Option<RegLayout> {
+        let block = f.insts[y].parent?;
+        let owner = f.regions[f.blocks[block].parent?].parent?;
+        if !matches!(f.insts[owner].op, Op::Control(ControlOp::For))
+            || f.insts[y].op != Op::Control(ControlOp::Yield)
+        {
+            return None;
+        }
+        let b = *f.blocks[block].args.get(k + 1)?;
+        let mut want = None;
+        for &u in users.get(&b)? {
+            for (j, _) in f.insts[u].args.iter().enumerate().filter(|&(_, &x)| x == b) {
+                match wants(f, plan, a, u, j) {
+                    RegLayout::Row(rl) if want.is_none_or(|w| w == rl) => want = Some(rl),
+                    _ => return None,
+                }
+            }
+        }
+        want.map(RegLayout::Row)
+    };
+    carried().unwrap_or(RegLayout::Blocked)
+}
+
+/// Ops in the expression tree [`row_able`] follows before it gives up.
+const ROW_ABLE_NODES: usize = 32;
+
+/// True when `v` (a row vector `[M]` or `[M, 1]`) can be computed in a row
+/// layout from values that need no exchange there: uniform values, values
+/// already in a row layout, values computable from coordinates, and plain
+/// loads, elementwise ops, `expand_dims` and `reshape` of such values.
+fn row_able(f: &Function, a: &Assignment, v: Value, budget: &mut usize) -> bool {
+    if is_uniform(f, v) || matches!(a.lay(v), RegLayout::Row(_)) || super::remat::computable(f, v) {
+        return true;
+    }
+    if *budget == 0 {
+        return false;
+    }
+    *budget -= 1;
+    let Some(i) = f.def_inst(v) else {
+        // A value a `for` carries: its initial and its yielded values.
+        let dsl_core::ir::ValueDef::BlockArg(b, j) = f.values[v].def else { return false };
+        let j = j as usize;
+        let Some(owner) = f.blocks[b].parent.and_then(|r| f.regions[r].parent) else { return false };
+        let Some(&y) = f.blocks[b].insts.last() else { return false };
+        return j >= 1
+            && matches!(f.insts[owner].op, Op::Control(ControlOp::For))
+            && f.insts[owner].args.get(j + 2).is_some_and(|&x| row_able(f, a, x, budget))
+            && f.insts[y].args.get(j - 1).is_some_and(|&x| row_able(f, a, x, budget));
+    };
+    let d = &f.insts[i];
+    let row_shaped = matches!(f.ty(v).shape.as_slice(), [_] | [_, 1]);
+    match &d.op {
+        Op::Memory(MemoryOp::Load { volatile: false, order: None, .. })
+        | Op::Shape(ShapeOp::ExpandDims { .. } | ShapeOp::Reshape { .. }) => {
+            row_shaped && d.args.iter().all(|&x| row_able(f, a, x, budget))
+        }
+        op if is_elementwise(op) => row_shaped && d.args.iter().all(|&x| row_able(f, a, x, budget)),
+        _ => false,
     }
 }
 

@@ -12,7 +12,8 @@
 //! are sent from owners to replicas through shared memory.
 //!
 //! A load with a cache modifier or eviction policy is inline PTX with those
-//! qualifiers (see `load_qualifiers`); `volatile` loads are volatile.
+//! qualifiers (`ptx_load.rs`); `volatile` loads are volatile. A load in a
+//! row layout (`assign::pulled_row`) reads the rows its thread holds.
 //! Atomics are `atomicrmw`/`cmpxchg` with the op's ordering and scope (`gpu`
 //! -> `syncscope("device")`, `cta` -> `"block"`, `sys` -> system).
 //!
@@ -33,10 +34,11 @@
 
 use super::{Lowerer, Regs, elem_bytes, mem_type};
 use crate::blocked::BlockedLayout;
+use crate::fragment::RegLayout;
 use crate::{Error, Result};
 use dsl_core::dtype::{DType, Elem};
 use dsl_core::ir::Inst;
-use dsl_core::ir::ops::{AtomicKind, CacheModifier, EvictionPolicy, MemScope, MemSem, MemoryOp};
+use dsl_core::ir::ops::{AtomicKind, MemScope, MemSem, MemoryOp};
 use inkwell::llvm_sys::LLVMAtomicOrdering;
 use inkwell::llvm_sys::LLVMAtomicRMWBinOp;
 use inkwell::types::BasicTypeEnum;
@@ -163,93 +165,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .collect()
     }
 
-    /// A global load of `bytes` (1, 2, 4, 8 or 16) at `ptr` as inline PTX with
-    /// the qualifiers `q` (cache operator or L1 eviction priority, see
-    /// [`load_qualifiers`]), returned as `et` (`w == 1`) or `<w x et>`. The
-    /// asm clobbers memory, so LLVM keeps it in program order with other
-    /// memory operations and barriers (ptxas still schedules it).
-    fn hinted_load(
-        &self,
-        ptr: inkwell::values::PointerValue<'ctx>,
-        et: BasicTypeEnum<'ctx>,
-        w: usize,
-        bytes: usize,
-        q: &str,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        let (i16t, i32t) = (self.ctx.i16_type(), self.ctx.i32_type());
-        let a = self.b.build_ptr_to_int(ptr, self.ctx.i64_type(), "")?;
-        let words = bytes / 4;
-        let raw: BasicValueEnum<'ctx> = if words >= 1 {
-            let outs: Vec<String> = (0..words).map(|k| format!("${k}")).collect();
-            let (vec, dst) = if words == 1 {
-                (String::new(), outs[0].clone())
-            } else {
-                (format!(".v{words}"), format!("{{{}}}", outs.join(", ")))
-            };
-            let text = format!("ld.global{q}{vec}.b32 {dst}, [${words}];");
-            let cons = format!("{}l,~{{memory}}", "=r,".repeat(words));
-            let ret: BasicTypeEnum<'ctx> = if words == 1 {
-                i32t.into()
-            } else {
-                self.ctx.struct_type(&vec![i32t.into(); words], false).into()
-            };
-            let r = self.asm_value(&text, &cons, ret, &[a.into()], false)?;
-            if words == 1 {
-                r
-            } else {
-                let r = r.into_struct_value();
-                let mut v = i32t.vec_type(words as u32).get_undef();
-                for k in 0..words {
-                    let e = self.b.build_extract_value(r, k as u32, "")?;
-                    v = self.b.build_insert_element(v, e, i32t.const_int(k as u64, false), "")?;
-                }
-                v.into()
-            }
-        } else {
-            let ty = if bytes == 2 { "b16" } else { "u8" };
-            let text = format!("ld.global{q}.{ty} $0, [$1];");
-            let r = self.asm_value(&text, "=h,l,~{memory}", i16t.into(), &[a.into()], false)?;
-            if bytes == 1 {
-                self.b.build_int_truncate(r.into_int_value(), self.ctx.i8_type(), "")?.into()
-            } else {
-                r
-            }
-        };
-        let want: BasicTypeEnum<'ctx> = if w == 1 { et } else { vec_type(et, w as u32)?.into() };
-        Ok(self.b.build_bit_cast(raw, want, "")?)
-    }
-
-    /// Whether a masked scalar load of `d` is a predicated load
-    /// ([`Lowerer::predicated_load`]) rather than a branch around it: for
-    /// 4-byte elements in a `cp.async` loop's address slice (a block
-    /// table's page numbers). Behind branches, ptxas issues those loads one at a
-    /// time, each waiting for the one before; predicated, they all go out
-    /// before the first is needed.
-    fn predicate_loads(&self, d: DType) -> bool {
-        self.loops.extra_pred.is_some() && self.loops.predicated_slice && matches!(d, DType::I32 | DType::F32)
-    }
-
-    /// One 4-byte global load at `p` under predicate `on`, `other` where
-    /// `on` is false: `@p ld.global` into a register that holds `other`
-    /// beforehand (branch-free). Like [`Lowerer::hinted_load`] it clobbers
-    /// memory, so LLVM keeps it in order with the other memory operations.
-    fn predicated_load(
-        &self,
-        p: BasicValueEnum<'ctx>,
-        d: DType,
-        on: IntValue<'ctx>,
-        other: BasicValueEnum<'ctx>,
-        hints: Option<&str>,
-    ) -> Result<BasicValueEnum<'ctx>> {
-        let i32t = self.ctx.i32_type();
-        let a = self.b.build_ptr_to_int(p.into_pointer_value(), self.ctx.i64_type(), "")?;
-        let o = self.b.build_bit_cast(self.reg_to_mem(other, d)?, i32t, "")?;
-        let text = format!("@$2 ld.global{}.b32 $0, [$1];", hints.unwrap_or(""));
-        let r = self.asm_value(&text, "=r,l,b,0,~{memory}", i32t.into(), &[a.into(), on.into(), o], true)?;
-        let et = mem_type(self.ctx, Elem::Scalar(d));
-        self.mem_to_reg(self.b.build_bit_cast(r, et, "")?, d)
-    }
-
     /// Stores `vals` to consecutive elements starting at pointer `p`.
     pub(super) fn store_run(
         &self,
@@ -307,15 +222,25 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             MemoryOp::PrefetchL2 { has_mask } => return self.lower_prefetch(inst, has_mask),
             _ => {}
         }
-        let p = self.regs(ptr)?;
+        // A plain load assigned a row layout (`assign::pulled_row`) reads
+        // the rows this thread holds, one element each.
+        let row = match (op, self.f.insts[inst].results.first().map(|&r| self.plan.lays.lay(r))) {
+            (MemoryOp::Load { .. }, Some(lay @ RegLayout::Row(_))) => Some(lay),
+            _ => None,
+        };
+        let operand = |lw: &mut Self, v| match row {
+            Some(lay) => lw.regs_as(v, lay),
+            None => lw.regs(v),
+        };
+        let p = operand(self, ptr)?;
         match *op {
             MemoryOp::Load { volatile, cache, evict, order: None, .. } => {
-                let hints = load_qualifiers(cache, evict);
+                let hints = super::ptx_load::load_qualifiers(cache, evict);
                 let ops = op.load_operands(&args).ok_or_else(|| self.bug(inst, "load operands"))?;
                 let mask = ops.mask;
-                let w = self.access_width(ptr, mask, &l);
+                let w = if row.is_some() { 1 } else { self.access_width(ptr, mask, &l) };
                 let m = match mask {
-                    Some(m) => Some(self.regs(m)?),
+                    Some(m) => Some(operand(self, m)?),
                     None => None,
                 };
                 // The pipeline's prefetch of a possibly missing iteration.
@@ -329,20 +254,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     (m, None) => m,
                 };
                 let other: Regs<'ctx> = if let Some(o) = ops.other {
-                    self.regs(o)?
+                    operand(self, o)?
                 } else {
                     vec![self.const_scalar(dsl_core::Scalar::zero(d)); p.len()]
                 };
                 // Runs of equal addresses (a gather whose pointer repeats
                 // along the last axis, e.g. a block-table entry per token
                 // broadcast over a page) load once per run.
-                let same = if w == 1 && !volatile { self.equal_run(ptr, mask, ops.other, &l) } else { 1 };
+                let same = if w == 1 && !volatile && row.is_none() {
+                    self.equal_run(ptr, mask, ops.other, &l)
+                } else {
+                    1
+                };
                 let mut out = Vec::with_capacity(p.len());
                 if same > 1 {
                     for s in (0..p.len()).step_by(same) {
                         let v = match &m {
                             None => self.load_run(p[s], d, 1, false, hints)?,
-                            Some(m) if self.predicate_loads(d) => {
+                            Some(m) if self.predicate_loads(d, false) => {
                                 vec![self.predicated_load(p[s], d, m[s].into_int_value(), other[s], hints)?]
                             }
                             Some(m) => {
@@ -364,7 +293,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for s in (0..p.len()).step_by(w) {
                     let vals = match &m {
                         None => self.load_run(p[s], d, w, volatile, hints)?,
-                        Some(m) if w == 1 && !volatile && self.predicate_loads(d) => {
+                        Some(m) if w == 1 && !volatile && self.predicate_loads(d, row.is_some()) => {
                             vec![self.predicated_load(p[s], d, m[s].into_int_value(), other[s], hints)?]
                         }
                         Some(m) => {
@@ -670,19 +599,4 @@ pub(crate) fn vec_type(et: BasicTypeEnum<'_>, n: u32) -> Result<inkwell::types::
         BasicTypeEnum::PointerType(t) => t.vec_type(n),
         other => return Err(Error::Llvm(format!("no vector of {}", other.print_to_string()))),
     })
-}
-
-/// The PTX qualifiers of a load's hints (`None` without any): the cache
-/// operator (`.ca`, `.cg`, `.cs`) or the L1 eviction priority
-/// (`.L1::evict_first`, `.L1::evict_last`; PTX has no load with both, the
-/// builder rejects that).
-fn load_qualifiers(cache: CacheModifier, evict: EvictionPolicy) -> Option<&'static str> {
-    match (cache, evict) {
-        (CacheModifier::Ca, _) => Some(".ca"),
-        (CacheModifier::Cg, _) => Some(".cg"),
-        (CacheModifier::Cs, _) => Some(".cs"),
-        (_, EvictionPolicy::First) => Some(".L1::evict_first"),
-        (_, EvictionPolicy::Last) => Some(".L1::evict_last"),
-        _ => None,
-    }
 }

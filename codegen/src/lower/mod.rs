@@ -31,6 +31,7 @@ mod partial;
 mod pipeline;
 pub(crate) mod plan;
 mod program;
+mod ptx_load;
 mod reduce;
 mod remat;
 mod shape;
@@ -215,6 +216,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             && remat::computable(self.f, v)
         {
             return self.remat_mma(v, &l);
+        }
+        if let RegLayout::Row(r) = lay
+            && matches!(ty.shape.as_slice(), [m] | [m, 1] if *m == r.m)
+            && remat::computable(self.f, v)
+        {
+            return self.remat_row(v, &r);
         }
         let b = self.regs(v)?;
         match lay {
@@ -557,9 +564,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // `wgmma` groups never stay pending across a block boundary.
         let outer = std::mem::take(&mut self.loops.wgmma_pending);
         let insts = self.f.blocks[block].insts.clone();
+        let mut carried = self.carried_products(block);
         let mut term = None;
         for inst in insts {
             self.wgmma_wait_for(inst)?;
+            self.wgmma_tie_carried(inst, &mut carried)?;
             let op = &self.f.insts[inst].op;
             if op.is_terminator() {
                 term = Some(self.f.insts[inst].args.to_vec());

@@ -21,7 +21,7 @@
 
 use super::{Lowerer, Regs, assign};
 use crate::Result;
-use crate::fragment::MmaLayout;
+use crate::fragment::{MmaLayout, RowLayout};
 use dsl_core::Function;
 use dsl_core::ir::ops::{ArithOp, CastOp, CreationOp, ShapeOp};
 use dsl_core::ir::{Op, Value};
@@ -83,6 +83,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 .map(|s| {
                     let (dr, dc) = l.slot_delta(s);
                     let idx = vec![lw.plus(row0, dr)?, lw.plus(col0, dc)?];
+                    lw.remat_at(v, &idx, &mut memo)
+                })
+                .collect()
+        })
+    }
+
+    /// The registers of the `[r.m]` or `[r.m, 1]` row vector `v`
+    /// ([`computable`]) in row layout `r`, evaluated at each register's row.
+    pub(crate) fn remat_row(&mut self, v: Value, r: &RowLayout) -> Result<Regs<'ctx>> {
+        let rank = self.f.ty(v).rank();
+        self.with_own_overrides(|lw| {
+            let mut memo = Memo::default();
+            (0..r.regs())
+                .map(|q| {
+                    let mut idx = vec![lw.row_index(r, q)?];
+                    if rank == 2 {
+                        idx.push(lw.i32c(0));
+                    }
                     lw.remat_at(v, &idx, &mut memo)
                 })
                 .collect()

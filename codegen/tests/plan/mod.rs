@@ -88,6 +88,8 @@ plan_tests!(
     paged_decode_tc_invariant_hd64_wgmma,
     scaled_matmul_fp8_128x128_sm90a,
     scaled_matmul_fp8_64x128_sm90a,
+    scaled_matmul_fp8_ahead_64x128_sm90a,
+    scaled_matmul_fp8_paired_64x128_sm90a,
     scaled_matmul_fp8_64x128_unaligned_k_sm90a,
     scaled_matmul_fp8_per_tensor_128x256_sm90a,
     softmax_b1024,

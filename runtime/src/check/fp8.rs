@@ -193,11 +193,18 @@ fn scaled_config<Q: DeviceElem>(
     form: Form,
     (m, n): (usize, usize),
 ) -> (scaled_matmul_fp8::Config, [u32; 3]) {
-    let ahead = form == Form::BlockScaledAhead;
-    let config =
-        scaled_matmul_fp8::Config::new(Q::DEVICE_DTYPE, DType::BF16, bm, bn, form.per_tensor(), ahead)
-            .with_warps(warps)
-            .with_stages(stages);
+    let (ahead, paired) = (form == Form::BlockScaledAhead, form == Form::BlockScaledPaired);
+    let config = scaled_matmul_fp8::Config::new(
+        Q::DEVICE_DTYPE,
+        DType::BF16,
+        bm,
+        bn,
+        form.per_tensor(),
+        ahead,
+        paired,
+    )
+    .with_warps(warps)
+    .with_stages(stages);
     (config, [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1])
 }
 
@@ -226,6 +233,8 @@ enum Form {
     BlockScaled,
     /// The same, each block's scales loaded one block ahead (`SCALES_AHEAD`).
     BlockScaledAhead,
+    /// The same, two K blocks a trip (`PAIRED`).
+    BlockScaledPaired,
     /// Random finite codes, one scale per operand.
     PerTensor,
     /// Codes of the integers -2..=2, one scale per operand: every
@@ -253,7 +262,7 @@ fn scaled_case<Q: DeviceElem, D: Device>(
     let (b, bv) = codes(rng, n * k);
     let mut scale = || (1.0 + rng.unit()) as f32 * 2f32.powi((rng.next_u64() % 16) as i32 - 8);
     let (sa, sb): (Vec<f32>, Vec<f32>) = match form {
-        Form::BlockScaled | Form::BlockScaledAhead => {
+        Form::BlockScaled | Form::BlockScaledAhead | Form::BlockScaledPaired => {
             ((0..m * kb).map(|_| scale()).collect(), (0..n.div_ceil(128) * kb).map(|_| scale()).collect())
         }
         _ => (vec![scale()], vec![scale()]),
@@ -268,6 +277,7 @@ fn scaled_case<Q: DeviceElem, D: Device>(
     let what = match form {
         Form::BlockScaled => "",
         Form::BlockScaledAhead => " scales ahead",
+        Form::BlockScaledPaired => " paired",
         Form::PerTensor => " per-tensor",
         Form::PerTensorExact => " per-tensor, small integers",
     };
@@ -283,7 +293,13 @@ pub fn scaled_matmul<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>>
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for shape in [(1, 128, 128), (37, 200, 300), (130, 256, 1040), (256, 384, 512)] {
-        for form in [Form::BlockScaled, Form::BlockScaledAhead, Form::PerTensor, Form::PerTensorExact] {
+        for form in [
+            Form::BlockScaled,
+            Form::BlockScaledAhead,
+            Form::BlockScaledPaired,
+            Form::PerTensor,
+            Form::PerTensorExact,
+        ] {
             out.push(scaled_case::<F8E4M3, D>(dev, &mut rng, shape, form)?);
             out.push(scaled_case::<F8E5M2, D>(dev, &mut rng, shape, form)?);
         }
@@ -322,6 +338,7 @@ fn scaled_record(
     let what = match form {
         Form::BlockScaled => "block-scaled",
         Form::BlockScaledAhead => "block-scaled, scales ahead,",
+        Form::BlockScaledPaired => "block-scaled, paired,",
         _ => "per-tensor",
     };
     let name = format!("matmul/fp8e4m3/{m}x{n}x{k} [{what} {bm}x{bn}/{warps}w/{stages}s]");
@@ -333,10 +350,14 @@ fn scaled_record(
 pub fn bench_records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
     let mut out = Vec::new();
     for shape in [(8192, 8192, 8192), (256, 14336, 4096)] {
-        for form in [Form::BlockScaled, Form::BlockScaledAhead] {
-            for tile in [(64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3)] {
-                push_measured(&mut out, scaled_record(cuda, opts, shape, tile, form)?);
-            }
+        for tile in [(64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3)] {
+            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, Form::BlockScaled)?);
+        }
+        for tile in [(64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3)] {
+            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, Form::BlockScaledAhead)?);
+        }
+        for tile in [(64, 128, 4, 2), (128, 128, 8, 2), (128, 128, 8, 3)] {
+            push_measured(&mut out, scaled_record(cuda, opts, shape, tile, Form::BlockScaledPaired)?);
         }
         for tile in [(128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4), (64, 256, 4, 4)] {
             push_measured(&mut out, scaled_record(cuda, opts, shape, tile, Form::PerTensor)?);

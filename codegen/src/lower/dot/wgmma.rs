@@ -78,7 +78,8 @@ use super::mma::AFrags;
 use crate::Result;
 use crate::fragment::{MmaLayout, ROW_PAD, RegLayout};
 use dsl_core::dtype::DType;
-use dsl_core::ir::{Inst, Value};
+use dsl_core::ir::ops::ControlOp;
+use dsl_core::ir::{Block, Inst, Op, Value};
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 
@@ -225,6 +226,60 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             return Ok(());
         };
         self.wgmma_wait_upto(idx)
+    }
+
+    /// The arguments of `block`, when it is a `for` body, that carry a
+    /// `wgmma` product of the previous iteration (its `yield` passes a
+    /// product of the body that is not deferred, so the group was waited
+    /// for before the iteration ended).
+    pub(crate) fn carried_products(&self, block: Block) -> Vec<Value> {
+        let f = self.f;
+        let Some(owner) = f.blocks[block].parent.and_then(|r| f.regions[r].parent) else { return Vec::new() };
+        let Some(&y) = f.blocks[block].insts.last() else { return Vec::new() };
+        if !matches!(f.insts[owner].op, Op::Control(ControlOp::For)) {
+            return Vec::new();
+        }
+        let pipe = &self.plan.pipe;
+        let product =
+            |v: Value| f.def_inst(v).is_some_and(|d| pipe.wgmma.contains(&d) && !pipe.deferred.contains(&d));
+        f.insts[y]
+            .args
+            .iter()
+            .enumerate()
+            .filter(|&(_, &v)| product(v))
+            .filter_map(|(k, _)| f.blocks[block].args.get(k + 1).copied())
+            .collect()
+    }
+
+    /// Before instruction `inst`: ties the registers of the carried
+    /// products it reads (see [`Lowerer::carried_products`]; each is taken
+    /// off `carried`) through a `wait_group` that leaves this iteration's
+    /// groups running. The previous iteration's group is done already;
+    /// without the explicit wait ptxas cannot tell across the loop's back
+    /// edge and its single-thread copy issue, and serializes every `wgmma`
+    /// of the function. With it, scaling the previous product overlaps the
+    /// groups issued before it (the block-scaled FP8 product).
+    pub(crate) fn wgmma_tie_carried(&mut self, inst: Inst, carried: &mut Vec<Value>) -> Result<()> {
+        // A `dot` accumulating into it ties its registers itself; with no
+        // group of this iteration issued yet, ptxas needs no help (the
+        // rescaled attention accumulator).
+        let d = &self.f.insts[inst];
+        if carried.is_empty() || matches!(d.op, Op::Dot(_)) || self.loops.wgmma_pending.is_empty() {
+            return Ok(());
+        }
+        let reads: Vec<Value> = carried.iter().copied().filter(|v| d.args.contains(v)).collect();
+        if reads.is_empty() {
+            return Ok(());
+        }
+        carried.retain(|v| !reads.contains(v));
+        let newer = self.loops.wgmma_pending.len();
+        for v in reads {
+            let regs = self.raw_regs(v)?;
+            let (tied, _) =
+                self.wgmma_tied(&format!("wgmma.wait_group.sync.aligned {newer};"), &regs, &[])?;
+            self.set(v, tied);
+        }
+        Ok(())
     }
 
     /// Waits for every pending `wgmma` group (at the end of a block).
