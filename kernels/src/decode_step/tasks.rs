@@ -402,6 +402,16 @@ pub fn stage_linear(
                     let cols = arange(0, norm_block);
                     let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
                     rms_rstd(row, k, eps, norm_block)
+                } else if stack > 0 && srows == 2 {
+                    // Two rows as two one-row statistics (the same bits as
+                    // the live-rows loop): no loop, both rows' loads out
+                    // at once.
+                    let cols = arange(0, norm_block);
+                    let row0 = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
+                    let row1 =
+                        load(x_ptr + minimum(m - 1, 1) * k + cols, mask = cols < k, other = 0.0).to(f32);
+                    let (r0, r1) = (rms_rstd(row0, k, eps, norm_block), rms_rstd(row1, k, eps, norm_block));
+                    where_(arange(0, 2) == 0, r0, r1)
                 } else if stack > 0 {
                     rms_rstd_live_rows(x_ptr, m, k, eps, srows, LIVE_ROWS_CHUNK, norm_block)
                 } else {
