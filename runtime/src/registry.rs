@@ -229,7 +229,7 @@ pub const ENTRIES: &[Entry] = &[
     Entry {
         name: "scaled_matmul_fp8",
         description: "scaled FP8 product: 1x128 activation and 128x128 weight scales (or per-tensor), f32 sums, bf16 out",
-        default_config: "F = f8e4m3, T = bf16, BLOCK_M = 64, BLOCK_N = 128, PER_TENSOR = false, num_warps = 4, num_stages = 3",
+        default_config: "F = f8e4m3, T = bf16, BLOCK_M = 64, BLOCK_N = 128, PER_TENSOR = false, num_warps = 4, num_stages = 2",
         build: || {
             let (bm, bn, warps, stages) = crate::check::fp8::SCALED_TILE;
             spec::<scaled_matmul_fp8::Kernel>(
