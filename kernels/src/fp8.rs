@@ -39,6 +39,7 @@
 //! `[ceil(n / GROUP), rows]` (`rows` the grid's first dimension), the
 //! activation-scale layout of [`scaled_matmul_fp8`].
 
+use crate::matmul::RASTER_GROUP_M;
 use dsl_macros::{kernel, kernel_fn};
 
 /// The largest finite value of the 8-bit float `f` (E4M3: 448, E5M2: 57344).
@@ -111,11 +112,6 @@ pub fn dequantize_fp8<F: Float, T: Float>(
     store(out_ptr + offs, (q * expand_dims(s, 1)).to(T), mask = mask);
 }
 
-/// Rows of tiles per group of [`scaled_matmul_fp8`]'s programs: at 8192^3
-/// the programs resident at once (three of 64 x 128 per SM) then read about
-/// 30 MB of `a` and `b` rather than all 64 MB of `a`.
-pub const RASTER_GROUP_M: usize = 32;
-
 /// The K and weight-row extent of one weight scale of [`scaled_matmul_fp8`]
 /// (its 128 x 128 blocks), and the K extent of one activation scale.
 pub const SCALE_BLOCK: usize = 128;
@@ -147,9 +143,8 @@ pub const SCALE_BLOCK: usize = 128;
 /// and `n` elements apart. The grid is `[ceil(m / BLOCK_M), ceil(n /
 /// BLOCK_N)]`, one program per `[BLOCK_M, BLOCK_N]` tile; in launch order
 /// the programs take the tiles in groups of [`RASTER_GROUP_M`] rows of
-/// tiles, column by column within a group (Triton's grouped ordering), so
-/// the programs resident at once share their rows of `a` and columns of `b`
-/// in L2. Loads past `m`, `n` and `k` read zeros.
+/// tiles ([`crate::matmul::grouped_tile`]), so the programs resident at
+/// once share their rows of `a` and columns of `b` in L2. Loads past `m`, `n` and `k` read zeros.
 ///
 /// `SCALES_AHEAD` (block-scaled only) loads each K block's scales one block
 /// ahead and carries them, so their latency overlaps a whole block's
@@ -181,13 +176,7 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     static_assert(!(PER_TENSOR && SCALES_AHEAD), "SCALES_AHEAD is for the block-scaled form");
     static_assert(!(PER_TENSOR || SCALES_AHEAD) || !PAIRED, "PAIRED is a block-scaled form of its own");
     let bk = SCALE_BLOCK as i32;
-    // Grouped ordering (see the doc): program `pid` in launch order.
-    let (npm, npn) = (num_programs(0), num_programs(1));
-    let pid = program_id(1) * npm + program_id(0);
-    let per_group = (RASTER_GROUP_M as i32) * npn;
-    let first = pid / per_group * (RASTER_GROUP_M as i32);
-    let size = minimum(npm - first, RASTER_GROUP_M as i32);
-    let (pid_m, pid_n) = (first + pid % per_group % size, pid % per_group / size);
+    let (pid_m, pid_n) = crate::matmul::grouped_tile(RASTER_GROUP_M);
     let rm = pid_m * BLOCK_M + arange(0, BLOCK_M);
     let rn = pid_n * BLOCK_N + arange(0, BLOCK_N);
     let kb = (k + (bk - 1)) / bk;

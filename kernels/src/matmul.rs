@@ -9,8 +9,9 @@
 //!
 //! # Tiling
 //!
-//! Grid `[cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), 1]`: program `(pm, pn)` owns the
-//! output tile `[BLOCK_M, BLOCK_N]` at `(pm * BLOCK_M, pn * BLOCK_N)`. A K
+//! Grid `[cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), 1]`: one program per output
+//! tile `[BLOCK_M, BLOCK_N]`, taken in grouped order ([`grouped_tile`];
+//! with `PREFETCH` in launch order). A K
 //! loop in steps of `BLOCK_K` loads the A tile `[BLOCK_M, BLOCK_K]` and the B
 //! tile `[BLOCK_K, BLOCK_N]` as boxes of the row-major matrices
 //! (`load_block`: along their contiguous axis, 16-byte loads where the
@@ -38,7 +39,27 @@
 //! tensor cores; see [`config_for`]), `BLOCK_K` (a multiple of 16) and
 //! `PREFETCH` (the register prefetch above).
 
-use dsl_macros::kernel;
+use dsl_macros::{kernel, kernel_fn};
+
+/// Rows of tiles per group of a product's programs (see [`grouped_tile`]):
+/// at 8192^3 the programs resident at once then share their rows of `A`
+/// and columns of `B` in L2 instead of each wave reading all of `A`.
+pub const RASTER_GROUP_M: usize = 32;
+
+/// The output tile `(row, column)` of this program in a grid `[rows of
+/// tiles, columns of tiles]`, in grouped order (Triton's): in launch order
+/// (`program_id(0)` fastest) the programs take the tiles `group_m` rows of
+/// tiles at a time, column by column within a group. With `group_m` at
+/// least the grid's rows it is the plain order.
+#[kernel_fn]
+pub fn grouped_tile(group_m: usize) -> (Tensor, Tensor) {
+    let (rows, cols) = (num_programs(0), num_programs(1));
+    let pid = program_id(1) * rows + program_id(0);
+    let per_group = (group_m as i32) * cols;
+    let first = pid / per_group * (group_m as i32);
+    let size = minimum(rows - first, group_m as i32);
+    (first + pid % per_group % size, pid % per_group / size)
+}
 
 /// `C = A @ B` over `[BLOCK_M, BLOCK_N]` output tiles; see the module documentation.
 #[kernel]
@@ -58,8 +79,12 @@ pub fn half_matmul<T: Float>(
     #[constexpr] BLOCK_K: usize,
     #[constexpr] PREFETCH: bool,
 ) {
-    let m0 = program_id(0) * BLOCK_M;
-    let n0 = program_id(1) * BLOCK_N;
+    // The register-prefetch form keeps the plain order: there the group's
+    // index arithmetic stays live through the loop and costs it a program
+    // per SM (`bench --only matmul`).
+    let (pm, pn) = if PREFETCH { (program_id(0), program_id(1)) } else { grouped_tile(RASTER_GROUP_M) };
+    let m0 = pm * BLOCK_M;
+    let n0 = pn * BLOCK_N;
     let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
     // The tiles are boxes of the row-major A and B (`load_block`: zeros past
     // the edges); on sm_90a the pipelined ones are TMA copies.

@@ -18,6 +18,11 @@
 //!   with a tile in such a layout (`p * expand_dims(scale, 1)`): its operand
 //!   is converted to the row layout instead, `M` values rather than the
 //!   broadcast tile;
+//! - a row vector whose users all take it in one row layout, computed from
+//!   plain loads, coordinates and uniform values only (also through a `for`
+//!   that carries it), takes that layout back to its loads
+//!   (`pulled_row`): they read the rows each thread holds, and nothing is
+//!   exchanged (the block-scaled FP8 product's per-block scales);
 //! - `trans` of an `[M, N]` tile in an [`MmaLayout`] of at least
 //!   [`LARGE_ACC`] registers per thread keeps its registers ([`RegLayout::MmaT`]);
 //!   its users take it through a blocked copy, which costs one exchange
