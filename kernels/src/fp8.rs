@@ -39,7 +39,6 @@
 //! `[ceil(n / GROUP), rows]` (`rows` the grid's first dimension), the
 //! activation-scale layout of [`scaled_matmul_fp8`].
 
-use crate::matmul::RASTER_GROUP_M;
 use dsl_macros::{kernel, kernel_fn};
 
 /// The largest finite value of the 8-bit float `f` (E4M3: 448, E5M2: 57344).
@@ -142,8 +141,8 @@ pub const SCALE_BLOCK: usize = 128;
 /// contiguous) in format `F`, `c` is `[m, n]`, all row-major with rows `k`
 /// and `n` elements apart. The grid is `[ceil(m / BLOCK_M), ceil(n /
 /// BLOCK_N)]`, one program per `[BLOCK_M, BLOCK_N]` tile; in launch order
-/// the programs take the tiles in groups of [`RASTER_GROUP_M`] rows of
-/// tiles ([`crate::matmul::grouped_tile`]), so the programs resident at
+/// the programs take the tiles in groups of rows of tiles
+/// ([`crate::matmul::grouped_tile`]), so the programs resident at
 /// once share their rows of `a` and columns of `b` in L2. Loads past `m`, `n` and `k` read zeros.
 ///
 /// `SCALES_AHEAD` (block-scaled only) loads each K block's scales one block
@@ -176,7 +175,7 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
     static_assert(!(PER_TENSOR && SCALES_AHEAD), "SCALES_AHEAD is for the block-scaled form");
     static_assert(!(PER_TENSOR || SCALES_AHEAD) || !PAIRED, "PAIRED is a block-scaled form of its own");
     let bk = SCALE_BLOCK as i32;
-    let (pid_m, pid_n) = crate::matmul::grouped_tile(RASTER_GROUP_M);
+    let (pid_m, pid_n) = crate::matmul::grouped_tile(BLOCK_M);
     let rm = pid_m * BLOCK_M + arange(0, BLOCK_M);
     let rn = pid_n * BLOCK_N + arange(0, BLOCK_N);
     let kb = (k + (bk - 1)) / bk;

@@ -41,18 +41,21 @@
 
 use dsl_macros::{kernel, kernel_fn};
 
-/// Rows of tiles per group of a product's programs (see [`grouped_tile`]):
+/// Output rows per group of a product's programs (see [`grouped_tile`]):
 /// at 8192^3 the programs resident at once then share their rows of `A`
 /// and columns of `B` in L2 instead of each wave reading all of `A`.
-pub const RASTER_GROUP_M: usize = 32;
+pub const RASTER_GROUP_ROWS: usize = 2048;
 
 /// The output tile `(row, column)` of this program in a grid `[rows of
-/// tiles, columns of tiles]`, in grouped order (Triton's): in launch order
-/// (`program_id(0)` fastest) the programs take the tiles `group_m` rows of
-/// tiles at a time, column by column within a group. With `group_m` at
-/// least the grid's rows it is the plain order.
+/// tiles, columns of tiles]` of `block_m`-row tiles, in grouped order
+/// (Triton's): in launch order (`program_id(0)` fastest) the programs take
+/// the tiles [`RASTER_GROUP_ROWS`] output rows at a time (between 16 and 32
+/// rows of tiles: 32 of 64 rows, 16 of 128, the faster of the two sizes
+/// for each in `bench --only matmul,fp8`), column by column within a group.
+/// With a group at least the grid's rows it is the plain order.
 #[kernel_fn]
-pub fn grouped_tile(group_m: usize) -> (Tensor, Tensor) {
+pub fn grouped_tile(block_m: usize) -> (Tensor, Tensor) {
+    let group_m = (RASTER_GROUP_ROWS / block_m).clamp(16, 32);
     let (rows, cols) = (num_programs(0), num_programs(1));
     let pid = program_id(1) * rows + program_id(0);
     let per_group = (group_m as i32) * cols;
@@ -82,7 +85,7 @@ pub fn half_matmul<T: Float>(
     // The register-prefetch form keeps the plain order: there the group's
     // index arithmetic stays live through the loop and costs it a program
     // per SM (`bench --only matmul`).
-    let (pm, pn) = if PREFETCH { (program_id(0), program_id(1)) } else { grouped_tile(RASTER_GROUP_M) };
+    let (pm, pn) = if PREFETCH { (program_id(0), program_id(1)) } else { grouped_tile(BLOCK_M) };
     let m0 = pm * BLOCK_M;
     let n0 = pn * BLOCK_N;
     let mut acc = zeros([BLOCK_M, BLOCK_N], f32);
