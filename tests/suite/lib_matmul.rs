@@ -163,3 +163,46 @@ fn tolerance_catches_one_wrong_product() {
     let tol = r::error_bound(want[0], mag[0], k, bf16::U);
     assert!(tol < 0.5, "tolerance {tol} too loose");
 }
+
+/// Writes each program's `grouped_tile` to `out[2 pid]`, `out[2 pid + 1]`,
+/// `pid` its index in launch order.
+#[dsl_macros::kernel]
+fn tile_order(out_ptr: Ptr<i32>, #[constexpr] BLOCK_M: usize) {
+    let (pm, pn) = kernels::matmul::grouped_tile(BLOCK_M);
+    let pid = program_id(1) * num_programs(0) + program_id(0);
+    store(out_ptr + 2 * pid, pm);
+    store(out_ptr + 2 * pid + 1, pn);
+}
+
+/// `grouped_tile` is a bijection from launch order onto the tiles of any
+/// grid (rows of tiles a multiple of the group or not), and within a group
+/// it walks a column of tiles before the next: groups of 32 rows of 64-row
+/// tiles, 16 of 128-row ones, one group when the grid has fewer rows.
+#[test]
+fn grouped_tiles_cover_every_tile_once_in_group_order() {
+    for (block_m, group) in [(64usize, 32usize), (128, 16), (256, 16), (16, 32)] {
+        for (rows, cols) in [(1usize, 1usize), (3, 5), (40, 3), (33, 7), (64, 2), (17, 1)] {
+            let mut cpu = Cpu::new();
+            let out = cpu.zeros::<i32>(2 * rows * cols);
+            let args = tile_order::Args { out_ptr: out, _marker: PhantomData };
+            let config = tile_order::Config::new(block_m);
+            tile_order::interpret(&mut cpu, [rows as u32, cols as u32, 1], &config, &args).unwrap();
+            let got = cpu.read(out);
+            let mut seen = vec![false; rows * cols];
+            for pid in 0..rows * cols {
+                let (pm, pn) = (got[2 * pid] as usize, got[2 * pid + 1] as usize);
+                assert!(pm < rows && pn < cols, "{block_m} {rows}x{cols}: pid {pid} -> ({pm}, {pn})");
+                assert!(!seen[pm * cols + pn], "{block_m} {rows}x{cols}: ({pm}, {pn}) twice");
+                seen[pm * cols + pn] = true;
+                // The order: group by group, column by column within one.
+                let (g, in_group) = (pid / (group * cols), pid % (group * cols));
+                let size = group.min(rows - g * group);
+                assert_eq!(
+                    (pm, pn),
+                    (g * group + in_group % size, in_group / size),
+                    "{block_m} {rows}x{cols} pid {pid}"
+                );
+            }
+        }
+    }
+}
