@@ -42,7 +42,7 @@
 //! lowering of those users reads plain blocked registers.
 
 use super::dot::plan::MmaPlan;
-use crate::fragment::{MmaLayout, RegLayout};
+use crate::fragment::{MmaLayout, RegLayout, RowLayout};
 use dsl_core::Function;
 use dsl_core::ir::ops::{ArithOp, CastOp, CompareOp, ControlOp, CreationOp, MemoryOp, ReduceKind, ShapeOp};
 use dsl_core::ir::{Inst, Op, Value};
@@ -340,57 +340,50 @@ fn pulled_row(
     if super::remat::computable(f, r) || !row_able(f, a, r, &mut ROW_ABLE_NODES.clone()) {
         return None;
     }
-    let mut want = None;
-    for &u in users.get(&r)? {
-        for (k, _) in f.insts[u].args.iter().enumerate().filter(|&(_, &x)| x == r) {
-            let lay = match wants(f, plan, a, u, k) {
-                RegLayout::Blocked => carried_row(f, plan, a, users, u, k),
-                lay => lay,
-            };
-            match lay {
-                RegLayout::Row(rl) if is_row_shape(&f.ty(r).shape, rl.m) && want.is_none_or(|w| w == rl) => {
-                    want = Some(rl);
-                }
-                _ => return None,
-            }
-        }
-    }
-    want.map(RegLayout::Row)
+    users_row(f, plan, a, users, r, true).filter(|rl| is_row_shape(&f.ty(r).shape, rl.m)).map(RegLayout::Row)
 }
 
-/// For the `k`-th operand of a `for` body's `yield` (the next iteration's
-/// value of a carried row vector, such as a scale loaded one iteration
-/// ahead): the row layout every user of the carried value takes it in, so
-/// that the loop carries it in that layout; blocked otherwise.
-fn carried_row(
+/// The one row layout every use of `v` takes it in (`None` when a use
+/// takes another layout, or two take different rows). With `look_through`
+/// a `for` body's `yield` of `v` counts as taking the layout every use of
+/// the carried value takes (a scale loaded one iteration ahead), so that
+/// the loop carries it in that layout.
+fn users_row(
     f: &Function,
     plan: &MmaPlan,
     a: &Assignment,
     users: &FxHashMap<Value, Vec<Inst>>,
-    y: Inst,
-    k: usize,
-) -> RegLayout {
-    let carried = || -> Option<RegLayout> {
-        let block = f.insts[y].parent?;
-        let owner = f.regions[f.blocks[block].parent?].parent?;
-        if !matches!(f.insts[owner].op, Op::Control(ControlOp::For))
-            || f.insts[y].op != Op::Control(ControlOp::Yield)
-        {
-            return None;
-        }
-        let b = *f.blocks[block].args.get(k + 1)?;
-        let mut want = None;
-        for &u in users.get(&b)? {
-            for (j, _) in f.insts[u].args.iter().enumerate().filter(|&(_, &x)| x == b) {
-                match wants(f, plan, a, u, j) {
-                    RegLayout::Row(rl) if want.is_none_or(|w| w == rl) => want = Some(rl),
-                    _ => return None,
+    v: Value,
+    look_through: bool,
+) -> Option<RowLayout> {
+    let mut want = None;
+    for &u in users.get(&v)? {
+        for (k, _) in f.insts[u].args.iter().enumerate().filter(|&(_, &x)| x == v) {
+            let rl = match wants(f, plan, a, u, k) {
+                RegLayout::Row(rl) => rl,
+                RegLayout::Blocked if look_through => {
+                    let b = carried_arg(f, u, k)?;
+                    users_row(f, plan, a, users, b, false)?
                 }
+                _ => return None,
+            };
+            if want.is_some_and(|w| w != rl) {
+                return None;
             }
+            want = Some(rl);
         }
-        want.map(RegLayout::Row)
-    };
-    carried().unwrap_or(RegLayout::Blocked)
+    }
+    want
+}
+
+/// The body argument that the `k`-th operand of `y` carries into the next
+/// iteration, when `y` is the `yield` of a `for` body.
+fn carried_arg(f: &Function, y: Inst, k: usize) -> Option<Value> {
+    let block = f.insts[y].parent?;
+    let owner = f.regions[f.blocks[block].parent?].parent?;
+    let is_for = matches!(f.insts[owner].op, Op::Control(ControlOp::For));
+    (is_for && f.insts[y].op == Op::Control(ControlOp::Yield))
+        .then(|| f.blocks[block].args.get(k + 1).copied())?
 }
 
 /// Ops in the expression tree [`row_able`] follows before it gives up.
