@@ -12,12 +12,18 @@
 //! | stage | tasks | body |
 //! |---|---|---|
 //! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
-//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue; stacked (one or two rows), RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
+//! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue (its statistic computed there at one or two rows, read from [`row_stats`] past that); stacked (one or two rows), RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
 //! | attention | row x KV head | split QKV: [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache); then [`crate::decode_attention::decode_tc_body`], never split |
 //! | O projection | as QKV | residual add into `h` as the epilogue |
 //! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
 //! | down | as QKV | residual add into `h` |
 //! | LM head | output tile | `linear_tile` unsplit, final norm prologue |
+//!
+//! Past two rows, the stages that write the residual stream (embedding, O,
+//! down) end with one [`row_stats`] task per row, which stores the row's
+//! norm statistic after the stage counters and counts in its stage's
+//! counter; the normed products read the statistics instead of each
+//! computing every row's.
 //!
 //! Stages meet through counters in global memory, one per stage and layer:
 //! a task waits (`wait_until`, acquire) until the stage it reads has
@@ -83,7 +89,8 @@
 //!   and counters (counters zero; every launch leaves them zero), `ws` also
 //!   holding a slot per program for the stacked products
 //!   ([`crate::dequant::stacked::stacked_slot`] entries at most);
-//!   `stage` holds [`stage_counters`] zeros (every launch leaves them zero).
+//!   `stage` holds [`stage_words`] words, the first [`stage_counters`] of
+//!   them zero (every launch leaves them zero).
 //! - The grid is at most the number of programs that can be resident at
 //!   once (the launcher refuses larger waiting grids).
 //! - Formats: `F_*` is the [`QuantFormat`] of each matrix kind. A kind
@@ -111,7 +118,7 @@ mod tasks;
 pub use tasks::{
     Operands, Planes, Schedule, StageFormat, StageShape, StageSpec, StepCfg, StepIo, at_layer, by_format,
     count_tiles, first_task, layer_caches, mark, prefetch_kv, prefetch_layer, prefetch_planes,
-    prefetch_share, stage_linear, task_weights,
+    prefetch_share, row_stats, stage_linear, task_weights,
 };
 
 use crate::decode_attention::decode_tc_body;
@@ -139,6 +146,13 @@ pub const STAGES_PER_LAYER: usize = 5;
 /// five per layer, the LM head and the exit count.
 pub const fn stage_counters(n_layers: usize) -> usize {
     STAGES_PER_LAYER * n_layers + 3
+}
+
+/// The 32-bit words of the `stage` buffer of a model of `n_layers` layers:
+/// the [`stage_counters`], then [`MAX_ROWS`] words that hold the rows'
+/// norm statistics (f32) in a step that computes them once per norm.
+pub const fn stage_words(n_layers: usize) -> usize {
+    stage_counters(n_layers) + MAX_ROWS
 }
 
 /// The trace entries per program of a model of `n_layers` layers (see
@@ -335,6 +349,11 @@ pub fn decode_step<T: Float>(
     );
     let zero = full([], 0, i32);
     let last = (STAGES_PER_LAYER * N_LAYERS + 2) as i32;
+    // Past one or two rows (whose statistics a product task computes in
+    // about the time a hand-over takes) each row's norm statistic is
+    // computed once, by a task of its own appended to the stage that
+    // writes the residual stream ([`row_stats`]); the products read it.
+    let shared_stats = !ONE_ROW && srows != 2;
     // What the product stages share, and what each one is at build time.
     let io = StepIo {
         ws: ws_ptr,
@@ -348,6 +367,9 @@ pub fn decode_step<T: Float>(
         theta,
         k_cache,
         v_cache,
+        // (Without shared statistics nothing reads it: bound to a value
+        // that exists anyway, so those steps gain no op.)
+        rstd: if shared_stats { ptrcast(stage_ptr + (last + 1), f32) } else { eps },
     };
     let cfg = StepCfg {
         f16_ops: F16,
@@ -357,6 +379,7 @@ pub fn decode_step<T: Float>(
         norm_block,
         n_marks,
         trace: TRACE,
+        shared_stats,
     };
     let qkv_spec = cfg.stage(f_qkv, f_qkv2, Fuse::NONE.with_norm(true), tl_e).with_rope(rope_qkv);
     let o_spec = cfg.stage(f_o, f_o2, Fuse::NONE.with_residual(true), tl_attn);
@@ -367,6 +390,9 @@ pub fn decode_step<T: Float>(
     for t in range(program_id(0), m, num_programs(0)) {
         embedding_row(emb_ptr, ids_ptr, h_ptr, n_e, vocab, t, T, nb_e);
         atomic_add(stage_ptr, 1, sem = "release");
+    }
+    if shared_stats {
+        row_stats(h_ptr, io, zero, m, m, n_e, cfg);
     }
     mark(trace_ptr, full([], 0, i32), width, TRACE);
     // Tasks per stage of a layer (products split into 128-column K tiles);
@@ -380,6 +406,9 @@ pub fn decode_step<T: Float>(
     let n_gu_tasks = if st_gu > 0 { t_gu } else { t_gu * kt_e };
     let n_dn_tasks = if st_dn > 0 { t_dn } else { t_dn * kt_ff };
     let per_layer = n_qkv_tasks + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
+    // With shared statistics: the row tasks after the O and down stages,
+    // and the rows' counts the stages that read them wait for in addition.
+    let (per_layer, first) = if shared_stats { (per_layer + 2 * m, 2 * m) } else { (per_layer, m) };
     // This program's share of the first layer's weights, asked of L2 now;
     // each later layer's a layer ahead, in two parts (see the module doc).
     prefetch_layer(qkv, o, gu, dn, zero, N_LAYERS, 0);
@@ -387,10 +416,10 @@ pub fn decode_step<T: Float>(
         let s0 = l * STAGES_PER_LAYER as i32 + 1;
         let next = l + 1;
         let kv = l * kv_stride;
-        let off_qkv = m + l * per_layer;
+        let off_qkv = first + l * per_layer;
         let off_att = off_qkv + n_qkv_tasks;
         let off_o = off_att + m * N_KV as i32;
-        let off_gu = off_o + n_o_tasks;
+        let off_gu = if shared_stats { off_o + n_o_tasks + m } else { off_o + n_o_tasks };
         let off_dn = off_gu + n_gu_tasks;
         // Which of their kind's two formats this layer's matrices are in
         // (see `mixed`), and the previous layer's.
@@ -399,6 +428,7 @@ pub fn decode_step<T: Float>(
         // QKV with the attention norm: reads the residual, the embedding
         // (layer 0) or the previous layer's down product.
         let ready = where_(l == 0, m, by_format(alt_prev, 3, t_dn, t_dn2));
+        let ready = if shared_stats { ready + m } else { ready };
         stage_linear(
             at_layer(qkv, l),
             Operands { x: h_ptr, nw: attn_norm + l * e, out: qkv_out, n: n_qkv, k: n_e },
@@ -503,11 +533,23 @@ pub fn decode_step<T: Float>(
             o_spec,
             io,
         );
+        if shared_stats {
+            row_stats(h_ptr, io, s0 + 2, by_format(alt, 1, t_o, t_o2), off_o + n_o_tasks, n_e, cfg);
+        }
         mark(trace_ptr, s0 + 2, width, TRACE);
         stage_linear(
             at_layer(gu, l),
             Operands { x: h_ptr, nw: ffn_norm + l * e, out: act_ptr, n: n_ff, k: n_e },
-            Schedule { wait: s0 + 2, target: by_format(alt, 1, t_o, t_o2), done: s0 + 3, offset: off_gu },
+            Schedule {
+                wait: s0 + 2,
+                target: if shared_stats {
+                    by_format(alt, 1, t_o, t_o2) + m
+                } else {
+                    by_format(alt, 1, t_o, t_o2)
+                },
+                done: s0 + 3,
+                offset: off_gu,
+            },
             alt >> 2 & 1,
             gu_spec,
             io,
@@ -523,6 +565,10 @@ pub fn decode_step<T: Float>(
             dn_spec,
             io,
         );
+        if shared_stats {
+            let t_dn_l = by_format(alt, 3, t_dn, t_dn2);
+            row_stats(h_ptr, io, s0 + 4, t_dn_l, off_dn + n_dn_tasks, n_e, cfg);
+        }
         mark(trace_ptr, s0 + 4, width, TRACE);
     }
     // The LM head with the final norm, unsplit (its tiles alone fill the grid).
@@ -532,9 +578,13 @@ pub fn decode_step<T: Float>(
         Operands { x: h_ptr, nw: out_norm, out: logits_ptr, n: vocab, k: n_e },
         Schedule {
             wait: full([], last - 2, i32),
-            target: by_format(alt_last, 3, t_dn, t_dn2),
+            target: if shared_stats {
+                by_format(alt_last, 3, t_dn, t_dn2) + m
+            } else {
+                by_format(alt_last, 3, t_dn, t_dn2)
+            },
             done: full([], last - 1, i32),
-            offset: m + N_LAYERS as i32 * per_layer,
+            offset: first + N_LAYERS as i32 * per_layer,
         },
         zero,
         head_spec,

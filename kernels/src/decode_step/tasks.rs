@@ -67,6 +67,9 @@ pub struct StepIo {
     pub k_cache: Tensor,
     /// The V cache.
     pub v_cache: Tensor,
+    /// The rows' norm statistics of the residual stream, where the step
+    /// computes them once per norm ([`StepCfg::shared_stats`], [`row_stats`]).
+    pub rstd: Tensor,
 }
 
 /// `io` with the K and V caches of the layer `kv` elements in.
@@ -84,6 +87,7 @@ pub fn layer_caches(#[tensors] io: StepIo, kv: Tensor) -> StepIo {
         theta: io.theta,
         k_cache: io.k_cache + kv,
         v_cache: io.v_cache + kv,
+        rstd: io.rstd,
     }
 }
 
@@ -110,6 +114,10 @@ pub struct StepCfg {
     pub n_marks: usize,
     /// Whether the tasks write their trace readings.
     pub trace: bool,
+    /// Whether the norm statistics come from the rows' own tasks
+    /// ([`row_stats`], appended to the stage that writes the residual
+    /// stream) instead of every product task's prologue.
+    pub shared_stats: bool,
 }
 
 impl StepCfg {
@@ -212,6 +220,42 @@ pub fn prefetch_share(base: Tensor, bytes: Tensor) {
 pub fn mark(trace_ptr: Tensor, idx: Tensor, stride: usize, on: bool) {
     if on {
         store(trace_ptr + program_id(0) * stride + idx, globaltimer());
+    }
+}
+
+/// The norm statistic of each of the `m` rows of `x` (`k` columns,
+/// `norm_block` its next power of two) into `rstd`, one task per row, as
+/// tasks appended to the stage that writes `x`: each waits until that
+/// stage's counter `idx` reaches `target` (its own tasks), stores its row's
+/// statistic ([`rms_rstd`], the same bits as every other form of it) and
+/// adds one to the same counter, so the stage that reads `x` waits for
+/// `target + m`. A task runs on program `(t + offset) % num_programs`.
+/// With rows spread over programs this costs about one row's statistic,
+/// where each product task's prologue would compute every row's. With
+/// `cfg.trace` a task records its phases as a product task does (its
+/// statistic as the prologue, no products).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn row_stats(
+    x_ptr: Tensor,
+    #[tensors] io: StepIo,
+    idx: Tensor,
+    target: Tensor,
+    offset: Tensor,
+    k: Tensor,
+    cfg: StepCfg,
+) {
+    let (n_marks, trace) = (cfg.n_marks, cfg.trace);
+    let width = TRACE_PHASES * n_marks;
+    for t in range(first_task(offset), io.m, num_programs(0)) {
+        wait_until(io.stage + idx, "ge", target);
+        mark(io.trace, idx + n_marks as i32, width, trace);
+        let cols = arange(0, cfg.norm_block);
+        let row = load(x_ptr + t * k + cols, mask = cols < k, other = 0.0).to(f32);
+        store(io.rstd + t, rms_rstd(row, k, io.eps, cfg.norm_block));
+        mark(io.trace, idx + 2 * n_marks as i32, width, trace);
+        mark(io.trace, idx + 3 * n_marks as i32, width, trace);
+        atomic_add(io.stage + idx, 1, sem = "release");
     }
 }
 
@@ -398,6 +442,12 @@ pub fn stage_linear(
                 mark(trace_ptr, done_idx + n_marks as i32, width, trace);
                 let rs = if !fuse.norm() {
                     eps
+                } else if cfg.shared_stats {
+                    // Rows past `m` repeat row `m - 1`'s, as the live-rows
+                    // statistic's entries do.
+                    let held = if stack > 0 { srows } else { MAX_ROWS };
+                    let rs = load(io.rstd + minimum(arange(0, held as i32), m - 1));
+                    if stack > 0 { rs } else { expand_dims(rs, 1) }
                 } else if one_row {
                     let cols = arange(0, norm_block);
                     let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);

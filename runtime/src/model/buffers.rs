@@ -59,7 +59,8 @@ pub(super) struct Scratch<D: Device, T: ActElem> {
     /// Entries of `lin_ws` and `lin_cnt`.
     pub lin_ws_len: usize,
     pub lin_cnt_len: usize,
-    /// The persistent step's stage counters (zero between launches).
+    /// The persistent step's stage counters (zero between launches) and
+    /// its rows' norm statistics ([`kernels::decode_step::stage_words`]).
     pub mega_stage: D::Buf<i32>,
     pub mega_stage_len: usize,
     /// The persistent step's clock readings when profiled: one row of
@@ -170,7 +171,7 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
         let (lin_ws, lin_cnt) = super::products::linear_workspace_for(c, dev.tensor_cores());
         let (mega_ws, mega_cnt) = super::products::mega_workspace_for(c);
         let (lin_ws, lin_cnt) = (lin_ws.max(mega_ws), lin_cnt.max(mega_cnt));
-        let stages = kernels::decode_step::stage_counters(c.n_layers);
+        let stages = kernels::decode_step::stage_words(c.n_layers);
         let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
         let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
         self.scratch = Some(Scratch {

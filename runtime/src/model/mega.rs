@@ -24,7 +24,8 @@ use crate::model::ActElem;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_step::{
-    MAX_ROWS, STAGES_PER_LAYER, STRIDE_ALIGN, TRACE_PHASES, decode_step, stage_counters, trace_width,
+    MAX_ROWS, STAGES_PER_LAYER, STRIDE_ALIGN, TRACE_PHASES, decode_step, stage_counters, stage_words,
+    trace_width,
 };
 use kernels::dequant::QuantFormat;
 use std::marker::PhantomData;
@@ -75,12 +76,12 @@ impl DecodePath {
     }
 }
 
-/// The decode steps `auto` runs persistently: at most this many rows. A
-/// multi-row step's normed product tasks each recompute the norm statistic
-/// of every row, and past two rows fewer of its products stack (see
-/// [`MAX_STACK_ROWS`]), so there the multi-kernel graphs are as fast or
-/// faster (measured: BENCHMARKS.md).
-pub const AUTO_MAX_ROWS: usize = 2;
+/// The decode steps `auto` runs persistently: at most this many rows, every
+/// step the kernel takes. With each row's norm statistic computed once (by
+/// a task of its own) rather than in every normed product task, the
+/// persistent step beats the multi-kernel graphs at every batch of 1 to 16
+/// rows on an H200 (BENCHMARKS.md).
+pub const AUTO_MAX_ROWS: usize = MAX_ROWS;
 
 /// The most rows whose products the persistent step stacks (all rows' K
 /// tiles in one `dot` per output tile); steps of more rows split them.
@@ -370,7 +371,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
     let config =
         step_config(dtype, c, kv.block_size, att, formats, w.lm_head.format, ln.dev.tensor_cores(), m, trace);
     let config = decode_step::Config { KV8: kv.fp8, ..config };
-    if s.mega_stage_len < stage_counters(c.n_layers) {
+    if s.mega_stage_len < stage_words(c.n_layers) {
         return Err(usage("internal error: too few stage counters for the persistent step".into()));
     }
     let mat = |kind: Kind| w.mat(0, kind);
