@@ -566,8 +566,7 @@ pub fn decode_step<T: Float>(
             io,
         );
         if shared_stats {
-            let t_dn_l = by_format(alt, 3, t_dn, t_dn2);
-            row_stats(h_ptr, io, s0 + 4, t_dn_l, off_dn + n_dn_tasks, n_e, cfg);
+            row_stats(h_ptr, io, s0 + 4, by_format(alt, 3, t_dn, t_dn2), off_dn + n_dn_tasks, n_e, cfg);
         }
         mark(trace_ptr, s0 + 4, width, TRACE);
     }

@@ -223,8 +223,8 @@ pub fn mark(trace_ptr: Tensor, idx: Tensor, stride: usize, on: bool) {
     }
 }
 
-/// The norm statistic of each of the `m` rows of `x` (`k` columns,
-/// `norm_block` its next power of two) into `rstd`, one task per row, as
+/// The norm statistic of each of the `io.m` rows of `x` (`k` columns, at
+/// most `cfg.norm_block`) into `io.rstd`, one task per row, as
 /// tasks appended to the stage that writes `x`: each waits until that
 /// stage's counter `idx` reaches `target` (its own tasks), stores its row's
 /// statistic ([`rms_rstd`], the same bits as every other form of it) and
