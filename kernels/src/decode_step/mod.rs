@@ -118,7 +118,7 @@ mod tasks;
 pub use tasks::{
     Operands, Planes, Schedule, StageFormat, StageShape, StageSpec, StepCfg, StepIo, at_layer, by_format,
     count_tiles, first_task, layer_caches, mark, prefetch_kv, prefetch_layer, prefetch_planes,
-    prefetch_share, row_stats, stage_linear, task_weights,
+    prefetch_share, row_rstd, row_stats, stage_linear, task_weights, with_rows,
 };
 
 use crate::decode_attention::decode_tc_body;
@@ -427,8 +427,7 @@ pub fn decode_step<T: Float>(
         let alt_prev = if F_DN2 != F_DN { load(alt_ptr + maximum(l - 1, 0)) } else { zero };
         // QKV with the attention norm: reads the residual, the embedding
         // (layer 0) or the previous layer's down product.
-        let ready = where_(l == 0, m, by_format(alt_prev, 3, t_dn, t_dn2));
-        let ready = if shared_stats { ready + m } else { ready };
+        let ready = with_rows(where_(l == 0, m, by_format(alt_prev, 3, t_dn, t_dn2)), m, shared_stats);
         stage_linear(
             at_layer(qkv, l),
             Operands { x: h_ptr, nw: attn_norm + l * e, out: qkv_out, n: n_qkv, k: n_e },
@@ -542,11 +541,7 @@ pub fn decode_step<T: Float>(
             Operands { x: h_ptr, nw: ffn_norm + l * e, out: act_ptr, n: n_ff, k: n_e },
             Schedule {
                 wait: s0 + 2,
-                target: if shared_stats {
-                    by_format(alt, 1, t_o, t_o2) + m
-                } else {
-                    by_format(alt, 1, t_o, t_o2)
-                },
+                target: with_rows(by_format(alt, 1, t_o, t_o2), m, shared_stats),
                 done: s0 + 3,
                 offset: off_gu,
             },
@@ -577,11 +572,7 @@ pub fn decode_step<T: Float>(
         Operands { x: h_ptr, nw: out_norm, out: logits_ptr, n: vocab, k: n_e },
         Schedule {
             wait: full([], last - 2, i32),
-            target: if shared_stats {
-                by_format(alt_last, 3, t_dn, t_dn2) + m
-            } else {
-                by_format(alt_last, 3, t_dn, t_dn2)
-            },
+            target: with_rows(by_format(alt_last, 3, t_dn, t_dn2), m, shared_stats),
             done: full([], last - 1, i32),
             offset: first + N_LAYERS as i32 * per_layer,
         },

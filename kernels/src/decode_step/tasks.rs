@@ -223,6 +223,15 @@ pub fn mark(trace_ptr: Tensor, idx: Tensor, stride: usize, on: bool) {
     }
 }
 
+/// The norm statistic ([`rms_rstd`]) of the row of `k <= block` elements
+/// at `x_ptr`, read as one tile of `block` columns.
+#[kernel_fn]
+pub fn row_rstd(x_ptr: Tensor, k: Tensor, eps: Tensor, block: usize) -> Tensor {
+    let cols = arange(0, block);
+    let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
+    rms_rstd(row, k, eps, block)
+}
+
 /// The norm statistic of each of the `io.m` rows of `x` (`k` columns, at
 /// most `cfg.norm_block`) into `io.rstd`, one task per row, as
 /// tasks appended to the stage that writes `x`: each waits until that
@@ -250,13 +259,18 @@ pub fn row_stats(
     for t in range(first_task(offset), io.m, num_programs(0)) {
         wait_until(io.stage + idx, "ge", target);
         mark(io.trace, idx + n_marks as i32, width, trace);
-        let cols = arange(0, cfg.norm_block);
-        let row = load(x_ptr + t * k + cols, mask = cols < k, other = 0.0).to(f32);
-        store(io.rstd + t, rms_rstd(row, k, io.eps, cfg.norm_block));
+        store(io.rstd + t, row_rstd(x_ptr + t * k, k, io.eps, cfg.norm_block));
         mark(io.trace, idx + 2 * n_marks as i32, width, trace);
         mark(io.trace, idx + 3 * n_marks as i32, width, trace);
         atomic_add(io.stage + idx, 1, sem = "release");
     }
+}
+
+/// The count a normed product stage waits for: its input stage's outputs
+/// `done`, plus its `m` [`row_stats`] tasks where the step has them.
+#[kernel_fn]
+pub fn with_rows(done: Tensor, m: Tensor, shared_stats: bool) -> Tensor {
+    if shared_stats { done + m } else { done }
 }
 
 /// The first task of this program in a stage whose task `t` runs on
@@ -449,9 +463,7 @@ pub fn stage_linear(
                     let rs = load(io.rstd + minimum(arange(0, held as i32), m - 1));
                     if stack > 0 { rs } else { expand_dims(rs, 1) }
                 } else if one_row {
-                    let cols = arange(0, norm_block);
-                    let row = load(x_ptr + cols, mask = cols < k, other = 0.0).to(f32);
-                    rms_rstd(row, k, eps, norm_block)
+                    row_rstd(x_ptr, k, eps, norm_block)
                 } else if stack > 0 && srows == 2 {
                     // Two rows as two one-row statistics (the same bits as
                     // the live-rows loop): no loop, both rows' loads out
