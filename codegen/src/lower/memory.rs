@@ -113,7 +113,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Loads `w` consecutive elements starting at pointer `p` (one vector when
     /// `w > 1`), with the PTX qualifiers of `hints` when there are any.
-    fn load_run(
+    pub(super) fn load_run(
         &self,
         p: BasicValueEnum<'ctx>,
         d: DType,

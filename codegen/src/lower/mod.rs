@@ -618,6 +618,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Lowers one instruction, then makes the blocked copies its results need.
     fn lower_inst(&mut self, inst: Inst) -> Result<()> {
+        if self.plan.pipe.regs.contains(&inst) {
+            // A pipelined load read back from its stage into registers.
+            return self.pipe_read(inst);
+        }
         if self.plan.mma.skipped.contains(&inst)
             || self.plan.pipe.loads.contains(&inst)
             || self.plan.pipe.dead.contains(&inst)

@@ -158,7 +158,7 @@ impl KernelPlan {
         // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
         mma.settle_wgmma(f, &pipe.wgmma);
         super::dot::resident::plan(f, &mma, &mut pipe, threads);
-        let lays = assign::assign(f, &mma);
+        let lays = assign::assign(f, &mma, &pipe.regs);
         let partials = partial::plan(f, &lays);
         let smem_floor = pipe.resident_bytes + pipe.ring_bytes;
         // `.minnctapersm`: the config's occupancy hint when it gives one.
@@ -266,7 +266,7 @@ impl KernelPlan {
     /// plan where this fails is not lowered: the `dot`s are widened to f16
     /// and `f` is planned again.
     pub(crate) fn fp8_native(&self, f: &Function) -> bool {
-        let copied_if_fp8 = |ld: &pipeline::PipeLoad| ld.elem_bytes == 2 || ld.tma.is_some();
+        let copied_if_fp8 = |ld: &pipeline::PipeLoad| ld.elem_bytes == 2 || ld.tma.is_some() || ld.regs;
         let rings = self.pipe.loops.values().all(|pl| pl.loads.iter().all(copied_if_fp8));
         rings
             && self.dots.iter().all(|(&d, l)| {
@@ -373,7 +373,12 @@ impl KernelPlan {
                 Some(t) => format!("TMA map {}", t.map),
                 None => format!("cp.async {} elements", ld.width),
             };
-            let form = if ld.atoms {
+            let runs = format!("one element per run of {}, read back into registers", ld.run);
+            let form = if ld.regs && ld.run > 1 {
+                runs.as_str()
+            } else if ld.regs {
+                "linear, read back into registers"
+            } else if ld.atoms {
                 "swizzle atoms"
             } else if pipeline::swizzled(ld.units()) {
                 "swizzled rows"

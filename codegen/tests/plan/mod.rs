@@ -86,6 +86,7 @@ plan_tests!(
     paged_decode_hkv8_g4_hd128,
     paged_decode_tc_hkv8_g4_hd128_split,
     paged_decode_tc_invariant_hd64_wgmma,
+    paged_decode_tc_kv8_hkv8_g4_hd128,
     scaled_matmul_fp8_128x128_sm90a,
     scaled_matmul_fp8_64x128_sm90a,
     scaled_matmul_fp8_ahead_64x128_sm90a,

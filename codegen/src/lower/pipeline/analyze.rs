@@ -89,9 +89,69 @@ pub(crate) fn analyze(
                 rows,
                 atoms: false,
                 tma: None,
+                regs: false,
+                run: 1,
             });
             p.by_dot.insert(key, i);
             p.loads.insert(i);
+        }
+        // Loads that reach a tensor-core operand through arithmetic, FP8
+        // codes widened and scaled, say: copied the same way, read back
+        // into registers by the body (`PipeLoad::regs`).
+        for i in widened_operand_loads(f, plan, body) {
+            if p.loads.contains(&i) {
+                continue;
+            }
+            let Op::Memory(op @ MemoryOp::Load { volatile: false, order: None, .. }) = &f.insts[i].op else {
+                continue;
+            };
+            let Some(ops) = op.load_operands(&f.insts[i].args) else { continue };
+            if ops.other.is_some_and(|o| !is_zero(f, o)) {
+                continue;
+            }
+            let ty = f.ty(f.insts[i].results[0]);
+            if ty.rank() == 0 {
+                continue;
+            }
+            let l = BlockedLayout::with_cap(ty.numel(), threads, spt_cap);
+            let eb = ty.dtype().size_bytes();
+            let args = &f.insts[i].args;
+            let last = ty.rank() - 1;
+            let cols = ty.shape[last];
+            // A pointer repeated along the rows (a per-row scale broadcast
+            // over the columns) is copied once per run of equal addresses
+            // (and mask values), whole chunks to a run.
+            let constant = |v: Value| axis.get(v).constancy.get(last).copied().unwrap_or(1).max(1);
+            let c = ops.mask.map_or(constant(args[0]), |m| constant(args[0]).min(constant(m)));
+            let run = if c < 2 { 1 } else { (1usize << c.min(cols as u64).ilog2()).min(cols) };
+            let w = if run > 1 {
+                1
+            } else {
+                (axis.masked_vector_width(args[0], ops.mask, last, eb as u32) as usize).clamp(1, l.spt)
+            };
+            let runs_ok = run == 1 || run.is_multiple_of(l.spt);
+            let bytes_ok = matches!(w * eb, 4 | 8 | 16);
+            if !bytes_ok || !runs_ok || !l.spt.is_multiple_of(w) {
+                continue;
+            }
+            let roots: Vec<Value> = std::iter::once(ops.ptr).chain(ops.mask).collect();
+            let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
+            slice.extend(s);
+            loads.push(PipeLoad {
+                load: i,
+                cols,
+                elem_bytes: eb,
+                stage_bytes: ((ty.numel() / run * eb) as u64).div_ceil(16) * 16,
+                ring_off: 0,
+                width: w,
+                rows: ty.numel() / cols.max(1),
+                atoms: false,
+                tma: None,
+                regs: true,
+                run,
+            });
+            p.loads.insert(i);
+            p.regs.insert(i);
         }
         if loads.is_empty() {
             continue;
@@ -192,7 +252,7 @@ pub(crate) fn analyze(
             // Swizzle atoms, and swizzled rows in whole 1024-byte stages (so
             // that `ldmatrix` addresses are one XOR from the stage's, see
             // `dot/mma.rs`), start 1024-byte aligned.
-            if ld.atoms || (swizzled(ld.units()) && ld.stage_bytes.is_multiple_of(1024)) {
+            if !ld.regs && (ld.atoms || (swizzled(ld.units()) && ld.stage_bytes.is_multiple_of(1024))) {
                 ring = ring.next_multiple_of(1024);
             }
             ld.ring_off = ring;
@@ -273,6 +333,57 @@ pub(crate) fn analyze(
         }
     }
     p
+}
+
+/// The loads of block `body` that reach an operand of one of its planned
+/// tensor-core `dot`s through region-free ops of the same block, not
+/// directly (those are staged operands), for the operands that are widened
+/// FP8 tiles scaled by arithmetic: among their loads is an FP8 tile and
+/// among their ops an arithmetic one (the codes of an FP8 cache times
+/// their scales). Other computed operands keep their own schedules:
+/// dequantized weights, and the FP8 `dot` fallback's operands, which are
+/// only cast (their rings would come on top of the product's staging,
+/// which already fills shared memory).
+fn widened_operand_loads(f: &Function, plan: &MmaPlan, body: Block) -> Vec<Inst> {
+    let mut out: Vec<Inst> = Vec::new();
+    let mut dots: Vec<Inst> =
+        plan.dots.keys().copied().filter(|&d| f.insts[d].parent == Some(body)).collect();
+    dots.sort();
+    for d in dots {
+        for &root in &f.insts[d].args[..2] {
+            let mut found = Vec::new();
+            let mut scaled = false;
+            let mut stack = vec![root];
+            let mut seen = FxHashSet::default();
+            while let Some(v) = stack.pop() {
+                if !seen.insert(v) {
+                    continue;
+                }
+                let Some(i) = f.def_inst(v) else { continue };
+                if f.insts[i].parent != Some(body) || !f.insts[i].regions.is_empty() {
+                    continue;
+                }
+                match &f.insts[i].op {
+                    // A load that is the operand itself is a staged operand.
+                    Op::Memory(MemoryOp::Load { .. }) if v != root => found.push(i),
+                    Op::Memory(_) | Op::Dot(_) | Op::Control(_) | Op::Debug(_) => {}
+                    op => {
+                        scaled |= matches!(op, Op::Arith(_));
+                        stack.extend(f.insts[i].args.iter().copied());
+                    }
+                }
+            }
+            if scaled && found.iter().any(|&i| f.ty(f.insts[i].results[0]).dtype().is_f8()) {
+                for i in found {
+                    if !out.contains(&i) {
+                        out.push(i);
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// Whether `v` is computed from the result of a `dot` (anywhere in `f`): an

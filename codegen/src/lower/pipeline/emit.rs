@@ -269,7 +269,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let i8t = self.ctx.i8_type();
             // SAFETY: the stage lies inside the ring region reserved at the bottom of shared memory.
             let stage_ptr = unsafe { self.b.build_in_bounds_gep(i8t, ring, &[off], "")? };
-            let bytes = ld.width * 2;
+            let bytes = ld.width * ld.elem_bytes;
             // 16-byte copies are inline PTX ([`Self::cp_async_16`]); narrower
             // ones (which must go through L1, `.ca`) use LLVM's intrinsics.
             let (name, sized) = match (bytes, m.is_some() || fold) {
@@ -282,8 +282,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let nbytes = self.i32c(bytes as i64);
             let zero = self.i32c(0);
             let mut copies = Vec::with_capacity(p.len() / ld.width);
-            for s0 in (0..p.len()).step_by(ld.width) {
-                let idx = if ld.atoms {
+            // With runs (`PipeLoad::run`): one copy per chunk, by the chunks
+            // that start a run (`starts`), into the run's element.
+            let step = if ld.run > 1 { l.spt } else { ld.width };
+            let mut starts = Vec::new();
+            for s0 in (0..p.len()).step_by(step) {
+                let idx = if ld.regs && ld.run > 1 {
+                    let lin = self.linear_index(&l, base, s0)?;
+                    let within = self.b.build_and(lin, self.i32c(ld.run as i64 - 1), "")?;
+                    starts.push(self.b.build_int_compare(IntPredicate::EQ, within, self.i32c(0), "")?);
+                    self.b.build_right_shift(lin, self.i32c(ld.run.trailing_zeros() as i64), false, "")?
+                } else if ld.regs {
+                    self.linear_index(&l, base, s0)?
+                } else if ld.atoms {
                     self.atom_index(&l, base, s0, ld.rows, ld.cols)?
                 } else {
                     self.chunk_index(&l, base, s0, ld.cols, swizzled(ld.cols))?
@@ -308,24 +319,86 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 Op::Memory(MemoryOp::Load { cache: CacheModifier::Ca, .. })
             );
             let emit = |lw: &mut Self| {
-                for (dst, src, size) in &copies {
-                    if bytes == 16 {
-                        lw.cp_async_16(*dst, *src, *size, l1)?;
-                        continue;
+                for (k, (dst, src, size)) in copies.iter().enumerate() {
+                    let copy = |lw: &mut Self| {
+                        if bytes == 16 {
+                            return lw.cp_async_16(*dst, *src, *size, l1);
+                        }
+                        let mut a: Vec<BasicValueEnum<'ctx>> = vec![(*dst).into(), *src];
+                        if sized {
+                            a.push(size.unwrap_or(nbytes).into());
+                        }
+                        lw.call(name, None, &a)?;
+                        Ok(())
+                    };
+                    // A chunk inside a run copies nothing (a zero-filling
+                    // copy would overwrite the run's element).
+                    match starts.get(k) {
+                        Some(&first) => lw.if_then(first, copy)?,
+                        None => copy(lw)?,
                     }
-                    let mut a: Vec<BasicValueEnum<'ctx>> = vec![(*dst).into(), *src];
-                    if sized {
-                        a.push(size.unwrap_or(nbytes).into());
-                    }
-                    lw.call(name, None, &a)?;
                 }
                 Ok(())
             };
             // Folded: past the end every copy has source size 0 and only
-            // zero-fills its stage, which no iteration reads.
-            if fold { emit(self)? } else { self.if_then(valid, emit)? }
+            // zero-fills its stage, which no iteration reads. A replicated
+            // tile read back into registers is copied by its owners only
+            // (the replicas read the owners' chunks after the barrier).
+            let owner = if ld.regs { self.owner_pred(&l)? } else { None };
+            let guard = match (owner, fold) {
+                (Some(o), true) => Some(o),
+                (Some(o), false) => Some(self.b.build_and(o, valid, "")?),
+                (None, true) => None,
+                (None, false) => Some(valid),
+            };
+            match guard {
+                Some(g) => self.if_then(g, emit)?,
+                None => emit(self)?,
+            }
         }
         self.call("llvm.nvvm.cp.async.commit.group", None, &[])?;
+        Ok(())
+    }
+
+    /// The registers of the pipelined load `inst` read back from the
+    /// current iteration's stage ([`PipeLoad::regs`]): the chunks this
+    /// thread's slots of the load's blocked layout cover, at their linear
+    /// indices (masked-off elements were zero-filled by the copies).
+    pub(in crate::lower) fn pipe_read(&mut self, inst: Inst) -> Result<()> {
+        let ld = self
+            .plan
+            .pipe
+            .loops
+            .values()
+            .find_map(|pl| pl.loads.iter().find(|l| l.load == inst))
+            .cloned()
+            .ok_or_else(|| self.bug(inst, "pipelined load without a loop"))?;
+        let stage = self.stage_ptr(inst)?.ok_or_else(|| self.bug(inst, "pipelined load outside its loop"))?;
+        let res = self.f.insts[inst].results[0];
+        let ty = self.f.ty(res).clone();
+        let d = ty.dtype();
+        let l = self.layout(&ty);
+        let base = self.thread_base(&l)?;
+        let et = self.mem_ty(d);
+        let mut out = Vec::with_capacity(l.regs());
+        if ld.run > 1 {
+            // One element per run, read once per chunk (`PipeLoad::run`).
+            let shift = self.i32c(ld.run.trailing_zeros() as i64);
+            for s0 in (0..l.regs()).step_by(l.spt) {
+                let lin = self.linear_index(&l, base, s0)?;
+                let at = self.smem_elem(stage, 0, et, self.b.build_right_shift(lin, shift, false, "")?)?;
+                let v = self.load_run(at.into(), d, 1, false, None)?[0];
+                out.extend(std::iter::repeat_n(v, l.spt));
+            }
+            self.set(res, out);
+            return Ok(());
+        }
+        for s0 in (0..l.regs()).step_by(ld.width) {
+            let idx = self.linear_index(&l, base, s0)?;
+            let at = self.smem_elem(stage, 0, et, idx)?;
+            out.extend(self.load_run(at.into(), d, ld.width, false, None)?);
+        }
+        self.set(res, out);
         Ok(())
     }
 

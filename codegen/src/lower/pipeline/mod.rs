@@ -60,6 +60,16 @@
 //! its own iteration at all: the next iteration waits for it (`wait_group
 //! 0`) right before loading its own fragments into the same registers.
 //!
+//! A load whose value reaches a `dot` operand through arithmetic rather
+//! than directly (an FP8 cache's codes and scales, widened and multiplied
+//! into a 16-bit operand) is copied the same way when some load of that
+//! operand is FP8, into a stage in linear element order: each thread copies
+//! the chunks it holds in the load's blocked layout (a tile whose address
+//! repeats along its rows, a per-row scale, one element per run) and, after
+//! the iteration's wait and barrier, every thread reads its chunks back from
+//! the stage where the load stood ([`PipeLoad::regs`]). Without it such a
+//! loop waits for its plain loads in every iteration.
+//!
 //! Boxes of a `load_block` (TMA, sm_90a, `tma.rs`) land on a stage
 //! mbarrier instead of a `cp.async` group; a loop of boxes only hands its
 //! stages back through release mbarriers instead of the CTA barrier
@@ -125,6 +135,20 @@ pub(crate) struct PipeLoad {
     pub atoms: bool,
     /// Copied by the Tensor Memory Accelerator instead of `cp.async`.
     pub tma: Option<TmaLoad>,
+    /// Read back into registers by the body (its value reaches a `dot`
+    /// operand through arithmetic: FP8 codes widened, their scales) instead
+    /// of read by a `dot` from the stage: the stage holds the tile in
+    /// linear element order (see `run`), each chunk copied by the thread
+    /// that holds it in the load's blocked layout (its owner when the
+    /// layout is replicated), and every thread reads its chunks back after
+    /// the iteration's barrier ([`Lowerer::pipe_read`]).
+    pub regs: bool,
+    /// For a load read back into registers: the length of the aligned runs
+    /// of equal addresses and mask values along its rows (a power of two,
+    /// a multiple of the chunk size when above 1; 1 for a plain tile). The
+    /// stage holds one element per run, copied by the thread whose chunk
+    /// starts the run; every chunk of the run reads it back.
+    pub run: usize,
 }
 
 impl PipeLoad {
@@ -240,6 +264,9 @@ pub(crate) struct Pipeline {
     pub by_dot: FxHashMap<(Inst, usize), Inst>,
     /// Pipelined loads (not lowered in place).
     pub loads: FxHashSet<Inst>,
+    /// Of those, the ones the body reads back into registers
+    /// ([`PipeLoad::regs`]).
+    pub regs: FxHashSet<Inst>,
     /// Body instructions that only feed pipelined loads (not lowered in place).
     pub dead: FxHashSet<Inst>,
     /// `dot`s lowered to `wgmma`: planned candidates whose `b` is pipelined.
