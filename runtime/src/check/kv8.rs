@@ -170,12 +170,12 @@ fn decode<D: Device>(
     ctx: &[i32],
     (h_kv, group, d, page): (usize, usize, usize, usize),
     (invariant, split_len): (bool, Option<usize>),
+    (block_n, stages): (usize, u32),
 ) -> Result<CheckRow> {
     let (b, nq) = (ctx.len(), h_kv * group);
     let max_ctx = ctx.iter().copied().max().unwrap_or(1).max(1) as usize;
     let c = caches(rng, b, max_ctx, page, h_kv, d);
     let q = rng.values::<bf16>(b * nq * d, 2.0);
-    let block_n = 64;
     let (split_len, splits) = match split_len {
         Some(l) => (l, max_ctx.div_ceil(l)),
         None => (max_ctx.div_ceil(block_n) * block_n, 1),
@@ -202,8 +202,9 @@ fn decode<D: Device>(
             0.125
         );
         let base = tc_config(DType::BF16, h_kv, group, d, page, block_n, splits > 1);
-        let config =
-            paged_decode_tc::Config { INVARIANT: invariant, KV8: kv8, ..base }.with_warps(4).with_stages(3);
+        let config = paged_decode_tc::Config { INVARIANT: invariant, KV8: kv8, ..base }
+            .with_warps(4)
+            .with_stages(stages);
         dev.run::<paged_decode_tc::Kernel>([b as u32, h_kv as u32, splits as u32], &config, &args)?;
         let mut out = bytes_of(&dev.download(&od)?);
         for p in [&po, &pm, &pl] {
@@ -212,7 +213,9 @@ fn decode<D: Device>(
         Ok(out)
     };
     let (got, want) = (run(true)?, run(false)?);
-    let shape = format!("B{b} ctx<={max_ctx} {nq}q/{h_kv}kv x {d}, invariant {invariant}, {splits} splits");
+    let shape = format!(
+        "B{b} ctx<={max_ctx} {nq}q/{h_kv}kv x {d}, invariant {invariant}, {splits} splits, {block_n} keys x {stages} stages"
+    );
     Ok(row("paged_decode_tc [fp8 KV]", shape, &got, &want))
 }
 
@@ -270,10 +273,14 @@ pub fn rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let r = &mut rng;
     Ok(vec![
         writer(dev, r)?,
-        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (false, None))?,
-        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (true, None))?,
-        decode(dev, r, &[1000, 333], (8, 4, 128, 32), (false, Some(256)))?,
-        decode(dev, r, &[700, 45], (8, 4, 128, 16), (true, None))?,
+        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (false, None), (64, 3))?,
+        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (true, None), (64, 3))?,
+        decode(dev, r, &[1000, 333], (8, 4, 128, 32), (false, Some(256)), (64, 3))?,
+        decode(dev, r, &[700, 45], (8, 4, 128, 16), (true, None), (64, 3))?,
+        // The other autotune shapes of the pipelined FP8 tiles.
+        decode(dev, r, &[515, 2, 64], (8, 4, 128, 16), (false, None), (32, 4))?,
+        decode(dev, r, &[515, 2, 64], (8, 4, 128, 16), (false, None), (128, 2))?,
+        decode(dev, r, &[300, 129, 1], (3, 3, 64, 16), (true, None), (128, 2))?,
         prefill(dev, r, &[(128, 300), (7, 7), (1, 65)], (3, 3, 64, 16), true)?,
         prefill(dev, r, &[(200, 200), (50, 150)], (8, 4, 128, 64), true)?,
         prefill(dev, r, &[(64, 100)], (2, 2, 64, 128), false)?,
