@@ -1186,6 +1186,22 @@ fn paged_decode() {
             ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.cg.shared.global.L2::128B")
         );
     }
+    // On an FP8 cache the codes (8-byte chunks) and per-key scales (one
+    // element per 128-column run) are copied ahead too, and read back from
+    // the ring: the only global loads left are the page numbers and `q`.
+    let kv8 = pointers_aligned(
+        tc::build(&tc::Config::new(DType::BF16, 8, 4, 128, 16, 64, false, 16, false, true)).unwrap(),
+    );
+    both("paged_decode", &[("_tc_kv8_hkv8_g4_hd128_bn64".into(), kv8.clone(), 4)]);
+    for target in [Target::Sm80, Target::Sm90a] {
+        let ptx = compile(&kv8, &options(target, 4, STAGES)).unwrap().ptx;
+        assert!(ptx.contains("cp.async.ca.shared.global") && ptx.contains("mma.sync.aligned.m16n8k16"));
+        let global: Vec<&str> = ptx.lines().filter(|l| l.contains("ld.global")).collect();
+        assert!(
+            global.iter().all(|l| l.contains("ld.global.b32") || l.contains("ld.global.v4.b32")),
+            "{target:?}: {global:?}"
+        );
+    }
 }
 
 /// The 8-bit-activation path (`kernels::dequant::q8`): the quantize kernel,
