@@ -31,6 +31,15 @@ impl Target {
     pub fn features(self) -> &'static str {
         "+ptx80"
     }
+
+    /// The most shared memory one program of this architecture may use
+    /// (opted in): 163 KiB on the A100 (`sm_80`), 227 KiB on Hopper.
+    pub fn max_shared_bytes(self) -> u64 {
+        match self {
+            Target::Sm80 => 163 * 1024,
+            Target::Sm90a => 227 * 1024,
+        }
+    }
 }
 
 /// The LLVM target triple of every module.

@@ -1204,6 +1204,51 @@ fn paged_decode() {
     }
 }
 
+/// A K loop whose `b` operand is an FP8 tile widened and scaled per row,
+/// `(codes.to(f32) * scale).to(bf16)` as the FP8 KV cache's readers form
+/// it: its codes and scales are copied ahead with `cp.async` and read back
+/// into registers when the loop's rings fit in half the target's shared
+/// memory; a tile too large for that keeps its plain loads (and still fits
+/// the target).
+#[test]
+fn widened_fp8_operands_are_pipelined_within_half_the_shared_memory() {
+    let build = |k: usize, n: usize| {
+        pointers_aligned(kernel("widened_fp8", || {
+            let a_ptr = param_ptr("a", DType::BF16);
+            let c_ptr = param_ptr("codes", DType::F8E4M3);
+            let s_ptr = param_ptr("scales", DType::F32);
+            let o_ptr = param_ptr("out", DType::F32);
+            let steps = param_scalar("steps", DType::I32);
+            let (k32, n32) = (k as i32, n as i32);
+            let a = load(a_ptr + tile_offsets(16, k32), None, None);
+            let rows = broadcast_to(expand_dims(arange(0, k32), 1), &[k, n]);
+            let acc = zeros(&[16, n], DType::F32);
+            let acc = for_range(0, steps, 1, &[acc], |i, carried| {
+                let codes = load(c_ptr + i * (k32 * n32) + tile_offsets(k32, n32), None, None);
+                let scale = load(s_ptr + i * k32 + rows, None, None);
+                let b = (codes.to(DType::F32) * scale).to(DType::BF16);
+                vec![dot(a, b, Some(carried[0]))]
+            })[0];
+            store(o_ptr + tile_offsets(16, n32), acc, None);
+        }))
+    };
+    for target in [Target::Sm80, Target::Sm90a] {
+        let opts = options(target, 4, 3);
+        let small = codegen::plan_text(&build(64, 128), &opts).unwrap();
+        assert_eq!(small.matches("read back into registers").count(), 2, "{small}");
+        assert!(small.contains("one element per run of 128"), "{small}");
+        let ptx = compile(&build(64, 128), &opts).unwrap().ptx;
+        assert!(ptx.contains("cp.async.ca.shared.global"), "{target:?}");
+        // 3 stages of 256 x 256 codes: 192 KiB of rings, over half of
+        // either target's shared memory.
+        let large = build(256, 256);
+        let plan = codegen::plan_text(&large, &opts).unwrap();
+        assert!(!plan.contains("read back into registers"), "{plan}");
+        let c = compile(&large, &opts).unwrap();
+        assert!(c.shared_bytes as u64 <= target.max_shared_bytes(), "{target:?}: {}", c.shared_bytes);
+    }
+}
+
 /// The 8-bit-activation path (`kernels::dequant::q8`): the quantize kernel,
 /// RMSNorm fused with it (K 4096, 8 warps), and the Q4_1 / Q8_0 dp4a GEMVs
 /// at their first autotune configs (bf16), specialized as the runtime

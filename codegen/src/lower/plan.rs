@@ -154,7 +154,8 @@ impl KernelPlan {
         let spt_cap = crate::blocked::spt_cap_for(narrowest_access(f));
         let stages = opts.num_stages.max(1) as usize;
         let mut mma = super::dot::plan::plan(f, threads / 32, opts.target, stages);
-        let mut pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages);
+        let max_shared = opts.target.max_shared_bytes();
+        let mut pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages, max_shared);
         // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
         mma.settle_wgmma(f, &pipe.wgmma);
         super::dot::resident::plan(f, &mma, &mut pipe, threads);

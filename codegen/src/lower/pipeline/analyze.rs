@@ -13,7 +13,9 @@ use dsl_core::passes::axis::AxisAnalysis;
 use dsl_core::passes::block_load::BlockLoad;
 use rustc_hash::{FxHashMap, FxHashSet};
 
-/// Decides which loads of `f` are pipelined `stages` deep.
+/// Decides which loads of `f` are pipelined `stages` deep, on a target
+/// whose programs may use `max_shared` bytes of shared memory.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn analyze(
     f: &Function,
     plan: &MmaPlan,
@@ -22,6 +24,7 @@ pub(crate) fn analyze(
     threads: usize,
     spt_cap: usize,
     stages: usize,
+    max_shared: u64,
 ) -> Pipeline {
     let mut p = Pipeline::default();
     if stages < 2 {
@@ -97,7 +100,10 @@ pub(crate) fn analyze(
         }
         // Loads that reach a tensor-core operand through arithmetic, FP8
         // codes widened and scaled, say: copied the same way, read back
-        // into registers by the body (`PipeLoad::regs`).
+        // into registers by the body (`PipeLoad::regs`), as long as the
+        // loop's rings stay within half the target's shared memory (the
+        // widened operands are staged for the tensor cores above them).
+        let mut widened: Vec<(PipeLoad, FxHashSet<Inst>)> = Vec::new();
         for i in widened_operand_loads(f, plan, body) {
             if p.loads.contains(&i) {
                 continue;
@@ -136,8 +142,7 @@ pub(crate) fn analyze(
             }
             let roots: Vec<Value> = std::iter::once(ops.ptr).chain(ops.mask).collect();
             let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
-            slice.extend(s);
-            loads.push(PipeLoad {
+            let load = PipeLoad {
                 load: i,
                 cols,
                 elem_bytes: eb,
@@ -149,9 +154,18 @@ pub(crate) fn analyze(
                 tma: None,
                 regs: true,
                 run,
-            });
-            p.loads.insert(i);
-            p.regs.insert(i);
+            };
+            widened.push((load, s));
+        }
+        let ring = |l: &PipeLoad| l.stage_bytes.next_multiple_of(1024) * stages as u64;
+        let rings = loads.iter().map(ring).sum::<u64>() + widened.iter().map(|(l, _)| ring(l)).sum::<u64>();
+        if rings <= max_shared / 2 {
+            for (load, s) in widened {
+                slice.extend(s);
+                p.loads.insert(load.load);
+                p.regs.insert(load.load);
+                loads.push(load);
+            }
         }
         if loads.is_empty() {
             continue;

@@ -68,7 +68,10 @@
 //! repeats along its rows, a per-row scale, one element per run) and, after
 //! the iteration's wait and barrier, every thread reads its chunks back from
 //! the stage where the load stood ([`PipeLoad::regs`]). Without it such a
-//! loop waits for its plain loads in every iteration.
+//! loop waits for its plain loads in every iteration. These rings are added
+//! only while the loop's rings stay within half the target's shared memory
+//! (`Target::max_shared_bytes`): the widened operands are staged for the
+//! tensor cores above them.
 //!
 //! Boxes of a `load_block` (TMA, sm_90a, `tma.rs`) land on a stage
 //! mbarrier instead of a `cp.async` group; a loop of boxes only hands its
