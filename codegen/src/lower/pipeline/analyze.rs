@@ -53,15 +53,8 @@ pub(crate) fn analyze(
         let mut loads = Vec::new();
         let mut slice: FxHashSet<Inst> = FxHashSet::default();
         for &i in &f.blocks[body].insts {
-            let Op::Memory(op @ MemoryOp::Load { volatile: false, order: None, .. }) = &f.insts[i].op else {
-                continue;
-            };
-            let Some(ops) = op.load_operands(&f.insts[i].args) else { continue };
+            let Some((ptr, mask)) = copyable(f, i) else { continue };
             let Some(key) = dot_use(f, plan, &users, body, f.insts[i].results[0]) else { continue };
-            let args = &f.insts[i].args;
-            if ops.other.is_some_and(|o| !is_zero(f, o)) {
-                continue;
-            }
             let ty = f.ty(f.insts[i].results[0]);
             // FP8 tiles only feed native FP8 `wgmma`s (`dot::plan`), which
             // read both operands from swizzle atoms copied by TMA.
@@ -71,12 +64,11 @@ pub(crate) fn analyze(
             let l = BlockedLayout::with_cap(ty.numel(), threads, spt_cap);
             let cols = ty.shape[1];
             let eb = ty.dtype().size_bytes();
-            let mask = ops.mask;
-            let w = (axis.masked_vector_width(args[0], mask, 1, eb as u32) as usize).clamp(1, l.spt);
+            let w = (axis.masked_vector_width(ptr, mask, 1, eb as u32) as usize).clamp(1, l.spt);
             if !matches!(w * eb, 4 | 8 | 16) || l.spt > cols || l.replicated() {
                 continue;
             }
-            let roots: Vec<Value> = std::iter::once(ops.ptr).chain(ops.mask).collect();
+            let roots: Vec<Value> = std::iter::once(ptr).chain(mask).collect();
             let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
             slice.extend(s);
             let units = cols * eb / 2;
@@ -108,39 +100,32 @@ pub(crate) fn analyze(
             if p.loads.contains(&i) {
                 continue;
             }
-            let Op::Memory(op @ MemoryOp::Load { volatile: false, order: None, .. }) = &f.insts[i].op else {
-                continue;
-            };
-            let Some(ops) = op.load_operands(&f.insts[i].args) else { continue };
-            if ops.other.is_some_and(|o| !is_zero(f, o)) {
-                continue;
-            }
+            let Some((ptr, mask)) = copyable(f, i) else { continue };
             let ty = f.ty(f.insts[i].results[0]);
             if ty.rank() == 0 {
                 continue;
             }
             let l = BlockedLayout::with_cap(ty.numel(), threads, spt_cap);
             let eb = ty.dtype().size_bytes();
-            let args = &f.insts[i].args;
             let last = ty.rank() - 1;
             let cols = ty.shape[last];
             // A pointer repeated along the rows (a per-row scale broadcast
             // over the columns) is copied once per run of equal addresses
             // (and mask values), whole chunks to a run.
             let constant = |v: Value| axis.get(v).constancy.get(last).copied().unwrap_or(1).max(1);
-            let c = ops.mask.map_or(constant(args[0]), |m| constant(args[0]).min(constant(m)));
+            let c = mask.map_or(constant(ptr), |m| constant(ptr).min(constant(m)));
             let run = if c < 2 { 1 } else { (1usize << c.min(cols as u64).ilog2()).min(cols) };
             let w = if run > 1 {
                 1
             } else {
-                (axis.masked_vector_width(args[0], ops.mask, last, eb as u32) as usize).clamp(1, l.spt)
+                (axis.masked_vector_width(ptr, mask, last, eb as u32) as usize).clamp(1, l.spt)
             };
             let runs_ok = run == 1 || run.is_multiple_of(l.spt);
             let bytes_ok = matches!(w * eb, 4 | 8 | 16);
             if !bytes_ok || !runs_ok || !l.spt.is_multiple_of(w) {
                 continue;
             }
-            let roots: Vec<Value> = std::iter::once(ops.ptr).chain(ops.mask).collect();
+            let roots: Vec<Value> = std::iter::once(ptr).chain(mask).collect();
             let Some(s) = backward_slice(f, body, iv, &roots, stores) else { continue };
             let load = PipeLoad {
                 load: i,
@@ -564,6 +549,20 @@ fn yields_loads_after(f: &Function, body: Block, dots: &[Inst]) -> bool {
                 && insts.iter().position(|&i| i == d).is_some_and(|at| at > first)
         })
     })
+}
+
+/// The pointer and mask of `i` when it is a load the pipeline may copy: a
+/// plain (not volatile, unordered) load whose `other` is absent or zero,
+/// the value a zero-filling copy gives masked-off elements.
+fn copyable(f: &Function, i: Inst) -> Option<(Value, Option<Value>)> {
+    let Op::Memory(op @ MemoryOp::Load { volatile: false, order: None, .. }) = &f.insts[i].op else {
+        return None;
+    };
+    let ops = op.load_operands(&f.insts[i].args)?;
+    if ops.other.is_some_and(|o| !is_zero(f, o)) {
+        return None;
+    }
+    Some((ops.ptr, ops.mask))
 }
 
 /// True when `v` is a constant zero.

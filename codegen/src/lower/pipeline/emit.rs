@@ -287,13 +287,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let step = if ld.run > 1 { l.spt } else { ld.width };
             let mut starts = Vec::new();
             for s0 in (0..p.len()).step_by(step) {
-                let idx = if ld.regs && ld.run > 1 {
-                    let lin = self.linear_index(&l, base, s0)?;
-                    let within = self.b.build_and(lin, self.i32c(ld.run as i64 - 1), "")?;
-                    starts.push(self.b.build_int_compare(IntPredicate::EQ, within, self.i32c(0), "")?);
-                    self.b.build_right_shift(lin, self.i32c(ld.run.trailing_zeros() as i64), false, "")?
-                } else if ld.regs {
-                    self.linear_index(&l, base, s0)?
+                let idx = if ld.regs {
+                    let (idx, start) = self.regs_index(ld, &l, base, s0)?;
+                    starts.extend(start);
+                    idx
                 } else if ld.atoms {
                     self.atom_index(&l, base, s0, ld.rows, ld.cols)?
                 } else {
@@ -381,25 +378,36 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let base = self.thread_base(&l)?;
         let et = self.mem_ty(d);
         let mut out = Vec::with_capacity(l.regs());
-        if ld.run > 1 {
-            // One element per run, read once per chunk (`PipeLoad::run`).
-            let shift = self.i32c(ld.run.trailing_zeros() as i64);
-            for s0 in (0..l.regs()).step_by(l.spt) {
-                let lin = self.linear_index(&l, base, s0)?;
-                let at = self.smem_elem(stage, 0, et, self.b.build_right_shift(lin, shift, false, "")?)?;
-                let v = self.load_run(at.into(), d, 1, false, None)?[0];
-                out.extend(std::iter::repeat_n(v, l.spt));
-            }
-            self.set(res, out);
-            return Ok(());
-        }
-        for s0 in (0..l.regs()).step_by(ld.width) {
-            let idx = self.linear_index(&l, base, s0)?;
-            let at = self.smem_elem(stage, 0, et, idx)?;
-            out.extend(self.load_run(at.into(), d, ld.width, false, None)?);
+        // Within a run, one element for the whole chunk (`PipeLoad::run`).
+        let step = if ld.run > 1 { l.spt } else { ld.width };
+        for s0 in (0..l.regs()).step_by(step) {
+            let at = self.smem_elem(stage, 0, et, self.regs_index(&ld, &l, base, s0)?.0)?;
+            let vals = self.load_run(at.into(), d, ld.width, false, None)?;
+            out.extend(vals.iter().cycle().take(step));
         }
         self.set(res, out);
         Ok(())
+    }
+
+    /// The stage element of the chunk holding slot `s0` of a load read back
+    /// into registers ([`PipeLoad::regs`], layout `l`, thread base `base`):
+    /// its linear index, or with runs the run's index, and then whether the
+    /// chunk starts its run (the one that copies it).
+    fn regs_index(
+        &self,
+        ld: &PipeLoad,
+        l: &BlockedLayout,
+        base: IntValue<'ctx>,
+        s0: usize,
+    ) -> Result<(IntValue<'ctx>, Option<IntValue<'ctx>>)> {
+        let lin = self.linear_index(l, base, s0)?;
+        if ld.run == 1 {
+            return Ok((lin, None));
+        }
+        let within = self.b.build_and(lin, self.i32c(ld.run as i64 - 1), "")?;
+        let start = self.b.build_int_compare(IntPredicate::EQ, within, self.i32c(0), "")?;
+        let shift = self.i32c(ld.run.trailing_zeros() as i64);
+        Ok((self.b.build_right_shift(lin, shift, false, "")?, Some(start)))
     }
 
     /// Issues the copies an iteration deferred ([`PendingIssue`]), if any.
