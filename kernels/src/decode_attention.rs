@@ -253,6 +253,8 @@ pub fn paged_decode<T: Float>(
         (BLOCK_N = 32, num_warps = 4, num_stages = 3),
         (BLOCK_N = 32, num_warps = 4, num_stages = 2),
         (BLOCK_N = 32, num_warps = 2, num_stages = 4),
+        (BLOCK_N = 64, num_warps = 4, num_stages = 2, min_programs_per_sm = 3),
+        (BLOCK_N = 32, num_warps = 4, num_stages = 2, min_programs_per_sm = 4),
     ],
     key = [split_len]
 ))]
@@ -496,6 +498,35 @@ pub fn tc_config(
     )
 }
 
+/// [`paged_decode_tc`]'s config on an FP8 cache outside the
+/// batch-invariant mode ([`tc_config`]'s rows) for a launch of `programs`
+/// programs (sequences x KV heads x splits) on `sms` multiprocessors: two
+/// pipeline stages of key blocks; blocks of 32 keys when the launch is
+/// unsplit and fills the GPU twice over (every program walks a whole
+/// sequence), blocks of 64 with registers for three programs per SM
+/// otherwise. The FP8 reader widens every code before its `dot`s, so it is
+/// bound by its instructions and the latency of few warps, not by DRAM:
+/// the shallower ring and the smaller blocks leave room for more programs
+/// (`bench --only decode --autotune` on peers.py's shapes, BENCHMARKS.md).
+#[allow(clippy::too_many_arguments)]
+pub fn kv8_tc_config(
+    dtype: DType,
+    h_kv: usize,
+    group: usize,
+    head_dim: usize,
+    page: usize,
+    split: bool,
+    programs: usize,
+    sms: usize,
+) -> paged_decode_tc::Config {
+    let wide = !split && programs >= 2 * sms;
+    let (block_n, per_sm) = if wide { (32, 0) } else { (64, 3) };
+    paged_decode_tc::Config { KV8: true, ..tc_config(dtype, h_kv, group, head_dim, page, block_n, split) }
+        .with_warps(4)
+        .with_stages(2)
+        .with_min_programs(per_sm)
+}
+
 /// The split length (a multiple of `block_n`) and split count for a batch of
 /// `batch` sequences of at most `max_ctx` tokens with `h_kv` KV heads on a GPU
 /// with `sms` multiprocessors: no split when `batch * h_kv` programs already
@@ -519,7 +550,24 @@ pub fn split_plan(batch: usize, h_kv: usize, max_ctx: usize, sms: usize, block_n
 
 #[cfg(test)]
 mod tests {
-    use super::split_plan;
+    use super::{kv8_tc_config, split_plan};
+    use dsl_core::DType;
+
+    #[test]
+    fn kv8_decode_takes_small_blocks_only_where_its_grid_fills_the_gpu() {
+        let tile = |split, programs| {
+            let c = kv8_tc_config(DType::BF16, 8, 4, 128, 16, split, programs, 132);
+            (c.BLOCK_N, c.num_warps, c.num_stages, c.min_programs_per_sm, c.KV8)
+        };
+        // B64 x 8 KV heads, unsplit: every program walks a whole sequence.
+        assert_eq!(tile(false, 512), (32, 4, 2, 0, true));
+        // A split launch, and an unsplit one too short to fill the GPU (one
+        // sequence of a few hundred tokens): longer blocks, three programs
+        // per SM.
+        assert_eq!(tile(true, 512), (64, 4, 2, 3, true));
+        assert_eq!(tile(false, 3), (64, 4, 2, 3, true));
+        assert_eq!(tile(false, 263), (64, 4, 2, 3, true));
+    }
 
     #[test]
     fn split_plan_fills_the_gpu_and_covers_the_context() {

@@ -21,7 +21,9 @@ use crate::model::Device;
 use crate::model::args::decode_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
-use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, split_plan, tc_config};
+use kernels::decode_attention::{
+    kv8_tc_config, paged_decode, paged_decode_reduce, paged_decode_tc, split_plan, tc_config,
+};
 use kernels::kv_cache::slot_bytes;
 use kernels::reference::kv_cache::fp8_cache;
 use std::marker::PhantomData;
@@ -92,10 +94,12 @@ fn decode_record(
     }
     let grid = [b as u32, hkv as u32, splits as u32];
     let (tc_args, st_args) = (args!(paged_decode_tc), args!(paged_decode));
-    let tc_base =
-        paged_decode_tc::Config { KV8: kv8, ..tc_config(DType::BF16, hkv, group, hd, PAGE, 64, split) }
-            .with_warps(4)
-            .with_stages(3);
+    // The runtime's configs: the FP8 cache's own tile (`kv8_tc_config`).
+    let tc_base = if kv8 {
+        kv8_tc_config(DType::BF16, hkv, group, hd, PAGE, split, b * hkv * splits, sms)
+    } else {
+        tc_config(DType::BF16, hkv, group, hd, PAGE, 64, split).with_warps(4).with_stages(3)
+    };
     let st_base = paged_decode::Config::new(DType::BF16, hkv, group, hd, PAGE, 16, split);
     let (tc_config, st_config, tuned) = match (tc, tuned) {
         (true, true) => {
@@ -154,7 +158,9 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
             push_measured(&mut out, decode_record(cuda, opts, shape, true, tuned, false)?);
         }
         push_measured(&mut out, decode_record(cuda, opts, shape, false, opts.autotune, false)?);
-        push_measured(&mut out, decode_record(cuda, opts, shape, true, false, true)?);
+        for &tuned in opts.tunings() {
+            push_measured(&mut out, decode_record(cuda, opts, shape, true, tuned, true)?);
+        }
     }
     Ok(out)
 }

@@ -19,7 +19,7 @@ use crate::model::args::decode_args;
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::launch::AnyDType;
-use kernels::decode_attention::{paged_decode_tc, tc_config};
+use kernels::decode_attention::{kv8_tc_config, paged_decode_tc, tc_config};
 use kernels::flash_attention::{self as fa, flash_attention};
 use kernels::kv_cache::slot_bytes;
 use kernels::reference::kv_cache::{fp8_cache, fp8_values};
@@ -170,7 +170,7 @@ fn decode<D: Device>(
     ctx: &[i32],
     (h_kv, group, d, page): (usize, usize, usize, usize),
     (invariant, split_len): (bool, Option<usize>),
-    (block_n, stages): (usize, u32),
+    (block_n, warps, stages, per_sm): (usize, u32, u32, u32),
 ) -> Result<CheckRow> {
     let (b, nq) = (ctx.len(), h_kv * group);
     let max_ctx = ctx.iter().copied().max().unwrap_or(1).max(1) as usize;
@@ -203,8 +203,9 @@ fn decode<D: Device>(
         );
         let base = tc_config(DType::BF16, h_kv, group, d, page, block_n, splits > 1);
         let config = paged_decode_tc::Config { INVARIANT: invariant, KV8: kv8, ..base }
-            .with_warps(4)
-            .with_stages(stages);
+            .with_warps(warps)
+            .with_stages(stages)
+            .with_min_programs(per_sm);
         dev.run::<paged_decode_tc::Kernel>([b as u32, h_kv as u32, splits as u32], &config, &args)?;
         let mut out = bytes_of(&dev.download(&od)?);
         for p in [&po, &pm, &pl] {
@@ -214,7 +215,8 @@ fn decode<D: Device>(
     };
     let (got, want) = (run(true)?, run(false)?);
     let shape = format!(
-        "B{b} ctx<={max_ctx} {nq}q/{h_kv}kv x {d}, invariant {invariant}, {splits} splits, {block_n} keys x {stages} stages"
+        "B{b} ctx<={max_ctx} {nq}q/{h_kv}kv x {d}, invariant {invariant}, {splits} splits, {block_n} keys x {stages} stages, {warps} warps{}",
+        if per_sm > 0 { format!(", {per_sm} programs per SM") } else { String::new() }
     );
     Ok(row("paged_decode_tc [fp8 KV]", shape, &got, &want))
 }
@@ -267,20 +269,35 @@ fn prefill<D: Device>(
     Ok(row("flash_attention [fp8 KV]", shape, &got, &want))
 }
 
+/// The key block, warps, stages and occupancy hint of the runtime's FP8
+/// decode launch outside the invariant mode ([`kv8_tc_config`]): of a grid
+/// that fills a GPU twice over unsplit (`wide`), or of a split one.
+fn runtime_tile(wide: bool) -> (usize, u32, u32, u32) {
+    let c = if wide {
+        kv8_tc_config(DType::BF16, 8, 4, 128, 16, false, 512, 132)
+    } else {
+        kv8_tc_config(DType::BF16, 8, 4, 128, 16, true, 128, 132)
+    };
+    (c.BLOCK_N, c.num_warps, c.num_stages, c.min_programs_per_sm)
+}
+
 /// Every FP8 cache check (see the module doc).
 pub fn rows<D: Device>(dev: &mut D, seed: u64) -> Result<Vec<CheckRow>> {
     let mut rng = Rng::new(seed);
     let r = &mut rng;
     Ok(vec![
         writer(dev, r)?,
-        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (false, None), (64, 3))?,
-        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (true, None), (64, 3))?,
-        decode(dev, r, &[1000, 333], (8, 4, 128, 32), (false, Some(256)), (64, 3))?,
-        decode(dev, r, &[700, 45], (8, 4, 128, 16), (true, None), (64, 3))?,
+        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (false, None), (64, 4, 3, 0))?,
+        decode(dev, r, &[70, 1, 300, 129], (3, 3, 64, 16), (true, None), (64, 4, 3, 0))?,
+        decode(dev, r, &[1000, 333], (8, 4, 128, 32), (false, Some(256)), (64, 4, 3, 0))?,
+        decode(dev, r, &[700, 45], (8, 4, 128, 16), (true, None), (64, 4, 3, 0))?,
+        // The runtime's FP8 tiles outside the invariant mode, wide and split.
+        decode(dev, r, &[515, 2, 64], (8, 4, 128, 16), (false, None), runtime_tile(true))?,
+        decode(dev, r, &[1000, 333], (8, 4, 128, 32), (false, Some(256)), runtime_tile(false))?,
         // The other autotune shapes of the pipelined FP8 tiles.
-        decode(dev, r, &[515, 2, 64], (8, 4, 128, 16), (false, None), (32, 4))?,
-        decode(dev, r, &[515, 2, 64], (8, 4, 128, 16), (false, None), (128, 2))?,
-        decode(dev, r, &[300, 129, 1], (3, 3, 64, 16), (true, None), (128, 2))?,
+        decode(dev, r, &[515, 2, 64], (8, 4, 128, 16), (false, None), (32, 4, 4, 0))?,
+        decode(dev, r, &[515, 2, 64], (8, 4, 128, 16), (false, None), (128, 4, 2, 0))?,
+        decode(dev, r, &[300, 129, 1], (3, 3, 64, 16), (true, None), (128, 4, 2, 0))?,
         prefill(dev, r, &[(128, 300), (7, 7), (1, 65)], (3, 3, 64, 16), true)?,
         prefill(dev, r, &[(200, 200), (50, 150)], (8, 4, 128, 64), true)?,
         prefill(dev, r, &[(64, 100)], (2, 2, 64, 128), false)?,

@@ -36,7 +36,9 @@ use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::half::f16;
 use dsl_core::launch::AnyDType;
-use kernels::decode_attention::{paged_decode, paged_decode_reduce, paged_decode_tc, tc_config};
+use kernels::decode_attention::{
+    kv8_tc_config, paged_decode, paged_decode_reduce, paged_decode_tc, tc_config,
+};
 use kernels::dequant::fast_path_gemv;
 use kernels::embedding::{self, embedding_q8_0, embedding_repacked};
 use kernels::flash_attention::{self as fa, flash_attention};
@@ -303,8 +305,12 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
             // Tensor cores for half caches (any split length: the kernel
             // masks its last partial key block); the FP8 cache's reader in
             // every dtype.
-            let tc = tc_config(dtype, nkv, group, hd, page, TC_BLOCK_N, split);
-            let config = paged_decode_tc::Config { KV8: self.kv.fp8, ..tc }.with_warps(4).with_stages(3);
+            let config = if self.kv.fp8 {
+                let programs = plan.b * nkv * plan.splits;
+                kv8_tc_config(dtype, nkv, group, hd, page, split, programs, ln.dev.sm_count())
+            } else {
+                tc_config(dtype, nkv, group, hd, page, TC_BLOCK_N, split).with_warps(4).with_stages(3)
+            };
             ln.run::<paged_decode_tc::Kernel>(grid, &config, &args!(paged_decode_tc))?;
         } else {
             let config =
