@@ -108,12 +108,17 @@ pub struct Record {
     pub ms: f64,
     /// The autotuned config in words, for rows measured with one.
     pub tuned: Option<String>,
+    /// The row whose work this row does on other bytes (an FP8 cache's
+    /// decode row: the 16-bit cache's row of the same shape). The table
+    /// compares such a row by time, with that row and with the peers on it:
+    /// its bandwidth counts fewer bytes for the same tokens.
+    pub work_of: Option<String>,
 }
 
 impl Record {
     /// An untuned row.
     pub fn new(name: String, metric: &'static str, value: f64, ms: f64) -> Record {
-        Record { name, metric, value, ms, tuned: None }
+        Record { name, metric, value, ms, tuned: None, work_of: None }
     }
 
     /// An untuned latency row: `ms` per launch, shown in microseconds.
@@ -125,6 +130,12 @@ impl Record {
     /// there is one.
     pub fn with_tuned(self, tuned: Option<String>) -> Record {
         Record { tuned, ..self }
+    }
+
+    /// This row, doing the work of row `base` on other bytes (see
+    /// [`Record::work_of`]).
+    pub fn with_work_of(self, base: String) -> Record {
+        Record { work_of: Some(base), ..self }
     }
 
     /// The name as the table shows it (`(tuned)` after autotuned rows).
@@ -381,8 +392,20 @@ impl Peers {
     }
 }
 
+/// How the table names row `name` when another row is compared with it by
+/// time ([`Record::work_of`]): its bracketed variant, or `16-bit cache` for
+/// a plain decode row.
+fn work_label(name: &str) -> String {
+    match name.split_once(" [") {
+        Some((_, v)) => v.trim_end_matches(']').to_string(),
+        None if name.starts_with("decode/") => "16-bit cache".to_string(),
+        None => name.to_string(),
+    }
+}
+
 /// Formats the results table: value, time, fraction of the copy ceiling and
-/// the ratio to each peer on the same name.
+/// the ratio to each peer on the same name (by time for a row doing another
+/// row's work on other bytes, which is also compared with that row).
 pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
     let ceiling = records.iter().find(|r| r.name == "copy/f32/2^29").map(|r| r.value);
     let width = records.iter().map(|r| r.display_name().len()).max().unwrap_or(0).max(28);
@@ -399,9 +422,25 @@ pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
         // A bracketed suffix names a variant of the same work (a config, a
         // kernel): it is compared with the peers' row of the base name.
         let base = r.name.split(" [").next().unwrap_or(&r.name);
-        let vs: Vec<String> = peers
-            .map(|p| p.on(base, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", ratio(v))).collect())
-            .unwrap_or_default();
+        // A row doing another row's work on other bytes is compared by time:
+        // a peer's time is that row's bytes at the peer's rate.
+        let same_work = r.work_of.as_ref().and_then(|w| records.iter().find(|b| &b.name == w && b.ms > 0.0));
+        let mut vs: Vec<String> = match same_work {
+            Some(b) if r.metric == "TB/s" && r.ms > 0.0 => peers
+                .map(|p| {
+                    p.on(base, r.metric)
+                        .filter(|&(_, v)| v > 0.0)
+                        .map(|(peer, v)| format!("{peer} {:.2}x", b.value * b.ms / v / r.ms))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => peers
+                .map(|p| p.on(base, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", ratio(v))).collect())
+                .unwrap_or_default(),
+        };
+        if let Some(b) = same_work.filter(|_| r.ms > 0.0) {
+            vs.push(format!("{} {:.2}x", work_label(&b.name), b.ms / r.ms));
+        }
         let value = if r.metric == "TB/s" {
             format!("{:.3}", r.value)
         } else {
@@ -518,6 +557,27 @@ mod tests {
         assert!(Peers::parse("{}").is_err());
         assert!(Peers::parse("not json").is_err());
         assert!(Peers::parse(r#"{"records": [{"name": 1}]}"#).is_err());
+    }
+
+    #[test]
+    fn fp8_cache_rows_compare_by_time() {
+        let name = "decode/bf16/B64/L8192/hq32_hkv8_hd128";
+        let p = h100_peers(&[(name, "sdpa_dense", "TB/s", 4.0)]);
+        // The 16-bit row moves 2 GB in 0.5 ms; the FP8 row a bit over half of
+        // it in 0.4 ms: the same tokens 1.25x as fast, whatever its TB/s.
+        let recs = vec![
+            record("copy/f32/2^29", "TB/s", 3.0, 1.0),
+            record(name, "TB/s", 4.0, 0.5),
+            record(&format!("{name} [fp8 KV]"), "TB/s", 2.6, 0.4).with_work_of(name.to_string()),
+        ];
+        let t = table(&recs, Some(&p));
+        let fp8 = t.lines().find(|l| l.contains("[fp8 KV]")).unwrap();
+        assert!(fp8.contains("sdpa_dense 1.25x") && fp8.contains("16-bit cache 1.25x"), "{t}");
+        let plain = t.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap();
+        assert!(plain.contains("sdpa_dense 1.00x") && !plain.contains("cache"), "{t}");
+        // Without the base row the FP8 row falls back to its own bandwidth.
+        let t = table(&[recs[0].clone(), recs[2].clone()], Some(&p));
+        assert!(t.contains("sdpa_dense 0.65x") && !t.contains("16-bit cache"), "{t}");
     }
 
     #[test]
