@@ -151,7 +151,7 @@ fn decode_record(
     let name = format!("{base}{variant}");
     let rec = Record::new(name, "TB/s", bytes / ms / 1e9, ms).with_tuned(tuned);
     // An FP8 row does the 16-bit row's work: the table compares their times.
-    Ok(if kv8 { rec.with_work_of(base) } else { rec })
+    Ok(if kv8 { rec.with_work_of(base, "16-bit cache") } else { rec })
 }
 
 /// The decode rows (plus autotuned ones with `--autotune`).

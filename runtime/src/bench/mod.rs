@@ -108,11 +108,12 @@ pub struct Record {
     pub ms: f64,
     /// The autotuned config in words, for rows measured with one.
     pub tuned: Option<String>,
-    /// The row whose work this row does on other bytes (an FP8 cache's
-    /// decode row: the 16-bit cache's row of the same shape). The table
-    /// compares such a row by time, with that row and with the peers on it:
-    /// its bandwidth counts fewer bytes for the same tokens.
-    pub work_of: Option<String>,
+    /// The row whose work this row does on other bytes, and what the table
+    /// calls it (an FP8 cache's decode row: the 16-bit cache's row of the
+    /// same shape, `16-bit cache`). The table compares such a row by time,
+    /// with that row and with the peers on it: its bandwidth counts fewer
+    /// bytes for the same tokens.
+    pub work_of: Option<(String, String)>,
 }
 
 impl Record {
@@ -132,10 +133,10 @@ impl Record {
         Record { tuned, ..self }
     }
 
-    /// This row, doing the work of row `base` on other bytes (see
-    /// [`Record::work_of`]).
-    pub fn with_work_of(self, base: String) -> Record {
-        Record { work_of: Some(base), ..self }
+    /// This row, doing the work of row `base` (called `label` in the
+    /// table) on other bytes (see [`Record::work_of`]).
+    pub fn with_work_of(self, base: String, label: &str) -> Record {
+        Record { work_of: Some((base, label.to_string())), ..self }
     }
 
     /// The name as the table shows it (`(tuned)` after autotuned rows).
@@ -392,17 +393,6 @@ impl Peers {
     }
 }
 
-/// How the table names row `name` when another row is compared with it by
-/// time ([`Record::work_of`]): its bracketed variant, or `16-bit cache` for
-/// a plain decode row.
-fn work_label(name: &str) -> String {
-    match name.split_once(" [") {
-        Some((_, v)) => v.trim_end_matches(']').to_string(),
-        None if name.starts_with("decode/") => "16-bit cache".to_string(),
-        None => name.to_string(),
-    }
-}
-
 /// Formats the results table: value, time, fraction of the copy ceiling and
 /// the ratio to each peer on the same name (by time for a row doing another
 /// row's work on other bytes, which is also compared with that row).
@@ -424,9 +414,12 @@ pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
         let base = r.name.split(" [").next().unwrap_or(&r.name);
         // A row doing another row's work on other bytes is compared by time:
         // a peer's time is that row's bytes at the peer's rate.
-        let same_work = r.work_of.as_ref().and_then(|w| records.iter().find(|b| &b.name == w && b.ms > 0.0));
+        let same_work = r
+            .work_of
+            .as_ref()
+            .and_then(|(w, label)| records.iter().find(|b| &b.name == w && b.ms > 0.0).map(|b| (b, label)));
         let mut vs: Vec<String> = match same_work {
-            Some(b) if r.metric == "TB/s" && r.ms > 0.0 => peers
+            Some((b, _)) if r.metric == "TB/s" && r.ms > 0.0 => peers
                 .map(|p| {
                     p.on(base, r.metric)
                         .filter(|&(_, v)| v > 0.0)
@@ -438,8 +431,8 @@ pub fn table(records: &[Record], peers: Option<&Peers>) -> String {
                 .map(|p| p.on(base, r.metric).map(|(peer, v)| format!("{peer} {:.2}x", ratio(v))).collect())
                 .unwrap_or_default(),
         };
-        if let Some(b) = same_work.filter(|_| r.ms > 0.0) {
-            vs.push(format!("{} {:.2}x", work_label(&b.name), b.ms / r.ms));
+        if let Some((b, label)) = same_work.filter(|_| r.ms > 0.0) {
+            vs.push(format!("{label} {:.2}x", b.ms / r.ms));
         }
         let value = if r.metric == "TB/s" {
             format!("{:.3}", r.value)
@@ -568,7 +561,8 @@ mod tests {
         let recs = vec![
             record("copy/f32/2^29", "TB/s", 3.0, 1.0),
             record(name, "TB/s", 4.0, 0.5),
-            record(&format!("{name} [fp8 KV]"), "TB/s", 2.6, 0.4).with_work_of(name.to_string()),
+            record(&format!("{name} [fp8 KV]"), "TB/s", 2.6, 0.4)
+                .with_work_of(name.to_string(), "16-bit cache"),
         ];
         let t = table(&recs, Some(&p));
         let fp8 = t.lines().find(|l| l.contains("[fp8 KV]")).unwrap();
