@@ -1249,6 +1249,53 @@ fn widened_fp8_operands_are_pipelined_within_half_the_shared_memory() {
     }
 }
 
+/// A K loop whose `b = trans(x)` is an FP8 tile widened and scaled per
+/// row, as the FP8 KV cache's decode forms its keys: with one warp along
+/// `M` the `dot` reads its B fragments from the codes' ring (`ldmatrix` on
+/// the bytes, swizzled rows at 128 bytes, padded below) and loads its A
+/// fragments in the matching permuted order (8-byte shared loads), so no
+/// widened tile is staged; with four warps along `M` it stages as before.
+#[test]
+fn fp8_b_fragments_are_read_from_the_ring() {
+    let build = |m: usize, k: usize, n: usize| {
+        pointers_aligned(kernel("fp8_fragments", || {
+            let a_ptr = param_ptr("a", DType::BF16);
+            let c_ptr = param_ptr("codes", DType::F8E4M3);
+            let s_ptr = param_ptr("scales", DType::F32);
+            let o_ptr = param_ptr("out", DType::F32);
+            let steps = param_scalar("steps", DType::I32);
+            let (m32, k32, n32) = (m as i32, k as i32, n as i32);
+            let a = load(a_ptr + tile_offsets(m32, k32), None, None);
+            let rows = broadcast_to(expand_dims(arange(0, n32), 1), &[n, k]);
+            let acc = zeros(&[m, n], DType::F32);
+            let acc = for_range(0, steps, 1, &[acc], |i, carried| {
+                let codes = load(c_ptr + i * (n32 * k32) + tile_offsets(n32, k32), None, None);
+                let scale = load(s_ptr + i * n32 + rows, None, None);
+                let x = (codes.to(DType::F32) * scale).to(DType::BF16);
+                vec![dot(a, trans(x), Some(carried[0]))]
+            })[0];
+            store(o_ptr + tile_offsets(m32, n32), acc, None);
+        }))
+    };
+    for target in [Target::Sm80, Target::Sm90a] {
+        let opts = options(target, 4, 3);
+        for (k, rows) in [(128, "swizzled byte rows"), (64, "padded byte rows")] {
+            let f = build(16, k, 64);
+            let plan = codegen::plan_text(&f, &opts).unwrap();
+            assert!(plan.contains("b fragments from the ring of"), "{plan}");
+            assert!(plan.contains(&format!("{rows}, read by its dot's fragments")), "{plan}");
+            assert!(plan.contains("one element per run of"), "{plan}");
+            assert!(!plan.contains("read back into registers"), "{plan}");
+            let ptx = compile(&f, &opts).unwrap().ptx;
+            assert!(ptx.contains("ld.shared.v2.b32"), "{target:?} K {k}: permuted A fragments");
+            assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"), "{target:?} K {k}");
+            assert!(!ptx.contains(".trans"), "{target:?} K {k}: no staged B");
+        }
+        let wide = codegen::plan_text(&build(64, 128, 64), &opts).unwrap();
+        assert!(wide.contains("staged from") && !wide.contains("fragments from the ring"), "{wide}");
+    }
+}
+
 /// The 8-bit-activation path (`kernels::dequant::q8`): the quantize kernel,
 /// RMSNorm fused with it (K 4096, 8 warps), and the Q4_1 / Q8_0 dp4a GEMVs
 /// at their first autotune configs (bf16), specialized as the runtime

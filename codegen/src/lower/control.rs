@@ -330,6 +330,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 // The fragments dominate only this loop: later `dot`s stage again.
                 for key in &hoisted {
                     self.loops.afrags.remove(key);
+                    self.loops.afrags_perm.remove(key);
                 }
                 if let Some((from, join, init)) = guard {
                     let end = self.cur_block()?;

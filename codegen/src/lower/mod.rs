@@ -118,6 +118,9 @@ pub(crate) struct LoopState<'ctx> {
     pub predicated_slice: bool,
     /// A fragments of hoisted `dot` operands: per 16-wide `k` step, per m tile, 4 registers.
     pub afrags: FxHashMap<(Value, crate::fragment::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
+    /// The same in the permuted `k` order of `dot`s that read their B
+    /// fragments from an FP8 ring (`pipeline::FragB`).
+    pub afrags_perm: FxHashMap<(Value, crate::fragment::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
     /// `wgmma` groups committed in the current block and not waited for
     /// yet, oldest first (`dot/wgmma.rs`: the wait comes before the first
     /// use of the result).
@@ -625,10 +628,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if self.plan.mma.skipped.contains(&inst)
             || self.plan.pipe.loads.contains(&inst)
             || self.plan.pipe.dead.contains(&inst)
+            || self.plan.pipe.frag_chain.contains(&inst)
         {
             // A transpose that its only user (a tensor-core `dot`) reads in
-            // place, a load the pipeline copies asynchronously, or an address
-            // computation only such loads used.
+            // place, a load the pipeline copies asynchronously, an address
+            // computation only such loads used, or the math forming a B
+            // operand that its `dot` lowers on the fragments
+            // (`pipeline::FragB`).
             return Ok(());
         }
         let op = self.f.insts[inst].op.clone();

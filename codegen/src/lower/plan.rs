@@ -93,6 +93,10 @@ pub(crate) enum MmaB {
     StagedTransposed(Value),
     /// Read from the stage of its pipeline ring.
     Ring,
+    /// `b = permute(x)` with `x` formed from the FP8 tile this load copies
+    /// into its ring: the B fragments are read from that stage and `x`'s
+    /// math runs on them (`pipeline::FragB`).
+    Fragments(Inst),
 }
 
 /// The source of a `wgmma` A operand.
@@ -251,7 +255,9 @@ impl KernelPlan {
         } else {
             MmaA::Staged
         };
-        let b_src = if pipe.by_dot.contains_key(&(d, 1)) {
+        let b_src = if let Some(fb) = pipe.frag_b.get(&d) {
+            MmaB::Fragments(fb.codes)
+        } else if pipe.by_dot.contains_key(&(d, 1)) {
             MmaB::Ring
         } else if let Some(&x) = self.mma.b_trans.get(&d) {
             MmaB::StagedTransposed(x)
@@ -318,7 +324,7 @@ impl KernelPlan {
             match &d.op {
                 Op::Control(ControlOp::For) => self.print_loop(f, &n, i, &mut out),
                 Op::Dot(_) => {
-                    let _ = writeln!(out, "  {}: {}", name(), fmt_dot(self.dot(i), &n));
+                    let _ = writeln!(out, "  {}: {}", name(), fmt_dot(f, self.dot(i), &n));
                 }
                 Op::Shape(_) if self.mma.skipped.contains(&i) => {
                     let _ = writeln!(out, "  {}: not lowered (its dot reads the operand)", name());
@@ -375,7 +381,17 @@ impl KernelPlan {
                 None => format!("cp.async {} elements", ld.width),
             };
             let runs = format!("one element per run of {}, read back into registers", ld.run);
-            let form = if ld.regs && ld.run > 1 {
+            let by_dot = ld.regs && !self.pipe.regs.contains(&ld.load);
+            let row_runs = format!("one element per run of {}, read by its dot's fragments", ld.run);
+            let form = if ld.frag {
+                if pipeline::frag_swizzled(ld.cols) {
+                    "swizzled byte rows, read by its dot's fragments"
+                } else {
+                    "padded byte rows, read by its dot's fragments"
+                }
+            } else if by_dot {
+                row_runs.as_str()
+            } else if ld.regs && ld.run > 1 {
                 runs.as_str()
             } else if ld.regs {
                 "linear, read back into registers"
@@ -465,7 +481,7 @@ fn fmt_lay(l: RegLayout) -> String {
     }
 }
 
-fn fmt_dot(d: DotLowering, n: &dyn Fn(Value) -> String) -> String {
+fn fmt_dot(f: &Function, d: DotLowering, n: &dyn Fn(Value) -> String) -> String {
     match d {
         DotLowering::Fma => "fma".to_string(),
         DotLowering::MmaSync { layout, a, b } => {
@@ -480,6 +496,7 @@ fn fmt_dot(d: DotLowering, n: &dyn Fn(Value) -> String) -> String {
                 MmaB::Staged => "staged".to_string(),
                 MmaB::StagedTransposed(x) => format!("staged from {} (transposed)", n(x)),
                 MmaB::Ring => "ring".to_string(),
+                MmaB::Fragments(ld) => format!("fragments from the ring of {}", inst_name(f, n, ld)),
             };
             format!("mma.sync, {}, a {a}, b {b}", fmt_mma(&layout))
         }

@@ -118,8 +118,22 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.barrier()?;
         self.stage_a(smem, 0, v)?;
         self.barrier()?;
-        let fr = self.a_frags(smem, 0, l, k, Rows::Padded)?;
-        self.loops.afrags.insert((v, *l), fr);
+        // `dot`s that read B fragments from an FP8 ring take the A fragments
+        // in their permuted order (`pipeline::FragB`), the others in the
+        // plain one.
+        let f = self.f;
+        let plain =
+            self.plan.mma.dots.iter().any(|(&d, dl)| {
+                f.insts[d].args[0] == v && dl == l && !self.plan.pipe.frag_b.contains_key(&d)
+            });
+        if plain {
+            let fr = self.a_frags(smem, 0, l, k, Rows::Padded)?;
+            self.loops.afrags.insert((v, *l), fr);
+        }
+        if self.plan.pipe.frag_a.contains(&(v, *l)) {
+            let fr = self.a_frags_perm(smem, 0, l, k)?;
+            self.loops.afrags_perm.insert((v, *l), fr);
+        }
         Ok(())
     }
 
@@ -311,7 +325,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// `ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].b16` at shared address `p`.
-    fn ldmatrix_at(&self, p: PointerValue<'ctx>, count: u32, trans: bool) -> Result<Vec<IntValue<'ctx>>> {
+    pub(super) fn ldmatrix_at(
+        &self,
+        p: PointerValue<'ctx>,
+        count: u32,
+        trans: bool,
+    ) -> Result<Vec<IntValue<'ctx>>> {
         let i32t = self.ctx.i32_type();
         let fields: Vec<BasicTypeEnum<'ctx>> = (0..count).map(|_| i32t.into()).collect();
         let st = self.ctx.struct_type(&fields, false);
@@ -325,7 +344,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// One `mma.sync.m16n8k16` on fragments `a` (4 regs), `b` (2 regs) and
     /// accumulator `c` (4 f32), returning `d`.
-    fn mma16816(
+    pub(super) fn mma16816(
         &self,
         d: DType,
         a: &[IntValue<'ctx>],

@@ -7,6 +7,7 @@
 //! [`DotLowering`] and its operand sources, which these files follow.
 
 mod fma;
+mod frag;
 mod mma;
 pub(crate) mod plan;
 pub(crate) mod resident;
@@ -15,7 +16,7 @@ mod wgmma;
 pub(crate) use wgmma::PendingWgmma;
 
 use super::Lowerer;
-use super::plan::DotLowering;
+use super::plan::{DotLowering, MmaB};
 use crate::Result;
 use dsl_core::ir::Inst;
 use dsl_core::ir::ops::DotOp;
@@ -24,6 +25,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(super) fn lower_dot(&mut self, inst: Inst, _op: DotOp) -> Result<()> {
         match self.plan.dot(inst) {
             DotLowering::Wgmma { layout, a, deferred } => self.lower_dot_wgmma(inst, layout, a, deferred),
+            DotLowering::MmaSync { layout, b: MmaB::Fragments(_), .. } => self.lower_dot_frag(inst, layout),
             DotLowering::MmaSync { layout, .. } => self.lower_dot_mma(inst, layout),
             DotLowering::Fma => self.lower_dot_fma(inst),
         }

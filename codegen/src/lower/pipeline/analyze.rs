@@ -3,7 +3,7 @@
 //! and which `wgmma` candidates they feed.
 
 use super::super::dot::plan::MmaPlan;
-use super::{AStage, PipeLoad, PipeLoop, Pipeline, TmaLoad, staged_cols, swizzled};
+use super::{AStage, FragB, PipeLoad, PipeLoop, Pipeline, TmaLoad, staged_cols, swizzled};
 use crate::blocked::BlockedLayout;
 use dsl_core::Function;
 use dsl_core::dtype::DType;
@@ -86,6 +86,7 @@ pub(crate) fn analyze(
                 tma: None,
                 regs: false,
                 run: 1,
+                frag: false,
             });
             p.by_dot.insert(key, i);
             p.loads.insert(i);
@@ -139,6 +140,7 @@ pub(crate) fn analyze(
                 tma: None,
                 regs: true,
                 run,
+                frag: false,
             };
             widened.push((load, s));
         }
@@ -151,6 +153,23 @@ pub(crate) fn analyze(
                 p.regs.insert(load.load);
                 loads.push(load);
             }
+        }
+        // `mma.sync` products whose `b` is such a widened FP8 tile take
+        // their B fragments from the codes' ring (`FragB`).
+        for (d, fb) in frag_b_dots(f, plan, &users, body, &loads, &p) {
+            for ld in loads.iter_mut() {
+                if ld.load == fb.codes {
+                    ld.frag = true;
+                    ld.stage_bytes = ((ld.rows * super::frag_row_bytes(ld.cols)) as u64).div_ceil(16) * 16;
+                }
+            }
+            p.regs.remove(&fb.codes);
+            for r in &fb.rows {
+                p.regs.remove(r);
+            }
+            p.frag_chain.extend(fb.chain.iter().copied());
+            p.frag_a.insert((f.insts[d].args[0], plan.dots[&d]));
+            p.frag_b.insert(d, fb);
         }
         if loads.is_empty() {
             continue;
@@ -382,6 +401,96 @@ fn widened_operand_loads(f: &Function, plan: &MmaPlan, body: Block) -> Vec<Inst>
         }
     }
     out.sort();
+    out
+}
+
+/// The `mma.sync` `dot`s of loop body `body` that read their B fragments
+/// from an FP8 ring ([`FragB`]): `b = trans(x)` with `x` an `[N, K]` tile
+/// (`K` a power of two) computed by single-use elementwise ops of the body
+/// from loads read back into registers (`loads`, `PipeLoad::regs`) and
+/// uniform values, exactly one of those loads a plain FP8 tile of `x`'s
+/// shape and every other one a per-row value (its runs span whole rows); a
+/// 16-bit product with one warp along `M` (every B fragment is loaded by one
+/// warp) whose `a` is neither a ring stage nor an accumulator (its A
+/// fragments are loaded from padded rows, in the permuted order).
+fn frag_b_dots(
+    f: &Function,
+    plan: &MmaPlan,
+    users: &FxHashMap<Value, Vec<Inst>>,
+    body: Block,
+    loads: &[PipeLoad],
+    p: &Pipeline,
+) -> Vec<(Inst, FragB)> {
+    let mut dots: Vec<Inst> = plan
+        .dots
+        .keys()
+        .copied()
+        .filter(|&d| f.insts[d].parent == Some(body) && !plan.wgmma.contains_key(&d))
+        .collect();
+    dots.sort();
+    let order: FxHashMap<Inst, usize> =
+        f.blocks[body].insts.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    let single = |v: Value| users.get(&v).is_some_and(|us| us.len() == 1);
+    let mut out = Vec::new();
+    'dots: for d in dots {
+        let l = plan.dots[&d];
+        let (a, x) = (f.insts[d].args[0], plan.b_trans.get(&d).copied());
+        let Some(x) = x else { continue };
+        let xt = f.ty(x);
+        if l.warps_m != 1
+            || !matches!(f.ty(a).dtype(), DType::F16 | DType::BF16)
+            || p.by_dot.contains_key(&(d, 0))
+            || derives_from_dot(f, a)
+            || xt.rank() != 2
+            || !xt.shape[1].is_power_of_two()
+            || !single(x)
+        {
+            continue;
+        }
+        let (n, k) = (xt.shape[0], xt.shape[1]);
+        let mut chain = Vec::new();
+        let mut codes = None;
+        let mut rows = Vec::new();
+        let mut stack = vec![x];
+        let mut seen = FxHashSet::default();
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) {
+                continue;
+            }
+            if super::super::assign::is_uniform(f, v) && v != x {
+                continue;
+            }
+            let Some(i) = f.def_inst(v) else { continue 'dots };
+            if f.insts[i].parent != Some(body) || !single(v) {
+                continue 'dots;
+            }
+            if let Some(ld) = loads.iter().find(|ld| ld.load == i) {
+                if !ld.regs || f.ty(v).shape != xt.shape {
+                    continue 'dots;
+                }
+                if f.ty(v).dtype().is_f8() && ld.run == 1 && codes.is_none() {
+                    codes = Some(i);
+                } else if ld.run.is_multiple_of(k) {
+                    rows.push(i);
+                } else {
+                    continue 'dots;
+                }
+                continue;
+            }
+            if !super::super::assign::is_elementwise(&f.insts[i].op) || f.insts[i].results.len() != 1 {
+                continue 'dots;
+            }
+            chain.push(i);
+            stack.extend(f.insts[i].args.iter().copied());
+        }
+        let Some(codes) = codes else { continue };
+        if n == 0 || chain.is_empty() {
+            continue;
+        }
+        chain.sort_by_key(|i| order.get(i).copied().unwrap_or(usize::MAX));
+        rows.sort();
+        out.push((d, FragB { x, codes, rows, chain }));
+    }
     out
 }
 

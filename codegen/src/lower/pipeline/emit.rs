@@ -401,6 +401,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         s0: usize,
     ) -> Result<(IntValue<'ctx>, Option<IntValue<'ctx>>)> {
         let lin = self.linear_index(l, base, s0)?;
+        if ld.frag {
+            return Ok((self.frag_index(lin, ld.cols)?, None));
+        }
         if ld.run == 1 {
             return Ok((lin, None));
         }
@@ -408,6 +411,22 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let start = self.b.build_int_compare(IntPredicate::EQ, within, self.i32c(0), "")?;
         let shift = self.i32c(ld.run.trailing_zeros() as i64);
         Ok((self.b.build_right_shift(lin, shift, false, "")?, Some(start)))
+    }
+
+    /// The stage byte of element `lin` (linear, row-major) of a
+    /// [`PipeLoad::frag`] tile with rows of `cols` bytes: its row's 16-byte
+    /// chunks XOR-swizzled or the row padded ([`super::frag_swizzled`]).
+    pub(in crate::lower) fn frag_index(&self, lin: IntValue<'ctx>, cols: usize) -> Result<IntValue<'ctx>> {
+        let shift = self.i32c(cols.trailing_zeros() as i64);
+        let row = self.b.build_right_shift(lin, shift, false, "")?;
+        let col = self.b.build_and(lin, self.i32c(cols as i64 - 1), "")?;
+        if super::frag_swizzled(cols) {
+            let phase =
+                self.b.build_left_shift(self.b.build_and(row, self.i32c(7), "")?, self.i32c(4), "")?;
+            let col = self.b.build_xor(col, phase, "")?;
+            return Ok(self.b.build_int_add(self.b.build_left_shift(row, shift, "")?, col, "")?);
+        }
+        self.mad(row, super::frag_row_bytes(cols), col)
     }
 
     /// Issues the copies an iteration deferred ([`PendingIssue`]), if any.

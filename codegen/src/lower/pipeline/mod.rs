@@ -152,6 +152,13 @@ pub(crate) struct PipeLoad {
     /// stage holds one element per run, copied by the thread whose chunk
     /// starts the run; every chunk of the run reads it back.
     pub run: usize,
+    /// An FP8 tile the tensor cores' B fragments are read from in place
+    /// ([`FragB`]): its stage holds the `[rows, cols]` bytes in rows of
+    /// 16-byte chunks, XOR-swizzled when a row is 128 bytes or more
+    /// ([`frag_swizzled`]), else padded by 16 bytes, instead of linear
+    /// element order; each thread still copies the chunks it holds in the
+    /// load's blocked layout.
+    pub frag: bool,
 }
 
 impl PipeLoad {
@@ -318,6 +325,57 @@ pub(crate) struct Pipeline {
     /// registers more than another program per SM (`.minnctapersm 1`, see
     /// `lower::lower_function`).
     pub body_forms_a: bool,
+    /// `mma.sync` `dot`s whose `b = trans(x)` is an FP8 tile widened by
+    /// elementwise math that the `dot` evaluates on its B fragments, read
+    /// straight from the tile's ring ([`FragB`]).
+    pub frag_b: FxHashMap<Inst, FragB>,
+    /// The instructions of those `x` chains (not lowered in place: their
+    /// `dot` lowers them on its fragments).
+    pub frag_chain: FxHashSet<Inst>,
+    /// The `(a, layout)` pairs of those `dot`s: their A fragments are
+    /// loaded in the permuted `k` order of [`FragB`].
+    pub frag_a: FxHashSet<(Value, crate::fragment::MmaLayout)>,
+}
+
+/// A `dot` whose `b = trans(x)` (`x`: `[N, K]`) is computed from an FP8
+/// tile of codes and per-row values (an FP8 KV cache's per-key scales) by
+/// elementwise ops, all in one loop body whose pipeline copies those loads
+/// ahead. Instead of reading the codes back in their blocked layout,
+/// widening them there and staging the 16-bit tile for `ldmatrix`, the
+/// `dot` loads each warp's B fragments from the codes' ring stage with
+/// `ldmatrix` (each 16-bit lane pair is two codes, so a lane receives four
+/// consecutive codes of one row: `k = 16 kk + 4 t .. 4 t + 3` of row
+/// `n = 8 j + g`), reads the per-row values from their stages, lowers the
+/// chain on those registers and packs them as B fragments. A lane's four
+/// `k` slots `2t, 2t+1, 2t+8, 2t+9` of each 16-wide step thus hold the
+/// columns `4t .. 4t+3`; the A fragments are loaded in the same order. A
+/// permutation of the `k` slots inside one `mma.sync.m16n8k16` applied to
+/// both operands gives the same result bits (BENCHMARKS.md, fifty-third
+/// session), so the product equals the staged one.
+#[derive(Clone, Debug)]
+pub(crate) struct FragB {
+    /// The `[N, K]` tile `x`.
+    pub x: Value,
+    /// The FP8 codes' load (`PipeLoad::frag`).
+    pub codes: Inst,
+    /// Loads of per-row values (`PipeLoad::run` a multiple of `K`).
+    pub rows: Vec<Inst>,
+    /// The elementwise instructions from those loads to `x`, in order.
+    pub chain: Vec<Inst>,
+}
+
+/// Whether the stage of a [`PipeLoad::frag`] tile with rows of `cols`
+/// bytes is XOR-swizzled (16-byte chunk `c` of row `r` at chunk `c ^ (r mod
+/// 8)`): rows of 128 bytes or more, a power of two. Narrower rows are
+/// padded by 16 bytes. Either way the eight row addresses of one
+/// `ldmatrix` phase hit distinct banks.
+pub(crate) fn frag_swizzled(cols: usize) -> bool {
+    cols >= 128 && cols.is_power_of_two()
+}
+
+/// Bytes of one staged row of a [`PipeLoad::frag`] tile of `cols` bytes.
+pub(crate) fn frag_row_bytes(cols: usize) -> usize {
+    if frag_swizzled(cols) { cols } else { cols + 16 }
 }
 
 /// How the rows of a staged `mma.sync` operand are laid out.
