@@ -21,6 +21,12 @@
 //! and over the warps along `N`. The transpose of such a tile (`trans` of an
 //! accumulator, the swapped GEMM's epilogue) keeps its registers
 //! ([`RegLayout::MmaT`]). [`RegLayout`] names the layout of one value.
+//! An accumulator may also hold its n tiles in interleaved pairs
+//! ([`MmaLayout::interleaved`]: a product whose B fragments come from an
+//! FP8 tile by `ldmatrix.trans`); [`MmaLayout::coord`] and
+//! [`MmaLayout::slot_delta`] say where each register's element is either
+//! way, and [`MmaLayout::column_pairs`] which registers hold adjacent
+//! columns.
 //! This module is pure index arithmetic (no LLVM) so it is unit-tested alone.
 
 /// Elements of padding appended to every row of a tile staged in shared
@@ -40,6 +46,15 @@ pub struct MmaLayout {
     pub warps_m: usize,
     /// Warps along `N`.
     pub warps_n: usize,
+    /// Whether the 8-column n tiles go in interleaved pairs: n tiles `2c`
+    /// and `2c + 1` of a warp tile hold its columns `16 c .. 16 c + 15`,
+    /// tile `2c + p` the columns `16 c + 2 i + p` (its column `i`), so lane
+    /// `t` holds the four adjacent columns `16 c + 4 t .. + 3` of each row
+    /// (registers `[2c][0], [2c+1][0], [2c][1], [2c+1][1]`). A `dot` whose B
+    /// fragments come from an FP8 tile by `ldmatrix.trans` on byte pairs
+    /// produces this order (`pipeline::FragB`). Only with `tile_n` a
+    /// multiple of 16.
+    pub interleaved: bool,
 }
 
 impl MmaLayout {
@@ -57,7 +72,7 @@ impl MmaLayout {
         loop {
             let wn = warps / wm;
             if m.is_multiple_of(16 * wm) && n.is_multiple_of(8 * wn) {
-                let l = MmaLayout { m, n, warps_m: wm, warps_n: wn };
+                let l = MmaLayout { m, n, warps_m: wm, warps_n: wn, interleaved: false };
                 // Fragment loads per k step: one x4 per m tile, one x4 per two n tiles.
                 let cost = l.tiles_m() * 2 + l.tiles_n();
                 if best.is_none_or(|(c, _)| cost < c) {
@@ -112,6 +127,7 @@ impl MmaLayout {
             n,
             warps_m,
             warps_n,
+            interleaved: false,
         })
     }
 
@@ -120,23 +136,55 @@ impl MmaLayout {
         RowLayout { m: self.m, warps_m: self.warps_m }
     }
 
+    /// The layout with interleaved n-tile pairs ([`MmaLayout::interleaved`]),
+    /// when its warp tiles are a multiple of 16 columns wide.
+    pub fn interleave(self) -> Option<MmaLayout> {
+        self.tile_n().is_multiple_of(16).then_some(MmaLayout { interleaved: true, ..self })
+    }
+
+    /// The column of thread `t = lane mod 4`'s register 0 within its warp
+    /// tile: `2 t`, or `4 t` when interleaved.
+    pub fn lane_col(&self, t: usize) -> usize {
+        if self.interleaved { 4 * t } else { 2 * t }
+    }
+
     /// The (row, column) offset of register `slot` from register 0 of the
     /// same thread (the same for every thread).
     pub fn slot_delta(&self, slot: usize) -> (usize, usize) {
         let (tile, r) = (slot / 4, slot % 4);
         let (i, j) = (tile / self.tiles_n(), tile % self.tiles_n());
-        (i * 16 + 8 * (r / 2), j * 8 + r % 2)
+        let col = if self.interleaved { 16 * (j / 2) + j % 2 + 2 * (r % 2) } else { j * 8 + r % 2 };
+        (i * 16 + 8 * (r / 2), col)
     }
 
     /// The (row, column) of accumulator register `slot` of thread `tid`.
     pub fn coord(&self, tid: usize, slot: usize) -> (usize, usize) {
         let (warp, lane) = (tid / 32, tid % 32);
         let (wm, wn) = (warp % self.warps_m, warp / self.warps_m);
-        let (tile, r) = (slot / 4, slot % 4);
-        let (i, j) = (tile / self.tiles_n(), tile % self.tiles_n());
-        let row = wm * self.tile_m() + i * 16 + lane / 4 + 8 * (r / 2);
-        let col = wn * self.tile_n() + j * 8 + 2 * (lane % 4) + r % 2;
+        let (dr, dc) = self.slot_delta(slot);
+        let row = wm * self.tile_m() + lane / 4 + dr;
+        let col = wn * self.tile_n() + self.lane_col(lane % 4) + dc;
         (row, col)
+    }
+
+    /// The registers of a thread in pairs `(a, b)` holding adjacent columns
+    /// of one row (`b`'s is `a`'s plus one), every register once: `(2 k,
+    /// 2 k + 1)`, or when interleaved the same register of n tiles `2c` and
+    /// `2c + 1`.
+    pub fn column_pairs(&self) -> Vec<(usize, usize)> {
+        if !self.interleaved {
+            return (0..self.regs() / 2).map(|k| (2 * k, 2 * k + 1)).collect();
+        }
+        let tn = self.tiles_n();
+        let mut out = Vec::with_capacity(self.regs() / 2);
+        for i in 0..self.tiles_m() {
+            for c in 0..tn / 2 {
+                for r in 0..4 {
+                    out.push(((i * tn + 2 * c) * 4 + r, (i * tn + 2 * c + 1) * 4 + r));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -194,8 +242,9 @@ mod tests {
     #[test]
     fn slot_deltas_are_offsets_from_register_zero() {
         for l in [
-            MmaLayout { m: 128, n: 256, warps_m: 8, warps_n: 1 },
-            MmaLayout { m: 64, n: 32, warps_m: 2, warps_n: 2 },
+            MmaLayout { m: 128, n: 256, warps_m: 8, warps_n: 1, interleaved: false },
+            MmaLayout { m: 64, n: 32, warps_m: 2, warps_n: 2, interleaved: false },
+            MmaLayout { m: 16, n: 128, warps_m: 1, warps_n: 4, interleaved: true },
         ] {
             for tid in [0, 5, 37, 100, 127] {
                 let (r0, c0) = l.coord(tid, 0);
@@ -205,6 +254,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn interleaved_tiles_cover_every_element_once_in_adjacent_pairs() {
+        for &(m, n, w) in &[(16usize, 128usize, 4usize), (16, 64, 4), (32, 32, 2), (16, 16, 1)] {
+            let l = MmaLayout::choose(m, n, 16, w).unwrap().interleave().unwrap();
+            let mut seen = vec![0u32; m * n];
+            for t in 0..32 * w {
+                for s in 0..l.regs() {
+                    let (r, c) = l.coord(t, s);
+                    seen[r * n + c] += 1;
+                }
+                for (a, b) in l.column_pairs() {
+                    let ((ra, ca), (rb, cb)) = (l.coord(t, a), l.coord(t, b));
+                    assert_eq!((rb, cb), (ra, ca + 1), "{m}x{n} w{w} t{t} pair {a},{b}");
+                }
+                // Tile 2c + p holds columns 16 c + 2 i + p: lane t's column
+                // 2 t (register 0) and 2 t + 1 (register 1) of each.
+                let lane = t % 32;
+                let (wn, tl) = ((t / 32) / l.warps_m, lane % 4);
+                for j in 0..l.tiles_n() {
+                    for r in 0..2 {
+                        let i = 2 * tl + r;
+                        let want = wn * l.tile_n() + 16 * (j / 2) + 2 * i + j % 2;
+                        assert_eq!(l.coord(t, j * 4 + r).1, want, "{m}x{n} t{t} tile {j} reg {r}");
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "{m}x{n} over {w} warps");
+        }
+        let l = MmaLayout::choose(16, 64, 16, 8).unwrap();
+        assert_eq!(l.tile_n(), 8);
+        assert!(l.interleave().is_none());
     }
 
     #[test]

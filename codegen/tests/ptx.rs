@@ -1206,10 +1206,10 @@ fn paged_decode() {
 
 /// A K loop whose `b` operand is an FP8 tile widened and scaled per row,
 /// `(codes.to(f32) * scale).to(bf16)` as the FP8 KV cache's readers form
-/// it: its codes and scales are copied ahead with `cp.async` and read back
-/// into registers when the loop's rings fit in half the target's shared
-/// memory; a tile too large for that keeps its plain loads (and still fits
-/// the target).
+/// it: its codes and scales are copied ahead with `cp.async` when the
+/// loop's rings fit in half the target's shared memory, and the `dot` (one
+/// warp along `M`) reads its B fragments from them; a tile too large for
+/// that keeps its plain loads (and still fits the target).
 #[test]
 fn widened_fp8_operands_are_pipelined_within_half_the_shared_memory() {
     let build = |k: usize, n: usize| {
@@ -1235,15 +1235,19 @@ fn widened_fp8_operands_are_pipelined_within_half_the_shared_memory() {
     for target in [Target::Sm80, Target::Sm90a] {
         let opts = options(target, 4, 3);
         let small = codegen::plan_text(&build(64, 128), &opts).unwrap();
-        assert_eq!(small.matches("read back into registers").count(), 2, "{small}");
+        // With one warp along `M` the `dot` reads the codes' ring itself
+        // (`ldmatrix.trans` on byte pairs, an interleaved accumulator).
+        assert_eq!(small.matches("read by its dot's fragments").count(), 2, "{small}");
         assert!(small.contains("one element per run of 128"), "{small}");
+        assert!(small.contains("(transposed byte pairs)") && small.contains("interleaved"), "{small}");
         let ptx = compile(&build(64, 128), &opts).unwrap().ptx;
         assert!(ptx.contains("cp.async.ca.shared.global"), "{target:?}");
+        assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"), "{target:?}");
         // 3 stages of 256 x 256 codes: 192 KiB of rings, over half of
         // either target's shared memory.
         let large = build(256, 256);
         let plan = codegen::plan_text(&large, &opts).unwrap();
-        assert!(!plan.contains("read back into registers"), "{plan}");
+        assert!(!plan.contains("read back into registers") && !plan.contains("read by its dot"), "{plan}");
         let c = compile(&large, &opts).unwrap();
         assert!(c.shared_bytes as u64 <= target.max_shared_bytes(), "{target:?}: {}", c.shared_bytes);
     }

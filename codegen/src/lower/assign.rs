@@ -99,7 +99,7 @@ pub(crate) fn is_uniform(f: &Function, v: Value) -> bool {
 /// split `M` the same way, so the A fragments of a warp's m tiles are its own
 /// accumulator registers (two 8-column n tiles make one 16-wide k step).
 pub(crate) fn a_from_regs(a: RegLayout, l: &MmaLayout) -> bool {
-    matches!(a, RegLayout::Mma(al) if al.warps_n == 1 && al.m == l.m && al.warps_m == l.warps_m)
+    matches!(a, RegLayout::Mma(al) if al.warps_n == 1 && al.m == l.m && al.warps_m == l.warps_m && !al.interleaved)
 }
 
 /// Assigns layouts to the values of `f` given its tensor-core plan.
@@ -259,26 +259,35 @@ fn infer(
                 _ => one(pulled_row(f, plan, a, users, inst).unwrap_or(RegLayout::Blocked)),
             }
         }
-        Op::Shape(ShapeOp::Broadcast { shape: out }) => match a.lay(d.args[0]) {
-            RegLayout::Row(rl) if out.len() == 2 && shape(d.args[0]) == [rl.m, 1] => {
-                let l = dot_layouts.iter().find(|l| l.m == out[0] && l.n == out[1] && l.row() == rl);
-                one(l.map_or(RegLayout::Blocked, |l| RegLayout::Mma(*l)))
-            }
-            _ if out.len() == 2 && shape(d.args[0]) == [out[0], 1] => {
-                // An elementwise user that combines it with a tile in an
-                // accumulator layout of its shape.
-                let partner = users.get(&d.results[0]).into_iter().flatten().find_map(|&u| {
+        Op::Shape(ShapeOp::Broadcast { shape: out }) => {
+            // An elementwise user that combines it with a tile in an
+            // accumulator layout of its shape.
+            let partner = || {
+                users.get(&d.results[0]).into_iter().flatten().find_map(|&u| {
                     let ud = &f.insts[u];
                     is_elementwise(&ud.op).then_some(())?;
                     ud.args.iter().find_map(|&x| match a.lay(x) {
                         RegLayout::Mma(l) if [l.m, l.n] == [out[0], out[1]] => Some(l),
                         _ => None,
                     })
-                });
-                one(partner.map_or(RegLayout::Blocked, RegLayout::Mma))
+                })
+            };
+            match a.lay(d.args[0]) {
+                RegLayout::Row(rl) if out.len() == 2 && shape(d.args[0]) == [rl.m, 1] => {
+                    // That partner's layout when it has one (two products
+                    // of one shape may differ, one with interleaved n tiles),
+                    // else the first product of the shape.
+                    let l = partner().filter(|l| l.row() == rl).or_else(|| {
+                        dot_layouts.iter().find(|l| l.m == out[0] && l.n == out[1] && l.row() == rl).copied()
+                    });
+                    one(l.map_or(RegLayout::Blocked, RegLayout::Mma))
+                }
+                _ if out.len() == 2 && shape(d.args[0]) == [out[0], 1] => {
+                    one(partner().map_or(RegLayout::Blocked, RegLayout::Mma))
+                }
+                _ => one(RegLayout::Blocked),
             }
-            _ => one(RegLayout::Blocked),
-        },
+        }
         Op::Shape(ShapeOp::Permute { order }) => match a.lay(d.args[0]) {
             RegLayout::Mma(l) if order.as_slice() == [1, 0] && l.regs() >= LARGE_ACC => {
                 one(RegLayout::MmaT(l))

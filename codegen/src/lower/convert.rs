@@ -172,14 +172,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub(super) fn mma_origin(&self, l: &MmaLayout) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
         let (wm, wn, lane) = self.warp_coords(l)?;
         let g = self.b.build_right_shift(lane, self.i32c(2), false, "")?;
-        let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(1), "")?;
+        // `MmaLayout::lane_col`: 2 t, or 4 t with interleaved n tiles.
+        let sh = if l.interleaved { 2 } else { 1 };
+        let t2 = self.b.build_left_shift(self.b.build_and(lane, self.i32c(3), "")?, self.i32c(sh), "")?;
         Ok((self.mad(wm, l.tile_m(), g)?, self.mad(wn, l.tile_n(), t2)?))
     }
 
-    /// The constant index offset of accumulator pair `pair` (registers
-    /// `2 * pair`, `2 * pair + 1`) from [`Lowerer::mma_base`].
-    fn mma_pair_offset(l: &MmaLayout, pair: usize) -> usize {
-        let (dr, dc) = l.slot_delta(2 * pair);
+    /// The constant index offset of register `slot` from
+    /// [`Lowerer::mma_base`].
+    fn mma_slot_offset(l: &MmaLayout, slot: usize) -> usize {
+        let (dr, dc) = l.slot_delta(slot);
         dr * (l.n + ROW_PAD) + dc
     }
 
@@ -192,12 +194,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         d: DType,
     ) -> Result<Regs<'ctx>> {
         let base = self.mma_base(l)?;
-        let mut out = Vec::with_capacity(l.regs());
-        for pair in 0..l.regs() / 2 {
-            let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
-            out.extend(self.load_vector(smem, off, idx, 2, d)?);
+        let mut out: Vec<Option<BasicValueEnum<'ctx>>> = vec![None; l.regs()];
+        // One vector access per pair of registers on adjacent columns.
+        for (a, b) in l.column_pairs() {
+            let idx = self.b.build_int_add(base, self.i32c(Self::mma_slot_offset(l, a) as i64), "")?;
+            let v = self.load_vector(smem, off, idx, 2, d)?;
+            out[a] = Some(v[0]);
+            out[b] = Some(v[1]);
         }
-        Ok(out)
+        out.into_iter()
+            .map(|r| r.ok_or_else(|| crate::Error::Invalid("accumulator register unread".into())))
+            .collect()
     }
 
     /// Writes accumulator registers of layout `l` (dtype `d`) into a padded array.
@@ -211,10 +218,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> Result<()> {
         let base = self.mma_base(l)?;
         let et = self.mem_ty(d);
-        for pair in 0..l.regs() / 2 {
-            let idx = self.b.build_int_add(base, self.i32c(Self::mma_pair_offset(l, pair) as i64), "")?;
+        for (a, b) in l.column_pairs() {
+            let idx = self.b.build_int_add(base, self.i32c(Self::mma_slot_offset(l, a) as i64), "")?;
             let p = self.smem_elem(smem, off, et, idx)?;
-            let v = self.pack(&regs[2 * pair..2 * pair + 2], d)?;
+            let v = self.pack(&[regs[a], regs[b]], d)?;
             self.store_vector(p, v, d)?;
         }
         Ok(())

@@ -97,6 +97,10 @@ pub(crate) enum MmaB {
     /// into its ring: the B fragments are read from that stage and `x`'s
     /// math runs on them (`pipeline::FragB`).
     Fragments(Inst),
+    /// `b` formed from the FP8 tile this load copies, read from its stage
+    /// by `ldmatrix.trans` on byte pairs into an interleaved accumulator
+    /// (`pipeline::FragB`).
+    FragmentsT(Inst),
 }
 
 /// The source of a `wgmma` A operand.
@@ -162,6 +166,9 @@ impl KernelPlan {
         let mut pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages, max_shared);
         // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
         mma.settle_wgmma(f, &pipe.wgmma);
+        // Products whose B fragments come from an FP8 tile by
+        // `ldmatrix.trans` accumulate with interleaved n tiles (`pipeline::FragB`).
+        mma.interleave(f, pipe.frag_b.iter().filter(|(_, fb)| !fb.k_major).map(|(&d, _)| d));
         super::dot::resident::plan(f, &mma, &mut pipe, threads);
         let lays = assign::assign(f, &mma, &pipe.regs);
         let partials = partial::plan(f, &lays);
@@ -256,7 +263,7 @@ impl KernelPlan {
             MmaA::Staged
         };
         let b_src = if let Some(fb) = pipe.frag_b.get(&d) {
-            MmaB::Fragments(fb.codes)
+            if fb.k_major { MmaB::Fragments(fb.codes) } else { MmaB::FragmentsT(fb.codes) }
         } else if pipe.by_dot.contains_key(&(d, 1)) {
             MmaB::Ring
         } else if let Some(&x) = self.mma.b_trans.get(&d) {
@@ -469,7 +476,8 @@ fn inst_name(f: &Function, n: &dyn Fn(Value) -> String, i: Inst) -> String {
 }
 
 fn fmt_mma(l: &MmaLayout) -> String {
-    format!("mma {}x{} warps {}x{}", l.m, l.n, l.warps_m, l.warps_n)
+    let il = if l.interleaved { ", interleaved" } else { "" };
+    format!("mma {}x{} warps {}x{}{il}", l.m, l.n, l.warps_m, l.warps_n)
 }
 
 fn fmt_lay(l: RegLayout) -> String {
@@ -497,6 +505,9 @@ fn fmt_dot(f: &Function, d: DotLowering, n: &dyn Fn(Value) -> String) -> String 
                 MmaB::StagedTransposed(x) => format!("staged from {} (transposed)", n(x)),
                 MmaB::Ring => "ring".to_string(),
                 MmaB::Fragments(ld) => format!("fragments from the ring of {}", inst_name(f, n, ld)),
+                MmaB::FragmentsT(ld) => {
+                    format!("fragments from the ring of {} (transposed byte pairs)", inst_name(f, n, ld))
+                }
             };
             format!("mma.sync, {}, a {a}, b {b}", fmt_mma(&layout))
         }

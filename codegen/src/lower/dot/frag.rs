@@ -1,18 +1,29 @@
 //! `mma.sync` products whose B fragments are read from an FP8 ring and
 //! widened in registers (`pipeline::FragB`): no staging of the widened
-//! tile, one `ldmatrix` per four `k` steps of an n tile.
+//! tile.
 //!
 //! `ldmatrix` reads 16-bit lane pairs; on a tile of bytes each pair is two
-//! codes, so matrix `m` (rows `8 j .. 8 j + 7` of `x`, bytes `16 kk ..
-//! 16 kk + 15`) gives lane `(g, t)` the four codes `x[8 j + g][16 kk + 4 t
-//! .. 4 t + 3]` in one register. Those fill the B fragment's `k` slots `2t,
-//! 2t+1, 2t+8, 2t+9`; the A fragments are loaded from padded rows in the same
-//! order (two 8-byte loads per m tile and `k` step), so every
-//! `mma.sync.m16n8k16` sums the same products as the staged lowering's, in
-//! a permuted slot order, which the tensor cores sum to the same bits.
+//! codes. For `b = trans(x)` (`x`: `[N, K]`, the keys), matrix `m` (rows
+//! `8 j .. 8 j + 7` of `x`, bytes `16 kk .. 16 kk + 15`) gives lane `(g,
+//! t)` the four codes `x[8 j + g][16 kk + 4 t .. 4 t + 3]` in one register,
+//! one `ldmatrix` per n tile and four `k` steps. Those fill the B
+//! fragment's `k` slots `2t, 2t+1, 2t+8, 2t+9`; the A fragments are loaded
+//! from padded rows in the same order (two 8-byte loads per m tile and `k`
+//! step), so every `mma.sync.m16n8k16` sums the same products as the staged
+//! lowering's, in a permuted slot order, which the tensor cores sum to the
+//! same bits.
+//!
+//! For `b = x` (`[K, N]`, the values), `ldmatrix.trans` on rows `0..7` and
+//! `8..15` of a `k` step and one 16-byte column chunk gives lane `(g, t)`
+//! the codes of rows `2t, 2t+1` (and `2t+8, 2t+9`) at columns `2g, 2g+1`
+//! in one register each. The chain widens the registers' bytes in order
+//! (each 16-bit half one `cvt` on sm_90a); bytes `p` and `p + 2`, widened,
+//! are the B fragment of column `2g + p`, the n tile `2c + p` of the
+//! interleaved accumulator (`MmaLayout::interleaved`). The `k` slots keep
+//! their order, so the A fragments are the usual ones.
 
-use super::super::Lowerer;
 use super::super::pipeline::{FragB, frag_row_bytes, frag_swizzled};
+use super::super::{Lowerer, Regs};
 use super::mma::AFrags;
 use crate::Result;
 use crate::fragment::{MmaLayout, ROW_PAD, RegLayout};
@@ -217,10 +228,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 codes.push(self.b.build_int_truncate(s, i8t, "")?.into());
             }
         }
+        let per: Vec<Vec<BasicValueEnum<'ctx>>> = rows.iter().map(|&v| vec![v; codes.len()]).collect();
+        self.frag_chain(inst, fb, codes, per)
+    }
+
+    /// `x`'s elements computed from `codes` (the FP8 tile's registers, i8)
+    /// and, per per-row load of `fb`, the values of the same elements: the
+    /// chain lowered on those registers (uniform operands splatted).
+    fn frag_chain(
+        &mut self,
+        inst: Inst,
+        fb: &FragB,
+        codes: Vec<BasicValueEnum<'ctx>>,
+        rows: Vec<Vec<BasicValueEnum<'ctx>>>,
+    ) -> Result<Vec<BasicValueEnum<'ctx>>> {
         let n_elems = codes.len();
         let mut leaves = vec![(self.f.insts[fb.codes].results[0], codes)];
-        for (&r, &v) in fb.rows.iter().zip(rows) {
-            leaves.push((self.f.insts[r].results[0], vec![v; n_elems]));
+        for (&r, vals) in fb.rows.iter().zip(rows) {
+            leaves.push((self.f.insts[r].results[0], vals));
         }
         // Uniform operands of the chain take any layout: one register each.
         let chain_results: Vec<_> = fb.chain.iter().map(|&i| self.f.insts[i].results[0]).collect();
@@ -258,6 +283,131 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             return Err(self.bug(inst, "FP8 fragment math changed the register count"));
         }
         Ok(x)
+    }
+
+    /// The `mma`s of `dot` `inst` whose `b = x` (`[K, N]`) is a [`FragB`]
+    /// operand read by `ldmatrix.trans` (`k_major` false) into the
+    /// interleaved accumulator `l` (A fragments `afr` as usual, `K = k`):
+    /// per 16-row `k` step, its four per-row values for this lane's rows
+    /// `2t, 2t+1, 2t+8, 2t+9`, then per one or two 16-column chunks of the
+    /// warp's columns one `ldmatrix.trans` (rows `0..7` and `8..15` of the
+    /// step per chunk); register byte `p` and `p + 2` hold rows `2t, 2t+1`
+    /// (or `2t+8, 2t+9`) of column `2g + p`, the B fragment of n tile `2c + p`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn frag_t_loop(
+        &mut self,
+        inst: Inst,
+        fb: &FragB,
+        afr: &AFrags<'ctx>,
+        l: &MmaLayout,
+        k: usize,
+        d: DType,
+        acc: &mut Regs<'ctx>,
+    ) -> Result<()> {
+        let n = l.n;
+        let row_bytes = frag_row_bytes(n);
+        let stage =
+            self.stage_ptr(fb.codes)?.ok_or_else(|| self.bug(inst, "FP8 fragments outside their loop"))?;
+        let (_, wn, lane) = self.warp_coords(l)?;
+        let i8t = self.ctx.i8_type();
+        let r8 = self.b.build_and(lane, self.i32c(7), "")?;
+        let mi = self.b.build_right_shift(lane, self.i32c(3), false, "")?;
+        let t = self.b.build_and(lane, self.i32c(3), "")?;
+        let (tn, chunks) = (l.tiles_n(), l.tile_n() / 16);
+        // Two chunks per `ldmatrix.x4` when the warp has them, else `x2`.
+        let per = if chunks >= 2 { 2 } else { 1 };
+        let half = self.b.build_and(mi, self.i32c(1), "")?;
+        let second =
+            if per == 2 { self.b.build_right_shift(mi, self.i32c(1), false, "")? } else { self.i32c(0) };
+        let key0 = self.b.build_int_add(self.b.build_left_shift(half, self.i32c(3), "")?, r8, "")?;
+        let chunk0 = self.b.build_int_add(self.i32c(0), second, "")?;
+        let chunk0 = self.mad(wn, l.tile_n() / 16, chunk0)?;
+        // The per-row loads' stages and the lane's rows `2t, 2t+1, 2t+8, 2t+9` of a step.
+        let mut rstages = Vec::with_capacity(fb.rows.len());
+        for &r in &fb.rows {
+            let run = self
+                .plan
+                .pipe
+                .loops
+                .values()
+                .find_map(|pl| pl.loads.iter().find(|x| x.load == r))
+                .map(|x| x.run)
+                .ok_or_else(|| self.bug(r, "per-row load without a loop"))?;
+            let dt = self.f.ty(self.f.insts[r].results[0]).dtype();
+            let st = self.stage_ptr(r)?.ok_or_else(|| self.bug(r, "per-row load outside its loop"))?;
+            rstages.push((st, dt, run / n));
+        }
+        let t2 = self.b.build_left_shift(t, self.i32c(1), "")?;
+        for (kk, afk) in afr.iter().enumerate().take(k / 16) {
+            // Per per-row load, the values of rows 16 kk + (2t, 2t+1, 2t+8, 2t+9).
+            let mut rows: Vec<[BasicValueEnum<'ctx>; 4]> = Vec::with_capacity(rstages.len());
+            for &(st, dt, per_row) in &rstages {
+                let et = self.mem_ty(dt);
+                let mut v = Vec::with_capacity(4);
+                for off in [0, 8] {
+                    let key = self.b.build_int_add(t2, self.i32c((16 * kk + off) as i64), "")?;
+                    if per_row == 1 {
+                        // Rows 2t and 2t + 1 are adjacent elements of the stage.
+                        let p = self.smem_elem(st, 0, et, key)?;
+                        v.extend(self.load_run(p.into(), dt, 2, false, None)?);
+                        continue;
+                    }
+                    for e in 0..2 {
+                        let key = self.b.build_int_add(key, self.i32c(e), "")?;
+                        let sh = self.i32c(per_row.trailing_zeros() as i64);
+                        let idx = self.b.build_right_shift(key, sh, false, "")?;
+                        let p = self.smem_elem(st, 0, et, idx)?;
+                        v.push(self.load_run(p.into(), dt, 1, false, None)?[0]);
+                    }
+                }
+                rows.push([v[0], v[1], v[2], v[3]]);
+            }
+            let key = self.b.build_int_add(key0, self.i32c((16 * kk) as i64), "")?;
+            let rbase = self.b.build_int_mul(key, self.i32c(row_bytes as i64), "")?;
+            for cp in 0..chunks / per {
+                let chunk = self.b.build_int_add(chunk0, self.i32c((cp * per) as i64), "")?;
+                let phys = if frag_swizzled(n) { self.b.build_xor(chunk, r8, "")? } else { chunk };
+                let at = self.b.build_int_add(rbase, self.b.build_left_shift(phys, self.i32c(4), "")?, "")?;
+                let p = self.smem_elem(stage, 0, i8t.into(), at)?;
+                let words = self.ldmatrix_at(p, (2 * per) as u32, true)?;
+                let byte = |lw: &Self, w: IntValue<'ctx>, e: u64| -> Result<BasicValueEnum<'ctx>> {
+                    let s =
+                        if e == 0 { w } else { lw.b.build_right_shift(w, lw.i32c(8 * e as i64), false, "")? };
+                    Ok(lw.b.build_int_truncate(s, i8t, "")?.into())
+                };
+                let mut codes = Vec::with_capacity(per * 8);
+                let mut vals: Vec<Vec<BasicValueEnum<'ctx>>> = vec![Vec::with_capacity(per * 8); rows.len()];
+                // In register order (bytes 0..3 of the low rows' register,
+                // then the high rows'), so the chain widens each register's
+                // halves as they are; the B fragments pair its bytes `p`
+                // and `p + 2` after the widening.
+                for u in 0..per {
+                    for w in [words[2 * u], words[2 * u + 1]] {
+                        for e in 0..4 {
+                            codes.push(byte(self, w, e)?);
+                        }
+                    }
+                    for (v, r) in vals.iter_mut().zip(&rows) {
+                        v.extend_from_slice(&[r[0], r[0], r[1], r[1], r[2], r[2], r[3], r[3]]);
+                    }
+                }
+                let x = self.frag_chain(inst, fb, codes, vals)?;
+                for u in 0..per {
+                    for par in 0..2 {
+                        let (lo, hi) = (&x[u * 8..u * 8 + 4], &x[u * 8 + 4..u * 8 + 8]);
+                        let bfr =
+                            [self.pack16(lo[par], lo[par + 2], d)?, self.pack16(hi[par], hi[par + 2], d)?];
+                        let j = 2 * (cp * per + u) + par;
+                        for (i, a) in afk.iter().enumerate() {
+                            let s = (i * tn + j) * 4;
+                            let out = self.mma16816(d, a, &bfr, &acc[s..s + 4])?;
+                            acc[s..s + 4].copy_from_slice(&out);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Two 16-bit values of `d` packed low and high in an i32 (one operand

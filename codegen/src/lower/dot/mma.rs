@@ -62,6 +62,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             afr = Some(self.a_frags(base, off, &l, k, Rows::Padded)?);
         }
         let b_src = self.plan.mma.b_trans.get(&inst).copied();
+        // A `b` formed from an FP8 ring's codes in the B fragments themselves
+        // (`pipeline::FragB`, `frag.rs`): nothing to stage.
+        let frag = self.plan.pipe.frag_b.get(&inst).filter(|fb| !fb.k_major).cloned();
         // Operands the pipeline already copied into shared memory (`pipeline/`).
         let a_ring = if afr.is_none() { self.pipe_operand(inst, 0)? } else { None };
         let b_ring = self.pipe_operand(inst, 1)?;
@@ -71,6 +74,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let stage_a = afr.is_none() && a_ring.is_none();
         let a_elems = if stage_a { m * (k + ROW_PAD) } else { 0 };
         let b_elems = match (b_ring, b_src) {
+            _ if frag.is_some() => 0,
             (Some(_), _) => 0,
             (None, Some(_)) => n * (k + ROW_PAD),
             (None, None) => k * (n + ROW_PAD),
@@ -78,12 +82,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let (a_off, b_off) = (0u64, (a_elems * 2) as u64);
         let smem = self.smem(b_off + (b_elems * 2) as u64)?;
 
-        if stage_a || b_ring.is_none() {
+        let stage_b = b_ring.is_none() && frag.is_none();
+        if stage_a || stage_b {
             self.barrier()?;
             if stage_a {
                 self.stage_a(smem, a_off, args[0])?;
             }
-            if b_ring.is_none() {
+            if stage_b {
                 let bv = b_src.unwrap_or(args[1]);
                 let lb = self.layout_of(bv);
                 let rb = self.regs(bv)?;
@@ -96,11 +101,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             (None, Some(ring)) => self.a_frags(ring, 0, &l, k, a_sw)?,
             (None, None) => self.a_frags(smem, a_off, &l, k, Rows::Padded)?,
         };
-        let (b_mem, b_at) = match b_ring {
-            Some(ring) => (ring, 0),
-            None => (smem, b_off),
-        };
-        self.mma_loop(b_mem, b_at, &afr, &l, k, d, b_src.is_some(), b_sw, &mut acc)?;
+        if let Some(fb) = &frag {
+            self.frag_t_loop(inst, fb, &afr, &l, k, d, &mut acc)?;
+        } else {
+            let (b_mem, b_at) = match b_ring {
+                Some(ring) => (ring, 0),
+                None => (smem, b_off),
+            };
+            self.mma_loop(b_mem, b_at, &afr, &l, k, d, b_src.is_some(), b_sw, &mut acc)?;
+        }
         // The copies of a later iteration that the loop deferred to this
         // `dot` (`pipeline::PendingIssue`) follow its `mma`s.
         if self.loops.pipe_pending.as_ref().is_some_and(|p| p.pl.issue_after == Some(inst)) {

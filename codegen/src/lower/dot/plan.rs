@@ -149,6 +149,24 @@ impl MmaPlan {
         self.hoist(f);
     }
 
+    /// Gives the `dot`s `dots` (whose B fragments come from an FP8 tile by
+    /// `ldmatrix.trans`, `pipeline::FragB`) the interleaved accumulator
+    /// layout (`MmaLayout::interleaved`).
+    pub(crate) fn interleave(&mut self, f: &Function, dots: impl IntoIterator<Item = Inst>) {
+        let mut changed = false;
+        for d in dots {
+            if let Some(l) = self.dots.get_mut(&d)
+                && let Some(il) = l.interleave()
+            {
+                *l = il;
+                changed = true;
+            }
+        }
+        if changed {
+            self.hoist(f);
+        }
+    }
+
     /// Fills [`Self::hoisted`] from the planned `dot`s and their layouts.
     fn hoist(&mut self, f: &Function) {
         self.hoisted.clear();

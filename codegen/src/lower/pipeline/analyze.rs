@@ -168,7 +168,9 @@ pub(crate) fn analyze(
                 p.regs.remove(r);
             }
             p.frag_chain.extend(fb.chain.iter().copied());
-            p.frag_a.insert((f.insts[d].args[0], plan.dots[&d]));
+            if fb.k_major {
+                p.frag_a.insert((f.insts[d].args[0], plan.dots[&d]));
+            }
             p.frag_b.insert(d, fb);
         }
         if loads.is_empty() {
@@ -405,14 +407,16 @@ fn widened_operand_loads(f: &Function, plan: &MmaPlan, body: Block) -> Vec<Inst>
 }
 
 /// The `mma.sync` `dot`s of loop body `body` that read their B fragments
-/// from an FP8 ring ([`FragB`]): `b = trans(x)` with `x` an `[N, K]` tile
-/// (`K` a power of two) computed by single-use elementwise ops of the body
-/// from loads read back into registers (`loads`, `PipeLoad::regs`) and
-/// uniform values, exactly one of those loads a plain FP8 tile of `x`'s
-/// shape and every other one a per-row value (its runs span whole rows); a
-/// 16-bit product with one warp along `M` (every B fragment is loaded by one
-/// warp) whose `a` is neither a ring stage nor an accumulator (its A
-/// fragments are loaded from padded rows, in the permuted order).
+/// from an FP8 ring ([`FragB`]): `b = trans(x)` with `x` an `[N, K]` tile,
+/// or `b = x` itself (`[K, N]`), its rows a power of two wide, computed by
+/// single-use elementwise ops of the body from loads read back into
+/// registers (`loads`, `PipeLoad::regs`) and uniform values, exactly one of
+/// those loads a plain FP8 tile of `x`'s shape and every other one a
+/// per-row value (its runs span whole rows); a 16-bit product with one warp
+/// along `M` (every B fragment is loaded by one warp). With `b = trans(x)`
+/// its `a` is neither a ring stage nor an accumulator (its A fragments are
+/// loaded from padded rows, in the permuted order); with `b = x` the warp
+/// tiles are a multiple of 16 columns wide (the interleaved accumulator).
 fn frag_b_dots(
     f: &Function,
     plan: &MmaPlan,
@@ -434,19 +438,24 @@ fn frag_b_dots(
     let mut out = Vec::new();
     'dots: for d in dots {
         let l = plan.dots[&d];
-        let (a, x) = (f.insts[d].args[0], plan.b_trans.get(&d).copied());
-        let Some(x) = x else { continue };
+        let a = f.insts[d].args[0];
+        let (k_major, x) = match plan.b_trans.get(&d) {
+            Some(&x) => (true, x),
+            None => (false, f.insts[d].args[1]),
+        };
         let xt = f.ty(x);
         if l.warps_m != 1
             || !matches!(f.ty(a).dtype(), DType::F16 | DType::BF16)
-            || p.by_dot.contains_key(&(d, 0))
-            || derives_from_dot(f, a)
+            || (k_major && (p.by_dot.contains_key(&(d, 0)) || derives_from_dot(f, a)))
+            || (!k_major && (p.by_dot.contains_key(&(d, 1)) || l.interleave().is_none()))
             || xt.rank() != 2
             || !xt.shape[1].is_power_of_two()
             || !single(x)
         {
             continue;
         }
+        // `n` rows of `k` codes each as staged (for `b = x`: `K` rows of
+        // `N`).
         let (n, k) = (xt.shape[0], xt.shape[1]);
         let mut chain = Vec::new();
         let mut codes = None;
@@ -489,7 +498,7 @@ fn frag_b_dots(
         }
         chain.sort_by_key(|i| order.get(i).copied().unwrap_or(usize::MAX));
         rows.sort();
-        out.push((d, FragB { x, codes, rows, chain }));
+        out.push((d, FragB { k_major, x, codes, rows, chain }));
     }
     out
 }

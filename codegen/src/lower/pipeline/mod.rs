@@ -352,9 +352,20 @@ pub(crate) struct Pipeline {
 /// permutation of the `k` slots inside one `mma.sync.m16n8k16` applied to
 /// both operands gives the same result bits (BENCHMARKS.md, fifty-third
 /// session), so the product equals the staged one.
+///
+/// The same for a `b` that is itself such a tile (`[K, N]`, per-row values
+/// along `K`: an FP8 cache's values times their per-key scales,
+/// [`FragB::k_major`] false): `ldmatrix.trans` on byte pairs gives lane
+/// `(g, t)` the codes of rows `2t, 2t+1` at columns `2g, 2g+1` in one
+/// register, whose bytes `p` and `p + 2` are the B fragment of column `2g +
+/// p`. The `k` slots keep their order (A fragments as usual); the two n
+/// tiles of each 16 columns hold the even and the odd columns, so the
+/// accumulator is the interleaved [`crate::fragment::MmaLayout`].
 #[derive(Clone, Debug)]
 pub(crate) struct FragB {
-    /// The `[N, K]` tile `x`.
+    /// `b = trans(x)` with `x` the `[N, K]` tile (true), or `b = x`, `[K, N]`.
+    pub k_major: bool,
+    /// The tile `x`.
     pub x: Value,
     /// The FP8 codes' load (`PipeLoad::frag`).
     pub codes: Inst,
