@@ -172,16 +172,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> Result<Vec<BasicValueEnum<'ctx>>> {
         let mut out = Vec::with_capacity(fb.rows.len());
         for &r in &fb.rows {
-            let run = self
-                .plan
-                .pipe
-                .loops
-                .values()
-                .find_map(|pl| pl.loads.iter().find(|x| x.load == r))
-                .map(|x| x.run)
-                .ok_or_else(|| self.bug(r, "per-row load without a loop"))?;
-            let dt = self.f.ty(self.f.insts[r].results[0]).dtype();
-            let stage = self.stage_ptr(r)?.ok_or_else(|| self.bug(r, "per-row load outside its loop"))?;
+            let (stage, dt, run) = self.row_stage(r)?;
             let n = self.b.build_int_add(lanes.n0, self.i32c((j * 8) as i64), "")?;
             let per_row = run / k;
             let idx = if per_row == 1 {
@@ -320,21 +311,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let second =
             if per == 2 { self.b.build_right_shift(mi, self.i32c(1), false, "")? } else { self.i32c(0) };
         let key0 = self.b.build_int_add(self.b.build_left_shift(half, self.i32c(3), "")?, r8, "")?;
-        let chunk0 = self.b.build_int_add(self.i32c(0), second, "")?;
-        let chunk0 = self.mad(wn, l.tile_n() / 16, chunk0)?;
+        let chunk0 = self.mad(wn, l.tile_n() / 16, second)?;
         // The per-row loads' stages and the lane's rows `2t, 2t+1, 2t+8, 2t+9` of a step.
         let mut rstages = Vec::with_capacity(fb.rows.len());
         for &r in &fb.rows {
-            let run = self
-                .plan
-                .pipe
-                .loops
-                .values()
-                .find_map(|pl| pl.loads.iter().find(|x| x.load == r))
-                .map(|x| x.run)
-                .ok_or_else(|| self.bug(r, "per-row load without a loop"))?;
-            let dt = self.f.ty(self.f.insts[r].results[0]).dtype();
-            let st = self.stage_ptr(r)?.ok_or_else(|| self.bug(r, "per-row load outside its loop"))?;
+            let (st, dt, run) = self.row_stage(r)?;
             rstages.push((st, dt, run / n));
         }
         let t2 = self.b.build_left_shift(t, self.i32c(1), "")?;
@@ -408,6 +389,22 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
         }
         Ok(())
+    }
+
+    /// The current stage of the per-row load `r` of a [`FragB`], its
+    /// dtype and its run length (`PipeLoad::run`).
+    fn row_stage(&mut self, r: Inst) -> Result<(PointerValue<'ctx>, DType, usize)> {
+        let run = self
+            .plan
+            .pipe
+            .loops
+            .values()
+            .find_map(|pl| pl.loads.iter().find(|x| x.load == r))
+            .map(|x| x.run)
+            .ok_or_else(|| self.bug(r, "per-row load without a loop"))?;
+        let dt = self.f.ty(self.f.insts[r].results[0]).dtype();
+        let stage = self.stage_ptr(r)?.ok_or_else(|| self.bug(r, "per-row load outside its loop"))?;
+        Ok((stage, dt, run))
     }
 
     /// Two 16-bit values of `d` packed low and high in an i32 (one operand
