@@ -350,8 +350,8 @@ pub(crate) struct Pipeline {
 /// `k` slots `2t, 2t+1, 2t+8, 2t+9` of each 16-wide step thus hold the
 /// columns `4t .. 4t+3`; the A fragments are loaded in the same order. A
 /// permutation of the `k` slots inside one `mma.sync.m16n8k16` applied to
-/// both operands gives the same result bits (BENCHMARKS.md, fifty-third
-/// session), so the product equals the staged one.
+/// both operands gives the same result bits on the tensor cores, so the
+/// product equals the staged one.
 ///
 /// The same for a `b` that is itself such a tile (`[K, N]`, per-row values
 /// along `K`: an FP8 cache's values times their per-key scales,
