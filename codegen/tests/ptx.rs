@@ -1189,6 +1189,8 @@ fn paged_decode() {
     // On an FP8 cache the codes (8-byte chunks) and per-key scales (one
     // element per 128-column run) are copied ahead too, and read back from
     // the ring: the only global loads left are the page numbers and `q`.
+    // Outside the invariant mode the products are f16 (`kv8_load16`), the
+    // codes widened a pair per `cvt` and scaled a pair per multiply.
     let kv8 = pointers_aligned(
         tc::build(&tc::Config::new(DType::BF16, 8, 4, 128, 16, 64, false, 16, false, true)).unwrap(),
     );
@@ -1196,6 +1198,10 @@ fn paged_decode() {
     for target in [Target::Sm80, Target::Sm90a] {
         let ptx = compile(&kv8, &options(target, 4, STAGES)).unwrap().ptx;
         assert!(ptx.contains("cp.async.ca.shared.global") && ptx.contains("mma.sync.aligned.m16n8k16"));
+        assert!(ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), "{target:?}");
+        if target == Target::Sm90a {
+            assert!(ptx.contains("cvt.rn.f16x2.e4m3x2") && ptx.contains("mul.rn.f16x2"));
+        }
         let global: Vec<&str> = ptx.lines().filter(|l| l.contains("ld.global")).collect();
         assert!(
             global.iter().all(|l| l.contains("ld.global.b32") || l.contains("ld.global.v4.b32")),

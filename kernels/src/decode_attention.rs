@@ -85,6 +85,31 @@
 //! Tensor cores need `BLOCK_N` to be a multiple of `8 * num_warps` (other
 //! configs run, with `dot` on FMAs). f32 caches use [`paged_decode`].
 //!
+//! # The FP8 cache outside the batch-invariant mode
+//!
+//! On an FP8 cache ([`crate::kv_cache`]) the batch-invariant step reads
+//! `T(code * scale)` as every other reader does. The fast step runs its
+//! products in f16 instead, which more than halves the work of widening
+//! the codes (the kernel's largest cost, above the bytes it reads): each
+//! pair of codes becomes f16 in one `cvt`, times its scale in one packed
+//! f16 multiply ([`crate::kv_cache::kv8_load16`]). `q` goes in as f16 rows
+//! scaled by powers of two ([`crate::kv_cache::f16_rows`]), undone on the
+//! scores; the weights are rounded to `T` as in the 16-bit product, then
+//! scaled by [`P16_SCALE`] into f16, undone on the output. Where every
+//! slot's scale lies in `[2^-15, 2^7]` (row maxima from `2^-8` up to
+//! `2^15`), no element of `q` is below `2^-31` of its row's largest (other
+//! than zero) and no weight below `2^-31`, each operand holds exactly the
+//! 16-bit product's value times a power of two. The tensor cores then
+//! mostly give the bf16 cache's bits, but not always: their f16 and bf16
+//! sums can differ in the last bit (`gpu-check` shows it on one partial
+//! row in thousands). Outside that range a value is rounded in f16: by at
+//! most `2^-25` for a slot's values, `2^-39` for a weight and `2^-39` of
+//! its row's largest for an element of `q`, and a head whose values all
+//! lie below `2^-17` reads as zero. All of it stays far below E4M3's own
+//! rounding (`2^-4` of a value); `gpu-check` bounds the difference from
+//! the bf16 cache's result. Scales above `2^7` (values from `2^15` up)
+//! overflow f16.
+//!
 //! # Layout contract
 //!
 //! - `q`: `[B, H_KV * GROUP * HEAD_DIM]` in `T` (RoPE already applied), query
@@ -110,7 +135,7 @@
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
 use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
-use crate::kv_cache::{kv_load, kv8_tile};
+use crate::kv_cache::{f16_rows, kv_load, kv8_load16, kv8_tile};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -362,6 +387,12 @@ pub fn decode_tc_body(
     // `q` instead (exact), once.
     let q = where_(scale < 0.0, -q, q);
     let qk_scale = abs(scale) * LOG2E;
+    // The FP8 reader outside the batch-invariant mode takes its keys' codes
+    // as f16 (one `cvt` per pair) and their scales on the scores; `q` goes
+    // in f16 rows scaled by powers of two, undone on the scores (see the
+    // module doc).
+    let codes16 = kv8 && !invariant;
+    let (q16, q_back) = f16_rows(q.to(f32));
 
     let bt = block_tables + b * bt_stride;
     // Key index and cache column of every element of a K/V tile.
@@ -383,12 +414,25 @@ pub fn decode_tc_body(
             let page = load(bt + key / page_size);
             let slot = page * page_size + key % page_size;
             let kv = slot * (h_kv * head_dim) + col;
-            let k =
-                if kv8 { kv8_tile(k_cache, slot, col, h, h_kv, head_dim, dt) } else { load(k_cache + kv) };
-            let s = dot(q, trans(k));
-            let v =
-                if kv8 { kv8_tile(v_cache, slot, col, h, h_kv, head_dim, dt) } else { load(v_cache + kv) };
-            let (m_new, l_new, acc_new) = online_softmax_step(s, qk_scale, v, m, l, acc, dt, invariant);
+            let (m_new, l_new, acc_new) = if codes16 {
+                let k = kv8_load16(k_cache, slot, col, h, keys, false, h_kv, head_dim);
+                let s = dot(q16, trans(k)) * expand_dims(q_back, 1);
+                let v = kv8_load16(v_cache, slot, col, h, keys, false, h_kv, head_dim);
+                online_softmax_step_p16(s, qk_scale, v, m, l, acc, dt)
+            } else {
+                let k = if kv8 {
+                    kv8_tile(k_cache, slot, col, h, h_kv, head_dim, dt)
+                } else {
+                    load(k_cache + kv)
+                };
+                let s = dot(q, trans(k));
+                let v = if kv8 {
+                    kv8_tile(v_cache, slot, col, h, h_kv, head_dim, dt)
+                } else {
+                    load(v_cache + kv)
+                };
+                online_softmax_step(s, qk_scale, v, m, l, acc, dt, invariant)
+            };
             m = m_new;
             l = l_new;
             acc = acc_new;
@@ -400,17 +444,33 @@ pub fn decode_tc_body(
         let page = load(bt + key / page_size, mask = ok, other = 0);
         let slot = page * page_size + key % page_size;
         let kv = slot * (h_kv * head_dim) + col;
-        let k = kv_load(k_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
         let seen = expand_dims(s0 + arange(0, block_n) < end, 0);
-        let s = dot(q, trans(k));
-        let v = kv_load(v_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
-        let (m_new, l_new, acc_new) =
-            online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, dt, invariant);
+        let (m_new, l_new, acc_new) = if codes16 {
+            let k = kv8_load16(k_cache, slot, col, h, ok, true, h_kv, head_dim);
+            let s = dot(q16, trans(k)) * expand_dims(q_back, 1);
+            let v = kv8_load16(v_cache, slot, col, h, ok, true, h_kv, head_dim);
+            online_softmax_step_p16(
+                where_(seen, s * qk_scale, f32::NEG_INFINITY),
+                constant(1.0, f32),
+                v,
+                m,
+                l,
+                acc,
+                dt,
+            )
+        } else {
+            let k = kv_load(k_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
+            let s = dot(q, trans(k));
+            let v = kv_load(v_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
+            online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, dt, invariant)
+        };
         m = m_new;
         l = l_new;
         acc = acc_new;
     }
 
+    // The f16 products summed `P16_SCALE` times the weights.
+    let acc = if codes16 { acc * (1.0 / P16_SCALE) } else { acc };
     if split_mode {
         let row = ((b * h_kv + h) * n_splits + split_id) * group + g;
         store(part_m + row, m, mask = real);
@@ -420,6 +480,35 @@ pub fn decode_tc_body(
         let inv = where_(l > 0.0, 1.0 / l, 0.0);
         store(out_ptr + q_off, (acc * expand_dims(inv, 1)).to(dt), mask = expand_dims(real, 1));
     }
+}
+
+/// The power of two the FP8 reader's f16 weights are scaled by: a weight
+/// rounded to `T` is exact in f16 after the scaling from `2^-31` up (f16
+/// holds 8 significant bits down to `2^-17`), and the largest, 1, stays
+/// below f16's largest finite value.
+pub const P16_SCALE: f32 = 16384.0;
+
+/// [`online_softmax_step`] (outside the batch-invariant mode) on values
+/// `v` in f16: the weights rounded to `dt` as there, then scaled by
+/// [`P16_SCALE`] into f16 (exactly, see there), so the accumulator sums
+/// `P16_SCALE` times what the 16-bit product would.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn online_softmax_step_p16(
+    s: Tensor,
+    qk_scale: Tensor,
+    v: Tensor,
+    m: Tensor,
+    l: Tensor,
+    acc: Tensor,
+    dt: DType,
+) -> (Tensor, Tensor, Tensor) {
+    let m_new = maximum(m, max(s, 1) * qk_scale);
+    let p = exp2(fma(s, qk_scale, -expand_dims(m_new, 1)));
+    let alpha = exp2(m - m_new);
+    let l_new = l * alpha + sum(p, 1);
+    let p16 = (p.to(dt).to(f32) * P16_SCALE).to(f16);
+    (m_new, l_new, dot(p16, v, acc * expand_dims(alpha, 1)))
 }
 
 /// Merges the split-KV partials of [`paged_decode`] or [`paged_decode_tc`]
@@ -500,14 +589,13 @@ pub fn tc_config(
 
 /// [`paged_decode_tc`]'s config on an FP8 cache outside the
 /// batch-invariant mode ([`tc_config`]'s rows) for a launch of `programs`
-/// programs (sequences x KV heads x splits) on `sms` multiprocessors: two
-/// pipeline stages of key blocks; blocks of 32 keys when the launch is
-/// unsplit and fills the GPU twice over (every program walks a whole
-/// sequence), blocks of 64 with registers for three programs per SM
-/// otherwise. The FP8 reader widens every code before its `dot`s, so it is
-/// bound by its instructions and the latency of few warps, not by DRAM:
-/// the shallower ring and the smaller blocks leave room for more programs
-/// (`bench --only decode --autotune` on peers.py's shapes, BENCHMARKS.md).
+/// programs (sequences x KV heads x splits) on `sms` multiprocessors. When
+/// the launch is unsplit and fills the GPU twice over, every program walks
+/// a whole sequence and the grid itself caps the programs per SM: blocks of
+/// 32 keys, two warps and four stages, so each program keeps three blocks
+/// in flight. Otherwise (split launches, short contexts) blocks of 64 keys
+/// and two stages, with registers for three programs per SM (`bench --only
+/// decode --autotune` on peers.py's shapes, BENCHMARKS.md).
 #[allow(clippy::too_many_arguments)]
 pub fn kv8_tc_config(
     dtype: DType,
@@ -520,10 +608,10 @@ pub fn kv8_tc_config(
     sms: usize,
 ) -> paged_decode_tc::Config {
     let wide = !split && programs >= 2 * sms;
-    let (block_n, per_sm) = if wide { (32, 0) } else { (64, 3) };
+    let (block_n, warps, stages, per_sm) = if wide { (32, 2, 4, 4) } else { (64, 4, 2, 3) };
     paged_decode_tc::Config { KV8: true, ..tc_config(dtype, h_kv, group, head_dim, page, block_n, split) }
-        .with_warps(4)
-        .with_stages(2)
+        .with_warps(warps)
+        .with_stages(stages)
         .with_min_programs(per_sm)
 }
 
@@ -559,8 +647,9 @@ mod tests {
             let c = kv8_tc_config(DType::BF16, 8, 4, 128, 16, split, programs, 132);
             (c.BLOCK_N, c.num_warps, c.num_stages, c.min_programs_per_sm, c.KV8)
         };
-        // B64 x 8 KV heads, unsplit: every program walks a whole sequence.
-        assert_eq!(tile(false, 512), (32, 4, 2, 0, true));
+        // B64 x 8 KV heads, unsplit: every program walks a whole sequence,
+        // about four programs per SM.
+        assert_eq!(tile(false, 512), (32, 2, 4, 4, true));
         // A split launch, and an unsplit one too short to fill the GPU (one
         // sequence of a few hundred tokens): longer blocks, three programs
         // per SM.

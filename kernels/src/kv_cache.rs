@@ -23,7 +23,9 @@
 //! is a power of two, so `q * s` is exact in f32 and in bf16: a reader that
 //! forms `T(q * s)` sees exactly the values a 16-bit cache holding them
 //! would, and every attention kernel (prefill, decode, the persistent
-//! step) computes from the same values. The batch-invariance guarantee and
+//! step) computes from the same values (the fast decode's f16 products
+//! only within the range `crate::decode_attention` states, and near them
+//! outside it). The batch-invariance guarantee and
 //! the agreement of the decode paths carry over unchanged; only the cached
 //! values differ from the 16-bit cache's (each by at most half an E4M3
 //! unit in the last place of its head's scale: 2^-4 of `a`'s binade for
@@ -133,6 +135,49 @@ pub fn kv8_tile(
     let q = load(ptrcast(cache, f8e4m3) + at + col).to(f32);
     let s = load(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim));
     (q * s).to(dt)
+}
+
+/// [`kv8_load`] in f16 arithmetic: each code widened to f16 (one `cvt`
+/// per pair) times its scale in f16, exact while the scale lies in
+/// `[2^-15, 2^7]` (the values' binade in `[2^-8, 2^15)`), the range
+/// where every E4M3 code times the scale is an f16 number (below it the
+/// products round to f16's subnormals, above it they overflow); zero where
+/// not `ok` (with `masked`; otherwise every element is loaded).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv8_load16(
+    cache: Tensor,
+    slot: Tensor,
+    col: Tensor,
+    h: Tensor,
+    ok: Tensor,
+    masked: bool,
+    h_kv: usize,
+    head_dim: usize,
+) -> Tensor {
+    let at = kv8_slot(slot, h_kv, head_dim);
+    let codes = ptrcast(cache, f8e4m3) + at + col;
+    let scales = ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim);
+    if masked {
+        load(codes, mask = ok, other = 0.0).to(f16) * load(scales, mask = ok, other = 0.0).to(f16)
+    } else {
+        load(codes).to(f16) * load(scales).to(f16)
+    }
+}
+
+/// `x` (`[rows, n]` f32) in f16 for a product whose result is scaled back:
+/// each row times the power of two `2^(14 - E)` (`2^E` the binade of the
+/// row's largest magnitude, so it lands in `[2^14, 2^15)`, inside f16's
+/// range), and those rows' `2^(E - 14)` (`[rows]` f32) to multiply the
+/// product's rows by. Every element of a 16-bit (bf16) row whose magnitude
+/// is at least `2^-31` of the row's largest is exact in f16 after the
+/// scaling (f16 holds 8 significant bits down to `2^-17`); the exponent is
+/// clamped so both factors are normal f32 numbers.
+#[kernel_fn]
+pub fn f16_rows(x: Tensor) -> (Tensor, Tensor) {
+    let e = maximum((max(abs(x), 1).bitcast(i32) >> 23) & 255, 15);
+    let up = ((268 - e) << 23).bitcast(f32);
+    ((x * expand_dims(up, 1)).to(f16), ((e - 14) << 23).bitcast(f32))
 }
 
 /// Writes rows of values to a KV8 cache (`cache`, any pointer type): row
