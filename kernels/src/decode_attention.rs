@@ -135,7 +135,7 @@
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
 use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
-use crate::kv_cache::{f16_rows, kv_load, kv8_load16, kv8_tile};
+use crate::kv_cache::{f16_rows, kv_load, kv_tile, kv8_load16};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
 
@@ -420,17 +420,9 @@ pub fn decode_tc_body(
                 let v = kv8_load16(v_cache, slot, col, h, keys, false, h_kv, head_dim);
                 online_softmax_step_p16(s, qk_scale, v, m, l, acc, dt)
             } else {
-                let k = if kv8 {
-                    kv8_tile(k_cache, slot, col, h, h_kv, head_dim, dt)
-                } else {
-                    load(k_cache + kv)
-                };
+                let k = kv_tile(k_cache, kv, slot, col, h, kv8, h_kv, head_dim, dt);
                 let s = dot(q, trans(k));
-                let v = if kv8 {
-                    kv8_tile(v_cache, slot, col, h, h_kv, head_dim, dt)
-                } else {
-                    load(v_cache + kv)
-                };
+                let v = kv_tile(v_cache, kv, slot, col, h, kv8, h_kv, head_dim, dt);
                 online_softmax_step(s, qk_scale, v, m, l, acc, dt, invariant)
             };
             m = m_new;

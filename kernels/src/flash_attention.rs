@@ -132,7 +132,7 @@
 //!   targets the boxes' bounds masks cost registers that the plain loads
 //!   do not.
 
-use crate::kv_cache::{kv_load, kv8_tile};
+use crate::kv_cache::{kv_load, kv_tile, kv8_tile};
 use dsl_macros::{kernel, kernel_fn};
 
 /// One key block of the online softmax (FlashAttention-2), shared by the
@@ -373,17 +373,9 @@ pub fn flash_attention<T: Float>(
                 let page = load(table + (key >> page_shift));
                 let slot = (page << page_shift) + (key & page_mask);
                 let kv = slot * (H_KV * HEAD_DIM) + head2;
-                let k = if KV8 {
-                    kv8_tile(k_cache_ptr, slot, head2, kvh, H_KV, HEAD_DIM, T)
-                } else {
-                    load(k_cache_ptr + kv)
-                };
+                let k = kv_tile(k_cache_ptr, kv, slot, head2, kvh, KV8, H_KV, HEAD_DIM, T);
                 let s = dot(q, trans(k));
-                let v = if KV8 {
-                    kv8_tile(v_cache_ptr, slot, head2, kvh, H_KV, HEAD_DIM, T)
-                } else {
-                    load(v_cache_ptr + kv)
-                };
+                let v = kv_tile(v_cache_ptr, kv, slot, head2, kvh, KV8, H_KV, HEAD_DIM, T);
                 let (m_new, l_new, acc_new) =
                     online_softmax_step(s, qk_scale, v, m_i, l_i, acc, T, INVARIANT);
                 m_i = m_new;

@@ -118,6 +118,24 @@ pub fn kv_load(
     }
 }
 
+/// A whole tile (no mask) of cached values: with `kv8` [`kv8_tile`] of the
+/// slots `slot`; otherwise the 16-bit cache's elements at offsets `kv`.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn kv_tile(
+    cache: Tensor,
+    kv: Tensor,
+    slot: Tensor,
+    col: Tensor,
+    h: Tensor,
+    kv8: bool,
+    h_kv: usize,
+    head_dim: usize,
+    dt: DType,
+) -> Tensor {
+    if kv8 { kv8_tile(cache, slot, col, h, h_kv, head_dim, dt) } else { load(cache + kv) }
+}
+
 /// [`kv8_load`] of whole tiles (no mask) of the slots `slot` (a tile
 /// broadcast against `col`).
 #[kernel_fn]
