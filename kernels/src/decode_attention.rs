@@ -134,7 +134,7 @@
 //! `PAGE` (tokens per cache block, a power of two: 16, 32 or 64), `BLOCK_N`
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
-use crate::flash_attention::{online_softmax_step, online_softmax_step_masked};
+use crate::flash_attention::{online_softmax_step, online_softmax_step_masked, softmax_weights};
 use crate::kv_cache::{f16_rows, kv_load, kv_tile, kv8_load16};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -387,10 +387,9 @@ pub fn decode_tc_body(
     // `q` instead (exact), once.
     let q = where_(scale < 0.0, -q, q);
     let qk_scale = abs(scale) * LOG2E;
-    // The FP8 reader outside the batch-invariant mode takes its keys' codes
-    // as f16 (one `cvt` per pair) and their scales on the scores; `q` goes
-    // in f16 rows scaled by powers of two, undone on the scores (see the
-    // module doc).
+    // The FP8 reader outside the batch-invariant mode runs its products in
+    // f16: codes widened and scaled in f16 (`kv8_load16`), `q` in f16 rows
+    // scaled by powers of two, undone on the scores (see the module doc).
     let codes16 = kv8 && !invariant;
     let (q16, q_back) = f16_rows(q.to(f32));
 
@@ -495,8 +494,7 @@ pub fn online_softmax_step_p16(
     acc: Tensor,
     dt: DType,
 ) -> (Tensor, Tensor, Tensor) {
-    let m_new = maximum(m, max(s, 1) * qk_scale);
-    let p = exp2(fma(s, qk_scale, -expand_dims(m_new, 1)));
+    let (m_new, p) = softmax_weights(s, qk_scale, m);
     let alpha = exp2(m - m_new);
     let l_new = l * alpha + sum(p, 1);
     let p16 = (p.to(dt).to(f32) * P16_SCALE).to(f16);

@@ -165,9 +165,17 @@ pub fn online_softmax_step(
     dt: dsl_core::DType,
     exact: bool,
 ) -> (Tensor, Tensor, Tensor) {
-    let m_new = maximum(m, max(s, 1) * qk_scale);
-    let p = exp2(fma(s, qk_scale, -expand_dims(m_new, 1)));
+    let (m_new, p) = softmax_weights(s, qk_scale, m);
     softmax_update(p, m, m_new, l, v, acc, dt, exact)
+}
+
+/// The running max `m_new` after a block of scores `s` (running max `m`
+/// before it) and the block's weights `exp2(s * qk_scale - m_new)`: the
+/// first half of [`online_softmax_step`].
+#[kernel_fn]
+pub fn softmax_weights(s: Tensor, qk_scale: Tensor, m: Tensor) -> (Tensor, Tensor) {
+    let m_new = maximum(m, max(s, 1) * qk_scale);
+    (m_new, exp2(fma(s, qk_scale, -expand_dims(m_new, 1))))
 }
 
 /// [`online_softmax_step`] on a block where only the keys with `seen` true

@@ -394,14 +394,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The current stage of the per-row load `r` of a [`FragB`], its
     /// dtype and its run length (`PipeLoad::run`).
     fn row_stage(&mut self, r: Inst) -> Result<(PointerValue<'ctx>, DType, usize)> {
-        let run = self
-            .plan
-            .pipe
-            .loops
-            .values()
-            .find_map(|pl| pl.loads.iter().find(|x| x.load == r))
-            .map(|x| x.run)
-            .ok_or_else(|| self.bug(r, "per-row load without a loop"))?;
+        let run = self.pipe_load(r)?.run;
         let dt = self.f.ty(self.f.insts[r].results[0]).dtype();
         let stage = self.stage_ptr(r)?.ok_or_else(|| self.bug(r, "per-row load outside its loop"))?;
         Ok((stage, dt, run))

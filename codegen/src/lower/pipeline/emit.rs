@@ -362,14 +362,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// thread's slots of the load's blocked layout cover, at their linear
     /// indices (masked-off elements were zero-filled by the copies).
     pub(in crate::lower) fn pipe_read(&mut self, inst: Inst) -> Result<()> {
-        let ld = self
-            .plan
-            .pipe
-            .loops
-            .values()
-            .find_map(|pl| pl.loads.iter().find(|l| l.load == inst))
-            .cloned()
-            .ok_or_else(|| self.bug(inst, "pipelined load without a loop"))?;
+        let ld = self.pipe_load(inst)?;
         let stage = self.stage_ptr(inst)?.ok_or_else(|| self.bug(inst, "pipelined load outside its loop"))?;
         let res = self.f.insts[inst].results[0];
         let ty = self.f.ty(res).clone();
@@ -387,6 +380,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         self.set(res, out);
         Ok(())
+    }
+
+    /// The plan of the pipelined load `inst` ([`PipeLoad`]), from its loop.
+    pub(in crate::lower) fn pipe_load(&self, inst: Inst) -> Result<PipeLoad> {
+        self.plan
+            .pipe
+            .loops
+            .values()
+            .find_map(|pl| pl.loads.iter().find(|l| l.load == inst))
+            .cloned()
+            .ok_or_else(|| self.bug(inst, "pipelined load without a loop"))
     }
 
     /// The stage element of the chunk holding slot `s0` of a load read back
