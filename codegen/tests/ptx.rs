@@ -1186,7 +1186,7 @@ fn paged_decode() {
             ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("cp.async.cg.shared.global.L2::128B")
         );
     }
-    // On an FP8 cache the codes (8-byte chunks) and per-key scales (one
+    // On an FP8 cache the codes (16-byte chunks) and per-key scales (one
     // element per 128-column run) are copied ahead too, and read back from
     // the ring: the only global loads left are the page numbers and `q`.
     // Outside the invariant mode the products are f16 (`kv8_load16`), the

@@ -392,6 +392,7 @@ pub fn decode_tc_body(
     // scaled by powers of two, undone on the scores (see the module doc).
     let codes16 = kv8 && !invariant;
     let (q16, q_back) = f16_rows(q.to(f32));
+    let q_back = expand_dims(q_back, 1);
 
     let bt = block_tables + b * bt_stride;
     // Key index and cache column of every element of a K/V tile.
@@ -415,7 +416,7 @@ pub fn decode_tc_body(
             let kv = slot * (h_kv * head_dim) + col;
             let (m_new, l_new, acc_new) = if codes16 {
                 let k = kv8_load16(k_cache, slot, col, h, keys, false, h_kv, head_dim);
-                let s = dot(q16, trans(k)) * expand_dims(q_back, 1);
+                let s = dot(q16, trans(k)) * q_back;
                 let v = kv8_load16(v_cache, slot, col, h, keys, false, h_kv, head_dim);
                 online_softmax_step_p16(s, qk_scale, v, m, l, acc, dt)
             } else {
@@ -438,7 +439,7 @@ pub fn decode_tc_body(
         let seen = expand_dims(s0 + arange(0, block_n) < end, 0);
         let (m_new, l_new, acc_new) = if codes16 {
             let k = kv8_load16(k_cache, slot, col, h, ok, true, h_kv, head_dim);
-            let s = dot(q16, trans(k)) * expand_dims(q_back, 1);
+            let s = dot(q16, trans(k)) * q_back;
             let v = kv8_load16(v_cache, slot, col, h, ok, true, h_kv, head_dim);
             online_softmax_step_p16(
                 where_(seen, s * qk_scale, f32::NEG_INFINITY),
@@ -582,10 +583,10 @@ pub fn tc_config(
 /// programs (sequences x KV heads x splits) on `sms` multiprocessors. When
 /// the launch is unsplit and fills the GPU twice over, every program walks
 /// a whole sequence and the grid itself caps the programs per SM: blocks of
-/// 32 keys, two warps and four stages, so each program keeps three blocks
-/// in flight. Otherwise (split launches, short contexts) blocks of 64 keys
-/// and two stages, with registers for three programs per SM (`bench --only
-/// decode --autotune` on peers.py's shapes, BENCHMARKS.md).
+/// 32 keys, four warps and two stages, with registers for four programs per
+/// SM. Otherwise (split launches, short contexts) blocks of 64 keys and two
+/// stages, with registers for three programs per SM (`bench --only decode
+/// --autotune` on peers.py's shapes, BENCHMARKS.md).
 #[allow(clippy::too_many_arguments)]
 pub fn kv8_tc_config(
     dtype: DType,
@@ -598,7 +599,7 @@ pub fn kv8_tc_config(
     sms: usize,
 ) -> paged_decode_tc::Config {
     let wide = !split && programs >= 2 * sms;
-    let (block_n, warps, stages, per_sm) = if wide { (32, 2, 4, 4) } else { (64, 4, 2, 3) };
+    let (block_n, warps, stages, per_sm) = if wide { (32, 4, 2, 4) } else { (64, 4, 2, 3) };
     paged_decode_tc::Config { KV8: true, ..tc_config(dtype, h_kv, group, head_dim, page, block_n, split) }
         .with_warps(warps)
         .with_stages(stages)
@@ -639,7 +640,7 @@ mod tests {
         };
         // B64 x 8 KV heads, unsplit: every program walks a whole sequence,
         // about four programs per SM.
-        assert_eq!(tile(false, 512), (32, 2, 4, 4, true));
+        assert_eq!(tile(false, 512), (32, 4, 2, 4, true));
         // A split launch, and an unsplit one too short to fill the GPU (one
         // sequence of a few hundred tokens): longer blocks, three programs
         // per SM.

@@ -202,6 +202,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for (&a, &lay) in args[3..].iter().zip(&lays) {
                     init.push(self.regs_as(a, lay)?);
                 }
+                // Loop-invariant values the body takes in another layout,
+                // converted once here (`KernelPlan::convert_ahead`).
+                let ahead = self.plan.convert_ahead.get(&inst).cloned().unwrap_or_default();
+                for &(v, lay) in &ahead {
+                    let r = self.regs_as(v, lay)?;
+                    self.loops.converted.insert((v, lay), r);
+                }
                 // A loop with deferred `wgmma` groups runs only when it has
                 // an iteration: on a path that skips it, ptxas would see the
                 // initial accumulators' moves inside the exit's `wgmma`
@@ -221,8 +228,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 };
                 // Carried row sums enter as per-lane partials (`partial.rs`).
                 let partial = self.plan.partials.carried.get(&inst).cloned().unwrap_or_default();
-                for &k in &partial {
-                    init[k] = self.quad_partials(&init[k])?;
+                for (k, l) in &partial {
+                    init[*k] = self.quad_partials(&init[*k], l)?;
                 }
                 // Loop-invariant `dot` operands become A fragments here
                 // (`KernelPlan::hoist`).
@@ -307,8 +314,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     }
                     None => Self::phi_values(&phis),
                 };
-                for &k in &partial {
-                    outs[k] = self.quad_sum(&outs[k])?;
+                for (k, l) in &partial {
+                    outs[*k] = self.warp_row_sums(&outs[*k], l)?;
                 }
                 // Deferred `wgmma` groups (`pipeline/`) finish before their
                 // accumulators are read and before the ring is handed over.
@@ -331,6 +338,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 for key in &hoisted {
                     self.loops.afrags.remove(key);
                     self.loops.afrags_perm.remove(key);
+                }
+                for key in &ahead {
+                    self.loops.converted.remove(key);
                 }
                 if let Some((from, join, init)) = guard {
                     let end = self.cur_block()?;

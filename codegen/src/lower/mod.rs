@@ -121,6 +121,9 @@ pub(crate) struct LoopState<'ctx> {
     /// The same in the permuted `k` order of `dot`s that read their B
     /// fragments from an FP8 ring (`pipeline::FragB`).
     pub afrags_perm: FxHashMap<(Value, crate::fragment::MmaLayout), Vec<Vec<Vec<IntValue<'ctx>>>>>,
+    /// Values defined before the loops being lowered, in the layouts their
+    /// bodies take them in (`KernelPlan::convert_ahead`).
+    pub converted: FxHashMap<(Value, RegLayout), Regs<'ctx>>,
     /// `wgmma` groups committed in the current block and not waited for
     /// yet, oldest first (`dot/wgmma.rs`: the wait comes before the first
     /// use of the result).
@@ -206,6 +209,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let cur = self.plan.lays.lay(v);
         if cur == lay {
             return self.raw_regs(v);
+        }
+        if let Some(r) = self.loops.converted.get(&(v, lay)) {
+            return Ok(r.clone());
         }
         let ty = self.f.ty(v).clone();
         if assign::is_uniform(self.f, v) {

@@ -21,15 +21,27 @@
 //! - the loop's result adds the quad's partials with the same two
 //!   shuffles, once (`Lowerer::quad_sum`, the full reduction's butterfly).
 //!
+//! With several warps along `N` (a decode tile whose warps split the keys)
+//! the full reduction also exchanges the warps' sums through shared
+//! memory, between two barriers, at every iteration. Such a tile's row
+//! sums stay partial whatever its width: each warp's lanes carry their own
+//! folds (the initial `l` only in the first warp's quad leaders), and the
+//! loop's result adds the quads', then the warps' sums, once
+//! ([`Lowerer::warp_row_sums`]). `alpha` is the same in every warp (the
+//! running max is reduced over all of them), so the recurrence still adds
+//! up.
+//!
 //! Invariant: a partial value is never read outside that chain (the use
 //! conditions above), so no other lowering sees one. The sum is
 //! reassociated (each lane sums its columns across iterations before the
 //! quad adds), which changes the rounding but not the precision.
 
 use super::Lowerer;
+use super::Regs;
 use super::assign::Assignment;
+use super::reduce::Comb;
 use crate::Result;
-use crate::fragment::RegLayout;
+use crate::fragment::{MmaLayout, RegLayout};
 use dsl_core::Function;
 use dsl_core::dtype::DType;
 use dsl_core::ir::ops::{ArithOp, BinaryOp, ControlOp, ReduceKind};
@@ -51,8 +63,9 @@ const MIN_COLS: usize = 64;
 pub(crate) struct Partials {
     /// Row reductions whose result stays per-lane (no shuffles).
     pub sums: FxHashSet<Inst>,
-    /// Per `for`: the indices (among its carried values) held as partials.
-    pub carried: FxHashMap<Inst, Vec<usize>>,
+    /// Per `for`: the indices (among its carried values) held as partials,
+    /// with the accumulator layout of the tile each sums.
+    pub carried: FxHashMap<Inst, Vec<(usize, MmaLayout)>>,
 }
 
 /// Finds the carried row sums of `f` that stay partial.
@@ -70,9 +83,9 @@ pub(crate) fn plan(f: &Function, lays: &Assignment) -> Partials {
         }
         for (k, &arg) in f.blocks[body].args.iter().skip(1).enumerate() {
             let Some(&next) = f.insts[y].args.get(k) else { continue };
-            if let Some(red) = carried_sum(f, lays, &users, arg, next, y) {
+            if let Some((red, ml)) = carried_sum(f, lays, &users, arg, next, y) {
                 out.sums.insert(red);
-                out.carried.entry(fi).or_default().push(k);
+                out.carried.entry(fi).or_default().push((k, ml));
             }
         }
     });
@@ -88,7 +101,7 @@ fn carried_sum(
     l: Value,
     next: Value,
     y: Inst,
-) -> Option<Inst> {
+) -> Option<(Inst, MmaLayout)> {
     let only = |v: Value, u: Inst| users.get(&v).is_some_and(|us| us.as_slice() == [u]);
     let row = match lays.lay(l) {
         RegLayout::Row(r) => r,
@@ -109,12 +122,13 @@ fn carried_sum(
         let d = f.def_inst(s)?;
         let Op::Reduce(r) = f.insts[d].op else { return None };
         let p = *f.insts[d].args.first()?;
+        let RegLayout::Mma(ml) = lays.lay(p) else { return None };
         let ok = r.kind == ReduceKind::Sum
             && r.axis + 1 == f.ty(p).rank()
-            && matches!(lays.lay(p), RegLayout::Mma(ml) if ml.warps_n == 1 && ml.tile_n() >= MIN_COLS)
+            && (ml.warps_n > 1 || ml.tile_n() >= MIN_COLS)
             && same(s)
             && only(s, add);
-        ok.then_some(d)
+        ok.then_some((d, ml))
     };
     let (red, other) = match (sum_of(x), sum_of(z)) {
         (Some(d), _) => (d, z),
@@ -131,12 +145,39 @@ fn carried_sum(
 }
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
-    /// A row vector's registers as partials: each value in the first lane
-    /// of its quad, zero in the other three.
-    pub(super) fn quad_partials(&self, regs: &[BasicValueEnum<'ctx>]) -> Result<Vec<BasicValueEnum<'ctx>>> {
+    /// A row vector's registers as partials of a sum over the tile of
+    /// layout `l`: each value in the first lane of its quad in the first
+    /// warp along `N`, zero in every other lane.
+    pub(super) fn quad_partials(
+        &self,
+        regs: &[BasicValueEnum<'ctx>],
+        l: &MmaLayout,
+    ) -> Result<Vec<BasicValueEnum<'ctx>>> {
         let q = self.b.build_and(self.tid, self.i32c(3), "")?;
-        let first = self.b.build_int_compare(IntPredicate::EQ, q, self.i32c(0), "")?;
+        let mut first = self.b.build_int_compare(IntPredicate::EQ, q, self.i32c(0), "")?;
+        if l.warps_n > 1 {
+            let (_, wn, _) = self.warp_coords(l)?;
+            let w0 = self.b.build_int_compare(IntPredicate::EQ, wn, self.i32c(0), "")?;
+            first = self.b.build_and(first, w0, "")?;
+        }
         let zero = self.ctx.f32_type().const_zero();
         regs.iter().map(|&v| Ok(self.b.build_select(first, v, zero.into(), "")?)).collect()
+    }
+
+    /// The row sums that partials (see [`Self::quad_partials`]) over the
+    /// tile of layout `l` add up to: the quad's, then (several warps along
+    /// `N`) the warps' (uniform control flow: barriers).
+    pub(super) fn warp_row_sums(
+        &mut self,
+        regs: &[BasicValueEnum<'ctx>],
+        l: &MmaLayout,
+    ) -> Result<Regs<'ctx>> {
+        let quads = self.quad_sum(regs)?;
+        if l.warps_n == 1 {
+            return Ok(quads);
+        }
+        let rows = quads.into_iter().map(|v| vec![v]).collect();
+        let sums = self.cross_warp_rows(Comb::Sum, DType::F32, l, rows)?;
+        Ok(sums.into_iter().map(|v| v[0]).collect())
     }
 }

@@ -6,7 +6,9 @@
 //! The order, each step reading only the ones before it:
 //!
 //! 1. the chunk cap: the narrowest element any load or store moves decides
-//!    how many elements a thread's chunk may hold (`blocked::spt_cap_for`);
+//!    how many elements a thread's chunk may hold (`blocked::spt_cap_for`;
+//!    16 one-byte elements where step 3 finds FP8 codes read from their
+//!    rings as B fragments, and step 3 runs again with it);
 //! 2. the tensor-core plan (`dot/plan.rs`): which `dot`s run on tensor cores
 //!    with which accumulator layout, which `b` is read from the `[N, K]`
 //!    tile it was transposed from, which loop-invariant `a` is hoisted, and
@@ -20,8 +22,8 @@
 //!    layouts, and which of them also need a blocked copy;
 //! 6. partial row sums (`partial.rs`);
 //! 7. from all of the above, per `dot` its [`DotLowering`], per loop the A
-//!    fragments loaded before it, the shared-memory floor and the
-//!    occupancy hint.
+//!    fragments loaded before it and the loop-invariant values converted
+//!    before it, the shared-memory floor and the occupancy hint.
 
 use super::assign::{self, Assignment, a_from_regs};
 use super::dot::plan::MmaPlan;
@@ -142,6 +144,10 @@ pub(crate) struct KernelPlan {
     /// loaded before it (hoisted ones that are neither in registers already
     /// nor resident).
     pub hoist: FxHashMap<Inst, Vec<(Value, MmaLayout)>>,
+    /// For each `for`: the values defined outside it that ops of its body
+    /// take in another layout, converted once before the loop
+    /// ([`convert_ahead`]).
+    pub convert_ahead: FxHashMap<Inst, Vec<(Value, RegLayout)>>,
     /// Bytes at the bottom of shared memory reserved for resident operands
     /// and the pipeline rings.
     pub smem_floor: u64,
@@ -159,11 +165,20 @@ impl KernelPlan {
     ) -> KernelPlan {
         let threads = 32 * opts.num_warps as usize;
         let axis = dsl_core::passes::axis::analyze(f);
-        let spt_cap = crate::blocked::spt_cap_for(narrowest_access(f));
+        let narrowest = narrowest_access(f);
+        let mut spt_cap = crate::blocked::spt_cap_for(narrowest);
         let stages = opts.num_stages.max(1) as usize;
         let mut mma = super::dot::plan::plan(f, threads / 32, opts.target, stages);
         let max_shared = opts.target.max_shared_bytes();
         let mut pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages, max_shared);
+        // A kernel whose FP8 codes are copied into rings that `mma.sync`
+        // reads as B fragments (`pipeline::FragB`) takes chunks of 16 bytes
+        // of codes: each copy moves 16 codes, and a thread computes the row
+        // addresses (page lookups, slots) of half as many chunks.
+        if narrowest == 1 && !pipe.frag_b.is_empty() && spt_cap < FRAG_B_CHUNK {
+            spt_cap = FRAG_B_CHUNK;
+            pipe = pipeline::analyze(f, &mma, &axis, blocks, threads, spt_cap, stages, max_shared);
+        }
         // `wgmma` candidates the pipeline could not feed go back to the `mma.sync` warp grid.
         mma.settle_wgmma(f, &pipe.wgmma);
         // Products whose B fragments come from an FP8 tile by
@@ -200,6 +215,7 @@ impl KernelPlan {
                 (fi, keep)
             })
             .collect();
+        let convert_ahead = convert_ahead(f, &mma, &lays);
         let mut plan = KernelPlan {
             opts: *opts,
             threads,
@@ -211,6 +227,7 @@ impl KernelPlan {
             partials,
             dots: FxHashMap::default(),
             hoist,
+            convert_ahead,
             smem_floor,
             min_ctas,
         };
@@ -358,7 +375,11 @@ impl KernelPlan {
                 let _ = writeln!(out, "  {name}: hoists A fragments of {} for {}", n(*v), fmt_mma(l));
             }
         }
-        if let Some(k) = self.partials.carried.get(&fi).filter(|k| !k.is_empty()) {
+        for (v, l) in self.convert_ahead.get(&fi).into_iter().flatten() {
+            let _ = writeln!(out, "  {name}: converts {} to {} before the loop", n(*v), fmt_lay(*l));
+        }
+        if let Some(ks) = self.partials.carried.get(&fi).filter(|k| !k.is_empty()) {
+            let k: Vec<usize> = ks.iter().map(|(k, _)| *k).collect();
             let _ = writeln!(out, "  {name}: carries row sums {k:?} as per-lane partials");
         }
         let Some(pl) = self.pipe.loops.get(&fi) else { return };
@@ -521,4 +542,70 @@ fn fmt_dot(f: &Function, d: DotLowering, n: &dyn Fn(Value) -> String) -> String 
             format!("wgmma, {}, a {a}, b ring{}", fmt_mma(&layout), if deferred { ", deferred" } else { "" })
         }
     }
+}
+
+/// The chunk cap of a kernel with FP8 codes read from their rings as B
+/// fragments: 16 one-byte codes, one 16-byte copy.
+const FRAG_B_CHUNK: usize = 16;
+
+/// Per `for`: the values defined outside it that an op of its body (not of
+/// a nested region) takes in a tensor-core layout other than their own, a
+/// row scale broadcast into an accumulator tile (`s * expand_dims(c, 1)`
+/// with `c` computed before the loop) for one. `Lowerer::regs_as` would
+/// exchange each through shared memory at every iteration; converted once
+/// before the loop, the body reads the converted registers. Uniform values
+/// and values computable from coordinates cost no exchange and are left
+/// out, as are `dot` operands (their A fragments are hoisted instead) and
+/// the operands of a `yield`.
+fn convert_ahead(f: &Function, mma: &MmaPlan, lays: &Assignment) -> FxHashMap<Inst, Vec<(Value, RegLayout)>> {
+    let mut fors = Vec::new();
+    f.walk(|i| {
+        if matches!(f.insts[i].op, Op::Control(ControlOp::For)) {
+            fors.push(i);
+        }
+    });
+    let mut out: FxHashMap<Inst, Vec<(Value, RegLayout)>> = FxHashMap::default();
+    for fi in fors {
+        let body = f.entry(f.insts[fi].regions[0]);
+        let mut list = Vec::new();
+        for &u in &f.blocks[body].insts {
+            if matches!(f.insts[u].op, Op::Dot(_) | Op::Control(_)) {
+                continue;
+            }
+            for (k, &x) in f.insts[u].args.iter().enumerate() {
+                let want = assign::wants(f, mma, lays, u, k);
+                let cheap = assign::is_uniform(f, x) || super::remat::computable(f, x);
+                if cheap
+                    || !matches!(want, RegLayout::Row(_) | RegLayout::Mma(_))
+                    || lays.lay(x) != RegLayout::Blocked
+                    || within(f, fi, x)
+                    || list.contains(&(x, want))
+                {
+                    continue;
+                }
+                list.push((x, want));
+            }
+        }
+        if !list.is_empty() {
+            out.insert(fi, list);
+        }
+    }
+    out
+}
+
+/// True when `v` is defined inside the regions of `owner` (by one of its
+/// ops or as an argument of one of its blocks).
+fn within(f: &Function, owner: Inst, v: Value) -> bool {
+    let mut block = match f.values[v].def {
+        dsl_core::ir::ValueDef::Result(i, _) => f.insts[i].parent,
+        dsl_core::ir::ValueDef::BlockArg(b, _) => Some(b),
+    };
+    while let Some(b) = block {
+        let Some(i) = f.blocks[b].parent.and_then(|r| f.regions[r].parent) else { return false };
+        if i == owner {
+            return true;
+        }
+        block = f.insts[i].parent;
+    }
+    false
 }

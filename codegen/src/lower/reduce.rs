@@ -39,7 +39,7 @@ use inkwell::{FloatPredicate, IntPredicate};
 
 /// A combine: built-in or a region.
 #[derive(Clone, Copy)]
-enum Comb {
+pub(super) enum Comb {
     Sum,
     Max,
     Min,
@@ -47,7 +47,7 @@ enum Comb {
     Custom(Region),
 }
 
-type Vals<'ctx> = Vec<BasicValueEnum<'ctx>>;
+pub(super) type Vals<'ctx> = Vec<BasicValueEnum<'ctx>>;
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The compute form of a register for a built-in combine (halves widen).
@@ -326,6 +326,58 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(out)
     }
 
+    /// Combines per-warp row values (`rows[q]`: one per row slot of `l`'s
+    /// row layout, folded over each warp's quads) across the warps along
+    /// `N` through shared memory: each quad leader writes its warp's value,
+    /// every thread folds the warps' values in warp order (uniform control
+    /// flow: barriers).
+    pub(super) fn cross_warp_rows(
+        &mut self,
+        c: Comb,
+        d: DType,
+        l: &MmaLayout,
+        rows: Vec<Vals<'ctx>>,
+    ) -> Result<Vec<Vals<'ctx>>> {
+        let mut partials = rows;
+        let ty = partials[0][0].get_type();
+        let smem = self.smem((l.warps_n * l.m * 8) as u64)?;
+        let r = l.row();
+        self.barrier()?;
+        let (_, wn, lane) = self.warp_coords(l)?;
+        let quad0 = self.b.build_int_compare(
+            IntPredicate::EQ,
+            self.b.build_and(lane, self.i32c(3), "")?,
+            self.i32c(0),
+            "",
+        )?;
+        let mut slots = Vec::with_capacity(partials.len());
+        for q in 0..partials.len() {
+            slots.push(self.row_index(&r, q)?);
+        }
+        let base = self.b.build_int_mul(wn, self.i32c(l.m as i64), "")?;
+        let vals: Vec<BasicValueEnum<'ctx>> = partials.iter().map(|p| p[0]).collect();
+        let slots2 = slots.clone();
+        self.if_then(quad0, |lw| {
+            for (row, &v) in slots2.iter().zip(&vals) {
+                let idx = lw.b.build_int_add(base, *row, "")?;
+                let addr = lw.smem_elem(smem, 0, ty, idx)?;
+                lw.b.build_store(addr, v)?;
+            }
+            Ok(())
+        })?;
+        self.barrier()?;
+        for (q, row) in slots.iter().enumerate() {
+            let mut items = Vec::with_capacity(l.warps_n);
+            for w in 0..l.warps_n {
+                let idx = self.b.build_int_add(*row, self.i32c((w * l.m) as i64), "")?;
+                let addr = self.smem_elem(smem, 0, ty, idx)?;
+                items.push(vec![self.b.build_load(ty, addr, "")?]);
+            }
+            partials[q] = self.tree_fold(c, d, items)?;
+        }
+        Ok(partials)
+    }
+
     /// Reduces an `[M, N]` tile held in accumulator layout `l` along `N` to
     /// its row slice: each thread folds, per row it holds, its registers in
     /// column order; the four lanes of a quad (the columns `2t, 2t + 1` of
@@ -355,43 +407,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 partials.push(if partial { p } else { self.butterfly(c, d, p, 4)? });
             }
         }
-        if l.warps_n > 1 {
-            let ty = partials[0][0].get_type();
-            let smem = self.smem((l.warps_n * l.m * 8) as u64)?;
-            let r = l.row();
-            self.barrier()?;
-            let (_, wn, lane) = self.warp_coords(l)?;
-            let quad0 = self.b.build_int_compare(
-                IntPredicate::EQ,
-                self.b.build_and(lane, self.i32c(3), "")?,
-                self.i32c(0),
-                "",
-            )?;
-            let mut slots = Vec::with_capacity(partials.len());
-            for q in 0..partials.len() {
-                slots.push(self.row_index(&r, q)?);
-            }
-            let base = self.b.build_int_mul(wn, self.i32c(l.m as i64), "")?;
-            let vals: Vec<BasicValueEnum<'ctx>> = partials.iter().map(|p| p[0]).collect();
-            let slots2 = slots.clone();
-            self.if_then(quad0, |lw| {
-                for (row, &v) in slots2.iter().zip(&vals) {
-                    let idx = lw.b.build_int_add(base, *row, "")?;
-                    let addr = lw.smem_elem(smem, 0, ty, idx)?;
-                    lw.b.build_store(addr, v)?;
-                }
-                Ok(())
-            })?;
-            self.barrier()?;
-            for (q, row) in slots.iter().enumerate() {
-                let mut items = Vec::with_capacity(l.warps_n);
-                for w in 0..l.warps_n {
-                    let idx = self.b.build_int_add(*row, self.i32c((w * l.m) as i64), "")?;
-                    let addr = self.smem_elem(smem, 0, ty, idx)?;
-                    items.push(vec![self.b.build_load(ty, addr, "")?]);
-                }
-                partials[q] = self.tree_fold(c, d, items)?;
-            }
+        // Partial sums stay per lane and per warp (`partial.rs`).
+        if l.warps_n > 1 && !partial {
+            partials = self.cross_warp_rows(c, d, l, partials)?;
         }
         partials.into_iter().map(|p| Ok(self.finish(c, d, p)?[0])).collect()
     }
