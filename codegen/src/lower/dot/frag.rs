@@ -402,7 +402,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Two 16-bit values of `d` packed low and high in an i32 (one operand
     /// register of `mma.sync`).
-    fn pack16(&self, lo: BasicValueEnum<'ctx>, hi: BasicValueEnum<'ctx>, d: DType) -> Result<IntValue<'ctx>> {
+    pub(super) fn pack16(
+        &self,
+        lo: BasicValueEnum<'ctx>,
+        hi: BasicValueEnum<'ctx>,
+        d: DType,
+    ) -> Result<IntValue<'ctx>> {
         let vt = super::super::memory::vec_type(self.mem_ty(d), 2)?;
         let v = vt.get_undef();
         let v = self.b.build_insert_element(v, lo, self.i32c(0), "")?;

@@ -194,15 +194,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         d: DType,
     ) -> Result<AFrags<'ctx>> {
         let tn = al.tiles_n();
-        let ht = self.mem_ty(d);
-        let vt = super::super::memory::vec_type(ht, 2)?;
-        let i32t = self.ctx.i32_type();
-        let pack = |lw: &Self, x: BasicValueEnum<'ctx>, y: BasicValueEnum<'ctx>| -> Result<IntValue<'ctx>> {
-            let v = vt.get_undef();
-            let v = lw.b.build_insert_element(v, x, lw.i32c(0), "")?;
-            let v = lw.b.build_insert_element(v, y, lw.i32c(1), "")?;
-            Ok(lw.b.build_bit_cast(v, i32t, "")?.into_int_value())
-        };
         let mut out = Vec::with_capacity(k / 16);
         for kk in 0..k / 16 {
             let mut per = Vec::with_capacity(al.tiles_m());
@@ -210,10 +201,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let t0 = (i * tn + 2 * kk) * 4;
                 let t1 = (i * tn + 2 * kk + 1) * 4;
                 per.push(vec![
-                    pack(self, regs[t0], regs[t0 + 1])?,
-                    pack(self, regs[t0 + 2], regs[t0 + 3])?,
-                    pack(self, regs[t1], regs[t1 + 1])?,
-                    pack(self, regs[t1 + 2], regs[t1 + 3])?,
+                    self.pack16(regs[t0], regs[t0 + 1], d)?,
+                    self.pack16(regs[t0 + 2], regs[t0 + 3], d)?,
+                    self.pack16(regs[t1], regs[t1 + 1], d)?,
+                    self.pack16(regs[t1 + 2], regs[t1 + 3], d)?,
                 ]);
             }
             out.push(per);
