@@ -12,9 +12,9 @@
 //! partials add up to the row's `l` at every iteration. A carried `f32` row
 //! vector `l` qualifies when its only use in the body is `l * alpha + s` or
 //! `l + s` (either operand order), `s = sum(p, 1)` of an accumulator-layout
-//! `p` with one warp along `N` and at least [`MIN_COLS`] columns per warp,
-//! the product and `s` used only by that sum, and the sum used only by the
-//! `yield`. Then:
+//! `p` with at least [`MIN_COLS`] columns per warp or several warps along
+//! `N` (below), the product and `s` used only by that sum, and the sum used
+//! only by the `yield`. Then:
 //! - the loop's initial `l` enters as partials: the value in the quad's
 //!   first lane, zero in the other three ([`Lowerer::quad_partials`]);
 //! - `s` stops after each lane's fold (`reduce.rs`, no shuffles);
@@ -51,7 +51,7 @@ use inkwell::values::BasicValueEnum;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// The narrowest warp tile (columns of `p` per warp) whose row sums stay
-/// partial. At 32 columns (FlashAttention's `mma.sync` 128 x 32 tile at
+/// partial when one warp holds a row's columns. At 32 columns (FlashAttention's `mma.sync` 128 x 32 tile at
 /// head dim 128) ptxas, once the shuffles are gone, issues one k step's
 /// 16 exponentials in a row after the other k step's `mma`s instead of
 /// among them, which loses over large pages; 64-column tiles gain, and the
