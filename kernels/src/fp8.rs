@@ -115,6 +115,24 @@ pub fn dequantize_fp8<F: Float, T: Float>(
 /// (its 128 x 128 blocks), and the K extent of one activation scale.
 pub const SCALE_BLOCK: usize = 128;
 
+/// The scales of K block `b` of a block-scaled product's rows `rm`
+/// (`ok`: inside `m`), activation times weight: zero past the last block
+/// (`kb` blocks), whose weight scale the index clamps to a valid one.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn block_scales(
+    sa_ptr: Tensor,
+    sb_ptr: Tensor,
+    sb_row: Tensor,
+    rm: Tensor,
+    ok: Tensor,
+    m: Tensor,
+    kb: Tensor,
+    b: Tensor,
+) -> Tensor {
+    load(sa_ptr + b * m + rm, mask = ok && b < kb, other = 0.0) * load(sb_ptr + sb_row + minimum(b, kb - 1))
+}
+
 /// Scaled FP8 product, in one of two forms, rounded to `T` once.
 ///
 /// Block-scaled (DeepSeek-V3's layout, `PER_TENSOR` false): `c[i, j] =
@@ -187,25 +205,29 @@ pub fn scaled_matmul_fp8<F: Float, T: Float>(
         // Two K blocks a trip, `t` and `u = t + 1` (past the last block
         // when `kb` is odd: zero boxes, zero scales). Each block's product
         // is issued before the one ahead of it is scaled in, so that
-        // scaling overlaps the tensor cores; `p1`, `s1` carry block `u`
-        // into the next trip.
+        // scaling overlaps the tensor cores; `p1` carries block `u` into
+        // the next trip. A trip scales in block `t - 1` early (`e`) and
+        // block `t` late (`l`), and loads the next trip's two scales, so
+        // their latency overlaps a whole trip.
         let mut p1 = zeros([BLOCK_M, BLOCK_N], f32);
-        let mut s1 = zeros([BLOCK_M], f32);
+        let mut e = zeros([BLOCK_M], f32);
+        let mut l = block_scales(sa_ptr, sb_ptr, sb_row, rm, m_ok, m, kb, constant(0, i32));
         for t in range(0, kb, 2) {
             let a0 = load_block(a_ptr, m, k, k, m0, t * bk, [BLOCK_M, SCALE_BLOCK]);
             let b0 = load_block(b_ptr, n, k, k, n0, t * bk, [BLOCK_N, SCALE_BLOCK]);
             let p0 = dot(a0, trans(b0), zeros([BLOCK_M, BLOCK_N], f32));
-            let s0 = load(sa_ptr + t * m + rm, mask = m_ok, other = 0.0) * load(sb_ptr + sb_row + t);
-            acc = fma(p1, expand_dims(s1, 1), acc);
             let u = t + 1;
+            let e_next = block_scales(sa_ptr, sb_ptr, sb_row, rm, m_ok, m, kb, u);
+            let l_next = block_scales(sa_ptr, sb_ptr, sb_row, rm, m_ok, m, kb, t + 2);
+            acc = fma(p1, expand_dims(e, 1), acc);
             let a1 = load_block(a_ptr, m, k, k, m0, u * bk, [BLOCK_M, SCALE_BLOCK]);
             let b1 = load_block(b_ptr, n, k, k, n0, u * bk, [BLOCK_N, SCALE_BLOCK]);
             p1 = dot(a1, trans(b1), zeros([BLOCK_M, BLOCK_N], f32));
-            s1 = load(sa_ptr + u * m + rm, mask = m_ok && u < kb, other = 0.0)
-                * load(sb_ptr + sb_row + minimum(u, kb - 1));
-            acc = fma(p0, expand_dims(s0, 1), acc);
+            acc = fma(p0, expand_dims(l, 1), acc);
+            e = e_next;
+            l = l_next;
         }
-        acc = fma(p1, expand_dims(s1, 1), acc);
+        acc = fma(p1, expand_dims(e, 1), acc);
     } else {
         // With SCALES_AHEAD: block 0's scales, then each block loads the next's.
         // Without it nothing reads them: the names are bound to values that
