@@ -391,8 +391,13 @@ pub fn decode_tc_body(
     // f16: codes widened and scaled in f16 (`kv8_load16`), `q` in f16 rows
     // scaled by powers of two, undone on the scores (see the module doc).
     let codes16 = kv8 && !invariant;
-    let (q16, q_back) = f16_rows(q.to(f32));
-    let q_back = expand_dims(q_back, 1);
+    let (q16, q_back) = if codes16 {
+        let (q16, q_back) = f16_rows(q.to(f32));
+        (q16, expand_dims(q_back, 1))
+    } else {
+        // Unused by the other readers.
+        (q, q)
+    };
 
     let bt = block_tables + b * bt_stride;
     // Key index and cache column of every element of a K/V tile.
