@@ -1870,5 +1870,47 @@ fn batch_invariant_kernels_share_instructions() {
     }
 }
 
+/// Rows of a tensor-core tile that no store reads (`lower/dead_rows.rs`):
+/// a `[16, 32]` product's `exp2` stored for its first 3 rows only (a mask
+/// of the row index and a constant) leaves the rows `g + 8` of every thread
+/// uncomputed, half its `ex2`s; with a runtime bound on the rows, or with
+/// the tile also read whole as another product's `b` (whose rows mix into
+/// every output row), every row is computed.
+#[test]
+fn rows_no_store_reads_are_not_computed() {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Rows {
+        Constant,
+        Runtime,
+        Mixed,
+    }
+    let build = |rows: Rows| {
+        kernel("padded_rows", || {
+            let a_ptr = aligned_ptr("a_ptr", DType::F16);
+            let b_ptr = aligned_ptr("b_ptr", DType::F16);
+            let c_ptr = aligned_ptr("c_ptr", DType::F32);
+            let n = param_scalar("n", DType::I32);
+            let a = load(a_ptr + tile_offsets(16, 16), None, None);
+            let b = load(b_ptr + tile_offsets(16, 32), None, None);
+            let p = exp2(dot(a, b, None));
+            let r = arange(0, 16);
+            let real = if rows == Rows::Runtime { r.lt(n) } else { r.lt(3) };
+            let out = if rows == Rows::Mixed { dot(a, p.to(DType::F16), None) } else { p };
+            store(c_ptr + tile_offsets(16, 32), out, Some(expand_dims(real, 1)));
+        })
+    };
+    let ex2 = |rows: Rows| {
+        let f = build(rows);
+        let opts = options(Target::Sm80, 1, 1);
+        let plan = codegen::plan_text(&f, &opts).unwrap();
+        let ptx = compile(&f, &opts).unwrap().ptx;
+        (ptx.matches("ex2.approx").count(), plan.contains("rows no store reads"))
+    };
+    let (constant, runtime, mixed) = (ex2(Rows::Constant), ex2(Rows::Runtime), ex2(Rows::Mixed));
+    assert_eq!(runtime, (16, false), "every row of a 16 x 32 tile on one warp");
+    assert_eq!(constant, (8, true), "the rows g + 8 of every thread are padding");
+    assert_eq!(mixed.0, 16, "a product's b reads every row");
+}
+
 // The kernel-plan snapshot tests share this binary (each test binary links LLVM).
 mod plan;

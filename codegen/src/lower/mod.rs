@@ -23,6 +23,7 @@ mod compare;
 mod control;
 mod convert;
 mod creation;
+mod dead_rows;
 mod debug;
 mod dot;
 mod entry;
@@ -654,11 +655,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let r = self.regs_as(a, lay)?;
                 self.overrides.insert(a, r);
             }
-            let done = self.lower_op(inst, op);
+            let done = self.lower_op(inst, op.clone());
             self.overrides.clear();
             done?;
         } else {
-            self.lower_op(inst, op)?;
+            self.lower_op(inst, op.clone())?;
+        }
+        if assign::is_elementwise(&op) || matches!(op, Op::Shape(_)) {
+            self.drop_dead_slots(inst)?;
         }
         let f = self.f;
         for &r in &f.insts[inst].results {
@@ -666,6 +670,29 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             if !self.loops.wgmma_pending.iter().any(|p| p.value == r) {
                 self.materialize_blocked(r)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Leaves the dead register slots of `inst`'s results undefined
+    /// (`dead_rows.rs`): nothing reads them, so LLVM drops what computed them.
+    fn drop_dead_slots(&mut self, inst: Inst) -> Result<()> {
+        let f = self.f;
+        for &r in &f.insts[inst].results {
+            let Some(dead) = self.plan.dead.slots.get(&r) else { continue };
+            if self.loops.wgmma_pending.iter().any(|p| p.value == r) {
+                continue;
+            }
+            let mut regs = self.raw_regs(r)?;
+            if regs.len() != dead.len() {
+                continue;
+            }
+            for (reg, &d) in regs.iter_mut().zip(dead) {
+                if d {
+                    *reg = undef_like(*reg);
+                }
+            }
+            self.set(r, regs);
         }
         Ok(())
     }
@@ -707,5 +734,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .get(i)
             .copied()
             .ok_or_else(|| self.bug(inst, format!("missing result {i}")))
+    }
+}
+
+/// An undefined value of `v`'s type.
+fn undef_like(v: BasicValueEnum<'_>) -> BasicValueEnum<'_> {
+    match v {
+        BasicValueEnum::IntValue(x) => x.get_type().get_undef().into(),
+        BasicValueEnum::FloatValue(x) => x.get_type().get_undef().into(),
+        BasicValueEnum::PointerValue(x) => x.get_type().get_undef().into(),
+        BasicValueEnum::VectorValue(x) => x.get_type().get_undef().into(),
+        other => other,
     }
 }

@@ -26,6 +26,7 @@
 //!    before it, the shared-memory floor and the occupancy hint.
 
 use super::assign::{self, Assignment, a_from_regs};
+use super::dead_rows::{self, DeadRows};
 use super::dot::plan::MmaPlan;
 use super::partial::{self, Partials};
 use super::pipeline::{self, Pipeline};
@@ -153,6 +154,8 @@ pub(crate) struct KernelPlan {
     pub smem_floor: u64,
     /// The `.minnctapersm` occupancy hint, when one is emitted.
     pub min_ctas: Option<u64>,
+    /// Register slots of rows that nothing stores (`dead_rows.rs`).
+    pub dead: DeadRows,
 }
 
 impl KernelPlan {
@@ -187,6 +190,7 @@ impl KernelPlan {
         super::dot::resident::plan(f, &mma, &mut pipe, threads);
         let lays = assign::assign(f, &mma, &pipe.regs);
         let partials = partial::plan(f, &lays);
+        let dead = dead_rows::plan(f, &lays, threads);
         let smem_floor = pipe.resident_bytes + pipe.ring_bytes;
         // `.minnctapersm`: the config's occupancy hint when it gives one.
         // Without it, a loop that dequantizes `wgmma`'s A operand into a
@@ -230,6 +234,7 @@ impl KernelPlan {
             convert_ahead,
             smem_floor,
             min_ctas,
+            dead,
         };
         let mut dots = Vec::new();
         f.walk(|i| {
@@ -358,6 +363,14 @@ impl KernelPlan {
                 }
                 _ => {}
             }
+        }
+        if !self.dead.slots.is_empty() {
+            let (vals, slots) =
+                (self.dead.slots.len(), self.dead.slots.values().flatten().filter(|&&d| d).count());
+            let _ = writeln!(
+                out,
+                "  rows no store reads: {slots} register slots of {vals} values left undefined"
+            );
         }
         let mut held: Vec<(Value, RegLayout)> = self.lays.lays.iter().map(|(&v, &l)| (v, l)).collect();
         held.sort_by_key(|(v, _)| *v);
