@@ -49,12 +49,12 @@ pub(crate) fn plan(f: &Function, lays: &Assignment, threads: usize) -> DeadRows 
     let mut out = DeadRows::default();
     for (&v, &lay) in &lays.lays {
         let Some(rows) = live.get(&v) else { continue };
-        let shape = f.ty(v).shape.clone();
+        let shape = f.ty(v).shape.as_slice();
         let dead: Vec<bool> = match lay {
-            RegLayout::Mma(l) if shape.as_slice() == [l.m, l.n] => {
+            RegLayout::Mma(l) if shape == [l.m, l.n] => {
                 (0..l.regs()).map(|s| (0..threads).all(|t| !rows[l.coord(t, s).0])).collect()
             }
-            RegLayout::Row(r) if matches!(shape.as_slice(), [m] | [m, 1] if *m == r.m) => {
+            RegLayout::Row(r) if matches!(shape, [m] | [m, 1] if *m == r.m) => {
                 (0..r.regs()).map(|s| (0..threads).all(|t| !rows[r.row_of(t, s)])).collect()
             }
             _ => continue,
@@ -159,7 +159,6 @@ fn needs(f: &Function, live: &FxHashMap<Value, Vec<bool>>, i: Inst) -> Vec<(usiz
     let all = || (0..d.args.len()).map(|k| (k, Need::All)).collect::<Vec<_>>();
     // The result's live rows, when it has exactly one tracked result.
     let res_rows = || d.results.first().and_then(|r| live.get(r)).cloned();
-    let any = |rows: &[bool]| rows.iter().any(|&x| x);
     match &d.op {
         // The `for` itself: its bounds; its carried values go through `carry`.
         Op::Control(ControlOp::For) => (0..d.args.len().min(3)).map(|k| (k, Need::All)).collect(),
@@ -186,12 +185,12 @@ fn needs(f: &Function, live: &FxHashMap<Value, Vec<bool>>, i: Inst) -> Vec<(usiz
                 .enumerate()
                 .map(|(k, &a)| {
                     let ashape = &f.ty(a).shape;
+                    // A broadcast operand (a scalar, a `[1, N]` row) holds
+                    // every row's values.
                     let need = if ashape.len() == rshape.len() && ashape.first() == rshape.first() {
                         Need::Rows(rr.clone())
-                    } else if any(&rr) {
-                        Need::All
                     } else {
-                        Need::Rows(Vec::new())
+                        Need::All
                     };
                     (k, need)
                 })
@@ -214,14 +213,7 @@ fn needs(f: &Function, live: &FxHashMap<Value, Vec<bool>>, i: Inst) -> Vec<(usiz
                 }
                 _ => false,
             };
-            if row_wise {
-                vec![(0, Need::Rows(rr))]
-            } else if any(&rr) {
-                all()
-            } else {
-                // A result nothing reads needs nothing.
-                vec![(0, Need::Rows(Vec::new()))]
-            }
+            if row_wise { vec![(0, Need::Rows(rr))] } else { all() }
         }
         Op::Reduce(r) if r.kind != ReduceKind::Custom && f.ty(d.args[0]).rank() == 2 && r.axis == 1 => {
             match res_rows() {
@@ -231,10 +223,7 @@ fn needs(f: &Function, live: &FxHashMap<Value, Vec<bool>>, i: Inst) -> Vec<(usiz
         }
         Op::Dot(_) => match res_rows() {
             // `a` and the accumulator by rows; `b` wholly.
-            Some(rr) => {
-                let b = if any(&rr) { Need::All } else { Need::Rows(Vec::new()) };
-                vec![(0, Need::Rows(rr.clone())), (1, b), (2, Need::Rows(rr))]
-            }
+            Some(rr) => vec![(0, Need::Rows(rr.clone())), (1, Need::All), (2, Need::Rows(rr))],
             None => all(),
         },
         _ => all(),

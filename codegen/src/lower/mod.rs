@@ -645,6 +645,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             return Ok(());
         }
         let op = self.f.insts[inst].op.clone();
+        let drops_dead = assign::is_elementwise(&op) || matches!(op, Op::Shape(_));
         if assign::is_elementwise(&op)
             && let Some(&res) = self.f.insts[inst].results.first()
             && self.plan.lays.lay(res) != RegLayout::Blocked
@@ -655,13 +656,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let r = self.regs_as(a, lay)?;
                 self.overrides.insert(a, r);
             }
-            let done = self.lower_op(inst, op.clone());
+            let done = self.lower_op(inst, op);
             self.overrides.clear();
             done?;
         } else {
-            self.lower_op(inst, op.clone())?;
+            self.lower_op(inst, op)?;
         }
-        if assign::is_elementwise(&op) || matches!(op, Op::Shape(_)) {
+        if drops_dead {
             self.drop_dead_slots(inst)?;
         }
         let f = self.f;
