@@ -81,7 +81,13 @@
 //! second loop with masks; in the batch-invariant mode, whose masked step
 //! computes a whole block bit for bit as the unmasked one does, every block
 //! runs in that loop, so the partial block's copies go out with the others
-//! instead of after the whole blocks.
+//! instead of after the whole blocks. There each block's softmax is
+//! computed on its own and folded into the running state
+//! ([`crate::flash_attention::softmax_fold`]), so a caller may compute
+//! the blocks of one row in several programs: with `split_mode` and
+//! `split_len = BLOCK_N` the body stores its one block's partial as it is,
+//! and [`fold_blocks`] folds the stored partials in key order into the
+//! bits the unsplit body writes (the persistent decode step does this).
 //! Tensor cores need `BLOCK_N` to be a multiple of `8 * num_warps` (other
 //! configs run, with `dot` on FMAs). f32 caches use [`paged_decode`].
 //!
@@ -134,7 +140,9 @@
 //! `PAGE` (tokens per cache block, a power of two: 16, 32 or 64), `BLOCK_N`
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
-use crate::flash_attention::{online_softmax_step, online_softmax_step_masked, softmax_weights};
+use crate::flash_attention::{
+    block_softmax_masked, online_softmax_step, online_softmax_step_masked, softmax_fold, softmax_weights,
+};
 use crate::kv_cache::{f16_rows, kv_load, kv_tile, kv8_load16};
 use dsl_core::DType;
 use dsl_macros::{kernel, kernel_fn};
@@ -308,6 +316,7 @@ pub fn paged_decode_tc<T: Float>(
     #[constexpr] KV8: bool,
 ) {
     static_assert(ROWS >= GROUP, "ROWS must hold the query heads of a KV head");
+    static_assert(!(SPLIT && INVARIANT), "the batch-invariant kernel folds its key blocks itself (no split)");
     gdc_wait();
     gdc_launch_dependents();
     decode_tc_body(
@@ -459,7 +468,13 @@ pub fn decode_tc_body(
             let k = kv_load(k_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
             let s = dot(q, trans(k));
             let v = kv_load(v_cache, kv, slot, col, h, ok, kv8, h_kv, head_dim, dt);
-            online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, dt, invariant)
+            if invariant && split_mode {
+                // A split of the batch-invariant mode is one key block: its
+                // own partial, which the caller folds with the others'.
+                block_softmax_masked(s, seen, qk_scale, v, dt)
+            } else {
+                online_softmax_step_masked(s, seen, qk_scale, v, m, l, acc, dt, invariant)
+            }
         };
         m = m_new;
         l = l_new;
@@ -477,6 +492,103 @@ pub fn decode_tc_body(
         let inv = where_(l > 0.0, 1.0 / l, 0.0);
         store(out_ptr + q_off, (acc * expand_dims(inv, 1)).to(dt), mask = expand_dims(real, 1));
     }
+}
+
+/// Folds the batch-invariant decode's key-block partials of sequence `b`
+/// and KV head `h` in key order and writes `o / l` of its `group` query
+/// heads to `out_ptr` in `dt`: bit for bit what [`decode_tc_body`] writes
+/// unsplit. Block `j < n_blocks` is the partial [`decode_tc_body`] stores
+/// with `split_mode` in the batch-invariant mode for split `j` of
+/// `n_splits` with `split_len` one key block. The partials were written by
+/// other programs of the launch (the caller orders them before this read),
+/// so they are read past L1.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn fold_blocks(
+    part_o: Tensor,
+    part_m: Tensor,
+    part_l: Tensor,
+    out_ptr: Tensor,
+    b: Tensor,
+    h: Tensor,
+    n_blocks: Tensor,
+    n_splits: Tensor,
+    dt: DType,
+    h_kv: usize,
+    group: usize,
+    head_dim: usize,
+) {
+    let rows = group.next_power_of_two();
+    let g = arange(0, rows);
+    let real = g < group;
+    let d = arange(0, head_dim);
+    let base = (b * h_kv + h) * n_splits;
+    let mut m = full([rows], f32::MIN, f32);
+    let mut l = zeros([rows], f32);
+    let mut acc = zeros([rows, head_dim], f32);
+    // Four blocks a trip: their loads go out before the first fold.
+    for j0 in range(0, n_blocks, 4) {
+        let (j1, j2, j3) = (j0 + 1, j0 + 2, j0 + 3);
+        let (mb0, lb0, ob0) = block_part(part_o, part_m, part_l, (base + j0) * group + g, real, head_dim);
+        let (mb1, lb1, ob1) =
+            block_part(part_o, part_m, part_l, (base + j1) * group + g, real & (j1 < n_blocks), head_dim);
+        let (mb2, lb2, ob2) =
+            block_part(part_o, part_m, part_l, (base + j2) * group + g, real & (j2 < n_blocks), head_dim);
+        let (mb3, lb3, ob3) =
+            block_part(part_o, part_m, part_l, (base + j3) * group + g, real & (j3 < n_blocks), head_dim);
+        let (m0, l0, acc0) = softmax_fold(m, l, acc, mb0, lb0, ob0);
+        let (m1, l1, acc1) = fold_if(j1 < n_blocks, m0, l0, acc0, mb1, lb1, ob1);
+        let (m2, l2, acc2) = fold_if(j2 < n_blocks, m1, l1, acc1, mb2, lb2, ob2);
+        let (m3, l3, acc3) = fold_if(j3 < n_blocks, m2, l2, acc2, mb3, lb3, ob3);
+        m = m3;
+        l = l3;
+        acc = acc3;
+    }
+    let inv = where_(l > 0.0, 1.0 / l, 0.0);
+    let out = expand_dims((b * (h_kv * group) + h * group + g) * head_dim, 1) + expand_dims(d, 0);
+    store(out_ptr + out, (acc * expand_dims(inv, 1)).to(dt), mask = expand_dims(real, 1));
+}
+
+/// One key block's stored partial `(mb, lb, ob)` at partial rows `row`
+/// (lanes `live`), read past L1 (see [`fold_blocks`]).
+#[kernel_fn]
+pub fn block_part(
+    part_o: Tensor,
+    part_m: Tensor,
+    part_l: Tensor,
+    row: Tensor,
+    live: Tensor,
+    head_dim: usize,
+) -> (Tensor, Tensor, Tensor) {
+    let d = expand_dims(arange(0, head_dim), 0);
+    (
+        load(part_m + row, mask = live, other = 0.0, cache_modifier = ".cg"),
+        load(part_l + row, mask = live, other = 0.0, cache_modifier = ".cg"),
+        load(
+            part_o + expand_dims(row * head_dim, 1) + d,
+            mask = expand_dims(live, 1),
+            other = 0.0,
+            cache_modifier = ".cg",
+        ),
+    )
+}
+
+/// [`softmax_fold`] where `live` holds; the state as it is elsewhere
+/// (selected, not folded: folding an empty block would turn a -0.0 sum
+/// into +0.0).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn fold_if(
+    live: Tensor,
+    m: Tensor,
+    l: Tensor,
+    acc: Tensor,
+    mb: Tensor,
+    lb: Tensor,
+    ob: Tensor,
+) -> (Tensor, Tensor, Tensor) {
+    let (m2, l2, acc2) = softmax_fold(m, l, acc, mb, lb, ob);
+    (where_(live, m2, m), where_(live, l2, l), where_(live, acc2, acc))
 }
 
 /// The power of two the FP8 reader's f16 weights are scaled by: a weight

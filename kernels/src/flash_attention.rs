@@ -38,6 +38,24 @@
 //! Triton do, so that a tensor-core lowering can take it as an operand); `l`
 //! sums the unrounded `p`. For f32 `T` the rounding is exact.
 //!
+//! The batch-invariant mode (`INVARIANT`) computes each key block's softmax
+//! on its own and folds the blocks' partials into the running state in key
+//! order (`online_softmax_step`'s `exact`):
+//!
+//! ```text
+//! mb    = c * rowmax(s),  p = exp2(fma(s, c, -mb))
+//! lb    = rowsum(p),      ob = round_T(p) . v   (from a zero accumulator)
+//! m_new = max(m, mb),     a = exp2(m - m_new),  b = exp2(mb - m_new)
+//! l     = fma(l, a, lb * b)
+//! acc   = fma(acc, a, ob * b)
+//! ```
+//!
+//! A block's partial `(mb, lb, ob)` depends on nothing but the block, so a
+//! decode step may compute the blocks of one row in different programs
+//! and fold them afterwards ([`softmax_fold`]), bit for bit what this
+//! kernel computes for the same row: the key blocks are those of absolute
+//! positions `0, BLOCK_N, 2 BLOCK_N, ...` on both sides.
+//!
 //! Rows that see no key (causal rows at negative positions when a caller
 //! passes `seq_lens[b] < q_len_b`, every row of an empty context under full
 //! attention) are not NaN: `m` starts at the lowest finite f32,
@@ -146,13 +164,14 @@ use dsl_macros::{kernel, kernel_fn};
 /// scaled on their own: the max is taken on `s` and scaled per row, and each
 /// score's exponent is one `fma` (`s * c - m`), as FlashAttention-2 does.
 ///
-/// With `exact`, the row sum is updated by one `fma` per row and block,
-/// `l = fma(l, alpha, sum(p))`, which the codegen never reassociates: the
-/// bits of `l` then depend only on the row's keys, not on how a kernel
-/// splits its key loop (the batch-invariant mode). Otherwise `l * alpha +
-/// sum(p)`, whose sum the codegen may keep per lane across a loop
-/// (`codegen`'s partial row sums: faster, but the rounding follows the
-/// loop's extent).
+/// With `exact` (the batch-invariant mode) each block's softmax is computed
+/// on its own ([`block_softmax`]) and folded into the running state
+/// ([`softmax_fold`]): the bits of a row's result then depend only on its
+/// keys and the key block, not on how a kernel splits its key loop or
+/// which program computes which block. Otherwise the FlashAttention-2
+/// update `l * alpha + sum(p)`, `acc * alpha + p . v`, whose row sum the
+/// codegen may keep per lane across a loop (`codegen`'s partial row sums:
+/// faster, but the rounding follows the loop's extent).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn online_softmax_step(
@@ -165,8 +184,76 @@ pub fn online_softmax_step(
     dt: dsl_core::DType,
     exact: bool,
 ) -> (Tensor, Tensor, Tensor) {
-    let (m_new, p) = softmax_weights(s, qk_scale, m);
-    softmax_update(p, m, m_new, l, v, acc, dt, exact)
+    if exact {
+        let (mb, lb, ob) = block_softmax(s, qk_scale, v, dt);
+        softmax_fold(m, l, acc, mb, lb, ob)
+    } else {
+        let (m_new, p) = softmax_weights(s, qk_scale, m);
+        softmax_update(p, m, m_new, l, v, acc, dt)
+    }
+}
+
+/// One key block's softmax on its own (the batch-invariant mode): with the
+/// block's scores `s`, the log2-domain scale `c >= 0` and its values `v`,
+/// the block's row max `mb = c * rowmax(s)`, its weights `p = exp2(s * c -
+/// mb)`, their row sum `lb` and `ob = round_dt(p) . v` from a zero
+/// accumulator. Nothing in it depends on the other blocks, so any program
+/// can compute any block's partial; [`softmax_fold`] takes the partials in
+/// key order.
+#[kernel_fn]
+pub fn block_softmax(
+    s: Tensor,
+    qk_scale: Tensor,
+    v: Tensor,
+    dt: dsl_core::DType,
+) -> (Tensor, Tensor, Tensor) {
+    let mb = max(s, 1) * qk_scale;
+    let p = exp2(fma(s, qk_scale, -expand_dims(mb, 1)));
+    (mb, sum(p, 1), dot(p.to(dt), v))
+}
+
+/// [`block_softmax`] where only the keys with `seen` true (`[M, N]`,
+/// broadcastable) count: the row max over the seen scores (the lowest
+/// finite f32 elsewhere, times `c`), the unseen weights zero. Where `seen`
+/// is true everywhere this is [`block_softmax`] bit for bit.
+#[kernel_fn]
+pub fn block_softmax_masked(
+    s: Tensor,
+    seen: Tensor,
+    qk_scale: Tensor,
+    v: Tensor,
+    dt: dsl_core::DType,
+) -> (Tensor, Tensor, Tensor) {
+    let mb = max(where_(seen, s, f32::MIN), 1) * qk_scale;
+    let p = where_(seen, exp2(fma(s, qk_scale, -expand_dims(mb, 1))), 0.0);
+    (mb, sum(p, 1), dot(p.to(dt), v))
+}
+
+/// The running max `m`, sum `l` and accumulator `acc` after the partial
+/// `(mb, lb, ob)` of the next key block ([`block_softmax`]):
+///
+/// ```text
+/// m' = max(m, mb), a = exp2(m - m'), b = exp2(mb - m')
+/// l' = fma(l, a, lb * b), acc' = fma(acc, a, ob * b)
+/// ```
+///
+/// Every operation is elementwise and explicit (no sum the codegen could
+/// reassociate), so the state after folding blocks `0..n` from `(lowest
+/// finite f32, 0, 0)` has the same bits whether one program folds them
+/// as it goes or another folds partials that programs stored.
+#[kernel_fn]
+pub fn softmax_fold(
+    m: Tensor,
+    l: Tensor,
+    acc: Tensor,
+    mb: Tensor,
+    lb: Tensor,
+    ob: Tensor,
+) -> (Tensor, Tensor, Tensor) {
+    let m_new = maximum(m, mb);
+    let a = exp2(m - m_new);
+    let b = exp2(mb - m_new);
+    (m_new, fma(l, a, lb * b), fma(acc, expand_dims(a, 1), ob * expand_dims(b, 1)))
 }
 
 /// The running max `m_new` after a block of scores `s` (running max `m`
@@ -181,11 +268,10 @@ pub fn softmax_weights(s: Tensor, qk_scale: Tensor, m: Tensor) -> (Tensor, Tenso
 /// [`online_softmax_step`] on a block where only the keys with `seen` true
 /// (`[M, N]`, broadcastable) count.
 ///
-/// With `exact` (the batch-invariant mode) the row max is taken over the
-/// seen scores (the lowest finite f32 elsewhere) and the unseen weights are
-/// zero: where `seen` is true everywhere this computes exactly what
-/// [`online_softmax_step`] does, bit for bit, so a row's result does not
-/// depend on whether a kernel visits a block with or without masks.
+/// With `exact` (the batch-invariant mode) the block's partial is
+/// [`block_softmax_masked`]'s: where `seen` is true everywhere this computes
+/// exactly what [`online_softmax_step`] does, bit for bit, so a row's result
+/// does not depend on whether a kernel visits a block with or without masks.
 /// Otherwise the scores are scaled first and the unseen ones set to `-inf`
 /// (`-inf * c` would be NaN for `c = 0`), then the step runs with `c = 1`:
 /// fewer registers live in the masked loop, but the exponent's rounding
@@ -204,9 +290,8 @@ pub fn online_softmax_step_masked(
     exact: bool,
 ) -> (Tensor, Tensor, Tensor) {
     if exact {
-        let m_new = maximum(m, max(where_(seen, s, f32::MIN), 1) * qk_scale);
-        let p = where_(seen, exp2(fma(s, qk_scale, -expand_dims(m_new, 1))), 0.0);
-        softmax_update(p, m, m_new, l, v, acc, dt, exact)
+        let (mb, lb, ob) = block_softmax_masked(s, seen, qk_scale, v, dt);
+        softmax_fold(m, l, acc, mb, lb, ob)
     } else {
         let t = where_(seen, s * qk_scale, f32::NEG_INFINITY);
         online_softmax_step(t, constant(1.0, f32), v, m, l, acc, dt, exact)
@@ -214,7 +299,8 @@ pub fn online_softmax_step_masked(
 }
 
 /// The running sum and accumulator after a block of weights `p` whose max
-/// moved from `m` to `m_new` (see [`online_softmax_step`]).
+/// moved from `m` to `m_new` (FlashAttention-2, outside the batch-invariant
+/// mode; see [`online_softmax_step`]).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_update(
@@ -225,11 +311,9 @@ pub fn softmax_update(
     v: Tensor,
     acc: Tensor,
     dt: dsl_core::DType,
-    exact: bool,
 ) -> (Tensor, Tensor, Tensor) {
     let alpha = exp2(m - m_new);
-    let l_new = if exact { fma(l, alpha, sum(p, 1)) } else { l * alpha + sum(p, 1) };
-    (m_new, l_new, dot(p.to(dt), v, acc * expand_dims(alpha, 1)))
+    (m_new, l * alpha + sum(p, 1), dot(p.to(dt), v, acc * expand_dims(alpha, 1)))
 }
 
 /// FlashAttention prefill (online softmax, f32 accumulation) over a paged KV

@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | embedding | one per row | [`crate::embedding::embedding_row`] into `h` |
 //! | per layer: QKV | output tile (stacked) or output tile x K tile | [`crate::dequant::stacked::stacked_sums`] or [`crate::dequant::linear::linear_tile`], attention norm as its prologue (its statistic computed there at one or two rows, read from [`row_stats`] past that); stacked (one or two rows), RoPE and the KV write as its epilogue ([`crate::rope::rope_pairs`]) |
-//! | attention | row x KV head | split QKV: [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache); then [`crate::decode_attention::decode_tc_body`], never split |
+//! | attention | row x KV head x key block | split QKV: [`crate::rope::rope_row`] for its heads (RoPE, the token's K/V into the cache); then [`crate::decode_attention::decode_tc_body`] on its block, storing the block's softmax partial; the last block's task of a row and head folds them ([`crate::decode_attention::fold_blocks`]); a context of fewer than [`ATT_SPLIT_BLOCKS`] blocks is one task that runs them all and writes the result |
 //! | O projection | as QKV | residual add into `h` as the epilogue |
 //! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
 //! | down | as QKV | residual add into `h` |
@@ -67,8 +67,10 @@
 //! Every stage runs the batch-invariant kernels' bodies with their
 //! batch-invariant arithmetic: the products sum one `dot` per 128-column K
 //! tile in K order, the norms take the exact statistic, RoPE rounds the
-//! product to `T` and rotates it as the RoPE kernel does, the attention runs
-//! the prefill kernel's key blocks in order with no split. So the logits of
+//! product to `T` and rotates it as the RoPE kernel does, the attention
+//! computes the prefill kernel's key blocks, each block's softmax on its own
+//! (whichever program computes it), folded in key order
+//! ([`crate::flash_attention::softmax_fold`]). So the logits of
 //! a row are bit for bit those of the multi-kernel batch-invariant step, for
 //! any batch and any grid. The caller must give the attention the
 //! invariant decode configuration (`ATT_ROWS`, `ATT_BLOCK_N` and the warps
@@ -89,8 +91,11 @@
 //!   and counters (counters zero; every launch leaves them zero), `ws` also
 //!   holding a slot per program for the stacked products
 //!   ([`crate::dequant::stacked::stacked_slot`] entries at most);
-//!   `stage` holds [`stage_words`] words, the first [`stage_counters`] of
-//!   them zero (every launch leaves them zero).
+//!   `part` the attention's key-block partials: [`attention_parts`] rows
+//!   for the longest context of the step, each `HEAD_DIM` sums, then each
+//!   row's max, then each row's sum (`HEAD_DIM + 2` entries a row);
+//!   `stage` holds [`stage_words`] words, the [`stage_counters`] and the
+//!   key-block counts among them zero (every launch leaves them zero).
 //! - The grid is at most the number of programs that can be resident at
 //!   once (the launcher refuses larger waiting grids).
 //! - Formats: `F_*` is the [`QuantFormat`] of each matrix kind. A kind
@@ -121,7 +126,7 @@ pub use tasks::{
     prefetch_share, row_rstd, row_stats, stage_linear, task_weights, with_rows,
 };
 
-use crate::decode_attention::decode_tc_body;
+use crate::decode_attention::{decode_tc_body, fold_blocks};
 use crate::dequant::linear::LINEAR_BLOCK_K;
 use crate::dequant::stacked::StackedShape;
 #[cfg(doc)]
@@ -139,6 +144,12 @@ use dsl_macros::kernel;
 /// it on other strides.
 pub const STRIDE_ALIGN: usize = 16;
 
+/// The fewest key blocks of a row whose attention the step splits into a
+/// task per block: below it, the hand-over of the partials (a count, the
+/// partials read back and folded) takes longer than the blocks it runs
+/// beside each other (BENCHMARKS.md).
+pub const ATT_SPLIT_BLOCKS: usize = 4;
+
 /// Stage counters per layer: QKV, attention (with RoPE), O, gate/up, down.
 pub const STAGES_PER_LAYER: usize = 5;
 
@@ -148,11 +159,21 @@ pub const fn stage_counters(n_layers: usize) -> usize {
     STAGES_PER_LAYER * n_layers + 3
 }
 
-/// The 32-bit words of the `stage` buffer of a model of `n_layers` layers:
-/// the [`stage_counters`], then [`MAX_ROWS`] words that hold the rows'
-/// norm statistics (f32) in a step that computes them once per norm.
-pub const fn stage_words(n_layers: usize) -> usize {
-    stage_counters(n_layers) + MAX_ROWS
+/// The 32-bit words of the `stage` buffer of a model of `n_layers` layers
+/// and `n_kv` KV heads: the [`stage_counters`], then [`MAX_ROWS`] words
+/// that hold the rows' norm statistics (f32) in a step that computes them
+/// once per norm, then a count of finished key blocks per row and KV head
+/// (zero at every launch and left zero).
+pub const fn stage_words(n_layers: usize, n_kv: usize) -> usize {
+    stage_counters(n_layers) + MAX_ROWS + MAX_ROWS * n_kv
+}
+
+/// The partial rows (`part_m`, `part_l` entries; `part_o` holds `head_dim`
+/// for each) a step of `m` rows needs for contexts of up to `max_ctx`
+/// tokens: per row, query head and key block of `block_n` keys, the
+/// block's softmax partial.
+pub const fn attention_parts(m: usize, n_head: usize, block_n: usize, max_ctx: usize) -> usize {
+    m * n_head * max_ctx.div_ceil(block_n)
 }
 
 /// The trace entries per program of a model of `n_layers` layers (see
@@ -209,6 +230,7 @@ pub fn decode_step<T: Float>(
     ws_ptr: Ptr<f32>,
     cnt_ptr: Ptr<i32>,
     stage_ptr: Ptr<i32>,
+    part_ptr: Ptr<f32>,
     trace_ptr: Ptr<i64>,
     m: i32,
     bt_stride: i32,
@@ -405,7 +427,19 @@ pub fn decode_step<T: Float>(
     let n_o_tasks = if st_o > 0 { t_o } else { t_o * kt_attn };
     let n_gu_tasks = if st_gu > 0 { t_gu } else { t_gu * kt_e };
     let n_dn_tasks = if st_dn > 0 { t_dn } else { t_dn * kt_ff };
-    let per_layer = n_qkv_tasks + m * N_KV as i32 + n_o_tasks + n_gu_tasks + n_dn_tasks;
+    // The attention runs one task per row, KV head and key block of
+    // `ATT_BLOCK_N` keys (a row's blocks past its context do nothing); each
+    // stores its block's softmax partial, and the task that finishes a
+    // row and head's last block folds them in key order
+    // ([`fold_blocks`]): the batch-invariant softmax's partials do not
+    // depend on which program computes them. A context of fewer than
+    // [`ATT_SPLIT_BLOCKS`] blocks runs whole in its block-0 task, which
+    // writes the result (the same bits).
+    // (The stages' rotation counts one attention task per row and head.)
+    let group = N_HEAD / N_KV;
+    let bn = ATT_BLOCK_N as i32;
+    let n_heads = m * N_KV as i32;
+    let per_layer = n_qkv_tasks + n_heads + n_o_tasks + n_gu_tasks + n_dn_tasks;
     // With shared statistics: the row tasks after the O and down stages,
     // and the rows' counts the stages that read them wait for in addition.
     let (per_layer, first) = if shared_stats { (per_layer + 2 * m, 2 * m) } else { (per_layer, m) };
@@ -418,7 +452,7 @@ pub fn decode_step<T: Float>(
         let kv = l * kv_stride;
         let off_qkv = first + l * per_layer;
         let off_att = off_qkv + n_qkv_tasks;
-        let off_o = off_att + m * N_KV as i32;
+        let off_o = off_att + n_heads;
         let off_gu = if shared_stats { off_o + n_o_tasks + m } else { off_o + n_o_tasks };
         let off_dn = off_gu + n_gu_tasks;
         // Which of their kind's two formats this layer's matrices are in
@@ -437,88 +471,152 @@ pub fn decode_step<T: Float>(
             layer_caches(io, kv),
         );
         mark(trace_ptr, s0, width, TRACE);
-        for t in range(first_task(off_att), m * N_KV as i32, num_programs(0)) {
-            // The cached keys and values before this step's token are final:
-            // ask L2 for them while the QKV stage runs.
-            let (b, h) = (t / N_KV as i32, t % N_KV as i32);
+        // Blocks of the longest context (a row's tasks past its own do
+        // nothing), read here rather than held across the layers.
+        let rows16 = arange(0, MAX_ROWS as i32);
+        let ctxs = load(ctx_ptr + rows16, mask = rows16 < m, other = 0);
+        let nb_max = maximum(max((ctxs + (bn - 1)) / bn, 0), 1);
+        // The partials' sums, maxima and row sums, one after the other.
+        let part_rows = n_heads * nb_max * group as i32;
+        let (part_o, part_m, part_l) =
+            (part_ptr, part_ptr + part_rows * HEAD_DIM as i32, part_ptr + part_rows * (HEAD_DIM + 1) as i32);
+        for t in range(first_task(off_att), n_heads * nb_max, num_programs(0)) {
+            let (j, bh) = (t / n_heads, t % n_heads);
+            let (b, h) = (bh / N_KV as i32, bh % N_KV as i32);
             let ctx = load(ctx_ptr + b);
-            prefetch_kv(
-                k_cache + kv,
-                v_cache + kv,
-                tables_ptr + b * bt_stride,
-                ctx - 1,
-                h,
-                N_KV,
-                HEAD_DIM,
-                PAGE,
-                KV8,
-            );
-            // The token's rotation and cache slot do not depend on the
-            // QKV product either.
-            let (c, s, slot) = if fused_rope {
-                (theta, theta, ctx)
-            } else {
-                let (c, s) = rope_angles(pos_ptr, theta, b, HEAD_DIM);
-                (c, s, load(slot_ptr + b))
-            };
-            wait_until(stage_ptr + s0, "ge", by_format(alt, 0, t_qkv, t_qkv2));
-            mark(trace_ptr, s0 + 1 + n_marks as i32, width, TRACE);
-            // Unless the QKV product did: RoPE of this KV head's query group
-            // and of its key, and the token's key and value into the cache,
-            // then attention over the cache (which now holds them): the
-            // program reads back its own stores, after a barrier.
-            if !fused_rope {
-                rope_row(
-                    qkv_ptr,
-                    c,
-                    s,
-                    slot,
-                    q_ptr,
+            let nb = (ctx + (bn - 1)) / bn;
+            let split = nb >= ATT_SPLIT_BLOCKS as i32;
+            if j < nb && (split || j == 0) {
+                // The cached keys and values of its blocks before this
+                // step's token are final: ask L2 for them while the QKV
+                // stage runs.
+                prefetch_kv(
                     k_cache + kv,
                     v_cache + kv,
-                    b,
-                    h * (N_HEAD / N_KV) as i32,
-                    N_HEAD / N_KV,
+                    tables_ptr + b * bt_stride,
+                    where_(split, j * bn, 0),
+                    where_(split, minimum(ctx - 1, (j + 1) * bn), ctx - 1),
                     h,
-                    1,
-                    N_HEAD,
                     N_KV,
                     HEAD_DIM,
+                    PAGE,
                     KV8,
                 );
-                barrier();
+                // The token's rotation and cache slot do not depend on the
+                // QKV product either.
+                let (c, s, slot) = if fused_rope {
+                    (theta, theta, ctx)
+                } else {
+                    let (c, s) = rope_angles(pos_ptr, theta, b, HEAD_DIM);
+                    (c, s, load(slot_ptr + b))
+                };
+                wait_until(stage_ptr + s0, "ge", by_format(alt, 0, t_qkv, t_qkv2));
+                mark(trace_ptr, s0 + 1 + n_marks as i32, width, TRACE);
+                // Unless the QKV product did: RoPE of this KV head's query
+                // group and of its key, and the token's key and value into
+                // the cache, then attention over the cache (which now holds
+                // them): the program reads back its own stores, after a
+                // barrier. Every block's task of the row and head does it
+                // (they all read the rotated query; the values are the
+                // same whichever task stores them).
+                if !fused_rope {
+                    rope_row(
+                        qkv_ptr,
+                        c,
+                        s,
+                        slot,
+                        q_ptr,
+                        k_cache + kv,
+                        v_cache + kv,
+                        b,
+                        h * group as i32,
+                        group,
+                        h,
+                        1,
+                        N_HEAD,
+                        N_KV,
+                        HEAD_DIM,
+                        KV8,
+                    );
+                    barrier();
+                }
+                mark(trace_ptr, s0 + 1 + 2 * n_marks as i32, width, TRACE);
+                if !split {
+                    decode_tc_body(
+                        q_ptr,
+                        k_cache + kv,
+                        v_cache + kv,
+                        tables_ptr,
+                        bt_stride,
+                        ctx,
+                        attn_ptr,
+                        part_o,
+                        part_m,
+                        part_l,
+                        scale,
+                        full([], 1 << 30, i32),
+                        b,
+                        h,
+                        full([], 0, i32),
+                        full([], 1, i32),
+                        T,
+                        N_KV,
+                        group,
+                        HEAD_DIM,
+                        PAGE,
+                        ATT_BLOCK_N,
+                        false,
+                        ATT_ROWS,
+                        true,
+                        KV8,
+                    );
+                    mark(trace_ptr, s0 + 1 + 3 * n_marks as i32, width, TRACE);
+                    atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
+                } else {
+                    decode_tc_body(
+                        q_ptr,
+                        k_cache + kv,
+                        v_cache + kv,
+                        tables_ptr,
+                        bt_stride,
+                        ctx,
+                        attn_ptr,
+                        part_o,
+                        part_m,
+                        part_l,
+                        scale,
+                        full([], bn, i32),
+                        b,
+                        h,
+                        j,
+                        nb_max,
+                        T,
+                        N_KV,
+                        group,
+                        HEAD_DIM,
+                        PAGE,
+                        ATT_BLOCK_N,
+                        true,
+                        ATT_ROWS,
+                        true,
+                        KV8,
+                    );
+                    mark(trace_ptr, s0 + 1 + 3 * n_marks as i32, width, TRACE);
+                    // Its partial is stored (the count releases it); the
+                    // task that counts the row and head's last block
+                    // (acquiring the others') folds them and releases
+                    // the result.
+                    let arrived = stage_ptr + (last + 1 + MAX_ROWS as i32) + bh;
+                    let done = atomic_add(arrived, 1);
+                    if done == nb - 1 {
+                        store(arrived, 0);
+                        fold_blocks(
+                            part_o, part_m, part_l, attn_ptr, b, h, nb, nb_max, T, N_KV, group, HEAD_DIM,
+                        );
+                        atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
+                    }
+                }
             }
-            mark(trace_ptr, s0 + 1 + 2 * n_marks as i32, width, TRACE);
-            decode_tc_body(
-                q_ptr,
-                k_cache + kv,
-                v_cache + kv,
-                tables_ptr,
-                bt_stride,
-                ctx,
-                attn_ptr,
-                ws_ptr,
-                ws_ptr,
-                ws_ptr,
-                scale,
-                full([], 1 << 30, i32),
-                b,
-                h,
-                full([], 0, i32),
-                full([], 1, i32),
-                T,
-                N_KV,
-                N_HEAD / N_KV,
-                HEAD_DIM,
-                PAGE,
-                ATT_BLOCK_N,
-                false,
-                ATT_ROWS,
-                true,
-                KV8,
-            );
-            mark(trace_ptr, s0 + 1 + 3 * n_marks as i32, width, TRACE);
-            atomic_add(stage_ptr + s0 + 1, 1, sem = "release");
         }
         mark(trace_ptr, s0 + 1, width, TRACE);
         // This program's share of the next layer's QKV and O weights, asked

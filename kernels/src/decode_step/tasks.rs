@@ -621,7 +621,7 @@ pub fn task_weights(
     }
 }
 
-/// Asks L2 for the first `len` cached keys and values of KV head `h` of
+/// Asks L2 for the cached keys and values `from..len` of KV head `h` of
 /// a sequence with block table `bt` (one line per token and head: the
 /// layout of [`crate::decode_attention`]).
 #[kernel_fn]
@@ -630,6 +630,7 @@ pub fn prefetch_kv(
     k_cache: Tensor,
     v_cache: Tensor,
     bt: Tensor,
+    from: Tensor,
     len: Tensor,
     h: Tensor,
     h_kv: usize,
@@ -637,7 +638,7 @@ pub fn prefetch_kv(
     page: usize,
     kv8: bool,
 ) {
-    for c0 in range(0, len, 128) {
+    for c0 in range(from, len, 128) {
         let tok = c0 + arange(0, 128);
         let ok = tok < len;
         let blk = load(bt + tok / page, mask = ok, other = 0);

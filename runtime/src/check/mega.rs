@@ -8,9 +8,10 @@
 //!   (greedy and seeded sampling with penalties), eager and in CUDA graphs;
 //! - a SmolLM2-shaped model (random weights of the real shapes: 30 layers,
 //!   9/3 heads of 64, FFN 1536, Q4_1 projections, the Q8_0 head) in bf16:
-//!   the same scenario over contexts that cross several key blocks, and
-//!   (eager) with llama.cpp's Q4_K_M types, which pick the down matrices'
-//!   format per layer.
+//!   the same scenario over contexts that cross several key blocks, over
+//!   contexts long enough that the persistent step splits the attention
+//!   into a task per key block, and (eager) with llama.cpp's Q4_K_M types,
+//!   which pick the down matrices' format per layer.
 //!
 //! `megakernel_small` runs the tiny model's rows alone, eager, over four
 //! decode steps: the family `compute-sanitizer --tool racecheck` finishes
@@ -68,9 +69,15 @@ pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
         .ok_or_else(|| crate::error::Error::Usage("internal error: no smollm2-135m shape".into()))?;
     let t = TinyLlama { config, seed: 7, embedding_scale: 0.05, ..TinyLlama::default() };
     let smol = Gguf::from_bytes(t.to_bytes()?)?;
-    let long = Scenario { seqs: 4, prompt: 150, batches: vec![1, 4, 2, 1, 3, 4, 1], ..sc };
+    let long = Scenario { seqs: 4, prompt: 150, batches: vec![1, 4, 2, 1, 3, 4, 1], ..sc.clone() };
     for mode in [GraphMode::Off, GraphMode::Graphs] {
         rows.push(compare::<bf16>(cuda, &smol, "smollm2-shaped", mode, &long)?);
+    }
+    // Contexts of 5 to 7 key blocks: the attention split into a task per
+    // block, folded by the last.
+    let split = Scenario { seqs: 3, prompt: 600, batches: vec![1, 3, 2, 1, 3], ..sc };
+    for mode in [GraphMode::Off, GraphMode::Graphs] {
+        rows.push(compare::<bf16>(cuda, &smol, "smollm2-shaped, split attention", mode, &split)?);
     }
     let k_mix = q4_k_m_types(&t.config, false);
     let smol_k = Gguf::from_bytes(t.with_mix(k_mix).to_bytes()?)?;

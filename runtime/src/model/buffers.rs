@@ -44,7 +44,8 @@ pub(super) struct Scratch<D: Device, T: ActElem> {
     pub last: D::Buf<T>,
     /// Logits, `[rows, vocab]`.
     pub logits: D::Buf<T>,
-    /// Split-KV partial outputs, `[parts, head_dim]`.
+    /// Split-KV partial outputs, `[parts, head_dim]` (and the persistent
+    /// step's key-block partials, `[parts, head_dim + 2]`).
     pub part_o: D::Buf<f32>,
     /// Split-KV partial maxima, `[parts]`.
     pub part_m: D::Buf<f32>,
@@ -59,8 +60,9 @@ pub(super) struct Scratch<D: Device, T: ActElem> {
     /// Entries of `lin_ws` and `lin_cnt`.
     pub lin_ws_len: usize,
     pub lin_cnt_len: usize,
-    /// The persistent step's stage counters (zero between launches) and
-    /// its rows' norm statistics ([`kernels::decode_step::stage_words`]).
+    /// The persistent step's stage counters and key-block counts (zero
+    /// between launches) and its rows' norm statistics
+    /// ([`kernels::decode_step::stage_words`]).
     pub mega_stage: D::Buf<i32>,
     pub mega_stage_len: usize,
     /// The persistent step's clock readings when profiled: one row of
@@ -171,7 +173,7 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
         let (lin_ws, lin_cnt) = super::products::linear_workspace_for(c, dev.tensor_cores());
         let (mega_ws, mega_cnt) = super::products::mega_workspace_for(c);
         let (lin_ws, lin_cnt) = (lin_ws.max(mega_ws), lin_cnt.max(mega_cnt));
-        let stages = kernels::decode_step::stage_words(c.n_layers);
+        let stages = kernels::decode_step::stage_words(c.n_layers, c.n_head_kv);
         let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
         let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
         self.scratch = Some(Scratch {
@@ -187,7 +189,9 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
             act: dev.zeros(tokens * c.n_ff)?,
             last: dev.zeros(rows.max(1) * e)?,
             logits: dev.zeros(rows.max(1) * c.vocab_size)?,
-            part_o: dev.zeros((parts * c.head_dim).max(16))?,
+            // (The persistent step keeps its partials' maxima and sums
+            // after the sums: two entries more a row.)
+            part_o: dev.zeros((parts * (c.head_dim + 2)).max(16))?,
             part_m: dev.zeros(parts.max(16))?,
             part_l: dev.zeros(parts.max(16))?,
             lin_ws: dev.zeros(lin_ws.max(16))?,

@@ -136,6 +136,9 @@ pub(super) struct Plan {
     pub invariant: bool,
     /// The step runs as one persistent kernel ([`super::mega`]).
     pub mega: bool,
+    /// The longest context of the step (the persistent step's attention
+    /// partials, [`Plan::parts`]).
+    pub max_ctx: usize,
     /// Cached tokens of all sequences after the step (the profile's
     /// attention bytes).
     pub ctx_tokens: usize,
@@ -174,15 +177,26 @@ impl Plan {
                 && step.tokens.len() <= mega_rows
                 && step.logit_rows.iter().enumerate().all(|(i, &r)| r == i)
                 && step.logit_rows.len() == step.tokens.len(),
+            max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: attended(step.query_start, step.context_lens),
         }
     }
 
-    /// Split-KV partial rows the plan needs.
+    /// Split-KV partial rows the plan needs: the split decode's, or the
+    /// persistent step's key-block partials.
     pub fn parts(&self, c: &LlamaConfig) -> usize {
-        if self.max_q <= 1 && self.splits > 1 { self.b * c.n_head * self.splits } else { 0 }
+        let split = if self.max_q <= 1 && self.splits > 1 { self.b * c.n_head * self.splits } else { 0 };
+        let mega = if self.mega { mega_parts(self.n, c, self.max_ctx) } else { 0 };
+        split.max(mega)
     }
+}
+
+/// The partial rows a persistent step of `m` rows needs for contexts of up
+/// to `max_ctx` tokens (its attention's key blocks are at least
+/// [`super::mega::MIN_ATT_BLOCK_N`] keys).
+pub(super) fn mega_parts(m: usize, c: &LlamaConfig, max_ctx: usize) -> usize {
+    kernels::decode_step::attention_parts(m, c.n_head, super::mega::MIN_ATT_BLOCK_N, max_ctx)
 }
 
 /// Keys attended to, summed over the query rows: a sequence of `ctx` cached
@@ -200,8 +214,9 @@ fn attended(query_start: &[i32], context_lens: &[i32]) -> usize {
 }
 
 /// The decode split `(split_len, splits)` for `b` sequences of at most
-/// `max_ctx` tokens: never split when `invariant` (a split changes how a
-/// row's keys are summed, and the prefill kernel does not split).
+/// `max_ctx` tokens: never split when `invariant` (the batch-invariant
+/// kernel folds its key blocks as it goes; only the persistent step
+/// computes a row's blocks in several programs).
 pub(super) fn decode_split(
     b: usize,
     h_kv: usize,

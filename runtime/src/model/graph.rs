@@ -174,11 +174,17 @@ impl<D: Device, T: ActElem> Model<D, T> {
             let max = BUCKETS[BUCKETS.len() - 1];
             let max_pages = graph_pages(c.context_length, self.kv.num_blocks, self.kv.block_size);
             let layout = Layout::new(max, max, max_pages, Some(max));
-            // Split-KV partials: the most any (bucket, context class) needs.
+            // Split-KV partials, and the persistent step's key-block
+            // partials at every bucket it can take (whichever decode path
+            // later steps take: the buffers are fixed): the most any
+            // bucket and context class needs.
             let top = ctx_class(max_pages * self.kv.block_size);
             let sms = dev.sm_count();
             let mut parts = 0;
             for &bucket in &BUCKETS {
+                if self.invariant && bucket <= kernels::decode_step::MAX_ROWS {
+                    parts = parts.max(super::forward::mega_parts(bucket, c, max_pages * self.kv.block_size));
+                }
                 let mut class = DECODE_BLOCK_N;
                 while class <= top {
                     let (_, splits) =
@@ -251,6 +257,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             rows: bucket,
             invariant: self.invariant,
             mega: self.invariant && bucket <= self.mega_rows(),
+            max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
         };

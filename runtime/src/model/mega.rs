@@ -97,6 +97,11 @@ pub(crate) fn stack_rows(m: usize) -> usize {
 /// The largest persistent grid (programs) the trace buffer holds rows for.
 pub const MAX_PROGRAMS: usize = 1024;
 
+/// The smallest key block of the batch-invariant decode attention
+/// ([`invariant_decode_shape`]): the scratch holds the persistent step's
+/// attention partials for blocks of this many keys, enough for any.
+pub const MIN_ATT_BLOCK_N: usize = 32;
+
 /// Where one persistent step's time went, from its clock readings
 /// (microseconds; stage `j` of a layer runs from the end of the stage
 /// before it, over all programs, to its own end).
@@ -371,8 +376,17 @@ pub(super) fn launch<D: Device, T: ActElem>(
     let config =
         step_config(dtype, c, kv.block_size, att, formats, w.lm_head.format, ln.dev.tensor_cores(), m, trace);
     let config = decode_step::Config { KV8: kv.fp8, ..config };
-    if s.mega_stage_len < stage_words(c.n_layers) {
+    if s.mega_stage_len < stage_words(c.n_layers, c.n_head_kv) {
         return Err(usage("internal error: too few stage counters for the persistent step".into()));
+    }
+    // The attention's key-block partials: one row per row, query head and
+    // block of the longest context.
+    let need = kernels::decode_step::attention_parts(m, c.n_head, att_block_n, plan.max_ctx);
+    if s.parts < need {
+        return Err(usage(format!(
+            "internal error: the persistent step needs {need} attention partial rows, the scratch holds {}",
+            s.parts
+        )));
     }
     let mat = |kind: Kind| w.mat(0, kind);
     let q8 = |kind: Kind| D::ptr_at::<u8, u8>(mat(kind).quants, 0);
@@ -409,6 +423,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
         ws_ptr: D::ptr_at::<f32, f32>(&s.lin_ws, 0)?,
         cnt_ptr: D::ptr_at::<i32, i32>(&s.lin_cnt, 0)?,
         stage_ptr: D::ptr_at::<i32, i32>(&s.mega_stage, 0)?,
+        part_ptr: D::ptr_at::<f32, f32>(&s.part_o, 0)?,
         trace_ptr: D::ptr_at::<i64, i64>(&s.mega_trace, 0)?,
         m: m as i32,
         bt_stride: lay.bt_stride as i32,
@@ -487,6 +502,22 @@ mod tests {
         let err = "megakernel".parse::<DecodePath>().unwrap_err();
         assert!(err.contains("expected mega, graphs or auto"), "{err}");
         assert_eq!((DecodePath::Graphs.max_rows(), DecodePath::Mega.max_rows()), (0, MAX_ROWS));
+    }
+
+    /// Every batch-invariant decode attention's key block is at least
+    /// [`MIN_ATT_BLOCK_N`] keys, so the scratch's partials fit every step.
+    #[test]
+    fn attention_blocks_are_at_least_the_sized_block() {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for wgmma in [false, true] {
+                for head_dim in [64, 128] {
+                    for page in [16, 32, 64, 128, 256] {
+                        let (block_n, _, _) = invariant_decode_shape(dtype, wgmma, 3, head_dim, page);
+                        assert!(block_n >= MIN_ATT_BLOCK_N, "{dtype:?} {wgmma} {head_dim} {page}: {block_n}");
+                    }
+                }
+            }
+        }
     }
 
     /// Stage times are the latest end of each stage over the programs,

@@ -528,11 +528,23 @@ fn mega_matches_multi_kernel<D: Device, T: ActElem>(dev: &mut D) {
 
 /// [`mega_matches_multi_kernel`] on the model `g`.
 fn mega_matches_multi_kernel_on<D: Device, T: ActElem>(dev: &mut D, g: &Gguf) {
+    mega_matches_in::<D, T>(dev, g, 3, 60, &[3, 1, 2, 3, 1]);
+}
+
+/// [`mega_matches_multi_kernel`] on the model `g`, `seqs` sequences of
+/// `prompt` tokens and more, decode steps of `batches` rows.
+fn mega_matches_in<D: Device, T: ActElem>(
+    dev: &mut D,
+    g: &Gguf,
+    seqs: usize,
+    prompt: usize,
+    batches: &[usize],
+) {
     let params = scenario_params();
     let sc = |decode_path| Scenario {
-        seqs: 3,
-        prompt: 60,
-        batches: vec![3, 1, 2, 3, 1],
+        seqs,
+        prompt,
+        batches: batches.to_vec(),
         split: None,
         invariant: true,
         decode_path,
@@ -540,7 +552,7 @@ fn mega_matches_multi_kernel_on<D: Device, T: ActElem>(dev: &mut D, g: &Gguf) {
     let (multi, m0) =
         decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Graphs), &params).unwrap();
     let (mega, m1) = decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Mega), &params).unwrap();
-    assert_eq!((m0.mega_steps(), m1.mega_steps()), (0, 5));
+    assert_eq!((m0.mega_steps(), m1.mega_steps()), (0, batches.len()));
     let (ids, logits, max_abs) = compare_exact(&multi, &mega);
     assert_eq!((ids, logits), (0, 0), "persistent vs multi-kernel decode: max |logit difference| {max_abs}");
 }
@@ -574,6 +586,26 @@ fn mega_decode_matches_multi_kernel_hopper_f32() {
 #[test]
 fn mega_decode_matches_multi_kernel_hopper_bf16() {
     mega_matches_multi_kernel::<Emu, dsl_core::half::bf16>(&mut hopper());
+}
+
+/// Contexts of four and five key blocks (`kernels::decode_step::
+/// ATT_SPLIT_BLOCKS` and more: 32 keys on the interpreter, the `wgmma`
+/// tile's 128 on the Hopper emulation): the persistent step's attention
+/// runs a task per key block and the last one of a row and head folds
+/// their partials (`kernels::decode_attention::fold_blocks`), bit for bit
+/// the multi-kernel step, whose one program per row and head folds them
+/// as it goes.
+#[test]
+fn mega_decode_folds_key_blocks() {
+    assert_eq!(kernels::decode_step::ATT_SPLIT_BLOCKS, 4, "the contexts below are 4 and 5 blocks");
+    let mut t = crate::check::model::tiny_llama();
+    t.config.context_length = 1024;
+    t.embedding_scale = 0.03;
+    let g = Gguf::from_bytes(t.to_bytes().unwrap()).unwrap();
+    let t0 = Instant::now();
+    mega_matches_in::<Cpu, f32>(&mut Cpu::new(), &g, 2, 125, &[2, 1, 2]);
+    mega_matches_in::<Emu, bf16>(&mut hopper(), &g, 2, 510, &[2, 1, 2]);
+    eprintln!("key blocks folded: {:?}", t0.elapsed());
 }
 
 /// Matrices in a format per layer (down in Q4_K then Q6_K, O in Q4_1 then
