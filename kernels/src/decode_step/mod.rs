@@ -541,6 +541,10 @@ pub fn decode_step<T: Float>(
                     barrier();
                 }
                 mark(trace_ptr, s0 + 1 + 2 * n_marks as i32, width, TRACE);
+                // Two instances of the body (whole context; one block that
+                // keeps its partial) rather than one with a runtime range
+                // and epilogue: the single instance holds more registers
+                // across the step's products.
                 if !split {
                     decode_tc_body(
                         q_ptr,
