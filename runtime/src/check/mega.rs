@@ -14,12 +14,14 @@
 //!   which pick the down matrices' format per layer.
 //!
 //! `megakernel_small` runs the tiny model's rows alone, eager, over four
-//! decode steps: the family `compute-sanitizer --tool racecheck` finishes
+//! decode steps, and the tiny model at contexts where the attention splits
+//! by key block: the family `compute-sanitizer --tool racecheck` finishes
 //! (the SmolLM2-shaped rows take it longer than a device call).
 
 use crate::check::CheckRow;
 use crate::check::model::{
-    Scenario, compare_exact, decode_scenario, scenario_params, tiny_down_by_layer_model, tiny_model,
+    Scenario, compare_exact, decode_scenario, scenario_params, tiny_down_by_layer_model, tiny_llama,
+    tiny_model,
 };
 use crate::cuda::Cuda;
 use crate::error::Result;
@@ -29,6 +31,8 @@ use crate::model::ActElem;
 use crate::model::GraphMode;
 use crate::model::mega::DecodePath;
 use dsl_core::half::bf16;
+#[cfg(doc)]
+use kernels::decode_step::ATT_SPLIT_BLOCKS;
 
 /// One comparison of the scenario `sc` on `gguf` in `T`, graph mode `mode`.
 fn compare<T: ActElem>(
@@ -87,10 +91,22 @@ pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
 }
 
 /// `megakernel_small`: the tiny model's rows, eager only, over four decode
-/// steps: short enough to run under `compute-sanitizer --tool racecheck`.
+/// steps, and over three steps at contexts of 400 to 404 tokens, where the
+/// persistent step splits the attention into a task per key block (at
+/// least [`ATT_SPLIT_BLOCKS`] blocks of the widest invariant decode tile,
+/// 128 keys) and the last block's task folds them: short enough to run
+/// under `compute-sanitizer --tool racecheck`.
 pub fn mega_small_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let sc = Scenario { seqs: 3, batches: vec![1, 3, 2, 1], ..tiny_scenario() };
-    tiny_rows(cuda, &[GraphMode::Off], &sc)
+    let mut rows = tiny_rows(cuda, &[GraphMode::Off], &sc)?;
+    let mut t = tiny_llama();
+    t.config.context_length = 1024;
+    let long = Gguf::from_bytes(t.to_bytes()?)?;
+    let split = Scenario { seqs: 2, prompt: 400, batches: vec![1, 2, 1], ..tiny_scenario() };
+    let what = "tiny, split attention";
+    rows.push(compare::<f32>(cuda, &long, what, GraphMode::Off, &split)?);
+    rows.push(compare::<bf16>(cuda, &long, what, GraphMode::Off, &split)?);
+    Ok(rows)
 }
 
 /// The tiny model's scenario: decode batches of 1 to 6 rows.
