@@ -29,9 +29,9 @@ use crate::gguf::Gguf;
 use crate::gguf::tiny::{TinyLlama, q4_k_m_types, synth_shape};
 use crate::model::ActElem;
 use crate::model::GraphMode;
+use crate::model::attention::invariant_decode_shape;
 use crate::model::mega::DecodePath;
 use dsl_core::half::bf16;
-#[cfg(doc)]
 use kernels::decode_step::ATT_SPLIT_BLOCKS;
 
 /// One comparison of the scenario `sc` on `gguf` in `T`, graph mode `mode`.
@@ -91,22 +91,33 @@ pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
 }
 
 /// `megakernel_small`: the tiny model's rows, eager only, over four decode
-/// steps, and over three steps at contexts of 400 to 404 tokens, where the
-/// persistent step splits the attention into a task per key block (at
-/// least [`ATT_SPLIT_BLOCKS`] blocks of the widest invariant decode tile,
-/// 128 keys) and the last block's task folds them: short enough to run
-/// under `compute-sanitizer --tool racecheck`.
+/// steps, and ([`split_row`]) over three steps at contexts where the
+/// persistent step splits the attention into a task per key block and the
+/// last block's task folds them: short enough to run under
+/// `compute-sanitizer --tool racecheck`.
 pub fn mega_small_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let sc = Scenario { seqs: 3, batches: vec![1, 3, 2, 1], ..tiny_scenario() };
     let mut rows = tiny_rows(cuda, &[GraphMode::Off], &sc)?;
-    let mut t = tiny_llama();
-    t.config.context_length = 1024;
-    let long = Gguf::from_bytes(t.to_bytes()?)?;
-    let split = Scenario { seqs: 2, prompt: 400, batches: vec![1, 2, 1], ..tiny_scenario() };
-    let what = "tiny, split attention";
-    rows.push(compare::<f32>(cuda, &long, what, GraphMode::Off, &split)?);
-    rows.push(compare::<bf16>(cuda, &long, what, GraphMode::Off, &split)?);
+    rows.push(split_row::<f32>(cuda)?);
+    rows.push(split_row::<bf16>(cuda)?);
     Ok(rows)
+}
+
+/// The tiny model in `T` over three decode steps whose shortest context
+/// reaches [`ATT_SPLIT_BLOCKS`] key blocks of the invariant decode tile
+/// this device runs for `T` (the prompt sized from that tile, the model's
+/// context from the prompt), eager.
+fn split_row<T: ActElem>(cuda: &mut Cuda) -> Result<CheckRow> {
+    let mut t = tiny_llama();
+    let c = &t.config;
+    // The scenario's KV pages hold 16 tokens.
+    let (block_n, _, _) =
+        invariant_decode_shape(T::DEVICE_DTYPE, cuda.wgmma(), c.n_head / c.n_head_kv, c.head_dim, 16);
+    let prompt = (ATT_SPLIT_BLOCKS - 1) * block_n + 16;
+    t.config.context_length = (prompt + 64).next_multiple_of(64);
+    let long = Gguf::from_bytes(t.to_bytes()?)?;
+    let split = Scenario { seqs: 2, prompt, batches: vec![1, 2, 1], ..tiny_scenario() };
+    compare::<T>(cuda, &long, "tiny, split attention", GraphMode::Off, &split)
 }
 
 /// The tiny model's scenario: decode batches of 1 to 6 rows.
