@@ -13,7 +13,12 @@
 //!   GB/s and TFLOP/s, the fraction of the measured ceiling and a class;
 //! - the sum of the kernel times, the gap between it and the step total
 //!   (launch latency, idle time between kernels, host work), the launches,
-//!   the bytes and the MBU (bytes per step / step total / copy ceiling).
+//!   the bytes and the MBU (bytes per step / step total / copy ceiling);
+//! - for decode steps, the host's phases of a step as the engine runs it
+//!   ([`HostPhases`]: scheduling, preparing the inputs, issuing the
+//!   launches, waiting for the device and the read-back, recording the
+//!   tokens; medians over the timed steps), so the part of the step total
+//!   the device spends idle between steps is visible.
 //!
 //! The kernel times come from steps that run every launch directly (no
 //! graph replay, no overlap with the next kernel), queued behind a few
@@ -33,7 +38,7 @@
 
 use crate::app::{EngineTask, Session};
 use crate::check::Rng;
-use crate::engine::{Engine, Request};
+use crate::engine::{Engine, Request, StepTimes};
 use crate::error::{Error, Result};
 use crate::grammar::{Constraint, GrammarCompiler, GrammarSpec};
 use crate::model::ActElem;
@@ -133,6 +138,47 @@ pub struct Section {
     /// rows' grammars by the previous step's tokens and computing their
     /// token masks (during the step's forward pass on the device).
     pub mask_ms: Option<f64>,
+    /// Decode steps: where the host's time went, per phase the median over
+    /// the timed steps.
+    pub host: Option<HostPhases>,
+}
+
+/// The host's phases of a decode step as the engine runs it (medians over
+/// the timed steps, in microseconds): what of the step total is host work
+/// with the device idle, and what is waiting for the device.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct HostPhases {
+    /// Drafting, scheduling, the step's arrays and sampling rows.
+    pub schedule_us: f64,
+    /// Checks, staging the inputs and settings and issuing their copy.
+    pub prepare_us: f64,
+    /// Issuing the launches (a graph replay; on the CPU backends, whose
+    /// launches are synchronous, the computation itself).
+    pub launch_us: f64,
+    /// From the launches issued to the sampled tokens on the host: the
+    /// device's time and the read-back.
+    pub wait_us: f64,
+    /// Recording the sampled tokens.
+    pub accept_us: f64,
+}
+
+impl HostPhases {
+    /// Per phase the median of `steps`.
+    fn median_of(steps: &[StepTimes]) -> Option<HostPhases> {
+        if steps.is_empty() {
+            return None;
+        }
+        let med = |f: &dyn Fn(&StepTimes) -> std::time::Duration| {
+            median(&mut steps.iter().map(|t| f(t).as_nanos() as f64 / 1e3).collect::<Vec<_>>())
+        };
+        Some(HostPhases {
+            schedule_us: med(&|t| t.schedule),
+            prepare_us: med(&|t| t.model.prepare),
+            launch_us: med(&|t| t.model.launch),
+            wait_us: med(&|t| t.model.wait),
+            accept_us: med(&|t| t.accept),
+        })
+    }
 }
 
 /// The whole report.
@@ -237,11 +283,13 @@ impl ProfileTask {
         }
         let mut walls = Vec::new();
         let mut masks = Vec::new();
+        let mut host = Vec::new();
         for _ in 0..self.steps {
             let t = Instant::now();
             e.step(dev)?;
             walls.push(t.elapsed().as_secs_f64() * 1e3);
             masks.push(e.model().last_mask_time().as_secs_f64() * 1e3);
+            host.push(e.last_step_times());
         }
         e.model_mut().set_profiling(true);
         let profiled = (0..self.steps)
@@ -262,7 +310,8 @@ impl ProfileTask {
         let name = format!("decode bs{b} ctx{}", self.context);
         let step_ms = median(&mut walls);
         let mask_ms = constraint.map(|_| median(&mut masks));
-        Ok(Section { stages, mask_ms, ..section(name, b, self.steps, step_ms, &launches, c) })
+        let host = HostPhases::median_of(&host);
+        Ok(Section { stages, mask_ms, host, ..section(name, b, self.steps, step_ms, &launches, c) })
     }
 
     /// One prompt of `prefill` tokens: its step timed as the engine runs it,
@@ -386,6 +435,7 @@ fn section<D: Device>(
         rows,
         stages: None,
         mask_ms: None,
+        host: None,
     }
 }
 
@@ -557,6 +607,12 @@ pub fn table(r: &Report) -> String {
             "class"
         ));
         s.push_str(&format!("{}\n", "-".repeat(w + 92)));
+        if let Some(h) = &sec.host {
+            s.push_str(&format!(
+                "host per step (medians): schedule {:.1} us, prepare {:.1} us, launch {:.1} us, device and read-back {:.1} us, accept {:.1} us\n",
+                h.schedule_us, h.prepare_us, h.launch_us, h.wait_us, h.accept_us
+            ));
+        }
         if let Some(m) = sec.mask_ms {
             s.push_str(&format!(
                 "grammar advance + token masks (host, during the forward pass): {:.3} ms per step, {:.0}% of the step\n",
@@ -610,6 +666,25 @@ mod tests {
 
     fn launch(kernel: &'static str, what: &str, ms: f64, bytes: u64, flops: u64) -> LaunchTime {
         LaunchTime { kernel, cost: Cost { what: what.into(), bytes, flops }, ms }
+    }
+
+    #[test]
+    fn host_phases_are_per_phase_medians() {
+        use crate::engine::StepTimes;
+        use crate::model::HostTimes;
+        use std::time::Duration;
+        let us = Duration::from_micros;
+        let step = |k: u64| StepTimes {
+            schedule: us(k),
+            model: HostTimes { prepare: us(10 * k), launch: us(100 * k), wait: us(1000 * k) },
+            accept: us(10_000 * k),
+        };
+        assert_eq!(HostPhases::median_of(&[]), None);
+        let h = HostPhases::median_of(&[step(3), step(1), step(2)]).unwrap();
+        assert_eq!(
+            (h.schedule_us, h.prepare_us, h.launch_us, h.wait_us, h.accept_us),
+            (2.0, 20.0, 200.0, 2000.0, 20_000.0)
+        );
     }
 
     #[test]

@@ -49,7 +49,7 @@ use crate::error::{Error, Result};
 use crate::grammar::{Constraint, mask_words};
 use crate::kv::SeqId;
 use crate::model::ActElem;
-use crate::model::sampler::{RowMasks, SampleRow, Sampled, SamplingParams};
+use crate::model::sampler::{HostTimes, RowMasks, SampleRow, Sampled, SamplingParams};
 use crate::model::{Device, Model, Step};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
 use crate::spec::{Drafter, SpecConfig, SpecStats, accept_len, ngram::NgramDrafter, split_verify_entries};
@@ -143,6 +143,21 @@ pub struct EngineStats {
     pub preemptions: u64,
 }
 
+/// Where the host's time went in the engine's last step
+/// ([`Engine::last_step_times`]), phases one after the other.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTimes {
+    /// Drafting (speculative decoding), scheduling and building the step's
+    /// arrays and sampling rows.
+    pub schedule: Duration,
+    /// The forward pass and sampling ([`Model::forward_sample_masked`]),
+    /// phase by phase.
+    pub model: HostTimes,
+    /// Recording the sampled tokens: stop conditions, events, finished
+    /// requests.
+    pub accept: Duration,
+}
+
 /// The engine (see the module doc).
 pub struct Engine<D: Device, T: ActElem> {
     model: Model<D, T>,
@@ -154,6 +169,7 @@ pub struct Engine<D: Device, T: ActElem> {
     spec_stats: SpecStats,
     /// The grammar state of each constrained live request.
     constraints: HashMap<SeqId, Guide>,
+    last_times: StepTimes,
 }
 
 /// A constrained request's grammar and the emitted tokens it has not yet
@@ -210,6 +226,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             spec: None,
             spec_stats: SpecStats::default(),
             constraints: HashMap::new(),
+            last_times: StepTimes::default(),
         })
     }
 
@@ -231,6 +248,13 @@ impl<D: Device, T: ActElem> Engine<D, T> {
     /// Work counters so far.
     pub fn stats(&self) -> EngineStats {
         self.stats
+    }
+
+    /// Where the host's time went in the last step (all zero before the
+    /// first, after a failed one, and in the model's phases for a step that
+    /// sampled nothing or captured a CUDA graph).
+    pub fn last_step_times(&self) -> StepTimes {
+        self.last_times
     }
 
     /// Turns speculative decoding on (`Some`) or off; errors for invalid
@@ -318,6 +342,8 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         if self.live.is_empty() {
             return Ok(Vec::new());
         }
+        let start = Instant::now();
+        self.last_times = StepTimes::default();
         self.propose_drafts(dev)?;
         let plan = self.scheduler.schedule()?;
         self.stats.preemptions += plan.preempted.len() as u64;
@@ -384,6 +410,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             logit_rows: &rows,
         };
         let mut dead = vec![false; sample_rows.len()];
+        let scheduled = Instant::now();
         let sampled = if constrained.is_empty() {
             self.model.forward_sample(dev, &step, &sample_rows)?
         } else {
@@ -432,6 +459,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             self.model.forward_sample_masked(dev, &step, &sample_rows, Some(&mut masker))?
         };
         drop(sample_rows);
+        let sampled_at = Instant::now();
         self.stats.steps += 1;
         let decode_tokens: usize = plan.seqs[..plan.num_decodes].iter().map(|e| e.tokens.len()).sum();
         self.stats.decode_tokens += decode_tokens as u64;
@@ -443,6 +471,11 @@ impl<D: Device, T: ActElem> Engine<D, T> {
             events.extend(self.accept(seq, &sampled[at..at + d + 1], &dead[at..at + d + 1], d, now)?);
             at += d + 1;
         }
+        self.last_times = StepTimes {
+            schedule: scheduled - start,
+            model: self.model.last_host_times(),
+            accept: sampled_at.elapsed(),
+        };
         Ok(events)
     }
 

@@ -146,3 +146,25 @@ fn bad_requests_are_errors() {
     assert!(e.score(&mut cpu, &[1, 2, 3], 3..3).is_err());
     assert!(e.score(&mut cpu, &vec![1; 200], 0..1).is_err());
 }
+
+/// The host's phases of a step lie within the step's wall time and a step
+/// that samples records the model's (on the interpreter the launches run
+/// synchronously, inside `launch`); a failed step leaves them zero.
+#[test]
+fn a_step_records_where_the_host_time_went() {
+    let mut cpu = Cpu::new();
+    let mut e = engine(&mut cpu, 16, 4);
+    assert_eq!(e.last_step_times(), StepTimes::default());
+    e.add(greedy(prompts()[2].clone(), 3)).unwrap();
+    // The prefill step, then a decode step.
+    for _ in 0..2 {
+        let t = Instant::now();
+        e.step(&mut cpu).unwrap();
+        let wall = t.elapsed();
+        let s = e.last_step_times();
+        let m = s.model;
+        assert!(s.schedule > Duration::ZERO && m.prepare > Duration::ZERO, "{s:?}");
+        assert!(m.launch > m.prepare && m.launch > s.accept, "{s:?}");
+        assert!(s.schedule + m.prepare + m.launch + m.wait + s.accept <= wall, "{s:?} in {wall:?}");
+    }
+}

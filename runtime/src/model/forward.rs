@@ -292,6 +292,8 @@ pub struct Model<D: Device, T: ActElem> {
     /// Host time the last step spent computing grammar masks (zero without
     /// constrained rows).
     pub(super) last_mask_time: std::time::Duration,
+    /// Where the host's time went in the last sampled step.
+    pub(super) last_host_times: super::sampler::HostTimes,
 }
 
 /// What a launch reads and writes in device memory and computes, as the code
@@ -459,6 +461,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             mega_steps: 0,
             mask_bufs: None,
             last_mask_time: std::time::Duration::ZERO,
+            last_host_times: super::sampler::HostTimes::default(),
         }
         .with_mega_check(&*dev))
     }

@@ -42,7 +42,8 @@ use super::inputs::{
 };
 use super::layers::launch_forward;
 use super::sampler::{
-    Masker, SampleRow, Sampled, build_counts, launch_sampling, read_sampled, upload_masks, widens_logits,
+    HostTimes, Masker, SampleRow, Sampled, build_counts, launch_sampling, read_sampled, upload_masks,
+    widens_logits,
 };
 use crate::error::Result;
 use crate::model::ActElem;
@@ -214,6 +215,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         step: &Step<'_>,
         rows: &[SampleRow<'_>],
         masker: &mut Option<Masker<'_>>,
+        start: std::time::Instant,
     ) -> Result<Option<Vec<Sampled>>> {
         let capture = match self.graph_mode {
             GraphMode::Off => return Ok(None),
@@ -277,6 +279,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             profile,
             mask_bufs,
             last_mask_time,
+            last_host_times,
             ..
         } = self;
         let gs = graphs.as_mut().ok_or_else(|| usage("internal error: no graph state".into()))?;
@@ -306,6 +309,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             gs.bufs.ensure_counts(dev, vocab, BUCKETS[BUCKETS.len() - 1])?;
         }
 
+        let staged = std::time::Instant::now();
         let ln = &mut Launcher { dev, profile };
         if let Some(counts) = gs.bufs.counts.as_ref().filter(|_| penalties) {
             build_counts(ln, pen_arena, pen_staging, counts, rows, vocab)?;
@@ -331,6 +335,13 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 widened = widens_logits(penalties, dm.is_some());
             }
             read_sampled(ln.dev, &gs.bufs, bucket, b)
+        };
+        // The phases of a step run without a capture (a capture's step
+        // records none: it runs twice).
+        let phases = |launched: std::time::Instant| HostTimes {
+            prepare: staged - start,
+            launch: launched - staged,
+            wait: launched.elapsed(),
         };
         if let Some(g) = gs.graphs.get(&key).filter(|_| ln.profile.is_none()) {
             ln.dev.replay(g)?;
@@ -362,7 +373,9 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 return Ok(Some(out));
             }
         }
+        let launched = std::time::Instant::now();
         let out = finish(ln)?;
+        *last_host_times = phases(launched);
         self.last_sampled = Some((true, b, widened));
         Ok(Some(out))
     }

@@ -58,7 +58,7 @@ pub use device::Device;
 pub use elem::ActElem;
 pub use forward::{Cost, LaunchTime, Model, Step, by_kernel};
 pub use graph::{GraphKey, GraphMode};
-pub use sampler::{SampleRow, Sampled, SamplingParams, sample_logits};
+pub use sampler::{HostTimes, SampleRow, Sampled, SamplingParams, sample_logits};
 pub use weights::{Layer, Matrix, Weights};
 
 use crate::cuda::Cuda;

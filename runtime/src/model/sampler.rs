@@ -550,6 +550,22 @@ fn read_out<D: Device>(dev: &D, sb: &SampleBufs<D>, launched: usize, rows: usize
         .collect()
 }
 
+/// Where the host's time went in a sampled step ([`Model::last_host_times`]),
+/// phases one after the other from the call to its return.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostTimes {
+    /// Checking the step and its rows, staging its inputs and settings and
+    /// issuing their copy to the device.
+    pub prepare: std::time::Duration,
+    /// Issuing the launches: a graph replay, or each kernel (the penalty
+    /// counts' included).
+    pub launch: std::time::Duration,
+    /// From the launches issued to the sampled tokens on the host: the
+    /// device's time, the read-back and, on a step with grammar masks, the
+    /// masks computed meanwhile and the sampler launched after them.
+    pub wait: std::time::Duration,
+}
+
 impl<D: Device, T: ActElem> Model<D, T> {
     /// Runs the step and samples one token per `step.logit_rows` entry
     /// (rows.len() must equal it), on the device; only the ids/logprobs come
@@ -584,8 +600,10 @@ impl<D: Device, T: ActElem> Model<D, T> {
         rows: &[SampleRow<'_>],
         masker: Option<Masker<'_>>,
     ) -> Result<Vec<Sampled>> {
+        let start = std::time::Instant::now();
         let mut masker = masker;
         self.last_mask_time = std::time::Duration::ZERO;
+        self.last_host_times = HostTimes::default();
         self.validate(step)?;
         let vocab = self.weights.config.vocab_size;
         validate_rows(rows, step.logit_rows.len(), vocab)?;
@@ -594,7 +612,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             self.forward(dev, step)?;
             return Ok(Vec::new());
         }
-        if let Some(out) = self.graph_step(dev, step, rows, &mut masker)? {
+        if let Some(out) = self.graph_step(dev, step, rows, &mut masker, start)? {
             return Ok(out);
         }
         let mut pen = 0;
@@ -608,13 +626,25 @@ impl<D: Device, T: ActElem> Model<D, T> {
         if pen > 0 {
             self.eager.ensure_counts(dev, vocab, pen)?;
         }
-        let Model { weights, kv, eager, profile, pen_arena, pen_staging, mask_bufs, last_mask_time, .. } =
-            self;
+        let Model {
+            weights,
+            kv,
+            eager,
+            profile,
+            pen_arena,
+            pen_staging,
+            mask_bufs,
+            last_mask_time,
+            last_host_times,
+            ..
+        } = self;
+        let staged = std::time::Instant::now();
         let ln = &mut Launcher { dev, profile };
         if let Some(counts) = eager.counts.as_ref().filter(|_| pen > 0) {
             build_counts(ln, pen_arena, pen_staging, counts, rows, vocab)?;
         }
         launch_forward(ln, weights, kv, eager, &lay, &plan)?;
+        let launched = std::time::Instant::now();
         // The forward pass is launched: the host computes the masks while
         // the device runs it.
         let t = std::time::Instant::now();
@@ -623,6 +653,8 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), rows.len(), vocab)?;
         launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0, dm.as_ref())?;
         let out = read_sampled(ln.dev, eager, rows.len(), rows.len())?;
+        *last_host_times =
+            HostTimes { prepare: staged - start, launch: launched - staged, wait: launched.elapsed() };
         self.last_sampled = Some((false, rows.len(), widens_logits(pen > 0, dm.is_some())));
         Ok(out)
     }
@@ -631,6 +663,12 @@ impl<D: Device, T: ActElem> Model<D, T> {
     /// masker (the engine's grammar advance and masks; zero without one).
     pub fn last_mask_time(&self) -> std::time::Duration {
         self.last_mask_time
+    }
+
+    /// Where the host's time went in the last [`Model::forward_sample_masked`]
+    /// that sampled rows (all zero before the first, or after a failed one).
+    pub fn last_host_times(&self) -> HostTimes {
+        self.last_host_times
     }
 
     /// The f32 logits the sampler read in the last [`Model::forward_sample`]
