@@ -53,7 +53,7 @@ use crate::model::sampler::{HostTimes, RowMasks, SampleRow, Sampled, SamplingPar
 use crate::model::{Device, Model, Step};
 use crate::scheduler::{FinishReason, Scheduler, SchedulerConfig};
 use crate::spec::{Drafter, SpecConfig, SpecStats, accept_len, ngram::NgramDrafter, split_verify_entries};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -220,12 +220,12 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         Ok(Engine {
             model,
             scheduler,
-            live: HashMap::new(),
+            live: HashMap::default(),
             done: Vec::new(),
             stats: EngineStats::default(),
             spec: None,
             spec_stats: SpecStats::default(),
-            constraints: HashMap::new(),
+            constraints: HashMap::default(),
             last_times: StepTimes::default(),
         })
     }
@@ -675,7 +675,7 @@ impl<D: Device, T: ActElem> Engine<D, T> {
         mut on_event: impl FnMut(&Event),
     ) -> Result<Vec<Completion>> {
         let ids = requests.into_iter().map(|r| self.add(r)).collect::<Result<Vec<_>>>()?;
-        let mut by_id: HashMap<SeqId, Completion> = HashMap::new();
+        let mut by_id: HashMap<SeqId, Completion> = HashMap::default();
         while ids.iter().any(|id| !by_id.contains_key(id)) {
             for e in self.step(dev)? {
                 on_event(&e);

@@ -26,7 +26,8 @@
 
 use super::prefix::{PrefixCache, PrefixHit, PrefixId, PrefixKey};
 use super::{BlockCopy, BlockId, KvError, KvResult, SeqId, blocks_for};
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::VecDeque;
 use std::fmt;
 
 /// What one physical block is doing.
@@ -167,7 +168,7 @@ impl BlockManager {
             blocks: vec![BlockMeta::default(); num_blocks],
             free: (0..num_blocks as u32).map(BlockId).collect(),
             cache: PrefixCache::default(),
-            seqs: HashMap::new(),
+            seqs: HashMap::default(),
             prefix_query_tokens: 0,
             prefix_hit_tokens: 0,
             evictions: 0,

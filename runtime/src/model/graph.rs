@@ -111,6 +111,10 @@ pub struct GraphKey {
     /// pass only, and the mask and the sampler run after it, outside the
     /// graph (the masks are computed on the host while the graph runs).
     pub masked: bool,
+    /// Entries per block-table row in the step's inputs: the pages of the
+    /// context class (see `graph_step`), so the host stages and copies the
+    /// rows' pages in use rather than whole rows of the longest context.
+    pub pages: usize,
 }
 
 /// The decode graphs of a model and the fixed buffers they point to.
@@ -234,9 +238,13 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let (vocab, nkv) = (c.vocab_size, c.n_head_kv);
         let max_ctx = step.context_lens.iter().copied().max().unwrap_or(1).max(1) as usize;
         let block_size = self.kv.block_size;
-        if max_ctx > graph_pages(c.context_length, self.kv.num_blocks, block_size) * block_size {
+        let max_pages = graph_pages(c.context_length, self.kv.num_blocks, block_size);
+        if max_ctx > max_pages * block_size {
             return Ok(None);
         }
+        // Block-table rows as long as the context class needs: every
+        // kernel reads a row's pages below its context only.
+        let pages = ctx_class(max_ctx).div_ceil(block_size).min(max_pages);
         let (split_len, splits) = decode_split(
             bucket,
             nkv,
@@ -247,7 +255,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         );
         let penalties = rows.iter().any(uses_penalties);
         let masked = masker.is_some();
-        let key = GraphKey { bucket, split_len, splits, penalties, masked };
+        let key = GraphKey { bucket, split_len, splits, penalties, masked, pages };
         let parts = if splits > 1 { bucket * c.n_head * splits } else { 0 };
         let plan = Plan {
             n: bucket,
@@ -288,7 +296,9 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 "internal error: the graph buffers hold too few split partials for {key:?}"
             )));
         }
-        let lay = gs.layout;
+        // The arena's block tables come last: a shorter stride uses a prefix
+        // of their region and leaves every other array where it is.
+        let lay = Layout { bt_stride: pages.min(gs.layout.bt_stride), ..gs.layout };
         let sl = lay.sampling.ok_or_else(|| usage("internal error: no sampling layout".into()))?;
         let mut st = Stager::new(staging, lay.copy_len(bucket));
         let arrays = StepArrays {

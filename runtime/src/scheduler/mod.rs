@@ -65,7 +65,8 @@ pub use plan::{ScheduledSeq, StepPlan};
 pub use sequence::{FinishReason, SeqStatus, Sequence};
 
 use crate::kv::{Allocation, BlockManager, KvError, KvResult, KvStats, PrefixHit, SeqId, blocks_for};
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::VecDeque;
 
 /// Limits of the scheduler and the shape of its block pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +150,7 @@ impl Scheduler {
         Ok(Scheduler {
             config,
             blocks,
-            seqs: HashMap::new(),
+            seqs: HashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             finished: Vec::new(),
