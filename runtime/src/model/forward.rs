@@ -147,6 +147,24 @@ pub(super) struct Plan {
     pub attended: usize,
 }
 
+/// Whether two rows of `step` are one sequence's: speculative verification
+/// rows (`spec::split_verify_entries`), adjacent, with the same block-table
+/// row (rows of different sequences never have the same one: each writes
+/// its token to a block of its own). The persistent step must not run them:
+/// where its attention tasks write the rows' keys and values (past two
+/// rows, or with an FP8 cache) each writes its own token's while the other
+/// rows' tasks read the cache, so a verification row would read its drafts'
+/// entries while they are being written.
+pub(super) fn rows_share_a_sequence(step: &Step<'_>) -> bool {
+    let stride = step.max_blocks_per_seq;
+    let rows = step.context_lens.len();
+    stride > 0
+        && step.block_tables.len() >= rows * stride
+        && (1..rows).any(|i| {
+            step.block_tables[(i - 1) * stride..i * stride] == step.block_tables[i * stride..(i + 1) * stride]
+        })
+}
+
 impl Plan {
     /// The plan of a validated step; decode steps split per
     /// [`split_plan`] for `sms` (or every `split_override` tokens) unless
@@ -176,7 +194,8 @@ impl Plan {
                 && max_q == 1
                 && step.tokens.len() <= mega_rows
                 && step.logit_rows.iter().enumerate().all(|(i, &r)| r == i)
-                && step.logit_rows.len() == step.tokens.len(),
+                && step.logit_rows.len() == step.tokens.len()
+                && !rows_share_a_sequence(step),
             max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: attended(step.query_start, step.context_lens),

@@ -266,7 +266,9 @@ impl<D: Device, T: ActElem> Model<D, T> {
             runs: vec![(0, 0, bucket)],
             rows: bucket,
             invariant: self.invariant,
-            mega: self.invariant && bucket <= self.mega_rows(),
+            mega: self.invariant
+                && bucket <= self.mega_rows()
+                && !super::forward::rows_share_a_sequence(step),
             max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),

@@ -566,3 +566,37 @@ fn q5_k_m_parity_violation_is_not_ours() {
         model.forward(&mut host, &single_seq_step(&seq, &positions, &[0, 1], &ctx, &cu, &[n - 1])).unwrap();
     assert_eq!(argmax(&logits), want, "the native backend against the f64 forward at case 2 token {at}");
 }
+
+/// The persistent step never takes a step whose rows include two of one
+/// sequence (speculative verification rows, split into single-token rows
+/// with the sequence's block table): its attention tasks would read the
+/// drafts' keys and values while other tasks write them. A step of
+/// distinct sequences of the same size still takes it.
+#[test]
+fn verification_rows_of_one_sequence_do_not_take_the_persistent_step() {
+    use super::forward::{Plan, rows_share_a_sequence};
+    let c = LlamaConfig::from_metadata(tiny_gguf().metadata()).unwrap();
+    let plan = |tables: &[i32], lens: &[i32]| {
+        let n = lens.len();
+        let ids = vec![1u32; n];
+        let pos: Vec<i32> = lens.iter().map(|&l| l - 1).collect();
+        let slots: Vec<i32> = (0..n as i32).collect();
+        let cu: Vec<i32> = (0..=n as i32).collect();
+        let rows: Vec<usize> = (0..n).collect();
+        let step = Step {
+            tokens: &ids,
+            positions: &pos,
+            slot_mapping: &slots,
+            block_tables: tables,
+            max_blocks_per_seq: 2,
+            context_lens: lens,
+            query_start: &cu,
+            logit_rows: &rows,
+        };
+        (rows_share_a_sequence(&step), Plan::of(&step, &c, 132, None, true, 16).mega)
+    };
+    // Three sequences, one token each.
+    assert_eq!(plan(&[0, 1, 2, 3, 4, 5], &[20, 30, 18]), (false, true));
+    // One sequence's two verification rows (one draft) beside another.
+    assert_eq!(plan(&[0, 1, 0, 1, 4, 5], &[19, 20, 18]), (true, false));
+}
