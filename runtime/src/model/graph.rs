@@ -115,6 +115,9 @@ pub struct GraphKey {
     /// context class (see `graph_step`), so the host stages and copies the
     /// rows' pages in use rather than whole rows of the longest context.
     pub pages: usize,
+    /// Whether the step runs as the persistent kernel (a step of the same
+    /// shape whose rows share a sequence does not).
+    pub mega: bool,
 }
 
 /// The decode graphs of a model and the fixed buffers they point to.
@@ -255,7 +258,9 @@ impl<D: Device, T: ActElem> Model<D, T> {
         );
         let penalties = rows.iter().any(uses_penalties);
         let masked = masker.is_some();
-        let key = GraphKey { bucket, split_len, splits, penalties, masked, pages };
+        let mega =
+            self.invariant && bucket <= self.mega_rows() && !super::forward::rows_share_a_sequence(step);
+        let key = GraphKey { bucket, split_len, splits, penalties, masked, pages, mega };
         let parts = if splits > 1 { bucket * c.n_head * splits } else { 0 };
         let plan = Plan {
             n: bucket,
@@ -266,9 +271,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             runs: vec![(0, 0, bucket)],
             rows: bucket,
             invariant: self.invariant,
-            mega: self.invariant
-                && bucket <= self.mega_rows()
-                && !super::forward::rows_share_a_sequence(step),
+            mega,
             max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),

@@ -716,3 +716,43 @@ fn rows_are_checked_against_the_step() {
     assert!(validate_rows(&[SampleRow { tokens: &[1, 99], ..r }], 1, 10).is_ok());
     assert!(validate_rows(&[SampleRow { params: &pen, tokens: &[1, 99], ..r }], 1, 10).is_err());
 }
+
+/// A decode graph is keyed by whether it runs the persistent step: a step
+/// of the same shape whose rows share a sequence (speculative verification
+/// rows) captures a multi-kernel graph of its own rather than replaying the
+/// persistent one.
+#[test]
+fn verification_rows_get_a_multi_kernel_graph_of_their_own() {
+    let g = tiny_model().unwrap();
+    let mut emu = hopper();
+    let mut m = model::<Emu, f32>(&mut emu, &g);
+    m.set_graph_mode(GraphMode::Graphs);
+    m.set_decode_path(DecodePath::Mega).unwrap();
+    let greedy = SamplingParams::default();
+    let rows = [SampleRow { params: &greedy, step: 0, tokens: &[], prompt_len: 0 }; 3];
+    let steps = scenario_steps(m.weights.config.vocab_size as u32);
+    m.forward_sample(&mut emu, &steps[0].step(), &rows).unwrap();
+    // Two sequences, one token each: the persistent step's graph.
+    m.forward_sample(&mut emu, &steps[1].step(), &rows[..2]).unwrap();
+    assert_eq!(m.mega_steps(), 1);
+    let keys = m.graph_keys();
+    assert!(keys.len() == 1 && keys[0].mega, "{keys:?}");
+    // The same shape as sequence A's two verification rows (positions 18
+    // and 19 against its block table).
+    let (a, _) = crate::check::model::scenario_tokens(m.weights.config.vocab_size as u32);
+    let tables = [TABLES[0], TABLES[1], TABLES[0], TABLES[1]];
+    let verify = Step {
+        tokens: &[a[18], a[19]],
+        positions: &[18, 19],
+        slot_mapping: &[slot(&TABLES[0..2], 18), slot(&TABLES[0..2], 19)],
+        block_tables: &tables,
+        max_blocks_per_seq: 2,
+        context_lens: &[19, 20],
+        query_start: &[0, 1, 2],
+        logit_rows: &[0, 1],
+    };
+    m.forward_sample(&mut emu, &verify, &rows[..2]).unwrap();
+    assert_eq!(m.mega_steps(), 1);
+    let keys = m.graph_keys();
+    assert!(keys.len() == 2 && keys.iter().any(|k| !k.mega), "{keys:?}");
+}
