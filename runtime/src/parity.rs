@@ -117,7 +117,7 @@ impl Golden {
 }
 
 /// The outcome of one case.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CaseReport {
     /// The prompt text encodes to `prompt_ids`.
     pub encodes: bool,
@@ -133,9 +133,19 @@ pub struct CaseReport {
     pub forced_clear: usize,
     /// Positions (continuation index) of clear disagreements.
     pub forced_wrong: Vec<usize>,
+    /// Our margin for llama.cpp's token at each clear position: its logit
+    /// minus the largest other logit (negative where we disagree; at zero,
+    /// a tie, the argmax takes the lower token id).
+    pub forced_margins: Vec<(usize, f32)>,
 }
 
 impl CaseReport {
+    /// The clear position where our margin for llama.cpp's token is the
+    /// smallest, and that margin.
+    pub fn closest(&self) -> Option<(usize, f32)> {
+        self.forced_margins.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
     /// Whether both rules (and the encoding) hold.
     pub fn passed(&self) -> bool {
         self.encodes && self.free_prefix >= self.must_match && self.forced_wrong.is_empty()
@@ -170,6 +180,7 @@ impl EngineTask for Parity {
             for (i, row) in logits.chunks_exact(vocab).enumerate() {
                 if c.gaps[i] >= g.tie_gap {
                     r.forced_clear += 1;
+                    r.forced_margins.push((i, margin(row, c.token_ids[i] as usize)));
                     if argmax(row) == c.token_ids[i] as usize {
                         r.forced_agree += 1;
                     } else {
@@ -198,7 +209,7 @@ impl EngineTask for Parity {
         for (i, (c, r)) in g.cases.iter().zip(&reports).enumerate() {
             println!(
                 "case {i} {:?}: encode {}, free-running {}/{} (must match {}), teacher-forced {}/{} clear \
-                 positions{}: {}",
+                 positions{}{}: {}",
                 truncate(&c.prompt, 32),
                 if r.encodes { "ok" } else { "DIFFERS" },
                 r.free_prefix,
@@ -207,6 +218,7 @@ impl EngineTask for Parity {
                 r.forced_agree,
                 r.forced_clear,
                 wrong_positions(&r.forced_wrong, &c.gaps),
+                closest_position(r.closest(), &c.gaps),
                 if r.passed() { "PASS" } else { "FAIL" }
             );
         }
@@ -233,6 +245,20 @@ fn wrong_positions(wrong: &[usize], gaps: &[f64]) -> String {
     format!(" (wrong at {})", each.join(", "))
 }
 
+/// The logit of token `tok` minus the largest other logit of `row`.
+fn margin(row: &[f32], tok: usize) -> f32 {
+    let other =
+        row.iter().enumerate().filter(|&(j, _)| j != tok).map(|(_, &x)| x).fold(f32::NEG_INFINITY, f32::max);
+    row[tok] - other
+}
+
+/// The clear position of a case where our margin for llama.cpp's token is
+/// the smallest: `, closest [56] margin -0.012 (gap 0.375)`; empty when the
+/// case has no clear position.
+fn closest_position(closest: Option<(usize, f32)>, gaps: &[f64]) -> String {
+    closest.map_or(String::new(), |(i, m)| format!(", closest [{i}] margin {m:.3} (gap {:.3})", gaps[i]))
+}
+
 /// The first `n` characters of `s`, with an ellipsis when cut.
 fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
@@ -254,6 +280,18 @@ mod tests {
             wrong_positions(&[1, 3], &[0.1, 0.3754, 0.2, 2.0]),
             " (wrong at [1] gap 0.375, [3] gap 2.000)"
         );
+    }
+
+    #[test]
+    fn the_closest_position_is_the_smallest_margin() {
+        assert_eq!(margin(&[1.0, 3.0, 2.5], 1), 0.5);
+        assert_eq!(margin(&[1.0, 3.0, 2.5], 2), -0.5);
+        let r =
+            CaseReport { forced_margins: vec![(3, 0.25), (7, -0.125), (9, 2.0)], ..CaseReport::default() };
+        assert_eq!(r.closest(), Some((7, -0.125)));
+        let gaps = [0.0; 10].map(|_| 0.5);
+        assert_eq!(closest_position(r.closest(), &gaps), ", closest [7] margin -0.125 (gap 0.500)");
+        assert_eq!(closest_position(None, &gaps), "");
     }
 
     #[test]
