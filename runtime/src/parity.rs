@@ -170,6 +170,13 @@ impl EngineTask for Parity {
         let vocab = ctx.config.vocab_size;
         let mut reports = Vec::with_capacity(g.cases.len());
         let t0 = Instant::now();
+        for (i, c) in g.cases.iter().enumerate() {
+            if let Some(&t) = c.prompt_ids.iter().chain(&c.token_ids).find(|&&t| t as usize >= vocab) {
+                return Err(Error::Usage(format!(
+                    "golden case {i}: token id {t} is outside the model's vocabulary of {vocab}"
+                )));
+            }
+        }
         for c in &g.cases {
             let encodes = ctx.tokenizer.encode_prompt(&c.prompt)? == c.prompt_ids;
             let mut seq = c.prompt_ids.clone();
@@ -328,6 +335,21 @@ mod tests {
             assert_eq!(r.free_len, lens[i]);
         }
         assert_eq!(reports.iter().map(|r| r.forced_clear).sum::<usize>(), 217);
+    }
+
+    /// A golden token id outside the model's vocabulary is a usage error
+    /// naming the case, before anything runs (the last continuation token
+    /// is never fed to the model, only looked up in the logits).
+    #[test]
+    fn golden_token_ids_outside_the_vocabulary_are_refused() {
+        let mut golden = Golden::bundled();
+        let last = golden.cases[2].token_ids.len() - 1;
+        golden.cases[2].token_ids[last] = 49152;
+        let err = run_task(&LoadOptions::native_test(256, 32), Parity { golden, full: false }).unwrap_err();
+        assert!(
+            matches!(&err, Error::Usage(m) if m.contains("case 2: token id 49152") && m.contains("49152")),
+            "{err}"
+        );
     }
 
     /// Both golden rules on each synthetic architecture
