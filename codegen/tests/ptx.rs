@@ -1365,7 +1365,8 @@ fn dequant_q8() {
 /// decode and prefill configs of the bench and model shapes: Q4_1 GEMV at
 /// M = 1 (bf16, the default tile of the 14336 x 4096 bench shape), Q4_1 SiLU
 /// GEMV at M = 4 (f32), Q4_0 GEMV at M = 8 (bf16), the Q8_0 LM-head GEMV
-/// (bf16), Q4_1 SiLU GEMM (bf16) and Q8_0 GEMM (f32).
+/// (bf16 activations, f32 logits), Q4_1 SiLU GEMM (bf16) and Q8_0 GEMM
+/// (f32).
 #[test]
 fn dequant() {
     use ::kernels::dequant::{gemm, gemv};
@@ -1378,24 +1379,40 @@ fn dequant() {
     use gemm::gemm as mm;
     use gemv::gemv as g;
     let cases = [
-        ("_gemv_q4_1_bf16_m1", spec(g::build(&g::Config::new(bf, Q4_1, false, 1, 16, 512)), 14336, 4096), 4),
-        ("_gemv_q4_1_f32_m4_silu", spec(g::build(&g::Config::new(fp, Q4_1, true, 4, 8, 256)), 1536, 576), 4),
-        ("_gemv_q4_0_bf16_m8", spec(g::build(&g::Config::new(bf, Q4_0, false, 8, 8, 256)), 4096, 4096), 4),
-        ("_gemv_q8_0_bf16_m1", spec(g::build(&g::Config::new(bf, Q8_0, false, 1, 16, 64)), 49152, 576), 1),
+        (
+            "_gemv_q4_1_bf16_m1",
+            spec(g::build(&g::Config::new(bf, bf, Q4_1, false, 1, 16, 512)), 14336, 4096),
+            4,
+        ),
+        (
+            "_gemv_q4_1_f32_m4_silu",
+            spec(g::build(&g::Config::new(fp, fp, Q4_1, true, 4, 8, 256)), 1536, 576),
+            4,
+        ),
+        (
+            "_gemv_q4_0_bf16_m8",
+            spec(g::build(&g::Config::new(bf, bf, Q4_0, false, 8, 8, 256)), 4096, 4096),
+            4,
+        ),
+        (
+            "_gemv_q8_0_bf16_m1",
+            spec(g::build(&g::Config::new(bf, fp, Q8_0, false, 1, 16, 64)), 49152, 576),
+            1,
+        ),
         (
             "_gemm_q4_1_bf16_silu",
-            spec(mm::build(&mm::Config::new(bf, Q4_1, true, 64, 64, 64, false)), 1536, 576),
+            spec(mm::build(&mm::Config::new(bf, bf, Q4_1, true, 64, 64, 64, false)), 1536, 576),
             4,
         ),
         (
             "_gemm_q8_0_f32",
-            spec(mm::build(&mm::Config::new(fp, Q8_0, false, 64, 64, 32, false)), 49152, 576),
+            spec(mm::build(&mm::Config::new(fp, fp, Q8_0, false, 64, 64, 32, false)), 49152, 576),
             4,
         ),
         // A batch-16 decode step's QKV projection (the runtime's tiles).
         (
             "_gemm_q4_1_bf16_m16",
-            spec(mm::build(&mm::Config::new(bf, Q4_1, false, 16, 32, 64, false)), 960, 576),
+            spec(mm::build(&mm::Config::new(bf, bf, Q4_1, false, 16, 32, 64, false)), 960, 576),
             4,
         ),
     ];
@@ -1411,7 +1428,8 @@ fn dequant() {
 /// shapes and the runtime's default tiles: Q4_1 QKV with the RMSNorm prologue
 /// (f32, N = 960), Q4_1 gate/up with the norm prologue and SiLU (bf16), Q4_1
 /// down with the residual epilogue (f32, K = 1536), the Q8_0 LM head with
-/// the final norm (bf16), and the QKV at batch 8 (`M_BLOCK = 8`).
+/// the final norm (bf16 activations, f32 logits), and the QKV at batch 8
+/// (`M_BLOCK = 8`).
 #[test]
 fn dequant_fused() {
     use ::kernels::dequant::Fuse;
@@ -1422,11 +1440,11 @@ fn dequant_fused() {
         dsl_core::launch::specialize(&f.unwrap(), &facts).0
     };
     let (bf, fp) = (DType::BF16, DType::F32);
-    let q41 = |t, fuse, bn, bk, n, k| spec(f::build(&f::Config::new(t, Q4_1, fuse, 1, bn, bk)), n, k);
+    let q41 = |t, fuse, bn, bk, n, k| spec(f::build(&f::Config::new(t, t, Q4_1, fuse, 1, bn, bk)), n, k);
     let norm = Fuse::NONE.with_norm(true);
-    let lm = spec(f::build(&f::Config::new(bf, Q8_0, norm, 1, 16, 256)), 49152, 576);
+    let lm = spec(f::build(&f::Config::new(bf, fp, Q8_0, norm, 1, 16, 256)), 49152, 576);
     // Batch 8: M_BLOCK 8, the per-row `rstd` broadcast along the tile.
-    let m8 = spec(f::build(&f::Config::new(fp, Q4_1, norm, 8, 4, 512)), 960, 576);
+    let m8 = spec(f::build(&f::Config::new(fp, fp, Q4_1, norm, 8, 4, 512)), 960, 576);
     let cases = [
         ("_q4_1_f32_norm_qkv", q41(fp, norm, 8, 512, 960, 576), 4),
         ("_q4_1_bf16_norm_silu", q41(bf, norm.with_silu(true), 8, 512, 1536, 576), 4),
@@ -1514,8 +1532,8 @@ fn dequant_autotune_configs_do_not_spill() {
     }
     let bf = DType::BF16;
     for q in [QuantFormat::Q4_1, QuantFormat::Q4_0, QuantFormat::Q8_0] {
-        each!(gemv::gemv, gemv::gemv::Config::new(bf, q, true, 1, 16, 512));
-        each!(gemm::gemm, gemm::gemm::Config::new(bf, q, true, 64, 64, 64, false));
+        each!(gemv::gemv, gemv::gemv::Config::new(bf, bf, q, true, 1, 16, 512));
+        each!(gemm::gemm, gemm::gemm::Config::new(bf, bf, q, true, 64, 64, 64, false));
     }
 }
 
@@ -1658,7 +1676,8 @@ fn dequant_gemm_swapped() {
     let tiles = [(256, 128, 64, 8u32, 4u32), (256, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 64, 64, 4, 2)];
     for (bm, bn, bk, warps, stages) in tiles {
         let q41 = ::kernels::dequant::QuantFormat::Q4_1;
-        let f = m41::build(&m41::Config::new(DType::BF16, q41, false, bm, bn, bk, true)).unwrap();
+        let f =
+            m41::build(&m41::Config::new(DType::BF16, DType::BF16, q41, false, bm, bn, bk, true)).unwrap();
         let f = dsl_core::launch::specialize(&f, &facts).0;
         let tag = format!("gemm_q4_1 swapped {bm}x{bn}x{bk} w{warps} s{stages}");
         let opts = options(Target::Sm90a, warps, stages);
@@ -1817,6 +1836,7 @@ fn batch_invariant_kernels_share_instructions() {
         for m in [1, 7, 64, 512] {
             let t = linear_tiles(format, m, rows, k, true);
             let c = lk::Config::new(
+                DType::BF16,
                 DType::BF16,
                 format,
                 ::kernels::dequant::Fuse::NONE.with_norm(m == 1),

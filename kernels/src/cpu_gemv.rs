@@ -251,7 +251,8 @@ pub fn cpu_fma(
 /// RMSNorm prologue, SiLU-mul and residual add (`FUSE`); see the module
 /// doc. Each format is its own specialization (IR name `cpu_gemv_q4_1`,
 /// ...). Output row `r` starts at `out + r * ldo` (`ldo >= n`), as in
-/// [`crate::dequant::linear::linear`].
+/// [`crate::dequant::linear::linear`], in `O` (`T`, or f32 for logits;
+/// the residual add takes `O == T`).
 ///
 /// The W tile `[BLOCK_N, W]` holds quant byte `c` of each weight row's K
 /// tile: two weights for the nibble formats (Q4_0, Q4_1; `W = BLOCK_K / 2`),
@@ -259,12 +260,12 @@ pub fn cpu_fma(
 /// W]` the matching (Q4: low-nibble) activations.
 #[kernel(name = "cpu_gemv_{QUANT}")]
 #[allow(clippy::too_many_arguments)]
-pub fn cpu_gemv<T: Float>(
+pub fn cpu_gemv<T: Float, O: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
     nw_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
+    out_ptr: Ptr<O>,
     m: i32,
     n: i32,
     ldo: i32,

@@ -82,14 +82,16 @@ fn spec<K: Kernel>(config: K::Config) -> dsl_core::Result<(Function, LaunchOptio
 /// 4 warps.
 fn gemv_spec(format: QuantFormat, block_k: usize) -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemv::gemv as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, format, false, 1, 16, block_k).with_warps(4))
+    spec::<k::Kernel>(k::Config::new(DType::BF16, DType::BF16, format, false, 1, 16, block_k).with_warps(4))
 }
 
 /// The default specialization of the tiled dequantizing GEMM on `format`
 /// weights: bf16, no SiLU, `64 x 64` tiles, `BLOCK_K` `block_k`, 4 warps.
 fn gemm_spec(format: QuantFormat, block_k: usize) -> dsl_core::Result<(Function, LaunchOptions)> {
     use kernels::dequant::gemm::gemm as k;
-    spec::<k::Kernel>(k::Config::new(DType::BF16, format, false, 64, 64, block_k, false).with_warps(4))
+    spec::<k::Kernel>(
+        k::Config::new(DType::BF16, DType::BF16, format, false, 64, 64, block_k, false).with_warps(4),
+    )
 }
 
 /// Every registered kernel, in listing order.
@@ -417,8 +419,16 @@ pub const ENTRIES: &[Entry] = &[
         default_config: "T = f32, FUSE = norm, M_BLOCK = 1, BLOCK_N = 8, BLOCK_K = 512, num_warps = 4",
         build: || {
             spec::<gemv_fused::Kernel>(
-                gemv_fused::Config::new(DType::F32, QuantFormat::Q4_1, Fuse::NONE.with_norm(true), 1, 8, 512)
-                    .with_warps(4),
+                gemv_fused::Config::new(
+                    DType::F32,
+                    DType::F32,
+                    QuantFormat::Q4_1,
+                    Fuse::NONE.with_norm(true),
+                    1,
+                    8,
+                    512,
+                )
+                .with_warps(4),
             )
         },
         check: checks!(crate::check::dequant::fused::gemv_fused),
@@ -430,6 +440,7 @@ pub const ENTRIES: &[Entry] = &[
         build: || {
             use kernels::cpu_gemv::cpu_gemv as k;
             spec::<k::Kernel>(k::Config::new(
+                DType::F32,
                 DType::F32,
                 QuantFormat::Q4_1,
                 Fuse::NONE.with_norm(true),

@@ -194,8 +194,8 @@ enum Tiles {
 }
 
 /// Runs one dequant kernel on the interpreter for the product of shape
-/// `(m, n, k)`; returns `out` as f64.
-fn run<T: Act>(
+/// `(m, n, k)` with `T` activations and an `O` output; returns `out` as f64.
+fn run<T: Act, O: Act>(
     format: QuantFormat,
     silu: bool,
     tiles: Tiles,
@@ -206,7 +206,7 @@ fn run<T: Act>(
 ) -> Result<Vec<f64>, String> {
     let mut cpu = Cpu::new();
     let (xp, qp, sp) = (cpu.upload(x), cpu.upload(quants), cpu.upload(scales));
-    let op = cpu.zeros::<T>(m * n);
+    let op = cpu.zeros::<O>(m * n);
     let (mi, ni, ki) = (m as i32, n as i32, k as i32);
     macro_rules! go {
         ($k:path, $grid:expr, $a:expr, $b:expr, $c:expr $(, $swap:expr)?) => {{
@@ -221,7 +221,7 @@ fn run<T: Act>(
                 k: ki,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(T::DTYPE, format, silu, $a, $b, $c $(, $swap)?);
+            let config = kk::Config::new(T::DTYPE, O::DTYPE, format, silu, $a, $b, $c $(, $swap)?);
             kk::interpret(&mut cpu, $grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }
@@ -232,6 +232,9 @@ fn run<T: Act>(
         }
         Tiles::StreamK(a, b, c, g) => {
             use kernels::dequant::stream_k::gemm_stream_k as kk;
+            if O::DTYPE != T::DTYPE {
+                return Err("gemm_stream_k writes its activations' dtype".into());
+            }
             // NaN garbage in the workspace: every slot read must be written first.
             let ws = cpu.upload(&vec![f32::NAN; g * a * b]);
             let flags = cpu.zeros::<i32>(g);
@@ -277,17 +280,103 @@ fn case<T: Act>(c: Case, tiles: Tiles) -> Result<(), TestCaseError> {
     };
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
     let ys = reference_gemvs(format, &raws, n, k, &xf, m);
-    let got = run::<T>(format, silu, tiles, &x, &weight.quants, &weight.scales, (m, n, k))
+    let got = run::<T, T>(format, silu, tiles, &x, &weight.quants, &weight.scales, (m, n, k))
         .map_err(TestCaseError::fail)?;
-    // The GEMM rounds its operands to f16 (see `reference::quant`).
-    let bound = |y: &r::Gemv, i: usize| match tiles {
+    let bound = |y: &r::Gemv, i: usize| tile_bound(tiles, format, k, block_k, T::DTYPE, y, i);
+    check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}"))
+}
+
+/// The reference bound of output `i` (reference `y`) of the kernel `tiles`
+/// with `dt` activations and a K tile of `block_k`: the GEMM rounds its
+/// operands to f16 (see `reference::quant`).
+fn tile_bound(
+    tiles: Tiles,
+    format: QuantFormat,
+    k: usize,
+    block_k: usize,
+    dt: DType,
+    y: &r::Gemv,
+    i: usize,
+) -> f64 {
+    match tiles {
         Tiles::Gemv(..) => r::error_bound(format, k, block_k, y.abs[i]),
         Tiles::Gemm(..) => r::gemm_error_bound(format, k, block_k, y.abs[i], y.l1[i]),
-        Tiles::Swap(..) | Tiles::StreamK(..) => {
-            r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], T::DTYPE)
+        Tiles::Swap(..) | Tiles::StreamK(..) => r::gemm_swap_error_bound(format, k, y.abs[i], y.l1[i], dt),
+    }
+}
+
+/// Checks that the f32 outputs `wide` of a launch with bf16 activations are
+/// its f32 sums unrounded: each rounds (to nearest even) to the bf16 output
+/// `narrow` of the same launch with a bf16 output, bit for bit, and most are
+/// not bf16 values themselves.
+pub fn unrounded_f32_outputs(wide: &[f64], narrow: &[f64], what: &str) {
+    assert_eq!(wide.len(), narrow.len(), "{what}");
+    let mut off_grid = 0;
+    for (i, (&w, &b)) in wide.iter().zip(narrow).enumerate() {
+        let r = bf16::from_f64(w);
+        assert_eq!(
+            r.to_bits(),
+            bf16::from_f64(b).to_bits(),
+            "{what}: out[{i}]: f32 {w} rounds to {r}, not {b}"
+        );
+        off_grid += usize::from(r.to_f64() != w);
+    }
+    assert!(
+        2 * off_grid > wide.len(),
+        "{what}: only {off_grid} of {} f32 outputs are not bf16 values",
+        wide.len()
+    );
+}
+
+/// The LM head's output dtype: with bf16 activations and an f32 output,
+/// the GEMV, the GEMM (plain and swapped) and the fused GEMV with the norm
+/// prologue store their f32 sums unrounded ([`unrounded_f32_outputs`]),
+/// and the plain products' f32 outputs meet the reference within f32's
+/// final rounding, every format, ragged N and K.
+#[test]
+fn f32_outputs_of_bf16_activations_are_unrounded() {
+    let (m, n, k) = (3, 37, 160);
+    for (i, format) in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0].into_iter().enumerate() {
+        let c = Case { seed: 0x10917 + i as u64, format, silu: false, m, n, k };
+        let (mut rng, x) = c.activations::<bf16>();
+        let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let (w, raws) = random_weight(&mut rng, format, n, k, false);
+        let ys = reference_gemvs(format, &raws, n, k, &xf, m);
+        for tiles in [Tiles::Gemv(2, 8, 64), Tiles::Gemm(16, 16, 64), Tiles::Swap(16, 16, 64)] {
+            let what = format!("{format:?} {tiles:?}");
+            let planes = (&w.quants[..], &w.scales[..]);
+            let wide = run::<bf16, f32>(format, false, tiles, &x, planes.0, planes.1, (m, n, k)).unwrap();
+            let narrow = run::<bf16, bf16>(format, false, tiles, &x, planes.0, planes.1, (m, n, k)).unwrap();
+            unrounded_f32_outputs(&wide, &narrow, &what);
+            let bound = |y: &r::Gemv, i: usize| tile_bound(tiles, format, k, 64, DType::BF16, y, i);
+            check_outputs::<f32>(&wide, &ys, n, bound, &what).unwrap();
         }
-    };
-    check_outputs::<T>(&got, &ys, n, bound, &format!("{format:?} {tiles:?} silu={silu} m={m} n={n} k={k}"))
+        let nw = activations::<bf16>(&mut rng, k);
+        let fused = |wide: bool| {
+            let (x, mnk) = (&x[..k], (1, n, k));
+            let (q, s) = (&w.quants[..], &w.scales[..]);
+            let norm = (format, false, Fuse::Norm, (1, 8, 64));
+            if wide {
+                run_fused::<bf16, f32>(norm.0, norm.1, norm.2, norm.3, x, &nw, &vec![0.0; n], q, s, mnk, 1e-5)
+            } else {
+                run_fused::<bf16, bf16>(
+                    norm.0,
+                    norm.1,
+                    norm.2,
+                    norm.3,
+                    x,
+                    &nw,
+                    &vec![bf16::ZERO; n],
+                    q,
+                    s,
+                    mnk,
+                    1e-5,
+                )
+            }
+            .unwrap()
+        };
+        unrounded_f32_outputs(&fused(true), &fused(false), &format!("{format:?} fused norm"));
+    }
 }
 
 /// GEMV tiles for `format`: `(m_block, block_n, block_k)` from small choices.
@@ -453,15 +542,15 @@ fn corrupted_weights_are_caught() {
                 <= r::error_bound(QuantFormat::Q4_1, k, 64, want.abs[i]) + 1e-6 * want.y[i].abs()
         })
     };
-    let ok = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
+    let ok = run::<f32, f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within(&ok));
     let mut bad = w.quants.clone();
     bad[3 * 48 + 17] ^= 0x10;
-    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &bad, &w.scales, (m, n, k)).unwrap();
+    let got = run::<f32, f32>(QuantFormat::Q4_1, false, tiles, &x, &bad, &w.scales, (m, n, k)).unwrap();
     assert!(!within(&got), "a flipped high nibble went unnoticed");
     let mut swapped = w.scales.clone();
     swapped.swap(2, 3);
-    let got = run::<f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, (m, n, k)).unwrap();
+    let got = run::<f32, f32>(QuantFormat::Q4_1, false, tiles, &x, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within(&got), "swapped d and m went unnoticed");
     // The GEMM's looser (f16-operand) bound still sees a wrong scale.
     let gemm = Tiles::Gemm(16, 16, 64);
@@ -472,9 +561,9 @@ fn corrupted_weights_are_caught() {
                     + 1e-6 * want.y[i].abs()
         })
     };
-    let ok = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
+    let ok = run::<f32, f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within_gemm(&ok));
-    let got = run::<f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, (m, n, k)).unwrap();
+    let got = run::<f32, f32>(QuantFormat::Q4_1, false, gemm, &x, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within_gemm(&got), "GEMM: swapped d and m went unnoticed");
     // So does the swapped GEMM's (bf16 weights).
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -488,9 +577,9 @@ fn corrupted_weights_are_caught() {
                     + (want_b.y[i].abs() + 1e-30) / 256.0
         })
     };
-    let ok = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &w.scales, (m, n, k)).unwrap();
+    let ok = run::<bf16, bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &w.scales, (m, n, k)).unwrap();
     assert!(within_swap(&ok));
-    let got = run::<bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &swapped, (m, n, k)).unwrap();
+    let got = run::<bf16, bf16>(QuantFormat::Q4_1, false, swap, &xb, &w.quants, &swapped, (m, n, k)).unwrap();
     assert!(!within_swap(&got), "swapped GEMM: swapped d and m went unnoticed");
 }
 
@@ -505,16 +594,16 @@ enum Fuse {
 
 /// Runs a fused GEMV on the interpreter with norm weights `nw` and the
 /// initial `out` (the residual), `m` rows of `out0.len() / m` values (the
-/// output's row stride `ldo`); returns `out` as f64.
+/// output's row stride `ldo`) in `O`; returns `out` as f64.
 #[allow(clippy::too_many_arguments)]
-fn run_fused<T: Act>(
+fn run_fused<T: Act, O: Act>(
     format: QuantFormat,
     silu: bool,
     fuse: Fuse,
     (mb, bn, bk): (usize, usize, usize),
     x: &[T],
     nw: &[T],
-    out0: &[T],
+    out0: &[O],
     quants: &[u8],
     scales: &[f16],
     (m, n, k): (usize, usize, usize),
@@ -544,7 +633,7 @@ fn run_fused<T: Act>(
                 eps,
                 _marker: PhantomData,
             };
-            let config = kk::Config::new(T::DTYPE, format, flags, mb, bn, bk);
+            let config = kk::Config::new(T::DTYPE, O::DTYPE, format, flags, mb, bn, bk);
             kk::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?
         }};
     }
@@ -575,7 +664,7 @@ fn fused_case<T: Act>(c: Case, fuse: Fuse, tiles: (usize, usize, usize)) -> Resu
     };
     let (weight, raws) = random_weight(&mut rng, format, n, k, silu);
     let ys = reference_gemvs(format, &raws, n, k, &xf, m);
-    let got = run_fused::<T>(
+    let got = run_fused::<T, T>(
         format,
         silu,
         fuse,
@@ -687,7 +776,7 @@ impl Q4_1Gemv {
     /// and the initial output `out0`.
     fn run(&self, fuse: Fuse, tiles: (usize, usize, usize), nw: &[f32], out0: &[f32]) -> Vec<f64> {
         let w = &self.w;
-        run_fused::<f32>(
+        run_fused::<f32, f32>(
             QuantFormat::Q4_1,
             false,
             fuse,

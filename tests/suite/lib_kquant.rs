@@ -113,8 +113,9 @@ fn case<T: Act>(seed: u64, format: QuantFormat, silu: bool, (m, n, k): (usize, u
                 _marker: PhantomData,
             };
             let fuse = Fuse::NONE.with_silu(silu);
-            let config = $kk::Config::new(T::DTYPE, w.format, fuse, t.m_block, t.block_n, t.block_k)
-                .with_warps(t.num_warps);
+            let config =
+                $kk::Config::new(T::DTYPE, T::DTYPE, w.format, fuse, t.m_block, t.block_n, t.block_k)
+                    .with_warps(t.num_warps);
             $kk::interpret(&mut cpu, grid, &config, &args).unwrap();
         }};
     }
@@ -193,7 +194,7 @@ fn linear_case<T: Act>(
     let (x, raws, w) = operands::<T>(seed, format, silu, (m, n, k));
     let fuse = if silu { Fuse::Silu } else { Fuse::None };
     let out0 = vec![T::from_f32(0.0); m * n];
-    let got = run::<T>(w.format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).unwrap();
+    let got = run::<T, T>(w.format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).unwrap();
     let got: Vec<f64> = got.iter().map(|g| g.to_f64()).collect();
     let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
     let ys = reference_gemvs(format, &raws, n, k, &xf, m);
@@ -352,22 +353,22 @@ fn word_tiled_kernels_refuse_other_formats() {
     }
     let bf = DType::BF16;
     for f in [QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K, QuantFormat::Q5_1, QuantFormat::F16] {
-        refused::<gemm::Kernel>(&gemm::Config::new(bf, f, false, 64, 64, 64, false), f);
-        refused::<gemm::Kernel>(&gemm::Config::new(bf, f, false, 64, 64, 64, true), f);
+        refused::<gemm::Kernel>(&gemm::Config::new(bf, bf, f, false, 64, 64, 64, false), f);
+        refused::<gemm::Kernel>(&gemm::Config::new(bf, bf, f, false, 64, 64, 64, true), f);
         refused::<gemm_stream_k::Kernel>(&gemm_stream_k::Config::new(bf, f, false, 256, 128, 64), f);
         refused::<gemv_q8::Kernel>(&gemv_q8::Config::new(bf, f, false, 1, 4, 256), f);
     }
     // The formats they take still build.
     for f in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
-        gemm::build(&gemm::Config::new(bf, f, false, 64, 64, 64, false)).unwrap();
+        gemm::build(&gemm::Config::new(bf, bf, f, false, 64, 64, 64, false)).unwrap();
     }
     // The GEMV takes every block format and refuses the 16-bit floats.
     for f in [QuantFormat::F16, QuantFormat::BF16] {
         for (name, e) in [
-            ("gemv", gemv::build(&gemv::Config::new(bf, f, false, 1, 4, 256)).err()),
+            ("gemv", gemv::build(&gemv::Config::new(bf, bf, f, false, 1, 4, 256)).err()),
             (
                 "gemv_fused",
-                gemv_fused::build(&gemv_fused::Config::new(bf, f, Fuse::NONE.with_norm(true), 1, 4, 256))
+                gemv_fused::build(&gemv_fused::Config::new(bf, bf, f, Fuse::NONE.with_norm(true), 1, 4, 256))
                     .err(),
             ),
         ] {
@@ -376,6 +377,6 @@ fn word_tiled_kernels_refuse_other_formats() {
         }
     }
     for f in [QuantFormat::Q5_1, QuantFormat::Q4_K, QuantFormat::Q5_K, QuantFormat::Q6_K] {
-        gemv::build(&gemv::Config::new(bf, f, false, 1, 4, 256)).unwrap();
+        gemv::build(&gemv::Config::new(bf, bf, f, false, 1, 4, 256)).unwrap();
     }
 }

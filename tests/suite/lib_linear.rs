@@ -15,7 +15,9 @@
 //!   same bits for any permutation of its inputs and any tile width.
 
 use crate::common::{cases, f32_or_bf16};
-use crate::lib_dequant::{Act, Case, activations, check_outputs, random_weight, reference_gemvs};
+use crate::lib_dequant::{
+    Act, Case, activations, check_outputs, random_weight, reference_gemvs, unrounded_f32_outputs,
+};
 use dsl_core::DType;
 use dsl_core::half::bf16;
 use dsl_core::interp::Cpu;
@@ -70,19 +72,20 @@ pub(crate) use product_args;
 
 /// Runs `linear` on the interpreter with tiles `(block_m, block_n, split)`;
 /// `out0` is the initial output (the residual), `m` rows of `out0.len() / m`
-/// values (the output's row stride `ldo`); returns the output's raw values.
+/// values (the output's row stride `ldo`) in `O`; returns the output's raw
+/// values.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run<T: Act>(
+pub(crate) fn run<T: Act, O: Act>(
     format: QuantFormat,
     fuse: Fuse,
     f16_ops: bool,
     (bm, bn, split): (usize, usize, bool),
     x: &[T],
     nw: &[T],
-    out0: &[T],
+    out0: &[O],
     w: &Repacked,
     (m, n, k): (usize, usize, usize),
-) -> Result<Vec<T>, String> {
+) -> Result<Vec<O>, String> {
     let mut cpu = Cpu::new();
     let (xp, qp, sp, np) = (cpu.upload(x), cpu.upload(&w.quants), cpu.upload(&w.scales), cpu.upload(nw));
     let op = cpu.upload(out0);
@@ -101,7 +104,8 @@ pub(crate) fn run<T: Act>(
         eps: EPS,
     );
     let norm_block = k.next_power_of_two();
-    let config = linear::Config::new(T::DTYPE, format, fuse.flags(), split, f16_ops, bm, bn, norm_block);
+    let config =
+        linear::Config::new(T::DTYPE, O::DTYPE, format, fuse.flags(), split, f16_ops, bm, bn, norm_block);
     linear::interpret(&mut cpu, grid, &config, &args).map_err(|e| e.to_string())?;
     // The split form leaves its counters zero for the next launch.
     if cpu.read::<i32>(cntp).iter().any(|&c| c != 0) {
@@ -118,8 +122,8 @@ fn accuracy_case<T: Act>(c: Case, f16_ops: bool, tiles: (usize, usize, bool)) ->
     let (w, raws) = random_weight(&mut rng, format, n, k, silu);
     let fuse = if silu { Fuse::Silu } else { Fuse::None };
     let out0 = vec![T::from_f32(0.0); m * n];
-    let got =
-        run::<T>(format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k)).map_err(TestCaseError::fail)?;
+    let got = run::<T, T>(format, fuse, f16_ops, tiles, &x, &x, &out0, &w, (m, n, k))
+        .map_err(TestCaseError::fail)?;
     let ys = reference_gemvs(format, &raws, n, k, &xf, m);
     let bound = |y: &r::Gemv, i: usize| {
         if f16_ops {
@@ -155,6 +159,46 @@ proptest! {
     ) {
         let c = Case { seed, format, silu, m, n, k: 32 * kb };
         f32_or_bf16!(bf, accuracy_case(c, f16_ops, tiles))?;
+    }
+}
+
+/// The LM head's output dtype: with bf16 activations and an f32 output,
+/// `linear` stores its f32 sums unrounded
+/// ([`crate::lib_dequant::unrounded_f32_outputs`]): unsplit and split, f16
+/// and f32 operands, one row with the norm prologue and three rows without.
+#[test]
+fn f32_outputs_of_bf16_activations_are_unrounded() {
+    let (n, k) = (45, 192);
+    for (i, format) in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0].into_iter().enumerate() {
+        let c = Case { seed: 0x11ea + i as u64, format, silu: false, m: 3, n, k };
+        let (mut rng, x) = c.activations::<bf16>();
+        let nw = activations::<bf16>(&mut rng, k);
+        let (w, _) = random_weight(&mut rng, format, n, k, false);
+        for (fuse, m) in [(Fuse::Norm, 1), (Fuse::None, 3)] {
+            for f16_ops in [false, true] {
+                for tiles in [(16, 16, false), (16, 32, true)] {
+                    let x = &x[..m * k];
+                    let wide = run::<bf16, f32>(
+                        format,
+                        fuse,
+                        f16_ops,
+                        tiles,
+                        x,
+                        &nw,
+                        &vec![0.0; m * n],
+                        &w,
+                        (m, n, k),
+                    );
+                    let zeros = vec![bf16::ZERO; m * n];
+                    let narrow =
+                        run::<bf16, bf16>(format, fuse, f16_ops, tiles, x, &nw, &zeros, &w, (m, n, k));
+                    let wide: Vec<f64> = wide.unwrap().iter().map(|v| *v as f64).collect();
+                    let narrow: Vec<f64> = narrow.unwrap().iter().map(|v| v.to_f64()).collect();
+                    let what = format!("{format:?} {fuse:?} f16={f16_ops} {tiles:?}");
+                    unrounded_f32_outputs(&wide, &narrow, &what);
+                }
+            }
+        }
     }
 }
 
@@ -201,7 +245,7 @@ fn batch_invariance<T: Act>() {
                 let x = activations::<T>(&mut rng, 64 * k);
                 let res = activations::<T>(&mut rng, 64 * n);
                 let go = |m: usize, tiles: (usize, usize, bool)| {
-                    run::<T>(format, fuse, f16_ops, tiles, &x[..m * k], &x, &res[..m * n], &w, (m, n, k))
+                    run::<T, T>(format, fuse, f16_ops, tiles, &x[..m * k], &x, &res[..m * n], &w, (m, n, k))
                         .unwrap()
                 };
                 let tiles_for = |m: usize| {
@@ -237,7 +281,8 @@ fn split_sum_over_many_k_tiles_equals_the_loop() {
         let (w, _) = random_weight(&mut rng, format, n, k, false);
         let x = activations::<f32>(&mut rng, m * k);
         let zeros = vec![0.0f32; m * n];
-        let go = |tiles| run::<f32>(format, Fuse::None, true, tiles, &x, &x, &zeros, &w, (m, n, k)).unwrap();
+        let go =
+            |tiles| run::<f32, f32>(format, Fuse::None, true, tiles, &x, &x, &zeros, &w, (m, n, k)).unwrap();
         let (split, looped) = (go((16, 16, true)), go((16, 16, false)));
         for r in 0..m {
             assert_eq!(row_bits(&split, r, n), row_bits(&looped, r, n), "{format:?} row {r}");
@@ -308,14 +353,15 @@ fn fusions<T: Act>() {
             );
 
             let fused =
-                run::<T>(format, Fuse::Norm, f16_ops, tiles, &x, &nw, &zeros_n, &w, (1, n, k)).unwrap();
+                run::<T, T>(format, Fuse::Norm, f16_ops, tiles, &x, &nw, &zeros_n, &w, (1, n, k)).unwrap();
             let plain =
-                run::<T>(format, Fuse::None, f16_ops, tiles, &normed, &nw, &zeros_n, &w, (1, n, k)).unwrap();
+                run::<T, T>(format, Fuse::None, f16_ops, tiles, &normed, &nw, &zeros_n, &w, (1, n, k))
+                    .unwrap();
             assert_eq!(bits(&fused), bits(&plain), "{what}: NORM prologue vs rmsnorm + linear");
 
             let fused =
-                run::<T>(format, Fuse::Residual, f16_ops, tiles, &x, &nw, &res, &w, (1, n, k)).unwrap();
-            let y = run::<T>(format, Fuse::None, f16_ops, tiles, &x, &x, &zeros_n, &w, (1, n, k)).unwrap();
+                run::<T, T>(format, Fuse::Residual, f16_ops, tiles, &x, &nw, &res, &w, (1, n, k)).unwrap();
+            let y = run::<T, T>(format, Fuse::None, f16_ops, tiles, &x, &x, &zeros_n, &w, (1, n, k)).unwrap();
             assert_eq!(
                 bits(&fused),
                 bits(&residual_add(&y, &res)),
@@ -422,8 +468,9 @@ fn a_wider_output_row_gets_the_same_bits_and_keeps_its_other_columns() {
         let wide0 = activations::<f32>(&mut rng, m * ldo);
         let narrow0: Vec<f32> = wide0.chunks(ldo).flat_map(|r| r[..n].to_vec()).collect();
         let narrow =
-            run::<f32>(QuantFormat::Q4_1, fuse, true, tiles, &x, &x, &narrow0, &w, (m, n, k)).unwrap();
-        let wide = run::<f32>(QuantFormat::Q4_1, fuse, true, tiles, &x, &x, &wide0, &w, (m, n, k)).unwrap();
+            run::<f32, f32>(QuantFormat::Q4_1, fuse, true, tiles, &x, &x, &narrow0, &w, (m, n, k)).unwrap();
+        let wide =
+            run::<f32, f32>(QuantFormat::Q4_1, fuse, true, tiles, &x, &x, &wide0, &w, (m, n, k)).unwrap();
         for r in 0..m {
             let (got, before) = (&wide[r * ldo..][..ldo], &wide0[r * ldo..][..ldo]);
             assert_eq!(

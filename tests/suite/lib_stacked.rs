@@ -153,7 +153,7 @@ fn stacked_cases<T: Act>() {
                 let nw = activations::<T>(&mut rng, k);
                 let res = activations::<T>(&mut rng, n);
                 let want =
-                    run::<T>(format, fuse, f16_ops, (16, 16, true), &x, &nw, &res, &w, (1, n, k)).unwrap();
+                    run::<T, T>(format, fuse, f16_ops, (16, 16, true), &x, &nw, &res, &w, (1, n, k)).unwrap();
                 let block_ns: &[usize] = if pack > 1 { &[4] } else { &[4, 16] };
                 for &block_n in block_ns {
                     let tiling = (stack, block_n, pack);
@@ -194,7 +194,8 @@ fn stacked_tiles_of_several_rows_equal_linear() {
                 let want: Vec<bf16> = (0..m)
                     .flat_map(|r| {
                         let (xr, rr) = (&x[r * k..(r + 1) * k], &res[r * n..(r + 1) * n]);
-                        run::<bf16>(format, fuse, true, (16, 16, true), xr, &nw, rr, &w, (1, n, k)).unwrap()
+                        run::<bf16, bf16>(format, fuse, true, (16, 16, true), xr, &nw, rr, &w, (1, n, k))
+                            .unwrap()
                     })
                     .collect();
                 let shape = (m, rows_cap, n, k);

@@ -87,10 +87,11 @@
 //!   every stride a multiple of [`STRIDE_ALIGN`] (the scale strides of half
 //!   of it).
 //! - Scratch as the multi-kernel step uses it (`h`, `qkv`, `q`, `attn`,
-//!   `act`, `logits` of `m` rows; a stacked QKV leaves `qkv` unwritten); `ws`/`cnt` the split products' workspace
-//!   and counters (counters zero; every launch leaves them zero), `ws` also
-//!   holding a slot per program for the stacked products
-//!   ([`crate::dequant::stacked::stacked_slot`] entries at most);
+//!   `act` of `m` rows in `T`, `logits` of `m` rows in f32, as the LM head
+//!   accumulates them; a stacked QKV leaves `qkv` unwritten); `ws`/`cnt` the
+//!   split products' workspace and counters (counters zero; every launch
+//!   leaves them zero), `ws` also holding a slot per program for the
+//!   stacked products ([`crate::dequant::stacked::stacked_slot`] entries at most);
 //!   `part` the attention's key-block partials: [`attention_parts`] rows
 //!   for the longest context of the step, each `HEAD_DIM` sums, then each
 //!   row's max, then each row's sum (`HEAD_DIM + 2` entries a row);
@@ -226,7 +227,7 @@ pub fn decode_step<T: Float>(
     q_ptr: Ptr<T>,
     attn_ptr: Ptr<T>,
     act_ptr: Ptr<T>,
-    logits_ptr: Ptr<T>,
+    logits_ptr: Ptr<f32>,
     ws_ptr: Ptr<f32>,
     cnt_ptr: Ptr<i32>,
     stage_ptr: Ptr<i32>,

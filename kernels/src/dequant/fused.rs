@@ -48,15 +48,16 @@ use dsl_macros::kernel;
 /// module doc. Each format is its own specialization (IR name
 /// `gemv_q4_1_fused`, ...); Q8_0 is the tied LM head with the final norm in
 /// its prologue. Output row `r` starts at `out + r * ldo` (`ldo >=
-/// n`), as in [`super::linear::linear`].
+/// n`), as in [`super::linear::linear`], in `O` (`T`, or f32 for logits;
+/// the residual add takes `O == T`).
 #[kernel(name = "gemv_{QUANT}_fused")]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_fused<T: Float>(
+pub fn gemv_fused<T: Float, O: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
     nw_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
+    out_ptr: Ptr<O>,
     m: i32,
     n: i32,
     ldo: i32,

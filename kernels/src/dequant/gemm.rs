@@ -298,7 +298,7 @@ pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, quant: Quan
 /// repacked in the format `QUANT`; with `SILU`, `silu(x @ Wg^T) * (x @
 /// Wu^T)` from interleaved gate/up rows; with `SWAP`, the swapped product
 /// ([`gemm_swap`]). Each format is its own specialization (IR name
-/// `gemm_q4_1`, ...).
+/// `gemm_q4_1`, ...). The output is in `O` (`T`, or f32 for logits).
 ///
 /// Unswapped, the program's W tile `[BLOCK_N, width]` holds one quant byte
 /// per element: for the nibble formats (Q4_0, Q4_1, `width = BLOCK_K / 2`)
@@ -330,11 +330,11 @@ pub fn swap_weights(wd: Tensor, nib: Tensor, e8: Tensor, sr: Tensor, quant: Quan
     )
 )]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm<T: Float>(
+pub fn gemm<T: Float, O: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
+    out_ptr: Ptr<O>,
     m: i32,
     n: i32,
     k: i32,

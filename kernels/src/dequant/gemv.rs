@@ -625,7 +625,8 @@ pub fn gemv_body(
 /// K-quants with their sub-block scales and mins); with `SILU`, `out =
 /// silu(x @ Wg^T) * (x @ Wu^T)` from gate/up rows interleaved into one `[2N,
 /// K]` weight. See the module docs. Each format is its own specialization
-/// (IR name `gemv_q4_1`, ...).
+/// (IR name `gemv_q4_1`, ...). The output is in `O` (`T`, or f32 for
+/// logits).
 ///
 /// The autotune configs size the K tile in quant bytes per weight row
 /// (`BLOCK_K = QUANT.k_tile(bytes)`; the one-warp tile is two blocks in
@@ -657,11 +658,11 @@ pub fn gemv_body(
     )
 )]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv<T: Float>(
+pub fn gemv<T: Float, O: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
-    out_ptr: Ptr<T>,
+    out_ptr: Ptr<O>,
     m: i32,
     n: i32,
     k: i32,

@@ -571,7 +571,9 @@ pub fn split_finish(
 /// output tile) and the products meet through `ws` and `cnt` (see
 /// [`split_finish`]); otherwise each program loops over K. Output row `r`
 /// starts at `out + r * ldo` (`ldo >= n`), so one product can fill a column
-/// range of a wider matrix (QKV whose parts differ in format).
+/// range of a wider matrix (QKV whose parts differ in format). The output
+/// is in `O`: `T` for activations, f32 for the LM head's logits (the f32
+/// sums stored unrounded); the residual add takes `O == T`.
 #[kernel(autotune(
     configs = [
         (BLOCK_M = 16, BLOCK_N = 32, num_warps = 4),
@@ -588,12 +590,12 @@ pub fn split_finish(
     key = [m, n, k]
 ))]
 #[allow(clippy::too_many_arguments)]
-pub fn linear<T: Float>(
+pub fn linear<T: Float, O: Float>(
     x_ptr: Ptr<T>,
     q_ptr: Ptr<u8>,
     s_ptr: Ptr<f16>,
     nw_ptr: Ptr<T>,
-    out_ptr: Ptr<T>,
+    out_ptr: Ptr<O>,
     ws_ptr: Ptr<f32>,
     cnt_ptr: Ptr<i32>,
     m: i32,

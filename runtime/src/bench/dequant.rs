@@ -266,7 +266,8 @@ fn measure(
     if gemv {
         let args = product_args!(gemv, planes, (m, n, k), x_ptr: xd.ptr().cast());
         let t = gemv_tiles(format, m, n, k);
-        let base = gemv::Config::new(DType::BF16, format, false, t.m_block, t.block_n, t.block_k);
+        let base =
+            gemv::Config::new(DType::BF16, DType::BF16, format, false, t.m_block, t.block_n, t.block_k);
         let grid_of = |c: &gemv::Config| gemv_grid(m, n, false, c.M_BLOCK, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
         time_picked::<gemv::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
@@ -286,8 +287,17 @@ fn measure(
         if let Some((t, g)) = sk {
             return measure_stream_k(cuda, opts, format, (&xd, &qd, &sd, &od), (m, k, n), t, g, tuned);
         }
-        let base = gemm::Config::new(DType::BF16, format, false, t.block_m, t.block_n, t.block_k, t.swap)
-            .with_stages(t.num_stages);
+        let base = gemm::Config::new(
+            DType::BF16,
+            DType::BF16,
+            format,
+            false,
+            t.block_m,
+            t.block_n,
+            t.block_k,
+            t.swap,
+        )
+        .with_stages(t.num_stages);
         let grid_of = |c: &gemm::Config| gemm_grid(m, n, false, c.BLOCK_M, c.BLOCK_N);
         let untuned = base.clone().with_warps(t.num_warps);
         time_picked::<gemm::Kernel>(cuda, opts, tuned, grid_of, (&base, untuned), &args)
@@ -371,8 +381,8 @@ fn measure_fused(
         eps: 1e-5,
     );
     let fuse = Fuse::NONE.with_silu(silu).with_norm(norm).with_residual(residual);
-    let config =
-        kk::Config::new(DType::BF16, format, fuse, t.m_block, t.block_n, t.block_k).with_warps(t.num_warps);
+    let config = kk::Config::new(DType::BF16, DType::BF16, format, fuse, t.m_block, t.block_n, t.block_k)
+        .with_warps(t.num_warps);
     time_launch_ms::<kk::Kernel>(cuda, opts, grid, &config, &args)
 }
 

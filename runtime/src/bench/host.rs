@@ -148,7 +148,8 @@ fn kernel_rows(host: &mut Host, opts: &BenchOptions) -> Result<Vec<Record>> {
             ($quant:expr) => {{
                 use kernels::cpu_gemv::cpu_gemv as kk;
                 let fuse = Fuse::NONE.with_silu(silu).with_norm(norm).with_residual(residual);
-                let config = kk::Config::new(DType::F32, $quant, fuse, t.m_block, t.block_n, t.block_k);
+                let config =
+                    kk::Config::new(DType::F32, DType::F32, $quant, fuse, t.m_block, t.block_n, t.block_k);
                 let mut args = kk::Args {
                     x_ptr: xq.cast(),
                     q_ptr: q,

@@ -145,7 +145,8 @@ pub fn records(cuda: &mut Cuda, opts: &BenchOptions) -> Result<Vec<Record>> {
                 ldo: n as i32,
                 eps: 1e-5,
             );
-            let (base, grid, _) = linear_config(DType::BF16, format, m, rows, k, silu, norm, residual, true);
+            let (base, grid, _) =
+                linear_config(DType::BF16, DType::BF16, format, m, rows, k, silu, norm, residual, true);
             let name = format!("linear/bf16/{label}/M{m}");
             let ms = time_launch_ms::<linear::Kernel>(cuda, opts, grid, &base, &args)?;
             eprintln!("measured {name}: {:.2} us", ms * 1e3);

@@ -94,7 +94,7 @@ fn product<D: Device, T: ActElem>(
     let n = if silu { rows / 2 } else { rows };
     let tc = dev.tensor_cores();
     let (mut config, mut grid, mut need) =
-        linear_config(T::DEVICE_DTYPE, w.format, m, rows, k, silu, fuse == 1, fuse == 2, tc);
+        linear_config(T::DEVICE_DTYPE, T::DEVICE_DTYPE, w.format, m, rows, k, silu, fuse == 1, fuse == 2, tc);
     if let Some(t) = tiles {
         config = t.clone();
         let lt =
@@ -212,8 +212,18 @@ pub fn linear_rows<D: Device, T: ActElem>(
             ));
         }
         if dev.tensor_cores() {
-            let (base, _, _) =
-                linear_config(T::DEVICE_DTYPE, format, total, rows, k, silu, false, false, true);
+            let (base, _, _) = linear_config(
+                T::DEVICE_DTYPE,
+                T::DEVICE_DTYPE,
+                format,
+                total,
+                rows,
+                k,
+                silu,
+                false,
+                false,
+                true,
+            );
             for split in [false, true] {
                 for mut c in linear::autotune_configs(&base) {
                     c.SPLIT = split;
@@ -231,8 +241,18 @@ pub fn linear_rows<D: Device, T: ActElem>(
         } else {
             // The interpreter: the split form against the loop.
             let t = LinearTiles { block_m: 16, block_n: 64, num_warps: 4, split: true };
-            let (base, _, _) =
-                linear_config(T::DEVICE_DTYPE, format, total, rows, k, silu, false, false, false);
+            let (base, _, _) = linear_config(
+                T::DEVICE_DTYPE,
+                T::DEVICE_DTYPE,
+                format,
+                total,
+                rows,
+                k,
+                silu,
+                false,
+                false,
+                false,
+            );
             let mut c = base.clone();
             (c.BLOCK_M, c.BLOCK_N, c.SPLIT) = (t.block_m, t.block_n, t.split);
             let got = product::<D, T>(dev, &w, silu, 0, &x[..7 * k], &x[..k], &zeros, 7, Some(&c))?;

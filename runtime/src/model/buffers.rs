@@ -15,7 +15,6 @@ use super::device::Device;
 use crate::error::{Error, Result};
 use crate::gguf::LlamaConfig;
 use crate::model::ActElem;
-use dsl_core::DType;
 
 /// Activation buffers, sized for `tokens` rows, `rows` logit rows and `parts`
 /// split-KV partial rows.
@@ -42,8 +41,10 @@ pub(super) struct Scratch<D: Device, T: ActElem> {
     pub act: D::Buf<T>,
     /// Final-normed logit rows, `[rows, n_embd]`.
     pub last: D::Buf<T>,
-    /// Logits, `[rows, vocab]`.
-    pub logits: D::Buf<T>,
+    /// Logits, `[rows, vocab]`, in f32 whatever `T` is: the LM head stores
+    /// its f32 sums unrounded, so the sampler's argmax and logprobs see no
+    /// ties a 16-bit rounding would make.
+    pub logits: D::Buf<f32>,
     /// Split-KV partial outputs, `[parts, head_dim]` (and the persistent
     /// step's key-block partials, `[parts, head_dim + 2]`).
     pub part_o: D::Buf<f32>,
@@ -75,9 +76,6 @@ pub(super) struct Scratch<D: Device, T: ActElem> {
 pub(super) struct SampleBufs<D: Device> {
     /// Row capacity.
     pub rows: usize,
-    /// The logits in f32 (absent when `T` is f32: the sampler reads the
-    /// scratch logits directly).
-    pub logits_f32: Option<D::Buf<f32>>,
     /// The sampler's workspace, `[rows, vocab]`.
     pub ws: D::Buf<f32>,
     /// Sampled ids (i32), logprobs (f32) and thresholds (f32), each
@@ -227,11 +225,8 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
             return Ok(());
         };
         self.sample = None;
-        let logits_f32 =
-            if T::DEVICE_DTYPE == DType::F32 { None } else { Some(dev.zeros::<f32>(rows * vocab)?) };
         self.sample = Some(SampleBufs {
             rows,
-            logits_f32,
             ws: dev.zeros(rows * vocab)?,
             out: dev.zeros(3 * 4 * out_stride(rows))?,
         });

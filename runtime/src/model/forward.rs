@@ -288,9 +288,8 @@ pub struct Model<D: Device, T: ActElem> {
     pub(super) graphs: Option<GraphState<D, T>>,
     /// A fixed decode split length (tests), instead of the split plan.
     pub(super) split_override: Option<usize>,
-    /// Where the last sampled step's logits are: `(graph buffers, rows,
-    /// whether the sampler widened them into its f32 buffer)`.
-    pub(super) last_sampled: Option<(bool, usize, bool)>,
+    /// Where the last sampled step's logits are: `(graph buffers, rows)`.
+    pub(super) last_sampled: Option<(bool, usize)>,
     /// Why graphs were turned off, if a capture failed.
     pub(super) graph_failure: Option<String>,
     /// The launches being recorded, while profiling.
@@ -716,7 +715,6 @@ impl<D: Device, T: ActElem> Model<D, T> {
             return Ok(Vec::new());
         }
         let s = eager.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
-        let logits = dev.download_prefix(&s.logits, plan.rows * weights.config.vocab_size)?;
-        Ok(logits.iter().map(|v| v.to_f64() as f32).collect())
+        dev.download_prefix(&s.logits, plan.rows * weights.config.vocab_size)
     }
 }

@@ -43,7 +43,6 @@ use super::inputs::{
 use super::layers::launch_forward;
 use super::sampler::{
     HostTimes, Masker, SampleRow, Sampled, build_counts, launch_sampling, read_sampled, upload_masks,
-    widens_logits,
 };
 use crate::error::Result;
 use crate::model::ActElem;
@@ -339,7 +338,6 @@ impl<D: Device, T: ActElem> Model<D, T> {
         // masked step the host computes the masks while the device runs the
         // forward pass launched before, and the mask kernel and the sampler
         // follow it; then the sampled rows are read back.
-        let mut widened = widens_logits(penalties, false);
         let mut finish = |ln: &mut Launcher<'_, D>| -> Result<_> {
             if masked {
                 let t = std::time::Instant::now();
@@ -347,7 +345,6 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 *last_mask_time = t.elapsed();
                 let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), b, vocab)?;
                 launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, dm.as_ref())?;
-                widened = widens_logits(penalties, dm.is_some());
             }
             read_sampled(ln.dev, &gs.bufs, bucket, b)
         };
@@ -384,14 +381,14 @@ impl<D: Device, T: ActElem> Model<D, T> {
                         self.graph_mode = GraphMode::Off;
                     }
                 }
-                self.last_sampled = Some((true, b, widened));
+                self.last_sampled = Some((true, b));
                 return Ok(Some(out));
             }
         }
         let launched = std::time::Instant::now();
         let out = finish(ln)?;
         *last_host_times = phases(launched);
-        self.last_sampled = Some((true, b, widened));
+        self.last_sampled = Some((true, b));
         Ok(Some(out))
     }
 }

@@ -430,26 +430,27 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
     /// `fuse`; `x` and `out` start at element offsets, and output rows are
     /// `ldo` elements apart (`None`: the product's width; wider for a column
     /// range of a wider output, which the fast path's unfused GEMV and GEMM
-    /// cannot write, so such a product runs the batch-invariant one).
+    /// cannot write, so such a product runs the batch-invariant one). The
+    /// output is in `O` (`T`, or f32 for the logits).
     #[allow(clippy::too_many_arguments)]
-    fn project(
+    fn project<O: ActElem>(
         &self,
         ln: &mut Launcher<'_, D>,
         role: &'static str,
         w: MatRef<'_, D>,
         x: (&D::Buf<T>, usize),
-        (out, ldo): ((&D::Buf<T>, usize), Option<usize>),
+        (out, ldo): ((&D::Buf<O>, usize), Option<usize>),
         m: usize,
         silu: bool,
         fuse: Fuse<'_, D, T>,
     ) -> Result<()> {
-        let es = T::DEVICE_DTYPE.size_bytes();
+        let (es, os) = (T::DEVICE_DTYPE.size_bytes(), O::DEVICE_DTYPE.size_bytes());
         let n_out = w.n_out(silu);
         let ldo = ldo.unwrap_or(n_out);
         let rw = if matches!(fuse, Fuse::Residual) { 2 } else { 1 };
         ln.cost(
             || format!("{role} {}x{} {} m{m}", w.n, w.k, w.format.name()),
-            w.format.gguf_bytes(w.n, w.k) + m * w.k * es + rw * m * n_out * es,
+            w.format.gguf_bytes(w.n, w.k) + m * w.k * es + rw * m * n_out * os,
             2 * m * w.n * w.k,
         );
         // Formats the fast path's GPU-shaped kernels do not take run the
@@ -461,12 +462,12 @@ impl<D: Device, T: ActElem> Fwd<'_, D, T> {
         let fast = w.format.gpu_kernels() || (fast_path_gemv(w.format, m, w.n) && !ln.dev.cpu_gemv());
         let p = Product { w, x, out, ldo, m, silu };
         if self.plan.invariant || !fast || narrow {
-            return linear_launch::<D, T>(ln, self.s, p, fuse);
+            return linear_launch::<D, T, O>(ln, self.s, p, fuse);
         }
         match fuse {
-            Fuse::None => matmul::<D, T>(ln, p),
-            Fuse::Norm(nw, eps) => gemv_fused::<D, T>(ln, p, Some((nw, eps)), false),
-            Fuse::Residual => gemv_fused::<D, T>(ln, p, None, true),
+            Fuse::None => matmul::<D, T, O>(ln, p),
+            Fuse::Norm(nw, eps) => gemv_fused::<D, T, O>(ln, p, Some((nw, eps)), false),
+            Fuse::Residual => gemv_fused::<D, T, O>(ln, p, None, true),
         }
     }
 

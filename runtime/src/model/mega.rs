@@ -419,7 +419,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
         q_ptr: D::ptr_at::<T, AnyDType>(&s.q, 0)?,
         attn_ptr: D::ptr_at::<T, AnyDType>(&s.attn, 0)?,
         act_ptr: D::ptr_at::<T, AnyDType>(&s.act, 0)?,
-        logits_ptr: D::ptr_at::<T, AnyDType>(&s.logits, 0)?,
+        logits_ptr: D::ptr_at::<f32, f32>(&s.logits, 0)?,
         ws_ptr: D::ptr_at::<f32, f32>(&s.lin_ws, 0)?,
         cnt_ptr: D::ptr_at::<i32, i32>(&s.lin_cnt, 0)?,
         stage_ptr: D::ptr_at::<i32, i32>(&s.mega_stage, 0)?,

@@ -43,32 +43,34 @@ impl<D: Device, T: ActElem> Copy for Fuse<'_, D, T> {}
 /// One product `out = x @ w^T` (or the fused SiLU-mul of gate and up,
 /// `n = w.n / 2`) of `m` rows: the weight, the activations and the output
 /// (each a buffer and an offset in elements), output rows `ldo` elements
-/// apart.
-pub(super) struct Product<'a, D: Device, T: ActElem> {
+/// apart. The output is in `O`: the activations' `T`, or f32 for the LM
+/// head, whose logits keep the accumulator's bits.
+pub(super) struct Product<'a, D: Device, T: ActElem, O: ActElem = T> {
     pub w: MatRef<'a, D>,
     pub x: At<'a, D::Buf<T>>,
-    pub out: At<'a, D::Buf<T>>,
+    pub out: At<'a, D::Buf<O>>,
     pub ldo: usize,
     pub m: usize,
     pub silu: bool,
 }
 
 // By hand, as for `Fuse`.
-impl<D: Device, T: ActElem> Clone for Product<'_, D, T> {
+impl<D: Device, T: ActElem, O: ActElem> Clone for Product<'_, D, T, O> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<D: Device, T: ActElem> Copy for Product<'_, D, T> {}
+impl<D: Device, T: ActElem, O: ActElem> Copy for Product<'_, D, T, O> {}
 
 /// The configuration and grid of the batch-invariant product ([`linear`])
-/// of `m` rows with a `format` weight of `rows` rows and `k` columns, with
+/// with `dtype` activations and an `out_dtype` output of `m` rows with a `format` weight of `rows` rows and `k` columns, with
 /// its fusions, on the device's tiles ([`linear_tiles`]; f16 operands on
 /// tensor cores), and the workspace entries and counters it needs.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_config(
     dtype: DType,
+    out_dtype: DType,
     format: QuantFormat,
     m: usize,
     rows: usize,
@@ -83,6 +85,7 @@ pub(crate) fn linear_config(
     let fuse = KernelFuse::NONE.with_silu(silu).with_norm(norm).with_residual(residual);
     let config = linear::Config::new(
         dtype,
+        out_dtype,
         format,
         fuse,
         t.split,
@@ -191,10 +194,10 @@ fn prologue_args<'a, D: Device + 'a, T: ActElem>(
 
 /// The batch-invariant product `p` with its fusions: [`linear`], or on
 /// devices with [`Device::cpu_gemv`] the CPU GEMV at every batch size.
-pub(super) fn linear_launch<D: Device, T: ActElem>(
+pub(super) fn linear_launch<D: Device, T: ActElem, O: ActElem>(
     l: &mut Launcher<'_, D>,
     scratch: &Scratch<D, T>,
-    p: Product<'_, D, T>,
+    p: Product<'_, D, T, O>,
     fuse: Fuse<'_, D, T>,
 ) -> Result<()> {
     let Product { w, x, out, ldo, m, silu } = p;
@@ -209,12 +212,22 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
         // The native CPU's invariant product: `cpu_gemv`'s row arithmetic is
         // fixed by its K tile alone (the same for every `m`), and its fusions
         // give the separate kernels' bits.
-        return gemv_fused::<D, T>(l, p, norm, residual);
+        return gemv_fused::<D, T, O>(l, p, norm, residual);
     }
     let (np, eps) = prologue_args::<D, T>(norm, x)?;
     let tc = l.dev.tensor_cores();
-    let (config, grid, (ws, cnt)) =
-        linear_config(T::DEVICE_DTYPE, w.format, m, w.n, w.k, silu, norm.is_some(), residual, tc);
+    let (config, grid, (ws, cnt)) = linear_config(
+        T::DEVICE_DTYPE,
+        O::DEVICE_DTYPE,
+        w.format,
+        m,
+        w.n,
+        w.k,
+        silu,
+        norm.is_some(),
+        residual,
+        tc,
+    );
     let s = scratch;
     if ws > 0 && (ws > s.lin_ws_len || cnt > s.lin_cnt_len) {
         return Err(usage(format!(
@@ -224,7 +237,7 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
     let (qp, sp) = w.planes()?;
     let args = product_args!(
         linear,
-        (qp, sp, any::<D, T>(out.0, out.1)?),
+        (qp, sp, any::<D, O>(out.0, out.1)?),
         (m, n, w.k),
         x_ptr: any::<D, T>(x.0, x.1)?,
         nw_ptr: np,
@@ -238,11 +251,14 @@ pub(super) fn linear_launch<D: Device, T: ActElem>(
 
 /// The product `p` with dense output rows (`ldo` is the output width) on
 /// the fast path: the GEMV for small products, the tensor-core GEMM above.
-pub(super) fn matmul<D: Device, T: ActElem>(l: &mut Launcher<'_, D>, p: Product<'_, D, T>) -> Result<()> {
+pub(super) fn matmul<D: Device, T: ActElem, O: ActElem>(
+    l: &mut Launcher<'_, D>,
+    p: Product<'_, D, T, O>,
+) -> Result<()> {
     let Product { w, x, out, m, silu, .. } = p;
-    let dtype = T::DEVICE_DTYPE;
+    let (dtype, out_dtype) = (T::DEVICE_DTYPE, O::DEVICE_DTYPE);
     let n = w.n_out(silu);
-    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
+    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, O>(out.0, out.1)?);
     let (qp, sp) = w.planes()?;
     macro_rules! launch {
         ($family:ident, $kernel:ident, $tiles:expr, $grid:expr $(, $extra:expr)*) => {{
@@ -250,7 +266,9 @@ pub(super) fn matmul<D: Device, T: ActElem>(l: &mut Launcher<'_, D>, p: Product<
             let (a, b, c, warps, stages) = $tiles;
             let args = product_args!(kk, (qp, sp, op), (m, n, w.k), x_ptr: xp);
             let config =
-                kk::Config::new(dtype, w.format, silu, a, b, c $(, $extra)*).with_warps(warps).with_stages(stages);
+                kk::Config::new(dtype, out_dtype, w.format, silu, a, b, c $(, $extra)*)
+                    .with_warps(warps)
+                    .with_stages(stages);
             l.run::<kk::Kernel>($grid, &config, &args)
         }};
     }
@@ -274,16 +292,16 @@ pub(super) fn matmul<D: Device, T: ActElem>(l: &mut Launcher<'_, D>, p: Product<
 /// `out = norm(x) @ w^T` (or the fused SiLU-mul) with `norm = Some((weights,
 /// eps))` the RMSNorm prologue, or `out += x @ w^T` in place with
 /// `residual` (one row with `norm`).
-pub(super) fn gemv_fused<D: Device, T: ActElem>(
+pub(super) fn gemv_fused<D: Device, T: ActElem, O: ActElem>(
     l: &mut Launcher<'_, D>,
-    p: Product<'_, D, T>,
+    p: Product<'_, D, T, O>,
     norm: Option<(At<'_, D::Buf<T>>, f32)>,
     residual: bool,
 ) -> Result<()> {
     let Product { w, x, out, ldo, m, silu } = p;
     let n = out_columns(w, silu, ldo)?;
-    let dtype = T::DEVICE_DTYPE;
-    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, T>(out.0, out.1)?);
+    let (dtype, out_dtype) = (T::DEVICE_DTYPE, O::DEVICE_DTYPE);
+    let (xp, op) = (any::<D, T>(x.0, x.1)?, any::<D, O>(out.0, out.1)?);
     let (np, eps) = prologue_args::<D, T>(norm, x)?;
     let (qp, sp) = w.planes()?;
     let t = l.dev.gemv_tiles(w.format, m, w.n, w.k);
@@ -295,7 +313,8 @@ pub(super) fn gemv_fused<D: Device, T: ActElem>(
             let args =
                 product_args!(kk, (qp, sp, op), (m, n, w.k), x_ptr: xp, nw_ptr: np, ldo: ldo as i32, eps);
             let config =
-                kk::Config::new(dtype, w.format, fuse, t.m_block, t.block_n, t.block_k).with_warps(t.num_warps);
+                kk::Config::new(dtype, out_dtype, w.format, fuse, t.m_block, t.block_n, t.block_k)
+                    .with_warps(t.num_warps);
             l.run::<kk::Kernel>(grid, &config, &args)
         }};
     }

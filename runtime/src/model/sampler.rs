@@ -3,12 +3,13 @@
 //! of [`kernels::sampling`] (read its module doc for the exact math), so only
 //! the sampled ids and their logprobs come back to the host.
 //!
-//! Per step, after the LM head:
+//! Per step, after the LM head (which writes f32 logits whatever the
+//! activation dtype):
 //!
 //! ```text
-//! logits_f32 = logits_to_f32(logits)                 (only with penalties or masks, T not f32)
-//! penalties(logits_f32, counts)                      (only when a row uses penalties)
-//! ids, logprobs = sample(logits_f32 or logits, settings)  (one program per row)
+//! penalties(logits, counts)                  (only when a row uses penalties)
+//! apply_token_mask(logits, masks)            (only when a row is constrained)
+//! ids, logprobs = sample(logits, settings)   (one program per row)
 //! ```
 //!
 //! Settings are vLLM's ([`SamplingParams`]): temperature (greedy below
@@ -49,7 +50,6 @@ use crate::error::{Error, Result};
 use crate::model::ActElem;
 use dsl_core::DType;
 use dsl_core::launch::AnyDType;
-use dsl_macros::kernel;
 use kernels::sampling::{self, apply_token_mask, penalties, sample, token_counts_add};
 use std::marker::PhantomData;
 
@@ -156,19 +156,6 @@ pub struct Sampled {
     pub logprob: f32,
 }
 
-/// `out[i] = f32(x[i])` for `i < n`: the LM head's logits in `T` as the
-/// sampler's f32 input.
-#[kernel]
-pub fn logits_to_f32<T: Float>(x_ptr: Ptr<T>, out_ptr: Ptr<f32>, n: i32, #[constexpr] BLOCK: usize) {
-    // Programmatic dependent launch (sm_90): every input may come from the
-    // previous kernel, so wait first; then let the next kernel start early.
-    gdc_wait();
-    gdc_launch_dependents();
-    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
-    let mask = offs < n;
-    store(out_ptr + offs, load(x_ptr + offs, mask = mask).to(f32), mask = mask);
-}
-
 /// The grammar masks of one step's constrained rows, as a
 /// [`Model::forward_sample_masked`] masker returns them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -234,8 +221,6 @@ pub(super) fn upload_masks<'a, D: Device>(
     Ok(Some(MaskView { rows: rb, bits: bb, n, words }))
 }
 
-/// Elements per program of [`logits_to_f32`].
-const CAST_BLOCK: usize = 1024;
 /// Vocabulary entries per program of `apply_token_mask`.
 const MASK_BLOCK: usize = 1024;
 /// Vocabulary entries per program of the penalties kernel.
@@ -290,23 +275,15 @@ pub(super) fn launch_sampling<D: Device, T: ActElem>(
     launch_sampler(ln, vocab, &s.logits, sb, counts, arena, sl, rows, masks)
 }
 
-/// Whether the sampler first widens a step's logits to f32 in their own
-/// buffer: only when a kernel before `sample` rewrites them in place (the
-/// penalties, a grammar mask); otherwise `sample` reads the activation
-/// dtype itself, each value widened exactly as it is read.
-pub(super) fn widens_logits(penalties: bool, masked: bool) -> bool {
-    penalties || masked
-}
-
-/// The sampler's launches on explicit buffers: `logits` `[rows, vocab]` in
-/// `T` (cast to f32 into `sb` when `T` is not f32 and [`widens_logits`]),
-/// the penalties kernel when `counts` is given, the grammar masks when
-/// given, then `sample` into `sb`'s outputs.
+/// The sampler's launches on explicit buffers: on the f32 `logits` `[rows,
+/// vocab]`, the penalties kernel when `counts` is given and the grammar
+/// masks when given (both rewrite the logits in place), then `sample` into
+/// `sb`'s outputs.
 #[allow(clippy::too_many_arguments)]
-fn launch_sampler<D: Device, T: ActElem>(
+fn launch_sampler<D: Device>(
     ln: &mut Launcher<'_, D>,
     vocab: usize,
-    logits_t: &D::Buf<T>,
+    logits_buf: &D::Buf<f32>,
     sb: &SampleBufs<D>,
     counts: Option<&Counts<D>>,
     arena: &D::Buf<u8>,
@@ -315,22 +292,7 @@ fn launch_sampler<D: Device, T: ActElem>(
     masks: Option<&MaskView<'_, D>>,
 ) -> Result<()> {
     let n = rows * vocab;
-    let widen = widens_logits(counts.is_some(), masks.is_some());
-    let (logits, sample_logits, dtype) = match sb.logits_f32.as_ref().filter(|_| widen) {
-        Some(lf) => {
-            let config = logits_to_f32::Config::new(T::DEVICE_DTYPE, CAST_BLOCK);
-            let args = logits_to_f32::Args {
-                x_ptr: D::ptr_at::<T, AnyDType>(logits_t, 0)?,
-                out_ptr: D::ptr_at::<f32, f32>(lf, 0)?,
-                n: n as i32,
-                _marker: PhantomData,
-            };
-            ln.cost(|| format!("logits to f32 {rows} rows"), n * (T::DEVICE_DTYPE.size_bytes() + 4), 0);
-            ln.run::<logits_to_f32::Kernel>([n.div_ceil(CAST_BLOCK) as u32, 1, 1], &config, &args)?;
-            (D::ptr_at::<f32, f32>(lf, 0)?, D::ptr_at::<f32, AnyDType>(lf, 0)?, DType::F32)
-        }
-        None => (D::ptr_at::<T, f32>(logits_t, 0)?, D::ptr_at::<T, AnyDType>(logits_t, 0)?, T::DEVICE_DTYPE),
-    };
+    let logits = D::ptr_at::<f32, f32>(logits_buf, 0)?;
     let f32_at = |off: usize| D::ptr_at::<u8, f32>(arena, off);
     if let Some(c) = counts {
         let config = penalties::Config::new(PENALTY_BLOCK);
@@ -368,10 +330,10 @@ fn launch_sampler<D: Device, T: ActElem>(
         ln.run::<apply_token_mask::Kernel>(grid, &config, &args)?;
     }
     let block = sampling::block_for(vocab);
-    let config = sample::Config::new(dtype, block).with_warps(sampling::warps_for(block));
+    let config = sample::Config::new(DType::F32, block).with_warps(sampling::warps_for(block));
     let stride = out_stride(rows);
     let args = sample::Args {
-        logits_ptr: sample_logits,
+        logits_ptr: D::ptr_at::<f32, AnyDType>(logits_buf, 0)?,
         ws_ptr: D::ptr_at::<f32, f32>(&sb.ws, 0)?,
         temperature_ptr: f32_at(sl.temperature)?,
         top_k_ptr: arena_i32::<D>(arena, sl.top_k)?,
@@ -387,7 +349,7 @@ fn launch_sampler<D: Device, T: ActElem>(
         _marker: PhantomData,
     };
     // The logits read, the filtered row written to the workspace.
-    ln.cost(|| format!("sample {rows} rows"), n * (dtype.size_bytes() + 4), 0);
+    ln.cost(|| format!("sample {rows} rows"), n * (4 + 4), 0);
     ln.run::<sample::Kernel>([rows as u32, 1, 1], &config, &args)
 }
 
@@ -423,12 +385,7 @@ pub fn sample_logits<D: Device>(
     let arena = dev.zeros::<u8>(lay.len)?;
     dev.write(&arena, st.bytes())?;
     let logits_buf = dev.upload(logits)?;
-    let sb = SampleBufs::<D> {
-        rows: r,
-        logits_f32: None,
-        ws: dev.zeros(r * vocab)?,
-        out: dev.zeros(12 * out_stride(r))?,
-    };
+    let sb = SampleBufs::<D> { rows: r, ws: dev.zeros(r * vocab)?, out: dev.zeros(12 * out_stride(r))? };
     let counts = if pen > 0 {
         Some(Counts::<D> { rows: pen, prompt: dev.zeros(pen * vocab)?, output: dev.zeros(pen * vocab)? })
     } else {
@@ -440,7 +397,7 @@ pub fn sample_logits<D: Device>(
         let (mut pen_arena, mut pen_staging) = (None, Vec::new());
         build_counts(ln, &mut pen_arena, &mut pen_staging, c, rows, vocab)?;
     }
-    launch_sampler::<D, f32>(ln, vocab, &logits_buf, &sb, counts.as_ref(), &arena, &sl, r, None)?;
+    launch_sampler::<D>(ln, vocab, &logits_buf, &sb, counts.as_ref(), &arena, &sl, r, None)?;
     read_out(ln.dev, &sb, r, r)
 }
 
@@ -655,7 +612,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let out = read_sampled(ln.dev, eager, rows.len(), rows.len())?;
         *last_host_times =
             HostTimes { prepare: staged - start, launch: launched - staged, wait: launched.elapsed() };
-        self.last_sampled = Some((false, rows.len(), widens_logits(pen > 0, dm.is_some())));
+        self.last_sampled = Some((false, rows.len()));
         Ok(out)
     }
 
@@ -676,21 +633,15 @@ impl<D: Device, T: ActElem> Model<D, T> {
     ///
     /// Errors: no step was sampled since the last one without rows.
     pub fn last_logits(&self, dev: &D) -> Result<Vec<f32>> {
-        let (graph, rows, widened) =
-            self.last_sampled.ok_or_else(|| usage("no step has been sampled yet".into()))?;
+        let (graph, rows) = self.last_sampled.ok_or_else(|| usage("no step has been sampled yet".into()))?;
         let bufs = if graph {
             &self.graphs.as_ref().ok_or_else(|| usage("the graph buffers are gone".into()))?.bufs
         } else {
             &self.eager
         };
         let n = rows * self.weights.config.vocab_size;
-        let missing = || usage("the sampling buffers were not allocated".into());
-        match bufs.sample.as_ref().ok_or_else(missing)?.logits_f32.as_ref().filter(|_| widened) {
-            Some(lf) => dev.download_prefix(lf, n),
-            None => {
-                let s = bufs.scratch.as_ref().ok_or_else(missing)?;
-                Ok(dev.download_prefix(&s.logits, n)?.iter().map(|v| v.to_f64() as f32).collect())
-            }
-        }
+        let s =
+            bufs.scratch.as_ref().ok_or_else(|| usage("the scratch buffers were not allocated".into()))?;
+        dev.download_prefix(&s.logits, n)
     }
 }

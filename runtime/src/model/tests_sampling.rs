@@ -152,6 +152,23 @@ fn greedy_is_the_argmax_of_forward_logits_bf16() {
     greedy_matches_forward::<bf16>();
 }
 
+/// A bf16 model's logits are the LM head's f32 sums, not bf16 values: a
+/// 16-bit logit row would tie candidates a true step apart.
+#[test]
+fn bf16_models_return_unrounded_logits() {
+    let g = tiny_model().unwrap();
+    let mut cpu = Cpu::new();
+    let mut m = model::<Cpu, bf16>(&mut cpu, &g);
+    let (mut total, mut off_grid) = (0, 0);
+    for s in scenario_steps(m.weights.config.vocab_size as u32) {
+        for v in m.forward(&mut cpu, &s.step()).unwrap() {
+            total += 1;
+            off_grid += usize::from(bf16::from_f32(v).to_f32() != v);
+        }
+    }
+    assert!(total > 0 && 2 * off_grid > total, "{off_grid} of {total} logits are not bf16 values");
+}
+
 /// A decode step of the sequences `order` (of three prefilled ones:
 /// sequence `i` has `5 + i` tokens and blocks `[i]`), each fed token `7 + i`.
 fn three_seq_step(order: &[usize]) -> OwnedStep {
@@ -327,20 +344,19 @@ fn penalties_change_the_choice_as_vllm_defines() {
     }
 }
 
-/// With bf16 activations the sampler widens the logits to f32 only for a
-/// step with penalties: `last_logits` then gives the penalized f32 logits
-/// (the host's penalties on the widened values, bit for bit), and after a
-/// later step without penalties the logits that step's `sample` read, not
-/// the stale f32 copy.
+/// With bf16 activations the penalties rewrite the step's f32 logits in
+/// place: `last_logits` then gives the penalized logits (the host's
+/// penalties, bit for bit), and after a later step without penalties the
+/// logits that step's `sample` read, not the penalized ones.
 #[test]
-fn penalties_widen_bf16_logits_and_last_logits_follows() {
+fn penalties_rewrite_bf16_models_logits_and_last_logits_follows() {
     let (mut cpu, mut m) = three_seq_model::<bf16>();
     let vocab = m.weights.config.vocab_size;
     let greedy = SamplingParams::default();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let (base, logits) = greedy_pair_step(&mut m, &mut cpu);
     let want_plain = m.forward(&mut cpu, &three_seq_step(&[0, 1]).step()).unwrap();
-    assert_eq!(bits(&logits), bits(&want_plain), "the unwidened step's logits");
+    assert_eq!(bits(&logits), bits(&want_plain), "the unpenalized step's logits");
     let t0 = base[0].token;
     let p = SamplingParams { repetition_penalty: 10.0, frequency_penalty: 1.5, ..greedy.clone() };
     let tokens = [t0, t0, 9];
@@ -353,7 +369,7 @@ fn penalties_widen_bf16_logits_and_last_logits_follows() {
     assert_eq!(out[1], base[1]);
     let (again, after) = greedy_pair_step(&mut m, &mut cpu);
     assert_eq!(again, base);
-    assert_eq!(bits(&after), bits(&logits), "last_logits read a stale f32 copy");
+    assert_eq!(bits(&after), bits(&logits), "last_logits read the penalized logits");
 }
 
 #[test]

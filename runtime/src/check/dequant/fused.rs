@@ -93,7 +93,7 @@ pub(crate) fn run_fused<T: DeviceElem, D: Device>(
             ldo: n as i32,
             eps: FUSED_EPS,
         );
-        let mut config = kk::Config::new(T::DEVICE_DTYPE, launch.format, flags, a, b, c);
+        let mut config = kk::Config::new(T::DEVICE_DTYPE, T::DEVICE_DTYPE, launch.format, flags, a, b, c);
         if kernels == FusedKernels::Dequant {
             config = config.with_warps(launch.warps);
         }

@@ -152,14 +152,14 @@ macro_rules! with_kernel {
         match $launch.path {
             Path::Gemv => {
                 use kernels::dequant::gemv::gemv as $kk;
-                let $cfg = $kk::Config::new($dt, $launch.format, $launch.silu, a, b, c)
+                let $cfg = $kk::Config::new($dt, $dt, $launch.format, $launch.silu, a, b, c)
                     .with_warps($launch.warps)
                     .with_stages($launch.stages);
                 $body
             }
             Path::Gemm => {
                 use kernels::dequant::gemm::gemm as $kk;
-                let $cfg = $kk::Config::new($dt, $launch.format, $launch.silu, a, b, c, $launch.swap)
+                let $cfg = $kk::Config::new($dt, $dt, $launch.format, $launch.silu, a, b, c, $launch.swap)
                     .with_warps($launch.warps)
                     .with_stages($launch.stages);
                 $body
@@ -180,7 +180,7 @@ fn tuned_launches(base: Launch) -> Vec<Launch> {
     match base.path {
         Path::Gemv => {
             use kernels::dequant::gemv::gemv as kk;
-            let cfg = kk::Config::new(DType::BF16, base.format, base.silu, a, b, c);
+            let cfg = kk::Config::new(DType::BF16, DType::BF16, base.format, base.silu, a, b, c);
             kk::autotune_configs(&cfg)
                 .into_iter()
                 .map(|t| with((t.M_BLOCK, t.BLOCK_N, t.BLOCK_K), t.num_warps, false, t.num_stages))
@@ -188,7 +188,7 @@ fn tuned_launches(base: Launch) -> Vec<Launch> {
         }
         Path::Gemm => {
             use kernels::dequant::gemm::gemm as kk;
-            let cfg = kk::Config::new(DType::BF16, base.format, base.silu, a, b, c, false);
+            let cfg = kk::Config::new(DType::BF16, DType::BF16, base.format, base.silu, a, b, c, false);
             kk::autotune_configs(&cfg)
                 .into_iter()
                 .map(|t| with((t.BLOCK_M, t.BLOCK_N, t.BLOCK_K), t.num_warps, t.SWAP, t.num_stages))
