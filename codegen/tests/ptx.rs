@@ -1817,13 +1817,15 @@ fn dequant_gemm_stream_k() {
 /// The batch-invariant kernels (`kernels::dequant::linear`, FlashAttention
 /// and the decode kernel with `INVARIANT`) at the runtime's tiles for
 /// SmolLM2: every row of one product runs the same tensor-core instruction
-/// whatever the batch, so each target runs one family. `linear` is
-/// `mma.sync` with f16 operands at every batch size on both targets; on
-/// sm_90a the decode kernel's 64-row tile takes `wgmma`, as the prefill
-/// kernel does, and on sm_80 both run `mma.sync`. The row sum of the
-/// invariant softmax is one `fma` per block, which the partial-row-sum
-/// rewrite leaves alone, so both attention kernels reduce it with the same
-/// shuffles in their loops.
+/// whatever the batch. `linear` is `mma.sync` with f16 operands at every
+/// batch size on both targets. The prefill kernel's 64-row tiles take
+/// `wgmma` on sm_90a and `mma.sync` on sm_80; the decode kernel's 16-row
+/// tile (its keys over four warps) runs `mma.sync` with bf16 operands on
+/// both, whose 16-wide steps round as `wgmma`'s do (`gpu-check --only
+/// invariance` compares the decode kernel's rows with the prefill
+/// kernel's bit for bit on the GPU). Both attention kernels sum a block's
+/// weights in fixed point (`fixed_row_sum`: integer adds, so the order of
+/// the lanes and warps does not matter) and never in floating point.
 #[test]
 fn batch_invariant_kernels_share_instructions() {
     use ::kernels::decode_attention::paged_decode_tc as dk;
@@ -1879,14 +1881,14 @@ fn batch_invariant_kernels_share_instructions() {
         )
         .unwrap()
         .ptx;
-        let (rows, warps) = if wgmma { (64, 4) } else { (16, 1) };
-        let dc = dk::Config::new(DType::BF16, 3, 3, 64, 16, t.block_n, false, rows, true, false);
-        let dec =
-            compile(&pointers_aligned(dk::build(&dc).unwrap()), &options(target, warps, 3)).unwrap().ptx;
-        for (name, ptx) in [("flash_attention", &fa), ("paged_decode_tc", &dec)] {
-            let (w, m) = (ptx.contains("wgmma.mma_async"), ptx.contains("mma.sync.aligned"));
-            assert!(w == wgmma && m != wgmma, "{name} on {target:?}: wgmma {w}, mma.sync {m}");
-        }
+        let dc = dk::Config::new(DType::BF16, 3, 3, 64, 16, t.block_n, false, 16, true, false);
+        let dec = compile(&pointers_aligned(dk::build(&dc).unwrap()), &options(target, 4, 3)).unwrap().ptx;
+        let (w, m) = (fa.contains("wgmma.mma_async"), fa.contains("mma.sync.aligned"));
+        assert!(w == wgmma && m != wgmma, "flash_attention on {target:?}: wgmma {w}, mma.sync {m}");
+        assert!(
+            dec.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") && !dec.contains("wgmma"),
+            "paged_decode_tc on {target:?}"
+        );
     }
 }
 

@@ -141,7 +141,8 @@
 //! (tokens per chunk, a power of two), `SPLIT`; `T` is f32, bf16 or f16.
 
 use crate::flash_attention::{
-    block_softmax_masked, online_softmax_step, online_softmax_step_masked, softmax_fold, softmax_weights,
+    FIXED_SUM_COLS, block_softmax_masked, online_softmax_step, online_softmax_step_masked, softmax_fold,
+    softmax_weights,
 };
 use crate::kv_cache::{f16_rows, kv_load, kv_tile, kv8_load16};
 use dsl_core::DType;
@@ -381,6 +382,10 @@ pub fn decode_tc_body(
     invariant: bool,
     kv8: bool,
 ) {
+    static_assert(
+        !invariant || block_n <= FIXED_SUM_COLS,
+        "the batch-invariant softmax takes key blocks of at most 128",
+    );
     let start = split_id * split_len;
     let end = minimum(ctx, start + split_len);
     // Whole key blocks first (no masks), then at most one partial block

@@ -44,11 +44,20 @@
 //!
 //! ```text
 //! mb    = c * rowmax(s),  p = exp2(fma(s, c, -mb))
-//! lb    = rowsum(p),      ob = round_T(p) . v   (from a zero accumulator)
+//! lb    = fixsum(p),      ob = round_T(p) . v   (from a zero accumulator)
 //! m_new = max(m, mb),     a = exp2(m - m_new),  b = exp2(mb - m_new)
 //! l     = fma(l, a, lb * b)
 //! acc   = fma(acc, a, ob * b)
 //! ```
+//!
+//! `fixsum` ([`fixed_row_sum`]) sums the weights in fixed point, in units
+//! of `2^-23` (each `p <= 1` rounded to the nearest unit, in one `fadd`):
+//! an integer sum, so its bits do not depend on the order of the additions.
+//! A tile may therefore put the keys of one row in any lanes and warps (the
+//! decode kernel's 16-row tile spreads them over four warps, the prefill
+//! kernel's 64-row tile keeps a row in one warp) and get the same `lb`; the
+//! products' sums run over the head dimension and over the block's keys
+//! one 16-wide step after another in every layout.
 //!
 //! A block's partial `(mb, lb, ob)` depends on nothing but the block, so a
 //! decode step may compute the blocks of one row in different programs
@@ -209,7 +218,30 @@ pub fn block_softmax(
 ) -> (Tensor, Tensor, Tensor) {
     let mb = max(s, 1) * qk_scale;
     let p = exp2(fma(s, qk_scale, -expand_dims(mb, 1)));
-    (mb, sum(p, 1), dot(p.to(dt), v))
+    (mb, fixed_row_sum(p), dot(p.to(dt), v))
+}
+
+/// The units of [`fixed_row_sum`] in one: `2^23`.
+pub const FIXED_ONE: i32 = 1 << 23;
+
+/// The most columns [`fixed_row_sum`] takes: their units sum below `2^31`
+/// (weights up to `1 + 2^-22`, see there).
+pub const FIXED_SUM_COLS: usize = 128;
+
+/// The row sums of the weights `p` (`[M, N]`, each in `[0, 1 + 2^-22]`,
+/// `N <= FIXED_SUM_COLS`) in fixed point: `fadd(p, 1)` rounds `p` to a
+/// multiple of `2^-23` (round to nearest even, as `1 + p` lies in `[1, 2]`),
+/// the difference of its bits from those of `1.0` is that multiple as an
+/// integer, and the integers' row sum, exact in any order, is scaled back
+/// by `2^-23` (its conversion to f32 rounds to nearest even once). A weight
+/// below `2^-24` counts as zero; the row's largest weight is about 1, so
+/// the sum's error stays within `N * 2^-24` of it, as a float sum's does.
+/// (The weights are `exp2` of a non-positive exponent up to the rounding of
+/// the max's own product, so at most `1 + 2^-23`.)
+#[kernel_fn]
+pub fn fixed_row_sum(p: Tensor) -> Tensor {
+    let units = bitcast(p + 1.0, dsl_core::DType::I32) - FIXED_ONE * 127;
+    sum(units, 1).to(f32) * (1.0 / FIXED_ONE as f32)
 }
 
 /// [`block_softmax`] where only the keys with `seen` true (`[M, N]`,
@@ -226,7 +258,7 @@ pub fn block_softmax_masked(
 ) -> (Tensor, Tensor, Tensor) {
     let mb = max(where_(seen, s, f32::MIN), 1) * qk_scale;
     let p = where_(seen, exp2(fma(s, qk_scale, -expand_dims(mb, 1))), 0.0);
-    (mb, sum(p, 1), dot(p.to(dt), v))
+    (mb, fixed_row_sum(p), dot(p.to(dt), v))
 }
 
 /// The running max `m`, sum `l` and accumulator `acc` after the partial
@@ -364,6 +396,10 @@ pub fn flash_attention<T: Float>(
     static_assert(H_Q % H_KV == 0, "H_Q must be a multiple of H_KV");
     static_assert(!(BOXES && KV8), "an FP8 KV cache is read with plain loads (BOXES off)");
     static_assert(PAGE.is_power_of_two(), "PAGE must be a power of two");
+    static_assert(
+        !INVARIANT || BLOCK_N <= FIXED_SUM_COLS,
+        "the batch-invariant softmax takes key blocks of at most 128",
+    );
     // Programmatic dependent launch (sm_90): every input may come from the
     // previous kernel, so wait first; then let the next kernel start early.
     gdc_wait();
@@ -529,8 +565,9 @@ pub struct TileConfig {
     /// `load_block` boxes (`BOXES`: TMA copies on sm_90a) rather than plain
     /// loads at fixed offsets from the block's row.
     pub boxes: bool,
-    /// The batch-invariant softmax (`INVARIANT`: the row sum by one `fma`
-    /// per block, see [`online_softmax_step`]).
+    /// The batch-invariant softmax (`INVARIANT`: each key block's softmax
+    /// on its own, its row sum in fixed point, folded in key order; see
+    /// [`online_softmax_step`]).
     pub invariant: bool,
     /// The caches are FP8 (`KV8`, [`crate::kv_cache`]); their blocks are
     /// then plain loads, never boxes.

@@ -1,9 +1,9 @@
 //! Rows of a tile that nothing observable reads: their registers are not
 //! computed.
 //!
-//! A decode tile pads its query rows to a tensor-core height (the 3 query
-//! heads of a KV head in a 64-row `wgmma` tile, the 4 of a 16-row `mma`
-//! tile), and the padding rows go through the whole softmax like the real
+//! A decode tile pads its query rows to a tensor-core height (the 3 or 4
+//! query heads of a KV head in a 16-row `mma` tile, or a 64-row `wgmma`
+//! one), and the padding rows go through the whole softmax like the real
 //! ones although their results are never stored. The rows of such a tile
 //! never mix: elementwise math, a reduction along the columns, a `dot`'s
 //! left operand and accumulator keep each row apart. So a row is *live*

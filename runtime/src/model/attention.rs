@@ -23,9 +23,13 @@ pub(crate) fn prefill_tiles(
 
 /// The batch-invariant decode kernel's configuration: each row computes
 /// what [`prefill_tiles`]' prefill kernel computes for it, with the same key
-/// block, the same warp layout of a row (a warpgroup of 64 rows on `wgmma`,
-/// one warp of 16 rows per `mma.sync`), the same softmax arithmetic, and no
-/// split.
+/// block, the same softmax arithmetic, and no split. The tile is the
+/// query heads of a KV head padded to 16 rows, its keys spread over four
+/// warps: the products' sums run over the head dimension and the keys in
+/// the same 16-wide steps whatever the warp layout, and the block's row
+/// sum is the fixed-point one ([`fa::fixed_row_sum`]), so the bits do not
+/// depend on the prefill kernel's layout (a warpgroup of 64 rows on
+/// `wgmma`, warps of 16 rows per `mma.sync`).
 pub(crate) fn invariant_decode(
     dtype: DType,
     wgmma: bool,
@@ -52,11 +56,5 @@ pub(crate) fn invariant_decode_shape(
     page: usize,
 ) -> (usize, usize, u32) {
     let t = prefill_tiles(head_dim, dtype, wgmma, page, true);
-    let half = matches!(dtype, DType::BF16 | DType::F16);
-    let (rows, warps) = match (half, wgmma) {
-        (true, true) => (64, 4),
-        (true, false) => (16, 1),
-        (false, _) => (default_rows(group), 4),
-    };
-    (t.block_n, rows.max(group), warps)
+    (t.block_n, default_rows(group), 4)
 }
