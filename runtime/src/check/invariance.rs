@@ -211,19 +211,10 @@ pub fn linear_rows<D: Device, T: ActElem>(
                 true,
             ));
         }
+        let dt = T::DEVICE_DTYPE;
+        let base = |tc| linear_config(dt, dt, format, total, rows, k, silu, false, false, tc).0;
         if dev.tensor_cores() {
-            let (base, _, _) = linear_config(
-                T::DEVICE_DTYPE,
-                T::DEVICE_DTYPE,
-                format,
-                total,
-                rows,
-                k,
-                silu,
-                false,
-                false,
-                true,
-            );
+            let base = base(true);
             for split in [false, true] {
                 for mut c in linear::autotune_configs(&base) {
                     c.SPLIT = split;
@@ -241,19 +232,7 @@ pub fn linear_rows<D: Device, T: ActElem>(
         } else {
             // The interpreter: the split form against the loop.
             let t = LinearTiles { block_m: 16, block_n: 64, num_warps: 4, split: true };
-            let (base, _, _) = linear_config(
-                T::DEVICE_DTYPE,
-                T::DEVICE_DTYPE,
-                format,
-                total,
-                rows,
-                k,
-                silu,
-                false,
-                false,
-                false,
-            );
-            let mut c = base.clone();
+            let mut c = base(false);
             (c.BLOCK_M, c.BLOCK_N, c.SPLIT) = (t.block_m, t.block_n, t.split);
             let got = product::<D, T>(dev, &w, silu, 0, &x[..7 * k], &x[..k], &zeros, 7, Some(&c))?;
             let what = format!("linear {name}: 7 rows split vs the same rows of {total}");

@@ -165,6 +165,15 @@ pub(super) fn rows_share_a_sequence(step: &Step<'_>) -> bool {
         })
 }
 
+/// Whether a decode step of `rows` rows (one token each, every row's
+/// logits in row order; the graph path pads the step to `rows`) runs as
+/// the persistent kernel: in the batch-invariant arrangement, at most
+/// `mega_rows` rows (the model's limit for the persistent step), and no
+/// two rows of one sequence ([`rows_share_a_sequence`]).
+pub(super) fn runs_persistent(invariant: bool, rows: usize, mega_rows: usize, step: &Step<'_>) -> bool {
+    invariant && rows <= mega_rows && !rows_share_a_sequence(step)
+}
+
 impl Plan {
     /// The plan of a validated step; decode steps split per
     /// [`split_plan`] for `sms` (or every `split_override` tokens) unless
@@ -190,12 +199,10 @@ impl Plan {
             runs: runs_of(step.logit_rows),
             rows: step.logit_rows.len(),
             invariant,
-            mega: invariant
-                && max_q == 1
-                && step.tokens.len() <= mega_rows
+            mega: max_q == 1
                 && step.logit_rows.iter().enumerate().all(|(i, &r)| r == i)
                 && step.logit_rows.len() == step.tokens.len()
-                && !rows_share_a_sequence(step),
+                && runs_persistent(invariant, step.tokens.len(), mega_rows, step),
             max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: attended(step.query_start, step.context_lens),

@@ -257,8 +257,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
         );
         let penalties = rows.iter().any(uses_penalties);
         let masked = masker.is_some();
-        let mega =
-            self.invariant && bucket <= self.mega_rows() && !super::forward::rows_share_a_sequence(step);
+        let mega = super::forward::runs_persistent(self.invariant, bucket, self.mega_rows(), step);
         let key = GraphKey { bucket, split_len, splits, penalties, masked, pages, mega };
         let parts = if splits > 1 { bucket * c.n_head * splits } else { 0 };
         let plan = Plan {
