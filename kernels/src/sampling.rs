@@ -62,6 +62,16 @@
 //! (`+inf` for greedy rows, whose workspace row is not written). Rows must
 //! hold at least one finite logit and no `+inf` or NaN; `-inf` masks a token.
 //!
+//! The logprob's `sum_i exp(x_i - m)` is exact in fixed point
+//! ([`exp_units`]: each term, at most 1, truncated to a multiple of
+//! `2^-40`, the integers summed in i64, the sum scaled back once), so the
+//! logprob of a row depends on its logits only, not on the chunk, the
+//! warps, the order or the programs that sum it; with the argmax (exact in
+//! any order), a greedy row's outputs are the same bits in this kernel, in
+//! [`greedy_row`] and in the persistent decode step, which samples greedy
+//! rows itself over slices of the row in several programs
+//! ([`crate::decode_step`]).
+//!
 //! # Threshold search (no sorting)
 //!
 //! Every `w` lies in `[0, 1]`, where f32 values order like their bit patterns,
@@ -198,6 +208,96 @@ fn search(
     (lo, lo_mass)
 }
 
+/// The units of [`exp_units`] in one: `2^40`.
+const EXP_UNITS_LOG2: i32 = 40;
+
+/// One unit of [`exp_units`]: `2^-40`.
+const EXP_UNIT: f32 = 1.0 / (1u64 << EXP_UNITS_LOG2) as f32;
+
+/// The weights `e` (f32, each in `[0, 1]`, the `exp(x - m)` of a row whose
+/// maximum is `m`) as i64 multiples of `2^-40`, truncated: the mantissa
+/// (with its hidden bit) shifted by the exponent, so the conversion is
+/// exact integer arithmetic. A row of up to `2^23` tokens sums below
+/// `2^63`; each term loses less than `2^-40`, so a row's sum (at least 1,
+/// the maximum's term) is off by at most `vocab * 2^-40` before its one
+/// rounding to f32 ([`units_to_f32`]).
+#[kernel_fn]
+pub fn exp_units(e: Tensor) -> Tensor {
+    let bits = e.bitcast(i32) & 0x7FFF_FFFF;
+    let ex = bits >> 23;
+    let frac = bits & 0x7F_FFFF;
+    let mant = where_(ex > 0, frac | 0x80_0000, frac);
+    // `mant * 2^(max(ex, 1) - 150)` in units of `2^-40`: `mant << 17` at
+    // the exponent of 1 (127), one place less per binade below it.
+    let shift = minimum(maximum(127 - maximum(ex, 1), 0), 63);
+    (mant.to(i64) << (EXP_UNITS_LOG2 - 23)) >> shift.to(i64)
+}
+
+/// The f32 value of a sum of [`exp_units`] (rounded once, to nearest even).
+#[kernel_fn]
+pub fn units_to_f32(total: Tensor) -> Tensor {
+    total.to(f32) * EXP_UNIT
+}
+
+/// The maximum of row `x_row` (`vocab` f32 logits, or `T` widened) and the
+/// lowest index reaching it, walked in chunks of `block` (per lane the
+/// first strictly larger value wins, so each lane keeps its lowest index;
+/// the result does not depend on `block` or the warps).
+#[kernel_fn]
+pub fn row_argmax(x_row: Tensor, vocab: Tensor, block: usize) -> (Tensor, Tensor) {
+    let cols = arange(0, block);
+    let mut best = full([block], f32::NEG_INFINITY, f32);
+    let mut best_i = zeros([block], i32);
+    for c0 in range(0, vocab, block) {
+        let c = c0 + cols;
+        let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY).to(f32);
+        let better = x > best;
+        best = where_(better, x, best);
+        best_i = where_(better, c, best_i);
+    }
+    let m = max(best, 0);
+    (m, min(where_(best == m, best_i, vocab), 0))
+}
+
+/// `sum_i exp(x_i - m)` over row `x_row` in fixed point ([`exp_units`]),
+/// walked in chunks of `block`; the same bits for any `block` and warps.
+#[kernel_fn]
+pub fn row_exp_sum(x_row: Tensor, vocab: Tensor, m: Tensor, block: usize) -> Tensor {
+    let cols = arange(0, block);
+    let mut l_acc = zeros([block], i64);
+    for c0 in range(0, vocab, block) {
+        let c = c0 + cols;
+        let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY).to(f32);
+        l_acc += exp_units(exp(x - m));
+    }
+    units_to_f32(sum(l_acc, 0))
+}
+
+/// Row `row` of `logits_ptr` (`stride` apart) sampled greedily: its
+/// argmax, the argmax's logprob and the threshold `+inf` into `ids_ptr`,
+/// `logprobs_ptr` and `thresh_ptr`, the bits [`sample`] writes for a
+/// greedy row (whatever `block` and warps either runs).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+pub fn greedy_row(
+    logits_ptr: Tensor,
+    ids_ptr: Tensor,
+    logprobs_ptr: Tensor,
+    thresh_ptr: Tensor,
+    row: Tensor,
+    vocab: Tensor,
+    stride: Tensor,
+    block: usize,
+) {
+    let x_row = logits_ptr + row * stride;
+    let (m, id) = row_argmax(x_row, vocab, block);
+    let lsum = row_exp_sum(x_row, vocab, m, block);
+    let x_id = load(x_row + id).to(f32);
+    store(ids_ptr + row, id);
+    store(logprobs_ptr + row, x_id - m - log(lsum));
+    store(thresh_ptr + row, f32::INFINITY);
+}
+
 /// Samples one token per row from `logits` with per-row temperature, min-p,
 /// top-k, top-p, seed and step; writes the id, its logprob and the kept
 /// threshold. See the module doc for the exact math, ties and layout.
@@ -228,19 +328,8 @@ pub fn sample<T: Float>(
     let x_row = logits_ptr + row * stride;
     let ws_row = ws_ptr + row * stride;
 
-    // Pass 1: the maximum and the lowest index reaching it (per lane the first
-    // strictly larger value wins, so each lane keeps its lowest index).
-    let mut best = full([BLOCK], f32::NEG_INFINITY, f32);
-    let mut best_i = zeros([BLOCK], i32);
-    for c0 in range(0, vocab, BLOCK) {
-        let c = c0 + cols;
-        let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY).to(f32);
-        let better = x > best;
-        best = where_(better, x, best);
-        best_i = where_(better, c, best_i);
-    }
-    let m = max(best, 0);
-    let amax = min(where_(best == m, best_i, vocab), 0);
+    // Pass 1: the maximum and the lowest index reaching it.
+    let (m, amax) = row_argmax(x_row, vocab, BLOCK);
 
     let temp = load(temperature_ptr + row);
     let top_k = load(top_k_ptr + row);
@@ -249,13 +338,7 @@ pub fn sample<T: Float>(
     let mut thresh = f32::INFINITY;
     let mut lsum = 0.0;
     if greedy {
-        let mut l_acc = zeros([BLOCK], f32);
-        for c0 in range(0, vocab, BLOCK) {
-            let c = c0 + cols;
-            let x = load(x_row + c, mask = c < vocab, other = f32::NEG_INFINITY).to(f32);
-            l_acc += exp(x - m);
-        }
-        lsum = sum(l_acc, 0);
+        lsum = row_exp_sum(x_row, vocab, m, BLOCK);
     } else {
         // Pass 2: w = exp(z - z_max) with the min-p cut, into the workspace.
         let inv_t = 1.0 / temp;
@@ -265,7 +348,7 @@ pub fn sample<T: Float>(
         let min_p = where_(min_p_in > 0.0, minimum(min_p_in, 1.0), 0.0);
         let mut s_acc = zeros([BLOCK], f32);
         let mut n_acc = zeros([BLOCK], i32);
-        let mut l_acc = zeros([BLOCK], f32);
+        let mut l_acc = zeros([BLOCK], i64);
         for c0 in range(0, vocab, BLOCK) {
             let c = c0 + cols;
             let valid = c < vocab;
@@ -275,9 +358,9 @@ pub fn sample<T: Float>(
             store(ws_row + c, w, mask = valid);
             s_acc += w;
             n_acc += (w > 0.0).to(i32);
-            l_acc += exp(x - m);
+            l_acc += exp_units(exp(x - m));
         }
-        lsum = sum(l_acc, 0);
+        lsum = units_to_f32(sum(l_acc, 0));
         let n_pos = sum(n_acc, 0);
 
         // Threshold searches on the workspace (keys of non-negative f32).

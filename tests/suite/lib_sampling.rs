@@ -41,6 +41,13 @@
 //!   and random words among them), ragged vocabularies and strides: masked
 //!   rows equal the reference bit for bit, every other row and the padding
 //!   past `vocab` are untouched.
+//! - `exp_units_truncate_to_multiples_of_the_unit`: the logprob sum's
+//!   fixed-point terms are `e * 2^40` truncated, exactly.
+//! - `logprobs_do_not_depend_on_the_chunk`: 120 rows, half greedy, sampled
+//!   in chunks of 64, 256 and 1024: the same logprob bits wherever the ids
+//!   agree (a float sum fails this: its per-lane partials follow the
+//!   chunk), and `greedy_row` alone (chunks of 128) writes the greedy rows'
+//!   ids, logprobs and thresholds bit for bit.
 
 use crate::common::cases;
 use dsl_core::DType;
@@ -664,4 +671,115 @@ proptest! {
 fn logprob_is_of_the_drawn_token_near_a_boundary() {
     let (exact, rows) = batch(1967047503493335221, 5, 1013, 3, 256, 4.0).unwrap();
     assert!(exact < rows, "row 4 must decide within the margin ({exact} of {rows} exact)");
+}
+
+/// `exp_units` of every element of `e_ptr` into `u_ptr` (`n` of them).
+#[dsl_macros::kernel]
+fn exp_units_of(e_ptr: Ptr<f32>, u_ptr: Ptr<i64>, n: i32, #[constexpr] BLOCK: usize) {
+    let i = program_id(0) * BLOCK as i32 + arange(0, BLOCK);
+    let e = load(e_ptr + i, mask = i < n, other = 0.0);
+    store(u_ptr + i, kernels::sampling::exp_units(e), mask = i < n);
+}
+
+/// Greedy rows through `greedy_row` alone (one program per row), as the
+/// persistent decode step samples them.
+#[dsl_macros::kernel]
+fn greedy_rows(
+    logits_ptr: Ptr<f32>,
+    ids_ptr: Ptr<i32>,
+    logprobs_ptr: Ptr<f32>,
+    thresh_ptr: Ptr<f32>,
+    vocab: i32,
+    stride: i32,
+    #[constexpr] BLOCK: usize,
+) {
+    kernels::sampling::greedy_row(
+        logits_ptr,
+        ids_ptr,
+        logprobs_ptr,
+        thresh_ptr,
+        program_id(0),
+        vocab,
+        stride,
+        BLOCK,
+    );
+}
+
+/// `exp_units` is `e * 2^40` truncated, exactly, for weights in `[0, 1]`:
+/// 1, powers of two down past the unit, subnormals, zero and random values.
+#[test]
+fn exp_units_truncate_to_multiples_of_the_unit() {
+    let mut rng = Rng::new(40);
+    let mut e: Vec<f32> = vec![1.0, 0.5, 0.75, 0.0, f32::MIN_POSITIVE, 1e-45, 2f32.powi(-40), 2f32.powi(-41)];
+    e.extend((1..=48).map(|k| 2f32.powi(-k) * 1.337));
+    e.extend((0..2000).map(|_| rng.uniform(0.0, 1.0)));
+    e.extend((0..500).map(|_| (rng.uniform(-60.0, 0.0) as f64).exp() as f32));
+    let mut cpu = Cpu::new();
+    let n = e.len();
+    let (ep, up) = (cpu.upload(&e), cpu.zeros::<i64>(n));
+    let args = exp_units_of::Args { e_ptr: ep, u_ptr: up, n: n as i32, _marker: PhantomData };
+    let block = 256;
+    exp_units_of::interpret(
+        &mut cpu,
+        [n.div_ceil(block) as u32, 1, 1],
+        &exp_units_of::Config::new(block),
+        &args,
+    )
+    .unwrap();
+    let got: Vec<i64> = cpu.read(up);
+    for (&v, &g) in e.iter().zip(&got) {
+        let want = (v as f64 * 2f64.powi(40)).floor() as i64;
+        assert_eq!(g, want, "exp_units({v:e})");
+    }
+}
+
+/// The logprob's sum is exact in fixed point: a row's logprob is the same
+/// bits whatever chunk `sample` walks it in (a float sum's bits would
+/// change with the chunk, which sets the per-lane partial sums), and
+/// `greedy_row` alone, with yet another chunk, writes what `sample` writes
+/// for greedy rows.
+#[test]
+fn logprobs_do_not_depend_on_the_chunk() {
+    let mut rng = Rng::new(41);
+    let (rows, vocab) = (120, 2999);
+    let x = random_logits(&mut rng, rows, vocab, vocab, 6.0);
+    let params: Vec<RowParams> = (0..rows)
+        .map(|i| if i % 2 == 0 { RowParams::temperature(0.0, 0, 0) } else { random_params(&mut rng, vocab) })
+        .collect();
+    let outs: Vec<Out> =
+        [64, 256, 1024].iter().map(|&b| run_sample(&x, vocab, vocab, &params, b).unwrap()).collect();
+    for o in &outs[1..] {
+        for (i, p) in params.iter().enumerate() {
+            if o.ids[i] == outs[0].ids[i] {
+                assert_eq!(o.logprobs[i].to_bits(), outs[0].logprobs[i].to_bits(), "row {i}");
+            } else {
+                assert!(!p.greedy(), "greedy row {i}: {} vs {}", o.ids[i], outs[0].ids[i]);
+            }
+        }
+    }
+    // Sampled rows whose ids agree across the chunks: the check above bit.
+    let agree = (0..rows).filter(|&i| !params[i].greedy() && outs.iter().all(|o| o.ids[i] == outs[0].ids[i]));
+    assert!(agree.count() >= 4);
+
+    let mut cpu = Cpu::new();
+    let xp = cpu.upload(&x);
+    let (ip, lp, hp) = (cpu.zeros::<i32>(rows), cpu.zeros::<f32>(rows), cpu.zeros::<f32>(rows));
+    let args = greedy_rows::Args {
+        logits_ptr: xp,
+        ids_ptr: ip,
+        logprobs_ptr: lp,
+        thresh_ptr: hp,
+        vocab: vocab as i32,
+        stride: vocab as i32,
+        _marker: PhantomData,
+    };
+    greedy_rows::interpret(&mut cpu, [rows as u32, 1, 1], &greedy_rows::Config::new(128), &args).unwrap();
+    let (ids, lps, th): (Vec<i32>, Vec<f32>, Vec<f32>) = (cpu.read(ip), cpu.read(lp), cpu.read(hp));
+    for i in (0..rows).filter(|&i| params[i].greedy()) {
+        assert_eq!(
+            (ids[i], lps[i].to_bits(), th[i]),
+            (outs[1].ids[i], outs[1].logprobs[i].to_bits(), outs[1].thresh[i])
+        );
+        assert_eq!(ids[i] as usize, r::argmax(&x[i * vocab..][..vocab]));
+    }
 }

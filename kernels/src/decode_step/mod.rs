@@ -1,6 +1,7 @@
 //! The persistent decode step: one launch runs a whole decode step of a
 //! Llama model (every sequence of the step has one new token), from the
-//! token embedding to the logits.
+//! token embedding to the logits, and in a step whose rows are all greedy
+//! to the sampled tokens (`SAMPLE`).
 //!
 //! # Design
 //!
@@ -18,6 +19,7 @@
 //! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
 //! | down | as QKV | residual add into `h` |
 //! | LM head | output tile | `linear_tile` unsplit, final norm prologue |
+//! | sampling (`SAMPLE`) | one per row | [`crate::sampling::greedy_row`] on the row's logits |
 //!
 //! Past two rows, the stages that write the residual stream (embedding, O,
 //! down) end with one [`row_stats`] task per row, which stores the row's
@@ -105,6 +107,12 @@
 //!   and bit `j` of `alt_ptr[l]` set where layer `l`'s matrix of kind `j`
 //!   (QKV, O, gate/up, down) is in it; the per-layer strides then span the
 //!   larger of the two. Both QKV formats must stack or both split.
+//! - With `SAMPLE`, every row is sampled greedily in the step: its token,
+//!   logprob and threshold (`+inf`) go to `tok_out`, `logprob_out` and
+//!   `thresh_out` at the row's index, the bits the sampler kernel writes
+//!   for a greedy row (the caller keeps the step's other rows, those with
+//!   temperatures, penalties or grammar masks, for the sampler kernels).
+//!   Without it those pointers are not read.
 //! - With `TRACE`, program `p` writes [`globaltimer`](dsl_core::lang::globaltimer)
 //!   readings to row `p` of `trace` ([`trace_width`] entries per program):
 //!   entry 0 when it leaves the embedding, `1 + 5 l + j` when it leaves
@@ -135,7 +143,10 @@ use crate::dequant::stacked::stacked_sums;
 use crate::dequant::{Fuse, QuantFormat};
 use crate::embedding::embedding_row;
 use crate::rope::{RopeShape, rope_angles, rope_row};
-use dsl_macros::kernel;
+#[cfg(doc)]
+use crate::sampling::greedy_row;
+use crate::sampling::{exp_units, units_to_f32};
+use dsl_macros::{kernel, kernel_fn};
 
 /// What every per-layer stride of the step is a multiple of: the weight
 /// planes' bytes (`*_qs`), twice the scale entries (`*_ss`, bytes of f16) and
@@ -151,6 +162,10 @@ pub const STRIDE_ALIGN: usize = 16;
 /// beside each other (BENCHMARKS.md).
 pub const ATT_SPLIT_BLOCKS: usize = 4;
 
+/// The logits of a `SAMPLE` step's sampling task: a row's slice of this
+/// many (eight a thread on the step's four warps).
+pub const SAMPLE_SLICE: usize = 1024;
+
 /// Stage counters per layer: QKV, attention (with RoPE), O, gate/up, down.
 pub const STAGES_PER_LAYER: usize = 5;
 
@@ -160,12 +175,19 @@ pub const fn stage_counters(n_layers: usize) -> usize {
     STAGES_PER_LAYER * n_layers + 3
 }
 
-/// The 32-bit words of the `stage` buffer of a model of `n_layers` layers
-/// and `n_kv` KV heads: the [`stage_counters`], then [`MAX_ROWS`] words
-/// that hold the rows' norm statistics (f32) in a step that computes them
-/// once per norm, then a count of finished key blocks per row and KV head
-/// (zero at every launch and left zero).
-pub const fn stage_words(n_layers: usize, n_kv: usize) -> usize {
+/// The 32-bit words of the `stage` buffer of a model of `n_layers` layers,
+/// `n_kv` KV heads and `vocab` tokens: the [`stage_counters`], then
+/// [`MAX_ROWS`] words that hold the rows' norm statistics (f32) in a step
+/// that computes them once per norm, then a count of finished key blocks
+/// per row and KV head, then two counts of finished sampling tasks per row
+/// (all counts zero at every launch and left zero), then the sampling
+/// tasks' partials (see [`sample_parts`]).
+pub const fn stage_words(n_layers: usize, n_kv: usize, vocab: usize) -> usize {
+    sample_base(n_layers, n_kv) + 2 * MAX_ROWS + 4 * MAX_ROWS * vocab.div_ceil(SAMPLE_SLICE) + 1
+}
+
+/// Where the sampling counts start in the `stage` buffer.
+const fn sample_base(n_layers: usize, n_kv: usize) -> usize {
     stage_counters(n_layers) + MAX_ROWS + MAX_ROWS * n_kv
 }
 
@@ -228,6 +250,9 @@ pub fn decode_step<T: Float>(
     attn_ptr: Ptr<T>,
     act_ptr: Ptr<T>,
     logits_ptr: Ptr<f32>,
+    tok_out: Ptr<i32>,
+    logprob_out: Ptr<f32>,
+    thresh_out: Ptr<f32>,
     ws_ptr: Ptr<f32>,
     cnt_ptr: Ptr<i32>,
     stage_ptr: Ptr<i32>,
@@ -271,6 +296,7 @@ pub fn decode_step<T: Float>(
     #[constexpr] STACK_ROWS: usize,
     #[constexpr] TRACE: bool,
     #[constexpr] KV8: bool,
+    #[constexpr] SAMPLE: bool,
 ) {
     static_assert(N_HEAD % N_KV == 0, "query heads must group evenly over KV heads");
     // Per-layer strides in whole 16-byte lines (see `STRIDE_ALIGN`).
@@ -684,6 +710,23 @@ pub fn decode_step<T: Float>(
         io,
     );
     mark(trace_ptr, full([], last - 1, i32), width, TRACE);
+    if SAMPLE {
+        let head_tiles = count_tiles(vocab, f_head.task_rows());
+        let off = first + N_LAYERS as i32 * per_layer + head_tiles;
+        sample_rows(
+            logits_ptr,
+            tok_out,
+            logprob_out,
+            thresh_out,
+            stage_ptr,
+            full([], last - 1, i32),
+            head_tiles,
+            m,
+            vocab,
+            off,
+            sample_base(N_LAYERS, N_KV),
+        );
+    }
     // The program that leaves last zeroes the stage counters for the next
     // launch: every other program has passed all of its waits by then.
     let gone = atomic_add(stage_ptr + last, 1, sem = "acq_rel");
@@ -693,4 +736,100 @@ pub fn decode_step<T: Float>(
             store(stage_ptr + i, zeros([256], i32), mask = i <= last);
         }
     };
+}
+
+/// The rows of a `SAMPLE` step sampled greedily, spread over the programs
+/// in tasks of one row and one [`SAMPLE_SLICE`] of its logits, with the
+/// bits [`greedy_row`] (and the sampler kernel) writes for a greedy row:
+///
+/// 1. each task waits until the LM head has counted `head_tiles` in
+///    counter `head_done` of `stage`, takes its slice's maximum and the
+///    lowest index reaching it, stores them and counts in its row's first
+///    count;
+/// 2. once the row's first count holds every slice, each task takes the
+///    row's maximum `m` from the slices' and stores its slice's
+///    `sum exp(x - m)` in fixed point ([`exp_units`], exact integers); the
+///    task that counts the row's last slice in the second count adds them
+///    (exact in any order), writes the token (the lowest index among the
+///    slices' maxima equal to `m`), its logprob and `+inf`, and zeroes the
+///    row's counts.
+///
+/// A program runs all of its first-phase tasks before any second-phase
+/// one, so with every program resident no wait can starve. The counts and
+/// partials sit at word `base` of `stage` ([`stage_words`]); tasks start
+/// at program `off` of the rotation ([`first_task`]).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+fn sample_rows(
+    logits_ptr: Tensor,
+    tok_out: Tensor,
+    logprob_out: Tensor,
+    thresh_out: Tensor,
+    stage_ptr: Tensor,
+    head_done: Tensor,
+    head_tiles: Tensor,
+    m: Tensor,
+    vocab: Tensor,
+    off: Tensor,
+    base: usize,
+) {
+    let sl = SAMPLE_SLICE as i32;
+    let n_slices = (vocab + (sl - 1)) / sl;
+    let rows = MAX_ROWS as i32;
+    let base = base as i32;
+    let (first, second) = (stage_ptr + base, stage_ptr + base + rows);
+    // Per row and slice: the maximum, its lowest index, then the i64 sum
+    // (at an even word, so 8-byte aligned).
+    let parts = base + 2 * rows;
+    let p_max = ptrcast(stage_ptr + parts, f32);
+    let p_idx = stage_ptr + parts + rows * n_slices;
+    let p_sum = ptrcast(stage_ptr + (parts + 2 * rows * n_slices + 1) / 2 * 2, i64);
+    let cols = arange(0, SAMPLE_SLICE as i32);
+    let n_tasks = m * n_slices;
+    let t0 = first_task(off);
+    for t in range(t0, n_tasks, num_programs(0)) {
+        let (r, j) = (t / n_slices, t % n_slices);
+        wait_until(stage_ptr + head_done, "ge", head_tiles);
+        let c = j * sl + cols;
+        let x = load(logits_ptr + r * vocab + c, mask = c < vocab, other = f32::NEG_INFINITY);
+        let mx = max(x, 0);
+        store(p_max + r * n_slices + j, mx);
+        store(p_idx + r * n_slices + j, min(where_(x == mx, c, vocab), 0));
+        atomic_add(first + r, 1, sem = "release");
+    }
+    for t in range(t0, n_tasks, num_programs(0)) {
+        let (r, j) = (t / n_slices, t % n_slices);
+        wait_until(first + r, "ge", n_slices);
+        // The row's maximum and its lowest index, over the slices' in
+        // chunks of 128.
+        let mut mx = f32::NEG_INFINITY;
+        let mut id = vocab;
+        for s0 in range(0, n_slices, 128) {
+            let k = s0 + arange(0, 128);
+            let at = r * n_slices + k;
+            let pm = load(p_max + at, mask = k < n_slices, other = f32::NEG_INFINITY);
+            let pi = load(p_idx + at, mask = k < n_slices, other = 0);
+            let cm = max(pm, 0);
+            let ci = min(where_(pm == cm, pi, vocab), 0);
+            id = where_(cm > mx, ci, where_(cm == mx, minimum(id, ci), id));
+            mx = maximum(mx, cm);
+        }
+        let c = j * sl + cols;
+        let x = load(logits_ptr + r * vocab + c, mask = c < vocab, other = f32::NEG_INFINITY);
+        store(p_sum + r * n_slices + j, sum(exp_units(exp(x - mx)), 0));
+        let done = atomic_add(second + r, 1);
+        if done == n_slices - 1 {
+            let mut total = zeros([], i64);
+            for s0 in range(0, n_slices, 128) {
+                let k = s0 + arange(0, 128);
+                total += sum(load(p_sum + r * n_slices + k, mask = k < n_slices, other = 0), 0);
+            }
+            let x_id = load(logits_ptr + r * vocab + id);
+            store(tok_out + r, id);
+            store(logprob_out + r, x_id - mx - log(units_to_f32(total)));
+            store(thresh_out + r, f32::INFINITY);
+            store(first + r, 0);
+            store(second + r, 0);
+        }
+    }
 }

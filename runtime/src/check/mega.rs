@@ -6,6 +6,8 @@
 //! - the tiny model (2 layers, f32 and bf16), as written and with its down
 //!   matrices in Q4_K and Q6_K by layer: a decode scenario of 1 to 6 rows
 //!   (greedy and seeded sampling with penalties), eager and in CUDA graphs;
+//!   and with every row greedy, which the persistent kernel samples itself
+//!   (those rows pass only if it sampled every decode step);
 //! - a SmolLM2-shaped model (random weights of the real shapes: 30 layers,
 //!   9/3 heads of 64, FFN 1536, Q4_1 projections, the Q8_0 head) in bf16:
 //!   the same scenario over contexts that cross several key blocks, over
@@ -14,7 +16,7 @@
 //!   which pick the down matrices' format per layer.
 //!
 //! `megakernel_small` runs the tiny model's rows alone, eager, over four
-//! decode steps, and the tiny model at contexts where the attention splits
+//! decode steps (greedy rows among them), and the tiny model at contexts where the attention splits
 //! by key block: the family `compute-sanitizer --tool racecheck` finishes
 //! (the SmolLM2-shaped rows take it longer than a device call).
 
@@ -31,6 +33,7 @@ use crate::model::ActElem;
 use crate::model::GraphMode;
 use crate::model::attention::invariant_decode_shape;
 use crate::model::mega::DecodePath;
+use crate::model::sampler::SamplingParams;
 use dsl_core::half::bf16;
 use kernels::decode_step::ATT_SPLIT_BLOCKS;
 
@@ -42,26 +45,58 @@ fn compare<T: ActElem>(
     mode: GraphMode,
     sc: &Scenario,
 ) -> Result<CheckRow> {
-    let params = scenario_params();
+    compare_with::<T>(cuda, gguf, what, mode, sc, &scenario_params())
+}
+
+/// [`compare`] with every row greedy: the persistent kernel must sample
+/// every decode step itself.
+fn compare_greedy<T: ActElem>(
+    cuda: &mut Cuda,
+    gguf: &Gguf,
+    what: &str,
+    mode: GraphMode,
+    sc: &Scenario,
+) -> Result<CheckRow> {
+    let what = format!("{what}, greedy rows");
+    compare_with::<T>(cuda, gguf, &what, mode, sc, &[SamplingParams::default()])
+}
+
+/// [`compare`] with the rows' settings `params`; where all are greedy the
+/// persistent kernel must have sampled every decode step.
+fn compare_with<T: ActElem>(
+    cuda: &mut Cuda,
+    gguf: &Gguf,
+    what: &str,
+    mode: GraphMode,
+    sc: &Scenario,
+    params: &[SamplingParams],
+) -> Result<CheckRow> {
     let multi = Scenario { decode_path: DecodePath::Graphs, ..sc.clone() };
     let mega = Scenario { decode_path: DecodePath::Mega, ..sc.clone() };
-    let (a, ma) = decode_scenario::<Cuda, T>(cuda, gguf, mode, &multi, &params)?;
-    let (b, mb) = decode_scenario::<Cuda, T>(cuda, gguf, mode, &mega, &params)?;
+    let (a, ma) = decode_scenario::<Cuda, T>(cuda, gguf, mode, &multi, params)?;
+    let (b, mb) = decode_scenario::<Cuda, T>(cuda, gguf, mode, &mega, params)?;
     let (ids, logits, max_abs) = compare_exact(&a, &b);
     let steps = sc.batches.len();
     let ran = (ma.mega_steps(), mb.mega_steps());
+    let sampled = mb.mega_sampled_steps();
+    let all_greedy = params.iter().all(SamplingParams::is_greedy);
     let compared: usize = a.iter().map(|s| s.logits.len()).sum();
     Ok(CheckRow {
         kernel: "megakernel".into(),
         shape: format!(
-            "{what} {mode:?}: {steps} decode steps of {:?} rows, persistent {} of {steps}: {ids} ids/logprobs \
-             and {logits} of {compared} logits differ (max {max_abs:.2e})",
+            "{what} {mode:?}: {steps} decode steps of {:?} rows, persistent {} of {steps}, sampled in \
+             it {sampled}: {ids} ids/logprobs and {logits} of {compared} logits differ (max {max_abs:.2e})",
             sc.batches, ran.1
         ),
         dtype: T::DEVICE_DTYPE,
         max_abs,
         max_rel: 0.0,
-        pass: ids == 0 && logits == 0 && ran == (0, steps) && compared > 0,
+        pass: ids == 0
+            && logits == 0
+            && ran == (0, steps)
+            && compared > 0
+            && ma.mega_sampled_steps() == 0
+            && (!all_greedy || sampled == steps),
     })
 }
 
@@ -76,6 +111,7 @@ pub fn mega_checks(cuda: &mut Cuda, _seed: u64) -> Result<Vec<CheckRow>> {
     let long = Scenario { seqs: 4, prompt: 150, batches: vec![1, 4, 2, 1, 3, 4, 1], ..sc.clone() };
     for mode in [GraphMode::Off, GraphMode::Graphs] {
         rows.push(compare::<bf16>(cuda, &smol, "smollm2-shaped", mode, &long)?);
+        rows.push(compare_greedy::<bf16>(cuda, &smol, "smollm2-shaped", mode, &long)?);
     }
     // Contexts of 5 to 7 key blocks: the attention split into a task per
     // block, folded by the last.
@@ -142,6 +178,10 @@ fn tiny_rows(cuda: &mut Cuda, modes: &[GraphMode], sc: &Scenario) -> Result<Vec<
             rows.push(compare::<f32>(cuda, g, what, mode, sc)?);
             rows.push(compare::<bf16>(cuda, g, what, mode, sc)?);
         }
+    }
+    for &mode in modes {
+        rows.push(compare_greedy::<f32>(cuda, &models[0].1, models[0].0, mode, sc)?);
+        rows.push(compare_greedy::<bf16>(cuda, &models[0].1, models[0].0, mode, sc)?);
     }
     Ok(rows)
 }

@@ -171,7 +171,7 @@ impl<D: Device, T: ActElem> Buffers<D, T> {
         let (lin_ws, lin_cnt) = super::products::linear_workspace_for(c, dev.tensor_cores());
         let (mega_ws, mega_cnt) = super::products::mega_workspace_for(c);
         let (lin_ws, lin_cnt) = (lin_ws.max(mega_ws), lin_cnt.max(mega_cnt));
-        let stages = kernels::decode_step::stage_words(c.n_layers, c.n_head_kv);
+        let stages = kernels::decode_step::stage_words(c.n_layers, c.n_head_kv, c.vocab_size);
         let (e, qd) = (c.n_embd, c.n_head * c.head_dim);
         let qkv = (c.n_head + 2 * c.n_head_kv) * c.head_dim;
         self.scratch = Some(Scratch {

@@ -136,6 +136,9 @@ pub(super) struct Plan {
     pub invariant: bool,
     /// The step runs as one persistent kernel ([`super::mega`]).
     pub mega: bool,
+    /// The persistent kernel also samples the step's rows (every row
+    /// greedy, no penalties or grammar masks): no sampler launch follows.
+    pub sample: bool,
     /// The longest context of the step (the persistent step's attention
     /// partials, [`Plan::parts`]).
     pub max_ctx: usize,
@@ -203,6 +206,7 @@ impl Plan {
                 && step.logit_rows.iter().enumerate().all(|(i, &r)| r == i)
                 && step.logit_rows.len() == step.tokens.len()
                 && runs_persistent(invariant, step.tokens.len(), mega_rows, step),
+            sample: false,
             max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: attended(step.query_start, step.context_lens),
@@ -311,6 +315,8 @@ pub struct Model<D: Device, T: ActElem> {
     pub(super) mega_auto: bool,
     /// Steps launched as the persistent kernel (eager and captured).
     pub(super) mega_steps: usize,
+    /// Of those, the steps that sampled their rows in the kernel.
+    pub(super) mega_sampled: usize,
     /// The grammar masks on the device: `(rows, bitmasks, capacity in
     /// rows)`, grown as needed.
     pub(super) mask_bufs: super::sampler::MaskBufs<D>,
@@ -484,6 +490,7 @@ impl<D: Device, T: ActElem> Model<D, T> {
             mega_unsupported: None,
             mega_auto: false,
             mega_steps: 0,
+            mega_sampled: 0,
             mask_bufs: None,
             last_mask_time: std::time::Duration::ZERO,
             last_host_times: super::sampler::HostTimes::default(),
@@ -576,6 +583,12 @@ impl<D: Device, T: ActElem> Model<D, T> {
     /// each replay).
     pub fn mega_steps(&self) -> usize {
         self.mega_steps
+    }
+
+    /// How many sampled steps the persistent kernel sampled itself
+    /// ([`super::mega::samples_in_step`]; a replay counts as a step).
+    pub fn mega_sampled_steps(&self) -> usize {
+        self.mega_sampled
     }
 
     /// The most rows of a decode step that runs persistently (0: none).

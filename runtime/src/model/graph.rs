@@ -117,6 +117,9 @@ pub struct GraphKey {
     /// Whether the step runs as the persistent kernel (a step of the same
     /// shape whose rows share a sequence does not).
     pub mega: bool,
+    /// Whether the persistent kernel samples the rows itself (see
+    /// [`super::mega::samples_in_step`]): no sampler launch in the graph.
+    pub sample: bool,
 }
 
 /// The decode graphs of a model and the fixed buffers they point to.
@@ -258,7 +261,9 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let penalties = rows.iter().any(uses_penalties);
         let masked = masker.is_some();
         let mega = super::forward::runs_persistent(self.invariant, bucket, self.mega_rows(), step);
-        let key = GraphKey { bucket, split_len, splits, penalties, masked, pages, mega };
+        // (The padding rows sample greedily.)
+        let sample = super::mega::samples_in_step(mega, penalties, masked, rows);
+        let key = GraphKey { bucket, split_len, splits, penalties, masked, pages, mega, sample };
         let parts = if splits > 1 { bucket * c.n_head * splits } else { 0 };
         let plan = Plan {
             n: bucket,
@@ -270,11 +275,13 @@ impl<D: Device, T: ActElem> Model<D, T> {
             rows: bucket,
             invariant: self.invariant,
             mega,
+            sample,
             max_ctx,
             ctx_tokens: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
             attended: step.context_lens.iter().map(|&c| c.max(0) as usize).sum(),
         };
         self.mega_steps += usize::from(plan.mega);
+        self.mega_sampled += usize::from(plan.sample);
 
         // Stage the padded step and its settings, one copy.
         let padded =
@@ -328,10 +335,15 @@ impl<D: Device, T: ActElem> Model<D, T> {
             build_counts(ln, pen_arena, pen_staging, counts, rows, vocab)?;
         }
         // The graph's launches: the forward pass, and the sampler too unless
-        // the step is masked (then the sampler runs after the masks, below).
+        // the step is masked (then the sampler runs after the masks, below)
+        // or the persistent kernel samples the rows itself.
         let record = |ln: &mut Launcher<'_, D>| -> Result<()> {
             launch_forward(ln, weights, kv, &gs.bufs, &lay, &plan)?;
-            if masked { Ok(()) } else { launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, None) }
+            if masked || plan.sample {
+                Ok(())
+            } else {
+                launch_sampling(ln, vocab, &gs.bufs, &sl, bucket, penalties, None)
+            }
         };
         // The end of a step run directly (after `record` or a replay): on a
         // masked step the host computes the masks while the device runs the

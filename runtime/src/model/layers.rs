@@ -90,7 +90,13 @@ pub(super) fn launch_forward<D: Device, T: ActElem>(
     let s = bufs.scratch.as_ref().ok_or_else(|| usage("scratch buffers were not allocated".into()))?;
     let arena = &bufs.arena.as_ref().ok_or_else(|| usage("the input arena was not allocated".into()))?.0;
     if plan.mega {
-        return super::mega::launch(ln, w, kv, s, arena, lay, plan);
+        let sample = if plan.sample {
+            let sb = bufs.sample.as_ref();
+            Some(sb.ok_or_else(|| usage("internal error: the sampling buffers were not allocated".into()))?)
+        } else {
+            None
+        };
+        return super::mega::launch(ln, w, kv, s, arena, lay, plan, sample);
     }
     let f = Fwd { w, kv, s, arena, lay, plan };
     f.embedding(ln)?;

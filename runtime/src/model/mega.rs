@@ -1,5 +1,7 @@
 //! The persistent decode path: a whole decode step as one launch of
-//! [`kernels::decode_step::decode_step`], then the sampler as usual.
+//! [`kernels::decode_step::decode_step`], which also samples the rows when
+//! every one is greedy without penalties or grammar masks
+//! ([`samples_in_step`]); otherwise the sampler kernels follow as usual.
 //!
 //! [`DecodePath`] says which steps take it: `mega` every decode step it
 //! can run, `graphs` none (the multi-kernel sequence of [`super::layers`]),
@@ -13,11 +15,14 @@
 //! paths never changes a request's tokens.
 
 use super::attention::{INVARIANT_DECODE_STAGES, invariant_decode_shape};
-use super::buffers::{KvCache, Scratch};
+use super::buffers::{KvCache, SampleBufs, Scratch, out_stride};
 use super::device::Device;
 use super::forward::{Launcher, Plan, usage};
 use super::inputs::Layout;
 use super::layers::arena_i32;
+use super::sampler::SampleRow;
+#[cfg(doc)]
+use super::sampler::SamplingParams;
 use super::weights::{Kind, KindStride, Weights};
 use crate::error::Result;
 use crate::model::ActElem;
@@ -92,6 +97,16 @@ pub const MAX_STACK_ROWS: usize = 4;
 /// power of two of `m` up to [`MAX_STACK_ROWS`], 0 past it (split products).
 pub(crate) fn stack_rows(m: usize) -> usize {
     if m <= MAX_STACK_ROWS { m.max(1).next_power_of_two() } else { 0 }
+}
+
+/// Whether a step that runs as the persistent kernel (`mega`) samples its
+/// rows in that kernel: every row greedy (the sampler kernel's test, see
+/// [`SamplingParams::is_greedy`]), no penalties and no grammar masks
+/// (those rewrite the logits between the forward pass and the sampler).
+/// The kernel writes what the sampler kernel writes for such rows, bit
+/// for bit, so the choice never changes a token or a logprob.
+pub(crate) fn samples_in_step(mega: bool, penalties: bool, masked: bool, rows: &[SampleRow<'_>]) -> bool {
+    mega && !penalties && !masked && rows.iter().all(|r| r.params.is_greedy())
 }
 
 /// The largest persistent grid (programs) the trace buffer holds rows for.
@@ -329,6 +344,7 @@ pub(crate) fn step_config(
         stack_rows(m),
         trace,
         false,
+        false,
     )
     .with_warps(4)
     .with_stages(INVARIANT_DECODE_STAGES)
@@ -336,8 +352,11 @@ pub(crate) fn step_config(
 
 /// Launches the persistent step for `plan` (a decode step the path takes,
 /// see the module doc), leaving the logits in the scratch logits as the
-/// multi-kernel step does.
+/// multi-kernel step does, and with `sample` (a step of greedy rows, see
+/// [`samples_in_step`]) the sampled rows in its outputs as the sampler
+/// kernel leaves them.
 /// `s` and `arena` are the step's scratch buffers and input arena.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn launch<D: Device, T: ActElem>(
     ln: &mut Launcher<'_, D>,
     w: &Weights<D, T>,
@@ -346,6 +365,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
     arena: &D::Buf<u8>,
     lay: &Layout,
     plan: &Plan,
+    sample: Option<&SampleBufs<D>>,
 ) -> Result<()> {
     let c = &w.config;
     let m = plan.n;
@@ -375,8 +395,8 @@ pub(super) fn launch<D: Device, T: ActElem>(
     let att = (att_block_n, att_rows);
     let config =
         step_config(dtype, c, kv.block_size, att, formats, w.lm_head.format, ln.dev.tensor_cores(), m, trace);
-    let config = decode_step::Config { KV8: kv.fp8, ..config };
-    if s.mega_stage_len < stage_words(c.n_layers, c.n_head_kv) {
+    let config = decode_step::Config { KV8: kv.fp8, SAMPLE: sample.is_some(), ..config };
+    if s.mega_stage_len < stage_words(c.n_layers, c.n_head_kv, c.vocab_size) {
         return Err(usage("internal error: too few stage counters for the persistent step".into()));
     }
     // The attention's key-block partials: one row per row, query head and
@@ -388,6 +408,27 @@ pub(super) fn launch<D: Device, T: ActElem>(
             s.parts
         )));
     }
+    // The sampled ids, logprobs and thresholds, as the sampler kernel of
+    // `m` rows writes them (without sampling the kernel reads none: any
+    // buffer will do).
+    let (tok_out, logprob_out, thresh_out) = match sample {
+        Some(sb) => {
+            if sb.rows < m {
+                return Err(usage(format!("internal error: sampling buffers of {} rows for {m}", sb.rows)));
+            }
+            let stride = out_stride(m);
+            (
+                D::ptr_at::<u8, i32>(&sb.out, 0)?,
+                D::ptr_at::<u8, f32>(&sb.out, 4 * stride)?,
+                D::ptr_at::<u8, f32>(&sb.out, 8 * stride)?,
+            )
+        }
+        None => (
+            D::ptr_at::<i32, i32>(&s.lin_cnt, 0)?,
+            D::ptr_at::<f32, f32>(&s.logits, 0)?,
+            D::ptr_at::<f32, f32>(&s.logits, 0)?,
+        ),
+    };
     let mat = |kind: Kind| w.mat(0, kind);
     let q8 = |kind: Kind| D::ptr_at::<u8, u8>(mat(kind).quants, 0);
     let sc = |kind: Kind| D::ptr_at::<f16, f16>(mat(kind).scales, 0);
@@ -420,6 +461,9 @@ pub(super) fn launch<D: Device, T: ActElem>(
         attn_ptr: D::ptr_at::<T, AnyDType>(&s.attn, 0)?,
         act_ptr: D::ptr_at::<T, AnyDType>(&s.act, 0)?,
         logits_ptr: D::ptr_at::<f32, f32>(&s.logits, 0)?,
+        tok_out,
+        logprob_out,
+        thresh_out,
         ws_ptr: D::ptr_at::<f32, f32>(&s.lin_ws, 0)?,
         cnt_ptr: D::ptr_at::<i32, i32>(&s.lin_cnt, 0)?,
         stage_ptr: D::ptr_at::<i32, i32>(&s.mega_stage, 0)?,

@@ -573,11 +573,13 @@ impl<D: Device, T: ActElem> Model<D, T> {
             return Ok(out);
         }
         let mut pen = 0;
-        let (lay, plan) = self.stage_eager(dev, step, Some(rows.len()), |st, lay| {
+        let (lay, mut plan) = self.stage_eager(dev, step, Some(rows.len()), |st, lay| {
             if let Some(sl) = &lay.sampling {
                 pen = stage_sampling(st, sl, rows, 0);
             }
         })?;
+        plan.sample = super::mega::samples_in_step(plan.mega, pen > 0, masker.is_some(), rows);
+        self.mega_sampled += usize::from(plan.sample);
         let sl = lay.sampling.ok_or_else(|| usage("internal error: no sampling layout".into()))?;
         self.eager.ensure_sample(dev, vocab, rows.len())?;
         if pen > 0 {
@@ -608,7 +610,9 @@ impl<D: Device, T: ActElem> Model<D, T> {
         let m = masker.as_mut().map(|f| f()).transpose()?;
         *last_mask_time = t.elapsed();
         let dm = upload_masks(ln.dev, mask_bufs, m.as_ref(), rows.len(), vocab)?;
-        launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0, dm.as_ref())?;
+        if !plan.sample {
+            launch_sampling(ln, vocab, eager, &sl, rows.len(), pen > 0, dm.as_ref())?;
+        }
         let out = read_sampled(ln.dev, eager, rows.len(), rows.len())?;
         *last_host_times =
             HostTimes { prepare: staged - start, launch: launched - staged, wait: launched.elapsed() };

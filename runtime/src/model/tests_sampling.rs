@@ -556,7 +556,20 @@ fn mega_matches_in<D: Device, T: ActElem>(
     prompt: usize,
     batches: &[usize],
 ) {
-    let params = scenario_params();
+    mega_matches_with::<D, T>(dev, g, seqs, prompt, batches, &scenario_params());
+}
+
+/// [`mega_matches_in`] with the rows' settings `params` (row `i` takes
+/// entry `i % len`); returns how many steps the persistent kernel sampled
+/// itself.
+fn mega_matches_with<D: Device, T: ActElem>(
+    dev: &mut D,
+    g: &Gguf,
+    seqs: usize,
+    prompt: usize,
+    batches: &[usize],
+    params: &[SamplingParams],
+) -> usize {
     let sc = |decode_path| Scenario {
         seqs,
         prompt,
@@ -566,11 +579,29 @@ fn mega_matches_in<D: Device, T: ActElem>(
         decode_path,
     };
     let (multi, m0) =
-        decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Graphs), &params).unwrap();
-    let (mega, m1) = decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Mega), &params).unwrap();
+        decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Graphs), params).unwrap();
+    let (mega, m1) = decode_scenario::<D, T>(dev, g, GraphMode::Off, &sc(DecodePath::Mega), params).unwrap();
     assert_eq!((m0.mega_steps(), m1.mega_steps()), (0, batches.len()));
+    assert_eq!(m0.mega_sampled_steps(), 0);
     let (ids, logits, max_abs) = compare_exact(&multi, &mega);
     assert_eq!((ids, logits), (0, 0), "persistent vs multi-kernel decode: max |logit difference| {max_abs}");
+    m1.mega_sampled_steps()
+}
+
+/// Steps whose rows are all greedy without penalties are sampled by the
+/// persistent kernel itself (`kernels::sampling::greedy_row` after the LM
+/// head), with the ids and logprob bits of the sampler kernel; in the
+/// mixed scenario of [`mega_matches_multi_kernel`] only its one-row steps
+/// (row 0 greedy) are.
+#[test]
+fn mega_decode_samples_greedy_steps_itself() {
+    let g = tiny_flat_model().unwrap();
+    let greedy = [SamplingParams::default()];
+    let batches = [3, 1, 2, 3, 1];
+    assert_eq!(mega_matches_with::<Cpu, f32>(&mut Cpu::new(), &g, 3, 60, &batches, &greedy), 5);
+    assert_eq!(mega_matches_with::<Emu, bf16>(&mut hopper(), &g, 3, 60, &batches, &greedy), 5);
+    let mixed = scenario_params();
+    assert_eq!(mega_matches_with::<Cpu, f32>(&mut Cpu::new(), &g, 3, 60, &batches, &mixed), 2);
 }
 
 /// The graph-recording interpreter answering as a Hopper GPU (run
