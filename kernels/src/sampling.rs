@@ -62,15 +62,17 @@
 //! (`+inf` for greedy rows, whose workspace row is not written). Rows must
 //! hold at least one finite logit and no `+inf` or NaN; `-inf` masks a token.
 //!
-//! The logprob's `sum_i exp(x_i - m)` is exact in fixed point
+//! A greedy row's logprob sum `sum_i exp(x_i - m)` is exact in fixed point
 //! ([`exp_units`]: each term, at most 1, truncated to a multiple of
-//! `2^-40`, the integers summed in i64, the sum scaled back once), so the
-//! logprob of a row depends on its logits only, not on the chunk, the
-//! warps, the order or the programs that sum it; with the argmax (exact in
-//! any order), a greedy row's outputs are the same bits in this kernel, in
+//! `2^-40`, the integers summed in i64, the sum scaled back once), so it
+//! depends on the row's logits only, not on the chunk, the warps, the
+//! order or the programs that sum it; with the argmax (exact in any
+//! order), a greedy row's outputs are the same bits in this kernel, in
 //! [`greedy_row`] and in the persistent decode step, which samples greedy
 //! rows itself over slices of the row in several programs
-//! ([`crate::decode_step`]).
+//! ([`crate::decode_step`]). A sampled row's sum is an f32 sum (per-lane
+//! partials over the chunks, then the chunk's lanes), which costs less per
+//! logit; sampled rows always take this kernel.
 //!
 //! # Threshold search (no sorting)
 //!
@@ -348,7 +350,7 @@ pub fn sample<T: Float>(
         let min_p = where_(min_p_in > 0.0, minimum(min_p_in, 1.0), 0.0);
         let mut s_acc = zeros([BLOCK], f32);
         let mut n_acc = zeros([BLOCK], i32);
-        let mut l_acc = zeros([BLOCK], i64);
+        let mut l_acc = zeros([BLOCK], f32);
         for c0 in range(0, vocab, BLOCK) {
             let c = c0 + cols;
             let valid = c < vocab;
@@ -358,9 +360,9 @@ pub fn sample<T: Float>(
             store(ws_row + c, w, mask = valid);
             s_acc += w;
             n_acc += (w > 0.0).to(i32);
-            l_acc += exp_units(exp(x - m));
+            l_acc += exp(x - m);
         }
-        lsum = units_to_f32(sum(l_acc, 0));
+        lsum = sum(l_acc, 0);
         let n_pos = sum(n_acc, 0);
 
         // Threshold searches on the workspace (keys of non-negative f32).

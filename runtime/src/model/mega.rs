@@ -534,6 +534,7 @@ pub(super) fn launch<D: Device, T: ActElem>(
 mod tests {
     use super::*;
     use crate::gguf::tiny::synth_shape;
+    use crate::model::sampler::SamplingParams;
     use codegen::{CompileOptions, Target};
     use dsl_core::DType;
     use dsl_core::launch::Kernel;
@@ -546,6 +547,26 @@ mod tests {
         let err = "megakernel".parse::<DecodePath>().unwrap_err();
         assert!(err.contains("expected mega, graphs or auto"), "{err}");
         assert_eq!((DecodePath::Graphs.max_rows(), DecodePath::Mega.max_rows()), (0, MAX_ROWS));
+    }
+
+    /// The persistent kernel samples a step's rows only when it runs the
+    /// step and every row is greedy (zero temperature or top-k 1), with no
+    /// penalties and no grammar masks: those rewrite the logits between the
+    /// forward pass and the sampler, and a sampled row needs the sampler
+    /// kernel's draw.
+    #[test]
+    fn only_plain_greedy_persistent_steps_sample_in_the_kernel() {
+        let greedy = SamplingParams::default();
+        let top1 = SamplingParams { temperature: 0.7, top_k: 1, ..SamplingParams::default() };
+        let hot = SamplingParams { temperature: 0.7, seed: 3, ..SamplingParams::default() };
+        let row = |p| SampleRow { params: p, step: 0, tokens: &[], prompt_len: 0 };
+        let plain = [row(&greedy), row(&top1)];
+        assert!(samples_in_step(true, false, false, &plain));
+        assert!(samples_in_step(true, false, false, &[]));
+        assert!(!samples_in_step(false, false, false, &plain));
+        assert!(!samples_in_step(true, true, false, &plain));
+        assert!(!samples_in_step(true, false, true, &plain));
+        assert!(!samples_in_step(true, false, false, &[row(&greedy), row(&hot)]));
     }
 
     /// Every batch-invariant decode attention's key block is at least
