@@ -67,10 +67,9 @@
 //! `2^-40`, the integers summed in i64, the sum scaled back once), so it
 //! depends on the row's logits only, not on the chunk, the warps, the
 //! order or the programs that sum it; with the argmax (exact in any
-//! order), a greedy row's outputs are the same bits in this kernel, in
-//! [`greedy_row`] and in the persistent decode step, which samples greedy
-//! rows itself over slices of the row in several programs
-//! ([`crate::decode_step`]). A sampled row's sum is an f32 sum (per-lane
+//! order), a greedy row's outputs are the same bits in this kernel and in
+//! the persistent decode step, which samples greedy rows itself over
+//! slices of the row in several programs ([`crate::decode_step`]). A sampled row's sum is an f32 sum (per-lane
 //! partials over the chunks, then the chunk's lanes), which costs less per
 //! logit; sampled rows always take this kernel.
 //!
@@ -273,31 +272,6 @@ pub fn row_exp_sum(x_row: Tensor, vocab: Tensor, m: Tensor, block: usize) -> Ten
         l_acc += exp_units(exp(x - m));
     }
     units_to_f32(sum(l_acc, 0))
-}
-
-/// Row `row` of `logits_ptr` (`stride` apart) sampled greedily: its
-/// argmax, the argmax's logprob and the threshold `+inf` into `ids_ptr`,
-/// `logprobs_ptr` and `thresh_ptr`, the bits [`sample`] writes for a
-/// greedy row (whatever `block` and warps either runs).
-#[kernel_fn]
-#[allow(clippy::too_many_arguments)]
-pub fn greedy_row(
-    logits_ptr: Tensor,
-    ids_ptr: Tensor,
-    logprobs_ptr: Tensor,
-    thresh_ptr: Tensor,
-    row: Tensor,
-    vocab: Tensor,
-    stride: Tensor,
-    block: usize,
-) {
-    let x_row = logits_ptr + row * stride;
-    let (m, id) = row_argmax(x_row, vocab, block);
-    let lsum = row_exp_sum(x_row, vocab, m, block);
-    let x_id = load(x_row + id).to(f32);
-    store(ids_ptr + row, id);
-    store(logprobs_ptr + row, x_id - m - log(lsum));
-    store(thresh_ptr + row, f32::INFINITY);
 }
 
 /// Samples one token per row from `logits` with per-row temperature, min-p,

@@ -252,6 +252,18 @@ fn wrong_positions(wrong: &[usize], gaps: &[f64]) -> String {
     format!(" (wrong at {})", each.join(", "))
 }
 
+/// Every case's teacher-forced clear positions as JSON, `[{"case": i,
+/// "margins": [[position, our margin, llama.cpp's gap], ...]}, ...]`
+/// (`parity --margins`).
+pub fn margins_json(golden: &Golden, reports: &[CaseReport]) -> serde_json::Value {
+    let cases = reports.iter().zip(&golden.cases).enumerate().map(|(i, (r, c))| {
+        let rows: Vec<serde_json::Value> =
+            r.forced_margins.iter().map(|&(p, m)| serde_json::json!([p, m, c.gaps[p]])).collect();
+        serde_json::json!({ "case": i, "margins": rows })
+    });
+    serde_json::Value::Array(cases.collect())
+}
+
 /// The logit of token `tok` minus the largest other logit of `row`.
 fn margin(row: &[f32], tok: usize) -> f32 {
     let other =
@@ -299,6 +311,24 @@ mod tests {
         let gaps = [0.0; 10].map(|_| 0.5);
         assert_eq!(closest_position(r.closest(), &gaps), ", closest [7] margin -0.125 (gap 0.500)");
         assert_eq!(closest_position(None, &gaps), "");
+    }
+
+    #[test]
+    fn margins_json_lists_each_clear_position_with_its_gap() {
+        let g = Golden::parse(
+            r#"{"tie_gap": 0.3, "cases": [
+                {"prompt": "a", "prompt_ids": [1], "token_ids": [2, 3, 4], "top2_gaps": [0.5, 0.1, 1.25], "must_match": 1},
+                {"prompt": "b", "prompt_ids": [5], "token_ids": [6], "top2_gaps": [0.75], "must_match": 1}]}"#,
+        )
+        .unwrap();
+        let reports = [
+            CaseReport { forced_margins: vec![(0, 0.25), (2, -0.5)], ..CaseReport::default() },
+            CaseReport { forced_margins: vec![(0, 1.0)], ..CaseReport::default() },
+        ];
+        assert_eq!(
+            margins_json(&g, &reports).to_string(),
+            r#"[{"case":0,"margins":[[0,0.25,0.5],[2,-0.5,1.25]]},{"case":1,"margins":[[0,1.0,0.75]]}]"#
+        );
     }
 
     #[test]

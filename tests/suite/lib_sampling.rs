@@ -46,8 +46,9 @@
 //! - `logprobs_do_not_depend_on_the_chunk`: 120 rows, half greedy, sampled
 //!   in chunks of 64, 256 and 1024: the greedy rows' ids and logprob bits
 //!   agree (a float sum fails this: its per-lane partials follow the
-//!   chunk), and `greedy_row` alone (chunks of 128) writes the greedy rows'
-//!   ids, logprobs and thresholds bit for bit.
+//!   chunk), and a one-pass greedy kernel of `row_argmax` and
+//!   `row_exp_sum` (chunks of 128) writes the greedy rows' ids, logprobs
+//!   and thresholds bit for bit.
 
 use crate::common::cases;
 use dsl_core::DType;
@@ -681,8 +682,8 @@ fn exp_units_of(e_ptr: Ptr<f32>, u_ptr: Ptr<i64>, n: i32, #[constexpr] BLOCK: us
     store(u_ptr + i, kernels::sampling::exp_units(e), mask = i < n);
 }
 
-/// Greedy rows through `greedy_row` alone (one program per row), as the
-/// persistent decode step samples them.
+/// Greedy rows from the library's row maximum and fixed-point sum alone
+/// (one program per row): the argmax, its logprob and `+inf`.
 #[dsl_macros::kernel]
 fn greedy_rows(
     logits_ptr: Ptr<f32>,
@@ -693,16 +694,13 @@ fn greedy_rows(
     stride: i32,
     #[constexpr] BLOCK: usize,
 ) {
-    kernels::sampling::greedy_row(
-        logits_ptr,
-        ids_ptr,
-        logprobs_ptr,
-        thresh_ptr,
-        program_id(0),
-        vocab,
-        stride,
-        BLOCK,
-    );
+    let row = program_id(0);
+    let x_row = logits_ptr + row * stride;
+    let (m, id) = kernels::sampling::row_argmax(x_row, vocab, BLOCK);
+    let lsum = kernels::sampling::row_exp_sum(x_row, vocab, m, BLOCK);
+    store(ids_ptr + row, id);
+    store(logprobs_ptr + row, load(x_row + id) - m - log(lsum));
+    store(thresh_ptr + row, f32::INFINITY);
 }
 
 /// `exp_units` is `e * 2^40` truncated, exactly, for weights in `[0, 1]`:
@@ -735,9 +733,9 @@ fn exp_units_truncate_to_multiples_of_the_unit() {
 
 /// A greedy row's logprob sum is exact in fixed point: its logprob is the
 /// same bits whatever chunk `sample` walks it in (a float sum's bits would
-/// change with the chunk, which sets the per-lane partial sums), and
-/// `greedy_row` alone, with yet another chunk, writes what `sample` writes
-/// for greedy rows. Sampled rows between them must keep their ids (the
+/// change with the chunk, which sets the per-lane partial sums), and a
+/// kernel of `row_argmax` and `row_exp_sum` alone, with yet another chunk,
+/// writes what `sample` writes for greedy rows. Sampled rows between them must keep their ids (the
 /// draws do not depend on the chunk far from a boundary).
 #[test]
 fn logprobs_do_not_depend_on_the_chunk() {

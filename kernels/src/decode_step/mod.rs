@@ -19,7 +19,7 @@
 //! | gate/up | as QKV | MLP norm prologue, SiLU-mul epilogue |
 //! | down | as QKV | residual add into `h` |
 //! | LM head | output tile | `linear_tile` unsplit, final norm prologue |
-//! | sampling (`SAMPLE`) | one per row | [`crate::sampling::greedy_row`] on the row's logits |
+//! | sampling (`SAMPLE`) | one per row and [`SAMPLE_SLICE`] logits | `sample_rows`: slice maxima, then exact fixed-point slice sums ([`crate::sampling::exp_units`]) |
 //!
 //! Past two rows, the stages that write the residual stream (embedding, O,
 //! down) end with one [`row_stats`] task per row, which stores the row's
@@ -143,8 +143,6 @@ use crate::dequant::stacked::stacked_sums;
 use crate::dequant::{Fuse, QuantFormat};
 use crate::embedding::embedding_row;
 use crate::rope::{RopeShape, rope_angles, rope_row};
-#[cfg(doc)]
-use crate::sampling::greedy_row;
 use crate::sampling::{exp_units, units_to_f32};
 use dsl_macros::{kernel, kernel_fn};
 
@@ -740,7 +738,8 @@ pub fn decode_step<T: Float>(
 
 /// The rows of a `SAMPLE` step sampled greedily, spread over the programs
 /// in tasks of one row and one [`SAMPLE_SLICE`] of its logits, with the
-/// bits [`greedy_row`] (and the sampler kernel) writes for a greedy row:
+/// bits the sampler kernel (`crate::sampling::sample`) writes for a greedy
+/// row:
 ///
 /// 1. each task waits until the LM head has counted `head_tiles` in
 ///    counter `head_done` of `stage`, takes its slice's maximum and the

@@ -265,6 +265,11 @@ pub struct ParityArgs {
     /// `must_match` tokens the rule needs).
     #[arg(long)]
     pub full: bool,
+    /// Also write every teacher-forced clear position's margin (our logit
+    /// of llama.cpp's token minus our largest other) and llama.cpp's gap to
+    /// this JSON file, to compare numerics changes position by position.
+    #[arg(long, value_name = "FILE")]
+    pub margins: Option<PathBuf>,
 }
 
 /// `tessera kernels ...`.

@@ -106,7 +106,13 @@ pub fn run(cli: Cli) -> Result<bool> {
         Command::Profile(a) => profile_cmd(&a).map(|()| true),
         Command::Parity(a) => {
             let golden = Golden::load(&a.file)?;
+            let margins = a.margins.as_ref().map(|_| golden.clone());
             let reports = app::run_task(&a.model.load_options(), Parity { golden, full: a.full })?;
+            if let (Some(path), Some(golden)) = (&a.margins, margins) {
+                let json = crate::parity::margins_json(&golden, &reports);
+                std::fs::write(path, json.to_string())
+                    .map_err(|e| Error::Usage(format!("cannot write {}: {e}", path.display())))?;
+            }
             Ok(reports.iter().all(|r| r.passed()))
         }
     }

@@ -589,8 +589,8 @@ fn mega_matches_with<D: Device, T: ActElem>(
 }
 
 /// Steps whose rows are all greedy without penalties are sampled by the
-/// persistent kernel itself (`kernels::sampling::greedy_row` after the LM
-/// head), with the ids and logprob bits of the sampler kernel; in the
+/// persistent kernel itself (its `sample_rows` tasks after the
+/// LM head), with the ids and logprob bits of the sampler kernel; in the
 /// mixed scenario of [`mega_matches_multi_kernel`] only its one-row steps
 /// (row 0 greedy) are.
 #[test]
