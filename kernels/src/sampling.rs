@@ -216,22 +216,16 @@ const EXP_UNITS_LOG2: i32 = 40;
 const EXP_UNIT: f32 = 1.0 / (1u64 << EXP_UNITS_LOG2) as f32;
 
 /// The weights `e` (f32, each in `[0, 1]`, the `exp(x - m)` of a row whose
-/// maximum is `m`) as i64 multiples of `2^-40`, truncated: the mantissa
-/// (with its hidden bit) shifted by the exponent, so the conversion is
-/// exact integer arithmetic. A row of up to `2^23` tokens sums below
-/// `2^63`; each term loses less than `2^-40`, so a row's sum (at least 1,
-/// the maximum's term) is off by at most `vocab * 2^-40` before its one
-/// rounding to f32 ([`units_to_f32`]).
+/// maximum is `m`) as i64 multiples of `2^-40`, truncated: `e * 2^40` is
+/// exact in f32 (a power-of-two scale of a value at most 1, subnormals
+/// included, lands on a normal number below `2^41`) and its conversion to
+/// i64 truncates, so each term is exactly `floor(e * 2^40)`. A row of up
+/// to `2^23` tokens sums below `2^63`; each term loses less than `2^-40`,
+/// so a row's sum (at least 1, the maximum's term) is off by at most
+/// `vocab * 2^-40` before its one rounding to f32 ([`units_to_f32`]).
 #[kernel_fn]
 pub fn exp_units(e: Tensor) -> Tensor {
-    let bits = e.bitcast(i32) & 0x7FFF_FFFF;
-    let ex = bits >> 23;
-    let frac = bits & 0x7F_FFFF;
-    let mant = where_(ex > 0, frac | 0x80_0000, frac);
-    // `mant * 2^(max(ex, 1) - 150)` in units of `2^-40`: `mant << 17` at
-    // the exponent of 1 (127), one place less per binade below it.
-    let shift = minimum(maximum(127 - maximum(ex, 1), 0), 63);
-    (mant.to(i64) << (EXP_UNITS_LOG2 - 23)) >> shift.to(i64)
+    (e * (1u64 << EXP_UNITS_LOG2) as f32).to(i64)
 }
 
 /// The f32 value of a sum of [`exp_units`] (rounded once, to nearest even).
