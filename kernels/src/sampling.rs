@@ -69,9 +69,10 @@
 //! order or the programs that sum it; with the argmax (exact in any
 //! order), a greedy row's outputs are the same bits in this kernel and in
 //! the persistent decode step, which samples greedy rows itself over
-//! slices of the row in several programs ([`crate::decode_step`]). A sampled row's sum is an f32 sum (per-lane
-//! partials over the chunks, then the chunk's lanes), which costs less per
-//! logit; sampled rows always take this kernel.
+//! slices of the row in several programs ([`crate::decode_step`]). A
+//! sampled row's sum is an f32 sum (per-lane partials over the chunks,
+//! then the chunk's lanes), which costs less per logit; sampled rows
+//! always take this kernel.
 //!
 //! # Threshold search (no sorting)
 //!
