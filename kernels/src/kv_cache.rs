@@ -4,13 +4,22 @@
 //! # Layout
 //!
 //! A KV8 cache (K and V each) is an array of slots, `slot = block *
-//! block_size + offset` as in the 16-bit cache, each [`slot_bytes`] long:
-//! the slot's `h_kv * head_dim` E4M3 values in head-major order (`h *
-//! head_dim + d`), then the `h_kv` f32 scales, padded to a multiple of 16
-//! bytes so that every slot's values start 16-byte aligned (vector loads).
-//! Addresses need no block size: the element `(slot, h, d)` is byte `slot *
-//! slot_bytes + h * head_dim + d`, its scale the f32 at byte `slot *
-//! slot_bytes + h_kv * head_dim + 4 h`.
+//! block_size + offset` as in the 16-bit cache, stored in groups of
+//! [`KV8_GROUP`] consecutive slots, each group [`group_bytes`] long: the
+//! group's slots' `h_kv * head_dim` E4M3 values one slot after another
+//! (head-major within a slot, `h * head_dim + d`), then the group's f32
+//! scales head-major (`h * KV8_GROUP + slot % KV8_GROUP`), padded to a
+//! multiple of 128 bytes. So every group starts on a 128-byte line, a
+//! head's values (`head_dim` bytes) start on a line whenever `h_kv *
+//! head_dim` and `head_dim` are multiples of 128 (SmolLM2's and Llama's
+//! heads), and one head's scales of a whole group are one 32-byte sector:
+//! a reader of one head fetches only that head's bytes, never a
+//! neighbour's. Addresses need no block size: the element `(slot, h, d)`
+//! is byte `(slot / 8) * group_bytes + (slot % 8) * h_kv * head_dim + h *
+//! head_dim + d` ([`kv8_slot`]), its scale the f32 at byte `(slot / 8) *
+//! group_bytes + 8 * h_kv * head_dim + 4 * (8 h + slot % 8)`
+//! ([`kv8_scale_index`]); [`code_offset`] and [`scale_offset`] are the
+//! host's forms. A cache of `n` slots takes [`cache_bytes`] bytes.
 //!
 //! # Arithmetic
 //!
@@ -34,10 +43,40 @@
 use dsl_core::DType;
 use dsl_macros::kernel_fn;
 
-/// Bytes of one slot of a KV8 cache with `h_kv` heads of `head_dim`: the
-/// values, the f32 scales, and padding to 16 bytes (see the module doc).
+/// Slots per group of a KV8 cache (see the module doc); a power of two.
+pub const KV8_GROUP: usize = 8;
+
+/// Bytes of one group of [`KV8_GROUP`] slots of a KV8 cache with `h_kv`
+/// heads of `head_dim`: the values, the f32 scales, and padding to 128
+/// bytes (see the module doc).
+pub const fn group_bytes(h_kv: usize, head_dim: usize) -> usize {
+    (KV8_GROUP * h_kv * (head_dim + 4)).div_ceil(128) * 128
+}
+
+/// Bytes per slot of a KV8 cache with `h_kv` heads of `head_dim`: a
+/// group's bytes over its slots (a multiple of 16; a cache of `n` slots
+/// takes [`cache_bytes`]).
 pub const fn slot_bytes(h_kv: usize, head_dim: usize) -> usize {
-    (h_kv * (head_dim + 4)).div_ceil(16) * 16
+    group_bytes(h_kv, head_dim) / KV8_GROUP
+}
+
+/// Bytes of a KV8 cache of `slots` slots (whole groups).
+pub const fn cache_bytes(slots: usize, h_kv: usize, head_dim: usize) -> usize {
+    slots.div_ceil(KV8_GROUP) * group_bytes(h_kv, head_dim)
+}
+
+/// The byte offset of head `h`'s first value in slot `slot` of a KV8
+/// cache (the host's [`kv8_slot`] plus the head's row).
+pub const fn code_offset(slot: usize, h: usize, h_kv: usize, head_dim: usize) -> usize {
+    (slot / KV8_GROUP) * group_bytes(h_kv, head_dim) + (slot % KV8_GROUP * h_kv + h) * head_dim
+}
+
+/// The byte offset of head `h`'s f32 scale in slot `slot` of a KV8 cache
+/// (the host's [`kv8_scale_index`], in bytes).
+pub const fn scale_offset(slot: usize, h: usize, h_kv: usize, head_dim: usize) -> usize {
+    (slot / KV8_GROUP) * group_bytes(h_kv, head_dim)
+        + KV8_GROUP * h_kv * head_dim
+        + 4 * (h * KV8_GROUP + slot % KV8_GROUP)
 }
 
 /// The scale `s = 2^(E - 7)` and its reciprocal of rows whose largest
@@ -56,20 +95,24 @@ pub fn kv8_quantize(x: Tensor, inv: Tensor) -> Tensor {
     (x * inv).to(f8e4m3)
 }
 
-/// The byte offset of the slots `slot` in a KV8 cache of `h_kv` heads of
-/// `head_dim` (see the module doc).
+/// The byte offset of the values of the slots `slot` (i32, not negative)
+/// in a KV8 cache of `h_kv` heads of `head_dim` (see the module doc).
 #[kernel_fn]
 pub fn kv8_slot(slot: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
-    // `slot_bytes`, spelled out: the kernel macro takes `as` on build-time
-    // arithmetic only.
-    slot * ((h_kv * (head_dim + 4)).div_ceil(16) * 16) as i32
+    // `group_bytes` spelled out (the kernel macro takes `as` on build-time
+    // arithmetic only); `KV8_GROUP` is 8: a shift and a mask.
+    (slot >> 3) * ((8 * h_kv * (head_dim + 4)).div_ceil(128) * 128) as i32
+        + (slot & 7) * (h_kv * head_dim) as i32
 }
 
-/// The f32 index of head `h`'s scale in the slots at byte offsets `at`
-/// ([`kv8_slot`]) of a KV8 cache.
+/// The f32 index of head `h`'s scale in the slots `slot` (i32, not
+/// negative) of a KV8 cache (see the module doc).
 #[kernel_fn]
-pub fn kv8_scale_index(at: Tensor, h: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
-    (at + (h_kv * head_dim) as i32) / 4 + h
+pub fn kv8_scale_index(slot: Tensor, h: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
+    (slot >> 3) * ((8 * h_kv * (head_dim + 4)).div_ceil(128) * 32) as i32
+        + (2 * h_kv * head_dim) as i32
+        + h * 8
+        + (slot & 7)
 }
 
 /// Cached values of a KV8 cache (`cache`, any pointer type) in `dt`: the
@@ -90,7 +133,7 @@ pub fn kv8_load(
 ) -> Tensor {
     let at = kv8_slot(slot, h_kv, head_dim);
     let q = load(ptrcast(cache, f8e4m3) + at + col, mask = ok, other = 0.0).to(f32);
-    let s = load(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), mask = ok, other = 0.0);
+    let s = load(ptrcast(cache, f32) + kv8_scale_index(slot, h, h_kv, head_dim), mask = ok, other = 0.0);
     (q * s).to(dt)
 }
 
@@ -151,7 +194,7 @@ pub fn kv8_tile(
 ) -> Tensor {
     let at = kv8_slot(slot, h_kv, head_dim);
     let q = load(ptrcast(cache, f8e4m3) + at + col).to(f32);
-    let s = load(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim));
+    let s = load(ptrcast(cache, f32) + kv8_scale_index(slot, h, h_kv, head_dim));
     (q * s).to(dt)
 }
 
@@ -175,7 +218,7 @@ pub fn kv8_load16(
 ) -> Tensor {
     let at = kv8_slot(slot, h_kv, head_dim);
     let codes = ptrcast(cache, f8e4m3) + at + col;
-    let scales = ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim);
+    let scales = ptrcast(cache, f32) + kv8_scale_index(slot, h, h_kv, head_dim);
     if masked {
         load(codes, mask = ok, other = 0.0).to(f16) * load(scales, mask = ok, other = 0.0).to(f16)
     } else {
@@ -199,28 +242,36 @@ pub fn f16_rows(x: Tensor) -> (Tensor, Tensor) {
 }
 
 /// Writes rows of values to a KV8 cache (`cache`, any pointer type): row
-/// `r` of `x` (`[rows, head_dim]` f32) is head `h[r]` of the slot at byte
-/// offset `at` ([`kv8_slot`], the same slot for every row); nothing is
-/// written unless `ok`.
+/// `r` of `x` (`[rows, head_dim]` f32) is head `h[r]` of slot `slot` (not
+/// negative, the same slot for every row); nothing is written unless `ok`.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
-pub fn kv8_store(cache: Tensor, at: Tensor, h: Tensor, x: Tensor, ok: Tensor, h_kv: usize, head_dim: usize) {
+pub fn kv8_store(
+    cache: Tensor,
+    slot: Tensor,
+    h: Tensor,
+    x: Tensor,
+    ok: Tensor,
+    h_kv: usize,
+    head_dim: usize,
+) {
+    let at = kv8_slot(slot, h_kv, head_dim);
     let (s, inv) = kv8_scale(max(abs(x), 1));
     let col = expand_dims(h * head_dim as i32, 1) + expand_dims(arange(0, head_dim), 0);
     store(ptrcast(cache, f8e4m3) + at + col, kv8_quantize(x, expand_dims(inv, 1)), mask = ok);
-    store(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), s, mask = ok);
+    store(ptrcast(cache, f32) + kv8_scale_index(slot, h, h_kv, head_dim), s, mask = ok);
 }
 
 /// [`kv8_store`] of rows given as RoPE's pairs: element `first[j]` of row
 /// `r` is `a[r, j]` and element `first[j] + step` is `b[r, j]` (`a`, `b`:
 /// `[rows, head_dim / 2]` f32; `first`: `[1, head_dim / 2]` columns within
 /// a head; adjacent pairs `first = 2 j`, `step = 1`; NEOX `first = j`,
-/// `step = head_dim / 2`).
+/// `step = head_dim / 2`; `slot` as in [`kv8_store`]).
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 pub fn kv8_store_pairs(
     cache: Tensor,
-    at: Tensor,
+    slot: Tensor,
     h: Tensor,
     a: Tensor,
     b: Tensor,
@@ -230,12 +281,13 @@ pub fn kv8_store_pairs(
     h_kv: usize,
     head_dim: usize,
 ) {
+    let at = kv8_slot(slot, h_kv, head_dim);
     let (s, inv) = kv8_scale(maximum(max(abs(a), 1), max(abs(b), 1)));
     let inv2 = expand_dims(inv, 1);
     let dst = ptrcast(cache, f8e4m3) + at + expand_dims(h * head_dim as i32, 1) + first;
     store(dst, kv8_quantize(a, inv2), mask = ok);
     store(dst + step as i32, kv8_quantize(b, inv2), mask = ok);
-    store(ptrcast(cache, f32) + kv8_scale_index(at, h, h_kv, head_dim), s, mask = ok);
+    store(ptrcast(cache, f32) + kv8_scale_index(slot, h, h_kv, head_dim), s, mask = ok);
 }
 
 /// The cache write of a token (slot `slot`, nothing unless `ok`) to KV8
@@ -258,7 +310,7 @@ pub fn kv8_write(
     h_kv: usize,
     head_dim: usize,
 ) {
-    let at = kv8_slot(where_(ok, slot, 0), h_kv, head_dim);
-    kv8_store_pairs(k_cache, at, h, a, b, first, step, ok, h_kv, head_dim);
-    kv8_store(v_cache, at, h, v, ok, h_kv, head_dim);
+    let slot = where_(ok, slot, 0);
+    kv8_store_pairs(k_cache, slot, h, a, b, first, step, ok, h_kv, head_dim);
+    kv8_store(v_cache, slot, h, v, ok, h_kv, head_dim);
 }

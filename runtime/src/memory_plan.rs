@@ -6,8 +6,10 @@
 //!
 //! One token of KV costs `2 (K and V) * n_layers * n_kv_heads * head_dim *
 //! dtype_bytes` bytes (an FP8 cache: `2 * n_layers * slot_bytes`, the
-//! values, a 4-byte scale per head and padding to 16 bytes; see
-//! `kernels::kv_cache`); a block costs `block_size` times that. The KV budget is
+//! values, a 4-byte scale per head and a share of its group of slots'
+//! padding to 128 bytes; see `kernels::kv_cache`); a block costs
+//! `block_size` times that (block sizes are multiples of the FP8 cache's
+//! groups). The KV budget is
 //! `available - weights - workspace - reserve`, and
 //!
 //! ```text

@@ -27,8 +27,8 @@ use dsl_core::interp::{Buffer, Cpu, CpuPtr};
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{paged_decode_tc, tc_config};
 use kernels::flash_attention::{self as fa, flash_attention};
-use kernels::kv_cache::slot_bytes;
-use kernels::reference::kv_cache::{fp8_cache, fp8_values};
+use kernels::kv_cache::cache_bytes;
+use kernels::reference::kv_cache::{fp8_cache, fp8_values, slot_ranges};
 use kernels::rope::{rope_arch_kv_write, rope_kv_write};
 use std::marker::PhantomData;
 use tests::reference::Rng;
@@ -106,7 +106,7 @@ fn writer_case(arch: bool, seed: u64) {
         let pp = cpu.upload(&positions);
         let sp = cpu.upload(&slot_of);
         let qo = cpu.add_buffer(Buffer::zeros(dtype, tokens * n_q * d));
-        let len = if kv8 { slots * slot_bytes(n_kv, d) / dtype.size_bytes() } else { slots * n_kv * d };
+        let len = if kv8 { cache_bytes(slots, n_kv, d) / dtype.size_bytes() } else { slots * n_kv * d };
         let kp = cpu.add_buffer(Buffer::zeros(dtype, len));
         let vp = cpu.add_buffer(Buffer::zeros(dtype, len));
         let ptrs = (qp, pp, sp, qo, kp, vp);
@@ -131,20 +131,25 @@ fn writer_case(arch: bool, seed: u64) {
         b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
     };
     let (kw, vw) = (fp8_cache(&f32s(&k32), slots, n_kv, d), fp8_cache(&f32s(&v32), slots, n_kv, d));
-    let sb = slot_bytes(n_kv, d);
     for dtype in [DType::F32, DType::BF16] {
         let (k8, v8) = run(dtype, true);
         for (name, got, want) in [("K", &k8, &kw), ("V", &v8, &vw)] {
+            let mut written = vec![false; got.len()];
             for slot in 0..slots {
-                let at = slot * sb..(slot + 1) * sb;
-                if slot_of.contains(&(slot as i32)) {
-                    // Values and scales (the padding after them is never written).
-                    let used = slot * sb..slot * sb + n_kv * (d + 4);
-                    assert_eq!(got[used.clone()], want[used], "{dtype:?} arch {arch}: {name} slot {slot}");
-                } else {
-                    assert!(got[at].iter().all(|&b| b == 0), "{dtype:?}: {name} slot {slot} written");
+                for r in slot_ranges(slot, n_kv, d) {
+                    if slot_of.contains(&(slot as i32)) {
+                        written[r.clone()].fill(true);
+                        assert_eq!(got[r.clone()], want[r], "{dtype:?} arch {arch}: {name} slot {slot}");
+                    } else {
+                        assert!(got[r].iter().all(|&b| b == 0), "{dtype:?}: {name} slot {slot} written");
+                    }
                 }
             }
+            // Nothing outside the written slots' values and scales (padding).
+            assert!(
+                got.iter().zip(&written).all(|(&b, &w)| w || b == 0),
+                "{dtype:?}: {name} padding written"
+            );
         }
     }
 }

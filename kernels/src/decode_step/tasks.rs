@@ -9,7 +9,7 @@ use crate::dequant::stacked::{
     StackedShape, packed_epilogue, packed_sums, stacked_epilogue, stacked_load, stacked_rows, stacked_sums,
 };
 use crate::dequant::{Fuse, QuantFormat};
-use crate::kv_cache::kv8_slot;
+use crate::kv_cache::{kv8_scale_index, kv8_slot};
 use crate::rmsnorm::{rms_rstd, rms_rstd_live_rows};
 use crate::rope::{RopeShape, rope_pairs};
 use dsl_core::DType;
@@ -643,13 +643,15 @@ pub fn prefetch_kv(
         let ok = tok < len;
         let blk = load(bt + tok / page, mask = ok, other = 0);
         if kv8 {
-            // A head's bytes and its slot's scales ([`crate::kv_cache`]).
-            let at = kv8_slot(blk * page + tok % page, h_kv, head_dim);
+            // A head's bytes and its scales ([`crate::kv_cache`]).
+            let slot = where_(ok, blk * page + tok % page, 0);
+            let at = kv8_slot(slot, h_kv, head_dim) + h * head_dim;
             let (k8, v8) = (ptrcast(k_cache, u8), ptrcast(v_cache, u8));
-            prefetch_l2(k8 + at + h * head_dim, mask = ok);
-            prefetch_l2(v8 + at + h * head_dim, mask = ok);
-            prefetch_l2(k8 + at + (h_kv * head_dim) as i32, mask = ok);
-            prefetch_l2(v8 + at + (h_kv * head_dim) as i32, mask = ok);
+            prefetch_l2(k8 + at, mask = ok);
+            prefetch_l2(v8 + at, mask = ok);
+            let sc = kv8_scale_index(slot, h, h_kv, head_dim);
+            prefetch_l2(ptrcast(k_cache, f32) + sc, mask = ok);
+            prefetch_l2(ptrcast(v_cache, f32) + sc, mask = ok);
         } else {
             let row = (blk * page + tok % page) * (h_kv * head_dim) + h * head_dim;
             prefetch_l2(k_cache + row, mask = ok);

@@ -25,7 +25,7 @@ use dsl_core::half::bf16;
 use kernels::decode_attention::{
     kv8_tc_config, paged_decode, paged_decode_reduce, paged_decode_tc, split_plan, tc_config,
 };
-use kernels::kv_cache::slot_bytes;
+use kernels::kv_cache::{KV8_GROUP, cache_bytes, slot_bytes};
 use kernels::reference::kv_cache::fp8_cache;
 use std::marker::PhantomData;
 
@@ -58,11 +58,11 @@ fn decode_record(
     // the host would dominate the bench's time; the kernel cannot tell).
     let pattern = rng.values::<bf16>(1 << 20, 2.0);
     let fill: Vec<bf16> = if kv8 {
-        // Whole FP8 slots of random values, as bytes in bf16 pairs.
-        let slots = (1 << 20) / (hkv * hd);
+        // Whole FP8 groups of slots of random values, as bytes in bf16 pairs.
+        let slots = (1 << 20) / (hkv * hd) / KV8_GROUP * KV8_GROUP;
         let vals: Vec<f32> = pattern[..slots * hkv * hd].iter().map(|v| v.to_f32()).collect();
         let bytes = fp8_cache(&vals, slots, hkv, hd);
-        let n = num_blocks * PAGE * slot_bytes(hkv, hd) / 2;
+        let n = cache_bytes(num_blocks * PAGE, hkv, hd) / 2;
         bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).cycle().take(n).collect()
     } else {
         pattern.iter().copied().cycle().take(cache).collect()

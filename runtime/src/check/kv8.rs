@@ -22,8 +22,8 @@ use dsl_core::half::bf16;
 use dsl_core::launch::AnyDType;
 use kernels::decode_attention::{kv8_tc_config, paged_decode_tc, tc_config};
 use kernels::flash_attention::{self as fa, flash_attention};
-use kernels::kv_cache::slot_bytes;
-use kernels::reference::kv_cache::{fp8_cache, fp8_values};
+use kernels::kv_cache::cache_bytes;
+use kernels::reference::kv_cache::{fp8_cache, fp8_values, slot_ranges};
 use kernels::rope::rope_kv_write;
 use std::marker::PhantomData;
 
@@ -92,7 +92,7 @@ fn writer<D: Device>(dev: &mut D, rng: &mut Rng) -> Result<CheckRow> {
         } else {
             dev.upload(&qkv).map(|b| (Some(b), None))?
         };
-        let len = slots * if kv8 { slot_bytes(n_kv, d) } else { n_kv * d * dtype.size_bytes() };
+        let len = if kv8 { cache_bytes(slots, n_kv, d) } else { slots * n_kv * d * dtype.size_bytes() };
         let (kd, vd, od) =
             (dev.zeros::<u8>(len)?, dev.zeros::<u8>(len)?, dev.zeros::<u8>(tokens * n_q * d * 4)?);
         let (pd, sd) = (dev.upload(&positions)?, dev.upload(&slot_of)?);
@@ -121,16 +121,16 @@ fn writer<D: Device>(dev: &mut D, rng: &mut Rng) -> Result<CheckRow> {
     let f32s: Vec<f32> =
         plain.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     let half = f32s.len() / 2;
-    let sb = slot_bytes(n_kv, d);
+    let len = cache_bytes(slots, n_kv, d);
     let (kw, vw) = (fp8_cache(&f32s[..half], slots, n_kv, d), fp8_cache(&f32s[half..], slots, n_kv, d));
     let got = run(DType::BF16, true)?;
     // Written slots: values and scales as the reference; the others zero.
-    let mut want = vec![0u8; 2 * slots * sb];
+    let mut want = vec![0u8; 2 * len];
     for (i, w) in [kw, vw].iter().enumerate() {
         for &s in slot_of.iter().filter(|&&s| s >= 0) {
-            let at = i * slots * sb + s as usize * sb;
-            let used = n_kv * (d + 4);
-            want[at..at + used].copy_from_slice(&w[s as usize * sb..s as usize * sb + used]);
+            for r in slot_ranges(s as usize, n_kv, d) {
+                want[i * len + r.start..i * len + r.end].copy_from_slice(&w[r]);
+            }
         }
     }
     Ok(row("rope_kv_write [fp8 KV]", format!("{tokens} tokens, 9q/3kv x 64, bf16"), &got, &want))

@@ -74,7 +74,7 @@ use crate::gguf::LlamaConfig;
 use crate::model::ActElem;
 use dsl_core::launch::Kernel;
 use kernels::decode_attention::split_plan;
-use kernels::kv_cache::slot_bytes;
+use kernels::kv_cache::cache_bytes;
 use std::collections::BTreeMap;
 
 /// The most tokens a step may have to take the fused decode path (norms in
@@ -458,14 +458,21 @@ impl<D: Device, T: ActElem> Model<D, T> {
                 c.head_dim
             )));
         }
-        // Elements (FP8: bytes) of a slot; the kernels' offsets are 32-bit.
-        let slot_len = if fp8 { slot_bytes(c.n_head_kv, c.head_dim) } else { c.n_head_kv * c.head_dim };
+        // Elements (FP8: bytes) of a layer; the kernels' offsets are 32-bit.
         let per_layer = num_blocks
-            .checked_mul(block_size * slot_len)
-            .filter(|&n| n > 0 && n < 1 << 31)
+            .checked_mul(block_size)
+            .filter(|&slots| slots > 0 && slots < 1 << 31)
+            .and_then(|slots| {
+                if fp8 {
+                    Some(cache_bytes(slots, c.n_head_kv, c.head_dim))
+                } else {
+                    slots.checked_mul(c.n_head_kv * c.head_dim)
+                }
+            })
+            .filter(|&n| n < 1 << 31)
             .ok_or_else(|| usage(format!("a KV cache of {num_blocks} blocks does not fit 32-bit offsets")))?;
-        // An FP8 layer's bytes in elements of `T` (a multiple of 16 bytes
-        // per slot, so it divides).
+        // An FP8 layer's bytes in elements of `T` (whole 128-byte groups
+        // of slots, so it divides).
         let per_layer = if fp8 { per_layer / T::DEVICE_DTYPE.size_bytes() } else { per_layer };
         let total = per_layer
             .checked_mul(c.n_layers)
