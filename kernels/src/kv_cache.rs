@@ -43,8 +43,11 @@
 use dsl_core::DType;
 use dsl_macros::kernel_fn;
 
-/// Slots per group of a KV8 cache (see the module doc); a power of two.
+/// Slots per group of a KV8 cache (see the module doc). The kernels'
+/// [`kv8_slot`] and [`kv8_scale_index`] split a slot with a shift by 3 and
+/// a mask of 7.
 pub const KV8_GROUP: usize = 8;
+const _: () = assert!(KV8_GROUP == 8, "kv8_slot and kv8_scale_index shift by 3 and mask with 7");
 
 /// Bytes of one group of [`KV8_GROUP`] slots of a KV8 cache with `h_kv`
 /// heads of `head_dim`: the values, the f32 scales, and padding to 128
@@ -100,8 +103,8 @@ pub fn kv8_quantize(x: Tensor, inv: Tensor) -> Tensor {
 #[kernel_fn]
 pub fn kv8_slot(slot: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
     // `group_bytes` spelled out (the kernel macro takes `as` on build-time
-    // arithmetic only); `KV8_GROUP` is 8: a shift and a mask.
-    (slot >> 3) * ((8 * h_kv * (head_dim + 4)).div_ceil(128) * 128) as i32
+    // arithmetic, not on calls); `KV8_GROUP` is 8: a shift and a mask.
+    (slot >> 3) * ((KV8_GROUP * h_kv * (head_dim + 4)).div_ceil(128) * 128) as i32
         + (slot & 7) * (h_kv * head_dim) as i32
 }
 
@@ -109,9 +112,9 @@ pub fn kv8_slot(slot: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
 /// negative) of a KV8 cache (see the module doc).
 #[kernel_fn]
 pub fn kv8_scale_index(slot: Tensor, h: Tensor, h_kv: usize, head_dim: usize) -> Tensor {
-    (slot >> 3) * ((8 * h_kv * (head_dim + 4)).div_ceil(128) * 32) as i32
-        + (2 * h_kv * head_dim) as i32
-        + h * 8
+    (slot >> 3) * ((KV8_GROUP * h_kv * (head_dim + 4)).div_ceil(128) * 32) as i32
+        + (KV8_GROUP * h_kv * head_dim / 4) as i32
+        + h * KV8_GROUP as i32
         + (slot & 7)
 }
 
